@@ -1,0 +1,235 @@
+//! One persistent, pipelined connection to a memcached server, driven by one task.
+//!
+//! Requests from many client sessions arrive on a bounded channel, are written
+//! to the socket in batches, and wait in a FIFO; replies are framed in order and
+//! handed to the oldest waiter. After any timeout, EOF, I/O or framing error the
+//! socket is dropped and everything in flight fails: a connection that erred is
+//! never reused, so no reply can reach the wrong request. Requests still in the
+//! channel were never written and go out on the next connection.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{sleep_until, Instant};
+
+use crate::backend::health::HealthEvent;
+use crate::backend::Shared;
+use crate::error::{BackendError, BackendErrorKind};
+use crate::protocol::encode::Outbound;
+use crate::protocol::{frame_reply, ReplyError, ReplyKind};
+
+/// The answer to one call: the complete reply bytes, or why there is none.
+pub type CallResult = Result<Bytes, BackendError>;
+
+/// One request for this connection.
+pub struct Call {
+    pub request: Outbound,
+    pub kind: ReplyKind,
+    /// `None` when the client sent `noreply`: memring stripped it, so the server
+    /// still answers, and the answer is dropped here.
+    pub reply: Option<oneshot::Sender<CallResult>>,
+}
+
+impl Call {
+    fn finish(self, result: CallResult) {
+        if let Some(reply) = self.reply {
+            // The session may be gone (client disconnected); nothing to do then.
+            let _ = reply.send(result);
+        }
+    }
+}
+
+struct Waiting {
+    kind: ReplyKind,
+    reply: Option<oneshot::Sender<CallResult>>,
+    deadline: Instant,
+}
+
+/// Requests written but not yet answered, per connection. Bounds the replies a
+/// slow server can owe and the memory they hold.
+const MAX_IN_FLIGHT: usize = 4096;
+/// Stop taking calls while this much is still unwritten.
+const WRITE_HIGH_WATER_BYTES: usize = 1024 * 1024;
+const READ_CHUNK_BYTES: usize = 16 * 1024;
+const MIN_BACKOFF: Duration = Duration::from_millis(20);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Runs one connection slot until its channel closes (the backend was removed
+/// and every queued request was answered).
+pub(crate) async fn run(shared: Arc<Shared>, mut calls: mpsc::Receiver<Call>) {
+    let mut backoff = MIN_BACKOFF;
+    loop {
+        match connect(&shared).await {
+            Ok(stream) => {
+                backoff = MIN_BACKOFF;
+                shared.report(HealthEvent::Connected);
+                match serve(&shared, stream, &mut calls).await {
+                    Ok(()) => return,
+                    Err(kind) => shared.report(HealthEvent::Failed(kind)),
+                }
+                // Reconnect at once after a broken connection; back off only
+                // when connecting itself fails.
+            }
+            Err(kind) => {
+                shared.report(HealthEvent::Failed(kind));
+                // Fail fast while the server is unreachable instead of letting
+                // requests wait for a connect that will not happen.
+                let retry_at = Instant::now() + backoff;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                loop {
+                    tokio::select! {
+                        call = calls.recv() => match call {
+                            Some(call) => call.finish(Err(shared.error(kind))),
+                            None => return,
+                        },
+                        () = sleep_until(retry_at) => break,
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn connect(shared: &Shared) -> Result<TcpStream, BackendErrorKind> {
+    let attempt = TcpStream::connect(shared.addr.as_str());
+    match tokio::time::timeout(shared.settings.connect_timeout, attempt).await {
+        Err(_) => Err(BackendErrorKind::ConnectTimeout),
+        Ok(Err(e)) => Err(BackendErrorKind::Connect(e.kind())),
+        Ok(Ok(stream)) => {
+            // Requests are small and already batched; Nagle would only add delay.
+            let _ = stream.set_nodelay(true);
+            Ok(stream)
+        }
+    }
+}
+
+/// Serves calls on one connected socket. Returns `Ok` once the channel is
+/// closed and drained, or the reason the connection must be dropped.
+async fn serve(
+    shared: &Shared,
+    mut stream: TcpStream,
+    calls: &mut mpsc::Receiver<Call>,
+) -> Result<(), BackendErrorKind> {
+    let (mut reader, mut writer) = stream.split();
+    let mut read_buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
+    let mut write_buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
+    let mut in_flight: VecDeque<Waiting> = VecDeque::new();
+    let request_timeout = shared.settings.request_timeout;
+    let timer = sleep_until(Instant::now() + request_timeout);
+    tokio::pin!(timer);
+    let mut channel_open = true;
+
+    let result = loop {
+        if !channel_open && in_flight.is_empty() && write_buf.is_empty() {
+            break Ok(());
+        }
+        if let Some(front) = in_flight.front() {
+            if timer.deadline() != front.deadline {
+                timer.as_mut().reset(front.deadline);
+            }
+        }
+        if read_buf.capacity() - read_buf.len() < READ_CHUNK_BYTES / 4 {
+            read_buf.reserve(READ_CHUNK_BYTES);
+        }
+        let can_take = channel_open
+            && in_flight.len() < MAX_IN_FLIGHT
+            && write_buf.len() < WRITE_HIGH_WATER_BYTES;
+        tokio::select! {
+            biased;
+            read = reader.read_buf(&mut read_buf) => {
+                match read {
+                    Ok(0) => break Err(BackendErrorKind::Closed),
+                    Err(e) => break Err(BackendErrorKind::Io(e.kind())),
+                    Ok(_) => {
+                        if let Err(kind) = deliver_replies(&mut read_buf, &mut in_flight) {
+                            break Err(kind);
+                        }
+                    }
+                }
+            }
+            written = writer.write_buf(&mut write_buf), if !write_buf.is_empty() => {
+                if let Err(e) = written {
+                    break Err(BackendErrorKind::Io(e.kind()));
+                }
+            }
+            call = calls.recv(), if can_take => {
+                match call {
+                    None => channel_open = false,
+                    Some(call) => {
+                        let deadline = Instant::now() + request_timeout;
+                        enqueue(call, deadline, &mut write_buf, &mut in_flight);
+                        // Batch whatever else is already queued into the same write.
+                        while in_flight.len() < MAX_IN_FLIGHT && write_buf.len() < WRITE_HIGH_WATER_BYTES {
+                            match calls.try_recv() {
+                                Ok(call) => enqueue(call, deadline, &mut write_buf, &mut in_flight),
+                                Err(_) => break,
+                            }
+                        }
+                    }
+                }
+            }
+            () = &mut timer, if !in_flight.is_empty() => {
+                let expired = in_flight.front().is_some_and(|w| w.deadline <= Instant::now());
+                if expired {
+                    break Err(BackendErrorKind::Timeout);
+                }
+            }
+        }
+    };
+    if let Err(kind) = result {
+        for waiting in in_flight.drain(..) {
+            if let Some(reply) = waiting.reply {
+                let _ = reply.send(Err(shared.error(kind)));
+            }
+        }
+    }
+    result
+}
+
+fn enqueue(
+    call: Call,
+    deadline: Instant,
+    write_buf: &mut BytesMut,
+    in_flight: &mut VecDeque<Waiting>,
+) {
+    for part in &call.request {
+        write_buf.extend_from_slice(part);
+    }
+    in_flight.push_back(Waiting {
+        kind: call.kind,
+        reply: call.reply,
+        deadline,
+    });
+}
+
+/// Cuts every complete reply off the buffer and hands it to its waiter, oldest
+/// first.
+fn deliver_replies(
+    read_buf: &mut BytesMut,
+    in_flight: &mut VecDeque<Waiting>,
+) -> Result<(), BackendErrorKind> {
+    while let Some(front) = in_flight.front() {
+        match frame_reply(read_buf, front.kind) {
+            Ok(Some(len)) => {
+                let reply = read_buf.split_to(len).freeze();
+                let waiting = in_flight.pop_front().expect("front exists");
+                if let Some(sender) = waiting.reply {
+                    let _ = sender.send(Ok(reply));
+                }
+            }
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(BackendErrorKind::Protocol(e)),
+        }
+    }
+    if read_buf.is_empty() {
+        Ok(())
+    } else {
+        // Bytes nobody asked for: the stream is out of step.
+        Err(BackendErrorKind::Protocol(ReplyError::Unsolicited))
+    }
+}

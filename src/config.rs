@@ -1,0 +1,428 @@
+//! The TOML config file: `RawConfig` (what serde reads, with source spans) is
+//! validated into `Config` (what memring runs on), and every problem is reported
+//! as `file:line:column: what is wrong`. No I/O beyond reading the file.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::error::ConfigError;
+use crate::protocol::{Limits, DEFAULT_MAX_GET_LINE_BYTES, DEFAULT_MAX_LINE_BYTES};
+use crate::ring::Member;
+
+/// Largest weight a server may have (160 000 points for one server).
+pub const MAX_WEIGHT: u32 = 1000;
+
+/// Largest configurable value size: memcached's own maximum item size.
+pub const MAX_VALUE_BYTES_LIMIT: u64 = 1024 * 1024 * 1024;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    listen: Spanned<String>,
+    #[serde(default)]
+    servers: Vec<Spanned<RawServer>>,
+    connections_per_server: Option<Spanned<u64>>,
+    connect_timeout_ms: Option<Spanned<u64>>,
+    request_timeout_ms: Option<Spanned<u64>>,
+    max_value_bytes: Option<Spanned<u64>>,
+    max_client_connections: Option<Spanned<u64>>,
+    max_pending_per_client: Option<Spanned<u64>>,
+    shutdown_grace_ms: Option<Spanned<u64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    addr: Spanned<String>,
+    weight: Option<Spanned<i64>>,
+    name: Option<Spanned<String>>,
+}
+
+/// One memcached server of the pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// `host:port` to connect to.
+    pub addr: String,
+    /// Ring identity: the configured `name`, or `addr` when there is none. Keys
+    /// stay put when a named server changes address.
+    pub name: String,
+    /// Relative share of the keyspace (points = 160 × weight).
+    pub weight: u32,
+}
+
+impl ServerConfig {
+    /// How the ring sees this server.
+    pub fn member(&self) -> Member {
+        Member {
+            identity: self.name.clone(),
+            weight: self.weight,
+        }
+    }
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub servers: Vec<ServerConfig>,
+    /// Persistent, pipelined connections per server.
+    pub connections_per_server: usize,
+    pub connect_timeout: Duration,
+    /// A request not answered within this time fails with `SERVER_ERROR` and its
+    /// backend connection is discarded.
+    pub request_timeout: Duration,
+    pub limits: Limits,
+    /// Client connections served at once; more wait in the listen backlog.
+    pub max_client_connections: usize,
+    /// Requests of one client awaiting their reply before memring stops reading
+    /// from that client.
+    pub max_pending_per_client: usize,
+    /// How long shutdown waits for in-flight requests.
+    pub shutdown_grace: Duration,
+}
+
+pub const DEFAULT_CONNECTIONS_PER_SERVER: u64 = 2;
+pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 500;
+pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 1000;
+pub const DEFAULT_MAX_CLIENT_CONNECTIONS: u64 = 16_384;
+pub const DEFAULT_MAX_PENDING_PER_CLIENT: u64 = 256;
+pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 5000;
+
+impl Config {
+    /// Reads and validates a config file.
+    ///
+    /// # Errors
+    /// The file cannot be read, is not valid TOML, or fails validation.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: shown.clone(),
+            source,
+        })?;
+        Config::parse(&text, &shown)
+    }
+
+    /// Validates config text; `path` is only used in error messages.
+    ///
+    /// # Errors
+    /// The text is not valid TOML or fails validation.
+    pub fn parse(text: &str, path: &str) -> Result<Config, ConfigError> {
+        let at = |span: Range<usize>, message: String| {
+            let (line, column) = line_column(text, span.start);
+            ConfigError::Invalid {
+                path: path.to_string(),
+                line,
+                column,
+                message,
+            }
+        };
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            at(
+                e.span().unwrap_or(0..0),
+                e.message().trim_end().replace('\n', " "),
+            )
+        })?;
+
+        let listen = raw.listen.get_ref().parse::<SocketAddr>().map_err(|_| {
+            at(
+                raw.listen.span(),
+                format!(
+                    "listen: `{}` is not an IP:port address",
+                    raw.listen.get_ref()
+                ),
+            )
+        })?;
+
+        if raw.servers.is_empty() {
+            return Err(at(
+                0..0,
+                "no [[servers]]: at least one server is needed".into(),
+            ));
+        }
+        let mut servers = Vec::with_capacity(raw.servers.len());
+        let mut seen_addr: HashMap<String, usize> = HashMap::new();
+        let mut seen_name: HashMap<String, usize> = HashMap::new();
+        for entry in &raw.servers {
+            let server = entry.get_ref();
+            let addr = server.addr.get_ref().trim().to_string();
+            if let Err(problem) = check_server_addr(&addr) {
+                return Err(at(
+                    server.addr.span(),
+                    format!("server addr `{addr}`: {problem}"),
+                ));
+            }
+            let weight = match &server.weight {
+                None => 1,
+                Some(w) => match u32::try_from(*w.get_ref()) {
+                    Ok(w) if (1..=MAX_WEIGHT).contains(&w) => w,
+                    _ => return Err(at(
+                        w.span(),
+                        format!(
+                            "server `{addr}`: weight {} must be an integer from 1 to {MAX_WEIGHT}",
+                            w.get_ref()
+                        ),
+                    )),
+                },
+            };
+            let name = match &server.name {
+                None => addr.clone(),
+                Some(n)
+                    if n.get_ref().trim().is_empty()
+                        || n.get_ref().contains(char::is_whitespace) =>
+                {
+                    return Err(at(
+                        n.span(),
+                        "server name must be non-empty and contain no whitespace".into(),
+                    ))
+                }
+                Some(n) => n.get_ref().clone(),
+            };
+            let line_of = |start: usize| line_column(text, start).0;
+            if let Some(first) = seen_addr.insert(addr.clone(), entry.span().start) {
+                return Err(at(
+                    server.addr.span(),
+                    format!(
+                        "duplicate server `{addr}` (first at line {})",
+                        line_of(first)
+                    ),
+                ));
+            }
+            if let Some(first) = seen_name.insert(name.clone(), entry.span().start) {
+                let span = server
+                    .name
+                    .as_ref()
+                    .map_or(server.addr.span(), |n| n.span());
+                return Err(at(
+                    span,
+                    format!(
+                        "duplicate server name `{name}` (first at line {})",
+                        line_of(first)
+                    ),
+                ));
+            }
+            servers.push(ServerConfig { addr, name, weight });
+        }
+
+        let number = |field: &Option<Spanned<u64>>,
+                      name: &str,
+                      default: u64,
+                      range: std::ops::RangeInclusive<u64>|
+         -> Result<u64, ConfigError> {
+            match field {
+                None => Ok(default),
+                Some(v) if range.contains(v.get_ref()) => Ok(*v.get_ref()),
+                Some(v) => Err(at(
+                    v.span(),
+                    format!(
+                        "{name} = {} is out of range {}..={}",
+                        v.get_ref(),
+                        range.start(),
+                        range.end()
+                    ),
+                )),
+            }
+        };
+        let connections_per_server = number(
+            &raw.connections_per_server,
+            "connections_per_server",
+            DEFAULT_CONNECTIONS_PER_SERVER,
+            1..=64,
+        )?;
+        let connect_timeout_ms = number(
+            &raw.connect_timeout_ms,
+            "connect_timeout_ms",
+            DEFAULT_CONNECT_TIMEOUT_MS,
+            1..=60_000,
+        )?;
+        let request_timeout_ms = number(
+            &raw.request_timeout_ms,
+            "request_timeout_ms",
+            DEFAULT_REQUEST_TIMEOUT_MS,
+            1..=600_000,
+        )?;
+        let max_value_bytes = number(
+            &raw.max_value_bytes,
+            "max_value_bytes",
+            crate::protocol::DEFAULT_MAX_VALUE_BYTES as u64,
+            1..=MAX_VALUE_BYTES_LIMIT,
+        )?;
+        let max_client_connections = number(
+            &raw.max_client_connections,
+            "max_client_connections",
+            DEFAULT_MAX_CLIENT_CONNECTIONS,
+            1..=1_000_000,
+        )?;
+        let max_pending_per_client = number(
+            &raw.max_pending_per_client,
+            "max_pending_per_client",
+            DEFAULT_MAX_PENDING_PER_CLIENT,
+            1..=65_536,
+        )?;
+        let shutdown_grace_ms = number(
+            &raw.shutdown_grace_ms,
+            "shutdown_grace_ms",
+            DEFAULT_SHUTDOWN_GRACE_MS,
+            0..=600_000,
+        )?;
+
+        Ok(Config {
+            listen,
+            servers,
+            connections_per_server: connections_per_server as usize,
+            connect_timeout: Duration::from_millis(connect_timeout_ms),
+            request_timeout: Duration::from_millis(request_timeout_ms),
+            limits: Limits {
+                max_line_bytes: DEFAULT_MAX_LINE_BYTES,
+                max_get_line_bytes: DEFAULT_MAX_GET_LINE_BYTES,
+                max_value_bytes: max_value_bytes as usize,
+            },
+            max_client_connections: max_client_connections as usize,
+            max_pending_per_client: max_pending_per_client as usize,
+            shutdown_grace: Duration::from_millis(shutdown_grace_ms),
+        })
+    }
+
+    /// The ring members, in config order.
+    pub fn members(&self) -> Vec<Member> {
+        self.servers.iter().map(ServerConfig::member).collect()
+    }
+}
+
+/// `host:port` with a port from 1 to 65535 and a plausible host (an IP address,
+/// `[v6]`, or a DNS name resolved at connect time).
+fn check_server_addr(addr: &str) -> Result<(), &'static str> {
+    if let Ok(socket) = addr.parse::<SocketAddr>() {
+        return if socket.port() == 0 {
+            Err("port must be a number from 1 to 65535")
+        } else {
+            Ok(())
+        };
+    }
+    let (host, port) = addr.rsplit_once(':').ok_or("expected host:port")?;
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => {}
+        _ => return Err("port must be a number from 1 to 65535"),
+    }
+    let host_ok = !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-' || b == b'_');
+    if host_ok {
+        Ok(())
+    } else {
+        Err("host must be an IP address or a DNS name")
+    }
+}
+
+/// 1-based line and column of a byte offset.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before
+        .rfind('\n')
+        .map_or(before.len(), |nl| before.len() - nl - 1)
+        + 1;
+    (line, column)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+listen = "127.0.0.1:22122"
+
+[[servers]]
+addr = "127.0.0.1:11211"
+
+[[servers]]
+addr = "127.0.0.1:11212"
+weight = 2
+name = "cache-02"
+"#;
+
+    fn error_of(text: &str) -> String {
+        Config::parse(text, "memring.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn good_config_gets_defaults_and_identities() {
+        let config = Config::parse(GOOD, "memring.toml").unwrap();
+        assert_eq!(config.listen, "127.0.0.1:22122".parse().unwrap());
+        assert_eq!(config.servers.len(), 2);
+        assert_eq!(config.servers[0].name, "127.0.0.1:11211");
+        assert_eq!(config.servers[0].weight, 1);
+        assert_eq!(config.servers[1].name, "cache-02");
+        assert_eq!(config.servers[1].weight, 2);
+        assert_eq!(config.connections_per_server, 2);
+        assert_eq!(config.limits.max_value_bytes, 1024 * 1024);
+    }
+
+    #[test]
+    fn duplicate_server_names_file_line_and_first_place() {
+        let text = GOOD.replace("127.0.0.1:11212", "127.0.0.1:11211");
+        let message = error_of(&text);
+        assert!(
+            message.starts_with("memring.toml:8:8: duplicate server `127.0.0.1:11211`"),
+            "{message}"
+        );
+        assert!(message.contains("first at line 4"), "{message}");
+    }
+
+    #[test]
+    fn weight_zero_is_rejected_with_its_place() {
+        let message = error_of(&GOOD.replace("weight = 2", "weight = 0"));
+        assert!(message.starts_with("memring.toml:9:10: "), "{message}");
+        assert!(message.contains("weight 0"), "{message}");
+    }
+
+    #[test]
+    fn bad_addresses_are_rejected() {
+        for bad in [
+            "127.0.0.1",
+            "127.0.0.1:0",
+            "127.0.0.1:99999",
+            "bad host:1",
+            ":11211",
+        ] {
+            let message = error_of(&GOOD.replace("127.0.0.1:11212", bad));
+            assert!(message.contains("server addr"), "{bad}: {message}");
+        }
+        assert!(error_of(&GOOD.replace("127.0.0.1:22122", "nowhere")).contains("listen"));
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let message = error_of(&format!("{GOOD}\nmax_conns = 3\n"));
+        assert!(message.contains("unknown field `max_conns`"), "{message}");
+        assert!(message.starts_with("memring.toml:12:1"), "{message}");
+    }
+
+    #[test]
+    fn host_names_and_ipv6_are_accepted() {
+        let text = GOOD.replace("127.0.0.1:11212", "cache-02.internal:11211");
+        assert!(Config::parse(&text, "m").is_ok());
+        let text = GOOD.replace("127.0.0.1:11212", "[::1]:11211");
+        assert!(Config::parse(&text, "m").is_ok());
+    }
+
+    #[test]
+    fn no_servers_is_an_error() {
+        assert!(error_of("listen = \"127.0.0.1:1\"\n").contains("no [[servers]]"));
+    }
+
+    #[test]
+    fn out_of_range_settings_are_rejected() {
+        let message = error_of(&format!("connections_per_server = 0\n{GOOD}"));
+        assert!(
+            message.starts_with("memring.toml:1:26: connections_per_server"),
+            "{message}"
+        );
+    }
+}

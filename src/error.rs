@@ -1,0 +1,53 @@
+//! Error types that say which side failed: a backend (memcached failed or timed
+//! out) or the configuration (file, place, problem). Client mistakes are
+//! [`crate::protocol::ParseError`]s, which carry memcached's own reply.
+
+use std::sync::Arc;
+
+use crate::protocol::ReplyError;
+
+/// What went wrong talking to one backend. Small and `Copy`: it is built on the
+/// request path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BackendErrorKind {
+    #[error("connect failed ({0})")]
+    Connect(std::io::ErrorKind),
+    #[error("connect timed out")]
+    ConnectTimeout,
+    #[error("request timed out")]
+    Timeout,
+    #[error("connection closed by server")]
+    Closed,
+    #[error("connection error ({0})")]
+    Io(std::io::ErrorKind),
+    #[error("bad reply ({0})")]
+    Protocol(ReplyError),
+    #[error("backend removed from the pool")]
+    Gone,
+}
+
+/// A request failed on a named backend; the client sees `SERVER_ERROR <this>`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("backend {server}: {kind}")]
+pub struct BackendError {
+    pub server: Arc<str>,
+    pub kind: BackendErrorKind,
+}
+
+/// A configuration file that cannot be used, with the place of the problem.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}:{column}: {message}")]
+    Invalid {
+        path: String,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+}

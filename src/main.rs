@@ -1,0 +1,160 @@
+//! The `memring` command: run the proxy, check a config, or plan a change.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use memring::config::Config;
+use memring::ring::Ring;
+
+/// A consistent-hashing memcached proxy.
+#[derive(Debug, Parser)]
+#[command(
+    name = "memring",
+    version,
+    about,
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    /// Config file (TOML); runs the proxy in the foreground.
+    #[arg(short, long, value_name = "FILE")]
+    config: Option<PathBuf>,
+
+    /// Log level or filter (overrides RUST_LOG), e.g. `info` or `memring=debug`.
+    #[arg(long, global = true, value_name = "FILTER")]
+    log_level: Option<String>,
+
+    #[command(subcommand)]
+    command: Option<Action>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Action {
+    /// Validate a config file; exits non-zero with the error the daemon would log.
+    Check { file: PathBuf },
+    /// Show, without touching anything, how a config change moves the keyspace.
+    Plan { old: PathBuf, new: PathBuf },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_level.as_deref());
+    let result = match (&cli.command, &cli.config) {
+        (Some(Action::Check { file }), _) => check(file),
+        (Some(Action::Plan { old, new }), _) => plan(old, new),
+        (None, Some(config)) => run(config),
+        (None, None) => {
+            eprintln!("memring: no config given; run `memring --config FILE` (see --help)");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("memring: {error:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn init_logging(level: Option<&str>) {
+    use tracing_subscriber::EnvFilter;
+    let filter = match level {
+        Some(level) => EnvFilter::new(level),
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn check(file: &PathBuf) -> anyhow::Result<()> {
+    let config = Config::load(file)?;
+    println!(
+        "{}: ok ({} servers, listen {})",
+        file.display(),
+        config.servers.len(),
+        config.listen
+    );
+    Ok(())
+}
+
+fn plan(old: &PathBuf, new: &PathBuf) -> anyhow::Result<()> {
+    let old_config = Config::load(old)?;
+    let new_config = Config::load(new)?;
+    let old_ring = Ring::build(old_config.members());
+    let new_ring = Ring::build(new_config.members());
+    let old_shares = old_ring.shares();
+    let new_shares = new_ring.shares();
+    let mut names: Vec<&str> = old_config.servers.iter().map(|s| s.name.as_str()).collect();
+    for server in &new_config.servers {
+        if !names.contains(&server.name.as_str()) {
+            names.push(&server.name);
+        }
+    }
+    let share_of = |config: &Config, shares: &[f64], name: &str| {
+        config
+            .servers
+            .iter()
+            .position(|s| s.name == name)
+            .map(|i| shares[i])
+    };
+    println!("{:<32} {:>9} {:>9}", "server", "before", "after");
+    for name in names {
+        let show =
+            |share: Option<f64>| share.map_or("-".to_string(), |s| format!("{:.2}%", s * 100.0));
+        println!(
+            "{:<32} {:>9} {:>9}",
+            name,
+            show(share_of(&old_config, &old_shares, name)),
+            show(share_of(&new_config, &new_shares, name))
+        );
+    }
+    println!(
+        "keyspace that moves: {:.2}%",
+        Ring::moved_share(&old_ring, &new_ring) * 100.0
+    );
+    Ok(())
+}
+
+fn run(path: &PathBuf) -> anyhow::Result<()> {
+    let config = Config::load(path)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?;
+    runtime.block_on(async {
+        let shutdown = CancellationToken::new();
+        let running = memring::server::start(&config, shutdown.clone())
+            .await
+            .with_context(|| format!("cannot listen on {}", config.listen))?;
+        tracing::info!(version = memring::VERSION, config = %path.display(), "memring started");
+        wait_for_signal().await;
+        tracing::info!("shutdown requested");
+        shutdown.cancel();
+        running.wait().await;
+        tracing::info!("stopped");
+        Ok(())
+    })
+}
+
+/// SIGINT or SIGTERM, as one future.
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("cannot watch SIGTERM: {e}");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+}

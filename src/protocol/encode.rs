@@ -1,0 +1,160 @@
+//! Writing protocol bytes: sub-gets for a subset of keys, the merged reply of a
+//! multi-get, requests with `noreply` stripped, and memring's own reply lines.
+//!
+//! Pure: everything writes into a `BytesMut` or slices a `Bytes`; no I/O.
+
+use std::fmt::Write as _;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use smallvec::SmallVec;
+
+use super::reply::ValueBlocks;
+use super::{Command, Request};
+
+/// A request on its way to a backend, as slices of the client's bytes (values are
+/// never copied to build it).
+pub type Outbound = SmallVec<[Bytes; 3]>;
+
+/// The request as the backend should receive it: unchanged, or with a trailing
+/// `noreply` removed so that the backend answers and the proxy can stay in step
+/// with it (the answer is then swallowed).
+pub fn forwardable(bytes: &Bytes, request: &Request) -> Outbound {
+    let mut out = Outbound::new();
+    if request.noreply {
+        out.push(bytes.slice(..request.args_end as usize));
+        out.push(Bytes::from_static(b"\r\n"));
+        let line_len = request.line_len as usize;
+        if bytes.len() > line_len {
+            out.push(bytes.slice(line_len..));
+        }
+    } else {
+        out.push(bytes.clone());
+    }
+    out
+}
+
+/// Writes `<command> [<exptime>] <key> <key> ...\r\n` for one server's share of
+/// a multi-key retrieval.
+pub fn write_sub_get<'a>(
+    out: &mut BytesMut,
+    command: Command,
+    exptime: Option<&[u8]>,
+    keys: impl Iterator<Item = &'a [u8]>,
+) {
+    out.put_slice(command.name().as_bytes());
+    if let Some(exptime) = exptime {
+        out.put_u8(b' ');
+        out.put_slice(exptime);
+    }
+    for key in keys {
+        out.put_u8(b' ');
+        out.put_slice(key);
+    }
+    out.put_slice(b"\r\n");
+}
+
+/// Merges the replies of a split multi-get into one reply in the client's key
+/// order, ending with a single `END`.
+///
+/// `keys` yields each client key with the index of the part (server reply) that
+/// holds it. Each part lists its hits in the order its keys were sent, so one
+/// cursor per part suffices; a key that is not next in its part is a miss. A
+/// part that is `None` (its server failed) contributes only misses.
+pub fn write_merged_values<'k>(
+    out: &mut BytesMut,
+    keys: impl Iterator<Item = (&'k [u8], usize)>,
+    parts: &[Option<Bytes>],
+) {
+    let mut cursors: SmallVec<[_; 8]> = parts
+        .iter()
+        .map(|part| {
+            part.as_ref()
+                .map(|reply| ValueBlocks::new(reply).peekable())
+        })
+        .collect();
+    for (key, part) in keys {
+        let (Some(reply), Some(Some(cursor))) = (&parts[part], cursors.get_mut(part)) else {
+            continue;
+        };
+        if let Some(block) = cursor.next_if(|block| &reply[block.key.clone()] == key) {
+            out.put_slice(&reply[block.block]);
+        }
+    }
+    out.put_slice(b"END\r\n");
+}
+
+/// Writes `SERVER_ERROR <reason>\r\n`.
+pub fn write_server_error(out: &mut BytesMut, reason: &dyn std::fmt::Display) {
+    let mut line = String::with_capacity(64);
+    // Writing to a String cannot fail.
+    let _ = write!(line, "SERVER_ERROR {reason}");
+    // A reason must not break the line framing.
+    line.retain(|c| c != '\r' && c != '\n');
+    out.put_slice(line.as_bytes());
+    out.put_slice(b"\r\n");
+}
+
+/// Writes one `STAT <name> <value>\r\n` line.
+pub fn write_stat(out: &mut BytesMut, name: &str, value: &dyn std::fmt::Display) {
+    let mut line = String::with_capacity(48);
+    let _ = write!(line, "STAT {name} {value}\r\n");
+    out.put_slice(line.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{parse_request, Limits};
+
+    #[test]
+    fn sub_get_round_trips_through_the_parser() {
+        let mut out = BytesMut::new();
+        write_sub_get(
+            &mut out,
+            Command::Gat,
+            Some(b"30"),
+            [&b"a"[..], b"bb"].into_iter(),
+        );
+        assert_eq!(&out[..], b"gat 30 a bb\r\n");
+        let (request, consumed) = parse_request(&out, &Limits::default()).unwrap().unwrap();
+        assert_eq!(consumed, out.len());
+        assert_eq!(request.key(&out, 1), b"bb");
+    }
+
+    #[test]
+    fn noreply_is_stripped_and_the_data_block_kept() {
+        let bytes = Bytes::from_static(b"set k 0 0 3 noreply\r\na\r\n\r\n");
+        let (request, _) = parse_request(&bytes, &Limits::default()).unwrap().unwrap();
+        let joined: Vec<u8> = forwardable(&bytes, &request).concat();
+        assert_eq!(joined, b"set k 0 0 3\r\na\r\n\r\n");
+    }
+
+    #[test]
+    fn merged_reply_follows_client_order_with_misses_and_duplicates() {
+        let part0 = Bytes::from_static(b"VALUE a 0 1\r\n1\r\nVALUE a 0 1\r\n1\r\nEND\r\n");
+        let part1 = Bytes::from_static(b"VALUE c 0 1\r\n3\r\nEND\r\n");
+        let keys = [(&b"c"[..], 1), (b"a", 0), (b"b", 1), (b"a", 0), (b"d", 0)];
+        let mut out = BytesMut::new();
+        write_merged_values(&mut out, keys.into_iter(), &[Some(part0), Some(part1)]);
+        assert_eq!(
+            &out[..],
+            b"VALUE c 0 1\r\n3\r\nVALUE a 0 1\r\n1\r\nVALUE a 0 1\r\n1\r\nEND\r\n"
+        );
+    }
+
+    #[test]
+    fn failed_part_contributes_misses() {
+        let part1 = Bytes::from_static(b"VALUE b 0 1\r\n2\r\nEND\r\n");
+        let keys = [(&b"a"[..], 0), (b"b", 1)];
+        let mut out = BytesMut::new();
+        write_merged_values(&mut out, keys.into_iter(), &[None, Some(part1)]);
+        assert_eq!(&out[..], b"VALUE b 0 1\r\n2\r\nEND\r\n");
+    }
+
+    #[test]
+    fn server_error_reason_cannot_break_framing() {
+        let mut out = BytesMut::new();
+        write_server_error(&mut out, &"down\r\nSTORED");
+        assert_eq!(&out[..], b"SERVER_ERROR downSTORED\r\n");
+    }
+}

@@ -1,0 +1,198 @@
+//! The memcached text protocol as pure functions over bytes.
+//!
+//! Nothing in this module performs I/O or knows about tokio: the session hands it
+//! a buffer and gets back a parsed request (with key ranges into that buffer) or a
+//! rejection that carries the exact reply memcached itself would give. Behaviour is
+//! checked against memcached 1.6.18 (see `shared/PROTOCOL-NOTES.md` and the
+//! differential tests in `tests/`).
+
+pub mod encode;
+pub mod reply;
+pub mod request;
+
+pub use reply::{frame_reply, ReplyError, ValueBlock, ValueBlocks};
+pub use request::{parse_request, Rejection, Request};
+
+/// The longest key memcached accepts (`KEY_MAX_LENGTH` in memcached).
+pub const MAX_KEY_BYTES: usize = 250;
+
+/// memcached's largest accepted declared value length: `INT_MAX - 2`, so that
+/// the length plus the trailing `\r\n` still fits a signed 32-bit integer.
+pub const MAX_DECLARED_VALUE_BYTES: i64 = i32::MAX as i64 - 2;
+
+/// Default bound on a non-get command line, as in memcached (2048 bytes).
+pub const DEFAULT_MAX_LINE_BYTES: usize = 2048;
+
+/// Default bound on a `get`/`gets`/`gat`/`gats` line: long enough for 250 keys of
+/// 250 bytes, short enough that a line without a newline cannot grow the buffer
+/// without bound.
+pub const DEFAULT_MAX_GET_LINE_BYTES: usize = 64 * 1024;
+
+/// Default bound on a stored value, memcached's default item size (1 MiB).
+pub const DEFAULT_MAX_VALUE_BYTES: usize = 1024 * 1024;
+
+/// Limits enforced while parsing, before any data block is buffered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest command line (without data block) for non-get commands.
+    pub max_line_bytes: usize,
+    /// Longest command line for `get`, `gets`, `gat` and `gats`.
+    pub max_get_line_bytes: usize,
+    /// Largest value a storage command may carry.
+    pub max_value_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_line_bytes: DEFAULT_MAX_LINE_BYTES,
+            max_get_line_bytes: DEFAULT_MAX_GET_LINE_BYTES,
+            max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
+        }
+    }
+}
+
+/// Every command memring understands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Command {
+    Get,
+    Gets,
+    Gat,
+    Gats,
+    Set,
+    Add,
+    Replace,
+    Append,
+    Prepend,
+    Cas,
+    Delete,
+    Incr,
+    Decr,
+    Touch,
+    Version,
+    Verbosity,
+    FlushAll,
+    Stats,
+    Quit,
+}
+
+impl Command {
+    /// The command's name on the wire.
+    pub fn name(self) -> &'static str {
+        match self {
+            Command::Get => "get",
+            Command::Gets => "gets",
+            Command::Gat => "gat",
+            Command::Gats => "gats",
+            Command::Set => "set",
+            Command::Add => "add",
+            Command::Replace => "replace",
+            Command::Append => "append",
+            Command::Prepend => "prepend",
+            Command::Cas => "cas",
+            Command::Delete => "delete",
+            Command::Incr => "incr",
+            Command::Decr => "decr",
+            Command::Touch => "touch",
+            Command::Version => "version",
+            Command::Verbosity => "verbosity",
+            Command::FlushAll => "flush_all",
+            Command::Stats => "stats",
+            Command::Quit => "quit",
+        }
+    }
+
+    /// Retrieval commands answer with `VALUE` blocks and one `END`; every other
+    /// forwarded command answers with exactly one line.
+    pub fn is_retrieval(self) -> bool {
+        matches!(
+            self,
+            Command::Get | Command::Gets | Command::Gat | Command::Gats
+        )
+    }
+
+    /// Commands that carry a data block after their line.
+    pub fn is_storage(self) -> bool {
+        matches!(
+            self,
+            Command::Set
+                | Command::Add
+                | Command::Replace
+                | Command::Append
+                | Command::Prepend
+                | Command::Cas
+        )
+    }
+
+    /// How a backend's reply to this command is framed.
+    pub fn reply_kind(self) -> ReplyKind {
+        if self.is_retrieval() {
+            ReplyKind::Values
+        } else {
+            ReplyKind::Line
+        }
+    }
+}
+
+/// How to find the end of a backend reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplyKind {
+    /// Exactly one line (`STORED`, `DELETED`, a number, an error, ...).
+    Line,
+    /// Zero or more `VALUE` blocks, then `END` (or a single error line).
+    Values,
+}
+
+/// Why a request was refused by the parser. Each variant knows the reply
+/// memcached gives for it, so the proxy answers bad input exactly as memcached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    /// Unknown command or wrong number of tokens.
+    #[error("ERROR")]
+    UnknownCommand,
+    /// A malformed line: bad key, bad number, bad length.
+    #[error("CLIENT_ERROR bad command line format")]
+    BadCommandLine,
+    /// `delete` with a non-zero hold time or extra tokens.
+    #[error("CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]")]
+    BadDeleteLine,
+    /// `incr`/`decr` with a delta that is not an unsigned 64-bit number.
+    #[error("CLIENT_ERROR invalid numeric delta argument")]
+    InvalidDelta,
+    /// `touch`, `gat`, `gats` or `flush_all` with a bad exptime.
+    #[error("CLIENT_ERROR invalid exptime argument")]
+    InvalidExptime,
+    /// The data block was not followed by `\r\n`.
+    #[error("CLIENT_ERROR bad data chunk")]
+    BadDataChunk,
+    /// The declared value length exceeds the configured item size.
+    #[error("SERVER_ERROR object too large for cache")]
+    ValueTooLarge,
+    /// No newline within the line bound: the connection is closed afterwards.
+    #[error("CLIENT_ERROR line too long")]
+    LineTooLong,
+}
+
+impl ParseError {
+    /// The reply line, including `\r\n`.
+    pub fn reply(self) -> &'static [u8] {
+        match self {
+            ParseError::UnknownCommand => b"ERROR\r\n",
+            ParseError::BadCommandLine => b"CLIENT_ERROR bad command line format\r\n",
+            ParseError::BadDeleteLine => {
+                b"CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n"
+            }
+            ParseError::InvalidDelta => b"CLIENT_ERROR invalid numeric delta argument\r\n",
+            ParseError::InvalidExptime => b"CLIENT_ERROR invalid exptime argument\r\n",
+            ParseError::BadDataChunk => b"CLIENT_ERROR bad data chunk\r\n",
+            ParseError::ValueTooLarge => b"SERVER_ERROR object too large for cache\r\n",
+            ParseError::LineTooLong => b"CLIENT_ERROR line too long\r\n",
+        }
+    }
+
+    /// Whether the client connection stays usable after this error. Only a line
+    /// that never ends cannot be resynchronised (memcached closes it too).
+    pub fn keeps_connection(self) -> bool {
+        !matches!(self, ParseError::LineTooLong)
+    }
+}

@@ -1,0 +1,811 @@
+//! Client request parsing: bytes in, a [`Request`] (with key ranges into those
+//! bytes) or a [`Rejection`] carrying memcached's own reply out.
+//!
+//! Pure and incremental: `Ok(None)` means "wait for more bytes", and every limit
+//! (line length, key length, declared value size) is checked from the command line
+//! alone, before any data block is buffered. No I/O here.
+
+use memchr::memchr;
+use nom::bytes::streaming::take;
+use nom::character::complete::{char as one_char, i64 as decimal_i64, u64 as decimal_u64};
+use nom::combinator::{all_consuming, opt};
+use nom::sequence::preceded;
+use nom::Parser;
+use smallvec::SmallVec;
+
+use super::{Command, Limits, ParseError, MAX_DECLARED_VALUE_BYTES, MAX_KEY_BYTES};
+
+/// A byte range inside one request's bytes (line and data block).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub start: u32,
+    pub end: u32,
+}
+
+impl Span {
+    fn new(start: usize, end: usize) -> Span {
+        // Lines are bounded by `Limits` far below 4 GiB, so offsets fit in u32.
+        Span {
+            start: start as u32,
+            end: end as u32,
+        }
+    }
+
+    /// The bytes this span covers.
+    pub fn of<'a>(&self, bytes: &'a [u8]) -> &'a [u8] {
+        &bytes[self.start as usize..self.end as usize]
+    }
+}
+
+/// Key ranges of one request; four inline before a multi-get allocates.
+pub type Keys = SmallVec<[Span; 4]>;
+
+/// One well-formed request. All spans index the request's own bytes, which the
+/// caller splits off its read buffer (`consumed` bytes) after a successful parse.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub command: Command,
+    /// Keys in the client's order (duplicates kept, as memcached keeps them).
+    pub keys: Keys,
+    /// The client asked for no reply (trailing `noreply`).
+    pub noreply: bool,
+    /// The extra argument some commands carry: the exptime of `gat`/`gats`, the
+    /// delay of `flush_all`.
+    pub arg: Option<Span>,
+    /// End of the last token before a trailing `noreply` (or of the last token).
+    /// `bytes[..args_end] + "\r\n" + data_block` is the request without `noreply`.
+    pub args_end: u32,
+    /// Length of the command line including its line ending.
+    pub line_len: u32,
+}
+
+impl Request {
+    /// The `i`th key of this request.
+    pub fn key<'a>(&self, bytes: &'a [u8], i: usize) -> &'a [u8] {
+        self.keys[i].of(bytes)
+    }
+}
+
+/// A request the parser refused, with everything the session needs to stay in
+/// step with the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rejection {
+    pub error: ParseError,
+    /// Input bytes the rejected request occupies and that must be dropped now.
+    pub consumed: usize,
+    /// Further bytes to throw away after `consumed`, possibly not received yet:
+    /// the data block of a value that is too large, read and discarded unbuffered.
+    pub discard: usize,
+    /// memcached sends no error either when the line ended in `noreply`.
+    pub silent: bool,
+}
+
+impl Rejection {
+    fn line(error: ParseError, line_len: usize, silent: bool) -> Rejection {
+        Rejection {
+            error,
+            consumed: line_len,
+            discard: 0,
+            silent,
+        }
+    }
+}
+
+/// The outcome of one parse step.
+pub type ParseResult = Result<Option<(Request, usize)>, Rejection>;
+
+const MAX_TOKENS: usize = 8;
+
+/// Parses the request at the start of `buf`.
+///
+/// Returns `Ok(Some((request, consumed)))` for a complete request,
+/// `Ok(None)` when more bytes are needed, and `Err(rejection)` for input that
+/// memcached would refuse; the rejection says how many bytes to drop.
+pub fn parse_request(buf: &[u8], limits: &Limits) -> ParseResult {
+    let line_bound = if starts_like_retrieval(buf) {
+        limits.max_get_line_bytes
+    } else {
+        limits.max_line_bytes
+    };
+    let newline = match memchr(b'\n', &buf[..buf.len().min(line_bound + 1)]) {
+        Some(position) => position,
+        None if buf.len() > line_bound => {
+            return Err(Rejection::line(ParseError::LineTooLong, buf.len(), false))
+        }
+        None => return Ok(None),
+    };
+    let line_len = newline + 1;
+    // memcached accepts a bare `\n` as well as `\r\n`.
+    let content_end = if newline > 0 && buf[newline - 1] == b'\r' {
+        newline - 1
+    } else {
+        newline
+    };
+    let line = &buf[..content_end];
+
+    let mut tokens = Tokens { line, at: 0 };
+    let Some(command_token) = tokens.next() else {
+        return Err(Rejection::line(ParseError::UnknownCommand, line_len, false));
+    };
+    let command = match command_token.of(line) {
+        b"get" => Command::Get,
+        b"gets" => Command::Gets,
+        b"gat" => Command::Gat,
+        b"gats" => Command::Gats,
+        b"set" => Command::Set,
+        b"add" => Command::Add,
+        b"replace" => Command::Replace,
+        b"append" => Command::Append,
+        b"prepend" => Command::Prepend,
+        b"cas" => Command::Cas,
+        b"delete" => Command::Delete,
+        b"incr" => Command::Incr,
+        b"decr" => Command::Decr,
+        b"touch" => Command::Touch,
+        b"version" => Command::Version,
+        b"verbosity" => Command::Verbosity,
+        b"flush_all" => Command::FlushAll,
+        b"stats" => Command::Stats,
+        b"quit" => Command::Quit,
+        _ => return Err(Rejection::line(ParseError::UnknownCommand, line_len, false)),
+    };
+    let line_end = LineEnd {
+        line_len,
+        args_end: content_end,
+        command_end: command_token.end as usize,
+    };
+    if command.is_retrieval() {
+        return parse_retrieval(command, line, tokens, line_end);
+    }
+
+    // Every other command has a handful of tokens; more means `ERROR`, as in
+    // memcached's fixed-size tokenizer.
+    let mut args: SmallVec<[Span; MAX_TOKENS]> = SmallVec::new();
+    for token in tokens {
+        if args.len() == MAX_TOKENS {
+            return Err(Rejection::line(ParseError::UnknownCommand, line_len, false));
+        }
+        args.push(token);
+    }
+    let parsed = ArgLine {
+        line,
+        args: &args,
+        line_end,
+    };
+    match command {
+        Command::Set | Command::Add | Command::Replace | Command::Append | Command::Prepend => {
+            parse_storage(command, &parsed, buf, limits, false)
+        }
+        Command::Cas => parse_storage(command, &parsed, buf, limits, true),
+        Command::Delete => parse_delete(&parsed),
+        Command::Incr | Command::Decr => parse_arithmetic(command, &parsed),
+        Command::Touch => parse_touch(&parsed),
+        Command::Verbosity => parse_verbosity(&parsed),
+        Command::FlushAll => parse_flush_all(&parsed),
+        Command::Version | Command::Stats | Command::Quit => Ok(Some(parsed.request(
+            command,
+            Keys::new(),
+            false,
+            None,
+            line_len,
+        ))),
+        Command::Get | Command::Gets | Command::Gat | Command::Gats => {
+            unreachable!("retrieval commands return above")
+        }
+    }
+}
+
+/// Whether the buffer starts with a retrieval command, whose lines may be longer.
+fn starts_like_retrieval(buf: &[u8]) -> bool {
+    let start = buf.iter().position(|&b| b != b' ').unwrap_or(buf.len());
+    let rest = &buf[start..];
+    [&b"get "[..], b"gets ", b"gat ", b"gats "]
+        .iter()
+        .any(|prefix| rest.starts_with(prefix))
+}
+
+/// Where the command line ends, and where its arguments end.
+#[derive(Clone, Copy)]
+struct LineEnd {
+    line_len: usize,
+    args_end: usize,
+    command_end: usize,
+}
+
+/// Space-separated tokens of one line; runs of spaces count as one separator,
+/// leading spaces are skipped, as memcached's tokenizer does.
+struct Tokens<'a> {
+    line: &'a [u8],
+    at: usize,
+}
+
+impl Iterator for Tokens<'_> {
+    type Item = Span;
+
+    fn next(&mut self) -> Option<Span> {
+        while self.at < self.line.len() && self.line[self.at] == b' ' {
+            self.at += 1;
+        }
+        if self.at == self.line.len() {
+            return None;
+        }
+        let start = self.at;
+        let end = memchr(b' ', &self.line[start..]).map_or(self.line.len(), |i| start + i);
+        self.at = end;
+        Some(Span::new(start, end))
+    }
+}
+
+/// The tokens after the command name of a non-retrieval command (`args[0]` is
+/// the first argument, not the command).
+struct ArgLine<'a> {
+    line: &'a [u8],
+    args: &'a [Span],
+    line_end: LineEnd,
+}
+
+impl ArgLine<'_> {
+    fn arg(&self, i: usize) -> &[u8] {
+        self.args[i].of(self.line)
+    }
+
+    /// True when the last argument is `noreply` and the argument count says it
+    /// is in the `noreply` position.
+    fn noreply_at(&self, count_with_noreply: usize) -> bool {
+        self.args.len() == count_with_noreply && self.arg(count_with_noreply - 1) == b"noreply"
+    }
+
+    fn reject(&self, error: ParseError, silent: bool) -> ParseResult {
+        Err(Rejection::line(error, self.line_end.line_len, silent))
+    }
+
+    fn request(
+        &self,
+        command: Command,
+        keys: Keys,
+        noreply: bool,
+        arg: Option<Span>,
+        consumed: usize,
+    ) -> (Request, usize) {
+        let args_end = if noreply {
+            // The end of the token before `noreply`: an argument, or the
+            // command name itself (`flush_all noreply`).
+            self.args
+                .len()
+                .checked_sub(2)
+                .map_or(self.line_end.command_end, |i| self.args[i].end as usize)
+        } else {
+            self.line_end.args_end
+        };
+        let request = Request {
+            command,
+            keys,
+            noreply,
+            arg,
+            args_end: args_end as u32,
+            line_len: self.line_end.line_len as u32,
+        };
+        (request, consumed)
+    }
+}
+
+fn parse_retrieval(
+    command: Command,
+    line: &[u8],
+    mut tokens: Tokens<'_>,
+    line_end: LineEnd,
+) -> ParseResult {
+    let reject = |error| Err(Rejection::line(error, line_end.line_len, false));
+    let mut arg = None;
+    if matches!(command, Command::Gat | Command::Gats) {
+        let Some(exptime) = tokens.next() else {
+            return reject(ParseError::UnknownCommand);
+        };
+        if parse_signed(exptime.of(line)).is_none() {
+            return reject(ParseError::InvalidExptime);
+        }
+        arg = Some(exptime);
+    }
+    let mut keys = Keys::new();
+    for token in tokens {
+        if !is_valid_key(token.of(line)) {
+            return reject(ParseError::BadCommandLine);
+        }
+        keys.push(token);
+    }
+    // `get` needs a key; `gat <exptime>` without keys answers a bare `END`.
+    if keys.is_empty() && arg.is_none() {
+        return reject(ParseError::UnknownCommand);
+    }
+    let request = Request {
+        command,
+        keys,
+        noreply: false,
+        arg,
+        args_end: line_end.args_end as u32,
+        line_len: line_end.line_len as u32,
+    };
+    Ok(Some((request, line_end.line_len)))
+}
+
+/// `set|add|replace|append|prepend <key> <flags> <exptime> <bytes> [noreply]`
+/// and `cas <key> <flags> <exptime> <bytes> <cas unique> [noreply]`.
+fn parse_storage(
+    command: Command,
+    parsed: &ArgLine<'_>,
+    buf: &[u8],
+    limits: &Limits,
+    has_cas: bool,
+) -> ParseResult {
+    let required = if has_cas { 5 } else { 4 };
+    if parsed.args.len() != required && parsed.args.len() != required + 1 {
+        return parsed.reject(ParseError::UnknownCommand, false);
+    }
+    let noreply = parsed.noreply_at(required + 1);
+    let key = parsed.args[0];
+    let numbers_ok = parse_unsigned(parsed.arg(1)).is_some()
+        && parse_signed(parsed.arg(2)).is_some()
+        && (!has_cas || parse_unsigned(parsed.arg(4)).is_some());
+    let declared = parse_signed(parsed.arg(3));
+    let value_len = match declared {
+        Some(len) if numbers_ok && (0..=MAX_DECLARED_VALUE_BYTES).contains(&len) => len as usize,
+        _ => return parsed.reject(ParseError::BadCommandLine, noreply),
+    };
+    if !is_valid_key(key.of(parsed.line)) {
+        return parsed.reject(ParseError::BadCommandLine, noreply);
+    }
+    let line_len = parsed.line_end.line_len;
+    if value_len > limits.max_value_bytes {
+        return Err(Rejection {
+            error: ParseError::ValueTooLarge,
+            consumed: line_len,
+            discard: value_len + 2,
+            silent: noreply,
+        });
+    }
+    // The data block is framed by its declared length (values may contain
+    // `\r\n`), then must end with `\r\n`.
+    let block = match take::<_, _, nom::error::Error<&[u8]>>(value_len + 2).parse(&buf[line_len..])
+    {
+        Ok((_, block)) => block,
+        Err(_) => return Ok(None),
+    };
+    let total = line_len + value_len + 2;
+    if &block[value_len..] != b"\r\n" {
+        return Err(Rejection {
+            error: ParseError::BadDataChunk,
+            consumed: total,
+            discard: 0,
+            silent: noreply,
+        });
+    }
+    let keys = smallvec::smallvec![key];
+    Ok(Some(parsed.request(command, keys, noreply, None, total)))
+}
+
+/// `delete <key> [0] [noreply]`: memcached still accepts the legacy hold time
+/// if it is zero.
+fn parse_delete(parsed: &ArgLine<'_>) -> ParseResult {
+    let count = parsed.args.len();
+    if !(1..=3).contains(&count) {
+        return parsed.reject(ParseError::UnknownCommand, false);
+    }
+    let noreply = count > 1 && parsed.arg(count - 1) == b"noreply";
+    if count > 1 {
+        let hold_is_zero = parsed.arg(1) == b"0";
+        let valid =
+            (count == 2 && (hold_is_zero || noreply)) || (count == 3 && hold_is_zero && noreply);
+        if !valid {
+            return parsed.reject(ParseError::BadDeleteLine, noreply);
+        }
+    }
+    let key = parsed.args[0];
+    if !is_valid_key(key.of(parsed.line)) {
+        return parsed.reject(ParseError::BadCommandLine, noreply);
+    }
+    let len = parsed.line_end.line_len;
+    Ok(Some(parsed.request(
+        Command::Delete,
+        smallvec::smallvec![key],
+        noreply,
+        None,
+        len,
+    )))
+}
+
+/// `incr|decr <key> <delta> [noreply]`.
+fn parse_arithmetic(command: Command, parsed: &ArgLine<'_>) -> ParseResult {
+    if parsed.args.len() != 2 && parsed.args.len() != 3 {
+        return parsed.reject(ParseError::UnknownCommand, false);
+    }
+    let noreply = parsed.noreply_at(3);
+    let key = parsed.args[0];
+    if !is_valid_key(key.of(parsed.line)) {
+        return parsed.reject(ParseError::BadCommandLine, noreply);
+    }
+    if parse_unsigned(parsed.arg(1)).is_none() {
+        return parsed.reject(ParseError::InvalidDelta, noreply);
+    }
+    let len = parsed.line_end.line_len;
+    Ok(Some(parsed.request(
+        command,
+        smallvec::smallvec![key],
+        noreply,
+        None,
+        len,
+    )))
+}
+
+/// `touch <key> <exptime> [noreply]`.
+fn parse_touch(parsed: &ArgLine<'_>) -> ParseResult {
+    if parsed.args.len() != 2 && parsed.args.len() != 3 {
+        return parsed.reject(ParseError::UnknownCommand, false);
+    }
+    let noreply = parsed.noreply_at(3);
+    let key = parsed.args[0];
+    if !is_valid_key(key.of(parsed.line)) {
+        return parsed.reject(ParseError::BadCommandLine, noreply);
+    }
+    if parse_signed(parsed.arg(1)).is_none() {
+        return parsed.reject(ParseError::InvalidExptime, noreply);
+    }
+    let len = parsed.line_end.line_len;
+    Ok(Some(parsed.request(
+        Command::Touch,
+        smallvec::smallvec![key],
+        noreply,
+        None,
+        len,
+    )))
+}
+
+/// `verbosity <level> [noreply]`.
+fn parse_verbosity(parsed: &ArgLine<'_>) -> ParseResult {
+    if parsed.args.len() != 1 && parsed.args.len() != 2 {
+        return parsed.reject(ParseError::UnknownCommand, false);
+    }
+    let noreply = parsed.noreply_at(2);
+    if parse_unsigned(parsed.arg(0)).is_none() {
+        return parsed.reject(ParseError::BadCommandLine, noreply);
+    }
+    let len = parsed.line_end.line_len;
+    Ok(Some(parsed.request(
+        Command::Verbosity,
+        Keys::new(),
+        noreply,
+        Some(parsed.args[0]),
+        len,
+    )))
+}
+
+/// `flush_all [delay] [noreply]`.
+fn parse_flush_all(parsed: &ArgLine<'_>) -> ParseResult {
+    let count = parsed.args.len();
+    if count > 2 {
+        return parsed.reject(ParseError::UnknownCommand, false);
+    }
+    let noreply = count > 0 && parsed.arg(count - 1) == b"noreply";
+    let delay_count = count - usize::from(noreply);
+    let delay = match delay_count {
+        0 => None,
+        1 => Some(parsed.args[0]),
+        _ => return parsed.reject(ParseError::UnknownCommand, false),
+    };
+    if let Some(delay) = delay {
+        if parse_signed(delay.of(parsed.line)).is_none() {
+            return parsed.reject(ParseError::InvalidExptime, noreply);
+        }
+    }
+    let len = parsed.line_end.line_len;
+    Ok(Some(parsed.request(
+        Command::FlushAll,
+        Keys::new(),
+        noreply,
+        delay,
+        len,
+    )))
+}
+
+/// A key memring forwards: 1..=250 bytes, no spaces and no control bytes.
+/// (memcached itself only checks the length; control bytes in keys break
+/// text-protocol clients and logs, so memring refuses them.)
+pub fn is_valid_key(key: &[u8]) -> bool {
+    !key.is_empty() && key.len() <= MAX_KEY_BYTES && key.iter().all(|&b| b > b' ' && b != 0x7f)
+}
+
+/// An unsigned field as memcached's `strtoul`-based checks accept it: decimal
+/// digits with an optional `+`, within 64 bits.
+pub fn parse_unsigned(token: &[u8]) -> Option<u64> {
+    all_consuming(preceded(
+        opt(one_char::<_, nom::error::Error<&[u8]>>('+')),
+        decimal_u64,
+    ))
+    .parse(token)
+    .ok()
+    .map(|(_, value)| value)
+}
+
+/// A signed field (exptime, declared length) as memcached's `strtol` accepts
+/// it: an optional sign and decimal digits within 64 bits.
+pub fn parse_signed(token: &[u8]) -> Option<i64> {
+    all_consuming(decimal_i64::<_, nom::error::Error<&[u8]>>)
+        .parse(token)
+        .ok()
+        .map(|(_, value)| value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits::default()
+    }
+
+    fn parse(input: &[u8]) -> ParseResult {
+        parse_request(input, &limits())
+    }
+
+    fn keys_of(input: &[u8]) -> Vec<Vec<u8>> {
+        let (request, _) = parse(input).unwrap().unwrap();
+        (0..request.keys.len())
+            .map(|i| request.key(input, i).to_vec())
+            .collect()
+    }
+
+    fn rejection(input: &[u8]) -> Rejection {
+        parse(input).unwrap_err()
+    }
+
+    #[test]
+    fn single_get_parses_with_its_key_and_length() {
+        let input = b"get foo\r\nget bar\r\n";
+        let (request, consumed) = parse(input).unwrap().unwrap();
+        assert_eq!(request.command, Command::Get);
+        assert_eq!(consumed, 9);
+        assert_eq!(request.key(input, 0), b"foo");
+        assert!(!request.noreply);
+    }
+
+    #[test]
+    fn multi_get_keeps_key_order_and_duplicates() {
+        assert_eq!(
+            keys_of(b"gets  a b   a c\r\n"),
+            vec![b"a".to_vec(), b"b".to_vec(), b"a".to_vec(), b"c".to_vec()]
+        );
+    }
+
+    #[test]
+    fn bare_newline_and_leading_spaces_are_accepted_like_memcached() {
+        assert_eq!(keys_of(b"  get a\n"), vec![b"a".to_vec()]);
+    }
+
+    #[test]
+    fn partial_line_waits_for_more_bytes() {
+        assert_eq!(parse(b"get fo"), Ok(None));
+        assert_eq!(parse(b"set foo 0 0 5\r\nhel"), Ok(None));
+        assert_eq!(parse(b"set foo 0 0 5\r\nhello\r"), Ok(None));
+    }
+
+    #[test]
+    fn set_frames_value_by_declared_length_even_with_crlf_inside() {
+        let input = b"set k 1 2 4\r\na\r\nb\r\nget k\r\n";
+        let (request, consumed) = parse(input).unwrap().unwrap();
+        assert_eq!(request.command, Command::Set);
+        assert_eq!(consumed, 19);
+        assert_eq!(request.line_len, 13);
+    }
+
+    #[test]
+    fn noreply_is_detected_and_args_end_strips_it() {
+        let input = b"set k 0 0 1 noreply\r\nx\r\n";
+        let (request, _) = parse(input).unwrap().unwrap();
+        assert!(request.noreply);
+        assert_eq!(&input[..request.args_end as usize], b"set k 0 0 1");
+        let input = b"delete k 0 noreply\r\n";
+        let (request, _) = parse(input).unwrap().unwrap();
+        assert_eq!(&input[..request.args_end as usize], b"delete k 0");
+    }
+
+    #[test]
+    fn a_seventh_token_that_is_not_noreply_is_ignored_like_memcached() {
+        let (request, _) = parse(b"set k 0 0 1 foo\r\nx\r\n").unwrap().unwrap();
+        assert!(!request.noreply);
+    }
+
+    #[test]
+    fn key_of_251_bytes_is_rejected() {
+        let mut input = b"get ".to_vec();
+        input.extend(std::iter::repeat_n(b'k', 251));
+        input.extend(b"\r\n");
+        assert_eq!(rejection(&input).error, ParseError::BadCommandLine);
+        let mut ok = b"get ".to_vec();
+        ok.extend(std::iter::repeat_n(b'k', 250));
+        ok.extend(b"\r\n");
+        assert!(parse(&ok).unwrap().is_some());
+    }
+
+    #[test]
+    fn control_bytes_in_keys_are_rejected() {
+        assert_eq!(rejection(b"get a\tb\r\n").error, ParseError::BadCommandLine);
+        assert_eq!(
+            rejection(b"get a\x7fb\r\n").error,
+            ParseError::BadCommandLine
+        );
+    }
+
+    #[test]
+    fn bad_declared_lengths_get_bad_command_line_and_consume_only_the_line() {
+        for input in [
+            &b"set a 0 0 -1\r\nxx\r\n"[..],
+            b"set a 0 0 4294967295\r\nxx\r\n",
+            b"set a 0 0 2147483646\r\nxx\r\n",
+            b"set a 0 0 abc\r\nxx\r\n",
+            b"set a -1 0 1\r\nx\r\n",
+            b"cas a 0 0 1 -1\r\nx\r\n",
+        ] {
+            let rejected = rejection(input);
+            assert_eq!(rejected.error, ParseError::BadCommandLine, "{input:?}");
+            assert_eq!(rejected.discard, 0);
+            // Like memcached, the data line is then read as the next command.
+            assert_eq!(input[rejected.consumed], b'x');
+        }
+    }
+
+    #[test]
+    fn oversized_value_is_refused_from_the_header_and_its_block_discarded() {
+        let input = b"set big 0 0 2000000\r\n";
+        let rejected = rejection(input);
+        assert_eq!(rejected.error, ParseError::ValueTooLarge);
+        assert_eq!(rejected.consumed, input.len());
+        assert_eq!(rejected.discard, 2_000_002);
+        assert!(!rejected.silent);
+        let rejected = rejection(b"set big 0 0 2000000 noreply\r\n");
+        assert!(rejected.silent);
+    }
+
+    #[test]
+    fn largest_declared_length_waits_without_allocating() {
+        let limits = Limits {
+            max_value_bytes: usize::MAX,
+            ..Limits::default()
+        };
+        assert_eq!(
+            parse_request(b"set a 0 0 2147483645\r\nxx", &limits),
+            Ok(None)
+        );
+    }
+
+    #[test]
+    fn data_block_without_crlf_is_a_bad_data_chunk() {
+        let input = b"set a 0 0 1\r\nzz\r\n";
+        let rejected = rejection(input);
+        assert_eq!(rejected.error, ParseError::BadDataChunk);
+        // memcached reads exactly <bytes> + 2, leaving the `\n` as an empty line.
+        assert_eq!(rejected.consumed, input.len() - 1);
+    }
+
+    #[test]
+    fn memcached_number_quirks_are_accepted() {
+        for input in [
+            &b"set a +5 0 1\r\nz\r\n"[..],
+            b"set a 4294967296 0 1\r\nz\r\n",
+            b"set a 0 -5 1\r\nz\r\n",
+            b"set a 0 99999999999 1\r\nz\r\n",
+            b"incr a +1\r\n",
+            b"touch a -1\r\n",
+            b"gat +1 a\r\n",
+        ] {
+            assert!(parse(input).unwrap().is_some(), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn wrong_token_counts_are_unknown_commands() {
+        for input in [
+            &b"get\r\n"[..],
+            b"set a 0 0\r\n",
+            b"set a 0 0 1 noreply extra\r\n",
+            b"cas a 0 0 1\r\n",
+            b"incr\r\n",
+            b"touch a\r\n",
+            b"delete\r\n",
+            b"verbosity\r\n",
+            b"\r\n",
+            b"GET a\r\n",
+            b"mg a v\r\n",
+        ] {
+            assert_eq!(
+                rejection(input).error,
+                ParseError::UnknownCommand,
+                "{input:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn command_specific_errors_match_memcached() {
+        assert_eq!(rejection(b"incr a abc\r\n").error, ParseError::InvalidDelta);
+        assert_eq!(rejection(b"incr a -1\r\n").error, ParseError::InvalidDelta);
+        assert_eq!(
+            rejection(b"incr a 18446744073709551616\r\n").error,
+            ParseError::InvalidDelta
+        );
+        assert_eq!(
+            rejection(b"touch a abc\r\n").error,
+            ParseError::InvalidExptime
+        );
+        assert_eq!(
+            rejection(b"gat abc a\r\n").error,
+            ParseError::InvalidExptime
+        );
+        assert_eq!(
+            rejection(b"delete a 1\r\n").error,
+            ParseError::BadDeleteLine
+        );
+        assert_eq!(
+            rejection(b"delete a x y\r\n").error,
+            ParseError::BadDeleteLine
+        );
+        assert_eq!(
+            rejection(b"verbosity x\r\n").error,
+            ParseError::BadCommandLine
+        );
+        assert_eq!(
+            rejection(b"flush_all x\r\n").error,
+            ParseError::InvalidExptime
+        );
+    }
+
+    #[test]
+    fn noreply_silences_errors_after_noreply_is_known() {
+        assert!(rejection(b"incr a abc noreply\r\n").silent);
+        assert!(rejection(b"delete a 1 noreply\r\n").silent);
+        assert!(rejection(b"set a 0 0 -1 noreply\r\n").silent);
+        assert!(!rejection(b"set a 0 0 1 noreply extra\r\n").silent);
+    }
+
+    #[test]
+    fn delete_accepts_a_zero_hold_time() {
+        assert!(parse(b"delete a 0\r\n").unwrap().is_some());
+        let (request, _) = parse(b"delete a noreply\r\n").unwrap().unwrap();
+        assert!(request.noreply);
+    }
+
+    #[test]
+    fn gat_without_keys_parses_to_an_empty_key_list() {
+        let (request, _) = parse(b"gat 0\r\n").unwrap().unwrap();
+        assert!(request.keys.is_empty());
+        assert_eq!(request.command, Command::Gat);
+    }
+
+    #[test]
+    fn line_without_newline_past_the_bound_is_too_long() {
+        let input = vec![b'x'; 3000];
+        let rejected = rejection(&input);
+        assert_eq!(rejected.error, ParseError::LineTooLong);
+        assert!(!rejected.error.keeps_connection());
+        let mut get = b"get ".to_vec();
+        for _ in 0..1000 {
+            get.extend(b"k ");
+        }
+        assert_eq!(parse(&get), Ok(None), "long multi-get lines may continue");
+        get.extend(b"\r\n");
+        assert_eq!(keys_of(&get).len(), 1000);
+    }
+
+    #[test]
+    fn local_commands_parse() {
+        for (input, command) in [
+            (&b"version\r\n"[..], Command::Version),
+            (b"version extra\r\n", Command::Version),
+            (b"quit\r\n", Command::Quit),
+            (b"stats\r\n", Command::Stats),
+            (b"flush_all\r\n", Command::FlushAll),
+            (b"flush_all 10 noreply\r\n", Command::FlushAll),
+            (b"verbosity 1\r\n", Command::Verbosity),
+        ] {
+            assert_eq!(parse(input).unwrap().unwrap().0.command, command);
+        }
+    }
+}

@@ -1,0 +1,356 @@
+//! The consistent-hash ring: an immutable value mapping every key to one server.
+//!
+//! Ketama style: each server gets `POINTS_PER_WEIGHT × weight` points, each the
+//! xxh3 hash of `"<identity>-<index>"`; a key belongs to the first point at or
+//! after its own xxh3 hash, wrapping at the end. The ring is built once and then
+//! only read (published through arc-swap by `topology`), so lookups take no lock.
+//! No I/O here.
+
+use twox_hash::XxHash3_64;
+
+/// Points per server per unit of weight (as in libketama: 160 at weight 1).
+pub const POINTS_PER_WEIGHT: u32 = 160;
+
+/// One server as the ring sees it: the identity its points are named after (its
+/// `name`, or its address when unnamed) and its weight.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub identity: String,
+    pub weight: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Point {
+    hash: u64,
+    server: u32,
+}
+
+/// A built ring. Server indexes are positions in the member list it was built
+/// from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ring {
+    points: Box<[Point]>,
+    members: Box<[Member]>,
+}
+
+/// The hash a key is placed by.
+pub fn key_hash(key: &[u8]) -> u64 {
+    XxHash3_64::oneshot(key)
+}
+
+fn point_hash(identity: &str, index: u32) -> u64 {
+    // Names are short, so formatting into a stack buffer would save little; the
+    // ring is built off the request path.
+    XxHash3_64::oneshot(format!("{identity}-{index}").as_bytes())
+}
+
+impl Ring {
+    /// Builds the ring for `members`, in order. Building the same list twice
+    /// yields identical rings, so every memring instance routes alike.
+    pub fn build(members: Vec<Member>) -> Ring {
+        let total: usize = members
+            .iter()
+            .map(|m| (m.weight * POINTS_PER_WEIGHT) as usize)
+            .sum();
+        let mut points = Vec::with_capacity(total);
+        for (server, member) in members.iter().enumerate() {
+            for index in 0..member.weight * POINTS_PER_WEIGHT {
+                points.push(Point {
+                    hash: point_hash(&member.identity, index),
+                    server: server as u32,
+                });
+            }
+        }
+        // Ties (vanishingly rare at 64 bits) go to the smaller identity, so the
+        // order of the member list never changes ownership.
+        points.sort_unstable_by(|a, b| {
+            a.hash.cmp(&b.hash).then_with(|| {
+                members[a.server as usize]
+                    .identity
+                    .cmp(&members[b.server as usize].identity)
+            })
+        });
+        Ring {
+            points: points.into_boxed_slice(),
+            members: members.into_boxed_slice(),
+        }
+    }
+
+    /// The members, in the order given to [`Ring::build`].
+    pub fn members(&self) -> &[Member] {
+        &self.members
+    }
+
+    /// Number of points on the ring.
+    pub fn point_count(&self) -> usize {
+        self.points.len()
+    }
+
+    /// Index of the server that owns `key`, or `None` for an empty ring.
+    #[inline]
+    pub fn owner(&self, key: &[u8]) -> Option<usize> {
+        self.owner_of_hash(key_hash(key))
+    }
+
+    /// Index of the server owning a hash: the first point at or after it,
+    /// wrapping to the first point.
+    #[inline]
+    pub fn owner_of_hash(&self, hash: u64) -> Option<usize> {
+        let i = self.points.partition_point(|p| p.hash < hash);
+        let point = self.points.get(i).or_else(|| self.points.first())?;
+        Some(point.server as usize)
+    }
+
+    /// The share of the hash space each member owns, in member order; the shares
+    /// sum to 1 (or are empty for an empty ring).
+    pub fn shares(&self) -> Vec<f64> {
+        let mut owned = vec![0u128; self.members.len()];
+        let Some(last) = self.points.last() else {
+            return Vec::new();
+        };
+        let mut previous = last.hash;
+        for point in self.points.iter() {
+            // The arc (previous, point] belongs to this point; the first point's
+            // arc wraps around the top of the hash space.
+            owned[point.server as usize] += arc_len(previous, point.hash);
+            previous = point.hash;
+        }
+        owned.iter().map(|&n| n as f64 / HASH_SPACE).collect()
+    }
+
+    /// The share of the hash space whose owner (by identity) differs between two
+    /// rings: the fraction of keys that move when `old` is replaced by `new`.
+    pub fn moved_share(old: &Ring, new: &Ring) -> f64 {
+        let (Some(_), Some(_)) = (old.points.first(), new.points.first()) else {
+            return if old.points.len() == new.points.len() {
+                0.0
+            } else {
+                1.0
+            };
+        };
+        let mut bounds: Vec<u64> = old
+            .points
+            .iter()
+            .chain(new.points.iter())
+            .map(|p| p.hash)
+            .collect();
+        bounds.sort_unstable();
+        bounds.dedup();
+        let mut moved = 0u128;
+        let mut previous = *bounds.last().expect("both rings have points");
+        for &bound in &bounds {
+            // Every hash in (previous, bound] has the same owner in each ring,
+            // the owner of `bound` itself.
+            let old_owner = old.identity_of_hash(bound);
+            let new_owner = new.identity_of_hash(bound);
+            if old_owner != new_owner {
+                moved += arc_len(previous, bound);
+            }
+            previous = bound;
+        }
+        moved as f64 / HASH_SPACE
+    }
+
+    fn identity_of_hash(&self, hash: u64) -> Option<&str> {
+        self.owner_of_hash(hash)
+            .map(|i| self.members[i].identity.as_str())
+    }
+}
+
+const HASH_SPACE: f64 = 18_446_744_073_709_551_616.0; // 2^64
+
+/// Length of the arc (from, to] going clockwise, wrapping at 2^64. A full circle
+/// (from == to) is 2^64.
+fn arc_len(from: u64, to: u64) -> u128 {
+    if to > from {
+        (to - from) as u128
+    } else {
+        (1u128 << 64) - (from - to) as u128
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn members(names: &[&str]) -> Vec<Member> {
+        names
+            .iter()
+            .map(|name| Member {
+                identity: name.to_string(),
+                weight: 1,
+            })
+            .collect()
+    }
+
+    fn servers(n: usize) -> Vec<Member> {
+        (0..n)
+            .map(|i| Member {
+                identity: format!("cache-{i:02}"),
+                weight: 1,
+            })
+            .collect()
+    }
+
+    fn sample_keys(n: usize) -> impl Iterator<Item = String> {
+        (0..n).map(|i| format!("user:{i}:profile"))
+    }
+
+    fn owner_identity<'r>(ring: &'r Ring, key: &str) -> &'r str {
+        &ring.members()[ring.owner(key.as_bytes()).unwrap()].identity
+    }
+
+    #[test]
+    fn two_rings_from_the_same_list_are_identical() {
+        assert_eq!(Ring::build(servers(5)), Ring::build(servers(5)));
+    }
+
+    #[test]
+    fn member_order_does_not_change_ownership() {
+        let forward = Ring::build(members(&["a", "b", "c"]));
+        let backward = Ring::build(members(&["c", "b", "a"]));
+        for key in sample_keys(2000) {
+            assert_eq!(
+                owner_identity(&forward, &key),
+                owner_identity(&backward, &key)
+            );
+        }
+    }
+
+    #[test]
+    fn golden_owners_pin_the_hash_and_point_naming() {
+        // A change to the key hash or to how points are named must fail here:
+        // it would move every key of every deployed memring.
+        let ring = Ring::build(members(&["cache-01", "cache-02", "cache-03", "cache-04"]));
+        assert_eq!(ring.point_count(), 640);
+        let owners: Vec<&str> = ["alpha", "beta", "gamma", "delta", "user:42", "session:9"]
+            .iter()
+            .map(|k| owner_identity(&ring, k))
+            .collect();
+        assert_eq!(owners, GOLDEN_OWNERS);
+        assert_eq!(key_hash(b"alpha"), GOLDEN_ALPHA_HASH);
+    }
+
+    const GOLDEN_OWNERS: [&str; 6] = [
+        "cache-04", "cache-02", "cache-04", "cache-03", "cache-01", "cache-01",
+    ];
+    const GOLDEN_ALPHA_HASH: u64 = 13_720_501_819_814_554_458;
+
+    #[test]
+    fn lookup_matches_a_linear_scan_oracle() {
+        let ring = Ring::build(servers(7));
+        let mut sorted: Vec<Point> = ring.points.to_vec();
+        sorted.sort_by_key(|p| p.hash);
+        for key in sample_keys(3000) {
+            let hash = key_hash(key.as_bytes());
+            let oracle = sorted
+                .iter()
+                .find(|p| p.hash >= hash)
+                .unwrap_or(&sorted[0])
+                .server as usize;
+            assert_eq!(ring.owner(key.as_bytes()), Some(oracle));
+        }
+    }
+
+    #[test]
+    fn wraps_to_the_first_point_past_the_last() {
+        let ring = Ring::build(servers(3));
+        let first = ring.points[0].server as usize;
+        assert_eq!(ring.owner_of_hash(u64::MAX), Some(first));
+        assert_eq!(ring.owner_of_hash(0), Some(first));
+    }
+
+    #[test]
+    fn empty_ring_owns_nothing() {
+        assert_eq!(Ring::build(Vec::new()).owner(b"k"), None);
+    }
+
+    #[test]
+    fn ten_servers_share_the_keyspace_evenly() {
+        let ring = Ring::build(servers(10));
+        let shares = ring.shares();
+        assert!((shares.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+        let mean = 1.0 / 10.0;
+        let max = shares.iter().cloned().fold(0.0, f64::max);
+        let min = shares.iter().cloned().fold(1.0, f64::min);
+        println!(
+            "10 servers x 160 points: max/mean {:.3}, min/mean {:.3}",
+            max / mean,
+            min / mean
+        );
+        assert!(max / mean < 1.35, "max/mean {}", max / mean);
+        assert!(min / mean > 0.65, "min/mean {}", min / mean);
+
+        let mut counts = [0usize; 10];
+        for key in sample_keys(100_000) {
+            counts[ring.owner(key.as_bytes()).unwrap()] += 1;
+        }
+        let max_keys = *counts.iter().max().unwrap() as f64;
+        println!(
+            "10 servers, 100k keys: max/mean load {:.3}",
+            max_keys / 10_000.0
+        );
+        assert!(max_keys / 10_000.0 < 1.35);
+    }
+
+    #[test]
+    fn weight_two_server_owns_about_twice_the_keyspace() {
+        let mut list = servers(4);
+        list[0].weight = 2;
+        let ring = Ring::build(list);
+        let shares = ring.shares();
+        let others = (shares[1] + shares[2] + shares[3]) / 3.0;
+        let ratio = shares[0] / others;
+        println!("weight-2 share / weight-1 share = {ratio:.3}");
+        assert!((1.6..2.4).contains(&ratio), "ratio {ratio}");
+    }
+
+    #[test]
+    fn adding_fifth_server_moves_about_a_fifth_all_to_it() {
+        let four = Ring::build(servers(4));
+        let five = Ring::build(servers(5));
+        let mut moved = 0;
+        let total = 50_000;
+        for key in sample_keys(total) {
+            let before = owner_identity(&four, &key);
+            let after = owner_identity(&five, &key);
+            if before != after {
+                moved += 1;
+                assert_eq!(after, "cache-04", "a moved key must go to the new server");
+            }
+        }
+        let fraction = moved as f64 / total as f64;
+        println!("4 -> 5 servers: {:.1}% of keys moved", fraction * 100.0);
+        assert!((0.15..0.25).contains(&fraction), "moved {fraction}");
+        let exact = Ring::moved_share(&four, &five);
+        assert!(
+            (exact - fraction).abs() < 0.02,
+            "exact {exact} sampled {fraction}"
+        );
+    }
+
+    #[test]
+    fn removing_a_server_moves_only_its_keys() {
+        let five = Ring::build(servers(5));
+        let mut list = servers(5);
+        list.remove(2);
+        let four = Ring::build(list);
+        for key in sample_keys(20_000) {
+            let before = owner_identity(&five, &key);
+            let after = owner_identity(&four, &key);
+            if before != "cache-02" {
+                assert_eq!(before, after);
+            }
+        }
+        let share_removed = five.shares()[2];
+        assert!((Ring::moved_share(&five, &four) - share_removed).abs() < 1e-9);
+    }
+
+    #[test]
+    fn moved_share_of_identical_rings_is_zero() {
+        assert_eq!(
+            Ring::moved_share(&Ring::build(servers(3)), &Ring::build(servers(3))),
+            0.0
+        );
+    }
+}

@@ -1,0 +1,133 @@
+//! The accept loop: a bounded number of client sessions, and shutdown that stops
+//! accepting, lets sessions write the replies they owe within a grace period,
+//! then returns.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::session::{run_session, SessionContext};
+use crate::stats::{bump, Stats};
+use crate::topology::{SharedTopology, Topology};
+
+/// A running proxy.
+pub struct Running {
+    /// Where clients connect (useful with port 0).
+    pub local_addr: SocketAddr,
+    /// The routing table, for reloads.
+    pub topology: SharedTopology,
+    pub stats: Arc<Stats>,
+    task: JoinHandle<()>,
+}
+
+impl Running {
+    /// Waits until the proxy has shut down and drained.
+    pub async fn wait(self) {
+        let _ = self.task.await;
+    }
+}
+
+/// Binds `config.listen` and starts serving until `shutdown` is cancelled.
+/// Must be called inside a tokio runtime.
+///
+/// # Errors
+/// The listen address cannot be bound.
+pub async fn start(config: &Config, shutdown: CancellationToken) -> io::Result<Running> {
+    let listener = TcpListener::bind(config.listen).await?;
+    let local_addr = listener.local_addr()?;
+    let topology: SharedTopology =
+        Arc::new(ArcSwap::from_pointee(Topology::build(config, 1, None)));
+    let stats = Arc::new(Stats::default());
+    let context = Arc::new(SessionContext {
+        topology: topology.clone(),
+        limits: config.limits,
+        max_pending: config.max_pending_per_client,
+        shutdown: shutdown.clone(),
+        stats: stats.clone(),
+    });
+    tracing::info!(%local_addr, servers = config.servers.len(), "listening");
+    let task = tokio::spawn(accept_loop(
+        listener,
+        context,
+        config.max_client_connections,
+        config.shutdown_grace,
+    ));
+    Ok(Running {
+        local_addr,
+        topology,
+        stats,
+        task,
+    })
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    context: Arc<SessionContext>,
+    max_connections: usize,
+    grace: std::time::Duration,
+) {
+    let limit = Arc::new(Semaphore::new(max_connections));
+    let sessions = TaskTracker::new();
+    let next_id = AtomicU64::new(0);
+    let shutdown = context.shutdown.clone();
+    loop {
+        // Take a slot before accepting: past the limit, new connections wait in
+        // the listen backlog while existing ones keep working.
+        let permit = tokio::select! {
+            permit = limit.clone().acquire_owned() => permit.expect("semaphore is never closed"),
+            () = shutdown.cancelled() => break,
+        };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = shutdown.cancelled() => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors and the like: back off briefly rather
+                // than spin.
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let id = next_id.fetch_add(1, Ordering::Relaxed);
+        let context = context.clone();
+        bump(&context.stats.total_connections);
+        context
+            .stats
+            .curr_connections
+            .fetch_add(1, Ordering::Relaxed);
+        sessions.spawn(async move {
+            if let Err(e) = run_session(stream, id, context.clone()).await {
+                tracing::debug!("client session {id} ended: {e}");
+            }
+            context
+                .stats
+                .curr_connections
+                .fetch_sub(1, Ordering::Relaxed);
+            drop(permit);
+        });
+    }
+    drop(listener);
+    sessions.close();
+    tracing::info!(
+        open = sessions.len(),
+        "shutting down: draining client sessions"
+    );
+    if tokio::time::timeout(grace, sessions.wait()).await.is_err() {
+        tracing::warn!(
+            open = sessions.len(),
+            "drain time over; closing remaining sessions"
+        );
+    }
+}

@@ -1,0 +1,491 @@
+//! One task per client connection: read, parse, route, and write the replies in
+//! request order.
+//!
+//! A client may pipeline: every complete request in the read buffer is routed
+//! at once, and its reply slot joins a FIFO; replies are written as the oldest
+//! slots complete, coalesced into one write. The FIFO is bounded
+//! (`max_pending_per_client`): when it is full memring stops reading from that
+//! client, so a client that never reads its replies cannot make memring buffer
+//! without bound. Shutdown stops reading between requests, never halfway
+//! through one, and the replies already owed are still written.
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::Arc;
+
+use bytes::{Buf, Bytes, BytesMut};
+use smallvec::SmallVec;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{Backend, CallResult};
+use crate::error::{BackendError, BackendErrorKind};
+use crate::protocol::encode::{
+    forwardable, write_merged_values, write_server_error, write_sub_get,
+};
+use crate::protocol::reply::is_error_reply;
+use crate::protocol::request::Keys;
+use crate::protocol::{parse_request, Command, Limits, ReplyKind, Request};
+use crate::stats::{bump, Stats};
+use crate::topology::{SharedTopology, Topology};
+
+const READ_CHUNK_BYTES: usize = 16 * 1024;
+
+/// What every session shares.
+pub struct SessionContext {
+    pub topology: SharedTopology,
+    pub limits: Limits,
+    pub max_pending: usize,
+    pub shutdown: CancellationToken,
+    pub stats: Arc<Stats>,
+}
+
+/// Serves one client until it quits, disconnects, sends an unrecoverable line,
+/// or shutdown is requested (then the replies already owed are written first).
+///
+/// # Errors
+/// Only client-side I/O errors, which end the session.
+pub async fn run_session(
+    mut stream: TcpStream,
+    id: u64,
+    ctx: Arc<SessionContext>,
+) -> io::Result<()> {
+    let _ = stream.set_nodelay(true);
+    let (mut reader, mut writer) = stream.split();
+    let mut session = ClientSession {
+        lane: id as usize,
+        ctx: &ctx,
+        pending: VecDeque::new(),
+        closing: false,
+        discard: 0,
+    };
+    let mut input = BytesMut::with_capacity(READ_CHUNK_BYTES);
+    let mut output = BytesMut::with_capacity(READ_CHUNK_BYTES);
+    loop {
+        session.route_buffered(&mut input).await;
+        while let Some(front) = session.pending.front_mut() {
+            if !front.poll_ready() {
+                break;
+            }
+            let done = session.pending.pop_front().expect("front exists");
+            done.write_reply(&mut output, &ctx.stats);
+        }
+        if !output.is_empty() {
+            writer.write_all(&output).await?;
+            output.clear();
+        }
+        if session.closing && session.pending.is_empty() {
+            return writer.shutdown().await;
+        }
+        let can_read = !session.closing && session.pending.len() < ctx.max_pending;
+        if input.capacity() - input.len() < READ_CHUNK_BYTES / 4 {
+            input.reserve(READ_CHUNK_BYTES);
+        }
+        tokio::select! {
+            biased;
+            () = wait_front(&mut session.pending) => {}
+            read = reader.read_buf(&mut input), if can_read => {
+                if read? == 0 {
+                    session.closing = true;
+                }
+            }
+            () = ctx.shutdown.cancelled(), if can_read => {
+                session.closing = true;
+            }
+        }
+    }
+}
+
+async fn wait_front(pending: &mut VecDeque<Pending>) {
+    match pending.front_mut() {
+        Some(front) => front.wait().await,
+        None => std::future::pending().await,
+    }
+}
+
+struct ClientSession<'a> {
+    /// Which connection of each server this client uses: always the same one,
+    /// so its commands reach each server in the order sent.
+    lane: usize,
+    ctx: &'a SessionContext,
+    pending: VecDeque<Pending>,
+    /// No more requests will be read; close once the owed replies are written.
+    closing: bool,
+    /// Bytes of a refused value still to be thrown away as they arrive.
+    discard: usize,
+}
+
+impl ClientSession<'_> {
+    /// Routes every complete request in `input`, up to the pending bound.
+    async fn route_buffered(&mut self, input: &mut BytesMut) {
+        while !self.closing && self.pending.len() < self.ctx.max_pending {
+            if self.discard > 0 {
+                let n = self.discard.min(input.len());
+                input.advance(n);
+                self.discard -= n;
+                if self.discard > 0 {
+                    return;
+                }
+            }
+            match parse_request(input, &self.ctx.limits) {
+                Ok(None) => return,
+                Ok(Some((request, consumed))) => {
+                    let bytes = input.split_to(consumed).freeze();
+                    self.route(request, bytes).await;
+                }
+                Err(rejection) => {
+                    input.advance(rejection.consumed);
+                    self.discard = rejection.discard;
+                    if !rejection.silent {
+                        self.pending
+                            .push_back(Pending::ready(Bytes::from_static(rejection.error.reply())));
+                    }
+                    if !rejection.error.keeps_connection() {
+                        self.closing = true;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn route(&mut self, request: Request, bytes: Bytes) {
+        // One topology per request: it finishes on this ring even if a reload
+        // lands meanwhile. `load_full` gives an owned Arc, so no arc-swap guard
+        // is held across the awaits below.
+        let topology = self.ctx.topology.load_full();
+        let stats = &self.ctx.stats;
+        let pending = match request.command {
+            Command::Quit => {
+                self.closing = true;
+                return;
+            }
+            Command::Version => Some(Pending::ready(Bytes::from_static(crate::VERSION_REPLY))),
+            Command::Verbosity => {
+                // Accepted and not forwarded: memring's log level is its own.
+                (!request.noreply).then(|| Pending::ready(Bytes::from_static(b"OK\r\n")))
+            }
+            Command::Stats => {
+                let mut out = BytesMut::new();
+                stats.write_report(&mut out, &topology);
+                Some(Pending::ready(out.freeze()))
+            }
+            Command::FlushAll => self.broadcast(&topology, &request, &bytes).await,
+            command if command.is_retrieval() => {
+                bump(&stats.cmd_get);
+                Some(self.retrieve(&topology, request, bytes).await)
+            }
+            command => {
+                if command.is_storage() {
+                    bump(&stats.cmd_set);
+                } else {
+                    bump(&stats.cmd_other);
+                }
+                self.forward_single_key(&topology, &request, &bytes).await
+            }
+        };
+        if let Some(pending) = pending {
+            self.pending.push_back(pending);
+        }
+    }
+
+    async fn forward_single_key(
+        &mut self,
+        topology: &Topology,
+        request: &Request,
+        bytes: &Bytes,
+    ) -> Option<Pending> {
+        let key = request.key(bytes, 0);
+        let Some(backend) = topology.owner(key) else {
+            return (!request.noreply).then(Pending::no_servers);
+        };
+        let part = self
+            .send(
+                backend,
+                forwardable(bytes, request),
+                ReplyKind::Line,
+                !request.noreply,
+            )
+            .await;
+        part.map(|part| Pending {
+            parts: smallvec::smallvec![part],
+            finish: Finish::Forward,
+        })
+    }
+
+    /// `get`/`gets`/`gat`/`gats`: one request when every key has the same owner,
+    /// otherwise one sub-request per owner, sent before any is awaited.
+    async fn retrieve(&mut self, topology: &Topology, request: Request, bytes: Bytes) -> Pending {
+        if request.keys.is_empty() {
+            return Pending::ready(Bytes::from_static(b"END\r\n"));
+        }
+        if topology.backends.is_empty() {
+            return Pending::no_servers();
+        }
+        let mut owner_of_key: SmallVec<[u32; 8]> = SmallVec::with_capacity(request.keys.len());
+        for i in 0..request.keys.len() {
+            let owner = topology
+                .ring
+                .owner(request.key(&bytes, i))
+                .expect("ring has servers");
+            owner_of_key.push(owner as u32);
+        }
+        let first = owner_of_key[0];
+        if owner_of_key.iter().all(|&o| o == first) {
+            let backend = &topology.backends[first as usize];
+            let part = self
+                .send(backend, smallvec::smallvec![bytes], ReplyKind::Values, true)
+                .await
+                .expect("a reply was asked for");
+            return Pending {
+                parts: smallvec::smallvec![part],
+                finish: Finish::Forward,
+            };
+        }
+
+        // Number the owners in order of first appearance: part i is the i-th
+        // distinct owner.
+        let mut owners: SmallVec<[u32; 8]> = SmallVec::new();
+        let mut part_of_key: SmallVec<[u16; 8]> = SmallVec::with_capacity(owner_of_key.len());
+        for &owner in &owner_of_key {
+            let part = match owners.iter().position(|&o| o == owner) {
+                Some(part) => part,
+                None => {
+                    owners.push(owner);
+                    owners.len() - 1
+                }
+            };
+            part_of_key.push(part as u16);
+        }
+        let exptime = request.arg.map(|span| span.of(&bytes));
+        let mut parts = SmallVec::with_capacity(owners.len());
+        for (part, &owner) in owners.iter().enumerate() {
+            let mut sub = BytesMut::new();
+            let keys = (0..request.keys.len())
+                .filter(|&i| part_of_key[i] as usize == part)
+                .map(|i| request.key(&bytes, i));
+            write_sub_get(&mut sub, request.command, exptime, keys);
+            let backend = &topology.backends[owner as usize];
+            let sent = self
+                .send(
+                    backend,
+                    smallvec::smallvec![sub.freeze()],
+                    ReplyKind::Values,
+                    true,
+                )
+                .await
+                .expect("a reply was asked for");
+            parts.push(sent);
+        }
+        Pending {
+            parts,
+            finish: Finish::Merge(Box::new(Merge {
+                bytes,
+                keys: request.keys,
+                part_of_key,
+            })),
+        }
+    }
+
+    /// `flush_all`: sent to every server; `OK` only when every server said so.
+    async fn broadcast(
+        &mut self,
+        topology: &Topology,
+        request: &Request,
+        bytes: &Bytes,
+    ) -> Option<Pending> {
+        let mut parts = SmallVec::new();
+        for backend in topology.backends.iter() {
+            if let Some(part) = self
+                .send(
+                    backend,
+                    forwardable(bytes, request),
+                    ReplyKind::Line,
+                    !request.noreply,
+                )
+                .await
+            {
+                parts.push(part);
+            }
+        }
+        (!request.noreply).then_some(Pending {
+            parts,
+            finish: Finish::AllOk,
+        })
+    }
+
+    /// Queues a request on this session's lane of `backend`. Returns the reply
+    /// slot, or `None` when no reply was asked for.
+    async fn send(
+        &self,
+        backend: &Arc<Backend>,
+        request: crate::protocol::encode::Outbound,
+        kind: ReplyKind,
+        want_reply: bool,
+    ) -> Option<Part> {
+        let server: Arc<str> = backend.name().into();
+        match backend.send(self.lane, request, kind, want_reply).await {
+            Ok(Some(receiver)) => Some(Part {
+                server,
+                receiver: Some(receiver),
+                result: None,
+            }),
+            Ok(None) => None,
+            Err(error) => want_reply.then_some(Part {
+                server,
+                receiver: None,
+                result: Some(Err(error)),
+            }),
+        }
+    }
+}
+
+/// One backend reply a pending request waits for.
+struct Part {
+    server: Arc<str>,
+    receiver: Option<oneshot::Receiver<CallResult>>,
+    result: Option<CallResult>,
+}
+
+impl Part {
+    fn lost(&self) -> CallResult {
+        Err(BackendError {
+            server: self.server.clone(),
+            kind: BackendErrorKind::Gone,
+        })
+    }
+
+    fn poll_ready(&mut self) -> bool {
+        if self.result.is_none() {
+            if let Some(receiver) = &mut self.receiver {
+                match receiver.try_recv() {
+                    Ok(result) => self.result = Some(result),
+                    Err(oneshot::error::TryRecvError::Empty) => return false,
+                    Err(oneshot::error::TryRecvError::Closed) => self.result = Some(self.lost()),
+                }
+            }
+        }
+        true
+    }
+
+    /// Waits for the reply; cancel-safe, as the result is kept in `self`.
+    async fn wait(&mut self) {
+        if self.result.is_none() {
+            if let Some(receiver) = &mut self.receiver {
+                let result = receiver.await;
+                self.result = Some(result.unwrap_or_else(|_| self.lost()));
+            }
+        }
+    }
+
+    fn take(&mut self) -> CallResult {
+        self.result.take().unwrap_or_else(|| self.lost())
+    }
+}
+
+/// How the parts' replies become the client's reply.
+enum Finish {
+    /// A reply made by memring itself.
+    Ready(Bytes),
+    /// The one part's reply, as it came.
+    Forward,
+    /// A multi-get split across servers.
+    Merge(Box<Merge>),
+    /// `OK` if every part answered `OK`.
+    AllOk,
+}
+
+struct Merge {
+    bytes: Bytes,
+    keys: Keys,
+    part_of_key: SmallVec<[u16; 8]>,
+}
+
+/// A reply slot in the client's FIFO.
+struct Pending {
+    parts: SmallVec<[Part; 1]>,
+    finish: Finish,
+}
+
+impl Pending {
+    fn ready(reply: Bytes) -> Pending {
+        Pending {
+            parts: SmallVec::new(),
+            finish: Finish::Ready(reply),
+        }
+    }
+
+    fn no_servers() -> Pending {
+        Pending::ready(Bytes::from_static(
+            b"SERVER_ERROR no servers configured\r\n",
+        ))
+    }
+
+    fn poll_ready(&mut self) -> bool {
+        self.parts.iter_mut().all(Part::poll_ready)
+    }
+
+    async fn wait(&mut self) {
+        for part in self.parts.iter_mut() {
+            part.wait().await;
+        }
+    }
+
+    fn write_reply(mut self, out: &mut BytesMut, stats: &Stats) {
+        match self.finish {
+            Finish::Ready(reply) => out.extend_from_slice(&reply),
+            Finish::Forward => match self.parts[0].take() {
+                Ok(reply) => out.extend_from_slice(&reply),
+                Err(error) => {
+                    bump(&stats.backend_errors);
+                    write_server_error(out, &error);
+                }
+            },
+            Finish::Merge(merge) => {
+                let mut replies: SmallVec<[Option<Bytes>; 4]> = SmallVec::new();
+                let mut first_error = None;
+                for part in self.parts.iter_mut() {
+                    match part.take() {
+                        Ok(reply) if !is_error_reply(&reply) => replies.push(Some(reply)),
+                        Ok(_) => replies.push(None),
+                        Err(error) => {
+                            bump(&stats.backend_errors);
+                            first_error.get_or_insert(error);
+                            replies.push(None);
+                        }
+                    }
+                }
+                // A multi-get answers with what the healthy servers hold; only
+                // when every server failed is the whole reply an error.
+                match first_error {
+                    Some(error) if replies.iter().all(Option::is_none) => {
+                        write_server_error(out, &error);
+                    }
+                    _ => {
+                        let keys = merge
+                            .keys
+                            .iter()
+                            .zip(merge.part_of_key.iter())
+                            .map(|(span, &part)| (span.of(&merge.bytes), part as usize));
+                        write_merged_values(out, keys, &replies);
+                    }
+                }
+            }
+            Finish::AllOk => {
+                let mut failed: Vec<String> = Vec::new();
+                for part in self.parts.iter_mut() {
+                    match part.take() {
+                        Ok(reply) if reply.as_ref() == b"OK\r\n" => {}
+                        Ok(_) | Err(_) => failed.push(part.server.to_string()),
+                    }
+                }
+                if failed.is_empty() {
+                    out.extend_from_slice(b"OK\r\n");
+                } else {
+                    write_server_error(out, &format_args!("failed on {}", failed.join(", ")));
+                }
+            }
+        }
+    }
+}
