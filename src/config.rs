@@ -161,13 +161,15 @@ impl Config {
                 None => 1,
                 Some(w) => match u32::try_from(*w.get_ref()) {
                     Ok(w) if (1..=MAX_WEIGHT).contains(&w) => w,
-                    _ => return Err(at(
-                        w.span(),
-                        format!(
+                    _ => {
+                        return Err(at(
+                            w.span(),
+                            format!(
                             "server `{addr}`: weight {} must be an integer from 1 to {MAX_WEIGHT}",
                             w.get_ref()
                         ),
-                    )),
+                        ))
+                    }
                 },
             };
             let name = match &server.name {

@@ -1,6 +1,6 @@
 //! The `memring` command: run the proxy, check a config, or plan a change.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
@@ -69,10 +69,11 @@ fn init_logging(level: Option<&str>) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 
-fn check(file: &PathBuf) -> anyhow::Result<()> {
+fn check(file: &Path) -> anyhow::Result<()> {
     let config = Config::load(file)?;
     println!(
         "{}: ok ({} servers, listen {})",
@@ -83,7 +84,7 @@ fn check(file: &PathBuf) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn plan(old: &PathBuf, new: &PathBuf) -> anyhow::Result<()> {
+fn plan(old: &Path, new: &Path) -> anyhow::Result<()> {
     let old_config = Config::load(old)?;
     let new_config = Config::load(new)?;
     let old_ring = Ring::build(old_config.members());
@@ -121,7 +122,7 @@ fn plan(old: &PathBuf, new: &PathBuf) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn run(path: &PathBuf) -> anyhow::Result<()> {
+fn run(path: &Path) -> anyhow::Result<()> {
     let config = Config::load(path)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -67,7 +67,6 @@ pub(crate) async fn run(shared: Arc<Shared>, mut calls: mpsc::Receiver<Call>) {
         match connect(&shared).await {
             Ok(stream) => {
                 backoff = MIN_BACKOFF;
-                shared.report(HealthEvent::Connected);
                 match serve(&shared, stream, &mut calls).await {
                     Ok(()) => return,
                     Err(kind) => shared.report(HealthEvent::Failed(kind)),
@@ -123,6 +122,16 @@ async fn serve(
     let timer = sleep_until(Instant::now() + request_timeout);
     tokio::pin!(timer);
     let mut channel_open = true;
+    // A connect alone proves little (a frozen server's kernel still accepts),
+    // so every new connection first asks `version`; its answer, like any
+    // answer, is what marks the server healthy again.
+    write_buf.extend_from_slice(b"version\r\n");
+    in_flight.push_back(Waiting {
+        kind: ReplyKind::Line,
+        reply: None,
+        deadline: Instant::now() + request_timeout,
+    });
+    let mut answered = false;
 
     let result = loop {
         if !channel_open && in_flight.is_empty() && write_buf.is_empty() {
@@ -145,11 +154,15 @@ async fn serve(
                 match read {
                     Ok(0) => break Err(BackendErrorKind::Closed),
                     Err(e) => break Err(BackendErrorKind::Io(e.kind())),
-                    Ok(_) => {
-                        if let Err(kind) = deliver_replies(&mut read_buf, &mut in_flight) {
-                            break Err(kind);
+                    Ok(_) => match deliver_replies(&mut read_buf, &mut in_flight) {
+                        Err(kind) => break Err(kind),
+                        Ok(delivered) => {
+                            if delivered > 0 && !answered {
+                                answered = true;
+                                shared.report(HealthEvent::Answered);
+                            }
                         }
-                    }
+                    },
                 }
             }
             written = writer.write_buf(&mut write_buf), if !write_buf.is_empty() => {
@@ -208,11 +221,12 @@ fn enqueue(
 }
 
 /// Cuts every complete reply off the buffer and hands it to its waiter, oldest
-/// first.
+/// first; returns how many were delivered.
 fn deliver_replies(
     read_buf: &mut BytesMut,
     in_flight: &mut VecDeque<Waiting>,
-) -> Result<(), BackendErrorKind> {
+) -> Result<usize, BackendErrorKind> {
+    let mut delivered = 0;
     while let Some(front) = in_flight.front() {
         match frame_reply(read_buf, front.kind) {
             Ok(Some(len)) => {
@@ -221,13 +235,14 @@ fn deliver_replies(
                 if let Some(sender) = waiting.reply {
                     let _ = sender.send(Ok(reply));
                 }
+                delivered += 1;
             }
-            Ok(None) => return Ok(()),
+            Ok(None) => return Ok(delivered),
             Err(e) => return Err(BackendErrorKind::Protocol(e)),
         }
     }
     if read_buf.is_empty() {
-        Ok(())
+        Ok(delivered)
     } else {
         // Bytes nobody asked for: the stream is out of step.
         Err(BackendErrorKind::Protocol(ReplyError::Unsolicited))

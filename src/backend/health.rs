@@ -45,8 +45,8 @@ impl HealthState {
 /// Something a connection observed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HealthEvent {
-    /// A connection was established.
-    Connected,
+    /// The server answered a request on a connection.
+    Answered,
     /// A connect failed, or a connection broke or timed out.
     Failed(BackendErrorKind),
 }
@@ -80,7 +80,7 @@ impl Health {
     pub fn on(&mut self, event: HealthEvent, failure_limit: u32) -> Option<Transition> {
         let from = self.state;
         match event {
-            HealthEvent::Connected => {
+            HealthEvent::Answered => {
                 self.consecutive_failures = 0;
                 self.state = HealthState::Active;
             }
@@ -133,9 +133,9 @@ mod tests {
         for _ in 0..5 {
             health.on(FAIL, 3);
         }
-        let transition = health.on(HealthEvent::Connected, 3).unwrap();
+        let transition = health.on(HealthEvent::Answered, 3).unwrap();
         assert_eq!(transition.to, HealthState::Active);
         assert_eq!(health.consecutive_failures, 0);
-        assert_eq!(health.on(HealthEvent::Connected, 3), None);
+        assert_eq!(health.on(HealthEvent::Answered, 3), None);
     }
 }

@@ -75,7 +75,7 @@ impl Shared {
                     server = %self.name, addr = %self.addr,
                     "server {} -> {}: {kind}", transition.from.as_str(), transition.to.as_str()
                 ),
-                HealthEvent::Connected => tracing::info!(
+                HealthEvent::Answered => tracing::info!(
                     server = %self.name, addr = %self.addr,
                     "server {} -> {}", transition.from.as_str(), transition.to.as_str()
                 ),

@@ -1,0 +1,177 @@
+//! The `memring` binary: help and version, `check`, `plan`, and running the
+//! daemon until SIGTERM.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use common::{wait_for, Client, Memcached};
+
+const BIN: &str = env!("CARGO_BIN_EXE_memring");
+
+fn write_config(dir: &std::path::Path, name: &str, text: &str) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+fn temp_dir(test: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("memring-cli-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+#[test]
+fn help_and_version_work() {
+    let help = Command::new(BIN).arg("--help").output().unwrap();
+    assert!(help.status.success());
+    let text = String::from_utf8_lossy(&help.stdout);
+    for word in ["--config", "check", "plan", "--log-level"] {
+        assert!(text.contains(word), "help lacks {word}: {text}");
+    }
+    let version = Command::new(BIN).arg("--version").output().unwrap();
+    assert!(version.status.success());
+    assert!(String::from_utf8_lossy(&version.stdout).contains(env!("CARGO_PKG_VERSION")));
+}
+
+#[test]
+fn no_config_is_a_usage_error() {
+    let output = Command::new(BIN).output().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+}
+
+#[test]
+fn check_accepts_a_good_file_and_names_the_place_of_a_bad_one() {
+    let dir = temp_dir("check");
+    let good = write_config(
+        &dir,
+        "good.toml",
+        "listen = \"127.0.0.1:22122\"\n[[servers]]\naddr = \"127.0.0.1:11211\"\n",
+    );
+    let output = Command::new(BIN).arg("check").arg(&good).output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    let bad = write_config(
+        &dir,
+        "bad.toml",
+        "listen = \"127.0.0.1:22122\"\n[[servers]]\naddr = \"127.0.0.1:11211\"\nweight = 0\n",
+    );
+    let output = Command::new(BIN).arg("check").arg(&bad).output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("bad.toml:4:10:"), "{stderr}");
+    assert!(stderr.contains("weight 0"), "{stderr}");
+
+    // The daemon refuses the same file with the same message.
+    let output = Command::new(BIN)
+        .arg("--config")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("bad.toml:4:10:"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn plan_reports_shares_and_the_moved_keyspace() {
+    let dir = temp_dir("plan");
+    let mut four = String::from("listen = \"127.0.0.1:22122\"\n");
+    for i in 1..=4 {
+        four.push_str(&format!(
+            "[[servers]]\naddr = \"10.0.0.{i}:11211\"\nname = \"cache-0{i}\"\n"
+        ));
+    }
+    let five = format!("{four}[[servers]]\naddr = \"10.0.0.5:11211\"\nname = \"cache-05\"\n");
+    let old = write_config(&dir, "old.toml", &four);
+    let new = write_config(&dir, "new.toml", &five);
+    let output = Command::new(BIN)
+        .arg("plan")
+        .arg(&old)
+        .arg(&new)
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("cache-05"), "{text}");
+    let moved: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("keyspace that moves: "))
+        .and_then(|v| v.trim_end_matches('%').parse().ok())
+        .unwrap_or_else(|| panic!("no moved share in {text}"));
+    assert!((15.0..25.0).contains(&moved), "moved {moved}%");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Kills a child by PID if the test fails before it exits.
+struct ChildGuard(std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn daemon_serves_and_exits_zero_on_sigterm() {
+    let backend = Memcached::start();
+    let dir = temp_dir("daemon");
+    let config = write_config(
+        &dir,
+        "memring.toml",
+        &format!(
+            "listen = \"127.0.0.1:0\"\n[[servers]]\naddr = \"{}\"\n",
+            backend.addr()
+        ),
+    );
+    let child = Command::new(BIN)
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut guard = ChildGuard(child);
+    // The log line names the bound address (the config asks for port 0).
+    let stderr = guard.0.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let mut listen = None;
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(rest) = line.split("local_addr=").nth(1) {
+            listen = Some(
+                rest.split_whitespace()
+                    .next()
+                    .unwrap()
+                    .trim_matches(|c: char| !c.is_ascii_digit() && c != '.' && c != ':')
+                    .to_string(),
+            );
+            break;
+        }
+    }
+    let listen = listen.expect("memring logs its listen address");
+    let mut client = Client::connect(&listen);
+    assert_eq!(client.set("cli", b"ok"), b"STORED\r\n");
+    assert_eq!(client.get("cli"), Some(b"ok".to_vec()));
+    drop(client);
+
+    let status = Command::new("kill")
+        .args(["-TERM", &guard.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut exit = None;
+    wait_for("memring to exit after SIGTERM", || {
+        exit = guard.0.try_wait().unwrap();
+        exit.is_some()
+    });
+    assert_eq!(exit.unwrap().code(), Some(0));
+    let _ = std::fs::remove_dir_all(dir);
+}

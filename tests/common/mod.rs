@@ -1,0 +1,434 @@
+//! Test harness: real memcached processes on free loopback ports, memring
+//! in-process on `127.0.0.1:0`, and a small blocking client.
+//!
+//! Every wait polls with a deadline (never a fixed sleep), and every process
+//! started here is killed by PID when its handle drops.
+
+#![allow(dead_code)] // each test binary uses a different part of the harness
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use memring::config::Config;
+use memring::protocol::{frame_reply, ReplyKind};
+use tokio_util::sync::CancellationToken;
+
+/// How long any single wait in a test may take before the test fails.
+pub const DEADLINE: Duration = Duration::from_secs(20);
+
+/// A memcached process owned by the test.
+pub struct Memcached {
+    pub port: u16,
+    args: Vec<String>,
+    child: Option<Child>,
+    paused: bool,
+}
+
+fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|euid| euid == "0"))
+        })
+        .unwrap_or(false)
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind an ephemeral port")
+        .port()
+}
+
+/// Polls `condition` until it holds or `DEADLINE` passes.
+pub fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !condition() {
+        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+impl Memcached {
+    /// Starts a memcached with default settings.
+    pub fn start() -> Memcached {
+        Memcached::start_with(&[])
+    }
+
+    /// Starts a memcached with extra arguments (for example `["-I", "2m"]`).
+    pub fn start_with(extra: &[&str]) -> Memcached {
+        for _ in 0..10 {
+            let mut server = Memcached {
+                port: free_port(),
+                args: extra.iter().map(|s| s.to_string()).collect(),
+                child: None,
+                paused: false,
+            };
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("could not start memcached on a free port");
+    }
+
+    /// Starts it on its port; false if it exited (port taken meanwhile).
+    fn spawn(&mut self) -> bool {
+        let mut command = Command::new("memcached");
+        command
+            .args([
+                "-l",
+                "127.0.0.1",
+                "-U",
+                "0",
+                "-t",
+                "1",
+                "-m",
+                "64",
+                "-c",
+                "4096",
+            ])
+            .args(["-p", &self.port.to_string()])
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if running_as_root() {
+            command.args(["-u", "root"]);
+        }
+        let mut child = command
+            .spawn()
+            .expect("memcached must be installed (scripts/test installs it)");
+        let start = Instant::now();
+        loop {
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                self.child = Some(child);
+                return true;
+            }
+            if let Ok(Some(_)) = child.try_wait() {
+                return false;
+            }
+            if start.elapsed() > DEADLINE {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("memcached on port {} did not start", self.port);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// Kills the process (SIGKILL) and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if self.paused {
+                self.signal_pid(child.id(), "CONT");
+                self.paused = false;
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port.
+    pub fn restart(&mut self) {
+        self.kill();
+        let start = Instant::now();
+        while !self.spawn() {
+            assert!(
+                start.elapsed() < DEADLINE,
+                "port {} stayed taken",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Freezes the process (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&mut self) {
+        self.signal_pid(self.pid(), "STOP");
+        self.paused = true;
+    }
+
+    /// Resumes a paused process (SIGCONT).
+    pub fn resume(&mut self) {
+        self.signal_pid(self.pid(), "CONT");
+        self.paused = false;
+    }
+
+    fn signal_pid(&self, pid: u32, signal: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} {pid}");
+    }
+
+    /// A direct client, bypassing memring.
+    pub fn client(&self) -> Client {
+        Client::connect(&self.addr())
+    }
+}
+
+impl Drop for Memcached {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// memring running in-process with its own runtime.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    pub config: Config,
+    shutdown: CancellationToken,
+    running: Option<memring::server::Running>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+/// The TOML for a config over `servers` with extra top-level settings.
+pub fn config_text(servers: &[&Memcached], settings: &str) -> String {
+    let mut text = format!("listen = \"127.0.0.1:0\"\n{settings}\n");
+    for server in servers {
+        text.push_str(&format!("[[servers]]\naddr = \"{}\"\n", server.addr()));
+    }
+    text
+}
+
+impl Proxy {
+    /// memring over `servers`, with extra top-level config settings.
+    pub fn start(servers: &[&Memcached], settings: &str) -> Proxy {
+        Proxy::start_text(&config_text(servers, settings))
+    }
+
+    pub fn start_text(text: &str) -> Proxy {
+        let config = Config::parse(text, "test.toml").expect("valid test config");
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let shutdown = CancellationToken::new();
+        let running = runtime
+            .block_on(memring::server::start(&config, shutdown.clone()))
+            .expect("memring starts");
+        Proxy {
+            addr: running.local_addr,
+            config,
+            shutdown,
+            running: Some(running),
+            runtime: Some(runtime),
+        }
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(&self.addr.to_string())
+    }
+
+    pub fn running(&self) -> &memring::server::Running {
+        self.running.as_ref().expect("running")
+    }
+
+    /// Runs a future on memring's runtime.
+    pub fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
+        self.runtime.as_ref().expect("runtime").block_on(future)
+    }
+
+    /// Requests shutdown and waits for the drain to finish.
+    pub fn shutdown(&mut self) {
+        self.shutdown.cancel();
+        if let (Some(running), Some(runtime)) = (self.running.take(), self.runtime.as_ref()) {
+            runtime.block_on(async {
+                let _ = tokio::time::timeout(DEADLINE, running.wait()).await;
+            });
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.shutdown();
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_timeout(Duration::from_secs(2));
+        }
+    }
+}
+
+/// A blocking memcached text-protocol client.
+pub struct Client {
+    stream: TcpStream,
+    buffer: Vec<u8>,
+}
+
+impl Client {
+    pub fn connect(addr: &str) -> Client {
+        let stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+        stream
+            .set_read_timeout(Some(DEADLINE))
+            .expect("set timeout");
+        stream.set_nodelay(true).expect("nodelay");
+        Client {
+            stream,
+            buffer: Vec::new(),
+        }
+    }
+
+    pub fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).expect("send to server");
+    }
+
+    fn fill(&mut self) -> usize {
+        let mut chunk = [0u8; 64 * 1024];
+        match self.stream.read(&mut chunk) {
+            Ok(n) => {
+                self.buffer.extend_from_slice(&chunk[..n]);
+                n
+            }
+            Err(e) => panic!(
+                "read failed (timeout?): {e}; have {:?}",
+                String::from_utf8_lossy(&self.buffer)
+            ),
+        }
+    }
+
+    /// Reads one complete reply of the given kind.
+    pub fn reply(&mut self, kind: ReplyKind) -> Vec<u8> {
+        loop {
+            if let Some(len) = frame_reply(&self.buffer, kind).expect("well-formed reply") {
+                return self.buffer.drain(..len).collect();
+            }
+            assert!(self.fill() > 0, "connection closed before a full reply");
+        }
+    }
+
+    /// Sends a request and reads its reply.
+    pub fn call(&mut self, request: &[u8], kind: ReplyKind) -> Vec<u8> {
+        self.send(request);
+        self.reply(kind)
+    }
+
+    /// Reads until the buffered input ends with `suffix`; returns what came
+    /// before it.
+    pub fn read_until_suffix(&mut self, suffix: &[u8]) -> Vec<u8> {
+        while !self.buffer.ends_with(suffix) {
+            assert!(
+                self.fill() > 0,
+                "connection closed before {:?}; got {:?}",
+                String::from_utf8_lossy(suffix),
+                String::from_utf8_lossy(&self.buffer)
+            );
+        }
+        let before = self.buffer.len() - suffix.len();
+        let out = self.buffer[..before].to_vec();
+        self.buffer.clear();
+        out
+    }
+
+    /// True once the server has closed the connection (after any pending bytes).
+    pub fn closed(&mut self) -> bool {
+        self.fill() == 0
+    }
+
+    pub fn set(&mut self, key: &str, value: &[u8]) -> Vec<u8> {
+        let mut request = format!("set {key} 0 0 {}\r\n", value.len()).into_bytes();
+        request.extend_from_slice(value);
+        request.extend_from_slice(b"\r\n");
+        self.call(&request, ReplyKind::Line)
+    }
+
+    /// The value of `key`, `None` on a miss; panics on an error reply.
+    pub fn get(&mut self, key: &str) -> Option<Vec<u8>> {
+        let reply = self.call(format!("get {key}\r\n").as_bytes(), ReplyKind::Values);
+        parse_single_value(&reply).unwrap_or_else(|| {
+            panic!(
+                "get {key}: unexpected reply {:?}",
+                String::from_utf8_lossy(&reply)
+            )
+        })
+    }
+
+    /// The raw reply of `get key`.
+    pub fn get_raw(&mut self, key: &str) -> Vec<u8> {
+        self.call(format!("get {key}\r\n").as_bytes(), ReplyKind::Values)
+    }
+}
+
+/// `Some(None)` for `END`, `Some(Some(value))` for one value, `None` otherwise.
+pub fn parse_single_value(reply: &[u8]) -> Option<Option<Vec<u8>>> {
+    if reply == b"END\r\n" {
+        return Some(None);
+    }
+    let header_end = reply.windows(2).position(|w| w == b"\r\n")?;
+    let header = std::str::from_utf8(&reply[..header_end]).ok()?;
+    let mut fields = header.split(' ');
+    if fields.next()? != "VALUE" {
+        return None;
+    }
+    let len: usize = fields.nth(2)?.parse().ok()?;
+    let start = header_end + 2;
+    let value = reply.get(start..start + len)?.to_vec();
+    (reply.get(start + len..)? == b"\r\nEND\r\n").then_some(Some(value))
+}
+
+/// Replaces the cas token of every `VALUE` line with `<cas>` (cas ids are per
+/// server, so they legitimately differ between one memcached and a pool) and
+/// returns the normalised bytes with the cas ids seen, in order.
+pub fn normalize_cas(reply: &[u8]) -> (Vec<u8>, Vec<u64>) {
+    let mut out = Vec::with_capacity(reply.len());
+    let mut cas_ids = Vec::new();
+    let mut at = 0;
+    while at < reply.len() {
+        let line_end = match reply[at..].windows(2).position(|w| w == b"\r\n") {
+            Some(i) => at + i + 2,
+            None => {
+                out.extend_from_slice(&reply[at..]);
+                break;
+            }
+        };
+        let line = &reply[at..line_end - 2];
+        let fields: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
+        if fields.first() == Some(&&b"VALUE"[..]) && fields.len() >= 4 {
+            let len: usize = std::str::from_utf8(fields[3])
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            if fields.len() == 5 {
+                cas_ids.push(std::str::from_utf8(fields[4]).unwrap().parse().unwrap());
+                out.extend_from_slice(&fields[..4].join(&b' '));
+                out.extend_from_slice(b" <cas>\r\n");
+            } else {
+                out.extend_from_slice(&reply[at..line_end]);
+            }
+            let data_end = (line_end + len + 2).min(reply.len());
+            out.extend_from_slice(&reply[line_end..data_end]);
+            at = data_end;
+        } else {
+            out.extend_from_slice(&reply[at..line_end]);
+            at = line_end;
+        }
+    }
+    (out, cas_ids)
+}
+
+/// Readable form of protocol bytes for assertion messages.
+pub fn show(bytes: &[u8]) -> String {
+    const SHOWN_BYTES: usize = 600;
+    let shown = bytes[..bytes.len().min(SHOWN_BYTES)]
+        .escape_ascii()
+        .to_string();
+    if bytes.len() > SHOWN_BYTES {
+        format!("{shown}…({} bytes)", bytes.len())
+    } else {
+        shown
+    }
+}

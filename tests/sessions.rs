@@ -1,0 +1,208 @@
+//! Client sessions: per-client ordering across several backend connections,
+//! many concurrent clients, routing by the ring, and connection handling.
+
+mod common;
+
+use common::{show, wait_for, Memcached, Proxy};
+use memring::protocol::ReplyKind;
+use memring::ring::Ring;
+use std::io::{Read, Write};
+
+#[test]
+fn pipelined_set_then_get_returns_the_new_value_with_four_connections_per_server() {
+    let pool: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
+    let proxy = Proxy::start(
+        &pool.iter().collect::<Vec<_>>(),
+        "connections_per_server = 4",
+    );
+    let workers: Vec<_> = (0..6)
+        .map(|w| {
+            let mut client = proxy.client();
+            std::thread::spawn(move || {
+                for round in 0..300 {
+                    let key = format!("order:{w}:{}", round % 7);
+                    let value = format!("v{round}");
+                    let mut batch = Vec::new();
+                    batch.extend(format!("set {key} 0 0 {}\r\n{value}\r\n", value.len()).bytes());
+                    batch.extend(format!("get {key}\r\n").bytes());
+                    batch.extend(format!("delete {key}\r\nget {key}\r\n").bytes());
+                    client.send(&batch);
+                    assert_eq!(client.reply(ReplyKind::Line), b"STORED\r\n");
+                    let got = client.reply(ReplyKind::Values);
+                    let expected = format!("VALUE {key} 0 {}\r\n{value}\r\nEND\r\n", value.len());
+                    assert_eq!(show(&got), show(expected.as_bytes()), "round {round}");
+                    assert_eq!(client.reply(ReplyKind::Line), b"DELETED\r\n");
+                    assert_eq!(client.reply(ReplyKind::Values), b"END\r\n");
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().expect("ordering held");
+    }
+}
+
+#[test]
+fn keys_live_on_the_server_the_ring_names() {
+    let pool: Vec<Memcached> = (0..4).map(|_| Memcached::start()).collect();
+    let proxy = Proxy::start(&pool.iter().collect::<Vec<_>>(), "");
+    let ring = Ring::build(proxy.config.members());
+    let mut client = proxy.client();
+    let mut per_server = [0usize; 4];
+    for i in 0..400 {
+        let key = format!("route:{i}");
+        assert_eq!(client.set(&key, b"x"), b"STORED\r\n");
+        let owner = ring.owner(key.as_bytes()).unwrap();
+        per_server[owner] += 1;
+        for (server, memcached) in pool.iter().enumerate() {
+            let held = memcached.client().get(&key).is_some();
+            assert_eq!(held, server == owner, "{key} on server {server}");
+        }
+    }
+    assert!(
+        per_server.iter().all(|&n| n > 50),
+        "keys spread over all servers: {per_server:?}"
+    );
+}
+
+/// How many client connections this process can open alongside the proxy's
+/// side of each (two descriptors per connection), capped at `wanted`.
+fn connection_budget(wanted: usize) -> usize {
+    let soft_limit = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|limits| {
+            limits
+                .lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| {
+                    l.split_whitespace()
+                        .nth(3)
+                        .and_then(|n| n.parse::<usize>().ok())
+                })
+        })
+        .unwrap_or(1024);
+    wanted.min(soft_limit.saturating_sub(256) / 2)
+}
+
+#[test]
+fn thousands_of_concurrent_clients_each_get_their_own_replies() {
+    let pool: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
+    let proxy = Proxy::start(&pool.iter().collect::<Vec<_>>(), "");
+    let count = connection_budget(2000);
+    assert!(count >= 400, "file descriptor limit too low for this test");
+    let mut clients: Vec<std::net::TcpStream> = (0..count)
+        .map(|_| {
+            let stream = std::net::TcpStream::connect(proxy.addr).expect("connect");
+            stream.set_read_timeout(Some(common::DEADLINE)).unwrap();
+            stream
+        })
+        .collect();
+    // All connections are open at once; each sends, then all read.
+    for (i, stream) in clients.iter_mut().enumerate() {
+        let value = format!("value-{i}");
+        let request = format!(
+            "set conc:{i} 0 0 {}\r\n{value}\r\nget conc:{i}\r\n",
+            value.len()
+        );
+        stream.write_all(request.as_bytes()).unwrap();
+    }
+    for (i, stream) in clients.iter_mut().enumerate() {
+        let value = format!("value-{i}");
+        let expected = format!(
+            "STORED\r\nVALUE conc:{i} 0 {}\r\n{value}\r\nEND\r\n",
+            value.len()
+        );
+        let mut got = vec![0u8; expected.len()];
+        stream.read_exact(&mut got).expect("reply");
+        assert_eq!(show(&got), show(expected.as_bytes()));
+    }
+    let stats = proxy.running().stats.clone();
+    assert_eq!(
+        stats
+            .curr_connections
+            .load(std::sync::atomic::Ordering::Relaxed) as usize,
+        count
+    );
+}
+
+#[test]
+fn quit_closes_only_that_client() {
+    let pool: Vec<Memcached> = (0..2).map(|_| Memcached::start()).collect();
+    let proxy = Proxy::start(&pool.iter().collect::<Vec<_>>(), "");
+    let mut quitter = proxy.client();
+    let mut other = proxy.client();
+    quitter.send(b"set q 0 0 1\r\nq\r\nquit\r\nget q\r\n");
+    assert_eq!(quitter.reply(ReplyKind::Line), b"STORED\r\n");
+    assert!(
+        quitter.closed(),
+        "quit closes the connection without more replies"
+    );
+    assert_eq!(other.get("q"), Some(b"q".to_vec()));
+}
+
+#[test]
+fn endless_line_is_refused_and_closed_without_hurting_others() {
+    let pool: Vec<Memcached> = (0..2).map(|_| Memcached::start()).collect();
+    let proxy = Proxy::start(&pool.iter().collect::<Vec<_>>(), "");
+    let mut other = proxy.client();
+    assert_eq!(other.set("safe", b"1"), b"STORED\r\n");
+    let mut hostile = proxy.client();
+    hostile.send(&vec![b'x'; 5000]);
+    let reply = hostile.read_until_suffix(b"CLIENT_ERROR line too long\r\n");
+    assert_eq!(reply, b"");
+    assert!(hostile.closed());
+    // A get line may be longer than 2048 bytes.
+    let mut long_get = b"get".to_vec();
+    for i in 0..400 {
+        long_get.extend(format!(" k{i}").bytes());
+    }
+    long_get.extend(b" safe\r\n");
+    assert_eq!(
+        other.call(&long_get, ReplyKind::Values),
+        b"VALUE safe 0 1\r\n1\r\nEND\r\n"
+    );
+}
+
+#[test]
+fn oversized_value_keeps_the_stored_value_and_the_connection_in_step() {
+    let pool: Vec<Memcached> = (0..2).map(|_| Memcached::start()).collect();
+    let proxy = Proxy::start(&pool.iter().collect::<Vec<_>>(), "max_value_bytes = 1000");
+    let mut client = proxy.client();
+    assert_eq!(client.set("kept", b"old"), b"STORED\r\n");
+    // Header first, then the block slowly: nothing of it is buffered as a value.
+    client.send(b"set kept 0 0 5000\r\n");
+    assert_eq!(
+        client.reply(ReplyKind::Line),
+        b"SERVER_ERROR object too large for cache\r\n"
+    );
+    for _ in 0..5 {
+        client.send(&[b'z'; 1000]);
+    }
+    client.send(b"\r\nget kept\r\n");
+    assert_eq!(
+        client.reply(ReplyKind::Values),
+        b"VALUE kept 0 3\r\nold\r\nEND\r\n"
+    );
+}
+
+#[test]
+fn client_disconnect_mid_request_is_harmless() {
+    let pool: Vec<Memcached> = (0..2).map(|_| Memcached::start()).collect();
+    let proxy = Proxy::start(&pool.iter().collect::<Vec<_>>(), "");
+    for _ in 0..20 {
+        let mut stream = std::net::TcpStream::connect(proxy.addr).unwrap();
+        stream
+            .write_all(b"set half 0 0 100\r\nonly a few bytes")
+            .unwrap();
+        drop(stream);
+    }
+    let mut client = proxy.client();
+    assert_eq!(client.get("half"), None);
+    let stats = proxy.running().stats.clone();
+    wait_for("sessions to end", || {
+        stats
+            .curr_connections
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 1
+    });
+}
