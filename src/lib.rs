@@ -8,7 +8,9 @@
 //! - [`protocol`]: request parsing, reply framing and encoding. Pure, no I/O.
 //! - [`ring`]: the consistent-hash ring. Pure, no I/O.
 //! - [`config`]: the TOML file, validated with `file:line:column` errors.
-//! - [`topology`]: ring + backends + version, published through one `ArcSwap`.
+//! - [`topology`]: ring + backends + version, published through one `ArcSwap`;
+//!   what a server-list change does.
+//! - [`reload`]: watch the config file and SIGHUP, validate, swap the topology.
 //! - [`backend`]: per-server pipelined connections and the health state machine.
 //! - [`session`]: one task per client, replies in request order.
 //! - [`server`]: accept loop, connection limit, shutdown and drain.
@@ -22,6 +24,7 @@ pub mod backend;
 pub mod config;
 pub mod error;
 pub mod protocol;
+pub mod reload;
 pub mod ring;
 pub mod server;
 pub mod session;

@@ -8,7 +8,9 @@ use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use memring::config::Config;
+use memring::reload::Reloader;
 use memring::ring::Ring;
+use memring::topology::Change;
 
 /// A consistent-hashing memcached proxy.
 #[derive(Debug, Parser)]
@@ -119,6 +121,10 @@ fn plan(old: &Path, new: &Path) -> anyhow::Result<()> {
         "keyspace that moves: {:.2}%",
         Ring::moved_share(&old_ring, &new_ring) * 100.0
     );
+    println!(
+        "change: {}",
+        Change::between(&old_config.servers, &new_config.servers)
+    );
     Ok(())
 }
 
@@ -134,6 +140,11 @@ fn run(path: &Path) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot listen on {}", config.listen))?;
         tracing::info!(version = memring::VERSION, config = %path.display(), "memring started");
+        let reloader = Reloader::new(path.to_path_buf(), config.clone(), running.topology.clone());
+        if let Err(e) = memring::reload::spawn(reloader, shutdown.clone()) {
+            // Still useful without live reload; say so once.
+            tracing::error!("cannot watch {} for changes: {e}", path.display());
+        }
         wait_for_signal().await;
         tracing::info!("shutdown requested");
         shutdown.cancel();

@@ -49,7 +49,6 @@ pub async fn start(config: &Config, shutdown: CancellationToken) -> io::Result<R
     let stats = Arc::new(Stats::default());
     let context = Arc::new(SessionContext {
         topology: topology.clone(),
-        limits: config.limits,
         max_pending: config.max_pending_per_client,
         shutdown: shutdown.clone(),
         stats: stats.clone(),

@@ -27,7 +27,7 @@ use crate::protocol::encode::{
 };
 use crate::protocol::reply::is_error_reply;
 use crate::protocol::request::Keys;
-use crate::protocol::{parse_request, Command, Limits, ReplyKind, Request};
+use crate::protocol::{parse_request, Command, ReplyKind, Request};
 use crate::stats::{bump, Stats};
 use crate::topology::{SharedTopology, Topology};
 
@@ -36,7 +36,6 @@ const READ_CHUNK_BYTES: usize = 16 * 1024;
 /// What every session shares.
 pub struct SessionContext {
     pub topology: SharedTopology,
-    pub limits: Limits,
     pub max_pending: usize,
     pub shutdown: CancellationToken,
     pub stats: Arc<Stats>,
@@ -64,7 +63,7 @@ pub async fn run_session(
     let mut input = BytesMut::with_capacity(READ_CHUNK_BYTES);
     let mut output = BytesMut::with_capacity(READ_CHUNK_BYTES);
     loop {
-        session.route_buffered(&mut input).await;
+        let parsed_all = session.route_buffered(&mut input).await;
         while let Some(front) = session.pending.front_mut() {
             if !front.poll_ready() {
                 break;
@@ -78,6 +77,11 @@ pub async fn run_session(
         }
         if session.closing && session.pending.is_empty() {
             return writer.shutdown().await;
+        }
+        if !parsed_all && session.pending.len() < ctx.max_pending {
+            // Requests already read are waiting for room in the FIFO, which
+            // replies just made; route them before waiting on the socket.
+            continue;
         }
         let can_read = !session.closing && session.pending.len() < ctx.max_pending;
         if input.capacity() - input.len() < READ_CHUNK_BYTES / 4 {
@@ -119,18 +123,27 @@ struct ClientSession<'a> {
 
 impl ClientSession<'_> {
     /// Routes every complete request in `input`, up to the pending bound.
-    async fn route_buffered(&mut self, input: &mut BytesMut) {
-        while !self.closing && self.pending.len() < self.ctx.max_pending {
+    /// Returns false when it stopped at the bound with input left to parse.
+    async fn route_buffered(&mut self, input: &mut BytesMut) -> bool {
+        // Limits may change with a reload; a copy is taken, no guard is held.
+        let limits = self.ctx.topology.load().limits;
+        loop {
+            if self.closing {
+                return true;
+            }
+            if self.pending.len() >= self.ctx.max_pending {
+                return input.is_empty();
+            }
             if self.discard > 0 {
                 let n = self.discard.min(input.len());
                 input.advance(n);
                 self.discard -= n;
                 if self.discard > 0 {
-                    return;
+                    return true;
                 }
             }
-            match parse_request(input, &self.ctx.limits) {
-                Ok(None) => return,
+            match parse_request(input, &limits) {
+                Ok(None) => return true,
                 Ok(Some((request, consumed))) => {
                     let bytes = input.split_to(consumed).freeze();
                     self.route(request, bytes).await;

@@ -206,3 +206,32 @@ fn client_disconnect_mid_request_is_harmless() {
             == 1
     });
 }
+
+#[test]
+fn a_pipeline_longer_than_the_pending_bound_is_answered_in_full() {
+    let pool: Vec<Memcached> = (0..2).map(|_| Memcached::start()).collect();
+    let proxy = Proxy::start(
+        &pool.iter().collect::<Vec<_>>(),
+        "max_pending_per_client = 4",
+    );
+    let mut client = proxy.client();
+    let mut batch = Vec::new();
+    for i in 0..500 {
+        batch.extend(format!("set p:{i} 0 0 1\r\n{}\r\n", i % 10).bytes());
+    }
+    for i in 0..500 {
+        batch.extend(format!("get p:{i}\r\n").bytes());
+    }
+    // Everything is read by memring long before the FIFO has room for it.
+    client.send(&batch);
+    for _ in 0..500 {
+        assert_eq!(client.reply(ReplyKind::Line), b"STORED\r\n");
+    }
+    for i in 0..500 {
+        let expected = format!("VALUE p:{i} 0 1\r\n{}\r\nEND\r\n", i % 10);
+        assert_eq!(
+            show(&client.reply(ReplyKind::Values)),
+            show(expected.as_bytes())
+        );
+    }
+}

@@ -213,6 +213,23 @@ impl Proxy {
 
     pub fn start_text(text: &str) -> Proxy {
         let config = Config::parse(text, "test.toml").expect("valid test config");
+        Proxy::start_config(config, None)
+    }
+
+    /// memring from a config file that it watches for live reloads.
+    pub fn start_file(path: &std::path::Path) -> Proxy {
+        let config = Config::load(path).expect("valid test config file");
+        Proxy::start_config(config, Some(path))
+    }
+
+    fn start_config(config: Config, watch: Option<&std::path::Path>) -> Proxy {
+        // memring's logs go to the test's captured output (shown on failure).
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .try_init();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -222,6 +239,15 @@ impl Proxy {
         let running = runtime
             .block_on(memring::server::start(&config, shutdown.clone()))
             .expect("memring starts");
+        if let Some(path) = watch {
+            let reloader = memring::reload::Reloader::new(
+                path.to_path_buf(),
+                config.clone(),
+                running.topology.clone(),
+            );
+            let _guard = runtime.enter();
+            memring::reload::spawn(reloader, shutdown.clone()).expect("watch the config");
+        }
         Proxy {
             addr: running.local_addr,
             config,
@@ -233,6 +259,11 @@ impl Proxy {
 
     pub fn client(&self) -> Client {
         Client::connect(&self.addr.to_string())
+    }
+
+    /// The version of the ring currently published.
+    pub fn ring_version(&self) -> u64 {
+        self.running().topology.load().version
     }
 
     pub fn running(&self) -> &memring::server::Running {
