@@ -34,6 +34,9 @@ struct RawConfig {
     max_client_connections: Option<Spanned<u64>>,
     max_pending_per_client: Option<Spanned<u64>>,
     shutdown_grace_ms: Option<Spanned<u64>>,
+    auto_eject: Option<bool>,
+    failure_limit: Option<Spanned<u64>>,
+    client_idle_timeout_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -85,6 +88,14 @@ pub struct Config {
     pub max_pending_per_client: usize,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_grace: Duration,
+    /// Leave DEAD servers out of the ring (their keys move to the others)
+    /// instead of failing their keys fast.
+    pub auto_eject: bool,
+    /// Consecutive failures (connect, timeout, broken connection) after which
+    /// a server is DEAD.
+    pub failure_limit: u32,
+    /// Close clients idle this long; `None` keeps them forever.
+    pub client_idle_timeout: Option<Duration>,
 }
 
 pub const DEFAULT_CONNECTIONS_PER_SERVER: u64 = 2;
@@ -93,6 +104,7 @@ pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 1000;
 pub const DEFAULT_MAX_CLIENT_CONNECTIONS: u64 = 16_384;
 pub const DEFAULT_MAX_PENDING_PER_CLIENT: u64 = 256;
 pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 5000;
+pub const DEFAULT_FAILURE_LIMIT: u64 = 3;
 
 impl Config {
     /// Reads and validates a config file.
@@ -273,6 +285,19 @@ impl Config {
             0..=600_000,
         )?;
 
+        let failure_limit = number(
+            &raw.failure_limit,
+            "failure_limit",
+            DEFAULT_FAILURE_LIMIT,
+            1..=1000,
+        )?;
+        let client_idle_timeout_ms = number(
+            &raw.client_idle_timeout_ms,
+            "client_idle_timeout_ms",
+            0,
+            0..=86_400_000,
+        )?;
+
         Ok(Config {
             listen,
             servers,
@@ -287,6 +312,10 @@ impl Config {
             max_client_connections: max_client_connections as usize,
             max_pending_per_client: max_pending_per_client as usize,
             shutdown_grace: Duration::from_millis(shutdown_grace_ms),
+            auto_eject: raw.auto_eject.unwrap_or(false),
+            failure_limit: failure_limit as u32,
+            client_idle_timeout: (client_idle_timeout_ms > 0)
+                .then(|| Duration::from_millis(client_idle_timeout_ms)),
         })
     }
 

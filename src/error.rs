@@ -24,6 +24,8 @@ pub enum BackendErrorKind {
     Protocol(ReplyError),
     #[error("backend removed from the pool")]
     Gone,
+    #[error("server is DEAD, failing fast while it is probed")]
+    Dead,
 }
 
 /// A request failed on a named backend; the client sees `SERVER_ERROR <this>`.

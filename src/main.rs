@@ -140,7 +140,11 @@ fn run(path: &Path) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot listen on {}", config.listen))?;
         tracing::info!(version = memring::VERSION, config = %path.display(), "memring started");
-        let reloader = Reloader::new(path.to_path_buf(), config.clone(), running.topology.clone());
+        let reloader = Reloader::new(
+            path.to_path_buf(),
+            config.clone(),
+            running.publisher.clone(),
+        );
         if let Err(e) = memring::reload::spawn(reloader, shutdown.clone()) {
             // Still useful without live reload; say so once.
             tracing::error!("cannot watch {} for changes: {e}", path.display());

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::error::ConfigError;
-use crate::topology::{Change, SharedTopology, Topology};
+use crate::topology::{Change, Published, Publisher};
 
 /// Quiet time after the last event before reloading: an editor's save is
 /// several events, and a half-written file must not be read.
@@ -42,7 +42,7 @@ pub enum Outcome {
 /// Re-reads one config file and publishes what it says.
 pub struct Reloader {
     path: PathBuf,
-    topology: SharedTopology,
+    publisher: Arc<Publisher>,
     /// The config the running topology was built from.
     current: Config,
     /// The config the process was started with (for restart-only settings).
@@ -50,10 +50,10 @@ pub struct Reloader {
 }
 
 impl Reloader {
-    pub fn new(path: PathBuf, started: Config, topology: SharedTopology) -> Reloader {
+    pub fn new(path: PathBuf, started: Config, publisher: Arc<Publisher>) -> Reloader {
         Reloader {
             path,
-            topology,
+            publisher,
             current: started.clone(),
             started,
         }
@@ -70,13 +70,8 @@ impl Reloader {
             return Ok(Outcome::Unchanged);
         }
         let needs_restart = restart_only_changes(&self.started, &config);
-        let old = self.topology.load_full();
-        let change = Change::between(&old.servers, &config.servers);
-        // Built off the request path; unchanged servers keep their backends
-        // and open connections. Requests in flight finish on `old`.
-        let new = Topology::build(&config, old.version + 1, Some(&old));
-        let version = new.version;
-        self.topology.store(Arc::new(new));
+        // Unchanged servers keep their backends and open connections.
+        let Published { version, change } = self.publisher.apply_config(config.clone());
         self.current = config;
         Ok(Outcome::Applied {
             version,

@@ -7,7 +7,6 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
@@ -17,14 +16,16 @@ use tokio_util::task::TaskTracker;
 use crate::config::Config;
 use crate::session::{run_session, SessionContext};
 use crate::stats::{bump, Stats};
-use crate::topology::{SharedTopology, Topology};
+use crate::topology::{Published, Publisher, SharedTopology};
 
 /// A running proxy.
 pub struct Running {
     /// Where clients connect (useful with port 0).
     pub local_addr: SocketAddr,
-    /// The routing table, for reloads.
+    /// The routing table sessions read.
     pub topology: SharedTopology,
+    /// Where reloads publish.
+    pub publisher: Arc<Publisher>,
     pub stats: Arc<Stats>,
     task: JoinHandle<()>,
 }
@@ -44,12 +45,14 @@ impl Running {
 pub async fn start(config: &Config, shutdown: CancellationToken) -> io::Result<Running> {
     let listener = TcpListener::bind(config.listen).await?;
     let local_addr = listener.local_addr()?;
-    let topology: SharedTopology =
-        Arc::new(ArcSwap::from_pointee(Topology::build(config, 1, None)));
+    let publisher = Publisher::new(config.clone());
+    let topology = publisher.shared();
+    tokio::spawn(eject_on_health_changes(publisher.clone(), shutdown.clone()));
     let stats = Arc::new(Stats::default());
     let context = Arc::new(SessionContext {
         topology: topology.clone(),
         max_pending: config.max_pending_per_client,
+        idle_timeout: config.client_idle_timeout,
         shutdown: shutdown.clone(),
         stats: stats.clone(),
     });
@@ -63,9 +66,24 @@ pub async fn start(config: &Config, shutdown: CancellationToken) -> io::Result<R
     Ok(Running {
         local_addr,
         topology,
+        publisher,
         stats,
         task,
     })
+}
+
+/// Leaves DEAD servers out of the ring (when `auto_eject` is on) and puts them
+/// back when they recover, each as one published topology change.
+async fn eject_on_health_changes(publisher: Arc<Publisher>, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = publisher.health_changed() => {}
+            () = shutdown.cancelled() => return,
+        }
+        if let Some(Published { version, change }) = publisher.apply_health() {
+            tracing::warn!("ring v{version}: {change}");
+        }
+    }
 }
 
 async fn accept_loop(

@@ -37,6 +37,8 @@ const READ_CHUNK_BYTES: usize = 16 * 1024;
 pub struct SessionContext {
     pub topology: SharedTopology,
     pub max_pending: usize,
+    /// Close a client that sent nothing and is owed nothing for this long.
+    pub idle_timeout: Option<std::time::Duration>,
     pub shutdown: CancellationToken,
     pub stats: Arc<Stats>,
 }
@@ -62,6 +64,7 @@ pub async fn run_session(
     };
     let mut input = BytesMut::with_capacity(READ_CHUNK_BYTES);
     let mut output = BytesMut::with_capacity(READ_CHUNK_BYTES);
+    let mut last_read = tokio::time::Instant::now();
     loop {
         let parsed_all = session.route_buffered(&mut input).await;
         while let Some(front) = session.pending.front_mut() {
@@ -87,6 +90,7 @@ pub async fn run_session(
         if input.capacity() - input.len() < READ_CHUNK_BYTES / 4 {
             input.reserve(READ_CHUNK_BYTES);
         }
+        let idle = idle_deadline(ctx.idle_timeout, last_read, session.pending.is_empty());
         tokio::select! {
             biased;
             () = wait_front(&mut session.pending) => {}
@@ -94,11 +98,32 @@ pub async fn run_session(
                 if read? == 0 {
                     session.closing = true;
                 }
+                last_read = tokio::time::Instant::now();
+            }
+            () = sleep_until_some(idle), if idle.is_some() && can_read => {
+                // Idle and owed nothing: close, as memcached's idle_timeout.
+                session.closing = true;
             }
             () = ctx.shutdown.cancelled(), if can_read => {
                 session.closing = true;
             }
         }
+    }
+}
+
+/// When an idle client is to be closed: only with a timeout set and nothing owed.
+fn idle_deadline(
+    timeout: Option<std::time::Duration>,
+    last_read: tokio::time::Instant,
+    nothing_owed: bool,
+) -> Option<tokio::time::Instant> {
+    timeout.filter(|_| nothing_owed).map(|t| last_read + t)
+}
+
+async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -233,15 +258,11 @@ impl ClientSession<'_> {
         if request.keys.is_empty() {
             return Pending::ready(Bytes::from_static(b"END\r\n"));
         }
-        if topology.backends.is_empty() {
-            return Pending::no_servers();
-        }
         let mut owner_of_key: SmallVec<[u32; 8]> = SmallVec::with_capacity(request.keys.len());
         for i in 0..request.keys.len() {
-            let owner = topology
-                .ring
-                .owner(request.key(&bytes, i))
-                .expect("ring has servers");
+            let Some(owner) = topology.owner_index(request.key(&bytes, i)) else {
+                return Pending::no_servers();
+            };
             owner_of_key.push(owner as u32);
         }
         let first = owner_of_key[0];

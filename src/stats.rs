@@ -60,7 +60,8 @@ impl Stats {
         write_stat(out, "backend_errors", &load(&self.backend_errors));
         write_stat(out, "ring_version", &topology.version);
         write_stat(out, "ring_servers", &topology.backends.len());
-        let shares = topology.ring.shares();
+        write_stat(out, "ring_ejected", &topology.ejected.len());
+        let shares = topology.shares();
         for (i, backend) in topology.backends.iter().enumerate() {
             let prefix = format!("server:{}", backend.name());
             write_stat(out, &format!("{prefix}:addr"), &backend.addr());

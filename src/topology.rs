@@ -1,11 +1,14 @@
-//! The topology: the ring plus the backends its indexes name, with a version.
-//! It is published through one `ArcSwap`, so a session loads it once per
-//! request without a lock, and a reload replaces it in one store.
+//! The topology: the effective ring plus the backends it routes to, with a
+//! version. It is published through one `ArcSwap`, so a session loads it once
+//! per request without a lock; a reload or an ejection replaces it in one store.
+//! The [`Publisher`] is the one place that builds and stores topologies.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
+use tokio::sync::Notify;
 
+use crate::backend::health::HealthState;
 use crate::backend::{Backend, BackendSettings};
 use crate::config::{Config, ServerConfig};
 use crate::protocol::Limits;
@@ -14,13 +17,19 @@ use crate::ring::Ring;
 /// One immutable routing table.
 #[derive(Debug)]
 pub struct Topology {
-    /// Increases by one with every applied config.
+    /// Increases by one with every published change (reload or ejection).
     pub version: u64,
+    /// The effective ring: the configured servers minus the ejected ones.
     pub ring: Ring,
-    /// `backends[i]` serves ring member `i`.
+    /// `ring_backends[i]` is the index in `backends` of ring member `i`.
+    ring_backends: Box<[u32]>,
+    /// Every configured server, in config order. Ejected servers keep their
+    /// backend, which keeps probing them so they can come back.
     pub backends: Box<[Arc<Backend>]>,
-    /// The servers as configured, in ring member order.
-    pub servers: Box<[ServerConfig]>,
+    /// The config this topology was built from.
+    pub config: Arc<Config>,
+    /// Names of the servers left out of the ring because they are DEAD.
+    pub ejected: Box<[String]>,
     /// Parser limits, which a reload may change.
     pub limits: Limits,
 }
@@ -29,26 +38,43 @@ pub struct Topology {
 pub type SharedTopology = Arc<ArcSwap<Topology>>;
 
 impl Topology {
-    /// Builds a topology for `config`. A server that `previous` already has with
-    /// the same identity, address and connection settings keeps its backend (and
-    /// its open connections); every other server gets a new one.
-    pub fn build(config: &Config, version: u64, previous: Option<&Topology>) -> Topology {
-        let settings = BackendSettings::from_config(config);
-        let backends = config
+    /// Builds a topology for `config` with the servers named in `ejected` left
+    /// out of the ring. A server that `previous` already has with the same
+    /// identity, address and connection settings keeps its backend (and its open
+    /// connections); every other server gets a new one.
+    fn build(
+        config: Arc<Config>,
+        version: u64,
+        previous: Option<&Topology>,
+        ejected: Vec<String>,
+        health_changed: &Arc<Notify>,
+    ) -> Topology {
+        let settings = BackendSettings::from_config(&config);
+        let backends: Box<[Arc<Backend>]> = config
             .servers
             .iter()
             .map(|server| {
                 previous
                     .and_then(|p| p.backend_for(server, settings))
-                    .unwrap_or_else(|| Backend::start(server, settings))
+                    .unwrap_or_else(|| Backend::start(server, settings, health_changed.clone()))
             })
             .collect();
+        let mut members = Vec::with_capacity(backends.len());
+        let mut ring_backends = Vec::with_capacity(backends.len());
+        for (i, server) in config.servers.iter().enumerate() {
+            if !ejected.contains(&server.name) {
+                members.push(server.member());
+                ring_backends.push(i as u32);
+            }
+        }
         Topology {
             version,
-            ring: Ring::build(config.members()),
+            ring: Ring::build(members),
+            ring_backends: ring_backends.into_boxed_slice(),
             backends,
-            servers: config.servers.clone().into_boxed_slice(),
             limits: config.limits,
+            config,
+            ejected: ejected.into_boxed_slice(),
         }
     }
 
@@ -65,11 +91,153 @@ impl Topology {
             .cloned()
     }
 
+    /// Index in `backends` of the server that owns `key`.
+    #[inline]
+    pub fn owner_index(&self, key: &[u8]) -> Option<usize> {
+        self.ring
+            .owner(key)
+            .map(|member| self.ring_backends[member] as usize)
+    }
+
     /// The backend that owns `key`.
     #[inline]
     pub fn owner(&self, key: &[u8]) -> Option<&Arc<Backend>> {
-        self.ring.owner(key).map(|i| &self.backends[i])
+        self.owner_index(key).map(|i| &self.backends[i])
     }
+
+    /// Each backend's share of the keyspace (0 for ejected servers).
+    pub fn shares(&self) -> Vec<f64> {
+        let mut shares = vec![0.0; self.backends.len()];
+        for (member, share) in self.ring.shares().into_iter().enumerate() {
+            shares[self.ring_backends[member] as usize] = share;
+        }
+        shares
+    }
+}
+
+/// Builds and publishes topologies, one at a time: config reloads and health
+/// ejections both come through here, so neither can overwrite the other.
+pub struct Publisher {
+    topology: SharedTopology,
+    /// Serialises build-and-store; never taken on the request path.
+    lock: Mutex<()>,
+    /// Woken by backends when a server becomes DEAD or comes back.
+    health_changed: Arc<Notify>,
+}
+
+/// One published change.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Published {
+    pub version: u64,
+    pub change: Change,
+}
+
+impl Publisher {
+    /// Builds the first topology (version 1) and starts its backends. Must be
+    /// called inside a tokio runtime.
+    pub fn new(config: Config) -> Arc<Publisher> {
+        let health_changed = Arc::new(Notify::new());
+        let first = Topology::build(Arc::new(config), 1, None, Vec::new(), &health_changed);
+        Arc::new(Publisher {
+            topology: Arc::new(ArcSwap::from_pointee(first)),
+            lock: Mutex::new(()),
+            health_changed,
+        })
+    }
+
+    /// The published topology, for sessions.
+    pub fn shared(&self) -> SharedTopology {
+        self.topology.clone()
+    }
+
+    /// Resolves when a server's health crossed DEAD (either way).
+    pub async fn health_changed(&self) {
+        self.health_changed.notified().await;
+    }
+
+    /// Publishes a new config. Servers that are DEAD stay ejected if ejection
+    /// is on.
+    pub fn apply_config(&self, config: Config) -> Published {
+        let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.topology.load_full();
+        let config = Arc::new(config);
+        let ejected = Self::to_eject(&config, &old.backends);
+        self.publish(&old, config, ejected)
+    }
+
+    /// Re-evaluates ejection after health changes; publishes only if the set of
+    /// ejected servers changed.
+    pub fn apply_health(&self) -> Option<Published> {
+        let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.topology.load_full();
+        let ejected = Self::to_eject(&old.config, &old.backends);
+        if ejected.as_slice() == &old.ejected[..] {
+            return None;
+        }
+        Some(self.publish(&old, old.config.clone(), ejected))
+    }
+
+    fn publish(&self, old: &Topology, config: Arc<Config>, ejected: Vec<String>) -> Published {
+        let servers_before: Vec<ServerConfig> = effective(&old.config.servers, &old.ejected);
+        let servers_after: Vec<ServerConfig> = effective(&config.servers, &ejected);
+        let mut change = Change::between(&servers_before, &servers_after);
+        change.ejected = ejected
+            .iter()
+            .filter(|n| !old.ejected.contains(n))
+            .cloned()
+            .collect();
+        change.restored = old
+            .ejected
+            .iter()
+            .filter(|n| !ejected.contains(n) && config.servers.iter().any(|s| &s.name == *n))
+            .cloned()
+            .collect();
+        // Ejections and restorations are reported as such, not as adds/removes.
+        change.added.retain(|n| !change.restored.contains(n));
+        change.removed.retain(|n| !change.ejected.contains(n));
+        // Built off the request path; requests in flight finish on `old`.
+        let new = Topology::build(
+            config,
+            old.version + 1,
+            Some(old),
+            ejected,
+            &self.health_changed,
+        );
+        let version = new.version;
+        self.topology.store(Arc::new(new));
+        Published { version, change }
+    }
+
+    /// DEAD servers to leave out of the ring: none when ejection is off, and
+    /// never all of them (an empty ring would fail every key instead of some).
+    fn to_eject(config: &Config, backends: &[Arc<Backend>]) -> Vec<String> {
+        if !config.auto_eject {
+            return Vec::new();
+        }
+        let dead: Vec<String> = config
+            .servers
+            .iter()
+            .filter(|server| {
+                backends
+                    .iter()
+                    .any(|b| b.name() == server.name && b.state() == HealthState::Dead)
+            })
+            .map(|server| server.name.clone())
+            .collect();
+        if dead.len() == config.servers.len() {
+            Vec::new()
+        } else {
+            dead
+        }
+    }
+}
+
+fn effective(servers: &[ServerConfig], ejected: &[String]) -> Vec<ServerConfig> {
+    servers
+        .iter()
+        .filter(|s| !ejected.contains(&s.name))
+        .cloned()
+        .collect()
 }
 
 /// What a config change does to the pool, for logs and `memring plan`.
@@ -81,6 +249,10 @@ pub struct Change {
     pub reweighted: Vec<(String, u32, u32)>,
     /// Same name, new address: keys stay, connections move.
     pub readdressed: Vec<String>,
+    /// Left out of the ring because DEAD (ejection on).
+    pub ejected: Vec<String>,
+    /// Back in the ring after an ejection.
+    pub restored: Vec<String>,
     /// Share of the keyspace whose owner changes, 0..=1.
     pub moved_share: f64,
 }
@@ -95,6 +267,8 @@ impl Change {
             removed: Vec::new(),
             reweighted: Vec::new(),
             readdressed: Vec::new(),
+            ejected: Vec::new(),
+            restored: Vec::new(),
             moved_share: 0.0,
         };
         for server in new {
@@ -129,6 +303,8 @@ impl Change {
             && self.removed.is_empty()
             && self.reweighted.is_empty()
             && self.readdressed.is_empty()
+            && self.ejected.is_empty()
+            && self.restored.is_empty()
     }
 }
 
@@ -150,6 +326,12 @@ impl std::fmt::Display for Change {
         }
         for name in &self.readdressed {
             parts.push(format!("{name} new address"));
+        }
+        if !self.ejected.is_empty() {
+            parts.push(format!("ejected {} (DEAD)", self.ejected.join(", ")));
+        }
+        if !self.restored.is_empty() {
+            parts.push(format!("restored {}", self.restored.join(", ")));
         }
         if parts.is_empty() {
             parts.push("servers unchanged".to_string());

@@ -64,34 +64,50 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 pub(crate) async fn run(shared: Arc<Shared>, mut calls: mpsc::Receiver<Call>) {
     let mut backoff = MIN_BACKOFF;
     loop {
-        match connect(&shared).await {
-            Ok(stream) => {
-                backoff = MIN_BACKOFF;
-                match serve(&shared, stream, &mut calls).await {
-                    Ok(()) => return,
-                    Err(kind) => shared.report(HealthEvent::Failed(kind)),
+        let failure = match connect(&shared).await {
+            Ok(stream) => match serve(&shared, stream, &mut calls).await {
+                Served::Drained => return,
+                Served::Broke { kind, answered } => {
+                    shared.report(HealthEvent::Failed(kind));
+                    if answered {
+                        // A connection that worked broke: reconnect at once.
+                        backoff = MIN_BACKOFF;
+                        continue;
+                    }
+                    kind
                 }
-                // Reconnect at once after a broken connection; back off only
-                // when connecting itself fails.
-            }
+            },
             Err(kind) => {
                 shared.report(HealthEvent::Failed(kind));
-                // Fail fast while the server is unreachable instead of letting
-                // requests wait for a connect that will not happen.
-                let retry_at = Instant::now() + backoff;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-                loop {
-                    tokio::select! {
-                        call = calls.recv() => match call {
-                            Some(call) => call.finish(Err(shared.error(kind))),
-                            None => return,
-                        },
-                        () = sleep_until(retry_at) => break,
-                    }
-                }
+                kind
+            }
+        };
+        // The server refuses, or accepts but never answers (frozen): probe it
+        // again after a growing pause, and meanwhile fail requests at once
+        // instead of letting them wait for a connection that will not work.
+        let retry_at = Instant::now() + backoff;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+        loop {
+            tokio::select! {
+                call = calls.recv() => match call {
+                    Some(call) => call.finish(Err(shared.error(failure))),
+                    None => return,
+                },
+                () = sleep_until(retry_at) => break,
             }
         }
     }
+}
+
+/// How a connection ended.
+enum Served {
+    /// The channel closed and everything queued was answered.
+    Drained,
+    /// The connection failed; `answered` says whether it ever got a reply.
+    Broke {
+        kind: BackendErrorKind,
+        answered: bool,
+    },
 }
 
 async fn connect(shared: &Shared) -> Result<TcpStream, BackendErrorKind> {
@@ -107,13 +123,9 @@ async fn connect(shared: &Shared) -> Result<TcpStream, BackendErrorKind> {
     }
 }
 
-/// Serves calls on one connected socket. Returns `Ok` once the channel is
-/// closed and drained, or the reason the connection must be dropped.
-async fn serve(
-    shared: &Shared,
-    mut stream: TcpStream,
-    calls: &mut mpsc::Receiver<Call>,
-) -> Result<(), BackendErrorKind> {
+/// Serves calls on one connected socket until the channel is closed and
+/// drained, or the connection must be dropped.
+async fn serve(shared: &Shared, mut stream: TcpStream, calls: &mut mpsc::Receiver<Call>) -> Served {
     let (mut reader, mut writer) = stream.split();
     let mut read_buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
     let mut write_buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
@@ -194,14 +206,17 @@ async fn serve(
             }
         }
     };
-    if let Err(kind) = result {
-        for waiting in in_flight.drain(..) {
-            if let Some(reply) = waiting.reply {
-                let _ = reply.send(Err(shared.error(kind)));
+    match result {
+        Ok(()) => Served::Drained,
+        Err(kind) => {
+            for waiting in in_flight.drain(..) {
+                if let Some(reply) = waiting.reply {
+                    let _ = reply.send(Err(shared.error(kind)));
+                }
             }
+            Served::Broke { kind, answered }
         }
     }
-    result
 }
 
 fn enqueue(

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::config::{Config, ServerConfig};
 use crate::error::{BackendError, BackendErrorKind};
@@ -41,7 +41,7 @@ impl BackendSettings {
             connections: config.connections_per_server,
             connect_timeout: config.connect_timeout,
             request_timeout: config.request_timeout,
-            failure_limit: 3,
+            failure_limit: config.failure_limit,
         }
     }
 }
@@ -53,6 +53,8 @@ pub(crate) struct Shared {
     pub(crate) settings: BackendSettings,
     health: Mutex<Health>,
     state: AtomicU8,
+    /// Woken when this server becomes DEAD or stops being DEAD.
+    health_changed: Arc<Notify>,
 }
 
 impl Shared {
@@ -70,6 +72,9 @@ impl Shared {
         let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(transition) = health.on(event, self.settings.failure_limit) {
             self.state.store(transition.to.to_u8(), Ordering::Relaxed);
+            if transition.from == HealthState::Dead || transition.to == HealthState::Dead {
+                self.health_changed.notify_one();
+            }
             match event {
                 HealthEvent::Failed(kind) => tracing::warn!(
                     server = %self.name, addr = %self.addr,
@@ -102,13 +107,18 @@ impl std::fmt::Debug for Backend {
 impl Backend {
     /// Starts the connection tasks for `server`. Must be called inside a tokio
     /// runtime.
-    pub fn start(server: &ServerConfig, settings: BackendSettings) -> Arc<Backend> {
+    pub fn start(
+        server: &ServerConfig,
+        settings: BackendSettings,
+        health_changed: Arc<Notify>,
+    ) -> Arc<Backend> {
         let shared = Arc::new(Shared {
             name: server.name.as_str().into(),
             addr: server.addr.clone(),
             settings,
             health: Mutex::new(Health::default()),
             state: AtomicU8::new(HealthState::Active.to_u8()),
+            health_changed,
         });
         let lanes = (0..settings.connections.max(1))
             .map(|_| {
@@ -149,7 +159,8 @@ impl Backend {
     /// arrive (`None` when `want_reply` is false: the reply is dropped).
     ///
     /// # Errors
-    /// The lane's task has ended (the backend is shutting down).
+    /// The server is DEAD (failed at once rather than after a timeout; its
+    /// connections keep probing it), or the lane's task has ended.
     pub async fn send(
         &self,
         lane: usize,
@@ -157,6 +168,9 @@ impl Backend {
         kind: ReplyKind,
         want_reply: bool,
     ) -> Result<Option<oneshot::Receiver<CallResult>>, BackendError> {
+        if self.state() == HealthState::Dead {
+            return Err(self.shared.error(BackendErrorKind::Dead));
+        }
         let (reply, receiver) = if want_reply {
             let (sender, receiver) = oneshot::channel();
             (Some(sender), Some(receiver))

@@ -243,7 +243,7 @@ impl Proxy {
             let reloader = memring::reload::Reloader::new(
                 path.to_path_buf(),
                 config.clone(),
-                running.topology.clone(),
+                running.publisher.clone(),
             );
             let _guard = runtime.enter();
             memring::reload::spawn(reloader, shutdown.clone()).expect("watch the config");
@@ -339,6 +339,29 @@ impl Client {
                 return self.buffer.drain(..len).collect();
             }
             assert!(self.fill() > 0, "connection closed before a full reply");
+        }
+    }
+
+    /// Reads one complete reply, or `None` if the server closed the connection
+    /// before sending any byte of it. A reply cut off halfway panics.
+    pub fn try_reply(&mut self, kind: ReplyKind) -> Option<Vec<u8>> {
+        loop {
+            if let Some(len) = frame_reply(&self.buffer, kind).expect("well-formed reply") {
+                return Some(self.buffer.drain(..len).collect());
+            }
+            let mut chunk = [0u8; 64 * 1024];
+            match self.stream.read(&mut chunk) {
+                Ok(0) if self.buffer.is_empty() => return None,
+                Ok(0) => panic!("reply cut off: {:?}", show(&self.buffer)),
+                Ok(n) => self.buffer.extend_from_slice(&chunk[..n]),
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::ConnectionReset
+                        && self.buffer.is_empty() =>
+                {
+                    return None
+                }
+                Err(e) => panic!("read failed: {e}"),
+            }
         }
     }
 
