@@ -37,6 +37,7 @@ struct RawConfig {
     auto_eject: Option<bool>,
     failure_limit: Option<Spanned<u64>>,
     client_idle_timeout_ms: Option<Spanned<u64>>,
+    admin_listen: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -96,6 +97,8 @@ pub struct Config {
     pub failure_limit: u32,
     /// Close clients idle this long; `None` keeps them forever.
     pub client_idle_timeout: Option<Duration>,
+    /// Where to serve `/metrics`, `/live` and `/ready`; off when `None`.
+    pub admin_listen: Option<SocketAddr>,
 }
 
 pub const DEFAULT_CONNECTIONS_PER_SERVER: u64 = 2;
@@ -150,6 +153,19 @@ impl Config {
                 ),
             )
         })?;
+
+        let admin_listen = match &raw.admin_listen {
+            None => None,
+            Some(addr) => Some(addr.get_ref().parse::<SocketAddr>().map_err(|_| {
+                at(
+                    addr.span(),
+                    format!(
+                        "admin_listen: `{}` is not an IP:port address",
+                        addr.get_ref()
+                    ),
+                )
+            })?),
+        };
 
         if raw.servers.is_empty() {
             return Err(at(
@@ -316,6 +332,7 @@ impl Config {
             failure_limit: failure_limit as u32,
             client_idle_timeout: (client_idle_timeout_ms > 0)
                 .then(|| Duration::from_millis(client_idle_timeout_ms)),
+            admin_listen,
         })
     }
 

@@ -14,12 +14,14 @@
 //! - [`backend`]: per-server pipelined connections and the health state machine.
 //! - [`session`]: one task per client, replies in request order.
 //! - [`server`]: accept loop, connection limit, shutdown and drain.
-//! - [`stats`]: counters and the `stats` reply.
+//! - [`stats`]: counters behind both the `stats` reply and Prometheus.
+//! - [`admin`]: optional HTTP listener for `/metrics`, `/live` and `/ready`.
 //! - [`error`]: backend and config errors.
 
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
 
+pub mod admin;
 pub mod backend;
 pub mod config;
 pub mod error;

@@ -29,12 +29,28 @@ struct Cli {
     #[arg(long, global = true, value_name = "FILTER")]
     log_level: Option<String>,
 
+    /// Log format: human-readable text or one JSON object per line.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+
     #[command(subcommand)]
     command: Option<Action>,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
 #[derive(Debug, Subcommand)]
 enum Action {
+    /// Exit 0 if the admin listener at ADDR reports ready (for container
+    /// health checks; needs `admin_listen` in the config).
+    Healthcheck {
+        #[arg(default_value = "127.0.0.1:9100")]
+        addr: std::net::SocketAddr,
+    },
     /// Validate a config file; exits non-zero with the error the daemon would log.
     Check { file: PathBuf },
     /// Show, without touching anything, how a config change moves the keyspace.
@@ -43,8 +59,22 @@ enum Action {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_level.as_deref());
+    init_logging(cli.log_level.as_deref(), cli.log_format);
     let result = match (&cli.command, &cli.config) {
+        (Some(Action::Healthcheck { addr }), _) => {
+            let timeout = std::time::Duration::from_secs(2);
+            return match memring::admin::probe_ready(*addr, timeout) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => {
+                    eprintln!("memring: not ready");
+                    ExitCode::from(1)
+                }
+                Err(e) => {
+                    eprintln!("memring: cannot reach {addr}: {e}");
+                    ExitCode::from(1)
+                }
+            };
+        }
         (Some(Action::Check { file }), _) => check(file),
         (Some(Action::Plan { old, new }), _) => plan(old, new),
         (None, Some(config)) => run(config),
@@ -62,17 +92,25 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(level: Option<&str>) {
+fn init_logging(level: Option<&str>, format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = match level {
         Some(level) => EnvFilter::new(level),
         None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
     };
-    tracing_subscriber::fmt()
+    // A log reader that goes away (a closed stderr pipe) must not take the
+    // proxy down: without this, tracing-subscriber reports the failed write
+    // with eprintln!, which panics when stderr is gone.
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .log_internal_errors(false);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
 }
 
 fn check(file: &Path) -> anyhow::Result<()> {

@@ -82,7 +82,13 @@ impl Reloader {
 
     /// Reloads and logs the result in one line.
     pub fn reload_and_log(&mut self) {
-        match self.reload() {
+        let outcome = self.reload();
+        match &outcome {
+            Ok(Outcome::Applied { .. }) => self.publisher.stats().reload(true),
+            Err(_) => self.publisher.stats().reload(false),
+            Ok(Outcome::Unchanged) => {}
+        }
+        match outcome {
             Ok(Outcome::Unchanged) => {
                 tracing::debug!(path = %self.path.display(), "config unchanged")
             }
@@ -120,6 +126,12 @@ fn restart_only_changes(started: &Config, new: &Config) -> Vec<&'static str> {
     }
     if started.shutdown_grace != new.shutdown_grace {
         changed.push("shutdown_grace_ms");
+    }
+    if started.admin_listen != new.admin_listen {
+        changed.push("admin_listen");
+    }
+    if started.client_idle_timeout != new.client_idle_timeout {
+        changed.push("client_idle_timeout_ms");
     }
     changed
 }

@@ -13,15 +13,18 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::admin::AdminState;
 use crate::config::Config;
 use crate::session::{run_session, SessionContext};
-use crate::stats::{bump, Stats};
+use crate::stats::Stats;
 use crate::topology::{Published, Publisher, SharedTopology};
 
 /// A running proxy.
 pub struct Running {
     /// Where clients connect (useful with port 0).
     pub local_addr: SocketAddr,
+    /// Where the admin listener is, when configured.
+    pub admin_addr: Option<SocketAddr>,
     /// The routing table sessions read.
     pub topology: SharedTopology,
     /// Where reloads publish.
@@ -45,10 +48,27 @@ impl Running {
 pub async fn start(config: &Config, shutdown: CancellationToken) -> io::Result<Running> {
     let listener = TcpListener::bind(config.listen).await?;
     let local_addr = listener.local_addr()?;
-    let publisher = Publisher::new(config.clone());
+    let stats = Arc::new(Stats::new());
+    let admin = match config.admin_listen {
+        Some(addr) => Some(crate::admin::bind(addr).await?),
+        None => None,
+    };
+    let publisher = Publisher::new(config.clone(), stats.clone());
     let topology = publisher.shared();
+    let admin_addr = match admin {
+        Some(listener) => {
+            let addr = listener.local_addr()?;
+            tracing::info!(%addr, "admin listener: /metrics /live /ready");
+            let state = AdminState {
+                stats: stats.clone(),
+                topology: topology.clone(),
+            };
+            tokio::spawn(crate::admin::serve(listener, state, shutdown.clone()));
+            Some(addr)
+        }
+        None => None,
+    };
     tokio::spawn(eject_on_health_changes(publisher.clone(), shutdown.clone()));
-    let stats = Arc::new(Stats::default());
     let context = Arc::new(SessionContext {
         topology: topology.clone(),
         max_pending: config.max_pending_per_client,
@@ -65,6 +85,7 @@ pub async fn start(config: &Config, shutdown: CancellationToken) -> io::Result<R
     ));
     Ok(Running {
         local_addr,
+        admin_addr,
         topology,
         publisher,
         stats,
@@ -119,19 +140,12 @@ async fn accept_loop(
         };
         let id = next_id.fetch_add(1, Ordering::Relaxed);
         let context = context.clone();
-        bump(&context.stats.total_connections);
-        context
-            .stats
-            .curr_connections
-            .fetch_add(1, Ordering::Relaxed);
+        context.stats.client_connected();
         sessions.spawn(async move {
             if let Err(e) = run_session(stream, id, context.clone()).await {
                 tracing::debug!("client session {id} ended: {e}");
             }
-            context
-                .stats
-                .curr_connections
-                .fetch_sub(1, Ordering::Relaxed);
+            context.stats.client_disconnected();
             drop(permit);
         });
     }

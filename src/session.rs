@@ -28,7 +28,7 @@ use crate::protocol::encode::{
 use crate::protocol::reply::is_error_reply;
 use crate::protocol::request::Keys;
 use crate::protocol::{parse_request, Command, ReplyKind, Request};
-use crate::stats::{bump, Stats};
+use crate::stats::Stats;
 use crate::topology::{SharedTopology, Topology};
 
 const READ_CHUNK_BYTES: usize = 16 * 1024;
@@ -76,6 +76,7 @@ pub async fn run_session(
         }
         if !output.is_empty() {
             writer.write_all(&output).await?;
+            ctx.stats.written_bytes(output.len());
             output.clear();
         }
         if session.closing && session.pending.is_empty() {
@@ -95,8 +96,9 @@ pub async fn run_session(
             biased;
             () = wait_front(&mut session.pending) => {}
             read = reader.read_buf(&mut input), if can_read => {
-                if read? == 0 {
-                    session.closing = true;
+                match read? {
+                    0 => session.closing = true,
+                    n => ctx.stats.read_bytes(n),
                 }
                 last_read = tokio::time::Instant::now();
             }
@@ -194,6 +196,7 @@ impl ClientSession<'_> {
         // is held across the awaits below.
         let topology = self.ctx.topology.load_full();
         let stats = &self.ctx.stats;
+        stats.request(request.command, request.keys.len());
         let pending = match request.command {
             Command::Quit => {
                 self.closing = true;
@@ -204,6 +207,9 @@ impl ClientSession<'_> {
                 // Accepted and not forwarded: memring's log level is its own.
                 (!request.noreply).then(|| Pending::ready(Bytes::from_static(b"OK\r\n")))
             }
+            Command::Stats if request.arg.is_some() => Some(Pending::ready(Bytes::from_static(
+                b"CLIENT_ERROR memring answers plain 'stats' only; ask each memcached for the others\r\n",
+            ))),
             Command::Stats => {
                 let mut out = BytesMut::new();
                 stats.write_report(&mut out, &topology);
@@ -211,17 +217,9 @@ impl ClientSession<'_> {
             }
             Command::FlushAll => self.broadcast(&topology, &request, &bytes).await,
             command if command.is_retrieval() => {
-                bump(&stats.cmd_get);
                 Some(self.retrieve(&topology, request, bytes).await)
             }
-            command => {
-                if command.is_storage() {
-                    bump(&stats.cmd_set);
-                } else {
-                    bump(&stats.cmd_other);
-                }
-                self.forward_single_key(&topology, &request, &bytes).await
-            }
+            _ => self.forward_single_key(&topology, &request, &bytes).await,
         };
         if let Some(pending) = pending {
             self.pending.push_back(pending);
@@ -248,7 +246,10 @@ impl ClientSession<'_> {
             .await;
         part.map(|part| Pending {
             parts: smallvec::smallvec![part],
-            finish: Finish::Forward,
+            finish: Finish::Forward {
+                command: request.command,
+                keys: 1,
+            },
         })
     }
 
@@ -274,7 +275,10 @@ impl ClientSession<'_> {
                 .expect("a reply was asked for");
             return Pending {
                 parts: smallvec::smallvec![part],
-                finish: Finish::Forward,
+                finish: Finish::Forward {
+                    command: request.command,
+                    keys: request.keys.len(),
+                },
             };
         }
 
@@ -423,7 +427,7 @@ enum Finish {
     /// A reply made by memring itself.
     Ready(Bytes),
     /// The one part's reply, as it came.
-    Forward,
+    Forward { command: Command, keys: usize },
     /// A multi-get split across servers.
     Merge(Box<Merge>),
     /// `OK` if every part answered `OK`.
@@ -469,10 +473,12 @@ impl Pending {
     fn write_reply(mut self, out: &mut BytesMut, stats: &Stats) {
         match self.finish {
             Finish::Ready(reply) => out.extend_from_slice(&reply),
-            Finish::Forward => match self.parts[0].take() {
-                Ok(reply) => out.extend_from_slice(&reply),
+            Finish::Forward { command, keys } => match self.parts[0].take() {
+                Ok(reply) => {
+                    stats.reply(command, keys, &reply);
+                    out.extend_from_slice(&reply);
+                }
                 Err(error) => {
-                    bump(&stats.backend_errors);
                     write_server_error(out, &error);
                 }
             },
@@ -484,7 +490,6 @@ impl Pending {
                         Ok(reply) if !is_error_reply(&reply) => replies.push(Some(reply)),
                         Ok(_) => replies.push(None),
                         Err(error) => {
-                            bump(&stats.backend_errors);
                             first_error.get_or_insert(error);
                             replies.push(None);
                         }
@@ -502,7 +507,8 @@ impl Pending {
                             .iter()
                             .zip(merge.part_of_key.iter())
                             .map(|(span, &part)| (span.of(&merge.bytes), part as usize));
-                        write_merged_values(out, keys, &replies);
+                        let hits = write_merged_values(out, keys, &replies);
+                        stats.retrieval(merge.keys.len(), hits);
                     }
                 }
             }

@@ -1,78 +1,563 @@
-//! Process-wide counters and the `stats` reply built from them. Counters are
-//! relaxed atomics: exact totals matter, ordering between them does not.
+//! Counters, shared by memcached's `stats` reply and the Prometheus endpoint.
+//!
+//! Every figure is a prometheus-client metric registered once at start; hot
+//! paths hold clones of the handles they bump (an atomic add, no lock, no
+//! label lookup). Per-server handles live in [`BackendMetrics`].
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::BytesMut;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
 
+use crate::backend::health::HealthState;
+use crate::error::BackendErrorKind;
 use crate::protocol::encode::write_stat;
+use crate::protocol::reply::ValueBlocks;
+use crate::protocol::Command;
 use crate::topology::Topology;
 
-/// Counters shared by every session.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CommandLabels {
+    command: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServerLabels {
+    server: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServerErrorLabels {
+    server: String,
+    kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServerStateLabels {
+    server: String,
+    state: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+const COMMANDS: [Command; 19] = [
+    Command::Get,
+    Command::Gets,
+    Command::Gat,
+    Command::Gats,
+    Command::Set,
+    Command::Add,
+    Command::Replace,
+    Command::Append,
+    Command::Prepend,
+    Command::Cas,
+    Command::Delete,
+    Command::Incr,
+    Command::Decr,
+    Command::Touch,
+    Command::Version,
+    Command::Verbosity,
+    Command::FlushAll,
+    Command::Stats,
+    Command::Quit,
+];
+
+fn command_index(command: Command) -> usize {
+    COMMANDS
+        .iter()
+        .position(|&c| c == command)
+        .expect("every command is listed")
+}
+
+const STATES: [HealthState; 3] = [HealthState::Active, HealthState::Suspect, HealthState::Dead];
+
+fn latency_histogram() -> Histogram {
+    // 50 µs .. ~1.6 s, doubling.
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
+}
+
+/// Hit and miss counters of one kind of command.
+#[derive(Debug, Default, Clone)]
+struct HitMiss {
+    hits: Counter,
+    misses: Counter,
+}
+
+/// Process-wide figures.
 #[derive(Debug)]
 pub struct Stats {
     started: Instant,
-    pub curr_connections: AtomicU64,
-    pub total_connections: AtomicU64,
-    pub cmd_get: AtomicU64,
-    pub cmd_set: AtomicU64,
-    pub cmd_other: AtomicU64,
-    pub backend_errors: AtomicU64,
+    registry: Registry,
+    curr_connections: Gauge,
+    total_connections: Counter,
+    commands: Vec<Counter>,
+    /// Keys asked for by retrieval commands (memcached's `cmd_get`).
+    keys_requested: Counter,
+    get: HitMiss,
+    touch: HitMiss,
+    delete: HitMiss,
+    incr: HitMiss,
+    decr: HitMiss,
+    bytes_read: Counter,
+    bytes_written: Counter,
+    backend_requests: Family<ServerLabels, Counter>,
+    backend_errors: Family<ServerErrorLabels, Counter>,
+    backend_latency: Family<ServerLabels, Histogram, fn() -> Histogram>,
+    backend_connections: Family<ServerLabels, Gauge>,
+    server_state: Family<ServerStateLabels, Gauge>,
+    ring_version: Gauge,
+    servers_configured: Gauge,
+    servers_effective: Gauge,
+    reloads: Family<ResultLabels, Counter>,
 }
 
 impl Default for Stats {
     fn default() -> Self {
-        Stats {
-            started: Instant::now(),
-            curr_connections: AtomicU64::new(0),
-            total_connections: AtomicU64::new(0),
-            cmd_get: AtomicU64::new(0),
-            cmd_set: AtomicU64::new(0),
-            cmd_other: AtomicU64::new(0),
-            backend_errors: AtomicU64::new(0),
-        }
+        Stats::new()
     }
 }
 
-/// Adds one to a counter.
-#[inline]
-pub fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
-}
-
 impl Stats {
-    /// The `stats` reply: memring's own figures in memcached's format, then one
-    /// line per server, then `END`.
+    pub fn new() -> Stats {
+        let mut registry = Registry::with_prefix("memring");
+        let curr_connections = Gauge::default();
+        registry.register(
+            "client_connections",
+            "Client connections open now",
+            curr_connections.clone(),
+        );
+        let total_connections = Counter::default();
+        registry.register(
+            "client_connections_accepted",
+            "Client connections accepted since start",
+            total_connections.clone(),
+        );
+        let command_family = Family::<CommandLabels, Counter>::default();
+        registry.register(
+            "client_requests",
+            "Client requests by command",
+            command_family.clone(),
+        );
+        let commands = COMMANDS
+            .iter()
+            .map(|c| {
+                command_family
+                    .get_or_create(&CommandLabels { command: c.name() })
+                    .clone()
+            })
+            .collect();
+        let keys_requested = Counter::default();
+        registry.register(
+            "get_keys",
+            "Keys asked for by get, gets, gat and gats",
+            keys_requested.clone(),
+        );
+        let hits = Family::<CommandLabels, Counter>::default();
+        let misses = Family::<CommandLabels, Counter>::default();
+        registry.register(
+            "hits",
+            "Replies that found their key, by command",
+            hits.clone(),
+        );
+        registry.register(
+            "misses",
+            "Replies that did not find their key, by command",
+            misses.clone(),
+        );
+        let hit_miss = |command: &'static str| HitMiss {
+            hits: hits.get_or_create(&CommandLabels { command }).clone(),
+            misses: misses.get_or_create(&CommandLabels { command }).clone(),
+        };
+        let get = hit_miss("get");
+        let touch = hit_miss("touch");
+        let delete = hit_miss("delete");
+        let incr = hit_miss("incr");
+        let decr = hit_miss("decr");
+        let bytes_read = Counter::default();
+        registry.register(
+            "client_read_bytes",
+            "Bytes read from clients",
+            bytes_read.clone(),
+        );
+        let bytes_written = Counter::default();
+        registry.register(
+            "client_written_bytes",
+            "Bytes written to clients",
+            bytes_written.clone(),
+        );
+        let backend_requests = Family::<ServerLabels, Counter>::default();
+        registry.register(
+            "backend_requests",
+            "Requests sent to each server",
+            backend_requests.clone(),
+        );
+        let backend_errors = Family::<ServerErrorLabels, Counter>::default();
+        registry.register(
+            "backend_errors",
+            "Failed requests by server and kind",
+            backend_errors.clone(),
+        );
+        let backend_latency: Family<ServerLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "backend_latency_seconds",
+            "Time from writing a request to a server to its complete reply",
+            backend_latency.clone(),
+        );
+        let backend_connections = Family::<ServerLabels, Gauge>::default();
+        registry.register(
+            "backend_connections",
+            "Open connections to each server",
+            backend_connections.clone(),
+        );
+        let server_state = Family::<ServerStateLabels, Gauge>::default();
+        registry.register(
+            "server_state",
+            "1 for each server's current health state (ACTIVE, SUSPECT, DEAD)",
+            server_state.clone(),
+        );
+        let ring_version = Gauge::default();
+        registry.register(
+            "ring_version",
+            "Version of the published ring",
+            ring_version.clone(),
+        );
+        let servers_configured = Gauge::default();
+        registry.register(
+            "servers_configured",
+            "Servers in the config",
+            servers_configured.clone(),
+        );
+        let servers_effective = Gauge::default();
+        registry.register(
+            "servers_effective",
+            "Servers in the ring (configured minus ejected)",
+            servers_effective.clone(),
+        );
+        let reloads = Family::<ResultLabels, Counter>::default();
+        registry.register("reloads", "Config reloads by result", reloads.clone());
+        for result in ["applied", "rejected"] {
+            let _ = reloads.get_or_create(&ResultLabels { result });
+        }
+        Stats {
+            started: Instant::now(),
+            registry,
+            curr_connections,
+            total_connections,
+            commands,
+            keys_requested,
+            get,
+            touch,
+            delete,
+            incr,
+            decr,
+            bytes_read,
+            bytes_written,
+            backend_requests,
+            backend_errors,
+            backend_latency,
+            backend_connections,
+            server_state,
+            ring_version,
+            servers_configured,
+            servers_effective,
+            reloads,
+        }
+    }
+
+    /// A client connected.
+    pub fn client_connected(&self) {
+        self.total_connections.inc();
+        self.curr_connections.inc();
+    }
+
+    /// A client disconnected.
+    pub fn client_disconnected(&self) {
+        self.curr_connections.dec();
+    }
+
+    /// Client connections open now.
+    pub fn curr_connections(&self) -> u64 {
+        self.curr_connections.get().max(0) as u64
+    }
+
+    /// One request of `command`, asking for `keys` keys.
+    #[inline]
+    pub fn request(&self, command: Command, keys: usize) {
+        self.commands[command_index(command)].inc();
+        if command.is_retrieval() {
+            self.keys_requested.inc_by(keys as u64);
+        }
+    }
+
+    #[inline]
+    pub fn read_bytes(&self, n: usize) {
+        self.bytes_read.inc_by(n as u64);
+    }
+
+    #[inline]
+    pub fn written_bytes(&self, n: usize) {
+        self.bytes_written.inc_by(n as u64);
+    }
+
+    /// Counts hits and misses from a backend reply to `command` for `keys` keys.
+    pub fn reply(&self, command: Command, keys: usize, reply: &[u8]) {
+        let found = |counters: &HitMiss, hit: &[u8], miss: &[u8]| {
+            if reply.starts_with(hit) {
+                counters.hits.inc();
+            } else if reply.starts_with(miss) {
+                counters.misses.inc();
+            }
+        };
+        match command {
+            Command::Get | Command::Gets | Command::Gat | Command::Gats => {
+                let hits = ValueBlocks::new(reply).count();
+                self.retrieval(keys, hits);
+            }
+            Command::Touch => found(&self.touch, b"TOUCHED", b"NOT_FOUND"),
+            Command::Delete => found(&self.delete, b"DELETED", b"NOT_FOUND"),
+            Command::Incr | Command::Decr => {
+                let counters = if command == Command::Incr {
+                    &self.incr
+                } else {
+                    &self.decr
+                };
+                if reply.first().is_some_and(u8::is_ascii_digit) {
+                    counters.hits.inc();
+                } else if reply.starts_with(b"NOT_FOUND") {
+                    counters.misses.inc();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Counts a retrieval of `keys` keys of which `hits` were found.
+    pub fn retrieval(&self, keys: usize, hits: usize) {
+        self.get.hits.inc_by(hits as u64);
+        self.get.misses.inc_by(keys.saturating_sub(hits) as u64);
+    }
+
+    /// A config reload was applied or rejected.
+    pub fn reload(&self, applied: bool) {
+        let result = if applied { "applied" } else { "rejected" };
+        self.reloads.get_or_create(&ResultLabels { result }).inc();
+    }
+
+    /// A topology was published.
+    pub fn topology(&self, topology: &Topology) {
+        self.ring_version.set(topology.version as i64);
+        self.servers_configured.set(topology.backends.len() as i64);
+        self.servers_effective
+            .set((topology.backends.len() - topology.ejected.len()) as i64);
+    }
+
+    /// Handles for one server's figures.
+    pub fn backend(&self, server: &str) -> BackendMetrics {
+        let labels = ServerLabels {
+            server: server.to_string(),
+        };
+        let metrics = BackendMetrics {
+            server: server.to_string(),
+            requests: self.backend_requests.get_or_create(&labels).clone(),
+            latency: self.backend_latency.get_or_create(&labels).clone(),
+            connections: self.backend_connections.get_or_create(&labels).clone(),
+            errors: self.backend_errors.clone(),
+            state: self.server_state.clone(),
+        };
+        metrics.set_state(HealthState::Active);
+        metrics
+    }
+
+    /// Total failed backend requests, all servers and kinds.
+    pub fn backend_errors(&self) -> u64 {
+        let mut text = String::new();
+        // Families cannot be iterated; the encoded text is the one view of all
+        // label sets. Only used by `stats` and tests, never per request.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text.lines()
+            .filter(|l| l.starts_with("memring_backend_errors_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn prometheus_text(&self) -> String {
+        let mut text = String::with_capacity(8192);
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text
+    }
+
+    /// The `stats` reply: memring's own figures in memcached's format, then
+    /// per-server lines, then `END`.
     pub fn write_report(&self, out: &mut BytesMut, topology: &Topology) {
-        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
+        let count = |command: Command| self.commands[command_index(command)].get();
         write_stat(out, "pid", &std::process::id());
         write_stat(out, "uptime", &self.started.elapsed().as_secs());
         write_stat(out, "time", &now);
         write_stat(out, "version", &crate::VERSION_STRING);
-        write_stat(out, "curr_connections", &load(&self.curr_connections));
-        write_stat(out, "total_connections", &load(&self.total_connections));
-        write_stat(out, "cmd_get", &load(&self.cmd_get));
-        write_stat(out, "cmd_set", &load(&self.cmd_set));
-        write_stat(out, "backend_errors", &load(&self.backend_errors));
+        write_stat(out, "curr_connections", &self.curr_connections());
+        write_stat(out, "total_connections", &self.total_connections.get());
+        write_stat(out, "cmd_get", &self.keys_requested.get());
+        let sets = [
+            Command::Set,
+            Command::Add,
+            Command::Replace,
+            Command::Append,
+            Command::Prepend,
+            Command::Cas,
+        ];
+        write_stat(out, "cmd_set", &sets.iter().map(|&c| count(c)).sum::<u64>());
+        write_stat(out, "cmd_touch", &count(Command::Touch));
+        write_stat(out, "cmd_flush", &count(Command::FlushAll));
+        for (name, counters) in [
+            ("get", &self.get),
+            ("delete", &self.delete),
+            ("incr", &self.incr),
+            ("decr", &self.decr),
+            ("touch", &self.touch),
+        ] {
+            write_stat(out, &format!("{name}_hits"), &counters.hits.get());
+            write_stat(out, &format!("{name}_misses"), &counters.misses.get());
+        }
+        write_stat(out, "bytes_read", &self.bytes_read.get());
+        write_stat(out, "bytes_written", &self.bytes_written.get());
         write_stat(out, "ring_version", &topology.version);
         write_stat(out, "ring_servers", &topology.backends.len());
         write_stat(out, "ring_ejected", &topology.ejected.len());
         let shares = topology.shares();
         for (i, backend) in topology.backends.iter().enumerate() {
-            let prefix = format!("server:{}", backend.name());
-            write_stat(out, &format!("{prefix}:addr"), &backend.addr());
-            write_stat(out, &format!("{prefix}:state"), &backend.state().as_str());
+            let name = backend.name();
+            let metrics = backend.metrics();
+            write_stat(out, &format!("server:{name}:addr"), &backend.addr());
+            write_stat(
+                out,
+                &format!("server:{name}:state"),
+                &backend.state().as_str(),
+            );
+            write_stat(
+                out,
+                &format!("server:{name}:requests"),
+                &metrics.requests.get(),
+            );
+            write_stat(
+                out,
+                &format!("server:{name}:errors"),
+                &metrics.error_count(),
+            );
+            write_stat(
+                out,
+                &format!("server:{name}:timeouts"),
+                &metrics.timeout_count(),
+            );
+            write_stat(
+                out,
+                &format!("server:{name}:connections"),
+                &metrics.connections.get(),
+            );
             let share = shares.get(i).copied().unwrap_or(0.0);
             write_stat(
                 out,
-                &format!("{prefix}:ring_share"),
+                &format!("server:{name}:ring_share"),
                 &format_args!("{share:.4}"),
             );
         }
         out.extend_from_slice(b"END\r\n");
+    }
+}
+
+/// One server's metric handles, held by its backend.
+#[derive(Debug, Clone)]
+pub struct BackendMetrics {
+    server: String,
+    pub requests: Counter,
+    pub latency: Histogram,
+    pub connections: Gauge,
+    errors: Family<ServerErrorLabels, Counter>,
+    state: Family<ServerStateLabels, Gauge>,
+}
+
+impl BackendMetrics {
+    /// A request to this server failed. Rare, so the label lookup is fine.
+    pub fn error(&self, kind: BackendErrorKind) {
+        self.errors
+            .get_or_create(&ServerErrorLabels {
+                server: self.server.clone(),
+                kind: error_kind_label(kind),
+            })
+            .inc();
+    }
+
+    fn errors_of(&self, kinds: &[BackendErrorKind]) -> u64 {
+        let mut labels: Vec<&'static str> = kinds.iter().map(|&k| error_kind_label(k)).collect();
+        labels.dedup();
+        labels
+            .into_iter()
+            .map(|kind| {
+                self.errors
+                    .get_or_create(&ServerErrorLabels {
+                        server: self.server.clone(),
+                        kind,
+                    })
+                    .get()
+            })
+            .sum()
+    }
+
+    /// Failed requests of every kind.
+    pub fn error_count(&self) -> u64 {
+        self.errors_of(&ALL_ERROR_KINDS)
+    }
+
+    /// Requests that timed out.
+    pub fn timeout_count(&self) -> u64 {
+        self.errors_of(&[BackendErrorKind::Timeout])
+    }
+
+    /// Records the current health state (one-hot over the three states).
+    pub fn set_state(&self, current: HealthState) {
+        for state in STATES {
+            self.state
+                .get_or_create(&ServerStateLabels {
+                    server: self.server.clone(),
+                    state: state.as_str(),
+                })
+                .set(i64::from(state == current));
+        }
+    }
+}
+
+const ALL_ERROR_KINDS: [BackendErrorKind; 8] = [
+    BackendErrorKind::Connect(std::io::ErrorKind::Other),
+    BackendErrorKind::ConnectTimeout,
+    BackendErrorKind::Timeout,
+    BackendErrorKind::Closed,
+    BackendErrorKind::Io(std::io::ErrorKind::Other),
+    BackendErrorKind::Protocol(crate::protocol::ReplyError::Unsolicited),
+    BackendErrorKind::Gone,
+    BackendErrorKind::Dead,
+];
+
+fn error_kind_label(kind: BackendErrorKind) -> &'static str {
+    match kind {
+        BackendErrorKind::Connect(_) => "connect",
+        BackendErrorKind::ConnectTimeout => "connect_timeout",
+        BackendErrorKind::Timeout => "timeout",
+        BackendErrorKind::Closed => "closed",
+        BackendErrorKind::Io(_) => "io",
+        BackendErrorKind::Protocol(_) => "protocol",
+        BackendErrorKind::Gone => "gone",
+        BackendErrorKind::Dead => "dead",
     }
 }

@@ -9,10 +9,11 @@ use arc_swap::ArcSwap;
 use tokio::sync::Notify;
 
 use crate::backend::health::HealthState;
-use crate::backend::{Backend, BackendSettings};
+use crate::backend::{Backend, BackendSettings, PoolHooks};
 use crate::config::{Config, ServerConfig};
 use crate::protocol::Limits;
 use crate::ring::Ring;
+use crate::stats::Stats;
 
 /// One immutable routing table.
 #[derive(Debug)]
@@ -47,7 +48,7 @@ impl Topology {
         version: u64,
         previous: Option<&Topology>,
         ejected: Vec<String>,
-        health_changed: &Arc<Notify>,
+        hooks: &PoolHooks,
     ) -> Topology {
         let settings = BackendSettings::from_config(&config);
         let backends: Box<[Arc<Backend>]> = config
@@ -56,7 +57,7 @@ impl Topology {
             .map(|server| {
                 previous
                     .and_then(|p| p.backend_for(server, settings))
-                    .unwrap_or_else(|| Backend::start(server, settings, health_changed.clone()))
+                    .unwrap_or_else(|| Backend::start(server, settings, hooks))
             })
             .collect();
         let mut members = Vec::with_capacity(backends.len());
@@ -121,8 +122,8 @@ pub struct Publisher {
     topology: SharedTopology,
     /// Serialises build-and-store; never taken on the request path.
     lock: Mutex<()>,
-    /// Woken by backends when a server becomes DEAD or comes back.
-    health_changed: Arc<Notify>,
+    /// What backends report to (health changes, metrics).
+    hooks: PoolHooks,
 }
 
 /// One published change.
@@ -135,13 +136,17 @@ pub struct Published {
 impl Publisher {
     /// Builds the first topology (version 1) and starts its backends. Must be
     /// called inside a tokio runtime.
-    pub fn new(config: Config) -> Arc<Publisher> {
-        let health_changed = Arc::new(Notify::new());
-        let first = Topology::build(Arc::new(config), 1, None, Vec::new(), &health_changed);
+    pub fn new(config: Config, stats: Arc<Stats>) -> Arc<Publisher> {
+        let hooks = PoolHooks {
+            health_changed: Arc::new(Notify::new()),
+            stats,
+        };
+        let first = Topology::build(Arc::new(config), 1, None, Vec::new(), &hooks);
+        hooks.stats.topology(&first);
         Arc::new(Publisher {
             topology: Arc::new(ArcSwap::from_pointee(first)),
             lock: Mutex::new(()),
-            health_changed,
+            hooks,
         })
     }
 
@@ -150,9 +155,14 @@ impl Publisher {
         self.topology.clone()
     }
 
+    /// The counters every backend reports to.
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.hooks.stats
+    }
+
     /// Resolves when a server's health crossed DEAD (either way).
     pub async fn health_changed(&self) {
-        self.health_changed.notified().await;
+        self.hooks.health_changed.notified().await;
     }
 
     /// Publishes a new config. Servers that are DEAD stay ejected if ejection
@@ -196,14 +206,9 @@ impl Publisher {
         change.added.retain(|n| !change.restored.contains(n));
         change.removed.retain(|n| !change.ejected.contains(n));
         // Built off the request path; requests in flight finish on `old`.
-        let new = Topology::build(
-            config,
-            old.version + 1,
-            Some(old),
-            ejected,
-            &self.health_changed,
-        );
+        let new = Topology::build(config, old.version + 1, Some(old), ejected, &self.hooks);
         let version = new.version;
+        self.hooks.stats.topology(&new);
         self.topology.store(Arc::new(new));
         Published { version, change }
     }

@@ -359,5 +359,5 @@ fn reload_under_load_fails_no_request_and_drops_no_connection() {
             .expect("no request failed and no connection dropped");
     }
     let stats = proxy.running().stats.clone();
-    assert_eq!(stats.backend_errors.load(Ordering::Relaxed), 0);
+    assert_eq!(stats.backend_errors(), 0);
 }

@@ -199,7 +199,7 @@ fn a_client_that_never_reads_cannot_make_memring_buffer_without_bound() {
     drop(hostile);
     let stats = proxy.running().stats.clone();
     wait_for("the hostile session to end", || {
-        stats.curr_connections.load(Ordering::Relaxed) == 1
+        stats.curr_connections() == 1
     });
 }
 

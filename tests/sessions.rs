@@ -117,12 +117,7 @@ fn thousands_of_concurrent_clients_each_get_their_own_replies() {
         assert_eq!(show(&got), show(expected.as_bytes()));
     }
     let stats = proxy.running().stats.clone();
-    assert_eq!(
-        stats
-            .curr_connections
-            .load(std::sync::atomic::Ordering::Relaxed) as usize,
-        count
-    );
+    assert_eq!(stats.curr_connections() as usize, count);
 }
 
 #[test]
@@ -199,12 +194,7 @@ fn client_disconnect_mid_request_is_harmless() {
     let mut client = proxy.client();
     assert_eq!(client.get("half"), None);
     let stats = proxy.running().stats.clone();
-    wait_for("sessions to end", || {
-        stats
-            .curr_connections
-            .load(std::sync::atomic::Ordering::Relaxed)
-            == 1
-    });
+    wait_for("sessions to end", || stats.curr_connections() == 1);
 }
 
 #[test]

@@ -144,6 +144,7 @@ async fn serve(shared: &Shared, mut stream: TcpStream, calls: &mut mpsc::Receive
         deadline: Instant::now() + request_timeout,
     });
     let mut answered = false;
+    shared.metrics.connections.inc();
 
     let result = loop {
         if !channel_open && in_flight.is_empty() && write_buf.is_empty() {
@@ -166,7 +167,7 @@ async fn serve(shared: &Shared, mut stream: TcpStream, calls: &mut mpsc::Receive
                 match read {
                     Ok(0) => break Err(BackendErrorKind::Closed),
                     Err(e) => break Err(BackendErrorKind::Io(e.kind())),
-                    Ok(_) => match deliver_replies(&mut read_buf, &mut in_flight) {
+                    Ok(_) => match deliver_replies(shared, &mut read_buf, &mut in_flight) {
                         Err(kind) => break Err(kind),
                         Ok(delivered) => {
                             if delivered > 0 && !answered {
@@ -206,6 +207,7 @@ async fn serve(shared: &Shared, mut stream: TcpStream, calls: &mut mpsc::Receive
             }
         }
     };
+    shared.metrics.connections.dec();
     match result {
         Ok(()) => Served::Drained,
         Err(kind) => {
@@ -238,15 +240,24 @@ fn enqueue(
 /// Cuts every complete reply off the buffer and hands it to its waiter, oldest
 /// first; returns how many were delivered.
 fn deliver_replies(
+    shared: &Shared,
     read_buf: &mut BytesMut,
     in_flight: &mut VecDeque<Waiting>,
 ) -> Result<usize, BackendErrorKind> {
     let mut delivered = 0;
+    let now = Instant::now();
+    let request_timeout = shared.settings.request_timeout;
     while let Some(front) = in_flight.front() {
         match frame_reply(read_buf, front.kind) {
             Ok(Some(len)) => {
                 let reply = read_buf.split_to(len).freeze();
                 let waiting = in_flight.pop_front().expect("front exists");
+                // The deadline was set when the request was written.
+                let sent = waiting.deadline - request_timeout;
+                shared
+                    .metrics
+                    .latency
+                    .observe(now.saturating_duration_since(sent).as_secs_f64());
                 if let Some(sender) = waiting.reply {
                     let _ = sender.send(Ok(reply));
                 }

@@ -19,6 +19,7 @@ use crate::config::{Config, ServerConfig};
 use crate::error::{BackendError, BackendErrorKind};
 use crate::protocol::encode::Outbound;
 use crate::protocol::ReplyKind;
+use crate::stats::{BackendMetrics, Stats};
 pub use conn::{Call, CallResult};
 use health::{Health, HealthEvent, HealthState};
 
@@ -55,10 +56,21 @@ pub(crate) struct Shared {
     state: AtomicU8,
     /// Woken when this server becomes DEAD or stops being DEAD.
     health_changed: Arc<Notify>,
+    pub(crate) metrics: BackendMetrics,
+}
+
+/// What every backend of a pool reports to.
+#[derive(Debug, Clone)]
+pub struct PoolHooks {
+    /// Woken when any server becomes DEAD or comes back (for ejection).
+    pub health_changed: Arc<Notify>,
+    pub stats: Arc<Stats>,
 }
 
 impl Shared {
+    /// The error for a failed request, counted once here.
     pub(crate) fn error(&self, kind: BackendErrorKind) -> BackendError {
+        self.metrics.error(kind);
         BackendError {
             server: self.name.clone(),
             kind,
@@ -72,6 +84,7 @@ impl Shared {
         let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(transition) = health.on(event, self.settings.failure_limit) {
             self.state.store(transition.to.to_u8(), Ordering::Relaxed);
+            self.metrics.set_state(transition.to);
             if transition.from == HealthState::Dead || transition.to == HealthState::Dead {
                 self.health_changed.notify_one();
             }
@@ -110,7 +123,7 @@ impl Backend {
     pub fn start(
         server: &ServerConfig,
         settings: BackendSettings,
-        health_changed: Arc<Notify>,
+        hooks: &PoolHooks,
     ) -> Arc<Backend> {
         let shared = Arc::new(Shared {
             name: server.name.as_str().into(),
@@ -118,7 +131,8 @@ impl Backend {
             settings,
             health: Mutex::new(Health::default()),
             state: AtomicU8::new(HealthState::Active.to_u8()),
-            health_changed,
+            health_changed: hooks.health_changed.clone(),
+            metrics: hooks.stats.backend(&server.name),
         });
         let lanes = (0..settings.connections.max(1))
             .map(|_| {
@@ -145,6 +159,11 @@ impl Backend {
         self.shared.settings
     }
 
+    /// This server's metric handles.
+    pub fn metrics(&self) -> &BackendMetrics {
+        &self.shared.metrics
+    }
+
     /// Current health.
     pub fn state(&self) -> HealthState {
         HealthState::from_u8(self.shared.state.load(Ordering::Relaxed))
@@ -168,6 +187,7 @@ impl Backend {
         kind: ReplyKind,
         want_reply: bool,
     ) -> Result<Option<oneshot::Receiver<CallResult>>, BackendError> {
+        self.shared.metrics.requests.inc();
         if self.state() == HealthState::Dead {
             return Err(self.shared.error(BackendErrorKind::Dead));
         }

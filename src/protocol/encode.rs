@@ -60,11 +60,13 @@ pub fn write_sub_get<'a>(
 /// holds it. Each part lists its hits in the order its keys were sent, so one
 /// cursor per part suffices; a key that is not next in its part is a miss. A
 /// part that is `None` (its server failed) contributes only misses.
+/// Returns the number of hits written.
 pub fn write_merged_values<'k>(
     out: &mut BytesMut,
     keys: impl Iterator<Item = (&'k [u8], usize)>,
     parts: &[Option<Bytes>],
-) {
+) -> usize {
+    let mut hits = 0;
     let mut cursors: SmallVec<[_; 8]> = parts
         .iter()
         .map(|part| {
@@ -78,9 +80,11 @@ pub fn write_merged_values<'k>(
         };
         if let Some(block) = cursor.next_if(|block| &reply[block.key.clone()] == key) {
             out.put_slice(&reply[block.block]);
+            hits += 1;
         }
     }
     out.put_slice(b"END\r\n");
+    hits
 }
 
 /// Writes `SERVER_ERROR <reason>\r\n`.

@@ -182,7 +182,15 @@ pub fn parse_request(buf: &[u8], limits: &Limits) -> ParseResult {
         Command::Touch => parse_touch(&parsed),
         Command::Verbosity => parse_verbosity(&parsed),
         Command::FlushAll => parse_flush_all(&parsed),
-        Command::Version | Command::Stats | Command::Quit => Ok(Some(parsed.request(
+        // `stats` keeps its first argument so that `stats <group>` can be refused.
+        Command::Stats => Ok(Some(parsed.request(
+            command,
+            Keys::new(),
+            false,
+            args.first().copied(),
+            line_len,
+        ))),
+        Command::Version | Command::Quit => Ok(Some(parsed.request(
             command,
             Keys::new(),
             false,
