@@ -38,6 +38,8 @@ struct RawConfig {
     failure_limit: Option<Spanned<u64>>,
     client_idle_timeout_ms: Option<Spanned<u64>>,
     admin_listen: Option<Spanned<String>>,
+    replicas: Option<Spanned<u64>>,
+    read_miss_fallthrough: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -99,6 +101,10 @@ pub struct Config {
     pub client_idle_timeout: Option<Duration>,
     /// Where to serve `/metrics`, `/live` and `/ready`; off when `None`.
     pub admin_listen: Option<SocketAddr>,
+    /// Copies of each key (owner plus the next distinct servers clockwise).
+    pub replicas: usize,
+    /// With replicas, a read that misses asks the next replica too.
+    pub read_miss_fallthrough: bool,
 }
 
 pub const DEFAULT_CONNECTIONS_PER_SERVER: u64 = 2;
@@ -307,6 +313,7 @@ impl Config {
             DEFAULT_FAILURE_LIMIT,
             1..=1000,
         )?;
+        let replicas = number(&raw.replicas, "replicas", 1, 1..=16)?;
         let client_idle_timeout_ms = number(
             &raw.client_idle_timeout_ms,
             "client_idle_timeout_ms",
@@ -333,6 +340,8 @@ impl Config {
             client_idle_timeout: (client_idle_timeout_ms > 0)
                 .then(|| Duration::from_millis(client_idle_timeout_ms)),
             admin_listen,
+            replicas: replicas as usize,
+            read_miss_fallthrough: raw.read_miss_fallthrough.unwrap_or(false),
         })
     }
 

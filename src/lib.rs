@@ -12,6 +12,7 @@
 //!   what a server-list change does.
 //! - [`reload`]: watch the config file and SIGHUP, validate, swap the topology.
 //! - [`backend`]: per-server pipelined connections and the health state machine.
+//! - [`replication`]: replica sets, quorum writes, fall-through reads.
 //! - [`session`]: one task per client, replies in request order.
 //! - [`server`]: accept loop, connection limit, shutdown and drain.
 //! - [`stats`]: counters behind both the `stats` reply and Prometheus.
@@ -27,6 +28,7 @@ pub mod config;
 pub mod error;
 pub mod protocol;
 pub mod reload;
+pub mod replication;
 pub mod ring;
 pub mod server;
 pub mod session;

@@ -173,6 +173,7 @@ fn run(path: &Path) -> anyhow::Result<()> {
         .build()
         .context("cannot start the runtime")?;
     runtime.block_on(async {
+        let stop = shutdown_signal().context("cannot watch SIGTERM and SIGINT")?;
         let shutdown = CancellationToken::new();
         let running = memring::server::start(&config, shutdown.clone())
             .await
@@ -187,7 +188,7 @@ fn run(path: &Path) -> anyhow::Result<()> {
             // Still useful without live reload; say so once.
             tracing::error!("cannot watch {} for changes: {e}", path.display());
         }
-        wait_for_signal().await;
+        stop.await;
         tracing::info!("shutdown requested");
         shutdown.cancel();
         running.wait().await;
@@ -196,19 +197,17 @@ fn run(path: &Path) -> anyhow::Result<()> {
     })
 }
 
-/// SIGINT or SIGTERM, as one future.
-async fn wait_for_signal() {
+/// SIGINT or SIGTERM, as one future. The handlers are installed when this is
+/// called, not when it is first polled, so call it before announcing readiness:
+/// a SIGTERM that arrives early must still mean a clean shutdown.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut terminate = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!("cannot watch SIGTERM: {e}");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate.recv() => {}
-    }
+    })
 }

@@ -101,6 +101,28 @@ impl Ring {
         Some(point.server as usize)
     }
 
+    /// The replica set of `key`: its owner, then the next distinct servers
+    /// clockwise (further points of servers already chosen are skipped), up to
+    /// `count` servers or as many as the ring has. Because each server has many
+    /// points, the replicas of one server's keys spread over many others.
+    pub fn replicas(&self, key: &[u8], count: usize, out: &mut smallvec::SmallVec<[usize; 4]>) {
+        out.clear();
+        if self.points.is_empty() {
+            return;
+        }
+        let wanted = count.min(self.members.len());
+        let start = self.points.partition_point(|p| p.hash < key_hash(key));
+        for step in 0..self.points.len() {
+            let server = self.points[(start + step) % self.points.len()].server as usize;
+            if !out.contains(&server) {
+                out.push(server);
+                if out.len() == wanted {
+                    return;
+                }
+            }
+        }
+    }
+
     /// The share of the hash space each member owns, in member order; the shares
     /// sum to 1 (or are empty for an empty ring).
     pub fn shares(&self) -> Vec<f64> {
@@ -258,6 +280,38 @@ mod tests {
         let first = ring.points[0].server as usize;
         assert_eq!(ring.owner_of_hash(u64::MAX), Some(first));
         assert_eq!(ring.owner_of_hash(0), Some(first));
+    }
+
+    #[test]
+    fn replicas_start_at_the_owner_and_are_distinct() {
+        let ring = Ring::build(servers(5));
+        let mut set = smallvec::SmallVec::new();
+        for key in sample_keys(2000) {
+            ring.replicas(key.as_bytes(), 3, &mut set);
+            assert_eq!(set.len(), 3);
+            assert_eq!(Some(set[0]), ring.owner(key.as_bytes()));
+            assert!(set[0] != set[1] && set[1] != set[2] && set[0] != set[2]);
+        }
+        ring.replicas(b"k", 9, &mut set);
+        assert_eq!(set.len(), 5, "never more replicas than servers");
+    }
+
+    #[test]
+    fn one_servers_replicas_spread_over_many_others() {
+        let ring = Ring::build(servers(10));
+        let mut set = smallvec::SmallVec::new();
+        let mut partners = std::collections::HashSet::new();
+        for key in sample_keys(5000) {
+            ring.replicas(key.as_bytes(), 2, &mut set);
+            if set[0] == 0 {
+                partners.insert(set[1]);
+            }
+        }
+        println!(
+            "server 0's second copies live on {} of 9 other servers",
+            partners.len()
+        );
+        assert!(partners.len() >= 7, "{partners:?}");
     }
 
     #[test]

@@ -28,6 +28,7 @@ use crate::protocol::encode::{
 use crate::protocol::reply::is_error_reply;
 use crate::protocol::request::Keys;
 use crate::protocol::{parse_request, Command, ReplyKind, Request};
+use crate::replication::{decide, quorum, replica_set, Cas, Decision, Read};
 use crate::stats::Stats;
 use crate::topology::{SharedTopology, Topology};
 
@@ -219,6 +220,7 @@ impl ClientSession<'_> {
             command if command.is_retrieval() => {
                 Some(self.retrieve(&topology, request, bytes).await)
             }
+            _ if topology.config.replicas > 1 => self.replicated_write(&topology, request, bytes).await,
             _ => self.forward_single_key(&topology, &request, &bytes).await,
         };
         if let Some(pending) = pending {
@@ -255,9 +257,20 @@ impl ClientSession<'_> {
 
     /// `get`/`gets`/`gat`/`gats`: one request when every key has the same owner,
     /// otherwise one sub-request per owner, sent before any is awaited.
-    async fn retrieve(&mut self, topology: &Topology, request: Request, bytes: Bytes) -> Pending {
+    async fn retrieve(
+        &mut self,
+        topology: &Arc<Topology>,
+        request: Request,
+        bytes: Bytes,
+    ) -> Pending {
         if request.keys.is_empty() {
             return Pending::ready(Bytes::from_static(b"END\r\n"));
+        }
+        if topology.config.replicas > 1 {
+            let (command, keys) = (request.command, request.keys.len());
+            let fallthrough = topology.config.read_miss_fallthrough;
+            let read = Read::start(topology.clone(), request, bytes, self.lane, fallthrough).await;
+            return Pending::spawned("replicas", command, keys, read.finish());
         }
         let mut owner_of_key: SmallVec<[u32; 8]> = SmallVec::with_capacity(request.keys.len());
         for i in 0..request.keys.len() {
@@ -324,6 +337,50 @@ impl ClientSession<'_> {
                 part_of_key,
             })),
         }
+    }
+
+    /// A write with `replicas > 1`: sent to every replica at once and answered
+    /// on a quorum; `cas` is checked on the owner and copied to the others.
+    async fn replicated_write(
+        &mut self,
+        topology: &Arc<Topology>,
+        request: Request,
+        bytes: Bytes,
+    ) -> Option<Pending> {
+        let command = request.command;
+        if command == Command::Cas {
+            let noreply = request.noreply;
+            let cas = Cas::start(topology.clone(), request, bytes, self.lane).await;
+            if noreply {
+                tokio::spawn(async move {
+                    let _ = cas.finish().await;
+                });
+                return None;
+            }
+            return Some(Pending::spawned("owner", command, 1, cas.finish()));
+        }
+        let replicas = replica_set(topology, request.key(&bytes, 0));
+        if replicas.is_empty() {
+            return (!request.noreply).then(Pending::no_servers);
+        }
+        let outbound = forwardable(&bytes, &request);
+        let mut parts = SmallVec::new();
+        for &replica in &replicas {
+            let backend = &topology.backends[replica];
+            if let Some(part) = self
+                .send(backend, outbound.clone(), ReplyKind::Line, !request.noreply)
+                .await
+            {
+                parts.push(part);
+            }
+        }
+        (!request.noreply).then(|| Pending {
+            parts,
+            finish: Finish::Quorum {
+                quorum: quorum(replicas.len()),
+                command,
+            },
+        })
     }
 
     /// `flush_all`: sent to every server; `OK` only when every server said so.
@@ -417,6 +474,19 @@ impl Part {
         }
     }
 
+    /// Polls the reply without blocking, for waiting on several at once.
+    fn poll_receive(&mut self, cx: &mut std::task::Context<'_>) {
+        if self.result.is_none() {
+            if let Some(receiver) = &mut self.receiver {
+                if let std::task::Poll::Ready(result) =
+                    std::future::Future::poll(std::pin::Pin::new(receiver), cx)
+                {
+                    self.result = Some(result.unwrap_or_else(|_| self.lost()));
+                }
+            }
+        }
+    }
+
     fn take(&mut self) -> CallResult {
         self.result.take().unwrap_or_else(|| self.lost())
     }
@@ -432,6 +502,8 @@ enum Finish {
     Merge(Box<Merge>),
     /// `OK` if every part answered `OK`.
     AllOk,
+    /// A replicated write: the reply a quorum agrees on.
+    Quorum { quorum: usize, command: Command },
 }
 
 struct Merge {
@@ -460,11 +532,56 @@ impl Pending {
         ))
     }
 
+    /// A reply slot filled by a spawned task (replicated reads and `cas`).
+    fn spawned(
+        label: &str,
+        command: Command,
+        keys: usize,
+        work: impl std::future::Future<Output = CallResult> + Send + 'static,
+    ) -> Pending {
+        let (sender, receiver) = oneshot::channel();
+        tokio::spawn(async move {
+            let _ = sender.send(work.await);
+        });
+        Pending {
+            parts: smallvec::smallvec![Part {
+                server: label.into(),
+                receiver: Some(receiver),
+                result: None,
+            }],
+            finish: Finish::Forward { command, keys },
+        }
+    }
+
     fn poll_ready(&mut self) -> bool {
-        self.parts.iter_mut().all(Part::poll_ready)
+        match self.finish {
+            Finish::Quorum { quorum, .. } => {
+                for part in self.parts.iter_mut() {
+                    part.poll_ready();
+                }
+                quorum_decision(&self.parts, quorum) != Decision::Wait
+            }
+            _ => self.parts.iter_mut().all(Part::poll_ready),
+        }
     }
 
     async fn wait(&mut self) {
+        if let Finish::Quorum { quorum, .. } = self.finish {
+            // Any replica may answer first: poll them all, stop at a decision.
+            let parts = &mut self.parts;
+            std::future::poll_fn(|cx| {
+                for part in parts.iter_mut() {
+                    part.poll_receive(cx);
+                }
+                if quorum_decision(parts, quorum) == Decision::Wait {
+                    std::task::Poll::Pending
+                } else {
+                    std::task::Poll::Ready(())
+                }
+            })
+            .await;
+            return;
+        }
         for part in self.parts.iter_mut() {
             part.wait().await;
         }
@@ -512,6 +629,26 @@ impl Pending {
                     }
                 }
             }
+            Finish::Quorum { quorum, command } => match quorum_decision(&self.parts, quorum) {
+                Decision::Answer(reply) => {
+                    stats.reply(command, 1, &reply);
+                    let outstanding = self.parts.iter().filter(|p| p.result.is_none()).count();
+                    // Slower replicas finish in the background on their own
+                    // connections (bounded by the request timeout).
+                    stats.replica_background(outstanding);
+                    out.extend_from_slice(&reply);
+                }
+                Decision::Fail(servers) if !servers.is_empty() => {
+                    let names: Vec<&str> = servers.iter().map(|s| &**s).collect();
+                    write_server_error(
+                        out,
+                        &format_args!("no quorum: failed on {}", names.join(", ")),
+                    );
+                }
+                Decision::Fail(_) | Decision::Wait => {
+                    write_server_error(out, &"no quorum: replicas answered with errors");
+                }
+            },
             Finish::AllOk => {
                 let mut failed: Vec<String> = Vec::new();
                 for part in self.parts.iter_mut() {
@@ -528,4 +665,10 @@ impl Pending {
             }
         }
     }
+}
+
+fn quorum_decision(parts: &[Part], quorum: usize) -> Decision {
+    let results: SmallVec<[Option<&CallResult>; 4]> =
+        parts.iter().map(|p| p.result.as_ref()).collect();
+    decide(&results, quorum)
 }

@@ -117,6 +117,7 @@ pub struct Stats {
     servers_configured: Gauge,
     servers_effective: Gauge,
     reloads: Family<ResultLabels, Counter>,
+    replica_background: Counter,
 }
 
 impl Default for Stats {
@@ -247,8 +248,15 @@ impl Stats {
         for result in ["applied", "rejected"] {
             let _ = reloads.get_or_create(&ResultLabels { result });
         }
+        let replica_background = Counter::default();
+        registry.register(
+            "replica_writes_background",
+            "Replica writes still running when the client was answered on a quorum",
+            replica_background.clone(),
+        );
         Stats {
             started: Instant::now(),
+            replica_background,
             registry,
             curr_connections,
             total_connections,
@@ -344,6 +352,11 @@ impl Stats {
     pub fn retrieval(&self, keys: usize, hits: usize) {
         self.get.hits.inc_by(hits as u64);
         self.get.misses.inc_by(keys.saturating_sub(hits) as u64);
+    }
+
+    /// Replica writes left to finish after a quorum answered.
+    pub fn replica_background(&self, outstanding: usize) {
+        self.replica_background.inc_by(outstanding as u64);
     }
 
     /// A config reload was applied or rejected.

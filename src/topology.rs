@@ -100,6 +100,15 @@ impl Topology {
             .map(|member| self.ring_backends[member] as usize)
     }
 
+    /// Backend indexes of `key`'s replica set (owner first), `config.replicas`
+    /// long at most; the ring walk skips ejected servers, which are not on it.
+    pub fn replicas(&self, key: &[u8], out: &mut smallvec::SmallVec<[usize; 4]>) {
+        self.ring.replicas(key, self.config.replicas, out);
+        for member in out.iter_mut() {
+            *member = self.ring_backends[*member] as usize;
+        }
+    }
+
     /// The backend that owns `key`.
     #[inline]
     pub fn owner(&self, key: &[u8]) -> Option<&Arc<Backend>> {

@@ -1,0 +1,240 @@
+//! `replicas = 3` over five real memcached servers: placement, quorum writes,
+//! fall-through reads, and what a dead server costs.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{show, wait_for, Memcached, Proxy};
+use smallvec::SmallVec;
+
+const SETTINGS: &str = "replicas = 3\nconnect_timeout_ms = 200\nrequest_timeout_ms = 400\n";
+
+fn start(settings: &str) -> (Vec<Memcached>, Proxy) {
+    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let proxy = Proxy::start(&servers.iter().collect::<Vec<_>>(), settings);
+    (servers, proxy)
+}
+
+fn replicas_of(proxy: &Proxy, key: &str) -> SmallVec<[usize; 4]> {
+    let mut set = SmallVec::new();
+    proxy
+        .running()
+        .topology
+        .load()
+        .replicas(key.as_bytes(), &mut set);
+    set
+}
+
+#[test]
+fn every_key_lands_on_exactly_its_three_replicas() {
+    let (servers, proxy) = start(SETTINGS);
+    let mut client = proxy.client();
+    let mut direct: Vec<_> = servers.iter().map(Memcached::client).collect();
+    // How many distinct servers hold copies of server 0's keys.
+    let mut partners = std::collections::BTreeSet::new();
+    for i in 0..300 {
+        let key = format!("rep:{i}");
+        assert_eq!(client.set(&key, key.as_bytes()), b"STORED\r\n");
+        let expected = replicas_of(&proxy, &key);
+        assert_eq!(expected.len(), 3);
+        let holders: Vec<usize> = (0..5).filter(|&s| direct[s].get(&key).is_some()).collect();
+        let mut sorted = expected.to_vec();
+        sorted.sort_unstable();
+        assert_eq!(holders, sorted, "{key} is on exactly its replica set");
+        if expected[0] == 0 {
+            partners.extend(expected[1..].iter().copied());
+        }
+    }
+    println!(
+        "server 0's keys have copies on {} other servers: {partners:?}",
+        partners.len()
+    );
+    assert_eq!(
+        partners.len(),
+        4,
+        "copies spread over all the other servers"
+    );
+}
+
+#[test]
+fn with_one_server_killed_writes_succeed_and_every_key_is_still_readable() {
+    let (mut servers, proxy) = start(SETTINGS);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..200).map(|i| format!("safe:{i}")).collect();
+    for key in &keys {
+        assert_eq!(client.set(key, b"before"), b"STORED\r\n");
+    }
+    servers[1].kill();
+    for key in &keys {
+        assert_eq!(
+            client.get(key),
+            Some(b"before".to_vec()),
+            "{key} survives a dead server"
+        );
+    }
+    for key in &keys {
+        assert_eq!(
+            client.set(key, b"after"),
+            b"STORED\r\n",
+            "{key}: quorum of 2 holds"
+        );
+        assert_eq!(client.get(key), Some(b"after".to_vec()));
+    }
+    let on_dead: Vec<&String> = keys
+        .iter()
+        .filter(|k| replicas_of(&proxy, k).contains(&1))
+        .collect();
+    assert!(!on_dead.is_empty());
+    for key in on_dead {
+        assert_eq!(
+            client.call(
+                format!("delete {key}\r\n").as_bytes(),
+                memring::protocol::ReplyKind::Line
+            ),
+            b"DELETED\r\n"
+        );
+    }
+}
+
+#[test]
+fn with_two_of_three_replicas_down_writes_fail_promptly() {
+    let (mut servers, proxy) = start(SETTINGS);
+    let mut client = proxy.client();
+    let key = "fragile";
+    let set = replicas_of(&proxy, key);
+    servers[set[0]].kill();
+    servers[set[2]].kill();
+    let started = Instant::now();
+    let reply = client.call(
+        b"set fragile 0 0 1\r\nx\r\n",
+        memring::protocol::ReplyKind::Line,
+    );
+    assert!(
+        reply.starts_with(b"SERVER_ERROR no quorum: failed on "),
+        "{}",
+        show(&reply)
+    );
+    let text = String::from_utf8_lossy(&reply);
+    assert!(
+        text.contains(&servers[set[0]].addr()) && text.contains(&servers[set[2]].addr()),
+        "{text}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2), "nothing hangs");
+    // The surviving replica still serves reads of what it holds.
+    let mut direct = servers[set[1]].client();
+    assert_eq!(direct.set(key, b"kept"), b"STORED\r\n");
+    assert_eq!(client.get(key), Some(b"kept".to_vec()));
+}
+
+#[test]
+fn reads_fall_through_on_error_and_on_miss_when_enabled() {
+    for fallthrough in [false, true] {
+        let (mut servers, proxy) = start(&format!(
+            "{SETTINGS}read_miss_fallthrough = {fallthrough}\n"
+        ));
+        let mut client = proxy.client();
+        let key = "falls";
+        assert_eq!(client.set(key, b"v"), b"STORED\r\n");
+        let set = replicas_of(&proxy, key);
+        // A miss on the owner (its copy evicted).
+        let mut owner = servers[set[0]].client();
+        assert_eq!(
+            owner.call(b"delete falls\r\n", memring::protocol::ReplyKind::Line),
+            b"DELETED\r\n"
+        );
+        let expected = if fallthrough {
+            Some(b"v".to_vec())
+        } else {
+            None
+        };
+        assert_eq!(
+            client.get(key),
+            expected,
+            "fallthrough on miss = {fallthrough}"
+        );
+        // An error on the owner always falls through.
+        servers[set[0]].kill();
+        assert_eq!(client.get(key), Some(b"v".to_vec()));
+        let multi = client.call(
+            b"get falls nothing falls\r\n",
+            memring::protocol::ReplyKind::Values,
+        );
+        assert_eq!(
+            show(&multi),
+            show(b"VALUE falls 0 1\r\nv\r\nVALUE falls 0 1\r\nv\r\nEND\r\n")
+        );
+    }
+}
+
+#[test]
+fn cas_is_checked_on_the_owner_and_copied_to_the_replicas() {
+    let (servers, proxy) = start(SETTINGS);
+    let mut client = proxy.client();
+    assert_eq!(client.set("token", b"one"), b"STORED\r\n");
+    let reply = client.call(b"gets token\r\n", memring::protocol::ReplyKind::Values);
+    let header = String::from_utf8_lossy(&reply)
+        .lines()
+        .next()
+        .unwrap()
+        .to_string();
+    let cas: u64 = header.rsplit(' ').next().unwrap().parse().unwrap();
+    let request = format!("cas token 0 0 3 {cas}\r\ntwo\r\n");
+    assert_eq!(
+        client.call(request.as_bytes(), memring::protocol::ReplyKind::Line),
+        b"STORED\r\n"
+    );
+    assert_eq!(
+        client.call(request.as_bytes(), memring::protocol::ReplyKind::Line),
+        b"EXISTS\r\n"
+    );
+    for &replica in &replicas_of(&proxy, "token") {
+        let mut direct = servers[replica].client();
+        wait_for("the new value on every replica", || {
+            direct.get("token") == Some(b"two".to_vec())
+        });
+    }
+}
+
+#[test]
+fn adding_a_sixth_server_keeps_more_hits_with_replicas_than_without() {
+    let mut hit_rates = Vec::new();
+    for settings in ["", "replicas = 2\nread_miss_fallthrough = true\n"] {
+        let servers: Vec<Memcached> = (0..6).map(|_| Memcached::start()).collect();
+        let dir = std::env::temp_dir().join(format!(
+            "memring-rep-{}-{}",
+            std::process::id(),
+            hit_rates.len()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("memring.toml");
+        std::fs::write(
+            &path,
+            common::config_text(&servers[..5].iter().collect::<Vec<_>>(), settings),
+        )
+        .unwrap();
+        let proxy = Proxy::start_file(&path);
+        let mut client = proxy.client();
+        let keys: Vec<String> = (0..600).map(|i| format!("grow:{i}")).collect();
+        for key in &keys {
+            assert_eq!(client.set(key, b"v"), b"STORED\r\n");
+        }
+        let temporary = dir.join("next.toml");
+        std::fs::write(
+            &temporary,
+            common::config_text(&servers.iter().collect::<Vec<_>>(), settings),
+        )
+        .unwrap();
+        std::fs::rename(&temporary, &path).unwrap();
+        wait_for("the sixth server", || proxy.ring_version() == 2);
+        let hits = keys.iter().filter(|k| client.get(k).is_some()).count();
+        hit_rates.push(hits as f64 / keys.len() as f64);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    println!(
+        "hit rate after 5 -> 6 servers: replicas=1 {:.3}, replicas=2 with fall-through {:.3}",
+        hit_rates[0], hit_rates[1]
+    );
+    assert!(hit_rates[1] >= hit_rates[0], "{hit_rates:?}");
+    assert!(hit_rates[1] > 0.95, "{hit_rates:?}");
+}
