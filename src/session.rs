@@ -419,7 +419,7 @@ impl ClientSession<'_> {
         kind: ReplyKind,
         want_reply: bool,
     ) -> Option<Part> {
-        let server: Arc<str> = backend.name().into();
+        let server = backend.shared_name();
         match backend.send(self.lane, request, kind, want_reply).await {
             Ok(Some(receiver)) => Some(Part {
                 server,

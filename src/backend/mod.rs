@@ -149,6 +149,11 @@ impl Backend {
         &self.shared.name
     }
 
+    /// The server's ring identity as a shared string (cheap to clone per request).
+    pub fn shared_name(&self) -> Arc<str> {
+        self.shared.name.clone()
+    }
+
     /// The address connected to.
     pub fn addr(&self) -> &str {
         &self.shared.addr
