@@ -2,6 +2,9 @@
 # only the binary and a default config.
 #   docker build -t memring .
 #   docker run -v $PWD/my.toml:/etc/memring/memring.toml:ro -p 22122:22122 memring
+# Port 22122 is for memcached clients, 9100 for /metrics, /live and /ready
+# (admin_listen in the config). config/kubernetes/sidecar.yaml runs the image as
+# a Kubernetes sidecar.
 
 FROM rust:1-bookworm AS builder
 WORKDIR /src
@@ -13,15 +16,21 @@ COPY bench ./bench
 RUN cargo build --release --locked --bin memring
 
 FROM debian:bookworm-slim
-# memring needs no root: it only listens on an unprivileged port.
+# memring needs no root: it only listens on unprivileged ports.
 RUN groupadd --system --gid 10001 memring \
     && useradd --system --uid 10001 --gid 10001 --no-create-home \
         --shell /usr/sbin/nologin memring
 COPY --from=builder /src/target/release/memring /usr/local/bin/memring
-# A placeholder config (one server, `memcached:11211`). Mount your own file over
-# /etc/memring/memring.toml; `memring check FILE` validates it first.
+# A placeholder config (one server, `memcached:11211`, admin on 0.0.0.0:9100).
+# Mount your own file over /etc/memring/memring.toml; `memring check FILE`
+# validates it first.
 COPY config/docker.toml /etc/memring/memring.toml
-EXPOSE 22122
+EXPOSE 22122 9100
+# `memring healthcheck` asks the admin listener for /ready, so the image needs
+# no curl. It needs admin_listen on port 9100 in the config; without it the
+# container shows as unhealthy (or run with --no-healthcheck). Kubernetes
+# ignores HEALTHCHECK and uses its own probes.
+HEALTHCHECK --interval=10s --timeout=3s CMD ["/usr/local/bin/memring", "healthcheck", "127.0.0.1:9100"]
 # The memring user, by number so that Kubernetes runAsNonRoot can verify it.
 USER 10001:10001
 ENTRYPOINT ["/usr/local/bin/memring"]

@@ -1,6 +1,6 @@
 //! The optional admin listener: Prometheus metrics at `/metrics`, liveness at
 //! `/live` and readiness at `/ready` (a ring is loaded and at least one server
-//! is ACTIVE). HTTP/1.1 through hyper; only GET, only these three paths.
+//! is not DEAD). HTTP/1.1 through hyper; only GET, only these three paths.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -86,7 +86,7 @@ fn respond(request: &Request<Incoming>, state: &AdminState) -> Response<Full<Byt
             } else {
                 text(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    "not ready: no server is ACTIVE\n",
+                    "not ready: every server is DEAD\n",
                 )
             }
         }
@@ -97,14 +97,15 @@ fn respond(request: &Request<Incoming>, state: &AdminState) -> Response<Full<Byt
     }
 }
 
-/// Ready when a ring is loaded and at least one server is ACTIVE.
+/// Ready when a ring is loaded and at least one server is not DEAD (a SUSPECT
+/// server is still tried, and must be, to become ACTIVE again).
 pub fn is_ready(state: &AdminState) -> bool {
     let topology = state.topology.load();
     topology.ring.point_count() > 0
         && topology
             .backends
             .iter()
-            .any(|b| b.state() == HealthState::Active)
+            .any(|b| b.state() != HealthState::Dead)
 }
 
 fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {

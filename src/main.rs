@@ -116,9 +116,10 @@ fn init_logging(level: Option<&str>, format: LogFormat) {
 fn check(file: &Path) -> anyhow::Result<()> {
     let config = Config::load(file)?;
     println!(
-        "{}: ok ({} servers, listen {})",
+        "{}: ok ({} server{}, listen {})",
         file.display(),
         config.servers.len(),
+        if config.servers.len() == 1 { "" } else { "s" },
         config.listen
     );
     Ok(())
@@ -174,6 +175,11 @@ fn run(path: &Path) -> anyhow::Result<()> {
         .context("cannot start the runtime")?;
     runtime.block_on(async {
         let stop = shutdown_signal().context("cannot watch SIGTERM and SIGINT")?;
+        // Taking over SIGHUP now (tokio keeps it for the process lifetime)
+        // means an early SIGHUP is ignored rather than fatal; the reload task
+        // listens for it once it runs.
+        let _early_hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .context("cannot watch SIGHUP")?;
         let shutdown = CancellationToken::new();
         let running = memring::server::start(&config, shutdown.clone())
             .await
@@ -184,10 +190,7 @@ fn run(path: &Path) -> anyhow::Result<()> {
             config.clone(),
             running.publisher.clone(),
         );
-        if let Err(e) = memring::reload::spawn(reloader, shutdown.clone()) {
-            // Still useful without live reload; say so once.
-            tracing::error!("cannot watch {} for changes: {e}", path.display());
-        }
+        memring::reload::spawn(reloader, shutdown.clone());
         stop.await;
         tracing::info!("shutdown requested");
         shutdown.cancel();

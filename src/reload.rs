@@ -47,6 +47,8 @@ pub struct Reloader {
     current: Config,
     /// The config the process was started with (for restart-only settings).
     started: Config,
+    /// The file's text at the last reload, applied or rejected.
+    last_text: Option<String>,
 }
 
 impl Reloader {
@@ -56,6 +58,7 @@ impl Reloader {
             publisher,
             current: started.clone(),
             started,
+            last_text: None,
         }
     }
 
@@ -65,7 +68,18 @@ impl Reloader {
     /// # Errors
     /// The file is unreadable or invalid; nothing changed.
     pub fn reload(&mut self) -> Result<Outcome, ConfigError> {
-        let config = Config::load(&self.path)?;
+        let shown = self.path.display().to_string();
+        let text = std::fs::read_to_string(&self.path).map_err(|source| ConfigError::Read {
+            path: shown.clone(),
+            source,
+        })?;
+        // Events for other files in the directory re-read this one: the same
+        // text (good or bad) has been dealt with already and is not logged again.
+        if self.last_text.as_deref() == Some(text.as_str()) {
+            return Ok(Outcome::Unchanged);
+        }
+        self.last_text = Some(text.clone());
+        let config = Config::parse(&text, &shown)?;
         if config == self.current {
             return Ok(Outcome::Unchanged);
         }
@@ -136,50 +150,39 @@ fn restart_only_changes(started: &Config, new: &Config) -> Vec<&'static str> {
     changed
 }
 
-/// Starts watching `reloader`'s file until `shutdown`. Also reloads on SIGHUP.
-///
-/// # Errors
-/// The directory cannot be watched.
-pub fn spawn(
-    mut reloader: Reloader,
-    shutdown: CancellationToken,
-) -> notify::Result<JoinHandle<()>> {
-    use notify::{EventKind, RecursiveMode, Watcher};
-
-    let (events, mut receiver) = mpsc::channel::<()>(64);
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        let relevant = match event {
-            Ok(event) => !matches!(event.kind, EventKind::Access(_)),
-            // A watcher error (e.g. an overflowed queue) may hide a change.
-            Err(_) => true,
-        };
-        if relevant {
-            // A full channel already holds a pending wake-up.
-            let _ = events.try_send(());
+/// Starts watching `reloader`'s file until `shutdown`, and reloads on SIGHUP.
+/// If the directory cannot be watched (say, the inotify limit is reached), the
+/// error is logged and SIGHUP still reloads.
+pub fn spawn(mut reloader: Reloader, shutdown: CancellationToken) -> JoinHandle<()> {
+    // Installed before anything else so that SIGHUP never kills the process.
+    let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(signal) => Some(signal),
+        Err(e) => {
+            tracing::warn!("cannot watch SIGHUP: {e}");
+            None
         }
-    })?;
-    let directory = watched_directory(&reloader.path);
-    watcher.watch(&directory, RecursiveMode::NonRecursive)?;
-    tracing::info!(path = %reloader.path.display(), "watching config for changes");
-
-    Ok(tokio::spawn(async move {
+    };
+    let (events, mut receiver) = mpsc::channel::<()>(64);
+    let watcher = match watch(&reloader.path, events) {
+        Ok(watcher) => {
+            tracing::info!(path = %reloader.path.display(), "watching config for changes");
+            Some(watcher)
+        }
+        Err(e) => {
+            tracing::error!(
+                "cannot watch {} for changes ({e}); reload with SIGHUP",
+                reloader.path.display()
+            );
+            None
+        }
+    };
+    tokio::spawn(async move {
         // The watcher stops when dropped; it lives as long as this task.
         let _watcher = watcher;
-        let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        {
-            Ok(signal) => Some(signal),
-            Err(e) => {
-                tracing::warn!("cannot watch SIGHUP: {e}");
-                None
-            }
-        };
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
-                event = receiver.recv() => {
-                    if event.is_none() {
-                        return;
-                    }
+                Some(()) = receiver.recv() => {
                     debounce(&mut receiver).await;
                     reloader.reload_and_log();
                 }
@@ -194,7 +197,24 @@ pub fn spawn(
                 }
             }
         }
-    }))
+    })
+}
+
+fn watch(path: &Path, events: mpsc::Sender<()>) -> notify::Result<notify::RecommendedWatcher> {
+    use notify::{EventKind, RecursiveMode, Watcher};
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let relevant = match event {
+            Ok(event) => !matches!(event.kind, EventKind::Access(_)),
+            // A watcher error (e.g. an overflowed queue) may hide a change.
+            Err(_) => true,
+        };
+        if relevant {
+            // A full channel already holds a pending wake-up.
+            let _ = events.try_send(());
+        }
+    })?;
+    watcher.watch(&watched_directory(path), RecursiveMode::NonRecursive)?;
+    Ok(watcher)
 }
 
 /// Waits until events stop for `DEBOUNCE`, or `MAX_DEBOUNCE` has passed.

@@ -39,19 +39,16 @@ pub struct Topology {
 pub type SharedTopology = Arc<ArcSwap<Topology>>;
 
 impl Topology {
-    /// Builds a topology for `config` with the servers named in `ejected` left
-    /// out of the ring. A server that `previous` already has with the same
-    /// identity, address and connection settings keeps its backend (and its open
-    /// connections); every other server gets a new one.
-    fn build(
-        config: Arc<Config>,
-        version: u64,
+    /// The backends for `config`: a server that `previous` already has with the
+    /// same identity, address and connection settings keeps its backend (and
+    /// its open connections); every other server gets a new one.
+    fn backends_for(
+        config: &Config,
         previous: Option<&Topology>,
-        ejected: Vec<String>,
         hooks: &PoolHooks,
-    ) -> Topology {
-        let settings = BackendSettings::from_config(&config);
-        let backends: Box<[Arc<Backend>]> = config
+    ) -> Box<[Arc<Backend>]> {
+        let settings = BackendSettings::from_config(config);
+        config
             .servers
             .iter()
             .map(|server| {
@@ -59,7 +56,17 @@ impl Topology {
                     .and_then(|p| p.backend_for(server, settings))
                     .unwrap_or_else(|| Backend::start(server, settings, hooks))
             })
-            .collect();
+            .collect()
+    }
+
+    /// A topology over `backends` (one per configured server, in config order)
+    /// with the servers named in `ejected` left out of the ring.
+    fn assemble(
+        config: Arc<Config>,
+        version: u64,
+        backends: Box<[Arc<Backend>]>,
+        ejected: Vec<String>,
+    ) -> Topology {
         let mut members = Vec::with_capacity(backends.len());
         let mut ring_backends = Vec::with_capacity(backends.len());
         for (i, server) in config.servers.iter().enumerate() {
@@ -150,7 +157,8 @@ impl Publisher {
             health_changed: Arc::new(Notify::new()),
             stats,
         };
-        let first = Topology::build(Arc::new(config), 1, None, Vec::new(), &hooks);
+        let backends = Topology::backends_for(&config, None, &hooks);
+        let first = Topology::assemble(Arc::new(config), 1, backends, Vec::new());
         hooks.stats.topology(&first);
         Arc::new(Publisher {
             topology: Arc::new(ArcSwap::from_pointee(first)),
@@ -180,8 +188,11 @@ impl Publisher {
         let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.topology.load_full();
         let config = Arc::new(config);
-        let ejected = Self::to_eject(&config, &old.backends);
-        self.publish(&old, config, ejected)
+        // Ejection is judged on the backends the new topology will have: a
+        // server whose address or settings changed gets a fresh backend.
+        let backends = Topology::backends_for(&config, Some(&old), &self.hooks);
+        let ejected = Self::to_eject(&config, &backends);
+        self.publish(&old, config, backends, ejected)
     }
 
     /// Re-evaluates ejection after health changes; publishes only if the set of
@@ -193,10 +204,16 @@ impl Publisher {
         if ejected.as_slice() == &old.ejected[..] {
             return None;
         }
-        Some(self.publish(&old, old.config.clone(), ejected))
+        Some(self.publish(&old, old.config.clone(), old.backends.clone(), ejected))
     }
 
-    fn publish(&self, old: &Topology, config: Arc<Config>, ejected: Vec<String>) -> Published {
+    fn publish(
+        &self,
+        old: &Topology,
+        config: Arc<Config>,
+        backends: Box<[Arc<Backend>]>,
+        ejected: Vec<String>,
+    ) -> Published {
         let servers_before: Vec<ServerConfig> = effective(&old.config.servers, &old.ejected);
         let servers_after: Vec<ServerConfig> = effective(&config.servers, &ejected);
         let mut change = Change::between(&servers_before, &servers_after);
@@ -215,7 +232,7 @@ impl Publisher {
         change.added.retain(|n| !change.restored.contains(n));
         change.removed.retain(|n| !change.ejected.contains(n));
         // Built off the request path; requests in flight finish on `old`.
-        let new = Topology::build(config, old.version + 1, Some(old), ejected, &self.hooks);
+        let new = Topology::assemble(config, old.version + 1, backends, ejected);
         let version = new.version;
         self.hooks.stats.topology(&new);
         self.topology.store(Arc::new(new));

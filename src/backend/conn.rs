@@ -45,6 +45,8 @@ impl Call {
 }
 
 struct Waiting {
+    /// The `version` a new connection sends first (see `serve`).
+    probe: bool,
     kind: ReplyKind,
     reply: Option<oneshot::Sender<CallResult>>,
     deadline: Instant,
@@ -135,10 +137,11 @@ async fn serve(shared: &Shared, mut stream: TcpStream, calls: &mut mpsc::Receive
     tokio::pin!(timer);
     let mut channel_open = true;
     // A connect alone proves little (a frozen server's kernel still accepts),
-    // so every new connection first asks `version`; its answer, like any
-    // answer, is what marks the server healthy again.
+    // so every new connection first asks `version`. Its answer lets a DEAD
+    // server be tried again; only answers to real requests make it ACTIVE.
     write_buf.extend_from_slice(b"version\r\n");
     in_flight.push_back(Waiting {
+        probe: true,
         kind: ReplyKind::Line,
         reply: None,
         deadline: Instant::now() + request_timeout,
@@ -169,8 +172,11 @@ async fn serve(shared: &Shared, mut stream: TcpStream, calls: &mut mpsc::Receive
                     Err(e) => break Err(BackendErrorKind::Io(e.kind())),
                     Ok(_) => match deliver_replies(shared, &mut read_buf, &mut in_flight) {
                         Err(kind) => break Err(kind),
-                        Ok(delivered) => {
-                            if delivered > 0 && !answered {
+                        Ok(Delivered { probe, requests }) => {
+                            if probe {
+                                shared.report(HealthEvent::Probed);
+                            }
+                            if requests > 0 && !answered {
                                 answered = true;
                                 shared.report(HealthEvent::Answered);
                             }
@@ -231,20 +237,32 @@ fn enqueue(
         write_buf.extend_from_slice(part);
     }
     in_flight.push_back(Waiting {
+        probe: false,
         kind: call.kind,
         reply: call.reply,
         deadline,
     });
 }
 
+/// What one read delivered.
+struct Delivered {
+    /// The connection's `version` probe was answered.
+    probe: bool,
+    /// Replies to real requests.
+    requests: usize,
+}
+
 /// Cuts every complete reply off the buffer and hands it to its waiter, oldest
-/// first; returns how many were delivered.
+/// first.
 fn deliver_replies(
     shared: &Shared,
     read_buf: &mut BytesMut,
     in_flight: &mut VecDeque<Waiting>,
-) -> Result<usize, BackendErrorKind> {
-    let mut delivered = 0;
+) -> Result<Delivered, BackendErrorKind> {
+    let mut delivered = Delivered {
+        probe: false,
+        requests: 0,
+    };
     let now = Instant::now();
     let request_timeout = shared.settings.request_timeout;
     while let Some(front) = in_flight.front() {
@@ -261,7 +279,11 @@ fn deliver_replies(
                 if let Some(sender) = waiting.reply {
                     let _ = sender.send(Ok(reply));
                 }
-                delivered += 1;
+                if waiting.probe {
+                    delivered.probe = true;
+                } else {
+                    delivered.requests += 1;
+                }
             }
             Ok(None) => return Ok(delivered),
             Err(e) => return Err(BackendErrorKind::Protocol(e)),

@@ -1,5 +1,6 @@
 //! Server health as a pure state machine: ACTIVE → SUSPECT on a failure, DEAD
-//! after enough consecutive failures, ACTIVE again on the first success. Like a
+//! after enough consecutive failures, SUSPECT again when a probe is answered
+//! (tried, one failure from DEAD), ACTIVE on the first answered request. Like a
 //! member of Loki's ring, a server is never given up on after one missed beat.
 //! No I/O and no clocks here: the caller feeds events and logs transitions.
 
@@ -45,8 +46,11 @@ impl HealthState {
 /// Something a connection observed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HealthEvent {
-    /// The server answered a request on a connection.
+    /// The server answered a client's request.
     Answered,
+    /// A new connection's `version` probe was answered: the server is back
+    /// enough to be tried, not yet proven.
+    Probed,
     /// A connect failed, or a connection broke or timed out.
     Failed(BackendErrorKind),
 }
@@ -83,6 +87,13 @@ impl Health {
             HealthEvent::Answered => {
                 self.consecutive_failures = 0;
                 self.state = HealthState::Active;
+            }
+            HealthEvent::Probed => {
+                if self.state == HealthState::Dead {
+                    // One more failure makes it DEAD again.
+                    self.consecutive_failures = failure_limit.max(1) - 1;
+                    self.state = HealthState::Suspect;
+                }
             }
             HealthEvent::Failed(_) => {
                 self.consecutive_failures = self.consecutive_failures.saturating_add(1);
@@ -125,6 +136,25 @@ mod tests {
         assert_eq!(health.on(FAIL, 3), None);
         assert_eq!(health.on(FAIL, 3).map(|t| t.to), Some(HealthState::Dead));
         assert_eq!(health.on(FAIL, 3), None, "logged once, not per failure");
+    }
+
+    #[test]
+    fn an_answered_probe_lets_a_dead_server_be_tried_but_not_trusted() {
+        let mut health = Health::default();
+        for _ in 0..3 {
+            health.on(FAIL, 3);
+        }
+        assert_eq!(
+            health.on(HealthEvent::Probed, 3).map(|t| t.to),
+            Some(HealthState::Suspect)
+        );
+        assert_eq!(
+            health.on(FAIL, 3).map(|t| t.to),
+            Some(HealthState::Dead),
+            "one failure away"
+        );
+        let mut active = Health::default();
+        assert_eq!(active.on(HealthEvent::Probed, 3), None);
     }
 
     #[test]

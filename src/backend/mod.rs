@@ -93,7 +93,7 @@ impl Shared {
                     server = %self.name, addr = %self.addr,
                     "server {} -> {}: {kind}", transition.from.as_str(), transition.to.as_str()
                 ),
-                HealthEvent::Answered => tracing::info!(
+                HealthEvent::Answered | HealthEvent::Probed => tracing::info!(
                     server = %self.name, addr = %self.addr,
                     "server {} -> {}", transition.from.as_str(), transition.to.as_str()
                 ),

@@ -246,7 +246,7 @@ impl Proxy {
                 running.publisher.clone(),
             );
             let _guard = runtime.enter();
-            memring::reload::spawn(reloader, shutdown.clone()).expect("watch the config");
+            memring::reload::spawn(reloader, shutdown.clone());
         }
         Proxy {
             addr: running.local_addr,
