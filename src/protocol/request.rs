@@ -102,7 +102,7 @@ const MAX_TOKENS: usize = 8;
 /// `Ok(None)` when more bytes are needed, and `Err(rejection)` for input that
 /// memcached would refuse; the rejection says how many bytes to drop.
 pub fn parse_request(buf: &[u8], limits: &Limits) -> ParseResult {
-    let line_bound = if starts_like_retrieval(buf) {
+    let line_bound = if starts_like_retrieval(buf, limits.max_line_bytes) {
         limits.max_get_line_bytes
     } else {
         limits.max_line_bytes
@@ -204,9 +204,12 @@ pub fn parse_request(buf: &[u8], limits: &Limits) -> ParseResult {
 }
 
 /// Whether the buffer starts with a retrieval command, whose lines may be longer.
-fn starts_like_retrieval(buf: &[u8]) -> bool {
-    let start = buf.iter().position(|&b| b != b' ').unwrap_or(buf.len());
-    let rest = &buf[start..];
+/// Only the first `max_line_bytes` bytes are looked at, so the answer (and the
+/// line limit) is the same however the line is split across reads.
+fn starts_like_retrieval(buf: &[u8], max_line_bytes: usize) -> bool {
+    let window = &buf[..buf.len().min(max_line_bytes)];
+    let start = window.iter().position(|&b| b != b' ').unwrap_or(window.len());
+    let rest = &window[start..];
     [&b"get "[..], b"gets ", b"gat ", b"gats "]
         .iter()
         .any(|prefix| rest.starts_with(prefix))
@@ -800,6 +803,16 @@ mod tests {
         assert_eq!(parse(&get), Ok(None), "long multi-get lines may continue");
         get.extend(b"\r\n");
         assert_eq!(keys_of(&get).len(), 1000);
+    }
+
+    #[test]
+    fn the_line_limit_does_not_depend_on_how_the_line_is_split() {
+        let mut line = vec![b' '; 3000];
+        line.extend(b"get a\r\n");
+        let whole = parse(&line).map(|r| r.map(|(req, n)| (req.command, n)));
+        let first_part = parse(&line[..2100]);
+        assert_eq!(whole.unwrap_err().error, ParseError::LineTooLong);
+        assert_eq!(first_part.unwrap_err().error, ParseError::LineTooLong);
     }
 
     #[test]
