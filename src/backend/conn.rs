@@ -149,6 +149,8 @@ async fn serve(shared: &Shared, mut stream: TcpStream, calls: &mut mpsc::Receive
     let mut answered = false;
     shared.metrics.connections.inc();
 
+    // Requests were added to `write_buf` since the last yield.
+    let mut unbatched = false;
     let result = loop {
         if !channel_open && in_flight.is_empty() && write_buf.is_empty() {
             break Ok(());
@@ -160,6 +162,15 @@ async fn serve(shared: &Shared, mut stream: TcpStream, calls: &mut mpsc::Receive
         }
         if read_buf.capacity() - read_buf.len() < READ_CHUNK_BYTES / 4 {
             read_buf.reserve(READ_CHUNK_BYTES);
+        }
+        if unbatched {
+            // New requests are waiting to be written. Let the other ready
+            // sessions run first, so that their requests share this write: one
+            // syscall for many clients, as twemproxy gets per event-loop turn.
+            unbatched = false;
+            tokio::task::yield_now().await;
+            let deadline = Instant::now() + request_timeout;
+            drain_queued(calls, deadline, &mut write_buf, &mut in_flight);
         }
         let can_take = channel_open
             && in_flight.len() < MAX_IN_FLIGHT
@@ -195,13 +206,8 @@ async fn serve(shared: &Shared, mut stream: TcpStream, calls: &mut mpsc::Receive
                     Some(call) => {
                         let deadline = Instant::now() + request_timeout;
                         enqueue(call, deadline, &mut write_buf, &mut in_flight);
-                        // Batch whatever else is already queued into the same write.
-                        while in_flight.len() < MAX_IN_FLIGHT && write_buf.len() < WRITE_HIGH_WATER_BYTES {
-                            match calls.try_recv() {
-                                Ok(call) => enqueue(call, deadline, &mut write_buf, &mut in_flight),
-                                Err(_) => break,
-                            }
-                        }
+                        drain_queued(calls, deadline, &mut write_buf, &mut in_flight);
+                        unbatched = true;
                     }
                 }
             }
@@ -223,6 +229,21 @@ async fn serve(shared: &Shared, mut stream: TcpStream, calls: &mut mpsc::Receive
                 }
             }
             Served::Broke { kind, answered }
+        }
+    }
+}
+
+/// Moves every request already queued on the channel into the write buffer.
+fn drain_queued(
+    calls: &mut mpsc::Receiver<Call>,
+    deadline: Instant,
+    write_buf: &mut BytesMut,
+    in_flight: &mut VecDeque<Waiting>,
+) {
+    while in_flight.len() < MAX_IN_FLIGHT && write_buf.len() < WRITE_HIGH_WATER_BYTES {
+        match calls.try_recv() {
+            Ok(call) => enqueue(call, deadline, write_buf, in_flight),
+            Err(_) => break,
         }
     }
 }
