@@ -162,6 +162,29 @@ fn daemon_serves_and_exits_zero_on_sigterm() {
     assert_eq!(client.get("cli"), Some(b"ok".to_vec()));
     drop(client);
 
+    // Clients keep working while SIGTERM arrives: each request gets its whole
+    // reply or the connection closes before any byte of it.
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let mut client = Client::connect(&listen);
+            let answered = answered.clone();
+            std::thread::spawn(move || {
+                for round in 0..1_000_000 {
+                    client.send(format!("set sig:{w}:{round} 0 0 1\r\nx\r\n").as_bytes());
+                    match client.try_reply(memring::protocol::ReplyKind::Line) {
+                        Some(reply) => assert_eq!(reply, b"STORED\r\n"),
+                        None => return,
+                    }
+                    answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    wait_for("load to run", || {
+        answered.load(std::sync::atomic::Ordering::Relaxed) > 500
+    });
+
     let status = Command::new("kill")
         .args(["-TERM", &guard.0.id().to_string()])
         .status()
@@ -173,5 +196,8 @@ fn daemon_serves_and_exits_zero_on_sigterm() {
         exit.is_some()
     });
     assert_eq!(exit.unwrap().code(), Some(0));
+    for worker in workers {
+        worker.join().expect("no reply was cut off");
+    }
     let _ = std::fs::remove_dir_all(dir);
 }

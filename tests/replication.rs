@@ -244,3 +244,59 @@ fn adding_a_sixth_server_keeps_more_hits_with_replicas_than_without() {
     assert!(hit_rates[1] >= hit_rates[0], "{hit_rates:?}");
     assert!(hit_rates[1] > 0.95, "{hit_rates:?}");
 }
+
+#[test]
+fn killing_any_one_server_under_load_loses_no_key_and_fails_no_request() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let (mut servers, proxy) = start(SETTINGS);
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicUsize::new(0));
+    let workers: Vec<_> = (0..6)
+        .map(|w| {
+            let (stop, done) = (stop.clone(), done.clone());
+            let mut client = proxy.client();
+            std::thread::spawn(move || {
+                let mut last = std::collections::HashMap::new();
+                for round in 0..200_000 {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let key = format!("load:{w}:{}", round % 40);
+                    let value = format!("{round}");
+                    assert_eq!(
+                        client.set(&key, value.as_bytes()),
+                        b"STORED\r\n",
+                        "set {key}"
+                    );
+                    last.insert(key.clone(), value);
+                    let probe = format!("load:{w}:{}", (round * 7) % 40);
+                    if let Some(expected) = last.get(&probe) {
+                        assert_eq!(
+                            client.get(&probe),
+                            Some(expected.clone().into_bytes()),
+                            "{probe} lost or stale"
+                        );
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                last
+            })
+        })
+        .collect();
+    wait_for("load to run", || done.load(Ordering::Relaxed) > 1500);
+    servers[3].kill();
+    let at_kill = done.load(Ordering::Relaxed);
+    wait_for("load to go on without the server", || {
+        done.load(Ordering::Relaxed) > at_kill + 3000
+    });
+    stop.store(true, Ordering::Relaxed);
+    let mut client = proxy.client();
+    for worker in workers {
+        let last = worker.join().expect("no request failed");
+        for (key, value) in last {
+            assert_eq!(client.get(&key), Some(value.into_bytes()), "{key} survives");
+        }
+    }
+}
