@@ -79,6 +79,20 @@ fn command_index(command: Command) -> usize {
 
 const STATES: [HealthState; 3] = [HealthState::Active, HealthState::Suspect, HealthState::Dead];
 
+/// A counter registered under `name`.
+fn counter(registry: &mut Registry, name: &str, help: &str) -> Counter {
+    let metric = Counter::default();
+    registry.register(name, help, metric.clone());
+    metric
+}
+
+/// A gauge registered under `name`.
+fn gauge(registry: &mut Registry, name: &str, help: &str) -> Gauge {
+    let metric = Gauge::default();
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 fn latency_histogram() -> Histogram {
     // 50 µs .. ~1.6 s, doubling.
     Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
@@ -129,17 +143,15 @@ impl Default for Stats {
 impl Stats {
     pub fn new() -> Stats {
         let mut registry = Registry::with_prefix("memring");
-        let curr_connections = Gauge::default();
-        registry.register(
+        let curr_connections = gauge(
+            &mut registry,
             "client_connections",
             "Client connections open now",
-            curr_connections.clone(),
         );
-        let total_connections = Counter::default();
-        registry.register(
+        let total_connections = counter(
+            &mut registry,
             "client_connections_accepted",
             "Client connections accepted since start",
-            total_connections.clone(),
         );
         let command_family = Family::<CommandLabels, Counter>::default();
         registry.register(
@@ -155,11 +167,10 @@ impl Stats {
                     .clone()
             })
             .collect();
-        let keys_requested = Counter::default();
-        registry.register(
+        let keys_requested = counter(
+            &mut registry,
             "get_keys",
             "Keys asked for by get, gets, gat and gats",
-            keys_requested.clone(),
         );
         let hits = Family::<CommandLabels, Counter>::default();
         let misses = Family::<CommandLabels, Counter>::default();
@@ -182,17 +193,15 @@ impl Stats {
         let delete = hit_miss("delete");
         let incr = hit_miss("incr");
         let decr = hit_miss("decr");
-        let bytes_read = Counter::default();
-        registry.register(
+        let bytes_read = counter(
+            &mut registry,
             "client_read_bytes",
             "Bytes read from clients",
-            bytes_read.clone(),
         );
-        let bytes_written = Counter::default();
-        registry.register(
+        let bytes_written = counter(
+            &mut registry,
             "client_written_bytes",
             "Bytes written to clients",
-            bytes_written.clone(),
         );
         let backend_requests = Family::<ServerLabels, Counter>::default();
         registry.register(
@@ -225,34 +234,27 @@ impl Stats {
             "1 for each server's current health state (ACTIVE, SUSPECT, DEAD)",
             server_state.clone(),
         );
-        let ring_version = Gauge::default();
-        registry.register(
+        let ring_version = gauge(
+            &mut registry,
             "ring_version",
             "Version of the published ring",
-            ring_version.clone(),
         );
-        let servers_configured = Gauge::default();
-        registry.register(
-            "servers_configured",
-            "Servers in the config",
-            servers_configured.clone(),
-        );
-        let servers_effective = Gauge::default();
-        registry.register(
+        let servers_configured =
+            gauge(&mut registry, "servers_configured", "Servers in the config");
+        let servers_effective = gauge(
+            &mut registry,
             "servers_effective",
             "Servers in the ring (configured minus ejected)",
-            servers_effective.clone(),
         );
         let reloads = Family::<ResultLabels, Counter>::default();
         registry.register("reloads", "Config reloads by result", reloads.clone());
         for result in ["applied", "rejected"] {
             let _ = reloads.get_or_create(&ResultLabels { result });
         }
-        let replica_background = Counter::default();
-        registry.register(
+        let replica_background = counter(
+            &mut registry,
             "replica_writes_background",
             "Replica writes still running when the client was answered on a quorum",
-            replica_background.clone(),
         );
         Stats {
             started: Instant::now(),

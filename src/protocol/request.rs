@@ -178,8 +178,18 @@ pub fn parse_request(buf: &[u8], limits: &Limits) -> ParseResult {
         }
         Command::Cas => parse_storage(command, &parsed, buf, limits, true),
         Command::Delete => parse_delete(&parsed),
-        Command::Incr | Command::Decr => parse_arithmetic(command, &parsed),
-        Command::Touch => parse_touch(&parsed),
+        Command::Incr | Command::Decr => parse_key_and_number(
+            command,
+            &parsed,
+            |delta| parse_unsigned(delta).is_some(),
+            ParseError::InvalidDelta,
+        ),
+        Command::Touch => parse_key_and_number(
+            command,
+            &parsed,
+            |exptime| parse_signed(exptime).is_some(),
+            ParseError::InvalidExptime,
+        ),
         Command::Verbosity => parse_verbosity(&parsed),
         Command::FlushAll => parse_flush_all(&parsed),
         // `stats` keeps its first argument so that `stats <group>` can be refused.
@@ -208,7 +218,10 @@ pub fn parse_request(buf: &[u8], limits: &Limits) -> ParseResult {
 /// line limit) is the same however the line is split across reads.
 fn starts_like_retrieval(buf: &[u8], max_line_bytes: usize) -> bool {
     let window = &buf[..buf.len().min(max_line_bytes)];
-    let start = window.iter().position(|&b| b != b' ').unwrap_or(window.len());
+    let start = window
+        .iter()
+        .position(|&b| b != b' ')
+        .unwrap_or(window.len());
     let rest = &window[start..];
     [&b"get "[..], b"gets ", b"gat ", b"gats "]
         .iter()
@@ -424,8 +437,14 @@ fn parse_delete(parsed: &ArgLine<'_>) -> ParseResult {
     )))
 }
 
-/// `incr|decr <key> <delta> [noreply]`.
-fn parse_arithmetic(command: Command, parsed: &ArgLine<'_>) -> ParseResult {
+/// `incr|decr <key> <delta> [noreply]` and `touch <key> <exptime> [noreply]`:
+/// a key and one number, each command with its own error for a bad number.
+fn parse_key_and_number(
+    command: Command,
+    parsed: &ArgLine<'_>,
+    number_ok: fn(&[u8]) -> bool,
+    bad_number: ParseError,
+) -> ParseResult {
     if parsed.args.len() != 2 && parsed.args.len() != 3 {
         return parsed.reject(ParseError::UnknownCommand, false);
     }
@@ -434,35 +453,12 @@ fn parse_arithmetic(command: Command, parsed: &ArgLine<'_>) -> ParseResult {
     if !is_valid_key(key.of(parsed.line)) {
         return parsed.reject(ParseError::BadCommandLine, noreply);
     }
-    if parse_unsigned(parsed.arg(1)).is_none() {
-        return parsed.reject(ParseError::InvalidDelta, noreply);
+    if !number_ok(parsed.arg(1)) {
+        return parsed.reject(bad_number, noreply);
     }
     let len = parsed.line_end.line_len;
     Ok(Some(parsed.request(
         command,
-        smallvec::smallvec![key],
-        noreply,
-        None,
-        len,
-    )))
-}
-
-/// `touch <key> <exptime> [noreply]`.
-fn parse_touch(parsed: &ArgLine<'_>) -> ParseResult {
-    if parsed.args.len() != 2 && parsed.args.len() != 3 {
-        return parsed.reject(ParseError::UnknownCommand, false);
-    }
-    let noreply = parsed.noreply_at(3);
-    let key = parsed.args[0];
-    if !is_valid_key(key.of(parsed.line)) {
-        return parsed.reject(ParseError::BadCommandLine, noreply);
-    }
-    if parse_signed(parsed.arg(1)).is_none() {
-        return parsed.reject(ParseError::InvalidExptime, noreply);
-    }
-    let len = parsed.line_end.line_len;
-    Ok(Some(parsed.request(
-        Command::Touch,
         smallvec::smallvec![key],
         noreply,
         None,
