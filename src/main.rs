@@ -169,6 +169,12 @@ fn plan(old: &Path, new: &Path) -> anyhow::Result<()> {
 
 fn run(path: &Path) -> anyhow::Result<()> {
     let config = Config::load(path)?;
+    // Every client and backend connection is a file descriptor; the default
+    // soft limit (often 1024) is far below max_client_connections.
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => tracing::debug!("open file limit: {limit}"),
+        Err(e) => tracing::warn!("cannot raise the open file limit: {e}"),
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

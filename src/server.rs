@@ -117,6 +117,7 @@ async fn accept_loop(
     let sessions = TaskTracker::new();
     let next_id = AtomicU64::new(0);
     let shutdown = context.shutdown.clone();
+    let mut accept_failing = false;
     loop {
         // Take a slot before accepting: past the limit, new connections wait in
         // the listen backlog while existing ones keep working.
@@ -129,11 +130,20 @@ async fn accept_loop(
             () = shutdown.cancelled() => break,
         };
         let stream = match accepted {
-            Ok((stream, _)) => stream,
+            Ok((stream, _)) => {
+                if accept_failing {
+                    accept_failing = false;
+                    tracing::info!("accepting connections again");
+                }
+                stream
+            }
             Err(e) => {
                 // Out of file descriptors and the like: back off briefly rather
-                // than spin.
-                tracing::warn!("accept failed: {e}");
+                // than spin, and say so once per episode, not per attempt.
+                if !accept_failing {
+                    accept_failing = true;
+                    tracing::warn!("accept failed, retrying every 50 ms: {e}");
+                }
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
             }

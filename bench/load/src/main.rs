@@ -59,6 +59,13 @@ const RECONNECT_PAUSE_MS: u64 = 100;
 /// Latencies above this are clamped into the histogram's top bucket.
 const MAX_LATENCY_US: u64 = 60_000_000;
 const READ_BUFFER_BYTES: usize = 64 * 1024;
+const MAX_IDLE_CONNECTIONS: usize = 15_000;
+const MAX_IDLE_SETTLE_SECS: u64 = 30;
+/// Opening all idle connections, and checking them all at the end, must each
+/// finish within this time.
+const IDLE_PHASE_DEADLINE_SECS: u64 = 60;
+/// Connect timeout and `version` reply timeout of one idle connection.
+const IDLE_TIMEOUT_MS: u64 = 5000;
 
 /// Command-line options. Every count and time has an upper bound so that a
 /// run is always bounded.
@@ -107,6 +114,21 @@ struct Args {
     /// Seed for key choice; connection i uses seed + i.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Also open this many connections (0..=15000) after the prefill and
+    /// before the run, keep them open without sending anything during the
+    /// run, and at the end send one `version` on each and check that it is
+    /// answered with `VERSION ...` (reported under `idle`). Needs a file
+    /// descriptor limit above it (`ulimit -n`).
+    #[arg(long, default_value_t = 0)]
+    idle_connections: usize,
+    /// Pause this long (0..=30 s) after opening the idle connections and
+    /// before the run starts (so that another process can sample the target).
+    #[arg(long, default_value_t = 0)]
+    idle_settle_secs: u64,
+    /// Add this to every key id (0..=10^11), so that two load generators on
+    /// one target can use disjoint keys (`key:` + 12 digits).
+    #[arg(long, default_value_t = 0)]
+    key_base: u64,
 }
 
 /// The validated run plan, shared by every connection task.
@@ -119,6 +141,7 @@ struct Plan {
     keys_per_get: usize,
     value: ValueShape,
     key_range: u64,
+    key_base: u64,
     request_timeout: Duration,
     seed: u64,
     measure_start: Instant,
@@ -159,9 +182,20 @@ fn check(args: &Args) -> Result<Ratio, String> {
         MAX_VALUE_BYTES as u64,
     )?;
     in_range("key-range", args.key_range, 1, workload::MAX_KEY_RANGE)?;
+    in_range("key-base", args.key_base, 0, workload::MAX_KEY_RANGE / 10)?;
+    if args.key_base + args.key_range > workload::MAX_KEY_RANGE {
+        return Err("--key-base + --key-range exceeds 10^12".to_string());
+    }
     in_range("duration-secs", args.duration_secs, 1, MAX_DURATION_SECS)?;
     in_range("warmup", args.warmup, 0, MAX_WARMUP_SECS)?;
     in_range("timeout-ms", args.timeout_ms, 1, 60_000)?;
+    in_range(
+        "idle-connections",
+        args.idle_connections as u64,
+        0,
+        MAX_IDLE_CONNECTIONS as u64,
+    )?;
+    in_range("idle-settle-secs", args.idle_settle_secs, 0, MAX_IDLE_SETTLE_SECS)?;
     if (args.keys_per_get as u64) > args.key_range {
         return Err(format!(
             "--keys-per-get {} needs at least as many keys in --key-range ({})",
@@ -437,9 +471,10 @@ async fn drive(index: usize, plan: Arc<Plan>) -> ConnStats {
             batch.clear();
             for _ in 0..plan.pipeline {
                 if plan.ratio.is_set(op_number) {
-                    batch.push_set(rng.below(plan.key_range), &plan.value);
+                    batch.push_set(plan.key_base + rng.below(plan.key_range), &plan.value);
                 } else {
                     workload::distinct_ids(&mut rng, plan.key_range, plan.keys_per_get, &mut ids);
+                    ids.iter_mut().for_each(|id| *id += plan.key_base);
                     batch.push_get(&ids);
                 }
                 op_number += 1;
@@ -468,7 +503,7 @@ async fn prefill(index: usize, plan: Arc<Plan>, deadline: Instant) -> ConnStats 
             batch.clear();
             let mut id = next;
             while batch.expects.len() < PREFILL_PIPELINE && id < plan.key_range {
-                batch.push_set(id, &plan.value);
+                batch.push_set(plan.key_base + id, &plan.value);
                 id += step;
             }
             if !run_batch_counted(&mut stream, &mut buf, &batch, &plan, &mut stats).await {
@@ -503,6 +538,82 @@ async fn collect(
     }
 }
 
+/// What happened to the `--idle-connections`.
+#[derive(Default)]
+struct IdleStats {
+    opened: u64,
+    connect_failures: u64,
+    open_secs: f64,
+    answered: u64,
+    unanswered: u64,
+    check_secs: f64,
+}
+
+/// Opens `count` connections one after another (each with its own timeout,
+/// all within IDLE_PHASE_DEADLINE_SECS); a failed one is counted, not retried.
+async fn open_idle(target: SocketAddr, count: usize, stats: &mut IdleStats) -> Vec<TcpStream> {
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(IDLE_PHASE_DEADLINE_SECS);
+    let mut streams = Vec::with_capacity(count);
+    for _ in 0..count {
+        if Instant::now() >= deadline {
+            stats.connect_failures += 1;
+            continue;
+        }
+        let attempt = timeout(
+            Duration::from_millis(IDLE_TIMEOUT_MS),
+            TcpStream::connect(target),
+        )
+        .await;
+        match attempt {
+            Ok(Ok(stream)) => {
+                let _ = stream.set_nodelay(true);
+                streams.push(stream);
+            }
+            _ => stats.connect_failures += 1,
+        }
+    }
+    stats.opened = streams.len() as u64;
+    stats.open_secs = started.elapsed().as_secs_f64();
+    streams
+}
+
+/// Sends `version` on one idle connection and reads one line; true when the
+/// line is `VERSION ...`.
+async fn idle_answers(stream: &mut TcpStream) -> bool {
+    let exchange = async {
+        stream.write_all(b"version\r\n").await?;
+        let mut line = Vec::with_capacity(64);
+        let mut chunk = [0u8; 256];
+        while !line.ends_with(b"\r\n") {
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 || line.len() > 4096 {
+                return Ok::<bool, std::io::Error>(false);
+            }
+            line.extend_from_slice(&chunk[..n]);
+        }
+        Ok(line.starts_with(b"VERSION "))
+    };
+    matches!(
+        timeout(Duration::from_millis(IDLE_TIMEOUT_MS), exchange).await,
+        Ok(Ok(true))
+    )
+}
+
+/// Checks every idle connection, one after another, within the deadline.
+async fn check_idle(streams: &mut [TcpStream], stats: &mut IdleStats) {
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(IDLE_PHASE_DEADLINE_SECS);
+    for stream in streams.iter_mut() {
+        if Instant::now() < deadline && idle_answers(stream).await {
+            stats.answered += 1;
+        } else {
+            stats.unanswered += 1;
+        }
+    }
+    stats.check_secs = started.elapsed().as_secs_f64();
+}
+
 fn ticks_of(pids: &[String]) -> Vec<Option<u64>> {
     pids.iter().map(|pid| procstat::cpu_ticks(pid)).collect()
 }
@@ -517,6 +628,7 @@ async fn run(args: Args, ratio: Ratio) -> String {
         keys_per_get: args.keys_per_get,
         value: ValueShape::new(args.value_size),
         key_range: args.key_range,
+        key_base: args.key_base,
         request_timeout: Duration::from_millis(args.timeout_ms),
         seed: args.seed,
         measure_start: now,
@@ -535,6 +647,17 @@ async fn run(args: Args, ratio: Ratio) -> String {
         collect(tasks, deadline + Duration::from_secs(1), &mut prefill_stats).await;
     }
     let prefill_secs = prefill_started.elapsed().as_secs_f64();
+
+    let mut idle = IdleStats::default();
+    let mut idle_streams = Vec::new();
+    if args.idle_connections > 0 {
+        idle_streams = open_idle(plan.target, args.idle_connections, &mut idle).await;
+        eprintln!(
+            "memring-load: {} idle connections open ({} failed) in {:.2} s",
+            idle.opened, idle.connect_failures, idle.open_secs
+        );
+        sleep(Duration::from_secs(args.idle_settle_secs)).await;
+    }
 
     let start = Instant::now();
     plan.measure_start = start + Duration::from_secs(args.warmup);
@@ -561,6 +684,10 @@ async fn run(args: Args, ratio: Ratio) -> String {
         &mut total,
     )
     .await;
+    if args.idle_connections > 0 {
+        check_idle(&mut idle_streams, &mut idle).await;
+        drop(idle_streams);
+    }
     // Give sockets closed by the tasks a moment to be torn down before exit,
     // so the next run does not meet our TIME_WAIT burst mid-connect.
     sleep(Duration::from_millis(10)).await;
@@ -579,6 +706,7 @@ async fn run(args: Args, ratio: Ratio) -> String {
         window_secs,
         &deltas,
         lost,
+        &idle,
     )
 }
 
@@ -596,6 +724,7 @@ fn report(
     window_secs: f64,
     deltas: &[Option<u64>],
     lost_tasks: usize,
+    idle: &IdleStats,
 ) -> String {
     let duration = args.duration_secs as f64;
     let hit_ratio = if total.get_keys == 0 {
@@ -666,7 +795,21 @@ fn report(
         }
         let _ = write!(out, "{{\"pid\":{pid},\"cpu_ticks\":{}}}", json_opt(*ticks));
     }
-    let _ = write!(out, "],\"loadgen_cpu_ticks\":{}}}", json_opt(own[0]));
+    let _ = write!(
+        out,
+        concat!(
+            "],\"idle\":{{\"requested\":{},\"opened\":{},\"connect_failures\":{},",
+            "\"open_secs\":{:.3},\"answered\":{},\"unanswered\":{},\"check_secs\":{:.3}}}"
+        ),
+        args.idle_connections,
+        idle.opened,
+        idle.connect_failures,
+        idle.open_secs,
+        idle.answered,
+        idle.unanswered,
+        idle.check_secs,
+    );
+    let _ = write!(out, ",\"loadgen_cpu_ticks\":{}}}", json_opt(own[0]));
     out
 }
 
