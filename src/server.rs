@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -46,7 +46,7 @@ impl Running {
 /// # Errors
 /// The listen address cannot be bound.
 pub async fn start(config: &Config, shutdown: CancellationToken) -> io::Result<Running> {
-    let listener = TcpListener::bind(config.listen).await?;
+    let listener = listen(config.listen)?;
     let local_addr = listener.local_addr()?;
     let stats = Arc::new(Stats::new());
     let admin = match config.admin_listen {
@@ -105,6 +105,24 @@ async fn eject_on_health_changes(publisher: Arc<Publisher>, shutdown: Cancellati
             tracing::warn!("ring v{version}: {change}");
         }
     }
+}
+
+/// Pending connections the kernel may queue before memring accepts them
+/// (capped by `net.core.somaxconn`). mio's default of 128 overflowed under
+/// bursts of new clients, and each dropped SYN costs that client a second.
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds the client listener; SO_REUSEADDR so that a restart does not wait for
+/// the old sockets' TIME_WAIT.
+fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 async fn accept_loop(

@@ -32,7 +32,11 @@ use crate::replication::{decide, quorum, replica_set, Cas, Decision, Read};
 use crate::stats::Stats;
 use crate::topology::{SharedTopology, Topology};
 
-const READ_CHUNK_BYTES: usize = 16 * 1024;
+/// First read buffer of a client: small, so that thousands of idle clients
+/// cost little; it grows (doubling) while a client sends more.
+const FIRST_READ_BYTES: usize = 2 * 1024;
+/// Room kept free before each read.
+const MIN_READ_ROOM_BYTES: usize = 512;
 
 /// What every session shares.
 pub struct SessionContext {
@@ -63,8 +67,9 @@ pub async fn run_session(
         closing: false,
         discard: 0,
     };
-    let mut input = BytesMut::with_capacity(READ_CHUNK_BYTES);
-    let mut output = BytesMut::with_capacity(READ_CHUNK_BYTES);
+    let mut input = BytesMut::with_capacity(FIRST_READ_BYTES);
+    // Allocated on the first reply.
+    let mut output = BytesMut::new();
     let mut last_read = tokio::time::Instant::now();
     loop {
         let parsed_all = session.route_buffered(&mut input).await;
@@ -89,8 +94,8 @@ pub async fn run_session(
             continue;
         }
         let can_read = !session.closing && session.pending.len() < ctx.max_pending;
-        if input.capacity() - input.len() < READ_CHUNK_BYTES / 4 {
-            input.reserve(READ_CHUNK_BYTES);
+        if input.capacity() - input.len() < MIN_READ_ROOM_BYTES {
+            input.reserve(input.capacity().max(FIRST_READ_BYTES));
         }
         let idle = idle_deadline(ctx.idle_timeout, last_read, session.pending.is_empty());
         tokio::select! {
