@@ -127,8 +127,13 @@ fn with_two_of_three_replicas_down_writes_fail_promptly() {
         "{text}"
     );
     assert!(started.elapsed() < Duration::from_secs(2), "nothing hangs");
-    // The surviving replica still serves reads of what it holds.
+    // The surviving replica still serves reads of what it holds. (The failed
+    // write was answered early, on two failures; wait for its third copy to
+    // land so that it cannot overwrite the value set here.)
     let mut direct = servers[set[1]].client();
+    wait_for("the surviving replica's copy", || {
+        direct.get(key) == Some(b"x".to_vec())
+    });
     assert_eq!(direct.set(key, b"kept"), b"STORED\r\n");
     assert_eq!(client.get(key), Some(b"kept".to_vec()));
 }
