@@ -68,8 +68,7 @@ pub async fn run_session(
         discard: 0,
     };
     let mut input = BytesMut::with_capacity(FIRST_READ_BYTES);
-    // Allocated on the first reply.
-    let mut output = BytesMut::new();
+    let mut output = ReplyQueue::default();
     let mut last_read = tokio::time::Instant::now();
     loop {
         let parsed_all = session.route_buffered(&mut input).await;
@@ -80,10 +79,11 @@ pub async fn run_session(
             let done = session.pending.pop_front().expect("front exists");
             done.write_reply(&mut output, &ctx.stats);
         }
-        if !output.is_empty() {
-            writer.write_all(&output).await?;
-            ctx.stats.written_bytes(output.len());
-            output.clear();
+        if output.seal() > 0 {
+            let len = output.remaining();
+            // One write (writev) for every reply that is ready.
+            writer.write_all_buf(&mut output).await?;
+            ctx.stats.written_bytes(len);
         }
         if session.closing && session.pending.is_empty() {
             return writer.shutdown().await;
@@ -592,16 +592,16 @@ impl Pending {
         }
     }
 
-    fn write_reply(mut self, out: &mut BytesMut, stats: &Stats) {
+    fn write_reply(mut self, queue: &mut ReplyQueue, stats: &Stats) {
         match self.finish {
-            Finish::Ready(reply) => out.extend_from_slice(&reply),
+            Finish::Ready(reply) => queue.push(reply),
             Finish::Forward { command, keys } => match self.parts[0].take() {
                 Ok(reply) => {
                     stats.reply(command, keys, &reply);
-                    out.extend_from_slice(&reply);
+                    queue.push(reply);
                 }
                 Err(error) => {
-                    write_server_error(out, &error);
+                    write_server_error(queue.scratch(), &error);
                 }
             },
             Finish::Merge(merge) => {
@@ -621,7 +621,7 @@ impl Pending {
                 // when every server failed is the whole reply an error.
                 match first_error {
                     Some(error) if replies.iter().all(Option::is_none) => {
-                        write_server_error(out, &error);
+                        write_server_error(queue.scratch(), &error);
                     }
                     _ => {
                         let keys = merge
@@ -629,7 +629,7 @@ impl Pending {
                             .iter()
                             .zip(merge.part_of_key.iter())
                             .map(|(span, &part)| (span.of(&merge.bytes), part as usize));
-                        let hits = write_merged_values(out, keys, &replies);
+                        let hits = write_merged_values(queue.scratch(), keys, &replies);
                         stats.retrieval(merge.keys.len(), hits);
                     }
                 }
@@ -641,17 +641,20 @@ impl Pending {
                     // Slower replicas finish in the background on their own
                     // connections (bounded by the request timeout).
                     stats.replica_background(outstanding);
-                    out.extend_from_slice(&reply);
+                    queue.push(reply);
                 }
                 Decision::Fail(servers) if !servers.is_empty() => {
                     let names: Vec<&str> = servers.iter().map(|s| &**s).collect();
                     write_server_error(
-                        out,
+                        queue.scratch(),
                         &format_args!("no quorum: failed on {}", names.join(", ")),
                     );
                 }
                 Decision::Fail(_) | Decision::Wait => {
-                    write_server_error(out, &"no quorum: replicas answered with errors");
+                    write_server_error(
+                        queue.scratch(),
+                        &"no quorum: replicas answered with errors",
+                    );
                 }
             },
             Finish::AllOk => {
@@ -663,9 +666,12 @@ impl Pending {
                     }
                 }
                 if failed.is_empty() {
-                    out.extend_from_slice(b"OK\r\n");
+                    queue.scratch().extend_from_slice(b"OK\r\n");
                 } else {
-                    write_server_error(out, &format_args!("failed on {}", failed.join(", ")));
+                    write_server_error(
+                        queue.scratch(),
+                        &format_args!("failed on {}", failed.join(", ")),
+                    );
                 }
             }
         }
@@ -676,4 +682,106 @@ fn quorum_decision(parts: &[Part], quorum: usize) -> Decision {
     let results: SmallVec<[Option<&CallResult>; 4]> =
         parts.iter().map(|p| p.result.as_ref()).collect();
     decide(&results, quorum)
+}
+
+/// Replies ready to be written to one client, in order. Large replies (values)
+/// are kept as the `Bytes` they arrived in and written with `writev`; small
+/// ones are copied together, which is cheaper than one iovec each.
+#[derive(Default)]
+struct ReplyQueue {
+    chunks: VecDeque<Bytes>,
+    /// Small replies since the last chunk.
+    scratch: BytesMut,
+    remaining: usize,
+}
+
+/// Replies at least this long are written in place rather than copied.
+const ZERO_COPY_REPLY_BYTES: usize = 4096;
+
+impl ReplyQueue {
+    fn push(&mut self, reply: Bytes) {
+        if reply.len() >= ZERO_COPY_REPLY_BYTES {
+            self.seal();
+            self.remaining += reply.len();
+            self.chunks.push_back(reply);
+        } else {
+            self.scratch.extend_from_slice(&reply);
+        }
+    }
+
+    /// Where memring's own reply lines are written.
+    fn scratch(&mut self) -> &mut BytesMut {
+        &mut self.scratch
+    }
+
+    /// Moves the small replies into the chunk list; returns the bytes queued.
+    fn seal(&mut self) -> usize {
+        if !self.scratch.is_empty() {
+            let small = self.scratch.split().freeze();
+            self.remaining += small.len();
+            self.chunks.push_back(small);
+        }
+        self.remaining
+    }
+}
+
+impl Buf for ReplyQueue {
+    fn remaining(&self) -> usize {
+        self.remaining
+    }
+
+    fn chunk(&self) -> &[u8] {
+        self.chunks.front().map_or(&[], |chunk| &chunk[..])
+    }
+
+    fn chunks_vectored<'a>(&'a self, dst: &mut [std::io::IoSlice<'a>]) -> usize {
+        let mut filled = 0;
+        for (slot, chunk) in dst.iter_mut().zip(self.chunks.iter()) {
+            *slot = std::io::IoSlice::new(chunk);
+            filled += 1;
+        }
+        filled
+    }
+
+    fn advance(&mut self, mut count: usize) {
+        self.remaining -= count;
+        while count > 0 {
+            let front = self.chunks.front_mut().expect("advance within remaining");
+            if count < front.len() {
+                front.advance(count);
+                return;
+            }
+            count -= front.len();
+            self.chunks.pop_front();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reply_queue_keeps_order_across_copied_and_zero_copy_replies() {
+        let mut queue = ReplyQueue::default();
+        let large = Bytes::from(vec![b'v'; ZERO_COPY_REPLY_BYTES]);
+        queue.push(Bytes::from_static(b"STORED\r\n"));
+        queue.push(large.clone());
+        queue.scratch().extend_from_slice(b"OK\r\n");
+        queue.push(Bytes::from_static(b"END\r\n"));
+        let total = queue.seal();
+        assert_eq!(total, 8 + large.len() + 4 + 5);
+        let mut written = Vec::new();
+        // Drain it in uneven steps, as partial writes would.
+        while queue.has_remaining() {
+            let step = queue.chunk().len().min(1000);
+            written.extend_from_slice(&queue.chunk()[..step]);
+            queue.advance(step);
+        }
+        let mut expected = b"STORED\r\n".to_vec();
+        expected.extend_from_slice(&large);
+        expected.extend_from_slice(b"OK\r\nEND\r\n");
+        assert_eq!(written, expected);
+        assert_eq!(queue.seal(), 0);
+    }
 }
