@@ -82,6 +82,7 @@ pub async fn start(config: &Config, shutdown: CancellationToken) -> io::Result<R
         context,
         config.max_client_connections,
         config.shutdown_grace,
+        publisher.clone(),
     ));
     Ok(Running {
         local_addr,
@@ -130,6 +131,7 @@ async fn accept_loop(
     context: Arc<SessionContext>,
     max_connections: usize,
     grace: std::time::Duration,
+    publisher: Arc<Publisher>,
 ) {
     let limit = Arc::new(Semaphore::new(max_connections));
     let sessions = TaskTracker::new();
@@ -183,10 +185,20 @@ async fn accept_loop(
         open = sessions.len(),
         "shutting down: draining client sessions"
     );
-    if tokio::time::timeout(grace, sessions.wait()).await.is_err() {
+    let deadline = tokio::time::Instant::now() + grace;
+    if tokio::time::timeout_at(deadline, sessions.wait())
+        .await
+        .is_err()
+    {
         tracing::warn!(
             open = sessions.len(),
             "drain time over; closing remaining sessions"
         );
+    }
+    // Requests the sessions routed may still be queued on backend connections
+    // (noreply writes are never waited for); let them reach their servers.
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    if !publisher.drain_backends(left).await {
+        tracing::warn!("drain time over; closing backend connections with requests queued");
     }
 }

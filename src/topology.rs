@@ -156,6 +156,7 @@ impl Publisher {
         let hooks = PoolHooks {
             health_changed: Arc::new(Notify::new()),
             stats,
+            connections: tokio_util::task::TaskTracker::new(),
         };
         let backends = Topology::backends_for(&config, None, &hooks);
         let first = Topology::assemble(Arc::new(config), 1, backends, Vec::new());
@@ -170,6 +171,27 @@ impl Publisher {
     /// The published topology, for sessions.
     pub fn shared(&self) -> SharedTopology {
         self.topology.clone()
+    }
+
+    /// For shutdown, once no session is left: publishes a topology without
+    /// backends, so that every backend connection finishes the requests
+    /// already queued on it and closes, and waits for that up to `grace`.
+    /// Returns false if the time ran out.
+    pub async fn drain_backends(&self, grace: std::time::Duration) -> bool {
+        {
+            let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+            let old = self.topology.load_full();
+            // Every server left out: the ring is empty too, so a session
+            // still open past the grace period gets `SERVER_ERROR`, not a
+            // lookup into a backend list that no longer exists.
+            let all = old.config.servers.iter().map(|s| s.name.clone()).collect();
+            let empty = Topology::assemble(old.config.clone(), old.version + 1, Box::new([]), all);
+            self.topology.store(Arc::new(empty));
+        }
+        self.hooks.connections.close();
+        tokio::time::timeout(grace, self.hooks.connections.wait())
+            .await
+            .is_ok()
     }
 
     /// The counters every backend reports to.

@@ -273,3 +273,60 @@ fn shutdown_under_load_answers_every_request_it_read() {
         "no longer accepting"
     );
 }
+
+#[test]
+fn shutdown_waits_for_noreply_writes_still_queued_on_backends() {
+    let mut servers = pool(2);
+    let proxy = Proxy::start(&refs(&servers), "request_timeout_ms = 10000\n");
+    let ring = memring::ring::Ring::build(proxy.config.members());
+    let keys_of = |server: usize| -> Vec<String> {
+        (0..2000)
+            .map(|i| format!("nr:{i}"))
+            .filter(|k| ring.owner(k.as_bytes()) == Some(server))
+            .take(100)
+            .collect()
+    };
+    let (frozen_keys, live_key) = (keys_of(1), keys_of(0).remove(0));
+    servers[1].pause();
+    let mut client = proxy.client();
+    let mut batch = Vec::new();
+    for key in &frozen_keys {
+        batch.extend(format!("set {key} 0 0 1 noreply\r\nq\r\n").bytes());
+    }
+    batch.extend(format!("get {live_key}\r\n").bytes());
+    client.send(&batch);
+    // The get's reply means every set before it was read and routed; the sets
+    // now wait on the frozen server's connection.
+    assert_eq!(client.reply(ReplyKind::Values), b"END\r\n");
+    drop(client);
+
+    let topology = proxy.running().topology.clone();
+    let version = topology.load().version;
+    let returned = Arc::new(AtomicBool::new(false));
+    let stopper = {
+        let returned = returned.clone();
+        let mut proxy = proxy;
+        std::thread::spawn(move || {
+            proxy.shutdown();
+            returned.store(true, Ordering::SeqCst);
+            proxy
+        })
+    };
+    wait_for("shutdown to reach the backend drain", || {
+        topology.load().version > version
+    });
+    assert!(
+        !returned.load(Ordering::SeqCst),
+        "shutdown must wait for queued writes"
+    );
+    servers[1].resume();
+    let _proxy = stopper.join().unwrap();
+    let mut direct = servers[1].client();
+    for key in &frozen_keys {
+        assert_eq!(
+            direct.get(key),
+            Some(b"q".to_vec()),
+            "{key} written before exit"
+        );
+    }
+}

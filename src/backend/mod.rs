@@ -65,6 +65,9 @@ pub struct PoolHooks {
     /// Woken when any server becomes DEAD or comes back (for ejection).
     pub health_changed: Arc<Notify>,
     pub stats: Arc<Stats>,
+    /// Every connection task, so that shutdown can wait for them to finish
+    /// what was queued (including `noreply` writes nobody waits for).
+    pub connections: tokio_util::task::TaskTracker,
 }
 
 impl Shared {
@@ -137,7 +140,7 @@ impl Backend {
         let lanes = (0..settings.connections.max(1))
             .map(|_| {
                 let (sender, receiver) = mpsc::channel(LANE_QUEUE_DEPTH);
-                tokio::spawn(conn::run(shared.clone(), receiver));
+                hooks.connections.spawn(conn::run(shared.clone(), receiver));
                 sender
             })
             .collect();
