@@ -456,38 +456,30 @@ impl Part {
         })
     }
 
-    fn poll_ready(&mut self) -> bool {
-        if self.result.is_none() {
-            if let Some(receiver) = &mut self.receiver {
-                match receiver.try_recv() {
-                    Ok(result) => self.result = Some(result),
-                    Err(oneshot::error::TryRecvError::Empty) => return false,
-                    Err(oneshot::error::TryRecvError::Closed) => self.result = Some(self.lost()),
-                }
-            }
-        }
-        true
+    /// True once the reply (or the reason there is none) is known.
+    fn is_done(&self) -> bool {
+        self.result.is_some() || self.receiver.is_none()
     }
 
-    /// Waits for the reply; cancel-safe, as the result is kept in `self`.
-    async fn wait(&mut self) {
-        if self.result.is_none() {
-            if let Some(receiver) = &mut self.receiver {
-                let result = receiver.await;
-                self.result = Some(result.unwrap_or_else(|_| self.lost()));
+    /// Takes the reply if it has arrived, without registering for a wake-up.
+    fn try_receive(&mut self) {
+        if let (None, Some(receiver)) = (&self.result, &mut self.receiver) {
+            match receiver.try_recv() {
+                Ok(result) => self.result = Some(result),
+                Err(oneshot::error::TryRecvError::Empty) => {}
+                Err(oneshot::error::TryRecvError::Closed) => self.result = Some(self.lost()),
             }
         }
     }
 
-    /// Polls the reply without blocking, for waiting on several at once.
+    /// Polls for the reply; the result is kept in `self`, so waiting on it is
+    /// cancel-safe.
     fn poll_receive(&mut self, cx: &mut std::task::Context<'_>) {
-        if self.result.is_none() {
-            if let Some(receiver) = &mut self.receiver {
-                if let std::task::Poll::Ready(result) =
-                    std::future::Future::poll(std::pin::Pin::new(receiver), cx)
-                {
-                    self.result = Some(result.unwrap_or_else(|_| self.lost()));
-                }
+        if let (None, Some(receiver)) = (&self.result, &mut self.receiver) {
+            if let std::task::Poll::Ready(result) =
+                std::future::Future::poll(std::pin::Pin::new(receiver), cx)
+            {
+                self.result = Some(result.unwrap_or_else(|_| self.lost()));
             }
         }
     }
@@ -558,38 +550,35 @@ impl Pending {
         }
     }
 
-    fn poll_ready(&mut self) -> bool {
+    /// Whether the reply can be written: every part is in, or (for a
+    /// replicated write) the quorum has decided.
+    fn is_complete(&self) -> bool {
         match self.finish {
-            Finish::Quorum { quorum, .. } => {
-                for part in self.parts.iter_mut() {
-                    part.poll_ready();
-                }
-                quorum_decision(&self.parts, quorum) != Decision::Wait
-            }
-            _ => self.parts.iter_mut().all(Part::poll_ready),
+            Finish::Quorum { quorum, .. } => quorum_decision(&self.parts, quorum) != Decision::Wait,
+            _ => self.parts.iter().all(Part::is_done),
         }
     }
 
-    async fn wait(&mut self) {
-        if let Finish::Quorum { quorum, .. } = self.finish {
-            // Any replica may answer first: poll them all, stop at a decision.
-            let parts = &mut self.parts;
-            std::future::poll_fn(|cx| {
-                for part in parts.iter_mut() {
-                    part.poll_receive(cx);
-                }
-                if quorum_decision(parts, quorum) == Decision::Wait {
-                    std::task::Poll::Pending
-                } else {
-                    std::task::Poll::Ready(())
-                }
-            })
-            .await;
-            return;
-        }
+    fn poll_ready(&mut self) -> bool {
         for part in self.parts.iter_mut() {
-            part.wait().await;
+            part.try_receive();
         }
+        self.is_complete()
+    }
+
+    /// Waits until the reply can be written; any part may answer first.
+    async fn wait(&mut self) {
+        std::future::poll_fn(|cx| {
+            for part in self.parts.iter_mut() {
+                part.poll_receive(cx);
+            }
+            if self.is_complete() {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+        .await;
     }
 
     fn write_reply(mut self, queue: &mut ReplyQueue, stats: &Stats) {

@@ -514,30 +514,30 @@ impl BackendMetrics {
             .inc();
     }
 
-    fn errors_of(&self, kinds: &[BackendErrorKind]) -> u64 {
-        let mut labels: Vec<&'static str> = kinds.iter().map(|&k| error_kind_label(k)).collect();
-        labels.dedup();
-        labels
-            .into_iter()
-            .map(|kind| {
+    /// Failed requests of the given kinds (labels). Reads only: no series is
+    /// created for a kind that never happened.
+    fn errors_of(&self, kinds: &[&'static str]) -> u64 {
+        kinds
+            .iter()
+            .filter_map(|&kind| {
                 self.errors
-                    .get_or_create(&ServerErrorLabels {
+                    .get(&ServerErrorLabels {
                         server: self.server.clone(),
                         kind,
                     })
-                    .get()
+                    .map(|counter| counter.get())
             })
             .sum()
     }
 
     /// Failed requests of every kind.
     pub fn error_count(&self) -> u64 {
-        self.errors_of(&ALL_ERROR_KINDS)
+        self.errors_of(&ERROR_KIND_LABELS)
     }
 
     /// Requests that timed out.
     pub fn timeout_count(&self) -> u64 {
-        self.errors_of(&[BackendErrorKind::Timeout])
+        self.errors_of(&[error_kind_label(BackendErrorKind::Timeout)])
     }
 
     /// Records the current health state (one-hot over the three states).
@@ -553,15 +553,16 @@ impl BackendMetrics {
     }
 }
 
-const ALL_ERROR_KINDS: [BackendErrorKind; 8] = [
-    BackendErrorKind::Connect(std::io::ErrorKind::Other),
-    BackendErrorKind::ConnectTimeout,
-    BackendErrorKind::Timeout,
-    BackendErrorKind::Closed,
-    BackendErrorKind::Io(std::io::ErrorKind::Other),
-    BackendErrorKind::Protocol(crate::protocol::ReplyError::Unsolicited),
-    BackendErrorKind::Gone,
-    BackendErrorKind::Dead,
+/// Every value `error_kind_label` can return.
+const ERROR_KIND_LABELS: [&str; 8] = [
+    "connect",
+    "connect_timeout",
+    "timeout",
+    "closed",
+    "io",
+    "protocol",
+    "gone",
+    "dead",
 ];
 
 fn error_kind_label(kind: BackendErrorKind) -> &'static str {
@@ -574,5 +575,40 @@ fn error_kind_label(kind: BackendErrorKind) -> &'static str {
         BackendErrorKind::Protocol(_) => "protocol",
         BackendErrorKind::Gone => "gone",
         BackendErrorKind::Dead => "dead",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_counts_cover_every_kind_and_create_no_series() {
+        let stats = Stats::new();
+        let metrics = stats.backend("cache-01");
+        assert_eq!(metrics.error_count(), 0);
+        assert!(!stats
+            .prometheus_text()
+            .contains("memring_backend_errors_total{"));
+        let kinds = [
+            BackendErrorKind::Connect(std::io::ErrorKind::ConnectionRefused),
+            BackendErrorKind::ConnectTimeout,
+            BackendErrorKind::Timeout,
+            BackendErrorKind::Closed,
+            BackendErrorKind::Io(std::io::ErrorKind::BrokenPipe),
+            BackendErrorKind::Protocol(crate::protocol::ReplyError::Unsolicited),
+            BackendErrorKind::Gone,
+            BackendErrorKind::Dead,
+        ];
+        for kind in kinds {
+            assert!(
+                ERROR_KIND_LABELS.contains(&error_kind_label(kind)),
+                "{kind:?}"
+            );
+            metrics.error(kind);
+        }
+        assert_eq!(metrics.error_count(), kinds.len() as u64);
+        assert_eq!(metrics.timeout_count(), 1);
+        assert_eq!(stats.backend_errors(), kinds.len() as u64);
     }
 }
