@@ -14,7 +14,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use smallvec::SmallVec;
 
 use crate::backend::health::HealthState;
-use crate::backend::CallResult;
+use crate::backend::{Awaited, CallResult};
 use crate::error::BackendError;
 use crate::protocol::encode::{forwardable, write_sub_get};
 use crate::protocol::reply::{is_error_reply, ValueBlocks};
@@ -108,7 +108,7 @@ fn read_order(topology: &Topology, key: &[u8]) -> SmallVec<[usize; 4]> {
     set
 }
 
-type Sent = Result<Option<tokio::sync::oneshot::Receiver<CallResult>>, BackendError>;
+type Sent = Result<Awaited, BackendError>;
 
 /// A replicated retrieval in progress. Each key is asked of its first healthy
 /// replica, one sub-request per server; keys whose server failed (or missed,
@@ -173,11 +173,10 @@ impl Read {
                 members.iter().map(|&k| self.request.key(&self.bytes, k)),
             );
             let outcome = self.topology.backends[server]
-                .send(
+                .start_call(
                     self.lane,
                     smallvec::smallvec![sub.freeze()],
                     ReplyKind::Values,
-                    true,
                 )
                 .await;
             sent.push((members, outcome));
@@ -198,13 +197,7 @@ impl Read {
             let mut open = Vec::new();
             for (members, outcome) in sent {
                 let result = match outcome {
-                    Ok(Some(receiver)) => receiver.await.unwrap_or_else(|_| {
-                        Err(BackendError {
-                            server: "replica".into(),
-                            kind: crate::error::BackendErrorKind::Gone,
-                        })
-                    }),
-                    Ok(None) => continue,
+                    Ok(call) => call.reply().await,
                     Err(error) => Err(error),
                 };
                 match result {
@@ -255,7 +248,8 @@ pub struct Cas {
     request: Request,
     bytes: Bytes,
     lane: usize,
-    owner_reply: Sent,
+    /// `None` when there is no server at all.
+    owner_reply: Option<Sent>,
 }
 
 impl Cas {
@@ -267,12 +261,12 @@ impl Cas {
         lane: usize,
     ) -> Cas {
         let owner_reply = match replica_set(&topology, request.key(&bytes, 0)).first() {
-            Some(&owner) => {
+            Some(&owner) => Some(
                 topology.backends[owner]
-                    .send(lane, forwardable(&bytes, &request), ReplyKind::Line, true)
-                    .await
-            }
-            None => Ok(None),
+                    .start_call(lane, forwardable(&bytes, &request), ReplyKind::Line)
+                    .await,
+            ),
+            None => None,
         };
         Cas {
             topology,
@@ -286,18 +280,13 @@ impl Cas {
     /// Awaits the owner and, if it stored, copies the value to the others.
     pub async fn finish(self) -> CallResult {
         let reply = match self.owner_reply {
-            Ok(Some(receiver)) => receiver.await.unwrap_or_else(|_| {
-                Err(BackendError {
-                    server: "owner".into(),
-                    kind: crate::error::BackendErrorKind::Gone,
-                })
-            })?,
-            Ok(None) => {
+            Some(Ok(call)) => call.reply().await?,
+            Some(Err(error)) => return Err(error),
+            None => {
                 return Ok(Bytes::from_static(
                     b"SERVER_ERROR no servers configured\r\n",
                 ))
             }
-            Err(error) => return Err(error),
         };
         if reply.as_ref() == b"STORED\r\n" {
             let copy = cas_as_set(&self.request, &self.bytes);

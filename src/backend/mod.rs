@@ -182,6 +182,23 @@ impl Backend {
         self.lanes.len()
     }
 
+    /// Queues a request whose reply is awaited later with [`Awaited::reply`].
+    ///
+    /// # Errors
+    /// As [`Backend::send`].
+    pub async fn start_call(
+        &self,
+        lane: usize,
+        request: Outbound,
+        kind: ReplyKind,
+    ) -> Result<Awaited, BackendError> {
+        let receiver = self.send(lane, request, kind, true).await?;
+        Ok(Awaited {
+            receiver: receiver.expect("a reply was asked for"),
+            server: self.shared.name.clone(),
+        })
+    }
+
     /// Queues a request on lane `lane % lanes` and returns where its reply will
     /// arrive (`None` when `want_reply` is false: the reply is dropped).
     ///
@@ -215,5 +232,24 @@ impl Backend {
             .await
             .map_err(|_| self.shared.error(BackendErrorKind::Gone))?;
         Ok(receiver)
+    }
+}
+
+/// A queued request's reply, to be awaited.
+pub struct Awaited {
+    receiver: oneshot::Receiver<CallResult>,
+    server: Arc<str>,
+}
+
+impl Awaited {
+    /// The reply, or why there is none (a connection task that went away
+    /// without answering counts as the backend being gone).
+    pub async fn reply(self) -> CallResult {
+        self.receiver.await.unwrap_or_else(|_| {
+            Err(BackendError {
+                server: self.server,
+                kind: BackendErrorKind::Gone,
+            })
+        })
     }
 }
