@@ -206,7 +206,8 @@ async fn serve(shared: &Shared, mut stream: TcpStream, calls: &mut mpsc::Receive
                     Some(call) => {
                         let deadline = Instant::now() + request_timeout;
                         enqueue(call, deadline, &mut write_buf, &mut in_flight);
-                        drain_queued(calls, deadline, &mut write_buf, &mut in_flight);
+                        // The rest of the queue is taken after the yield at the
+                        // top of the loop, together with what arrives meanwhile.
                         unbatched = true;
                     }
                 }
