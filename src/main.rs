@@ -156,14 +156,14 @@ fn plan(old: &Path, new: &Path) -> anyhow::Result<()> {
             show(share_of(&new_config, &new_shares, name))
         );
     }
-    println!(
-        "keyspace that moves: {:.2}%",
-        Ring::moved_share(&old_ring, &new_ring) * 100.0
+    let change = Change::between(
+        &old_config.servers,
+        &old_ring,
+        &new_config.servers,
+        &new_ring,
     );
-    println!(
-        "change: {}",
-        Change::between(&old_config.servers, &new_config.servers)
-    );
+    println!("keyspace that moves: {:.2}%", change.moved_share * 100.0);
+    println!("change: {change}");
     Ok(())
 }
 

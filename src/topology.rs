@@ -238,23 +238,25 @@ impl Publisher {
     ) -> Published {
         let servers_before: Vec<ServerConfig> = effective(&old.config.servers, &old.ejected);
         let servers_after: Vec<ServerConfig> = effective(&config.servers, &ejected);
-        let mut change = Change::between(&servers_before, &servers_after);
-        change.ejected = ejected
+        let newly_ejected: Vec<String> = ejected
             .iter()
             .filter(|n| !old.ejected.contains(n))
             .cloned()
             .collect();
-        change.restored = old
+        let restored: Vec<String> = old
             .ejected
             .iter()
             .filter(|n| !ejected.contains(n) && config.servers.iter().any(|s| &s.name == *n))
             .cloned()
             .collect();
-        // Ejections and restorations are reported as such, not as adds/removes.
-        change.added.retain(|n| !change.restored.contains(n));
-        change.removed.retain(|n| !change.ejected.contains(n));
         // Built off the request path; requests in flight finish on `old`.
         let new = Topology::assemble(config, old.version + 1, backends, ejected);
+        let mut change = Change::between(&servers_before, &old.ring, &servers_after, &new.ring);
+        // Ejections and restorations are reported as such, not as adds/removes.
+        change.added.retain(|n| !restored.contains(n));
+        change.removed.retain(|n| !newly_ejected.contains(n));
+        change.ejected = newly_ejected;
+        change.restored = restored;
         let version = new.version;
         self.hooks.stats.topology(&new);
         self.topology.store(Arc::new(new));
@@ -311,8 +313,14 @@ pub struct Change {
 }
 
 impl Change {
-    /// Compares two server lists (by ring identity) and their rings.
-    pub fn between(old: &[ServerConfig], new: &[ServerConfig]) -> Change {
+    /// Compares two server lists (by ring identity) and the rings built from
+    /// them.
+    pub fn between(
+        old: &[ServerConfig],
+        old_ring: &Ring,
+        new: &[ServerConfig],
+        new_ring: &Ring,
+    ) -> Change {
         let find =
             |list: &[ServerConfig], name: &str| list.iter().find(|s| s.name == name).cloned();
         let mut change = Change {
@@ -344,9 +352,7 @@ impl Change {
                 change.removed.push(server.name.clone());
             }
         }
-        let ring =
-            |list: &[ServerConfig]| Ring::build(list.iter().map(ServerConfig::member).collect());
-        change.moved_share = Ring::moved_share(&ring(old), &ring(new));
+        change.moved_share = Ring::moved_share(old_ring, new_ring);
         change
     }
 
@@ -402,6 +408,10 @@ impl std::fmt::Display for Change {
 mod tests {
     use super::*;
 
+    fn ring_of(servers: &[ServerConfig]) -> Ring {
+        Ring::build(servers.iter().map(ServerConfig::member).collect())
+    }
+
     fn server(name: &str, weight: u32) -> ServerConfig {
         ServerConfig {
             addr: format!("{name}:11211"),
@@ -415,7 +425,7 @@ mod tests {
         let old: Vec<_> = (1..=4).map(|i| server(&format!("cache-0{i}"), 1)).collect();
         let mut new = old.clone();
         new.push(server("cache-05", 1));
-        let change = Change::between(&old, &new);
+        let change = Change::between(&old, &ring_of(&old), &new, &ring_of(&new));
         assert_eq!(change.added, vec!["cache-05"]);
         assert!(change.removed.is_empty());
         let text = change.to_string();
@@ -427,7 +437,7 @@ mod tests {
     fn reweight_and_removal_are_described() {
         let old = vec![server("a", 1), server("b", 1), server("c", 1)];
         let new = vec![server("a", 2), server("b", 1)];
-        let change = Change::between(&old, &new);
+        let change = Change::between(&old, &ring_of(&old), &new, &ring_of(&new));
         assert_eq!(change.removed, vec!["c"]);
         assert_eq!(change.reweighted, vec![("a".to_string(), 1, 2)]);
         assert!(change.to_string().contains("a weight 1 -> 2"));
@@ -436,7 +446,7 @@ mod tests {
     #[test]
     fn same_list_is_an_empty_change() {
         let list = vec![server("a", 1)];
-        let change = Change::between(&list, &list);
+        let change = Change::between(&list, &ring_of(&list), &list, &ring_of(&list));
         assert!(change.is_empty());
         assert_eq!(change.moved_share, 0.0);
     }
