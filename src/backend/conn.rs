@@ -89,8 +89,13 @@ pub(crate) async fn run(shared: Arc<Shared>, mut calls: mpsc::Receiver<Call>) {
         // instead of letting them wait for a connection that will not work.
         let retry_at = Instant::now() + backoff;
         backoff = (backoff * 2).min(MAX_BACKOFF);
+        let heard_from = shared.heard_from.notified();
+        tokio::pin!(heard_from);
         loop {
             tokio::select! {
+                biased;
+                // Another lane reached the server: it is back, reconnect now.
+                () = &mut heard_from => break,
                 call = calls.recv() => match call {
                     Some(call) => call.finish(Err(shared.error(failure))),
                     None => return,

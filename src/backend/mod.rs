@@ -57,6 +57,10 @@ pub(crate) struct Shared {
     /// Woken when this server becomes DEAD or stops being DEAD.
     health_changed: Arc<Notify>,
     pub(crate) metrics: BackendMetrics,
+    /// Woken when any lane hears from the server, so that lanes backing off
+    /// after failures reconnect at once instead of failing requests until
+    /// their own retry time.
+    pub(crate) heard_from: Notify,
 }
 
 /// What every backend of a pool reports to.
@@ -82,6 +86,9 @@ impl Shared {
 
     /// Feeds the health state machine and logs a transition once.
     pub(crate) fn report(&self, event: HealthEvent) {
+        if matches!(event, HealthEvent::Answered | HealthEvent::Probed) {
+            self.heard_from.notify_waiters();
+        }
         // Only connects and failures come here, never each request, so this
         // lock is off the request path.
         let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
@@ -135,6 +142,7 @@ impl Backend {
             health: Mutex::new(Health::default()),
             state: AtomicU8::new(HealthState::Active.to_u8()),
             health_changed: hooks.health_changed.clone(),
+            heard_from: Notify::new(),
             metrics: hooks.stats.backend(&server.name),
         });
         let lanes = (0..settings.connections.max(1))
