@@ -17,7 +17,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::error::ConfigError;
-use crate::topology::{Change, Published, Publisher};
+use crate::pool::{Published, Publisher};
+use crate::topology::Change;
 
 /// Quiet time after the last event before reloading: an editor's save is
 /// several events, and a half-written file must not be read.
