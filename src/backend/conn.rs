@@ -392,3 +392,283 @@ fn deliver(conn: &Conn, read_buf: &mut BytesMut) -> Result<Delivered, BackendErr
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The connection task against a scripted server: each test's server
+    //! answers the probe like memcached, then misbehaves in one way. Every
+    //! request must get exactly its own reply or an error, never another's.
+
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    use super::*;
+    use crate::backend::{Backend, BackendSettings, PoolHooks};
+    use crate::config::ServerConfig;
+    use crate::error::BackendError;
+    use crate::protocol::reply::LineKind;
+    use crate::stats::Stats;
+
+    const PROBE_REPLY: &[u8] = b"STAT item_size_max 1048576\r\nEND\r\n";
+
+    /// A server on a free port: `script` gets each accepted socket (the
+    /// `n`th, on a thread of its own) after the probe was read and answered.
+    fn scripted(
+        script: impl Fn(usize, &mut std::net::TcpStream) + Send + Sync + 'static,
+    ) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let script = Arc::new(script);
+        std::thread::spawn(move || {
+            for (n, stream) in listener.incoming().enumerate().take(8) {
+                let Ok(mut stream) = stream else { return };
+                let script = script.clone();
+                std::thread::spawn(move || {
+                    let mut probe = [0u8; PROBE.len()];
+                    if stream.read_exact(&mut probe).is_ok() {
+                        let _ = stream.write_all(PROBE_REPLY);
+                        script(n, &mut stream);
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    /// Reads one request line from the socket.
+    fn read_line(stream: &mut std::net::TcpStream) -> Vec<u8> {
+        let mut line = Vec::new();
+        let mut byte = [0u8; 1];
+        while stream.read_exact(&mut byte).is_ok() {
+            line.push(byte[0]);
+            if byte[0] == b'\n' {
+                break;
+            }
+        }
+        line
+    }
+
+    /// Runs `test` on a current-thread runtime with a connection to `addr`.
+    fn with_conn<F, Fut>(addr: &str, timeout_ms: u64, test: F)
+    where
+        F: FnOnce(Rc<Conn>, Rc<Notify>) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let local = tokio::task::LocalSet::new();
+        local.block_on(&runtime, async {
+            let hooks = PoolHooks {
+                health_changed: Arc::new(Notify::new()),
+                stats: Arc::new(Stats::new()),
+            };
+            let server = ServerConfig {
+                addr: addr.to_string(),
+                name: "scripted".to_string(),
+                weight: 1,
+            };
+            let settings = BackendSettings {
+                connections: 1,
+                connect_timeout: Duration::from_millis(2000),
+                request_timeout: Duration::from_millis(timeout_ms),
+                failure_limit: 100,
+                max_value_bytes: None,
+            };
+            let backend = Backend::new(&server, settings, &hooks);
+            let conn = Conn::new(backend.shared().clone());
+            let drain = CancellationToken::new();
+            tokio::task::spawn_local(run(conn.clone(), drain.clone()));
+            let wake = Rc::new(Notify::new());
+            tokio::time::timeout(Duration::from_secs(20), test(conn, wake))
+                .await
+                .expect("test finished in time");
+            drain.cancel();
+            drop(backend);
+        });
+    }
+
+    fn get(key: &str) -> (Bytes, Expect) {
+        let line = Bytes::from(format!("get {key}\r\n"));
+        (line.clone(), Expect::values(line))
+    }
+
+    /// Waits until `slot` is done; returns its pieces and outcome.
+    async fn outcome(slot: &Slot, wake: &Notify) -> (Vec<Got>, Result<(), BackendError>) {
+        loop {
+            if let Some(result) = slot.outcome() {
+                let mut pieces = Vec::new();
+                while let Some(piece) = slot.take() {
+                    pieces.push(piece);
+                }
+                return (pieces, result);
+            }
+            wake.notified().await;
+        }
+    }
+
+    fn send(conn: &Conn, wake: &Rc<Notify>, request: (Bytes, Expect)) -> Rc<Slot> {
+        let slot = Slot::new(wake.clone());
+        // A connect may still be under way: retry a refused send briefly.
+        conn.send(&[request.0], request.1, Some(slot.clone()))
+            .expect("queued");
+        slot
+    }
+
+    #[test]
+    fn a_reply_split_at_every_byte_reaches_its_request_whole() {
+        let reply = b"VALUE k 0 5\r\nab\r\nc\r\nEND\r\n";
+        let addr = scripted(move |_, stream| {
+            assert_eq!(read_line(stream), b"get k\r\n");
+            for byte in reply {
+                let _ = stream.write_all(&[*byte]);
+                let _ = stream.flush();
+            }
+            let _ = read_line(stream);
+        });
+        with_conn(&addr, 5000, |conn, wake| async move {
+            let slot = send(&conn, &wake, get("k"));
+            let (pieces, result) = outcome(&slot, &wake).await;
+            assert_eq!(result, Ok(()));
+            assert_eq!(
+                pieces,
+                vec![Got::Value(Bytes::from_static(
+                    b"VALUE k 0 5\r\nab\r\nc\r\n"
+                ))]
+            );
+        });
+    }
+
+    #[test]
+    fn a_stray_reply_fails_what_is_in_flight_and_reaches_nobody() {
+        let addr = scripted(|n, stream| {
+            if n == 0 {
+                let _ = read_line(stream);
+                let _ = stream.write_all(b"END\r\nEND\r\n");
+                let _ = read_line(stream);
+            } else {
+                assert_eq!(read_line(stream), b"get b\r\n");
+                let _ = stream.write_all(b"VALUE b 0 1\r\n2\r\nEND\r\n");
+                let _ = read_line(stream);
+            }
+        });
+        with_conn(&addr, 5000, |conn, wake| async move {
+            let first = send(&conn, &wake, get("a"));
+            let (_, result) = outcome(&first, &wake).await;
+            // The first `END` answered `a`; the stray one broke the connection.
+            assert_eq!(result, Ok(()));
+            // The next request goes out on a new connection and gets its own
+            // reply, never the stray bytes.
+            let second = loop {
+                let slot = Slot::new(wake.clone());
+                if conn
+                    .send(&[get("b").0], get("b").1, Some(slot.clone()))
+                    .is_ok()
+                {
+                    let (pieces, result) = outcome(&slot, &wake).await;
+                    if result.is_ok() {
+                        break pieces;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            };
+            assert_eq!(
+                second,
+                vec![Got::Value(Bytes::from_static(b"VALUE b 0 1\r\n2\r\n"))]
+            );
+        });
+    }
+
+    #[test]
+    fn a_truncated_value_then_close_fails_the_request() {
+        let addr = scripted(|_, stream| {
+            let _ = read_line(stream);
+            let _ = stream.write_all(b"VALUE k 0 5\r\nab");
+        });
+        with_conn(&addr, 5000, |conn, wake| async move {
+            let slot = send(&conn, &wake, get("k"));
+            let (pieces, result) = outcome(&slot, &wake).await;
+            assert!(pieces.is_empty(), "{pieces:?}");
+            assert_eq!(result.unwrap_err().kind, BackendErrorKind::Closed);
+        });
+    }
+
+    #[test]
+    fn a_reply_not_allowed_for_the_request_breaks_the_connection() {
+        let addr = scripted(|_, stream| {
+            let _ = read_line(stream);
+            let _ = stream.write_all(b"HELLO I AM NOT MEMCACHED\r\n");
+            let _ = read_line(stream);
+        });
+        with_conn(&addr, 5000, |conn, wake| async move {
+            let slot = Slot::new(wake.clone());
+            conn.send(
+                &[Bytes::from_static(b"set k 0 0 1\r\nx\r\n")],
+                Expect::Line(LineKind::Storage),
+                Some(slot.clone()),
+            )
+            .expect("queued");
+            let (pieces, result) = outcome(&slot, &wake).await;
+            assert!(pieces.is_empty());
+            assert!(matches!(
+                result.unwrap_err().kind,
+                BackendErrorKind::Protocol(ReplyError::UnexpectedLine)
+            ));
+        });
+    }
+
+    #[test]
+    fn a_late_reply_after_the_timeout_reaches_nobody() {
+        let addr = scripted(|n, stream| {
+            let request = read_line(stream);
+            if n == 0 {
+                // Stall past the timeout, then answer on the dead socket.
+                std::thread::sleep(Duration::from_millis(600));
+                let _ = stream.write_all(b"VALUE a 0 1\r\n1\r\nEND\r\n");
+            } else {
+                assert_eq!(request, b"get b\r\n");
+                let _ = stream.write_all(b"END\r\n");
+            }
+            let _ = read_line(stream);
+        });
+        with_conn(&addr, 200, |conn, wake| async move {
+            let first = send(&conn, &wake, get("a"));
+            let (pieces, result) = outcome(&first, &wake).await;
+            assert!(pieces.is_empty());
+            assert_eq!(result.unwrap_err().kind, BackendErrorKind::Timeout);
+            let second = loop {
+                let slot = Slot::new(wake.clone());
+                if conn
+                    .send(&[get("b").0], get("b").1, Some(slot.clone()))
+                    .is_ok()
+                {
+                    break outcome(&slot, &wake).await;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            };
+            assert_eq!(second, (vec![], Ok(())));
+        });
+    }
+
+    #[test]
+    fn a_slow_big_reply_that_keeps_coming_is_not_a_timeout() {
+        let addr = scripted(|_, stream| {
+            let _ = read_line(stream);
+            let _ = stream.write_all(b"VALUE k 0 10\r\n");
+            // Ten bytes over 1 s, against a 300 ms timeout: progress each time.
+            for _ in 0..10 {
+                std::thread::sleep(Duration::from_millis(100));
+                let _ = stream.write_all(b"x");
+            }
+            let _ = stream.write_all(b"\r\nEND\r\n");
+            let _ = read_line(stream);
+        });
+        with_conn(&addr, 300, |conn, wake| async move {
+            let slot = send(&conn, &wake, get("k"));
+            let (pieces, result) = outcome(&slot, &wake).await;
+            assert_eq!(result, Ok(()));
+            assert_eq!(pieces.len(), 1);
+        });
+    }
+}
