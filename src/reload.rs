@@ -174,7 +174,7 @@ impl Reloader {
                 }
                 if !restart.is_empty() {
                     tracing::warn!(
-                        "restart needed: {} changed in the file but are read only at start; still using the old values",
+                        "restart needed: {} (read only at start; the running value stays until memring restarts)",
                         join(&restart)
                     );
                 }

@@ -372,6 +372,24 @@ fn metrics_pass_promtool_and_are_served_as_prometheus_text() {
     );
     assert!(body.contains("# TYPE memring_client_requests_total counter"));
     assert!(body.contains("# TYPE memring_request_duration_seconds histogram"));
+    // Every metric the Grafana dashboard queries exists.
+    let dashboard = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config/grafana/memring-dashboard.json"
+    ))
+    .unwrap();
+    for (start, _) in dashboard.match_indices("memring_") {
+        let name: String = dashboard[start..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        assert!(
+            body.contains(&format!("\n{name}{{"))
+                || body.contains(&format!("\n{name} "))
+                || body.contains(&format!("# TYPE {name} ")),
+            "the dashboard queries {name}, which /metrics does not have"
+        );
+    }
 
     match Command::new("promtool")
         .args(["check", "metrics"])
