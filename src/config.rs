@@ -40,6 +40,10 @@ struct RawConfig {
     admin_listen: Option<Spanned<String>>,
     replicas: Option<Spanned<u64>>,
     read_miss_fallthrough: Option<bool>,
+    workers: Option<Spanned<u64>>,
+    max_client_buffer_bytes: Option<Spanned<u64>>,
+    max_buffer_bytes: Option<Spanned<u64>>,
+    client_write_timeout_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -105,9 +109,26 @@ pub struct Config {
     pub replicas: usize,
     /// With replicas, a read that misses asks the next replica too.
     pub read_miss_fallthrough: bool,
+    /// `max_value_bytes` was not set: it follows the servers' `item_size_max`.
+    pub max_value_from_servers: bool,
+    /// Worker threads, each with its own clients and server connections;
+    /// 0 = one per CPU this process may use.
+    pub workers: usize,
+    /// Reply bytes one client may be owed before memring stops reading its
+    /// requests; `None` = `max_value_bytes` + 4 MiB.
+    pub max_client_buffer_bytes: Option<usize>,
+    /// Reply bytes all clients together may be owed before memring stops
+    /// reading requests (backpressure instead of growth).
+    pub max_buffer_bytes: usize,
+    /// Close a client that is owed replies and reads none of them for this long.
+    pub client_write_timeout: Duration,
 }
 
-pub const DEFAULT_CONNECTIONS_PER_SERVER: u64 = 2;
+pub const DEFAULT_CONNECTIONS_PER_SERVER: u64 = 1;
+/// Room a client's reply buffer has beyond one largest value.
+pub const CLIENT_BUFFER_HEADROOM_BYTES: usize = 4 * 1024 * 1024;
+pub const DEFAULT_MAX_BUFFER_BYTES: u64 = 256 * 1024 * 1024;
+pub const DEFAULT_CLIENT_WRITE_TIMEOUT_MS: u64 = 30_000;
 pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 500;
 pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 1000;
 pub const DEFAULT_MAX_CLIENT_CONNECTIONS: u64 = 16_384;
@@ -320,6 +341,28 @@ impl Config {
             0,
             0..=86_400_000,
         )?;
+        let workers = number(&raw.workers, "workers", 0, 0..=1024)?;
+        let max_client_buffer_bytes = match &raw.max_client_buffer_bytes {
+            None => None,
+            Some(_) => Some(number(
+                &raw.max_client_buffer_bytes,
+                "max_client_buffer_bytes",
+                0,
+                64 * 1024..=MAX_VALUE_BYTES_LIMIT * 4,
+            )? as usize),
+        };
+        let max_buffer_bytes = number(
+            &raw.max_buffer_bytes,
+            "max_buffer_bytes",
+            DEFAULT_MAX_BUFFER_BYTES,
+            1024 * 1024..=1 << 40,
+        )?;
+        let client_write_timeout_ms = number(
+            &raw.client_write_timeout_ms,
+            "client_write_timeout_ms",
+            DEFAULT_CLIENT_WRITE_TIMEOUT_MS,
+            1..=86_400_000,
+        )?;
 
         Ok(Config {
             listen,
@@ -331,6 +374,7 @@ impl Config {
                 max_line_bytes: DEFAULT_MAX_LINE_BYTES,
                 max_get_line_bytes: DEFAULT_MAX_GET_LINE_BYTES,
                 max_value_bytes: max_value_bytes as usize,
+                max_keys_per_get: crate::protocol::DEFAULT_MAX_KEYS_PER_GET,
             },
             max_client_connections: max_client_connections as usize,
             max_pending_per_client: max_pending_per_client as usize,
@@ -342,6 +386,11 @@ impl Config {
             admin_listen,
             replicas: replicas as usize,
             read_miss_fallthrough: raw.read_miss_fallthrough.unwrap_or(false),
+            max_value_from_servers: raw.max_value_bytes.is_none(),
+            workers: workers as usize,
+            max_client_buffer_bytes,
+            max_buffer_bytes: max_buffer_bytes as usize,
+            client_write_timeout: Duration::from_millis(client_write_timeout_ms),
         })
     }
 
@@ -403,6 +452,24 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
     (line, column)
 }
 
+impl Config {
+    /// Worker threads to run: `workers`, or one per CPU this process may use
+    /// (affinity and cgroup quota respected, as `available_parallelism` reads
+    /// them), at least one.
+    pub fn worker_count(&self) -> usize {
+        if self.workers > 0 {
+            return self.workers;
+        }
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    }
+
+    /// Reply bytes one client may be owed before memring stops reading it.
+    pub fn client_buffer_bytes(&self, max_value_bytes: usize) -> usize {
+        self.max_client_buffer_bytes
+            .unwrap_or(max_value_bytes + CLIENT_BUFFER_HEADROOM_BYTES)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -432,7 +499,7 @@ name = "cache-02"
         assert_eq!(config.servers[0].weight, 1);
         assert_eq!(config.servers[1].name, "cache-02");
         assert_eq!(config.servers[1].weight, 2);
-        assert_eq!(config.connections_per_server, 2);
+        assert_eq!(config.connections_per_server, 1);
         assert_eq!(config.limits.max_value_bytes, 1024 * 1024);
     }
 

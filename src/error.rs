@@ -28,6 +28,34 @@ pub enum BackendErrorKind {
     Dead,
 }
 
+impl BackendErrorKind {
+    /// Metric labels of the kinds, in [`BackendErrorKind::index`] order.
+    pub const LABELS: [&'static str; 8] = [
+        "connect",
+        "connect_timeout",
+        "timeout",
+        "closed",
+        "io",
+        "protocol",
+        "gone",
+        "dead",
+    ];
+
+    /// A dense index for per-kind counters.
+    pub fn index(self) -> usize {
+        match self {
+            BackendErrorKind::Connect(_) => 0,
+            BackendErrorKind::ConnectTimeout => 1,
+            BackendErrorKind::Timeout => 2,
+            BackendErrorKind::Closed => 3,
+            BackendErrorKind::Io(_) => 4,
+            BackendErrorKind::Protocol(_) => 5,
+            BackendErrorKind::Gone => 6,
+            BackendErrorKind::Dead => 7,
+        }
+    }
+}
+
 /// A request failed on a named backend; the client sees `SERVER_ERROR <this>`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("backend {server}: {kind}")]

@@ -5,17 +5,22 @@
 //! connections to the memcached server that owns it.
 //!
 //! # Layout
-//! - [`protocol`]: request parsing, reply framing and encoding. Pure, no I/O.
-//! - [`ring`]: the consistent-hash ring. Pure, no I/O.
+//! - [`protocol`]: request parsing, strict reply framing and encoding. Pure.
+//! - [`ring`]: the consistent-hash ring. Pure.
+//! - [`route`]: the request plan: which servers get which bytes, and how their
+//!   replies (multi-get merge, quorum, fall-through) become the client's. Pure.
 //! - [`config`]: the TOML file, validated with `file:line:column` errors.
-//! - [`topology`]: ring + backends + version, published through one `ArcSwap`;
-//!   what a server-list change does.
-//! - [`reload`]: watch the config file and SIGHUP, validate, swap the topology.
-//! - [`backend`]: per-server pipelined connections and the health state machine.
-//! - [`replication`]: replica sets, quorum writes, fall-through reads.
-//! - [`session`]: one task per client, replies in request order.
-//! - [`server`]: accept loop, connection limit, shutdown and drain.
-//! - [`stats`]: counters behind both the `stats` reply and Prometheus.
+//! - [`topology`]: ring + backends + version; what a server-list change does.
+//! - [`pool`]: the one writer of the published topology (reloads, ejections).
+//! - [`backend`]: one server's shared state and health; per-worker pipelined
+//!   connections and the reply slots they fill.
+//! - [`worker`]: one thread per core with its own sessions and connections.
+//! - [`session`]: one client's I/O loop, replies in request order.
+//! - [`server`]: start-up, accept loop, connection limit, shutdown and drain.
+//! - [`outbuf`]: ordered write queues (client replies, server requests).
+//! - [`reload`]: watch the config file and SIGHUP, validate, publish.
+//! - [`stats`]: counters behind both the `stats` reply and Prometheus; a leaf.
+//! - [`report`]: memring's memcached-style `stats` reply.
 //! - [`admin`]: optional HTTP listener for `/metrics`, `/live` and `/ready`.
 //! - [`error`]: backend and config errors.
 
@@ -26,14 +31,18 @@ pub mod admin;
 pub mod backend;
 pub mod config;
 pub mod error;
+pub mod outbuf;
+pub mod pool;
 pub mod protocol;
 pub mod reload;
-pub mod replication;
+pub mod report;
 pub mod ring;
+pub mod route;
 pub mod server;
-pub mod session;
+mod session;
 pub mod stats;
 pub mod topology;
+mod worker;
 
 /// memring's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -384,8 +384,7 @@ fn run(path: &Path) -> anyhow::Result<()> {
 struct FdBudget {
     nofile: u64,
     clients: u64,
-    /// Backend connections: every server, each connection, on every core
-    /// (an upper bound whichever way connections are shared).
+    /// Backend connections: each worker has its own to every server.
     backends: u64,
     /// Backends, admin connections, listeners, the config watcher, the
     /// runtime's own descriptors and some room for servers added on reload.
@@ -398,8 +397,8 @@ const BASE_FDS: u64 = 64;
 
 impl FdBudget {
     fn of(config: &Config, nofile: u64) -> FdBudget {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
-        let backends = config.servers.len() as u64 * config.connections_per_server as u64 * cores;
+        let workers = config.worker_count() as u64;
+        let backends = config.servers.len() as u64 * config.connections_per_server as u64 * workers;
         let admin = if config.admin_listen.is_some() {
             memring::admin::MAX_CONNECTIONS as u64
         } else {

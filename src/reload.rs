@@ -24,7 +24,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::error::ConfigError;
-use crate::topology::{Change, Published, Publisher};
+use crate::pool::{Published, Publisher};
+use crate::topology::Change;
 
 /// Quiet time after the last event before reloading: an editor's save is
 /// several events, and a half-written file must not be read.
@@ -209,7 +210,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         connections_per_server,
         connect_timeout,
         request_timeout,
-        limits,
+        limits: _,
         max_client_connections,
         max_pending_per_client,
         shutdown_grace,
@@ -219,12 +220,34 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         admin_listen,
         replicas,
         read_miss_fallthrough,
+        max_value_from_servers: _,
+        workers,
+        max_client_buffer_bytes,
+        max_buffer_bytes,
+        client_write_timeout,
     } = new;
     let ms = |d: &Duration| d.as_millis().to_string();
     let optional_ms = |d: &Option<Duration>| d.as_ref().map_or("0".to_string(), ms);
     let address =
         |a: &Option<std::net::SocketAddr>| a.map_or("(off)".to_string(), |a| a.to_string());
-    let rows: [(&'static str, String, String, bool); 14] = [
+    // Unset, max_value_bytes follows the servers' item_size_max.
+    let value_limit = |c: &Config| {
+        if c.max_value_from_servers {
+            "(from the servers)".to_string()
+        } else {
+            c.limits.max_value_bytes.to_string()
+        }
+    };
+    let automatic = |n: usize| {
+        if n == 0 {
+            "0 (one per CPU)".to_string()
+        } else {
+            n.to_string()
+        }
+    };
+    let client_buffer =
+        |b: &Option<usize>| b.map_or("(max_value_bytes + 4 MiB)".to_string(), |b| b.to_string());
+    let rows: [(&'static str, String, String, bool); 18] = [
         ("listen", old.listen.to_string(), listen.to_string(), true),
         (
             "admin_listen",
@@ -250,12 +273,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             ms(request_timeout),
             false,
         ),
-        (
-            "max_value_bytes",
-            old.limits.max_value_bytes.to_string(),
-            limits.max_value_bytes.to_string(),
-            false,
-        ),
+        ("max_value_bytes", value_limit(old), value_limit(new), false),
         (
             "max_client_connections",
             old.max_client_connections.to_string(),
@@ -303,6 +321,25 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             old.read_miss_fallthrough.to_string(),
             read_miss_fallthrough.to_string(),
             false,
+        ),
+        ("workers", automatic(old.workers), automatic(*workers), true),
+        (
+            "max_client_buffer_bytes",
+            client_buffer(&old.max_client_buffer_bytes),
+            client_buffer(max_client_buffer_bytes),
+            true,
+        ),
+        (
+            "max_buffer_bytes",
+            old.max_buffer_bytes.to_string(),
+            max_buffer_bytes.to_string(),
+            true,
+        ),
+        (
+            "client_write_timeout_ms",
+            ms(&old.client_write_timeout),
+            ms(client_write_timeout),
+            true,
         ),
     ];
     rows.into_iter()

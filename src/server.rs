@@ -1,23 +1,23 @@
-//! The accept loop: a bounded number of client sessions, and shutdown that stops
-//! accepting, lets sessions write the replies they owe within a grace period,
-//! then returns.
+//! Start-up and the accept loop: the workers, a bounded number of client
+//! sessions handed out round robin, and shutdown that stops accepting, lets
+//! every worker's sessions write the replies they owe and its connections
+//! deliver what is queued within a grace period, then returns.
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::admin::AdminState;
 use crate::config::Config;
-use crate::session::{run_session, SessionContext};
+use crate::pool::{eject_on_health_changes, Publisher};
 use crate::stats::Stats;
-use crate::topology::{Published, Publisher, SharedTopology};
+use crate::topology::SharedTopology;
+use crate::worker::{self, Accepted, SessionSettings, Worker, WorkerSetup};
 
 /// A running proxy.
 pub struct Running {
@@ -40,11 +40,12 @@ impl Running {
     }
 }
 
-/// Binds `config.listen` and starts serving until `shutdown` is cancelled.
-/// Must be called inside a tokio runtime.
+/// Binds `config.listen`, starts the workers and serves until `shutdown` is
+/// cancelled. Must be called inside a tokio runtime (it runs the acceptor,
+/// reloads, ejections and the admin listener; the workers run their own).
 ///
 /// # Errors
-/// The listen address cannot be bound.
+/// The listen address cannot be bound, or a worker cannot be started.
 pub async fn start(config: &Config, shutdown: CancellationToken) -> io::Result<Running> {
     let listener = listen(config.listen)?;
     let local_addr = listener.local_addr()?;
@@ -69,20 +70,32 @@ pub async fn start(config: &Config, shutdown: CancellationToken) -> io::Result<R
         None => None,
     };
     tokio::spawn(eject_on_health_changes(publisher.clone(), shutdown.clone()));
-    let context = Arc::new(SessionContext {
-        topology: topology.clone(),
+    let count = config.worker_count();
+    let settings = SessionSettings {
         max_pending: config.max_pending_per_client,
         idle_timeout: config.client_idle_timeout,
-        shutdown: shutdown.clone(),
-        stats: stats.clone(),
-    });
-    tracing::info!(%local_addr, servers = config.servers.len(), "listening");
+        write_timeout: config.client_write_timeout,
+        client_buffer_bytes: config.max_client_buffer_bytes,
+    };
+    let mut workers = Vec::with_capacity(count);
+    for index in 0..count {
+        workers.push(worker::spawn(WorkerSetup {
+            index,
+            topology: topology.clone(),
+            stats: stats.clone(),
+            shutdown: shutdown.clone(),
+            settings,
+            budget: (config.max_buffer_bytes / count).max(1),
+            grace: config.shutdown_grace,
+            published: publisher.published(),
+        })?);
+    }
+    tracing::info!(%local_addr, servers = config.servers.len(), workers = count, "listening");
     let task = tokio::spawn(accept_loop(
         listener,
-        context,
+        workers,
         config.max_client_connections,
-        config.shutdown_grace,
-        publisher.clone(),
+        shutdown,
     ));
     Ok(Running {
         local_addr,
@@ -92,20 +105,6 @@ pub async fn start(config: &Config, shutdown: CancellationToken) -> io::Result<R
         stats,
         task,
     })
-}
-
-/// Leaves DEAD servers out of the ring (when `auto_eject` is on) and puts them
-/// back when they recover, each as one published topology change.
-async fn eject_on_health_changes(publisher: Arc<Publisher>, shutdown: CancellationToken) {
-    loop {
-        tokio::select! {
-            () = publisher.health_changed() => {}
-            () = shutdown.cancelled() => return,
-        }
-        if let Some(Published { version, change }) = publisher.apply_health() {
-            tracing::warn!("ring v{version}: {change}");
-        }
-    }
 }
 
 /// Pending connections the kernel may queue before memring accepts them
@@ -126,17 +125,16 @@ fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.listen(LISTEN_BACKLOG)
 }
 
+/// Accepts clients and hands them to the workers in turn (round robin, so
+/// every worker gets the same number of clients), up to the connection limit.
 async fn accept_loop(
     listener: TcpListener,
-    context: Arc<SessionContext>,
+    workers: Vec<Worker>,
     max_connections: usize,
-    grace: std::time::Duration,
-    publisher: Arc<Publisher>,
+    shutdown: CancellationToken,
 ) {
     let limit = Arc::new(Semaphore::new(max_connections));
-    let sessions = TaskTracker::new();
-    let next_id = AtomicU64::new(0);
-    let shutdown = context.shutdown.clone();
+    let mut next_id: u64 = 0;
     let mut accept_failing = false;
     loop {
         // Take a slot before accepting: past the limit, new connections wait in
@@ -149,8 +147,8 @@ async fn accept_loop(
             accepted = listener.accept() => accepted,
             () = shutdown.cancelled() => break,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => {
+        let stream = match accepted.and_then(|(stream, _)| stream.into_std()) {
+            Ok(stream) => {
                 if accept_failing {
                     accept_failing = false;
                     tracing::info!("accepting connections again");
@@ -168,37 +166,23 @@ async fn accept_loop(
                 continue;
             }
         };
-        let id = next_id.fetch_add(1, Ordering::Relaxed);
-        let context = context.clone();
-        context.stats.client_connected();
-        sessions.spawn(async move {
-            if let Err(e) = run_session(stream, id, context.clone()).await {
-                tracing::debug!("client session {id} ended: {e}");
-            }
-            context.stats.client_disconnected();
-            drop(permit);
+        let worker = &workers[(next_id % workers.len() as u64) as usize];
+        let _ = worker.clients.send(Accepted {
+            stream,
+            id: next_id,
+            permit,
         });
+        next_id += 1;
     }
     drop(listener);
-    sessions.close();
-    tracing::info!(
-        open = sessions.len(),
-        "shutting down: draining client sessions"
-    );
-    let deadline = tokio::time::Instant::now() + grace;
-    if tokio::time::timeout_at(deadline, sessions.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            open = sessions.len(),
-            "drain time over; closing remaining sessions"
-        );
+    tracing::info!("shutting down: draining client sessions");
+    let mut done = Vec::with_capacity(workers.len());
+    for worker in workers {
+        // Closing the channel tells the worker to drain.
+        drop(worker.clients);
+        done.push(worker.done);
     }
-    // Requests the sessions routed may still be queued on backend connections
-    // (noreply writes are never waited for); let them reach their servers.
-    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-    if !publisher.drain_backends(left).await {
-        tracing::warn!("drain time over; closing backend connections with requests queued");
+    for worker in done {
+        let _ = worker.await;
     }
 }

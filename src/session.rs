@@ -1,192 +1,243 @@
-//! One task per client connection: read, parse, route, and write the replies in
-//! request order.
+//! One client connection: read → parse → plan → dispatch → replies in request
+//! order. The I/O loop only: what goes where is decided by `route::plan`.
 //!
-//! A client may pipeline: every complete request in the read buffer is routed
-//! at once, and its reply slot joins a FIFO; replies are written as the oldest
-//! slots complete, coalesced into one write. The FIFO is bounded
-//! (`max_pending_per_client`): when it is full memring stops reading from that
-//! client, so a client that never reads its replies cannot make memring buffer
-//! without bound. Shutdown stops reading between requests, never halfway
-//! through one, and the replies already owed are still written.
+//! Requests are parsed as they arrive and each becomes an entry in the
+//! client's FIFO; entries are dispatched strictly in order (a later request
+//! never reaches a server before an earlier one's last sub-request), and
+//! replies are written in order, the head entry streaming its values as they
+//! arrive.
+//!
+//! Every buffer has a bound. Up to `max_pending` requests are parsed ahead.
+//! A request is dispatched only while the bytes the client is owed (replies
+//! not yet written, and an estimate of the replies still to come) fit the
+//! client's budget and the worker's share of the process-wide one; past it
+//! memring stops reading from the client. A client owed bytes that reads
+//! nothing for `write_timeout` is closed, as is one idle (or stuck halfway
+//! through a request) for `idle_timeout`. Shutdown stops reading between
+//! requests, and the replies already owed are still written.
 
 use std::collections::VecDeque;
 use std::io;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use bytes::{Buf, Bytes, BytesMut};
 use smallvec::SmallVec;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
-use crate::backend::{Backend, CallResult};
-use crate::error::{BackendError, BackendErrorKind};
-use crate::protocol::encode::{
-    forwardable, write_merged_values, write_server_error, write_sub_get,
-};
-use crate::protocol::reply::is_error_reply;
-use crate::protocol::request::Keys;
-use crate::protocol::{parse_request, Command, ReplyKind, Request};
-use crate::replication::{decide, quorum, replica_set, Cas, Decision, Read};
-use crate::stats::Stats;
-use crate::topology::{SharedTopology, Topology};
+use crate::backend::slot::{Got, Slot};
+use crate::error::BackendError;
+use crate::outbuf::OutQueue;
+use crate::protocol::encode::{forwardable, write_server_error};
+use crate::protocol::reply::{Expect, LineKind};
+use crate::protocol::{parse_request, Command, Limits, Request};
+use crate::route::{self, all_ok, decide, CallResult, Decision, Plan, Retrieval};
+use crate::topology::Topology;
+use crate::worker::WorkerCtx;
 
 /// First read buffer of a client: small, so that thousands of idle clients
-/// cost little; it grows (doubling) while a client sends more.
+/// cost little; it grows while a client sends more.
 const FIRST_READ_BYTES: usize = 2 * 1024;
 /// Room kept free before each read.
 const MIN_READ_ROOM_BYTES: usize = 512;
-
-/// What every session shares.
-pub struct SessionContext {
-    pub topology: SharedTopology,
-    pub max_pending: usize,
-    /// Close a client that sent nothing and is owed nothing for this long.
-    pub idle_timeout: Option<std::time::Duration>,
-    pub shutdown: CancellationToken,
-    pub stats: Arc<Stats>,
-}
+/// Smallest reply size assumed for a key not yet answered.
+const MIN_ESTIMATE_BYTES: usize = 1024;
+/// What a one-line reply is assumed to cost.
+const LINE_REPLY_BYTES: usize = 64;
 
 /// Serves one client until it quits, disconnects, sends an unrecoverable line,
-/// or shutdown is requested (then the replies already owed are written first).
+/// stops reading its replies, or shutdown is requested.
 ///
 /// # Errors
 /// Only client-side I/O errors, which end the session.
-pub async fn run_session(
+pub(crate) async fn run_session(
     mut stream: TcpStream,
     id: u64,
-    ctx: Arc<SessionContext>,
+    worker: Rc<WorkerCtx>,
 ) -> io::Result<()> {
     let _ = stream.set_nodelay(true);
     let (mut reader, mut writer) = stream.split();
-    let mut session = ClientSession {
-        lane: id as usize,
-        ctx: &ctx,
-        pending: VecDeque::new(),
-        closing: false,
-        discard: 0,
-    };
+    let mut client = ClientSession::new(id, worker.clone());
     let mut input = BytesMut::with_capacity(FIRST_READ_BYTES);
-    let mut output = ReplyQueue::default();
-    let mut last_read = tokio::time::Instant::now();
-    loop {
-        let parsed_all = session.route_buffered(&mut input).await;
-        while let Some(front) = session.pending.front_mut() {
-            if !front.poll_ready() {
-                break;
-            }
-            let done = session.pending.pop_front().expect("front exists");
-            done.write_reply(&mut output, &ctx.stats);
+    let settings = worker.settings;
+    let mut last_read = Instant::now();
+    let mut last_write = Instant::now();
+    let result = loop {
+        client.parse(&mut input);
+        client.pump();
+        client.collect();
+        if client.out.is_empty() {
+            last_write = Instant::now();
         }
-        if output.seal() > 0 {
-            let len = output.remaining();
-            // One write (writev) for every reply that is ready.
-            writer.write_all_buf(&mut output).await?;
-            ctx.stats.written_bytes(len);
+        client.out.seal();
+        if client.closing && client.entries.is_empty() && client.out.is_empty() {
+            break writer.shutdown().await;
         }
-        if session.closing && session.pending.is_empty() {
-            return writer.shutdown().await;
-        }
-        if !parsed_all && session.pending.len() < ctx.max_pending {
-            // Requests already read are waiting for room in the FIFO, which
-            // replies just made; route them before waiting on the socket.
-            continue;
-        }
-        let can_read = !session.closing && session.pending.len() < ctx.max_pending;
-        if input.capacity() - input.len() < MIN_READ_ROOM_BYTES {
+        let can_read = client.can_read();
+        if can_read && input.capacity() - input.len() < MIN_READ_ROOM_BYTES {
             input.reserve(input.capacity().max(FIRST_READ_BYTES));
         }
-        let idle = idle_deadline(ctx.idle_timeout, last_read, session.pending.is_empty());
+        let idle = settings.idle_timeout.filter(|_| {
+            // Idle and owed nothing, or stuck halfway through a request.
+            (client.entries.is_empty() && client.out.is_empty()) || !input.is_empty()
+        });
+        let deadline = match (idle, client.out.has_remaining()) {
+            (_, true) => Some(last_write + settings.write_timeout),
+            (Some(idle), false) => Some(last_read + idle),
+            (None, false) => None,
+        };
         tokio::select! {
             biased;
-            () = wait_front(&mut session.pending) => {}
-            read = reader.read_buf(&mut input), if can_read => {
-                match read? {
-                    0 => session.closing = true,
-                    n => ctx.stats.read_bytes(n),
+            () = client.wake.notified() => {}
+            written = writer.write_buf(&mut client.out), if client.out.has_remaining() => {
+                match written {
+                    Ok(n) => {
+                        worker.stats.written_bytes(n);
+                        last_write = Instant::now();
+                    }
+                    Err(e) => break Err(e),
                 }
-                last_read = tokio::time::Instant::now();
             }
-            () = sleep_until_some(idle), if idle.is_some() && can_read => {
-                // Idle and owed nothing: close, as memcached's idle_timeout.
-                session.closing = true;
+            read = reader.read_buf(&mut input), if can_read => {
+                match read {
+                    Ok(0) => client.closing = true,
+                    Ok(n) => worker.stats.read_bytes(n),
+                    Err(e) => break Err(e),
+                }
+                last_read = Instant::now();
             }
-            () = ctx.shutdown.cancelled(), if can_read => {
-                session.closing = true;
+            () = sleep_until_some(deadline), if deadline.is_some() => {
+                // Idle, stuck mid-request, or not reading its replies.
+                break Ok(());
+            }
+            () = worker.shutdown.cancelled(), if !client.closing => {
+                client.closing = true;
             }
         }
-    }
+    };
+    client.release_all();
+    result
 }
 
-/// When an idle client is to be closed: only with a timeout set and nothing owed.
-fn idle_deadline(
-    timeout: Option<std::time::Duration>,
-    last_read: tokio::time::Instant,
-    nothing_owed: bool,
-) -> Option<tokio::time::Instant> {
-    timeout.filter(|_| nothing_owed).map(|t| last_read + t)
-}
-
-async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
+async fn sleep_until_some(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
     }
 }
 
-async fn wait_front(pending: &mut VecDeque<Pending>) {
-    match pending.front_mut() {
-        Some(front) => front.wait().await,
-        None => std::future::pending().await,
-    }
-}
-
-struct ClientSession<'a> {
-    /// Which connection of each server this client uses: always the same one,
-    /// so its commands reach each server in the order sent.
+struct ClientSession {
+    /// Which connection of each server this client uses: always the same
+    /// one, so its commands reach each server in the order sent.
     lane: usize,
-    ctx: &'a SessionContext,
-    pending: VecDeque<Pending>,
+    worker: Rc<WorkerCtx>,
+    /// Woken by every reply slot of this client.
+    wake: Rc<Notify>,
+    entries: VecDeque<Entry>,
+    /// Entries before this index have sent everything they will send.
+    dispatched: usize,
+    out: OutQueue,
+    /// Reply bytes reserved for requests in flight and held for entries not
+    /// yet at the head.
+    owed: usize,
+    /// Assumed reply size of one key not yet answered: starts at the largest
+    /// value allowed and follows what this client's gets return.
+    estimate: usize,
     /// No more requests will be read; close once the owed replies are written.
     closing: bool,
     /// Bytes of a refused value still to be thrown away as they arrive.
     discard: usize,
+    limits: Limits,
 }
 
-impl ClientSession<'_> {
-    /// Routes every complete request in `input`, up to the pending bound.
-    /// Returns false when it stopped at the bound with input left to parse.
-    async fn route_buffered(&mut self, input: &mut BytesMut) -> bool {
-        // Limits may change with a reload; a copy is taken, no guard is held.
-        let limits = self.ctx.topology.load().limits;
-        loop {
-            if self.closing {
-                return true;
-            }
-            if self.pending.len() >= self.ctx.max_pending {
-                return input.is_empty();
-            }
+impl ClientSession {
+    fn new(id: u64, worker: Rc<WorkerCtx>) -> ClientSession {
+        let limits = worker.topology.load().limits();
+        ClientSession {
+            lane: id as usize,
+            worker,
+            wake: Rc::new(Notify::new()),
+            entries: VecDeque::new(),
+            dispatched: 0,
+            out: OutQueue::default(),
+            owed: 0,
+            estimate: limits.max_value_bytes,
+            closing: false,
+            discard: 0,
+            limits,
+        }
+    }
+
+    fn budget(&self) -> usize {
+        self.worker
+            .settings
+            .client_buffer_bytes
+            .unwrap_or(self.limits.max_value_bytes + crate::config::CLIENT_BUFFER_HEADROOM_BYTES)
+    }
+
+    fn can_read(&self) -> bool {
+        !self.closing
+            && self.entries.len() < self.worker.settings.max_pending
+            && self.owed + self.out.len() <= self.budget()
+    }
+
+    /// Whether `cost` more bytes may be reserved now. A client with nothing
+    /// in flight may always send one request, so every client progresses.
+    fn may_reserve(&self, cost: usize) -> bool {
+        let nothing_owed = self.owed == 0 && self.out.is_empty();
+        nothing_owed
+            || (self.owed + self.out.len() + cost <= self.budget()
+                && self.worker.owed.get() + cost <= self.worker.budget)
+    }
+
+    fn reserve(&mut self, cost: usize) {
+        self.owed += cost;
+        self.worker.owed.set(self.worker.owed.get() + cost);
+    }
+
+    fn release(&mut self, cost: usize) {
+        let cost = cost.min(self.owed);
+        self.owed -= cost;
+        self.worker
+            .owed
+            .set(self.worker.owed.get().saturating_sub(cost));
+    }
+
+    /// Gives back everything this client reserved (the session is ending).
+    fn release_all(&mut self) {
+        self.release(self.owed);
+    }
+
+    /// Parses every complete request in `input` into entries, up to the
+    /// pending bound.
+    fn parse(&mut self, input: &mut BytesMut) {
+        // Limits may change with a reload or when servers report their item
+        // size; a copy is taken, no guard is held.
+        self.limits = self.worker.topology.load().limits();
+        while !self.closing && self.entries.len() < self.worker.settings.max_pending {
             if self.discard > 0 {
                 let n = self.discard.min(input.len());
                 input.advance(n);
                 self.discard -= n;
                 if self.discard > 0 {
-                    return true;
+                    return;
                 }
             }
-            match parse_request(input, &limits) {
-                Ok(None) => return true,
+            match parse_request(input, &self.limits) {
+                Ok(None) => return,
                 Ok(Some((request, consumed))) => {
                     let bytes = input.split_to(consumed).freeze();
-                    self.route(request, bytes).await;
+                    self.start(request, bytes);
                 }
                 Err(rejection) => {
                     input.advance(rejection.consumed);
                     self.discard = rejection.discard;
                     if !rejection.silent {
-                        self.pending
-                            .push_back(Pending::ready(Bytes::from_static(rejection.error.reply())));
+                        let topology = self.worker.topology.load_full();
+                        self.push(Entry::ready(rejection.error.reply(), topology));
                     }
                     if !rejection.error.keeps_connection() {
                         self.closing = true;
@@ -196,581 +247,470 @@ impl ClientSession<'_> {
         }
     }
 
-    async fn route(&mut self, request: Request, bytes: Bytes) {
-        // One topology per request: it finishes on this ring even if a reload
-        // lands meanwhile. `load_full` gives an owned Arc, so no arc-swap guard
-        // is held across the awaits below.
-        let topology = self.ctx.topology.load_full();
-        let stats = &self.ctx.stats;
-        stats.request(request.command, request.keys.len());
-        let pending = match request.command {
-            Command::Quit => {
+    fn push(&mut self, entry: Entry) {
+        self.entries.push_back(entry);
+    }
+
+    /// Plans one request on the current topology and queues its entry.
+    fn start(&mut self, request: Request, bytes: Bytes) {
+        // One topology per request: it finishes on this ring even if a
+        // reload lands meanwhile. `load_full` gives an owned Arc, so no
+        // arc-swap guard is held.
+        let topology = self.worker.topology.load_full();
+        self.worker
+            .stats
+            .request(request.command, request.keys.len());
+        let plan = route::plan(&request, &bytes, &topology);
+        let work = match plan {
+            Plan::Quit => {
                 self.closing = true;
                 return;
             }
-            Command::Version => Some(Pending::ready(Bytes::from_static(crate::VERSION_REPLY))),
-            Command::Verbosity => {
-                // Accepted and not forwarded: memring's log level is its own.
-                (!request.noreply).then(|| Pending::ready(Bytes::from_static(b"OK\r\n")))
+            Plan::Reply(reply) if request.noreply => {
+                let _ = reply;
+                return;
             }
-            Command::Stats if request.arg.is_some() => Some(Pending::ready(Bytes::from_static(
-                b"CLIENT_ERROR memring answers plain 'stats' only; ask each memcached for the others\r\n",
-            ))),
-            Command::Stats => {
-                let mut out = BytesMut::new();
-                stats.write_report(&mut out, &topology);
-                Some(Pending::ready(out.freeze()))
-            }
-            Command::FlushAll => self.broadcast(&topology, &request, &bytes).await,
-            command if command.is_retrieval() => {
-                Some(self.retrieve(&topology, request, bytes).await)
-            }
-            _ if topology.config.replicas > 1 => self.replicated_write(&topology, request, bytes).await,
-            _ => self.forward_single_key(&topology, &request, &bytes).await,
-        };
-        if let Some(pending) = pending {
-            self.pending.push_back(pending);
-        }
-    }
-
-    async fn forward_single_key(
-        &mut self,
-        topology: &Topology,
-        request: &Request,
-        bytes: &Bytes,
-    ) -> Option<Pending> {
-        let key = request.key(bytes, 0);
-        let Some(backend) = topology.owner(key) else {
-            return (!request.noreply).then(Pending::no_servers);
-        };
-        let part = self
-            .send(
-                backend,
-                forwardable(bytes, request),
-                ReplyKind::Line,
-                !request.noreply,
-            )
-            .await;
-        part.map(|part| Pending {
-            parts: smallvec::smallvec![part],
-            finish: Finish::Forward {
-                command: request.command,
-                keys: 1,
+            Plan::Reply(reply) => Work::Ready(Bytes::from_static(reply)),
+            Plan::NoServers if request.noreply => return,
+            Plan::NoServers => Work::Ready(Bytes::from_static(route::NO_SERVERS)),
+            Plan::Stats => Work::Stats,
+            Plan::Forward { server } => Work::Lines {
+                parts: smallvec::smallvec![Part::new(server)],
+                finish: Finish::Forward,
             },
-        })
+            Plan::Quorum { servers, quorum } => Work::Lines {
+                parts: servers.into_iter().map(Part::new).collect(),
+                finish: Finish::Quorum(quorum),
+            },
+            Plan::Broadcast { servers } => Work::Lines {
+                parts: servers.into_iter().map(Part::new).collect(),
+                finish: Finish::AllOk,
+            },
+            Plan::CasThenCopy { owner, copies } => Work::Cas {
+                owner: Part::new(owner),
+                copies: Some(copies),
+            },
+            Plan::Retrieve(retrieval) => Work::Retrieve {
+                plan: retrieval,
+                in_flight: SmallVec::new(),
+                held: 0,
+            },
+        };
+        self.push(Entry {
+            command: request.command,
+            noreply: request.noreply,
+            request,
+            bytes,
+            topology,
+            work,
+            sent: false,
+            reserved: 0,
+        });
     }
 
-    /// `get`/`gets`/`gat`/`gats`: one request when every key has the same owner,
-    /// otherwise one sub-request per owner, sent before any is awaited.
-    async fn retrieve(
-        &mut self,
-        topology: &Arc<Topology>,
-        request: Request,
-        bytes: Bytes,
-    ) -> Pending {
-        if request.keys.is_empty() {
-            return Pending::ready(Bytes::from_static(b"END\r\n"));
+    /// Dispatches entries in order while the budget allows.
+    fn pump(&mut self) {
+        while self.dispatched < self.entries.len() {
+            let index = self.dispatched;
+            self.absorb(index);
+            if !self.dispatch(index) {
+                return;
+            }
+            self.dispatched += 1;
         }
-        if topology.config.replicas > 1 {
-            let (command, keys) = (request.command, request.keys.len());
-            let fallthrough = topology.config.read_miss_fallthrough;
-            let read = Read::start(topology.clone(), request, bytes, self.lane, fallthrough).await;
-            return Pending::spawned("replicas", command, keys, read.finish());
-        }
-        let mut owner_of_key: SmallVec<[u32; 8]> = SmallVec::with_capacity(request.keys.len());
-        for i in 0..request.keys.len() {
-            let Some(owner) = topology.owner_index(request.key(&bytes, i)) else {
-                return Pending::no_servers();
-            };
-            owner_of_key.push(owner as u32);
-        }
-        let first = owner_of_key[0];
-        if owner_of_key.iter().all(|&o| o == first) {
-            let backend = &topology.backends[first as usize];
-            let part = self
-                .send(backend, smallvec::smallvec![bytes], ReplyKind::Values, true)
-                .await
-                .expect("a reply was asked for");
-            return Pending {
-                parts: smallvec::smallvec![part],
-                finish: Finish::Forward {
-                    command: request.command,
-                    keys: request.keys.len(),
-                },
-            };
-        }
+    }
 
-        // Number the owners in order of first appearance: part i is the i-th
-        // distinct owner.
-        let mut owners: SmallVec<[u32; 8]> = SmallVec::new();
-        let mut part_of_key: SmallVec<[u16; 8]> = SmallVec::with_capacity(owner_of_key.len());
-        for &owner in &owner_of_key {
-            let part = match owners.iter().position(|&o| o == owner) {
-                Some(part) => part,
-                None => {
-                    owners.push(owner);
-                    owners.len() - 1
+    /// Sends what entry `index` has to send now; true once it will send
+    /// nothing more.
+    fn dispatch(&mut self, index: usize) -> bool {
+        let mut entry = self.entries.remove(index).expect("index in range");
+        let complete = self.dispatch_entry(&mut entry);
+        self.entries.insert(index, entry);
+        complete
+    }
+
+    fn dispatch_entry(&mut self, entry: &mut Entry) -> bool {
+        let noreply = entry.noreply;
+        let topology = entry.topology.clone();
+        match &mut entry.work {
+            Work::Ready(_) | Work::Stats => true,
+            Work::Lines { parts, .. } => {
+                if entry.sent {
+                    return true;
                 }
-            };
-            part_of_key.push(part as u16);
-        }
-        let exptime = request.arg.map(|span| span.of(&bytes));
-        let mut parts = SmallVec::with_capacity(owners.len());
-        for (part, &owner) in owners.iter().enumerate() {
-            let mut sub = BytesMut::new();
-            let keys = (0..request.keys.len())
-                .filter(|&i| part_of_key[i] as usize == part)
-                .map(|i| request.key(&bytes, i));
-            write_sub_get(&mut sub, request.command, exptime, keys);
-            let backend = &topology.backends[owner as usize];
-            let sent = self
-                .send(
-                    backend,
-                    smallvec::smallvec![sub.freeze()],
-                    ReplyKind::Values,
-                    true,
-                )
-                .await
-                .expect("a reply was asked for");
-            parts.push(sent);
-        }
-        Pending {
-            parts,
-            finish: Finish::Merge(Box::new(Merge {
-                bytes,
-                keys: request.keys,
-                part_of_key,
-            })),
+                let cost = entry.bytes.len() + LINE_REPLY_BYTES * parts.len();
+                if !self.may_reserve(cost) {
+                    return false;
+                }
+                self.reserve(cost);
+                entry.reserved = cost;
+                let request = forwardable(&entry.bytes, &entry.request);
+                let expect = entry.command.reply_line().unwrap_or(LineKind::Ok);
+                for part in parts.iter_mut() {
+                    self.send_line(&topology, part, &request, expect, !noreply);
+                }
+                entry.sent = true;
+                true
+            }
+            Work::Cas { owner, copies } => {
+                if !entry.sent {
+                    let cost = entry.bytes.len() + LINE_REPLY_BYTES;
+                    if !self.may_reserve(cost) {
+                        return false;
+                    }
+                    self.reserve(cost);
+                    entry.reserved = cost;
+                    let request = forwardable(&entry.bytes, &entry.request);
+                    self.send_line(&topology, owner, &request, LineKind::Storage, true);
+                    entry.sent = true;
+                }
+                // The copies go out before any later request of this client,
+                // so a later write to the key cannot be overtaken by them.
+                let Some(result) = &owner.result else {
+                    return false;
+                };
+                if let Some(copies) = copies.take() {
+                    if matches!(result, Ok(reply) if reply.as_ref() == b"STORED\r\n") {
+                        let copy = route::cas_as_set(&entry.request, &entry.bytes);
+                        for server in copies {
+                            let mut part = Part::new(server);
+                            // The client has its answer from the owner; a
+                            // replica that fails here is counted by its
+                            // backend and catches up on a later write.
+                            self.send_line(&topology, &mut part, &copy, LineKind::Storage, false);
+                        }
+                    }
+                }
+                true
+            }
+            Work::Retrieve {
+                plan, in_flight, ..
+            } => {
+                while plan.has_unsent() {
+                    let room = self
+                        .budget()
+                        .saturating_sub(self.owed + self.out.len())
+                        .min(self.worker.budget.saturating_sub(self.worker.owed.get()));
+                    let nothing_owed = self.owed == 0 && self.out.is_empty();
+                    let estimate = self.estimate.max(MIN_ESTIMATE_BYTES);
+                    let keys = (room / estimate).min(route::MAX_CHUNK_KEYS);
+                    let keys = if keys == 0 && nothing_owed { 1 } else { keys };
+                    if keys == 0 {
+                        return false;
+                    }
+                    for sub in plan.next_chunk(keys) {
+                        let keys_in_sub = sub.line.iter().filter(|&&b| b == b' ').count().max(1);
+                        let cost = keys_in_sub * estimate;
+                        self.reserve(cost);
+                        let backend = &topology.backends[sub.server];
+                        let slot = Slot::new(self.wake.clone());
+                        let conn = self.worker.conn(backend, self.lane);
+                        let expect = Expect::values(sub.line.clone());
+                        match conn.send(std::slice::from_ref(&sub.line), expect, Some(slot.clone()))
+                        {
+                            Ok(()) => in_flight.push((sub.id, slot, cost)),
+                            Err(kind) => {
+                                self.release(cost);
+                                plan.on_done(sub.id, Err(backend.error(kind)));
+                            }
+                        }
+                    }
+                }
+                // With replicas, replies may send keys to their next replica:
+                // later requests wait until this one has its answers.
+                in_flight.is_empty() || topology.config.replicas <= 1
+            }
         }
     }
 
-    /// A write with `replicas > 1`: sent to every replica at once and answered
-    /// on a quorum; `cas` is checked on the owner and copied to the others.
-    async fn replicated_write(
-        &mut self,
-        topology: &Arc<Topology>,
-        request: Request,
-        bytes: Bytes,
-    ) -> Option<Pending> {
-        let command = request.command;
-        if command == Command::Cas {
-            let noreply = request.noreply;
-            let cas = Cas::start(topology.clone(), request, bytes, self.lane).await;
-            if noreply {
-                tokio::spawn(async move {
-                    let _ = cas.finish().await;
-                });
-                return None;
-            }
-            return Some(Pending::spawned("owner", command, 1, cas.finish()));
-        }
-        let replicas = replica_set(topology, request.key(&bytes, 0));
-        if replicas.is_empty() {
-            return (!request.noreply).then(Pending::no_servers);
-        }
-        let outbound = forwardable(&bytes, &request);
-        let mut parts = SmallVec::new();
-        for &replica in &replicas {
-            let backend = &topology.backends[replica];
-            if let Some(part) = self
-                .send(backend, outbound.clone(), ReplyKind::Line, !request.noreply)
-                .await
-            {
-                parts.push(part);
-            }
-        }
-        (!request.noreply).then(|| Pending {
-            parts,
-            finish: Finish::Quorum {
-                quorum: quorum(replicas.len()),
-                command,
-            },
-        })
-    }
-
-    /// `flush_all`: sent to every server; `OK` only when every server said so.
-    async fn broadcast(
-        &mut self,
-        topology: &Topology,
-        request: &Request,
-        bytes: &Bytes,
-    ) -> Option<Pending> {
-        let mut parts = SmallVec::new();
-        for backend in topology.backends.iter() {
-            if let Some(part) = self
-                .send(
-                    backend,
-                    forwardable(bytes, request),
-                    ReplyKind::Line,
-                    !request.noreply,
-                )
-                .await
-            {
-                parts.push(part);
-            }
-        }
-        (!request.noreply).then_some(Pending {
-            parts,
-            finish: Finish::AllOk,
-        })
-    }
-
-    /// Queues a request on this session's lane of `backend`. Returns the reply
-    /// slot, or `None` when no reply was asked for.
-    async fn send(
+    /// Queues a one-line request on `part`'s server.
+    fn send_line(
         &self,
-        backend: &Arc<Backend>,
-        request: crate::protocol::encode::Outbound,
-        kind: ReplyKind,
+        topology: &Topology,
+        part: &mut Part,
+        request: &[Bytes],
+        expect: LineKind,
         want_reply: bool,
-    ) -> Option<Part> {
-        let server = backend.shared_name();
-        match backend.send(self.lane, request, kind, want_reply).await {
-            Ok(Some(receiver)) => Some(Part {
-                server,
-                receiver: Some(receiver),
-                result: None,
-            }),
-            Ok(None) => None,
-            Err(error) => want_reply.then_some(Part {
-                server,
-                receiver: None,
-                result: Some(Err(error)),
-            }),
+    ) {
+        let backend = &topology.backends[part.server];
+        let conn = self.worker.conn(backend, self.lane);
+        let slot = want_reply.then(|| Slot::new(self.wake.clone()));
+        match conn.send(request, Expect::Line(expect), slot.clone()) {
+            Ok(()) => part.slot = slot,
+            Err(kind) => part.result = Some(Err(backend.error(kind))),
+        }
+    }
+
+    /// Moves the replies that arrived for entry `index` into its plan.
+    fn absorb(&mut self, index: usize) {
+        let mut released = 0;
+        let mut grown = 0;
+        let mut estimate = None;
+        let entry = &mut self.entries[index];
+        match &mut entry.work {
+            Work::Lines { parts, .. } => parts.iter_mut().for_each(Part::absorb),
+            Work::Cas { owner, .. } => owner.absorb(),
+            Work::Retrieve {
+                plan,
+                in_flight,
+                held,
+            } => {
+                in_flight.retain(|(id, slot, cost)| {
+                    while let Some(got) = slot.take() {
+                        plan.on_piece(*id, got);
+                    }
+                    match slot.outcome() {
+                        Some(result) => {
+                            plan.on_done(*id, result);
+                            released += *cost;
+                            false
+                        }
+                        None => true,
+                    }
+                });
+                if plan.largest_block() > 0 {
+                    estimate = Some(plan.largest_block());
+                }
+                // Values waiting for earlier keys stay owed.
+                let now = plan.held_bytes();
+                if now > *held {
+                    grown = now - *held;
+                } else {
+                    released += *held - now;
+                }
+                *held = now;
+            }
+            Work::Ready(_) | Work::Stats => {}
+        }
+        self.reserve(grown);
+        self.release(released);
+        if let Some(estimate) = estimate {
+            self.estimate = estimate;
+        }
+    }
+
+    /// Writes the replies of the entries at the head, in order.
+    fn collect(&mut self) {
+        while !self.entries.is_empty() {
+            self.absorb(0);
+            let mut entry = self.entries.pop_front().expect("not empty");
+            let complete = self.dispatched > 0 && self.finish(&mut entry);
+            if !complete {
+                if let Work::Retrieve { plan, held, .. } = &mut entry.work {
+                    // The head streams: its values go out as they arrive.
+                    plan.emit(&mut self.out);
+                    let now = plan.held_bytes();
+                    self.release(held.saturating_sub(now));
+                    *held = now;
+                }
+                self.entries.push_front(entry);
+                return;
+            }
+            self.dispatched -= 1;
+            self.release(entry.reserved);
+        }
+    }
+
+    /// Writes the entry's reply if it is complete; true if it was.
+    fn finish(&mut self, entry: &mut Entry) -> bool {
+        let stats = &self.worker.stats;
+        let noreply = entry.noreply;
+        match &mut entry.work {
+            Work::Ready(reply) => self.out.push(reply.clone()),
+            Work::Stats => {
+                crate::report::write_stats(self.out.scratch(), stats, &entry.topology);
+            }
+            // Nothing comes back for `noreply`: done once written.
+            Work::Lines { .. } if noreply => return entry.sent,
+            Work::Lines { parts, finish } => {
+                let results: SmallVec<[Option<&CallResult>; 4]> =
+                    parts.iter().map(|p| p.result.as_ref()).collect();
+                match finish {
+                    Finish::Quorum(quorum) => match decide(&results, *quorum) {
+                        Decision::Wait => return false,
+                        Decision::Answer(reply) => {
+                            stats.reply(entry.command, &reply);
+                            let outstanding = results.iter().filter(|r| r.is_none()).count();
+                            // Slower replicas finish in the background on
+                            // their own connections.
+                            stats.replica_background(outstanding);
+                            self.out.push(reply);
+                        }
+                        Decision::Fail(servers) => {
+                            let names: Vec<&str> = servers.iter().map(|s| &**s).collect();
+                            let reason = if names.is_empty() {
+                                "no quorum: replicas answered with errors".to_string()
+                            } else {
+                                format!("no quorum: failed on {}", names.join(", "))
+                            };
+                            write_server_error(self.out.scratch(), &reason);
+                        }
+                    },
+                    Finish::Forward | Finish::AllOk if results.iter().any(Option::is_none) => {
+                        return false;
+                    }
+                    Finish::Forward => match &parts[0].result {
+                        Some(Ok(reply)) => {
+                            stats.reply(entry.command, reply);
+                            self.out.push(reply.clone());
+                        }
+                        Some(Err(error)) => write_server_error(self.out.scratch(), error),
+                        None => {}
+                    },
+                    Finish::AllOk => {
+                        let names = parts
+                            .iter()
+                            .map(|p| entry.topology.backends[p.server].name());
+                        let results = parts.iter().filter_map(|p| p.result.as_ref());
+                        match all_ok(names.zip(results)) {
+                            Ok(()) => self.out.push_slice(b"OK\r\n"),
+                            Err(failed) => write_server_error(
+                                self.out.scratch(),
+                                &format_args!("failed on {}", failed.join(", ")),
+                            ),
+                        }
+                    }
+                }
+            }
+            Work::Cas { owner, copies } => {
+                if copies.is_some() {
+                    return false;
+                }
+                if !noreply {
+                    match &owner.result {
+                        Some(Ok(reply)) => {
+                            stats.reply(entry.command, reply);
+                            self.out.push(reply.clone());
+                        }
+                        Some(Err(error)) => write_server_error(self.out.scratch(), error),
+                        None => return false,
+                    }
+                }
+            }
+            Work::Retrieve {
+                plan,
+                held,
+                in_flight,
+            } => {
+                if plan.has_unsent() || !in_flight.is_empty() || !plan.emit(&mut self.out) {
+                    return false;
+                }
+                let (keys, hits) = plan.counts();
+                stats.retrieval(keys, hits);
+                self.release(*held);
+                *held = 0;
+            }
+        }
+        true
+    }
+}
+
+/// One client request on its way.
+struct Entry {
+    command: Command,
+    noreply: bool,
+    request: Request,
+    bytes: Bytes,
+    /// The topology the request was planned on; it finishes on it.
+    topology: Arc<Topology>,
+    work: Work,
+    /// The request has been written (for one-line work).
+    sent: bool,
+    /// Reply bytes reserved when it was dispatched.
+    reserved: usize,
+}
+
+impl Entry {
+    /// A reply memring makes itself.
+    fn ready(reply: &'static [u8], topology: Arc<Topology>) -> Entry {
+        let bytes = Bytes::new();
+        Entry {
+            command: Command::Version,
+            noreply: false,
+            request: Request {
+                command: Command::Version,
+                keys: SmallVec::new(),
+                noreply: false,
+                arg: None,
+                args_end: 0,
+                line_len: 0,
+            },
+            bytes,
+            topology,
+            work: Work::Ready(Bytes::from_static(reply)),
+            sent: true,
+            reserved: 0,
         }
     }
 }
 
-/// One backend reply a pending request waits for.
+enum Work {
+    /// memring's own reply.
+    Ready(Bytes),
+    /// memring's `stats`, rendered when it is the client's turn.
+    Stats,
+    /// One-line replies from one or more servers.
+    Lines {
+        parts: SmallVec<[Part; 1]>,
+        finish: Finish,
+    },
+    /// A replicated `cas`: the owner, then copies once it stored.
+    Cas {
+        owner: Part,
+        copies: Option<route::Servers>,
+    },
+    /// A retrieval, streamed.
+    Retrieve {
+        plan: Box<Retrieval>,
+        /// Sub-requests in flight: id, reply slot, bytes reserved.
+        in_flight: SmallVec<[(u32, Rc<Slot>, usize); 2]>,
+        /// Value bytes the plan holds, counted as owed.
+        held: usize,
+    },
+}
+
+/// How the parts' one-line replies become the client's reply.
+enum Finish {
+    Forward,
+    Quorum(usize),
+    AllOk,
+}
+
+/// One server's one-line reply to wait for.
 struct Part {
-    server: Arc<str>,
-    receiver: Option<oneshot::Receiver<CallResult>>,
+    server: usize,
+    slot: Option<Rc<Slot>>,
     result: Option<CallResult>,
 }
 
 impl Part {
-    fn lost(&self) -> CallResult {
-        Err(BackendError {
-            server: self.server.clone(),
-            kind: BackendErrorKind::Gone,
-        })
-    }
-
-    /// True once the reply (or the reason there is none) is known.
-    fn is_done(&self) -> bool {
-        self.result.is_some() || self.receiver.is_none()
-    }
-
-    /// Takes the reply if it has arrived, without registering for a wake-up.
-    fn try_receive(&mut self) {
-        if let (None, Some(receiver)) = (&self.result, &mut self.receiver) {
-            match receiver.try_recv() {
-                Ok(result) => self.result = Some(result),
-                Err(oneshot::error::TryRecvError::Empty) => {}
-                Err(oneshot::error::TryRecvError::Closed) => self.result = Some(self.lost()),
-            }
+    fn new(server: usize) -> Part {
+        Part {
+            server,
+            slot: None,
+            result: None,
         }
     }
 
-    /// Polls for the reply; the result is kept in `self`, so waiting on it is
-    /// cancel-safe.
-    fn poll_receive(&mut self, cx: &mut std::task::Context<'_>) {
-        if let (None, Some(receiver)) = (&self.result, &mut self.receiver) {
-            if let std::task::Poll::Ready(result) =
-                std::future::Future::poll(std::pin::Pin::new(receiver), cx)
-            {
-                self.result = Some(result.unwrap_or_else(|_| self.lost()));
-            }
+    /// Takes the reply if it has arrived.
+    fn absorb(&mut self) {
+        if self.result.is_some() {
+            return;
         }
-    }
-
-    fn take(&mut self) -> CallResult {
-        self.result.take().unwrap_or_else(|| self.lost())
-    }
-}
-
-/// How the parts' replies become the client's reply.
-enum Finish {
-    /// A reply made by memring itself.
-    Ready(Bytes),
-    /// The one part's reply, as it came.
-    Forward { command: Command, keys: usize },
-    /// A multi-get split across servers.
-    Merge(Box<Merge>),
-    /// `OK` if every part answered `OK`.
-    AllOk,
-    /// A replicated write: the reply a quorum agrees on.
-    Quorum { quorum: usize, command: Command },
-}
-
-struct Merge {
-    bytes: Bytes,
-    keys: Keys,
-    part_of_key: SmallVec<[u16; 8]>,
-}
-
-/// A reply slot in the client's FIFO.
-struct Pending {
-    parts: SmallVec<[Part; 1]>,
-    finish: Finish,
-}
-
-impl Pending {
-    fn ready(reply: Bytes) -> Pending {
-        Pending {
-            parts: SmallVec::new(),
-            finish: Finish::Ready(reply),
-        }
-    }
-
-    fn no_servers() -> Pending {
-        Pending::ready(Bytes::from_static(
-            b"SERVER_ERROR no servers configured\r\n",
-        ))
-    }
-
-    /// A reply slot filled by a spawned task (replicated reads and `cas`).
-    fn spawned(
-        label: &str,
-        command: Command,
-        keys: usize,
-        work: impl std::future::Future<Output = CallResult> + Send + 'static,
-    ) -> Pending {
-        let (sender, receiver) = oneshot::channel();
-        tokio::spawn(async move {
-            let _ = sender.send(work.await);
+        let Some(slot) = &self.slot else {
+            return;
+        };
+        let Some(outcome) = slot.outcome() else {
+            return;
+        };
+        self.result = Some(match outcome {
+            Ok(()) => match slot.take() {
+                Some(Got::Line(line)) => Ok(line),
+                // The connection always hands one-line replies as a line.
+                Some(Got::Value(bytes)) => Ok(bytes),
+                None => Ok(Bytes::new()),
+            },
+            Err(error) => Err::<Bytes, BackendError>(error),
         });
-        Pending {
-            parts: smallvec::smallvec![Part {
-                server: label.into(),
-                receiver: Some(receiver),
-                result: None,
-            }],
-            finish: Finish::Forward { command, keys },
-        }
-    }
-
-    /// Whether the reply can be written: every part is in, or (for a
-    /// replicated write) the quorum has decided.
-    fn is_complete(&self) -> bool {
-        match self.finish {
-            Finish::Quorum { quorum, .. } => quorum_decision(&self.parts, quorum) != Decision::Wait,
-            _ => self.parts.iter().all(Part::is_done),
-        }
-    }
-
-    fn poll_ready(&mut self) -> bool {
-        for part in self.parts.iter_mut() {
-            part.try_receive();
-        }
-        self.is_complete()
-    }
-
-    /// Waits until the reply can be written; any part may answer first.
-    async fn wait(&mut self) {
-        std::future::poll_fn(|cx| {
-            for part in self.parts.iter_mut() {
-                part.poll_receive(cx);
-            }
-            if self.is_complete() {
-                std::task::Poll::Ready(())
-            } else {
-                std::task::Poll::Pending
-            }
-        })
-        .await;
-    }
-
-    fn write_reply(mut self, queue: &mut ReplyQueue, stats: &Stats) {
-        match self.finish {
-            Finish::Ready(reply) => queue.push(reply),
-            Finish::Forward { command, keys } => match self.parts[0].take() {
-                Ok(reply) => {
-                    stats.reply(command, keys, &reply);
-                    queue.push(reply);
-                }
-                Err(error) => {
-                    write_server_error(queue.scratch(), &error);
-                }
-            },
-            Finish::Merge(merge) => {
-                let mut replies: SmallVec<[Option<Bytes>; 4]> = SmallVec::new();
-                let mut first_error = None;
-                for part in self.parts.iter_mut() {
-                    match part.take() {
-                        Ok(reply) if !is_error_reply(&reply) => replies.push(Some(reply)),
-                        Ok(_) => replies.push(None),
-                        Err(error) => {
-                            first_error.get_or_insert(error);
-                            replies.push(None);
-                        }
-                    }
-                }
-                // A multi-get answers with what the healthy servers hold; only
-                // when every server failed is the whole reply an error.
-                match first_error {
-                    Some(error) if replies.iter().all(Option::is_none) => {
-                        write_server_error(queue.scratch(), &error);
-                    }
-                    _ => {
-                        let keys = merge
-                            .keys
-                            .iter()
-                            .zip(merge.part_of_key.iter())
-                            .map(|(span, &part)| (span.of(&merge.bytes), part as usize));
-                        let hits = write_merged_values(queue.scratch(), keys, &replies);
-                        stats.retrieval(merge.keys.len(), hits);
-                    }
-                }
-            }
-            Finish::Quorum { quorum, command } => match quorum_decision(&self.parts, quorum) {
-                Decision::Answer(reply) => {
-                    stats.reply(command, 1, &reply);
-                    let outstanding = self.parts.iter().filter(|p| p.result.is_none()).count();
-                    // Slower replicas finish in the background on their own
-                    // connections (bounded by the request timeout).
-                    stats.replica_background(outstanding);
-                    queue.push(reply);
-                }
-                Decision::Fail(servers) if !servers.is_empty() => {
-                    let names: Vec<&str> = servers.iter().map(|s| &**s).collect();
-                    write_server_error(
-                        queue.scratch(),
-                        &format_args!("no quorum: failed on {}", names.join(", ")),
-                    );
-                }
-                Decision::Fail(_) | Decision::Wait => {
-                    write_server_error(
-                        queue.scratch(),
-                        &"no quorum: replicas answered with errors",
-                    );
-                }
-            },
-            Finish::AllOk => {
-                let mut failed: Vec<String> = Vec::new();
-                for part in self.parts.iter_mut() {
-                    match part.take() {
-                        Ok(reply) if reply.as_ref() == b"OK\r\n" => {}
-                        Ok(_) | Err(_) => failed.push(part.server.to_string()),
-                    }
-                }
-                if failed.is_empty() {
-                    queue.scratch().extend_from_slice(b"OK\r\n");
-                } else {
-                    write_server_error(
-                        queue.scratch(),
-                        &format_args!("failed on {}", failed.join(", ")),
-                    );
-                }
-            }
-        }
-    }
-}
-
-fn quorum_decision(parts: &[Part], quorum: usize) -> Decision {
-    let results: SmallVec<[Option<&CallResult>; 4]> =
-        parts.iter().map(|p| p.result.as_ref()).collect();
-    decide(&results, quorum)
-}
-
-/// Replies ready to be written to one client, in order. Large replies (values)
-/// are kept as the `Bytes` they arrived in and written with `writev`; small
-/// ones are copied together, which is cheaper than one iovec each.
-#[derive(Default)]
-struct ReplyQueue {
-    chunks: VecDeque<Bytes>,
-    /// Small replies since the last chunk.
-    scratch: BytesMut,
-    remaining: usize,
-}
-
-/// Replies at least this long are written in place rather than copied.
-const ZERO_COPY_REPLY_BYTES: usize = 4096;
-
-impl ReplyQueue {
-    fn push(&mut self, reply: Bytes) {
-        if reply.len() >= ZERO_COPY_REPLY_BYTES {
-            self.seal();
-            self.remaining += reply.len();
-            self.chunks.push_back(reply);
-        } else {
-            self.scratch.extend_from_slice(&reply);
-        }
-    }
-
-    /// Where memring's own reply lines are written.
-    fn scratch(&mut self) -> &mut BytesMut {
-        &mut self.scratch
-    }
-
-    /// Moves the small replies into the chunk list; returns the bytes queued.
-    fn seal(&mut self) -> usize {
-        if !self.scratch.is_empty() {
-            let small = self.scratch.split().freeze();
-            self.remaining += small.len();
-            self.chunks.push_back(small);
-        }
-        self.remaining
-    }
-}
-
-impl Buf for ReplyQueue {
-    fn remaining(&self) -> usize {
-        self.remaining
-    }
-
-    fn chunk(&self) -> &[u8] {
-        self.chunks.front().map_or(&[], |chunk| &chunk[..])
-    }
-
-    fn chunks_vectored<'a>(&'a self, dst: &mut [std::io::IoSlice<'a>]) -> usize {
-        let mut filled = 0;
-        for (slot, chunk) in dst.iter_mut().zip(self.chunks.iter()) {
-            *slot = std::io::IoSlice::new(chunk);
-            filled += 1;
-        }
-        filled
-    }
-
-    fn advance(&mut self, mut count: usize) {
-        self.remaining -= count;
-        while count > 0 {
-            let front = self.chunks.front_mut().expect("advance within remaining");
-            if count < front.len() {
-                front.advance(count);
-                return;
-            }
-            count -= front.len();
-            self.chunks.pop_front();
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reply_queue_keeps_order_across_copied_and_zero_copy_replies() {
-        let mut queue = ReplyQueue::default();
-        let large = Bytes::from(vec![b'v'; ZERO_COPY_REPLY_BYTES]);
-        queue.push(Bytes::from_static(b"STORED\r\n"));
-        queue.push(large.clone());
-        queue.scratch().extend_from_slice(b"OK\r\n");
-        queue.push(Bytes::from_static(b"END\r\n"));
-        let total = queue.seal();
-        assert_eq!(total, 8 + large.len() + 4 + 5);
-        let mut written = Vec::new();
-        // Drain it in uneven steps, as partial writes would.
-        while queue.has_remaining() {
-            let step = queue.chunk().len().min(1000);
-            written.extend_from_slice(&queue.chunk()[..step]);
-            queue.advance(step);
-        }
-        let mut expected = b"STORED\r\n".to_vec();
-        expected.extend_from_slice(&large);
-        expected.extend_from_slice(b"OK\r\nEND\r\n");
-        assert_eq!(written, expected);
-        assert_eq!(queue.seal(), 0);
     }
 }

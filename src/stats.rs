@@ -3,10 +3,13 @@
 //! Every figure is a prometheus-client metric registered once at start; hot
 //! paths hold clones of the handles they bump (an atomic add, no lock, no
 //! label lookup). Per-server handles live in [`BackendMetrics`].
+//!
+//! A leaf: it imports nothing of memring but the protocol's command index, so
+//! every other module may count without an import loop. The `stats` reply is
+//! rendered in `report.rs`.
 
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
-use bytes::BytesMut;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -14,12 +17,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::backend::health::HealthState;
-use crate::error::BackendErrorKind;
-use crate::protocol::encode::write_stat;
-use crate::protocol::reply::ValueBlocks;
 use crate::protocol::Command;
-use crate::topology::Topology;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CommandLabels {
@@ -47,37 +45,6 @@ struct ServerStateLabels {
 struct ResultLabels {
     result: &'static str,
 }
-
-const COMMANDS: [Command; 19] = [
-    Command::Get,
-    Command::Gets,
-    Command::Gat,
-    Command::Gats,
-    Command::Set,
-    Command::Add,
-    Command::Replace,
-    Command::Append,
-    Command::Prepend,
-    Command::Cas,
-    Command::Delete,
-    Command::Incr,
-    Command::Decr,
-    Command::Touch,
-    Command::Version,
-    Command::Verbosity,
-    Command::FlushAll,
-    Command::Stats,
-    Command::Quit,
-];
-
-fn command_index(command: Command) -> usize {
-    COMMANDS
-        .iter()
-        .position(|&c| c == command)
-        .expect("every command is listed")
-}
-
-const STATES: [HealthState; 3] = [HealthState::Active, HealthState::Suspect, HealthState::Dead];
 
 /// A counter registered under `name`.
 fn counter(registry: &mut Registry, name: &str, help: &str) -> Counter {
@@ -161,7 +128,7 @@ impl Stats {
             "Client requests by command",
             command_family.clone(),
         );
-        let commands = COMMANDS
+        let commands = Command::ALL
             .iter()
             .map(|c| {
                 command_family
@@ -265,7 +232,7 @@ impl Stats {
             "Time from reading a client request to having its whole reply, by command",
             latency_family.clone(),
         );
-        let command_latency = COMMANDS
+        let command_latency = Command::ALL
             .iter()
             .map(|c| {
                 latency_family
@@ -320,7 +287,7 @@ impl Stats {
     /// One request of `command`, asking for `keys` keys.
     #[inline]
     pub fn request(&self, command: Command, keys: usize) {
-        self.commands[command_index(command)].inc();
+        self.commands[command.index()].inc();
         if command.is_retrieval() {
             self.keys_requested.inc_by(keys as u64);
         }
@@ -330,7 +297,7 @@ impl Stats {
     /// whole reply (feeds `memring_request_duration_seconds`).
     #[inline]
     pub fn command_latency(&self, command: Command, seconds: f64) {
-        self.command_latency[command_index(command)].observe(seconds);
+        self.command_latency[command.index()].observe(seconds);
     }
 
     #[inline]
@@ -343,8 +310,9 @@ impl Stats {
         self.bytes_written.inc_by(n as u64);
     }
 
-    /// Counts hits and misses from a backend reply to `command` for `keys` keys.
-    pub fn reply(&self, command: Command, keys: usize, reply: &[u8]) {
+    /// Counts hits and misses from a one-line backend reply to `command`
+    /// (retrievals are counted by [`Stats::retrieval`]).
+    pub fn reply(&self, command: Command, reply: &[u8]) {
         let found = |counters: &HitMiss, hit: &[u8], miss: &[u8]| {
             if reply.starts_with(hit) {
                 counters.hits.inc();
@@ -353,10 +321,6 @@ impl Stats {
             }
         };
         match command {
-            Command::Get | Command::Gets | Command::Gat | Command::Gats => {
-                let hits = ValueBlocks::new(reply).count();
-                self.retrieval(keys, hits);
-            }
             Command::Touch => found(&self.touch, b"TOUCHED", b"NOT_FOUND"),
             Command::Delete => found(&self.delete, b"DELETED", b"NOT_FOUND"),
             Command::Incr | Command::Decr => {
@@ -393,15 +357,21 @@ impl Stats {
     }
 
     /// A topology was published.
-    pub fn topology(&self, topology: &Topology) {
-        self.ring_version.set(topology.version as i64);
-        self.servers_configured.set(topology.backends.len() as i64);
-        self.servers_effective
-            .set((topology.backends.len() - topology.ejected.len()) as i64);
+    pub fn topology(&self, version: u64, configured: usize, effective: usize) {
+        self.ring_version.set(version as i64);
+        self.servers_configured.set(configured as i64);
+        self.servers_effective.set(effective as i64);
     }
 
-    /// Handles for one server's figures.
-    pub fn backend(&self, server: &str) -> BackendMetrics {
+    /// Handles for one server's figures. `error_kinds` are the labels of the
+    /// ways a request can fail, indexed as [`BackendMetrics::error`] is
+    /// called; `states` the health state labels, the first one current.
+    pub fn backend(
+        &self,
+        server: &str,
+        error_kinds: &[&'static str],
+        states: &'static [&'static str],
+    ) -> BackendMetrics {
         let labels = ServerLabels {
             server: server.to_string(),
         };
@@ -410,11 +380,56 @@ impl Stats {
             requests: self.backend_requests.get_or_create(&labels).clone(),
             latency: self.backend_latency.get_or_create(&labels).clone(),
             connections: self.backend_connections.get_or_create(&labels).clone(),
+            error_kinds: error_kinds.to_vec().into_boxed_slice(),
             errors: self.backend_errors.clone(),
+            error_counts: error_kinds
+                .iter()
+                .map(|_| std::sync::OnceLock::new())
+                .collect(),
+            states,
             state: self.server_state.clone(),
         };
-        metrics.set_state(HealthState::Active);
+        if let Some(first) = states.first() {
+            metrics.set_state(first);
+        }
         metrics
+    }
+
+    /// Requests of `command` since start.
+    pub fn command_count(&self, command: Command) -> u64 {
+        self.commands[command.index()].get()
+    }
+
+    /// Keys asked for by retrievals (memcached's `cmd_get`).
+    pub fn keys_requested(&self) -> u64 {
+        self.keys_requested.get()
+    }
+
+    /// (name, hits, misses) for get, delete, incr, decr and touch.
+    pub fn hits_and_misses(&self) -> [(&'static str, u64, u64); 5] {
+        let of = |name, c: &HitMiss| (name, c.hits.get(), c.misses.get());
+        [
+            of("get", &self.get),
+            of("delete", &self.delete),
+            of("incr", &self.incr),
+            of("decr", &self.decr),
+            of("touch", &self.touch),
+        ]
+    }
+
+    /// Client connections accepted since start.
+    pub fn total_connections(&self) -> u64 {
+        self.total_connections.get()
+    }
+
+    /// Bytes read from and written to clients.
+    pub fn client_bytes(&self) -> (u64, u64) {
+        (self.bytes_read.get(), self.bytes_written.get())
+    }
+
+    /// Seconds since start.
+    pub fn uptime_seconds(&self) -> u64 {
+        self.started.elapsed().as_secs()
     }
 
     /// Total failed backend requests, all servers and kinds.
@@ -442,86 +457,6 @@ impl Stats {
         let mut text = String::with_capacity(16384);
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
         text
-    }
-
-    /// The `stats` reply: memring's own figures in memcached's format, then
-    /// per-server lines, then `END`.
-    pub fn write_report(&self, out: &mut BytesMut, topology: &Topology) {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let count = |command: Command| self.commands[command_index(command)].get();
-        write_stat(out, "pid", &std::process::id());
-        write_stat(out, "uptime", &self.started.elapsed().as_secs());
-        write_stat(out, "time", &now);
-        write_stat(out, "version", &crate::VERSION_STRING);
-        write_stat(out, "curr_connections", &self.curr_connections());
-        write_stat(out, "total_connections", &self.total_connections.get());
-        write_stat(out, "cmd_get", &self.keys_requested.get());
-        let sets = [
-            Command::Set,
-            Command::Add,
-            Command::Replace,
-            Command::Append,
-            Command::Prepend,
-            Command::Cas,
-        ];
-        write_stat(out, "cmd_set", &sets.iter().map(|&c| count(c)).sum::<u64>());
-        write_stat(out, "cmd_touch", &count(Command::Touch));
-        write_stat(out, "cmd_flush", &count(Command::FlushAll));
-        for (name, counters) in [
-            ("get", &self.get),
-            ("delete", &self.delete),
-            ("incr", &self.incr),
-            ("decr", &self.decr),
-            ("touch", &self.touch),
-        ] {
-            write_stat(out, &format!("{name}_hits"), &counters.hits.get());
-            write_stat(out, &format!("{name}_misses"), &counters.misses.get());
-        }
-        write_stat(out, "bytes_read", &self.bytes_read.get());
-        write_stat(out, "bytes_written", &self.bytes_written.get());
-        write_stat(out, "ring_version", &topology.version);
-        write_stat(out, "ring_servers", &topology.backends.len());
-        write_stat(out, "ring_ejected", &topology.ejected.len());
-        let shares = topology.shares();
-        for (i, backend) in topology.backends.iter().enumerate() {
-            let name = backend.name();
-            let metrics = backend.metrics();
-            write_stat(out, &format!("server:{name}:addr"), &backend.addr());
-            write_stat(
-                out,
-                &format!("server:{name}:state"),
-                &backend.state().as_str(),
-            );
-            write_stat(
-                out,
-                &format!("server:{name}:requests"),
-                &metrics.requests.get(),
-            );
-            write_stat(
-                out,
-                &format!("server:{name}:errors"),
-                &metrics.error_count(),
-            );
-            write_stat(
-                out,
-                &format!("server:{name}:timeouts"),
-                &metrics.timeout_count(),
-            );
-            write_stat(
-                out,
-                &format!("server:{name}:connections"),
-                &metrics.connections.get(),
-            );
-            let share = shares.get(i).copied().unwrap_or(0.0);
-            write_stat(
-                out,
-                &format!("server:{name}:ring_share"),
-                &format_args!("{share:.4}"),
-            );
-        }
-        out.extend_from_slice(b"END\r\n");
     }
 }
 
@@ -581,82 +516,61 @@ pub struct BackendMetrics {
     pub requests: Counter,
     pub latency: Histogram,
     pub connections: Gauge,
+    error_kinds: Box<[&'static str]>,
     errors: Family<ServerErrorLabels, Counter>,
+    /// Each kind's counter, created the first time that kind happens: no
+    /// series for kinds that never happened, no label lookup after that.
+    error_counts: Box<[std::sync::OnceLock<Counter>]>,
+    states: &'static [&'static str],
     state: Family<ServerStateLabels, Gauge>,
 }
 
 impl BackendMetrics {
-    /// A request to this server failed. Rare, so the label lookup is fine.
-    pub fn error(&self, kind: BackendErrorKind) {
-        self.errors
-            .get_or_create(&ServerErrorLabels {
-                server: self.server.clone(),
-                kind: error_kind_label(kind),
-            })
-            .inc();
+    /// A request to this server failed in the way `error_kinds[kind]` names.
+    #[inline]
+    pub fn error(&self, kind: usize) {
+        let Some(slot) = self.error_counts.get(kind) else {
+            return;
+        };
+        slot.get_or_init(|| {
+            self.errors
+                .get_or_create(&ServerErrorLabels {
+                    server: self.server.clone(),
+                    kind: self.error_kinds[kind],
+                })
+                .clone()
+        })
+        .inc();
     }
 
-    /// Failed requests of the given kinds (labels). Reads only: no series is
-    /// created for a kind that never happened.
-    fn errors_of(&self, kinds: &[&'static str]) -> u64 {
+    /// Failed requests of the kinds at these indexes.
+    pub fn errors_of(&self, kinds: &[usize]) -> u64 {
         kinds
             .iter()
-            .filter_map(|&kind| {
-                self.errors
-                    .get(&ServerErrorLabels {
-                        server: self.server.clone(),
-                        kind,
-                    })
-                    .map(|counter| counter.get())
-            })
+            .filter_map(|&kind| self.error_counts.get(kind)?.get())
+            .map(Counter::get)
             .sum()
     }
 
     /// Failed requests of every kind.
     pub fn error_count(&self) -> u64 {
-        self.errors_of(&ERROR_KIND_LABELS)
+        self.error_counts
+            .iter()
+            .filter_map(std::sync::OnceLock::get)
+            .map(Counter::get)
+            .sum()
     }
 
-    /// Requests that timed out.
-    pub fn timeout_count(&self) -> u64 {
-        self.errors_of(&[error_kind_label(BackendErrorKind::Timeout)])
-    }
-
-    /// Records the current health state (one-hot over the three states).
-    pub fn set_state(&self, current: HealthState) {
-        for state in STATES {
+    /// Records the current health state (one-hot over the states).
+    pub fn set_state(&self, current: &str) {
+        for &state in self.states {
             self.state
                 .get_or_create(&ServerStateLabels {
                     server: self.server.clone(),
-                    state: state.as_str(),
+                    state,
                 })
                 .set(i64::from(state == current));
         }
-    }
-}
-
-/// Every value `error_kind_label` can return.
-const ERROR_KIND_LABELS: [&str; 8] = [
-    "connect",
-    "connect_timeout",
-    "timeout",
-    "closed",
-    "io",
-    "protocol",
-    "gone",
-    "dead",
-];
-
-fn error_kind_label(kind: BackendErrorKind) -> &'static str {
-    match kind {
-        BackendErrorKind::Connect(_) => "connect",
-        BackendErrorKind::ConnectTimeout => "connect_timeout",
-        BackendErrorKind::Timeout => "timeout",
-        BackendErrorKind::Closed => "closed",
-        BackendErrorKind::Io(_) => "io",
-        BackendErrorKind::Protocol(_) => "protocol",
-        BackendErrorKind::Gone => "gone",
-        BackendErrorKind::Dead => "dead",
     }
 }
 
@@ -665,33 +579,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn error_counts_cover_every_kind_and_create_no_series() {
+    fn error_counts_create_series_only_for_kinds_that_happened() {
         let stats = Stats::new();
-        let metrics = stats.backend("cache-01");
+        let metrics = stats.backend("cache-01", &["timeout", "closed"], &["ACTIVE", "DEAD"]);
         assert_eq!(metrics.error_count(), 0);
         assert!(!stats
             .prometheus_text()
             .contains("memring_backend_errors_total{"));
-        let kinds = [
-            BackendErrorKind::Connect(std::io::ErrorKind::ConnectionRefused),
-            BackendErrorKind::ConnectTimeout,
-            BackendErrorKind::Timeout,
-            BackendErrorKind::Closed,
-            BackendErrorKind::Io(std::io::ErrorKind::BrokenPipe),
-            BackendErrorKind::Protocol(crate::protocol::ReplyError::Unsolicited),
-            BackendErrorKind::Gone,
-            BackendErrorKind::Dead,
-        ];
-        for kind in kinds {
-            assert!(
-                ERROR_KIND_LABELS.contains(&error_kind_label(kind)),
-                "{kind:?}"
-            );
-            metrics.error(kind);
+        metrics.error(0);
+        metrics.error(0);
+        metrics.error(1);
+        metrics.error(7);
+        assert_eq!(metrics.error_count(), 3);
+        assert_eq!(metrics.errors_of(&[0]), 2);
+        assert_eq!(stats.backend_errors(), 3);
+    }
+
+    #[test]
+    fn every_command_has_a_counter() {
+        let stats = Stats::new();
+        for command in Command::ALL {
+            stats.request(command, 1);
+            assert_eq!(stats.command_count(command), 1);
         }
-        assert_eq!(metrics.error_count(), kinds.len() as u64);
-        assert_eq!(metrics.timeout_count(), 1);
-        assert_eq!(stats.backend_errors(), kinds.len() as u64);
     }
 
     #[test]

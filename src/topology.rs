@@ -1,19 +1,16 @@
 //! The topology: the effective ring plus the backends it routes to, with a
-//! version. It is published through one `ArcSwap`, so a session loads it once
-//! per request without a lock; a reload or an ejection replaces it in one store.
-//! The [`Publisher`] is the one place that builds and stores topologies.
+//! version, and [`Change`], what a new server list does to the keyspace. A
+//! topology is immutable; it is published through one `ArcSwap` (see
+//! `pool.rs`), so a session loads it once per request without a lock.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use tokio::sync::Notify;
 
-use crate::backend::health::HealthState;
 use crate::backend::{Backend, BackendSettings, PoolHooks};
 use crate::config::{Config, ServerConfig};
 use crate::protocol::Limits;
 use crate::ring::Ring;
-use crate::stats::Stats;
 
 /// One immutable routing table.
 #[derive(Debug)]
@@ -31,8 +28,8 @@ pub struct Topology {
     pub config: Arc<Config>,
     /// Names of the servers left out of the ring because they are DEAD.
     pub ejected: Box<[String]>,
-    /// Parser limits, which a reload may change.
-    pub limits: Limits,
+    /// Parser limits from the config (see [`Topology::limits`]).
+    limits: Limits,
 }
 
 /// The current topology, shared by every session.
@@ -42,7 +39,7 @@ impl Topology {
     /// The backends for `config`: a server that `previous` already has with the
     /// same identity, address and connection settings keeps its backend (and
     /// its open connections); every other server gets a new one.
-    fn backends_for(
+    pub(crate) fn backends_for(
         config: &Config,
         previous: Option<&Topology>,
         hooks: &PoolHooks,
@@ -54,14 +51,14 @@ impl Topology {
             .map(|server| {
                 previous
                     .and_then(|p| p.backend_for(server, settings))
-                    .unwrap_or_else(|| Backend::start(server, settings, hooks))
+                    .unwrap_or_else(|| Backend::new(server, settings, hooks))
             })
             .collect()
     }
 
     /// A topology over `backends` (one per configured server, in config order)
     /// with the servers named in `ejected` left out of the ring.
-    fn assemble(
+    pub(crate) fn assemble(
         config: Arc<Config>,
         version: u64,
         backends: Box<[Arc<Backend>]>,
@@ -99,6 +96,24 @@ impl Topology {
             .cloned()
     }
 
+    /// The limits requests are parsed with. Unless the config sets
+    /// `max_value_bytes`, values may be as large as the smallest
+    /// `item_size_max` the servers reported.
+    pub fn limits(&self) -> Limits {
+        let mut limits = self.limits;
+        if self.config.max_value_from_servers {
+            if let Some(smallest) = self.backends.iter().filter_map(|b| b.item_size_max()).min() {
+                limits.max_value_bytes = smallest;
+            }
+        }
+        limits
+    }
+
+    /// Servers in the ring (configured minus ejected).
+    pub fn effective_servers(&self) -> usize {
+        self.ring_backends.len()
+    }
+
     /// Index in `backends` of the server that owns `key`.
     #[inline]
     pub fn owner_index(&self, key: &[u8]) -> Option<usize> {
@@ -130,169 +145,6 @@ impl Topology {
         }
         shares
     }
-}
-
-/// Builds and publishes topologies, one at a time: config reloads and health
-/// ejections both come through here, so neither can overwrite the other.
-pub struct Publisher {
-    topology: SharedTopology,
-    /// Serialises build-and-store; never taken on the request path.
-    lock: Mutex<()>,
-    /// What backends report to (health changes, metrics).
-    hooks: PoolHooks,
-}
-
-/// One published change.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Published {
-    pub version: u64,
-    pub change: Change,
-}
-
-impl Publisher {
-    /// Builds the first topology (version 1) and starts its backends. Must be
-    /// called inside a tokio runtime.
-    pub fn new(config: Config, stats: Arc<Stats>) -> Arc<Publisher> {
-        let hooks = PoolHooks {
-            health_changed: Arc::new(Notify::new()),
-            stats,
-            connections: tokio_util::task::TaskTracker::new(),
-        };
-        let backends = Topology::backends_for(&config, None, &hooks);
-        let first = Topology::assemble(Arc::new(config), 1, backends, Vec::new());
-        hooks.stats.topology(&first);
-        Arc::new(Publisher {
-            topology: Arc::new(ArcSwap::from_pointee(first)),
-            lock: Mutex::new(()),
-            hooks,
-        })
-    }
-
-    /// The published topology, for sessions.
-    pub fn shared(&self) -> SharedTopology {
-        self.topology.clone()
-    }
-
-    /// For shutdown, once no session is left: publishes a topology without
-    /// backends, so that every backend connection finishes the requests
-    /// already queued on it and closes, and waits for that up to `grace`.
-    /// Returns false if the time ran out.
-    pub async fn drain_backends(&self, grace: std::time::Duration) -> bool {
-        {
-            let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-            let old = self.topology.load_full();
-            // Every server left out: the ring is empty too, so a session
-            // still open past the grace period gets `SERVER_ERROR`, not a
-            // lookup into a backend list that no longer exists.
-            let all = old.config.servers.iter().map(|s| s.name.clone()).collect();
-            let empty = Topology::assemble(old.config.clone(), old.version + 1, Box::new([]), all);
-            self.topology.store(Arc::new(empty));
-        }
-        self.hooks.connections.close();
-        tokio::time::timeout(grace, self.hooks.connections.wait())
-            .await
-            .is_ok()
-    }
-
-    /// The counters every backend reports to.
-    pub fn stats(&self) -> &Arc<Stats> {
-        &self.hooks.stats
-    }
-
-    /// Resolves when a server's health crossed DEAD (either way).
-    pub async fn health_changed(&self) {
-        self.hooks.health_changed.notified().await;
-    }
-
-    /// Publishes a new config. Servers that are DEAD stay ejected if ejection
-    /// is on.
-    pub fn apply_config(&self, config: Config) -> Published {
-        let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        let old = self.topology.load_full();
-        let config = Arc::new(config);
-        // Ejection is judged on the backends the new topology will have: a
-        // server whose address or settings changed gets a fresh backend.
-        let backends = Topology::backends_for(&config, Some(&old), &self.hooks);
-        let ejected = Self::to_eject(&config, &backends);
-        self.publish(&old, config, backends, ejected)
-    }
-
-    /// Re-evaluates ejection after health changes; publishes only if the set of
-    /// ejected servers changed.
-    pub fn apply_health(&self) -> Option<Published> {
-        let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        let old = self.topology.load_full();
-        let ejected = Self::to_eject(&old.config, &old.backends);
-        if ejected.as_slice() == &old.ejected[..] {
-            return None;
-        }
-        Some(self.publish(&old, old.config.clone(), old.backends.clone(), ejected))
-    }
-
-    fn publish(
-        &self,
-        old: &Topology,
-        config: Arc<Config>,
-        backends: Box<[Arc<Backend>]>,
-        ejected: Vec<String>,
-    ) -> Published {
-        let servers_before: Vec<ServerConfig> = effective(&old.config.servers, &old.ejected);
-        let servers_after: Vec<ServerConfig> = effective(&config.servers, &ejected);
-        let newly_ejected: Vec<String> = ejected
-            .iter()
-            .filter(|n| !old.ejected.contains(n))
-            .cloned()
-            .collect();
-        let restored: Vec<String> = old
-            .ejected
-            .iter()
-            .filter(|n| !ejected.contains(n) && config.servers.iter().any(|s| &s.name == *n))
-            .cloned()
-            .collect();
-        // Built off the request path; requests in flight finish on `old`.
-        let new = Topology::assemble(config, old.version + 1, backends, ejected);
-        let mut change = Change::between(&servers_before, &old.ring, &servers_after, &new.ring);
-        // Ejections and restorations are reported as such, not as adds/removes.
-        change.added.retain(|n| !restored.contains(n));
-        change.removed.retain(|n| !newly_ejected.contains(n));
-        change.ejected = newly_ejected;
-        change.restored = restored;
-        let version = new.version;
-        self.hooks.stats.topology(&new);
-        self.topology.store(Arc::new(new));
-        Published { version, change }
-    }
-
-    /// DEAD servers to leave out of the ring: none when ejection is off, and
-    /// never all of them (an empty ring would fail every key instead of some).
-    fn to_eject(config: &Config, backends: &[Arc<Backend>]) -> Vec<String> {
-        if !config.auto_eject {
-            return Vec::new();
-        }
-        let dead: Vec<String> = config
-            .servers
-            .iter()
-            .filter(|server| {
-                backends
-                    .iter()
-                    .any(|b| b.name() == server.name && b.state() == HealthState::Dead)
-            })
-            .map(|server| server.name.clone())
-            .collect();
-        if dead.len() == config.servers.len() {
-            Vec::new()
-        } else {
-            dead
-        }
-    }
-}
-
-fn effective(servers: &[ServerConfig], ejected: &[String]) -> Vec<ServerConfig> {
-    servers
-        .iter()
-        .filter(|s| !ejected.contains(&s.name))
-        .cloned()
-        .collect()
 }
 
 /// What a config change does to the pool, for logs and `memring plan`.

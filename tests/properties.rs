@@ -568,6 +568,7 @@ fn small_limits() -> Limits {
         max_line_bytes: 48,
         max_get_line_bytes: 300,
         max_value_bytes: 16,
+        max_keys_per_get: 64,
     }
 }
 

@@ -1,76 +1,188 @@
-//! One persistent, pipelined connection to a memcached server, driven by one task.
+//! One connection from one worker to one memcached server, driven by one
+//! local task on that worker's runtime.
 //!
-//! Requests from many client sessions arrive on a bounded channel, are written
-//! to the socket in batches, and wait in a FIFO; replies are framed in order and
-//! handed to the oldest waiter. After any timeout, EOF, I/O or framing error the
-//! socket is dropped and everything in flight fails: a connection that erred is
-//! never reused, so no reply can reach the wrong request. Requests still in the
-//! channel were never written and go out on the next connection.
+//! Sessions of the worker queue requests on it directly (no channel, no other
+//! thread): their bytes join the write queue and a waiter joins the FIFO.
+//! The task writes what every session queued in one turn of the event loop
+//! with one `writev`, frames each reply strictly against what its request
+//! allows (`protocol::reply::next_piece`) and hands it, piece by piece, to the
+//! oldest waiter's slot.
+//!
+//! After any timeout, EOF, I/O error or framing error the socket is dropped
+//! and every request queued on it fails: a connection that erred is never
+//! reused, so no reply can reach the wrong request. A request's timeout
+//! measures the server, not the queue: it fires only when the server made no
+//! progress (no byte read or written, no reply completed) for
+//! `request_timeout` while it owed replies, so a server busy sending a large
+//! reply is not failing.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant};
+use tokio_util::sync::CancellationToken;
 
-use crate::backend::health::HealthEvent;
+use crate::backend::health::{HealthEvent, HealthState};
+use crate::backend::slot::{Got, Slot};
 use crate::backend::Shared;
-use crate::error::{BackendError, BackendErrorKind};
-use crate::protocol::encode::Outbound;
-use crate::protocol::{frame_reply, ReplyError, ReplyKind};
+use crate::error::BackendErrorKind;
+use crate::outbuf::OutQueue;
+use crate::protocol::reply::{item_size_max, next_piece, Expect, Piece, ReplyError};
 
-/// The answer to one call: the complete reply bytes, or why there is none.
-pub type CallResult = Result<Bytes, BackendError>;
-
-/// One request for this connection.
-pub struct Call {
-    pub request: Outbound,
-    pub kind: ReplyKind,
-    /// `None` when the client sent `noreply`: memring stripped it, so the server
-    /// still answers, and the answer is dropped here.
-    pub reply: Option<oneshot::Sender<CallResult>>,
-}
-
-impl Call {
-    fn finish(self, result: CallResult) {
-        if let Some(reply) = self.reply {
-            // The session may be gone (client disconnected); nothing to do then.
-            let _ = reply.send(result);
-        }
-    }
-}
-
-struct Waiting {
-    /// The `version` a new connection sends first (see `serve`).
-    probe: bool,
-    kind: ReplyKind,
-    reply: Option<oneshot::Sender<CallResult>>,
-    deadline: Instant,
-}
-
-/// Requests written but not yet answered, per connection. Bounds the replies a
-/// slow server can owe and the memory they hold.
-const MAX_IN_FLIGHT: usize = 4096;
-/// Stop taking calls while this much is still unwritten.
-const WRITE_HIGH_WATER_BYTES: usize = 1024 * 1024;
 const READ_CHUNK_BYTES: usize = 16 * 1024;
 const MIN_BACKOFF: Duration = Duration::from_millis(20);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// What a new connection asks first: it proves the server answers (a frozen
+/// server's kernel still accepts connections) and tells its item size limit.
+const PROBE: &[u8] = b"stats settings\r\n";
 
-/// Runs one connection slot until its channel closes (the backend was removed
-/// and every queued request was answered).
-pub(crate) async fn run(shared: Arc<Shared>, mut calls: mpsc::Receiver<Call>) {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Connecting: requests queue and are written once connected.
+    Connecting,
+    Ready,
+    /// The last attempt failed; requests fail at once with this until the
+    /// next attempt.
+    BackingOff(BackendErrorKind),
+}
+
+struct Waiting {
+    expect: Expect,
+    /// `None` for the probe and for `noreply` requests (whose reply memring
+    /// asked for, to stay in step, and drops here).
+    slot: Option<Rc<Slot>>,
+    probe: bool,
+    queued: Instant,
+}
+
+struct State {
+    phase: Phase,
+    /// Bytes queued by sessions and not yet taken by the task.
+    queued: OutQueue,
+    /// Every request queued on this connection, oldest first.
+    waiting: VecDeque<Waiting>,
+    /// When the server last made progress on what it owes.
+    progress: Instant,
+    /// The task has ended; a new connection must be made.
+    closed: bool,
+}
+
+/// One worker's connection to one server.
+pub(crate) struct Conn {
+    shared: Arc<Shared>,
+    state: RefCell<State>,
+    /// Wakes the task: requests were queued.
+    wake: Notify,
+}
+
+impl Conn {
+    pub(crate) fn new(shared: Arc<Shared>) -> Rc<Conn> {
+        Rc::new(Conn {
+            shared,
+            state: RefCell::new(State {
+                phase: Phase::Connecting,
+                queued: OutQueue::default(),
+                waiting: VecDeque::new(),
+                progress: Instant::now(),
+                closed: false,
+            }),
+            wake: Notify::new(),
+        })
+    }
+
+    /// The task behind this connection has ended.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.state.borrow().closed
+    }
+
+    /// Queues a request; its reply goes to `slot` (`None`: dropped).
+    ///
+    /// # Errors
+    /// The server is DEAD or the last connection attempt failed (failing at
+    /// once rather than after a timeout), or this connection has closed.
+    pub(crate) fn send(
+        &self,
+        request: &[Bytes],
+        expect: Expect,
+        slot: Option<Rc<Slot>>,
+    ) -> Result<(), BackendErrorKind> {
+        self.shared.metrics.requests.inc();
+        if self.shared.state() == HealthState::Dead {
+            return Err(BackendErrorKind::Dead);
+        }
+        let mut state = self.state.borrow_mut();
+        if state.closed {
+            return Err(BackendErrorKind::Gone);
+        }
+        if let Phase::BackingOff(kind) = state.phase {
+            return Err(kind);
+        }
+        let now = Instant::now();
+        if state.waiting.is_empty() {
+            // The server owed nothing: its time starts now.
+            state.progress = now;
+        }
+        for part in request {
+            state.queued.push(part.clone());
+        }
+        state.waiting.push_back(Waiting {
+            expect,
+            slot,
+            probe: false,
+            queued: now,
+        });
+        drop(state);
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// Fails every queued request with `kind` and forgets their bytes.
+    fn fail_all(&self, kind: BackendErrorKind) {
+        let waiting = {
+            let mut state = self.state.borrow_mut();
+            state.queued = OutQueue::default();
+            std::mem::take(&mut state.waiting)
+        };
+        for waiting in waiting {
+            if let Some(slot) = waiting.slot {
+                slot.finish(Err(self.shared.error(kind)));
+            }
+        }
+    }
+
+    /// Nothing is owed and the connection is no longer wanted.
+    fn may_close(&self, drain: &CancellationToken) -> bool {
+        let state = self.state.borrow();
+        (self.shared.retired.is_cancelled() || drain.is_cancelled())
+            && state.waiting.is_empty()
+            && state.queued.is_empty()
+    }
+}
+
+/// Runs the connection until its backend is retired (or the worker drains)
+/// and nothing is owed; reconnects with backoff after failures.
+pub(crate) async fn run(conn: Rc<Conn>, drain: CancellationToken) {
+    let shared = conn.shared.clone();
     let mut backoff = MIN_BACKOFF;
     loop {
+        if conn.may_close(&drain) {
+            break;
+        }
+        conn.state.borrow_mut().phase = Phase::Connecting;
         let failure = match connect(&shared).await {
-            Ok(stream) => match serve(&shared, stream, &mut calls).await {
-                Served::Drained => return,
-                Served::Broke { kind, answered } => {
+            Ok(stream) => match serve(&conn, stream, &drain).await {
+                Ok(()) => break,
+                Err((kind, answered)) => {
                     shared.report(HealthEvent::Failed(kind));
+                    conn.fail_all(kind);
                     if answered {
                         // A connection that worked broke: reconnect at once.
                         backoff = MIN_BACKOFF;
@@ -81,40 +193,26 @@ pub(crate) async fn run(shared: Arc<Shared>, mut calls: mpsc::Receiver<Call>) {
             },
             Err(kind) => {
                 shared.report(HealthEvent::Failed(kind));
+                conn.fail_all(kind);
                 kind
             }
         };
-        // The server refuses, or accepts but never answers (frozen): probe it
+        // The server refuses, or accepts but never answers (frozen): try
         // again after a growing pause, and meanwhile fail requests at once
         // instead of letting them wait for a connection that will not work.
+        conn.state.borrow_mut().phase = Phase::BackingOff(failure);
         let retry_at = Instant::now() + backoff;
         backoff = (backoff * 2).min(MAX_BACKOFF);
-        let heard_from = shared.heard_from.notified();
-        tokio::pin!(heard_from);
-        loop {
-            tokio::select! {
-                biased;
-                // Another lane reached the server: it is back, reconnect now.
-                () = &mut heard_from => break,
-                call = calls.recv() => match call {
-                    Some(call) => call.finish(Err(shared.error(failure))),
-                    None => return,
-                },
-                () = sleep_until(retry_at) => break,
-            }
+        tokio::select! {
+            // Another connection reached the server: it is back.
+            () = shared.heard_from.notified() => {}
+            () = sleep_until(retry_at) => {}
+            () = shared.retired.cancelled() => {}
+            () = drain.cancelled() => {}
         }
     }
-}
-
-/// How a connection ended.
-enum Served {
-    /// The channel closed and everything queued was answered.
-    Drained,
-    /// The connection failed; `answered` says whether it ever got a reply.
-    Broke {
-        kind: BackendErrorKind,
-        answered: bool,
-    },
+    conn.state.borrow_mut().closed = true;
+    conn.fail_all(BackendErrorKind::Gone);
 }
 
 async fn connect(shared: &Shared) -> Result<TcpStream, BackendErrorKind> {
@@ -123,203 +221,174 @@ async fn connect(shared: &Shared) -> Result<TcpStream, BackendErrorKind> {
         Err(_) => Err(BackendErrorKind::ConnectTimeout),
         Ok(Err(e)) => Err(BackendErrorKind::Connect(e.kind())),
         Ok(Ok(stream)) => {
-            // Requests are small and already batched; Nagle would only add delay.
+            // Requests are already batched; Nagle would only add delay.
             let _ = stream.set_nodelay(true);
             Ok(stream)
         }
     }
 }
 
-/// Serves calls on one connected socket until the channel is closed and
-/// drained, or the connection must be dropped.
-async fn serve(shared: &Shared, mut stream: TcpStream, calls: &mut mpsc::Receiver<Call>) -> Served {
+/// Serves one connected socket. `Ok` when the connection is no longer
+/// wanted and owes nothing; otherwise why it broke and whether it had
+/// answered a request.
+async fn serve(
+    conn: &Conn,
+    mut stream: TcpStream,
+    drain: &CancellationToken,
+) -> Result<(), (BackendErrorKind, bool)> {
+    let shared = &conn.shared;
+    let timeout = shared.settings.request_timeout;
     let (mut reader, mut writer) = stream.split();
     let mut read_buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
-    let mut write_buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
-    let mut in_flight: VecDeque<Waiting> = VecDeque::new();
-    let request_timeout = shared.settings.request_timeout;
-    let timer = sleep_until(Instant::now() + request_timeout);
-    tokio::pin!(timer);
-    let mut channel_open = true;
-    // A connect alone proves little (a frozen server's kernel still accepts),
-    // so every new connection first asks `version`. Its answer lets a DEAD
-    // server be tried again; only answers to real requests make it ACTIVE.
-    write_buf.extend_from_slice(b"version\r\n");
-    in_flight.push_back(Waiting {
-        probe: true,
-        kind: ReplyKind::Line,
-        reply: None,
-        deadline: Instant::now() + request_timeout,
-    });
-    let mut answered = false;
+    let mut writing = OutQueue::default();
+    writing.push(Bytes::from_static(PROBE));
+    {
+        let mut state = conn.state.borrow_mut();
+        let now = Instant::now();
+        state.phase = Phase::Ready;
+        state.progress = now;
+        state.waiting.push_front(Waiting {
+            expect: Expect::Stats,
+            slot: None,
+            probe: true,
+            queued: now,
+        });
+    }
     shared.metrics.connections.inc();
-
-    // Requests were added to `write_buf` since the last yield.
-    let mut unbatched = false;
+    let mut answered = false;
+    let retired = &shared.retired;
     let result = loop {
-        if !channel_open && in_flight.is_empty() && write_buf.is_empty() {
-            break Ok(());
-        }
-        if let Some(front) = in_flight.front() {
-            if timer.deadline() != front.deadline {
-                timer.as_mut().reset(front.deadline);
+        let deadline = {
+            let mut state = conn.state.borrow_mut();
+            writing.append(&mut state.queued);
+            if state.waiting.is_empty()
+                && writing.is_empty()
+                && (retired.is_cancelled() || drain.is_cancelled())
+            {
+                break Ok(());
             }
-        }
+            (!state.waiting.is_empty()).then_some(state.progress + timeout)
+        };
+        writing.seal();
         if read_buf.capacity() - read_buf.len() < READ_CHUNK_BYTES / 4 {
             read_buf.reserve(READ_CHUNK_BYTES);
         }
-        if unbatched {
-            // New requests are waiting to be written. Let the other ready
-            // sessions run first, so that their requests share this write: one
-            // syscall for many clients, as twemproxy gets per event-loop turn.
-            unbatched = false;
-            tokio::task::yield_now().await;
-            let deadline = Instant::now() + request_timeout;
-            drain_queued(calls, deadline, &mut write_buf, &mut in_flight);
-        }
-        let can_take = channel_open
-            && in_flight.len() < MAX_IN_FLIGHT
-            && write_buf.len() < WRITE_HIGH_WATER_BYTES;
         tokio::select! {
             biased;
             read = reader.read_buf(&mut read_buf) => {
                 match read {
                     Ok(0) => break Err(BackendErrorKind::Closed),
                     Err(e) => break Err(BackendErrorKind::Io(e.kind())),
-                    Ok(_) => match deliver_replies(shared, &mut read_buf, &mut in_flight) {
-                        Err(kind) => break Err(kind),
-                        Ok(Delivered { probe, requests }) => {
-                            if probe {
-                                shared.report(HealthEvent::Probed);
-                            }
-                            if requests > 0 && !answered {
-                                answered = true;
-                                shared.report(HealthEvent::Answered);
-                            }
+                    Ok(_) => {}
+                }
+                conn.state.borrow_mut().progress = Instant::now();
+                match deliver(conn, &mut read_buf) {
+                    Err(kind) => break Err(kind),
+                    Ok(delivered) => {
+                        if delivered.probe {
+                            shared.report(HealthEvent::Probed);
                         }
-                    },
-                }
-            }
-            written = writer.write_buf(&mut write_buf), if !write_buf.is_empty() => {
-                if let Err(e) = written {
-                    break Err(BackendErrorKind::Io(e.kind()));
-                }
-            }
-            call = calls.recv(), if can_take => {
-                match call {
-                    None => channel_open = false,
-                    Some(call) => {
-                        let deadline = Instant::now() + request_timeout;
-                        enqueue(call, deadline, &mut write_buf, &mut in_flight);
-                        // The rest of the queue is taken after the yield at the
-                        // top of the loop, together with what arrives meanwhile.
-                        unbatched = true;
+                        if delivered.requests > 0 && !answered {
+                            answered = true;
+                            shared.report(HealthEvent::Answered);
+                        }
                     }
                 }
             }
-            () = &mut timer, if !in_flight.is_empty() => {
-                let expired = in_flight.front().is_some_and(|w| w.deadline <= Instant::now());
-                if expired {
+            written = writer.write_buf(&mut writing), if writing.has_remaining() => {
+                match written {
+                    Ok(_) => conn.state.borrow_mut().progress = Instant::now(),
+                    Err(e) => break Err(BackendErrorKind::Io(e.kind())),
+                }
+            }
+            () = conn.wake.notified() => {}
+            () = sleep_until_some(deadline) => {
+                let state = conn.state.borrow();
+                if !state.waiting.is_empty() && Instant::now() >= state.progress + timeout {
                     break Err(BackendErrorKind::Timeout);
                 }
             }
+            () = retired.cancelled(), if !retired.is_cancelled() => {}
+            () = drain.cancelled(), if !drain.is_cancelled() => {}
         }
     };
     shared.metrics.connections.dec();
-    match result {
-        Ok(()) => Served::Drained,
-        Err(kind) => {
-            for waiting in in_flight.drain(..) {
-                if let Some(reply) = waiting.reply {
-                    let _ = reply.send(Err(shared.error(kind)));
-                }
-            }
-            Served::Broke { kind, answered }
-        }
-    }
+    result.map_err(|kind| (kind, answered))
 }
 
-/// Moves every request already queued on the channel into the write buffer.
-fn drain_queued(
-    calls: &mut mpsc::Receiver<Call>,
-    deadline: Instant,
-    write_buf: &mut BytesMut,
-    in_flight: &mut VecDeque<Waiting>,
-) {
-    while in_flight.len() < MAX_IN_FLIGHT && write_buf.len() < WRITE_HIGH_WATER_BYTES {
-        match calls.try_recv() {
-            Ok(call) => enqueue(call, deadline, write_buf, in_flight),
-            Err(_) => break,
-        }
+async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
-}
-
-fn enqueue(
-    call: Call,
-    deadline: Instant,
-    write_buf: &mut BytesMut,
-    in_flight: &mut VecDeque<Waiting>,
-) {
-    for part in &call.request {
-        write_buf.extend_from_slice(part);
-    }
-    in_flight.push_back(Waiting {
-        probe: false,
-        kind: call.kind,
-        reply: call.reply,
-        deadline,
-    });
 }
 
 /// What one read delivered.
+#[derive(Default)]
 struct Delivered {
-    /// The connection's `version` probe was answered.
+    /// The connection's probe was answered.
     probe: bool,
     /// Replies to real requests.
     requests: usize,
 }
 
-/// Cuts every complete reply off the buffer and hands it to its waiter, oldest
-/// first.
-fn deliver_replies(
-    shared: &Shared,
-    read_buf: &mut BytesMut,
-    in_flight: &mut VecDeque<Waiting>,
-) -> Result<Delivered, BackendErrorKind> {
-    let mut delivered = Delivered {
-        probe: false,
-        requests: 0,
-    };
-    let now = Instant::now();
-    let request_timeout = shared.settings.request_timeout;
-    while let Some(front) = in_flight.front() {
-        match frame_reply(read_buf, front.kind) {
-            Ok(Some(len)) => {
-                let reply = read_buf.split_to(len).freeze();
-                let waiting = in_flight.pop_front().expect("front exists");
-                // The deadline was set when the request was written.
-                let sent = waiting.deadline - request_timeout;
+/// Cuts every complete reply piece off the buffer and hands it to its
+/// waiter, oldest first.
+fn deliver(conn: &Conn, read_buf: &mut BytesMut) -> Result<Delivered, BackendErrorKind> {
+    let shared = &conn.shared;
+    let max_value = shared.max_reply_value();
+    let mut delivered = Delivered::default();
+    let mut state = conn.state.borrow_mut();
+    loop {
+        let Some(front) = state.waiting.front_mut() else {
+            if read_buf.is_empty() {
+                return Ok(delivered);
+            }
+            // Bytes nobody asked for: the stream is out of step.
+            return Err(BackendErrorKind::Protocol(ReplyError::Unsolicited));
+        };
+        let piece = match next_piece(read_buf, &mut front.expect, max_value) {
+            Err(e) => return Err(BackendErrorKind::Protocol(e)),
+            Ok(None) => return Ok(delivered),
+            Ok(Some(piece)) => piece,
+        };
+        match piece {
+            Piece::Value { len, .. } => {
+                let bytes = read_buf.split_to(len).freeze();
+                if front.probe {
+                    if let Some(limit) = item_size_max(&bytes) {
+                        shared.item_size_max.store(limit, Ordering::Relaxed);
+                    }
+                } else if let Some(slot) = &front.slot {
+                    slot.push(Got::Value(bytes));
+                }
+            }
+            Piece::Last { len } | Piece::Error { len } => {
+                let bytes = read_buf.split_to(len).freeze();
+                let waiting = state.waiting.pop_front().expect("front exists");
+                let now = Instant::now();
+                // The next request's time starts when this one is answered.
+                state.progress = now;
+                if waiting.probe {
+                    delivered.probe = true;
+                    continue;
+                }
+                delivered.requests += 1;
                 shared
                     .metrics
                     .latency
-                    .observe(now.saturating_duration_since(sent).as_secs_f64());
-                if let Some(sender) = waiting.reply {
-                    let _ = sender.send(Ok(reply));
-                }
-                if waiting.probe {
-                    delivered.probe = true;
-                } else {
-                    delivered.requests += 1;
+                    .observe(now.saturating_duration_since(waiting.queued).as_secs_f64());
+                if let Some(slot) = waiting.slot {
+                    // A retrieval's `END` is memring's to write (once, after
+                    // merging); every other last line is the reply itself.
+                    let is_end = matches!(piece, Piece::Last { .. })
+                        && matches!(waiting.expect, Expect::Values { .. });
+                    if !is_end {
+                        slot.push(Got::Line(bytes));
+                    }
+                    slot.finish(Ok(()));
                 }
             }
-            Ok(None) => return Ok(delivered),
-            Err(e) => return Err(BackendErrorKind::Protocol(e)),
         }
-    }
-    if read_buf.is_empty() {
-        Ok(delivered)
-    } else {
-        // Bytes nobody asked for: the stream is out of step.
-        Err(BackendErrorKind::Protocol(ReplyError::Unsolicited))
     }
 }

@@ -1,39 +1,38 @@
-//! A backend: one memcached server, reached through a few persistent pipelined
-//! connections ("lanes"), each driven by its own task (`conn.rs`).
-//!
-//! A client session always uses the same lane of a server, so commands one
-//! client sends to one server reach it in the order sent, however many
-//! connections the server has. Dropping the `Backend` closes the lanes'
-//! channels; their tasks finish what is queued, then close.
+//! A backend: one memcached server's shared state — address, settings,
+//! health, counters — seen by every worker. The connections themselves are
+//! per worker (`conn.rs`): each worker owns its own connections to each server,
+//! so a request never crosses threads; what they learn about the server
+//! (failures, answers, its item size limit) is recorded here for all.
 
 pub mod conn;
 pub mod health;
+pub mod slot;
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ServerConfig};
 use crate::error::{BackendError, BackendErrorKind};
-use crate::protocol::encode::Outbound;
-use crate::protocol::ReplyKind;
 use crate::stats::{BackendMetrics, Stats};
-pub use conn::{Call, CallResult};
 use health::{Health, HealthEvent, HealthState};
-
-/// Requests queued per lane before senders wait (backpressure to clients).
-pub const LANE_QUEUE_DEPTH: usize = 1024;
 
 /// Connection settings shared by all backends of one configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BackendSettings {
+    /// Connections to this server per worker.
     pub connections: usize,
     pub connect_timeout: Duration,
+    /// How long a server may make no progress on the requests it owes.
     pub request_timeout: Duration,
     /// Consecutive failures after which a server is DEAD.
     pub failure_limit: u32,
+    /// Largest value accepted in a reply when set in the config; otherwise
+    /// the server's own `item_size_max`.
+    pub max_value_bytes: Option<usize>,
 }
 
 impl BackendSettings {
@@ -43,12 +42,21 @@ impl BackendSettings {
             connect_timeout: config.connect_timeout,
             request_timeout: config.request_timeout,
             failure_limit: config.failure_limit,
+            max_value_bytes: (!config.max_value_from_servers)
+                .then_some(config.limits.max_value_bytes),
         }
     }
 }
 
-/// State shared by a backend's lanes.
+/// Health state labels for metrics, ACTIVE first.
+pub const STATE_LABELS: [&str; 3] = ["ACTIVE", "SUSPECT", "DEAD"];
+
+static NEXT_BACKEND_ID: AtomicU64 = AtomicU64::new(1);
+
+/// State shared by every worker's connections to one server.
 pub(crate) struct Shared {
+    /// Unique for the process's lifetime: how workers find their connections.
+    pub(crate) id: u64,
     pub(crate) name: Arc<str>,
     pub(crate) addr: String,
     pub(crate) settings: BackendSettings,
@@ -57,10 +65,14 @@ pub(crate) struct Shared {
     /// Woken when this server becomes DEAD or stops being DEAD.
     health_changed: Arc<Notify>,
     pub(crate) metrics: BackendMetrics,
-    /// Woken when any lane hears from the server, so that lanes backing off
-    /// after failures reconnect at once instead of failing requests until
-    /// their own retry time.
+    /// Woken when any connection hears from the server, so that connections
+    /// backing off after failures reconnect at once.
     pub(crate) heard_from: Notify,
+    /// Cancelled when no topology holds this backend any more: connections
+    /// finish what they owe, then close.
+    pub(crate) retired: CancellationToken,
+    /// The server's `item_size_max` (0 until a connection learned it).
+    pub(crate) item_size_max: AtomicUsize,
 }
 
 /// What every backend of a pool reports to.
@@ -69,19 +81,26 @@ pub struct PoolHooks {
     /// Woken when any server becomes DEAD or comes back (for ejection).
     pub health_changed: Arc<Notify>,
     pub stats: Arc<Stats>,
-    /// Every connection task, so that shutdown can wait for them to finish
-    /// what was queued (including `noreply` writes nobody waits for).
-    pub connections: tokio_util::task::TaskTracker,
 }
 
 impl Shared {
-    /// The error for a failed request, counted once here.
+    /// The error for a failed request, counted once here. Allocates nothing.
     pub(crate) fn error(&self, kind: BackendErrorKind) -> BackendError {
-        self.metrics.error(kind);
+        self.metrics.error(kind.index());
         BackendError {
             server: self.name.clone(),
             kind,
         }
+    }
+
+    /// The largest value a reply from this server may carry.
+    pub(crate) fn max_reply_value(&self) -> usize {
+        self.settings.max_value_bytes.unwrap_or_else(|| {
+            match self.item_size_max.load(Ordering::Relaxed) {
+                0 => crate::config::MAX_VALUE_BYTES_LIMIT as usize,
+                learned => learned,
+            }
+        })
     }
 
     /// Feeds the health state machine and logs a transition once.
@@ -89,12 +108,12 @@ impl Shared {
         if matches!(event, HealthEvent::Answered | HealthEvent::Probed) {
             self.heard_from.notify_waiters();
         }
-        // Only connects and failures come here, never each request, so this
-        // lock is off the request path.
+        // Connections report once per connect, answer or failure, never per
+        // request, so this lock is off the request path.
         let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(transition) = health.on(event, self.settings.failure_limit) {
             self.state.store(transition.to.to_u8(), Ordering::Relaxed);
-            self.metrics.set_state(transition.to);
+            self.metrics.set_state(transition.to.as_str());
             if transition.from == HealthState::Dead || transition.to == HealthState::Dead {
                 self.health_changed.notify_one();
             }
@@ -110,12 +129,23 @@ impl Shared {
             }
         }
     }
+
+    pub(crate) fn state(&self) -> HealthState {
+        HealthState::from_u8(self.state.load(Ordering::Relaxed))
+    }
 }
 
-/// A handle to one memcached server.
+/// A handle to one memcached server, held by topologies. When the last
+/// topology holding it is gone, every worker's connections to it finish what
+/// they owe and close.
 pub struct Backend {
     shared: Arc<Shared>,
-    lanes: Box<[mpsc::Sender<Call>]>,
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.shared.retired.cancel();
+    }
 }
 
 impl std::fmt::Debug for Backend {
@@ -128,14 +158,15 @@ impl std::fmt::Debug for Backend {
 }
 
 impl Backend {
-    /// Starts the connection tasks for `server`. Must be called inside a tokio
-    /// runtime.
-    pub fn start(
+    /// A backend for `server`. Connections are opened by each worker on
+    /// first use.
+    pub fn new(
         server: &ServerConfig,
         settings: BackendSettings,
         hooks: &PoolHooks,
     ) -> Arc<Backend> {
         let shared = Arc::new(Shared {
+            id: NEXT_BACKEND_ID.fetch_add(1, Ordering::Relaxed),
             name: server.name.as_str().into(),
             addr: server.addr.clone(),
             settings,
@@ -143,26 +174,22 @@ impl Backend {
             state: AtomicU8::new(HealthState::Active.to_u8()),
             health_changed: hooks.health_changed.clone(),
             heard_from: Notify::new(),
-            metrics: hooks.stats.backend(&server.name),
+            metrics: hooks
+                .stats
+                .backend(&server.name, &BackendErrorKind::LABELS, &STATE_LABELS),
+            retired: CancellationToken::new(),
+            item_size_max: AtomicUsize::new(0),
         });
-        let lanes = (0..settings.connections.max(1))
-            .map(|_| {
-                let (sender, receiver) = mpsc::channel(LANE_QUEUE_DEPTH);
-                hooks.connections.spawn(conn::run(shared.clone(), receiver));
-                sender
-            })
-            .collect();
-        Arc::new(Backend { shared, lanes })
+        Arc::new(Backend { shared })
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
     /// The server's ring identity.
     pub fn name(&self) -> &str {
         &self.shared.name
-    }
-
-    /// The server's ring identity as a shared string (cheap to clone per request).
-    pub fn shared_name(&self) -> Arc<str> {
-        self.shared.name.clone()
     }
 
     /// The address connected to.
@@ -182,82 +209,19 @@ impl Backend {
 
     /// Current health.
     pub fn state(&self) -> HealthState {
-        HealthState::from_u8(self.shared.state.load(Ordering::Relaxed))
+        self.shared.state()
     }
 
-    /// Number of connections.
-    pub fn lane_count(&self) -> usize {
-        self.lanes.len()
-    }
-
-    /// Queues a request whose reply is awaited later with [`Awaited::reply`].
-    ///
-    /// # Errors
-    /// As [`Backend::send`].
-    pub async fn start_call(
-        &self,
-        lane: usize,
-        request: Outbound,
-        kind: ReplyKind,
-    ) -> Result<Awaited, BackendError> {
-        let receiver = self.send(lane, request, kind, true).await?;
-        Ok(Awaited {
-            receiver: receiver.expect("a reply was asked for"),
-            server: self.shared.name.clone(),
-        })
-    }
-
-    /// Queues a request on lane `lane % lanes` and returns where its reply will
-    /// arrive (`None` when `want_reply` is false: the reply is dropped).
-    ///
-    /// # Errors
-    /// The server is DEAD (failed at once rather than after a timeout; its
-    /// connections keep probing it), or the lane's task has ended.
-    pub async fn send(
-        &self,
-        lane: usize,
-        request: Outbound,
-        kind: ReplyKind,
-        want_reply: bool,
-    ) -> Result<Option<oneshot::Receiver<CallResult>>, BackendError> {
-        self.shared.metrics.requests.inc();
-        if self.state() == HealthState::Dead {
-            return Err(self.shared.error(BackendErrorKind::Dead));
+    /// The server's `item_size_max`, once a connection has learned it.
+    pub fn item_size_max(&self) -> Option<usize> {
+        match self.shared.item_size_max.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(n),
         }
-        let (reply, receiver) = if want_reply {
-            let (sender, receiver) = oneshot::channel();
-            (Some(sender), Some(receiver))
-        } else {
-            (None, None)
-        };
-        let call = Call {
-            request,
-            kind,
-            reply,
-        };
-        self.lanes[lane % self.lanes.len()]
-            .send(call)
-            .await
-            .map_err(|_| self.shared.error(BackendErrorKind::Gone))?;
-        Ok(receiver)
     }
-}
 
-/// A queued request's reply, to be awaited.
-pub struct Awaited {
-    receiver: oneshot::Receiver<CallResult>,
-    server: Arc<str>,
-}
-
-impl Awaited {
-    /// The reply, or why there is none (a connection task that went away
-    /// without answering counts as the backend being gone).
-    pub async fn reply(self) -> CallResult {
-        self.receiver.await.unwrap_or_else(|_| {
-            Err(BackendError {
-                server: self.server,
-                kind: BackendErrorKind::Gone,
-            })
-        })
+    /// The error a request to this server gets for `kind` (counted).
+    pub fn error(&self, kind: BackendErrorKind) -> BackendError {
+        self.shared.error(kind)
     }
 }

@@ -10,7 +10,9 @@ pub mod encode;
 pub mod reply;
 pub mod request;
 
-pub use reply::{frame_reply, ReplyError, ValueBlock, ValueBlocks};
+pub use reply::{
+    frame_reply, Expect, LineKind, Piece, ReplyError, ReplyKind, ValueBlock, ValueBlocks,
+};
 pub use request::{parse_request, Rejection, Request};
 
 /// The longest key memcached accepts (`KEY_MAX_LENGTH` in memcached).
@@ -31,6 +33,10 @@ pub const DEFAULT_MAX_GET_LINE_BYTES: usize = 64 * 1024;
 /// Default bound on a stored value, memcached's default item size (1 MiB).
 pub const DEFAULT_MAX_VALUE_BYTES: usize = 1024 * 1024;
 
+/// Default bound on keys in one retrieval: far more than clients send, few
+/// enough that one request's key list stays small.
+pub const DEFAULT_MAX_KEYS_PER_GET: usize = 10_000;
+
 /// Limits enforced while parsing, before any data block is buffered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -40,6 +46,8 @@ pub struct Limits {
     pub max_get_line_bytes: usize,
     /// Largest value a storage command may carry.
     pub max_value_bytes: usize,
+    /// Most keys one `get`/`gets`/`gat`/`gats` may ask for.
+    pub max_keys_per_get: usize,
 }
 
 impl Default for Limits {
@@ -48,6 +56,7 @@ impl Default for Limits {
             max_line_bytes: DEFAULT_MAX_LINE_BYTES,
             max_get_line_bytes: DEFAULT_MAX_GET_LINE_BYTES,
             max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
+            max_keys_per_get: DEFAULT_MAX_KEYS_PER_GET,
         }
     }
 }
@@ -77,6 +86,60 @@ pub enum Command {
 }
 
 impl Command {
+    /// Every command, in the order of [`Command::index`].
+    pub const ALL: [Command; 19] = [
+        Command::Get,
+        Command::Gets,
+        Command::Gat,
+        Command::Gats,
+        Command::Set,
+        Command::Add,
+        Command::Replace,
+        Command::Append,
+        Command::Prepend,
+        Command::Cas,
+        Command::Delete,
+        Command::Incr,
+        Command::Decr,
+        Command::Touch,
+        Command::Version,
+        Command::Verbosity,
+        Command::FlushAll,
+        Command::Stats,
+        Command::Quit,
+    ];
+
+    /// How many commands there are: the length of per-command counter tables.
+    pub const COUNT: usize = Command::ALL.len();
+
+    /// A dense index for per-command tables. The match is exhaustive, so a new
+    /// command cannot be added without an index (and `ALL` is checked against
+    /// it in a test).
+    #[inline]
+    pub fn index(self) -> usize {
+        match self {
+            Command::Get => 0,
+            Command::Gets => 1,
+            Command::Gat => 2,
+            Command::Gats => 3,
+            Command::Set => 4,
+            Command::Add => 5,
+            Command::Replace => 6,
+            Command::Append => 7,
+            Command::Prepend => 8,
+            Command::Cas => 9,
+            Command::Delete => 10,
+            Command::Incr => 11,
+            Command::Decr => 12,
+            Command::Touch => 13,
+            Command::Version => 14,
+            Command::Verbosity => 15,
+            Command::FlushAll => 16,
+            Command::Stats => 17,
+            Command::Quit => 18,
+        }
+    }
+
     /// The command's name on the wire.
     pub fn name(self) -> &'static str {
         match self {
@@ -124,23 +187,24 @@ impl Command {
         )
     }
 
-    /// How a backend's reply to this command is framed.
-    pub fn reply_kind(self) -> ReplyKind {
-        if self.is_retrieval() {
-            ReplyKind::Values
-        } else {
-            ReplyKind::Line
-        }
+    /// Which one-line replies a server may send to this (non-retrieval)
+    /// command; `None` for commands memring never forwards as one line.
+    pub fn reply_line(self) -> Option<LineKind> {
+        Some(match self {
+            Command::Set
+            | Command::Add
+            | Command::Replace
+            | Command::Append
+            | Command::Prepend
+            | Command::Cas => LineKind::Storage,
+            Command::Delete => LineKind::Delete,
+            Command::Incr | Command::Decr => LineKind::Arithmetic,
+            Command::Touch => LineKind::Touch,
+            Command::FlushAll | Command::Verbosity => LineKind::Ok,
+            Command::Version => LineKind::Version,
+            _ => return None,
+        })
     }
-}
-
-/// How to find the end of a backend reply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReplyKind {
-    /// Exactly one line (`STORED`, `DELETED`, a number, an error, ...).
-    Line,
-    /// Zero or more `VALUE` blocks, then `END` (or a single error line).
-    Values,
 }
 
 /// Why a request was refused by the parser. Each variant knows the reply
@@ -168,6 +232,12 @@ pub enum ParseError {
     /// The declared value length exceeds the configured item size.
     #[error("SERVER_ERROR object too large for cache")]
     ValueTooLarge,
+    /// A retrieval with more keys than `Limits::max_keys_per_get`.
+    #[error("CLIENT_ERROR bad command line format")]
+    TooManyKeys,
+    /// A binary-protocol request: memring speaks text only, and closes.
+    #[error("CLIENT_ERROR binary protocol is not supported")]
+    BinaryProtocol,
     /// No newline within the line bound: the connection is closed afterwards.
     #[error("CLIENT_ERROR line too long")]
     LineTooLong,
@@ -178,7 +248,9 @@ impl ParseError {
     pub fn reply(self) -> &'static [u8] {
         match self {
             ParseError::UnknownCommand => b"ERROR\r\n",
-            ParseError::BadCommandLine => b"CLIENT_ERROR bad command line format\r\n",
+            ParseError::BadCommandLine | ParseError::TooManyKeys => {
+                b"CLIENT_ERROR bad command line format\r\n"
+            }
             ParseError::BadDeleteLine => {
                 b"CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n"
             }
@@ -187,12 +259,25 @@ impl ParseError {
             ParseError::BadDataChunk => b"CLIENT_ERROR bad data chunk\r\n",
             ParseError::ValueTooLarge => b"SERVER_ERROR object too large for cache\r\n",
             ParseError::LineTooLong => b"CLIENT_ERROR line too long\r\n",
+            ParseError::BinaryProtocol => b"CLIENT_ERROR binary protocol is not supported\r\n",
         }
     }
 
     /// Whether the client connection stays usable after this error. Only a line
     /// that never ends cannot be resynchronised (memcached closes it too).
     pub fn keeps_connection(self) -> bool {
-        !matches!(self, ParseError::LineTooLong)
+        !matches!(self, ParseError::LineTooLong | ParseError::BinaryProtocol)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_indexes_are_dense_and_match_all() {
+        for (i, command) in Command::ALL.iter().enumerate() {
+            assert_eq!(command.index(), i, "{command:?}");
+        }
     }
 }

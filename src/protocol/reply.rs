@@ -1,9 +1,14 @@
-//! Backend reply framing: how many bytes of a buffer form one complete reply to
-//! a given kind of command, and the `VALUE` blocks inside a retrieval reply.
+//! Backend reply framing.
 //!
-//! Pure: no I/O. The backend connection uses [`frame_reply`] to cut replies off
-//! its read buffer in order; the session uses [`ValueBlocks`] to merge the
-//! replies of a multi-get that was split across servers.
+//! [`next_piece`] is the strict framer the backend connection uses: each reply
+//! is checked against what its request allows ([`Expect`]): a storage command
+//! gets one of memcached's storage lines or an error line, a retrieval gets
+//! `VALUE` blocks for the keys it asked for, in the order asked, each with its
+//! exact data, then `END`. Anything else is a [`ReplyError`], and the
+//! connection that sent it can no longer be trusted to be in step.
+//!
+//! [`frame_reply`] and [`ValueBlocks`] are the lenient framers test clients and
+//! benches use to find message boundaries. Pure: no I/O here.
 
 use memchr::memchr;
 use nom::bytes::complete::{tag, take_till1};
@@ -12,7 +17,14 @@ use nom::combinator::{all_consuming, opt};
 use nom::sequence::preceded;
 use nom::Parser;
 
-use super::ReplyKind;
+/// How a test client finds the end of a reply (see [`frame_reply`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplyKind {
+    /// Exactly one line (`STORED`, `DELETED`, a number, an error, ...).
+    Line,
+    /// Zero or more `VALUE` blocks, then `END` (or a single error line).
+    Values,
+}
 
 /// Longest reply line memring accepts from a backend. memcached's longest lines
 /// are `VALUE` headers (a 250-byte key plus three numbers) and error messages.
@@ -34,6 +46,211 @@ pub enum ReplyError {
     BadDataChunk,
     #[error("reply with no request waiting for it")]
     Unsolicited,
+    #[error("reply line not allowed for the request")]
+    UnexpectedLine,
+    #[error("VALUE for a key that was not asked for")]
+    KeyNotRequested,
+    #[error("value longer than max_value_bytes")]
+    ValueTooLarge,
+}
+
+/// One-line replies a command allows, besides memcached's error lines
+/// (`ERROR`, `CLIENT_ERROR <msg>`, `SERVER_ERROR <msg>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineKind {
+    /// `STORED`, `NOT_STORED`, `EXISTS`, `NOT_FOUND`.
+    Storage,
+    /// `DELETED`, `NOT_FOUND`.
+    Delete,
+    /// A decimal number, `NOT_FOUND`.
+    Arithmetic,
+    /// `TOUCHED`, `NOT_FOUND`.
+    Touch,
+    /// `OK` (`flush_all`, `verbosity`).
+    Ok,
+    /// `VERSION <text>`.
+    Version,
+}
+
+/// What the reply to one request written to a server may be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expect {
+    /// One line of the given kind, or an error line.
+    Line(LineKind),
+    /// `VALUE` blocks for keys of `request` (the retrieval line exactly as
+    /// sent), in its order, then `END`; or one error line.
+    Values {
+        request: bytes::Bytes,
+        /// Offset in `request` from which the next `VALUE` key is looked for.
+        cursor: usize,
+        /// `gets`/`gats` replies carry a cas unique; `get`/`gat` ones do not.
+        with_cas: bool,
+    },
+    /// `STAT` lines then `END` (`stats settings`, asked by memring itself).
+    Stats,
+}
+
+impl Expect {
+    /// The expectation for a retrieval line `request` (`get k1 k2\r\n`,
+    /// `gat 10 k1\r\n`, ...) as it is written to the server.
+    pub fn values(request: bytes::Bytes) -> Expect {
+        let command_end = memchr(b' ', &request).unwrap_or(request.len());
+        let command = &request[..command_end];
+        let mut cursor = command_end;
+        if command == b"gat" || command == b"gats" {
+            // Skip the exptime: it is not a key.
+            let rest = &request[cursor..];
+            let start = rest.iter().position(|&b| b != b' ').unwrap_or(rest.len());
+            let end = memchr(b' ', &rest[start..]).map_or(rest.len(), |i| start + i);
+            cursor += end;
+        }
+        Expect::Values {
+            with_cas: command == b"gets" || command == b"gats",
+            request,
+            cursor,
+        }
+    }
+}
+
+/// One framed part of a reply, as a length from the start of the buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    /// A `VALUE` block (header, data, `\r\n`); the reply goes on.
+    Value {
+        len: usize,
+        /// The key's range inside the block.
+        key: std::ops::Range<usize>,
+        /// The data's length.
+        data: usize,
+    },
+    /// The reply's last line: `END` of a retrieval, or the one line of a
+    /// one-line reply.
+    Last { len: usize },
+    /// An error line (`ERROR`, `CLIENT_ERROR`, `SERVER_ERROR`) ending the reply.
+    Error { len: usize },
+}
+
+/// Frames the next piece of the reply at the start of `buf` against what
+/// the request allows; `Ok(None)` when more bytes are needed. `expect` is
+/// advanced past each `VALUE` key it accepts.
+///
+/// # Errors
+/// Anything memcached would not send in reply to that request.
+pub fn next_piece(
+    buf: &[u8],
+    expect: &mut Expect,
+    max_value_bytes: usize,
+) -> Result<Option<Piece>, ReplyError> {
+    let Some(len) = line_len(buf)? else {
+        return Ok(None);
+    };
+    let Some(line) = buf[..len].strip_suffix(b"\r\n") else {
+        return Err(ReplyError::UnexpectedLine);
+    };
+    if is_error_line(line) {
+        return Ok(Some(Piece::Error { len }));
+    }
+    match expect {
+        Expect::Line(kind) => {
+            if line_allowed(*kind, line) {
+                Ok(Some(Piece::Last { len }))
+            } else {
+                Err(ReplyError::UnexpectedLine)
+            }
+        }
+        Expect::Stats => {
+            if line == b"END" {
+                Ok(Some(Piece::Last { len }))
+            } else if line.starts_with(b"STAT ") {
+                Ok(Some(Piece::Value {
+                    len,
+                    key: 0..0,
+                    data: 0,
+                }))
+            } else {
+                Err(ReplyError::UnexpectedLine)
+            }
+        }
+        Expect::Values {
+            request,
+            cursor,
+            with_cas,
+        } => {
+            if line == b"END" {
+                return Ok(Some(Piece::Last { len }));
+            }
+            let (key, value_len, cas) = parse_value_header(line).ok_or(ReplyError::BadValueLine)?;
+            if cas != *with_cas {
+                return Err(ReplyError::BadValueLine);
+            }
+            if value_len > max_value_bytes {
+                return Err(ReplyError::ValueTooLarge);
+            }
+            let total = len + value_len + 2;
+            if buf.len() < total {
+                return Ok(None);
+            }
+            if &buf[total - 2..total] != b"\r\n" {
+                return Err(ReplyError::BadDataChunk);
+            }
+            *cursor = find_key(request, *cursor, &line[key.clone()])
+                .ok_or(ReplyError::KeyNotRequested)?;
+            Ok(Some(Piece::Value {
+                len: total,
+                key,
+                data: value_len,
+            }))
+        }
+    }
+}
+
+/// The offset just past the first token at or after `from` in `request`'s
+/// line that equals `key`.
+fn find_key(request: &[u8], from: usize, key: &[u8]) -> Option<usize> {
+    let line_end = memchr(b'\r', request).unwrap_or(request.len());
+    let mut at = from.min(line_end);
+    while at < line_end {
+        while at < line_end && request[at] == b' ' {
+            at += 1;
+        }
+        let end = memchr(b' ', &request[at..line_end]).map_or(line_end, |i| at + i);
+        if &request[at..end] == key {
+            return Some(end);
+        }
+        at = end;
+    }
+    None
+}
+
+fn is_error_line(line: &[u8]) -> bool {
+    line == b"ERROR"
+        || line.starts_with(b"ERROR ")
+        || line.starts_with(b"CLIENT_ERROR ")
+        || line.starts_with(b"SERVER_ERROR ")
+}
+
+fn line_allowed(kind: LineKind, line: &[u8]) -> bool {
+    match kind {
+        LineKind::Storage => matches!(line, b"STORED" | b"NOT_STORED" | b"EXISTS" | b"NOT_FOUND"),
+        LineKind::Delete => matches!(line, b"DELETED" | b"NOT_FOUND"),
+        // 2^64 - 1 has 20 digits.
+        LineKind::Arithmetic => {
+            line == b"NOT_FOUND"
+                || (!line.is_empty() && line.len() <= 20 && line.iter().all(u8::is_ascii_digit))
+        }
+        LineKind::Touch => matches!(line, b"TOUCHED" | b"NOT_FOUND"),
+        LineKind::Ok => line == b"OK",
+        LineKind::Version => line.starts_with(b"VERSION "),
+    }
+}
+
+/// `item_size_max` from a `stats settings` reply, if present.
+pub fn item_size_max(reply: &[u8]) -> Option<usize> {
+    reply
+        .split(|&b| b == b'\n')
+        .find_map(|line| line.strip_prefix(b"STAT item_size_max "))
+        .and_then(|rest| std::str::from_utf8(rest).ok())
+        .and_then(|rest| rest.trim_end().parse().ok())
 }
 
 /// Length of the complete reply at the start of `buf`, or `Ok(None)` if more
@@ -136,7 +353,7 @@ fn next_block(buf: &[u8]) -> Result<Step, ReplyError> {
     let header = buf[..len]
         .strip_suffix(b"\r\n")
         .ok_or(ReplyError::BadValueLine)?;
-    let (key, value_len) = parse_value_header(header).ok_or(ReplyError::BadValueLine)?;
+    let (key, value_len, _) = parse_value_header(header).ok_or(ReplyError::BadValueLine)?;
     if value_len > MAX_REPLY_VALUE_BYTES {
         return Err(ReplyError::BadValueLine);
     }
@@ -151,8 +368,8 @@ fn next_block(buf: &[u8]) -> Result<Step, ReplyError> {
 }
 
 /// Parses `VALUE <key> <flags> <bytes> [<cas>]` (without the line ending) and
-/// returns the key's range and the value length.
-fn parse_value_header(header: &[u8]) -> Option<(std::ops::Range<usize>, usize)> {
+/// returns the key's range, the value length and whether a cas was present.
+fn parse_value_header(header: &[u8]) -> Option<(std::ops::Range<usize>, usize, bool)> {
     type E<'a> = nom::error::Error<&'a [u8]>;
     let space = || one_char::<_, E<'_>>(' ');
     let mut parser = all_consuming((
@@ -162,17 +379,143 @@ fn parse_value_header(header: &[u8]) -> Option<(std::ops::Range<usize>, usize)> 
         preceded(space(), decimal_u64),
         opt(preceded(space(), decimal_u64)),
     ));
-    let (_, (_, key, _flags, value_len, _cas)) = parser.parse(header).ok()?;
+    let (_, (_, key, _flags, value_len, cas)) = parser.parse(header).ok()?;
     let key_start = "VALUE ".len();
     Some((
         key_start..key_start + key.len(),
         usize::try_from(value_len).ok()?,
+        cas.is_some(),
     ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pieces(reply: &[u8], mut expect: Expect) -> Result<Vec<Piece>, ReplyError> {
+        let mut at = 0;
+        let mut out = Vec::new();
+        loop {
+            match next_piece(&reply[at..], &mut expect, 1024)? {
+                None => return Ok(out),
+                Some(piece) => {
+                    let len = match &piece {
+                        Piece::Value { len, .. } | Piece::Last { len } | Piece::Error { len } => {
+                            *len
+                        }
+                    };
+                    at += len;
+                    let last = !matches!(piece, Piece::Value { .. });
+                    out.push(piece);
+                    if last {
+                        return Ok(out);
+                    }
+                }
+            }
+        }
+    }
+
+    fn get(line: &'static [u8]) -> Expect {
+        Expect::values(bytes::Bytes::from_static(line))
+    }
+
+    #[test]
+    fn storage_accepts_only_storage_lines_and_errors() {
+        let storage = Expect::Line(LineKind::Storage);
+        for ok in [
+            &b"STORED\r\n"[..],
+            b"NOT_STORED\r\n",
+            b"EXISTS\r\n",
+            b"NOT_FOUND\r\n",
+        ] {
+            assert_eq!(
+                pieces(ok, storage.clone()),
+                Ok(vec![Piece::Last { len: ok.len() }])
+            );
+        }
+        let error = b"SERVER_ERROR out of memory\r\n";
+        assert_eq!(
+            pieces(error, storage.clone()),
+            Ok(vec![Piece::Error { len: error.len() }])
+        );
+        for bad in [
+            &b"HELLO I AM NOT MEMCACHED\r\n"[..],
+            b"END\r\n",
+            b"DELETED\r\n",
+            b"STORED\n",
+        ] {
+            assert!(pieces(bad, storage.clone()).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn arithmetic_accepts_numbers_up_to_twenty_digits() {
+        let arith = Expect::Line(LineKind::Arithmetic);
+        assert!(pieces(b"18446744073709551615\r\n", arith.clone()).is_ok());
+        assert!(pieces(b"184467440737095516150\r\n", arith.clone()).is_err());
+        assert!(pieces(b"12a\r\n", arith).is_err());
+    }
+
+    #[test]
+    fn values_must_be_for_requested_keys_in_order() {
+        let reply = b"VALUE a 0 1\r\nx\r\nVALUE c 0 1\r\ny\r\nEND\r\n";
+        assert_eq!(pieces(reply, get(b"get a b c\r\n")).unwrap().len(), 3);
+        assert_eq!(
+            pieces(
+                b"VALUE c 0 1\r\ny\r\nVALUE a 0 1\r\nx\r\nEND\r\n",
+                get(b"get a b c\r\n")
+            ),
+            Err(ReplyError::KeyNotRequested)
+        );
+        assert_eq!(
+            pieces(b"VALUE key56 0 1\r\nx\r\nEND\r\n", get(b"get key114\r\n")),
+            Err(ReplyError::KeyNotRequested)
+        );
+        // Duplicates are answered once per occurrence.
+        let twice = b"VALUE a 0 1\r\nx\r\nVALUE a 0 1\r\nx\r\nEND\r\n";
+        assert!(pieces(twice, get(b"get a a\r\n")).is_ok());
+        assert_eq!(
+            pieces(twice, get(b"get a\r\n")),
+            Err(ReplyError::KeyNotRequested)
+        );
+    }
+
+    #[test]
+    fn gat_exptime_is_not_a_key_and_gets_needs_a_cas() {
+        assert_eq!(
+            pieces(b"VALUE 10 0 1\r\nx\r\nEND\r\n", get(b"gat 10 a\r\n")),
+            Err(ReplyError::KeyNotRequested)
+        );
+        assert!(pieces(b"VALUE a 0 1 5\r\nx\r\nEND\r\n", get(b"gats 10 a\r\n")).is_ok());
+        assert_eq!(
+            pieces(b"VALUE a 0 1\r\nx\r\nEND\r\n", get(b"gets a\r\n")),
+            Err(ReplyError::BadValueLine)
+        );
+    }
+
+    #[test]
+    fn a_stalled_value_is_incomplete_not_a_reply() {
+        assert_eq!(pieces(b"VALUE k 0 5\r\nabc", get(b"get k\r\n")), Ok(vec![]));
+        assert_eq!(
+            pieces(b"VALUE k 0 5\r\n", Expect::Line(LineKind::Storage)),
+            Err(ReplyError::UnexpectedLine)
+        );
+    }
+
+    #[test]
+    fn oversized_values_are_refused_from_the_header() {
+        assert_eq!(
+            pieces(b"VALUE k 0 4294967296\r\n", get(b"get k\r\n")),
+            Err(ReplyError::ValueTooLarge)
+        );
+    }
+
+    #[test]
+    fn item_size_max_is_read_from_stats_settings() {
+        let reply = b"STAT maxbytes 67108864\r\nSTAT item_size_max 2097152\r\nEND\r\n";
+        assert_eq!(item_size_max(reply), Some(2 * 1024 * 1024));
+        assert_eq!(pieces(reply, Expect::Stats).unwrap().len(), 3);
+    }
 
     #[test]
     fn single_line_replies_end_at_their_newline() {

@@ -96,12 +96,24 @@ pub type ParseResult = Result<Option<(Request, usize)>, Rejection>;
 
 const MAX_TOKENS: usize = 8;
 
+/// The first byte of every memcached binary-protocol request.
+const BINARY_REQUEST_MAGIC: u8 = 0x80;
+
 /// Parses the request at the start of `buf`.
 ///
 /// Returns `Ok(Some((request, consumed)))` for a complete request,
 /// `Ok(None)` when more bytes are needed, and `Err(rejection)` for input that
 /// memcached would refuse; the rejection says how many bytes to drop.
 pub fn parse_request(buf: &[u8], limits: &Limits) -> ParseResult {
+    if buf.first() == Some(&BINARY_REQUEST_MAGIC) {
+        // A binary-protocol client would wait forever for a text reply it
+        // cannot read: say so once and close.
+        return Err(Rejection::line(
+            ParseError::BinaryProtocol,
+            buf.len(),
+            false,
+        ));
+    }
     let line_bound = if starts_like_retrieval(buf, limits.max_line_bytes) {
         limits.max_get_line_bytes
     } else {
@@ -155,7 +167,7 @@ pub fn parse_request(buf: &[u8], limits: &Limits) -> ParseResult {
         command_end: command_token.end as usize,
     };
     if command.is_retrieval() {
-        return parse_retrieval(command, line, tokens, line_end);
+        return parse_retrieval(command, line, tokens, line_end, limits.max_keys_per_get);
     }
 
     // Every other command has a handful of tokens; more means `ERROR`, as in
@@ -318,6 +330,7 @@ fn parse_retrieval(
     line: &[u8],
     mut tokens: Tokens<'_>,
     line_end: LineEnd,
+    max_keys: usize,
 ) -> ParseResult {
     let reject = |error| Err(Rejection::line(error, line_end.line_len, false));
     let mut arg = None;
@@ -334,6 +347,9 @@ fn parse_retrieval(
     for token in tokens {
         if !is_valid_key(token.of(line)) {
             return reject(ParseError::BadCommandLine);
+        }
+        if keys.len() == max_keys {
+            return reject(ParseError::TooManyKeys);
         }
         keys.push(token);
     }
@@ -809,6 +825,25 @@ mod tests {
         let first_part = parse(&line[..2100]);
         assert_eq!(whole.unwrap_err().error, ParseError::LineTooLong);
         assert_eq!(first_part.unwrap_err().error, ParseError::LineTooLong);
+    }
+
+    #[test]
+    fn too_many_keys_are_refused_and_the_connection_kept() {
+        let limits = Limits {
+            max_keys_per_get: 3,
+            ..Limits::default()
+        };
+        assert!(parse_request(b"get a b c\r\n", &limits).unwrap().is_some());
+        let rejected = parse_request(b"get a b c d\r\n", &limits).unwrap_err();
+        assert_eq!(rejected.error, ParseError::TooManyKeys);
+        assert!(rejected.error.keeps_connection());
+    }
+
+    #[test]
+    fn binary_protocol_is_refused_and_closes() {
+        let rejected = rejection(b"\x80\x00\x00\x05\x00\x00\x00\x00");
+        assert_eq!(rejected.error, ParseError::BinaryProtocol);
+        assert!(!rejected.error.keeps_connection());
     }
 
     #[test]

@@ -1,0 +1,114 @@
+//! A reply slot: where one backend connection puts the reply to one request,
+//! piece by piece, for the client session that sent it. The one way every
+//! request waits for its reply.
+//!
+//! Slots live on one worker thread (the session and the connection run on the
+//! same current-thread runtime), so they are `Rc` + `RefCell`; the session is
+//! woken through its own `Notify`.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+use bytes::Bytes;
+use tokio::sync::Notify;
+
+use crate::error::BackendError;
+
+/// One framed part of a reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Got {
+    /// A whole `VALUE` block (header, data, `\r\n`) of a retrieval.
+    Value(Bytes),
+    /// The one line of a one-line reply, or an error line that ended a
+    /// retrieval.
+    Line(Bytes),
+}
+
+impl Got {
+    /// The bytes this piece holds.
+    pub fn len(&self) -> usize {
+        match self {
+            Got::Value(bytes) | Got::Line(bytes) => bytes.len(),
+        }
+    }
+
+    /// Never empty; for clippy's `len` convention.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    pieces: VecDeque<Got>,
+    /// `Some` once the reply is complete (`Ok`) or cannot come (`Err`).
+    done: Option<Result<(), BackendError>>,
+}
+
+/// The reply to one request, filled by a backend connection.
+#[derive(Debug)]
+pub struct Slot {
+    state: RefCell<State>,
+    /// The session's wake-up, shared by all its slots.
+    owner: Rc<Notify>,
+}
+
+impl Slot {
+    /// A slot that wakes `owner` whenever something arrives.
+    pub fn new(owner: Rc<Notify>) -> Rc<Slot> {
+        Rc::new(Slot {
+            state: RefCell::new(State::default()),
+            owner,
+        })
+    }
+
+    /// Adds a piece of the reply.
+    pub fn push(&self, piece: Got) {
+        self.state.borrow_mut().pieces.push_back(piece);
+        self.owner.notify_one();
+    }
+
+    /// The reply is complete, or failed.
+    pub fn finish(&self, result: Result<(), BackendError>) {
+        let mut state = self.state.borrow_mut();
+        if state.done.is_none() {
+            state.done = Some(result);
+        }
+        drop(state);
+        self.owner.notify_one();
+    }
+
+    /// Takes the next piece that arrived, if any.
+    pub fn take(&self) -> Option<Got> {
+        self.state.borrow_mut().pieces.pop_front()
+    }
+
+    /// `None` while more may come; then whether the reply completed.
+    /// Pieces may still be waiting to be taken.
+    pub fn outcome(&self) -> Option<Result<(), BackendError>> {
+        self.state.borrow().done.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_come_out_in_order_and_finish_once() {
+        let slot = Slot::new(Rc::new(Notify::new()));
+        slot.push(Got::Value(Bytes::from_static(b"VALUE a 0 1\r\nx\r\n")));
+        slot.push(Got::Line(Bytes::from_static(b"END\r\n")));
+        assert!(slot.outcome().is_none());
+        slot.finish(Ok(()));
+        slot.finish(Err(BackendError {
+            server: "a".into(),
+            kind: crate::error::BackendErrorKind::Timeout,
+        }));
+        assert_eq!(slot.outcome(), Some(Ok(())));
+        assert!(matches!(slot.take(), Some(Got::Value(_))));
+        assert!(matches!(slot.take(), Some(Got::Line(_))));
+        assert_eq!(slot.take(), None);
+    }
+}

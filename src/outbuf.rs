@@ -1,0 +1,140 @@
+//! Bytes waiting to be written to one socket, in order: small pieces are copied
+//! together (cheaper than one iovec each), large ones are kept as the `Bytes`
+//! they arrived in and written in place with `writev`. Used for client replies
+//! and for requests on their way to a server. No I/O here.
+
+use std::collections::VecDeque;
+
+use bytes::{Buf, Bytes, BytesMut};
+
+/// Pieces at least this long are written in place rather than copied.
+const ZERO_COPY_BYTES: usize = 4096;
+
+/// An ordered queue of bytes to write.
+#[derive(Debug, Default)]
+pub struct OutQueue {
+    chunks: VecDeque<Bytes>,
+    /// Small pieces since the last chunk.
+    scratch: BytesMut,
+    /// Bytes in `chunks` (not counting `scratch`).
+    sealed: usize,
+}
+
+impl OutQueue {
+    /// Appends `piece`, copying it if it is small.
+    pub fn push(&mut self, piece: Bytes) {
+        if piece.len() >= ZERO_COPY_BYTES {
+            self.seal();
+            self.sealed += piece.len();
+            self.chunks.push_back(piece);
+        } else {
+            self.scratch.extend_from_slice(&piece);
+        }
+    }
+
+    /// Appends a borrowed piece (always copied).
+    pub fn push_slice(&mut self, piece: &[u8]) {
+        self.scratch.extend_from_slice(piece);
+    }
+
+    /// Where memring's own lines are written.
+    pub fn scratch(&mut self) -> &mut BytesMut {
+        &mut self.scratch
+    }
+
+    /// Moves the small pieces into the chunk list; returns the bytes queued.
+    pub fn seal(&mut self) -> usize {
+        if !self.scratch.is_empty() {
+            let small = self.scratch.split().freeze();
+            self.sealed += small.len();
+            self.chunks.push_back(small);
+        }
+        self.sealed
+    }
+
+    /// Moves everything queued in `other` to the end of this queue.
+    pub fn append(&mut self, other: &mut OutQueue) {
+        if other.is_empty() {
+            return;
+        }
+        other.seal();
+        self.seal();
+        self.sealed += other.sealed;
+        other.sealed = 0;
+        self.chunks.append(&mut other.chunks);
+    }
+
+    /// Bytes queued, sealed or not.
+    pub fn len(&self) -> usize {
+        self.sealed + self.scratch.len()
+    }
+
+    /// Nothing queued.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The sealed chunks, for `write_buf` (vectored writes).
+impl Buf for OutQueue {
+    fn remaining(&self) -> usize {
+        self.sealed
+    }
+
+    fn chunk(&self) -> &[u8] {
+        self.chunks.front().map_or(&[], |chunk| &chunk[..])
+    }
+
+    fn chunks_vectored<'a>(&'a self, dst: &mut [std::io::IoSlice<'a>]) -> usize {
+        let mut filled = 0;
+        for (slot, chunk) in dst.iter_mut().zip(self.chunks.iter()) {
+            *slot = std::io::IoSlice::new(chunk);
+            filled += 1;
+        }
+        filled
+    }
+
+    fn advance(&mut self, mut count: usize) {
+        self.sealed -= count;
+        while count > 0 {
+            let front = self.chunks.front_mut().expect("advance within remaining");
+            if count < front.len() {
+                front.advance(count);
+                return;
+            }
+            count -= front.len();
+            self.chunks.pop_front();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn order_is_kept_across_copied_and_zero_copy_pieces() {
+        let mut queue = OutQueue::default();
+        let large = Bytes::from(vec![b'v'; ZERO_COPY_BYTES]);
+        queue.push(Bytes::from_static(b"STORED\r\n"));
+        queue.push(large.clone());
+        queue.scratch().extend_from_slice(b"OK\r\n");
+        queue.push(Bytes::from_static(b"END\r\n"));
+        assert_eq!(queue.len(), 8 + large.len() + 4 + 5);
+        let total = queue.seal();
+        assert_eq!(total, 8 + large.len() + 4 + 5);
+        let mut written = Vec::new();
+        // Drain it in uneven steps, as partial writes would.
+        while queue.has_remaining() {
+            let step = queue.chunk().len().min(1000);
+            written.extend_from_slice(&queue.chunk()[..step]);
+            queue.advance(step);
+        }
+        let mut expected = b"STORED\r\n".to_vec();
+        expected.extend_from_slice(&large);
+        expected.extend_from_slice(b"OK\r\nEND\r\n");
+        assert_eq!(written, expected);
+        assert_eq!(queue.seal(), 0);
+        assert!(queue.is_empty());
+    }
+}

@@ -1,0 +1,64 @@
+//! memring's answer to the memcached `stats` command: its own counters in
+//! memcached's format, then one group of lines per server. Rendering only;
+//! the counters live in `stats.rs`, which imports nothing of the topology.
+
+use bytes::BytesMut;
+
+use crate::protocol::encode::write_stat;
+use crate::protocol::Command;
+use crate::stats::Stats;
+use crate::topology::Topology;
+
+/// Writes the whole `stats` reply, ending with `END`.
+pub fn write_stats(out: &mut BytesMut, stats: &Stats, topology: &Topology) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    write_stat(out, "pid", &std::process::id());
+    write_stat(out, "uptime", &stats.uptime_seconds());
+    write_stat(out, "time", &now);
+    write_stat(out, "version", &crate::VERSION_STRING);
+    write_stat(out, "curr_connections", &stats.curr_connections());
+    write_stat(out, "total_connections", &stats.total_connections());
+    write_stat(out, "cmd_get", &stats.keys_requested());
+    let sets = [
+        Command::Set,
+        Command::Add,
+        Command::Replace,
+        Command::Append,
+        Command::Prepend,
+        Command::Cas,
+    ];
+    let set_count: u64 = sets.iter().map(|&c| stats.command_count(c)).sum();
+    write_stat(out, "cmd_set", &set_count);
+    write_stat(out, "cmd_touch", &stats.command_count(Command::Touch));
+    write_stat(out, "cmd_flush", &stats.command_count(Command::FlushAll));
+    for (name, hits, misses) in stats.hits_and_misses() {
+        write_stat(out, &format!("{name}_hits"), &hits);
+        write_stat(out, &format!("{name}_misses"), &misses);
+    }
+    let (read, written) = stats.client_bytes();
+    write_stat(out, "bytes_read", &read);
+    write_stat(out, "bytes_written", &written);
+    write_stat(out, "ring_version", &topology.version);
+    write_stat(out, "ring_servers", &topology.backends.len());
+    write_stat(out, "ring_ejected", &topology.ejected.len());
+    let shares = topology.shares();
+    let timeout = [crate::error::BackendErrorKind::Timeout.index()];
+    for (i, backend) in topology.backends.iter().enumerate() {
+        let name = backend.name();
+        let metrics = backend.metrics();
+        let stat = |out: &mut BytesMut, what: &str, value: &dyn std::fmt::Display| {
+            write_stat(out, &format!("server:{name}:{what}"), value);
+        };
+        stat(out, "addr", &backend.addr());
+        stat(out, "state", &backend.state().as_str());
+        stat(out, "requests", &metrics.requests.get());
+        stat(out, "errors", &metrics.error_count());
+        stat(out, "timeouts", &metrics.errors_of(&timeout));
+        stat(out, "connections", &metrics.connections.get());
+        let share = shares.get(i).copied().unwrap_or(0.0);
+        stat(out, "ring_share", &format_args!("{share:.4}"));
+    }
+    out.extend_from_slice(b"END\r\n");
+}

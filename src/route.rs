@@ -1,0 +1,841 @@
+//! The pure request plan: which servers get which bytes for one client
+//! request, and how their replies become the client's reply.
+//!
+//! - [`plan`] turns a parsed request and a topology snapshot into a [`Plan`].
+//! - [`Retrieval`] is every `get`/`gets`/`gat`/`gats`: keys split by server in
+//!   chunks, values passed on in the client's key order as they arrive, keys
+//!   that failed (or missed, with fall-through) asked of their next replica.
+//!   A plain multi-get is the one-replica case of the replicated read.
+//! - [`decide`] answers a replicated write on a quorum; [`all_ok`] a broadcast.
+//!
+//! No I/O and no tokio here: the session dispatches what the plan says and
+//! feeds the replies back.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use smallvec::SmallVec;
+
+use crate::backend::health::HealthState;
+use crate::backend::slot::Got;
+use crate::error::BackendError;
+use crate::outbuf::OutQueue;
+use crate::protocol::request::{Keys, Span};
+use crate::protocol::{Command, Request};
+use crate::topology::Topology;
+
+/// A reply from one server: its bytes, or why there are none.
+pub type CallResult = Result<Bytes, BackendError>;
+
+/// Server indexes (into `Topology::backends`).
+pub type Servers = SmallVec<[usize; 4]>;
+
+/// Longest line memring writes to a server for a retrieval: memcached closes
+/// connections on `gat`/`gats` lines past about 16 KB, so sub-requests stay
+/// well under that.
+pub const MAX_SUB_LINE_BYTES: usize = 8 * 1024;
+
+/// Most keys asked of the servers at once for one retrieval; larger
+/// retrievals go out in chunks as the client takes the values.
+pub const MAX_CHUNK_KEYS: usize = 100;
+
+/// What to do with one client request.
+#[derive(Debug)]
+pub enum Plan {
+    /// memring answers itself with these bytes.
+    Reply(&'static [u8]),
+    /// memring's own `stats`.
+    Stats,
+    /// Close the client once earlier replies are written.
+    Quit,
+    /// One server gets the request as received (`noreply` stripped).
+    Forward { server: usize },
+    /// Every replica gets the request; answered when a quorum agrees.
+    Quorum { servers: Servers, quorum: usize },
+    /// `cas` checked on the owner; when it stores, copied as `set` to the
+    /// other replicas before any later request of the client is sent.
+    CasThenCopy { owner: usize, copies: Servers },
+    /// Every server gets it (`flush_all`); `OK` only if all say `OK`.
+    Broadcast { servers: Servers },
+    /// A retrieval.
+    Retrieve(Box<Retrieval>),
+    /// No server to send it to.
+    NoServers,
+}
+
+/// The reply to a request that found no server.
+pub const NO_SERVERS: &[u8] = b"SERVER_ERROR no servers configured\r\n";
+
+/// Plans `request` (whose bytes are `bytes`) on `topology`.
+pub fn plan(request: &Request, bytes: &Bytes, topology: &Topology) -> Plan {
+    match request.command {
+        Command::Quit => Plan::Quit,
+        Command::Version => Plan::Reply(crate::VERSION_REPLY),
+        // Accepted and not forwarded: memring's log level is its own.
+        Command::Verbosity => Plan::Reply(b"OK\r\n"),
+        Command::Stats if request.arg.is_some() => Plan::Reply(
+            b"CLIENT_ERROR memring answers plain 'stats' only; ask each memcached for the others\r\n",
+        ),
+        Command::Stats => Plan::Stats,
+        Command::FlushAll => Plan::Broadcast {
+            servers: (0..topology.backends.len()).collect(),
+        },
+        command if command.is_retrieval() => {
+            Plan::Retrieve(Box::new(Retrieval::new(request, bytes.clone(), topology)))
+        }
+        _ => {
+            let key = request.key(bytes, 0);
+            if topology.config.replicas <= 1 {
+                return match topology.owner_index(key) {
+                    Some(server) => Plan::Forward { server },
+                    None => Plan::NoServers,
+                };
+            }
+            let mut servers = Servers::new();
+            topology.replicas(key, &mut servers);
+            match servers.first() {
+                None => Plan::NoServers,
+                Some(&owner) if request.command == Command::Cas => Plan::CasThenCopy {
+                    owner,
+                    copies: servers[1..].iter().copied().collect(),
+                },
+                Some(_) => Plan::Quorum {
+                    quorum: quorum(servers.len()),
+                    servers,
+                },
+            }
+        }
+    }
+}
+
+/// Replies needed to answer a replicated write: a majority.
+pub fn quorum(replicas: usize) -> usize {
+    replicas / 2 + 1
+}
+
+/// What to do with a replicated write, given the replies so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Not enough replies yet.
+    Wait,
+    /// Answer the client with this reply.
+    Answer(Bytes),
+    /// No quorum can be reached; the names of the servers that failed.
+    Fail(Vec<Arc<str>>),
+}
+
+fn is_error_reply(reply: &[u8]) -> bool {
+    reply.starts_with(b"ERROR")
+        || reply.starts_with(b"CLIENT_ERROR")
+        || reply.starts_with(b"SERVER_ERROR")
+}
+
+/// Decides a replicated write. `results[i]` is replica `i`'s reply so far
+/// (`None`: still outstanding), replica 0 being the key's owner.
+///
+/// A reply shared by `quorum` replicas answers at once. Once every replica has
+/// answered without such agreement, the owner's reply answers if at least
+/// `quorum` replicas succeeded (their copies differ: see README), and the
+/// write fails otherwise. It also fails as soon as too few replicas are left
+/// to reach a quorum.
+pub fn decide(results: &[Option<&CallResult>], quorum: usize) -> Decision {
+    let success = |r: &CallResult| matches!(r, Ok(reply) if !is_error_reply(reply));
+    let mut succeeded = 0;
+    let mut outstanding = 0;
+    for result in results {
+        match result {
+            None => outstanding += 1,
+            Some(r) if success(r) => {
+                succeeded += 1;
+                let reply = r.as_ref().expect("success is Ok");
+                let alike = results
+                    .iter()
+                    .filter(|other| matches!(other, Some(Ok(o)) if o == reply))
+                    .count();
+                if alike >= quorum {
+                    return Decision::Answer(reply.clone());
+                }
+            }
+            Some(_) => {}
+        }
+    }
+    if succeeded + outstanding < quorum {
+        return Decision::Fail(failed_servers(results));
+    }
+    if outstanding > 0 {
+        return Decision::Wait;
+    }
+    // Everyone answered, a quorum succeeded, but the replies differ.
+    let owner_first = results
+        .iter()
+        .flatten()
+        .find(|r| success(r))
+        .and_then(|r| r.as_ref().ok());
+    match owner_first {
+        Some(reply) => Decision::Answer(reply.clone()),
+        None => Decision::Fail(failed_servers(results)),
+    }
+}
+
+fn failed_servers(results: &[Option<&CallResult>]) -> Vec<Arc<str>> {
+    results
+        .iter()
+        .filter_map(|r| match r {
+            Some(Err(BackendError { server, .. })) => Some(server.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A broadcast's answer once every server replied: `Ok` if all said `OK`,
+/// else the names of those that did not.
+pub fn all_ok<'a>(
+    results: impl Iterator<Item = (&'a str, &'a CallResult)>,
+) -> Result<(), Vec<&'a str>> {
+    let failed: Vec<&str> = results
+        .filter(|(_, result)| !matches!(result, Ok(reply) if reply.as_ref() == b"OK\r\n"))
+        .map(|(name, _)| name)
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed)
+    }
+}
+
+/// `cas <key> <flags> <exptime> <bytes> <unique> [noreply]` + data, rewritten
+/// as `set <key> <flags> <exptime> <bytes>` + the same data, to copy a value
+/// the owner stored to the other replicas.
+pub fn cas_as_set(request: &Request, bytes: &Bytes) -> SmallVec<[Bytes; 3]> {
+    let line = &bytes[..request.args_end as usize];
+    let fields: SmallVec<[&[u8]; 8]> = line
+        .split(|&b| b == b' ')
+        .filter(|f| !f.is_empty())
+        .collect();
+    let mut head = BytesMut::with_capacity(line.len());
+    head.put_slice(b"set");
+    for field in fields.iter().skip(1).take(4) {
+        head.put_u8(b' ');
+        head.put_slice(field);
+    }
+    head.put_slice(b"\r\n");
+    smallvec::smallvec![head.freeze(), bytes.slice(request.line_len as usize..)]
+}
+
+/// Where one key of a retrieval stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum KeyState {
+    /// Not asked yet (or to be asked of its next replica).
+    Unsent,
+    /// Asked in sub-request `sub`.
+    Asked { sub: u32 },
+    /// Its value block, waiting for the keys before it.
+    Found(Bytes),
+    /// No value will be written for it.
+    Missed,
+}
+
+/// One sub-request of a retrieval.
+#[derive(Debug)]
+struct Sub {
+    /// Key indexes in the order they were sent.
+    keys: SmallVec<[u32; 8]>,
+    /// Index in `keys` of the next key a value may be for.
+    cursor: usize,
+    /// The server answered with an error line instead of values.
+    error_line: Option<Bytes>,
+}
+
+/// A sub-request to send: `line` to server `server`; its reply is fed back
+/// under `id`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubRequest {
+    pub id: u32,
+    pub server: usize,
+    pub line: Bytes,
+}
+
+/// A retrieval in progress (see the module doc).
+#[derive(Debug)]
+pub struct Retrieval {
+    command: Command,
+    bytes: Bytes,
+    keys: Keys,
+    exptime: Option<Span>,
+    /// Per key, the servers to ask in order (owner first, healthy first);
+    /// one entry per key without replicas.
+    candidates: Vec<Servers>,
+    /// Which candidate each key is on.
+    round: SmallVec<[u8; 8]>,
+    fall_through_on_miss: bool,
+    state: Vec<KeyState>,
+    /// Keys before this index have been sent at least once.
+    next_unsent: usize,
+    /// Keys to be asked of their next replica.
+    retry: VecDeque<u32>,
+    subs: Vec<Sub>,
+    /// The next key whose value (or miss) goes to the client.
+    next_emit: usize,
+    values_written: usize,
+    answered: bool,
+    first_error: Option<BackendError>,
+    /// Bytes of values held, waiting for the keys before them.
+    held: usize,
+    /// The largest value block seen, for the session's estimate.
+    largest_block: usize,
+}
+
+impl Retrieval {
+    /// Plans the retrieval `request` (bytes `bytes`) on `topology`.
+    pub fn new(request: &Request, bytes: Bytes, topology: &Topology) -> Retrieval {
+        let replicas = topology.config.replicas.max(1);
+        let candidates = (0..request.keys.len())
+            .map(|i| {
+                let key = request.key(&bytes, i);
+                let mut servers = Servers::new();
+                if replicas == 1 {
+                    servers.extend(topology.owner_index(key));
+                } else {
+                    topology.replicas(key, &mut servers);
+                    // Healthy replicas first; ring order otherwise.
+                    servers.sort_by_key(|&s| topology.backends[s].state() == HealthState::Dead);
+                }
+                servers
+            })
+            .collect();
+        Retrieval::with_candidates(
+            request,
+            bytes,
+            candidates,
+            replicas > 1 && topology.config.read_miss_fallthrough,
+        )
+    }
+
+    /// A retrieval whose keys are asked of `candidates[i]` in order.
+    pub fn with_candidates(
+        request: &Request,
+        bytes: Bytes,
+        candidates: Vec<Servers>,
+        fall_through_on_miss: bool,
+    ) -> Retrieval {
+        let keys = request.keys.len();
+        Retrieval {
+            command: request.command,
+            exptime: request.arg,
+            keys: request.keys.clone(),
+            bytes,
+            candidates,
+            round: smallvec::smallvec![0; keys],
+            fall_through_on_miss,
+            state: vec![KeyState::Unsent; keys],
+            next_unsent: 0,
+            retry: VecDeque::new(),
+            subs: Vec::new(),
+            next_emit: 0,
+            values_written: 0,
+            answered: false,
+            first_error: None,
+            held: 0,
+            largest_block: 0,
+        }
+    }
+
+    /// Keys are waiting to be sent (a first time, or to a next replica).
+    pub fn has_unsent(&self) -> bool {
+        !self.retry.is_empty() || self.next_unsent < self.keys.len()
+    }
+
+    /// Keys waiting to be sent.
+    pub fn unsent_keys(&self) -> usize {
+        self.retry.len() + (self.keys.len() - self.next_unsent)
+    }
+
+    /// Value bytes held for keys not yet written.
+    pub fn held_bytes(&self) -> usize {
+        self.held
+    }
+
+    /// The largest value block received so far.
+    pub fn largest_block(&self) -> usize {
+        self.largest_block
+    }
+
+    /// The sub-requests for up to `max_keys` of the keys waiting to be sent:
+    /// retries first, then unsent keys in the client's order, grouped by
+    /// server, each line under [`MAX_SUB_LINE_BYTES`].
+    pub fn next_chunk(&mut self, max_keys: usize) -> SmallVec<[SubRequest; 4]> {
+        let max_keys = max_keys.max(1);
+        let mut picked: SmallVec<[u32; 16]> = SmallVec::new();
+        while picked.len() < max_keys {
+            if let Some(key) = self.retry.pop_front() {
+                picked.push(key);
+            } else if self.next_unsent < self.keys.len() {
+                picked.push(self.next_unsent as u32);
+                self.next_unsent += 1;
+            } else {
+                break;
+            }
+        }
+        let mut out: SmallVec<[SubRequest; 4]> = SmallVec::new();
+        // The whole request to one server, first time: forward the client's
+        // own bytes (no copy).
+        let whole = picked.len() == self.keys.len()
+            && self.subs.is_empty()
+            && self.bytes.len() <= MAX_SUB_LINE_BYTES
+            && self.bytes.ends_with(b"\r\n");
+        let mut open: SmallVec<[(usize, u32, BytesMut); 4]> = SmallVec::new();
+        for &key in &picked {
+            let k = key as usize;
+            let Some(&server) = self.candidates[k].get(self.round[k] as usize) else {
+                // No server left to ask.
+                self.state[k] = KeyState::Missed;
+                continue;
+            };
+            let name = self.keys[k].of(&self.bytes);
+            let at = open.iter().position(|(s, id, line)| {
+                *s == server
+                    && (whole || line.len() + name.len() + 3 <= MAX_SUB_LINE_BYTES)
+                    && self.subs[*id as usize].keys.len() < MAX_CHUNK_KEYS.max(max_keys)
+            });
+            let at = match at {
+                Some(at) => at,
+                None => {
+                    let id = self.subs.len() as u32;
+                    self.subs.push(Sub {
+                        keys: SmallVec::new(),
+                        cursor: 0,
+                        error_line: None,
+                    });
+                    let mut line = BytesMut::with_capacity(64);
+                    line.put_slice(self.command.name().as_bytes());
+                    if let Some(exptime) = self.exptime {
+                        line.put_u8(b' ');
+                        line.put_slice(exptime.of(&self.bytes));
+                    }
+                    open.push((server, id, line));
+                    open.len() - 1
+                }
+            };
+            let (_, id, line) = &mut open[at];
+            line.put_u8(b' ');
+            line.put_slice(name);
+            self.subs[*id as usize].keys.push(key);
+            self.state[k] = KeyState::Asked { sub: *id };
+        }
+        let single = open.len() == 1;
+        for (server, id, mut line) in open {
+            let line = if whole && single {
+                self.bytes.clone()
+            } else {
+                line.put_slice(b"\r\n");
+                line.freeze()
+            };
+            out.push(SubRequest { id, server, line });
+        }
+        out
+    }
+
+    /// A piece of sub-request `sub`'s reply arrived.
+    pub fn on_piece(&mut self, sub: u32, got: Got) {
+        let Some(entry) = self.subs.get_mut(sub as usize) else {
+            return;
+        };
+        match got {
+            Got::Value(block) => {
+                self.answered = true;
+                let name = value_key(&block);
+                // The connection checked that the key was asked for, in
+                // order; keys skipped on the way are misses in this reply.
+                let mut skipped: SmallVec<[usize; 8]> = SmallVec::new();
+                let mut found = None;
+                while entry.cursor < entry.keys.len() {
+                    let k = entry.keys[entry.cursor] as usize;
+                    entry.cursor += 1;
+                    if self.keys[k].of(&self.bytes) == name {
+                        found = Some(k);
+                        break;
+                    }
+                    skipped.push(k);
+                }
+                for k in skipped {
+                    self.missed(k);
+                }
+                if let Some(k) = found {
+                    self.largest_block = self.largest_block.max(block.len());
+                    self.held += block.len();
+                    self.state[k] = KeyState::Found(block);
+                }
+            }
+            Got::Line(line) => entry.error_line = Some(line),
+        }
+    }
+
+    /// Sub-request `sub` is complete (`Ok`) or failed.
+    pub fn on_done(&mut self, sub: u32, result: Result<(), BackendError>) {
+        let Some(entry) = self.subs.get_mut(sub as usize) else {
+            return;
+        };
+        let failed = match result {
+            Ok(()) if entry.error_line.is_none() => {
+                self.answered = true;
+                false
+            }
+            Ok(()) => true,
+            Err(error) => {
+                self.first_error.get_or_insert(error);
+                true
+            }
+        };
+        let rest: SmallVec<[u32; 8]> = entry.keys[entry.cursor..].iter().copied().collect();
+        entry.cursor = entry.keys.len();
+        for key in rest {
+            let k = key as usize;
+            if failed {
+                self.fall_through(k);
+            } else {
+                self.missed(k);
+            }
+        }
+    }
+
+    /// A key the server answered without a value.
+    fn missed(&mut self, k: usize) {
+        if self.fall_through_on_miss {
+            self.fall_through(k);
+        } else {
+            self.state[k] = KeyState::Missed;
+        }
+    }
+
+    /// Asks the key's next replica, if there is one.
+    fn fall_through(&mut self, k: usize) {
+        let next = self.round[k] as usize + 1;
+        if next < self.candidates[k].len() {
+            self.round[k] = next as u8;
+            self.state[k] = KeyState::Unsent;
+            self.retry.push_back(k as u32);
+        } else {
+            self.state[k] = KeyState::Missed;
+        }
+    }
+
+    /// Writes every value that can go to the client now, in key order; once
+    /// every key is settled, the closing `END` (or, when no server answered
+    /// at all, the error). Returns true when the reply is complete.
+    pub fn emit(&mut self, out: &mut OutQueue) -> bool {
+        while self.next_emit < self.keys.len() {
+            match std::mem::replace(&mut self.state[self.next_emit], KeyState::Missed) {
+                KeyState::Found(block) => {
+                    self.held -= block.len();
+                    self.values_written += 1;
+                    out.push(block);
+                }
+                KeyState::Missed => {}
+                waiting => {
+                    self.state[self.next_emit] = waiting;
+                    return false;
+                }
+            }
+            self.next_emit += 1;
+        }
+        if self.values_written == 0 && !self.answered {
+            // A multi-get answers with what the healthy servers hold; only
+            // when no server answered is the whole reply an error.
+            if let Some(error) = &self.first_error {
+                crate::protocol::encode::write_server_error(out.scratch(), error);
+                return true;
+            }
+            if let [only] = &self.subs[..] {
+                if let Some(line) = &only.error_line {
+                    // One server's own error, as memcached gave it.
+                    out.push(line.clone());
+                    return true;
+                }
+            }
+        }
+        out.push_slice(b"END\r\n");
+        true
+    }
+
+    /// Keys asked for, and values written.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.keys.len(), self.values_written)
+    }
+}
+
+/// The key of a `VALUE <key> ...` block.
+fn value_key(block: &[u8]) -> &[u8] {
+    let rest = block.get(6..).unwrap_or(&[]);
+    let end = memchr::memchr(b' ', rest).unwrap_or(rest.len());
+    &rest[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::BackendErrorKind;
+    use crate::protocol::{parse_request, Limits};
+
+    fn request(line: &'static [u8]) -> (Request, Bytes) {
+        let bytes = Bytes::from_static(line);
+        let (request, _) = parse_request(&bytes, &Limits::default()).unwrap().unwrap();
+        (request, bytes)
+    }
+
+    fn retrieval(line: &'static [u8], owners: &[&[usize]], fall_through: bool) -> Retrieval {
+        let (request, bytes) = request(line);
+        let candidates = owners.iter().map(|o| o.iter().copied().collect()).collect();
+        Retrieval::with_candidates(&request, bytes, candidates, fall_through)
+    }
+
+    fn value(key: &str, data: &str) -> Got {
+        Got::Value(Bytes::from(format!(
+            "VALUE {key} 0 {}\r\n{data}\r\n",
+            data.len()
+        )))
+    }
+
+    fn drain(out: &mut OutQueue) -> String {
+        out.seal();
+        let mut text = Vec::new();
+        while bytes::Buf::has_remaining(out) {
+            let chunk = bytes::Buf::chunk(out).to_vec();
+            bytes::Buf::advance(out, chunk.len());
+            text.extend(chunk);
+        }
+        String::from_utf8(text).unwrap()
+    }
+
+    fn failed(server: &str) -> BackendError {
+        BackendError {
+            server: server.into(),
+            kind: BackendErrorKind::Timeout,
+        }
+    }
+
+    #[test]
+    fn one_server_gets_the_clients_own_bytes() {
+        let mut r = retrieval(b"get a b\r\n", &[&[2], &[2]], false);
+        let subs = r.next_chunk(100);
+        assert_eq!(subs.len(), 1);
+        assert_eq!(subs[0].server, 2);
+        assert_eq!(&subs[0].line[..], b"get a b\r\n");
+        assert!(!r.has_unsent());
+    }
+
+    #[test]
+    fn keys_split_by_server_merge_back_in_client_order() {
+        let mut r = retrieval(
+            b"gets c a b a d\r\n",
+            &[&[1], &[0], &[1], &[0], &[0]],
+            false,
+        );
+        let subs = r.next_chunk(100);
+        let lines: Vec<_> = subs.iter().map(|s| (s.server, s.line.clone())).collect();
+        assert_eq!(
+            lines,
+            vec![
+                (1, Bytes::from_static(b"gets c b\r\n")),
+                (0, Bytes::from_static(b"gets a a d\r\n"))
+            ]
+        );
+        let mut out = OutQueue::default();
+        // Server 0 answers first; nothing can go out before `c` is settled.
+        r.on_piece(1, value("a", "1"));
+        r.on_piece(1, value("a", "1"));
+        r.on_done(1, Ok(()));
+        assert!(!r.emit(&mut out));
+        assert_eq!(drain(&mut out), "");
+        r.on_piece(0, value("c", "3"));
+        assert!(!r.emit(&mut out));
+        assert_eq!(drain(&mut out), "VALUE c 0 1\r\n3\r\nVALUE a 0 1\r\n1\r\n");
+        r.on_done(0, Ok(()));
+        assert!(r.emit(&mut out));
+        assert_eq!(drain(&mut out), "VALUE a 0 1\r\n1\r\nEND\r\n");
+        assert_eq!(r.counts(), (5, 3));
+        assert_eq!(r.held_bytes(), 0);
+    }
+
+    #[test]
+    fn large_retrievals_go_out_in_chunks_in_key_order() {
+        let mut r = retrieval(b"get a b c d e\r\n", &[&[0], &[1], &[0], &[1], &[0]], false);
+        let first = r.next_chunk(2);
+        assert_eq!(first.len(), 2);
+        assert_eq!(r.unsent_keys(), 3);
+        let second = r.next_chunk(2);
+        assert_eq!(&second[0].line[..], b"get c\r\n");
+        assert_eq!(&second[1].line[..], b"get d\r\n");
+        let third = r.next_chunk(2);
+        assert_eq!(&third[0].line[..], b"get e\r\n");
+        assert!(!r.has_unsent());
+    }
+
+    #[test]
+    fn sub_request_lines_stay_under_the_bound() {
+        let mut line = b"gat 10".to_vec();
+        for i in 0..3000 {
+            line.extend(format!(" key:{i:05}").as_bytes());
+        }
+        line.extend(b"\r\n");
+        let bytes = Bytes::from(line);
+        let (request, _) = parse_request(&bytes, &Limits::default()).unwrap().unwrap();
+        let candidates = vec![Servers::from_slice(&[0]); 3000];
+        let mut r = Retrieval::with_candidates(&request, bytes, candidates, false);
+        let mut keys = 0;
+        while r.has_unsent() {
+            for sub in r.next_chunk(MAX_CHUNK_KEYS) {
+                assert!(sub.line.len() <= MAX_SUB_LINE_BYTES, "{}", sub.line.len());
+                assert!(sub.line.starts_with(b"gat 10 "));
+                keys += sub.line.split(|&b| b == b' ').count() - 2;
+            }
+        }
+        assert_eq!(keys, 3000);
+    }
+
+    #[test]
+    fn failed_keys_fall_through_to_the_next_replica() {
+        let mut r = retrieval(b"get a b\r\n", &[&[0, 1], &[1, 0]], false);
+        let subs = r.next_chunk(100);
+        assert_eq!(subs.len(), 2);
+        r.on_done(0, Err(failed("s0")));
+        assert!(r.has_unsent());
+        let retry = r.next_chunk(100);
+        assert_eq!(
+            (retry[0].server, &retry[0].line[..]),
+            (1, &b"get a\r\n"[..])
+        );
+        r.on_piece(1, value("b", "2"));
+        r.on_done(1, Ok(()));
+        r.on_piece(retry[0].id, value("a", "1"));
+        r.on_done(retry[0].id, Ok(()));
+        let mut out = OutQueue::default();
+        assert!(r.emit(&mut out));
+        assert_eq!(
+            drain(&mut out),
+            "VALUE a 0 1\r\n1\r\nVALUE b 0 1\r\n2\r\nEND\r\n"
+        );
+    }
+
+    #[test]
+    fn misses_fall_through_only_when_asked() {
+        let mut plain = retrieval(b"get a\r\n", &[&[0, 1]], false);
+        plain.next_chunk(100);
+        plain.on_done(0, Ok(()));
+        assert!(!plain.has_unsent());
+        let mut through = retrieval(b"get a\r\n", &[&[0, 1]], true);
+        through.next_chunk(100);
+        through.on_done(0, Ok(()));
+        assert!(through.has_unsent());
+    }
+
+    #[test]
+    fn every_server_failing_is_an_error_some_failing_is_a_miss() {
+        let mut all = retrieval(b"get a b\r\n", &[&[0], &[1]], false);
+        all.next_chunk(100);
+        all.on_done(0, Err(failed("s0")));
+        all.on_done(1, Err(failed("s1")));
+        let mut out = OutQueue::default();
+        assert!(all.emit(&mut out));
+        assert!(drain(&mut out).starts_with("SERVER_ERROR backend s0"));
+
+        let mut some = retrieval(b"get a b\r\n", &[&[0], &[1]], false);
+        some.next_chunk(100);
+        some.on_done(0, Err(failed("s0")));
+        some.on_piece(1, value("b", "2"));
+        some.on_done(1, Ok(()));
+        assert!(some.emit(&mut out));
+        assert_eq!(drain(&mut out), "VALUE b 0 1\r\n2\r\nEND\r\n");
+    }
+
+    #[test]
+    fn one_servers_error_line_is_passed_on() {
+        let mut r = retrieval(b"get a\r\n", &[&[0]], false);
+        r.next_chunk(100);
+        r.on_piece(
+            0,
+            Got::Line(Bytes::from_static(b"SERVER_ERROR out of memory\r\n")),
+        );
+        r.on_done(0, Ok(()));
+        let mut out = OutQueue::default();
+        assert!(r.emit(&mut out));
+        assert_eq!(drain(&mut out), "SERVER_ERROR out of memory\r\n");
+    }
+
+    #[test]
+    fn keys_without_servers_are_misses() {
+        let mut r = retrieval(b"get a\r\n", &[&[]], false);
+        assert!(r.next_chunk(100).is_empty());
+        let mut out = OutQueue::default();
+        assert!(r.emit(&mut out));
+        assert_eq!(drain(&mut out), "END\r\n");
+    }
+
+    fn ok(reply: &'static [u8]) -> CallResult {
+        Ok(Bytes::from_static(reply))
+    }
+
+    #[test]
+    fn quorum_is_a_majority() {
+        assert_eq!((quorum(1), quorum(2), quorum(3), quorum(5)), (1, 2, 2, 3));
+    }
+
+    #[test]
+    fn two_alike_of_three_answer_without_waiting_for_the_third() {
+        let stored = ok(b"STORED\r\n");
+        assert_eq!(
+            decide(&[Some(&stored), None, Some(&stored)], 2),
+            Decision::Answer(Bytes::from_static(b"STORED\r\n"))
+        );
+        assert_eq!(decide(&[Some(&stored), None, None], 2), Decision::Wait);
+    }
+
+    #[test]
+    fn two_failures_of_three_fail_at_once_naming_them() {
+        let (a, b) = (Err(failed("a")), Err(failed("b")));
+        assert_eq!(
+            decide(&[Some(&a), None, Some(&b)], 2),
+            Decision::Fail(vec!["a".into(), "b".into()])
+        );
+    }
+
+    #[test]
+    fn disagreeing_replies_answer_the_owners_once_all_are_in() {
+        let (stored, not_stored) = (ok(b"STORED\r\n"), ok(b"NOT_STORED\r\n"));
+        assert_eq!(
+            decide(&[Some(&not_stored), Some(&stored), None], 2),
+            Decision::Wait
+        );
+        let error = Err(failed("c"));
+        assert_eq!(
+            decide(&[Some(&not_stored), Some(&stored), Some(&error)], 2),
+            Decision::Answer(Bytes::from_static(b"NOT_STORED\r\n"))
+        );
+    }
+
+    #[test]
+    fn server_error_replies_do_not_count_toward_a_quorum() {
+        let (stored, error) = (ok(b"STORED\r\n"), ok(b"SERVER_ERROR out of memory\r\n"));
+        assert_eq!(
+            decide(&[Some(&error), Some(&error), Some(&stored)], 2),
+            Decision::Fail(vec![])
+        );
+    }
+
+    #[test]
+    fn broadcast_names_the_servers_that_did_not_say_ok() {
+        let (good, bad) = (ok(b"OK\r\n"), Err(failed("b")));
+        assert_eq!(
+            all_ok([("a", &good), ("b", &bad)].into_iter()),
+            Err(vec!["b"])
+        );
+        assert_eq!(all_ok([("a", &good)].into_iter()), Ok(()));
+    }
+
+    #[test]
+    fn cas_is_copied_to_replicas_as_a_plain_set() {
+        let (request, bytes) = request(b"cas k 5 10 3 99 noreply\r\nabc\r\n");
+        let copy: Vec<u8> = cas_as_set(&request, &bytes).concat();
+        assert_eq!(copy, b"set k 5 10 3\r\nabc\r\n");
+    }
+}
