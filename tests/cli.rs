@@ -367,6 +367,24 @@ fn daemon_serves_and_exits_zero_on_sigterm() {
     assert_eq!(client.set("cli", b"ok"), b"STORED\r\n");
     assert_eq!(client.get("cli"), Some(b"ok".to_vec()));
     drop(client);
+    // `memring send` through memring: replies to everything sent before its
+    // half-close.
+    let output = Command::new(BIN)
+        .args([
+            "send",
+            &listen,
+            "get cli",
+            "set sent 0 0 1",
+            "y",
+            "get sent",
+        ])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "VALUE cli 0 2\r\nok\r\nEND\r\nSTORED\r\nVALUE sent 0 1\r\ny\r\nEND\r\n"
+    );
 
     // Clients keep working while SIGTERM arrives: each request gets its whole
     // reply or the connection closes before any byte of it.
