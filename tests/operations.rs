@@ -628,10 +628,13 @@ fn slow_admin_connections_leave_fds_bounded_and_the_data_path_healthy() {
         "the header timeout closes a silent admin connection"
     );
     eprintln!("first slow connection closed after {:?}", started.elapsed());
-    assert_eq!(
-        daemon.count("admin listener at its limit of"),
-        1,
-        "logged once"
+    // Logged once per episode, not per refused connection (an episode ends
+    // when a slot frees up, 5 s after the first slow client at the latest).
+    let episodes = daemon.count("admin listener at its limit of");
+    assert!(
+        episodes >= 1 && episodes <= daemon.count("below its limit again") + 1 && episodes < 10,
+        "{}",
+        daemon.log()
     );
     assert_eq!(daemon.count("cannot accept"), 0, "{}", daemon.log());
     let _ = std::fs::remove_dir_all(dir);
