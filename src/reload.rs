@@ -596,6 +596,50 @@ mod tests {
     }
 
     #[test]
+    fn every_setting_is_documented_in_the_example_with_its_reload_behaviour() {
+        let base = "listen = \"127.0.0.1:1\"\n[[servers]]\naddr = \"127.0.0.1:2\"\n[[servers]]\naddr = \"127.0.0.1:4\"\n";
+        let changed = "listen = \"127.0.0.1:3\"\nadmin_listen = \"127.0.0.1:5\"\n\
+            connections_per_server = 3\nconnect_timeout_ms = 501\nrequest_timeout_ms = 1001\n\
+            max_value_bytes = 2000\nmax_client_connections = 5\nmax_pending_per_client = 7\n\
+            shutdown_grace_ms = 1\nauto_eject = true\nfailure_limit = 4\n\
+            client_idle_timeout_ms = 9\nreplicas = 2\nread_miss_fallthrough = true\n\
+            workers = 3\nmax_client_buffer_bytes = 70000\nmax_buffer_bytes = 2000000\n\
+            client_write_timeout_ms = 11\n";
+        let old = Config::parse(base, "a").unwrap();
+        let new = Config::parse(
+            &format!("{changed}{}", &base[base.find('\n').unwrap() + 1..]),
+            "a",
+        )
+        .unwrap();
+        let changes = setting_changes(&old, &new);
+        assert_eq!(changes.len(), 18, "every setting differs: {changes:?}");
+        // config/memring.toml describes each setting in the comment block
+        // above it, ending in "Restart." or "Live".
+        let example = include_str!("../config/memring.toml");
+        for change in &changes {
+            let at = example
+                .lines()
+                .position(|l| {
+                    l.trim_start_matches("# ")
+                        .starts_with(&format!("{} = ", change.name))
+                })
+                .unwrap_or_else(|| panic!("{} is not in config/memring.toml", change.name));
+            let block: Vec<&str> = example.lines().take(at).collect();
+            let start = block
+                .iter()
+                .rposition(|l| l.trim().is_empty())
+                .map_or(0, |i| i + 1);
+            let comment = block[start..].join(" ");
+            assert_eq!(
+                comment.contains("Restart."),
+                change.restart_only,
+                "{}: the example says `{comment}`",
+                change.name
+            );
+        }
+    }
+
+    #[test]
     fn only_the_config_its_links_and_its_target_concern_the_reloader() {
         let dir = std::env::temp_dir().join(format!("memring-interest-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
