@@ -1,7 +1,9 @@
 # memring container image: build in the Rust image, run from a slim Debian with
 # only the binary and a default config.
-#   docker build -t memring .
-#   docker run -v $PWD/my.toml:/etc/memring/memring.toml:ro -p 22122:22122 memring
+#   docker build --build-arg MEMRING_GIT_COMMIT=$(git rev-parse --short=12 HEAD) -t memring:0.1.0 .
+#   docker run -v $PWD/memring:/etc/memring:ro -p 22122:22122 -p 9100:9100 memring:0.1.0
+# (.git is not sent to the build, so the commit for `memring --version` comes
+# from the build argument, or reads `unknown`.)
 # Port 22122 is for memcached clients, 9100 for /metrics, /live and /ready
 # (admin_listen in the config). config/kubernetes/sidecar.yaml runs the image as
 # a Kubernetes sidecar.
@@ -10,9 +12,10 @@ FROM rust:1-bookworm AS builder
 WORKDIR /src
 # Cargo reads the whole manifest, including the [[bench]] targets, so bench/
 # must be present even though only the binary is built.
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY bench ./bench
+ARG MEMRING_GIT_COMMIT=unknown
 RUN cargo build --release --locked --bin memring
 
 FROM debian:bookworm-slim

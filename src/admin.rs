@@ -1,26 +1,41 @@
 //! The optional admin listener: Prometheus metrics at `/metrics`, liveness at
 //! `/live` and readiness at `/ready` (a ring is loaded and at least one server
 //! is not DEAD). HTTP/1.1 through hyper; only GET, only these three paths.
+//!
+//! The listener may be reachable from far more places than the data port (a
+//! pod IP, for Prometheus), so it must not be able to starve the data path of
+//! file descriptors: it serves at most [`MAX_CONNECTIONS`] connections at once
+//! (more are closed as soon as they are accepted), each must send its request
+//! headers within [`HEADER_TIMEOUT`] and is closed after
+//! [`CONNECTION_LIFETIME`] whatever it does.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::CONTENT_TYPE;
+use hyper::header::{ACCEPT, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::health::HealthState;
-use crate::stats::Stats;
+use crate::stats::{Stats, OPENMETRICS_TEXT_TYPE, PROMETHEUS_TEXT_TYPE};
 use crate::topology::SharedTopology;
 
-/// The content type of the Prometheus text exposition format.
-const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// Admin connections served at once. A scraper and a few probes need a
+/// handful; the rest is headroom.
+pub const MAX_CONNECTIONS: usize = 64;
+/// Time a connection has to send a request's headers.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest an admin connection stays open (keep-alive included), so that a
+/// client reading its response a byte at a time cannot hold a slot forever.
+pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
 
 /// What the admin handlers read.
 #[derive(Clone)]
@@ -39,28 +54,65 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 
 /// Serves admin requests until `shutdown`.
 pub async fn serve(listener: TcpListener, state: AdminState, shutdown: CancellationToken) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    // Failed accepts in a row, and connections turned away in a row: each
+    // logged when its episode starts and when it ends, not once per event
+    // (EMFILE can fail every accept for minutes).
+    let mut failing = 0u64;
+    let mut refused = 0u64;
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(e) => {
-                    tracing::warn!("admin accept failed: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    if failing == 0 {
+                        tracing::warn!("admin listener cannot accept connections: {e}; retrying");
+                    }
+                    failing += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
             },
             () = shutdown.cancelled() => return,
         };
+        if failing > 0 {
+            tracing::info!("admin listener accepting again after {failing} failed accepts");
+            failing = 0;
+        }
+        // Over the limit, a connection is closed at once rather than left in
+        // the backlog: the backlog would fill, and a scraper queued behind
+        // slow clients would time out anyway.
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            if refused == 0 {
+                tracing::warn!(
+                    "admin listener at its limit of {MAX_CONNECTIONS} connections; closing new ones"
+                );
+            }
+            refused += 1;
+            drop(stream);
+            continue;
+        };
+        if refused > 0 {
+            tracing::info!(
+                "admin listener below its limit again after closing {refused} connections"
+            );
+            refused = 0;
+        }
         let state = state.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let service = hyper::service::service_fn(move |request| {
                 let state = state.clone();
                 async move { Ok::<_, Infallible>(respond(&request, &state)) }
             });
             let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = connection.await {
-                tracing::debug!("admin connection ended: {e}");
+            match tokio::time::timeout(CONNECTION_LIFETIME, connection).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!("admin connection ended: {e}"),
+                Err(_) => tracing::debug!("admin connection closed after {CONNECTION_LIFETIME:?}"),
             }
         });
     }
@@ -72,10 +124,20 @@ fn respond(request: &Request<Incoming>, state: &AdminState) -> Response<Full<Byt
     }
     match request.uri().path() {
         "/metrics" => {
-            let mut response = Response::new(Full::new(Bytes::from(state.stats.prometheus_text())));
+            let accept = request
+                .headers()
+                .get_all(ACCEPT)
+                .iter()
+                .filter_map(|v| v.to_str().ok());
+            let (body, content_type) = if wants_openmetrics(accept) {
+                (state.stats.openmetrics_text(), OPENMETRICS_TEXT_TYPE)
+            } else {
+                (state.stats.prometheus_text(), PROMETHEUS_TEXT_TYPE)
+            };
+            let mut response = Response::new(Full::new(Bytes::from(body)));
             response.headers_mut().insert(
                 CONTENT_TYPE,
-                hyper::header::HeaderValue::from_static(PROMETHEUS_TEXT),
+                hyper::header::HeaderValue::from_static(content_type),
             );
             response
         }
@@ -97,6 +159,28 @@ fn respond(request: &Request<Incoming>, state: &AdminState) -> Response<Full<Byt
     }
 }
 
+/// Whether an `Accept` header asks for OpenMetrics text. Prometheus lists
+/// `application/openmetrics-text` first (with a higher q) when it can read it;
+/// anything else, or no header, gets the classic format every scraper reads.
+fn wants_openmetrics<'a>(accept: impl Iterator<Item = &'a str>) -> bool {
+    let mut openmetrics = 0.0f32;
+    let mut classic = 0.0f32;
+    for range in accept.flat_map(|v| v.split(',')) {
+        let mut parts = range.split(';').map(str::trim);
+        let media = parts.next().unwrap_or("").to_ascii_lowercase();
+        let q = parts
+            .filter_map(|p| p.strip_prefix("q="))
+            .find_map(|q| q.parse::<f32>().ok())
+            .unwrap_or(1.0);
+        match media.as_str() {
+            "application/openmetrics-text" => openmetrics = openmetrics.max(q),
+            "text/plain" | "text/*" | "*/*" => classic = classic.max(q),
+            _ => {}
+        }
+    }
+    openmetrics > 0.0 && openmetrics >= classic
+}
+
 /// Ready when a ring is loaded and at least one server is not DEAD (a SUSPECT
 /// server is still tried, and must be, to become ACTIVE again).
 pub fn is_ready(state: &AdminState) -> bool {
@@ -115,16 +199,47 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
 }
 
 /// A one-shot `GET /ready` for container health checks (`memring healthcheck`),
-/// so the image needs no curl. Returns whether the answer was 200.
+/// so the image needs no curl. Returns whether the answer was 200, and the
+/// first line of the body (`ready`, or why not).
 ///
 /// # Errors
-/// The admin listener cannot be reached.
-pub fn probe_ready(addr: SocketAddr, timeout: std::time::Duration) -> std::io::Result<bool> {
+/// The admin listener cannot be reached or sent no HTTP answer.
+pub fn probe_ready(
+    addr: SocketAddr,
+    timeout: std::time::Duration,
+) -> std::io::Result<(bool, String)> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.write_all(b"GET /ready HTTP/1.1\r\nHost: memring\r\nConnection: close\r\n\r\n")?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response)?;
-    Ok(response.starts_with(b"HTTP/1.1 200"))
+    let response = String::from_utf8_lossy(&response);
+    let Some((head, body)) = response.split_once("\r\n\r\n") else {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "no HTTP response",
+        ));
+    };
+    let status = head.lines().next().unwrap_or("");
+    let reason = body.lines().next().unwrap_or("").trim();
+    let reason = if reason.is_empty() { status } else { reason };
+    Ok((status.starts_with("HTTP/1.1 200"), reason.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wants_openmetrics;
+
+    #[test]
+    fn openmetrics_only_when_asked_for_and_preferred() {
+        let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        assert!(wants_openmetrics([prometheus].into_iter()));
+        assert!(!wants_openmetrics(std::iter::empty()));
+        assert!(!wants_openmetrics(["*/*"].into_iter()));
+        assert!(!wants_openmetrics(["text/plain"].into_iter()));
+        assert!(!wants_openmetrics(
+            ["text/plain, application/openmetrics-text;q=0.3"].into_iter()
+        ));
+    }
 }

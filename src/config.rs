@@ -398,6 +398,21 @@ impl Config {
     pub fn members(&self) -> Vec<Member> {
         self.servers.iter().map(ServerConfig::member).collect()
     }
+
+    /// Settings that are valid but probably not what was meant. The config
+    /// still loads; `check`, start and reload print these.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if self.replicas > self.servers.len() {
+            warnings.push(format!(
+                "replicas = {} but only {} server{}: a key cannot have more copies than there are servers",
+                self.replicas,
+                self.servers.len(),
+                if self.servers.len() == 1 { "" } else { "s" },
+            ));
+        }
+        warnings
+    }
 }
 
 /// `host:port` with a port from 1 to 65535 and a plausible host (an IP address,
@@ -539,6 +554,16 @@ name = "cache-02"
     #[test]
     fn no_servers_is_an_error() {
         assert!(error_of("listen = \"127.0.0.1:1\"\n").contains("no [[servers]]"));
+    }
+
+    #[test]
+    fn more_replicas_than_servers_is_a_warning_not_an_error() {
+        let config = Config::parse(&format!("replicas = 3\n{GOOD}"), "m").unwrap();
+        let warnings = config.warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].starts_with("replicas = 3 but only 2 servers"));
+        let config = Config::parse(&format!("replicas = 2\n{GOOD}"), "m").unwrap();
+        assert!(config.warnings().is_empty());
     }
 
     #[test]

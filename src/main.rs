@@ -12,16 +12,32 @@ use memring::reload::Reloader;
 use memring::ring::Ring;
 use memring::topology::Change;
 
+/// What `memring --version` prints: the version and the commit built from.
+const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("MEMRING_GIT_COMMIT"),
+    ")"
+);
+
 /// A consistent-hashing memcached proxy.
+///
+/// Clients speak the memcached text protocol to memring as to one memcached;
+/// memring places each key on a consistent-hash ring of servers and forwards
+/// the request to the server that owns it. See docs/ for one page per
+/// subcommand and README.md for the configuration reference.
 #[derive(Debug, Parser)]
 #[command(
     name = "memring",
-    version,
+    version = LONG_VERSION,
     about,
-    args_conflicts_with_subcommands = true
+    long_about,
+    args_conflicts_with_subcommands = true,
+    after_help = "Run the proxy: memring --config FILE. Exit status: 0 ok, 1 error, 2 usage error."
 )]
 struct Cli {
-    /// Config file (TOML); runs the proxy in the foreground.
+    /// Config file (TOML); runs the proxy in the foreground until SIGINT or
+    /// SIGTERM, following edits to the file.
     #[arg(short, long, value_name = "FILE")]
     config: Option<PathBuf>,
 
@@ -39,44 +55,72 @@ struct Cli {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum LogFormat {
+    /// Human-readable lines.
     Text,
+    /// One JSON object per line.
     Json,
 }
 
 #[derive(Debug, Subcommand)]
 enum Action {
-    /// Exit 0 if the admin listener at ADDR reports ready (for container
-    /// health checks; needs `admin_listen` in the config).
+    /// Validate a config file and exit.
+    ///
+    /// Prints `FILE: ok (N servers, listen ADDR)`, or the error the daemon
+    /// would give at start (`file:line:column: problem`) and exits 1. Settings
+    /// that are valid but probably wrong (more replicas than servers) are
+    /// printed as warnings.
+    Check {
+        /// The config file to validate.
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
+    /// Show how a config change would move the keyspace, without touching anything.
+    ///
+    /// Prints each server's share of the keyspace before and after, the share
+    /// of keys that move, every setting that changes (old -> new), and which
+    /// of those take effect only after a restart.
+    Plan {
+        /// The config running now.
+        #[arg(value_name = "OLD")]
+        old: PathBuf,
+        /// The config you intend to deploy.
+        #[arg(value_name = "NEW")]
+        new: PathBuf,
+    },
+    /// Exit 0 if memring's admin listener at ADDR reports ready.
+    ///
+    /// For container health checks (the image has no curl). Prints the answer
+    /// (`ready`, or why not, e.g. `not ready: every server is DEAD`) and exits
+    /// 1 when not ready or unreachable. Needs `admin_listen` in the config.
     Healthcheck {
-        #[arg(default_value = "127.0.0.1:9100")]
+        /// IP:port of memring's admin listener (`admin_listen`).
+        #[arg(default_value = "127.0.0.1:9100", value_name = "ADDR")]
         addr: std::net::SocketAddr,
     },
-    /// Validate a config file; exits non-zero with the error the daemon would log.
-    Check { file: PathBuf },
-    /// Show, without touching anything, how a config change moves the keyspace.
-    Plan { old: PathBuf, new: PathBuf },
+    /// Send memcached commands to ADDR and print the replies.
+    ///
+    /// Each LINE is sent followed by \r\n; then the connection is half-closed
+    /// and everything the server answers is printed. A client for trying
+    /// memring (or any memcached) without nc or telnet:
+    /// `memring send 127.0.0.1:22122 'set k 0 0 2' hi 'get k'`.
+    Send {
+        /// IP:port of memring (its `listen`) or of a memcached.
+        #[arg(value_name = "ADDR")]
+        addr: std::net::SocketAddr,
+        /// Protocol lines, e.g. `set k 0 0 2` `hi` `get k`.
+        #[arg(value_name = "LINE", required = true)]
+        lines: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_level.as_deref(), cli.log_format);
     let result = match (&cli.command, &cli.config) {
-        (Some(Action::Healthcheck { addr }), _) => {
-            let timeout = std::time::Duration::from_secs(2);
-            return match memring::admin::probe_ready(*addr, timeout) {
-                Ok(true) => ExitCode::SUCCESS,
-                Ok(false) => {
-                    eprintln!("memring: not ready");
-                    ExitCode::from(1)
-                }
-                Err(e) => {
-                    eprintln!("memring: cannot reach {addr}: {e}");
-                    ExitCode::from(1)
-                }
-            };
-        }
+        (Some(Action::Healthcheck { addr }), _) => return healthcheck(*addr),
         (Some(Action::Check { file }), _) => check(file),
         (Some(Action::Plan { old, new }), _) => plan(old, new),
+        (Some(Action::Send { addr, lines }), _) => send(*addr, lines),
         (None, Some(config)) => run(config),
         (None, None) => {
             eprintln!("memring: no config given; run `memring --config FILE` (see --help)");
@@ -86,18 +130,85 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("memring: {error:#}");
+            eprintln!("memring: {}", error_chain(&error));
             ExitCode::from(1)
         }
     }
 }
 
+/// The error and its causes on one line, each cause once: an error whose
+/// message already quotes its source (`cannot read: No such file or
+/// directory`) does not get the source appended a second time.
+fn error_chain(error: &anyhow::Error) -> String {
+    let mut text = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
+}
+
+fn healthcheck(addr: std::net::SocketAddr) -> ExitCode {
+    let timeout = std::time::Duration::from_secs(2);
+    match memring::admin::probe_ready(addr, timeout) {
+        Ok((true, reason)) => {
+            println!("memring: {reason}");
+            ExitCode::SUCCESS
+        }
+        Ok((false, reason)) => {
+            eprintln!("memring: {reason}");
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("memring: cannot reach the admin listener at {addr}: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn send(addr: std::net::SocketAddr, lines: &[String]) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    let timeout = std::time::Duration::from_secs(5);
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout)
+        .with_context(|| format!("cannot connect to {addr}"))?;
+    stream.set_read_timeout(Some(timeout))?;
+    let mut request = Vec::new();
+    for line in lines {
+        request.extend_from_slice(line.as_bytes());
+        request.extend_from_slice(b"\r\n");
+    }
+    stream.write_all(&request)?;
+    // The server answers everything sent before the half-close, then closes.
+    stream.shutdown(std::net::Shutdown::Write)?;
+    let mut reply = Vec::new();
+    stream
+        .read_to_end(&mut reply)
+        .with_context(|| format!("no complete answer from {addr} within {timeout:?}"))?;
+    std::io::stdout().write_all(&reply)?;
+    Ok(())
+}
+
 fn init_logging(level: Option<&str>, format: LogFormat) {
     use tracing_subscriber::EnvFilter;
-    let filter = match level {
-        Some(level) => EnvFilter::new(level),
-        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+    let directives = match level {
+        Some(level) => level.to_string(),
+        None => std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_string()),
     };
+    // notify logs every inotify event at trace level. With the log file next
+    // to the config, each of those lines would be an event, logged in turn:
+    // keep notify at info unless the filter names it.
+    let directives = if directives.contains("notify") {
+        directives
+    } else {
+        format!("{directives},notify=info")
+    };
+    let filter = EnvFilter::try_new(&directives).unwrap_or_else(|e| {
+        eprintln!("memring: bad log filter `{directives}` ({e}); using info");
+        EnvFilter::new("info")
+    });
     // A log reader that goes away (a closed stderr pipe) must not take the
     // proxy down: without this, tracing-subscriber reports the failed write
     // with eprintln!, which panics when stderr is gone.
@@ -115,6 +226,9 @@ fn init_logging(level: Option<&str>, format: LogFormat) {
 
 fn check(file: &Path) -> anyhow::Result<()> {
     let config = Config::load(file)?;
+    for warning in config.warnings() {
+        eprintln!("memring: warning: {}: {warning}", file.display());
+    }
     println!(
         "{}: ok ({} server{}, listen {})",
         file.display(),
@@ -164,16 +278,68 @@ fn plan(old: &Path, new: &Path) -> anyhow::Result<()> {
     );
     println!("keyspace that moves: {:.2}%", change.moved_share * 100.0);
     println!("change: {change}");
+    let settings = memring::reload::setting_changes(&old_config, &new_config);
+    for setting in &settings {
+        let when = if setting.restart_only {
+            "needs a restart"
+        } else {
+            "applied on reload"
+        };
+        println!("setting: {setting} ({when})");
+    }
+    let restart: Vec<&str> = settings
+        .iter()
+        .filter(|s| s.restart_only)
+        .map(|s| s.name)
+        .collect();
+    if !restart.is_empty() {
+        println!(
+            "restart needed: {} {} read only at start; a reload keeps the old value",
+            restart.join(", "),
+            if restart.len() == 1 { "is" } else { "are" }
+        );
+    }
+    for warning in new_config.warnings() {
+        println!("warning: {}: {warning}", new.display());
+    }
     Ok(())
 }
 
 fn run(path: &Path) -> anyhow::Result<()> {
-    let config = Config::load(path)?;
+    let file_config = Config::load(path)?;
+    for warning in file_config.warnings() {
+        tracing::warn!("{}: {warning}", path.display());
+    }
+    let mut config = file_config.clone();
     // Every client and backend connection is a file descriptor; the default
     // soft limit (often 1024) is far below max_client_connections.
-    match rlimit::increase_nofile_limit(u64::MAX) {
-        Ok(limit) => tracing::debug!("open file limit: {limit}"),
-        Err(e) => tracing::warn!("cannot raise the open file limit: {e}"),
+    let nofile = match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => Some(limit),
+        Err(e) => {
+            tracing::warn!("cannot raise the open file limit: {e}");
+            rlimit::getrlimit(rlimit::Resource::NOFILE)
+                .ok()
+                .map(|(soft, _)| soft)
+        }
+    };
+    if let Some(nofile) = nofile {
+        let budget = FdBudget::of(&config, nofile);
+        match budget.client_limit() {
+            None => tracing::debug!(
+                "open file limit {nofile}: room for {} clients and {} other descriptors",
+                config.max_client_connections,
+                budget.reserved
+            ),
+            Some(clients) => {
+                tracing::warn!(
+                    "open file limit {nofile} is below max_client_connections {} + {} for backends ({}), the admin listener and memring itself; serving at most {clients} clients at once (raise the limit: ulimit -n, LimitNOFILE=, or lower max_client_connections)",
+                    config.max_client_connections,
+                    budget.reserved,
+                    budget.backends
+                );
+                config.max_client_connections = clients;
+            }
+        }
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -190,10 +356,17 @@ fn run(path: &Path) -> anyhow::Result<()> {
         let running = memring::server::start(&config, shutdown.clone())
             .await
             .with_context(|| format!("cannot listen on {}", config.listen))?;
-        tracing::info!(version = memring::VERSION, config = %path.display(), "memring started");
+        tracing::info!(
+            version = memring::VERSION,
+            commit = env!("MEMRING_GIT_COMMIT"),
+            config = %path.display(),
+            "memring started"
+        );
+        // The reloader compares against the file as written, so a lowered
+        // client limit does not read as a setting changed on every reload.
         let reloader = Reloader::new(
             path.to_path_buf(),
-            config.clone(),
+            file_config.clone(),
             running.publisher.clone(),
         );
         memring::reload::spawn(reloader, shutdown.clone());
@@ -204,6 +377,50 @@ fn run(path: &Path) -> anyhow::Result<()> {
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// File descriptors memring needs besides client connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FdBudget {
+    nofile: u64,
+    clients: u64,
+    /// Backend connections: each worker has its own to every server.
+    backends: u64,
+    /// Backends, admin connections, listeners, the config watcher, the
+    /// runtime's own descriptors and some room for servers added on reload.
+    reserved: u64,
+}
+
+/// Descriptors memring uses whatever its load: stdio, listeners, epoll and
+/// its wakers, inotify, and a margin for DNS lookups and servers added live.
+const BASE_FDS: u64 = 64;
+
+impl FdBudget {
+    fn of(config: &Config, nofile: u64) -> FdBudget {
+        let workers = config.worker_count() as u64;
+        let backends = config.servers.len() as u64 * config.connections_per_server as u64 * workers;
+        let admin = if config.admin_listen.is_some() {
+            memring::admin::MAX_CONNECTIONS as u64
+        } else {
+            0
+        };
+        FdBudget {
+            nofile,
+            clients: config.max_client_connections as u64,
+            backends,
+            reserved: backends + admin + BASE_FDS,
+        }
+    }
+
+    /// `None` when everything fits, else the number of clients that do
+    /// (at least one).
+    fn client_limit(&self) -> Option<usize> {
+        if self.clients + self.reserved <= self.nofile {
+            return None;
+        }
+        let room = self.nofile.saturating_sub(self.reserved).max(1);
+        Some(usize::try_from(room).unwrap_or(usize::MAX))
+    }
 }
 
 /// SIGINT or SIGTERM, as one future. The handlers are installed when this is
@@ -219,4 +436,36 @@ fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
             _ = terminate.recv() => {}
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_client_limit_leaves_room_for_backends_and_admin() {
+        let text = "listen = \"127.0.0.1:1\"\nadmin_listen = \"127.0.0.1:2\"\n[[servers]]\naddr = \"127.0.0.1:3\"\n";
+        let config = Config::parse(text, "t").unwrap();
+        let budget = FdBudget::of(&config, 1024);
+        assert!(budget.reserved >= budget.backends + memring::admin::MAX_CONNECTIONS as u64);
+        let clients = budget
+            .client_limit()
+            .expect("16384 clients do not fit in 1024");
+        assert_eq!(clients as u64, 1024 - budget.reserved);
+        assert_eq!(FdBudget::of(&config, 1 << 20).client_limit(), None);
+        assert_eq!(FdBudget::of(&config, 10).client_limit(), Some(1));
+    }
+
+    #[test]
+    fn each_cause_is_printed_once() {
+        let missing = Config::load(Path::new("/nonexistent/memring.toml")).unwrap_err();
+        let text = error_chain(&anyhow::Error::new(missing));
+        assert_eq!(
+            text.matches("No such file or directory").count(),
+            1,
+            "{text}"
+        );
+        let wrapped = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(error_chain(&wrapped), "outer: inner");
+    }
 }

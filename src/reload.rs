@@ -5,10 +5,17 @@
 //! The directory is watched rather than the file because files are replaced in
 //! several ways: written in place, written to a temporary file and renamed over
 //! the original, or (Kubernetes ConfigMaps) swapped through a `..data` symlink.
-//! Every event in the directory leads to a re-read; an unchanged file is ignored.
+//! When the config is a symlink, the directory of the file it resolves to is
+//! watched too. Only events that name the config file, a link on its way, or
+//! the file it resolves to lead to a re-read: a log file written in the same
+//! directory must not make memring re-read (and log) in a loop.
+//!
+//! Each outcome is logged once: the same unreadable or invalid file is not
+//! reported again until the file changes to something else.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::ffi::OsString;
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -29,15 +36,41 @@ const MAX_DEBOUNCE: Duration = Duration::from_millis(400);
 /// What one reload did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
-    /// The file's settings are the ones already running.
+    /// The file is what was seen last time (same text, or the same error):
+    /// it has been dealt with and logged already.
     Unchanged,
     /// A new topology was published.
     Applied {
         version: u64,
         change: Change,
-        /// Settings that changed in the file but only take effect on restart.
-        needs_restart: Vec<&'static str>,
+        /// Every setting that changed, with its old and new value.
+        settings: Vec<SettingChange>,
     },
+}
+
+/// One top-level setting whose value differs between two configs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettingChange {
+    /// The setting's name in the file.
+    pub name: &'static str,
+    pub old: String,
+    pub new: String,
+    /// Read once at start: a reload logs it and keeps the old value.
+    pub restart_only: bool,
+}
+
+impl std::fmt::Display for SettingChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} -> {}", self.name, self.old, self.new)
+    }
+}
+
+/// What the file held at the last reload.
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    Text(String),
+    /// It could not be read, for this reason.
+    ReadError(String),
 }
 
 /// Re-reads one config file and publishes what it says.
@@ -48,8 +81,8 @@ pub struct Reloader {
     current: Config,
     /// The config the process was started with (for restart-only settings).
     started: Config,
-    /// The file's text at the last reload, applied or rejected.
-    last_text: Option<String>,
+    /// What the file held at the last reload, applied or rejected.
+    last_seen: Option<Seen>,
 }
 
 impl Reloader {
@@ -59,7 +92,7 @@ impl Reloader {
             publisher,
             current: started.clone(),
             started,
-            last_text: None,
+            last_seen: None,
         }
     }
 
@@ -67,35 +100,56 @@ impl Reloader {
     /// runtime (new servers get connection tasks).
     ///
     /// # Errors
-    /// The file is unreadable or invalid; nothing changed.
+    /// The file is unreadable or invalid; nothing changed. The same error
+    /// twice in a row is returned once, then [`Outcome::Unchanged`].
     pub fn reload(&mut self) -> Result<Outcome, ConfigError> {
         let shown = self.path.display().to_string();
-        let text = std::fs::read_to_string(&self.path).map_err(|source| ConfigError::Read {
-            path: shown.clone(),
-            source,
-        })?;
-        // Events for other files in the directory re-read this one: the same
-        // text (good or bad) has been dealt with already and is not logged again.
-        if self.last_text.as_deref() == Some(text.as_str()) {
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(text) => text,
+            Err(source) => {
+                let seen = Seen::ReadError(source.to_string());
+                if self.last_seen.as_ref() == Some(&seen) {
+                    return Ok(Outcome::Unchanged);
+                }
+                self.last_seen = Some(seen);
+                return Err(ConfigError::Read {
+                    path: shown,
+                    source,
+                });
+            }
+        };
+        // The same text (good or bad) has been dealt with already.
+        let seen = Seen::Text(text);
+        if self.last_seen.as_ref() == Some(&seen) {
             return Ok(Outcome::Unchanged);
         }
-        self.last_text = Some(text.clone());
-        let config = Config::parse(&text, &shown)?;
+        let Seen::Text(text) = self.last_seen.insert(seen) else {
+            unreachable!("just stored a text")
+        };
+        let config = Config::parse(text, &shown)?;
         if config == self.current {
             return Ok(Outcome::Unchanged);
         }
-        let needs_restart = restart_only_changes(&self.started, &config);
+        let mut settings = setting_changes(&self.current, &config);
+        // A restart-only setting keeps the value the process started with, so
+        // it is reported against that, also after several reloads.
+        settings.retain(|s| !s.restart_only);
+        settings.extend(
+            setting_changes(&self.started, &config)
+                .into_iter()
+                .filter(|s| s.restart_only),
+        );
         // Unchanged servers keep their backends and open connections.
         let Published { version, change } = self.publisher.apply_config(config.clone());
         self.current = config;
         Ok(Outcome::Applied {
             version,
             change,
-            needs_restart,
+            settings,
         })
     }
 
-    /// Reloads and logs the result in one line.
+    /// Reloads and logs the result in one line (two when a restart is needed).
     pub fn reload_and_log(&mut self) {
         let outcome = self.reload();
         match &outcome {
@@ -110,14 +164,23 @@ impl Reloader {
             Ok(Outcome::Applied {
                 version,
                 change,
-                needs_restart,
+                settings,
             }) => {
-                tracing::info!("ring v{version}: {change}");
-                if !needs_restart.is_empty() {
+                let (restart, live): (Vec<_>, Vec<_>) =
+                    settings.iter().partition(|s| s.restart_only);
+                if live.is_empty() {
+                    tracing::info!("ring v{version}: {change}");
+                } else {
+                    tracing::info!("ring v{version}: {change}; {}", join(&live));
+                }
+                if !restart.is_empty() {
                     tracing::warn!(
-                        "config changes need a restart to take effect: {}",
-                        needs_restart.join(", ")
+                        "restart needed: {} (read only at start; the running value stays until memring restarts)",
+                        join(&restart)
                     );
+                }
+                for warning in self.current.warnings() {
+                    tracing::warn!("{}: {warning}", self.path.display());
                 }
             }
             Err(error) => {
@@ -127,28 +190,262 @@ impl Reloader {
     }
 }
 
-/// Settings read once at startup.
-fn restart_only_changes(started: &Config, new: &Config) -> Vec<&'static str> {
-    let mut changed = Vec::new();
-    if started.listen != new.listen {
-        changed.push("listen");
+fn join(changes: &[&SettingChange]) -> String {
+    changes
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Every top-level setting that differs between `old` and `new`, named as in
+/// the file, with values in the file's units. Servers are not settings: a
+/// server change is a [`Change`].
+pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
+    // Destructured in full so that a new setting cannot be forgotten here: the
+    // compiler asks for it.
+    let Config {
+        listen,
+        servers: _,
+        connections_per_server,
+        connect_timeout,
+        request_timeout,
+        limits: _,
+        max_client_connections,
+        max_pending_per_client,
+        shutdown_grace,
+        auto_eject,
+        failure_limit,
+        client_idle_timeout,
+        admin_listen,
+        replicas,
+        read_miss_fallthrough,
+        max_value_from_servers: _,
+        workers,
+        max_client_buffer_bytes,
+        max_buffer_bytes,
+        client_write_timeout,
+    } = new;
+    let ms = |d: &Duration| d.as_millis().to_string();
+    let optional_ms = |d: &Option<Duration>| d.as_ref().map_or("0".to_string(), ms);
+    let address =
+        |a: &Option<std::net::SocketAddr>| a.map_or("(off)".to_string(), |a| a.to_string());
+    // Unset, max_value_bytes follows the servers' item_size_max.
+    let value_limit = |c: &Config| {
+        if c.max_value_from_servers {
+            "(from the servers)".to_string()
+        } else {
+            c.limits.max_value_bytes.to_string()
+        }
+    };
+    let automatic = |n: usize| {
+        if n == 0 {
+            "0 (one per CPU)".to_string()
+        } else {
+            n.to_string()
+        }
+    };
+    let client_buffer =
+        |b: &Option<usize>| b.map_or("(max_value_bytes + 4 MiB)".to_string(), |b| b.to_string());
+    let rows: [(&'static str, String, String, bool); 18] = [
+        ("listen", old.listen.to_string(), listen.to_string(), true),
+        (
+            "admin_listen",
+            address(&old.admin_listen),
+            address(admin_listen),
+            true,
+        ),
+        (
+            "connections_per_server",
+            old.connections_per_server.to_string(),
+            connections_per_server.to_string(),
+            false,
+        ),
+        (
+            "connect_timeout_ms",
+            ms(&old.connect_timeout),
+            ms(connect_timeout),
+            false,
+        ),
+        (
+            "request_timeout_ms",
+            ms(&old.request_timeout),
+            ms(request_timeout),
+            false,
+        ),
+        ("max_value_bytes", value_limit(old), value_limit(new), false),
+        (
+            "max_client_connections",
+            old.max_client_connections.to_string(),
+            max_client_connections.to_string(),
+            true,
+        ),
+        (
+            "max_pending_per_client",
+            old.max_pending_per_client.to_string(),
+            max_pending_per_client.to_string(),
+            true,
+        ),
+        (
+            "shutdown_grace_ms",
+            ms(&old.shutdown_grace),
+            ms(shutdown_grace),
+            true,
+        ),
+        (
+            "auto_eject",
+            old.auto_eject.to_string(),
+            auto_eject.to_string(),
+            false,
+        ),
+        (
+            "failure_limit",
+            old.failure_limit.to_string(),
+            failure_limit.to_string(),
+            false,
+        ),
+        (
+            "client_idle_timeout_ms",
+            optional_ms(&old.client_idle_timeout),
+            optional_ms(client_idle_timeout),
+            true,
+        ),
+        (
+            "replicas",
+            old.replicas.to_string(),
+            replicas.to_string(),
+            false,
+        ),
+        (
+            "read_miss_fallthrough",
+            old.read_miss_fallthrough.to_string(),
+            read_miss_fallthrough.to_string(),
+            false,
+        ),
+        ("workers", automatic(old.workers), automatic(*workers), true),
+        (
+            "max_client_buffer_bytes",
+            client_buffer(&old.max_client_buffer_bytes),
+            client_buffer(max_client_buffer_bytes),
+            true,
+        ),
+        (
+            "max_buffer_bytes",
+            old.max_buffer_bytes.to_string(),
+            max_buffer_bytes.to_string(),
+            true,
+        ),
+        (
+            "client_write_timeout_ms",
+            ms(&old.client_write_timeout),
+            ms(client_write_timeout),
+            true,
+        ),
+    ];
+    rows.into_iter()
+        .filter(|(_, old, new, _)| old != new)
+        .map(|(name, old, new, restart_only)| SettingChange {
+            name,
+            old,
+            new,
+            restart_only,
+        })
+        .collect()
+}
+
+/// The names of the restart-only settings that differ between `started` and
+/// `new`.
+pub fn restart_only_changes(started: &Config, new: &Config) -> Vec<&'static str> {
+    setting_changes(started, new)
+        .into_iter()
+        .filter(|s| s.restart_only)
+        .map(|s| s.name)
+        .collect()
+}
+
+/// Which event paths concern the config file. Shared between the watcher's
+/// thread (which reads it per event) and the reload task (which updates it
+/// when the config's symlinks change).
+#[derive(Debug, Default)]
+struct Interest {
+    /// Names in the config's directory that matter: the file's own, and the
+    /// first link of a relative symlink target (`..data` in Kubernetes).
+    names: Vec<OsString>,
+    /// The file the config resolves to, when that is elsewhere.
+    target: Option<PathBuf>,
+}
+
+impl Interest {
+    fn of(path: &Path) -> Interest {
+        let mut names: Vec<OsString> = path.file_name().map(OsString::from).into_iter().collect();
+        if let Ok(link) = std::fs::read_link(path) {
+            let first = link.components().find_map(|c| match c {
+                Component::Normal(name) => Some(name.to_os_string()),
+                _ => None,
+            });
+            if link.is_relative() {
+                names.extend(first);
+            }
+            if let Some(name) = link.file_name() {
+                names.push(name.to_os_string());
+            }
+        }
+        Interest {
+            names,
+            target: std::fs::canonicalize(path).ok(),
+        }
     }
-    if started.max_client_connections != new.max_client_connections {
-        changed.push("max_client_connections");
+
+    /// Whether an event about `paths` can have changed the config. An event
+    /// that names no path (a rescan) might have.
+    fn concerns(&self, paths: &[PathBuf]) -> bool {
+        paths.is_empty()
+            || paths.iter().any(|p| {
+                self.target.as_deref() == Some(p.as_path())
+                    || p.file_name()
+                        .is_some_and(|name| self.names.iter().any(|n| n == name))
+            })
     }
-    if started.max_pending_per_client != new.max_pending_per_client {
-        changed.push("max_pending_per_client");
+}
+
+/// The directory watcher, and what it watches besides the config's directory.
+struct Watch {
+    watcher: notify::RecommendedWatcher,
+    interest: Arc<Mutex<Interest>>,
+    /// The canonical config directory, watched from the start.
+    directory: Option<PathBuf>,
+    /// The directory of the symlink target, when it is another one.
+    target_directory: Option<PathBuf>,
+}
+
+impl Watch {
+    /// Re-reads the config's symlinks and watches the directory of the file
+    /// they lead to. Called before every reload, so that an edit made right
+    /// after a symlink swap is seen.
+    fn refresh(&mut self, path: &Path) {
+        use notify::{RecursiveMode, Watcher};
+        let interest = Interest::of(path);
+        let wanted = interest
+            .target
+            .as_deref()
+            .and_then(Path::parent)
+            .filter(|dir| Some(*dir) != self.directory.as_deref())
+            .map(Path::to_path_buf);
+        *self.interest.lock().expect("no panic while holding it") = interest;
+        if wanted == self.target_directory {
+            return;
+        }
+        if let Some(old) = self.target_directory.take() {
+            // Gone already when the old target directory was deleted.
+            let _ = self.watcher.unwatch(&old);
+        }
+        if let Some(dir) = wanted {
+            match self.watcher.watch(&dir, RecursiveMode::NonRecursive) {
+                Ok(()) => self.target_directory = Some(dir),
+                Err(e) => tracing::debug!("cannot watch {}: {e}", dir.display()),
+            }
+        }
     }
-    if started.shutdown_grace != new.shutdown_grace {
-        changed.push("shutdown_grace_ms");
-    }
-    if started.admin_listen != new.admin_listen {
-        changed.push("admin_listen");
-    }
-    if started.client_idle_timeout != new.client_idle_timeout {
-        changed.push("client_idle_timeout_ms");
-    }
-    changed
 }
 
 /// Starts watching `reloader`'s file until `shutdown`, and reloads on SIGHUP.
@@ -164,10 +461,10 @@ pub fn spawn(mut reloader: Reloader, shutdown: CancellationToken) -> JoinHandle<
         }
     };
     let (events, mut receiver) = mpsc::channel::<()>(64);
-    let watcher = match watch(&reloader.path, events) {
-        Ok(watcher) => {
+    let mut watch = match watch(&reloader.path, events) {
+        Ok(watch) => {
             tracing::info!(path = %reloader.path.display(), "watching config for changes");
-            Some(watcher)
+            Some(watch)
         }
         Err(e) => {
             tracing::error!(
@@ -177,15 +474,15 @@ pub fn spawn(mut reloader: Reloader, shutdown: CancellationToken) -> JoinHandle<
             None
         }
     };
+    if let Some(watch) = watch.as_mut() {
+        watch.refresh(&reloader.path);
+    }
     tokio::spawn(async move {
-        // The watcher stops when dropped; it lives as long as this task.
-        let _watcher = watcher;
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 Some(()) = receiver.recv() => {
                     debounce(&mut receiver).await;
-                    reloader.reload_and_log();
                 }
                 Some(()) = async {
                     match hangup.as_mut() {
@@ -194,18 +491,31 @@ pub fn spawn(mut reloader: Reloader, shutdown: CancellationToken) -> JoinHandle<
                     }
                 } => {
                     tracing::info!("SIGHUP: reloading config");
-                    reloader.reload_and_log();
+                    // A SIGHUP re-reads even an unchanged or failing file.
+                    reloader.last_seen = None;
                 }
             }
+            if let Some(watch) = watch.as_mut() {
+                watch.refresh(&reloader.path);
+            }
+            reloader.reload_and_log();
         }
     })
 }
 
-fn watch(path: &Path, events: mpsc::Sender<()>) -> notify::Result<notify::RecommendedWatcher> {
+fn watch(path: &Path, events: mpsc::Sender<()>) -> notify::Result<Watch> {
     use notify::{EventKind, RecursiveMode, Watcher};
+    let interest = Arc::new(Mutex::new(Interest::of(path)));
+    let shared = interest.clone();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let relevant = match event {
-            Ok(event) => !matches!(event.kind, EventKind::Access(_)),
+            Ok(event) => {
+                !matches!(event.kind, EventKind::Access(_))
+                    && shared
+                        .lock()
+                        .expect("no panic while holding it")
+                        .concerns(&event.paths)
+            }
             // A watcher error (e.g. an overflowed queue) may hide a change.
             Err(_) => true,
         };
@@ -214,8 +524,14 @@ fn watch(path: &Path, events: mpsc::Sender<()>) -> notify::Result<notify::Recomm
             let _ = events.try_send(());
         }
     })?;
-    watcher.watch(&watched_directory(path), RecursiveMode::NonRecursive)?;
-    Ok(watcher)
+    let directory = watched_directory(path);
+    watcher.watch(&directory, RecursiveMode::NonRecursive)?;
+    Ok(Watch {
+        watcher,
+        interest,
+        directory: std::fs::canonicalize(&directory).ok(),
+        target_directory: None,
+    })
 }
 
 /// Waits until events stop for `DEBOUNCE`, or `MAX_DEBOUNCE` has passed.
@@ -253,6 +569,93 @@ mod tests {
             vec!["max_client_connections"]
         );
         assert!(restart_only_changes(&started, &started).is_empty());
+    }
+
+    #[test]
+    fn setting_changes_name_old_and_new_values_in_file_units() {
+        let text = "listen = \"127.0.0.1:1\"\n[[servers]]\naddr = \"127.0.0.1:2\"\n";
+        let old = Config::parse(text, "a").unwrap();
+        let new = Config::parse(
+            &format!("request_timeout_ms = 2500\nadmin_listen = \"127.0.0.1:9\"\nauto_eject = true\n{text}"),
+            "a",
+        )
+        .unwrap();
+        let shown: Vec<String> = setting_changes(&old, &new)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                "admin_listen (off) -> 127.0.0.1:9",
+                "request_timeout_ms 1000 -> 2500",
+                "auto_eject false -> true"
+            ]
+        );
+        assert!(setting_changes(&old, &old).is_empty());
+    }
+
+    #[test]
+    fn every_setting_is_documented_in_the_example_with_its_reload_behaviour() {
+        let base = "listen = \"127.0.0.1:1\"\n[[servers]]\naddr = \"127.0.0.1:2\"\n[[servers]]\naddr = \"127.0.0.1:4\"\n";
+        let changed = "listen = \"127.0.0.1:3\"\nadmin_listen = \"127.0.0.1:5\"\n\
+            connections_per_server = 3\nconnect_timeout_ms = 501\nrequest_timeout_ms = 1001\n\
+            max_value_bytes = 2000\nmax_client_connections = 5\nmax_pending_per_client = 7\n\
+            shutdown_grace_ms = 1\nauto_eject = true\nfailure_limit = 4\n\
+            client_idle_timeout_ms = 9\nreplicas = 2\nread_miss_fallthrough = true\n\
+            workers = 3\nmax_client_buffer_bytes = 70000\nmax_buffer_bytes = 2000000\n\
+            client_write_timeout_ms = 11\n";
+        let old = Config::parse(base, "a").unwrap();
+        let new = Config::parse(
+            &format!("{changed}{}", &base[base.find('\n').unwrap() + 1..]),
+            "a",
+        )
+        .unwrap();
+        let changes = setting_changes(&old, &new);
+        assert_eq!(changes.len(), 18, "every setting differs: {changes:?}");
+        // config/memring.toml describes each setting in the comment block
+        // above it, ending in "Restart." or "Live".
+        let example = include_str!("../config/memring.toml");
+        for change in &changes {
+            let at = example
+                .lines()
+                .position(|l| {
+                    l.trim_start_matches("# ")
+                        .starts_with(&format!("{} = ", change.name))
+                })
+                .unwrap_or_else(|| panic!("{} is not in config/memring.toml", change.name));
+            let block: Vec<&str> = example.lines().take(at).collect();
+            let start = block
+                .iter()
+                .rposition(|l| l.trim().is_empty())
+                .map_or(0, |i| i + 1);
+            let comment = block[start..].join(" ");
+            assert_eq!(
+                comment.contains("Restart."),
+                change.restart_only,
+                "{}: the example says `{comment}`",
+                change.name
+            );
+        }
+    }
+
+    #[test]
+    fn only_the_config_its_links_and_its_target_concern_the_reloader() {
+        let dir = std::env::temp_dir().join(format!("memring-interest-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("..2026_01")).unwrap();
+        std::fs::write(dir.join("..2026_01/memring.toml"), "x").unwrap();
+        std::os::unix::fs::symlink("..2026_01", dir.join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/memring.toml", dir.join("memring.toml")).unwrap();
+        let interest = Interest::of(&dir.join("memring.toml"));
+        let target = std::fs::canonicalize(dir.join("..2026_01/memring.toml")).unwrap();
+        assert!(interest.concerns(&[dir.join("memring.toml")]));
+        assert!(interest.concerns(&[dir.join("..data")]));
+        assert!(interest.concerns(&[target]));
+        assert!(interest.concerns(&[]));
+        assert!(!interest.concerns(&[dir.join("memring.log")]));
+        assert!(!interest.concerns(&[dir.join("..2026_01")]));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

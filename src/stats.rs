@@ -99,6 +99,8 @@ pub struct Stats {
     servers_effective: Gauge,
     reloads: Family<ResultLabels, Counter>,
     replica_background: Counter,
+    /// Per-command request latency, indexed like `commands`.
+    command_latency: Vec<Histogram>,
 }
 
 impl Default for Stats {
@@ -223,9 +225,25 @@ impl Stats {
             "replica_writes_background",
             "Replica writes still running when the client was answered on a quorum",
         );
+        let latency_family: Family<CommandLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "request_duration_seconds",
+            "Time from reading a client request to having its whole reply, by command",
+            latency_family.clone(),
+        );
+        let command_latency = Command::ALL
+            .iter()
+            .map(|c| {
+                latency_family
+                    .get_or_create(&CommandLabels { command: c.name() })
+                    .clone()
+            })
+            .collect();
         Stats {
             started: Instant::now(),
             replica_background,
+            command_latency,
             registry,
             curr_connections,
             total_connections,
@@ -273,6 +291,13 @@ impl Stats {
         if command.is_retrieval() {
             self.keys_requested.inc_by(keys as u64);
         }
+    }
+
+    /// One request of `command` took `seconds` from being read to having its
+    /// whole reply (feeds `memring_request_duration_seconds`).
+    #[inline]
+    pub fn command_latency(&self, command: Command, seconds: f64) {
+        self.command_latency[command.index()].observe(seconds);
     }
 
     #[inline]
@@ -419,12 +444,69 @@ impl Stats {
             .sum::<f64>() as u64
     }
 
-    /// The Prometheus text exposition of every metric.
+    /// Every metric in the classic Prometheus text format (version 0.0.4),
+    /// served as [`PROMETHEUS_TEXT_TYPE`]: what every Prometheus version and
+    /// `promtool check metrics` read.
     pub fn prometheus_text(&self) -> String {
-        let mut text = String::with_capacity(8192);
+        classic_from_openmetrics(&self.openmetrics_text())
+    }
+
+    /// Every metric in OpenMetrics 1.0 text, served as
+    /// [`OPENMETRICS_TEXT_TYPE`] to scrapers that ask for it.
+    pub fn openmetrics_text(&self) -> String {
+        let mut text = String::with_capacity(16384);
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
         text
     }
+}
+
+/// Content type of [`Stats::prometheus_text`].
+pub const PROMETHEUS_TEXT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// Content type of [`Stats::openmetrics_text`].
+pub const OPENMETRICS_TEXT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Rewrites prometheus-client's OpenMetrics output as classic Prometheus text.
+/// The two differ, for what memring registers, in two places: a counter's
+/// family (its `# HELP`/`# TYPE` name) has no `_total` in OpenMetrics but must
+/// carry it in the classic format, where HELP and TYPE name the sample; and
+/// the classic format has no `# EOF` (nor `# UNIT`) line.
+fn classic_from_openmetrics(openmetrics: &str) -> String {
+    let mut counters: Vec<&str> = Vec::new();
+    for line in openmetrics.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            if let Some((name, "counter")) = rest.split_once(' ') {
+                counters.push(name);
+            }
+        }
+    }
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find(|prefix| line.starts_with(prefix));
+        match meta {
+            Some(prefix) => {
+                let rest = &line[prefix.len()..];
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                out.push_str(prefix);
+                out.push_str(name);
+                if counters.contains(&name) && !name.ends_with("_total") {
+                    out.push_str("_total");
+                }
+                if !tail.is_empty() {
+                    out.push(' ');
+                    out.push_str(tail);
+                }
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
 }
 
 /// One server's metric handles, held by its backend.
@@ -520,5 +602,34 @@ mod tests {
             stats.request(command, 1);
             assert_eq!(stats.command_count(command), 1);
         }
+    }
+
+    #[test]
+    fn classic_text_names_counters_with_total_and_has_no_eof() {
+        let stats = Stats::new();
+        stats.request(Command::Get, 1);
+        stats.command_latency(Command::Get, 0.000_3);
+        let text = stats.prometheus_text();
+        assert!(text.contains("# TYPE memring_client_requests_total counter\n"));
+        assert!(text.contains("# HELP memring_client_requests_total "));
+        assert!(text.contains("memring_client_requests_total{command=\"get\"} 1\n"));
+        assert!(text.contains("# TYPE memring_request_duration_seconds histogram\n"));
+        assert!(text.contains("memring_request_duration_seconds_count{command=\"get\"} 1\n"));
+        assert!(!text.contains("# EOF"));
+        // Every sample belongs to the family named by the TYPE line before it.
+        let mut family = "";
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                family = rest.split(' ').next().unwrap();
+            } else if !line.starts_with('#') {
+                let name = line.split(['{', ' ']).next().unwrap();
+                let base = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s))
+                    .unwrap_or(name);
+                assert!(name == family || base == family, "{line} under {family}");
+            }
+        }
+        assert!(stats.openmetrics_text().ends_with("# EOF\n"));
     }
 }

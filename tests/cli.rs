@@ -1,5 +1,6 @@
-//! The `memring` binary: help and version, `check`, `plan`, and running the
-//! daemon until SIGTERM.
+//! The `memring` binary: help and version, `check`, `plan`, `send`,
+//! `healthcheck`, the open-file-limit check, and running the daemon until
+//! SIGTERM.
 
 mod common;
 
@@ -32,7 +33,212 @@ fn help_and_version_work() {
     }
     let version = Command::new(BIN).arg("--version").output().unwrap();
     assert!(version.status.success());
-    assert!(String::from_utf8_lossy(&version.stdout).contains(env!("CARGO_PKG_VERSION")));
+    let version = String::from_utf8_lossy(&version.stdout);
+    assert!(
+        version.starts_with(&format!("memring {} (commit ", env!("CARGO_PKG_VERSION"))),
+        "{version}"
+    );
+    // Every subcommand and argument has help text.
+    for (args, words) in [
+        (
+            &["check", "--help"][..],
+            &["FILE", "The config file to validate"][..],
+        ),
+        (
+            &["plan", "--help"],
+            &["The config running now", "The config you intend"],
+        ),
+        (
+            &["healthcheck", "--help"],
+            &["admin listener", "[default: 127.0.0.1:9100]"],
+        ),
+        (&["send", "--help"], &["ADDR", "LINE", "Protocol lines"]),
+    ] {
+        let output = Command::new(BIN).args(args).output().unwrap();
+        assert!(output.status.success(), "{args:?}");
+        let text = String::from_utf8_lossy(&output.stdout);
+        for word in words {
+            assert!(text.contains(word), "{args:?} lacks {word}: {text}");
+        }
+    }
+    let help = String::from_utf8_lossy(&Command::new(BIN).arg("--help").output().unwrap().stdout)
+        .to_string();
+    let commands: Vec<&str> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .collect();
+    assert!(commands.len() >= 5, "{help}");
+    for line in commands {
+        assert!(
+            line.split_whitespace().count() > 1,
+            "a subcommand without help: `{line}`"
+        );
+    }
+}
+
+#[test]
+fn a_missing_config_names_its_cause_once() {
+    let output = Command::new(BIN)
+        .args(["check", "/nonexistent/memring.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        stderr.trim(),
+        "memring: /nonexistent/memring.toml: cannot read: No such file or directory (os error 2)"
+    );
+}
+
+#[test]
+fn check_warns_about_more_replicas_than_servers_and_plan_flags_restarts() {
+    let dir = temp_dir("warn");
+    let one = "listen = \"127.0.0.1:22122\"\n[[servers]]\naddr = \"127.0.0.1:11211\"\n";
+    let old = write_config(&dir, "old.toml", one);
+    let three = write_config(&dir, "three.toml", &format!("replicas = 3\n{one}"));
+    let output = Command::new(BIN).arg("check").arg(&three).output().unwrap();
+    assert!(output.status.success(), "a warning is not an error");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("warning") && stderr.contains("replicas = 3 but only 1 server"),
+        "{stderr}"
+    );
+    let new = write_config(
+        &dir,
+        "new.toml",
+        &one.replace("22122", "22123").replace(
+            "[[servers]]",
+            "admin_listen = \"127.0.0.1:9100\"\nrequest_timeout_ms = 300\n[[servers]]",
+        ),
+    );
+    let output = Command::new(BIN)
+        .arg("plan")
+        .arg(&old)
+        .arg(&new)
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let text = String::from_utf8_lossy(&output.stdout);
+    for expected in [
+        "setting: listen 127.0.0.1:22122 -> 127.0.0.1:22123 (needs a restart)",
+        "setting: admin_listen (off) -> 127.0.0.1:9100 (needs a restart)",
+        "setting: request_timeout_ms 1000 -> 300 (applied on reload)",
+        "restart needed: listen, admin_listen are read only at start",
+    ] {
+        assert!(text.contains(expected), "plan lacks `{expected}`: {text}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn send_talks_to_memcached_without_nc() {
+    let backend = Memcached::start();
+    let output = Command::new(BIN)
+        .args(["send", &backend.addr(), "set k 0 0 2", "hi", "get k"])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "STORED\r\nVALUE k 0 2\r\nhi\r\nEND\r\n"
+    );
+}
+
+#[test]
+fn a_low_open_file_limit_lowers_the_client_limit_and_says_so() {
+    let backend = Memcached::start();
+    let dir = temp_dir("nofile");
+    let config = write_config(
+        &dir,
+        "memring.toml",
+        &format!(
+            "listen = \"127.0.0.1:0\"\nmax_client_connections = 5000\n[[servers]]\naddr = \"{}\"\n",
+            backend.addr()
+        ),
+    );
+    // bash's `ulimit -n` sets the soft and the hard limit, so memring cannot
+    // raise it.
+    let child = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n 256 && exec {BIN} --config {}",
+            config.display()
+        ))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut guard = ChildGuard(child);
+    let stderr = guard.0.stderr.take().unwrap();
+    let mut warning = None;
+    for line in BufReader::new(stderr).lines() {
+        let line = line.unwrap();
+        if line.contains("open file limit") {
+            warning = Some(line);
+            break;
+        }
+        assert!(!line.contains("listening"), "no warning before listening");
+    }
+    let warning = warning.expect("a warning about the open file limit");
+    assert!(
+        warning.contains("open file limit 256 is below max_client_connections 5000")
+            && warning.contains("serving at most"),
+        "{warning}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn healthcheck_prints_the_reason_it_got() {
+    let mut backend = Memcached::start();
+    let dir = temp_dir("health");
+    let admin = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let config = write_config(
+        &dir,
+        "memring.toml",
+        &format!(
+            "listen = \"127.0.0.1:0\"\nadmin_listen = \"{admin}\"\nconnect_timeout_ms = 200\nfailure_limit = 1\n[[servers]]\naddr = \"{}\"\n",
+            backend.addr()
+        ),
+    );
+    let child = Command::new(BIN)
+        .arg("--config")
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _guard = ChildGuard(child);
+    let healthcheck = || {
+        Command::new(BIN)
+            .args(["healthcheck", &admin])
+            .output()
+            .unwrap()
+    };
+    wait_for("ready", || healthcheck().status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&healthcheck().stdout).trim(),
+        "memring: ready"
+    );
+    backend.kill();
+    let mut reason = String::new();
+    wait_for("not ready once the only server is DEAD", || {
+        let output = healthcheck();
+        reason = String::from_utf8_lossy(&output.stderr).trim().to_string();
+        !output.status.success()
+    });
+    assert_eq!(reason, "memring: not ready: every server is DEAD");
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -161,6 +367,24 @@ fn daemon_serves_and_exits_zero_on_sigterm() {
     assert_eq!(client.set("cli", b"ok"), b"STORED\r\n");
     assert_eq!(client.get("cli"), Some(b"ok".to_vec()));
     drop(client);
+    // `memring send` through memring: replies to everything sent before its
+    // half-close.
+    let output = Command::new(BIN)
+        .args([
+            "send",
+            &listen,
+            "get cli",
+            "set sent 0 0 1",
+            "y",
+            "get sent",
+        ])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "VALUE cli 0 2\r\nok\r\nEND\r\nSTORED\r\nVALUE sent 0 1\r\ny\r\nEND\r\n"
+    );
 
     // Clients keep working while SIGTERM arrives: each request gets its whole
     // reply or the connection closes before any byte of it.

@@ -1,5 +1,7 @@
 //! What operators see: `stats` counters, `flush_all` across the pool, the
-//! Prometheus endpoint and readiness, and JSON logs.
+//! Prometheus endpoint (checked with `promtool` when installed) and readiness,
+//! JSON logs, and the bounds that keep operations from hurting the data path:
+//! one log line per config problem, a bounded admin listener.
 
 mod common;
 
@@ -136,21 +138,35 @@ fn flush_all_reaches_every_server_and_names_the_failed_ones() {
 }
 
 fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let (status, _, body) = http_get_with(addr, path, "");
+    (status, body)
+}
+
+/// A GET with extra header lines; the status, the response head and the body.
+fn http_get_with(addr: SocketAddr, path: &str, headers: &str) -> (u16, String, String) {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream.set_read_timeout(Some(common::DEADLINE)).unwrap();
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: test\r\n{headers}Connection: close\r\n\r\n"
     )
     .unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     let status = response[9..12].parse().unwrap();
-    let body = response
+    let (head, body) = response
         .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
+        .map(|(h, b)| (h.to_string(), b.to_string()))
         .unwrap_or_default();
-    (status, body)
+    (status, head, body)
+}
+
+/// The value of header `name` (lower case) in a response head.
+fn header(head: &str, name: &str) -> Option<String> {
+    head.lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.trim().to_string())
 }
 
 fn scrape(addr: SocketAddr) -> prometheus_parse::Scrape {
@@ -320,5 +336,306 @@ fn json_logs_and_the_healthcheck_subcommand_work() {
         .status()
         .unwrap()
         .success());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn metrics_pass_promtool_and_are_served_as_prometheus_text() {
+    let servers: Vec<Memcached> = (0..2).map(|_| Memcached::start()).collect();
+    let proxy = Proxy::start(
+        &servers.iter().collect::<Vec<_>>(),
+        "admin_listen = \"127.0.0.1:0\"\n",
+    );
+    let admin = proxy.running().admin_addr.expect("admin listener");
+    let mut client = proxy.client();
+    for i in 0..20 {
+        assert_eq!(client.set(&format!("p:{i}"), b"v"), b"STORED\r\n");
+        client.get(&format!("p:{i}"));
+        client.get(&format!("absent:{i}"));
+    }
+    // Until the request path records it, fill the latency family by hand so
+    // that promtool sees a histogram with samples.
+    proxy
+        .running()
+        .stats
+        .command_latency(memring::protocol::Command::Get, 0.000_2);
+
+    let (status, head, body) = http_get_with(admin, "/metrics", "");
+    assert_eq!(status, 200);
+    assert_eq!(
+        header(&head, "content-type").as_deref(),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    assert!(
+        !body.contains("# EOF"),
+        "OpenMetrics terminator in 0.0.4 text"
+    );
+    assert!(body.contains("# TYPE memring_client_requests_total counter"));
+    assert!(body.contains("# TYPE memring_request_duration_seconds histogram"));
+    // Every metric the Grafana dashboard queries exists.
+    let dashboard = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config/grafana/memring-dashboard.json"
+    ))
+    .unwrap();
+    for (start, _) in dashboard.match_indices("memring_") {
+        let name: String = dashboard[start..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        assert!(
+            body.contains(&format!("\n{name}{{"))
+                || body.contains(&format!("\n{name} "))
+                || body.contains(&format!("# TYPE {name} ")),
+            "the dashboard queries {name}, which /metrics does not have"
+        );
+    }
+
+    match Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Err(e) => eprintln!(
+            "SKIPPED promtool check: promtool not runnable ({e}); install the Debian package `prometheus` (scripts/test does)"
+        ),
+        Ok(mut promtool) => {
+            promtool
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(body.as_bytes())
+                .unwrap();
+            let output = promtool.wait_with_output().unwrap();
+            let problems = format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            assert!(
+                output.status.success() && problems.trim().is_empty(),
+                "promtool check metrics: {problems}"
+            );
+        }
+    }
+
+    // OpenMetrics only for a scraper that asks for it.
+    let (status, head, body) = http_get_with(
+        admin,
+        "/metrics",
+        "Accept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n",
+    );
+    assert_eq!(status, 200);
+    assert!(header(&head, "content-type")
+        .unwrap_or_default()
+        .starts_with("application/openmetrics-text; version=1.0.0"));
+    assert!(body.ends_with("# EOF\n"), "OpenMetrics ends with # EOF");
+}
+
+/// A memring process (the real binary), killed by PID on drop, logging to a
+/// file.
+struct Daemon {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl Daemon {
+    fn start(config: &std::path::Path, log: &std::path::Path, args: &[&str]) -> Daemon {
+        let log_file = std::fs::File::create(log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_memring"))
+            .args(args)
+            .arg("--config")
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .unwrap();
+        Daemon {
+            child,
+            log: log.to_path_buf(),
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn count(&self, text: &str) -> usize {
+        self.log().lines().filter(|l| l.contains(text)).count()
+    }
+
+    fn wait_for_log(&self, text: &str) {
+        wait_for(&format!("log line `{text}`"), || self.count(text) > 0);
+    }
+
+    fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
+            .map(|dir| dir.count())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn temp_dir(test: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("memring-ops-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn an_unreadable_config_is_logged_once_even_with_the_log_beside_it() {
+    let backend = Memcached::start();
+    let dir = temp_dir("unreadable");
+    let config = dir.join("memring.toml");
+    let text = format!(
+        "listen = \"127.0.0.1:{}\"\n[[servers]]\naddr = \"{}\"\n",
+        free_port(),
+        backend.addr()
+    );
+    std::fs::write(&config, &text).unwrap();
+    // The log file in the config's directory, at debug level: each log line
+    // is an event in the watched directory.
+    let daemon = Daemon::start(&config, &dir.join("memring.log"), &["--log-level", "debug"]);
+    daemon.wait_for_log("watching config for changes");
+
+    std::fs::remove_file(&config).unwrap();
+    daemon.wait_for_log("No such file or directory");
+    // Other files changing in the directory are no reason to re-read.
+    for i in 0..50 {
+        std::fs::write(dir.join(format!("other-{}.txt", i % 5)), format!("{i}")).unwrap();
+    }
+    // A different problem is a new line...
+    std::fs::create_dir(&config).unwrap();
+    daemon.wait_for_log("Is a directory");
+    // ...and a good file again is applied and says what changed.
+    std::fs::remove_dir(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace("[[servers]]", "request_timeout_ms = 1500\n[[servers]]"),
+    )
+    .unwrap();
+    daemon.wait_for_log("request_timeout_ms 1000 -> 1500");
+
+    let log = daemon.log();
+    assert_eq!(daemon.count("No such file or directory"), 1, "{log}");
+    assert_eq!(daemon.count("Is a directory"), 1, "{log}");
+    assert!(daemon.count("config unchanged") <= 2, "{log}");
+    assert!(
+        log.lines().count() < 40,
+        "{} log lines: {log}",
+        log.lines().count()
+    );
+    // The message names the cause once.
+    assert_eq!(log.matches("No such file or directory").count(), 1, "{log}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn slow_admin_connections_leave_fds_bounded_and_the_data_path_healthy() {
+    const SLOW: usize = 1000;
+    // The test holds SLOW sockets of its own.
+    let (soft, hard) = rlimit::getrlimit(rlimit::Resource::NOFILE).unwrap();
+    let wanted = (SLOW as u64 + 512).min(hard);
+    if soft < wanted {
+        rlimit::setrlimit(rlimit::Resource::NOFILE, wanted, hard).unwrap();
+    }
+    let slow_count = SLOW.min(wanted.saturating_sub(256) as usize);
+    assert!(
+        slow_count > 2 * memring::admin::MAX_CONNECTIONS,
+        "fd limit {hard} too low for this test"
+    );
+
+    let backend = Memcached::start();
+    let dir = temp_dir("slowloris");
+    let config = dir.join("memring.toml");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"{listen}\"\nadmin_listen = \"{admin}\"\n[[servers]]\naddr = \"{}\"\n",
+            backend.addr()
+        ),
+    )
+    .unwrap();
+    let daemon = Daemon::start(&config, &dir.join("memring.log"), &[]);
+    wait_for("the admin listener", || {
+        TcpStream::connect(admin).is_ok() && daemon.count("memring started") > 0
+    });
+    assert_eq!(http_get(admin, "/live").0, 200);
+    let mut client = common::Client::connect(&listen);
+    assert_eq!(client.set("before", b"1"), b"STORED\r\n");
+    let baseline = daemon.open_fds();
+
+    let started = std::time::Instant::now();
+    // Each sends half a request header and then nothing.
+    let slow: Vec<TcpStream> = (0..slow_count)
+        .map(|_| {
+            let mut stream = TcpStream::connect(admin).expect("connect (or wait in the backlog)");
+            let _ = stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ");
+            stream
+        })
+        .collect();
+    eprintln!(
+        "{slow_count} slow connections open after {:?}",
+        started.elapsed()
+    );
+    daemon.wait_for_log("admin listener at its limit of");
+    let bound = baseline + memring::admin::MAX_CONNECTIONS + 16;
+    // The data path keeps working, and new clients get in, while the admin
+    // slots are all taken.
+    let mut peak = 0;
+    for round in 0..100 {
+        let key = format!("slow:{round}");
+        assert_eq!(client.set(&key, b"v"), b"STORED\r\n");
+        assert_eq!(client.get(&key), Some(b"v".to_vec()));
+        if round % 10 == 0 {
+            let mut fresh = common::Client::connect(&listen);
+            assert_eq!(fresh.get(&key), Some(b"v".to_vec()));
+            peak = peak.max(daemon.open_fds());
+        }
+    }
+    assert!(peak <= bound, "{peak} fds open, bound {bound}");
+    eprintln!("peak {peak} fds (baseline {baseline}, bound {bound})");
+    eprintln!("data path checked after {:?}", started.elapsed());
+    // A connection that never finishes its headers is closed by memring.
+    // The slow clients go away; a scrape works again.
+    let mut first = slow.into_iter().next().unwrap();
+    wait_for("a scrape after the slow clients left", || {
+        http_get(admin, "/metrics").0 == 200
+    });
+    first.set_read_timeout(Some(common::DEADLINE)).unwrap();
+    let mut rest = Vec::new();
+    assert!(
+        first.read_to_end(&mut rest).is_ok(),
+        "the header timeout closes a silent admin connection"
+    );
+    eprintln!("first slow connection closed after {:?}", started.elapsed());
+    // Logged once per episode, not per refused connection (an episode ends
+    // when a slot frees up, 5 s after the first slow client at the latest).
+    let episodes = daemon.count("admin listener at its limit of");
+    assert!(
+        episodes >= 1 && episodes <= daemon.count("below its limit again") + 1 && episodes < 10,
+        "{}",
+        daemon.log()
+    );
+    assert_eq!(daemon.count("cannot accept"), 0, "{}", daemon.log());
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -371,3 +371,63 @@ fn reload_under_load_fails_no_request_and_drops_no_connection() {
     let stats = proxy.running().stats.clone();
     assert_eq!(stats.backend_errors(), 0);
 }
+
+#[test]
+fn a_reload_names_each_changed_setting_and_reports_a_problem_once() {
+    use memring::reload::{Outcome, Reloader};
+    let dir = Dir::new("settings");
+    let server = Memcached::start();
+    let path = dir.path("memring.toml");
+    let text = config(&[(&server, 1)]);
+    std::fs::write(&path, &text).unwrap();
+    let proxy = Proxy::start_file(&path);
+    // A second reloader on the same file and publisher, driven by hand.
+    let mut reloader = Reloader::new(
+        path.clone(),
+        proxy.config.clone(),
+        proxy.running().publisher.clone(),
+    );
+    let mut reload = || proxy.block_on(async { reloader.reload() });
+
+    let edited = text
+        .replace("request_timeout_ms = 2000", "request_timeout_ms = 700")
+        .replace(
+            "listen = \"127.0.0.1:0\"",
+            "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nauto_eject = true",
+        );
+    std::fs::write(&path, &edited).unwrap();
+    let Ok(Outcome::Applied { settings, .. }) = reload() else {
+        panic!("the edit is applied");
+    };
+    let shown: Vec<(String, bool)> = settings
+        .iter()
+        .map(|s| (s.to_string(), s.restart_only))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("request_timeout_ms 2000 -> 700".to_string(), false),
+            ("auto_eject false -> true".to_string(), false),
+            ("admin_listen (off) -> 127.0.0.1:0".to_string(), true),
+        ]
+    );
+    assert_eq!(reload().unwrap(), Outcome::Unchanged);
+
+    // The same read error twice is reported once; a different one again.
+    std::fs::remove_file(&path).unwrap();
+    let first = reload().expect_err("a missing file is an error");
+    assert!(first.to_string().contains("cannot read"), "{first}");
+    assert_eq!(reload().unwrap(), Outcome::Unchanged);
+    std::fs::create_dir(&path).unwrap();
+    assert!(reload().is_err(), "a directory is a new problem");
+    assert_eq!(reload().unwrap(), Outcome::Unchanged);
+    std::fs::remove_dir(&path).unwrap();
+
+    // The same invalid text is rejected once.
+    std::fs::write(&path, edited.replace("weight = 1", "weight = 0")).unwrap();
+    assert!(reload().is_err());
+    assert_eq!(reload().unwrap(), Outcome::Unchanged);
+    // Back to the running config: nothing to apply.
+    std::fs::write(&path, &edited).unwrap();
+    assert_eq!(reload().unwrap(), Outcome::Unchanged);
+}
