@@ -60,7 +60,11 @@ fn step(input: &[u8], limits: &Limits) -> usize {
             let line_len = request.line_len as usize;
             assert!(line_len <= n && line_len <= limits.max_line_bytes + 1);
             assert_eq!(input[line_len - 1], b'\n');
-            let spans = request.key.iter().chain(&request.opaque).chain([&request.flags]);
+            let spans = request
+                .key
+                .iter()
+                .chain(&request.opaque)
+                .chain([&request.flags]);
             for span in spans {
                 assert!(span.start <= span.end && (span.end as usize) < line_len);
             }
@@ -134,7 +138,11 @@ fn replies(input: &[u8], command: MetaCommand) {
         assert!(n >= 4 && n <= input.len());
         assert_eq!(&input[n - 2..n], b"\r\n");
         for cut in [0, n / 2, n - 1] {
-            assert_eq!(frame_meta_reply(&input[..cut], command), Ok(None), "cut at {cut}");
+            assert_eq!(
+                frame_meta_reply(&input[..cut], command),
+                Ok(None),
+                "cut at {cut}"
+            );
         }
     }
 }
