@@ -16,8 +16,8 @@
 //!   command line format`;
 //! - more than 19 tokens on a `mg`/`ms`/`md`/`ma` line: `CLIENT_ERROR options
 //!   flags too long` (`... flags are too long` for `mg`). memcached checks this
-//!   before reading an `ms` length, so it swallows no data block; memring
-//!   answers it too so that dropping or adding a flag can never change it;
+//!   before reading an `ms` length and swallows no data block, so memring must
+//!   answer it for `ms` to stay in step, and answers it for all four alike;
 //! - `ms` without a length or with one that is not a number in
 //!   0..=2^31-3: `CLIENT_ERROR bad command line format`, and like memcached the
 //!   data block is *not* swallowed (its bytes are read as the next command);
@@ -42,11 +42,16 @@
 //! still predicts the error 1.6.18 will answer, so that code that would rewrite
 //! a request (drop `q`, add a flag) can leave a doomed one untouched.
 //!
+//! memcached's quirks are kept where they decide framing or routing: an `ms`
+//! length is read with `strtol` and cut to 32 bits (`ms k 4294967298` carries 2
+//! bytes), a `b` key skips bytes outside the base64 alphabet, and a NUL ends the
+//! line for the tokenizer (the bytes after it are forwarded and ignored).
+//!
 //! # Deliberate differences from memcached
-//! Keys (the token as sent, also with `b`) with control bytes are refused with
-//! `CLIENT_ERROR bad command line format`, as for the classic commands. Bytes
-//! after a NUL on a line are ignored, as memcached's `strlen`-based tokenizer
-//! ignores them.
+//! - Keys (the token as sent, also with `b`) with control bytes or DEL are
+//!   refused with `CLIENT_ERROR bad command line format`, as for the classic
+//!   commands, and like a too-long key the `ms` data block is not swallowed.
+//! - An endless line gets `CLIENT_ERROR line too long` before the close.
 
 pub mod reply;
 
