@@ -7,6 +7,7 @@
 //! differential tests in `tests/`).
 
 pub mod encode;
+pub mod meta;
 pub mod reply;
 pub mod request;
 
