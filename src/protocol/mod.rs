@@ -188,6 +188,16 @@ impl Command {
         )
     }
 
+    /// How a client finds the end of the reply to this command (lenient; the
+    /// proxy itself frames strictly with [`reply::Expect`]).
+    pub fn reply_kind(self) -> ReplyKind {
+        if self.is_retrieval() {
+            ReplyKind::Values
+        } else {
+            ReplyKind::Line
+        }
+    }
+
     /// Which one-line replies a server may send to this (non-retrieval)
     /// command; `None` for commands memring never forwards as one line.
     pub fn reply_line(self) -> Option<LineKind> {
