@@ -1,15 +1,34 @@
 //! The consistent-hash ring: an immutable value mapping every key to one server.
 //!
-//! Ketama style: each server gets `POINTS_PER_WEIGHT × weight` points, each the
-//! xxh3 hash of `"<identity>-<index>"`; a key belongs to the first point at or
-//! after its own xxh3 hash, wrapping at the end. The ring is built once and then
-//! only read (published through arc-swap by `topology`), so lookups take no lock.
-//! No I/O here.
+//! Ketama style: every server gets points on a circle of hashes; a key belongs
+//! to the first point at or after its own hash, wrapping at the end. The ring
+//! is built once and then only read (published through arc-swap by
+//! `topology`), so lookups take no lock. No I/O here.
+//!
+//! A *flavour* decides how points are named and hashed, how many a server gets
+//! for its weight, and how a key is hashed; everything else (the sorted array,
+//! the binary search, the clockwise replica walk, shares and moved shares) is
+//! shared by every flavour here:
+//! - [`memring`]: memring's own ring (xxh3, 160 points per unit of weight);
+//! - [`twemproxy`]: twemproxy (nutcracker) 0.5 ketama, with its key hashes in
+//!   [`hashkit`];
+//! - [`libmemcached`]: libmemcached's weighted ketama (pylibmc
+//!   `ketama_weighted`, PHP memcached's libketama-compatible mode).
+//!
+//! 32-bit flavours keep their hashes in the top half of a `u64`: the order of
+//! points and keys is unchanged, and shares are measured on one 2^64 circle.
 
-use twox_hash::XxHash3_64;
+pub mod hashkit;
+pub mod libmemcached;
+pub mod md5;
+pub mod memring;
+pub mod twemproxy;
 
-/// Points per server per unit of weight (as in libketama: 160 at weight 1).
-pub const POINTS_PER_WEIGHT: u32 = 160;
+pub use hashkit::HashFunction;
+
+/// Points per server per unit of weight in the memring flavour (as in
+/// libketama: 160 at weight 1).
+pub const POINTS_PER_WEIGHT: u32 = memring::POINTS_PER_WEIGHT;
 
 /// One server as the ring sees it: the identity its points are named after (its
 /// `name`, or its address when unnamed) and its weight.
@@ -19,10 +38,102 @@ pub struct Member {
     pub weight: u32,
 }
 
+/// A member with the `host:port` it is reached at, which the twemproxy and
+/// libmemcached flavours name points after.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    pub member: Member,
+    pub addr: String,
+}
+
+/// Whose ring to reproduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Flavour {
+    /// memring's own ring.
+    #[default]
+    Memring,
+    /// twemproxy 0.5 `distribution: ketama`.
+    Twemproxy,
+    /// libmemcached's weighted ketama with MD5.
+    Libmemcached,
+}
+
+impl Flavour {
+    /// Every flavour, for listing the accepted names.
+    pub const ALL: [Flavour; 3] = [Flavour::Memring, Flavour::Twemproxy, Flavour::Libmemcached];
+
+    /// The name used by the config's `ring =`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Flavour::Memring => "memring",
+            Flavour::Twemproxy => "twemproxy",
+            Flavour::Libmemcached => "libmemcached",
+        }
+    }
+
+    /// The flavour called `name`, if there is one.
+    pub fn from_name(name: &str) -> Option<Flavour> {
+        Flavour::ALL.into_iter().find(|f| f.name() == name)
+    }
+}
+
+/// Everything besides the member list that decides where keys go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Point {
+pub struct Spec {
+    pub flavour: Flavour,
+    /// The key hash of the twemproxy flavour (the others have a fixed one).
+    pub hash: HashFunction,
+    /// With `Some([open, close])`, a key containing `open`, then later
+    /// `close`, with at least one byte between, is placed by those bytes only.
+    pub hash_tag: Option<[u8; 2]>,
+}
+
+impl Default for Spec {
+    fn default() -> Spec {
+        Spec {
+            flavour: Flavour::Memring,
+            hash: twemproxy::DEFAULT_HASH,
+            hash_tag: None,
+        }
+    }
+}
+
+impl Spec {
+    fn key_hash(&self) -> KeyHash {
+        match self.flavour {
+            Flavour::Memring => KeyHash::Xxh3,
+            Flavour::Twemproxy => KeyHash::Bits32(self.hash),
+            Flavour::Libmemcached => KeyHash::Bits32(HashFunction::Md5),
+        }
+    }
+}
+
+/// How a ring hashes keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyHash {
+    Xxh3,
+    /// A 32-bit hash, kept in the top half of the `u64`.
+    Bits32(HashFunction),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Point {
     hash: u64,
     server: u32,
+}
+
+impl Point {
+    fn new(hash: u64, server: usize) -> Point {
+        Point {
+            hash,
+            server: server as u32,
+        }
+    }
+
+    /// A 32-bit point of a ketama flavour, on the 2^64 circle.
+    fn from_u32(hash: u32, server: usize) -> Point {
+        Point::new(u64::from(hash) << 32, server)
+    }
 }
 
 /// A built ring. Server indexes are positions in the member list it was built
@@ -31,48 +142,67 @@ struct Point {
 pub struct Ring {
     points: Box<[Point]>,
     members: Box<[Member]>,
+    key_hash: KeyHash,
+    hash_tag: Option<[u8; 2]>,
 }
 
-/// The hash a key is placed by.
+/// The hash the memring flavour places a key by (ignoring any hash tag).
 pub fn key_hash(key: &[u8]) -> u64 {
-    XxHash3_64::oneshot(key)
+    memring::key_hash(key)
 }
 
-fn point_hash(identity: &str, index: u32) -> u64 {
-    // Names are short, so formatting into a stack buffer would save little; the
-    // ring is built off the request path.
-    XxHash3_64::oneshot(format!("{identity}-{index}").as_bytes())
+/// The part of `key` that is hashed: with a tag `[open, close]`, the bytes
+/// between the first `open` and the next `close` after it, when there is at
+/// least one; otherwise the whole key (as twemproxy's `hash_tag`).
+#[inline]
+pub fn tagged_part(key: &[u8], tag: Option<[u8; 2]>) -> &[u8] {
+    let Some([open, close]) = tag else {
+        return key;
+    };
+    let Some(start) = memchr::memchr(open, key) else {
+        return key;
+    };
+    match memchr::memchr(close, &key[start + 1..]) {
+        Some(len) if len > 0 => &key[start + 1..start + 1 + len],
+        _ => key,
+    }
 }
 
 impl Ring {
-    /// Builds the ring for `members`, in order. Building the same list twice
-    /// yields identical rings, so every memring instance routes alike.
+    /// Builds a memring-flavour ring for `members`, in order. Building the
+    /// same list twice yields identical rings, so every memring instance
+    /// routes alike.
     pub fn build(members: Vec<Member>) -> Ring {
-        let total: usize = members
-            .iter()
-            .map(|m| (m.weight * POINTS_PER_WEIGHT) as usize)
-            .sum();
-        let mut points = Vec::with_capacity(total);
-        for (server, member) in members.iter().enumerate() {
-            for index in 0..member.weight * POINTS_PER_WEIGHT {
-                points.push(Point {
-                    hash: point_hash(&member.identity, index),
-                    server: server as u32,
-                });
-            }
-        }
-        // Ties (vanishingly rare at 64 bits) go to the smaller identity, so the
-        // order of the member list never changes ownership.
-        points.sort_unstable_by(|a, b| {
-            a.hash.cmp(&b.hash).then_with(|| {
-                members[a.server as usize]
-                    .identity
-                    .cmp(&members[b.server as usize].identity)
+        let nodes = members
+            .into_iter()
+            .map(|member| Node {
+                addr: member.identity.clone(),
+                member,
             })
+            .collect();
+        Ring::build_with(&Spec::default(), nodes)
+    }
+
+    /// Builds the ring `spec` describes for `nodes`, in order.
+    pub fn build_with(spec: &Spec, nodes: Vec<Node>) -> Ring {
+        let (mut points, rank) = match spec.flavour {
+            Flavour::Memring => memring::points(&nodes),
+            Flavour::Twemproxy => twemproxy::points(&nodes),
+            Flavour::Libmemcached => libmemcached::points(&nodes),
+        };
+        // Equal hashes are ordered by the flavour's server rank (a stable sort
+        // keeps one server's equal points in the order they were made), so
+        // the first point of a tie, which owns the keys, is the flavour's.
+        points.sort_by(|a, b| {
+            a.hash
+                .cmp(&b.hash)
+                .then_with(|| rank[a.server as usize].cmp(&rank[b.server as usize]))
         });
         Ring {
             points: points.into_boxed_slice(),
-            members: members.into_boxed_slice(),
+            members: nodes.into_iter().map(|n| n.member).collect(),
+            key_hash: spec.key_hash(),
+            hash_tag: spec.hash_tag,
         }
     }
 
@@ -86,10 +216,20 @@ impl Ring {
         self.points.len()
     }
 
+    /// The position of `key` on this ring's circle (hash tag applied).
+    #[inline]
+    pub fn hash_key(&self, key: &[u8]) -> u64 {
+        let key = tagged_part(key, self.hash_tag);
+        match self.key_hash {
+            KeyHash::Xxh3 => memring::key_hash(key),
+            KeyHash::Bits32(function) => u64::from(function.hash(key)) << 32,
+        }
+    }
+
     /// Index of the server that owns `key`, or `None` for an empty ring.
     #[inline]
     pub fn owner(&self, key: &[u8]) -> Option<usize> {
-        self.owner_of_hash(key_hash(key))
+        self.owner_of_hash(self.hash_key(key))
     }
 
     /// Index of the server owning a hash: the first point at or after it,
@@ -111,7 +251,8 @@ impl Ring {
             return;
         }
         let wanted = count.min(self.members.len());
-        let start = self.points.partition_point(|p| p.hash < key_hash(key));
+        let hash = self.hash_key(key);
+        let start = self.points.partition_point(|p| p.hash < hash);
         for step in 0..self.points.len() {
             let server = self.points[(start + step) % self.points.len()].server as usize;
             if !out.contains(&server) {
@@ -140,8 +281,13 @@ impl Ring {
         owned.iter().map(|&n| n as f64 / HASH_SPACE).collect()
     }
 
-    /// The share of the hash space whose owner (by identity) differs between two
+    /// The share of the keyspace whose owner (by identity) differs between two
     /// rings: the fraction of keys that move when `old` is replaced by `new`.
+    ///
+    /// Between rings that hash keys the same way this is exact. Between rings
+    /// that hash keys differently (another flavour, key hash or hash tag) a
+    /// key's two positions are unrelated, so the result is the expected share:
+    /// a key stays only when both rings happen to pick the same server.
     pub fn moved_share(old: &Ring, new: &Ring) -> f64 {
         let (Some(_), Some(_)) = (old.points.first(), new.points.first()) else {
             return if old.points.len() == new.points.len() {
@@ -150,6 +296,9 @@ impl Ring {
                 1.0
             };
         };
+        if (old.key_hash, old.hash_tag) != (new.key_hash, new.hash_tag) {
+            return Ring::independent_moved_share(old, new);
+        }
         let mut bounds: Vec<u64> = old
             .points
             .iter()
@@ -173,6 +322,24 @@ impl Ring {
         moved as f64 / HASH_SPACE
     }
 
+    fn independent_moved_share(old: &Ring, new: &Ring) -> f64 {
+        let new_shares = new.shares();
+        let stays: f64 = old
+            .members
+            .iter()
+            .zip(old.shares())
+            .map(|(member, share)| {
+                let in_new = new
+                    .members
+                    .iter()
+                    .position(|m| m.identity == member.identity)
+                    .map_or(0.0, |i| new_shares[i]);
+                share * in_new
+            })
+            .sum();
+        (1.0 - stays).clamp(0.0, 1.0)
+    }
+
     fn identity_of_hash(&self, hash: u64) -> Option<&str> {
         self.owner_of_hash(hash)
             .map(|i| self.members[i].identity.as_str())
@@ -189,6 +356,54 @@ fn arc_len(from: u64, to: u64) -> u128 {
     } else {
         (1u128 << 64) - (from - to) as u128
     }
+}
+
+/// Keys of the golden tables: plain, clustered (`user:1`..`user:8` differ in
+/// their last byte only) and with bytes >= 0x80.
+#[cfg(test)]
+pub(crate) const GOLDEN_KEYS: [&[u8]; 16] = [
+    b"alpha",
+    b"beta",
+    b"gamma",
+    b"delta",
+    b"user:42",
+    b"session:9",
+    b"\x80\xff\xfe",
+    b"caf\xc3\xa9",
+    b"user:1",
+    b"user:2",
+    b"user:3",
+    b"user:4",
+    b"user:5",
+    b"user:6",
+    b"user:7",
+    b"user:8",
+];
+
+/// Nodes on 127.0.0.1:21301..=21304 with `weights` and optional names, as the
+/// golden tables were produced with.
+#[cfg(test)]
+pub(crate) fn golden_nodes(weights: [u32; 4], names: Option<[&str; 4]>) -> Vec<Node> {
+    (0..4)
+        .map(|i| {
+            let addr = format!("127.0.0.1:{}", 21301 + i);
+            Node {
+                member: Member {
+                    identity: names.map_or(addr.clone(), |n| n[i].to_string()),
+                    weight: weights[i],
+                },
+                addr,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+pub(crate) fn golden_owners(ring: &Ring) -> Vec<usize> {
+    GOLDEN_KEYS
+        .iter()
+        .map(|k| ring.owner(k).expect("a non-empty ring"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -398,6 +613,87 @@ mod tests {
         }
         let share_removed = five.shares()[2];
         assert!((Ring::moved_share(&five, &four) - share_removed).abs() < 1e-9);
+    }
+
+    #[test]
+    fn hash_tag_hashes_only_a_non_empty_tagged_part() {
+        let tag = Some(*b"{}");
+        assert_eq!(tagged_part(b"user:{42}:name", tag), b"42");
+        assert_eq!(tagged_part(b"}{a}{b}", tag), b"a");
+        assert_eq!(tagged_part(b"user:{}:name", tag), b"user:{}:name");
+        assert_eq!(tagged_part(b"user:{42", tag), b"user:{42");
+        assert_eq!(tagged_part(b"user:42}", tag), b"user:42}");
+        assert_eq!(tagged_part(b"user:{42}", None), b"user:{42}");
+
+        let spec = Spec {
+            hash_tag: tag,
+            ..Spec::default()
+        };
+        let nodes = servers(5)
+            .into_iter()
+            .map(|member| Node {
+                addr: member.identity.clone(),
+                member,
+            })
+            .collect();
+        let ring = Ring::build_with(&spec, nodes);
+        for i in 0..200 {
+            let key = format!("order:{i}:{{customer-7}}");
+            assert_eq!(ring.owner(key.as_bytes()), ring.owner(b"customer-7"));
+        }
+    }
+
+    #[test]
+    fn moved_share_between_key_hashes_is_the_expected_share() {
+        let nodes = |n| -> Vec<Node> {
+            servers(n)
+                .into_iter()
+                .map(|member| Node {
+                    addr: member.identity.clone(),
+                    member,
+                })
+                .collect()
+        };
+        let twemproxy = Spec {
+            flavour: Flavour::Twemproxy,
+            ..Spec::default()
+        };
+        let old = Ring::build_with(&twemproxy, nodes(4));
+        let new = Ring::build(servers(4));
+        let total = 20_000;
+        let moved = sample_keys(total)
+            .filter(|k| owner_identity(&old, k) != owner_identity(&new, k))
+            .count();
+        let sampled = moved as f64 / total as f64;
+        let expected = Ring::moved_share(&old, &new);
+        println!(
+            "twemproxy -> memring ring, 4 servers: {expected:.3} expected, {sampled:.3} sampled"
+        );
+        assert!((expected - sampled).abs() < 0.02, "{expected} vs {sampled}");
+        assert!((0.65..0.85).contains(&expected), "{expected}");
+    }
+
+    #[test]
+    fn replicas_walk_a_twemproxy_ring_too() {
+        let spec = Spec {
+            flavour: Flavour::Twemproxy,
+            ..Spec::default()
+        };
+        let nodes = servers(4)
+            .into_iter()
+            .map(|member| Node {
+                addr: member.identity.clone(),
+                member,
+            })
+            .collect();
+        let ring = Ring::build_with(&spec, nodes);
+        let mut set = smallvec::SmallVec::new();
+        for key in sample_keys(500) {
+            ring.replicas(key.as_bytes(), 2, &mut set);
+            assert_eq!(Some(set[0]), ring.owner(key.as_bytes()));
+            assert_eq!(set.len(), 2);
+            assert_ne!(set[0], set[1]);
+        }
     }
 
     #[test]
