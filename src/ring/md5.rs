@@ -11,18 +11,26 @@ const SHIFTS: [u32; 64] = [
     6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21,
 ];
 
-/// The sine table, `floor(|sin(i + 1)| × 2^32)`, derived at first use (float
-/// math is not available in `const fn` on the supported Rust version).
-fn sine_table() -> &'static [u32; 64] {
-    static TABLE: std::sync::OnceLock<[u32; 64]> = std::sync::OnceLock::new();
-    TABLE.get_or_init(|| {
-        let mut table = [0u32; 64];
-        for (i, entry) in table.iter_mut().enumerate() {
-            *entry = ((i as f64 + 1.0).sin().abs() * 4_294_967_296.0) as u32;
-        }
-        table
-    })
-}
+/// `floor(|sin(i + 1)| × 2^32)` for i in 0..64 (RFC 1321, section 3.4),
+/// generated from that formula; the test below recomputes it.
+const SINES: [u32; 64] = [
+    0xd76aa478, 0xe8c7b756, 0x242070db, 0xc1bdceee, //
+    0xf57c0faf, 0x4787c62a, 0xa8304613, 0xfd469501, //
+    0x698098d8, 0x8b44f7af, 0xffff5bb1, 0x895cd7be, //
+    0x6b901122, 0xfd987193, 0xa679438e, 0x49b40821, //
+    0xf61e2562, 0xc040b340, 0x265e5a51, 0xe9b6c7aa, //
+    0xd62f105d, 0x02441453, 0xd8a1e681, 0xe7d3fbc8, //
+    0x21e1cde6, 0xc33707d6, 0xf4d50d87, 0x455a14ed, //
+    0xa9e3e905, 0xfcefa3f8, 0x676f02d9, 0x8d2a4c8a, //
+    0xfffa3942, 0x8771f681, 0x6d9d6122, 0xfde5380c, //
+    0xa4beea44, 0x4bdecfa9, 0xf6bb4b60, 0xbebfbc70, //
+    0x289b7ec6, 0xeaa127fa, 0xd4ef3085, 0x04881d05, //
+    0xd9d4d039, 0xe6db99e5, 0x1fa27cf8, 0xc4ac5665, //
+    0xf4292244, 0x432aff97, 0xab9423a7, 0xfc93a039, //
+    0x655b59c3, 0x8f0ccc92, 0xffeff47d, 0x85845dd1, //
+    0x6fa87e4f, 0xfe2ce6e0, 0xa3014314, 0x4e0811a1, //
+    0xf7537e82, 0xbd3af235, 0x2ad7d2bb, 0xeb86d391,
+];
 
 /// The 16-byte MD5 digest of `data`.
 pub fn digest(data: &[u8]) -> [u8; 16] {
@@ -55,25 +63,36 @@ fn compress(state: &mut [u32; 4], block: &[u8]) {
     for (word, bytes) in words.iter_mut().zip(block.chunks_exact(4)) {
         *word = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
     }
-    let sines = sine_table();
     let [mut a, mut b, mut c, mut d] = *state;
-    for i in 0..64 {
-        let (f, g) = match i / 16 {
-            0 => ((b & c) | (!b & d), i),
-            1 => ((d & b) | (!d & c), (5 * i + 1) % 16),
-            2 => (b ^ c ^ d, (3 * i + 5) % 16),
-            _ => (c ^ (b | !d), (7 * i) % 16),
+    // One step: a = b + ((a + f + sine + word) <<< shift), then rotate the
+    // four registers. Written as four loops of 16 so each round's function is
+    // fixed and the compiler can unroll them.
+    macro_rules! round {
+        ($range:expr, $f:expr, $g:expr) => {
+            for i in $range {
+                let f: u32 = $f(b, c, d);
+                let g: usize = $g(i);
+                let rotated = a
+                    .wrapping_add(f)
+                    .wrapping_add(SINES[i])
+                    .wrapping_add(words[g])
+                    .rotate_left(SHIFTS[i]);
+                a = d;
+                d = c;
+                c = b;
+                b = b.wrapping_add(rotated);
+            }
         };
-        let rotated = a
-            .wrapping_add(f)
-            .wrapping_add(sines[i])
-            .wrapping_add(words[g])
-            .rotate_left(SHIFTS[i]);
-        a = d;
-        d = c;
-        c = b;
-        b = b.wrapping_add(rotated);
     }
+    round!(0..16, |b: u32, c: u32, d: u32| (b & c) | (!b & d), |i| i);
+    round!(16..32, |b: u32, c: u32, d: u32| (d & b) | (!d & c), |i| (5
+        * i
+        + 1)
+        % 16);
+    round!(32..48, |b: u32, c: u32, d: u32| b ^ c ^ d, |i| (3 * i + 5)
+        % 16);
+    round!(48..64, |b: u32, c: u32, d: u32| c ^ (b | !d), |i| (7 * i)
+        % 16);
     state[0] = state[0].wrapping_add(a);
     state[1] = state[1].wrapping_add(b);
     state[2] = state[2].wrapping_add(c);
@@ -86,6 +105,14 @@ mod tests {
 
     fn hex(data: &[u8]) -> String {
         digest(data).iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    #[test]
+    fn sine_table_is_the_formula() {
+        for (i, &value) in SINES.iter().enumerate() {
+            let expected = ((i as f64 + 1.0).sin().abs() * 4_294_967_296.0) as u32;
+            assert_eq!(value, expected, "entry {i}");
+        }
     }
 
     #[test]
