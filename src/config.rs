@@ -434,13 +434,15 @@ fn ring_spec(
             [open, close] if bytes.iter().all(|b| b.is_ascii_graphic()) => {
                 spec.hash_tag = Some([*open, *close]);
             }
-            _ => return Err(at(
-                tag.span(),
-                format!(
+            _ => {
+                return Err(at(
+                    tag.span(),
+                    format!(
                     "hash_tag = \"{}\" must be two printable ASCII characters, such as \"{{}}\"",
                     tag.get_ref()
                 ),
-            )),
+                ))
+            }
         }
     }
     Ok(spec)

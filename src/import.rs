@@ -181,6 +181,13 @@ fn server_entry(entry: &str) -> Result<Server, String> {
         .ok()
         .filter(|w| *w > 0)
         .ok_or_else(|| format!("server `{entry}`: weight `{weight}` is not a positive number"))?;
+    if name.as_deref() == Some(addr) && addr.ends_with(":11211") {
+        // memring reads a name equal to the address as "no name", and then
+        // the port-11211 rule would name the points by the host alone.
+        return Err(format!(
+            "server `{entry}`: a name equal to its host:port on port 11211 cannot be expressed"
+        ));
+    }
     Ok(Server {
         addr: addr.to_string(),
         weight,
@@ -334,7 +341,12 @@ beta:
 
     #[test]
     fn bad_server_entries_are_reported() {
-        for bad in ["127.0.0.1:11211", "127.0.0.1:11211:0", "/tmp/mc.sock:1"] {
+        for bad in [
+            "127.0.0.1:11211",
+            "127.0.0.1:11211:0",
+            "/tmp/mc.sock:1",
+            "127.0.0.1:11211:1 127.0.0.1:11211",
+        ] {
             let text = format!("p:\n  listen: 127.0.0.1:1\n  servers:\n   - {bad}\n");
             assert!(twemproxy(&text, None).is_err(), "{bad}");
         }

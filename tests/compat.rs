@@ -616,3 +616,42 @@ fn check_and_plan_name_the_flavour_and_plan_shows_the_move_to_the_native_ring() 
     assert!(same.contains("keyspace that moves: 0.00%"), "{same}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_reload_switches_between_the_twemproxy_ring_and_the_native_ring() {
+    let servers = start_servers(3);
+    let dir = std::env::temp_dir().join(format!("memring-compat-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("memring.toml");
+    let body: String = servers
+        .iter()
+        .map(|s| format!("[[servers]]\naddr = \"{}\"\n", s.addr()))
+        .collect();
+    let twemproxy =
+        format!("listen = \"127.0.0.1:0\"\nring = \"twemproxy\"\nhash = \"md5\"\n{body}");
+    std::fs::write(&path, &twemproxy).expect("write");
+    let proxy = Proxy::start_file(&path);
+    let expected = |text: &str| {
+        memring::config::Config::parse(text, "m")
+            .expect("valid")
+            .build_ring()
+    };
+    assert_eq!(proxy.running().topology.load().ring, expected(&twemproxy));
+
+    let native = format!("listen = \"127.0.0.1:0\"\n{body}");
+    let version = proxy.ring_version();
+    std::fs::write(&path, &native).expect("write");
+    common::wait_for("the reload", || proxy.ring_version() > version);
+    let ring = proxy.running().topology.load().ring.clone();
+    assert_eq!(ring, expected(&native));
+    assert_ne!(ring, expected(&twemproxy));
+    // Keys now go where the native ring says.
+    let mut client = proxy.client();
+    let mut direct: Vec<Client> = servers.iter().map(Memcached::client).collect();
+    for key in keys("after-reload", 60) {
+        set(&mut client, &key);
+        let owner = ring.owner(&key).expect("owner");
+        assert!(found(&mut direct[owner], &key), "{}", common::show(&key));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

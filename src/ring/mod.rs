@@ -674,6 +674,63 @@ mod tests {
     }
 
     #[test]
+    fn every_flavour_matches_a_linear_scan_oracle() {
+        let mut list = servers(6);
+        list[2].weight = 3;
+        for flavour in Flavour::ALL {
+            for hash in [HashFunction::Fnv1a64, HashFunction::Murmur] {
+                let spec = Spec {
+                    flavour,
+                    hash,
+                    hash_tag: None,
+                };
+                let nodes = list
+                    .iter()
+                    .enumerate()
+                    .map(|(i, member)| Node {
+                        member: member.clone(),
+                        addr: format!("10.0.0.{i}:11211"),
+                    })
+                    .collect();
+                let ring = Ring::build_with(&spec, nodes);
+                for key in sample_keys(2000) {
+                    let hash = ring.hash_key(key.as_bytes());
+                    // The first point at or after the hash; ties go to the
+                    // point sorted first, which the flavour decided.
+                    let oracle = ring
+                        .points
+                        .iter()
+                        .find(|p| p.hash >= hash)
+                        .unwrap_or(&ring.points[0])
+                        .server as usize;
+                    assert_eq!(ring.owner(key.as_bytes()), Some(oracle), "{flavour:?}");
+                }
+                assert!(ring.points.windows(2).all(|w| w[0].hash <= w[1].hash));
+            }
+        }
+    }
+
+    #[test]
+    fn twemproxy_ranks_servers_by_name_length_then_bytes() {
+        // The rank decides which server owns keys at a point two servers
+        // share (build_with sorts equal hashes by it), as twemproxy's server
+        // order does after its stable sort of the continuum.
+        let nodes: Vec<Node> = ["bb", "a", "ab"]
+            .iter()
+            .map(|name| Node {
+                member: Member {
+                    identity: name.to_string(),
+                    weight: 1,
+                },
+                addr: format!("{name}.local:11211"),
+            })
+            .collect();
+        let (points, rank) = twemproxy::points(&nodes);
+        assert_eq!(rank, vec![2, 0, 1], "a, ab, bb");
+        assert_eq!(points.len(), 3 * 160);
+    }
+
+    #[test]
     fn replicas_walk_a_twemproxy_ring_too() {
         let spec = Spec {
             flavour: Flavour::Twemproxy,
