@@ -655,3 +655,34 @@ fn a_reload_switches_between_the_twemproxy_ring_and_the_native_ring() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_twemproxy_example_config_is_what_import_prints_for_its_pool() {
+    let example_path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/twemproxy.toml");
+    let example = std::fs::read_to_string(example_path).expect("read the example");
+    // The pool is quoted in the example's header comment, indented by three.
+    let yaml: String = example
+        .lines()
+        .skip_while(|l| !l.starts_with("#   web:"))
+        .take_while(|l| l.starts_with("#   "))
+        .map(|l| format!("{}\n", &l[4..]))
+        .collect();
+    assert!(yaml.contains("servers:"), "{yaml}");
+    let dir = std::env::temp_dir().join(format!("memring-compat-example-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let yml = dir.join("nutcracker.yml");
+    std::fs::write(&yml, &yaml).expect("write");
+    let output = Command::new(env!("CARGO_BIN_EXE_memring"))
+        .args(["import".as_ref(), "twemproxy".as_ref(), yml.as_os_str()])
+        .output()
+        .expect("run memring import");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let imported = String::from_utf8(output.stdout).expect("utf-8");
+    let parse = |text: &str| memring::config::Config::parse(text, "m").expect("valid");
+    assert_eq!(parse(&imported), parse(&example));
+    let _ = std::fs::remove_dir_all(&dir);
+}
