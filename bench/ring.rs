@@ -11,7 +11,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
-use memring::ring::{Member, Ring, POINTS_PER_WEIGHT};
+use memring::ring::{Flavour, HashFunction, Member, Node, Ring, Spec, POINTS_PER_WEIGHT};
 
 /// Server counts: a small pool, a large one, and an extreme one whose points no
 /// longer fit in a core's L2 cache.
@@ -60,6 +60,48 @@ fn ring_lookup(c: &mut Criterion) {
     group.finish();
 }
 
+/// One `Ring::owner` per iteration on the compatibility rings at 100 servers:
+/// the key hash differs (fnv1a_64 and md5 for twemproxy, md5 for
+/// libmemcached), the binary search is the same.
+fn ring_lookup_flavours(c: &mut Criterion) {
+    let keys = lookup_keys();
+    let mut group = c.benchmark_group("ring_owner_flavour");
+    group.throughput(Throughput::Elements(1));
+    let nodes: Vec<Node> = members(100)
+        .into_iter()
+        .map(|member| Node {
+            addr: member.identity.clone(),
+            member,
+        })
+        .collect();
+    let flavours = [
+        (
+            "twemproxy_fnv1a_64",
+            Flavour::Twemproxy,
+            HashFunction::Fnv1a64,
+        ),
+        ("twemproxy_md5", Flavour::Twemproxy, HashFunction::Md5),
+        ("libmemcached", Flavour::Libmemcached, HashFunction::Md5),
+    ];
+    for (label, flavour, hash) in flavours {
+        let spec = Spec {
+            flavour,
+            hash,
+            ..Spec::default()
+        };
+        let ring = Ring::build_with(&spec, nodes.clone());
+        group.bench_with_input(BenchmarkId::from_parameter(label), &ring, |b, ring| {
+            let mut next = 0usize;
+            b.iter(|| {
+                let key = &keys[next & (LOOKUP_KEYS - 1)];
+                next = next.wrapping_add(1);
+                ring.owner(black_box(key))
+            })
+        });
+    }
+    group.finish();
+}
+
 /// One `Ring::build` per iteration: hashing every point's name, then sorting.
 /// The member list is cloned outside the timing, since `build` consumes it.
 /// Throughput is in points placed.
@@ -79,5 +121,5 @@ fn ring_build(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, ring_lookup, ring_build);
+criterion_group!(benches, ring_lookup, ring_lookup_flavours, ring_build);
 criterion_main!(benches);

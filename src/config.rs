@@ -13,7 +13,7 @@ use toml::Spanned;
 
 use crate::error::ConfigError;
 use crate::protocol::{Limits, DEFAULT_MAX_GET_LINE_BYTES, DEFAULT_MAX_LINE_BYTES};
-use crate::ring::Member;
+use crate::ring::{Flavour, HashFunction, Member, Node, Ring, Spec};
 
 /// Largest weight a server may have (160 000 points for one server).
 pub const MAX_WEIGHT: u32 = 1000;
@@ -44,6 +44,9 @@ struct RawConfig {
     max_client_buffer_bytes: Option<Spanned<u64>>,
     max_buffer_bytes: Option<Spanned<u64>>,
     client_write_timeout_ms: Option<Spanned<u64>>,
+    ring: Option<Spanned<String>>,
+    hash: Option<Spanned<String>>,
+    hash_tag: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -72,6 +75,15 @@ impl ServerConfig {
         Member {
             identity: self.name.clone(),
             weight: self.weight,
+        }
+    }
+
+    /// How the ring sees this server, with the address that the twemproxy
+    /// and libmemcached flavours name points after.
+    pub fn node(&self) -> Node {
+        Node {
+            member: self.member(),
+            addr: self.addr.clone(),
         }
     }
 }
@@ -122,6 +134,8 @@ pub struct Config {
     pub max_buffer_bytes: usize,
     /// Close a client that is owed replies and reads none of them for this long.
     pub client_write_timeout: Duration,
+    /// Ring flavour, key hash and hash tag (`ring`, `hash`, `hash_tag`).
+    pub ring: Spec,
 }
 
 pub const DEFAULT_CONNECTIONS_PER_SERVER: u64 = 1;
@@ -364,7 +378,10 @@ impl Config {
             1..=86_400_000,
         )?;
 
+        let ring = ring_spec(&raw, &at)?;
+
         Ok(Config {
+            ring,
             listen,
             servers,
             connections_per_server: connections_per_server as usize,
@@ -413,6 +430,86 @@ impl Config {
         }
         warnings
     }
+
+    /// The ring nodes (members with their addresses), in config order.
+    pub fn ring_nodes(&self) -> Vec<Node> {
+        self.servers.iter().map(ServerConfig::node).collect()
+    }
+
+    /// The ring of every configured server, in the configured flavour.
+    pub fn build_ring(&self) -> Ring {
+        Ring::build_with(&self.ring, self.ring_nodes())
+    }
+}
+
+/// `ring`, `hash` and `hash_tag`: which ring to reproduce and how keys are
+/// hashed onto it.
+fn ring_spec(
+    raw: &RawConfig,
+    at: &dyn Fn(Range<usize>, String) -> ConfigError,
+) -> Result<Spec, ConfigError> {
+    let mut spec = Spec::default();
+    if let Some(name) = &raw.ring {
+        spec.flavour = Flavour::from_name(name.get_ref()).ok_or_else(|| {
+            let known: Vec<&str> = Flavour::ALL.iter().map(|f| f.name()).collect();
+            at(
+                name.span(),
+                format!(
+                    "ring = \"{}\" is not a ring flavour (one of: {})",
+                    name.get_ref(),
+                    known.join(", ")
+                ),
+            )
+        })?;
+    }
+    if let Some(name) = &raw.hash {
+        let function = HashFunction::from_name(name.get_ref()).ok_or_else(|| {
+            let known: Vec<&str> = HashFunction::ALL.iter().map(|f| f.name()).collect();
+            at(
+                name.span(),
+                format!(
+                    "hash = \"{}\" is not a hash function (one of: {})",
+                    name.get_ref(),
+                    known.join(", ")
+                ),
+            )
+        })?;
+        match spec.flavour {
+            Flavour::Twemproxy => spec.hash = function,
+            Flavour::Libmemcached if function == HashFunction::Md5 => {}
+            Flavour::Libmemcached => {
+                return Err(at(
+                    name.span(),
+                    "ring = \"libmemcached\" hashes keys with md5 only".into(),
+                ))
+            }
+            Flavour::Memring => {
+                return Err(at(
+                    name.span(),
+                    "hash applies to ring = \"twemproxy\" (the memring ring always uses xxh3)"
+                        .into(),
+                ))
+            }
+        }
+    }
+    if let Some(tag) = &raw.hash_tag {
+        let bytes = tag.get_ref().as_bytes();
+        match bytes {
+            [open, close] if bytes.iter().all(|b| b.is_ascii_graphic()) => {
+                spec.hash_tag = Some([*open, *close]);
+            }
+            _ => {
+                return Err(at(
+                    tag.span(),
+                    format!(
+                    "hash_tag = \"{}\" must be two printable ASCII characters, such as \"{{}}\"",
+                    tag.get_ref()
+                ),
+                ))
+            }
+        }
+    }
+    Ok(spec)
 }
 
 /// `host:port` with a port from 1 to 65535 and a plausible host (an IP address,
@@ -564,6 +661,58 @@ name = "cache-02"
         assert!(warnings[0].starts_with("replicas = 3 but only 2 servers"));
         let config = Config::parse(&format!("replicas = 2\n{GOOD}"), "m").unwrap();
         assert!(config.warnings().is_empty());
+    }
+
+    #[test]
+    fn ring_hash_and_hash_tag_are_read() {
+        let config = Config::parse(
+            &format!("ring = \"twemproxy\"\nhash = \"murmur\"\nhash_tag = \"{{}}\"\n{GOOD}"),
+            "m",
+        )
+        .unwrap();
+        assert_eq!(config.ring.flavour, Flavour::Twemproxy);
+        assert_eq!(config.ring.hash, HashFunction::Murmur);
+        assert_eq!(config.ring.hash_tag, Some(*b"{}"));
+        let default = Config::parse(GOOD, "m").unwrap();
+        assert_eq!(default.ring, Spec::default());
+        let libmemcached = Config::parse(&format!("ring = \"libmemcached\"\n{GOOD}"), "m").unwrap();
+        // Weights 1 and 2 of two servers: floor(1/3 × 80) × 4 and
+        // floor(2/3 × 80) × 4 points.
+        assert_eq!(libmemcached.build_ring().point_count(), 104 + 212);
+    }
+
+    #[test]
+    fn bad_ring_settings_are_rejected_with_their_place() {
+        let message = error_of(&format!("ring = \"ketama\"\n{GOOD}"));
+        assert!(
+            message.starts_with("memring.toml:1:8: ring = \"ketama\""),
+            "{message}"
+        );
+        assert!(
+            message.contains("memring, twemproxy, libmemcached"),
+            "{message}"
+        );
+        let message = error_of(&format!("ring = \"twemproxy\"\nhash = \"sha1\"\n{GOOD}"));
+        assert!(
+            message.starts_with("memring.toml:2:8: hash = \"sha1\""),
+            "{message}"
+        );
+        let message = error_of(&format!("hash = \"md5\"\n{GOOD}"));
+        assert!(
+            message.contains("hash applies to ring = \"twemproxy\""),
+            "{message}"
+        );
+        let message = error_of(&format!(
+            "ring = \"libmemcached\"\nhash = \"murmur\"\n{GOOD}"
+        ));
+        assert!(message.contains("md5 only"), "{message}");
+        for tag in ["{", "{}}", "{ ", ""] {
+            let message = error_of(&format!("hash_tag = \"{tag}\"\n{GOOD}"));
+            assert!(
+                message.contains("two printable ASCII characters"),
+                "{tag}: {message}"
+            );
+        }
     }
 
     #[test]

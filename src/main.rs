@@ -1,4 +1,7 @@
-//! The `memring` command: run the proxy, check a config, or plan a change.
+//! The `memring` command: run the proxy, check a config, plan a change, or
+//! import a twemproxy config.
+
+mod import;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -9,7 +12,6 @@ use tokio_util::sync::CancellationToken;
 
 use memring::config::Config;
 use memring::reload::Reloader;
-use memring::ring::Ring;
 use memring::topology::Change;
 
 /// What `memring --version` prints: the version and the commit built from.
@@ -111,6 +113,23 @@ enum Action {
         #[arg(value_name = "LINE", required = true)]
         lines: Vec<String>,
     },
+    /// Print a memring config equivalent to another proxy's (keys stay on
+    /// the servers they are on), and list settings with no equivalent.
+    Import {
+        /// The config's format.
+        #[arg(value_enum)]
+        from: ImportFrom,
+        /// The config file, e.g. nutcracker.yml.
+        file: PathBuf,
+        /// The pool to import, when the file has more than one.
+        pool: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ImportFrom {
+    /// twemproxy (nutcracker) YAML.
+    Twemproxy,
 }
 
 fn main() -> ExitCode {
@@ -121,6 +140,7 @@ fn main() -> ExitCode {
         (Some(Action::Check { file }), _) => check(file),
         (Some(Action::Plan { old, new }), _) => plan(old, new),
         (Some(Action::Send { addr, lines }), _) => send(*addr, lines),
+        (Some(Action::Import { from, file, pool }), _) => import(*from, file, pool.as_deref()),
         (None, Some(config)) => run(config),
         (None, None) => {
             eprintln!("memring: no config given; run `memring --config FILE` (see --help)");
@@ -230,11 +250,12 @@ fn check(file: &Path) -> anyhow::Result<()> {
         eprintln!("memring: warning: {}: {warning}", file.display());
     }
     println!(
-        "{}: ok ({} server{}, listen {})",
+        "{}: ok ({} server{}, listen {}, ring {})",
         file.display(),
         config.servers.len(),
         if config.servers.len() == 1 { "" } else { "s" },
-        config.listen
+        config.listen,
+        describe_ring(&config)
     );
     Ok(())
 }
@@ -242,8 +263,15 @@ fn check(file: &Path) -> anyhow::Result<()> {
 fn plan(old: &Path, new: &Path) -> anyhow::Result<()> {
     let old_config = Config::load(old)?;
     let new_config = Config::load(new)?;
-    let old_ring = Ring::build(old_config.members());
-    let new_ring = Ring::build(new_config.members());
+    let old_ring = old_config.build_ring();
+    let new_ring = new_config.build_ring();
+    if old_config.ring != new_config.ring {
+        println!(
+            "ring: {} -> {} (keys are placed by another hash; the moved share is the expected one)",
+            describe_ring(&old_config),
+            describe_ring(&new_config)
+        );
+    }
     let old_shares = old_ring.shares();
     let new_shares = new_ring.shares();
     let mut names: Vec<&str> = old_config.servers.iter().map(|s| s.name.as_str()).collect();
@@ -301,6 +329,40 @@ fn plan(old: &Path, new: &Path) -> anyhow::Result<()> {
     }
     for warning in new_config.warnings() {
         println!("warning: {}: {warning}", new.display());
+    }
+    Ok(())
+}
+
+/// `twemproxy (hash fnv1a_64, hash_tag "{}")`
+fn describe_ring(config: &Config) -> String {
+    use memring::ring::Flavour;
+    let mut text = config.ring.flavour.name().to_string();
+    let mut details = Vec::new();
+    if config.ring.flavour == Flavour::Twemproxy {
+        details.push(format!("hash {}", config.ring.hash.name()));
+    }
+    if let Some(tag) = config.ring.hash_tag {
+        details.push(format!("hash_tag \"{}\"", String::from_utf8_lossy(&tag)));
+    }
+    if !details.is_empty() {
+        text.push_str(&format!(" ({})", details.join(", ")));
+    }
+    text
+}
+
+fn import(from: ImportFrom, file: &Path, pool: Option<&str>) -> anyhow::Result<()> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let (toml, unmapped) = match from {
+        ImportFrom::Twemproxy => import::twemproxy(&text, pool)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?,
+    };
+    // Print only what memring itself accepts.
+    Config::parse(&toml, "imported config")
+        .map_err(|e| anyhow::anyhow!("the imported config does not load: {e}"))?;
+    print!("{toml}");
+    for note in &unmapped {
+        eprintln!("memring import: no equivalent for {note}");
     }
     Ok(())
 }

@@ -225,6 +225,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         max_client_buffer_bytes,
         max_buffer_bytes,
         client_write_timeout,
+        ring,
     } = new;
     let ms = |d: &Duration| d.as_millis().to_string();
     let optional_ms = |d: &Option<Duration>| d.as_ref().map_or("0".to_string(), ms);
@@ -247,7 +248,30 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
     };
     let client_buffer =
         |b: &Option<usize>| b.map_or("(max_value_bytes + 4 MiB)".to_string(), |b| b.to_string());
-    let rows: [(&'static str, String, String, bool); 18] = [
+    let tag = |t: &Option<[u8; 2]>| {
+        t.map_or("(none)".to_string(), |t| {
+            String::from_utf8_lossy(&t).into_owned()
+        })
+    };
+    let rows: [(&'static str, String, String, bool); 21] = [
+        (
+            "ring",
+            old.ring.flavour.name().to_string(),
+            ring.flavour.name().to_string(),
+            false,
+        ),
+        (
+            "hash",
+            old.ring.hash.name().to_string(),
+            ring.hash.name().to_string(),
+            false,
+        ),
+        (
+            "hash_tag",
+            tag(&old.ring.hash_tag),
+            tag(&ring.hash_tag),
+            false,
+        ),
         ("listen", old.listen.to_string(), listen.to_string(), true),
         (
             "admin_listen",

@@ -64,17 +64,17 @@ impl Topology {
         backends: Box<[Arc<Backend>]>,
         ejected: Vec<String>,
     ) -> Topology {
-        let mut members = Vec::with_capacity(backends.len());
+        let mut nodes = Vec::with_capacity(backends.len());
         let mut ring_backends = Vec::with_capacity(backends.len());
         for (i, server) in config.servers.iter().enumerate() {
             if !ejected.contains(&server.name) {
-                members.push(server.member());
+                nodes.push(server.node());
                 ring_backends.push(i as u32);
             }
         }
         Topology {
             version,
-            ring: Ring::build(members),
+            ring: Ring::build_with(&config.ring, nodes),
             ring_backends: ring_backends.into_boxed_slice(),
             backends,
             limits: config.limits,

@@ -1,0 +1,763 @@
+//! The consistent-hash ring: an immutable value mapping every key to one server.
+//!
+//! Ketama style: every server gets points on a circle of hashes; a key belongs
+//! to the first point at or after its own hash, wrapping at the end. The ring
+//! is built once and then only read (published through arc-swap by
+//! `topology`), so lookups take no lock. No I/O here.
+//!
+//! A *flavour* decides how points are named and hashed, how many a server gets
+//! for its weight, and how a key is hashed; everything else (the sorted array,
+//! the binary search, the clockwise replica walk, shares and moved shares) is
+//! shared by every flavour here:
+//! - [`memring`]: memring's own ring (xxh3, 160 points per unit of weight);
+//! - [`twemproxy`]: twemproxy (nutcracker) 0.5 ketama, with its key hashes in
+//!   [`hashkit`];
+//! - [`libmemcached`]: libmemcached's weighted ketama (pylibmc
+//!   `ketama_weighted`, PHP memcached's libketama-compatible mode).
+//!
+//! 32-bit flavours keep their hashes in the top half of a `u64`: the order of
+//! points and keys is unchanged, and shares are measured on one 2^64 circle.
+
+pub mod hashkit;
+pub mod libmemcached;
+pub mod md5;
+pub mod memring;
+pub mod twemproxy;
+
+pub use hashkit::HashFunction;
+
+/// Points per server per unit of weight in the memring flavour (as in
+/// libketama: 160 at weight 1).
+pub const POINTS_PER_WEIGHT: u32 = memring::POINTS_PER_WEIGHT;
+
+/// One server as the ring sees it: the identity its points are named after (its
+/// `name`, or its address when unnamed) and its weight.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub identity: String,
+    pub weight: u32,
+}
+
+/// A member with the `host:port` it is reached at, which the twemproxy and
+/// libmemcached flavours name points after.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    pub member: Member,
+    pub addr: String,
+}
+
+/// Whose ring to reproduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Flavour {
+    /// memring's own ring.
+    #[default]
+    Memring,
+    /// twemproxy 0.5 `distribution: ketama`.
+    Twemproxy,
+    /// libmemcached's weighted ketama with MD5.
+    Libmemcached,
+}
+
+impl Flavour {
+    /// Every flavour, for listing the accepted names.
+    pub const ALL: [Flavour; 3] = [Flavour::Memring, Flavour::Twemproxy, Flavour::Libmemcached];
+
+    /// The name used by the config's `ring =`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Flavour::Memring => "memring",
+            Flavour::Twemproxy => "twemproxy",
+            Flavour::Libmemcached => "libmemcached",
+        }
+    }
+
+    /// The flavour called `name`, if there is one.
+    pub fn from_name(name: &str) -> Option<Flavour> {
+        Flavour::ALL.into_iter().find(|f| f.name() == name)
+    }
+}
+
+/// Everything besides the member list that decides where keys go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spec {
+    pub flavour: Flavour,
+    /// The key hash of the twemproxy flavour (the others have a fixed one).
+    pub hash: HashFunction,
+    /// With `Some([open, close])`, a key containing `open`, then later
+    /// `close`, with at least one byte between, is placed by those bytes only.
+    pub hash_tag: Option<[u8; 2]>,
+}
+
+impl Default for Spec {
+    fn default() -> Spec {
+        Spec {
+            flavour: Flavour::Memring,
+            hash: twemproxy::DEFAULT_HASH,
+            hash_tag: None,
+        }
+    }
+}
+
+impl Spec {
+    fn key_hash(&self) -> KeyHash {
+        match self.flavour {
+            Flavour::Memring => KeyHash::Xxh3,
+            Flavour::Twemproxy => KeyHash::Bits32(self.hash),
+            Flavour::Libmemcached => KeyHash::Bits32(HashFunction::Md5),
+        }
+    }
+}
+
+/// How a ring hashes keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyHash {
+    Xxh3,
+    /// A 32-bit hash, kept in the top half of the `u64`.
+    Bits32(HashFunction),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Point {
+    hash: u64,
+    server: u32,
+}
+
+impl Point {
+    fn new(hash: u64, server: usize) -> Point {
+        Point {
+            hash,
+            server: server as u32,
+        }
+    }
+
+    /// A 32-bit point of a ketama flavour, on the 2^64 circle.
+    fn from_u32(hash: u32, server: usize) -> Point {
+        Point::new(u64::from(hash) << 32, server)
+    }
+}
+
+/// A built ring. Server indexes are positions in the member list it was built
+/// from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ring {
+    points: Box<[Point]>,
+    members: Box<[Member]>,
+    key_hash: KeyHash,
+    hash_tag: Option<[u8; 2]>,
+}
+
+/// The hash the memring flavour places a key by (ignoring any hash tag).
+pub fn key_hash(key: &[u8]) -> u64 {
+    memring::key_hash(key)
+}
+
+/// The part of `key` that is hashed: with a tag `[open, close]`, the bytes
+/// between the first `open` and the next `close` after it, when there is at
+/// least one; otherwise the whole key (as twemproxy's `hash_tag`).
+#[inline]
+pub fn tagged_part(key: &[u8], tag: Option<[u8; 2]>) -> &[u8] {
+    let Some([open, close]) = tag else {
+        return key;
+    };
+    let Some(start) = memchr::memchr(open, key) else {
+        return key;
+    };
+    match memchr::memchr(close, &key[start + 1..]) {
+        Some(len) if len > 0 => &key[start + 1..start + 1 + len],
+        _ => key,
+    }
+}
+
+impl Ring {
+    /// Builds a memring-flavour ring for `members`, in order. Building the
+    /// same list twice yields identical rings, so every memring instance
+    /// routes alike.
+    pub fn build(members: Vec<Member>) -> Ring {
+        let nodes = members
+            .into_iter()
+            .map(|member| Node {
+                addr: member.identity.clone(),
+                member,
+            })
+            .collect();
+        Ring::build_with(&Spec::default(), nodes)
+    }
+
+    /// Builds the ring `spec` describes for `nodes`, in order.
+    pub fn build_with(spec: &Spec, nodes: Vec<Node>) -> Ring {
+        let (mut points, rank) = match spec.flavour {
+            Flavour::Memring => memring::points(&nodes),
+            Flavour::Twemproxy => twemproxy::points(&nodes),
+            Flavour::Libmemcached => libmemcached::points(&nodes),
+        };
+        // Equal hashes are ordered by the flavour's server rank (a stable sort
+        // keeps one server's equal points in the order they were made), so
+        // the first point of a tie, which owns the keys, is the flavour's.
+        points.sort_by(|a, b| {
+            a.hash
+                .cmp(&b.hash)
+                .then_with(|| rank[a.server as usize].cmp(&rank[b.server as usize]))
+        });
+        Ring {
+            points: points.into_boxed_slice(),
+            members: nodes.into_iter().map(|n| n.member).collect(),
+            key_hash: spec.key_hash(),
+            hash_tag: spec.hash_tag,
+        }
+    }
+
+    /// The members, in the order given to [`Ring::build`].
+    pub fn members(&self) -> &[Member] {
+        &self.members
+    }
+
+    /// Number of points on the ring.
+    pub fn point_count(&self) -> usize {
+        self.points.len()
+    }
+
+    /// The position of `key` on this ring's circle (hash tag applied).
+    #[inline]
+    pub fn hash_key(&self, key: &[u8]) -> u64 {
+        let key = tagged_part(key, self.hash_tag);
+        match self.key_hash {
+            KeyHash::Xxh3 => memring::key_hash(key),
+            KeyHash::Bits32(function) => u64::from(function.hash(key)) << 32,
+        }
+    }
+
+    /// Index of the server that owns `key`, or `None` for an empty ring.
+    #[inline]
+    pub fn owner(&self, key: &[u8]) -> Option<usize> {
+        self.owner_of_hash(self.hash_key(key))
+    }
+
+    /// Index of the server owning a hash: the first point at or after it,
+    /// wrapping to the first point.
+    #[inline]
+    pub fn owner_of_hash(&self, hash: u64) -> Option<usize> {
+        let i = self.points.partition_point(|p| p.hash < hash);
+        let point = self.points.get(i).or_else(|| self.points.first())?;
+        Some(point.server as usize)
+    }
+
+    /// The replica set of `key`: its owner, then the next distinct servers
+    /// clockwise (further points of servers already chosen are skipped), up to
+    /// `count` servers or as many as the ring has. Because each server has many
+    /// points, the replicas of one server's keys spread over many others.
+    pub fn replicas(&self, key: &[u8], count: usize, out: &mut smallvec::SmallVec<[usize; 4]>) {
+        out.clear();
+        if self.points.is_empty() {
+            return;
+        }
+        let wanted = count.min(self.members.len());
+        let hash = self.hash_key(key);
+        let start = self.points.partition_point(|p| p.hash < hash);
+        for step in 0..self.points.len() {
+            let server = self.points[(start + step) % self.points.len()].server as usize;
+            if !out.contains(&server) {
+                out.push(server);
+                if out.len() == wanted {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The share of the hash space each member owns, in member order; the shares
+    /// sum to 1 (or are empty for an empty ring).
+    pub fn shares(&self) -> Vec<f64> {
+        let mut owned = vec![0u128; self.members.len()];
+        let Some(last) = self.points.last() else {
+            return Vec::new();
+        };
+        let mut previous = last.hash;
+        for point in self.points.iter() {
+            // The arc (previous, point] belongs to this point; the first point's
+            // arc wraps around the top of the hash space.
+            owned[point.server as usize] += arc_len(previous, point.hash);
+            previous = point.hash;
+        }
+        owned.iter().map(|&n| n as f64 / HASH_SPACE).collect()
+    }
+
+    /// The share of the keyspace whose owner (by identity) differs between two
+    /// rings: the fraction of keys that move when `old` is replaced by `new`.
+    ///
+    /// Between rings that hash keys the same way this is exact. Between rings
+    /// that hash keys differently (another flavour, key hash or hash tag) a
+    /// key's two positions are unrelated, so the result is the expected share:
+    /// a key stays only when both rings happen to pick the same server.
+    pub fn moved_share(old: &Ring, new: &Ring) -> f64 {
+        let (Some(_), Some(_)) = (old.points.first(), new.points.first()) else {
+            return if old.points.len() == new.points.len() {
+                0.0
+            } else {
+                1.0
+            };
+        };
+        if (old.key_hash, old.hash_tag) != (new.key_hash, new.hash_tag) {
+            return Ring::independent_moved_share(old, new);
+        }
+        let mut bounds: Vec<u64> = old
+            .points
+            .iter()
+            .chain(new.points.iter())
+            .map(|p| p.hash)
+            .collect();
+        bounds.sort_unstable();
+        bounds.dedup();
+        let mut moved = 0u128;
+        let mut previous = *bounds.last().expect("both rings have points");
+        for &bound in &bounds {
+            // Every hash in (previous, bound] has the same owner in each ring,
+            // the owner of `bound` itself.
+            let old_owner = old.identity_of_hash(bound);
+            let new_owner = new.identity_of_hash(bound);
+            if old_owner != new_owner {
+                moved += arc_len(previous, bound);
+            }
+            previous = bound;
+        }
+        moved as f64 / HASH_SPACE
+    }
+
+    fn independent_moved_share(old: &Ring, new: &Ring) -> f64 {
+        let new_shares = new.shares();
+        let stays: f64 = old
+            .members
+            .iter()
+            .zip(old.shares())
+            .map(|(member, share)| {
+                let in_new = new
+                    .members
+                    .iter()
+                    .position(|m| m.identity == member.identity)
+                    .map_or(0.0, |i| new_shares[i]);
+                share * in_new
+            })
+            .sum();
+        (1.0 - stays).clamp(0.0, 1.0)
+    }
+
+    fn identity_of_hash(&self, hash: u64) -> Option<&str> {
+        self.owner_of_hash(hash)
+            .map(|i| self.members[i].identity.as_str())
+    }
+}
+
+const HASH_SPACE: f64 = 18_446_744_073_709_551_616.0; // 2^64
+
+/// Length of the arc (from, to] going clockwise, wrapping at 2^64. A full circle
+/// (from == to) is 2^64.
+fn arc_len(from: u64, to: u64) -> u128 {
+    if to > from {
+        (to - from) as u128
+    } else {
+        (1u128 << 64) - (from - to) as u128
+    }
+}
+
+/// Keys of the golden tables: plain, clustered (`user:1`..`user:8` differ in
+/// their last byte only) and with bytes >= 0x80.
+#[cfg(test)]
+pub(crate) const GOLDEN_KEYS: [&[u8]; 16] = [
+    b"alpha",
+    b"beta",
+    b"gamma",
+    b"delta",
+    b"user:42",
+    b"session:9",
+    b"\x80\xff\xfe",
+    b"caf\xc3\xa9",
+    b"user:1",
+    b"user:2",
+    b"user:3",
+    b"user:4",
+    b"user:5",
+    b"user:6",
+    b"user:7",
+    b"user:8",
+];
+
+/// Nodes on 127.0.0.1:21301..=21304 with `weights` and optional names, as the
+/// golden tables were produced with.
+#[cfg(test)]
+pub(crate) fn golden_nodes(weights: [u32; 4], names: Option<[&str; 4]>) -> Vec<Node> {
+    (0..4)
+        .map(|i| {
+            let addr = format!("127.0.0.1:{}", 21301 + i);
+            Node {
+                member: Member {
+                    identity: names.map_or(addr.clone(), |n| n[i].to_string()),
+                    weight: weights[i],
+                },
+                addr,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+pub(crate) fn golden_owners(ring: &Ring) -> Vec<usize> {
+    GOLDEN_KEYS
+        .iter()
+        .map(|k| ring.owner(k).expect("a non-empty ring"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn members(names: &[&str]) -> Vec<Member> {
+        names
+            .iter()
+            .map(|name| Member {
+                identity: name.to_string(),
+                weight: 1,
+            })
+            .collect()
+    }
+
+    fn servers(n: usize) -> Vec<Member> {
+        (0..n)
+            .map(|i| Member {
+                identity: format!("cache-{i:02}"),
+                weight: 1,
+            })
+            .collect()
+    }
+
+    fn sample_keys(n: usize) -> impl Iterator<Item = String> {
+        (0..n).map(|i| format!("user:{i}:profile"))
+    }
+
+    fn owner_identity<'r>(ring: &'r Ring, key: &str) -> &'r str {
+        &ring.members()[ring.owner(key.as_bytes()).unwrap()].identity
+    }
+
+    #[test]
+    fn two_rings_from_the_same_list_are_identical() {
+        assert_eq!(Ring::build(servers(5)), Ring::build(servers(5)));
+    }
+
+    #[test]
+    fn member_order_does_not_change_ownership() {
+        let forward = Ring::build(members(&["a", "b", "c"]));
+        let backward = Ring::build(members(&["c", "b", "a"]));
+        for key in sample_keys(2000) {
+            assert_eq!(
+                owner_identity(&forward, &key),
+                owner_identity(&backward, &key)
+            );
+        }
+    }
+
+    #[test]
+    fn golden_owners_pin_the_hash_and_point_naming() {
+        // A change to the key hash or to how points are named must fail here:
+        // it would move every key of every deployed memring.
+        let ring = Ring::build(members(&["cache-01", "cache-02", "cache-03", "cache-04"]));
+        assert_eq!(ring.point_count(), 640);
+        let owners: Vec<&str> = ["alpha", "beta", "gamma", "delta", "user:42", "session:9"]
+            .iter()
+            .map(|k| owner_identity(&ring, k))
+            .collect();
+        assert_eq!(owners, GOLDEN_OWNERS);
+        assert_eq!(key_hash(b"alpha"), GOLDEN_ALPHA_HASH);
+    }
+
+    const GOLDEN_OWNERS: [&str; 6] = [
+        "cache-04", "cache-02", "cache-04", "cache-03", "cache-01", "cache-01",
+    ];
+    const GOLDEN_ALPHA_HASH: u64 = 13_720_501_819_814_554_458;
+
+    #[test]
+    fn lookup_matches_a_linear_scan_oracle() {
+        let ring = Ring::build(servers(7));
+        let mut sorted: Vec<Point> = ring.points.to_vec();
+        sorted.sort_by_key(|p| p.hash);
+        for key in sample_keys(3000) {
+            let hash = key_hash(key.as_bytes());
+            let oracle = sorted
+                .iter()
+                .find(|p| p.hash >= hash)
+                .unwrap_or(&sorted[0])
+                .server as usize;
+            assert_eq!(ring.owner(key.as_bytes()), Some(oracle));
+        }
+    }
+
+    #[test]
+    fn wraps_to_the_first_point_past_the_last() {
+        let ring = Ring::build(servers(3));
+        let first = ring.points[0].server as usize;
+        assert_eq!(ring.owner_of_hash(u64::MAX), Some(first));
+        assert_eq!(ring.owner_of_hash(0), Some(first));
+    }
+
+    #[test]
+    fn replicas_start_at_the_owner_and_are_distinct() {
+        let ring = Ring::build(servers(5));
+        let mut set = smallvec::SmallVec::new();
+        for key in sample_keys(2000) {
+            ring.replicas(key.as_bytes(), 3, &mut set);
+            assert_eq!(set.len(), 3);
+            assert_eq!(Some(set[0]), ring.owner(key.as_bytes()));
+            assert!(set[0] != set[1] && set[1] != set[2] && set[0] != set[2]);
+        }
+        ring.replicas(b"k", 9, &mut set);
+        assert_eq!(set.len(), 5, "never more replicas than servers");
+    }
+
+    #[test]
+    fn one_servers_replicas_spread_over_many_others() {
+        let ring = Ring::build(servers(10));
+        let mut set = smallvec::SmallVec::new();
+        let mut partners = std::collections::HashSet::new();
+        for key in sample_keys(5000) {
+            ring.replicas(key.as_bytes(), 2, &mut set);
+            if set[0] == 0 {
+                partners.insert(set[1]);
+            }
+        }
+        println!(
+            "server 0's second copies live on {} of 9 other servers",
+            partners.len()
+        );
+        assert!(partners.len() >= 7, "{partners:?}");
+    }
+
+    #[test]
+    fn empty_ring_owns_nothing() {
+        assert_eq!(Ring::build(Vec::new()).owner(b"k"), None);
+    }
+
+    #[test]
+    fn ten_servers_share_the_keyspace_evenly() {
+        let ring = Ring::build(servers(10));
+        let shares = ring.shares();
+        assert!((shares.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+        let mean = 1.0 / 10.0;
+        let max = shares.iter().cloned().fold(0.0, f64::max);
+        let min = shares.iter().cloned().fold(1.0, f64::min);
+        println!(
+            "10 servers x 160 points: max/mean {:.3}, min/mean {:.3}",
+            max / mean,
+            min / mean
+        );
+        assert!(max / mean < 1.35, "max/mean {}", max / mean);
+        assert!(min / mean > 0.65, "min/mean {}", min / mean);
+
+        let mut counts = [0usize; 10];
+        for key in sample_keys(100_000) {
+            counts[ring.owner(key.as_bytes()).unwrap()] += 1;
+        }
+        let max_keys = *counts.iter().max().unwrap() as f64;
+        println!(
+            "10 servers, 100k keys: max/mean load {:.3}",
+            max_keys / 10_000.0
+        );
+        assert!(max_keys / 10_000.0 < 1.35);
+    }
+
+    #[test]
+    fn weight_two_server_owns_about_twice_the_keyspace() {
+        let mut list = servers(4);
+        list[0].weight = 2;
+        let ring = Ring::build(list);
+        let shares = ring.shares();
+        let others = (shares[1] + shares[2] + shares[3]) / 3.0;
+        let ratio = shares[0] / others;
+        println!("weight-2 share / weight-1 share = {ratio:.3}");
+        assert!((1.6..2.4).contains(&ratio), "ratio {ratio}");
+    }
+
+    #[test]
+    fn adding_fifth_server_moves_about_a_fifth_all_to_it() {
+        let four = Ring::build(servers(4));
+        let five = Ring::build(servers(5));
+        let mut moved = 0;
+        let total = 50_000;
+        for key in sample_keys(total) {
+            let before = owner_identity(&four, &key);
+            let after = owner_identity(&five, &key);
+            if before != after {
+                moved += 1;
+                assert_eq!(after, "cache-04", "a moved key must go to the new server");
+            }
+        }
+        let fraction = moved as f64 / total as f64;
+        println!("4 -> 5 servers: {:.1}% of keys moved", fraction * 100.0);
+        assert!((0.15..0.25).contains(&fraction), "moved {fraction}");
+        let exact = Ring::moved_share(&four, &five);
+        assert!(
+            (exact - fraction).abs() < 0.02,
+            "exact {exact} sampled {fraction}"
+        );
+    }
+
+    #[test]
+    fn removing_a_server_moves_only_its_keys() {
+        let five = Ring::build(servers(5));
+        let mut list = servers(5);
+        list.remove(2);
+        let four = Ring::build(list);
+        for key in sample_keys(20_000) {
+            let before = owner_identity(&five, &key);
+            let after = owner_identity(&four, &key);
+            if before != "cache-02" {
+                assert_eq!(before, after);
+            }
+        }
+        let share_removed = five.shares()[2];
+        assert!((Ring::moved_share(&five, &four) - share_removed).abs() < 1e-9);
+    }
+
+    #[test]
+    fn hash_tag_hashes_only_a_non_empty_tagged_part() {
+        let tag = Some(*b"{}");
+        assert_eq!(tagged_part(b"user:{42}:name", tag), b"42");
+        assert_eq!(tagged_part(b"}{a}{b}", tag), b"a");
+        assert_eq!(tagged_part(b"user:{}:name", tag), b"user:{}:name");
+        assert_eq!(tagged_part(b"user:{42", tag), b"user:{42");
+        assert_eq!(tagged_part(b"user:42}", tag), b"user:42}");
+        assert_eq!(tagged_part(b"user:{42}", None), b"user:{42}");
+
+        let spec = Spec {
+            hash_tag: tag,
+            ..Spec::default()
+        };
+        let nodes = servers(5)
+            .into_iter()
+            .map(|member| Node {
+                addr: member.identity.clone(),
+                member,
+            })
+            .collect();
+        let ring = Ring::build_with(&spec, nodes);
+        for i in 0..200 {
+            let key = format!("order:{i}:{{customer-7}}");
+            assert_eq!(ring.owner(key.as_bytes()), ring.owner(b"customer-7"));
+        }
+    }
+
+    #[test]
+    fn moved_share_between_key_hashes_is_the_expected_share() {
+        let nodes = |n| -> Vec<Node> {
+            servers(n)
+                .into_iter()
+                .map(|member| Node {
+                    addr: member.identity.clone(),
+                    member,
+                })
+                .collect()
+        };
+        let twemproxy = Spec {
+            flavour: Flavour::Twemproxy,
+            ..Spec::default()
+        };
+        let old = Ring::build_with(&twemproxy, nodes(4));
+        let new = Ring::build(servers(4));
+        let total = 20_000;
+        let moved = sample_keys(total)
+            .filter(|k| owner_identity(&old, k) != owner_identity(&new, k))
+            .count();
+        let sampled = moved as f64 / total as f64;
+        let expected = Ring::moved_share(&old, &new);
+        println!(
+            "twemproxy -> memring ring, 4 servers: {expected:.3} expected, {sampled:.3} sampled"
+        );
+        assert!((expected - sampled).abs() < 0.02, "{expected} vs {sampled}");
+        assert!((0.65..0.85).contains(&expected), "{expected}");
+    }
+
+    #[test]
+    fn every_flavour_matches_a_linear_scan_oracle() {
+        let mut list = servers(6);
+        list[2].weight = 3;
+        for flavour in Flavour::ALL {
+            for hash in [HashFunction::Fnv1a64, HashFunction::Murmur] {
+                let spec = Spec {
+                    flavour,
+                    hash,
+                    hash_tag: None,
+                };
+                let nodes = list
+                    .iter()
+                    .enumerate()
+                    .map(|(i, member)| Node {
+                        member: member.clone(),
+                        addr: format!("10.0.0.{i}:11211"),
+                    })
+                    .collect();
+                let ring = Ring::build_with(&spec, nodes);
+                for key in sample_keys(2000) {
+                    let hash = ring.hash_key(key.as_bytes());
+                    // The first point at or after the hash; ties go to the
+                    // point sorted first, which the flavour decided.
+                    let oracle = ring
+                        .points
+                        .iter()
+                        .find(|p| p.hash >= hash)
+                        .unwrap_or(&ring.points[0])
+                        .server as usize;
+                    assert_eq!(ring.owner(key.as_bytes()), Some(oracle), "{flavour:?}");
+                }
+                assert!(ring.points.windows(2).all(|w| w[0].hash <= w[1].hash));
+            }
+        }
+    }
+
+    #[test]
+    fn twemproxy_ranks_servers_by_name_length_then_bytes() {
+        // The rank decides which server owns keys at a point two servers
+        // share (build_with sorts equal hashes by it), as twemproxy's server
+        // order does after its stable sort of the continuum.
+        let nodes: Vec<Node> = ["bb", "a", "ab"]
+            .iter()
+            .map(|name| Node {
+                member: Member {
+                    identity: name.to_string(),
+                    weight: 1,
+                },
+                addr: format!("{name}.local:11211"),
+            })
+            .collect();
+        let (points, rank) = twemproxy::points(&nodes);
+        assert_eq!(rank, vec![2, 0, 1], "a, ab, bb");
+        assert_eq!(points.len(), 3 * 160);
+    }
+
+    #[test]
+    fn replicas_walk_a_twemproxy_ring_too() {
+        let spec = Spec {
+            flavour: Flavour::Twemproxy,
+            ..Spec::default()
+        };
+        let nodes = servers(4)
+            .into_iter()
+            .map(|member| Node {
+                addr: member.identity.clone(),
+                member,
+            })
+            .collect();
+        let ring = Ring::build_with(&spec, nodes);
+        let mut set = smallvec::SmallVec::new();
+        for key in sample_keys(500) {
+            ring.replicas(key.as_bytes(), 2, &mut set);
+            assert_eq!(Some(set[0]), ring.owner(key.as_bytes()));
+            assert_eq!(set.len(), 2);
+            assert_ne!(set[0], set[1]);
+        }
+    }
+
+    #[test]
+    fn moved_share_of_identical_rings_is_zero() {
+        assert_eq!(
+            Ring::moved_share(&Ring::build(servers(3)), &Ring::build(servers(3))),
+            0.0
+        );
+    }
+}
