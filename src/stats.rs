@@ -350,6 +350,14 @@ impl Stats {
         self.replica_background.inc_by(outstanding as u64);
     }
 
+    /// Config reloads applied (`true`) or rejected (`false`) since start.
+    pub fn reload_count(&self, applied: bool) -> u64 {
+        let result = if applied { "applied" } else { "rejected" };
+        self.reloads
+            .get(&ResultLabels { result })
+            .map_or(0, |counter| counter.get())
+    }
+
     /// A config reload was applied or rejected.
     pub fn reload(&self, applied: bool) {
         let result = if applied { "applied" } else { "rejected" };

@@ -5,7 +5,6 @@ mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use common::{show, wait_for, Memcached, Proxy};
 use memring::ring::Ring;
@@ -42,7 +41,8 @@ fn stopped_server_fails_only_its_keys_at_once_then_recovers() {
     }
 
     pool[1].kill();
-    let started = Instant::now();
+    let dead = proxy.running().topology.load().backends[1].clone();
+    let timeouts = [memring::error::BackendErrorKind::Timeout.index()];
     for key in &owned[1] {
         let reply = client.get_raw(key);
         assert!(
@@ -51,11 +51,13 @@ fn stopped_server_fails_only_its_keys_at_once_then_recovers() {
             show(&reply)
         );
     }
-    // Connection refused fails at once, not after the request timeout.
-    let per_request = started.elapsed() / owned[1].len() as u32;
-    assert!(
-        per_request < Duration::from_millis(200),
-        "refused server took {per_request:?} per request"
+    // Connection refused fails at once, never by waiting for the request
+    // timeout: every failure is a refused connect, a closed socket or DEAD.
+    assert!(dead.metrics().error_count() >= owned[1].len() as u64);
+    assert_eq!(
+        dead.metrics().errors_of(&timeouts),
+        0,
+        "a refused server's requests timed out"
     );
     for (server, keys) in owned.iter().enumerate().filter(|(i, _)| *i != 1) {
         for key in keys {
@@ -104,31 +106,27 @@ fn hung_server_fails_within_the_timeout_and_others_are_untouched() {
 
     pool[2].pause();
     let hung_key = &owned[2][0];
-    let started = Instant::now();
     let reply = client.get_raw(hung_key);
-    let waited = started.elapsed();
+    // It failed because the server made no progress for the timeout: not
+    // before (no other kind of error), and not never (the client's read has
+    // its own deadline).
     assert!(
-        reply.starts_with(b"SERVER_ERROR backend "),
+        reply.starts_with(b"SERVER_ERROR backend ") && reply.ends_with(b"request timed out\r\n"),
         "{}",
         show(&reply)
     );
-    assert!(
-        waited >= Duration::from_millis(300),
-        "failed before the timeout: {waited:?}"
-    );
-    assert!(
-        waited < Duration::from_millis(2000),
-        "took {waited:?}, timeout is 400 ms"
-    );
 
-    // Other servers answer promptly while one is hung, from another client too.
+    // Other servers answer while one is hung, from another client too, and
+    // none of their requests fails or times out.
+    let topology = proxy.running().topology.load_full();
     let mut other = proxy.client();
     for keys in owned.iter().take(2) {
         for key in keys {
-            let started = Instant::now();
             assert_eq!(other.get(key), Some(b"v".to_vec()));
-            assert!(started.elapsed() < Duration::from_millis(300));
         }
+    }
+    for healthy in &topology.backends[..2] {
+        assert_eq!(healthy.metrics().error_count(), 0, "{}", healthy.name());
     }
 
     pool[2].resume();

@@ -305,3 +305,48 @@ fn killing_any_one_server_under_load_loses_no_key_and_fails_no_request() {
         }
     }
 }
+
+#[test]
+fn a_set_pipelined_after_a_cas_is_never_overwritten_by_the_cas_copy() {
+    let (servers, proxy) = start(SETTINGS);
+    let mut client = proxy.client();
+    let mut direct: Vec<_> = servers.iter().map(Memcached::client).collect();
+    for i in 0..100 {
+        let key = format!("cas-order:{i}");
+        assert_eq!(client.set(&key, b"old"), b"STORED\r\n");
+        let reply = client.call(
+            format!("gets {key}\r\n").as_bytes(),
+            memring::protocol::ReplyKind::Values,
+        );
+        let header = String::from_utf8_lossy(&reply);
+        let unique = header
+            .lines()
+            .next()
+            .and_then(|line| line.split(' ').nth(4))
+            .unwrap_or_else(|| panic!("no cas unique in {header}"))
+            .to_string();
+        // One write: the cas, then a set of the same key right behind it.
+        client.send(
+            format!("cas {key} 0 0 3 {unique}\r\nmid\r\nset {key} 0 0 3\r\nnew\r\n").as_bytes(),
+        );
+        assert_eq!(
+            client.reply(memring::protocol::ReplyKind::Line),
+            b"STORED\r\n"
+        );
+        assert_eq!(
+            client.reply(memring::protocol::ReplyKind::Line),
+            b"STORED\r\n"
+        );
+        // The set answers on a quorum; wait for every copy, then none may
+        // hold the cas's older value.
+        let replicas = replicas_of(&proxy, &key);
+        wait_for(
+            &format!("{key}: every replica has the newest value"),
+            || {
+                replicas
+                    .iter()
+                    .all(|&s| direct[s].get(&key) == Some(b"new".to_vec()))
+            },
+        );
+    }
+}

@@ -96,24 +96,24 @@ fn without_ejection_a_hung_server_fails_fast_once_dead_and_recovers() {
     let healthy: Vec<&String> = keys.iter().filter(|k| owner_now(&proxy, k) != 1).collect();
 
     servers[1].pause();
-    let started = Instant::now();
     let reply = client.get_raw(hung[0]);
     assert!(reply.starts_with(b"SERVER_ERROR"), "{}", show(&reply));
-    assert!(started.elapsed() < Duration::from_secs(2));
     let backend = proxy.running().topology.load().backends[1].clone();
     wait_for("the hung server to be declared DEAD", || {
         backend.state() == memring::backend::health::HealthState::Dead
     });
     // DEAD: its keys fail at once instead of after the request timeout.
-    let started = Instant::now();
+    let timeouts = [memring::error::BackendErrorKind::Timeout.index()];
+    let timed_out = backend.metrics().errors_of(&timeouts);
     for key in &hung {
-        assert!(client.get_raw(key).starts_with(b"SERVER_ERROR"));
+        let reply = client.get_raw(key);
+        assert!(
+            reply.ends_with(b"server is DEAD, failing fast while it is probed\r\n"),
+            "{}",
+            show(&reply)
+        );
     }
-    let per_request = started.elapsed() / hung.len() as u32;
-    assert!(
-        per_request < Duration::from_millis(100),
-        "{per_request:?} per request while DEAD"
-    );
+    assert_eq!(backend.metrics().errors_of(&timeouts), timed_out);
     for key in &healthy {
         assert_eq!(client.get(key), Some(b"v".to_vec()));
     }
