@@ -347,6 +347,7 @@ impl Retrieval {
     }
 
     /// Keys waiting to be sent.
+    #[cfg(test)]
     pub fn unsent_keys(&self) -> usize {
         self.retry.len() + (self.keys.len() - self.next_unsent)
     }
