@@ -154,6 +154,12 @@ fn storage_steps() -> Vec<&'static [u8]> {
         b"get crlf\r\n",
         b"set quirk +5 99999999999 1 extra\r\nq\r\n",
         b"get quirk\r\n",
+        // A NUL ends the line; lengths wrap at 32 bits (memcached 1.6.18).
+        b"set nul 0 0 1\0junk\r\nn\r\n",
+        b"get nul\r\n",
+        b"set wrapped 0 0 4294967298\r\nab\r\n",
+        b"get wrapped\r\n",
+        b"get quirk\r\n",
     ]
 }
 
@@ -218,6 +224,8 @@ fn bad_input_steps() -> Vec<&'static [u8]> {
         b"verbosity x\r\n",
         b"verbosity 1\r\n",
         b"flush_all x\r\n",
+        b"flush_all 3600 2\r\n",
+        b"flush_all noreply 2\r\n",
         b"  get a\r\n",
         b"get  a   a\n",
     ]

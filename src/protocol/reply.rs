@@ -207,7 +207,11 @@ pub fn next_piece(
 /// The offset just past the first token at or after `from` in `request`'s
 /// line that equals `key`.
 fn find_key(request: &[u8], from: usize, key: &[u8]) -> Option<usize> {
-    let line_end = memchr(b'\r', request).unwrap_or(request.len());
+    // The line ends at its CR, LF or NUL (memcached reads it as a C string).
+    let line_end = request
+        .iter()
+        .position(|&b| matches!(b, b'\r' | b'\n' | 0))
+        .unwrap_or(request.len());
     let mut at = from.min(line_end);
     while at < line_end {
         while at < line_end && request[at] == b' ' {

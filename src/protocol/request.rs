@@ -133,6 +133,8 @@ pub fn parse_request(buf: &[u8], limits: &Limits) -> ParseResult {
     } else {
         newline
     };
+    // memcached reads the line as a C string: a NUL ends it there.
+    let content_end = memchr(0, &buf[..content_end]).unwrap_or(content_end);
     let line = &buf[..content_end];
 
     let mut tokens = Tokens { line, at: 0 };
@@ -386,7 +388,9 @@ fn parse_storage(
     let numbers_ok = parse_unsigned(parsed.arg(1)).is_some()
         && parse_signed(parsed.arg(2)).is_some()
         && (!has_cas || parse_unsigned(parsed.arg(4)).is_some());
-    let declared = parse_signed(parsed.arg(3));
+    // memcached stores the parsed length in a 32-bit int: larger numbers
+    // wrap (4294967298 declares 2 bytes), and the result must be 0..=INT_MAX-2.
+    let declared = parse_signed(parsed.arg(3)).map(|len| i64::from(len as i32));
     let value_len = match declared {
         Some(len) if numbers_ok && (0..=MAX_DECLARED_VALUE_BYTES).contains(&len) => len as usize,
         _ => return parsed.reject(ParseError::BadCommandLine, noreply),
@@ -501,18 +505,18 @@ fn parse_verbosity(parsed: &ArgLine<'_>) -> ParseResult {
     )))
 }
 
-/// `flush_all [delay] [noreply]`.
+/// `flush_all [delay] [noreply]`. Like memcached, with two arguments the
+/// first is the delay and the second counts only if it is `noreply`.
 fn parse_flush_all(parsed: &ArgLine<'_>) -> ParseResult {
     let count = parsed.args.len();
     if count > 2 {
         return parsed.reject(ParseError::UnknownCommand, false);
     }
     let noreply = count > 0 && parsed.arg(count - 1) == b"noreply";
-    let delay_count = count - usize::from(noreply);
-    let delay = match delay_count {
+    let delay = match count {
         0 => None,
-        1 => Some(parsed.args[0]),
-        _ => return parsed.reject(ParseError::UnknownCommand, false),
+        1 if noreply => None,
+        _ => Some(parsed.args[0]),
     };
     if let Some(delay) = delay {
         if parse_signed(delay.of(parsed.line)).is_none() {
@@ -662,6 +666,7 @@ mod tests {
         for input in [
             &b"set a 0 0 -1\r\nxx\r\n"[..],
             b"set a 0 0 4294967295\r\nxx\r\n",
+            b"set a 0 0 6442450943\r\nxx\r\n",
             b"set a 0 0 2147483646\r\nxx\r\n",
             b"set a 0 0 abc\r\nxx\r\n",
             b"set a -1 0 1\r\nx\r\n",
@@ -825,6 +830,30 @@ mod tests {
         let first_part = parse(&line[..2100]);
         assert_eq!(whole.unwrap_err().error, ParseError::LineTooLong);
         assert_eq!(first_part.unwrap_err().error, ParseError::LineTooLong);
+    }
+
+    #[test]
+    fn memcached_line_quirks_are_matched() {
+        // Probed on memcached 1.6.18: each answered as commented.
+        // `flush_all 1 2` -> OK: the second argument is ignored.
+        let (request, _) = parse(b"flush_all 1 2\r\n").unwrap().unwrap();
+        assert_eq!(request.arg.map(|a| a.of(b"flush_all 1 2")), Some(&b"1"[..]));
+        assert!(!request.noreply);
+        // `flush_all noreply 2` -> CLIENT_ERROR invalid exptime argument.
+        assert_eq!(
+            rejection(b"flush_all noreply 2\r\n").error,
+            ParseError::InvalidExptime
+        );
+        // A NUL ends the line: `set k 0 0 1\0junk` stores 1 byte.
+        let input = b"set k 0 0 1\0junk\r\nx\r\n";
+        let (request, consumed) = parse(input).unwrap().unwrap();
+        assert_eq!((request.command, consumed), (Command::Set, input.len()));
+        assert_eq!(request.key(input, 0), b"k");
+        // Lengths wrap at 32 bits: 4294967296 declares 0 bytes, ...298 two.
+        let (_, consumed) = parse(b"set k 0 0 4294967296\r\n\r\n").unwrap().unwrap();
+        assert_eq!(consumed, 24);
+        let (_, consumed) = parse(b"set k 0 0 4294967298\r\nab\r\n").unwrap().unwrap();
+        assert_eq!(consumed, 26);
     }
 
     #[test]
