@@ -21,15 +21,11 @@ pub fn write_stats(out: &mut BytesMut, stats: &Stats, topology: &Topology) {
     write_stat(out, "curr_connections", &stats.curr_connections());
     write_stat(out, "total_connections", &stats.total_connections());
     write_stat(out, "cmd_get", &stats.keys_requested());
-    let sets = [
-        Command::Set,
-        Command::Add,
-        Command::Replace,
-        Command::Append,
-        Command::Prepend,
-        Command::Cas,
-    ];
-    let set_count: u64 = sets.iter().map(|&c| stats.command_count(c)).sum();
+    let set_count: u64 = Command::ALL
+        .iter()
+        .filter(|c| c.is_storage())
+        .map(|&c| stats.command_count(c))
+        .sum();
     write_stat(out, "cmd_set", &set_count);
     write_stat(out, "cmd_touch", &stats.command_count(Command::Touch));
     write_stat(out, "cmd_flush", &stats.command_count(Command::FlushAll));
