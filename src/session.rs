@@ -305,6 +305,7 @@ impl ClientSession {
             work,
             sent: false,
             reserved: 0,
+            started: Instant::now(),
         });
     }
 
@@ -508,6 +509,13 @@ impl ClientSession {
             }
             self.dispatched -= 1;
             self.release(entry.reserved);
+            // Replies memring makes itself (parse errors among them) are not
+            // request latencies.
+            if !matches!(entry.work, Work::Ready(_)) {
+                self.worker
+                    .stats
+                    .command_latency(entry.command, entry.started.elapsed().as_secs_f64());
+            }
         }
     }
 
@@ -618,6 +626,8 @@ struct Entry {
     sent: bool,
     /// Reply bytes reserved when it was dispatched.
     reserved: usize,
+    /// When it was parsed, for the per-command latency histogram.
+    started: Instant,
 }
 
 impl Entry {
@@ -640,6 +650,7 @@ impl Entry {
             work: Work::Ready(Bytes::from_static(reply)),
             sent: true,
             reserved: 0,
+            started: Instant::now(),
         }
     }
 }
