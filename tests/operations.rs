@@ -232,6 +232,13 @@ fn metrics_parse_as_prometheus_text_and_match_the_requests_sent() {
         sample(&metrics, "memring_backend_requests_total", &[]),
         80.0
     );
+    for (command, count) in [("get", 30.0), ("set", 50.0)] {
+        let labels = [("command", command)];
+        let timed = sample(&metrics, "memring_request_duration_seconds_count", &labels).max(
+            sample(&metrics, "memring_request_duration_seconds", &labels),
+        );
+        assert_eq!(timed, count, "{command} requests timed");
+    }
     for server in &servers {
         let name = server.addr();
         let sent = sample(
