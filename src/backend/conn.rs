@@ -256,6 +256,8 @@ async fn serve(
     }
     shared.metrics.connections.inc();
     let mut answered = false;
+    // The timer fired once and the driver has been polled since.
+    let mut confirmed = false;
     let retired = &shared.retired;
     let result = loop {
         let deadline = {
@@ -282,6 +284,7 @@ async fn serve(
                     Ok(_) => {}
                 }
                 conn.state.borrow_mut().progress = Instant::now();
+                confirmed = false;
                 match deliver(conn, &mut read_buf) {
                     Err(kind) => break Err(kind),
                     Ok(delivered) => {
@@ -297,15 +300,28 @@ async fn serve(
             }
             written = writer.write_buf(&mut writing), if writing.has_remaining() => {
                 match written {
-                    Ok(_) => conn.state.borrow_mut().progress = Instant::now(),
+                    Ok(_) => {
+                        conn.state.borrow_mut().progress = Instant::now();
+                        confirmed = false;
+                    }
                     Err(e) => break Err(BackendErrorKind::Io(e.kind())),
                 }
             }
             () = conn.wake.notified() => {}
             () = sleep_until_some(deadline) => {
-                let state = conn.state.borrow();
-                if !state.waiting.is_empty() && Instant::now() >= state.progress + timeout {
-                    break Err(BackendErrorKind::Timeout);
+                let expired = {
+                    let state = conn.state.borrow();
+                    !state.waiting.is_empty() && Instant::now() >= state.progress + timeout
+                };
+                if expired {
+                    if confirmed {
+                        break Err(BackendErrorKind::Timeout);
+                    }
+                    // After a stall of this thread (a loaded machine) the
+                    // timer can fire before the I/O driver has seen replies
+                    // that did arrive: let it poll once, then judge again.
+                    confirmed = true;
+                    tokio::task::yield_now().await;
                 }
             }
             () = retired.cancelled(), if !retired.is_cancelled() => {}
