@@ -64,9 +64,17 @@ pub(crate) async fn run_session(
     let mut input = BytesMut::with_capacity(FIRST_READ_BYTES);
     let settings = worker.settings;
     let mut last_read = Instant::now();
+    // When the incomplete request at the head of `input` began. The idle
+    // timeout runs from here, not from the last read: a client trickling a
+    // request byte by byte reads as busy but never completes it.
+    let mut partial_since = Instant::now();
     let mut last_write = Instant::now();
     let result = loop {
+        let unparsed = input.len();
         client.parse(&mut input);
+        if input.len() < unparsed {
+            partial_since = Instant::now();
+        }
         client.pump();
         client.collect();
         if client.out.is_empty() {
@@ -86,7 +94,8 @@ pub(crate) async fn run_session(
         });
         let deadline = match (idle, client.out.has_remaining()) {
             (_, true) => Some(last_write + settings.write_timeout),
-            (Some(idle), false) => Some(last_read + idle),
+            (Some(idle), false) if input.is_empty() => Some(last_read + idle),
+            (Some(idle), false) => Some(partial_since + idle),
             (None, false) => None,
         };
         tokio::select! {
@@ -104,7 +113,13 @@ pub(crate) async fn run_session(
             read = reader.read_buf(&mut input), if can_read => {
                 match read {
                     Ok(0) => client.closing = true,
-                    Ok(n) => worker.stats.read_bytes(n),
+                    Ok(n) => {
+                        if n == input.len() {
+                            // The first bytes of a new request.
+                            partial_since = Instant::now();
+                        }
+                        worker.stats.read_bytes(n);
+                    }
                     Err(e) => break Err(e),
                 }
                 last_read = Instant::now();
