@@ -6,6 +6,8 @@
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod faulty;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
