@@ -165,6 +165,10 @@ struct ClientSession {
     closing: bool,
     /// Bytes of a refused value still to be thrown away as they arrive.
     discard: usize,
+    /// Request bytes of entries not yet dispatched: they count against the
+    /// budget too, or a client pipelining big `set`s would have up to
+    /// `max_pending` values held here.
+    parsed_bytes: usize,
     limits: Limits,
 }
 
@@ -182,6 +186,7 @@ impl ClientSession {
             estimate: limits.max_value_bytes,
             closing: false,
             discard: 0,
+            parsed_bytes: 0,
             limits,
         }
     }
@@ -196,7 +201,7 @@ impl ClientSession {
     fn can_read(&self) -> bool {
         !self.closing
             && self.entries.len() < self.worker.settings.max_pending
-            && self.owed + self.out.len() <= self.budget()
+            && self.owed + self.out.len() + self.parsed_bytes <= self.budget()
     }
 
     /// Whether `cost` more bytes may be reserved now. A client with nothing
@@ -263,6 +268,7 @@ impl ClientSession {
     }
 
     fn push(&mut self, entry: Entry) {
+        self.parsed_bytes += entry.bytes.len();
         self.entries.push_back(entry);
     }
 
@@ -331,6 +337,7 @@ impl ClientSession {
             if !self.dispatch(index) {
                 return;
             }
+            self.parsed_bytes -= self.entries[index].bytes.len();
             self.dispatched += 1;
         }
     }
