@@ -169,6 +169,10 @@ struct ClientSession {
     /// budget too, or a client pipelining big `set`s would have up to
     /// `max_pending` values held here.
     parsed_bytes: usize,
+    /// `noreply` requests written to servers and not yet answered, with the
+    /// bytes reserved for them: without this, a client could queue writes
+    /// on a server connection faster than the server takes them.
+    unanswered: Vec<(SmallVec<[Rc<Slot>; 1]>, usize)>,
     limits: Limits,
 }
 
@@ -187,6 +191,7 @@ impl ClientSession {
             closing: false,
             discard: 0,
             parsed_bytes: 0,
+            unanswered: Vec::new(),
             limits,
         }
     }
@@ -352,7 +357,6 @@ impl ClientSession {
     }
 
     fn dispatch_entry(&mut self, entry: &mut Entry) -> bool {
-        let noreply = entry.noreply;
         let topology = entry.topology.clone();
         match &mut entry.work {
             Work::Ready(_) | Work::Stats => true,
@@ -369,7 +373,10 @@ impl ClientSession {
                 let request = forwardable(&entry.bytes, &entry.request);
                 let expect = entry.command.reply_line().unwrap_or(LineKind::Ok);
                 for part in parts.iter_mut() {
-                    self.send_line(&topology, part, &request, expect, !noreply);
+                    // A `noreply` request's reply is awaited too (and then
+                    // dropped), so that its bytes stay counted until the
+                    // server has them: see `unanswered`.
+                    self.send_line(&topology, part, &request, expect, true);
                 }
                 entry.sent = true;
                 true
@@ -511,8 +518,22 @@ impl ClientSession {
         }
     }
 
+    /// Releases the bytes of `noreply` requests every server has answered.
+    fn settle(&mut self) {
+        let mut released = 0;
+        self.unanswered.retain(|(slots, cost)| {
+            let answered = slots.iter().all(|slot| slot.outcome().is_some());
+            if answered {
+                released += cost;
+            }
+            !answered
+        });
+        self.release(released);
+    }
+
     /// Writes the replies of the entries at the head, in order.
     fn collect(&mut self) {
+        self.settle();
         while !self.entries.is_empty() {
             self.absorb(0);
             let mut entry = self.entries.pop_front().expect("not empty");
@@ -542,8 +563,18 @@ impl ClientSession {
             Work::Stats => {
                 crate::report::write_stats(self.out.scratch(), stats, &entry.topology);
             }
-            // Nothing comes back for `noreply`: done once written.
-            Work::Lines { .. } if noreply => return entry.sent,
+            // Nothing goes back for `noreply` and later replies need not
+            // wait for it, but its bytes stay reserved until the servers
+            // answered.
+            Work::Lines { parts, .. } if noreply => {
+                if !entry.sent {
+                    return false;
+                }
+                let slots = parts.iter().filter_map(|p| p.slot.clone()).collect();
+                self.unanswered
+                    .push((slots, std::mem::take(&mut entry.reserved)));
+                return true;
+            }
             Work::Lines { parts, finish } => {
                 let results: SmallVec<[Option<&CallResult>; 4]> =
                     parts.iter().map(|p| p.result.as_ref()).collect();
