@@ -919,3 +919,108 @@ fn a_client_trickling_a_data_block_is_closed_by_the_idle_timeout() {
     let mut client = proxy.client();
     assert_eq!(client.set("prompt", &[b'y'; 1000]), b"STORED\r\n");
 }
+
+#[test]
+fn a_client_owed_replies_that_reads_nothing_is_closed_after_the_write_timeout() {
+    const WRITE_TIMEOUT: Duration = Duration::from_millis(1000);
+    let server = Memcached::start_with(&["-I", "2m"]);
+    fill(&server, 1, |_| "big".into(), big_value);
+    let proxy = Proxy::start(
+        &[&server],
+        &format!("client_write_timeout_ms = {}\n", WRITE_TIMEOUT.as_millis()),
+    );
+    let mut watcher = proxy.client();
+    let connections = |watcher: &mut Client| -> u64 {
+        watcher.send(b"stats\r\n");
+        let reply = watcher.read_until_suffix(b"END\r\n");
+        String::from_utf8_lossy(&reply)
+            .lines()
+            .find_map(|l| l.strip_prefix("STAT curr_connections "))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("curr_connections")
+    };
+    assert_eq!(connections(&mut watcher), 1);
+    let mut hog = TcpStream::connect(proxy.addr).expect("connect");
+    hog.set_read_timeout(Some(DEADLINE)).expect("timeout");
+    hog.write_all(&b"get big\r\n".repeat(200)).expect("send");
+    let sent = Instant::now();
+    // memring fills the hog's socket, then gives up on it; the watcher,
+    // reading its replies, stays.
+    let mut seen_open = false;
+    let started = Instant::now();
+    loop {
+        match connections(&mut watcher) {
+            2 => seen_open = true,
+            1 if seen_open => break,
+            n => assert!(n <= 2, "{n} connections"),
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the non-reading client was not closed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let closed_after = sent.elapsed();
+    assert!(
+        closed_after >= WRITE_TIMEOUT,
+        "closed after {closed_after:?}"
+    );
+    // What memring had written is there to read, then the end.
+    let mut total = 0;
+    let mut chunk = vec![0u8; 256 * 1024];
+    loop {
+        match hog.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => total += n,
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("hog still open after reading {total} bytes: {e}"),
+        }
+    }
+    assert!(total < 200 * MIB, "only part of the replies was written");
+    assert_eq!(watcher.set("after", b"ok"), b"STORED\r\n");
+}
+
+#[test]
+fn clients_pipelining_big_sets_stay_bounded() {
+    const WRITERS: usize = 10;
+    const SETS_PER_WRITER: usize = 100;
+    let _heavy = heavy();
+    let server = Memcached::start_with(&["-I", "2m"]);
+    let memring = Binary::start(&[&server], "");
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let addr = memring.addr();
+            // Half send `noreply`, half read their replies only at the end.
+            let noreply = w % 2 == 0;
+            std::thread::spawn(move || {
+                let mut client = Client::connect(&addr);
+                let flag = if noreply { " noreply" } else { "" };
+                let mut request = format!("set big:{w} 0 0 {MIB}{flag}\r\n").into_bytes();
+                request.extend_from_slice(&big_value(w));
+                request.extend_from_slice(b"\r\n");
+                for _ in 0..SETS_PER_WRITER {
+                    client.send(&request);
+                }
+                if !noreply {
+                    for n in 0..SETS_PER_WRITER {
+                        let reply = client.reply(ReplyKind::Line);
+                        assert_eq!(reply, b"STORED\r\n", "writer {w}, set {n}");
+                    }
+                }
+                // Everything before it was forwarded in order.
+                client.get(&format!("big:{w}"))
+            })
+        })
+        .collect();
+    for (w, writer) in writers.into_iter().enumerate() {
+        let value = writer.join().expect("writer");
+        assert_eq!(value.as_deref(), Some(&big_value(w)[..]), "writer {w}");
+    }
+    let peak = memring.peak_rss();
+    eprintln!(
+        "{} MiB of pipelined sets: peak RSS {} MiB",
+        WRITERS * SETS_PER_WRITER,
+        peak / MIB
+    );
+    assert!(peak < 400 * MIB, "peak RSS {} MiB", peak / MIB);
+}
