@@ -75,8 +75,10 @@ pub(crate) async fn run_session(
         if input.len() < unparsed {
             partial_since = Instant::now();
         }
+        client.count_out();
         client.pump();
         client.collect();
+        client.count_out();
         if client.out.is_empty() {
             last_write = Instant::now();
         }
@@ -173,6 +175,8 @@ struct ClientSession {
     /// bytes reserved for them: without this, a client could queue writes
     /// on a server connection faster than the server takes them.
     unanswered: Vec<(SmallVec<[Rc<Slot>; 1]>, usize)>,
+    /// Bytes of `out` included in the worker's `owed`.
+    out_counted: usize,
     limits: Limits,
 }
 
@@ -192,6 +196,7 @@ impl ClientSession {
             discard: 0,
             parsed_bytes: 0,
             unanswered: Vec::new(),
+            out_counted: 0,
             limits,
         }
     }
@@ -234,6 +239,21 @@ impl ClientSession {
     /// Gives back everything this client reserved (the session is ending).
     fn release_all(&mut self) {
         self.release(self.owed);
+        let owed = self.worker.owed.get();
+        self.worker.owed.set(owed.saturating_sub(self.out_counted));
+        self.out_counted = 0;
+    }
+
+    /// Keeps the worker's count in step with the bytes waiting in this
+    /// client's write queue: they are buffered replies too, and a client
+    /// that does not read holds them for as long as it likes.
+    fn count_out(&mut self) {
+        let now = self.out.len();
+        let owed = self.worker.owed.get();
+        self.worker
+            .owed
+            .set((owed + now).saturating_sub(self.out_counted));
+        self.out_counted = now;
     }
 
     /// Parses every complete request in `input` into entries, up to the
