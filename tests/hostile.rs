@@ -123,6 +123,12 @@ struct Tally {
 /// 8 clients with random keys and commands against a pool of one real
 /// memcached and one server misbehaving as `behaviour`.
 fn faulty_next_to_real(behaviour: Misbehaviour) {
+    faulty_next_to_real_with(behaviour, common::faulty::ITEM_SIZE_MAX, "");
+}
+
+/// The same, with the faulty server claiming `item_size_max` and extra
+/// memring settings.
+fn faulty_next_to_real_with(behaviour: Misbehaviour, item_size_max: usize, settings: &str) {
     const CLIENTS: usize = 8;
     // Time bound first: after each failure memring backs off from the
     // faulty server for up to 2 s, so a few seconds see several
@@ -131,14 +137,15 @@ fn faulty_next_to_real(behaviour: Misbehaviour) {
     const TIME_PER_CLIENT: Duration = Duration::from_secs(4);
 
     let real = Memcached::start();
-    let faulty = FaultyServer::start(behaviour);
+    let faulty = FaultyServer::start_claiming(behaviour, item_size_max);
     // A high failure limit keeps the faulty server in the ring (never DEAD,
     // so never failed fast): as many requests as possible meet its faults.
     // The request timeout is the default, so that the real server is not
     // failed for a scheduling hiccup on a loaded machine.
     let text = format!(
         "listen = \"127.0.0.1:0\"\nconnect_timeout_ms = 200\nrequest_timeout_ms = 1000\n\
-         failure_limit = 1000\n[[servers]]\naddr = \"{}\"\n[[servers]]\naddr = \"{}\"\n",
+         failure_limit = 1000\n{settings}\n\
+         [[servers]]\naddr = \"{}\"\n[[servers]]\naddr = \"{}\"\n",
         real.addr(),
         faulty.addr()
     );
@@ -270,8 +277,19 @@ fn faulty_next_to_real(behaviour: Misbehaviour) {
         faulty_errors > 0,
         "{behaviour:?}: no request to the faulty server failed ({faulty_requests} asked)"
     );
-    // memring still serves the real server's keys afterwards.
     let mut client = proxy.client();
+    if matches!(
+        behaviour,
+        Misbehaviour::Value1GiB | Misbehaviour::Declares4GiB
+    ) {
+        // Refused from the header alone, not read until a timeout.
+        assert_eq!(
+            server_stat(&mut client, &faulty.addr(), "timeouts"),
+            "0",
+            "{behaviour:?}: a too long value was waited for"
+        );
+    }
+    // memring still serves the real server's keys afterwards.
     let key = &on_real[0];
     assert_eq!(client.set(key, &value_of(key)), b"STORED\r\n");
     assert_eq!(client.get(key), Some(value_of(key)));
@@ -310,6 +328,15 @@ fn faulty_server_declares_4_gib() {
 #[test]
 fn faulty_server_sends_1_gib_value() {
     faulty_next_to_real(Misbehaviour::Value1GiB);
+}
+
+#[test]
+fn faulty_server_claiming_1_gib_items_is_held_to_max_value_bytes() {
+    faulty_next_to_real_with(
+        Misbehaviour::Value1GiB,
+        1024 * 1024 * 1024,
+        "max_value_bytes = 1048576",
+    );
 }
 
 #[test]

@@ -61,6 +61,12 @@ pub struct FaultyServer {
 
 impl FaultyServer {
     pub fn start(behaviour: Misbehaviour) -> FaultyServer {
+        FaultyServer::start_claiming(behaviour, ITEM_SIZE_MAX)
+    }
+
+    /// Like `start`, telling memring's probe `item_size_max` is
+    /// `item_size_max`.
+    pub fn start_claiming(behaviour: Misbehaviour, item_size_max: usize) -> FaultyServer {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
         listener
             .set_nonblocking(true)
@@ -75,7 +81,9 @@ impl FaultyServer {
                 requests: requests.clone(),
                 probes: probes.clone(),
             };
-            std::thread::spawn(move || accept_loop(listener, behaviour, &stop, &counters))
+            std::thread::spawn(move || {
+                accept_loop(listener, behaviour, item_size_max, &stop, &counters)
+            })
         };
         FaultyServer {
             port,
@@ -113,6 +121,7 @@ impl Drop for FaultyServer {
 fn accept_loop(
     listener: TcpListener,
     behaviour: Misbehaviour,
+    item_size_max: usize,
     stop: &Arc<AtomicBool>,
     counters: &Counters,
 ) {
@@ -130,6 +139,7 @@ fn accept_loop(
                         stream,
                         buffer: Vec::new(),
                         behaviour,
+                        item_size_max,
                         stop,
                         counters,
                         store,
@@ -167,6 +177,7 @@ struct Connection {
     stream: TcpStream,
     buffer: Vec<u8>,
     behaviour: Misbehaviour,
+    item_size_max: usize,
     stop: Arc<AtomicBool>,
     counters: Counters,
     store: Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>>,
@@ -185,7 +196,10 @@ impl Connection {
         while let Some(request) = self.next_request() {
             if request.command.starts_with(b"stats") {
                 probed = true;
-                let reply = format!("STAT pid 1\r\nSTAT item_size_max {ITEM_SIZE_MAX}\r\nEND\r\n");
+                let reply = format!(
+                    "STAT pid 1\r\nSTAT item_size_max {}\r\nEND\r\n",
+                    self.item_size_max
+                );
                 if !self.write(reply.as_bytes()) {
                     return;
                 }
