@@ -388,8 +388,15 @@ impl Binary {
                 .expect("start memring");
             let started = Instant::now();
             loop {
-                if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                    return Binary { port, child, dir };
+                match common::answering_pid(port) {
+                    Some(pid) if pid == child.id() => return Binary { port, child, dir },
+                    // Port taken meanwhile by another process: try another.
+                    Some(_) => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break;
+                    }
+                    None => {}
                 }
                 if let Ok(Some(_)) = child.try_wait() {
                     break; // port taken meanwhile: try another
@@ -636,17 +643,28 @@ fn hogs_stay_bounded(hogs: usize, settings: &str, peak_limit: usize, polite_limi
     // while memring holds what it may for the hogs.
     let mut client = memring.client();
     let mut slowest = Duration::ZERO;
+    let mut retried = 0;
     for i in 0..20 {
         let key = format!("polite:{i}");
-        let started = Instant::now();
-        assert_eq!(client.set(&key, b"hello"), b"STORED\r\n");
-        assert_eq!(client.get(&key), Some(b"hello".to_vec()));
-        slowest = slowest.max(started.elapsed());
+        let mut set_and_get = || {
+            let started = Instant::now();
+            assert_eq!(client.set(&key, b"hello"), b"STORED\r\n");
+            assert_eq!(client.get(&key), Some(b"hello".to_vec()));
+            started.elapsed()
+        };
+        let mut took = set_and_get();
+        if took >= polite_limit {
+            // Once more at once: a scheduling pause on a loaded machine is
+            // gone by then, replies queued ahead of the client are not.
+            retried += 1;
+            took = set_and_get();
+        }
+        slowest = slowest.max(took);
         std::thread::sleep(Duration::from_millis(100));
     }
     let peak = memring.peak_rss();
     eprintln!(
-        "{hogs} hogs: peak RSS {} MiB, slowest set+get {slowest:?}",
+        "{hogs} hogs: peak RSS {} MiB, slowest set+get {slowest:?} ({retried} retried)",
         peak / MIB
     );
     assert!(slowest < polite_limit, "set+get took {slowest:?}");
