@@ -64,11 +64,21 @@ pub(crate) async fn run_session(
     let mut input = BytesMut::with_capacity(FIRST_READ_BYTES);
     let settings = worker.settings;
     let mut last_read = Instant::now();
+    // When the incomplete request at the head of `input` began. The idle
+    // timeout runs from here, not from the last read: a client trickling a
+    // request byte by byte reads as busy but never completes it.
+    let mut partial_since = Instant::now();
     let mut last_write = Instant::now();
     let result = loop {
+        let unparsed = input.len();
         client.parse(&mut input);
+        if input.len() < unparsed {
+            partial_since = Instant::now();
+        }
+        client.count_out();
         client.pump();
         client.collect();
+        client.count_out();
         if client.out.is_empty() {
             last_write = Instant::now();
         }
@@ -86,7 +96,8 @@ pub(crate) async fn run_session(
         });
         let deadline = match (idle, client.out.has_remaining()) {
             (_, true) => Some(last_write + settings.write_timeout),
-            (Some(idle), false) => Some(last_read + idle),
+            (Some(idle), false) if input.is_empty() => Some(last_read + idle),
+            (Some(idle), false) => Some(partial_since + idle),
             (None, false) => None,
         };
         tokio::select! {
@@ -104,7 +115,13 @@ pub(crate) async fn run_session(
             read = reader.read_buf(&mut input), if can_read => {
                 match read {
                     Ok(0) => client.closing = true,
-                    Ok(n) => worker.stats.read_bytes(n),
+                    Ok(n) => {
+                        if n == input.len() {
+                            // The first bytes of a new request.
+                            partial_since = Instant::now();
+                        }
+                        worker.stats.read_bytes(n);
+                    }
                     Err(e) => break Err(e),
                 }
                 last_read = Instant::now();
@@ -150,6 +167,16 @@ struct ClientSession {
     closing: bool,
     /// Bytes of a refused value still to be thrown away as they arrive.
     discard: usize,
+    /// Request bytes of entries not yet dispatched: they count against the
+    /// budget too, or a client pipelining big `set`s would have up to
+    /// `max_pending` values held here.
+    parsed_bytes: usize,
+    /// `noreply` requests written to servers and not yet answered, with the
+    /// bytes reserved for them: without this, a client could queue writes
+    /// on a server connection faster than the server takes them.
+    unanswered: Vec<(SmallVec<[Rc<Slot>; 1]>, usize)>,
+    /// Bytes of `out` included in the worker's `owed`.
+    out_counted: usize,
     limits: Limits,
 }
 
@@ -167,6 +194,9 @@ impl ClientSession {
             estimate: limits.max_value_bytes,
             closing: false,
             discard: 0,
+            parsed_bytes: 0,
+            unanswered: Vec::new(),
+            out_counted: 0,
             limits,
         }
     }
@@ -181,7 +211,7 @@ impl ClientSession {
     fn can_read(&self) -> bool {
         !self.closing
             && self.entries.len() < self.worker.settings.max_pending
-            && self.owed + self.out.len() <= self.budget()
+            && self.owed + self.out.len() + self.parsed_bytes <= self.budget()
     }
 
     /// Whether `cost` more bytes may be reserved now. A client with nothing
@@ -209,6 +239,21 @@ impl ClientSession {
     /// Gives back everything this client reserved (the session is ending).
     fn release_all(&mut self) {
         self.release(self.owed);
+        let owed = self.worker.owed.get();
+        self.worker.owed.set(owed.saturating_sub(self.out_counted));
+        self.out_counted = 0;
+    }
+
+    /// Keeps the worker's count in step with the bytes waiting in this
+    /// client's write queue: they are buffered replies too, and a client
+    /// that does not read holds them for as long as it likes.
+    fn count_out(&mut self) {
+        let now = self.out.len();
+        let owed = self.worker.owed.get();
+        self.worker
+            .owed
+            .set((owed + now).saturating_sub(self.out_counted));
+        self.out_counted = now;
     }
 
     /// Parses every complete request in `input` into entries, up to the
@@ -248,6 +293,7 @@ impl ClientSession {
     }
 
     fn push(&mut self, entry: Entry) {
+        self.parsed_bytes += entry.bytes.len();
         self.entries.push_back(entry);
     }
 
@@ -317,6 +363,7 @@ impl ClientSession {
             if !self.dispatch(index) {
                 return;
             }
+            self.parsed_bytes -= self.entries[index].bytes.len();
             self.dispatched += 1;
         }
     }
@@ -331,7 +378,6 @@ impl ClientSession {
     }
 
     fn dispatch_entry(&mut self, entry: &mut Entry) -> bool {
-        let noreply = entry.noreply;
         let topology = entry.topology.clone();
         match &mut entry.work {
             Work::Ready(_) | Work::Stats => true,
@@ -348,7 +394,10 @@ impl ClientSession {
                 let request = forwardable(&entry.bytes, &entry.request);
                 let expect = entry.command.reply_line().unwrap_or(LineKind::Ok);
                 for part in parts.iter_mut() {
-                    self.send_line(&topology, part, &request, expect, !noreply);
+                    // A `noreply` request's reply is awaited too (and then
+                    // dropped), so that its bytes stay counted until the
+                    // server has them: see `unanswered`.
+                    self.send_line(&topology, part, &request, expect, true);
                 }
                 entry.sent = true;
                 true
@@ -490,8 +539,22 @@ impl ClientSession {
         }
     }
 
+    /// Releases the bytes of `noreply` requests every server has answered.
+    fn settle(&mut self) {
+        let mut released = 0;
+        self.unanswered.retain(|(slots, cost)| {
+            let answered = slots.iter().all(|slot| slot.outcome().is_some());
+            if answered {
+                released += cost;
+            }
+            !answered
+        });
+        self.release(released);
+    }
+
     /// Writes the replies of the entries at the head, in order.
     fn collect(&mut self) {
+        self.settle();
         while !self.entries.is_empty() {
             self.absorb(0);
             let mut entry = self.entries.pop_front().expect("not empty");
@@ -528,8 +591,18 @@ impl ClientSession {
             Work::Stats => {
                 crate::report::write_stats(self.out.scratch(), stats, &entry.topology);
             }
-            // Nothing comes back for `noreply`: done once written.
-            Work::Lines { .. } if noreply => return entry.sent,
+            // Nothing goes back for `noreply` and later replies need not
+            // wait for it, but its bytes stay reserved until the servers
+            // answered.
+            Work::Lines { parts, .. } if noreply => {
+                if !entry.sent {
+                    return false;
+                }
+                let slots = parts.iter().filter_map(|p| p.slot.clone()).collect();
+                self.unanswered
+                    .push((slots, std::mem::take(&mut entry.reserved)));
+                return true;
+            }
             Work::Lines { parts, finish } => {
                 let results: SmallVec<[Option<&CallResult>; 4]> =
                     parts.iter().map(|p| p.result.as_ref()).collect();

@@ -6,6 +6,8 @@
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod faulty;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -43,6 +45,28 @@ fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .expect("bind an ephemeral port")
         .port()
+}
+
+/// The pid that the memcached-like server on `port` reports in `stats`, or
+/// `None` if nothing answers there (yet). A listener that is not memcached
+/// reports pid 0.
+pub fn answering_pid(port: u16) -> Option<u32> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    stream.write_all(b"stats\r\n").ok()?;
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !reply.ends_with(b"END\r\n") && reply.len() < 64 * 1024 {
+        match stream.read(&mut chunk) {
+            Ok(n) if n > 0 => reply.extend_from_slice(&chunk[..n]),
+            _ => return Some(0),
+        }
+    }
+    String::from_utf8_lossy(&reply)
+        .lines()
+        .find_map(|l| l.strip_prefix("STAT pid "))
+        .and_then(|pid| pid.trim().parse().ok())
+        .or(Some(0))
 }
 
 /// Polls `condition` until it holds or `DEADLINE` passes.
@@ -105,9 +129,19 @@ impl Memcached {
             .expect("memcached must be installed (scripts/test installs it)");
         let start = Instant::now();
         loop {
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                self.child = Some(child);
-                return true;
+            match answering_pid(self.port) {
+                Some(pid) if pid == child.id() => {
+                    self.child = Some(child);
+                    return true;
+                }
+                // Another process took the port between `free_port` and
+                // memcached's bind: ours cannot listen there.
+                Some(_) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return false;
+                }
+                None => {}
             }
             if let Ok(Some(_)) = child.try_wait() {
                 return false;
