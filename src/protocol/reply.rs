@@ -52,6 +52,8 @@ pub enum ReplyError {
     KeyNotRequested,
     #[error("value longer than max_value_bytes")]
     ValueTooLarge,
+    #[error("{0}")]
+    Meta(#[from] super::meta::reply::MetaReplyError),
 }
 
 /// One-line replies a command allows, besides memcached's error lines
@@ -88,6 +90,20 @@ pub enum Expect {
     },
     /// `STAT` lines then `END` (`stats settings`, asked by memring itself).
     Stats,
+    /// The reply to one meta command, framed by
+    /// [`super::meta::reply::frame_meta_reply`].
+    ///
+    /// `quiet`: the request carried `q` and memring sent `mn` right after it,
+    /// so the reply is whatever memcached did not suppress (nothing, or one
+    /// reply, handed on as a [`Piece::Value`]) and then `MN`, which ends it
+    /// and is not handed on. This is how a proxy learns that a quiet reply is
+    /// absent without guessing what memcached suppresses.
+    Meta {
+        command: super::meta::MetaCommand,
+        quiet: bool,
+        /// The one reply before `MN` has been seen (quiet only).
+        replied: bool,
+    },
 }
 
 impl Expect {
@@ -110,6 +126,47 @@ impl Expect {
             cursor,
         }
     }
+}
+
+/// [`next_piece`] for a meta command (see [`Expect::Meta`]).
+fn next_meta_piece(
+    buf: &[u8],
+    command: super::meta::MetaCommand,
+    quiet: bool,
+    replied: &mut bool,
+) -> Result<Option<Piece>, ReplyError> {
+    use super::meta::reply::{frame_meta_reply, MetaReplyError};
+    if !quiet {
+        return Ok(frame_meta_reply(buf, command)?.map(|reply| {
+            if reply.status.is_error() {
+                Piece::Error { len: reply.len }
+            } else {
+                Piece::Last { len: reply.len }
+            }
+        }));
+    }
+    if buf.starts_with(b"MN\r\n") {
+        return Ok(Some(Piece::Last { len: 4 }));
+    }
+    if *replied {
+        // One reply at most before the `mn` memring appended.
+        return if buf.len() < 4 && b"MN\r\n".starts_with(buf) {
+            Ok(None)
+        } else {
+            Err(MetaReplyError::Unexpected.into())
+        };
+    }
+    if buf.len() < 4 && b"MN\r\n".starts_with(buf) {
+        return Ok(None);
+    }
+    Ok(frame_meta_reply(buf, command)?.map(|reply| {
+        *replied = true;
+        Piece::Value {
+            len: reply.len,
+            key: 0..0,
+            data: 0,
+        }
+    }))
 }
 
 /// One framed part of a reply, as a length from the start of the buffer.
@@ -141,6 +198,14 @@ pub fn next_piece(
     expect: &mut Expect,
     max_value_bytes: usize,
 ) -> Result<Option<Piece>, ReplyError> {
+    if let Expect::Meta {
+        command,
+        quiet,
+        replied,
+    } = expect
+    {
+        return next_meta_piece(buf, *command, *quiet, replied);
+    }
     let Some(len) = line_len(buf)? else {
         return Ok(None);
     };
@@ -151,6 +216,8 @@ pub fn next_piece(
         return Ok(Some(Piece::Error { len }));
     }
     match expect {
+        // Framed by `next_meta_piece` above.
+        Expect::Meta { .. } => Err(ReplyError::UnexpectedLine),
         Expect::Line(kind) => {
             if line_allowed(*kind, line) {
                 Ok(Some(Piece::Last { len }))
