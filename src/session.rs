@@ -389,6 +389,8 @@ impl ClientSession {
         entry.sent = false;
         entry.work = Work::Meta(Box::new(MetaWork {
             command: request.command,
+            // Only `mg` with `v` can bring a large value back.
+            value: request.command == MetaCommand::Get && request.value,
             expect: Expect::Meta {
                 command: request.command,
                 quiet,
@@ -479,7 +481,7 @@ impl ClientSession {
             Work::Meta(meta) => {
                 if !entry.sent {
                     let mut cost = entry.bytes.len() + LINE_REPLY_BYTES * meta.parts.len();
-                    if meta.command == MetaCommand::Get {
+                    if meta.value {
                         cost += self.estimate.max(MIN_ESTIMATE_BYTES);
                     }
                     if !self.may_reserve(cost) {
@@ -632,7 +634,7 @@ impl ClientSession {
                 for part in meta.parts.iter_mut() {
                     part.absorb();
                     if let Some(Ok(reply)) = &part.result {
-                        if meta.command == MetaCommand::Get && reply.starts_with(b"VA") {
+                        if meta.value && reply.starts_with(b"VA") {
                             estimate = Some(reply.len());
                         }
                     }
@@ -905,6 +907,8 @@ enum Work {
 /// One meta request on its way to one or more servers.
 struct MetaWork {
     command: MetaCommand,
+    /// The reply may carry a stored value: budgeted like a get's key.
+    value: bool,
     /// What each server is sent: the client's bytes, plus `mn` when quiet.
     wire: SmallVec<[Bytes; 3]>,
     expect: Expect,
