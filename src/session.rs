@@ -7,6 +7,11 @@
 //! replies are written in order, the head entry streaming its values as they
 //! arrive.
 //!
+//! Meta commands (`mg` `ms` `md` `ma` `me`) take the same path, planned by
+//! `route::plan_meta`; `mn` is answered in order by memring. A quiet (`q`)
+//! meta request is sent with an `mn` behind it, so that memcached itself
+//! decides which reply it leaves out and its `MN` marks where the reply ends.
+//!
 //! Every buffer has a bound. Up to `max_pending` requests are parsed ahead.
 //! A request is dispatched only while the bytes the client is owed (replies
 //! not yet written, and an estimate of the replies still to come) fit the

@@ -644,4 +644,65 @@ mod tests {
         assert_eq!(&reply[blocks[1].key.clone()], b"kb");
         assert_eq!(&reply[blocks[1].block.clone()], b"VALUE kb 0 2 7\r\nyz\r\n");
     }
+
+    fn meta(quiet: bool) -> Expect {
+        Expect::Meta {
+            command: super::super::meta::MetaCommand::Get,
+            quiet,
+            replied: false,
+        }
+    }
+
+    #[test]
+    fn a_meta_reply_is_one_piece_value_included() {
+        let mut expect = meta(false);
+        let reply = b"VA 2 kfoo\r\nhi\r\nHD\r\n";
+        assert_eq!(
+            next_piece(reply, &mut expect, 1024),
+            Ok(Some(Piece::Last { len: 15 }))
+        );
+        assert_eq!(next_piece(&reply[..12], &mut expect, 1024), Ok(None));
+        assert_eq!(
+            next_piece(b"CLIENT_ERROR bad token\r\n", &mut expect, 1024),
+            Ok(Some(Piece::Error { len: 24 }))
+        );
+        assert!(next_piece(b"STORED\r\n", &mut expect, 1024).is_err());
+    }
+
+    #[test]
+    fn a_quiet_meta_reply_ends_at_the_appended_mn() {
+        // Suppressed: only the MN comes.
+        let mut expect = meta(true);
+        assert_eq!(next_piece(b"M", &mut expect, 1024), Ok(None));
+        assert_eq!(
+            next_piece(b"MN\r\n", &mut expect, 1024),
+            Ok(Some(Piece::Last { len: 4 }))
+        );
+        // A hit, then MN; a second reply before MN is out of step.
+        let mut expect = meta(true);
+        let hit = b"VA 1\r\nx\r\nMN\r\n";
+        assert_eq!(
+            next_piece(hit, &mut expect, 1024),
+            Ok(Some(Piece::Value {
+                len: 9,
+                key: 0..0,
+                data: 0
+            }))
+        );
+        assert_eq!(
+            next_piece(&hit[9..], &mut expect, 1024),
+            Ok(Some(Piece::Last { len: 4 }))
+        );
+        assert!(next_piece(b"EN\r\n", &mut expect, 1024).is_err());
+        // Errors are never suppressed and do not end the reply: MN does.
+        let mut expect = meta(true);
+        assert_eq!(
+            next_piece(b"SERVER_ERROR out of memory\r\nMN\r\n", &mut expect, 1024),
+            Ok(Some(Piece::Value {
+                len: 28,
+                key: 0..0,
+                data: 0
+            }))
+        );
+    }
 }
