@@ -21,6 +21,7 @@ use crate::backend::health::HealthState;
 use crate::backend::slot::Got;
 use crate::error::BackendError;
 use crate::outbuf::OutQueue;
+use crate::protocol::meta::{MetaCommand, MetaRequest};
 use crate::protocol::request::{Keys, Span};
 use crate::protocol::{Command, Request};
 use crate::topology::Topology;
@@ -123,6 +124,11 @@ pub enum Decision {
     Answer(Bytes),
     /// No quorum can be reached; the names of the servers that failed.
     Fail(Vec<Arc<str>>),
+}
+
+/// An `ERROR`, `CLIENT_ERROR` or `SERVER_ERROR` line.
+pub fn is_error_line(reply: &[u8]) -> bool {
+    is_error_reply(reply)
 }
 
 fn is_error_reply(reply: &[u8]) -> bool {
@@ -572,6 +578,112 @@ fn value_key(block: &[u8]) -> &[u8] {
     &rest[..end]
 }
 
+/// What to do with one meta request (see the README's protocol and
+/// replication sections for the rules).
+#[derive(Debug)]
+pub enum MetaPlan {
+    /// memring answers itself (`mn`).
+    Reply(&'static [u8]),
+    /// One server gets the request: the key's owner.
+    Forward { server: usize },
+    /// Every replica gets the request; answered when a quorum agrees.
+    Quorum { servers: Servers, quorum: usize },
+    /// A mutation with `C` decided on the owner; when it succeeds, `copy`
+    /// (the same request without `C` and `q`) goes to the other replicas
+    /// before any later request of the client.
+    CasThenCopy {
+        owner: usize,
+        copies: Servers,
+        copy: Bytes,
+    },
+    /// `mg` with replicas: ask `servers` in order, the next one only when
+    /// the previous failed (or missed, with `on_miss`).
+    ReadThrough { servers: Servers, on_miss: bool },
+    /// No server to send it to.
+    NoServers,
+}
+
+/// Plans the meta request `request` (whose bytes are `bytes`) on `topology`.
+///
+/// The ring hashes [`MetaRequest::routing_key`]: the decoded bytes of a `b`
+/// key, so meta and classic commands for one key meet on one server. With
+/// replicas, `mg` reads like a classic get, `ms`/`md`/`ma` write like classic
+/// writes (with `C` like `cas`), and what hands out a recache lease (`N`,
+/// `R` on `mg`) and `me` go to the owner only, so exactly one client wins.
+pub fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> MetaPlan {
+    if request.command == MetaCommand::Noop {
+        return MetaPlan::Reply(b"MN\r\n");
+    }
+    let key = request.routing_key(bytes);
+    let owner_only = topology.config.replicas <= 1
+        || request.command == MetaCommand::Debug
+        || (request.command == MetaCommand::Get && request.takes_lease())
+        // A request memcached refuses is answered by the owner alone.
+        || request.backend_error.is_some();
+    if owner_only {
+        return match topology.owner_index(&key) {
+            Some(server) => MetaPlan::Forward { server },
+            None => MetaPlan::NoServers,
+        };
+    }
+    let mut servers = Servers::new();
+    topology.replicas(&key, &mut servers);
+    if servers.is_empty() {
+        return MetaPlan::NoServers;
+    }
+    match request.command {
+        MetaCommand::Get => {
+            // Healthy replicas first; ring order otherwise (as for gets).
+            servers.sort_by_key(|&s| topology.backends[s].state() == HealthState::Dead);
+            MetaPlan::ReadThrough {
+                servers,
+                on_miss: topology.config.read_miss_fallthrough,
+            }
+        }
+        _ if request.compare_cas => MetaPlan::CasThenCopy {
+            owner: servers[0],
+            copies: servers[1..].iter().copied().collect(),
+            copy: meta_copy(request, bytes),
+        },
+        _ => MetaPlan::Quorum {
+            quorum: quorum(servers.len()),
+            servers,
+        },
+    }
+}
+
+/// The request without its `C` and `q` flags: what a mutation the owner
+/// accepted under `C` becomes for the other replicas, which have their own
+/// cas numbers. Without `q` they always answer, so the copy can be framed.
+pub fn meta_copy(request: &MetaRequest, bytes: &Bytes) -> Bytes {
+    let flags_start = request.flags.start as usize;
+    let line_end = request.flags.end as usize;
+    let mut out = BytesMut::with_capacity(request.total_len as usize);
+    let head = &bytes[..flags_start.min(line_end)];
+    out.put_slice(head.strip_suffix(b" ").unwrap_or(head));
+    for (flag, token) in request.flags(bytes) {
+        if flag != b'C' && flag != b'q' {
+            out.put_u8(b' ');
+            out.put_slice(token);
+        }
+    }
+    out.put_slice(b"\r\n");
+    out.put_slice(&bytes[request.line_len as usize..request.total_len as usize]);
+    out.freeze()
+}
+
+/// Whether a meta reply to an `mg` (as the session got it: empty when `q`
+/// suppressed it) is a miss, so a read may fall through to the next replica.
+pub fn meta_is_miss(reply: &[u8]) -> bool {
+    reply.is_empty() || reply.starts_with(b"EN")
+}
+
+/// Whether a meta mutation's reply (empty when `q` suppressed it) says it
+/// took effect.
+pub fn meta_succeeded(reply: &[u8]) -> bool {
+    reply.is_empty() || reply.starts_with(b"HD") || reply.starts_with(b"VA")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -838,5 +950,19 @@ mod tests {
         let (request, bytes) = request(b"cas k 5 10 3 99 noreply\r\nabc\r\n");
         let copy: Vec<u8> = cas_as_set(&request, &bytes).concat();
         assert_eq!(copy, b"set k 5 10 3\r\nabc\r\n");
+    }
+
+    #[test]
+    fn a_meta_copy_drops_cas_and_quiet_and_keeps_the_rest() {
+        use crate::protocol::meta::parse_meta;
+        let bytes = Bytes::from_static(b"ms k 3 T10 C99 q Oab F5\r\nabc\r\n");
+        let (request, _) = parse_meta(&bytes, &Limits::default()).unwrap().unwrap();
+        assert_eq!(
+            &meta_copy(&request, &bytes)[..],
+            b"ms k 3 T10 Oab F5\r\nabc\r\n"
+        );
+        let bytes = Bytes::from_static(b"md k C12 q\r\n");
+        let (request, _) = parse_meta(&bytes, &Limits::default()).unwrap().unwrap();
+        assert_eq!(&meta_copy(&request, &bytes)[..], b"md k\r\n");
     }
 }

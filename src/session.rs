@@ -7,6 +7,11 @@
 //! replies are written in order, the head entry streaming its values as they
 //! arrive.
 //!
+//! Meta commands (`mg` `ms` `md` `ma` `me`) take the same path, planned by
+//! `route::plan_meta`; `mn` is answered in order by memring. A quiet (`q`)
+//! meta request is sent with an `mn` behind it, so that memcached itself
+//! decides which reply it leaves out and its `MN` marks where the reply ends.
+//!
 //! Every buffer has a bound. Up to `max_pending` requests are parsed ahead.
 //! A request is dispatched only while the bytes the client is owed (replies
 //! not yet written, and an estimate of the replies still to come) fit the
@@ -32,9 +37,10 @@ use crate::backend::slot::{Got, Slot};
 use crate::error::BackendError;
 use crate::outbuf::OutQueue;
 use crate::protocol::encode::{forwardable, write_server_error};
+use crate::protocol::meta::{is_meta_request, parse_meta, MetaCommand, MetaRequest};
 use crate::protocol::reply::{Expect, LineKind};
 use crate::protocol::{parse_request, Command, Limits, Request};
-use crate::route::{self, all_ok, decide, CallResult, Decision, Plan, Retrieval};
+use crate::route::{self, all_ok, decide, CallResult, Decision, MetaPlan, Plan, Retrieval};
 use crate::topology::Topology;
 use crate::worker::WorkerCtx;
 
@@ -271,6 +277,26 @@ impl ClientSession {
                     return;
                 }
             }
+            if is_meta_request(input) {
+                match parse_meta(input, &self.limits) {
+                    Ok(None) => return,
+                    Ok(Some((request, consumed))) => {
+                        let bytes = input.split_to(consumed).freeze();
+                        self.start_meta(request, bytes);
+                    }
+                    Err(rejection) => {
+                        input.advance(rejection.consumed);
+                        self.discard = rejection.discard;
+                        // Meta errors are never silenced by `q`.
+                        let topology = self.worker.topology.load_full();
+                        self.push(Entry::ready(rejection.reply(), topology));
+                        if !rejection.keeps_connection() {
+                            self.closing = true;
+                        }
+                    }
+                }
+                continue;
+            }
             match parse_request(input, &self.limits) {
                 Ok(None) => return,
                 Ok(Some((request, consumed))) => {
@@ -355,6 +381,80 @@ impl ClientSession {
         });
     }
 
+    /// Plans one meta request and queues its entry.
+    fn start_meta(&mut self, request: MetaRequest, bytes: Bytes) {
+        let topology = self.worker.topology.load_full();
+        let command = Command::of_meta(request.command);
+        self.worker
+            .stats
+            .request(command, usize::from(request.key.is_some()));
+        let plan = route::plan_meta(&request, &bytes, &topology);
+        // A quiet request goes on with `q` and an `mn` behind it: memcached
+        // then sends exactly the replies it would send the client, and `MN`
+        // tells the connection that the rest was suppressed. A request
+        // memcached refuses gets an error whatever `q` says.
+        let quiet = request.may_be_silent() && request.backend_error.is_none();
+        let mut wire: SmallVec<[Bytes; 3]> = smallvec::smallvec![bytes.clone()];
+        if quiet {
+            wire.push(Bytes::from_static(b"mn\r\n"));
+        }
+        let parts = |servers: &[usize]| servers.iter().map(|&s| Part::new(s)).collect();
+        let mode = match plan {
+            MetaPlan::Reply(reply) => {
+                let mut entry = Entry::ready(reply, topology);
+                entry.command = command;
+                self.push(entry);
+                return;
+            }
+            MetaPlan::NoServers => {
+                let mut entry = Entry::ready(route::NO_SERVERS, topology);
+                entry.command = command;
+                self.push(entry);
+                return;
+            }
+            MetaPlan::Forward { server } => (parts(&[server]), MetaMode::Forward),
+            MetaPlan::Quorum { servers, quorum } => (parts(&servers), MetaMode::Quorum(quorum)),
+            MetaPlan::CasThenCopy {
+                owner,
+                copies,
+                copy,
+            } => (
+                parts(&[owner]),
+                MetaMode::CasThenCopy {
+                    copies: Some(copies),
+                    copy,
+                },
+            ),
+            MetaPlan::ReadThrough { servers, on_miss } => (
+                parts(&servers[..1]),
+                MetaMode::ReadThrough {
+                    servers,
+                    next: 1,
+                    on_miss,
+                },
+            ),
+        };
+        let (parts, mode) = mode;
+        let mut entry = Entry::ready(b"", topology);
+        entry.command = command;
+        entry.bytes = bytes;
+        entry.sent = false;
+        entry.work = Work::Meta(Box::new(MetaWork {
+            command: request.command,
+            // Only `mg` with `v` can bring a large value back.
+            value: request.command == MetaCommand::Get && request.value,
+            expect: Expect::Meta {
+                command: request.command,
+                quiet,
+                replied: false,
+            },
+            wire,
+            parts,
+            mode,
+        }));
+        self.push(entry);
+    }
+
     /// Dispatches entries in order while the budget allows.
     fn pump(&mut self) {
         while self.dispatched < self.entries.len() {
@@ -433,6 +533,73 @@ impl ClientSession {
                 }
                 true
             }
+            Work::Meta(meta) => {
+                if !entry.sent {
+                    let mut cost = entry.bytes.len() + LINE_REPLY_BYTES * meta.parts.len();
+                    if meta.value {
+                        cost += self.estimate.max(MIN_ESTIMATE_BYTES);
+                    }
+                    if !self.may_reserve(cost) {
+                        return false;
+                    }
+                    self.reserve(cost);
+                    entry.reserved = cost;
+                    for part in meta.parts.iter_mut() {
+                        self.send_meta(&topology, part, &meta.wire, &meta.expect, true);
+                    }
+                    entry.sent = true;
+                }
+                match &mut meta.mode {
+                    MetaMode::Forward | MetaMode::Quorum(_) => true,
+                    MetaMode::CasThenCopy { copies, copy } => {
+                        // The copies go out before any later request of this
+                        // client, as for a replicated `cas`.
+                        let Some(result) = &meta.parts[0].result else {
+                            return false;
+                        };
+                        if let Some(copies) = copies.take() {
+                            if matches!(result, Ok(reply) if route::meta_succeeded(reply)) {
+                                let wire = [copy.clone()];
+                                let expect = Expect::Meta {
+                                    command: meta.command,
+                                    quiet: false,
+                                    replied: false,
+                                };
+                                for server in copies {
+                                    let mut part = Part::new(server);
+                                    self.send_meta(&topology, &mut part, &wire, &expect, false);
+                                }
+                            }
+                        }
+                        true
+                    }
+                    MetaMode::ReadThrough {
+                        servers,
+                        next,
+                        on_miss,
+                    } => {
+                        let Some(result) = &meta.parts[0].result else {
+                            return false;
+                        };
+                        let fall = match result {
+                            Ok(reply) => {
+                                route::is_error_line(reply)
+                                    || (*on_miss && route::meta_is_miss(reply))
+                            }
+                            Err(_) => true,
+                        };
+                        if !fall || *next >= servers.len() {
+                            return true;
+                        }
+                        let mut part = Part::new(servers[*next]);
+                        *next += 1;
+                        self.send_meta(&topology, &mut part, &meta.wire, &meta.expect, true);
+                        meta.parts[0] = part;
+                        // Later requests wait until this read has its answer.
+                        false
+                    }
+                }
+            }
             Work::Retrieve {
                 plan, in_flight, ..
             } => {
@@ -491,6 +658,24 @@ impl ClientSession {
         }
     }
 
+    /// Queues a meta request on `part`'s server.
+    fn send_meta(
+        &self,
+        topology: &Topology,
+        part: &mut Part,
+        wire: &[Bytes],
+        expect: &Expect,
+        want_reply: bool,
+    ) {
+        let backend = &topology.backends[part.server];
+        let conn = self.worker.conn(backend, self.lane);
+        let slot = want_reply.then(|| Slot::new(self.wake.clone()));
+        match conn.send(wire, expect.clone(), slot.clone()) {
+            Ok(()) => part.slot = slot,
+            Err(kind) => part.result = Some(Err(backend.error(kind))),
+        }
+    }
+
     /// Moves the replies that arrived for entry `index` into its plan.
     fn absorb(&mut self, index: usize) {
         let mut released = 0;
@@ -500,6 +685,16 @@ impl ClientSession {
         match &mut entry.work {
             Work::Lines { parts, .. } => parts.iter_mut().for_each(Part::absorb),
             Work::Cas { owner, .. } => owner.absorb(),
+            Work::Meta(meta) => {
+                for part in meta.parts.iter_mut() {
+                    part.absorb();
+                    if let Some(Ok(reply)) = &part.result {
+                        if meta.value && reply.starts_with(b"VA") {
+                            estimate = Some(reply.len());
+                        }
+                    }
+                }
+            }
             Work::Retrieve {
                 plan,
                 in_flight,
@@ -668,6 +863,49 @@ impl ClientSession {
                     }
                 }
             }
+            Work::Meta(meta) => {
+                let reply = match &meta.mode {
+                    MetaMode::Quorum(quorum) => {
+                        let results: SmallVec<[Option<&CallResult>; 4]> =
+                            meta.parts.iter().map(|p| p.result.as_ref()).collect();
+                        match decide(&results, *quorum) {
+                            Decision::Wait => return false,
+                            Decision::Answer(reply) => {
+                                let outstanding = results.iter().filter(|r| r.is_none()).count();
+                                stats.replica_background(outstanding);
+                                Ok(reply)
+                            }
+                            Decision::Fail(servers) => {
+                                let names: Vec<&str> = servers.iter().map(|s| &**s).collect();
+                                let reason = if names.is_empty() {
+                                    "no quorum: replicas answered with errors".to_string()
+                                } else {
+                                    format!("no quorum: failed on {}", names.join(", "))
+                                };
+                                write_server_error(self.out.scratch(), &reason);
+                                return true;
+                            }
+                        }
+                    }
+                    MetaMode::CasThenCopy {
+                        copies: Some(_), ..
+                    } => return false,
+                    _ => match &meta.parts[0].result {
+                        Some(result) => result.clone(),
+                        None => return false,
+                    },
+                };
+                match reply {
+                    // Empty: `q` suppressed it, as memcached would.
+                    Ok(reply) => {
+                        stats.reply(entry.command, &reply);
+                        if !reply.is_empty() {
+                            self.out.push(reply);
+                        }
+                    }
+                    Err(error) => write_server_error(self.out.scratch(), &error),
+                }
+            }
             Work::Retrieve {
                 plan,
                 held,
@@ -743,6 +981,8 @@ enum Work {
         owner: Part,
         copies: Option<route::Servers>,
     },
+    /// A meta command forwarded (see [`MetaWork`]).
+    Meta(Box<MetaWork>),
     /// A retrieval, streamed.
     Retrieve {
         plan: Box<Retrieval>,
@@ -750,6 +990,39 @@ enum Work {
         in_flight: SmallVec<[(u32, Rc<Slot>, usize); 2]>,
         /// Value bytes the plan holds, counted as owed.
         held: usize,
+    },
+}
+
+/// One meta request on its way to one or more servers.
+struct MetaWork {
+    command: MetaCommand,
+    /// The reply may carry a stored value: budgeted like a get's key.
+    value: bool,
+    /// What each server is sent: the client's bytes, plus `mn` when quiet.
+    wire: SmallVec<[Bytes; 3]>,
+    expect: Expect,
+    /// The servers asked (all replicas for a quorum; the one being read for
+    /// a read-through; the owner otherwise).
+    parts: SmallVec<[Part; 1]>,
+    mode: MetaMode,
+}
+
+/// How a meta request's replies become the client's reply.
+enum MetaMode {
+    /// The one server's reply.
+    Forward,
+    /// A replicated write (see `route::decide`).
+    Quorum(usize),
+    /// The owner's reply; `copies` are sent `copy` once the owner succeeded.
+    CasThenCopy {
+        copies: Option<route::Servers>,
+        copy: Bytes,
+    },
+    /// `mg` over replicas: the next server is asked while the last failed.
+    ReadThrough {
+        servers: route::Servers,
+        next: usize,
+        on_miss: bool,
     },
 }
 

@@ -16,7 +16,7 @@
 
 mod common;
 
-use common::{show, Client, Memcached};
+use common::{show, Client, Memcached, Proxy};
 use memring::protocol::meta::reply::{frame_meta_reply, suppressed_by_quiet, MetaStatus};
 use memring::protocol::meta::{is_meta_request, parse_meta, MetaCommand};
 use memring::protocol::{frame_reply, parse_request, Limits};
@@ -226,8 +226,40 @@ fn normalise(reply: &[u8], status: MetaStatus) -> Vec<u8> {
     out
 }
 
+/// [`normalise`] applied to every meta reply line of a whole reply stream;
+/// other lines (classic replies, value data) are left as they are.
+fn normalise_stream(stream: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for line in stream.split_inclusive(|&b| b == b'\n') {
+        let first = line
+            .split(|&b| b == b' ' || b == b'\r')
+            .next()
+            .unwrap_or(&[]);
+        let status = match first {
+            b"HD" => Some(MetaStatus::Hd),
+            b"VA" => Some(MetaStatus::Va),
+            b"EN" => Some(MetaStatus::En),
+            b"NS" => Some(MetaStatus::Ns),
+            b"EX" => Some(MetaStatus::Ex),
+            b"NF" => Some(MetaStatus::Nf),
+            b"ME" => Some(MetaStatus::Me),
+            _ => None,
+        };
+        match status {
+            Some(status) if line.ends_with(b"\r\n") => out.extend(normalise(line, status)),
+            _ => out.extend(line),
+        }
+    }
+    out
+}
+
 /// Runs each `(case, expected)` in order on one connection to a fresh
 /// memcached, so that later cases see what earlier ones stored.
+///
+/// Then the same cases go, each as one pipelined write, through memring over
+/// four fresh memcacheds, and the whole reply stream must be what one
+/// memcached answered, and the keys must reach at least two of the four
+/// servers (`meta_ring.rs` spreads many keys over all four).
 fn check(cases: &[(&[u8], &[u8])]) {
     let server = Memcached::start();
     let mut client = Client::connect(&server.addr());
@@ -240,6 +272,73 @@ fn check(cases: &[(&[u8], &[u8])]) {
             show(case)
         );
     }
+    // Named servers: which server each key lands on does not depend on the
+    // ports the test got. A table uses a handful of keys; the first naming
+    // (of a fixed list) under which they cross servers is the one kept.
+    let mut reached = 0;
+    for layout in 0..8 {
+        reached = check_through_memring(cases, layout);
+        if reached >= 2 {
+            break;
+        }
+    }
+    assert!(reached >= 2, "the cases' keys never reached 2 of 4 servers");
+}
+
+/// Sends every case, pipelined, through memring over four fresh servers
+/// named after `layout`; asserts the replies; returns how many servers the
+/// keys reached.
+fn check_through_memring(cases: &[(&[u8], &[u8])], layout: usize) -> usize {
+    let backends: Vec<Memcached> = (0..4).map(|_| Memcached::start()).collect();
+    let mut config = String::from("listen = \"127.0.0.1:0\"\n");
+    for (i, backend) in backends.iter().enumerate() {
+        config.push_str(&format!(
+            "[[servers]]\naddr = \"{}\"\nname = \"meta{layout}-{i}\"\n",
+            backend.addr()
+        ));
+    }
+    let proxy = Proxy::start_text(&config);
+    let mut client = proxy.client();
+    for (case, expected) in cases {
+        client.send(case);
+        client.send(SENTINEL);
+        let got = client.read_until_suffix(SENTINEL_REPLY);
+        assert_eq!(
+            show(&normalise_stream(&got)),
+            show(expected),
+            "case {} through memring over 4 servers",
+            show(case)
+        );
+    }
+    let reached = backends
+        .iter()
+        .filter(|backend| {
+            let mut client = backend.client();
+            client.send(b"stats\r\n");
+            let stats = client.read_until_suffix(b"END\r\n");
+            let text = String::from_utf8_lossy(&stats);
+            let count = |name: &str| -> u64 {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(&format!("STAT {name} ")))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0)
+            };
+            [
+                "cmd_get",
+                "cmd_set",
+                "delete_misses",
+                "delete_hits",
+                "incr_misses",
+                "incr_hits",
+            ]
+            .iter()
+            .map(|name| count(name))
+            .sum::<u64>()
+                > 0
+        })
+        .count();
+    eprintln!("layout {layout}: keys reached {reached} of 4 servers");
+    reached
 }
 
 #[test]

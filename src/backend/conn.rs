@@ -397,8 +397,12 @@ fn deliver(conn: &Conn, read_buf: &mut BytesMut) -> Result<Delivered, BackendErr
                 if let Some(slot) = waiting.slot {
                     // A retrieval's `END` is memring's to write (once, after
                     // merging); every other last line is the reply itself.
+                    // Likewise the `MN` that ends a quiet meta reply.
                     let is_end = matches!(piece, Piece::Last { .. })
-                        && matches!(waiting.expect, Expect::Values { .. });
+                        && matches!(
+                            waiting.expect,
+                            Expect::Values { .. } | Expect::Meta { quiet: true, .. }
+                        );
                     if !is_end {
                         slot.push(Got::Line(bytes));
                     }

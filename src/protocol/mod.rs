@@ -84,11 +84,23 @@ pub enum Command {
     FlushAll,
     Stats,
     Quit,
+    /// `mg`: meta get.
+    MetaGet,
+    /// `ms`: meta set.
+    MetaSet,
+    /// `md`: meta delete.
+    MetaDelete,
+    /// `ma`: meta arithmetic.
+    MetaArithmetic,
+    /// `mn`: meta no-op, answered by memring in order.
+    MetaNoop,
+    /// `me`: meta debug, forwarded to the key's owner.
+    MetaDebug,
 }
 
 impl Command {
     /// Every command, in the order of [`Command::index`].
-    pub const ALL: [Command; 19] = [
+    pub const ALL: [Command; 25] = [
         Command::Get,
         Command::Gets,
         Command::Gat,
@@ -108,6 +120,12 @@ impl Command {
         Command::FlushAll,
         Command::Stats,
         Command::Quit,
+        Command::MetaGet,
+        Command::MetaSet,
+        Command::MetaDelete,
+        Command::MetaArithmetic,
+        Command::MetaNoop,
+        Command::MetaDebug,
     ];
 
     /// How many commands there are: the length of per-command counter tables.
@@ -138,6 +156,12 @@ impl Command {
             Command::FlushAll => 16,
             Command::Stats => 17,
             Command::Quit => 18,
+            Command::MetaGet => 19,
+            Command::MetaSet => 20,
+            Command::MetaDelete => 21,
+            Command::MetaArithmetic => 22,
+            Command::MetaNoop => 23,
+            Command::MetaDebug => 24,
         }
     }
 
@@ -163,6 +187,24 @@ impl Command {
             Command::FlushAll => "flush_all",
             Command::Stats => "stats",
             Command::Quit => "quit",
+            Command::MetaGet => "mg",
+            Command::MetaSet => "ms",
+            Command::MetaDelete => "md",
+            Command::MetaArithmetic => "ma",
+            Command::MetaNoop => "mn",
+            Command::MetaDebug => "me",
+        }
+    }
+
+    /// The counter index of a meta command.
+    pub fn of_meta(command: meta::MetaCommand) -> Command {
+        match command {
+            meta::MetaCommand::Get => Command::MetaGet,
+            meta::MetaCommand::Set => Command::MetaSet,
+            meta::MetaCommand::Delete => Command::MetaDelete,
+            meta::MetaCommand::Arithmetic => Command::MetaArithmetic,
+            meta::MetaCommand::Noop => Command::MetaNoop,
+            meta::MetaCommand::Debug => Command::MetaDebug,
         }
     }
 

@@ -52,6 +52,8 @@ pub enum ReplyError {
     KeyNotRequested,
     #[error("value longer than max_value_bytes")]
     ValueTooLarge,
+    #[error("{0}")]
+    Meta(#[from] super::meta::reply::MetaReplyError),
 }
 
 /// One-line replies a command allows, besides memcached's error lines
@@ -88,6 +90,20 @@ pub enum Expect {
     },
     /// `STAT` lines then `END` (`stats settings`, asked by memring itself).
     Stats,
+    /// The reply to one meta command, framed by
+    /// [`super::meta::reply::frame_meta_reply`].
+    ///
+    /// `quiet`: the request carried `q` and memring sent `mn` right after it,
+    /// so the reply is whatever memcached did not suppress (nothing, or one
+    /// reply, handed on as a [`Piece::Value`]) and then `MN`, which ends it
+    /// and is not handed on. This is how a proxy learns that a quiet reply is
+    /// absent without guessing what memcached suppresses.
+    Meta {
+        command: super::meta::MetaCommand,
+        quiet: bool,
+        /// The one reply before `MN` has been seen (quiet only).
+        replied: bool,
+    },
 }
 
 impl Expect {
@@ -110,6 +126,47 @@ impl Expect {
             cursor,
         }
     }
+}
+
+/// [`next_piece`] for a meta command (see [`Expect::Meta`]).
+fn next_meta_piece(
+    buf: &[u8],
+    command: super::meta::MetaCommand,
+    quiet: bool,
+    replied: &mut bool,
+) -> Result<Option<Piece>, ReplyError> {
+    use super::meta::reply::{frame_meta_reply, MetaReplyError};
+    if !quiet {
+        return Ok(frame_meta_reply(buf, command)?.map(|reply| {
+            if reply.status.is_error() {
+                Piece::Error { len: reply.len }
+            } else {
+                Piece::Last { len: reply.len }
+            }
+        }));
+    }
+    if buf.starts_with(b"MN\r\n") {
+        return Ok(Some(Piece::Last { len: 4 }));
+    }
+    if *replied {
+        // One reply at most before the `mn` memring appended.
+        return if buf.len() < 4 && b"MN\r\n".starts_with(buf) {
+            Ok(None)
+        } else {
+            Err(MetaReplyError::Unexpected.into())
+        };
+    }
+    if buf.len() < 4 && b"MN\r\n".starts_with(buf) {
+        return Ok(None);
+    }
+    Ok(frame_meta_reply(buf, command)?.map(|reply| {
+        *replied = true;
+        Piece::Value {
+            len: reply.len,
+            key: 0..0,
+            data: 0,
+        }
+    }))
 }
 
 /// One framed part of a reply, as a length from the start of the buffer.
@@ -141,6 +198,14 @@ pub fn next_piece(
     expect: &mut Expect,
     max_value_bytes: usize,
 ) -> Result<Option<Piece>, ReplyError> {
+    if let Expect::Meta {
+        command,
+        quiet,
+        replied,
+    } = expect
+    {
+        return next_meta_piece(buf, *command, *quiet, replied);
+    }
     let Some(len) = line_len(buf)? else {
         return Ok(None);
     };
@@ -151,6 +216,8 @@ pub fn next_piece(
         return Ok(Some(Piece::Error { len }));
     }
     match expect {
+        // Framed by `next_meta_piece` above.
+        Expect::Meta { .. } => Err(ReplyError::UnexpectedLine),
         Expect::Line(kind) => {
             if line_allowed(*kind, line) {
                 Ok(Some(Piece::Last { len }))
@@ -580,5 +647,66 @@ mod tests {
         assert_eq!(&reply[blocks[0].key.clone()], b"ka");
         assert_eq!(&reply[blocks[1].key.clone()], b"kb");
         assert_eq!(&reply[blocks[1].block.clone()], b"VALUE kb 0 2 7\r\nyz\r\n");
+    }
+
+    fn meta(quiet: bool) -> Expect {
+        Expect::Meta {
+            command: super::super::meta::MetaCommand::Get,
+            quiet,
+            replied: false,
+        }
+    }
+
+    #[test]
+    fn a_meta_reply_is_one_piece_value_included() {
+        let mut expect = meta(false);
+        let reply = b"VA 2 kfoo\r\nhi\r\nHD\r\n";
+        assert_eq!(
+            next_piece(reply, &mut expect, 1024),
+            Ok(Some(Piece::Last { len: 15 }))
+        );
+        assert_eq!(next_piece(&reply[..12], &mut expect, 1024), Ok(None));
+        assert_eq!(
+            next_piece(b"CLIENT_ERROR bad token\r\n", &mut expect, 1024),
+            Ok(Some(Piece::Error { len: 24 }))
+        );
+        assert!(next_piece(b"STORED\r\n", &mut expect, 1024).is_err());
+    }
+
+    #[test]
+    fn a_quiet_meta_reply_ends_at_the_appended_mn() {
+        // Suppressed: only the MN comes.
+        let mut expect = meta(true);
+        assert_eq!(next_piece(b"M", &mut expect, 1024), Ok(None));
+        assert_eq!(
+            next_piece(b"MN\r\n", &mut expect, 1024),
+            Ok(Some(Piece::Last { len: 4 }))
+        );
+        // A hit, then MN; a second reply before MN is out of step.
+        let mut expect = meta(true);
+        let hit = b"VA 1\r\nx\r\nMN\r\n";
+        assert_eq!(
+            next_piece(hit, &mut expect, 1024),
+            Ok(Some(Piece::Value {
+                len: 9,
+                key: 0..0,
+                data: 0
+            }))
+        );
+        assert_eq!(
+            next_piece(&hit[9..], &mut expect, 1024),
+            Ok(Some(Piece::Last { len: 4 }))
+        );
+        assert!(next_piece(b"EN\r\n", &mut expect, 1024).is_err());
+        // Errors are never suppressed and do not end the reply: MN does.
+        let mut expect = meta(true);
+        assert_eq!(
+            next_piece(b"SERVER_ERROR out of memory\r\nMN\r\n", &mut expect, 1024),
+            Ok(Some(Piece::Value {
+                len: 28,
+                key: 0..0,
+                data: 0
+            }))
+        );
     }
 }

@@ -224,6 +224,14 @@ pub fn parse_request(buf: &[u8], limits: &Limits) -> ParseResult {
         Command::Get | Command::Gets | Command::Gat | Command::Gats => {
             unreachable!("retrieval commands return above")
         }
+        // Meta commands are parsed by `meta::parse_meta`; their names never
+        // map to a command here.
+        Command::MetaGet
+        | Command::MetaSet
+        | Command::MetaDelete
+        | Command::MetaArithmetic
+        | Command::MetaNoop
+        | Command::MetaDebug => Err(Rejection::line(ParseError::UnknownCommand, line_len, false)),
     }
 }
 
