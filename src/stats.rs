@@ -99,6 +99,13 @@ pub struct Stats {
     servers_effective: Gauge,
     reloads: Family<ResultLabels, Counter>,
     replica_background: Counter,
+    /// Hand-off: keys asked of their previous owner, values found there,
+    /// and copies to new owners stored, skipped (newer value there), failed.
+    handoff_reads: Counter,
+    handoff_hits: Counter,
+    handoff_copies: Counter,
+    handoff_copies_skipped: Counter,
+    handoff_copy_failures: Counter,
     /// Per-command request latency, indexed like `commands`.
     command_latency: Vec<Histogram>,
 }
@@ -225,6 +232,31 @@ impl Stats {
             "replica_writes_background",
             "Replica writes still running when the client was answered on a quorum",
         );
+        let handoff_reads = counter(
+            &mut registry,
+            "handoff_read_through",
+            "Keys read from their previous owner after a miss on the new one (hand-off)",
+        );
+        let handoff_hits = counter(
+            &mut registry,
+            "handoff_read_through_hits",
+            "Read-through keys found on their previous owner",
+        );
+        let handoff_copies = counter(
+            &mut registry,
+            "handoff_copies",
+            "Values copied to their new owner during a hand-off window",
+        );
+        let handoff_copies_skipped = counter(
+            &mut registry,
+            "handoff_copies_skipped",
+            "Copies not stored because the new owner already had a value",
+        );
+        let handoff_copy_failures = counter(
+            &mut registry,
+            "handoff_copy_failures",
+            "Copies to a new owner that failed",
+        );
         let latency_family: Family<CommandLabels, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(latency_histogram);
         registry.register(
@@ -243,6 +275,11 @@ impl Stats {
         Stats {
             started: Instant::now(),
             replica_background,
+            handoff_reads,
+            handoff_hits,
+            handoff_copies,
+            handoff_copies_skipped,
+            handoff_copy_failures,
             command_latency,
             registry,
             curr_connections,
@@ -343,6 +380,35 @@ impl Stats {
     pub fn retrieval(&self, keys: usize, hits: usize) {
         self.get.hits.inc_by(hits as u64);
         self.get.misses.inc_by(keys.saturating_sub(hits) as u64);
+    }
+
+    /// Keys read through from their previous owner, and hits there.
+    pub fn read_through(&self, reads: usize, hits: usize) {
+        if reads > 0 {
+            self.handoff_reads.inc_by(reads as u64);
+            self.handoff_hits.inc_by(hits as u64);
+        }
+    }
+
+    /// Hand-off copies: stored, skipped, failed.
+    pub fn copies(&self, made: usize, skipped: usize, failed: usize) {
+        if made + skipped + failed > 0 {
+            self.handoff_copies.inc_by(made as u64);
+            self.handoff_copies_skipped.inc_by(skipped as u64);
+            self.handoff_copy_failures.inc_by(failed as u64);
+        }
+    }
+
+    /// Hand-off counters for `stats`: read-through keys, hits there, copies
+    /// made, skipped and failed.
+    pub fn handoff(&self) -> [(&'static str, u64); 5] {
+        [
+            ("handoff_read_through", self.handoff_reads.get()),
+            ("handoff_read_through_hits", self.handoff_hits.get()),
+            ("handoff_copies", self.handoff_copies.get()),
+            ("handoff_copies_skipped", self.handoff_copies_skipped.get()),
+            ("handoff_copy_failures", self.handoff_copy_failures.get()),
+        ]
     }
 
     /// Replica writes left to finish after a quorum answered.
