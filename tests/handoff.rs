@@ -352,3 +352,65 @@ fn a_returning_server_never_answers_with_values_from_before_its_ejection() {
     // It takes its keys' traffic again: the first pass copied them to it.
     assert!(held_by(&servers[1], &keys) >= hung.len() * 9 / 10);
 }
+
+#[test]
+fn a_leaving_server_is_let_go_when_the_window_ends_and_a_second_change_restarts_it() {
+    let dir = Dir::new("window");
+    let servers: Vec<Memcached> = (0..4).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let path = dir.path("memring.toml");
+    let with_window = |list: &[&Memcached], ms: u64| format!("handoff_ms = {ms}\n{}", config(list));
+    std::fs::write(&path, with_window(&all[..3], 60_000)).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..2000).map(|i| format!("window:{i}")).collect();
+    store(&mut client, &keys);
+
+    // 3 -> 4, then, during that window, remove the third server: the window
+    // restarts from the 4-server ring, so the keys that moved to the fourth
+    // server in the first change but were never read are misses now.
+    replace_by_rename(&path, &with_window(&all, 60_000));
+    wait_for("ring version 2", || proxy.ring_version() >= 2);
+    let ring_of_four = proxy.running().topology.load().ring.clone();
+    let first_window = proxy
+        .running()
+        .topology
+        .load()
+        .previous
+        .as_ref()
+        .unwrap()
+        .until;
+    let without_third = [all[0], all[1], all[3]];
+    replace_by_rename(&path, &with_window(&without_third, 1500));
+    wait_for("ring version 3", || proxy.ring_version() >= 3);
+    {
+        let topology = proxy.running().topology.load();
+        let previous = topology.previous.as_ref().expect("a new window");
+        assert_eq!(
+            previous.ring, ring_of_four,
+            "the new window starts from the ring in force"
+        );
+        assert!(previous.until < first_window);
+    }
+    let hits = read_all(&mut client, &keys);
+    println!("chained change: {hits}/{} hits", keys.len());
+    assert!(
+        hits < keys.len(),
+        "keys moved twice and never read are lost"
+    );
+    assert!(hits >= keys.len() * 3 / 4, "{hits}");
+
+    wait_for("the window to end", || {
+        proxy.running().topology.load().previous.is_none()
+    });
+    let text = stats_text(&proxy);
+    assert!(!text.contains("LEAVING"), "{text}");
+    assert!(text.contains("STAT handoff_until 0"), "{text}");
+    // The removed server's connections close once the window is over.
+    let mut direct = servers[2].client();
+    wait_for("the leaving server's connections to close", || {
+        direct.send(b"stats\r\n");
+        let text = String::from_utf8(direct.read_until_suffix(b"END\r\n")).unwrap();
+        text.contains("STAT curr_connections 1\r")
+    });
+}
