@@ -143,6 +143,7 @@ impl Publisher {
         );
         let version = new.version;
         record(&self.hooks.stats, &new);
+        forget_gone(&self.hooks.stats, &old, &new);
         self.topology.store(Arc::new(new));
         self.published.notify_waiters();
         Some(Published {
@@ -210,6 +211,7 @@ impl Publisher {
         }
         let version = new.version;
         record(&self.hooks.stats, &new);
+        forget_gone(&self.hooks.stats, old, &new);
         self.topology.store(Arc::new(new));
         self.published.notify_waiters();
         Published { version, change }
@@ -253,6 +255,18 @@ fn record(stats: &Stats, topology: &Topology) {
         topology.backends.len(),
         topology.effective_servers(),
     );
+    for (i, backend) in topology.backends.iter().enumerate() {
+        stats.membership(backend.name(), topology.membership(i).as_str());
+    }
+}
+
+/// Forgets the membership lines of servers `old` had and `new` has not.
+fn forget_gone(stats: &Stats, old: &Topology, new: &Topology) {
+    for backend in old.backends.iter() {
+        if !new.backends.iter().any(|b| b.name() == backend.name()) {
+            stats.membership_gone(backend.name());
+        }
+    }
 }
 
 /// Leaves DEAD servers out of the ring (when `auto_eject` is on) and puts them

@@ -94,6 +94,8 @@ pub struct Stats {
     backend_latency: Family<ServerLabels, Histogram, fn() -> Histogram>,
     backend_connections: Family<ServerLabels, Gauge>,
     server_state: Family<ServerStateLabels, Gauge>,
+    /// 1 for each server's part in a hand-off window (ACTIVE, JOINING, LEAVING).
+    server_membership: Family<ServerStateLabels, Gauge>,
     ring_version: Gauge,
     servers_configured: Gauge,
     servers_effective: Gauge,
@@ -210,6 +212,12 @@ impl Stats {
             "1 for each server's current health state (ACTIVE, SUSPECT, DEAD)",
             server_state.clone(),
         );
+        let server_membership = Family::<ServerStateLabels, Gauge>::default();
+        registry.register(
+            "server_membership",
+            "1 for each server's part in a hand-off window (ACTIVE, JOINING, LEAVING)",
+            server_membership.clone(),
+        );
         let ring_version = gauge(
             &mut registry,
             "ring_version",
@@ -298,6 +306,7 @@ impl Stats {
             backend_latency,
             backend_connections,
             server_state,
+            server_membership,
             ring_version,
             servers_configured,
             servers_effective,
@@ -423,6 +432,31 @@ impl Stats {
     }
 
     /// A topology was published.
+    /// The hand-off memberships a server can have; the first is the usual.
+    pub const MEMBERSHIPS: [&'static str; 3] = ["ACTIVE", "JOINING", "LEAVING"];
+
+    /// A server's part in the hand-off window now (one of [`Self::MEMBERSHIPS`]).
+    pub fn membership(&self, server: &str, current: &str) {
+        for state in Self::MEMBERSHIPS {
+            self.server_membership
+                .get_or_create(&ServerStateLabels {
+                    server: server.to_string(),
+                    state,
+                })
+                .set(i64::from(state == current));
+        }
+    }
+
+    /// A server left the topology: its membership lines go.
+    pub fn membership_gone(&self, server: &str) {
+        for state in Self::MEMBERSHIPS {
+            self.server_membership.remove(&ServerStateLabels {
+                server: server.to_string(),
+                state,
+            });
+        }
+    }
+
     pub fn topology(&self, version: u64, configured: usize, effective: usize) {
         self.ring_version.set(version as i64);
         self.servers_configured.set(configured as i64);

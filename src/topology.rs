@@ -434,6 +434,73 @@ mod tests {
     }
 
     #[test]
+    fn a_change_display_names_the_hand_off_window() {
+        let old = vec![server("a", 1)];
+        let mut change = Change::between(&old, &ring_of(&old), &old, &ring_of(&old));
+        change.handoff = Some(Box::new((300_000, 86_400 + 3_723)));
+        assert!(change
+            .to_string()
+            .ends_with("; hand-off window 300s, moved keys read through until 01:02:03 UTC"));
+    }
+
+    #[test]
+    fn previous_owner_is_named_only_for_moved_keys() {
+        let four: Vec<ServerConfig> = (1..=4).map(|i| server(&format!("s{i}"), 1)).collect();
+        let five: Vec<ServerConfig> = (1..=5).map(|i| server(&format!("s{i}"), 1)).collect();
+        let config = |servers: &[ServerConfig]| {
+            let mut text = String::from("listen = \"127.0.0.1:0\"\n");
+            for s in servers {
+                text.push_str(&format!(
+                    "[[servers]]\naddr = \"{}\"\nname = \"{}\"\n",
+                    s.addr, s.name
+                ));
+            }
+            Arc::new(Config::parse(&text, "t.toml").unwrap())
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _guard = runtime.enter();
+        let hooks = PoolHooks {
+            health_changed: Arc::new(tokio::sync::Notify::new()),
+            stats: Arc::new(crate::stats::Stats::new()),
+        };
+        let (c4, c5) = (config(&four), config(&five));
+        let old = Topology::assemble(
+            c4.clone(),
+            1,
+            Topology::backends_for(&c4, None, &hooks),
+            Vec::new(),
+        );
+        let backends = Topology::backends_for(&c5, Some(&old), &hooks);
+        let mut new = Topology::assemble(c5, 2, backends, Vec::new());
+        let window = std::time::Duration::from_secs(60);
+        new.set_previous(Previous::new(old.ring.clone(), old.members(), window), &old);
+        let (mut moved, mut total) = (0, 0);
+        for i in 0..2000 {
+            let key = format!("k{i}");
+            let owner = new.owner_index(key.as_bytes()).unwrap();
+            let before = old.owner_index(key.as_bytes()).unwrap();
+            match new.previous_owner(key.as_bytes(), owner) {
+                Some(previous) => {
+                    moved += 1;
+                    assert_eq!(new.backends[previous].name(), old.backends[before].name());
+                    assert_eq!(new.backends[owner].name(), "s5");
+                }
+                None => assert_eq!(owner, before),
+            }
+            total += 1;
+        }
+        assert!(
+            (total / 7..total / 3).contains(&moved),
+            "{moved} of {total}"
+        );
+        assert_eq!(new.membership(4), Membership::Joining);
+        assert_eq!(new.membership(0), Membership::Active);
+    }
+
+    #[test]
     fn same_list_is_an_empty_change() {
         let list = vec![server("a", 1)];
         let change = Change::between(&list, &ring_of(&list), &list, &ring_of(&list));

@@ -163,6 +163,12 @@ fn adding_a_fifth_server_keeps_every_key_readable_and_moves_a_fifth() {
     let text = stats_text(&proxy);
     let joining = format!("server:cache-{}:membership JOINING", servers[4].port);
     assert!(text.contains(&joining), "{text}");
+    let metrics = proxy.running().stats.prometheus_text();
+    let line = format!(
+        "memring_server_membership{{server=\"cache-{}\",state=\"JOINING\"}} 1",
+        servers[4].port
+    );
+    assert!(metrics.contains(&line), "{metrics}");
 
     let first = read_all(&mut client, &keys);
     let second = read_all(&mut client, &keys);
