@@ -255,16 +255,19 @@ fn is_absent(result: &CallResult) -> bool {
     matches!(result, Ok(r) if r.starts_with(b"NOT_FOUND") || r.starts_with(b"NOT_STORED"))
 }
 
-/// A `delete` on both owners answers `DELETED` if either deleted; otherwise
-/// the new owner's reply (`NOT_FOUND`, or its error).
+/// A `delete` on both owners answers `DELETED` if either deleted; an error
+/// of the new owner is passed on (the key may still be there); otherwise the
+/// new owner's reply.
 pub fn merge_delete(new: CallResult, previous: CallResult) -> CallResult {
     let deleted = |r: &CallResult| matches!(r, Ok(b) if b.as_ref() == b"DELETED\r\n");
-    if deleted(&new) {
+    let failed = |r: &CallResult| match r {
+        Ok(b) => b.starts_with(b"SERVER_ERROR") || b.starts_with(b"ERROR"),
+        Err(_) => true,
+    };
+    if deleted(&new) || failed(&new) || !deleted(&previous) {
         new
-    } else if deleted(&previous) {
-        previous
     } else {
-        new
+        previous
     }
 }
 
@@ -387,6 +390,17 @@ mod tests {
             answer(m.on_reply(ok(b"NOT_FOUND\r\n"))).unwrap(),
             &b"DELETED\r\n"[..]
         );
+    }
+
+    #[test]
+    fn delete_failing_on_the_new_owner_is_an_error() {
+        let failed: CallResult = Err(BackendError {
+            server: "new".into(),
+            kind: crate::error::BackendErrorKind::Timeout,
+        });
+        assert!(merge_delete(failed, ok(b"DELETED\r\n")).is_err());
+        let not_found = merge_delete(ok(b"NOT_FOUND\r\n"), ok(b"NOT_FOUND\r\n"));
+        assert_eq!(not_found.unwrap(), &b"NOT_FOUND\r\n"[..]);
     }
 
     #[test]
