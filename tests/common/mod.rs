@@ -45,6 +45,24 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// Whether the memcached answering on `stream` is process `pid`.
+fn served_by(mut stream: TcpStream, pid: u32) -> bool {
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    if stream.write_all(b"stats\r\n").is_err() {
+        return false;
+    }
+    let mut text = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !text.ends_with(b"END\r\n") {
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => text.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let expected = format!("STAT pid {pid}\r\n");
+    String::from_utf8_lossy(&text).contains(&expected)
+}
+
 /// Polls `condition` until it holds or `DEADLINE` passes.
 pub fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
     let start = Instant::now();
@@ -105,9 +123,16 @@ impl Memcached {
             .expect("memcached must be installed (scripts/test installs it)");
         let start = Instant::now();
         loop {
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                self.child = Some(child);
-                return true;
+            if let Ok(stream) = TcpStream::connect(("127.0.0.1", self.port)) {
+                // Another test's memcached may have taken the port between
+                // `free_port` and the bind: only ours counts.
+                if served_by(stream, child.id()) {
+                    self.child = Some(child);
+                    return true;
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+                return false;
             }
             if let Ok(Some(_)) = child.try_wait() {
                 return false;
