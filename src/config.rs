@@ -44,6 +44,7 @@ struct RawConfig {
     max_client_buffer_bytes: Option<Spanned<u64>>,
     max_buffer_bytes: Option<Spanned<u64>>,
     client_write_timeout_ms: Option<Spanned<u64>>,
+    handoff_ms: Option<Spanned<u64>>,
     ring: Option<Spanned<String>>,
     hash: Option<Spanned<String>>,
     hash_tag: Option<Spanned<String>>,
@@ -134,6 +135,9 @@ pub struct Config {
     pub max_buffer_bytes: usize,
     /// Close a client that is owed replies and reads none of them for this long.
     pub client_write_timeout: Duration,
+    /// How long a membership change keeps the previous ring for hand-off
+    /// reads (see `handoff.rs`); zero turns hand-off off.
+    pub handoff: Duration,
     /// Ring flavour, key hash and hash tag (`ring`, `hash`, `hash_tag`).
     pub ring: Spec,
 }
@@ -143,6 +147,9 @@ pub const DEFAULT_CONNECTIONS_PER_SERVER: u64 = 1;
 pub const CLIENT_BUFFER_HEADROOM_BYTES: usize = 4 * 1024 * 1024;
 pub const DEFAULT_MAX_BUFFER_BYTES: u64 = 256 * 1024 * 1024;
 pub const DEFAULT_CLIENT_WRITE_TIMEOUT_MS: u64 = 30_000;
+/// Five minutes: long enough for the hot part of a moved share to be read
+/// once and copied, short enough that leaving servers are let go soon.
+pub const DEFAULT_HANDOFF_MS: u64 = 300_000;
 pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 500;
 pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 1000;
 pub const DEFAULT_MAX_CLIENT_CONNECTIONS: u64 = 16_384;
@@ -377,6 +384,12 @@ impl Config {
             DEFAULT_CLIENT_WRITE_TIMEOUT_MS,
             1..=86_400_000,
         )?;
+        let handoff_ms = number(
+            &raw.handoff_ms,
+            "handoff_ms",
+            DEFAULT_HANDOFF_MS,
+            0..=86_400_000,
+        )?;
 
         let ring = ring_spec(&raw, &at)?;
 
@@ -408,6 +421,7 @@ impl Config {
             max_client_buffer_bytes,
             max_buffer_bytes: max_buffer_bytes as usize,
             client_write_timeout: Duration::from_millis(client_write_timeout_ms),
+            handoff: Duration::from_millis(handoff_ms),
         })
     }
 

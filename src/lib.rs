@@ -9,6 +9,8 @@
 //! - [`ring`]: the consistent-hash ring. Pure.
 //! - [`route`]: the request plan: which servers get which bytes, and how their
 //!   replies (multi-get merge, quorum, fall-through) become the client's. Pure.
+//! - [`handoff`]: what commands on keys whose owner just changed do (read
+//!   through, copy, delete from both). Pure.
 //! - [`config`]: the TOML file, validated with `file:line:column` errors.
 //! - [`topology`]: ring + backends + version; what a server-list change does.
 //! - [`pool`]: the one writer of the published topology (reloads, ejections).
@@ -31,6 +33,7 @@ pub mod admin;
 pub mod backend;
 pub mod config;
 pub mod error;
+pub mod handoff;
 mod outbuf;
 pub mod pool;
 pub mod protocol;

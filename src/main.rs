@@ -306,6 +306,18 @@ fn plan(old: &Path, new: &Path) -> anyhow::Result<()> {
     );
     println!("keyspace that moves: {:.2}%", change.moved_share * 100.0);
     println!("change: {change}");
+    if change.moved_share > 0.0 {
+        let window = new_config.handoff.as_secs();
+        if window == 0 || new_config.replicas > 1 {
+            println!("hand-off: off (handoff_ms = 0 or replicas > 1): moved keys miss once");
+        } else {
+            println!(
+                "hand-off: for {window} s, reads of moved keys (about {} per 100000 stored keys) \
+                 fall through to their previous owner and are copied on a hit",
+                (change.moved_share * 100_000.0).round() as u64
+            );
+        }
+    }
     let settings = memring::reload::setting_changes(&old_config, &new_config);
     for setting in &settings {
         let when = if setting.restart_only {

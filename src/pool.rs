@@ -13,7 +13,7 @@ use crate::backend::health::HealthState;
 use crate::backend::{Backend, PoolHooks};
 use crate::config::{Config, ServerConfig};
 use crate::stats::Stats;
-use crate::topology::{Change, SharedTopology, Topology};
+use crate::topology::{Change, Previous, SharedTopology, Topology};
 
 /// Builds and publishes topologies, one at a time: config reloads and health
 /// ejections both come through here, so neither can overwrite the other.
@@ -90,13 +90,71 @@ impl Publisher {
     /// Re-evaluates ejection after health changes; publishes only if the set of
     /// ejected servers changed.
     pub fn apply_health(&self) -> Option<Published> {
-        let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.apply_health_holding(&[])
+    }
+
+    /// Servers out of the ring that are no longer DEAD: they would come back
+    /// on the next [`Publisher::apply_health`]. (name, address)
+    pub fn returning(&self) -> Vec<(String, String)> {
         let old = self.topology.load_full();
         let ejected = Self::to_eject(&old.config, &old.backends);
+        old.backends
+            .iter()
+            .filter(|b| old.ejected.iter().any(|n| n == b.name()))
+            .filter(|b| !ejected.iter().any(|n| n == b.name()))
+            .map(|b| (b.name().to_string(), b.addr().to_string()))
+            .collect()
+    }
+
+    /// Like [`Publisher::apply_health`], but the servers named in `hold` stay
+    /// ejected (their flush on return failed).
+    pub fn apply_health_holding(&self, hold: &[String]) -> Option<Published> {
+        let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.topology.load_full();
+        let mut ejected = Self::to_eject(&old.config, &old.backends);
+        for name in hold {
+            if old.ejected.contains(name) && !ejected.contains(name) {
+                ejected.push(name.clone());
+            }
+        }
+        ejected.sort_by_key(|n| old.config.servers.iter().position(|s| &s.name == n));
         if ejected.as_slice() == &old.ejected[..] {
             return None;
         }
-        Some(self.publish(&old, old.config.clone(), old.backends.clone(), ejected))
+        let configured = old.backends[..old.config.servers.len()].to_vec();
+        Some(self.publish(&old, old.config.clone(), configured.into(), ejected))
+    }
+
+    /// Ends the hand-off window if it is over: publishes the same ring
+    /// without the previous one, which lets LEAVING servers go.
+    pub fn end_window(&self) -> Option<Published> {
+        let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.topology.load_full();
+        let previous = old.previous.as_ref()?;
+        if previous.until > std::time::Instant::now() {
+            return None;
+        }
+        let configured = old.backends[..old.config.servers.len()].to_vec();
+        let new = Topology::assemble(
+            old.config.clone(),
+            old.version + 1,
+            configured.into(),
+            old.ejected.to_vec(),
+        );
+        let version = new.version;
+        record(&self.hooks.stats, &new);
+        forget_gone(&self.hooks.stats, &old, &new);
+        self.topology.store(Arc::new(new));
+        self.published.notify_waiters();
+        Some(Published {
+            version,
+            change: Change::between(&[], &old.ring, &[], &old.ring),
+        })
+    }
+
+    /// When the current hand-off window ends, if there is one.
+    pub fn window_end(&self) -> Option<std::time::Instant> {
+        self.topology.load().previous.as_ref().map(|p| p.until)
     }
 
     fn publish(
@@ -120,15 +178,40 @@ impl Publisher {
             .cloned()
             .collect();
         // Built off the request path; requests in flight finish on `old`.
-        let new = Topology::assemble(config, old.version + 1, backends, ejected);
+        let mut new = Topology::assemble(config, old.version + 1, backends, ejected);
         let mut change = Change::between(&servers_before, &old.ring, &servers_after, &new.ring);
         // Ejections and restorations are reported as such, not as adds/removes.
         change.added.retain(|n| !restored.contains(n));
         change.removed.retain(|n| !newly_ejected.contains(n));
         change.ejected = newly_ejected;
         change.restored = restored;
+        // A change that gives keys new owners (other than an ejection, whose
+        // previous owner is DEAD) starts a hand-off window from the ring in
+        // force; the window before it, if any, is dropped. Otherwise a
+        // running window carries on unchanged.
+        let window = new.config.handoff;
+        let starts = !window.is_zero()
+            && new.config.replicas <= 1
+            && change.moved_share > 0.0
+            && (!change.added.is_empty()
+                || !change.removed.is_empty()
+                || !change.reweighted.is_empty()
+                || !change.restored.is_empty());
+        if starts {
+            let previous = Previous::new(old.ring.clone(), old.members(), window);
+            change.handoff = Some(Box::new((window.as_millis() as u64, previous.until_unix)));
+            new.set_previous(previous, old);
+        } else if let Some(running) = &old.previous {
+            if !window.is_zero()
+                && new.config.replicas <= 1
+                && running.until > std::time::Instant::now()
+            {
+                new.set_previous(running.carried(), old);
+            }
+        }
         let version = new.version;
         record(&self.hooks.stats, &new);
+        forget_gone(&self.hooks.stats, old, &new);
         self.topology.store(Arc::new(new));
         self.published.notify_waiters();
         Published { version, change }
@@ -172,18 +255,95 @@ fn record(stats: &Stats, topology: &Topology) {
         topology.backends.len(),
         topology.effective_servers(),
     );
+    for (i, backend) in topology.backends.iter().enumerate() {
+        stats.membership(backend.name(), topology.membership(i).as_str());
+    }
+}
+
+/// Forgets the membership lines of servers `old` had and `new` has not.
+fn forget_gone(stats: &Stats, old: &Topology, new: &Topology) {
+    for backend in old.backends.iter() {
+        if !new.backends.iter().any(|b| b.name() == backend.name()) {
+            stats.membership_gone(backend.name());
+        }
+    }
 }
 
 /// Leaves DEAD servers out of the ring (when `auto_eject` is on) and puts them
 /// back when they recover, each as one published topology change.
+///
+/// A returning server is flushed before it re-enters the ring: keys written
+/// while it was out went to other servers, and its old values must never be
+/// read again. Its return is then a join with a hand-off window, so its keys
+/// are read through from the servers that held them meanwhile.
+///
+/// The same task ends hand-off windows when they are over.
 pub async fn eject_on_health_changes(publisher: Arc<Publisher>, shutdown: CancellationToken) {
     loop {
+        // Checked at least every second, so a window started by a reload is
+        // ended on time without a wake-up from the reloader.
+        let tick = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        let tick = publisher.window_end().map_or(tick, |end| end.min(tick));
         tokio::select! {
             () = publisher.health_changed() => {}
+            () = tokio::time::sleep_until(tick.into()) => {
+                if let Some(Published { version, .. }) = publisher.end_window() {
+                    tracing::info!("ring v{version}: hand-off window over; leaving servers closed");
+                }
+                continue;
+            }
             () = shutdown.cancelled() => return,
         }
-        if let Some(Published { version, change }) = publisher.apply_health() {
+        let mut hold = Vec::new();
+        for (name, addr) in publisher.returning() {
+            let settings = {
+                let topology = publisher.topology.load();
+                crate::backend::BackendSettings::from_config(&topology.config)
+            };
+            match flush(&addr, settings.connect_timeout + settings.request_timeout).await {
+                Ok(()) => tracing::info!("{name} returns: flushed, joins with hand-off"),
+                Err(e) => {
+                    tracing::warn!("{name} stays ejected: flush before its return failed: {e}");
+                    hold.push(name);
+                }
+            }
+        }
+        if let Some(Published { version, change }) = publisher.apply_health_holding(&hold) {
             tracing::warn!("ring v{version}: {change}");
         }
+        if !hold.is_empty() {
+            // Try again shortly: health will not change again by itself.
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            publisher.hooks.health_changed.notify_one();
+        }
     }
+}
+
+/// `flush_all` on a server, over its own short-lived connection.
+async fn flush(addr: &str, timeout: std::time::Duration) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let attempt = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        stream.write_all(b"flush_all\r\n").await?;
+        let mut reply = [0u8; 64];
+        let mut got = 0;
+        while !reply[..got].ends_with(b"\r\n") && got < reply.len() {
+            let n = stream.read(&mut reply[got..]).await?;
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        if &reply[..got] == b"OK\r\n" {
+            Ok(())
+        } else {
+            Err(std::io::Error::other(format!(
+                "flush_all answered {:?}",
+                String::from_utf8_lossy(&reply[..got])
+            )))
+        }
+    };
+    tokio::time::timeout(timeout, attempt)
+        .await
+        .unwrap_or_else(|_| Err(std::io::Error::other("flush_all timed out")))
 }

@@ -225,6 +225,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         max_client_buffer_bytes,
         max_buffer_bytes,
         client_write_timeout,
+        handoff,
         ring,
     } = new;
     let ms = |d: &Duration| d.as_millis().to_string();
@@ -253,7 +254,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             String::from_utf8_lossy(&t).into_owned()
         })
     };
-    let rows: [(&'static str, String, String, bool); 21] = [
+    let rows: [(&'static str, String, String, bool); 22] = [
         (
             "ring",
             old.ring.flavour.name().to_string(),
@@ -365,6 +366,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             ms(client_write_timeout),
             true,
         ),
+        ("handoff_ms", ms(&old.handoff), ms(handoff), false),
     ];
     rows.into_iter()
         .filter(|(_, old, new, _)| old != new)

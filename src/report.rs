@@ -39,6 +39,11 @@ pub fn write_stats(out: &mut BytesMut, stats: &Stats, topology: &Topology) {
     write_stat(out, "ring_version", &topology.version);
     write_stat(out, "ring_servers", &topology.backends.len());
     write_stat(out, "ring_ejected", &topology.ejected.len());
+    let handoff_until = topology.previous.as_ref().map_or(0, |p| p.until_unix);
+    write_stat(out, "handoff_until", &handoff_until);
+    for (name, value) in stats.handoff() {
+        write_stat(out, name, &value);
+    }
     let shares = topology.shares();
     let timeout = [crate::error::BackendErrorKind::Timeout.index()];
     for (i, backend) in topology.backends.iter().enumerate() {
@@ -49,6 +54,7 @@ pub fn write_stats(out: &mut BytesMut, stats: &Stats, topology: &Topology) {
         };
         stat(out, "addr", &backend.addr());
         stat(out, "state", &backend.state().as_str());
+        stat(out, "membership", &topology.membership(i).as_str());
         stat(out, "requests", &metrics.requests.get());
         stat(out, "errors", &metrics.error_count());
         stat(out, "timeouts", &metrics.errors_of(&timeout));

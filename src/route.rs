@@ -61,6 +61,9 @@ pub enum Plan {
     Broadcast { servers: Servers },
     /// A retrieval.
     Retrieve(Box<Retrieval>),
+    /// A command on a key whose owner changed within the hand-off window
+    /// (see `handoff::Moved`): `owner` now, `previous` before.
+    Moved { owner: usize, previous: usize },
     /// No server to send it to.
     NoServers,
 }
@@ -89,6 +92,15 @@ pub fn plan(request: &Request, bytes: &Bytes, topology: &Topology) -> Plan {
             let key = request.key(bytes, 0);
             if topology.config.replicas <= 1 {
                 return match topology.owner_index(key) {
+                    // During a hand-off window, one more ring lookup.
+                    Some(owner) if topology.previous.is_some() => {
+                        match topology.previous_owner(key, owner) {
+                            Some(previous) if crate::handoff::needs_handoff(request.command) => {
+                                Plan::Moved { owner, previous }
+                            }
+                            _ => Plan::Forward { server: owner },
+                        }
+                    }
                     Some(server) => Plan::Forward { server },
                     None => Plan::NoServers,
                 };
@@ -290,18 +302,32 @@ pub struct Retrieval {
     held: usize,
     /// The largest value block seen, for the session's estimate.
     largest_block: usize,
+    /// Hand-off: keys with a second candidate are moved keys; a value found
+    /// there is copied to the first (the new owner).
+    handoff: bool,
+    /// Copies to send: (new owner, `add` lines).
+    copies: Vec<(usize, crate::protocol::encode::Outbound)>,
+    /// Keys asked of their previous owner, and values found there.
+    read_through: (usize, usize),
 }
 
 impl Retrieval {
     /// Plans the retrieval `request` (bytes `bytes`) on `topology`.
     pub fn new(request: &Request, bytes: Bytes, topology: &Topology) -> Retrieval {
         let replicas = topology.config.replicas.max(1);
+        let handoff = replicas == 1 && topology.previous.is_some();
         let candidates = (0..request.keys.len())
             .map(|i| {
                 let key = request.key(&bytes, i);
                 let mut servers = Servers::new();
                 if replicas == 1 {
                     servers.extend(topology.owner_index(key));
+                    if handoff {
+                        // A moved key: its previous owner after a miss.
+                        if let Some(&owner) = servers.first() {
+                            servers.extend(topology.previous_owner(key, owner));
+                        }
+                    }
                 } else {
                     topology.replicas(key, &mut servers);
                     // Healthy replicas first; ring order otherwise.
@@ -310,12 +336,30 @@ impl Retrieval {
                 servers
             })
             .collect();
-        Retrieval::with_candidates(
+        let mut retrieval = Retrieval::with_candidates(
             request,
             bytes,
             candidates,
-            replicas > 1 && topology.config.read_miss_fallthrough,
-        )
+            handoff || (replicas > 1 && topology.config.read_miss_fallthrough),
+        );
+        retrieval.handoff = handoff;
+        retrieval
+    }
+
+    /// Some key of this retrieval may be read through (and copied), so later
+    /// requests of the client wait until it has its answers.
+    pub fn has_moved_keys(&self) -> bool {
+        self.handoff && self.candidates.iter().any(|c| c.len() > 1)
+    }
+
+    /// Copies of read-through hits to send to the keys' new owners.
+    pub fn take_copies(&mut self) -> Vec<(usize, crate::protocol::encode::Outbound)> {
+        std::mem::take(&mut self.copies)
+    }
+
+    /// Keys asked of their previous owner, and hits there.
+    pub fn read_through(&self) -> (usize, usize) {
+        self.read_through
     }
 
     /// A retrieval whose keys are asked of `candidates[i]` in order.
@@ -344,6 +388,9 @@ impl Retrieval {
             first_error: None,
             held: 0,
             largest_block: 0,
+            handoff: false,
+            copies: Vec::new(),
+            read_through: (0, 0),
         }
     }
 
@@ -399,6 +446,9 @@ impl Retrieval {
                 self.state[k] = KeyState::Missed;
                 continue;
             };
+            if self.handoff && self.round[k] > 0 {
+                self.read_through.0 += 1;
+            }
             let name = self.keys[k].of(&self.bytes);
             let at = open.iter().position(|(s, id, line)| {
                 *s == server
@@ -469,6 +519,18 @@ impl Retrieval {
                     self.missed(k);
                 }
                 if let Some(k) = found {
+                    if self.handoff && self.round[k] > 0 {
+                        // Found on the previous owner: copy it to the new
+                        // one with `add`, so a newer value written there
+                        // meanwhile is never overwritten. Expiry: the
+                        // `gat`/`gats` one, else none (classic replies do not
+                        // carry the remaining TTL).
+                        self.read_through.1 += 1;
+                        let exptime = self.exptime.map_or(&b"0"[..], |e| e.of(&self.bytes));
+                        if let Some(copy) = crate::handoff::copy_block(&block, exptime) {
+                            self.copies.push((self.candidates[k][0], copy));
+                        }
+                    }
                     self.largest_block = self.largest_block.max(block.len());
                     self.held += block.len();
                     self.state[k] = KeyState::Found(block);
@@ -531,20 +593,8 @@ impl Retrieval {
     /// every key is settled, the closing `END` (or, when no server answered
     /// at all, the error). Returns true when the reply is complete.
     pub fn emit(&mut self, out: &mut OutQueue) -> bool {
-        while self.next_emit < self.keys.len() {
-            match std::mem::replace(&mut self.state[self.next_emit], KeyState::Missed) {
-                KeyState::Found(block) => {
-                    self.held -= block.len();
-                    self.values_written += 1;
-                    out.push(block);
-                }
-                KeyState::Missed => {}
-                waiting => {
-                    self.state[self.next_emit] = waiting;
-                    return false;
-                }
-            }
-            self.next_emit += 1;
+        if !self.emit_values(out) {
+            return false;
         }
         if self.values_written == 0 && !self.answered {
             // A multi-get answers with what the healthy servers hold; only
@@ -562,6 +612,27 @@ impl Retrieval {
             }
         }
         out.push_slice(b"END\r\n");
+        true
+    }
+
+    /// Writes every value that can go to the client now, in key order, and
+    /// never the end of the reply; true once every key is settled.
+    pub fn emit_values(&mut self, out: &mut OutQueue) -> bool {
+        while self.next_emit < self.keys.len() {
+            match std::mem::replace(&mut self.state[self.next_emit], KeyState::Missed) {
+                KeyState::Found(block) => {
+                    self.held -= block.len();
+                    self.values_written += 1;
+                    out.push(block);
+                }
+                KeyState::Missed => {}
+                waiting => {
+                    self.state[self.next_emit] = waiting;
+                    return false;
+                }
+            }
+            self.next_emit += 1;
+        }
         true
     }
 

@@ -35,6 +35,7 @@ use tokio::time::Instant;
 
 use crate::backend::slot::{Got, Slot};
 use crate::error::BackendError;
+use crate::handoff::{copy_outcome, CopyOutcome, Moved, Owner, Step};
 use crate::outbuf::OutQueue;
 use crate::protocol::encode::{forwardable, write_server_error};
 use crate::protocol::meta::{is_meta_request, parse_meta, MetaCommand, MetaRequest};
@@ -366,7 +367,26 @@ impl ClientSession {
                 plan: retrieval,
                 in_flight: SmallVec::new(),
                 held: 0,
+                copies: SmallVec::new(),
             },
+            Plan::Moved { owner, previous } => {
+                let as_set =
+                    (request.command == Command::Cas).then(|| route::cas_as_set(&request, &bytes));
+                match Moved::new(&request, &bytes, as_set) {
+                    Some(machine) => Work::Moved(Box::new(MovedWork {
+                        machine,
+                        owner,
+                        previous,
+                        part: None,
+                        copies: SmallVec::new(),
+                        answer: None,
+                    })),
+                    None => Work::Lines {
+                        parts: smallvec::smallvec![Part::new(owner)],
+                        finish: Finish::Forward,
+                    },
+                }
+            }
         };
         self.push(Entry {
             command: request.command,
@@ -600,8 +620,38 @@ impl ClientSession {
                     }
                 }
             }
+            Work::Moved(moved) => {
+                if !entry.sent {
+                    let cost = entry.bytes.len() + LINE_REPLY_BYTES;
+                    if !self.may_reserve(cost) {
+                        return false;
+                    }
+                    self.reserve(cost);
+                    entry.reserved = cost;
+                    entry.sent = true;
+                    let step = moved.machine.start();
+                    self.step(&topology, moved, step);
+                }
+                // One step at a time; later requests of the client wait, so
+                // they see the key as the steps left it.
+                while moved.answer.is_none() {
+                    let Some(part) = &mut moved.part else {
+                        break;
+                    };
+                    part.absorb();
+                    let Some(result) = part.result.take() else {
+                        return false;
+                    };
+                    let step = moved.machine.on_reply(result);
+                    self.step(&topology, moved, step);
+                }
+                true
+            }
             Work::Retrieve {
-                plan, in_flight, ..
+                plan,
+                in_flight,
+                copies,
+                ..
             } => {
                 while plan.has_unsent() {
                     let room = self
@@ -633,10 +683,74 @@ impl ClientSession {
                         }
                     }
                 }
-                // With replicas, replies may send keys to their next replica:
-                // later requests wait until this one has its answers.
-                in_flight.is_empty() || topology.config.replicas <= 1
+                // Read-through hits go to their new owner before any later
+                // request of this client.
+                for (server, copy) in plan.take_copies() {
+                    let mut part = Part::new(server);
+                    self.send(
+                        &topology,
+                        &mut part,
+                        &copy,
+                        Expect::Line(LineKind::Storage),
+                        true,
+                    );
+                    copies.push(part);
+                }
+                // With replicas (or moved keys), replies may send keys to
+                // their next server: later requests wait until this one has
+                // its answers.
+                in_flight.is_empty() || (topology.config.replicas <= 1 && !plan.has_moved_keys())
             }
+        }
+    }
+
+    /// Sends what a hand-off step says, or keeps its answer.
+    fn step(&self, topology: &Topology, moved: &mut MovedWork, step: Step) {
+        match step {
+            Step::Answer(result) => moved.answer = Some(result),
+            Step::Send {
+                to,
+                copy,
+                lines,
+                expect,
+            } => {
+                let server = match to {
+                    Owner::New => moved.owner,
+                    Owner::Previous => moved.previous,
+                };
+                if let Some(copy) = copy {
+                    let mut part = Part::new(server);
+                    self.send(
+                        topology,
+                        &mut part,
+                        &copy,
+                        Expect::Line(LineKind::Storage),
+                        true,
+                    );
+                    moved.copies.push(part);
+                }
+                let mut part = Part::new(server);
+                self.send(topology, &mut part, &lines, expect, true);
+                moved.part = Some(part);
+            }
+        }
+    }
+
+    /// Queues a request with any expected reply on `part`'s server.
+    fn send(
+        &self,
+        topology: &Topology,
+        part: &mut Part,
+        request: &[Bytes],
+        expect: Expect,
+        want_reply: bool,
+    ) {
+        let backend = &topology.backends[part.server];
+        let conn = self.worker.conn(backend, self.lane);
+        let slot = want_reply.then(|| Slot::new(self.wake.clone()));
+        match conn.send(request, expect, slot.clone()) {
+            Ok(()) => part.slot = slot,
+            Err(kind) => part.result = Some(Err(backend.error(kind))),
         }
     }
 
@@ -699,7 +813,9 @@ impl ClientSession {
                 plan,
                 in_flight,
                 held,
+                copies,
             } => {
+                copies.iter_mut().for_each(Part::absorb);
                 in_flight.retain(|(id, slot, cost)| {
                     while let Some(got) = slot.take() {
                         plan.on_piece(*id, got);
@@ -725,6 +841,7 @@ impl ClientSession {
                 }
                 *held = now;
             }
+            Work::Moved(moved) => moved.copies.iter_mut().for_each(Part::absorb),
             Work::Ready(_) | Work::Stats => {}
         }
         self.reserve(grown);
@@ -756,8 +873,9 @@ impl ClientSession {
             let complete = self.dispatched > 0 && self.finish(&mut entry);
             if !complete {
                 if let Work::Retrieve { plan, held, .. } = &mut entry.work {
-                    // The head streams: its values go out as they arrive.
-                    plan.emit(&mut self.out);
+                    // The head streams: its values go out as they arrive
+                    // (the END only when `finish` says it is complete).
+                    plan.emit_values(&mut self.out);
                     let now = plan.held_bytes();
                     self.release(held.saturating_sub(now));
                     *held = now;
@@ -906,16 +1024,41 @@ impl ClientSession {
                     Err(error) => write_server_error(self.out.scratch(), &error),
                 }
             }
+            Work::Moved(moved) => {
+                let Some(answer) = moved.answer.take() else {
+                    return false;
+                };
+                count_copies(stats, &moved.copies);
+                if !noreply {
+                    match answer {
+                        Ok(reply) => {
+                            stats.reply(entry.command, &reply);
+                            self.out.push(reply);
+                        }
+                        Err(error) => write_server_error(self.out.scratch(), &error),
+                    }
+                }
+            }
             Work::Retrieve {
                 plan,
                 held,
                 in_flight,
+                copies,
             } => {
-                if plan.has_unsent() || !in_flight.is_empty() || !plan.emit(&mut self.out) {
+                // Copies are answered on the same connections right after the
+                // values they copy; the END waits for them to count them.
+                if plan.has_unsent()
+                    || !in_flight.is_empty()
+                    || copies.iter().any(|c| c.result.is_none())
+                    || !plan.emit(&mut self.out)
+                {
                     return false;
                 }
                 let (keys, hits) = plan.counts();
                 stats.retrieval(keys, hits);
+                let (reads, found) = plan.read_through();
+                stats.read_through(reads, found);
+                count_copies(stats, copies);
                 self.release(*held);
                 *held = 0;
             }
@@ -990,7 +1133,34 @@ enum Work {
         in_flight: SmallVec<[(u32, Rc<Slot>, usize); 2]>,
         /// Value bytes the plan holds, counted as owed.
         held: usize,
+        /// Read-through hits copied to their new owners.
+        copies: SmallVec<[Part; 1]>,
     },
+    /// A command on a moved key (hand-off), one step at a time.
+    Moved(Box<MovedWork>),
+}
+
+struct MovedWork {
+    machine: Moved,
+    owner: usize,
+    previous: usize,
+    /// The step waiting for its reply.
+    part: Option<Part>,
+    copies: SmallVec<[Part; 1]>,
+    answer: Option<CallResult>,
+}
+
+/// Counts the replies to hand-off copies.
+fn count_copies(stats: &crate::stats::Stats, copies: &[Part]) {
+    let (mut made, mut skipped, mut failed) = (0, 0, 0);
+    for copy in copies {
+        match copy.result.as_ref().map(copy_outcome) {
+            Some(CopyOutcome::Made) => made += 1,
+            Some(CopyOutcome::Skipped) => skipped += 1,
+            _ => failed += 1,
+        }
+    }
+    stats.copies(made, skipped, failed);
 }
 
 /// One meta request on its way to one or more servers.

@@ -94,11 +94,20 @@ pub struct Stats {
     backend_latency: Family<ServerLabels, Histogram, fn() -> Histogram>,
     backend_connections: Family<ServerLabels, Gauge>,
     server_state: Family<ServerStateLabels, Gauge>,
+    /// 1 for each server's part in a hand-off window (ACTIVE, JOINING, LEAVING).
+    server_membership: Family<ServerStateLabels, Gauge>,
     ring_version: Gauge,
     servers_configured: Gauge,
     servers_effective: Gauge,
     reloads: Family<ResultLabels, Counter>,
     replica_background: Counter,
+    /// Hand-off: keys asked of their previous owner, values found there,
+    /// and copies to new owners stored, skipped (newer value there), failed.
+    handoff_reads: Counter,
+    handoff_hits: Counter,
+    handoff_copies: Counter,
+    handoff_copies_skipped: Counter,
+    handoff_copy_failures: Counter,
     /// Per-command request latency, indexed like `commands`.
     command_latency: Vec<Histogram>,
 }
@@ -203,6 +212,12 @@ impl Stats {
             "1 for each server's current health state (ACTIVE, SUSPECT, DEAD)",
             server_state.clone(),
         );
+        let server_membership = Family::<ServerStateLabels, Gauge>::default();
+        registry.register(
+            "server_membership",
+            "1 for each server's part in a hand-off window (ACTIVE, JOINING, LEAVING)",
+            server_membership.clone(),
+        );
         let ring_version = gauge(
             &mut registry,
             "ring_version",
@@ -225,6 +240,31 @@ impl Stats {
             "replica_writes_background",
             "Replica writes still running when the client was answered on a quorum",
         );
+        let handoff_reads = counter(
+            &mut registry,
+            "handoff_read_through",
+            "Keys read from their previous owner after a miss on the new one (hand-off)",
+        );
+        let handoff_hits = counter(
+            &mut registry,
+            "handoff_read_through_hits",
+            "Read-through keys found on their previous owner",
+        );
+        let handoff_copies = counter(
+            &mut registry,
+            "handoff_copies",
+            "Values copied to their new owner during a hand-off window",
+        );
+        let handoff_copies_skipped = counter(
+            &mut registry,
+            "handoff_copies_skipped",
+            "Copies not stored because the new owner already had a value",
+        );
+        let handoff_copy_failures = counter(
+            &mut registry,
+            "handoff_copy_failures",
+            "Copies to a new owner that failed",
+        );
         let latency_family: Family<CommandLabels, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(latency_histogram);
         registry.register(
@@ -243,6 +283,11 @@ impl Stats {
         Stats {
             started: Instant::now(),
             replica_background,
+            handoff_reads,
+            handoff_hits,
+            handoff_copies,
+            handoff_copies_skipped,
+            handoff_copy_failures,
             command_latency,
             registry,
             curr_connections,
@@ -261,6 +306,7 @@ impl Stats {
             backend_latency,
             backend_connections,
             server_state,
+            server_membership,
             ring_version,
             servers_configured,
             servers_effective,
@@ -345,6 +391,35 @@ impl Stats {
         self.get.misses.inc_by(keys.saturating_sub(hits) as u64);
     }
 
+    /// Keys read through from their previous owner, and hits there.
+    pub fn read_through(&self, reads: usize, hits: usize) {
+        if reads > 0 {
+            self.handoff_reads.inc_by(reads as u64);
+            self.handoff_hits.inc_by(hits as u64);
+        }
+    }
+
+    /// Hand-off copies: stored, skipped, failed.
+    pub fn copies(&self, made: usize, skipped: usize, failed: usize) {
+        if made + skipped + failed > 0 {
+            self.handoff_copies.inc_by(made as u64);
+            self.handoff_copies_skipped.inc_by(skipped as u64);
+            self.handoff_copy_failures.inc_by(failed as u64);
+        }
+    }
+
+    /// Hand-off counters for `stats`: read-through keys, hits there, copies
+    /// made, skipped and failed.
+    pub fn handoff(&self) -> [(&'static str, u64); 5] {
+        [
+            ("handoff_read_through", self.handoff_reads.get()),
+            ("handoff_read_through_hits", self.handoff_hits.get()),
+            ("handoff_copies", self.handoff_copies.get()),
+            ("handoff_copies_skipped", self.handoff_copies_skipped.get()),
+            ("handoff_copy_failures", self.handoff_copy_failures.get()),
+        ]
+    }
+
     /// Replica writes left to finish after a quorum answered.
     pub fn replica_background(&self, outstanding: usize) {
         self.replica_background.inc_by(outstanding as u64);
@@ -365,6 +440,31 @@ impl Stats {
     }
 
     /// A topology was published.
+    /// The hand-off memberships a server can have; the first is the usual.
+    pub const MEMBERSHIPS: [&'static str; 3] = ["ACTIVE", "JOINING", "LEAVING"];
+
+    /// A server's part in the hand-off window now (one of [`Self::MEMBERSHIPS`]).
+    pub fn membership(&self, server: &str, current: &str) {
+        for state in Self::MEMBERSHIPS {
+            self.server_membership
+                .get_or_create(&ServerStateLabels {
+                    server: server.to_string(),
+                    state,
+                })
+                .set(i64::from(state == current));
+        }
+    }
+
+    /// A server left the topology: its membership lines go.
+    pub fn membership_gone(&self, server: &str) {
+        for state in Self::MEMBERSHIPS {
+            self.server_membership.remove(&ServerStateLabels {
+                server: server.to_string(),
+                state,
+            });
+        }
+    }
+
     pub fn topology(&self, version: u64, configured: usize, effective: usize) {
         self.ring_version.set(version as i64);
         self.servers_configured.set(configured as i64);

@@ -30,6 +30,52 @@ pub struct Topology {
     pub ejected: Box<[String]>,
     /// Parser limits from the config (see [`Topology::limits`]).
     limits: Limits,
+    /// The ring in force before the last membership change, during its
+    /// hand-off window.
+    pub previous: Option<Previous>,
+}
+
+/// The previous ring of a hand-off window. Its members are mapped onto this
+/// topology's `backends`; members no longer configured (LEAVING) have their
+/// backends appended after the configured ones.
+#[derive(Debug)]
+pub struct Previous {
+    pub ring: Ring,
+    /// Member names of `ring`, in member order.
+    pub members: Box<[String]>,
+    /// `ring_backends[i]`: index in `backends` of member `i`.
+    ring_backends: Box<[u32]>,
+    /// When the window ends.
+    pub until: std::time::Instant,
+    /// The same, in seconds since the epoch (for logs and `stats`).
+    pub until_unix: u64,
+}
+
+impl Previous {
+    /// A window over `ring` (members `members`) ending after `window`.
+    pub fn new(ring: Ring, members: Box<[String]>, window: std::time::Duration) -> Previous {
+        let now_unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Previous {
+            ring,
+            members,
+            ring_backends: Box::new([]),
+            until: std::time::Instant::now() + window,
+            until_unix: now_unix + window.as_secs(),
+        }
+    }
+
+    /// The same window, for another topology.
+    pub fn carried(&self) -> Previous {
+        Previous {
+            ring: self.ring.clone(),
+            members: self.members.clone(),
+            ring_backends: Box::new([]),
+            until: self.until,
+            until_unix: self.until_unix,
+        }
+    }
 }
 
 /// The current topology, shared by every session.
@@ -80,6 +126,62 @@ impl Topology {
             limits: config.limits,
             config,
             ejected: ejected.into_boxed_slice(),
+            previous: None,
+        }
+    }
+
+    /// Member names of the ring, in member order.
+    pub fn members(&self) -> Box<[String]> {
+        self.ring_backends
+            .iter()
+            .map(|&i| self.backends[i as usize].name().to_string())
+            .collect()
+    }
+
+    /// Starts (or carries on) a hand-off window from `previous`; `old` holds
+    /// the backends of members that are no longer configured (LEAVING), which
+    /// are kept for the window. Members without a backend are left out.
+    pub(crate) fn set_previous(&mut self, mut previous: Previous, old: &Topology) {
+        let mut backends: Vec<Arc<Backend>> = self.backends.to_vec();
+        let mut map = Vec::with_capacity(previous.members.len());
+        for name in previous.members.iter() {
+            let at = backends.iter().position(|b| b.name() == name);
+            let at = at.or_else(|| {
+                let leaving = old.backends.iter().find(|b| b.name() == name)?;
+                backends.push(leaving.clone());
+                Some(backends.len() - 1)
+            });
+            // A member nobody has a backend for any more cannot be asked;
+            // its keys read as misses (u32::MAX never matches an owner).
+            map.push(at.map_or(u32::MAX, |i| i as u32));
+        }
+        previous.ring_backends = map.into_boxed_slice();
+        self.backends = backends.into_boxed_slice();
+        self.previous = Some(previous);
+    }
+
+    /// During a hand-off window, the backend index of `key`'s previous owner
+    /// when it differs from `owner` (its owner now).
+    #[inline]
+    pub fn previous_owner(&self, key: &[u8], owner: usize) -> Option<usize> {
+        let previous = self.previous.as_ref()?;
+        let member = previous.ring.owner(key)?;
+        let before = *previous.ring_backends.get(member)? as usize;
+        (before != owner && before < self.backends.len()).then_some(before)
+    }
+
+    /// Servers being taken over (in the ring, owning keys they did not own
+    /// in the previous ring) and leaving (only in the previous ring).
+    pub fn membership(&self, index: usize) -> Membership {
+        let Some(previous) = &self.previous else {
+            return Membership::Active;
+        };
+        let in_ring = self.ring_backends.contains(&(index as u32));
+        let was = previous.ring_backends.contains(&(index as u32));
+        match (was, in_ring) {
+            (false, true) => Membership::Joining,
+            (true, false) => Membership::Leaving,
+            _ => Membership::Active,
         }
     }
 
@@ -147,6 +249,26 @@ impl Topology {
     }
 }
 
+/// A server's part in a hand-off window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Membership {
+    Active,
+    /// In the ring now, not in the previous ring: its keys are read through.
+    Joining,
+    /// Only in the previous ring: asked only as a previous owner.
+    Leaving,
+}
+
+impl Membership {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Membership::Active => "ACTIVE",
+            Membership::Joining => "JOINING",
+            Membership::Leaving => "LEAVING",
+        }
+    }
+}
+
 /// What a config change does to the pool, for logs and `memring plan`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Change {
@@ -162,6 +284,9 @@ pub struct Change {
     pub restored: Vec<String>,
     /// Share of the keyspace whose owner changes, 0..=1.
     pub moved_share: f64,
+    /// The hand-off window this change started: (length in ms, end in
+    /// seconds since the epoch). Boxed: a `Change` travels inside enums.
+    pub handoff: Option<Box<(u64, u64)>>,
 }
 
 impl Change {
@@ -183,6 +308,7 @@ impl Change {
             ejected: Vec::new(),
             restored: Vec::new(),
             moved_share: 0.0,
+            handoff: None,
         };
         for server in new {
             match find(old, &server.name) {
@@ -252,7 +378,19 @@ impl std::fmt::Display for Change {
             "{}, {:.1}% of keyspace moves",
             parts.join(", "),
             self.moved_share * 100.0
-        )
+        )?;
+        if let Some(&(window_ms, until)) = self.handoff.as_deref() {
+            let day = until % 86_400;
+            write!(
+                f,
+                "; hand-off window {}s, moved keys read through until {:02}:{:02}:{:02} UTC",
+                window_ms / 1000,
+                day / 3600,
+                day / 60 % 60,
+                day % 60
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -293,6 +431,73 @@ mod tests {
         assert_eq!(change.removed, vec!["c"]);
         assert_eq!(change.reweighted, vec![("a".to_string(), 1, 2)]);
         assert!(change.to_string().contains("a weight 1 -> 2"));
+    }
+
+    #[test]
+    fn a_change_display_names_the_hand_off_window() {
+        let old = vec![server("a", 1)];
+        let mut change = Change::between(&old, &ring_of(&old), &old, &ring_of(&old));
+        change.handoff = Some(Box::new((300_000, 86_400 + 3_723)));
+        assert!(change
+            .to_string()
+            .ends_with("; hand-off window 300s, moved keys read through until 01:02:03 UTC"));
+    }
+
+    #[test]
+    fn previous_owner_is_named_only_for_moved_keys() {
+        let four: Vec<ServerConfig> = (1..=4).map(|i| server(&format!("s{i}"), 1)).collect();
+        let five: Vec<ServerConfig> = (1..=5).map(|i| server(&format!("s{i}"), 1)).collect();
+        let config = |servers: &[ServerConfig]| {
+            let mut text = String::from("listen = \"127.0.0.1:0\"\n");
+            for s in servers {
+                text.push_str(&format!(
+                    "[[servers]]\naddr = \"{}\"\nname = \"{}\"\n",
+                    s.addr, s.name
+                ));
+            }
+            Arc::new(Config::parse(&text, "t.toml").unwrap())
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _guard = runtime.enter();
+        let hooks = PoolHooks {
+            health_changed: Arc::new(tokio::sync::Notify::new()),
+            stats: Arc::new(crate::stats::Stats::new()),
+        };
+        let (c4, c5) = (config(&four), config(&five));
+        let old = Topology::assemble(
+            c4.clone(),
+            1,
+            Topology::backends_for(&c4, None, &hooks),
+            Vec::new(),
+        );
+        let backends = Topology::backends_for(&c5, Some(&old), &hooks);
+        let mut new = Topology::assemble(c5, 2, backends, Vec::new());
+        let window = std::time::Duration::from_secs(60);
+        new.set_previous(Previous::new(old.ring.clone(), old.members(), window), &old);
+        let (mut moved, mut total) = (0, 0);
+        for i in 0..2000 {
+            let key = format!("k{i}");
+            let owner = new.owner_index(key.as_bytes()).unwrap();
+            let before = old.owner_index(key.as_bytes()).unwrap();
+            match new.previous_owner(key.as_bytes(), owner) {
+                Some(previous) => {
+                    moved += 1;
+                    assert_eq!(new.backends[previous].name(), old.backends[before].name());
+                    assert_eq!(new.backends[owner].name(), "s5");
+                }
+                None => assert_eq!(owner, before),
+            }
+            total += 1;
+        }
+        assert!(
+            (total / 7..total / 3).contains(&moved),
+            "{moved} of {total}"
+        );
+        assert_eq!(new.membership(4), Membership::Joining);
+        assert_eq!(new.membership(0), Membership::Active);
     }
 
     #[test]

@@ -311,6 +311,8 @@ fn plan_reports_shares_and_the_moved_keyspace() {
         .and_then(|v| v.trim_end_matches('%').parse().ok())
         .unwrap_or_else(|| panic!("no moved share in {text}"));
     assert!((15.0..25.0).contains(&moved), "moved {moved}%");
+    let expected = "hand-off: for 300 s, reads of moved keys";
+    assert!(text.contains(expected), "{text}");
     let _ = std::fs::remove_dir_all(dir);
 }
 

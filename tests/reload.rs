@@ -38,7 +38,9 @@ impl Drop for Dir {
 
 /// Config text naming each server `cache-<i>` with the given weights.
 fn config(servers: &[(&Memcached, u32)]) -> String {
-    let mut text = String::from("listen = \"127.0.0.1:0\"\nrequest_timeout_ms = 2000\n");
+    // Without hand-off: these tests measure what a change moves.
+    let mut text =
+        String::from("listen = \"127.0.0.1:0\"\nrequest_timeout_ms = 2000\nhandoff_ms = 0\n");
     for (i, (server, weight)) in servers.iter().enumerate() {
         text.push_str(&format!(
             "[[servers]]\naddr = \"{}\"\nname = \"cache-{}\"\nweight = {weight}\n",

@@ -1,0 +1,489 @@
+//! Hand-off decisions for keys whose owner changed: after a membership change
+//! the topology keeps the previous ring for a window (`handoff_ms`), and a
+//! key whose previous owner differs from its new one is "moved". Reads of a
+//! moved key fall through to the previous owner on a miss and copy the hit
+//! to the new owner (see `route::Retrieval`); every other command runs the
+//! small state machine [`Moved`] so it behaves as if the key had never moved.
+//!
+//! Pure: the session sends what a [`Step`] says and feeds the reply back.
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::error::BackendError;
+use crate::protocol::encode::{forwardable, Outbound};
+use crate::protocol::reply::{Expect, LineKind};
+use crate::protocol::{Command, Request};
+
+/// A reply from one server (the same as `route::CallResult`; this module sits
+/// below `route`).
+pub type CallResult = Result<Bytes, BackendError>;
+
+/// Which owner of a moved key a step talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    New,
+    Previous,
+}
+
+/// What to do next for a command on a moved key.
+#[derive(Debug)]
+// A step is made and consumed at once, never stored: boxing would only add
+// an allocation per step.
+#[allow(clippy::large_enum_variant)]
+pub enum Step {
+    /// Send `copy` (if any: an `add` carrying the previous owner's value, no
+    /// reply awaited) and then `lines` to `to`; feed the reply to `lines` back
+    /// with [`Moved::on_reply`].
+    Send {
+        to: Owner,
+        copy: Option<Outbound>,
+        lines: Outbound,
+        expect: Expect,
+    },
+    /// The client's reply.
+    Answer(CallResult),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Removed from the previous owner, then from the new one.
+    Delete,
+    /// Run on the new owner; if the key is absent there, copy it from the
+    /// previous owner and run again (`incr`, `decr`, `append`, `prepend`,
+    /// `touch`, `replace`).
+    RetryAfterCopy,
+    /// Copy from the previous owner first, then run (`add`: it must not
+    /// store over a value the previous owner still holds).
+    CopyFirst,
+    /// `cas` on the new owner; if it did not store there (the unique came
+    /// from the previous owner, or the key is not on the new owner yet),
+    /// `cas` on the previous owner and, if that stored, `set` the same value
+    /// on the new owner.
+    Cas,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Start,
+    /// Waiting for the first reply (new owner, or the previous owner for
+    /// `delete`).
+    First,
+    /// Waiting for the previous owner's `get`.
+    Fetch,
+    /// Waiting for the final reply.
+    Last,
+}
+
+/// Whether a command on a moved key needs more than the new owner. `set`
+/// (and anything not listed) simply goes to the new owner, which is where
+/// reads look first.
+pub fn needs_handoff(command: Command) -> bool {
+    kind_of(command).is_some()
+}
+
+fn kind_of(command: Command) -> Option<Kind> {
+    match command {
+        Command::Delete => Some(Kind::Delete),
+        Command::Incr
+        | Command::Decr
+        | Command::Append
+        | Command::Prepend
+        | Command::Touch
+        | Command::Replace => Some(Kind::RetryAfterCopy),
+        Command::Add => Some(Kind::CopyFirst),
+        Command::Cas => Some(Kind::Cas),
+        _ => None,
+    }
+}
+
+/// One command on a moved key, in progress.
+#[derive(Debug)]
+pub struct Moved {
+    kind: Kind,
+    stage: Stage,
+    request: Outbound,
+    line_kind: LineKind,
+    key: Bytes,
+    /// The first reply, answered if nothing better comes.
+    first: Option<CallResult>,
+    /// `cas` stored on the previous owner: its data as a `set`.
+    as_set: Option<Outbound>,
+    copies: u32,
+}
+
+impl Moved {
+    /// `None` when the command needs only the new owner. `as_set` is the
+    /// request rewritten as a `set` (for `cas`; see `route::cas_as_set`).
+    pub fn new(request: &Request, bytes: &Bytes, as_set: Option<Outbound>) -> Option<Moved> {
+        let kind = kind_of(request.command)?;
+        let key = bytes.slice_ref(request.key(bytes, 0));
+        Some(Moved {
+            kind,
+            stage: Stage::Start,
+            request: forwardable(bytes, request),
+            line_kind: request.command.reply_line().unwrap_or(LineKind::Storage),
+            key,
+            first: None,
+            as_set: as_set.filter(|_| kind == Kind::Cas),
+            copies: 0,
+        })
+    }
+
+    /// Copies (`add`s) this command sent to the new owner.
+    pub fn copies(&self) -> u32 {
+        self.copies
+    }
+
+    /// The first step.
+    pub fn start(&mut self) -> Step {
+        match self.kind {
+            Kind::Delete => {
+                self.stage = Stage::First;
+                self.send(Owner::Previous, None)
+            }
+            Kind::RetryAfterCopy | Kind::Cas => {
+                self.stage = Stage::First;
+                self.send(Owner::New, None)
+            }
+            Kind::CopyFirst => self.fetch(),
+        }
+    }
+
+    /// The reply to the last step's `lines`.
+    pub fn on_reply(&mut self, result: CallResult) -> Step {
+        match (self.kind, self.stage) {
+            (Kind::Delete, Stage::First) => {
+                self.first = Some(result);
+                self.stage = Stage::Last;
+                self.send(Owner::New, None)
+            }
+            (Kind::Delete, _) => {
+                let previous = self.first.take().unwrap_or_else(|| result.clone());
+                Step::Answer(merge_delete(result, previous))
+            }
+            (Kind::RetryAfterCopy, Stage::First) => {
+                if is_absent(&result) {
+                    self.first = Some(result);
+                    self.fetch()
+                } else {
+                    Step::Answer(result)
+                }
+            }
+            (Kind::RetryAfterCopy | Kind::CopyFirst, Stage::Fetch) => {
+                let copy = match &result {
+                    Ok(block) => copy_as_add(block, b"0"),
+                    Err(_) => None,
+                };
+                match (copy, self.first.take()) {
+                    (Some(copy), _) => {
+                        self.copies += 1;
+                        self.stage = Stage::Last;
+                        self.send(Owner::New, Some(copy))
+                    }
+                    // Not on the previous owner either: the first answer
+                    // stands (or, for `add`, run it now).
+                    (None, Some(first)) => Step::Answer(first),
+                    (None, None) => {
+                        self.stage = Stage::Last;
+                        self.send(Owner::New, None)
+                    }
+                }
+            }
+            (Kind::Cas, Stage::First) => {
+                let retry = matches!(&result, Ok(r) if r.starts_with(b"NOT_FOUND") || r.starts_with(b"EXISTS"));
+                if retry {
+                    self.first = Some(result);
+                    self.stage = Stage::Fetch;
+                    self.send(Owner::Previous, None)
+                } else {
+                    Step::Answer(result)
+                }
+            }
+            (Kind::Cas, Stage::Fetch) => {
+                let stored = matches!(&result, Ok(r) if r.as_ref() == b"STORED\r\n");
+                match self.as_set.take() {
+                    Some(set) if stored => {
+                        self.stage = Stage::Last;
+                        self.first = Some(result);
+                        Step::Send {
+                            to: Owner::New,
+                            copy: None,
+                            lines: set,
+                            expect: Expect::Line(LineKind::Storage),
+                        }
+                    }
+                    _ => Step::Answer(self.first.take().unwrap_or(result)),
+                }
+            }
+            (Kind::Cas, _) => match result {
+                // The previous owner's STORED answers once the new owner
+                // holds the same value.
+                Ok(r) if r.as_ref() == b"STORED\r\n" => Step::Answer(Ok(r)),
+                other => Step::Answer(other),
+            },
+            (_, _) => Step::Answer(result),
+        }
+    }
+
+    fn fetch(&mut self) -> Step {
+        self.stage = Stage::Fetch;
+        let mut line = BytesMut::with_capacity(self.key.len() + 6);
+        line.put_slice(b"get ");
+        line.put_slice(&self.key);
+        line.put_slice(b"\r\n");
+        let line = line.freeze();
+        Step::Send {
+            to: Owner::Previous,
+            copy: None,
+            expect: Expect::values(line.clone()),
+            lines: smallvec::smallvec![line],
+        }
+    }
+
+    fn send(&self, to: Owner, copy: Option<Outbound>) -> Step {
+        Step::Send {
+            to,
+            copy,
+            lines: self.request.clone(),
+            expect: Expect::Line(self.line_kind),
+        }
+    }
+}
+
+/// `NOT_FOUND` / `NOT_STORED`: the key is not on the server asked.
+fn is_absent(result: &CallResult) -> bool {
+    matches!(result, Ok(r) if r.starts_with(b"NOT_FOUND") || r.starts_with(b"NOT_STORED"))
+}
+
+/// A `delete` on both owners answers `DELETED` if either deleted; an error
+/// of the new owner is passed on (the key may still be there); otherwise the
+/// new owner's reply.
+pub fn merge_delete(new: CallResult, previous: CallResult) -> CallResult {
+    let deleted = |r: &CallResult| matches!(r, Ok(b) if b.as_ref() == b"DELETED\r\n");
+    let failed = |r: &CallResult| match r {
+        Ok(b) => b.starts_with(b"SERVER_ERROR") || b.starts_with(b"ERROR"),
+        Err(_) => true,
+    };
+    if deleted(&new) || failed(&new) || !deleted(&previous) {
+        new
+    } else {
+        previous
+    }
+}
+
+/// `VALUE <key> <flags> <bytes> [<cas>]\r\n<data>\r\n` as
+/// `add <key> <flags> <exptime> <bytes> noreply`-free `add` lines: the
+/// header, then the data block shared with the value (no copy). `None` for
+/// anything that is not one well-formed value block (a miss).
+pub fn copy_as_add(block: &[u8], exptime: &[u8]) -> Option<Outbound> {
+    let block = Bytes::copy_from_slice(block);
+    copy_block(&block, exptime)
+}
+
+/// Like [`copy_as_add`] for a block already in `Bytes` (no data copy).
+pub fn copy_block(block: &Bytes, exptime: &[u8]) -> Option<Outbound> {
+    let header_end = memchr::memmem::find(block, b"\r\n")?;
+    let header = &block[..header_end];
+    let mut fields = header.split(|&b| b == b' ').filter(|f| !f.is_empty());
+    if fields.next()? != b"VALUE" {
+        return None;
+    }
+    let (key, flags, length) = (fields.next()?, fields.next()?, fields.next()?);
+    let data_len: usize = std::str::from_utf8(length).ok()?.parse().ok()?;
+    if block.len() != header_end + 2 + data_len + 2 {
+        return None;
+    }
+    let mut line = BytesMut::with_capacity(header.len() + exptime.len() + 8);
+    line.put_slice(b"add ");
+    line.put_slice(key);
+    line.put_u8(b' ');
+    line.put_slice(flags);
+    line.put_u8(b' ');
+    line.put_slice(exptime);
+    line.put_u8(b' ');
+    line.put_slice(length);
+    line.put_slice(b"\r\n");
+    Some(smallvec::smallvec![
+        line.freeze(),
+        block.slice(header_end + 2..)
+    ])
+}
+
+/// Copies: how many `add`s a step sent, and how the new owner answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyOutcome {
+    /// `STORED`: the new owner now holds the value.
+    Made,
+    /// `NOT_STORED`: the new owner already had a (newer) value; nothing lost.
+    Skipped,
+    /// Error or no answer.
+    Failed,
+}
+
+/// How the reply to a copy counts.
+pub fn copy_outcome(result: &CallResult) -> CopyOutcome {
+    match result {
+        Ok(r) if r.as_ref() == b"STORED\r\n" => CopyOutcome::Made,
+        Ok(r) if r.as_ref() == b"NOT_STORED\r\n" => CopyOutcome::Skipped,
+        _ => CopyOutcome::Failed,
+    }
+}
+
+/// Keys per server for `memring plan`: of `keys` sampled key names, how many
+/// would be read through (owner changed) between two owner functions.
+pub fn moved_keys<'a>(
+    keys: impl Iterator<Item = &'a [u8]>,
+    old_owner: impl Fn(&[u8]) -> Option<String>,
+    new_owner: impl Fn(&[u8]) -> Option<String>,
+) -> usize {
+    keys.filter(|k| old_owner(k) != new_owner(k)).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{parse_request, Limits};
+
+    fn moved(line: &'static [u8]) -> Moved {
+        let bytes = Bytes::from_static(line);
+        let (request, _) = parse_request(&bytes, &Limits::default()).unwrap().unwrap();
+        // What `route::cas_as_set` makes of the cas request in these tests.
+        let as_set: Outbound = smallvec::smallvec![
+            Bytes::from_static(b"set k 0 0 1\r\n"),
+            Bytes::from_static(b"z\r\n")
+        ];
+        Moved::new(&request, &bytes, Some(as_set)).unwrap()
+    }
+
+    fn ok(reply: &'static [u8]) -> CallResult {
+        Ok(Bytes::from_static(reply))
+    }
+
+    fn sent(step: &Step) -> (Owner, bool, Vec<u8>) {
+        match step {
+            Step::Send {
+                to, copy, lines, ..
+            } => (*to, copy.is_some(), lines.concat()),
+            Step::Answer(r) => panic!("answered {r:?}"),
+        }
+    }
+
+    fn answer(step: Step) -> CallResult {
+        match step {
+            Step::Answer(r) => r,
+            other => panic!("still sending {other:?}"),
+        }
+    }
+
+    #[test]
+    fn set_needs_only_the_new_owner() {
+        assert!(!needs_handoff(Command::Set));
+        assert!(needs_handoff(Command::Incr));
+    }
+
+    #[test]
+    fn delete_removes_from_both_and_reports_either() {
+        let mut m = moved(b"delete k\r\n");
+        assert_eq!(sent(&m.start()).0, Owner::Previous);
+        assert_eq!(sent(&m.on_reply(ok(b"DELETED\r\n"))).0, Owner::New);
+        assert_eq!(
+            answer(m.on_reply(ok(b"NOT_FOUND\r\n"))).unwrap(),
+            &b"DELETED\r\n"[..]
+        );
+    }
+
+    #[test]
+    fn delete_failing_on_the_new_owner_is_an_error() {
+        let failed: CallResult = Err(BackendError {
+            server: "new".into(),
+            kind: crate::error::BackendErrorKind::Timeout,
+        });
+        assert!(merge_delete(failed, ok(b"DELETED\r\n")).is_err());
+        let not_found = merge_delete(ok(b"NOT_FOUND\r\n"), ok(b"NOT_FOUND\r\n"));
+        assert_eq!(not_found.unwrap(), &b"NOT_FOUND\r\n"[..]);
+    }
+
+    #[test]
+    fn incr_copies_from_the_previous_owner_then_runs_again() {
+        let mut m = moved(b"incr k 1\r\n");
+        assert_eq!(
+            sent(&m.start()),
+            (Owner::New, false, b"incr k 1\r\n".to_vec())
+        );
+        let fetch = sent(&m.on_reply(ok(b"NOT_FOUND\r\n")));
+        assert_eq!(fetch, (Owner::Previous, false, b"get k\r\n".to_vec()));
+        let step = m.on_reply(ok(b"VALUE k 3 2\r\n41\r\n"));
+        match &step {
+            Step::Send {
+                to, copy, lines, ..
+            } => {
+                assert_eq!(*to, Owner::New);
+                assert_eq!(copy.as_ref().unwrap().concat(), b"add k 3 0 2\r\n41\r\n");
+                assert_eq!(lines.concat(), b"incr k 1\r\n");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(answer(m.on_reply(ok(b"42\r\n"))).unwrap(), &b"42\r\n"[..]);
+        assert_eq!(m.copies(), 1);
+    }
+
+    #[test]
+    fn incr_on_a_key_nowhere_answers_the_new_owners_not_found() {
+        let mut m = moved(b"incr k 1\r\n");
+        m.start();
+        m.on_reply(ok(b"NOT_FOUND\r\n"));
+        assert_eq!(answer(m.on_reply(ok(b""))).unwrap(), &b"NOT_FOUND\r\n"[..]);
+    }
+
+    #[test]
+    fn add_checks_the_previous_owner_first() {
+        let mut m = moved(b"add k 0 0 1\r\nx\r\n");
+        assert_eq!(sent(&m.start()).0, Owner::Previous);
+        let (to, copy, _) = sent(&m.on_reply(ok(b"VALUE k 0 1\r\ny\r\n")));
+        assert_eq!((to, copy), (Owner::New, true));
+        let mut fresh = moved(b"add k 0 0 1\r\nx\r\n");
+        fresh.start();
+        let (to, copy, lines) = sent(&fresh.on_reply(ok(b"")));
+        assert_eq!((to, copy), (Owner::New, false));
+        assert_eq!(lines, b"add k 0 0 1\r\nx\r\n");
+    }
+
+    #[test]
+    fn cas_with_a_previous_owners_unique_stores_there_then_sets_the_new_owner() {
+        let mut m = moved(b"cas k 0 0 1 7\r\nz\r\n");
+        assert_eq!(sent(&m.start()).0, Owner::New);
+        assert_eq!(sent(&m.on_reply(ok(b"EXISTS\r\n"))).0, Owner::Previous);
+        let (to, _, lines) = sent(&m.on_reply(ok(b"STORED\r\n")));
+        assert_eq!((to, lines), (Owner::New, b"set k 0 0 1\r\nz\r\n".to_vec()));
+        assert_eq!(
+            answer(m.on_reply(ok(b"STORED\r\n"))).unwrap(),
+            &b"STORED\r\n"[..]
+        );
+        let mut stale = moved(b"cas k 0 0 1 7\r\nz\r\n");
+        stale.start();
+        stale.on_reply(ok(b"EXISTS\r\n"));
+        assert_eq!(
+            answer(stale.on_reply(ok(b"EXISTS\r\n"))).unwrap(),
+            &b"EXISTS\r\n"[..]
+        );
+    }
+
+    #[test]
+    fn value_blocks_become_adds_and_misses_do_not() {
+        let copy = copy_as_add(b"VALUE key 5 3 99\r\nabc\r\n", b"60").unwrap();
+        assert_eq!(copy.concat(), b"add key 5 60 3\r\nabc\r\n");
+        assert!(copy_as_add(b"", b"0").is_none());
+        assert!(copy_as_add(b"VALUE key 5 4\r\nabc\r\n", b"0").is_none());
+        assert!(copy_as_add(b"END\r\n", b"0").is_none());
+    }
+
+    #[test]
+    fn copy_replies_are_counted_by_kind() {
+        assert_eq!(copy_outcome(&ok(b"STORED\r\n")), CopyOutcome::Made);
+        assert_eq!(copy_outcome(&ok(b"NOT_STORED\r\n")), CopyOutcome::Skipped);
+        assert_eq!(
+            copy_outcome(&ok(b"SERVER_ERROR x\r\n")),
+            CopyOutcome::Failed
+        );
+    }
+}

@@ -1,0 +1,436 @@
+//! Membership changes with a hand-off window, against real memcached: keys
+//! whose owner changed are read through from their previous owner and copied,
+//! other commands behave as if the key had never moved, and a server that
+//! returns after ejection never answers with a value older than its absence.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use common::{show, wait_for, Client, Memcached, Proxy};
+use memring::protocol::ReplyKind;
+use memring::ring::Ring;
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(test: &str) -> Dir {
+        let dir =
+            std::env::temp_dir().join(format!("memring-handoff-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        Dir(dir)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Config text naming each server `cache-<port>`; hand-off at its default.
+fn config(servers: &[&Memcached]) -> String {
+    let mut text = String::from("listen = \"127.0.0.1:0\"\nrequest_timeout_ms = 2000\n");
+    for server in servers {
+        text.push_str(&format!(
+            "[[servers]]\naddr = \"{}\"\nname = \"cache-{}\"\n",
+            server.addr(),
+            server.port
+        ));
+    }
+    text
+}
+
+fn replace_by_rename(path: &Path, text: &str) {
+    let temporary = path.with_extension("tmp");
+    std::fs::write(&temporary, text).unwrap();
+    std::fs::rename(&temporary, path).unwrap();
+}
+
+fn ring_of(path: &Path) -> Ring {
+    Ring::build(memring::config::Config::load(path).unwrap().members())
+}
+
+fn owner_name(ring: &Ring, key: &str) -> String {
+    ring.members()[ring.owner(key.as_bytes()).unwrap()]
+        .identity
+        .clone()
+}
+
+fn value_of(key: &str) -> String {
+    format!("{key}=v")
+}
+
+/// Stores every key with [`value_of`], pipelined.
+fn store(client: &mut Client, keys: &[String]) {
+    for chunk in keys.chunks(500) {
+        let mut batch = Vec::new();
+        for key in chunk {
+            let value = value_of(key);
+            batch.extend(format!("set {key} 0 0 {}\r\n{value}\r\n", value.len()).bytes());
+        }
+        client.send(&batch);
+        for _ in chunk {
+            assert_eq!(client.reply(ReplyKind::Line), b"STORED\r\n");
+        }
+    }
+}
+
+/// `VALUE` blocks of a multi-get reply as key -> data.
+fn parse_values(reply: &[u8]) -> HashMap<String, Vec<u8>> {
+    let mut values = HashMap::new();
+    let mut rest = reply;
+    while rest.starts_with(b"VALUE ") {
+        let line_end = rest.windows(2).position(|w| w == b"\r\n").unwrap();
+        let header = std::str::from_utf8(&rest[..line_end]).unwrap();
+        let fields: Vec<&str> = header.split(' ').collect();
+        let len: usize = fields[3].parse().unwrap();
+        let data = rest[line_end + 2..line_end + 2 + len].to_vec();
+        values.insert(fields[1].to_string(), data);
+        rest = &rest[line_end + 2 + len + 2..];
+    }
+    assert_eq!(rest, b"END\r\n", "reply ends with END: {}", show(reply));
+    values
+}
+
+/// Reads every key with multi-gets of 100; returns the hits, and panics on a
+/// wrong value.
+fn read_all(client: &mut Client, keys: &[String]) -> usize {
+    let mut hits = 0;
+    for chunk in keys.chunks(100) {
+        let request = format!("get {}\r\n", chunk.join(" "));
+        let reply = client.call(request.as_bytes(), ReplyKind::Values);
+        let values = parse_values(&reply);
+        for (key, data) in &values {
+            assert_eq!(data, value_of(key).as_bytes(), "wrong value for {key}");
+        }
+        hits += values.len();
+    }
+    hits
+}
+
+/// How many of `keys` a server holds itself.
+fn held_by(server: &Memcached, keys: &[String]) -> usize {
+    let mut client = server.client();
+    keys.chunks(100)
+        .map(|chunk| {
+            let reply = client.call(
+                format!("get {}\r\n", chunk.join(" ")).as_bytes(),
+                ReplyKind::Values,
+            );
+            parse_values(&reply).len()
+        })
+        .sum()
+}
+
+fn stat(proxy: &Proxy, name: &str) -> u64 {
+    let mut client = proxy.client();
+    client.send(b"stats\r\n");
+    let text = String::from_utf8(client.read_until_suffix(b"END\r\n")).unwrap();
+    let prefix = format!("STAT {name} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in stats"))
+}
+
+fn stats_text(proxy: &Proxy) -> String {
+    let mut client = proxy.client();
+    client.send(b"stats\r\n");
+    String::from_utf8(client.read_until_suffix(b"END\r\n")).unwrap()
+}
+
+#[test]
+fn adding_a_fifth_server_keeps_every_key_readable_and_moves_a_fifth() {
+    let dir = Dir::new("add");
+    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, config(&all[..4])).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..20_000).map(|i| format!("join:{i}")).collect();
+    store(&mut client, &keys);
+
+    replace_by_rename(&path, &config(&all));
+    wait_for("ring version 2", || proxy.ring_version() >= 2);
+    let text = stats_text(&proxy);
+    let joining = format!("server:cache-{}:membership JOINING", servers[4].port);
+    assert!(text.contains(&joining), "{text}");
+    let metrics = proxy.running().stats.prometheus_text();
+    let line = format!(
+        "memring_server_membership{{server=\"cache-{}\",state=\"JOINING\"}} 1",
+        servers[4].port
+    );
+    assert!(metrics.contains(&line), "{metrics}");
+
+    let first = read_all(&mut client, &keys);
+    let second = read_all(&mut client, &keys);
+    let on_new = held_by(&servers[4], &keys);
+    println!(
+        "4 -> 5 with hand-off: first pass {first}/{n} hits, second {second}/{n}; {on_new} now on the new server; read through {} (hits {}), copies {}",
+        stat(&proxy, "handoff_read_through"),
+        stat(&proxy, "handoff_read_through_hits"),
+        stat(&proxy, "handoff_copies"),
+        n = keys.len()
+    );
+    let floor = keys.len() * 995 / 1000;
+    assert!(first >= floor, "first pass {first}");
+    assert!(second >= floor, "second pass {second}");
+    let share = on_new as f64 / keys.len() as f64;
+    assert!(
+        (0.15..=0.25).contains(&share),
+        "share on the new server {share}"
+    );
+    // The second pass found the copies on the new server itself.
+    let copies = stat(&proxy, "handoff_copies");
+    assert!(copies as usize >= on_new * 9 / 10, "copies {copies}");
+    assert_eq!(stat(&proxy, "handoff_copy_failures"), 0);
+}
+
+#[test]
+fn removing_a_running_server_keeps_its_keys_readable() {
+    let dir = Dir::new("remove");
+    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, config(&all)).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..20_000).map(|i| format!("leave:{i}")).collect();
+    store(&mut client, &keys);
+
+    replace_by_rename(&path, &config(&all[..4]));
+    wait_for("ring version 2", || proxy.ring_version() >= 2);
+    let text = stats_text(&proxy);
+    let leaving = format!("server:cache-{}:membership LEAVING", servers[4].port);
+    assert!(text.contains(&leaving), "{text}");
+
+    let first = read_all(&mut client, &keys);
+    println!("5 -> 4 with hand-off: {first}/{} hits", keys.len());
+    assert!(first >= keys.len() * 995 / 1000, "first pass {first}");
+}
+
+#[test]
+fn commands_on_moved_keys_behave_as_if_the_key_had_not_moved() {
+    let dir = Dir::new("commands");
+    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, config(&all[..4])).unwrap();
+    let before = ring_of(&path);
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..600).map(|i| format!("cmd:{i}")).collect();
+    for key in &keys {
+        assert_eq!(client.set(key, b"10"), b"STORED\r\n");
+    }
+    replace_by_rename(&path, &config(&all));
+    wait_for("ring version 2", || proxy.ring_version() >= 2);
+    let after = ring_of(&path);
+    let moved: Vec<&String> = keys
+        .iter()
+        .filter(|k| owner_name(&before, k) != owner_name(&after, k))
+        .collect();
+    assert!(moved.len() >= 80, "{} moved", moved.len());
+    let mut call = |request: String, kind| client.call(request.as_bytes(), kind);
+    let line = ReplyKind::Line;
+    let values = ReplyKind::Values;
+    // Eight groups of moved keys, each never read since the change.
+    let groups: Vec<Vec<&String>> = (0..8)
+        .map(|g| moved.iter().skip(g).step_by(8).copied().collect())
+        .collect();
+    for key in &groups[0] {
+        assert_eq!(call(format!("delete {key}\r\n"), line), b"DELETED\r\n");
+        assert_eq!(call(format!("get {key}\r\n"), values), b"END\r\n", "{key}");
+    }
+    for key in &groups[1] {
+        assert_eq!(
+            call(format!("set {key} 0 0 3\r\nnew\r\n"), line),
+            b"STORED\r\n"
+        );
+        let reply = call(format!("get {key}\r\n"), values);
+        assert_eq!(
+            reply,
+            format!("VALUE {key} 0 3\r\nnew\r\nEND\r\n").as_bytes()
+        );
+    }
+    for key in &groups[2] {
+        assert_eq!(call(format!("incr {key} 5\r\n"), line), b"15\r\n", "{key}");
+    }
+    for key in &groups[3] {
+        assert_eq!(
+            call(format!("append {key} 0 0 2\r\nab\r\n"), line),
+            b"STORED\r\n"
+        );
+        let reply = call(format!("get {key}\r\n"), values);
+        assert_eq!(
+            reply,
+            format!("VALUE {key} 0 4\r\n10ab\r\nEND\r\n").as_bytes()
+        );
+    }
+    for key in &groups[4] {
+        let reply = call(format!("gets {key}\r\n"), values);
+        let header = String::from_utf8(reply.clone()).unwrap();
+        let unique = header.split("\r\n").next().unwrap().split(' ').nth(4);
+        let unique = unique.unwrap_or_else(|| panic!("{}", show(&reply)));
+        assert_eq!(
+            call(format!("cas {key} 0 0 3 {unique}\r\ncas\r\n"), line),
+            b"STORED\r\n",
+            "{key}"
+        );
+        let reply = call(format!("get {key}\r\n"), values);
+        assert_eq!(
+            reply,
+            format!("VALUE {key} 0 3\r\ncas\r\nEND\r\n").as_bytes()
+        );
+    }
+    for key in &groups[5] {
+        assert_eq!(call(format!("touch {key} 100\r\n"), line), b"TOUCHED\r\n");
+    }
+    for key in &groups[6] {
+        assert_eq!(
+            call(format!("add {key} 0 0 1\r\nx\r\n"), line),
+            b"NOT_STORED\r\n"
+        );
+    }
+    for key in &groups[7] {
+        assert_eq!(call(format!("decr {key} 3\r\n"), line), b"7\r\n", "{key}");
+        assert_eq!(call(format!("incr {key} 1\r\n"), line), b"8\r\n", "{key}");
+    }
+    // Keys that did not move are untouched by all this.
+    let mut unmoved = keys
+        .iter()
+        .filter(|k| owner_name(&before, k) == owner_name(&after, k));
+    let key = unmoved.next().unwrap();
+    assert_eq!(client.get(key), Some(b"10".to_vec()));
+}
+
+#[test]
+fn a_returning_server_never_answers_with_values_from_before_its_ejection() {
+    let servers: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
+    let refs: Vec<&Memcached> = servers.iter().collect();
+    let proxy = Proxy::start(
+        &refs,
+        "connect_timeout_ms = 200\nrequest_timeout_ms = 300\nfailure_limit = 2\nauto_eject = true\n",
+    );
+    let mut servers = servers;
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..600).map(|i| format!("back:{i}")).collect();
+    for key in &keys {
+        assert_eq!(client.set(key, b"old"), b"STORED\r\n");
+    }
+    let owner = |key: &str| {
+        proxy
+            .running()
+            .topology
+            .load()
+            .owner_index(key.as_bytes())
+            .unwrap()
+    };
+    let hung: Vec<&String> = keys.iter().filter(|k| owner(k) == 1).collect();
+    assert!(hung.len() > 100);
+
+    servers[1].pause();
+    wait_for("the hung server to be ejected", || {
+        let _ = client.get_raw(hung[0]);
+        !proxy.running().topology.load().ejected.is_empty()
+    });
+    for key in &keys {
+        assert_eq!(client.set(key, b"new"), b"STORED\r\n", "{key}");
+    }
+    servers[1].resume();
+    wait_for("the server to return", || {
+        proxy.running().topology.load().ejected.is_empty()
+    });
+    // Every read, from now on, is the value written while it was out.
+    for _ in 0..2 {
+        for key in &keys {
+            assert_eq!(client.get(key), Some(b"new".to_vec()), "{key}");
+        }
+    }
+    // It takes its keys' traffic again: the first pass copied them to it.
+    assert!(held_by(&servers[1], &keys) >= hung.len() * 9 / 10);
+}
+
+#[test]
+fn a_leaving_server_is_let_go_when_the_window_ends_and_a_second_change_restarts_it() {
+    let dir = Dir::new("window");
+    let servers: Vec<Memcached> = (0..4).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let path = dir.path("memring.toml");
+    let with_window = |list: &[&Memcached], ms: u64| format!("handoff_ms = {ms}\n{}", config(list));
+    std::fs::write(&path, with_window(&all[..3], 60_000)).unwrap();
+    let ring_of_three = ring_of(&path);
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..2000).map(|i| format!("window:{i}")).collect();
+    store(&mut client, &keys);
+
+    // 3 -> 4, then, during that window, remove the third server: the window
+    // restarts from the 4-server ring, so the keys that moved to the fourth
+    // server in the first change but were never read are misses now.
+    replace_by_rename(&path, &with_window(&all, 60_000));
+    wait_for("ring version 2", || proxy.ring_version() >= 2);
+    let ring_of_four = proxy.running().topology.load().ring.clone();
+    let first_window = proxy
+        .running()
+        .topology
+        .load()
+        .previous
+        .as_ref()
+        .unwrap()
+        .until;
+    let without_third = [all[0], all[1], all[3]];
+    replace_by_rename(&path, &with_window(&without_third, 5000));
+    wait_for("ring version 3", || proxy.ring_version() >= 3);
+    {
+        let topology = proxy.running().topology.load();
+        let previous = topology.previous.as_ref().expect("a new window");
+        assert_eq!(
+            previous.ring, ring_of_four,
+            "the new window starts from the ring in force"
+        );
+        assert!(previous.until < first_window);
+    }
+    let hits = read_all(&mut client, &keys);
+    println!("chained change: {hits}/{} hits", keys.len());
+    assert!(
+        hits < keys.len(),
+        "keys moved twice and never read are lost"
+    );
+    // A key is found if it was stored on its owner now or on its owner in
+    // the window's previous ring (the removed server's keys are read
+    // through), unless a loaded machine took longer than the window.
+    let ring_now = ring_of(&path);
+    let expected = keys
+        .iter()
+        .filter(|k| {
+            let stored = owner_name(&ring_of_three, k);
+            stored == owner_name(&ring_of_four, k) || stored == owner_name(&ring_now, k)
+        })
+        .count();
+    if proxy.running().topology.load().previous.is_some() {
+        assert_eq!(hits, expected);
+    }
+
+    wait_for("the window to end", || {
+        proxy.running().topology.load().previous.is_none()
+    });
+    let text = stats_text(&proxy);
+    assert!(!text.contains("LEAVING"), "{text}");
+    assert!(text.contains("STAT handoff_until 0"), "{text}");
+    // The removed server's connections close once the window is over.
+    let mut direct = servers[2].client();
+    wait_for("the leaving server's connections to close", || {
+        direct.send(b"stats\r\n");
+        let text = String::from_utf8(direct.read_until_suffix(b"END\r\n")).unwrap();
+        text.contains("STAT curr_connections 1\r")
+    });
+}
