@@ -19,6 +19,8 @@
 //! - [`server`]: start-up, accept loop, connection limit, shutdown and drain.
 //! - [`outbuf`]: ordered write queues (client replies, server requests).
 //! - [`reload`]: watch the config file and SIGHUP, validate, publish.
+//! - [`hotkeys`]: hot-key detection per server (space-saving sketches per
+//!   worker), `stats hotkeys`, coalescing of concurrent gets, near cache.
 //! - [`stats`]: counters behind both the `stats` reply and Prometheus; a leaf.
 //! - [`report`]: memring's memcached-style `stats` reply.
 //! - [`admin`]: optional HTTP listener for `/metrics`, `/live` and `/ready`.
@@ -31,6 +33,7 @@ pub mod admin;
 pub mod backend;
 pub mod config;
 pub mod error;
+pub mod hotkeys;
 pub mod outbuf;
 pub mod pool;
 pub mod protocol;

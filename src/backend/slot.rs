@@ -42,8 +42,20 @@ impl Got {
 #[derive(Debug, Default)]
 struct State {
     pieces: VecDeque<Got>,
+    /// Pieces pushed so far (taken or not).
+    received: usize,
     /// `Some` once the reply is complete (`Ok`) or cannot come (`Err`).
     done: Option<Result<(), BackendError>>,
+}
+
+/// Sees a slot's reply as it arrives, besides the session that owns the slot
+/// (hot keys: other sessions waiting for the same reply, the near cache, a
+/// write's completion).
+pub trait Watch: std::fmt::Debug {
+    /// A piece arrived.
+    fn piece(&self, _piece: &Got) {}
+    /// The reply is complete or failed; the slot lets go of the watcher next.
+    fn done(&self, _result: &Result<(), BackendError>) {}
 }
 
 /// The reply to one request, filled by a backend connection.
@@ -52,6 +64,7 @@ pub struct Slot {
     state: RefCell<State>,
     /// The session's wake-up, shared by all its slots.
     owner: Rc<Notify>,
+    watch: RefCell<Option<Rc<dyn Watch>>>,
 }
 
 impl Slot {
@@ -60,22 +73,47 @@ impl Slot {
         Rc::new(Slot {
             state: RefCell::new(State::default()),
             owner,
+            watch: RefCell::new(None),
         })
+    }
+
+    /// Has `watch` see this reply from now on (replacing any other watcher).
+    pub fn watch(&self, watch: Rc<dyn Watch>) {
+        *self.watch.borrow_mut() = Some(watch);
+    }
+
+    /// Whether any piece arrived or the reply ended.
+    pub fn started(&self) -> bool {
+        let state = self.state.borrow();
+        state.received > 0 || state.done.is_some()
     }
 
     /// Adds a piece of the reply.
     pub fn push(&self, piece: Got) {
-        self.state.borrow_mut().pieces.push_back(piece);
+        // No borrow is held while the watcher runs: it may fill other slots.
+        let watch = self.watch.borrow().clone();
+        if let Some(watch) = watch {
+            watch.piece(&piece);
+        }
+        let mut state = self.state.borrow_mut();
+        state.received += 1;
+        state.pieces.push_back(piece);
+        drop(state);
         self.owner.notify_one();
     }
 
     /// The reply is complete, or failed.
     pub fn finish(&self, result: Result<(), BackendError>) {
         let mut state = self.state.borrow_mut();
-        if state.done.is_none() {
-            state.done = Some(result);
+        if state.done.is_some() {
+            return;
         }
+        state.done = Some(result.clone());
         drop(state);
+        let watch = self.watch.borrow_mut().take();
+        if let Some(watch) = watch {
+            watch.done(&result);
+        }
         self.owner.notify_one();
     }
 
