@@ -42,8 +42,6 @@ impl Got {
 #[derive(Debug, Default)]
 struct State {
     pieces: VecDeque<Got>,
-    /// Pieces pushed so far (taken or not).
-    received: usize,
     /// `Some` once the reply is complete (`Ok`) or cannot come (`Err`).
     done: Option<Result<(), BackendError>>,
 }
@@ -82,12 +80,6 @@ impl Slot {
         *self.watch.borrow_mut() = Some(watch);
     }
 
-    /// Whether any piece arrived or the reply ended.
-    pub fn started(&self) -> bool {
-        let state = self.state.borrow();
-        state.received > 0 || state.done.is_some()
-    }
-
     /// Adds a piece of the reply.
     pub fn push(&self, piece: Got) {
         // No borrow is held while the watcher runs: it may fill other slots.
@@ -95,10 +87,7 @@ impl Slot {
         if let Some(watch) = watch {
             watch.piece(&piece);
         }
-        let mut state = self.state.borrow_mut();
-        state.received += 1;
-        state.pieces.push_back(piece);
-        drop(state);
+        self.state.borrow_mut().pieces.push_back(piece);
         self.owner.notify_one();
     }
 
@@ -148,5 +137,31 @@ mod tests {
         assert!(matches!(slot.take(), Some(Got::Value(_))));
         assert!(matches!(slot.take(), Some(Got::Line(_))));
         assert_eq!(slot.take(), None);
+    }
+
+    #[derive(Debug, Default)]
+    struct Seen(RefCell<Vec<String>>);
+
+    impl Watch for Seen {
+        fn piece(&self, piece: &Got) {
+            self.0.borrow_mut().push(format!("{} bytes", piece.len()));
+        }
+        fn done(&self, result: &Result<(), BackendError>) {
+            self.0.borrow_mut().push(format!("done {}", result.is_ok()));
+        }
+    }
+
+    #[test]
+    fn a_watcher_sees_every_piece_and_the_end_once_then_is_let_go() {
+        let slot = Slot::new(Rc::new(Notify::new()));
+        let seen = Rc::new(Seen::default());
+        slot.watch(seen.clone());
+        slot.push(Got::Value(Bytes::from_static(b"VALUE a 0 1\r\nx\r\n")));
+        slot.finish(Ok(()));
+        slot.finish(Ok(()));
+        assert_eq!(*seen.0.borrow(), vec!["16 bytes", "done true"]);
+        assert_eq!(Rc::strong_count(&seen), 1, "the slot let go of it");
+        // The owner still gets everything.
+        assert!(matches!(slot.take(), Some(Got::Value(_))));
     }
 }
