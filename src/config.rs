@@ -48,6 +48,13 @@ struct RawConfig {
     ring: Option<Spanned<String>>,
     hash: Option<Spanned<String>>,
     hash_tag: Option<Spanned<String>>,
+    hot_key_window_ms: Option<Spanned<u64>>,
+    hot_key_share: Option<Spanned<f64>>,
+    hot_key_top: Option<Spanned<u64>>,
+    hot_key_metrics: Option<bool>,
+    hot_key_coalesce: Option<bool>,
+    hot_key_cache_ms: Option<Spanned<u64>>,
+    hot_key_cache_bytes: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -140,7 +147,52 @@ pub struct Config {
     pub handoff: Duration,
     /// Ring flavour, key hash and hash tag (`ring`, `hash`, `hash_tag`).
     pub ring: Spec,
+    /// Hot-key detection, coalescing and near cache (`hot_key_*`).
+    pub hot_keys: HotKeySettings,
 }
+
+/// The `hot_key_*` settings, read at start.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HotKeySettings {
+    /// Length of one counting window (`hot_key_window_ms`).
+    pub window: Duration,
+    /// Log a key that takes more than this share of its server's requests
+    /// (`hot_key_share`, 0 < share <= 1).
+    pub share: f64,
+    /// Keys listed by `stats hotkeys` and exported to Prometheus.
+    pub top: usize,
+    /// Prometheus labels and log lines name keys (otherwise a hash of them).
+    pub metrics_names: bool,
+    /// Concurrent `get`s of a hot key on one worker share one server request.
+    pub coalesce: bool,
+    /// Serve hot keys' values from memring's memory for at most this long;
+    /// `None`: no near cache.
+    pub cache_ttl: Option<Duration>,
+    /// Bytes (keys and values) the near cache may hold.
+    pub cache_bytes: u64,
+}
+
+// `share` is validated to be a number in (0, 1], never NaN.
+impl Eq for HotKeySettings {}
+
+impl Default for HotKeySettings {
+    fn default() -> Self {
+        HotKeySettings {
+            window: Duration::from_millis(DEFAULT_HOT_KEY_WINDOW_MS),
+            share: DEFAULT_HOT_KEY_SHARE,
+            top: DEFAULT_HOT_KEY_TOP as usize,
+            metrics_names: false,
+            coalesce: true,
+            cache_ttl: None,
+            cache_bytes: DEFAULT_HOT_KEY_CACHE_BYTES,
+        }
+    }
+}
+
+pub const DEFAULT_HOT_KEY_WINDOW_MS: u64 = 1000;
+pub const DEFAULT_HOT_KEY_SHARE: f64 = 0.2;
+pub const DEFAULT_HOT_KEY_TOP: u64 = 20;
+pub const DEFAULT_HOT_KEY_CACHE_BYTES: u64 = 64 * 1024 * 1024;
 
 pub const DEFAULT_CONNECTIONS_PER_SERVER: u64 = 1;
 /// Room a client's reply buffer has beyond one largest value.
@@ -392,6 +444,7 @@ impl Config {
         )?;
 
         let ring = ring_spec(&raw, &at)?;
+        let hot_keys = hot_key_settings(&raw, &at, &number)?;
 
         Ok(Config {
             ring,
@@ -422,6 +475,7 @@ impl Config {
             max_buffer_bytes: max_buffer_bytes as usize,
             client_write_timeout: Duration::from_millis(client_write_timeout_ms),
             handoff: Duration::from_millis(handoff_ms),
+            hot_keys,
         })
     }
 
@@ -524,6 +578,59 @@ fn ring_spec(
         }
     }
     Ok(spec)
+}
+
+/// Reads one integer setting: its value, a default, and its allowed range.
+type NumberSetting<'a> = dyn Fn(&Option<Spanned<u64>>, &str, u64, std::ops::RangeInclusive<u64>) -> Result<u64, ConfigError>
+    + 'a;
+
+/// The `hot_key_*` settings, validated.
+fn hot_key_settings(
+    raw: &RawConfig,
+    at: &dyn Fn(Range<usize>, String) -> ConfigError,
+    number: &NumberSetting<'_>,
+) -> Result<HotKeySettings, ConfigError> {
+    let window_ms = number(
+        &raw.hot_key_window_ms,
+        "hot_key_window_ms",
+        DEFAULT_HOT_KEY_WINDOW_MS,
+        100..=3_600_000,
+    )?;
+    let share = match &raw.hot_key_share {
+        None => DEFAULT_HOT_KEY_SHARE,
+        Some(v) if *v.get_ref() > 0.0 && *v.get_ref() <= 1.0 => *v.get_ref(),
+        Some(v) => {
+            return Err(at(
+                v.span(),
+                format!(
+                    "hot_key_share = {} must be a share above 0 and at most 1",
+                    v.get_ref()
+                ),
+            ))
+        }
+    };
+    let top = number(
+        &raw.hot_key_top,
+        "hot_key_top",
+        DEFAULT_HOT_KEY_TOP,
+        1..=1000,
+    )?;
+    let cache_ms = number(&raw.hot_key_cache_ms, "hot_key_cache_ms", 0, 0..=3_600_000)?;
+    let cache_bytes = number(
+        &raw.hot_key_cache_bytes,
+        "hot_key_cache_bytes",
+        DEFAULT_HOT_KEY_CACHE_BYTES,
+        1024..=1 << 40,
+    )?;
+    Ok(HotKeySettings {
+        window: Duration::from_millis(window_ms),
+        share,
+        top: top as usize,
+        metrics_names: raw.hot_key_metrics.unwrap_or(false),
+        coalesce: raw.hot_key_coalesce.unwrap_or(true),
+        cache_ttl: (cache_ms > 0).then(|| Duration::from_millis(cache_ms)),
+        cache_bytes,
+    })
 }
 
 /// `host:port` with a port from 1 to 65535 and a plausible host (an IP address,
@@ -727,6 +834,34 @@ name = "cache-02"
                 "{tag}: {message}"
             );
         }
+    }
+
+    #[test]
+    fn hot_key_settings_have_defaults_and_bounds() {
+        let default = Config::parse(GOOD, "m").unwrap().hot_keys;
+        assert_eq!(default, HotKeySettings::default());
+        assert!(default.coalesce && default.cache_ttl.is_none());
+        let set = Config::parse(
+            &format!("hot_key_share = 0.5\nhot_key_cache_ms = 100\nhot_key_metrics = true\nhot_key_coalesce = false\n{GOOD}"),
+            "m",
+        )
+        .unwrap()
+        .hot_keys;
+        assert_eq!(set.share, 0.5);
+        assert_eq!(set.cache_ttl, Some(Duration::from_millis(100)));
+        assert!(set.metrics_names && !set.coalesce);
+        for bad in ["0.0", "1.5", "-0.1", "nan"] {
+            let message = error_of(&format!("hot_key_share = {bad}\n{GOOD}"));
+            assert!(
+                message.starts_with("memring.toml:1:17: hot_key_share"),
+                "{bad}: {message}"
+            );
+        }
+        let message = error_of(&format!("hot_key_window_ms = 5\n{GOOD}"));
+        assert!(
+            message.contains("hot_key_window_ms = 5 is out of range"),
+            "{message}"
+        );
     }
 
     #[test]

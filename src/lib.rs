@@ -21,6 +21,8 @@
 //! - [`server`]: start-up, accept loop, connection limit, shutdown and drain.
 //! - [`outbuf`]: ordered write queues (client replies, server requests).
 //! - [`reload`]: watch the config file and SIGHUP, validate, publish.
+//! - [`hotkeys`]: hot-key detection per server (space-saving sketches per
+//!   worker), `stats hotkeys`, coalescing of concurrent gets, near cache.
 //! - [`stats`]: counters behind both the `stats` reply and Prometheus; a leaf.
 //! - [`report`]: memring's memcached-style `stats` reply.
 //! - [`admin`]: optional HTTP listener for `/metrics`, `/live` and `/ready`.
@@ -34,6 +36,7 @@ pub mod backend;
 pub mod config;
 pub mod error;
 pub mod handoff;
+pub mod hotkeys;
 mod outbuf;
 pub mod pool;
 pub mod protocol;

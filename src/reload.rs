@@ -227,6 +227,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         client_write_timeout,
         handoff,
         ring,
+        hot_keys,
     } = new;
     let ms = |d: &Duration| d.as_millis().to_string();
     let optional_ms = |d: &Option<Duration>| d.as_ref().map_or("0".to_string(), ms);
@@ -254,7 +255,8 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             String::from_utf8_lossy(&t).into_owned()
         })
     };
-    let rows: [(&'static str, String, String, bool); 22] = [
+    let hot = &old.hot_keys;
+    let rows: [(&'static str, String, String, bool); 29] = [
         (
             "ring",
             old.ring.flavour.name().to_string(),
@@ -367,6 +369,49 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             true,
         ),
         ("handoff_ms", ms(&old.handoff), ms(handoff), false),
+        // Hot-key settings are read when the workers start.
+        (
+            "hot_key_window_ms",
+            ms(&hot.window),
+            ms(&hot_keys.window),
+            true,
+        ),
+        (
+            "hot_key_share",
+            hot.share.to_string(),
+            hot_keys.share.to_string(),
+            true,
+        ),
+        (
+            "hot_key_top",
+            hot.top.to_string(),
+            hot_keys.top.to_string(),
+            true,
+        ),
+        (
+            "hot_key_metrics",
+            hot.metrics_names.to_string(),
+            hot_keys.metrics_names.to_string(),
+            true,
+        ),
+        (
+            "hot_key_coalesce",
+            hot.coalesce.to_string(),
+            hot_keys.coalesce.to_string(),
+            true,
+        ),
+        (
+            "hot_key_cache_ms",
+            optional_ms(&hot.cache_ttl),
+            optional_ms(&hot_keys.cache_ttl),
+            true,
+        ),
+        (
+            "hot_key_cache_bytes",
+            hot.cache_bytes.to_string(),
+            hot_keys.cache_bytes.to_string(),
+            true,
+        ),
     ];
     rows.into_iter()
         .filter(|(_, old, new, _)| old != new)

@@ -36,6 +36,11 @@ pub fn write_stats(out: &mut BytesMut, stats: &Stats, topology: &Topology) {
     let (read, written) = stats.client_bytes();
     write_stat(out, "bytes_read", &read);
     write_stat(out, "bytes_written", &written);
+    let hot = &stats.hot;
+    write_stat(out, "hot_key_coalesced_gets", &hot.coalesced.get());
+    write_stat(out, "near_cache_hits", &hot.cache_hits.get());
+    write_stat(out, "near_cache_misses", &hot.cache_misses.get());
+    write_stat(out, "near_cache_evictions", &hot.cache_evictions.get());
     write_stat(out, "ring_version", &topology.version);
     write_stat(out, "ring_servers", &topology.backends.len());
     write_stat(out, "ring_ejected", &topology.ejected.len());

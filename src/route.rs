@@ -48,6 +48,8 @@ pub enum Plan {
     Reply(&'static [u8]),
     /// memring's own `stats`.
     Stats,
+    /// `stats hotkeys`: the hottest keys of the last window.
+    HotKeys,
     /// Close the client once earlier replies are written.
     Quit,
     /// One server gets the request as received (`noreply` stripped).
@@ -78,8 +80,13 @@ pub fn plan(request: &Request, bytes: &Bytes, topology: &Topology) -> Plan {
         Command::Version => Plan::Reply(crate::VERSION_REPLY),
         // Accepted and not forwarded: memring's log level is its own.
         Command::Verbosity => Plan::Reply(b"OK\r\n"),
+        Command::Stats
+            if request.arg.is_some_and(|arg| arg.of(bytes) == b"hotkeys".as_slice()) =>
+        {
+            Plan::HotKeys
+        }
         Command::Stats if request.arg.is_some() => Plan::Reply(
-            b"CLIENT_ERROR memring answers plain 'stats' only; ask each memcached for the others\r\n",
+            b"CLIENT_ERROR memring answers plain 'stats' and 'stats hotkeys' only; ask each memcached for the others\r\n",
         ),
         Command::Stats => Plan::Stats,
         Command::FlushAll => Plan::Broadcast {
@@ -392,6 +399,11 @@ impl Retrieval {
             copies: Vec::new(),
             read_through: (0, 0),
         }
+    }
+
+    /// The first server key `i` is asked of (its owner), if any.
+    pub fn owner(&self, i: usize) -> Option<usize> {
+        self.candidates.get(i)?.first().copied()
     }
 
     /// Keys are waiting to be sent (a first time, or to a next replica).

@@ -77,6 +77,8 @@ pub async fn start(config: &Config, shutdown: CancellationToken) -> io::Result<R
         write_timeout: config.client_write_timeout,
         client_buffer_bytes: config.max_client_buffer_bytes,
     };
+    let hot = crate::hotkeys::HotShared::new(config.hot_keys, count, stats.clone());
+    tokio::spawn(crate::hotkeys::monitor(hot.clone(), shutdown.clone()));
     let mut workers = Vec::with_capacity(count);
     for index in 0..count {
         workers.push(worker::spawn(WorkerSetup {
@@ -88,6 +90,7 @@ pub async fn start(config: &Config, shutdown: CancellationToken) -> io::Result<R
             budget: (config.max_buffer_bytes / count).max(1),
             grace: config.shutdown_grace,
             published: publisher.published(),
+            hot: hot.clone(),
         })?);
     }
     tracing::info!(%local_addr, servers = config.servers.len(), workers = count, "listening");

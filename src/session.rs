@@ -36,6 +36,7 @@ use tokio::time::Instant;
 use crate::backend::slot::{Got, Slot};
 use crate::error::BackendError;
 use crate::handoff::{copy_outcome, CopyOutcome, Moved, Owner, Step};
+use crate::hotkeys::{GetShortcut, WriteGuard};
 use crate::outbuf::OutQueue;
 use crate::protocol::encode::{forwardable, write_server_error};
 use crate::protocol::meta::{is_meta_request, parse_meta, MetaCommand, MetaRequest};
@@ -334,6 +335,10 @@ impl ClientSession {
             .stats
             .request(request.command, request.keys.len());
         let plan = route::plan(&request, &bytes, &topology);
+        let hot = self
+            .worker
+            .hot
+            .on_request(&request, &bytes, &plan, &topology);
         let work = match plan {
             Plan::Quit => {
                 self.closing = true;
@@ -347,6 +352,7 @@ impl ClientSession {
             Plan::NoServers if request.noreply => return,
             Plan::NoServers => Work::Ready(Bytes::from_static(route::NO_SERVERS)),
             Plan::Stats => Work::Stats,
+            Plan::HotKeys => Work::Ready(self.worker.hot.report()),
             Plan::Forward { server } => Work::Lines {
                 parts: smallvec::smallvec![Part::new(server)],
                 finish: Finish::Forward,
@@ -398,6 +404,7 @@ impl ClientSession {
             sent: false,
             reserved: 0,
             started: Instant::now(),
+            hot,
         });
     }
 
@@ -517,7 +524,8 @@ impl ClientSession {
                     // A `noreply` request's reply is awaited too (and then
                     // dropped), so that its bytes stay counted until the
                     // server has them: see `unanswered`.
-                    self.send_line(&topology, part, &request, expect, true);
+                    let hot = entry.hot.as_ref();
+                    self.send_line(&topology, part, &request, expect, true, hot);
                 }
                 entry.sent = true;
                 true
@@ -531,7 +539,8 @@ impl ClientSession {
                     self.reserve(cost);
                     entry.reserved = cost;
                     let request = forwardable(&entry.bytes, &entry.request);
-                    self.send_line(&topology, owner, &request, LineKind::Storage, true);
+                    let hot = entry.hot.as_ref();
+                    self.send_line(&topology, owner, &request, LineKind::Storage, true, hot);
                     entry.sent = true;
                 }
                 // The copies go out before any later request of this client,
@@ -547,7 +556,14 @@ impl ClientSession {
                             // The client has its answer from the owner; a
                             // replica that fails here is counted by its
                             // backend and catches up on a later write.
-                            self.send_line(&topology, &mut part, &copy, LineKind::Storage, false);
+                            self.send_line(
+                                &topology,
+                                &mut part,
+                                &copy,
+                                LineKind::Storage,
+                                false,
+                                None,
+                            );
                         }
                     }
                 }
@@ -671,11 +687,30 @@ impl ClientSession {
                         self.reserve(cost);
                         let backend = &topology.backends[sub.server];
                         let slot = Slot::new(self.wake.clone());
+                        let ticket =
+                            match self.worker.hot.before_send(&sub, backend, &topology, &slot) {
+                                GetShortcut::Send(ticket) => ticket,
+                                GetShortcut::Joined => {
+                                    in_flight.push((sub.id, slot, cost));
+                                    continue;
+                                }
+                                GetShortcut::Cached(block) => {
+                                    plan.on_piece(sub.id, Got::Value(block));
+                                    plan.on_done(sub.id, Ok(()));
+                                    self.release(cost);
+                                    continue;
+                                }
+                            };
                         let conn = self.worker.conn(backend, self.lane);
                         let expect = Expect::values(sub.line.clone());
                         match conn.send(std::slice::from_ref(&sub.line), expect, Some(slot.clone()))
                         {
-                            Ok(()) => in_flight.push((sub.id, slot, cost)),
+                            Ok(()) => {
+                                if let Some(ticket) = ticket {
+                                    self.worker.hot.sent(ticket, &slot);
+                                }
+                                in_flight.push((sub.id, slot, cost));
+                            }
                             Err(kind) => {
                                 self.release(cost);
                                 plan.on_done(sub.id, Err(backend.error(kind)));
@@ -762,10 +797,16 @@ impl ClientSession {
         request: &[Bytes],
         expect: LineKind,
         want_reply: bool,
+        write: Option<&Rc<WriteGuard>>,
     ) {
         let backend = &topology.backends[part.server];
         let conn = self.worker.conn(backend, self.lane);
-        let slot = want_reply.then(|| Slot::new(self.wake.clone()));
+        // A `noreply` write stays pending until the server has answered the
+        // request memring sends, so its slot is kept (and watched) too.
+        let slot = (want_reply || write.is_some()).then(|| Slot::new(self.wake.clone()));
+        if let (Some(slot), Some(write)) = (&slot, write) {
+            write.watch(slot);
+        }
         match conn.send(request, Expect::Line(expect), slot.clone()) {
             Ok(()) => part.slot = slot,
             Err(kind) => part.result = Some(Err(backend.error(kind))),
@@ -1082,6 +1123,9 @@ struct Entry {
     reserved: usize,
     /// When it was parsed, for the per-command latency histogram.
     started: Instant,
+    /// A write, pending for hot-key coalescing and the near cache until
+    /// this entry and its reply slots are done.
+    hot: Option<Rc<WriteGuard>>,
 }
 
 impl Entry {
@@ -1105,6 +1149,7 @@ impl Entry {
             sent: true,
             reserved: 0,
             started: Instant::now(),
+            hot: None,
         }
     }
 }

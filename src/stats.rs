@@ -42,6 +42,15 @@ struct ServerStateLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HotKeyLabels {
+    server: String,
+    key: String,
+}
+
+/// A gauge of a float value.
+type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     result: &'static str,
 }
@@ -110,6 +119,33 @@ pub struct Stats {
     handoff_copy_failures: Counter,
     /// Per-command request latency, indexed like `commands`.
     command_latency: Vec<Histogram>,
+    /// Hot keys: what was taken off the servers, and the top keys.
+    pub hot: HotKeyCounters,
+    hot_key_rate: Family<HotKeyLabels, FloatGauge>,
+    hot_key_share: Family<HotKeyLabels, FloatGauge>,
+}
+
+/// Counters of the hot-key machinery (see `hotkeys.rs`).
+#[derive(Debug, Clone, Default)]
+pub struct HotKeyCounters {
+    /// `get`s that waited for another client's identical request.
+    pub coalesced: Counter,
+    /// Hot-key `get`s answered from the near cache.
+    pub cache_hits: Counter,
+    /// Hot-key `get`s the near cache could not answer.
+    pub cache_misses: Counter,
+    /// Near-cache entries dropped to stay within `hot_key_cache_bytes`.
+    pub cache_evictions: Counter,
+}
+
+/// One key of the hot-key gauges.
+#[derive(Debug, Clone)]
+pub struct HotKeySample {
+    pub server: String,
+    /// The key, or a hash of it.
+    pub key: String,
+    pub rate: f64,
+    pub share: f64,
 }
 
 impl Default for Stats {
@@ -280,7 +316,44 @@ impl Stats {
                     .clone()
             })
             .collect();
+        let hot = HotKeyCounters {
+            coalesced: counter(
+                &mut registry,
+                "hot_key_coalesced_gets",
+                "Gets answered by another client's identical request already on its way to the server",
+            ),
+            cache_hits: counter(
+                &mut registry,
+                "near_cache_hits",
+                "Hot-key gets answered from memring's near cache",
+            ),
+            cache_misses: counter(
+                &mut registry,
+                "near_cache_misses",
+                "Hot-key gets the near cache could not answer",
+            ),
+            cache_evictions: counter(
+                &mut registry,
+                "near_cache_evictions",
+                "Near-cache entries evicted to stay within hot_key_cache_bytes",
+            ),
+        };
+        let hot_key_rate = Family::<HotKeyLabels, FloatGauge>::default();
+        registry.register(
+            "hot_key_requests_per_second",
+            "Estimated requests per second of the hottest keys in the last window",
+            hot_key_rate.clone(),
+        );
+        let hot_key_share = Family::<HotKeyLabels, FloatGauge>::default();
+        registry.register(
+            "hot_key_server_share",
+            "Share of its server's requests that each of the hottest keys took in the last window",
+            hot_key_share.clone(),
+        );
         Stats {
+            hot,
+            hot_key_rate,
+            hot_key_share,
             started: Instant::now(),
             replica_background,
             handoff_reads,
@@ -431,6 +504,20 @@ impl Stats {
         self.reloads
             .get(&ResultLabels { result })
             .map_or(0, |counter| counter.get())
+    }
+
+    /// Replaces the hot-key gauges with `top`.
+    pub fn hot_keys(&self, top: &[HotKeySample]) {
+        self.hot_key_rate.clear();
+        self.hot_key_share.clear();
+        for sample in top {
+            let labels = HotKeyLabels {
+                server: sample.server.clone(),
+                key: sample.key.clone(),
+            };
+            self.hot_key_rate.get_or_create(&labels).set(sample.rate);
+            self.hot_key_share.get_or_create(&labels).set(sample.share);
+        }
     }
 
     /// A config reload was applied or rejected.

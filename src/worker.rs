@@ -20,6 +20,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::backend::conn::{self, Conn};
 use crate::backend::Backend;
+use crate::hotkeys::{HotShared, HotWorker};
 use crate::session::run_session;
 use crate::stats::Stats;
 use crate::topology::SharedTopology;
@@ -53,6 +54,8 @@ pub(crate) struct WorkerCtx {
     pub(crate) owed: Cell<usize>,
     /// This worker's share of `max_buffer_bytes`.
     pub(crate) budget: usize,
+    /// This worker's hot-key counts, requests in flight and windows.
+    pub(crate) hot: Rc<HotWorker>,
 }
 
 impl WorkerCtx {
@@ -124,6 +127,7 @@ pub(crate) struct WorkerSetup {
     pub(crate) grace: Duration,
     /// Woken after every topology publish.
     pub(crate) published: Arc<tokio::sync::Notify>,
+    pub(crate) hot: Arc<HotShared>,
 }
 
 /// Starts a worker thread.
@@ -157,9 +161,14 @@ async fn serve(setup: WorkerSetup, mut clients: mpsc::UnboundedReceiver<Accepted
         conn_tasks: TaskTracker::new(),
         owed: Cell::new(0),
         budget: setup.budget,
+        hot: Rc::new(HotWorker::new(setup.hot, setup.index)),
     });
     let sessions = TaskTracker::new();
     tokio::task::spawn_local(keep_connected(ctx.clone(), setup.published.clone()));
+    tokio::task::spawn_local(crate::hotkeys::run_windows(
+        ctx.hot.clone(),
+        ctx.drain.clone(),
+    ));
     // The acceptor closes the channel at shutdown.
     while let Some(Accepted { stream, id, permit }) = clients.recv().await {
         let stream = match tokio::net::TcpStream::from_std(stream) {

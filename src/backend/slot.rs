@@ -46,12 +46,23 @@ struct State {
     done: Option<Result<(), BackendError>>,
 }
 
+/// Sees a slot's reply as it arrives, besides the session that owns the slot
+/// (hot keys: other sessions waiting for the same reply, the near cache, a
+/// write's completion).
+pub trait Watch: std::fmt::Debug {
+    /// A piece arrived.
+    fn piece(&self, _piece: &Got) {}
+    /// The reply is complete or failed; the slot lets go of the watcher next.
+    fn done(&self, _result: &Result<(), BackendError>) {}
+}
+
 /// The reply to one request, filled by a backend connection.
 #[derive(Debug)]
 pub struct Slot {
     state: RefCell<State>,
     /// The session's wake-up, shared by all its slots.
     owner: Rc<Notify>,
+    watch: RefCell<Option<Rc<dyn Watch>>>,
 }
 
 impl Slot {
@@ -60,11 +71,22 @@ impl Slot {
         Rc::new(Slot {
             state: RefCell::new(State::default()),
             owner,
+            watch: RefCell::new(None),
         })
+    }
+
+    /// Has `watch` see this reply from now on (replacing any other watcher).
+    pub fn watch(&self, watch: Rc<dyn Watch>) {
+        *self.watch.borrow_mut() = Some(watch);
     }
 
     /// Adds a piece of the reply.
     pub fn push(&self, piece: Got) {
+        // No borrow is held while the watcher runs: it may fill other slots.
+        let watch = self.watch.borrow().clone();
+        if let Some(watch) = watch {
+            watch.piece(&piece);
+        }
         self.state.borrow_mut().pieces.push_back(piece);
         self.owner.notify_one();
     }
@@ -72,10 +94,15 @@ impl Slot {
     /// The reply is complete, or failed.
     pub fn finish(&self, result: Result<(), BackendError>) {
         let mut state = self.state.borrow_mut();
-        if state.done.is_none() {
-            state.done = Some(result);
+        if state.done.is_some() {
+            return;
         }
+        state.done = Some(result.clone());
         drop(state);
+        let watch = self.watch.borrow_mut().take();
+        if let Some(watch) = watch {
+            watch.done(&result);
+        }
         self.owner.notify_one();
     }
 
@@ -110,5 +137,31 @@ mod tests {
         assert!(matches!(slot.take(), Some(Got::Value(_))));
         assert!(matches!(slot.take(), Some(Got::Line(_))));
         assert_eq!(slot.take(), None);
+    }
+
+    #[derive(Debug, Default)]
+    struct Seen(RefCell<Vec<String>>);
+
+    impl Watch for Seen {
+        fn piece(&self, piece: &Got) {
+            self.0.borrow_mut().push(format!("{} bytes", piece.len()));
+        }
+        fn done(&self, result: &Result<(), BackendError>) {
+            self.0.borrow_mut().push(format!("done {}", result.is_ok()));
+        }
+    }
+
+    #[test]
+    fn a_watcher_sees_every_piece_and_the_end_once_then_is_let_go() {
+        let slot = Slot::new(Rc::new(Notify::new()));
+        let seen = Rc::new(Seen::default());
+        slot.watch(seen.clone());
+        slot.push(Got::Value(Bytes::from_static(b"VALUE a 0 1\r\nx\r\n")));
+        slot.finish(Ok(()));
+        slot.finish(Ok(()));
+        assert_eq!(*seen.0.borrow(), vec!["16 bytes", "done true"]);
+        assert_eq!(Rc::strong_count(&seen), 1, "the slot let go of it");
+        // The owner still gets everything.
+        assert!(matches!(slot.take(), Some(Got::Value(_))));
     }
 }

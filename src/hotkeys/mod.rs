@@ -1,0 +1,810 @@
+//! Hot keys: naming the keys that take most of their server's requests, and
+//! taking their load off that server.
+//!
+//! - **Detection** (always on): each worker counts the keys of every request
+//!   in one [`sketch::SpaceSaving`] per server, with no lock. Every
+//!   `hot_key_window_ms` it publishes the window's largest counters and starts
+//!   a new window; `stats hotkeys`, the Prometheus gauges and the log line
+//!   merge the workers' last windows ([`top`]).
+//! - **Coalescing** (`hot_key_coalesce`, on by default): a single-key `get`
+//!   of a key that was hot in the worker's last window waits for the same
+//!   request another client of the worker already sent, if nothing has
+//!   written the key since that request was sent.
+//! - **Near cache** (`hot_key_cache_ms`, off by default): the values of hot
+//!   keys are kept for at most that long and answer `get`s without a round
+//!   trip.
+//!
+//! # What keeps reads after writes correct
+//! Every write through this memring (storage commands, `delete`, `incr`,
+//! `decr`, `touch`, `gat`, `gats`, `flush_all`) moves a version on its key's
+//! stripe (shared by all workers) when it is planned and again when its reply
+//! has arrived (or, for `noreply`, when the server has answered the request
+//! memring sends without `noreply`), and counts as pending in between. A
+//! `get` may join a request or take a cached value only when its key's stripe
+//! has no write pending and still has the version that request was sent at.
+//! So a `get` that arrives after a write was planned (by any client of this
+//! memring, on any worker) never takes a reply that may predate it, and a
+//! client's own earlier writes, pipelined or not, are always seen. Writes
+//! that do not pass through this memring are seen by the near cache after at
+//! most `hot_key_cache_ms`.
+//!
+//! No I/O here beyond what the session and the monitor task ask for.
+
+pub mod sketch;
+pub mod top;
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use smallvec::SmallVec;
+use tokio_util::sync::CancellationToken;
+use twox_hash::XxHash3_64;
+
+use crate::backend::slot::{Got, Slot, Watch};
+use crate::backend::Backend;
+use crate::config::HotKeySettings;
+use crate::error::{BackendError, BackendErrorKind};
+use crate::protocol::{Command, Request};
+use crate::route::{Plan, SubRequest};
+use crate::stats::{HotKeySample, Stats};
+use crate::topology::Topology;
+use sketch::{BuildKeyHash, SpaceSaving};
+use top::{Episode, Episodes, HotKey, ServerWindow, WorkerWindow};
+
+/// Counters of each server's sketch, per worker: any key above 1/128 of its
+/// server's requests in a window is sure to be counted.
+pub const COUNTERS_PER_SERVER: usize = 128;
+
+/// A key is hot (coalesced, near-cached) when, in one of the worker's last
+/// two windows, it surely took at least this share of its server's
+/// requests...
+const HOT_MIN_SHARE: f64 = 0.01;
+/// ...and at least this many requests.
+const HOT_MIN_REQUESTS: u64 = 16;
+
+/// Stripes of write versions: a power of two. Keys sharing a stripe only
+/// share invalidations, never values.
+const STRIPES: usize = 1 << 14;
+
+/// A key's share is logged only on a server that sees at least this many
+/// requests per second, so one request to an idle server is not "hot".
+const LOG_MIN_SERVER_RATE: f64 = 50.0;
+
+/// The xxh3 hash the sketches, stripes and flights know a key by.
+#[inline]
+pub fn key_hash(key: &[u8]) -> u64 {
+    XxHash3_64::oneshot(key)
+}
+
+#[derive(Debug, Default)]
+struct Stripe {
+    /// Moves when a write to one of the stripe's keys is planned and when it
+    /// completes.
+    version: AtomicU64,
+    /// Writes planned and not yet complete.
+    pending: AtomicU32,
+}
+
+/// A near-cache entry: a `VALUE` block as the server sent it, and the stripe
+/// version of the `get` that fetched it.
+#[derive(Debug, Clone)]
+struct Cached {
+    version: u64,
+    block: Bytes,
+}
+
+type NearCache = moka::sync::Cache<Box<[u8]>, Cached>;
+
+/// A worker's last complete window, and when it ended.
+type Published = Option<(Instant, Arc<WorkerWindow>)>;
+
+/// Key hashes a write touches, with the keys when there is a near cache to
+/// drop them from.
+type WrittenKeys = SmallVec<[(u64, Option<Box<[u8]>>); 1]>;
+
+/// What every worker shares: settings, write versions, the near cache and
+/// the windows the workers published.
+pub struct HotShared {
+    settings: HotKeySettings,
+    stats: Arc<Stats>,
+    stripes: Box<[Stripe]>,
+    /// `flush_all`s planned and not complete: they write every key.
+    flushing: AtomicU32,
+    cache: Option<NearCache>,
+    /// Each worker's last complete window, and when it ended.
+    windows: Mutex<Vec<Published>>,
+}
+
+impl std::fmt::Debug for HotShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HotShared")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HotShared {
+    /// The shared state of `workers` workers.
+    pub fn new(settings: HotKeySettings, workers: usize, stats: Arc<Stats>) -> Arc<HotShared> {
+        let cache = settings.cache_ttl.map(|ttl| {
+            let evictions = stats.hot.cache_evictions.clone();
+            NearCache::builder()
+                .max_capacity(settings.cache_bytes)
+                .weigher(|key, value| {
+                    // Keys and values, plus a rough per-entry overhead.
+                    u32::try_from(key.len() + value.block.len() + 64).unwrap_or(u32::MAX)
+                })
+                .time_to_live(ttl)
+                .eviction_listener(move |_key, _value, cause| {
+                    if cause == moka::notification::RemovalCause::Size {
+                        evictions.inc();
+                    }
+                })
+                .build()
+        });
+        Arc::new(HotShared {
+            settings,
+            stats,
+            stripes: (0..STRIPES).map(|_| Stripe::default()).collect(),
+            flushing: AtomicU32::new(0),
+            cache,
+            windows: Mutex::new(vec![None; workers.max(1)]),
+        })
+    }
+
+    /// Whether gets may be coalesced or cached, so writes must be tracked.
+    fn tracking(&self) -> bool {
+        self.settings.coalesce || self.cache.is_some()
+    }
+
+    fn stripe(&self, hash: u64) -> &Stripe {
+        &self.stripes[hash as usize & (STRIPES - 1)]
+    }
+
+    /// The stripe's version, and whether no write to it is pending. Pending
+    /// is read first: a write completes by moving the version and then
+    /// leaving pending, so a reader that sees it gone sees the new version.
+    fn settled(&self, hash: u64) -> (u64, bool) {
+        let stripe = self.stripe(hash);
+        let quiet =
+            stripe.pending.load(Ordering::SeqCst) == 0 && self.flushing.load(Ordering::SeqCst) == 0;
+        (stripe.version.load(Ordering::SeqCst), quiet)
+    }
+
+    /// Keeps a `get`'s value for its key if nothing wrote the key since the
+    /// `get` was sent at `version`.
+    fn fill(&self, key: &[u8], hash: u64, version: u64, block: Bytes) {
+        let Some(cache) = &self.cache else {
+            return;
+        };
+        // One value may not push out most of the others.
+        if block.len() as u64 > self.settings.cache_bytes / 8 {
+            return;
+        }
+        if self.settled(hash) == (version, true) {
+            cache.insert(key.into(), Cached { version, block });
+        }
+    }
+
+    /// The hottest keys of the workers' last windows, over every worker
+    /// (untruncated). Windows older than two window lengths are left out: a
+    /// worker that stopped publishing has nothing current to say.
+    pub fn merged(&self, now: Instant) -> Vec<HotKey> {
+        let fresh: Vec<Arc<WorkerWindow>> = {
+            let windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+            windows
+                .iter()
+                .flatten()
+                .filter(|(ended, _)| {
+                    now.saturating_duration_since(*ended) < 2 * self.settings.window
+                })
+                .map(|(_, window)| window.clone())
+                .collect()
+        };
+        top::merge(fresh.iter().map(|w| &**w))
+    }
+
+    /// The `stats hotkeys` reply.
+    pub fn report(&self) -> Bytes {
+        let mut merged = self.merged(Instant::now());
+        merged.truncate(self.settings.top);
+        let mut out = BytesMut::with_capacity(128 + merged.len() * 160);
+        top::render(
+            &mut out,
+            &merged,
+            self.settings.window.as_millis(),
+            COUNTERS_PER_SERVER,
+        );
+        out.freeze()
+    }
+
+    fn publish(&self, worker: usize, ended: Instant, window: WorkerWindow) {
+        let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(slot) = windows.get_mut(worker) {
+            *slot = Some((ended, Arc::new(window)));
+        }
+    }
+
+    /// How metrics and logs name a key: itself with `hot_key_metrics = true`,
+    /// otherwise its xxh3 hash (key names may be personal data; the hash
+    /// hides them from a casual reader, not from one who can guess keys).
+    pub fn key_label(&self, key: &[u8], hash: u64) -> String {
+        if self.settings.metrics_names {
+            String::from_utf8_lossy(key).into_owned()
+        } else {
+            format!("xxh3:{hash:016x}")
+        }
+    }
+
+    /// Moves the versions of `hashes` (or of every stripe, for `flush_all`)
+    /// and drops their near-cache entries.
+    fn bump(&self, target: &Target) {
+        match target {
+            Target::All => {
+                for stripe in self.stripes.iter() {
+                    stripe.version.fetch_add(1, Ordering::SeqCst);
+                }
+                if let Some(cache) = &self.cache {
+                    cache.invalidate_all();
+                }
+            }
+            Target::Keys(keys) => {
+                for (hash, key) in keys {
+                    self.stripe(*hash).version.fetch_add(1, Ordering::SeqCst);
+                    if let (Some(cache), Some(key)) = (&self.cache, key) {
+                        cache.invalidate(&key[..]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What a write touches.
+#[derive(Debug)]
+enum Target {
+    /// `flush_all`.
+    All,
+    /// Key hashes, with the keys when there is a near cache to drop them from.
+    Keys(WrittenKeys),
+}
+
+/// One write through this memring, from when it is planned until it is
+/// complete: dropped when its entry is answered and every reply slot it
+/// watches is done (see the module doc).
+#[derive(Debug)]
+pub(crate) struct WriteGuard {
+    shared: Arc<HotShared>,
+    target: Target,
+}
+
+impl WriteGuard {
+    fn begin(shared: &Arc<HotShared>, target: Target) -> Rc<WriteGuard> {
+        match &target {
+            Target::All => {
+                shared.flushing.fetch_add(1, Ordering::SeqCst);
+            }
+            Target::Keys(keys) => {
+                for (hash, _) in keys {
+                    shared.stripe(*hash).pending.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
+        shared.bump(&target);
+        Rc::new(WriteGuard {
+            shared: shared.clone(),
+            target,
+        })
+    }
+
+    /// Keeps this write pending until `slot` is done too (for `noreply`
+    /// writes, whose entries finish as soon as they are sent).
+    pub(crate) fn watch(self: &Rc<Self>, slot: &Slot) {
+        slot.watch(self.clone());
+    }
+}
+
+impl Watch for WriteGuard {}
+
+impl Drop for WriteGuard {
+    fn drop(&mut self) {
+        // Version first, then pending: see `HotShared::settled`.
+        self.shared.bump(&self.target);
+        match &self.target {
+            Target::All => {
+                self.shared.flushing.fetch_sub(1, Ordering::SeqCst);
+            }
+            Target::Keys(keys) => {
+                for (hash, _) in keys {
+                    self.shared
+                        .stripe(*hash)
+                        .pending
+                        .fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+        }
+    }
+}
+
+/// A hot key's `get` on its way to the server: other sessions of the worker
+/// may wait for its reply, which may fill the near cache.
+#[derive(Debug)]
+struct Flight {
+    backend: u64,
+    line: Bytes,
+    hash: u64,
+    /// The stripe version when it was sent.
+    version: u64,
+    /// The key, when the reply may fill the near cache.
+    fill: Option<Box<[u8]>>,
+    shared: Arc<HotShared>,
+    /// What followers get if the request is dropped unanswered.
+    gone: BackendError,
+    state: RefCell<FlightState>,
+}
+
+#[derive(Debug, Default)]
+struct FlightState {
+    followers: Vec<Rc<Slot>>,
+    started: bool,
+    done: bool,
+    /// The reply's value blocks, and whether anything else came.
+    values: SmallVec<[Bytes; 1]>,
+    other: bool,
+}
+
+impl Watch for Flight {
+    fn piece(&self, piece: &Got) {
+        let mut state = self.state.borrow_mut();
+        state.started = true;
+        match piece {
+            Got::Value(block) if self.fill.is_some() => state.values.push(block.clone()),
+            _ => state.other = true,
+        }
+        // Followers have no watcher of their own: pushing cannot come back here.
+        for follower in &state.followers {
+            follower.push(piece.clone());
+        }
+    }
+
+    fn done(&self, result: &Result<(), BackendError>) {
+        let (followers, value) = {
+            let mut state = self.state.borrow_mut();
+            state.done = true;
+            let value = match (&state.values[..], state.other) {
+                ([block], false) => Some(block.clone()),
+                _ => None,
+            };
+            (std::mem::take(&mut state.followers), value)
+        };
+        for follower in followers {
+            follower.finish(result.clone());
+        }
+        if let (Ok(()), Some(key), Some(block)) = (result, &self.fill, value) {
+            self.shared.fill(key, self.hash, self.version, block);
+        }
+    }
+}
+
+impl Drop for Flight {
+    fn drop(&mut self) {
+        // Dropped unanswered (its connection went away without failing it):
+        // followers must not wait forever.
+        let state = self.state.get_mut();
+        if !state.done {
+            for follower in state.followers.drain(..) {
+                follower.finish(Err(self.gone.clone()));
+            }
+        }
+    }
+}
+
+/// What the session does with one sub-request of a retrieval.
+pub(crate) enum GetShortcut {
+    /// Send it; then call [`HotWorker::sent`] with the ticket, if any.
+    Send(Option<Ticket>),
+    /// Its slot will be filled with another session's reply.
+    Joined,
+    /// Answered from the near cache with this `VALUE` block.
+    Cached(Bytes),
+}
+
+/// A hot key's `get` about to be sent.
+pub(crate) struct Ticket {
+    backend: u64,
+    line: Bytes,
+    hash: u64,
+    version: u64,
+    fill: Option<Box<[u8]>>,
+    gone: BackendError,
+}
+
+/// One server's sketch in a worker.
+struct ServerSketch {
+    name: Arc<str>,
+    sketch: SpaceSaving,
+}
+
+struct WorkerState {
+    /// The topology `by_backend` was mapped for.
+    topology_version: Option<u64>,
+    /// Index in `sketches` of each backend of that topology.
+    by_backend: Vec<usize>,
+    sketches: Vec<ServerSketch>,
+    window_started: Instant,
+    /// Hashes of the keys hot in either of the last two windows, so that a
+    /// key hot all along does not drop out at a window's edge.
+    hot: HashSet<u64, BuildKeyHash>,
+    /// Hashes of the keys hot in the last window alone.
+    hot_last: HashSet<u64, BuildKeyHash>,
+    /// Hot keys' `get`s in flight, by key hash.
+    flights: HashMap<u64, Rc<Flight>, BuildKeyHash>,
+}
+
+impl WorkerState {
+    fn map(&mut self, topology: &Topology) {
+        if self.topology_version == Some(topology.version) {
+            return;
+        }
+        self.by_backend.clear();
+        for backend in topology.backends.iter() {
+            let name = backend.name();
+            let at = match self.sketches.iter().position(|s| &*s.name == name) {
+                Some(at) => at,
+                None => {
+                    self.sketches.push(ServerSketch {
+                        name: name.into(),
+                        sketch: SpaceSaving::new(COUNTERS_PER_SERVER),
+                    });
+                    self.sketches.len() - 1
+                }
+            };
+            self.by_backend.push(at);
+        }
+        self.topology_version = Some(topology.version);
+    }
+
+    #[inline]
+    fn count(&mut self, server: Option<usize>, hash: u64, key: &[u8]) {
+        if let Some(&at) = server.and_then(|s| self.by_backend.get(s)) {
+            self.sketches[at].sketch.add(hash, key);
+        }
+    }
+}
+
+/// One worker's hot-key state. Lives on the worker thread only.
+pub(crate) struct HotWorker {
+    shared: Arc<HotShared>,
+    index: usize,
+    state: RefCell<WorkerState>,
+}
+
+impl HotWorker {
+    pub(crate) fn new(shared: Arc<HotShared>, index: usize) -> HotWorker {
+        HotWorker {
+            shared,
+            index,
+            state: RefCell::new(WorkerState {
+                topology_version: None,
+                by_backend: Vec::new(),
+                sketches: Vec::new(),
+                window_started: Instant::now(),
+                hot: HashSet::default(),
+                hot_last: HashSet::default(),
+                flights: HashMap::default(),
+            }),
+        }
+    }
+
+    /// The `stats hotkeys` reply.
+    pub(crate) fn report(&self) -> Bytes {
+        self.shared.report()
+    }
+
+    /// Counts the keys of a planned request against their servers; for a
+    /// write, returns what keeps it pending until it is complete.
+    pub(crate) fn on_request(
+        &self,
+        request: &Request,
+        bytes: &Bytes,
+        plan: &Plan,
+        topology: &Topology,
+    ) -> Option<Rc<WriteGuard>> {
+        let command = request.command;
+        let write = is_write(command) && self.shared.tracking();
+        let mut hashes = WrittenKeys::new();
+        {
+            let mut state = self.state.borrow_mut();
+            state.map(topology);
+            let mut count = |server: Option<usize>, key: &[u8]| {
+                let hash = key_hash(key);
+                state.count(server, hash, key);
+                if write {
+                    let key = self.shared.cache.is_some().then(|| key.into());
+                    hashes.push((hash, key));
+                }
+            };
+            match plan {
+                Plan::Forward { server } => count(Some(*server), request.key(bytes, 0)),
+                Plan::Quorum { servers, .. } => {
+                    count(servers.first().copied(), request.key(bytes, 0));
+                }
+                Plan::CasThenCopy { owner, .. } => count(Some(*owner), request.key(bytes, 0)),
+                Plan::Retrieve(retrieval) => {
+                    for i in 0..request.keys.len() {
+                        count(retrieval.owner(i), request.key(bytes, i));
+                    }
+                }
+                _ => {}
+            }
+        }
+        if command == Command::FlushAll && write {
+            return Some(WriteGuard::begin(&self.shared, Target::All));
+        }
+        (!hashes.is_empty()).then(|| WriteGuard::begin(&self.shared, Target::Keys(hashes)))
+    }
+
+    /// Decides how one sub-request of a retrieval is answered: a hot key's
+    /// single-key `get`/`gets` may join the same request already in flight
+    /// on this worker, or (`get` only) take the near cache's value, when no
+    /// write to the key is pending and none was planned since.
+    pub(crate) fn before_send(
+        &self,
+        sub: &SubRequest,
+        backend: &Backend,
+        topology: &Topology,
+        slot: &Rc<Slot>,
+    ) -> GetShortcut {
+        if !self.shared.tracking() || topology.config.replicas > 1 {
+            return GetShortcut::Send(None);
+        }
+        let Some((command, key)) = single_key(&sub.line) else {
+            return GetShortcut::Send(None);
+        };
+        let hash = key_hash(key);
+        let mut state = self.state.borrow_mut();
+        if !state.hot.contains(&hash) {
+            return GetShortcut::Send(None);
+        }
+        let (version, quiet) = self.shared.settled(hash);
+        let stats = &self.shared.stats.hot;
+        if let (true, Command::Get, Some(cache)) = (quiet, command, &self.shared.cache) {
+            match cache.get(key) {
+                Some(cached) if cached.version == version => {
+                    stats.cache_hits.inc();
+                    return GetShortcut::Cached(cached.block);
+                }
+                _ => {
+                    stats.cache_misses.inc();
+                }
+            }
+        }
+        let id = backend.shared().id;
+        if quiet && self.shared.settings.coalesce {
+            if let Some(flight) = state.flights.get(&hash) {
+                let mut flight_state = flight.state.borrow_mut();
+                // Joining late would miss pieces already handed on.
+                if flight.backend == id
+                    && flight.version == version
+                    && flight.line == sub.line
+                    && !flight_state.started
+                    && !flight_state.done
+                {
+                    flight_state.followers.push(slot.clone());
+                    stats.coalesced.inc();
+                    return GetShortcut::Joined;
+                }
+            }
+        }
+        state.flights.remove(&hash);
+        let fill = (command == Command::Get && self.shared.cache.is_some()).then(|| key.into());
+        GetShortcut::Send(Some(Ticket {
+            backend: id,
+            line: sub.line.clone(),
+            hash,
+            version,
+            fill,
+            gone: backend.error(BackendErrorKind::Gone),
+        }))
+    }
+
+    /// The ticket's request was queued with its reply going to `slot`.
+    pub(crate) fn sent(&self, ticket: Ticket, slot: &Rc<Slot>) {
+        let flight = Rc::new(Flight {
+            backend: ticket.backend,
+            line: ticket.line,
+            hash: ticket.hash,
+            version: ticket.version,
+            fill: ticket.fill,
+            shared: self.shared.clone(),
+            gone: ticket.gone,
+            state: RefCell::new(FlightState::default()),
+        });
+        slot.watch(flight.clone());
+        if self.shared.settings.coalesce {
+            self.state.borrow_mut().flights.insert(ticket.hash, flight);
+        }
+    }
+
+    /// Ends the window: publishes its largest counters, remembers its hot
+    /// keys, starts counting afresh.
+    fn roll(&self) {
+        let now = Instant::now();
+        let mut state = self.state.borrow_mut();
+        let seconds = now.duration_since(state.window_started).as_secs_f64();
+        state.window_started = now;
+        let published = self.shared.settings.top.clamp(32, COUNTERS_PER_SERVER);
+        let mut hot = HashSet::default();
+        let mut servers = Vec::with_capacity(state.sketches.len());
+        for server in &mut state.sketches {
+            let total = server.sketch.total();
+            let mut keys = server.sketch.top(COUNTERS_PER_SERVER);
+            let bar = HOT_MIN_REQUESTS.max((total as f64 * HOT_MIN_SHARE).ceil() as u64);
+            hot.extend(
+                keys.iter()
+                    .filter(|e| e.count - e.error >= bar)
+                    .map(|e| e.hash),
+            );
+            keys.truncate(published);
+            server.sketch.clear();
+            servers.push(ServerWindow {
+                name: server.name.clone(),
+                total,
+                keys,
+            });
+        }
+        // Servers gone from the topology are forgotten; the next request
+        // maps the current ones again.
+        let mapped: Vec<bool> = (0..state.sketches.len())
+            .map(|i| state.by_backend.contains(&i))
+            .collect();
+        if mapped.contains(&false) {
+            let mut i = 0;
+            state.sketches.retain(|_| {
+                i += 1;
+                mapped[i - 1]
+            });
+            state.topology_version = None;
+        }
+        let mut both = hot.clone();
+        both.extend(state.hot_last.iter().copied());
+        state.hot = both;
+        state.hot_last = hot;
+        // A flight held only here was dropped by its connection.
+        state
+            .flights
+            .retain(|_, f| !f.state.borrow().done && Rc::strong_count(f) > 1);
+        drop(state);
+        self.shared
+            .publish(self.index, now, WorkerWindow { seconds, servers });
+    }
+}
+
+/// Ends a window every `hot_key_window_ms` until `stop`.
+pub(crate) async fn run_windows(hot: Rc<HotWorker>, stop: CancellationToken) {
+    let period = hot.shared.settings.window;
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => hot.roll(),
+            () = stop.cancelled() => return,
+        }
+    }
+}
+
+/// Every window: refreshes the hot-key gauges and logs keys that start or
+/// stop taking more than `hot_key_share` of their server's requests.
+pub async fn monitor(shared: Arc<HotShared>, shutdown: CancellationToken) {
+    let period = shared.settings.window;
+    // Half a window after the workers' ends, so each has published.
+    let first = tokio::time::Instant::now() + period + period / 2;
+    let mut ticks = tokio::time::interval_at(first, period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut episodes = Episodes::default();
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            () = shutdown.cancelled() => return,
+        }
+        let merged = shared.merged(Instant::now());
+        let samples: Vec<HotKeySample> = merged
+            .iter()
+            .take(shared.settings.top)
+            .map(|k| HotKeySample {
+                server: k.server.to_string(),
+                key: shared.key_label(&k.key, k.hash),
+                rate: k.rate,
+                share: k.share,
+            })
+            .collect();
+        shared.stats.hot_keys(&samples);
+        for episode in episodes.update(&merged, shared.settings.share, LOG_MIN_SERVER_RATE) {
+            match episode {
+                Episode::Started(k) => tracing::warn!(
+                    key = %shared.key_label(&k.key, k.hash),
+                    server = %k.server,
+                    share = format_args!("{:.3}", k.share),
+                    rate = format_args!("{:.0}", k.rate),
+                    "hot key: takes more than {:.0}% of its server's requests",
+                    shared.settings.share * 100.0
+                ),
+                Episode::Ended { server, key } => tracing::info!(
+                    key = %shared.key_label(&key, key_hash(&key)),
+                    %server,
+                    "hot key no longer hot"
+                ),
+            }
+        }
+    }
+}
+
+/// Commands that change a key (its value or its expiry).
+fn is_write(command: Command) -> bool {
+    command.is_storage()
+        || matches!(
+            command,
+            Command::Delete
+                | Command::Incr
+                | Command::Decr
+                | Command::Touch
+                | Command::Gat
+                | Command::Gats
+                | Command::FlushAll
+        )
+}
+
+/// `get <key>\r\n` or `gets <key>\r\n`: the command and the key.
+fn single_key(line: &[u8]) -> Option<(Command, &[u8])> {
+    let (command, rest) = if let Some(rest) = line.strip_prefix(b"get ") {
+        (Command::Get, rest)
+    } else {
+        (Command::Gets, line.strip_prefix(b"gets ")?)
+    };
+    let key = rest.strip_suffix(b"\r\n")?;
+    (!key.is_empty() && !key.contains(&b' ')).then_some((command, key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn single_key_gets_are_recognised() {
+        assert_eq!(single_key(b"get k\r\n"), Some((Command::Get, &b"k"[..])));
+        assert_eq!(
+            single_key(b"gets k:1\r\n"),
+            Some((Command::Gets, &b"k:1"[..]))
+        );
+        assert_eq!(single_key(b"get a b\r\n"), None);
+        assert_eq!(single_key(b"gat 10 k\r\n"), None);
+        assert_eq!(single_key(b"get \r\n"), None);
+        assert_eq!(single_key(b"get k"), None);
+    }
+
+    #[test]
+    fn writes_are_pending_until_complete_and_move_the_version() {
+        let stats = Arc::new(Stats::new());
+        let shared = HotShared::new(HotKeySettings::default(), 1, stats);
+        let hash = key_hash(b"k");
+        let (before, quiet) = shared.settled(hash);
+        assert!(quiet);
+        let guard = WriteGuard::begin(&shared, Target::Keys(smallvec::smallvec![(hash, None)]));
+        let (during, quiet) = shared.settled(hash);
+        assert!(!quiet);
+        assert_ne!(during, before);
+        drop(guard);
+        let (after, quiet) = shared.settled(hash);
+        assert!(quiet);
+        assert_ne!(after, during);
+        let flush = WriteGuard::begin(&shared, Target::All);
+        assert!(!shared.settled(key_hash(b"other")).1);
+        drop(flush);
+        assert!(shared.settled(key_hash(b"other")).1);
+    }
+}

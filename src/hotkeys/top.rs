@@ -1,0 +1,269 @@
+//! The hottest keys over every worker: the windows the workers publish, their
+//! merge, the `stats hotkeys` reply, and when a key starts or stops taking
+//! more than its share of a server. Pure: no I/O, no clock (times are
+//! passed in).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::BytesMut;
+
+use super::sketch::Estimate;
+use crate::protocol::encode::write_stat;
+
+/// One server's counts in one worker's window.
+#[derive(Debug, Clone)]
+pub struct ServerWindow {
+    pub name: Arc<str>,
+    /// Requests for this server's keys in the window.
+    pub total: u64,
+    /// The server's largest counters, largest first.
+    pub keys: Vec<Estimate>,
+}
+
+/// What one worker counted in its last complete window.
+#[derive(Debug, Clone)]
+pub struct WorkerWindow {
+    /// Length of the window.
+    pub seconds: f64,
+    pub servers: Vec<ServerWindow>,
+}
+
+/// One hot key over every worker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HotKey {
+    pub key: Box<[u8]>,
+    pub hash: u64,
+    pub server: Arc<str>,
+    /// Estimated requests per second (never below the true rate).
+    pub rate: f64,
+    /// How far `rate` may be above the true rate.
+    pub error: f64,
+    /// `rate` over its server's requests per second.
+    pub share: f64,
+    /// The server's requests per second.
+    pub server_rate: f64,
+}
+
+/// Adds up the workers' windows: per key the rates, per server the totals.
+/// Largest rate first.
+pub fn merge<'a>(windows: impl Iterator<Item = &'a WorkerWindow>) -> Vec<HotKey> {
+    let mut server_rates: HashMap<Arc<str>, f64> = HashMap::new();
+    let mut keys: HashMap<(Arc<str>, u64), HotKey> = HashMap::new();
+    for window in windows {
+        let seconds = window.seconds.max(0.001);
+        for server in &window.servers {
+            *server_rates.entry(server.name.clone()).or_default() += server.total as f64 / seconds;
+            for estimate in &server.keys {
+                let key = keys
+                    .entry((server.name.clone(), estimate.hash))
+                    .or_insert_with(|| HotKey {
+                        key: estimate.key.clone(),
+                        hash: estimate.hash,
+                        server: server.name.clone(),
+                        rate: 0.0,
+                        error: 0.0,
+                        share: 0.0,
+                        server_rate: 0.0,
+                    });
+                key.rate += estimate.count as f64 / seconds;
+                key.error += estimate.error as f64 / seconds;
+            }
+        }
+    }
+    let mut merged: Vec<HotKey> = keys
+        .into_values()
+        .map(|mut key| {
+            key.server_rate = server_rates.get(&key.server).copied().unwrap_or(0.0);
+            if key.server_rate > 0.0 {
+                key.share = (key.rate / key.server_rate).min(1.0);
+            }
+            key
+        })
+        .collect();
+    merged.sort_by(|a, b| {
+        b.rate
+            .total_cmp(&a.rate)
+            .then_with(|| a.server.cmp(&b.server))
+            .then_with(|| a.key.cmp(&b.key))
+    });
+    merged
+}
+
+/// Writes the `stats hotkeys` reply: the window and sketch size, then four
+/// lines per key, hottest first, then `END`.
+pub fn render(out: &mut BytesMut, keys: &[HotKey], window_ms: u128, counters: usize) {
+    write_stat(out, "hotkeys_window_ms", &window_ms);
+    write_stat(out, "hotkeys_counters_per_server", &counters);
+    for (i, key) in keys.iter().enumerate() {
+        let rank = i + 1;
+        // memcached keys hold no spaces or control bytes, so they print as is.
+        let name = String::from_utf8_lossy(&key.key);
+        write_stat(out, &format!("hotkey:{rank}:key"), &name);
+        write_stat(out, &format!("hotkey:{rank}:server"), &key.server);
+        write_stat(
+            out,
+            &format!("hotkey:{rank}:rate"),
+            &format_args!("{:.1}", key.rate),
+        );
+        write_stat(
+            out,
+            &format!("hotkey:{rank}:share"),
+            &format_args!("{:.4}", key.share),
+        );
+        write_stat(
+            out,
+            &format!("hotkey:{rank}:error"),
+            &format_args!("{:.1}", key.error),
+        );
+    }
+    out.extend_from_slice(b"END\r\n");
+}
+
+/// A key started or stopped taking more than its share of a server.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Episode {
+    Started(HotKey),
+    Ended { server: Arc<str>, key: Box<[u8]> },
+}
+
+/// Keys now over their share: each is told once when it crosses the share
+/// and once when it falls below half of it (or out of the top), so a key
+/// hovering at the threshold does not log every window.
+#[derive(Debug, Default)]
+pub struct Episodes {
+    active: HashMap<(Arc<str>, u64), Box<[u8]>>,
+}
+
+impl Episodes {
+    /// The starts and ends in `merged` (one window's merge), given the
+    /// share that makes a key hot and the fewest requests per second a
+    /// server must see before any of its keys counts as hot.
+    pub fn update(&mut self, merged: &[HotKey], share: f64, min_server_rate: f64) -> Vec<Episode> {
+        let mut events = Vec::new();
+        let mut still: HashMap<(Arc<str>, u64), ()> = HashMap::new();
+        for key in merged {
+            let id = (key.server.clone(), key.hash);
+            let busy = key.server_rate >= min_server_rate;
+            if self.active.contains_key(&id) {
+                if busy && key.share >= share / 2.0 {
+                    still.insert(id, ());
+                }
+            } else if busy && key.share >= share {
+                self.active.insert(id.clone(), key.key.clone());
+                still.insert(id, ());
+                events.push(Episode::Started(key.clone()));
+            }
+        }
+        self.active.retain(|(server, hash), key| {
+            let keep = still.contains_key(&(server.clone(), *hash));
+            if !keep {
+                events.push(Episode::Ended {
+                    server: server.clone(),
+                    key: key.clone(),
+                });
+            }
+            keep
+        });
+        events
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn estimate(key: &str, count: u64, error: u64) -> Estimate {
+        Estimate {
+            hash: twox_hash::XxHash3_64::oneshot(key.as_bytes()),
+            key: key.as_bytes().into(),
+            count,
+            error,
+        }
+    }
+
+    fn window(seconds: f64, servers: &[(&str, u64, Vec<Estimate>)]) -> WorkerWindow {
+        WorkerWindow {
+            seconds,
+            servers: servers
+                .iter()
+                .map(|(name, total, keys)| ServerWindow {
+                    name: (*name).into(),
+                    total: *total,
+                    keys: keys.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn workers_add_up_per_key_and_per_server() {
+        let a = window(
+            1.0,
+            &[
+                ("s1", 100, vec![estimate("k", 40, 2), estimate("j", 10, 0)]),
+                ("s2", 50, vec![estimate("m", 30, 0)]),
+            ],
+        );
+        let b = window(2.0, &[("s1", 100, vec![estimate("k", 60, 0)])]);
+        let merged = merge([&a, &b].into_iter());
+        let names: Vec<&[u8]> = merged.iter().map(|k| &k.key[..]).collect();
+        assert_eq!(names, vec![&b"k"[..], b"m", b"j"]);
+        // k: 40/s + 30/s over s1's 100/s + 50/s.
+        assert_eq!(merged[0].rate, 70.0);
+        assert_eq!(merged[0].error, 2.0);
+        assert_eq!(merged[0].server_rate, 150.0);
+        assert!((merged[0].share - 70.0 / 150.0).abs() < 1e-9);
+        assert_eq!(merged[1].share, 0.6);
+    }
+
+    #[test]
+    fn render_lists_keys_hottest_first_and_ends() {
+        let merged = merge(
+            [&window(
+                1.0,
+                &[(
+                    "cache-01",
+                    10,
+                    vec![estimate("a", 6, 0), estimate("b", 3, 1)],
+                )],
+            )]
+            .into_iter(),
+        );
+        let mut out = BytesMut::new();
+        render(&mut out, &merged, 1000, 128);
+        let text = String::from_utf8(out.to_vec()).unwrap();
+        assert_eq!(
+            text,
+            "STAT hotkeys_window_ms 1000\r\nSTAT hotkeys_counters_per_server 128\r\n\
+             STAT hotkey:1:key a\r\nSTAT hotkey:1:server cache-01\r\nSTAT hotkey:1:rate 6.0\r\n\
+             STAT hotkey:1:share 0.6000\r\nSTAT hotkey:1:error 0.0\r\n\
+             STAT hotkey:2:key b\r\nSTAT hotkey:2:server cache-01\r\nSTAT hotkey:2:rate 3.0\r\n\
+             STAT hotkey:2:share 0.3000\r\nSTAT hotkey:2:error 1.0\r\nEND\r\n"
+        );
+    }
+
+    #[test]
+    fn an_episode_is_told_once_when_it_starts_and_once_when_it_ends() {
+        let mut episodes = Episodes::default();
+        let at = |share: f64| {
+            merge(
+                [&window(
+                    1.0,
+                    &[("s", 1000, vec![estimate("hot", (share * 1000.0) as u64, 0)])],
+                )]
+                .into_iter(),
+            )
+        };
+        let started = episodes.update(&at(0.5), 0.2, 100.0);
+        assert!(matches!(&started[..], [Episode::Started(k)] if &k.key[..] == b"hot"));
+        assert!(episodes.update(&at(0.3), 0.2, 100.0).is_empty());
+        // Between half the share and the share: still the same episode.
+        assert!(episodes.update(&at(0.15), 0.2, 100.0).is_empty());
+        let ended = episodes.update(&at(0.05), 0.2, 100.0);
+        assert!(matches!(&ended[..], [Episode::Ended { key, .. }] if &key[..] == b"hot"));
+        assert!(episodes.update(&at(0.05), 0.2, 100.0).is_empty());
+        // A quiet server's keys are not hot, whatever their share.
+        assert!(episodes.update(&at(0.5), 0.2, 5000.0).is_empty());
+    }
+}

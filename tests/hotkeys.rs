@@ -1,0 +1,495 @@
+//! Hot keys against real memcached: `stats hotkeys` names the hottest keys of
+//! a skewed workload, coalesced gets never return a value older than a write
+//! the reader could know of, and the near cache drops a key on every write
+//! through memring while writes that bypass memring are seen within its
+//! staleness bound.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{parse_single_value, show, wait_for, Client, Memcached, Proxy, DEADLINE};
+use memring::protocol::ReplyKind;
+
+fn stats_of(client: &mut Client, group: &str) -> Vec<(String, String)> {
+    let request = if group.is_empty() {
+        "stats\r\n".to_string()
+    } else {
+        format!("stats {group}\r\n")
+    };
+    client.send(request.as_bytes());
+    let text = String::from_utf8(client.read_until_suffix(b"END\r\n")).unwrap();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("STAT "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn counter(client: &mut Client, name: &str) -> u64 {
+    stats_of(client, "")
+        .into_iter()
+        .find(|(k, _)| k == name)
+        .unwrap_or_else(|| panic!("no STAT {name}"))
+        .1
+        .parse()
+        .unwrap()
+}
+
+/// One line of `stats hotkeys`, by rank.
+#[derive(Debug, Clone)]
+struct Reported {
+    key: String,
+    server: String,
+    rate: f64,
+    share: f64,
+}
+
+fn hotkeys(client: &mut Client) -> Vec<Reported> {
+    let stats = stats_of(client, "hotkeys");
+    let mut by_rank: HashMap<usize, Reported> = HashMap::new();
+    for (name, value) in stats {
+        let Some(rest) = name.strip_prefix("hotkey:") else {
+            continue;
+        };
+        let (rank, field) = rest.split_once(':').unwrap();
+        let entry = by_rank
+            .entry(rank.parse().unwrap())
+            .or_insert_with(|| Reported {
+                key: String::new(),
+                server: String::new(),
+                rate: 0.0,
+                share: 0.0,
+            });
+        match field {
+            "key" => entry.key = value,
+            "server" => entry.server = value,
+            "rate" => entry.rate = value.parse().unwrap(),
+            "share" => entry.share = value.parse().unwrap(),
+            "error" => {}
+            other => panic!("unexpected field {other}"),
+        }
+    }
+    let mut ranks: Vec<usize> = by_rank.keys().copied().collect();
+    ranks.sort_unstable();
+    assert_eq!(ranks, (1..=ranks.len()).collect::<Vec<_>>(), "ranks 1..n");
+    ranks.into_iter().map(|r| by_rank[&r].clone()).collect()
+}
+
+/// xorshift64*: a deterministic generator for the workload.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Cumulative weights of Zipf(`s`) over `n` ranks.
+fn zipf_cdf(n: usize, s: f64) -> Vec<f64> {
+    let mut total = 0.0;
+    let mut cdf = Vec::with_capacity(n);
+    for rank in 1..=n {
+        total += 1.0 / (rank as f64).powf(s);
+        cdf.push(total);
+    }
+    cdf.iter().map(|c| c / total).collect()
+}
+
+#[test]
+fn stats_hotkeys_names_the_hottest_keys_of_a_zipf_workload() {
+    let servers: Vec<Memcached> = (0..4).map(|_| Memcached::start()).collect();
+    let names: Vec<String> = servers.iter().map(Memcached::addr).collect();
+    let proxy = Proxy::start(
+        &servers.iter().collect::<Vec<_>>(),
+        "workers = 2\nhot_key_window_ms = 1000\nhot_key_top = 20\nadmin_listen = \"127.0.0.1:0\"",
+    );
+    let mut admin = proxy.client();
+    // Nothing counted yet: only the header lines.
+    assert!(hotkeys(&mut admin).is_empty());
+
+    let cdf = Arc::new(zipf_cdf(1000, 0.99));
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let generators: Vec<_> = (0..4u64)
+        .map(|seed| {
+            let (cdf, stop) = (cdf.clone(), stop.clone());
+            let mut client = proxy.client();
+            std::thread::spawn(move || {
+                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (seed + 1));
+                let mut counts = vec![0u64; cdf.len()];
+                let mut batch = Vec::new();
+                // Bounded in time whatever happens to the main thread.
+                while !stop.load(Ordering::Relaxed) && started.elapsed() < DEADLINE {
+                    batch.clear();
+                    for _ in 0..50 {
+                        let u = rng.unit();
+                        let rank = cdf.partition_point(|&c| c < u).min(cdf.len() - 1);
+                        counts[rank] += 1;
+                        batch.extend_from_slice(format!("get key:{rank}\r\n").as_bytes());
+                    }
+                    client.send(&batch);
+                    for _ in 0..50 {
+                        client.reply(ReplyKind::Values);
+                    }
+                }
+                counts
+            })
+        })
+        .collect();
+
+    // Two whole windows under load, then a report of at least 20 keys.
+    wait_for("two windows of load", || {
+        started.elapsed() > Duration::from_millis(2500)
+    });
+    let mut reported = Vec::new();
+    wait_for("20 hot keys reported", || {
+        reported = hotkeys(&mut admin);
+        reported.len() >= 20
+    });
+    // The gauges follow the same windows, with hashed key names.
+    let stats = proxy.running().stats.clone();
+    wait_for("hot-key gauges", || {
+        stats
+            .prometheus_text()
+            .contains("memring_hot_key_requests_per_second{")
+    });
+    let metrics = stats.prometheus_text();
+    stop.store(true, Ordering::Relaxed);
+    let mut counts = vec![0u64; cdf.len()];
+    for generator in generators {
+        for (total, n) in counts.iter_mut().zip(generator.join().unwrap()) {
+            *total += n;
+        }
+    }
+
+    assert_eq!(reported.len(), 20, "hot_key_top = 20");
+    let mut ranks: Vec<usize> = (0..counts.len()).collect();
+    ranks.sort_by_key(|&r| std::cmp::Reverse(counts[r]));
+    let listed: Vec<&str> = reported.iter().map(|r| r.key.as_str()).collect();
+    for &rank in &ranks[..10] {
+        let key = format!("key:{rank}");
+        assert!(
+            listed.contains(&key.as_str()),
+            "{key} ({} requests) not in memring's top 20: {listed:?}",
+            counts[rank]
+        );
+    }
+    for r in &reported {
+        assert!(names.contains(&r.server), "{r:?}");
+        assert!(r.share > 0.0 && r.share <= 1.0, "{r:?}");
+        assert!(r.rate > 0.0, "{r:?}");
+    }
+    let rates: Vec<f64> = reported.iter().map(|r| r.rate).collect();
+    assert!(rates.windows(2).all(|w| w[0] >= w[1]), "{rates:?}");
+    // The hottest key takes about 13% of all requests, so about half of its
+    // server's (four servers): far above any other key's share.
+    assert!(reported[0].share > 0.2, "{:?}", reported[0]);
+
+    assert!(
+        metrics.contains("memring_hot_key_server_share{"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("key=\"xxh3:"),
+        "key names are hashed by default"
+    );
+    assert!(
+        !metrics.contains("key=\"key:"),
+        "no key names without hot_key_metrics"
+    );
+}
+
+#[test]
+fn hot_key_metrics_names_keys_when_asked() {
+    let server = Memcached::start();
+    let proxy = Proxy::start(
+        &[&server],
+        "hot_key_window_ms = 200\nhot_key_metrics = true",
+    );
+    let mut client = proxy.client();
+    let stats = proxy.running().stats.clone();
+    wait_for("the named gauge", || {
+        for _ in 0..20 {
+            client.get("feature:flag");
+        }
+        stats.prometheus_text().contains("key=\"feature:flag\"")
+    });
+}
+
+fn value_of(reply: &[u8]) -> Option<Vec<u8>> {
+    parse_single_value(reply).unwrap_or_else(|| panic!("unexpected reply {}", show(reply)))
+}
+
+fn seq_of(value: Option<Vec<u8>>) -> u64 {
+    value.map_or(0, |v| String::from_utf8(v).unwrap().parse().unwrap())
+}
+
+/// One writer stores increasing numbers in `hot` and reads each back (after
+/// its reply, pipelined behind it, and after a `noreply`), while readers on
+/// both workers hammer `hot`: no read may return a number older than one
+/// stored before it was sent. Runs until `counter` reached 200; returns it.
+fn reads_follow_writes(settings: &str, counter_name: &str) -> u64 {
+    let server = Memcached::start();
+    // Two workers, two connections per server: the readers and the writer
+    // are spread over both workers and over different connections, so a get
+    // can overtake a write on its way to memcached.
+    let proxy = Proxy::start(
+        &[&server],
+        &format!("workers = 2\nconnections_per_server = 2\nhot_key_window_ms = 100\n{settings}"),
+    );
+    let mut setup = proxy.client();
+    assert_eq!(setup.set("hot", b"0"), b"STORED\r\n");
+    // The last value the writer knows stored.
+    let acked = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let running =
+        move |stop: &AtomicBool| !stop.load(Ordering::Relaxed) && started.elapsed() < DEADLINE;
+
+    // Readers keep `hot` hot and their gets in flight, pipelined.
+    let readers: Vec<_> = (0..6)
+        .map(|_| {
+            let (stop, acked) = (stop.clone(), acked.clone());
+            let mut client = proxy.client();
+            std::thread::spawn(move || {
+                let mut checked = 0u64;
+                while running(&stop) {
+                    // Any get sent after the writer's acknowledgement must
+                    // see that write or a later one.
+                    let floor = acked.load(Ordering::SeqCst);
+                    client.send(b"get hot\r\nget hot\r\nget hot\r\n");
+                    for _ in 0..3 {
+                        let seq = seq_of(value_of(&client.reply(ReplyKind::Values)));
+                        assert!(seq >= floor, "read {seq} after {floor} was stored");
+                        checked += 1;
+                    }
+                }
+                checked
+            })
+        })
+        .collect();
+
+    let mut writer = proxy.client();
+    let mut seq = 0u64;
+    let mut coalesced = 0;
+    while running(&stop) {
+        for _ in 0..50 {
+            seq += 1;
+            let value = seq.to_string();
+            match seq % 3 {
+                // Write, wait for STORED, then read on the same connection.
+                0 => {
+                    assert_eq!(writer.set("hot", value.as_bytes()), b"STORED\r\n");
+                    acked.store(seq, Ordering::SeqCst);
+                    let got = seq_of(value_of(&writer.get_raw("hot")));
+                    assert_eq!(got, seq, "the writer's own read");
+                }
+                // Write and read pipelined in one packet.
+                1 => {
+                    writer.send(
+                        format!("set hot 0 0 {}\r\n{value}\r\nget hot\r\n", value.len()).as_bytes(),
+                    );
+                    assert_eq!(writer.reply(ReplyKind::Line), b"STORED\r\n");
+                    acked.store(seq, Ordering::SeqCst);
+                    let got = seq_of(value_of(&writer.reply(ReplyKind::Values)));
+                    assert_eq!(got, seq, "a read pipelined after a write");
+                }
+                // `noreply`, then a read: memcached's order on one
+                // connection says the read sees it.
+                _ => {
+                    writer.send(
+                        format!(
+                            "set hot 0 0 {} noreply\r\n{value}\r\nget hot\r\n",
+                            value.len()
+                        )
+                        .as_bytes(),
+                    );
+                    let got = seq_of(value_of(&writer.reply(ReplyKind::Values)));
+                    assert_eq!(got, seq, "a read after a noreply write");
+                    acked.store(seq, Ordering::SeqCst);
+                }
+            }
+        }
+        coalesced = counter(&mut setup, counter_name);
+        if coalesced >= 200 && seq >= 600 {
+            break;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let checked: u64 = readers.into_iter().map(|r| r.join().unwrap()).sum();
+    assert!(
+        coalesced >= 200,
+        "{counter_name} must grow for this test to mean anything: {coalesced}, {seq} writes, {checked} reads"
+    );
+    coalesced
+}
+
+#[test]
+fn coalesced_gets_never_miss_a_write_the_reader_could_know_of() {
+    reads_follow_writes("", "hot_key_coalesced_gets");
+}
+
+#[test]
+fn near_cached_gets_never_miss_a_write_through_memring() {
+    // A long life: every fresh read after a write is the invalidation's doing.
+    reads_follow_writes("hot_key_cache_ms = 60000", "near_cache_hits");
+}
+
+/// Sends `get key` until one is answered from the near cache; returns the
+/// value it answered with.
+fn get_until_cached(client: &mut Client, admin: &mut Client, key: &str) -> Option<Vec<u8>> {
+    let mut value = None;
+    wait_for(&format!("{key} served from the near cache"), || {
+        let before = counter(admin, "near_cache_hits");
+        for _ in 0..40 {
+            value = client.get(key);
+        }
+        counter(admin, "near_cache_hits") > before
+    });
+    value
+}
+
+#[test]
+fn near_cache_drops_a_key_on_every_write_through_memring() {
+    let server = Memcached::start();
+    // A long life: only invalidation can make these reads fresh.
+    let proxy = Proxy::start(
+        &[&server],
+        "hot_key_window_ms = 500\nhot_key_cache_ms = 60000",
+    );
+    let mut client = proxy.client();
+    let mut admin = proxy.client();
+    let mut direct = server.client();
+    let key = "cfg";
+    assert_eq!(client.set(key, b"1"), b"STORED\r\n");
+
+    // Each case: the key cached, its value changed behind memring's back,
+    // then one command through memring; the next read must come from the
+    // server. (name, command, its reply, the value then expected).
+    let cases: [(&str, String, ReplyKind, Option<&[u8]>); 9] = [
+        (
+            "set",
+            "set cfg 0 0 1\r\n7\r\n".into(),
+            ReplyKind::Line,
+            Some(b"7"),
+        ),
+        (
+            "set noreply",
+            "set cfg 0 0 1 noreply\r\n8\r\n".into(),
+            ReplyKind::Line,
+            Some(b"8"),
+        ),
+        (
+            "touch",
+            "touch cfg 0\r\n".into(),
+            ReplyKind::Line,
+            Some(b"direct"),
+        ),
+        (
+            "incr",
+            "incr cfg 5\r\n".into(),
+            ReplyKind::Line,
+            Some(b"15"),
+        ),
+        (
+            "append",
+            "append cfg 0 0 1\r\nx\r\n".into(),
+            ReplyKind::Line,
+            Some(b"directx"),
+        ),
+        (
+            "gat",
+            "gat 0 cfg\r\n".into(),
+            ReplyKind::Values,
+            Some(b"direct"),
+        ),
+        ("delete", "delete cfg\r\n".into(), ReplyKind::Line, None),
+        (
+            "add",
+            "add cfg 0 0 1\r\n9\r\n".into(),
+            ReplyKind::Line,
+            Some(b"direct"),
+        ),
+        ("flush_all", "flush_all\r\n".into(), ReplyKind::Line, None),
+    ];
+    for (name, command, kind, expected) in cases {
+        assert_eq!(client.set(key, b"1"), b"STORED\r\n");
+        let cached = get_until_cached(&mut client, &mut admin, key);
+        assert_eq!(cached.as_deref(), Some(&b"1"[..]), "{name}");
+        let behind = if name == "incr" {
+            &b"10"[..]
+        } else {
+            b"direct"
+        };
+        assert_eq!(direct.set(key, behind), b"STORED\r\n");
+        // Still cached: the near cache does not see writes that bypass it.
+        assert_eq!(client.get(key).as_deref(), Some(&b"1"[..]), "{name}");
+        client.send(command.as_bytes());
+        if !command.contains("noreply") {
+            let reply = client.reply(kind);
+            assert!(
+                !reply.starts_with(b"SERVER_ERROR"),
+                "{name}: {}",
+                show(&reply)
+            );
+        }
+        assert_eq!(client.get(key).as_deref(), expected, "after {name}");
+    }
+    assert!(counter(&mut admin, "near_cache_misses") > 0);
+}
+
+#[test]
+fn near_cache_sees_writes_that_bypass_it_within_its_life() {
+    let server = Memcached::start();
+    let proxy = Proxy::start(
+        &[&server],
+        "hot_key_window_ms = 100\nhot_key_cache_ms = 300",
+    );
+    let mut client = proxy.client();
+    let mut admin = proxy.client();
+    let mut direct = server.client();
+    assert_eq!(client.set("flag", b"old"), b"STORED\r\n");
+    get_until_cached(&mut client, &mut admin, "flag");
+    assert_eq!(direct.set("flag", b"new"), b"STORED\r\n");
+    let changed = Instant::now();
+    wait_for("the new value through memring", || {
+        client.get("flag").as_deref() == Some(&b"new"[..])
+    });
+    // At most the entry's life, plus the machine's slowness.
+    let seen = changed.elapsed();
+    assert!(
+        seen < Duration::from_millis(300) + Duration::from_secs(3),
+        "{seen:?}"
+    );
+}
+
+#[test]
+fn without_a_near_cache_nothing_is_cached() {
+    let server = Memcached::start();
+    let proxy = Proxy::start(&[&server], "hot_key_window_ms = 100");
+    let mut client = proxy.client();
+    let mut admin = proxy.client();
+    let mut direct = server.client();
+    assert_eq!(client.set("plain", b"1"), b"STORED\r\n");
+    // The key is hot all the same.
+    wait_for("plain reported hot", || {
+        for _ in 0..40 {
+            client.get("plain");
+        }
+        hotkeys(&mut admin).first().map(|r| r.key.clone()) == Some("plain".into())
+    });
+    assert_eq!(direct.set("plain", b"2"), b"STORED\r\n");
+    assert_eq!(client.get("plain").as_deref(), Some(&b"2"[..]));
+    assert_eq!(counter(&mut admin, "near_cache_hits"), 0);
+}
