@@ -16,7 +16,9 @@
 //! - [`pool`]: the one writer of the published topology (reloads, ejections).
 //! - [`backend`]: one server's shared state and health; per-worker pipelined
 //!   connections and the reply slots they fill.
-//! - [`worker`]: one thread per core with its own sessions and connections.
+//! - [`worker`]: one thread per core running its sessions and connections.
+//! - [`shard`]: what one worker owns and its sessions share (its connection
+//!   to each server, its share of the byte budget).
 //! - [`session`]: one client's I/O loop, replies in request order.
 //! - [`server`]: start-up, accept loop, connection limit, shutdown and drain.
 //! - [`outbuf`]: ordered write queues (client replies, server requests).
@@ -46,6 +48,7 @@ pub mod ring;
 mod route;
 pub mod server;
 mod session;
+mod shard;
 pub mod stats;
 pub mod topology;
 mod worker;

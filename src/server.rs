@@ -15,9 +15,10 @@ use tokio_util::sync::CancellationToken;
 use crate::admin::AdminState;
 use crate::config::Config;
 use crate::pool::{eject_on_health_changes, Publisher};
+use crate::shard::SessionSettings;
 use crate::stats::Stats;
 use crate::topology::SharedTopology;
-use crate::worker::{self, Accepted, SessionSettings, Worker, WorkerSetup};
+use crate::worker::{self, Accepted, Worker, WorkerSetup};
 
 /// A running proxy.
 pub struct Running {

@@ -43,8 +43,8 @@ use crate::protocol::meta::{is_meta_request, parse_meta, MetaCommand, MetaReques
 use crate::protocol::reply::{Expect, LineKind};
 use crate::protocol::{parse_request, Command, Limits, Request};
 use crate::route::{self, all_ok, decide, CallResult, Decision, MetaPlan, Plan, Retrieval};
+use crate::shard::WorkerCtx;
 use crate::topology::Topology;
-use crate::worker::WorkerCtx;
 
 /// First read buffer of a client: small, so that thousands of idle clients
 /// cost little; it grows while a client sends more.

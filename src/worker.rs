@@ -8,99 +8,18 @@
 //! (the topology, server health, counters) is immutable behind the `ArcSwap`
 //! or atomic.
 
-use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
-use crate::backend::conn::{self, Conn};
-use crate::backend::Backend;
 use crate::hotkeys::{HotShared, HotWorker};
 use crate::session::run_session;
+use crate::shard::{keep_connected, SessionSettings, WorkerCtx};
 use crate::stats::Stats;
 use crate::topology::SharedTopology;
-
-/// Settings every session of a worker reads.
-#[derive(Debug, Clone, Copy)]
-pub struct SessionSettings {
-    /// Requests of one client parsed and not yet answered.
-    pub max_pending: usize,
-    /// Close a client idle (or stuck halfway through a request) this long.
-    pub idle_timeout: Option<Duration>,
-    /// Close a client owed replies that reads none for this long.
-    pub write_timeout: Duration,
-    /// Reply bytes one client may be owed; `None` follows `max_value_bytes`.
-    pub client_buffer_bytes: Option<usize>,
-}
-
-/// What a worker's sessions share. Lives on the worker thread only.
-pub(crate) struct WorkerCtx {
-    pub(crate) topology: SharedTopology,
-    pub(crate) stats: Arc<Stats>,
-    pub(crate) shutdown: CancellationToken,
-    pub(crate) settings: SessionSettings,
-    /// This worker's connections, by (backend id, lane).
-    conns: RefCell<HashMap<(u64, usize), Rc<Conn>>>,
-    /// Cancelled once the worker's sessions are done: connections finish
-    /// what they owe, then close.
-    drain: CancellationToken,
-    conn_tasks: TaskTracker,
-    /// Reply bytes this worker's clients are owed or have reserved.
-    pub(crate) owed: Cell<usize>,
-    /// This worker's share of `max_buffer_bytes`.
-    pub(crate) budget: usize,
-    /// This worker's hot-key counts, requests in flight and windows.
-    pub(crate) hot: Rc<HotWorker>,
-}
-
-impl WorkerCtx {
-    /// The worker's connection `lane` to `backend`, opened on first use.
-    pub(crate) fn conn(&self, backend: &Backend, lane: usize) -> Rc<Conn> {
-        let shared = backend.shared();
-        let key = (shared.id, lane % shared.settings.connections.max(1));
-        if let Some(conn) = self.conns.borrow().get(&key) {
-            if !conn.is_closed() {
-                return conn.clone();
-            }
-        }
-        let conn = Conn::new(shared.clone());
-        let mut conns = self.conns.borrow_mut();
-        // Connections of retired servers end by themselves; forget them here.
-        conns.retain(|_, c| !c.is_closed());
-        conns.insert(key, conn.clone());
-        self.conn_tasks
-            .spawn_local(conn::run(conn.clone(), self.drain.clone()));
-        conn
-    }
-}
-
-/// Opens this worker's connections to every server of the published
-/// topology, at start and after every change, so that a server's failure or
-/// return is noticed (and its health known) before traffic needs it, and the
-/// first requests do not wait for a connect.
-async fn keep_connected(ctx: Rc<WorkerCtx>, published: Arc<tokio::sync::Notify>) {
-    loop {
-        let changed = published.notified();
-        tokio::pin!(changed);
-        changed.as_mut().enable();
-        let topology = ctx.topology.load_full();
-        for backend in topology.backends.iter() {
-            for lane in 0..backend.settings().connections.max(1) {
-                ctx.conn(backend, lane);
-            }
-        }
-        drop(topology);
-        tokio::select! {
-            () = changed => {}
-            () = ctx.drain.cancelled() => return,
-        }
-    }
-}
 
 /// An accepted client for a worker.
 pub(crate) struct Accepted {
@@ -151,19 +70,15 @@ pub(crate) fn spawn(setup: WorkerSetup) -> std::io::Result<Worker> {
 }
 
 async fn serve(setup: WorkerSetup, mut clients: mpsc::UnboundedReceiver<Accepted>) {
-    let ctx = Rc::new(WorkerCtx {
-        topology: setup.topology,
-        stats: setup.stats,
-        shutdown: setup.shutdown,
-        settings: setup.settings,
-        conns: RefCell::new(HashMap::new()),
-        drain: CancellationToken::new(),
-        conn_tasks: TaskTracker::new(),
-        owed: Cell::new(0),
-        budget: setup.budget,
-        hot: Rc::new(HotWorker::new(setup.hot, setup.index)),
-    });
-    let sessions = TaskTracker::new();
+    let ctx = Rc::new(WorkerCtx::new(
+        setup.topology,
+        setup.stats,
+        setup.shutdown,
+        setup.settings,
+        setup.budget,
+        Rc::new(HotWorker::new(setup.hot, setup.index)),
+    ));
+    let sessions = tokio_util::task::TaskTracker::new();
     tokio::task::spawn_local(keep_connected(ctx.clone(), setup.published.clone()));
     tokio::task::spawn_local(crate::hotkeys::run_windows(
         ctx.hot.clone(),

@@ -1,0 +1,119 @@
+//! What one worker owns and its client sessions share: its connection to
+//! each server, its share of the reply-byte budget, its settings. Lives on
+//! the worker's thread only (`Rc`, `RefCell`, `Cell`: no locks), so sessions
+//! queue requests on a connection without crossing threads.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::backend::conn::{self, Conn};
+use crate::backend::Backend;
+use crate::hotkeys::HotWorker;
+use crate::stats::Stats;
+use crate::topology::SharedTopology;
+
+/// Settings every session of a worker reads.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionSettings {
+    /// Requests of one client parsed and not yet answered.
+    pub max_pending: usize,
+    /// Close a client idle (or stuck halfway through a request) this long.
+    pub idle_timeout: Option<Duration>,
+    /// Close a client owed replies that reads none for this long.
+    pub write_timeout: Duration,
+    /// Reply bytes one client may be owed; `None` follows `max_value_bytes`.
+    pub client_buffer_bytes: Option<usize>,
+}
+
+/// What a worker's sessions share. Lives on the worker thread only.
+pub(crate) struct WorkerCtx {
+    pub(crate) topology: SharedTopology,
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) settings: SessionSettings,
+    /// This worker's connections, by (backend id, lane).
+    conns: RefCell<HashMap<(u64, usize), Rc<Conn>>>,
+    /// Cancelled once the worker's sessions are done: connections finish
+    /// what they owe, then close.
+    pub(crate) drain: CancellationToken,
+    pub(crate) conn_tasks: TaskTracker,
+    /// Reply bytes this worker's clients are owed or have reserved.
+    pub(crate) owed: Cell<usize>,
+    /// This worker's share of `max_buffer_bytes`.
+    pub(crate) budget: usize,
+    /// This worker's hot-key counts, requests in flight and windows.
+    pub(crate) hot: Rc<HotWorker>,
+}
+
+impl WorkerCtx {
+    /// A worker's state, with no connections yet.
+    pub(crate) fn new(
+        topology: SharedTopology,
+        stats: Arc<Stats>,
+        shutdown: CancellationToken,
+        settings: SessionSettings,
+        budget: usize,
+        hot: Rc<HotWorker>,
+    ) -> WorkerCtx {
+        WorkerCtx {
+            topology,
+            stats,
+            shutdown,
+            settings,
+            conns: RefCell::new(HashMap::new()),
+            drain: CancellationToken::new(),
+            conn_tasks: TaskTracker::new(),
+            owed: Cell::new(0),
+            budget,
+            hot,
+        }
+    }
+
+    /// The worker's connection `lane` to `backend`, opened on first use.
+    pub(crate) fn conn(&self, backend: &Backend, lane: usize) -> Rc<Conn> {
+        let shared = backend.shared();
+        let key = (shared.id, lane % shared.settings.connections.max(1));
+        if let Some(conn) = self.conns.borrow().get(&key) {
+            if !conn.is_closed() {
+                return conn.clone();
+            }
+        }
+        let conn = Conn::new(shared.clone());
+        let mut conns = self.conns.borrow_mut();
+        // Connections of retired servers end by themselves; forget them here.
+        conns.retain(|_, c| !c.is_closed());
+        conns.insert(key, conn.clone());
+        self.conn_tasks
+            .spawn_local(conn::run(conn.clone(), self.drain.clone()));
+        conn
+    }
+}
+
+/// Opens this worker's connections to every server of the published
+/// topology, at start and after every change, so that a server's failure or
+/// return is noticed (and its health known) before traffic needs it, and the
+/// first requests do not wait for a connect.
+pub(crate) async fn keep_connected(ctx: Rc<WorkerCtx>, published: Arc<tokio::sync::Notify>) {
+    loop {
+        let changed = published.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        let topology = ctx.topology.load_full();
+        for backend in topology.backends.iter() {
+            for lane in 0..backend.settings().connections.max(1) {
+                ctx.conn(backend, lane);
+            }
+        }
+        drop(topology);
+        tokio::select! {
+            () = changed => {}
+            () = ctx.drain.cancelled() => return,
+        }
+    }
+}
