@@ -581,7 +581,7 @@ impl ClientSession {
                     self.reserve(cost);
                     entry.reserved = cost;
                     for part in meta.parts.iter_mut() {
-                        self.send_meta(&topology, part, &meta.wire, &meta.expect, true);
+                        self.send(&topology, part, &meta.wire, meta.expect.clone(), true, None);
                     }
                     entry.sent = true;
                 }
@@ -603,7 +603,14 @@ impl ClientSession {
                                 };
                                 for server in copies {
                                     let mut part = Part::new(server);
-                                    self.send_meta(&topology, &mut part, &wire, &expect, false);
+                                    self.send(
+                                        &topology,
+                                        &mut part,
+                                        &wire,
+                                        expect.clone(),
+                                        false,
+                                        None,
+                                    );
                                 }
                             }
                         }
@@ -629,7 +636,14 @@ impl ClientSession {
                         }
                         let mut part = Part::new(servers[*next]);
                         *next += 1;
-                        self.send_meta(&topology, &mut part, &meta.wire, &meta.expect, true);
+                        self.send(
+                            &topology,
+                            &mut part,
+                            &meta.wire,
+                            meta.expect.clone(),
+                            true,
+                            None,
+                        );
                         meta.parts[0] = part;
                         // Later requests wait until this read has its answer.
                         false
@@ -728,6 +742,7 @@ impl ClientSession {
                         &copy,
                         Expect::Line(LineKind::Storage),
                         true,
+                        None,
                     );
                     copies.push(part);
                 }
@@ -761,17 +776,21 @@ impl ClientSession {
                         &copy,
                         Expect::Line(LineKind::Storage),
                         true,
+                        None,
                     );
                     moved.copies.push(part);
                 }
                 let mut part = Part::new(server);
-                self.send(topology, &mut part, &lines, expect, true);
+                self.send(topology, &mut part, &lines, expect, true, None);
                 moved.part = Some(part);
             }
         }
     }
 
-    /// Queues a request with any expected reply on `part`'s server.
+    /// Queues a request with any expected reply on `part`'s server. A write
+    /// watched for hot keys (`write`) keeps its slot even without a reply
+    /// wanted: it stays pending until the server has answered what memring
+    /// sent.
     fn send(
         &self,
         topology: &Topology,
@@ -779,10 +798,14 @@ impl ClientSession {
         request: &[Bytes],
         expect: Expect,
         want_reply: bool,
+        write: Option<&Rc<WriteGuard>>,
     ) {
         let backend = &topology.backends[part.server];
         let conn = self.worker.conn(backend, self.lane);
-        let slot = want_reply.then(|| Slot::new(self.wake.clone()));
+        let slot = (want_reply || write.is_some()).then(|| Slot::new(self.wake.clone()));
+        if let (Some(slot), Some(write)) = (&slot, write) {
+            write.watch(slot);
+        }
         match conn.send(request, expect, slot.clone()) {
             Ok(()) => part.slot = slot,
             Err(kind) => part.result = Some(Err(backend.error(kind))),
@@ -799,36 +822,14 @@ impl ClientSession {
         want_reply: bool,
         write: Option<&Rc<WriteGuard>>,
     ) {
-        let backend = &topology.backends[part.server];
-        let conn = self.worker.conn(backend, self.lane);
-        // A `noreply` write stays pending until the server has answered the
-        // request memring sends, so its slot is kept (and watched) too.
-        let slot = (want_reply || write.is_some()).then(|| Slot::new(self.wake.clone()));
-        if let (Some(slot), Some(write)) = (&slot, write) {
-            write.watch(slot);
-        }
-        match conn.send(request, Expect::Line(expect), slot.clone()) {
-            Ok(()) => part.slot = slot,
-            Err(kind) => part.result = Some(Err(backend.error(kind))),
-        }
-    }
-
-    /// Queues a meta request on `part`'s server.
-    fn send_meta(
-        &self,
-        topology: &Topology,
-        part: &mut Part,
-        wire: &[Bytes],
-        expect: &Expect,
-        want_reply: bool,
-    ) {
-        let backend = &topology.backends[part.server];
-        let conn = self.worker.conn(backend, self.lane);
-        let slot = want_reply.then(|| Slot::new(self.wake.clone()));
-        match conn.send(wire, expect.clone(), slot.clone()) {
-            Ok(()) => part.slot = slot,
-            Err(kind) => part.result = Some(Err(backend.error(kind))),
-        }
+        self.send(
+            topology,
+            part,
+            request,
+            Expect::Line(expect),
+            want_reply,
+            write,
+        );
     }
 
     /// Moves the replies that arrived for entry `index` into its plan.
