@@ -288,13 +288,12 @@ impl ClientSession {
                     }
                     Err(rejection) => {
                         input.advance(rejection.consumed);
-                        self.discard = rejection.discard;
                         // Meta errors are never silenced by `q`.
-                        let topology = self.worker.topology.load_full();
-                        self.push(Entry::ready(rejection.reply(), topology));
-                        if !rejection.keeps_connection() {
-                            self.closing = true;
-                        }
+                        self.reject(
+                            Some(rejection.reply()),
+                            rejection.discard,
+                            rejection.keeps_connection(),
+                        );
                     }
                 }
                 continue;
@@ -307,16 +306,27 @@ impl ClientSession {
                 }
                 Err(rejection) => {
                     input.advance(rejection.consumed);
-                    self.discard = rejection.discard;
-                    if !rejection.silent {
-                        let topology = self.worker.topology.load_full();
-                        self.push(Entry::ready(rejection.error.reply(), topology));
-                    }
-                    if !rejection.error.keeps_connection() {
-                        self.closing = true;
-                    }
+                    self.reject(
+                        (!rejection.silent).then(|| rejection.error.reply()),
+                        rejection.discard,
+                        rejection.error.keeps_connection(),
+                    );
                 }
             }
+        }
+    }
+
+    /// Answers a request the parser refused (`reply`, unless it is silent),
+    /// throws away `discard` more bytes as they come, and closes the client
+    /// once its earlier replies are written if the stream cannot be resumed.
+    fn reject(&mut self, reply: Option<&'static [u8]>, discard: usize, keeps_connection: bool) {
+        self.discard = discard;
+        if let Some(reply) = reply {
+            let topology = self.worker.topology.load_full();
+            self.push(Entry::ready(reply, topology));
+        }
+        if !keeps_connection {
+            self.closing = true;
         }
     }
 

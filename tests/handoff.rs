@@ -6,33 +6,11 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use common::{show, wait_for, Client, Memcached, Proxy};
+use common::{show, wait_for, Client, Memcached, Proxy, TempDir};
 use memring::protocol::ReplyKind;
 use memring::ring::Ring;
-
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(test: &str) -> Dir {
-        let dir =
-            std::env::temp_dir().join(format!("memring-handoff-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        Dir(dir)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Config text naming each server `cache-<port>`; hand-off at its default.
 fn config(servers: &[&Memcached]) -> String {
@@ -148,7 +126,7 @@ fn stats_text(proxy: &Proxy) -> String {
 
 #[test]
 fn adding_a_fifth_server_keeps_every_key_readable_and_moves_a_fifth() {
-    let dir = Dir::new("add");
+    let dir = TempDir::new("handoff", "add");
     let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
     let all: Vec<&Memcached> = servers.iter().collect();
     let path = dir.path("memring.toml");
@@ -196,7 +174,7 @@ fn adding_a_fifth_server_keeps_every_key_readable_and_moves_a_fifth() {
 
 #[test]
 fn removing_a_running_server_keeps_its_keys_readable() {
-    let dir = Dir::new("remove");
+    let dir = TempDir::new("handoff", "remove");
     let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
     let all: Vec<&Memcached> = servers.iter().collect();
     let path = dir.path("memring.toml");
@@ -219,7 +197,7 @@ fn removing_a_running_server_keeps_its_keys_readable() {
 
 #[test]
 fn commands_on_moved_keys_behave_as_if_the_key_had_not_moved() {
-    let dir = Dir::new("commands");
+    let dir = TempDir::new("handoff", "commands");
     let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
     let all: Vec<&Memcached> = servers.iter().collect();
     let path = dir.path("memring.toml");
@@ -361,7 +339,7 @@ fn a_returning_server_never_answers_with_values_from_before_its_ejection() {
 
 #[test]
 fn a_leaving_server_is_let_go_when_the_window_ends_and_a_second_change_restarts_it() {
-    let dir = Dir::new("window");
+    let dir = TempDir::new("handoff", "window");
     let servers: Vec<Memcached> = (0..4).map(|_| Memcached::start()).collect();
     let all: Vec<&Memcached> = servers.iter().collect();
     let path = dir.path("memring.toml");

@@ -4,37 +4,15 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{show, wait_for, Client, Memcached, Proxy};
+use common::{show, wait_for, Client, Memcached, Proxy, TempDir};
 use memring::ring::Ring;
 
 const KEYS: usize = 2000;
-
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(test: &str) -> Dir {
-        let dir =
-            std::env::temp_dir().join(format!("memring-reload-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        Dir(dir)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Config text naming each server `cache-<i>` with the given weights.
 fn config(servers: &[(&Memcached, u32)]) -> String {
@@ -103,7 +81,7 @@ fn ring_of(path: &Path) -> Ring {
 
 #[test]
 fn adding_a_fifth_server_misses_about_a_fifth_all_owned_by_it() {
-    let dir = Dir::new("add");
+    let dir = TempDir::new("reload", "add");
     let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
     let path = dir.path("memring.toml");
     let four: Vec<(&Memcached, u32)> = servers[..4].iter().map(|s| (s, 1)).collect();
@@ -153,7 +131,7 @@ fn connections_opened(server: &Memcached) -> u64 {
 
 #[test]
 fn removing_one_of_five_misses_only_its_keys() {
-    let dir = Dir::new("remove");
+    let dir = TempDir::new("reload", "remove");
     let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
     let path = dir.path("memring.toml");
     let five: Vec<(&Memcached, u32)> = servers.iter().map(|s| (s, 1)).collect();
@@ -202,7 +180,7 @@ fn stat_of(server: &Memcached, name: &str) -> u64 {
 
 #[test]
 fn reweighting_moves_keys_only_to_the_reweighted_server() {
-    let dir = Dir::new("weight");
+    let dir = TempDir::new("reload", "weight");
     let servers: Vec<Memcached> = (0..4).map(|_| Memcached::start()).collect();
     let path = dir.path("memring.toml");
     let even: Vec<(&Memcached, u32)> = servers.iter().map(|s| (s, 1)).collect();
@@ -233,7 +211,7 @@ fn reweighting_moves_keys_only_to_the_reweighted_server() {
 
 #[test]
 fn invalid_edit_keeps_the_old_ring_serving_and_the_next_valid_edit_applies() {
-    let dir = Dir::new("invalid");
+    let dir = TempDir::new("reload", "invalid");
     let servers: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
     let path = dir.path("memring.toml");
     let two: Vec<(&Memcached, u32)> = servers[..2].iter().map(|s| (s, 1)).collect();
@@ -264,7 +242,7 @@ fn invalid_edit_keeps_the_old_ring_serving_and_the_next_valid_edit_applies() {
 
 #[test]
 fn rename_in_place_and_symlink_swap_edits_are_each_picked_up() {
-    let dir = Dir::new("styles");
+    let dir = TempDir::new("reload", "styles");
     let servers: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
     let one = config(&[(&servers[0], 1)]);
     let two = config(&[(&servers[0], 1), (&servers[1], 1)]);
@@ -307,7 +285,7 @@ fn rename_in_place_and_symlink_swap_edits_are_each_picked_up() {
 
 #[test]
 fn reload_under_load_fails_no_request_and_drops_no_connection() {
-    let dir = Dir::new("load");
+    let dir = TempDir::new("reload", "load");
     let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
     let path = dir.path("memring.toml");
     let four: Vec<(&Memcached, u32)> = servers[..4].iter().map(|s| (s, 1)).collect();
@@ -372,7 +350,7 @@ fn reload_under_load_fails_no_request_and_drops_no_connection() {
 #[test]
 fn a_reload_names_each_changed_setting_and_reports_a_problem_once() {
     use memring::reload::{Outcome, Reloader};
-    let dir = Dir::new("settings");
+    let dir = TempDir::new("reload", "settings");
     let server = Memcached::start();
     let path = dir.path("memring.toml");
     let text = config(&[(&server, 1)]);

@@ -69,6 +69,30 @@ pub fn answering_pid(port: u16) -> Option<u32> {
         .or(Some(0))
 }
 
+/// A temporary directory for one test's files, removed on drop.
+pub struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    /// `memring-<suite>-<test>-<pid>` under the system temp directory, empty.
+    pub fn new(suite: &str, test: &str) -> TempDir {
+        let dir =
+            std::env::temp_dir().join(format!("memring-{suite}-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TempDir(dir)
+    }
+
+    pub fn path(&self, name: &str) -> std::path::PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Polls `condition` until it holds or `DEADLINE` passes.
 pub fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
     let start = Instant::now();
