@@ -426,6 +426,10 @@ impl ClientSession {
             .stats
             .request(command, usize::from(request.key.is_some()));
         let plan = route::plan_meta(&request, &bytes, &topology);
+        let hot = self
+            .worker
+            .hot
+            .on_meta_request(&request, &bytes, &plan, &topology);
         // A quiet request goes on with `q` and an `mn` behind it: memcached
         // then sends exactly the replies it would send the client, and `MN`
         // tells the connection that the rest was suppressed. A request
@@ -476,6 +480,7 @@ impl ClientSession {
         entry.command = command;
         entry.bytes = bytes;
         entry.sent = false;
+        entry.hot = hot;
         entry.work = Work::Meta(Box::new(MetaWork {
             command: request.command,
             // Only `mg` with `v` can bring a large value back.
@@ -591,7 +596,8 @@ impl ClientSession {
                     self.reserve(cost);
                     entry.reserved = cost;
                     for part in meta.parts.iter_mut() {
-                        self.send(&topology, part, &meta.wire, meta.expect.clone(), true, None);
+                        let hot = entry.hot.as_ref();
+                        self.send(&topology, part, &meta.wire, meta.expect.clone(), true, hot);
                     }
                     entry.sent = true;
                 }
@@ -670,7 +676,7 @@ impl ClientSession {
                     entry.reserved = cost;
                     entry.sent = true;
                     let step = moved.machine.start();
-                    self.step(&topology, moved, step);
+                    self.step(&topology, moved, step, entry.hot.as_ref());
                 }
                 // One step at a time; later requests of the client wait, so
                 // they see the key as the steps left it.
@@ -683,7 +689,7 @@ impl ClientSession {
                         return false;
                     };
                     let step = moved.machine.on_reply(result);
-                    self.step(&topology, moved, step);
+                    self.step(&topology, moved, step, entry.hot.as_ref());
                 }
                 true
             }
@@ -711,8 +717,9 @@ impl ClientSession {
                         self.reserve(cost);
                         let backend = &topology.backends[sub.server];
                         let slot = Slot::new(self.wake.clone());
+                        let conn = self.worker.conn(backend, self.lane);
                         let ticket =
-                            match self.worker.hot.before_send(&sub, backend, &topology, &slot) {
+                            match self.worker.hot.before_send(&sub, &conn, &topology, &slot) {
                                 GetShortcut::Send(ticket) => ticket,
                                 GetShortcut::Joined => {
                                     in_flight.push((sub.id, slot, cost));
@@ -725,7 +732,6 @@ impl ClientSession {
                                     continue;
                                 }
                             };
-                        let conn = self.worker.conn(backend, self.lane);
                         let expect = Expect::values(sub.line.clone());
                         match conn.send(std::slice::from_ref(&sub.line), expect, Some(slot.clone()))
                         {
@@ -765,7 +771,13 @@ impl ClientSession {
     }
 
     /// Sends what a hand-off step says, or keeps its answer.
-    fn step(&self, topology: &Topology, moved: &mut MovedWork, step: Step) {
+    fn step(
+        &self,
+        topology: &Topology,
+        moved: &mut MovedWork,
+        step: Step,
+        write: Option<&Rc<WriteGuard>>,
+    ) {
         match step {
             Step::Answer(result) => moved.answer = Some(result),
             Step::Send {
@@ -786,12 +798,12 @@ impl ClientSession {
                         &copy,
                         Expect::Line(LineKind::Storage),
                         true,
-                        None,
+                        write,
                     );
                     moved.copies.push(part);
                 }
                 let mut part = Part::new(server);
-                self.send(topology, &mut part, &lines, expect, true, None);
+                self.send(topology, &mut part, &lines, expect, true, write);
                 moved.part = Some(part);
             }
         }
@@ -817,7 +829,12 @@ impl ClientSession {
             write.watch(slot);
         }
         match conn.send(request, expect, slot.clone()) {
-            Ok(()) => part.slot = slot,
+            Ok(()) => {
+                if let Some(write) = write {
+                    write.queued();
+                }
+                part.slot = slot;
+            }
             Err(kind) => part.result = Some(Err(backend.error(kind))),
         }
     }

@@ -287,7 +287,7 @@ fn reads_follow_writes(settings: &str, counter_name: &str) -> u64 {
         for _ in 0..50 {
             seq += 1;
             let value = seq.to_string();
-            match seq % 3 {
+            match seq % 4 {
                 // Write, wait for STORED, then read on the same connection.
                 0 => {
                     assert_eq!(writer.set("hot", value.as_bytes()), b"STORED\r\n");
@@ -304,6 +304,16 @@ fn reads_follow_writes(settings: &str, counter_name: &str) -> u64 {
                     acked.store(seq, Ordering::SeqCst);
                     let got = seq_of(value_of(&writer.reply(ReplyKind::Values)));
                     assert_eq!(got, seq, "a read pipelined after a write");
+                }
+                // A meta set and a read pipelined in one packet.
+                2 => {
+                    writer.send(
+                        format!("ms hot {}\r\n{value}\r\nget hot\r\n", value.len()).as_bytes(),
+                    );
+                    assert_eq!(writer.reply(ReplyKind::Line), b"HD\r\n");
+                    acked.store(seq, Ordering::SeqCst);
+                    let got = seq_of(value_of(&writer.reply(ReplyKind::Values)));
+                    assert_eq!(got, seq, "a read pipelined after a meta write");
                 }
                 // `noreply`, then a read: memcached's order on one
                 // connection says the read sees it.
@@ -377,7 +387,7 @@ fn near_cache_drops_a_key_on_every_write_through_memring() {
     // Each case: the key cached, its value changed behind memring's back,
     // then one command through memring; the next read must come from the
     // server. (name, command, its reply, the value then expected).
-    let cases: [(&str, String, ReplyKind, Option<&[u8]>); 9] = [
+    let cases: [(&str, String, ReplyKind, Option<&[u8]>); 14] = [
         (
             "set",
             "set cfg 0 0 1\r\n7\r\n".into(),
@@ -422,12 +432,33 @@ fn near_cache_drops_a_key_on_every_write_through_memring() {
             Some(b"direct"),
         ),
         ("flush_all", "flush_all\r\n".into(), ReplyKind::Line, None),
+        (
+            "ms",
+            "ms cfg 1\r\n6\r\n".into(),
+            ReplyKind::Line,
+            Some(b"6"),
+        ),
+        // `Y2Zn` is `cfg` in base64.
+        (
+            "ms b",
+            "ms Y2Zn 1 b\r\n5\r\n".into(),
+            ReplyKind::Line,
+            Some(b"5"),
+        ),
+        ("md", "md cfg\r\n".into(), ReplyKind::Line, None),
+        ("ma", "ma cfg\r\n".into(), ReplyKind::Line, Some(b"11")),
+        (
+            "mg T",
+            "mg cfg T0\r\n".into(),
+            ReplyKind::Line,
+            Some(b"direct"),
+        ),
     ];
     for (name, command, kind, expected) in cases {
         assert_eq!(client.set(key, b"1"), b"STORED\r\n");
         let cached = get_until_cached(&mut client, &mut admin, key);
         assert_eq!(cached.as_deref(), Some(&b"1"[..]), "{name}");
-        let behind = if name == "incr" {
+        let behind = if name == "incr" || name == "ma" {
             &b"10"[..]
         } else {
             b"direct"
@@ -447,6 +478,53 @@ fn near_cache_drops_a_key_on_every_write_through_memring() {
         assert_eq!(client.get(key).as_deref(), expected, "after {name}");
     }
     assert!(counter(&mut admin, "near_cache_misses") > 0);
+}
+
+#[test]
+fn a_hot_keys_stored_value_answers_the_next_get_without_a_round_trip() {
+    let server = Memcached::start();
+    let proxy = Proxy::start(
+        &[&server],
+        "hot_key_window_ms = 1000\nhot_key_cache_ms = 60000",
+    );
+    let mut client = proxy.client();
+    let mut admin = proxy.client();
+    let mut direct = server.client();
+    assert_eq!(client.set("cfg", b"1"), b"STORED\r\n");
+    // (write, what a get then answers, whether memcached is asked)
+    let cases: [(&[u8], &[u8], bool); 4] = [
+        (
+            b"set cfg 0 0 1\r\n2\r\n",
+            b"VALUE cfg 0 1\r\n2\r\nEND\r\n",
+            false,
+        ),
+        (
+            b"set cfg 05 0 1\r\n3\r\n",
+            b"VALUE cfg 5 1\r\n3\r\nEND\r\n",
+            false,
+        ),
+        // An expiring value is not kept: memcached may drop it first.
+        (
+            b"set cfg 0 100 1\r\n4\r\n",
+            b"VALUE cfg 0 1\r\n4\r\nEND\r\n",
+            true,
+        ),
+        // Not stored: the cache keeps nothing from it.
+        (
+            b"add cfg 0 0 1\r\n5\r\n",
+            b"VALUE cfg 0 1\r\n4\r\nEND\r\n",
+            true,
+        ),
+    ];
+    for (write, expected, asks_server) in cases {
+        get_until_cached(&mut client, &mut admin, "cfg");
+        let gets_before = counter(&mut direct, "cmd_get");
+        client.send(write);
+        client.reply(ReplyKind::Line);
+        assert_eq!(client.get_raw("cfg"), expected, "{}", show(write));
+        let asked = counter(&mut direct, "cmd_get") > gets_before;
+        assert_eq!(asked, asks_server, "{}", show(write));
+    }
 }
 
 #[test]

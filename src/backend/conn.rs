@@ -83,6 +83,14 @@ pub(crate) struct Conn {
     wake: Notify,
 }
 
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("server", &self.shared.name)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Conn {
     pub(crate) fn new(shared: Arc<Shared>) -> Rc<Conn> {
         Rc::new(Conn {

@@ -16,24 +16,34 @@
 //!
 //! # What keeps reads after writes correct
 //! Every write through this memring (storage commands, `delete`, `incr`,
-//! `decr`, `touch`, `gat`, `gats`, `flush_all`) moves a version on its key's
-//! stripe (shared by all workers) when it is planned and again when its reply
-//! has arrived (or, for `noreply`, when the server has answered the request
-//! memring sends without `noreply`), and counts as pending in between. A
-//! `get` may join a request or take a cached value only when its key's stripe
-//! has no write pending and still has the version that request was sent at.
+//! `decr`, `touch`, `gat`, `gats`, `flush_all`, and the meta commands that
+//! change an item) moves a version on its key's stripe (shared by all
+//! workers) when it is planned, when it is queued on a connection, and again
+//! when its reply has arrived (or, for `noreply`, when the server has
+//! answered the request memring sends without `noreply`), and counts as
+//! pending from plan to reply.
+//! - A `get` may take a cached value only when its key's stripe has no write
+//!   pending and still has the version the value was fetched at.
+//! - A `get` may join a request in flight only when the stripe still has the
+//!   version that request was sent at, and either no write is pending or the
+//!   request went on the connection this client's own requests use, queued
+//!   after every write of this client (memcached runs one connection's
+//!   requests in order).
+//!
 //! So a `get` that arrives after a write was planned (by any client of this
-//! memring, on any worker) never takes a reply that may predate it, and a
-//! client's own earlier writes, pipelined or not, are always seen. Writes
-//! that do not pass through this memring are seen by the near cache after at
-//! most `hot_key_cache_ms`.
+//! memring, on any worker) never takes a reply fetched before it, and a
+//! client's own earlier writes, pipelined or not, are always seen. A `get`
+//! that overlaps another client's unanswered write may see the value from
+//! before or after it, as with memcached itself. Writes that do not pass
+//! through this memring are seen by the near cache after at most
+//! `hot_key_cache_ms`.
 //!
 //! No I/O here beyond what the session and the monitor task ask for.
 
 pub mod sketch;
 pub mod top;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -45,12 +55,14 @@ use smallvec::SmallVec;
 use tokio_util::sync::CancellationToken;
 use twox_hash::XxHash3_64;
 
+use crate::backend::conn::Conn;
 use crate::backend::slot::{Got, Slot, Watch};
-use crate::backend::Backend;
 use crate::config::HotKeySettings;
 use crate::error::{BackendError, BackendErrorKind};
+use crate::protocol::meta::MetaRequest;
+use crate::protocol::request::{parse_signed, parse_unsigned};
 use crate::protocol::{Command, Request};
-use crate::route::{Plan, SubRequest};
+use crate::route::{MetaPlan, Plan, SubRequest};
 use crate::stats::{HotKeySample, Stats};
 use crate::topology::Topology;
 use sketch::{BuildKeyHash, SpaceSaving};
@@ -243,25 +255,37 @@ impl HotShared {
 
     /// Moves the versions of `hashes` (or of every stripe, for `flush_all`)
     /// and drops their near-cache entries.
-    fn bump(&self, target: &Target) {
-        match target {
-            Target::All => {
-                for stripe in self.stripes.iter() {
-                    stripe.version.fetch_add(1, Ordering::SeqCst);
-                }
-                if let Some(cache) = &self.cache {
-                    cache.invalidate_all();
-                }
-            }
-            Target::Keys(keys) => {
-                for (hash, key) in keys {
-                    self.stripe(*hash).version.fetch_add(1, Ordering::SeqCst);
-                    if let (Some(cache), Some(key)) = (&self.cache, key) {
-                        cache.invalidate(&key[..]);
-                    }
+    fn bump(&self, target: &Target) -> u64 {
+        let version = self.bump_versions(target);
+        match (target, &self.cache) {
+            (_, None) => {}
+            (Target::All, Some(cache)) => cache.invalidate_all(),
+            (Target::Keys(keys), Some(cache)) => {
+                for key in keys.iter().filter_map(|(_, key)| key.as_ref()) {
+                    cache.invalidate(&key[..]);
                 }
             }
         }
+        version
+    }
+
+    /// Moves the versions of `hashes`, or of every stripe for `flush_all`;
+    /// returns the last stripe's new version.
+    fn bump_versions(&self, target: &Target) -> u64 {
+        let mut version = 0;
+        match target {
+            Target::All => {
+                for stripe in self.stripes.iter() {
+                    version = stripe.version.fetch_add(1, Ordering::SeqCst) + 1;
+                }
+            }
+            Target::Keys(keys) => {
+                for (hash, _) in keys {
+                    version = self.stripe(*hash).version.fetch_add(1, Ordering::SeqCst) + 1;
+                }
+            }
+        }
+        version
     }
 }
 
@@ -281,10 +305,33 @@ enum Target {
 pub(crate) struct WriteGuard {
     shared: Arc<HotShared>,
     target: Target,
+    /// A hot key's new value, for the near cache if the write is stored.
+    fill: Option<WriteFill>,
+    /// The stripe version this write last moved to (single-key writes).
+    last_version: Cell<u64>,
+    /// The server answered `STORED`.
+    stored: Cell<bool>,
+}
+
+/// What a storage command leaves in the near cache: the `VALUE` block a
+/// `get` of its key would now be answered with.
+#[derive(Debug)]
+struct WriteFill {
+    key: Box<[u8]>,
+    hash: u64,
+    block: Bytes,
 }
 
 impl WriteGuard {
     fn begin(shared: &Arc<HotShared>, target: Target) -> Rc<WriteGuard> {
+        WriteGuard::begin_with(shared, target, None)
+    }
+
+    fn begin_with(
+        shared: &Arc<HotShared>,
+        target: Target,
+        fill: Option<WriteFill>,
+    ) -> Rc<WriteGuard> {
         match &target {
             Target::All => {
                 shared.flushing.fetch_add(1, Ordering::SeqCst);
@@ -295,10 +342,13 @@ impl WriteGuard {
                 }
             }
         }
-        shared.bump(&target);
+        let last_version = shared.bump(&target);
         Rc::new(WriteGuard {
             shared: shared.clone(),
             target,
+            fill,
+            last_version: Cell::new(last_version),
+            stored: Cell::new(false),
         })
     }
 
@@ -307,12 +357,59 @@ impl WriteGuard {
     pub(crate) fn watch(self: &Rc<Self>, slot: &Slot) {
         slot.watch(self.clone());
     }
+
+    /// The write was queued on a connection: a `get` sent before this
+    /// moment may reach the server ahead of it, so none may be joined from
+    /// now on (see [`HotWorker::before_send`]).
+    pub(crate) fn queued(&self) {
+        self.last_version
+            .set(self.shared.bump_versions(&self.target));
+    }
+
+    /// Completes a stored write of a hot key's value and keeps the value in
+    /// the near cache, if no other write to its stripe was planned, queued,
+    /// completed or pending during this one's life: then memcached now holds
+    /// exactly this value. False (and nothing done) otherwise.
+    fn complete_with_value(&self) -> bool {
+        let (Some(fill), true) = (&self.fill, self.stored.get()) else {
+            return false;
+        };
+        let shared = &self.shared;
+        let stripe = shared.stripe(fill.hash);
+        let last = self.last_version.get();
+        if stripe.pending.load(Ordering::SeqCst) != 1
+            || shared.flushing.load(Ordering::SeqCst) != 0
+            || stripe
+                .version
+                .compare_exchange(last, last + 1, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+        {
+            return false;
+        }
+        // As in `bump`: the old entry goes whatever happens next.
+        if let Some(cache) = &shared.cache {
+            cache.invalidate(&fill.key[..]);
+        }
+        stripe.pending.fetch_sub(1, Ordering::SeqCst);
+        // Kept only if still nothing else wrote the stripe.
+        shared.fill(&fill.key, fill.hash, last + 1, fill.block.clone());
+        true
+    }
 }
 
-impl Watch for WriteGuard {}
+impl Watch for WriteGuard {
+    fn piece(&self, piece: &Got) {
+        if let Got::Line(line) = piece {
+            self.stored.set(&line[..] == b"STORED\r\n");
+        }
+    }
+}
 
 impl Drop for WriteGuard {
     fn drop(&mut self) {
+        if self.complete_with_value() {
+            return;
+        }
         // Version first, then pending: see `HotShared::settled`.
         self.shared.bump(&self.target);
         match &self.target {
@@ -335,7 +432,8 @@ impl Drop for WriteGuard {
 /// may wait for its reply, which may fill the near cache.
 #[derive(Debug)]
 struct Flight {
-    backend: u64,
+    /// The connection it was queued on.
+    conn: Rc<Conn>,
     line: Bytes,
     hash: u64,
     /// The stripe version when it was sent.
@@ -416,7 +514,7 @@ pub(crate) enum GetShortcut {
 
 /// A hot key's `get` about to be sent.
 pub(crate) struct Ticket {
-    backend: u64,
+    conn: Rc<Conn>,
     line: Bytes,
     hash: u64,
     version: u64,
@@ -546,17 +644,80 @@ impl HotWorker {
         if command == Command::FlushAll && write {
             return Some(WriteGuard::begin(&self.shared, Target::All));
         }
-        (!hashes.is_empty()).then(|| WriteGuard::begin(&self.shared, Target::Keys(hashes)))
+        if hashes.is_empty() {
+            return None;
+        }
+        // A hot key's stored value can answer the next `get`s at once: when
+        // the write goes to the owner alone and the key is hot here.
+        let fill = match (&self.shared.cache, plan, &hashes[..]) {
+            (Some(_), Plan::Forward { .. }, [(hash, Some(key))])
+                if self.state.borrow().hot.contains(hash) =>
+            {
+                stored_value(request, bytes).map(|block| WriteFill {
+                    key: key.clone(),
+                    hash: *hash,
+                    block,
+                })
+            }
+            _ => None,
+        };
+        Some(WriteGuard::begin_with(
+            &self.shared,
+            Target::Keys(hashes),
+            fill,
+        ))
     }
 
-    /// Decides how one sub-request of a retrieval is answered: a hot key's
-    /// single-key `get`/`gets` may join the same request already in flight
-    /// on this worker, or (`get` only) take the near cache's value, when no
-    /// write to the key is pending and none was planned since.
+    /// [`HotWorker::on_request`] for a meta request: counts its key against
+    /// its owner; a request that may change the item is a write.
+    pub(crate) fn on_meta_request(
+        &self,
+        request: &MetaRequest,
+        bytes: &Bytes,
+        plan: &MetaPlan,
+        topology: &Topology,
+    ) -> Option<Rc<WriteGuard>> {
+        let owner = match plan {
+            MetaPlan::Forward { server } | MetaPlan::CasThenCopy { owner: server, .. } => {
+                Some(*server)
+            }
+            MetaPlan::Quorum { servers, .. } | MetaPlan::ReadThrough { servers, .. } => {
+                servers.first().copied()
+            }
+            MetaPlan::Reply(_) | MetaPlan::NoServers => return None,
+        };
+        let key = request.routing_key(bytes);
+        let hash = key_hash(&key);
+        {
+            let mut state = self.state.borrow_mut();
+            state.map(topology);
+            state.count(owner, hash, &key);
+        }
+        (self.shared.tracking() && request.changes_item(bytes)).then(|| {
+            let key = self.shared.cache.is_some().then(|| key[..].into());
+            WriteGuard::begin(&self.shared, Target::Keys(smallvec::smallvec![(hash, key)]))
+        })
+    }
+
+    /// Decides how one sub-request of a retrieval, about to be queued on
+    /// `conn`, is answered: a hot key's single-key `get`/`gets` may join the
+    /// same request already in flight on this worker, or (`get` only) take
+    /// the near cache's value.
+    ///
+    /// The near cache answers only when no write to the key is pending and
+    /// none was planned since the value was fetched. A flight may be joined
+    /// when no write to the key was planned, queued or completed since it
+    /// was sent and either
+    /// - no write is pending (so none was when it was sent), or
+    /// - it was queued on `conn`, the connection this session's own writes
+    ///   to the server go on: every pending write of this session was queued
+    ///   before it, so memcached runs them first. A pending write of another
+    ///   session has not been answered yet, so this `get` is concurrent with
+    ///   it and may see the value from before or after.
     pub(crate) fn before_send(
         &self,
         sub: &SubRequest,
-        backend: &Backend,
+        conn: &Rc<Conn>,
         topology: &Topology,
         slot: &Rc<Slot>,
     ) -> GetShortcut {
@@ -584,13 +745,12 @@ impl HotWorker {
                 }
             }
         }
-        let id = backend.shared().id;
-        if quiet && self.shared.settings.coalesce {
+        if self.shared.settings.coalesce {
             if let Some(flight) = state.flights.get(&hash) {
                 let mut flight_state = flight.state.borrow_mut();
                 // Joining late would miss pieces already handed on.
-                if flight.backend == id
-                    && flight.version == version
+                if flight.version == version
+                    && (quiet || Rc::ptr_eq(&flight.conn, conn))
                     && flight.line == sub.line
                     && !flight_state.started
                     && !flight_state.done
@@ -602,9 +762,12 @@ impl HotWorker {
             }
         }
         state.flights.remove(&hash);
-        let fill = (command == Command::Get && self.shared.cache.is_some()).then(|| key.into());
+        // Only a value fetched while no write is pending may be kept.
+        let fill =
+            (quiet && command == Command::Get && self.shared.cache.is_some()).then(|| key.into());
+        let backend = &topology.backends[sub.server];
         GetShortcut::Send(Some(Ticket {
-            backend: id,
+            conn: conn.clone(),
             line: sub.line.clone(),
             hash,
             version,
@@ -616,7 +779,7 @@ impl HotWorker {
     /// The ticket's request was queued with its reply going to `slot`.
     pub(crate) fn sent(&self, ticket: Ticket, slot: &Rc<Slot>) {
         let flight = Rc::new(Flight {
-            backend: ticket.backend,
+            conn: ticket.conn,
             line: ticket.line,
             hash: ticket.hash,
             version: ticket.version,
@@ -759,6 +922,37 @@ fn is_write(command: Command) -> bool {
         )
 }
 
+/// The `VALUE` block a `get` answers once memcached has stored what
+/// `request` (`set`, `add`, `replace` or `cas`, never expiring) sends; `None`
+/// for any other request.
+fn stored_value(request: &Request, bytes: &Bytes) -> Option<Bytes> {
+    if !matches!(
+        request.command,
+        Command::Set | Command::Add | Command::Replace | Command::Cas
+    ) {
+        return None;
+    }
+    let line_len = request.line_len as usize;
+    let line = bytes.get(..line_len)?.strip_suffix(b"\r\n")?;
+    let mut tokens = line.split(|&b| b == b' ').filter(|t| !t.is_empty());
+    let (_, key) = (tokens.next()?, tokens.next()?);
+    // memcached prints flags as the number it parsed ("007" comes back "7").
+    let flags = u32::try_from(parse_unsigned(tokens.next()?)?).ok()?;
+    // An expiry could end the item before the cache entry's life does.
+    if parse_signed(tokens.next()?)? != 0 {
+        return None;
+    }
+    let data = bytes.get(line_len..)?;
+    let length = data.len().checked_sub(2)?;
+    let header = format!(" {flags} {length}\r\n");
+    let mut block = BytesMut::with_capacity(6 + key.len() + header.len() + data.len());
+    block.extend_from_slice(b"VALUE ");
+    block.extend_from_slice(key);
+    block.extend_from_slice(header.as_bytes());
+    block.extend_from_slice(data);
+    Some(block.freeze())
+}
+
 /// `get <key>\r\n` or `gets <key>\r\n`: the command and the key.
 fn single_key(line: &[u8]) -> Option<(Command, &[u8])> {
     let (command, rest) = if let Some(rest) = line.strip_prefix(b"get ") {
@@ -785,6 +979,34 @@ mod tests {
         assert_eq!(single_key(b"gat 10 k\r\n"), None);
         assert_eq!(single_key(b"get \r\n"), None);
         assert_eq!(single_key(b"get k"), None);
+    }
+
+    #[test]
+    fn stored_values_are_what_a_get_would_answer() {
+        use crate::protocol::{request::parse_request, Limits};
+        let value = |input: &'static [u8]| {
+            let bytes = Bytes::from_static(input);
+            let (request, used) = parse_request(&bytes, &Limits::default()).unwrap().unwrap();
+            assert_eq!(used, bytes.len());
+            stored_value(&request, &bytes)
+        };
+        assert_eq!(
+            value(b"set k 007 0 2\r\nab\r\n").as_deref(),
+            Some(&b"VALUE k 7 2\r\nab\r\n"[..])
+        );
+        assert_eq!(
+            value(b"cas k +5 00 0 9 noreply\r\n\r\n").as_deref(),
+            Some(&b"VALUE k 5 0\r\n\r\n"[..])
+        );
+        assert_eq!(
+            value(b"add k 0 0 3 noreply\r\nx y\r\n").as_deref(),
+            Some(&b"VALUE k 0 3\r\nx y\r\n"[..])
+        );
+        // Expiring, or not a plain store.
+        assert_eq!(value(b"set k 0 10 1\r\na\r\n"), None);
+        assert_eq!(value(b"set k 0 -1 1\r\na\r\n"), None);
+        assert_eq!(value(b"append k 0 0 1\r\na\r\n"), None);
+        assert_eq!(value(b"incr k 1\r\n"), None);
     }
 
     #[test]

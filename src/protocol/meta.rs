@@ -303,6 +303,16 @@ impl MetaRequest {
         self.vivify || self.recache
     }
 
+    /// Whether the request may change its item: `ms`, `md`, `ma`, and an
+    /// `mg` that touches (`T`) or creates (`N`) it.
+    pub fn changes_item(&self, bytes: &[u8]) -> bool {
+        match self.command {
+            MetaCommand::Set | MetaCommand::Delete | MetaCommand::Arithmetic => true,
+            MetaCommand::Get => self.vivify || self.flags(bytes).any(|(flag, _)| flag == b'T'),
+            MetaCommand::Noop | MetaCommand::Debug => false,
+        }
+    }
+
     /// Whether the backend may send nothing back for this request (`q`).
     /// Errors always come; `mn` and `me` always answer.
     pub fn may_be_silent(&self) -> bool {
