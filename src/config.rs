@@ -48,6 +48,7 @@ struct RawConfig {
     ring: Option<Spanned<String>>,
     hash: Option<Spanned<String>>,
     hash_tag: Option<Spanned<String>>,
+    hot_key_detect: Option<Spanned<bool>>,
     hot_key_window_ms: Option<Spanned<u64>>,
     hot_key_share: Option<Spanned<f64>>,
     hot_key_top: Option<Spanned<u64>>,
@@ -154,6 +155,9 @@ pub struct Config {
 /// The `hot_key_*` settings, read at start.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HotKeySettings {
+    /// Keys are counted at all (`hot_key_detect`); without it there is no
+    /// coalescing or near cache either.
+    pub detect: bool,
     /// Length of one counting window (`hot_key_window_ms`).
     pub window: Duration,
     /// Log a key that takes more than this share of its server's requests
@@ -178,6 +182,7 @@ impl Eq for HotKeySettings {}
 impl Default for HotKeySettings {
     fn default() -> Self {
         HotKeySettings {
+            detect: true,
             window: Duration::from_millis(DEFAULT_HOT_KEY_WINDOW_MS),
             share: DEFAULT_HOT_KEY_SHARE,
             top: DEFAULT_HOT_KEY_TOP as usize,
@@ -622,12 +627,20 @@ fn hot_key_settings(
         DEFAULT_HOT_KEY_CACHE_BYTES,
         1024..=1 << 40,
     )?;
+    let detect = raw.hot_key_detect.as_ref().is_none_or(|v| *v.get_ref());
+    if let (Some(flag), true) = (&raw.hot_key_detect, !detect && cache_ms > 0) {
+        return Err(at(
+            flag.span(),
+            "hot_key_detect = false leaves nothing for hot_key_cache_ms to cache".into(),
+        ));
+    }
     Ok(HotKeySettings {
+        detect,
         window: Duration::from_millis(window_ms),
         share,
         top: top as usize,
         metrics_names: raw.hot_key_metrics.unwrap_or(false),
-        coalesce: raw.hot_key_coalesce.unwrap_or(true),
+        coalesce: detect && raw.hot_key_coalesce.unwrap_or(true),
         cache_ttl: (cache_ms > 0).then(|| Duration::from_millis(cache_ms)),
         cache_bytes,
     })
@@ -857,6 +870,17 @@ name = "cache-02"
                 "{bad}: {message}"
             );
         }
+        let off = Config::parse(&format!("hot_key_detect = false\n{GOOD}"), "m")
+            .unwrap()
+            .hot_keys;
+        assert!(!off.detect && !off.coalesce);
+        let message = error_of(&format!(
+            "hot_key_detect = false\nhot_key_cache_ms = 100\n{GOOD}"
+        ));
+        assert!(
+            message.starts_with("memring.toml:1:18: hot_key_detect = false leaves"),
+            "{message}"
+        );
         let message = error_of(&format!("hot_key_window_ms = 5\n{GOOD}"));
         assert!(
             message.contains("hot_key_window_ms = 5 is out of range"),

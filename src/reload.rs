@@ -256,7 +256,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         })
     };
     let hot = &old.hot_keys;
-    let rows: [(&'static str, String, String, bool); 29] = [
+    let rows: [(&'static str, String, String, bool); 30] = [
         (
             "ring",
             old.ring.flavour.name().to_string(),
@@ -370,6 +370,12 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         ),
         ("handoff_ms", ms(&old.handoff), ms(handoff), false),
         // Hot-key settings are read when the workers start.
+        (
+            "hot_key_detect",
+            hot.detect.to_string(),
+            hot_keys.detect.to_string(),
+            true,
+        ),
         (
             "hot_key_window_ms",
             ms(&hot.window),

@@ -613,6 +613,9 @@ impl HotWorker {
         plan: &Plan,
         topology: &Topology,
     ) -> Option<Rc<WriteGuard>> {
+        if !self.shared.settings.detect {
+            return None;
+        }
         let command = request.command;
         let write = is_write(command) && self.shared.tracking();
         let mut hashes = WrittenKeys::new();
@@ -686,6 +689,9 @@ impl HotWorker {
             }
             MetaPlan::Reply(_) | MetaPlan::NoServers => return None,
         };
+        if !self.shared.settings.detect {
+            return None;
+        }
         let key = request.routing_key(bytes);
         let hash = key_hash(&key);
         {
