@@ -627,7 +627,7 @@ fn hot_key_settings(
         DEFAULT_HOT_KEY_CACHE_BYTES,
         1024..=1 << 40,
     )?;
-    let detect = raw.hot_key_detect.as_ref().is_none_or(|v| *v.get_ref());
+    let detect = raw.hot_key_detect.as_ref().map_or(true, |v| *v.get_ref());
     if let (Some(flag), true) = (&raw.hot_key_detect, !detect && cache_ms > 0) {
         return Err(at(
             flag.span(),
