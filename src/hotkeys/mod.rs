@@ -112,6 +112,9 @@ struct Cached {
 
 type NearCache = moka::sync::Cache<Box<[u8]>, Cached>;
 
+/// A worker's handle on the shared state.
+type Local = Rc<Arc<HotShared>>;
+
 /// A worker's last complete window, and when it ended.
 type Published = Option<(Instant, Arc<WorkerWindow>)>;
 
@@ -303,7 +306,8 @@ enum Target {
 /// watches is done (see the module doc).
 #[derive(Debug)]
 pub(crate) struct WriteGuard {
-    shared: Arc<HotShared>,
+    /// The worker's handle: cloning it moves no counter other cores share.
+    shared: Local,
     target: Target,
     /// A hot key's new value, for the near cache if the write is stored.
     fill: Option<WriteFill>,
@@ -323,15 +327,11 @@ struct WriteFill {
 }
 
 impl WriteGuard {
-    fn begin(shared: &Arc<HotShared>, target: Target) -> Rc<WriteGuard> {
+    fn begin(shared: &Local, target: Target) -> Rc<WriteGuard> {
         WriteGuard::begin_with(shared, target, None)
     }
 
-    fn begin_with(
-        shared: &Arc<HotShared>,
-        target: Target,
-        fill: Option<WriteFill>,
-    ) -> Rc<WriteGuard> {
+    fn begin_with(shared: &Local, target: Target, fill: Option<WriteFill>) -> Rc<WriteGuard> {
         match &target {
             Target::All => {
                 shared.flushing.fetch_add(1, Ordering::SeqCst);
@@ -440,7 +440,7 @@ struct Flight {
     version: u64,
     /// The key, when the reply may fill the near cache.
     fill: Option<Box<[u8]>>,
-    shared: Arc<HotShared>,
+    shared: Local,
     /// What followers get if the request is dropped unanswered.
     gone: BackendError,
     state: RefCell<FlightState>,
@@ -577,7 +577,7 @@ impl WorkerState {
 
 /// One worker's hot-key state. Lives on the worker thread only.
 pub(crate) struct HotWorker {
-    shared: Arc<HotShared>,
+    shared: Local,
     index: usize,
     state: RefCell<WorkerState>,
 }
@@ -585,7 +585,7 @@ pub(crate) struct HotWorker {
 impl HotWorker {
     pub(crate) fn new(shared: Arc<HotShared>, index: usize) -> HotWorker {
         HotWorker {
-            shared,
+            shared: Rc::new(shared),
             index,
             state: RefCell::new(WorkerState {
                 topology_version: None,
@@ -727,7 +727,10 @@ impl HotWorker {
         topology: &Topology,
         slot: &Rc<Slot>,
     ) -> GetShortcut {
-        if !self.shared.tracking() || topology.config.replicas > 1 {
+        if !self.shared.tracking()
+            || topology.config.replicas > 1
+            || self.state.borrow().hot.is_empty()
+        {
             return GetShortcut::Send(None);
         }
         let Some((command, key)) = single_key(&sub.line) else {
@@ -1018,7 +1021,7 @@ mod tests {
     #[test]
     fn writes_are_pending_until_complete_and_move_the_version() {
         let stats = Arc::new(Stats::new());
-        let shared = HotShared::new(HotKeySettings::default(), 1, stats);
+        let shared = Rc::new(HotShared::new(HotKeySettings::default(), 1, stats));
         let hash = key_hash(b"k");
         let (before, quiet) = shared.settled(hash);
         assert!(quiet);
