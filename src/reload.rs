@@ -369,7 +369,8 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             true,
         ),
         ("handoff_ms", ms(&old.handoff), ms(handoff), false),
-        // Hot-key settings are read when the workers start.
+        // Hot-key detection and its window are set up when the workers
+        // start; the rest applies live.
         (
             "hot_key_detect",
             hot.detect.to_string(),
@@ -386,37 +387,37 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             "hot_key_share",
             hot.share.to_string(),
             hot_keys.share.to_string(),
-            true,
+            false,
         ),
         (
             "hot_key_top",
             hot.top.to_string(),
             hot_keys.top.to_string(),
-            true,
+            false,
         ),
         (
             "hot_key_metrics",
             hot.metrics_names.to_string(),
             hot_keys.metrics_names.to_string(),
-            true,
+            false,
         ),
         (
             "hot_key_coalesce",
             hot.coalesce.to_string(),
             hot_keys.coalesce.to_string(),
-            true,
+            false,
         ),
         (
             "hot_key_cache_ms",
             optional_ms(&hot.cache_ttl),
             optional_ms(&hot_keys.cache_ttl),
-            true,
+            false,
         ),
         (
             "hot_key_cache_bytes",
             hot.cache_bytes.to_string(),
             hot_keys.cache_bytes.to_string(),
-            true,
+            false,
         ),
     ];
     rows.into_iter()

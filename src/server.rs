@@ -79,7 +79,12 @@ pub async fn start(config: &Config, shutdown: CancellationToken) -> io::Result<R
         client_buffer_bytes: config.max_client_buffer_bytes,
     };
     let hot = crate::hotkeys::HotShared::new(config.hot_keys, count, stats.clone());
-    tokio::spawn(crate::hotkeys::monitor(hot.clone(), shutdown.clone()));
+    tokio::spawn(crate::hotkeys::monitor(
+        hot.clone(),
+        topology.clone(),
+        publisher.published(),
+        shutdown.clone(),
+    ));
     let mut workers = Vec::with_capacity(count);
     for index in 0..count {
         workers.push(worker::spawn(WorkerSetup {

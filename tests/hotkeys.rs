@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{parse_single_value, show, wait_for, Client, Memcached, Proxy, DEADLINE};
+use common::{
+    config_text, parse_single_value, show, wait_for, Client, Memcached, Proxy, TempDir, DEADLINE,
+};
 use memring::protocol::ReplyKind;
 
 fn stats_of(client: &mut Client, group: &str) -> Vec<(String, String)> {
@@ -525,6 +527,43 @@ fn a_hot_keys_stored_value_answers_the_next_get_without_a_round_trip() {
         let asked = counter(&mut direct, "cmd_get") > gets_before;
         assert_eq!(asked, asks_server, "{}", show(write));
     }
+}
+
+#[test]
+fn a_reload_turns_the_near_cache_on_and_off() {
+    let dir = TempDir::new("hotkeys", "reload");
+    let server = Memcached::start();
+    let path = dir.path("memring.toml");
+    let text = config_text(&[&server], "hot_key_window_ms = 200");
+    std::fs::write(&path, &text).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let mut admin = proxy.client();
+    let mut direct = server.client();
+    assert_eq!(client.set("flag", b"1"), b"STORED\r\n");
+    wait_for("flag reported hot", || {
+        for _ in 0..40 {
+            client.get("flag");
+        }
+        hotkeys(&mut admin).first().map(|r| r.key.clone()) == Some("flag".into())
+    });
+    assert_eq!(counter(&mut admin, "near_cache_hits"), 0);
+
+    let on = text.replace(
+        "hot_key_window_ms = 200",
+        "hot_key_window_ms = 200\nhot_key_cache_ms = 60000",
+    );
+    std::fs::write(&path, on).unwrap();
+    get_until_cached(&mut client, &mut admin, "flag");
+    // Cached: a write behind memring's back is not seen...
+    assert_eq!(direct.set("flag", b"2"), b"STORED\r\n");
+    assert_eq!(client.get("flag").as_deref(), Some(&b"1"[..]));
+
+    // ...until the cache is turned off again.
+    std::fs::write(&path, &text).unwrap();
+    wait_for("the near cache off", || {
+        client.get("flag").as_deref() == Some(&b"2"[..])
+    });
 }
 
 #[test]

@@ -24,6 +24,9 @@
 //! pending from plan to reply.
 //! - A `get` may take a cached value only when its key's stripe has no write
 //!   pending and still has the version the value was fetched at.
+//! - A hot key's stored value (`set`/`add`/`replace`/`cas`, no expiry) is
+//!   cached only when no other write moved or was pending on its stripe from
+//!   its plan to its reply: memcached then holds exactly that value.
 //! - A `get` may join a request in flight only when the stripe still has the
 //!   version that request was sent at, and either no write is pending or the
 //!   request went on the connection this client's own requests use, queued
@@ -50,6 +53,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use arc_swap::ArcSwap;
+use tokio::sync::Notify;
+
 use bytes::{Bytes, BytesMut};
 use smallvec::SmallVec;
 use tokio_util::sync::CancellationToken;
@@ -64,7 +70,7 @@ use crate::protocol::request::{parse_signed, parse_unsigned};
 use crate::protocol::{Command, Request};
 use crate::route::{MetaPlan, Plan, SubRequest};
 use crate::stats::{HotKeySample, Stats};
-use crate::topology::Topology;
+use crate::topology::{SharedTopology, Topology};
 use sketch::{BuildKeyHash, SpaceSaving};
 use top::{Episode, Episodes, HotKey, ServerWindow, WorkerWindow};
 
@@ -125,20 +131,28 @@ type WrittenKeys = SmallVec<[(u64, Option<Box<[u8]>>); 1]>;
 /// What every worker shares: settings, write versions, the near cache and
 /// the windows the workers published.
 pub struct HotShared {
-    settings: HotKeySettings,
+    /// As at start: `detect` and `window` are read there only.
+    started: HotKeySettings,
+    /// The settings a reload may change, and the near cache they make.
+    live: ArcSwap<Live>,
     stats: Arc<Stats>,
     stripes: Box<[Stripe]>,
     /// `flush_all`s planned and not complete: they write every key.
     flushing: AtomicU32,
-    cache: Option<NearCache>,
     /// Each worker's last complete window, and when it ended.
     windows: Mutex<Vec<Published>>,
+}
+
+/// The current hot-key settings and the near cache they ask for.
+struct Live {
+    settings: HotKeySettings,
+    cache: Option<NearCache>,
 }
 
 impl std::fmt::Debug for HotShared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HotShared")
-            .field("settings", &self.settings)
+            .field("settings", &self.live.load().settings)
             .finish_non_exhaustive()
     }
 }
@@ -146,35 +160,49 @@ impl std::fmt::Debug for HotShared {
 impl HotShared {
     /// The shared state of `workers` workers.
     pub fn new(settings: HotKeySettings, workers: usize, stats: Arc<Stats>) -> Arc<HotShared> {
-        let cache = settings.cache_ttl.map(|ttl| {
-            let evictions = stats.hot.cache_evictions.clone();
-            NearCache::builder()
-                .max_capacity(settings.cache_bytes)
-                .weigher(|key, value| {
-                    // Keys and values, plus a rough per-entry overhead.
-                    u32::try_from(key.len() + value.block.len() + 64).unwrap_or(u32::MAX)
-                })
-                .time_to_live(ttl)
-                .eviction_listener(move |_key, _value, cause| {
-                    if cause == moka::notification::RemovalCause::Size {
-                        evictions.inc();
-                    }
-                })
-                .build()
-        });
+        let cache = near_cache(&settings, &stats);
         Arc::new(HotShared {
-            settings,
+            started: settings,
+            live: ArcSwap::from_pointee(Live { settings, cache }),
             stats,
             stripes: (0..STRIPES).map(|_| Stripe::default()).collect(),
             flushing: AtomicU32::new(0),
-            cache,
             windows: Mutex::new(vec![None; workers.max(1)]),
         })
     }
 
-    /// Whether gets may be coalesced or cached, so writes must be tracked.
+    /// Takes the settings a reload may change (all but `hot_key_detect` and
+    /// `hot_key_window_ms`); a new near-cache life or size starts an empty
+    /// cache. Returns whether anything changed.
+    pub fn apply(&self, settings: &HotKeySettings) -> bool {
+        let current = self.live.load();
+        if current.settings == *settings {
+            return false;
+        }
+        let same_cache = (current.settings.cache_ttl, current.settings.cache_bytes)
+            == (settings.cache_ttl, settings.cache_bytes);
+        let cache = if same_cache {
+            current.cache.clone()
+        } else {
+            near_cache(settings, &self.stats)
+        };
+        self.live.store(Arc::new(Live {
+            settings: *settings,
+            cache,
+        }));
+        true
+    }
+
+    /// Whether writes are tracked: always while keys are counted, so that
+    /// coalescing or a near cache turned on by a reload never meets a write
+    /// it did not see planned.
     fn tracking(&self) -> bool {
-        self.settings.coalesce || self.cache.is_some()
+        self.started.detect
+    }
+
+    /// Whether a near cache is on.
+    fn caching(&self) -> bool {
+        self.live.load().cache.is_some()
     }
 
     fn stripe(&self, hash: u64) -> &Stripe {
@@ -194,11 +222,12 @@ impl HotShared {
     /// Keeps a `get`'s value for its key if nothing wrote the key since the
     /// `get` was sent at `version`.
     fn fill(&self, key: &[u8], hash: u64, version: u64, block: Bytes) {
-        let Some(cache) = &self.cache else {
+        let live = self.live.load();
+        let Some(cache) = &live.cache else {
             return;
         };
         // One value may not push out most of the others.
-        if block.len() as u64 > self.settings.cache_bytes / 8 {
+        if block.len() as u64 > live.settings.cache_bytes / 8 {
             return;
         }
         if self.settled(hash) == (version, true) {
@@ -216,7 +245,7 @@ impl HotShared {
                 .iter()
                 .flatten()
                 .filter(|(ended, _)| {
-                    now.saturating_duration_since(*ended) < 2 * self.settings.window
+                    now.saturating_duration_since(*ended) < 2 * self.started.window
                 })
                 .map(|(_, window)| window.clone())
                 .collect()
@@ -227,12 +256,12 @@ impl HotShared {
     /// The `stats hotkeys` reply.
     pub fn report(&self) -> Bytes {
         let mut merged = self.merged(Instant::now());
-        merged.truncate(self.settings.top);
+        merged.truncate(self.live.load().settings.top);
         let mut out = BytesMut::with_capacity(128 + merged.len() * 160);
         top::render(
             &mut out,
             &merged,
-            self.settings.window.as_millis(),
+            self.started.window.as_millis(),
             COUNTERS_PER_SERVER,
         );
         out.freeze()
@@ -249,7 +278,7 @@ impl HotShared {
     /// otherwise its xxh3 hash (key names may be personal data; the hash
     /// hides them from a casual reader, not from one who can guess keys).
     pub fn key_label(&self, key: &[u8], hash: u64) -> String {
-        if self.settings.metrics_names {
+        if self.live.load().settings.metrics_names {
             String::from_utf8_lossy(key).into_owned()
         } else {
             format!("xxh3:{hash:016x}")
@@ -260,7 +289,8 @@ impl HotShared {
     /// and drops their near-cache entries.
     fn bump(&self, target: &Target) -> u64 {
         let version = self.bump_versions(target);
-        match (target, &self.cache) {
+        let live = self.live.load();
+        match (target, &live.cache) {
             (_, None) => {}
             (Target::All, Some(cache)) => cache.invalidate_all(),
             (Target::Keys(keys), Some(cache)) => {
@@ -387,7 +417,7 @@ impl WriteGuard {
             return false;
         }
         // As in `bump`: the old entry goes whatever happens next.
-        if let Some(cache) = &shared.cache {
+        if let Some(cache) = &shared.live.load().cache {
             cache.invalidate(&fill.key[..]);
         }
         stripe.pending.fetch_sub(1, Ordering::SeqCst);
@@ -613,11 +643,12 @@ impl HotWorker {
         plan: &Plan,
         topology: &Topology,
     ) -> Option<Rc<WriteGuard>> {
-        if !self.shared.settings.detect {
+        if !self.shared.started.detect {
             return None;
         }
         let command = request.command;
         let write = is_write(command) && self.shared.tracking();
+        let caching = write && self.shared.caching();
         let mut hashes = WrittenKeys::new();
         {
             let mut state = self.state.borrow_mut();
@@ -626,7 +657,7 @@ impl HotWorker {
                 let hash = key_hash(key);
                 state.count(server, hash, key);
                 if write {
-                    let key = self.shared.cache.is_some().then(|| key.into());
+                    let key = caching.then(|| key.into());
                     hashes.push((hash, key));
                 }
             };
@@ -652,8 +683,8 @@ impl HotWorker {
         }
         // A hot key's stored value can answer the next `get`s at once: when
         // the write goes to the owner alone and the key is hot here.
-        let fill = match (&self.shared.cache, plan, &hashes[..]) {
-            (Some(_), Plan::Forward { .. }, [(hash, Some(key))])
+        let fill = match (caching, plan, &hashes[..]) {
+            (true, Plan::Forward { .. }, [(hash, Some(key))])
                 if self.state.borrow().hot.contains(hash) =>
             {
                 stored_value(request, bytes).map(|block| WriteFill {
@@ -689,7 +720,7 @@ impl HotWorker {
             }
             MetaPlan::Reply(_) | MetaPlan::NoServers => return None,
         };
-        if !self.shared.settings.detect {
+        if !self.shared.started.detect {
             return None;
         }
         let key = request.routing_key(bytes);
@@ -700,7 +731,7 @@ impl HotWorker {
             state.count(owner, hash, &key);
         }
         (self.shared.tracking() && request.changes_item(bytes)).then(|| {
-            let key = self.shared.cache.is_some().then(|| key[..].into());
+            let key = self.shared.caching().then(|| key[..].into());
             WriteGuard::begin(&self.shared, Target::Keys(smallvec::smallvec![(hash, key)]))
         })
     }
@@ -743,7 +774,8 @@ impl HotWorker {
         }
         let (version, quiet) = self.shared.settled(hash);
         let stats = &self.shared.stats.hot;
-        if let (true, Command::Get, Some(cache)) = (quiet, command, &self.shared.cache) {
+        let live = self.shared.live.load();
+        if let (true, Command::Get, Some(cache)) = (quiet, command, &live.cache) {
             match cache.get(key) {
                 Some(cached) if cached.version == version => {
                     stats.cache_hits.inc();
@@ -754,7 +786,7 @@ impl HotWorker {
                 }
             }
         }
-        if self.shared.settings.coalesce {
+        if live.settings.coalesce {
             if let Some(flight) = state.flights.get(&hash) {
                 let mut flight_state = flight.state.borrow_mut();
                 // Joining late would miss pieces already handed on.
@@ -772,8 +804,7 @@ impl HotWorker {
         }
         state.flights.remove(&hash);
         // Only a value fetched while no write is pending may be kept.
-        let fill =
-            (quiet && command == Command::Get && self.shared.cache.is_some()).then(|| key.into());
+        let fill = (quiet && command == Command::Get && live.cache.is_some()).then(|| key.into());
         let backend = &topology.backends[sub.server];
         GetShortcut::Send(Some(Ticket {
             conn: conn.clone(),
@@ -798,7 +829,7 @@ impl HotWorker {
             state: RefCell::new(FlightState::default()),
         });
         slot.watch(flight.clone());
-        if self.shared.settings.coalesce {
+        if self.shared.live.load().settings.coalesce {
             self.state.borrow_mut().flights.insert(ticket.hash, flight);
         }
     }
@@ -810,7 +841,13 @@ impl HotWorker {
         let mut state = self.state.borrow_mut();
         let seconds = now.duration_since(state.window_started).as_secs_f64();
         state.window_started = now;
-        let published = self.shared.settings.top.clamp(32, COUNTERS_PER_SERVER);
+        let published = self
+            .shared
+            .live
+            .load()
+            .settings
+            .top
+            .clamp(32, COUNTERS_PER_SERVER);
         let mut hot = HashSet::default();
         let mut servers = Vec::with_capacity(state.sketches.len());
         for server in &mut state.sketches {
@@ -859,7 +896,7 @@ impl HotWorker {
 
 /// Ends a window every `hot_key_window_ms` until `stop`.
 pub(crate) async fn run_windows(hot: Rc<HotWorker>, stop: CancellationToken) {
-    let period = hot.shared.settings.window;
+    let period = hot.shared.started.window;
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -872,8 +909,14 @@ pub(crate) async fn run_windows(hot: Rc<HotWorker>, stop: CancellationToken) {
 
 /// Every window: refreshes the hot-key gauges and logs keys that start or
 /// stop taking more than `hot_key_share` of their server's requests.
-pub async fn monitor(shared: Arc<HotShared>, shutdown: CancellationToken) {
-    let period = shared.settings.window;
+/// Also takes the hot-key settings of every config a reload publishes.
+pub async fn monitor(
+    shared: Arc<HotShared>,
+    topology: SharedTopology,
+    published: Arc<Notify>,
+    shutdown: CancellationToken,
+) {
+    let period = shared.started.window;
     // Half a window after the workers' ends, so each has published.
     let first = tokio::time::Instant::now() + period + period / 2;
     let mut ticks = tokio::time::interval_at(first, period);
@@ -882,12 +925,22 @@ pub async fn monitor(shared: Arc<HotShared>, shutdown: CancellationToken) {
     loop {
         tokio::select! {
             _ = ticks.tick() => {}
+            () = published.notified() => {
+                // Reloads publish; so do ejections, which change nothing here.
+                if shared.apply(&topology.load().config.hot_keys) {
+                    tracing::info!("hot-key settings applied");
+                }
+                continue;
+            }
             () = shutdown.cancelled() => return,
         }
+        // A reload published while this task was busy.
+        shared.apply(&topology.load().config.hot_keys);
+        let settings = shared.live.load().settings;
         let merged = shared.merged(Instant::now());
         let samples: Vec<HotKeySample> = merged
             .iter()
-            .take(shared.settings.top)
+            .take(settings.top)
             .map(|k| HotKeySample {
                 server: k.server.to_string(),
                 key: shared.key_label(&k.key, k.hash),
@@ -896,7 +949,7 @@ pub async fn monitor(shared: Arc<HotShared>, shutdown: CancellationToken) {
             })
             .collect();
         shared.stats.hot_keys(&samples);
-        for episode in episodes.update(&merged, shared.settings.share, LOG_MIN_SERVER_RATE) {
+        for episode in episodes.update(&merged, settings.share, LOG_MIN_SERVER_RATE) {
             match episode {
                 Episode::Started(k) => tracing::warn!(
                     key = %shared.key_label(&k.key, k.hash),
@@ -904,7 +957,7 @@ pub async fn monitor(shared: Arc<HotShared>, shutdown: CancellationToken) {
                     share = format_args!("{:.3}", k.share),
                     rate = format_args!("{:.0}", k.rate),
                     "hot key: takes more than {:.0}% of its server's requests",
-                    shared.settings.share * 100.0
+                    settings.share * 100.0
                 ),
                 Episode::Ended { server, key } => tracing::info!(
                     key = %shared.key_label(&key, key_hash(&key)),
@@ -914,6 +967,26 @@ pub async fn monitor(shared: Arc<HotShared>, shutdown: CancellationToken) {
             }
         }
     }
+}
+
+/// The near cache `settings` ask for, if any.
+fn near_cache(settings: &HotKeySettings, stats: &Stats) -> Option<NearCache> {
+    settings.cache_ttl.map(|ttl| {
+        let evictions = stats.hot.cache_evictions.clone();
+        NearCache::builder()
+            .max_capacity(settings.cache_bytes)
+            .weigher(|key, value| {
+                // Keys and values, plus a rough per-entry overhead.
+                u32::try_from(key.len() + value.block.len() + 64).unwrap_or(u32::MAX)
+            })
+            .time_to_live(ttl)
+            .eviction_listener(move |_key, _value, cause| {
+                if cause == moka::notification::RemovalCause::Size {
+                    evictions.inc();
+                }
+            })
+            .build()
+    })
 }
 
 /// Commands that change a key (its value or its expiry).
