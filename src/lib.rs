@@ -19,7 +19,9 @@
 //! - [`worker`]: one thread per core running its sessions and connections.
 //! - [`shard`]: what one worker owns and its sessions share (its connection
 //!   to each server, its share of the byte budget).
-//! - [`session`]: one client's I/O loop, replies in request order.
+//! - [`session`]: one client's I/O loop, replies in request order; its
+//!   `start` turns a request into work, its `dispatch` sends each kind of
+//!   work and turns its replies into the client's reply.
 //! - [`server`]: start-up, accept loop, connection limit, shutdown and drain.
 //! - [`outbuf`]: ordered write queues (client replies, server requests).
 //! - [`reload`]: watch the config file and SIGHUP, validate, publish.

@@ -1,0 +1,579 @@
+//! What each kind of work sends, and how its replies become the client's
+//! reply: the per-`Work` half of the session, beside the I/O loop in
+//! `session/mod.rs`.
+
+use super::*;
+
+impl ClientSession {
+    pub(super) fn dispatch_entry(&mut self, entry: &mut Entry) -> bool {
+        let topology = entry.topology.clone();
+        match &mut entry.work {
+            Work::Ready(_) | Work::Stats => true,
+            Work::Lines { parts, .. } => {
+                if entry.sent {
+                    return true;
+                }
+                let cost = entry.bytes.len() + LINE_REPLY_BYTES * parts.len();
+                if !self.may_reserve(cost) {
+                    return false;
+                }
+                self.reserve(cost);
+                entry.reserved = cost;
+                let request = forwardable(&entry.bytes, &entry.request);
+                let expect = entry.command.reply_line().unwrap_or(LineKind::Ok);
+                for part in parts.iter_mut() {
+                    // A `noreply` request's reply is awaited too (and then
+                    // dropped), so that its bytes stay counted until the
+                    // server has them: see `unanswered`.
+                    let hot = entry.hot.as_ref();
+                    self.send_line(&topology, part, &request, expect, true, hot);
+                }
+                entry.sent = true;
+                true
+            }
+            Work::Cas { owner, copies } => {
+                if !entry.sent {
+                    let cost = entry.bytes.len() + LINE_REPLY_BYTES;
+                    if !self.may_reserve(cost) {
+                        return false;
+                    }
+                    self.reserve(cost);
+                    entry.reserved = cost;
+                    let request = forwardable(&entry.bytes, &entry.request);
+                    let hot = entry.hot.as_ref();
+                    self.send_line(&topology, owner, &request, LineKind::Storage, true, hot);
+                    entry.sent = true;
+                }
+                // The copies go out before any later request of this client,
+                // so a later write to the key cannot be overtaken by them.
+                let Some(result) = &owner.result else {
+                    return false;
+                };
+                if let Some(copies) = copies.take() {
+                    if matches!(result, Ok(reply) if reply.as_ref() == b"STORED\r\n") {
+                        let copy = route::cas_as_set(&entry.request, &entry.bytes);
+                        for server in copies {
+                            let mut part = Part::new(server);
+                            // The client has its answer from the owner; a
+                            // replica that fails here is counted by its
+                            // backend and catches up on a later write.
+                            self.send_line(
+                                &topology,
+                                &mut part,
+                                &copy,
+                                LineKind::Storage,
+                                false,
+                                None,
+                            );
+                        }
+                    }
+                }
+                true
+            }
+            Work::Meta(meta) => {
+                if !entry.sent {
+                    let mut cost = entry.bytes.len() + LINE_REPLY_BYTES * meta.parts.len();
+                    if meta.value {
+                        cost += self.estimate.max(MIN_ESTIMATE_BYTES);
+                    }
+                    if !self.may_reserve(cost) {
+                        return false;
+                    }
+                    self.reserve(cost);
+                    entry.reserved = cost;
+                    for part in meta.parts.iter_mut() {
+                        let hot = entry.hot.as_ref();
+                        self.send(&topology, part, &meta.wire, meta.expect.clone(), true, hot);
+                    }
+                    entry.sent = true;
+                }
+                match &mut meta.mode {
+                    MetaMode::Forward | MetaMode::Quorum(_) => true,
+                    MetaMode::CasThenCopy { copies, copy } => {
+                        // The copies go out before any later request of this
+                        // client, as for a replicated `cas`.
+                        let Some(result) = &meta.parts[0].result else {
+                            return false;
+                        };
+                        if let Some(copies) = copies.take() {
+                            if matches!(result, Ok(reply) if route::meta_succeeded(reply)) {
+                                let wire = [copy.clone()];
+                                let expect = Expect::Meta {
+                                    command: meta.command,
+                                    quiet: false,
+                                    replied: false,
+                                };
+                                for server in copies {
+                                    let mut part = Part::new(server);
+                                    self.send(
+                                        &topology,
+                                        &mut part,
+                                        &wire,
+                                        expect.clone(),
+                                        false,
+                                        None,
+                                    );
+                                }
+                            }
+                        }
+                        true
+                    }
+                    MetaMode::ReadThrough {
+                        servers,
+                        next,
+                        on_miss,
+                    } => {
+                        let Some(result) = &meta.parts[0].result else {
+                            return false;
+                        };
+                        let fall = match result {
+                            Ok(reply) => {
+                                route::is_error_line(reply)
+                                    || (*on_miss && route::meta_is_miss(reply))
+                            }
+                            Err(_) => true,
+                        };
+                        if !fall || *next >= servers.len() {
+                            return true;
+                        }
+                        let mut part = Part::new(servers[*next]);
+                        *next += 1;
+                        self.send(
+                            &topology,
+                            &mut part,
+                            &meta.wire,
+                            meta.expect.clone(),
+                            true,
+                            None,
+                        );
+                        meta.parts[0] = part;
+                        // Later requests wait until this read has its answer.
+                        false
+                    }
+                }
+            }
+            Work::Moved(moved) => {
+                if !entry.sent {
+                    let cost = entry.bytes.len() + LINE_REPLY_BYTES;
+                    if !self.may_reserve(cost) {
+                        return false;
+                    }
+                    self.reserve(cost);
+                    entry.reserved = cost;
+                    entry.sent = true;
+                    let step = moved.machine.start();
+                    self.step(&topology, moved, step, entry.hot.as_ref());
+                }
+                // One step at a time; later requests of the client wait, so
+                // they see the key as the steps left it.
+                while moved.answer.is_none() {
+                    let Some(part) = &mut moved.part else {
+                        break;
+                    };
+                    part.absorb();
+                    let Some(result) = part.result.take() else {
+                        return false;
+                    };
+                    let step = moved.machine.on_reply(result);
+                    self.step(&topology, moved, step, entry.hot.as_ref());
+                }
+                true
+            }
+            Work::Retrieve {
+                plan,
+                in_flight,
+                copies,
+                ..
+            } => {
+                while plan.has_unsent() {
+                    let room = self
+                        .budget()
+                        .saturating_sub(self.owed + self.out.len())
+                        .min(self.worker.budget.saturating_sub(self.worker.owed.get()));
+                    let nothing_owed = self.owed == 0 && self.out.is_empty();
+                    let estimate = self.estimate.max(MIN_ESTIMATE_BYTES);
+                    let keys = (room / estimate).min(route::MAX_CHUNK_KEYS);
+                    let keys = if keys == 0 && nothing_owed { 1 } else { keys };
+                    if keys == 0 {
+                        return false;
+                    }
+                    for sub in plan.next_chunk(keys) {
+                        let keys_in_sub = sub.line.iter().filter(|&&b| b == b' ').count().max(1);
+                        let cost = keys_in_sub * estimate;
+                        self.reserve(cost);
+                        let backend = &topology.backends[sub.server];
+                        let slot = Slot::new(self.wake.clone());
+                        let conn = self.worker.conn(backend, self.lane);
+                        let ticket =
+                            match self.worker.hot.before_send(&sub, &conn, &topology, &slot) {
+                                GetShortcut::Send(ticket) => ticket,
+                                GetShortcut::Joined => {
+                                    in_flight.push((sub.id, slot, cost));
+                                    continue;
+                                }
+                                GetShortcut::Cached(block) => {
+                                    plan.on_piece(sub.id, Got::Value(block));
+                                    plan.on_done(sub.id, Ok(()));
+                                    self.release(cost);
+                                    continue;
+                                }
+                            };
+                        let expect = Expect::values(sub.line.clone());
+                        match conn.send(std::slice::from_ref(&sub.line), expect, Some(slot.clone()))
+                        {
+                            Ok(()) => {
+                                if let Some(ticket) = ticket {
+                                    self.worker.hot.sent(ticket, &slot);
+                                }
+                                in_flight.push((sub.id, slot, cost));
+                            }
+                            Err(kind) => {
+                                self.release(cost);
+                                plan.on_done(sub.id, Err(backend.error(kind)));
+                            }
+                        }
+                    }
+                }
+                // Read-through hits go to their new owner before any later
+                // request of this client.
+                for (server, copy) in plan.take_copies() {
+                    let mut part = Part::new(server);
+                    self.send(
+                        &topology,
+                        &mut part,
+                        &copy,
+                        Expect::Line(LineKind::Storage),
+                        true,
+                        None,
+                    );
+                    copies.push(part);
+                }
+                // With replicas (or moved keys), replies may send keys to
+                // their next server: later requests wait until this one has
+                // its answers.
+                in_flight.is_empty() || (topology.config.replicas <= 1 && !plan.has_moved_keys())
+            }
+        }
+    }
+
+    /// Sends what a hand-off step says, or keeps its answer.
+    fn step(
+        &self,
+        topology: &Topology,
+        moved: &mut MovedWork,
+        step: Step,
+        write: Option<&Rc<WriteGuard>>,
+    ) {
+        match step {
+            Step::Answer(result) => moved.answer = Some(result),
+            Step::Send {
+                to,
+                copy,
+                lines,
+                expect,
+            } => {
+                let server = match to {
+                    Owner::New => moved.owner,
+                    Owner::Previous => moved.previous,
+                };
+                if let Some(copy) = copy {
+                    let mut part = Part::new(server);
+                    self.send(
+                        topology,
+                        &mut part,
+                        &copy,
+                        Expect::Line(LineKind::Storage),
+                        true,
+                        write,
+                    );
+                    moved.copies.push(part);
+                }
+                let mut part = Part::new(server);
+                self.send(topology, &mut part, &lines, expect, true, write);
+                moved.part = Some(part);
+            }
+        }
+    }
+
+    /// Queues a request with any expected reply on `part`'s server. A write
+    /// watched for hot keys (`write`) keeps its slot even without a reply
+    /// wanted: it stays pending until the server has answered what memring
+    /// sent.
+    fn send(
+        &self,
+        topology: &Topology,
+        part: &mut Part,
+        request: &[Bytes],
+        expect: Expect,
+        want_reply: bool,
+        write: Option<&Rc<WriteGuard>>,
+    ) {
+        let backend = &topology.backends[part.server];
+        let conn = self.worker.conn(backend, self.lane);
+        let slot = (want_reply || write.is_some()).then(|| Slot::new(self.wake.clone()));
+        if let (Some(slot), Some(write)) = (&slot, write) {
+            write.watch(slot);
+        }
+        match conn.send(request, expect, slot.clone()) {
+            Ok(()) => {
+                if let Some(write) = write {
+                    write.queued();
+                }
+                part.slot = slot;
+            }
+            Err(kind) => part.result = Some(Err(backend.error(kind))),
+        }
+    }
+
+    /// Queues a one-line request on `part`'s server.
+    fn send_line(
+        &self,
+        topology: &Topology,
+        part: &mut Part,
+        request: &[Bytes],
+        expect: LineKind,
+        want_reply: bool,
+        write: Option<&Rc<WriteGuard>>,
+    ) {
+        self.send(
+            topology,
+            part,
+            request,
+            Expect::Line(expect),
+            want_reply,
+            write,
+        );
+    }
+
+    /// Moves the replies that arrived for entry `index` into its plan.
+    pub(super) fn absorb(&mut self, index: usize) {
+        let mut released = 0;
+        let mut grown = 0;
+        let mut estimate = None;
+        let entry = &mut self.entries[index];
+        match &mut entry.work {
+            Work::Lines { parts, .. } => parts.iter_mut().for_each(Part::absorb),
+            Work::Cas { owner, .. } => owner.absorb(),
+            Work::Meta(meta) => {
+                for part in meta.parts.iter_mut() {
+                    part.absorb();
+                    if let Some(Ok(reply)) = &part.result {
+                        if meta.value && reply.starts_with(b"VA") {
+                            estimate = Some(reply.len());
+                        }
+                    }
+                }
+            }
+            Work::Retrieve {
+                plan,
+                in_flight,
+                held,
+                copies,
+            } => {
+                copies.iter_mut().for_each(Part::absorb);
+                in_flight.retain(|(id, slot, cost)| {
+                    while let Some(got) = slot.take() {
+                        plan.on_piece(*id, got);
+                    }
+                    match slot.outcome() {
+                        Some(result) => {
+                            plan.on_done(*id, result);
+                            released += *cost;
+                            false
+                        }
+                        None => true,
+                    }
+                });
+                if plan.largest_block() > 0 {
+                    estimate = Some(plan.largest_block());
+                }
+                // Values waiting for earlier keys stay owed.
+                let now = plan.held_bytes();
+                if now > *held {
+                    grown = now - *held;
+                } else {
+                    released += *held - now;
+                }
+                *held = now;
+            }
+            Work::Moved(moved) => moved.copies.iter_mut().for_each(Part::absorb),
+            Work::Ready(_) | Work::Stats => {}
+        }
+        self.reserve(grown);
+        self.release(released);
+        if let Some(estimate) = estimate {
+            self.estimate = estimate;
+        }
+    }
+
+    /// Writes the entry's reply if it is complete; true if it was.
+    pub(super) fn finish(&mut self, entry: &mut Entry) -> bool {
+        let stats = &self.worker.stats;
+        let noreply = entry.noreply;
+        match &mut entry.work {
+            Work::Ready(reply) => self.out.push(reply.clone()),
+            Work::Stats => {
+                crate::report::write_stats(self.out.scratch(), stats, &entry.topology);
+            }
+            // Nothing goes back for `noreply` and later replies need not
+            // wait for it, but its bytes stay reserved until the servers
+            // answered.
+            Work::Lines { parts, .. } if noreply => {
+                if !entry.sent {
+                    return false;
+                }
+                let slots = parts.iter().filter_map(|p| p.slot.clone()).collect();
+                self.unanswered
+                    .push((slots, std::mem::take(&mut entry.reserved)));
+                return true;
+            }
+            Work::Lines { parts, finish } => {
+                let results: SmallVec<[Option<&CallResult>; 4]> =
+                    parts.iter().map(|p| p.result.as_ref()).collect();
+                match finish {
+                    Finish::Quorum(quorum) => match decide(&results, *quorum) {
+                        Decision::Wait => return false,
+                        Decision::Answer(reply) => {
+                            stats.reply(entry.command, &reply);
+                            let outstanding = results.iter().filter(|r| r.is_none()).count();
+                            // Slower replicas finish in the background on
+                            // their own connections.
+                            stats.replica_background(outstanding);
+                            self.out.push(reply);
+                        }
+                        Decision::Fail(servers) => {
+                            let names: Vec<&str> = servers.iter().map(|s| &**s).collect();
+                            let reason = if names.is_empty() {
+                                "no quorum: replicas answered with errors".to_string()
+                            } else {
+                                format!("no quorum: failed on {}", names.join(", "))
+                            };
+                            write_server_error(self.out.scratch(), &reason);
+                        }
+                    },
+                    Finish::Forward | Finish::AllOk if results.iter().any(Option::is_none) => {
+                        return false;
+                    }
+                    Finish::Forward => match &parts[0].result {
+                        Some(Ok(reply)) => {
+                            stats.reply(entry.command, reply);
+                            self.out.push(reply.clone());
+                        }
+                        Some(Err(error)) => write_server_error(self.out.scratch(), error),
+                        None => {}
+                    },
+                    Finish::AllOk => {
+                        let names = parts
+                            .iter()
+                            .map(|p| entry.topology.backends[p.server].name());
+                        let results = parts.iter().filter_map(|p| p.result.as_ref());
+                        match all_ok(names.zip(results)) {
+                            Ok(()) => self.out.push_slice(b"OK\r\n"),
+                            Err(failed) => write_server_error(
+                                self.out.scratch(),
+                                &format_args!("failed on {}", failed.join(", ")),
+                            ),
+                        }
+                    }
+                }
+            }
+            Work::Cas { owner, copies } => {
+                if copies.is_some() {
+                    return false;
+                }
+                if !noreply {
+                    match &owner.result {
+                        Some(Ok(reply)) => {
+                            stats.reply(entry.command, reply);
+                            self.out.push(reply.clone());
+                        }
+                        Some(Err(error)) => write_server_error(self.out.scratch(), error),
+                        None => return false,
+                    }
+                }
+            }
+            Work::Meta(meta) => {
+                let reply = match &meta.mode {
+                    MetaMode::Quorum(quorum) => {
+                        let results: SmallVec<[Option<&CallResult>; 4]> =
+                            meta.parts.iter().map(|p| p.result.as_ref()).collect();
+                        match decide(&results, *quorum) {
+                            Decision::Wait => return false,
+                            Decision::Answer(reply) => {
+                                let outstanding = results.iter().filter(|r| r.is_none()).count();
+                                stats.replica_background(outstanding);
+                                Ok(reply)
+                            }
+                            Decision::Fail(servers) => {
+                                let names: Vec<&str> = servers.iter().map(|s| &**s).collect();
+                                let reason = if names.is_empty() {
+                                    "no quorum: replicas answered with errors".to_string()
+                                } else {
+                                    format!("no quorum: failed on {}", names.join(", "))
+                                };
+                                write_server_error(self.out.scratch(), &reason);
+                                return true;
+                            }
+                        }
+                    }
+                    MetaMode::CasThenCopy {
+                        copies: Some(_), ..
+                    } => return false,
+                    _ => match &meta.parts[0].result {
+                        Some(result) => result.clone(),
+                        None => return false,
+                    },
+                };
+                match reply {
+                    // Empty: `q` suppressed it, as memcached would.
+                    Ok(reply) => {
+                        stats.reply(entry.command, &reply);
+                        if !reply.is_empty() {
+                            self.out.push(reply);
+                        }
+                    }
+                    Err(error) => write_server_error(self.out.scratch(), &error),
+                }
+            }
+            Work::Moved(moved) => {
+                let Some(answer) = moved.answer.take() else {
+                    return false;
+                };
+                count_copies(stats, &moved.copies);
+                if !noreply {
+                    match answer {
+                        Ok(reply) => {
+                            stats.reply(entry.command, &reply);
+                            self.out.push(reply);
+                        }
+                        Err(error) => write_server_error(self.out.scratch(), &error),
+                    }
+                }
+            }
+            Work::Retrieve {
+                plan,
+                held,
+                in_flight,
+                copies,
+            } => {
+                // Copies are answered on the same connections right after the
+                // values they copy; the END waits for them to count them.
+                if plan.has_unsent()
+                    || !in_flight.is_empty()
+                    || copies.iter().any(|c| c.result.is_none())
+                    || !plan.emit(&mut self.out)
+                {
+                    return false;
+                }
+                let (keys, hits) = plan.counts();
+                stats.retrieval(keys, hits);
+                let (reads, found) = plan.read_through();
+                stats.read_through(reads, found);
+                count_copies(stats, copies);
+                self.release(*held);
+                *held = 0;
+            }
+        }
+        true
+    }
+}

@@ -1,0 +1,587 @@
+//! One client connection: read → parse → plan → dispatch → replies in request
+//! order. This file is the I/O loop, the FIFO and the byte budget; what goes
+//! where is decided by `route::plan`, turned into work by `start.rs` and sent
+//! and answered per kind of work by `dispatch.rs`.
+//!
+//! Requests are parsed as they arrive and each becomes an entry in the
+//! client's FIFO; entries are dispatched strictly in order (a later request
+//! never reaches a server before an earlier one's last sub-request), and
+//! replies are written in order, the head entry streaming its values as they
+//! arrive.
+//!
+//! Meta commands (`mg` `ms` `md` `ma` `me`) take the same path, planned by
+//! `route::plan_meta`; `mn` is answered in order by memring. A quiet (`q`)
+//! meta request is sent with an `mn` behind it, so that memcached itself
+//! decides which reply it leaves out and its `MN` marks where the reply ends.
+//!
+//! Every buffer has a bound. Up to `max_pending` requests are parsed ahead.
+//! A request is dispatched only while the bytes the client is owed (replies
+//! not yet written, and an estimate of the replies still to come) fit the
+//! client's budget and the worker's share of the process-wide one; past it
+//! memring stops reading from the client. A client owed bytes that reads
+//! nothing for `write_timeout` is closed, as is one idle (or stuck halfway
+//! through a request) for `idle_timeout`. Shutdown stops reading between
+//! requests, and the replies already owed are still written.
+
+use std::collections::VecDeque;
+use std::io;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use bytes::{Buf, Bytes, BytesMut};
+use smallvec::SmallVec;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::backend::slot::{Got, Slot};
+use crate::error::BackendError;
+use crate::handoff::{copy_outcome, CopyOutcome, Moved, Owner, Step};
+use crate::hotkeys::{GetShortcut, WriteGuard};
+use crate::outbuf::OutQueue;
+use crate::protocol::encode::{forwardable, write_server_error};
+use crate::protocol::meta::{is_meta_request, parse_meta, MetaCommand, MetaRequest};
+use crate::protocol::reply::{Expect, LineKind};
+use crate::protocol::{parse_request, Command, Limits, Request};
+use crate::route::{self, all_ok, decide, CallResult, Decision, MetaPlan, Plan, Retrieval};
+use crate::shard::WorkerCtx;
+use crate::topology::Topology;
+
+mod dispatch;
+mod start;
+
+/// First read buffer of a client: small, so that thousands of idle clients
+/// cost little; it grows while a client sends more.
+const FIRST_READ_BYTES: usize = 2 * 1024;
+/// Room kept free before each read.
+const MIN_READ_ROOM_BYTES: usize = 512;
+/// Smallest reply size assumed for a key not yet answered.
+const MIN_ESTIMATE_BYTES: usize = 1024;
+/// What a one-line reply is assumed to cost.
+const LINE_REPLY_BYTES: usize = 64;
+
+/// Serves one client until it quits, disconnects, sends an unrecoverable line,
+/// stops reading its replies, or shutdown is requested.
+///
+/// # Errors
+/// Only client-side I/O errors, which end the session.
+pub(crate) async fn run_session(
+    mut stream: TcpStream,
+    id: u64,
+    worker: Rc<WorkerCtx>,
+) -> io::Result<()> {
+    let _ = stream.set_nodelay(true);
+    let (mut reader, mut writer) = stream.split();
+    let mut client = ClientSession::new(id, worker.clone());
+    let mut input = BytesMut::with_capacity(FIRST_READ_BYTES);
+    let settings = worker.settings;
+    let mut last_read = Instant::now();
+    // When the incomplete request at the head of `input` began. The idle
+    // timeout runs from here, not from the last read: a client trickling a
+    // request byte by byte reads as busy but never completes it.
+    let mut partial_since = Instant::now();
+    let mut last_write = Instant::now();
+    let result = loop {
+        let unparsed = input.len();
+        client.parse(&mut input);
+        if input.len() < unparsed {
+            partial_since = Instant::now();
+        }
+        client.count_out();
+        client.pump();
+        client.collect();
+        client.count_out();
+        if client.out.is_empty() {
+            last_write = Instant::now();
+        }
+        client.out.seal();
+        if client.closing && client.entries.is_empty() && client.out.is_empty() {
+            break writer.shutdown().await;
+        }
+        let can_read = client.can_read();
+        if can_read && input.capacity() - input.len() < MIN_READ_ROOM_BYTES {
+            input.reserve(input.capacity().max(FIRST_READ_BYTES));
+        }
+        let idle = settings.idle_timeout.filter(|_| {
+            // Idle and owed nothing, or stuck halfway through a request.
+            (client.entries.is_empty() && client.out.is_empty()) || !input.is_empty()
+        });
+        let deadline = match (idle, client.out.has_remaining()) {
+            (_, true) => Some(last_write + settings.write_timeout),
+            (Some(idle), false) if input.is_empty() => Some(last_read + idle),
+            (Some(idle), false) => Some(partial_since + idle),
+            (None, false) => None,
+        };
+        tokio::select! {
+            biased;
+            () = client.wake.notified() => {}
+            written = writer.write_buf(&mut client.out), if client.out.has_remaining() => {
+                match written {
+                    Ok(n) => {
+                        worker.stats.written_bytes(n);
+                        last_write = Instant::now();
+                    }
+                    Err(e) => break Err(e),
+                }
+            }
+            read = reader.read_buf(&mut input), if can_read => {
+                match read {
+                    Ok(0) => client.closing = true,
+                    Ok(n) => {
+                        if n == input.len() {
+                            // The first bytes of a new request.
+                            partial_since = Instant::now();
+                        }
+                        worker.stats.read_bytes(n);
+                    }
+                    Err(e) => break Err(e),
+                }
+                last_read = Instant::now();
+            }
+            () = sleep_until_some(deadline), if deadline.is_some() => {
+                // Idle, stuck mid-request, or not reading its replies.
+                break Ok(());
+            }
+            () = worker.shutdown.cancelled(), if !client.closing => {
+                client.closing = true;
+            }
+        }
+    };
+    client.release_all();
+    result
+}
+
+async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+struct ClientSession {
+    /// Which connection of each server this client uses: always the same
+    /// one, so its commands reach each server in the order sent.
+    lane: usize,
+    worker: Rc<WorkerCtx>,
+    /// Woken by every reply slot of this client.
+    wake: Rc<Notify>,
+    entries: VecDeque<Entry>,
+    /// Entries before this index have sent everything they will send.
+    dispatched: usize,
+    out: OutQueue,
+    /// Reply bytes reserved for requests in flight and held for entries not
+    /// yet at the head.
+    owed: usize,
+    /// Assumed reply size of one key not yet answered: starts at the largest
+    /// value allowed and follows what this client's gets return.
+    estimate: usize,
+    /// No more requests will be read; close once the owed replies are written.
+    closing: bool,
+    /// Bytes of a refused value still to be thrown away as they arrive.
+    discard: usize,
+    /// Request bytes of entries not yet dispatched: they count against the
+    /// budget too, or a client pipelining big `set`s would have up to
+    /// `max_pending` values held here.
+    parsed_bytes: usize,
+    /// `noreply` requests written to servers and not yet answered, with the
+    /// bytes reserved for them: without this, a client could queue writes
+    /// on a server connection faster than the server takes them.
+    unanswered: Vec<(SmallVec<[Rc<Slot>; 1]>, usize)>,
+    /// Bytes of `out` included in the worker's `owed`.
+    out_counted: usize,
+    limits: Limits,
+}
+
+impl ClientSession {
+    fn new(id: u64, worker: Rc<WorkerCtx>) -> ClientSession {
+        let limits = worker.topology.load().limits();
+        ClientSession {
+            lane: id as usize,
+            worker,
+            wake: Rc::new(Notify::new()),
+            entries: VecDeque::new(),
+            dispatched: 0,
+            out: OutQueue::default(),
+            owed: 0,
+            estimate: limits.max_value_bytes,
+            closing: false,
+            discard: 0,
+            parsed_bytes: 0,
+            unanswered: Vec::new(),
+            out_counted: 0,
+            limits,
+        }
+    }
+
+    fn budget(&self) -> usize {
+        self.worker
+            .settings
+            .client_buffer_bytes
+            .unwrap_or(self.limits.max_value_bytes + crate::config::CLIENT_BUFFER_HEADROOM_BYTES)
+    }
+
+    fn can_read(&self) -> bool {
+        !self.closing
+            && self.entries.len() < self.worker.settings.max_pending
+            && self.owed + self.out.len() + self.parsed_bytes <= self.budget()
+    }
+
+    /// Whether `cost` more bytes may be reserved now. A client with nothing
+    /// in flight may always send one request, so every client progresses.
+    fn may_reserve(&self, cost: usize) -> bool {
+        let nothing_owed = self.owed == 0 && self.out.is_empty();
+        nothing_owed
+            || (self.owed + self.out.len() + cost <= self.budget()
+                && self.worker.owed.get() + cost <= self.worker.budget)
+    }
+
+    fn reserve(&mut self, cost: usize) {
+        self.owed += cost;
+        self.worker.owed.set(self.worker.owed.get() + cost);
+    }
+
+    fn release(&mut self, cost: usize) {
+        let cost = cost.min(self.owed);
+        self.owed -= cost;
+        self.worker
+            .owed
+            .set(self.worker.owed.get().saturating_sub(cost));
+    }
+
+    /// Gives back everything this client reserved (the session is ending).
+    fn release_all(&mut self) {
+        self.release(self.owed);
+        let owed = self.worker.owed.get();
+        self.worker.owed.set(owed.saturating_sub(self.out_counted));
+        self.out_counted = 0;
+    }
+
+    /// Keeps the worker's count in step with the bytes waiting in this
+    /// client's write queue: they are buffered replies too, and a client
+    /// that does not read holds them for as long as it likes.
+    fn count_out(&mut self) {
+        let now = self.out.len();
+        let owed = self.worker.owed.get();
+        self.worker
+            .owed
+            .set((owed + now).saturating_sub(self.out_counted));
+        self.out_counted = now;
+    }
+
+    /// Parses every complete request in `input` into entries, up to the
+    /// pending bound.
+    fn parse(&mut self, input: &mut BytesMut) {
+        // Limits may change with a reload or when servers report their item
+        // size; a copy is taken, no guard is held.
+        self.limits = self.worker.topology.load().limits();
+        while !self.closing && self.entries.len() < self.worker.settings.max_pending {
+            if self.discard > 0 {
+                let n = self.discard.min(input.len());
+                input.advance(n);
+                self.discard -= n;
+                if self.discard > 0 {
+                    return;
+                }
+            }
+            if is_meta_request(input) {
+                match parse_meta(input, &self.limits) {
+                    Ok(None) => return,
+                    Ok(Some((request, consumed))) => {
+                        let bytes = input.split_to(consumed).freeze();
+                        self.start_meta(request, bytes);
+                    }
+                    Err(rejection) => {
+                        input.advance(rejection.consumed);
+                        // Meta errors are never silenced by `q`.
+                        self.reject(
+                            Some(rejection.reply()),
+                            rejection.discard,
+                            rejection.keeps_connection(),
+                        );
+                    }
+                }
+                continue;
+            }
+            match parse_request(input, &self.limits) {
+                Ok(None) => return,
+                Ok(Some((request, consumed))) => {
+                    let bytes = input.split_to(consumed).freeze();
+                    self.start(request, bytes);
+                }
+                Err(rejection) => {
+                    input.advance(rejection.consumed);
+                    self.reject(
+                        (!rejection.silent).then(|| rejection.error.reply()),
+                        rejection.discard,
+                        rejection.error.keeps_connection(),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Answers a request the parser refused (`reply`, unless it is silent),
+    /// throws away `discard` more bytes as they come, and closes the client
+    /// once its earlier replies are written if the stream cannot be resumed.
+    fn reject(&mut self, reply: Option<&'static [u8]>, discard: usize, keeps_connection: bool) {
+        self.discard = discard;
+        if let Some(reply) = reply {
+            let topology = self.worker.topology.load_full();
+            self.push(Entry::ready(reply, topology));
+        }
+        if !keeps_connection {
+            self.closing = true;
+        }
+    }
+
+    fn push(&mut self, entry: Entry) {
+        self.parsed_bytes += entry.bytes.len();
+        self.entries.push_back(entry);
+    }
+
+    /// Dispatches entries in order while the budget allows.
+    fn pump(&mut self) {
+        while self.dispatched < self.entries.len() {
+            let index = self.dispatched;
+            self.absorb(index);
+            if !self.dispatch(index) {
+                return;
+            }
+            self.parsed_bytes -= self.entries[index].bytes.len();
+            self.dispatched += 1;
+        }
+    }
+
+    /// Sends what entry `index` has to send now; true once it will send
+    /// nothing more.
+    fn dispatch(&mut self, index: usize) -> bool {
+        let mut entry = self.entries.remove(index).expect("index in range");
+        let complete = self.dispatch_entry(&mut entry);
+        self.entries.insert(index, entry);
+        complete
+    }
+
+    /// Releases the bytes of `noreply` requests every server has answered.
+    fn settle(&mut self) {
+        let mut released = 0;
+        self.unanswered.retain(|(slots, cost)| {
+            let answered = slots.iter().all(|slot| slot.outcome().is_some());
+            if answered {
+                released += cost;
+            }
+            !answered
+        });
+        self.release(released);
+    }
+
+    /// Writes the replies of the entries at the head, in order.
+    fn collect(&mut self) {
+        self.settle();
+        while !self.entries.is_empty() {
+            self.absorb(0);
+            let mut entry = self.entries.pop_front().expect("not empty");
+            let complete = self.dispatched > 0 && self.finish(&mut entry);
+            if !complete {
+                if let Work::Retrieve { plan, held, .. } = &mut entry.work {
+                    // The head streams: its values go out as they arrive
+                    // (the END only when `finish` says it is complete).
+                    plan.emit_values(&mut self.out);
+                    let now = plan.held_bytes();
+                    self.release(held.saturating_sub(now));
+                    *held = now;
+                }
+                self.entries.push_front(entry);
+                return;
+            }
+            self.dispatched -= 1;
+            self.release(entry.reserved);
+            // Replies memring makes itself (parse errors among them) are not
+            // request latencies.
+            if !matches!(entry.work, Work::Ready(_)) {
+                self.worker
+                    .stats
+                    .command_latency(entry.command, entry.started.elapsed().as_secs_f64());
+            }
+        }
+    }
+}
+
+/// One client request on its way.
+struct Entry {
+    command: Command,
+    noreply: bool,
+    request: Request,
+    bytes: Bytes,
+    /// The topology the request was planned on; it finishes on it.
+    topology: Arc<Topology>,
+    work: Work,
+    /// The request has been written (for one-line work).
+    sent: bool,
+    /// Reply bytes reserved when it was dispatched.
+    reserved: usize,
+    /// When it was parsed, for the per-command latency histogram.
+    started: Instant,
+    /// A write, pending for hot-key coalescing and the near cache until
+    /// this entry and its reply slots are done.
+    hot: Option<Rc<WriteGuard>>,
+}
+
+impl Entry {
+    /// A reply memring makes itself.
+    fn ready(reply: &'static [u8], topology: Arc<Topology>) -> Entry {
+        let bytes = Bytes::new();
+        Entry {
+            command: Command::Version,
+            noreply: false,
+            request: Request {
+                command: Command::Version,
+                keys: SmallVec::new(),
+                noreply: false,
+                arg: None,
+                args_end: 0,
+                line_len: 0,
+            },
+            bytes,
+            topology,
+            work: Work::Ready(Bytes::from_static(reply)),
+            sent: true,
+            reserved: 0,
+            started: Instant::now(),
+            hot: None,
+        }
+    }
+}
+
+enum Work {
+    /// memring's own reply.
+    Ready(Bytes),
+    /// memring's `stats`, rendered when it is the client's turn.
+    Stats,
+    /// One-line replies from one or more servers.
+    Lines {
+        parts: SmallVec<[Part; 1]>,
+        finish: Finish,
+    },
+    /// A replicated `cas`: the owner, then copies once it stored.
+    Cas {
+        owner: Part,
+        copies: Option<route::Servers>,
+    },
+    /// A meta command forwarded (see [`MetaWork`]).
+    Meta(Box<MetaWork>),
+    /// A retrieval, streamed.
+    Retrieve {
+        plan: Box<Retrieval>,
+        /// Sub-requests in flight: id, reply slot, bytes reserved.
+        in_flight: SmallVec<[(u32, Rc<Slot>, usize); 2]>,
+        /// Value bytes the plan holds, counted as owed.
+        held: usize,
+        /// Read-through hits copied to their new owners.
+        copies: SmallVec<[Part; 1]>,
+    },
+    /// A command on a moved key (hand-off), one step at a time.
+    Moved(Box<MovedWork>),
+}
+
+struct MovedWork {
+    machine: Moved,
+    owner: usize,
+    previous: usize,
+    /// The step waiting for its reply.
+    part: Option<Part>,
+    copies: SmallVec<[Part; 1]>,
+    answer: Option<CallResult>,
+}
+
+/// Counts the replies to hand-off copies.
+fn count_copies(stats: &crate::stats::Stats, copies: &[Part]) {
+    let (mut made, mut skipped, mut failed) = (0, 0, 0);
+    for copy in copies {
+        match copy.result.as_ref().map(copy_outcome) {
+            Some(CopyOutcome::Made) => made += 1,
+            Some(CopyOutcome::Skipped) => skipped += 1,
+            _ => failed += 1,
+        }
+    }
+    stats.copies(made, skipped, failed);
+}
+
+/// One meta request on its way to one or more servers.
+struct MetaWork {
+    command: MetaCommand,
+    /// The reply may carry a stored value: budgeted like a get's key.
+    value: bool,
+    /// What each server is sent: the client's bytes, plus `mn` when quiet.
+    wire: SmallVec<[Bytes; 3]>,
+    expect: Expect,
+    /// The servers asked (all replicas for a quorum; the one being read for
+    /// a read-through; the owner otherwise).
+    parts: SmallVec<[Part; 1]>,
+    mode: MetaMode,
+}
+
+/// How a meta request's replies become the client's reply.
+enum MetaMode {
+    /// The one server's reply.
+    Forward,
+    /// A replicated write (see `route::decide`).
+    Quorum(usize),
+    /// The owner's reply; `copies` are sent `copy` once the owner succeeded.
+    CasThenCopy {
+        copies: Option<route::Servers>,
+        copy: Bytes,
+    },
+    /// `mg` over replicas: the next server is asked while the last failed.
+    ReadThrough {
+        servers: route::Servers,
+        next: usize,
+        on_miss: bool,
+    },
+}
+
+/// How the parts' one-line replies become the client's reply.
+enum Finish {
+    Forward,
+    Quorum(usize),
+    AllOk,
+}
+
+/// One server's one-line reply to wait for.
+struct Part {
+    server: usize,
+    slot: Option<Rc<Slot>>,
+    result: Option<CallResult>,
+}
+
+impl Part {
+    fn new(server: usize) -> Part {
+        Part {
+            server,
+            slot: None,
+            result: None,
+        }
+    }
+
+    /// Takes the reply if it has arrived.
+    fn absorb(&mut self) {
+        if self.result.is_some() {
+            return;
+        }
+        let Some(slot) = &self.slot else {
+            return;
+        };
+        let Some(outcome) = slot.outcome() else {
+            return;
+        };
+        self.result = Some(match outcome {
+            Ok(()) => match slot.take() {
+                Some(Got::Line(line)) => Ok(line),
+                // The connection always hands one-line replies as a line.
+                Some(Got::Value(bytes)) => Ok(bytes),
+                None => Ok(Bytes::new()),
+            },
+            Err(error) => Err::<Bytes, BackendError>(error),
+        });
+    }
+}

@@ -1,0 +1,168 @@
+//! Turning a parsed request into the work its entry holds: the plan from
+//! `route`, and what the hot-key state says about it.
+
+use super::*;
+
+impl ClientSession {
+    /// Plans one request on the current topology and queues its entry.
+    pub(super) fn start(&mut self, request: Request, bytes: Bytes) {
+        // One topology per request: it finishes on this ring even if a
+        // reload lands meanwhile. `load_full` gives an owned Arc, so no
+        // arc-swap guard is held.
+        let topology = self.worker.topology.load_full();
+        self.worker
+            .stats
+            .request(request.command, request.keys.len());
+        let plan = route::plan(&request, &bytes, &topology);
+        let hot = self
+            .worker
+            .hot
+            .on_request(&request, &bytes, &plan, &topology);
+        let work = match plan {
+            Plan::Quit => {
+                self.closing = true;
+                return;
+            }
+            Plan::Reply(reply) if request.noreply => {
+                let _ = reply;
+                return;
+            }
+            Plan::Reply(reply) => Work::Ready(Bytes::from_static(reply)),
+            Plan::NoServers if request.noreply => return,
+            Plan::NoServers => Work::Ready(Bytes::from_static(route::NO_SERVERS)),
+            Plan::Stats => Work::Stats,
+            Plan::HotKeys => Work::Ready(self.worker.hot.report()),
+            Plan::Forward { server } => Work::Lines {
+                parts: smallvec::smallvec![Part::new(server)],
+                finish: Finish::Forward,
+            },
+            Plan::Quorum { servers, quorum } => Work::Lines {
+                parts: servers.into_iter().map(Part::new).collect(),
+                finish: Finish::Quorum(quorum),
+            },
+            Plan::Broadcast { servers } => Work::Lines {
+                parts: servers.into_iter().map(Part::new).collect(),
+                finish: Finish::AllOk,
+            },
+            Plan::CasThenCopy { owner, copies } => Work::Cas {
+                owner: Part::new(owner),
+                copies: Some(copies),
+            },
+            Plan::Retrieve(retrieval) => Work::Retrieve {
+                plan: retrieval,
+                in_flight: SmallVec::new(),
+                held: 0,
+                copies: SmallVec::new(),
+            },
+            Plan::Moved { owner, previous } => {
+                let as_set =
+                    (request.command == Command::Cas).then(|| route::cas_as_set(&request, &bytes));
+                match Moved::new(&request, &bytes, as_set) {
+                    Some(machine) => Work::Moved(Box::new(MovedWork {
+                        machine,
+                        owner,
+                        previous,
+                        part: None,
+                        copies: SmallVec::new(),
+                        answer: None,
+                    })),
+                    None => Work::Lines {
+                        parts: smallvec::smallvec![Part::new(owner)],
+                        finish: Finish::Forward,
+                    },
+                }
+            }
+        };
+        self.push(Entry {
+            command: request.command,
+            noreply: request.noreply,
+            request,
+            bytes,
+            topology,
+            work,
+            sent: false,
+            reserved: 0,
+            started: Instant::now(),
+            hot,
+        });
+    }
+
+    /// Plans one meta request and queues its entry.
+    pub(super) fn start_meta(&mut self, request: MetaRequest, bytes: Bytes) {
+        let topology = self.worker.topology.load_full();
+        let command = Command::of_meta(request.command);
+        self.worker
+            .stats
+            .request(command, usize::from(request.key.is_some()));
+        let plan = route::plan_meta(&request, &bytes, &topology);
+        let hot = self
+            .worker
+            .hot
+            .on_meta_request(&request, &bytes, &plan, &topology);
+        // A quiet request goes on with `q` and an `mn` behind it: memcached
+        // then sends exactly the replies it would send the client, and `MN`
+        // tells the connection that the rest was suppressed. A request
+        // memcached refuses gets an error whatever `q` says.
+        let quiet = request.may_be_silent() && request.backend_error.is_none();
+        let mut wire: SmallVec<[Bytes; 3]> = smallvec::smallvec![bytes.clone()];
+        if quiet {
+            wire.push(Bytes::from_static(b"mn\r\n"));
+        }
+        let parts = |servers: &[usize]| servers.iter().map(|&s| Part::new(s)).collect();
+        let mode = match plan {
+            MetaPlan::Reply(reply) => {
+                let mut entry = Entry::ready(reply, topology);
+                entry.command = command;
+                self.push(entry);
+                return;
+            }
+            MetaPlan::NoServers => {
+                let mut entry = Entry::ready(route::NO_SERVERS, topology);
+                entry.command = command;
+                self.push(entry);
+                return;
+            }
+            MetaPlan::Forward { server } => (parts(&[server]), MetaMode::Forward),
+            MetaPlan::Quorum { servers, quorum } => (parts(&servers), MetaMode::Quorum(quorum)),
+            MetaPlan::CasThenCopy {
+                owner,
+                copies,
+                copy,
+            } => (
+                parts(&[owner]),
+                MetaMode::CasThenCopy {
+                    copies: Some(copies),
+                    copy,
+                },
+            ),
+            MetaPlan::ReadThrough { servers, on_miss } => (
+                parts(&servers[..1]),
+                MetaMode::ReadThrough {
+                    servers,
+                    next: 1,
+                    on_miss,
+                },
+            ),
+        };
+        let (parts, mode) = mode;
+        let mut entry = Entry::ready(b"", topology);
+        entry.command = command;
+        entry.bytes = bytes;
+        entry.sent = false;
+        entry.hot = hot;
+        entry.work = Work::Meta(Box::new(MetaWork {
+            command: request.command,
+            // Only `mg` with `v` can bring a large value back.
+            value: request.command == MetaCommand::Get && request.value,
+            expect: Expect::Meta {
+                command: request.command,
+                quiet,
+                replied: false,
+            },
+            wire,
+            parts,
+            mode,
+        }));
+        self.push(entry);
+    }
+}
