@@ -2,13 +2,17 @@
 //! a skewed workload, coalesced gets never return a value older than a write
 //! the reader could know of, and the near cache drops a key on every write
 //! through memring while writes that bypass memring are seen within its
-//! staleness bound.
+//! staleness bound. A relay between memring and memcached holds back chosen
+//! connections to show that a get never joins a request memcached may run
+//! before its own client's write.
 
 mod common;
 
 use std::collections::HashMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{
@@ -609,4 +613,202 @@ fn without_a_near_cache_nothing_is_cached() {
     assert_eq!(direct.set("plain", b"2"), b"STORED\r\n");
     assert_eq!(client.get("plain").as_deref(), Some(&b"2"[..]));
     assert_eq!(counter(&mut admin, "near_cache_hits"), 0);
+}
+
+/// A TCP relay between memring and one real memcached that can hold back
+/// what memring sends on any one of its connections, so that a test decides
+/// in which order memcached sees two connections' requests. Every thread it
+/// starts polls a stop flag and is joined when it drops.
+struct Relay {
+    port: u16,
+    conns: Arc<Mutex<Vec<Arc<RelayConn>>>>,
+    stop: Arc<AtomicBool>,
+    threads: Arc<Mutex<Vec<std::thread::JoinHandle<()>>>>,
+}
+
+/// One relayed connection: whether its requests are held back, and every
+/// byte memring sent on it.
+#[derive(Default)]
+struct RelayConn {
+    held: AtomicBool,
+    sent: Mutex<Vec<u8>>,
+}
+
+const RELAY_POLL: Duration = Duration::from_millis(5);
+
+impl Relay {
+    fn start(upstream: &str) -> Relay {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let relay = Relay {
+            port,
+            conns: Arc::default(),
+            stop: Arc::default(),
+            threads: Arc::default(),
+        };
+        let (conns, stop, threads) = (
+            relay.conns.clone(),
+            relay.stop.clone(),
+            relay.threads.clone(),
+        );
+        let upstream = upstream.to_string();
+        let accept = std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let Ok((client, _)) = listener.accept() else {
+                    std::thread::sleep(RELAY_POLL);
+                    continue;
+                };
+                let server = TcpStream::connect(&upstream).unwrap();
+                let conn = Arc::new(RelayConn::default());
+                conns.lock().unwrap().push(conn.clone());
+                let up = relay_half(client.try_clone().unwrap(), server.try_clone().unwrap());
+                let down = relay_half(server, client);
+                let (stop_up, stop_down) = (stop.clone(), stop.clone());
+                let mut threads = threads.lock().unwrap();
+                threads.push(std::thread::spawn(move || up(&stop_up, Some(&conn))));
+                threads.push(std::thread::spawn(move || down(&stop_down, None)));
+            }
+        });
+        relay.threads.lock().unwrap().push(accept);
+        relay
+    }
+
+    fn conn(&self, index: usize) -> Arc<RelayConn> {
+        self.conns.lock().unwrap()[index].clone()
+    }
+
+    /// How many times each connection has carried `needle` so far.
+    fn counts(&self, needle: &[u8]) -> Vec<usize> {
+        self.conns
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                let sent = c.sent.lock().unwrap();
+                sent.windows(needle.len()).filter(|w| *w == needle).count()
+            })
+            .collect()
+    }
+
+    /// The connection that carries what `request` makes memring send
+    /// (`needle`).
+    fn conn_carrying(&self, needle: &[u8], request: impl FnOnce()) -> usize {
+        let before = self.counts(needle);
+        request();
+        let mut found = None;
+        wait_for("the relayed request", || {
+            let now = self.counts(needle);
+            found = (0..now.len()).find(|&i| now[i] > before.get(i).copied().unwrap_or(0));
+            found.is_some()
+        });
+        found.unwrap()
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap());
+        for thread in threads {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Copies `from` to `to` until either closes or `stop`; with `conn`, records
+/// what passes and keeps it back while `conn` is held.
+fn relay_half(
+    mut from: TcpStream,
+    mut to: TcpStream,
+) -> impl FnOnce(&AtomicBool, Option<&RelayConn>) {
+    move |stop, conn| {
+        from.set_read_timeout(Some(RELAY_POLL)).unwrap();
+        let mut waiting = Vec::new();
+        let mut buf = [0u8; 16384];
+        while !stop.load(Ordering::Relaxed) {
+            match from.read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => {
+                    if let Some(conn) = conn {
+                        conn.sent.lock().unwrap().extend_from_slice(&buf[..n]);
+                    }
+                    waiting.extend_from_slice(&buf[..n]);
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(_) => return,
+            }
+            if !conn.is_some_and(|c| c.held.load(Ordering::SeqCst)) && !waiting.is_empty() {
+                if to.write_all(&waiting).is_err() {
+                    return;
+                }
+                waiting.clear();
+            }
+        }
+    }
+}
+
+#[test]
+fn a_get_never_joins_a_request_its_clients_write_could_be_overtaken_by() {
+    let server = Memcached::start();
+    let relay = Relay::start(&server.addr());
+    // One worker, two connections to the server: the writer and the reader
+    // use different ones, so memcached may run the reader's requests before
+    // the writer's.
+    let proxy = Proxy::start_text(&format!(
+        "listen = \"127.0.0.1:0\"\nworkers = 1\nconnections_per_server = 2\n\
+         hot_key_window_ms = 1000\n[[servers]]\naddr = \"127.0.0.1:{}\"\n",
+        relay.port
+    ));
+    let mut writer = proxy.client();
+    let mut reader = proxy.client();
+    let mut admin = proxy.client();
+    assert_eq!(writer.set("k", b"old"), b"STORED\r\n");
+    wait_for("k reported hot", || {
+        for _ in 0..40 {
+            reader.get("k");
+        }
+        hotkeys(&mut admin).first().map(|r| r.key.clone()) == Some("k".into())
+    });
+    let get = b"get k\r\n";
+    let writer_conn = relay.conn_carrying(get, || assert!(writer.get("k").is_some()));
+    let reader_conn = relay.conn_carrying(get, || assert!(reader.get("k").is_some()));
+    assert_ne!(writer_conn, reader_conn, "the clients share a connection");
+    let (writer_conn, reader_conn) = (relay.conn(writer_conn), relay.conn(reader_conn));
+    let carried = |conn: &RelayConn, needle: &[u8]| {
+        let sent = conn.sent.lock().unwrap();
+        sent.windows(needle.len()).filter(|w| *w == needle).count()
+    };
+
+    // The writer's set waits in the relay; then the reader's get of the hot
+    // key goes out (held too), then the writer's own get.
+    writer_conn.held.store(true, Ordering::SeqCst);
+    reader_conn.held.store(true, Ordering::SeqCst);
+    writer.send(b"set k 0 0 3\r\nnew\r\n");
+    wait_for("the set relayed", || {
+        carried(&writer_conn, b"\r\nnew\r\n") == 1
+    });
+    let reader_gets = carried(&reader_conn, get);
+    reader.send(get);
+    wait_for("the reader's get relayed", || {
+        carried(&reader_conn, get) > reader_gets
+    });
+    let writer_gets = carried(&writer_conn, get);
+    let joined = counter(&mut admin, "hot_key_coalesced_gets");
+    writer.send(get);
+    wait_for("the writer's get sent or joined", || {
+        carried(&writer_conn, get) > writer_gets
+            || counter(&mut admin, "hot_key_coalesced_gets") > joined
+    });
+
+    // memcached runs the reader's get first: it sees the old value, which is
+    // right for a get concurrent with another client's unanswered write...
+    reader_conn.held.store(false, Ordering::SeqCst);
+    let seen = value_of(&reader.reply(ReplyKind::Values));
+    assert_eq!(seen.as_deref(), Some(&b"old"[..]));
+    // ...but not for the writer, whose get came after its own set.
+    writer_conn.held.store(false, Ordering::SeqCst);
+    assert_eq!(writer.reply(ReplyKind::Line), b"STORED\r\n");
+    let own = value_of(&writer.reply(ReplyKind::Values));
+    assert_eq!(own.as_deref(), Some(&b"new"[..]), "the writer's own read");
 }
