@@ -52,20 +52,8 @@ impl ClientSession {
                 if let Some(copies) = copies.take() {
                     if matches!(result, Ok(reply) if reply.as_ref() == b"STORED\r\n") {
                         let copy = route::cas_as_set(&entry.request, &entry.bytes);
-                        for server in copies {
-                            let mut part = Part::new(server);
-                            // The client has its answer from the owner; a
-                            // replica that fails here is counted by its
-                            // backend and catches up on a later write.
-                            self.send_line(
-                                &topology,
-                                &mut part,
-                                &copy,
-                                LineKind::Storage,
-                                false,
-                                None,
-                            );
-                        }
+                        let expect = Expect::Line(LineKind::Storage);
+                        self.send_copies(&topology, copies, &copy, &expect);
                     }
                 }
                 true
@@ -97,23 +85,17 @@ impl ClientSession {
                         };
                         if let Some(copies) = copies.take() {
                             if matches!(result, Ok(reply) if route::meta_succeeded(reply)) {
-                                let wire = [copy.clone()];
                                 let expect = Expect::Meta {
                                     command: meta.command,
                                     quiet: false,
                                     replied: false,
                                 };
-                                for server in copies {
-                                    let mut part = Part::new(server);
-                                    self.send(
-                                        &topology,
-                                        &mut part,
-                                        &wire,
-                                        expect.clone(),
-                                        false,
-                                        None,
-                                    );
-                                }
+                                self.send_copies(
+                                    &topology,
+                                    copies,
+                                    std::slice::from_ref(copy),
+                                    &expect,
+                                );
                             }
                         }
                         true
@@ -253,6 +235,22 @@ impl ClientSession {
                 // its answers.
                 in_flight.is_empty() || (topology.config.replicas <= 1 && !plan.has_moved_keys())
             }
+        }
+    }
+
+    /// Sends a replicated cas's copy (`wire`) to the other replicas, wanting
+    /// no reply: the client has its answer from the owner, and a replica that
+    /// fails here is counted by its backend and catches up on a later write.
+    fn send_copies(
+        &self,
+        topology: &Topology,
+        servers: route::Servers,
+        wire: &[Bytes],
+        expect: &Expect,
+    ) {
+        for server in servers {
+            let mut part = Part::new(server);
+            self.send(topology, &mut part, wire, expect.clone(), false, None);
         }
     }
 
@@ -441,15 +439,7 @@ impl ClientSession {
                             stats.replica_background(outstanding);
                             self.out.push(reply);
                         }
-                        Decision::Fail(servers) => {
-                            let names: Vec<&str> = servers.iter().map(|s| &**s).collect();
-                            let reason = if names.is_empty() {
-                                "no quorum: replicas answered with errors".to_string()
-                            } else {
-                                format!("no quorum: failed on {}", names.join(", "))
-                            };
-                            write_server_error(self.out.scratch(), &reason);
-                        }
+                        Decision::Fail(servers) => write_no_quorum(self.out.scratch(), &servers),
                     },
                     Finish::Forward | Finish::AllOk if results.iter().any(Option::is_none) => {
                         return false;
@@ -505,13 +495,7 @@ impl ClientSession {
                                 Ok(reply)
                             }
                             Decision::Fail(servers) => {
-                                let names: Vec<&str> = servers.iter().map(|s| &**s).collect();
-                                let reason = if names.is_empty() {
-                                    "no quorum: replicas answered with errors".to_string()
-                                } else {
-                                    format!("no quorum: failed on {}", names.join(", "))
-                                };
-                                write_server_error(self.out.scratch(), &reason);
+                                write_no_quorum(self.out.scratch(), &servers);
                                 return true;
                             }
                         }
@@ -576,4 +560,16 @@ impl ClientSession {
         }
         true
     }
+}
+
+/// `SERVER_ERROR no quorum: …`, naming the replicas that failed (none named
+/// when they all answered, with errors).
+fn write_no_quorum(out: &mut BytesMut, servers: &[Arc<str>]) {
+    let names: Vec<&str> = servers.iter().map(|s| &**s).collect();
+    let reason = if names.is_empty() {
+        "no quorum: replicas answered with errors".to_string()
+    } else {
+        format!("no quorum: failed on {}", names.join(", "))
+    };
+    write_server_error(out, &reason);
 }
