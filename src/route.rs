@@ -682,6 +682,11 @@ pub enum MetaPlan {
     /// `mg` with replicas: ask `servers` in order, the next one only when
     /// the previous failed (or missed, with `on_miss`).
     ReadThrough { servers: Servers, on_miss: bool },
+    /// `md` of a moved key during a hand-off window: the previous owner
+    /// first, then the new one (so a read falling through in between finds
+    /// the key on neither, as for a classic `delete`); answered with success
+    /// if either held it.
+    DeleteMoved { owner: usize, previous: usize },
     /// No server to send it to.
     NoServers,
 }
@@ -704,9 +709,28 @@ pub fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> M
         // A request memcached refuses is answered by the owner alone.
         || request.backend_error.is_some();
     if owner_only {
-        return match topology.owner_index(&key) {
-            Some(server) => MetaPlan::Forward { server },
-            None => MetaPlan::NoServers,
+        let Some(server) = topology.owner_index(&key) else {
+            return MetaPlan::NoServers;
+        };
+        // A hand-off window (one replica): a moved key may still be only on
+        // its previous owner.
+        let previous = (topology.config.replicas <= 1 && request.backend_error.is_none())
+            .then(|| topology.previous_owner(&key, server))
+            .flatten();
+        return match (previous, request.command) {
+            (Some(previous), MetaCommand::Get)
+                if !request.takes_lease() && !request.changes_item(bytes) =>
+            {
+                MetaPlan::ReadThrough {
+                    servers: [server, previous].into_iter().collect(),
+                    on_miss: true,
+                }
+            }
+            (Some(previous), MetaCommand::Delete) => MetaPlan::DeleteMoved {
+                owner: server,
+                previous,
+            },
+            _ => MetaPlan::Forward { server },
         };
     }
     let mut servers = Servers::new();

@@ -291,6 +291,67 @@ fn commands_on_moved_keys_behave_as_if_the_key_had_not_moved() {
 }
 
 #[test]
+fn meta_reads_and_deletes_of_moved_keys_behave_as_if_the_key_had_not_moved() {
+    let dir = TempDir::new("handoff", "meta");
+    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, config(&all[..4])).unwrap();
+    let before = ring_of(&path);
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..400).map(|i| format!("meta:{i}")).collect();
+    for key in &keys {
+        assert_eq!(client.set(key, b"10"), b"STORED\r\n");
+    }
+    replace_by_rename(&path, &config(&all));
+    wait_for("ring version 2", || proxy.ring_version() >= 2);
+    let after = ring_of(&path);
+    let moved: Vec<&String> = keys
+        .iter()
+        .filter(|k| owner_name(&before, k) != owner_name(&after, k))
+        .collect();
+    assert!(moved.len() >= 40, "{} moved", moved.len());
+    let line = ReplyKind::Line;
+    let values = ReplyKind::Values;
+    // A value reply ends with its data: read up to the expected ending.
+    fn value(client: &mut Client, request: String, expected: &[u8]) {
+        client.send(request.as_bytes());
+        let tail = &expected[expected.len().saturating_sub(4)..];
+        let mut reply = client.read_until_suffix(tail);
+        reply.extend_from_slice(tail);
+        assert_eq!(reply, expected, "{request:?}: {}", show(&reply));
+    }
+    let groups: Vec<Vec<&String>> = (0..4)
+        .map(|g| moved.iter().skip(g).step_by(4).copied().collect())
+        .collect();
+    // Reads find the value on the previous owner, quiet or not.
+    for key in &groups[0] {
+        value(&mut client, format!("mg {key} v\r\n"), b"VA 2\r\n10\r\n");
+        let quiet = format!("mg {key} v q\r\nmn\r\n");
+        value(&mut client, quiet, b"VA 2\r\n10\r\nMN\r\n");
+    }
+    let mut call = |request: String, kind| client.call(request.as_bytes(), kind);
+    // A delete removes it from both: no read finds it afterwards, not even a
+    // classic get, which also reads through to the previous owner.
+    for key in &groups[1] {
+        assert_eq!(call(format!("md {key}\r\n"), line), b"HD\r\n", "{key}");
+        assert_eq!(call(format!("get {key}\r\n"), values), b"END\r\n", "{key}");
+        assert_eq!(call(format!("mg {key} v\r\n"), line), b"EN\r\n", "{key}");
+        assert_eq!(call(format!("md {key}\r\n"), line), b"NF\r\n", "{key}");
+    }
+    for key in &groups[2] {
+        assert_eq!(call(format!("md {key} q\r\nmn\r\n"), line), b"MN\r\n");
+        assert_eq!(call(format!("get {key}\r\n"), values), b"END\r\n", "{key}");
+    }
+    // A value set since the change is found on the new owner first.
+    for key in &groups[3] {
+        value(&mut client, format!("ms {key} 3\r\nnew\r\n"), b"HD\r\n");
+        value(&mut client, format!("mg {key} v\r\n"), b"VA 3\r\nnew\r\n");
+    }
+}
+
+#[test]
 fn a_returning_server_never_answers_with_values_from_before_its_ejection() {
     let servers: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
     let refs: Vec<&Memcached> = servers.iter().collect();

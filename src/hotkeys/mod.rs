@@ -712,9 +712,9 @@ impl HotWorker {
         topology: &Topology,
     ) -> Option<Rc<WriteGuard>> {
         let owner = match plan {
-            MetaPlan::Forward { server } | MetaPlan::CasThenCopy { owner: server, .. } => {
-                Some(*server)
-            }
+            MetaPlan::Forward { server }
+            | MetaPlan::CasThenCopy { owner: server, .. }
+            | MetaPlan::DeleteMoved { owner: server, .. } => Some(*server),
             MetaPlan::Quorum { servers, .. } | MetaPlan::ReadThrough { servers, .. } => {
                 servers.first().copied()
             }

@@ -77,6 +77,26 @@ impl ClientSession {
                 }
                 match &mut meta.mode {
                     MetaMode::Forward | MetaMode::Quorum(_) => true,
+                    MetaMode::DeleteMoved { owner, previous } => {
+                        if previous.is_none() {
+                            let Some(result) = meta.parts[0].result.take() else {
+                                return false;
+                            };
+                            *previous = Some(result);
+                            let mut part = Part::new(*owner);
+                            let hot = entry.hot.as_ref();
+                            self.send(
+                                &topology,
+                                &mut part,
+                                &meta.wire,
+                                meta.expect.clone(),
+                                true,
+                                hot,
+                            );
+                            meta.parts[0] = part;
+                        }
+                        true
+                    }
                     MetaMode::CasThenCopy { copies, copy } => {
                         // The copies go out before any later request of this
                         // client, as for a replicated `cas`.
@@ -503,6 +523,21 @@ impl ClientSession {
                     MetaMode::CasThenCopy {
                         copies: Some(_), ..
                     } => return false,
+                    MetaMode::DeleteMoved { previous: None, .. } => return false,
+                    MetaMode::DeleteMoved {
+                        previous: Some(first),
+                        ..
+                    } => match (&meta.parts[0].result, first) {
+                        (None, _) => return false,
+                        // Gone from the new owner only because it was never
+                        // there: the previous owner's success is the answer.
+                        (Some(Ok(reply)), Ok(before))
+                            if !route::meta_succeeded(reply) && route::meta_succeeded(before) =>
+                        {
+                            Ok(before.clone())
+                        }
+                        (Some(result), _) => result.clone(),
+                    },
                     _ => match &meta.parts[0].result {
                         Some(result) => result.clone(),
                         None => return false,

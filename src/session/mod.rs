@@ -538,6 +538,12 @@ enum MetaMode {
         next: usize,
         on_miss: bool,
     },
+    /// `md` of a moved key: sent to the previous owner (the part), then to
+    /// `owner`; `previous` keeps the first reply.
+    DeleteMoved {
+        owner: usize,
+        previous: Option<CallResult>,
+    },
 }
 
 /// How the parts' one-line replies become the client's reply.

@@ -135,6 +135,13 @@ impl ClientSession {
                     copy,
                 },
             ),
+            MetaPlan::DeleteMoved { owner, previous } => (
+                parts(&[previous]),
+                MetaMode::DeleteMoved {
+                    owner,
+                    previous: None,
+                },
+            ),
             MetaPlan::ReadThrough { servers, on_miss } => (
                 parts(&servers[..1]),
                 MetaMode::ReadThrough {
