@@ -523,13 +523,25 @@ fn a_hot_keys_stored_value_answers_the_next_get_without_a_round_trip() {
         ),
     ];
     for (write, expected, asks_server) in cases {
-        get_until_cached(&mut client, &mut admin, "cfg");
-        let gets_before = counter(&mut direct, "cmd_get");
-        client.send(write);
-        client.reply(ReplyKind::Line);
-        assert_eq!(client.get_raw("cfg"), expected, "{}", show(write));
-        let asked = counter(&mut direct, "cmd_get") > gets_before;
-        assert_eq!(asked, asks_server, "{}", show(write));
+        // One try: the key cached, the write, then a get. A loaded machine
+        // can stall long enough for the key to cool off between the write
+        // and the get (its value then comes from memcached), so a case that
+        // must not ask memcached is tried until one try shows it.
+        let mut attempt = || {
+            get_until_cached(&mut client, &mut admin, "cfg");
+            let gets_before = counter(&mut direct, "cmd_get");
+            client.send(write);
+            client.reply(ReplyKind::Line);
+            assert_eq!(client.get_raw("cfg"), expected, "{}", show(write));
+            counter(&mut direct, "cmd_get") > gets_before
+        };
+        if asks_server {
+            assert!(attempt(), "{}", show(write));
+        } else {
+            wait_for(&format!("{} answered from memory", show(write)), || {
+                !attempt()
+            });
+        }
     }
 }
 
@@ -558,15 +570,20 @@ fn a_reload_turns_the_near_cache_on_and_off() {
         "hot_key_window_ms = 200\nhot_key_cache_ms = 60000",
     );
     std::fs::write(&path, on).unwrap();
-    get_until_cached(&mut client, &mut admin, "flag");
-    // Cached: a write behind memring's back is not seen...
-    assert_eq!(direct.set("flag", b"2"), b"STORED\r\n");
-    assert_eq!(client.get("flag").as_deref(), Some(&b"1"[..]));
+    // Cached: a write behind memring's back is not seen (tried again if the
+    // key cooled off in between on a slow machine)...
+    let mut behind = String::new();
+    wait_for("a write behind memring's back hidden", || {
+        let cached = get_until_cached(&mut client, &mut admin, "flag");
+        behind = format!("{}x", String::from_utf8_lossy(cached.as_deref().unwrap()));
+        assert_eq!(direct.set("flag", behind.as_bytes()), b"STORED\r\n");
+        client.get("flag") == cached
+    });
 
     // ...until the cache is turned off again.
     std::fs::write(&path, &text).unwrap();
     wait_for("the near cache off", || {
-        client.get("flag").as_deref() == Some(&b"2"[..])
+        client.get("flag").as_deref() == Some(behind.as_bytes())
     });
 }
 
