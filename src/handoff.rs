@@ -309,6 +309,83 @@ pub fn copy_block(block: &Bytes, exptime: &[u8]) -> Option<Outbound> {
     ])
 }
 
+/// The request that reads a moved key through from its previous owner for a
+/// `get` (`gets` with `with_cas`): a meta get asking for the value, client
+/// flags and remaining TTL (and cas), so the copy keeps the key's expiry.
+pub fn read_through_line(key: &[u8], with_cas: bool) -> Bytes {
+    let mut line = BytesMut::with_capacity(key.len() + 16);
+    line.put_slice(b"mg ");
+    line.put_slice(key);
+    line.put_slice(if with_cas {
+        b" v f t c\r\n"
+    } else {
+        b" v f t\r\n"
+    });
+    line.freeze()
+}
+
+/// A read-through hit: the `VALUE` block the client gets (with the cas when
+/// asked), and the exptime its copy is stored with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadThrough {
+    pub block: Bytes,
+    /// `None` when the item expires within the second: no copy then (an
+    /// exptime of 0 would keep it forever).
+    pub exptime: Option<Bytes>,
+}
+
+/// Longest relative exptime memcached takes; larger ones are Unix times.
+const MAX_RELATIVE_EXPTIME: i64 = 60 * 60 * 24 * 30;
+
+/// Reads the reply to [`read_through_line`] (`VA <len> f<flags> t<ttl>
+/// [c<cas>]`, then the data): `Some` for a hit, `None` for anything else.
+/// `now` is the Unix time, for a remaining TTL beyond 30 days.
+pub fn read_through_hit(key: &[u8], reply: &[u8], with_cas: bool, now: i64) -> Option<ReadThrough> {
+    let header_end = memchr::memmem::find(reply, b"\r\n")?;
+    let mut tokens = reply[..header_end].split(|&b| b == b' ');
+    if tokens.next()? != b"VA" {
+        return None;
+    }
+    let length = tokens.next()?;
+    let data_len: usize = std::str::from_utf8(length).ok()?.parse().ok()?;
+    let data = reply.get(header_end + 2..)?;
+    if data.len() != data_len + 2 || !data.ends_with(b"\r\n") {
+        return None;
+    }
+    let (mut flags, mut ttl, mut cas) = (None, None, None);
+    for token in tokens {
+        let (flag, value) = token.split_first()?;
+        let value = std::str::from_utf8(value).ok()?;
+        match flag {
+            b'f' => flags = Some(value.parse::<u32>().ok()?),
+            b't' => ttl = Some(value.parse::<i64>().ok()?),
+            b'c' => cas = Some(value.parse::<u64>().ok()?),
+            _ => {}
+        }
+    }
+    let (flags, ttl) = (flags?, ttl?);
+    let mut block = BytesMut::with_capacity(key.len() + reply.len() + 32);
+    block.put_slice(b"VALUE ");
+    block.put_slice(key);
+    block.put_slice(format!(" {flags} {data_len}").as_bytes());
+    if with_cas {
+        block.put_slice(format!(" {}", cas?).as_bytes());
+    }
+    block.put_slice(b"\r\n");
+    block.put_slice(data);
+    let exptime = match ttl {
+        // No expiry.
+        -1 => Some(Bytes::from_static(b"0")),
+        t if t <= 0 => None,
+        t if t <= MAX_RELATIVE_EXPTIME => Some(Bytes::from(t.to_string())),
+        t => Some(Bytes::from((now + t).to_string())),
+    };
+    Some(ReadThrough {
+        block: block.freeze(),
+        exptime,
+    })
+}
+
 /// Copies: how many `add`s a step sent, and how the new owner answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CopyOutcome {
@@ -342,6 +419,41 @@ pub fn moved_keys<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn read_through_hits_become_value_blocks_and_keep_their_expiry() {
+        let now = 1_800_000_000;
+        let hit = |reply: &[u8], with_cas| read_through_hit(b"k", reply, with_cas, now);
+        let got = hit(b"VA 2 f5 t100\r\n10\r\n", false).unwrap();
+        assert_eq!(&got.block[..], b"VALUE k 5 2\r\n10\r\n");
+        assert_eq!(got.exptime.as_deref(), Some(&b"100"[..]));
+        let got = hit(b"VA 1 f0 t-1 c77\r\nx\r\n", true).unwrap();
+        assert_eq!(&got.block[..], b"VALUE k 0 1 77\r\nx\r\n");
+        assert_eq!(got.exptime.as_deref(), Some(&b"0"[..]), "no expiry");
+        // Expiring within the second: served, not copied.
+        assert_eq!(hit(b"VA 1 f0 t0\r\nx\r\n", false).unwrap().exptime, None);
+        // Beyond 30 days memcached reads an exptime as a Unix time.
+        let far = 60 * 60 * 24 * 40;
+        let got = hit(format!("VA 1 f0 t{far}\r\nx\r\n").as_bytes(), false).unwrap();
+        assert_eq!(got.exptime, Some(Bytes::from((now + far).to_string())));
+        // Misses, errors, and replies that do not add up are not hits.
+        for reply in [
+            &b"EN\r\n"[..],
+            b"SERVER_ERROR out of memory\r\n",
+            b"VA 3 f0 t-1\r\nx\r\n",
+            b"VA 1 t-1\r\nx\r\n",
+            b"VA 1 f0 t-1\r\nx\r\n",
+        ] {
+            let with_cas = reply == b"VA 1 f0 t-1\r\nx\r\n";
+            assert_eq!(
+                hit(reply, with_cas),
+                None,
+                "{}",
+                String::from_utf8_lossy(reply)
+            );
+        }
+        assert_eq!(&read_through_line(b"k", true)[..], b"mg k v f t c\r\n");
+    }
     use crate::protocol::{parse_request, Limits};
 
     fn moved(line: &'static [u8]) -> Moved {

@@ -270,6 +270,9 @@ struct Sub {
     cursor: usize,
     /// The server answered with an error line instead of values.
     error_line: Option<Bytes>,
+    /// A read-through from a moved key's previous owner (one key, `mg`: see
+    /// `handoff::read_through_line`).
+    meta: bool,
 }
 
 /// A sub-request to send: `line` to server `server`; its reply is fed back
@@ -279,6 +282,8 @@ pub struct SubRequest {
     pub id: u32,
     pub server: usize,
     pub line: Bytes,
+    /// `line` is one meta get (a hand-off read-through), not a classic one.
+    pub meta: bool,
 }
 
 /// A retrieval in progress (see the module doc).
@@ -458,10 +463,31 @@ impl Retrieval {
                 self.state[k] = KeyState::Missed;
                 continue;
             };
+            let name = self.keys[k].of(&self.bytes);
             if self.handoff && self.round[k] > 0 {
                 self.read_through.0 += 1;
+                if self.exptime.is_none() {
+                    // A get of a moved key asks its previous owner with a
+                    // meta get, which tells the remaining TTL for the copy.
+                    // (`gat`/`gats` set the expiry themselves.)
+                    let id = self.subs.len() as u32;
+                    self.subs.push(Sub {
+                        keys: smallvec::smallvec![key],
+                        cursor: 0,
+                        error_line: None,
+                        meta: true,
+                    });
+                    self.state[k] = KeyState::Asked { sub: id };
+                    let with_cas = self.command == Command::Gets;
+                    out.push(SubRequest {
+                        id,
+                        server,
+                        line: crate::handoff::read_through_line(name, with_cas),
+                        meta: true,
+                    });
+                    continue;
+                }
             }
-            let name = self.keys[k].of(&self.bytes);
             let at = open.iter().position(|(s, id, line)| {
                 *s == server
                     && (whole || line.len() + name.len() + 3 <= MAX_SUB_LINE_BYTES)
@@ -475,6 +501,7 @@ impl Retrieval {
                         keys: SmallVec::new(),
                         cursor: 0,
                         error_line: None,
+                        meta: false,
                     });
                     let mut line = BytesMut::with_capacity(64);
                     line.put_slice(self.command.name().as_bytes());
@@ -492,7 +519,7 @@ impl Retrieval {
             self.subs[*id as usize].keys.push(key);
             self.state[k] = KeyState::Asked { sub: *id };
         }
-        let single = open.len() == 1;
+        let single = open.len() == 1 && out.is_empty();
         for (server, id, mut line) in open {
             let line = if whole && single {
                 self.bytes.clone()
@@ -500,7 +527,12 @@ impl Retrieval {
                 line.put_slice(b"\r\n");
                 line.freeze()
             };
-            out.push(SubRequest { id, server, line });
+            out.push(SubRequest {
+                id,
+                server,
+                line,
+                meta: false,
+            });
         }
         out
     }
@@ -510,6 +542,12 @@ impl Retrieval {
         let Some(entry) = self.subs.get_mut(sub as usize) else {
             return;
         };
+        if entry.meta {
+            if let Got::Line(reply) = got {
+                self.on_read_through(sub, &reply);
+            }
+            return;
+        }
         match got {
             Got::Value(block) => {
                 self.answered = true;
@@ -534,9 +572,10 @@ impl Retrieval {
                     if self.handoff && self.round[k] > 0 {
                         // Found on the previous owner: copy it to the new
                         // one with `add`, so a newer value written there
-                        // meanwhile is never overwritten. Expiry: the
-                        // `gat`/`gats` one, else none (classic replies do not
-                        // carry the remaining TTL).
+                        // meanwhile is never overwritten. Only `gat`/`gats`
+                        // read through with a classic request (`get`/`gets`
+                        // use `mg`, see `on_read_through`): the copy takes
+                        // their new expiry.
                         self.read_through.1 += 1;
                         let exptime = self.exptime.map_or(&b"0"[..], |e| e.of(&self.bytes));
                         if let Some(copy) = crate::handoff::copy_block(&block, exptime) {
@@ -550,6 +589,39 @@ impl Retrieval {
             }
             Got::Line(line) => entry.error_line = Some(line),
         }
+    }
+
+    /// The previous owner's reply to a read-through `mg` (sub-request `sub`).
+    fn on_read_through(&mut self, sub: u32, reply: &Bytes) {
+        let entry = &mut self.subs[sub as usize];
+        let k = entry.keys[0] as usize;
+        if reply.starts_with(b"EN\r\n") {
+            // A miss: `on_done` settles the key.
+            return;
+        }
+        let name = self.keys[k].of(&self.bytes);
+        let with_cas = self.command == Command::Gets;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let Some(hit) = crate::handoff::read_through_hit(name, reply, with_cas, now) else {
+            // An error line (or a reply memring cannot use): as a failure.
+            entry.error_line = Some(reply.clone());
+            return;
+        };
+        entry.cursor = 1;
+        self.answered = true;
+        self.read_through.1 += 1;
+        // Copied to the new owner with `add`, so a newer value written there
+        // meanwhile is never overwritten, and with the remaining TTL.
+        if let Some(exptime) = &hit.exptime {
+            if let Some(copy) = crate::handoff::copy_block(&hit.block, exptime) {
+                self.copies.push((self.candidates[k][0], copy));
+            }
+        }
+        self.largest_block = self.largest_block.max(hit.block.len());
+        self.held += hit.block.len();
+        self.state[k] = KeyState::Found(hit.block);
     }
 
     /// Sub-request `sub` is complete (`Ok`) or failed.

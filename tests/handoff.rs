@@ -352,6 +352,84 @@ fn meta_reads_and_deletes_of_moved_keys_behave_as_if_the_key_had_not_moved() {
 }
 
 #[test]
+fn a_key_read_through_keeps_its_expiry_on_its_new_owner() {
+    let dir = TempDir::new("handoff", "expiry");
+    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, config(&all[..4])).unwrap();
+    let before = ring_of(&path);
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    // (key prefix, exptime as sent, remaining TTL range a copy must have)
+    let kinds: [(&str, String, std::ops::RangeInclusive<i64>); 3] = [
+        ("short", "100".into(), 90..=100),
+        ("forever", "0".into(), -1..=-1),
+        // Beyond 30 days an exptime is a Unix time, and so is the copy's.
+        (
+            "long",
+            (std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs()
+                + 40 * 86_400)
+                .to_string(),
+            (40 * 86_400 - 10)..=(40 * 86_400),
+        ),
+    ];
+    let keys: Vec<(usize, String)> = (0..kinds.len())
+        .flat_map(|kind| (0..150).map(move |i| (kind, format!("{}:{i}", kinds_name(kind)))))
+        .collect();
+    fn kinds_name(kind: usize) -> &'static str {
+        ["short", "forever", "long"][kind]
+    }
+    for (kind, key) in &keys {
+        let request = format!("set {key} 0 {} 2\r\nab\r\n", kinds[*kind].1);
+        assert_eq!(
+            client.call(request.as_bytes(), ReplyKind::Line),
+            b"STORED\r\n"
+        );
+    }
+    replace_by_rename(&path, &config(&all));
+    wait_for("ring version 2", || proxy.ring_version() >= 2);
+    let after = ring_of(&path);
+    let mut checked = [0; 3];
+    for (kind, key) in &keys {
+        let new_owner = owner_name(&after, key);
+        if owner_name(&before, key) == new_owner {
+            continue;
+        }
+        // Read through memring: found on the previous owner, copied.
+        assert_eq!(client.get(key).as_deref(), Some(&b"ab"[..]), "{key}");
+        let server = servers
+            .iter()
+            .find(|s| format!("cache-{}", s.port) == new_owner)
+            .unwrap();
+        let mut direct = server.client();
+        let mut ttl = None;
+        wait_for(&format!("the copy of {key}"), || {
+            let reply = direct.call(format!("mg {key} t\r\n").as_bytes(), ReplyKind::Line);
+            ttl = std::str::from_utf8(&reply)
+                .unwrap()
+                .trim_end()
+                .strip_prefix("HD t")
+                .map(|t| t.parse::<i64>().unwrap());
+            ttl.is_some()
+        });
+        let ttl = ttl.unwrap();
+        assert!(
+            kinds[*kind].2.contains(&ttl),
+            "{key}: TTL {ttl} on its new owner"
+        );
+        checked[*kind] += 1;
+    }
+    assert!(
+        checked.iter().all(|&n| n >= 10),
+        "moved keys per kind: {checked:?}"
+    );
+}
+
+#[test]
 fn a_returning_server_never_answers_with_values_from_before_its_ejection() {
     let servers: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
     let refs: Vec<&Memcached> = servers.iter().collect();

@@ -200,7 +200,11 @@ impl ClientSession {
                         return false;
                     }
                     for sub in plan.next_chunk(keys) {
-                        let keys_in_sub = sub.line.iter().filter(|&&b| b == b' ').count().max(1);
+                        let keys_in_sub = if sub.meta {
+                            1
+                        } else {
+                            sub.line.iter().filter(|&&b| b == b' ').count().max(1)
+                        };
                         let cost = keys_in_sub * estimate;
                         self.reserve(cost);
                         let backend = &topology.backends[sub.server];
@@ -220,7 +224,15 @@ impl ClientSession {
                                     continue;
                                 }
                             };
-                        let expect = Expect::values(sub.line.clone());
+                        let expect = if sub.meta {
+                            Expect::Meta {
+                                command: MetaCommand::Get,
+                                quiet: false,
+                                replied: false,
+                            }
+                        } else {
+                            Expect::values(sub.line.clone())
+                        };
                         match conn.send(std::slice::from_ref(&sub.line), expect, Some(slot.clone()))
                         {
                             Ok(()) => {
