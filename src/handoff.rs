@@ -8,6 +8,7 @@
 //! Pure: the session sends what a [`Step`] says and feeds the reply back.
 
 use bytes::{BufMut, Bytes, BytesMut};
+use smallvec::SmallVec;
 
 use crate::error::BackendError;
 use crate::protocol::encode::{forwardable, Outbound};
@@ -373,17 +374,120 @@ pub fn read_through_hit(key: &[u8], reply: &[u8], with_cas: bool, now: i64) -> O
     }
     block.put_slice(b"\r\n");
     block.put_slice(data);
-    let exptime = match ttl {
-        // No expiry.
-        -1 => Some(Bytes::from_static(b"0")),
-        t if t <= 0 => None,
-        t if t <= MAX_RELATIVE_EXPTIME => Some(Bytes::from(t.to_string())),
-        t => Some(Bytes::from((now + t).to_string())),
-    };
     Some(ReadThrough {
         block: block.freeze(),
-        exptime,
+        exptime: copy_exptime(ttl, now).map(Bytes::from),
     })
+}
+
+/// Which flags memring appended to a client's `mg` for its read-through from
+/// the previous owner: what a copy needs (`v`, `f`, `t`) and the client did
+/// not ask for. Their return tokens come last, in this order (memcached
+/// answers flags in the order they were asked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AddedFlags {
+    pub value: bool,
+    pub flags: bool,
+    pub ttl: bool,
+}
+
+/// The client's `mg` line (`line`, with its `\r\n`) with `v f t` added where
+/// missing, for asking a moved key's previous owner.
+pub fn meta_read_through_line(line: &[u8], has: impl Fn(u8) -> bool) -> (Bytes, AddedFlags) {
+    let added = AddedFlags {
+        value: !has(b'v'),
+        flags: !has(b'f'),
+        ttl: !has(b't'),
+    };
+    let mut out = BytesMut::with_capacity(line.len() + 6);
+    out.put_slice(line.strip_suffix(b"\r\n").unwrap_or(line));
+    for (flag, add) in [(b'v', added.value), (b'f', added.flags), (b't', added.ttl)] {
+        if add {
+            out.put_slice(&[b' ', flag]);
+        }
+    }
+    out.put_slice(b"\r\n");
+    (out.freeze(), added)
+}
+
+/// The previous owner's hit (`VA`) to a [`meta_read_through_line`]: the reply
+/// the client's own `mg` would have had (the added tokens, and the value if
+/// it was not asked for, removed), and the `ms … ME` (add) that copies the
+/// key to its new owner with its flags and remaining TTL (`None` when it
+/// expires within the second). `None` for anything but such a hit.
+pub fn meta_read_through_hit(
+    reply: &[u8],
+    added: AddedFlags,
+    key_token: &[u8],
+    base64: bool,
+    now: i64,
+) -> Option<(Bytes, Option<Outbound>)> {
+    let header_end = memchr::memmem::find(reply, b"\r\n")?;
+    let tokens: SmallVec<[&[u8]; 8]> = reply[..header_end].split(|&b| b == b' ').collect();
+    let (&status, rest) = tokens.split_first()?;
+    let (&length, flag_tokens) = rest.split_first()?;
+    if status != b"VA" {
+        return None;
+    }
+    let data_len: usize = std::str::from_utf8(length).ok()?.parse().ok()?;
+    let data = reply.get(header_end + 2..)?;
+    if data.len() != data_len + 2 {
+        return None;
+    }
+    let ours = usize::from(added.flags) + usize::from(added.ttl);
+    let kept = flag_tokens.len().checked_sub(ours)?;
+    let number = |flag: u8| -> Option<i64> {
+        let token = flag_tokens
+            .iter()
+            .rev()
+            .find(|t| t.first() == Some(&flag))?;
+        std::str::from_utf8(&token[1..]).ok()?.parse().ok()
+    };
+    let (flags, ttl) = (u32::try_from(number(b'f')?).ok()?, number(b't')?);
+    let mut client = BytesMut::with_capacity(reply.len());
+    if added.value {
+        client.put_slice(b"HD");
+    } else {
+        client.put_slice(b"VA ");
+        client.put_slice(length);
+    }
+    for token in &flag_tokens[..kept] {
+        client.put_u8(b' ');
+        client.put_slice(token);
+    }
+    client.put_slice(b"\r\n");
+    if !added.value {
+        client.put_slice(data);
+    }
+    let copy = copy_exptime(ttl, now).map(|exptime| {
+        let mut line = BytesMut::with_capacity(key_token.len() + 48);
+        line.put_slice(b"ms ");
+        line.put_slice(key_token);
+        line.put_slice(format!(" {data_len} F{flags} ME").as_bytes());
+        if exptime != "0" {
+            line.put_slice(b" T");
+            line.put_slice(exptime.as_bytes());
+        }
+        if base64 {
+            line.put_slice(b" b");
+        }
+        line.put_slice(b"\r\n");
+        let copy: Outbound = smallvec::smallvec![line.freeze(), Bytes::copy_from_slice(data)];
+        copy
+    });
+    Some((client.freeze(), copy))
+}
+
+/// The exptime a copy of an item with `ttl` seconds left is stored with
+/// (`-1`: none): `None` when it expires within the second, since 0 would
+/// keep it forever; beyond 30 days a Unix time, as memcached reads it.
+fn copy_exptime(ttl: i64, now: i64) -> Option<String> {
+    match ttl {
+        -1 => Some("0".into()),
+        t if t <= 0 => None,
+        t if t <= MAX_RELATIVE_EXPTIME => Some(t.to_string()),
+        t => Some((now + t).to_string()),
+    }
 }
 
 /// Copies: how many `add`s a step sent, and how the new owner answered.
@@ -400,8 +504,9 @@ pub enum CopyOutcome {
 /// How the reply to a copy counts.
 pub fn copy_outcome(result: &CallResult) -> CopyOutcome {
     match result {
-        Ok(r) if r.as_ref() == b"STORED\r\n" => CopyOutcome::Made,
-        Ok(r) if r.as_ref() == b"NOT_STORED\r\n" => CopyOutcome::Skipped,
+        // `add` answers STORED / NOT_STORED, `ms … ME` HD / NS.
+        Ok(r) if r.as_ref() == b"STORED\r\n" || r.as_ref() == b"HD\r\n" => CopyOutcome::Made,
+        Ok(r) if r.as_ref() == b"NOT_STORED\r\n" || r.as_ref() == b"NS\r\n" => CopyOutcome::Skipped,
         _ => CopyOutcome::Failed,
     }
 }
@@ -453,6 +558,41 @@ mod tests {
             );
         }
         assert_eq!(&read_through_line(b"k", true)[..], b"mg k v f t c\r\n");
+    }
+
+    #[test]
+    fn meta_read_throughs_answer_as_the_client_asked_and_copy_with_the_ttl() {
+        let now = 1_800_000_000;
+        let asked = |line: &[u8], flags: &[u8]| {
+            let flags = flags.to_vec();
+            meta_read_through_line(line, move |f| flags.contains(&f))
+        };
+        // Nothing a copy needs was asked for: all three added.
+        let (line, added) = asked(b"mg k s O7 k\r\n", b"sOk");
+        assert_eq!(&line[..], b"mg k s O7 k v f t\r\n");
+        let (reply, copy) =
+            meta_read_through_hit(b"VA 2 s2 O7 kk f5 t100\r\nab\r\n", added, b"k", false, now)
+                .unwrap();
+        assert_eq!(&reply[..], b"HD s2 O7 kk\r\n");
+        let copy = copy.unwrap();
+        assert_eq!(&copy[0][..], b"ms k 2 F5 ME T100\r\n");
+        assert_eq!(&copy[1][..], b"ab\r\n");
+        // The client's own v, f and t stay; a base64 key is copied as one.
+        let (line, added) = asked(b"mg Zm9v t v b f q\r\n", b"tvbfq");
+        assert_eq!(&line[..], b"mg Zm9v t v b f q\r\n");
+        let (reply, copy) =
+            meta_read_through_hit(b"VA 1 t-1 b f0\r\nx\r\n", added, b"Zm9v", true, now).unwrap();
+        assert_eq!(&reply[..], b"VA 1 t-1 b f0\r\nx\r\n");
+        assert_eq!(&copy.unwrap()[0][..], b"ms Zm9v 1 F0 ME b\r\n");
+        // Expiring within the second: answered, not copied; misses are not hits.
+        let (_, added) = asked(b"mg k v\r\n", b"v");
+        let (reply, copy) =
+            meta_read_through_hit(b"VA 1 f0 t0\r\nx\r\n", added, b"k", false, now).unwrap();
+        assert_eq!((&reply[..], copy), (&b"VA 1\r\nx\r\n"[..], None));
+        assert_eq!(
+            meta_read_through_hit(b"EN\r\n", added, b"k", false, now),
+            None
+        );
     }
     use crate::protocol::{parse_request, Limits};
 

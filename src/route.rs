@@ -754,6 +754,11 @@ pub enum MetaPlan {
     /// `mg` with replicas: ask `servers` in order, the next one only when
     /// the previous failed (or missed, with `on_miss`).
     ReadThrough { servers: Servers, on_miss: bool },
+    /// `mg` of a moved key during a hand-off window: the new owner, then on a
+    /// miss the previous owner, asked for what a copy needs too; a hit there
+    /// is answered as the client asked and copied to the new owner
+    /// (`handoff::meta_read_through_hit`).
+    ReadMoved { owner: usize, previous: usize },
     /// `md` of a moved key during a hand-off window: the previous owner
     /// first, then the new one (so a read falling through in between finds
     /// the key on neither, as for a classic `delete`); answered with success
@@ -793,9 +798,9 @@ pub fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> M
             (Some(previous), MetaCommand::Get)
                 if !request.takes_lease() && !request.changes_item(bytes) =>
             {
-                MetaPlan::ReadThrough {
-                    servers: [server, previous].into_iter().collect(),
-                    on_miss: true,
+                MetaPlan::ReadMoved {
+                    owner: server,
+                    previous,
                 }
             }
             (Some(previous), MetaCommand::Delete) => MetaPlan::DeleteMoved {

@@ -714,7 +714,8 @@ impl HotWorker {
         let owner = match plan {
             MetaPlan::Forward { server }
             | MetaPlan::CasThenCopy { owner: server, .. }
-            | MetaPlan::DeleteMoved { owner: server, .. } => Some(*server),
+            | MetaPlan::DeleteMoved { owner: server, .. }
+            | MetaPlan::ReadMoved { owner: server, .. } => Some(*server),
             MetaPlan::Quorum { servers, .. } | MetaPlan::ReadThrough { servers, .. } => {
                 servers.first().copied()
             }

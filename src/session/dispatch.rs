@@ -77,6 +77,69 @@ impl ClientSession {
                 }
                 match &mut meta.mode {
                     MetaMode::Forward | MetaMode::Quorum(_) => true,
+                    MetaMode::ReadMoved {
+                        owner,
+                        previous,
+                        wire,
+                        added,
+                        key,
+                        stage,
+                        miss,
+                        copy,
+                    } => {
+                        let Some(result) = &meta.parts[0].result else {
+                            return *stage == ReadMovedStage::Done;
+                        };
+                        match *stage {
+                            ReadMovedStage::Done => true,
+                            ReadMovedStage::Owner => {
+                                if !matches!(result, Ok(reply) if route::meta_is_miss(reply)) {
+                                    *stage = ReadMovedStage::Done;
+                                    return true;
+                                }
+                                *miss = meta.parts[0].result.take();
+                                *stage = ReadMovedStage::Previous;
+                                let mut part = Part::new(*previous);
+                                let expect = meta.expect.clone();
+                                self.send(&topology, &mut part, wire, expect, true, None);
+                                meta.parts[0] = part;
+                                // Later requests wait until this read has its
+                                // answer (and its copy is on its way).
+                                false
+                            }
+                            ReadMovedStage::Previous => {
+                                *stage = ReadMovedStage::Done;
+                                let now = unix_now();
+                                let hit = match result {
+                                    Ok(reply) => crate::handoff::meta_read_through_hit(
+                                        reply, *added, &key.0, key.1, now,
+                                    ),
+                                    Err(_) => None,
+                                };
+                                self.worker
+                                    .stats
+                                    .read_through(1, usize::from(hit.is_some()));
+                                let Some((answer, copy_wire)) = hit else {
+                                    // A miss (or a failure) there too: the
+                                    // owner's miss, as the client asked.
+                                    meta.parts[0].result = miss.take();
+                                    return true;
+                                };
+                                meta.parts[0].result = Some(Ok(answer));
+                                if let Some(copy_wire) = copy_wire {
+                                    let mut part = Part::new(*owner);
+                                    let expect = Expect::Meta {
+                                        command: MetaCommand::Set,
+                                        quiet: false,
+                                        replied: false,
+                                    };
+                                    self.send(&topology, &mut part, &copy_wire, expect, true, None);
+                                    *copy = Some(part);
+                                }
+                                true
+                            }
+                        }
+                    }
                     MetaMode::DeleteMoved { owner, previous } => {
                         if previous.is_none() {
                             let Some(result) = meta.parts[0].result.take() else {
@@ -385,6 +448,12 @@ impl ClientSession {
             Work::Lines { parts, .. } => parts.iter_mut().for_each(Part::absorb),
             Work::Cas { owner, .. } => owner.absorb(),
             Work::Meta(meta) => {
+                if let MetaMode::ReadMoved {
+                    copy: Some(copy), ..
+                } = &mut meta.mode
+                {
+                    copy.absorb();
+                }
                 for part in meta.parts.iter_mut() {
                     part.absorb();
                     if let Some(Ok(reply)) = &part.result {
@@ -535,6 +604,21 @@ impl ClientSession {
                     MetaMode::CasThenCopy {
                         copies: Some(_), ..
                     } => return false,
+                    MetaMode::ReadMoved { stage, copy, .. } => {
+                        if *stage != ReadMovedStage::Done {
+                            return false;
+                        }
+                        if let Some(copy) = copy {
+                            if copy.result.is_none() {
+                                return false;
+                            }
+                            count_copies(stats, std::slice::from_ref(copy));
+                        }
+                        match &meta.parts[0].result {
+                            Some(result) => result.clone(),
+                            None => return false,
+                        }
+                    }
                     MetaMode::DeleteMoved { previous: None, .. } => return false,
                     MetaMode::DeleteMoved {
                         previous: Some(first),
@@ -619,4 +703,11 @@ fn write_no_quorum(out: &mut BytesMut, servers: &[Arc<str>]) {
         format!("no quorum: failed on {}", names.join(", "))
     };
     write_server_error(out, &reason);
+}
+
+/// Seconds since the Unix epoch (0 if the clock is before it).
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }

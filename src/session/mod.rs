@@ -538,12 +538,35 @@ enum MetaMode {
         next: usize,
         on_miss: bool,
     },
+    /// `mg` of a moved key: the owner (the part) first; after a miss the
+    /// previous owner is sent `wire` (the request with `v f t` added), and
+    /// a hit there is answered as the client asked and copied (`copy`).
+    ReadMoved {
+        owner: usize,
+        previous: usize,
+        wire: SmallVec<[Bytes; 3]>,
+        added: crate::handoff::AddedFlags,
+        /// The key token as sent, and whether it is base64 (`b`).
+        key: (Bytes, bool),
+        stage: ReadMovedStage,
+        /// The owner's miss, the answer unless the previous owner hits.
+        miss: Option<CallResult>,
+        copy: Option<Part>,
+    },
     /// `md` of a moved key: sent to the previous owner (the part), then to
     /// `owner`; `previous` keeps the first reply.
     DeleteMoved {
         owner: usize,
         previous: Option<CallResult>,
     },
+}
+
+/// Where a [`MetaMode::ReadMoved`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReadMovedStage {
+    Owner,
+    Previous,
+    Done,
 }
 
 /// How the parts' one-line replies become the client's reply.

@@ -135,6 +135,29 @@ impl ClientSession {
                     copy,
                 },
             ),
+            MetaPlan::ReadMoved { owner, previous } => {
+                let line = &bytes[..request.line_len as usize];
+                let (line, added) = crate::handoff::meta_read_through_line(line, |flag| {
+                    request.flags(&bytes).any(|(f, _)| f == flag)
+                });
+                let mut moved_wire: SmallVec<[Bytes; 3]> = smallvec::smallvec![line];
+                if quiet {
+                    moved_wire.push(Bytes::from_static(b"mn\r\n"));
+                }
+                (
+                    parts(&[owner]),
+                    MetaMode::ReadMoved {
+                        owner,
+                        previous,
+                        wire: moved_wire,
+                        added,
+                        key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
+                        stage: ReadMovedStage::Owner,
+                        miss: None,
+                        copy: None,
+                    },
+                )
+            }
             MetaPlan::DeleteMoved { owner, previous } => (
                 parts(&[previous]),
                 MetaMode::DeleteMoved {
