@@ -380,6 +380,19 @@ pub fn read_through_hit(key: &[u8], reply: &[u8], with_cas: bool, now: i64) -> O
     })
 }
 
+/// The `mg` that fetches a moved key from its previous owner for a copy:
+/// value, client flags and remaining TTL (see [`meta_read_through_hit`]).
+pub fn meta_fetch_line(key_token: &[u8], base64: bool) -> (Bytes, AddedFlags) {
+    let mut line = BytesMut::with_capacity(key_token.len() + 8);
+    line.put_slice(b"mg ");
+    line.put_slice(key_token);
+    if base64 {
+        line.put_slice(b" b");
+    }
+    line.put_slice(b"\r\n");
+    meta_read_through_line(&line, |_| false)
+}
+
 /// Which flags memring appended to a client's `mg` for its read-through from
 /// the previous owner: what a copy needs (`v`, `f`, `t`) and the client did
 /// not ask for. Their return tokens come last, in this order (memcached
@@ -593,6 +606,9 @@ mod tests {
             meta_read_through_hit(b"EN\r\n", added, b"k", false, now),
             None
         );
+        let (line, added) = meta_fetch_line(b"Zm9v", true);
+        assert_eq!(&line[..], b"mg Zm9v b v f t\r\n");
+        assert!(added.value && added.flags && added.ttl);
     }
     use crate::protocol::{parse_request, Limits};
 

@@ -759,6 +759,11 @@ pub enum MetaPlan {
     /// is answered as the client asked and copied to the new owner
     /// (`handoff::meta_read_through_hit`).
     ReadMoved { owner: usize, previous: usize },
+    /// `ma` (without `N`), `ms` in append, prepend or replace mode, or `mg`
+    /// with `T` of a moved key during a hand-off window: run on the new
+    /// owner; if the key is not there, copy it from the previous owner and
+    /// run again (see [`meta_absent`]).
+    RetryMoved { owner: usize, previous: usize },
     /// `md` of a moved key during a hand-off window: the previous owner
     /// first, then the new one (so a read falling through in between finds
     /// the key on neither, as for a classic `delete`); answered with success
@@ -807,6 +812,12 @@ pub fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> M
                 owner: server,
                 previous,
             },
+            (Some(previous), _) if meta_retries_after_copy(request, bytes) => {
+                MetaPlan::RetryMoved {
+                    owner: server,
+                    previous,
+                }
+            }
             _ => MetaPlan::Forward { server },
         };
     }
@@ -856,6 +867,34 @@ pub fn meta_copy(request: &MetaRequest, bytes: &Bytes) -> Bytes {
     out.freeze()
 }
 
+/// Whether a meta request on a moved key needs the key on its new owner
+/// (`ma` without `N`, `ms` in mode A/P/R, `mg` with `T`): then it is retried
+/// after a copy when the new owner does not have the key.
+fn meta_retries_after_copy(request: &MetaRequest, bytes: &[u8]) -> bool {
+    match request.command {
+        MetaCommand::Arithmetic => !request.vivify,
+        MetaCommand::Set => matches!(
+            request.mode.map(|m| m.to_ascii_uppercase()),
+            Some(b'A' | b'P' | b'R')
+        ),
+        MetaCommand::Get => {
+            !request.takes_lease() && request.flags(bytes).any(|(flag, _)| flag == b'T')
+        }
+        _ => false,
+    }
+}
+
+/// Whether a meta reply (as the session got it) says the key is not on the
+/// server: `NF` for `ma`, `NS` for `ms`, a miss for `mg`.
+pub fn meta_absent(command: MetaCommand, reply: &[u8]) -> bool {
+    match command {
+        MetaCommand::Arithmetic => reply.starts_with(b"NF"),
+        MetaCommand::Set => reply.starts_with(b"NS"),
+        MetaCommand::Get => meta_is_miss(reply),
+        _ => false,
+    }
+}
+
 /// Whether a meta reply to an `mg` (as the session got it: empty when `q`
 /// suppressed it) is a miss, so a read may fall through to the next replica.
 pub fn meta_is_miss(reply: &[u8]) -> bool {
@@ -871,6 +910,22 @@ pub fn meta_succeeded(reply: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn meta_absence_is_per_command() {
+        use MetaCommand::{Arithmetic, Delete, Get, Set};
+        assert!(meta_absent(Arithmetic, b"NF\r\n"));
+        assert!(!meta_absent(Arithmetic, b"HD\r\n"));
+        assert!(meta_absent(Set, b"NS\r\n"));
+        assert!(!meta_absent(Set, b"HD\r\n"));
+        assert!(meta_absent(Get, b"EN\r\n"));
+        assert!(meta_absent(Get, b""), "a miss q suppressed");
+        assert!(!meta_absent(Get, b"VA 1\r\nx\r\n"));
+        assert!(
+            !meta_absent(Delete, b"NF\r\n"),
+            "md is handed off on its own"
+        );
+    }
     use crate::error::BackendErrorKind;
     use crate::protocol::{parse_request, Limits};
 

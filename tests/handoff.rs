@@ -300,7 +300,7 @@ fn meta_reads_and_deletes_of_moved_keys_behave_as_if_the_key_had_not_moved() {
     let before = ring_of(&path);
     let proxy = Proxy::start_file(&path);
     let mut client = proxy.client();
-    let keys: Vec<String> = (0..400).map(|i| format!("meta:{i}")).collect();
+    let keys: Vec<String> = (0..800).map(|i| format!("meta:{i}")).collect();
     for key in &keys {
         assert_eq!(client.set(key, b"10"), b"STORED\r\n");
     }
@@ -311,7 +311,7 @@ fn meta_reads_and_deletes_of_moved_keys_behave_as_if_the_key_had_not_moved() {
         .iter()
         .filter(|k| owner_name(&before, k) != owner_name(&after, k))
         .collect();
-    assert!(moved.len() >= 40, "{} moved", moved.len());
+    assert!(moved.len() >= 80, "{} moved", moved.len());
     let line = ReplyKind::Line;
     let values = ReplyKind::Values;
     // A value reply ends with its data: read up to the expected ending.
@@ -322,8 +322,8 @@ fn meta_reads_and_deletes_of_moved_keys_behave_as_if_the_key_had_not_moved() {
         reply.extend_from_slice(tail);
         assert_eq!(reply, expected, "{request:?}: {}", show(&reply));
     }
-    let groups: Vec<Vec<&String>> = (0..4)
-        .map(|g| moved.iter().skip(g).step_by(4).copied().collect())
+    let groups: Vec<Vec<&String>> = (0..8)
+        .map(|g| moved.iter().skip(g).step_by(8).copied().collect())
         .collect();
     // Reads find the value on the previous owner, quiet or not, answered as
     // the client asked; the value is then copied to the new owner.
@@ -364,6 +364,35 @@ fn meta_reads_and_deletes_of_moved_keys_behave_as_if_the_key_had_not_moved() {
         value(&mut client, format!("ms {key} 3\r\nnew\r\n"), b"HD\r\n");
         value(&mut client, format!("mg {key} v\r\n"), b"VA 3\r\nnew\r\n");
     }
+    // Arithmetic, append and touch find the key where it was: copied to the
+    // new owner first, then run there.
+    for key in &groups[4] {
+        value(&mut client, format!("ma {key} v\r\n"), b"VA 2\r\n11\r\n");
+        assert_eq!(client.get(key).as_deref(), Some(&b"11"[..]), "{key}");
+    }
+    for key in &groups[5] {
+        value(&mut client, format!("ma {key} q\r\nmn\r\n"), b"MN\r\n");
+        assert_eq!(client.get(key).as_deref(), Some(&b"11"[..]), "{key}");
+    }
+    for key in &groups[6] {
+        value(&mut client, format!("ms {key} 2 MA\r\nab\r\n"), b"HD\r\n");
+        assert_eq!(client.get(key).as_deref(), Some(&b"10ab"[..]), "{key}");
+    }
+    for key in &groups[7] {
+        value(
+            &mut client,
+            format!("mg {key} T100 v t\r\n"),
+            b"VA 2 t100\r\n10\r\n",
+        );
+        let new_owner = owner_name(&after, key);
+        let server = servers
+            .iter()
+            .find(|s| format!("cache-{}", s.port) == new_owner);
+        let mut direct = server.unwrap().client();
+        let reply = direct.call(format!("mg {key} t\r\n").as_bytes(), line);
+        assert_eq!(reply, b"HD t100\r\n", "{key} touched on its new owner");
+    }
+    assert!(stat(&proxy, "handoff_copies") > 0, "{}", stats_text(&proxy));
 }
 
 #[test]

@@ -715,7 +715,8 @@ impl HotWorker {
             MetaPlan::Forward { server }
             | MetaPlan::CasThenCopy { owner: server, .. }
             | MetaPlan::DeleteMoved { owner: server, .. }
-            | MetaPlan::ReadMoved { owner: server, .. } => Some(*server),
+            | MetaPlan::ReadMoved { owner: server, .. }
+            | MetaPlan::RetryMoved { owner: server, .. } => Some(*server),
             MetaPlan::Quorum { servers, .. } | MetaPlan::ReadThrough { servers, .. } => {
                 servers.first().copied()
             }

@@ -140,6 +140,80 @@ impl ClientSession {
                             }
                         }
                     }
+                    MetaMode::RetryMoved {
+                        owner,
+                        previous,
+                        key,
+                        stage,
+                        absent,
+                        copy,
+                    } => {
+                        let Some(result) = &meta.parts[0].result else {
+                            return *stage == RetryStage::Answer;
+                        };
+                        match *stage {
+                            RetryStage::Answer => true,
+                            RetryStage::Owner => {
+                                let there = !matches!(result,
+                                    Ok(reply) if route::meta_absent(meta.command, reply));
+                                if there {
+                                    *stage = RetryStage::Answer;
+                                    return true;
+                                }
+                                *absent = meta.parts[0].result.take();
+                                *stage = RetryStage::Fetch;
+                                let (line, _) = crate::handoff::meta_fetch_line(&key.0, key.1);
+                                let mut part = Part::new(*previous);
+                                let expect = Expect::Meta {
+                                    command: MetaCommand::Get,
+                                    quiet: false,
+                                    replied: false,
+                                };
+                                self.send(&topology, &mut part, &[line], expect, true, None);
+                                meta.parts[0] = part;
+                                false
+                            }
+                            RetryStage::Fetch => {
+                                *stage = RetryStage::Answer;
+                                let (_, added) = crate::handoff::meta_fetch_line(&key.0, key.1);
+                                let copy_wire = match result {
+                                    Ok(reply) => crate::handoff::meta_read_through_hit(
+                                        reply,
+                                        added,
+                                        &key.0,
+                                        key.1,
+                                        unix_now(),
+                                    )
+                                    .and_then(|(_, copy)| copy),
+                                    Err(_) => None,
+                                };
+                                self.worker
+                                    .stats
+                                    .read_through(1, usize::from(copy_wire.is_some()));
+                                let Some(copy_wire) = copy_wire else {
+                                    // Not on the previous owner either: the
+                                    // new owner's answer stands.
+                                    meta.parts[0].result = absent.take();
+                                    return true;
+                                };
+                                let mut part = Part::new(*owner);
+                                let expect = Expect::Meta {
+                                    command: MetaCommand::Set,
+                                    quiet: false,
+                                    replied: false,
+                                };
+                                self.send(&topology, &mut part, &copy_wire, expect, true, None);
+                                *copy = Some(part);
+                                // Again, now that the key is there.
+                                let mut part = Part::new(*owner);
+                                let hot = entry.hot.as_ref();
+                                let expect = meta.expect.clone();
+                                self.send(&topology, &mut part, &meta.wire, expect, true, hot);
+                                meta.parts[0] = part;
+                                true
+                            }
+                        }
+                    }
                     MetaMode::DeleteMoved { owner, previous } => {
                         if previous.is_none() {
                             let Some(result) = meta.parts[0].result.take() else {
@@ -450,6 +524,9 @@ impl ClientSession {
             Work::Meta(meta) => {
                 if let MetaMode::ReadMoved {
                     copy: Some(copy), ..
+                }
+                | MetaMode::RetryMoved {
+                    copy: Some(copy), ..
                 } = &mut meta.mode
                 {
                     copy.absorb();
@@ -606,6 +683,21 @@ impl ClientSession {
                     } => return false,
                     MetaMode::ReadMoved { stage, copy, .. } => {
                         if *stage != ReadMovedStage::Done {
+                            return false;
+                        }
+                        if let Some(copy) = copy {
+                            if copy.result.is_none() {
+                                return false;
+                            }
+                            count_copies(stats, std::slice::from_ref(copy));
+                        }
+                        match &meta.parts[0].result {
+                            Some(result) => result.clone(),
+                            None => return false,
+                        }
+                    }
+                    MetaMode::RetryMoved { stage, copy, .. } => {
+                        if *stage != RetryStage::Answer {
                             return false;
                         }
                         if let Some(copy) = copy {

@@ -553,6 +553,19 @@ enum MetaMode {
         miss: Option<CallResult>,
         copy: Option<Part>,
     },
+    /// `ma`/`ms`/`mg` of a moved key that needs it on its new owner: run
+    /// there (the part); if absent, fetched from `previous`, copied, and run
+    /// again.
+    RetryMoved {
+        owner: usize,
+        previous: usize,
+        /// The key token as sent, and whether it is base64 (`b`).
+        key: (Bytes, bool),
+        stage: RetryStage,
+        /// The new owner's first reply, the answer if there is nothing to copy.
+        absent: Option<CallResult>,
+        copy: Option<Part>,
+    },
     /// `md` of a moved key: sent to the previous owner (the part), then to
     /// `owner`; `previous` keeps the first reply.
     DeleteMoved {
@@ -567,6 +580,17 @@ enum ReadMovedStage {
     Owner,
     Previous,
     Done,
+}
+
+/// Where a [`MetaMode::RetryMoved`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RetryStage {
+    /// Waiting for the new owner's first reply.
+    Owner,
+    /// Waiting for the previous owner's value.
+    Fetch,
+    /// The answer is (or will be) the part's reply.
+    Answer,
 }
 
 /// How the parts' one-line replies become the client's reply.

@@ -158,6 +158,17 @@ impl ClientSession {
                     },
                 )
             }
+            MetaPlan::RetryMoved { owner, previous } => (
+                parts(&[owner]),
+                MetaMode::RetryMoved {
+                    owner,
+                    previous,
+                    key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
+                    stage: RetryStage::Owner,
+                    absent: None,
+                    copy: None,
+                },
+            ),
             MetaPlan::DeleteMoved { owner, previous } => (
                 parts(&[previous]),
                 MetaMode::DeleteMoved {
