@@ -762,8 +762,14 @@ pub enum MetaPlan {
     /// `ma` (without `N`), `ms` in append, prepend or replace mode, or `mg`
     /// with `T` of a moved key during a hand-off window: run on the new
     /// owner; if the key is not there, copy it from the previous owner and
-    /// run again (see [`meta_absent`]).
-    RetryMoved { owner: usize, previous: usize },
+    /// run again (see [`meta_absent`]). With `copy_first` (`ms` in add
+    /// mode, `ME`), the copy comes first, so an add does not store over a
+    /// value the previous owner still holds.
+    RetryMoved {
+        owner: usize,
+        previous: usize,
+        copy_first: bool,
+    },
     /// `md` of a moved key during a hand-off window: the previous owner
     /// first, then the new one (so a read falling through in between finds
     /// the key on neither, as for a classic `delete`); answered with success
@@ -816,6 +822,16 @@ pub fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> M
                 MetaPlan::RetryMoved {
                     owner: server,
                     previous,
+                    copy_first: false,
+                }
+            }
+            (Some(previous), MetaCommand::Set)
+                if request.mode.map(|m| m.to_ascii_uppercase()) == Some(b'E') =>
+            {
+                MetaPlan::RetryMoved {
+                    owner: server,
+                    previous,
+                    copy_first: true,
                 }
             }
             _ => MetaPlan::Forward { server },

@@ -300,7 +300,7 @@ fn meta_reads_and_deletes_of_moved_keys_behave_as_if_the_key_had_not_moved() {
     let before = ring_of(&path);
     let proxy = Proxy::start_file(&path);
     let mut client = proxy.client();
-    let keys: Vec<String> = (0..800).map(|i| format!("meta:{i}")).collect();
+    let keys: Vec<String> = (0..900).map(|i| format!("meta:{i}")).collect();
     for key in &keys {
         assert_eq!(client.set(key, b"10"), b"STORED\r\n");
     }
@@ -322,8 +322,8 @@ fn meta_reads_and_deletes_of_moved_keys_behave_as_if_the_key_had_not_moved() {
         reply.extend_from_slice(tail);
         assert_eq!(reply, expected, "{request:?}: {}", show(&reply));
     }
-    let groups: Vec<Vec<&String>> = (0..8)
-        .map(|g| moved.iter().skip(g).step_by(8).copied().collect())
+    let groups: Vec<Vec<&String>> = (0..9)
+        .map(|g| moved.iter().skip(g).step_by(9).copied().collect())
         .collect();
     // Reads find the value on the previous owner, quiet or not, answered as
     // the client asked; the value is then copied to the new owner.
@@ -354,6 +354,9 @@ fn meta_reads_and_deletes_of_moved_keys_behave_as_if_the_key_had_not_moved() {
         assert_eq!(call(format!("get {key}\r\n"), values), b"END\r\n", "{key}");
         assert_eq!(call(format!("mg {key} v\r\n"), line), b"EN\r\n", "{key}");
         assert_eq!(call(format!("md {key}\r\n"), line), b"NF\r\n", "{key}");
+        // Gone from both: an add stores.
+        let add = format!("ms {key} 1 ME\r\nx\r\n");
+        assert_eq!(call(add, line), b"HD\r\n", "{key}");
     }
     for key in &groups[2] {
         assert_eq!(call(format!("md {key} q\r\nmn\r\n"), line), b"MN\r\n");
@@ -391,6 +394,11 @@ fn meta_reads_and_deletes_of_moved_keys_behave_as_if_the_key_had_not_moved() {
         let mut direct = server.unwrap().client();
         let reply = direct.call(format!("mg {key} t\r\n").as_bytes(), line);
         assert_eq!(reply, b"HD t100\r\n", "{key} touched on its new owner");
+    }
+    // An add does not store over the value the previous owner holds.
+    for key in &groups[8] {
+        value(&mut client, format!("ms {key} 1 ME\r\nx\r\n"), b"NS\r\n");
+        assert_eq!(client.get(key).as_deref(), Some(&b"10"[..]), "{key}");
     }
     assert!(stat(&proxy, "handoff_copies") > 0, "{}", stats_text(&proxy));
 }

@@ -69,9 +69,27 @@ impl ClientSession {
                     }
                     self.reserve(cost);
                     entry.reserved = cost;
-                    for part in meta.parts.iter_mut() {
-                        let hot = entry.hot.as_ref();
-                        self.send(&topology, part, &meta.wire, meta.expect.clone(), true, hot);
+                    if let MetaMode::RetryMoved {
+                        key,
+                        stage: RetryStage::Fetch,
+                        ..
+                    } = &meta.mode
+                    {
+                        // `ms` in add mode: the previous owner's value first.
+                        let (line, _) = crate::handoff::meta_fetch_line(&key.0, key.1);
+                        self.send(
+                            &topology,
+                            &mut meta.parts[0],
+                            &[line],
+                            fetch_expect(),
+                            true,
+                            None,
+                        );
+                    } else {
+                        for part in meta.parts.iter_mut() {
+                            let hot = entry.hot.as_ref();
+                            self.send(&topology, part, &meta.wire, meta.expect.clone(), true, hot);
+                        }
                     }
                     entry.sent = true;
                 }
@@ -164,12 +182,14 @@ impl ClientSession {
                                 *stage = RetryStage::Fetch;
                                 let (line, _) = crate::handoff::meta_fetch_line(&key.0, key.1);
                                 let mut part = Part::new(*previous);
-                                let expect = Expect::Meta {
-                                    command: MetaCommand::Get,
-                                    quiet: false,
-                                    replied: false,
-                                };
-                                self.send(&topology, &mut part, &[line], expect, true, None);
+                                self.send(
+                                    &topology,
+                                    &mut part,
+                                    &[line],
+                                    fetch_expect(),
+                                    true,
+                                    None,
+                                );
                                 meta.parts[0] = part;
                                 false
                             }
@@ -190,21 +210,23 @@ impl ClientSession {
                                 self.worker
                                     .stats
                                     .read_through(1, usize::from(copy_wire.is_some()));
-                                let Some(copy_wire) = copy_wire else {
+                                if let Some(copy_wire) = copy_wire {
+                                    let mut part = Part::new(*owner);
+                                    let expect = Expect::Meta {
+                                        command: MetaCommand::Set,
+                                        quiet: false,
+                                        replied: false,
+                                    };
+                                    self.send(&topology, &mut part, &copy_wire, expect, true, None);
+                                    *copy = Some(part);
+                                } else if absent.is_some() {
                                     // Not on the previous owner either: the
                                     // new owner's answer stands.
                                     meta.parts[0].result = absent.take();
                                     return true;
-                                };
-                                let mut part = Part::new(*owner);
-                                let expect = Expect::Meta {
-                                    command: MetaCommand::Set,
-                                    quiet: false,
-                                    replied: false,
-                                };
-                                self.send(&topology, &mut part, &copy_wire, expect, true, None);
-                                *copy = Some(part);
-                                // Again, now that the key is there.
+                                }
+                                // On the new owner: again now that the key is
+                                // there, or first (add mode).
                                 let mut part = Part::new(*owner);
                                 let hot = entry.hot.as_ref();
                                 let expect = meta.expect.clone();
@@ -802,4 +824,13 @@ fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// How the `mg` fetching a moved key from its previous owner is framed.
+fn fetch_expect() -> Expect {
+    Expect::Meta {
+        command: MetaCommand::Get,
+        quiet: false,
+        replied: false,
+    }
 }

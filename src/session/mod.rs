@@ -562,7 +562,8 @@ enum MetaMode {
         /// The key token as sent, and whether it is base64 (`b`).
         key: (Bytes, bool),
         stage: RetryStage,
-        /// The new owner's first reply, the answer if there is nothing to copy.
+        /// The new owner's first reply, the answer if there is nothing to
+        /// copy; `None` when the copy comes first (`ms` in add mode).
         absent: Option<CallResult>,
         copy: Option<Part>,
     },

@@ -158,13 +158,21 @@ impl ClientSession {
                     },
                 )
             }
-            MetaPlan::RetryMoved { owner, previous } => (
-                parts(&[owner]),
+            MetaPlan::RetryMoved {
+                owner,
+                previous,
+                copy_first,
+            } => (
+                parts(&[if copy_first { previous } else { owner }]),
                 MetaMode::RetryMoved {
                     owner,
                     previous,
                     key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
-                    stage: RetryStage::Owner,
+                    stage: if copy_first {
+                        RetryStage::Fetch
+                    } else {
+                        RetryStage::Owner
+                    },
                     absent: None,
                     copy: None,
                 },
