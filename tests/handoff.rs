@@ -195,27 +195,69 @@ fn removing_a_running_server_keeps_its_keys_readable() {
     assert!(first >= keys.len() * 995 / 1000, "first pass {first}");
 }
 
+/// Five memcached, memring over the first four, `keys` stored through it
+/// by `store`, then the fifth added: what a test of moved keys needs.
+struct GrownToFive {
+    _dir: TempDir,
+    servers: Vec<Memcached>,
+    proxy: Proxy,
+    client: Client,
+    before: Ring,
+    after: Ring,
+}
+
+impl GrownToFive {
+    fn start(test: &str, keys: &[String], mut store: impl FnMut(&mut Client, &str)) -> Self {
+        let dir = TempDir::new("handoff", test);
+        let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+        let all: Vec<&Memcached> = servers.iter().collect();
+        let path = dir.path("memring.toml");
+        std::fs::write(&path, config(&all[..4])).unwrap();
+        let before = ring_of(&path);
+        let proxy = Proxy::start_file(&path);
+        let mut client = proxy.client();
+        for key in keys {
+            store(&mut client, key);
+        }
+        replace_by_rename(&path, &config(&all));
+        wait_for("ring version 2", || proxy.ring_version() >= 2);
+        let after = ring_of(&path);
+        drop(all);
+        GrownToFive {
+            _dir: dir,
+            servers,
+            proxy,
+            client,
+            before,
+            after,
+        }
+    }
+
+    fn moved<'a>(&self, keys: &'a [String]) -> Vec<&'a String> {
+        keys.iter()
+            .filter(|k| owner_name(&self.before, k) != owner_name(&self.after, k))
+            .collect()
+    }
+
+    /// The server that owns `key` now.
+    fn new_owner(&self, key: &str) -> &Memcached {
+        let name = owner_name(&self.after, key);
+        self.servers
+            .iter()
+            .find(|s| format!("cache-{}", s.port) == name)
+            .unwrap()
+    }
+}
+
 #[test]
 fn commands_on_moved_keys_behave_as_if_the_key_had_not_moved() {
-    let dir = TempDir::new("handoff", "commands");
-    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
-    let all: Vec<&Memcached> = servers.iter().collect();
-    let path = dir.path("memring.toml");
-    std::fs::write(&path, config(&all[..4])).unwrap();
-    let before = ring_of(&path);
-    let proxy = Proxy::start_file(&path);
-    let mut client = proxy.client();
     let keys: Vec<String> = (0..600).map(|i| format!("cmd:{i}")).collect();
-    for key in &keys {
+    let mut grown = GrownToFive::start("commands", &keys, |client, key| {
         assert_eq!(client.set(key, b"10"), b"STORED\r\n");
-    }
-    replace_by_rename(&path, &config(&all));
-    wait_for("ring version 2", || proxy.ring_version() >= 2);
-    let after = ring_of(&path);
-    let moved: Vec<&String> = keys
-        .iter()
-        .filter(|k| owner_name(&before, k) != owner_name(&after, k))
-        .collect();
+    });
+    let moved = grown.moved(&keys);
+    let (before, after) = (&grown.before, &grown.after);
+    let client = &mut grown.client;
     assert!(moved.len() >= 80, "{} moved", moved.len());
     let mut call = |request: String, kind| client.call(request.as_bytes(), kind);
     let line = ReplyKind::Line;
@@ -285,32 +327,18 @@ fn commands_on_moved_keys_behave_as_if_the_key_had_not_moved() {
     // Keys that did not move are untouched by all this.
     let mut unmoved = keys
         .iter()
-        .filter(|k| owner_name(&before, k) == owner_name(&after, k));
+        .filter(|k| owner_name(before, k) == owner_name(after, k));
     let key = unmoved.next().unwrap();
     assert_eq!(client.get(key), Some(b"10".to_vec()));
 }
 
 #[test]
 fn meta_reads_and_deletes_of_moved_keys_behave_as_if_the_key_had_not_moved() {
-    let dir = TempDir::new("handoff", "meta");
-    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
-    let all: Vec<&Memcached> = servers.iter().collect();
-    let path = dir.path("memring.toml");
-    std::fs::write(&path, config(&all[..4])).unwrap();
-    let before = ring_of(&path);
-    let proxy = Proxy::start_file(&path);
-    let mut client = proxy.client();
     let keys: Vec<String> = (0..900).map(|i| format!("meta:{i}")).collect();
-    for key in &keys {
+    let mut grown = GrownToFive::start("meta", &keys, |client, key| {
         assert_eq!(client.set(key, b"10"), b"STORED\r\n");
-    }
-    replace_by_rename(&path, &config(&all));
-    wait_for("ring version 2", || proxy.ring_version() >= 2);
-    let after = ring_of(&path);
-    let moved: Vec<&String> = keys
-        .iter()
-        .filter(|k| owner_name(&before, k) != owner_name(&after, k))
-        .collect();
+    });
+    let moved = grown.moved(&keys);
     assert!(moved.len() >= 80, "{} moved", moved.len());
     let line = ReplyKind::Line;
     let values = ReplyKind::Values;
@@ -330,23 +358,23 @@ fn meta_reads_and_deletes_of_moved_keys_behave_as_if_the_key_had_not_moved() {
     for key in &groups[0] {
         let asked = format!("mg {key} s k O7\r\n");
         value(
-            &mut client,
+            &mut grown.client,
             asked,
             format!("HD s2 k{key} O7\r\n").as_bytes(),
         );
-        value(&mut client, format!("mg {key} v\r\n"), b"VA 2\r\n10\r\n");
+        value(
+            &mut grown.client,
+            format!("mg {key} v\r\n"),
+            b"VA 2\r\n10\r\n",
+        );
         let quiet = format!("mg {key} v q\r\nmn\r\n");
-        value(&mut client, quiet, b"VA 2\r\n10\r\nMN\r\n");
-        let new_owner = owner_name(&after, key);
-        let server = servers
-            .iter()
-            .find(|s| format!("cache-{}", s.port) == new_owner);
-        let mut direct = server.unwrap().client();
+        value(&mut grown.client, quiet, b"VA 2\r\n10\r\nMN\r\n");
+        let mut direct = grown.new_owner(key).client();
         direct.send(format!("mg {key} v f t\r\n").as_bytes());
         let reply = direct.read_until_suffix(b"\r\n10\r\n");
         assert_eq!(reply, b"VA 2 f0 t-1", "{key} on its new owner");
     }
-    let mut call = |request: String, kind| client.call(request.as_bytes(), kind);
+    let mut call = |request: String, kind| grown.client.call(request.as_bytes(), kind);
     // A delete removes it from both: no read finds it afterwards, not even a
     // classic get, which also reads through to the previous owner.
     for key in &groups[1] {
@@ -364,102 +392,109 @@ fn meta_reads_and_deletes_of_moved_keys_behave_as_if_the_key_had_not_moved() {
     }
     // A value set since the change is found on the new owner first.
     for key in &groups[3] {
-        value(&mut client, format!("ms {key} 3\r\nnew\r\n"), b"HD\r\n");
-        value(&mut client, format!("mg {key} v\r\n"), b"VA 3\r\nnew\r\n");
+        value(
+            &mut grown.client,
+            format!("ms {key} 3\r\nnew\r\n"),
+            b"HD\r\n",
+        );
+        value(
+            &mut grown.client,
+            format!("mg {key} v\r\n"),
+            b"VA 3\r\nnew\r\n",
+        );
     }
     // Arithmetic, append and touch find the key where it was: copied to the
     // new owner first, then run there.
     for key in &groups[4] {
-        value(&mut client, format!("ma {key} v\r\n"), b"VA 2\r\n11\r\n");
-        assert_eq!(client.get(key).as_deref(), Some(&b"11"[..]), "{key}");
+        value(
+            &mut grown.client,
+            format!("ma {key} v\r\n"),
+            b"VA 2\r\n11\r\n",
+        );
+        assert_eq!(grown.client.get(key).as_deref(), Some(&b"11"[..]), "{key}");
     }
     for key in &groups[5] {
-        value(&mut client, format!("ma {key} q\r\nmn\r\n"), b"MN\r\n");
-        assert_eq!(client.get(key).as_deref(), Some(&b"11"[..]), "{key}");
+        value(
+            &mut grown.client,
+            format!("ma {key} q\r\nmn\r\n"),
+            b"MN\r\n",
+        );
+        assert_eq!(grown.client.get(key).as_deref(), Some(&b"11"[..]), "{key}");
     }
     for key in &groups[6] {
-        value(&mut client, format!("ms {key} 2 MA\r\nab\r\n"), b"HD\r\n");
-        assert_eq!(client.get(key).as_deref(), Some(&b"10ab"[..]), "{key}");
+        value(
+            &mut grown.client,
+            format!("ms {key} 2 MA\r\nab\r\n"),
+            b"HD\r\n",
+        );
+        assert_eq!(
+            grown.client.get(key).as_deref(),
+            Some(&b"10ab"[..]),
+            "{key}"
+        );
     }
     for key in &groups[7] {
         value(
-            &mut client,
+            &mut grown.client,
             format!("mg {key} T100 v t\r\n"),
             b"VA 2 t100\r\n10\r\n",
         );
-        let new_owner = owner_name(&after, key);
-        let server = servers
-            .iter()
-            .find(|s| format!("cache-{}", s.port) == new_owner);
-        let mut direct = server.unwrap().client();
+        let mut direct = grown.new_owner(key).client();
         let reply = direct.call(format!("mg {key} t\r\n").as_bytes(), line);
         assert_eq!(reply, b"HD t100\r\n", "{key} touched on its new owner");
     }
     // An add does not store over the value the previous owner holds.
     for key in &groups[8] {
-        value(&mut client, format!("ms {key} 1 ME\r\nx\r\n"), b"NS\r\n");
-        assert_eq!(client.get(key).as_deref(), Some(&b"10"[..]), "{key}");
+        value(
+            &mut grown.client,
+            format!("ms {key} 1 ME\r\nx\r\n"),
+            b"NS\r\n",
+        );
+        assert_eq!(grown.client.get(key).as_deref(), Some(&b"10"[..]), "{key}");
     }
-    assert!(stat(&proxy, "handoff_copies") > 0, "{}", stats_text(&proxy));
+    assert!(
+        stat(&grown.proxy, "handoff_copies") > 0,
+        "{}",
+        stats_text(&grown.proxy)
+    );
 }
 
 #[test]
 fn a_key_read_through_keeps_its_expiry_on_its_new_owner() {
-    let dir = TempDir::new("handoff", "expiry");
-    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
-    let all: Vec<&Memcached> = servers.iter().collect();
-    let path = dir.path("memring.toml");
-    std::fs::write(&path, config(&all[..4])).unwrap();
-    let before = ring_of(&path);
-    let proxy = Proxy::start_file(&path);
-    let mut client = proxy.client();
+    let unix_now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
     // (key prefix, exptime as sent, remaining TTL range a copy must have)
     let kinds: [(&str, String, std::ops::RangeInclusive<i64>); 3] = [
         ("short", "100".into(), 90..=100),
         ("forever", "0".into(), -1..=-1),
-        // Beyond 30 days an exptime is a Unix time, and so is the copy's.
+        // Beyond 30 days an exptime is a Unix time, and so is the copy's;
+        // memcached's clock ticks in whole seconds, and memring's Unix time
+        // is its own: a second or two either way.
         (
             "long",
-            (std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_secs()
-                + 40 * 86_400)
-                .to_string(),
-            // memcached's clock ticks in whole seconds, and memring's Unix
-            // time is its own: a second or two either way.
+            (unix_now + 40 * 86_400).to_string(),
             (40 * 86_400 - 10)..=(40 * 86_400 + 2),
         ),
     ];
-    let keys: Vec<(usize, String)> = (0..kinds.len())
-        .flat_map(|kind| (0..150).map(move |i| (kind, format!("{}:{i}", kinds_name(kind)))))
+    let kind_of = |key: &str| kinds.iter().position(|k| key.starts_with(k.0)).unwrap();
+    let keys: Vec<String> = kinds
+        .iter()
+        .flat_map(|kind| (0..150).map(move |i| format!("{}:{i}", kind.0)))
         .collect();
-    fn kinds_name(kind: usize) -> &'static str {
-        ["short", "forever", "long"][kind]
-    }
-    for (kind, key) in &keys {
-        let request = format!("set {key} 0 {} 2\r\nab\r\n", kinds[*kind].1);
+    let mut grown = GrownToFive::start("expiry", &keys, |client, key| {
+        let request = format!("set {key} 0 {} 2\r\nab\r\n", kinds[kind_of(key)].1);
         assert_eq!(
             client.call(request.as_bytes(), ReplyKind::Line),
             b"STORED\r\n"
         );
-    }
-    replace_by_rename(&path, &config(&all));
-    wait_for("ring version 2", || proxy.ring_version() >= 2);
-    let after = ring_of(&path);
+    });
     let mut checked = [0; 3];
-    for (kind, key) in &keys {
-        let new_owner = owner_name(&after, key);
-        if owner_name(&before, key) == new_owner {
-            continue;
-        }
+    for key in grown.moved(&keys) {
         // Read through memring: found on the previous owner, copied.
-        assert_eq!(client.get(key).as_deref(), Some(&b"ab"[..]), "{key}");
-        let server = servers
-            .iter()
-            .find(|s| format!("cache-{}", s.port) == new_owner)
-            .unwrap();
-        let mut direct = server.client();
+        assert_eq!(grown.client.get(key).as_deref(), Some(&b"ab"[..]), "{key}");
+        let mut direct = grown.new_owner(key).client();
         let mut ttl = None;
         wait_for(&format!("the copy of {key}"), || {
             let reply = direct.call(format!("mg {key} t\r\n").as_bytes(), ReplyKind::Line);
@@ -470,12 +505,12 @@ fn a_key_read_through_keeps_its_expiry_on_its_new_owner() {
                 .map(|t| t.parse::<i64>().unwrap());
             ttl.is_some()
         });
-        let ttl = ttl.unwrap();
+        let (ttl, kind) = (ttl.unwrap(), kind_of(key));
         assert!(
-            kinds[*kind].2.contains(&ttl),
+            kinds[kind].2.contains(&ttl),
             "{key}: TTL {ttl} on its new owner"
         );
-        checked[*kind] += 1;
+        checked[kind] += 1;
     }
     assert!(
         checked.iter().all(|&n| n >= 10),

@@ -71,7 +71,7 @@ impl ClientSession {
                     entry.reserved = cost;
                     if let MetaMode::RetryMoved {
                         key,
-                        stage: RetryStage::Fetch,
+                        stage: MovedStage::Previous,
                         ..
                     } = &meta.mode
                     {
@@ -106,27 +106,25 @@ impl ClientSession {
                         copy,
                     } => {
                         let Some(result) = &meta.parts[0].result else {
-                            return *stage == ReadMovedStage::Done;
+                            return *stage == MovedStage::Done;
                         };
                         match *stage {
-                            ReadMovedStage::Done => true,
-                            ReadMovedStage::Owner => {
+                            MovedStage::Done => true,
+                            MovedStage::Owner => {
                                 if !matches!(result, Ok(reply) if route::meta_is_miss(reply)) {
-                                    *stage = ReadMovedStage::Done;
+                                    *stage = MovedStage::Done;
                                     return true;
                                 }
                                 *miss = meta.parts[0].result.take();
-                                *stage = ReadMovedStage::Previous;
-                                let mut part = Part::new(*previous);
-                                let expect = meta.expect.clone();
-                                self.send(&topology, &mut part, wire, expect, true, None);
-                                meta.parts[0] = part;
+                                *stage = MovedStage::Previous;
+                                meta.parts[0] =
+                                    self.send_to(&topology, *previous, wire, &meta.expect, None);
                                 // Later requests wait until this read has its
                                 // answer (and its copy is on its way).
                                 false
                             }
-                            ReadMovedStage::Previous => {
-                                *stage = ReadMovedStage::Done;
+                            MovedStage::Previous => {
+                                *stage = MovedStage::Done;
                                 let now = unix_now();
                                 let hit = match result {
                                     Ok(reply) => crate::handoff::meta_read_through_hit(
@@ -145,14 +143,8 @@ impl ClientSession {
                                 };
                                 meta.parts[0].result = Some(Ok(answer));
                                 if let Some(copy_wire) = copy_wire {
-                                    let mut part = Part::new(*owner);
-                                    let expect = Expect::Meta {
-                                        command: MetaCommand::Set,
-                                        quiet: false,
-                                        replied: false,
-                                    };
-                                    self.send(&topology, &mut part, &copy_wire, expect, true, None);
-                                    *copy = Some(part);
+                                    *copy =
+                                        Some(self.send_meta_copy(&topology, *owner, &copy_wire));
                                 }
                                 true
                             }
@@ -167,34 +159,31 @@ impl ClientSession {
                         copy,
                     } => {
                         let Some(result) = &meta.parts[0].result else {
-                            return *stage == RetryStage::Answer;
+                            return *stage == MovedStage::Done;
                         };
                         match *stage {
-                            RetryStage::Answer => true,
-                            RetryStage::Owner => {
+                            MovedStage::Done => true,
+                            MovedStage::Owner => {
                                 let there = !matches!(result,
                                     Ok(reply) if route::meta_absent(meta.command, reply));
                                 if there {
-                                    *stage = RetryStage::Answer;
+                                    *stage = MovedStage::Done;
                                     return true;
                                 }
                                 *absent = meta.parts[0].result.take();
-                                *stage = RetryStage::Fetch;
+                                *stage = MovedStage::Previous;
                                 let (line, _) = crate::handoff::meta_fetch_line(&key.0, key.1);
-                                let mut part = Part::new(*previous);
-                                self.send(
+                                meta.parts[0] = self.send_to(
                                     &topology,
-                                    &mut part,
+                                    *previous,
                                     &[line],
-                                    fetch_expect(),
-                                    true,
+                                    &fetch_expect(),
                                     None,
                                 );
-                                meta.parts[0] = part;
                                 false
                             }
-                            RetryStage::Fetch => {
-                                *stage = RetryStage::Answer;
+                            MovedStage::Previous => {
+                                *stage = MovedStage::Done;
                                 let (_, added) = crate::handoff::meta_fetch_line(&key.0, key.1);
                                 let copy_wire = match result {
                                     Ok(reply) => crate::handoff::meta_read_through_hit(
@@ -211,14 +200,8 @@ impl ClientSession {
                                     .stats
                                     .read_through(1, usize::from(copy_wire.is_some()));
                                 if let Some(copy_wire) = copy_wire {
-                                    let mut part = Part::new(*owner);
-                                    let expect = Expect::Meta {
-                                        command: MetaCommand::Set,
-                                        quiet: false,
-                                        replied: false,
-                                    };
-                                    self.send(&topology, &mut part, &copy_wire, expect, true, None);
-                                    *copy = Some(part);
+                                    *copy =
+                                        Some(self.send_meta_copy(&topology, *owner, &copy_wire));
                                 } else if absent.is_some() {
                                     // Not on the previous owner either: the
                                     // new owner's answer stands.
@@ -227,11 +210,9 @@ impl ClientSession {
                                 }
                                 // On the new owner: again now that the key is
                                 // there, or first (add mode).
-                                let mut part = Part::new(*owner);
                                 let hot = entry.hot.as_ref();
-                                let expect = meta.expect.clone();
-                                self.send(&topology, &mut part, &meta.wire, expect, true, hot);
-                                meta.parts[0] = part;
+                                meta.parts[0] =
+                                    self.send_to(&topology, *owner, &meta.wire, &meta.expect, hot);
                                 true
                             }
                         }
@@ -242,17 +223,9 @@ impl ClientSession {
                                 return false;
                             };
                             *previous = Some(result);
-                            let mut part = Part::new(*owner);
                             let hot = entry.hot.as_ref();
-                            self.send(
-                                &topology,
-                                &mut part,
-                                &meta.wire,
-                                meta.expect.clone(),
-                                true,
-                                hot,
-                            );
-                            meta.parts[0] = part;
+                            meta.parts[0] =
+                                self.send_to(&topology, *owner, &meta.wire, &meta.expect, hot);
                         }
                         true
                     }
@@ -297,17 +270,10 @@ impl ClientSession {
                         if !fall || *next >= servers.len() {
                             return true;
                         }
-                        let mut part = Part::new(servers[*next]);
+                        let server = servers[*next];
                         *next += 1;
-                        self.send(
-                            &topology,
-                            &mut part,
-                            &meta.wire,
-                            meta.expect.clone(),
-                            true,
-                            None,
-                        );
-                        meta.parts[0] = part;
+                        meta.parts[0] =
+                            self.send_to(&topology, server, &meta.wire, &meta.expect, None);
                         // Later requests wait until this read has its answer.
                         false
                     }
@@ -443,6 +409,30 @@ impl ClientSession {
             let mut part = Part::new(server);
             self.send(topology, &mut part, wire, expect.clone(), false, None);
         }
+    }
+
+    /// Sends a hand-off copy (`ms … ME`) of a moved key to its new owner.
+    fn send_meta_copy(&self, topology: &Topology, owner: usize, wire: &[Bytes]) -> Part {
+        let expect = Expect::Meta {
+            command: MetaCommand::Set,
+            quiet: false,
+            replied: false,
+        };
+        self.send_to(topology, owner, wire, &expect, None)
+    }
+
+    /// Sends `wire` to `server`, wanting its reply, as a new part.
+    fn send_to(
+        &self,
+        topology: &Topology,
+        server: usize,
+        wire: &[Bytes],
+        expect: &Expect,
+        write: Option<&Rc<WriteGuard>>,
+    ) -> Part {
+        let mut part = Part::new(server);
+        self.send(topology, &mut part, wire, expect.clone(), true, write);
+        part
     }
 
     /// Sends what a hand-off step says, or keeps its answer.
@@ -703,23 +693,9 @@ impl ClientSession {
                     MetaMode::CasThenCopy {
                         copies: Some(_), ..
                     } => return false,
-                    MetaMode::ReadMoved { stage, copy, .. } => {
-                        if *stage != ReadMovedStage::Done {
-                            return false;
-                        }
-                        if let Some(copy) = copy {
-                            if copy.result.is_none() {
-                                return false;
-                            }
-                            count_copies(stats, std::slice::from_ref(copy));
-                        }
-                        match &meta.parts[0].result {
-                            Some(result) => result.clone(),
-                            None => return false,
-                        }
-                    }
-                    MetaMode::RetryMoved { stage, copy, .. } => {
-                        if *stage != RetryStage::Answer {
+                    MetaMode::ReadMoved { stage, copy, .. }
+                    | MetaMode::RetryMoved { stage, copy, .. } => {
+                        if *stage != MovedStage::Done {
                             return false;
                         }
                         if let Some(copy) = copy {

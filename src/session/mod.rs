@@ -548,7 +548,7 @@ enum MetaMode {
         added: crate::handoff::AddedFlags,
         /// The key token as sent, and whether it is base64 (`b`).
         key: (Bytes, bool),
-        stage: ReadMovedStage,
+        stage: MovedStage,
         /// The owner's miss, the answer unless the previous owner hits.
         miss: Option<CallResult>,
         copy: Option<Part>,
@@ -561,7 +561,7 @@ enum MetaMode {
         previous: usize,
         /// The key token as sent, and whether it is base64 (`b`).
         key: (Bytes, bool),
-        stage: RetryStage,
+        stage: MovedStage,
         /// The new owner's first reply, the answer if there is nothing to
         /// copy; `None` when the copy comes first (`ms` in add mode).
         absent: Option<CallResult>,
@@ -575,23 +575,16 @@ enum MetaMode {
     },
 }
 
-/// Where a [`MetaMode::ReadMoved`] is.
+/// Where a meta request on a moved key ([`MetaMode::ReadMoved`],
+/// [`MetaMode::RetryMoved`]) is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ReadMovedStage {
-    Owner,
-    Previous,
-    Done,
-}
-
-/// Where a [`MetaMode::RetryMoved`] is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum RetryStage {
+enum MovedStage {
     /// Waiting for the new owner's first reply.
     Owner,
-    /// Waiting for the previous owner's value.
-    Fetch,
+    /// Waiting for the previous owner's reply.
+    Previous,
     /// The answer is (or will be) the part's reply.
-    Answer,
+    Done,
 }
 
 /// How the parts' one-line replies become the client's reply.

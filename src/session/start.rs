@@ -152,7 +152,7 @@ impl ClientSession {
                         wire: moved_wire,
                         added,
                         key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
-                        stage: ReadMovedStage::Owner,
+                        stage: MovedStage::Owner,
                         miss: None,
                         copy: None,
                     },
@@ -169,9 +169,9 @@ impl ClientSession {
                     previous,
                     key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
                     stage: if copy_first {
-                        RetryStage::Fetch
+                        MovedStage::Previous
                     } else {
-                        RetryStage::Owner
+                        MovedStage::Owner
                     },
                     absent: None,
                     copy: None,
