@@ -61,6 +61,7 @@ pub fn write_stats(out: &mut BytesMut, stats: &Stats, topology: &Topology) {
         stat(out, "state", &backend.state().as_str());
         stat(out, "membership", &topology.membership(i).as_str());
         stat(out, "requests", &metrics.requests.get());
+        stat(out, "coalesced_gets", &metrics.coalesced.get());
         stat(out, "errors", &metrics.error_count());
         stat(out, "timeouts", &metrics.errors_of(&timeout));
         stat(out, "connections", &metrics.connections.get());

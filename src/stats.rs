@@ -99,6 +99,7 @@ pub struct Stats {
     bytes_read: Counter,
     bytes_written: Counter,
     backend_requests: Family<ServerLabels, Counter>,
+    backend_coalesced_gets: Family<ServerLabels, Counter>,
     backend_errors: Family<ServerErrorLabels, Counter>,
     backend_latency: Family<ServerLabels, Histogram, fn() -> Histogram>,
     backend_connections: Family<ServerLabels, Gauge>,
@@ -222,6 +223,12 @@ impl Stats {
             "backend_requests",
             "Requests sent to each server",
             backend_requests.clone(),
+        );
+        let backend_coalesced_gets = Family::<ServerLabels, Counter>::default();
+        registry.register(
+            "backend_coalesced_gets",
+            "Gets of a hot key not sent to its server: they shared a request already on its way",
+            backend_coalesced_gets.clone(),
         );
         let backend_errors = Family::<ServerErrorLabels, Counter>::default();
         registry.register(
@@ -375,6 +382,7 @@ impl Stats {
             bytes_read,
             bytes_written,
             backend_requests,
+            backend_coalesced_gets,
             backend_errors,
             backend_latency,
             backend_connections,
@@ -573,6 +581,7 @@ impl Stats {
         let metrics = BackendMetrics {
             server: server.to_string(),
             requests: self.backend_requests.get_or_create(&labels).clone(),
+            coalesced: self.backend_coalesced_gets.get_or_create(&labels).clone(),
             latency: self.backend_latency.get_or_create(&labels).clone(),
             connections: self.backend_connections.get_or_create(&labels).clone(),
             error_kinds: error_kinds.to_vec().into_boxed_slice(),
@@ -709,6 +718,8 @@ fn classic_from_openmetrics(openmetrics: &str) -> String {
 pub struct BackendMetrics {
     server: String,
     pub requests: Counter,
+    /// Gets of hot keys that joined a request already on its way here.
+    pub coalesced: Counter,
     pub latency: Histogram,
     pub connections: Gauge,
     error_kinds: Box<[&'static str]>,

@@ -348,6 +348,15 @@ fn reads_follow_writes(settings: &str, counter_name: &str) -> u64 {
         coalesced >= 200,
         "{counter_name} must grow for this test to mean anything: {coalesced}, {seq} writes, {checked} reads"
     );
+    // Every coalesced get is counted against its server too (all traffic has
+    // stopped: the figures no longer move).
+    let stats: HashMap<String, String> = stats_of(&mut setup, "").into_iter().collect();
+    let per_server: u64 = stats
+        .iter()
+        .filter(|(k, _)| k.starts_with("server:") && k.ends_with(":coalesced_gets"))
+        .map(|(_, v)| v.parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(per_server.to_string(), stats["hot_key_coalesced_gets"]);
     coalesced
 }
 

@@ -800,6 +800,7 @@ impl HotWorker {
                 {
                     flight_state.followers.push(slot.clone());
                     stats.coalesced.inc();
+                    topology.backends[sub.server].metrics().coalesced.inc();
                     return GetShortcut::Joined;
                 }
             }
