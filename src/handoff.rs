@@ -11,7 +11,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use smallvec::SmallVec;
 
 use crate::error::BackendError;
-use crate::protocol::encode::{forwardable, Outbound};
+use crate::protocol::encode::{forwardable, value_block, Outbound};
 use crate::protocol::reply::{Expect, LineKind};
 use crate::protocol::{Command, Request};
 
@@ -310,21 +310,6 @@ pub fn copy_block(block: &Bytes, exptime: &[u8]) -> Option<Outbound> {
     ])
 }
 
-/// The request that reads a moved key through from its previous owner for a
-/// `get` (`gets` with `with_cas`): a meta get asking for the value, client
-/// flags and remaining TTL (and cas), so the copy keeps the key's expiry.
-pub fn read_through_line(key: &[u8], with_cas: bool) -> Bytes {
-    let mut line = BytesMut::with_capacity(key.len() + 16);
-    line.put_slice(b"mg ");
-    line.put_slice(key);
-    line.put_slice(if with_cas {
-        b" v f t c\r\n"
-    } else {
-        b" v f t\r\n"
-    });
-    line.freeze()
-}
-
 /// A read-through hit: the `VALUE` block the client gets (with the cas when
 /// asked), and the exptime its copy is stored with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -338,56 +323,74 @@ pub struct ReadThrough {
 /// Longest relative exptime memcached takes; larger ones are Unix times.
 const MAX_RELATIVE_EXPTIME: i64 = 60 * 60 * 24 * 30;
 
-/// Reads the reply to [`read_through_line`] (`VA <len> f<flags> t<ttl>
-/// [c<cas>]`, then the data): `Some` for a hit, `None` for anything else.
-/// `now` is the Unix time, for a remaining TTL beyond 30 days.
-pub fn read_through_hit(key: &[u8], reply: &[u8], with_cas: bool, now: i64) -> Option<ReadThrough> {
-    let header_end = memchr::memmem::find(reply, b"\r\n")?;
-    let mut tokens = reply[..header_end].split(|&b| b == b' ');
-    if tokens.next()? != b"VA" {
-        return None;
-    }
-    let length = tokens.next()?;
-    let data_len: usize = std::str::from_utf8(length).ok()?.parse().ok()?;
-    let data = reply.get(header_end + 2..)?;
-    if data.len() != data_len + 2 || !data.ends_with(b"\r\n") {
-        return None;
-    }
-    let (mut flags, mut ttl, mut cas) = (None, None, None);
-    for token in tokens {
-        let (flag, value) = token.split_first()?;
-        let value = std::str::from_utf8(value).ok()?;
-        match flag {
-            b'f' => flags = Some(value.parse::<u32>().ok()?),
-            b't' => ttl = Some(value.parse::<i64>().ok()?),
-            b'c' => cas = Some(value.parse::<u64>().ok()?),
-            _ => {}
-        }
-    }
-    let (flags, ttl) = (flags?, ttl?);
-    let mut block = BytesMut::with_capacity(key.len() + reply.len() + 32);
-    block.put_slice(b"VALUE ");
-    block.put_slice(key);
-    block.put_slice(format!(" {flags} {data_len}").as_bytes());
-    if with_cas {
-        block.put_slice(format!(" {}", cas?).as_bytes());
-    }
-    block.put_slice(b"\r\n");
-    block.put_slice(data);
+/// Reads the reply to a [`fetch_line`] asked with `with_cas` (`VA <len>
+/// f<flags> t<ttl> [c<cas>]`, then the data) for a classic `get`/`gets`:
+/// `Some` for a hit, `None` for anything else. `now` is the Unix time, for a
+/// remaining TTL beyond 30 days.
+pub fn read_through_hit(key: &[u8], reply: &[u8], with_cas: bool, now: u64) -> Option<ReadThrough> {
+    let value = ValueReply::parse(reply)?;
+    let flags = value.number::<u32>(b'f')?;
+    let ttl = value.number::<i64>(b't')?;
+    let cas = if with_cas {
+        Some(value.number::<u64>(b'c')?)
+    } else {
+        None
+    };
     Some(ReadThrough {
-        block: block.freeze(),
+        block: value_block(key, flags, value.data, cas),
         exptime: copy_exptime(ttl, now).map(Bytes::from),
     })
 }
 
+/// A meta `VA` reply: its length token, its return flags, and its data (with
+/// the `\r\n` after it).
+struct ValueReply<'a> {
+    length: &'a [u8],
+    flags: SmallVec<[&'a [u8]; 8]>,
+    data: &'a [u8],
+}
+
+impl<'a> ValueReply<'a> {
+    /// `None` unless `reply` is one whole `VA` reply.
+    fn parse(reply: &'a [u8]) -> Option<ValueReply<'a>> {
+        let header_end = memchr::memmem::find(reply, b"\r\n")?;
+        let mut tokens = reply[..header_end].split(|&b| b == b' ');
+        if tokens.next()? != b"VA" {
+            return None;
+        }
+        let length = tokens.next()?;
+        let data_len: usize = std::str::from_utf8(length).ok()?.parse().ok()?;
+        let data = reply.get(header_end + 2..)?;
+        if data.len() != data_len + 2 || !data.ends_with(b"\r\n") {
+            return None;
+        }
+        Some(ValueReply {
+            length,
+            flags: tokens.collect(),
+            data,
+        })
+    }
+
+    /// The value of the last return flag `flag` (asked last, so memring's
+    /// own when it added it).
+    fn number<T: std::str::FromStr>(&self, flag: u8) -> Option<T> {
+        let token = self.flags.iter().rev().find(|t| t.first() == Some(&flag))?;
+        std::str::from_utf8(&token[1..]).ok()?.parse().ok()
+    }
+}
+
 /// The `mg` that fetches a moved key from its previous owner for a copy:
-/// value, client flags and remaining TTL (see [`meta_read_through_hit`]).
-pub fn meta_fetch_line(key_token: &[u8], base64: bool) -> (Bytes, AddedFlags) {
-    let mut line = BytesMut::with_capacity(key_token.len() + 8);
+/// value, client flags and remaining TTL (see [`meta_read_through_hit`]),
+/// and with `with_cas` its cas (for a classic `gets`, [`read_through_hit`]).
+pub fn fetch_line(key_token: &[u8], base64: bool, with_cas: bool) -> (Bytes, AddedFlags) {
+    let mut line = BytesMut::with_capacity(key_token.len() + 10);
     line.put_slice(b"mg ");
     line.put_slice(key_token);
     if base64 {
         line.put_slice(b" b");
+    }
+    if with_cas {
+        line.put_slice(b" c");
     }
     line.put_slice(b"\r\n");
     meta_read_through_line(&line, |_| false)
@@ -433,49 +436,32 @@ pub fn meta_read_through_hit(
     added: AddedFlags,
     key_token: &[u8],
     base64: bool,
-    now: i64,
+    now: u64,
 ) -> Option<(Bytes, Option<Outbound>)> {
-    let header_end = memchr::memmem::find(reply, b"\r\n")?;
-    let tokens: SmallVec<[&[u8]; 8]> = reply[..header_end].split(|&b| b == b' ').collect();
-    let (&status, rest) = tokens.split_first()?;
-    let (&length, flag_tokens) = rest.split_first()?;
-    if status != b"VA" {
-        return None;
-    }
-    let data_len: usize = std::str::from_utf8(length).ok()?.parse().ok()?;
-    let data = reply.get(header_end + 2..)?;
-    if data.len() != data_len + 2 {
-        return None;
-    }
+    let value = ValueReply::parse(reply)?;
     let ours = usize::from(added.flags) + usize::from(added.ttl);
-    let kept = flag_tokens.len().checked_sub(ours)?;
-    let number = |flag: u8| -> Option<i64> {
-        let token = flag_tokens
-            .iter()
-            .rev()
-            .find(|t| t.first() == Some(&flag))?;
-        std::str::from_utf8(&token[1..]).ok()?.parse().ok()
-    };
-    let (flags, ttl) = (u32::try_from(number(b'f')?).ok()?, number(b't')?);
+    let kept = value.flags.len().checked_sub(ours)?;
+    let (flags, ttl) = (value.number::<u32>(b'f')?, value.number::<i64>(b't')?);
     let mut client = BytesMut::with_capacity(reply.len());
     if added.value {
         client.put_slice(b"HD");
     } else {
         client.put_slice(b"VA ");
-        client.put_slice(length);
+        client.put_slice(value.length);
     }
-    for token in &flag_tokens[..kept] {
+    for token in &value.flags[..kept] {
         client.put_u8(b' ');
         client.put_slice(token);
     }
     client.put_slice(b"\r\n");
     if !added.value {
-        client.put_slice(data);
+        client.put_slice(value.data);
     }
     let copy = copy_exptime(ttl, now).map(|exptime| {
         let mut line = BytesMut::with_capacity(key_token.len() + 48);
         line.put_slice(b"ms ");
         line.put_slice(key_token);
+        let data_len = value.data.len() - 2;
         line.put_slice(format!(" {data_len} F{flags} ME").as_bytes());
         if exptime != "0" {
             line.put_slice(b" T");
@@ -485,7 +471,7 @@ pub fn meta_read_through_hit(
             line.put_slice(b" b");
         }
         line.put_slice(b"\r\n");
-        let copy: Outbound = smallvec::smallvec![line.freeze(), Bytes::copy_from_slice(data)];
+        let copy: Outbound = smallvec::smallvec![line.freeze(), Bytes::copy_from_slice(value.data)];
         copy
     });
     Some((client.freeze(), copy))
@@ -494,12 +480,12 @@ pub fn meta_read_through_hit(
 /// The exptime a copy of an item with `ttl` seconds left is stored with
 /// (`-1`: none): `None` when it expires within the second, since 0 would
 /// keep it forever; beyond 30 days a Unix time, as memcached reads it.
-fn copy_exptime(ttl: i64, now: i64) -> Option<String> {
+fn copy_exptime(ttl: i64, now: u64) -> Option<String> {
     match ttl {
         -1 => Some("0".into()),
         t if t <= 0 => None,
         t if t <= MAX_RELATIVE_EXPTIME => Some(t.to_string()),
-        t => Some((now + t).to_string()),
+        t => Some(now.saturating_add(t.unsigned_abs()).to_string()),
     }
 }
 
@@ -570,7 +556,7 @@ mod tests {
                 String::from_utf8_lossy(reply)
             );
         }
-        assert_eq!(&read_through_line(b"k", true)[..], b"mg k v f t c\r\n");
+        assert_eq!(&fetch_line(b"k", false, true).0[..], b"mg k c v f t\r\n");
     }
 
     #[test]
@@ -606,7 +592,7 @@ mod tests {
             meta_read_through_hit(b"EN\r\n", added, b"k", false, now),
             None
         );
-        let (line, added) = meta_fetch_line(b"Zm9v", true);
+        let (line, added) = fetch_line(b"Zm9v", true, false);
         assert_eq!(&line[..], b"mg Zm9v b v f t\r\n");
         assert!(added.value && added.flags && added.ttl);
     }

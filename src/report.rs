@@ -11,9 +11,7 @@ use crate::topology::Topology;
 
 /// Writes the whole `stats` reply, ending with `END`.
 pub fn write_stats(out: &mut BytesMut, stats: &Stats, topology: &Topology) {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let now = crate::topology::unix_now();
     write_stat(out, "pid", &std::process::id());
     write_stat(out, "uptime", &stats.uptime_seconds());
     write_stat(out, "time", &now);

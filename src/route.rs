@@ -482,7 +482,7 @@ impl Retrieval {
                     out.push(SubRequest {
                         id,
                         server,
-                        line: crate::handoff::read_through_line(name, with_cas),
+                        line: crate::handoff::fetch_line(name, false, with_cas).0,
                         meta: true,
                     });
                     continue;
@@ -601,9 +601,7 @@ impl Retrieval {
         }
         let name = self.keys[k].of(&self.bytes);
         let with_cas = self.command == Command::Gets;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64);
+        let now = crate::topology::unix_now();
         let Some(hit) = crate::handoff::read_through_hit(name, reply, with_cas, now) else {
             // An error line (or a reply memring cannot use): as a failure.
             entry.error_line = Some(reply.clone());

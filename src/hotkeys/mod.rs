@@ -65,6 +65,7 @@ use crate::backend::conn::Conn;
 use crate::backend::slot::{Got, Slot, Watch};
 use crate::config::HotKeySettings;
 use crate::error::{BackendError, BackendErrorKind};
+use crate::protocol::encode::value_block;
 use crate::protocol::meta::MetaRequest;
 use crate::protocol::request::{parse_signed, parse_unsigned};
 use crate::protocol::{Command, Request};
@@ -1027,15 +1028,8 @@ fn stored_value(request: &Request, bytes: &Bytes) -> Option<Bytes> {
     if parse_signed(tokens.next()?)? != 0 {
         return None;
     }
-    let data = bytes.get(line_len..)?;
-    let length = data.len().checked_sub(2)?;
-    let header = format!(" {flags} {length}\r\n");
-    let mut block = BytesMut::with_capacity(6 + key.len() + header.len() + data.len());
-    block.extend_from_slice(b"VALUE ");
-    block.extend_from_slice(key);
-    block.extend_from_slice(header.as_bytes());
-    block.extend_from_slice(data);
-    Some(block.freeze())
+    let data = bytes.get(line_len..).filter(|d| d.ends_with(b"\r\n"))?;
+    Some(value_block(key, flags, data, None))
 }
 
 /// `get <key>\r\n` or `gets <key>\r\n`: the command and the key.

@@ -87,6 +87,22 @@ pub fn write_merged_values<'k>(
     hits
 }
 
+/// The `VALUE <key> <flags> <length>[ <cas>]\r\n<data>\r\n` block of a
+/// retrieval reply; `data` ends with its `\r\n`.
+pub fn value_block(key: &[u8], flags: u32, data: &[u8], cas: Option<u64>) -> Bytes {
+    let length = data.len().saturating_sub(2);
+    let header = match cas {
+        Some(cas) => format!(" {flags} {length} {cas}\r\n"),
+        None => format!(" {flags} {length}\r\n"),
+    };
+    let mut block = BytesMut::with_capacity(6 + key.len() + header.len() + data.len());
+    block.put_slice(b"VALUE ");
+    block.put_slice(key);
+    block.put_slice(header.as_bytes());
+    block.put_slice(data);
+    block.freeze()
+}
+
 /// Writes `SERVER_ERROR <reason>\r\n`.
 pub fn write_server_error(out: &mut BytesMut, reason: &dyn std::fmt::Display) {
     let mut line = String::with_capacity(64);

@@ -76,7 +76,7 @@ impl ClientSession {
                     } = &meta.mode
                     {
                         // `ms` in add mode: the previous owner's value first.
-                        let (line, _) = crate::handoff::meta_fetch_line(&key.0, key.1);
+                        let (line, _) = crate::handoff::fetch_line(&key.0, key.1, false);
                         self.send(
                             &topology,
                             &mut meta.parts[0],
@@ -125,7 +125,7 @@ impl ClientSession {
                             }
                             MovedStage::Previous => {
                                 *stage = MovedStage::Done;
-                                let now = unix_now();
+                                let now = crate::topology::unix_now();
                                 let hit = match result {
                                     Ok(reply) => crate::handoff::meta_read_through_hit(
                                         reply, *added, &key.0, key.1, now,
@@ -172,7 +172,7 @@ impl ClientSession {
                                 }
                                 *absent = meta.parts[0].result.take();
                                 *stage = MovedStage::Previous;
-                                let (line, _) = crate::handoff::meta_fetch_line(&key.0, key.1);
+                                let (line, _) = crate::handoff::fetch_line(&key.0, key.1, false);
                                 meta.parts[0] = self.send_to(
                                     &topology,
                                     *previous,
@@ -184,14 +184,14 @@ impl ClientSession {
                             }
                             MovedStage::Previous => {
                                 *stage = MovedStage::Done;
-                                let (_, added) = crate::handoff::meta_fetch_line(&key.0, key.1);
+                                let (_, added) = crate::handoff::fetch_line(&key.0, key.1, false);
                                 let copy_wire = match result {
                                     Ok(reply) => crate::handoff::meta_read_through_hit(
                                         reply,
                                         added,
                                         &key.0,
                                         key.1,
-                                        unix_now(),
+                                        crate::topology::unix_now(),
                                     )
                                     .and_then(|(_, copy)| copy),
                                     Err(_) => None,
@@ -793,13 +793,6 @@ fn write_no_quorum(out: &mut BytesMut, servers: &[Arc<str>]) {
         format!("no quorum: failed on {}", names.join(", "))
     };
     write_server_error(out, &reason);
-}
-
-/// Seconds since the Unix epoch (0 if the clock is before it).
-fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 /// How the `mg` fetching a moved key from its previous owner is framed.
