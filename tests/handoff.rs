@@ -107,17 +107,6 @@ fn held_by(server: &Memcached, keys: &[String]) -> usize {
         .sum()
 }
 
-fn stat(proxy: &Proxy, name: &str) -> u64 {
-    let mut client = proxy.client();
-    client.send(b"stats\r\n");
-    let text = String::from_utf8(client.read_until_suffix(b"END\r\n")).unwrap();
-    let prefix = format!("STAT {name} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in stats"))
-}
-
 fn stats_text(proxy: &Proxy) -> String {
     let mut client = proxy.client();
     client.send(b"stats\r\n");
@@ -153,9 +142,9 @@ fn adding_a_fifth_server_keeps_every_key_readable_and_moves_a_fifth() {
     let on_new = held_by(&servers[4], &keys);
     println!(
         "4 -> 5 with hand-off: first pass {first}/{n} hits, second {second}/{n}; {on_new} now on the new server; read through {} (hits {}), copies {}",
-        stat(&proxy, "handoff_read_through"),
-        stat(&proxy, "handoff_read_through_hits"),
-        stat(&proxy, "handoff_copies"),
+        proxy.client().stat("handoff_read_through"),
+        proxy.client().stat("handoff_read_through_hits"),
+        proxy.client().stat("handoff_copies"),
         n = keys.len()
     );
     let floor = keys.len() * 995 / 1000;
@@ -167,9 +156,9 @@ fn adding_a_fifth_server_keeps_every_key_readable_and_moves_a_fifth() {
         "share on the new server {share}"
     );
     // The second pass found the copies on the new server itself.
-    let copies = stat(&proxy, "handoff_copies");
+    let copies = proxy.client().stat("handoff_copies");
     assert!(copies as usize >= on_new * 9 / 10, "copies {copies}");
-    assert_eq!(stat(&proxy, "handoff_copy_failures"), 0);
+    assert_eq!(proxy.client().stat("handoff_copy_failures"), 0);
 }
 
 #[test]
@@ -453,7 +442,7 @@ fn meta_reads_and_deletes_of_moved_keys_behave_as_if_the_key_had_not_moved() {
         assert_eq!(grown.client.get(key).as_deref(), Some(&b"10"[..]), "{key}");
     }
     assert!(
-        stat(&grown.proxy, "handoff_copies") > 0,
+        grown.proxy.client().stat("handoff_copies") > 0,
         "{}",
         stats_text(&grown.proxy)
     );
@@ -532,14 +521,7 @@ fn a_returning_server_never_answers_with_values_from_before_its_ejection() {
     for key in &keys {
         assert_eq!(client.set(key, b"old"), b"STORED\r\n");
     }
-    let owner = |key: &str| {
-        proxy
-            .running()
-            .topology
-            .load()
-            .owner_index(key.as_bytes())
-            .unwrap()
-    };
+    let owner = |key: &str| proxy.owner_now(key);
     let hung: Vec<&String> = keys.iter().filter(|k| owner(k) == 1).collect();
     assert!(hung.len() > 100);
 

@@ -723,13 +723,13 @@ const ONE_CONNECTION: &str = "workers = 1\nconnections_per_server = 1\n";
 
 /// memring's `stats` line `server:<name>:<what>`, through a client.
 fn server_stat(client: &mut Client, name: &str, what: &str) -> String {
-    client.send(b"stats\r\n");
-    let reply = client.read_until_suffix(b"END\r\n");
-    let wanted = format!("STAT server:{name}:{what} ");
-    String::from_utf8_lossy(&reply)
-        .lines()
-        .find_map(|l| l.strip_prefix(&wanted).map(str::to_string))
-        .unwrap_or_else(|| panic!("no {wanted} in {}", show(&reply)))
+    let wanted = format!("server:{name}:{what}");
+    let stats = client.stats("");
+    stats
+        .iter()
+        .find(|(k, _)| *k == wanted)
+        .map(|(_, v)| v.clone())
+        .unwrap_or_else(|| panic!("no STAT {wanted} in {stats:?}"))
 }
 
 #[test]
@@ -995,15 +995,7 @@ fn a_client_owed_replies_that_reads_nothing_is_closed_after_the_write_timeout() 
         &format!("client_write_timeout_ms = {}\n", WRITE_TIMEOUT.as_millis()),
     );
     let mut watcher = proxy.client();
-    let connections = |watcher: &mut Client| -> u64 {
-        watcher.send(b"stats\r\n");
-        let reply = watcher.read_until_suffix(b"END\r\n");
-        String::from_utf8_lossy(&reply)
-            .lines()
-            .find_map(|l| l.strip_prefix("STAT curr_connections "))
-            .and_then(|n| n.trim().parse().ok())
-            .expect("curr_connections")
-    };
+    let connections = |watcher: &mut Client| watcher.stat("curr_connections");
     assert_eq!(connections(&mut watcher), 1);
     let mut hog = TcpStream::connect(proxy.addr).expect("connect");
     hog.set_read_timeout(Some(DEADLINE)).expect("timeout");

@@ -20,31 +20,6 @@ use common::{
 };
 use memring::protocol::ReplyKind;
 
-fn stats_of(client: &mut Client, group: &str) -> Vec<(String, String)> {
-    let request = if group.is_empty() {
-        "stats\r\n".to_string()
-    } else {
-        format!("stats {group}\r\n")
-    };
-    client.send(request.as_bytes());
-    let text = String::from_utf8(client.read_until_suffix(b"END\r\n")).unwrap();
-    text.lines()
-        .filter_map(|l| l.strip_prefix("STAT "))
-        .filter_map(|l| l.split_once(' '))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-fn counter(client: &mut Client, name: &str) -> u64 {
-    stats_of(client, "")
-        .into_iter()
-        .find(|(k, _)| k == name)
-        .unwrap_or_else(|| panic!("no STAT {name}"))
-        .1
-        .parse()
-        .unwrap()
-}
-
 /// One line of `stats hotkeys`, by rank.
 #[derive(Debug, Clone)]
 struct Reported {
@@ -55,7 +30,7 @@ struct Reported {
 }
 
 fn hotkeys(client: &mut Client) -> Vec<Reported> {
-    let stats = stats_of(client, "hotkeys");
+    let stats = client.stats("hotkeys");
     let mut by_rank: HashMap<usize, Reported> = HashMap::new();
     for (name, value) in stats {
         let Some(rest) = name.strip_prefix("hotkey:") else {
@@ -337,7 +312,7 @@ fn reads_follow_writes(settings: &str, counter_name: &str) -> u64 {
                 }
             }
         }
-        coalesced = counter(&mut setup, counter_name);
+        coalesced = setup.stat(counter_name);
         if coalesced >= 200 && seq >= 600 {
             break;
         }
@@ -350,7 +325,7 @@ fn reads_follow_writes(settings: &str, counter_name: &str) -> u64 {
     );
     // Every coalesced get is counted against its server too (all traffic has
     // stopped: the figures no longer move).
-    let stats: HashMap<String, String> = stats_of(&mut setup, "").into_iter().collect();
+    let stats: HashMap<String, String> = setup.stats("").into_iter().collect();
     let per_server: u64 = stats
         .iter()
         .filter(|(k, _)| k.starts_with("server:") && k.ends_with(":coalesced_gets"))
@@ -376,11 +351,11 @@ fn near_cached_gets_never_miss_a_write_through_memring() {
 fn get_until_cached(client: &mut Client, admin: &mut Client, key: &str) -> Option<Vec<u8>> {
     let mut value = None;
     wait_for(&format!("{key} served from the near cache"), || {
-        let before = counter(admin, "near_cache_hits");
+        let before = admin.stat("near_cache_hits");
         for _ in 0..40 {
             value = client.get(key);
         }
-        counter(admin, "near_cache_hits") > before
+        admin.stat("near_cache_hits") > before
     });
     value
 }
@@ -492,7 +467,7 @@ fn near_cache_drops_a_key_on_every_write_through_memring() {
         }
         assert_eq!(client.get(key).as_deref(), expected, "after {name}");
     }
-    assert!(counter(&mut admin, "near_cache_misses") > 0);
+    assert!(admin.stat("near_cache_misses") > 0);
 }
 
 #[test]
@@ -538,11 +513,11 @@ fn a_hot_keys_stored_value_answers_the_next_get_without_a_round_trip() {
         // must not ask memcached is tried until one try shows it.
         let mut attempt = || {
             get_until_cached(&mut client, &mut admin, "cfg");
-            let gets_before = counter(&mut direct, "cmd_get");
+            let gets_before = direct.stat("cmd_get");
             client.send(write);
             client.reply(ReplyKind::Line);
             assert_eq!(client.get_raw("cfg"), expected, "{}", show(write));
-            counter(&mut direct, "cmd_get") > gets_before
+            direct.stat("cmd_get") > gets_before
         };
         if asks_server {
             assert!(attempt(), "{}", show(write));
@@ -572,7 +547,7 @@ fn a_reload_turns_the_near_cache_on_and_off() {
         }
         hotkeys(&mut admin).first().map(|r| r.key.clone()) == Some("flag".into())
     });
-    assert_eq!(counter(&mut admin, "near_cache_hits"), 0);
+    assert_eq!(admin.stat("near_cache_hits"), 0);
 
     let on = text.replace(
         "hot_key_window_ms = 200",
@@ -638,7 +613,7 @@ fn without_a_near_cache_nothing_is_cached() {
     });
     assert_eq!(direct.set("plain", b"2"), b"STORED\r\n");
     assert_eq!(client.get("plain").as_deref(), Some(&b"2"[..]));
-    assert_eq!(counter(&mut admin, "near_cache_hits"), 0);
+    assert_eq!(admin.stat("near_cache_hits"), 0);
 }
 
 /// A TCP relay between memring and one real memcached that can hold back
@@ -820,11 +795,10 @@ fn a_get_never_joins_a_request_its_clients_write_could_be_overtaken_by() {
         carried(&reader_conn, get) > reader_gets
     });
     let writer_gets = carried(&writer_conn, get);
-    let joined = counter(&mut admin, "hot_key_coalesced_gets");
+    let joined = admin.stat("hot_key_coalesced_gets");
     writer.send(get);
     wait_for("the writer's get sent or joined", || {
-        carried(&writer_conn, get) > writer_gets
-            || counter(&mut admin, "hot_key_coalesced_gets") > joined
+        carried(&writer_conn, get) > writer_gets || admin.stat("hot_key_coalesced_gets") > joined
     });
 
     // memcached runs the reader's get first: it sees the old value, which is

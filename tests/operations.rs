@@ -12,16 +12,6 @@ use std::process::{Command, Stdio};
 use common::{show, wait_for, Memcached, Proxy};
 use memring::protocol::ReplyKind;
 
-fn stats_of(client: &mut common::Client) -> std::collections::HashMap<String, String> {
-    client.send(b"stats\r\n");
-    let text = String::from_utf8(client.read_until_suffix(b"END\r\n")).unwrap();
-    text.lines()
-        .filter_map(|l| l.strip_prefix("STAT "))
-        .filter_map(|l| l.split_once(' '))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
 #[test]
 fn stats_counters_follow_a_known_sequence() {
     let servers: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
@@ -44,7 +34,7 @@ fn stats_counters_follow_a_known_sequence() {
     for (request, kind) in script {
         client.call(request, *kind);
     }
-    let stats = stats_of(&mut client);
+    let stats: std::collections::HashMap<String, String> = client.stats("").into_iter().collect();
     let expect = |name: &str, value: &str| {
         assert_eq!(
             stats.get(name).map(String::as_str),

@@ -126,7 +126,7 @@ fn adding_a_fifth_server_misses_about_a_fifth_all_owned_by_it() {
 /// memcached's `total_connections`, read over a direct connection (which
 /// itself counts one).
 fn connections_opened(server: &Memcached) -> u64 {
-    stat_of(server, "total_connections")
+    server.client().stat("total_connections")
 }
 
 #[test]
@@ -159,23 +159,11 @@ fn removing_one_of_five_misses_only_its_keys() {
         .collect();
     assert_eq!(missed, expected, "exactly the removed server's keys miss");
     assert!(!missed.is_empty());
-    // The removed server's connections close once their requests are done.
+    // The removed server's connections close once their requests are done
+    // (the one left is ours, asking).
     wait_for("the removed server's connections to close", || {
-        stat_of(&servers[2], "curr_connections") == 1
+        servers[2].client().stat("curr_connections") == 1
     });
-}
-
-/// One of memcached's own `stats` figures, read over a direct connection
-/// (which counts itself: `curr_connections` is 1 with no other client).
-fn stat_of(server: &Memcached, name: &str) -> u64 {
-    let mut client = server.client();
-    client.send(b"stats\r\n");
-    let text = String::from_utf8(client.read_until_suffix(b"END\r\n")).unwrap();
-    let prefix = format!("STAT {name} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in stats"))
 }
 
 #[test]

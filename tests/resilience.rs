@@ -23,16 +23,6 @@ fn refs(servers: &[Memcached]) -> Vec<&Memcached> {
     servers.iter().collect()
 }
 
-/// The index of the server that owns `key` in the topology now published.
-fn owner_now(proxy: &Proxy, key: &str) -> usize {
-    proxy
-        .running()
-        .topology
-        .load()
-        .owner_index(key.as_bytes())
-        .unwrap()
-}
-
 #[test]
 fn ejection_spreads_a_dead_servers_keys_over_the_others_and_restores_it() {
     let mut servers = pool(4);
@@ -45,7 +35,7 @@ fn ejection_spreads_a_dead_servers_keys_over_the_others_and_restores_it() {
     for key in &keys {
         assert_eq!(client.set(key, b"v"), b"STORED\r\n");
     }
-    let victims: Vec<&String> = keys.iter().filter(|k| owner_now(&proxy, k) == 0).collect();
+    let victims: Vec<&String> = keys.iter().filter(|k| proxy.owner_now(k) == 0).collect();
     assert!(victims.len() > 40);
 
     servers[0].kill();
@@ -58,7 +48,7 @@ fn ejection_spreads_a_dead_servers_keys_over_the_others_and_restores_it() {
     for key in &victims {
         assert_eq!(client.get(key), None, "{key}");
         assert_eq!(client.set(key, b"moved"), b"STORED\r\n");
-        landed[owner_now(&proxy, key)] += 1;
+        landed[proxy.owner_now(key)] += 1;
     }
     assert_eq!(landed[0], 0);
     assert!(
@@ -78,7 +68,7 @@ fn ejection_spreads_a_dead_servers_keys_over_the_others_and_restores_it() {
         proxy.running().topology.load().ejected.is_empty()
     });
     let key = victims[0];
-    assert_eq!(owner_now(&proxy, key), 0);
+    assert_eq!(proxy.owner_now(key), 0);
     assert_eq!(client.set(key, b"home"), b"STORED\r\n");
     assert_eq!(servers[0].client().get(key), Some(b"home".to_vec()));
 }
@@ -92,8 +82,8 @@ fn without_ejection_a_hung_server_fails_fast_once_dead_and_recovers() {
     for key in &keys {
         assert_eq!(client.set(key, b"v"), b"STORED\r\n");
     }
-    let hung: Vec<&String> = keys.iter().filter(|k| owner_now(&proxy, k) == 1).collect();
-    let healthy: Vec<&String> = keys.iter().filter(|k| owner_now(&proxy, k) != 1).collect();
+    let hung: Vec<&String> = keys.iter().filter(|k| proxy.owner_now(k) == 1).collect();
+    let healthy: Vec<&String> = keys.iter().filter(|k| proxy.owner_now(k) != 1).collect();
 
     servers[1].pause();
     let reply = client.get_raw(hung[0]);

@@ -328,6 +328,15 @@ impl Proxy {
         self.running.as_ref().expect("running")
     }
 
+    /// The index of the server that owns `key` in the topology now published.
+    pub fn owner_now(&self, key: &str) -> usize {
+        self.running()
+            .topology
+            .load()
+            .owner_index(key.as_bytes())
+            .unwrap()
+    }
+
     /// Runs a future on memring's runtime.
     pub fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
         self.runtime.as_ref().expect("runtime").block_on(future)
@@ -472,6 +481,34 @@ impl Client {
     /// The raw reply of `get key`.
     pub fn get_raw(&mut self, key: &str) -> Vec<u8> {
         self.call(format!("get {key}\r\n").as_bytes(), ReplyKind::Values)
+    }
+
+    /// The `STAT <name> <value>` lines of `stats` (or `stats <group>`), in
+    /// order; memring's and memcached's alike.
+    pub fn stats(&mut self, group: &str) -> Vec<(String, String)> {
+        let request = if group.is_empty() {
+            "stats\r\n".to_string()
+        } else {
+            format!("stats {group}\r\n")
+        };
+        self.send(request.as_bytes());
+        let text = String::from_utf8(self.read_until_suffix(b"END\r\n")).unwrap();
+        text.lines()
+            .filter_map(|l| l.strip_prefix("STAT "))
+            .filter_map(|l| l.split_once(' '))
+            .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+            .collect()
+    }
+
+    /// One number of `stats`; panics when it is not there.
+    pub fn stat(&mut self, name: &str) -> u64 {
+        self.stats("")
+            .into_iter()
+            .find(|(k, _)| k == name)
+            .unwrap_or_else(|| panic!("no STAT {name}"))
+            .1
+            .parse()
+            .unwrap()
     }
 }
 
