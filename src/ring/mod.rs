@@ -429,6 +429,17 @@ mod tests {
             .collect()
     }
 
+    /// [`servers`] as nodes whose address is their name.
+    fn nodes(n: usize) -> Vec<Node> {
+        servers(n)
+            .into_iter()
+            .map(|member| Node {
+                addr: member.identity.clone(),
+                member,
+            })
+            .collect()
+    }
+
     fn sample_keys(n: usize) -> impl Iterator<Item = String> {
         (0..n).map(|i| format!("user:{i}:profile"))
     }
@@ -629,14 +640,7 @@ mod tests {
             hash_tag: tag,
             ..Spec::default()
         };
-        let nodes = servers(5)
-            .into_iter()
-            .map(|member| Node {
-                addr: member.identity.clone(),
-                member,
-            })
-            .collect();
-        let ring = Ring::build_with(&spec, nodes);
+        let ring = Ring::build_with(&spec, nodes(5));
         for i in 0..200 {
             let key = format!("order:{i}:{{customer-7}}");
             assert_eq!(ring.owner(key.as_bytes()), ring.owner(b"customer-7"));
@@ -645,15 +649,6 @@ mod tests {
 
     #[test]
     fn moved_share_between_key_hashes_is_the_expected_share() {
-        let nodes = |n| -> Vec<Node> {
-            servers(n)
-                .into_iter()
-                .map(|member| Node {
-                    addr: member.identity.clone(),
-                    member,
-                })
-                .collect()
-        };
         let twemproxy = Spec {
             flavour: Flavour::Twemproxy,
             ..Spec::default()
@@ -736,14 +731,7 @@ mod tests {
             flavour: Flavour::Twemproxy,
             ..Spec::default()
         };
-        let nodes = servers(4)
-            .into_iter()
-            .map(|member| Node {
-                addr: member.identity.clone(),
-                member,
-            })
-            .collect();
-        let ring = Ring::build_with(&spec, nodes);
+        let ring = Ring::build_with(&spec, nodes(4));
         let mut set = smallvec::SmallVec::new();
         for key in sample_keys(500) {
             ring.replicas(key.as_bytes(), 2, &mut set);
