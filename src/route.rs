@@ -271,7 +271,7 @@ struct Sub {
     /// The server answered with an error line instead of values.
     error_line: Option<Bytes>,
     /// A read-through from a moved key's previous owner (one key, `mg`: see
-    /// `handoff::read_through_line`).
+    /// `handoff::fetch_line`).
     meta: bool,
 }
 
@@ -816,23 +816,15 @@ pub fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> M
                 owner: server,
                 previous,
             },
-            (Some(previous), _) if meta_retries_after_copy(request, bytes) => {
-                MetaPlan::RetryMoved {
+            (Some(previous), _) => match meta_copy_when(request, bytes) {
+                Some(when) => MetaPlan::RetryMoved {
                     owner: server,
                     previous,
-                    copy_first: false,
-                }
-            }
-            (Some(previous), MetaCommand::Set)
-                if request.mode.map(|m| m.to_ascii_uppercase()) == Some(b'E') =>
-            {
-                MetaPlan::RetryMoved {
-                    owner: server,
-                    previous,
-                    copy_first: true,
-                }
-            }
-            _ => MetaPlan::Forward { server },
+                    copy_first: when == CopyWhen::First,
+                },
+                None => MetaPlan::Forward { server },
+            },
+            (None, _) => MetaPlan::Forward { server },
         };
     }
     let mut servers = Servers::new();
@@ -881,21 +873,34 @@ pub fn meta_copy(request: &MetaRequest, bytes: &Bytes) -> Bytes {
     out.freeze()
 }
 
-/// Whether a meta request on a moved key needs the key on its new owner
-/// (`ma` without `N`, `ms` in mode A/P/R, `mg` with `T`): then it is retried
-/// after a copy when the new owner does not have the key.
-fn meta_retries_after_copy(request: &MetaRequest, bytes: &[u8]) -> bool {
-    match request.command {
+/// When a meta request on a moved key copies the key from its previous owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CopyWhen {
+    /// When the new owner does not have it, then the request runs again.
+    IfAbsent,
+    /// Before the request runs (an add must not store over it).
+    First,
+}
+
+/// Whether (and when) a meta request on a moved key needs the key on its new
+/// owner: `ma` without `N`, `ms` in mode A/P/R and `mg` with `T` when it is
+/// absent there, `ms` in add mode (`E`) first. `None`: the new owner alone.
+fn meta_copy_when(request: &MetaRequest, bytes: &[u8]) -> Option<CopyWhen> {
+    let needs = match request.command {
         MetaCommand::Arithmetic => !request.vivify,
-        MetaCommand::Set => matches!(
-            request.mode.map(|m| m.to_ascii_uppercase()),
-            Some(b'A' | b'P' | b'R')
-        ),
+        MetaCommand::Set => {
+            return match request.mode.map(|m| m.to_ascii_uppercase()) {
+                Some(b'A' | b'P' | b'R') => Some(CopyWhen::IfAbsent),
+                Some(b'E') => Some(CopyWhen::First),
+                _ => None,
+            }
+        }
         MetaCommand::Get => {
             !request.takes_lease() && request.flags(bytes).any(|(flag, _)| flag == b'T')
         }
         _ => false,
-    }
+    };
+    needs.then_some(CopyWhen::IfAbsent)
 }
 
 /// Whether a meta reply (as the session got it) says the key is not on the
