@@ -380,9 +380,10 @@ impl<'a> ValueReply<'a> {
 }
 
 /// The `mg` that fetches a moved key from its previous owner for a copy:
-/// value, client flags and remaining TTL (see [`meta_read_through_hit`]),
-/// and with `with_cas` its cas (for a classic `gets`, [`read_through_hit`]).
-pub fn fetch_line(key_token: &[u8], base64: bool, with_cas: bool) -> (Bytes, AddedFlags) {
+/// value, client flags and remaining TTL (see [`meta_read_through_hit`] with
+/// [`AddedFlags::FETCH`]), and with `with_cas` its cas (for a classic `gets`,
+/// [`read_through_hit`]).
+pub fn fetch_line(key_token: &[u8], base64: bool, with_cas: bool) -> Bytes {
     let mut line = BytesMut::with_capacity(key_token.len() + 10);
     line.put_slice(b"mg ");
     line.put_slice(key_token);
@@ -393,7 +394,7 @@ pub fn fetch_line(key_token: &[u8], base64: bool, with_cas: bool) -> (Bytes, Add
         line.put_slice(b" c");
     }
     line.put_slice(b"\r\n");
-    meta_read_through_line(&line, |_| false)
+    meta_read_through_line(&line, |_| false).0
 }
 
 /// Which flags memring appended to a client's `mg` for its read-through from
@@ -405,6 +406,15 @@ pub struct AddedFlags {
     pub value: bool,
     pub flags: bool,
     pub ttl: bool,
+}
+
+impl AddedFlags {
+    /// What [`fetch_line`] adds: all three.
+    pub const FETCH: AddedFlags = AddedFlags {
+        value: true,
+        flags: true,
+        ttl: true,
+    };
 }
 
 /// The client's `mg` line (`line`, with its `\r\n`) with `v f t` added where
@@ -556,7 +566,7 @@ mod tests {
                 String::from_utf8_lossy(reply)
             );
         }
-        assert_eq!(&fetch_line(b"k", false, true).0[..], b"mg k c v f t\r\n");
+        assert_eq!(&fetch_line(b"k", false, true)[..], b"mg k c v f t\r\n");
     }
 
     #[test]
@@ -592,9 +602,10 @@ mod tests {
             meta_read_through_hit(b"EN\r\n", added, b"k", false, now),
             None
         );
-        let (line, added) = fetch_line(b"Zm9v", true, false);
-        assert_eq!(&line[..], b"mg Zm9v b v f t\r\n");
-        assert!(added.value && added.flags && added.ttl);
+        assert_eq!(
+            &fetch_line(b"Zm9v", true, false)[..],
+            b"mg Zm9v b v f t\r\n"
+        );
     }
     use crate::protocol::{parse_request, Limits};
 

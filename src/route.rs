@@ -482,7 +482,7 @@ impl Retrieval {
                     out.push(SubRequest {
                         id,
                         server,
-                        line: crate::handoff::fetch_line(name, false, with_cas).0,
+                        line: crate::handoff::fetch_line(name, false, with_cas),
                         meta: true,
                     });
                     continue;

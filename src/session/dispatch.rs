@@ -76,7 +76,7 @@ impl ClientSession {
                     } = &meta.mode
                     {
                         // `ms` in add mode: the previous owner's value first.
-                        let (line, _) = crate::handoff::fetch_line(&key.0, key.1, false);
+                        let line = crate::handoff::fetch_line(&key.0, key.1, false);
                         self.send(
                             &topology,
                             &mut meta.parts[0],
@@ -172,7 +172,7 @@ impl ClientSession {
                                 }
                                 *absent = meta.parts[0].result.take();
                                 *stage = MovedStage::Previous;
-                                let (line, _) = crate::handoff::fetch_line(&key.0, key.1, false);
+                                let line = crate::handoff::fetch_line(&key.0, key.1, false);
                                 meta.parts[0] = self.send_to(
                                     &topology,
                                     *previous,
@@ -184,11 +184,10 @@ impl ClientSession {
                             }
                             MovedStage::Previous => {
                                 *stage = MovedStage::Done;
-                                let (_, added) = crate::handoff::fetch_line(&key.0, key.1, false);
                                 let copy_wire = match result {
                                     Ok(reply) => crate::handoff::meta_read_through_hit(
                                         reply,
-                                        added,
+                                        crate::handoff::AddedFlags::FETCH,
                                         &key.0,
                                         key.1,
                                         crate::topology::unix_now(),
