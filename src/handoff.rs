@@ -606,6 +606,7 @@ mod tests {
             &fetch_line(b"Zm9v", true, false)[..],
             b"mg Zm9v b v f t\r\n"
         );
+        assert_eq!(asked(b"mg k\r\n", b"").1, AddedFlags::FETCH);
     }
     use crate::protocol::{parse_request, Limits};
 
