@@ -194,13 +194,6 @@ impl HotShared {
         true
     }
 
-    /// Whether writes are tracked: always while keys are counted, so that
-    /// coalescing or a near cache turned on by a reload never meets a write
-    /// it did not see planned.
-    fn tracking(&self) -> bool {
-        self.started.detect
-    }
-
     /// Whether a near cache is on.
     fn caching(&self) -> bool {
         self.live.load().cache.is_some()
@@ -644,11 +637,14 @@ impl HotWorker {
         plan: &Plan,
         topology: &Topology,
     ) -> Option<Rc<WriteGuard>> {
+        // Writes are tracked whenever keys are counted, so that coalescing or
+        // a near cache turned on by a reload never meets a write it did not
+        // see planned.
         if !self.shared.started.detect {
             return None;
         }
         let command = request.command;
-        let write = is_write(command) && self.shared.tracking();
+        let write = is_write(command);
         let caching = write && self.shared.caching();
         let mut hashes = WrittenKeys::new();
         {
@@ -733,7 +729,7 @@ impl HotWorker {
             state.map(topology);
             state.count(owner, hash, &key);
         }
-        (self.shared.tracking() && request.changes_item(bytes)).then(|| {
+        request.changes_item(bytes).then(|| {
             let key = self.shared.caching().then(|| key[..].into());
             WriteGuard::begin(&self.shared, Target::Keys(smallvec::smallvec![(hash, key)]))
         })
@@ -761,10 +757,8 @@ impl HotWorker {
         topology: &Topology,
         slot: &Rc<Slot>,
     ) -> GetShortcut {
-        if !self.shared.tracking()
-            || topology.config.replicas > 1
-            || self.state.borrow().hot.is_empty()
-        {
+        // No key is hot while detection is off.
+        if topology.config.replicas > 1 || self.state.borrow().hot.is_empty() {
             return GetShortcut::Send(None);
         }
         let Some((command, key)) = single_key(&sub.line) else {
