@@ -93,6 +93,13 @@ impl Drop for TempDir {
     }
 }
 
+/// A process's state letter from `/proc/<pid>/stat` (`T` once stopped).
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The state follows the command name, which is in parentheses.
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
 /// Polls `condition` until it holds or `DEADLINE` passes.
 pub fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
     let start = Instant::now();
@@ -215,8 +222,12 @@ impl Memcached {
 
     /// Freezes the process (SIGSTOP): connections stay open, nothing answers.
     pub fn pause(&mut self) {
-        self.signal_pid(self.pid(), "STOP");
+        let pid = self.pid();
+        self.signal_pid(pid, "STOP");
         self.paused = true;
+        // `kill` returns before the process has stopped: a request sent at
+        // once could still be answered.
+        wait_for("memcached to stop", || process_state(pid) == Some('T'));
     }
 
     /// Resumes a paused process (SIGCONT).
