@@ -208,6 +208,46 @@ fn hot_key_metrics_names_keys_when_asked() {
     });
 }
 
+/// A hot key's gets are answered by the server, so no server error may be
+/// counted for them: alerts on `memring_backend_errors_total` must stay quiet
+/// on a healthy cluster, with coalescing on and off.
+#[test]
+fn gets_of_a_hot_key_count_no_server_errors() {
+    for coalesce in ["true", "false"] {
+        let server = Memcached::start();
+        let proxy = Proxy::start(
+            &[&server],
+            &format!("hot_key_window_ms = 100\nhot_key_coalesce = {coalesce}"),
+        );
+        let mut client = proxy.client();
+        assert_eq!(client.set("feature:flag", b"on"), b"STORED\r\n");
+        wait_for("the key to be hot", || {
+            for _ in 0..50 {
+                assert_eq!(client.get("feature:flag").as_deref(), Some(&b"on"[..]));
+            }
+            hotkeys(&mut client).iter().any(|r| r.key == "feature:flag")
+        });
+        for _ in 0..2_000 {
+            assert_eq!(client.get("feature:flag").as_deref(), Some(&b"on"[..]));
+        }
+        assert_eq!(
+            proxy.running().stats.backend_errors(),
+            0,
+            "coalesce = {coalesce}: gets that all hit counted errors"
+        );
+        let stats = client.stats("");
+        let errors: Vec<_> = stats
+            .iter()
+            .filter(|(name, _)| name.ends_with(":errors"))
+            .collect();
+        assert!(!errors.is_empty(), "stats names each server's errors");
+        assert!(
+            errors.iter().all(|(_, value)| value == "0"),
+            "coalesce = {coalesce}: {errors:?}"
+        );
+    }
+}
+
 fn value_of(reply: &[u8]) -> Option<Vec<u8>> {
     parse_single_value(reply).unwrap_or_else(|| panic!("unexpected reply {}", show(reply)))
 }

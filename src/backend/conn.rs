@@ -106,6 +106,12 @@ impl Conn {
         })
     }
 
+    /// The error a request queued here gets for `kind`, counted against the
+    /// server: only for a failure a client actually sees.
+    pub(crate) fn error(&self, kind: BackendErrorKind) -> crate::error::BackendError {
+        self.shared.error(kind)
+    }
+
     /// The task behind this connection has ended.
     pub(crate) fn is_closed(&self) -> bool {
         self.state.borrow().closed

@@ -465,8 +465,6 @@ struct Flight {
     /// The key, when the reply may fill the near cache.
     fill: Option<Box<[u8]>>,
     shared: Local,
-    /// What followers get if the request is dropped unanswered.
-    gone: BackendError,
     state: RefCell<FlightState>,
 }
 
@@ -518,9 +516,11 @@ impl Drop for Flight {
         // Dropped unanswered (its connection went away without failing it):
         // followers must not wait forever.
         let state = self.state.get_mut();
-        if !state.done {
+        if !state.done && !state.followers.is_empty() {
+            // Counted here, once, because clients do see this failure.
+            let gone = self.conn.error(BackendErrorKind::Gone);
             for follower in state.followers.drain(..) {
-                follower.finish(Err(self.gone.clone()));
+                follower.finish(Err(gone.clone()));
             }
         }
     }
@@ -543,7 +543,6 @@ pub(crate) struct Ticket {
     hash: u64,
     version: u64,
     fill: Option<Box<[u8]>>,
-    gone: BackendError,
 }
 
 /// One server's sketch in a worker.
@@ -803,14 +802,12 @@ impl HotWorker {
         state.flights.remove(&hash);
         // Only a value fetched while no write is pending may be kept.
         let fill = (quiet && command == Command::Get && live.cache.is_some()).then(|| key.into());
-        let backend = &topology.backends[sub.server];
         GetShortcut::Send(Some(Ticket {
             conn: conn.clone(),
             line: sub.line.clone(),
             hash,
             version,
             fill,
-            gone: backend.error(BackendErrorKind::Gone),
         }))
     }
 
@@ -823,7 +820,6 @@ impl HotWorker {
             version: ticket.version,
             fill: ticket.fill,
             shared: self.shared.clone(),
-            gone: ticket.gone,
             state: RefCell::new(FlightState::default()),
         });
         slot.watch(flight.clone());
