@@ -225,3 +225,65 @@ fn a_pipeline_longer_than_the_pending_bound_is_answered_in_full() {
         );
     }
 }
+
+/// Sends `requests` from a thread of its own (memring may stop reading while
+/// its budget is spent, so the writer must not block the reader) and reads
+/// until the reply ends with `MN\r\n`, or the deadline passes. Returns what
+/// came before the `MN`, or `None` on a stall.
+fn quiet_batch(addr: &str, requests: Vec<u8>, deadline: std::time::Duration) -> Option<Vec<u8>> {
+    let stream = std::net::TcpStream::connect(addr).expect("connect");
+    stream.set_nodelay(true).expect("nodelay");
+    let mut writer = stream.try_clone().expect("clone");
+    let sender = std::thread::spawn(move || writer.write_all(&requests).is_ok());
+    let mut reader = stream;
+    let started = std::time::Instant::now();
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 64 * 1024];
+    let result = loop {
+        if got.ends_with(b"MN\r\n") {
+            got.truncate(got.len() - 4);
+            break Some(got);
+        }
+        let left = deadline.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            break None;
+        }
+        reader.set_read_timeout(Some(left)).expect("timeout");
+        match reader.read(&mut chunk) {
+            Ok(0) => break None,
+            Ok(n) => got.extend_from_slice(&chunk[..n]),
+            Err(_) => break None,
+        }
+    };
+    drop(reader);
+    let _ = sender.join();
+    result
+}
+
+/// A quiet pipeline of misses over several servers, closed by `mn`, always
+/// gets its `MN`: a budget released by replies that write nothing must let
+/// the session dispatch again without waiting for more client input.
+#[test]
+fn quiet_meta_misses_over_four_servers_always_reach_their_mn() {
+    let pool: Vec<Memcached> = (0..4).map(|_| Memcached::start()).collect();
+    let proxy = Proxy::start(&pool.iter().collect::<Vec<_>>(), "");
+    let addr = proxy.addr.to_string();
+    for batch in 0..30 {
+        let mut requests = Vec::new();
+        for i in 0..200 {
+            requests.extend(format!("mg quiet:{batch}:{i} v q\r\n").bytes());
+        }
+        requests.extend(b"mn\r\n");
+        let before = quiet_batch(&addr, requests, std::time::Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("batch {batch}: no MN within 10 s"));
+        assert_eq!(show(&before), "", "batch {batch}: misses are silent");
+    }
+    let mut requests = Vec::with_capacity(100_000 * 24);
+    for i in 0..100_000 {
+        requests.extend(format!("mg big:{i} v q\r\n").bytes());
+    }
+    requests.extend(b"mn\r\n");
+    let before = quiet_batch(&addr, requests, std::time::Duration::from_secs(60))
+        .expect("100 000 quiet misses: no MN within 60 s");
+    assert_eq!(show(&before), "");
+}

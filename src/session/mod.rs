@@ -89,8 +89,7 @@ pub(crate) async fn run_session(
             partial_since = Instant::now();
         }
         client.count_out();
-        client.pump();
-        client.collect();
+        client.advance();
         client.count_out();
         if client.out.is_empty() {
             last_write = Instant::now();
@@ -338,6 +337,23 @@ impl ClientSession {
     fn push(&mut self, entry: Entry) {
         self.parsed_bytes += entry.bytes.len();
         self.entries.push_back(entry);
+    }
+
+    /// Dispatches and collects until neither makes progress. Collecting
+    /// releases budget, and a quiet reply writes nothing that would wake the
+    /// loop again: without another round here, entries held back by the
+    /// budget would wait for the client's next bytes, which a client waiting
+    /// for its `MN` never sends.
+    fn advance(&mut self) {
+        loop {
+            self.pump();
+            let (entries, owed) = (self.entries.len(), self.owed);
+            self.collect();
+            let progressed = self.entries.len() < entries || self.owed < owed;
+            if !progressed || self.dispatched == self.entries.len() {
+                return;
+            }
+        }
     }
 
     /// Dispatches entries in order while the budget allows.
