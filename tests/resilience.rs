@@ -322,3 +322,81 @@ fn shutdown_waits_for_noreply_writes_still_queued_on_backends() {
         );
     }
 }
+
+/// A client still sending when shutdown comes gets every reply memring owes
+/// it, whole, then an orderly end of stream: memring half-closes after the
+/// last owed byte and reads what is left, so the kernel never answers unread
+/// request bytes with a reset that throws away replies not yet delivered.
+#[test]
+fn shutdown_delivers_every_owed_reply_to_a_client_with_unread_requests() {
+    const VALUE_BYTES: usize = 512 * 1024;
+    for run in 0..3 {
+        let servers = pool(1);
+        let mut proxy = Proxy::start(&refs(&servers), "");
+        let mut setup = proxy.client();
+        let value = vec![b'v'; VALUE_BYTES];
+        assert_eq!(setup.set("big", &value), b"STORED\r\n");
+        let stream = TcpStream::connect(proxy.addr).unwrap();
+        let mut writer = stream.try_clone().unwrap();
+        // 40 large replies owed, and far more request bytes behind them than
+        // memring will read before it stops.
+        let mut requests = b"get big\r\n".repeat(40);
+        requests.extend(b"get nothing:here\r\n".repeat(500_000));
+        let sender = std::thread::spawn(move || {
+            let _ = writer.write_all(&requests);
+            // Keep the socket open, as a client waiting for replies does.
+            writer
+        });
+        let mut reader = stream;
+        reader
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut got = Vec::new();
+        let mut chunk = vec![0u8; 16 * 1024];
+        // Shut down once the first value is on its way.
+        while got.len() < VALUE_BYTES {
+            let n = reader.read(&mut chunk).expect("reading before shutdown");
+            assert!(n > 0, "closed before the first value");
+            got.extend_from_slice(&chunk[..n]);
+        }
+        let stopper = std::thread::spawn(move || {
+            proxy.shutdown();
+            proxy
+        });
+        // A slow reader: memring hands its last bytes to the kernel long
+        // before this client has taken them.
+        let end = loop {
+            match reader.read(&mut chunk) {
+                Ok(0) => break Ok(()),
+                Ok(n) => got.extend_from_slice(&chunk[..n]),
+                Err(e) => break Err(e),
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let _writer = sender.join().unwrap();
+        drop(stopper.join().unwrap());
+        // Whatever came is a run of whole replies, and the stream ended
+        // cleanly rather than with a reset.
+        let mut at = 0;
+        let mut replies = 0;
+        while let Some(len) = memring::protocol::frame_reply(&got[at..], ReplyKind::Values)
+            .expect("well-formed replies")
+        {
+            at += len;
+            replies += 1;
+        }
+        assert_eq!(
+            at,
+            got.len(),
+            "run {run}: a reply was cut off after {replies}"
+        );
+        assert!(
+            end.is_ok(),
+            "run {run}: {end:?} after {replies} whole replies"
+        );
+        assert!(
+            replies >= 40,
+            "run {run}: only {replies} replies of the 40 owed"
+        );
+    }
+}

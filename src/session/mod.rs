@@ -21,7 +21,9 @@
 //! memring stops reading from the client. A client owed bytes that reads
 //! nothing for `write_timeout` is closed, as is one idle (or stuck halfway
 //! through a request) for `idle_timeout`. Shutdown stops reading between
-//! requests, and the replies already owed are still written.
+//! requests, and the replies already owed are still written; then the
+//! session half-closes and drains the client's input before it closes (a
+//! lingering close), so no reset cuts those replies off.
 
 use std::collections::VecDeque;
 use std::io;
@@ -58,6 +60,9 @@ const FIRST_READ_BYTES: usize = 2 * 1024;
 const MIN_READ_ROOM_BYTES: usize = 512;
 /// Smallest reply size assumed for a key not yet answered.
 const MIN_ESTIMATE_BYTES: usize = 1024;
+/// How long a closing session keeps reading (and dropping) what its client
+/// still sends after memring's last reply, so that closing sends no reset.
+const LINGER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 /// What a one-line reply is assumed to cost.
 const LINE_REPLY_BYTES: usize = 64;
 
@@ -96,7 +101,7 @@ pub(crate) async fn run_session(
         }
         client.out.seal();
         if client.closing && client.entries.is_empty() && client.out.is_empty() {
-            break writer.shutdown().await;
+            break linger(&mut reader, &mut writer).await;
         }
         let can_read = client.can_read();
         if can_read && input.capacity() - input.len() < MIN_READ_ROOM_BYTES {
@@ -149,6 +154,29 @@ pub(crate) async fn run_session(
     };
     client.release_all();
     result
+}
+
+/// Ends a session whose replies are all written: half-closes, so the client
+/// reads every byte and then end of stream, and reads and drops whatever the
+/// client still sends until it closes too or `LINGER_TIMEOUT` passes. Closing
+/// a socket with unread input makes the kernel send a reset, which throws
+/// away replies still in the send buffer.
+async fn linger(
+    reader: &mut (impl AsyncReadExt + Unpin),
+    writer: &mut (impl AsyncWriteExt + Unpin),
+) -> io::Result<()> {
+    writer.shutdown().await?;
+    let deadline = Instant::now() + LINGER_TIMEOUT;
+    let mut scratch = [0u8; 4096];
+    loop {
+        tokio::select! {
+            read = reader.read(&mut scratch) => match read {
+                Ok(0) | Err(_) => return Ok(()),
+                Ok(_) => {}
+            },
+            () = tokio::time::sleep_until(deadline) => return Ok(()),
+        }
+    }
 }
 
 async fn sleep_until_some(deadline: Option<Instant>) {
