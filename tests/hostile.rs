@@ -1081,3 +1081,118 @@ fn clients_pipelining_big_sets_stay_bounded() {
     );
     assert!(peak < 400 * MIB, "peak RSS {} MiB", peak / MIB);
 }
+
+/// 8 clients writing and reading their own keys, meta and classic, through
+/// memring to one real memcached behind a relay that slips `inject` in
+/// before every 40th reply (once the probe is through). Every reply a client gets is its own request's
+/// (its own key's value, a miss, a status) or memring's `SERVER_ERROR`;
+/// never another request's.
+fn every_reply_is_its_own_with_a_server_sending(inject: &'static [u8]) {
+    use common::relay::{Fault, Relay};
+    const CLIENTS: usize = 8;
+    const ROUNDS: usize = 150;
+    let server = Memcached::start();
+    let relay = Relay::start(&server.addr(), Fault::injecting(inject, 40, 150));
+    let proxy = Proxy::start_text(&format!(
+        "listen = \"127.0.0.1:0\"\nrequest_timeout_ms = 2000\n[[servers]]\naddr = \"{}\"\n",
+        relay.addr()
+    ));
+    let errors = Arc::new(AtomicUsize::new(0));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|w| {
+            let mut client = proxy.client();
+            let errors = errors.clone();
+            std::thread::spawn(move || -> Result<(), String> {
+                let check = |reply: Vec<u8>, ok: &dyn Fn(&[u8]) -> bool, what: &str| {
+                    if reply.starts_with(b"SERVER_ERROR ") {
+                        if errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                            eprintln!("first error, {what}: {}", show(&reply));
+                        }
+                        Ok(())
+                    } else if ok(&reply) {
+                        Ok(())
+                    } else {
+                        Err(format!("client {w}, {what}: {}", show(&reply)))
+                    }
+                };
+                for round in 0..ROUNDS {
+                    let key = format!("own:{w}:{}", round % 10);
+                    let value = format!("{w}:{}:{round}", round % 10);
+                    let mine = format!("{w}:{}:", round % 10);
+                    client.send(format!("ms {key} {}\r\n{value}\r\n", value.len()).as_bytes());
+                    check(client.meta_reply(), &|r| r == b"HD\r\n", "ms")?;
+                    client.send(format!("mg {key} v\r\n").as_bytes());
+                    let own_value = |r: &[u8]| {
+                        r == b"EN\r\n"
+                            || (r.starts_with(b"VA ")
+                                && show(r)
+                                    .split("\\r\\n")
+                                    .nth(1)
+                                    .is_some_and(|v| v.starts_with(&mine)))
+                    };
+                    check(client.meta_reply(), &own_value, "mg")?;
+                    // Quiet: a hit comes before the MN, a miss not at all.
+                    client.send(format!("mg {key} v q\r\nmn\r\n").as_bytes());
+                    let reply = client.meta_reply();
+                    if reply != b"MN\r\n" {
+                        check(reply, &own_value, "quiet mg")?;
+                        check(client.meta_reply(), &|r| r == b"MN\r\n", "mn")?;
+                    }
+                    client.send(format!("get {key}\r\n").as_bytes());
+                    let reply = client.reply(ReplyKind::Values);
+                    let own_get = |r: &[u8]| {
+                        r == b"END\r\n"
+                            || (r.starts_with(format!("VALUE {key} 0 ").as_bytes())
+                                && show(r).contains(&format!("\\r\\n{mine}"))
+                                && r.ends_with(b"\r\nEND\r\n"))
+                    };
+                    check(reply, &own_get, "get")?;
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    let mut failures = Vec::new();
+    for client in clients {
+        if let Err(e) = client.join().expect("client thread") {
+            failures.push(e);
+        }
+    }
+    assert!(relay.injected() > 0, "the fault never happened");
+    assert!(
+        failures.is_empty(),
+        "{} foreign or malformed replies: {failures:?}",
+        failures.len()
+    );
+    let (errors, total) = (errors.load(Ordering::Relaxed), CLIENTS * ROUNDS * 4);
+    eprintln!(
+        "{} injected, {errors} of {total} requests failed",
+        relay.injected()
+    );
+    assert!(errors < total, "some requests still succeed");
+}
+
+#[test]
+fn an_extra_hd_never_reaches_another_request() {
+    every_reply_is_its_own_with_a_server_sending(b"HD\r\n");
+}
+
+#[test]
+fn an_extra_va_never_reaches_another_request() {
+    every_reply_is_its_own_with_a_server_sending(b"VA 5\r\nalien\r\n");
+}
+
+#[test]
+fn an_extra_mn_never_reaches_another_request() {
+    every_reply_is_its_own_with_a_server_sending(b"MN\r\n");
+}
+
+#[test]
+fn an_extra_end_never_reaches_another_request() {
+    every_reply_is_its_own_with_a_server_sending(b"END\r\n");
+}
+
+#[test]
+fn an_extra_error_never_reaches_another_request() {
+    every_reply_is_its_own_with_a_server_sending(b"ERROR\r\n");
+}

@@ -35,6 +35,8 @@ use crate::backend::slot::{Got, Slot};
 use crate::backend::Shared;
 use crate::error::BackendErrorKind;
 use crate::outbuf::OutQueue;
+use crate::protocol::meta::reply::MetaReplyError;
+use crate::protocol::meta::tag::{echoes_opaque, tag_request, untag, Tag};
 use crate::protocol::reply::{item_size_max, next_piece, Expect, Piece, ReplyError};
 
 const READ_CHUNK_BYTES: usize = 16 * 1024;
@@ -56,6 +58,8 @@ enum Phase {
 
 struct Waiting {
     expect: Expect,
+    /// The opaque a meta request was tagged with: its reply must carry it.
+    tag: Option<Tag>,
     /// `None` for the probe and for `noreply` requests (whose reply memring
     /// asked for, to stay in step, and drops here).
     slot: Option<Rc<Slot>>,
@@ -73,6 +77,8 @@ struct State {
     progress: Instant,
     /// The task has ended; a new connection must be made.
     closed: bool,
+    /// The opaque the next meta request is tagged with.
+    next_tag: u32,
 }
 
 /// One worker's connection to one server.
@@ -101,6 +107,7 @@ impl Conn {
                 waiting: VecDeque::new(),
                 progress: Instant::now(),
                 closed: false,
+                next_tag: 0,
             }),
             wake: Notify::new(),
         })
@@ -144,11 +151,35 @@ impl Conn {
             // The server owed nothing: its time starts now.
             state.progress = now;
         }
-        for part in request {
-            state.queued.push(part.clone());
-        }
+        let tagged = match (&expect, request.first()) {
+            (Expect::Meta { command, .. }, Some(first)) if echoes_opaque(*command) => {
+                let value = state.next_tag;
+                state.next_tag = value.wrapping_add(1);
+                tag_request(first, value)
+            }
+            _ => None,
+        };
+        let tag = match tagged {
+            Some(tagged) => {
+                state.queued.push(tagged.line);
+                if !tagged.rest.is_empty() {
+                    state.queued.push(tagged.rest);
+                }
+                for part in &request[1..] {
+                    state.queued.push(part.clone());
+                }
+                Some(tagged.tag)
+            }
+            None => {
+                for part in request {
+                    state.queued.push(part.clone());
+                }
+                None
+            }
+        };
         state.waiting.push_back(Waiting {
             expect,
+            tag,
             slot,
             probe: false,
             queued: now,
@@ -263,6 +294,7 @@ async fn serve(
         state.progress = now;
         state.waiting.push_front(Waiting {
             expect: Expect::Stats,
+            tag: None,
             slot: None,
             probe: true,
             queued: now,
@@ -384,7 +416,11 @@ fn deliver(conn: &Conn, read_buf: &mut BytesMut) -> Result<Delivered, BackendErr
         };
         match piece {
             Piece::Value { len, .. } => {
-                let bytes = read_buf.split_to(len).freeze();
+                let mut bytes = read_buf.split_to(len).freeze();
+                if let Some(tag) = &front.tag {
+                    // The one reply of a quiet meta request.
+                    bytes = untag(&bytes, tag).map_err(protocol_error)?;
+                }
                 if front.probe {
                     if let Some(limit) = item_size_max(&bytes) {
                         shared.item_size_max.store(limit, Ordering::Relaxed);
@@ -394,7 +430,16 @@ fn deliver(conn: &Conn, read_buf: &mut BytesMut) -> Result<Delivered, BackendErr
                 }
             }
             Piece::Last { len } | Piece::Error { len } => {
-                let bytes = read_buf.split_to(len).freeze();
+                if front.probe && matches!(piece, Piece::Error { .. }) {
+                    // memcached answers `stats settings` with its settings.
+                    return Err(BackendErrorKind::Protocol(ReplyError::UnexpectedLine));
+                }
+                let mut bytes = read_buf.split_to(len).freeze();
+                let quiet_end = matches!(front.expect, Expect::Meta { quiet: true, .. })
+                    && matches!(piece, Piece::Last { .. });
+                if let (Some(tag), false) = (&front.tag, quiet_end) {
+                    bytes = untag(&bytes, tag).map_err(protocol_error)?;
+                }
                 let waiting = state.waiting.pop_front().expect("front exists");
                 let now = Instant::now();
                 // The next request's time starts when this one is answered.
@@ -425,6 +470,10 @@ fn deliver(conn: &Conn, read_buf: &mut BytesMut) -> Result<Delivered, BackendErr
             }
         }
     }
+}
+
+fn protocol_error(error: MetaReplyError) -> BackendErrorKind {
+    BackendErrorKind::Protocol(ReplyError::Meta(error))
 }
 
 #[cfg(test)]

@@ -54,6 +54,7 @@
 //! - An endless line gets `CLIENT_ERROR line too long` before the close.
 
 pub mod reply;
+pub mod tag;
 
 use std::borrow::Cow;
 

@@ -212,6 +212,12 @@ pub fn next_piece(
     let Some(line) = buf[..len].strip_suffix(b"\r\n") else {
         return Err(ReplyError::UnexpectedLine);
     };
+    if line == b"ERROR" && answers_only_parsed_lines(expect) {
+        // memcached says a bare `ERROR` only to a command it cannot parse;
+        // memring parsed and validated this one, so the line answers some
+        // other request: the connection is out of step.
+        return Err(ReplyError::UnexpectedLine);
+    }
     if is_error_line(line) {
         return Ok(Some(Piece::Error { len }));
     }
@@ -291,6 +297,19 @@ fn find_key(request: &[u8], from: usize, key: &[u8]) -> Option<usize> {
         at = end;
     }
     None
+}
+
+/// Requests memring forwards only after parsing them as memcached would, so
+/// that a bare `ERROR` cannot be their reply.
+fn answers_only_parsed_lines(expect: &Expect) -> bool {
+    match expect {
+        Expect::Values { .. } | Expect::Stats => true,
+        Expect::Line(kind) => matches!(
+            kind,
+            LineKind::Storage | LineKind::Delete | LineKind::Arithmetic | LineKind::Touch
+        ),
+        Expect::Meta { .. } => false,
+    }
 }
 
 fn is_error_line(line: &[u8]) -> bool {

@@ -7,6 +7,7 @@
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
 pub mod faulty;
+pub mod relay;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -440,6 +441,17 @@ impl Client {
                 }
                 Err(e) => panic!("read failed: {e}"),
             }
+        }
+    }
+
+    /// Reads one meta reply (a line, and a `VA` line's data block), or a
+    /// classic one-line or `VALUE` reply piece.
+    pub fn meta_reply(&mut self) -> Vec<u8> {
+        loop {
+            if let Some(len) = relay::reply_len(&self.buffer) {
+                return self.buffer.drain(..len).collect();
+            }
+            assert!(self.fill() > 0, "connection closed before a full reply");
         }
     }
 

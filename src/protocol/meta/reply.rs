@@ -69,6 +69,10 @@ pub enum MetaReplyError {
     BadDataChunk,
     #[error("reply memcached does not send to this meta command")]
     Unexpected,
+    /// The reply does not carry the opaque memring tagged its request with:
+    /// it answers some other request (see [`super::tag`]).
+    #[error("meta reply without its request's opaque (another request's reply)")]
+    Foreign,
 }
 
 /// Frames the reply to a `command` at the start of `buf`: `Ok(Some(reply))`

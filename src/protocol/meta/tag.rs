@@ -1,0 +1,283 @@
+//! Tagging forwarded meta requests, so that every reply provably belongs to
+//! its request.
+//!
+//! Meta replies carry no key unless asked for one, so a server that sends one
+//! reply too many (a doubled `HD`, a stray `VA`) would shift every later reply
+//! on its connection onto the wrong request, unnoticed. memcached echoes the
+//! opaque token `O<value>` of `mg`, `ms`, `md` and `ma` in every reply except
+//! error lines (checked on 1.6.18). So memring gives each request it forwards
+//! an opaque of its own: it replaces the client's `O` token, or appends one
+//! after the last flag, and on the way back checks that the reply carries
+//! exactly that token and puts the client's token back (or removes memring's).
+//!
+//! Pure: bytes in, bytes out. Requests whose tagging would change memcached's
+//! answer are left untagged: a NUL in the line (memcached stops reading the line
+//! there), an opaque over 32 bytes or two `O` tokens (errors memcached must
+//! still give), a line already at memcached's token limit.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use memchr::memchr;
+
+use super::reply::MetaReplyError;
+use super::MetaCommand;
+
+/// memcached refuses a meta line with more tokens than this.
+const MAX_TOKENS: usize = 19;
+/// memcached refuses a longer opaque (`CLIENT_ERROR opaque token too long`).
+const MAX_OPAQUE_BYTES: usize = 32;
+/// Lines longer than this are left untagged, far below memcached's own bound.
+const MAX_TAGGED_LINE_BYTES: usize = 1024;
+
+/// A request as it goes to the server, and what its reply must carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tagged {
+    /// The request line with memring's opaque, `\r\n` included.
+    pub line: Bytes,
+    /// The rest of the client's bytes (an `ms` data block), unchanged.
+    pub rest: Bytes,
+    /// What the reply is checked and rewritten against.
+    pub tag: Tag,
+}
+
+/// memring's opaque on one request, and the client's own if it sent one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tag {
+    value: u32,
+    /// The client's `O` token, `O` included.
+    client: Option<Bytes>,
+}
+
+/// Whether memcached echoes an opaque in this command's replies.
+pub fn echoes_opaque(command: MetaCommand) -> bool {
+    matches!(
+        command,
+        MetaCommand::Get | MetaCommand::Set | MetaCommand::Delete | MetaCommand::Arithmetic
+    )
+}
+
+/// Tags the request at the start of `request` with opaque `value`, or `None`
+/// when it is to go untagged (see the module doc).
+pub fn tag_request(request: &Bytes, value: u32) -> Option<Tagged> {
+    let newline = memchr(b'\n', request)?;
+    let content_end = if newline > 0 && request[newline - 1] == b'\r' {
+        newline - 1
+    } else {
+        newline
+    };
+    let content = &request[..content_end];
+    if content.len() > MAX_TAGGED_LINE_BYTES || memchr(0, content).is_some() {
+        return None;
+    }
+    let mut tokens = 0;
+    let mut opaque: Option<(usize, usize)> = None;
+    for (start, token) in tokens_of(content) {
+        tokens += 1;
+        // The command and key are never flags.
+        if tokens > 2 && token.first() == Some(&b'O') {
+            if opaque.is_some() || token.len() - 1 > MAX_OPAQUE_BYTES {
+                return None;
+            }
+            opaque = Some((start, start + token.len()));
+        }
+    }
+    let mut line = BytesMut::with_capacity(content_end + 16);
+    let client = match opaque {
+        Some((start, end)) => {
+            line.put_slice(&request[..start]);
+            put_opaque(&mut line, value);
+            line.put_slice(&request[end..content_end]);
+            Some(request.slice(start..end))
+        }
+        None => {
+            if tokens >= MAX_TOKENS {
+                return None;
+            }
+            line.put_slice(content);
+            line.put_u8(b' ');
+            put_opaque(&mut line, value);
+            None
+        }
+    };
+    line.put_slice(b"\r\n");
+    Some(Tagged {
+        line: line.freeze(),
+        rest: request.slice(newline + 1..),
+        tag: Tag { value, client },
+    })
+}
+
+/// Checks that `reply` (one framed meta reply: its line, and for `VA` its
+/// value block) answers the request tagged `tag`, and returns it as the
+/// client would have had it untagged.
+///
+/// # Errors
+/// [`MetaReplyError::Foreign`] when the reply carries no opaque or another
+/// one: it belongs to some other request, and the connection is out of step.
+/// A bare `ERROR`, which memcached sends only to a line it cannot parse as a
+/// meta command (memring has parsed this one), is foreign too.
+pub fn untag(reply: &Bytes, tag: &Tag) -> Result<Bytes, MetaReplyError> {
+    let newline = memchr(b'\n', reply).ok_or(MetaReplyError::BadLineEnd)?;
+    let content_end = newline.saturating_sub(1);
+    let content = &reply[..content_end];
+    if content == b"ERROR" {
+        return Err(MetaReplyError::Foreign);
+    }
+    if content.starts_with(b"CLIENT_ERROR ") || content.starts_with(b"SERVER_ERROR ") {
+        // Error lines carry no opaque; they are the request's own reply.
+        return Ok(reply.clone());
+    }
+    let mut wanted = BytesMut::with_capacity(12);
+    put_opaque(&mut wanted, tag.value);
+    let (start, end) = tokens_of(content)
+        .skip(1)
+        .find(|(_, token)| *token == &wanted[..])
+        .map(|(start, token)| (start, start + token.len()))
+        .ok_or(MetaReplyError::Foreign)?;
+    let mut out = BytesMut::with_capacity(reply.len() + 34);
+    match &tag.client {
+        Some(client) => {
+            out.put_slice(&reply[..start]);
+            out.put_slice(client);
+            out.put_slice(&reply[end..]);
+        }
+        None => {
+            // The token and the space before it.
+            out.put_slice(&reply[..start - 1]);
+            out.put_slice(&reply[end..]);
+        }
+    }
+    Ok(out.freeze())
+}
+
+fn put_opaque(out: &mut BytesMut, value: u32) {
+    out.put_u8(b'O');
+    let mut digits = [0u8; 10];
+    let mut at = digits.len();
+    let mut n = value;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.put_slice(&digits[at..]);
+}
+
+/// The space-separated tokens of `line` with their start offsets.
+fn tokens_of(line: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        while at < line.len() && line[at] == b' ' {
+            at += 1;
+        }
+        if at == line.len() {
+            return None;
+        }
+        let start = at;
+        let end = memchr(b' ', &line[at..]).map_or(line.len(), |i| at + i);
+        at = end;
+        Some((start, &line[start..end]))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tagged(request: &'static [u8], value: u32) -> Tagged {
+        tag_request(&Bytes::from_static(request), value).expect("tagged")
+    }
+
+    #[test]
+    fn a_request_without_opaque_gets_memrings_after_its_last_flag() {
+        let t = tagged(b"mg foo v t\r\n", 7);
+        assert_eq!(&t.line[..], b"mg foo v t O7\r\n");
+        assert!(t.rest.is_empty());
+        let t = tagged(b"mg foo\n", 4_294_967_295);
+        assert_eq!(&t.line[..], b"mg foo O4294967295\r\n");
+        let t = tagged(b"ms foo 2 T0\r\nhi\r\n", 0);
+        assert_eq!(&t.line[..], b"ms foo 2 T0 O0\r\n");
+        assert_eq!(&t.rest[..], b"hi\r\n");
+    }
+
+    #[test]
+    fn the_clients_opaque_is_replaced_in_place_and_put_back_in_the_reply() {
+        let t = tagged(b"md foo q Oabc k\r\n", 12);
+        assert_eq!(&t.line[..], b"md foo q O12 k\r\n");
+        let reply = Bytes::from_static(b"HD O12 kfoo\r\n");
+        assert_eq!(&untag(&reply, &t.tag).unwrap()[..], b"HD Oabc kfoo\r\n");
+    }
+
+    #[test]
+    fn memrings_opaque_is_removed_from_replies_as_memcached_sends_them() {
+        // Replies as memcached 1.6.18 sent them to these requests with `O9`
+        // appended (markers like W, X and Z come after the flags).
+        let t = tagged(b"mg a v c\r\n", 9);
+        for (reply, client_sees) in [
+            (
+                &b"VA 2 c5 O9 X W\r\nhi\r\n"[..],
+                &b"VA 2 c5 X W\r\nhi\r\n"[..],
+            ),
+            (b"EN O9\r\n", b"EN\r\n"),
+            (b"HD O9\r\n", b"HD\r\n"),
+            (b"NF O9\r\n", b"NF\r\n"),
+            (b"VA 4 O9\r\nO9\r\n\r\n", b"VA 4\r\nO9\r\n\r\n"),
+        ] {
+            let got = untag(&Bytes::from_static(reply), &t.tag).unwrap();
+            assert_eq!(&got[..], client_sees, "{reply:?}");
+        }
+    }
+
+    #[test]
+    fn a_reply_with_another_or_no_opaque_is_foreign() {
+        let t = tagged(b"mg a v\r\n", 9);
+        for reply in [
+            &b"HD\r\n"[..],
+            b"EN O8\r\n",
+            b"EN O99\r\n",
+            b"VA 2\r\nO9\r\n",
+            b"HD kO9\r\n",
+            b"ERROR\r\n",
+        ] {
+            assert_eq!(
+                untag(&Bytes::from_static(reply), &t.tag),
+                Err(MetaReplyError::Foreign),
+                "{reply:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn error_lines_are_the_requests_own_reply() {
+        let t = tagged(b"ma a\r\n", 3);
+        let reply =
+            Bytes::from_static(b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n");
+        assert_eq!(untag(&reply, &t.tag).unwrap(), reply);
+    }
+
+    #[test]
+    fn requests_whose_answer_tagging_would_change_stay_untagged() {
+        let long_opaque = b"mg a Oabcdefghijabcdefghijabcdefghijabc\r\n";
+        for request in [
+            &long_opaque[..],
+            b"mg a O1 O2\r\n",
+            b"mg a v\0 q\r\n",
+            b"mg a 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17\r\n",
+            b"mg a",
+        ] {
+            assert_eq!(
+                tag_request(&Bytes::copy_from_slice(request), 1),
+                None,
+                "{request:?}"
+            );
+        }
+        // One token short of the limit: room for the tag.
+        assert!(tag_request(
+            &Bytes::from_static(b"mg a 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16\r\n"),
+            1
+        )
+        .is_some());
+    }
+}
