@@ -1196,3 +1196,41 @@ fn an_extra_end_never_reaches_another_request() {
 fn an_extra_error_never_reaches_another_request() {
     every_reply_is_its_own_with_a_server_sending(b"ERROR\r\n");
 }
+
+/// A newer memcached accepts flags 1.6.18 refuses (1.6.27 takes `x` and `E`
+/// on quiet requests). Played here by a relay that drops ` x` from request
+/// lines before a real memcached sees them: a quiet request memring thinks
+/// doomed must still be closed with its own `mn`, so that the server's
+/// silence reads as success, never as a timeout that marks it SUSPECT.
+#[test]
+fn a_quiet_request_with_a_flag_newer_than_1_6_18_is_answered_not_timed_out() {
+    use common::relay::{Fault, Relay};
+    fn drop_x_flag(line: &[u8]) -> Vec<u8> {
+        let text = String::from_utf8_lossy(line);
+        let kept: Vec<&str> = text.split(' ').filter(|token| *token != "x").collect();
+        kept.join(" ").into_bytes()
+    }
+    let server = Memcached::start();
+    let relay = Relay::start(&server.addr(), Fault::rewriting(drop_x_flag));
+    let proxy = Proxy::start_text(&format!(
+        "listen = \"127.0.0.1:0\"\nrequest_timeout_ms = 5000\n[[servers]]\naddr = \"{}\"\n",
+        relay.addr()
+    ));
+    let mut direct = server.client();
+    assert_eq!(direct.set("newer", b"1"), b"STORED\r\n");
+    let mut client = proxy.client();
+    // Deleted quietly: nothing, then the client's own MN.
+    client.send(b"md newer q x\r\nmn\r\n");
+    assert_eq!(show(&client.meta_reply()), "MN\\r\\n");
+    // A miss is not quiet for md: NF comes, then MN.
+    client.send(b"md newer q x\r\nmn\r\n");
+    assert_eq!(show(&client.meta_reply()), "NF\\r\\n");
+    assert_eq!(show(&client.meta_reply()), "MN\\r\\n");
+    assert_eq!(direct.get("newer"), None, "the delete reached memcached");
+    let stats = client.stats("");
+    let state = stats
+        .iter()
+        .find(|(name, _)| name.ends_with(":state"))
+        .map(|(_, value)| value.clone());
+    assert_eq!(state.as_deref(), Some("ACTIVE"), "{stats:?}");
+}

@@ -101,9 +101,10 @@ impl ClientSession {
             .on_meta_request(&request, &bytes, &plan, &topology);
         // A quiet request goes on with `q` and an `mn` behind it: memcached
         // then sends exactly the replies it would send the client, and `MN`
-        // tells the connection that the rest was suppressed. A request
-        // memcached refuses gets an error whatever `q` says.
-        let quiet = request.may_be_silent() && request.backend_error.is_none();
+        // tells the connection that the rest was suppressed. That holds for
+        // a request 1.6.18 would refuse too: its error comes before the
+        // `MN`, and a newer memcached that accepts the flag stays silent.
+        let quiet = request.may_be_silent();
         let mut wire: SmallVec<[Bytes; 3]> = smallvec::smallvec![bytes.clone()];
         if quiet {
             wire.push(Bytes::from_static(b"mn\r\n"));
