@@ -61,6 +61,8 @@ enum Kind {
     /// `cas` on the previous owner and, if that stored, `set` the same value
     /// on the new owner.
     Cas,
+    /// `set` on the new owner.
+    Overwrite,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,11 +75,18 @@ enum Stage {
     Fetch,
     /// Waiting for the final reply.
     Last,
+    /// The command changed the key on its new owner; waiting for the
+    /// previous owner to `delete` its now older copy before answering.
+    Forget,
 }
 
-/// Whether a command on a moved key needs more than the new owner. `set`
-/// (and anything not listed) simply goes to the new owner, which is where
-/// reads look first.
+/// Whether a command on a moved key needs more than the new owner.
+///
+/// Every command that changes the key on its new owner is answered only once
+/// the previous owner has deleted its copy: the previous owner's value is now
+/// older than an acknowledged write, and a sidecar still on the old ring, or
+/// this one after the change is undone, would read it there. A miss is
+/// always allowed; a value older than an acknowledged write never is.
 pub fn needs_handoff(command: Command) -> bool {
     kind_of(command).is_some()
 }
@@ -93,6 +102,7 @@ fn kind_of(command: Command) -> Option<Kind> {
         | Command::Replace => Some(Kind::RetryAfterCopy),
         Command::Add => Some(Kind::CopyFirst),
         Command::Cas => Some(Kind::Cas),
+        Command::Set => Some(Kind::Overwrite),
         _ => None,
     }
 }
@@ -142,7 +152,7 @@ impl Moved {
                 self.stage = Stage::First;
                 self.send(Owner::Previous, None)
             }
-            Kind::RetryAfterCopy | Kind::Cas => {
+            Kind::RetryAfterCopy | Kind::Cas | Kind::Overwrite => {
                 self.stage = Stage::First;
                 self.send(Owner::New, None)
             }
@@ -150,9 +160,15 @@ impl Moved {
         }
     }
 
-    /// The reply to the last step's `lines`.
-    pub fn on_reply(&mut self, result: CallResult) -> Step {
+    /// The reply to the last step's `lines`. `now` is the Unix time, for the
+    /// remaining TTL of a copy beyond 30 days.
+    pub fn on_reply(&mut self, result: CallResult, now: u64) -> Step {
         match (self.kind, self.stage) {
+            (_, Stage::Forget) => {
+                // Answered whatever the previous owner said: if it failed,
+                // readers of the old ring cannot reach it either.
+                Step::Answer(self.first.take().unwrap_or(result))
+            }
             (Kind::Delete, Stage::First) => {
                 self.first = Some(result);
                 self.stage = Stage::Last;
@@ -167,12 +183,16 @@ impl Moved {
                     self.first = Some(result);
                     self.fetch()
                 } else {
-                    Step::Answer(result)
+                    self.answer_changed(result)
                 }
             }
+            (Kind::Overwrite, Stage::First) => self.answer_changed(result),
             (Kind::RetryAfterCopy | Kind::CopyFirst, Stage::Fetch) => {
+                // The copy keeps the remaining TTL; an item that expires
+                // within the second is not copied (0 would keep it forever).
                 let copy = match &result {
-                    Ok(block) => copy_as_add(block, b"0"),
+                    Ok(reply) => read_through_hit(&self.key, reply, false, now)
+                        .and_then(|hit| copy_block(&hit.block, hit.exptime.as_deref()?)),
                     Err(_) => None,
                 };
                 match (copy, self.first.take()) {
@@ -197,7 +217,7 @@ impl Moved {
                     self.stage = Stage::Fetch;
                     self.send(Owner::Previous, None)
                 } else {
-                    Step::Answer(result)
+                    self.answer_changed(result)
                 }
             }
             (Kind::Cas, Stage::Fetch) => {
@@ -216,28 +236,47 @@ impl Moved {
                     _ => Step::Answer(self.first.take().unwrap_or(result)),
                 }
             }
-            (Kind::Cas, _) => match result {
-                // The previous owner's STORED answers once the new owner
-                // holds the same value.
-                Ok(r) if r.as_ref() == b"STORED\r\n" => Step::Answer(Ok(r)),
-                other => Step::Answer(other),
-            },
+            // The previous owner's STORED answers once the new owner holds
+            // the same value (and the previous owner no longer does).
+            (Kind::Cas, _) => self.answer_changed(result),
+            (Kind::RetryAfterCopy, _) => self.answer_changed(result),
             (_, _) => Step::Answer(result),
         }
     }
 
-    fn fetch(&mut self) -> Step {
-        self.stage = Stage::Fetch;
-        let mut line = BytesMut::with_capacity(self.key.len() + 6);
-        line.put_slice(b"get ");
+    /// Answers `result`, first deleting the previous owner's copy when the
+    /// command changed the key on the new owner.
+    fn answer_changed(&mut self, result: CallResult) -> Step {
+        if !changed(&result) {
+            return Step::Answer(result);
+        }
+        self.first = Some(result);
+        self.stage = Stage::Forget;
+        let mut line = BytesMut::with_capacity(self.key.len() + 9);
+        line.put_slice(b"delete ");
         line.put_slice(&self.key);
         line.put_slice(b"\r\n");
-        let line = line.freeze();
         Step::Send {
             to: Owner::Previous,
             copy: None,
-            expect: Expect::values(line.clone()),
-            lines: smallvec::smallvec![line],
+            lines: smallvec::smallvec![line.freeze()],
+            expect: Expect::Line(LineKind::Delete),
+        }
+    }
+
+    /// Asks the previous owner for the key with what a copy needs: value,
+    /// client flags and remaining TTL.
+    fn fetch(&mut self) -> Step {
+        self.stage = Stage::Fetch;
+        Step::Send {
+            to: Owner::Previous,
+            copy: None,
+            expect: Expect::Meta {
+                command: crate::protocol::meta::MetaCommand::Get,
+                quiet: false,
+                replied: false,
+            },
+            lines: smallvec::smallvec![fetch_line(&self.key, false, false)],
         }
     }
 
@@ -248,6 +287,21 @@ impl Moved {
             lines: self.request.clone(),
             expect: Expect::Line(self.line_kind),
         }
+    }
+}
+
+/// The reply says the command changed the key: stored, a new number,
+/// touched. Misses, `EXISTS`, errors and failures changed nothing.
+fn changed(result: &CallResult) -> bool {
+    match result {
+        Ok(reply) => {
+            !(reply.starts_with(b"NOT_")
+                || reply.starts_with(b"EXISTS")
+                || reply.starts_with(b"ERROR")
+                || reply.starts_with(b"CLIENT_ERROR")
+                || reply.starts_with(b"SERVER_ERROR"))
+        }
+        Err(_) => false,
     }
 }
 
@@ -641,19 +695,51 @@ mod tests {
         }
     }
 
+    const NOW: u64 = 1_800_000_000;
+
+    /// The step that deletes the previous owner's copy, answered `reply`.
+    fn forgets(step: Step, m: &mut Moved, expected: &[u8]) {
+        assert_eq!(
+            sent(&step),
+            (Owner::Previous, false, b"delete k\r\n".to_vec())
+        );
+        // Whatever the previous owner says, the new owner's reply answers.
+        assert_eq!(
+            answer(m.on_reply(ok(b"NOT_FOUND\r\n"), NOW)).unwrap(),
+            expected
+        );
+    }
+
     #[test]
-    fn set_needs_only_the_new_owner() {
-        assert!(!needs_handoff(Command::Set));
+    fn every_command_but_reads_needs_a_hand_off() {
+        assert!(needs_handoff(Command::Set));
+        assert!(!needs_handoff(Command::Get));
         assert!(needs_handoff(Command::Incr));
+    }
+
+    #[test]
+    fn set_stores_on_the_new_owner_then_deletes_the_previous_owners_copy() {
+        let mut m = moved(b"set k 0 0 1\r\nx\r\n");
+        assert_eq!(
+            sent(&m.start()),
+            (Owner::New, false, b"set k 0 0 1\r\nx\r\n".to_vec())
+        );
+        let step = m.on_reply(ok(b"STORED\r\n"), NOW);
+        forgets(step, &mut m, b"STORED\r\n");
+        // A set that did not store leaves the previous owner alone.
+        let mut failed = moved(b"set k 0 0 1\r\nx\r\n");
+        failed.start();
+        let reply = ok(b"SERVER_ERROR out of memory\r\n");
+        assert!(answer(failed.on_reply(reply, NOW)).is_ok());
     }
 
     #[test]
     fn delete_removes_from_both_and_reports_either() {
         let mut m = moved(b"delete k\r\n");
         assert_eq!(sent(&m.start()).0, Owner::Previous);
-        assert_eq!(sent(&m.on_reply(ok(b"DELETED\r\n"))).0, Owner::New);
+        assert_eq!(sent(&m.on_reply(ok(b"DELETED\r\n"), NOW)).0, Owner::New);
         assert_eq!(
-            answer(m.on_reply(ok(b"NOT_FOUND\r\n"))).unwrap(),
+            answer(m.on_reply(ok(b"NOT_FOUND\r\n"), NOW)).unwrap(),
             &b"DELETED\r\n"[..]
         );
     }
@@ -670,46 +756,69 @@ mod tests {
     }
 
     #[test]
-    fn incr_copies_from_the_previous_owner_then_runs_again() {
+    fn incr_copies_from_the_previous_owner_with_its_ttl_then_runs_again() {
         let mut m = moved(b"incr k 1\r\n");
         assert_eq!(
             sent(&m.start()),
             (Owner::New, false, b"incr k 1\r\n".to_vec())
         );
-        let fetch = sent(&m.on_reply(ok(b"NOT_FOUND\r\n")));
-        assert_eq!(fetch, (Owner::Previous, false, b"get k\r\n".to_vec()));
-        let step = m.on_reply(ok(b"VALUE k 3 2\r\n41\r\n"));
+        let fetch = sent(&m.on_reply(ok(b"NOT_FOUND\r\n"), NOW));
+        assert_eq!(fetch, (Owner::Previous, false, b"mg k v f t\r\n".to_vec()));
+        let step = m.on_reply(ok(b"VA 2 f3 t4\r\n41\r\n"), NOW);
         match &step {
             Step::Send {
                 to, copy, lines, ..
             } => {
                 assert_eq!(*to, Owner::New);
-                assert_eq!(copy.as_ref().unwrap().concat(), b"add k 3 0 2\r\n41\r\n");
+                assert_eq!(copy.as_ref().unwrap().concat(), b"add k 3 4 2\r\n41\r\n");
                 assert_eq!(lines.concat(), b"incr k 1\r\n");
             }
             other => panic!("{other:?}"),
         }
-        assert_eq!(answer(m.on_reply(ok(b"42\r\n"))).unwrap(), &b"42\r\n"[..]);
+        let step = m.on_reply(ok(b"42\r\n"), NOW);
+        forgets(step, &mut m, b"42\r\n");
         assert_eq!(m.copies(), 1);
+    }
+
+    #[test]
+    fn a_copy_keeps_no_expiry_and_one_about_to_expire_is_not_made() {
+        let mut m = moved(b"append k 0 0 1\r\nx\r\n");
+        m.start();
+        m.on_reply(ok(b"NOT_STORED\r\n"), NOW);
+        let step = m.on_reply(ok(b"VA 1 f0 t-1\r\ny\r\n"), NOW);
+        let Step::Send { copy, .. } = &step else {
+            panic!("{step:?}")
+        };
+        assert_eq!(copy.as_ref().unwrap().concat(), b"add k 0 0 1\r\ny\r\n");
+        let mut expiring = moved(b"append k 0 0 1\r\nx\r\n");
+        expiring.start();
+        expiring.on_reply(ok(b"NOT_STORED\r\n"), NOW);
+        assert_eq!(
+            answer(expiring.on_reply(ok(b"VA 1 f0 t0\r\ny\r\n"), NOW)).unwrap(),
+            &b"NOT_STORED\r\n"[..]
+        );
     }
 
     #[test]
     fn incr_on_a_key_nowhere_answers_the_new_owners_not_found() {
         let mut m = moved(b"incr k 1\r\n");
         m.start();
-        m.on_reply(ok(b"NOT_FOUND\r\n"));
-        assert_eq!(answer(m.on_reply(ok(b""))).unwrap(), &b"NOT_FOUND\r\n"[..]);
+        m.on_reply(ok(b"NOT_FOUND\r\n"), NOW);
+        assert_eq!(
+            answer(m.on_reply(ok(b"EN\r\n"), NOW)).unwrap(),
+            &b"NOT_FOUND\r\n"[..]
+        );
     }
 
     #[test]
     fn add_checks_the_previous_owner_first() {
         let mut m = moved(b"add k 0 0 1\r\nx\r\n");
         assert_eq!(sent(&m.start()).0, Owner::Previous);
-        let (to, copy, _) = sent(&m.on_reply(ok(b"VALUE k 0 1\r\ny\r\n")));
+        let (to, copy, _) = sent(&m.on_reply(ok(b"VA 1 f0 t-1\r\ny\r\n"), NOW));
         assert_eq!((to, copy), (Owner::New, true));
         let mut fresh = moved(b"add k 0 0 1\r\nx\r\n");
         fresh.start();
-        let (to, copy, lines) = sent(&fresh.on_reply(ok(b"")));
+        let (to, copy, lines) = sent(&fresh.on_reply(ok(b"EN\r\n"), NOW));
         assert_eq!((to, copy), (Owner::New, false));
         assert_eq!(lines, b"add k 0 0 1\r\nx\r\n");
     }
@@ -718,18 +827,16 @@ mod tests {
     fn cas_with_a_previous_owners_unique_stores_there_then_sets_the_new_owner() {
         let mut m = moved(b"cas k 0 0 1 7\r\nz\r\n");
         assert_eq!(sent(&m.start()).0, Owner::New);
-        assert_eq!(sent(&m.on_reply(ok(b"EXISTS\r\n"))).0, Owner::Previous);
-        let (to, _, lines) = sent(&m.on_reply(ok(b"STORED\r\n")));
+        assert_eq!(sent(&m.on_reply(ok(b"EXISTS\r\n"), NOW)).0, Owner::Previous);
+        let (to, _, lines) = sent(&m.on_reply(ok(b"STORED\r\n"), NOW));
         assert_eq!((to, lines), (Owner::New, b"set k 0 0 1\r\nz\r\n".to_vec()));
-        assert_eq!(
-            answer(m.on_reply(ok(b"STORED\r\n"))).unwrap(),
-            &b"STORED\r\n"[..]
-        );
+        let step = m.on_reply(ok(b"STORED\r\n"), NOW);
+        forgets(step, &mut m, b"STORED\r\n");
         let mut stale = moved(b"cas k 0 0 1 7\r\nz\r\n");
         stale.start();
-        stale.on_reply(ok(b"EXISTS\r\n"));
+        stale.on_reply(ok(b"EXISTS\r\n"), NOW);
         assert_eq!(
-            answer(stale.on_reply(ok(b"EXISTS\r\n"))).unwrap(),
+            answer(stale.on_reply(ok(b"EXISTS\r\n"), NOW)).unwrap(),
             &b"EXISTS\r\n"[..]
         );
     }

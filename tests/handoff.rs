@@ -622,3 +622,183 @@ fn a_leaving_server_is_let_go_when_the_window_ends_and_a_second_change_restarts_
         text.contains("STAT curr_connections 1\r")
     });
 }
+
+/// Reads each key as a single `get`; the value read, or `None` for a miss.
+fn get_each(client: &mut Client, keys: &[String]) -> Vec<Option<Vec<u8>>> {
+    keys.iter().map(|key| client.get(key)).collect()
+}
+
+/// Keys whose read is older than `written`: a hit that is not the newest value.
+fn older_than(
+    read: &[Option<Vec<u8>>],
+    keys: &[String],
+    written: impl Fn(&str) -> String,
+) -> usize {
+    keys.iter()
+        .zip(read)
+        .filter(|(key, value)| matches!(value, Some(v) if *v != written(key).into_bytes()))
+        .count()
+}
+
+/// 4 -> 5 servers, every key rewritten, then the change undone (5 -> 4) while
+/// the hand-off window is open: no key reads back the value the rewrite
+/// replaced, though its old owner still held it when the rewrite came.
+#[test]
+fn undoing_a_change_never_brings_back_an_overwritten_value() {
+    let dir = TempDir::new("handoff", "undo");
+    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, config(&all[..4])).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..2_000).map(|i| format!("undo:{i}")).collect();
+    store(&mut client, &keys);
+    let moved: Vec<String> = {
+        let before = ring_of(&path);
+        std::fs::write(dir.path("five.toml"), config(&all)).unwrap();
+        let after = ring_of(&dir.path("five.toml"));
+        keys.iter()
+            .filter(|k| owner_name(&before, k) != owner_name(&after, k))
+            .cloned()
+            .collect()
+    };
+    assert!(
+        moved.len() > 200,
+        "a fifth of the keys move: {}",
+        moved.len()
+    );
+
+    replace_by_rename(&path, &config(&all));
+    wait_for("ring version 2", || proxy.ring_version() >= 2);
+    let second = |key: &str| format!("{key}=v2");
+    for key in &keys {
+        assert_eq!(client.set(key, second(key).as_bytes()), b"STORED\r\n");
+    }
+    replace_by_rename(&path, &config(&all[..4]));
+    wait_for("ring version 3", || proxy.ring_version() >= 3);
+    let read = get_each(&mut client, &keys);
+    assert_eq!(
+        older_than(&read, &keys, second),
+        0,
+        "reads older than the acknowledged v2"
+    );
+    let hits = read.iter().filter(|v| v.is_some()).count();
+    assert!(
+        hits >= keys.len() * 995 / 1000,
+        "{hits} of {} still hit",
+        keys.len()
+    );
+    // And once more the other way: 4 -> 5 again.
+    let third = |key: &str| format!("{key}=v3");
+    for key in &moved {
+        assert_eq!(client.set(key, third(key).as_bytes()), b"STORED\r\n");
+    }
+    replace_by_rename(&path, &config(&all));
+    wait_for("ring version 4", || proxy.ring_version() >= 4);
+    let read = get_each(&mut client, &moved);
+    assert_eq!(older_than(&read, &moved, third), 0, "after 5 -> 4 -> 5");
+}
+
+/// Two sidecars over the same servers apply 4 -> 5 at different moments:
+/// keys rewritten through the one that changed are never read with their
+/// overwritten value through the one still on the old ring (a miss is fine).
+#[test]
+fn a_sidecar_still_on_the_old_ring_never_reads_an_overwritten_value() {
+    let dir = TempDir::new("handoff", "lagging");
+    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let ahead_path = dir.path("ahead.toml");
+    std::fs::write(&ahead_path, config(&all[..4])).unwrap();
+    let ahead = Proxy::start_file(&ahead_path);
+    let behind = Proxy::start_text(&config(&all[..4]));
+    let mut through_ahead = ahead.client();
+    let mut through_behind = behind.client();
+    let keys: Vec<String> = (0..2_000).map(|i| format!("lag:{i}")).collect();
+    store(&mut through_ahead, &keys);
+
+    replace_by_rename(&ahead_path, &config(&all));
+    wait_for("ring version 2", || ahead.ring_version() >= 2);
+    let second = |key: &str| format!("{key}=v2");
+    for key in &keys {
+        assert_eq!(
+            through_ahead.set(key, second(key).as_bytes()),
+            b"STORED\r\n"
+        );
+    }
+    let read = get_each(&mut through_behind, &keys);
+    assert_eq!(
+        older_than(&read, &keys, second),
+        0,
+        "stale reads through the lagging sidecar"
+    );
+    let misses = read.iter().filter(|v| v.is_none()).count();
+    println!(
+        "lagging sidecar: {misses} misses of {} (the moved keys)",
+        keys.len()
+    );
+    assert!(misses < keys.len() / 3, "only moved keys miss: {misses}");
+}
+
+/// `incr`, `decr`, `append`, `prepend` and `add` of a moved key copy it from
+/// its previous owner first; the copy keeps the remaining TTL, so a key (an
+/// `add`-based lock among them) still expires when memcached would expire it.
+#[test]
+fn commands_that_copy_a_moved_key_keep_its_ttl() {
+    let dir = TempDir::new("handoff", "copy-ttl");
+    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, config(&all[..4])).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let before = ring_of(&path);
+    std::fs::write(dir.path("five.toml"), config(&all)).unwrap();
+    let after = ring_of(&dir.path("five.toml"));
+    let newcomer = format!("cache-{}", servers[4].port);
+    let moved: Vec<String> = (0..2_000)
+        .map(|i| format!("ttl:{i}"))
+        .filter(|k| owner_name(&after, k) == newcomer && owner_name(&before, k) != newcomer)
+        .take(5)
+        .collect();
+    assert_eq!(moved.len(), 5);
+    for key in &moved {
+        let reply = client.call(
+            format!("set {key} 0 100 1\r\n7\r\n").as_bytes(),
+            ReplyKind::Line,
+        );
+        assert_eq!(reply, b"STORED\r\n");
+    }
+    replace_by_rename(&path, &config(&all));
+    wait_for("ring version 2", || proxy.ring_version() >= 2);
+    let commands = [
+        "incr {} 1",
+        "decr {} 1",
+        "append {} 0 0 1\r\nx",
+        "prepend {} 0 0 1\r\nx",
+        "add {} 0 0 1\r\nx",
+    ];
+    let mut direct = servers[4].client();
+    for (key, command) in moved.iter().zip(commands) {
+        let request = format!("{}\r\n", command.replace("{}", key));
+        let reply = client.call(request.as_bytes(), ReplyKind::Line);
+        assert!(
+            !reply.starts_with(b"SERVER_ERROR"),
+            "{command}: {}",
+            show(&reply)
+        );
+        direct.send(format!("mg {key} t\r\n").as_bytes());
+        let reply = direct.meta_reply();
+        let ttl: i64 = std::str::from_utf8(&reply)
+            .unwrap()
+            .trim_end()
+            .strip_prefix("HD t")
+            .unwrap_or_else(|| panic!("{command}: the new owner has no copy: {}", show(&reply)))
+            .parse()
+            .unwrap();
+        assert!(
+            (1..=100).contains(&ttl),
+            "{command}: copy has TTL {ttl}, not the remaining ~100 s"
+        );
+    }
+}

@@ -300,7 +300,7 @@ impl ClientSession {
                     let Some(result) = part.result.take() else {
                         return false;
                     };
-                    let step = moved.machine.on_reply(result);
+                    let step = moved.machine.on_reply(result, crate::topology::unix_now());
                     self.step(&topology, moved, step, entry.hot.as_ref());
                 }
                 true

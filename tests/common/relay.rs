@@ -150,12 +150,7 @@ fn fill(from: &mut TcpStream, buffer: &mut Vec<u8>, stop: &AtomicBool) -> bool {
 
 /// Client to server: verbatim, or line by line through `rewrite` (only for
 /// tests whose requests carry no data blocks).
-fn requests(
-    mut from: TcpStream,
-    mut to: TcpStream,
-    rewrite: Option<Rewrite>,
-    stop: &AtomicBool,
-) {
+fn requests(mut from: TcpStream, mut to: TcpStream, rewrite: Option<Rewrite>, stop: &AtomicBool) {
     let mut buffer = Vec::new();
     while fill(&mut from, &mut buffer, stop) {
         let out = match rewrite {
