@@ -284,6 +284,15 @@ impl Config {
         for entry in &raw.servers {
             let server = entry.get_ref();
             let addr = server.addr.get_ref().trim().to_string();
+            if let Some(byte) = refused_char(server.addr.get_ref()) {
+                return Err(at(
+                    server.addr.span(),
+                    format!(
+                        "server addr {:?} contains {byte}, which no address may contain",
+                        server.addr.get_ref()
+                    ),
+                ));
+            }
             if let Err(problem) = check_server_addr(&addr) {
                 return Err(at(
                     server.addr.span(),
@@ -307,16 +316,24 @@ impl Config {
             };
             let name = match &server.name {
                 None => addr.clone(),
-                Some(n)
-                    if n.get_ref().trim().is_empty()
-                        || n.get_ref().contains(char::is_whitespace) =>
-                {
-                    return Err(at(
-                        n.span(),
-                        "server name must be non-empty and contain no whitespace".into(),
-                    ))
+                Some(n) => {
+                    if let Some(byte) = refused_char(n.get_ref()) {
+                        return Err(at(
+                            n.span(),
+                            format!(
+                                "server name {:?} contains {byte}, which no name may contain",
+                                n.get_ref()
+                            ),
+                        ));
+                    }
+                    if n.get_ref().trim().is_empty() || n.get_ref().contains(char::is_whitespace) {
+                        return Err(at(
+                            n.span(),
+                            "server name must be non-empty and contain no whitespace".into(),
+                        ));
+                    }
+                    n.get_ref().clone()
                 }
-                Some(n) => n.get_ref().clone(),
             };
             let line_of = |start: usize| line_column(text, start).0;
             if let Some(first) = seen_addr.insert(addr.clone(), entry.span().start) {
@@ -646,6 +663,21 @@ fn hot_key_settings(
     })
 }
 
+/// The first character that may not appear in a server's name or address,
+/// described for a person. Names and addresses are printed in `stats`
+/// replies, metric labels and log lines, where a quote, a backslash or a
+/// control byte would break the line or its quoting.
+fn refused_char(text: &str) -> Option<String> {
+    text.chars().find_map(|c| match c {
+        '"' => Some("a double quote (\")".to_string()),
+        '\\' => Some("a backslash (\\)".to_string()),
+        '\0' => Some("a NUL byte (0x00)".to_string()),
+        '\x7f' => Some("a DEL byte (0x7f)".to_string()),
+        c if (c as u32) < 0x20 => Some(format!("a control byte (0x{:02x})", c as u32)),
+        _ => None,
+    })
+}
+
 /// `host:port` with a port from 1 to 65535 and a plausible host (an IP address,
 /// `[v6]`, or a DNS name resolved at connect time).
 fn check_server_addr(addr: &str) -> Result<(), &'static str> {
@@ -886,6 +918,45 @@ name = "cache-02"
             message.contains("hot_key_window_ms = 5 is out of range"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn quotes_backslashes_and_control_bytes_are_refused_in_names_and_addresses() {
+        // (as written in TOML, what the message names)
+        for (written, named) in [
+            (r#"\""#, "a double quote (\")"),
+            (r"\\", "a backslash (\\)"),
+            (r"\u0000", "a NUL byte (0x00)"),
+            (r"\u0007", "a control byte (0x07)"),
+            (r"\t", "a control byte (0x09)"),
+            (r"\n", "a control byte (0x0a)"),
+            (r"\u001f", "a control byte (0x1f)"),
+            (r"\u007f", "a DEL byte (0x7f)"),
+        ] {
+            let addr = GOOD.replace("127.0.0.1:11212", &format!("127.0.0.1{written}:11212"));
+            let message = error_of(&addr);
+            assert!(
+                message.starts_with("memring.toml:8:8: server addr"),
+                "{written}: {message}"
+            );
+            assert!(
+                message.contains(&format!("contains {named}")),
+                "{written}: {message}"
+            );
+            let name = GOOD.replace("cache-02", &format!("cache{written}02"));
+            let message = error_of(&name);
+            assert!(
+                message.starts_with("memring.toml:10:8: server name"),
+                "{written}: {message}"
+            );
+            assert!(
+                message.contains(&format!("contains {named}")),
+                "{written}: {message}"
+            );
+        }
+        // Other non-ASCII text is a name like any other.
+        let config = Config::parse(&GOOD.replace("cache-02", "cache-ü"), "m").unwrap();
+        assert_eq!(config.servers[1].name, "cache-ü");
     }
 
     #[test]
