@@ -1,9 +1,12 @@
 //! The TOML config file: `RawConfig` (what serde reads, with source spans) is
 //! validated into `Config` (what memring runs on), and every problem is reported
-//! as `file:line:column: what is wrong`. No I/O beyond reading the file.
+//! as `file:line:column: what is wrong`. No I/O beyond reading the file and,
+//! in [`Config::load`] and [`Config::parse_and_resolve`], looking up server
+//! host names to tell two spellings of one memcached apart.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::ops::Range;
 use std::path::Path;
 use std::time::Duration;
@@ -150,6 +153,10 @@ pub struct Config {
     pub ring: Spec,
     /// Hot-key detection, coalescing and near cache (`hot_key_*`).
     pub hot_keys: HotKeySettings,
+    /// What loading noticed about the servers but did not refuse: two
+    /// spellings of one memcached, host names that do not resolve (yet).
+    /// Part of [`Config::warnings`].
+    pub server_warnings: Vec<String>,
 }
 
 /// The `hot_key_*` settings, read at start.
@@ -225,14 +232,37 @@ impl Config {
             path: shown.clone(),
             source,
         })?;
-        Config::parse(&text, &shown)
+        Config::parse_and_resolve(&text, &shown)
     }
 
-    /// Validates config text; `path` is only used in error messages.
+    /// Validates config text; `path` is only used in error messages. Host
+    /// names are compared as written (case aside), never looked up.
     ///
     /// # Errors
     /// The text is not valid TOML or fails validation.
     pub fn parse(text: &str, path: &str) -> Result<Config, ConfigError> {
+        Config::parse_with(text, path, None)
+    }
+
+    /// [`Config::parse`], and looks up each server's host name (blocking, with
+    /// the system resolver, as connecting will) so that a name and an IP
+    /// address of the same memcached count as one server. A name that does
+    /// not resolve is a warning: DNS may know it by the time memring connects.
+    ///
+    /// # Errors
+    /// The text is not valid TOML or fails validation.
+    pub fn parse_and_resolve(text: &str, path: &str) -> Result<Config, ConfigError> {
+        let system = |host: &str, port: u16| -> std::io::Result<Vec<SocketAddr>> {
+            Ok((host, port).to_socket_addrs()?.collect())
+        };
+        Config::parse_with(text, path, Some(&system))
+    }
+
+    fn parse_with(
+        text: &str,
+        path: &str,
+        lookup: Option<Lookup<'_>>,
+    ) -> Result<Config, ConfigError> {
         let at = |span: Range<usize>, message: String| {
             let (line, column) = line_column(text, span.start);
             ConfigError::Invalid {
@@ -281,6 +311,9 @@ impl Config {
         let mut servers = Vec::with_capacity(raw.servers.len());
         let mut seen_addr: HashMap<String, usize> = HashMap::new();
         let mut seen_name: HashMap<String, usize> = HashMap::new();
+        let mut server_warnings = Vec::new();
+        // Per server: where its addr is written and every endpoint it reaches.
+        let mut reaches: Vec<(Range<usize>, Vec<Endpoint>)> = Vec::new();
         for entry in &raw.servers {
             let server = entry.get_ref();
             let addr = server.addr.get_ref().trim().to_string();
@@ -358,6 +391,21 @@ impl Config {
                     ),
                 ));
             }
+            let mut endpoints: Vec<Endpoint> = endpoint_of(&addr).into_iter().collect();
+            if let (Some(lookup), Some(Endpoint::Name(host, port))) = (lookup, endpoints.first()) {
+                match lookup(host, *port) {
+                    Ok(found) => endpoints.extend(
+                        found
+                            .into_iter()
+                            .map(|socket| Endpoint::Ip(canonical(socket))),
+                    ),
+                    Err(e) => server_warnings.push(format!(
+                        "server `{addr}` (line {}): `{host}` does not resolve ({e}); it counts as failing until it does",
+                        line_of(server.addr.span().start)
+                    )),
+                }
+            }
+            reaches.push((server.addr.span(), endpoints));
             servers.push(ServerConfig { addr, name, weight });
         }
 
@@ -430,6 +478,23 @@ impl Config {
             1..=1000,
         )?;
         let replicas = number(&raw.replicas, "replicas", 1, 1..=16)?;
+        for (first, second, endpoint) in aliases(&reaches) {
+            let (first_span, second_span) = (reaches[first].0.clone(), reaches[second].0.clone());
+            let (first_addr, second_addr) = (&servers[first].addr, &servers[second].addr);
+            let first_line = line_column(text, first_span.start).0;
+            if replicas > 1 {
+                return Err(at(
+                    second_span,
+                    format!(
+                        "server `{second_addr}` is the same memcached as `{first_addr}` (line {first_line}; both reach {endpoint}): with replicas = {replicas} both copies of a key could be stored on it; list each memcached once"
+                    ),
+                ));
+            }
+            server_warnings.push(format!(
+                "servers `{first_addr}` (line {first_line}) and `{second_addr}` (line {}) are the same memcached ({endpoint}): it gets the keys of both",
+                line_column(text, second_span.start).0
+            ));
+        }
         let client_idle_timeout_ms = number(
             &raw.client_idle_timeout_ms,
             "client_idle_timeout_ms",
@@ -498,6 +563,7 @@ impl Config {
             client_write_timeout: Duration::from_millis(client_write_timeout_ms),
             handoff: Duration::from_millis(handoff_ms),
             hot_keys,
+            server_warnings,
         })
     }
 
@@ -518,6 +584,7 @@ impl Config {
                 if self.servers.len() == 1 { "" } else { "s" },
             ));
         }
+        warnings.extend(self.server_warnings.iter().cloned());
         warnings
     }
 
@@ -661,6 +728,117 @@ fn hot_key_settings(
         cache_ttl: (cache_ms > 0).then(|| Duration::from_millis(cache_ms)),
         cache_bytes,
     })
+}
+
+/// Looks up a host name and port, as connecting would.
+type Lookup<'a> = &'a dyn Fn(&str, u16) -> std::io::Result<Vec<SocketAddr>>;
+
+/// What a server address reaches, to tell two spellings of one memcached
+/// apart.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Endpoint {
+    /// An IP address and port; an IPv4-mapped IPv6 address as its IPv4
+    /// address (a dual-stack socket reaches the same listener).
+    Ip(SocketAddr),
+    /// A host name, lowercase (DNS names are case-insensitive), and port.
+    Name(String, u16),
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Endpoint::Ip(socket) => write!(f, "{socket}"),
+            Endpoint::Name(host, port) => write!(f, "{host}:{port}"),
+        }
+    }
+}
+
+/// The endpoint of an address that [`check_server_addr`] accepted, without
+/// looking anything up. The port is read as decimal (`011211` is 11211), as
+/// the resolver reads it.
+fn endpoint_of(addr: &str) -> Option<Endpoint> {
+    if let Ok(socket) = addr.parse::<SocketAddr>() {
+        return Some(Endpoint::Ip(canonical(socket)));
+    }
+    let (host, port) = addr.rsplit_once(':')?;
+    let port = port.parse::<u16>().ok()?;
+    Some(match numeric_ipv4(host) {
+        Some(ip) => Endpoint::Ip(SocketAddr::new(IpAddr::V4(ip), port)),
+        None => Endpoint::Name(host.to_ascii_lowercase(), port),
+    })
+}
+
+/// IPv4-mapped IPv6 (`::ffff:a.b.c.d`) as the IPv4 address it maps.
+fn canonical(socket: SocketAddr) -> SocketAddr {
+    match socket.ip() {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(IpAddr::V4(v4), socket.port()),
+            None => socket,
+        },
+        IpAddr::V4(_) => socket,
+    }
+}
+
+/// The IPv4 address that glibc's `getaddrinfo` reads from a numeric host
+/// before it would ask DNS (its `inet_aton`): one to four parts, each
+/// decimal, octal (a leading `0`) or hex (`0x`), the last filling the bytes
+/// left. So `127.0.0.01` and `127.1` are 127.0.0.1, and `0127.0.0.1` is
+/// 87.0.0.1. A backend address Rust's parser refuses (it reads only dotted
+/// decimal without leading zeros) is connected to through `getaddrinfo`, so
+/// this is the address memring would reach.
+fn numeric_ipv4(host: &str) -> Option<Ipv4Addr> {
+    let parts = host
+        .split('.')
+        .map(inet_part)
+        .collect::<Option<Vec<u32>>>()?;
+    let (last, leading) = parts.split_last()?;
+    if leading.len() > 3 || leading.iter().any(|&part| part > 0xff) {
+        return None;
+    }
+    let last_bits = 32 - 8 * leading.len() as u32;
+    if last_bits < 32 && *last >> last_bits != 0 {
+        return None;
+    }
+    let value = leading.iter().enumerate().fold(*last, |value, (i, part)| {
+        value | part << (24 - 8 * i as u32)
+    });
+    Some(Ipv4Addr::from(value))
+}
+
+/// One part of an `inet_aton` address: `0x1f`, `017` or `15`.
+fn inet_part(part: &str) -> Option<u32> {
+    let (digits, radix) = match part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")) {
+        Some(hex) => (hex, 16),
+        None if part.len() > 1 && part.starts_with('0') => (&part[1..], 8),
+        None => (part, 10),
+    };
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return None;
+    }
+    u32::from_str_radix(digits, radix).ok()
+}
+
+/// Pairs of servers (first, second, in config order) that reach a common
+/// endpoint, each pair once, with the endpoint they share.
+fn aliases(reaches: &[(Range<usize>, Vec<Endpoint>)]) -> Vec<(usize, usize, Endpoint)> {
+    let mut first_reacher: HashMap<&Endpoint, usize> = HashMap::new();
+    let mut pairs: Vec<(usize, usize, Endpoint)> = Vec::new();
+    for (index, (_, endpoints)) in reaches.iter().enumerate() {
+        for endpoint in endpoints {
+            match first_reacher.get(endpoint) {
+                Some(&first) if first != index => {
+                    if !pairs.iter().any(|&(a, b, _)| (a, b) == (first, index)) {
+                        pairs.push((first, index, endpoint.clone()));
+                    }
+                }
+                Some(_) => {}
+                None => {
+                    first_reacher.insert(endpoint, index);
+                }
+            }
+        }
+    }
+    pairs
 }
 
 /// The first character that may not appear in a server's name or address,
@@ -957,6 +1135,141 @@ name = "cache-02"
         // Other non-ASCII text is a name like any other.
         let config = Config::parse(&GOOD.replace("cache-02", "cache-ü"), "m").unwrap();
         assert_eq!(config.servers[1].name, "cache-ü");
+    }
+
+    /// Two servers: 127.0.0.1:11211 at line 5 and `second` at line 7.
+    fn two_servers(second: &str, replicas: u32) -> String {
+        format!(
+            "listen = \"127.0.0.1:22122\"\nreplicas = {replicas}\n\n[[servers]]\naddr = \"127.0.0.1:11211\"\n[[servers]]\naddr = \"{second}\"\n"
+        )
+    }
+
+    #[test]
+    fn spellings_of_one_memcached_are_one_server() {
+        for alias in [
+            "127.0.0.01:11211",
+            "127.0.0.1:011211",
+            "[::ffff:127.0.0.1]:11211",
+            "[0:0:0:0:0:ffff:7f00:1]:11211",
+            "127.1:11211",
+            "0x7f.0.0.1:11211",
+            "0177.0.0.1:11211",
+            "2130706433:11211",
+        ] {
+            let config = Config::parse(&two_servers(alias, 1), "m").unwrap();
+            let warnings = config.warnings();
+            assert_eq!(warnings.len(), 1, "{alias}: {warnings:?}");
+            assert_eq!(
+                warnings[0],
+                format!("servers `127.0.0.1:11211` (line 5) and `{alias}` (line 7) are the same memcached (127.0.0.1:11211): it gets the keys of both")
+            );
+            let message = error_of(&two_servers(alias, 2));
+            assert!(
+                message.starts_with(&format!("memring.toml:7:8: server `{alias}` is the same memcached as `127.0.0.1:11211` (line 5; both reach 127.0.0.1:11211): with replicas = 2")),
+                "{alias}: {message}"
+            );
+        }
+        let names = "listen = \"127.0.0.1:1\"\nreplicas = 2\n[[servers]]\naddr = \"cache.internal:11211\"\n[[servers]]\naddr = \"CACHE.internal:11211\"\n";
+        assert!(error_of(names).contains("both reach cache.internal:11211"));
+    }
+
+    #[test]
+    fn near_spellings_of_other_memcacheds_are_other_servers() {
+        for other in [
+            "127.0.0.1:11212",
+            "127.0.0.010:11211", // octal: 127.0.0.8
+            "0127.0.0.1:11211",  // octal: 87.0.0.1
+            "127.0.0.2:11211",
+            "[::1]:11211",
+            "cache.internal:11211",
+        ] {
+            let config = Config::parse(&two_servers(other, 2), "m").unwrap();
+            assert!(
+                config.warnings().is_empty(),
+                "{other}: {:?}",
+                config.warnings()
+            );
+        }
+    }
+
+    #[test]
+    fn numeric_hosts_are_read_as_getaddrinfo_reads_them() {
+        // The system resolver is the oracle: these never reach DNS.
+        for host in [
+            "127.0.0.1",
+            "127.0.0.01",
+            "127.0.0.010",
+            "0127.0.0.1",
+            "127.00.0.1",
+            "127.1",
+            "127.0.1",
+            "0x7f.0.0.1",
+            "0X7F.1",
+            "2130706433",
+            "0",
+            "10.0x10.255.0377",
+            "1.65535",
+            "1.2.65535",
+        ] {
+            let resolved: Vec<IpAddr> = (host, 1)
+                .to_socket_addrs()
+                .unwrap_or_else(|e| panic!("{host}: {e}"))
+                .map(|socket| socket.ip())
+                .collect();
+            let ours = numeric_ipv4(host).map(IpAddr::V4);
+            assert_eq!(resolved, Vec::from_iter(ours), "{host}");
+        }
+        // Not numbers to getaddrinfo either: it asks DNS for these.
+        for name in [
+            "127.0.0.08",
+            "127.0.0.256",
+            "1.2.3.4.5",
+            "127.0.0.1.",
+            "127..1",
+            "0x",
+            "1.16777216",
+            "4294967296",
+            "cache-01",
+            "+1.2.3.4",
+        ] {
+            assert_eq!(numeric_ipv4(name), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_host_name_and_its_address_are_one_server_once_resolved() {
+        let text = two_servers("localhost:11211", 1);
+        // Without looking names up, a name is only its spelling.
+        assert!(Config::parse(&text, "m").unwrap().warnings().is_empty());
+        let warnings = Config::parse_and_resolve(&text, "m").unwrap().warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0]
+                .contains("`localhost:11211` (line 7) are the same memcached (127.0.0.1:11211)"),
+            "{warnings:?}"
+        );
+        let message = Config::parse_and_resolve(&two_servers("localhost:11211", 3), "m")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.starts_with("m:7:8: server `localhost:11211` is the same memcached"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_name_that_does_not_resolve_is_a_warning_naming_the_server() {
+        // RFC 6761: .invalid names never resolve.
+        let config =
+            Config::parse_and_resolve(&two_servers("memring-test.invalid:11211", 2), "m").unwrap();
+        let warnings = config.warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].starts_with(
+                "server `memring-test.invalid:11211` (line 7): `memring-test.invalid` does not resolve ("
+            ),
+            "{warnings:?}"
+        );
     }
 
     #[test]

@@ -285,6 +285,53 @@ fn check_accepts_a_good_file_and_names_the_place_of_a_bad_one() {
 }
 
 #[test]
+fn check_warns_about_two_spellings_of_one_server_and_refuses_them_with_replicas() {
+    let dir = temp_dir("alias");
+    let servers = "[[servers]]\naddr = \"127.0.0.1:11211\"\n[[servers]]\naddr = \"localhost:11211\"\n[[servers]]\naddr = \"127.0.0.01:11211\"\n";
+    let one = write_config(
+        &dir,
+        "one.toml",
+        &format!("listen = \"127.0.0.1:22122\"\n{servers}"),
+    );
+    let output = Command::new(BIN).arg("check").arg(&one).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "a warning with replicas = 1: {stderr}"
+    );
+    for pair in [
+        "servers `127.0.0.1:11211` (line 3) and `localhost:11211` (line 5) are the same memcached (127.0.0.1:11211)",
+        "servers `127.0.0.1:11211` (line 3) and `127.0.0.01:11211` (line 7) are the same memcached (127.0.0.1:11211)",
+    ] {
+        assert!(
+            stderr.contains(&format!("memring: warning: {}: {pair}", one.display())),
+            "lacks `{pair}`: {stderr}"
+        );
+    }
+
+    let two = write_config(
+        &dir,
+        "two.toml",
+        &format!("listen = \"127.0.0.1:22122\"\nreplicas = 2\n{servers}"),
+    );
+    let expected =
+        "two.toml:6:8: server `localhost:11211` is the same memcached as `127.0.0.1:11211`";
+    let output = Command::new(BIN).arg("check").arg(&two).output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(expected), "{stderr}");
+    // The daemon refuses the same file with the same message.
+    let output = Command::new(BIN)
+        .arg("--config")
+        .arg(&two)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains(expected));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn plan_reports_shares_and_the_moved_keyspace() {
     let dir = temp_dir("plan");
     let mut four = String::from("listen = \"127.0.0.1:22122\"\n");
