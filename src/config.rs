@@ -301,6 +301,19 @@ impl Config {
                 )
             })?),
         };
+        if let (Some(admin), Some(admin_raw)) = (admin_listen, &raw.admin_listen) {
+            if binds_overlap(listen, admin) {
+                return Err(at(
+                    admin_raw.span(),
+                    format!(
+                        "admin_listen = \"{}\" takes the port of listen = \"{}\" (line {}): the admin listener needs an address of its own",
+                        admin_raw.get_ref(),
+                        raw.listen.get_ref(),
+                        line_column(text, raw.listen.span().start).0
+                    ),
+                ));
+            }
+        }
 
         if raw.servers.is_empty() {
             return Err(at(
@@ -728,6 +741,18 @@ fn hot_key_settings(
         cache_ttl: (cache_ms > 0).then(|| Duration::from_millis(cache_ms)),
         cache_bytes,
     })
+}
+
+/// Whether binding both addresses would fail with "address in use": the same
+/// port (0 means any free port, so never) on the same address or where one
+/// is a wildcard that covers the other (`0.0.0.0` every IPv4 address, `::`
+/// every address, as memring's IPv6 sockets are dual-stack).
+fn binds_overlap(a: SocketAddr, b: SocketAddr) -> bool {
+    let (a, b) = (canonical(a), canonical(b));
+    let covers = |wide: SocketAddr, narrow: SocketAddr| {
+        wide.ip().is_unspecified() && (wide.is_ipv6() || narrow.is_ipv4())
+    };
+    a.port() != 0 && a.port() == b.port() && (a.ip() == b.ip() || covers(a, b) || covers(b, a))
 }
 
 /// Looks up a host name and port, as connecting would.
@@ -1270,6 +1295,38 @@ name = "cache-02"
             ),
             "{warnings:?}"
         );
+    }
+
+    #[test]
+    fn admin_listen_on_the_port_of_listen_is_refused() {
+        for (listen, admin, refused) in [
+            ("127.0.0.1:22122", "127.0.0.1:22122", true),
+            ("127.0.0.1:22122", "[::ffff:127.0.0.1]:22122", true),
+            ("0.0.0.0:22122", "127.0.0.1:22122", true),
+            ("127.0.0.1:22122", "0.0.0.0:22122", true),
+            ("[::]:22122", "10.0.0.1:22122", true),
+            ("[::1]:22122", "[::1]:22122", true),
+            ("127.0.0.1:22122", "127.0.0.1:9100", false),
+            ("127.0.0.1:22122", "127.0.0.2:22122", false),
+            ("0.0.0.0:22122", "[::1]:22122", false),
+            ("127.0.0.1:0", "127.0.0.1:0", false),
+        ] {
+            let text = GOOD.replace(
+                "listen = \"127.0.0.1:22122\"",
+                &format!("listen = \"{listen}\"\nadmin_listen = \"{admin}\""),
+            );
+            match Config::parse(&text, "memring.toml") {
+                Ok(_) => assert!(!refused, "{listen} {admin}: accepted"),
+                Err(e) => {
+                    let message = e.to_string();
+                    assert!(refused, "{listen} {admin}: {message}");
+                    assert_eq!(
+                        message,
+                        format!("memring.toml:3:16: admin_listen = \"{admin}\" takes the port of listen = \"{listen}\" (line 2): the admin listener needs an address of its own")
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -429,7 +429,7 @@ fn run(path: &Path) -> anyhow::Result<()> {
         let shutdown = CancellationToken::new();
         let running = memring::server::start(&config, shutdown.clone())
             .await
-            .with_context(|| format!("cannot listen on {}", config.listen))?;
+            .context("cannot start")?;
         tracing::info!(
             version = memring::VERSION,
             commit = env!("MEMRING_GIT_COMMIT"),
