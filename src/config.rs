@@ -273,10 +273,9 @@ impl Config {
             }
         };
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
-            at(
-                e.span().unwrap_or(0..0),
-                e.message().trim_end().replace('\n', " "),
-            )
+            let span = e.span().unwrap_or(0..0);
+            let message = e.message().trim_end().replace('\n', " ");
+            at(span.clone(), explain_toml_error(&message, text, span.start))
         })?;
 
         let listen = raw.listen.get_ref().parse::<SocketAddr>().map_err(|_| {
@@ -340,10 +339,13 @@ impl Config {
                 ));
             }
             if let Err(problem) = check_server_addr(&addr) {
-                return Err(at(
-                    server.addr.span(),
-                    format!("server addr `{addr}`: {problem}"),
-                ));
+                let message = match twemproxy_server(&addr) {
+                    Some(lines) => format!(
+                        "server addr `{addr}` is twemproxy's `host:port:weight [name]` form; in memring write {lines}"
+                    ),
+                    None => format!("server addr `{addr}`: {problem}"),
+                };
+                return Err(at(server.addr.span(), message));
             }
             let weight = match &server.weight {
                 None => 1,
@@ -866,6 +868,192 @@ fn aliases(reaches: &[(Range<usize>, Vec<Endpoint>)]) -> Vec<(usize, usize, Endp
     pairs
 }
 
+/// `host:port:weight` or `host:port:weight name`, twemproxy's way of writing
+/// a server, as the memring lines that say the same.
+fn twemproxy_server(addr: &str) -> Option<String> {
+    let (server, name) = match addr.split_once(char::is_whitespace) {
+        Some((server, name)) => (server, Some(name.trim())),
+        None => (addr, None),
+    };
+    let (host_port, weight) = server.rsplit_once(':')?;
+    if weight.is_empty() || !weight.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    check_server_addr(host_port).ok()?;
+    let mut lines = format!("addr = \"{host_port}\", weight = {weight}");
+    match name {
+        Some(name) if !name.is_empty() && !name.contains(char::is_whitespace) => {
+            lines.push_str(&format!(", name = \"{name}\""));
+        }
+        Some(_) => return None,
+        None => {}
+    }
+    Some(lines)
+}
+
+/// An example value of every key, for messages about a value of the wrong
+/// type: the default where there is one, else a typical value.
+const EXAMPLES: &[(&str, &str)] = &[
+    ("listen", "\"127.0.0.1:22122\""),
+    ("connections_per_server", "1"),
+    ("connect_timeout_ms", "500"),
+    ("request_timeout_ms", "1000"),
+    ("max_value_bytes", "1048576"),
+    ("max_client_connections", "16384"),
+    ("max_pending_per_client", "256"),
+    ("shutdown_grace_ms", "5000"),
+    ("auto_eject", "true"),
+    ("failure_limit", "3"),
+    ("client_idle_timeout_ms", "60000"),
+    ("admin_listen", "\"127.0.0.1:9100\""),
+    ("replicas", "2"),
+    ("read_miss_fallthrough", "true"),
+    ("workers", "4"),
+    ("max_client_buffer_bytes", "8388608"),
+    ("max_buffer_bytes", "268435456"),
+    ("client_write_timeout_ms", "30000"),
+    ("handoff_ms", "300000"),
+    ("ring", "\"twemproxy\""),
+    ("hash", "\"fnv1a_64\""),
+    ("hash_tag", "\"{}\""),
+    ("hot_key_detect", "true"),
+    ("hot_key_window_ms", "1000"),
+    ("hot_key_share", "0.2"),
+    ("hot_key_top", "20"),
+    ("hot_key_metrics", "true"),
+    ("hot_key_coalesce", "true"),
+    ("hot_key_cache_ms", "100"),
+    ("hot_key_cache_bytes", "67108864"),
+    ("addr", "\"10.0.0.1:11211\""),
+    ("weight", "2"),
+    ("name", "\"cache-01\""),
+];
+
+/// serde's and toml's messages, rewritten for people where they are not:
+/// an unknown key gets the nearest known one instead of the list of all, and
+/// a value of the wrong type gets its key and an example. `at` is where the
+/// error's span starts.
+fn explain_toml_error(message: &str, text: &str, at: usize) -> String {
+    if let Some(rest) = message.strip_prefix("unknown field `") {
+        let Some((unknown, expected)) = rest.split_once('`') else {
+            return message.to_string();
+        };
+        let known: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+        let place = if known.contains(&"addr") {
+            " in [[servers]]"
+        } else {
+            ""
+        };
+        return match nearest(unknown, &known) {
+            Some(near) => format!("unknown key `{unknown}`{place}; did you mean `{near}`?"),
+            None => format!(
+                "unknown key `{unknown}`{place}: no key is spelt like it (README.md, Configuration, lists them all)"
+            ),
+        };
+    }
+    let Some((found, expected)) = message
+        .strip_prefix("invalid type: ")
+        .or_else(|| message.strip_prefix("invalid value: "))
+        .and_then(|rest| rest.split_once(", expected "))
+    else {
+        return message.to_string();
+    };
+    let Some(key) = key_at(text, at) else {
+        return message.to_string();
+    };
+    let wanted = match expected {
+        "u64" => "a whole number, 0 or more",
+        "i64" => "a whole number",
+        "f64" => "a number",
+        "a boolean" => "true or false",
+        "a string" => "a quoted string",
+        "a sequence" => "an array",
+        other => other,
+    };
+    let found = if found == "map" { "a table" } else { found };
+    if key == "servers" {
+        return format!(
+            "servers: expected {wanted}, found {found}; write one [[servers]] table (double brackets) per server, for example [[servers]] with addr = \"10.0.0.1:11211\" on the next line"
+        );
+    }
+    match EXAMPLES.iter().find(|(name, _)| *name == key) {
+        Some((_, example)) => {
+            format!("{key}: expected {wanted}, found {found}; for example: {key} = {example}")
+        }
+        None => format!("{key}: expected {wanted}, found {found}"),
+    }
+}
+
+/// The key whose value (or table header) starts at byte `at` of `text`: the
+/// last part of `key =` before it on its line, or the name of a
+/// `[table]` / `[[table]]` header that begins there.
+fn key_at(text: &str, at: usize) -> Option<&str> {
+    let at = at.min(text.len());
+    let line_start = text[..at].rfind('\n').map_or(0, |nl| nl + 1);
+    let before = text[..at].trim_end();
+    if before.len() <= line_start {
+        let line = text[line_start..].lines().next().unwrap_or("");
+        let name = line
+            .trim()
+            .trim_start_matches('[')
+            .split(']')
+            .next()?
+            .trim();
+        return (!name.is_empty()).then_some(name);
+    }
+    let key = before[line_start..].strip_suffix('=')?.trim_end();
+    // The key ends the line's text; an inline table may come before it.
+    let key = key
+        .rsplit(|c: char| !(c.is_ascii_alphanumeric() || "_-.\"'".contains(c)))
+        .next()?;
+    let key = key
+        .rsplit('.')
+        .next()?
+        .trim_matches(|c| c == '"' || c == '\'');
+    (!key.is_empty()).then_some(key)
+}
+
+/// The known name nearest to `unknown`, if it is near enough to be a slip:
+/// at most a third of the longer name's letters changed (rounded up), with
+/// a swap of two neighbours counted as one change.
+fn nearest<'a>(unknown: &str, known: &[&'a str]) -> Option<&'a str> {
+    let unknown = unknown.to_ascii_lowercase();
+    let (distance, near) = known
+        .iter()
+        .map(|name| (edit_distance(&unknown, name), *name))
+        .min_by_key(|(distance, _)| *distance)?;
+    let longer = unknown.chars().count().max(near.chars().count());
+    (distance <= longer.div_ceil(3)).then_some(near)
+}
+
+/// Insertions, deletions, substitutions and swaps of adjacent characters
+/// that turn `a` into `b` (optimal string alignment distance).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    // rows[i][j]: distance between a[..i] and b[..j].
+    let mut rows = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in rows.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in rows[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (rows[i - 1][j] + 1)
+                .min(rows[i][j - 1] + 1)
+                .min(rows[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(rows[i - 2][j - 2] + 1);
+            }
+            rows[i][j] = best;
+        }
+    }
+    rows[a.len()][b.len()]
+}
+
 /// The first character that may not appear in a server's name or address,
 /// described for a person. Names and addresses are printed in `stats`
 /// replies, metric labels and log lines, where a quote, a backslash or a
@@ -1005,8 +1193,168 @@ name = "cache-02"
     #[test]
     fn unknown_keys_are_rejected() {
         let message = error_of(&format!("{GOOD}\nmax_conns = 3\n"));
-        assert!(message.contains("unknown field `max_conns`"), "{message}");
+        assert!(
+            message.contains("unknown key `max_conns` in [[servers]]"),
+            "{message}"
+        );
         assert!(message.starts_with("memring.toml:12:1"), "{message}");
+    }
+
+    #[test]
+    fn an_unknown_key_gets_the_nearest_known_key_not_the_list_of_all() {
+        for (written, suggested) in [
+            ("handof_ms", Some("handoff_ms")),
+            ("handoff", Some("handoff_ms")),
+            ("hnadoff_ms", Some("handoff_ms")),
+            ("handoff_msec", Some("handoff_ms")),
+            ("Listen", Some("listen")),
+            ("server", Some("servers")),
+            ("replica", Some("replicas")),
+            ("hot_keys_share", Some("hot_key_share")),
+            ("request_timeout", Some("request_timeout_ms")),
+            ("max_conns", None),
+            ("distribution", None),
+            ("timeout", None),
+        ] {
+            let message = error_of(&format!("{written} = 1\n{GOOD}"));
+            let expected = match suggested {
+                Some(near) => format!("memring.toml:1:1: unknown key `{written}`; did you mean `{near}`?"),
+                None => format!("memring.toml:1:1: unknown key `{written}`: no key is spelt like it (README.md, Configuration, lists them all)"),
+            };
+            assert_eq!(message, expected, "{written}");
+        }
+        for (written, suggested) in [
+            ("address", "addr"),
+            ("adr", "addr"),
+            ("weigth", "weight"),
+            ("nmae", "name"),
+        ] {
+            let message = error_of(&GOOD.replace("weight = 2", &format!("{written} = 2")));
+            assert_eq!(
+                message,
+                format!("memring.toml:9:1: unknown key `{written}` in [[servers]]; did you mean `{suggested}`?")
+            );
+        }
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_names_its_key_and_an_example() {
+        for (written, expected) in [
+            ("request_timeout_ms = \"100\"", "1:22: request_timeout_ms: expected a whole number, 0 or more, found string \"100\"; for example: request_timeout_ms = 1000"),
+            ("max_value_bytes = -1", "1:19: max_value_bytes: expected a whole number, 0 or more, found integer `-1`; for example: max_value_bytes = 1048576"),
+            ("replicas = 1.5", "1:12: replicas: expected a whole number, 0 or more, found floating point `1.5`; for example: replicas = 2"),
+            ("auto_eject = \"yes\"", "1:14: auto_eject: expected true or false, found string \"yes\"; for example: auto_eject = true"),
+            ("hot_key_share = \"x\"", "1:17: hot_key_share: expected a number, found string \"x\"; for example: hot_key_share = 0.2"),
+            ("ring = 5", "1:8: ring: expected a quoted string, found integer `5`; for example: ring = \"twemproxy\""),
+            ("  \"handoff_ms\" = true", "1:18: handoff_ms: expected a whole number, 0 or more, found boolean `true`; for example: handoff_ms = 300000"),
+        ] {
+            let message = error_of(&format!("{written}\n{GOOD}"));
+            assert_eq!(message, format!("memring.toml:{expected}"), "{written}");
+        }
+        let inline =
+            "listen = \"127.0.0.1:1\"\nservers = [{ addr = \"127.0.0.1:2\", weight = true }]\n";
+        assert!(
+            error_of(inline).starts_with("memring.toml:2:45: weight: expected a whole number, found boolean `true`; for example: weight = 2"),
+            "{}",
+            error_of(inline)
+        );
+        let message = error_of(&GOOD.replace("weight = 2", "weight = \"2\""));
+        assert_eq!(message, "memring.toml:9:10: weight: expected a whole number, found string \"2\"; for example: weight = 2");
+        let message = error_of(&GOOD.replace("name = \"cache-02\"", "name = 2"));
+        assert!(message.ends_with("name: expected a quoted string, found integer `2`; for example: name = \"cache-01\""), "{message}");
+        let message = error_of("listen = \"127.0.0.1:1\"\n[servers]\naddr = \"127.0.0.1:2\"\n");
+        assert!(
+            message.starts_with("memring.toml:2:1: servers: expected an array, found a table; write one [[servers]] table (double brackets) per server"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn every_key_has_an_example_that_loads() {
+        let known = |text: &str| -> Vec<String> {
+            let message = toml::from_str::<RawConfig>(text)
+                .unwrap_err()
+                .message()
+                .to_string();
+            let (_, list) = message
+                .split_once("expected one of ")
+                .expect("serde lists the keys");
+            list.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(String::from)
+                .collect()
+        };
+        let top = known(&format!("unknown_key = 1\n{GOOD}"));
+        let server = known(&GOOD.replace("weight = 2", "unknown_key = 2"));
+        assert!(top.len() > 20 && server.len() == 3, "{top:?} {server:?}");
+        for key in top.iter().chain(&server).filter(|k| *k != "servers") {
+            let (_, example) = EXAMPLES
+                .iter()
+                .find(|(name, _)| name == key)
+                .unwrap_or_else(|| panic!("no example for `{key}`"));
+            let text = if server.contains(key) {
+                let addr = if key == "addr" {
+                    ""
+                } else {
+                    "addr = \"127.0.0.1:2\"\n"
+                };
+                format!("listen = \"127.0.0.1:1\"\n[[servers]]\n{key} = {example}\n{addr}")
+            } else if key == "listen" {
+                GOOD.replace("\"127.0.0.1:22122\"", example)
+            } else {
+                let ring = if key == "ring" {
+                    ""
+                } else {
+                    "ring = \"twemproxy\"\n"
+                };
+                format!("{ring}{key} = {example}\n{GOOD}")
+            };
+            assert!(
+                Config::parse(&text, "m").is_ok(),
+                "{key} = {example}: {:?}",
+                Config::parse(&text, "m").err()
+            );
+        }
+        assert_eq!(
+            EXAMPLES.len(),
+            top.len() - 1 + server.len(),
+            "an example of a key that is gone"
+        );
+    }
+
+    #[test]
+    fn twemproxy_server_lines_are_answered_with_the_memring_lines() {
+        for (written, lines) in [
+            (
+                "127.0.0.1:11211:1",
+                "addr = \"127.0.0.1:11211\", weight = 1",
+            ),
+            (
+                "127.0.0.1:11211:2 cache-01",
+                "addr = \"127.0.0.1:11211\", weight = 2, name = \"cache-01\"",
+            ),
+            (
+                "cache.internal:11211:10  cache-01",
+                "addr = \"cache.internal:11211\", weight = 10, name = \"cache-01\"",
+            ),
+            ("[::1]:11211:1", "addr = \"[::1]:11211\", weight = 1"),
+        ] {
+            let message = error_of(&GOOD.replace("127.0.0.1:11212", written));
+            assert_eq!(
+                message,
+                format!("memring.toml:8:8: server addr `{written}` is twemproxy's `host:port:weight [name]` form; in memring write {lines}")
+            );
+        }
+        // Not the twemproxy form: the usual message.
+        for other in [
+            "127.0.0.1:11211:x",
+            "127.0.0.1:11211:1 two names",
+            "nohost:1:1:1",
+        ] {
+            let message = error_of(&GOOD.replace("127.0.0.1:11212", other));
+            assert!(!message.contains("twemproxy"), "{other}: {message}");
+        }
     }
 
     #[test]
