@@ -1544,10 +1544,7 @@ name = "cache-02"
         }
         let names = "listen = \"127.0.0.1:1\"\nreplicas = 2\n[[servers]]\naddr = \"cache.internal:11211\"\n[[servers]]\naddr = \"CACHE.internal:11211\"\n";
         assert!(error_of(names).contains("both reach cache.internal:11211"));
-    }
-
-    #[test]
-    fn near_spellings_of_other_memcacheds_are_other_servers() {
+        // Near spellings of other memcacheds are other servers.
         for other in [
             "127.0.0.1:11212",
             "127.0.0.010:11211", // octal: 127.0.0.8
