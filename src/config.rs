@@ -1,9 +1,12 @@
 //! The TOML config file: `RawConfig` (what serde reads, with source spans) is
 //! validated into `Config` (what memring runs on), and every problem is reported
-//! as `file:line:column: what is wrong`. No I/O beyond reading the file.
+//! as `file:line:column: what is wrong`. No I/O beyond reading the file and,
+//! in [`Config::load`] and [`Config::parse_and_resolve`], looking up server
+//! host names to tell two spellings of one memcached apart.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::ops::Range;
 use std::path::Path;
 use std::time::Duration;
@@ -150,6 +153,10 @@ pub struct Config {
     pub ring: Spec,
     /// Hot-key detection, coalescing and near cache (`hot_key_*`).
     pub hot_keys: HotKeySettings,
+    /// What loading noticed about the servers but did not refuse: two
+    /// spellings of one memcached, host names that do not resolve (yet).
+    /// Part of [`Config::warnings`].
+    pub server_warnings: Vec<String>,
 }
 
 /// The `hot_key_*` settings, read at start.
@@ -225,14 +232,37 @@ impl Config {
             path: shown.clone(),
             source,
         })?;
-        Config::parse(&text, &shown)
+        Config::parse_and_resolve(&text, &shown)
     }
 
-    /// Validates config text; `path` is only used in error messages.
+    /// Validates config text; `path` is only used in error messages. Host
+    /// names are compared as written (case aside), never looked up.
     ///
     /// # Errors
     /// The text is not valid TOML or fails validation.
     pub fn parse(text: &str, path: &str) -> Result<Config, ConfigError> {
+        Config::parse_with(text, path, None)
+    }
+
+    /// [`Config::parse`], and looks up each server's host name (blocking, with
+    /// the system resolver, as connecting will) so that a name and an IP
+    /// address of the same memcached count as one server. A name that does
+    /// not resolve is a warning: DNS may know it by the time memring connects.
+    ///
+    /// # Errors
+    /// The text is not valid TOML or fails validation.
+    pub fn parse_and_resolve(text: &str, path: &str) -> Result<Config, ConfigError> {
+        let system = |host: &str, port: u16| -> std::io::Result<Vec<SocketAddr>> {
+            Ok((host, port).to_socket_addrs()?.collect())
+        };
+        Config::parse_with(text, path, Some(&system))
+    }
+
+    fn parse_with(
+        text: &str,
+        path: &str,
+        lookup: Option<Lookup<'_>>,
+    ) -> Result<Config, ConfigError> {
         let at = |span: Range<usize>, message: String| {
             let (line, column) = line_column(text, span.start);
             ConfigError::Invalid {
@@ -243,10 +273,9 @@ impl Config {
             }
         };
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
-            at(
-                e.span().unwrap_or(0..0),
-                e.message().trim_end().replace('\n', " "),
-            )
+            let span = e.span().unwrap_or(0..0);
+            let message = e.message().trim_end().replace('\n', " ");
+            at(span.clone(), explain_toml_error(&message, text, span.start))
         })?;
 
         let listen = raw.listen.get_ref().parse::<SocketAddr>().map_err(|_| {
@@ -271,6 +300,19 @@ impl Config {
                 )
             })?),
         };
+        if let (Some(admin), Some(admin_raw)) = (admin_listen, &raw.admin_listen) {
+            if binds_overlap(listen, admin) {
+                return Err(at(
+                    admin_raw.span(),
+                    format!(
+                        "admin_listen = \"{}\" takes the port of listen = \"{}\" (line {}): the admin listener needs an address of its own",
+                        admin_raw.get_ref(),
+                        raw.listen.get_ref(),
+                        line_column(text, raw.listen.span().start).0
+                    ),
+                ));
+            }
+        }
 
         if raw.servers.is_empty() {
             return Err(at(
@@ -281,14 +323,29 @@ impl Config {
         let mut servers = Vec::with_capacity(raw.servers.len());
         let mut seen_addr: HashMap<String, usize> = HashMap::new();
         let mut seen_name: HashMap<String, usize> = HashMap::new();
+        let mut server_warnings = Vec::new();
+        // Per server: where its addr is written and every endpoint it reaches.
+        let mut reaches: Vec<(Range<usize>, Vec<Endpoint>)> = Vec::new();
         for entry in &raw.servers {
             let server = entry.get_ref();
             let addr = server.addr.get_ref().trim().to_string();
-            if let Err(problem) = check_server_addr(&addr) {
+            if let Some(byte) = refused_char(server.addr.get_ref()) {
                 return Err(at(
                     server.addr.span(),
-                    format!("server addr `{addr}`: {problem}"),
+                    format!(
+                        "server addr {:?} contains {byte}, which no address may contain",
+                        server.addr.get_ref()
+                    ),
                 ));
+            }
+            if let Err(problem) = check_server_addr(&addr) {
+                let message = match twemproxy_server(&addr) {
+                    Some(lines) => format!(
+                        "server addr `{addr}` is twemproxy's `host:port:weight [name]` form; in memring write {lines}"
+                    ),
+                    None => format!("server addr `{addr}`: {problem}"),
+                };
+                return Err(at(server.addr.span(), message));
             }
             let weight = match &server.weight {
                 None => 1,
@@ -307,16 +364,24 @@ impl Config {
             };
             let name = match &server.name {
                 None => addr.clone(),
-                Some(n)
-                    if n.get_ref().trim().is_empty()
-                        || n.get_ref().contains(char::is_whitespace) =>
-                {
-                    return Err(at(
-                        n.span(),
-                        "server name must be non-empty and contain no whitespace".into(),
-                    ))
+                Some(n) => {
+                    if let Some(byte) = refused_char(n.get_ref()) {
+                        return Err(at(
+                            n.span(),
+                            format!(
+                                "server name {:?} contains {byte}, which no name may contain",
+                                n.get_ref()
+                            ),
+                        ));
+                    }
+                    if n.get_ref().trim().is_empty() || n.get_ref().contains(char::is_whitespace) {
+                        return Err(at(
+                            n.span(),
+                            "server name must be non-empty and contain no whitespace".into(),
+                        ));
+                    }
+                    n.get_ref().clone()
                 }
-                Some(n) => n.get_ref().clone(),
             };
             let line_of = |start: usize| line_column(text, start).0;
             if let Some(first) = seen_addr.insert(addr.clone(), entry.span().start) {
@@ -341,6 +406,21 @@ impl Config {
                     ),
                 ));
             }
+            let mut endpoints: Vec<Endpoint> = endpoint_of(&addr).into_iter().collect();
+            if let (Some(lookup), Some(Endpoint::Name(host, port))) = (lookup, endpoints.first()) {
+                match lookup(host, *port) {
+                    Ok(found) => endpoints.extend(
+                        found
+                            .into_iter()
+                            .map(|socket| Endpoint::Ip(canonical(socket))),
+                    ),
+                    Err(e) => server_warnings.push(format!(
+                        "server `{addr}` (line {}): `{host}` does not resolve ({e}); it counts as failing until it does",
+                        line_of(server.addr.span().start)
+                    )),
+                }
+            }
+            reaches.push((server.addr.span(), endpoints));
             servers.push(ServerConfig { addr, name, weight });
         }
 
@@ -413,6 +493,23 @@ impl Config {
             1..=1000,
         )?;
         let replicas = number(&raw.replicas, "replicas", 1, 1..=16)?;
+        for (first, second, endpoint) in aliases(&reaches) {
+            let (first_span, second_span) = (reaches[first].0.clone(), reaches[second].0.clone());
+            let (first_addr, second_addr) = (&servers[first].addr, &servers[second].addr);
+            let first_line = line_column(text, first_span.start).0;
+            if replicas > 1 {
+                return Err(at(
+                    second_span,
+                    format!(
+                        "server `{second_addr}` is the same memcached as `{first_addr}` (line {first_line}; both reach {endpoint}): with replicas = {replicas} both copies of a key could be stored on it; list each memcached once"
+                    ),
+                ));
+            }
+            server_warnings.push(format!(
+                "servers `{first_addr}` (line {first_line}) and `{second_addr}` (line {}) are the same memcached ({endpoint}): it gets the keys of both",
+                line_column(text, second_span.start).0
+            ));
+        }
         let client_idle_timeout_ms = number(
             &raw.client_idle_timeout_ms,
             "client_idle_timeout_ms",
@@ -481,6 +578,7 @@ impl Config {
             client_write_timeout: Duration::from_millis(client_write_timeout_ms),
             handoff: Duration::from_millis(handoff_ms),
             hot_keys,
+            server_warnings,
         })
     }
 
@@ -501,6 +599,7 @@ impl Config {
                 if self.servers.len() == 1 { "" } else { "s" },
             ));
         }
+        warnings.extend(self.server_warnings.iter().cloned());
         warnings
     }
 
@@ -646,6 +745,330 @@ fn hot_key_settings(
     })
 }
 
+/// Whether binding both addresses would fail with "address in use": the same
+/// port (0 means any free port, so never) on the same address or where one
+/// is a wildcard that covers the other (`0.0.0.0` every IPv4 address, `::`
+/// every address, as memring's IPv6 sockets are dual-stack).
+fn binds_overlap(a: SocketAddr, b: SocketAddr) -> bool {
+    let (a, b) = (canonical(a), canonical(b));
+    let covers = |wide: SocketAddr, narrow: SocketAddr| {
+        wide.ip().is_unspecified() && (wide.is_ipv6() || narrow.is_ipv4())
+    };
+    a.port() != 0 && a.port() == b.port() && (a.ip() == b.ip() || covers(a, b) || covers(b, a))
+}
+
+/// Looks up a host name and port, as connecting would.
+type Lookup<'a> = &'a dyn Fn(&str, u16) -> std::io::Result<Vec<SocketAddr>>;
+
+/// What a server address reaches, to tell two spellings of one memcached
+/// apart.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Endpoint {
+    /// An IP address and port; an IPv4-mapped IPv6 address as its IPv4
+    /// address (a dual-stack socket reaches the same listener).
+    Ip(SocketAddr),
+    /// A host name, lowercase (DNS names are case-insensitive), and port.
+    Name(String, u16),
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Endpoint::Ip(socket) => write!(f, "{socket}"),
+            Endpoint::Name(host, port) => write!(f, "{host}:{port}"),
+        }
+    }
+}
+
+/// The endpoint of an address that [`check_server_addr`] accepted, without
+/// looking anything up. The port is read as decimal (`011211` is 11211), as
+/// the resolver reads it.
+fn endpoint_of(addr: &str) -> Option<Endpoint> {
+    if let Ok(socket) = addr.parse::<SocketAddr>() {
+        return Some(Endpoint::Ip(canonical(socket)));
+    }
+    let (host, port) = addr.rsplit_once(':')?;
+    let port = port.parse::<u16>().ok()?;
+    Some(match numeric_ipv4(host) {
+        Some(ip) => Endpoint::Ip(SocketAddr::new(IpAddr::V4(ip), port)),
+        None => Endpoint::Name(host.to_ascii_lowercase(), port),
+    })
+}
+
+/// IPv4-mapped IPv6 (`::ffff:a.b.c.d`) as the IPv4 address it maps.
+fn canonical(socket: SocketAddr) -> SocketAddr {
+    match socket.ip() {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(IpAddr::V4(v4), socket.port()),
+            None => socket,
+        },
+        IpAddr::V4(_) => socket,
+    }
+}
+
+/// The IPv4 address that glibc's `getaddrinfo` reads from a numeric host
+/// before it would ask DNS (its `inet_aton`): one to four parts, each
+/// decimal, octal (a leading `0`) or hex (`0x`), the last filling the bytes
+/// left. So `127.0.0.01` and `127.1` are 127.0.0.1, and `0127.0.0.1` is
+/// 87.0.0.1. A backend address Rust's parser refuses (it reads only dotted
+/// decimal without leading zeros) is connected to through `getaddrinfo`, so
+/// this is the address memring would reach.
+fn numeric_ipv4(host: &str) -> Option<Ipv4Addr> {
+    let parts = host
+        .split('.')
+        .map(inet_part)
+        .collect::<Option<Vec<u32>>>()?;
+    let (last, leading) = parts.split_last()?;
+    if leading.len() > 3 || leading.iter().any(|&part| part > 0xff) {
+        return None;
+    }
+    let last_bits = 32 - 8 * leading.len() as u32;
+    if last_bits < 32 && *last >> last_bits != 0 {
+        return None;
+    }
+    let value = leading.iter().enumerate().fold(*last, |value, (i, part)| {
+        value | part << (24 - 8 * i as u32)
+    });
+    Some(Ipv4Addr::from(value))
+}
+
+/// One part of an `inet_aton` address: `0x1f`, `017` or `15`.
+fn inet_part(part: &str) -> Option<u32> {
+    let (digits, radix) = match part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")) {
+        Some(hex) => (hex, 16),
+        None if part.len() > 1 && part.starts_with('0') => (&part[1..], 8),
+        None => (part, 10),
+    };
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return None;
+    }
+    u32::from_str_radix(digits, radix).ok()
+}
+
+/// Pairs of servers (first, second, in config order) that reach a common
+/// endpoint, each pair once, with the endpoint they share.
+fn aliases(reaches: &[(Range<usize>, Vec<Endpoint>)]) -> Vec<(usize, usize, Endpoint)> {
+    let mut first_reacher: HashMap<&Endpoint, usize> = HashMap::new();
+    let mut pairs: Vec<(usize, usize, Endpoint)> = Vec::new();
+    for (index, (_, endpoints)) in reaches.iter().enumerate() {
+        for endpoint in endpoints {
+            match first_reacher.get(endpoint) {
+                Some(&first) if first != index => {
+                    if !pairs.iter().any(|&(a, b, _)| (a, b) == (first, index)) {
+                        pairs.push((first, index, endpoint.clone()));
+                    }
+                }
+                Some(_) => {}
+                None => {
+                    first_reacher.insert(endpoint, index);
+                }
+            }
+        }
+    }
+    pairs
+}
+
+/// `host:port:weight` or `host:port:weight name`, twemproxy's way of writing
+/// a server, as the memring lines that say the same.
+fn twemproxy_server(addr: &str) -> Option<String> {
+    let (server, name) = match addr.split_once(char::is_whitespace) {
+        Some((server, name)) => (server, Some(name.trim())),
+        None => (addr, None),
+    };
+    let (host_port, weight) = server.rsplit_once(':')?;
+    if weight.is_empty() || !weight.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    check_server_addr(host_port).ok()?;
+    let mut lines = format!("addr = \"{host_port}\", weight = {weight}");
+    match name {
+        Some(name) if !name.is_empty() && !name.contains(char::is_whitespace) => {
+            lines.push_str(&format!(", name = \"{name}\""));
+        }
+        Some(_) => return None,
+        None => {}
+    }
+    Some(lines)
+}
+
+/// An example value of every key, for messages about a value of the wrong
+/// type: the default where there is one, else a typical value.
+const EXAMPLES: &[(&str, &str)] = &[
+    ("listen", "\"127.0.0.1:22122\""),
+    ("connections_per_server", "1"),
+    ("connect_timeout_ms", "500"),
+    ("request_timeout_ms", "1000"),
+    ("max_value_bytes", "1048576"),
+    ("max_client_connections", "16384"),
+    ("max_pending_per_client", "256"),
+    ("shutdown_grace_ms", "5000"),
+    ("auto_eject", "true"),
+    ("failure_limit", "3"),
+    ("client_idle_timeout_ms", "60000"),
+    ("admin_listen", "\"127.0.0.1:9100\""),
+    ("replicas", "2"),
+    ("read_miss_fallthrough", "true"),
+    ("workers", "4"),
+    ("max_client_buffer_bytes", "8388608"),
+    ("max_buffer_bytes", "268435456"),
+    ("client_write_timeout_ms", "30000"),
+    ("handoff_ms", "300000"),
+    ("ring", "\"twemproxy\""),
+    ("hash", "\"fnv1a_64\""),
+    ("hash_tag", "\"{}\""),
+    ("hot_key_detect", "true"),
+    ("hot_key_window_ms", "1000"),
+    ("hot_key_share", "0.2"),
+    ("hot_key_top", "20"),
+    ("hot_key_metrics", "true"),
+    ("hot_key_coalesce", "true"),
+    ("hot_key_cache_ms", "100"),
+    ("hot_key_cache_bytes", "67108864"),
+    ("addr", "\"10.0.0.1:11211\""),
+    ("weight", "2"),
+    ("name", "\"cache-01\""),
+];
+
+/// serde's and toml's messages, rewritten for people where they are not:
+/// an unknown key gets the nearest known one instead of the list of all, and
+/// a value of the wrong type gets its key and an example. `at` is where the
+/// error's span starts.
+fn explain_toml_error(message: &str, text: &str, at: usize) -> String {
+    if let Some(rest) = message.strip_prefix("unknown field `") {
+        let Some((unknown, expected)) = rest.split_once('`') else {
+            return message.to_string();
+        };
+        let known: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+        let place = if known.contains(&"addr") {
+            " in [[servers]]"
+        } else {
+            ""
+        };
+        return match nearest(unknown, &known) {
+            Some(near) => format!("unknown key `{unknown}`{place}; did you mean `{near}`?"),
+            None => format!(
+                "unknown key `{unknown}`{place}: no key is spelt like it (README.md, Configuration, lists them all)"
+            ),
+        };
+    }
+    let Some((found, expected)) = message
+        .strip_prefix("invalid type: ")
+        .or_else(|| message.strip_prefix("invalid value: "))
+        .and_then(|rest| rest.split_once(", expected "))
+    else {
+        return message.to_string();
+    };
+    let Some(key) = key_at(text, at) else {
+        return message.to_string();
+    };
+    let wanted = match expected {
+        "u64" => "a whole number, 0 or more",
+        "i64" => "a whole number",
+        "f64" => "a number",
+        "a boolean" => "true or false",
+        "a string" => "a quoted string",
+        "a sequence" => "an array",
+        other => other,
+    };
+    let found = if found == "map" { "a table" } else { found };
+    if key == "servers" {
+        return format!(
+            "servers: expected {wanted}, found {found}; write one [[servers]] table (double brackets) per server, for example [[servers]] with addr = \"10.0.0.1:11211\" on the next line"
+        );
+    }
+    match EXAMPLES.iter().find(|(name, _)| *name == key) {
+        Some((_, example)) => {
+            format!("{key}: expected {wanted}, found {found}; for example: {key} = {example}")
+        }
+        None => format!("{key}: expected {wanted}, found {found}"),
+    }
+}
+
+/// The key whose value (or table header) starts at byte `at` of `text`: the
+/// last part of `key =` before it on its line, or the name of a
+/// `[table]` / `[[table]]` header that begins there.
+fn key_at(text: &str, at: usize) -> Option<&str> {
+    let at = at.min(text.len());
+    let line_start = text[..at].rfind('\n').map_or(0, |nl| nl + 1);
+    let before = text[..at].trim_end();
+    if before.len() <= line_start {
+        let line = text[line_start..].lines().next().unwrap_or("");
+        let name = line
+            .trim()
+            .trim_start_matches('[')
+            .split(']')
+            .next()?
+            .trim();
+        return (!name.is_empty()).then_some(name);
+    }
+    let key = before[line_start..].strip_suffix('=')?.trim_end();
+    // The key ends the line's text; an inline table may come before it.
+    let key = key
+        .rsplit(|c: char| !(c.is_ascii_alphanumeric() || "_-.\"'".contains(c)))
+        .next()?;
+    let key = key
+        .rsplit('.')
+        .next()?
+        .trim_matches(|c| c == '"' || c == '\'');
+    (!key.is_empty()).then_some(key)
+}
+
+/// The known name nearest to `unknown`, if it is near enough to be a slip:
+/// at most a third of the longer name's letters changed (rounded up), with
+/// a swap of two neighbours counted as one change.
+fn nearest<'a>(unknown: &str, known: &[&'a str]) -> Option<&'a str> {
+    let unknown = unknown.to_ascii_lowercase();
+    let (distance, near) = known
+        .iter()
+        .map(|name| (edit_distance(&unknown, name), *name))
+        .min_by_key(|(distance, _)| *distance)?;
+    let longer = unknown.chars().count().max(near.chars().count());
+    (distance <= longer.div_ceil(3)).then_some(near)
+}
+
+/// Insertions, deletions, substitutions and swaps of adjacent characters
+/// that turn `a` into `b` (optimal string alignment distance).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    // rows[i][j]: distance between a[..i] and b[..j].
+    let mut rows = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in rows.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in rows[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (rows[i - 1][j] + 1)
+                .min(rows[i][j - 1] + 1)
+                .min(rows[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(rows[i - 2][j - 2] + 1);
+            }
+            rows[i][j] = best;
+        }
+    }
+    rows[a.len()][b.len()]
+}
+
+/// The first character that may not appear in a server's name or address,
+/// described for a person. Names and addresses are printed in `stats`
+/// replies, metric labels and log lines, where a quote, a backslash or a
+/// control byte would break the line or its quoting.
+fn refused_char(text: &str) -> Option<String> {
+    text.chars().find_map(|c| match c {
+        '"' => Some("a double quote (\")".to_string()),
+        '\\' => Some("a backslash (\\)".to_string()),
+        '\0' => Some("a NUL byte (0x00)".to_string()),
+        '\x7f' => Some("a DEL byte (0x7f)".to_string()),
+        c if (c as u32) < 0x20 => Some(format!("a control byte (0x{:02x})", c as u32)),
+        _ => None,
+    })
+}
+
 /// `host:port` with a port from 1 to 65535 and a plausible host (an IP address,
 /// `[v6]`, or a DNS name resolved at connect time).
 fn check_server_addr(addr: &str) -> Result<(), &'static str> {
@@ -770,8 +1193,168 @@ name = "cache-02"
     #[test]
     fn unknown_keys_are_rejected() {
         let message = error_of(&format!("{GOOD}\nmax_conns = 3\n"));
-        assert!(message.contains("unknown field `max_conns`"), "{message}");
+        assert!(
+            message.contains("unknown key `max_conns` in [[servers]]"),
+            "{message}"
+        );
         assert!(message.starts_with("memring.toml:12:1"), "{message}");
+    }
+
+    #[test]
+    fn an_unknown_key_gets_the_nearest_known_key_not_the_list_of_all() {
+        for (written, suggested) in [
+            ("handof_ms", Some("handoff_ms")),
+            ("handoff", Some("handoff_ms")),
+            ("hnadoff_ms", Some("handoff_ms")),
+            ("handoff_msec", Some("handoff_ms")),
+            ("Listen", Some("listen")),
+            ("server", Some("servers")),
+            ("replica", Some("replicas")),
+            ("hot_keys_share", Some("hot_key_share")),
+            ("request_timeout", Some("request_timeout_ms")),
+            ("max_conns", None),
+            ("distribution", None),
+            ("timeout", None),
+        ] {
+            let message = error_of(&format!("{written} = 1\n{GOOD}"));
+            let expected = match suggested {
+                Some(near) => format!("memring.toml:1:1: unknown key `{written}`; did you mean `{near}`?"),
+                None => format!("memring.toml:1:1: unknown key `{written}`: no key is spelt like it (README.md, Configuration, lists them all)"),
+            };
+            assert_eq!(message, expected, "{written}");
+        }
+        for (written, suggested) in [
+            ("address", "addr"),
+            ("adr", "addr"),
+            ("weigth", "weight"),
+            ("nmae", "name"),
+        ] {
+            let message = error_of(&GOOD.replace("weight = 2", &format!("{written} = 2")));
+            assert_eq!(
+                message,
+                format!("memring.toml:9:1: unknown key `{written}` in [[servers]]; did you mean `{suggested}`?")
+            );
+        }
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_names_its_key_and_an_example() {
+        for (written, expected) in [
+            ("request_timeout_ms = \"100\"", "1:22: request_timeout_ms: expected a whole number, 0 or more, found string \"100\"; for example: request_timeout_ms = 1000"),
+            ("max_value_bytes = -1", "1:19: max_value_bytes: expected a whole number, 0 or more, found integer `-1`; for example: max_value_bytes = 1048576"),
+            ("replicas = 1.5", "1:12: replicas: expected a whole number, 0 or more, found floating point `1.5`; for example: replicas = 2"),
+            ("auto_eject = \"yes\"", "1:14: auto_eject: expected true or false, found string \"yes\"; for example: auto_eject = true"),
+            ("hot_key_share = \"x\"", "1:17: hot_key_share: expected a number, found string \"x\"; for example: hot_key_share = 0.2"),
+            ("ring = 5", "1:8: ring: expected a quoted string, found integer `5`; for example: ring = \"twemproxy\""),
+            ("  \"handoff_ms\" = true", "1:18: handoff_ms: expected a whole number, 0 or more, found boolean `true`; for example: handoff_ms = 300000"),
+        ] {
+            let message = error_of(&format!("{written}\n{GOOD}"));
+            assert_eq!(message, format!("memring.toml:{expected}"), "{written}");
+        }
+        let inline =
+            "listen = \"127.0.0.1:1\"\nservers = [{ addr = \"127.0.0.1:2\", weight = true }]\n";
+        assert!(
+            error_of(inline).starts_with("memring.toml:2:45: weight: expected a whole number, found boolean `true`; for example: weight = 2"),
+            "{}",
+            error_of(inline)
+        );
+        let message = error_of(&GOOD.replace("weight = 2", "weight = \"2\""));
+        assert_eq!(message, "memring.toml:9:10: weight: expected a whole number, found string \"2\"; for example: weight = 2");
+        let message = error_of(&GOOD.replace("name = \"cache-02\"", "name = 2"));
+        assert!(message.ends_with("name: expected a quoted string, found integer `2`; for example: name = \"cache-01\""), "{message}");
+        let message = error_of("listen = \"127.0.0.1:1\"\n[servers]\naddr = \"127.0.0.1:2\"\n");
+        assert!(
+            message.starts_with("memring.toml:2:1: servers: expected an array, found a table; write one [[servers]] table (double brackets) per server"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn every_key_has_an_example_that_loads() {
+        let known = |text: &str| -> Vec<String> {
+            let message = toml::from_str::<RawConfig>(text)
+                .unwrap_err()
+                .message()
+                .to_string();
+            let (_, list) = message
+                .split_once("expected one of ")
+                .expect("serde lists the keys");
+            list.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(String::from)
+                .collect()
+        };
+        let top = known(&format!("unknown_key = 1\n{GOOD}"));
+        let server = known(&GOOD.replace("weight = 2", "unknown_key = 2"));
+        assert!(top.len() > 20 && server.len() == 3, "{top:?} {server:?}");
+        for key in top.iter().chain(&server).filter(|k| *k != "servers") {
+            let (_, example) = EXAMPLES
+                .iter()
+                .find(|(name, _)| name == key)
+                .unwrap_or_else(|| panic!("no example for `{key}`"));
+            let text = if server.contains(key) {
+                let addr = if key == "addr" {
+                    ""
+                } else {
+                    "addr = \"127.0.0.1:2\"\n"
+                };
+                format!("listen = \"127.0.0.1:1\"\n[[servers]]\n{key} = {example}\n{addr}")
+            } else if key == "listen" {
+                GOOD.replace("\"127.0.0.1:22122\"", example)
+            } else {
+                let ring = if key == "ring" {
+                    ""
+                } else {
+                    "ring = \"twemproxy\"\n"
+                };
+                format!("{ring}{key} = {example}\n{GOOD}")
+            };
+            assert!(
+                Config::parse(&text, "m").is_ok(),
+                "{key} = {example}: {:?}",
+                Config::parse(&text, "m").err()
+            );
+        }
+        assert_eq!(
+            EXAMPLES.len(),
+            top.len() - 1 + server.len(),
+            "an example of a key that is gone"
+        );
+    }
+
+    #[test]
+    fn twemproxy_server_lines_are_answered_with_the_memring_lines() {
+        for (written, lines) in [
+            (
+                "127.0.0.1:11211:1",
+                "addr = \"127.0.0.1:11211\", weight = 1",
+            ),
+            (
+                "127.0.0.1:11211:2 cache-01",
+                "addr = \"127.0.0.1:11211\", weight = 2, name = \"cache-01\"",
+            ),
+            (
+                "cache.internal:11211:10  cache-01",
+                "addr = \"cache.internal:11211\", weight = 10, name = \"cache-01\"",
+            ),
+            ("[::1]:11211:1", "addr = \"[::1]:11211\", weight = 1"),
+        ] {
+            let message = error_of(&GOOD.replace("127.0.0.1:11212", written));
+            assert_eq!(
+                message,
+                format!("memring.toml:8:8: server addr `{written}` is twemproxy's `host:port:weight [name]` form; in memring write {lines}")
+            );
+        }
+        // Not the twemproxy form: the usual message.
+        for other in [
+            "127.0.0.1:11211:x",
+            "127.0.0.1:11211:1 two names",
+            "nohost:1:1:1",
+        ] {
+            let message = error_of(&GOOD.replace("127.0.0.1:11212", other));
+            assert!(!message.contains("twemproxy"), "{other}: {message}");
+        }
     }
 
     #[test]
@@ -886,6 +1469,209 @@ name = "cache-02"
             message.contains("hot_key_window_ms = 5 is out of range"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn quotes_backslashes_and_control_bytes_are_refused_in_names_and_addresses() {
+        // (as written in TOML, what the message names)
+        for (written, named) in [
+            (r#"\""#, "a double quote (\")"),
+            (r"\\", "a backslash (\\)"),
+            (r"\u0000", "a NUL byte (0x00)"),
+            (r"\u0007", "a control byte (0x07)"),
+            (r"\t", "a control byte (0x09)"),
+            (r"\n", "a control byte (0x0a)"),
+            (r"\u001f", "a control byte (0x1f)"),
+            (r"\u007f", "a DEL byte (0x7f)"),
+        ] {
+            let addr = GOOD.replace("127.0.0.1:11212", &format!("127.0.0.1{written}:11212"));
+            let message = error_of(&addr);
+            assert!(
+                message.starts_with("memring.toml:8:8: server addr"),
+                "{written}: {message}"
+            );
+            assert!(
+                message.contains(&format!("contains {named}")),
+                "{written}: {message}"
+            );
+            let name = GOOD.replace("cache-02", &format!("cache{written}02"));
+            let message = error_of(&name);
+            assert!(
+                message.starts_with("memring.toml:10:8: server name"),
+                "{written}: {message}"
+            );
+            assert!(
+                message.contains(&format!("contains {named}")),
+                "{written}: {message}"
+            );
+        }
+        // Other non-ASCII text is a name like any other.
+        let config = Config::parse(&GOOD.replace("cache-02", "cache-ü"), "m").unwrap();
+        assert_eq!(config.servers[1].name, "cache-ü");
+    }
+
+    /// Two servers: 127.0.0.1:11211 at line 5 and `second` at line 7.
+    fn two_servers(second: &str, replicas: u32) -> String {
+        format!(
+            "listen = \"127.0.0.1:22122\"\nreplicas = {replicas}\n\n[[servers]]\naddr = \"127.0.0.1:11211\"\n[[servers]]\naddr = \"{second}\"\n"
+        )
+    }
+
+    #[test]
+    fn spellings_of_one_memcached_are_one_server() {
+        for alias in [
+            "127.0.0.01:11211",
+            "127.0.0.1:011211",
+            "[::ffff:127.0.0.1]:11211",
+            "[0:0:0:0:0:ffff:7f00:1]:11211",
+            "127.1:11211",
+            "0x7f.0.0.1:11211",
+            "0177.0.0.1:11211",
+            "2130706433:11211",
+        ] {
+            let config = Config::parse(&two_servers(alias, 1), "m").unwrap();
+            let warnings = config.warnings();
+            assert_eq!(warnings.len(), 1, "{alias}: {warnings:?}");
+            assert_eq!(
+                warnings[0],
+                format!("servers `127.0.0.1:11211` (line 5) and `{alias}` (line 7) are the same memcached (127.0.0.1:11211): it gets the keys of both")
+            );
+            let message = error_of(&two_servers(alias, 2));
+            assert!(
+                message.starts_with(&format!("memring.toml:7:8: server `{alias}` is the same memcached as `127.0.0.1:11211` (line 5; both reach 127.0.0.1:11211): with replicas = 2")),
+                "{alias}: {message}"
+            );
+        }
+        let names = "listen = \"127.0.0.1:1\"\nreplicas = 2\n[[servers]]\naddr = \"cache.internal:11211\"\n[[servers]]\naddr = \"CACHE.internal:11211\"\n";
+        assert!(error_of(names).contains("both reach cache.internal:11211"));
+        // Near spellings of other memcacheds are other servers.
+        for other in [
+            "127.0.0.1:11212",
+            "127.0.0.010:11211", // octal: 127.0.0.8
+            "0127.0.0.1:11211",  // octal: 87.0.0.1
+            "127.0.0.2:11211",
+            "[::1]:11211",
+            "cache.internal:11211",
+        ] {
+            let config = Config::parse(&two_servers(other, 2), "m").unwrap();
+            assert!(
+                config.warnings().is_empty(),
+                "{other}: {:?}",
+                config.warnings()
+            );
+        }
+    }
+
+    #[test]
+    fn numeric_hosts_are_read_as_getaddrinfo_reads_them() {
+        // The system resolver is the oracle: these never reach DNS.
+        for host in [
+            "127.0.0.1",
+            "127.0.0.01",
+            "127.0.0.010",
+            "0127.0.0.1",
+            "127.00.0.1",
+            "127.1",
+            "127.0.1",
+            "0x7f.0.0.1",
+            "0X7F.1",
+            "2130706433",
+            "0",
+            "10.0x10.255.0377",
+            "1.65535",
+            "1.2.65535",
+        ] {
+            let resolved: Vec<IpAddr> = (host, 1)
+                .to_socket_addrs()
+                .unwrap_or_else(|e| panic!("{host}: {e}"))
+                .map(|socket| socket.ip())
+                .collect();
+            let ours = numeric_ipv4(host).map(IpAddr::V4);
+            assert_eq!(resolved, Vec::from_iter(ours), "{host}");
+        }
+        // Not numbers to getaddrinfo either: it asks DNS for these.
+        for name in [
+            "127.0.0.08",
+            "127.0.0.256",
+            "1.2.3.4.5",
+            "127.0.0.1.",
+            "127..1",
+            "0x",
+            "1.16777216",
+            "4294967296",
+            "cache-01",
+            "+1.2.3.4",
+        ] {
+            assert_eq!(numeric_ipv4(name), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_host_name_and_its_address_are_one_server_once_resolved() {
+        let text = two_servers("localhost:11211", 1);
+        // Without looking names up, a name is only its spelling.
+        assert!(Config::parse(&text, "m").unwrap().warnings().is_empty());
+        let warnings = Config::parse_and_resolve(&text, "m").unwrap().warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0]
+                .contains("`localhost:11211` (line 7) are the same memcached (127.0.0.1:11211)"),
+            "{warnings:?}"
+        );
+        let message = Config::parse_and_resolve(&two_servers("localhost:11211", 3), "m")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.starts_with("m:7:8: server `localhost:11211` is the same memcached"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_name_that_does_not_resolve_is_a_warning_naming_the_server() {
+        // RFC 6761: .invalid names never resolve.
+        let config =
+            Config::parse_and_resolve(&two_servers("memring-test.invalid:11211", 2), "m").unwrap();
+        let warnings = config.warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].starts_with(
+                "server `memring-test.invalid:11211` (line 7): `memring-test.invalid` does not resolve ("
+            ),
+            "{warnings:?}"
+        );
+    }
+
+    #[test]
+    fn admin_listen_on_the_port_of_listen_is_refused() {
+        for (listen, admin, refused) in [
+            ("127.0.0.1:22122", "127.0.0.1:22122", true),
+            ("127.0.0.1:22122", "[::ffff:127.0.0.1]:22122", true),
+            ("0.0.0.0:22122", "127.0.0.1:22122", true),
+            ("127.0.0.1:22122", "0.0.0.0:22122", true),
+            ("[::]:22122", "10.0.0.1:22122", true),
+            ("[::1]:22122", "[::1]:22122", true),
+            ("127.0.0.1:22122", "127.0.0.1:9100", false),
+            ("127.0.0.1:22122", "127.0.0.2:22122", false),
+            ("0.0.0.0:22122", "[::1]:22122", false),
+            ("127.0.0.1:0", "127.0.0.1:0", false),
+        ] {
+            let text = GOOD.replace(
+                "listen = \"127.0.0.1:22122\"",
+                &format!("listen = \"{listen}\"\nadmin_listen = \"{admin}\""),
+            );
+            match Config::parse(&text, "memring.toml") {
+                Ok(_) => assert!(!refused, "{listen} {admin}: accepted"),
+                Err(e) => {
+                    let message = e.to_string();
+                    assert!(refused, "{listen} {admin}: {message}");
+                    assert_eq!(
+                        message,
+                        format!("memring.toml:3:16: admin_listen = \"{admin}\" takes the port of listen = \"{listen}\" (line 2): the admin listener needs an address of its own")
+                    );
+                }
+            }
+        }
     }
 
     #[test]

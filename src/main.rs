@@ -69,8 +69,9 @@ enum Action {
     ///
     /// Prints `FILE: ok (N servers, listen ADDR)`, or the error the daemon
     /// would give at start (`file:line:column: problem`) and exits 1. Settings
-    /// that are valid but probably wrong (more replicas than servers) are
-    /// printed as warnings.
+    /// that are valid but probably wrong (more replicas than servers, a host
+    /// name that does not resolve, one memcached listed under two spellings)
+    /// are printed as warnings.
     Check {
         /// The config file to validate.
         #[arg(value_name = "FILE")]
@@ -429,7 +430,7 @@ fn run(path: &Path) -> anyhow::Result<()> {
         let shutdown = CancellationToken::new();
         let running = memring::server::start(&config, shutdown.clone())
             .await
-            .with_context(|| format!("cannot listen on {}", config.listen))?;
+            .context("cannot start")?;
         tracing::info!(
             version = memring::VERSION,
             commit = env!("MEMRING_GIT_COMMIT"),

@@ -126,7 +126,7 @@ impl Reloader {
         let Seen::Text(text) = self.last_seen.insert(seen) else {
             unreachable!("just stored a text")
         };
-        let config = Config::parse(text, &shown)?;
+        let config = Config::parse_and_resolve(text, &shown)?;
         if config == self.current {
             return Ok(Outcome::Unchanged);
         }
@@ -228,6 +228,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         handoff,
         ring,
         hot_keys,
+        server_warnings: _,
     } = new;
     let ms = |d: &Duration| d.as_millis().to_string();
     let optional_ms = |d: &Option<Duration>| d.as_ref().map_or("0".to_string(), ms);

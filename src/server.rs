@@ -46,13 +46,18 @@ impl Running {
 /// reloads, ejections and the admin listener; the workers run their own).
 ///
 /// # Errors
-/// The listen address cannot be bound, or a worker cannot be started.
+/// `listen` or `admin_listen` cannot be bound (the error names which), or a
+/// worker cannot be started.
 pub async fn start(config: &Config, shutdown: CancellationToken) -> io::Result<Running> {
-    let listener = listen(config.listen)?;
+    let listener = listen(config.listen).map_err(|e| bind_error("listen", config.listen, e))?;
     let local_addr = listener.local_addr()?;
     let stats = Arc::new(Stats::new());
     let admin = match config.admin_listen {
-        Some(addr) => Some(crate::admin::bind(addr).await?),
+        Some(addr) => Some(
+            crate::admin::bind(addr)
+                .await
+                .map_err(|e| bind_error("admin_listen", addr, e))?,
+        ),
         None => None,
     };
     let publisher = Publisher::new(config.clone(), stats.clone());
@@ -120,6 +125,15 @@ pub async fn start(config: &Config, shutdown: CancellationToken) -> io::Result<R
 /// (capped by `net.core.somaxconn`). mio's default of 128 overflowed under
 /// bursts of new clients, and each dropped SYN costs that client a second.
 const LISTEN_BACKLOG: u32 = 4096;
+
+/// A bind failure that names the setting holding the address, so that
+/// "address in use" says which of memring's two ports to change.
+fn bind_error(setting: &str, addr: SocketAddr, error: io::Error) -> io::Error {
+    io::Error::new(
+        error.kind(),
+        format!("cannot listen on {addr}, the address of `{setting}`: {error}"),
+    )
+}
 
 /// Binds the client listener; SO_REUSEADDR so that a restart does not wait for
 /// the old sockets' TIME_WAIT.

@@ -285,6 +285,117 @@ fn check_accepts_a_good_file_and_names_the_place_of_a_bad_one() {
 }
 
 #[test]
+fn check_warns_about_two_spellings_of_one_server_and_refuses_them_with_replicas() {
+    let dir = temp_dir("alias");
+    let servers = "[[servers]]\naddr = \"127.0.0.1:11211\"\n[[servers]]\naddr = \"localhost:11211\"\n[[servers]]\naddr = \"127.0.0.01:11211\"\n";
+    let one = write_config(
+        &dir,
+        "one.toml",
+        &format!("listen = \"127.0.0.1:22122\"\n{servers}"),
+    );
+    let output = Command::new(BIN).arg("check").arg(&one).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "a warning with replicas = 1: {stderr}"
+    );
+    for pair in [
+        "servers `127.0.0.1:11211` (line 3) and `localhost:11211` (line 5) are the same memcached (127.0.0.1:11211)",
+        "servers `127.0.0.1:11211` (line 3) and `127.0.0.01:11211` (line 7) are the same memcached (127.0.0.1:11211)",
+    ] {
+        assert!(
+            stderr.contains(&format!("memring: warning: {}: {pair}", one.display())),
+            "lacks `{pair}`: {stderr}"
+        );
+    }
+
+    let two = write_config(
+        &dir,
+        "two.toml",
+        &format!("listen = \"127.0.0.1:22122\"\nreplicas = 2\n{servers}"),
+    );
+    let expected =
+        "two.toml:6:8: server `localhost:11211` is the same memcached as `127.0.0.1:11211`";
+    let output = Command::new(BIN).arg("check").arg(&two).output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(expected), "{stderr}");
+    // The daemon refuses the same file with the same message.
+    let output = Command::new(BIN)
+        .arg("--config")
+        .arg(&two)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains(expected));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn admin_listen_on_the_listen_address_is_refused() {
+    let dir = temp_dir("admin-same");
+    let config = write_config(
+        &dir,
+        "same.toml",
+        "listen = \"127.0.0.1:22122\"\nadmin_listen = \"127.0.0.1:22122\"\n[[servers]]\naddr = \"127.0.0.1:11211\"\n",
+    );
+    let expected = "same.toml:2:16: admin_listen = \"127.0.0.1:22122\" takes the port of listen = \"127.0.0.1:22122\" (line 1)";
+    for args in [&["check"][..], &["--config"]] {
+        let output = Command::new(BIN).args(args).arg(&config).output().unwrap();
+        assert_eq!(output.status.code(), Some(1), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_port_in_use_at_start_names_the_setting_that_holds_it() {
+    let dir = temp_dir("in-use");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_addr = taken.local_addr().unwrap();
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+    };
+    let server = "[[servers]]\naddr = \"127.0.0.1:11211\"\n";
+    for (setting, listen, admin) in [
+        ("listen", taken_addr, free()),
+        ("admin_listen", free(), taken_addr),
+    ] {
+        let config = write_config(
+            &dir,
+            &format!("{setting}.toml"),
+            &format!("listen = \"{listen}\"\nadmin_listen = \"{admin}\"\n{server}"),
+        );
+        let child = Command::new(BIN)
+            .arg("--config")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut guard = ChildGuard(child);
+        let mut exit = None;
+        wait_for("memring to give up on a port in use", || {
+            exit = guard.0.try_wait().unwrap();
+            exit.is_some()
+        });
+        assert_eq!(exit.unwrap().code(), Some(1), "{setting}");
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut guard.0.stderr.take().unwrap(), &mut stderr).unwrap();
+        let expected = format!(
+            "memring: cannot start: cannot listen on {taken_addr}, the address of `{setting}`: Address already in use"
+        );
+        assert!(stderr.contains(&expected), "lacks `{expected}`: {stderr}");
+    }
+    drop(taken);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn plan_reports_shares_and_the_moved_keyspace() {
     let dir = temp_dir("plan");
     let mut four = String::from("listen = \"127.0.0.1:22122\"\n");
