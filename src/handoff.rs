@@ -451,6 +451,19 @@ pub fn fetch_line(key_token: &[u8], base64: bool, with_cas: bool) -> Bytes {
     meta_read_through_line(&line, |_| false).0
 }
 
+/// The `md` that removes a moved key from its previous owner before a write
+/// replaces it on the new one.
+pub fn forget_line(key_token: &[u8], base64: bool) -> Bytes {
+    let mut line = BytesMut::with_capacity(key_token.len() + 8);
+    line.put_slice(b"md ");
+    line.put_slice(key_token);
+    if base64 {
+        line.put_slice(b" b");
+    }
+    line.put_slice(b"\r\n");
+    line.freeze()
+}
+
 /// Which flags memring appended to a client's `mg` for its read-through from
 /// the previous owner: what a copy needs (`v`, `f`, `t`) and the client did
 /// not ask for. Their return tokens come last, in this order (memcached

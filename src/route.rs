@@ -768,6 +768,11 @@ pub enum MetaPlan {
         previous: usize,
         copy_first: bool,
     },
+    /// `ms` (set mode) of a moved key during a hand-off window: `md` to the
+    /// previous owner first, then the `ms` to the new one, so that the value
+    /// it replaces is on no server a lagging sidecar (or this one, after the
+    /// change is undone) could read it from.
+    OverwriteMoved { owner: usize, previous: usize },
     /// `md` of a moved key during a hand-off window: the previous owner
     /// first, then the new one (so a read falling through in between finds
     /// the key on neither, as for a classic `delete`); answered with success
@@ -821,6 +826,10 @@ pub fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> M
                     owner: server,
                     previous,
                     copy_first: when == CopyWhen::First,
+                },
+                None if request.command == MetaCommand::Set => MetaPlan::OverwriteMoved {
+                    owner: server,
+                    previous,
                 },
                 None => MetaPlan::Forward { server },
             },

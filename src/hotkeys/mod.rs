@@ -711,6 +711,7 @@ impl HotWorker {
             MetaPlan::Forward { server }
             | MetaPlan::CasThenCopy { owner: server, .. }
             | MetaPlan::DeleteMoved { owner: server, .. }
+            | MetaPlan::OverwriteMoved { owner: server, .. }
             | MetaPlan::ReadMoved { owner: server, .. }
             | MetaPlan::RetryMoved { owner: server, .. } => Some(*server),
             MetaPlan::Quorum { servers, .. } | MetaPlan::ReadThrough { servers, .. } => {

@@ -85,6 +85,19 @@ impl ClientSession {
                             true,
                             None,
                         );
+                    } else if let MetaMode::OverwriteMoved {
+                        key,
+                        forgotten: false,
+                        ..
+                    } = &meta.mode
+                    {
+                        let line = crate::handoff::forget_line(&key.0, key.1);
+                        let expect = Expect::Meta {
+                            command: MetaCommand::Delete,
+                            quiet: false,
+                            replied: false,
+                        };
+                        self.send(&topology, &mut meta.parts[0], &[line], expect, true, None);
                     } else {
                         for part in meta.parts.iter_mut() {
                             let hot = entry.hot.as_ref();
@@ -215,6 +228,22 @@ impl ClientSession {
                                 true
                             }
                         }
+                    }
+                    MetaMode::OverwriteMoved {
+                        owner, forgotten, ..
+                    } => {
+                        if !*forgotten {
+                            // Whatever the previous owner answered: if it
+                            // failed, readers of the old ring fail there too.
+                            if meta.parts[0].result.take().is_none() {
+                                return false;
+                            }
+                            *forgotten = true;
+                            let hot = entry.hot.as_ref();
+                            meta.parts[0] =
+                                self.send_to(&topology, *owner, &meta.wire, &meta.expect, hot);
+                        }
+                        true
                     }
                     MetaMode::DeleteMoved { owner, previous } => {
                         if previous.is_none() {
@@ -708,7 +737,10 @@ impl ClientSession {
                             None => return false,
                         }
                     }
-                    MetaMode::DeleteMoved { previous: None, .. } => return false,
+                    MetaMode::DeleteMoved { previous: None, .. }
+                    | MetaMode::OverwriteMoved {
+                        forgotten: false, ..
+                    } => return false,
                     MetaMode::DeleteMoved {
                         previous: Some(first),
                         ..

@@ -611,6 +611,15 @@ enum MetaMode {
         absent: Option<CallResult>,
         copy: Option<Part>,
     },
+    /// `ms` of a moved key: `md` to the previous owner (the part), then the
+    /// request to `owner`, whose reply answers.
+    OverwriteMoved {
+        owner: usize,
+        /// The key token as sent, and whether it is base64 (`b`).
+        key: (Bytes, bool),
+        /// The previous owner has answered its `md`.
+        forgotten: bool,
+    },
     /// `md` of a moved key: sent to the previous owner (the part), then to
     /// `owner`; `previous` keeps the first reply.
     DeleteMoved {

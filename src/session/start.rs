@@ -178,6 +178,14 @@ impl ClientSession {
                     copy: None,
                 },
             ),
+            MetaPlan::OverwriteMoved { owner, previous } => (
+                parts(&[previous]),
+                MetaMode::OverwriteMoved {
+                    owner,
+                    key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
+                    forgotten: false,
+                },
+            ),
             MetaPlan::DeleteMoved { owner, previous } => (
                 parts(&[previous]),
                 MetaMode::DeleteMoved {
