@@ -309,8 +309,8 @@ fn plan(old: &Path, new: &Path) -> anyhow::Result<()> {
     println!("change: {change}");
     if change.moved_share > 0.0 {
         let window = new_config.handoff.as_secs();
-        if window == 0 || new_config.replicas > 1 {
-            println!("hand-off: off (handoff_ms = 0 or replicas > 1): moved keys miss once");
+        if window == 0 {
+            println!("hand-off: off (handoff_ms = 0): moved keys miss once");
         } else {
             println!(
                 "hand-off: for {window} s, reads of moved keys (about {} per 100000 stored keys) \

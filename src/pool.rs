@@ -191,7 +191,6 @@ impl Publisher {
         // running window carries on unchanged.
         let window = new.config.handoff;
         let starts = !window.is_zero()
-            && new.config.replicas <= 1
             && change.moved_share > 0.0
             && (!change.added.is_empty()
                 || !change.removed.is_empty()
@@ -202,10 +201,7 @@ impl Publisher {
             change.handoff = Some(Box::new((window.as_millis() as u64, previous.until_unix)));
             new.set_previous(previous, old);
         } else if let Some(running) = &old.previous {
-            if !window.is_zero()
-                && new.config.replicas <= 1
-                && running.until > std::time::Instant::now()
-            {
+            if !window.is_zero() && running.until > std::time::Instant::now() {
                 new.set_previous(running.carried(), old);
             }
         }

@@ -70,6 +70,9 @@ pub enum Plan {
     NoServers,
 }
 
+/// [`Retrieval::previous_from`] of a key with no previous owner to ask.
+const NOT_MOVED: u8 = u8::MAX;
+
 /// The reply to a request that found no server.
 pub const NO_SERVERS: &[u8] = b"SERVER_ERROR no servers configured\r\n";
 
@@ -314,9 +317,12 @@ pub struct Retrieval {
     held: usize,
     /// The largest value block seen, for the session's estimate.
     largest_block: usize,
-    /// Hand-off: keys with a second candidate are moved keys; a value found
-    /// there is copied to the first (the new owner).
+    /// A hand-off window is open: some keys may be moved keys.
     handoff: bool,
+    /// Per key, the index in its candidates from which they are previous
+    /// owners (`NOT_MOVED`: none): a value found there is read through and
+    /// copied to the first candidate (the new owner).
+    previous_from: SmallVec<[u8; 8]>,
     /// Copies to send: (new owner, `add` lines).
     copies: Vec<(usize, crate::protocol::encode::Outbound)>,
     /// Keys asked of their previous owner, and values found there.
@@ -327,27 +333,46 @@ impl Retrieval {
     /// Plans the retrieval `request` (bytes `bytes`) on `topology`.
     pub fn new(request: &Request, bytes: Bytes, topology: &Topology) -> Retrieval {
         let replicas = topology.config.replicas.max(1);
-        let handoff = replicas == 1 && topology.previous.is_some();
+        let handoff = topology.previous.is_some();
+        let mut previous_from = SmallVec::with_capacity(request.keys.len());
         let candidates = (0..request.keys.len())
             .map(|i| {
                 let key = request.key(&bytes, i);
                 let mut servers = Servers::new();
                 if replicas == 1 {
                     servers.extend(topology.owner_index(key));
-                    if handoff {
-                        // A moved key: its previous owner after a miss.
-                        if let Some(&owner) = servers.first() {
-                            servers.extend(topology.previous_owner(key, owner));
-                        }
-                    }
                 } else {
                     topology.replicas(key, &mut servers);
                     // Healthy replicas first; ring order otherwise.
                     servers.sort_by_key(|&s| topology.backends[s].state() == HealthState::Dead);
                 }
+                let current = servers.len();
+                if handoff && replicas == 1 {
+                    // A moved key: its previous owner after a miss.
+                    if let Some(&owner) = servers.first() {
+                        servers.extend(topology.previous_owner(key, owner));
+                    }
+                } else if handoff {
+                    // Replicas of the previous ring that are not replicas
+                    // now: the key may still be only there.
+                    let mut before = Servers::new();
+                    topology.previous_replicas(key, &mut before);
+                    for server in before {
+                        if !servers[..current].contains(&server) {
+                            servers.push(server);
+                        }
+                    }
+                }
+                previous_from.push(if servers.len() > current {
+                    current as u8
+                } else {
+                    NOT_MOVED
+                });
                 servers
             })
             .collect();
+        // During a window a miss falls through every candidate: with
+        // replicas, a replica that just joined the set has nothing yet.
         let mut retrieval = Retrieval::with_candidates(
             request,
             bytes,
@@ -355,13 +380,21 @@ impl Retrieval {
             handoff || (replicas > 1 && topology.config.read_miss_fallthrough),
         );
         retrieval.handoff = handoff;
+        retrieval.previous_from = previous_from;
         retrieval
     }
 
     /// Some key of this retrieval may be read through (and copied), so later
     /// requests of the client wait until it has its answers.
     pub fn has_moved_keys(&self) -> bool {
-        self.handoff && self.candidates.iter().any(|c| c.len() > 1)
+        self.handoff && self.previous_from.iter().any(|&p| p != NOT_MOVED)
+    }
+
+    /// Key `k` is now being asked of a previous owner.
+    fn asking_previous(&self, k: usize) -> bool {
+        self.previous_from
+            .get(k)
+            .is_some_and(|&from| self.round[k] >= from)
     }
 
     /// Copies of read-through hits to send to the keys' new owners.
@@ -401,6 +434,7 @@ impl Retrieval {
             held: 0,
             largest_block: 0,
             handoff: false,
+            previous_from: SmallVec::new(),
             copies: Vec::new(),
             read_through: (0, 0),
         }
@@ -464,7 +498,7 @@ impl Retrieval {
                 continue;
             };
             let name = self.keys[k].of(&self.bytes);
-            if self.handoff && self.round[k] > 0 {
+            if self.asking_previous(k) {
                 self.read_through.0 += 1;
                 if self.exptime.is_none() {
                     // A get of a moved key asks its previous owner with a
@@ -569,7 +603,7 @@ impl Retrieval {
                     self.missed(k);
                 }
                 if let Some(k) = found {
-                    if self.handoff && self.round[k] > 0 {
+                    if self.asking_previous(k) {
                         // Found on the previous owner: copy it to the new
                         // one with `add`, so a newer value written there
                         // meanwhile is never overwritten. Only `gat`/`gats`
@@ -845,9 +879,19 @@ pub fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> M
         MetaCommand::Get => {
             // Healthy replicas first; ring order otherwise (as for gets).
             servers.sort_by_key(|&s| topology.backends[s].state() == HealthState::Dead);
+            // During a hand-off window, the previous ring's replicas after
+            // the current ones, and a miss falls through to them.
+            let current = servers.len();
+            let mut before = Servers::new();
+            topology.previous_replicas(&key, &mut before);
+            for server in before {
+                if !servers[..current].contains(&server) {
+                    servers.push(server);
+                }
+            }
             MetaPlan::ReadThrough {
                 servers,
-                on_miss: topology.config.read_miss_fallthrough,
+                on_miss: topology.config.read_miss_fallthrough || topology.previous.is_some(),
             }
         }
         _ if request.compare_cas => MetaPlan::CasThenCopy {

@@ -176,6 +176,25 @@ impl Topology {
         (before != owner && before < self.backends.len()).then_some(before)
     }
 
+    /// Backend indexes of `key`'s replica set in the previous ring of a
+    /// hand-off window (nothing outside a window), owner first.
+    pub fn previous_replicas(&self, key: &[u8], out: &mut smallvec::SmallVec<[usize; 4]>) {
+        out.clear();
+        let Some(previous) = &self.previous else {
+            return;
+        };
+        previous.ring.replicas(key, self.config.replicas, out);
+        out.retain(|member| {
+            previous
+                .ring_backends
+                .get(*member)
+                .is_some_and(|&b| (b as usize) < self.backends.len())
+        });
+        for member in out.iter_mut() {
+            *member = previous.ring_backends[*member] as usize;
+        }
+    }
+
     /// Servers being taken over (in the ring, owning keys they did not own
     /// in the previous ring) and leaving (only in the previous ring).
     pub fn membership(&self, index: usize) -> Membership {

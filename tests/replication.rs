@@ -350,3 +350,59 @@ fn a_set_pipelined_after_a_cas_is_never_overwritten_by_the_cas_copy() {
         );
     }
 }
+
+/// `replicas = 2` and a fifth server joining: the hand-off window reads the
+/// keys whose replica set changed from the previous ring's replicas too, so
+/// nearly every key still hits, with classic and meta gets.
+#[test]
+fn replicas_and_a_join_keep_every_key_readable() {
+    let dir = common::TempDir::new("replication", "join");
+    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let config =
+        |n: usize| common::config_text(&servers.iter().take(n).collect::<Vec<_>>(), "replicas = 2");
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, config(4)).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..4_000).map(|i| format!("join:{i}")).collect();
+    for key in &keys {
+        assert_eq!(client.set(key, key.as_bytes()), b"STORED\r\n");
+    }
+    let temporary = path.with_extension("tmp");
+    std::fs::write(&temporary, config(5)).unwrap();
+    std::fs::rename(&temporary, &path).unwrap();
+    wait_for("ring version 2", || proxy.ring_version() >= 2);
+    let mut hits = 0;
+    for chunk in keys.chunks(50) {
+        let request = format!("get {}\r\n", chunk.join(" "));
+        let reply = client.call(request.as_bytes(), memring::protocol::ReplyKind::Values);
+        hits += reply.windows(6).filter(|w| w == b"VALUE ").count();
+    }
+    let mut meta_hits = 0;
+    for key in keys.iter().step_by(4) {
+        client.send(format!("mg {key} v\r\n").as_bytes());
+        let reply = client.meta_reply();
+        if reply.starts_with(b"VA ") {
+            assert!(
+                show(&reply).contains(key.as_str()),
+                "{key}: {}",
+                show(&reply)
+            );
+            meta_hits += 1;
+        }
+    }
+    println!(
+        "replicas = 2, 4 -> 5: {hits} of {} keys hit, meta {meta_hits} of {}",
+        keys.len(),
+        keys.len() / 4
+    );
+    assert!(
+        hits >= keys.len() * 995 / 1000,
+        "{hits} of {} hit",
+        keys.len()
+    );
+    assert!(
+        meta_hits >= keys.len() / 4 * 995 / 1000,
+        "meta: {meta_hits}"
+    );
+}
