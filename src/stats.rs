@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -26,25 +26,56 @@ struct CommandLabels {
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServerLabels {
-    server: String,
+    server: Text,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServerErrorLabels {
-    server: String,
+    server: Text,
     kind: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServerStateLabels {
-    server: String,
+    server: Text,
     state: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HotKeyLabels {
-    server: String,
-    key: String,
+    server: Text,
+    key: Text,
+}
+
+/// A label value that can hold any text: server names come from the config
+/// and hot-key names from clients. prometheus-client writes `String` label
+/// values verbatim, so a `"`, `\` or newline in one would end the value early
+/// or split the sample line; this writes them as the text formats (classic
+/// 0.0.4 and OpenMetrics alike) require: `\\`, `\"` and `\n`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq)]
+struct Text(String);
+
+impl From<&str> for Text {
+    fn from(text: &str) -> Text {
+        Text(text.to_string())
+    }
+}
+
+impl EncodeLabelValue for Text {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        use std::fmt::Write;
+        let mut rest = self.0.as_str();
+        while let Some(at) = rest.find(['\\', '"', '\n']) {
+            encoder.write_str(&rest[..at])?;
+            encoder.write_str(match rest.as_bytes()[at] {
+                b'\\' => "\\\\",
+                b'"' => "\\\"",
+                _ => "\\n",
+            })?;
+            rest = &rest[at + 1..];
+        }
+        encoder.write_str(rest)
+    }
 }
 
 /// A gauge of a float value.
@@ -520,8 +551,8 @@ impl Stats {
         self.hot_key_share.clear();
         for sample in top {
             let labels = HotKeyLabels {
-                server: sample.server.clone(),
-                key: sample.key.clone(),
+                server: Text(sample.server.clone()),
+                key: Text(sample.key.clone()),
             };
             self.hot_key_rate.get_or_create(&labels).set(sample.rate);
             self.hot_key_share.get_or_create(&labels).set(sample.share);
@@ -543,7 +574,7 @@ impl Stats {
         for state in Self::MEMBERSHIPS {
             self.server_membership
                 .get_or_create(&ServerStateLabels {
-                    server: server.to_string(),
+                    server: server.into(),
                     state,
                 })
                 .set(i64::from(state == current));
@@ -554,7 +585,7 @@ impl Stats {
     pub fn membership_gone(&self, server: &str) {
         for state in Self::MEMBERSHIPS {
             self.server_membership.remove(&ServerStateLabels {
-                server: server.to_string(),
+                server: server.into(),
                 state,
             });
         }
@@ -576,7 +607,7 @@ impl Stats {
         states: &'static [&'static str],
     ) -> BackendMetrics {
         let labels = ServerLabels {
-            server: server.to_string(),
+            server: server.into(),
         };
         let metrics = BackendMetrics {
             server: server.to_string(),
@@ -741,7 +772,7 @@ impl BackendMetrics {
         slot.get_or_init(|| {
             self.errors
                 .get_or_create(&ServerErrorLabels {
-                    server: self.server.clone(),
+                    server: self.server.as_str().into(),
                     kind: self.error_kinds[kind],
                 })
                 .clone()
@@ -772,7 +803,7 @@ impl BackendMetrics {
         for &state in self.states {
             self.state
                 .get_or_create(&ServerStateLabels {
-                    server: self.server.clone(),
+                    server: self.server.as_str().into(),
                     state,
                 })
                 .set(i64::from(state == current));
@@ -799,6 +830,31 @@ mod tests {
         assert_eq!(metrics.error_count(), 3);
         assert_eq!(metrics.errors_of(&[0]), 2);
         assert_eq!(stats.backend_errors(), 3);
+    }
+
+    #[test]
+    fn label_values_are_escaped_as_the_text_formats_require() {
+        let stats = Stats::new();
+        let metrics = stats.backend("a\"b\\c\nd", &["timeout"], &["ACTIVE"]);
+        metrics.requests.inc();
+        stats.hot_keys(&[HotKeySample {
+            server: "s\"1".into(),
+            key: "k\\\"\n".into(),
+            rate: 2.0,
+            share: 0.5,
+        }]);
+        for text in [stats.prometheus_text(), stats.openmetrics_text()] {
+            assert!(
+                text.contains(r#"memring_backend_requests_total{server="a\"b\\c\nd"} 1"#),
+                "{text}"
+            );
+            assert!(
+                text.contains(
+                    r#"memring_hot_key_requests_per_second{server="s\"1",key="k\\\"\n"} 2.0"#
+                ),
+                "{text}"
+            );
+        }
     }
 
     #[test]
