@@ -388,35 +388,8 @@ fn metrics_pass_promtool_and_are_served_as_prometheus_text() {
         );
     }
 
-    match Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    {
-        Err(e) => eprintln!(
-            "SKIPPED promtool check: promtool not runnable ({e}); install the Debian package `prometheus` (scripts/test does)"
-        ),
-        Ok(mut promtool) => {
-            promtool
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(body.as_bytes())
-                .unwrap();
-            let output = promtool.wait_with_output().unwrap();
-            let problems = format!(
-                "{}{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            );
-            assert!(
-                output.status.success() && problems.trim().is_empty(),
-                "promtool check metrics: {problems}"
-            );
-        }
-    }
+    common::exposition::strict_samples(&body);
+    common::exposition::promtool_check(&body);
 
     // OpenMetrics only for a scraper that asks for it.
     let (status, head, body) = http_get_with(
