@@ -10,8 +10,11 @@
 
 use std::time::Instant;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
+};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
@@ -86,6 +89,11 @@ struct ResultLabels {
     result: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModeLabels {
+    mode: &'static str,
+}
+
 /// A counter registered under `name`.
 fn counter(registry: &mut Registry, name: &str, help: &str) -> Counter {
     let metric = Counter::default();
@@ -112,6 +120,15 @@ struct HitMiss {
     misses: Counter,
 }
 
+/// Replies to compare-and-swap writes, as memcached's `cas_*` stats count
+/// them: the cas matched (stored), the key was missing, the cas was stale.
+#[derive(Debug, Clone)]
+struct CasCounters {
+    hits: Counter,
+    misses: Counter,
+    badval: Counter,
+}
+
 /// Process-wide figures.
 #[derive(Debug)]
 pub struct Stats {
@@ -127,6 +144,7 @@ pub struct Stats {
     delete: HitMiss,
     incr: HitMiss,
     decr: HitMiss,
+    cas: CasCounters,
     bytes_read: Counter,
     bytes_written: Counter,
     backend_requests: Family<ServerLabels, Counter>,
@@ -239,6 +257,19 @@ impl Stats {
         let delete = hit_miss("delete");
         let incr = hit_miss("incr");
         let decr = hit_miss("decr");
+        let cas_family = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "cas",
+            "Replies to compare-and-swap writes (cas, ms with C): hit stored, miss found no key, badval found a newer cas",
+            cas_family.clone(),
+        );
+        let cas_result = |result| cas_family.get_or_create(&ResultLabels { result }).clone();
+        let cas = CasCounters {
+            hits: cas_result("hit"),
+            misses: cas_result("miss"),
+            badval: cas_result("badval"),
+        };
+        registry.register_collector(Box::new(ProcessCpu));
         let bytes_read = counter(
             &mut registry,
             "client_read_bytes",
@@ -410,6 +441,7 @@ impl Stats {
             delete,
             incr,
             decr,
+            cas,
             bytes_read,
             bytes_written,
             backend_requests,
@@ -480,6 +512,15 @@ impl Stats {
         };
         match command {
             Command::Touch => found(&self.touch, b"TOUCHED", b"NOT_FOUND"),
+            Command::Cas => {
+                if reply.starts_with(b"STORED") {
+                    self.cas.hits.inc();
+                } else if reply.starts_with(b"NOT_FOUND") {
+                    self.cas.misses.inc();
+                } else if reply.starts_with(b"EXISTS") {
+                    self.cas.badval.inc();
+                }
+            }
             Command::Delete => found(&self.delete, b"DELETED", b"NOT_FOUND"),
             Command::Incr | Command::Decr => {
                 let counters = if command == Command::Incr {
@@ -495,6 +536,21 @@ impl Stats {
             }
             _ => {}
         }
+    }
+
+    /// Counts the reply to an `ms` with `C` in set mode, the meta writes
+    /// memcached counts in its `cas_*` stats. Empty is an `HD` that `q`
+    /// suppressed (`q` never hides `NF` or `EX`).
+    pub fn meta_cas(&self, reply: &[u8]) {
+        let code = reply.get(..2).unwrap_or(reply);
+        let ends = matches!(reply.get(2), None | Some(b' ' | b'\r'));
+        match code {
+            b"" => self.cas.hits.inc(),
+            b"HD" if ends => self.cas.hits.inc(),
+            b"NF" if ends => self.cas.misses.inc(),
+            b"EX" if ends => self.cas.badval.inc(),
+            _ => 0,
+        };
     }
 
     /// Counts a retrieval of `keys` keys of which `hits` were found.
@@ -652,6 +708,15 @@ impl Stats {
         ]
     }
 
+    /// Compare-and-swap replies: (hits, misses, badval).
+    pub fn cas_counts(&self) -> (u64, u64, u64) {
+        (
+            self.cas.hits.get(),
+            self.cas.misses.get(),
+            self.cas.badval.get(),
+        )
+    }
+
     /// Client connections accepted since start.
     pub fn total_connections(&self) -> u64 {
         self.total_connections.get()
@@ -692,6 +757,66 @@ impl Stats {
         let mut text = String::with_capacity(16384);
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
         text
+    }
+}
+
+/// CPU time the process has used, in microseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuTime {
+    pub user_micros: u64,
+    pub system_micros: u64,
+}
+
+/// The kernel reports `/proc` times in `USER_HZ` ticks, which Linux fixes at
+/// 100 per second for user space on every architecture memring builds for
+/// (`sysconf(_SC_CLK_TCK)` would need `unsafe` or another dependency).
+const USER_HZ: u64 = 100;
+
+/// This process's user and system CPU time from `/proc/self/stat` (all zero
+/// where there is none). Read per `stats` and per scrape, never per request.
+pub fn process_cpu() -> CpuTime {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| cpu_of_proc_stat(&stat))
+        .unwrap_or_default()
+}
+
+/// `utime` and `stime`, fields 14 and 15 of `proc_pid_stat(5)`, counted after
+/// the command name, which is in parentheses and may hold spaces or `)`.
+fn cpu_of_proc_stat(stat: &str) -> Option<CpuTime> {
+    let (_, after_name) = stat.rsplit_once(") ")?;
+    // `after_name` starts at field 3 (the state).
+    let mut fields = after_name.split_ascii_whitespace().skip(11);
+    let mut micros = || -> Option<u64> {
+        let ticks: u64 = fields.next()?.parse().ok()?;
+        Some(ticks * (1_000_000 / USER_HZ))
+    };
+    Some(CpuTime {
+        user_micros: micros()?,
+        system_micros: micros()?,
+    })
+}
+
+/// `memring_cpu_seconds_total{mode}`, read from `/proc` at each scrape.
+#[derive(Debug)]
+struct ProcessCpu;
+
+impl Collector for ProcessCpu {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let cpu = process_cpu();
+        let counter = ConstCounter::new(0.0f64);
+        let mut family = encoder.encode_descriptor(
+            "cpu_seconds",
+            "CPU time memring has used, user and system (memcached's rusage_user and rusage_system)",
+            None,
+            counter.metric_type(),
+        )?;
+        for (mode, micros) in [("user", cpu.user_micros), ("system", cpu.system_micros)] {
+            let labels = ModeLabels { mode };
+            let sample = family.encode_family(&labels)?;
+            ConstCounter::new(micros as f64 / 1e6).encode(sample)?;
+        }
+        Ok(())
     }
 }
 
@@ -855,6 +980,55 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    #[test]
+    fn cpu_times_are_read_after_the_command_name() {
+        let stat = "4242 (mem ring) x) S 1 4242 4242 0 -1 4194560 500 0 0 0 \
+                    123 45 0 0 20 0 3 0 1000 2000000 300 18446744073709551615";
+        assert_eq!(
+            cpu_of_proc_stat(stat),
+            Some(CpuTime {
+                user_micros: 1_230_000,
+                system_micros: 450_000,
+            })
+        );
+        assert_eq!(cpu_of_proc_stat("4242 (memring) S 1"), None);
+        let own = std::fs::read_to_string("/proc/self/stat").expect("Linux procfs");
+        assert!(cpu_of_proc_stat(&own).is_some(), "{own}");
+    }
+
+    #[test]
+    fn cas_replies_are_counted_by_result() {
+        let stats = Stats::new();
+        for reply in [
+            &b"STORED\r\n"[..],
+            b"EXISTS\r\n",
+            b"NOT_FOUND\r\n",
+            b"ERROR\r\n",
+        ] {
+            stats.reply(Command::Cas, reply);
+        }
+        assert_eq!(stats.cas_counts(), (1, 1, 1));
+        for reply in [&b"HD\r\n"[..], b"", b"HD O1 k\r\n", b"EX\r\n", b"NF O2\r\n"] {
+            stats.meta_cas(reply);
+        }
+        stats.meta_cas(b"NS\r\n");
+        stats.meta_cas(b"SERVER_ERROR out of memory\r\n");
+        assert_eq!(stats.cas_counts(), (4, 2, 2));
+        let text = stats.prometheus_text();
+        assert!(
+            text.contains("memring_cas_total{result=\"badval\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE memring_cpu_seconds_total counter\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("memring_cpu_seconds_total{mode=\"user\"} "),
+            "{text}"
+        );
     }
 
     #[test]
