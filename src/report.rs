@@ -16,6 +16,11 @@ pub fn write_stats(out: &mut BytesMut, stats: &Stats, topology: &Topology) {
     write_stat(out, "uptime", &stats.uptime_seconds());
     write_stat(out, "time", &now);
     write_stat(out, "version", &crate::VERSION_STRING);
+    // memcached prints these as seconds.microseconds.
+    let cpu = crate::stats::process_cpu();
+    let seconds = |micros: u64| format!("{}.{:06}", micros / 1_000_000, micros % 1_000_000);
+    write_stat(out, "rusage_user", &seconds(cpu.user_micros));
+    write_stat(out, "rusage_system", &seconds(cpu.system_micros));
     write_stat(out, "curr_connections", &stats.curr_connections());
     write_stat(out, "total_connections", &stats.total_connections());
     write_stat(out, "cmd_get", &stats.keys_requested());
@@ -31,6 +36,10 @@ pub fn write_stats(out: &mut BytesMut, stats: &Stats, topology: &Topology) {
         write_stat(out, &format!("{name}_hits"), &hits);
         write_stat(out, &format!("{name}_misses"), &misses);
     }
+    let (cas_hits, cas_misses, cas_badval) = stats.cas_counts();
+    write_stat(out, "cas_misses", &cas_misses);
+    write_stat(out, "cas_hits", &cas_hits);
+    write_stat(out, "cas_badval", &cas_badval);
     let (read, written) = stats.client_bytes();
     write_stat(out, "bytes_read", &read);
     write_stat(out, "bytes_written", &written);

@@ -10,8 +10,11 @@
 
 use std::time::Instant;
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
+};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
@@ -26,25 +29,56 @@ struct CommandLabels {
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServerLabels {
-    server: String,
+    server: Text,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServerErrorLabels {
-    server: String,
+    server: Text,
     kind: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServerStateLabels {
-    server: String,
+    server: Text,
     state: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HotKeyLabels {
-    server: String,
-    key: String,
+    server: Text,
+    key: Text,
+}
+
+/// A label value that can hold any text: server names come from the config
+/// and hot-key names from clients. prometheus-client writes `String` label
+/// values verbatim, so a `"`, `\` or newline in one would end the value early
+/// or split the sample line; this writes them as the text formats (classic
+/// 0.0.4 and OpenMetrics alike) require: `\\`, `\"` and `\n`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq)]
+struct Text(String);
+
+impl From<&str> for Text {
+    fn from(text: &str) -> Text {
+        Text(text.to_string())
+    }
+}
+
+impl EncodeLabelValue for Text {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        use std::fmt::Write;
+        let mut rest = self.0.as_str();
+        while let Some(at) = rest.find(['\\', '"', '\n']) {
+            encoder.write_str(&rest[..at])?;
+            encoder.write_str(match rest.as_bytes()[at] {
+                b'\\' => "\\\\",
+                b'"' => "\\\"",
+                _ => "\\n",
+            })?;
+            rest = &rest[at + 1..];
+        }
+        encoder.write_str(rest)
+    }
 }
 
 /// A gauge of a float value.
@@ -53,6 +87,11 @@ type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModeLabels {
+    mode: &'static str,
 }
 
 /// A counter registered under `name`.
@@ -81,6 +120,15 @@ struct HitMiss {
     misses: Counter,
 }
 
+/// Replies to compare-and-swap writes, as memcached's `cas_*` stats count
+/// them: the cas matched (stored), the key was missing, the cas was stale.
+#[derive(Debug, Clone)]
+struct CasCounters {
+    hits: Counter,
+    misses: Counter,
+    badval: Counter,
+}
+
 /// Process-wide figures.
 #[derive(Debug)]
 pub struct Stats {
@@ -96,6 +144,7 @@ pub struct Stats {
     delete: HitMiss,
     incr: HitMiss,
     decr: HitMiss,
+    cas: CasCounters,
     bytes_read: Counter,
     bytes_written: Counter,
     backend_requests: Family<ServerLabels, Counter>,
@@ -208,6 +257,19 @@ impl Stats {
         let delete = hit_miss("delete");
         let incr = hit_miss("incr");
         let decr = hit_miss("decr");
+        let cas_family = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "cas",
+            "Replies to compare-and-swap writes (cas, ms with C): hit stored, miss found no key, badval found a newer cas",
+            cas_family.clone(),
+        );
+        let cas_result = |result| cas_family.get_or_create(&ResultLabels { result }).clone();
+        let cas = CasCounters {
+            hits: cas_result("hit"),
+            misses: cas_result("miss"),
+            badval: cas_result("badval"),
+        };
+        registry.register_collector(Box::new(ProcessCpu));
         let bytes_read = counter(
             &mut registry,
             "client_read_bytes",
@@ -379,6 +441,7 @@ impl Stats {
             delete,
             incr,
             decr,
+            cas,
             bytes_read,
             bytes_written,
             backend_requests,
@@ -449,6 +512,15 @@ impl Stats {
         };
         match command {
             Command::Touch => found(&self.touch, b"TOUCHED", b"NOT_FOUND"),
+            Command::Cas => {
+                if reply.starts_with(b"STORED") {
+                    self.cas.hits.inc();
+                } else if reply.starts_with(b"NOT_FOUND") {
+                    self.cas.misses.inc();
+                } else if reply.starts_with(b"EXISTS") {
+                    self.cas.badval.inc();
+                }
+            }
             Command::Delete => found(&self.delete, b"DELETED", b"NOT_FOUND"),
             Command::Incr | Command::Decr => {
                 let counters = if command == Command::Incr {
@@ -464,6 +536,21 @@ impl Stats {
             }
             _ => {}
         }
+    }
+
+    /// Counts the reply to an `ms` with `C` in set mode, the meta writes
+    /// memcached counts in its `cas_*` stats. Empty is an `HD` that `q`
+    /// suppressed (`q` never hides `NF` or `EX`).
+    pub fn meta_cas(&self, reply: &[u8]) {
+        let code = reply.get(..2).unwrap_or(reply);
+        let ends = matches!(reply.get(2), None | Some(b' ' | b'\r'));
+        match code {
+            b"" => self.cas.hits.inc(),
+            b"HD" if ends => self.cas.hits.inc(),
+            b"NF" if ends => self.cas.misses.inc(),
+            b"EX" if ends => self.cas.badval.inc(),
+            _ => 0,
+        };
     }
 
     /// Counts a retrieval of `keys` keys of which `hits` were found.
@@ -520,8 +607,8 @@ impl Stats {
         self.hot_key_share.clear();
         for sample in top {
             let labels = HotKeyLabels {
-                server: sample.server.clone(),
-                key: sample.key.clone(),
+                server: Text(sample.server.clone()),
+                key: Text(sample.key.clone()),
             };
             self.hot_key_rate.get_or_create(&labels).set(sample.rate);
             self.hot_key_share.get_or_create(&labels).set(sample.share);
@@ -543,7 +630,7 @@ impl Stats {
         for state in Self::MEMBERSHIPS {
             self.server_membership
                 .get_or_create(&ServerStateLabels {
-                    server: server.to_string(),
+                    server: server.into(),
                     state,
                 })
                 .set(i64::from(state == current));
@@ -554,7 +641,7 @@ impl Stats {
     pub fn membership_gone(&self, server: &str) {
         for state in Self::MEMBERSHIPS {
             self.server_membership.remove(&ServerStateLabels {
-                server: server.to_string(),
+                server: server.into(),
                 state,
             });
         }
@@ -576,7 +663,7 @@ impl Stats {
         states: &'static [&'static str],
     ) -> BackendMetrics {
         let labels = ServerLabels {
-            server: server.to_string(),
+            server: server.into(),
         };
         let metrics = BackendMetrics {
             server: server.to_string(),
@@ -621,6 +708,15 @@ impl Stats {
         ]
     }
 
+    /// Compare-and-swap replies: (hits, misses, badval).
+    pub fn cas_counts(&self) -> (u64, u64, u64) {
+        (
+            self.cas.hits.get(),
+            self.cas.misses.get(),
+            self.cas.badval.get(),
+        )
+    }
+
     /// Client connections accepted since start.
     pub fn total_connections(&self) -> u64 {
         self.total_connections.get()
@@ -661,6 +757,66 @@ impl Stats {
         let mut text = String::with_capacity(16384);
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
         text
+    }
+}
+
+/// CPU time the process has used, in microseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuTime {
+    pub user_micros: u64,
+    pub system_micros: u64,
+}
+
+/// The kernel reports `/proc` times in `USER_HZ` ticks, which Linux fixes at
+/// 100 per second for user space on every architecture memring builds for
+/// (`sysconf(_SC_CLK_TCK)` would need `unsafe` or another dependency).
+const USER_HZ: u64 = 100;
+
+/// This process's user and system CPU time from `/proc/self/stat` (all zero
+/// where there is none). Read per `stats` and per scrape, never per request.
+pub fn process_cpu() -> CpuTime {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| cpu_of_proc_stat(&stat))
+        .unwrap_or_default()
+}
+
+/// `utime` and `stime`, fields 14 and 15 of `proc_pid_stat(5)`, counted after
+/// the command name, which is in parentheses and may hold spaces or `)`.
+fn cpu_of_proc_stat(stat: &str) -> Option<CpuTime> {
+    let (_, after_name) = stat.rsplit_once(") ")?;
+    // `after_name` starts at field 3 (the state).
+    let mut fields = after_name.split_ascii_whitespace().skip(11);
+    let mut micros = || -> Option<u64> {
+        let ticks: u64 = fields.next()?.parse().ok()?;
+        Some(ticks * (1_000_000 / USER_HZ))
+    };
+    Some(CpuTime {
+        user_micros: micros()?,
+        system_micros: micros()?,
+    })
+}
+
+/// `memring_cpu_seconds_total{mode}`, read from `/proc` at each scrape.
+#[derive(Debug)]
+struct ProcessCpu;
+
+impl Collector for ProcessCpu {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let cpu = process_cpu();
+        let counter = ConstCounter::new(0.0f64);
+        let mut family = encoder.encode_descriptor(
+            "cpu_seconds",
+            "CPU time memring has used, user and system (memcached's rusage_user and rusage_system)",
+            None,
+            counter.metric_type(),
+        )?;
+        for (mode, micros) in [("user", cpu.user_micros), ("system", cpu.system_micros)] {
+            let labels = ModeLabels { mode };
+            let sample = family.encode_family(&labels)?;
+            ConstCounter::new(micros as f64 / 1e6).encode(sample)?;
+        }
+        Ok(())
     }
 }
 
@@ -741,7 +897,7 @@ impl BackendMetrics {
         slot.get_or_init(|| {
             self.errors
                 .get_or_create(&ServerErrorLabels {
-                    server: self.server.clone(),
+                    server: self.server.as_str().into(),
                     kind: self.error_kinds[kind],
                 })
                 .clone()
@@ -772,7 +928,7 @@ impl BackendMetrics {
         for &state in self.states {
             self.state
                 .get_or_create(&ServerStateLabels {
-                    server: self.server.clone(),
+                    server: self.server.as_str().into(),
                     state,
                 })
                 .set(i64::from(state == current));
@@ -799,6 +955,80 @@ mod tests {
         assert_eq!(metrics.error_count(), 3);
         assert_eq!(metrics.errors_of(&[0]), 2);
         assert_eq!(stats.backend_errors(), 3);
+    }
+
+    #[test]
+    fn label_values_are_escaped_as_the_text_formats_require() {
+        let stats = Stats::new();
+        let metrics = stats.backend("a\"b\\c\nd", &["timeout"], &["ACTIVE"]);
+        metrics.requests.inc();
+        stats.hot_keys(&[HotKeySample {
+            server: "s\"1".into(),
+            key: "k\\\"\n".into(),
+            rate: 2.0,
+            share: 0.5,
+        }]);
+        for text in [stats.prometheus_text(), stats.openmetrics_text()] {
+            assert!(
+                text.contains(r#"memring_backend_requests_total{server="a\"b\\c\nd"} 1"#),
+                "{text}"
+            );
+            assert!(
+                text.contains(
+                    r#"memring_hot_key_requests_per_second{server="s\"1",key="k\\\"\n"} 2.0"#
+                ),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn cpu_times_are_read_after_the_command_name() {
+        let stat = "4242 (mem ring) x) S 1 4242 4242 0 -1 4194560 500 0 0 0 \
+                    123 45 0 0 20 0 3 0 1000 2000000 300 18446744073709551615";
+        assert_eq!(
+            cpu_of_proc_stat(stat),
+            Some(CpuTime {
+                user_micros: 1_230_000,
+                system_micros: 450_000,
+            })
+        );
+        assert_eq!(cpu_of_proc_stat("4242 (memring) S 1"), None);
+        let own = std::fs::read_to_string("/proc/self/stat").expect("Linux procfs");
+        assert!(cpu_of_proc_stat(&own).is_some(), "{own}");
+    }
+
+    #[test]
+    fn cas_replies_are_counted_by_result() {
+        let stats = Stats::new();
+        for reply in [
+            &b"STORED\r\n"[..],
+            b"EXISTS\r\n",
+            b"NOT_FOUND\r\n",
+            b"ERROR\r\n",
+        ] {
+            stats.reply(Command::Cas, reply);
+        }
+        assert_eq!(stats.cas_counts(), (1, 1, 1));
+        for reply in [&b"HD\r\n"[..], b"", b"HD O1 k\r\n", b"EX\r\n", b"NF O2\r\n"] {
+            stats.meta_cas(reply);
+        }
+        stats.meta_cas(b"NS\r\n");
+        stats.meta_cas(b"SERVER_ERROR out of memory\r\n");
+        assert_eq!(stats.cas_counts(), (4, 2, 2));
+        let text = stats.prometheus_text();
+        assert!(
+            text.contains("memring_cas_total{result=\"badval\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE memring_cpu_seconds_total counter\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("memring_cpu_seconds_total{mode=\"user\"} "),
+            "{text}"
+        );
     }
 
     #[test]

@@ -248,6 +248,130 @@ fn gets_of_a_hot_key_count_no_server_errors() {
     }
 }
 
+/// Asks for `key` (any bytes) with meta `mg <base64> b v`, which is how a
+/// client gets a key with spaces, control or high bytes past the parser.
+fn meta_get(client: &mut Client, key: &[u8]) {
+    let line = format!("mg {} b v\r\n", memring::protocol::meta::encode_key(key));
+    let reply = client.call(line.as_bytes(), ReplyKind::Line);
+    assert!(
+        reply == b"EN\r\n" || reply.starts_with(b"VA "),
+        "{}",
+        show(&reply)
+    );
+}
+
+/// The key bytes a `stats hotkeys` key token or hot-key label names: the
+/// token itself, or the base64 before a trailing ` b`, decoded as memcached
+/// decodes `b` keys.
+fn reported_key(token: &str) -> Vec<u8> {
+    match token.strip_suffix(" b") {
+        Some(base64) => memring::protocol::meta::decode_key(base64.as_bytes())
+            .unwrap_or_else(|| panic!("not base64: {token:?}")),
+        None => token.as_bytes().to_vec(),
+    }
+}
+
+#[test]
+fn hot_keys_with_quotes_backslashes_and_newlines_keep_metrics_valid() {
+    let server = Memcached::start();
+    let proxy = Proxy::start(
+        &[&server],
+        "hot_key_window_ms = 200\nhot_key_metrics = true",
+    );
+    let mut client = proxy.client();
+    let stats = proxy.running().stats.clone();
+    let keys: [&[u8]; 4] = [
+        b"say\"cheese\"",
+        b"back\\slash\\",
+        b"new\nline",
+        b"\"} 1\nmemring_fake_total 7\n",
+    ];
+    let mut text = String::new();
+    wait_for("every hot key in the gauges", || {
+        for _ in 0..5 {
+            for key in keys {
+                meta_get(&mut client, key);
+            }
+        }
+        text = stats.prometheus_text();
+        let samples = common::exposition::strict_samples(&text);
+        let named: Vec<Vec<u8>> = samples
+            .iter()
+            .filter(|s| s.name == "memring_hot_key_requests_per_second")
+            .filter_map(|s| s.label("key"))
+            .map(reported_key)
+            .collect();
+        keys.iter().all(|k| named.contains(&k.to_vec()))
+    });
+    assert!(!text.contains("memring_fake_total"), "{text}");
+    // Printable keys keep their name; the quote and backslash are escaped.
+    assert!(text.contains(r#"key="say\"cheese\"""#), "{text}");
+    assert!(text.contains(r#"key="back\\slash\\""#), "{text}");
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+        .expect("prometheus-parse reads it");
+    let hot = scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == "memring_hot_key_server_share")
+        .count();
+    assert_eq!(hot, keys.len(), "one share gauge per hot key: {text}");
+    common::exposition::promtool_check(&text);
+}
+
+#[test]
+fn stats_hotkeys_prints_binary_keys_as_base64_and_cannot_be_injected() {
+    let server = Memcached::start();
+    let proxy = Proxy::start(&[&server], "hot_key_window_ms = 200");
+    let mut client = proxy.client();
+    let mut admin = proxy.client();
+    let injecting = b"\r\nEND\r\nSTAT injected 1\r\n";
+    let high_a = [b'k', 0xff];
+    let high_b = [b'k', 0xfe];
+    let keys: [&[u8]; 3] = [injecting, &high_a, &high_b];
+    let mut reported = Vec::new();
+    wait_for("the three keys in stats hotkeys", || {
+        for _ in 0..5 {
+            for key in keys {
+                meta_get(&mut client, key);
+            }
+        }
+        admin.send(b"stats hotkeys\r\n");
+        let text = String::from_utf8(admin.read_until_suffix(b"END\r\n")).unwrap();
+        // The whole reply up to its one END: only STAT lines.
+        for line in text.split_terminator("\r\n") {
+            assert!(line.starts_with("STAT hotkey"), "{line:?} in {text:?}");
+        }
+        assert!(!text.contains("injected"), "{text:?}");
+        assert_eq!(
+            admin.call(b"version\r\n", ReplyKind::Line)[..8],
+            b"VERSION "[..],
+            "the reply ended where it said"
+        );
+        reported = text
+            .split_terminator("\r\n")
+            .filter_map(|l| l.strip_prefix("STAT hotkey:"))
+            .filter_map(|l| l.split_once(":key "))
+            .map(|(_, token)| token.to_string())
+            .collect();
+        reported.len() == keys.len()
+    });
+    for key in keys {
+        let token = reported
+            .iter()
+            .find(|t| reported_key(t) == key)
+            .unwrap_or_else(|| panic!("{key:?} not reported: {reported:?}"));
+        assert!(token.ends_with(" b"), "{token:?}");
+        assert_eq!(token.matches(' ').count(), 1, "{token:?}");
+    }
+    let (a, b) = (
+        memring::protocol::meta::encode_key(&high_a),
+        memring::protocol::meta::encode_key(&high_b),
+    );
+    assert!(reported.contains(&format!("{a} b")), "{reported:?}");
+    assert!(reported.contains(&format!("{b} b")), "{reported:?}");
+    assert_ne!(a, b);
+}
+
 fn value_of(reply: &[u8]) -> Option<Vec<u8>> {
     parse_single_value(reply).unwrap_or_else(|| panic!("unexpected reply {}", show(reply)))
 }

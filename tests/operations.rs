@@ -78,6 +78,113 @@ fn stats_counters_follow_a_known_sequence() {
     );
 }
 
+/// `cas_hits`, `cas_misses`, `cas_badval` of a `stats` reply.
+fn cas_stats(client: &mut common::Client) -> [u64; 3] {
+    let stats: std::collections::HashMap<String, String> = client.stats("").into_iter().collect();
+    ["cas_hits", "cas_misses", "cas_badval"].map(|name| {
+        stats
+            .get(name)
+            .unwrap_or_else(|| panic!("no STAT {name}"))
+            .parse()
+            .unwrap()
+    })
+}
+
+/// The cas token of `key` from a classic `gets`.
+fn gets_cas(client: &mut common::Client, key: &str) -> u64 {
+    let reply = client.call(format!("gets {key}\r\n").as_bytes(), ReplyKind::Values);
+    let text = String::from_utf8(reply).unwrap();
+    let header = text.lines().next().unwrap();
+    header.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn stats_count_cas_outcomes_and_cpu_time_like_memcached() {
+    let server = Memcached::start();
+    let proxy = Proxy::start(&[&server], "");
+    let mut client = proxy.client();
+    let mut direct = server.client();
+    let (before, server_before) = (cas_stats(&mut client), cas_stats(&mut direct));
+
+    // Classic: one stored (hit), one stale (badval), one missing (miss).
+    assert_eq!(client.set("c", b"1"), b"STORED\r\n");
+    let cas = gets_cas(&mut client, "c");
+    for (request, reply) in [
+        (format!("cas c 0 0 1 {cas}\r\n2\r\n"), "STORED\r\n"),
+        (format!("cas c 0 0 1 {cas}\r\n3\r\n"), "EXISTS\r\n"),
+        ("cas absent 0 0 1 1\r\n4\r\n".to_string(), "NOT_FOUND\r\n"),
+    ] {
+        let got = client.call(request.as_bytes(), ReplyKind::Line);
+        assert_eq!(show(&got), show(reply.as_bytes()), "{request:?}");
+    }
+    let after_classic = cas_stats(&mut client);
+    let delta = |a: [u64; 3], b: [u64; 3]| [a[0] - b[0], a[1] - b[1], a[2] - b[2]];
+    assert_eq!(delta(after_classic, before), [1, 1, 1], "classic cas");
+
+    // Meta: the same three with `ms ... C<cas>`.
+    assert_eq!(client.call(b"ms m 1\r\n1\r\n", ReplyKind::Line), b"HD\r\n");
+    let cas = gets_cas(&mut client, "m");
+    for (request, reply) in [
+        (format!("ms m 1 C{cas}\r\n2\r\n"), "HD\r\n"),
+        (format!("ms m 1 C{cas}\r\n3\r\n"), "EX\r\n"),
+        ("ms absent 1 C1\r\n4\r\n".to_string(), "NF\r\n"),
+    ] {
+        let got = client.call(request.as_bytes(), ReplyKind::Line);
+        assert_eq!(show(&got), show(reply.as_bytes()), "{request:?}");
+    }
+    let after_meta = cas_stats(&mut client);
+    assert_eq!(delta(after_meta, after_classic), [1, 1, 1], "meta cas");
+
+    // A hit `q` suppressed still counts; `C` in add mode is not a cas to
+    // memcached, and not to memring.
+    let cas = gets_cas(&mut client, "m");
+    let quiet = format!("ms m 1 C{cas} q\r\n5\r\nmn\r\n");
+    assert_eq!(client.call(quiet.as_bytes(), ReplyKind::Line), b"MN\r\n");
+    let add = format!("ms m 1 C{cas} ME\r\n6\r\n");
+    assert_eq!(client.call(add.as_bytes(), ReplyKind::Line), b"NS\r\n");
+    let after_quiet = cas_stats(&mut client);
+    assert_eq!(
+        delta(after_quiet, after_meta),
+        [1, 0, 0],
+        "quiet and add mode"
+    );
+    // memcached, which saw every request, counted the same.
+    assert_eq!(
+        delta(cas_stats(&mut direct), server_before),
+        delta(after_quiet, before),
+        "memring and memcached agree"
+    );
+
+    let stats: std::collections::HashMap<String, String> = client.stats("").into_iter().collect();
+    for name in ["rusage_user", "rusage_system"] {
+        let value = &stats[name];
+        let (whole, micros) = value.split_once('.').expect("seconds.microseconds");
+        assert!(
+            whole.parse::<u64>().is_ok() && micros.len() == 6 && micros.parse::<u32>().is_ok(),
+            "STAT {name} {value}"
+        );
+        assert!(value.parse::<f64>().unwrap() >= 0.0);
+    }
+
+    let text = proxy.running().stats.prometheus_text();
+    let samples = common::exposition::strict_samples(&text);
+    let cas_total = |result: &str| {
+        samples
+            .iter()
+            .find(|s| s.name == "memring_cas_total" && s.label("result") == Some(result))
+            .unwrap_or_else(|| panic!("no memring_cas_total{{result={result:?}}}"))
+            .value
+    };
+    let expected = delta(after_quiet, [0, 0, 0]).map(|n| n as f64);
+    assert_eq!(
+        [cas_total("hit"), cas_total("miss"), cas_total("badval")],
+        expected
+    );
+    assert!(samples
+        .iter()
+        .any(|s| s.name == "memring_cpu_seconds_total" && s.label("mode") == Some("user")));
+}
+
 #[test]
 fn per_server_stats_groups_are_refused_clearly() {
     let servers = [Memcached::start()];
@@ -388,35 +495,8 @@ fn metrics_pass_promtool_and_are_served_as_prometheus_text() {
         );
     }
 
-    match Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    {
-        Err(e) => eprintln!(
-            "SKIPPED promtool check: promtool not runnable ({e}); install the Debian package `prometheus` (scripts/test does)"
-        ),
-        Ok(mut promtool) => {
-            promtool
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(body.as_bytes())
-                .unwrap();
-            let output = promtool.wait_with_output().unwrap();
-            let problems = format!(
-                "{}{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            );
-            assert!(
-                output.status.success() && problems.trim().is_empty(),
-                "promtool check metrics: {problems}"
-            );
-        }
-    }
+    common::exposition::strict_samples(&body);
+    common::exposition::promtool_check(&body);
 
     // OpenMetrics only for a scraper that asks for it.
     let (status, head, body) = http_get_with(

@@ -65,7 +65,7 @@ use crate::backend::conn::Conn;
 use crate::backend::slot::{Got, Slot, Watch};
 use crate::config::HotKeySettings;
 use crate::error::{BackendError, BackendErrorKind};
-use crate::protocol::encode::value_block;
+use crate::protocol::encode::{printable_key, value_block};
 use crate::protocol::meta::MetaRequest;
 use crate::protocol::request::{parse_signed, parse_unsigned};
 use crate::protocol::{Command, Request};
@@ -268,12 +268,14 @@ impl HotShared {
         }
     }
 
-    /// How metrics and logs name a key: itself with `hot_key_metrics = true`,
+    /// How metrics and logs name a key: with `hot_key_metrics = true` as
+    /// `stats hotkeys` prints it ([`printable_key`]: one token, never a control
+    /// byte or a newline to split a log line, distinct keys distinct),
     /// otherwise its xxh3 hash (key names may be personal data; the hash
     /// hides them from a casual reader, not from one who can guess keys).
     pub fn key_label(&self, key: &[u8], hash: u64) -> String {
         if self.live.load().settings.metrics_names {
-            String::from_utf8_lossy(key).into_owned()
+            printable_key(key).into_owned()
         } else {
             format!("xxh3:{hash:016x}")
         }

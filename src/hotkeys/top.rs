@@ -9,7 +9,7 @@ use std::sync::Arc;
 use bytes::BytesMut;
 
 use super::sketch::Estimate;
-use crate::protocol::encode::write_stat;
+use crate::protocol::encode::{printable_key, write_stat};
 
 /// One server's counts in one worker's window.
 #[derive(Debug, Clone)]
@@ -90,16 +90,17 @@ pub fn merge<'a>(windows: impl Iterator<Item = &'a WorkerWindow>) -> Vec<HotKey>
     merged
 }
 
-/// Writes the `stats hotkeys` reply: the window and sketch size, then four
-/// lines per key, hottest first, then `END`.
+/// Writes the `stats hotkeys` reply: the window and sketch size, then five
+/// lines per key, hottest first, then `END`. Keys are printed by
+/// [`printable_key`].
 pub fn render(out: &mut BytesMut, keys: &[HotKey], window_ms: u128, counters: usize) {
     write_stat(out, "hotkeys_window_ms", &window_ms);
     write_stat(out, "hotkeys_counters_per_server", &counters);
     for (i, key) in keys.iter().enumerate() {
         let rank = i + 1;
-        // memcached keys hold no spaces or control bytes, so they print as is.
-        let name = String::from_utf8_lossy(&key.key);
-        write_stat(out, &format!("hotkey:{rank}:key"), &name);
+        // A meta `b` key may hold any byte, `\r\n` included: printed raw it
+        // could end the reply early and inject lines.
+        write_stat(out, &format!("hotkey:{rank}:key"), &printable_key(&key.key));
         write_stat(out, &format!("hotkey:{rank}:server"), &key.server);
         write_stat(
             out,
@@ -241,6 +242,27 @@ mod tests {
              STAT hotkey:2:key b\r\nSTAT hotkey:2:server cache-01\r\nSTAT hotkey:2:rate 3.0\r\n\
              STAT hotkey:2:share 0.3000\r\nSTAT hotkey:2:error 1.0\r\nEND\r\n"
         );
+    }
+
+    #[test]
+    fn render_prints_binary_keys_as_base64_on_one_line() {
+        let injecting = b"\r\nEND\r\nSTAT injected 1\r\n";
+        let estimate = Estimate {
+            hash: 1,
+            key: injecting[..].into(),
+            count: 5,
+            error: 0,
+        };
+        let merged = merge([&window(1.0, &[("s", 10, vec![estimate])])].into_iter());
+        let mut out = BytesMut::new();
+        render(&mut out, &merged, 1000, 128);
+        let text = String::from_utf8(out.to_vec()).unwrap();
+        assert!(
+            text.contains("STAT hotkey:1:key DQpFTkQNClNUQVQgaW5qZWN0ZWQgMQ0K b\r\n"),
+            "{text}"
+        );
+        assert_eq!(text.matches("END").count(), 1, "{text}");
+        assert!(!text.contains("injected"), "{text}");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //!
 //! Pure: everything writes into a `BytesMut` or slices a `Bytes`; no I/O.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -121,6 +122,22 @@ pub fn write_stat(out: &mut BytesMut, name: &str, value: &dyn std::fmt::Display)
     out.put_slice(line.as_bytes());
 }
 
+/// How memring prints a key in what it reports itself (`stats hotkeys`,
+/// metric labels, log lines): a key made only of the bytes a classic text
+/// key may hold (printable ASCII, 0x21..=0x7e) as it is; any other key (meta
+/// `b` keys can hold any byte) as its base64 followed by ` b`, the way the
+/// meta protocol marks a returned key as base64 (`protocol.txt`, meta get,
+/// flag `b`). Either form is one line without control bytes, and the space
+/// before `b` cannot occur in a printable key, so the two never collide.
+pub fn printable_key(key: &[u8]) -> Cow<'_, str> {
+    match std::str::from_utf8(key) {
+        Ok(text) if !key.is_empty() && key.iter().all(|b| (0x21..=0x7e).contains(b)) => {
+            Cow::Borrowed(text)
+        }
+        _ => Cow::Owned(format!("{} b", super::meta::encode_key(key))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,6 +186,16 @@ mod tests {
         let mut out = BytesMut::new();
         write_merged_values(&mut out, keys.into_iter(), &[None, Some(part1)]);
         assert_eq!(&out[..], b"VALUE b 0 1\r\n2\r\nEND\r\n");
+    }
+
+    #[test]
+    fn printable_keys_print_as_is_and_others_as_base64() {
+        assert_eq!(printable_key(b"user:42\"\\~"), "user:42\"\\~");
+        assert_eq!(printable_key(b"a b"), "YSBi b");
+        assert_eq!(printable_key(b"\r\nEND\r\n"), "DQpFTkQNCg== b");
+        assert_eq!(printable_key(&[0xff, 0xfe]), "//4= b");
+        assert_eq!(printable_key("caf\u{e9}".as_bytes()), "Y2Fmw6k= b");
+        assert_eq!(printable_key(b"\x7f"), "fw== b");
     }
 
     #[test]

@@ -806,6 +806,30 @@ pub fn decode_key(token: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// Encodes `key` as the standard, padded base64 that [`decode_key`] (and so
+/// memcached's `b` flag) reads back to exactly `key`.
+pub fn encode_key(key: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(key.len().div_ceil(3) * 4);
+    for chunk in key.chunks(3) {
+        let bytes = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let group = u32::from_be_bytes([0, bytes[0], bytes[1], bytes[2]]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                let sextet = (group >> (18 - 6 * i)) & 0x3f;
+                out.push(char::from(ALPHABET[sextet as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1169,6 +1193,9 @@ mod tests {
         // Non-canonical trailing bits are kept as memcached keeps them.
         assert_eq!(decode_key(b"Zh==").as_deref(), Some(&b"f"[..]));
         assert_eq!(decode_key(b"AP8A").as_deref(), Some(&[0u8, 0xff, 0][..]));
+        for (key, token) in [(&b"f"[..], "Zg=="), (b"fo", "Zm8="), (b"foo", "Zm9v")] {
+            assert_eq!(encode_key(key), token);
+        }
         for bad in [&b"Zm9"[..], b"!!!!", b"A===", b"====", b"Zm9vZ"] {
             assert_eq!(decode_key(bad), None, "{bad:?}");
         }
@@ -1398,6 +1425,13 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn encoded_keys_decode_to_themselves(key in proptest::collection::vec(any::<u8>(), 1..250)) {
+            let token = encode_key(&key);
+            prop_assert_eq!(token.len() % 4, 0);
+            prop_assert_eq!(decode_key(token.as_bytes()), Some(key));
+        }
+
         #[test]
         fn encoded_requests_parse_back_to_their_parts(parts in parts()) {
             let bytes = parts.encode();

@@ -764,6 +764,9 @@ impl ClientSession {
                     // Empty: `q` suppressed it, as memcached would.
                     Ok(reply) => {
                         stats.reply(entry.command, &reply);
+                        if meta.counts_cas {
+                            stats.meta_cas(&reply);
+                        }
                         if !reply.is_empty() {
                             self.out.push(reply);
                         }

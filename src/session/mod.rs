@@ -554,6 +554,9 @@ fn count_copies(stats: &crate::stats::Stats, copies: &[Part]) {
 /// One meta request on its way to one or more servers.
 struct MetaWork {
     command: MetaCommand,
+    /// An `ms` with `C` in set mode: its reply feeds the `cas_*` stats, as
+    /// memcached counts it (other modes with `C` it does not count).
+    counts_cas: bool,
     /// The reply may carry a stored value: budgeted like a get's key.
     value: bool,
     /// What each server is sent: the client's bytes, plus `mn` when quiet.

@@ -210,6 +210,12 @@ impl ClientSession {
         entry.hot = hot;
         entry.work = Work::Meta(Box::new(MetaWork {
             command: request.command,
+            counts_cas: request.command == MetaCommand::Set
+                && request.compare_cas
+                && matches!(
+                    request.mode.map(|m| m.to_ascii_uppercase()),
+                    None | Some(b'S')
+                ),
             // Only `mg` with `v` can bring a large value back.
             value: request.command == MetaCommand::Get && request.value,
             expect: Expect::Meta {

@@ -6,6 +6,7 @@
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod exposition;
 pub mod faulty;
 pub mod relay;
 
