@@ -516,8 +516,19 @@ pub fn meta_read_through_hit(
     now: u64,
 ) -> Option<(Bytes, Option<Outbound>)> {
     let value = ValueReply::parse(reply)?;
+    // memcached puts its state markers (`W` win, `X` stale, `Z` a win
+    // already handed out) after every flag: they stay in the client's reply,
+    // and an item in such a state is not copied, since a copy would be a
+    // fresh item and lose its invalidation or lease.
+    let markers = value
+        .flags
+        .iter()
+        .rev()
+        .take_while(|t| matches!(t, [b'W' | b'X' | b'Z']))
+        .count();
+    let returned = value.flags.len() - markers;
     let ours = usize::from(added.flags) + usize::from(added.ttl);
-    let kept = value.flags.len().checked_sub(ours)?;
+    let kept = returned.checked_sub(ours)?;
     let (flags, ttl) = (value.number::<u32>(b'f')?, value.number::<i64>(b't')?);
     let mut client = BytesMut::with_capacity(reply.len());
     if added.value {
@@ -526,7 +537,7 @@ pub fn meta_read_through_hit(
         client.put_slice(b"VA ");
         client.put_slice(value.length);
     }
-    for token in &value.flags[..kept] {
+    for token in value.flags[..kept].iter().chain(&value.flags[returned..]) {
         client.put_u8(b' ');
         client.put_slice(token);
     }
@@ -534,7 +545,12 @@ pub fn meta_read_through_hit(
     if !added.value {
         client.put_slice(value.data);
     }
-    let copy = copy_exptime(ttl, now).map(|exptime| {
+    let exptime = if markers == 0 {
+        copy_exptime(ttl, now)
+    } else {
+        None
+    };
+    let copy = exptime.map(|exptime| {
         let mut line = BytesMut::with_capacity(key_token.len() + 48);
         line.put_slice(b"ms ");
         line.put_slice(key_token);
@@ -674,6 +690,25 @@ mod tests {
             b"mg Zm9v b v f t\r\n"
         );
         assert_eq!(asked(b"mg k\r\n", b"").1, AddedFlags::FETCH);
+    }
+
+    #[test]
+    fn an_invalidated_or_leased_item_keeps_its_markers_and_is_not_copied() {
+        let now = 1_800_000_000;
+        let (_, added) = meta_read_through_line(b"mg k v c\r\n", |f| b"vc".contains(&f));
+        // As memcached 1.6.18 answers `mg k v c f t` after `md k I`.
+        for (reply, client) in [
+            (
+                &b"VA 2 c5 f0 t-1 X W\r\nhi\r\n"[..],
+                &b"VA 2 c5 X W\r\nhi\r\n"[..],
+            ),
+            (b"VA 2 c5 f0 t-1 Z X\r\nhi\r\n", b"VA 2 c5 Z X\r\nhi\r\n"),
+            (b"VA 0 c6 f0 t30 W\r\n\r\n", b"VA 0 c6 W\r\n\r\n"),
+        ] {
+            let (answer, copy) = meta_read_through_hit(reply, added, b"k", false, now).unwrap();
+            assert_eq!(&answer[..], client, "{reply:?}");
+            assert!(copy.is_none(), "{reply:?} copied");
+        }
     }
     use crate::protocol::{parse_request, Limits};
 

@@ -829,3 +829,58 @@ fn commands_that_copy_a_moved_key_keep_its_ttl() {
         );
     }
 }
+
+/// A moved key's meta state comes with it: after `md k I` the next readers
+/// get memcached's stale and win markers, exactly as one memcached answers
+/// the same sequence, and the invalidated item is not copied as fresh.
+#[test]
+fn a_moved_keys_invalidation_and_lease_markers_read_as_on_one_memcached() {
+    let dir = TempDir::new("handoff", "markers");
+    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let reference = Memcached::start();
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, config(&all[..4])).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let mut alone = reference.client();
+    let before = ring_of(&path);
+    std::fs::write(dir.path("five.toml"), config(&all)).unwrap();
+    let after = ring_of(&dir.path("five.toml"));
+    let moved: Vec<String> = (0..2_000)
+        .map(|i| format!("lease:{i}"))
+        .filter(|k| owner_name(&before, k) != owner_name(&after, k))
+        .take(20)
+        .collect();
+    for key in &moved {
+        assert_eq!(client.set(key, b"hi"), b"STORED\r\n");
+        assert_eq!(alone.set(key, b"hi"), b"STORED\r\n");
+    }
+    replace_by_rename(&path, &config(&all));
+    wait_for("ring version 2", || proxy.ring_version() >= 2);
+    let sequence = ["md {} I", "mg {} v", "mg {} v", "mg {} s v"];
+    let mut differ = Vec::new();
+    for key in &moved {
+        for step in sequence {
+            let request = format!("{}\r\n", step.replace("{}", key));
+            client.send(request.as_bytes());
+            alone.send(request.as_bytes());
+            let (got, expected) = (client.meta_reply(), alone.meta_reply());
+            if got != expected {
+                differ.push(format!(
+                    "{step}: {} vs memcached {}",
+                    show(&got),
+                    show(&expected)
+                ));
+            }
+        }
+    }
+    assert!(
+        differ.is_empty(),
+        "{} of {} differ: {differ:?}",
+        differ.len(),
+        moved.len() * 4
+    );
+    // Nothing stale was copied to the new owners as a fresh item.
+    assert_eq!(proxy.client().stat("handoff_copies"), 0);
+}
