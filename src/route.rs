@@ -807,6 +807,13 @@ pub enum MetaPlan {
     /// it replaces is on no server a lagging sidecar (or this one, after the
     /// change is undone) could read it from.
     OverwriteMoved { owner: usize, previous: usize },
+    /// `ms` with `C` (set mode) of a moved key during a hand-off window, the
+    /// meta twin of a classic `cas` on one: tried on the new owner; if it is
+    /// not stored there (the cas came from the previous owner, or the key is
+    /// not on the new owner yet) tried on the previous owner, and if stored
+    /// there, set on the new owner. Either way the previous owner's copy is
+    /// deleted before the answer.
+    CasMoved { owner: usize, previous: usize },
     /// `md` of a moved key during a hand-off window: the previous owner
     /// first, then the new one (so a read falling through in between finds
     /// the key on neither, as for a classic `delete`); answered with success
@@ -847,6 +854,18 @@ pub fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> M
                 if !request.takes_lease() && !request.changes_item(bytes) =>
             {
                 MetaPlan::ReadMoved {
+                    owner: server,
+                    previous,
+                }
+            }
+            (Some(previous), MetaCommand::Set)
+                if request.compare_cas
+                    && matches!(
+                        request.mode.map(|m| m.to_ascii_uppercase()),
+                        None | Some(b'S')
+                    ) =>
+            {
+                MetaPlan::CasMoved {
                     owner: server,
                     previous,
                 }

@@ -884,3 +884,89 @@ fn a_moved_keys_invalidation_and_lease_markers_read_as_on_one_memcached() {
     // Nothing stale was copied to the new owners as a fresh item.
     assert_eq!(proxy.client().stat("handoff_copies"), 0);
 }
+
+/// Compare-and-swap works on moved keys in both dialects: a cas read
+/// through from the previous owner stores, and one that another client's
+/// write has overtaken does not.
+#[test]
+fn cas_on_moved_keys_stores_when_it_should_and_only_then() {
+    let dir = TempDir::new("handoff", "cas");
+    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, config(&all[..4])).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let mut other = proxy.client();
+    let before = ring_of(&path);
+    std::fs::write(dir.path("five.toml"), config(&all)).unwrap();
+    let after = ring_of(&dir.path("five.toml"));
+    let moved: Vec<String> = (0..4_000)
+        .map(|i| format!("cas:{i}"))
+        .filter(|k| owner_name(&before, k) != owner_name(&after, k))
+        .take(120)
+        .collect();
+    for key in &moved {
+        assert_eq!(client.set(key, b"v1"), b"STORED\r\n");
+    }
+    replace_by_rename(&path, &config(&all));
+    wait_for("ring version 2", || proxy.ring_version() >= 2);
+    let cas_of = |reply: &[u8]| -> u64 {
+        let text = String::from_utf8_lossy(reply);
+        let line = text.lines().next().unwrap().to_string();
+        line.split(' ')
+            .find_map(|t| t.strip_prefix('c').and_then(|n| n.parse().ok()))
+            .or_else(|| line.split(' ').nth(4).and_then(|n| n.parse().ok()))
+            .unwrap_or_else(|| panic!("no cas in {line}"))
+    };
+    let (mut failures, mut checked) = (Vec::new(), 0);
+    for (i, key) in moved.iter().enumerate() {
+        let overtaken = i % 2 == 1;
+        let (stored, wanted) = if i % 4 < 2 {
+            // Meta: mg … c, then ms … C.
+            client.send(format!("mg {key} c v\r\n").as_bytes());
+            let cas = cas_of(&client.meta_reply());
+            if overtaken {
+                assert_eq!(other.set(key, b"other"), b"STORED\r\n");
+            }
+            client.send(format!("ms {key} 2 C{cas}\r\nv2\r\n").as_bytes());
+            let reply = client.meta_reply();
+            (
+                reply == b"HD\r\n",
+                if overtaken { "EX\r\n" } else { "HD\r\n" },
+            )
+        } else {
+            // Classic: gets, then cas.
+            let reply = client.call(format!("gets {key}\r\n").as_bytes(), ReplyKind::Values);
+            let cas = cas_of(&reply);
+            if overtaken {
+                assert_eq!(other.set(key, b"other"), b"STORED\r\n");
+            }
+            let reply = client.call(
+                format!("cas {key} 0 0 2 {cas}\r\nv2\r\n").as_bytes(),
+                ReplyKind::Line,
+            );
+            (
+                reply == b"STORED\r\n",
+                if overtaken {
+                    "EXISTS\r\n"
+                } else {
+                    "STORED\r\n"
+                },
+            )
+        };
+        checked += 1;
+        if stored == overtaken {
+            failures.push(format!("{key}: wanted {wanted:?}"));
+        }
+        let expected: &[u8] = if overtaken { b"other" } else { b"v2" };
+        if client.get(key).as_deref() != Some(expected) {
+            failures.push(format!("{key}: reads {:?}", client.get(key)));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {checked}: {failures:?}",
+        failures.len()
+    );
+}

@@ -714,6 +714,7 @@ impl HotWorker {
             | MetaPlan::CasThenCopy { owner: server, .. }
             | MetaPlan::DeleteMoved { owner: server, .. }
             | MetaPlan::OverwriteMoved { owner: server, .. }
+            | MetaPlan::CasMoved { owner: server, .. }
             | MetaPlan::ReadMoved { owner: server, .. }
             | MetaPlan::RetryMoved { owner: server, .. } => Some(*server),
             MetaPlan::Quorum { servers, .. } | MetaPlan::ReadThrough { servers, .. } => {

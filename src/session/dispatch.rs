@@ -229,6 +229,84 @@ impl ClientSession {
                             }
                         }
                     }
+                    MetaMode::CasMoved {
+                        owner,
+                        previous,
+                        key,
+                        copy,
+                        stage,
+                        answer,
+                    } => {
+                        let Some(result) = &meta.parts[0].result else {
+                            return *stage == CasStage::Done;
+                        };
+                        let forget =
+                            |key: &(Bytes, bool)| [crate::handoff::forget_line(&key.0, key.1)];
+                        let delete = Expect::Meta {
+                            command: MetaCommand::Delete,
+                            quiet: false,
+                            replied: false,
+                        };
+                        match *stage {
+                            CasStage::Done => return true,
+                            CasStage::Owner => {
+                                let (not_here, stored) = match result {
+                                    Ok(r) => (
+                                        r.starts_with(b"EX") || r.starts_with(b"NF"),
+                                        route::meta_succeeded(r),
+                                    ),
+                                    Err(_) => (false, false),
+                                };
+                                if !not_here && !stored {
+                                    *stage = CasStage::Done;
+                                    return true;
+                                }
+                                *answer = meta.parts[0].result.take();
+                                let (server, wire, expect, next) = if stored {
+                                    (*previous, &forget(key)[..], &delete, CasStage::Forget)
+                                } else {
+                                    (*previous, &meta.wire[..], &meta.expect, CasStage::Previous)
+                                };
+                                *stage = next;
+                                meta.parts[0] = self.send_to(&topology, server, wire, expect, None);
+                            }
+                            CasStage::Previous => {
+                                if !matches!(result, Ok(r) if route::meta_succeeded(r)) {
+                                    // Not stored there either: the new
+                                    // owner's answer stands.
+                                    meta.parts[0].result = answer.take();
+                                    *stage = CasStage::Done;
+                                    return true;
+                                }
+                                *answer = meta.parts[0].result.take();
+                                *stage = CasStage::Copy;
+                                let expect = Expect::Meta {
+                                    command: MetaCommand::Set,
+                                    quiet: false,
+                                    replied: false,
+                                };
+                                let hot = entry.hot.as_ref();
+                                meta.parts[0] = self.send_to(
+                                    &topology,
+                                    *owner,
+                                    std::slice::from_ref(copy),
+                                    &expect,
+                                    hot,
+                                );
+                            }
+                            CasStage::Copy => {
+                                *stage = CasStage::Forget;
+                                meta.parts[0] =
+                                    self.send_to(&topology, *previous, &forget(key), &delete, None);
+                            }
+                            CasStage::Forget => {
+                                meta.parts[0].result = answer.take();
+                                *stage = CasStage::Done;
+                                return true;
+                            }
+                        }
+                        false
+                    }
                     MetaMode::OverwriteMoved {
                         owner, forgotten, ..
                     } => {
@@ -737,6 +815,7 @@ impl ClientSession {
                             None => return false,
                         }
                     }
+                    MetaMode::CasMoved { stage, .. } if *stage != CasStage::Done => return false,
                     MetaMode::DeleteMoved { previous: None, .. }
                     | MetaMode::OverwriteMoved {
                         forgotten: false, ..

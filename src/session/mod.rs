@@ -623,6 +623,20 @@ enum MetaMode {
         /// The previous owner has answered its `md`.
         forgotten: bool,
     },
+    /// `ms` with `C` of a moved key (see `route::MetaPlan::CasMoved`): the
+    /// part is the step under way.
+    CasMoved {
+        owner: usize,
+        previous: usize,
+        /// The key token as sent, and whether it is base64 (`b`).
+        key: (Bytes, bool),
+        /// The request without `C` and `q`: the set for the new owner once
+        /// the previous owner stored.
+        copy: Bytes,
+        stage: CasStage,
+        /// The reply that answers once the steps after it are done.
+        answer: Option<CallResult>,
+    },
     /// `md` of a moved key: sent to the previous owner (the part), then to
     /// `owner`; `previous` keeps the first reply.
     DeleteMoved {
@@ -640,6 +654,20 @@ enum MovedStage {
     /// Waiting for the previous owner's reply.
     Previous,
     /// The answer is (or will be) the part's reply.
+    Done,
+}
+
+/// Where a [`MetaMode::CasMoved`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CasStage {
+    /// Waiting for the new owner's reply to the client's `ms … C`.
+    Owner,
+    /// Waiting for the previous owner's reply to the same.
+    Previous,
+    /// Waiting for the new owner to take the value the previous one stored.
+    Copy,
+    /// Waiting for the previous owner to delete its copy.
+    Forget,
     Done,
 }
 

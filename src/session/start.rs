@@ -186,6 +186,17 @@ impl ClientSession {
                     forgotten: false,
                 },
             ),
+            MetaPlan::CasMoved { owner, previous } => (
+                parts(&[owner]),
+                MetaMode::CasMoved {
+                    owner,
+                    previous,
+                    key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
+                    copy: route::meta_copy(&request, &bytes),
+                    stage: CasStage::Owner,
+                    answer: None,
+                },
+            ),
             MetaPlan::DeleteMoved { owner, previous } => (
                 parts(&[previous]),
                 MetaMode::DeleteMoved {
