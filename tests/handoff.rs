@@ -970,3 +970,53 @@ fn cas_on_moved_keys_stores_when_it_should_and_only_then() {
         failures.len()
     );
 }
+
+/// `ma` and `ms` in append mode of a moved key copy it to the new owner and
+/// change it there; the previous owner's copy, now older, is deleted before
+/// the answer, so a sidecar still on the old ring misses rather than
+/// reading the value from before the change.
+#[test]
+fn meta_changes_to_moved_keys_leave_no_older_copy_on_the_previous_owner() {
+    let dir = TempDir::new("handoff", "meta-retry");
+    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let path = dir.path("ahead.toml");
+    std::fs::write(&path, config(&all[..4])).unwrap();
+    let ahead = Proxy::start_file(&path);
+    let behind = Proxy::start_text(&config(&all[..4]));
+    let (mut through_ahead, mut through_behind) = (ahead.client(), behind.client());
+    let keys: Vec<String> = (0..1_000).map(|i| format!("retry:{i}")).collect();
+    for key in &keys {
+        assert_eq!(through_behind.set(key, b"10"), b"STORED\r\n");
+    }
+    replace_by_rename(&path, &config(&all));
+    wait_for("ring version 2", || ahead.ring_version() >= 2);
+    for (i, key) in keys.iter().enumerate() {
+        let request = if i % 2 == 0 {
+            format!("ma {key} v\r\n")
+        } else {
+            format!("ms {key} 1 MA\r\n5\r\n")
+        };
+        through_ahead.send(request.as_bytes());
+        let reply = through_ahead.meta_reply();
+        assert!(
+            reply.starts_with(b"VA") || reply == b"HD\r\n",
+            "{key}: {}",
+            show(&reply)
+        );
+    }
+    let mut stale = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        let now = if i % 2 == 0 { &b"11"[..] } else { &b"105"[..] };
+        match through_behind.get(key) {
+            Some(value) if value != now => stale.push(key.clone()),
+            _ => {}
+        }
+        assert_eq!(
+            through_ahead.get(key).as_deref(),
+            Some(now),
+            "{key} through the new ring"
+        );
+    }
+    assert!(stale.is_empty(), "{} stale reads: {stale:?}", stale.len());
+}

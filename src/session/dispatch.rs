@@ -122,7 +122,8 @@ impl ClientSession {
                             return *stage == MovedStage::Done;
                         };
                         match *stage {
-                            MovedStage::Done => true,
+                            // Retry and Forget are RetryMoved's.
+                            MovedStage::Done | MovedStage::Retry | MovedStage::Forget => true,
                             MovedStage::Owner => {
                                 if !matches!(result, Ok(reply) if route::meta_is_miss(reply)) {
                                     *stage = MovedStage::Done;
@@ -174,11 +175,34 @@ impl ClientSession {
                         let Some(result) = &meta.parts[0].result else {
                             return *stage == MovedStage::Done;
                         };
+                        let succeeded = matches!(result, Ok(r) if route::meta_succeeded(r));
+                        let forget =
+                            |key: &(Bytes, bool)| [crate::handoff::forget_line(&key.0, key.1)];
+                        let delete = Expect::Meta {
+                            command: MetaCommand::Delete,
+                            quiet: false,
+                            replied: false,
+                        };
                         match *stage {
                             MovedStage::Done => true,
-                            MovedStage::Owner => {
-                                let there = !matches!(result,
-                                    Ok(reply) if route::meta_absent(meta.command, reply));
+                            MovedStage::Owner | MovedStage::Retry => {
+                                let there = *stage == MovedStage::Retry
+                                    || !matches!(result,
+                                        Ok(reply) if route::meta_absent(meta.command, reply));
+                                if there && succeeded {
+                                    // Changed on the new owner: the previous
+                                    // owner's copy is older now, and goes.
+                                    *absent = meta.parts[0].result.take();
+                                    *stage = MovedStage::Forget;
+                                    meta.parts[0] = self.send_to(
+                                        &topology,
+                                        *previous,
+                                        &forget(key),
+                                        &delete,
+                                        None,
+                                    );
+                                    return false;
+                                }
                                 if there {
                                     *stage = MovedStage::Done;
                                     return true;
@@ -194,6 +218,11 @@ impl ClientSession {
                                     None,
                                 );
                                 false
+                            }
+                            MovedStage::Forget => {
+                                meta.parts[0].result = absent.take();
+                                *stage = MovedStage::Done;
+                                true
                             }
                             MovedStage::Previous => {
                                 *stage = MovedStage::Done;
@@ -225,7 +254,8 @@ impl ClientSession {
                                 let hot = entry.hot.as_ref();
                                 meta.parts[0] =
                                     self.send_to(&topology, *owner, &meta.wire, &meta.expect, hot);
-                                true
+                                *stage = MovedStage::Retry;
+                                false
                             }
                         }
                     }

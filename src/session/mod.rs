@@ -653,6 +653,12 @@ enum MovedStage {
     Owner,
     /// Waiting for the previous owner's reply.
     Previous,
+    /// Waiting for the new owner's reply to the request run again after
+    /// the copy (`RetryMoved` only).
+    Retry,
+    /// The request changed the key on its new owner; waiting for the
+    /// previous owner to delete its older copy (`RetryMoved` only).
+    Forget,
     /// The answer is (or will be) the part's reply.
     Done,
 }
