@@ -382,8 +382,7 @@ fn import(from: ImportFrom, file: &Path, pool: Option<&str>) -> anyhow::Result<(
 }
 
 fn run(path: &Path) -> anyhow::Result<()> {
-    let file_config = Config::load(path)?;
-    let mut config = file_config.clone();
+    let config = Config::load(path)?;
     for warning in config.warnings() {
         tracing::warn!("{}: {warning}", path.display());
     }
@@ -409,7 +408,6 @@ fn run(path: &Path) -> anyhow::Result<()> {
                 budget.nofile,
                 config.max_client_connections,
             );
-            config.max_client_connections = clients;
         } else {
             tracing::debug!(
                 "open file limit {}: room for {clients} clients and {reserved} other descriptors",
@@ -429,7 +427,7 @@ fn run(path: &Path) -> anyhow::Result<()> {
         let _early_hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
             .context("cannot watch SIGHUP")?;
         let shutdown = CancellationToken::new();
-        let running = memring::server::start(&config, shutdown.clone())
+        let running = memring::server::start_within(&config, fds, shutdown.clone())
             .await
             .context("cannot start")?;
         tracing::info!(
@@ -438,9 +436,11 @@ fn run(path: &Path) -> anyhow::Result<()> {
             config = %path.display(),
             "memring started"
         );
-        // The reloader compares against the file as written, so a lowered
-        // client limit does not read as a setting changed on every reload.
-        let reloader = Reloader::new(path.to_path_buf(), file_config, running.publisher.clone());
+        let reloader = Reloader::new(
+            path.to_path_buf(),
+            config.clone(),
+            running.publisher.clone(),
+        );
         memring::reload::spawn(reloader, shutdown.clone());
         stop.await;
         tracing::info!("shutdown requested");
