@@ -23,6 +23,10 @@
 //!   `start` turns a request into work, its `dispatch` sends each kind of
 //!   work and turns its replies into the client's reply.
 //! - [`server`]: start-up, accept loop, connection limit, shutdown and drain.
+//! - `client_slots`: the client limit as a semaphore that can shrink while
+//!   clients are connected, taking only free slots.
+//! - [`fd_budget`]: the open file limit shared between memring, backend
+//!   connections and clients; whether a new ring fits. Pure.
 //! - [`outbuf`]: ordered write queues (client replies, server requests).
 //! - [`reload`]: watch the config file and SIGHUP, validate, publish.
 //! - [`hotkeys`]: hot-key detection per server (space-saving sketches per
@@ -37,8 +41,10 @@
 
 pub mod admin;
 pub mod backend;
+mod client_slots;
 pub mod config;
 pub mod error;
+pub mod fd_budget;
 pub mod handoff;
 pub mod hotkeys;
 mod outbuf;

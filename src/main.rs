@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use memring::config::Config;
+use memring::fd_budget::FdBudget;
 use memring::reload::Reloader;
 use memring::topology::Change;
 
@@ -381,11 +382,10 @@ fn import(from: ImportFrom, file: &Path, pool: Option<&str>) -> anyhow::Result<(
 }
 
 fn run(path: &Path) -> anyhow::Result<()> {
-    let file_config = Config::load(path)?;
-    for warning in file_config.warnings() {
+    let config = Config::load(path)?;
+    for warning in config.warnings() {
         tracing::warn!("{}: {warning}", path.display());
     }
-    let mut config = file_config.clone();
     // Every client and backend connection is a file descriptor; the default
     // soft limit (often 1024) is far below max_client_connections.
     let nofile = match rlimit::increase_nofile_limit(u64::MAX) {
@@ -397,23 +397,22 @@ fn run(path: &Path) -> anyhow::Result<()> {
                 .map(|(soft, _)| soft)
         }
     };
-    if let Some(nofile) = nofile {
-        let budget = FdBudget::of(&config, nofile);
-        match budget.client_limit() {
-            None => tracing::debug!(
-                "open file limit {nofile}: room for {} clients and {} other descriptors",
+    let fds = nofile.map(|nofile| FdBudget::of(&config, nofile));
+    if let Some(budget) = fds {
+        let backends = budget.config_backend_fds(&config);
+        let reserved = budget.fixed + backends;
+        let clients = budget.client_limit(config.max_client_connections, backends);
+        if clients < config.max_client_connections {
+            tracing::warn!(
+                "open file limit {} is below max_client_connections {} + {reserved} for backends ({backends}), the admin listener and memring itself; serving at most {clients} clients at once (raise the limit: ulimit -n, LimitNOFILE=, or lower max_client_connections)",
+                budget.nofile,
                 config.max_client_connections,
-                budget.reserved
-            ),
-            Some(clients) => {
-                tracing::warn!(
-                    "open file limit {nofile} is below max_client_connections {} + {} for backends ({}), the admin listener and memring itself; serving at most {clients} clients at once (raise the limit: ulimit -n, LimitNOFILE=, or lower max_client_connections)",
-                    config.max_client_connections,
-                    budget.reserved,
-                    budget.backends
-                );
-                config.max_client_connections = clients;
-            }
+            );
+        } else {
+            tracing::debug!(
+                "open file limit {}: room for {clients} clients and {reserved} other descriptors",
+                budget.nofile
+            );
         }
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -428,7 +427,7 @@ fn run(path: &Path) -> anyhow::Result<()> {
         let _early_hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
             .context("cannot watch SIGHUP")?;
         let shutdown = CancellationToken::new();
-        let running = memring::server::start(&config, shutdown.clone())
+        let running = memring::server::start_within(&config, fds, shutdown.clone())
             .await
             .context("cannot start")?;
         tracing::info!(
@@ -437,11 +436,9 @@ fn run(path: &Path) -> anyhow::Result<()> {
             config = %path.display(),
             "memring started"
         );
-        // The reloader compares against the file as written, so a lowered
-        // client limit does not read as a setting changed on every reload.
         let reloader = Reloader::new(
             path.to_path_buf(),
-            file_config.clone(),
+            config.clone(),
             running.publisher.clone(),
         );
         memring::reload::spawn(reloader, shutdown.clone());
@@ -452,50 +449,6 @@ fn run(path: &Path) -> anyhow::Result<()> {
         tracing::info!("stopped");
         Ok(())
     })
-}
-
-/// File descriptors memring needs besides client connections.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct FdBudget {
-    nofile: u64,
-    clients: u64,
-    /// Backend connections: each worker has its own to every server.
-    backends: u64,
-    /// Backends, admin connections, listeners, the config watcher, the
-    /// runtime's own descriptors and some room for servers added on reload.
-    reserved: u64,
-}
-
-/// Descriptors memring uses whatever its load: stdio, listeners, epoll and
-/// its wakers, inotify, and a margin for DNS lookups and servers added live.
-const BASE_FDS: u64 = 64;
-
-impl FdBudget {
-    fn of(config: &Config, nofile: u64) -> FdBudget {
-        let workers = config.worker_count() as u64;
-        let backends = config.servers.len() as u64 * config.connections_per_server as u64 * workers;
-        let admin = if config.admin_listen.is_some() {
-            memring::admin::MAX_CONNECTIONS as u64
-        } else {
-            0
-        };
-        FdBudget {
-            nofile,
-            clients: config.max_client_connections as u64,
-            backends,
-            reserved: backends + admin + BASE_FDS,
-        }
-    }
-
-    /// `None` when everything fits, else the number of clients that do
-    /// (at least one).
-    fn client_limit(&self) -> Option<usize> {
-        if self.clients + self.reserved <= self.nofile {
-            return None;
-        }
-        let room = self.nofile.saturating_sub(self.reserved).max(1);
-        Some(usize::try_from(room).unwrap_or(usize::MAX))
-    }
 }
 
 /// SIGINT or SIGTERM, as one future. The handlers are installed when this is
@@ -516,20 +469,6 @@ fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_client_limit_leaves_room_for_backends_and_admin() {
-        let text = "listen = \"127.0.0.1:1\"\nadmin_listen = \"127.0.0.1:2\"\n[[servers]]\naddr = \"127.0.0.1:3\"\n";
-        let config = Config::parse(text, "t").unwrap();
-        let budget = FdBudget::of(&config, 1024);
-        assert!(budget.reserved >= budget.backends + memring::admin::MAX_CONNECTIONS as u64);
-        let clients = budget
-            .client_limit()
-            .expect("16384 clients do not fit in 1024");
-        assert_eq!(clients as u64, 1024 - budget.reserved);
-        assert_eq!(FdBudget::of(&config, 1 << 20).client_limit(), None);
-        assert_eq!(FdBudget::of(&config, 10).client_limit(), Some(1));
-    }
 
     #[test]
     fn each_cause_is_printed_once() {

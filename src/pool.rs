@@ -11,7 +11,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::health::HealthState;
 use crate::backend::{Backend, PoolHooks};
+use crate::client_slots::ClientSlots;
 use crate::config::{Config, ServerConfig};
+use crate::fd_budget::{FdBudget, FdShortage};
 use crate::stats::Stats;
 use crate::topology::{Change, Previous, SharedTopology, Topology};
 
@@ -26,6 +28,16 @@ pub struct Publisher {
     /// Woken (all waiters) after every publish, so workers connect to new
     /// servers before traffic needs them.
     published: Arc<Notify>,
+    /// The open file limit every ring must fit in, next to the clients.
+    fds: Option<FdAccount>,
+}
+
+/// What the publisher needs to keep every ring within the open file limit.
+pub(crate) struct FdAccount {
+    pub(crate) budget: FdBudget,
+    pub(crate) clients: Arc<ClientSlots>,
+    /// `max_client_connections` as started (it is read only at start).
+    pub(crate) max_clients: usize,
 }
 
 /// One published change.
@@ -37,8 +49,9 @@ pub struct Published {
 
 impl Publisher {
     /// Builds the first topology (version 1) and starts its backends. Must be
-    /// called inside a tokio runtime.
-    pub fn new(config: Config, stats: Arc<Stats>) -> Arc<Publisher> {
+    /// called inside a tokio runtime. With `fds`, reloads that do not fit in
+    /// the open file limit are refused.
+    pub(crate) fn new(config: Config, stats: Arc<Stats>, fds: Option<FdAccount>) -> Arc<Publisher> {
         let hooks = PoolHooks {
             health_changed: Arc::new(Notify::new()),
             stats,
@@ -51,6 +64,7 @@ impl Publisher {
             lock: Mutex::new(()),
             hooks,
             published: Arc::new(Notify::new()),
+            fds,
         })
     }
 
@@ -76,15 +90,34 @@ impl Publisher {
 
     /// Publishes a new config. Servers that are DEAD stay ejected if ejection
     /// is on.
-    pub fn apply_config(&self, config: Config) -> Published {
+    ///
+    /// # Errors
+    /// The new ring's backend connections do not fit in the open file limit
+    /// next to the clients connected: nothing changed.
+    pub fn apply_config(&self, config: Config) -> Result<Published, FdShortage> {
         let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.topology.load_full();
         let config = Arc::new(config);
         // Ejection is judged on the backends the new topology will have: a
         // server whose address or settings changed gets a fresh backend.
         let backends = Topology::backends_for(&config, Some(&old), &self.hooks);
+        if let Some(fds) = &self.fds {
+            // New clients lose their slots before the new ring connects, so
+            // that its connects find descriptors. A client accepted between
+            // the count and the new limit is covered by the fixed margin.
+            let peak = fds_while_switching(&fds.budget, &old.backends, &backends);
+            let clients =
+                fds.budget
+                    .client_limit_for_ring(fds.max_clients, fds.clients.in_use(), peak)?;
+            fds.clients.set_limit(clients);
+        }
         let ejected = Self::to_eject(&config, &backends);
-        self.publish(&old, config, backends, ejected)
+        Ok(self.publish(&old, config, backends, ejected))
+    }
+
+    /// Clients served at once now, when memring keeps an fd budget.
+    pub fn client_limit(&self) -> Option<usize> {
+        self.fds.as_ref().map(|fds| fds.clients.limit())
     }
 
     /// Re-evaluates ejection after health changes; publishes only if the set of
@@ -144,6 +177,19 @@ impl Publisher {
         let version = new.version;
         record(&self.hooks.stats, &new);
         forget_gone(&self.hooks.stats, &old, &new);
+        // LEAVING servers' connections close now: new clients may have
+        // their descriptors.
+        if let Some(fds) = &self.fds {
+            let backend_fds = fds
+                .budget
+                .backend_fds(new.backends.iter().map(|b| b.settings().connections));
+            if let Ok(clients) =
+                fds.budget
+                    .client_limit_for_ring(fds.max_clients, fds.clients.in_use(), backend_fds)
+            {
+                fds.clients.set_limit(clients);
+            }
+        }
         self.topology.store(Arc::new(new));
         self.published.notify_waiters();
         Some(Published {
@@ -235,6 +281,16 @@ impl Publisher {
             dead
         }
     }
+}
+
+/// Descriptors the backends of two rings hold together: the old ring's
+/// connections stay open while the new ring's are made, and for the
+/// hand-off window LEAVING servers keep theirs.
+fn fds_while_switching(budget: &FdBudget, old: &[Arc<Backend>], new: &[Arc<Backend>]) -> u64 {
+    let fresh = new
+        .iter()
+        .filter(|b| !old.iter().any(|kept| Arc::ptr_eq(kept, b)));
+    budget.backend_fds(old.iter().chain(fresh).map(|b| b.settings().connections))
 }
 
 fn effective(servers: &[ServerConfig], ejected: &[String]) -> Vec<ServerConfig> {

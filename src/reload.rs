@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::error::ConfigError;
+use crate::fd_budget::FdShortage;
 use crate::pool::{Published, Publisher};
 use crate::topology::Change;
 
@@ -45,7 +46,12 @@ pub enum Outcome {
         change: Change,
         /// Every setting that changed, with its old and new value.
         settings: Vec<SettingChange>,
+        /// The client limit, when the new ring changed it: (before, after).
+        client_limit: Option<(usize, usize)>,
     },
+    /// The file is valid but its ring does not fit in the open file limit
+    /// next to the clients connected; the old config stays.
+    Refused(FdShortage),
 }
 
 /// One top-level setting whose value differs between two configs.
@@ -140,12 +146,25 @@ impl Reloader {
                 .filter(|s| s.restart_only),
         );
         // Unchanged servers keep their backends and open connections.
-        let Published { version, change } = self.publisher.apply_config(config.clone());
+        let limit_before = self.publisher.client_limit();
+        let Published { version, change } = match self.publisher.apply_config(config.clone()) {
+            Ok(published) => published,
+            Err(shortage) => {
+                // Tried again on the next event even with the same text: the
+                // clients that were in the way may have left.
+                self.last_seen = None;
+                return Ok(Outcome::Refused(shortage));
+            }
+        };
+        let client_limit = limit_before
+            .zip(self.publisher.client_limit())
+            .filter(|(before, after)| before != after);
         self.current = config;
         Ok(Outcome::Applied {
             version,
             change,
             settings,
+            client_limit,
         })
     }
 
@@ -154,17 +173,21 @@ impl Reloader {
         let outcome = self.reload();
         match &outcome {
             Ok(Outcome::Applied { .. }) => self.publisher.stats().reload(true),
-            Err(_) => self.publisher.stats().reload(false),
+            Err(_) | Ok(Outcome::Refused(_)) => self.publisher.stats().reload(false),
             Ok(Outcome::Unchanged) => {}
         }
         match outcome {
             Ok(Outcome::Unchanged) => {
                 tracing::debug!(path = %self.path.display(), "config unchanged")
             }
+            Ok(Outcome::Refused(shortage)) => {
+                tracing::error!("reload refused: {shortage}; still serving the previous config")
+            }
             Ok(Outcome::Applied {
                 version,
                 change,
                 settings,
+                client_limit,
             }) => {
                 let (restart, live): (Vec<_>, Vec<_>) =
                     settings.iter().partition(|s| s.restart_only);
@@ -178,6 +201,13 @@ impl Reloader {
                         "restart needed: {} (read only at start; the running value stays until memring restarts)",
                         join(&restart)
                     );
+                }
+                match client_limit {
+                    Some((before, after)) if after < before => tracing::warn!(
+                        "client limit {before} -> {after}: new clients wait so that the ring's backend connections fit in the open file limit"
+                    ),
+                    Some((before, after)) => tracing::info!("client limit {before} -> {after}"),
+                    None => {}
                 }
                 for warning in self.current.warnings() {
                     tracing::warn!("{}: {warning}", self.path.display());

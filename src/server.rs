@@ -8,13 +8,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::net::{TcpListener, TcpSocket};
-use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::AdminState;
+use crate::client_slots::ClientSlots;
 use crate::config::Config;
-use crate::pool::{eject_on_health_changes, Publisher};
+use crate::fd_budget::FdBudget;
+use crate::pool::{eject_on_health_changes, FdAccount, Publisher};
 use crate::shard::SessionSettings;
 use crate::stats::Stats;
 use crate::topology::SharedTopology;
@@ -49,6 +50,20 @@ impl Running {
 /// `listen` or `admin_listen` cannot be bound (the error names which), or a
 /// worker cannot be started.
 pub async fn start(config: &Config, shutdown: CancellationToken) -> io::Result<Running> {
+    start_within(config, None, shutdown).await
+}
+
+/// Like [`start`], with memring's file descriptors kept within `fds`: the
+/// client limit is what the budget leaves beside the ring, and a reload whose
+/// ring would not fit next to the clients connected is refused.
+///
+/// # Errors
+/// As [`start`].
+pub async fn start_within(
+    config: &Config,
+    fds: Option<FdBudget>,
+    shutdown: CancellationToken,
+) -> io::Result<Running> {
     let listener = listen(config.listen).map_err(|e| bind_error("listen", config.listen, e))?;
     let local_addr = listener.local_addr()?;
     let stats = Arc::new(Stats::new());
@@ -60,7 +75,16 @@ pub async fn start(config: &Config, shutdown: CancellationToken) -> io::Result<R
         ),
         None => None,
     };
-    let publisher = Publisher::new(config.clone(), stats.clone());
+    let max_clients = config.max_client_connections;
+    let clients = ClientSlots::new(fds.map_or(max_clients, |budget| {
+        budget.client_limit(max_clients, budget.config_backend_fds(config))
+    }));
+    let account = fds.map(|budget| FdAccount {
+        budget,
+        clients: clients.clone(),
+        max_clients,
+    });
+    let publisher = Publisher::new(config.clone(), stats.clone(), account);
     let topology = publisher.shared();
     let admin_addr = match admin {
         Some(listener) => {
@@ -105,12 +129,7 @@ pub async fn start(config: &Config, shutdown: CancellationToken) -> io::Result<R
         })?);
     }
     tracing::info!(%local_addr, servers = config.servers.len(), workers = count, "listening");
-    let task = tokio::spawn(accept_loop(
-        listener,
-        workers,
-        config.max_client_connections,
-        shutdown,
-    ));
+    let task = tokio::spawn(accept_loop(listener, workers, clients, shutdown));
     Ok(Running {
         local_addr,
         admin_addr,
@@ -149,21 +168,21 @@ fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
 }
 
 /// Accepts clients and hands them to the workers in turn (round robin, so
-/// every worker gets the same number of clients), up to the connection limit.
+/// every worker gets the same number of clients), up to the connection limit
+/// (which a reload may lower or raise).
 async fn accept_loop(
     listener: TcpListener,
     workers: Vec<Worker>,
-    max_connections: usize,
+    clients: Arc<ClientSlots>,
     shutdown: CancellationToken,
 ) {
-    let limit = Arc::new(Semaphore::new(max_connections));
     let mut next_id: u64 = 0;
     let mut accept_failing = false;
     loop {
         // Take a slot before accepting: past the limit, new connections wait in
         // the listen backlog while existing ones keep working.
         let permit = tokio::select! {
-            permit = limit.clone().acquire_owned() => permit.expect("semaphore is never closed"),
+            permit = clients.acquire() => permit,
             () = shutdown.cancelled() => break,
         };
         let accepted = tokio::select! {

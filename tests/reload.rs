@@ -394,3 +394,151 @@ fn a_reload_names_each_changed_setting_and_reports_a_problem_once() {
     std::fs::write(&path, &edited).unwrap();
     assert_eq!(reload().unwrap(), Outcome::Unchanged);
 }
+
+/// memring (the real binary) under an open file limit it cannot raise,
+/// logging to a file, killed by PID on drop.
+struct LimitedDaemon {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl LimitedDaemon {
+    fn start(nofile: u32, config: &Path, log: &Path) -> LimitedDaemon {
+        // `ulimit -n` in sh sets the soft and the hard limit; exec keeps the pid.
+        let child = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("ulimit -n {nofile} && exec \"$0\" --config \"$1\""))
+            .arg(env!("CARGO_BIN_EXE_memring"))
+            .arg(config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap();
+        LimitedDaemon {
+            child,
+            log: log.to_path_buf(),
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn wait_for_log(&self, text: &str) -> String {
+        wait_for(&format!("log line `{text}`"), || self.log().contains(text));
+        let log = self.log();
+        log.lines().find(|l| l.contains(text)).unwrap().to_string()
+    }
+
+    fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
+            .map(|dir| dir.count())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for LimitedDaemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Eight connections per server and two workers: each server costs 16
+/// descriptors, so a few servers are a ring too big for a small limit.
+fn fd_hungry_config(listen: &str, servers: &[Memcached]) -> String {
+    let mut text = format!("listen = \"{listen}\"\nworkers = 2\nconnections_per_server = 8\n");
+    for server in servers {
+        text.push_str(&format!(
+            "[[servers]]\naddr = \"{}\"\nname = \"cache-{}\"\n",
+            server.addr(),
+            server.port
+        ));
+    }
+    text
+}
+
+fn set_and_get_on_each(clients: &mut [Client], round: &str) {
+    for (i, client) in clients.iter_mut().enumerate() {
+        let key = format!("fds:{round}:{i}");
+        assert_eq!(client.set(&key, b"v"), b"STORED\r\n", "client {i}");
+        assert_eq!(client.get(&key), Some(b"v".to_vec()), "client {i}");
+    }
+}
+
+#[test]
+fn a_reload_that_would_starve_connected_clients_of_fds_is_refused() {
+    const NOFILE: u32 = 128;
+    let dir = TempDir::new("reload", "fds");
+    let servers: Vec<Memcached> = (0..6).map(|_| Memcached::start()).collect();
+    let listen = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, fd_hungry_config(&listen, &servers[..2])).unwrap();
+    let daemon = LimitedDaemon::start(NOFILE, &path, &dir.path("memring.log"));
+    // 128 - 64 for memring itself - 2 servers × 8 × 2 workers = 32.
+    let announced = daemon.wait_for_log("serving at most");
+    let limit: usize = announced
+        .split("serving at most ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("a client limit in `{announced}`"));
+    assert_eq!(limit, 32, "{announced}");
+    daemon.wait_for_log("memring started");
+    let mut clients: Vec<Client> = (0..limit - 2).map(|_| Client::connect(&listen)).collect();
+    set_and_get_on_each(&mut clients, "before");
+    eprintln!(
+        "{} clients within the limit of {limit}: {} fds open of {NOFILE}",
+        clients.len(),
+        daemon.open_fds()
+    );
+
+    // Six servers need 64 more for their connections: 31 client slots (30
+    // clients and the one the accept loop holds for the next) + 96 for both
+    // rings + 64 is 63 more than the limit.
+    std::fs::write(&path, fd_hungry_config(&listen, &servers)).unwrap();
+    let refused = daemon.wait_for_log("reload refused");
+    assert!(
+        refused.contains(
+            "reload refused: the new ring needs 63 more file descriptors than the limit leaves (ulimit -n is 128; raise it or lower connections_per_server)"
+        ),
+        "{refused}"
+    );
+    set_and_get_on_each(&mut clients, "refused");
+    // The new servers were never asked: they are not in the ring.
+    for server in &servers[2..] {
+        assert!(server.client().get("fds:refused:0").is_none());
+    }
+
+    // With 10 clients left, a third server fits (11 + 48 + 64 = 123) by
+    // taking client slots nobody uses: the limit for new clients drops.
+    clients.truncate(10);
+    std::fs::write(&path, fd_hungry_config(&listen, &servers[..3])).unwrap();
+    let lowered = daemon.wait_for_log("client limit 32 -> 16");
+    daemon.wait_for_log("ring v2");
+    eprintln!("{lowered}; {} fds open", daemon.open_fds());
+    set_and_get_on_each(&mut clients, "applied");
+    // The third server owns some of the keys now.
+    let mut fresh = Client::connect(&listen);
+    for i in 0..100 {
+        assert_eq!(fresh.set(&format!("fds:spread:{i}"), b"v"), b"STORED\r\n");
+    }
+    let on_third = (0..100)
+        .filter(|i| {
+            servers[2]
+                .client()
+                .get(&format!("fds:spread:{i}"))
+                .is_some()
+        })
+        .count();
+    assert!(on_third > 0, "the applied ring routes to the third server");
+
+    let log = daemon.log();
+    assert!(!log.contains("DEAD"), "no server went DEAD: {log}");
+    assert!(!log.contains("accept failed"), "{log}");
+    assert_eq!(log.matches("reload refused").count(), 1, "{log}");
+}
