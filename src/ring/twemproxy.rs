@@ -135,7 +135,7 @@ mod tests {
     }
 
     /// Server counts (1..=30, equal weights) whose servers get 156 points in
-    /// twemproxy 0.5 (the same expression compiled as C agrees; tests/compat.rs
+    /// twemproxy 0.5 (the same expression compiled as C agrees; tests/integration/compat.rs
     /// checks 25 servers against nutcracker).
     const SHORT_SERVER_COUNTS: [u32; 1] = [25];
 
@@ -154,7 +154,7 @@ mod tests {
     fn golden_owners_from_a_real_nutcracker() {
         // Produced by nutcracker 0.5.0 (Debian) over memcached on
         // 127.0.0.1:21301..=21304: each key set through nutcracker, then
-        // looked for on every server. tests/compat.rs checks the same
+        // looked for on every server. tests/integration/compat.rs checks the same
         // agreement live, over random ports.
         use crate::ring::{golden_nodes, golden_owners, Flavour, Ring, Spec};
         let named = Spec {

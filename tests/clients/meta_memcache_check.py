@@ -1,5 +1,5 @@
 """Drives the PyPI meta-memcache client, unchanged, against one address and
-prints one JSON line per operation. tests/meta_ring.rs runs it against a plain
+prints one JSON line per operation. tests/integration/meta_ring.rs runs it against a plain
 memcached and then through memring and compares the lines.
 
 Usage: python3 meta_memcache_check.py HOST:PORT

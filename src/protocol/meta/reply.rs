@@ -204,7 +204,7 @@ mod tests {
     #[test]
     fn status_lines_frame_at_their_newline_with_or_without_flags() {
         // Replies as memcached 1.6.18 sent them in the probes of the request
-        // tests (see ../meta.rs) and of tests/meta_protocol.rs.
+        // tests (see ../meta.rs) and of tests/integration/meta_protocol.rs.
         for (reply, command, status) in [
             (&b"HD\r\n"[..], MetaCommand::Set, MetaStatus::Hd),
             (b"HD c20 t30 W\r\n", MetaCommand::Get, MetaStatus::Hd),

@@ -2,9 +2,7 @@
 //! memring to a pool of three, the replies compared byte for byte (cas ids
 //! masked, as they are per server).
 
-mod common;
-
-use common::{normalize_cas, show, Client, Memcached, Proxy};
+use crate::common::{normalize_cas, show, Client, Memcached, Proxy};
 
 const SENTINEL_SET: &[u8] = b"set __sentinel__ 0 0 8\r\nSENTINEL\r\n";
 const SENTINEL_GET: &[u8] = b"get __sentinel__\r\n";
@@ -365,7 +363,7 @@ fn multi_get_across_three_servers_keeps_key_order_with_misses() {
 
 #[test]
 fn admin_commands_are_refused_and_the_connection_stays_usable() {
-    // Meta commands are forwarded (tests/meta_ring.rs); these are not.
+    // Meta commands are forwarded (tests/integration/meta_ring.rs); these are not.
     let rig = Rig::new(&[]);
     let mut client = rig.proxy.client();
     for command in [

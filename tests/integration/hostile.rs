@@ -6,8 +6,6 @@
 //! The memory tests run the real `memring` binary so that the peak RSS read
 //! from `/proc/<pid>/status` is memring's own, not the test harness's.
 
-mod common;
-
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
@@ -16,8 +14,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use common::faulty::{FaultyServer, Misbehaviour};
-use common::{show, Client, Memcached, Proxy, DEADLINE};
+use crate::common::faulty::{FaultyServer, Misbehaviour};
+use crate::common::{show, Client, Memcached, Proxy, DEADLINE};
 use memring::protocol::ReplyKind;
 use memring::ring::Ring;
 
@@ -123,7 +121,7 @@ struct Tally {
 /// 8 clients with random keys and commands against a pool of one real
 /// memcached and one server misbehaving as `behaviour`.
 fn faulty_next_to_real(behaviour: Misbehaviour) {
-    faulty_next_to_real_with(behaviour, common::faulty::ITEM_SIZE_MAX, "");
+    faulty_next_to_real_with(behaviour, crate::common::faulty::ITEM_SIZE_MAX, "");
 }
 
 /// The same, with the faulty server claiming `item_size_max` and extra
@@ -388,7 +386,7 @@ impl Binary {
                 .expect("start memring");
             let started = Instant::now();
             loop {
-                match common::answering_pid(port) {
+                match crate::common::answering_pid(port) {
                     Some(pid) if pid == child.id() => return Binary { port, child, dir },
                     // Port taken meanwhile by another process: try another.
                     Some(_) => {
@@ -1088,7 +1086,7 @@ fn clients_pipelining_big_sets_stay_bounded() {
 /// (its own key's value, a miss, a status) or memring's `SERVER_ERROR`;
 /// never another request's.
 fn every_reply_is_its_own_with_a_server_sending(inject: &'static [u8]) {
-    use common::relay::{Fault, Relay};
+    use crate::common::relay::{Fault, Relay};
     const CLIENTS: usize = 8;
     const ROUNDS: usize = 150;
     let server = Memcached::start();
@@ -1204,7 +1202,7 @@ fn an_extra_error_never_reaches_another_request() {
 /// silence reads as success, never as a timeout that marks it SUSPECT.
 #[test]
 fn a_quiet_request_with_a_flag_newer_than_1_6_18_is_answered_not_timed_out() {
-    use common::relay::{Fault, Relay};
+    use crate::common::relay::{Fault, Relay};
     fn drop_x_flag(line: &[u8]) -> Vec<u8> {
         let text = String::from_utf8_lossy(line);
         let kept: Vec<&str> = text.split(' ').filter(|token| *token != "x").collect();

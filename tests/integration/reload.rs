@@ -2,14 +2,12 @@
 //! reweighted by editing the config file, under load, with only the keys that
 //! must move moving and no client connection dropped.
 
-mod common;
-
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{show, wait_for, Client, Memcached, Proxy, TempDir};
+use crate::common::{show, wait_for, Client, Memcached, Proxy, TempDir};
 use memring::ring::Ring;
 
 const KEYS: usize = 2000;

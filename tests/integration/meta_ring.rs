@@ -4,9 +4,7 @@
 //! and per-command counters. Every reply stream is compared with what one
 //! memcached answers to the same bytes.
 
-mod common;
-
-use common::{show, wait_for, Client, Memcached, Proxy};
+use crate::common::{show, wait_for, Client, Memcached, Proxy};
 use memring::protocol::Command;
 use smallvec::SmallVec;
 
@@ -30,7 +28,7 @@ fn pipeline(client: &mut Client, bytes: &[u8]) -> Vec<u8> {
 /// Masks the numbers that differ between servers: `c<n>` tokens of meta
 /// lines and the cas of `VALUE` lines.
 fn mask_cas(stream: &[u8]) -> Vec<u8> {
-    let (classic, _) = common::normalize_cas(stream);
+    let (classic, _) = crate::common::normalize_cas(stream);
     let mut out = Vec::new();
     for line in classic.split_inclusive(|&b| b == b'\n') {
         let meta = [&b"HD"[..], b"VA", b"EN", b"NS", b"EX", b"NF"]
@@ -396,13 +394,19 @@ fn meta_commands_are_counted_by_name() {
     );
 }
 
+/// The Python that has meta-memcache: `MEMRING_TEST_PYTHON` (scripts/test
+/// points it at a virtual environment of its own), else `python3`.
+fn meta_python() -> String {
+    std::env::var("MEMRING_TEST_PYTHON").unwrap_or_else(|_| "python3".to_string())
+}
+
 /// Runs tests/clients/meta_memcache_check.py against `addr`; its stdout.
 fn run_meta_memcache(addr: &str) -> String {
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/clients/meta_memcache_check.py"
     );
-    let mut child = std::process::Command::new("python3")
+    let mut child = std::process::Command::new(meta_python())
         .arg(script)
         .arg(addr)
         .stdout(std::process::Stdio::piped())
@@ -427,7 +431,7 @@ fn run_meta_memcache(addr: &str) -> String {
 
 #[test]
 fn the_meta_memcache_client_gets_the_same_results_through_memring() {
-    let available = std::process::Command::new("python3")
+    let available = std::process::Command::new(meta_python())
         .args(["-c", "import meta_memcache"])
         .output()
         .is_ok_and(|o| o.status.success());

@@ -4,7 +4,7 @@
 //! Every wait polls with a deadline (never a fixed sleep), and every process
 //! started here is killed by PID when its handle drops.
 
-#![allow(dead_code)] // each test binary uses a different part of the harness
+#![allow(dead_code)] // not every helper is used by every test area
 
 pub mod exposition;
 pub mod faulty;

@@ -2,12 +2,10 @@
 //! `healthcheck`, the open-file-limit check, and running the daemon until
 //! SIGTERM.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
-use common::{wait_for, Client, Memcached};
+use crate::common::{wait_for, Client, Memcached};
 
 const BIN: &str = env!("CARGO_BIN_EXE_memring");
 

@@ -1,9 +1,7 @@
 //! Client sessions: per-client ordering across several backend connections,
 //! many concurrent clients, routing by the ring, and connection handling.
 
-mod common;
-
-use common::{show, wait_for, Memcached, Proxy};
+use crate::common::{show, wait_for, Memcached, Proxy};
 use memring::protocol::ReplyKind;
 use memring::ring::Ring;
 use std::io::{Read, Write};
@@ -93,7 +91,9 @@ fn thousands_of_concurrent_clients_each_get_their_own_replies() {
     let mut clients: Vec<std::net::TcpStream> = (0..count)
         .map(|_| {
             let stream = std::net::TcpStream::connect(proxy.addr).expect("connect");
-            stream.set_read_timeout(Some(common::DEADLINE)).unwrap();
+            stream
+                .set_read_timeout(Some(crate::common::DEADLINE))
+                .unwrap();
             stream
         })
         .collect();

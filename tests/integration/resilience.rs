@@ -1,15 +1,13 @@
 //! Dead and hung servers with and without ejection, client limits, idle and
 //! non-reading clients, and shutdown under load.
 
-mod common;
-
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{show, wait_for, Memcached, Proxy};
+use crate::common::{show, wait_for, Memcached, Proxy};
 use memring::protocol::ReplyKind;
 
 const FAST_FAILURE: &str =
@@ -137,7 +135,9 @@ fn clients_past_the_connection_limit_wait_while_existing_ones_work() {
         assert_eq!(client.get("limit:1"), Some(b"x".to_vec()));
     }
     drop(admitted.pop());
-    waiting.set_read_timeout(Some(common::DEADLINE)).unwrap();
+    waiting
+        .set_read_timeout(Some(crate::common::DEADLINE))
+        .unwrap();
     let mut got = Vec::new();
     while !got.ends_with(b"END\r\n") {
         let n = waiting.read(&mut buffer).unwrap();
@@ -164,7 +164,7 @@ fn a_client_that_never_reads_cannot_make_memring_buffer_without_bound() {
     let mut stalled_since = None;
     let started = Instant::now();
     // Each request asks for 100 KiB of reply that is never read.
-    while sent < UNBOUNDED_BYTES && started.elapsed() < common::DEADLINE {
+    while sent < UNBOUNDED_BYTES && started.elapsed() < crate::common::DEADLINE {
         match hostile.write(&request) {
             Ok(n) => {
                 sent += n;

@@ -1,11 +1,9 @@
 //! `replicas = 3` over five real memcached servers: placement, quorum writes,
 //! fall-through reads, and what a dead server costs.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{show, wait_for, Memcached, Proxy};
+use crate::common::{show, wait_for, Memcached, Proxy};
 use smallvec::SmallVec;
 
 const SETTINGS: &str = "replicas = 3\nconnect_timeout_ms = 200\nrequest_timeout_ms = 400\n";
@@ -221,7 +219,7 @@ fn adding_a_sixth_server_keeps_more_hits_with_replicas_than_without() {
         let path = dir.join("memring.toml");
         std::fs::write(
             &path,
-            common::config_text(&servers[..5].iter().collect::<Vec<_>>(), settings),
+            crate::common::config_text(&servers[..5].iter().collect::<Vec<_>>(), settings),
         )
         .unwrap();
         let proxy = Proxy::start_file(&path);
@@ -233,7 +231,7 @@ fn adding_a_sixth_server_keeps_more_hits_with_replicas_than_without() {
         let temporary = dir.join("next.toml");
         std::fs::write(
             &temporary,
-            common::config_text(&servers.iter().collect::<Vec<_>>(), settings),
+            crate::common::config_text(&servers.iter().collect::<Vec<_>>(), settings),
         )
         .unwrap();
         std::fs::rename(&temporary, &path).unwrap();
@@ -356,10 +354,11 @@ fn a_set_pipelined_after_a_cas_is_never_overwritten_by_the_cas_copy() {
 /// nearly every key still hits, with classic and meta gets.
 #[test]
 fn replicas_and_a_join_keep_every_key_readable() {
-    let dir = common::TempDir::new("replication", "join");
+    let dir = crate::common::TempDir::new("replication", "join");
     let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
-    let config =
-        |n: usize| common::config_text(&servers.iter().take(n).collect::<Vec<_>>(), "replicas = 2");
+    let config = |n: usize| {
+        crate::common::config_text(&servers.iter().take(n).collect::<Vec<_>>(), "replicas = 2")
+    };
     let path = dir.path("memring.toml");
     std::fs::write(&path, config(4)).unwrap();
     let proxy = Proxy::start_file(&path);

@@ -1,12 +1,10 @@
 //! A stopped, hung or restarted server affects only its own keys, fails them
 //! within the configured timeouts, and recovers by itself.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use common::{show, wait_for, Memcached, Proxy};
+use crate::common::{show, wait_for, Memcached, Proxy};
 use memring::ring::Ring;
 
 const SETTINGS: &str = "connect_timeout_ms = 200\nrequest_timeout_ms = 400\n";

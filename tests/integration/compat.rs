@@ -6,14 +6,12 @@
 //!
 //! Every process is started here on free loopback ports and killed by PID.
 
-mod common;
-
 use std::io::Write as _;
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
-use common::{Client, Memcached, Proxy, DEADLINE};
+use crate::common::{Client, Memcached, Proxy, DEADLINE};
 use memring::protocol::ReplyKind;
 
 /// Keys per direction per scenario.
@@ -50,7 +48,7 @@ fn set(client: &mut Client, key: &[u8]) {
     request.extend_from_slice(&value);
     request.extend_from_slice(b"\r\n");
     let reply = client.call(&request, ReplyKind::Line);
-    assert_eq!(reply, b"STORED\r\n", "set {}", common::show(key));
+    assert_eq!(reply, b"STORED\r\n", "set {}", crate::common::show(key));
 }
 
 /// True when `key` is there with the value `set` stored.
@@ -62,11 +60,15 @@ fn found(client: &mut Client, key: &[u8]) -> bool {
     match single_value(&reply) {
         Some(Some(value)) => value == value_of(key),
         Some(None) => false,
-        None => panic!("get {}: {}", common::show(key), common::show(&reply)),
+        None => panic!(
+            "get {}: {}",
+            crate::common::show(key),
+            crate::common::show(&reply)
+        ),
     }
 }
 
-/// Like `common::parse_single_value`, for keys that are not UTF-8: `Some(None)`
+/// Like `crate::common::parse_single_value`, for keys that are not UTF-8: `Some(None)`
 /// for `END`, `Some(Some(value))` for one value, `None` otherwise.
 fn single_value(reply: &[u8]) -> Option<Option<Vec<u8>>> {
     if reply == b"END\r\n" {
@@ -310,10 +312,15 @@ fn written_here_found_there(
         let holders: Vec<usize> = (0..servers.len())
             .filter(|&i| found(&mut direct[i], key))
             .collect();
-        assert_eq!(holders.len(), 1, "{} is on {holders:?}", common::show(key));
+        assert_eq!(
+            holders.len(),
+            1,
+            "{} is on {holders:?}",
+            crate::common::show(key)
+        );
         per_server[holders[0]] += 1;
         if !found(reader, key) {
-            missing.push(common::show(key));
+            missing.push(crate::common::show(key));
         }
     }
     assert!(
@@ -547,7 +554,7 @@ fn pylibmc_weighted_ketama_and_memring_find_each_others_keys() {
         assert!(
             found(&mut mem, key),
             "{} not found via memring",
-            common::show(key)
+            crate::common::show(key)
         );
         let holder = (0..servers.len())
             .find(|&i| found(&mut direct[i], key))
@@ -641,7 +648,7 @@ fn a_reload_switches_between_the_twemproxy_ring_and_the_native_ring() {
     let native = format!("listen = \"127.0.0.1:0\"\n{body}");
     let version = proxy.ring_version();
     std::fs::write(&path, &native).expect("write");
-    common::wait_for("the reload", || proxy.ring_version() > version);
+    crate::common::wait_for("the reload", || proxy.ring_version() > version);
     let ring = proxy.running().topology.load().ring.clone();
     assert_eq!(ring, expected(&native));
     assert_ne!(ring, expected(&twemproxy));
@@ -651,7 +658,11 @@ fn a_reload_switches_between_the_twemproxy_ring_and_the_native_ring() {
     for key in keys("after-reload", 60) {
         set(&mut client, &key);
         let owner = ring.owner(&key).expect("owner");
-        assert!(found(&mut direct[owner], &key), "{}", common::show(&key));
+        assert!(
+            found(&mut direct[owner], &key),
+            "{}",
+            crate::common::show(&key)
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -3,13 +3,11 @@
 //! JSON logs, and the bounds that keep operations from hurting the data path:
 //! one log line per config problem, a bounded admin listener.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 
-use common::{show, wait_for, Memcached, Proxy};
+use crate::common::{show, wait_for, Memcached, Proxy};
 use memring::protocol::ReplyKind;
 
 #[test]
@@ -79,7 +77,7 @@ fn stats_counters_follow_a_known_sequence() {
 }
 
 /// `cas_hits`, `cas_misses`, `cas_badval` of a `stats` reply.
-fn cas_stats(client: &mut common::Client) -> [u64; 3] {
+fn cas_stats(client: &mut crate::common::Client) -> [u64; 3] {
     let stats: std::collections::HashMap<String, String> = client.stats("").into_iter().collect();
     ["cas_hits", "cas_misses", "cas_badval"].map(|name| {
         stats
@@ -91,7 +89,7 @@ fn cas_stats(client: &mut common::Client) -> [u64; 3] {
 }
 
 /// The cas token of `key` from a classic `gets`.
-fn gets_cas(client: &mut common::Client, key: &str) -> u64 {
+fn gets_cas(client: &mut crate::common::Client, key: &str) -> u64 {
     let reply = client.call(format!("gets {key}\r\n").as_bytes(), ReplyKind::Values);
     let text = String::from_utf8(reply).unwrap();
     let header = text.lines().next().unwrap();
@@ -167,7 +165,7 @@ fn stats_count_cas_outcomes_and_cpu_time_like_memcached() {
     }
 
     let text = proxy.running().stats.prometheus_text();
-    let samples = common::exposition::strict_samples(&text);
+    let samples = crate::common::exposition::strict_samples(&text);
     let cas_total = |result: &str| {
         samples
             .iter()
@@ -242,7 +240,9 @@ fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
 /// A GET with extra header lines; the status, the response head and the body.
 fn http_get_with(addr: SocketAddr, path: &str, headers: &str) -> (u16, String, String) {
     let mut stream = TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(common::DEADLINE)).unwrap();
+    stream
+        .set_read_timeout(Some(crate::common::DEADLINE))
+        .unwrap();
     write!(
         stream,
         "GET {path} HTTP/1.1\r\nHost: test\r\n{headers}Connection: close\r\n\r\n"
@@ -495,8 +495,8 @@ fn metrics_pass_promtool_and_are_served_as_prometheus_text() {
         );
     }
 
-    common::exposition::strict_samples(&body);
-    common::exposition::promtool_check(&body);
+    crate::common::exposition::strict_samples(&body);
+    crate::common::exposition::promtool_check(&body);
 
     // OpenMetrics only for a scraper that asks for it.
     let (status, head, body) = http_get_with(
@@ -657,7 +657,7 @@ fn slow_admin_connections_leave_fds_bounded_and_the_data_path_healthy() {
         TcpStream::connect(admin).is_ok() && daemon.count("memring started") > 0
     });
     assert_eq!(http_get(admin, "/live").0, 200);
-    let mut client = common::Client::connect(&listen);
+    let mut client = crate::common::Client::connect(&listen);
     assert_eq!(client.set("before", b"1"), b"STORED\r\n");
     let baseline = daemon.open_fds();
 
@@ -684,7 +684,7 @@ fn slow_admin_connections_leave_fds_bounded_and_the_data_path_healthy() {
         assert_eq!(client.set(&key, b"v"), b"STORED\r\n");
         assert_eq!(client.get(&key), Some(b"v".to_vec()));
         if round % 10 == 0 {
-            let mut fresh = common::Client::connect(&listen);
+            let mut fresh = crate::common::Client::connect(&listen);
             assert_eq!(fresh.get(&key), Some(b"v".to_vec()));
             peak = peak.max(daemon.open_fds());
         }
@@ -698,7 +698,9 @@ fn slow_admin_connections_leave_fds_bounded_and_the_data_path_healthy() {
     wait_for("a scrape after the slow clients left", || {
         http_get(admin, "/metrics").0 == 200
     });
-    first.set_read_timeout(Some(common::DEADLINE)).unwrap();
+    first
+        .set_read_timeout(Some(crate::common::DEADLINE))
+        .unwrap();
     let mut rest = Vec::new();
     assert!(
         first.read_to_end(&mut rest).is_ok(),

@@ -3,12 +3,10 @@
 //! other commands behave as if the key had never moved, and a server that
 //! returns after ejection never answers with a value older than its absence.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::Path;
 
-use common::{show, wait_for, Client, Memcached, Proxy, TempDir};
+use crate::common::{show, wait_for, Client, Memcached, Proxy, TempDir};
 use memring::protocol::ReplyKind;
 use memring::ring::Ring;
 

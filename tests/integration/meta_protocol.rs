@@ -14,9 +14,7 @@
 //! The replies of the whole case are then compared, with cas and TTL numbers
 //! normalised, to what memcached 1.6.18 answered when the case was written.
 
-mod common;
-
-use common::{show, Client, Memcached, Proxy};
+use crate::common::{show, Client, Memcached, Proxy};
 use memring::protocol::meta::reply::{frame_meta_reply, suppressed_by_quiet, MetaStatus};
 use memring::protocol::meta::{is_meta_request, parse_meta, MetaCommand};
 use memring::protocol::{frame_reply, parse_request, Limits};

@@ -6,8 +6,6 @@
 //! connections to show that a get never joins a request memcached may run
 //! before its own client's write.
 
-mod common;
-
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
@@ -15,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{
+use crate::common::{
     config_text, parse_single_value, show, wait_for, Client, Memcached, Proxy, TempDir, DEADLINE,
 };
 use memring::protocol::ReplyKind;
@@ -294,7 +292,7 @@ fn hot_keys_with_quotes_backslashes_and_newlines_keep_metrics_valid() {
             }
         }
         text = stats.prometheus_text();
-        let samples = common::exposition::strict_samples(&text);
+        let samples = crate::common::exposition::strict_samples(&text);
         let named: Vec<Vec<u8>> = samples
             .iter()
             .filter(|s| s.name == "memring_hot_key_requests_per_second")
@@ -315,7 +313,7 @@ fn hot_keys_with_quotes_backslashes_and_newlines_keep_metrics_valid() {
         .filter(|s| s.metric == "memring_hot_key_server_share")
         .count();
     assert_eq!(hot, keys.len(), "one share gauge per hot key: {text}");
-    common::exposition::promtool_check(&text);
+    crate::common::exposition::promtool_check(&text);
 }
 
 #[test]

@@ -1,0 +1,24 @@
+//! Every integration test of memring in one test binary, so that the suite
+//! links once: each module is one area (sessions, hand-off, hostile servers,
+//! the CLI, ...) and all of them talk to real memcached processes that
+//! `common` starts on free loopback ports. The pure property tests are
+//! `tests/properties.rs`, a binary of their own.
+//!
+//! Run one area with its module path: `cargo test --test integration handoff::`.
+
+mod common;
+
+mod cli;
+mod compat;
+mod differential;
+mod failure;
+mod handoff;
+mod hostile;
+mod hotkeys;
+mod meta_protocol;
+mod meta_ring;
+mod operations;
+mod reload;
+mod replication;
+mod resilience;
+mod sessions;
