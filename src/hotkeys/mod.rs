@@ -32,10 +32,14 @@
 //!   request went on the connection this client's own requests use, queued
 //!   after every write of this client (memcached runs one connection's
 //!   requests in order).
+//! - A `get` takes no cached value while its client waits for an earlier
+//!   reply from the key's server: its reads then keep the order memcached
+//!   keeps on one connection.
 //!
 //! So a `get` that arrives after a write was planned (by any client of this
-//! memring, on any worker) never takes a reply fetched before it, and a
-//! client's own earlier writes, pipelined or not, are always seen. A `get`
+//! memring, on any worker) never takes a reply fetched before it, a
+//! client's own earlier writes, pipelined or not, are always seen, and no
+//! read of a client's is older than one it made before. A `get`
 //! that overlaps another client's unanswered write may see the value from
 //! before or after it, as with memcached itself. Writes that do not pass
 //! through this memring are seen by the near cache after at most
@@ -536,6 +540,17 @@ pub(crate) enum GetShortcut {
     Cached(Bytes),
 }
 
+/// A session's own requests to one server, as [`HotWorker::before_send`]
+/// needs to see them: memcached answers one connection's requests in order,
+/// and a shortcut may not break that order for the session's client.
+pub(crate) trait Unanswered {
+    /// Whether every request the session sent (or joined) for `server`
+    /// before the one being decided, and whose reply has not fully arrived,
+    /// has its reply going to a slot `ours` accepts. With `ours` always
+    /// false: whether the session waits for nothing from `server`.
+    fn all_to(&self, server: usize, ours: &mut dyn FnMut(&Rc<Slot>) -> bool) -> bool;
+}
+
 /// A hot key's `get` about to be sent.
 pub(crate) struct Ticket {
     conn: Rc<Conn>,
@@ -740,10 +755,19 @@ impl HotWorker {
     /// same request already in flight on this worker, or (`get` only) take
     /// the near cache's value.
     ///
-    /// The near cache answers only when no write to the key is pending and
-    /// none was planned since the value was fetched. A flight may be joined
-    /// when no write to the key was planned, queued or completed since it
-    /// was sent and either
+    /// The near cache answers only when no write to the key is pending, none
+    /// was planned since the value was fetched, and the session waits for no
+    /// earlier reply from the key's server (`earlier`). Then the value holds
+    /// every write through memring planned before now (each was complete
+    /// when the value was fetched or stored, or the version would have
+    /// moved), and every earlier read of the session ran before now, so it
+    /// is never newer. Without the last rule an earlier `gets k`, `get a k`
+    /// or `get k` still on its way could be overtaken by another client's
+    /// write and then answer newer than this later `get k`: the client
+    /// would see the key go back in time.
+    ///
+    /// A flight may be joined when no write to the key was planned, queued
+    /// or completed since it was sent and either
     /// - no write is pending (so none was when it was sent), or
     /// - it was queued on `conn`, the connection this session's own writes
     ///   to the server go on: every pending write of this session was queued
@@ -756,6 +780,7 @@ impl HotWorker {
         conn: &Rc<Conn>,
         topology: &Topology,
         slot: &Rc<Slot>,
+        earlier: &dyn Unanswered,
     ) -> GetShortcut {
         // No key is hot while detection is off.
         if topology.config.replicas > 1 || self.state.borrow().hot.is_empty() {
@@ -774,7 +799,9 @@ impl HotWorker {
         let live = self.shared.live.load();
         if let (true, Command::Get, Some(cache)) = (quiet, command, &live.cache) {
             match cache.get(key) {
-                Some(cached) if cached.version == version => {
+                Some(cached)
+                    if cached.version == version && earlier.all_to(sub.server, &mut |_| false) =>
+                {
                     stats.cache_hits.inc();
                     return GetShortcut::Cached(cached.block);
                 }
