@@ -1001,6 +1001,51 @@ fn a_near_cached_get_never_overtakes_an_earlier_read_of_its_client() {
     }
 }
 
+/// A client's `get k` joins another client's request held on the other
+/// connection; then the client's own read and write go out on its own
+/// connection and memcached runs them first. The joined get would answer
+/// with the value of the client's own later write.
+#[test]
+fn a_get_never_joins_a_request_its_clients_later_requests_could_overtake() {
+    let TwoLanes {
+        server,
+        first: mut other,
+        first_conn: other_conn,
+        second: mut client,
+        second_conn: client_conn,
+        _relay,
+        _proxy,
+        ..
+    } = TwoLanes::start("hot_key_window_ms = 1000", "k");
+    other_conn.held.store(true, Ordering::SeqCst);
+    let others = carried(&other_conn, b"get k\r\n");
+    other.send(b"get k\r\n");
+    wait_for("the other client's get relayed", || {
+        carried(&other_conn, b"get k\r\n") > others
+    });
+    let reads = carried(&client_conn, b"get k x\r\n");
+    client.send(b"get k\r\nget k x\r\n");
+    wait_for("the client's second read relayed", || {
+        carried(&client_conn, b"get k x\r\n") > reads
+    });
+    client.send(b"set k 0 0 1\r\n2\r\n");
+    let mut direct = server.client();
+    wait_for("the client's write at memcached", || {
+        direct.get("k").as_deref() == Some(&b"2"[..])
+    });
+    other_conn.held.store(false, Ordering::SeqCst);
+    assert!(value_of(&other.reply(ReplyKind::Values)).is_some());
+
+    let first = read_value(&mut client, false);
+    let second = read_value(&mut client, false);
+    assert_eq!(client.reply(ReplyKind::Line), b"STORED\r\n");
+    assert_eq!(
+        (&first[..], &second[..]),
+        (&b"1"[..], &b"1"[..]),
+        "reads before the client's own write of 2"
+    );
+}
+
 /// One writer stores increasing numbers in a hot, near-cached key as fast
 /// as it can while pipelining readers on both workers read it in batches:
 /// within each reader's connection the numbers never go down.

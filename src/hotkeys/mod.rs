@@ -28,13 +28,12 @@
 //!   cached only when no other write moved or was pending on its stripe from
 //!   its plan to its reply: memcached then holds exactly that value.
 //! - A `get` may join a request in flight only when the stripe still has the
-//!   version that request was sent at, and either no write is pending or the
-//!   request went on the connection this client's own requests use, queued
-//!   after every write of this client (memcached runs one connection's
-//!   requests in order).
-//! - A `get` takes no cached value while its client waits for an earlier
-//!   reply from the key's server: its reads then keep the order memcached
-//!   keeps on one connection.
+//!   version that request was sent at and the request went on the
+//!   connection this client's own requests use, queued after every write of
+//!   this client (memcached runs one connection's requests in order).
+//! - Neither shortcut is taken while the client waits for an earlier reply
+//!   from the key's server (other than the one it joins): its reads then
+//!   keep the order memcached keeps on one connection.
 //!
 //! So a `get` that arrives after a write was planned (by any client of this
 //! memring, on any worker) never takes a reply fetched before it, a
@@ -52,7 +51,7 @@ pub mod top;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -462,6 +461,8 @@ impl Drop for WriteGuard {
 struct Flight {
     /// The connection it was queued on.
     conn: Rc<Conn>,
+    /// The slot of the session that sent it (weak: the slot owns the flight).
+    origin: Weak<Slot>,
     line: Bytes,
     hash: u64,
     /// The stripe version when it was sent.
@@ -470,6 +471,14 @@ struct Flight {
     fill: Option<Box<[u8]>>,
     shared: Local,
     state: RefCell<FlightState>,
+}
+
+impl Flight {
+    /// Whether `slot` gets this flight's reply: the sender's or a follower's.
+    fn answers(&self, slot: &Rc<Slot>, state: &FlightState) -> bool {
+        std::ptr::eq(self.origin.as_ptr(), Rc::as_ptr(slot))
+            || state.followers.iter().any(|f| Rc::ptr_eq(f, slot))
+    }
 }
 
 #[derive(Debug, Default)]
@@ -766,14 +775,19 @@ impl HotWorker {
     /// write and then answer newer than this later `get k`: the client
     /// would see the key go back in time.
     ///
-    /// A flight may be joined when no write to the key was planned, queued
-    /// or completed since it was sent and either
-    /// - no write is pending (so none was when it was sent), or
-    /// - it was queued on `conn`, the connection this session's own writes
-    ///   to the server go on: every pending write of this session was queued
-    ///   before it, so memcached runs them first. A pending write of another
-    ///   session has not been answered yet, so this `get` is concurrent with
-    ///   it and may see the value from before or after.
+    /// A flight may be joined when it was queued on `conn`, the connection
+    /// all of this session's requests to the server go on, has no reply
+    /// piece yet, no write to the key was planned, queued or completed since
+    /// it was sent, and every earlier reply the session waits for from the
+    /// server is this flight's. Then the joined `get` is answered as if it
+    /// ran where the flight runs on `conn`: after every earlier request of
+    /// the session (answered ones ran before a flight with no reply yet, on
+    /// one connection), and before every later one. Its own pending writes
+    /// were queued before the flight (queuing one moves the version), so
+    /// memcached runs them first; another session's pending write has not
+    /// been answered, so this `get` is concurrent with it. A flight on
+    /// another connection is never joined: this session's later requests
+    /// could run before it, and so see an older value after a newer one.
     pub(crate) fn before_send(
         &self,
         sub: &SubRequest,
@@ -815,10 +829,11 @@ impl HotWorker {
                 let mut flight_state = flight.state.borrow_mut();
                 // Joining late would miss pieces already handed on.
                 if flight.version == version
-                    && (quiet || Rc::ptr_eq(&flight.conn, conn))
+                    && Rc::ptr_eq(&flight.conn, conn)
                     && flight.line == sub.line
                     && !flight_state.started
                     && !flight_state.done
+                    && earlier.all_to(sub.server, &mut |s| flight.answers(s, &flight_state))
                 {
                     flight_state.followers.push(slot.clone());
                     stats.coalesced.inc();
@@ -843,6 +858,7 @@ impl HotWorker {
     pub(crate) fn sent(&self, ticket: Ticket, slot: &Rc<Slot>) {
         let flight = Rc::new(Flight {
             conn: ticket.conn,
+            origin: Rc::downgrade(slot),
             line: ticket.line,
             hash: ticket.hash,
             version: ticket.version,
