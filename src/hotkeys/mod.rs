@@ -28,14 +28,17 @@
 //!   cached only when no other write moved or was pending on its stripe from
 //!   its plan to its reply: memcached then holds exactly that value.
 //! - A `get` may join a request in flight only when the stripe still has the
-//!   version that request was sent at, and either no write is pending or the
-//!   request went on the connection this client's own requests use, queued
-//!   after every write of this client (memcached runs one connection's
-//!   requests in order).
+//!   version that request was sent at and the request went on the
+//!   connection this client's own requests use, queued after every write of
+//!   this client (memcached runs one connection's requests in order).
+//! - Neither shortcut is taken while the client waits for an earlier reply
+//!   from the key's server (other than the one it joins): its reads then
+//!   keep the order memcached keeps on one connection.
 //!
 //! So a `get` that arrives after a write was planned (by any client of this
-//! memring, on any worker) never takes a reply fetched before it, and a
-//! client's own earlier writes, pipelined or not, are always seen. A `get`
+//! memring, on any worker) never takes a reply fetched before it, a
+//! client's own earlier writes, pipelined or not, are always seen, and no
+//! read of a client's is older than one it made before. A `get`
 //! that overlaps another client's unanswered write may see the value from
 //! before or after it, as with memcached itself. Writes that do not pass
 //! through this memring are seen by the near cache after at most
@@ -48,7 +51,7 @@ pub mod top;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -460,6 +463,8 @@ impl Drop for WriteGuard {
 struct Flight {
     /// The connection it was queued on.
     conn: Rc<Conn>,
+    /// The slot of the session that sent it (weak: the slot owns the flight).
+    origin: Weak<Slot>,
     line: Bytes,
     hash: u64,
     /// The stripe version when it was sent.
@@ -468,6 +473,14 @@ struct Flight {
     fill: Option<Box<[u8]>>,
     shared: Local,
     state: RefCell<FlightState>,
+}
+
+impl Flight {
+    /// Whether `slot` gets this flight's reply: the sender's or a follower's.
+    fn answers(&self, slot: &Rc<Slot>, state: &FlightState) -> bool {
+        std::ptr::eq(self.origin.as_ptr(), Rc::as_ptr(slot))
+            || state.followers.iter().any(|f| Rc::ptr_eq(f, slot))
+    }
 }
 
 #[derive(Debug, Default)]
@@ -536,6 +549,17 @@ pub(crate) enum GetShortcut {
     Joined,
     /// Answered from the near cache with this `VALUE` block.
     Cached(Bytes),
+}
+
+/// A session's own requests to one server, as [`HotWorker::before_send`]
+/// needs to see them: memcached answers one connection's requests in order,
+/// and a shortcut may not break that order for the session's client.
+pub(crate) trait Unanswered {
+    /// Whether every request the session sent (or joined) for `server`
+    /// before the one being decided, and whose reply has not fully arrived,
+    /// has its reply going to a slot `ours` accepts. With `ours` always
+    /// false: whether the session waits for nothing from `server`.
+    fn all_to(&self, server: usize, ours: &mut dyn FnMut(&Rc<Slot>) -> bool) -> bool;
 }
 
 /// A hot key's `get` about to be sent.
@@ -743,22 +767,37 @@ impl HotWorker {
     /// same request already in flight on this worker, or (`get` only) take
     /// the near cache's value.
     ///
-    /// The near cache answers only when no write to the key is pending and
-    /// none was planned since the value was fetched. A flight may be joined
-    /// when no write to the key was planned, queued or completed since it
-    /// was sent and either
-    /// - no write is pending (so none was when it was sent), or
-    /// - it was queued on `conn`, the connection this session's own writes
-    ///   to the server go on: every pending write of this session was queued
-    ///   before it, so memcached runs them first. A pending write of another
-    ///   session has not been answered yet, so this `get` is concurrent with
-    ///   it and may see the value from before or after.
+    /// The near cache answers only when no write to the key is pending, none
+    /// was planned since the value was fetched, and the session waits for no
+    /// earlier reply from the key's server (`earlier`). Then the value holds
+    /// every write through memring planned before now (each was complete
+    /// when the value was fetched or stored, or the version would have
+    /// moved), and every earlier read of the session ran before now, so it
+    /// is never newer. Without the last rule an earlier `gets k`, `get a k`
+    /// or `get k` still on its way could be overtaken by another client's
+    /// write and then answer newer than this later `get k`: the client
+    /// would see the key go back in time.
+    ///
+    /// A flight may be joined when it was queued on `conn`, the connection
+    /// all of this session's requests to the server go on, has no reply
+    /// piece yet, no write to the key was planned, queued or completed since
+    /// it was sent, and every earlier reply the session waits for from the
+    /// server is this flight's. Then the joined `get` is answered as if it
+    /// ran where the flight runs on `conn`: after every earlier request of
+    /// the session (answered ones ran before a flight with no reply yet, on
+    /// one connection), and before every later one. Its own pending writes
+    /// were queued before the flight (queuing one moves the version), so
+    /// memcached runs them first; another session's pending write has not
+    /// been answered, so this `get` is concurrent with it. A flight on
+    /// another connection is never joined: this session's later requests
+    /// could run before it, and so see an older value after a newer one.
     pub(crate) fn before_send(
         &self,
         sub: &SubRequest,
         conn: &Rc<Conn>,
         topology: &Topology,
         slot: &Rc<Slot>,
+        earlier: &dyn Unanswered,
     ) -> GetShortcut {
         // No key is hot while detection is off.
         if topology.config.replicas > 1 || self.state.borrow().hot.is_empty() {
@@ -777,7 +816,9 @@ impl HotWorker {
         let live = self.shared.live.load();
         if let (true, Command::Get, Some(cache)) = (quiet, command, &live.cache) {
             match cache.get(key) {
-                Some(cached) if cached.version == version => {
+                Some(cached)
+                    if cached.version == version && earlier.all_to(sub.server, &mut |_| false) =>
+                {
                     stats.cache_hits.inc();
                     return GetShortcut::Cached(cached.block);
                 }
@@ -791,10 +832,11 @@ impl HotWorker {
                 let mut flight_state = flight.state.borrow_mut();
                 // Joining late would miss pieces already handed on.
                 if flight.version == version
-                    && (quiet || Rc::ptr_eq(&flight.conn, conn))
+                    && Rc::ptr_eq(&flight.conn, conn)
                     && flight.line == sub.line
                     && !flight_state.started
                     && !flight_state.done
+                    && earlier.all_to(sub.server, &mut |s| flight.answers(s, &flight_state))
                 {
                     flight_state.followers.push(slot.clone());
                     stats.coalesced.inc();
@@ -819,6 +861,7 @@ impl HotWorker {
     pub(crate) fn sent(&self, ticket: Ticket, slot: &Rc<Slot>) {
         let flight = Rc::new(Flight {
             conn: ticket.conn,
+            origin: Rc::downgrade(slot),
             line: ticket.line,
             hash: ticket.hash,
             version: ticket.version,

@@ -471,20 +471,36 @@ impl ClientSession {
                         let backend = &topology.backends[sub.server];
                         let slot = Slot::new(self.wake.clone());
                         let conn = self.worker.conn(backend, self.lane);
-                        let ticket =
-                            match self.worker.hot.before_send(&sub, &conn, &topology, &slot) {
-                                GetShortcut::Send(ticket) => ticket,
-                                GetShortcut::Joined => {
-                                    in_flight.push((sub.id, slot, cost));
-                                    continue;
-                                }
-                                GetShortcut::Cached(block) => {
-                                    plan.on_piece(sub.id, Got::Value(block));
-                                    plan.on_done(sub.id, Ok(()));
-                                    self.release(cost);
-                                    continue;
-                                }
-                            };
+                        // This entry is out of `entries` while it is
+                        // dispatched; the ones before it are still there.
+                        let earlier = Earlier {
+                            entries: &self.entries,
+                            before: self.dispatched,
+                            unanswered: &self.unanswered,
+                            current: in_flight,
+                        };
+                        let ticket = match self
+                            .worker
+                            .hot
+                            .before_send(&sub, &conn, &topology, &slot, &earlier)
+                        {
+                            GetShortcut::Send(ticket) => ticket,
+                            GetShortcut::Joined => {
+                                in_flight.push(SubInFlight {
+                                    id: sub.id,
+                                    server: sub.server,
+                                    slot,
+                                    cost,
+                                });
+                                continue;
+                            }
+                            GetShortcut::Cached(block) => {
+                                plan.on_piece(sub.id, Got::Value(block));
+                                plan.on_done(sub.id, Ok(()));
+                                self.release(cost);
+                                continue;
+                            }
+                        };
                         let expect = if sub.meta {
                             Expect::Meta {
                                 command: MetaCommand::Get,
@@ -500,7 +516,12 @@ impl ClientSession {
                                 if let Some(ticket) = ticket {
                                     self.worker.hot.sent(ticket, &slot);
                                 }
-                                in_flight.push((sub.id, slot, cost));
+                                in_flight.push(SubInFlight {
+                                    id: sub.id,
+                                    server: sub.server,
+                                    slot,
+                                    cost,
+                                });
                             }
                             Err(kind) => {
                                 self.release(cost);
@@ -695,14 +716,14 @@ impl ClientSession {
                 copies,
             } => {
                 copies.iter_mut().for_each(Part::absorb);
-                in_flight.retain(|(id, slot, cost)| {
-                    while let Some(got) = slot.take() {
-                        plan.on_piece(*id, got);
+                in_flight.retain(|sub| {
+                    while let Some(got) = sub.slot.take() {
+                        plan.on_piece(sub.id, got);
                     }
-                    match slot.outcome() {
+                    match sub.slot.outcome() {
                         Some(result) => {
-                            plan.on_done(*id, result);
-                            released += *cost;
+                            plan.on_done(sub.id, result);
+                            released += sub.cost;
                             false
                         }
                         None => true,
@@ -746,7 +767,10 @@ impl ClientSession {
                 if !entry.sent {
                     return false;
                 }
-                let slots = parts.iter().filter_map(|p| p.slot.clone()).collect();
+                let slots = parts
+                    .iter()
+                    .filter_map(|p| Some((p.server, p.slot.clone()?)))
+                    .collect();
                 self.unanswered
                     .push((slots, std::mem::take(&mut entry.reserved)));
                 return true;

@@ -40,7 +40,7 @@ use tokio::time::Instant;
 use crate::backend::slot::{Got, Slot};
 use crate::error::BackendError;
 use crate::handoff::{copy_outcome, CopyOutcome, Moved, Owner, Step};
-use crate::hotkeys::{GetShortcut, WriteGuard};
+use crate::hotkeys::{GetShortcut, Unanswered, WriteGuard};
 use crate::outbuf::OutQueue;
 use crate::protocol::encode::{forwardable, write_server_error};
 use crate::protocol::meta::{is_meta_request, parse_meta, MetaCommand, MetaRequest};
@@ -213,8 +213,9 @@ struct ClientSession {
     parsed_bytes: usize,
     /// `noreply` requests written to servers and not yet answered, with the
     /// bytes reserved for them: without this, a client could queue writes
-    /// on a server connection faster than the server takes them.
-    unanswered: Vec<(SmallVec<[Rc<Slot>; 1]>, usize)>,
+    /// on a server connection faster than the server takes them. Each slot
+    /// with its server.
+    unanswered: Vec<(ServerSlots, usize)>,
     /// Bytes of `out` included in the worker's `owed`.
     out_counted: usize,
     limits: Limits,
@@ -410,7 +411,7 @@ impl ClientSession {
     fn settle(&mut self) {
         let mut released = 0;
         self.unanswered.retain(|(slots, cost)| {
-            let answered = slots.iter().all(|slot| slot.outcome().is_some());
+            let answered = slots.iter().all(|(_, slot)| slot.outcome().is_some());
             if answered {
                 released += cost;
             }
@@ -517,8 +518,8 @@ enum Work {
     /// A retrieval, streamed.
     Retrieve {
         plan: Box<Retrieval>,
-        /// Sub-requests in flight: id, reply slot, bytes reserved.
-        in_flight: SmallVec<[(u32, Rc<Slot>, usize); 2]>,
+        /// Sub-requests sent (or joined) and not yet absorbed.
+        in_flight: SmallVec<[SubInFlight; 2]>,
         /// Value bytes the plan holds, counted as owed.
         held: usize,
         /// Read-through hits copied to their new owners.
@@ -684,6 +685,89 @@ enum Finish {
     AllOk,
 }
 
+impl Work {
+    /// Whether `ours` accepts the server and slot of every reply this work
+    /// waits for that has not fully arrived (copies sent wanting no reply
+    /// have no slot: they go to other replicas, where no hot-key shortcut is
+    /// taken).
+    fn all_unanswered(&self, ours: &mut dyn FnMut(usize, &Rc<Slot>) -> bool) -> bool {
+        match self {
+            Work::Ready(_) | Work::Stats => true,
+            Work::Lines { parts, .. } => parts.iter().all(|p| p.all_unanswered(ours)),
+            Work::Cas { owner, .. } => owner.all_unanswered(ours),
+            Work::Meta(meta) => {
+                let copy = match &meta.mode {
+                    MetaMode::ReadMoved { copy, .. } | MetaMode::RetryMoved { copy, .. } => {
+                        copy.as_ref()
+                    }
+                    _ => None,
+                };
+                meta.parts
+                    .iter()
+                    .chain(copy)
+                    .all(|p| p.all_unanswered(ours))
+            }
+            Work::Retrieve {
+                in_flight, copies, ..
+            } => {
+                in_flight
+                    .iter()
+                    .filter(|sub| sub.slot.outcome().is_none())
+                    .all(|sub| ours(sub.server, &sub.slot))
+                    && copies.iter().all(|p| p.all_unanswered(ours))
+            }
+            Work::Moved(moved) => moved
+                .part
+                .iter()
+                .chain(&moved.copies)
+                .all(|p| p.all_unanswered(ours)),
+        }
+    }
+}
+
+/// What a session waits for from its servers while it dispatches one entry:
+/// the entries before it, its `noreply` writes, and the entry's own
+/// sub-requests already sent.
+struct Earlier<'a> {
+    entries: &'a VecDeque<Entry>,
+    /// How many entries come before the one being dispatched.
+    before: usize,
+    unanswered: &'a [(ServerSlots, usize)],
+    current: &'a [SubInFlight],
+}
+
+impl Unanswered for Earlier<'_> {
+    fn all_to(&self, server: usize, ours: &mut dyn FnMut(&Rc<Slot>) -> bool) -> bool {
+        let mut ours = |to: usize, slot: &Rc<Slot>| to != server || ours(slot);
+        self.current
+            .iter()
+            .filter(|sub| sub.slot.outcome().is_none())
+            .all(|sub| ours(sub.server, &sub.slot))
+            && self
+                .entries
+                .range(..self.before)
+                .all(|entry| entry.work.all_unanswered(&mut ours))
+            && self
+                .unanswered
+                .iter()
+                .flat_map(|(slots, _)| slots)
+                .filter(|(_, slot)| slot.outcome().is_none())
+                .all(|(to, slot)| ours(*to, slot))
+    }
+}
+
+/// Reply slots, each with the server it waits for.
+type ServerSlots = SmallVec<[(usize, Rc<Slot>); 1]>;
+
+/// A retrieval's sub-request in flight.
+struct SubInFlight {
+    id: u32,
+    server: usize,
+    slot: Rc<Slot>,
+    /// Reply bytes reserved for it.
+    cost: usize,
+}
+
 /// One server's one-line reply to wait for.
 struct Part {
     server: usize,
@@ -697,6 +781,15 @@ impl Part {
             server,
             slot: None,
             result: None,
+        }
+    }
+
+    /// Whether `ours` accepts the slot of this part's reply, if it has not
+    /// fully arrived (see [`Work::all_unanswered`]).
+    fn all_unanswered(&self, ours: &mut dyn FnMut(usize, &Rc<Slot>) -> bool) -> bool {
+        match &self.slot {
+            Some(slot) if slot.outcome().is_none() => ours(self.server, slot),
+            _ => true,
         }
     }
 

@@ -4,7 +4,9 @@
 //! through memring while writes that bypass memring are seen within its
 //! staleness bound. A relay between memring and memcached holds back chosen
 //! connections to show that a get never joins a request memcached may run
-//! before its own client's write.
+//! before its own client's write, and that a near-cached get never overtakes
+//! its client's earlier read; pipelining readers check that one
+//! connection's reads never go back in time.
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
@@ -973,4 +975,246 @@ fn a_get_never_joins_a_request_its_clients_write_could_be_overtaken_by() {
     assert_eq!(writer.reply(ReplyKind::Line), b"STORED\r\n");
     let own = value_of(&writer.reply(ReplyKind::Values));
     assert_eq!(own.as_deref(), Some(&b"new"[..]), "the writer's own read");
+}
+
+/// The value of a one-value reply to `get`, `gets` or `mg … v`.
+fn read_value(client: &mut Client, meta: bool) -> Vec<u8> {
+    if !meta {
+        return value_of(&client.reply(ReplyKind::Values)).expect("a hit");
+    }
+    let reply = client.meta_reply();
+    let line_end = reply.windows(2).position(|w| w == b"\r\n").unwrap();
+    assert!(reply.starts_with(b"VA "), "{}", show(&reply));
+    reply[line_end + 2..reply.len() - 2].to_vec()
+}
+
+/// One worker with two connections to one memcached behind a relay, and
+/// two clients that memring sends on different ones, with a key hot.
+struct TwoLanes {
+    server: Memcached,
+    _relay: Relay,
+    _proxy: Proxy,
+    first: Client,
+    second: Client,
+    /// The relayed connections `first` and `second` use.
+    first_conn: Arc<RelayConn>,
+    second_conn: Arc<RelayConn>,
+    admin: Client,
+}
+
+impl TwoLanes {
+    fn start(settings: &str, key: &str) -> TwoLanes {
+        let server = Memcached::start();
+        let relay = Relay::start(&server.addr());
+        let proxy = Proxy::start_text(&format!(
+            "listen = \"127.0.0.1:0\"\nworkers = 1\nconnections_per_server = 2\n{settings}\n\
+             [[servers]]\naddr = \"127.0.0.1:{}\"\n",
+            relay.port
+        ));
+        let mut first = proxy.client();
+        let mut second = proxy.client();
+        let mut admin = proxy.client();
+        assert_eq!(first.set(key, b"1"), b"STORED\r\n");
+        wait_for(&format!("{key} reported hot"), || {
+            for _ in 0..40 {
+                second.get(key);
+            }
+            hotkeys(&mut admin).first().map(|r| r.key.clone()) == Some(key.into())
+        });
+        // `gets`: never answered from the near cache.
+        let gets = format!("gets {key}\r\n");
+        let on_server = |client: &mut Client| {
+            relay.conn_carrying(gets.as_bytes(), || {
+                assert!(value_of(&client.call(gets.as_bytes(), ReplyKind::Values)).is_some());
+            })
+        };
+        let (first_at, second_at) = (on_server(&mut first), on_server(&mut second));
+        assert_ne!(first_at, second_at, "the clients share a connection");
+        TwoLanes {
+            first_conn: relay.conn(first_at),
+            second_conn: relay.conn(second_at),
+            server,
+            _relay: relay,
+            _proxy: proxy,
+            first,
+            second,
+            admin,
+        }
+    }
+}
+
+/// How many times `conn` has carried `needle`.
+fn carried(conn: &RelayConn, needle: &[u8]) -> usize {
+    let sent = conn.sent.lock().unwrap();
+    sent.windows(needle.len()).filter(|w| *w == needle).count()
+}
+
+/// A client reads `k` (a request the near cache does not answer, held on its
+/// way to memcached), then `get k`, which the near cache could answer at
+/// once; another client's write lands in between. memcached would run the
+/// second read after the first on one connection, so it may not be older.
+#[test]
+fn a_near_cached_get_never_overtakes_an_earlier_read_of_its_client() {
+    let TwoLanes {
+        first: mut writer,
+        second: mut reader,
+        second_conn: reader_conn,
+        first_conn: writer_conn,
+        mut admin,
+        // Bound, so that they live to the end of the test.
+        server: _server,
+        _relay,
+        _proxy,
+        ..
+    } = TwoLanes::start("hot_key_window_ms = 1000\nhot_key_cache_ms = 60000", "k");
+    let mut version = 1u64;
+    // (the earlier read, what memring sends for it, whether it is meta)
+    let cases: [(&[u8], &[u8], bool); 3] = [
+        (b"gets k\r\n", b"gets k\r\n", false),
+        (b"get x k\r\n", b"get x k\r\n", false),
+        (b"mg k v\r\n", b"mg k v", true),
+    ];
+    for (earlier, sent, meta) in cases {
+        let name = show(earlier);
+        version += 1;
+        let value = version.to_string();
+        assert_eq!(writer.set("k", value.as_bytes()), b"STORED\r\n");
+        let cached = get_until_cached(&mut reader, &mut admin, "k");
+        assert_eq!(cached, Some(value.clone().into_bytes()), "{name}");
+
+        reader_conn.held.store(true, Ordering::SeqCst);
+        let (hits, sent_before, gets) = (
+            admin.stat("near_cache_hits"),
+            carried(&reader_conn, sent),
+            carried(&reader_conn, b"get k\r\n"),
+        );
+        reader.send(&[earlier, b"get k\r\n"].concat());
+        wait_for(
+            "the earlier read relayed, the later one answered or sent",
+            || {
+                carried(&reader_conn, sent) > sent_before
+                    && (admin.stat("near_cache_hits") > hits
+                        || carried(&reader_conn, b"get k\r\n") > gets)
+            },
+        );
+        version += 1;
+        let newer = version.to_string();
+        assert_eq!(writer.set("k", newer.as_bytes()), b"STORED\r\n");
+        let set = format!("set k 0 0 {}\r\n{newer}\r\n", newer.len());
+        assert_eq!(
+            carried(&writer_conn, set.as_bytes()),
+            1,
+            "past the held read"
+        );
+        reader_conn.held.store(false, Ordering::SeqCst);
+
+        let first = read_value(&mut reader, meta);
+        let second = read_value(&mut reader, false);
+        assert_eq!(
+            first,
+            newer.as_bytes(),
+            "{name}: memcached ran it after the write"
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&second),
+            newer,
+            "{name}: the later get went back to an older value"
+        );
+    }
+}
+
+/// A client's `get k` joins another client's request held on the other
+/// connection; then the client's own read and write go out on its own
+/// connection and memcached runs them first. The joined get would answer
+/// with the value of the client's own later write.
+#[test]
+fn a_get_never_joins_a_request_its_clients_later_requests_could_overtake() {
+    let TwoLanes {
+        server,
+        first: mut other,
+        first_conn: other_conn,
+        second: mut client,
+        second_conn: client_conn,
+        _relay,
+        _proxy,
+        ..
+    } = TwoLanes::start("hot_key_window_ms = 1000", "k");
+    other_conn.held.store(true, Ordering::SeqCst);
+    let others = carried(&other_conn, b"get k\r\n");
+    other.send(b"get k\r\n");
+    wait_for("the other client's get relayed", || {
+        carried(&other_conn, b"get k\r\n") > others
+    });
+    let reads = carried(&client_conn, b"get k x\r\n");
+    client.send(b"get k\r\nget k x\r\n");
+    wait_for("the client's second read relayed", || {
+        carried(&client_conn, b"get k x\r\n") > reads
+    });
+    client.send(b"set k 0 0 1\r\n2\r\n");
+    let mut direct = server.client();
+    wait_for("the client's write at memcached", || {
+        direct.get("k").as_deref() == Some(&b"2"[..])
+    });
+    other_conn.held.store(false, Ordering::SeqCst);
+    assert!(value_of(&other.reply(ReplyKind::Values)).is_some());
+
+    let first = read_value(&mut client, false);
+    let second = read_value(&mut client, false);
+    assert_eq!(client.reply(ReplyKind::Line), b"STORED\r\n");
+    assert_eq!(
+        (&first[..], &second[..]),
+        (&b"1"[..], &b"1"[..]),
+        "reads before the client's own write of 2"
+    );
+}
+
+/// One writer stores increasing numbers in a hot, near-cached key as fast
+/// as it can while pipelining readers on both workers read it in batches:
+/// within each reader's connection the numbers never go down.
+#[test]
+fn near_cached_reads_never_go_back_on_one_connection() {
+    const BATCH: usize = 20;
+    let server = Memcached::start();
+    let proxy = Proxy::start(
+        &[&server],
+        "workers = 2\nconnections_per_server = 2\nhot_key_window_ms = 100\n\
+         hot_key_cache_ms = 60000",
+    );
+    let mut admin = proxy.client();
+    assert_eq!(admin.set("hot", b"0"), b"STORED\r\n");
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let readers: Vec<_> = (0..4)
+        .map(|_| {
+            let stop = stop.clone();
+            let mut client = proxy.client();
+            std::thread::spawn(move || {
+                let batch = b"get hot\r\n".repeat(BATCH);
+                let (mut last, mut reads) = (0u64, 0u64);
+                while !stop.load(Ordering::Relaxed) && started.elapsed() < DEADLINE {
+                    client.send(&batch);
+                    for _ in 0..BATCH {
+                        let seq = seq_of(value_of(&client.reply(ReplyKind::Values)));
+                        assert!(seq >= last, "read {seq} after {last} on one connection");
+                        last = seq;
+                        reads += 1;
+                    }
+                }
+                reads
+            })
+        })
+        .collect();
+    let mut writer = proxy.client();
+    let mut seq = 0u64;
+    while started.elapsed() < Duration::from_secs(3) && !readers.iter().any(|r| r.is_finished()) {
+        seq += 1;
+        assert_eq!(writer.set("hot", seq.to_string().as_bytes()), b"STORED\r\n");
+    }
+    stop.store(true, Ordering::Relaxed);
+    let reads: u64 = readers.into_iter().map(|r| r.join().unwrap()).sum();
+    let hits = admin.stat("near_cache_hits");
+    assert!(
+        hits > 0,
+        "no read came from the near cache: {reads} reads, {seq} writes"
+    );
 }
