@@ -1,6 +1,6 @@
 //! The `memring` binary: help and version, `check`, `plan`, `send`,
-//! `healthcheck`, the open-file-limit check, and running the daemon until
-//! SIGTERM.
+//! `healthcheck`, `completions` and `man`, the open-file-limit check, and
+//! running the daemon until SIGTERM.
 
 mod common;
 
@@ -536,5 +536,81 @@ fn daemon_serves_and_exits_zero_on_sigterm() {
     for worker in workers {
         worker.join().expect("no reply was cut off");
     }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The subcommands `memring --help` lists, without clap's `help`.
+fn subcommands() -> Vec<String> {
+    let help = Command::new(BIN).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout).to_string();
+    let names: Vec<String> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .map(str::to_string)
+        .collect();
+    assert!(names.len() >= 7, "{help}");
+    names
+}
+
+#[test]
+fn completions_and_man_pages_cover_every_subcommand() {
+    let names = subcommands();
+    for shell in ["bash", "zsh", "fish"] {
+        let output = Command::new(BIN)
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{shell}: {output:?}");
+        let script = String::from_utf8_lossy(&output.stdout);
+        for name in &names {
+            assert!(script.contains(name.as_str()), "{shell} lacks {name}");
+        }
+        // fish spells a long option `-l config`.
+        let config = if shell == "fish" {
+            "-l config"
+        } else {
+            "--config"
+        };
+        assert!(script.contains(config), "{shell} lacks --config");
+    }
+    let output = Command::new(BIN).arg("man").output().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let page = String::from_utf8_lossy(&output.stdout);
+    assert!(page.contains(".TH memring 1"), "{page}");
+    for name in &names {
+        assert!(
+            page.contains(&format!("memring\\-{name}(1)")),
+            "man lacks {name}"
+        );
+    }
+    assert!(!page.contains("memring\\-help"), "clap's help has no page");
+    assert!(
+        page.contains("/etc/memring/memring.toml"),
+        "no FILES section"
+    );
+
+    // `--dir` writes the pages memring(1) refers to.
+    let dir = temp_dir("man");
+    let output = Command::new(BIN)
+        .args(["man", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let mut expected: Vec<String> = names.iter().map(|n| format!("memring-{n}.1")).collect();
+    expected.push("memring.1".to_string());
+    expected.sort();
+    let mut written: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    written.sort();
+    assert_eq!(written, expected);
+    let check = std::fs::read_to_string(dir.join("memring-check.1")).unwrap();
+    assert!(check.contains("The config file to validate"), "{check}");
     let _ = std::fs::remove_dir_all(dir);
 }
