@@ -1,13 +1,14 @@
-//! The `memring` command: run the proxy, check a config, plan a change, or
-//! import a twemproxy config.
+//! The `memring` command: run the proxy, check a config, plan a change,
+//! import a twemproxy config, or print its own man page and completions.
 
+mod cli;
 mod import;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use memring::config::Config;
@@ -126,6 +127,24 @@ enum Action {
         /// The pool to import, when the file has more than one.
         pool: Option<String>,
     },
+    /// Print a shell completion script to stdout.
+    ///
+    /// For bash: `memring completions bash > /etc/bash_completion.d/memring`
+    /// (the Debian package installs bash, zsh and fish scripts).
+    Completions {
+        /// The shell to complete for.
+        #[arg(value_enum, value_name = "SHELL")]
+        shell: clap_complete::Shell,
+    },
+    /// Print the memring(1) man page (roff) to stdout.
+    ///
+    /// `memring man | man -l -` shows it. With `--dir DIR`, writes memring.1
+    /// and one memring-COMMAND.1 per subcommand into DIR instead.
+    Man {
+        /// Write every page into this directory (it must exist).
+        #[arg(long, value_name = "DIR", value_hint = clap::ValueHint::DirPath)]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -143,6 +162,13 @@ fn main() -> ExitCode {
         (Some(Action::Plan { old, new }), _) => plan(old, new),
         (Some(Action::Send { addr, lines }), _) => send(*addr, lines),
         (Some(Action::Import { from, file, pool }), _) => import(*from, file, pool.as_deref()),
+        (Some(Action::Completions { shell }), _) => {
+            cli::completions::print(*shell, Cli::command()).context("cannot write the script")
+        }
+        (Some(Action::Man { dir: None }), _) => {
+            cli::man::print(Cli::command()).context("cannot write the page")
+        }
+        (Some(Action::Man { dir: Some(dir) }), _) => man_pages(dir),
         (None, Some(config)) => run(config),
         (None, None) => {
             eprintln!("memring: no config given; run `memring --config FILE` (see --help)");
@@ -171,6 +197,15 @@ fn error_chain(error: &anyhow::Error) -> String {
         }
     }
     text
+}
+
+fn man_pages(dir: &Path) -> anyhow::Result<()> {
+    let pages = cli::man::write_all(Cli::command(), dir)
+        .with_context(|| format!("cannot write the pages into {}", dir.display()))?;
+    for page in pages {
+        println!("{}", page.display());
+    }
+    Ok(())
 }
 
 fn healthcheck(addr: std::net::SocketAddr) -> ExitCode {

@@ -1,6 +1,7 @@
 //! The `memring` binary: help and version, `check`, `plan`, `send`,
-//! `healthcheck`, the open-file-limit check, and running the daemon until
-//! SIGTERM.
+//! `healthcheck`, `completions` and `man`, the open-file-limit check, running
+//! the daemon until SIGTERM, and the files the Debian package ships (its
+//! config and the unit's limits).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -535,4 +536,166 @@ fn daemon_serves_and_exits_zero_on_sigterm() {
         worker.join().expect("no reply was cut off");
     }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The subcommands `memring --help` lists, without clap's `help`.
+fn subcommands() -> Vec<String> {
+    let help = Command::new(BIN).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout).to_string();
+    let names: Vec<String> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .map(str::to_string)
+        .collect();
+    assert!(names.len() >= 7, "{help}");
+    names
+}
+
+#[test]
+fn completions_and_man_pages_cover_every_subcommand() {
+    let names = subcommands();
+    for shell in ["bash", "zsh", "fish"] {
+        let output = Command::new(BIN)
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{shell}: {output:?}");
+        let script = String::from_utf8_lossy(&output.stdout);
+        for name in &names {
+            assert!(script.contains(name.as_str()), "{shell} lacks {name}");
+        }
+        // fish spells a long option `-l config`.
+        let config = if shell == "fish" {
+            "-l config"
+        } else {
+            "--config"
+        };
+        assert!(script.contains(config), "{shell} lacks --config");
+    }
+    let output = Command::new(BIN).arg("man").output().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let page = String::from_utf8_lossy(&output.stdout);
+    assert!(page.contains(".TH memring 1"), "{page}");
+    for name in &names {
+        assert!(
+            page.contains(&format!("memring\\-{name}(1)")),
+            "man lacks {name}"
+        );
+    }
+    assert!(!page.contains("memring\\-help"), "clap's help has no page");
+    assert!(
+        page.contains("/etc/memring/memring.toml"),
+        "no FILES section"
+    );
+
+    // `--dir` writes the pages memring(1) refers to.
+    let dir = temp_dir("man");
+    let output = Command::new(BIN)
+        .args(["man", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let mut expected: Vec<String> = names.iter().map(|n| format!("memring-{n}.1")).collect();
+    expected.push("memring.1".to_string());
+    expected.sort();
+    let mut written: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    written.sort();
+    assert_eq!(written, expected);
+    let check = std::fs::read_to_string(dir.join("memring-check.1")).unwrap();
+    assert!(check.contains("The config file to validate"), "{check}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The file the Debian package installs as /etc/memring/memring.toml.
+const PACKAGED_CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/config/debian.toml");
+
+#[test]
+fn the_packaged_config_passes_check_and_fronts_the_local_memcached() {
+    let output = Command::new(BIN)
+        .args(["check", PACKAGED_CONFIG])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains(": ok (1 server, listen 127.0.0.1:22122, ring memring)"),
+        "{stdout}"
+    );
+    assert!(output.stderr.is_empty(), "warnings: {output:?}");
+    let config = memring::config::Config::load(std::path::Path::new(PACKAGED_CONFIG)).unwrap();
+    assert_eq!(config.servers.len(), 1);
+    assert_eq!(
+        config.servers[0].addr, "127.0.0.1:11211",
+        "Debian's memcached"
+    );
+}
+
+/// Commented settings (`# name = value`) of a config file.
+fn documented_settings(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# "))
+        .filter_map(|l| l.split_once(" = "))
+        .map(|(name, _)| name)
+        .filter(|name| name.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn the_packaged_config_documents_every_setting_the_reference_does() {
+    let reference =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/memring.toml"))
+            .unwrap();
+    let packaged = std::fs::read_to_string(PACKAGED_CONFIG).unwrap();
+    let reference = documented_settings(&reference);
+    assert!(reference.len() > 20, "{reference:?}");
+    let packaged = documented_settings(&packaged);
+    for name in &reference {
+        assert!(
+            packaged.contains(name),
+            "config/debian.toml lacks `# {name} = ...` (copy it from config/memring.toml)"
+        );
+    }
+}
+
+#[test]
+fn the_unit_file_descriptor_limit_covers_the_packaged_defaults() {
+    let unit = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/debian/memring.service"
+    ))
+    .unwrap();
+    let limit: u64 = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("LimitNOFILE="))
+        .expect("the unit sets LimitNOFILE")
+        .parse()
+        .unwrap();
+    let config = memring::config::Config::load(std::path::Path::new(PACKAGED_CONFIG)).unwrap();
+    // memring's own arithmetic, for a large machine (one worker per CPU) with
+    // the admin listener turned on: every configured client still fits.
+    let budget = memring::fd_budget::FdBudget {
+        nofile: limit,
+        fixed: memring::fd_budget::BASE_FDS + memring::admin::MAX_CONNECTIONS as u64,
+        workers: 256,
+    };
+    let backends = budget.config_backend_fds(&config);
+    assert_eq!(
+        budget.client_limit(config.max_client_connections, backends),
+        config.max_client_connections,
+        "LimitNOFILE={limit} leaves too little for {} clients",
+        config.max_client_connections
+    );
+    assert!(
+        unit.contains("ExecReload=/bin/kill -HUP $MAINPID"),
+        "{unit}"
+    );
 }
