@@ -96,7 +96,14 @@ fn translate(pool: &Pool) -> Result<(String, Vec<String>), String> {
                 ))
             }
             "timeout" => lines.push(format!("request_timeout_ms = {}", number()?)),
-            "server_connections" => lines.push(format!("connections_per_server = {}", number()?)),
+            "server_connections" => {
+                let n = number()?;
+                lines.push(format!(
+                    "# server_connections: {n} -> connections_per_server, which is per worker: \
+                     with the default one worker, {n} connection(s) to each server, as nutcracker"
+                ));
+                lines.push(format!("connections_per_server = {n}"));
+            }
             "auto_eject_hosts" => lines.push(format!("auto_eject = {}", boolean()?)),
             "server_failure_limit" => lines.push(format!("failure_limit = {}", number()?)),
             "client_connections" => match number()? {
