@@ -29,6 +29,8 @@
 //!   connections and clients; whether a new ring fits. Pure.
 //! - [`outbuf`]: ordered write queues (client replies, server requests).
 //! - [`reload`]: watch the config file and SIGHUP, validate, publish.
+//! - `sweep`: when a hand-off window ends, delete from each server the keys
+//!   it no longer owns, so a later change cannot bring them back.
 //! - [`hotkeys`]: hot-key detection per server (space-saving sketches per
 //!   worker), `stats hotkeys`, coalescing of concurrent gets, near cache.
 //! - [`stats`]: counters behind both the `stats` reply and Prometheus; a leaf.
@@ -58,6 +60,7 @@ pub mod server;
 mod session;
 mod shard;
 pub mod stats;
+mod sweep;
 pub mod topology;
 mod worker;
 

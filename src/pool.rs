@@ -341,6 +341,16 @@ pub async fn eject_on_health_changes(publisher: Arc<Publisher>, shutdown: Cancel
             () = tokio::time::sleep_until(tick.into()) => {
                 if let Some(Published { version, .. }) = publisher.end_window() {
                     tracing::info!("ring v{version}: hand-off window over; leaving servers closed");
+                    let topology = publisher.topology.load_full();
+                    let (shared, stats) = (publisher.topology.clone(), publisher.hooks.stats.clone());
+                    tokio::spawn(async move {
+                        let swept = crate::sweep::sweep(shared, topology, stats).await;
+                        let deleted: u64 = swept.iter().map(|(_, n)| n).sum();
+                        tracing::info!(
+                            "ring v{version}: deleted {deleted} keys from {} servers that no longer own them",
+                            swept.len()
+                        );
+                    });
                 }
                 continue;
             }

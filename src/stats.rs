@@ -167,6 +167,8 @@ pub struct Stats {
     handoff_copies: Counter,
     handoff_copies_skipped: Counter,
     handoff_copy_failures: Counter,
+    handoff_leftovers_deleted: Counter,
+    handoff_sweeps: Counter,
     /// Per-command request latency, indexed like `commands`.
     command_latency: Vec<Histogram>,
     /// Hot keys: what was taken off the servers, and the top keys.
@@ -370,6 +372,16 @@ impl Stats {
             "handoff_copy_failures",
             "Copies to a new owner that failed",
         );
+        let handoff_leftovers_deleted = counter(
+            &mut registry,
+            "handoff_leftovers_deleted",
+            "Keys deleted from servers that no longer own them, when a hand-off window ended",
+        );
+        let handoff_sweeps = counter(
+            &mut registry,
+            "handoff_sweeps",
+            "Servers swept of keys they no longer own after a hand-off window",
+        );
         let latency_family: Family<CommandLabels, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(latency_histogram);
         registry.register(
@@ -428,6 +440,8 @@ impl Stats {
             handoff_reads,
             handoff_hits,
             handoff_copies,
+            handoff_leftovers_deleted,
+            handoff_sweeps,
             handoff_copies_skipped,
             handoff_copy_failures,
             command_latency,
@@ -576,15 +590,26 @@ impl Stats {
         }
     }
 
+    /// One server swept of `deleted` keys it no longer owns.
+    pub fn swept(&self, deleted: u64) {
+        self.handoff_sweeps.inc();
+        self.handoff_leftovers_deleted.inc_by(deleted);
+    }
+
     /// Hand-off counters for `stats`: read-through keys, hits there, copies
-    /// made, skipped and failed.
-    pub fn handoff(&self) -> [(&'static str, u64); 5] {
+    /// made, skipped and failed, servers swept and leftovers deleted.
+    pub fn handoff(&self) -> [(&'static str, u64); 7] {
         [
             ("handoff_read_through", self.handoff_reads.get()),
             ("handoff_read_through_hits", self.handoff_hits.get()),
             ("handoff_copies", self.handoff_copies.get()),
             ("handoff_copies_skipped", self.handoff_copies_skipped.get()),
             ("handoff_copy_failures", self.handoff_copy_failures.get()),
+            ("handoff_sweeps", self.handoff_sweeps.get()),
+            (
+                "handoff_leftovers_deleted",
+                self.handoff_leftovers_deleted.get(),
+            ),
         ]
     }
 

@@ -249,6 +249,12 @@ impl Topology {
             .map(|member| self.ring_backends[member] as usize)
     }
 
+    /// Whether backend `index` has points on the ring (it is configured and
+    /// not ejected).
+    pub fn ring_holds(&self, index: usize) -> bool {
+        self.ring_backends.contains(&(index as u32))
+    }
+
     /// Backend indexes of `key`'s replica set (owner first), `config.replicas`
     /// long at most; the ring walk skips ejected servers, which are not on it.
     pub fn replicas(&self, key: &[u8], out: &mut smallvec::SmallVec<[usize; 4]>) {

@@ -1206,3 +1206,60 @@ fn random_writes_and_membership_flips_never_read_older_than_an_acknowledged_writ
     }
     assert!(lost.is_empty(), "TTL lost: {lost:?}");
 }
+
+/// Undoing a change after its window ended: when the window of 4 -> 5 ends,
+/// memring deletes from each server the keys it no longer owns, so after the
+/// moved keys are rewritten on their new owners, going back to 4 servers
+/// reads them through from where they were written, never the old values
+/// still on their old owners.
+#[test]
+fn undoing_a_change_after_its_window_ended_never_brings_back_an_old_value() {
+    let dir = TempDir::new("handoff", "undo-late");
+    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let short = |list: &[&Memcached]| {
+        config(list).replace(
+            "request_timeout_ms = 2000\n",
+            "request_timeout_ms = 2000\nhandoff_ms = 1000\n",
+        )
+    };
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, short(&all[..4])).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..2_000).map(|i| format!("late:{i}")).collect();
+    store(&mut client, &keys);
+    replace_by_rename(&path, &short(&all));
+    wait_for("ring version 2", || proxy.ring_version() >= 2);
+    // Read everything once in the window (copies), then let it end.
+    assert!(read_all(&mut client, &keys) >= keys.len() * 995 / 1000);
+    wait_for("the window to end and its sweep to finish", || {
+        proxy.client().stat("handoff_sweeps") >= 5
+    });
+    let deleted = proxy.client().stat("handoff_leftovers_deleted");
+    println!("sweep after 4 -> 5: {deleted} leftover keys deleted");
+    assert!(
+        deleted > 200,
+        "the old owners' copies were deleted: {deleted}"
+    );
+    // Rewritten outside any window: the new owners alone get v2.
+    let second = |key: &str| format!("{key}=v2");
+    for key in &keys {
+        assert_eq!(client.set(key, second(key).as_bytes()), b"STORED\r\n");
+    }
+    // The undo gets a window of the default length: its reads must fall in it.
+    replace_by_rename(&path, &config(&all[..4]));
+    wait_for("ring version 4", || proxy.ring_version() >= 4);
+    let read = get_each(&mut client, &keys);
+    assert_eq!(
+        older_than(&read, &keys, second),
+        0,
+        "reads of the overwritten v1 after the undo"
+    );
+    let hits = read.iter().filter(|v| v.is_some()).count();
+    assert!(
+        hits >= keys.len() * 995 / 1000,
+        "{hits} of {} hit",
+        keys.len()
+    );
+}

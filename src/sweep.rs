@@ -1,0 +1,233 @@
+//! When a hand-off window ends, delete from every server the keys it holds
+//! but no longer owns.
+//!
+//! During a window the previous owners' copies of moved keys serve the
+//! read-through. Once it is over nothing reads them, but they stay: and when
+//! a later change gives such a key back to its old server (undoing the
+//! change, a flip), that copy would be read as current although the key has
+//! been written on its new owner since. memcached cannot delete a key range,
+//! but it lists its keys (`lru_crawler metadump all`, memcached 1.4.31 and
+//! later), so memring asks each server of the ring for its keys and deletes
+//! those the ring in force places elsewhere. The sweep stops when the ring
+//! changes under it (the next window's sweep covers what it left).
+//!
+//! The parsing and the choice of keys are pure; the I/O is one short-lived
+//! connection per server, off the request path.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{BufMut, BytesMut};
+use memchr::memchr;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+use crate::protocol::request::is_valid_key;
+use crate::topology::{SharedTopology, Topology};
+
+/// Deletes sent before memring waits for the server to take them.
+const DELETES_PER_BATCH: usize = 512;
+/// Longest metadump line memring reads (a 250-byte key, URL-encoded, and
+/// its metadata).
+const MAX_DUMP_LINE_BYTES: u64 = 4096;
+
+/// The key of one `lru_crawler metadump` line (`key=<url-encoded> exp=…`),
+/// decoded; `None` for anything else.
+pub fn dumped_key(line: &[u8]) -> Option<Vec<u8>> {
+    let rest = line.strip_prefix(b"key=")?;
+    let end = memchr(b' ', rest).unwrap_or(rest.len());
+    let encoded = &rest[..end];
+    let mut key = Vec::with_capacity(encoded.len());
+    let mut at = 0;
+    while at < encoded.len() {
+        if encoded[at] == b'%' {
+            let hex = encoded.get(at + 1..at + 3)?;
+            let hex = std::str::from_utf8(hex).ok()?;
+            key.push(u8::from_str_radix(hex, 16).ok()?);
+            at += 3;
+        } else {
+            key.push(encoded[at]);
+            at += 1;
+        }
+    }
+    (!key.is_empty()).then_some(key)
+}
+
+/// Whether server `server` (a backend index) should hold `key` under
+/// `topology`'s ring: it is the owner or one of the replicas.
+pub fn belongs_on(topology: &Topology, key: &[u8], server: usize) -> bool {
+    let mut replicas = smallvec::SmallVec::<[usize; 4]>::new();
+    topology.replicas(key, &mut replicas);
+    replicas.contains(&server)
+}
+
+/// The request that deletes `key` quietly: classic for a text key, meta with
+/// a base64 key for any other bytes.
+pub fn quiet_delete(key: &[u8], out: &mut BytesMut) {
+    if is_valid_key(key) {
+        out.put_slice(b"delete ");
+        out.put_slice(key);
+        out.put_slice(b" noreply\r\n");
+    } else {
+        out.put_slice(b"md ");
+        out.put_slice(crate::protocol::meta::encode_key(key).as_bytes());
+        out.put_slice(b" b q\r\n");
+    }
+}
+
+/// Sweeps every server of `topology` (as published at `version`) of the
+/// keys it no longer owns; stops when the published ring moves on. Returns
+/// the keys deleted per server name.
+pub async fn sweep(
+    shared: SharedTopology,
+    topology: Arc<Topology>,
+    stats: Arc<crate::stats::Stats>,
+) -> Vec<(Arc<str>, u64)> {
+    let timeout = topology.config.connect_timeout + Duration::from_secs(60);
+    let mut swept = Vec::new();
+    for (index, backend) in topology.backends.iter().enumerate() {
+        if !topology.ring_holds(index) {
+            continue;
+        }
+        let still_current = || shared.load().version == topology.version;
+        if !still_current() {
+            break;
+        }
+        let work = sweep_one(backend.addr(), &topology, index, &still_current);
+        match tokio::time::timeout(timeout, work).await {
+            Ok(Ok(deleted)) => {
+                stats.swept(deleted);
+                swept.push((backend.name().into(), deleted));
+            }
+            Ok(Err(e)) => tracing::warn!(
+                server = %backend.name(),
+                "hand-off sweep: could not list or delete keys it no longer owns: {e}"
+            ),
+            Err(_) => tracing::warn!(
+                server = %backend.name(),
+                "hand-off sweep: gave up after {} s", timeout.as_secs()
+            ),
+        }
+    }
+    swept
+}
+
+async fn sweep_one(
+    addr: &str,
+    topology: &Topology,
+    index: usize,
+    still_current: &(dyn Fn() -> bool + Sync),
+) -> std::io::Result<u64> {
+    // Listing first, deleting after: memcached streams the dump on the same
+    // connection, and a delete sent meanwhile would wait behind it anyway.
+    let mut leftovers = Vec::new();
+    {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        let (reader, mut writer) = stream.into_split();
+        writer.write_all(b"lru_crawler metadump all\r\n").await?;
+        let mut reader = BufReader::new(reader);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            let n = (&mut reader)
+                .take(MAX_DUMP_LINE_BYTES)
+                .read_until(b'\n', &mut line)
+                .await?;
+            if n == 0 {
+                return Err(std::io::Error::other("closed during the key listing"));
+            }
+            if line.starts_with(b"END") {
+                break;
+            }
+            if line.starts_with(b"BUSY") || line.starts_with(b"ERROR") {
+                return Err(std::io::Error::other(format!(
+                    "lru_crawler metadump answered {}",
+                    String::from_utf8_lossy(&line).trim_end()
+                )));
+            }
+            if let Some(key) = dumped_key(&line) {
+                if !belongs_on(topology, &key, index) {
+                    leftovers.push(key);
+                }
+            }
+        }
+    }
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    let (reader, mut writer) = stream.into_split();
+    let mut reader = BufReader::new(reader);
+    let mut deleted = 0u64;
+    for batch in leftovers.chunks(DELETES_PER_BATCH) {
+        if !still_current() {
+            break;
+        }
+        let mut out = BytesMut::with_capacity(batch.len() * 32 + 4);
+        for key in batch {
+            quiet_delete(key, &mut out);
+        }
+        // memcached answers `mn` once every request before it is done.
+        out.put_slice(b"mn\r\n");
+        writer.write_all(&out).await?;
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            if (&mut reader)
+                .take(MAX_DUMP_LINE_BYTES)
+                .read_until(b'\n', &mut line)
+                .await?
+                == 0
+            {
+                return Err(std::io::Error::other("closed while deleting"));
+            }
+            if line == b"MN\r\n" {
+                break;
+            }
+        }
+        deleted += batch.len() as u64;
+    }
+    Ok(deleted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadump_lines_give_their_decoded_keys() {
+        // Lines as memcached 1.6.18 sent them for `k`, `a%20b` and the meta
+        // key `foo\0bar`.
+        for (line, key) in [
+            (
+                &b"key=k exp=-1 la=1796120934 cas=1 fetch=no cls=1 size=62\n"[..],
+                &b"k"[..],
+            ),
+            (
+                b"key=a%2520b exp=1796121035 la=1 cas=2 fetch=no cls=1 size=66\n",
+                b"a%20b",
+            ),
+            (
+                b"key=foo%00bar exp=-1 la=1 cas=3 fetch=no cls=1 size=68\n",
+                b"foo\0bar",
+            ),
+        ] {
+            assert_eq!(dumped_key(line).as_deref(), Some(key), "{line:?}");
+        }
+        for line in [
+            &b"END\r\n"[..],
+            b"key= exp=-1\n",
+            b"key=a%2 exp=-1\n",
+            b"key=a%zz\n",
+        ] {
+            assert_eq!(dumped_key(line), None, "{line:?}");
+        }
+    }
+
+    #[test]
+    fn text_keys_are_deleted_classically_and_others_by_base64() {
+        let mut out = BytesMut::new();
+        quiet_delete(b"user:1", &mut out);
+        quiet_delete(b"foo\0bar", &mut out);
+        assert_eq!(
+            &out[..],
+            b"delete user:1 noreply\r\nmd Zm9vAGJhcg== b q\r\n"
+        );
+    }
+}
