@@ -381,6 +381,18 @@ pub async fn eject_on_health_changes(publisher: Arc<Publisher>, shutdown: Cancel
     }
 }
 
+/// Whether `reply` is `flush_all`'s success.
+pub(crate) fn flush_answer(reply: &[u8]) -> std::io::Result<()> {
+    if reply == b"OK\r\n" {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "flush_all answered {:?}",
+            String::from_utf8_lossy(reply)
+        )))
+    }
+}
+
 /// `flush_all` on a server, over its own short-lived connection.
 async fn flush(addr: &str, timeout: std::time::Duration) -> std::io::Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -396,14 +408,7 @@ async fn flush(addr: &str, timeout: std::time::Duration) -> std::io::Result<()> 
             }
             got += n;
         }
-        if &reply[..got] == b"OK\r\n" {
-            Ok(())
-        } else {
-            Err(std::io::Error::other(format!(
-                "flush_all answered {:?}",
-                String::from_utf8_lossy(&reply[..got])
-            )))
-        }
+        flush_answer(&reply[..got])
     };
     tokio::time::timeout(timeout, attempt)
         .await

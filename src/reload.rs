@@ -145,6 +145,7 @@ impl Reloader {
                 .into_iter()
                 .filter(|s| s.restart_only),
         );
+        flush_newcomers(&self.publisher.shared().load(), &config);
         // Unchanged servers keep their backends and open connections.
         let limit_before = self.publisher.client_limit();
         let Published { version, change } = match self.publisher.apply_config(config.clone()) {
@@ -660,6 +661,56 @@ fn watched_directory(path: &Path) -> PathBuf {
         Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
         _ => PathBuf::from("."),
     }
+}
+
+/// Flushes the servers `config` adds that the topology in force does not
+/// know at all (neither in its ring nor leaving it): a server removed and
+/// added again still holds what it had before its removal, older than what
+/// was written meanwhile on the servers that stood in for it, and reads ask
+/// the new owner first. A server still leaving in a hand-off window is kept
+/// as it is: every write of a key it held deleted its copy. A flush that
+/// fails is logged; the server then joins as it is.
+fn flush_newcomers(topology: &crate::topology::Topology, config: &Config) {
+    for server in &config.servers {
+        if topology.backends.iter().any(|b| b.addr() == server.addr) {
+            continue;
+        }
+        let timeout = config.connect_timeout + config.request_timeout;
+        match flush_now(&server.addr, timeout) {
+            Ok(()) => {
+                tracing::info!(server = %server.name, "joins: flushed first, so it holds nothing from before")
+            }
+            Err(e) => tracing::warn!(
+                server = %server.name,
+                "joins without the flush it needs (it may hold values from before its removal): {e}"
+            ),
+        }
+    }
+}
+
+/// `flush_all` on `addr` over a connection of its own, waiting at most
+/// `timeout`. Blocking: reloads run off the request path.
+fn flush_now(addr: &str, timeout: std::time::Duration) -> std::io::Result<()> {
+    use std::io::{Read, Write};
+    use std::net::ToSocketAddrs;
+    let target = addr
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| std::io::Error::other("the address resolves to nothing"))?;
+    let mut stream = std::net::TcpStream::connect_timeout(&target, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream.write_all(b"flush_all\r\n")?;
+    let mut reply = [0u8; 64];
+    let mut got = 0;
+    while !reply[..got].ends_with(b"\r\n") && got < reply.len() {
+        let n = stream.read(&mut reply[got..])?;
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    crate::pool::flush_answer(&reply[..got])
 }
 
 #[cfg(test)]

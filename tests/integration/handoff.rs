@@ -1263,3 +1263,57 @@ fn undoing_a_change_after_its_window_ended_never_brings_back_an_old_value() {
         keys.len()
     );
 }
+
+/// A server removed and added back after the window keeps what it held:
+/// values older than the writes made while it was out. memring flushes a
+/// server it does not know before it joins, so its keys are read through
+/// from the servers that stood in for it.
+#[test]
+fn a_server_added_back_after_its_removal_never_serves_what_it_held_before() {
+    let dir = TempDir::new("handoff", "re-add");
+    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let short = |list: &[&Memcached]| {
+        config(list).replace(
+            "request_timeout_ms = 2000\n",
+            "request_timeout_ms = 2000\nhandoff_ms = 1000\n",
+        )
+    };
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, short(&all)).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..2_000).map(|i| format!("readd:{i}")).collect();
+    store(&mut client, &keys);
+    let held = held_by(&servers[4], &keys);
+    assert!(held > 200, "the fifth server holds a fifth: {held}");
+    replace_by_rename(&path, &short(&all[..4]));
+    wait_for("the removal's window to end", || {
+        proxy.client().stat("handoff_sweeps") >= 4
+    });
+    let second = |key: &str| format!("{key}=v2");
+    for key in &keys {
+        assert_eq!(client.set(key, second(key).as_bytes()), b"STORED\r\n");
+    }
+    assert_eq!(
+        held_by(&servers[4], &keys),
+        held,
+        "the removed server kept its values"
+    );
+    replace_by_rename(&path, &config(&all));
+    wait_for("the fifth server back in the ring", || {
+        proxy.running().topology.load().backends.len() == 5
+    });
+    let read = get_each(&mut client, &keys);
+    assert_eq!(
+        older_than(&read, &keys, second),
+        0,
+        "reads of values from before the removal"
+    );
+    let hits = read.iter().filter(|v| v.is_some()).count();
+    assert!(
+        hits >= keys.len() * 995 / 1000,
+        "{hits} of {} hit",
+        keys.len()
+    );
+}
