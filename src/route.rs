@@ -54,8 +54,16 @@ pub enum Plan {
     Quit,
     /// One server gets the request as received (`noreply` stripped).
     Forward { server: usize },
-    /// Every replica gets the request; answered when a quorum agrees.
-    Quorum { servers: Servers, quorum: usize },
+    /// Every replica gets the request; answered when a quorum agrees. The
+    /// last `forget` servers are replicas of the previous ring only (in a
+    /// hand-off window): they get a `delete` of the key instead, and the
+    /// answer waits for them too, so no older copy stays where a lagging
+    /// sidecar, or this one after an undo, would read it.
+    Quorum {
+        servers: Servers,
+        quorum: usize,
+        forget: usize,
+    },
     /// `cas` checked on the owner; when it stores, copied as `set` to the
     /// other replicas before any later request of the client is sent.
     CasThenCopy { owner: usize, copies: Servers },
@@ -123,10 +131,22 @@ pub fn plan(request: &Request, bytes: &Bytes, topology: &Topology) -> Plan {
                     owner,
                     copies: servers[1..].iter().copied().collect(),
                 },
-                Some(_) => Plan::Quorum {
-                    quorum: quorum(servers.len()),
-                    servers,
-                },
+                Some(_) => {
+                    let quorum = quorum(servers.len());
+                    let current = servers.len();
+                    let mut before = Servers::new();
+                    topology.previous_replicas(key, &mut before);
+                    for server in before {
+                        if !servers[..current].contains(&server) {
+                            servers.push(server);
+                        }
+                    }
+                    Plan::Quorum {
+                        quorum,
+                        forget: servers.len() - current,
+                        servers,
+                    }
+                }
             }
         }
     }

@@ -9,7 +9,7 @@ impl ClientSession {
         let topology = entry.topology.clone();
         match &mut entry.work {
             Work::Ready(_) | Work::Stats => true,
-            Work::Lines { parts, .. } => {
+            Work::Lines { parts, finish } => {
                 if entry.sent {
                     return true;
                 }
@@ -21,12 +21,28 @@ impl ClientSession {
                 entry.reserved = cost;
                 let request = forwardable(&entry.bytes, &entry.request);
                 let expect = entry.command.reply_line().unwrap_or(LineKind::Ok);
-                for part in parts.iter_mut() {
+                let forget = match finish {
+                    Finish::Quorum { forget, .. } => *forget,
+                    _ => 0,
+                };
+                let replicas = parts.len() - forget;
+                for part in parts[..replicas].iter_mut() {
                     // A `noreply` request's reply is awaited too (and then
                     // dropped), so that its bytes stay counted until the
                     // server has them: see `unanswered`.
                     let hot = entry.hot.as_ref();
                     self.send_line(&topology, part, &request, expect, true, hot);
+                }
+                if forget > 0 {
+                    let key = entry.request.key(&entry.bytes, 0);
+                    let mut line = bytes::BytesMut::with_capacity(key.len() + 9);
+                    line.extend_from_slice(b"delete ");
+                    line.extend_from_slice(key);
+                    line.extend_from_slice(b"\r\n");
+                    let line = [line.freeze()];
+                    for part in parts[replicas..].iter_mut() {
+                        self.send_line(&topology, part, &line, LineKind::Delete, true, None);
+                    }
                 }
                 entry.sent = true;
                 true
@@ -776,10 +792,18 @@ impl ClientSession {
                 return true;
             }
             Work::Lines { parts, finish } => {
+                let forget = match finish {
+                    Finish::Quorum { forget, .. } => *forget,
+                    _ => 0,
+                };
+                let (replicas, forgotten) = parts.split_at(parts.len() - forget);
+                if forgotten.iter().any(|p| p.result.is_none()) {
+                    return false;
+                }
                 let results: SmallVec<[Option<&CallResult>; 4]> =
-                    parts.iter().map(|p| p.result.as_ref()).collect();
+                    replicas.iter().map(|p| p.result.as_ref()).collect();
                 match finish {
-                    Finish::Quorum(quorum) => match decide(&results, *quorum) {
+                    Finish::Quorum { quorum, .. } => match decide(&results, *quorum) {
                         Decision::Wait => return false,
                         Decision::Answer(reply) => {
                             stats.reply(entry.command, &reply);

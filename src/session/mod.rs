@@ -681,7 +681,12 @@ enum CasStage {
 /// How the parts' one-line replies become the client's reply.
 enum Finish {
     Forward,
-    Quorum(usize),
+    /// A replicated write: the quorum, and how many of the last parts are
+    /// `delete`s to the previous ring's replicas (see `route::Plan::Quorum`).
+    Quorum {
+        quorum: usize,
+        forget: usize,
+    },
     AllOk,
 }
 

@@ -36,9 +36,13 @@ impl ClientSession {
                 parts: smallvec::smallvec![Part::new(server)],
                 finish: Finish::Forward,
             },
-            Plan::Quorum { servers, quorum } => Work::Lines {
+            Plan::Quorum {
+                servers,
+                quorum,
+                forget,
+            } => Work::Lines {
                 parts: servers.into_iter().map(Part::new).collect(),
-                finish: Finish::Quorum(quorum),
+                finish: Finish::Quorum { quorum, forget },
             },
             Plan::Broadcast { servers } => Work::Lines {
                 parts: servers.into_iter().map(Part::new).collect(),

@@ -405,3 +405,67 @@ fn replicas_and_a_join_keep_every_key_readable() {
         "meta: {meta_hits}"
     );
 }
+
+/// `replicas = 2`: 4 -> 5 servers, every key rewritten, then the change
+/// undone within the window. A replica of the old ring that is not one now
+/// gets a `delete` with each write, so after the undo no key reads the value
+/// the rewrite replaced.
+#[test]
+fn replicated_writes_in_a_window_leave_no_older_copy_for_an_undo() {
+    let dir = crate::common::TempDir::new("replication", "undo");
+    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let config = |n: usize| {
+        crate::common::config_text(&servers.iter().take(n).collect::<Vec<_>>(), "replicas = 2")
+    };
+    let path = dir.path("memring.toml");
+    let rewrite = |text: String| {
+        let temporary = path.with_extension("tmp");
+        std::fs::write(&temporary, text).unwrap();
+        std::fs::rename(&temporary, &path).unwrap();
+    };
+    std::fs::write(&path, config(4)).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..2_000).map(|i| format!("rundo:{i}")).collect();
+    for key in &keys {
+        assert_eq!(
+            client.set(key, format!("{key}=v1").as_bytes()),
+            b"STORED\r\n"
+        );
+    }
+    rewrite(config(5));
+    wait_for("ring version 2", || proxy.ring_version() >= 2);
+    for key in &keys {
+        assert_eq!(
+            client.set(key, format!("{key}=v2").as_bytes()),
+            b"STORED\r\n"
+        );
+    }
+    rewrite(config(4));
+    wait_for("ring version 3", || proxy.ring_version() >= 3);
+    let mut stale = 0;
+    for key in &keys {
+        if client.get(key) == Some(format!("{key}=v1").into_bytes()) {
+            stale += 1;
+        }
+    }
+    assert_eq!(stale, 0, "reads of the overwritten v1 after the undo");
+    // Not only the first replica: none of the key's replicas now may hold
+    // the old value, or a read falling through (its first replica DEAD, or
+    // evicted) would return it.
+    let mut direct: Vec<_> = servers.iter().map(Memcached::client).collect();
+    let mut held_old = Vec::new();
+    for key in &keys {
+        for replica in replicas_of(&proxy, key) {
+            if direct[replica].get(key) == Some(format!("{key}=v1").into_bytes()) {
+                held_old.push(format!("{key} on server {replica}"));
+            }
+        }
+    }
+    assert!(
+        held_old.is_empty(),
+        "{} replicas hold v1: {:?}",
+        held_old.len(),
+        &held_old[..held_old.len().min(5)]
+    );
+}
