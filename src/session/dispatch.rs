@@ -721,6 +721,11 @@ impl ClientSession {
                     if let Some(Ok(reply)) = &part.result {
                         if meta.value && reply.starts_with(b"VA") {
                             estimate = Some(reply.len());
+                        } else if meta.value && route::meta_is_miss(reply) {
+                            // A miss brought no value: without this a client
+                            // whose reads miss would keep reserving the
+                            // largest value per request, a handful in flight.
+                            estimate = Some(MIN_ESTIMATE_BYTES);
                         }
                     }
                 }
@@ -747,6 +752,9 @@ impl ClientSession {
                 });
                 if plan.largest_block() > 0 {
                     estimate = Some(plan.largest_block());
+                } else if in_flight.is_empty() && !plan.has_unsent() {
+                    // Every key missed (as for a meta miss above).
+                    estimate = Some(MIN_ESTIMATE_BYTES);
                 }
                 // Values waiting for earlier keys stay owed.
                 let now = plan.held_bytes();

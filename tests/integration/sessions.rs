@@ -283,7 +283,11 @@ fn quiet_meta_misses_over_four_servers_always_reach_their_mn() {
         requests.extend(format!("mg big:{i} v q\r\n").bytes());
     }
     requests.extend(b"mn\r\n");
+    let started = std::time::Instant::now();
     let before = quiet_batch(&addr, requests, std::time::Duration::from_secs(60))
         .expect("100 000 quiet misses: no MN within 60 s");
+    // Reported, not asserted: a loaded machine and a debug build are slow,
+    // and a stall (what this test is about) never ends at all.
+    println!("100 000 quiet misses + mn: MN after {:?}", started.elapsed());
     assert_eq!(show(&before), "");
 }
