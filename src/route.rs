@@ -793,8 +793,13 @@ pub enum MetaPlan {
     Reply(&'static [u8]),
     /// One server gets the request: the key's owner.
     Forward { server: usize },
-    /// Every replica gets the request; answered when a quorum agrees.
-    Quorum { servers: Servers, quorum: usize },
+    /// Every replica gets the request; answered when a quorum agrees. The
+    /// last `forget` servers (previous ring's replicas only) get an `md`.
+    Quorum {
+        servers: Servers,
+        quorum: usize,
+        forget: usize,
+    },
     /// A mutation with `C` decided on the owner; when it succeeds, `copy`
     /// (the same request without `C` and `q`) goes to the other replicas
     /// before any later request of the client.
@@ -938,10 +943,24 @@ pub fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> M
             copies: servers[1..].iter().copied().collect(),
             copy: meta_copy(request, bytes),
         },
-        _ => MetaPlan::Quorum {
-            quorum: quorum(servers.len()),
-            servers,
-        },
+        _ => {
+            // In a hand-off window the previous ring's replicas that are not
+            // replicas now get an `md` (as for classic writes).
+            let quorum = quorum(servers.len());
+            let current = servers.len();
+            let mut before = Servers::new();
+            topology.previous_replicas(&key, &mut before);
+            for server in before {
+                if !servers[..current].contains(&server) {
+                    servers.push(server);
+                }
+            }
+            MetaPlan::Quorum {
+                quorum,
+                forget: servers.len() - current,
+                servers,
+            }
+        }
     }
 }
 

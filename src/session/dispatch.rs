@@ -115,15 +115,31 @@ impl ClientSession {
                         };
                         self.send(&topology, &mut meta.parts[0], &[line], expect, true, None);
                     } else {
-                        for part in meta.parts.iter_mut() {
+                        let (forget, key) = match &meta.mode {
+                            MetaMode::Quorum { forget, key, .. } => (*forget, Some(key)),
+                            _ => (0, None),
+                        };
+                        let replicas = meta.parts.len() - forget;
+                        for part in meta.parts[..replicas].iter_mut() {
                             let hot = entry.hot.as_ref();
                             self.send(&topology, part, &meta.wire, meta.expect.clone(), true, hot);
+                        }
+                        if let Some(key) = key.filter(|_| forget > 0) {
+                            let line = [crate::handoff::forget_line(&key.0, key.1)];
+                            let expect = Expect::Meta {
+                                command: MetaCommand::Delete,
+                                quiet: false,
+                                replied: false,
+                            };
+                            for part in meta.parts[replicas..].iter_mut() {
+                                self.send(&topology, part, &line, expect.clone(), true, None);
+                            }
                         }
                     }
                     entry.sent = true;
                 }
                 match &mut meta.mode {
-                    MetaMode::Forward | MetaMode::Quorum(_) => true,
+                    MetaMode::Forward | MetaMode::Quorum { .. } => true,
                     MetaMode::ReadMoved {
                         owner,
                         previous,
@@ -866,9 +882,13 @@ impl ClientSession {
             }
             Work::Meta(meta) => {
                 let reply = match &meta.mode {
-                    MetaMode::Quorum(quorum) => {
+                    MetaMode::Quorum { quorum, forget, .. } => {
+                        let (replicas, forgotten) = meta.parts.split_at(meta.parts.len() - forget);
+                        if forgotten.iter().any(|p| p.result.is_none()) {
+                            return false;
+                        }
                         let results: SmallVec<[Option<&CallResult>; 4]> =
-                            meta.parts.iter().map(|p| p.result.as_ref()).collect();
+                            replicas.iter().map(|p| p.result.as_ref()).collect();
                         match decide(&results, *quorum) {
                             Decision::Wait => return false,
                             Decision::Answer(reply) => {

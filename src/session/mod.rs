@@ -573,8 +573,14 @@ struct MetaWork {
 enum MetaMode {
     /// The one server's reply.
     Forward,
-    /// A replicated write (see `route::decide`).
-    Quorum(usize),
+    /// A replicated write (see `route::decide`); the last `forget` parts
+    /// delete the key from the previous ring's replicas (`key`: its token
+    /// and whether it is base64).
+    Quorum {
+        quorum: usize,
+        forget: usize,
+        key: (Bytes, bool),
+    },
     /// The owner's reply; `copies` are sent `copy` once the owner succeeded.
     CasThenCopy {
         copies: Option<route::Servers>,

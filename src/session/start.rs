@@ -128,7 +128,18 @@ impl ClientSession {
                 return;
             }
             MetaPlan::Forward { server } => (parts(&[server]), MetaMode::Forward),
-            MetaPlan::Quorum { servers, quorum } => (parts(&servers), MetaMode::Quorum(quorum)),
+            MetaPlan::Quorum {
+                servers,
+                quorum,
+                forget,
+            } => (
+                parts(&servers),
+                MetaMode::Quorum {
+                    quorum,
+                    forget,
+                    key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
+                },
+            ),
             MetaPlan::CasThenCopy {
                 owner,
                 copies,

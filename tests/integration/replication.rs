@@ -406,7 +406,7 @@ fn replicas_and_a_join_keep_every_key_readable() {
     );
 }
 
-/// `replicas = 2`: 4 -> 5 servers, every key rewritten, then the change
+/// `replicas = 2`: 4 -> 5 servers, every key rewritten (`set` and `ms`), then the change
 /// undone within the window. A replica of the old ring that is not one now
 /// gets a `delete` with each write, so after the undo no key reads the value
 /// the rewrite replaced.
@@ -435,11 +435,14 @@ fn replicated_writes_in_a_window_leave_no_older_copy_for_an_undo() {
     }
     rewrite(config(5));
     wait_for("ring version 2", || proxy.ring_version() >= 2);
-    for key in &keys {
-        assert_eq!(
-            client.set(key, format!("{key}=v2").as_bytes()),
-            b"STORED\r\n"
-        );
+    for (i, key) in keys.iter().enumerate() {
+        let value = format!("{key}=v2");
+        if i % 2 == 0 {
+            assert_eq!(client.set(key, value.as_bytes()), b"STORED\r\n");
+        } else {
+            client.send(format!("ms {key} {}\r\n{value}\r\n", value.len()).as_bytes());
+            assert_eq!(client.meta_reply(), b"HD\r\n");
+        }
     }
     rewrite(config(4));
     wait_for("ring version 3", || proxy.ring_version() >= 3);

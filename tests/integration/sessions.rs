@@ -288,6 +288,9 @@ fn quiet_meta_misses_over_four_servers_always_reach_their_mn() {
         .expect("100 000 quiet misses: no MN within 60 s");
     // Reported, not asserted: a loaded machine and a debug build are slow,
     // and a stall (what this test is about) never ends at all.
-    println!("100 000 quiet misses + mn: MN after {:?}", started.elapsed());
+    println!(
+        "100 000 quiet misses + mn: MN after {:?}",
+        started.elapsed()
+    );
     assert_eq!(show(&before), "");
 }
