@@ -133,17 +133,10 @@ pub fn plan(request: &Request, bytes: &Bytes, topology: &Topology) -> Plan {
                 },
                 Some(_) => {
                     let quorum = quorum(servers.len());
-                    let current = servers.len();
-                    let mut before = Servers::new();
-                    topology.previous_replicas(key, &mut before);
-                    for server in before {
-                        if !servers[..current].contains(&server) {
-                            servers.push(server);
-                        }
-                    }
+                    let forget = topology.push_previous_only_replicas(key, &mut servers);
                     Plan::Quorum {
                         quorum,
-                        forget: servers.len() - current,
+                        forget,
                         servers,
                     }
                 }
@@ -375,13 +368,7 @@ impl Retrieval {
                 } else if handoff {
                     // Replicas of the previous ring that are not replicas
                     // now: the key may still be only there.
-                    let mut before = Servers::new();
-                    topology.previous_replicas(key, &mut before);
-                    for server in before {
-                        if !servers[..current].contains(&server) {
-                            servers.push(server);
-                        }
-                    }
+                    topology.push_previous_only_replicas(key, &mut servers);
                 }
                 previous_from.push(if servers.len() > current {
                     current as u8
@@ -925,14 +912,7 @@ pub fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> M
             servers.sort_by_key(|&s| topology.backends[s].state() == HealthState::Dead);
             // During a hand-off window, the previous ring's replicas after
             // the current ones, and a miss falls through to them.
-            let current = servers.len();
-            let mut before = Servers::new();
-            topology.previous_replicas(&key, &mut before);
-            for server in before {
-                if !servers[..current].contains(&server) {
-                    servers.push(server);
-                }
-            }
+            topology.push_previous_only_replicas(&key, &mut servers);
             MetaPlan::ReadThrough {
                 servers,
                 on_miss: topology.config.read_miss_fallthrough || topology.previous.is_some(),
@@ -947,17 +927,10 @@ pub fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> M
             // In a hand-off window the previous ring's replicas that are not
             // replicas now get an `md` (as for classic writes).
             let quorum = quorum(servers.len());
-            let current = servers.len();
-            let mut before = Servers::new();
-            topology.previous_replicas(&key, &mut before);
-            for server in before {
-                if !servers[..current].contains(&server) {
-                    servers.push(server);
-                }
-            }
+            let forget = topology.push_previous_only_replicas(&key, &mut servers);
             MetaPlan::Quorum {
                 quorum,
-                forget: servers.len() - current,
+                forget,
                 servers,
             }
         }

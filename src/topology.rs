@@ -195,6 +195,24 @@ impl Topology {
         }
     }
 
+    /// Appends to `servers` (a replica set of the ring in force) the
+    /// previous ring's replicas of `key` that are not in it; how many.
+    pub fn push_previous_only_replicas(
+        &self,
+        key: &[u8],
+        servers: &mut smallvec::SmallVec<[usize; 4]>,
+    ) -> usize {
+        let current = servers.len();
+        let mut before = smallvec::SmallVec::<[usize; 4]>::new();
+        self.previous_replicas(key, &mut before);
+        for server in before {
+            if !servers[..current].contains(&server) {
+                servers.push(server);
+            }
+        }
+        servers.len() - current
+    }
+
     /// Servers being taken over (in the ring, owning keys they did not own
     /// in the previous ring) and leaving (only in the previous ring).
     pub fn membership(&self, index: usize) -> Membership {

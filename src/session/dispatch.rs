@@ -107,13 +107,8 @@ impl ClientSession {
                         ..
                     } = &meta.mode
                     {
-                        let line = crate::handoff::forget_line(&key.0, key.1);
-                        let expect = Expect::Meta {
-                            command: MetaCommand::Delete,
-                            quiet: false,
-                            replied: false,
-                        };
-                        self.send(&topology, &mut meta.parts[0], &[line], expect, true, None);
+                        let server = meta.parts[0].server;
+                        meta.parts[0] = self.forget_on(&topology, server, key);
                     } else {
                         let (forget, key) = match &meta.mode {
                             MetaMode::Quorum { forget, key, .. } => (*forget, Some(key)),
@@ -125,14 +120,8 @@ impl ClientSession {
                             self.send(&topology, part, &meta.wire, meta.expect.clone(), true, hot);
                         }
                         if let Some(key) = key.filter(|_| forget > 0) {
-                            let line = [crate::handoff::forget_line(&key.0, key.1)];
-                            let expect = Expect::Meta {
-                                command: MetaCommand::Delete,
-                                quiet: false,
-                                replied: false,
-                            };
                             for part in meta.parts[replicas..].iter_mut() {
-                                self.send(&topology, part, &line, expect.clone(), true, None);
+                                *part = self.forget_on(&topology, part.server, key);
                             }
                         }
                     }
@@ -208,13 +197,6 @@ impl ClientSession {
                             return *stage == MovedStage::Done;
                         };
                         let succeeded = matches!(result, Ok(r) if route::meta_succeeded(r));
-                        let forget =
-                            |key: &(Bytes, bool)| [crate::handoff::forget_line(&key.0, key.1)];
-                        let delete = Expect::Meta {
-                            command: MetaCommand::Delete,
-                            quiet: false,
-                            replied: false,
-                        };
                         match *stage {
                             MovedStage::Done => true,
                             MovedStage::Owner | MovedStage::Retry => {
@@ -226,13 +208,7 @@ impl ClientSession {
                                     // owner's copy is older now, and goes.
                                     *absent = meta.parts[0].result.take();
                                     *stage = MovedStage::Forget;
-                                    meta.parts[0] = self.send_to(
-                                        &topology,
-                                        *previous,
-                                        &forget(key),
-                                        &delete,
-                                        None,
-                                    );
+                                    meta.parts[0] = self.forget_on(&topology, *previous, key);
                                     return false;
                                 }
                                 if there {
@@ -302,13 +278,6 @@ impl ClientSession {
                         let Some(result) = &meta.parts[0].result else {
                             return *stage == CasStage::Done;
                         };
-                        let forget =
-                            |key: &(Bytes, bool)| [crate::handoff::forget_line(&key.0, key.1)];
-                        let delete = Expect::Meta {
-                            command: MetaCommand::Delete,
-                            quiet: false,
-                            replied: false,
-                        };
                         match *stage {
                             CasStage::Done => return true,
                             CasStage::Owner => {
@@ -324,13 +293,19 @@ impl ClientSession {
                                     return true;
                                 }
                                 *answer = meta.parts[0].result.take();
-                                let (server, wire, expect, next) = if stored {
-                                    (*previous, &forget(key)[..], &delete, CasStage::Forget)
+                                meta.parts[0] = if stored {
+                                    *stage = CasStage::Forget;
+                                    self.forget_on(&topology, *previous, key)
                                 } else {
-                                    (*previous, &meta.wire[..], &meta.expect, CasStage::Previous)
+                                    *stage = CasStage::Previous;
+                                    self.send_to(
+                                        &topology,
+                                        *previous,
+                                        &meta.wire,
+                                        &meta.expect,
+                                        None,
+                                    )
                                 };
-                                *stage = next;
-                                meta.parts[0] = self.send_to(&topology, server, wire, expect, None);
                             }
                             CasStage::Previous => {
                                 if !matches!(result, Ok(r) if route::meta_succeeded(r)) {
@@ -358,8 +333,7 @@ impl ClientSession {
                             }
                             CasStage::Copy => {
                                 *stage = CasStage::Forget;
-                                meta.parts[0] =
-                                    self.send_to(&topology, *previous, &forget(key), &delete, None);
+                                meta.parts[0] = self.forget_on(&topology, *previous, key);
                             }
                             CasStage::Forget => {
                                 meta.parts[0].result = answer.take();
@@ -622,6 +596,19 @@ impl ClientSession {
         let mut part = Part::new(server);
         self.send(topology, &mut part, wire, expect.clone(), true, write);
         part
+    }
+
+    /// Sends `md` of `key` (its token, and whether it is base64) to
+    /// `server`: a previous owner's or replica's copy of a key written
+    /// elsewhere goes before the write is answered.
+    fn forget_on(&self, topology: &Topology, server: usize, key: &(Bytes, bool)) -> Part {
+        let line = [crate::handoff::forget_line(&key.0, key.1)];
+        let expect = Expect::Meta {
+            command: MetaCommand::Delete,
+            quiet: false,
+            replied: false,
+        };
+        self.send_to(topology, server, &line, &expect, None)
     }
 
     /// Sends what a hand-off step says, or keeps its answer.

@@ -39,6 +39,29 @@ fn owner_name(ring: &Ring, key: &str) -> String {
         .clone()
 }
 
+/// The rings of the first 4 and of all 5 servers as `config` writes them:
+/// between them, what 4 -> 5 moves.
+fn rings_4_and_5(dir: &TempDir, all: &[&Memcached]) -> (Ring, Ring) {
+    std::fs::write(dir.path("four.toml"), config(&all[..4])).unwrap();
+    std::fs::write(dir.path("five.toml"), config(all)).unwrap();
+    (
+        ring_of(&dir.path("four.toml")),
+        ring_of(&dir.path("five.toml")),
+    )
+}
+
+/// Up to `count` of `keys` that change owner between `before` and `after`.
+fn moved_between(
+    before: &Ring,
+    after: &Ring,
+    keys: impl Iterator<Item = String>,
+    count: usize,
+) -> Vec<String> {
+    keys.filter(|k| owner_name(before, k) != owner_name(after, k))
+        .take(count)
+        .collect()
+}
+
 fn value_of(key: &str) -> String {
     format!("{key}=v")
 }
@@ -652,15 +675,8 @@ fn undoing_a_change_never_brings_back_an_overwritten_value() {
     let mut client = proxy.client();
     let keys: Vec<String> = (0..2_000).map(|i| format!("undo:{i}")).collect();
     store(&mut client, &keys);
-    let moved: Vec<String> = {
-        let before = ring_of(&path);
-        std::fs::write(dir.path("five.toml"), config(&all)).unwrap();
-        let after = ring_of(&dir.path("five.toml"));
-        keys.iter()
-            .filter(|k| owner_name(&before, k) != owner_name(&after, k))
-            .cloned()
-            .collect()
-    };
+    let (before, after) = rings_4_and_5(&dir, &all);
+    let moved = moved_between(&before, &after, keys.iter().cloned(), keys.len());
     assert!(
         moved.len() > 200,
         "a fifth of the keys move: {}",
@@ -777,9 +793,7 @@ fn commands_that_copy_a_moved_key_keep_its_ttl() {
     std::fs::write(&path, config(&all[..4])).unwrap();
     let proxy = Proxy::start_file(&path);
     let mut client = proxy.client();
-    let before = ring_of(&path);
-    std::fs::write(dir.path("five.toml"), config(&all)).unwrap();
-    let after = ring_of(&dir.path("five.toml"));
+    let (before, after) = rings_4_and_5(&dir, &all);
     let newcomer = format!("cache-{}", servers[4].port);
     let moved: Vec<String> = (0..2_000)
         .map(|i| format!("ttl:{i}"))
@@ -842,14 +856,13 @@ fn a_moved_keys_invalidation_and_lease_markers_read_as_on_one_memcached() {
     let proxy = Proxy::start_file(&path);
     let mut client = proxy.client();
     let mut alone = reference.client();
-    let before = ring_of(&path);
-    std::fs::write(dir.path("five.toml"), config(&all)).unwrap();
-    let after = ring_of(&dir.path("five.toml"));
-    let moved: Vec<String> = (0..2_000)
-        .map(|i| format!("lease:{i}"))
-        .filter(|k| owner_name(&before, k) != owner_name(&after, k))
-        .take(20)
-        .collect();
+    let (before, after) = rings_4_and_5(&dir, &all);
+    let moved = moved_between(
+        &before,
+        &after,
+        (0..2_000).map(|i| format!("lease:{i}")),
+        20,
+    );
     for key in &moved {
         assert_eq!(client.set(key, b"hi"), b"STORED\r\n");
         assert_eq!(alone.set(key, b"hi"), b"STORED\r\n");
@@ -896,14 +909,8 @@ fn cas_on_moved_keys_stores_when_it_should_and_only_then() {
     let proxy = Proxy::start_file(&path);
     let mut client = proxy.client();
     let mut other = proxy.client();
-    let before = ring_of(&path);
-    std::fs::write(dir.path("five.toml"), config(&all)).unwrap();
-    let after = ring_of(&dir.path("five.toml"));
-    let moved: Vec<String> = (0..4_000)
-        .map(|i| format!("cas:{i}"))
-        .filter(|k| owner_name(&before, k) != owner_name(&after, k))
-        .take(120)
-        .collect();
+    let (before, after) = rings_4_and_5(&dir, &all);
+    let moved = moved_between(&before, &after, (0..4_000).map(|i| format!("cas:{i}")), 120);
     for key in &moved {
         assert_eq!(client.set(key, b"v1"), b"STORED\r\n");
     }
