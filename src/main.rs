@@ -98,9 +98,9 @@ enum Action {
     /// (`ready`, or why not, e.g. `not ready: every server is DEAD`) and exits
     /// 1 when not ready or unreachable. Needs `admin_listen` in the config.
     Healthcheck {
-        /// IP:port of memring's admin listener (`admin_listen`).
+        /// host:port of memring's admin listener (`admin_listen`).
         #[arg(default_value = "127.0.0.1:9100", value_name = "ADDR")]
-        addr: std::net::SocketAddr,
+        addr: String,
     },
     /// Send memcached commands to ADDR and print the replies.
     ///
@@ -109,9 +109,10 @@ enum Action {
     /// memring (or any memcached) without nc or telnet:
     /// `memring send 127.0.0.1:22122 'set k 0 0 2' hi 'get k'`.
     Send {
-        /// IP:port of memring (its `listen`) or of a memcached.
+        /// host:port of memring (its `listen`) or of a memcached; a host
+        /// name is resolved, and each of its addresses tried in turn.
         #[arg(value_name = "ADDR")]
-        addr: std::net::SocketAddr,
+        addr: String,
         /// Protocol lines, e.g. `set k 0 0 2` `hi` `get k`.
         #[arg(value_name = "LINE", required = true)]
         lines: Vec<String>,
@@ -119,13 +120,9 @@ enum Action {
     /// Print a memring config equivalent to another proxy's (keys stay on
     /// the servers they are on), and list settings with no equivalent.
     Import {
-        /// The config's format.
-        #[arg(value_enum)]
+        /// The proxy whose config to read.
+        #[command(subcommand)]
         from: ImportFrom,
-        /// The config file, e.g. nutcracker.yml.
-        file: PathBuf,
-        /// The pool to import, when the file has more than one.
-        pool: Option<String>,
     },
     /// Print a shell completion script to stdout.
     ///
@@ -147,21 +144,27 @@ enum Action {
     },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
 enum ImportFrom {
-    /// twemproxy (nutcracker) YAML.
-    Twemproxy,
+    /// twemproxy (nutcracker) YAML: `memring import twemproxy nutcracker.yml
+    /// [POOL]`.
+    Twemproxy {
+        /// The config file, e.g. nutcracker.yml.
+        file: PathBuf,
+        /// The pool to import, when the file has more than one.
+        pool: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_level.as_deref(), cli.log_format);
     let result = match (&cli.command, &cli.config) {
-        (Some(Action::Healthcheck { addr }), _) => return healthcheck(*addr),
+        (Some(Action::Healthcheck { addr }), _) => return healthcheck(addr),
         (Some(Action::Check { file }), _) => check(file),
         (Some(Action::Plan { old, new }), _) => plan(old, new),
-        (Some(Action::Send { addr, lines }), _) => send(*addr, lines),
-        (Some(Action::Import { from, file, pool }), _) => import(*from, file, pool.as_deref()),
+        (Some(Action::Send { addr, lines }), _) => send(addr, lines),
+        (Some(Action::Import { from }), _) => import(from),
         (Some(Action::Completions { shell }), _) => {
             cli::completions::print(*shell, Cli::command()).context("cannot write the script")
         }
@@ -208,9 +211,28 @@ fn man_pages(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn healthcheck(addr: std::net::SocketAddr) -> ExitCode {
+/// The addresses `addr` (`host:port`) stands for, with what went wrong in
+/// words when there are none.
+fn resolve(addr: &str) -> anyhow::Result<Vec<std::net::SocketAddr>> {
+    use std::net::ToSocketAddrs;
+    let found: Vec<_> = addr
+        .to_socket_addrs()
+        .with_context(|| format!("cannot resolve {addr} (DNS, or not host:port)"))?
+        .collect();
+    anyhow::ensure!(!found.is_empty(), "{addr} resolves to no address");
+    Ok(found)
+}
+
+fn healthcheck(addr: &str) -> ExitCode {
     let timeout = std::time::Duration::from_secs(2);
-    match memring::admin::probe_ready(addr, timeout) {
+    let target = match resolve(addr) {
+        Ok(found) => found[0],
+        Err(e) => {
+            eprintln!("memring: {e:#}");
+            return ExitCode::from(1);
+        }
+    };
+    match memring::admin::probe_ready(target, timeout) {
         Ok((true, reason)) => {
             println!("memring: {reason}");
             ExitCode::SUCCESS
@@ -226,11 +248,27 @@ fn healthcheck(addr: std::net::SocketAddr) -> ExitCode {
     }
 }
 
-fn send(addr: std::net::SocketAddr, lines: &[String]) -> anyhow::Result<()> {
+fn send(addr: &str, lines: &[String]) -> anyhow::Result<()> {
     use std::io::{Read, Write};
     let timeout = std::time::Duration::from_secs(5);
-    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout)
-        .with_context(|| format!("cannot connect to {addr}"))?;
+    let mut last = None;
+    let mut connected = None;
+    for target in resolve(addr)? {
+        match std::net::TcpStream::connect_timeout(&target, timeout) {
+            Ok(stream) => {
+                connected = Some(stream);
+                break;
+            }
+            Err(e) => last = Some((target, e)),
+        }
+    }
+    let mut stream = match (connected, last) {
+        (Some(stream), _) => stream,
+        (None, Some((target, e))) => {
+            return Err(e).with_context(|| format!("cannot connect to {addr} ({target})"))
+        }
+        (None, None) => anyhow::bail!("{addr} resolves to no address"),
+    };
     stream.set_read_timeout(Some(timeout))?;
     let mut request = Vec::new();
     for line in lines {
@@ -399,13 +437,12 @@ fn describe_ring(config: &Config) -> String {
     text
 }
 
-fn import(from: ImportFrom, file: &Path, pool: Option<&str>) -> anyhow::Result<()> {
+fn import(from: &ImportFrom) -> anyhow::Result<()> {
+    let ImportFrom::Twemproxy { file, pool } = from;
     let text =
         std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let (toml, unmapped) = match from {
-        ImportFrom::Twemproxy => import::twemproxy(&text, pool)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?,
-    };
+    let (toml, unmapped) = import::twemproxy(&text, pool.as_deref())
+        .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     // Print only what memring itself accepts.
     Config::parse(&toml, "imported config")
         .map_err(|e| anyhow::anyhow!("the imported config does not load: {e}"))?;

@@ -699,3 +699,44 @@ fn the_unit_file_descriptor_limit_covers_the_packaged_defaults() {
         "{unit}"
     );
 }
+
+/// `send` and `healthcheck` take host names as well as addresses, and say in
+/// words when a name does not resolve; `memring help import twemproxy` shows
+/// the import's own help.
+#[test]
+fn send_takes_host_names_and_import_has_help_of_its_own() {
+    let server = Memcached::start();
+    let output = Command::new(BIN)
+        .args(["send", &format!("localhost:{}", server.port), "version"])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).starts_with("VERSION "));
+    for command in ["send", "healthcheck"] {
+        let mut args = vec![command, "nosuchhost.invalid:11211"];
+        if command == "send" {
+            args.push("version");
+        }
+        let output = Command::new(BIN).args(&args).output().unwrap();
+        assert!(!output.status.success());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("cannot resolve nosuchhost.invalid:11211"),
+            "{command}: {stderr}"
+        );
+    }
+    let output = Command::new(BIN)
+        .args(["help", "import", "twemproxy"])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains("Usage: memring import twemproxy"));
+}
