@@ -1,0 +1,193 @@
+//! Allocations per request through memring, counted by a global allocator.
+//!
+//! Starts one real memcached on a free loopback port and memring in this
+//! process with its defaults (`listen` and one `[[servers]]`), pipelines each
+//! kind of request from a blocking client whose buffers are made before the
+//! count starts, and divides the allocations made meanwhile (memring's
+//! workers, its control plane and the client together; the client makes none)
+//! by the requests sent. Prints a Markdown table.
+//!
+//! `cargo bench --bench alloc`. Needs `memcached` on PATH. Everything runs on
+//! 127.0.0.1 and the memcached it starts is killed by PID when it ends.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The system allocator, counting every allocation.
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is passed on unchanged to the system allocator; the
+// counter is an atomic, touched without allocating.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller upholds `alloc`'s contract; forwarded as is.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System.alloc` above with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as for `dealloc`, and the caller upholds `realloc`'s.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Requests per measured run, sent in pipelined batches.
+const REQUESTS: usize = 20_000;
+const BATCH: usize = 100;
+
+struct Memcached(std::process::Child, u16);
+
+impl Drop for Memcached {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+fn start_memcached() -> Memcached {
+    let port = free_port();
+    let child = std::process::Command::new("memcached")
+        .args([
+            "-p",
+            &port.to_string(),
+            "-U",
+            "0",
+            "-l",
+            "127.0.0.1",
+            "-m",
+            "64",
+        ])
+        .args(if running_as_root() {
+            vec!["-u", "root"]
+        } else {
+            vec![]
+        })
+        .spawn()
+        .expect("memcached on PATH (apt-get install memcached)");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "memcached did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Memcached(child, port)
+}
+
+/// memcached refuses to run as root without `-u`.
+fn running_as_root() -> bool {
+    std::env::var("USER").map_or(true, |u| u == "root")
+}
+
+/// Sends `batch` (`BATCH` requests) `REQUESTS / BATCH` times, reading each
+/// batch's replies (which end with `end`) before the next; the allocations
+/// counted meanwhile, per request.
+fn measure(client: &mut TcpStream, batch: &[u8], end: &[u8], reply_buf: &mut Vec<u8>) -> f64 {
+    let mut run = || {
+        for _ in 0..REQUESTS / BATCH {
+            client.write_all(batch).expect("send");
+            reply_buf.clear();
+            let mut chunk = [0u8; 64 * 1024];
+            while !reply_buf.ends_with(end) {
+                let n = client.read(&mut chunk).expect("read");
+                assert!(n > 0, "memring closed the connection");
+                reply_buf.extend_from_slice(&chunk[..n]);
+            }
+        }
+    };
+    run(); // warm-up: buffers grown, connections open, estimates settled
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    run();
+    let after = ALLOCATIONS.load(Ordering::Relaxed);
+    (after - before) as f64 / REQUESTS as f64
+}
+
+fn main() {
+    let server = start_memcached();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\n[[servers]]\naddr = \"127.0.0.1:{}\"\n",
+        server.1
+    );
+    let config = memring::config::Config::parse(&text, "bench.toml").expect("config");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = runtime
+        .block_on(memring::server::start(&config, shutdown.clone()))
+        .expect("memring starts");
+    let mut client = TcpStream::connect(running.local_addr).expect("connect");
+    client.set_nodelay(true).expect("nodelay");
+    let mut reply_buf = Vec::with_capacity(1 << 20);
+    // Values to read: 32-byte values under ten keys.
+    let mut seed = Vec::new();
+    for i in 0..10 {
+        seed.extend(format!("set k{i} 0 0 32\r\n{}\r\n", "v".repeat(32)).bytes());
+    }
+    client.write_all(&seed).expect("seed");
+    std::thread::sleep(Duration::from_millis(200));
+    let mut drain = [0u8; 4096];
+    let _ = client.read(&mut drain);
+
+    // Each batch ends with a request whose reply marks its end: `version`
+    // (answered by memring itself) after classic requests, `mn` after meta.
+    let classic = |request: &[u8]| [request.repeat(BATCH - 1), b"version\r\n".to_vec()].concat();
+    let meta = |request: &[u8]| [request.repeat(BATCH - 1), b"mn\r\n".to_vec()].concat();
+    let version_end: &[u8] = memring::VERSION_REPLY;
+    let value = "w".repeat(32);
+    let cases: [(&str, Vec<u8>, &[u8]); 7] = [
+        ("`get` (hit)", classic(b"get k1\r\n"), version_end),
+        (
+            "`set`",
+            classic(format!("set k2 0 0 32\r\n{value}\r\n").as_bytes()),
+            version_end,
+        ),
+        (
+            "`delete` (miss)",
+            classic(b"delete nothing\r\n"),
+            version_end,
+        ),
+        (
+            "10-key `get`",
+            classic(b"get k0 k1 k2 k3 k4 k5 k6 k7 k8 k9\r\n"),
+            version_end,
+        ),
+        ("`mg k v` (hit)", meta(b"mg k1 v\r\n"), b"MN\r\n"),
+        (
+            "`ms`",
+            meta(format!("ms k3 32\r\n{value}\r\n").as_bytes()),
+            b"MN\r\n",
+        ),
+        ("quiet `mg` (miss)", meta(b"mg nothing v q\r\n"), b"MN\r\n"),
+    ];
+    println!("| request | allocations per request |");
+    println!("| --- | ---: |");
+    for (name, batch, end) in cases {
+        let per_request = measure(&mut client, &batch, end, &mut reply_buf);
+        println!("| {name} | {per_request:.2} |");
+    }
+    drop(client);
+    shutdown.cancel();
+    drop(runtime);
+}
