@@ -740,3 +740,51 @@ fn send_takes_host_names_and_import_has_help_of_its_own() {
     );
     assert!(String::from_utf8_lossy(&output.stdout).contains("Usage: memring import twemproxy"));
 }
+
+/// The config embedded in the Kubernetes example passes `memring check` as
+/// shipped, and keeps its reply buffers within the container's memory limit.
+#[test]
+fn the_kubernetes_example_config_checks_and_fits_its_memory_limit() {
+    let manifest = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config/kubernetes/sidecar.yaml"
+    ))
+    .unwrap();
+    let start = manifest
+        .find("memring.toml: |\n")
+        .expect("the ConfigMap's file")
+        + 16;
+    let config: String = manifest[start..]
+        .lines()
+        .take_while(|line| line.is_empty() || line.starts_with("    "))
+        .map(|line| format!("{}\n", line.strip_prefix("    ").unwrap_or("")))
+        .collect();
+    let dir = crate::common::TempDir::new("cli", "kubernetes");
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, &config).unwrap();
+    let output = Command::new(BIN)
+        .args(["check", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let parsed = memring::config::Config::parse(&config, "sidecar.toml").unwrap();
+    // The memring container's `limits: memory:`.
+    let container = &manifest[manifest
+        .find("- name: memring\n")
+        .expect("the memring container")..];
+    let limits = &container[container.find("limits:").expect("its limits")..];
+    let limit: usize = limits
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("memory: "))
+        .and_then(|v| v.strip_suffix("Mi")?.parse().ok())
+        .expect("a memory limit in Mi");
+    assert!(
+        parsed.max_buffer_bytes <= limit * 1024 * 1024 / 2,
+        "max_buffer_bytes {} does not fit half of the {limit} Mi limit",
+        parsed.max_buffer_bytes
+    );
+}
