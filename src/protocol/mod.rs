@@ -6,6 +6,14 @@
 //! checked against memcached 1.6.18 (see `shared/PROTOCOL-NOTES.md` and the
 //! differential tests in `tests/`).
 
+/// Longest reply line memring accepts from a backend. memcached's longest lines
+/// are `VALUE` headers (a 250-byte key plus three numbers) and error messages.
+pub const MAX_REPLY_LINE_BYTES: usize = 8 * 1024;
+
+/// Largest value a backend may return: memcached's own hard item size limit
+/// (`-I` accepts at most 1 GiB).
+pub const MAX_REPLY_VALUE_BYTES: usize = 1024 * 1024 * 1024;
+
 pub mod encode;
 pub mod meta;
 pub mod reply;

@@ -26,13 +26,10 @@ pub enum ReplyKind {
     Values,
 }
 
-/// Longest reply line memring accepts from a backend. memcached's longest lines
-/// are `VALUE` headers (a 250-byte key plus three numbers) and error messages.
-pub const MAX_REPLY_LINE_BYTES: usize = 8 * 1024;
-
-/// Largest value a backend may return: memcached's own hard item size limit
-/// (`-I` accepts at most 1 GiB).
-pub const MAX_REPLY_VALUE_BYTES: usize = 1024 * 1024 * 1024;
+// The reply bounds live in the parent module, which both dialects' framing
+// reads: `meta::reply` importing them from here made the two files import
+// each other.
+pub use super::{MAX_REPLY_LINE_BYTES, MAX_REPLY_VALUE_BYTES};
 
 /// A backend sent something that is not a memcached reply. The connection can
 /// no longer be trusted to be in step and must be dropped.

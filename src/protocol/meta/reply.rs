@@ -8,7 +8,7 @@
 use memchr::memchr;
 
 use super::MetaCommand;
-use crate::protocol::reply::{MAX_REPLY_LINE_BYTES, MAX_REPLY_VALUE_BYTES};
+use crate::protocol::{MAX_REPLY_LINE_BYTES, MAX_REPLY_VALUE_BYTES};
 
 /// The status code a meta reply starts with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
