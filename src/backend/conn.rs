@@ -159,24 +159,23 @@ impl Conn {
             }
             _ => None,
         };
-        let tag = match tagged {
-            Some(tagged) => {
-                state.queued.push(tagged.line);
-                if !tagged.rest.is_empty() {
-                    state.queued.push(tagged.rest);
-                }
-                for part in &request[1..] {
-                    state.queued.push(part.clone());
-                }
-                Some(tagged.tag)
-            }
-            None => {
-                for part in request {
-                    state.queued.push(part.clone());
-                }
-                None
-            }
+        // A tagged request's first part goes as its tagged line and the rest
+        // of that part; every other part as it is.
+        let untouched = if tagged.is_some() {
+            &request[1..]
+        } else {
+            request
         };
+        let tag = tagged.map(|tagged| {
+            state.queued.push(tagged.line);
+            if !tagged.rest.is_empty() {
+                state.queued.push(tagged.rest);
+            }
+            tagged.tag
+        });
+        for part in untouched {
+            state.queued.push(part.clone());
+        }
         state.waiting.push_back(Waiting {
             expect,
             tag,
@@ -430,10 +429,6 @@ fn deliver(conn: &Conn, read_buf: &mut BytesMut) -> Result<Delivered, BackendErr
                 }
             }
             Piece::Last { len } | Piece::Error { len } => {
-                if front.probe && matches!(piece, Piece::Error { .. }) {
-                    // memcached answers `stats settings` with its settings.
-                    return Err(BackendErrorKind::Protocol(ReplyError::UnexpectedLine));
-                }
                 let mut bytes = read_buf.split_to(len).freeze();
                 let quiet_end = matches!(front.expect, Expect::Meta { quiet: true, .. })
                     && matches!(piece, Piece::Last { .. });
