@@ -1,6 +1,8 @@
 //! The `memring` command: run the proxy, check a config, plan a change,
 //! import a twemproxy config, or print its own man page and completions.
 
+#![forbid(unsafe_code)]
+
 mod cli;
 mod import;
 
