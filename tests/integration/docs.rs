@@ -412,7 +412,18 @@ fn examples(page: &Page) -> (Vec<Example>, Vec<(String, String)>) {
         if let Some(name) = file {
             let text: String = body.iter().map(|(_, l)| format!("{l}\n")).collect();
             files.push((name, text));
-        } else if info == "console" {
+        } else if info != "console" {
+            // A command with its output outside a console block would not be
+            // run: make it a console block, or show the command alone in sh.
+            if let Some((number, line)) =
+                body.iter().find(|(_, l)| l.trim_start().starts_with("$ "))
+            {
+                panic!(
+                    "{}:{number}: `{line}` is shown with `$ ` in a ```{info} block, which is not tested; use ```console",
+                    page.path
+                );
+            }
+        } else {
             for (number, line) in body {
                 match (line.strip_prefix("$ "), examples.last_mut()) {
                     (Some(command), _) => examples.push(Example {
@@ -481,7 +492,10 @@ fn run_shell(command: &str, dir: &Path) -> String {
     );
     let out_path = dir.join(".output");
     let out = std::fs::File::create(&out_path).unwrap();
-    let mut child = Command::new("sh")
+    let mut child = Command::new("sh");
+    // Its own process group, so that a timeout kills memring with the shell.
+    std::os::unix::process::CommandExt::process_group(&mut child, 0);
+    let mut child = child
         .arg("-c")
         .arg(command)
         .current_dir(dir)
@@ -498,7 +512,8 @@ fn run_shell(command: &str, dir: &Path) -> String {
             break;
         }
         if start.elapsed() > DEADLINE {
-            let _ = child.kill();
+            let group = format!("-{}", child.id());
+            let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
             let _ = child.wait();
             panic!("`{command}` did not finish within {DEADLINE:?}");
         }
