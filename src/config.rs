@@ -897,11 +897,46 @@ fn twemproxy_server(addr: &str) -> Option<String> {
     Some(lines)
 }
 
-/// The names of every top-level setting and of every `[[servers]]` field, as
-/// serde reads them from `RawConfig` and `RawServer`. The docs checks
-/// (tests/integration/docs.rs) use them, so a new key cannot go undocumented.
-pub fn setting_names() -> (&'static [&'static str], &'static [&'static str]) {
-    (struct_fields::<RawConfig>(), struct_fields::<RawServer>())
+/// Every key the config file accepts, derived from the serde structs: each
+/// top-level setting (`listen`, `servers`, ...) and, for a key that holds a
+/// table or an array of tables, each of its keys as `table.key`
+/// (`servers.addr`). The docs checks (tests/integration/docs.rs) use them,
+/// so a new key cannot go undocumented.
+pub fn setting_names() -> Vec<String> {
+    let mut names = Vec::new();
+    for key in struct_fields::<RawConfig>() {
+        names.push(key.to_string());
+        for header in [format!("[{key}]"), format!("[[{key}]]")] {
+            names.extend(
+                table_keys(&header)
+                    .into_iter()
+                    .map(|k| format!("{key}.{k}")),
+            );
+        }
+    }
+    names
+}
+
+/// The keys serde accepts in the table that `header` opens, read from its
+/// unknown-key message; none when that key is not a table.
+fn table_keys(header: &str) -> Vec<String> {
+    const PROBE: &str = "memring_probe_not_a_key";
+    let text = format!("listen = \"127.0.0.1:1\"\n{header}\n{PROBE} = 1\n");
+    let Err(error) = toml::from_str::<RawConfig>(&text) else {
+        return Vec::new();
+    };
+    match error
+        .message()
+        .strip_prefix(&format!("unknown field `{PROBE}`, expected "))
+    {
+        Some(list) => list
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(String::from)
+            .collect(),
+        None => Vec::new(),
+    }
 }
 
 /// The field names that a derived `Deserialize` passes to
@@ -1370,16 +1405,26 @@ name = "cache-02"
 
     #[test]
     fn setting_names_are_the_keys_serde_accepts() {
-        let (top, server) = setting_names();
+        let names = setting_names();
+        let server: Vec<&str> = names
+            .iter()
+            .filter_map(|n| n.strip_prefix("servers."))
+            .collect();
         assert_eq!(server, ["addr", "weight", "name"]);
-        assert!(top.contains(&"listen") && top.contains(&"servers"));
-        for key in top.iter().chain(server).filter(|k| **k != "servers") {
+        assert!(names.iter().any(|n| n == "listen") && names.iter().any(|n| n == "servers"));
+        let keys: Vec<&str> = names
+            .iter()
+            .filter(|n| !n.contains('.') && *n != "servers")
+            .map(String::as_str)
+            .chain(server.iter().copied())
+            .collect();
+        for key in &keys {
             assert!(
                 EXAMPLES.iter().any(|(name, _)| name == key),
                 "`{key}` has no example"
             );
         }
-        assert_eq!(EXAMPLES.len(), top.len() - 1 + server.len());
+        assert_eq!(EXAMPLES.len(), keys.len());
     }
 
     #[test]
