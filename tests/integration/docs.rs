@@ -298,21 +298,22 @@ fn every_subcommand_has_a_page_in_the_index() {
 }
 
 #[test]
-fn every_page_is_in_the_index_and_the_readme_links_it() {
+fn every_page_is_in_the_index_and_linked_from_the_readme() {
     let index = std::fs::read_to_string(Path::new(ROOT).join("docs/README.md")).unwrap();
+    let readme = std::fs::read_to_string(Path::new(ROOT).join("README.md")).unwrap();
+    let mut unlisted = Vec::new();
     for page in pages() {
         let Some(name) = page.path.strip_prefix("docs/") else {
             continue;
         };
-        if name != "README.md" {
-            assert!(
-                index.contains(&format!("]({name})")),
-                "docs/README.md does not link {name}"
-            );
+        if name != "README.md" && !index.contains(&format!("]({name})")) {
+            unlisted.push(format!("docs/README.md does not link {name}"));
+        }
+        if !readme.contains(&format!("](docs/{name})")) {
+            unlisted.push(format!("README.md does not link docs/{name}"));
         }
     }
-    let readme = std::fs::read_to_string(Path::new(ROOT).join("README.md")).unwrap();
-    assert!(readme.contains("](docs/README.md)"));
+    assert!(unlisted.is_empty(), "{}", unlisted.join("\n"));
 }
 
 /// GitHub's anchor for a heading: lower case, punctuation dropped, spaces as
