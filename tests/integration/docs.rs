@@ -213,29 +213,26 @@ fn every_metric_family_on_metrics_is_documented() {
     crate::common::wait_for("the reload with a second server", || {
         proxy.ring_version() > before
     });
-    let families = || -> BTreeSet<String> {
-        http_body(admin, "/metrics")
-            .lines()
-            .filter_map(|line| line.strip_prefix("# TYPE "))
-            .filter_map(|rest| rest.split_whitespace().next())
-            .map(String::from)
-            .collect()
-    };
+    // Families are what `# TYPE` lines name; wait until the hot key has
+    // samples, so the labelled gauges are filled in as well.
     let start = Instant::now();
-    let mut seen = families();
-    while !seen
-        .iter()
-        .any(|f| f.starts_with("memring_hot_key_requests"))
-    {
+    let mut body = http_body(admin, "/metrics");
+    while !body.contains("\nmemring_hot_key_requests_per_second{") {
         assert!(
             start.elapsed() < DEADLINE,
-            "no hot-key gauge appeared: {seen:?}"
+            "no hot-key gauge appeared:\n{body}"
         );
         for _ in 0..50 {
             client.get("hot");
         }
-        seen = families();
+        body = http_body(admin, "/metrics");
     }
+    let seen: BTreeSet<String> = body
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .map(String::from)
+        .collect();
     assert!(seen.len() > 15, "{seen:?}");
 
     let pages = pages();
