@@ -5,7 +5,8 @@
 //!   of tables such as `servers.addr` included) has a row in a table on some
 //!   page;
 //! - every metric family a running memring exposes on `/metrics` (with the
-//!   features that add families turned on) is named on some page;
+//!   features that add families turned on) is named on some page, and so is
+//!   every line of its `stats` and `stats hotkeys`;
 //! - every subcommand in `memring --help` has a page `docs/<name>.md`, listed
 //!   in the index `docs/README.md`;
 //! - every relative link resolves to a file, and its `#anchor` to a heading;
@@ -250,6 +251,55 @@ fn every_metric_family_on_metrics_is_documented() {
     assert!(
         missing.is_empty(),
         "metric families on /metrics that no page names: {missing:?}"
+    );
+}
+
+/// Whether `text` has `word` with no name character (letter, digit, `_`,
+/// `:`) on either side, in prose or in a code block.
+fn mentions(text: &str, word: &str) -> bool {
+    let name = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
+    text.match_indices(word).any(|(at, _)| {
+        !text[..at].chars().next_back().is_some_and(name)
+            && !text[at + word.len()..].chars().next().is_some_and(name)
+    })
+}
+
+#[test]
+fn every_stats_field_is_documented() {
+    let servers = [Memcached::start(), Memcached::start()];
+    let proxy = Proxy::start(&[&servers[0], &servers[1]], "hot_key_window_ms = 100\n");
+    let mut client = proxy.client();
+    assert_eq!(client.set("hot", b"v"), b"STORED\r\n");
+    let start = Instant::now();
+    let mut hotkeys = client.stats("hotkeys");
+    while !hotkeys.iter().any(|(name, _)| name.starts_with("hotkey:")) {
+        assert!(start.elapsed() < DEADLINE, "no hot key listed: {hotkeys:?}");
+        for _ in 0..50 {
+            client.get("hot");
+        }
+        hotkeys = client.stats("hotkeys");
+    }
+    // One server's lines stand for all (`server:<name>:state`), and the
+    // hottest key's for every rank (`hotkey:1:key`).
+    let server = format!("server:{}:", servers[0].addr());
+    let fields: BTreeSet<String> = client
+        .stats("")
+        .into_iter()
+        .chain(hotkeys)
+        .map(|(name, _)| name)
+        .filter(|name| !name.starts_with("server:") || name.starts_with(&server))
+        .filter(|name| !name.starts_with("hotkey:") || name.starts_with("hotkey:1:"))
+        .map(|name| name.replace(&server, "server:<name>:"))
+        .collect();
+    assert!(fields.len() > 30, "{fields:?}");
+    let pages = pages();
+    let missing: Vec<&String> = fields
+        .iter()
+        .filter(|field| !pages.iter().any(|page| mentions(&page.text, field)))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "STAT lines of `stats` and `stats hotkeys` that no page names: {missing:?}"
     );
 }
 
