@@ -247,6 +247,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         shutdown_grace,
         auto_eject,
         failure_limit,
+        ejection,
         client_idle_timeout,
         admin_listen,
         replicas,
@@ -287,8 +288,12 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             String::from_utf8_lossy(&t).into_owned()
         })
     };
+    let retry = |e: &crate::config::Ejection| match e {
+        crate::config::Ejection::Twemproxy { retry } => ms(retry),
+        crate::config::Ejection::Memring => "(memring ejection)".to_string(),
+    };
     let hot = &old.hot_keys;
-    let rows: [(&'static str, String, String, bool); 30] = [
+    let rows: [(&'static str, String, String, bool); 32] = [
         (
             "ring",
             old.ring.flavour.name().to_string(),
@@ -361,6 +366,18 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             "failure_limit",
             old.failure_limit.to_string(),
             failure_limit.to_string(),
+            false,
+        ),
+        (
+            "ejection",
+            old.ejection.name().to_string(),
+            ejection.name().to_string(),
+            false,
+        ),
+        (
+            "retry_timeout_ms",
+            retry(&old.ejection),
+            retry(ejection),
             false,
         ),
         (
