@@ -487,7 +487,9 @@ fn run(path: &Path) -> anyhow::Result<()> {
             );
         }
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    // The control plane (accept, reloads, health, /metrics) is light: one
+    // thread of its own, so it never competes with the workers for cores.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the runtime")?;
