@@ -14,8 +14,10 @@
 //!   all; `failure_limit` of them without an answer in between make the
 //!   server DEAD (ejected) and reset the count; a DEAD server is not tried and
 //!   nothing heard from it counts until `retry_timeout_ms` has passed; then it
-//!   is put back untried (SUSPECT, count zero) and judged afresh. Any answer
-//!   resets the count, as nutcracker's `server_ok` does on every response.
+//!   is put back untried (SUSPECT, count zero) and judged afresh. An answer
+//!   to a request resets the count, as nutcracker's `server_ok` does on every
+//!   response; memring's own connection probe does not (nutcracker sends
+//!   none).
 
 use std::time::{Duration, Instant};
 
@@ -133,10 +135,14 @@ impl Health {
                     self.put_back();
                 }
                 match event {
-                    HealthEvent::Answered | HealthEvent::Probed => {
+                    HealthEvent::Answered => {
                         self.consecutive_failures = 0;
                         self.state = HealthState::Active;
                     }
+                    // memring's own probe is no request of a client's:
+                    // nutcracker would not have sent it, so it proves
+                    // nothing here.
+                    HealthEvent::Probed => {}
                     HealthEvent::Failed(_) if !eject => self.state = HealthState::Suspect,
                     HealthEvent::Failed(_) => {
                         self.consecutive_failures = self.consecutive_failures.saturating_add(1);
@@ -364,7 +370,7 @@ mod tests {
     }
 
     #[test]
-    fn twemproxy_timing_forgets_failures_on_any_answer() {
+    fn twemproxy_timing_forgets_failures_on_an_answer_not_on_a_probe() {
         let (mut health, t0) = (Health::default(), Instant::now());
         let rules = Rules {
             failure_limit: 3,
@@ -373,18 +379,22 @@ mod tests {
         for (ms, event) in [
             (0, FAIL),
             (1, FAIL),
-            (2, HealthEvent::Probed),
+            (2, HealthEvent::Answered),
             (3, FAIL),
-            (4, FAIL),
+            (4, HealthEvent::Probed),
+            (5, FAIL),
         ] {
             health.on(event, rules, at(t0, ms));
         }
         assert_eq!(
-            health.state,
-            HealthState::Suspect,
-            "server_ok reset the count"
+            (health.state, health.consecutive_failures),
+            (HealthState::Suspect, 2),
+            "server_ok on a response reset the count; memring's probe did not"
         );
-        assert_eq!(health.consecutive_failures, 2);
+        assert_eq!(
+            health.on(FAIL, rules, at(t0, 6)).map(|t| t.to),
+            Some(HealthState::Dead)
+        );
     }
 
     #[test]
