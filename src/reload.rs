@@ -640,7 +640,9 @@ pub fn spawn(mut reloader: Reloader, shutdown: CancellationToken) -> JoinHandle<
                     let _ = done.send(reloader);
                 });
             if let Err(e) = started {
-                tracing::error!("cannot start a thread to reload the config ({e}); config reloads stop");
+                tracing::error!(
+                    "cannot start a thread to reload the config ({e}); config reloads stop"
+                );
                 return;
             }
             reloader = match reloaded.await {
