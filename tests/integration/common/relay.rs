@@ -2,8 +2,9 @@
 //! server: it frames memcached's replies one by one and slips extra bytes in
 //! before some of them (a doubled `HD`, a stray `VA`, an extra `MN`, `END` or
 //! `ERROR`), or rewrites request lines on their way (to stand for a memcached
-//! that accepts flags 1.6.18 does not know). Everything else is memcached's
-//! own behaviour.
+//! that accepts flags 1.6.18 does not know), or keeps requests back from a
+//! given one on until the test releases them (a server slow to answer just
+//! that request). Everything else is memcached's own behaviour.
 //!
 //! Every thread it starts polls a stop flag with short socket timeouts and is
 //! joined when the handle drops.
@@ -30,6 +31,9 @@ pub struct Fault {
     pub after: usize,
     /// Applied to every request line (without its line end).
     pub rewrite: Option<Rewrite>,
+    /// Request bytes from the first occurrence of this on are kept back
+    /// until [`Relay::release`].
+    pub hold_from: Option<&'static [u8]>,
 }
 
 impl Fault {
@@ -40,6 +44,7 @@ impl Fault {
             every: 0,
             after: 0,
             rewrite: Some(rewrite),
+            hold_from: None,
         }
     }
 
@@ -50,8 +55,28 @@ impl Fault {
             every,
             after,
             rewrite: None,
+            hold_from: None,
         }
     }
+
+    /// Relays everything until a request contains `needle`, then keeps that
+    /// request and every later byte back until [`Relay::release`].
+    pub fn holding_from(needle: &'static [u8]) -> Fault {
+        Fault {
+            inject: b"",
+            every: 0,
+            after: 0,
+            rewrite: None,
+            hold_from: Some(needle),
+        }
+    }
+}
+
+/// Whether a relay keeps requests back ([`Fault::holding_from`]).
+#[derive(Default)]
+struct Gate {
+    holding: AtomicBool,
+    released: AtomicBool,
 }
 
 /// A running relay; stopped and joined on drop.
@@ -59,6 +84,7 @@ pub struct Relay {
     pub port: u16,
     stop: Arc<AtomicBool>,
     injected: Arc<AtomicUsize>,
+    gate: Arc<Gate>,
     threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
@@ -71,11 +97,13 @@ impl Relay {
             port,
             stop: Arc::default(),
             injected: Arc::default(),
+            gate: Arc::default(),
             threads: Arc::default(),
         };
-        let (stop, injected, threads) = (
+        let (stop, injected, gate, threads) = (
             relay.stop.clone(),
             relay.injected.clone(),
+            relay.gate.clone(),
             relay.threads.clone(),
         );
         let upstream = upstream.to_string();
@@ -95,9 +123,10 @@ impl Relay {
                 let (up_from, up_to) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                 let (stop_up, stop_down) = (stop.clone(), stop.clone());
                 let injected = injected.clone();
+                let gate = gate.clone();
                 let mut threads = threads.lock().unwrap();
                 threads.push(std::thread::spawn(move || {
-                    requests(up_from, up_to, fault.rewrite, &stop_up)
+                    requests(up_from, up_to, fault, &stop_up, &gate)
                 }));
                 threads.push(std::thread::spawn(move || {
                     replies(server, client, fault, &stop_down, &injected)
@@ -110,6 +139,16 @@ impl Relay {
 
     pub fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Whether requests are being kept back ([`Fault::holding_from`]).
+    pub fn holding(&self) -> bool {
+        self.gate.holding.load(Ordering::SeqCst)
+    }
+
+    /// Lets requests kept back go on, and relays everything from now on.
+    pub fn release(&self) {
+        self.gate.released.store(true, Ordering::SeqCst);
     }
 
     /// How many times the fault has been injected so far.
@@ -128,12 +167,21 @@ impl Drop for Relay {
     }
 }
 
-/// Reads more bytes into `buffer`: false at EOF, error or stop.
-fn fill(from: &mut TcpStream, buffer: &mut Vec<u8>, stop: &AtomicBool) -> bool {
+/// Reads more bytes into `buffer`: false at EOF, error or stop. Returns
+/// with nothing read after a poll interval when `idle` says so.
+fn fill(
+    from: &mut TcpStream,
+    buffer: &mut Vec<u8>,
+    stop: &AtomicBool,
+    idle: impl Fn() -> bool,
+) -> bool {
     let mut chunk = [0u8; 16 * 1024];
     loop {
         if stop.load(Ordering::Relaxed) {
             return false;
+        }
+        if idle() {
+            return true;
         }
         match from.read(&mut chunk) {
             Ok(0) => return false,
@@ -150,10 +198,21 @@ fn fill(from: &mut TcpStream, buffer: &mut Vec<u8>, stop: &AtomicBool) -> bool {
 
 /// Client to server: verbatim, or line by line through `rewrite` (only for
 /// tests whose requests carry no data blocks).
-fn requests(mut from: TcpStream, mut to: TcpStream, rewrite: Option<Rewrite>, stop: &AtomicBool) {
+fn requests(mut from: TcpStream, mut to: TcpStream, fault: Fault, stop: &AtomicBool, gate: &Gate) {
     let mut buffer = Vec::new();
-    while fill(&mut from, &mut buffer, stop) {
-        let out = match rewrite {
+    let mut held = Vec::new();
+    let holding = std::cell::Cell::new(false);
+    let released = || gate.released.load(Ordering::SeqCst);
+    let held_to_release = || holding.get() && released();
+    while fill(&mut from, &mut buffer, stop, held_to_release) {
+        if held_to_release() {
+            holding.set(false);
+            gate.holding.store(false, Ordering::SeqCst);
+            if to.write_all(&std::mem::take(&mut held)).is_err() {
+                break;
+            }
+        }
+        let mut out = match fault.rewrite {
             None => std::mem::take(&mut buffer),
             Some(rewrite) => {
                 let mut out = Vec::new();
@@ -168,6 +227,15 @@ fn requests(mut from: TcpStream, mut to: TcpStream, rewrite: Option<Rewrite>, st
                 out
             }
         };
+        if let Some(needle) = fault.hold_from.filter(|_| !released()) {
+            if holding.get() {
+                held.append(&mut out);
+            } else if let Some(at) = out.windows(needle.len()).position(|w| w == needle) {
+                held.extend(out.drain(at..));
+                holding.set(true);
+                gate.holding.store(true, Ordering::SeqCst);
+            }
+        }
         if to.write_all(&out).is_err() {
             break;
         }
@@ -201,7 +269,7 @@ fn replies(
 ) {
     let mut buffer = Vec::new();
     let mut relayed = 0usize;
-    while fill(&mut from, &mut buffer, stop) {
+    while fill(&mut from, &mut buffer, stop, || false) {
         let mut out = Vec::new();
         while let Some(len) = reply_len(&buffer) {
             relayed += 1;
