@@ -799,6 +799,28 @@ mod tests {
     }
 
     #[test]
+    fn a_change_of_ejection_timing_is_shown_and_applied_live() {
+        let text = "listen = \"127.0.0.1:1\"\n[[servers]]\naddr = \"127.0.0.1:2\"\n";
+        let old = Config::parse(text, "a").unwrap();
+        let new = Config::parse(
+            &format!("ejection = \"twemproxy\"\nretry_timeout_ms = 3000\n{text}"),
+            "a",
+        )
+        .unwrap();
+        let changes = setting_changes(&old, &new);
+        let shown: Vec<String> = changes.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            [
+                "failure_limit 3 -> 2",
+                "ejection memring -> twemproxy",
+                "retry_timeout_ms (memring ejection) -> 3000"
+            ]
+        );
+        assert!(changes.iter().all(|c| !c.restart_only));
+    }
+
+    #[test]
     fn every_setting_is_documented_in_the_example_with_its_reload_behaviour() {
         let base = "listen = \"127.0.0.1:1\"\n[[servers]]\naddr = \"127.0.0.1:2\"\n[[servers]]\naddr = \"127.0.0.1:4\"\n";
         let changed = "listen = \"127.0.0.1:3\"\nadmin_listen = \"127.0.0.1:5\"\n\

@@ -864,3 +864,48 @@ fn without_auto_eject_a_failed_server_is_tried_again_on_the_next_requests() {
     assert!(started.elapsed() < Duration::from_millis(500));
     assert_eq!(servers[0].client().get(&key).as_deref(), Some(&b"back"[..]));
 }
+
+/// `ejection` applies on reload: the servers get the new timing, and a
+/// killed server then comes back into the ring when its retry is due, still
+/// down (memring's own timing keeps a server out until it answers).
+#[test]
+fn a_reload_switches_to_twemproxy_timing_live() {
+    let dir = TempDir::new("twemproxy", "reload");
+    let mut servers: Vec<Memcached> = (0..2).map(|_| Memcached::start()).collect();
+    let body: String = servers
+        .iter()
+        .map(|s| format!("[[servers]]\naddr = \"{}\"\n", s.addr()))
+        .collect();
+    let path = dir.path("memring.toml");
+    let head =
+        "listen = \"127.0.0.1:0\"\nring = \"twemproxy\"\nauto_eject = true\nfailure_limit = 2\n";
+    std::fs::write(&path, format!("{head}{body}")).expect("write");
+    let proxy = Proxy::start_file(&path);
+    std::fs::write(
+        &path,
+        format!("{head}ejection = \"twemproxy\"\nretry_timeout_ms = 800\n{body}"),
+    )
+    .expect("write");
+    crate::common::wait_for("the reload", || {
+        proxy.running().topology.load().config.ejection
+            == memring::config::Ejection::Twemproxy {
+                retry: Duration::from_millis(800),
+            }
+    });
+    let topology = proxy.running().topology.load_full();
+    assert!(topology.backends.iter().all(|b| matches!(
+        b.timing(),
+        memring::backend::health::Timing::Twemproxy { eject: true, .. }
+    )));
+    let victim = topology.backends[0].name().to_string();
+    drop(topology);
+    servers[0].kill();
+    let ejected = || proxy.running().topology.load().ejected.contains(&victim);
+    crate::common::wait_for("the ejection", ejected);
+    let retry_at = proxy.running().topology.load().backends[0]
+        .retry_at()
+        .expect("a DEAD server waits for its retry");
+    crate::common::wait_for("the return on time, still down", || !ejected());
+    assert!(Instant::now() >= retry_at);
+    assert_eq!(crate::common::answering_pid(servers[0].port), None);
+}
