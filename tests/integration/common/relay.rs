@@ -19,11 +19,11 @@ use std::time::Duration;
 const POLL: Duration = Duration::from_millis(20);
 
 /// Rewrites one request line (without its line end).
-pub type Rewrite = fn(&[u8]) -> Vec<u8>;
+pub(crate) type Rewrite = fn(&[u8]) -> Vec<u8>;
 
 /// What the relay does to the traffic.
 #[derive(Clone, Copy)]
-pub struct Fault {
+pub(crate) struct Fault {
     /// Bytes sent before every `every`-th reply of a connection, once it
     /// has relayed `after` replies untouched.
     pub inject: &'static [u8],
@@ -38,7 +38,7 @@ pub struct Fault {
 
 impl Fault {
     /// Relays replies untouched and rewrites request lines.
-    pub fn rewriting(rewrite: Rewrite) -> Fault {
+    pub(crate) fn rewriting(rewrite: Rewrite) -> Fault {
         Fault {
             inject: b"",
             every: 0,
@@ -49,7 +49,7 @@ impl Fault {
     }
 
     /// Injects `inject` before every `every`-th reply after the first `after`.
-    pub fn injecting(inject: &'static [u8], every: usize, after: usize) -> Fault {
+    pub(crate) fn injecting(inject: &'static [u8], every: usize, after: usize) -> Fault {
         Fault {
             inject,
             every,
@@ -61,7 +61,7 @@ impl Fault {
 
     /// Relays everything until a request contains `needle`, then keeps that
     /// request and every later byte back until [`Relay::release`].
-    pub fn holding_from(needle: &'static [u8]) -> Fault {
+    pub(crate) fn holding_from(needle: &'static [u8]) -> Fault {
         Fault {
             inject: b"",
             every: 0,
@@ -80,7 +80,7 @@ struct Gate {
 }
 
 /// A running relay; stopped and joined on drop.
-pub struct Relay {
+pub(crate) struct Relay {
     pub port: u16,
     stop: Arc<AtomicBool>,
     injected: Arc<AtomicUsize>,
@@ -89,7 +89,7 @@ pub struct Relay {
 }
 
 impl Relay {
-    pub fn start(upstream: &str, fault: Fault) -> Relay {
+    pub(crate) fn start(upstream: &str, fault: Fault) -> Relay {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
         listener.set_nonblocking(true).expect("nonblocking");
         let port = listener.local_addr().expect("local addr").port();
@@ -137,22 +137,22 @@ impl Relay {
         relay
     }
 
-    pub fn addr(&self) -> String {
+    pub(crate) fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
     /// Whether requests are being kept back ([`Fault::holding_from`]).
-    pub fn holding(&self) -> bool {
+    pub(crate) fn holding(&self) -> bool {
         self.gate.holding.load(Ordering::SeqCst)
     }
 
     /// Lets requests kept back go on, and relays everything from now on.
-    pub fn release(&self) {
+    pub(crate) fn release(&self) {
         self.gate.released.store(true, Ordering::SeqCst);
     }
 
     /// How many times the fault has been injected so far.
-    pub fn injected(&self) -> usize {
+    pub(crate) fn injected(&self) -> usize {
         self.injected.load(Ordering::Relaxed)
     }
 }
@@ -245,7 +245,7 @@ fn requests(mut from: TcpStream, mut to: TcpStream, fault: Fault, stop: &AtomicB
 
 /// The length of the complete reply at the start of `buffer`, if any: one
 /// line, plus the data block of a `VA <size>` or `VALUE <key> <flags> <size>`.
-pub fn reply_len(buffer: &[u8]) -> Option<usize> {
+pub(crate) fn reply_len(buffer: &[u8]) -> Option<usize> {
     let end = buffer.iter().position(|&b| b == b'\n')? + 1;
     let line = std::str::from_utf8(&buffer[..end]).ok()?.trim_end();
     let mut tokens = line.split(' ');
