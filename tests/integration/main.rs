@@ -23,3 +23,4 @@ mod reload;
 mod replication;
 mod resilience;
 mod sessions;
+mod twemproxy;
