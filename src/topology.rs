@@ -90,7 +90,8 @@ pub type SharedTopology = Arc<ArcSwap<Topology>>;
 impl Topology {
     /// The backends for `config`: a server that `previous` already has with the
     /// same identity, address and connection settings keeps its backend (and
-    /// its open connections); every other server gets a new one.
+    /// its open connections), unless DNS moved its host name elsewhere; every
+    /// other server gets a new one.
     pub(crate) fn backends_for(
         config: &Config,
         previous: Option<&Topology>,
@@ -236,7 +237,10 @@ impl Topology {
         self.backends
             .iter()
             .find(|b| {
-                b.name() == server.name && b.addr() == server.addr && b.settings() == settings
+                b.name() == server.name
+                    && b.addr() == server.addr
+                    && b.settings() == settings
+                    && !b.target().is_readdressed()
             })
             .cloned()
     }
