@@ -181,6 +181,7 @@ async fn pool_round(publisher: &Publisher, episodes: &mut Episodes) {
         tracing::info!("discovery: {source} answers again");
     }
     if found == config.servers {
+        tracing::debug!("discovery: {source}: {} servers, unchanged", found.len());
         return;
     }
     // Servers that join are flushed first, as on a config edit
