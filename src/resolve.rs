@@ -204,6 +204,31 @@ impl Dns {
     }
 }
 
+/// A TCP connection to `addr` (`host:port`) with its host name looked up
+/// through `dns`, each address tried in turn: for memring's own short-lived
+/// connections (flushes, sweeps), which must ask the DNS server the
+/// backends' connections ask.
+///
+/// # Errors
+/// The name has no address, or no address accepts the connection.
+pub async fn connect(dns: Dns, addr: &str) -> std::io::Result<tokio::net::TcpStream> {
+    let Some((host, port)) = host_name(addr) else {
+        return tokio::net::TcpStream::connect(addr).await;
+    };
+    let addresses = dns
+        .addresses(host, port)
+        .await
+        .map_err(|e| std::io::Error::other(e.detail))?;
+    let mut failure = std::io::Error::from(std::io::ErrorKind::AddrNotAvailable);
+    for address in addresses {
+        match tokio::net::TcpStream::connect(address).await {
+            Ok(stream) => return Ok(stream),
+            Err(e) => failure = e,
+        }
+    }
+    Err(failure)
+}
+
 /// Runs `make()`'s future to completion on a runtime of its own, on a thread
 /// of its own, so that blocking code (config checks, the CLI, a reload on
 /// the runtime's thread) can ask DNS.
