@@ -33,20 +33,27 @@ use crate::resolve::{Dns, DnsError, DnsFailure};
 /// keeps what it had.
 pub async fn servers(source: &Source, dns: Dns) -> Result<Vec<ServerConfig>, DnsError> {
     let mut servers: Vec<ServerConfig> = match source {
-        Source::Srv(name) => dns
-            .srv(name)
-            .await?
-            .into_iter()
-            .filter(|target| !target.host.is_empty() && target.port > 0)
-            .map(|target| {
-                let addr = format!("{}:{}", target.host.to_ascii_lowercase(), target.port);
-                ServerConfig {
-                    name: addr.clone(),
-                    addr,
-                    weight: u32::from(target.weight).clamp(1, MAX_WEIGHT),
-                }
-            })
-            .collect(),
+        Source::Srv(name) => {
+            let targets: Vec<_> = dns
+                .srv(name)
+                .await?
+                .into_iter()
+                .filter(|target| !target.host.is_empty() && target.port > 0)
+                .collect();
+            let weights: Vec<u32> = targets.iter().map(|t| u32::from(t.weight)).collect();
+            targets
+                .iter()
+                .zip(relative(&weights))
+                .map(|(target, weight)| {
+                    let addr = format!("{}:{}", target.host.to_ascii_lowercase(), target.port);
+                    ServerConfig {
+                        name: addr.clone(),
+                        addr,
+                        weight,
+                    }
+                })
+                .collect()
+        }
         Source::A { host, port } => dns
             .addresses(host, *port)
             .await?
@@ -67,6 +74,27 @@ pub async fn servers(source: &Source, dns: Dns) -> Result<Vec<ServerConfig>, Dns
         });
     }
     Ok(servers)
+}
+
+/// SRV weights as ring weights: divided by their greatest common divisor,
+/// within 1..=MAX_WEIGHT (0, "no preference", counts as 1). Kubernetes'
+/// DNS gives each of N pods the weight 100/N: as written, every server's
+/// weight would change with every scale, and keys would move between the
+/// servers that stay; divided, equal records are weight 1 whatever N is.
+fn relative(weights: &[u32]) -> Vec<u32> {
+    fn gcd(a: u32, b: u32) -> u32 {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    let weights: Vec<u32> = weights.iter().map(|&w| w.max(1)).collect();
+    let divisor = weights.iter().copied().fold(0, gcd).max(1);
+    weights
+        .iter()
+        .map(|w| (w / divisor).clamp(1, MAX_WEIGHT))
+        .collect()
 }
 
 /// [`servers`] for blocking callers (`check`, `plan`, a reload).
@@ -300,6 +328,17 @@ async fn names_round(publisher: &Publisher, episodes: &mut Episodes) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn srv_weights_are_relative_so_equal_records_stay_weight_one_as_n_changes() {
+        assert_eq!(relative(&[33, 33, 33]), vec![1, 1, 1]);
+        assert_eq!(relative(&[25, 25, 25, 25]), vec![1, 1, 1, 1]);
+        assert_eq!(relative(&[10, 20, 30]), vec![1, 2, 3]);
+        assert_eq!(relative(&[0, 0]), vec![1, 1]);
+        assert_eq!(relative(&[0, 3]), vec![1, 3]);
+        assert_eq!(relative(&[1, 65535]), vec![1, MAX_WEIGHT]);
+        assert_eq!(relative(&[]), Vec::<u32>::new());
+    }
 
     #[test]
     fn a_dns_server_that_does_not_answer_lists_no_servers() {
