@@ -1897,6 +1897,130 @@ name = "cache-02"
     }
 
     #[test]
+    fn discovery_lists_the_pool_instead_of_servers() {
+        let text = "listen = \"127.0.0.1:1\"\n[discovery]\nsrv = \"_memcache._tcp.cache.default.svc.\"\ninterval_ms = 250\nresolver = \"127.0.0.1:5353\"\n";
+        let config = Config::parse(text, "m").unwrap();
+        assert!(config.servers.is_empty());
+        assert!(config.warnings().is_empty(), "{:?}", config.warnings());
+        let discovery = &config.discovery;
+        assert_eq!(
+            discovery.source,
+            Some(Source::Srv("_memcache._tcp.cache.default.svc".into()))
+        );
+        assert_eq!(discovery.interval, Duration::from_millis(250));
+        assert_eq!(
+            discovery.dns.server,
+            Some("127.0.0.1:5353".parse().unwrap())
+        );
+        let a = Config::parse(
+            "listen = \"127.0.0.1:1\"\n[discovery]\na = \"cache.default.svc:11211\"\nresolver = \"10.96.0.10\"\n",
+            "m",
+        )
+        .unwrap();
+        assert_eq!(
+            a.discovery.source,
+            Some(Source::A {
+                host: "cache.default.svc".into(),
+                port: 11211
+            })
+        );
+        assert_eq!(
+            a.discovery.dns.server,
+            Some("10.96.0.10:53".parse().unwrap())
+        );
+        // Without srv or a: only where and how often names are looked up.
+        let names = Config::parse(
+            &format!("{GOOD}\n[discovery]\nresolver = \"[::1]:53\"\n"),
+            "m",
+        )
+        .unwrap();
+        assert_eq!(names.discovery.source, None);
+        assert_eq!(names.servers.len(), 2);
+        assert_eq!(
+            Config::parse(GOOD, "m").unwrap().discovery.interval,
+            Duration::from_millis(DEFAULT_DISCOVERY_INTERVAL_MS)
+        );
+    }
+
+    #[test]
+    fn bad_discovery_settings_are_rejected_with_their_place() {
+        let base = "listen = \"127.0.0.1:1\"\n[discovery]\n";
+        for (body, expected) in [
+            (
+                "srv = \"_m._tcp.x\"\na = \"x:1\"\n",
+                "m:4:5: [discovery] takes srv or a, not both",
+            ),
+            (
+                "srv = \"_m._tcp.x:11211\"\n",
+                "m:3:7: [discovery] srv = \"_m._tcp.x:11211\" is not a DNS name",
+            ),
+            (
+                "a = \"cache.svc\"\n",
+                "m:3:5: [discovery] a = \"cache.svc\" must be host:port",
+            ),
+            (
+                "a = \"cache.svc:0\"\n",
+                "m:3:5: [discovery] a = \"cache.svc:0\"",
+            ),
+            (
+                "interval_ms = 10\n",
+                "m:3:15: interval_ms = 10 is out of range 100..=3600000",
+            ),
+            (
+                "resolver = \"dns.local:53\"\n",
+                "m:3:12: resolver = \"dns.local:53\" must be the IP address of a DNS server",
+            ),
+            (
+                "intervall_ms = 100\n",
+                "m:3:1: unknown key `intervall_ms` in [discovery]; did you mean `interval_ms`?",
+            ),
+            (
+                "",
+                "no [[servers]]: at least one server is needed (or [discovery] with srv or a)",
+            ),
+        ] {
+            let message = Config::parse(&format!("{base}{body}"), "m")
+                .unwrap_err()
+                .to_string();
+            assert!(message.contains(expected), "{body}: {message}");
+        }
+        let both = format!("{GOOD}\n[discovery]\nsrv = \"_m._tcp.x\"\n");
+        let message = Config::parse(&both, "m").unwrap_err().to_string();
+        assert!(
+            message.starts_with("m:4:1: [[servers]] and [discovery] srv _m._tcp.x both list the default pool's servers"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_servers_ring_place_comes_from_its_name_as_written_not_its_address() {
+        // Two spellings that reach the same memcached are two places; the
+        // same name is one place whatever it resolves to (resolution never
+        // enters the ring).
+        let named = |addr: &str| {
+            Config::parse(
+                &format!("listen = \"127.0.0.1:1\"\n[[servers]]\naddr = \"{addr}\"\n[[servers]]\naddr = \"cache-1.svc:11211\"\n"),
+                "m",
+            )
+            .unwrap()
+            .build_ring()
+        };
+        assert_eq!(named("cache-0.svc:11211"), named("cache-0.svc:11211"));
+        assert_ne!(named("cache-0.svc:11211"), named("10.0.0.7:11211"));
+        for flavour in ["twemproxy", "libmemcached"] {
+            let ring = |addr: &str| {
+                Config::parse(
+                    &format!("ring = \"{flavour}\"\nlisten = \"127.0.0.1:1\"\n[[servers]]\naddr = \"{addr}\"\n[[servers]]\naddr = \"b.svc:1\"\n"),
+                    "m",
+                )
+                .unwrap()
+                .build_ring()
+            };
+            assert_eq!(ring("a.svc:1"), ring("a.svc:1"), "{flavour}");
+        }
+    }
+
+    #[test]
     fn out_of_range_settings_are_rejected() {
         let message = error_of(&format!("connections_per_server = 0\n{GOOD}"));
         assert!(
