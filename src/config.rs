@@ -320,7 +320,10 @@ impl Config {
     /// The text is not valid TOML or fails validation.
     pub fn parse_and_resolve(text: &str, path: &str) -> Result<Config, ConfigError> {
         // The DNS server to ask is part of the text: read it first.
-        let dns = Config::parse(text, path)?.discovery.dns;
+        // (A file that fails without lookups fails below with the error the
+        // lookups lead to first.)
+        let dns =
+            Config::parse(text, path).map_or_else(|_| Default::default(), |c| c.discovery.dns);
         let system = |host: &str, port: u16| -> std::io::Result<Vec<SocketAddr>> {
             Ok((host, port).to_socket_addrs()?.collect())
         };
