@@ -39,6 +39,8 @@ struct RawConfig {
     shutdown_grace_ms: Option<Spanned<u64>>,
     auto_eject: Option<bool>,
     failure_limit: Option<Spanned<u64>>,
+    ejection: Option<Spanned<String>>,
+    retry_timeout_ms: Option<Spanned<u64>>,
     client_idle_timeout_ms: Option<Spanned<u64>>,
     admin_listen: Option<Spanned<String>>,
     replicas: Option<Spanned<u64>>,
@@ -137,6 +139,8 @@ pub struct Config {
     /// Consecutive failures (connect, timeout, broken connection) after which
     /// a server is DEAD.
     pub failure_limit: u32,
+    /// When a DEAD server is tried again (`ejection`, `retry_timeout_ms`).
+    pub ejection: Ejection,
     /// Close clients idle this long; `None` keeps them forever.
     pub client_idle_timeout: Option<Duration>,
     /// Where to serve `/metrics`, `/live` and `/ready`; off when `None`.
@@ -216,6 +220,30 @@ impl fmt::Display for Source {
     }
 }
 
+/// What happens to a DEAD server (`ejection`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ejection {
+    /// memring's own (`ejection = "memring"`, the default): a DEAD server is
+    /// probed, and once it answers it is flushed and rejoins with a hand-off
+    /// window.
+    Memring,
+    /// nutcracker 0.5's (`ejection = "twemproxy"`): failures count only with
+    /// `auto_eject`; a DEAD server stays out of the ring for `retry`
+    /// (`retry_timeout_ms`), then is put back untried and unflushed, so that
+    /// memring and a nutcracker beside it place every key alike.
+    Twemproxy { retry: Duration },
+}
+
+impl Ejection {
+    /// The value of `ejection` in the file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Ejection::Memring => "memring",
+            Ejection::Twemproxy { .. } => "twemproxy",
+        }
+    }
+}
+
 /// Host names and discovery records are looked up again this often unless
 /// `[discovery] interval_ms` says otherwise: a pod that restarts with a new
 /// address is found within five seconds, at one question per name per five
@@ -287,6 +315,11 @@ pub const DEFAULT_MAX_CLIENT_CONNECTIONS: u64 = 16_384;
 pub const DEFAULT_MAX_PENDING_PER_CLIENT: u64 = 256;
 pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 5000;
 pub const DEFAULT_FAILURE_LIMIT: u64 = 3;
+/// nutcracker's `server_failure_limit` default, the default of
+/// `failure_limit` with `ejection = "twemproxy"`.
+pub const TWEMPROXY_FAILURE_LIMIT: u64 = 2;
+/// nutcracker's `server_retry_timeout` default.
+pub const DEFAULT_RETRY_TIMEOUT_MS: u64 = 30_000;
 
 impl Config {
     /// Reads and validates a config file.
@@ -586,10 +619,14 @@ impl Config {
             0..=600_000,
         )?;
 
+        let ejection = ejection(&raw, &at, &number)?;
         let failure_limit = number(
             &raw.failure_limit,
             "failure_limit",
-            DEFAULT_FAILURE_LIMIT,
+            match ejection {
+                Ejection::Memring => DEFAULT_FAILURE_LIMIT,
+                Ejection::Twemproxy { .. } => TWEMPROXY_FAILURE_LIMIT,
+            },
             1..=1000,
         )?;
         let replicas = number(&raw.replicas, "replicas", 1, 1..=16)?;
@@ -670,6 +707,7 @@ impl Config {
             shutdown_grace: Duration::from_millis(shutdown_grace_ms),
             auto_eject: raw.auto_eject.unwrap_or(false),
             failure_limit: failure_limit as u32,
+            ejection,
             client_idle_timeout: (client_idle_timeout_ms > 0)
                 .then(|| Duration::from_millis(client_idle_timeout_ms)),
             admin_listen,
@@ -900,6 +938,44 @@ fn is_dns_name(name: &str) -> bool {
         })
 }
 
+/// `ejection` and `retry_timeout_ms`.
+fn ejection(
+    raw: &RawConfig,
+    at: &dyn Fn(Range<usize>, String) -> ConfigError,
+    number: &NumberSetting<'_>,
+) -> Result<Ejection, ConfigError> {
+    let twemproxy = match &raw.ejection {
+        None => false,
+        Some(name) => match name.get_ref().as_str() {
+            "memring" => false,
+            "twemproxy" => true,
+            other => {
+                return Err(at(
+                    name.span(),
+                    format!(
+                    "ejection = \"{other}\" is not an ejection timing (one of: memring, twemproxy)"
+                ),
+                ))
+            }
+        },
+    };
+    match (&raw.retry_timeout_ms, twemproxy) {
+        (Some(retry), false) => Err(at(
+            retry.span(),
+            "retry_timeout_ms applies to ejection = \"twemproxy\"; memring's own ejection restores a server as soon as it answers".into(),
+        )),
+        (_, false) => Ok(Ejection::Memring),
+        (_, true) => Ok(Ejection::Twemproxy {
+            retry: Duration::from_millis(number(
+                &raw.retry_timeout_ms,
+                "retry_timeout_ms",
+                DEFAULT_RETRY_TIMEOUT_MS,
+                0..=86_400_000,
+            )?),
+        }),
+    }
+}
+
 /// Reads one integer setting: its value, a default, and its allowed range.
 type NumberSetting<'a> = dyn Fn(&Option<Spanned<u64>>, &str, u64, std::ops::RangeInclusive<u64>) -> Result<u64, ConfigError>
     + 'a;
@@ -1107,6 +1183,80 @@ fn twemproxy_server(addr: &str) -> Option<String> {
     Some(lines)
 }
 
+/// Every key the config file accepts, derived from the serde structs: each
+/// top-level setting (`listen`, `servers`, ...) and, for a key that holds a
+/// table or an array of tables, each of its keys as `table.key`
+/// (`servers.addr`). The docs checks (tests/integration/docs.rs) use them,
+/// so a new key cannot go undocumented.
+pub fn setting_names() -> Vec<String> {
+    let mut names = Vec::new();
+    for key in struct_fields::<RawConfig>() {
+        names.push(key.to_string());
+        for header in [format!("[{key}]"), format!("[[{key}]]")] {
+            names.extend(
+                table_keys(&header)
+                    .into_iter()
+                    .map(|k| format!("{key}.{k}")),
+            );
+        }
+    }
+    names
+}
+
+/// The keys serde accepts in the table that `header` opens, read from its
+/// unknown-key message; none when that key is not a table.
+fn table_keys(header: &str) -> Vec<String> {
+    const PROBE: &str = "memring_probe_not_a_key";
+    let text = format!("listen = \"127.0.0.1:1\"\n{header}\n{PROBE} = 1\n");
+    let Err(error) = toml::from_str::<RawConfig>(&text) else {
+        return Vec::new();
+    };
+    match error
+        .message()
+        .strip_prefix(&format!("unknown field `{PROBE}`, expected "))
+    {
+        Some(list) => list
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(String::from)
+            .collect(),
+        None => Vec::new(),
+    }
+}
+
+/// The field names that a derived `Deserialize` passes to
+/// `deserialize_struct`, caught by a deserializer that reads nothing.
+fn struct_fields<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
+    struct Fields<'a>(&'a mut &'static [&'static str]);
+    impl<'de> serde::Deserializer<'de> for Fields<'_> {
+        type Error = serde::de::value::Error;
+        fn deserialize_any<V: serde::de::Visitor<'de>>(
+            self,
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            Err(serde::de::Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: serde::de::Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(serde::de::Error::custom("only the field names were wanted"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map
+            enum identifier ignored_any
+        }
+    }
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Fields(&mut fields));
+    fields
+}
+
 /// An example value of every key, for messages about a value of the wrong
 /// type: the default where there is one, else a typical value.
 const EXAMPLES: &[(&str, &str)] = &[
@@ -1120,6 +1270,8 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("shutdown_grace_ms", "5000"),
     ("auto_eject", "true"),
     ("failure_limit", "3"),
+    ("ejection", "\"twemproxy\""),
+    ("retry_timeout_ms", "30000"),
     ("client_idle_timeout_ms", "60000"),
     ("admin_listen", "\"127.0.0.1:9100\""),
     ("replicas", "2"),
@@ -1170,7 +1322,7 @@ fn explain_toml_error(message: &str, text: &str, at: usize) -> String {
         return match nearest(unknown, &known) {
             Some(near) => format!("unknown key `{unknown}`{place}; did you mean `{near}`?"),
             None => format!(
-                "unknown key `{unknown}`{place}: no key is spelt like it (README.md, Configuration, lists them all)"
+                "unknown key `{unknown}`{place}: no key is spelt like it (docs/configuration.md lists them all)"
             ),
         };
     }
@@ -1442,7 +1594,7 @@ name = "cache-02"
             let message = error_of(&format!("{written} = 1\n{GOOD}"));
             let expected = match suggested {
                 Some(near) => format!("memring.toml:1:1: unknown key `{written}`; did you mean `{near}`?"),
-                None => format!("memring.toml:1:1: unknown key `{written}`: no key is spelt like it (README.md, Configuration, lists them all)"),
+                None => format!("memring.toml:1:1: unknown key `{written}`: no key is spelt like it (docs/configuration.md lists them all)"),
             };
             assert_eq!(message, expected, "{written}");
         }
@@ -1531,7 +1683,13 @@ name = "cache-02"
                 } else {
                     "ring = \"twemproxy\"\n"
                 };
-                format!("{ring}{key} = {example}\n{GOOD}")
+                // retry_timeout_ms belongs to twemproxy's ejection timing.
+                let ejection = if key == "retry_timeout_ms" {
+                    "ejection = \"twemproxy\"\n"
+                } else {
+                    ""
+                };
+                format!("{ring}{ejection}{key} = {example}\n{GOOD}")
             };
             assert!(
                 Config::parse(&text, "m").is_ok(),
@@ -1546,6 +1704,31 @@ name = "cache-02"
             top.len() - 1 + server.len() + discovery.len(),
             "an example of a key that is gone"
         );
+    }
+
+    #[test]
+    fn setting_names_are_the_keys_serde_accepts() {
+        let names = setting_names();
+        let server: Vec<&str> = names
+            .iter()
+            .filter_map(|n| n.strip_prefix("servers."))
+            .collect();
+        assert_eq!(server, ["addr", "weight", "name"]);
+        assert!(names.iter().any(|n| n == "listen") && names.iter().any(|n| n == "servers"));
+        let keys: Vec<&str> = names
+            .iter()
+            .filter(|n| !n.contains('.') && *n != "servers")
+            .map(String::as_str)
+            .chain(server.iter().copied())
+            .chain(names.iter().filter_map(|n| n.strip_prefix("discovery.")))
+            .collect();
+        for key in &keys {
+            assert!(
+                EXAMPLES.iter().any(|(name, _)| name == key),
+                "`{key}` has no example"
+            );
+        }
+        assert_eq!(EXAMPLES.len(), keys.len());
     }
 
     #[test]
@@ -2028,6 +2211,49 @@ name = "cache-02"
         let message = error_of(&format!("connections_per_server = 0\n{GOOD}"));
         assert!(
             message.starts_with("memring.toml:1:26: connections_per_server"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn twemproxy_ejection_takes_nutcrackers_defaults_and_retry_needs_it() {
+        let parse = |text: &str| Config::parse(&format!("{text}\n{GOOD}"), "memring.toml");
+        let own = parse("").unwrap();
+        assert_eq!((own.ejection, own.failure_limit), (Ejection::Memring, 3));
+        let twemproxy = parse("ejection = \"twemproxy\"").unwrap();
+        assert_eq!(
+            (twemproxy.ejection, twemproxy.failure_limit),
+            (
+                Ejection::Twemproxy {
+                    retry: Duration::from_millis(30_000)
+                },
+                2
+            ),
+            "server_retry_timeout and server_failure_limit as nutcracker's defaults"
+        );
+        let set =
+            parse("ejection = \"twemproxy\"\nretry_timeout_ms = 3000\nfailure_limit = 5").unwrap();
+        assert_eq!(
+            (set.ejection, set.failure_limit),
+            (
+                Ejection::Twemproxy {
+                    retry: Duration::from_millis(3000)
+                },
+                5
+            )
+        );
+        let message = error_of(&format!("retry_timeout_ms = 3000\n{GOOD}"));
+        assert!(
+            message.starts_with(
+                "memring.toml:1:20: retry_timeout_ms applies to ejection = \"twemproxy\""
+            ),
+            "{message}"
+        );
+        let message = error_of(&format!("ejection = \"nutcracker\"\n{GOOD}"));
+        assert!(
+            message.ends_with(
+                "ejection = \"nutcracker\" is not an ejection timing (one of: memring, twemproxy)"
+            ),
             "{message}"
         );
     }

@@ -43,19 +43,19 @@
 //! - [`error`]: backend and config errors.
 
 #![forbid(unsafe_code)]
-#![deny(rust_2018_idioms)]
 
 pub mod admin;
 pub mod backend;
 mod client_slots;
+mod clock;
 pub mod config;
 pub mod discovery;
 pub mod error;
 pub mod fd_budget;
-pub mod handoff;
+pub(crate) mod handoff;
 pub mod hotkeys;
 mod outbuf;
-pub mod pool;
+pub(crate) mod pool;
 pub mod protocol;
 pub mod reload;
 mod report;

@@ -265,6 +265,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         shutdown_grace,
         auto_eject,
         failure_limit,
+        ejection,
         client_idle_timeout,
         admin_listen,
         replicas,
@@ -306,6 +307,10 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             String::from_utf8_lossy(&t).into_owned()
         })
     };
+    let retry = |e: &crate::config::Ejection| match e {
+        crate::config::Ejection::Twemproxy { retry } => ms(retry),
+        crate::config::Ejection::Memring => "(memring ejection)".to_string(),
+    };
     let hot = &old.hot_keys;
     let discovered = |d: &crate::config::Discovery| {
         let source = d
@@ -321,7 +326,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             d.interval.as_millis()
         )
     };
-    let rows: [(&'static str, String, String, bool); 31] = [
+    let rows: [(&'static str, String, String, bool); 33] = [
         (
             "discovery",
             discovered(&old.discovery),
@@ -400,6 +405,18 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             "failure_limit",
             old.failure_limit.to_string(),
             failure_limit.to_string(),
+            false,
+        ),
+        (
+            "ejection",
+            old.ejection.name().to_string(),
+            ejection.name().to_string(),
+            false,
+        ),
+        (
+            "retry_timeout_ms",
+            retry(&old.ejection),
+            retry(ejection),
             false,
         ),
         (
@@ -647,7 +664,33 @@ pub fn spawn(mut reloader: Reloader, shutdown: CancellationToken) -> JoinHandle<
             if let Some(watch) = watch.as_mut() {
                 watch.refresh(&reloader.path);
             }
-            reloader.reload_and_log();
+            // A reload reads files and flushes joining servers with blocking
+            // calls: off the control plane's one thread, so accepting clients
+            // and serving /metrics go on meanwhile.
+            let (done, reloaded) = tokio::sync::oneshot::channel();
+            let runtime = tokio::runtime::Handle::current();
+            let started = std::thread::Builder::new()
+                .name("memring-reload".into())
+                .spawn(move || {
+                    // Inside the runtime's context: a reload spawns the
+                    // hand-off window's tasks.
+                    let _context = runtime.enter();
+                    reloader.reload_and_log();
+                    let _ = done.send(reloader);
+                });
+            if let Err(e) = started {
+                tracing::error!(
+                    "cannot start a thread to reload the config ({e}); config reloads stop"
+                );
+                return;
+            }
+            reloader = match reloaded.await {
+                Ok(reloader) => reloader,
+                Err(_) => {
+                    tracing::error!("the config reload failed; config reloads stop");
+                    return;
+                }
+            };
         }
     })
 }
@@ -801,6 +844,28 @@ mod tests {
             ]
         );
         assert!(setting_changes(&old, &old).is_empty());
+    }
+
+    #[test]
+    fn a_change_of_ejection_timing_is_shown_and_applied_live() {
+        let text = "listen = \"127.0.0.1:1\"\n[[servers]]\naddr = \"127.0.0.1:2\"\n";
+        let old = Config::parse(text, "a").unwrap();
+        let new = Config::parse(
+            &format!("ejection = \"twemproxy\"\nretry_timeout_ms = 3000\n{text}"),
+            "a",
+        )
+        .unwrap();
+        let changes = setting_changes(&old, &new);
+        let shown: Vec<String> = changes.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            [
+                "failure_limit 3 -> 2",
+                "ejection memring -> twemproxy",
+                "retry_timeout_ms (memring ejection) -> 3000"
+            ]
+        );
+        assert!(changes.iter().all(|c| !c.restart_only));
     }
 
     #[test]

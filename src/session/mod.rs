@@ -81,23 +81,27 @@ pub(crate) async fn run_session(
     let mut client = ClientSession::new(id, worker.clone());
     let mut input = BytesMut::with_capacity(FIRST_READ_BYTES);
     let settings = worker.settings;
-    let mut last_read = Instant::now();
+    let clock = worker.clock.clone();
+    let mut last_read = clock.tick();
     // When the incomplete request at the head of `input` began. The idle
     // timeout runs from here, not from the last read: a client trickling a
     // request byte by byte reads as busy but never completes it.
-    let mut partial_since = Instant::now();
-    let mut last_write = Instant::now();
+    let mut partial_since = last_read;
+    let mut last_write = last_read;
     let result = loop {
+        // One clock read per wake-up (at the end of the loop): what runs
+        // for this session until it waits again takes that time.
+        let now = clock.now();
         let unparsed = input.len();
         client.parse(&mut input);
         if input.len() < unparsed {
-            partial_since = Instant::now();
+            partial_since = now;
         }
         client.count_out();
         client.advance();
         client.count_out();
         if client.out.is_empty() {
-            last_write = Instant::now();
+            last_write = now;
         }
         client.out.seal();
         if client.closing && client.entries.is_empty() && client.out.is_empty() {
@@ -117,6 +121,9 @@ pub(crate) async fn run_session(
             (Some(idle), false) => Some(partial_since + idle),
             (None, false) => None,
         };
+        // What the arm below did: bytes written, bytes read (the first of a
+        // new request?).
+        let (mut wrote, mut got) = (false, None);
         tokio::select! {
             biased;
             () = client.wake.notified() => {}
@@ -124,7 +131,7 @@ pub(crate) async fn run_session(
                 match written {
                     Ok(n) => {
                         worker.stats.written_bytes(n);
-                        last_write = Instant::now();
+                        wrote = true;
                     }
                     Err(e) => break Err(e),
                 }
@@ -133,15 +140,11 @@ pub(crate) async fn run_session(
                 match read {
                     Ok(0) => client.closing = true,
                     Ok(n) => {
-                        if n == input.len() {
-                            // The first bytes of a new request.
-                            partial_since = Instant::now();
-                        }
+                        got = Some(n == input.len());
                         worker.stats.read_bytes(n);
                     }
                     Err(e) => break Err(e),
                 }
-                last_read = Instant::now();
             }
             () = sleep_until_some(deadline), if deadline.is_some() => {
                 // Idle, stuck mid-request, or not reading its replies.
@@ -149,6 +152,16 @@ pub(crate) async fn run_session(
             }
             () = worker.shutdown.cancelled(), if !client.closing => {
                 client.closing = true;
+            }
+        }
+        let now = clock.tick();
+        if wrote {
+            last_write = now;
+        }
+        if let Some(first_bytes) = got {
+            last_read = now;
+            if first_bytes {
+                partial_since = now;
             }
         }
     };
@@ -444,9 +457,14 @@ impl ClientSession {
             // Replies memring makes itself (parse errors among them) are not
             // request latencies.
             if !matches!(entry.work, Work::Ready(_)) {
-                self.worker
-                    .stats
-                    .command_latency(entry.command, entry.started.elapsed().as_secs_f64());
+                self.worker.stats.command_latency(
+                    entry.command,
+                    self.worker
+                        .clock
+                        .now()
+                        .saturating_duration_since(entry.started)
+                        .as_secs_f64(),
+                );
             }
         }
     }
@@ -522,8 +540,6 @@ enum Work {
         in_flight: SmallVec<[SubInFlight; 2]>,
         /// Value bytes the plan holds, counted as owed.
         held: usize,
-        /// Read-through hits copied to their new owners.
-        copies: SmallVec<[Part; 1]>,
     },
     /// A command on a moved key (hand-off), one step at a time.
     Moved(Box<MovedWork>),
@@ -537,6 +553,38 @@ struct MovedWork {
     part: Option<Part>,
     copies: SmallVec<[Part; 1]>,
     answer: Option<CallResult>,
+}
+
+/// Counts a read-through copy's reply when it arrives, so the client's
+/// answer never waits for the copy: a later request of the client for the
+/// key goes to the new owner on the same connection, after the copy.
+#[derive(Debug)]
+struct CopyCount {
+    stats: Arc<crate::stats::Stats>,
+    reply: std::cell::RefCell<Option<Bytes>>,
+}
+
+impl crate::backend::slot::Watch for CopyCount {
+    fn piece(&self, piece: &Got) {
+        let (Got::Line(reply) | Got::Value(reply)) = piece;
+        *self.reply.borrow_mut() = Some(reply.clone());
+    }
+
+    fn done(&self, result: &Result<(), BackendError>) {
+        let outcome = match result {
+            Ok(()) => copy_outcome(&Ok(self.reply.take().unwrap_or_default())),
+            Err(_) => CopyOutcome::Failed,
+        };
+        count_copy(&self.stats, outcome);
+    }
+}
+
+fn count_copy(stats: &crate::stats::Stats, outcome: CopyOutcome) {
+    match outcome {
+        CopyOutcome::Made => stats.copies(1, 0, 0),
+        CopyOutcome::Skipped => stats.copies(0, 1, 0),
+        CopyOutcome::Failed => stats.copies(0, 0, 1),
+    }
 }
 
 /// Counts the replies to hand-off copies.
@@ -605,7 +653,6 @@ enum MetaMode {
         stage: MovedStage,
         /// The owner's miss, the answer unless the previous owner hits.
         miss: Option<CallResult>,
-        copy: Option<Part>,
     },
     /// `ma`/`ms`/`mg` of a moved key that needs it on its new owner: run
     /// there (the part); if absent, fetched from `previous`, copied, and run
@@ -619,7 +666,6 @@ enum MetaMode {
         /// The new owner's first reply, the answer if there is nothing to
         /// copy; `None` when the copy comes first (`ms` in add mode).
         absent: Option<CallResult>,
-        copy: Option<Part>,
     },
     /// `ms` of a moved key: `md` to the previous owner (the part), then the
     /// request to `owner`, whose reply answers.
@@ -706,27 +752,11 @@ impl Work {
             Work::Ready(_) | Work::Stats => true,
             Work::Lines { parts, .. } => parts.iter().all(|p| p.all_unanswered(ours)),
             Work::Cas { owner, .. } => owner.all_unanswered(ours),
-            Work::Meta(meta) => {
-                let copy = match &meta.mode {
-                    MetaMode::ReadMoved { copy, .. } | MetaMode::RetryMoved { copy, .. } => {
-                        copy.as_ref()
-                    }
-                    _ => None,
-                };
-                meta.parts
-                    .iter()
-                    .chain(copy)
-                    .all(|p| p.all_unanswered(ours))
-            }
-            Work::Retrieve {
-                in_flight, copies, ..
-            } => {
-                in_flight
-                    .iter()
-                    .filter(|sub| sub.slot.outcome().is_none())
-                    .all(|sub| ours(sub.server, &sub.slot))
-                    && copies.iter().all(|p| p.all_unanswered(ours))
-            }
+            Work::Meta(meta) => meta.parts.iter().all(|p| p.all_unanswered(ours)),
+            Work::Retrieve { in_flight, .. } => in_flight
+                .iter()
+                .filter(|sub| sub.slot.outcome().is_none())
+                .all(|sub| ours(sub.server, &sub.slot)),
             Work::Moved(moved) => moved
                 .part
                 .iter()
