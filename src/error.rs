@@ -26,11 +26,14 @@ pub enum BackendErrorKind {
     Gone,
     #[error("server is DEAD, failing fast while it is probed")]
     Dead,
+    /// Its host name has no address (the words are logged once).
+    #[error("cannot resolve its host name ({0})")]
+    Resolve(crate::resolve::DnsFailure),
 }
 
 impl BackendErrorKind {
     /// Metric labels of the kinds, in [`BackendErrorKind::index`] order.
-    pub const LABELS: [&'static str; 8] = [
+    pub const LABELS: [&'static str; 9] = [
         "connect",
         "connect_timeout",
         "timeout",
@@ -39,6 +42,7 @@ impl BackendErrorKind {
         "protocol",
         "gone",
         "dead",
+        "resolve",
     ];
 
     /// A dense index for per-kind counters.
@@ -52,6 +56,7 @@ impl BackendErrorKind {
             BackendErrorKind::Protocol(_) => 5,
             BackendErrorKind::Gone => 6,
             BackendErrorKind::Dead => 7,
+            BackendErrorKind::Resolve(_) => 8,
         }
     }
 }
@@ -73,6 +78,9 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    /// `[discovery]` names records that list no server (for a new file).
+    #[error("{path}: [discovery] {message}")]
+    Discovery { path: String, message: String },
     #[error("{path}:{line}:{column}: {message}")]
     Invalid {
         path: String,

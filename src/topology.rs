@@ -91,7 +91,8 @@ pub type SharedTopology = Arc<ArcSwap<Topology>>;
 impl Topology {
     /// The backends for `config`: a server that `previous` already has with the
     /// same identity, address and connection settings keeps its backend (and
-    /// its open connections); every other server gets a new one.
+    /// its open connections), unless DNS moved its host name elsewhere; every
+    /// other server gets a new one.
     pub(crate) fn backends_for(
         config: &Config,
         previous: Option<&Topology>,
@@ -242,6 +243,7 @@ impl Topology {
                 b.name() == server.name
                     && b.addr() == server.addr
                     && b.settings() == settings
+                    && !b.target().is_readdressed()
                     && b.timing() == timing
             })
             .cloned()
