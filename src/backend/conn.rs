@@ -80,6 +80,8 @@ struct State {
     closed: bool,
     /// The opaque the next meta request is tagged with.
     next_tag: u32,
+    /// Where tagged request lines are written, a block at a time.
+    lines: BytesMut,
 }
 
 /// One worker's connection to one server.
@@ -112,6 +114,7 @@ impl Conn {
                 progress: Instant::now(),
                 closed: false,
                 next_tag: 0,
+                lines: BytesMut::new(),
             }),
             wake: Notify::new(),
         })
@@ -161,7 +164,7 @@ impl Conn {
             (Expect::Meta { command, .. }, Some(first)) if echoes_opaque(*command) => {
                 let value = state.next_tag;
                 state.next_tag = value.wrapping_add(1);
-                tag_request(first, value)
+                tag_request(first, value, &mut state.lines)
             }
             _ => None,
         };
@@ -452,11 +455,12 @@ fn deliver(
         };
         match piece {
             Piece::Value { len, .. } => {
-                let mut bytes = read_buf.split_to(len).freeze();
-                if let Some(tag) = &front.tag {
+                let bytes = read_buf.split_to(len);
+                let bytes = match &front.tag {
                     // The one reply of a quiet meta request.
-                    bytes = untag(&bytes, tag).map_err(protocol_error)?;
-                }
+                    Some(tag) => untag(bytes, tag).map_err(protocol_error)?,
+                    None => bytes.freeze(),
+                };
                 if front.probe {
                     if let Some(limit) = item_size_max(&bytes) {
                         shared.item_size_max.store(limit, Ordering::Relaxed);
@@ -466,12 +470,13 @@ fn deliver(
                 }
             }
             Piece::Last { len } | Piece::Error { len } => {
-                let mut bytes = read_buf.split_to(len).freeze();
+                let bytes = read_buf.split_to(len);
                 let quiet_end = matches!(front.expect, Expect::Meta { quiet: true, .. })
                     && matches!(piece, Piece::Last { .. });
-                if let (Some(tag), false) = (&front.tag, quiet_end) {
-                    bytes = untag(&bytes, tag).map_err(protocol_error)?;
-                }
+                let bytes = match (&front.tag, quiet_end) {
+                    (Some(tag), false) => untag(bytes, tag).map_err(protocol_error)?,
+                    _ => bytes.freeze(),
+                };
                 let waiting = state.waiting.pop_front().expect("front exists");
                 // The next request's time starts when this one is answered.
                 state.progress = now;

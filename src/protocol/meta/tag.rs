@@ -15,7 +15,7 @@
 //! there), an opaque over 32 bytes or two `O` tokens (errors memcached must
 //! still give), a line already at memcached's token limit.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use memchr::memchr;
 
 use super::reply::MetaReplyError;
@@ -55,9 +55,14 @@ pub fn echoes_opaque(command: MetaCommand) -> bool {
     )
 }
 
+/// Space for tagged lines is taken from `lines` this much at a time, so that
+/// tagging a request allocates once per few hundred requests.
+const LINES_BLOCK_BYTES: usize = 16 * 1024;
+
 /// Tags the request at the start of `request` with opaque `value`, or `None`
-/// when it is to go untagged (see the module doc).
-pub fn tag_request(request: &Bytes, value: u32) -> Option<Tagged> {
+/// when it is to go untagged (see the module doc). The tagged line is
+/// written in `lines`, a buffer the caller keeps from request to request.
+pub fn tag_request(request: &Bytes, value: u32, lines: &mut BytesMut) -> Option<Tagged> {
     let newline = memchr(b'\n', request)?;
     let content_end = if newline > 0 && request[newline - 1] == b'\r' {
         newline - 1
@@ -80,11 +85,16 @@ pub fn tag_request(request: &Bytes, value: u32) -> Option<Tagged> {
             opaque = Some((start, start + token.len()));
         }
     }
-    let mut line = BytesMut::with_capacity(content_end + 16);
+    let needed = content_end + OPAQUE_TOKEN_BYTES + 3;
+    lines.clear();
+    if lines.capacity() < needed {
+        lines.reserve(needed.max(LINES_BLOCK_BYTES));
+    }
+    let line = &mut *lines;
     let client = match opaque {
         Some((start, end)) => {
             line.put_slice(&request[..start]);
-            put_opaque(&mut line, value);
+            put_opaque(line, value);
             line.put_slice(&request[end..content_end]);
             Some(request.slice(start..end))
         }
@@ -94,13 +104,15 @@ pub fn tag_request(request: &Bytes, value: u32) -> Option<Tagged> {
             }
             line.put_slice(content);
             line.put_u8(b' ');
-            put_opaque(&mut line, value);
+            put_opaque(line, value);
             None
         }
     };
     line.put_slice(b"\r\n");
+    // The line leaves; the block's remaining space stays for the next.
+    let line = lines.split().freeze();
     Some(Tagged {
-        line: line.freeze(),
+        line,
         rest: request.slice(newline + 1..),
         tag: Tag { value, client },
     })
@@ -115,8 +127,12 @@ pub fn tag_request(request: &Bytes, value: u32) -> Option<Tagged> {
 /// one: it belongs to some other request, and the connection is out of step.
 /// A bare `ERROR`, which memcached sends only to a line it cannot parse as a
 /// meta command (memring has parsed this one), is foreign too.
-pub fn untag(reply: &Bytes, tag: &Tag) -> Result<Bytes, MetaReplyError> {
-    let newline = memchr(b'\n', reply).ok_or(MetaReplyError::BadLineEnd)?;
+///
+/// The reply is rewritten in place: the line up to memring's token moves
+/// right over it, and the value block after it stays where it is (no copy,
+/// no allocation), unless the client's own opaque is longer than memring's.
+pub fn untag(mut reply: BytesMut, tag: &Tag) -> Result<Bytes, MetaReplyError> {
+    let newline = memchr(b'\n', &reply).ok_or(MetaReplyError::BadLineEnd)?;
     let content_end = newline.saturating_sub(1);
     let content = &reply[..content_end];
     if content == b"ERROR" {
@@ -124,45 +140,55 @@ pub fn untag(reply: &Bytes, tag: &Tag) -> Result<Bytes, MetaReplyError> {
     }
     if content.starts_with(b"CLIENT_ERROR ") || content.starts_with(b"SERVER_ERROR ") {
         // Error lines carry no opaque; they are the request's own reply.
-        return Ok(reply.clone());
+        return Ok(reply.freeze());
     }
-    let mut wanted = BytesMut::with_capacity(12);
-    put_opaque(&mut wanted, tag.value);
+    let mut digits = [0u8; OPAQUE_TOKEN_BYTES];
+    let wanted = opaque_token(tag.value, &mut digits);
     let (start, end) = tokens_of(content)
         .skip(1)
-        .find(|(_, token)| *token == &wanted[..])
+        .find(|(_, token)| *token == wanted)
         .map(|(start, token)| (start, start + token.len()))
         .ok_or(MetaReplyError::Foreign)?;
-    let mut out = BytesMut::with_capacity(reply.len() + 34);
-    match &tag.client {
-        Some(client) => {
-            out.put_slice(&reply[..start]);
-            out.put_slice(client);
-            out.put_slice(&reply[end..]);
-        }
-        None => {
-            // The token and the space before it.
-            out.put_slice(&reply[..start - 1]);
-            out.put_slice(&reply[end..]);
-        }
-    }
-    Ok(out.freeze())
+    // What replaces `reply[..end]`: the line before the token, then the
+    // client's opaque in its place, or nothing (dropping the space before).
+    let client: &[u8] = tag.client.as_deref().unwrap_or_default();
+    let kept = if client.is_empty() { start - 1 } else { start };
+    let Some(offset) = end.checked_sub(kept + client.len()) else {
+        let mut out = BytesMut::with_capacity(reply.len() + client.len());
+        out.put_slice(&reply[..kept]);
+        out.put_slice(client);
+        out.put_slice(&reply[end..]);
+        return Ok(out.freeze());
+    };
+    reply.copy_within(..kept, offset);
+    reply[offset + kept..end].copy_from_slice(client);
+    reply.advance(offset);
+    Ok(reply.freeze())
 }
 
+/// `O` and the ten digits of the largest `u32`.
+const OPAQUE_TOKEN_BYTES: usize = 11;
+
 fn put_opaque(out: &mut BytesMut, value: u32) {
-    out.put_u8(b'O');
-    let mut digits = [0u8; 10];
-    let mut at = digits.len();
+    let mut token = [0u8; OPAQUE_TOKEN_BYTES];
+    out.put_slice(opaque_token(value, &mut token));
+}
+
+/// `O<value>`, written at the end of `token`.
+fn opaque_token(value: u32, token: &mut [u8; OPAQUE_TOKEN_BYTES]) -> &[u8] {
+    let mut at = token.len();
     let mut n = value;
     loop {
         at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
+        token[at] = b'0' + (n % 10) as u8;
         n /= 10;
         if n == 0 {
             break;
         }
     }
-    out.put_slice(&digits[at..]);
+    at -= 1;
+    token[at] = b'O';
+    &token[at..]
 }
 
 /// The space-separated tokens of `line` with their start offsets.
@@ -187,7 +213,7 @@ mod tests {
     use super::*;
 
     fn tagged(request: &'static [u8], value: u32) -> Tagged {
-        tag_request(&Bytes::from_static(request), value).expect("tagged")
+        tag_request(&Bytes::from_static(request), value, &mut BytesMut::new()).expect("tagged")
     }
 
     #[test]
@@ -207,7 +233,21 @@ mod tests {
         let t = tagged(b"md foo q Oabc k\r\n", 12);
         assert_eq!(&t.line[..], b"md foo q O12 k\r\n");
         let reply = Bytes::from_static(b"HD O12 kfoo\r\n");
-        assert_eq!(&untag(&reply, &t.tag).unwrap()[..], b"HD Oabc kfoo\r\n");
+        assert_eq!(
+            &untag(BytesMut::from(&reply[..]), &t.tag).unwrap()[..],
+            b"HD Oabc kfoo\r\n"
+        );
+    }
+
+    #[test]
+    fn a_clients_opaque_of_any_length_comes_back_with_the_value_intact() {
+        for client in ["Oa", "Oab", "O1234567890abcdefghijklmnopqrstu"] {
+            let request = format!("mg foo v {client}\r\n");
+            let t = tag_request(&Bytes::from(request), 12, &mut BytesMut::new()).expect("tagged");
+            let reply = BytesMut::from(&b"VA 5 O12 t-1\r\nhello\r\n"[..]);
+            let got = untag(reply, &t.tag).unwrap();
+            assert_eq!(got, format!("VA 5 {client} t-1\r\nhello\r\n").as_bytes());
+        }
     }
 
     #[test]
@@ -225,7 +265,7 @@ mod tests {
             (b"NF O9\r\n", b"NF\r\n"),
             (b"VA 4 O9\r\nO9\r\n\r\n", b"VA 4\r\nO9\r\n\r\n"),
         ] {
-            let got = untag(&Bytes::from_static(reply), &t.tag).unwrap();
+            let got = untag(BytesMut::from(reply), &t.tag).unwrap();
             assert_eq!(&got[..], client_sees, "{reply:?}");
         }
     }
@@ -242,7 +282,7 @@ mod tests {
             b"ERROR\r\n",
         ] {
             assert_eq!(
-                untag(&Bytes::from_static(reply), &t.tag),
+                untag(BytesMut::from(reply), &t.tag),
                 Err(MetaReplyError::Foreign),
                 "{reply:?}"
             );
@@ -254,7 +294,7 @@ mod tests {
         let t = tagged(b"ma a\r\n", 3);
         let reply =
             Bytes::from_static(b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n");
-        assert_eq!(untag(&reply, &t.tag).unwrap(), reply);
+        assert_eq!(untag(BytesMut::from(&reply[..]), &t.tag).unwrap(), reply);
     }
 
     #[test]
@@ -268,7 +308,7 @@ mod tests {
             b"mg a",
         ] {
             assert_eq!(
-                tag_request(&Bytes::copy_from_slice(request), 1),
+                tag_request(&Bytes::copy_from_slice(request), 1, &mut BytesMut::new()),
                 None,
                 "{request:?}"
             );
@@ -276,7 +316,8 @@ mod tests {
         // One token short of the limit: room for the tag.
         assert!(tag_request(
             &Bytes::from_static(b"mg a 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16\r\n"),
-            1
+            1,
+            &mut BytesMut::new()
         )
         .is_some());
     }
