@@ -26,11 +26,39 @@ pub enum BackendErrorKind {
     Gone,
     #[error("server is DEAD, failing fast while it is probed")]
     Dead,
+    #[error("TLS handshake failed ({0})")]
+    Tls(TlsFailure),
+}
+
+/// Why a TLS handshake with a server failed, in a word; the log line of the
+/// failure has rustls's full words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TlsFailure {
+    #[error("certificate not issued by a CA of backend_tls.ca_file")]
+    UnknownIssuer,
+    #[error("certificate not valid for the server's name")]
+    WrongName,
+    #[error("certificate expired or not yet valid")]
+    Expired,
+    #[error("certificate refused")]
+    BadCertificate,
+    #[error("the server refused the handshake")]
+    Refused,
+    #[error("connection closed during the handshake")]
+    Closed,
+    #[error("no handshake within connect_timeout_ms")]
+    Timeout,
+    #[error("the address has no name to verify; set backend_tls.server_name")]
+    BadName,
+    #[error("tls = true but memring started without [backend_tls]")]
+    NotConfigured,
+    #[error("protocol error")]
+    Handshake,
 }
 
 impl BackendErrorKind {
     /// Metric labels of the kinds, in [`BackendErrorKind::index`] order.
-    pub const LABELS: [&'static str; 8] = [
+    pub const LABELS: [&'static str; 9] = [
         "connect",
         "connect_timeout",
         "timeout",
@@ -39,6 +67,7 @@ impl BackendErrorKind {
         "protocol",
         "gone",
         "dead",
+        "tls",
     ];
 
     /// A dense index for per-kind counters.
@@ -52,6 +81,7 @@ impl BackendErrorKind {
             BackendErrorKind::Protocol(_) => 5,
             BackendErrorKind::Gone => 6,
             BackendErrorKind::Dead => 7,
+            BackendErrorKind::Tls(_) => 8,
         }
     }
 }

@@ -324,6 +324,7 @@ fn check(file: &Path) -> anyhow::Result<()> {
     for warning in config.warnings() {
         eprintln!("memring: warning: {}: {warning}", file.display());
     }
+    check_tls_servers(file, &config)?;
     println!(
         "{}: ok ({} server{}, listen {}, ring {})",
         file.display(),
@@ -333,6 +334,44 @@ fn check(file: &Path) -> anyhow::Result<()> {
         describe_ring(&config)
     );
     Ok(())
+}
+
+/// The TLS part of `check`'s connectivity test: a handshake with every
+/// server marked `tls = true`, verified as memring will. A certificate that
+/// does not verify is an error; a server that cannot be reached is a warning
+/// (it may be down for now).
+fn check_tls_servers(file: &Path, config: &Config) -> anyhow::Result<()> {
+    use memring::tls::{ConnectError, Connector};
+    let Some(files) = &config.backend_tls else {
+        return Ok(());
+    };
+    let connector = Connector::new(files).context("backend_tls")?;
+    let timeout = config
+        .connect_timeout
+        .max(std::time::Duration::from_secs(2));
+    let mut refused = Vec::new();
+    for server in config.servers.iter().filter(|s| s.tls) {
+        match connector.probe_blocking(&server.addr, timeout) {
+            Ok(version) => println!(
+                "server `{}` ({}): TLS ok ({version})",
+                server.name, server.addr
+            ),
+            Err(ConnectError::Unreachable(e)) => eprintln!(
+                "memring: warning: {}: server `{}` ({}): TLS not tested, cannot connect: {e}",
+                file.display(),
+                server.name,
+                server.addr
+            ),
+            Err(ConnectError::Handshake(_, words)) => refused.push(format!(
+                "server `{}` ({}): {words}",
+                server.name, server.addr
+            )),
+        }
+    }
+    if refused.is_empty() {
+        return Ok(());
+    }
+    anyhow::bail!("{}: {}", file.display(), refused.join("; "))
 }
 
 fn plan(old: &Path, new: &Path) -> anyhow::Result<()> {

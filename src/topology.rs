@@ -236,7 +236,10 @@ impl Topology {
         self.backends
             .iter()
             .find(|b| {
-                b.name() == server.name && b.addr() == server.addr && b.settings() == settings
+                b.name() == server.name
+                    && b.addr() == server.addr
+                    && b.settings() == settings
+                    && b.tls() == server.tls
             })
             .cloned()
     }
@@ -456,6 +459,7 @@ mod tests {
             addr: format!("{name}:11211"),
             name: name.to_string(),
             weight,
+            tls: false,
         }
     }
 
@@ -514,6 +518,7 @@ mod tests {
         let hooks = PoolHooks {
             health_changed: Arc::new(tokio::sync::Notify::new()),
             stats: Arc::new(crate::stats::Stats::new()),
+            tls: None,
         };
         let (c4, c5) = (config(&four), config(&five));
         let old = Topology::assemble(
