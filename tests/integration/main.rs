@@ -22,3 +22,4 @@ mod reload;
 mod replication;
 mod resilience;
 mod sessions;
+mod tls;
