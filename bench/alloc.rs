@@ -10,6 +10,9 @@
 //! `cargo bench --bench alloc`. Needs `memcached` on PATH. Everything runs on
 //! 127.0.0.1 and the memcached it starts is killed by PID when it ends.
 
+// A global allocator is an unsafe trait: the one unsafe code of the project.
+#![allow(unsafe_code)]
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::{Read, Write};
 use std::net::TcpStream;

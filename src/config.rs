@@ -1111,6 +1111,80 @@ fn twemproxy_server(addr: &str) -> Option<String> {
     Some(lines)
 }
 
+/// Every key the config file accepts, derived from the serde structs: each
+/// top-level setting (`listen`, `servers`, ...) and, for a key that holds a
+/// table or an array of tables, each of its keys as `table.key`
+/// (`servers.addr`). The docs checks (tests/integration/docs.rs) use them,
+/// so a new key cannot go undocumented.
+pub fn setting_names() -> Vec<String> {
+    let mut names = Vec::new();
+    for key in struct_fields::<RawConfig>() {
+        names.push(key.to_string());
+        for header in [format!("[{key}]"), format!("[[{key}]]")] {
+            names.extend(
+                table_keys(&header)
+                    .into_iter()
+                    .map(|k| format!("{key}.{k}")),
+            );
+        }
+    }
+    names
+}
+
+/// The keys serde accepts in the table that `header` opens, read from its
+/// unknown-key message; none when that key is not a table.
+fn table_keys(header: &str) -> Vec<String> {
+    const PROBE: &str = "memring_probe_not_a_key";
+    let text = format!("listen = \"127.0.0.1:1\"\n{header}\n{PROBE} = 1\n");
+    let Err(error) = toml::from_str::<RawConfig>(&text) else {
+        return Vec::new();
+    };
+    match error
+        .message()
+        .strip_prefix(&format!("unknown field `{PROBE}`, expected "))
+    {
+        Some(list) => list
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(String::from)
+            .collect(),
+        None => Vec::new(),
+    }
+}
+
+/// The field names that a derived `Deserialize` passes to
+/// `deserialize_struct`, caught by a deserializer that reads nothing.
+fn struct_fields<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
+    struct Fields<'a>(&'a mut &'static [&'static str]);
+    impl<'de> serde::Deserializer<'de> for Fields<'_> {
+        type Error = serde::de::value::Error;
+        fn deserialize_any<V: serde::de::Visitor<'de>>(
+            self,
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            Err(serde::de::Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: serde::de::Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(serde::de::Error::custom("only the field names were wanted"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map
+            enum identifier ignored_any
+        }
+    }
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Fields(&mut fields));
+    fields
+}
+
 /// An example value of every key, for messages about a value of the wrong
 /// type: the default where there is one, else a typical value.
 const EXAMPLES: &[(&str, &str)] = &[
@@ -1173,7 +1247,7 @@ fn explain_toml_error(message: &str, text: &str, at: usize) -> String {
         return match nearest(unknown, &known) {
             Some(near) => format!("unknown key `{unknown}`{place}; did you mean `{near}`?"),
             None => format!(
-                "unknown key `{unknown}`{place}: no key is spelt like it (README.md, Configuration, lists them all)"
+                "unknown key `{unknown}`{place}: no key is spelt like it (docs/configuration.md lists them all)"
             ),
         };
     }
@@ -1528,7 +1602,7 @@ name = "cache-02"
             let message = error_of(&format!("{written} = 1\n{GOOD}"));
             let expected = match suggested {
                 Some(near) => format!("memring.toml:1:1: unknown key `{written}`; did you mean `{near}`?"),
-                None => format!("memring.toml:1:1: unknown key `{written}`: no key is spelt like it (README.md, Configuration, lists them all)"),
+                None => format!("memring.toml:1:1: unknown key `{written}`: no key is spelt like it (docs/configuration.md lists them all)"),
             };
             assert_eq!(message, expected, "{written}");
         }
@@ -1650,6 +1724,42 @@ name = "cache-02"
             top.len() - 1 - tables.len() + server.len() + table_keys.len(),
             "an example of a key that is gone"
         );
+    }
+
+    #[test]
+    fn setting_names_are_the_keys_serde_accepts() {
+        let names = setting_names();
+        let server: Vec<&str> = names
+            .iter()
+            .filter_map(|n| n.strip_prefix("servers."))
+            .collect();
+        assert_eq!(server, ["addr", "weight", "name", "tls"]);
+        assert!(names.iter().any(|n| n == "listen") && names.iter().any(|n| n == "servers"));
+        // The TLS tables' keys share one example each (`addr` is the
+        // servers' already).
+        let tables = ["tls_listen", "backend_tls"];
+        let mut table_keys: Vec<&str> = names
+            .iter()
+            .filter_map(|n| n.split_once('.'))
+            .filter(|(table, key)| tables.contains(table) && !server.contains(key))
+            .map(|(_, key)| key)
+            .collect();
+        table_keys.sort_unstable();
+        table_keys.dedup();
+        let keys: Vec<&str> = names
+            .iter()
+            .filter(|n| !n.contains('.') && *n != "servers" && !tables.contains(&n.as_str()))
+            .map(String::as_str)
+            .chain(server.iter().copied())
+            .chain(table_keys)
+            .collect();
+        for key in &keys {
+            assert!(
+                EXAMPLES.iter().any(|(name, _)| name == key),
+                "`{key}` has no example"
+            );
+        }
+        assert_eq!(EXAMPLES.len(), keys.len());
     }
 
     #[test]

@@ -17,11 +17,11 @@ use crate::protocol::{Command, Request};
 
 /// A reply from one server (the same as `route::CallResult`; this module sits
 /// below `route`).
-pub type CallResult = Result<Bytes, BackendError>;
+pub(crate) type CallResult = Result<Bytes, BackendError>;
 
 /// Which owner of a moved key a step talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Owner {
+pub(crate) enum Owner {
     New,
     Previous,
 }
@@ -31,7 +31,7 @@ pub enum Owner {
 // A step is made and consumed at once, never stored: boxing would only add
 // an allocation per step.
 #[allow(clippy::large_enum_variant)]
-pub enum Step {
+pub(crate) enum Step {
     /// Send `copy` (if any: an `add` carrying the previous owner's value, no
     /// reply awaited) and then `lines` to `to`; feed the reply to `lines` back
     /// with [`Moved::on_reply`].
@@ -87,7 +87,7 @@ enum Stage {
 /// older than an acknowledged write, and a sidecar still on the old ring, or
 /// this one after the change is undone, would read it there. A miss is
 /// always allowed; a value older than an acknowledged write never is.
-pub fn needs_handoff(command: Command) -> bool {
+pub(crate) fn needs_handoff(command: Command) -> bool {
     kind_of(command).is_some()
 }
 
@@ -109,7 +109,7 @@ fn kind_of(command: Command) -> Option<Kind> {
 
 /// One command on a moved key, in progress.
 #[derive(Debug)]
-pub struct Moved {
+pub(crate) struct Moved {
     kind: Kind,
     stage: Stage,
     request: Outbound,
@@ -119,13 +119,12 @@ pub struct Moved {
     first: Option<CallResult>,
     /// `cas` stored on the previous owner: its data as a `set`.
     as_set: Option<Outbound>,
-    copies: u32,
 }
 
 impl Moved {
     /// `None` when the command needs only the new owner. `as_set` is the
     /// request rewritten as a `set` (for `cas`; see `route::cas_as_set`).
-    pub fn new(request: &Request, bytes: &Bytes, as_set: Option<Outbound>) -> Option<Moved> {
+    pub(crate) fn new(request: &Request, bytes: &Bytes, as_set: Option<Outbound>) -> Option<Moved> {
         let kind = kind_of(request.command)?;
         let key = bytes.slice_ref(request.key(bytes, 0));
         Some(Moved {
@@ -136,17 +135,11 @@ impl Moved {
             key,
             first: None,
             as_set: as_set.filter(|_| kind == Kind::Cas),
-            copies: 0,
         })
     }
 
-    /// Copies (`add`s) this command sent to the new owner.
-    pub fn copies(&self) -> u32 {
-        self.copies
-    }
-
     /// The first step.
-    pub fn start(&mut self) -> Step {
+    pub(crate) fn start(&mut self) -> Step {
         match self.kind {
             Kind::Delete => {
                 self.stage = Stage::First;
@@ -162,7 +155,7 @@ impl Moved {
 
     /// The reply to the last step's `lines`. `now` is the Unix time, for the
     /// remaining TTL of a copy beyond 30 days.
-    pub fn on_reply(&mut self, result: CallResult, now: u64) -> Step {
+    pub(crate) fn on_reply(&mut self, result: CallResult, now: u64) -> Step {
         match (self.kind, self.stage) {
             (_, Stage::Forget) => {
                 // Answered whatever the previous owner said: if it failed,
@@ -197,7 +190,6 @@ impl Moved {
                 };
                 match (copy, self.first.take()) {
                     (Some(copy), _) => {
-                        self.copies += 1;
                         self.stage = Stage::Last;
                         self.send(Owner::New, Some(copy))
                     }
@@ -313,7 +305,7 @@ fn is_absent(result: &CallResult) -> bool {
 /// A `delete` on both owners answers `DELETED` if either deleted; an error
 /// of the new owner is passed on (the key may still be there); otherwise the
 /// new owner's reply.
-pub fn merge_delete(new: CallResult, previous: CallResult) -> CallResult {
+pub(crate) fn merge_delete(new: CallResult, previous: CallResult) -> CallResult {
     let deleted = |r: &CallResult| matches!(r, Ok(b) if b.as_ref() == b"DELETED\r\n");
     let failed = |r: &CallResult| match r {
         Ok(b) => b.starts_with(b"SERVER_ERROR") || b.starts_with(b"ERROR"),
@@ -326,17 +318,11 @@ pub fn merge_delete(new: CallResult, previous: CallResult) -> CallResult {
     }
 }
 
-/// `VALUE <key> <flags> <bytes> [<cas>]\r\n<data>\r\n` as
-/// `add <key> <flags> <exptime> <bytes> noreply`-free `add` lines: the
-/// header, then the data block shared with the value (no copy). `None` for
-/// anything that is not one well-formed value block (a miss).
-pub fn copy_as_add(block: &[u8], exptime: &[u8]) -> Option<Outbound> {
-    let block = Bytes::copy_from_slice(block);
-    copy_block(&block, exptime)
-}
-
-/// Like [`copy_as_add`] for a block already in `Bytes` (no data copy).
-pub fn copy_block(block: &Bytes, exptime: &[u8]) -> Option<Outbound> {
+/// `VALUE <key> <flags> <bytes> [<cas>]\r\n<data>\r\n` as an `add` (without
+/// `noreply`): the header, then the data block shared with the value (no
+/// copy). `None` for anything that is not one well-formed value block (a
+/// miss).
+pub(crate) fn copy_block(block: &Bytes, exptime: &[u8]) -> Option<Outbound> {
     let header_end = memchr::memmem::find(block, b"\r\n")?;
     let header = &block[..header_end];
     let mut fields = header.split(|&b| b == b' ').filter(|f| !f.is_empty());
@@ -367,7 +353,7 @@ pub fn copy_block(block: &Bytes, exptime: &[u8]) -> Option<Outbound> {
 /// A read-through hit: the `VALUE` block the client gets (with the cas when
 /// asked), and the exptime its copy is stored with.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReadThrough {
+pub(crate) struct ReadThrough {
     pub block: Bytes,
     /// `None` when the item expires within the second: no copy then (an
     /// exptime of 0 would keep it forever).
@@ -381,7 +367,12 @@ const MAX_RELATIVE_EXPTIME: i64 = 60 * 60 * 24 * 30;
 /// f<flags> t<ttl> [c<cas>]`, then the data) for a classic `get`/`gets`:
 /// `Some` for a hit, `None` for anything else. `now` is the Unix time, for a
 /// remaining TTL beyond 30 days.
-pub fn read_through_hit(key: &[u8], reply: &[u8], with_cas: bool, now: u64) -> Option<ReadThrough> {
+pub(crate) fn read_through_hit(
+    key: &[u8],
+    reply: &[u8],
+    with_cas: bool,
+    now: u64,
+) -> Option<ReadThrough> {
     let value = ValueReply::parse(reply)?;
     let flags = value.number::<u32>(b'f')?;
     let ttl = value.number::<i64>(b't')?;
@@ -437,7 +428,7 @@ impl<'a> ValueReply<'a> {
 /// value, client flags and remaining TTL (see [`meta_read_through_hit`] with
 /// [`AddedFlags::FETCH`]), and with `with_cas` its cas (for a classic `gets`,
 /// [`read_through_hit`]).
-pub fn fetch_line(key_token: &[u8], base64: bool, with_cas: bool) -> Bytes {
+pub(crate) fn fetch_line(key_token: &[u8], base64: bool, with_cas: bool) -> Bytes {
     let mut line = BytesMut::with_capacity(key_token.len() + 10);
     line.put_slice(b"mg ");
     line.put_slice(key_token);
@@ -453,7 +444,7 @@ pub fn fetch_line(key_token: &[u8], base64: bool, with_cas: bool) -> Bytes {
 
 /// The `md` that removes a moved key from its previous owner before a write
 /// replaces it on the new one.
-pub fn forget_line(key_token: &[u8], base64: bool) -> Bytes {
+pub(crate) fn forget_line(key_token: &[u8], base64: bool) -> Bytes {
     let mut line = BytesMut::with_capacity(key_token.len() + 8);
     line.put_slice(b"md ");
     line.put_slice(key_token);
@@ -469,7 +460,7 @@ pub fn forget_line(key_token: &[u8], base64: bool) -> Bytes {
 /// not ask for. Their return tokens come last, in this order (memcached
 /// answers flags in the order they were asked).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AddedFlags {
+pub(crate) struct AddedFlags {
     pub value: bool,
     pub flags: bool,
     pub ttl: bool,
@@ -477,7 +468,7 @@ pub struct AddedFlags {
 
 impl AddedFlags {
     /// What [`fetch_line`] adds: all three.
-    pub const FETCH: AddedFlags = AddedFlags {
+    pub(crate) const FETCH: AddedFlags = AddedFlags {
         value: true,
         flags: true,
         ttl: true,
@@ -486,7 +477,7 @@ impl AddedFlags {
 
 /// The client's `mg` line (`line`, with its `\r\n`) with `v f t` added where
 /// missing, for asking a moved key's previous owner.
-pub fn meta_read_through_line(line: &[u8], has: impl Fn(u8) -> bool) -> (Bytes, AddedFlags) {
+pub(crate) fn meta_read_through_line(line: &[u8], has: impl Fn(u8) -> bool) -> (Bytes, AddedFlags) {
     let added = AddedFlags {
         value: !has(b'v'),
         flags: !has(b'f'),
@@ -508,7 +499,7 @@ pub fn meta_read_through_line(line: &[u8], has: impl Fn(u8) -> bool) -> (Bytes, 
 /// it was not asked for, removed), and the `ms … ME` (add) that copies the
 /// key to its new owner with its flags and remaining TTL (`None` when it
 /// expires within the second). `None` for anything but such a hit.
-pub fn meta_read_through_hit(
+pub(crate) fn meta_read_through_hit(
     reply: &[u8],
     added: AddedFlags,
     key_token: &[u8],
@@ -584,7 +575,7 @@ fn copy_exptime(ttl: i64, now: u64) -> Option<String> {
 
 /// Copies: how many `add`s a step sent, and how the new owner answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CopyOutcome {
+pub(crate) enum CopyOutcome {
     /// `STORED`: the new owner now holds the value.
     Made,
     /// `NOT_STORED`: the new owner already had a (newer) value; nothing lost.
@@ -594,23 +585,13 @@ pub enum CopyOutcome {
 }
 
 /// How the reply to a copy counts.
-pub fn copy_outcome(result: &CallResult) -> CopyOutcome {
+pub(crate) fn copy_outcome(result: &CallResult) -> CopyOutcome {
     match result {
         // `add` answers STORED / NOT_STORED, `ms … ME` HD / NS.
         Ok(r) if r.as_ref() == b"STORED\r\n" || r.as_ref() == b"HD\r\n" => CopyOutcome::Made,
         Ok(r) if r.as_ref() == b"NOT_STORED\r\n" || r.as_ref() == b"NS\r\n" => CopyOutcome::Skipped,
         _ => CopyOutcome::Failed,
     }
-}
-
-/// Keys per server for `memring plan`: of `keys` sampled key names, how many
-/// would be read through (owner changed) between two owner functions.
-pub fn moved_keys<'a>(
-    keys: impl Iterator<Item = &'a [u8]>,
-    old_owner: impl Fn(&[u8]) -> Option<String>,
-    new_owner: impl Fn(&[u8]) -> Option<String>,
-) -> usize {
-    keys.filter(|k| old_owner(k) != new_owner(k)).count()
 }
 
 #[cfg(test)]
@@ -825,7 +806,6 @@ mod tests {
         }
         let step = m.on_reply(ok(b"42\r\n"), NOW);
         forgets(step, &mut m, b"42\r\n");
-        assert_eq!(m.copies(), 1);
     }
 
     #[test]
@@ -891,6 +871,8 @@ mod tests {
 
     #[test]
     fn value_blocks_become_adds_and_misses_do_not() {
+        let copy_as_add =
+            |block: &'static [u8], exptime| copy_block(&Bytes::from_static(block), exptime);
         let copy = copy_as_add(b"VALUE key 5 3 99\r\nabc\r\n", b"60").unwrap();
         assert_eq!(copy.concat(), b"add key 5 60 3\r\nabc\r\n");
         assert!(copy_as_add(b"", b"0").is_none());

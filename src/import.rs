@@ -27,7 +27,7 @@ struct Pool {
 /// The file is not the YAML twemproxy reads, the pool is missing or ambiguous,
 /// or it uses something memring cannot reproduce (redis, unix sockets, a
 /// distribution other than ketama).
-pub fn twemproxy(text: &str, pool: Option<&str>) -> Result<(String, Vec<String>), String> {
+pub(crate) fn twemproxy(text: &str, pool: Option<&str>) -> Result<(String, Vec<String>), String> {
     let pools = parse_pools(text)?;
     let names = || {
         pools

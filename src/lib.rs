@@ -41,7 +41,6 @@
 //! - [`error`]: backend and config errors.
 
 #![forbid(unsafe_code)]
-#![deny(rust_2018_idioms)]
 
 pub mod admin;
 pub mod backend;
@@ -49,10 +48,10 @@ mod client_slots;
 pub mod config;
 pub mod error;
 pub mod fd_budget;
-pub mod handoff;
+pub(crate) mod handoff;
 pub mod hotkeys;
 mod outbuf;
-pub mod pool;
+pub(crate) mod pool;
 pub mod protocol;
 pub mod reload;
 mod report;

@@ -1,6 +1,8 @@
 //! The `memring` command: run the proxy, check a config, plan a change,
 //! import a twemproxy config, or print its own man page and completions.
 
+#![forbid(unsafe_code)]
+
 mod cli;
 mod import;
 
@@ -29,7 +31,7 @@ const LONG_VERSION: &str = concat!(
 /// Clients speak the memcached text protocol to memring as to one memcached;
 /// memring places each key on a consistent-hash ring of servers and forwards
 /// the request to the server that owns it. See docs/ for one page per
-/// subcommand and README.md for the configuration reference.
+/// subcommand and docs/configuration.md for the configuration reference.
 #[derive(Debug, Parser)]
 #[command(
     name = "memring",
@@ -526,7 +528,9 @@ fn run(path: &Path) -> anyhow::Result<()> {
             );
         }
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    // The control plane (accept, reloads, health, /metrics) is light: one
+    // thread of its own, so it never competes with the workers for cores.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the runtime")?;

@@ -12,7 +12,7 @@ const ZERO_COPY_BYTES: usize = 4096;
 
 /// An ordered queue of bytes to write.
 #[derive(Debug, Default)]
-pub struct OutQueue {
+pub(crate) struct OutQueue {
     chunks: VecDeque<Bytes>,
     /// Small pieces since the last chunk.
     scratch: BytesMut,
@@ -22,7 +22,7 @@ pub struct OutQueue {
 
 impl OutQueue {
     /// Appends `piece`, copying it if it is small.
-    pub fn push(&mut self, piece: Bytes) {
+    pub(crate) fn push(&mut self, piece: Bytes) {
         if piece.len() >= ZERO_COPY_BYTES {
             self.seal();
             self.sealed += piece.len();
@@ -33,17 +33,17 @@ impl OutQueue {
     }
 
     /// Appends a borrowed piece (always copied).
-    pub fn push_slice(&mut self, piece: &[u8]) {
+    pub(crate) fn push_slice(&mut self, piece: &[u8]) {
         self.scratch.extend_from_slice(piece);
     }
 
     /// Where memring's own lines are written.
-    pub fn scratch(&mut self) -> &mut BytesMut {
+    pub(crate) fn scratch(&mut self) -> &mut BytesMut {
         &mut self.scratch
     }
 
     /// Moves the small pieces into the chunk list; returns the bytes queued.
-    pub fn seal(&mut self) -> usize {
+    pub(crate) fn seal(&mut self) -> usize {
         if !self.scratch.is_empty() {
             let small = self.scratch.split().freeze();
             self.sealed += small.len();
@@ -53,7 +53,7 @@ impl OutQueue {
     }
 
     /// Moves everything queued in `other` to the end of this queue.
-    pub fn append(&mut self, other: &mut OutQueue) {
+    pub(crate) fn append(&mut self, other: &mut OutQueue) {
         if other.is_empty() {
             return;
         }
@@ -65,12 +65,12 @@ impl OutQueue {
     }
 
     /// Bytes queued, sealed or not.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.sealed + self.scratch.len()
     }
 
     /// Nothing queued.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }

@@ -336,7 +336,10 @@ fn forget_gone(stats: &Stats, old: &Topology, new: &Topology) {
 /// are read through from the servers that held them meanwhile.
 ///
 /// The same task ends hand-off windows when they are over.
-pub async fn eject_on_health_changes(publisher: Arc<Publisher>, shutdown: CancellationToken) {
+pub(crate) async fn eject_on_health_changes(
+    publisher: Arc<Publisher>,
+    shutdown: CancellationToken,
+) {
     loop {
         // Checked at least every second, so a window started by a reload is
         // ended on time without a wake-up from the reloader.

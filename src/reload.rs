@@ -643,7 +643,33 @@ pub fn spawn(mut reloader: Reloader, shutdown: CancellationToken) -> JoinHandle<
             if let Some(watch) = watch.as_mut() {
                 watch.refresh(&reloader.path);
             }
-            reloader.reload_and_log();
+            // A reload reads files and flushes joining servers with blocking
+            // calls: off the control plane's one thread, so accepting clients
+            // and serving /metrics go on meanwhile.
+            let (done, reloaded) = tokio::sync::oneshot::channel();
+            let runtime = tokio::runtime::Handle::current();
+            let started = std::thread::Builder::new()
+                .name("memring-reload".into())
+                .spawn(move || {
+                    // Inside the runtime's context: a reload spawns the
+                    // hand-off window's tasks.
+                    let _context = runtime.enter();
+                    reloader.reload_and_log();
+                    let _ = done.send(reloader);
+                });
+            if let Err(e) = started {
+                tracing::error!(
+                    "cannot start a thread to reload the config ({e}); config reloads stop"
+                );
+                return;
+            }
+            reloader = match reloaded.await {
+                Ok(reloader) => reloader,
+                Err(_) => {
+                    tracing::error!("the config reload failed; config reloads stop");
+                    return;
+                }
+            };
         }
     })
 }

@@ -10,7 +10,7 @@ use crate::stats::Stats;
 use crate::topology::Topology;
 
 /// Writes the whole `stats` reply, ending with `END`.
-pub fn write_stats(out: &mut BytesMut, stats: &Stats, topology: &Topology) {
+pub(crate) fn write_stats(out: &mut BytesMut, stats: &Stats, topology: &Topology) {
     let now = crate::topology::unix_now();
     write_stat(out, "pid", &std::process::id());
     write_stat(out, "uptime", &stats.uptime_seconds());

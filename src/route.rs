@@ -27,23 +27,23 @@ use crate::protocol::{Command, Request};
 use crate::topology::Topology;
 
 /// A reply from one server: its bytes, or why there are none.
-pub type CallResult = Result<Bytes, BackendError>;
+pub(crate) type CallResult = Result<Bytes, BackendError>;
 
 /// Server indexes (into `Topology::backends`).
-pub type Servers = SmallVec<[usize; 4]>;
+pub(crate) type Servers = SmallVec<[usize; 4]>;
 
 /// Longest line memring writes to a server for a retrieval: memcached closes
 /// connections on `gat`/`gats` lines past about 16 KB, so sub-requests stay
 /// well under that.
-pub const MAX_SUB_LINE_BYTES: usize = 8 * 1024;
+pub(crate) const MAX_SUB_LINE_BYTES: usize = 8 * 1024;
 
 /// Most keys asked of the servers at once for one retrieval; larger
 /// retrievals go out in chunks as the client takes the values.
-pub const MAX_CHUNK_KEYS: usize = 100;
+pub(crate) const MAX_CHUNK_KEYS: usize = 100;
 
 /// What to do with one client request.
 #[derive(Debug)]
-pub enum Plan {
+pub(crate) enum Plan {
     /// memring answers itself with these bytes.
     Reply(&'static [u8]),
     /// memring's own `stats`.
@@ -82,10 +82,10 @@ pub enum Plan {
 const NOT_MOVED: u8 = u8::MAX;
 
 /// The reply to a request that found no server.
-pub const NO_SERVERS: &[u8] = b"SERVER_ERROR no servers configured\r\n";
+pub(crate) const NO_SERVERS: &[u8] = b"SERVER_ERROR no servers configured\r\n";
 
 /// Plans `request` (whose bytes are `bytes`) on `topology`.
-pub fn plan(request: &Request, bytes: &Bytes, topology: &Topology) -> Plan {
+pub(crate) fn plan(request: &Request, bytes: &Bytes, topology: &Topology) -> Plan {
     match request.command {
         Command::Quit => Plan::Quit,
         Command::Version => Plan::Reply(crate::VERSION_REPLY),
@@ -146,13 +146,13 @@ pub fn plan(request: &Request, bytes: &Bytes, topology: &Topology) -> Plan {
 }
 
 /// Replies needed to answer a replicated write: a majority.
-pub fn quorum(replicas: usize) -> usize {
+pub(crate) fn quorum(replicas: usize) -> usize {
     replicas / 2 + 1
 }
 
 /// What to do with a replicated write, given the replies so far.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// Not enough replies yet.
     Wait,
     /// Answer the client with this reply.
@@ -162,7 +162,7 @@ pub enum Decision {
 }
 
 /// An `ERROR`, `CLIENT_ERROR` or `SERVER_ERROR` line.
-pub fn is_error_line(reply: &[u8]) -> bool {
+pub(crate) fn is_error_line(reply: &[u8]) -> bool {
     is_error_reply(reply)
 }
 
@@ -180,7 +180,7 @@ fn is_error_reply(reply: &[u8]) -> bool {
 /// `quorum` replicas succeeded (their copies differ: see README), and the
 /// write fails otherwise. It also fails as soon as too few replicas are left
 /// to reach a quorum.
-pub fn decide(results: &[Option<&CallResult>], quorum: usize) -> Decision {
+pub(crate) fn decide(results: &[Option<&CallResult>], quorum: usize) -> Decision {
     let success = |r: &CallResult| matches!(r, Ok(reply) if !is_error_reply(reply));
     let mut succeeded = 0;
     let mut outstanding = 0;
@@ -231,7 +231,7 @@ fn failed_servers(results: &[Option<&CallResult>]) -> Vec<Arc<str>> {
 
 /// A broadcast's answer once every server replied: `Ok` if all said `OK`,
 /// else the names of those that did not.
-pub fn all_ok<'a>(
+pub(crate) fn all_ok<'a>(
     results: impl Iterator<Item = (&'a str, &'a CallResult)>,
 ) -> Result<(), Vec<&'a str>> {
     let failed: Vec<&str> = results
@@ -248,7 +248,7 @@ pub fn all_ok<'a>(
 /// `cas <key> <flags> <exptime> <bytes> <unique> [noreply]` + data, rewritten
 /// as `set <key> <flags> <exptime> <bytes>` + the same data, to copy a value
 /// the owner stored to the other replicas.
-pub fn cas_as_set(request: &Request, bytes: &Bytes) -> SmallVec<[Bytes; 3]> {
+pub(crate) fn cas_as_set(request: &Request, bytes: &Bytes) -> SmallVec<[Bytes; 3]> {
     let line = &bytes[..request.args_end as usize];
     let fields: SmallVec<[&[u8]; 8]> = line
         .split(|&b| b == b' ')
@@ -294,7 +294,7 @@ struct Sub {
 /// A sub-request to send: `line` to server `server`; its reply is fed back
 /// under `id`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SubRequest {
+pub(crate) struct SubRequest {
     pub id: u32,
     pub server: usize,
     pub line: Bytes,
@@ -304,7 +304,7 @@ pub struct SubRequest {
 
 /// A retrieval in progress (see the module doc).
 #[derive(Debug)]
-pub struct Retrieval {
+pub(crate) struct Retrieval {
     command: Command,
     bytes: Bytes,
     keys: Keys,
@@ -344,7 +344,7 @@ pub struct Retrieval {
 
 impl Retrieval {
     /// Plans the retrieval `request` (bytes `bytes`) on `topology`.
-    pub fn new(request: &Request, bytes: Bytes, topology: &Topology) -> Retrieval {
+    pub(crate) fn new(request: &Request, bytes: Bytes, topology: &Topology) -> Retrieval {
         let replicas = topology.config.replicas.max(1);
         let handoff = topology.previous.is_some();
         let mut previous_from = SmallVec::with_capacity(request.keys.len());
@@ -393,7 +393,7 @@ impl Retrieval {
 
     /// Some key of this retrieval may be read through (and copied), so later
     /// requests of the client wait until it has its answers.
-    pub fn has_moved_keys(&self) -> bool {
+    pub(crate) fn has_moved_keys(&self) -> bool {
         self.handoff && self.previous_from.iter().any(|&p| p != NOT_MOVED)
     }
 
@@ -405,17 +405,17 @@ impl Retrieval {
     }
 
     /// Copies of read-through hits to send to the keys' new owners.
-    pub fn take_copies(&mut self) -> Vec<(usize, crate::protocol::encode::Outbound)> {
+    pub(crate) fn take_copies(&mut self) -> Vec<(usize, crate::protocol::encode::Outbound)> {
         std::mem::take(&mut self.copies)
     }
 
     /// Keys asked of their previous owner, and hits there.
-    pub fn read_through(&self) -> (usize, usize) {
+    pub(crate) fn read_through(&self) -> (usize, usize) {
         self.read_through
     }
 
     /// A retrieval whose keys are asked of `candidates[i]` in order.
-    pub fn with_candidates(
+    pub(crate) fn with_candidates(
         request: &Request,
         bytes: Bytes,
         candidates: Vec<Servers>,
@@ -448,35 +448,35 @@ impl Retrieval {
     }
 
     /// The first server key `i` is asked of (its owner), if any.
-    pub fn owner(&self, i: usize) -> Option<usize> {
+    pub(crate) fn owner(&self, i: usize) -> Option<usize> {
         self.candidates.get(i)?.first().copied()
     }
 
     /// Keys are waiting to be sent (a first time, or to a next replica).
-    pub fn has_unsent(&self) -> bool {
+    pub(crate) fn has_unsent(&self) -> bool {
         !self.retry.is_empty() || self.next_unsent < self.keys.len()
     }
 
     /// Keys waiting to be sent.
     #[cfg(test)]
-    pub fn unsent_keys(&self) -> usize {
+    pub(crate) fn unsent_keys(&self) -> usize {
         self.retry.len() + (self.keys.len() - self.next_unsent)
     }
 
     /// Value bytes held for keys not yet written.
-    pub fn held_bytes(&self) -> usize {
+    pub(crate) fn held_bytes(&self) -> usize {
         self.held
     }
 
     /// The largest value block received so far.
-    pub fn largest_block(&self) -> usize {
+    pub(crate) fn largest_block(&self) -> usize {
         self.largest_block
     }
 
     /// The sub-requests for up to `max_keys` of the keys waiting to be sent:
     /// retries first, then unsent keys in the client's order, grouped by
     /// server, each line under [`MAX_SUB_LINE_BYTES`].
-    pub fn next_chunk(&mut self, max_keys: usize) -> SmallVec<[SubRequest; 4]> {
+    pub(crate) fn next_chunk(&mut self, max_keys: usize) -> SmallVec<[SubRequest; 4]> {
         let max_keys = max_keys.max(1);
         let mut picked: SmallVec<[u32; 16]> = SmallVec::new();
         while picked.len() < max_keys {
@@ -579,7 +579,7 @@ impl Retrieval {
     }
 
     /// A piece of sub-request `sub`'s reply arrived.
-    pub fn on_piece(&mut self, sub: u32, got: Got) {
+    pub(crate) fn on_piece(&mut self, sub: u32, got: Got) {
         let Some(entry) = self.subs.get_mut(sub as usize) else {
             return;
         };
@@ -664,7 +664,7 @@ impl Retrieval {
     }
 
     /// Sub-request `sub` is complete (`Ok`) or failed.
-    pub fn on_done(&mut self, sub: u32, result: Result<(), BackendError>) {
+    pub(crate) fn on_done(&mut self, sub: u32, result: Result<(), BackendError>) {
         let Some(entry) = self.subs.get_mut(sub as usize) else {
             return;
         };
@@ -715,7 +715,7 @@ impl Retrieval {
     /// Writes every value that can go to the client now, in key order; once
     /// every key is settled, the closing `END` (or, when no server answered
     /// at all, the error). Returns true when the reply is complete.
-    pub fn emit(&mut self, out: &mut OutQueue) -> bool {
+    pub(crate) fn emit(&mut self, out: &mut OutQueue) -> bool {
         if !self.emit_values(out) {
             return false;
         }
@@ -740,7 +740,7 @@ impl Retrieval {
 
     /// Writes every value that can go to the client now, in key order, and
     /// never the end of the reply; true once every key is settled.
-    pub fn emit_values(&mut self, out: &mut OutQueue) -> bool {
+    pub(crate) fn emit_values(&mut self, out: &mut OutQueue) -> bool {
         while self.next_emit < self.keys.len() {
             match std::mem::replace(&mut self.state[self.next_emit], KeyState::Missed) {
                 KeyState::Found(block) => {
@@ -760,7 +760,7 @@ impl Retrieval {
     }
 
     /// Keys asked for, and values written.
-    pub fn counts(&self) -> (usize, usize) {
+    pub(crate) fn counts(&self) -> (usize, usize) {
         (self.keys.len(), self.values_written)
     }
 }
@@ -775,7 +775,7 @@ fn value_key(block: &[u8]) -> &[u8] {
 /// What to do with one meta request (see the README's protocol and
 /// replication sections for the rules).
 #[derive(Debug)]
-pub enum MetaPlan {
+pub(crate) enum MetaPlan {
     /// memring answers itself (`mn`).
     Reply(&'static [u8]),
     /// One server gets the request: the key's owner.
@@ -842,7 +842,7 @@ pub enum MetaPlan {
 /// replicas, `mg` reads like a classic get, `ms`/`md`/`ma` write like classic
 /// writes (with `C` like `cas`), and what hands out a recache lease (`N`,
 /// `R` on `mg`) and `me` go to the owner only, so exactly one client wins.
-pub fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> MetaPlan {
+pub(crate) fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> MetaPlan {
     if request.command == MetaCommand::Noop {
         return MetaPlan::Reply(b"MN\r\n");
     }
@@ -940,7 +940,7 @@ pub fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> M
 /// The request without its `C` and `q` flags: what a mutation the owner
 /// accepted under `C` becomes for the other replicas, which have their own
 /// cas numbers. Without `q` they always answer, so the copy can be framed.
-pub fn meta_copy(request: &MetaRequest, bytes: &Bytes) -> Bytes {
+pub(crate) fn meta_copy(request: &MetaRequest, bytes: &Bytes) -> Bytes {
     let flags_start = request.flags.start as usize;
     let line_end = request.flags.end as usize;
     let mut out = BytesMut::with_capacity(request.total_len as usize);
@@ -989,7 +989,7 @@ fn meta_copy_when(request: &MetaRequest, bytes: &[u8]) -> Option<CopyWhen> {
 
 /// Whether a meta reply (as the session got it) says the key is not on the
 /// server: `NF` for `ma`, `NS` for `ms`, a miss for `mg`.
-pub fn meta_absent(command: MetaCommand, reply: &[u8]) -> bool {
+pub(crate) fn meta_absent(command: MetaCommand, reply: &[u8]) -> bool {
     match command {
         MetaCommand::Arithmetic => reply.starts_with(b"NF"),
         MetaCommand::Set => reply.starts_with(b"NS"),
@@ -1000,13 +1000,13 @@ pub fn meta_absent(command: MetaCommand, reply: &[u8]) -> bool {
 
 /// Whether a meta reply to an `mg` (as the session got it: empty when `q`
 /// suppressed it) is a miss, so a read may fall through to the next replica.
-pub fn meta_is_miss(reply: &[u8]) -> bool {
+pub(crate) fn meta_is_miss(reply: &[u8]) -> bool {
     reply.is_empty() || reply.starts_with(b"EN")
 }
 
 /// Whether a meta mutation's reply (empty when `q` suppressed it) says it
 /// took effect.
-pub fn meta_succeeded(reply: &[u8]) -> bool {
+pub(crate) fn meta_succeeded(reply: &[u8]) -> bool {
     reply.is_empty() || reply.starts_with(b"HD") || reply.starts_with(b"VA")
 }
 

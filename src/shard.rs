@@ -20,7 +20,7 @@ use crate::topology::SharedTopology;
 
 /// Settings every session of a worker reads.
 #[derive(Debug, Clone, Copy)]
-pub struct SessionSettings {
+pub(crate) struct SessionSettings {
     /// Requests of one client parsed and not yet answered.
     pub max_pending: usize,
     /// Close a client idle (or stuck halfway through a request) this long.

@@ -148,6 +148,7 @@ pub struct Stats {
     bytes_read: Counter,
     bytes_written: Counter,
     backend_requests: Family<ServerLabels, Counter>,
+    backend_writes: Family<ServerLabels, Counter>,
     backend_coalesced_gets: Family<ServerLabels, Counter>,
     backend_errors: Family<ServerErrorLabels, Counter>,
     backend_latency: Family<ServerLabels, Histogram, fn() -> Histogram>,
@@ -287,6 +288,12 @@ impl Stats {
             "backend_requests",
             "Requests sent to each server",
             backend_requests.clone(),
+        );
+        let backend_writes = Family::<ServerLabels, Counter>::default();
+        registry.register(
+            "backend_writes",
+            "Socket writes to each server: backend_requests over this is how many requests share a write",
+            backend_writes.clone(),
         );
         let backend_coalesced_gets = Family::<ServerLabels, Counter>::default();
         registry.register(
@@ -459,6 +466,7 @@ impl Stats {
             bytes_read,
             bytes_written,
             backend_requests,
+            backend_writes,
             backend_coalesced_gets,
             backend_errors,
             backend_latency,
@@ -693,6 +701,7 @@ impl Stats {
         let metrics = BackendMetrics {
             server: server.to_string(),
             requests: self.backend_requests.get_or_create(&labels).clone(),
+            writes: self.backend_writes.get_or_create(&labels).clone(),
             coalesced: self.backend_coalesced_gets.get_or_create(&labels).clone(),
             latency: self.backend_latency.get_or_create(&labels).clone(),
             connections: self.backend_connections.get_or_create(&labels).clone(),
@@ -899,6 +908,8 @@ fn classic_from_openmetrics(openmetrics: &str) -> String {
 pub struct BackendMetrics {
     server: String,
     pub requests: Counter,
+    /// Socket writes (`writev` calls) to this server.
+    pub writes: Counter,
     /// Gets of hot keys that joined a request already on its way here.
     pub coalesced: Counter,
     pub latency: Histogram,

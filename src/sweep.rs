@@ -32,7 +32,7 @@ const MAX_DUMP_LINE_BYTES: u64 = 4096;
 
 /// The key of one `lru_crawler metadump` line (`key=<url-encoded> exp=…`),
 /// decoded; `None` for anything else.
-pub fn dumped_key(line: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn dumped_key(line: &[u8]) -> Option<Vec<u8>> {
     let rest = line.strip_prefix(b"key=")?;
     let end = memchr(b' ', rest).unwrap_or(rest.len());
     let encoded = &rest[..end];
@@ -54,7 +54,7 @@ pub fn dumped_key(line: &[u8]) -> Option<Vec<u8>> {
 
 /// Whether server `server` (a backend index) should hold `key` under
 /// `topology`'s ring: it is the owner or one of the replicas.
-pub fn belongs_on(topology: &Topology, key: &[u8], server: usize) -> bool {
+pub(crate) fn belongs_on(topology: &Topology, key: &[u8], server: usize) -> bool {
     let mut replicas = smallvec::SmallVec::<[usize; 4]>::new();
     topology.replicas(key, &mut replicas);
     replicas.contains(&server)
@@ -62,7 +62,7 @@ pub fn belongs_on(topology: &Topology, key: &[u8], server: usize) -> bool {
 
 /// The request that deletes `key` quietly: classic for a text key, meta with
 /// a base64 key for any other bytes.
-pub fn quiet_delete(key: &[u8], out: &mut BytesMut) {
+pub(crate) fn quiet_delete(key: &[u8], out: &mut BytesMut) {
     if is_valid_key(key) {
         out.put_slice(b"delete ");
         out.put_slice(key);
@@ -77,7 +77,7 @@ pub fn quiet_delete(key: &[u8], out: &mut BytesMut) {
 /// Sweeps every server of `topology` (as published at `version`) of the
 /// keys it no longer owns; stops when the published ring moves on. Returns
 /// the keys deleted per server name.
-pub async fn sweep(
+pub(crate) async fn sweep(
     shared: SharedTopology,
     topology: Arc<Topology>,
     stats: Arc<crate::stats::Stats>,

@@ -421,6 +421,7 @@ where
             {
                 match written {
                     Ok(Some(_)) => {
+                        shared.metrics.writes.inc();
                         conn.state.borrow_mut().progress = Instant::now();
                         confirmed = false;
                         unflushed = W::BUFFERS;
@@ -429,7 +430,12 @@ where
                     Err(e) => break Err(BackendErrorKind::Io(e.kind())),
                 }
             }
-            () = conn.wake.notified() => {}
+            () = conn.wake.notified() => {
+                // Sessions queued requests. Let the event loop poll its
+                // sockets once more first: the sessions that wakes queue
+                // theirs too, and all of them leave in one write.
+                tokio::task::yield_now().await;
+            }
             () = sleep_until_some(deadline) => {
                 let expired = {
                     let state = conn.state.borrow();

@@ -137,7 +137,6 @@ impl ClientSession {
                         key,
                         stage,
                         miss,
-                        copy,
                     } => {
                         let Some(result) = &meta.parts[0].result else {
                             return *stage == MovedStage::Done;
@@ -155,7 +154,7 @@ impl ClientSession {
                                 meta.parts[0] =
                                     self.send_to(&topology, *previous, wire, &meta.expect, None);
                                 // Later requests wait until this read has its
-                                // answer (and its copy is on its way).
+                                // answer (its copy then goes first).
                                 false
                             }
                             MovedStage::Previous => {
@@ -178,8 +177,7 @@ impl ClientSession {
                                 };
                                 meta.parts[0].result = Some(Ok(answer));
                                 if let Some(copy_wire) = copy_wire {
-                                    *copy =
-                                        Some(self.send_meta_copy(&topology, *owner, &copy_wire));
+                                    self.send_meta_copy(&topology, *owner, &copy_wire);
                                 }
                                 true
                             }
@@ -191,7 +189,6 @@ impl ClientSession {
                         key,
                         stage,
                         absent,
-                        copy,
                     } => {
                         let Some(result) = &meta.parts[0].result else {
                             return *stage == MovedStage::Done;
@@ -249,8 +246,7 @@ impl ClientSession {
                                     .stats
                                     .read_through(1, usize::from(copy_wire.is_some()));
                                 if let Some(copy_wire) = copy_wire {
-                                    *copy =
-                                        Some(self.send_meta_copy(&topology, *owner, &copy_wire));
+                                    self.send_meta_copy(&topology, *owner, &copy_wire);
                                 } else if absent.is_some() {
                                     // Not on the previous owner either: the
                                     // new owner's answer stands.
@@ -449,10 +445,7 @@ impl ClientSession {
                 true
             }
             Work::Retrieve {
-                plan,
-                in_flight,
-                copies,
-                ..
+                plan, in_flight, ..
             } => {
                 while plan.has_unsent() {
                     let room = self
@@ -539,16 +532,7 @@ impl ClientSession {
                 // Read-through hits go to their new owner before any later
                 // request of this client.
                 for (server, copy) in plan.take_copies() {
-                    let mut part = Part::new(server);
-                    self.send(
-                        &topology,
-                        &mut part,
-                        &copy,
-                        Expect::Line(LineKind::Storage),
-                        true,
-                        None,
-                    );
-                    copies.push(part);
+                    self.send_copy(&topology, server, &copy, Expect::Line(LineKind::Storage));
                 }
                 // With replicas (or moved keys), replies may send keys to
                 // their next server: later requests wait until this one has
@@ -575,13 +559,28 @@ impl ClientSession {
     }
 
     /// Sends a hand-off copy (`ms … ME`) of a moved key to its new owner.
-    fn send_meta_copy(&self, topology: &Topology, owner: usize, wire: &[Bytes]) -> Part {
+    fn send_meta_copy(&self, topology: &Topology, owner: usize, wire: &[Bytes]) {
         let expect = Expect::Meta {
             command: MetaCommand::Set,
             quiet: false,
             replied: false,
         };
-        self.send_to(topology, owner, wire, &expect, None)
+        self.send_copy(topology, owner, wire, expect);
+    }
+
+    /// Sends a read-through copy to `server`; its reply is counted when it
+    /// arrives, and nothing waits for it.
+    fn send_copy(&self, topology: &Topology, server: usize, wire: &[Bytes], expect: Expect) {
+        let backend = &topology.backends[server];
+        let conn = self.worker.conn(backend, self.lane);
+        let slot = Slot::new(self.wake.clone());
+        slot.watch(Rc::new(CopyCount {
+            stats: self.worker.stats.clone(),
+            reply: std::cell::RefCell::new(None),
+        }));
+        if conn.send(wire, expect, Some(slot)).is_err() {
+            count_copy(&self.worker.stats, CopyOutcome::Failed);
+        }
     }
 
     /// Sends `wire` to `server`, wanting its reply, as a new part.
@@ -710,15 +709,6 @@ impl ClientSession {
             Work::Lines { parts, .. } => parts.iter_mut().for_each(Part::absorb),
             Work::Cas { owner, .. } => owner.absorb(),
             Work::Meta(meta) => {
-                if let MetaMode::ReadMoved {
-                    copy: Some(copy), ..
-                }
-                | MetaMode::RetryMoved {
-                    copy: Some(copy), ..
-                } = &mut meta.mode
-                {
-                    copy.absorb();
-                }
                 for part in meta.parts.iter_mut() {
                     part.absorb();
                     if let Some(Ok(reply)) = &part.result {
@@ -737,9 +727,7 @@ impl ClientSession {
                 plan,
                 in_flight,
                 held,
-                copies,
             } => {
-                copies.iter_mut().for_each(Part::absorb);
                 in_flight.retain(|sub| {
                     while let Some(got) = sub.slot.take() {
                         plan.on_piece(sub.id, got);
@@ -892,16 +880,9 @@ impl ClientSession {
                     MetaMode::CasThenCopy {
                         copies: Some(_), ..
                     } => return false,
-                    MetaMode::ReadMoved { stage, copy, .. }
-                    | MetaMode::RetryMoved { stage, copy, .. } => {
+                    MetaMode::ReadMoved { stage, .. } | MetaMode::RetryMoved { stage, .. } => {
                         if *stage != MovedStage::Done {
                             return false;
-                        }
-                        if let Some(copy) = copy {
-                            if copy.result.is_none() {
-                                return false;
-                            }
-                            count_copies(stats, std::slice::from_ref(copy));
                         }
                         match &meta.parts[0].result {
                             Some(result) => result.clone(),
@@ -965,22 +946,14 @@ impl ClientSession {
                 plan,
                 held,
                 in_flight,
-                copies,
             } => {
-                // Copies are answered on the same connections right after the
-                // values they copy; the END waits for them to count them.
-                if plan.has_unsent()
-                    || !in_flight.is_empty()
-                    || copies.iter().any(|c| c.result.is_none())
-                    || !plan.emit(&mut self.out)
-                {
+                if plan.has_unsent() || !in_flight.is_empty() || !plan.emit(&mut self.out) {
                     return false;
                 }
                 let (keys, hits) = plan.counts();
                 stats.retrieval(keys, hits);
                 let (reads, found) = plan.read_through();
                 stats.read_through(reads, found);
-                count_copies(stats, copies);
                 self.release(*held);
                 *held = 0;
             }

@@ -549,8 +549,6 @@ enum Work {
         in_flight: SmallVec<[SubInFlight; 2]>,
         /// Value bytes the plan holds, counted as owed.
         held: usize,
-        /// Read-through hits copied to their new owners.
-        copies: SmallVec<[Part; 1]>,
     },
     /// A command on a moved key (hand-off), one step at a time.
     Moved(Box<MovedWork>),
@@ -564,6 +562,38 @@ struct MovedWork {
     part: Option<Part>,
     copies: SmallVec<[Part; 1]>,
     answer: Option<CallResult>,
+}
+
+/// Counts a read-through copy's reply when it arrives, so the client's
+/// answer never waits for the copy: a later request of the client for the
+/// key goes to the new owner on the same connection, after the copy.
+#[derive(Debug)]
+struct CopyCount {
+    stats: Arc<crate::stats::Stats>,
+    reply: std::cell::RefCell<Option<Bytes>>,
+}
+
+impl crate::backend::slot::Watch for CopyCount {
+    fn piece(&self, piece: &Got) {
+        let (Got::Line(reply) | Got::Value(reply)) = piece;
+        *self.reply.borrow_mut() = Some(reply.clone());
+    }
+
+    fn done(&self, result: &Result<(), BackendError>) {
+        let outcome = match result {
+            Ok(()) => copy_outcome(&Ok(self.reply.take().unwrap_or_default())),
+            Err(_) => CopyOutcome::Failed,
+        };
+        count_copy(&self.stats, outcome);
+    }
+}
+
+fn count_copy(stats: &crate::stats::Stats, outcome: CopyOutcome) {
+    match outcome {
+        CopyOutcome::Made => stats.copies(1, 0, 0),
+        CopyOutcome::Skipped => stats.copies(0, 1, 0),
+        CopyOutcome::Failed => stats.copies(0, 0, 1),
+    }
 }
 
 /// Counts the replies to hand-off copies.
@@ -632,7 +662,6 @@ enum MetaMode {
         stage: MovedStage,
         /// The owner's miss, the answer unless the previous owner hits.
         miss: Option<CallResult>,
-        copy: Option<Part>,
     },
     /// `ma`/`ms`/`mg` of a moved key that needs it on its new owner: run
     /// there (the part); if absent, fetched from `previous`, copied, and run
@@ -646,7 +675,6 @@ enum MetaMode {
         /// The new owner's first reply, the answer if there is nothing to
         /// copy; `None` when the copy comes first (`ms` in add mode).
         absent: Option<CallResult>,
-        copy: Option<Part>,
     },
     /// `ms` of a moved key: `md` to the previous owner (the part), then the
     /// request to `owner`, whose reply answers.
@@ -733,27 +761,11 @@ impl Work {
             Work::Ready(_) | Work::Stats => true,
             Work::Lines { parts, .. } => parts.iter().all(|p| p.all_unanswered(ours)),
             Work::Cas { owner, .. } => owner.all_unanswered(ours),
-            Work::Meta(meta) => {
-                let copy = match &meta.mode {
-                    MetaMode::ReadMoved { copy, .. } | MetaMode::RetryMoved { copy, .. } => {
-                        copy.as_ref()
-                    }
-                    _ => None,
-                };
-                meta.parts
-                    .iter()
-                    .chain(copy)
-                    .all(|p| p.all_unanswered(ours))
-            }
-            Work::Retrieve {
-                in_flight, copies, ..
-            } => {
-                in_flight
-                    .iter()
-                    .filter(|sub| sub.slot.outcome().is_none())
-                    .all(|sub| ours(sub.server, &sub.slot))
-                    && copies.iter().all(|p| p.all_unanswered(ours))
-            }
+            Work::Meta(meta) => meta.parts.iter().all(|p| p.all_unanswered(ours)),
+            Work::Retrieve { in_flight, .. } => in_flight
+                .iter()
+                .filter(|sub| sub.slot.outcome().is_none())
+                .all(|sub| ours(sub.server, &sub.slot)),
             Work::Moved(moved) => moved
                 .part
                 .iter()

@@ -56,7 +56,6 @@ impl ClientSession {
                 plan: retrieval,
                 in_flight: SmallVec::new(),
                 held: 0,
-                copies: SmallVec::new(),
             },
             Plan::Moved { owner, previous } => {
                 let as_set =
@@ -170,7 +169,6 @@ impl ClientSession {
                         key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
                         stage: MovedStage::Owner,
                         miss: None,
-                        copy: None,
                     },
                 )
             }
@@ -190,7 +188,6 @@ impl ClientSession {
                         MovedStage::Owner
                     },
                     absent: None,
-                    copy: None,
                 },
             ),
             MetaPlan::OverwriteMoved { owner, previous } => (

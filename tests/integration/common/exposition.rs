@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 
 /// One sample line: metric name, labels with their values unescaped, value.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Sample {
+pub(crate) struct Sample {
     pub name: String,
     pub labels: Vec<(String, String)>,
     pub value: f64,
@@ -18,7 +18,7 @@ pub struct Sample {
 
 impl Sample {
     /// The value of label `name`, if the sample has it.
-    pub fn label(&self, name: &str) -> Option<&str> {
+    pub(crate) fn label(&self, name: &str) -> Option<&str> {
         self.labels
             .iter()
             .find(|(k, _)| k == name)
@@ -28,7 +28,7 @@ impl Sample {
 
 /// Every sample of `text`; panics naming the first line that is not valid
 /// text format, or a series that appears twice.
-pub fn strict_samples(text: &str) -> Vec<Sample> {
+pub(crate) fn strict_samples(text: &str) -> Vec<Sample> {
     assert!(
         text.is_empty() || text.ends_with('\n'),
         "exposition does not end with a newline"
@@ -156,7 +156,7 @@ fn parse_sample(line: &str) -> Result<Sample, &'static str> {
 
 /// Runs `promtool check metrics` on `text` and fails on any complaint;
 /// says SKIPPED when promtool is not installed.
-pub fn promtool_check(text: &str) {
+pub(crate) fn promtool_check(text: &str) {
     let spawned = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

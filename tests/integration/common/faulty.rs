@@ -17,7 +17,7 @@ use std::time::Duration;
 
 /// What the faulty server does with each request (after the probe).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Misbehaviour {
+pub(crate) enum Misbehaviour {
     /// Answers every request with `HELLO I AM NOT MEMCACHED\r\n`.
     GarbageLine,
     /// Answers with `HELLO I AM NOT MEMCACHED` and never a line end.
@@ -42,7 +42,7 @@ pub enum Misbehaviour {
 }
 
 /// What the faulty server says its item size limit is (memcached's default).
-pub const ITEM_SIZE_MAX: usize = 1024 * 1024;
+pub(crate) const ITEM_SIZE_MAX: usize = 1024 * 1024;
 
 /// The value the faulty server streams at most for [`Misbehaviour::Value1GiB`].
 const STREAMED_BYTES: usize = 16 * 1024 * 1024;
@@ -51,7 +51,7 @@ const STREAMED_BYTES: usize = 16 * 1024 * 1024;
 const POLL: Duration = Duration::from_millis(50);
 
 /// A running faulty server; stopped and joined on drop.
-pub struct FaultyServer {
+pub(crate) struct FaultyServer {
     pub port: u16,
     stop: Arc<AtomicBool>,
     requests: Arc<AtomicUsize>,
@@ -60,13 +60,13 @@ pub struct FaultyServer {
 }
 
 impl FaultyServer {
-    pub fn start(behaviour: Misbehaviour) -> FaultyServer {
+    pub(crate) fn start(behaviour: Misbehaviour) -> FaultyServer {
         FaultyServer::start_claiming(behaviour, ITEM_SIZE_MAX)
     }
 
     /// Like `start`, telling memring's probe `item_size_max` is
     /// `item_size_max`.
-    pub fn start_claiming(behaviour: Misbehaviour, item_size_max: usize) -> FaultyServer {
+    pub(crate) fn start_claiming(behaviour: Misbehaviour, item_size_max: usize) -> FaultyServer {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
         listener
             .set_nonblocking(true)
@@ -94,17 +94,17 @@ impl FaultyServer {
         }
     }
 
-    pub fn addr(&self) -> String {
+    pub(crate) fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
     /// Requests (not probes) it has received so far.
-    pub fn requests(&self) -> usize {
+    pub(crate) fn requests(&self) -> usize {
         self.requests.load(Ordering::Relaxed)
     }
 
     /// `stats settings` probes it has answered so far.
-    pub fn probes(&self) -> usize {
+    pub(crate) fn probes(&self) -> usize {
         self.probes.load(Ordering::Relaxed)
     }
 }

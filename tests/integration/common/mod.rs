@@ -6,9 +6,9 @@
 
 #![allow(dead_code)] // not every helper is used by every test area
 
-pub mod exposition;
-pub mod faulty;
-pub mod relay;
+pub(crate) mod exposition;
+pub(crate) mod faulty;
+pub(crate) mod relay;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -20,14 +20,14 @@ use memring::protocol::{frame_reply, ReplyKind};
 use tokio_util::sync::CancellationToken;
 
 /// How long any single wait in a test may take before the test fails.
-pub const DEADLINE: Duration = Duration::from_secs(20);
+pub(crate) const DEADLINE: Duration = Duration::from_secs(20);
 
 /// A memcached process owned by the test.
-pub struct Memcached {
+pub(crate) struct Memcached {
     pub port: u16,
     /// With TLS (`start_tls`): the TLS port; `port` then stays plain
     /// (`notls`), for the harness and for tests that look behind memring.
-    pub tls_port: Option<u16>,
+    pub(crate) tls_port: Option<u16>,
     args: Vec<String>,
     child: Option<Child>,
     paused: bool,
@@ -55,7 +55,7 @@ fn free_port() -> u16 {
 /// The pid that the memcached-like server on `port` reports in `stats`, or
 /// `None` if nothing answers there (yet). A listener that is not memcached
 /// reports pid 0.
-pub fn answering_pid(port: u16) -> Option<u32> {
+pub(crate) fn answering_pid(port: u16) -> Option<u32> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
     stream.write_all(b"stats\r\n").ok()?;
@@ -75,11 +75,11 @@ pub fn answering_pid(port: u16) -> Option<u32> {
 }
 
 /// A temporary directory for one test's files, removed on drop.
-pub struct TempDir(std::path::PathBuf);
+pub(crate) struct TempDir(std::path::PathBuf);
 
 impl TempDir {
     /// `memring-<suite>-<test>-<pid>` under the system temp directory, empty.
-    pub fn new(suite: &str, test: &str) -> TempDir {
+    pub(crate) fn new(suite: &str, test: &str) -> TempDir {
         let dir =
             std::env::temp_dir().join(format!("memring-{suite}-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -87,7 +87,7 @@ impl TempDir {
         TempDir(dir)
     }
 
-    pub fn path(&self, name: &str) -> std::path::PathBuf {
+    pub(crate) fn path(&self, name: &str) -> std::path::PathBuf {
         self.0.join(name)
     }
 }
@@ -106,7 +106,7 @@ fn process_state(pid: u32) -> Option<char> {
 }
 
 /// Polls `condition` until it holds or `DEADLINE` passes.
-pub fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
+pub(crate) fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
     let start = Instant::now();
     while !condition() {
         assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
@@ -116,12 +116,12 @@ pub fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
 
 impl Memcached {
     /// Starts a memcached with default settings.
-    pub fn start() -> Memcached {
+    pub(crate) fn start() -> Memcached {
         Memcached::start_with(&[])
     }
 
     /// Starts a memcached with extra arguments (for example `["-I", "2m"]`).
-    pub fn start_with(extra: &[&str]) -> Memcached {
+    pub(crate) fn start_with(extra: &[&str]) -> Memcached {
         for _ in 0..10 {
             let mut server = Memcached {
                 port: free_port(),
@@ -140,7 +140,7 @@ impl Memcached {
     /// Starts a memcached that speaks TLS (`-Z`) on `tls_port` with this
     /// certificate chain and key; with `client_ca`, it requires client
     /// certificates issued by it. `port` stays plain text.
-    pub fn start_tls(
+    pub(crate) fn start_tls(
         cert: &std::path::Path,
         key: &std::path::Path,
         client_ca: Option<&std::path::Path>,
@@ -169,7 +169,7 @@ impl Memcached {
     }
 
     /// The TLS address of a server started with [`Memcached::start_tls`].
-    pub fn tls_addr(&self) -> String {
+    pub(crate) fn tls_addr(&self) -> String {
         format!("127.0.0.1:{}", self.tls_port.expect("started with TLS"))
     }
 
@@ -223,16 +223,16 @@ impl Memcached {
         }
     }
 
-    pub fn addr(&self) -> String {
+    pub(crate) fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.as_ref().expect("running").id()
     }
 
     /// Kills the process (SIGKILL) and waits for it.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             if self.paused {
                 self.signal_pid(child.id(), "CONT");
@@ -244,7 +244,7 @@ impl Memcached {
     }
 
     /// Starts it again on the same port.
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.kill();
         let start = Instant::now();
         while !self.spawn() {
@@ -258,7 +258,7 @@ impl Memcached {
     }
 
     /// Freezes the process (SIGSTOP): connections stay open, nothing answers.
-    pub fn pause(&mut self) {
+    pub(crate) fn pause(&mut self) {
         let pid = self.pid();
         self.signal_pid(pid, "STOP");
         self.paused = true;
@@ -268,7 +268,7 @@ impl Memcached {
     }
 
     /// Resumes a paused process (SIGCONT).
-    pub fn resume(&mut self) {
+    pub(crate) fn resume(&mut self) {
         self.signal_pid(self.pid(), "CONT");
         self.paused = false;
     }
@@ -282,7 +282,7 @@ impl Memcached {
     }
 
     /// A direct client, bypassing memring.
-    pub fn client(&self) -> Client {
+    pub(crate) fn client(&self) -> Client {
         Client::connect(&self.addr())
     }
 }
@@ -294,7 +294,7 @@ impl Drop for Memcached {
 }
 
 /// memring running in-process with its own runtime.
-pub struct Proxy {
+pub(crate) struct Proxy {
     pub addr: SocketAddr,
     pub config: Config,
     shutdown: CancellationToken,
@@ -303,7 +303,7 @@ pub struct Proxy {
 }
 
 /// The TOML for a config over `servers` with extra top-level settings.
-pub fn config_text(servers: &[&Memcached], settings: &str) -> String {
+pub(crate) fn config_text(servers: &[&Memcached], settings: &str) -> String {
     let mut text = format!("listen = \"127.0.0.1:0\"\n{settings}\n");
     for server in servers {
         text.push_str(&format!("[[servers]]\naddr = \"{}\"\n", server.addr()));
@@ -313,17 +313,17 @@ pub fn config_text(servers: &[&Memcached], settings: &str) -> String {
 
 impl Proxy {
     /// memring over `servers`, with extra top-level config settings.
-    pub fn start(servers: &[&Memcached], settings: &str) -> Proxy {
+    pub(crate) fn start(servers: &[&Memcached], settings: &str) -> Proxy {
         Proxy::start_text(&config_text(servers, settings))
     }
 
-    pub fn start_text(text: &str) -> Proxy {
+    pub(crate) fn start_text(text: &str) -> Proxy {
         let config = Config::parse(text, "test.toml").expect("valid test config");
         Proxy::start_config(config, None)
     }
 
     /// memring from a config file that it watches for live reloads.
-    pub fn start_file(path: &std::path::Path) -> Proxy {
+    pub(crate) fn start_file(path: &std::path::Path) -> Proxy {
         let config = Config::load(path).expect("valid test config file");
         Proxy::start_config(config, Some(path))
     }
@@ -363,21 +363,21 @@ impl Proxy {
         }
     }
 
-    pub fn client(&self) -> Client {
+    pub(crate) fn client(&self) -> Client {
         Client::connect(&self.addr.to_string())
     }
 
     /// The version of the ring currently published.
-    pub fn ring_version(&self) -> u64 {
+    pub(crate) fn ring_version(&self) -> u64 {
         self.running().topology.load().version
     }
 
-    pub fn running(&self) -> &memring::server::Running {
+    pub(crate) fn running(&self) -> &memring::server::Running {
         self.running.as_ref().expect("running")
     }
 
     /// The index of the server that owns `key` in the topology now published.
-    pub fn owner_now(&self, key: &str) -> usize {
+    pub(crate) fn owner_now(&self, key: &str) -> usize {
         self.running()
             .topology
             .load()
@@ -386,12 +386,12 @@ impl Proxy {
     }
 
     /// Runs a future on memring's runtime.
-    pub fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
+    pub(crate) fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
         self.runtime.as_ref().expect("runtime").block_on(future)
     }
 
     /// Requests shutdown and waits for the drain to finish.
-    pub fn shutdown(&mut self) {
+    pub(crate) fn shutdown(&mut self) {
         self.shutdown.cancel();
         if let (Some(running), Some(runtime)) = (self.running.take(), self.runtime.as_ref()) {
             runtime.block_on(async {
@@ -411,13 +411,13 @@ impl Drop for Proxy {
 }
 
 /// A blocking memcached text-protocol client.
-pub struct Client {
+pub(crate) struct Client {
     stream: TcpStream,
     buffer: Vec<u8>,
 }
 
 impl Client {
-    pub fn connect(addr: &str) -> Client {
+    pub(crate) fn connect(addr: &str) -> Client {
         let stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
         stream
             .set_read_timeout(Some(DEADLINE))
@@ -429,7 +429,7 @@ impl Client {
         }
     }
 
-    pub fn send(&mut self, bytes: &[u8]) {
+    pub(crate) fn send(&mut self, bytes: &[u8]) {
         self.stream.write_all(bytes).expect("send to server");
     }
 
@@ -448,7 +448,7 @@ impl Client {
     }
 
     /// Reads one complete reply of the given kind.
-    pub fn reply(&mut self, kind: ReplyKind) -> Vec<u8> {
+    pub(crate) fn reply(&mut self, kind: ReplyKind) -> Vec<u8> {
         loop {
             if let Some(len) = frame_reply(&self.buffer, kind).expect("well-formed reply") {
                 return self.buffer.drain(..len).collect();
@@ -459,7 +459,7 @@ impl Client {
 
     /// Reads one complete reply, or `None` if the server closed the connection
     /// before sending any byte of it. A reply cut off halfway panics.
-    pub fn try_reply(&mut self, kind: ReplyKind) -> Option<Vec<u8>> {
+    pub(crate) fn try_reply(&mut self, kind: ReplyKind) -> Option<Vec<u8>> {
         loop {
             if let Some(len) = frame_reply(&self.buffer, kind).expect("well-formed reply") {
                 return Some(self.buffer.drain(..len).collect());
@@ -482,7 +482,7 @@ impl Client {
 
     /// Reads one meta reply (a line, and a `VA` line's data block), or a
     /// classic one-line or `VALUE` reply piece.
-    pub fn meta_reply(&mut self) -> Vec<u8> {
+    pub(crate) fn meta_reply(&mut self) -> Vec<u8> {
         loop {
             if let Some(len) = relay::reply_len(&self.buffer) {
                 return self.buffer.drain(..len).collect();
@@ -492,14 +492,14 @@ impl Client {
     }
 
     /// Sends a request and reads its reply.
-    pub fn call(&mut self, request: &[u8], kind: ReplyKind) -> Vec<u8> {
+    pub(crate) fn call(&mut self, request: &[u8], kind: ReplyKind) -> Vec<u8> {
         self.send(request);
         self.reply(kind)
     }
 
     /// Reads until the buffered input ends with `suffix`; returns what came
     /// before it.
-    pub fn read_until_suffix(&mut self, suffix: &[u8]) -> Vec<u8> {
+    pub(crate) fn read_until_suffix(&mut self, suffix: &[u8]) -> Vec<u8> {
         while !self.buffer.ends_with(suffix) {
             assert!(
                 self.fill() > 0,
@@ -515,11 +515,11 @@ impl Client {
     }
 
     /// True once the server has closed the connection (after any pending bytes).
-    pub fn closed(&mut self) -> bool {
+    pub(crate) fn closed(&mut self) -> bool {
         self.fill() == 0
     }
 
-    pub fn set(&mut self, key: &str, value: &[u8]) -> Vec<u8> {
+    pub(crate) fn set(&mut self, key: &str, value: &[u8]) -> Vec<u8> {
         let mut request = format!("set {key} 0 0 {}\r\n", value.len()).into_bytes();
         request.extend_from_slice(value);
         request.extend_from_slice(b"\r\n");
@@ -527,7 +527,7 @@ impl Client {
     }
 
     /// The value of `key`, `None` on a miss; panics on an error reply.
-    pub fn get(&mut self, key: &str) -> Option<Vec<u8>> {
+    pub(crate) fn get(&mut self, key: &str) -> Option<Vec<u8>> {
         let reply = self.call(format!("get {key}\r\n").as_bytes(), ReplyKind::Values);
         parse_single_value(&reply).unwrap_or_else(|| {
             panic!(
@@ -538,13 +538,13 @@ impl Client {
     }
 
     /// The raw reply of `get key`.
-    pub fn get_raw(&mut self, key: &str) -> Vec<u8> {
+    pub(crate) fn get_raw(&mut self, key: &str) -> Vec<u8> {
         self.call(format!("get {key}\r\n").as_bytes(), ReplyKind::Values)
     }
 
     /// The `STAT <name> <value>` lines of `stats` (or `stats <group>`), in
     /// order; memring's and memcached's alike.
-    pub fn stats(&mut self, group: &str) -> Vec<(String, String)> {
+    pub(crate) fn stats(&mut self, group: &str) -> Vec<(String, String)> {
         let request = if group.is_empty() {
             "stats\r\n".to_string()
         } else {
@@ -560,7 +560,7 @@ impl Client {
     }
 
     /// One number of `stats`; panics when it is not there.
-    pub fn stat(&mut self, name: &str) -> u64 {
+    pub(crate) fn stat(&mut self, name: &str) -> u64 {
         self.stats("")
             .into_iter()
             .find(|(k, _)| k == name)
@@ -572,7 +572,7 @@ impl Client {
 }
 
 /// `Some(None)` for `END`, `Some(Some(value))` for one value, `None` otherwise.
-pub fn parse_single_value(reply: &[u8]) -> Option<Option<Vec<u8>>> {
+pub(crate) fn parse_single_value(reply: &[u8]) -> Option<Option<Vec<u8>>> {
     if reply == b"END\r\n" {
         return Some(None);
     }
@@ -591,7 +591,7 @@ pub fn parse_single_value(reply: &[u8]) -> Option<Option<Vec<u8>>> {
 /// Replaces the cas token of every `VALUE` line with `<cas>` (cas ids are per
 /// server, so they legitimately differ between one memcached and a pool) and
 /// returns the normalised bytes with the cas ids seen, in order.
-pub fn normalize_cas(reply: &[u8]) -> (Vec<u8>, Vec<u64>) {
+pub(crate) fn normalize_cas(reply: &[u8]) -> (Vec<u8>, Vec<u64>) {
     let mut out = Vec::with_capacity(reply.len());
     let mut cas_ids = Vec::new();
     let mut at = 0;
@@ -629,7 +629,7 @@ pub fn normalize_cas(reply: &[u8]) -> (Vec<u8>, Vec<u64>) {
 }
 
 /// Readable form of protocol bytes for assertion messages.
-pub fn show(bytes: &[u8]) -> String {
+pub(crate) fn show(bytes: &[u8]) -> String {
     const SHOWN_BYTES: usize = 600;
     let shown = bytes[..bytes.len().min(SHOWN_BYTES)]
         .escape_ascii()

@@ -2,8 +2,9 @@
 //! server: it frames memcached's replies one by one and slips extra bytes in
 //! before some of them (a doubled `HD`, a stray `VA`, an extra `MN`, `END` or
 //! `ERROR`), or rewrites request lines on their way (to stand for a memcached
-//! that accepts flags 1.6.18 does not know). Everything else is memcached's
-//! own behaviour.
+//! that accepts flags 1.6.18 does not know), or keeps requests back from a
+//! given one on until the test releases them (a server slow to answer just
+//! that request). Everything else is memcached's own behaviour.
 //!
 //! Every thread it starts polls a stop flag with short socket timeouts and is
 //! joined when the handle drops.
@@ -18,11 +19,11 @@ use std::time::Duration;
 const POLL: Duration = Duration::from_millis(20);
 
 /// Rewrites one request line (without its line end).
-pub type Rewrite = fn(&[u8]) -> Vec<u8>;
+pub(crate) type Rewrite = fn(&[u8]) -> Vec<u8>;
 
 /// What the relay does to the traffic.
 #[derive(Clone, Copy)]
-pub struct Fault {
+pub(crate) struct Fault {
     /// Bytes sent before every `every`-th reply of a connection, once it
     /// has relayed `after` replies untouched.
     pub inject: &'static [u8],
@@ -30,40 +31,65 @@ pub struct Fault {
     pub after: usize,
     /// Applied to every request line (without its line end).
     pub rewrite: Option<Rewrite>,
+    /// Request bytes from the first occurrence of this on are kept back
+    /// until [`Relay::release`].
+    pub hold_from: Option<&'static [u8]>,
 }
 
 impl Fault {
     /// Relays replies untouched and rewrites request lines.
-    pub fn rewriting(rewrite: Rewrite) -> Fault {
+    pub(crate) fn rewriting(rewrite: Rewrite) -> Fault {
         Fault {
             inject: b"",
             every: 0,
             after: 0,
             rewrite: Some(rewrite),
+            hold_from: None,
         }
     }
 
     /// Injects `inject` before every `every`-th reply after the first `after`.
-    pub fn injecting(inject: &'static [u8], every: usize, after: usize) -> Fault {
+    pub(crate) fn injecting(inject: &'static [u8], every: usize, after: usize) -> Fault {
         Fault {
             inject,
             every,
             after,
             rewrite: None,
+            hold_from: None,
+        }
+    }
+
+    /// Relays everything until a request contains `needle`, then keeps that
+    /// request and every later byte back until [`Relay::release`].
+    pub(crate) fn holding_from(needle: &'static [u8]) -> Fault {
+        Fault {
+            inject: b"",
+            every: 0,
+            after: 0,
+            rewrite: None,
+            hold_from: Some(needle),
         }
     }
 }
 
+/// Whether a relay keeps requests back ([`Fault::holding_from`]).
+#[derive(Default)]
+struct Gate {
+    holding: AtomicBool,
+    released: AtomicBool,
+}
+
 /// A running relay; stopped and joined on drop.
-pub struct Relay {
+pub(crate) struct Relay {
     pub port: u16,
     stop: Arc<AtomicBool>,
     injected: Arc<AtomicUsize>,
+    gate: Arc<Gate>,
     threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
 impl Relay {
-    pub fn start(upstream: &str, fault: Fault) -> Relay {
+    pub(crate) fn start(upstream: &str, fault: Fault) -> Relay {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
         listener.set_nonblocking(true).expect("nonblocking");
         let port = listener.local_addr().expect("local addr").port();
@@ -71,11 +97,13 @@ impl Relay {
             port,
             stop: Arc::default(),
             injected: Arc::default(),
+            gate: Arc::default(),
             threads: Arc::default(),
         };
-        let (stop, injected, threads) = (
+        let (stop, injected, gate, threads) = (
             relay.stop.clone(),
             relay.injected.clone(),
+            relay.gate.clone(),
             relay.threads.clone(),
         );
         let upstream = upstream.to_string();
@@ -95,9 +123,10 @@ impl Relay {
                 let (up_from, up_to) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                 let (stop_up, stop_down) = (stop.clone(), stop.clone());
                 let injected = injected.clone();
+                let gate = gate.clone();
                 let mut threads = threads.lock().unwrap();
                 threads.push(std::thread::spawn(move || {
-                    requests(up_from, up_to, fault.rewrite, &stop_up)
+                    requests(up_from, up_to, fault, &stop_up, &gate)
                 }));
                 threads.push(std::thread::spawn(move || {
                     replies(server, client, fault, &stop_down, &injected)
@@ -108,12 +137,22 @@ impl Relay {
         relay
     }
 
-    pub fn addr(&self) -> String {
+    pub(crate) fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// Whether requests are being kept back ([`Fault::holding_from`]).
+    pub(crate) fn holding(&self) -> bool {
+        self.gate.holding.load(Ordering::SeqCst)
+    }
+
+    /// Lets requests kept back go on, and relays everything from now on.
+    pub(crate) fn release(&self) {
+        self.gate.released.store(true, Ordering::SeqCst);
+    }
+
     /// How many times the fault has been injected so far.
-    pub fn injected(&self) -> usize {
+    pub(crate) fn injected(&self) -> usize {
         self.injected.load(Ordering::Relaxed)
     }
 }
@@ -128,12 +167,21 @@ impl Drop for Relay {
     }
 }
 
-/// Reads more bytes into `buffer`: false at EOF, error or stop.
-fn fill(from: &mut TcpStream, buffer: &mut Vec<u8>, stop: &AtomicBool) -> bool {
+/// Reads more bytes into `buffer`: false at EOF, error or stop. Returns
+/// with nothing read after a poll interval when `idle` says so.
+fn fill(
+    from: &mut TcpStream,
+    buffer: &mut Vec<u8>,
+    stop: &AtomicBool,
+    idle: impl Fn() -> bool,
+) -> bool {
     let mut chunk = [0u8; 16 * 1024];
     loop {
         if stop.load(Ordering::Relaxed) {
             return false;
+        }
+        if idle() {
+            return true;
         }
         match from.read(&mut chunk) {
             Ok(0) => return false,
@@ -150,10 +198,21 @@ fn fill(from: &mut TcpStream, buffer: &mut Vec<u8>, stop: &AtomicBool) -> bool {
 
 /// Client to server: verbatim, or line by line through `rewrite` (only for
 /// tests whose requests carry no data blocks).
-fn requests(mut from: TcpStream, mut to: TcpStream, rewrite: Option<Rewrite>, stop: &AtomicBool) {
+fn requests(mut from: TcpStream, mut to: TcpStream, fault: Fault, stop: &AtomicBool, gate: &Gate) {
     let mut buffer = Vec::new();
-    while fill(&mut from, &mut buffer, stop) {
-        let out = match rewrite {
+    let mut held = Vec::new();
+    let holding = std::cell::Cell::new(false);
+    let released = || gate.released.load(Ordering::SeqCst);
+    let held_to_release = || holding.get() && released();
+    while fill(&mut from, &mut buffer, stop, held_to_release) {
+        if held_to_release() {
+            holding.set(false);
+            gate.holding.store(false, Ordering::SeqCst);
+            if to.write_all(&std::mem::take(&mut held)).is_err() {
+                break;
+            }
+        }
+        let mut out = match fault.rewrite {
             None => std::mem::take(&mut buffer),
             Some(rewrite) => {
                 let mut out = Vec::new();
@@ -168,6 +227,15 @@ fn requests(mut from: TcpStream, mut to: TcpStream, rewrite: Option<Rewrite>, st
                 out
             }
         };
+        if let Some(needle) = fault.hold_from.filter(|_| !released()) {
+            if holding.get() {
+                held.append(&mut out);
+            } else if let Some(at) = out.windows(needle.len()).position(|w| w == needle) {
+                held.extend(out.drain(at..));
+                holding.set(true);
+                gate.holding.store(true, Ordering::SeqCst);
+            }
+        }
         if to.write_all(&out).is_err() {
             break;
         }
@@ -177,7 +245,7 @@ fn requests(mut from: TcpStream, mut to: TcpStream, rewrite: Option<Rewrite>, st
 
 /// The length of the complete reply at the start of `buffer`, if any: one
 /// line, plus the data block of a `VA <size>` or `VALUE <key> <flags> <size>`.
-pub fn reply_len(buffer: &[u8]) -> Option<usize> {
+pub(crate) fn reply_len(buffer: &[u8]) -> Option<usize> {
     let end = buffer.iter().position(|&b| b == b'\n')? + 1;
     let line = std::str::from_utf8(&buffer[..end]).ok()?.trim_end();
     let mut tokens = line.split(' ');
@@ -201,7 +269,7 @@ fn replies(
 ) {
     let mut buffer = Vec::new();
     let mut relayed = 0usize;
-    while fill(&mut from, &mut buffer, stop) {
+    while fill(&mut from, &mut buffer, stop, || false) {
         let mut out = Vec::new();
         while let Some(len) = reply_len(&buffer) {
             relayed += 1;
