@@ -39,6 +39,8 @@ struct RawConfig {
     shutdown_grace_ms: Option<Spanned<u64>>,
     auto_eject: Option<bool>,
     failure_limit: Option<Spanned<u64>>,
+    ejection: Option<Spanned<String>>,
+    retry_timeout_ms: Option<Spanned<u64>>,
     client_idle_timeout_ms: Option<Spanned<u64>>,
     admin_listen: Option<Spanned<String>>,
     replicas: Option<Spanned<u64>>,
@@ -155,6 +157,8 @@ pub struct Config {
     /// Consecutive failures (connect, timeout, broken connection) after which
     /// a server is DEAD.
     pub failure_limit: u32,
+    /// When a DEAD server is tried again (`ejection`, `retry_timeout_ms`).
+    pub ejection: Ejection,
     /// Close clients idle this long; `None` keeps them forever.
     pub client_idle_timeout: Option<Duration>,
     /// Where to serve `/metrics`, `/live` and `/ready`; off when `None`.
@@ -191,6 +195,30 @@ pub struct Config {
     pub tls_listen: Option<TlsListen>,
     /// `[backend_tls]`, read at start; required by servers with `tls = true`.
     pub backend_tls: Option<crate::tls::BackendFiles>,
+}
+
+/// What happens to a DEAD server (`ejection`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ejection {
+    /// memring's own (`ejection = "memring"`, the default): a DEAD server is
+    /// probed, and once it answers it is flushed and rejoins with a hand-off
+    /// window.
+    Memring,
+    /// nutcracker 0.5's (`ejection = "twemproxy"`): failures count only with
+    /// `auto_eject`; a DEAD server stays out of the ring for `retry`
+    /// (`retry_timeout_ms`), then is put back untried and unflushed, so that
+    /// memring and a nutcracker beside it place every key alike.
+    Twemproxy { retry: Duration },
+}
+
+impl Ejection {
+    /// The value of `ejection` in the file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Ejection::Memring => "memring",
+            Ejection::Twemproxy { .. } => "twemproxy",
+        }
+    }
 }
 
 /// The `hot_key_*` settings, read at start.
@@ -256,6 +284,11 @@ pub const DEFAULT_MAX_CLIENT_CONNECTIONS: u64 = 16_384;
 pub const DEFAULT_MAX_PENDING_PER_CLIENT: u64 = 256;
 pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 5000;
 pub const DEFAULT_FAILURE_LIMIT: u64 = 3;
+/// nutcracker's `server_failure_limit` default, the default of
+/// `failure_limit` with `ejection = "twemproxy"`.
+pub const TWEMPROXY_FAILURE_LIMIT: u64 = 2;
+/// nutcracker's `server_retry_timeout` default.
+pub const DEFAULT_RETRY_TIMEOUT_MS: u64 = 30_000;
 
 impl Config {
     /// Reads and validates a config file.
@@ -528,10 +561,14 @@ impl Config {
             0..=600_000,
         )?;
 
+        let ejection = ejection(&raw, &at, &number)?;
         let failure_limit = number(
             &raw.failure_limit,
             "failure_limit",
-            DEFAULT_FAILURE_LIMIT,
+            match ejection {
+                Ejection::Memring => DEFAULT_FAILURE_LIMIT,
+                Ejection::Twemproxy { .. } => TWEMPROXY_FAILURE_LIMIT,
+            },
             1..=1000,
         )?;
         let replicas = number(&raw.replicas, "replicas", 1, 1..=16)?;
@@ -616,6 +653,7 @@ impl Config {
             shutdown_grace: Duration::from_millis(shutdown_grace_ms),
             auto_eject: raw.auto_eject.unwrap_or(false),
             failure_limit: failure_limit as u32,
+            ejection,
             client_idle_timeout: (client_idle_timeout_ms > 0)
                 .then(|| Duration::from_millis(client_idle_timeout_ms)),
             admin_listen,
@@ -902,6 +940,44 @@ fn check_tls_files(
             .map_err(|e| at(span_of(&e), format!("backend_tls: {e}")))?;
     }
     Ok(())
+}
+
+/// `ejection` and `retry_timeout_ms`.
+fn ejection(
+    raw: &RawConfig,
+    at: &dyn Fn(Range<usize>, String) -> ConfigError,
+    number: &NumberSetting<'_>,
+) -> Result<Ejection, ConfigError> {
+    let twemproxy = match &raw.ejection {
+        None => false,
+        Some(name) => match name.get_ref().as_str() {
+            "memring" => false,
+            "twemproxy" => true,
+            other => {
+                return Err(at(
+                    name.span(),
+                    format!(
+                    "ejection = \"{other}\" is not an ejection timing (one of: memring, twemproxy)"
+                ),
+                ))
+            }
+        },
+    };
+    match (&raw.retry_timeout_ms, twemproxy) {
+        (Some(retry), false) => Err(at(
+            retry.span(),
+            "retry_timeout_ms applies to ejection = \"twemproxy\"; memring's own ejection restores a server as soon as it answers".into(),
+        )),
+        (_, false) => Ok(Ejection::Memring),
+        (_, true) => Ok(Ejection::Twemproxy {
+            retry: Duration::from_millis(number(
+                &raw.retry_timeout_ms,
+                "retry_timeout_ms",
+                DEFAULT_RETRY_TIMEOUT_MS,
+                0..=86_400_000,
+            )?),
+        }),
+    }
 }
 
 /// Reads one integer setting: its value, a default, and its allowed range.
@@ -1198,6 +1274,8 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("shutdown_grace_ms", "5000"),
     ("auto_eject", "true"),
     ("failure_limit", "3"),
+    ("ejection", "\"twemproxy\""),
+    ("retry_timeout_ms", "30000"),
     ("client_idle_timeout_ms", "60000"),
     ("admin_listen", "\"127.0.0.1:9100\""),
     ("replicas", "2"),
@@ -1711,7 +1789,13 @@ name = "cache-02"
                 } else {
                     "ring = \"twemproxy\"\n"
                 };
-                format!("{ring}{key} = {example}\n{GOOD}")
+                // retry_timeout_ms belongs to twemproxy's ejection timing.
+                let ejection = if key == "retry_timeout_ms" {
+                    "ejection = \"twemproxy\"\n"
+                } else {
+                    ""
+                };
+                format!("{ring}{ejection}{key} = {example}\n{GOOD}")
             };
             assert!(
                 Config::parse(&text, "m").is_ok(),
@@ -2118,6 +2202,49 @@ name = "cache-02"
         let message = error_of(&format!("connections_per_server = 0\n{GOOD}"));
         assert!(
             message.starts_with("memring.toml:1:26: connections_per_server"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn twemproxy_ejection_takes_nutcrackers_defaults_and_retry_needs_it() {
+        let parse = |text: &str| Config::parse(&format!("{text}\n{GOOD}"), "memring.toml");
+        let own = parse("").unwrap();
+        assert_eq!((own.ejection, own.failure_limit), (Ejection::Memring, 3));
+        let twemproxy = parse("ejection = \"twemproxy\"").unwrap();
+        assert_eq!(
+            (twemproxy.ejection, twemproxy.failure_limit),
+            (
+                Ejection::Twemproxy {
+                    retry: Duration::from_millis(30_000)
+                },
+                2
+            ),
+            "server_retry_timeout and server_failure_limit as nutcracker's defaults"
+        );
+        let set =
+            parse("ejection = \"twemproxy\"\nretry_timeout_ms = 3000\nfailure_limit = 5").unwrap();
+        assert_eq!(
+            (set.ejection, set.failure_limit),
+            (
+                Ejection::Twemproxy {
+                    retry: Duration::from_millis(3000)
+                },
+                5
+            )
+        );
+        let message = error_of(&format!("retry_timeout_ms = 3000\n{GOOD}"));
+        assert!(
+            message.starts_with(
+                "memring.toml:1:20: retry_timeout_ms applies to ejection = \"twemproxy\""
+            ),
+            "{message}"
+        );
+        let message = error_of(&format!("ejection = \"nutcracker\"\n{GOOD}"));
+        assert!(
+            message.ends_with(
+                "ejection = \"nutcracker\" is not an ejection timing (one of: memring, twemproxy)"
+            ),
             "{message}"
         );
     }

@@ -10,6 +10,17 @@
 
 use std::fmt::Write as _;
 
+use memring::config::{DEFAULT_RETRY_TIMEOUT_MS, TWEMPROXY_FAILURE_LIMIT};
+
+/// memring's listen backlog (`server.rs`), for the `backlog:` note.
+const LISTEN_BACKLOG: u32 = 4096;
+/// The largest `connect_timeout_ms` memring accepts.
+const MAX_CONNECT_TIMEOUT_MS: u64 = 60_000;
+/// The largest `request_timeout_ms` memring accepts.
+const MAX_REQUEST_TIMEOUT_MS: u64 = 600_000;
+/// The largest `connections_per_server` memring accepts.
+const MAX_CONNECTIONS_PER_SERVER: u64 = 64;
+
 /// One pool of a nutcracker.yml, in file order.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Pool {
@@ -54,20 +65,32 @@ pub(crate) fn twemproxy(text: &str, pool: Option<&str>) -> Result<(String, Vec<S
 }
 
 fn translate(pool: &Pool) -> Result<(String, Vec<String>), String> {
+    let setting = |name: &str| {
+        pool.settings
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    };
+    let number = |key: &str, value: &str| {
+        value
+            .parse::<u64>()
+            .map_err(|_| format!("{key}: `{value}` is not a number"))
+    };
+    let boolean = |key: &str, value: &str| match value {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(format!("{key}: `{value}` is not true or false")),
+    };
+    let eject = match setting("auto_eject_hosts") {
+        Some(value) => boolean("auto_eject_hosts", value)?,
+        None => false,
+    };
+    // Each setting's lines: comments saying how it maps, then the settings.
     let mut lines: Vec<String> = Vec::new();
     let mut unmapped: Vec<String> = Vec::new();
     let mut listen = None;
     for (key, value) in &pool.settings {
-        let number = || {
-            value
-                .parse::<u64>()
-                .map_err(|_| format!("{key}: `{value}` is not a number"))
-        };
-        let boolean = || match value.as_str() {
-            "true" => Ok(true),
-            "false" => Ok(false),
-            _ => Err(format!("{key}: `{value}` is not true or false")),
-        };
+        let value = value.as_str();
         match key.as_str() {
             "listen" => {
                 if value.starts_with('/') {
@@ -83,46 +106,196 @@ fn translate(pool: &Pool) -> Result<(String, Vec<String>), String> {
                         unmapped.push(format!("listen permissions in `{value}`"));
                         format!("{host}:{port}")
                     }
-                    _ => value.clone(),
+                    _ => value.to_string(),
                 };
                 listen = Some(addr);
             }
-            "hash" => lines.push(format!("hash = \"{value}\"")),
-            "hash_tag" => lines.push(format!("hash_tag = \"{}\"", escape(value))),
-            "distribution" if value == "ketama" => {}
+            "hash" => {
+                lines.push(format!("# hash: {value} -> hash, the same function"));
+                lines.push(format!("hash = \"{value}\""));
+            }
+            "hash_tag" => {
+                lines.push(format!(
+                    "# hash_tag: \"{}\" -> hash_tag: keys are placed by the part between the two, as in twemproxy",
+                    escape(value)
+                ));
+                lines.push(format!("hash_tag = \"{}\"", escape(value)));
+            }
+            "distribution" if value == "ketama" => lines.push(
+                "# distribution: ketama -> ring = \"twemproxy\" (its ketama, point for point)".into(),
+            ),
             "distribution" => {
                 return Err(format!(
                     "distribution: {value} cannot be reproduced; memring reproduces ketama only"
                 ))
             }
-            "timeout" => lines.push(format!("request_timeout_ms = {}", number()?)),
-            "server_connections" => {
-                let n = number()?;
+            "timeout" => {
+                let ms = number(key, value)?;
+                let request = ms.clamp(1, MAX_REQUEST_TIMEOUT_MS);
+                let connect = ms.clamp(1, MAX_CONNECT_TIMEOUT_MS);
+                let limited = |kept: u64, max: u64| {
+                    if kept == ms {
+                        String::new()
+                    } else {
+                        format!(" (at most {max} ms in memring)")
+                    }
+                };
                 lines.push(format!(
-                    "# server_connections: {n} -> connections_per_server, which is per worker: \
-                     with the default one worker, {n} connection(s) to each server, as nutcracker"
+                    "# timeout: {ms} -> request_timeout_ms{} (how long a server may make no progress on what it owes),",
+                    limited(request, MAX_REQUEST_TIMEOUT_MS)
                 ));
-                lines.push(format!("connections_per_server = {n}"));
+                lines.push(format!(
+                    "# and connect_timeout_ms{}: twemproxy's timeout also covers the connect a request waits for",
+                    limited(connect, MAX_CONNECT_TIMEOUT_MS)
+                ));
+                lines.push(format!("request_timeout_ms = {request}"));
+                lines.push(format!("connect_timeout_ms = {connect}"));
             }
-            "auto_eject_hosts" => lines.push(format!("auto_eject = {}", boolean()?)),
-            "server_failure_limit" => lines.push(format!("failure_limit = {}", number()?)),
-            "client_connections" => match number()? {
-                0 => {}
-                n => lines.push(format!("max_client_connections = {n}")),
+            "server_connections" => {
+                let n = number(key, value)?;
+                let kept = n.clamp(1, MAX_CONNECTIONS_PER_SERVER);
+                lines.push(format!(
+                    "# server_connections: {n} -> connections_per_server, which is per worker: with the default"
+                ));
+                lines.push(format!(
+                    "# workers = 1, {kept} connection(s) to each server as in nutcracker; with workers = W, W x {kept}{}",
+                    if kept == n {
+                        String::new()
+                    } else {
+                        format!(" (memring allows at most {MAX_CONNECTIONS_PER_SERVER})")
+                    }
+                ));
+                lines.push(format!("connections_per_server = {kept}"));
+            }
+            "auto_eject_hosts" => {
+                lines.push(format!(
+                    "# auto_eject_hosts: {value} -> auto_eject{}",
+                    if eject {
+                        ": a failing server's keys go to the next server clockwise"
+                    } else {
+                        ": a failing server's keys are not moved"
+                    }
+                ));
+                lines.push(format!("auto_eject = {eject}"));
+            }
+            "server_failure_limit" if eject => {
+                number(key, value)?;
+            }
+            "server_failure_limit" => {
+                number(key, value)?;
+                lines.push(format!(
+                    "# server_failure_limit: {value} is not carried: without auto_eject_hosts twemproxy ignores it, and so"
+                ));
+                lines.push(
+                    "# does ejection = \"twemproxy\" with auto_eject = false: no server is ever DEAD, each request tries it"
+                        .into(),
+                );
+            }
+            "server_retry_timeout" if eject => {
+                number(key, value)?;
+            }
+            "server_retry_timeout" => {
+                number(key, value)?;
+                lines.push(format!(
+                    "# server_retry_timeout: {value} is not carried: it matters only with auto_eject_hosts: true"
+                ));
+            }
+            "client_connections" => match number(key, value)? {
+                0 => lines.push(format!(
+                    "# client_connections: 0 (no limit) -> memring's default max_client_connections = {}",
+                    memring::config::DEFAULT_MAX_CLIENT_CONNECTIONS
+                )),
+                n => {
+                    lines.push(format!("# client_connections: {n} -> max_client_connections"));
+                    lines.push(format!("max_client_connections = {n}"));
+                }
             },
-            "redis" if boolean()? => {
+            "redis" if boolean(key, value)? => {
                 return Err("redis: true; memring proxies memcached only".to_string())
             }
-            "redis" => {}
-            "server_retry_timeout" => unmapped.push(format!(
-                "server_retry_timeout: {value} (memring probes a DEAD server and restores it as soon as it answers)"
-            )),
-            "backlog" => unmapped.push(format!("backlog: {value} (memring listens with a 4096 backlog)")),
-            "preconnect" => unmapped.push(format!(
-                "preconnect: {value} (memring connects to every server at start)"
-            )),
-            _ => unmapped.push(format!("{key}: {value}")),
+            "redis" => lines.push("# redis: false -> memcached is all memring speaks".into()),
+            "backlog" => {
+                number(key, value)?;
+                lines.push(format!(
+                    "# backlog: {value} has no setting: memring listens with a backlog of {LISTEN_BACKLOG} (the kernel caps it at net.core.somaxconn)"
+                ));
+                unmapped.push(format!("backlog: {value} (memring listens with a {LISTEN_BACKLOG} backlog)"));
+            }
+            "preconnect" => {
+                boolean(key, value)?;
+                lines.push(format!(
+                    "# preconnect: {value} has no setting: memring always connects to every server at start and after each change"
+                ));
+                unmapped.push(format!(
+                    "preconnect: {value} (memring connects to every server at start)"
+                ));
+            }
+            _ => {
+                lines.push(format!("# {key}: {value} has no memring equivalent"));
+                unmapped.push(format!("{key}: {value}"));
+            }
         }
+    }
+    if setting("auto_eject_hosts").is_none() {
+        lines.push(
+            "# auto_eject_hosts: not set, false in twemproxy as auto_eject in memring: a failing server's keys are not moved"
+                .to_string(),
+        );
+    }
+    if setting("timeout").is_none() {
+        lines.push(
+            "# timeout: not set, so nutcracker waits for a server as long as it takes; memring cannot: it uses its".to_string());
+        lines.push(format!(
+            "# defaults request_timeout_ms = {} and connect_timeout_ms = {}",
+            memring::config::DEFAULT_REQUEST_TIMEOUT_MS,
+            memring::config::DEFAULT_CONNECT_TIMEOUT_MS
+        ));
+    }
+    // Ejection follows nutcracker's clock, so that both proxies eject and
+    // return a server at the same moment while they run side by side.
+    lines.push(
+        "# ejection = \"twemproxy\": a server is ejected and tried again on nutcracker's clock, never flushed".into(),
+    );
+    lines.push("ejection = \"twemproxy\"".into());
+    if eject {
+        let (limit, limit_from) = match setting("server_failure_limit") {
+            Some(value) => (
+                number("server_failure_limit", value)?,
+                "server_failure_limit",
+            ),
+            None => (
+                TWEMPROXY_FAILURE_LIMIT,
+                "nutcracker's default server_failure_limit",
+            ),
+        };
+        let (retry, retry_from) = match setting("server_retry_timeout") {
+            Some(value) => (
+                number("server_retry_timeout", value)?,
+                "server_retry_timeout",
+            ),
+            None => (
+                DEFAULT_RETRY_TIMEOUT_MS,
+                "nutcracker's default server_retry_timeout",
+            ),
+        };
+        if !(1..=1000).contains(&limit) {
+            return Err(format!(
+                "server_failure_limit: {limit}; memring counts 1 to 1000 failures"
+            ));
+        }
+        if retry > 86_400_000 {
+            return Err(format!(
+                "server_retry_timeout: {retry}; memring waits at most 86400000 ms (a day)"
+            ));
+        }
+        lines.push(format!(
+            "# {limit_from}: {limit} -> failure_limit: ejected after {limit} failures with no answer between"
+        ));
+        lines.push(format!("failure_limit = {limit}"));
+        lines.push(format!(
+            "# {retry_from}: {retry} -> retry_timeout_ms: back in the ring {retry} ms after its ejection"
+        ));
+        lines.push(format!("retry_timeout_ms = {retry}"));
     }
     let listen = listen.ok_or("the pool has no listen:")?;
     if pool.servers.is_empty() {
@@ -139,9 +312,6 @@ fn translate(pool: &Pool) -> Result<(String, Vec<String>), String> {
         out,
         "# ring = \"twemproxy\" places every key on the server twemproxy chose."
     );
-    for note in &unmapped {
-        let _ = writeln!(out, "# no memring equivalent: {note}");
-    }
     let _ = writeln!(out, "listen = \"{}\"", escape(&listen));
     let _ = writeln!(out, "ring = \"twemproxy\"");
     for line in &lines {
@@ -331,9 +501,145 @@ beta:
         assert_eq!(config.servers[0].name, "127.0.0.1:11211");
         assert_eq!(config.servers[1].name, "cache-b");
         assert_eq!(config.servers[1].weight, 2);
-        assert_eq!(unmapped.len(), 1, "{unmapped:?}");
-        assert!(unmapped[0].starts_with("server_retry_timeout"));
-        assert!(toml.contains("# no memring equivalent: server_retry_timeout"));
+        assert!(unmapped.is_empty(), "{unmapped:?}");
+        assert_eq!(
+            config.ejection,
+            memring::config::Ejection::Twemproxy {
+                retry: std::time::Duration::from_millis(2000)
+            }
+        );
+        assert_eq!(config.connect_timeout.as_millis(), 400);
+        // Every setting of the pool says how it maps, in a comment.
+        for key in [
+            "hash",
+            "hash_tag",
+            "distribution",
+            "auto_eject_hosts",
+            "timeout",
+            "redis",
+            "server_retry_timeout",
+            "server_failure_limit",
+        ] {
+            assert!(
+                toml.lines().any(|l| l.starts_with(&format!("# {key}: "))),
+                "{key}:\n{toml}"
+            );
+        }
+    }
+
+    /// The pool `p` with `settings` (YAML lines, indented) and one server.
+    fn one_pool(settings: &str) -> String {
+        format!("p:\n  listen: 127.0.0.1:22121\n{settings}  servers:\n   - 127.0.0.1:11211:1\n")
+    }
+
+    fn load(toml: &str) -> memring::config::Config {
+        memring::config::Config::parse(toml, "imported.toml")
+            .unwrap_or_else(|e| panic!("{e}\n{toml}"))
+    }
+
+    #[test]
+    fn a_failure_limit_without_auto_eject_is_not_carried_and_no_server_is_ever_dead() {
+        let (toml, _) = twemproxy(
+            &one_pool("  server_failure_limit: 1\n  server_retry_timeout: 500\n"),
+            None,
+        )
+        .unwrap();
+        let config = load(&toml);
+        assert!(!config.auto_eject);
+        assert!(matches!(
+            config.ejection,
+            memring::config::Ejection::Twemproxy { .. }
+        ));
+        assert!(!toml.contains("failure_limit ="), "{toml}");
+        assert!(!toml.contains("retry_timeout_ms ="), "{toml}");
+        assert!(
+            toml.contains("# server_failure_limit: 1 is not carried: without auto_eject_hosts twemproxy ignores it"),
+            "{toml}"
+        );
+        let timing = memring::backend::timing_for(&config);
+        assert_eq!(
+            timing,
+            memring::backend::health::Timing::Twemproxy {
+                eject: false,
+                retry: std::time::Duration::from_millis(30_000)
+            }
+        );
+    }
+
+    #[test]
+    fn auto_eject_without_limits_gets_nutcrackers_defaults_written_out() {
+        let (toml, _) = twemproxy(&one_pool("  auto_eject_hosts: true\n"), None).unwrap();
+        let config = load(&toml);
+        assert!(config.auto_eject);
+        assert_eq!(config.failure_limit, 2);
+        assert!(toml.contains("\nfailure_limit = 2\n"), "{toml}");
+        assert!(toml.contains("\nretry_timeout_ms = 30000\n"), "{toml}");
+        assert!(
+            toml.contains("# nutcracker's default server_retry_timeout: 30000 -> retry_timeout_ms"),
+            "{toml}"
+        );
+    }
+
+    #[test]
+    fn a_pool_without_timeout_is_told_memrings_defaults() {
+        let (toml, _) = twemproxy(&one_pool(""), None).unwrap();
+        let config = load(&toml);
+        assert_eq!(config.request_timeout.as_millis(), 1000);
+        assert!(
+            toml.contains("# defaults request_timeout_ms = 1000 and connect_timeout_ms = 500"),
+            "{toml}"
+        );
+    }
+
+    #[test]
+    fn values_beyond_memrings_limits_are_capped_and_said_so() {
+        let (toml, _) = twemproxy(
+            &one_pool("  timeout: 120000\n  server_connections: 100\n"),
+            None,
+        )
+        .unwrap();
+        let config = load(&toml);
+        assert_eq!(config.request_timeout.as_millis(), 120_000);
+        assert_eq!(config.connect_timeout.as_millis(), 60_000);
+        assert_eq!(config.connections_per_server, 64);
+        assert!(
+            toml.contains("connect_timeout_ms (at most 60000 ms in memring)"),
+            "{toml}"
+        );
+        assert!(toml.contains("(memring allows at most 64)"), "{toml}");
+    }
+
+    #[test]
+    fn the_caps_are_memrings_own_limits() {
+        let base = "listen = \"127.0.0.1:1\"\n[[servers]]\naddr = \"127.0.0.1:2\"\n";
+        for (key, max) in [
+            ("connect_timeout_ms", MAX_CONNECT_TIMEOUT_MS),
+            ("request_timeout_ms", MAX_REQUEST_TIMEOUT_MS),
+            ("connections_per_server", MAX_CONNECTIONS_PER_SERVER),
+        ] {
+            let at = |n: u64| memring::config::Config::parse(&format!("{key} = {n}\n{base}"), "m");
+            assert!(at(max).is_ok(), "{key} = {max}");
+            assert!(at(max + 1).is_err(), "{key} = {}", max + 1);
+        }
+    }
+
+    #[test]
+    fn settings_without_an_equivalent_are_listed_and_commented() {
+        let (toml, unmapped) = twemproxy(
+            &one_pool("  preconnect: true\n  backlog: 1024\n  client_connections: 0\n  tcpkeepalive: true\n"),
+            None,
+        )
+        .unwrap();
+        load(&toml);
+        assert_eq!(unmapped.len(), 3, "{unmapped:?}");
+        for expected in [
+            "# preconnect: true has no setting: memring always connects to every server at start",
+            "# backlog: 1024 has no setting: memring listens with a backlog of 4096",
+            "# client_connections: 0 (no limit) -> memring's default max_client_connections = 16384",
+            "# tcpkeepalive: true has no memring equivalent",
+        ] {
+            assert!(toml.contains(expected), "{expected}\n{toml}");
+        }
     }
 
     #[test]

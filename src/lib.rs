@@ -45,6 +45,7 @@
 pub mod admin;
 pub mod backend;
 mod client_slots;
+mod clock;
 pub mod config;
 pub mod error;
 pub mod fd_budget;

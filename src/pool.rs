@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::health::HealthState;
 use crate::backend::{Backend, PoolHooks};
 use crate::client_slots::ClientSlots;
-use crate::config::{Config, ServerConfig};
+use crate::config::{Config, Ejection, ServerConfig};
 use crate::fd_budget::{FdBudget, FdShortage};
 use crate::stats::Stats;
 use crate::topology::{Change, Previous, SharedTopology, Topology};
@@ -204,6 +204,26 @@ impl Publisher {
         })
     }
 
+    /// The earliest moment a DEAD server is due back in the ring
+    /// (`ejection = "twemproxy"`), if one is waiting for it.
+    pub fn next_retry(&self) -> Option<std::time::Instant> {
+        self.topology
+            .load()
+            .backends
+            .iter()
+            .filter_map(|b| b.retry_at())
+            .min()
+    }
+
+    /// Puts back every DEAD server whose retry is due; true if any was.
+    pub fn retry_due(&self) -> bool {
+        let now = std::time::Instant::now();
+        let topology = self.topology.load();
+        // Every backend is ticked: no short cut after the first one due.
+        let due: Vec<bool> = topology.backends.iter().map(|b| b.tick(now)).collect();
+        due.contains(&true)
+    }
+
     /// When the current hand-off window ends, if there is one.
     pub fn window_end(&self) -> Option<std::time::Instant> {
         self.topology.load().previous.as_ref().map(|p| p.until)
@@ -241,13 +261,16 @@ impl Publisher {
         // previous owner is DEAD) starts a hand-off window from the ring in
         // force; the window before it, if any, is dropped. Otherwise a
         // running window carries on unchanged.
+        // With twemproxy timing a returning server was not flushed and
+        // nutcracker reads its keys from it at once, so memring does too.
         let window = new.config.handoff;
+        let restore_hands_off = new.config.ejection == Ejection::Memring;
         let starts = !window.is_zero()
             && change.moved_share > 0.0
             && (!change.added.is_empty()
                 || !change.removed.is_empty()
                 || !change.reweighted.is_empty()
-                || !change.restored.is_empty());
+                || (restore_hands_off && !change.restored.is_empty()));
         if starts {
             let previous = Previous::new(old.ring.clone(), old.members(), window);
             change.handoff = Some(Box::new((window.as_millis() as u64, previous.until_unix)));
@@ -335,6 +358,11 @@ fn forget_gone(stats: &Stats, old: &Topology, new: &Topology) {
 /// read again. Its return is then a join with a hand-off window, so its keys
 /// are read through from the servers that held them meanwhile.
 ///
+/// With `ejection = "twemproxy"` a DEAD server returns when its
+/// `retry_timeout_ms` has passed, woken here on time, and neither flush nor
+/// hand-off happens: nutcracker does neither, and a flush would empty a
+/// server whose keys nutcracker reads again at that very moment.
+///
 /// The same task ends hand-off windows when they are over.
 pub(crate) async fn eject_on_health_changes(
     publisher: Arc<Publisher>,
@@ -345,6 +373,7 @@ pub(crate) async fn eject_on_health_changes(
         // ended on time without a wake-up from the reloader.
         let tick = std::time::Instant::now() + std::time::Duration::from_secs(1);
         let tick = publisher.window_end().map_or(tick, |end| end.min(tick));
+        let tick = publisher.next_retry().map_or(tick, |at| at.min(tick));
         tokio::select! {
             () = publisher.health_changed() => {}
             () = tokio::time::sleep_until(tick.into()) => {
@@ -361,12 +390,15 @@ pub(crate) async fn eject_on_health_changes(
                         );
                     });
                 }
-                continue;
+                if !publisher.retry_due() {
+                    continue;
+                }
             }
             () = shutdown.cancelled() => return,
         }
         let mut hold = Vec::new();
-        for (name, addr) in publisher.returning() {
+        let flushes = publisher.topology.load().config.ejection == Ejection::Memring;
+        for (name, addr) in publisher.returning().into_iter().filter(|_| flushes) {
             let settings = {
                 let topology = publisher.topology.load();
                 crate::backend::BackendSettings::from_config(&topology.config)

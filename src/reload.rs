@@ -247,6 +247,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         shutdown_grace,
         auto_eject,
         failure_limit,
+        ejection,
         client_idle_timeout,
         admin_listen,
         replicas,
@@ -310,8 +311,12 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             String::from_utf8_lossy(&t).into_owned()
         })
     };
+    let retry = |e: &crate::config::Ejection| match e {
+        crate::config::Ejection::Twemproxy { retry } => ms(retry),
+        crate::config::Ejection::Memring => "(memring ejection)".to_string(),
+    };
     let hot = &old.hot_keys;
-    let rows: [(&'static str, String, String, bool); 32] = [
+    let rows: [(&'static str, String, String, bool); 34] = [
         (
             "ring",
             old.ring.flavour.name().to_string(),
@@ -384,6 +389,18 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             "failure_limit",
             old.failure_limit.to_string(),
             failure_limit.to_string(),
+            false,
+        ),
+        (
+            "ejection",
+            old.ejection.name().to_string(),
+            ejection.name().to_string(),
+            false,
+        ),
+        (
+            "retry_timeout_ms",
+            retry(&old.ejection),
+            retry(ejection),
             false,
         ),
         (
@@ -844,6 +861,28 @@ mod tests {
             ]
         );
         assert!(setting_changes(&old, &old).is_empty());
+    }
+
+    #[test]
+    fn a_change_of_ejection_timing_is_shown_and_applied_live() {
+        let text = "listen = \"127.0.0.1:1\"\n[[servers]]\naddr = \"127.0.0.1:2\"\n";
+        let old = Config::parse(text, "a").unwrap();
+        let new = Config::parse(
+            &format!("ejection = \"twemproxy\"\nretry_timeout_ms = 3000\n{text}"),
+            "a",
+        )
+        .unwrap();
+        let changes = setting_changes(&old, &new);
+        let shown: Vec<String> = changes.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            [
+                "failure_limit 3 -> 2",
+                "ejection memring -> twemproxy",
+                "retry_timeout_ms (memring ejection) -> 3000"
+            ]
+        );
+        assert!(changes.iter().all(|c| !c.restart_only));
     }
 
     #[test]

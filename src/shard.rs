@@ -49,6 +49,8 @@ pub(crate) struct WorkerCtx {
     pub(crate) budget: usize,
     /// This worker's hot-key counts, requests in flight and windows.
     pub(crate) hot: Rc<HotWorker>,
+    /// The time of this worker's current turn.
+    pub(crate) clock: Rc<crate::clock::TurnClock>,
 }
 
 impl WorkerCtx {
@@ -72,6 +74,7 @@ impl WorkerCtx {
             owed: Cell::new(0),
             budget,
             hot,
+            clock: Rc::new(crate::clock::TurnClock::new()),
         }
     }
 
@@ -84,7 +87,7 @@ impl WorkerCtx {
                 return conn.clone();
             }
         }
-        let conn = Conn::new(shared.clone());
+        let conn = Conn::new(shared.clone(), self.clock.clone());
         let mut conns = self.conns.borrow_mut();
         // Connections of retired servers end by themselves; forget them here.
         conns.retain(|_, c| !c.is_closed());

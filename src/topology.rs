@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use crate::backend::health::Timing;
 use crate::backend::{Backend, BackendSettings, PoolHooks};
 use crate::config::{Config, ServerConfig};
 use crate::protocol::Limits;
@@ -97,13 +98,14 @@ impl Topology {
         hooks: &PoolHooks,
     ) -> Box<[Arc<Backend>]> {
         let settings = BackendSettings::from_config(config);
+        let timing = crate::backend::timing_for(config);
         config
             .servers
             .iter()
             .map(|server| {
                 previous
-                    .and_then(|p| p.backend_for(server, settings))
-                    .unwrap_or_else(|| Backend::new(server, settings, hooks))
+                    .and_then(|p| p.backend_for(server, settings, timing))
+                    .unwrap_or_else(|| Backend::with_timing(server, settings, timing, hooks))
             })
             .collect()
     }
@@ -232,6 +234,7 @@ impl Topology {
         &self,
         server: &ServerConfig,
         settings: BackendSettings,
+        timing: Timing,
     ) -> Option<Arc<Backend>> {
         self.backends
             .iter()
@@ -240,6 +243,7 @@ impl Topology {
                     && b.addr() == server.addr
                     && b.settings() == settings
                     && b.tls() == server.tls
+                    && b.timing() == timing
             })
             .cloned()
     }

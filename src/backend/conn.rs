@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::health::{HealthEvent, HealthState};
 use crate::backend::slot::{Got, Slot};
 use crate::backend::Shared;
+use crate::clock::TurnClock;
 use crate::error::BackendErrorKind;
 use crate::outbuf::OutQueue;
 use crate::protocol::meta::reply::MetaReplyError;
@@ -85,6 +86,8 @@ struct State {
 /// One worker's connection to one server.
 pub(crate) struct Conn {
     shared: Arc<Shared>,
+    /// The worker's turn time: when a request was queued.
+    clock: Rc<TurnClock>,
     state: RefCell<State>,
     /// Wakes the task: requests were queued.
     wake: Notify,
@@ -99,9 +102,10 @@ impl std::fmt::Debug for Conn {
 }
 
 impl Conn {
-    pub(crate) fn new(shared: Arc<Shared>) -> Rc<Conn> {
+    pub(crate) fn new(shared: Arc<Shared>, clock: Rc<TurnClock>) -> Rc<Conn> {
         Rc::new(Conn {
             shared,
+            clock,
             state: RefCell::new(State {
                 phase: Phase::Connecting,
                 queued: OutQueue::default(),
@@ -147,10 +151,12 @@ impl Conn {
         if let Phase::BackingOff(kind) = state.phase {
             return Err(kind);
         }
-        let now = Instant::now();
+        let now = self.clock.now();
         if state.waiting.is_empty() {
-            // The server owed nothing: its time starts now.
-            state.progress = now;
+            // The server owed nothing: its time starts now (the OS clock:
+            // the turn's time may be older than the connection's last
+            // progress).
+            state.progress = Instant::now();
         }
         let tagged = match (&expect, request.first()) {
             (Expect::Meta { command, .. }, Some(first)) if echoes_opaque(*command) => {
@@ -398,9 +404,10 @@ where
                     },
                     Ok(_) => {}
                 }
-                conn.state.borrow_mut().progress = Instant::now();
+                let now = Instant::now();
+                conn.state.borrow_mut().progress = now;
                 confirmed = false;
-                match deliver(conn, &mut read_buf) {
+                match deliver(conn, &mut read_buf, now) {
                     Err(kind) => break Err(kind),
                     Ok(delivered) => {
                         if delivered.probe {
@@ -478,7 +485,12 @@ struct Delivered {
 
 /// Cuts every complete reply piece off the buffer and hands it to its
 /// waiter, oldest first.
-fn deliver(conn: &Conn, read_buf: &mut BytesMut) -> Result<Delivered, BackendErrorKind> {
+/// `now` is when the bytes were read.
+fn deliver(
+    conn: &Conn,
+    read_buf: &mut BytesMut,
+    now: Instant,
+) -> Result<Delivered, BackendErrorKind> {
     let shared = &conn.shared;
     let max_value = shared.max_reply_value();
     let mut delivered = Delivered::default();
@@ -519,7 +531,6 @@ fn deliver(conn: &Conn, read_buf: &mut BytesMut) -> Result<Delivered, BackendErr
                     bytes = untag(&bytes, tag).map_err(protocol_error)?;
                 }
                 let waiting = state.waiting.pop_front().expect("front exists");
-                let now = Instant::now();
                 // The next request's time starts when this one is answered.
                 state.progress = now;
                 if waiting.probe {
@@ -640,7 +651,7 @@ mod tests {
                 max_value_bytes: None,
             };
             let backend = Backend::new(&server, settings, &hooks);
-            let conn = Conn::new(backend.shared().clone());
+            let conn = Conn::new(backend.shared().clone(), Rc::new(TurnClock::new()));
             let drain = CancellationToken::new();
             tokio::task::spawn_local(run(conn.clone(), drain.clone()));
             let wake = Rc::new(Notify::new());

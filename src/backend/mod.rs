@@ -10,15 +10,15 @@ pub mod slot;
 
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, ServerConfig};
+use crate::config::{Config, Ejection, ServerConfig};
 use crate::error::{BackendError, BackendErrorKind};
 use crate::stats::{BackendMetrics, Stats};
-use health::{Health, HealthEvent, HealthState};
+use health::{Health, HealthEvent, HealthState, Rules, Timing, Transition};
 
 /// Connection settings shared by all backends of one configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +48,18 @@ impl BackendSettings {
     }
 }
 
+/// How the health of the servers of `config` is timed (`ejection`,
+/// `auto_eject`, `retry_timeout_ms`).
+pub fn timing_for(config: &Config) -> Timing {
+    match config.ejection {
+        Ejection::Memring => Timing::Probe,
+        Ejection::Twemproxy { retry } => Timing::Twemproxy {
+            eject: config.auto_eject,
+            retry,
+        },
+    }
+}
+
 /// Health state labels for metrics, ACTIVE first.
 pub const STATE_LABELS: [&str; 3] = ["ACTIVE", "SUSPECT", "DEAD"];
 
@@ -60,13 +72,18 @@ pub(crate) struct Shared {
     pub(crate) name: Arc<str>,
     pub(crate) addr: String,
     pub(crate) settings: BackendSettings,
+    /// When a DEAD server is tried again (the `ejection` setting).
+    timing: Timing,
     health: Mutex<Health>,
     state: AtomicU8,
     /// Woken when this server becomes DEAD or stops being DEAD.
     health_changed: Arc<Notify>,
     pub(crate) metrics: BackendMetrics,
     /// Woken when any connection hears from the server, so that connections
-    /// backing off after failures reconnect at once.
+    /// backing off after failures reconnect at once; with twemproxy timing
+    /// also when the server is put back into the ring and when a request
+    /// fails on a connection that is backing off (nutcracker connects anew
+    /// for each such request, and each failed connect counts).
     pub(crate) heard_from: Notify,
     /// Cancelled when no topology holds this backend any more: connections
     /// finish what they owe, then close.
@@ -95,6 +112,9 @@ impl Shared {
     /// The error for a failed request, counted once here. Allocates nothing.
     pub(crate) fn error(&self, kind: BackendErrorKind) -> BackendError {
         self.metrics.error(kind.index());
+        if let (Timing::Twemproxy { .. }, true) = (self.timing, connection_failure(kind)) {
+            self.heard_from.notify_waiters();
+        }
         BackendError {
             server: self.name.clone(),
             kind,
@@ -111,6 +131,13 @@ impl Shared {
         })
     }
 
+    fn rules(&self) -> Rules {
+        Rules {
+            failure_limit: self.settings.failure_limit,
+            timing: self.timing,
+        }
+    }
+
     /// Feeds the health state machine and logs a transition once.
     pub(crate) fn report(&self, event: HealthEvent) {
         if matches!(event, HealthEvent::Answered | HealthEvent::Probed) {
@@ -119,22 +146,57 @@ impl Shared {
         // Connections report once per connect, answer or failure, never per
         // request, so this lock is off the request path.
         let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(transition) = health.on(event, self.settings.failure_limit) {
-            self.state.store(transition.to.to_u8(), Ordering::Relaxed);
-            self.metrics.set_state(transition.to.as_str());
-            if transition.from == HealthState::Dead || transition.to == HealthState::Dead {
-                self.health_changed.notify_one();
-            }
-            match event {
-                HealthEvent::Failed(kind) => tracing::warn!(
+        if let Some(transition) = health.on(event, self.rules(), Instant::now()) {
+            self.publish(transition);
+            let (from, to) = (transition.from.as_str(), transition.to.as_str());
+            match (event, health.retry_at) {
+                (HealthEvent::Failed(kind), Some(_)) => tracing::warn!(
                     server = %self.name, addr = %self.addr,
-                    "server {} -> {}: {kind}", transition.from.as_str(), transition.to.as_str()
+                    "server {from} -> {to}: {kind}; ejected until retry_timeout_ms has passed"
                 ),
-                HealthEvent::Answered | HealthEvent::Probed => tracing::info!(
-                    server = %self.name, addr = %self.addr,
-                    "server {} -> {}", transition.from.as_str(), transition.to.as_str()
+                (HealthEvent::Failed(kind), None) => tracing::warn!(
+                    server = %self.name, addr = %self.addr, "server {from} -> {to}: {kind}"
+                ),
+                (HealthEvent::Answered | HealthEvent::Probed, _) => tracing::info!(
+                    server = %self.name, addr = %self.addr, "server {from} -> {to}"
                 ),
             }
+        }
+    }
+
+    /// With twemproxy timing, when this DEAD server is due back in the ring.
+    fn retry_at(&self) -> Option<Instant> {
+        self.health
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retry_at
+    }
+
+    /// Puts this server back into the ring if its retry is due at `now`
+    /// (twemproxy timing); true if it was.
+    fn tick(&self, now: Instant) -> bool {
+        let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(transition) = health.tick(now) else {
+            return false;
+        };
+        self.publish(transition);
+        tracing::info!(
+            server = %self.name, addr = %self.addr,
+            "server {} -> {}: retry_timeout_ms has passed, back in the ring untried",
+            transition.from.as_str(), transition.to.as_str()
+        );
+        // As nutcracker connects for the first request after the retry.
+        self.heard_from.notify_waiters();
+        true
+    }
+
+    /// Makes a transition visible: the state workers read, the metric, and
+    /// the pool's wake-up when DEAD was crossed.
+    fn publish(&self, transition: Transition) {
+        self.state.store(transition.to.to_u8(), Ordering::Relaxed);
+        self.metrics.set_state(transition.to.as_str());
+        if transition.from == HealthState::Dead || transition.to == HealthState::Dead {
+            self.health_changed.notify_one();
         }
     }
 
@@ -182,11 +244,21 @@ impl std::fmt::Debug for Backend {
 }
 
 impl Backend {
-    /// A backend for `server`. Connections are opened by each worker on
-    /// first use.
+    /// A backend for `server` with memring's own health timing.
+    /// Connections are opened by each worker on first use.
     pub fn new(
         server: &ServerConfig,
         settings: BackendSettings,
+        hooks: &PoolHooks,
+    ) -> Arc<Backend> {
+        Backend::with_timing(server, settings, Timing::Probe, hooks)
+    }
+
+    /// A backend for `server` whose health follows `timing`.
+    pub fn with_timing(
+        server: &ServerConfig,
+        settings: BackendSettings,
+        timing: Timing,
         hooks: &PoolHooks,
     ) -> Arc<Backend> {
         let shared = Arc::new(Shared {
@@ -194,6 +266,7 @@ impl Backend {
             name: server.name.as_str().into(),
             addr: server.addr.clone(),
             settings,
+            timing,
             health: Mutex::new(Health::default()),
             state: AtomicU8::new(HealthState::Active.to_u8()),
             health_changed: hooks.health_changed.clone(),
@@ -233,6 +306,22 @@ impl Backend {
         self.shared.settings
     }
 
+    /// How this server's health is timed.
+    pub fn timing(&self) -> Timing {
+        self.shared.timing
+    }
+
+    /// With twemproxy timing, when this DEAD server goes back into the ring.
+    pub fn retry_at(&self) -> Option<Instant> {
+        self.shared.retry_at()
+    }
+
+    /// Puts this server back into the ring if its retry is due at `now`;
+    /// true if it was (the pool then publishes its return).
+    pub fn tick(&self, now: Instant) -> bool {
+        self.shared.tick(now)
+    }
+
     /// This server's metric handles.
     pub fn metrics(&self) -> &BackendMetrics {
         &self.shared.metrics
@@ -254,5 +343,20 @@ impl Backend {
     /// The error a request to this server gets for `kind` (counted).
     pub fn error(&self, kind: BackendErrorKind) -> BackendError {
         self.shared.error(kind)
+    }
+}
+
+/// A failure to reach the server or keep a connection to it, which nutcracker
+/// counts (each closed server connection): not a protocol error, a removed
+/// backend, or the fail-fast answer of a DEAD server.
+fn connection_failure(kind: BackendErrorKind) -> bool {
+    match kind {
+        BackendErrorKind::Connect(_)
+        | BackendErrorKind::ConnectTimeout
+        | BackendErrorKind::Timeout
+        | BackendErrorKind::Closed
+        | BackendErrorKind::Io(_)
+        | BackendErrorKind::Tls(_) => true,
+        BackendErrorKind::Protocol(_) | BackendErrorKind::Gone | BackendErrorKind::Dead => false,
     }
 }

@@ -104,23 +104,27 @@ where
     let mut client = ClientSession::new(id, worker.clone());
     let mut input = BytesMut::with_capacity(FIRST_READ_BYTES);
     let settings = worker.settings;
-    let mut last_read = Instant::now();
+    let clock = worker.clock.clone();
+    let mut last_read = clock.tick();
     // When the incomplete request at the head of `input` began. The idle
     // timeout runs from here, not from the last read: a client trickling a
     // request byte by byte reads as busy but never completes it.
-    let mut partial_since = Instant::now();
-    let mut last_write = Instant::now();
+    let mut partial_since = last_read;
+    let mut last_write = last_read;
     let result = loop {
+        // One clock read per wake-up (at the end of the loop): what runs
+        // for this session until it waits again takes that time.
+        let now = clock.now();
         let unparsed = input.len();
         client.parse(&mut input);
         if input.len() < unparsed {
-            partial_since = Instant::now();
+            partial_since = now;
         }
         client.count_out();
         client.advance();
         client.count_out();
         if client.out.is_empty() {
-            last_write = Instant::now();
+            last_write = now;
         }
         client.out.seal();
         if client.closing && client.entries.is_empty() && client.out.is_empty() {
@@ -140,6 +144,9 @@ where
             (Some(idle), false) => Some(partial_since + idle),
             (None, false) => None,
         };
+        // What the arm below did: bytes written, bytes read (the first of a
+        // new request?).
+        let (mut wrote, mut got) = (false, None);
         tokio::select! {
             biased;
             () = client.wake.notified() => {}
@@ -149,7 +156,7 @@ where
                 match written {
                     Ok(Some(n)) => {
                         worker.stats.written_bytes(n);
-                        last_write = Instant::now();
+                        wrote = true;
                         unflushed = W::BUFFERS;
                     }
                     Ok(None) => unflushed = false,
@@ -160,15 +167,11 @@ where
                 match read {
                     Ok(0) => client.closing = true,
                     Ok(n) => {
-                        if n == input.len() {
-                            // The first bytes of a new request.
-                            partial_since = Instant::now();
-                        }
+                        got = Some(n == input.len());
                         worker.stats.read_bytes(n);
                     }
                     Err(e) => break Err(e),
                 }
-                last_read = Instant::now();
             }
             () = sleep_until_some(deadline), if deadline.is_some() => {
                 // Idle, stuck mid-request, or not reading its replies.
@@ -176,6 +179,16 @@ where
             }
             () = worker.shutdown.cancelled(), if !client.closing => {
                 client.closing = true;
+            }
+        }
+        let now = clock.tick();
+        if wrote {
+            last_write = now;
+        }
+        if let Some(first_bytes) = got {
+            last_read = now;
+            if first_bytes {
+                partial_since = now;
             }
         }
     };
@@ -471,9 +484,14 @@ impl ClientSession {
             // Replies memring makes itself (parse errors among them) are not
             // request latencies.
             if !matches!(entry.work, Work::Ready(_)) {
-                self.worker
-                    .stats
-                    .command_latency(entry.command, entry.started.elapsed().as_secs_f64());
+                self.worker.stats.command_latency(
+                    entry.command,
+                    self.worker
+                        .clock
+                        .now()
+                        .saturating_duration_since(entry.started)
+                        .as_secs_f64(),
+                );
             }
         }
     }

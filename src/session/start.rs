@@ -85,7 +85,7 @@ impl ClientSession {
             work,
             sent: false,
             reserved: 0,
-            started: Instant::now(),
+            started: self.worker.clock.now(),
             hot,
         });
     }

@@ -45,7 +45,6 @@ const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 /// already. Each is checked like any page once it exists; until then a link
 /// to it is not a broken link.
 const PENDING: &[&str] = &[
-    "docs/twemproxy.md",
     "docs/tls.md",
     "docs/discovery.md",
     "docs/kubernetes.md",

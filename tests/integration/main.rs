@@ -24,3 +24,4 @@ mod replication;
 mod resilience;
 mod sessions;
 mod tls;
+mod twemproxy;
