@@ -63,6 +63,18 @@ struct RawConfig {
     hot_key_cache_bytes: Option<Spanned<u64>>,
     tls_listen: Option<Spanned<RawTlsListen>>,
     backend_tls: Option<Spanned<RawBackendTls>>,
+    discovery: Option<Spanned<RawDiscovery>>,
+}
+
+/// `[discovery]`: where host names are looked up, how often, and whether the
+/// default pool's servers come from DNS.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDiscovery {
+    srv: Option<Spanned<String>>,
+    a: Option<Spanned<String>>,
+    interval_ms: Option<Spanned<u64>>,
+    resolver: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -187,6 +199,10 @@ pub struct Config {
     pub ring: Spec,
     /// Hot-key detection, coalescing and near cache (`hot_key_*`).
     pub hot_keys: HotKeySettings,
+    /// `[discovery]`: the DNS server and interval of host-name lookups, and
+    /// the records the default pool comes from (then `servers` is what DNS
+    /// said last, filled in by `discovery.rs`).
+    pub discovery: Discovery,
     /// What loading noticed about the servers but did not refuse: two
     /// spellings of one memcached, host names that do not resolve (yet).
     /// Part of [`Config::warnings`].
@@ -195,6 +211,47 @@ pub struct Config {
     pub tls_listen: Option<TlsListen>,
     /// `[backend_tls]`, read at start; required by servers with `tls = true`.
     pub backend_tls: Option<crate::tls::BackendFiles>,
+}
+
+/// The `[discovery]` table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Discovery {
+    /// Where the default pool's servers come from; `None`: `[[servers]]`.
+    pub source: Option<Source>,
+    /// How often host names and the discovery records are looked up again.
+    pub interval: Duration,
+    /// Where questions go (`resolver`, or the system's resolver).
+    pub dns: crate::resolve::Dns,
+}
+
+impl Default for Discovery {
+    fn default() -> Self {
+        Discovery {
+            source: None,
+            interval: Duration::from_millis(DEFAULT_DISCOVERY_INTERVAL_MS),
+            dns: crate::resolve::Dns::default(),
+        }
+    }
+}
+
+/// The DNS records that list the default pool's servers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// `srv = "_memcache._tcp.cache"`: each target `name:port` is a server,
+    /// placed on the ring by that name, weighted by the record's weight.
+    Srv(String),
+    /// `a = "cache:11211"`: each A/AAAA address of the name, with the port,
+    /// is a server, placed on the ring by `ip:port`.
+    A { host: String, port: u16 },
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Srv(name) => write!(f, "srv {name}"),
+            Source::A { host, port } => write!(f, "a {host}:{port}"),
+        }
+    }
 }
 
 /// What happens to a DEAD server (`ejection`).
@@ -220,6 +277,14 @@ impl Ejection {
         }
     }
 }
+
+/// Host names and discovery records are looked up again this often unless
+/// `[discovery] interval_ms` says otherwise: a pod that restarts with a new
+/// address is found within five seconds, at one question per name per five
+/// seconds.
+pub const DEFAULT_DISCOVERY_INTERVAL_MS: u64 = 5000;
+/// The DNS port, when `resolver` names an address only.
+pub const DNS_PORT: u16 = 53;
 
 /// The `hot_key_*` settings, read at start.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -321,10 +386,30 @@ impl Config {
     /// # Errors
     /// The text is not valid TOML or fails validation.
     pub fn parse_and_resolve(text: &str, path: &str) -> Result<Config, ConfigError> {
+        // The DNS server to ask is part of the text: read it first.
+        // (A file that fails without lookups fails below with the error the
+        // lookups lead to first.)
+        let dns =
+            Config::parse(text, path).map_or_else(|_| Default::default(), |c| c.discovery.dns);
         let system = |host: &str, port: u16| -> std::io::Result<Vec<SocketAddr>> {
             Ok((host, port).to_socket_addrs()?.collect())
         };
-        Config::parse_with(text, path, Some(&system))
+        let named = |host: &str, port: u16| -> std::io::Result<Vec<SocketAddr>> {
+            crate::resolve::block_on(|| async { dns.addresses(host, port).await })
+                .map_err(|e| std::io::Error::other(e.detail))
+        };
+        match dns.server {
+            None => Config::parse_with(text, path, Some(&system)),
+            Some(_) => Config::parse_with(text, path, Some(&named)),
+        }
+    }
+
+    /// This config with `servers` as its server list (what discovery found).
+    pub fn with_servers(&self, servers: Vec<ServerConfig>) -> Config {
+        Config {
+            servers,
+            ..self.clone()
+        }
     }
 
     fn parse_with(
@@ -383,11 +468,24 @@ impl Config {
             }
         }
 
-        if raw.servers.is_empty() {
-            return Err(at(
-                0..0,
-                "no [[servers]]: at least one server is needed".into(),
-            ));
+        let discovery = discovery_settings(raw.discovery.as_ref(), &at)?;
+        match (&discovery.source, raw.servers.first()) {
+            (None, None) => {
+                return Err(at(
+                    0..0,
+                    "no [[servers]]: at least one server is needed (or [discovery] with srv or a)"
+                        .into(),
+                ))
+            }
+            (Some(source), Some(first)) => {
+                return Err(at(
+                    first.span(),
+                    format!(
+                        "[[servers]] and [discovery] {source} both list the default pool's servers: keep one of them"
+                    ),
+                ))
+            }
+            _ => {}
         }
         let mut servers = Vec::with_capacity(raw.servers.len());
         let mut seen_addr: HashMap<String, usize> = HashMap::new();
@@ -669,6 +767,7 @@ impl Config {
             server_warnings,
             tls_listen,
             backend_tls,
+            discovery,
         })
     }
 
@@ -681,7 +780,7 @@ impl Config {
     /// still loads; `check`, start and reload print these.
     pub fn warnings(&self) -> Vec<String> {
         let mut warnings = Vec::new();
-        if self.replicas > self.servers.len() {
+        if self.replicas > self.servers.len() && !self.servers.is_empty() {
             warnings.push(format!(
                 "replicas = {} but only {} server{}: a key cannot have more copies than there are servers",
                 self.replicas,
@@ -940,6 +1039,117 @@ fn check_tls_files(
             .map_err(|e| at(span_of(&e), format!("backend_tls: {e}")))?;
     }
     Ok(())
+}
+
+/// The `[discovery]` table, validated.
+fn discovery_settings(
+    raw: Option<&Spanned<RawDiscovery>>,
+    at: &dyn Fn(Range<usize>, String) -> ConfigError,
+) -> Result<Discovery, ConfigError> {
+    let mut discovery = Discovery::default();
+    let Some(raw) = raw else {
+        return Ok(discovery);
+    };
+    let raw = raw.get_ref();
+    for text in [&raw.srv, &raw.a, &raw.resolver].into_iter().flatten() {
+        if let Some(byte) = refused_char(text.get_ref()) {
+            return Err(at(
+                text.span(),
+                format!("{:?} contains {byte}", text.get_ref()),
+            ));
+        }
+    }
+    discovery.source = match (&raw.srv, &raw.a) {
+        (Some(_), Some(a)) => {
+            return Err(at(a.span(), "[discovery] takes srv or a, not both".into()))
+        }
+        (Some(srv), None) => {
+            let name = srv.get_ref().trim().trim_end_matches('.');
+            if !is_dns_name(name) {
+                return Err(at(
+                    srv.span(),
+                    format!(
+                        "[discovery] srv = \"{}\" is not a DNS name (for example \"_memcache._tcp.cache.default.svc\"; no port: the records carry it)",
+                        srv.get_ref()
+                    ),
+                ));
+            }
+            Some(Source::Srv(name.to_string()))
+        }
+        (None, Some(a)) => {
+            let written = a.get_ref().trim();
+            let parsed = written
+                .rsplit_once(':')
+                .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
+                .filter(|(host, port)| *port > 0 && is_dns_name(host));
+            let Some((host, port)) = parsed else {
+                return Err(at(
+                    a.span(),
+                    format!(
+                        "[discovery] a = \"{}\" must be host:port, a DNS name and the port its servers listen on (for example \"cache.default.svc:11211\")",
+                        a.get_ref()
+                    ),
+                ));
+            };
+            Some(Source::A {
+                host: host.trim_end_matches('.').to_string(),
+                port,
+            })
+        }
+        (None, None) => None,
+    };
+    if let Some(interval) = &raw.interval_ms {
+        let range = 100..=3_600_000;
+        if !range.contains(interval.get_ref()) {
+            return Err(at(
+                interval.span(),
+                format!(
+                    "interval_ms = {} is out of range {}..={}",
+                    interval.get_ref(),
+                    range.start(),
+                    range.end()
+                ),
+            ));
+        }
+        discovery.interval = Duration::from_millis(*interval.get_ref());
+    }
+    if let Some(resolver) = &raw.resolver {
+        let written = resolver.get_ref().trim();
+        let server = written.parse::<SocketAddr>().ok().or_else(|| {
+            written
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<IpAddr>()
+                .ok()
+                .map(|ip| SocketAddr::new(ip, DNS_PORT))
+        });
+        match server {
+            Some(server) if server.port() > 0 => discovery.dns.server = Some(server),
+            _ => {
+                return Err(at(
+                    resolver.span(),
+                    format!(
+                        "resolver = \"{}\" must be the IP address of a DNS server, with a port if not 53 (for example \"127.0.0.1:5353\")",
+                        resolver.get_ref()
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(discovery)
+}
+
+/// Letters, digits, `-`, `_` and dots between labels: the names memring asks
+/// DNS about.
+fn is_dns_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
 }
 
 /// `ejection` and `retry_timeout_ms`.
@@ -1296,6 +1506,11 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("hot_key_coalesce", "true"),
     ("hot_key_cache_ms", "100"),
     ("hot_key_cache_bytes", "67108864"),
+    ("discovery", "{ interval_ms = 5000 }"),
+    ("srv", "\"_memcache._tcp.cache.default.svc\""),
+    ("a", "\"cache.default.svc:11211\""),
+    ("interval_ms", "5000"),
+    ("resolver", "\"127.0.0.1:5353\""),
     ("addr", "\"10.0.0.1:11211\""),
     ("weight", "2"),
     ("name", "\"cache-01\""),
@@ -1319,6 +1534,8 @@ fn explain_toml_error(message: &str, text: &str, at: usize) -> String {
         let known: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
         let place = if known.contains(&"weight") {
             " in [[servers]]"
+        } else if known.contains(&"srv") {
+            " in [discovery]"
         } else {
             ""
         };
@@ -1803,9 +2020,11 @@ name = "cache-02"
                 Config::parse(&text, "m").err()
             );
         }
+        // The keys of [discovery] have examples of their own.
+        let discovery = ["srv", "a", "interval_ms", "resolver"];
         assert_eq!(
             EXAMPLES.len(),
-            top.len() - 1 - tables.len() + server.len() + table_keys.len(),
+            top.len() - 1 - tables.len() + server.len() + table_keys.len() + discovery.len(),
             "an example of a key that is gone"
         );
     }
@@ -1836,6 +2055,7 @@ name = "cache-02"
             .map(String::as_str)
             .chain(server.iter().copied())
             .chain(table_keys)
+            .chain(names.iter().filter_map(|n| n.strip_prefix("discovery.")))
             .collect();
         for key in &keys {
             assert!(
@@ -2194,6 +2414,130 @@ name = "cache-02"
                     );
                 }
             }
+        }
+    }
+
+    #[test]
+    fn discovery_lists_the_pool_instead_of_servers() {
+        let text = "listen = \"127.0.0.1:1\"\n[discovery]\nsrv = \"_memcache._tcp.cache.default.svc.\"\ninterval_ms = 250\nresolver = \"127.0.0.1:5353\"\n";
+        let config = Config::parse(text, "m").unwrap();
+        assert!(config.servers.is_empty());
+        assert!(config.warnings().is_empty(), "{:?}", config.warnings());
+        let discovery = &config.discovery;
+        assert_eq!(
+            discovery.source,
+            Some(Source::Srv("_memcache._tcp.cache.default.svc".into()))
+        );
+        assert_eq!(discovery.interval, Duration::from_millis(250));
+        assert_eq!(
+            discovery.dns.server,
+            Some("127.0.0.1:5353".parse().unwrap())
+        );
+        let a = Config::parse(
+            "listen = \"127.0.0.1:1\"\n[discovery]\na = \"cache.default.svc:11211\"\nresolver = \"10.96.0.10\"\n",
+            "m",
+        )
+        .unwrap();
+        assert_eq!(
+            a.discovery.source,
+            Some(Source::A {
+                host: "cache.default.svc".into(),
+                port: 11211
+            })
+        );
+        assert_eq!(
+            a.discovery.dns.server,
+            Some("10.96.0.10:53".parse().unwrap())
+        );
+        // Without srv or a: only where and how often names are looked up.
+        let names = Config::parse(
+            &format!("{GOOD}\n[discovery]\nresolver = \"[::1]:53\"\n"),
+            "m",
+        )
+        .unwrap();
+        assert_eq!(names.discovery.source, None);
+        assert_eq!(names.servers.len(), 2);
+        assert_eq!(
+            Config::parse(GOOD, "m").unwrap().discovery.interval,
+            Duration::from_millis(DEFAULT_DISCOVERY_INTERVAL_MS)
+        );
+    }
+
+    #[test]
+    fn bad_discovery_settings_are_rejected_with_their_place() {
+        let base = "listen = \"127.0.0.1:1\"\n[discovery]\n";
+        for (body, expected) in [
+            (
+                "srv = \"_m._tcp.x\"\na = \"x:1\"\n",
+                "m:4:5: [discovery] takes srv or a, not both",
+            ),
+            (
+                "srv = \"_m._tcp.x:11211\"\n",
+                "m:3:7: [discovery] srv = \"_m._tcp.x:11211\" is not a DNS name",
+            ),
+            (
+                "a = \"cache.svc\"\n",
+                "m:3:5: [discovery] a = \"cache.svc\" must be host:port",
+            ),
+            (
+                "a = \"cache.svc:0\"\n",
+                "m:3:5: [discovery] a = \"cache.svc:0\"",
+            ),
+            (
+                "interval_ms = 10\n",
+                "m:3:15: interval_ms = 10 is out of range 100..=3600000",
+            ),
+            (
+                "resolver = \"dns.local:53\"\n",
+                "m:3:12: resolver = \"dns.local:53\" must be the IP address of a DNS server",
+            ),
+            (
+                "intervall_ms = 100\n",
+                "m:3:1: unknown key `intervall_ms` in [discovery]; did you mean `interval_ms`?",
+            ),
+            (
+                "",
+                "no [[servers]]: at least one server is needed (or [discovery] with srv or a)",
+            ),
+        ] {
+            let message = Config::parse(&format!("{base}{body}"), "m")
+                .unwrap_err()
+                .to_string();
+            assert!(message.contains(expected), "{body}: {message}");
+        }
+        let both = format!("{GOOD}\n[discovery]\nsrv = \"_m._tcp.x\"\n");
+        let message = Config::parse(&both, "m").unwrap_err().to_string();
+        assert!(
+            message.starts_with("m:4:1: [[servers]] and [discovery] srv _m._tcp.x both list the default pool's servers"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_servers_ring_place_comes_from_its_name_as_written_not_its_address() {
+        // Two spellings that reach the same memcached are two places; the
+        // same name is one place whatever it resolves to (resolution never
+        // enters the ring).
+        let named = |addr: &str| {
+            Config::parse(
+                &format!("listen = \"127.0.0.1:1\"\n[[servers]]\naddr = \"{addr}\"\n[[servers]]\naddr = \"cache-1.svc:11211\"\n"),
+                "m",
+            )
+            .unwrap()
+            .build_ring()
+        };
+        assert_eq!(named("cache-0.svc:11211"), named("cache-0.svc:11211"));
+        assert_ne!(named("cache-0.svc:11211"), named("10.0.0.7:11211"));
+        for flavour in ["twemproxy", "libmemcached"] {
+            let ring = |addr: &str| {
+                Config::parse(
+                    &format!("ring = \"{flavour}\"\nlisten = \"127.0.0.1:1\"\n[[servers]]\naddr = \"{addr}\"\n[[servers]]\naddr = \"b.svc:1\"\n"),
+                    "m",
+                )
+                .unwrap()
+                .build_ring()
+            };
+            assert_eq!(ring("a.svc:1"), ring("a.svc:1"), "{flavour}");
         }
     }
 

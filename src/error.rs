@@ -26,6 +26,9 @@ pub enum BackendErrorKind {
     Gone,
     #[error("server is DEAD, failing fast while it is probed")]
     Dead,
+    /// Its host name has no address (the words are logged once).
+    #[error("cannot resolve its host name ({0})")]
+    Resolve(crate::resolve::DnsFailure),
     #[error("TLS handshake failed ({0})")]
     Tls(TlsFailure),
 }
@@ -58,7 +61,7 @@ pub enum TlsFailure {
 
 impl BackendErrorKind {
     /// Metric labels of the kinds, in [`BackendErrorKind::index`] order.
-    pub const LABELS: [&'static str; 9] = [
+    pub const LABELS: [&'static str; 10] = [
         "connect",
         "connect_timeout",
         "timeout",
@@ -67,6 +70,7 @@ impl BackendErrorKind {
         "protocol",
         "gone",
         "dead",
+        "resolve",
         "tls",
     ];
 
@@ -81,7 +85,8 @@ impl BackendErrorKind {
             BackendErrorKind::Protocol(_) => 5,
             BackendErrorKind::Gone => 6,
             BackendErrorKind::Dead => 7,
-            BackendErrorKind::Tls(_) => 8,
+            BackendErrorKind::Resolve(_) => 8,
+            BackendErrorKind::Tls(_) => 9,
         }
     }
 }
@@ -103,6 +108,9 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    /// `[discovery]` names records that list no server (for a new file).
+    #[error("{path}: [discovery] {message}")]
+    Discovery { path: String, message: String },
     #[error("{path}:{line}:{column}: {message}")]
     Invalid {
         path: String,

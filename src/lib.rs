@@ -29,6 +29,10 @@
 //!   connections and clients; whether a new ring fits. Pure.
 //! - [`outbuf`]: ordered write queues (client replies, server requests).
 //! - [`reload`]: watch the config file and SIGHUP, validate, publish.
+//! - [`resolve`]: host names and SRV records through hickory-resolver; what
+//!   one backend knows about its address between lookups.
+//! - [`discovery`]: the periodic DNS rounds: the default pool from SRV or
+//!   A/AAAA records (`[discovery]`), and host names whose address changed.
 //! - `sweep`: when a hand-off window ends, delete from each server the keys
 //!   it no longer owns, so a later change cannot bring them back.
 //! - [`hotkeys`]: hot-key detection per server (space-saving sketches per
@@ -47,6 +51,7 @@ pub mod backend;
 mod client_slots;
 mod clock;
 pub mod config;
+pub mod discovery;
 pub mod error;
 pub mod fd_budget;
 pub(crate) mod handoff;
@@ -56,6 +61,7 @@ pub(crate) mod pool;
 pub mod protocol;
 pub mod reload;
 mod report;
+pub mod resolve;
 pub mod ring;
 mod route;
 pub mod server;

@@ -75,24 +75,43 @@ enum Action {
     /// would give at start (`file:line:column: problem`) and exits 1. Settings
     /// that are valid but probably wrong (more replicas than servers, a host
     /// name that does not resolve, one memcached listed under two spellings)
-    /// are printed as warnings.
+    /// are printed as warnings. Every host name is looked up where memring
+    /// would look it up (`[discovery] resolver`, or the system's resolver),
+    /// and so are the `[discovery]` records: records that list no server
+    /// are an error, since memring could not start.
     Check {
         /// The config file to validate.
         #[arg(value_name = "FILE")]
         file: PathBuf,
+        /// Ask DNS nothing: check the file alone (host names and
+        /// `[discovery]` records are not looked up).
+        #[arg(long)]
+        offline: bool,
     },
     /// Show how a config change would move the keyspace, without touching anything.
     ///
     /// Prints each server's share of the keyspace before and after, the share
     /// of keys that move, every setting that changes (old -> new), and which
     /// of those take effect only after a restart.
+    ///
+    /// With `--discovery CONFIG`: the change the next `[discovery]` round
+    /// would make, from the servers the running memring uses (asked with
+    /// `stats` at `--from`) to what the DNS records list now.
     Plan {
-        /// The config running now.
+        /// The config running now (with --discovery: the config whose
+        /// [discovery] records to ask).
         #[arg(value_name = "OLD")]
         old: PathBuf,
         /// The config you intend to deploy.
-        #[arg(value_name = "NEW")]
-        new: PathBuf,
+        #[arg(value_name = "NEW", required_unless_present = "discovery")]
+        new: Option<PathBuf>,
+        /// Plan what DNS would change now, for the config OLD.
+        #[arg(long, conflicts_with = "new")]
+        discovery: bool,
+        /// Where the running memring listens (default: the config's
+        /// `listen`, on 127.0.0.1 when it listens on every address).
+        #[arg(long, value_name = "ADDR", requires = "discovery")]
+        from: Option<String>,
     },
     /// Exit 0 if memring's admin listener at ADDR reports ready.
     ///
@@ -163,8 +182,22 @@ fn main() -> ExitCode {
     init_logging(cli.log_level.as_deref(), cli.log_format);
     let result = match (&cli.command, &cli.config) {
         (Some(Action::Healthcheck { addr }), _) => return healthcheck(addr),
-        (Some(Action::Check { file }), _) => check(file),
-        (Some(Action::Plan { old, new }), _) => plan(old, new),
+        (Some(Action::Check { file, offline }), _) => check(file, *offline),
+        (
+            Some(Action::Plan {
+                old,
+                discovery: true,
+                from,
+                ..
+            }),
+            _,
+        ) => plan_discovery(old, from.as_deref()),
+        (Some(Action::Plan { old, new, .. }), _) => match new {
+            Some(new) => plan(old, new),
+            None => Err(anyhow::anyhow!(
+                "plan needs OLD and NEW, or --discovery CONFIG"
+            )),
+        },
         (Some(Action::Send { addr, lines }), _) => send(addr, lines),
         (Some(Action::Import { from }), _) => import(from),
         (Some(Action::Completions { shell }), _) => {
@@ -321,12 +354,49 @@ fn init_logging(level: Option<&str>, format: LogFormat) {
     }
 }
 
-fn check(file: &Path) -> anyhow::Result<()> {
-    let config = Config::load(file)?;
+fn check(file: &Path, offline: bool) -> anyhow::Result<()> {
+    let mut config = if offline {
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("cannot read {}", file.display()))?;
+        Config::parse(&text, &file.display().to_string())?
+    } else {
+        Config::load(file)?
+    };
     for warning in config.warnings() {
         eprintln!("memring: warning: {}: {warning}", file.display());
     }
-    check_tls_servers(file, &config)?;
+    if let (Some(source), false) = (&config.discovery.source, offline) {
+        let dns = config.discovery.dns;
+        let found = memring::discovery::servers_blocking(source, dns).map_err(|e| {
+            anyhow::anyhow!(
+                "{}: [discovery] {source}: {e}; memring could not start",
+                file.display()
+            )
+        })?;
+        println!(
+            "{}: [discovery] {source} lists {} server{}: {}",
+            file.display(),
+            found.len(),
+            if found.len() == 1 { "" } else { "s" },
+            memring::discovery::names(&found)
+        );
+        // The targets of SRV records are host names that memring connects to.
+        for server in &found {
+            if let Some((host, port)) = memring::resolve::host_name(&server.addr) {
+                if let Err(e) = memring::resolve::block_on(|| dns.addresses(host, port)) {
+                    eprintln!(
+                        "memring: warning: {}: server `{}` (from {source}): `{host}` does not resolve ({e}); it counts as failing until it does",
+                        file.display(),
+                        server.addr
+                    );
+                }
+            }
+        }
+        config = config.with_servers(found);
+    }
+    if !offline {
+        check_tls_servers(file, &config)?;
+    }
     println!(
         "{}: ok ({} server{}, listen {}, ring {})",
         file.display(),
@@ -379,13 +449,102 @@ fn check_tls_servers(file: &Path, config: &Config) -> anyhow::Result<()> {
 fn plan(old: &Path, new: &Path) -> anyhow::Result<()> {
     let old_config = Config::load(old)?;
     let new_config = Config::load(new)?;
+    print_plan(&old_config, &new_config, &new.display().to_string())
+}
+
+/// The plan of the change the next `[discovery]` round would make: from the
+/// servers the running memring at `from` uses to what DNS lists now.
+fn plan_discovery(file: &Path, from: Option<&str>) -> anyhow::Result<()> {
+    let config = Config::load(file)?;
+    let Some(source) = &config.discovery.source else {
+        anyhow::bail!(
+            "{}: no [discovery] srv or a: its servers do not come from DNS",
+            file.display()
+        );
+    };
+    let from = match from {
+        Some(addr) => addr.to_string(),
+        None if config.listen.ip().is_unspecified() => {
+            format!("127.0.0.1:{}", config.listen.port())
+        }
+        None => config.listen.to_string(),
+    };
+    let running = running_servers(&from).with_context(|| {
+        format!("cannot ask the running memring at {from} which servers it uses")
+    })?;
+    let found =
+        memring::discovery::servers_blocking(source, config.discovery.dns).map_err(|e| {
+            anyhow::anyhow!(
+                "[discovery] {source}: {e}; the running memring keeps its {} servers",
+                running.len()
+            )
+        })?;
+    println!(
+        "discovery: {source}: {} server{} in use at {from}, {} listed now",
+        running.len(),
+        if running.len() == 1 { "" } else { "s" },
+        found.len()
+    );
+    print_plan(
+        &config.with_servers(running),
+        &config.with_servers(found),
+        &file.display().to_string(),
+    )
+}
+
+/// The servers the memring at `addr` discovered (its `stats`): names from
+/// `discovery_server_list`, weights from `server:NAME:weight`.
+fn running_servers(addr: &str) -> anyhow::Result<Vec<memring::config::ServerConfig>> {
+    use std::io::{Read, Write};
+    let timeout = std::time::Duration::from_secs(5);
+    let target = resolve(addr)?[0];
+    let mut stream = std::net::TcpStream::connect_timeout(&target, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.write_all(b"stats\r\n")?;
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    while !reply.ends_with(b"END\r\n") {
+        let n = stream.read(&mut chunk)?;
+        anyhow::ensure!(n > 0, "the connection closed before the end of the stats");
+        reply.extend_from_slice(&chunk[..n]);
+    }
+    let text = String::from_utf8_lossy(&reply);
+    let stat = |name: &str| {
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix("STAT ")?
+                    .strip_prefix(name)?
+                    .strip_prefix(' ')
+            })
+            .map(str::to_string)
+    };
+    let list = stat("discovery_server_list").ok_or_else(|| {
+        anyhow::anyhow!("it reports no discovered servers (no [discovery] srv or a?)")
+    })?;
+    Ok(list
+        .split(',')
+        .filter(|name| !name.is_empty())
+        .map(|name| memring::config::ServerConfig {
+            addr: name.to_string(),
+            name: name.to_string(),
+            weight: stat(&format!("server:{name}:weight"))
+                .and_then(|w| w.parse().ok())
+                .unwrap_or(1),
+            tls: false,
+        })
+        .collect())
+}
+
+/// `plan`'s output for a change from `old_config` to `new_config` (the
+/// file `new` is named in warnings).
+fn print_plan(old_config: &Config, new_config: &Config, new: &str) -> anyhow::Result<()> {
     let old_ring = old_config.build_ring();
     let new_ring = new_config.build_ring();
     if old_config.ring != new_config.ring {
         println!(
             "ring: {} -> {} (keys are placed by another hash; the moved share is the expected one)",
-            describe_ring(&old_config),
-            describe_ring(&new_config)
+            describe_ring(old_config),
+            describe_ring(new_config)
         );
     }
     let old_shares = old_ring.shares();
@@ -410,8 +569,8 @@ fn plan(old: &Path, new: &Path) -> anyhow::Result<()> {
         println!(
             "{:<32} {:>9} {:>9}",
             name,
-            show(share_of(&old_config, &old_shares, name)),
-            show(share_of(&new_config, &new_shares, name))
+            show(share_of(old_config, &old_shares, name)),
+            show(share_of(new_config, &new_shares, name))
         );
     }
     let change = Change::between(
@@ -434,7 +593,7 @@ fn plan(old: &Path, new: &Path) -> anyhow::Result<()> {
             );
         }
     }
-    let settings = memring::reload::setting_changes(&old_config, &new_config);
+    let settings = memring::reload::setting_changes(old_config, new_config);
     for setting in &settings {
         let when = if setting.restart_only {
             "needs a restart"
@@ -456,7 +615,7 @@ fn plan(old: &Path, new: &Path) -> anyhow::Result<()> {
         );
     }
     for warning in new_config.warnings() {
-        println!("warning: {}: {warning}", new.display());
+        println!("warning: {new}: {warning}");
     }
     Ok(())
 }

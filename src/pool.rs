@@ -403,7 +403,8 @@ pub(crate) async fn eject_on_health_changes(
                 let topology = publisher.topology.load();
                 crate::backend::BackendSettings::from_config(&topology.config)
             };
-            match flush(&addr, settings.connect_timeout + settings.request_timeout).await {
+            let timeout = settings.connect_timeout + settings.request_timeout;
+            match flush(&addr, settings.dns, timeout).await {
                 Ok(()) => tracing::info!("{name} returns: flushed, joins with hand-off"),
                 Err(e) => {
                     tracing::warn!("{name} stays ejected: flush before its return failed: {e}");
@@ -435,10 +436,14 @@ pub(crate) fn flush_answer(reply: &[u8]) -> std::io::Result<()> {
 }
 
 /// `flush_all` on a server, over its own short-lived connection.
-async fn flush(addr: &str, timeout: std::time::Duration) -> std::io::Result<()> {
+async fn flush(
+    addr: &str,
+    dns: crate::resolve::Dns,
+    timeout: std::time::Duration,
+) -> std::io::Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let attempt = async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        let mut stream = crate::resolve::connect(dns, addr).await?;
         stream.write_all(b"flush_all\r\n").await?;
         let mut reply = [0u8; 64];
         let mut got = 0;

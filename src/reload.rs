@@ -132,7 +132,25 @@ impl Reloader {
         let Seen::Text(text) = self.last_seen.insert(seen) else {
             unreachable!("just stored a text")
         };
-        let config = Config::parse_and_resolve(text, &shown)?;
+        let mut config = Config::parse_and_resolve(text, &shown)?;
+        if let Some(source) = &config.discovery.source {
+            // The file lists no servers: DNS does. The same records keep the
+            // list in force; other records are asked now.
+            let running = self.publisher.shared().load().config.clone();
+            config.servers = if running.discovery.source == config.discovery.source
+                && running.discovery.dns == config.discovery.dns
+                && !running.servers.is_empty()
+            {
+                running.servers.clone()
+            } else {
+                crate::discovery::servers_blocking(source, config.discovery.dns).map_err(|e| {
+                    ConfigError::Discovery {
+                        path: shown.clone(),
+                        message: format!("{source}: {e}"),
+                    }
+                })?
+            };
+        }
         if config == self.current {
             return Ok(Outcome::Unchanged);
         }
@@ -263,6 +281,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         server_warnings: _,
         tls_listen,
         backend_tls,
+        discovery,
     } = new;
     // The TLS settings as one line each; their files are read at start
     // (the listener's certificate reloads by itself when its files change).
@@ -316,7 +335,27 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         crate::config::Ejection::Memring => "(memring ejection)".to_string(),
     };
     let hot = &old.hot_keys;
-    let rows: [(&'static str, String, String, bool); 34] = [
+    let discovered = |d: &crate::config::Discovery| {
+        let source = d
+            .source
+            .as_ref()
+            .map_or("[[servers]]".to_string(), ToString::to_string);
+        let server = d
+            .dns
+            .server
+            .map_or("the system resolver".to_string(), |s| s.to_string());
+        format!(
+            "({source}, every {} ms, via {server})",
+            d.interval.as_millis()
+        )
+    };
+    let rows: [(&'static str, String, String, bool); 35] = [
+        (
+            "discovery",
+            discovered(&old.discovery),
+            discovered(discovery),
+            false,
+        ),
         (
             "ring",
             old.ring.flavour.name().to_string(),
@@ -748,7 +787,7 @@ fn watched_directory(path: &Path) -> PathBuf {
 /// the new owner first. A server still leaving in a hand-off window is kept
 /// as it is: every write of a key it held deleted its copy. A flush that
 /// fails is logged; the server then joins as it is.
-fn flush_newcomers(topology: &crate::topology::Topology, config: &Config) {
+pub(crate) fn flush_newcomers(topology: &crate::topology::Topology, config: &Config) {
     for server in &config.servers {
         if topology.backends.iter().any(|b| b.addr() == server.addr) {
             continue;
@@ -756,7 +795,7 @@ fn flush_newcomers(topology: &crate::topology::Topology, config: &Config) {
         let timeout = config.connect_timeout + config.request_timeout;
         let flushed = match (&config.backend_tls, server.tls) {
             (Some(files), true) => flush_tls(files, &server.addr, timeout),
-            _ => flush_now(&server.addr, timeout),
+            _ => flush_now(&server.addr, config.discovery.dns, timeout),
         };
         match flushed {
             Ok(()) => {
@@ -798,13 +837,22 @@ fn flush_tls(
 
 /// `flush_all` on `addr` over a connection of its own, waiting at most
 /// `timeout`. Blocking: reloads run off the request path.
-fn flush_now(addr: &str, timeout: std::time::Duration) -> std::io::Result<()> {
+fn flush_now(
+    addr: &str,
+    dns: crate::resolve::Dns,
+    timeout: std::time::Duration,
+) -> std::io::Result<()> {
     use std::io::{Read, Write};
     use std::net::ToSocketAddrs;
-    let target = addr
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| std::io::Error::other("the address resolves to nothing"))?;
+    // A host name is asked where memring's connections ask (`resolver`).
+    let target = match crate::resolve::host_name(addr) {
+        Some((host, port)) => crate::resolve::block_on(|| dns.addresses(host, port))
+            .map_err(|e| std::io::Error::other(e.detail))?
+            .first()
+            .copied(),
+        None => addr.to_socket_addrs()?.next(),
+    }
+    .ok_or_else(|| std::io::Error::other("the address resolves to nothing"))?;
     let mut stream = std::net::TcpStream::connect_timeout(&target, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;

@@ -56,6 +56,21 @@ pub(crate) fn write_stats(out: &mut BytesMut, stats: &Stats, topology: &Topology
     for (name, value) in stats.handoff() {
         write_stat(out, name, &value);
     }
+    if let Some(discovery) = stats.discovery() {
+        // `srv _memcache._tcp.cache` as `discovery_srv _memcache._tcp.cache`:
+        // a STAT value has no spaces.
+        let (kind, name) = discovery
+            .source
+            .split_once(' ')
+            .unwrap_or(("source", discovery.source.as_str()));
+        write_stat(out, &format!("discovery_{kind}"), &name);
+        write_stat(out, "discovery_servers", &discovery.servers.len());
+        write_stat(out, "discovery_server_list", &discovery.servers.join(","));
+        write_stat(out, "discovery_last_change", &discovery.last_change);
+        write_stat(out, "discovery_changes", &discovery.changes);
+        write_stat(out, "discovery_lookup_failures", &discovery.lookup_failures);
+        write_stat(out, "discovery_failing", &u8::from(discovery.failing));
+    }
     let shares = topology.shares();
     let timeout = [crate::error::BackendErrorKind::Timeout.index()];
     for (i, backend) in topology.backends.iter().enumerate() {
@@ -65,6 +80,16 @@ pub(crate) fn write_stats(out: &mut BytesMut, stats: &Stats, topology: &Topology
             write_stat(out, &format!("server:{name}:{what}"), value);
         };
         stat(out, "addr", &backend.addr());
+        stat(
+            out,
+            "weight",
+            &topology
+                .config
+                .servers
+                .iter()
+                .find(|s| s.name == name)
+                .map_or(0, |s| s.weight),
+        );
         stat(out, "state", &backend.state().as_str());
         stat(out, "membership", &topology.membership(i).as_str());
         stat(out, "requests", &metrics.requests.get());

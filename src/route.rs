@@ -311,16 +311,16 @@ pub(crate) struct Retrieval {
     exptime: Option<Span>,
     /// Per key, the servers to ask in order (owner first, healthy first);
     /// one entry per key without replicas.
-    candidates: Vec<Servers>,
+    candidates: SmallVec<[Servers; 1]>,
     /// Which candidate each key is on.
     round: SmallVec<[u8; 8]>,
     fall_through_on_miss: bool,
-    state: Vec<KeyState>,
+    state: SmallVec<[KeyState; 1]>,
     /// Keys before this index have been sent at least once.
     next_unsent: usize,
     /// Keys to be asked of their next replica.
     retry: VecDeque<u32>,
-    subs: Vec<Sub>,
+    subs: SmallVec<[Sub; 1]>,
     /// The next key whose value (or miss) goes to the client.
     next_emit: usize,
     values_written: usize,
@@ -418,7 +418,7 @@ impl Retrieval {
     pub(crate) fn with_candidates(
         request: &Request,
         bytes: Bytes,
-        candidates: Vec<Servers>,
+        candidates: SmallVec<[Servers; 1]>,
         fall_through_on_miss: bool,
     ) -> Retrieval {
         let keys = request.keys.len();
@@ -430,10 +430,10 @@ impl Retrieval {
             candidates,
             round: smallvec::smallvec![0; keys],
             fall_through_on_miss,
-            state: vec![KeyState::Unsent; keys],
+            state: smallvec::smallvec![KeyState::Unsent; keys],
             next_unsent: 0,
             retry: VecDeque::new(),
-            subs: Vec::new(),
+            subs: SmallVec::new(),
             next_emit: 0,
             values_written: 0,
             answered: false,
@@ -544,19 +544,23 @@ impl Retrieval {
                         error_line: None,
                         meta: false,
                     });
-                    let mut line = BytesMut::with_capacity(64);
-                    line.put_slice(self.command.name().as_bytes());
-                    if let Some(exptime) = self.exptime {
-                        line.put_u8(b' ');
-                        line.put_slice(exptime.of(&self.bytes));
-                    }
+                    // A whole request to one server goes as the client's
+                    // bytes: its line is built only if it turns out to go
+                    // to several.
+                    let line = if whole {
+                        BytesMut::new()
+                    } else {
+                        self.line_start()
+                    };
                     open.push((server, id, line));
                     open.len() - 1
                 }
             };
             let (_, id, line) = &mut open[at];
-            line.put_u8(b' ');
-            line.put_slice(name);
+            if !whole {
+                line.put_u8(b' ');
+                line.put_slice(name);
+            }
             self.subs[*id as usize].keys.push(key);
             self.state[k] = KeyState::Asked { sub: *id };
         }
@@ -565,6 +569,13 @@ impl Retrieval {
             let line = if whole && single {
                 self.bytes.clone()
             } else {
+                if whole {
+                    line = self.line_start();
+                    for &key in &self.subs[id as usize].keys {
+                        line.put_u8(b' ');
+                        line.put_slice(self.keys[key as usize].of(&self.bytes));
+                    }
+                }
                 line.put_slice(b"\r\n");
                 line.freeze()
             };
@@ -576,6 +587,18 @@ impl Retrieval {
             });
         }
         out
+    }
+
+    /// A sub-request line up to its first key: the command, and the
+    /// exptime of `gat`/`gats`.
+    fn line_start(&self) -> BytesMut {
+        let mut line = BytesMut::with_capacity(64);
+        line.put_slice(self.command.name().as_bytes());
+        if let Some(exptime) = self.exptime {
+            line.put_u8(b' ');
+            line.put_slice(exptime.of(&self.bytes));
+        }
+        line
     }
 
     /// A piece of sub-request `sub`'s reply arrived.
@@ -1135,7 +1158,7 @@ mod tests {
         line.extend(b"\r\n");
         let bytes = Bytes::from(line);
         let (request, _) = parse_request(&bytes, &Limits::default()).unwrap().unwrap();
-        let candidates = vec![Servers::from_slice(&[0]); 3000];
+        let candidates = smallvec::smallvec![Servers::from_slice(&[0]); 3000];
         let mut r = Retrieval::with_candidates(&request, bytes, candidates, false);
         let mut keys = 0;
         while r.has_unsent() {

@@ -68,6 +68,9 @@ pub async fn start_within(
     fds: Option<FdBudget>,
     shutdown: CancellationToken,
 ) -> io::Result<Running> {
+    // With `[discovery] srv` or `a`, the servers are what DNS lists now.
+    let discovered = crate::discovery::first(config).await?;
+    let config = &discovered;
     let listener = listen(config.listen).map_err(|e| bind_error("listen", config.listen, e))?;
     let local_addr = listener.local_addr()?;
     let connector = match &config.backend_tls {
@@ -127,6 +130,7 @@ pub async fn start_within(
         None => None,
     };
     tokio::spawn(eject_on_health_changes(publisher.clone(), shutdown.clone()));
+    tokio::spawn(crate::discovery::run(publisher.clone(), shutdown.clone()));
     let count = config.worker_count();
     let settings = SessionSettings {
         max_pending: config.max_pending_per_client,

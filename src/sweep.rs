@@ -121,7 +121,7 @@ async fn sweep_one(
     // connection, and a delete sent meanwhile would wait behind it anyway.
     let mut leftovers = Vec::new();
     {
-        let stream = tokio::net::TcpStream::connect(addr).await?;
+        let stream = crate::resolve::connect(topology.config.discovery.dns, addr).await?;
         let (reader, mut writer) = stream.into_split();
         writer.write_all(b"lru_crawler metadump all\r\n").await?;
         let mut reader = BufReader::new(reader);
@@ -151,7 +151,7 @@ async fn sweep_one(
             }
         }
     }
-    let stream = tokio::net::TcpStream::connect(addr).await?;
+    let stream = crate::resolve::connect(topology.config.discovery.dns, addr).await?;
     let (reader, mut writer) = stream.into_split();
     let mut reader = BufReader::new(reader);
     let mut deleted = 0u64;

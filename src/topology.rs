@@ -91,7 +91,8 @@ pub type SharedTopology = Arc<ArcSwap<Topology>>;
 impl Topology {
     /// The backends for `config`: a server that `previous` already has with the
     /// same identity, address and connection settings keeps its backend (and
-    /// its open connections); every other server gets a new one.
+    /// its open connections), unless DNS moved its host name elsewhere; every
+    /// other server gets a new one.
     pub(crate) fn backends_for(
         config: &Config,
         previous: Option<&Topology>,
@@ -243,6 +244,7 @@ impl Topology {
                     && b.addr() == server.addr
                     && b.settings() == settings
                     && b.tls() == server.tls
+                    && !b.target().is_readdressed()
                     && b.timing() == timing
             })
             .cloned()

@@ -271,7 +271,26 @@ pub(crate) async fn run(conn: Rc<Conn>, drain: CancellationToken) {
 }
 
 async fn connect(shared: &Shared) -> Result<TcpStream, BackendErrorKind> {
-    let attempt = TcpStream::connect(shared.addr.as_str());
+    // Looked up at every connect, outside the connect timeout: DNS has its
+    // own (resolve.rs), and a DNS outage falls back to the last answer.
+    let addresses = shared
+        .target
+        .addresses(&shared.name)
+        .await
+        .map_err(BackendErrorKind::Resolve)?;
+    let attempt = async {
+        let mut failure = std::io::Error::from(std::io::ErrorKind::AddrNotAvailable);
+        for address in addresses {
+            match TcpStream::connect(address).await {
+                Ok(stream) => {
+                    shared.target.connected(address);
+                    return Ok(stream);
+                }
+                Err(e) => failure = e,
+            }
+        }
+        Err(failure)
+    };
     match tokio::time::timeout(shared.settings.connect_timeout, attempt).await {
         Err(_) => Err(BackendErrorKind::ConnectTimeout),
         Ok(Err(e)) => Err(BackendErrorKind::Connect(e.kind())),
@@ -649,6 +668,7 @@ mod tests {
                 request_timeout: Duration::from_millis(timeout_ms),
                 failure_limit: 100,
                 max_value_bytes: None,
+                dns: crate::resolve::Dns::default(),
             };
             let backend = Backend::new(&server, settings, &hooks);
             let conn = Conn::new(backend.shared().clone(), Rc::new(TurnClock::new()));

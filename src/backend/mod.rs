@@ -33,6 +33,8 @@ pub struct BackendSettings {
     /// Largest value accepted in a reply when set in the config; otherwise
     /// the server's own `item_size_max`.
     pub max_value_bytes: Option<usize>,
+    /// Where its host name is looked up.
+    pub dns: crate::resolve::Dns,
 }
 
 impl BackendSettings {
@@ -44,6 +46,7 @@ impl BackendSettings {
             failure_limit: config.failure_limit,
             max_value_bytes: (!config.max_value_from_servers)
                 .then_some(config.limits.max_value_bytes),
+            dns: config.discovery.dns,
         }
     }
 }
@@ -71,6 +74,8 @@ pub(crate) struct Shared {
     pub(crate) id: u64,
     pub(crate) name: Arc<str>,
     pub(crate) addr: String,
+    /// Its host name's addresses, looked up at every connect.
+    pub(crate) target: crate::resolve::Target,
     pub(crate) settings: BackendSettings,
     /// When a DEAD server is tried again (the `ejection` setting).
     timing: Timing,
@@ -265,6 +270,7 @@ impl Backend {
             id: NEXT_BACKEND_ID.fetch_add(1, Ordering::Relaxed),
             name: server.name.as_str().into(),
             addr: server.addr.clone(),
+            target: crate::resolve::Target::new(&server.addr, settings.dns),
             settings,
             timing,
             health: Mutex::new(Health::default()),
@@ -299,6 +305,12 @@ impl Backend {
     /// Whether connections to this server speak TLS.
     pub fn tls(&self) -> bool {
         self.shared.tls.is_some()
+    }
+
+    /// Its address as DNS gave it, and whether its connections are to be
+    /// replaced because DNS now gives another.
+    pub fn target(&self) -> &crate::resolve::Target {
+        &self.shared.target
     }
 
     /// The settings this backend was started with.
@@ -356,7 +368,9 @@ fn connection_failure(kind: BackendErrorKind) -> bool {
         | BackendErrorKind::Timeout
         | BackendErrorKind::Closed
         | BackendErrorKind::Io(_)
-        | BackendErrorKind::Tls(_) => true,
+        | BackendErrorKind::Tls(_)
+        // A name without an address: nutcracker's connect fails the same way.
+        | BackendErrorKind::Resolve(_) => true,
         BackendErrorKind::Protocol(_) | BackendErrorKind::Gone | BackendErrorKind::Dead => false,
     }
 }

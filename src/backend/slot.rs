@@ -7,10 +7,10 @@
 //! woken through its own `Notify`.
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
 use std::rc::Rc;
 
 use bytes::Bytes;
+use smallvec::SmallVec;
 use tokio::sync::Notify;
 
 use crate::error::BackendError;
@@ -41,7 +41,10 @@ impl Got {
 
 #[derive(Debug, Default)]
 struct State {
-    pieces: VecDeque<Got>,
+    /// Pieces not yet taken start at `taken`. Inline: a one-key reply is
+    /// one or two pieces, and a slot per request must not allocate for them.
+    pieces: SmallVec<[Got; 2]>,
+    taken: usize,
     /// `Some` once the reply is complete (`Ok`) or cannot come (`Err`).
     done: Option<Result<(), BackendError>>,
 }
@@ -87,7 +90,7 @@ impl Slot {
         if let Some(watch) = watch {
             watch.piece(&piece);
         }
-        self.state.borrow_mut().pieces.push_back(piece);
+        self.state.borrow_mut().pieces.push(piece);
         self.owner.notify_one();
     }
 
@@ -108,7 +111,21 @@ impl Slot {
 
     /// Takes the next piece that arrived, if any.
     pub fn take(&self) -> Option<Got> {
-        self.state.borrow_mut().pieces.pop_front()
+        let mut state = self.state.borrow_mut();
+        let state = &mut *state;
+        let piece = state.pieces.get_mut(state.taken)?;
+        // Leaves an empty line behind (no allocation), dropped below.
+        let piece = std::mem::replace(piece, Got::Line(Bytes::new()));
+        state.taken += 1;
+        if state.taken == state.pieces.len() {
+            state.pieces.clear();
+            state.taken = 0;
+        } else if state.taken >= 64 && state.taken * 2 >= state.pieces.len() {
+            // A long reply taken as it streams in: drop what was taken.
+            state.pieces.drain(..state.taken);
+            state.taken = 0;
+        }
+        Some(piece)
     }
 
     /// `None` while more may come; then whether the reply completed.
@@ -136,6 +153,30 @@ mod tests {
         assert_eq!(slot.outcome(), Some(Ok(())));
         assert!(matches!(slot.take(), Some(Got::Value(_))));
         assert!(matches!(slot.take(), Some(Got::Line(_))));
+        assert_eq!(slot.take(), None);
+    }
+
+    #[test]
+    fn a_long_reply_taken_while_it_streams_in_keeps_its_order() {
+        let slot = Slot::new(Rc::new(Notify::new()));
+        let piece = |i: usize| Got::Value(Bytes::from(format!("VALUE k{i} 0 0\r\n\r\n")));
+        let mut next_taken = 0;
+        let mut take_some = |n: usize| {
+            for _ in 0..n {
+                assert_eq!(slot.take(), Some(piece(next_taken)));
+                next_taken += 1;
+            }
+        };
+        for i in 0..300 {
+            slot.push(piece(i));
+        }
+        take_some(150);
+        for i in 300..400 {
+            slot.push(piece(i));
+        }
+        // The 150 taken went; 150 + 100 wait.
+        assert_eq!(slot.state.borrow().pieces.len(), 250);
+        take_some(250);
         assert_eq!(slot.take(), None);
     }
 

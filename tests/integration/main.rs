@@ -11,6 +11,7 @@ mod common;
 mod cli;
 mod compat;
 mod differential;
+mod dns;
 mod docs;
 mod failure;
 mod handoff;

@@ -1,0 +1,1019 @@
+//! Host names and `[discovery]` against a real DNS server: Debian's dnsmasq
+//! on a free loopback port, started and killed by PID here, authoritative
+//! for `test.local` (names it does not list are NXDOMAIN) and asked by
+//! memring through `[discovery] resolver`, never the system's resolver. A
+//! record change is a rewrite of its hosts file and SIGHUP (A records) or a
+//! restart on the same port (SRV records, given on its command line).
+//!
+//! memring runs as the real binary, logging to a file, so that the tests can
+//! hold it to its log lines. Memcached runs on 127.0.0.1 and, to give a name
+//! a new address, on 127.0.0.2 and 127.0.0.3 (all of 127.0.0.0/8 is
+//! loopback).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::{wait_for, Client, TempDir, DEADLINE};
+
+const BIN: &str = env!("CARGO_BIN_EXE_memring");
+const SRV_NAME: &str = "_memcache._tcp.test.local";
+
+fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|euid| euid == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// dnsmasq lives in /usr/sbin, which a user's PATH may not have.
+fn dnsmasq() -> &'static str {
+    let in_path = Command::new("dnsmasq")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    if in_path {
+        "dnsmasq"
+    } else {
+        "/usr/sbin/dnsmasq"
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind an ephemeral port")
+        .port()
+}
+
+fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{name} {pid}");
+}
+
+static NEXT_DNSMASQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// One SRV record: target, port, weight.
+type Srv = (String, u16, u16);
+
+/// A dnsmasq process answering for `test.local` on a loopback port.
+struct Dnsmasq {
+    port: u16,
+    /// The domain it answers for alone, and the SRV name in it.
+    domain: String,
+    /// A name only this instance knows: its start waits for it, so that a
+    /// port another test's dnsmasq took meanwhile never passes for ours.
+    ready: String,
+    srv_name: String,
+    hosts: PathBuf,
+    srv: Vec<Srv>,
+    /// `--txt-record` names: they exist, with no SRV or address record.
+    txt: Vec<String>,
+    child: Option<Child>,
+}
+
+impl Dnsmasq {
+    /// Serves `hosts` (lines of `/etc/hosts` form) and the SRV records of
+    /// `_memcache._tcp.test.local`.
+    fn start(dir: &TempDir, hosts: &str, srv: &[Srv]) -> Dnsmasq {
+        Dnsmasq::start_for(dir, "test.local", SRV_NAME, hosts, srv)
+    }
+
+    /// The same for another domain and SRV name.
+    fn start_for(dir: &TempDir, domain: &str, srv_name: &str, hosts: &str, srv: &[Srv]) -> Dnsmasq {
+        let mut dns = Dnsmasq {
+            port: 0,
+            domain: domain.to_string(),
+            ready: format!(
+                "ready-{}-{}.{domain}",
+                std::process::id(),
+                NEXT_DNSMASQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            ),
+            srv_name: srv_name.to_string(),
+            hosts: dir.path("dnsmasq.hosts"),
+            srv: srv.to_vec(),
+            txt: Vec::new(),
+            child: None,
+        };
+        dns.write_hosts(hosts);
+        for _ in 0..10 {
+            dns.port = free_port();
+            if dns.spawn() {
+                return dns;
+            }
+        }
+        panic!("dnsmasq did not start on a free port");
+    }
+
+    /// The hosts file always has the instance's `ready` name.
+    fn write_hosts(&self, hosts: &str) {
+        let ready = format!("127.0.0.1 {}\n", self.ready);
+        std::fs::write(&self.hosts, format!("{ready}{hosts}")).unwrap();
+    }
+
+    fn spawn(&mut self) -> bool {
+        let mut command = Command::new(dnsmasq());
+        command
+            .args([
+                "--no-daemon",
+                "--conf-file=/dev/null",
+                "--no-resolv",
+                "--no-hosts",
+                "--listen-address=127.0.0.1",
+                "--bind-interfaces",
+                "--pid-file=",
+                "--quiet-dhcp",
+            ])
+            .arg(format!("--local=/{}/", self.domain))
+            .arg(format!("--port={}", self.port))
+            .arg(format!("--addn-hosts={}", self.hosts.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        for (target, port, weight) in &self.srv {
+            command.arg(format!(
+                "--srv-host={},{target},{port},0,{weight}",
+                self.srv_name
+            ));
+        }
+        for name in &self.txt {
+            command.arg(format!("--txt-record={name},memring-test"));
+        }
+        if running_as_root() {
+            command.arg("--user=root");
+        }
+        let mut child = command
+            .spawn()
+            .expect("dnsmasq must be installed (scripts/test installs it)");
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(_)) = child.try_wait() {
+                // The port was taken meanwhile.
+                return false;
+            }
+            if self.lookup(&self.ready).is_ok() {
+                self.child = Some(child);
+                return true;
+            }
+            if start.elapsed() > DEADLINE {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("dnsmasq on port {} did not answer", self.port);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// `resolver = ...` for memring's config.
+    fn resolver(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn dns(&self) -> memring::resolve::Dns {
+        memring::resolve::Dns {
+            server: Some(self.resolver().parse().unwrap()),
+        }
+    }
+
+    fn lookup(&self, host: &str) -> Result<Vec<SocketAddr>, memring::resolve::DnsError> {
+        let dns = self.dns();
+        memring::resolve::block_on(|| async move { dns.addresses(host, 1).await })
+    }
+
+    /// New A records: the hosts file rewritten, then SIGHUP; returns once
+    /// dnsmasq answers with them.
+    fn set_hosts(&self, hosts: &str, check: (&str, Option<&str>)) {
+        self.write_hosts(hosts);
+        signal(self.child.as_ref().expect("running").id(), "HUP");
+        let (host, ip) = check;
+        wait_for(
+            &format!("dnsmasq to answer {host} with {ip:?}"),
+            || match (self.lookup(host), ip) {
+                (Ok(found), Some(ip)) => found.iter().any(|a| a.ip().to_string() == ip),
+                (Err(e), None) => e.failure == memring::resolve::DnsFailure::NoSuchName,
+                _ => false,
+            },
+        );
+    }
+
+    /// New SRV records (and TXT-only names): a restart on the same port.
+    fn set_srv(&mut self, srv: &[Srv], txt: &[&str]) {
+        self.kill();
+        self.srv = srv.to_vec();
+        self.txt = txt.iter().map(|s| s.to_string()).collect();
+        let start = Instant::now();
+        while !self.spawn() {
+            assert!(
+                start.elapsed() < DEADLINE,
+                "port {} stayed taken",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Dnsmasq {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The pid the memcached at `ip:port` reports, if one answers.
+fn pid_at(ip: &str, port: u16) -> Option<u32> {
+    let mut stream = TcpStream::connect((ip, port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    stream.write_all(b"stats\r\n").ok()?;
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !reply.ends_with(b"END\r\n") && reply.len() < 64 * 1024 {
+        match stream.read(&mut chunk) {
+            Ok(n) if n > 0 => reply.extend_from_slice(&chunk[..n]),
+            _ => return Some(0),
+        }
+    }
+    String::from_utf8_lossy(&reply)
+        .lines()
+        .find_map(|l| l.strip_prefix("STAT pid "))
+        .and_then(|pid| pid.trim().parse().ok())
+        .or(Some(0))
+}
+
+/// A memcached on any loopback address (the harness's listens on
+/// 127.0.0.1 only).
+struct Loopback {
+    ip: &'static str,
+    port: u16,
+    child: Child,
+}
+
+impl Loopback {
+    /// A memcached on `ip` at a free port.
+    fn start(ip: &'static str) -> Loopback {
+        for _ in 0..10 {
+            if let Some(server) = Loopback::start_at(ip, free_port()) {
+                return server;
+            }
+        }
+        panic!("no free port for memcached on {ip}");
+    }
+
+    /// A memcached on `ip:port`; `None` if another process has the port.
+    /// Ready once the memcached there reports our child's pid: a port
+    /// taken meanwhile by another test's server must not pass for ours.
+    fn start_at(ip: &'static str, port: u16) -> Option<Loopback> {
+        let mut command = Command::new("memcached");
+        command
+            .args([
+                "-l",
+                ip,
+                "-p",
+                &port.to_string(),
+                "-U",
+                "0",
+                "-t",
+                "1",
+                "-m",
+                "64",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if running_as_root() {
+            command.args(["-u", "root"]);
+        }
+        let mut child = command.spawn().expect("memcached must be installed");
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(_)) = child.try_wait() {
+                return None;
+            }
+            if let Some(pid) = pid_at(ip, port) {
+                if pid == child.id() {
+                    return Some(Loopback { ip, port, child });
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "memcached on {ip}:{port} did not start"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn addr(&self) -> String {
+        format!("{}:{}", self.ip, self.port)
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(&self.addr())
+    }
+}
+
+impl Drop for Loopback {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The memring binary with a config file, logging to a file, killed by PID
+/// on drop.
+struct Daemon {
+    child: Child,
+    log: PathBuf,
+    addr: String,
+}
+
+impl Daemon {
+    /// Starts memring on a free port with `config` (which must not set
+    /// `listen`) and waits until it accepts clients.
+    fn start(dir: &TempDir, config: &str) -> Daemon {
+        for _ in 0..10 {
+            let port = free_port();
+            let path = dir.path("memring.toml");
+            std::fs::write(&path, format!("listen = \"127.0.0.1:{port}\"\n{config}")).unwrap();
+            let log = dir.path("memring.log");
+            let child = Command::new(BIN)
+                .args(["--log-level", "info,memring::discovery=debug"])
+                .arg("--config")
+                .arg(&path)
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).unwrap())
+                .spawn()
+                .unwrap();
+            let mut daemon = Daemon {
+                child,
+                log,
+                addr: format!("127.0.0.1:{port}"),
+            };
+            // Its own log says it listens: a port taken meanwhile by another
+            // process must not pass for memring's.
+            let start = Instant::now();
+            while daemon.count("memring started") == 0 {
+                if let Ok(Some(status)) = daemon.child.try_wait() {
+                    if daemon.count("cannot listen") > 0 {
+                        break;
+                    }
+                    panic!("memring exited ({status}): {}", daemon.log());
+                }
+                assert!(
+                    start.elapsed() < DEADLINE,
+                    "memring did not start: {}",
+                    daemon.log()
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if daemon.count("memring started") > 0 {
+                return daemon;
+            }
+        }
+        panic!("no free port for memring");
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn count(&self, text: &str) -> usize {
+        self.log().lines().filter(|l| l.contains(text)).count()
+    }
+
+    fn wait_for_log(&self, text: &str) {
+        let start = Instant::now();
+        while self.count(text) == 0 {
+            assert!(
+                start.elapsed() < DEADLINE,
+                "no log line `{text}` in:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The first log line containing `text`.
+    fn line(&self, text: &str) -> String {
+        self.log()
+            .lines()
+            .find(|l| l.contains(text))
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(&self.addr)
+    }
+
+    fn stat(&self, name: &str) -> Option<String> {
+        self.client()
+            .stats("")
+            .into_iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `memring ARGS`, its status, stdout and stderr.
+fn memring(args: &[&str]) -> (bool, String, String) {
+    let output = Command::new(BIN).args(args).output().unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Keys `prefix0..prefixN`.
+fn keys(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i}")).collect()
+}
+
+#[test]
+fn a_server_given_by_host_name_is_found_through_the_configured_resolver() {
+    let dir = TempDir::new("dns", "by-name");
+    let cache = Loopback::start("127.0.0.2");
+    let dns = Dnsmasq::start(&dir, "127.0.0.2 cache-0.test.local\n", &[]);
+    let daemon = Daemon::start(
+        &dir,
+        &format!(
+            "[discovery]\nresolver = \"{}\"\n[[servers]]\naddr = \"cache-0.test.local:{}\"\n",
+            dns.resolver(),
+            cache.port
+        ),
+    );
+    let mut client = daemon.client();
+    assert_eq!(client.set("by-name", b"v1"), b"STORED\r\n");
+    assert_eq!(client.get("by-name").as_deref(), Some(&b"v1"[..]));
+    // It is on the memcached the name points to.
+    assert_eq!(cache.client().get("by-name").as_deref(), Some(&b"v1"[..]));
+    // Ring identity is the name as written, and so is the stats line.
+    assert_eq!(
+        daemon.stat(&format!("server:cache-0.test.local:{}:addr", cache.port)),
+        Some(format!("cache-0.test.local:{}", cache.port))
+    );
+}
+
+#[test]
+fn a_name_whose_address_changes_keeps_its_keys_and_its_connections_move() {
+    let dir = TempDir::new("dns", "readdress");
+    let old = Loopback::start("127.0.0.2");
+    let port = old.port;
+    let other = Loopback::start("127.0.0.1");
+    let dns = Dnsmasq::start(
+        &dir,
+        "127.0.0.2 cache-0.test.local\n127.0.0.1 cache-1.test.local\n",
+        &[],
+    );
+    let daemon = Daemon::start(
+        &dir,
+        &format!(
+            "[discovery]\nresolver = \"{}\"\ninterval_ms = 100\n\
+             [[servers]]\naddr = \"cache-0.test.local:{port}\"\n\
+             [[servers]]\naddr = \"cache-1.test.local:{}\"\n",
+            dns.resolver(),
+            other.port
+        ),
+    );
+    let keys = keys("moving-", 300);
+    let mut client = daemon.client();
+    for key in &keys {
+        assert_eq!(client.set(key, b"before"), b"STORED\r\n");
+    }
+    let on_old: Vec<&String> = keys
+        .iter()
+        .filter(|k| old.client().get(k).is_some())
+        .collect();
+    let on_other: Vec<&String> = keys
+        .iter()
+        .filter(|k| other.client().get(k).is_some())
+        .collect();
+    assert_eq!(on_old.len() + on_other.len(), keys.len());
+    assert!(
+        on_old.len() > 50 && on_other.len() > 50,
+        "{} {}",
+        on_old.len(),
+        on_other.len()
+    );
+
+    // The pod comes back elsewhere: the old one still answers (its
+    // connections would work), but the name now means the new one.
+    // Only this test listens on 127.0.0.3.
+    let new = Loopback::start_at("127.0.0.3", port).expect("the port is free on 127.0.0.3");
+    dns.set_hosts(
+        "127.0.0.3 cache-0.test.local\n127.0.0.1 cache-1.test.local\n",
+        ("cache-0.test.local", Some("127.0.0.3")),
+    );
+    daemon.wait_for_log("now resolves to 127.0.0.3");
+    let probe = on_old[0];
+    wait_for("writes to reach the new address", || {
+        client.set(probe, b"after");
+        new.client().get(probe).is_some()
+    });
+    for key in &keys {
+        assert_eq!(client.set(key, b"after"), b"STORED\r\n");
+    }
+    // Every key of the name is on its new address, none on the old one or
+    // on the other server: the name kept its place on the ring.
+    for key in &on_old {
+        assert_eq!(
+            new.client().get(key).as_deref(),
+            Some(&b"after"[..]),
+            "{key}"
+        );
+        // (The probe may have been written there before the move.)
+        if *key != probe {
+            assert_eq!(
+                old.client().get(key).as_deref(),
+                Some(&b"before"[..]),
+                "{key}"
+            );
+        }
+        assert_eq!(other.client().get(key), None, "{key}");
+    }
+    for key in &on_other {
+        assert_eq!(
+            other.client().get(key).as_deref(),
+            Some(&b"after"[..]),
+            "{key}"
+        );
+        assert_eq!(new.client().get(key), None, "{key}");
+    }
+    // Keys stay: no membership change, no keyspace moved.
+    let line = daemon.line("readdressed by DNS");
+    assert!(
+        line.contains("servers unchanged, 0.0% of keyspace moves"),
+        "{line}"
+    );
+}
+
+#[test]
+fn a_name_that_stops_resolving_fails_fast_like_a_dead_server_and_is_logged_once() {
+    let dir = TempDir::new("dns", "gone");
+    let cache = Loopback::start("127.0.0.1");
+    let other = Loopback::start("127.0.0.1");
+    let hosts = "127.0.0.1 cache-0.test.local\n127.0.0.1 cache-1.test.local\n";
+    let dns = Dnsmasq::start(&dir, hosts, &[]);
+    let interval = Duration::from_millis(100);
+    let daemon = Daemon::start(
+        &dir,
+        &format!(
+            "[discovery]\nresolver = \"{}\"\ninterval_ms = {}\n\
+             [[servers]]\naddr = \"cache-0.test.local:{}\"\n\
+             [[servers]]\naddr = \"cache-1.test.local:{}\"\n",
+            dns.resolver(),
+            interval.as_millis(),
+            cache.port,
+            other.port
+        ),
+    );
+    let mut client = daemon.client();
+    let keys = keys("gone-", 200);
+    for key in &keys {
+        assert_eq!(client.set(key, b"v"), b"STORED\r\n");
+    }
+    let on_gone: Vec<&String> = keys
+        .iter()
+        .filter(|k| cache.client().get(k).is_some())
+        .collect();
+    assert!(!on_gone.is_empty());
+
+    // The name goes from DNS; its memcached still runs.
+    dns.set_hosts(
+        "127.0.0.1 cache-1.test.local\n",
+        ("cache-0.test.local", None),
+    );
+    let name = format!("cache-0.test.local:{}", cache.port);
+    daemon.wait_for_log("-> DEAD");
+    let dead = daemon.line("-> DEAD");
+    assert!(dead.contains(&name), "{dead}");
+    assert!(
+        dead.contains("cannot resolve its host name (no such name)"),
+        "{dead}"
+    );
+    // The DNS error, in words.
+    let words = "`cache-0.test.local` does not exist (NXDOMAIN)";
+    assert!(daemon.count(words) >= 1, "{}", daemon.log());
+    assert_eq!(daemon.count("uncategorized"), 0, "{}", daemon.log());
+    // Its keys fail at once, the others' are served.
+    let started = Instant::now();
+    let reply = client.get_raw(on_gone[0]);
+    assert!(started.elapsed() < Duration::from_millis(500));
+    assert!(
+        reply.starts_with(b"SERVER_ERROR"),
+        "{}",
+        String::from_utf8_lossy(&reply)
+    );
+    let kept: Vec<&String> = keys.iter().filter(|k| !on_gone.contains(k)).collect();
+    assert_eq!(client.get(kept[0]).as_deref(), Some(&b"v"[..]));
+    // Counted against the server, as `resolve` errors.
+    let errors: u64 = daemon
+        .stat(&format!("server:{name}:errors"))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    assert!(errors >= 1);
+    // Logged once per episode: many rounds and requests later, the words
+    // are in the log once from the rounds and once from the connections.
+    let watch = Instant::now();
+    while watch.elapsed() < interval * 8 {
+        let _ = client.get_raw(on_gone[0]);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(daemon.count(words) <= 2, "{}", daemon.log());
+    assert_eq!(daemon.count("-> DEAD"), 1, "{}", daemon.log());
+
+    // Back in DNS: it serves again.
+    dns.set_hosts(hosts, ("cache-0.test.local", Some("127.0.0.1")));
+    wait_for("the server to serve again", || {
+        client.get_raw(on_gone[0]).starts_with(b"VALUE")
+    });
+    daemon.wait_for_log("resolves again");
+}
+
+#[test]
+fn check_looks_up_every_name_and_says_which_do_not_resolve() {
+    let dir = TempDir::new("dns", "check");
+    let dns = Dnsmasq::start(
+        &dir,
+        "127.0.0.1 cache-0.test.local\n",
+        &[("cache-0.test.local".into(), 11211, 1)],
+    );
+    let path = dir.path("check.toml");
+    let write = |body: &str| {
+        std::fs::write(
+            &path,
+            format!(
+                "listen = \"127.0.0.1:22122\"\n[discovery]\nresolver = \"{}\"\n{body}",
+                dns.resolver()
+            ),
+        )
+        .unwrap();
+    };
+    write("[[servers]]\naddr = \"cache-0.test.local:11211\"\n[[servers]]\naddr = \"cache-9.test.local:11211\"\n");
+    let (ok, stdout, stderr) = memring(&["check", path.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("ok (2 servers"), "{stdout}");
+    assert_eq!(stderr.matches("does not resolve").count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("server `cache-9.test.local:11211` (line 7): `cache-9.test.local` does not resolve (`cache-9.test.local` does not exist (NXDOMAIN))"),
+        "{stderr}"
+    );
+
+    // Discovery records: listed, and their targets looked up.
+    write(&format!("srv = \"{SRV_NAME}\"\n"));
+    let (ok, stdout, stderr) = memring(&["check", path.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "[discovery] srv {SRV_NAME} lists 1 server: cache-0.test.local:11211"
+        )),
+        "{stdout}"
+    );
+    assert!(stdout.contains("ok (1 server"), "{stdout}");
+    // Records that list nothing: memring could not start, and check says so.
+    write("srv = \"_memcache._tcp.nothing.test.local\"\n");
+    let (ok, _, stderr) = memring(&["check", path.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("`_memcache._tcp.nothing.test.local` does not exist (NXDOMAIN); memring could not start"),
+        "{stderr}"
+    );
+    // --offline asks nothing.
+    let (ok, stdout, stderr) = memring(&["check", "--offline", path.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("ok (0 servers"), "{stdout}");
+}
+
+/// Three memcacheds on 127.0.0.1, named s1..s3.test.local.
+fn three_servers() -> (Vec<Loopback>, String) {
+    let servers: Vec<Loopback> = (0..3).map(|_| Loopback::start("127.0.0.1")).collect();
+    let hosts = (1..=3)
+        .map(|i| format!("127.0.0.1 s{i}.test.local\n"))
+        .collect();
+    (servers, hosts)
+}
+
+fn srv_of(servers: &[Loopback], which: &[usize]) -> Vec<Srv> {
+    which
+        .iter()
+        .map(|&i| (format!("s{}.test.local", i + 1), servers[i].port, 1))
+        .collect()
+}
+
+fn discovery_config(dns: &Dnsmasq, interval_ms: u64, extra: &str) -> String {
+    format!(
+        "{extra}\n[discovery]\nsrv = \"{SRV_NAME}\"\ninterval_ms = {interval_ms}\nresolver = \"{}\"\n",
+        dns.resolver()
+    )
+}
+
+/// GET `path` from the admin listener at `addr`: the body.
+fn http_get(addr: &str, path: &str) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(DEADLINE)).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    reply
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
+}
+
+#[test]
+fn discovery_adds_and_removes_servers_with_hand_off_under_reads() {
+    let dir = TempDir::new("dns", "membership");
+    let (servers, hosts) = three_servers();
+    let mut dns = Dnsmasq::start(&dir, &hosts, &srv_of(&servers, &[0, 1]));
+    let admin = format!("127.0.0.1:{}", free_port());
+    let daemon = Daemon::start(
+        &dir,
+        &discovery_config(&dns, 100, &format!("admin_listen = \"{admin}\"")),
+    );
+    let name = |i: usize| format!("s{}.test.local:{}", i + 1, servers[i].port);
+    assert_eq!(
+        daemon.stat("discovery_server_list"),
+        Some(format!("{},{}", name(0), name(1)))
+    );
+    let keys = keys("member-", 2000);
+    let mut client = daemon.client();
+    for key in &keys {
+        assert_eq!(client.set(key, b"v"), b"STORED\r\n");
+    }
+    let (mut hits, mut reads) = (0usize, 0usize);
+    let mut read_until = |client: &mut Client, line: &str| {
+        let start = Instant::now();
+        let mut passes_after = 0;
+        // Reads go on through the change and one full pass after it.
+        while passes_after < 1 {
+            let seen = daemon.count(line) > 0;
+            for key in &keys {
+                reads += 1;
+                hits += usize::from(client.get(key).is_some());
+            }
+            passes_after += usize::from(seen);
+            assert!(start.elapsed() < DEADLINE, "no `{line}`:\n{}", daemon.log());
+        }
+    };
+
+    dns.set_srv(&srv_of(&servers, &[0, 1, 2]), &[]);
+    let added = format!("+1 server ({})", name(2));
+    read_until(&mut client, &added);
+    dns.set_srv(&srv_of(&servers, &[1, 2]), &[]);
+    let removed = format!("-1 server ({})", name(0));
+    read_until(&mut client, &removed);
+
+    let ratio = hits as f64 / reads as f64;
+    println!("hit ratio through two discovery changes: {hits}/{reads} = {ratio:.4}");
+    assert!(ratio >= 0.995, "{hits} of {reads} reads hit");
+    // The same line as a config edit: the moved share and the window.
+    for line in [daemon.line(&added), daemon.line(&removed)] {
+        assert!(
+            line.contains("% of keyspace moves; hand-off window 300s"),
+            "{line}"
+        );
+        assert!(
+            line.contains(&format!("(discovery: srv {SRV_NAME})")),
+            "{line}"
+        );
+    }
+    let share: f64 = daemon
+        .line(&added)
+        .split(", ")
+        .nth(1)
+        .and_then(|rest| rest.split('%').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert!(
+        (20.0..45.0).contains(&share),
+        "a third of the keyspace moves: {share}"
+    );
+    // stats and /metrics show the list and when it changed.
+    assert_eq!(
+        daemon.stat("discovery_server_list"),
+        Some(format!("{},{}", name(1), name(2)))
+    );
+    assert_eq!(daemon.stat("discovery_servers").as_deref(), Some("2"));
+    assert_eq!(daemon.stat("discovery_changes").as_deref(), Some("2"));
+    let changed: u64 = daemon
+        .stat("discovery_last_change")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(now.abs_diff(changed) < 120, "{changed} {now}");
+    let metrics = http_get(&admin, "/metrics");
+    assert!(
+        metrics.contains("memring_discovery_servers 2\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            "memring_discovery_server{{server=\"{}\"}} 1",
+            name(2)
+        )),
+        "{metrics}"
+    );
+    assert!(!metrics.contains(&format!(
+        "memring_discovery_server{{server=\"{}\"}}",
+        name(0)
+    )));
+    assert!(metrics.contains(&format!("memring_discovery_last_change_seconds {changed}")));
+}
+
+#[test]
+fn discovery_keeps_the_last_good_list_when_dns_goes_away_or_answers_empty() {
+    let dir = TempDir::new("dns", "outage");
+    let (servers, hosts) = three_servers();
+    let mut dns = Dnsmasq::start(&dir, &hosts, &srv_of(&servers, &[0, 1]));
+    let daemon = Daemon::start(&dir, &discovery_config(&dns, 100, ""));
+    let keys = keys("outage-", 200);
+    let mut client = daemon.client();
+    for key in &keys {
+        assert_eq!(client.set(key, b"v"), b"STORED\r\n");
+    }
+    let version = daemon.stat("ring_version");
+    let failures = || -> u64 {
+        daemon
+            .stat("discovery_lookup_failures")
+            .and_then(|v| v.parse().ok())
+            .unwrap()
+    };
+
+    // The DNS server goes away: many rounds fail, the ring stays.
+    dns.kill();
+    // A DNS server that is gone costs a round its lookup timeouts.
+    wait_for("two failed rounds", || failures() >= 2);
+    assert_eq!(daemon.stat("ring_version"), version);
+    assert_eq!(daemon.stat("discovery_servers").as_deref(), Some("2"));
+    assert_eq!(daemon.stat("discovery_failing").as_deref(), Some("1"));
+    assert_eq!(
+        daemon.count("keeping the last good list of 2 servers"),
+        1,
+        "{}",
+        daemon.log()
+    );
+    for key in &keys {
+        assert!(client.get(key).is_some(), "{key}");
+    }
+
+    // Back, then an empty answer: the name exists with no SRV record.
+    dns.set_srv(&[], &[SRV_NAME]);
+    daemon.wait_for_log("has no SRV records");
+    let before = failures();
+    wait_for("three more failed rounds", || failures() >= before + 3);
+    assert_eq!(daemon.stat("ring_version"), version);
+    let empty = daemon.line(&format!("`{SRV_NAME}` has no SRV records"));
+    assert!(
+        empty.contains("keeping the last good list of 2 servers"),
+        "{}",
+        daemon.log()
+    );
+    assert_eq!(daemon.count("has no SRV records"), 1, "{}", daemon.log());
+    for key in &keys {
+        assert!(client.get(key).is_some(), "{key}");
+    }
+    // Records again: a change like any other.
+    dns.set_srv(&srv_of(&servers, &[0, 1, 2]), &[]);
+    daemon.wait_for_log("+1 server (s3.test.local:");
+    assert_eq!(daemon.stat("discovery_failing").as_deref(), Some("0"));
+    daemon.wait_for_log("answers again");
+}
+
+#[test]
+fn plan_discovery_prints_the_plan_of_the_equal_config_edit() {
+    let dir = TempDir::new("dns", "plan");
+    let (servers, hosts) = three_servers();
+    let mut dns = Dnsmasq::start(&dir, &hosts, &srv_of(&servers, &[0, 1]));
+    // An interval long enough that memring itself does not apply the change.
+    let daemon = Daemon::start(&dir, &discovery_config(&dns, 3_600_000, ""));
+    dns.set_srv(&srv_of(&servers, &[0, 1, 2]), &[]);
+    let config = dir.path("memring.toml");
+    let (ok, stdout, stderr) = memring(&["plan", "--discovery", config.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    let (first, plan) = stdout.split_once('\n').unwrap();
+    assert_eq!(
+        first,
+        format!(
+            "discovery: srv {SRV_NAME}: 2 servers in use at {}, 3 listed now",
+            daemon.addr
+        )
+    );
+    // The same as `plan OLD NEW` for the config edit that lists the servers.
+    let listed = |which: &[usize]| -> PathBuf {
+        let mut text = format!(
+            "listen = \"{}\"\n[discovery]\nresolver = \"{}\"\ninterval_ms = 3600000\n",
+            daemon.addr,
+            dns.resolver()
+        );
+        for &i in which {
+            text.push_str(&format!(
+                "[[servers]]\naddr = \"s{}.test.local:{}\"\n",
+                i + 1,
+                servers[i].port
+            ));
+        }
+        let path = dir.path(&format!("servers-{}.toml", which.len()));
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let (old, new) = (listed(&[0, 1]), listed(&[0, 1, 2]));
+    let (ok, edit, stderr) = memring(&["plan", old.to_str().unwrap(), new.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert_eq!(plan, edit);
+    assert!(plan.contains("change: +1 server (s3.test.local:"), "{plan}");
+    // memring itself still runs on the two it had.
+    assert_eq!(daemon.stat("discovery_servers").as_deref(), Some("2"));
+    // No discovery in the config: a clear error.
+    let (ok, _, stderr) = memring(&["plan", "--discovery", old.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(stderr.contains("no [discovery] srv or a"), "{stderr}");
+}
+
+/// The config embedded in the StatefulSet example passes `memring check`:
+/// on its own, and with DNS answering for the names the manifest defines.
+#[test]
+fn the_kubernetes_discovery_example_config_checks() {
+    let manifest = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config/kubernetes/discovery.yaml"
+    ))
+    .unwrap();
+    let start = manifest
+        .find("memring.toml: |\n")
+        .expect("the ConfigMap's file")
+        + 16;
+    let config: String = manifest[start..]
+        .lines()
+        .take_while(|line| line.is_empty() || line.starts_with("    "))
+        .map(|line| format!("{}\n", line.strip_prefix("    ").unwrap_or("")))
+        .collect();
+    let srv = config
+        .lines()
+        .find_map(|l| l.strip_prefix("srv = \""))
+        .and_then(|l| l.strip_suffix('"'))
+        .expect("the config discovers by SRV");
+    let dir = TempDir::new("dns", "kubernetes");
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, &config).unwrap();
+    let (ok, stdout, stderr) = memring(&["check", "--offline", path.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains(": ok ("), "{stdout}");
+
+    // What the cluster's DNS would answer for the headless service: one SRV
+    // record per pod of the StatefulSet, named <pod>.<service>.<namespace>.
+    let domain = srv.splitn(3, '.').nth(2).unwrap();
+    let pods: Vec<String> = (0..3).map(|i| format!("memcached-{i}.{domain}")).collect();
+    let hosts: String = pods.iter().map(|p| format!("127.0.0.1 {p}\n")).collect();
+    let records: Vec<Srv> = pods.iter().map(|p| (p.clone(), 11211, 1)).collect();
+    assert!(manifest.contains("replicas: 3"));
+    let dns = Dnsmasq::start_for(&dir, domain, srv, &hosts, &records);
+    let text = config.replacen(
+        "[discovery]\n",
+        &format!("[discovery]\nresolver = \"{}\"\n", dns.resolver()),
+        1,
+    );
+    std::fs::write(&path, &text).unwrap();
+    let (ok, stdout, stderr) = memring(&["check", path.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains(&format!("lists 3 servers: {}:11211", pods[0])),
+        "{stdout}"
+    );
+    assert!(!stderr.contains("does not resolve"), "{stderr}");
+}
