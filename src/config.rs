@@ -61,6 +61,8 @@ struct RawConfig {
     hot_key_coalesce: Option<bool>,
     hot_key_cache_ms: Option<Spanned<u64>>,
     hot_key_cache_bytes: Option<Spanned<u64>>,
+    tls_listen: Option<Spanned<RawTlsListen>>,
+    backend_tls: Option<Spanned<RawBackendTls>>,
     discovery: Option<Spanned<RawDiscovery>>,
 }
 
@@ -81,6 +83,32 @@ struct RawServer {
     addr: Spanned<String>,
     weight: Option<Spanned<i64>>,
     name: Option<Spanned<String>>,
+    tls: Option<Spanned<bool>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTlsListen {
+    addr: Spanned<String>,
+    cert_file: Spanned<String>,
+    key_file: Spanned<String>,
+    client_ca_file: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBackendTls {
+    ca_file: Option<Spanned<String>>,
+    cert_file: Option<Spanned<String>>,
+    key_file: Option<Spanned<String>>,
+    server_name: Option<Spanned<String>>,
+}
+
+/// `[tls_listen]`: a second client listener that speaks TLS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsListen {
+    pub addr: SocketAddr,
+    pub files: crate::tls::ListenFiles,
 }
 
 /// One memcached server of the pool.
@@ -93,6 +121,8 @@ pub struct ServerConfig {
     pub name: String,
     /// Relative share of the keyspace (points = 160 × weight).
     pub weight: u32,
+    /// Connect with TLS, as `[backend_tls]` says.
+    pub tls: bool,
 }
 
 impl ServerConfig {
@@ -177,6 +207,10 @@ pub struct Config {
     /// spellings of one memcached, host names that do not resolve (yet).
     /// Part of [`Config::warnings`].
     pub server_warnings: Vec<String>,
+    /// `[tls_listen]`, read at start.
+    pub tls_listen: Option<TlsListen>,
+    /// `[backend_tls]`, read at start; required by servers with `tls = true`.
+    pub backend_tls: Option<crate::tls::BackendFiles>,
 }
 
 /// The `[discovery]` table.
@@ -554,7 +588,13 @@ impl Config {
                 }
             }
             reaches.push((server.addr.span(), endpoints));
-            servers.push(ServerConfig { addr, name, weight });
+            let tls = server.tls.as_ref().is_some_and(|t| *t.get_ref());
+            servers.push(ServerConfig {
+                addr,
+                name,
+                weight,
+                tls,
+            });
         }
 
         let number = |field: &Option<Spanned<u64>>,
@@ -688,6 +728,10 @@ impl Config {
 
         let ring = ring_spec(&raw, &at)?;
         let hot_keys = hot_key_settings(&raw, &at, &number)?;
+        let (tls_listen, backend_tls) = tls_settings(&raw, &at, path, listen, admin_listen)?;
+        if lookup.is_some() {
+            check_tls_files(&raw, &at, tls_listen.as_ref(), backend_tls.as_ref())?;
+        }
 
         Ok(Config {
             ring,
@@ -721,6 +765,8 @@ impl Config {
             handoff: Duration::from_millis(handoff_ms),
             hot_keys,
             server_warnings,
+            tls_listen,
+            backend_tls,
             discovery,
         })
     }
@@ -825,6 +871,174 @@ fn ring_spec(
         }
     }
     Ok(spec)
+}
+
+/// `[tls_listen]`, `[backend_tls]` and the servers' `tls`, checked without
+/// reading the files. Relative paths are taken from the config file's
+/// directory, so a config and its certificates move together.
+fn tls_settings(
+    raw: &RawConfig,
+    at: &dyn Fn(Range<usize>, String) -> ConfigError,
+    path: &str,
+    listen: SocketAddr,
+    admin_listen: Option<SocketAddr>,
+) -> Result<(Option<TlsListen>, Option<crate::tls::BackendFiles>), ConfigError> {
+    let base = Path::new(path).parent().unwrap_or(Path::new(""));
+    let file = |value: &Spanned<String>, key: &str| -> Result<std::path::PathBuf, ConfigError> {
+        let text = value.get_ref().trim();
+        if text.is_empty() {
+            return Err(at(value.span(), format!("{key} must name a file")));
+        }
+        Ok(base.join(text))
+    };
+    let tls_listen = match &raw.tls_listen {
+        None => None,
+        Some(section) => {
+            let section = section.get_ref();
+            let addr = section.addr.get_ref().parse::<SocketAddr>().map_err(|_| {
+                at(
+                    section.addr.span(),
+                    format!(
+                        "tls_listen.addr: `{}` is not an IP:port address",
+                        section.addr.get_ref()
+                    ),
+                )
+            })?;
+            for (other, name) in [(Some(listen), "listen"), (admin_listen, "admin_listen")] {
+                if other.is_some_and(|other| binds_overlap(addr, other)) {
+                    return Err(at(
+                        section.addr.span(),
+                        format!(
+                            "tls_listen.addr = \"{addr}\" takes the port of {name}: the TLS listener needs an address of its own"
+                        ),
+                    ));
+                }
+            }
+            Some(TlsListen {
+                addr,
+                files: crate::tls::ListenFiles {
+                    cert_file: file(&section.cert_file, "tls_listen.cert_file")?,
+                    key_file: file(&section.key_file, "tls_listen.key_file")?,
+                    client_ca_file: section
+                        .client_ca_file
+                        .as_ref()
+                        .map(|f| file(f, "tls_listen.client_ca_file"))
+                        .transpose()?,
+                },
+            })
+        }
+    };
+    let backend_tls = match &raw.backend_tls {
+        None => None,
+        Some(section) => {
+            let span = section.span();
+            let section = section.get_ref();
+            // Roots from the system's store would make verification depend
+            // on the machine (and many containers have none): say which.
+            let Some(ca_file) = &section.ca_file else {
+                return Err(at(
+                    span,
+                    "[backend_tls] needs ca_file: the PEM file of the CA certificates that issued the servers' certificates (memring does not use the system's roots)".into(),
+                ));
+            };
+            let client_cert = match (&section.cert_file, &section.key_file) {
+                (None, None) => None,
+                (Some(cert), Some(key)) => Some((
+                    file(cert, "backend_tls.cert_file")?,
+                    file(key, "backend_tls.key_file")?,
+                )),
+                (Some(cert), None) => {
+                    return Err(at(
+                        cert.span(),
+                        "backend_tls.cert_file needs key_file too (the client certificate's private key)".into(),
+                    ))
+                }
+                (None, Some(key)) => {
+                    return Err(at(
+                        key.span(),
+                        "backend_tls.key_file needs cert_file too (the client certificate)".into(),
+                    ))
+                }
+            };
+            if let Some(name) = &section.server_name {
+                let text = name.get_ref();
+                if rustls::pki_types::ServerName::try_from(text.as_str()).is_err() {
+                    return Err(at(
+                        name.span(),
+                        format!("backend_tls.server_name `{text}` is neither a DNS name nor an IP address"),
+                    ));
+                }
+            }
+            Some(crate::tls::BackendFiles {
+                ca_file: file(ca_file, "backend_tls.ca_file")?,
+                client_cert,
+                server_name: section.server_name.as_ref().map(|n| n.get_ref().clone()),
+            })
+        }
+    };
+    if backend_tls.is_none() {
+        let tls_server = raw.servers.iter().find_map(|s| {
+            s.get_ref()
+                .tls
+                .as_ref()
+                .filter(|t| *t.get_ref())
+                .map(|t| (t.span(), s.get_ref().addr.get_ref().clone()))
+        });
+        if let Some((span, addr)) = tls_server {
+            return Err(at(
+                span,
+                format!("server `{addr}` has tls = true but there is no [backend_tls] with the ca_file to verify it by"),
+            ));
+        }
+    }
+    Ok((tls_listen, backend_tls))
+}
+
+/// Reads every TLS file named in the config, as start-up will, and says
+/// which one is unusable, at the line that names it.
+fn check_tls_files(
+    raw: &RawConfig,
+    at: &dyn Fn(Range<usize>, String) -> ConfigError,
+    listen: Option<&TlsListen>,
+    backend: Option<&crate::tls::BackendFiles>,
+) -> Result<(), ConfigError> {
+    // The key that names the file the error is about.
+    let span_of = |error: &crate::tls::TlsError| -> Range<usize> {
+        let mut spans: Vec<(std::path::PathBuf, Range<usize>)> = Vec::new();
+        if let (Some(files), Some(raw)) = (listen, &raw.tls_listen) {
+            let raw = raw.get_ref();
+            spans.push((files.files.cert_file.clone(), raw.cert_file.span()));
+            spans.push((files.files.key_file.clone(), raw.key_file.span()));
+            if let (Some(ca), Some(raw_ca)) = (&files.files.client_ca_file, &raw.client_ca_file) {
+                spans.push((ca.clone(), raw_ca.span()));
+            }
+        }
+        if let (Some(files), Some(raw)) = (backend, &raw.backend_tls) {
+            let section = raw.get_ref();
+            if let Some(ca) = &section.ca_file {
+                spans.push((files.ca_file.clone(), ca.span()));
+            }
+            if let (Some((cert, key)), Some(raw_cert), Some(raw_key)) =
+                (&files.client_cert, &section.cert_file, &section.key_file)
+            {
+                spans.push((cert.clone(), raw_cert.span()));
+                spans.push((key.clone(), raw_key.span()));
+            }
+        }
+        spans
+            .into_iter()
+            .find(|(path, _)| *path == error.path)
+            .map_or(0..0, |(_, span)| span)
+    };
+    if let Some(listen) = listen {
+        crate::tls::check_listen(&listen.files)
+            .map_err(|e| at(span_of(&e), format!("tls_listen: {e}")))?;
+    }
+    if let Some(backend) = backend {
+        crate::tls::check_backend(backend)
+            .map_err(|e| at(span_of(&e), format!("backend_tls: {e}")))?;
+    }
+    Ok(())
 }
 
 /// The `[discovery]` table, validated.
@@ -1300,6 +1514,12 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("addr", "\"10.0.0.1:11211\""),
     ("weight", "2"),
     ("name", "\"cache-01\""),
+    ("tls", "true"),
+    ("cert_file", "\"server.pem\""),
+    ("key_file", "\"server.key\""),
+    ("client_ca_file", "\"clients-ca.pem\""),
+    ("ca_file", "\"ca.pem\""),
+    ("server_name", "\"cache.internal\""),
 ];
 
 /// serde's and toml's messages, rewritten for people where they are not:
@@ -1312,7 +1532,7 @@ fn explain_toml_error(message: &str, text: &str, at: usize) -> String {
             return message.to_string();
         };
         let known: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
-        let place = if known.contains(&"addr") {
+        let place = if known.contains(&"weight") {
             " in [[servers]]"
         } else if known.contains(&"srv") {
             " in [discovery]"
@@ -1520,6 +1740,89 @@ name = "cache-02"
     }
 
     #[test]
+    fn tls_on_a_server_without_backend_tls_is_refused_at_its_line() {
+        let text = "listen = \"127.0.0.1:1\"\n[[servers]]\naddr = \"127.0.0.1:2\"\ntls = true\n";
+        let error = error_of(text);
+        assert!(
+            error.starts_with("memring.toml:4:7: server `127.0.0.1:2` has tls = true but there is no [backend_tls]"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn backend_tls_needs_a_ca_file_and_both_halves_of_a_client_certificate() {
+        let base = "listen = \"127.0.0.1:1\"\n[[servers]]\naddr = \"127.0.0.1:2\"\ntls = true\n";
+        let error = error_of(&format!("{base}[backend_tls]\nserver_name = \"cache\"\n"));
+        assert!(
+            error.starts_with("memring.toml:5:1: [backend_tls] needs ca_file"),
+            "{error}"
+        );
+        let error = error_of(&format!(
+            "{base}[backend_tls]\nca_file = \"ca.pem\"\ncert_file = \"c.pem\"\n"
+        ));
+        assert!(
+            error.starts_with("memring.toml:7:13: backend_tls.cert_file needs key_file"),
+            "{error}"
+        );
+        let error = error_of(&format!(
+            "{base}[backend_tls]\nca_file = \"ca.pem\"\nserver_name = \"not a name\"\n"
+        ));
+        assert!(
+            error.contains("7:15: backend_tls.server_name `not a name`"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn tls_paths_are_relative_to_the_config_file_and_tls_listen_needs_its_own_port() {
+        let text = "listen = \"127.0.0.1:7000\"\n[tls_listen]\naddr = \"127.0.0.1:7001\"\ncert_file = \"s.pem\"\nkey_file = \"/abs/s.key\"\n[backend_tls]\nca_file = \"ca.pem\"\n[[servers]]\naddr = \"127.0.0.1:2\"\ntls = true\n";
+        let config = Config::parse(text, "/etc/memring/memring.toml").unwrap();
+        let listen = config.tls_listen.expect("tls_listen");
+        assert_eq!(listen.files.cert_file, Path::new("/etc/memring/s.pem"));
+        assert_eq!(listen.files.key_file, Path::new("/abs/s.key"));
+        assert_eq!(
+            config.backend_tls.expect("backend_tls").ca_file,
+            Path::new("/etc/memring/ca.pem")
+        );
+        assert!(config.servers[0].tls);
+        let error = error_of(&text.replace("127.0.0.1:7001", "127.0.0.1:7000"));
+        assert!(
+            error.contains("3:8: tls_listen.addr = \"127.0.0.1:7000\" takes the port of listen"),
+            "{error}"
+        );
+        let error = error_of(&text.replace("cert_file", "cert_fil"));
+        assert!(
+            error.contains("unknown key `cert_fil`; did you mean `cert_file`?"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_missing_or_unparsable_tls_file_is_an_error_at_the_line_naming_it() {
+        let dir = std::env::temp_dir().join(format!("memring-config-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("ca.pem"), "not a certificate\n").unwrap();
+        let path = dir.join("memring.toml");
+        let text = "listen = \"127.0.0.1:1\"\n[backend_tls]\nca_file = \"ca.pem\"\n[[servers]]\naddr = \"127.0.0.1:2\"\ntls = true\n";
+        std::fs::write(&path, text).unwrap();
+        let error = Config::load(&path).unwrap_err().to_string();
+        assert!(
+            error.contains("memring.toml:3:11: backend_tls: ")
+                && error.contains("ca.pem: holds no PEM certificate"),
+            "{error}"
+        );
+        std::fs::write(&path, text.replace("ca.pem", "missing.pem")).unwrap();
+        let error = Config::load(&path).unwrap_err().to_string();
+        assert!(
+            error.contains(":3:11: backend_tls: ") && error.contains("missing.pem: cannot read"),
+            "{error}"
+        );
+        // Parsing alone reads no file.
+        assert!(Config::parse(text, "memring.toml").is_ok());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn good_config_gets_defaults_and_identities() {
         let config = Config::parse(GOOD, "memring.toml").unwrap();
         assert_eq!(config.listen, "127.0.0.1:22122".parse().unwrap());
@@ -1662,8 +1965,27 @@ name = "cache-02"
         };
         let top = known(&format!("unknown_key = 1\n{GOOD}"));
         let server = known(&GOOD.replace("weight = 2", "unknown_key = 2"));
-        assert!(top.len() > 20 && server.len() == 3, "{top:?} {server:?}");
-        for key in top.iter().chain(&server).filter(|k| *k != "servers") {
+        assert!(top.len() > 20 && server.len() == 4, "{top:?} {server:?}");
+        // The keys of the TLS tables, each with an example for messages.
+        let tables = ["tls_listen", "backend_tls"];
+        let mut table_keys: Vec<String> = tables
+            .iter()
+            .flat_map(|table| known(&format!("{GOOD}\n[{table}]\nunknown_key = 1\n")))
+            .filter(|key| !server.contains(key))
+            .collect();
+        table_keys.sort();
+        table_keys.dedup();
+        for key in &table_keys {
+            assert!(
+                EXAMPLES.iter().any(|(name, _)| name == key),
+                "no example for `{key}`"
+            );
+        }
+        for key in top
+            .iter()
+            .chain(&server)
+            .filter(|k| *k != "servers" && !tables.contains(&k.as_str()))
+        {
             let (_, example) = EXAMPLES
                 .iter()
                 .find(|(name, _)| name == key)
@@ -1674,7 +1996,8 @@ name = "cache-02"
                 } else {
                     "addr = \"127.0.0.1:2\"\n"
                 };
-                format!("listen = \"127.0.0.1:1\"\n[[servers]]\n{key} = {example}\n{addr}")
+                // `tls = true` needs a [backend_tls].
+                format!("listen = \"127.0.0.1:1\"\n[backend_tls]\nca_file = \"ca.pem\"\n[[servers]]\n{key} = {example}\n{addr}")
             } else if key == "listen" {
                 GOOD.replace("\"127.0.0.1:22122\"", example)
             } else {
@@ -1701,7 +2024,7 @@ name = "cache-02"
         let discovery = ["srv", "a", "interval_ms", "resolver"];
         assert_eq!(
             EXAMPLES.len(),
-            top.len() - 1 + server.len() + discovery.len(),
+            top.len() - 1 - tables.len() + server.len() + table_keys.len() + discovery.len(),
             "an example of a key that is gone"
         );
     }
@@ -1713,13 +2036,25 @@ name = "cache-02"
             .iter()
             .filter_map(|n| n.strip_prefix("servers."))
             .collect();
-        assert_eq!(server, ["addr", "weight", "name"]);
+        assert_eq!(server, ["addr", "weight", "name", "tls"]);
         assert!(names.iter().any(|n| n == "listen") && names.iter().any(|n| n == "servers"));
+        // The TLS tables' keys share one example each (`addr` is the
+        // servers' already).
+        let tables = ["tls_listen", "backend_tls"];
+        let mut table_keys: Vec<&str> = names
+            .iter()
+            .filter_map(|n| n.split_once('.'))
+            .filter(|(table, key)| tables.contains(table) && !server.contains(key))
+            .map(|(_, key)| key)
+            .collect();
+        table_keys.sort_unstable();
+        table_keys.dedup();
         let keys: Vec<&str> = names
             .iter()
-            .filter(|n| !n.contains('.') && *n != "servers")
+            .filter(|n| !n.contains('.') && *n != "servers" && !tables.contains(&n.as_str()))
             .map(String::as_str)
             .chain(server.iter().copied())
+            .chain(table_keys)
             .chain(names.iter().filter_map(|n| n.strip_prefix("discovery.")))
             .collect();
         for key in &keys {

@@ -50,6 +50,9 @@ pub async fn servers(source: &Source, dns: Dns) -> Result<Vec<ServerConfig>, Dns
                         name: addr.clone(),
                         addr,
                         weight,
+                        // TODO(#23): a [discovery] key for TLS to the
+                        // discovered servers.
+                        tls: false,
                     }
                 })
                 .collect()
@@ -62,6 +65,7 @@ pub async fn servers(source: &Source, dns: Dns) -> Result<Vec<ServerConfig>, Dns
                 name: socket.to_string(),
                 addr: socket.to_string(),
                 weight: 1,
+                tls: false,
             })
             .collect(),
     };

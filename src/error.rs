@@ -29,11 +29,39 @@ pub enum BackendErrorKind {
     /// Its host name has no address (the words are logged once).
     #[error("cannot resolve its host name ({0})")]
     Resolve(crate::resolve::DnsFailure),
+    #[error("TLS handshake failed ({0})")]
+    Tls(TlsFailure),
+}
+
+/// Why a TLS handshake with a server failed, in a word; the log line of the
+/// failure has rustls's full words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TlsFailure {
+    #[error("certificate not issued by a CA of backend_tls.ca_file")]
+    UnknownIssuer,
+    #[error("certificate not valid for the server's name")]
+    WrongName,
+    #[error("certificate expired or not yet valid")]
+    Expired,
+    #[error("certificate refused")]
+    BadCertificate,
+    #[error("the server refused the handshake")]
+    Refused,
+    #[error("connection closed during the handshake")]
+    Closed,
+    #[error("no handshake within connect_timeout_ms")]
+    Timeout,
+    #[error("the address has no name to verify; set backend_tls.server_name")]
+    BadName,
+    #[error("tls = true but memring started without [backend_tls]")]
+    NotConfigured,
+    #[error("protocol error")]
+    Handshake,
 }
 
 impl BackendErrorKind {
     /// Metric labels of the kinds, in [`BackendErrorKind::index`] order.
-    pub const LABELS: [&'static str; 9] = [
+    pub const LABELS: [&'static str; 10] = [
         "connect",
         "connect_timeout",
         "timeout",
@@ -43,6 +71,7 @@ impl BackendErrorKind {
         "gone",
         "dead",
         "resolve",
+        "tls",
     ];
 
     /// A dense index for per-kind counters.
@@ -57,6 +86,7 @@ impl BackendErrorKind {
             BackendErrorKind::Gone => 6,
             BackendErrorKind::Dead => 7,
             BackendErrorKind::Resolve(_) => 8,
+            BackendErrorKind::Tls(_) => 9,
         }
     }
 }

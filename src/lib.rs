@@ -39,6 +39,8 @@
 //!   worker), `stats hotkeys`, coalescing of concurrent gets, near cache.
 //! - [`stats`]: counters behind both the `stats` reply and Prometheus; a leaf.
 //! - [`report`]: memring's memcached-style `stats` reply.
+//! - [`tls`]: rustls configs from PEM files for both sides (servers are
+//!   verified, clients optionally), and the listener's certificate reload.
 //! - [`admin`]: optional HTTP listener for `/metrics`, `/live` and `/ready`.
 //! - [`error`]: backend and config errors.
 
@@ -67,6 +69,7 @@ mod session;
 mod shard;
 pub mod stats;
 mod sweep;
+pub mod tls;
 pub mod topology;
 mod worker;
 

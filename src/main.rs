@@ -394,6 +394,9 @@ fn check(file: &Path, offline: bool) -> anyhow::Result<()> {
         }
         config = config.with_servers(found);
     }
+    if !offline {
+        check_tls_servers(file, &config)?;
+    }
     println!(
         "{}: ok ({} server{}, listen {}, ring {})",
         file.display(),
@@ -403,6 +406,44 @@ fn check(file: &Path, offline: bool) -> anyhow::Result<()> {
         describe_ring(&config)
     );
     Ok(())
+}
+
+/// The TLS part of `check`'s connectivity test: a handshake with every
+/// server marked `tls = true`, verified as memring will. A certificate that
+/// does not verify is an error; a server that cannot be reached is a warning
+/// (it may be down for now).
+fn check_tls_servers(file: &Path, config: &Config) -> anyhow::Result<()> {
+    use memring::tls::{ConnectError, Connector};
+    let Some(files) = &config.backend_tls else {
+        return Ok(());
+    };
+    let connector = Connector::new(files).context("backend_tls")?;
+    let timeout = config
+        .connect_timeout
+        .max(std::time::Duration::from_secs(2));
+    let mut refused = Vec::new();
+    for server in config.servers.iter().filter(|s| s.tls) {
+        match connector.probe_blocking(&server.addr, timeout) {
+            Ok(version) => println!(
+                "server `{}` ({}): TLS ok ({version})",
+                server.name, server.addr
+            ),
+            Err(ConnectError::Unreachable(e)) => eprintln!(
+                "memring: warning: {}: server `{}` ({}): TLS not tested, cannot connect: {e}",
+                file.display(),
+                server.name,
+                server.addr
+            ),
+            Err(ConnectError::Handshake(_, words)) => refused.push(format!(
+                "server `{}` ({}): {words}",
+                server.name, server.addr
+            )),
+        }
+    }
+    if refused.is_empty() {
+        return Ok(());
+    }
+    anyhow::bail!("{}: {}", file.display(), refused.join("; "))
 }
 
 fn plan(old: &Path, new: &Path) -> anyhow::Result<()> {
@@ -489,6 +530,7 @@ fn running_servers(addr: &str) -> anyhow::Result<Vec<memring::config::ServerConf
             weight: stat(&format!("server:{name}:weight"))
                 .and_then(|w| w.parse().ok())
                 .unwrap_or(1),
+            tls: false,
         })
         .collect())
 }

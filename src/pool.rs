@@ -51,10 +51,16 @@ impl Publisher {
     /// Builds the first topology (version 1) and starts its backends. Must be
     /// called inside a tokio runtime. With `fds`, reloads that do not fit in
     /// the open file limit are refused.
-    pub(crate) fn new(config: Config, stats: Arc<Stats>, fds: Option<FdAccount>) -> Arc<Publisher> {
+    pub(crate) fn new(
+        config: Config,
+        stats: Arc<Stats>,
+        fds: Option<FdAccount>,
+        tls: Option<Arc<crate::tls::Connector>>,
+    ) -> Arc<Publisher> {
         let hooks = PoolHooks {
             health_changed: Arc::new(Notify::new()),
             stats,
+            tls,
         };
         let backends = Topology::backends_for(&config, None, &hooks);
         let first = Topology::assemble(Arc::new(config), 1, backends, Vec::new());

@@ -279,8 +279,31 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         ring,
         hot_keys,
         server_warnings: _,
+        tls_listen,
+        backend_tls,
         discovery,
     } = new;
+    // The TLS settings as one line each; their files are read at start
+    // (the listener's certificate reloads by itself when its files change).
+    let tls_listen_text = |t: &Option<crate::config::TlsListen>| {
+        t.as_ref().map_or("(off)".to_string(), |t| {
+            format!(
+                "{} {} {} {}",
+                t.addr,
+                t.files.cert_file.display(),
+                t.files.key_file.display(),
+                t.files
+                    .client_ca_file
+                    .as_ref()
+                    .map_or("(no client_ca_file)".to_string(), |p| p
+                        .display()
+                        .to_string())
+            )
+        })
+    };
+    let backend_tls_text = |t: &Option<crate::tls::BackendFiles>| {
+        t.as_ref().map_or("(off)".to_string(), |t| format!("{t:?}"))
+    };
     let ms = |d: &Duration| d.as_millis().to_string();
     let optional_ms = |d: &Option<Duration>| d.as_ref().map_or("0".to_string(), ms);
     let address =
@@ -326,7 +349,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             d.interval.as_millis()
         )
     };
-    let rows: [(&'static str, String, String, bool); 33] = [
+    let rows: [(&'static str, String, String, bool); 35] = [
         (
             "discovery",
             discovered(&old.discovery),
@@ -457,6 +480,18 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             true,
         ),
         ("handoff_ms", ms(&old.handoff), ms(handoff), false),
+        (
+            "tls_listen",
+            tls_listen_text(&old.tls_listen),
+            tls_listen_text(tls_listen),
+            true,
+        ),
+        (
+            "backend_tls",
+            backend_tls_text(&old.backend_tls),
+            backend_tls_text(backend_tls),
+            true,
+        ),
         // Hot-key detection and its window are set up when the workers
         // start; the rest applies live.
         (
@@ -758,7 +793,11 @@ pub(crate) fn flush_newcomers(topology: &crate::topology::Topology, config: &Con
             continue;
         }
         let timeout = config.connect_timeout + config.request_timeout;
-        match flush_now(&server.addr, config.discovery.dns, timeout) {
+        let flushed = match (&config.backend_tls, server.tls) {
+            (Some(files), true) => flush_tls(files, &server.addr, timeout),
+            _ => flush_now(&server.addr, config.discovery.dns, timeout),
+        };
+        match flushed {
             Ok(()) => {
                 tracing::info!(server = %server.name, "joins: flushed first, so it holds nothing from before")
             }
@@ -768,6 +807,32 @@ pub(crate) fn flush_newcomers(topology: &crate::topology::Topology, config: &Con
             ),
         }
     }
+}
+
+/// [`flush_now`] for a server with `tls = true`, over a TLS connection of
+/// its own (verified as the backend's connections are).
+fn flush_tls(
+    files: &crate::tls::BackendFiles,
+    addr: &str,
+    timeout: std::time::Duration,
+) -> std::io::Result<()> {
+    use std::io::{Read, Write};
+    let connector = crate::tls::Connector::new(files)?;
+    let mut stream = connector
+        .connect_blocking(addr, timeout)
+        .map_err(std::io::Error::other)?;
+    stream.write_all(b"flush_all\r\n")?;
+    stream.flush()?;
+    let mut reply = [0u8; 64];
+    let mut got = 0;
+    while !reply[..got].ends_with(b"\r\n") && got < reply.len() {
+        let n = stream.read(&mut reply[got..])?;
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    crate::pool::flush_answer(&reply[..got])
 }
 
 /// `flush_all` on `addr` over a connection of its own, waiting at most

@@ -27,6 +27,10 @@ pub struct Running {
     pub local_addr: SocketAddr,
     /// Where the admin listener is, when configured.
     pub admin_addr: Option<SocketAddr>,
+    /// Where TLS clients connect (`tls_listen`), when configured.
+    pub tls_addr: Option<SocketAddr>,
+    /// The TLS listener's certificate, reloaded when its files change.
+    pub tls_acceptor: Option<Arc<crate::tls::Acceptor>>,
     /// The routing table sessions read.
     pub topology: SharedTopology,
     /// Where reloads publish.
@@ -47,8 +51,8 @@ impl Running {
 /// reloads, ejections and the admin listener; the workers run their own).
 ///
 /// # Errors
-/// `listen` or `admin_listen` cannot be bound (the error names which), or a
-/// worker cannot be started.
+/// `listen`, `tls_listen` or `admin_listen` cannot be bound (the error names
+/// which), a TLS file is unusable, or a worker cannot be started.
 pub async fn start(config: &Config, shutdown: CancellationToken) -> io::Result<Running> {
     start_within(config, None, shutdown).await
 }
@@ -69,6 +73,29 @@ pub async fn start_within(
     let config = &discovered;
     let listener = listen(config.listen).map_err(|e| bind_error("listen", config.listen, e))?;
     let local_addr = listener.local_addr()?;
+    let connector = match &config.backend_tls {
+        Some(files) => Some(Arc::new(crate::tls::Connector::new(files).map_err(
+            |e| io::Error::new(io::ErrorKind::InvalidInput, format!("backend_tls: {e}")),
+        )?)),
+        None => None,
+    };
+    let tls_listener = match &config.tls_listen {
+        Some(tls) => {
+            let acceptor = crate::tls::Acceptor::new(&tls.files).map_err(|e| {
+                io::Error::new(io::ErrorKind::InvalidInput, format!("tls_listen: {e}"))
+            })?;
+            let listener =
+                listen(tls.addr).map_err(|e| bind_error("tls_listen.addr", tls.addr, e))?;
+            crate::tls::watch(acceptor.clone(), shutdown.clone());
+            Some((listener, acceptor))
+        }
+        None => None,
+    };
+    let tls_addr = match &tls_listener {
+        Some((listener, _)) => Some(listener.local_addr()?),
+        None => None,
+    };
+    let tls_acceptor = tls_listener.as_ref().map(|(_, acceptor)| acceptor.clone());
     let stats = Arc::new(Stats::new());
     let admin = match config.admin_listen {
         Some(addr) => Some(
@@ -87,7 +114,7 @@ pub async fn start_within(
         clients: clients.clone(),
         max_clients,
     });
-    let publisher = Publisher::new(config.clone(), stats.clone(), account);
+    let publisher = Publisher::new(config.clone(), stats.clone(), account, connector);
     let topology = publisher.shared();
     let admin_addr = match admin {
         Some(listener) => {
@@ -133,10 +160,21 @@ pub async fn start_within(
         })?);
     }
     tracing::info!(%local_addr, servers = config.servers.len(), workers = count, "listening");
-    let task = tokio::spawn(accept_loop(listener, workers, clients, shutdown));
+    if let Some(addr) = tls_addr {
+        tracing::info!(%addr, "listening for TLS clients");
+    }
+    let task = tokio::spawn(accept_loop(
+        listener,
+        tls_listener,
+        workers,
+        clients,
+        shutdown,
+    ));
     Ok(Running {
         local_addr,
         admin_addr,
+        tls_addr,
+        tls_acceptor,
         topology,
         publisher,
         stats,
@@ -176,6 +214,7 @@ fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
 /// (which a reload may lower or raise).
 async fn accept_loop(
     listener: TcpListener,
+    tls_listener: Option<(TcpListener, Arc<crate::tls::Acceptor>)>,
     workers: Vec<Worker>,
     clients: Arc<ClientSlots>,
     shutdown: CancellationToken,
@@ -189,8 +228,9 @@ async fn accept_loop(
             permit = clients.acquire() => permit,
             () = shutdown.cancelled() => break,
         };
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
+        let (accepted, tls) = tokio::select! {
+            accepted = listener.accept() => (accepted, None),
+            accepted = accept_tls(tls_listener.as_ref()) => accepted,
             () = shutdown.cancelled() => break,
         };
         let stream = match accepted.and_then(|(stream, _)| stream.into_std()) {
@@ -217,10 +257,12 @@ async fn accept_loop(
             stream,
             id: next_id,
             permit,
+            tls,
         });
         next_id += 1;
     }
     drop(listener);
+    drop(tls_listener);
     tracing::info!("shutting down: draining client sessions");
     let mut done = Vec::with_capacity(workers.len());
     for worker in workers {
@@ -230,5 +272,22 @@ async fn accept_loop(
     }
     for worker in done {
         let _ = worker.await;
+    }
+}
+
+/// The next client of the TLS listener, with the TLS config in force now;
+/// never, when there is no TLS listener.
+async fn accept_tls(
+    tls: Option<&(TcpListener, Arc<crate::tls::Acceptor>)>,
+) -> (
+    io::Result<(tokio::net::TcpStream, SocketAddr)>,
+    Option<tokio_rustls::TlsAcceptor>,
+) {
+    match tls {
+        Some((listener, acceptor)) => {
+            let accepted = listener.accept().await;
+            (accepted, Some(acceptor.current()))
+        }
+        None => std::future::pending().await,
     }
 }

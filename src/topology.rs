@@ -243,6 +243,7 @@ impl Topology {
                 b.name() == server.name
                     && b.addr() == server.addr
                     && b.settings() == settings
+                    && b.tls() == server.tls
                     && !b.target().is_readdressed()
                     && b.timing() == timing
             })
@@ -464,6 +465,7 @@ mod tests {
             addr: format!("{name}:11211"),
             name: name.to_string(),
             weight,
+            tls: false,
         }
     }
 
@@ -522,6 +524,7 @@ mod tests {
         let hooks = PoolHooks {
             health_changed: Arc::new(tokio::sync::Notify::new()),
             stats: Arc::new(crate::stats::Stats::new()),
+            tls: None,
         };
         let (c4, c5) = (config(&four), config(&five));
         let old = Topology::assemble(

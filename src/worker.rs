@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio_util::sync::CancellationToken;
 
 use crate::hotkeys::{HotShared, HotWorker};
-use crate::session::run_session;
+use crate::session::{run_session, run_tls_session};
 use crate::shard::{keep_connected, SessionSettings, WorkerCtx};
 use crate::stats::Stats;
 use crate::topology::SharedTopology;
@@ -26,6 +26,8 @@ pub(crate) struct Accepted {
     pub(crate) stream: std::net::TcpStream,
     pub(crate) id: u64,
     pub(crate) permit: OwnedSemaphorePermit,
+    /// Accepted on `tls_listen`: the TLS config in force when it was.
+    pub(crate) tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 /// A running worker thread.
@@ -69,6 +71,26 @@ pub(crate) fn spawn(setup: WorkerSetup) -> std::io::Result<Worker> {
     Ok(Worker { clients, done })
 }
 
+/// How long a client on `tls_listen` has to complete its handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A TLS client's handshake, ended early by a timeout or shutdown. A client
+/// that speaks plain text here gets rustls's alert and a close.
+async fn handshake(
+    acceptor: &tokio_rustls::TlsAcceptor,
+    stream: tokio::net::TcpStream,
+    ctx: &WorkerCtx,
+) -> std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+    let _ = stream.set_nodelay(true);
+    tokio::select! {
+        done = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)) => match done {
+            Ok(result) => result.map_err(|e| std::io::Error::new(e.kind(), format!("TLS handshake failed: {e}"))),
+            Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "no TLS handshake in time")),
+        },
+        () = ctx.shutdown.cancelled() => Err(std::io::Error::other("shutdown during the TLS handshake")),
+    }
+}
+
 async fn serve(setup: WorkerSetup, mut clients: mpsc::UnboundedReceiver<Accepted>) {
     let ctx = Rc::new(WorkerCtx::new(
         setup.topology,
@@ -85,7 +107,13 @@ async fn serve(setup: WorkerSetup, mut clients: mpsc::UnboundedReceiver<Accepted
         ctx.drain.clone(),
     ));
     // The acceptor closes the channel at shutdown.
-    while let Some(Accepted { stream, id, permit }) = clients.recv().await {
+    while let Some(Accepted {
+        stream,
+        id,
+        permit,
+        tls,
+    }) = clients.recv().await
+    {
         let stream = match tokio::net::TcpStream::from_std(stream) {
             Ok(stream) => stream,
             Err(e) => {
@@ -96,7 +124,14 @@ async fn serve(setup: WorkerSetup, mut clients: mpsc::UnboundedReceiver<Accepted
         let ctx = ctx.clone();
         ctx.stats.client_connected();
         sessions.spawn_local(async move {
-            if let Err(e) = run_session(stream, id, ctx.clone()).await {
+            let ended = match tls {
+                None => run_session(stream, id, ctx.clone()).await,
+                Some(acceptor) => match handshake(&acceptor, stream, &ctx).await {
+                    Ok(stream) => run_tls_session(stream, id, ctx.clone()).await,
+                    Err(e) => Err(e),
+                },
+            };
+            if let Err(e) = ended {
                 tracing::debug!("client session {id} ended: {e}");
             }
             ctx.stats.client_disconnected();

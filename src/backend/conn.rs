@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant};
@@ -39,6 +39,7 @@ use crate::outbuf::OutQueue;
 use crate::protocol::meta::reply::MetaReplyError;
 use crate::protocol::meta::tag::{echoes_opaque, tag_request, untag, Tag};
 use crate::protocol::reply::{item_size_max, next_piece, Expect, Piece, ReplyError};
+use crate::tls::{write_or_flush, Flush};
 
 const READ_CHUNK_BYTES: usize = 16 * 1024;
 const MIN_BACKOFF: Duration = Duration::from_millis(20);
@@ -230,7 +231,11 @@ pub(crate) async fn run(conn: Rc<Conn>, drain: CancellationToken) {
             break;
         }
         conn.state.borrow_mut().phase = Phase::Connecting;
-        let failure = match connect(&shared).await {
+        let connected = match connect(&shared).await {
+            Ok(stream) => secure(&shared, stream).await,
+            Err(kind) => Err(kind),
+        };
+        let failure = match connected {
             Ok(stream) => match serve(&conn, stream, &drain).await {
                 Ok(()) => break,
                 Err((kind, answered)) => {
@@ -300,17 +305,76 @@ async fn connect(shared: &Shared) -> Result<TcpStream, BackendErrorKind> {
     }
 }
 
+/// A connected socket, plain or with TLS.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+/// The TLS handshake, for a server with `tls = true`; a failure is logged
+/// once in rustls's words and fails the attempt like a refused connect.
+async fn secure(shared: &Shared, stream: TcpStream) -> Result<Stream, BackendErrorKind> {
+    let Some(tls) = &shared.tls else {
+        return Ok(Stream::Plain(stream));
+    };
+    let Some(connector) = tls else {
+        shared.note_tls(Some(
+            "tls = true, but memring started without [backend_tls]: restart it to connect",
+        ));
+        return Err(BackendErrorKind::Tls(
+            crate::error::TlsFailure::NotConfigured,
+        ));
+    };
+    match connector
+        .connect(&shared.addr, stream, shared.settings.connect_timeout)
+        .await
+    {
+        // Cleared once the probe is answered: a server that wants a client
+        // certificate refuses only after the handshake.
+        Ok(stream) => Ok(Stream::Tls(Box::new(stream))),
+        Err((kind, words)) => {
+            shared.note_tls(Some(&words));
+            Err(BackendErrorKind::Tls(kind))
+        }
+    }
+}
+
 /// Serves one connected socket. `Ok` when the connection is no longer
 /// wanted and owes nothing; otherwise why it broke and whether it had
 /// answered a request.
 async fn serve(
     conn: &Conn,
-    mut stream: TcpStream,
+    stream: Stream,
     drain: &CancellationToken,
 ) -> Result<(), (BackendErrorKind, bool)> {
+    match stream {
+        Stream::Plain(mut stream) => {
+            let (reader, writer) = stream.split();
+            serve_on(conn, reader, writer, drain).await
+        }
+        Stream::Tls(stream) => {
+            let (reader, writer) = tokio::io::split(*stream);
+            serve_on(conn, reader, writer, drain).await
+        }
+    }
+}
+
+/// [`serve`] on the two halves of a stream; monomorphised per stream type,
+/// so the plain path pays nothing for TLS.
+async fn serve_on<R, W>(
+    conn: &Conn,
+    mut reader: R,
+    mut writer: W,
+    drain: &CancellationToken,
+) -> Result<(), (BackendErrorKind, bool)>
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: Flush,
+{
     let shared = &conn.shared;
     let timeout = shared.settings.request_timeout;
-    let (mut reader, mut writer) = stream.split();
+    // Bytes written into a TLS stream that it may not have sent yet.
+    let mut unflushed = false;
     let mut read_buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
     let mut writing = OutQueue::default();
     writing.push(Bytes::from_static(PROBE));
@@ -353,7 +417,13 @@ async fn serve(
             read = reader.read_buf(&mut read_buf) => {
                 match read {
                     Ok(0) => break Err(BackendErrorKind::Closed),
-                    Err(e) => break Err(BackendErrorKind::Io(e.kind())),
+                    Err(e) => match crate::tls::tls_error(&e).filter(|_| W::BUFFERS) {
+                        Some((kind, words)) => {
+                            shared.note_tls(Some(&words));
+                            break Err(BackendErrorKind::Tls(kind));
+                        }
+                        None => break Err(BackendErrorKind::Io(e.kind())),
+                    },
                     Ok(_) => {}
                 }
                 let now = Instant::now();
@@ -364,6 +434,9 @@ async fn serve(
                     Ok(delivered) => {
                         if delivered.probe {
                             shared.report(HealthEvent::Probed);
+                            if W::BUFFERS {
+                                shared.note_tls(None);
+                            }
                         }
                         if delivered.requests > 0 && !answered {
                             answered = true;
@@ -372,13 +445,17 @@ async fn serve(
                     }
                 }
             }
-            written = writer.write_buf(&mut writing), if writing.has_remaining() => {
+            written = write_or_flush(&mut writer, &mut writing),
+                if writing.has_remaining() || (W::BUFFERS && unflushed) =>
+            {
                 match written {
-                    Ok(_) => {
+                    Ok(Some(_)) => {
                         shared.metrics.writes.inc();
                         conn.state.borrow_mut().progress = Instant::now();
                         confirmed = false;
+                        unflushed = W::BUFFERS;
                     }
+                    Ok(None) => unflushed = false,
                     Err(e) => break Err(BackendErrorKind::Io(e.kind())),
                 }
             }
@@ -582,11 +659,13 @@ mod tests {
             let hooks = PoolHooks {
                 health_changed: Arc::new(Notify::new()),
                 stats: Arc::new(Stats::new()),
+                tls: None,
             };
             let server = ServerConfig {
                 addr: addr.to_string(),
                 name: "scripted".to_string(),
                 weight: 1,
+                tls: false,
             };
             let settings = BackendSettings {
                 connections: 1,

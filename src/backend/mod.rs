@@ -95,6 +95,12 @@ pub(crate) struct Shared {
     pub(crate) retired: CancellationToken,
     /// The server's `item_size_max` (0 until a connection learned it).
     pub(crate) item_size_max: AtomicUsize,
+    /// `tls = true`: connections speak TLS (`None` in it: memring started
+    /// without `[backend_tls]`, so they cannot).
+    pub(crate) tls: Option<Option<Arc<crate::tls::Connector>>>,
+    /// The last TLS failure logged, so that a failing server is logged once
+    /// per kind of failure, not once per reconnect.
+    tls_failure: Mutex<Option<String>>,
 }
 
 /// What every backend of a pool reports to.
@@ -103,6 +109,8 @@ pub struct PoolHooks {
     /// Woken when any server becomes DEAD or comes back (for ejection).
     pub health_changed: Arc<Notify>,
     pub stats: Arc<Stats>,
+    /// How servers with `tls = true` are connected to (`[backend_tls]`).
+    pub tls: Option<Arc<crate::tls::Connector>>,
 }
 
 impl Shared {
@@ -200,6 +208,22 @@ impl Shared {
     pub(crate) fn state(&self) -> HealthState {
         HealthState::from_u8(self.state.load(Ordering::Relaxed))
     }
+
+    /// Logs a failed TLS handshake in rustls's words, once until the words
+    /// change or a handshake succeeds (`None`).
+    pub(crate) fn note_tls(&self, failure: Option<&str>) {
+        let mut last = self.tls_failure.lock().unwrap_or_else(|e| e.into_inner());
+        if last.as_deref() == failure {
+            return;
+        }
+        match failure {
+            Some(words) => tracing::warn!(server = %self.name, addr = %self.addr, "{words}"),
+            None => {
+                tracing::info!(server = %self.name, addr = %self.addr, "TLS handshake succeeded")
+            }
+        }
+        *last = failure.map(str::to_string);
+    }
 }
 
 /// A handle to one memcached server, held by topologies. When the last
@@ -258,6 +282,8 @@ impl Backend {
                 .backend(&server.name, &BackendErrorKind::LABELS, &STATE_LABELS),
             retired: CancellationToken::new(),
             item_size_max: AtomicUsize::new(0),
+            tls: server.tls.then(|| hooks.tls.clone()),
+            tls_failure: Mutex::new(None),
         });
         Arc::new(Backend { shared })
     }
@@ -274,6 +300,11 @@ impl Backend {
     /// The address connected to.
     pub fn addr(&self) -> &str {
         &self.shared.addr
+    }
+
+    /// Whether connections to this server speak TLS.
+    pub fn tls(&self) -> bool {
+        self.shared.tls.is_some()
     }
 
     /// Its address as DNS gave it, and whether its connections are to be
@@ -337,6 +368,7 @@ fn connection_failure(kind: BackendErrorKind) -> bool {
         | BackendErrorKind::Timeout
         | BackendErrorKind::Closed
         | BackendErrorKind::Io(_)
+        | BackendErrorKind::Tls(_)
         // A name without an address: nutcracker's connect fails the same way.
         | BackendErrorKind::Resolve(_) => true,
         BackendErrorKind::Protocol(_) | BackendErrorKind::Gone | BackendErrorKind::Dead => false,

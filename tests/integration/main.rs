@@ -24,4 +24,5 @@ mod reload;
 mod replication;
 mod resilience;
 mod sessions;
+mod tls;
 mod twemproxy;

@@ -25,6 +25,9 @@ pub(crate) const DEADLINE: Duration = Duration::from_secs(20);
 /// A memcached process owned by the test.
 pub(crate) struct Memcached {
     pub port: u16,
+    /// With TLS (`start_tls`): the TLS port; `port` then stays plain
+    /// (`notls`), for the harness and for tests that look behind memring.
+    pub(crate) tls_port: Option<u16>,
     args: Vec<String>,
     child: Option<Child>,
     paused: bool,
@@ -122,6 +125,7 @@ impl Memcached {
         for _ in 0..10 {
             let mut server = Memcached {
                 port: free_port(),
+                tls_port: None,
                 args: extra.iter().map(|s| s.to_string()).collect(),
                 child: None,
                 paused: false,
@@ -133,21 +137,52 @@ impl Memcached {
         panic!("could not start memcached on a free port");
     }
 
+    /// Starts a memcached that speaks TLS (`-Z`) on `tls_port` with this
+    /// certificate chain and key; with `client_ca`, it requires client
+    /// certificates issued by it. `port` stays plain text.
+    pub(crate) fn start_tls(
+        cert: &std::path::Path,
+        key: &std::path::Path,
+        client_ca: Option<&std::path::Path>,
+    ) -> Memcached {
+        let mut options = format!(
+            "ssl_chain_cert={},ssl_key={}",
+            cert.display(),
+            key.display()
+        );
+        if let Some(ca) = client_ca {
+            options.push_str(&format!(",ssl_ca_cert={},ssl_verify_mode=2", ca.display()));
+        }
+        for _ in 0..10 {
+            let mut server = Memcached {
+                port: free_port(),
+                tls_port: Some(free_port()),
+                args: vec!["-Z".to_string(), "-o".to_string(), options.clone()],
+                child: None,
+                paused: false,
+            };
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("could not start a TLS memcached on free ports");
+    }
+
+    /// The TLS address of a server started with [`Memcached::start_tls`].
+    pub(crate) fn tls_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.tls_port.expect("started with TLS"))
+    }
+
     /// Starts it on its port; false if it exited (port taken meanwhile).
     fn spawn(&mut self) -> bool {
         let mut command = Command::new("memcached");
+        let listen = match self.tls_port {
+            Some(tls) => format!("notls:127.0.0.1:{},127.0.0.1:{tls}", self.port),
+            None => "127.0.0.1".to_string(),
+        };
         command
             .args([
-                "-l",
-                "127.0.0.1",
-                "-U",
-                "0",
-                "-t",
-                "1",
-                "-m",
-                "64",
-                "-c",
-                "4096",
+                "-l", &listen, "-U", "0", "-t", "1", "-m", "64", "-c", "4096",
             ])
             .args(["-p", &self.port.to_string()])
             .args(&self.args)

@@ -1,0 +1,666 @@
+//! TLS on both sides against real `memcached -Z` servers: certificates made
+//! here with rcgen (a CA, server certificates for 127.0.0.1 / localhost and
+//! for another name, client certificates), a blocking rustls client for
+//! `tls_listen`, and the `memring check` binary for the connectivity test.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use memring::backend::health::HealthState;
+use memring::protocol::{frame_reply, ReplyKind};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+use rustls::pki_types::{CertificateDer, ServerName};
+
+use crate::common::{show, wait_for, Client, Memcached, Proxy, TempDir, DEADLINE};
+
+const BIN: &str = env!("CARGO_BIN_EXE_memring");
+/// Handshakes on a loaded 2-core machine can take a while; a server that
+/// fails must not turn DEAD before the test has read why.
+const SETTINGS: &str =
+    "connect_timeout_ms = 3000\nrequest_timeout_ms = 3000\nfailure_limit = 1000\n";
+
+/// A certificate authority with its files in a temporary directory.
+struct Pki {
+    dir: TempDir,
+    issuer: Issuer<'static, KeyPair>,
+    ca_file: PathBuf,
+}
+
+/// One issued certificate: its files and its DER (to tell which one a
+/// server presented).
+struct Issued {
+    cert: PathBuf,
+    key: PathBuf,
+    der: CertificateDer<'static>,
+    cert_pem: String,
+    key_pem: String,
+}
+
+impl Pki {
+    fn new(test: &str) -> Pki {
+        let dir = TempDir::new("tls", test);
+        let key = KeyPair::generate().expect("CA key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, format!("memring test CA {test}"));
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let cert = params.self_signed(&key).expect("CA certificate");
+        let ca_file = dir.path("ca.pem");
+        std::fs::write(&ca_file, cert.pem()).expect("write CA");
+        Pki {
+            dir,
+            issuer: Issuer::new(params, key),
+            ca_file,
+        }
+    }
+
+    /// A certificate for `names` (DNS names or IP addresses) written as
+    /// `<file>.pem` and `<file>.key`; a client certificate when `client`.
+    fn issue(&self, file: &str, names: &[&str], client: bool) -> Issued {
+        let key = KeyPair::generate().expect("key");
+        let mut params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<String>>())
+                .expect("params");
+        params.distinguished_name.push(DnType::CommonName, file);
+        params.extended_key_usages = vec![if client {
+            ExtendedKeyUsagePurpose::ClientAuth
+        } else {
+            ExtendedKeyUsagePurpose::ServerAuth
+        }];
+        let cert = params.signed_by(&key, &self.issuer).expect("sign");
+        let (cert_path, key_path) = (
+            self.dir.path(&format!("{file}.pem")),
+            self.dir.path(&format!("{file}.key")),
+        );
+        let issued = Issued {
+            cert: cert_path,
+            key: key_path,
+            der: cert.der().clone(),
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        };
+        std::fs::write(&issued.cert, &issued.cert_pem).expect("write cert");
+        std::fs::write(&issued.key, &issued.key_pem).expect("write key");
+        issued
+    }
+}
+
+/// Config text: `settings` at the top, then `tables`, then one TLS server
+/// per entry of `servers`.
+fn config(settings: &str, tables: &str, servers: &[&Memcached]) -> String {
+    let mut text = format!("listen = \"127.0.0.1:0\"\n{SETTINGS}{settings}\n{tables}\n");
+    for server in servers {
+        text.push_str(&format!(
+            "[[servers]]\naddr = \"{}\"\ntls = true\n",
+            server.tls_addr()
+        ));
+    }
+    text
+}
+
+fn backend_tls(ca: &Path, extra: &str) -> String {
+    format!("[backend_tls]\nca_file = \"{}\"\n{extra}\n", ca.display())
+}
+
+fn tls_listen(cert: &Issued, extra: &str) -> String {
+    format!(
+        "[tls_listen]\naddr = \"127.0.0.1:0\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n{extra}\n",
+        cert.cert.display(),
+        cert.key.display()
+    )
+}
+
+/// A rustls client config trusting `ca`, with an optional client
+/// certificate.
+fn client_config(ca: &Path, client: Option<&Issued>) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in memring::tls::certificates(ca).expect("CA file") {
+        roots.add(cert).expect("CA");
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots);
+    Arc::new(match client {
+        None => builder.with_no_client_auth(),
+        Some(issued) => builder
+            .with_client_auth_cert(
+                memring::tls::certificates(&issued.cert).expect("client cert"),
+                memring::tls::private_key(&issued.key).expect("client key"),
+            )
+            .expect("client auth"),
+    })
+}
+
+/// A blocking memcached client over TLS.
+struct TlsClient {
+    stream: rustls::StreamOwned<rustls::ClientConnection, TcpStream>,
+    buffer: Vec<u8>,
+}
+
+impl TlsClient {
+    /// Connects and completes the handshake.
+    fn connect(addr: SocketAddr, config: &Arc<rustls::ClientConfig>) -> std::io::Result<TlsClient> {
+        let mut tcp = TcpStream::connect(addr)?;
+        tcp.set_read_timeout(Some(DEADLINE))?;
+        tcp.set_nodelay(true)?;
+        let name = ServerName::IpAddress(addr.ip().into());
+        let mut conn =
+            rustls::ClientConnection::new(config.clone(), name).map_err(std::io::Error::other)?;
+        while conn.is_handshaking() {
+            conn.complete_io(&mut tcp)?;
+        }
+        Ok(TlsClient {
+            stream: rustls::StreamOwned::new(conn, tcp),
+            buffer: Vec::new(),
+        })
+    }
+
+    /// The certificate the server presented.
+    fn peer(&self) -> CertificateDer<'static> {
+        self.stream
+            .conn
+            .peer_certificates()
+            .expect("a peer certificate")[0]
+            .clone()
+    }
+
+    fn call(&mut self, request: &[u8], kind: ReplyKind) -> std::io::Result<Vec<u8>> {
+        self.stream.write_all(request)?;
+        self.stream.flush()?;
+        self.reply(kind)
+    }
+
+    fn reply(&mut self, kind: ReplyKind) -> std::io::Result<Vec<u8>> {
+        self.reply_or_end(kind)?
+            .ok_or_else(|| std::io::Error::other("closed (close_notify) before a reply"))
+    }
+
+    /// One reply, or `None` when the server ended the session cleanly (TLS
+    /// `close_notify`; rustls reports a bare TCP close as an error).
+    fn reply_or_end(&mut self, kind: ReplyKind) -> std::io::Result<Option<Vec<u8>>> {
+        loop {
+            if let Some(len) = frame_reply(&self.buffer, kind).expect("well-formed reply") {
+                return Ok(Some(self.buffer.drain(..len).collect()));
+            }
+            let mut chunk = [0u8; 16 * 1024];
+            match self.stream.read(&mut chunk)? {
+                0 => return Ok(None),
+                n => self.buffer.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> std::io::Result<Vec<u8>> {
+        let request = format!("set {key} 0 0 {}\r\n{value}\r\n", value.len());
+        self.call(request.as_bytes(), ReplyKind::Line)
+    }
+
+    fn get(&mut self, key: &str) -> std::io::Result<Vec<u8>> {
+        self.call(format!("get {key}\r\n").as_bytes(), ReplyKind::Values)
+    }
+}
+
+fn value_reply(key: &str, value: &str) -> Vec<u8> {
+    format!("VALUE {key} 0 {}\r\n{value}\r\nEND\r\n", value.len()).into_bytes()
+}
+
+/// Runs `memring check` on `text` written to a file; (success, stdout, stderr).
+fn check(dir: &TempDir, text: &str) -> (bool, String, String) {
+    let path = dir.path("check.toml");
+    std::fs::write(&path, text).expect("write config");
+    let output = Command::new(BIN)
+        .arg("check")
+        .arg(&path)
+        .output()
+        .expect("run memring check");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn get_set_multi_get_and_meta_reach_tls_servers() {
+    let pki = Pki::new("roundtrip");
+    let server = pki.issue("server", &["127.0.0.1", "localhost"], false);
+    let pool = [
+        Memcached::start_tls(&server.cert, &server.key, None),
+        Memcached::start_tls(&server.cert, &server.key, None),
+    ];
+    let proxy = Proxy::start_text(&config(
+        "",
+        &backend_tls(&pki.ca_file, ""),
+        &pool.iter().collect::<Vec<_>>(),
+    ));
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..40).map(|i| format!("tls:{i}")).collect();
+    for key in &keys {
+        assert_eq!(client.set(key, key.as_bytes()), b"STORED\r\n", "{key}");
+    }
+    for key in &keys {
+        assert_eq!(client.get(key), Some(key.clone().into_bytes()));
+    }
+    let multi = format!("get {}\r\n", keys.join(" "));
+    let reply = client.call(multi.as_bytes(), ReplyKind::Values);
+    let expected: String = keys
+        .iter()
+        .map(|k| format!("VALUE {k} 0 {}\r\n{k}\r\n", k.len()))
+        .chain(["END\r\n".to_string()])
+        .collect();
+    assert_eq!(show(&reply), show(expected.as_bytes()));
+    client.send(b"ms meta:1 5 T0\r\nhello\r\n");
+    assert_eq!(client.meta_reply(), b"HD\r\n");
+    client.send(b"mg meta:1 v\r\n");
+    assert_eq!(show(&client.meta_reply()), show(b"VA 5\r\nhello\r\n"));
+    client.send(b"mg meta:none v q\r\nmn\r\n");
+    assert_eq!(client.meta_reply(), b"MN\r\n");
+    // The values went through TLS to both servers: read them behind memring,
+    // on each server's plain port.
+    let mut held = [0usize; 2];
+    for (i, server) in pool.iter().enumerate() {
+        let mut direct = Client::connect(&server.addr());
+        for key in &keys {
+            if direct.get(key).is_some() {
+                held[i] += 1;
+            }
+        }
+    }
+    assert_eq!(held[0] + held[1], keys.len(), "{held:?}");
+    assert!(
+        held.iter().all(|&n| n > 0),
+        "both servers got keys: {held:?}"
+    );
+}
+
+#[test]
+fn a_certificate_for_another_name_or_from_another_ca_is_refused_with_the_reason() {
+    let pki = Pki::new("names");
+    let other_ca = Pki::new("names-other-ca");
+    let elsewhere = pki.issue("elsewhere", &["other.example"], false);
+    let stranger = other_ca.issue("stranger", &["127.0.0.1"], false);
+    let wrong_name = Memcached::start_tls(&elsewhere.cert, &elsewhere.key, None);
+    let wrong_ca = Memcached::start_tls(&stranger.cert, &stranger.key, None);
+
+    let text = config("", &backend_tls(&pki.ca_file, ""), &[&wrong_name]);
+    let proxy = Proxy::start_text(&text);
+    let reply = String::from_utf8_lossy(&proxy.client().get_raw("k")).into_owned();
+    assert!(
+        reply.starts_with("SERVER_ERROR")
+            && reply.contains("certificate not valid for the server's name"),
+        "{reply}"
+    );
+    let (ok, _, stderr) = check(&pki.dir, &text);
+    assert!(!ok, "check passed a server with another name's certificate");
+    assert!(
+        stderr.contains("not valid for name") && stderr.contains("server_name"),
+        "{stderr}"
+    );
+
+    let text = config("", &backend_tls(&pki.ca_file, ""), &[&wrong_ca]);
+    let proxy = Proxy::start_text(&text);
+    let reply = proxy.client().get_raw("k");
+    assert!(
+        show(&reply).contains("not issued by a CA of backend_tls.ca_file"),
+        "{}",
+        show(&reply)
+    );
+    let (ok, _, stderr) = check(&pki.dir, &text);
+    assert!(!ok, "check passed a server from another CA");
+    assert!(stderr.contains("UnknownIssuer"), "{stderr}");
+
+    // server_name verifies (and sends as SNI) the name the certificate is for.
+    let text = config(
+        "",
+        &backend_tls(&pki.ca_file, "server_name = \"other.example\""),
+        &[&wrong_name],
+    );
+    let proxy = Proxy::start_text(&text);
+    let mut client = proxy.client();
+    assert_eq!(client.set("k", b"v"), b"STORED\r\n");
+    assert_eq!(client.get("k"), Some(b"v".to_vec()));
+    let (ok, stdout, stderr) = check(&pki.dir, &text);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("TLS ok (VERSION"), "{stdout}");
+}
+
+#[test]
+fn memcached_requiring_a_client_certificate_gets_memrings() {
+    let pki = Pki::new("mtls-backend");
+    let server = pki.issue("server", &["127.0.0.1"], false);
+    let client_cert = pki.issue("memring", &["memring.client"], true);
+    let strict = Memcached::start_tls(&server.cert, &server.key, Some(&pki.ca_file));
+
+    let without = config("", &backend_tls(&pki.ca_file, ""), &[&strict]);
+    let proxy = Proxy::start_text(&without);
+    // memcached refuses after the handshake (TLS 1.3): on the first read.
+    let reply = String::from_utf8_lossy(&proxy.client().get_raw("k")).into_owned();
+    assert!(
+        reply.starts_with("SERVER_ERROR") && reply.contains("refused the handshake"),
+        "{reply}"
+    );
+    drop(proxy);
+    let (ok, _, stderr) = check(&pki.dir, &without);
+    assert!(
+        !ok,
+        "check passed without the client certificate memcached wants"
+    );
+    assert!(
+        stderr.contains("CertificateRequired") && stderr.contains("backend_tls.cert_file"),
+        "{stderr}"
+    );
+
+    let with = config(
+        "",
+        &backend_tls(
+            &pki.ca_file,
+            &format!(
+                "cert_file = \"{}\"\nkey_file = \"{}\"",
+                client_cert.cert.display(),
+                client_cert.key.display()
+            ),
+        ),
+        &[&strict],
+    );
+    let proxy = Proxy::start_text(&with);
+    let mut client = proxy.client();
+    assert_eq!(client.set("k", b"mutual"), b"STORED\r\n");
+    assert_eq!(client.get("k"), Some(b"mutual".to_vec()));
+    let (ok, _, stderr) = check(&pki.dir, &with);
+    assert!(ok, "{stderr}");
+}
+
+#[test]
+fn clients_on_tls_listen_with_and_without_a_client_certificate() {
+    let pki = Pki::new("listen");
+    let server = pki.issue("listener", &["127.0.0.1"], false);
+    let client_cert = pki.issue("client", &["client.example"], true);
+    let backend = Memcached::start();
+    let plain_server = format!("[[servers]]\naddr = \"{}\"\n", backend.addr());
+    let proxy = Proxy::start_text(&format!(
+        "listen = \"127.0.0.1:0\"\n{}{plain_server}",
+        tls_listen(&server, "")
+    ));
+    let tls_addr = proxy.running().tls_addr.expect("tls_listen bound");
+    let trusting = client_config(&pki.ca_file, None);
+    let mut tls = TlsClient::connect(tls_addr, &trusting).expect("TLS client");
+    assert_eq!(tls.peer(), server.der);
+    assert_eq!(tls.set("k", "over-tls").unwrap(), b"STORED\r\n");
+    // The plain listener still serves, the same data.
+    assert_eq!(proxy.client().get("k"), Some(b"over-tls".to_vec()));
+    assert_eq!(tls.get("k").unwrap(), value_reply("k", "over-tls"));
+
+    // A plain-text client on the TLS port is closed, not answered.
+    let mut plain = TcpStream::connect(tls_addr).unwrap();
+    plain.set_read_timeout(Some(DEADLINE)).unwrap();
+    plain.write_all(b"get k\r\n").unwrap();
+    let mut got = Vec::new();
+    let _ = plain.read_to_end(&mut got);
+    assert!(!got.windows(5).any(|w| w == b"VALUE"), "{}", show(&got));
+    // A TLS client on the plain port fails its handshake.
+    assert!(TlsClient::connect(proxy.addr, &trusting).is_err());
+    // A handshake cut off halfway: the first bytes of a ClientHello.
+    let mut cut = TcpStream::connect(tls_addr).unwrap();
+    cut.write_all(&[0x16, 0x03, 0x01, 0x00, 0xc8, 0x01])
+        .unwrap();
+    drop(cut);
+    // Nothing of that disturbed memring or the data.
+    assert_eq!(tls.get("k").unwrap(), value_reply("k", "over-tls"));
+    assert_eq!(
+        TlsClient::connect(tls_addr, &trusting)
+            .unwrap()
+            .get("k")
+            .unwrap(),
+        value_reply("k", "over-tls")
+    );
+    drop(proxy);
+
+    // With client_ca_file, only clients with a certificate it issued.
+    let proxy = Proxy::start_text(&format!(
+        "listen = \"127.0.0.1:0\"\n{}{plain_server}",
+        tls_listen(
+            &server,
+            &format!("client_ca_file = \"{}\"", pki.ca_file.display())
+        )
+    ));
+    let tls_addr = proxy.running().tls_addr.expect("tls_listen bound");
+    let refused = TlsClient::connect(tls_addr, &trusting).and_then(|mut c| c.get("k"));
+    assert!(
+        refused.is_err(),
+        "a client without a certificate was served"
+    );
+    let with_cert = client_config(&pki.ca_file, Some(&client_cert));
+    let mut tls = TlsClient::connect(tls_addr, &with_cert).expect("mTLS client");
+    assert_eq!(tls.get("k").unwrap(), value_reply("k", "over-tls"));
+}
+
+#[test]
+fn the_listener_certificate_rotates_under_load_without_errors() {
+    let pki = Pki::new("rotate");
+    let old = pki.issue("listener", &["127.0.0.1"], false);
+    let new = pki.issue("listener-next", &["127.0.0.1"], false);
+    let backend = Memcached::start();
+    let proxy = Proxy::start_text(&format!(
+        "listen = \"127.0.0.1:0\"\n{}[[servers]]\naddr = \"{}\"\n",
+        tls_listen(&old, ""),
+        backend.addr()
+    ));
+    let tls_addr = proxy.running().tls_addr.expect("tls_listen bound");
+    let config = client_config(&pki.ca_file, None);
+    let mut before = TlsClient::connect(tls_addr, &config).unwrap();
+    assert_eq!(before.peer(), old.der);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (done, saw_new, errors) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(std::sync::Mutex::new(Vec::<String>::new())),
+    );
+    let workers: Vec<_> = (0..3)
+        .map(|worker| {
+            let (stop, done, saw_new, errors, config) = (
+                stop.clone(),
+                done.clone(),
+                saw_new.clone(),
+                errors.clone(),
+                config.clone(),
+            );
+            let new_der = new.der.clone();
+            std::thread::spawn(move || {
+                let mut round = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let key = format!("w{worker}:{round}");
+                    let result = TlsClient::connect(tls_addr, &config).and_then(|mut c| {
+                        let stored = c.set(&key, &key)?;
+                        let got = c.get(&key)?;
+                        Ok((c.peer(), stored, got))
+                    });
+                    match result {
+                        Ok((peer, stored, got))
+                            if stored == b"STORED\r\n" && got == value_reply(&key, &key) =>
+                        {
+                            if peer == new_der {
+                                saw_new.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        Ok((_, stored, got)) => errors.lock().unwrap().push(format!(
+                            "{key}: {} / {}",
+                            show(&stored),
+                            show(&got)
+                        )),
+                        Err(e) => errors.lock().unwrap().push(format!("{key}: {e}")),
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                    round += 1;
+                }
+            })
+        })
+        .collect();
+    wait_for("connections before the rotation", || {
+        done.load(Ordering::Relaxed) >= 30
+    });
+    // Rewritten in place, the certificate first: a reload may see the new
+    // certificate with the old key, and must keep the old pair then.
+    std::fs::write(&old.cert, &new.cert_pem).unwrap();
+    std::fs::write(&old.key, &new.key_pem).unwrap();
+    wait_for("a new connection to get the new certificate", || {
+        saw_new.load(Ordering::Relaxed) > 0
+    });
+    let after = done.load(Ordering::Relaxed);
+    wait_for("connections after the rotation", || {
+        done.load(Ordering::Relaxed) >= after + 30
+    });
+    stop.store(true, Ordering::Relaxed);
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    let errors = errors.lock().unwrap();
+    assert!(
+        errors.is_empty(),
+        "{} errors: {:?}",
+        errors.len(),
+        &errors[..errors.len().min(5)]
+    );
+    // A connection from before keeps its session and certificate.
+    assert_eq!(before.peer(), old.der);
+    assert_eq!(before.set("before", "still").unwrap(), b"STORED\r\n");
+    assert_eq!(
+        TlsClient::connect(tls_addr, &config).unwrap().peer(),
+        new.der
+    );
+}
+
+#[test]
+fn a_bad_certificate_file_keeps_the_certificate_in_force() {
+    let pki = Pki::new("bad-cert");
+    let good = pki.issue("listener", &["127.0.0.1"], false);
+    let next = pki.issue("listener-next", &["127.0.0.1"], false);
+    let backend = Memcached::start();
+    let proxy = Proxy::start_text(&format!(
+        "listen = \"127.0.0.1:0\"\n{}[[servers]]\naddr = \"{}\"\n",
+        tls_listen(&good, ""),
+        backend.addr()
+    ));
+    let tls_addr = proxy.running().tls_addr.expect("tls_listen bound");
+    let acceptor = proxy.running().tls_acceptor.clone().expect("acceptor");
+    let config = client_config(&pki.ca_file, None);
+    std::fs::write(
+        &good.cert,
+        "-----BEGIN CERTIFICATE-----\nnot base64 at all\n",
+    )
+    .unwrap();
+    wait_for("the bad file to be read and rejected", || {
+        acceptor.reloads().1 >= 1
+    });
+    assert_eq!(acceptor.reloads().0, 0);
+    let mut client = TlsClient::connect(tls_addr, &config).expect("still serving");
+    assert_eq!(client.peer(), good.der);
+    assert_eq!(client.set("k", "v").unwrap(), b"STORED\r\n");
+    // A good pair afterwards is taken.
+    std::fs::write(&good.key, &next.key_pem).unwrap();
+    std::fs::write(&good.cert, &next.cert_pem).unwrap();
+    wait_for("the good pair to be applied", || acceptor.reloads().0 >= 1);
+    assert_eq!(
+        TlsClient::connect(tls_addr, &config).unwrap().peer(),
+        next.der
+    );
+}
+
+#[test]
+fn a_killed_tls_server_goes_dead_and_comes_back_like_a_plain_one() {
+    let pki = Pki::new("health");
+    let server = pki.issue("server", &["127.0.0.1"], false);
+    let mut pool = [
+        Memcached::start_tls(&server.cert, &server.key, None),
+        Memcached::start_tls(&server.cert, &server.key, None),
+    ];
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\nconnect_timeout_ms = 3000\nrequest_timeout_ms = 3000\nfailure_limit = 2\n{}{}",
+        backend_tls(&pki.ca_file, ""),
+        pool.iter()
+            .map(|m| format!("[[servers]]\naddr = \"{}\"\ntls = true\n", m.tls_addr()))
+            .collect::<String>()
+    );
+    let proxy = Proxy::start_text(&text);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..40).map(|i| format!("h:{i}")).collect();
+    for key in &keys {
+        assert_eq!(client.set(key, key.as_bytes()), b"STORED\r\n");
+    }
+    let backend = proxy.running().topology.load().backends[1].clone();
+    assert_eq!(backend.state(), HealthState::Active);
+    let theirs: Vec<&String> = keys.iter().filter(|k| proxy.owner_now(k) == 1).collect();
+    let ours: Vec<&String> = keys.iter().filter(|k| proxy.owner_now(k) == 0).collect();
+    assert!(!theirs.is_empty() && !ours.is_empty());
+    pool[1].kill();
+    wait_for("the killed TLS server to be DEAD", || {
+        let _ = client.get_raw(theirs[0]);
+        backend.state() == HealthState::Dead
+    });
+    let reply = client.get_raw(theirs[0]);
+    assert!(show(&reply).starts_with("SERVER_ERROR"), "{}", show(&reply));
+    for key in &ours {
+        assert_eq!(client.get(key), Some(key.as_bytes().to_vec()));
+    }
+    pool[1].restart();
+    // Probed back to SUSPECT, then ACTIVE on the first request it answers.
+    wait_for("its keys to be served again", || {
+        client.set(theirs[0], b"again") == b"STORED\r\n"
+    });
+    assert_eq!(client.get(theirs[0]), Some(b"again".to_vec()));
+    assert_eq!(backend.state(), HealthState::Active);
+}
+
+#[test]
+fn shutdown_ends_tls_clients_with_close_notify_after_their_replies() {
+    let pki = Pki::new("drain");
+    let server = pki.issue("listener", &["127.0.0.1"], false);
+    let backend = Memcached::start();
+    let mut proxy = Proxy::start_text(&format!(
+        "listen = \"127.0.0.1:0\"\n{}[[servers]]\naddr = \"{}\"\n",
+        tls_listen(&server, ""),
+        backend.addr()
+    ));
+    let tls_addr = proxy.running().tls_addr.expect("tls_listen bound");
+    let mut client = TlsClient::connect(tls_addr, &client_config(&pki.ca_file, None)).unwrap();
+    assert_eq!(client.set("k", "v").unwrap(), b"STORED\r\n");
+    let burst: Vec<u8> = (0..200).flat_map(|_| b"get k\r\n".to_vec()).collect();
+    client.stream.write_all(&burst).unwrap();
+    client.stream.flush().unwrap();
+    // The first reply is owed before shutdown starts.
+    assert_eq!(
+        client.reply(ReplyKind::Values).unwrap(),
+        value_reply("k", "v")
+    );
+    std::thread::scope(|scope| {
+        scope.spawn(|| proxy.shutdown());
+        let mut replies = 1;
+        loop {
+            match client.reply_or_end(ReplyKind::Values) {
+                Ok(Some(reply)) => {
+                    assert_eq!(reply, value_reply("k", "v"));
+                    replies += 1;
+                }
+                Ok(None) => {
+                    assert!(client.buffer.is_empty(), "a reply was cut off");
+                    break;
+                }
+                // A bare TCP close, without close_notify, lands here.
+                Err(e) => panic!("after {replies} replies: {e}"),
+            }
+        }
+        assert!(replies >= 1);
+    });
+}
