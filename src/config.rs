@@ -75,6 +75,7 @@ struct RawDiscovery {
     a: Option<Spanned<String>>,
     interval_ms: Option<Spanned<u64>>,
     resolver: Option<Spanned<String>>,
+    tls: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -222,6 +223,8 @@ pub struct Discovery {
     pub interval: Duration,
     /// Where questions go (`resolver`, or the system's resolver).
     pub dns: crate::resolve::Dns,
+    /// The discovered servers speak TLS, as `[backend_tls]` says.
+    pub tls: bool,
 }
 
 impl Default for Discovery {
@@ -230,6 +233,7 @@ impl Default for Discovery {
             source: None,
             interval: Duration::from_millis(DEFAULT_DISCOVERY_INTERVAL_MS),
             dns: crate::resolve::Dns::default(),
+            tls: false,
         }
     }
 }
@@ -990,6 +994,16 @@ fn tls_settings(
                 format!("server `{addr}` has tls = true but there is no [backend_tls] with the ca_file to verify it by"),
             ));
         }
+        let discovered = raw
+            .discovery
+            .as_ref()
+            .and_then(|d| d.get_ref().tls.as_ref());
+        if let Some(tls) = discovered.filter(|t| *t.get_ref()) {
+            return Err(at(
+                tls.span(),
+                "[discovery] has tls = true but there is no [backend_tls] with the ca_file to verify the servers by".into(),
+            ));
+        }
     }
     Ok((tls_listen, backend_tls))
 }
@@ -1136,6 +1150,7 @@ fn discovery_settings(
             }
         }
     }
+    discovery.tls = raw.tls.as_ref().is_some_and(|t| *t.get_ref());
     Ok(discovery)
 }
 
@@ -1750,6 +1765,27 @@ name = "cache-02"
     }
 
     #[test]
+    fn tls_for_discovered_servers_needs_backend_tls_and_marks_every_server() {
+        let base = "listen = \"127.0.0.1:1\"\n[discovery]\nsrv = \"_m._tcp.cache\"\ntls = true\n";
+        let error = error_of(base);
+        assert!(
+            error.starts_with(
+                "memring.toml:4:7: [discovery] has tls = true but there is no [backend_tls]"
+            ),
+            "{error}"
+        );
+        let text = format!("{base}[backend_tls]\nca_file = \"ca.pem\"\n");
+        let config = Config::parse(&text, "memring.toml").expect("valid");
+        assert!(config.discovery.tls);
+        let plain = Config::parse(
+            "listen = \"127.0.0.1:1\"\n[discovery]\nsrv = \"_m._tcp.cache\"\n",
+            "memring.toml",
+        )
+        .expect("valid");
+        assert!(!plain.discovery.tls);
+    }
+
+    #[test]
     fn backend_tls_needs_a_ca_file_and_both_halves_of_a_client_certificate() {
         let base = "listen = \"127.0.0.1:1\"\n[[servers]]\naddr = \"127.0.0.1:2\"\ntls = true\n";
         let error = error_of(&format!("{base}[backend_tls]\nserver_name = \"cache\"\n"));
@@ -2049,7 +2085,7 @@ name = "cache-02"
             .collect();
         table_keys.sort_unstable();
         table_keys.dedup();
-        let keys: Vec<&str> = names
+        let mut keys: Vec<&str> = names
             .iter()
             .filter(|n| !n.contains('.') && *n != "servers" && !tables.contains(&n.as_str()))
             .map(String::as_str)
@@ -2057,6 +2093,9 @@ name = "cache-02"
             .chain(table_keys)
             .chain(names.iter().filter_map(|n| n.strip_prefix("discovery.")))
             .collect();
+        // `tls` is a key of a server and of [discovery]: one example serves.
+        keys.sort_unstable();
+        keys.dedup();
         for key in &keys {
             assert!(
                 EXAMPLES.iter().any(|(name, _)| name == key),

@@ -31,7 +31,8 @@ use crate::resolve::{Dns, DnsError, DnsFailure};
 /// # Errors
 /// DNS did not answer, has no such records, or listed no server: the caller
 /// keeps what it had.
-pub async fn servers(source: &Source, dns: Dns) -> Result<Vec<ServerConfig>, DnsError> {
+/// `tls`: the servers are spoken to with TLS (`[discovery] tls`).
+pub async fn servers(source: &Source, dns: Dns, tls: bool) -> Result<Vec<ServerConfig>, DnsError> {
     let mut servers: Vec<ServerConfig> = match source {
         Source::Srv(name) => {
             let targets: Vec<_> = dns
@@ -50,9 +51,7 @@ pub async fn servers(source: &Source, dns: Dns) -> Result<Vec<ServerConfig>, Dns
                         name: addr.clone(),
                         addr,
                         weight,
-                        // TODO(#23): a [discovery] key for TLS to the
-                        // discovered servers.
-                        tls: false,
+                        tls,
                     }
                 })
                 .collect()
@@ -65,7 +64,7 @@ pub async fn servers(source: &Source, dns: Dns) -> Result<Vec<ServerConfig>, Dns
                 name: socket.to_string(),
                 addr: socket.to_string(),
                 weight: 1,
-                tls: false,
+                tls,
             })
             .collect(),
     };
@@ -105,8 +104,12 @@ fn relative(weights: &[u32]) -> Vec<u32> {
 ///
 /// # Errors
 /// As [`servers`].
-pub fn servers_blocking(source: &Source, dns: Dns) -> Result<Vec<ServerConfig>, DnsError> {
-    crate::resolve::block_on(|| servers(source, dns))
+pub fn servers_blocking(
+    source: &Source,
+    dns: Dns,
+    tls: bool,
+) -> Result<Vec<ServerConfig>, DnsError> {
+    crate::resolve::block_on(|| servers(source, dns, tls))
 }
 
 /// `config` with the servers its `[discovery]` records list now, for the
@@ -118,11 +121,13 @@ pub async fn first(config: &Config) -> std::io::Result<Config> {
     let Some(source) = &config.discovery.source else {
         return Ok(config.clone());
     };
-    let found = servers(source, config.discovery.dns).await.map_err(|e| {
-        std::io::Error::other(format!(
-            "[discovery] {source}: {e}; memring needs at least one server to start"
-        ))
-    })?;
+    let found = servers(source, config.discovery.dns, config.discovery.tls)
+        .await
+        .map_err(|e| {
+            std::io::Error::other(format!(
+                "[discovery] {source}: {e}; memring needs at least one server to start"
+            ))
+        })?;
     tracing::info!(
         "discovery: {source} lists {} server{}: {}",
         found.len(),
@@ -191,7 +196,7 @@ async fn pool_round(publisher: &Publisher, episodes: &mut Episodes) {
     let Some(source) = config.discovery.source.clone() else {
         return;
     };
-    let found = servers(&source, config.discovery.dns).await;
+    let found = servers(&source, config.discovery.dns, config.discovery.tls).await;
     let found = match found {
         Ok(found) => found,
         Err(error) => {
@@ -350,7 +355,7 @@ mod tests {
             server: Some("127.0.0.1:9".parse().unwrap()),
         };
         let source = Source::Srv("_memcache._tcp.cache.test.local".into());
-        let error = servers_blocking(&source, dns).unwrap_err();
+        let error = servers_blocking(&source, dns, false).unwrap_err();
         assert_eq!(error.failure, DnsFailure::Unanswered, "{error}");
     }
 }

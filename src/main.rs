@@ -367,12 +367,13 @@ fn check(file: &Path, offline: bool) -> anyhow::Result<()> {
     }
     if let (Some(source), false) = (&config.discovery.source, offline) {
         let dns = config.discovery.dns;
-        let found = memring::discovery::servers_blocking(source, dns).map_err(|e| {
-            anyhow::anyhow!(
-                "{}: [discovery] {source}: {e}; memring could not start",
-                file.display()
-            )
-        })?;
+        let found = memring::discovery::servers_blocking(source, dns, config.discovery.tls)
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "{}: [discovery] {source}: {e}; memring could not start",
+                    file.display()
+                )
+            })?;
         println!(
             "{}: [discovery] {source} lists {} server{}: {}",
             file.display(),
@@ -473,12 +474,13 @@ fn plan_discovery(file: &Path, from: Option<&str>) -> anyhow::Result<()> {
         format!("cannot ask the running memring at {from} which servers it uses")
     })?;
     let found =
-        memring::discovery::servers_blocking(source, config.discovery.dns).map_err(|e| {
-            anyhow::anyhow!(
-                "[discovery] {source}: {e}; the running memring keeps its {} servers",
-                running.len()
-            )
-        })?;
+        memring::discovery::servers_blocking(source, config.discovery.dns, config.discovery.tls)
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "[discovery] {source}: {e}; the running memring keeps its {} servers",
+                    running.len()
+                )
+            })?;
     println!(
         "discovery: {source}: {} server{} in use at {from}, {} listed now",
         running.len(),

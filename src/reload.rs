@@ -143,11 +143,14 @@ impl Reloader {
             {
                 running.servers.clone()
             } else {
-                crate::discovery::servers_blocking(source, config.discovery.dns).map_err(|e| {
-                    ConfigError::Discovery {
-                        path: shown.clone(),
-                        message: format!("{source}: {e}"),
-                    }
+                crate::discovery::servers_blocking(
+                    source,
+                    config.discovery.dns,
+                    config.discovery.tls,
+                )
+                .map_err(|e| ConfigError::Discovery {
+                    path: shown.clone(),
+                    message: format!("{source}: {e}"),
                 })?
             };
         }
