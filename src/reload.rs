@@ -819,11 +819,15 @@ fn flush_tls(
     addr: &str,
     timeout: std::time::Duration,
 ) -> std::io::Result<()> {
-    use std::io::{Read, Write};
     let connector = crate::tls::Connector::new(files)?;
     let mut stream = connector
         .connect_blocking(addr, timeout)
         .map_err(std::io::Error::other)?;
+    flush_over(&mut stream)
+}
+
+/// Sends `flush_all` on `stream` and reads memcached's one-line answer.
+fn flush_over(stream: &mut (impl std::io::Read + std::io::Write)) -> std::io::Result<()> {
     stream.write_all(b"flush_all\r\n")?;
     stream.flush()?;
     let mut reply = [0u8; 64];
@@ -845,7 +849,6 @@ fn flush_now(
     dns: crate::resolve::Dns,
     timeout: std::time::Duration,
 ) -> std::io::Result<()> {
-    use std::io::{Read, Write};
     use std::net::ToSocketAddrs;
     // A host name is asked where memring's connections ask (`resolver`).
     let target = match crate::resolve::host_name(addr) {
@@ -859,17 +862,7 @@ fn flush_now(
     let mut stream = std::net::TcpStream::connect_timeout(&target, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
-    stream.write_all(b"flush_all\r\n")?;
-    let mut reply = [0u8; 64];
-    let mut got = 0;
-    while !reply[..got].ends_with(b"\r\n") && got < reply.len() {
-        let n = stream.read(&mut reply[got..])?;
-        if n == 0 {
-            break;
-        }
-        got += n;
-    }
-    crate::pool::flush_answer(&reply[..got])
+    flush_over(&mut stream)
 }
 
 #[cfg(test)]

@@ -238,26 +238,6 @@ impl Drop for Dnsmasq {
     }
 }
 
-/// The pid the memcached at `ip:port` reports, if one answers.
-fn pid_at(ip: &str, port: u16) -> Option<u32> {
-    let mut stream = TcpStream::connect((ip, port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-    stream.write_all(b"stats\r\n").ok()?;
-    let mut reply = Vec::new();
-    let mut chunk = [0u8; 4096];
-    while !reply.ends_with(b"END\r\n") && reply.len() < 64 * 1024 {
-        match stream.read(&mut chunk) {
-            Ok(n) if n > 0 => reply.extend_from_slice(&chunk[..n]),
-            _ => return Some(0),
-        }
-    }
-    String::from_utf8_lossy(&reply)
-        .lines()
-        .find_map(|l| l.strip_prefix("STAT pid "))
-        .and_then(|pid| pid.trim().parse().ok())
-        .or(Some(0))
-}
-
 /// A memcached on any loopback address (the harness's listens on
 /// 127.0.0.1 only).
 struct Loopback {
@@ -307,7 +287,7 @@ impl Loopback {
             if let Ok(Some(_)) = child.try_wait() {
                 return None;
             }
-            if let Some(pid) = pid_at(ip, port) {
+            if let Some(pid) = crate::common::answering_pid_at(ip, port) {
                 if pid == child.id() {
                     return Some(Loopback { ip, port, child });
                 }

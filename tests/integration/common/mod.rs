@@ -56,7 +56,12 @@ fn free_port() -> u16 {
 /// `None` if nothing answers there (yet). A listener that is not memcached
 /// reports pid 0.
 pub(crate) fn answering_pid(port: u16) -> Option<u32> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    answering_pid_at("127.0.0.1", port)
+}
+
+/// [`answering_pid`] on any loopback address.
+pub(crate) fn answering_pid_at(ip: &str, port: u16) -> Option<u32> {
+    let mut stream = TcpStream::connect((ip, port)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
     stream.write_all(b"stats\r\n").ok()?;
     let mut reply = Vec::new();
