@@ -678,10 +678,17 @@ fn with_twemproxy_timing_both_proxies_agree_when_a_retry_finds_the_server_down()
 #[test]
 fn with_memrings_own_timing_the_proxies_disagree_after_a_return() {
     let outcome = side_by_side(Outage::Short, true, "own-timing");
-    let problems = outcome.problems();
+    // How much sooner memring returns the server depends on its probe and
+    // flush, so on a loaded machine; that it is sooner does not.
+    let t = &outcome.timeline;
+    let sooner = t
+        .memring_returns()
+        .into_iter()
+        .zip(t.nutcracker_returns())
+        .any(|(m, n)| m < n);
     assert!(
-        problems.iter().any(|p| p.starts_with("return")),
-        "memring's return should be seconds before nutcracker's: {problems:?}\n{}",
+        sooner,
+        "memring's return should come before nutcracker's:\n{}",
         outcome.report()
     );
     let missed: usize = outcome
