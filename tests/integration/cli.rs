@@ -745,20 +745,7 @@ fn send_takes_host_names_and_import_has_help_of_its_own() {
 /// shipped, and keeps its reply buffers within the container's memory limit.
 #[test]
 fn the_kubernetes_example_config_checks_and_fits_its_memory_limit() {
-    let manifest = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/config/kubernetes/sidecar.yaml"
-    ))
-    .unwrap();
-    let start = manifest
-        .find("memring.toml: |\n")
-        .expect("the ConfigMap's file")
-        + 16;
-    let config: String = manifest[start..]
-        .lines()
-        .take_while(|line| line.is_empty() || line.starts_with("    "))
-        .map(|line| format!("{}\n", line.strip_prefix("    ").unwrap_or("")))
-        .collect();
+    let (manifest, config) = crate::common::kubernetes_example("sidecar.yaml");
     let dir = crate::common::TempDir::new("cli", "kubernetes");
     let path = dir.path("memring.toml");
     std::fs::write(&path, &config).unwrap();

@@ -21,18 +21,6 @@ use crate::common::{wait_for, Client, TempDir, DEADLINE};
 const BIN: &str = env!("CARGO_BIN_EXE_memring");
 const SRV_NAME: &str = "_memcache._tcp.test.local";
 
-fn running_as_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|euid| euid == "0"))
-        })
-        .unwrap_or(false)
-}
-
 /// dnsmasq lives in /usr/sbin, which a user's PATH may not have.
 fn dnsmasq() -> &'static str {
     let in_path = Command::new("dnsmasq")
@@ -151,7 +139,7 @@ impl Dnsmasq {
         for name in &self.txt {
             command.arg(format!("--txt-record={name},memring-test"));
         }
-        if running_as_root() {
+        if crate::common::running_as_root() {
             command.arg("--user=root");
         }
         let mut child = command
@@ -278,7 +266,7 @@ impl Loopback {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        if running_as_root() {
+        if crate::common::running_as_root() {
             command.args(["-u", "root"]);
         }
         let mut child = command.spawn().expect("memcached must be installed");
@@ -949,20 +937,7 @@ fn plan_discovery_prints_the_plan_of_the_equal_config_edit() {
 /// on its own, and with DNS answering for the names the manifest defines.
 #[test]
 fn the_kubernetes_discovery_example_config_checks() {
-    let manifest = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/config/kubernetes/discovery.yaml"
-    ))
-    .unwrap();
-    let start = manifest
-        .find("memring.toml: |\n")
-        .expect("the ConfigMap's file")
-        + 16;
-    let config: String = manifest[start..]
-        .lines()
-        .take_while(|line| line.is_empty() || line.starts_with("    "))
-        .map(|line| format!("{}\n", line.strip_prefix("    ").unwrap_or("")))
-        .collect();
+    let (manifest, config) = crate::common::kubernetes_example("discovery.yaml");
     let srv = config
         .lines()
         .find_map(|l| l.strip_prefix("srv = \""))

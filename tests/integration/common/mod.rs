@@ -33,7 +33,7 @@ pub(crate) struct Memcached {
     paused: bool,
 }
 
-fn running_as_root() -> bool {
+pub(crate) fn running_as_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|status| {
@@ -644,4 +644,25 @@ pub(crate) fn show(bytes: &[u8]) -> String {
     } else {
         shown
     }
+}
+
+/// A Kubernetes example under `config/kubernetes/`: the manifest, and the
+/// memring config its ConfigMap embeds (`memring.toml: |`, indented four
+/// spaces).
+pub(crate) fn kubernetes_example(file: &str) -> (String, String) {
+    let manifest = std::fs::read_to_string(format!(
+        "{}/config/kubernetes/{file}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
+    let start = manifest
+        .find("memring.toml: |\n")
+        .expect("the ConfigMap's file")
+        + 16;
+    let config = manifest[start..]
+        .lines()
+        .take_while(|line| line.is_empty() || line.starts_with("    "))
+        .map(|line| format!("{}\n", line.strip_prefix("    ").unwrap_or("")))
+        .collect();
+    (manifest, config)
 }
