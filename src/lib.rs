@@ -37,6 +37,8 @@
 //!   it no longer owns, so a later change cannot bring them back.
 //! - [`hotkeys`]: hot-key detection per server (space-saving sketches per
 //!   worker), `stats hotkeys`, coalescing of concurrent gets, near cache.
+//! - [`layout`]: the pools and the key-prefix routes between them.
+//! - [`pools`]: one publisher per pool; a reload's part for each.
 //! - [`stats`]: counters behind both the `stats` reply and Prometheus; a leaf.
 //! - [`report`]: memring's memcached-style `stats` reply.
 //! - [`tls`]: rustls configs from PEM files for both sides (servers are
@@ -56,8 +58,10 @@ pub mod error;
 pub mod fd_budget;
 pub(crate) mod handoff;
 pub mod hotkeys;
+pub mod layout;
 mod outbuf;
 pub(crate) mod pool;
+pub mod pools;
 pub mod protocol;
 pub mod reload;
 mod report;

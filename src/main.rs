@@ -712,11 +712,7 @@ fn run(path: &Path) -> anyhow::Result<()> {
             config = %path.display(),
             "memring started"
         );
-        let reloader = Reloader::new(
-            path.to_path_buf(),
-            config.clone(),
-            running.publisher.clone(),
-        );
+        let reloader = Reloader::new(path.to_path_buf(), config.clone(), running.pools.clone());
         memring::reload::spawn(reloader, shutdown.clone());
         stop.await;
         tracing::info!("shutdown requested");

@@ -52,24 +52,27 @@ impl Publisher {
     /// called inside a tokio runtime. With `fds`, reloads that do not fit in
     /// the open file limit are refused.
     pub(crate) fn new(
+        name: &str,
         config: Config,
         stats: Arc<Stats>,
         fds: Option<FdAccount>,
         tls: Option<Arc<crate::tls::Connector>>,
+        published: Arc<Notify>,
     ) -> Arc<Publisher> {
         let hooks = PoolHooks {
             health_changed: Arc::new(Notify::new()),
             stats,
             tls,
+            pool: name.into(),
         };
         let backends = Topology::backends_for(&config, None, &hooks);
         let first = Topology::assemble(Arc::new(config), 1, backends, Vec::new());
-        record(&hooks.stats, &first);
+        record(&hooks, &first);
         Arc::new(Publisher {
             topology: Arc::new(ArcSwap::from_pointee(first)),
             lock: Mutex::new(()),
             hooks,
-            published: Arc::new(Notify::new()),
+            published,
             fds,
         })
     }
@@ -87,6 +90,32 @@ impl Publisher {
     /// The counters every backend reports to.
     pub fn stats(&self) -> &Arc<Stats> {
         &self.hooks.stats
+    }
+
+    /// The pool's name.
+    pub fn name(&self) -> &str {
+        &self.hooks.pool
+    }
+
+    /// What this pool's log lines start with: nothing for the top-level
+    /// pool, so one-pool logs read as before.
+    pub fn log_prefix(&self) -> String {
+        if &*self.hooks.pool == crate::config::DEFAULT_POOL {
+            String::new()
+        } else {
+            format!("pool {}: ", self.hooks.pool)
+        }
+    }
+
+    /// Forgets the pool's figures (a reload removed it).
+    pub(crate) fn retire(&self) {
+        let topology = self.topology.load();
+        for backend in topology.backends.iter() {
+            self.hooks
+                .stats
+                .membership_gone(&self.hooks.pool, backend.name());
+        }
+        self.hooks.stats.pool_gone(&self.hooks.pool);
     }
 
     /// Resolves when a server's health crossed DEAD (either way).
@@ -181,8 +210,8 @@ impl Publisher {
             old.ejected.to_vec(),
         );
         let version = new.version;
-        record(&self.hooks.stats, &new);
-        forget_gone(&self.hooks.stats, &old, &new);
+        record(&self.hooks, &new);
+        forget_gone(&self.hooks, &old, &new);
         // LEAVING servers' connections close now: new clients may have
         // their descriptors.
         if let Some(fds) = &self.fds {
@@ -281,8 +310,8 @@ impl Publisher {
             }
         }
         let version = new.version;
-        record(&self.hooks.stats, &new);
-        forget_gone(&self.hooks.stats, old, &new);
+        record(&self.hooks, &new);
+        forget_gone(&self.hooks, old, &new);
         self.topology.store(Arc::new(new));
         self.published.notify_waiters();
         Published { version, change }
@@ -330,22 +359,25 @@ fn effective(servers: &[ServerConfig], ejected: &[String]) -> Vec<ServerConfig> 
         .collect()
 }
 
-fn record(stats: &Stats, topology: &Topology) {
-    stats.topology(
+fn record(hooks: &PoolHooks, topology: &Topology) {
+    hooks.stats.topology(
+        &hooks.pool,
         topology.version,
         topology.backends.len(),
         topology.effective_servers(),
     );
     for (i, backend) in topology.backends.iter().enumerate() {
-        stats.membership(backend.name(), topology.membership(i).as_str());
+        hooks
+            .stats
+            .membership(&hooks.pool, backend.name(), topology.membership(i).as_str());
     }
 }
 
 /// Forgets the membership lines of servers `old` had and `new` has not.
-fn forget_gone(stats: &Stats, old: &Topology, new: &Topology) {
+fn forget_gone(hooks: &PoolHooks, old: &Topology, new: &Topology) {
     for backend in old.backends.iter() {
         if !new.backends.iter().any(|b| b.name() == backend.name()) {
-            stats.membership_gone(backend.name());
+            hooks.stats.membership_gone(&hooks.pool, backend.name());
         }
     }
 }
@@ -378,14 +410,15 @@ pub(crate) async fn eject_on_health_changes(
             () = publisher.health_changed() => {}
             () = tokio::time::sleep_until(tick.into()) => {
                 if let Some(Published { version, .. }) = publisher.end_window() {
-                    tracing::info!("ring v{version}: hand-off window over; leaving servers closed");
+                    tracing::info!("{}ring v{version}: hand-off window over; leaving servers closed", publisher.log_prefix());
                     let topology = publisher.topology.load_full();
                     let (shared, stats) = (publisher.topology.clone(), publisher.hooks.stats.clone());
+                    let prefix = publisher.log_prefix();
                     tokio::spawn(async move {
                         let swept = crate::sweep::sweep(shared, topology, stats).await;
                         let deleted: u64 = swept.iter().map(|(_, n)| n).sum();
                         tracing::info!(
-                            "ring v{version}: deleted {deleted} keys from {} servers that no longer own them",
+                            "{prefix}ring v{version}: deleted {deleted} keys from {} servers that no longer own them",
                             swept.len()
                         );
                     });
@@ -413,7 +446,7 @@ pub(crate) async fn eject_on_health_changes(
             }
         }
         if let Some(Published { version, change }) = publisher.apply_health_holding(&hold) {
-            tracing::warn!("ring v{version}: {change}");
+            tracing::warn!("{}ring v{version}: {change}", publisher.log_prefix());
         }
         if !hold.is_empty() {
             // Try again shortly: health will not change again by itself.

@@ -25,7 +25,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::error::ConfigError;
 use crate::fd_budget::FdShortage;
-use crate::pool::{Published, Publisher};
+use crate::pool::Published;
+use crate::pools::{Applied, Pools};
 use crate::topology::Change;
 
 /// Quiet time after the last event before reloading: an editor's save is
@@ -36,6 +37,8 @@ const MAX_DEBOUNCE: Duration = Duration::from_millis(400);
 
 /// What one reload did.
 #[derive(Debug, Clone, PartialEq)]
+// One per reload, moved once: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Outcome {
     /// The file is what was seen last time (same text, or the same error):
     /// it has been dealt with and logged already.
@@ -48,6 +51,8 @@ pub enum Outcome {
         settings: Vec<SettingChange>,
         /// The client limit, when the new ring changed it: (before, after).
         client_limit: Option<(usize, usize)>,
+        /// A line for each other pool added, removed or changed.
+        pools: Vec<String>,
     },
     /// The file is valid but its ring does not fit in the open file limit
     /// next to the clients connected; the old config stays.
@@ -82,7 +87,7 @@ enum Seen {
 /// Re-reads one config file and publishes what it says.
 pub struct Reloader {
     path: PathBuf,
-    publisher: Arc<Publisher>,
+    pools: Arc<Pools>,
     /// The config the running topology was built from.
     current: Config,
     /// The config the process was started with (for restart-only settings).
@@ -92,10 +97,10 @@ pub struct Reloader {
 }
 
 impl Reloader {
-    pub fn new(path: PathBuf, started: Config, publisher: Arc<Publisher>) -> Reloader {
+    pub fn new(path: PathBuf, started: Config, pools: Arc<Pools>) -> Reloader {
         Reloader {
             path,
-            publisher,
+            pools,
             current: started.clone(),
             started,
             last_seen: None,
@@ -136,14 +141,19 @@ impl Reloader {
         if let Some(source) = &config.discovery.source {
             // The file lists no servers: DNS does. The same records keep the
             // list in force; other records are asked now.
-            let running = self.publisher.shared().load().config.clone();
-            config.servers = if running.discovery.source == config.discovery.source
-                && running.discovery.dns == config.discovery.dns
-                && !running.servers.is_empty()
-            {
-                running.servers.clone()
-            } else {
-                crate::discovery::servers_blocking(
+            let running = self
+                .pools
+                .publisher(crate::config::DEFAULT_POOL)
+                .map(|p| p.shared().load().config.clone());
+            let found = match running {
+                Some(running)
+                    if running.discovery.source == config.discovery.source
+                        && running.discovery.dns == config.discovery.dns
+                        && !running.servers.is_empty() =>
+                {
+                    running.servers.clone()
+                }
+                _ => crate::discovery::servers_blocking(
                     source,
                     config.discovery.dns,
                     config.discovery.tls,
@@ -151,8 +161,9 @@ impl Reloader {
                 .map_err(|e| ConfigError::Discovery {
                     path: shown.clone(),
                     message: format!("{source}: {e}"),
-                })?
+                })?,
             };
+            config = config.with_servers(found);
         }
         if config == self.current {
             return Ok(Outcome::Unchanged);
@@ -166,11 +177,16 @@ impl Reloader {
                 .into_iter()
                 .filter(|s| s.restart_only),
         );
-        flush_newcomers(&self.publisher.shared().load(), &config);
+        if let Some(publisher) = self.pools.publisher(&config.default_pool) {
+            flush_newcomers(&publisher.shared().load(), &config);
+        }
         // Unchanged servers keep their backends and open connections.
-        let limit_before = self.publisher.client_limit();
-        let Published { version, change } = match self.publisher.apply_config(config.clone()) {
-            Ok(published) => published,
+        let limit_before = self.pools.default_publisher().client_limit();
+        let Applied {
+            default: Published { version, change },
+            others,
+        } = match self.pools.apply(&config) {
+            Ok(applied) => applied,
             Err(shortage) => {
                 // Tried again on the next event even with the same text: the
                 // clients that were in the way may have left.
@@ -179,7 +195,7 @@ impl Reloader {
             }
         };
         let client_limit = limit_before
-            .zip(self.publisher.client_limit())
+            .zip(self.pools.default_publisher().client_limit())
             .filter(|(before, after)| before != after);
         self.current = config;
         Ok(Outcome::Applied {
@@ -187,6 +203,7 @@ impl Reloader {
             change,
             settings,
             client_limit,
+            pools: others,
         })
     }
 
@@ -194,8 +211,10 @@ impl Reloader {
     pub fn reload_and_log(&mut self) {
         let outcome = self.reload();
         match &outcome {
-            Ok(Outcome::Applied { .. }) => self.publisher.stats().reload(true),
-            Err(_) | Ok(Outcome::Refused(_)) => self.publisher.stats().reload(false),
+            Ok(Outcome::Applied { .. }) => self.pools.default_publisher().stats().reload(true),
+            Err(_) | Ok(Outcome::Refused(_)) => {
+                self.pools.default_publisher().stats().reload(false)
+            }
             Ok(Outcome::Unchanged) => {}
         }
         match outcome {
@@ -210,7 +229,11 @@ impl Reloader {
                 change,
                 settings,
                 client_limit,
+                pools,
             }) => {
+                for line in pools.iter() {
+                    tracing::info!("{line}");
+                }
                 let (restart, live): (Vec<_>, Vec<_>) =
                     settings.iter().partition(|s| s.restart_only);
                 if live.is_empty() {
@@ -285,7 +308,34 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         tls_listen,
         backend_tls,
         discovery,
+        pools,
+        routes,
+        default_pool,
     } = new;
+    // Each pool's own settings are its publisher's business (`pools.rs`);
+    // here: the routes between pools, and the pools' listeners (bound at
+    // start only).
+    let routes_text = |routes: &[crate::config::Route]| {
+        if routes.is_empty() {
+            return "(none)".to_string();
+        }
+        routes
+            .iter()
+            .map(|r| format!("{}->{}", r.prefix, r.pool))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let listeners_text = |pools: &[crate::config::PoolConfig]| {
+        let listeners: Vec<String> = pools
+            .iter()
+            .filter_map(|p| Some(format!("{}={}", p.name, p.listen?)))
+            .collect();
+        if listeners.is_empty() {
+            "(none)".to_string()
+        } else {
+            listeners.join(",")
+        }
+    };
     // The TLS settings as one line each; their files are read at start
     // (the listener's certificate reloads by itself when its files change).
     let tls_listen_text = |t: &Option<crate::config::TlsListen>| {
@@ -352,7 +402,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             d.interval.as_millis()
         )
     };
-    let rows: [(&'static str, String, String, bool); 35] = [
+    let rows: [(&'static str, String, String, bool); 38] = [
         (
             "discovery",
             discovered(&old.discovery),
@@ -378,6 +428,24 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             false,
         ),
         ("listen", old.listen.to_string(), listen.to_string(), true),
+        (
+            "pools.listen",
+            listeners_text(&old.pools),
+            listeners_text(pools),
+            true,
+        ),
+        (
+            "routes",
+            routes_text(&old.routes),
+            routes_text(routes),
+            false,
+        ),
+        (
+            "default_pool",
+            old.default_pool.clone(),
+            default_pool.clone(),
+            false,
+        ),
         (
             "admin_listen",
             address(&old.admin_listen),

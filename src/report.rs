@@ -4,13 +4,18 @@
 
 use bytes::BytesMut;
 
+use crate::layout::Layout;
 use crate::protocol::encode::write_stat;
 use crate::protocol::Command;
 use crate::stats::Stats;
 use crate::topology::Topology;
 
-/// Writes the whole `stats` reply, ending with `END`.
-pub(crate) fn write_stats(out: &mut BytesMut, stats: &Stats, topology: &Topology) {
+/// Writes the whole `stats` reply, ending with `END`: the default pool's
+/// lines as a one-pool memring writes them, then every other pool's with
+/// `pool:<name>:` before each.
+pub(crate) fn write_stats(out: &mut BytesMut, stats: &Stats, layout: &Layout) {
+    let topology = layout.default_topology();
+    let topology = &*topology;
     let now = crate::topology::unix_now();
     write_stat(out, "pid", &std::process::id());
     write_stat(out, "uptime", &stats.uptime_seconds());
@@ -48,11 +53,7 @@ pub(crate) fn write_stats(out: &mut BytesMut, stats: &Stats, topology: &Topology
     write_stat(out, "near_cache_hits", &hot.cache_hits.get());
     write_stat(out, "near_cache_misses", &hot.cache_misses.get());
     write_stat(out, "near_cache_evictions", &hot.cache_evictions.get());
-    write_stat(out, "ring_version", &topology.version);
-    write_stat(out, "ring_servers", &topology.backends.len());
-    write_stat(out, "ring_ejected", &topology.ejected.len());
-    let handoff_until = topology.previous.as_ref().map_or(0, |p| p.until_unix);
-    write_stat(out, "handoff_until", &handoff_until);
+    write_ring(out, "", topology);
     for (name, value) in stats.handoff() {
         write_stat(out, name, &value);
     }
@@ -71,13 +72,45 @@ pub(crate) fn write_stats(out: &mut BytesMut, stats: &Stats, topology: &Topology
         write_stat(out, "discovery_lookup_failures", &discovery.lookup_failures);
         write_stat(out, "discovery_failing", &u8::from(discovery.failing));
     }
+    write_servers(out, "", topology);
+    for pool in layout.pools() {
+        if &*pool.name == layout.default_name() {
+            continue;
+        }
+        let prefix = format!("pool:{}:", pool.name);
+        let topology = pool.topology.load_full();
+        write_ring(out, &prefix, &topology);
+        write_servers(out, &prefix, &topology);
+    }
+    out.extend_from_slice(b"END\r\n");
+}
+
+/// One pool's ring lines.
+fn write_ring(out: &mut BytesMut, prefix: &str, topology: &Topology) {
+    write_stat(out, &format!("{prefix}ring_version"), &topology.version);
+    write_stat(
+        out,
+        &format!("{prefix}ring_servers"),
+        &topology.backends.len(),
+    );
+    write_stat(
+        out,
+        &format!("{prefix}ring_ejected"),
+        &topology.ejected.len(),
+    );
+    let handoff_until = topology.previous.as_ref().map_or(0, |p| p.until_unix);
+    write_stat(out, &format!("{prefix}handoff_until"), &handoff_until);
+}
+
+/// One pool's lines per server.
+fn write_servers(out: &mut BytesMut, prefix: &str, topology: &Topology) {
     let shares = topology.shares();
     let timeout = [crate::error::BackendErrorKind::Timeout.index()];
     for (i, backend) in topology.backends.iter().enumerate() {
         let name = backend.name();
         let metrics = backend.metrics();
         let stat = |out: &mut BytesMut, what: &str, value: &dyn std::fmt::Display| {
-            write_stat(out, &format!("server:{name}:{what}"), value);
+            write_stat(out, &format!("{prefix}server:{name}:{what}"), value);
         };
         stat(out, "addr", &backend.addr());
         stat(
@@ -100,5 +133,4 @@ pub(crate) fn write_stats(out: &mut BytesMut, stats: &Stats, topology: &Topology
         let share = shares.get(i).copied().unwrap_or(0.0);
         stat(out, "ring_share", &format_args!("{share:.4}"));
     }
-    out.extend_from_slice(b"END\r\n");
 }

@@ -340,6 +340,22 @@ pub(crate) struct Retrieval {
     copies: Vec<(usize, crate::protocol::encode::Outbound)>,
     /// Keys asked of their previous owner, and values found there.
     read_through: (usize, usize),
+    /// Whether this is the whole reply or one run of a retrieval whose
+    /// keys go to several pools.
+    split: Split,
+}
+
+/// A retrieval's part in the client's reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Split {
+    /// The whole reply: values, then `END` (or the error).
+    Whole,
+    /// A run of keys of one pool, not the last: its values only, and a
+    /// failed server's keys read as misses (an error line cannot follow
+    /// values another run wrote).
+    Part,
+    /// The last run: its values and the `END`, never an error line.
+    Last,
 }
 
 impl Retrieval {
@@ -389,6 +405,11 @@ impl Retrieval {
         retrieval.handoff = handoff;
         retrieval.previous_from = previous_from;
         retrieval
+    }
+
+    /// Makes this retrieval one run of a retrieval across pools.
+    pub(crate) fn split(&mut self, split: Split) {
+        self.split = split;
     }
 
     /// Some key of this retrieval may be read through (and copied), so later
@@ -444,6 +465,7 @@ impl Retrieval {
             previous_from: SmallVec::new(),
             copies: Vec::new(),
             read_through: (0, 0),
+            split: Split::Whole,
         }
     }
 
@@ -741,6 +763,14 @@ impl Retrieval {
     pub(crate) fn emit(&mut self, out: &mut OutQueue) -> bool {
         if !self.emit_values(out) {
             return false;
+        }
+        match self.split {
+            Split::Part => return true,
+            Split::Last => {
+                out.push_slice(b"END\r\n");
+                return true;
+            }
+            Split::Whole => {}
         }
         if self.values_written == 0 && !self.answered {
             // A multi-get answers with what the healthy servers hold; only

@@ -15,7 +15,8 @@ use crate::admin::AdminState;
 use crate::client_slots::ClientSlots;
 use crate::config::Config;
 use crate::fd_budget::FdBudget;
-use crate::pool::{eject_on_health_changes, FdAccount, Publisher};
+use crate::pool::{FdAccount, Publisher};
+use crate::pools::Pools;
 use crate::shard::SessionSettings;
 use crate::stats::Stats;
 use crate::topology::SharedTopology;
@@ -31,10 +32,14 @@ pub struct Running {
     pub tls_addr: Option<SocketAddr>,
     /// The TLS listener's certificate, reloaded when its files change.
     pub tls_acceptor: Option<Arc<crate::tls::Acceptor>>,
-    /// The routing table sessions read.
+    /// The default pool's routing table.
     pub topology: SharedTopology,
-    /// Where reloads publish.
+    /// Where reloads publish the default pool.
     pub publisher: Arc<Publisher>,
+    /// Every pool, and the routes between them.
+    pub pools: Arc<Pools>,
+    /// The pools with a listener of their own, and where it is.
+    pub pool_addrs: Vec<(String, SocketAddr)>,
     pub stats: Arc<Stats>,
     task: JoinHandle<()>,
 }
@@ -114,8 +119,32 @@ pub async fn start_within(
         clients: clients.clone(),
         max_clients,
     });
-    let publisher = Publisher::new(config.clone(), stats.clone(), account, connector);
+    let pools = Pools::start(config, stats.clone(), account, connector, shutdown.clone());
+    let publisher = pools.default_publisher();
     let topology = publisher.shared();
+    let mut doors = vec![Door {
+        listener,
+        tls: None,
+        pool: None,
+    }];
+    if let Some((listener, acceptor)) = tls_listener {
+        doors.push(Door {
+            listener,
+            tls: Some(acceptor),
+            pool: None,
+        });
+    }
+    let mut pool_addrs = Vec::new();
+    for (pool, addr) in pools.listeners() {
+        let setting = format!("listen of pool {}", pool.name());
+        let listener = listen(addr).map_err(|e| bind_error(&setting, addr, e))?;
+        pool_addrs.push((pool.name().to_string(), listener.local_addr()?));
+        doors.push(Door {
+            listener,
+            tls: None,
+            pool: Some(pool.shared()),
+        });
+    }
     let admin_addr = match admin {
         Some(listener) => {
             let addr = listener.local_addr()?;
@@ -129,8 +158,6 @@ pub async fn start_within(
         }
         None => None,
     };
-    tokio::spawn(eject_on_health_changes(publisher.clone(), shutdown.clone()));
-    tokio::spawn(crate::discovery::run(publisher.clone(), shutdown.clone()));
     let count = config.worker_count();
     let settings = SessionSettings {
         max_pending: config.max_pending_per_client,
@@ -142,20 +169,20 @@ pub async fn start_within(
     tokio::spawn(crate::hotkeys::monitor(
         hot.clone(),
         topology.clone(),
-        publisher.published(),
+        pools.published(),
         shutdown.clone(),
     ));
     let mut workers = Vec::with_capacity(count);
     for index in 0..count {
         workers.push(worker::spawn(WorkerSetup {
             index,
-            topology: topology.clone(),
+            layout: pools.layout(),
             stats: stats.clone(),
             shutdown: shutdown.clone(),
             settings,
             budget: (config.max_buffer_bytes / count).max(1),
             grace: config.shutdown_grace,
-            published: publisher.published(),
+            published: pools.published(),
             hot: hot.clone(),
         })?);
     }
@@ -163,13 +190,10 @@ pub async fn start_within(
     if let Some(addr) = tls_addr {
         tracing::info!(%addr, "listening for TLS clients");
     }
-    let task = tokio::spawn(accept_loop(
-        listener,
-        tls_listener,
-        workers,
-        clients,
-        shutdown,
-    ));
+    for (pool, addr) in &pool_addrs {
+        tracing::info!(%addr, pool = %pool, "listening for the clients of pool {pool}");
+    }
+    let task = tokio::spawn(accept_loop(doors, workers, clients, shutdown));
     Ok(Running {
         local_addr,
         admin_addr,
@@ -177,6 +201,8 @@ pub async fn start_within(
         tls_acceptor,
         topology,
         publisher,
+        pools,
+        pool_addrs,
         stats,
         task,
     })
@@ -209,17 +235,55 @@ fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.listen(LISTEN_BACKLOG)
 }
 
-/// Accepts clients and hands them to the workers in turn (round robin, so
-/// every worker gets the same number of clients), up to the connection limit
-/// (which a reload may lower or raise).
-async fn accept_loop(
+/// A listener and what its clients get: TLS (`tls_listen`), or one pool
+/// for every key (a pool's own `listen`).
+struct Door {
     listener: TcpListener,
-    tls_listener: Option<(TcpListener, Arc<crate::tls::Acceptor>)>,
+    tls: Option<Arc<crate::tls::Acceptor>>,
+    pool: Option<SharedTopology>,
+}
+
+/// Accepts clients on every door and hands them to the workers in turn
+/// (round robin, so every worker gets the same number of clients), up to the
+/// connection limit (which a reload may lower or raise); at shutdown, once
+/// no door accepts any more, lets the workers drain.
+async fn accept_loop(
+    doors: Vec<Door>,
     workers: Vec<Worker>,
     clients: Arc<ClientSlots>,
     shutdown: CancellationToken,
 ) {
-    let mut next_id: u64 = 0;
+    let (senders, done): (Vec<_>, Vec<_>) =
+        workers.into_iter().map(|w| (w.clients, w.done)).unzip();
+    let senders: Arc<[_]> = senders.into();
+    let next_id = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut doors_open = tokio::task::JoinSet::new();
+    for door in doors {
+        doors_open.spawn(accept_from(
+            door,
+            senders.clone(),
+            next_id.clone(),
+            clients.clone(),
+            shutdown.clone(),
+        ));
+    }
+    while doors_open.join_next().await.is_some() {}
+    tracing::info!("shutting down: draining client sessions");
+    // Closing the channels tells the workers to drain.
+    drop(senders);
+    for worker in done {
+        let _ = worker.await;
+    }
+}
+
+/// One door's accept loop, until shutdown.
+async fn accept_from(
+    door: Door,
+    workers: Arc<[tokio::sync::mpsc::UnboundedSender<Accepted>]>,
+    next_id: Arc<std::sync::atomic::AtomicU64>,
+    clients: Arc<ClientSlots>,
+    shutdown: CancellationToken,
+) {
     let mut accept_failing = false;
     loop {
         // Take a slot before accepting: past the limit, new connections wait in
@@ -228,9 +292,8 @@ async fn accept_loop(
             permit = clients.acquire() => permit,
             () = shutdown.cancelled() => break,
         };
-        let (accepted, tls) = tokio::select! {
-            accepted = listener.accept() => (accepted, None),
-            accepted = accept_tls(tls_listener.as_ref()) => accepted,
+        let accepted = tokio::select! {
+            accepted = door.listener.accept() => accepted,
             () = shutdown.cancelled() => break,
         };
         let stream = match accepted.and_then(|(stream, _)| stream.into_std()) {
@@ -252,42 +315,15 @@ async fn accept_loop(
                 continue;
             }
         };
-        let worker = &workers[(next_id % workers.len() as u64) as usize];
-        let _ = worker.clients.send(Accepted {
+        let id = next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let worker = &workers[(id % workers.len() as u64) as usize];
+        let _ = worker.send(Accepted {
             stream,
-            id: next_id,
+            id,
             permit,
-            tls,
+            // The TLS config in force when the client came.
+            tls: door.tls.as_ref().map(|acceptor| acceptor.current()),
+            pool: door.pool.clone(),
         });
-        next_id += 1;
-    }
-    drop(listener);
-    drop(tls_listener);
-    tracing::info!("shutting down: draining client sessions");
-    let mut done = Vec::with_capacity(workers.len());
-    for worker in workers {
-        // Closing the channel tells the worker to drain.
-        drop(worker.clients);
-        done.push(worker.done);
-    }
-    for worker in done {
-        let _ = worker.await;
-    }
-}
-
-/// The next client of the TLS listener, with the TLS config in force now;
-/// never, when there is no TLS listener.
-async fn accept_tls(
-    tls: Option<&(TcpListener, Arc<crate::tls::Acceptor>)>,
-) -> (
-    io::Result<(tokio::net::TcpStream, SocketAddr)>,
-    Option<tokio_rustls::TlsAcceptor>,
-) {
-    match tls {
-        Some((listener, acceptor)) => {
-            let accepted = listener.accept().await;
-            (accepted, Some(acceptor.current()))
-        }
-        None => std::future::pending().await,
     }
 }

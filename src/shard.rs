@@ -15,8 +15,9 @@ use tokio_util::task::TaskTracker;
 use crate::backend::conn::{self, Conn};
 use crate::backend::Backend;
 use crate::hotkeys::HotWorker;
+use crate::layout::SharedLayout;
 use crate::stats::Stats;
-use crate::topology::SharedTopology;
+use crate::topology::Topology;
 
 /// Settings every session of a worker reads.
 #[derive(Debug, Clone, Copy)]
@@ -33,7 +34,8 @@ pub(crate) struct SessionSettings {
 
 /// What a worker's sessions share. Lives on the worker thread only.
 pub(crate) struct WorkerCtx {
-    pub(crate) topology: SharedTopology,
+    /// The pools and routes in force.
+    pub(crate) layout: SharedLayout,
     pub(crate) stats: Arc<Stats>,
     pub(crate) shutdown: CancellationToken,
     pub(crate) settings: SessionSettings,
@@ -56,7 +58,7 @@ pub(crate) struct WorkerCtx {
 impl WorkerCtx {
     /// A worker's state, with no connections yet.
     pub(crate) fn new(
-        topology: SharedTopology,
+        layout: SharedLayout,
         stats: Arc<Stats>,
         shutdown: CancellationToken,
         settings: SessionSettings,
@@ -64,7 +66,7 @@ impl WorkerCtx {
         hot: Rc<HotWorker>,
     ) -> WorkerCtx {
         WorkerCtx {
-            topology,
+            layout,
             stats,
             shutdown,
             settings,
@@ -76,6 +78,11 @@ impl WorkerCtx {
             hot,
             clock: Rc::new(crate::clock::TurnClock::new()),
         }
+    }
+
+    /// The default pool's topology now (limits, requests without a key).
+    pub(crate) fn default_topology(&self) -> Arc<Topology> {
+        self.layout.load().default_topology()
     }
 
     /// The worker's connection `lane` to `backend`, opened on first use.
@@ -98,7 +105,7 @@ impl WorkerCtx {
     }
 }
 
-/// Opens this worker's connections to every server of the published
+/// Opens this worker's connections to every server of every pool's
 /// topology, at start and after every change, so that a server's failure or
 /// return is noticed (and its health known) before traffic needs it, and the
 /// first requests do not wait for a connect.
@@ -107,13 +114,16 @@ pub(crate) async fn keep_connected(ctx: Rc<WorkerCtx>, published: Arc<tokio::syn
         let changed = published.notified();
         tokio::pin!(changed);
         changed.as_mut().enable();
-        let topology = ctx.topology.load_full();
-        for backend in topology.backends.iter() {
-            for lane in 0..backend.settings().connections.max(1) {
-                ctx.conn(backend, lane);
+        let layout = ctx.layout.load_full();
+        for pool in layout.pools() {
+            let topology = pool.topology.load_full();
+            for backend in topology.backends.iter() {
+                for lane in 0..backend.settings().connections.max(1) {
+                    ctx.conn(backend, lane);
+                }
             }
         }
-        drop(topology);
+        drop(layout);
         tokio::select! {
             () = changed => {}
             () = ctx.drain.cancelled() => return,

@@ -29,17 +29,31 @@ struct CommandLabels {
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServerLabels {
+    pool: Text,
+    server: Text,
+}
+
+/// A server discovery lists (always of the top-level pool).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DiscoveredLabels {
     server: Text,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabels {
+    pool: Text,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServerErrorLabels {
+    pool: Text,
     server: Text,
     kind: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServerStateLabels {
+    pool: Text,
     server: Text,
     state: &'static str,
 }
@@ -156,9 +170,9 @@ pub struct Stats {
     server_state: Family<ServerStateLabels, Gauge>,
     /// 1 for each server's part in a hand-off window (ACTIVE, JOINING, LEAVING).
     server_membership: Family<ServerStateLabels, Gauge>,
-    ring_version: Gauge,
-    servers_configured: Gauge,
-    servers_effective: Gauge,
+    ring_version: Family<PoolLabels, Gauge>,
+    servers_configured: Family<PoolLabels, Gauge>,
+    servers_effective: Family<PoolLabels, Gauge>,
     reloads: Family<ResultLabels, Counter>,
     replica_background: Counter,
     /// Hand-off: keys asked of their previous owner, values found there,
@@ -185,7 +199,7 @@ pub struct Stats {
 struct DiscoveryFigures {
     servers: Gauge,
     /// 1 for each server DNS lists now.
-    server: Family<ServerLabels, Gauge>,
+    server: Family<DiscoveredLabels, Gauge>,
     changes: Counter,
     failures: Counter,
     /// 1 while the records cannot be read (the last good list is kept).
@@ -363,17 +377,25 @@ impl Stats {
             "1 for each server's part in a hand-off window (ACTIVE, JOINING, LEAVING)",
             server_membership.clone(),
         );
-        let ring_version = gauge(
+        let pool_gauge = |registry: &mut Registry, name: &str, help: &str| {
+            let family = Family::<PoolLabels, Gauge>::default();
+            registry.register(name, help, family.clone());
+            family
+        };
+        let ring_version = pool_gauge(
             &mut registry,
             "ring_version",
-            "Version of the published ring",
+            "Version of each pool's published ring",
         );
-        let servers_configured =
-            gauge(&mut registry, "servers_configured", "Servers in the config");
-        let servers_effective = gauge(
+        let servers_configured = pool_gauge(
+            &mut registry,
+            "servers_configured",
+            "Servers in each pool's config",
+        );
+        let servers_effective = pool_gauge(
             &mut registry,
             "servers_effective",
-            "Servers in the ring (configured minus ejected)",
+            "Servers in each pool's ring (configured minus ejected)",
         );
         let reloads = Family::<ResultLabels, Counter>::default();
         registry.register("reloads", "Config reloads by result", reloads.clone());
@@ -469,7 +491,7 @@ impl Stats {
             "Share of its server's requests that each of the hottest keys took in the last window",
             hot_key_share.clone(),
         );
-        let discovery_server = Family::<ServerLabels, Gauge>::default();
+        let discovery_server = Family::<DiscoveredLabels, Gauge>::default();
         registry.register(
             "discovery_server",
             "1 for each server that [discovery]'s DNS records list now",
@@ -724,7 +746,7 @@ impl Stats {
         for name in servers {
             figures
                 .server
-                .get_or_create(&ServerLabels {
+                .get_or_create(&DiscoveredLabels {
                     server: name.as_str().into(),
                 })
                 .set(1);
@@ -778,10 +800,11 @@ impl Stats {
     pub const MEMBERSHIPS: [&'static str; 3] = ["ACTIVE", "JOINING", "LEAVING"];
 
     /// A server's part in the hand-off window now (one of [`Self::MEMBERSHIPS`]).
-    pub fn membership(&self, server: &str, current: &str) {
+    pub fn membership(&self, pool: &str, server: &str, current: &str) {
         for state in Self::MEMBERSHIPS {
             self.server_membership
                 .get_or_create(&ServerStateLabels {
+                    pool: pool.into(),
                     server: server.into(),
                     state,
                 })
@@ -790,19 +813,33 @@ impl Stats {
     }
 
     /// A server left the topology: its membership lines go.
-    pub fn membership_gone(&self, server: &str) {
+    pub fn membership_gone(&self, pool: &str, server: &str) {
         for state in Self::MEMBERSHIPS {
             self.server_membership.remove(&ServerStateLabels {
+                pool: pool.into(),
                 server: server.into(),
                 state,
             });
         }
     }
 
-    pub fn topology(&self, version: u64, configured: usize, effective: usize) {
-        self.ring_version.set(version as i64);
-        self.servers_configured.set(configured as i64);
-        self.servers_effective.set(effective as i64);
+    pub fn topology(&self, pool: &str, version: u64, configured: usize, effective: usize) {
+        let labels = PoolLabels { pool: pool.into() };
+        self.ring_version.get_or_create(&labels).set(version as i64);
+        self.servers_configured
+            .get_or_create(&labels)
+            .set(configured as i64);
+        self.servers_effective
+            .get_or_create(&labels)
+            .set(effective as i64);
+    }
+
+    /// A pool was removed by a reload: its figures go.
+    pub fn pool_gone(&self, pool: &str) {
+        let labels = PoolLabels { pool: pool.into() };
+        self.ring_version.remove(&labels);
+        self.servers_configured.remove(&labels);
+        self.servers_effective.remove(&labels);
     }
 
     /// Handles for one server's figures. `error_kinds` are the labels of the
@@ -810,14 +847,17 @@ impl Stats {
     /// called; `states` the health state labels, the first one current.
     pub fn backend(
         &self,
+        pool: &str,
         server: &str,
         error_kinds: &[&'static str],
         states: &'static [&'static str],
     ) -> BackendMetrics {
         let labels = ServerLabels {
+            pool: pool.into(),
             server: server.into(),
         };
         let metrics = BackendMetrics {
+            pool: pool.to_string(),
             server: server.to_string(),
             requests: self.backend_requests.get_or_create(&labels).clone(),
             writes: self.backend_writes.get_or_create(&labels).clone(),
@@ -1025,6 +1065,7 @@ fn classic_from_openmetrics(openmetrics: &str) -> String {
 /// One server's metric handles, held by its backend.
 #[derive(Debug, Clone)]
 pub struct BackendMetrics {
+    pool: String,
     server: String,
     pub requests: Counter,
     /// Socket writes (`writev` calls) to this server.
@@ -1052,6 +1093,7 @@ impl BackendMetrics {
         slot.get_or_init(|| {
             self.errors
                 .get_or_create(&ServerErrorLabels {
+                    pool: self.pool.as_str().into(),
                     server: self.server.as_str().into(),
                     kind: self.error_kinds[kind],
                 })
@@ -1083,6 +1125,7 @@ impl BackendMetrics {
         for &state in self.states {
             self.state
                 .get_or_create(&ServerStateLabels {
+                    pool: self.pool.as_str().into(),
                     server: self.server.as_str().into(),
                     state,
                 })
@@ -1098,7 +1141,12 @@ mod tests {
     #[test]
     fn error_counts_create_series_only_for_kinds_that_happened() {
         let stats = Stats::new();
-        let metrics = stats.backend("cache-01", &["timeout", "closed"], &["ACTIVE", "DEAD"]);
+        let metrics = stats.backend(
+            "default",
+            "cache-01",
+            &["timeout", "closed"],
+            &["ACTIVE", "DEAD"],
+        );
         assert_eq!(metrics.error_count(), 0);
         assert!(!stats
             .prometheus_text()
@@ -1115,7 +1163,7 @@ mod tests {
     #[test]
     fn label_values_are_escaped_as_the_text_formats_require() {
         let stats = Stats::new();
-        let metrics = stats.backend("a\"b\\c\nd", &["timeout"], &["ACTIVE"]);
+        let metrics = stats.backend("default", "a\"b\\c\nd", &["timeout"], &["ACTIVE"]);
         metrics.requests.inc();
         stats.hot_keys(&[HotKeySample {
             server: "s\"1".into(),
@@ -1125,7 +1173,9 @@ mod tests {
         }]);
         for text in [stats.prometheus_text(), stats.openmetrics_text()] {
             assert!(
-                text.contains(r#"memring_backend_requests_total{server="a\"b\\c\nd"} 1"#),
+                text.contains(
+                    r#"memring_backend_requests_total{pool="default",server="a\"b\\c\nd"} 1"#
+                ),
                 "{text}"
             );
             assert!(

@@ -18,6 +18,8 @@ use crate::ring::Ring;
 pub struct Topology {
     /// Increases by one with every published change (reload or ejection).
     pub version: u64,
+    /// Unique in the process (pools count their versions each on their own).
+    pub id: u64,
     /// The effective ring: the configured servers minus the ejected ones.
     pub ring: Ring,
     /// `ring_backends[i]` is the index in `backends` of ring member `i`.
@@ -127,8 +129,10 @@ impl Topology {
                 ring_backends.push(i as u32);
             }
         }
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Topology {
             version,
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             ring: Ring::build_with(&config.ring, nodes),
             ring_backends: ring_backends.into_boxed_slice(),
             backends,
@@ -525,6 +529,7 @@ mod tests {
             health_changed: Arc::new(tokio::sync::Notify::new()),
             stats: Arc::new(crate::stats::Stats::new()),
             tls: None,
+            pool: "default".into(),
         };
         let (c4, c5) = (config(&four), config(&five));
         let old = Topology::assemble(

@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio_util::sync::CancellationToken;
 
 use crate::hotkeys::{HotShared, HotWorker};
+use crate::layout::SharedLayout;
 use crate::session::{run_session, run_tls_session};
 use crate::shard::{keep_connected, SessionSettings, WorkerCtx};
 use crate::stats::Stats;
@@ -28,6 +29,8 @@ pub(crate) struct Accepted {
     pub(crate) permit: OwnedSemaphorePermit,
     /// Accepted on `tls_listen`: the TLS config in force when it was.
     pub(crate) tls: Option<tokio_rustls::TlsAcceptor>,
+    /// The pool of the listener it came in on, when that is a pool's own.
+    pub(crate) pool: Option<SharedTopology>,
 }
 
 /// A running worker thread.
@@ -40,7 +43,7 @@ pub(crate) struct Worker {
 /// What a worker is started with.
 pub(crate) struct WorkerSetup {
     pub(crate) index: usize,
-    pub(crate) topology: SharedTopology,
+    pub(crate) layout: SharedLayout,
     pub(crate) stats: Arc<Stats>,
     pub(crate) shutdown: CancellationToken,
     pub(crate) settings: SessionSettings,
@@ -93,7 +96,7 @@ async fn handshake(
 
 async fn serve(setup: WorkerSetup, mut clients: mpsc::UnboundedReceiver<Accepted>) {
     let ctx = Rc::new(WorkerCtx::new(
-        setup.topology,
+        setup.layout,
         setup.stats,
         setup.shutdown,
         setup.settings,
@@ -112,6 +115,7 @@ async fn serve(setup: WorkerSetup, mut clients: mpsc::UnboundedReceiver<Accepted
         id,
         permit,
         tls,
+        pool,
     }) = clients.recv().await
     {
         let stream = match tokio::net::TcpStream::from_std(stream) {
@@ -125,7 +129,7 @@ async fn serve(setup: WorkerSetup, mut clients: mpsc::UnboundedReceiver<Accepted
         ctx.stats.client_connected();
         sessions.spawn_local(async move {
             let ended = match tls {
-                None => run_session(stream, id, ctx.clone()).await,
+                None => run_session(stream, id, ctx.clone(), pool).await,
                 Some(acceptor) => match handshake(&acceptor, stream, &ctx).await {
                     Ok(stream) => run_tls_session(stream, id, ctx.clone()).await,
                     Err(e) => Err(e),

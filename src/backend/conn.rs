@@ -660,6 +660,7 @@ mod tests {
                 health_changed: Arc::new(Notify::new()),
                 stats: Arc::new(Stats::new()),
                 tls: None,
+                pool: "default".into(),
             };
             let server = ServerConfig {
                 addr: addr.to_string(),

@@ -111,6 +111,8 @@ pub struct PoolHooks {
     pub stats: Arc<Stats>,
     /// How servers with `tls = true` are connected to (`[backend_tls]`).
     pub tls: Option<Arc<crate::tls::Connector>>,
+    /// The pool the backends belong to, as their figures are labelled.
+    pub pool: Arc<str>,
 }
 
 impl Shared {
@@ -277,9 +279,12 @@ impl Backend {
             state: AtomicU8::new(HealthState::Active.to_u8()),
             health_changed: hooks.health_changed.clone(),
             heard_from: Notify::new(),
-            metrics: hooks
-                .stats
-                .backend(&server.name, &BackendErrorKind::LABELS, &STATE_LABELS),
+            metrics: hooks.stats.backend(
+                &hooks.pool,
+                &server.name,
+                &BackendErrorKind::LABELS,
+                &STATE_LABELS,
+            ),
             retired: CancellationToken::new(),
             item_size_max: AtomicUsize::new(0),
             tls: server.tls.then(|| hooks.tls.clone()),

@@ -571,17 +571,24 @@ pub(crate) struct Ticket {
     fill: Option<Box<[u8]>>,
 }
 
+/// Topologies whose backend map a worker keeps: one per pool its clients
+/// use, and the one before a reload.
+const MAPS_KEPT: usize = 8;
+
 /// One server's sketch in a worker.
 struct ServerSketch {
+    /// The backend's id (two pools may have servers of the same name).
+    backend: u64,
     name: Arc<str>,
     sketch: SpaceSaving,
 }
 
 struct WorkerState {
-    /// The topology `by_backend` was mapped for.
-    topology_version: Option<u64>,
-    /// Index in `sketches` of each backend of that topology.
-    by_backend: Vec<usize>,
+    /// Per topology (by its id; one per pool in use), the index in
+    /// `sketches` of each of its backends.
+    maps: Vec<(u64, Vec<usize>)>,
+    /// The entry of `maps` the last request used.
+    current: usize,
     sketches: Vec<ServerSketch>,
     window_started: Instant,
     /// Hashes of the keys hot in either of the last two windows, so that a
@@ -595,30 +602,45 @@ struct WorkerState {
 
 impl WorkerState {
     fn map(&mut self, topology: &Topology) {
-        if self.topology_version == Some(topology.version) {
+        if self
+            .maps
+            .get(self.current)
+            .is_some_and(|m| m.0 == topology.id)
+        {
             return;
         }
-        self.by_backend.clear();
+        if let Some(at) = self.maps.iter().position(|m| m.0 == topology.id) {
+            self.current = at;
+            return;
+        }
+        let mut by_backend = Vec::with_capacity(topology.backends.len());
         for backend in topology.backends.iter() {
-            let name = backend.name();
-            let at = match self.sketches.iter().position(|s| &*s.name == name) {
+            let id = backend.shared().id;
+            let at = match self.sketches.iter().position(|s| s.backend == id) {
                 Some(at) => at,
                 None => {
                     self.sketches.push(ServerSketch {
-                        name: name.into(),
+                        backend: id,
+                        name: backend.name().into(),
                         sketch: SpaceSaving::new(COUNTERS_PER_SERVER),
                     });
                     self.sketches.len() - 1
                 }
             };
-            self.by_backend.push(at);
+            by_backend.push(at);
         }
-        self.topology_version = Some(topology.version);
+        // Older topologies of the same pools are not asked again.
+        if self.maps.len() >= MAPS_KEPT {
+            self.maps.remove(0);
+        }
+        self.maps.push((topology.id, by_backend));
+        self.current = self.maps.len() - 1;
     }
 
     #[inline]
     fn count(&mut self, server: Option<usize>, hash: u64, key: &[u8]) {
-        if let Some(&at) = server.and_then(|s| self.by_backend.get(s)) {
+        let by_backend = self.maps.get(self.current).map(|m| &m.1);
+        if let Some(&at) = server.and_then(|s| by_backend?.get(s)) {
             self.sketches[at].sketch.add(hash, key);
         }
     }
@@ -637,8 +659,8 @@ impl HotWorker {
             shared: Rc::new(shared),
             index,
             state: RefCell::new(WorkerState {
-                topology_version: None,
-                by_backend: Vec::new(),
+                maps: Vec::new(),
+                current: 0,
                 sketches: Vec::new(),
                 window_started: Instant::now(),
                 hot: HashSet::default(),
@@ -911,7 +933,7 @@ impl HotWorker {
         // Servers gone from the topology are forgotten; the next request
         // maps the current ones again.
         let mapped: Vec<bool> = (0..state.sketches.len())
-            .map(|i| state.by_backend.contains(&i))
+            .map(|i| state.maps.iter().any(|m| m.1.contains(&i)))
             .collect();
         if mapped.contains(&false) {
             let mut i = 0;
@@ -919,7 +941,7 @@ impl HotWorker {
                 i += 1;
                 mapped[i - 1]
             });
-            state.topology_version = None;
+            state.maps.clear();
         }
         let mut both = hot.clone();
         both.extend(state.hot_last.iter().copied());

@@ -773,7 +773,7 @@ impl ClientSession {
         match &mut entry.work {
             Work::Ready(reply) => self.out.push(reply.clone()),
             Work::Stats => {
-                crate::report::write_stats(self.out.scratch(), stats, &entry.topology);
+                crate::report::write_stats(self.out.scratch(), stats, &self.worker.layout.load());
             }
             // Nothing goes back for `noreply` and later replies need not
             // wait for it, but its bytes stay reserved until the servers

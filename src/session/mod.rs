@@ -48,7 +48,7 @@ use crate::protocol::reply::{Expect, LineKind};
 use crate::protocol::{parse_request, Command, Limits, Request};
 use crate::route::{self, all_ok, decide, CallResult, Decision, MetaPlan, Plan, Retrieval};
 use crate::shard::WorkerCtx;
-use crate::topology::Topology;
+use crate::topology::{SharedTopology, Topology};
 
 mod dispatch;
 mod start;
@@ -75,10 +75,11 @@ pub(crate) async fn run_session(
     mut stream: TcpStream,
     id: u64,
     worker: Rc<WorkerCtx>,
+    bound: Option<SharedTopology>,
 ) -> io::Result<()> {
     let _ = stream.set_nodelay(true);
     let (reader, writer) = stream.split();
-    serve(reader, writer, id, worker).await
+    serve(reader, writer, id, worker, bound).await
 }
 
 /// [`run_session`] for a client that connected with TLS (handshake done).
@@ -89,19 +90,25 @@ pub(crate) async fn run_tls_session(
     worker: Rc<WorkerCtx>,
 ) -> io::Result<()> {
     let (reader, writer) = tokio::io::split(stream);
-    serve(reader, writer, id, worker).await
+    serve(reader, writer, id, worker, None).await
 }
 
 /// The session's loop on the two halves of its stream; monomorphised per
 /// stream type, so the plain path pays nothing for TLS.
-async fn serve<R, W>(mut reader: R, mut writer: W, id: u64, worker: Rc<WorkerCtx>) -> io::Result<()>
+async fn serve<R, W>(
+    mut reader: R,
+    mut writer: W,
+    id: u64,
+    worker: Rc<WorkerCtx>,
+    bound: Option<SharedTopology>,
+) -> io::Result<()>
 where
     R: tokio::io::AsyncRead + Unpin,
     W: crate::tls::Flush,
 {
     // Reply bytes written into a TLS stream that it may not have sent yet.
     let mut unflushed = false;
-    let mut client = ClientSession::new(id, worker.clone());
+    let mut client = ClientSession::new(id, worker.clone(), bound);
     let mut input = BytesMut::with_capacity(FIRST_READ_BYTES);
     let settings = worker.settings;
     let clock = worker.clock.clone();
@@ -259,12 +266,16 @@ struct ClientSession {
     /// Bytes of `out` included in the worker's `owed`.
     out_counted: usize,
     limits: Limits,
+    /// A client of a pool's own `listen`: every key goes to that pool.
+    /// Otherwise the layout's routes say.
+    bound: Option<SharedTopology>,
 }
 
 impl ClientSession {
-    fn new(id: u64, worker: Rc<WorkerCtx>) -> ClientSession {
-        let limits = worker.topology.load().limits();
+    fn new(id: u64, worker: Rc<WorkerCtx>, bound: Option<SharedTopology>) -> ClientSession {
+        let limits = worker.default_topology().limits();
         ClientSession {
+            bound,
             lane: id as usize,
             worker,
             wake: Rc::new(Notify::new()),
@@ -279,6 +290,19 @@ impl ClientSession {
             unanswered: Vec::new(),
             out_counted: 0,
             limits,
+        }
+    }
+
+    /// The topology a request with routing key `key` is planned on: its
+    /// pool's now (one load, no guard kept).
+    fn topology_for(&self, key: Option<&[u8]>) -> Arc<Topology> {
+        if let Some(bound) = &self.bound {
+            return bound.load_full();
+        }
+        let layout = self.worker.layout.load();
+        match key {
+            Some(key) => layout.topology_of(key),
+            None => layout.default_topology(),
         }
     }
 
@@ -342,7 +366,7 @@ impl ClientSession {
     fn parse(&mut self, input: &mut BytesMut) {
         // Limits may change with a reload or when servers report their item
         // size; a copy is taken, no guard is held.
-        self.limits = self.worker.topology.load().limits();
+        self.limits = self.worker.default_topology().limits();
         while !self.closing && self.entries.len() < self.worker.settings.max_pending {
             if self.discard > 0 {
                 let n = self.discard.min(input.len());
@@ -395,7 +419,7 @@ impl ClientSession {
     fn reject(&mut self, reply: Option<&'static [u8]>, discard: usize, keeps_connection: bool) {
         self.discard = discard;
         if let Some(reply) = reply {
-            let topology = self.worker.topology.load_full();
+            let topology = self.topology_for(None);
             self.push(Entry::ready(reply, topology));
         }
         if !keeps_connection {

@@ -2,18 +2,94 @@
 //! `route`, and what the hot-key state says about it.
 
 use super::*;
+use crate::route::Split;
 
 impl ClientSession {
     /// Plans one request on the current topology and queues its entry.
     pub(super) fn start(&mut self, request: Request, bytes: Bytes) {
-        // One topology per request: it finishes on this ring even if a
-        // reload lands meanwhile. `load_full` gives an owned Arc, so no
-        // arc-swap guard is held.
-        let topology = self.worker.topology.load_full();
         self.worker
             .stats
             .request(request.command, request.keys.len());
-        let plan = route::plan(&request, &bytes, &topology);
+        if self.bound.is_none() && request.keys.len() > 1 && request.command.is_retrieval() {
+            let layout = self.worker.layout.load();
+            if layout.routed() {
+                let first = layout.pool_of(request.key(&bytes, 0));
+                if (1..request.keys.len()).any(|i| layout.pool_of(request.key(&bytes, i)) != first)
+                {
+                    drop(layout);
+                    self.start_across_pools(&request, &bytes);
+                    return;
+                }
+            }
+        }
+        // One topology per request: it finishes on this ring even if a
+        // reload lands meanwhile. `load_full` gives an owned Arc, so no
+        // arc-swap guard is held.
+        let key = (!request.keys.is_empty()).then(|| request.key(&bytes, 0));
+        let topology = self.topology_for(key);
+        self.start_on(request, bytes, topology, Split::Whole);
+    }
+
+    /// A multi-key retrieval whose keys go to more than one pool: one
+    /// retrieval per run of keys of the same pool, in key order, so that
+    /// their values, written one run after the other, come in the client's
+    /// key order; only the last run ends the reply.
+    fn start_across_pools(&mut self, request: &Request, bytes: &Bytes) {
+        let layout = self.worker.layout.load_full();
+        // The command and its arguments before the keys (`gat 60 `).
+        let head = &bytes[..request.keys[0].start as usize];
+        let mut runs: SmallVec<[(usize, std::ops::Range<usize>); 4]> = SmallVec::new();
+        for i in 0..request.keys.len() {
+            let pool = layout.pool_of(request.key(bytes, i));
+            match runs.last_mut() {
+                Some((last, range)) if *last == pool => range.end = i + 1,
+                _ => runs.push((pool, i..i + 1)),
+            }
+        }
+        let count = runs.len();
+        for (n, (pool, range)) in runs.into_iter().enumerate() {
+            let mut line = BytesMut::with_capacity(request.line_len as usize);
+            line.extend_from_slice(head);
+            let mut keys = crate::protocol::request::Keys::new();
+            for i in range {
+                if line.len() > head.len() {
+                    line.extend_from_slice(b" ");
+                }
+                let start = line.len();
+                line.extend_from_slice(request.key(bytes, i));
+                keys.push(crate::protocol::request::Span {
+                    start: start as u32,
+                    end: line.len() as u32,
+                });
+            }
+            let args_end = line.len() as u32;
+            line.extend_from_slice(b"\r\n");
+            let sub = Request {
+                command: request.command,
+                keys,
+                noreply: false,
+                // The exptime of `gat` comes before the keys: same place.
+                arg: request.arg,
+                args_end,
+                line_len: line.len() as u32,
+            };
+            let topology = layout.pools()[pool].topology.load_full();
+            let split = if n + 1 == count {
+                Split::Last
+            } else {
+                Split::Part
+            };
+            self.start_on(sub, line.freeze(), topology, split);
+        }
+    }
+
+    /// Plans `request` on `topology` and queues its entry; `split` says
+    /// whether it is one run of a retrieval across pools.
+    fn start_on(&mut self, request: Request, bytes: Bytes, topology: Arc<Topology>, split: Split) {
+        let mut plan = route::plan(&request, &bytes, &topology);
+        if let Plan::Retrieve(retrieval) = &mut plan {
+            retrieval.split(split);
+        }
         let hot = self
             .worker
             .hot
@@ -92,7 +168,10 @@ impl ClientSession {
 
     /// Plans one meta request and queues its entry.
     pub(super) fn start_meta(&mut self, request: MetaRequest, bytes: Bytes) {
-        let topology = self.worker.topology.load_full();
+        let topology = match request.key {
+            Some(_) => self.topology_for(Some(&request.routing_key(&bytes))),
+            None => self.topology_for(None),
+        };
         let command = Command::of_meta(request.command);
         self.worker
             .stats

@@ -154,7 +154,7 @@ fn adding_a_fifth_server_keeps_every_key_readable_and_moves_a_fifth() {
     assert!(text.contains(&joining), "{text}");
     let metrics = proxy.running().stats.prometheus_text();
     let line = format!(
-        "memring_server_membership{{server=\"cache-{}\",state=\"JOINING\"}} 1",
+        "memring_server_membership{{pool=\"default\",server=\"cache-{}\",state=\"JOINING\"}} 1",
         servers[4].port
     );
     assert!(metrics.contains(&line), "{metrics}");

@@ -20,6 +20,7 @@ mod hotkeys;
 mod meta_protocol;
 mod meta_ring;
 mod operations;
+mod pools;
 mod reload;
 mod replication;
 mod resilience;

@@ -357,7 +357,7 @@ fn a_reload_names_each_changed_setting_and_reports_a_problem_once() {
     let mut reloader = Reloader::new(
         path.clone(),
         proxy.config.clone(),
-        proxy.running().publisher.clone(),
+        proxy.running().pools.clone(),
     );
     let mut reload = || proxy.block_on(async { reloader.reload() });
 

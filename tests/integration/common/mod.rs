@@ -354,7 +354,7 @@ impl Proxy {
             let reloader = memring::reload::Reloader::new(
                 path.to_path_buf(),
                 config.clone(),
-                running.publisher.clone(),
+                running.pools.clone(),
             );
             let _guard = runtime.enter();
             memring::reload::spawn(reloader, shutdown.clone());

@@ -18,13 +18,16 @@ use crate::error::ConfigError;
 use crate::protocol::{Limits, DEFAULT_MAX_GET_LINE_BYTES, DEFAULT_MAX_LINE_BYTES};
 use crate::ring::{Flavour, HashFunction, Member, Node, Ring, Spec};
 
+mod pools;
+pub use pools::{PoolConfig, Route, DEFAULT_POOL};
+
 /// Largest weight a server may have (160 000 points for one server).
 pub const MAX_WEIGHT: u32 = 1000;
 
 /// Largest configurable value size: memcached's own maximum item size.
 pub const MAX_VALUE_BYTES_LIMIT: u64 = 1024 * 1024 * 1024;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     listen: Spanned<String>,
@@ -64,11 +67,16 @@ struct RawConfig {
     tls_listen: Option<Spanned<RawTlsListen>>,
     backend_tls: Option<Spanned<RawBackendTls>>,
     discovery: Option<Spanned<RawDiscovery>>,
+    #[serde(default)]
+    pools: Vec<Spanned<pools::RawPool>>,
+    #[serde(default)]
+    routes: Vec<Spanned<pools::RawRoute>>,
+    default_pool: Option<Spanned<String>>,
 }
 
 /// `[discovery]`: where host names are looked up, how often, and whether the
 /// default pool's servers come from DNS.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawDiscovery {
     srv: Option<Spanned<String>>,
@@ -78,7 +86,7 @@ struct RawDiscovery {
     tls: Option<Spanned<bool>>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawServer {
     addr: Spanned<String>,
@@ -87,7 +95,7 @@ struct RawServer {
     tls: Option<Spanned<bool>>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawTlsListen {
     addr: Spanned<String>,
@@ -96,7 +104,7 @@ struct RawTlsListen {
     client_ca_file: Option<Spanned<String>>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawBackendTls {
     ca_file: Option<Spanned<String>>,
@@ -212,6 +220,13 @@ pub struct Config {
     pub tls_listen: Option<TlsListen>,
     /// `[backend_tls]`, read at start; required by servers with `tls = true`.
     pub backend_tls: Option<crate::tls::BackendFiles>,
+    /// The `[[pools]]` beside the top-level one, each with its own settings
+    /// (see `pools.rs`); empty in a pool's own config.
+    pub pools: Vec<PoolConfig>,
+    /// `[[routes]]` on the main `listen`, first match wins.
+    pub routes: Vec<Route>,
+    /// Where keys matching no route go (`default_pool`).
+    pub default_pool: String,
 }
 
 /// The `[discovery]` table.
@@ -409,11 +424,21 @@ impl Config {
     }
 
     /// This config with `servers` as its server list (what discovery found).
+    /// Discovery fills in the top-level pool, `default`: when it is one of
+    /// several, its entry in `pools` gets the same list.
     pub fn with_servers(&self, servers: Vec<ServerConfig>) -> Config {
-        Config {
-            servers,
+        let mut config = Config {
+            servers: servers.clone(),
             ..self.clone()
+        };
+        if let Some(pool) = config.pools.iter_mut().find(|p| p.name == DEFAULT_POOL) {
+            pool.config = std::sync::Arc::new(pool.config.with_servers(servers));
+            if config.default_pool != DEFAULT_POOL {
+                // The top-level fields are another pool's.
+                config.servers = self.servers.clone();
+            }
         }
+        config
     }
 
     fn parse_with(
@@ -435,6 +460,26 @@ impl Config {
             let message = e.message().trim_end().replace('\n', " ");
             at(span.clone(), explain_toml_error(&message, text, span.start))
         })?;
+        pools::build(&raw, text, path, lookup)
+    }
+
+    /// One pool's config from `raw` (the top level, or a `[[pools]]` entry
+    /// laid over it by `pools.rs`).
+    fn build_pool(
+        raw: &RawConfig,
+        text: &str,
+        path: &str,
+        lookup: Option<Lookup<'_>>,
+    ) -> Result<Config, ConfigError> {
+        let at = |span: Range<usize>, message: String| {
+            let (line, column) = line_column(text, span.start);
+            ConfigError::Invalid {
+                path: path.to_string(),
+                line,
+                column,
+                message,
+            }
+        };
 
         let listen = raw.listen.get_ref().parse::<SocketAddr>().map_err(|_| {
             at(
@@ -663,7 +708,7 @@ impl Config {
             0..=600_000,
         )?;
 
-        let ejection = ejection(&raw, &at, &number)?;
+        let ejection = ejection(raw, &at, &number)?;
         let failure_limit = number(
             &raw.failure_limit,
             "failure_limit",
@@ -730,11 +775,11 @@ impl Config {
             0..=86_400_000,
         )?;
 
-        let ring = ring_spec(&raw, &at)?;
-        let hot_keys = hot_key_settings(&raw, &at, &number)?;
-        let (tls_listen, backend_tls) = tls_settings(&raw, &at, path, listen, admin_listen)?;
+        let ring = ring_spec(raw, &at)?;
+        let hot_keys = hot_key_settings(raw, &at, &number)?;
+        let (tls_listen, backend_tls) = tls_settings(raw, &at, path, listen, admin_listen)?;
         if lookup.is_some() {
-            check_tls_files(&raw, &at, tls_listen.as_ref(), backend_tls.as_ref())?;
+            check_tls_files(raw, &at, tls_listen.as_ref(), backend_tls.as_ref())?;
         }
 
         Ok(Config {
@@ -772,6 +817,9 @@ impl Config {
             tls_listen,
             backend_tls,
             discovery,
+            pools: Vec::new(),
+            routes: Vec::new(),
+            default_pool: pools::DEFAULT_POOL.to_string(),
         })
     }
 
@@ -1535,6 +1583,14 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("client_ca_file", "\"clients-ca.pem\""),
     ("ca_file", "\"ca.pem\""),
     ("server_name", "\"cache.internal\""),
+    (
+        "pools",
+        "[{ name = \"sessions\", servers = [{ addr = \"10.0.0.9:11211\" }] }]",
+    ),
+    ("routes", "[{ prefix = \"sess:\", pool = \"default\" }]"),
+    ("default_pool", "\"default\""),
+    ("prefix", "\"sess:\""),
+    ("pool", "\"sessions\""),
 ];
 
 /// serde's and toml's messages, rewritten for people where they are not:
@@ -1551,6 +1607,15 @@ fn explain_toml_error(message: &str, text: &str, at: usize) -> String {
             " in [[servers]]"
         } else if known.contains(&"srv") {
             " in [discovery]"
+        } else if known.contains(&"prefix") {
+            " in [[routes]]"
+        } else if known.contains(&"handoff_ms") && !known.contains(&"workers") {
+            if struct_fields::<RawConfig>().contains(&unknown) {
+                return format!(
+                    "`{unknown}` is set for the whole process, not per pool: write it at the top of the file, before any [[pools]]"
+                );
+            }
+            " in [[pools]]"
         } else {
             ""
         };
@@ -2058,9 +2123,15 @@ name = "cache-02"
         }
         // The keys of [discovery] have examples of their own.
         let discovery = ["srv", "a", "interval_ms", "resolver"];
+        // A pool's keys are top-level keys; a route's have their own.
+        let route = ["prefix", "pool"];
         assert_eq!(
             EXAMPLES.len(),
-            top.len() - 1 - tables.len() + server.len() + table_keys.len() + discovery.len(),
+            top.len() - 1 - tables.len()
+                + server.len()
+                + table_keys.len()
+                + discovery.len()
+                + route.len(),
             "an example of a key that is gone"
         );
     }
@@ -2092,6 +2163,13 @@ name = "cache-02"
             .chain(server.iter().copied())
             .chain(table_keys)
             .chain(names.iter().filter_map(|n| n.strip_prefix("discovery.")))
+            .chain(names.iter().filter_map(|n| n.strip_prefix("routes.")))
+            .chain(
+                names
+                    .iter()
+                    .filter_map(|n| n.strip_prefix("pools."))
+                    .filter(|k| *k != "servers"),
+            )
             .collect();
         // `tls` is a key of a server and of [discovery]: one example serves.
         keys.sort_unstable();

@@ -1,0 +1,515 @@
+//! `[[pools]]`, `[[routes]]` and `default_pool`: the pools one process
+//! serves beside the top-level one, and which keys go to which. A pool's
+//! entry is laid over the top-level settings, so each pool's config is a
+//! whole [`Config`] checked by the same code, and its errors point at the
+//! pool's own lines. No I/O here beyond the host-name lookups of `lookup`.
+
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::{binds_overlap, line_column, refused_char, Config, Lookup, RawConfig, RawServer};
+use crate::error::ConfigError;
+
+/// The name of the pool the top-level `[[servers]]` (or `[discovery]`) make.
+pub const DEFAULT_POOL: &str = "default";
+
+/// One `[[pools]]` entry: a name, an optional listener of its own, its
+/// servers, and the pool settings it sets for itself (the rest it takes from
+/// the top level).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPool {
+    name: Spanned<String>,
+    listen: Option<Spanned<String>>,
+    #[serde(default)]
+    servers: Vec<Spanned<RawServer>>,
+    connections_per_server: Option<Spanned<u64>>,
+    connect_timeout_ms: Option<Spanned<u64>>,
+    request_timeout_ms: Option<Spanned<u64>>,
+    auto_eject: Option<bool>,
+    failure_limit: Option<Spanned<u64>>,
+    ejection: Option<Spanned<String>>,
+    retry_timeout_ms: Option<Spanned<u64>>,
+    replicas: Option<Spanned<u64>>,
+    read_miss_fallthrough: Option<bool>,
+    handoff_ms: Option<Spanned<u64>>,
+    ring: Option<Spanned<String>>,
+    hash: Option<Spanned<String>>,
+    hash_tag: Option<Spanned<String>>,
+}
+
+/// One `[[routes]]` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRoute {
+    prefix: Spanned<String>,
+    pool: Spanned<String>,
+}
+
+/// One pool: its name, the listener whose clients use it for every key, and
+/// its settings as a whole config (whose own `pools` is empty).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolConfig {
+    pub name: String,
+    pub listen: Option<SocketAddr>,
+    pub config: Arc<Config>,
+}
+
+/// Keys starting with `prefix` (on the main `listen`) go to `pool`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub prefix: String,
+    pub pool: String,
+}
+
+impl Config {
+    /// Every pool of this config, the default one first when it is the
+    /// top-level one: the config itself when it has no `[[pools]]`.
+    pub fn pool_list(&self) -> Vec<PoolConfig> {
+        if self.pools.is_empty() {
+            return vec![PoolConfig {
+                name: DEFAULT_POOL.to_string(),
+                listen: None,
+                config: Arc::new(self.clone()),
+            }];
+        }
+        self.pools.clone()
+    }
+
+    /// The pool named `name`.
+    pub fn pool(&self, name: &str) -> Option<PoolConfig> {
+        self.pool_list().into_iter().find(|p| p.name == name)
+    }
+}
+
+/// The config of a whole file: the top-level pool (when it has servers),
+/// each `[[pools]]` entry over it, and the routes between them. The returned
+/// config's own pool settings are the default pool's.
+pub(super) fn build(
+    raw: &RawConfig,
+    text: &str,
+    path: &str,
+    lookup: Option<Lookup<'_>>,
+) -> Result<Config, ConfigError> {
+    if raw.pools.is_empty() && raw.routes.is_empty() && raw.default_pool.is_none() {
+        return Config::build_pool(raw, text, path, lookup);
+    }
+    let at = |span: Range<usize>, message: String| {
+        let (line, column) = line_column(text, span.start);
+        ConfigError::Invalid {
+            path: path.to_string(),
+            line,
+            column,
+            message,
+        }
+    };
+    let line_of = |span: Range<usize>| line_column(text, span.start).0;
+    let top_has_servers = !raw.servers.is_empty()
+        || raw
+            .discovery
+            .as_ref()
+            .is_some_and(|d| d.get_ref().srv.is_some() || d.get_ref().a.is_some());
+    let mut pools: Vec<PoolConfig> = Vec::new();
+    // Where each pool's name (and listen) is written, for "first at line".
+    let mut written: Vec<(Range<usize>, Option<Range<usize>>)> = Vec::new();
+    if top_has_servers {
+        pools.push(PoolConfig {
+            name: DEFAULT_POOL.to_string(),
+            listen: None,
+            config: Arc::new(Config::build_pool(raw, text, path, lookup)?),
+        });
+        written.push((0..0, None));
+    }
+    let listen = raw.listen.get_ref().parse::<SocketAddr>().ok();
+    for entry in &raw.pools {
+        let pool = entry.get_ref();
+        let name = pool.name.get_ref();
+        if let Some(byte) = refused_char(name) {
+            return Err(at(
+                pool.name.span(),
+                format!("pool name {name:?} contains {byte}, which no name may contain"),
+            ));
+        }
+        if name.is_empty() || name.contains(char::is_whitespace) {
+            return Err(at(
+                pool.name.span(),
+                "pool name must be non-empty and contain no whitespace".into(),
+            ));
+        }
+        if let Some(first) = pools.iter().position(|p| &p.name == name) {
+            let message = if first == 0 && top_has_servers {
+                format!("pool `{name}` is the one the top-level [[servers]] make: give this pool another name")
+            } else {
+                format!(
+                    "duplicate pool name `{name}` (first at line {})",
+                    line_of(written[first].0.clone())
+                )
+            };
+            return Err(at(pool.name.span(), message));
+        }
+        if pool.servers.is_empty() {
+            return Err(at(
+                entry.span(),
+                format!("pool `{name}` has no servers: add [[pools.servers]] entries after it"),
+            ));
+        }
+        let layered = layered(raw, pool);
+        let config = Config::build_pool(&layered, text, path, lookup)?;
+        let pool_listen = match &pool.listen {
+            None => None,
+            Some(addr) => {
+                let socket = addr.get_ref().parse::<SocketAddr>().map_err(|_| {
+                    at(
+                        addr.span(),
+                        format!(
+                            "pool `{name}`: listen `{}` is not an IP:port address",
+                            addr.get_ref()
+                        ),
+                    )
+                })?;
+                let mut taken: Vec<(SocketAddr, String)> = Vec::new();
+                taken.extend(listen.map(|l| (l, "listen".to_string())));
+                taken.extend(config.admin_listen.map(|a| (a, "admin_listen".to_string())));
+                taken.extend(
+                    config
+                        .tls_listen
+                        .as_ref()
+                        .map(|t| (t.addr, "tls_listen.addr".to_string())),
+                );
+                for (other, span) in pools.iter().zip(&written) {
+                    if let (Some(other_listen), Some(span)) = (other.listen, &span.1) {
+                        taken.push((
+                            other_listen,
+                            format!(
+                                "pool `{}`'s listen (line {})",
+                                other.name,
+                                line_of(span.clone())
+                            ),
+                        ));
+                    }
+                }
+                if let Some((_, owner)) = taken.iter().find(|(a, _)| binds_overlap(*a, socket)) {
+                    return Err(at(
+                        addr.span(),
+                        format!(
+                            "pool `{name}`: listen = \"{}\" takes the address of {owner}: each listener needs an address of its own",
+                            addr.get_ref()
+                        ),
+                    ));
+                }
+                Some(socket)
+            }
+        };
+        written.push((pool.name.span(), pool.listen.as_ref().map(|l| l.span())));
+        pools.push(PoolConfig {
+            name: name.clone(),
+            listen: pool_listen,
+            config: Arc::new(config),
+        });
+    }
+    let known = || {
+        pools
+            .iter()
+            .map(|p| format!("`{}`", p.name))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let default_pool = match &raw.default_pool {
+        Some(name) => {
+            if !pools.iter().any(|p| &p.name == name.get_ref()) {
+                return Err(at(
+                    name.span(),
+                    format!(
+                        "default_pool = \"{}\" names no pool (pools: {})",
+                        name.get_ref(),
+                        known()
+                    ),
+                ));
+            }
+            name.get_ref().clone()
+        }
+        None if top_has_servers => DEFAULT_POOL.to_string(),
+        None => {
+            return Err(at(
+                0..0,
+                format!(
+                    "keys that match no route go to pool `default`, and there is none: set default_pool to one of {} (or add top-level [[servers]])",
+                    known()
+                ),
+            ))
+        }
+    };
+    let mut routes: Vec<Route> = Vec::new();
+    let mut warnings = Vec::new();
+    for (i, entry) in raw.routes.iter().enumerate() {
+        let route = entry.get_ref();
+        let prefix = route.prefix.get_ref();
+        if prefix.is_empty() {
+            return Err(at(
+                route.prefix.span(),
+                "route prefix must not be empty (keys that match no route go to default_pool)"
+                    .into(),
+            ));
+        }
+        if let Some(byte) = refused_char(prefix).or_else(|| {
+            prefix
+                .bytes()
+                .any(|b| b == b' ' || b.is_ascii_control())
+                .then(|| "a space or a control character".to_string())
+        }) {
+            return Err(at(
+                route.prefix.span(),
+                format!("route prefix {prefix:?} contains {byte}, which no key may contain"),
+            ));
+        }
+        if !pools.iter().any(|p| &p.name == route.pool.get_ref()) {
+            return Err(at(
+                route.pool.span(),
+                format!(
+                    "route `{prefix}`: pool = \"{}\" names no pool (pools: {})",
+                    route.pool.get_ref(),
+                    known()
+                ),
+            ));
+        }
+        if let Some(earlier) = routes.iter().position(|r| prefix.starts_with(&r.prefix)) {
+            let earlier_span = raw.routes[earlier].get_ref().prefix.span();
+            if &routes[earlier].prefix == prefix {
+                return Err(at(
+                    route.prefix.span(),
+                    format!(
+                        "duplicate route prefix `{prefix}` (first at line {})",
+                        line_of(earlier_span)
+                    ),
+                ));
+            }
+            warnings.push(format!(
+                "route `{prefix}` (line {}) never matches: route `{}` (line {}) comes first and takes its keys",
+                line_of(raw.routes[i].get_ref().prefix.span()),
+                routes[earlier].prefix,
+                line_of(earlier_span)
+            ));
+        }
+        routes.push(Route {
+            prefix: prefix.clone(),
+            pool: route.pool.get_ref().clone(),
+        });
+    }
+    let default = pools
+        .iter()
+        .find(|p| p.name == default_pool)
+        .expect("default_pool was checked to name a pool");
+    let mut config = (*default.config).clone();
+    config.server_warnings.extend(warnings);
+    for pool in &pools {
+        if pool.name != default_pool {
+            config.server_warnings.extend(
+                pool.config
+                    .server_warnings
+                    .iter()
+                    .map(|w| format!("pool `{}`: {w}", pool.name)),
+            );
+        }
+    }
+    config.pools = pools;
+    config.routes = routes;
+    config.default_pool = default_pool;
+    Ok(config)
+}
+
+/// The top-level settings with `pool`'s own laid over them. The ring settings
+/// go together (a pool that sets `ring` does not take the top level's
+/// `hash`), as do the ejection timings; discovery stays with the top level.
+fn layered(top: &RawConfig, pool: &RawPool) -> RawConfig {
+    let mut raw = top.clone();
+    raw.pools.clear();
+    raw.routes.clear();
+    raw.default_pool = None;
+    raw.servers = pool.servers.clone();
+    if let Some(discovery) = raw.discovery.as_mut() {
+        let discovery = discovery.get_mut();
+        discovery.srv = None;
+        discovery.a = None;
+        discovery.tls = None;
+    }
+    macro_rules! own {
+        ($($field:ident),*) => {
+            $(if pool.$field.is_some() {
+                raw.$field = pool.$field.clone();
+            })*
+        };
+    }
+    own!(
+        connections_per_server,
+        connect_timeout_ms,
+        request_timeout_ms,
+        auto_eject,
+        failure_limit,
+        replicas,
+        read_miss_fallthrough,
+        handoff_ms
+    );
+    if pool.ring.is_some() || pool.hash.is_some() || pool.hash_tag.is_some() {
+        raw.ring = pool.ring.clone();
+        raw.hash = pool.hash.clone();
+        raw.hash_tag = pool.hash_tag.clone();
+    }
+    if pool.ejection.is_some() || pool.retry_timeout_ms.is_some() {
+        raw.ejection = pool.ejection.clone();
+        raw.retry_timeout_ms = pool.retry_timeout_ms.clone();
+    }
+    raw
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, String> {
+        Config::parse(text, "t.toml").map_err(|e| e.to_string())
+    }
+
+    const TWO_POOLS: &str = r#"listen = "127.0.0.1:22121"
+hash = "fnv1a_64"
+ring = "twemproxy"
+[[servers]]
+addr = "127.0.0.1:11211"
+
+[[pools]]
+name = "sessions"
+listen = "127.0.0.1:22122"
+replicas = 2
+[[pools.servers]]
+addr = "127.0.0.1:11311"
+[[pools.servers]]
+addr = "127.0.0.1:11312"
+
+[[routes]]
+prefix = "sess:"
+pool = "sessions"
+"#;
+
+    #[test]
+    fn a_pool_takes_the_top_level_settings_it_does_not_set() {
+        let config = parse(TWO_POOLS).unwrap();
+        let names: Vec<&str> = config.pools.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["default", "sessions"]);
+        let sessions = config.pool("sessions").unwrap();
+        assert_eq!(sessions.listen, Some("127.0.0.1:22122".parse().unwrap()));
+        assert_eq!(sessions.config.replicas, 2);
+        assert_eq!(sessions.config.ring, config.ring, "ring settings inherited");
+        assert_eq!(sessions.config.servers.len(), 2);
+        assert_eq!(config.replicas, 1, "the top level is the default pool");
+        assert_eq!(config.servers.len(), 1);
+        assert_eq!(
+            config.routes,
+            vec![Route {
+                prefix: "sess:".into(),
+                pool: "sessions".into()
+            }]
+        );
+        assert_eq!(config.default_pool, "default");
+    }
+
+    #[test]
+    fn a_pool_that_sets_its_ring_takes_none_of_the_top_levels_ring_settings() {
+        let text = TWO_POOLS.replace("replicas = 2", "ring = \"memring\"");
+        let config = parse(&text).unwrap();
+        let sessions = config.pool("sessions").unwrap();
+        assert_eq!(sessions.config.ring, crate::ring::Spec::default());
+    }
+
+    #[test]
+    fn without_top_level_servers_default_pool_must_name_a_pool() {
+        let text = TWO_POOLS.replace("[[servers]]\naddr = \"127.0.0.1:11211\"\n", "");
+        let error = parse(&text).unwrap_err();
+        assert!(
+            error.contains("set default_pool to one of `sessions`"),
+            "{error}"
+        );
+        let config = parse(&format!("default_pool = \"sessions\"\n{text}")).unwrap();
+        assert_eq!(config.pools.len(), 1);
+        assert_eq!(config.replicas, 2, "the top level is the default pool");
+        assert_eq!(config.servers.len(), 2);
+    }
+
+    #[test]
+    fn bad_pools_and_routes_are_errors_at_their_line() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("pool = \"sessions\"\n", "pool = \"nope\"\n", "t.toml:18:8: route `sess:`: pool = \"nope\" names no pool (pools: `default`, `sessions`)"),
+            ("prefix = \"sess:\"", "prefix = \"\"", "t.toml:17:10: route prefix must not be empty"),
+            ("name = \"sessions\"", "name = \"default\"", "t.toml:8:8: pool `default` is the one the top-level [[servers]] make"),
+            ("listen = \"127.0.0.1:22122\"", "listen = \"127.0.0.1:22121\"", "t.toml:9:10: pool `sessions`: listen = \"127.0.0.1:22121\" takes the address of listen"),
+            ("[[pools.servers]]\naddr = \"127.0.0.1:11311\"\n[[pools.servers]]\naddr = \"127.0.0.1:11312\"\n", "", "t.toml:7:1: pool `sessions` has no servers"),
+            ("replicas = 2", "replicas = 99", "t.toml:10:12: replicas = 99 is out of range"),
+            ("replicas = 2", "workers = 2", "t.toml:10:1: `workers` is set for the whole process, not per pool"),
+        ];
+        for (from, to, expected) in cases {
+            let text = TWO_POOLS.replacen(from, to, 1);
+            let error = parse(&text).unwrap_err();
+            assert!(error.starts_with(expected), "{from} -> {to}: {error}");
+        }
+    }
+
+    #[test]
+    fn duplicate_pools_listens_and_prefixes_are_refused_and_shadowed_routes_warned() {
+        let second =
+            "\n[[pools]]\nname = \"sessions\"\n[[pools.servers]]\naddr = \"127.0.0.1:11400\"\n";
+        let error = parse(&format!("{TWO_POOLS}{second}")).unwrap_err();
+        assert!(
+            error.contains("duplicate pool name `sessions` (first at line 8)"),
+            "{error}"
+        );
+        let third = "\n[[pools]]\nname = \"other\"\nlisten = \"127.0.0.1:22122\"\n[[pools.servers]]\naddr = \"127.0.0.1:11400\"\n";
+        let error = parse(&format!("{TWO_POOLS}{third}")).unwrap_err();
+        assert!(
+            error.contains("takes the address of pool `sessions`'s listen (line 9)"),
+            "{error}"
+        );
+        let again = "\n[[routes]]\nprefix = \"sess:\"\npool = \"default\"\n";
+        let error = parse(&format!("{TWO_POOLS}{again}")).unwrap_err();
+        assert!(
+            error.contains("duplicate route prefix `sess:` (first at line 17)"),
+            "{error}"
+        );
+        let shadowed = "\n[[routes]]\nprefix = \"sess:x\"\npool = \"default\"\n";
+        let config = parse(&format!("{TWO_POOLS}{shadowed}")).unwrap();
+        assert!(
+            config
+                .warnings()
+                .iter()
+                .any(|w| w.contains("route `sess:x` (line 21) never matches")),
+            "{:?}",
+            config.warnings()
+        );
+    }
+
+    #[test]
+    fn one_pool_configs_list_themselves_as_the_default_pool() {
+        let config =
+            parse("listen = \"127.0.0.1:1\"\n[[servers]]\naddr = \"127.0.0.1:2\"\n").unwrap();
+        assert!(config.pools.is_empty());
+        let list = config.pool_list();
+        assert_eq!(list.len(), 1);
+        assert_eq!(list[0].name, DEFAULT_POOL);
+        assert_eq!(list[0].config.servers, config.servers);
+    }
+
+    #[test]
+    fn adding_a_pool_leaves_the_default_pools_config_as_it_was() {
+        let one = "listen = \"127.0.0.1:1\"\n[[servers]]\naddr = \"127.0.0.1:2\"\n";
+        let two =
+            format!("{one}[[pools]]\nname = \"b\"\n[[pools.servers]]\naddr = \"127.0.0.1:3\"\n");
+        let before = Config::parse(one, "t.toml").unwrap();
+        let after = Config::parse(&two, "t.toml").unwrap();
+        let (before, after) = (
+            before.pool_list()[0].config.clone(),
+            after.pool_list()[0].config.clone(),
+        );
+        assert_eq!(format!("{before:#?}"), format!("{after:#?}"));
+    }
+}

@@ -1,0 +1,158 @@
+//! The layout: the pools one process serves and the key-prefix routes
+//! between them, which say on whose topology a request is planned. Immutable
+//! and published through one `ArcSwap` by `pools.rs` (routes change with the
+//! rest of a reload in one store); sessions load it once per request. No I/O.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::topology::{SharedTopology, Topology};
+
+/// One pool as sessions see it.
+#[derive(Debug, Clone)]
+pub struct PoolEntry {
+    pub name: Arc<str>,
+    pub topology: SharedTopology,
+}
+
+/// The routing table between pools.
+#[derive(Debug)]
+pub struct Layout {
+    pools: Box<[PoolEntry]>,
+    /// (prefix, index in `pools`), in config order: the first match wins.
+    routes: Box<[(Box<[u8]>, usize)]>,
+    /// Index in `pools` of the pool keys matching no route go to.
+    default: usize,
+}
+
+/// The layout in force, shared by every session.
+pub type SharedLayout = Arc<ArcSwap<Layout>>;
+
+impl Layout {
+    /// A layout over `pools` with `routes` given as (prefix, pool name) and
+    /// `default` the pool's name. Routes to a pool not in `pools` are left
+    /// out, and an unknown default is the first pool (the config checks both).
+    ///
+    /// # Panics
+    /// `pools` is empty.
+    pub fn new(pools: Vec<PoolEntry>, routes: &[(String, String)], default: &str) -> Layout {
+        assert!(!pools.is_empty(), "a layout has at least one pool");
+        let index = |name: &str| pools.iter().position(|p| &*p.name == name);
+        let routes = routes
+            .iter()
+            .filter_map(|(prefix, pool)| Some((prefix.as_bytes().into(), index(pool)?)))
+            .collect();
+        Layout {
+            default: index(default).unwrap_or(0),
+            routes,
+            pools: pools.into_boxed_slice(),
+        }
+    }
+
+    /// One pool, every key to it.
+    pub fn single(name: &str, topology: SharedTopology) -> Layout {
+        Layout::new(
+            vec![PoolEntry {
+                name: name.into(),
+                topology,
+            }],
+            &[],
+            name,
+        )
+    }
+
+    /// Index in [`Layout::pools`] of the pool `key` goes to.
+    #[inline]
+    pub fn pool_of(&self, key: &[u8]) -> usize {
+        self.routes
+            .iter()
+            .find(|(prefix, _)| key.starts_with(prefix))
+            .map_or(self.default, |&(_, pool)| pool)
+    }
+
+    /// The topology `key` is planned on now.
+    #[inline]
+    pub fn topology_of(&self, key: &[u8]) -> Arc<Topology> {
+        self.pools[self.pool_of(key)].topology.load_full()
+    }
+
+    /// The default pool's topology now (requests without a key, limits).
+    pub fn default_topology(&self) -> Arc<Topology> {
+        self.pools[self.default].topology.load_full()
+    }
+
+    /// Whether keys may go to more than one pool.
+    #[inline]
+    pub fn routed(&self) -> bool {
+        !self.routes.is_empty()
+    }
+
+    /// Every pool, in config order.
+    pub fn pools(&self) -> &[PoolEntry] {
+        &self.pools
+    }
+
+    /// The name of the pool keys matching no route go to.
+    pub fn default_name(&self) -> &str {
+        &self.pools[self.default].name
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(routes: &[(&str, &str)], default: &str) -> Layout {
+        let config = crate::config::Config::parse(
+            "listen = \"127.0.0.1:1\"\n[[servers]]\naddr = \"127.0.0.1:2\"\n",
+            "t.toml",
+        )
+        .unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _guard = runtime.enter();
+        let hooks = crate::backend::PoolHooks {
+            health_changed: Arc::new(tokio::sync::Notify::new()),
+            stats: Arc::new(crate::stats::Stats::new()),
+            tls: None,
+            pool: "a".into(),
+        };
+        let config = Arc::new(config);
+        let entry = |name: &str| PoolEntry {
+            name: name.into(),
+            topology: Arc::new(ArcSwap::from_pointee(Topology::assemble(
+                config.clone(),
+                1,
+                Topology::backends_for(&config, None, &hooks),
+                Vec::new(),
+            ))),
+        };
+        let routes: Vec<(String, String)> = routes
+            .iter()
+            .map(|(p, n)| (p.to_string(), n.to_string()))
+            .collect();
+        Layout::new(vec![entry("a"), entry("b"), entry("c")], &routes, default)
+    }
+
+    #[test]
+    fn the_first_matching_prefix_wins_and_the_rest_go_to_the_default() {
+        let layout = layout(&[("sess:", "b"), ("se", "c"), ("user:", "a")], "c");
+        assert_eq!(layout.pool_of(b"sess:1"), 1);
+        assert_eq!(layout.pool_of(b"sex"), 2);
+        assert_eq!(layout.pool_of(b"user:9"), 0);
+        assert_eq!(layout.pool_of(b"other"), 2);
+        assert_eq!(layout.pool_of(b"sess"), 2, "a key shorter than the prefix");
+        assert!(layout.routed());
+        assert_eq!(layout.default_name(), "c");
+    }
+
+    #[test]
+    fn without_routes_every_key_goes_to_the_default_pool() {
+        let layout = layout(&[], "b");
+        assert!(!layout.routed());
+        assert_eq!(layout.pool_of(b"sess:1"), 1);
+    }
+}

@@ -1,0 +1,270 @@
+//! The pools of a running process: one publisher per pool (each with its own
+//! ring, health, ejection and hand-off window, see `pool.rs`) and the layout
+//! sessions route by. A reload gives each pool its part by name, starts the
+//! pools it adds, stops the ones it removes, then stores the new layout (the
+//! routes) in one swap.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, PoolConfig};
+use crate::fd_budget::FdShortage;
+use crate::layout::{Layout, PoolEntry, SharedLayout};
+use crate::pool::{eject_on_health_changes, FdAccount, Published, Publisher};
+use crate::stats::Stats;
+
+/// Every pool's publisher, and the layout over them.
+pub struct Pools {
+    layout: SharedLayout,
+    members: Mutex<Vec<Member>>,
+    stats: Arc<Stats>,
+    tls: Option<Arc<crate::tls::Connector>>,
+    /// Woken after any pool publishes and after a layout change, so workers
+    /// connect to new servers before traffic needs them.
+    published: Arc<Notify>,
+    shutdown: CancellationToken,
+}
+
+struct Member {
+    publisher: Arc<Publisher>,
+    listen: Option<SocketAddr>,
+    /// Ends the pool's ejection and discovery tasks.
+    stop: CancellationToken,
+}
+
+/// What a reload did to the pools.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Applied {
+    /// The change of the default pool (every reload publishes it).
+    pub default: Published,
+    /// One line per other pool that was added, removed or changed.
+    pub others: Vec<String>,
+}
+
+impl Pools {
+    /// Starts a publisher, with its ejection and discovery tasks, for every
+    /// pool of `config`. Only the default pool keeps the fd budget `fds`.
+    /// Must be called inside a tokio runtime.
+    pub(crate) fn start(
+        config: &Config,
+        stats: Arc<Stats>,
+        mut fds: Option<FdAccount>,
+        tls: Option<Arc<crate::tls::Connector>>,
+        shutdown: CancellationToken,
+    ) -> Arc<Pools> {
+        let published = Arc::new(Notify::new());
+        let mut members = Vec::new();
+        for pool in config.pool_list() {
+            let account = if pool.name == config.default_pool {
+                fds.take()
+            } else {
+                None
+            };
+            members.push(Member::start(
+                &pool, &stats, account, &tls, &published, &shutdown,
+            ));
+        }
+        let layout = layout_of(config, &members);
+        Arc::new(Pools {
+            layout: Arc::new(ArcSwap::from_pointee(layout)),
+            members: Mutex::new(members),
+            stats,
+            tls,
+            published,
+            shutdown,
+        })
+    }
+
+    /// The layout sessions route by.
+    pub fn layout(&self) -> SharedLayout {
+        self.layout.clone()
+    }
+
+    /// Woken after every publish of any pool.
+    pub fn published(&self) -> Arc<Notify> {
+        self.published.clone()
+    }
+
+    /// The publisher of pool `name`.
+    pub fn publisher(&self, name: &str) -> Option<Arc<Publisher>> {
+        self.lock()
+            .iter()
+            .find(|m| m.publisher.name() == name)
+            .map(|m| m.publisher.clone())
+    }
+
+    /// Every pool's publisher, in config order.
+    pub fn publishers(&self) -> Vec<Arc<Publisher>> {
+        self.lock().iter().map(|m| m.publisher.clone()).collect()
+    }
+
+    /// The publisher of the pool keys matching no route go to.
+    pub fn default_publisher(&self) -> Arc<Publisher> {
+        let name = self.layout.load().default_name().to_string();
+        self.publisher(&name)
+            .expect("the layout's default pool has a publisher")
+    }
+
+    /// The pools that have a listener of their own, with its address.
+    pub fn listeners(&self) -> Vec<(Arc<Publisher>, SocketAddr)> {
+        self.lock()
+            .iter()
+            .filter_map(|m| Some((m.publisher.clone(), m.listen?)))
+            .collect()
+    }
+
+    /// Gives every pool of `config` its settings: pools that exist apply
+    /// theirs (the default pool always, as one reload), new ones start,
+    /// removed ones stop; then the routes are stored. A pool's `listen` is
+    /// read at start only (see `reload.rs`): a pool added by a reload is
+    /// reached through routes until a restart.
+    ///
+    /// # Errors
+    /// The default pool's new ring does not fit in the open file limit:
+    /// nothing changed.
+    pub(crate) fn apply(&self, config: &Config) -> Result<Applied, FdShortage> {
+        let mut members = self.lock();
+        let wanted = config.pool_list();
+        let default = wanted
+            .iter()
+            .find(|p| p.name == config.default_pool)
+            .expect("a config's default pool is one of its pools");
+        let unchanged = |topology: &crate::topology::Topology| Published {
+            version: topology.version,
+            change: crate::topology::Change::between(&[], &topology.ring, &[], &topology.ring),
+        };
+        let default = match members.iter().find(|m| m.publisher.name() == default.name) {
+            // Another pool or the routes changed, not this one.
+            Some(member) if *member.publisher.shared().load().config == *default.config => {
+                unchanged(&member.publisher.shared().load())
+            }
+            Some(member) => member.publisher.apply_config((*default.config).clone())?,
+            None => {
+                // A pool that is new and now the default: it starts below.
+                let ring = default.config.build_ring();
+                Published {
+                    version: 1,
+                    change: crate::topology::Change::between(
+                        &[],
+                        &ring,
+                        &default.config.servers,
+                        &ring,
+                    ),
+                }
+            }
+        };
+        let mut others = Vec::new();
+        for pool in &wanted {
+            let existing = members.iter().find(|m| m.publisher.name() == pool.name);
+            match existing {
+                Some(_) if pool.name == config.default_pool => {}
+                Some(member) => {
+                    let running = member.publisher.shared().load().config.clone();
+                    if *running == *pool.config {
+                        continue;
+                    }
+                    crate::reload::flush_newcomers(&member.publisher.shared().load(), &pool.config);
+                    // Only the default pool keeps an fd budget, so this
+                    // cannot be refused.
+                    if let Ok(Published { version, change }) =
+                        member.publisher.apply_config((*pool.config).clone())
+                    {
+                        others.push(format!("pool {}: ring v{version}: {change}", pool.name));
+                    }
+                }
+                None => {
+                    let member = Member::start(
+                        pool,
+                        &self.stats,
+                        None,
+                        &self.tls,
+                        &self.published,
+                        &self.shutdown,
+                    );
+                    others.push(format!(
+                        "pool {} added: {} servers{}",
+                        pool.name,
+                        pool.config.servers.len(),
+                        if pool.listen.is_some() {
+                            " (its listen starts with the next restart; routes reach it now)"
+                        } else {
+                            ""
+                        }
+                    ));
+                    members.push(member);
+                }
+            }
+        }
+        let mut removed = Vec::new();
+        members.retain(|m| {
+            let keep = wanted.iter().any(|p| p.name == m.publisher.name());
+            if !keep {
+                removed.push((m.publisher.clone(), m.stop.clone()));
+            }
+            keep
+        });
+        // Config order, as the layout lists them.
+        members.sort_by_key(|m| wanted.iter().position(|p| p.name == m.publisher.name()));
+        self.layout.store(Arc::new(layout_of(config, &members)));
+        for (publisher, stop) in removed {
+            // Requests already planned on its topology finish on it.
+            stop.cancel();
+            publisher.retire();
+            others.push(format!("pool {} removed", publisher.name()));
+        }
+        self.published.notify_waiters();
+        Ok(Applied { default, others })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Member>> {
+        self.members.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Member {
+    fn start(
+        pool: &PoolConfig,
+        stats: &Arc<Stats>,
+        fds: Option<FdAccount>,
+        tls: &Option<Arc<crate::tls::Connector>>,
+        published: &Arc<Notify>,
+        shutdown: &CancellationToken,
+    ) -> Member {
+        let publisher = Publisher::new(
+            &pool.name,
+            (*pool.config).clone(),
+            stats.clone(),
+            fds,
+            tls.clone(),
+            published.clone(),
+        );
+        let stop = shutdown.child_token();
+        tokio::spawn(eject_on_health_changes(publisher.clone(), stop.clone()));
+        tokio::spawn(crate::discovery::run(publisher.clone(), stop.clone()));
+        Member {
+            publisher,
+            listen: pool.listen,
+            stop,
+        }
+    }
+}
+
+fn layout_of(config: &Config, members: &[Member]) -> Layout {
+    let entries = members
+        .iter()
+        .map(|m| PoolEntry {
+            name: m.publisher.name().into(),
+            topology: m.publisher.shared(),
+        })
+        .collect();
+    let routes: Vec<(String, String)> = config
+        .routes
+        .iter()
+        .map(|r| (r.prefix.clone(), r.pool.clone()))
+        .collect();
+    Layout::new(entries, &routes, &config.default_pool)
+}

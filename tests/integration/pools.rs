@@ -1,0 +1,361 @@
+//! Several pools in one process: key-prefix routes, a pool's own listener,
+//! multi-gets across pools, per-pool figures, and reloads that add pools
+//! and routes under load. Checked on the memcached servers themselves.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use memring::protocol::ReplyKind;
+
+use crate::common::{wait_for, Client, Memcached, Proxy, TempDir};
+
+/// A config with a `default` pool over `default` and a pool `sessions`
+/// over `sessions` (with its own listener), and `routes` after them.
+fn two_pools(default: &[&Memcached], sessions: &[&Memcached], routes: &str) -> String {
+    let mut text = String::from("listen = \"127.0.0.1:0\"\n");
+    for server in default {
+        text.push_str(&format!("[[servers]]\naddr = \"{}\"\n", server.addr()));
+    }
+    text.push_str("\n[[pools]]\nname = \"sessions\"\nlisten = \"127.0.0.1:0\"\n");
+    for server in sessions {
+        text.push_str(&format!(
+            "[[pools.servers]]\naddr = \"{}\"\n",
+            server.addr()
+        ));
+    }
+    text.push('\n');
+    text.push_str(routes);
+    text
+}
+
+const SESSIONS_ROUTE: &str = "[[routes]]\nprefix = \"sess:\"\npool = \"sessions\"\n";
+
+/// How many of `keys` each server holds (asked directly).
+fn held_by(servers: &[&Memcached], keys: &[String]) -> Vec<usize> {
+    servers
+        .iter()
+        .map(|server| {
+            let mut client = server.client();
+            keys.iter().filter(|k| client.get(k).is_some()).count()
+        })
+        .collect()
+}
+
+#[test]
+fn prefix_routes_send_keys_only_to_their_pools_servers() {
+    let (d1, d2, s1, s2) = (
+        Memcached::start(),
+        Memcached::start(),
+        Memcached::start(),
+        Memcached::start(),
+    );
+    let proxy = Proxy::start_text(&two_pools(&[&d1, &d2], &[&s1, &s2], SESSIONS_ROUTE));
+    let mut client = proxy.client();
+    let sessions: Vec<String> = (0..300).map(|i| format!("sess:{i}")).collect();
+    let others: Vec<String> = (0..300).map(|i| format!("user:{i}")).collect();
+    for key in sessions.iter().chain(&others) {
+        assert_eq!(client.set(key, key.as_bytes()), b"STORED\r\n");
+    }
+    let on_sessions = held_by(&[&s1, &s2], &sessions);
+    let on_default = held_by(&[&d1, &d2], &others);
+    assert_eq!(on_sessions.iter().sum::<usize>(), 300, "{on_sessions:?}");
+    assert!(
+        on_sessions.iter().all(|&n| n > 50),
+        "both share: {on_sessions:?}"
+    );
+    assert_eq!(on_default.iter().sum::<usize>(), 300, "{on_default:?}");
+    assert_eq!(held_by(&[&d1, &d2], &sessions), [0, 0]);
+    assert_eq!(held_by(&[&s1, &s2], &others), [0, 0]);
+    for key in sessions.iter().chain(&others) {
+        assert_eq!(client.get(key).as_deref(), Some(key.as_bytes()));
+    }
+
+    // The pool's own listener sends every key to it, whatever its prefix.
+    let (name, addr) = &proxy.running().pool_addrs[0];
+    assert_eq!(name, "sessions");
+    let mut bound = Client::connect(&addr.to_string());
+    let direct: Vec<String> = (0..100).map(|i| format!("user:direct:{i}")).collect();
+    for key in &direct {
+        assert_eq!(bound.set(key, b"x"), b"STORED\r\n");
+    }
+    assert_eq!(held_by(&[&s1, &s2], &direct).iter().sum::<usize>(), 100);
+    assert_eq!(held_by(&[&d1, &d2], &direct), [0, 0]);
+    assert_eq!(bound.get("sess:7").as_deref(), Some(&b"sess:7"[..]));
+    assert_eq!(bound.get("user:7"), None, "user:7 is in the default pool");
+    // Meta commands route by their key as well.
+    client.send(b"mg sess:9 v\r\n");
+    assert_eq!(client.meta_reply(), b"VA 6\r\nsess:9\r\n");
+    client.send(b"ms sess:meta 2\r\nhi\r\n");
+    assert_eq!(client.meta_reply(), b"HD\r\n");
+    assert_eq!(
+        held_by(&[&s1, &s2], &["sess:meta".into()])
+            .iter()
+            .sum::<usize>(),
+        1
+    );
+}
+
+#[test]
+fn a_get_across_pools_answers_in_key_order() {
+    let (d1, d2, s1) = (Memcached::start(), Memcached::start(), Memcached::start());
+    let proxy = Proxy::start_text(&two_pools(&[&d1, &d2], &[&s1], SESSIONS_ROUTE));
+    let mut client = proxy.client();
+    // Keys alternate between the pools in runs of 1 to 3; every seventh is
+    // never stored (a miss in the middle of a run).
+    let keys: Vec<String> = (0..50)
+        .map(|i| {
+            if (i / (i % 3 + 1)) % 2 == 0 {
+                format!("sess:{i}")
+            } else {
+                format!("user:{i}")
+            }
+        })
+        .collect();
+    assert!(
+        keys.iter().any(|k| k.starts_with("sess:")) && keys.iter().any(|k| k.starts_with("user:"))
+    );
+    let mut expected = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        if i % 7 == 3 {
+            continue;
+        }
+        let value = format!("value-of-{key}");
+        assert_eq!(client.set(key, value.as_bytes()), b"STORED\r\n");
+        expected
+            .extend_from_slice(format!("VALUE {key} 0 {}\r\n{value}\r\n", value.len()).as_bytes());
+    }
+    expected.extend_from_slice(b"END\r\n");
+    let line = format!("get {}\r\n", keys.join(" "));
+    assert_eq!(
+        String::from_utf8_lossy(&client.call(line.as_bytes(), ReplyKind::Values)),
+        String::from_utf8_lossy(&expected)
+    );
+    // The same with `gat`, and pipelined behind another request.
+    let line = format!("gat 100 {}\r\nget {}\r\n", keys.join(" "), keys[1]);
+    client.send(line.as_bytes());
+    assert_eq!(
+        String::from_utf8_lossy(&client.reply(ReplyKind::Values)),
+        String::from_utf8_lossy(&expected)
+    );
+    let single = client.reply(ReplyKind::Values);
+    let value_of_1 = format!("VALUE {} 0 ", keys[1]);
+    assert!(
+        single.starts_with(value_of_1.as_bytes()),
+        "{}",
+        String::from_utf8_lossy(&single)
+    );
+    // All misses across pools: just the END.
+    assert_eq!(
+        client.call(b"get sess:none user:none sess:none2\r\n", ReplyKind::Values),
+        b"END\r\n"
+    );
+}
+
+#[test]
+fn stats_and_metrics_name_each_pool() {
+    let (d1, s1, s2) = (Memcached::start(), Memcached::start(), Memcached::start());
+    let proxy = Proxy::start_text(&two_pools(&[&d1], &[&s1, &s2], SESSIONS_ROUTE));
+    let mut client = proxy.client();
+    assert_eq!(client.set("sess:a", b"1"), b"STORED\r\n");
+    let stats = client.stats("");
+    let stat = |name: &str| {
+        stats
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("no STAT {name}: {stats:?}"))
+    };
+    assert_eq!(stat("ring_servers"), "1");
+    assert_eq!(stat("pool:sessions:ring_servers"), "2");
+    assert_eq!(stat("pool:sessions:ring_version"), "1");
+    let s1_name = s1.addr();
+    assert_eq!(
+        stat(&format!("pool:sessions:server:{s1_name}:state")),
+        "ACTIVE"
+    );
+    let metrics = proxy.running().stats.prometheus_text();
+    for line in [
+        "memring_ring_version{pool=\"default\"} 1".to_string(),
+        "memring_ring_version{pool=\"sessions\"} 1".to_string(),
+        "memring_servers_configured{pool=\"sessions\"} 2".to_string(),
+        format!("memring_server_membership{{pool=\"sessions\",server=\"{s1_name}\",state=\"ACTIVE\"}} 1"),
+    ] {
+        assert!(metrics.contains(&line), "{line} in\n{metrics}");
+    }
+    let requests = |pool: &str| {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(&format!("memring_backend_requests_total{{pool=\"{pool}\"")))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum::<u64>()
+    };
+    assert!(requests("sessions") >= 1, "{metrics}");
+}
+
+#[test]
+fn a_reload_adds_a_pool_and_a_route_under_load_with_no_errors() {
+    let (d1, d2, n1, n2) = (
+        Memcached::start(),
+        Memcached::start(),
+        Memcached::start(),
+        Memcached::start(),
+    );
+    let dir = TempDir::new("pools", "reload");
+    let path = dir.path("memring.toml");
+    let one = format!(
+        "listen = \"127.0.0.1:0\"\n[[servers]]\naddr = \"{}\"\n[[servers]]\naddr = \"{}\"\n",
+        d1.addr(),
+        d2.addr()
+    );
+    std::fs::write(&path, &one).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let stop = Arc::new(AtomicBool::new(false));
+    let errors = Arc::new(AtomicU64::new(0));
+    // A key that changes pool is not handed off: its value stays in the
+    // pool it was written to, so a read right after the switch may miss.
+    let cart_misses = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let load: Vec<_> = (0..4)
+        .map(|t| {
+            let (stop, errors, done) = (stop.clone(), errors.clone(), done.clone());
+            let cart_misses = cart_misses.clone();
+            let mut client = proxy.client();
+            std::thread::spawn(move || {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) && i < 200_000 {
+                    let key = if i % 2 == 0 {
+                        format!("cart:{t}:{}", i % 500)
+                    } else {
+                        format!("user:{t}:{}", i % 500)
+                    };
+                    let value = format!("{i}");
+                    if client.set(&key, value.as_bytes()) != b"STORED\r\n" {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    match client.get(&key) {
+                        Some(v) if v == value.as_bytes() => {}
+                        None if key.starts_with("cart:") => {
+                            cart_misses.fetch_add(1, Ordering::Relaxed);
+                        }
+                        _ => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    wait_for("load to run", || done.load(Ordering::Relaxed) > 500);
+    let two = format!(
+        "{one}\n[[pools]]\nname = \"carts\"\nhandoff_ms = 0\n[[pools.servers]]\naddr = \"{}\"\n[[pools.servers]]\naddr = \"{}\"\n\n[[routes]]\nprefix = \"cart:\"\npool = \"carts\"\n",
+        n1.addr(),
+        n2.addr()
+    );
+    std::fs::write(&path, &two).unwrap();
+    let new_pool = [&n1, &n2];
+    // Every key the load writes now and then (cart keys have even numbers).
+    let probe: Vec<String> = (0..4)
+        .flat_map(|t| (0..500).step_by(2).map(move |i| format!("cart:{t}:{i}")))
+        .collect();
+    wait_for("cart keys to reach the new pool", || {
+        held_by(&new_pool, &probe).iter().sum::<usize>() > 100
+    });
+    let at_switch = done.load(Ordering::Relaxed);
+    wait_for("more load on the new layout", || {
+        done.load(Ordering::Relaxed) > at_switch + 2_000
+    });
+    stop.store(true, Ordering::Relaxed);
+    for thread in load {
+        thread.join().unwrap();
+    }
+    assert_eq!(errors.load(Ordering::Relaxed), 0);
+    // At most the one write of each client that the switch came between.
+    assert!(cart_misses.load(Ordering::Relaxed) <= 4, "{cart_misses:?}");
+    // After the switch no cart key is written to the default pool: its
+    // servers keep only what was written before.
+    let mut client = proxy.client();
+    assert_eq!(client.set("cart:new", b"1"), b"STORED\r\n");
+    assert_eq!(held_by(&[&d1, &d2], &["cart:new".into()]), [0, 0]);
+    assert_eq!(
+        held_by(&new_pool, &["cart:new".into()])
+            .iter()
+            .sum::<usize>(),
+        1
+    );
+    assert!(proxy
+        .running()
+        .stats
+        .prometheus_text()
+        .contains("memring_ring_version{pool=\"carts\"} 1"));
+
+    // Removing the pool again sends its keys back to the default pool.
+    std::fs::write(&path, &one).unwrap();
+    wait_for("the carts pool to go", || {
+        !proxy
+            .running()
+            .stats
+            .prometheus_text()
+            .contains("memring_ring_version{pool=\"carts\"}")
+    });
+    assert_eq!(client.set("cart:back", b"1"), b"STORED\r\n");
+    assert_eq!(
+        held_by(&[&d1, &d2], &["cart:back".into()])
+            .iter()
+            .sum::<usize>(),
+        1
+    );
+}
+
+#[test]
+fn a_pool_whose_servers_change_gets_its_own_hand_off_window() {
+    let (d1, s1, s2, s3) = (
+        Memcached::start(),
+        Memcached::start(),
+        Memcached::start(),
+        Memcached::start(),
+    );
+    let dir = TempDir::new("pools", "handoff");
+    let path = dir.path("memring.toml");
+    let before = two_pools(&[&d1], &[&s1, &s2], SESSIONS_ROUTE);
+    std::fs::write(&path, &before).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..1000).map(|i| format!("sess:{i}")).collect();
+    for key in &keys {
+        assert_eq!(client.set(key, b"v"), b"STORED\r\n");
+    }
+    let after = two_pools(&[&d1], &[&s1, &s2, &s3], SESSIONS_ROUTE);
+    std::fs::write(&path, &after).unwrap();
+    let stat = |client: &mut Client, name: &str| {
+        client
+            .stats("")
+            .into_iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v)
+    };
+    wait_for("the sessions pool's ring v2", || {
+        stat(&mut client, "pool:sessions:ring_version").as_deref() == Some("2")
+    });
+    assert_ne!(
+        stat(&mut client, "pool:sessions:handoff_until").as_deref(),
+        Some("0")
+    );
+    assert_eq!(
+        stat(&mut client, "handoff_until").as_deref(),
+        Some("0"),
+        "the default pool did not change"
+    );
+    assert_eq!(stat(&mut client, "ring_version").as_deref(), Some("1"));
+    let hits = keys.iter().filter(|k| client.get(k).is_some()).count();
+    assert_eq!(
+        hits,
+        keys.len(),
+        "moved keys are read through from their previous owners"
+    );
+    assert!(
+        held_by(&[&s3], &keys)[0] > 100,
+        "the new server owns its share"
+    );
+}
