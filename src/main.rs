@@ -397,6 +397,13 @@ fn check(file: &Path, offline: bool) -> anyhow::Result<()> {
     }
     if !offline {
         check_tls_servers(file, &config)?;
+        for pool in config
+            .pools
+            .iter()
+            .filter(|p| p.name != config.default_pool)
+        {
+            check_tls_servers(file, &pool.config)?;
+        }
     }
     println!(
         "{}: ok ({} server{}, listen {}, ring {})",
@@ -406,6 +413,36 @@ fn check(file: &Path, offline: bool) -> anyhow::Result<()> {
         config.listen,
         describe_ring(&config)
     );
+    // With several pools, the line above is the default pool's.
+    for pool in &config.pools {
+        println!(
+            "{}: pool {}{}: {} server{}{}, ring {}",
+            file.display(),
+            pool.name,
+            if pool.name == config.default_pool {
+                " (default)"
+            } else {
+                ""
+            },
+            pool.config.servers.len(),
+            if pool.config.servers.len() == 1 {
+                ""
+            } else {
+                "s"
+            },
+            pool.listen
+                .map_or(String::new(), |addr| format!(", listen {addr}")),
+            describe_ring(&pool.config)
+        );
+    }
+    for route in &config.routes {
+        println!(
+            "{}: route `{}` -> pool {}",
+            file.display(),
+            route.prefix,
+            route.pool
+        );
+    }
     Ok(())
 }
 
@@ -540,6 +577,41 @@ fn running_servers(addr: &str) -> anyhow::Result<Vec<memring::config::ServerConf
 /// `plan`'s output for a change from `old_config` to `new_config` (the
 /// file `new` is named in warnings).
 fn print_plan(old_config: &Config, new_config: &Config, new: &str) -> anyhow::Result<()> {
+    if old_config.pools.is_empty() && new_config.pools.is_empty() {
+        print_pool_plan(old_config, new_config);
+    } else {
+        print_pools_plan(old_config, new_config);
+    }
+    let settings = memring::reload::setting_changes(old_config, new_config);
+    for setting in &settings {
+        let when = if setting.restart_only {
+            "needs a restart"
+        } else {
+            "applied on reload"
+        };
+        println!("setting: {setting} ({when})");
+    }
+    let restart: Vec<&str> = settings
+        .iter()
+        .filter(|s| s.restart_only)
+        .map(|s| s.name)
+        .collect();
+    if !restart.is_empty() {
+        println!(
+            "restart needed: {} {} read only at start; a reload keeps the old value",
+            restart.join(", "),
+            if restart.len() == 1 { "is" } else { "are" }
+        );
+    }
+    for warning in new_config.warnings() {
+        println!("warning: {new}: {warning}");
+    }
+    Ok(())
+}
+
+/// One pool's part of a plan: each server's share before and after, what
+/// moves, and the hand-off window.
+fn print_pool_plan(old_config: &Config, new_config: &Config) {
     let old_ring = old_config.build_ring();
     let new_ring = new_config.build_ring();
     if old_config.ring != new_config.ring {
@@ -595,31 +667,71 @@ fn print_plan(old_config: &Config, new_config: &Config, new: &str) -> anyhow::Re
             );
         }
     }
-    let settings = memring::reload::setting_changes(old_config, new_config);
-    for setting in &settings {
-        let when = if setting.restart_only {
-            "needs a restart"
-        } else {
-            "applied on reload"
-        };
-        println!("setting: {setting} ({when})");
+}
+
+/// A plan over configs with several pools: each pool's part under its name,
+/// pools added and removed, and the route prefixes whose pool changes.
+fn print_pools_plan(old_config: &Config, new_config: &Config) {
+    let (old_pools, new_pools) = (old_config.pool_list(), new_config.pool_list());
+    let mut names: Vec<String> = old_pools.iter().map(|p| p.name.clone()).collect();
+    for pool in &new_pools {
+        if !names.contains(&pool.name) {
+            names.push(pool.name.clone());
+        }
     }
-    let restart: Vec<&str> = settings
+    for name in &names {
+        let before = old_pools.iter().find(|p| &p.name == name);
+        let after = new_pools.iter().find(|p| &p.name == name);
+        match (before, after) {
+            (Some(before), Some(after)) => {
+                println!("pool {name}:");
+                print_pool_plan(&before.config, &after.config);
+            }
+            (None, Some(after)) => println!(
+                "pool {name}: added, {} server{}",
+                after.config.servers.len(),
+                if after.config.servers.len() == 1 {
+                    ""
+                } else {
+                    "s"
+                }
+            ),
+            (Some(_), None) => println!("pool {name}: removed"),
+            (None, None) => {}
+        }
+    }
+    // Where each prefix either file routes goes, under each file's routes.
+    let pool_of = |config: &Config, key: &str| {
+        config
+            .routes
+            .iter()
+            .find(|r| key.starts_with(&r.prefix))
+            .map_or(config.default_pool.clone(), |r| r.pool.clone())
+    };
+    let mut prefixes: Vec<&str> = old_config
+        .routes
         .iter()
-        .filter(|s| s.restart_only)
-        .map(|s| s.name)
+        .map(|r| r.prefix.as_str())
         .collect();
-    if !restart.is_empty() {
+    for route in &new_config.routes {
+        if !prefixes.contains(&route.prefix.as_str()) {
+            prefixes.push(&route.prefix);
+        }
+    }
+    for prefix in prefixes {
+        let (from, to) = (pool_of(old_config, prefix), pool_of(new_config, prefix));
+        if from != to {
+            println!(
+                "route `{prefix}`: keys move from pool {from} to pool {to} (not handed off: each misses once)"
+            );
+        }
+    }
+    if old_config.default_pool != new_config.default_pool {
         println!(
-            "restart needed: {} {} read only at start; a reload keeps the old value",
-            restart.join(", "),
-            if restart.len() == 1 { "is" } else { "are" }
+            "default_pool: keys that match no route move from pool {} to pool {} (not handed off)",
+            old_config.default_pool, new_config.default_pool
         );
     }
-    for warning in new_config.warnings() {
-        println!("warning: {new}: {warning}");
-    }
-    Ok(())
 }
 
 /// `twemproxy (hash fnv1a_64, hash_tag "{}")`
