@@ -67,7 +67,12 @@ impl FdBudget {
 
     /// Descriptors for the backends of `config`'s servers.
     pub fn config_backend_fds(&self, config: &Config) -> u64 {
-        self.backend_fds(config.servers.iter().map(|_| config.connections_per_server))
+        // Every pool's servers, each with its own connections per server.
+        let pools = config.pool_list();
+        self.backend_fds(pools.iter().flat_map(|pool| {
+            let per_server = pool.config.connections_per_server;
+            pool.config.servers.iter().map(move |_| per_server)
+        }))
     }
 
     /// Descriptors neither memring itself nor `backend_fds` take.
