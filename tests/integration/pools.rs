@@ -359,3 +359,53 @@ fn a_pool_whose_servers_change_gets_its_own_hand_off_window() {
         "the new server owns its share"
     );
 }
+
+#[test]
+fn pools_meet_replicas_quiet_meta_and_a_dead_server() {
+    let (d1, s1, s2) = (Memcached::start(), Memcached::start(), Memcached::start());
+    let text = two_pools(&[&d1], &[&s1, &s2], SESSIONS_ROUTE).replace(
+        "listen = \"127.0.0.1:0\"\n[[pools.servers]]",
+        "listen = \"127.0.0.1:0\"\nreplicas = 2\n[[pools.servers]]",
+    );
+    let proxy = Proxy::start_text(&text);
+    let mut client = proxy.client();
+    for i in 0..50 {
+        assert_eq!(client.set(&format!("sess:{i}"), b"s"), b"STORED\r\n");
+        assert_eq!(client.set(&format!("user:{i}"), b"u"), b"STORED\r\n");
+    }
+    // replicas = 2 in the sessions pool: both of its servers hold each key.
+    let sessions: Vec<String> = (0..50).map(|i| format!("sess:{i}")).collect();
+    assert_eq!(held_by(&[&s1, &s2], &sessions), [50, 50]);
+    // Quiet meta gets across pools, pipelined: only the hits answer, in
+    // order, then MN.
+    client.send(b"mg sess:1 v q\r\nmg user:1 v q\r\nmg sess:none v q\r\nmg user:2 v q\r\nmn\r\n");
+    let mut replies = Vec::new();
+    loop {
+        let reply = client.meta_reply();
+        let last = reply == b"MN\r\n";
+        replies.push(String::from_utf8_lossy(&reply).into_owned());
+        if last {
+            break;
+        }
+    }
+    assert_eq!(
+        replies,
+        ["VA 1\r\ns\r\n", "VA 1\r\nu\r\n", "VA 1\r\nu\r\n", "MN\r\n"]
+    );
+    // The default pool's only server dies: its keys fail, a get across the
+    // pools still answers the sessions keys (with both replicas there), and
+    // the sessions pool is not affected.
+    drop(d1);
+    let line = "get sess:1 user:1 sess:2 user:2\r\n";
+    wait_for("the dead server to be noticed", || {
+        let reply = client.call(line.as_bytes(), ReplyKind::Values);
+        reply == b"VALUE sess:1 0 1\r\ns\r\nVALUE sess:2 0 1\r\ns\r\nEND\r\n"
+    });
+    assert_eq!(client.get("sess:3").as_deref(), Some(&b"s"[..]));
+    let reply = client.get_raw("user:3");
+    assert!(
+        reply.starts_with(b"SERVER_ERROR"),
+        "{}",
+        String::from_utf8_lossy(&reply)
+    );
+}
