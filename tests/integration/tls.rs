@@ -1,23 +1,20 @@
 //! TLS on both sides against real `memcached -Z` servers: certificates made
-//! here with rcgen (a CA, server certificates for 127.0.0.1 / localhost and
+//! by `common::pki` (a CA, server certificates for 127.0.0.1 / localhost and
 //! for another name, client certificates), a blocking rustls client for
 //! `tls_listen`, and the `memring check` binary for the connectivity test.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use memring::backend::health::HealthState;
 use memring::protocol::{frame_reply, ReplyKind};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
-};
 use rustls::pki_types::{CertificateDer, ServerName};
 
+use crate::common::pki::{Issued, Pki};
 use crate::common::{show, wait_for, Client, Memcached, Proxy, TempDir, DEADLINE};
 
 const BIN: &str = env!("CARGO_BIN_EXE_memring");
@@ -25,74 +22,6 @@ const BIN: &str = env!("CARGO_BIN_EXE_memring");
 /// fails must not turn DEAD before the test has read why.
 const SETTINGS: &str =
     "connect_timeout_ms = 3000\nrequest_timeout_ms = 3000\nfailure_limit = 1000\n";
-
-/// A certificate authority with its files in a temporary directory.
-struct Pki {
-    dir: TempDir,
-    issuer: Issuer<'static, KeyPair>,
-    ca_file: PathBuf,
-}
-
-/// One issued certificate: its files and its DER (to tell which one a
-/// server presented).
-struct Issued {
-    cert: PathBuf,
-    key: PathBuf,
-    der: CertificateDer<'static>,
-    cert_pem: String,
-    key_pem: String,
-}
-
-impl Pki {
-    fn new(test: &str) -> Pki {
-        let dir = TempDir::new("tls", test);
-        let key = KeyPair::generate().expect("CA key");
-        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(DnType::CommonName, format!("memring test CA {test}"));
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let cert = params.self_signed(&key).expect("CA certificate");
-        let ca_file = dir.path("ca.pem");
-        std::fs::write(&ca_file, cert.pem()).expect("write CA");
-        Pki {
-            dir,
-            issuer: Issuer::new(params, key),
-            ca_file,
-        }
-    }
-
-    /// A certificate for `names` (DNS names or IP addresses) written as
-    /// `<file>.pem` and `<file>.key`; a client certificate when `client`.
-    fn issue(&self, file: &str, names: &[&str], client: bool) -> Issued {
-        let key = KeyPair::generate().expect("key");
-        let mut params =
-            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<String>>())
-                .expect("params");
-        params.distinguished_name.push(DnType::CommonName, file);
-        params.extended_key_usages = vec![if client {
-            ExtendedKeyUsagePurpose::ClientAuth
-        } else {
-            ExtendedKeyUsagePurpose::ServerAuth
-        }];
-        let cert = params.signed_by(&key, &self.issuer).expect("sign");
-        let (cert_path, key_path) = (
-            self.dir.path(&format!("{file}.pem")),
-            self.dir.path(&format!("{file}.key")),
-        );
-        let issued = Issued {
-            cert: cert_path,
-            key: key_path,
-            der: cert.der().clone(),
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-        };
-        std::fs::write(&issued.cert, &issued.cert_pem).expect("write cert");
-        std::fs::write(&issued.key, &issued.key_pem).expect("write key");
-        issued
-    }
-}
 
 /// Config text: `settings` at the top, then `tables`, then one TLS server
 /// per entry of `servers`.

@@ -8,6 +8,7 @@
 
 pub(crate) mod exposition;
 pub(crate) mod faulty;
+pub(crate) mod pki;
 pub(crate) mod relay;
 
 use std::io::{Read, Write};
