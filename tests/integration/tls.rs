@@ -593,3 +593,87 @@ fn shutdown_ends_tls_clients_with_close_notify_after_their_replies() {
         assert!(replies >= 1);
     });
 }
+
+/// What one bench/tls run hung on: requests pipelined to a TLS server that
+/// stops answering. Each gets exactly one reply, in order, and every
+/// client's connection stays open and in step: memring sends nothing more
+/// and nothing less. (memtier's memcache_text parser is what stops at a
+/// `SERVER_ERROR` reply, with or without TLS; docs/tls.md.)
+#[test]
+fn pipelined_requests_to_a_stalled_tls_server_each_get_one_reply_in_order() {
+    let pki = Pki::new("stall");
+    let server = pki.issue("server", &["127.0.0.1"], false);
+    let mut stalled = Memcached::start_tls(&server.cert, &server.key, None);
+    let proxy = Proxy::start_text(&format!(
+        "listen = \"127.0.0.1:0\"\nconnect_timeout_ms = 3000\nrequest_timeout_ms = 300\n\
+         failure_limit = 1000\n{}[[servers]]\naddr = \"{}\"\ntls = true\n",
+        backend_tls(&pki.ca_file, ""),
+        stalled.tls_addr()
+    ));
+    let mut clients: Vec<Client> = (0..4).map(|_| proxy.client()).collect();
+    assert_eq!(clients[0].set("k", b"v"), b"STORED\r\n");
+    stalled.pause();
+    let batch: &[u8] = b"get k\r\nset s 0 0 1\r\nx\r\nget k k2 k3\r\nmg k v\r\ndelete k9\r\nincr n 1\r\nversion\r\n";
+    for client in &mut clients {
+        client.send(batch);
+    }
+    for client in &mut clients {
+        let replies = [
+            client.reply(ReplyKind::Values),
+            client.reply(ReplyKind::Line),
+            client.reply(ReplyKind::Values),
+            client.meta_reply(),
+            client.reply(ReplyKind::Line),
+            client.reply(ReplyKind::Line),
+        ];
+        for reply in &replies {
+            assert!(
+                reply.starts_with(b"SERVER_ERROR backend "),
+                "{}",
+                show(reply)
+            );
+            assert!(reply.ends_with(b"\r\n"), "{}", show(reply));
+        }
+        // memring's own answer comes next: nothing was left out or added.
+        assert_eq!(
+            show(&client.reply(ReplyKind::Line)),
+            show(memring::VERSION_REPLY)
+        );
+    }
+    stalled.resume();
+    wait_for("the resumed TLS server to answer", || {
+        clients[0].get_raw("k") == value_reply("k", "v")
+    });
+    for client in &mut clients {
+        assert_eq!(client.get("k"), Some(b"v".to_vec()));
+    }
+
+    // Killed with requests in flight (the harness resumes it for the kill,
+    // so it may answer some first): one reply each, its answer or an error.
+    stalled.pause();
+    for client in &mut clients {
+        client.send(b"get k\r\nget k k2\r\nversion\r\n");
+    }
+    stalled.kill();
+    for client in &mut clients {
+        for _ in 0..2 {
+            let reply = client.reply(ReplyKind::Values);
+            assert!(
+                reply == value_reply("k", "v") || reply.starts_with(b"SERVER_ERROR backend "),
+                "{}",
+                show(&reply)
+            );
+        }
+        assert_eq!(
+            show(&client.reply(ReplyKind::Line)),
+            show(memring::VERSION_REPLY)
+        );
+    }
+    stalled.restart();
+    wait_for("the restarted TLS server to answer", || {
+        clients[0].set("k", b"again") == b"STORED\r\n"
+    });
+    for client in &mut clients {
+        assert_eq!(client.get("k"), Some(b"again".to_vec()));
+    }
+}
