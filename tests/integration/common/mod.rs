@@ -111,6 +111,14 @@ fn process_state(pid: u32) -> Option<char> {
     stat.rsplit_once(") ")?.1.chars().next()
 }
 
+/// Writes a temporary file and renames it over `path` (how most tools
+/// deploy a config): a reload never reads it half-written.
+pub(crate) fn replace_by_rename(path: &std::path::Path, text: &str) {
+    let temporary = path.with_extension("tmp");
+    std::fs::write(&temporary, text).unwrap();
+    std::fs::rename(&temporary, path).unwrap();
+}
+
 /// Polls `condition` until it holds or `DEADLINE` passes.
 pub(crate) fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
     let start = Instant::now();
