@@ -11,16 +11,18 @@
 //! those the ring in force places elsewhere. The sweep stops when the ring
 //! changes under it (the next window's sweep covers what it left).
 //!
-//! The parsing and the choice of keys are pure; the I/O is one short-lived
-//! connection per server, off the request path.
+//! The parsing and the choice of keys are pure; the I/O is short-lived
+//! connections of its own to each server, off the request path, spoken as
+//! the server's connections speak (TLS for a server with `tls = true`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
 use memchr::memchr;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 
+use crate::backend::Backend;
 use crate::protocol::request::is_valid_key;
 use crate::topology::{SharedTopology, Topology};
 
@@ -92,7 +94,7 @@ pub(crate) async fn sweep(
         if !still_current() {
             break;
         }
-        let work = sweep_one(backend.addr(), &topology, index, &still_current);
+        let work = sweep_one(backend, &topology, index, &still_current);
         match tokio::time::timeout(timeout, work).await {
             Ok(Ok(deleted)) => {
                 stats.swept(deleted);
@@ -111,8 +113,34 @@ pub(crate) async fn sweep(
     swept
 }
 
+/// A byte stream both ways: a plain socket, or TLS over one.
+trait Duplex: AsyncRead + AsyncWrite + Unpin + Send {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Duplex for T {}
+
+/// A connection of the sweep's own to `backend`: its host name looked up
+/// where its connections look it up, and with `tls = true` a TLS session
+/// verified as theirs are (the server's TLS port speaks nothing else).
+async fn open(backend: &Backend, topology: &Topology) -> std::io::Result<Box<dyn Duplex>> {
+    let addr = backend.addr();
+    let stream = crate::resolve::connect(topology.config.discovery.dns, addr).await?;
+    match &backend.shared().tls {
+        None => Ok(Box::new(stream)),
+        Some(None) => Err(std::io::Error::other(
+            "tls = true, but memring started without [backend_tls]",
+        )),
+        Some(Some(connector)) => {
+            let stream = connector
+                .connect(addr, stream, topology.config.connect_timeout)
+                .await
+                .map_err(|(_, words)| std::io::Error::other(words))?;
+            Ok(Box::new(stream))
+        }
+    }
+}
+
 async fn sweep_one(
-    addr: &str,
+    backend: &Backend,
     topology: &Topology,
     index: usize,
     still_current: &(dyn Fn() -> bool + Sync),
@@ -121,9 +149,10 @@ async fn sweep_one(
     // connection, and a delete sent meanwhile would wait behind it anyway.
     let mut leftovers = Vec::new();
     {
-        let stream = crate::resolve::connect(topology.config.discovery.dns, addr).await?;
-        let (reader, mut writer) = stream.into_split();
+        let (reader, mut writer) = tokio::io::split(open(backend, topology).await?);
         writer.write_all(b"lru_crawler metadump all\r\n").await?;
+        // A TLS stream may hold written bytes until flushed.
+        writer.flush().await?;
         let mut reader = BufReader::new(reader);
         let mut line = Vec::new();
         loop {
@@ -151,8 +180,7 @@ async fn sweep_one(
             }
         }
     }
-    let stream = crate::resolve::connect(topology.config.discovery.dns, addr).await?;
-    let (reader, mut writer) = stream.into_split();
+    let (reader, mut writer) = tokio::io::split(open(backend, topology).await?);
     let mut reader = BufReader::new(reader);
     let mut deleted = 0u64;
     for batch in leftovers.chunks(DELETES_PER_BATCH) {
@@ -166,6 +194,7 @@ async fn sweep_one(
         // memcached answers `mn` once every request before it is done.
         out.put_slice(b"mn\r\n");
         writer.write_all(&out).await?;
+        writer.flush().await?;
         let mut line = Vec::new();
         loop {
             line.clear();

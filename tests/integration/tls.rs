@@ -15,7 +15,9 @@ use memring::protocol::{frame_reply, ReplyKind};
 use rustls::pki_types::{CertificateDer, ServerName};
 
 use crate::common::pki::{Issued, Pki};
-use crate::common::{show, wait_for, Client, Memcached, Proxy, TempDir, DEADLINE};
+use crate::common::{
+    replace_by_rename, show, wait_for, Client, Memcached, Proxy, TempDir, DEADLINE,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_memring");
 /// Handshakes on a loaded 2-core machine can take a while; a server that
@@ -676,4 +678,55 @@ fn pipelined_requests_to_a_stalled_tls_server_each_get_one_reply_in_order() {
     for client in &mut clients {
         assert_eq!(client.get("k"), Some(b"again".to_vec()));
     }
+}
+
+/// Hand-off over TLS to its end: when a window ends, memring lists each TLS
+/// server's keys and deletes those it no longer owns, over TLS as its
+/// connections speak (the server's port speaks nothing else), so a later
+/// change that gives a key back cannot read the old copy.
+#[test]
+fn a_hand_off_window_ends_with_a_sweep_of_the_tls_servers() {
+    let pki = Pki::new("sweep");
+    let server = pki.issue("server", &["127.0.0.1"], false);
+    let pool: Vec<Memcached> = (0..3)
+        .map(|_| Memcached::start_tls(&server.cert, &server.key, None))
+        .collect();
+    let text = |n: usize| {
+        config(
+            "handoff_ms = 1000",
+            &backend_tls(&pki.ca_file, ""),
+            &pool[..n].iter().collect::<Vec<_>>(),
+        )
+    };
+    let path = pki.dir.path("memring.toml");
+    std::fs::write(&path, text(2)).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..600).map(|i| format!("sweep:{i}")).collect();
+    for key in &keys {
+        assert_eq!(client.set(key, b"v1"), b"STORED\r\n", "{key}");
+    }
+    replace_by_rename(&path, &text(3));
+    wait_for("ring version 2", || proxy.ring_version() >= 2);
+    // Read in the window: each moved key is copied to the new server.
+    let hits = keys.iter().filter(|k| client.get(k).is_some()).count();
+    assert!(hits >= keys.len() * 995 / 1000, "{hits} of {}", keys.len());
+    wait_for("the window to end and its sweep of 3 servers", || {
+        proxy.client().stat("handoff_sweeps") >= 3
+    });
+    let deleted = proxy.client().stat("handoff_leftovers_deleted");
+    assert!(
+        deleted > 60,
+        "the old owners' copies were deleted: {deleted}"
+    );
+    // Behind memring, on the plain ports: every key is on its owner alone.
+    let mut holders = vec![0usize; keys.len()];
+    for server in &pool {
+        let mut direct = server.client();
+        for (i, key) in keys.iter().enumerate() {
+            holders[i] += usize::from(direct.get(key).is_some());
+        }
+    }
+    let doubled = holders.iter().filter(|&&n| n > 1).count();
+    assert_eq!(doubled, 0, "keys on more than one server after the sweep");
 }
