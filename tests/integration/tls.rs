@@ -730,3 +730,48 @@ fn a_hand_off_window_ends_with_a_sweep_of_the_tls_servers() {
     let doubled = holders.iter().filter(|&&n| n > 1).count();
     assert_eq!(doubled, 0, "keys on more than one server after the sweep");
 }
+
+/// Session resumption: memring's one `Connector` (shared by every backend
+/// connection) remembers the session a server gave it, so the next
+/// connection, a reconnect after a broken one say, resumes it with an
+/// abbreviated handshake instead of a full one. memcached issues TLS 1.3
+/// tickets by default.
+#[test]
+fn a_new_connection_to_a_tls_server_resumes_the_last_session() {
+    use std::time::Duration;
+    let pki = Pki::new("resume");
+    let server = pki.issue("server", &["127.0.0.1"], false);
+    let cache = Memcached::start_tls(&server.cert, &server.key, None);
+    let connector = memring::tls::Connector::new(&memring::tls::BackendFiles {
+        ca_file: pki.ca_file.clone(),
+        client_cert: None,
+        server_name: None,
+    })
+    .expect("backend_tls");
+    let dns = memring::resolve::Dns::default();
+    let timeout = Duration::from_secs(5);
+    let mut kinds = Vec::new();
+    for _ in 0..3 {
+        let mut stream = connector
+            .connect_blocking(&cache.tls_addr(), dns, timeout)
+            .expect("TLS connection");
+        kinds.push(stream.conn.handshake_kind());
+        // A TLS 1.3 ticket comes after the handshake: read it with a reply.
+        stream.write_all(b"version\r\n").unwrap();
+        stream.flush().unwrap();
+        let mut reply = Vec::new();
+        let mut chunk = [0u8; 256];
+        while !reply.ends_with(b"\r\n") {
+            let n = stream.read(&mut chunk).expect("version reply");
+            assert!(n > 0, "closed before the version reply");
+            reply.extend_from_slice(&chunk[..n]);
+        }
+        assert!(reply.starts_with(b"VERSION "), "{}", show(&reply));
+        assert_eq!(
+            stream.conn.protocol_version(),
+            Some(rustls::ProtocolVersion::TLSv1_3)
+        );
+    }
+    use rustls::HandshakeKind::{Full, Resumed};
+    assert_eq!(kinds, [Some(Full), Some(Resumed), Some(Resumed)]);
+}
