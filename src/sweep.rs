@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
 use memchr::memchr;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use crate::backend::Backend;
 use crate::protocol::request::is_valid_key;
@@ -113,32 +113,6 @@ pub(crate) async fn sweep(
     swept
 }
 
-/// A byte stream both ways: a plain socket, or TLS over one.
-trait Duplex: AsyncRead + AsyncWrite + Unpin + Send {}
-
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Duplex for T {}
-
-/// A connection of the sweep's own to `backend`: its host name looked up
-/// where its connections look it up, and with `tls = true` a TLS session
-/// verified as theirs are (the server's TLS port speaks nothing else).
-async fn open(backend: &Backend, topology: &Topology) -> std::io::Result<Box<dyn Duplex>> {
-    let addr = backend.addr();
-    let stream = crate::resolve::connect(topology.config.discovery.dns, addr).await?;
-    match &backend.shared().tls {
-        None => Ok(Box::new(stream)),
-        Some(None) => Err(std::io::Error::other(
-            "tls = true, but memring started without [backend_tls]",
-        )),
-        Some(Some(connector)) => {
-            let stream = connector
-                .connect(addr, stream, topology.config.connect_timeout)
-                .await
-                .map_err(|(_, words)| std::io::Error::other(words))?;
-            Ok(Box::new(stream))
-        }
-    }
-}
-
 async fn sweep_one(
     backend: &Backend,
     topology: &Topology,
@@ -149,7 +123,7 @@ async fn sweep_one(
     // connection, and a delete sent meanwhile would wait behind it anyway.
     let mut leftovers = Vec::new();
     {
-        let (reader, mut writer) = tokio::io::split(open(backend, topology).await?);
+        let (reader, mut writer) = tokio::io::split(backend.connect_own().await?);
         writer.write_all(b"lru_crawler metadump all\r\n").await?;
         // A TLS stream may hold written bytes until flushed.
         writer.flush().await?;
@@ -180,7 +154,7 @@ async fn sweep_one(
             }
         }
     }
-    let (reader, mut writer) = tokio::io::split(open(backend, topology).await?);
+    let (reader, mut writer) = tokio::io::split(backend.connect_own().await?);
     let mut reader = BufReader::new(reader);
     let mut deleted = 0u64;
     for batch in leftovers.chunks(DELETES_PER_BATCH) {

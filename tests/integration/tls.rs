@@ -775,3 +775,44 @@ fn a_new_connection_to_a_tls_server_resumes_the_last_session() {
     use rustls::HandshakeKind::{Full, Resumed};
     assert_eq!(kinds, [Some(Full), Some(Resumed), Some(Resumed)]);
 }
+
+/// `auto_eject` over TLS: a dead TLS server is ejected, and when it answers
+/// again it is flushed before it is put back, over TLS (its port speaks
+/// nothing else), then serves its keys again.
+#[test]
+fn an_ejected_tls_server_is_flushed_over_tls_and_put_back() {
+    let pki = Pki::new("eject");
+    let server = pki.issue("server", &["127.0.0.1"], false);
+    let mut pool: Vec<Memcached> = (0..3)
+        .map(|_| Memcached::start_tls(&server.cert, &server.key, None))
+        .collect();
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\nconnect_timeout_ms = 3000\nrequest_timeout_ms = 3000\n\
+         failure_limit = 2\nauto_eject = true\n{}{}",
+        backend_tls(&pki.ca_file, ""),
+        pool.iter()
+            .map(|m| format!("[[servers]]\naddr = \"{}\"\ntls = true\n", m.tls_addr()))
+            .collect::<String>()
+    );
+    let proxy = Proxy::start_text(&text);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..300).map(|i| format!("eject:{i}")).collect();
+    for key in &keys {
+        assert_eq!(client.set(key, b"v"), b"STORED\r\n");
+    }
+    let victims: Vec<&String> = keys.iter().filter(|k| proxy.owner_now(k) == 0).collect();
+    assert!(!victims.is_empty());
+    pool[0].kill();
+    wait_for("the dead TLS server to be ejected", || {
+        let _ = client.get_raw(victims[0]);
+        proxy.running().topology.load().ejected.len() == 1
+    });
+    pool[0].restart();
+    wait_for("the TLS server to be put back", || {
+        let _ = client.get_raw(victims[0]);
+        proxy.running().topology.load().ejected.is_empty()
+    });
+    assert_eq!(proxy.owner_now(victims[0]), 0);
+    assert_eq!(client.set(victims[0], b"home"), b"STORED\r\n");
+    assert_eq!(pool[0].client().get(victims[0]), Some(b"home".to_vec()));
+}
