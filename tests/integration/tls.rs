@@ -606,19 +606,42 @@ fn pipelined_requests_to_a_stalled_tls_server_each_get_one_reply_in_order() {
     let pki = Pki::new("stall");
     let server = pki.issue("server", &["127.0.0.1"], false);
     let mut stalled = Memcached::start_tls(&server.cert, &server.key, None);
+    let listener = pki.issue("listener", &["127.0.0.1"], false);
     let proxy = Proxy::start_text(&format!(
         "listen = \"127.0.0.1:0\"\nconnect_timeout_ms = 3000\nrequest_timeout_ms = 300\n\
-         failure_limit = 1000\n{}[[servers]]\naddr = \"{}\"\ntls = true\n",
+         failure_limit = 1000\n{}{}[[servers]]\naddr = \"{}\"\ntls = true\n",
+        tls_listen(&listener, ""),
         backend_tls(&pki.ca_file, ""),
         stalled.tls_addr()
     ));
     let mut clients: Vec<Client> = (0..4).map(|_| proxy.client()).collect();
+    // And a client over TLS, as memtier --tls is.
+    let tls_addr = proxy.running().tls_addr.expect("tls_listen bound");
+    let mut tls_client =
+        TlsClient::connect(tls_addr, &client_config(&pki.ca_file, None)).expect("TLS client");
     assert_eq!(clients[0].set("k", b"v"), b"STORED\r\n");
     stalled.pause();
     let batch: &[u8] = b"get k\r\nset s 0 0 1\r\nx\r\nget k k2 k3\r\nmg k v\r\ndelete k9\r\nincr n 1\r\nversion\r\n";
     for client in &mut clients {
         client.send(batch);
     }
+    tls_client
+        .stream
+        .write_all(b"get k\r\nset s 0 0 1\r\nx\r\nget k k2\r\nversion\r\n")
+        .unwrap();
+    tls_client.stream.flush().unwrap();
+    for kind in [ReplyKind::Values, ReplyKind::Line, ReplyKind::Values] {
+        let reply = tls_client.reply(kind).unwrap();
+        assert!(
+            reply.starts_with(b"SERVER_ERROR backend "),
+            "{}",
+            show(&reply)
+        );
+    }
+    assert_eq!(
+        show(&tls_client.reply(ReplyKind::Line).unwrap()),
+        show(memring::VERSION_REPLY)
+    );
     for client in &mut clients {
         let replies = [
             client.reply(ReplyKind::Values),
@@ -649,6 +672,7 @@ fn pipelined_requests_to_a_stalled_tls_server_each_get_one_reply_in_order() {
     for client in &mut clients {
         assert_eq!(client.get("k"), Some(b"v".to_vec()));
     }
+    assert_eq!(tls_client.get("k").unwrap(), value_reply("k", "v"));
 
     // Killed with requests in flight (the harness resumes it for the kill,
     // so it may answer some first): one reply each, its answer or an error.
