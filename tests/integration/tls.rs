@@ -840,3 +840,174 @@ fn an_ejected_tls_server_is_flushed_over_tls_and_put_back() {
     assert_eq!(client.set(victims[0], b"home"), b"STORED\r\n");
     assert_eq!(pool[0].client().get(victims[0]), Some(b"home".to_vec()));
 }
+
+/// A TLS front for a plain server: it accepts TLS with `cert` and relays
+/// each session's bytes to and from a connection of its own to `upstream`,
+/// so that `common::faulty`'s scripted server misbehaves over TLS. Stopped
+/// and joined on drop.
+struct TlsFront {
+    addr: String,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TlsFront {
+    fn start(cert: &Issued, upstream: String) -> TlsFront {
+        let config = Arc::new(
+            rustls::ServerConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_no_client_auth()
+            .with_single_cert(
+                memring::tls::certificates(&cert.cert).expect("cert"),
+                memring::tls::private_key(&cert.key).expect("key"),
+            )
+            .expect("server config"),
+        );
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut sessions = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    match listener.accept() {
+                        Ok((tcp, _)) => {
+                            let (config, upstream, stop) =
+                                (config.clone(), upstream.clone(), stop.clone());
+                            sessions.push(std::thread::spawn(move || {
+                                relay(tcp, &upstream, config, &stop)
+                            }));
+                        }
+                        Err(_) => std::thread::sleep(std::time::Duration::from_millis(5)),
+                    }
+                }
+                for session in sessions {
+                    let _ = session.join();
+                }
+            })
+        };
+        TlsFront {
+            addr,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for TlsFront {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// One TLS session of a [`TlsFront`], until either side closes or `stop`.
+fn relay(tcp: TcpStream, upstream: &str, config: Arc<rustls::ServerConfig>, stop: &AtomicBool) {
+    use std::io::ErrorKind::{TimedOut, WouldBlock};
+    let poll = Some(std::time::Duration::from_millis(10));
+    let Ok(mut plain) = TcpStream::connect(upstream) else {
+        return;
+    };
+    let setup = tcp
+        .set_nonblocking(false)
+        .and_then(|()| tcp.set_read_timeout(poll))
+        .and_then(|()| plain.set_read_timeout(poll));
+    let Ok(conn) = rustls::ServerConnection::new(config) else {
+        return;
+    };
+    if setup.is_err() {
+        return;
+    }
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    let mut chunk = [0u8; 16 * 1024];
+    while !stop.load(Ordering::Relaxed) {
+        match tls.read(&mut chunk) {
+            Ok(0) => return,
+            Ok(n) => {
+                if plain.write_all(&chunk[..n]).is_err() {
+                    return;
+                }
+            }
+            Err(e) if matches!(e.kind(), WouldBlock | TimedOut) => {}
+            Err(_) => return,
+        }
+        match plain.read(&mut chunk) {
+            Ok(0) => return,
+            Ok(n) => {
+                if tls
+                    .write_all(&chunk[..n])
+                    .and_then(|()| tls.flush())
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            Err(e) if matches!(e.kind(), WouldBlock | TimedOut) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// Strict framing over TLS: a TLS server that answers out of step (garbage,
+/// an extra `END`, a value nobody asked for) is a server fault exactly as in
+/// plain text (tests/integration/hostile.rs): its connection is dropped and
+/// its requests fail with `SERVER_ERROR`, no client ever gets another
+/// key's value, and the TLS server beside it is untouched.
+#[test]
+fn a_tls_server_out_of_step_is_dropped_and_no_reply_reaches_the_wrong_request() {
+    use crate::common::faulty::{FaultyServer, Misbehaviour};
+    let pki = Pki::new("framing");
+    let cert = pki.issue("server", &["127.0.0.1"], false);
+    let real = Memcached::start_tls(&cert.cert, &cert.key, None);
+    for behaviour in [
+        Misbehaviour::GarbageLine,
+        Misbehaviour::ExtraEnd,
+        Misbehaviour::ExtraValue,
+    ] {
+        let faulty = FaultyServer::start(behaviour);
+        let front = TlsFront::start(&cert, faulty.addr());
+        let proxy = Proxy::start_text(&format!(
+            "listen = \"127.0.0.1:0\"\n{SETTINGS}{}\
+             [[servers]]\naddr = \"{}\"\ntls = true\n[[servers]]\naddr = \"{}\"\ntls = true\n",
+            backend_tls(&pki.ca_file, ""),
+            real.tls_addr(),
+            front.addr
+        ));
+        let keys: Vec<String> = (0..40).map(|i| format!("{behaviour:?}:{i}")).collect();
+        let mut client = proxy.client();
+        let mut faults = 0;
+        for round in 0..6 {
+            for key in &keys {
+                let set = client.set(key, key.as_bytes());
+                let got = client.get_raw(key);
+                if proxy.owner_now(key) == 0 {
+                    assert_eq!(show(&set), show(b"STORED\r\n"), "{behaviour:?} {key}");
+                    assert_eq!(show(&got), show(&value_reply(key, key)), "{key}");
+                    continue;
+                }
+                for reply in [&set, &got] {
+                    if reply.starts_with(b"SERVER_ERROR backend ") {
+                        faults += 1;
+                    }
+                }
+                let fine = got == value_reply(key, key)
+                    || got == b"END\r\n"
+                    || got.starts_with(b"SERVER_ERROR backend ");
+                assert!(fine, "{behaviour:?} round {round} {key}: {}", show(&got));
+            }
+        }
+        let backends = proxy.running().topology.load_full().backends.clone();
+        assert!(faults > 0, "{behaviour:?}: no fault reached a client");
+        assert!(backends[1].metrics().error_count() > 0, "{behaviour:?}");
+        assert_eq!(backends[0].metrics().error_count(), 0, "{behaviour:?}");
+        // It was dropped and connected to again, each time over TLS.
+        assert!(faulty.probes() >= 2, "{behaviour:?}: {}", faulty.probes());
+    }
+}
