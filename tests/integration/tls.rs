@@ -233,6 +233,27 @@ fn a_certificate_for_another_name_or_from_another_ca_is_refused_with_the_reason(
             && reply.contains("certificate not valid for the server's name"),
         "{reply}"
     );
+    // Pipelined, each request gets its one error and the client stays in
+    // step (memring's own `version` answer comes next).
+    let mut client = proxy.client();
+    client.send(b"get a\r\nset b 0 0 1\r\nx\r\nget a b c\r\ndelete d\r\nversion\r\n");
+    for kind in [
+        ReplyKind::Values,
+        ReplyKind::Line,
+        ReplyKind::Values,
+        ReplyKind::Line,
+    ] {
+        let reply = client.reply(kind);
+        assert!(
+            reply.starts_with(b"SERVER_ERROR backend "),
+            "{}",
+            show(&reply)
+        );
+    }
+    assert_eq!(
+        show(&client.reply(ReplyKind::Line)),
+        show(memring::VERSION_REPLY)
+    );
     let (ok, _, stderr) = check(&pki.dir, &text);
     assert!(!ok, "check passed a server with another name's certificate");
     assert!(
