@@ -1173,4 +1173,27 @@ fn check_handshakes_with_every_discovered_tls_server() {
             "{what}: {stderr}"
         );
     }
+
+    // A server of [[servers]] named by a host only the resolver knows.
+    std::fs::write(
+        &path,
+        format!(
+            "listen = \"127.0.0.1:22122\"\n[backend_tls]\nca_file = \"{}\"\n\
+             [discovery]\nresolver = \"{}\"\n\
+             [[servers]]\naddr = \"s1.test.local:{}\"\ntls = true\n",
+            pki.ca_file.display(),
+            dns.resolver(),
+            port(0)
+        ),
+    )
+    .unwrap();
+    let (ok, stdout, stderr) = memring(&["check", path.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "server `s1.test.local:{0}` (s1.test.local:{0}): TLS ok (VERSION",
+            port(0)
+        )),
+        "{stdout}"
+    );
 }
