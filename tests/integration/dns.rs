@@ -1174,6 +1174,34 @@ fn check_handshakes_with_every_discovered_tls_server() {
         );
     }
 
+    // memring itself with these records: each failure is in its log once,
+    // in the same words, for the server it is about.
+    let config = tls_discovery_config(&dns, &pki.ca_file);
+    let daemon = Daemon::start(&dir, &config);
+    let mut client = daemon.client();
+    let probe = keys("probe-", 60);
+    wait_for("both TLS failures in the log", || {
+        for key in &probe {
+            let _ = client.get_raw(key);
+        }
+        daemon.count("not valid for name") > 0 && daemon.count("UnknownIssuer") > 0
+    });
+    for key in probe.iter().cycle().take(300) {
+        let _ = client.get_raw(key);
+    }
+    for (why, server) in [("not valid for name", 1), ("UnknownIssuer", 2)] {
+        let lines: Vec<String> = daemon
+            .log()
+            .lines()
+            .filter(|l| l.contains(why))
+            .map(str::to_string)
+            .collect();
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        let name = format!("s{}.test.local:{}", server + 1, port(server));
+        assert!(lines[0].contains(&name), "{}", lines[0]);
+    }
+    drop(daemon);
+
     // A server of [[servers]] named by a host only the resolver knows.
     std::fs::write(
         &path,
