@@ -447,9 +447,10 @@ fn check(file: &Path, offline: bool) -> anyhow::Result<()> {
 }
 
 /// The TLS part of `check`'s connectivity test: a handshake with every
-/// server marked `tls = true`, verified as memring will. A certificate that
-/// does not verify is an error; a server that cannot be reached is a warning
-/// (it may be down for now).
+/// server marked `tls = true` (or found by `[discovery]` with `tls = true`),
+/// its name looked up and its certificate verified as memring will. A
+/// certificate that does not verify is an error; a server that cannot be
+/// reached at all is a warning (it may be down for now).
 fn check_tls_servers(file: &Path, config: &Config) -> anyhow::Result<()> {
     use memring::tls::{ConnectError, Connector};
     let Some(files) = &config.backend_tls else {
@@ -459,22 +460,29 @@ fn check_tls_servers(file: &Path, config: &Config) -> anyhow::Result<()> {
     let timeout = config
         .connect_timeout
         .max(std::time::Duration::from_secs(2));
+    // A discovered server's name is its address; say where it came from.
+    let origin = |server: &memring::config::ServerConfig| match &config.discovery.source {
+        Some(source) => format!("from {source}"),
+        None => server.addr.clone(),
+    };
     let mut refused = Vec::new();
     for server in config.servers.iter().filter(|s| s.tls) {
-        match connector.probe_blocking(&server.addr, timeout) {
+        match connector.probe_blocking(&server.addr, config.discovery.dns, timeout) {
             Ok(version) => println!(
                 "server `{}` ({}): TLS ok ({version})",
-                server.name, server.addr
+                server.name,
+                origin(server)
             ),
             Err(ConnectError::Unreachable(e)) => eprintln!(
                 "memring: warning: {}: server `{}` ({}): TLS not tested, cannot connect: {e}",
                 file.display(),
                 server.name,
-                server.addr
+                origin(server)
             ),
             Err(ConnectError::Handshake(_, words)) => refused.push(format!(
                 "server `{}` ({}): {words}",
-                server.name, server.addr
+                server.name,
+                origin(server)
             )),
         }
     }

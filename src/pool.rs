@@ -162,15 +162,15 @@ impl Publisher {
     }
 
     /// Servers out of the ring that are no longer DEAD: they would come back
-    /// on the next [`Publisher::apply_health`]. (name, address)
-    pub fn returning(&self) -> Vec<(String, String)> {
+    /// on the next [`Publisher::apply_health`].
+    pub fn returning(&self) -> Vec<Arc<Backend>> {
         let old = self.topology.load_full();
         let ejected = Self::to_eject(&old.config, &old.backends);
         old.backends
             .iter()
             .filter(|b| old.ejected.iter().any(|n| n == b.name()))
             .filter(|b| !ejected.iter().any(|n| n == b.name()))
-            .map(|b| (b.name().to_string(), b.addr().to_string()))
+            .cloned()
             .collect()
     }
 
@@ -431,13 +431,14 @@ pub(crate) async fn eject_on_health_changes(
         }
         let mut hold = Vec::new();
         let flushes = publisher.topology.load().config.ejection == Ejection::Memring;
-        for (name, addr) in publisher.returning().into_iter().filter(|_| flushes) {
+        for backend in publisher.returning().into_iter().filter(|_| flushes) {
+            let name = backend.name().to_string();
             let settings = {
                 let topology = publisher.topology.load();
                 crate::backend::BackendSettings::from_config(&topology.config)
             };
             let timeout = settings.connect_timeout + settings.request_timeout;
-            match flush(&addr, settings.dns, timeout).await {
+            match flush(&backend, timeout).await {
                 Ok(()) => tracing::info!("{name} returns: flushed, joins with hand-off"),
                 Err(e) => {
                     tracing::warn!("{name} stays ejected: flush before its return failed: {e}");
@@ -468,16 +469,14 @@ pub(crate) fn flush_answer(reply: &[u8]) -> std::io::Result<()> {
     }
 }
 
-/// `flush_all` on a server, over its own short-lived connection.
-async fn flush(
-    addr: &str,
-    dns: crate::resolve::Dns,
-    timeout: std::time::Duration,
-) -> std::io::Result<()> {
+/// `flush_all` on a server, over a short-lived connection of its own (TLS
+/// for a server with `tls = true`).
+async fn flush(backend: &Backend, timeout: std::time::Duration) -> std::io::Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let attempt = async {
-        let mut stream = crate::resolve::connect(dns, addr).await?;
+        let mut stream = backend.connect_own().await?;
         stream.write_all(b"flush_all\r\n").await?;
+        stream.flush().await?;
         let mut reply = [0u8; 64];
         let mut got = 0;
         while !reply[..got].ends_with(b"\r\n") && got < reply.len() {

@@ -865,7 +865,7 @@ pub(crate) fn flush_newcomers(topology: &crate::topology::Topology, config: &Con
         }
         let timeout = config.connect_timeout + config.request_timeout;
         let flushed = match (&config.backend_tls, server.tls) {
-            (Some(files), true) => flush_tls(files, &server.addr, timeout),
+            (Some(files), true) => flush_tls(files, &server.addr, config.discovery.dns, timeout),
             _ => flush_now(&server.addr, config.discovery.dns, timeout),
         };
         match flushed {
@@ -881,15 +881,17 @@ pub(crate) fn flush_newcomers(topology: &crate::topology::Topology, config: &Con
 }
 
 /// [`flush_now`] for a server with `tls = true`, over a TLS connection of
-/// its own (verified as the backend's connections are).
+/// its own (verified, and its name looked up, as the backend's connections
+/// are).
 fn flush_tls(
     files: &crate::tls::BackendFiles,
     addr: &str,
+    dns: crate::resolve::Dns,
     timeout: std::time::Duration,
 ) -> std::io::Result<()> {
     let connector = crate::tls::Connector::new(files)?;
     let mut stream = connector
-        .connect_blocking(addr, timeout)
+        .connect_blocking(addr, dns, timeout)
         .map_err(std::io::Error::other)?;
     flush_over(&mut stream)
 }

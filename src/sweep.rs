@@ -11,8 +11,9 @@
 //! those the ring in force places elsewhere. The sweep stops when the ring
 //! changes under it (the next window's sweep covers what it left).
 //!
-//! The parsing and the choice of keys are pure; the I/O is one short-lived
-//! connection per server, off the request path.
+//! The parsing and the choice of keys are pure; the I/O is short-lived
+//! connections of its own to each server, off the request path, spoken as
+//! the server's connections speak (TLS for a server with `tls = true`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +22,7 @@ use bytes::{BufMut, BytesMut};
 use memchr::memchr;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
+use crate::backend::Backend;
 use crate::protocol::request::is_valid_key;
 use crate::topology::{SharedTopology, Topology};
 
@@ -92,7 +94,7 @@ pub(crate) async fn sweep(
         if !still_current() {
             break;
         }
-        let work = sweep_one(backend.addr(), &topology, index, &still_current);
+        let work = sweep_one(backend, &topology, index, &still_current);
         match tokio::time::timeout(timeout, work).await {
             Ok(Ok(deleted)) => {
                 stats.swept(deleted);
@@ -112,7 +114,7 @@ pub(crate) async fn sweep(
 }
 
 async fn sweep_one(
-    addr: &str,
+    backend: &Backend,
     topology: &Topology,
     index: usize,
     still_current: &(dyn Fn() -> bool + Sync),
@@ -121,9 +123,10 @@ async fn sweep_one(
     // connection, and a delete sent meanwhile would wait behind it anyway.
     let mut leftovers = Vec::new();
     {
-        let stream = crate::resolve::connect(topology.config.discovery.dns, addr).await?;
-        let (reader, mut writer) = stream.into_split();
+        let (reader, mut writer) = tokio::io::split(backend.connect_own().await?);
         writer.write_all(b"lru_crawler metadump all\r\n").await?;
+        // A TLS stream may hold written bytes until flushed.
+        writer.flush().await?;
         let mut reader = BufReader::new(reader);
         let mut line = Vec::new();
         loop {
@@ -151,8 +154,7 @@ async fn sweep_one(
             }
         }
     }
-    let stream = crate::resolve::connect(topology.config.discovery.dns, addr).await?;
-    let (reader, mut writer) = stream.into_split();
+    let (reader, mut writer) = tokio::io::split(backend.connect_own().await?);
     let mut reader = BufReader::new(reader);
     let mut deleted = 0u64;
     for batch in leftovers.chunks(DELETES_PER_BATCH) {
@@ -166,6 +168,7 @@ async fn sweep_one(
         // memcached answers `mn` once every request before it is done.
         out.put_slice(b"mn\r\n");
         writer.write_all(&out).await?;
+        writer.flush().await?;
         let mut line = Vec::new();
         loop {
             line.clear();

@@ -243,23 +243,38 @@ impl Connector {
     }
 
     /// A blocking TLS connection to `addr` (for `check` and the flush of a
-    /// joining server, both off the request path).
+    /// joining server, both off the request path). A host name is looked up
+    /// through `dns`, where the backends' connections look it up (a
+    /// `[discovery] resolver` knows names the system's resolver does not),
+    /// and each of its addresses is tried in turn.
     ///
     /// # Errors
     /// The server cannot be reached, or the handshake failed.
     pub fn connect_blocking(
         &self,
         addr: &str,
+        dns: crate::resolve::Dns,
         timeout: Duration,
     ) -> Result<rustls::StreamOwned<rustls::ClientConnection, StdTcpStream>, ConnectError> {
         use std::net::ToSocketAddrs;
         let unreachable = ConnectError::Unreachable;
-        let target = addr
-            .to_socket_addrs()
-            .map_err(unreachable)?
-            .next()
-            .ok_or_else(|| unreachable(io::Error::other("the address resolves to nothing")))?;
-        let mut tcp = StdTcpStream::connect_timeout(&target, timeout).map_err(unreachable)?;
+        let targets: Vec<std::net::SocketAddr> = match crate::resolve::host_name(addr) {
+            Some((host, port)) => crate::resolve::block_on(|| dns.addresses(host, port))
+                .map_err(|e| unreachable(io::Error::other(e.detail)))?,
+            None => addr.to_socket_addrs().map_err(unreachable)?.collect(),
+        };
+        let mut failure = io::Error::other("the address resolves to nothing");
+        let mut connected = None;
+        for target in targets {
+            match StdTcpStream::connect_timeout(&target, timeout) {
+                Ok(tcp) => {
+                    connected = Some(tcp);
+                    break;
+                }
+                Err(e) => failure = e,
+            }
+        }
+        let mut tcp = connected.ok_or_else(|| unreachable(failure))?;
         tcp.set_read_timeout(Some(timeout)).map_err(unreachable)?;
         tcp.set_write_timeout(Some(timeout)).map_err(unreachable)?;
         let name = self.name_for(addr).map_err(|kind| {
@@ -289,9 +304,14 @@ impl Connector {
     /// # Errors
     /// As [`Connector::connect_blocking`]; a refusal after the handshake is
     /// a [`ConnectError::Handshake`].
-    pub fn probe_blocking(&self, addr: &str, timeout: Duration) -> Result<String, ConnectError> {
+    pub fn probe_blocking(
+        &self,
+        addr: &str,
+        dns: crate::resolve::Dns,
+        timeout: Duration,
+    ) -> Result<String, ConnectError> {
         use std::io::{Read, Write};
-        let mut stream = self.connect_blocking(addr, timeout)?;
+        let mut stream = self.connect_blocking(addr, dns, timeout)?;
         let failed = |e: io::Error| match tls_error(&e) {
             Some((kind, words)) => ConnectError::Handshake(kind, words),
             None => ConnectError::Handshake(

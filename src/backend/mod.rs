@@ -228,6 +228,15 @@ impl Shared {
     }
 }
 
+/// A byte stream both ways, as [`Backend::connect_own`] gives it: a plain
+/// socket, or TLS over one. Writes to it must be flushed.
+pub(crate) trait Duplex:
+    tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send
+{
+}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Duplex for T {}
+
 /// A handle to one memcached server, held by topologies. When the last
 /// topology holding it is gone, every worker's connections to it finish what
 /// they owe and close.
@@ -310,6 +319,34 @@ impl Backend {
     /// Whether connections to this server speak TLS.
     pub fn tls(&self) -> bool {
         self.shared.tls.is_some()
+    }
+
+    /// A connection of memring's own to this server, beside the workers'
+    /// (the flush before it joins or returns, a hand-off sweep): its host
+    /// name looked up where its connections look it up, and with
+    /// `tls = true` a TLS session verified as theirs are, since its TLS
+    /// port speaks nothing else. No timeout of its own: callers bound the
+    /// whole exchange.
+    ///
+    /// # Errors
+    /// No address accepts the connection, or the handshake fails (in
+    /// rustls's words).
+    pub(crate) async fn connect_own(&self) -> std::io::Result<Box<dyn Duplex>> {
+        let shared = &self.shared;
+        let stream = crate::resolve::connect(shared.settings.dns, &shared.addr).await?;
+        match &shared.tls {
+            None => Ok(Box::new(stream)),
+            Some(None) => Err(std::io::Error::other(
+                "tls = true, but memring started without [backend_tls]",
+            )),
+            Some(Some(connector)) => {
+                let stream = connector
+                    .connect(&shared.addr, stream, shared.settings.connect_timeout)
+                    .await
+                    .map_err(|(_, words)| std::io::Error::other(words))?;
+                Ok(Box::new(stream))
+            }
+        }
     }
 
     /// Its address as DNS gave it, and whether its connections are to be

@@ -16,7 +16,10 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{wait_for, Client, TempDir, DEADLINE};
+use memring::protocol::ReplyKind;
+
+use crate::common::pki::{Issued, Pki};
+use crate::common::{show, wait_for, Client, Memcached, TempDir, DEADLINE};
 
 const BIN: &str = env!("CARGO_BIN_EXE_memring");
 const SRV_NAME: &str = "_memcache._tcp.test.local";
@@ -971,4 +974,254 @@ fn the_kubernetes_discovery_example_config_checks() {
         "{stdout}"
     );
     assert!(!stderr.contains("does not resolve"), "{stderr}");
+}
+
+/// Three `memcached -Z` on 127.0.0.1 (each with a plain port to look behind
+/// memring), named s1..s3.test.local, and the hosts lines for the names.
+/// `certs[i]` is the certificate server i presents.
+fn tls_servers(certs: [&Issued; 3]) -> (Vec<Memcached>, String) {
+    let servers = certs
+        .iter()
+        .map(|cert| Memcached::start_tls(&cert.cert, &cert.key, None))
+        .collect();
+    let hosts = (1..=3)
+        .map(|i| format!("127.0.0.1 s{i}.test.local\n"))
+        .collect();
+    (servers, hosts)
+}
+
+/// SRV records for the TLS ports of `which` servers.
+fn tls_srv_of(servers: &[Memcached], which: &[usize]) -> Vec<Srv> {
+    which
+        .iter()
+        .map(|&i| {
+            let port = servers[i].tls_port.expect("started with TLS");
+            (format!("s{}.test.local", i + 1), port, 1)
+        })
+        .collect()
+}
+
+/// `[discovery]` with `tls = true`, verified by `ca` (generous timeouts:
+/// handshakes on a loaded 2-core machine take a while).
+fn tls_discovery_config(dns: &Dnsmasq, ca: &std::path::Path) -> String {
+    format!(
+        "connect_timeout_ms = 3000\nrequest_timeout_ms = 3000\n\
+         [backend_tls]\nca_file = \"{}\"\n\
+         [discovery]\nsrv = \"{SRV_NAME}\"\ninterval_ms = 100\nresolver = \"{}\"\ntls = true\n",
+        ca.display(),
+        dns.resolver()
+    )
+}
+
+#[test]
+fn discovered_tls_servers_serve_and_change_membership_with_hand_off() {
+    let pki = Pki::new("discovered");
+    // One wildcard certificate for every server, as for the pods of a
+    // StatefulSet (docs/kubernetes.md): each is verified by its SRV name.
+    let cert = pki.issue("servers", &["*.test.local"], false);
+    let (servers, hosts) = tls_servers([&cert, &cert, &cert]);
+    let dir = TempDir::new("dns", "discovered-tls");
+    let mut dns = Dnsmasq::start(&dir, &hosts, &tls_srv_of(&servers, &[0, 1]));
+    let daemon = Daemon::start(&dir, &tls_discovery_config(&dns, &pki.ca_file));
+    let name = |i: usize| {
+        format!(
+            "s{}.test.local:{}",
+            i + 1,
+            servers[i].tls_port.expect("TLS")
+        )
+    };
+    assert_eq!(
+        daemon.stat("discovery_server_list"),
+        Some(format!("{},{}", name(0), name(1)))
+    );
+    let keys = keys("tls-member-", 1000);
+    let mut client = daemon.client();
+    for key in &keys {
+        assert_eq!(client.set(key, key.as_bytes()), b"STORED\r\n", "{key}");
+    }
+    for key in &keys[..100] {
+        assert_eq!(client.get(key).as_deref(), Some(key.as_bytes()), "{key}");
+    }
+    let some = &keys[..50];
+    let reply = client.call(
+        format!("get {}\r\n", some.join(" ")).as_bytes(),
+        ReplyKind::Values,
+    );
+    let expected: String = some
+        .iter()
+        .map(|k| format!("VALUE {k} 0 {}\r\n{k}\r\n", k.len()))
+        .chain(["END\r\n".to_string()])
+        .collect();
+    assert_eq!(show(&reply), show(expected.as_bytes()));
+    client.send(b"ms tls-meta 2 T0\r\nhi\r\n");
+    assert_eq!(client.meta_reply(), b"HD\r\n");
+    client.send(b"mg tls-meta v\r\n");
+    assert_eq!(show(&client.meta_reply()), show(b"VA 2\r\nhi\r\n"));
+    // The records name the TLS ports, which speak nothing else: behind
+    // memring, on the plain ports, both servers hold keys.
+    let held = |i: usize| {
+        let mut direct = servers[i].client();
+        keys.iter().filter(|k| direct.get(k).is_some()).count()
+    };
+    let (first, second) = (held(0), held(1));
+    assert_eq!(first + second, keys.len());
+    assert!(first > 0 && second > 0, "{first} {second}");
+
+    let (mut hits, mut reads) = (0usize, 0usize);
+    let mut read_until = |client: &mut Client, line: &str| {
+        let start = Instant::now();
+        let mut passes_after = 0;
+        // Reads go on through the change and one full pass after it.
+        while passes_after < 1 {
+            let seen = daemon.count(line) > 0;
+            for key in &keys {
+                reads += 1;
+                hits += usize::from(client.get(key).is_some());
+            }
+            passes_after += usize::from(seen);
+            assert!(start.elapsed() < DEADLINE, "no `{line}`:\n{}", daemon.log());
+        }
+    };
+    dns.set_srv(&tls_srv_of(&servers, &[0, 1, 2]), &[]);
+    let added = format!("+1 server ({})", name(2));
+    read_until(&mut client, &added);
+    // The newcomer was flushed over TLS before it joined, reached by its
+    // name through the configured resolver as its connections are.
+    let flushed: Vec<String> = daemon
+        .log()
+        .lines()
+        .filter(|l| l.contains("joins") && l.contains(&name(2)))
+        .map(str::to_string)
+        .collect();
+    assert!(
+        flushed.len() == 1 && flushed[0].contains("joins: flushed first"),
+        "{flushed:?}"
+    );
+    // Writes of the keys it owns now reach it over TLS.
+    for key in &keys {
+        assert_eq!(client.set(key, b"after"), b"STORED\r\n", "{key}");
+    }
+    assert!(held(2) > 0, "the new server got none of the keys");
+    dns.set_srv(&tls_srv_of(&servers, &[1, 2]), &[]);
+    let removed = format!("-1 server ({})", name(0));
+    read_until(&mut client, &removed);
+
+    let ratio = hits as f64 / reads as f64;
+    println!("hit ratio through two TLS discovery changes: {hits}/{reads} = {ratio:.4}");
+    assert!(ratio >= 0.995, "{hits} of {reads} reads hit");
+    for line in [daemon.line(&added), daemon.line(&removed)] {
+        assert!(
+            line.contains("% of keyspace moves; hand-off window 300s"),
+            "{line}"
+        );
+    }
+    assert_eq!(daemon.count("TLS handshake failed"), 0, "{}", daemon.log());
+    for key in &keys {
+        assert_eq!(client.get(key).as_deref(), Some(&b"after"[..]), "{key}");
+    }
+}
+
+#[test]
+fn check_handshakes_with_every_discovered_tls_server() {
+    let pki = Pki::new("check-discovered");
+    let other_ca = Pki::new("check-discovered-other-ca");
+    let good = pki.issue("good", &["s1.test.local"], false);
+    let elsewhere = pki.issue("elsewhere", &["other.example"], false);
+    let stranger = other_ca.issue("stranger", &["s3.test.local"], false);
+    let (servers, hosts) = tls_servers([&good, &elsewhere, &stranger]);
+    let dir = TempDir::new("dns", "check-discovered-tls");
+    let mut dns = Dnsmasq::start(&dir, &hosts, &tls_srv_of(&servers, &[0]));
+    let path = dir.path("check.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "listen = \"127.0.0.1:22122\"\n{}",
+            tls_discovery_config(&dns, &pki.ca_file)
+        ),
+    )
+    .unwrap();
+    let port = |i: usize| servers[i].tls_port.expect("TLS");
+    let (ok, stdout, stderr) = memring(&["check", path.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "server `s1.test.local:{}` (from srv {SRV_NAME}): TLS ok (VERSION",
+            port(0)
+        )),
+        "{stdout}"
+    );
+    assert!(!stderr.contains("not tested"), "{stderr}");
+
+    // A certificate for another name and one from another CA: check fails
+    // and says which server and why, as for a server in [[servers]].
+    dns.set_srv(&tls_srv_of(&servers, &[0, 1, 2]), &[]);
+    let (ok, stdout, stderr) = memring(&["check", path.to_str().unwrap()]);
+    assert!(!ok, "check passed: {stdout}");
+    assert!(stdout.contains("s1.test.local"), "{stdout}");
+    let wrong_name = format!("server `s2.test.local:{}` (from srv {SRV_NAME}): ", port(1));
+    let wrong_ca = format!("server `s3.test.local:{}` (from srv {SRV_NAME}): ", port(2));
+    for (what, why) in [
+        (&wrong_name, "not valid for name"),
+        (&wrong_ca, "UnknownIssuer"),
+    ] {
+        let said = stderr
+            .split(what.as_str())
+            .nth(1)
+            .unwrap_or_else(|| panic!("no `{what}` in {stderr}"));
+        assert!(
+            said.split("; server").next().unwrap_or("").contains(why),
+            "{what}: {stderr}"
+        );
+    }
+
+    // memring itself with these records: each failure is in its log once,
+    // in the same words, for the server it is about.
+    let config = tls_discovery_config(&dns, &pki.ca_file);
+    let daemon = Daemon::start(&dir, &config);
+    let mut client = daemon.client();
+    let probe = keys("probe-", 60);
+    wait_for("both TLS failures in the log", || {
+        for key in &probe {
+            let _ = client.get_raw(key);
+        }
+        daemon.count("not valid for name") > 0 && daemon.count("UnknownIssuer") > 0
+    });
+    for key in probe.iter().cycle().take(300) {
+        let _ = client.get_raw(key);
+    }
+    for (why, server) in [("not valid for name", 1), ("UnknownIssuer", 2)] {
+        let lines: Vec<String> = daemon
+            .log()
+            .lines()
+            .filter(|l| l.contains(why))
+            .map(str::to_string)
+            .collect();
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        let name = format!("s{}.test.local:{}", server + 1, port(server));
+        assert!(lines[0].contains(&name), "{}", lines[0]);
+    }
+    drop(daemon);
+
+    // A server of [[servers]] named by a host only the resolver knows.
+    std::fs::write(
+        &path,
+        format!(
+            "listen = \"127.0.0.1:22122\"\n[backend_tls]\nca_file = \"{}\"\n\
+             [discovery]\nresolver = \"{}\"\n\
+             [[servers]]\naddr = \"s1.test.local:{}\"\ntls = true\n",
+            pki.ca_file.display(),
+            dns.resolver(),
+            port(0)
+        ),
+    )
+    .unwrap();
+    let (ok, stdout, stderr) = memring(&["check", path.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "server `s1.test.local:{0}` (s1.test.local:{0}): TLS ok (VERSION",
+            port(0)
+        )),
+        "{stdout}"
+    );
 }

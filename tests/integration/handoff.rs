@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use crate::common::relay::{Fault, Relay};
-use crate::common::{show, wait_for, Client, Memcached, Proxy, TempDir};
+use crate::common::{replace_by_rename, show, wait_for, Client, Memcached, Proxy, TempDir};
 use memring::protocol::ReplyKind;
 use memring::ring::Ring;
 
@@ -22,12 +22,6 @@ fn config(servers: &[&Memcached]) -> String {
         ));
     }
     text
-}
-
-fn replace_by_rename(path: &Path, text: &str) {
-    let temporary = path.with_extension("tmp");
-    std::fs::write(&temporary, text).unwrap();
-    std::fs::rename(&temporary, path).unwrap();
 }
 
 fn ring_of(path: &Path) -> Ring {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::{show, wait_for, Client, Memcached, Proxy, TempDir};
+use crate::common::{replace_by_rename, show, wait_for, Client, Memcached, Proxy, TempDir};
 use memring::ring::Ring;
 
 const KEYS: usize = 2000;
@@ -26,13 +26,6 @@ fn config(servers: &[(&Memcached, u32)]) -> String {
         let _ = i;
     }
     text
-}
-
-/// Writes a temporary file and renames it over `path` (how most tools deploy).
-fn replace_by_rename(path: &Path, text: &str) {
-    let temporary = path.with_extension("tmp");
-    std::fs::write(&temporary, text).unwrap();
-    std::fs::rename(&temporary, path).unwrap();
 }
 
 fn wait_for_version(proxy: &Proxy, version: u64) -> Duration {

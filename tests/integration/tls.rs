@@ -1,98 +1,29 @@
 //! TLS on both sides against real `memcached -Z` servers: certificates made
-//! here with rcgen (a CA, server certificates for 127.0.0.1 / localhost and
+//! by `common::pki` (a CA, server certificates for 127.0.0.1 / localhost and
 //! for another name, client certificates), a blocking rustls client for
 //! `tls_listen`, and the `memring check` binary for the connectivity test.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use memring::backend::health::HealthState;
 use memring::protocol::{frame_reply, ReplyKind};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
-};
 use rustls::pki_types::{CertificateDer, ServerName};
 
-use crate::common::{show, wait_for, Client, Memcached, Proxy, TempDir, DEADLINE};
+use crate::common::pki::{Issued, Pki};
+use crate::common::{
+    replace_by_rename, show, wait_for, Client, Memcached, Proxy, TempDir, DEADLINE,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_memring");
 /// Handshakes on a loaded 2-core machine can take a while; a server that
 /// fails must not turn DEAD before the test has read why.
 const SETTINGS: &str =
     "connect_timeout_ms = 3000\nrequest_timeout_ms = 3000\nfailure_limit = 1000\n";
-
-/// A certificate authority with its files in a temporary directory.
-struct Pki {
-    dir: TempDir,
-    issuer: Issuer<'static, KeyPair>,
-    ca_file: PathBuf,
-}
-
-/// One issued certificate: its files and its DER (to tell which one a
-/// server presented).
-struct Issued {
-    cert: PathBuf,
-    key: PathBuf,
-    der: CertificateDer<'static>,
-    cert_pem: String,
-    key_pem: String,
-}
-
-impl Pki {
-    fn new(test: &str) -> Pki {
-        let dir = TempDir::new("tls", test);
-        let key = KeyPair::generate().expect("CA key");
-        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(DnType::CommonName, format!("memring test CA {test}"));
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let cert = params.self_signed(&key).expect("CA certificate");
-        let ca_file = dir.path("ca.pem");
-        std::fs::write(&ca_file, cert.pem()).expect("write CA");
-        Pki {
-            dir,
-            issuer: Issuer::new(params, key),
-            ca_file,
-        }
-    }
-
-    /// A certificate for `names` (DNS names or IP addresses) written as
-    /// `<file>.pem` and `<file>.key`; a client certificate when `client`.
-    fn issue(&self, file: &str, names: &[&str], client: bool) -> Issued {
-        let key = KeyPair::generate().expect("key");
-        let mut params =
-            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<String>>())
-                .expect("params");
-        params.distinguished_name.push(DnType::CommonName, file);
-        params.extended_key_usages = vec![if client {
-            ExtendedKeyUsagePurpose::ClientAuth
-        } else {
-            ExtendedKeyUsagePurpose::ServerAuth
-        }];
-        let cert = params.signed_by(&key, &self.issuer).expect("sign");
-        let (cert_path, key_path) = (
-            self.dir.path(&format!("{file}.pem")),
-            self.dir.path(&format!("{file}.key")),
-        );
-        let issued = Issued {
-            cert: cert_path,
-            key: key_path,
-            der: cert.der().clone(),
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-        };
-        std::fs::write(&issued.cert, &issued.cert_pem).expect("write cert");
-        std::fs::write(&issued.key, &issued.key_pem).expect("write key");
-        issued
-    }
-}
 
 /// Config text: `settings` at the top, then `tables`, then one TLS server
 /// per entry of `servers`.
@@ -301,6 +232,27 @@ fn a_certificate_for_another_name_or_from_another_ca_is_refused_with_the_reason(
         reply.starts_with("SERVER_ERROR")
             && reply.contains("certificate not valid for the server's name"),
         "{reply}"
+    );
+    // Pipelined, each request gets its one error and the client stays in
+    // step (memring's own `version` answer comes next).
+    let mut client = proxy.client();
+    client.send(b"get a\r\nset b 0 0 1\r\nx\r\nget a b c\r\ndelete d\r\nversion\r\n");
+    for kind in [
+        ReplyKind::Values,
+        ReplyKind::Line,
+        ReplyKind::Values,
+        ReplyKind::Line,
+    ] {
+        let reply = client.reply(kind);
+        assert!(
+            reply.starts_with(b"SERVER_ERROR backend "),
+            "{}",
+            show(&reply)
+        );
+    }
+    assert_eq!(
+        show(&client.reply(ReplyKind::Line)),
+        show(memring::VERSION_REPLY)
     );
     let (ok, _, stderr) = check(&pki.dir, &text);
     assert!(!ok, "check passed a server with another name's certificate");
@@ -663,4 +615,420 @@ fn shutdown_ends_tls_clients_with_close_notify_after_their_replies() {
         }
         assert!(replies >= 1);
     });
+}
+
+/// What one bench/tls run hung on: requests pipelined to a TLS server that
+/// stops answering. Each gets exactly one reply, in order, and every
+/// client's connection stays open and in step: memring sends nothing more
+/// and nothing less. (memtier's memcache_text parser is what stops at a
+/// `SERVER_ERROR` reply, with or without TLS; docs/tls.md.)
+#[test]
+fn pipelined_requests_to_a_stalled_tls_server_each_get_one_reply_in_order() {
+    let pki = Pki::new("stall");
+    let server = pki.issue("server", &["127.0.0.1"], false);
+    let mut stalled = Memcached::start_tls(&server.cert, &server.key, None);
+    let listener = pki.issue("listener", &["127.0.0.1"], false);
+    let proxy = Proxy::start_text(&format!(
+        "listen = \"127.0.0.1:0\"\nconnect_timeout_ms = 3000\nrequest_timeout_ms = 300\n\
+         failure_limit = 1000\n{}{}[[servers]]\naddr = \"{}\"\ntls = true\n",
+        tls_listen(&listener, ""),
+        backend_tls(&pki.ca_file, ""),
+        stalled.tls_addr()
+    ));
+    let mut clients: Vec<Client> = (0..4).map(|_| proxy.client()).collect();
+    // And a client over TLS, as memtier --tls is.
+    let tls_addr = proxy.running().tls_addr.expect("tls_listen bound");
+    let mut tls_client =
+        TlsClient::connect(tls_addr, &client_config(&pki.ca_file, None)).expect("TLS client");
+    assert_eq!(clients[0].set("k", b"v"), b"STORED\r\n");
+    stalled.pause();
+    let batch: &[u8] = b"get k\r\nset s 0 0 1\r\nx\r\nget k k2 k3\r\nmg k v\r\ndelete k9\r\nincr n 1\r\nversion\r\n";
+    for client in &mut clients {
+        client.send(batch);
+    }
+    tls_client
+        .stream
+        .write_all(b"get k\r\nset s 0 0 1\r\nx\r\nget k k2\r\nversion\r\n")
+        .unwrap();
+    tls_client.stream.flush().unwrap();
+    for kind in [ReplyKind::Values, ReplyKind::Line, ReplyKind::Values] {
+        let reply = tls_client.reply(kind).unwrap();
+        assert!(
+            reply.starts_with(b"SERVER_ERROR backend "),
+            "{}",
+            show(&reply)
+        );
+    }
+    assert_eq!(
+        show(&tls_client.reply(ReplyKind::Line).unwrap()),
+        show(memring::VERSION_REPLY)
+    );
+    for client in &mut clients {
+        let replies = [
+            client.reply(ReplyKind::Values),
+            client.reply(ReplyKind::Line),
+            client.reply(ReplyKind::Values),
+            client.meta_reply(),
+            client.reply(ReplyKind::Line),
+            client.reply(ReplyKind::Line),
+        ];
+        for reply in &replies {
+            assert!(
+                reply.starts_with(b"SERVER_ERROR backend "),
+                "{}",
+                show(reply)
+            );
+            assert!(reply.ends_with(b"\r\n"), "{}", show(reply));
+        }
+        // memring's own answer comes next: nothing was left out or added.
+        assert_eq!(
+            show(&client.reply(ReplyKind::Line)),
+            show(memring::VERSION_REPLY)
+        );
+    }
+    stalled.resume();
+    wait_for("the resumed TLS server to answer", || {
+        clients[0].get_raw("k") == value_reply("k", "v")
+    });
+    for client in &mut clients {
+        assert_eq!(client.get("k"), Some(b"v".to_vec()));
+    }
+    assert_eq!(tls_client.get("k").unwrap(), value_reply("k", "v"));
+
+    // Killed with requests in flight (the harness resumes it for the kill,
+    // so it may answer some first): one reply each, its answer or an error.
+    stalled.pause();
+    for client in &mut clients {
+        client.send(b"get k\r\nget k k2\r\nversion\r\n");
+    }
+    stalled.kill();
+    for client in &mut clients {
+        for _ in 0..2 {
+            let reply = client.reply(ReplyKind::Values);
+            assert!(
+                reply == value_reply("k", "v") || reply.starts_with(b"SERVER_ERROR backend "),
+                "{}",
+                show(&reply)
+            );
+        }
+        assert_eq!(
+            show(&client.reply(ReplyKind::Line)),
+            show(memring::VERSION_REPLY)
+        );
+    }
+    stalled.restart();
+    wait_for("the restarted TLS server to answer", || {
+        clients[0].set("k", b"again") == b"STORED\r\n"
+    });
+    for client in &mut clients {
+        assert_eq!(client.get("k"), Some(b"again".to_vec()));
+    }
+}
+
+/// Hand-off over TLS to its end: when a window ends, memring lists each TLS
+/// server's keys and deletes those it no longer owns, over TLS as its
+/// connections speak (the server's port speaks nothing else), so a later
+/// change that gives a key back cannot read the old copy.
+#[test]
+fn a_hand_off_window_ends_with_a_sweep_of_the_tls_servers() {
+    let pki = Pki::new("sweep");
+    let server = pki.issue("server", &["127.0.0.1"], false);
+    let pool: Vec<Memcached> = (0..3)
+        .map(|_| Memcached::start_tls(&server.cert, &server.key, None))
+        .collect();
+    let text = |n: usize| {
+        config(
+            "handoff_ms = 1000",
+            &backend_tls(&pki.ca_file, ""),
+            &pool[..n].iter().collect::<Vec<_>>(),
+        )
+    };
+    let path = pki.dir.path("memring.toml");
+    std::fs::write(&path, text(2)).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..600).map(|i| format!("sweep:{i}")).collect();
+    for key in &keys {
+        assert_eq!(client.set(key, b"v1"), b"STORED\r\n", "{key}");
+    }
+    replace_by_rename(&path, &text(3));
+    wait_for("ring version 2", || proxy.ring_version() >= 2);
+    // Read in the window: each moved key is copied to the new server.
+    let hits = keys.iter().filter(|k| client.get(k).is_some()).count();
+    assert!(hits >= keys.len() * 995 / 1000, "{hits} of {}", keys.len());
+    wait_for("the window to end and its sweep of 3 servers", || {
+        proxy.client().stat("handoff_sweeps") >= 3
+    });
+    let deleted = proxy.client().stat("handoff_leftovers_deleted");
+    assert!(
+        deleted > 60,
+        "the old owners' copies were deleted: {deleted}"
+    );
+    // Behind memring, on the plain ports: every key is on its owner alone.
+    let mut holders = vec![0usize; keys.len()];
+    for server in &pool {
+        let mut direct = server.client();
+        for (i, key) in keys.iter().enumerate() {
+            holders[i] += usize::from(direct.get(key).is_some());
+        }
+    }
+    let doubled = holders.iter().filter(|&&n| n > 1).count();
+    assert_eq!(doubled, 0, "keys on more than one server after the sweep");
+}
+
+/// Session resumption: memring's one `Connector` (shared by every backend
+/// connection) remembers the session a server gave it, so the next
+/// connection, a reconnect after a broken one say, resumes it with an
+/// abbreviated handshake instead of a full one. memcached issues TLS 1.3
+/// tickets by default.
+#[test]
+fn a_new_connection_to_a_tls_server_resumes_the_last_session() {
+    use std::time::Duration;
+    let pki = Pki::new("resume");
+    let server = pki.issue("server", &["127.0.0.1"], false);
+    let cache = Memcached::start_tls(&server.cert, &server.key, None);
+    let connector = memring::tls::Connector::new(&memring::tls::BackendFiles {
+        ca_file: pki.ca_file.clone(),
+        client_cert: None,
+        server_name: None,
+    })
+    .expect("backend_tls");
+    let dns = memring::resolve::Dns::default();
+    let timeout = Duration::from_secs(5);
+    let mut kinds = Vec::new();
+    for _ in 0..3 {
+        let mut stream = connector
+            .connect_blocking(&cache.tls_addr(), dns, timeout)
+            .expect("TLS connection");
+        kinds.push(stream.conn.handshake_kind());
+        // A TLS 1.3 ticket comes after the handshake: read it with a reply.
+        stream.write_all(b"version\r\n").unwrap();
+        stream.flush().unwrap();
+        let mut reply = Vec::new();
+        let mut chunk = [0u8; 256];
+        while !reply.ends_with(b"\r\n") {
+            let n = stream.read(&mut chunk).expect("version reply");
+            assert!(n > 0, "closed before the version reply");
+            reply.extend_from_slice(&chunk[..n]);
+        }
+        assert!(reply.starts_with(b"VERSION "), "{}", show(&reply));
+        assert_eq!(
+            stream.conn.protocol_version(),
+            Some(rustls::ProtocolVersion::TLSv1_3)
+        );
+    }
+    use rustls::HandshakeKind::{Full, Resumed};
+    assert_eq!(kinds, [Some(Full), Some(Resumed), Some(Resumed)]);
+}
+
+/// `auto_eject` over TLS: a dead TLS server is ejected, and when it answers
+/// again it is flushed before it is put back, over TLS (its port speaks
+/// nothing else), then serves its keys again.
+#[test]
+fn an_ejected_tls_server_is_flushed_over_tls_and_put_back() {
+    let pki = Pki::new("eject");
+    let server = pki.issue("server", &["127.0.0.1"], false);
+    let mut pool: Vec<Memcached> = (0..3)
+        .map(|_| Memcached::start_tls(&server.cert, &server.key, None))
+        .collect();
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\nconnect_timeout_ms = 3000\nrequest_timeout_ms = 3000\n\
+         failure_limit = 2\nauto_eject = true\n{}{}",
+        backend_tls(&pki.ca_file, ""),
+        pool.iter()
+            .map(|m| format!("[[servers]]\naddr = \"{}\"\ntls = true\n", m.tls_addr()))
+            .collect::<String>()
+    );
+    let proxy = Proxy::start_text(&text);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..300).map(|i| format!("eject:{i}")).collect();
+    for key in &keys {
+        assert_eq!(client.set(key, b"v"), b"STORED\r\n");
+    }
+    let victims: Vec<&String> = keys.iter().filter(|k| proxy.owner_now(k) == 0).collect();
+    assert!(!victims.is_empty());
+    pool[0].kill();
+    wait_for("the dead TLS server to be ejected", || {
+        let _ = client.get_raw(victims[0]);
+        proxy.running().topology.load().ejected.len() == 1
+    });
+    pool[0].restart();
+    wait_for("the TLS server to be put back", || {
+        let _ = client.get_raw(victims[0]);
+        proxy.running().topology.load().ejected.is_empty()
+    });
+    assert_eq!(proxy.owner_now(victims[0]), 0);
+    assert_eq!(client.set(victims[0], b"home"), b"STORED\r\n");
+    assert_eq!(pool[0].client().get(victims[0]), Some(b"home".to_vec()));
+}
+
+/// A TLS front for a plain server: it accepts TLS with `cert` and relays
+/// each session's bytes to and from a connection of its own to `upstream`,
+/// so that `common::faulty`'s scripted server misbehaves over TLS. Stopped
+/// and joined on drop.
+struct TlsFront {
+    addr: String,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TlsFront {
+    fn start(cert: &Issued, upstream: String) -> TlsFront {
+        let config = Arc::new(
+            rustls::ServerConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_no_client_auth()
+            .with_single_cert(
+                memring::tls::certificates(&cert.cert).expect("cert"),
+                memring::tls::private_key(&cert.key).expect("key"),
+            )
+            .expect("server config"),
+        );
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut sessions = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    match listener.accept() {
+                        Ok((tcp, _)) => {
+                            let (config, upstream, stop) =
+                                (config.clone(), upstream.clone(), stop.clone());
+                            sessions.push(std::thread::spawn(move || {
+                                relay(tcp, &upstream, config, &stop)
+                            }));
+                        }
+                        Err(_) => std::thread::sleep(std::time::Duration::from_millis(5)),
+                    }
+                }
+                for session in sessions {
+                    let _ = session.join();
+                }
+            })
+        };
+        TlsFront {
+            addr,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for TlsFront {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// One TLS session of a [`TlsFront`], until either side closes or `stop`.
+fn relay(tcp: TcpStream, upstream: &str, config: Arc<rustls::ServerConfig>, stop: &AtomicBool) {
+    use std::io::ErrorKind::{TimedOut, WouldBlock};
+    let poll = Some(std::time::Duration::from_millis(10));
+    let Ok(mut plain) = TcpStream::connect(upstream) else {
+        return;
+    };
+    let setup = tcp
+        .set_nonblocking(false)
+        .and_then(|()| tcp.set_read_timeout(poll))
+        .and_then(|()| plain.set_read_timeout(poll));
+    let Ok(conn) = rustls::ServerConnection::new(config) else {
+        return;
+    };
+    if setup.is_err() {
+        return;
+    }
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    let mut chunk = [0u8; 16 * 1024];
+    while !stop.load(Ordering::Relaxed) {
+        match tls.read(&mut chunk) {
+            Ok(0) => return,
+            Ok(n) => {
+                if plain.write_all(&chunk[..n]).is_err() {
+                    return;
+                }
+            }
+            Err(e) if matches!(e.kind(), WouldBlock | TimedOut) => {}
+            Err(_) => return,
+        }
+        match plain.read(&mut chunk) {
+            Ok(0) => return,
+            Ok(n) => {
+                if tls
+                    .write_all(&chunk[..n])
+                    .and_then(|()| tls.flush())
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            Err(e) if matches!(e.kind(), WouldBlock | TimedOut) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// Strict framing over TLS: a TLS server that answers out of step (garbage,
+/// an extra `END`, a value nobody asked for) is a server fault exactly as in
+/// plain text (tests/integration/hostile.rs): its connection is dropped and
+/// its requests fail with `SERVER_ERROR`, no client ever gets another
+/// key's value, and the TLS server beside it is untouched.
+#[test]
+fn a_tls_server_out_of_step_is_dropped_and_no_reply_reaches_the_wrong_request() {
+    use crate::common::faulty::{FaultyServer, Misbehaviour};
+    let pki = Pki::new("framing");
+    let cert = pki.issue("server", &["127.0.0.1"], false);
+    let real = Memcached::start_tls(&cert.cert, &cert.key, None);
+    for behaviour in [
+        Misbehaviour::GarbageLine,
+        Misbehaviour::ExtraEnd,
+        Misbehaviour::ExtraValue,
+    ] {
+        let faulty = FaultyServer::start(behaviour);
+        let front = TlsFront::start(&cert, faulty.addr());
+        let proxy = Proxy::start_text(&format!(
+            "listen = \"127.0.0.1:0\"\n{SETTINGS}{}\
+             [[servers]]\naddr = \"{}\"\ntls = true\n[[servers]]\naddr = \"{}\"\ntls = true\n",
+            backend_tls(&pki.ca_file, ""),
+            real.tls_addr(),
+            front.addr
+        ));
+        let keys: Vec<String> = (0..40).map(|i| format!("{behaviour:?}:{i}")).collect();
+        let mut client = proxy.client();
+        let mut faults = 0;
+        for round in 0..6 {
+            for key in &keys {
+                let set = client.set(key, key.as_bytes());
+                let got = client.get_raw(key);
+                if proxy.owner_now(key) == 0 {
+                    assert_eq!(show(&set), show(b"STORED\r\n"), "{behaviour:?} {key}");
+                    assert_eq!(show(&got), show(&value_reply(key, key)), "{key}");
+                    continue;
+                }
+                for reply in [&set, &got] {
+                    if reply.starts_with(b"SERVER_ERROR backend ") {
+                        faults += 1;
+                    }
+                }
+                let fine = got == value_reply(key, key)
+                    || got == b"END\r\n"
+                    || got.starts_with(b"SERVER_ERROR backend ");
+                assert!(fine, "{behaviour:?} round {round} {key}: {}", show(&got));
+            }
+        }
+        let backends = proxy.running().topology.load_full().backends.clone();
+        assert!(faults > 0, "{behaviour:?}: no fault reached a client");
+        assert!(backends[1].metrics().error_count() > 0, "{behaviour:?}");
+        assert_eq!(backends[0].metrics().error_count(), 0, "{behaviour:?}");
+        // It was dropped and connected to again, each time over TLS.
+        assert!(faulty.probes() >= 2, "{behaviour:?}: {}", faulty.probes());
+    }
 }

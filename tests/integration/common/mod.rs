@@ -8,6 +8,7 @@
 
 pub(crate) mod exposition;
 pub(crate) mod faulty;
+pub(crate) mod pki;
 pub(crate) mod relay;
 
 use std::io::{Read, Write};
@@ -108,6 +109,14 @@ fn process_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The state follows the command name, which is in parentheses.
     stat.rsplit_once(") ")?.1.chars().next()
+}
+
+/// Writes a temporary file and renames it over `path` (how most tools
+/// deploy a config): a reload never reads it half-written.
+pub(crate) fn replace_by_rename(path: &std::path::Path, text: &str) {
+    let temporary = path.with_extension("tmp");
+    std::fs::write(&temporary, text).unwrap();
+    std::fs::rename(&temporary, path).unwrap();
 }
 
 /// Polls `condition` until it holds or `DEADLINE` passes.
