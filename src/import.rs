@@ -247,7 +247,6 @@ fn translate(pool: &Pool, place: Place) -> Result<Translated, String> {
                     memring::config::DEFAULT_MAX_CLIENT_CONNECTIONS
                 )),
                 n => {
-                    client_connections = n;
                     lines.push(format!("# client_connections: {n} -> max_client_connections"));
                     lines.push(format!("max_client_connections = {n}"));
                 }
