@@ -1,6 +1,9 @@
-//! `memring import twemproxy nutcracker.yml [POOL]`: translate one twemproxy
-//! pool into an equivalent memring config with `ring = "twemproxy"`, so the
-//! switch keeps every key where it is. Pure text in, text out; `main` reads the
+//! `memring import twemproxy nutcracker.yml [POOL]`: translate twemproxy
+//! pools into an equivalent memring config with `ring = "twemproxy"`, so the
+//! switch keeps every key where it is: one pool (named, or the only one) as
+//! a one-pool config, or every pool of the file as one config with a
+//! `[[pools]]` entry for each pool after the first, so that one memring
+//! replaces one nutcracker process. Pure text in, text out; `main` reads the
 //! file and prints.
 //!
 //! nutcracker.yml uses a small part of YAML (a map of pools, each a map of
@@ -10,7 +13,10 @@
 
 use std::fmt::Write as _;
 
-use memring::config::{DEFAULT_RETRY_TIMEOUT_MS, TWEMPROXY_FAILURE_LIMIT};
+use memring::config::{
+    DEFAULT_CONNECTIONS_PER_SERVER, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_MAX_CLIENT_CONNECTIONS,
+    DEFAULT_POOL, DEFAULT_REQUEST_TIMEOUT_MS, DEFAULT_RETRY_TIMEOUT_MS, TWEMPROXY_FAILURE_LIMIT,
+};
 
 /// memring's listen backlog (`server.rs`), for the `backlog:` note.
 const LISTEN_BACKLOG: u32 = 4096;
@@ -20,6 +26,8 @@ const MAX_CONNECT_TIMEOUT_MS: u64 = 60_000;
 const MAX_REQUEST_TIMEOUT_MS: u64 = 600_000;
 /// The largest `connections_per_server` memring accepts.
 const MAX_CONNECTIONS_PER_SERVER: u64 = 64;
+/// The largest `max_client_connections` memring accepts.
+const MAX_CLIENT_CONNECTIONS: u64 = 1_000_000;
 
 /// One pool of a nutcracker.yml, in file order.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -31,40 +39,65 @@ struct Pool {
     servers: Vec<String>,
 }
 
-/// The memring config for `pool` (or the only pool) of a nutcracker.yml, and
-/// the settings that have no memring equivalent, one line each.
+/// Where a pool's settings are written in the config being made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// The only pool imported: a one-pool config.
+    Alone,
+    /// The top level of a config of every pool.
+    Top,
+    /// A `[[pools]]` entry, which takes from the top level every pool
+    /// setting it does not write: so it writes them all.
+    Entry,
+}
+
+/// One pool, translated: its listen address, its settings' lines (comments
+/// saying how each maps, then the settings) and servers.
+struct Translated {
+    name: String,
+    listen: String,
+    lines: Vec<String>,
+    servers: Vec<Server>,
+    unmapped: Vec<String>,
+    /// `client_connections`; 0 (nutcracker's default) is no limit.
+    client_connections: u64,
+}
+
+/// The memring config for `pool` (or the only pool) of a nutcracker.yml, or
+/// with no pool named and several in the file, for all of them; and the
+/// settings that have no memring equivalent, one line each.
 ///
 /// # Errors
-/// The file is not the YAML twemproxy reads, the pool is missing or ambiguous,
-/// or it uses something memring cannot reproduce (redis, unix sockets, a
+/// The file is not the YAML twemproxy reads, the pool is missing, or a pool
+/// imported uses something memring cannot reproduce (redis, unix sockets, a
 /// distribution other than ketama).
 pub(crate) fn twemproxy(text: &str, pool: Option<&str>) -> Result<(String, Vec<String>), String> {
     let pools = parse_pools(text)?;
-    let names = || {
-        pools
-            .iter()
-            .map(|p| p.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
     let pool = match pool {
-        Some(wanted) => pools
-            .iter()
-            .find(|p| p.name == wanted)
-            .ok_or_else(|| format!("no pool `{wanted}` (pools: {})", names()))?,
+        Some(wanted) => pools.iter().find(|p| p.name == wanted).ok_or_else(|| {
+            let names: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
+            format!("no pool `{wanted}` (pools: {})", names.join(", "))
+        })?,
         None if pools.len() == 1 => &pools[0],
-        None => {
-            return Err(format!(
-                "{} pools; name the one to import (pools: {})",
-                pools.len(),
-                names()
-            ))
-        }
+        None => return every_pool(&pools),
     };
-    translate(pool)
+    let pool = translate(pool, Place::Alone)?;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# Imported from twemproxy pool `{}` by memring import.",
+        pool.name
+    );
+    let _ = writeln!(
+        out,
+        "# ring = \"twemproxy\" places every key on the server twemproxy chose."
+    );
+    write_pool(&mut out, &pool, "servers");
+    Ok((out, pool.unmapped))
 }
 
-fn translate(pool: &Pool) -> Result<(String, Vec<String>), String> {
+/// The lines for one pool, written for `place`.
+fn translate(pool: &Pool, place: Place) -> Result<Translated, String> {
     let setting = |name: &str| {
         pool.settings
             .iter()
@@ -89,6 +122,7 @@ fn translate(pool: &Pool) -> Result<(String, Vec<String>), String> {
     let mut lines: Vec<String> = Vec::new();
     let mut unmapped: Vec<String> = Vec::new();
     let mut listen = None;
+    let mut client_connections = 0;
     for (key, value) in &pool.settings {
         let value = value.as_str();
         match key.as_str() {
@@ -200,6 +234,13 @@ fn translate(pool: &Pool) -> Result<(String, Vec<String>), String> {
                     "# server_retry_timeout: {value} is not carried: it matters only with auto_eject_hosts: true"
                 ));
             }
+            "client_connections" if place != Place::Alone => {
+                client_connections = number(key, value)?;
+                lines.push(format!(
+                    "# client_connections: {value}{}: memring limits clients for the whole process only (max_client_connections at the top)",
+                    if client_connections == 0 { " (no limit)" } else { "" }
+                ));
+            }
             "client_connections" => match number(key, value)? {
                 0 => lines.push(format!(
                     "# client_connections: 0 (no limit) -> memring's default max_client_connections = {}",
@@ -236,19 +277,35 @@ fn translate(pool: &Pool) -> Result<(String, Vec<String>), String> {
             }
         }
     }
+    // A `[[pools]]` entry writes out what it leaves at the default, since
+    // it would take the top level's value otherwise.
+    let entry = place == Place::Entry;
     if setting("auto_eject_hosts").is_none() {
         lines.push(
             "# auto_eject_hosts: not set, false in twemproxy as auto_eject in memring: a failing server's keys are not moved"
                 .to_string(),
         );
+        if entry {
+            lines.push("auto_eject = false".into());
+        }
     }
     if setting("timeout").is_none() {
         lines.push(
             "# timeout: not set, so nutcracker waits for a server as long as it takes; memring cannot: it uses its".to_string());
         lines.push(format!(
-            "# defaults request_timeout_ms = {} and connect_timeout_ms = {}",
-            memring::config::DEFAULT_REQUEST_TIMEOUT_MS,
-            memring::config::DEFAULT_CONNECT_TIMEOUT_MS
+            "# defaults request_timeout_ms = {DEFAULT_REQUEST_TIMEOUT_MS} and connect_timeout_ms = {DEFAULT_CONNECT_TIMEOUT_MS}"
+        ));
+        if entry {
+            lines.push(format!("request_timeout_ms = {DEFAULT_REQUEST_TIMEOUT_MS}"));
+            lines.push(format!("connect_timeout_ms = {DEFAULT_CONNECT_TIMEOUT_MS}"));
+        }
+    }
+    if entry && setting("server_connections").is_none() {
+        lines.push(format!(
+            "# server_connections: not set, 1 in twemproxy -> connections_per_server = {DEFAULT_CONNECTIONS_PER_SERVER} (per worker)"
+        ));
+        lines.push(format!(
+            "connections_per_server = {DEFAULT_CONNECTIONS_PER_SERVER}"
         ));
     }
     // Ejection follows nutcracker's clock, so that both proxies eject and
@@ -301,25 +358,30 @@ fn translate(pool: &Pool) -> Result<(String, Vec<String>), String> {
     if pool.servers.is_empty() {
         return Err("the pool has no servers:".to_string());
     }
+    let servers = pool
+        .servers
+        .iter()
+        .map(|entry| server_entry(entry))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Translated {
+        name: pool.name.clone(),
+        listen,
+        lines,
+        servers,
+        unmapped,
+        client_connections,
+    })
+}
 
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "# Imported from twemproxy pool `{}` by memring import.",
-        pool.name
-    );
-    let _ = writeln!(
-        out,
-        "# ring = \"twemproxy\" places every key on the server twemproxy chose."
-    );
-    let _ = writeln!(out, "listen = \"{}\"", escape(&listen));
+/// `listen`, the ring, the pool's lines and its servers as `[[table]]`s.
+fn write_pool(out: &mut String, pool: &Translated, table: &str) {
+    let _ = writeln!(out, "listen = \"{}\"", escape(&pool.listen));
     let _ = writeln!(out, "ring = \"twemproxy\"");
-    for line in &lines {
+    for line in &pool.lines {
         let _ = writeln!(out, "{line}");
     }
-    for entry in &pool.servers {
-        let server = server_entry(entry)?;
-        let _ = writeln!(out, "\n[[servers]]");
+    for server in &pool.servers {
+        let _ = writeln!(out, "\n[[{table}]]");
         let _ = writeln!(out, "addr = \"{}\"", escape(&server.addr));
         if server.weight != 1 {
             let _ = writeln!(out, "weight = {}", server.weight);
@@ -327,6 +389,117 @@ fn translate(pool: &Pool) -> Result<(String, Vec<String>), String> {
         if let Some(name) = &server.name {
             let _ = writeln!(out, "name = \"{}\"", escape(name));
         }
+    }
+}
+
+/// Every pool of the file in one config: one at the top level (the one
+/// named `default`, memring's name for the top level, or else the first),
+/// each other one a `[[pools]]` entry with its own listen.
+fn every_pool(pools: &[Pool]) -> Result<(String, Vec<String>), String> {
+    let top_at = pools
+        .iter()
+        .position(|p| p.name == DEFAULT_POOL)
+        .unwrap_or(0);
+    let mut translated = Vec::new();
+    for (at, pool) in pools.iter().enumerate() {
+        let place = if at == top_at {
+            Place::Top
+        } else {
+            Place::Entry
+        };
+        let mut pool = translate(pool, place).map_err(|e| format!("pool `{}`: {e}", pool.name))?;
+        let name = pool.name.clone();
+        for note in &mut pool.unmapped {
+            *note = format!("pool `{name}`: {note}");
+        }
+        translated.push(pool);
+    }
+    let top = translated.remove(top_at);
+    let names: Vec<String> = pools.iter().map(|p| format!("`{}`", p.name)).collect();
+    let mut unmapped = top.unmapped.clone();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# Imported from twemproxy pools {} by memring import: one memring for the whole nutcracker.",
+        names.join(", ")
+    );
+    let _ = writeln!(
+        out,
+        "# The top level is pool `{}` ({}):\n# its listen, settings and [[servers]].",
+        top.name,
+        if top.name == DEFAULT_POOL {
+            "named `default`, as memring names its top-level pool".to_string()
+        } else {
+            format!("the first in the file; memring names it `{DEFAULT_POOL}` in stats and metrics")
+        }
+    );
+    let _ = writeln!(
+        out,
+        "# Each other pool is a [[pools]] entry below, and its listen sends it every key."
+    );
+    let _ = writeln!(
+        out,
+        "# ring = \"twemproxy\" places every key on the server twemproxy chose, in every pool."
+    );
+    // memring limits client connections for the whole process: the
+    // pools' limits add up, or there is none to add up to when a pool has
+    // no limit.
+    let every: Vec<&Translated> = std::iter::once(&top).chain(&translated).collect();
+    let limited: Vec<String> = every
+        .iter()
+        .filter(|p| p.client_connections > 0)
+        .map(|p| format!("{} {}", p.name, p.client_connections))
+        .collect();
+    let mut top_lines = top.lines.clone();
+    if limited.len() == every.len() {
+        let sum: u64 = every.iter().map(|p| p.client_connections).sum();
+        let kept = sum.min(MAX_CLIENT_CONNECTIONS);
+        top_lines.push(format!(
+            "# client_connections: {} -> max_client_connections = {sum}{}, for the whole process:",
+            limited.join(" + "),
+            if kept == sum {
+                String::new()
+            } else {
+                format!(" (at most {MAX_CLIENT_CONNECTIONS} in memring)")
+            }
+        ));
+        top_lines.push(
+            "# memring has no per-pool limit, so one pool's clients may take more than its share"
+                .into(),
+        );
+        top_lines.push(format!("max_client_connections = {kept}"));
+        unmapped.push(format!(
+            "client_connections per pool (memring limits all pools' clients together: max_client_connections = {kept})"
+        ));
+    } else if !limited.is_empty() {
+        top_lines.push(format!(
+            "# client_connections: {} and no limit elsewhere -> memring's default max_client_connections = {DEFAULT_MAX_CLIENT_CONNECTIONS},",
+            limited.join(", ")
+        ));
+        top_lines.push(
+            "# for the whole process: memring has no per-pool limit, so those are not carried"
+                .into(),
+        );
+        unmapped.push(format!(
+            "client_connections of {} (memring limits the whole process only)",
+            limited.join(", ")
+        ));
+    }
+    let top = Translated {
+        lines: top_lines,
+        ..top
+    };
+    write_pool(&mut out, &top, "servers");
+    for pool in &translated {
+        let _ = writeln!(out, "\n[[pools]]");
+        let _ = writeln!(
+            out,
+            "# Pool `{}`: every pool setting is written out, so that none is taken from the top level.",
+            pool.name
+        );
+        let _ = writeln!(out, "name = \"{}\"", escape(&pool.name));
+        write_pool(&mut out, pool, "pools.servers");
+        unmapped.extend(pool.unmapped.iter().cloned());
     }
     Ok((out, unmapped))
 }
@@ -643,13 +816,164 @@ beta:
     }
 
     #[test]
-    fn several_pools_need_a_name_and_modula_is_refused() {
+    fn a_pool_memring_cannot_reproduce_is_refused_by_name_or_among_all() {
         let error = twemproxy(NUTCRACKER, None).unwrap_err();
-        assert!(error.contains("alpha, beta"), "{error}");
+        assert!(
+            error.starts_with("pool `beta`: distribution: modula"),
+            "{error}"
+        );
         let error = twemproxy(NUTCRACKER, Some("beta")).unwrap_err();
         assert!(error.contains("modula"), "{error}");
         let error = twemproxy(NUTCRACKER, Some("gamma")).unwrap_err();
-        assert!(error.contains("no pool `gamma`"), "{error}");
+        assert!(
+            error.contains("no pool `gamma` (pools: alpha, beta)"),
+            "{error}"
+        );
+    }
+
+    /// Two pools whose settings differ in every way a pool setting can, the
+    /// first with the settings the second leaves out.
+    const TWO_POOLS: &str = r#"
+alpha:
+  listen: 127.0.0.1:22121
+  hash: fnv1a_64
+  hash_tag: "{}"
+  distribution: ketama
+  auto_eject_hosts: true
+  timeout: 400
+  server_connections: 3
+  server_retry_timeout: 2000
+  server_failure_limit: 1
+  client_connections: 100
+  servers:
+   - 127.0.0.1:11211:1
+   - 127.0.0.1:11212:2 cache-b
+
+beta:
+  listen: 127.0.0.1:22122
+  hash: murmur
+  distribution: ketama
+  client_connections: 200
+  backlog: 512
+  servers:
+   - 127.0.0.1:11213:1
+   - 127.0.0.1:11214:1
+"#;
+
+    #[test]
+    fn without_a_pool_name_every_pool_is_imported_and_keeps_its_own_settings() {
+        let (toml, unmapped) = twemproxy(TWO_POOLS, None).unwrap();
+        let config = load(&toml);
+        let names: Vec<&str> = config.pools.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["default", "beta"]);
+        assert_eq!(config.default_pool, "default");
+        assert!(config.routes.is_empty());
+        assert_eq!(config.listen, "127.0.0.1:22121".parse().unwrap());
+        let alpha = &config.pools[0].config;
+        assert_eq!(alpha.ring.hash, memring::ring::HashFunction::Fnv1a64);
+        assert_eq!(alpha.ring.hash_tag, Some(*b"{}"));
+        assert!(alpha.auto_eject);
+        assert_eq!((alpha.failure_limit, alpha.connections_per_server), (1, 3));
+        assert_eq!(alpha.servers.len(), 2);
+        let beta = config.pool("beta").unwrap();
+        assert_eq!(beta.listen, Some("127.0.0.1:22122".parse().unwrap()));
+        let beta = &beta.config;
+        assert_eq!(beta.ring.flavour, memring::ring::Flavour::Twemproxy);
+        assert_eq!(beta.ring.hash, memring::ring::HashFunction::Murmur);
+        assert_eq!(beta.ring.hash_tag, None, "not the top level's");
+        assert!(!beta.auto_eject, "not the top level's");
+        assert_eq!(beta.connections_per_server, 1);
+        assert_eq!(beta.request_timeout.as_millis(), 1000);
+        assert_eq!(beta.connect_timeout.as_millis(), 500);
+        assert_eq!(
+            beta.ejection,
+            memring::config::Ejection::Twemproxy {
+                retry: std::time::Duration::from_millis(30_000)
+            }
+        );
+        let servers: Vec<&str> = beta.servers.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(servers, ["127.0.0.1:11213", "127.0.0.1:11214"]);
+        // The pools' client limits add up: memring has one for the process.
+        assert_eq!(config.max_client_connections, 300);
+        assert!(
+            toml.contains("# client_connections: alpha 100 + beta 200 -> max_client_connections = 300, for the whole process:"),
+            "{toml}"
+        );
+        assert!(
+            toml.contains("# The top level is pool `alpha` (the first in the file;"),
+            "{toml}"
+        );
+        // Each pool's settings keep their comments, in its own part.
+        let (top, entry) = toml.split_once("\n[[pools]]\n").unwrap();
+        for line in [
+            "# hash: fnv1a_64 -> hash, the same function",
+            "# server_failure_limit: 1 -> failure_limit",
+        ] {
+            assert!(top.contains(line), "{line}\n{toml}");
+        }
+        for line in [
+            "# hash: murmur -> hash, the same function",
+            "# backlog: 512 has no setting",
+            "# auto_eject_hosts: not set, false in twemproxy",
+            "# timeout: not set, so nutcracker waits",
+        ] {
+            assert!(entry.contains(line), "{line}\n{toml}");
+        }
+        assert!(
+            unmapped
+                .iter()
+                .any(|n| n.starts_with("pool `beta`: backlog: 512")),
+            "{unmapped:?}"
+        );
+        assert!(
+            unmapped
+                .iter()
+                .any(|n| n.starts_with("client_connections per pool")),
+            "{unmapped:?}"
+        );
+    }
+
+    #[test]
+    fn a_pool_named_default_is_the_top_level_and_a_limit_with_an_unlimited_pool_is_not_carried() {
+        let text = TWO_POOLS
+            .replace("\nbeta:", "\ndefault:")
+            .replace("  client_connections: 200\n", "");
+        let (toml, unmapped) = twemproxy(&text, None).unwrap();
+        let config = load(&toml);
+        let names: Vec<&str> = config.pools.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["default", "alpha"]);
+        assert_eq!(config.listen, "127.0.0.1:22122".parse().unwrap());
+        assert_eq!(config.ring.hash, memring::ring::HashFunction::Murmur);
+        assert_eq!(
+            config.pool("alpha").unwrap().config.ring.hash_tag,
+            Some(*b"{}")
+        );
+        assert_eq!(config.max_client_connections, 16_384);
+        assert!(
+            toml.contains(
+                "# client_connections: alpha 100 and no limit elsewhere -> memring's default"
+            ),
+            "{toml}"
+        );
+        assert!(
+            unmapped
+                .iter()
+                .any(|n| n.starts_with("client_connections of alpha 100")),
+            "{unmapped:?}"
+        );
+    }
+
+    #[test]
+    fn one_pool_or_a_named_pool_is_imported_as_before() {
+        let (named, _) = twemproxy(TWO_POOLS, Some("beta")).unwrap();
+        assert!(!named.contains("[[pools]]"), "{named}");
+        assert!(named.starts_with("# Imported from twemproxy pool `beta` by memring import.\n"));
+        let (alone, _) = twemproxy(&TWO_POOLS[..TWO_POOLS.find("\nbeta:").unwrap()], None).unwrap();
+        assert!(!alone.contains("[[pools]]"), "{alone}");
+        assert!(
+            alone.contains("\nmax_client_connections = 100\n"),
+            "{alone}"
+        );
     }
 
     #[test]

@@ -172,7 +172,8 @@ enum ImportFrom {
     Twemproxy {
         /// The config file, e.g. nutcracker.yml.
         file: PathBuf,
-        /// The pool to import, when the file has more than one.
+        /// The pool to import alone; without it, every pool of the file, in
+        /// one config.
         pool: Option<String>,
     },
 }

@@ -14,6 +14,9 @@
 //! same check fails: memring restores a restarted server within about a
 //! second while nutcracker waits out `server_retry_timeout`.
 //!
+//! A nutcracker.yml of two pools, imported whole, places every key of both
+//! pools as nutcracker does, through each pool's own listener.
+//!
 //! Every process is started here on free loopback ports and killed by PID.
 
 use std::io::Read as _;
@@ -802,6 +805,123 @@ fn import_prints_how_each_setting_of_the_pool_maps() {
         assert!(sessions.contains(line), "missing {line:?} in\n{sessions}");
     }
     assert!(!sessions.contains("\nfailure_limit ="), "{sessions}");
+}
+
+/// Keys written per pool and direction in the two-pool comparison.
+const KEYS_PER_POOL: usize = 3000;
+
+/// One nutcracker process with two pools that place keys differently, and
+/// one memring from `memring import` of the whole file (no pool named):
+/// every key written through a nutcracker pool is found through memring's
+/// listener for that pool, and every key written through memring is found
+/// through nutcracker. `tagged` is ketama with fnv1a_64 and a hash tag, so
+/// keys with the same tag share a server; `plain` is ketama with murmur over
+/// named servers, one of weight 2 (names and weights change the points).
+#[test]
+fn every_pool_imported_in_one_step_places_every_key_as_nutcracker_does() {
+    let dir = TempDir::new("twemproxy", "every-pool");
+    let tagged: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
+    let plain: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
+    let (tagged_port, plain_port) = (free_port(), free_port());
+    let mut yaml = format!(
+        "tagged:\n  listen: 127.0.0.1:{tagged_port}\n  hash: fnv1a_64\n  hash_tag: \"{{}}\"\n  \
+         distribution: ketama\n  timeout: 400\n  auto_eject_hosts: true\n  servers:\n"
+    );
+    for server in &tagged {
+        yaml.push_str(&format!("   - {}:1\n", server.addr()));
+    }
+    yaml.push_str(&format!(
+        "plain:\n  listen: 127.0.0.1:{plain_port}\n  hash: murmur\n  distribution: ketama\n  servers:\n"
+    ));
+    for (i, server) in plain.iter().enumerate() {
+        let weight = if i == 1 { 2 } else { 1 };
+        yaml.push_str(&format!("   - {}:{weight} plain-{i}\n", server.addr()));
+    }
+    let conf = dir.path("nutcracker.yml");
+    std::fs::write(&conf, &yaml).expect("write nutcracker.yml");
+    let nutcracker = Nutcracker::start(&conf, tagged_port, dir.path("nutcracker.log"));
+    crate::common::wait_for("nutcracker's second pool to listen", || {
+        TcpStream::connect(("127.0.0.1", plain_port)).is_ok()
+    });
+
+    let output = Command::new(env!("CARGO_BIN_EXE_memring"))
+        .args(["import".as_ref(), "twemproxy".as_ref(), conf.as_os_str()])
+        .output()
+        .expect("run memring import");
+    assert!(
+        output.status.success(),
+        "memring import of both pools: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let config: String = String::from_utf8(output.stdout)
+        .expect("utf-8 config")
+        .lines()
+        .map(|l| {
+            if l.starts_with("listen = ") {
+                "listen = \"127.0.0.1:0\"\n".to_string()
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    let proxy = Proxy::start_text(&config);
+    let plain_addr = match proxy.running().pool_addrs.as_slice() {
+        [(name, addr)] if name == "plain" => addr.to_string(),
+        other => panic!("one listener for pool `plain`, not {other:?}\n{config}"),
+    };
+    let to_nutcracker = |port: u16| Client::connect(&format!("127.0.0.1:{port}"));
+    let pools = [
+        ("tagged", &tagged, tagged_port, proxy.addr.to_string()),
+        ("plain", &plain, plain_port, plain_addr),
+    ];
+    for (pool, servers, port, memring_addr) in pools {
+        // Tagged keys spread by their tag alone (300 tags).
+        let key_of = |i: usize| match pool {
+            "tagged" => format!("user:{{{:x}}}:{i}", (i % 300) * 2_654_435_761),
+            _ => format!("item:{i}"),
+        };
+        let mut through_nutcracker = to_nutcracker(port);
+        let mut through_memring = Client::connect(&memring_addr);
+        for direction in ["nutcracker -> memring", "memring -> nutcracker"] {
+            let (writer, reader) = if direction.starts_with("nutcracker") {
+                (&mut through_nutcracker, &mut through_memring)
+            } else {
+                (&mut through_memring, &mut through_nutcracker)
+            };
+            let keys: Vec<String> = (0..KEYS_PER_POOL)
+                .map(|i| format!("{direction}:{}", key_of(i)).replace(' ', ""))
+                .collect();
+            for key in &keys {
+                assert!(set(writer, key), "{pool}, {direction}: set {key}");
+            }
+            let missing: Vec<&String> = keys.iter().filter(|k| !found(reader, k)).collect();
+            assert!(
+                missing.is_empty(),
+                "{pool}, {direction}: {} of {KEYS_PER_POOL} keys not found, such as {:?}: {}",
+                missing.len(),
+                &missing[..missing.len().min(5)],
+                nutcracker.log()
+            );
+            // Each key is on one server of its own pool, and every server
+            // has its share: the keys did not all go to one place.
+            let held: Vec<usize> = servers
+                .iter()
+                .map(|server| {
+                    let mut client = server.client();
+                    keys.iter().filter(|k| client.get(k).is_some()).count()
+                })
+                .collect();
+            assert_eq!(
+                held.iter().sum::<usize>(),
+                KEYS_PER_POOL,
+                "{pool}, {direction}: {held:?}"
+            );
+            assert!(
+                held.iter().all(|&n| n > KEYS_PER_POOL / 20),
+                "{pool}, {direction}: {held:?}"
+            );
+        }
+    }
 }
 
 /// With `auto_eject_hosts: false` nutcracker tries a killed server on every
