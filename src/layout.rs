@@ -24,6 +24,8 @@ pub struct Layout {
     routes: Box<[(Box<[u8]>, usize)]>,
     /// Index in `pools` of the pool keys matching no route go to.
     default: usize,
+    /// Per pool, the index of its gutter pool (`failover`), if it has one.
+    gutters: Box<[Option<usize>]>,
 }
 
 /// The layout in force, shared by every session.
@@ -46,8 +48,48 @@ impl Layout {
         Layout {
             default: index(default).unwrap_or(0),
             routes,
+            gutters: vec![None; pools.len()].into_boxed_slice(),
             pools: pools.into_boxed_slice(),
         }
+    }
+
+    /// This layout with each (pool, gutter) pair of `failovers` (by name);
+    /// pairs naming a pool not in the layout are left out.
+    pub fn with_failovers(mut self, failovers: &[(String, String)]) -> Layout {
+        for (pool, gutter) in failovers {
+            let at = self.pools.iter().position(|p| &*p.name == pool);
+            let to = self.pools.iter().position(|p| &*p.name == gutter);
+            if let (Some(at), Some(to)) = (at, to) {
+                self.gutters[at] = Some(to);
+            }
+        }
+        self
+    }
+
+    /// Whether some pool has a gutter.
+    #[inline]
+    pub fn fails_over(&self) -> bool {
+        self.gutters.iter().any(Option::is_some)
+    }
+
+    /// The pool that takes `key` now: `pool`, or its gutter when the
+    /// server that owns `key` in `pool` is DEAD and failed over.
+    pub fn serving(&self, pool: usize, key: &[u8]) -> usize {
+        let Some(gutter) = self.gutters.get(pool).copied().flatten() else {
+            return pool;
+        };
+        let topology = self.pools[pool].topology.load();
+        match topology.owner_index(key) {
+            Some(owner) if topology.failed_over(owner) => gutter,
+            _ => pool,
+        }
+    }
+
+    /// The index of the pool whose topology is `topology`.
+    pub fn index_of(&self, topology: &SharedTopology) -> Option<usize> {
+        self.pools
+            .iter()
+            .position(|p| Arc::ptr_eq(&p.topology, topology))
     }
 
     /// One pool, every key to it.

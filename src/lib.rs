@@ -38,6 +38,7 @@
 //! - [`hotkeys`]: hot-key detection per server (space-saving sketches per
 //!   worker), `stats hotkeys`, coalescing of concurrent gets, near cache.
 //! - [`layout`]: the pools and the key-prefix routes between them.
+//! - [`failover`]: TTL caps of writes sent to a gutter pool.
 //! - [`pools`]: one publisher per pool; a reload's part for each.
 //! - [`stats`]: counters behind both the `stats` reply and Prometheus; a leaf.
 //! - [`report`]: memring's memcached-style `stats` reply.
@@ -55,6 +56,7 @@ mod clock;
 pub mod config;
 pub mod discovery;
 pub mod error;
+mod failover;
 pub mod fd_budget;
 pub(crate) mod handoff;
 pub mod hotkeys;

@@ -30,6 +30,8 @@ pub struct Publisher {
     published: Arc<Notify>,
     /// The open file limit every ring must fit in, next to the clients.
     fds: Option<FdAccount>,
+    /// With `failover`: when each server last came back from the gutter.
+    restored_at: Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
 
 /// What the publisher needs to keep every ring within the open file limit.
@@ -74,6 +76,7 @@ impl Publisher {
             hooks,
             published,
             fds,
+            restored_at: Mutex::new(std::collections::HashMap::new()),
         })
     }
 
@@ -146,7 +149,7 @@ impl Publisher {
                     .client_limit_for_ring(fds.max_clients, fds.clients.in_use(), peak)?;
             fds.clients.set_limit(clients);
         }
-        let ejected = Self::to_eject(&config, &backends);
+        let ejected = self.to_eject(&config, &backends);
         Ok(self.publish(&old, config, backends, ejected))
     }
 
@@ -165,7 +168,7 @@ impl Publisher {
     /// on the next [`Publisher::apply_health`].
     pub fn returning(&self) -> Vec<Arc<Backend>> {
         let old = self.topology.load_full();
-        let ejected = Self::to_eject(&old.config, &old.backends);
+        let ejected = self.to_eject(&old.config, &old.backends);
         old.backends
             .iter()
             .filter(|b| old.ejected.iter().any(|n| n == b.name()))
@@ -179,7 +182,7 @@ impl Publisher {
     pub fn apply_health_holding(&self, hold: &[String]) -> Option<Published> {
         let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.topology.load_full();
-        let mut ejected = Self::to_eject(&old.config, &old.backends);
+        let mut ejected = self.to_eject(&old.config, &old.backends);
         for name in hold {
             if old.ejected.contains(name) && !ejected.contains(name) {
                 ejected.push(name.clone());
@@ -278,6 +281,13 @@ impl Publisher {
             .filter(|n| !ejected.contains(n) && config.servers.iter().any(|s| &s.name == *n))
             .cloned()
             .collect();
+        if config.failover.is_some() && !restored.is_empty() {
+            let now = std::time::Instant::now();
+            let mut restored_at = self.restored_at.lock().unwrap_or_else(|e| e.into_inner());
+            for name in &restored {
+                restored_at.insert(name.clone(), now);
+            }
+        }
         // Built off the request path; requests in flight finish on `old`.
         let mut new = Topology::assemble(config, old.version + 1, backends, ejected);
         let mut change = Change::between(&servers_before, &old.ring, &servers_after, &new.ring);
@@ -319,20 +329,32 @@ impl Publisher {
 
     /// DEAD servers to leave out of the ring: none when ejection is off, and
     /// never all of them (an empty ring would fail every key instead of some).
-    fn to_eject(config: &Config, backends: &[Arc<Backend>]) -> Vec<String> {
-        if !config.auto_eject {
+    /// With `failover`, the DEAD servers whose keys go to the gutter: every
+    /// one, except a server back from the gutter less than `failover_ttl_s`
+    /// ago, whose keys fail instead until the gutter's copies of its last
+    /// outage have expired (they may be older than writes made since).
+    fn to_eject(&self, config: &Config, backends: &[Arc<Backend>]) -> Vec<String> {
+        if !config.auto_eject && config.failover.is_none() {
             return Vec::new();
         }
-        let dead: Vec<String> = config
-            .servers
-            .iter()
-            .filter(|server| {
-                backends
-                    .iter()
-                    .any(|b| b.name() == server.name && b.state() == HealthState::Dead)
-            })
-            .map(|server| server.name.clone())
-            .collect();
+        let dead = config.servers.iter().filter(|server| {
+            backends
+                .iter()
+                .any(|b| b.name() == server.name && b.state() == HealthState::Dead)
+        });
+        if let Some(failover) = &config.failover {
+            let restored = self.restored_at.lock().unwrap_or_else(|e| e.into_inner());
+            let now = std::time::Instant::now();
+            return dead
+                .filter(|s| {
+                    restored
+                        .get(&s.name)
+                        .map_or(true, |at| now.duration_since(*at) >= failover.ttl)
+                })
+                .map(|s| s.name.clone())
+                .collect();
+        }
+        let dead: Vec<String> = dead.map(|server| server.name.clone()).collect();
         if dead.len() == config.servers.len() {
             Vec::new()
         } else {
@@ -423,7 +445,10 @@ pub(crate) async fn eject_on_health_changes(
                         );
                     });
                 }
-                if !publisher.retry_due() {
+                // With a gutter, a DEAD server held back after a recent
+                // return is failed over once its hold is over: look again.
+                let failover = publisher.topology.load().config.failover.is_some();
+                if !publisher.retry_due() && !failover {
                     continue;
                 }
             }

@@ -266,5 +266,10 @@ fn layout_of(config: &Config, members: &[Member]) -> Layout {
         .iter()
         .map(|r| (r.prefix.clone(), r.pool.clone()))
         .collect();
-    Layout::new(entries, &routes, &config.default_pool)
+    let failovers: Vec<(String, String)> = config
+        .pool_list()
+        .into_iter()
+        .filter_map(|p| Some((p.name.clone(), p.config.failover.as_ref()?.pool.clone())))
+        .collect();
+    Layout::new(entries, &routes, &config.default_pool).with_failovers(&failovers)
 }

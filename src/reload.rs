@@ -302,6 +302,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         max_buffer_bytes,
         client_write_timeout,
         handoff,
+        failover,
         ring,
         hot_keys,
         server_warnings: _,
@@ -324,6 +325,11 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             .map(|r| format!("{}->{}", r.prefix, r.pool))
             .collect::<Vec<_>>()
             .join(",")
+    };
+    let failover_text = |f: &Option<crate::config::Failover>| {
+        f.as_ref().map_or("(off)".to_string(), |f| {
+            format!("{} (failover_ttl_s {})", f.pool, f.ttl.as_secs())
+        })
     };
     let listeners_text = |pools: &[crate::config::PoolConfig]| {
         let listeners: Vec<String> = pools
@@ -402,7 +408,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             d.interval.as_millis()
         )
     };
-    let rows: [(&'static str, String, String, bool); 38] = [
+    let rows: [(&'static str, String, String, bool); 39] = [
         (
             "discovery",
             discovered(&old.discovery),
@@ -438,6 +444,12 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             "routes",
             routes_text(&old.routes),
             routes_text(routes),
+            false,
+        ),
+        (
+            "failover",
+            failover_text(&old.failover),
+            failover_text(failover),
             false,
         ),
         (

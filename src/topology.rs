@@ -29,8 +29,11 @@ pub struct Topology {
     pub backends: Box<[Arc<Backend>]>,
     /// The config this topology was built from.
     pub config: Arc<Config>,
-    /// Names of the servers left out of the ring because they are DEAD.
+    /// Names of the servers left out of the ring because they are DEAD (with
+    /// `failover`: kept in the ring, their keys go to the gutter pool).
     pub ejected: Box<[String]>,
+    /// With `failover`, the backend indexes of the `ejected` servers.
+    failed_over: Box<[u32]>,
     /// Parser limits from the config (see [`Topology::limits`]).
     limits: Limits,
     /// The ring in force before the last membership change, during its
@@ -123,8 +126,16 @@ impl Topology {
     ) -> Topology {
         let mut nodes = Vec::with_capacity(backends.len());
         let mut ring_backends = Vec::with_capacity(backends.len());
+        let mut failed_over = Vec::new();
+        // With a gutter pool a DEAD server keeps its place: its keys go to
+        // the gutter instead of to the other servers, and come back to it.
+        let keeps_place = config.failover.is_some();
         for (i, server) in config.servers.iter().enumerate() {
-            if !ejected.contains(&server.name) {
+            let out = ejected.contains(&server.name);
+            if out && keeps_place {
+                failed_over.push(i as u32);
+            }
+            if !out || keeps_place {
                 nodes.push(server.node());
                 ring_backends.push(i as u32);
             }
@@ -139,8 +150,15 @@ impl Topology {
             limits: config.limits,
             config,
             ejected: ejected.into_boxed_slice(),
+            failed_over: failed_over.into_boxed_slice(),
             previous: None,
         }
+    }
+
+    /// Whether backend `index` is DEAD and its keys go to the gutter pool.
+    #[inline]
+    pub fn failed_over(&self, index: usize) -> bool {
+        self.failed_over.contains(&(index as u32))
     }
 
     /// Member names of the ring, in member order.

@@ -53,6 +53,8 @@ struct RawConfig {
     max_buffer_bytes: Option<Spanned<u64>>,
     client_write_timeout_ms: Option<Spanned<u64>>,
     handoff_ms: Option<Spanned<u64>>,
+    failover: Option<Spanned<String>>,
+    failover_ttl_s: Option<Spanned<u64>>,
     ring: Option<Spanned<String>>,
     hash: Option<Spanned<String>>,
     hash_tag: Option<Spanned<String>>,
@@ -204,6 +206,9 @@ pub struct Config {
     /// How long a membership change keeps the previous ring for hand-off
     /// reads (see `handoff.rs`); zero turns hand-off off.
     pub handoff: Duration,
+    /// `failover`: the pool that takes a DEAD server's keys, with the
+    /// exptime of every write there capped (`failover_ttl_s`).
+    pub failover: Option<Failover>,
     /// Ring flavour, key hash and hash tag (`ring`, `hash`, `hash_tag`).
     pub ring: Spec,
     /// Hot-key detection, coalescing and near cache (`hot_key_*`).
@@ -272,6 +277,18 @@ impl fmt::Display for Source {
         }
     }
 }
+
+/// A gutter pool for a pool's DEAD servers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failover {
+    /// The gutter pool's name.
+    pub pool: String,
+    /// Longest exptime a write to the gutter keeps.
+    pub ttl: Duration,
+}
+
+/// `failover_ttl_s` when unset.
+pub const DEFAULT_FAILOVER_TTL_S: u64 = 10;
 
 /// What happens to a DEAD server (`ejection`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -775,6 +792,7 @@ impl Config {
             0..=86_400_000,
         )?;
 
+        let failover = failover(raw, &at, &number, replicas)?;
         let ring = ring_spec(raw, &at)?;
         let hot_keys = hot_key_settings(raw, &at, &number)?;
         let (tls_listen, backend_tls) = tls_settings(raw, &at, path, listen, admin_listen)?;
@@ -812,6 +830,7 @@ impl Config {
             max_buffer_bytes: max_buffer_bytes as usize,
             client_write_timeout: Duration::from_millis(client_write_timeout_ms),
             handoff: Duration::from_millis(handoff_ms),
+            failover,
             hot_keys,
             server_warnings,
             tls_listen,
@@ -1253,6 +1272,54 @@ fn ejection(
     }
 }
 
+/// `failover` and `failover_ttl_s`, checked against the pool's own
+/// settings (the gutter pool's name is checked once all pools are known).
+fn failover(
+    raw: &RawConfig,
+    at: &dyn Fn(Range<usize>, String) -> ConfigError,
+    number: &NumberSetting<'_>,
+    replicas: u64,
+) -> Result<Option<Failover>, ConfigError> {
+    let Some(pool) = &raw.failover else {
+        if let Some(ttl) = &raw.failover_ttl_s {
+            return Err(at(
+                ttl.span(),
+                "failover_ttl_s applies with failover = \"<gutter pool>\"".into(),
+            ));
+        }
+        return Ok(None);
+    };
+    let clash = if raw.auto_eject == Some(true) {
+        Some("auto_eject = true moves a DEAD server's keys to the other servers; failover sends them to the gutter pool: keep one")
+    } else if replicas > 1 {
+        Some("with replicas, a DEAD server's keys are read from and written to their other replicas: failover applies to replicas = 1")
+    } else if raw
+        .ejection
+        .as_ref()
+        .is_some_and(|e| e.get_ref() == "twemproxy")
+    {
+        Some("failover needs memring's ejection timing: a returning server must be flushed before its keys leave the gutter")
+    } else {
+        None
+    };
+    if let Some(clash) = clash {
+        return Err(at(
+            pool.span(),
+            format!("failover = \"{}\": {clash}", pool.get_ref()),
+        ));
+    }
+    let ttl = number(
+        &raw.failover_ttl_s,
+        "failover_ttl_s",
+        DEFAULT_FAILOVER_TTL_S,
+        1..=86_400,
+    )?;
+    Ok(Some(Failover {
+        pool: pool.get_ref().clone(),
+        ttl: Duration::from_secs(ttl),
+    }))
+}
+
 /// Reads one integer setting: its value, a default, and its allowed range.
 type NumberSetting<'a> = dyn Fn(&Option<Spanned<u64>>, &str, u64, std::ops::RangeInclusive<u64>) -> Result<u64, ConfigError>
     + 'a;
@@ -1590,6 +1657,8 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("routes", "[{ prefix = \"sess:\", pool = \"default\" }]"),
     ("default_pool", "\"default\""),
     ("prefix", "\"sess:\""),
+    ("failover", "\"gutter\""),
+    ("failover_ttl_s", "10"),
     ("pool", "\"sessions\""),
 ];
 
@@ -2113,7 +2182,15 @@ name = "cache-02"
                 } else {
                     ""
                 };
-                format!("{ring}{ejection}{key} = {example}\n{GOOD}")
+                // failover names a gutter pool; failover_ttl_s needs one.
+                let (failover, gutter) = match key.as_str() {
+                    "failover" | "failover_ttl_s" => (
+                        if key == "failover_ttl_s" { "failover = \"gutter\"\n" } else { "" },
+                        "\n[[pools]]\nname = \"gutter\"\n[[pools.servers]]\naddr = \"10.0.0.8:11211\"\n",
+                    ),
+                    _ => ("", ""),
+                };
+                format!("{ring}{ejection}{failover}{key} = {example}\n{GOOD}{gutter}")
             };
             assert!(
                 Config::parse(&text, "m").is_ok(),

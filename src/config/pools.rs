@@ -37,6 +37,8 @@ pub(super) struct RawPool {
     replicas: Option<Spanned<u64>>,
     read_miss_fallthrough: Option<bool>,
     handoff_ms: Option<Spanned<u64>>,
+    failover: Option<Spanned<String>>,
+    failover_ttl_s: Option<Spanned<u64>>,
     ring: Option<Spanned<String>>,
     hash: Option<Spanned<String>>,
     hash_tag: Option<Spanned<String>>,
@@ -95,7 +97,11 @@ pub(super) fn build(
     path: &str,
     lookup: Option<Lookup<'_>>,
 ) -> Result<Config, ConfigError> {
-    if raw.pools.is_empty() && raw.routes.is_empty() && raw.default_pool.is_none() {
+    if raw.pools.is_empty()
+        && raw.routes.is_empty()
+        && raw.default_pool.is_none()
+        && raw.failover.is_none()
+    {
         return Config::build_pool(raw, text, path, lookup);
     }
     let at = |span: Range<usize>, message: String| {
@@ -210,6 +216,46 @@ pub(super) fn build(
             listen: pool_listen,
             config: Arc::new(config),
         });
+    }
+    // Each pool's gutter is another pool, which has none of its own.
+    let failover_spans =
+        raw.failover
+            .iter()
+            .map(|f| (DEFAULT_POOL, f.span()))
+            .chain(raw.pools.iter().filter_map(|p| {
+                let p = p.get_ref();
+                Some((p.name.get_ref().as_str(), p.failover.as_ref()?.span()))
+            }));
+    for (name, span) in failover_spans {
+        let Some(pool) = pools.iter().find(|p| p.name == name) else {
+            continue;
+        };
+        let Some(failover) = &pool.config.failover else {
+            continue;
+        };
+        let gutter = pools.iter().find(|p| p.name == failover.pool);
+        let problem = match gutter {
+            _ if failover.pool == name => Some("a pool cannot be its own gutter".to_string()),
+            None => Some(format!(
+                "names no pool (pools: {})",
+                pools
+                    .iter()
+                    .map(|p| format!("`{}`", p.name))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+            Some(gutter) if gutter.config.failover.is_some() => Some(format!(
+                "pool `{}` has a failover of its own: a gutter pool takes keys, it does not pass them on",
+                gutter.name
+            )),
+            Some(_) => None,
+        };
+        if let Some(problem) = problem {
+            return Err(at(
+                span,
+                format!("pool `{name}`: failover = \"{}\" {problem}", failover.pool),
+            ));
+        }
     }
     let known = || {
         pools
@@ -353,6 +399,9 @@ fn layered(top: &RawConfig, pool: &RawPool) -> RawConfig {
         read_miss_fallthrough,
         handoff_ms
     );
+    // A gutter is the pool's own choice: never taken from the top level.
+    raw.failover = pool.failover.clone();
+    raw.failover_ttl_s = pool.failover_ttl_s.clone();
     if pool.ring.is_some() || pool.hash.is_some() || pool.hash_tag.is_some() {
         raw.ring = pool.ring.clone();
         raw.hash = pool.hash.clone();
@@ -511,5 +560,65 @@ pool = "sessions"
             after.pool_list()[0].config.clone(),
         );
         assert_eq!(format!("{before:#?}"), format!("{after:#?}"));
+    }
+
+    #[test]
+    fn a_gutter_is_another_pool_without_one_of_its_own() {
+        let gutter =
+            "\n[[pools]]\nname = \"gutter\"\n[[pools.servers]]\naddr = \"127.0.0.1:11400\"\n";
+        let ok = format!("failover = \"gutter\"\nfailover_ttl_s = 4\n{TWO_POOLS}{gutter}");
+        let config = parse(&ok).unwrap();
+        let failover = config.failover.clone().unwrap();
+        assert_eq!(
+            (failover.pool.as_str(), failover.ttl.as_secs()),
+            ("gutter", 4)
+        );
+        assert_eq!(
+            config.pool("sessions").unwrap().config.failover,
+            None,
+            "not inherited"
+        );
+        let cases: &[(&str, &str)] = &[
+            (
+                "failover = \"nope\"\n",
+                "pool `default`: failover = \"nope\" names no pool",
+            ),
+            (
+                "failover = \"default\"\n",
+                "a pool cannot be its own gutter",
+            ),
+            (
+                "failover_ttl_s = 4\n",
+                "failover_ttl_s applies with failover",
+            ),
+            ("failover = \"gutter\"\nauto_eject = true\n", "keep one"),
+            (
+                "failover = \"gutter\"\nfailover_ttl_s = 0\n",
+                "failover_ttl_s = 0 is out of range 1..=86400",
+            ),
+        ];
+        for (top, expected) in cases {
+            let error = parse(&format!("{top}{TWO_POOLS}{gutter}")).unwrap_err();
+            assert!(error.contains(expected), "{top}: {error}");
+        }
+        let passing_on = gutter.replace(
+            "name = \"gutter\"\n",
+            "name = \"gutter\"\nfailover = \"sessions\"\n",
+        );
+        let chained = format!("failover = \"gutter\"\n{TWO_POOLS}{passing_on}");
+        let error = parse(&chained).unwrap_err();
+        assert!(
+            error.contains("pool `gutter` has a failover of its own"),
+            "{error}"
+        );
+        let replicated = TWO_POOLS.replace("replicas = 2", "replicas = 2\nfailover = \"default\"");
+        let error = parse(&replicated).unwrap_err();
+        assert!(
+            error.contains("failover applies to replicas = 1"),
+            "{error}"
+        );
+        // A one-pool file has no pool to fail over to.
+        let error = parse("failover = \"gutter\"\nlisten = \"127.0.0.1:1\"\n[[servers]]\naddr = \"127.0.0.1:2\"\n").unwrap_err();
+        assert!(error.contains("names no pool"), "{error}");
     }
 }

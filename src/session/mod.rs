@@ -294,15 +294,44 @@ impl ClientSession {
     }
 
     /// The topology a request with routing key `key` is planned on: its
-    /// pool's now (one load, no guard kept).
-    fn topology_for(&self, key: Option<&[u8]>) -> Arc<Topology> {
-        if let Some(bound) = &self.bound {
-            return bound.load_full();
-        }
+    /// pool's now (one load, no guard kept), or that pool's gutter when the
+    /// key's server is DEAD and failed over, with the gutter's TTL cap.
+    fn topology_for(&self, key: Option<&[u8]>) -> (Arc<Topology>, Option<u64>) {
         let layout = self.worker.layout.load();
-        match key {
-            Some(key) => layout.topology_of(key),
-            None => layout.default_topology(),
+        let (pool, key) = match (self.pool_index(&layout, key), key) {
+            (Some(pool), Some(key)) => (pool, key),
+            _ => {
+                let topology = match &self.bound {
+                    Some(bound) => bound.load_full(),
+                    None => layout.default_topology(),
+                };
+                return (topology, None);
+            }
+        };
+        if layout.fails_over() {
+            let serving = layout.serving(pool, key);
+            if serving != pool {
+                let ttl = layout.pools()[pool]
+                    .topology
+                    .load()
+                    .config
+                    .failover
+                    .as_ref()
+                    .map(|f| f.ttl.as_secs());
+                return (layout.pools()[serving].topology.load_full(), ttl);
+            }
+        }
+        (layout.pools()[pool].topology.load_full(), None)
+    }
+
+    /// The index in `layout` of the pool `key` goes to: the bound pool's for
+    /// a client of a pool's own listener, else the routes' choice. `None`
+    /// without a key, or when the bound pool is gone from the layout.
+    fn pool_index(&self, layout: &crate::layout::Layout, key: Option<&[u8]>) -> Option<usize> {
+        let key = key?;
+        match &self.bound {
+            Some(bound) => layout.index_of(bound),
+            None => Some(layout.pool_of(key)),
         }
     }
 
@@ -419,7 +448,7 @@ impl ClientSession {
     fn reject(&mut self, reply: Option<&'static [u8]>, discard: usize, keeps_connection: bool) {
         self.discard = discard;
         if let Some(reply) = reply {
-            let topology = self.topology_for(None);
+            let (topology, _) = self.topology_for(None);
             self.push(Entry::ready(reply, topology));
         }
         if !keeps_connection {

@@ -10,12 +10,16 @@ impl ClientSession {
         self.worker
             .stats
             .request(request.command, request.keys.len());
-        if self.bound.is_none() && request.keys.len() > 1 && request.command.is_retrieval() {
+        if request.keys.len() > 1 && request.command.is_retrieval() {
             let layout = self.worker.layout.load();
-            if layout.routed() {
-                let first = layout.pool_of(request.key(&bytes, 0));
-                if (1..request.keys.len()).any(|i| layout.pool_of(request.key(&bytes, i)) != first)
-                {
+            if (layout.routed() && self.bound.is_none()) || layout.fails_over() {
+                let serving = |i: usize| {
+                    let key = request.key(&bytes, i);
+                    let pool = self.pool_index(&layout, Some(key))?;
+                    Some(layout.serving(pool, key))
+                };
+                let first = serving(0);
+                if first.is_some() && (1..request.keys.len()).any(|i| serving(i) != first) {
                     drop(layout);
                     self.start_across_pools(&request, &bytes);
                     return;
@@ -26,28 +30,82 @@ impl ClientSession {
         // reload lands meanwhile. `load_full` gives an owned Arc, so no
         // arc-swap guard is held.
         let key = (!request.keys.is_empty()).then(|| request.key(&bytes, 0));
-        let topology = self.topology_for(key);
+        let (topology, gutter_ttl) = self.topology_for(key);
+        let (request, bytes) = match gutter_ttl {
+            Some(ttl) => self.capped(request, bytes, ttl),
+            None => (request, bytes),
+        };
         self.start_on(request, bytes, topology, Split::Whole);
     }
 
-    /// A multi-key retrieval whose keys go to more than one pool: one
-    /// retrieval per run of keys of the same pool, in key order, so that
-    /// their values, written one run after the other, come in the client's
-    /// key order; only the last run ends the reply.
+    /// `request` with its exptime capped at `ttl` seconds, for a gutter
+    /// pool (parsed again, so it passes every check of the parser).
+    fn capped(&self, request: Request, bytes: Bytes, ttl: u64) -> (Request, Bytes) {
+        let now = crate::topology::unix_now();
+        let Some(rewritten) = crate::failover::cap_classic(
+            request.command,
+            &bytes,
+            request.line_len as usize,
+            ttl,
+            now,
+        ) else {
+            return (request, bytes);
+        };
+        match parse_request(&rewritten, &self.limits) {
+            Ok(Some((capped, _))) => (capped, rewritten),
+            _ => (request, bytes),
+        }
+    }
+
+    /// The meta request with its TTLs capped at `ttl` seconds, for a gutter
+    /// pool (parsed again).
+    fn meta_capped(&self, request: MetaRequest, bytes: Bytes, ttl: u64) -> (MetaRequest, Bytes) {
+        let now = crate::topology::unix_now();
+        let Some(rewritten) = crate::failover::cap_meta(
+            Command::of_meta(request.command),
+            &bytes,
+            request.line_len as usize,
+            ttl,
+            now,
+        ) else {
+            return (request, bytes);
+        };
+        match parse_meta(&rewritten, &self.limits) {
+            Ok(Some((capped, _))) => (capped, rewritten),
+            _ => (request, bytes),
+        }
+    }
+
+    /// A multi-key retrieval whose keys go to more than one pool (by routes,
+    /// or to a gutter): one retrieval per run of keys of the same pool, in
+    /// key order, so that their values, written one run after the other,
+    /// come in the client's key order; only the last run ends the reply.
     fn start_across_pools(&mut self, request: &Request, bytes: &Bytes) {
         let layout = self.worker.layout.load_full();
         // The command and its arguments before the keys (`gat 60 `).
         let head = &bytes[..request.keys[0].start as usize];
-        let mut runs: SmallVec<[(usize, std::ops::Range<usize>); 4]> = SmallVec::new();
+        // (serving pool, the gutter's TTL when it is one, keys).
+        type Run = (usize, Option<u64>, std::ops::Range<usize>);
+        let mut runs: SmallVec<[Run; 4]> = SmallVec::new();
         for i in 0..request.keys.len() {
-            let pool = layout.pool_of(request.key(bytes, i));
+            let key = request.key(bytes, i);
+            let pool = self.pool_index(&layout, Some(key)).unwrap_or(0);
+            let serving = layout.serving(pool, key);
+            let ttl = (serving != pool)
+                .then(|| {
+                    let topology = layout.pools()[pool].topology.load();
+                    topology.config.failover.as_ref().map(|f| f.ttl.as_secs())
+                })
+                .flatten();
             match runs.last_mut() {
-                Some((last, range)) if *last == pool => range.end = i + 1,
-                _ => runs.push((pool, i..i + 1)),
+                Some((last, last_ttl, range)) if *last == serving && *last_ttl == ttl => {
+                    range.end = i + 1
+                }
+                _ => runs.push((serving, ttl, i..i + 1)),
             }
         }
         let count = runs.len();
-        for (n, (pool, range)) in runs.into_iter().enumerate() {
+        for (n, (pool, ttl, range)) in runs.into_iter().enumerate() {
             let mut line = BytesMut::with_capacity(request.line_len as usize);
             line.extend_from_slice(head);
             let mut keys = crate::protocol::request::Keys::new();
@@ -73,13 +131,18 @@ impl ClientSession {
                 args_end,
                 line_len: line.len() as u32,
             };
+            let (sub, line) = match ttl {
+                // `gat` to a gutter: its new exptime is capped too.
+                Some(ttl) => self.capped(sub, line.freeze(), ttl),
+                None => (sub, line.freeze()),
+            };
             let topology = layout.pools()[pool].topology.load_full();
             let split = if n + 1 == count {
                 Split::Last
             } else {
                 Split::Part
             };
-            self.start_on(sub, line.freeze(), topology, split);
+            self.start_on(sub, line, topology, split);
         }
     }
 
@@ -168,9 +231,13 @@ impl ClientSession {
 
     /// Plans one meta request and queues its entry.
     pub(super) fn start_meta(&mut self, request: MetaRequest, bytes: Bytes) {
-        let topology = match request.key {
+        let (topology, gutter_ttl) = match request.key {
             Some(_) => self.topology_for(Some(&request.routing_key(&bytes))),
             None => self.topology_for(None),
+        };
+        let (request, bytes) = match gutter_ttl {
+            Some(ttl) => self.meta_capped(request, bytes, ttl),
+            None => (request, bytes),
         };
         let command = Command::of_meta(request.command);
         self.worker

@@ -409,3 +409,135 @@ fn pools_meet_replicas_quiet_meta_and_a_dead_server() {
         String::from_utf8_lossy(&reply)
     );
 }
+
+/// The `t` (seconds left) of `key` on `server`, asked with `mg key t`.
+fn ttl_on(server: &Memcached, key: &str) -> Option<i64> {
+    let mut client = server.client();
+    client.send(format!("mg {key} t\r\n").as_bytes());
+    let reply = String::from_utf8(client.meta_reply()).unwrap();
+    reply
+        .split_whitespace()
+        .find_map(|token| token.strip_prefix('t'))
+        .and_then(|t| t.parse().ok())
+}
+
+#[test]
+fn a_gutter_pool_takes_a_dead_servers_keys_with_short_ttls_and_serves_nothing_stale() {
+    let (m1, mut m2, g1) = (Memcached::start(), Memcached::start(), Memcached::start());
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\nrequest_timeout_ms = 200\nfailover = \"gutter\"\nfailover_ttl_s = 5\n\
+         [[servers]]\naddr = \"{}\"\n[[servers]]\naddr = \"{}\"\n\n\
+         [[pools]]\nname = \"gutter\"\n[[pools.servers]]\naddr = \"{}\"\n",
+        m1.addr(),
+        m2.addr(),
+        g1.addr()
+    );
+    let proxy = Proxy::start_text(&text);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..200).map(|i| format!("k{i}")).collect();
+    for key in &keys {
+        assert_eq!(client.set(key, b"v1"), b"STORED\r\n");
+    }
+    let on_m2: Vec<String> = {
+        let mut direct = m2.client();
+        keys.iter()
+            .filter(|k| direct.get(k).is_some())
+            .cloned()
+            .collect()
+    };
+    let on_m1: Vec<String> = keys
+        .iter()
+        .filter(|k| !on_m2.contains(k))
+        .cloned()
+        .collect();
+    assert!(
+        on_m2.len() > 40 && on_m1.len() > 40,
+        "{} {}",
+        on_m2.len(),
+        on_m1.len()
+    );
+
+    // m2 hangs: after its failures it is DEAD and its keys go to the gutter.
+    m2.pause();
+    wait_for("m2's keys to fail over to the gutter", || {
+        client.set(&on_m2[0], b"v2") == b"STORED\r\n"
+    });
+    for key in &on_m2 {
+        assert_eq!(client.set(key, b"v2"), b"STORED\r\n");
+    }
+    for key in on_m2.iter().take(20) {
+        let ttl = ttl_on(&g1, key).expect("the write reached the gutter");
+        assert!((1..=5).contains(&ttl), "{key}: t{ttl}, failover_ttl_s = 5");
+    }
+    // A meta set and a touch to the gutter are capped as well.
+    client.send(format!("ms {} 2 T3600\r\nv3\r\n", on_m2[1]).as_bytes());
+    assert_eq!(client.meta_reply(), b"HD\r\n");
+    assert!(ttl_on(&g1, &on_m2[1]).is_some_and(|t| (1..=5).contains(&t)));
+    assert_eq!(
+        client.call(
+            format!("touch {} 0\r\n", on_m2[2]).as_bytes(),
+            ReplyKind::Line
+        ),
+        b"TOUCHED\r\n"
+    );
+    assert!(ttl_on(&g1, &on_m2[2]).is_some_and(|t| (1..=5).contains(&t)));
+    for key in &on_m2[3..] {
+        assert_eq!(
+            client.get(key).as_deref(),
+            Some(&b"v2"[..]),
+            "{key} from the gutter"
+        );
+    }
+    // A get across both: m1's keys from m1, m2's from the gutter, in order.
+    let line = format!("get {} {} {}\r\n", on_m1[0], on_m2[3], on_m1[1]);
+    let expected = format!(
+        "VALUE {} 0 2\r\nv1\r\nVALUE {} 0 2\r\nv2\r\nVALUE {} 0 2\r\nv1\r\nEND\r\n",
+        on_m1[0], on_m2[3], on_m1[1]
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&client.call(line.as_bytes(), ReplyKind::Values)),
+        expected
+    );
+    // Nothing of m1's went to the gutter.
+    assert!(on_m1.iter().all(|k| ttl_on(&g1, k).is_none()));
+
+    // m2 comes back: flushed before its keys return, so its v1 (older
+    // than the acknowledged v2) is never read again.
+    m2.resume();
+    wait_for("m2's keys to return to it", || {
+        client.get(&on_m2[3]).is_none()
+    });
+    for key in &on_m2 {
+        let got = client.get(key);
+        assert_ne!(
+            got.as_deref(),
+            Some(&b"v1"[..]),
+            "{key}: a value older than an acknowledged write"
+        );
+    }
+    let mut direct = m2.client();
+    assert!(
+        on_m2.iter().all(|k| direct.get(k).is_none()),
+        "m2 was flushed"
+    );
+    assert_eq!(client.set(&on_m2[3], b"v4"), b"STORED\r\n");
+    assert_eq!(
+        direct.get(&on_m2[3]).as_deref(),
+        Some(&b"v4"[..]),
+        "written to m2 again"
+    );
+
+    // m2 hangs again at once: the gutter still holds its v2 of the last
+    // outage for up to failover_ttl_s, older than v4. Until those copies
+    // have expired, m2's keys fail rather than go to the gutter.
+    m2.pause();
+    wait_for("m2's keys to fail over again", || {
+        client.set(&on_m2[4], b"v5") == b"STORED\r\n"
+    });
+    assert_ne!(
+        client.get(&on_m2[3]).as_deref(),
+        Some(&b"v2"[..]),
+        "the gutter's copy from the last outage is older than v4"
+    );
+    m2.resume();
+}
