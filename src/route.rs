@@ -127,10 +127,17 @@ pub(crate) fn plan(request: &Request, bytes: &Bytes, topology: &Topology) -> Pla
             topology.replicas(key, &mut servers);
             match servers.first() {
                 None => Plan::NoServers,
-                Some(&owner) if request.command == Command::Cas => Plan::CasThenCopy {
-                    owner,
-                    copies: servers[1..].iter().copied().collect(),
-                },
+                Some(&owner) if request.command == Command::Cas => {
+                    // In a hand-off window the previous ring's replicas that
+                    // are not replicas now get the copy too: a later miss
+                    // may fall through to them, and must not find the value
+                    // this cas replaced.
+                    topology.push_previous_only_replicas(key, &mut servers);
+                    Plan::CasThenCopy {
+                        owner,
+                        copies: servers[1..].iter().copied().collect(),
+                    }
+                }
                 Some(_) => {
                     let quorum = quorum(servers.len());
                     let forget = topology.push_previous_only_replicas(key, &mut servers);
@@ -971,11 +978,16 @@ pub(crate) fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topolog
                 on_miss: topology.config.read_miss_fallthrough || topology.previous.is_some(),
             }
         }
-        _ if request.compare_cas => MetaPlan::CasThenCopy {
-            owner: servers[0],
-            copies: servers[1..].iter().copied().collect(),
-            copy: meta_copy(request, bytes),
-        },
+        _ if request.compare_cas => {
+            // As for a classic `cas`: the previous ring's other replicas
+            // get the copy too.
+            topology.push_previous_only_replicas(&key, &mut servers);
+            MetaPlan::CasThenCopy {
+                owner: servers[0],
+                copies: servers[1..].iter().copied().collect(),
+                copy: meta_copy(request, bytes),
+            }
+        }
         _ => {
             // In a hand-off window the previous ring's replicas that are not
             // replicas now get an `md` (as for classic writes).

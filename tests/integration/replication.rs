@@ -472,3 +472,97 @@ fn replicated_writes_in_a_window_leave_no_older_copy_for_an_undo() {
         &held_old[..held_old.len().min(5)]
     );
 }
+
+/// As above with `cas` (classic `gets`/`cas`, and meta `mg c`/`ms C`): a
+/// replica of the old ring that is not one now gets the cas's copy, so
+/// after the undo no key whose cas was stored reads the value it replaced,
+/// and no replica holds it.
+#[test]
+fn replicated_cas_in_a_window_leaves_no_older_copy_for_an_undo() {
+    let dir = crate::common::TempDir::new("replication", "cas-undo");
+    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let config = |n: usize| {
+        crate::common::config_text(&servers.iter().take(n).collect::<Vec<_>>(), "replicas = 2")
+    };
+    let path = dir.path("memring.toml");
+    let rewrite = |text: String| {
+        let temporary = path.with_extension("tmp");
+        std::fs::write(&temporary, text).unwrap();
+        std::fs::rename(&temporary, &path).unwrap();
+    };
+    std::fs::write(&path, config(4)).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..1_000).map(|i| format!("casundo:{i}")).collect();
+    for key in &keys {
+        assert_eq!(
+            client.set(key, format!("{key}=v1").as_bytes()),
+            b"STORED\r\n"
+        );
+    }
+    rewrite(config(5));
+    wait_for("ring version 2", || proxy.ring_version() >= 2);
+    let mut stored = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        let value = format!("{key}=v2");
+        if i % 2 == 0 {
+            let reply = client.call(
+                format!("gets {key}\r\n").as_bytes(),
+                memring::protocol::ReplyKind::Values,
+            );
+            let text = String::from_utf8_lossy(&reply).into_owned();
+            let Some(cas) = text.lines().next().and_then(|l| l.split(' ').nth(4)) else {
+                continue;
+            };
+            let request = format!("cas {key} 0 0 {} {cas}\r\n{value}\r\n", value.len());
+            if client.call(request.as_bytes(), memring::protocol::ReplyKind::Line) == b"STORED\r\n"
+            {
+                stored.push(key.clone());
+            }
+        } else {
+            client.send(format!("mg {key} c\r\n").as_bytes());
+            let reply = String::from_utf8_lossy(&client.meta_reply()).into_owned();
+            let Some(cas) = reply.split_whitespace().find_map(|t| t.strip_prefix('c')) else {
+                continue;
+            };
+            let cas = cas.to_string();
+            client.send(format!("ms {key} {} C{cas}\r\n{value}\r\n", value.len()).as_bytes());
+            if client.meta_reply() == b"HD\r\n" {
+                stored.push(key.clone());
+            }
+        }
+    }
+    assert!(
+        stored.len() > keys.len() / 2,
+        "{} of {} cas stored",
+        stored.len(),
+        keys.len()
+    );
+    rewrite(config(4));
+    wait_for("ring version 3", || proxy.ring_version() >= 3);
+    let stale: Vec<&String> = stored
+        .iter()
+        .filter(|key| client.get(key) == Some(format!("{key}=v1").into_bytes()))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "{} stored cas read back v1: {:?}",
+        stale.len(),
+        &stale[..stale.len().min(5)]
+    );
+    let mut direct: Vec<_> = servers.iter().map(Memcached::client).collect();
+    let mut held_old = Vec::new();
+    for key in &stored {
+        for replica in replicas_of(&proxy, key) {
+            if direct[replica].get(key) == Some(format!("{key}=v1").into_bytes()) {
+                held_old.push(format!("{key} on server {replica}"));
+            }
+        }
+    }
+    assert!(
+        held_old.is_empty(),
+        "{} replicas hold v1: {:?}",
+        held_old.len(),
+        &held_old[..held_old.len().min(5)]
+    );
+}
