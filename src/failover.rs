@@ -44,6 +44,37 @@ fn exptime_token(command: Command) -> Option<usize> {
     }
 }
 
+/// `bytes` (a command line of `line_len` bytes, then any data block) with
+/// each token of the line passed through `token` (its index, its bytes,
+/// where to write it) and `tail` written after the last; `None` when
+/// `token` gives up on one, or the line has no line ending.
+fn rewrite_line(
+    bytes: &[u8],
+    line_len: usize,
+    mut token: impl FnMut(usize, &[u8], &mut BytesMut) -> Option<()>,
+    tail: impl FnOnce(&mut BytesMut),
+) -> Option<Bytes> {
+    let (line, rest) = bytes.split_at(line_len.min(bytes.len()));
+    let text = line
+        .strip_suffix(b"\r\n")
+        .or_else(|| line.strip_suffix(b"\n"))?;
+    let mut out = BytesMut::with_capacity(bytes.len() + 12);
+    for (i, t) in text
+        .split(|&b| b == b' ')
+        .filter(|t| !t.is_empty())
+        .enumerate()
+    {
+        if i > 0 {
+            out.extend_from_slice(b" ");
+        }
+        token(i, t, &mut out)?;
+    }
+    tail(&mut out);
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(rest);
+    Some(out.freeze())
+}
+
 /// The classic request `bytes` (command line of `line_len` bytes, then any
 /// data block) with its exptime capped; `None` when it has none to cap.
 pub(crate) fn cap_classic(
@@ -54,29 +85,20 @@ pub(crate) fn cap_classic(
     now: u64,
 ) -> Option<Bytes> {
     let at = exptime_token(command)?;
-    let (line, rest) = bytes.split_at(line_len.min(bytes.len()));
-    let text = line
-        .strip_suffix(b"\r\n")
-        .or_else(|| line.strip_suffix(b"\n"))?;
-    let mut out = BytesMut::with_capacity(bytes.len() + 8);
-    for (i, token) in text
-        .split(|&b| b == b' ')
-        .filter(|t| !t.is_empty())
-        .enumerate()
-    {
-        if i > 0 {
-            out.extend_from_slice(b" ");
-        }
-        if i == at {
-            let exptime = std::str::from_utf8(token).ok()?.parse::<i64>().ok()?;
-            out.extend_from_slice(capped(exptime, ttl, now).to_string().as_bytes());
-        } else {
-            out.extend_from_slice(token);
-        }
-    }
-    out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(rest);
-    Some(out.freeze())
+    rewrite_line(
+        bytes,
+        line_len,
+        |i, token, out| {
+            if i == at {
+                let exptime = std::str::from_utf8(token).ok()?.parse::<i64>().ok()?;
+                out.extend_from_slice(capped(exptime, ttl, now).to_string().as_bytes());
+            } else {
+                out.extend_from_slice(token);
+            }
+            Some(())
+        },
+        |_| {},
+    )
 }
 
 /// The meta request `bytes` with every `T` (TTL) and `N` (vivify TTL) flag
@@ -95,47 +117,38 @@ pub(crate) fn cap_meta(
     ) {
         return None;
     }
-    let (line, rest) = bytes.split_at(line_len.min(bytes.len()));
-    let text = line
-        .strip_suffix(b"\r\n")
-        .or_else(|| line.strip_suffix(b"\n"))?;
-    let mut out = BytesMut::with_capacity(bytes.len() + 12);
-    let mut changed = false;
-    let mut has_ttl = false;
+    // Both closures below read and set these.
+    let changed = std::cell::Cell::new(false);
+    let has_ttl = std::cell::Cell::new(false);
     // Flags follow the key (and, for `ms`, the data length).
     let first_flag = if command == Command::MetaSet { 3 } else { 2 };
-    for (i, token) in text
-        .split(|&b| b == b' ')
-        .filter(|t| !t.is_empty())
-        .enumerate()
-    {
-        if i > 0 {
-            out.extend_from_slice(b" ");
-        }
-        let flag = token.first().copied();
-        let value = std::str::from_utf8(&token[1.min(token.len())..])
-            .ok()
-            .and_then(|v| v.parse::<i64>().ok());
-        match (i >= first_flag, flag, value) {
-            (true, Some(flag @ (b'T' | b'N')), Some(value)) => {
-                has_ttl |= flag == b'T';
-                out.extend_from_slice(&[flag]);
-                out.extend_from_slice(capped(value, ttl, now).to_string().as_bytes());
-                changed = true;
+    let rewritten = rewrite_line(
+        bytes,
+        line_len,
+        |i, token, out| {
+            let flag = token.first().copied();
+            let value = std::str::from_utf8(&token[1.min(token.len())..])
+                .ok()
+                .and_then(|v| v.parse::<i64>().ok());
+            match (i >= first_flag, flag, value) {
+                (true, Some(flag @ (b'T' | b'N')), Some(value)) => {
+                    has_ttl.set(has_ttl.get() || flag == b'T');
+                    out.extend_from_slice(&[flag]);
+                    out.extend_from_slice(capped(value, ttl, now).to_string().as_bytes());
+                    changed.set(true);
+                }
+                _ => out.extend_from_slice(token),
             }
-            _ => out.extend_from_slice(token),
-        }
-    }
-    if command == Command::MetaSet && !has_ttl {
-        out.extend_from_slice(format!(" T{ttl}").as_bytes());
-        changed = true;
-    }
-    if !changed {
-        return None;
-    }
-    out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(rest);
-    Some(out.freeze())
+            Some(())
+        },
+        |out| {
+            if command == Command::MetaSet && !has_ttl.get() {
+                out.extend_from_slice(format!(" T{ttl}").as_bytes());
+                changed.set(true);
+            }
+        },
+    )?;
+    changed.get().then_some(rewritten)
 }
 
 #[cfg(test)]

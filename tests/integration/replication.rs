@@ -406,35 +406,72 @@ fn replicas_and_a_join_keep_every_key_readable() {
     );
 }
 
+/// A replicated pool of 4 servers (`replicas = 2`) grown to 5 within its
+/// config file, with each of `keys` stored as `<key>=v1` before: the
+/// hand-off window the undo tests write in. Returns the file's directory,
+/// the servers, the file and memring.
+fn window_of_five(
+    test: &str,
+    keys: &[String],
+) -> (
+    crate::common::TempDir,
+    Vec<Memcached>,
+    std::path::PathBuf,
+    Proxy,
+) {
+    let dir = crate::common::TempDir::new("replication", test);
+    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, replicated_config(&servers, 4)).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    for key in keys {
+        assert_eq!(
+            client.set(key, format!("{key}=v1").as_bytes()),
+            b"STORED\r\n"
+        );
+    }
+    crate::common::replace_by_rename(&path, &replicated_config(&servers, 5));
+    wait_for("ring version 2", || proxy.ring_version() >= 2);
+    (dir, servers, path, proxy)
+}
+
+/// The config over the first `n` of `servers`, with `replicas = 2`.
+fn replicated_config(servers: &[Memcached], n: usize) -> String {
+    crate::common::config_text(&servers.iter().take(n).collect::<Vec<_>>(), "replicas = 2")
+}
+
+/// Undoes the change of [`window_of_five`] and lists the replicas (now)
+/// of `keys` that still hold `<key>=v1`, asked directly.
+fn undo_and_find_v1(
+    servers: &[Memcached],
+    path: &std::path::Path,
+    proxy: &Proxy,
+    keys: &[String],
+) -> Vec<String> {
+    crate::common::replace_by_rename(path, &replicated_config(servers, 4));
+    wait_for("ring version 3", || proxy.ring_version() >= 3);
+    let mut direct: Vec<_> = servers.iter().map(Memcached::client).collect();
+    let mut held_old = Vec::new();
+    for key in keys {
+        for replica in replicas_of(proxy, key) {
+            if direct[replica].get(key) == Some(format!("{key}=v1").into_bytes()) {
+                held_old.push(format!("{key} on server {replica}"));
+            }
+        }
+    }
+    held_old
+}
+
 /// `replicas = 2`: 4 -> 5 servers, every key rewritten (`set` and `ms`), then the change
 /// undone within the window. A replica of the old ring that is not one now
 /// gets a `delete` with each write, so after the undo no key reads the value
 /// the rewrite replaced.
 #[test]
 fn replicated_writes_in_a_window_leave_no_older_copy_for_an_undo() {
-    let dir = crate::common::TempDir::new("replication", "undo");
-    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
-    let config = |n: usize| {
-        crate::common::config_text(&servers.iter().take(n).collect::<Vec<_>>(), "replicas = 2")
-    };
-    let path = dir.path("memring.toml");
-    let rewrite = |text: String| {
-        let temporary = path.with_extension("tmp");
-        std::fs::write(&temporary, text).unwrap();
-        std::fs::rename(&temporary, &path).unwrap();
-    };
-    std::fs::write(&path, config(4)).unwrap();
-    let proxy = Proxy::start_file(&path);
-    let mut client = proxy.client();
     let keys: Vec<String> = (0..2_000).map(|i| format!("rundo:{i}")).collect();
-    for key in &keys {
-        assert_eq!(
-            client.set(key, format!("{key}=v1").as_bytes()),
-            b"STORED\r\n"
-        );
-    }
-    rewrite(config(5));
-    wait_for("ring version 2", || proxy.ring_version() >= 2);
+    let (_dir, servers, path, proxy) = window_of_five("undo", &keys);
+    let mut client = proxy.client();
     for (i, key) in keys.iter().enumerate() {
         let value = format!("{key}=v2");
         if i % 2 == 0 {
@@ -444,27 +481,15 @@ fn replicated_writes_in_a_window_leave_no_older_copy_for_an_undo() {
             assert_eq!(client.meta_reply(), b"HD\r\n");
         }
     }
-    rewrite(config(4));
-    wait_for("ring version 3", || proxy.ring_version() >= 3);
-    let mut stale = 0;
-    for key in &keys {
-        if client.get(key) == Some(format!("{key}=v1").into_bytes()) {
-            stale += 1;
-        }
-    }
-    assert_eq!(stale, 0, "reads of the overwritten v1 after the undo");
     // Not only the first replica: none of the key's replicas now may hold
     // the old value, or a read falling through (its first replica DEAD, or
     // evicted) would return it.
-    let mut direct: Vec<_> = servers.iter().map(Memcached::client).collect();
-    let mut held_old = Vec::new();
-    for key in &keys {
-        for replica in replicas_of(&proxy, key) {
-            if direct[replica].get(key) == Some(format!("{key}=v1").into_bytes()) {
-                held_old.push(format!("{key} on server {replica}"));
-            }
-        }
-    }
+    let held_old = undo_and_find_v1(&servers, &path, &proxy, &keys);
+    let stale = keys
+        .iter()
+        .filter(|key| client.get(key) == Some(format!("{key}=v1").into_bytes()))
+        .count();
+    assert_eq!(stale, 0, "reads of the overwritten v1 after the undo");
     assert!(
         held_old.is_empty(),
         "{} replicas hold v1: {:?}",
@@ -479,29 +504,9 @@ fn replicated_writes_in_a_window_leave_no_older_copy_for_an_undo() {
 /// and no replica holds it.
 #[test]
 fn replicated_cas_in_a_window_leaves_no_older_copy_for_an_undo() {
-    let dir = crate::common::TempDir::new("replication", "cas-undo");
-    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
-    let config = |n: usize| {
-        crate::common::config_text(&servers.iter().take(n).collect::<Vec<_>>(), "replicas = 2")
-    };
-    let path = dir.path("memring.toml");
-    let rewrite = |text: String| {
-        let temporary = path.with_extension("tmp");
-        std::fs::write(&temporary, text).unwrap();
-        std::fs::rename(&temporary, &path).unwrap();
-    };
-    std::fs::write(&path, config(4)).unwrap();
-    let proxy = Proxy::start_file(&path);
-    let mut client = proxy.client();
     let keys: Vec<String> = (0..1_000).map(|i| format!("casundo:{i}")).collect();
-    for key in &keys {
-        assert_eq!(
-            client.set(key, format!("{key}=v1").as_bytes()),
-            b"STORED\r\n"
-        );
-    }
-    rewrite(config(5));
-    wait_for("ring version 2", || proxy.ring_version() >= 2);
+    let (_dir, servers, path, proxy) = window_of_five("cas-undo", &keys);
+    let mut client = proxy.client();
     let mut stored = Vec::new();
     for (i, key) in keys.iter().enumerate() {
         let value = format!("{key}=v2");
@@ -525,7 +530,6 @@ fn replicated_cas_in_a_window_leaves_no_older_copy_for_an_undo() {
             let Some(cas) = reply.split_whitespace().find_map(|t| t.strip_prefix('c')) else {
                 continue;
             };
-            let cas = cas.to_string();
             client.send(format!("ms {key} {} C{cas}\r\n{value}\r\n", value.len()).as_bytes());
             if client.meta_reply() == b"HD\r\n" {
                 stored.push(key.clone());
@@ -538,8 +542,7 @@ fn replicated_cas_in_a_window_leaves_no_older_copy_for_an_undo() {
         stored.len(),
         keys.len()
     );
-    rewrite(config(4));
-    wait_for("ring version 3", || proxy.ring_version() >= 3);
+    let held_old = undo_and_find_v1(&servers, &path, &proxy, &stored);
     let stale: Vec<&String> = stored
         .iter()
         .filter(|key| client.get(key) == Some(format!("{key}=v1").into_bytes()))
@@ -550,15 +553,6 @@ fn replicated_cas_in_a_window_leaves_no_older_copy_for_an_undo() {
         stale.len(),
         &stale[..stale.len().min(5)]
     );
-    let mut direct: Vec<_> = servers.iter().map(Memcached::client).collect();
-    let mut held_old = Vec::new();
-    for key in &stored {
-        for replica in replicas_of(&proxy, key) {
-            if direct[replica].get(key) == Some(format!("{key}=v1").into_bytes()) {
-                held_old.push(format!("{key} on server {replica}"));
-            }
-        }
-    }
     assert!(
         held_old.is_empty(),
         "{} replicas hold v1: {:?}",
