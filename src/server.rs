@@ -168,7 +168,7 @@ pub async fn start_within(
     let hot = crate::hotkeys::HotShared::new(config.hot_keys, count, stats.clone());
     tokio::spawn(crate::hotkeys::monitor(
         hot.clone(),
-        topology.clone(),
+        pools.layout(),
         pools.published(),
         shutdown.clone(),
     ));

@@ -74,7 +74,7 @@ use crate::protocol::request::{parse_signed, parse_unsigned};
 use crate::protocol::{Command, Request};
 use crate::route::{MetaPlan, Plan, SubRequest};
 use crate::stats::{HotKeySample, Stats};
-use crate::topology::{SharedTopology, Topology};
+use crate::topology::Topology;
 use sketch::{BuildKeyHash, SpaceSaving};
 use top::{Episode, Episodes, HotKey, ServerWindow, WorkerWindow};
 
@@ -975,7 +975,7 @@ pub(crate) async fn run_windows(hot: Rc<HotWorker>, stop: CancellationToken) {
 /// Also takes the hot-key settings of every config a reload publishes.
 pub async fn monitor(
     shared: Arc<HotShared>,
-    topology: SharedTopology,
+    layout: crate::layout::SharedLayout,
     published: Arc<Notify>,
     shutdown: CancellationToken,
 ) {
@@ -990,7 +990,7 @@ pub async fn monitor(
             _ = ticks.tick() => {}
             () = published.notified() => {
                 // Reloads publish; so do ejections, which change nothing here.
-                if shared.apply(&topology.load().config.hot_keys) {
+                if shared.apply(&layout.load().default_topology().config.hot_keys) {
                     tracing::info!("hot-key settings applied");
                 }
                 continue;
@@ -998,7 +998,7 @@ pub async fn monitor(
             () = shutdown.cancelled() => return,
         }
         // A reload published while this task was busy.
-        shared.apply(&topology.load().config.hot_keys);
+        shared.apply(&layout.load().default_topology().config.hot_keys);
         let settings = shared.live.load().settings;
         let merged = shared.merged(Instant::now());
         let samples: Vec<HotKeySample> = merged
