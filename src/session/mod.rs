@@ -51,6 +51,7 @@ use crate::shard::WorkerCtx;
 use crate::topology::{SharedTopology, Topology};
 
 mod dispatch;
+mod shadow;
 mod start;
 
 /// First read buffer of a client: small, so that thousands of idle clients
@@ -539,6 +540,8 @@ struct Entry {
     /// A write, pending for hot-key coalescing and the near cache until
     /// this entry and its reply slots are done.
     hot: Option<Rc<WriteGuard>>,
+    /// A sampled get: the pairs its answers go to (see `shadow.rs`).
+    shadow: Option<Box<shadow::Pairs>>,
 }
 
 impl Entry {
@@ -563,6 +566,7 @@ impl Entry {
             reserved: 0,
             started: Instant::now(),
             hot: None,
+            shadow: None,
         }
     }
 }

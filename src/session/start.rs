@@ -90,6 +90,7 @@ impl ClientSession {
         if let Plan::Retrieve(retrieval) = &mut plan {
             retrieval.split(split);
         }
+        let shadow = self.shadow_classic(&request, &bytes, &mut plan);
         let hot = self
             .worker
             .hot
@@ -108,6 +109,7 @@ impl ClientSession {
             Plan::NoServers => Work::Ready(Bytes::from_static(route::NO_SERVERS)),
             Plan::Stats => Work::Stats,
             Plan::HotKeys => Work::Ready(self.worker.hot.report()),
+            Plan::ShadowStats => Work::Ready(self.shadow_report()),
             Plan::Forward { server } => Work::Lines {
                 parts: smallvec::smallvec![Part::new(server)],
                 finish: Finish::Forward,
@@ -163,6 +165,7 @@ impl ClientSession {
             reserved: 0,
             started: self.worker.clock.now(),
             hot,
+            shadow,
         });
     }
 
@@ -177,6 +180,7 @@ impl ClientSession {
             .stats
             .request(command, usize::from(request.key.is_some()));
         let plan = route::plan_meta(&request, &bytes, &topology);
+        let shadow = self.shadow_meta(&request, &bytes, &plan);
         let hot = self
             .worker
             .hot
@@ -310,6 +314,7 @@ impl ClientSession {
         entry.bytes = bytes;
         entry.sent = false;
         entry.hot = hot;
+        entry.shadow = shadow;
         entry.work = Work::Meta(Box::new(MetaWork {
             command: request.command,
             counts_cas: request.command == MetaCommand::Set
