@@ -158,6 +158,44 @@ fn a_shadow_of_another_size_reports_the_hit_rate_of_the_keys_its_servers_hold() 
     assert_eq!(primary_gets, 400);
 }
 
+#[test]
+fn a_multi_key_gets_is_compared_key_by_key_whatever_the_cas_numbers() {
+    let primary = [Memcached::start(), Memcached::start()];
+    let candidate = Memcached::start();
+    let proxy = Proxy::start_text(&config(
+        &[&primary[0], &primary[1]],
+        &[&candidate],
+        "",
+        Some("1.0"),
+        "",
+        "",
+    ));
+    let mut client = proxy.client();
+    let keys = keys("m:", 25);
+    for key in &keys[..20] {
+        assert_eq!(client.set(key, key.as_bytes()), b"STORED\r\n");
+    }
+    wait_for("the copies on the shadow", || {
+        held_by(&[&candidate], &keys) == [20]
+    });
+    let mut direct = candidate.client();
+    for key in &keys[..5] {
+        direct.call(format!("delete {key}\r\n").as_bytes(), ReplyKind::Line);
+    }
+    // The primary's cas numbers are not the shadow's: the data is compared.
+    let reply = client.call(
+        format!("gets {}\r\n", keys.join(" ")).as_bytes(),
+        ReplyKind::Values,
+    );
+    let values = String::from_utf8_lossy(&reply).matches("VALUE ").count();
+    assert_eq!(values, 20, "{}", String::from_utf8_lossy(&reply));
+    let stats = compared(&mut client, 25);
+    assert_eq!(figure(&stats, "hit_hit"), 15, "{stats:?}");
+    assert_eq!(figure(&stats, "hit_miss"), 5, "{stats:?}");
+    assert_eq!(figure(&stats, "miss_miss"), 5, "{stats:?}");
+    assert_eq!(figure(&stats, "mismatch"), 0, "{stats:?}");
+}
+
 /// Round trips of `set` then `get` of each key, one at a time.
 fn round_trips(client: &mut Client, keys: &[String]) -> Vec<Duration> {
     keys.iter()
