@@ -1,7 +1,9 @@
 //! The layout: the pools one process serves and the key-prefix routes
 //! between them, which say on whose topology a request is planned. Immutable
 //! and published through one `ArcSwap` by `pools.rs` (routes change with the
-//! rest of a reload in one store); sessions load it once per request. No I/O.
+//! rest of a reload in one store); sessions load it once per request. It also
+//! says which pools have a shadow pool, and which of their keys it gets.
+//! No I/O.
 
 use std::sync::Arc;
 
@@ -16,9 +18,20 @@ pub struct PoolEntry {
     pub topology: SharedTopology,
 }
 
+/// A pool's shadow as sessions see it (see `shadow.rs`).
+#[derive(Debug)]
+pub struct ShadowLink {
+    /// Index in [`Layout::pools`] of the shadow pool.
+    pub pool: usize,
+    pub(crate) sampler: crate::shadow::Sampler,
+    pub counters: Arc<crate::stats::ShadowCounters>,
+}
+
 /// The routing table between pools.
 #[derive(Debug)]
 pub struct Layout {
+    /// Per pool (as `pools`), its shadow; empty when no pool has one.
+    shadows: Box<[Option<ShadowLink>]>,
     pools: Box<[PoolEntry]>,
     /// (prefix, index in `pools`), in config order: the first match wins.
     routes: Box<[(Box<[u8]>, usize)]>,
@@ -46,6 +59,7 @@ impl Layout {
             .filter_map(|(prefix, pool)| Some((prefix.as_bytes().into(), index(pool)?)))
             .collect();
         Layout {
+            shadows: Box::new([]),
             default: index(default).unwrap_or(0),
             routes,
             gutters: vec![None; pools.len()].into_boxed_slice(),
@@ -83,13 +97,6 @@ impl Layout {
             Some(owner) if topology.failed_over(owner) => gutter,
             _ => pool,
         }
-    }
-
-    /// The index of the pool whose topology is `topology`.
-    pub fn index_of(&self, topology: &SharedTopology) -> Option<usize> {
-        self.pools
-            .iter()
-            .position(|p| Arc::ptr_eq(&p.topology, topology))
     }
 
     /// One pool, every key to it.
@@ -133,6 +140,51 @@ impl Layout {
     /// Every pool, in config order.
     pub fn pools(&self) -> &[PoolEntry] {
         &self.pools
+    }
+
+    /// The layout with these shadows: (primary, shadow, fraction) by pool
+    /// name, each with its counters; pairs naming a pool not in the layout
+    /// are left out (the config checks them).
+    pub(crate) fn with_shadows(
+        mut self,
+        shadows: impl IntoIterator<Item = (String, String, f64, crate::stats::ShadowCounters)>,
+    ) -> Layout {
+        let mut links: Vec<Option<ShadowLink>> = (0..self.pools.len()).map(|_| None).collect();
+        let index = |name: &str| self.pools.iter().position(|p| &*p.name == name);
+        let mut any = false;
+        for (primary, shadow, fraction, counters) in shadows {
+            if let (Some(primary), Some(shadow)) = (index(&primary), index(&shadow)) {
+                any = true;
+                links[primary] = Some(ShadowLink {
+                    pool: shadow,
+                    sampler: crate::shadow::Sampler::new(fraction),
+                    counters: Arc::new(counters),
+                });
+            }
+        }
+        if any {
+            self.shadows = links.into_boxed_slice();
+        }
+        self
+    }
+
+    /// The shadow of pool `pool` (an index in [`Layout::pools`]), if any.
+    #[inline]
+    pub fn shadow_of(&self, pool: usize) -> Option<&ShadowLink> {
+        self.shadows.get(pool)?.as_ref()
+    }
+
+    /// Whether any pool has a shadow.
+    #[inline]
+    pub fn shadowed(&self) -> bool {
+        !self.shadows.is_empty()
+    }
+
+    /// Index in [`Layout::pools`] of the pool whose topology is `topology`.
+    pub fn index_of(&self, topology: &SharedTopology) -> Option<usize> {
+        self.pools
+            .iter()
+            .position(|p| Arc::ptr_eq(&p.topology, topology))
     }
 
     /// The name of the pool keys matching no route go to.

@@ -40,6 +40,8 @@
 //! - [`layout`]: the pools and the key-prefix routes between them.
 //! - [`failover`]: TTL caps of writes sent to a gutter pool.
 //! - [`pools`]: one publisher per pool; a reload's part for each.
+//! - [`shadow`]: which keys a pool shares with its shadow pool, how the two
+//!   answers to a get compare, the bound on shadow requests in flight. Pure.
 //! - [`stats`]: counters behind both the `stats` reply and Prometheus; a leaf.
 //! - [`report`]: memring's memcached-style `stats` reply.
 //! - [`tls`]: rustls configs from PEM files for both sides (servers are
@@ -72,6 +74,7 @@ pub mod ring;
 mod route;
 pub mod server;
 mod session;
+pub(crate) mod shadow;
 mod shard;
 pub mod stats;
 mod sweep;

@@ -444,6 +444,18 @@ fn check(file: &Path, offline: bool) -> anyhow::Result<()> {
             route.pool
         );
     }
+    for pool in &config.pools {
+        if let Some(shadow) = &pool.shadow {
+            println!(
+                "{}: pool {} -> shadow pool {} ({}% of keys)",
+                file.display(),
+                pool.name,
+                shadow.pool,
+                // To a tenth of a percent: 0.1 reads 10, not 10.000000000000002.
+                (shadow.fraction * 1000.0).round() / 10.0
+            );
+        }
+    }
     Ok(())
 }
 

@@ -68,7 +68,7 @@ impl Pools {
                 &pool, &stats, account, &tls, &published, &shutdown,
             ));
         }
-        let layout = layout_of(config, &members);
+        let layout = layout_of(config, &members, &stats);
         Arc::new(Pools {
             layout: Arc::new(ArcSwap::from_pointee(layout)),
             members: Mutex::new(members),
@@ -209,7 +209,20 @@ impl Pools {
         });
         // Config order, as the layout lists them.
         members.sort_by_key(|m| wanted.iter().position(|p| p.name == m.publisher.name()));
-        self.layout.store(Arc::new(layout_of(config, &members)));
+        let layout = layout_of(config, &members, &self.stats);
+        let old = self.layout.swap(Arc::new(layout));
+        let new = self.layout.load();
+        for (pool, shadow) in shadow_pairs(&old) {
+            if !shadow_pairs(&new).contains(&(pool.clone(), shadow.clone())) {
+                self.stats.shadow_gone(&pool, &shadow);
+                others.push(format!("pool {pool}: shadow {shadow} removed"));
+            }
+        }
+        for (pool, shadow) in shadow_pairs(&new) {
+            if !shadow_pairs(&old).contains(&(pool.clone(), shadow.clone())) {
+                others.push(format!("pool {pool}: shadow {shadow} added"));
+            }
+        }
         for (publisher, stop) in removed {
             // Requests already planned on its topology finish on it.
             stop.cancel();
@@ -253,7 +266,20 @@ impl Member {
     }
 }
 
-fn layout_of(config: &Config, members: &[Member]) -> Layout {
+/// The (primary, shadow) names of a layout's shadows.
+fn shadow_pairs(layout: &Layout) -> Vec<(String, String)> {
+    (0..layout.pools().len())
+        .filter_map(|i| {
+            let link = layout.shadow_of(i)?;
+            Some((
+                layout.pools()[i].name.to_string(),
+                layout.pools()[link.pool].name.to_string(),
+            ))
+        })
+        .collect()
+}
+
+fn layout_of(config: &Config, members: &[Member], stats: &Stats) -> Layout {
     let entries = members
         .iter()
         .map(|m| PoolEntry {
@@ -271,5 +297,12 @@ fn layout_of(config: &Config, members: &[Member]) -> Layout {
         .into_iter()
         .filter_map(|p| Some((p.name.clone(), p.config.failover.as_ref()?.pool.clone())))
         .collect();
-    Layout::new(entries, &routes, &config.default_pool).with_failovers(&failovers)
+    let shadows = config.pool_list().into_iter().filter_map(|pool| {
+        let shadow = pool.shadow?;
+        let counters = stats.shadow_counters(&pool.name, &shadow.pool);
+        Some((pool.name, shadow.pool, shadow.fraction, counters))
+    });
+    Layout::new(entries, &routes, &config.default_pool)
+        .with_failovers(&failovers)
+        .with_shadows(shadows)
 }

@@ -342,6 +342,20 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             listeners.join(",")
         }
     };
+    let shadows_text = |pools: &[crate::config::PoolConfig]| {
+        let shadows: Vec<String> = pools
+            .iter()
+            .filter_map(|p| {
+                let shadow = p.shadow.as_ref()?;
+                Some(format!("{}->{} {}", p.name, shadow.pool, shadow.fraction))
+            })
+            .collect();
+        if shadows.is_empty() {
+            "(none)".to_string()
+        } else {
+            shadows.join(",")
+        }
+    };
     // The TLS settings as one line each; their files are read at start
     // (the listener's certificate reloads by itself when its files change).
     let tls_listen_text = |t: &Option<crate::config::TlsListen>| {
@@ -408,7 +422,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             d.interval.as_millis()
         )
     };
-    let rows: [(&'static str, String, String, bool); 39] = [
+    let rows: [(&'static str, String, String, bool); 40] = [
         (
             "discovery",
             discovered(&old.discovery),
@@ -456,6 +470,12 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             "default_pool",
             old.default_pool.clone(),
             default_pool.clone(),
+            false,
+        ),
+        (
+            "shadow",
+            shadows_text(&old.pools),
+            shadows_text(pools),
             false,
         ),
         (
@@ -963,6 +983,31 @@ mod tests {
             vec!["max_client_connections"]
         );
         assert!(restart_only_changes(&started, &started).is_empty());
+    }
+
+    #[test]
+    fn a_shadow_that_comes_or_changes_is_a_setting_applied_on_reload() {
+        let text = "listen = \"127.0.0.1:1\"\n[[servers]]\naddr = \"127.0.0.1:2\"\n[[pools]]\nname = \"next\"\n[[pools.servers]]\naddr = \"127.0.0.1:3\"\n";
+        let plain = Config::parse(text, "a").unwrap();
+        let with = |fraction: &str| {
+            let shadow = format!("[shadow]\npool = \"next\"\nfraction = {fraction}\n[[pools]]");
+            Config::parse(&text.replacen("[[pools]]", &shadow, 1), "a").unwrap()
+        };
+        let lines = |old: &Config, new: &Config| -> Vec<String> {
+            setting_changes(old, new)
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        };
+        assert_eq!(
+            lines(&plain, &with("0.1")),
+            ["shadow (none) -> default->next 0.1"]
+        );
+        assert_eq!(
+            lines(&with("0.1"), &with("0.5")),
+            ["shadow default->next 0.1 -> default->next 0.5"]
+        );
+        assert!(restart_only_changes(&plain, &with("1.0")).is_empty());
     }
 
     #[test]

@@ -10,6 +10,39 @@ use crate::protocol::Command;
 use crate::stats::Stats;
 use crate::topology::Topology;
 
+/// Writes the `stats shadow` reply, ending with `END`: for each pool with a
+/// shadow, `shadow:<pool>:<field>` lines with the shadow's figures beside
+/// the primary's for the same keys.
+pub(crate) fn write_shadow_stats(out: &mut BytesMut, layout: &Layout) {
+    for (i, pool) in layout.pools().iter().enumerate() {
+        let Some(link) = layout.shadow_of(i) else {
+            continue;
+        };
+        let figures = link.counters.figures();
+        let field = |name: &str| format!("shadow:{}:{name}", pool.name);
+        let compared = figures.compared();
+        let rate = |hits| format!("{:.4}", crate::stats::ratio(hits, compared));
+        write_stat(out, &field("pool"), &layout.pools()[link.pool].name);
+        write_stat(out, &field("fraction"), &link.sampler.fraction());
+        write_stat(out, &field("compared"), &compared);
+        write_stat(out, &field("primary_hits"), &figures.primary_hits());
+        write_stat(out, &field("shadow_hits"), &figures.shadow_hits());
+        write_stat(
+            out,
+            &field("primary_hit_rate"),
+            &rate(figures.primary_hits()),
+        );
+        write_stat(out, &field("shadow_hit_rate"), &rate(figures.shadow_hits()));
+        for (name, count) in crate::stats::SHADOW_PAIRINGS.iter().zip(figures.pairs) {
+            write_stat(out, &field(name), &count);
+        }
+        write_stat(out, &field("sent"), &figures.sent);
+        write_stat(out, &field("failed"), &figures.failed);
+        write_stat(out, &field("shed"), &figures.shed);
+    }
+    out.extend_from_slice(b"END\r\n");
+}
+
 /// Writes the whole `stats` reply, ending with `END`: the default pool's
 /// lines as a one-pool memring writes them, then every other pool's with
 /// `pool:<name>:` before each.

@@ -50,6 +50,8 @@ pub(crate) enum Plan {
     Stats,
     /// `stats hotkeys`: the hottest keys of the last window.
     HotKeys,
+    /// `stats shadow`: each shadow pool's figures beside its primary's.
+    ShadowStats,
     /// Close the client once earlier replies are written.
     Quit,
     /// One server gets the request as received (`noreply` stripped).
@@ -96,8 +98,13 @@ pub(crate) fn plan(request: &Request, bytes: &Bytes, topology: &Topology) -> Pla
         {
             Plan::HotKeys
         }
+        Command::Stats
+            if request.arg.is_some_and(|arg| arg.of(bytes) == b"shadow".as_slice()) =>
+        {
+            Plan::ShadowStats
+        }
         Command::Stats if request.arg.is_some() => Plan::Reply(
-            b"CLIENT_ERROR memring answers plain 'stats' and 'stats hotkeys' only; ask each memcached for the others\r\n",
+            b"CLIENT_ERROR memring answers plain 'stats', 'stats hotkeys' and 'stats shadow' only; ask each memcached for the others\r\n",
         ),
         Command::Stats => Plan::Stats,
         Command::FlushAll => Plan::Broadcast {
@@ -350,6 +357,10 @@ pub(crate) struct Retrieval {
     /// Whether this is the whole reply or one run of a retrieval whose
     /// keys go to several pools.
     split: Split,
+    /// With [`Retrieval::record_answers`]: each key's answer as it went to
+    /// the client (key index, its value block or `None` for a miss), for a
+    /// shadow pool's comparison.
+    answers: Option<Vec<(u32, Option<Bytes>)>>,
 }
 
 /// A retrieval's part in the client's reply.
@@ -473,7 +484,23 @@ impl Retrieval {
             copies: Vec::new(),
             read_through: (0, 0),
             split: Split::Whole,
+            answers: None,
         }
+    }
+
+    /// Keeps each key's answer as it goes to the client, for
+    /// [`Retrieval::take_answers`].
+    pub(crate) fn record_answers(&mut self) {
+        self.answers.get_or_insert_with(Vec::new);
+    }
+
+    /// The answers written since the last call: (key index, value block, or
+    /// `None` for a miss). Empty unless [`Retrieval::record_answers`].
+    pub(crate) fn take_answers(&mut self) -> Vec<(u32, Option<Bytes>)> {
+        self.answers
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// The first server key `i` is asked of (its owner), if any.
@@ -806,9 +833,16 @@ impl Retrieval {
                 KeyState::Found(block) => {
                     self.held -= block.len();
                     self.values_written += 1;
+                    if let Some(answers) = &mut self.answers {
+                        answers.push((self.next_emit as u32, Some(block.clone())));
+                    }
                     out.push(block);
                 }
-                KeyState::Missed => {}
+                KeyState::Missed => {
+                    if let Some(answers) = &mut self.answers {
+                        answers.push((self.next_emit as u32, None));
+                    }
+                }
                 waiting => {
                     self.state[self.next_emit] = waiting;
                     return false;

@@ -53,6 +53,8 @@ pub(crate) struct WorkerCtx {
     pub(crate) hot: Rc<HotWorker>,
     /// The time of this worker's current turn.
     pub(crate) clock: Rc<crate::clock::TurnClock>,
+    /// This worker's shadow requests in flight (see `shadow.rs`).
+    pub(crate) shadow: Rc<crate::shadow::InFlight>,
 }
 
 impl WorkerCtx {
@@ -77,6 +79,7 @@ impl WorkerCtx {
             budget,
             hot,
             clock: Rc::new(crate::clock::TurnClock::new()),
+            shadow: Rc::default(),
         }
     }
 

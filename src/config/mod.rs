@@ -19,7 +19,7 @@ use crate::protocol::{Limits, DEFAULT_MAX_GET_LINE_BYTES, DEFAULT_MAX_LINE_BYTES
 use crate::ring::{Flavour, HashFunction, Member, Node, Ring, Spec};
 
 mod pools;
-pub use pools::{PoolConfig, Route, DEFAULT_POOL};
+pub use pools::{PoolConfig, Route, ShadowConfig, DEFAULT_POOL};
 
 /// Largest weight a server may have (160 000 points for one server).
 pub const MAX_WEIGHT: u32 = 1000;
@@ -74,6 +74,8 @@ struct RawConfig {
     #[serde(default)]
     routes: Vec<Spanned<pools::RawRoute>>,
     default_pool: Option<Spanned<String>>,
+    /// `[shadow]`: the top-level pool's shadow (see `pools.rs`).
+    shadow: Option<Spanned<pools::RawShadow>>,
 }
 
 /// `[discovery]`: where host names are looked up, how often, and whether the
@@ -1660,6 +1662,8 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("failover", "\"gutter\""),
     ("failover_ttl_s", "10"),
     ("pool", "\"sessions\""),
+    ("shadow", "{ pool = \"candidate\", fraction = 0.1 }"),
+    ("fraction", "0.1"),
 ];
 
 /// serde's and toml's messages, rewritten for people where they are not:
@@ -2170,6 +2174,9 @@ name = "cache-02"
                 format!("listen = \"127.0.0.1:1\"\n[backend_tls]\nca_file = \"ca.pem\"\n[[servers]]\n{key} = {example}\n{addr}")
             } else if key == "listen" {
                 GOOD.replace("\"127.0.0.1:22122\"", example)
+            } else if key == "shadow" {
+                // A shadow is another pool.
+                format!("{key} = {example}\n{GOOD}[[pools]]\nname = \"candidate\"\n[[pools.servers]]\naddr = \"127.0.0.1:3\"\n")
             } else {
                 let ring = if key == "ring" {
                     ""
@@ -2200,15 +2207,18 @@ name = "cache-02"
         }
         // The keys of [discovery] have examples of their own.
         let discovery = ["srv", "a", "interval_ms", "resolver"];
-        // A pool's keys are top-level keys; a route's have their own.
+        // A pool's keys are top-level keys; a route's have their own, and
+        // a shadow's `pool` is a route's.
         let route = ["prefix", "pool"];
+        let shadow = ["fraction"];
         assert_eq!(
             EXAMPLES.len(),
             top.len() - 1 - tables.len()
                 + server.len()
                 + table_keys.len()
                 + discovery.len()
-                + route.len(),
+                + route.len()
+                + shadow.len(),
             "an example of a key that is gone"
         );
     }
@@ -2241,6 +2251,7 @@ name = "cache-02"
             .chain(table_keys)
             .chain(names.iter().filter_map(|n| n.strip_prefix("discovery.")))
             .chain(names.iter().filter_map(|n| n.strip_prefix("routes.")))
+            .chain(names.iter().filter_map(|n| n.strip_prefix("shadow.")))
             .chain(
                 names
                     .iter()

@@ -42,7 +42,28 @@ pub(super) struct RawPool {
     ring: Option<Spanned<String>>,
     hash: Option<Spanned<String>>,
     hash_tag: Option<Spanned<String>>,
+    shadow: Option<Spanned<RawShadow>>,
 }
+
+/// `[pools.shadow]` (or the top-level `[shadow]` for the pool `default`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawShadow {
+    pool: Spanned<String>,
+    fraction: Option<Spanned<f64>>,
+}
+
+/// A pool's shadow: the pool that also gets `fraction` of its keys (chosen
+/// by key hash), whose replies are compared and never answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShadowConfig {
+    pub pool: String,
+    /// In 0.0..=1.0 (the config refuses anything else, NaN included).
+    pub fraction: f64,
+}
+
+// `fraction` is never NaN (see `check_shadows`), so equality is total.
+impl Eq for ShadowConfig {}
 
 /// One `[[routes]]` entry.
 #[derive(Debug, Clone, Deserialize)]
@@ -59,6 +80,8 @@ pub struct PoolConfig {
     pub name: String,
     pub listen: Option<SocketAddr>,
     pub config: Arc<Config>,
+    /// Where this pool's sampled keys are also sent (`[pools.shadow]`).
+    pub shadow: Option<ShadowConfig>,
 }
 
 /// Keys starting with `prefix` (on the main `listen`) go to `pool`.
@@ -77,6 +100,7 @@ impl Config {
                 name: DEFAULT_POOL.to_string(),
                 listen: None,
                 config: Arc::new(self.clone()),
+                shadow: None,
             }];
         }
         self.pools.clone()
@@ -101,6 +125,7 @@ pub(super) fn build(
         && raw.routes.is_empty()
         && raw.default_pool.is_none()
         && raw.failover.is_none()
+        && raw.shadow.is_none()
     {
         return Config::build_pool(raw, text, path, lookup);
     }
@@ -127,8 +152,14 @@ pub(super) fn build(
             name: DEFAULT_POOL.to_string(),
             listen: None,
             config: Arc::new(Config::build_pool(raw, text, path, lookup)?),
+            shadow: None,
         });
         written.push((0..0, None));
+    } else if let Some(shadow) = &raw.shadow {
+        return Err(at(
+            shadow.span(),
+            "[shadow] is the top-level pool's, and there is none: write [pools.shadow] under the [[pools]] entry it is for".into(),
+        ));
     }
     let listen = raw.listen.get_ref().parse::<SocketAddr>().ok();
     for entry in &raw.pools {
@@ -215,6 +246,7 @@ pub(super) fn build(
             name: name.clone(),
             listen: pool_listen,
             config: Arc::new(config),
+            shadow: None,
         });
     }
     // Each pool's gutter is another pool, which has none of its own.
@@ -257,6 +289,12 @@ pub(super) fn build(
             ));
         }
     }
+    let raw_shadows: Vec<Option<&Spanned<RawShadow>>> = top_has_servers
+        .then_some(raw.shadow.as_ref())
+        .into_iter()
+        .chain(raw.pools.iter().map(|p| p.get_ref().shadow.as_ref()))
+        .collect();
+    check_shadows(&mut pools, &raw_shadows, &at)?;
     let known = || {
         pools
             .iter()
@@ -367,6 +405,96 @@ pub(super) fn build(
     Ok(config)
 }
 
+/// Checks each pool's shadow now that every pool is known, and keeps it in
+/// its pool: the shadow must be another pool, the fraction a share, and no
+/// pool may be its own shadow's shadow, however far round.
+fn check_shadows(
+    pools: &mut [PoolConfig],
+    raw: &[Option<&Spanned<RawShadow>>],
+    at: &dyn Fn(Range<usize>, String) -> ConfigError,
+) -> Result<(), ConfigError> {
+    let names: Vec<String> = pools.iter().map(|p| p.name.clone()).collect();
+    let known = names
+        .iter()
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    for (pool, shadow) in pools.iter_mut().zip(raw) {
+        let Some(shadow) = shadow else { continue };
+        let shadow = shadow.get_ref();
+        let target = shadow.pool.get_ref();
+        if !names.contains(target) {
+            return Err(at(
+                shadow.pool.span(),
+                format!(
+                    "pool `{}`: shadow pool = \"{target}\" names no pool (pools: {known})",
+                    pool.name
+                ),
+            ));
+        }
+        if *target == pool.name {
+            return Err(at(
+                shadow.pool.span(),
+                format!(
+                    "pool `{}` shadows itself: a shadow is another pool, with the new layout",
+                    pool.name
+                ),
+            ));
+        }
+        let fraction = match &shadow.fraction {
+            None => 1.0,
+            Some(f) if (0.0..=1.0).contains(f.get_ref()) => *f.get_ref(),
+            Some(f) => {
+                return Err(at(
+                    f.span(),
+                    format!(
+                        "pool `{}`: shadow fraction = {} must be a share from 0.0 to 1.0",
+                        pool.name,
+                        f.get_ref()
+                    ),
+                ))
+            }
+        };
+        pool.shadow = Some(ShadowConfig {
+            pool: target.clone(),
+            fraction,
+        });
+    }
+    let shadow_of = |name: &str| {
+        pools
+            .iter()
+            .find(|p| p.name == name)
+            .and_then(|p| p.shadow.as_ref())
+            .map(|s| s.pool.clone())
+    };
+    for (pool, shadow) in pools.iter().zip(raw) {
+        let Some(shadow) = shadow else { continue };
+        let mut path = vec![pool.name.clone()];
+        let mut next = shadow_of(&pool.name);
+        while let Some(name) = next {
+            if name == pool.name {
+                path.push(name);
+                return Err(at(
+                    shadow.get_ref().pool.span(),
+                    format!(
+                        "pool `{}` is in a shadow cycle ({}): a pool cannot shadow a pool that shadows it",
+                        pool.name,
+                        path.join(" -> ")
+                    ),
+                ));
+            }
+            if path.contains(&name) {
+                // A cycle that does not pass through this pool: reported
+                // at its own members.
+                break;
+            }
+            path.push(name.clone());
+            next = shadow_of(&name);
+        }
+    }
+    Ok(())
+}
+
 /// The top-level settings with `pool`'s own laid over them. The ring settings
 /// go together (a pool that sets `ring` does not take the top level's
 /// `hash`), as do the ejection timings; discovery stays with the top level.
@@ -375,6 +503,8 @@ fn layered(top: &RawConfig, pool: &RawPool) -> RawConfig {
     raw.pools.clear();
     raw.routes.clear();
     raw.default_pool = None;
+    // The top-level `[shadow]` is the default pool's alone.
+    raw.shadow = None;
     raw.servers = pool.servers.clone();
     if let Some(discovery) = raw.discovery.as_mut() {
         let discovery = discovery.get_mut();
@@ -620,5 +750,130 @@ pool = "sessions"
         // A one-pool file has no pool to fail over to.
         let error = parse("failover = \"gutter\"\nlisten = \"127.0.0.1:1\"\n[[servers]]\naddr = \"127.0.0.1:2\"\n").unwrap_err();
         assert!(error.contains("names no pool"), "{error}");
+    }
+
+    const SHADOWED: &str = r#"listen = "127.0.0.1:22121"
+[[servers]]
+addr = "127.0.0.1:11211"
+
+[[pools]]
+name = "main"
+[pools.shadow]
+pool = "candidate"
+fraction = 0.25
+[[pools.servers]]
+addr = "127.0.0.1:11311"
+
+[[pools]]
+name = "candidate"
+[[pools.servers]]
+addr = "127.0.0.1:11411"
+"#;
+
+    #[test]
+    fn a_pools_shadow_is_kept_with_it_and_not_inherited() {
+        let config = parse(SHADOWED).unwrap();
+        assert_eq!(
+            config.pool("main").unwrap().shadow,
+            Some(ShadowConfig {
+                pool: "candidate".into(),
+                fraction: 0.25
+            })
+        );
+        assert_eq!(config.pool("candidate").unwrap().shadow, None);
+        assert_eq!(config.pool("default").unwrap().shadow, None);
+        let top = format!(
+            "[shadow]\npool = \"candidate\"\n{}",
+            SHADOWED.replacen("listen = \"127.0.0.1:22121\"\n", "", 1)
+        );
+        let config = parse(&format!("listen = \"127.0.0.1:22121\"\n{top}")).unwrap();
+        let default = config.pool("default").unwrap().shadow.unwrap();
+        assert_eq!(
+            (default.pool.as_str(), default.fraction),
+            ("candidate", 1.0)
+        );
+        assert_eq!(
+            config.pool("candidate").unwrap().shadow,
+            None,
+            "[shadow] is the top-level pool's alone"
+        );
+    }
+
+    #[test]
+    fn bad_shadows_are_errors_at_their_line() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("pool = \"candidate\"", "pool = \"nope\"", "t.toml:8:8: pool `main`: shadow pool = \"nope\" names no pool (pools: `default`, `main`, `candidate`)"),
+            ("pool = \"candidate\"", "pool = \"main\"", "t.toml:8:8: pool `main` shadows itself"),
+            ("fraction = 0.25", "fraction = 1.5", "t.toml:9:12: pool `main`: shadow fraction = 1.5 must be a share from 0.0 to 1.0"),
+            ("fraction = 0.25", "fraction = nan", "t.toml:9:12: pool `main`: shadow fraction = NaN must be a share"),
+            ("fraction = 0.25", "fractoin = 0.25", "t.toml:9:1: "),
+        ];
+        for (from, to, expected) in cases {
+            let text = SHADOWED.replacen(from, to, 1);
+            let error = parse(&text).unwrap_err();
+            assert!(error.starts_with(expected), "{from} -> {to}: {error}");
+        }
+    }
+
+    #[test]
+    fn shadow_cycles_are_refused_however_long() {
+        let back = SHADOWED.replacen(
+            "name = \"candidate\"\n",
+            "name = \"candidate\"\n[pools.shadow]\npool = \"main\"\n",
+            1,
+        );
+        let error = parse(&back).unwrap_err();
+        assert!(
+            error.starts_with(
+                "t.toml:8:8: pool `main` is in a shadow cycle (main -> candidate -> main)"
+            ),
+            "{error}"
+        );
+        let three = format!(
+            "[shadow]\npool = \"main\"\n{}",
+            SHADOWED.replacen(
+                "name = \"candidate\"\n",
+                "name = \"candidate\"\n[pools.shadow]\npool = \"default\"\n",
+                1
+            )
+        )
+        .replacen("listen = \"127.0.0.1:22121\"\n", "", 1);
+        let error = parse(&format!("listen = \"127.0.0.1:22121\"\n{three}")).unwrap_err();
+        assert!(
+            error.contains(
+                "pool `default` is in a shadow cycle (default -> main -> candidate -> default)"
+            ),
+            "{error}"
+        );
+        // A chain is fine: the shadow's own shadow gets client traffic only.
+        let chain = format!(
+            "{SHADOWED}[[pools]]\nname = \"third\"\n[[pools.servers]]\naddr = \"127.0.0.1:11511\"\n"
+        )
+        .replacen(
+            "name = \"candidate\"\n",
+            "name = \"candidate\"\n[pools.shadow]\npool = \"third\"\n",
+            1,
+        );
+        assert!(parse(&chain).is_ok());
+    }
+
+    #[test]
+    fn a_top_level_shadow_needs_a_top_level_pool_and_another_pool() {
+        let one = "listen = \"127.0.0.1:1\"\n[[servers]]\naddr = \"127.0.0.1:2\"\n[shadow]\npool = \"default\"\n";
+        let error = parse(one).unwrap_err();
+        assert!(
+            error.starts_with("t.toml:5:8: pool `default` shadows itself"),
+            "{error}"
+        );
+        let none = SHADOWED.replacen(
+            "[[servers]]\naddr = \"127.0.0.1:11211\"\n",
+            "default_pool = \"main\"\n[shadow]\npool = \"main\"\n",
+            1,
+        );
+        let error = parse(&none).unwrap_err();
+        assert!(
+            error.contains("[shadow] is the top-level pool's, and there is none"),
+            "{error}"
+        );
     }
 }

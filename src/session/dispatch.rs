@@ -913,6 +913,9 @@ impl ClientSession {
                         None => return false,
                     },
                 };
+                if let Some(pairs) = entry.shadow.take() {
+                    shadow::primary_meta_answer(&pairs, &reply);
+                }
                 match reply {
                     // Empty: `q` suppressed it, as memcached would.
                     Ok(reply) => {
@@ -949,6 +952,9 @@ impl ClientSession {
             } => {
                 if plan.has_unsent() || !in_flight.is_empty() || !plan.emit(&mut self.out) {
                     return false;
+                }
+                if let Some(pairs) = entry.shadow.take() {
+                    shadow::primary_answers(&pairs, &plan.take_answers());
                 }
                 let (keys, hits) = plan.counts();
                 stats.retrieval(keys, hits);

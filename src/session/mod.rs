@@ -51,6 +51,7 @@ use crate::shard::WorkerCtx;
 use crate::topology::{SharedTopology, Topology};
 
 mod dispatch;
+mod shadow;
 mod start;
 
 /// First read buffer of a client: small, so that thousands of idle clients
@@ -568,6 +569,8 @@ struct Entry {
     /// A write, pending for hot-key coalescing and the near cache until
     /// this entry and its reply slots are done.
     hot: Option<Rc<WriteGuard>>,
+    /// A sampled get: the pairs its answers go to (see `shadow.rs`).
+    shadow: Option<Box<shadow::Pairs>>,
 }
 
 impl Entry {
@@ -592,6 +595,7 @@ impl Entry {
             reserved: 0,
             started: Instant::now(),
             hot: None,
+            shadow: None,
         }
     }
 }

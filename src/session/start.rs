@@ -153,6 +153,7 @@ impl ClientSession {
         if let Plan::Retrieve(retrieval) = &mut plan {
             retrieval.split(split);
         }
+        let shadow = self.shadow_classic(&request, &bytes, &mut plan);
         let hot = self
             .worker
             .hot
@@ -171,6 +172,7 @@ impl ClientSession {
             Plan::NoServers => Work::Ready(Bytes::from_static(route::NO_SERVERS)),
             Plan::Stats => Work::Stats,
             Plan::HotKeys => Work::Ready(self.worker.hot.report()),
+            Plan::ShadowStats => Work::Ready(self.shadow_report()),
             Plan::Forward { server } => Work::Lines {
                 parts: smallvec::smallvec![Part::new(server)],
                 finish: Finish::Forward,
@@ -226,6 +228,7 @@ impl ClientSession {
             reserved: 0,
             started: self.worker.clock.now(),
             hot,
+            shadow,
         });
     }
 
@@ -244,6 +247,7 @@ impl ClientSession {
             .stats
             .request(command, usize::from(request.key.is_some()));
         let plan = route::plan_meta(&request, &bytes, &topology);
+        let shadow = self.shadow_meta(&request, &bytes, &plan);
         let hot = self
             .worker
             .hot
@@ -377,6 +381,7 @@ impl ClientSession {
         entry.bytes = bytes;
         entry.sent = false;
         entry.hot = hot;
+        entry.shadow = shadow;
         entry.work = Work::Meta(Box::new(MetaWork {
             command: request.command,
             counts_cas: request.command == MetaCommand::Set

@@ -6,7 +6,7 @@
 //!   page;
 //! - every metric family a running memring exposes on `/metrics` (with the
 //!   features that add families turned on) is named on some page, and so is
-//!   every line of its `stats` and `stats hotkeys`;
+//!   every line of its `stats`, `stats hotkeys` and `stats shadow`;
 //! - every subcommand in `memring --help` has a page `docs/<name>.md`, listed
 //!   in the index `docs/README.md`;
 //! - every relative link resolves to a file, and its `#anchor` to a heading;
@@ -287,6 +287,22 @@ fn every_stats_field_is_documented() {
         .map(|name| name.replace(&server, "server:<name>:"))
         .collect();
     assert!(fields.len() > 30, "{fields:?}");
+    // `stats shadow`, from a pool with a shadow: one pool's lines stand for
+    // all (`shadow:<pool>:compared`).
+    let shadow = Memcached::start();
+    let shadowed = Proxy::start_text(&format!(
+        "{}[shadow]\npool = \"candidate\"\n[[pools]]\nname = \"candidate\"\n[[pools.servers]]\naddr = \"{}\"\n",
+        crate::common::config_text(&[&servers[0]], ""),
+        shadow.addr()
+    ));
+    let shadow_fields: Vec<String> = shadowed
+        .client()
+        .stats("shadow")
+        .into_iter()
+        .map(|(name, _)| name.replace("shadow:default:", "shadow:<pool>:"))
+        .collect();
+    assert!(shadow_fields.len() > 10, "{shadow_fields:?}");
+    let fields: BTreeSet<String> = fields.into_iter().chain(shadow_fields).collect();
     let pages = pages();
     let missing: Vec<&String> = fields
         .iter()
@@ -294,7 +310,7 @@ fn every_stats_field_is_documented() {
         .collect();
     assert!(
         missing.is_empty(),
-        "STAT lines of `stats` and `stats hotkeys` that no page names: {missing:?}"
+        "STAT lines of `stats`, `stats hotkeys` and `stats shadow` that no page names: {missing:?}"
     );
 }
 

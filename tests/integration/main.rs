@@ -25,5 +25,6 @@ mod reload;
 mod replication;
 mod resilience;
 mod sessions;
+mod shadow;
 mod tls;
 mod twemproxy;

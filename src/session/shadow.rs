@@ -1,0 +1,265 @@
+//! The session's half of a shadow pool (see `shadow.rs`): for a sampled key,
+//! a copy of each write and a meta get for each read go to the key's owner
+//! in the shadow pool, on this worker's connection to it, with a slot that
+//! only a [`ShadowReply`] watches. Nothing here ever waits: the client's
+//! answer comes from the primary alone, and a shadow request that finds no
+//! room in the worker's bound is shed and counted.
+
+use super::*;
+use crate::shadow::{value_digest, Pair, Sampler, ShadowReply, Side};
+use crate::stats::ShadowCounters;
+
+/// The sampled keys of one request: (key index in the request, its pair).
+pub(super) type Pairs = SmallVec<[(u32, Rc<Pair>); 1]>;
+
+/// A pool's shadow as one request needs it.
+struct Shadow {
+    counters: Arc<ShadowCounters>,
+    sampler: Sampler,
+    topology: Arc<Topology>,
+}
+
+/// How a shadow get's reply is framed.
+fn get_expect() -> Expect {
+    Expect::Meta {
+        command: MetaCommand::Get,
+        quiet: false,
+        replied: false,
+    }
+}
+
+/// `mg <key> v [b] [T<ttl>]`: the shadow's read of a key, whatever the
+/// client asked (its value is what is compared; `T` keeps a `gat`'s or
+/// `mg … T`'s new expiry in step on the shadow).
+fn get_line(token: &[u8], base64: bool, ttl: Option<&[u8]>) -> Bytes {
+    let mut line = BytesMut::with_capacity(token.len() + 24);
+    line.extend_from_slice(b"mg ");
+    line.extend_from_slice(token);
+    line.extend_from_slice(b" v");
+    if base64 {
+        line.extend_from_slice(b" b");
+    }
+    if let Some(ttl) = ttl {
+        line.extend_from_slice(b" T");
+        line.extend_from_slice(ttl);
+    }
+    line.extend_from_slice(b"\r\n");
+    line.freeze()
+}
+
+/// The primary's answers to a sampled retrieval, as written to the client,
+/// go to their pairs (both lists are in key order).
+pub(super) fn primary_answers(pairs: &Pairs, answers: &[(u32, Option<Bytes>)]) {
+    for (index, pair) in pairs {
+        if let Some((_, block)) = answers.iter().find(|(k, _)| k == index) {
+            pair.primary(match block {
+                Some(block) => Side::Hit(value_digest(block)),
+                None => Side::Miss,
+            });
+        }
+    }
+}
+
+/// The primary's answer to a sampled `mg` goes to its pair.
+pub(super) fn primary_meta_answer(pairs: &Pairs, reply: &CallResult) {
+    let side = match reply {
+        Ok(reply) => crate::shadow::meta_side(reply),
+        Err(_) => Side::Failed,
+    };
+    for (_, pair) in pairs {
+        pair.primary(side);
+    }
+}
+
+impl ClientSession {
+    /// The shadow of the pool a request with routing key `key` is planned
+    /// on (the bound pool's, for a client of a pool's own listener).
+    fn shadow_for(&self, key: &[u8]) -> Option<Shadow> {
+        let layout = self.worker.layout.load();
+        if !layout.shadowed() {
+            return None;
+        }
+        let pool = match &self.bound {
+            Some(bound) => layout.index_of(bound)?,
+            None => layout.pool_of(key),
+        };
+        let link = layout.shadow_of(pool)?;
+        Some(Shadow {
+            counters: link.counters.clone(),
+            sampler: link.sampler,
+            topology: layout.pools()[link.pool].topology.load_full(),
+        })
+    }
+
+    /// Sends the shadow's part of a classic request planned as `plan`: a
+    /// write's copy (a `cas` as a plain `set`: the shadow's cas numbers are
+    /// its own), or one `mg` per sampled key of a retrieval, whose pairs it
+    /// returns.
+    pub(super) fn shadow_classic(
+        &self,
+        request: &Request,
+        bytes: &Bytes,
+        plan: &mut Plan,
+    ) -> Option<Box<Pairs>> {
+        if request.keys.is_empty() {
+            return None;
+        }
+        let forwarded = matches!(
+            plan,
+            Plan::Forward { .. }
+                | Plan::Quorum { .. }
+                | Plan::CasThenCopy { .. }
+                | Plan::Moved { .. }
+                | Plan::Retrieve(_)
+        );
+        if !forwarded {
+            return None;
+        }
+        let shadow = self.shadow_for(request.key(bytes, 0))?;
+        let command = request.command;
+        if let Plan::Retrieve(retrieval) = plan {
+            // `gat`/`gats`: the new expiry goes to the shadow too.
+            let ttl = request.arg.map(|arg| arg.of(bytes));
+            let mut pairs = Pairs::new();
+            for i in 0..request.keys.len() {
+                let key = request.key(bytes, i);
+                if !shadow.sampler.sampled(key) {
+                    continue;
+                }
+                let pair = Pair::new(shadow.counters.clone());
+                let line = get_line(key, false, ttl);
+                if self.send_shadow(&shadow, key, &[line], get_expect(), Some(pair.clone())) {
+                    pairs.push((i as u32, pair));
+                }
+            }
+            if pairs.is_empty() {
+                return None;
+            }
+            retrieval.record_answers();
+            return Some(Box::new(pairs));
+        }
+        let writes = command.is_storage()
+            || matches!(
+                command,
+                Command::Delete | Command::Incr | Command::Decr | Command::Touch
+            );
+        let key = request.key(bytes, 0);
+        if !writes || !shadow.sampler.sampled(key) {
+            return None;
+        }
+        // `noreply` is stripped (as for the primary): the shadow always
+        // answers, so its connection stays in step.
+        let wire = if command == Command::Cas {
+            route::cas_as_set(request, bytes)
+        } else {
+            forwardable(bytes, request)
+        };
+        let expect = Expect::Line(command.reply_line().unwrap_or(LineKind::Ok));
+        self.send_shadow(&shadow, key, &wire, expect, None);
+        None
+    }
+
+    /// Sends the shadow's part of a meta request planned as `plan`: `ms`,
+    /// `md` and `ma` without `C` and `q` (the shadow's cas numbers are its
+    /// own, and a copy that always answers is framed without an `mn`), and
+    /// for `mg` an `mg <key> v`, whose pair it returns.
+    pub(super) fn shadow_meta(
+        &self,
+        request: &MetaRequest,
+        bytes: &Bytes,
+        plan: &MetaPlan,
+    ) -> Option<Box<Pairs>> {
+        request.key?;
+        if matches!(plan, MetaPlan::Reply(_) | MetaPlan::NoServers) {
+            return None;
+        }
+        if !matches!(
+            request.command,
+            MetaCommand::Get | MetaCommand::Set | MetaCommand::Delete | MetaCommand::Arithmetic
+        ) {
+            return None;
+        }
+        let routing = request.routing_key(bytes);
+        let shadow = self.shadow_for(&routing)?;
+        if !shadow.sampler.sampled(&routing) {
+            return None;
+        }
+        if request.command == MetaCommand::Get {
+            let ttl = request
+                .flags(bytes)
+                .find(|(flag, _)| *flag == b'T')
+                .map(|(_, token)| &token[1..]);
+            let line = get_line(request.key_token(bytes), request.base64, ttl);
+            let pair = Pair::new(shadow.counters.clone());
+            return self
+                .send_shadow(&shadow, &routing, &[line], get_expect(), Some(pair.clone()))
+                .then(|| Box::new(smallvec::smallvec![(0, pair)]));
+        }
+        let copy = route::meta_copy(request, bytes);
+        let expect = Expect::Meta {
+            command: request.command,
+            quiet: false,
+            replied: false,
+        };
+        self.send_shadow(&shadow, &routing, &[copy], expect, None);
+        None
+    }
+
+    /// Queues `wire` on the shadow owner of `key`, if the worker's bound
+    /// has room (else it is shed); true if it went.
+    fn send_shadow(
+        &self,
+        shadow: &Shadow,
+        key: &[u8],
+        wire: &[Bytes],
+        expect: Expect,
+        pair: Option<Rc<Pair>>,
+    ) -> bool {
+        let Some(server) = shadow.topology.owner_index(key) else {
+            return false;
+        };
+        let size = wire.iter().map(Bytes::len).sum();
+        let Some(ticket) = self.worker.shadow.admit(size) else {
+            shadow.counters.shed();
+            return false;
+        };
+        let backend = &shadow.topology.backends[server];
+        let conn = self.worker.conn(backend, self.lane);
+        let slot = Slot::new(self.worker.shadow.nobody());
+        slot.watch(Rc::new(ShadowReply::new(
+            shadow.counters.clone(),
+            pair,
+            ticket,
+        )));
+        shadow.counters.sent();
+        match conn.send(wire, expect, Some(slot)) {
+            Ok(()) => true,
+            Err(_) => {
+                // The slot (and its ticket) go with the refused request.
+                shadow.counters.failed();
+                false
+            }
+        }
+    }
+
+    /// The `stats shadow` reply.
+    pub(super) fn shadow_report(&self) -> Bytes {
+        let mut out = BytesMut::new();
+        crate::report::write_shadow_stats(&mut out, &self.worker.layout.load());
+        out.freeze()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shadow_get_asks_for_the_value_and_keeps_b_and_t() {
+        assert_eq!(&get_line(b"k", false, None)[..], b"mg k v\r\n");
+        assert_eq!(
+            &get_line(b"a2V5", true, Some(b"30"))[..],
+            b"mg a2V5 v b T30\r\n"
+        );
+    }
+}
