@@ -30,6 +30,8 @@ pub struct Publisher {
     published: Arc<Notify>,
     /// The open file limit every ring must fit in, next to the clients.
     fds: Option<FdAccount>,
+    /// The pool's request and hit counters, given to every topology.
+    figures: Arc<crate::stats::PoolFigures>,
     /// With `failover`: when each server last came back from the gutter.
     restored_at: Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
@@ -68,7 +70,9 @@ impl Publisher {
             pool: name.into(),
         };
         let backends = Topology::backends_for(&config, None, &hooks);
-        let first = Topology::assemble(Arc::new(config), 1, backends, Vec::new());
+        let figures = hooks.stats.pool_figures(name);
+        let mut first = Topology::assemble(Arc::new(config), 1, backends, Vec::new());
+        first.figures = figures.clone();
         record(&hooks, &first);
         Arc::new(Publisher {
             topology: Arc::new(ArcSwap::from_pointee(first)),
@@ -76,6 +80,7 @@ impl Publisher {
             hooks,
             published,
             fds,
+            figures,
             restored_at: Mutex::new(std::collections::HashMap::new()),
         })
     }
@@ -206,12 +211,13 @@ impl Publisher {
             return None;
         }
         let configured = old.backends[..old.config.servers.len()].to_vec();
-        let new = Topology::assemble(
+        let mut new = Topology::assemble(
             old.config.clone(),
             old.version + 1,
             configured.into(),
             old.ejected.to_vec(),
         );
+        new.figures = self.figures.clone();
         let version = new.version;
         record(&self.hooks, &new);
         forget_gone(&self.hooks, &old, &new);
@@ -290,6 +296,7 @@ impl Publisher {
         }
         // Built off the request path; requests in flight finish on `old`.
         let mut new = Topology::assemble(config, old.version + 1, backends, ejected);
+        new.figures = self.figures.clone();
         let mut change = Change::between(&servers_before, &old.ring, &servers_after, &new.ring);
         // Ejections and restorations are reported as such, not as adds/removes.
         change.added.retain(|n| !restored.contains(n));

@@ -107,11 +107,20 @@ pub(crate) fn write_stats(out: &mut BytesMut, stats: &Stats, layout: &Layout) {
     }
     write_servers(out, "", topology);
     for pool in layout.pools() {
+        let prefix = format!("pool:{}:", pool.name);
+        let topology = pool.topology.load_full();
+        if layout.pools().len() > 1 {
+            // Each pool's own share of the traffic (the lines above count
+            // every pool together).
+            let figures = &topology.figures;
+            let (hits, misses) = figures.hits_and_misses();
+            write_stat(out, &format!("{prefix}requests"), &figures.requests());
+            write_stat(out, &format!("{prefix}get_hits"), &hits);
+            write_stat(out, &format!("{prefix}get_misses"), &misses);
+        }
         if &*pool.name == layout.default_name() {
             continue;
         }
-        let prefix = format!("pool:{}:", pool.name);
-        let topology = pool.topology.load_full();
         write_ring(out, &prefix, &topology);
         write_servers(out, &prefix, &topology);
     }

@@ -221,6 +221,62 @@ struct ResultLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolCommandLabels {
+    pool: Text,
+    command: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolResultLabels {
+    pool: Text,
+    result: &'static str,
+}
+
+/// One pool's own figures: the client requests planned on it, and the keys
+/// its retrievals found or missed. Handles made once per pool, so counting
+/// is an atomic add with no label lookup.
+#[derive(Debug)]
+pub struct PoolFigures {
+    requests: Box<[Counter]>,
+    hits: Counter,
+    misses: Counter,
+}
+
+impl PoolFigures {
+    /// Figures that no registry exposes (a topology built outside a pool).
+    pub fn detached() -> PoolFigures {
+        PoolFigures {
+            requests: Command::ALL.iter().map(|_| Counter::default()).collect(),
+            hits: Counter::default(),
+            misses: Counter::default(),
+        }
+    }
+
+    /// One client request of `command` was planned on this pool.
+    #[inline]
+    pub fn request(&self, command: Command) {
+        self.requests[command.index()].inc();
+    }
+
+    /// A retrieval on this pool asked `keys` keys and found `hits`.
+    #[inline]
+    pub fn retrieval(&self, keys: usize, hits: usize) {
+        self.hits.inc_by(hits as u64);
+        self.misses.inc_by(keys.saturating_sub(hits) as u64);
+    }
+
+    /// Requests of every command so far.
+    pub fn requests(&self) -> u64 {
+        self.requests.iter().map(Counter::get).sum()
+    }
+
+    /// (keys found, keys missed) by retrievals so far.
+    pub fn hits_and_misses(&self) -> (u64, u64) {
+        (self.hits.get(), self.misses.get())
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModeLabels {
     mode: &'static str,
 }
@@ -291,6 +347,8 @@ pub struct Stats {
     servers_configured: Family<PoolLabels, Gauge>,
     servers_effective: Family<PoolLabels, Gauge>,
     reloads: Family<ResultLabels, Counter>,
+    pool_requests: Family<PoolCommandLabels, Counter>,
+    pool_get_keys: Family<PoolResultLabels, Counter>,
     replica_background: Counter,
     /// Hand-off: keys asked of their previous owner, values found there,
     /// and copies to new owners stored, skipped (newer value there), failed.
@@ -515,6 +573,18 @@ impl Stats {
             "servers_effective",
             "Servers in each pool's ring (configured minus ejected)",
         );
+        let pool_requests = Family::<PoolCommandLabels, Counter>::default();
+        registry.register(
+            "pool_requests",
+            "Client requests by the pool they were planned on, and command",
+            pool_requests.clone(),
+        );
+        let pool_get_keys = Family::<PoolResultLabels, Counter>::default();
+        registry.register(
+            "pool_get_keys",
+            "Keys asked by retrievals (get, gets, gat, gats) by pool: hit or miss",
+            pool_get_keys.clone(),
+        );
         let reloads = Family::<ResultLabels, Counter>::default();
         registry.register("reloads", "Config reloads by result", reloads.clone());
         for result in ["applied", "rejected"] {
@@ -701,6 +771,8 @@ impl Stats {
             servers_configured,
             servers_effective,
             reloads,
+            pool_requests,
+            pool_get_keys,
         }
     }
 
@@ -1035,6 +1107,34 @@ impl Stats {
                 side,
             });
         }
+    }
+
+    /// The figures of pool `pool`, registered under its name.
+    pub fn pool_figures(&self, pool: &str) -> std::sync::Arc<PoolFigures> {
+        let requests = Command::ALL
+            .iter()
+            .map(|c| {
+                self.pool_requests
+                    .get_or_create(&PoolCommandLabels {
+                        pool: pool.into(),
+                        command: c.name(),
+                    })
+                    .clone()
+            })
+            .collect();
+        let keys = |result| {
+            self.pool_get_keys
+                .get_or_create(&PoolResultLabels {
+                    pool: pool.into(),
+                    result,
+                })
+                .clone()
+        };
+        std::sync::Arc::new(PoolFigures {
+            requests,
+            hits: keys("hit"),
+            misses: keys("miss"),
+        })
     }
 
     /// A pool was removed by a reload: its figures go.

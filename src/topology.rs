@@ -20,6 +20,8 @@ pub struct Topology {
     pub version: u64,
     /// Unique in the process (pools count their versions each on their own).
     pub id: u64,
+    /// The pool's own request and hit counters (set by its publisher).
+    pub figures: Arc<crate::stats::PoolFigures>,
     /// The effective ring: the configured servers minus the ejected ones.
     pub ring: Ring,
     /// `ring_backends[i]` is the index in `backends` of ring member `i`.
@@ -144,6 +146,7 @@ impl Topology {
         Topology {
             version,
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            figures: Arc::new(crate::stats::PoolFigures::detached()),
             ring: Ring::build_with(&config.ring, nodes),
             ring_backends: ring_backends.into_boxed_slice(),
             backends,

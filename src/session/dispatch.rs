@@ -920,6 +920,12 @@ impl ClientSession {
                     // Empty: `q` suppressed it, as memcached would.
                     Ok(reply) => {
                         stats.reply(entry.command, &reply);
+                        if entry.command == Command::MetaGet {
+                            // `mg` misses with `EN`, which `q` hides: an
+                            // empty reply is a quiet miss.
+                            let hit = !reply.is_empty() && !reply.starts_with(b"EN");
+                            entry.topology.figures.retrieval(1, usize::from(hit));
+                        }
                         if meta.counts_cas {
                             stats.meta_cas(&reply);
                         }
@@ -958,6 +964,7 @@ impl ClientSession {
                 }
                 let (keys, hits) = plan.counts();
                 stats.retrieval(keys, hits);
+                entry.topology.figures.retrieval(keys, hits);
                 let (reads, found) = plan.read_through();
                 stats.read_through(reads, found);
                 self.release(*held);

@@ -149,6 +149,7 @@ impl ClientSession {
     /// Plans `request` on `topology` and queues its entry; `split` says
     /// whether it is one run of a retrieval across pools.
     fn start_on(&mut self, request: Request, bytes: Bytes, topology: Arc<Topology>, split: Split) {
+        topology.figures.request(request.command);
         let mut plan = route::plan(&request, &bytes, &topology);
         if let Plan::Retrieve(retrieval) = &mut plan {
             retrieval.split(split);
@@ -246,6 +247,7 @@ impl ClientSession {
         self.worker
             .stats
             .request(command, usize::from(request.key.is_some()));
+        topology.figures.request(command);
         let plan = route::plan_meta(&request, &bytes, &topology);
         let shadow = self.shadow_meta(&request, &bytes, &plan);
         let hot = self

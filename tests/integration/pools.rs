@@ -157,6 +157,19 @@ fn stats_and_metrics_name_each_pool() {
     let proxy = Proxy::start_text(&two_pools(&[&d1], &[&s1, &s2], SESSIONS_ROUTE));
     let mut client = proxy.client();
     assert_eq!(client.set("sess:a", b"1"), b"STORED\r\n");
+    assert_eq!(client.set("user:a", b"1"), b"STORED\r\n");
+    // Per pool: sessions 2 hits (one classic, one meta) and 2 misses (one
+    // quiet); default 1 hit and 1 miss, the last two in one get across both.
+    assert!(client.get("sess:a").is_some() && client.get("sess:none").is_none());
+    client.send(b"mg sess:a v\r\nmg sess:gone v q\r\nmn\r\n");
+    assert!(client.meta_reply().starts_with(b"VA 1"));
+    assert_eq!(client.meta_reply(), b"MN\r\n");
+    let reply = client.call(b"get user:a user:none\r\n", ReplyKind::Values);
+    assert!(
+        reply.starts_with(b"VALUE user:a"),
+        "{}",
+        String::from_utf8_lossy(&reply)
+    );
     let stats = client.stats("");
     let stat = |name: &str| {
         stats
@@ -166,6 +179,12 @@ fn stats_and_metrics_name_each_pool() {
             .unwrap_or_else(|| panic!("no STAT {name}: {stats:?}"))
     };
     assert_eq!(stat("ring_servers"), "1");
+    assert_eq!(stat("pool:sessions:get_hits"), "2");
+    assert_eq!(stat("pool:sessions:get_misses"), "2");
+    assert_eq!(stat("pool:default:get_hits"), "1");
+    assert_eq!(stat("pool:default:get_misses"), "1");
+    // set, get, get, mg, mg (mn is answered by memring on no pool's behalf).
+    assert_eq!(stat("pool:sessions:requests"), "5");
     assert_eq!(stat("pool:sessions:ring_servers"), "2");
     assert_eq!(stat("pool:sessions:ring_version"), "1");
     let s1_name = s1.addr();
@@ -178,6 +197,8 @@ fn stats_and_metrics_name_each_pool() {
         "memring_ring_version{pool=\"default\"} 1".to_string(),
         "memring_ring_version{pool=\"sessions\"} 1".to_string(),
         "memring_servers_configured{pool=\"sessions\"} 2".to_string(),
+        "memring_pool_get_keys_total{pool=\"sessions\",result=\"hit\"} 2".to_string(),
+        "memring_pool_requests_total{pool=\"sessions\",command=\"mg\"} 2".to_string(),
         format!("memring_server_membership{{pool=\"sessions\",server=\"{s1_name}\",state=\"ACTIVE\"}} 1"),
     ] {
         assert!(metrics.contains(&line), "{line} in\n{metrics}");
