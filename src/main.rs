@@ -455,6 +455,15 @@ fn check(file: &Path, offline: bool) -> anyhow::Result<()> {
                 (shadow.fraction * 1000.0).round() / 10.0
             );
         }
+        if let Some(failover) = &pool.config.failover {
+            println!(
+                "{}: pool {} -> gutter pool {} for DEAD servers' keys (writes keep at most {} s)",
+                file.display(),
+                pool.name,
+                failover.pool,
+                failover.ttl.as_secs()
+            );
+        }
     }
     Ok(())
 }
