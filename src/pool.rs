@@ -32,6 +32,8 @@ pub struct Publisher {
     fds: Option<FdAccount>,
     /// The pool's request and hit counters, given to every topology.
     figures: Arc<crate::stats::PoolFigures>,
+    /// The pool's identity in every topology it publishes.
+    pool_id: u64,
     /// With `failover`: when each server last came back from the gutter.
     restored_at: Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
@@ -71,8 +73,11 @@ impl Publisher {
         };
         let backends = Topology::backends_for(&config, None, &hooks);
         let figures = hooks.stats.pool_figures(name);
+        static NEXT_POOL_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let pool_id = NEXT_POOL_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut first = Topology::assemble(Arc::new(config), 1, backends, Vec::new());
         first.figures = figures.clone();
+        first.pool_id = pool_id;
         record(&hooks, &first);
         Arc::new(Publisher {
             topology: Arc::new(ArcSwap::from_pointee(first)),
@@ -81,6 +86,7 @@ impl Publisher {
             published,
             fds,
             figures,
+            pool_id,
             restored_at: Mutex::new(std::collections::HashMap::new()),
         })
     }
@@ -218,6 +224,7 @@ impl Publisher {
             old.ejected.to_vec(),
         );
         new.figures = self.figures.clone();
+        new.pool_id = self.pool_id;
         let version = new.version;
         record(&self.hooks, &new);
         forget_gone(&self.hooks, &old, &new);
@@ -297,6 +304,7 @@ impl Publisher {
         // Built off the request path; requests in flight finish on `old`.
         let mut new = Topology::assemble(config, old.version + 1, backends, ejected);
         new.figures = self.figures.clone();
+        new.pool_id = self.pool_id;
         let mut change = Change::between(&servers_before, &old.ring, &servers_after, &new.ring);
         // Ejections and restorations are reported as such, not as adds/removes.
         change.added.retain(|n| !restored.contains(n));

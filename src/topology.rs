@@ -22,6 +22,9 @@ pub struct Topology {
     pub id: u64,
     /// The pool's own request and hit counters (set by its publisher).
     pub figures: Arc<crate::stats::PoolFigures>,
+    /// Unique per pool in the process, the same in all its topologies (set
+    /// by its publisher; 0 outside one).
+    pub pool_id: u64,
     /// The effective ring: the configured servers minus the ejected ones.
     pub ring: Ring,
     /// `ring_backends[i]` is the index in `backends` of ring member `i`.
@@ -147,6 +150,7 @@ impl Topology {
             version,
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             figures: Arc::new(crate::stats::PoolFigures::detached()),
+            pool_id: 0,
             ring: Ring::build_with(&config.ring, nodes),
             ring_backends: ring_backends.into_boxed_slice(),
             backends,

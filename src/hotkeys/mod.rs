@@ -571,6 +571,16 @@ pub(crate) struct Ticket {
     fill: Option<Box<[u8]>>,
 }
 
+/// The near cache's key for `key` of the pool `pool_id`: two pools may
+/// hold one key name with different values (a client of a pool's own
+/// listener asks its pool whatever the routes say).
+fn cache_key(pool_id: u64, key: &[u8]) -> Box<[u8]> {
+    let mut scoped = Vec::with_capacity(8 + key.len());
+    scoped.extend_from_slice(&pool_id.to_le_bytes());
+    scoped.extend_from_slice(key);
+    scoped.into_boxed_slice()
+}
+
 /// Topologies whose backend map a worker keeps: one per pool its clients
 /// use, and the one before a reload.
 const MAPS_KEPT: usize = 8;
@@ -701,7 +711,7 @@ impl HotWorker {
                 let hash = key_hash(key);
                 state.count(server, hash, key);
                 if write {
-                    let key = caching.then(|| key.into());
+                    let key = caching.then(|| cache_key(topology.pool_id, key));
                     hashes.push((hash, key));
                 }
             };
@@ -779,7 +789,10 @@ impl HotWorker {
             state.count(owner, hash, &key);
         }
         request.changes_item(bytes).then(|| {
-            let key = self.shared.caching().then(|| key[..].into());
+            let key = self
+                .shared
+                .caching()
+                .then(|| cache_key(topology.pool_id, &key));
             WriteGuard::begin(&self.shared, Target::Keys(smallvec::smallvec![(hash, key)]))
         })
     }
@@ -837,7 +850,7 @@ impl HotWorker {
         let stats = &self.shared.stats.hot;
         let live = self.shared.live.load();
         if let (true, Command::Get, Some(cache)) = (quiet, command, &live.cache) {
-            match cache.get(key) {
+            match cache.get(&cache_key(topology.pool_id, key)) {
                 Some(cached)
                     if cached.version == version && earlier.all_to(sub.server, &mut |_| false) =>
                 {
@@ -869,7 +882,8 @@ impl HotWorker {
         }
         state.flights.remove(&hash);
         // Only a value fetched while no write is pending may be kept.
-        let fill = (quiet && command == Command::Get && live.cache.is_some()).then(|| key.into());
+        let fill = (quiet && command == Command::Get && live.cache.is_some())
+            .then(|| cache_key(topology.pool_id, key));
         GetShortcut::Send(Some(Ticket {
             conn: conn.clone(),
             line: sub.line.clone(),

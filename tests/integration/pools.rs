@@ -562,3 +562,46 @@ fn a_gutter_pool_takes_a_dead_servers_keys_with_short_ttls_and_serves_nothing_st
     );
     m2.resume();
 }
+
+/// Sends `get key` through `client` until the near cache answered one.
+fn get_until_near_cached(client: &mut Client, key: &str) -> Option<Vec<u8>> {
+    let mut value = None;
+    wait_for(&format!("{key} served from the near cache"), || {
+        let before = client.stat("near_cache_hits");
+        for _ in 0..40 {
+            value = client.get(key);
+        }
+        client.stat("near_cache_hits") > before
+    });
+    value
+}
+
+#[test]
+fn the_near_cache_never_answers_one_pools_key_with_anothers_value() {
+    let (d1, s1) = (Memcached::start(), Memcached::start());
+    let text = two_pools(&[&d1], &[&s1], "").replace(
+        "listen = \"127.0.0.1:0\"\n[[servers]]",
+        "listen = \"127.0.0.1:0\"\nhot_key_window_ms = 500\nhot_key_cache_ms = 60000\n[[servers]]",
+    );
+    let proxy = Proxy::start_text(&text);
+    let mut main = proxy.client();
+    let (_, addr) = &proxy.running().pool_addrs[0];
+    let mut sessions = Client::connect(&addr.to_string());
+    // One key name, a value in each pool.
+    assert_eq!(main.set("shared", b"default"), b"STORED\r\n");
+    assert_eq!(sessions.set("shared", b"sessions"), b"STORED\r\n");
+    assert_eq!(
+        get_until_near_cached(&mut main, "shared").as_deref(),
+        Some(&b"default"[..])
+    );
+    // Hot, and cached for the default pool: the sessions pool's clients
+    // still read their own pool's value.
+    for _ in 0..50 {
+        assert_eq!(sessions.get("shared").as_deref(), Some(&b"sessions"[..]));
+    }
+    assert_eq!(
+        get_until_near_cached(&mut sessions, "shared").as_deref(),
+        Some(&b"sessions"[..])
+    );
+    assert_eq!(main.get("shared").as_deref(), Some(&b"default"[..]));
+}
