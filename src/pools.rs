@@ -201,11 +201,20 @@ impl Pools {
         }
         let mut removed = Vec::new();
         members.retain(|m| {
-            let keep = wanted.iter().any(|p| p.name == m.publisher.name());
-            if !keep {
+            let wanted = wanted.iter().any(|p| p.name == m.publisher.name());
+            // A pool's listener is bound at start only: its clients keep
+            // being served, on the pool's last config, until a restart.
+            if !wanted && m.listen.is_some() {
+                others.push(format!(
+                    "pool {}: removed from the config, but its listen serves it until the next restart",
+                    m.publisher.name()
+                ));
+                return true;
+            }
+            if !wanted {
                 removed.push((m.publisher.clone(), m.stop.clone()));
             }
-            keep
+            wanted
         });
         // Config order, as the layout lists them.
         members.sort_by_key(|m| wanted.iter().position(|p| p.name == m.publisher.name()));

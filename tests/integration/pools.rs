@@ -605,3 +605,38 @@ fn the_near_cache_never_answers_one_pools_key_with_anothers_value() {
     );
     assert_eq!(main.get("shared").as_deref(), Some(&b"default"[..]));
 }
+
+#[test]
+fn a_pool_with_a_listener_removed_by_a_reload_serves_its_clients_until_a_restart() {
+    let (d1, s1) = (Memcached::start(), Memcached::start());
+    let dir = TempDir::new("pools", "listener-removed");
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, two_pools(&[&d1], &[&s1], SESSIONS_ROUTE)).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let (_, addr) = &proxy.running().pool_addrs[0];
+    let mut bound = Client::connect(&addr.to_string());
+    assert_eq!(bound.set("user:1", b"a"), b"STORED\r\n");
+    let only_default = format!(
+        "listen = \"127.0.0.1:0\"\n[[servers]]\naddr = \"{}\"\n",
+        d1.addr()
+    );
+    crate::common::replace_by_rename(&path, &only_default);
+    let mut main = proxy.client();
+    // The route is gone: sess: keys go to the default pool now.
+    wait_for("the route to go", || {
+        main.set("sess:probe", b"p") == b"STORED\r\n"
+            && held_by(&[&d1], &["sess:probe".into()]) == [1]
+    });
+    // The listener still serves its pool, old and new connections alike.
+    assert_eq!(bound.get("user:1").as_deref(), Some(&b"a"[..]));
+    let mut again = Client::connect(&addr.to_string());
+    assert_eq!(again.set("user:2", b"b"), b"STORED\r\n");
+    assert_eq!(held_by(&[&s1], &["user:2".into()]), [1]);
+    assert_eq!(held_by(&[&d1], &["user:2".into()]), [0]);
+    // A pool that is still served is still reported.
+    let metrics = proxy.running().stats.prometheus_text();
+    assert!(
+        metrics.contains("memring_ring_version{pool=\"sessions\"} 1"),
+        "{metrics}"
+    );
+}
