@@ -510,20 +510,6 @@ fn near_cached_gets_never_miss_a_write_through_memring() {
     reads_follow_writes("hot_key_cache_ms = 60000", "near_cache_hits");
 }
 
-/// Sends `get key` until one is answered from the near cache; returns the
-/// value it answered with.
-fn get_until_cached(client: &mut Client, admin: &mut Client, key: &str) -> Option<Vec<u8>> {
-    let mut value = None;
-    wait_for(&format!("{key} served from the near cache"), || {
-        let before = admin.stat("near_cache_hits");
-        for _ in 0..40 {
-            value = client.get(key);
-        }
-        admin.stat("near_cache_hits") > before
-    });
-    value
-}
-
 #[test]
 fn near_cache_drops_a_key_on_every_write_through_memring() {
     let server = Memcached::start();
@@ -610,7 +596,7 @@ fn near_cache_drops_a_key_on_every_write_through_memring() {
     ];
     for (name, command, kind, expected) in cases {
         assert_eq!(client.set(key, b"1"), b"STORED\r\n");
-        let cached = get_until_cached(&mut client, &mut admin, key);
+        let cached = crate::common::get_until_near_cached(&mut client, &mut admin, key);
         assert_eq!(cached.as_deref(), Some(&b"1"[..]), "{name}");
         let behind = if name == "incr" || name == "ma" {
             &b"10"[..]
@@ -676,7 +662,7 @@ fn a_hot_keys_stored_value_answers_the_next_get_without_a_round_trip() {
         // and the get (its value then comes from memcached), so a case that
         // must not ask memcached is tried until one try shows it.
         let mut attempt = || {
-            get_until_cached(&mut client, &mut admin, "cfg");
+            crate::common::get_until_near_cached(&mut client, &mut admin, "cfg");
             let gets_before = direct.stat("cmd_get");
             client.send(write);
             client.reply(ReplyKind::Line);
@@ -722,7 +708,7 @@ fn a_reload_turns_the_near_cache_on_and_off() {
     // key cooled off in between on a slow machine)...
     let mut behind = String::new();
     wait_for("a write behind memring's back hidden", || {
-        let cached = get_until_cached(&mut client, &mut admin, "flag");
+        let cached = crate::common::get_until_near_cached(&mut client, &mut admin, "flag");
         behind = format!("{}x", String::from_utf8_lossy(cached.as_deref().unwrap()));
         assert_eq!(direct.set("flag", behind.as_bytes()), b"STORED\r\n");
         client.get("flag") == cached
@@ -746,7 +732,7 @@ fn near_cache_sees_writes_that_bypass_it_within_its_life() {
     let mut admin = proxy.client();
     let mut direct = server.client();
     assert_eq!(client.set("flag", b"old"), b"STORED\r\n");
-    get_until_cached(&mut client, &mut admin, "flag");
+    crate::common::get_until_near_cached(&mut client, &mut admin, "flag");
     assert_eq!(direct.set("flag", b"new"), b"STORED\r\n");
     let changed = Instant::now();
     wait_for("the new value through memring", || {
@@ -1079,7 +1065,7 @@ fn a_near_cached_get_never_overtakes_an_earlier_read_of_its_client() {
         version += 1;
         let value = version.to_string();
         assert_eq!(writer.set("k", value.as_bytes()), b"STORED\r\n");
-        let cached = get_until_cached(&mut reader, &mut admin, "k");
+        let cached = crate::common::get_until_near_cached(&mut reader, &mut admin, "k");
         assert_eq!(cached, Some(value.clone().into_bytes()), "{name}");
 
         reader_conn.held.store(true, Ordering::SeqCst);

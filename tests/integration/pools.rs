@@ -563,19 +563,6 @@ fn a_gutter_pool_takes_a_dead_servers_keys_with_short_ttls_and_serves_nothing_st
     m2.resume();
 }
 
-/// Sends `get key` through `client` until the near cache answered one.
-fn get_until_near_cached(client: &mut Client, key: &str) -> Option<Vec<u8>> {
-    let mut value = None;
-    wait_for(&format!("{key} served from the near cache"), || {
-        let before = client.stat("near_cache_hits");
-        for _ in 0..40 {
-            value = client.get(key);
-        }
-        client.stat("near_cache_hits") > before
-    });
-    value
-}
-
 #[test]
 fn the_near_cache_never_answers_one_pools_key_with_anothers_value() {
     let (d1, s1) = (Memcached::start(), Memcached::start());
@@ -585,13 +572,14 @@ fn the_near_cache_never_answers_one_pools_key_with_anothers_value() {
     );
     let proxy = Proxy::start_text(&text);
     let mut main = proxy.client();
+    let mut admin = proxy.client();
     let (_, addr) = &proxy.running().pool_addrs[0];
     let mut sessions = Client::connect(&addr.to_string());
     // One key name, a value in each pool.
     assert_eq!(main.set("shared", b"default"), b"STORED\r\n");
     assert_eq!(sessions.set("shared", b"sessions"), b"STORED\r\n");
     assert_eq!(
-        get_until_near_cached(&mut main, "shared").as_deref(),
+        crate::common::get_until_near_cached(&mut main, &mut admin, "shared").as_deref(),
         Some(&b"default"[..])
     );
     // Hot, and cached for the default pool: the sessions pool's clients
@@ -600,7 +588,7 @@ fn the_near_cache_never_answers_one_pools_key_with_anothers_value() {
         assert_eq!(sessions.get("shared").as_deref(), Some(&b"sessions"[..]));
     }
     assert_eq!(
-        get_until_near_cached(&mut sessions, "shared").as_deref(),
+        crate::common::get_until_near_cached(&mut sessions, &mut admin, "shared").as_deref(),
         Some(&b"sessions"[..])
     );
     assert_eq!(main.get("shared").as_deref(), Some(&b"default"[..]));

@@ -675,3 +675,21 @@ pub(crate) fn kubernetes_example(file: &str) -> (String, String) {
         .collect();
     (manifest, config)
 }
+
+/// Sends `get key` until one is answered from the near cache; returns the
+/// value it answered with.
+pub(crate) fn get_until_near_cached(
+    client: &mut Client,
+    admin: &mut Client,
+    key: &str,
+) -> Option<Vec<u8>> {
+    let mut value = None;
+    wait_for(&format!("{key} served from the near cache"), || {
+        let before = admin.stat("near_cache_hits");
+        for _ in 0..40 {
+            value = client.get(key);
+        }
+        admin.stat("near_cache_hits") > before
+    });
+    value
+}
