@@ -156,6 +156,21 @@ impl Drop for Nutcracker {
 /// without the twemproxy timing lines when `own_timing` (memring's own probe,
 /// flush and restore, with the same auto_eject and failure_limit).
 fn imported(conf: &std::path::Path, own_timing: bool) -> String {
+    let text = import_listening_anywhere(conf);
+    assert!(text.contains("\nejection = \"twemproxy\"\n"), "{text}");
+    assert!(
+        text.contains(&format!("\nretry_timeout_ms = {RETRY_MS}\n")),
+        "{text}"
+    );
+    text.lines()
+        .filter(|l| !(own_timing && (l.starts_with("ejection") || l.starts_with("retry_timeout"))))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// What `memring import twemproxy` prints for `conf`, every `listen` (the
+/// top level's and each pool's) moved to a free port.
+fn import_listening_anywhere(conf: &std::path::Path) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_memring"))
         .args(["import".as_ref(), "twemproxy".as_ref(), conf.as_os_str()])
         .output()
@@ -165,23 +180,17 @@ fn imported(conf: &std::path::Path, own_timing: bool) -> String {
         "memring import: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let text = String::from_utf8(output.stdout).expect("utf-8 config");
-    assert!(text.contains("\nejection = \"twemproxy\"\n"), "{text}");
-    assert!(
-        text.contains(&format!("\nretry_timeout_ms = {RETRY_MS}\n")),
-        "{text}"
-    );
-    text.lines()
-        .filter(|l| !(own_timing && (l.starts_with("ejection") || l.starts_with("retry_timeout"))))
+    String::from_utf8(output.stdout)
+        .expect("utf-8 config")
+        .lines()
         .map(|l| {
             if l.starts_with("listen = ") {
-                "listen = \"127.0.0.1:0\""
+                "listen = \"127.0.0.1:0\"\n".to_string()
             } else {
-                l
+                format!("{l}\n")
             }
         })
-        .collect::<Vec<_>>()
-        .join("\n")
+        .collect()
 }
 
 /// When each proxy left the victim out of its ring and put it back, as
@@ -844,26 +853,7 @@ fn every_pool_imported_in_one_step_places_every_key_as_nutcracker_does() {
         TcpStream::connect(("127.0.0.1", plain_port)).is_ok()
     });
 
-    let output = Command::new(env!("CARGO_BIN_EXE_memring"))
-        .args(["import".as_ref(), "twemproxy".as_ref(), conf.as_os_str()])
-        .output()
-        .expect("run memring import");
-    assert!(
-        output.status.success(),
-        "memring import of both pools: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let config: String = String::from_utf8(output.stdout)
-        .expect("utf-8 config")
-        .lines()
-        .map(|l| {
-            if l.starts_with("listen = ") {
-                "listen = \"127.0.0.1:0\"\n".to_string()
-            } else {
-                format!("{l}\n")
-            }
-        })
-        .collect();
+    let config = import_listening_anywhere(&conf);
     let proxy = Proxy::start_text(&config);
     let plain_addr = match proxy.running().pool_addrs.as_slice() {
         [(name, addr)] if name == "plain" => addr.to_string(),
