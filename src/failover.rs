@@ -172,11 +172,18 @@ mod tests {
         assert_eq!(capped(NOW as i64 - 4, 10, NOW), -1);
     }
 
-    fn classic(command: Command, request: &[u8]) -> String {
+    type Cap = fn(Command, &[u8], usize, u64, u64) -> Option<Bytes>;
+
+    /// `request` through `cap` with a 10 s gutter; "" when it is left alone.
+    fn rewritten(cap: Cap, command: Command, request: &[u8]) -> String {
         let line_len = memchr::memchr(b'\n', request).unwrap() + 1;
-        cap_classic(command, request, line_len, 10, NOW)
+        cap(command, request, line_len, 10, NOW)
             .map(|b| String::from_utf8(b.to_vec()).unwrap())
             .unwrap_or_default()
+    }
+
+    fn classic(command: Command, request: &[u8]) -> String {
+        rewritten(cap_classic, command, request)
     }
 
     #[test]
@@ -196,10 +203,7 @@ mod tests {
     }
 
     fn meta(command: Command, request: &[u8]) -> String {
-        let line_len = memchr::memchr(b'\n', request).unwrap() + 1;
-        cap_meta(command, request, line_len, 10, NOW)
-            .map(|b| String::from_utf8(b.to_vec()).unwrap())
-            .unwrap_or_default()
+        rewritten(cap_meta, command, request)
     }
 
     #[test]
