@@ -24,11 +24,19 @@ struct Counting;
 
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
+/// Allocations by size, in 8-byte classes (the last: everything larger),
+/// printed with `ALLOC_SIZES=1` to tell which object a count is.
+const SIZE_CLASSES: usize = 512;
+#[allow(clippy::declare_interior_mutable_const)]
+const NONE_YET: AtomicU64 = AtomicU64::new(0);
+static SIZES: [AtomicU64; SIZE_CLASSES] = [NONE_YET; SIZE_CLASSES];
+
 // SAFETY: every call is passed on unchanged to the system allocator; the
 // counter is an atomic, touched without allocating.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        SIZES[(layout.size() / 8).min(SIZE_CLASSES - 1)].fetch_add(1, Ordering::Relaxed);
         // SAFETY: the caller upholds `alloc`'s contract; forwarded as is.
         unsafe { System.alloc(layout) }
     }
@@ -118,9 +126,18 @@ fn measure(client: &mut TcpStream, batch: &[u8], end: &[u8], reply_buf: &mut Vec
         }
     };
     run(); // warm-up: buffers grown, connections open, estimates settled
+    let sizes_before: Vec<u64> = SIZES.iter().map(|n| n.load(Ordering::Relaxed)).collect();
     let before = ALLOCATIONS.load(Ordering::Relaxed);
     run();
     let after = ALLOCATIONS.load(Ordering::Relaxed);
+    if std::env::var_os("ALLOC_SIZES").is_some() {
+        for (class, (n, was)) in SIZES.iter().zip(sizes_before).enumerate() {
+            let per_request = (n.load(Ordering::Relaxed) - was) as f64 / REQUESTS as f64;
+            if per_request >= 0.01 {
+                eprintln!("  {} bytes: {per_request:.2}", class * 8);
+            }
+        }
+    }
     (after - before) as f64 / REQUESTS as f64
 }
 
@@ -148,6 +165,7 @@ fn main() {
     for i in 0..10 {
         seed.extend(format!("set k{i} 0 0 32\r\n{}\r\n", "v".repeat(32)).bytes());
     }
+    seed.extend(b"set counter 0 0 1\r\n0\r\n");
     client.write_all(&seed).expect("seed");
     std::thread::sleep(Duration::from_millis(200));
     let mut drain = [0u8; 4096];
@@ -159,7 +177,7 @@ fn main() {
     let meta = |request: &[u8]| [request.repeat(BATCH - 1), b"mn\r\n".to_vec()].concat();
     let version_end: &[u8] = memring::VERSION_REPLY;
     let value = "w".repeat(32);
-    let cases: [(&str, Vec<u8>, &[u8]); 7] = [
+    let cases: [(&str, Vec<u8>, &[u8]); 9] = [
         ("`get` (hit)", classic(b"get k1\r\n"), version_end),
         (
             "`set`",
@@ -176,12 +194,14 @@ fn main() {
             classic(b"get k0 k1 k2 k3 k4 k5 k6 k7 k8 k9\r\n"),
             version_end,
         ),
+        ("`incr`", classic(b"incr counter 1\r\n"), version_end),
         ("`mg k v` (hit)", meta(b"mg k1 v\r\n"), b"MN\r\n"),
         (
             "`ms`",
             meta(format!("ms k3 32\r\n{value}\r\n").as_bytes()),
             b"MN\r\n",
         ),
+        ("`md` (miss)", meta(b"md nothing\r\n"), b"MN\r\n"),
         ("quiet `mg` (miss)", meta(b"mg nothing v q\r\n"), b"MN\r\n"),
     ];
     println!("| request | allocations per request |");
