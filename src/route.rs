@@ -86,8 +86,46 @@ const NOT_MOVED: u8 = u8::MAX;
 /// The reply to a request that found no server.
 pub(crate) const NO_SERVERS: &[u8] = b"SERVER_ERROR no servers configured\r\n";
 
-/// Plans `request` (whose bytes are `bytes`) on `topology`.
-pub(crate) fn plan(request: &Request, bytes: &Bytes, topology: &Topology) -> Plan {
+/// Finished retrievals, kept with their buffers for the next ones: a
+/// retrieval in steady state allocates nothing (not even per key).
+#[derive(Debug, Default)]
+pub(crate) struct Reuse {
+    // Boxed, as the plans that take them hold them: kept boxes are reused.
+    #[allow(clippy::vec_box)]
+    retrievals: Vec<Box<Retrieval>>,
+}
+
+impl Reuse {
+    /// `request` planned as a retrieval, in kept storage when there is some.
+    fn retrieval(
+        &mut self,
+        request: &Request,
+        bytes: &Bytes,
+        topology: &Topology,
+    ) -> Box<Retrieval> {
+        let mut retrieval = self.retrievals.pop().unwrap_or_default();
+        retrieval.plan(request, bytes.clone(), topology);
+        retrieval
+    }
+
+    /// Keeps `retrieval`'s storage for a later one (up to `most` are
+    /// kept); what it holds of the request and its replies goes now.
+    pub(crate) fn keep(&mut self, mut retrieval: Box<Retrieval>, most: usize) {
+        if self.retrievals.len() < most {
+            retrieval.clear();
+            self.retrievals.push(retrieval);
+        }
+    }
+}
+
+/// Plans `request` (whose bytes are `bytes`) on `topology`; a retrieval
+/// is planned into storage `reuse` kept from an earlier one.
+pub(crate) fn plan(
+    request: &Request,
+    bytes: &Bytes,
+    topology: &Topology,
+    reuse: &mut Reuse,
+) -> Plan {
     match request.command {
         Command::Quit => Plan::Quit,
         Command::Version => Plan::Reply(crate::VERSION_REPLY),
@@ -111,7 +149,7 @@ pub(crate) fn plan(request: &Request, bytes: &Bytes, topology: &Topology) -> Pla
             servers: (0..topology.backends.len()).collect(),
         },
         command if command.is_retrieval() => {
-            Plan::Retrieve(Box::new(Retrieval::new(request, bytes.clone(), topology)))
+            Plan::Retrieve(reuse.retrieval(request, bytes, topology))
         }
         _ => {
             let key = request.key(bytes, 0);
@@ -376,53 +414,78 @@ pub(crate) enum Split {
     Last,
 }
 
+impl Default for Retrieval {
+    /// Storage for a retrieval, planned by [`Reuse`].
+    fn default() -> Retrieval {
+        Retrieval {
+            command: Command::Get,
+            bytes: Bytes::new(),
+            keys: Keys::new(),
+            exptime: None,
+            candidates: SmallVec::new(),
+            round: SmallVec::new(),
+            fall_through_on_miss: false,
+            state: SmallVec::new(),
+            next_unsent: 0,
+            retry: VecDeque::new(),
+            subs: SmallVec::new(),
+            next_emit: 0,
+            values_written: 0,
+            answered: false,
+            first_error: None,
+            held: 0,
+            largest_block: 0,
+            handoff: false,
+            previous_from: SmallVec::new(),
+            copies: Vec::new(),
+            read_through: (0, 0),
+            split: Split::Whole,
+            answers: None,
+        }
+    }
+}
+
 impl Retrieval {
-    /// Plans the retrieval `request` (bytes `bytes`) on `topology`.
-    pub(crate) fn new(request: &Request, bytes: Bytes, topology: &Topology) -> Retrieval {
+    /// Plans the retrieval `request` (bytes `bytes`) on `topology` into
+    /// this storage, keeping the capacity of its lists.
+    fn plan(&mut self, request: &Request, bytes: Bytes, topology: &Topology) {
         let replicas = topology.config.replicas.max(1);
         let handoff = topology.previous.is_some();
-        let mut previous_from = SmallVec::with_capacity(request.keys.len());
-        let candidates = (0..request.keys.len())
-            .map(|i| {
-                let key = request.key(&bytes, i);
-                let mut servers = Servers::new();
-                if replicas == 1 {
-                    servers.extend(topology.owner_index(key));
-                } else {
-                    topology.replicas(key, &mut servers);
-                    // Healthy replicas first; ring order otherwise.
-                    servers.sort_by_key(|&s| topology.backends[s].state() == HealthState::Dead);
+        // During a window a miss falls through every candidate: with
+        // replicas, a replica that just joined the set has nothing yet.
+        let fall_through = handoff || (replicas > 1 && topology.config.read_miss_fallthrough);
+        self.reset(request, bytes, fall_through);
+        self.handoff = handoff;
+        for i in 0..request.keys.len() {
+            let key = request.key(&self.bytes, i);
+            let mut servers = Servers::new();
+            if replicas == 1 {
+                servers.extend(topology.owner_index(key));
+            } else {
+                topology.replicas(key, &mut servers);
+                // Healthy replicas first; ring order otherwise.
+                servers.sort_by_key(|&s| topology.backends[s].state() == HealthState::Dead);
+            }
+            let current = servers.len();
+            if handoff && replicas == 1 {
+                // A moved key: its previous owner after a miss.
+                if let Some(&owner) = servers.first() {
+                    servers.extend(topology.previous_owner(key, owner));
                 }
-                let current = servers.len();
-                if handoff && replicas == 1 {
-                    // A moved key: its previous owner after a miss.
-                    if let Some(&owner) = servers.first() {
-                        servers.extend(topology.previous_owner(key, owner));
-                    }
-                } else if handoff {
-                    // Replicas of the previous ring that are not replicas
-                    // now: the key may still be only there.
-                    topology.push_previous_only_replicas(key, &mut servers);
-                }
-                previous_from.push(if servers.len() > current {
+            } else if handoff {
+                // Replicas of the previous ring that are not replicas
+                // now: the key may still be only there.
+                topology.push_previous_only_replicas(key, &mut servers);
+            }
+            if handoff {
+                self.previous_from.push(if servers.len() > current {
                     current as u8
                 } else {
                     NOT_MOVED
                 });
-                servers
-            })
-            .collect();
-        // During a window a miss falls through every candidate: with
-        // replicas, a replica that just joined the set has nothing yet.
-        let mut retrieval = Retrieval::with_candidates(
-            request,
-            bytes,
-            candidates,
-            handoff || (replicas > 1 && topology.config.read_miss_fallthrough),
-        );
-        retrieval.handoff = handoff;
-        retrieval.previous_from = previous_from;
-        retrieval
+            }
+            self.candidates.push(servers);
+        }
     }
 
     /// Makes this retrieval one run of a retrieval across pools.
@@ -454,38 +517,55 @@ impl Retrieval {
     }
 
     /// A retrieval whose keys are asked of `candidates[i]` in order.
+    #[cfg(test)]
     pub(crate) fn with_candidates(
         request: &Request,
         bytes: Bytes,
         candidates: SmallVec<[Servers; 1]>,
         fall_through_on_miss: bool,
     ) -> Retrieval {
+        let mut retrieval = Retrieval::default();
+        retrieval.reset(request, bytes, fall_through_on_miss);
+        retrieval.candidates = candidates;
+        retrieval
+    }
+
+    /// Starts over for `request`, with no candidates yet.
+    fn reset(&mut self, request: &Request, bytes: Bytes, fall_through_on_miss: bool) {
+        self.clear();
         let keys = request.keys.len();
-        Retrieval {
-            command: request.command,
-            exptime: request.arg,
-            keys: request.keys.clone(),
-            bytes,
-            candidates,
-            round: smallvec::smallvec![0; keys],
-            fall_through_on_miss,
-            state: smallvec::smallvec![KeyState::Unsent; keys],
-            next_unsent: 0,
-            retry: VecDeque::new(),
-            subs: SmallVec::new(),
-            next_emit: 0,
-            values_written: 0,
-            answered: false,
-            first_error: None,
-            held: 0,
-            largest_block: 0,
-            handoff: false,
-            previous_from: SmallVec::new(),
-            copies: Vec::new(),
-            read_through: (0, 0),
-            split: Split::Whole,
-            answers: None,
-        }
+        self.command = request.command;
+        self.exptime = request.arg;
+        self.keys.extend_from_slice(&request.keys);
+        self.bytes = bytes;
+        self.round.resize(keys, 0);
+        self.fall_through_on_miss = fall_through_on_miss;
+        self.state.resize(keys, KeyState::Unsent);
+    }
+
+    /// Lets go of the request and its replies; the lists keep their
+    /// capacity for the next retrieval planned here.
+    fn clear(&mut self) {
+        self.bytes = Bytes::new();
+        self.keys.clear();
+        self.candidates.clear();
+        self.round.clear();
+        self.state.clear();
+        self.next_unsent = 0;
+        self.retry.clear();
+        self.subs.clear();
+        self.next_emit = 0;
+        self.values_written = 0;
+        self.answered = false;
+        self.first_error = None;
+        self.held = 0;
+        self.largest_block = 0;
+        self.handoff = false;
+        self.previous_from.clear();
+        self.copies.clear();
+        self.read_through = (0, 0);
+        self.split = Split::Whole;
+        self.answers = None;
     }
 
     /// Keeps each key's answer as it goes to the client, for
@@ -1209,6 +1289,45 @@ mod tests {
         assert_eq!(drain(&mut out), "VALUE a 0 1\r\n1\r\nEND\r\n");
         assert_eq!(r.counts(), (5, 3));
         assert_eq!(r.held_bytes(), 0);
+    }
+
+    #[test]
+    fn kept_storage_plans_the_next_retrieval_as_new() {
+        // A retrieval left half done: values held, an error, keys unsent.
+        let mut kept = Box::new(retrieval(
+            b"gets c a b a d\r\n",
+            &[&[1], &[0], &[1], &[0], &[0]],
+            false,
+        ));
+        let subs = kept.next_chunk(2);
+        kept.on_piece(subs[0].id, value("c", "3"));
+        kept.on_done(subs[1].id, Err(failed("s0")));
+        let mut reuse = Reuse::default();
+        reuse.keep(kept, 1);
+        let mut again = reuse.retrievals.pop().unwrap();
+        assert_eq!(again.held_bytes(), 0);
+        assert!(!again.has_unsent());
+        let (request, bytes) = request(b"get x y\r\n");
+        again.reset(&request, bytes, false);
+        again
+            .candidates
+            .extend([Servers::from_slice(&[3]), Servers::from_slice(&[4])]);
+        let subs = again.next_chunk(100);
+        let lines: Vec<_> = subs.iter().map(|s| (s.server, s.line.clone())).collect();
+        assert_eq!(
+            lines,
+            vec![
+                (3, Bytes::from_static(b"get x\r\n")),
+                (4, Bytes::from_static(b"get y\r\n"))
+            ]
+        );
+        again.on_piece(subs[1].id, value("y", "2"));
+        again.on_done(subs[1].id, Ok(()));
+        again.on_done(subs[0].id, Ok(()));
+        let mut out = OutQueue::default();
+        assert!(again.emit(&mut out));
+        assert_eq!(drain(&mut out), "VALUE y 0 1\r\n2\r\nEND\r\n");
+        assert_eq!(again.counts(), (2, 1));
     }
 
     #[test]

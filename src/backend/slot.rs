@@ -78,6 +78,32 @@ impl Slot {
         })
     }
 
+    /// Empties `slot` for another request, if nothing else holds it and
+    /// its reply is complete.
+    pub fn empty_for_reuse(slot: &mut Rc<Slot>) -> bool {
+        let Some(slot) = Rc::get_mut(slot) else {
+            return false;
+        };
+        let state = slot.state.get_mut();
+        if state.done.is_none() {
+            return false;
+        }
+        state.pieces.clear();
+        state.taken = 0;
+        state.done = None;
+        *slot.watch.get_mut() = None;
+        true
+    }
+
+    /// Has an emptied `slot` (see [`Slot::empty_for_reuse`]) wake `owner`.
+    pub fn wake_on(slot: &mut Rc<Slot>, owner: &Rc<Notify>) {
+        if let Some(slot) = Rc::get_mut(slot) {
+            if !Rc::ptr_eq(&slot.owner, owner) {
+                slot.owner = owner.clone();
+            }
+        }
+    }
+
     /// Has `watch` see this reply from now on (replacing any other watcher).
     pub fn watch(&self, watch: Rc<dyn Watch>) {
         *self.watch.borrow_mut() = Some(watch);
@@ -204,5 +230,30 @@ mod tests {
         assert_eq!(Rc::strong_count(&seen), 1, "the slot let go of it");
         // The owner still gets everything.
         assert!(matches!(slot.take(), Some(Got::Value(_))));
+    }
+
+    #[test]
+    fn only_a_finished_slot_nothing_else_holds_is_reused() {
+        let (first, second) = (Rc::new(Notify::new()), Rc::new(Notify::new()));
+        let mut slot = Slot::new(first.clone());
+        slot.push(Got::Line(Bytes::from_static(b"STORED\r\n")));
+        assert!(
+            !Slot::empty_for_reuse(&mut slot),
+            "its reply is not complete"
+        );
+        slot.finish(Ok(()));
+        let held = slot.clone();
+        assert!(
+            !Slot::empty_for_reuse(&mut slot),
+            "a connection still holds it"
+        );
+        drop(held);
+        assert!(Slot::empty_for_reuse(&mut slot));
+        assert_eq!(slot.outcome(), None);
+        assert_eq!(slot.take(), None);
+        Slot::wake_on(&mut slot, &second);
+        assert!(Rc::ptr_eq(&slot.owner, &second));
+        slot.push(Got::Line(Bytes::from_static(b"END\r\n")));
+        assert_eq!(slot.take(), Some(Got::Line(Bytes::from_static(b"END\r\n"))));
     }
 }

@@ -344,6 +344,8 @@ pub(crate) struct WriteGuard {
     last_version: Cell<u64>,
     /// The server answered `STORED`.
     stored: Cell<bool>,
+    /// Its end has been accounted (see [`WriteGuard::end`]).
+    ended: bool,
 }
 
 /// What a storage command leaves in the near cache: the `VALUE` block a
@@ -356,11 +358,20 @@ struct WriteFill {
 }
 
 impl WriteGuard {
+    #[cfg(test)]
     fn begin(shared: &Local, target: Target) -> Rc<WriteGuard> {
-        WriteGuard::begin_with(shared, target, None)
+        WriteGuard::begin_in(None, shared, target, None)
     }
 
-    fn begin_with(shared: &Local, target: Target, fill: Option<WriteFill>) -> Rc<WriteGuard> {
+    /// A write begins: it is pending on its keys (or on everything, for
+    /// `flush_all`) until it ends. Made in `kept` (an ended guard nothing
+    /// else holds) when there is one.
+    fn begin_in(
+        kept: Option<Rc<WriteGuard>>,
+        shared: &Local,
+        target: Target,
+        fill: Option<WriteFill>,
+    ) -> Rc<WriteGuard> {
         match &target {
             Target::All => {
                 shared.flushing.fetch_add(1, Ordering::SeqCst);
@@ -372,13 +383,50 @@ impl WriteGuard {
             }
         }
         let last_version = shared.bump(&target);
-        Rc::new(WriteGuard {
+        let guard = WriteGuard {
             shared: shared.clone(),
             target,
             fill,
             last_version: Cell::new(last_version),
             stored: Cell::new(false),
-        })
+            ended: false,
+        };
+        match kept {
+            Some(mut kept) => {
+                match Rc::get_mut(&mut kept) {
+                    Some(slot) => *slot = guard,
+                    None => return Rc::new(guard),
+                }
+                kept
+            }
+            None => Rc::new(guard),
+        }
+    }
+
+    /// Accounts the end of this write, once: when its last holder lets go,
+    /// or when a finished entry hands it back for reuse.
+    fn end(&mut self) {
+        if std::mem::replace(&mut self.ended, true) {
+            return;
+        }
+        if self.complete_with_value() {
+            return;
+        }
+        // Version first, then pending: see `HotShared::settled`.
+        self.shared.bump(&self.target);
+        match &self.target {
+            Target::All => {
+                self.shared.flushing.fetch_sub(1, Ordering::SeqCst);
+            }
+            Target::Keys(keys) => {
+                for (hash, _) in keys {
+                    self.shared
+                        .stripe(*hash)
+                        .pending
+                        .fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+        }
     }
 
     /// Keeps this write pending until `slot` is done too (for `noreply`
@@ -436,24 +484,7 @@ impl Watch for WriteGuard {
 
 impl Drop for WriteGuard {
     fn drop(&mut self) {
-        if self.complete_with_value() {
-            return;
-        }
-        // Version first, then pending: see `HotShared::settled`.
-        self.shared.bump(&self.target);
-        match &self.target {
-            Target::All => {
-                self.shared.flushing.fetch_sub(1, Ordering::SeqCst);
-            }
-            Target::Keys(keys) => {
-                for (hash, _) in keys {
-                    self.shared
-                        .stripe(*hash)
-                        .pending
-                        .fetch_sub(1, Ordering::SeqCst);
-                }
-            }
-        }
+        self.end();
     }
 }
 
@@ -661,7 +692,13 @@ pub(crate) struct HotWorker {
     shared: Local,
     index: usize,
     state: RefCell<WorkerState>,
+    /// Ended write guards kept for the next writes (see
+    /// [`HotWorker::write_done`]): a write allocates none in steady state.
+    kept_guards: RefCell<Vec<Rc<WriteGuard>>>,
 }
+
+/// Most ended write guards a worker keeps.
+const KEEP_GUARDS: usize = 1024;
 
 impl HotWorker {
     pub(crate) fn new(shared: Arc<HotShared>, index: usize) -> HotWorker {
@@ -677,6 +714,30 @@ impl HotWorker {
                 hot_last: HashSet::default(),
                 flights: HashMap::default(),
             }),
+            kept_guards: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// A write guard, in kept storage when there is some.
+    fn guard(&self, target: Target, fill: Option<WriteFill>) -> Rc<WriteGuard> {
+        let kept = self.kept_guards.borrow_mut().pop();
+        WriteGuard::begin_in(kept, &self.shared, target, fill)
+    }
+
+    /// The entry of `guard`'s write is finished: the write ends now if
+    /// nothing else holds the guard (a `noreply` write's slot may), and its
+    /// storage is kept for a later write.
+    pub(crate) fn write_done(&self, mut guard: Rc<WriteGuard>) {
+        let Some(ended) = Rc::get_mut(&mut guard) else {
+            return;
+        };
+        ended.end();
+        // What it held of the write goes now.
+        ended.fill = None;
+        ended.target = Target::Keys(WrittenKeys::new());
+        let mut kept = self.kept_guards.borrow_mut();
+        if kept.len() < KEEP_GUARDS {
+            kept.push(guard);
         }
     }
 
@@ -730,7 +791,7 @@ impl HotWorker {
             }
         }
         if command == Command::FlushAll && write {
-            return Some(WriteGuard::begin(&self.shared, Target::All));
+            return Some(self.guard(Target::All, None));
         }
         if hashes.is_empty() {
             return None;
@@ -749,11 +810,7 @@ impl HotWorker {
             }
             _ => None,
         };
-        Some(WriteGuard::begin_with(
-            &self.shared,
-            Target::Keys(hashes),
-            fill,
-        ))
+        Some(self.guard(Target::Keys(hashes), fill))
     }
 
     /// [`HotWorker::on_request`] for a meta request: counts its key against
@@ -793,7 +850,7 @@ impl HotWorker {
                 .shared
                 .caching()
                 .then(|| cache_key(topology.pool_id, &key));
-            WriteGuard::begin(&self.shared, Target::Keys(smallvec::smallvec![(hash, key)]))
+            self.guard(Target::Keys(smallvec::smallvec![(hash, key)]), None)
         })
     }
 
@@ -1180,5 +1237,36 @@ mod tests {
         assert!(!shared.settled(key_hash(b"other")).1);
         drop(flush);
         assert!(shared.settled(key_hash(b"other")).1);
+    }
+
+    #[test]
+    fn a_kept_guard_ends_its_write_once_and_serves_the_next() {
+        let stats = Arc::new(Stats::new());
+        let worker = HotWorker::new(HotShared::new(HotKeySettings::default(), 1, stats), 0);
+        let (a, b) = (key_hash(b"a"), key_hash(b"b"));
+        let keys = |hash| Target::Keys(smallvec::smallvec![(hash, None)]);
+        let first = worker.guard(keys(a), None);
+        let held = first.clone();
+        // Still held elsewhere (a noreply write's slot): not ended, not kept.
+        worker.write_done(first);
+        assert!(!worker.shared.settled(a).1);
+        assert!(worker.kept_guards.borrow().is_empty());
+        drop(held);
+        assert!(worker.shared.settled(a).1);
+        let second = worker.guard(keys(a), None);
+        let storage = Rc::as_ptr(&second);
+        worker.write_done(second);
+        assert!(worker.shared.settled(a).1, "ended when handed back");
+        assert_eq!(worker.kept_guards.borrow().len(), 1);
+        // The next write takes the kept storage and is pending on its own key.
+        let third = worker.guard(keys(b), None);
+        assert_eq!(Rc::as_ptr(&third), storage);
+        assert!(!worker.shared.settled(b).1);
+        assert!(worker.shared.settled(a).1);
+        // Its end is accounted once, whichever way it goes.
+        drop(third);
+        assert!(worker.shared.settled(b).1);
+        let pending_after = worker.shared.stripe(b).pending.load(Ordering::SeqCst);
+        assert_eq!(pending_after, 0);
     }
 }

@@ -468,7 +468,7 @@ impl ClientSession {
                         let cost = keys_in_sub * estimate;
                         self.reserve(cost);
                         let backend = &topology.backends[sub.server];
-                        let slot = Slot::new(self.wake.clone());
+                        let slot = spares::slot(&self.wake);
                         let conn = self.worker.conn(backend, self.lane);
                         // This entry is out of `entries` while it is
                         // dispatched; the ones before it are still there.
@@ -573,7 +573,7 @@ impl ClientSession {
     fn send_copy(&self, topology: &Topology, server: usize, wire: &[Bytes], expect: Expect) {
         let backend = &topology.backends[server];
         let conn = self.worker.conn(backend, self.lane);
-        let slot = Slot::new(self.wake.clone());
+        let slot = spares::slot(&self.wake);
         slot.watch(Rc::new(CopyCount {
             stats: self.worker.stats.clone(),
             reply: std::cell::RefCell::new(None),
@@ -664,7 +664,7 @@ impl ClientSession {
     ) {
         let backend = &topology.backends[part.server];
         let conn = self.worker.conn(backend, self.lane);
-        let slot = (want_reply || write.is_some()).then(|| Slot::new(self.wake.clone()));
+        let slot = (want_reply || write.is_some()).then(|| spares::slot(&self.wake));
         if let (Some(slot), Some(write)) = (&slot, write) {
             write.watch(slot);
         }
@@ -728,7 +728,9 @@ impl ClientSession {
                 in_flight,
                 held,
             } => {
-                in_flight.retain(|sub| {
+                let mut i = 0;
+                while i < in_flight.len() {
+                    let sub = &in_flight[i];
                     while let Some(got) = sub.slot.take() {
                         plan.on_piece(sub.id, got);
                     }
@@ -736,11 +738,11 @@ impl ClientSession {
                         Some(result) => {
                             plan.on_done(sub.id, result);
                             released += sub.cost;
-                            false
+                            spares::keep_slot(in_flight.remove(i).slot);
                         }
-                        None => true,
+                        None => i += 1,
                     }
-                });
+                }
                 if plan.largest_block() > 0 {
                     estimate = Some(plan.largest_block());
                 } else if in_flight.is_empty() && !plan.has_unsent() {

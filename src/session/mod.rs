@@ -52,6 +52,7 @@ use crate::topology::{SharedTopology, Topology};
 
 mod dispatch;
 mod shadow;
+mod spares;
 mod start;
 
 /// First read buffer of a client: small, so that thousands of idle clients
@@ -503,14 +504,19 @@ impl ClientSession {
 
     /// Releases the bytes of `noreply` requests every server has answered.
     fn settle(&mut self) {
-        let mut released = 0;
-        self.unanswered.retain(|(slots, cost)| {
-            let answered = slots.iter().all(|(_, slot)| slot.outcome().is_some());
-            if answered {
+        let (mut released, mut i) = (0, 0);
+        while i < self.unanswered.len() {
+            let (slots, _) = &self.unanswered[i];
+            if slots.iter().all(|(_, slot)| slot.outcome().is_some()) {
+                let (slots, cost) = self.unanswered.remove(i);
                 released += cost;
+                slots
+                    .into_iter()
+                    .for_each(|(_, slot)| spares::keep_slot(slot));
+            } else {
+                i += 1;
             }
-            !answered
-        });
+        }
         self.release(released);
     }
 
@@ -546,6 +552,10 @@ impl ClientSession {
                         .saturating_duration_since(entry.started)
                         .as_secs_f64(),
                 );
+            }
+            spares::keep(entry.work);
+            if let Some(guard) = entry.hot {
+                self.worker.hot.write_done(guard);
             }
         }
     }

@@ -150,7 +150,7 @@ impl ClientSession {
     /// whether it is one run of a retrieval across pools.
     fn start_on(&mut self, request: Request, bytes: Bytes, topology: Arc<Topology>, split: Split) {
         topology.figures.request(request.command);
-        let mut plan = route::plan(&request, &bytes, &topology);
+        let mut plan = spares::plan(&request, &bytes, &topology);
         if let Plan::Retrieve(retrieval) = &mut plan {
             retrieval.split(split);
         }
@@ -384,7 +384,7 @@ impl ClientSession {
         entry.sent = false;
         entry.hot = hot;
         entry.shadow = shadow;
-        entry.work = Work::Meta(Box::new(MetaWork {
+        entry.work = Work::Meta(spares::meta(MetaWork {
             command: request.command,
             counts_cas: request.command == MetaCommand::Set
                 && request.compare_cas

@@ -1,0 +1,113 @@
+//! What finished requests leave for the next ones on their worker: reply
+//! slots, boxed meta work and retrievals' storage. A request in steady state
+//! then allocates none of them. They are kept per worker thread (every
+//! session of a worker runs on its one thread), because a pipelining client
+//! finishes a batch only after planning all of it: a session's own spares
+//! would run dry at every batch. Only what nothing else still holds is kept
+//! (a slot a hot-key reader or a connection still has is let go), and each
+//! kind is bounded, so a worker keeps at most a few hundred KiB.
+
+use std::cell::RefCell;
+
+use super::*;
+
+/// Most slots and meta works a worker keeps: more than its clients usually
+/// have in flight together.
+const KEEP: usize = 1024;
+
+/// Most retrievals a worker keeps (each may hold lists for many keys).
+const KEEP_RETRIEVALS: usize = 128;
+
+#[derive(Default)]
+struct Spares {
+    slots: Vec<Rc<Slot>>,
+    // Boxed, as entries hold them: kept boxes are reused.
+    #[allow(clippy::vec_box)]
+    metas: Vec<Box<MetaWork>>,
+    /// Retrievals' storage, for `route::plan`.
+    plans: route::Reuse,
+}
+
+thread_local! {
+    static SPARES: RefCell<Spares> = RefCell::new(Spares::default());
+}
+
+/// An empty slot that wakes `wake`.
+pub(super) fn slot(wake: &Rc<Notify>) -> Rc<Slot> {
+    let kept = SPARES.with(|spares| spares.borrow_mut().slots.pop());
+    match kept {
+        Some(mut slot) => {
+            Slot::wake_on(&mut slot, wake);
+            slot
+        }
+        None => Slot::new(wake.clone()),
+    }
+}
+
+/// `work` in a kept box when there is one.
+pub(super) fn meta(work: MetaWork) -> Box<MetaWork> {
+    match SPARES.with(|spares| spares.borrow_mut().metas.pop()) {
+        Some(mut kept) => {
+            *kept = work;
+            kept
+        }
+        None => Box::new(work),
+    }
+}
+
+/// Plans `request` with kept retrieval storage (see `route::plan`).
+pub(super) fn plan(request: &Request, bytes: &Bytes, topology: &Topology) -> Plan {
+    SPARES.with(|spares| route::plan(request, bytes, topology, &mut spares.borrow_mut().plans))
+}
+
+/// Keeps what the finished `work` no longer needs.
+pub(super) fn keep(work: Work) {
+    match work {
+        Work::Ready(_) | Work::Stats => {}
+        Work::Lines { parts, .. } => parts.into_iter().for_each(keep_part),
+        Work::Cas { owner, .. } => keep_part(owner),
+        Work::Meta(mut meta) => {
+            meta.parts.drain(..).for_each(keep_part);
+            // Its bytes go now; the box waits for the next request.
+            meta.wire.clear();
+            meta.mode = MetaMode::Forward;
+            SPARES.with(|spares| {
+                let metas = &mut spares.borrow_mut().metas;
+                if metas.len() < KEEP {
+                    metas.push(meta);
+                }
+            });
+        }
+        Work::Retrieve {
+            plan, in_flight, ..
+        } => {
+            for sub in in_flight {
+                keep_slot(sub.slot);
+            }
+            SPARES.with(|spares| spares.borrow_mut().plans.keep(plan, KEEP_RETRIEVALS));
+        }
+        Work::Moved(moved) => {
+            let moved = *moved;
+            moved.part.into_iter().for_each(keep_part);
+            moved.copies.into_iter().for_each(keep_part);
+        }
+    }
+}
+
+fn keep_part(part: Part) {
+    if let Some(slot) = part.slot {
+        keep_slot(slot);
+    }
+}
+
+/// Keeps `slot` if nothing else holds it and its reply is complete.
+pub(super) fn keep_slot(mut slot: Rc<Slot>) {
+    if Slot::empty_for_reuse(&mut slot) {
+        SPARES.with(|spares| {
+            let slots = &mut spares.borrow_mut().slots;
+            if slots.len() < KEEP {
+                slots.push(slot);
+            }
+        });
+    }
+}
