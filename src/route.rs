@@ -633,7 +633,7 @@ impl Retrieval {
             && self.bytes.len() <= MAX_SUB_LINE_BYTES
             && self.bytes.ends_with(b"\r\n");
         let mut open: SmallVec<[(usize, u32, BytesMut); 4]> = SmallVec::new();
-        for &key in &picked {
+        for (n, &key) in picked.iter().enumerate() {
             let k = key as usize;
             let Some(&server) = self.candidates[k].get(self.round[k] as usize) else {
                 // No server left to ask.
@@ -697,7 +697,12 @@ impl Retrieval {
                 line.put_u8(b' ');
                 line.put_slice(name);
             }
-            self.subs[*id as usize].keys.push(key);
+            let keys = &mut self.subs[*id as usize].keys;
+            if keys.len() == keys.inline_size() {
+                // Grown once, to what this chunk can still give it.
+                keys.reserve_exact(picked.len() - n);
+            }
+            keys.push(key);
             self.state[k] = KeyState::Asked { sub: *id };
         }
         let single = open.len() == 1 && out.is_empty();

@@ -361,6 +361,12 @@ fn parse_retrieval(
         if keys.len() == max_keys {
             return reject(ParseError::TooManyKeys);
         }
+        if keys.len() == keys.inline_size() {
+            // Grown once: at most one key per space left on the line.
+            let rest = &line[token.start as usize..line_end.args_end];
+            let more = memchr::memchr_iter(b' ', rest).count() + 1;
+            keys.reserve_exact(more.min(max_keys - keys.len()));
+        }
         keys.push(token);
     }
     // `get` needs a key; `gat <exptime>` without keys answers a bare `END`.
