@@ -1489,3 +1489,66 @@ fn chained_changes_then_going_back_never_read_a_value_overwritten_in_between() {
 fn replicated_chained_changes_then_going_back_never_read_an_overwritten_value() {
     chained_changes_then_back_to_the_first_ring("replicas = 2", "rchain");
 }
+
+/// More rings in one chain of windows than memring keeps: R1 (servers 0-3),
+/// then 4, 5, 6 and 7 join one by one, then 4 leaves (R6), each within the
+/// window of the one before. Under R6, R1 has been dropped from the kept
+/// rings; a write then deletes the key from every server of a dropped ring,
+/// so back on R1 no key reads the value from before its rewrite under R6.
+#[test]
+fn more_chained_changes_than_are_kept_still_never_read_an_overwritten_value() {
+    let dir = TempDir::new("handoff", "long-chain");
+    let servers: Vec<Memcached> = (0..8).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let path = dir.path("memring.toml");
+    let lists: Vec<Vec<&Memcached>> = vec![
+        all[..4].to_vec(),
+        all[..5].to_vec(),
+        all[..6].to_vec(),
+        all[..7].to_vec(),
+        all.clone(),
+        [&all[..4], &all[5..]].concat(),
+    ];
+    std::fs::write(&path, config(&lists[0])).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..2_000).map(|i| format!("long-chain:{i}")).collect();
+    for key in &keys {
+        assert_eq!(
+            client.set(key, format!("{key}=v1").as_bytes()),
+            b"STORED\r\n"
+        );
+    }
+    let first_ring = proxy.running().topology.load().ring.clone();
+    for (version, list) in (2..).zip(&lists[1..]) {
+        replace_by_rename(&path, &config(list));
+        wait_for(&format!("ring version {version}"), || {
+            proxy.ring_version() >= version
+        });
+    }
+    {
+        let topology = proxy.running().topology.load();
+        assert_eq!(
+            topology.older.len(),
+            memring::topology::KEPT_RINGS - 1,
+            "the oldest ring is dropped"
+        );
+        assert!(topology.older.iter().all(|o| o.ring != first_ring));
+    }
+    for key in &keys {
+        assert_eq!(
+            client.set(key, format!("{key}=v2").as_bytes()),
+            b"STORED\r\n"
+        );
+    }
+    replace_by_rename(&path, &config(&lists[0]));
+    wait_for("back on R1", || proxy.ring_version() >= 7);
+    let read = get_each(&mut client, &keys);
+    let hits = read.iter().filter(|v| v.is_some()).count();
+    let old = older_than(&read, &keys, |k| format!("{k}=v2"));
+    println!(
+        "long chain: back on R1, {hits} of {} hit, {old} older",
+        keys.len()
+    );
+    assert_eq!(old, 0, "reads of the overwritten v1");
+}
