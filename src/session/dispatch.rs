@@ -907,7 +907,18 @@ impl ClientSession {
                 }
                 let results: SmallVec<[Option<&CallResult>; 4]> =
                     replicas.iter().map(|p| p.result.as_ref()).collect();
+                // Without replicas (a key owned elsewhere in an older ring of
+                // chained changes, deleted there): the owner's reply as is.
+                let alone = replicas.len() == 1 && entry.topology.config.replicas <= 1;
                 match finish {
+                    Finish::Quorum { .. } if alone => match &replicas[0].result {
+                        Some(Ok(reply)) => {
+                            stats.reply(entry.command, reply);
+                            self.out.push(reply.clone());
+                        }
+                        Some(Err(error)) => write_server_error(self.out.scratch(), error),
+                        None => return false,
+                    },
                     Finish::Quorum { quorum, .. } => match decide(&results, *quorum) {
                         Decision::Wait => return false,
                         Decision::Answer(reply) => {
@@ -984,16 +995,25 @@ impl ClientSession {
                         }
                         let results: SmallVec<[Option<&CallResult>; 4]> =
                             replicas.iter().map(|p| p.result.as_ref()).collect();
-                        match decide(&results, *quorum) {
-                            Decision::Wait => return false,
-                            Decision::Answer(reply) => {
-                                let outstanding = results.iter().filter(|r| r.is_none()).count();
-                                stats.replica_background(outstanding);
-                                Ok(reply)
+                        if replicas.len() == 1 && entry.topology.config.replicas <= 1 {
+                            // As for a classic write without replicas.
+                            match &replicas[0].result {
+                                Some(result) => result.clone(),
+                                None => return false,
                             }
-                            Decision::Fail(servers) => {
-                                write_no_quorum(self.out.scratch(), &servers);
-                                return true;
+                        } else {
+                            match decide(&results, *quorum) {
+                                Decision::Wait => return false,
+                                Decision::Answer(reply) => {
+                                    let outstanding =
+                                        results.iter().filter(|r| r.is_none()).count();
+                                    stats.replica_background(outstanding);
+                                    Ok(reply)
+                                }
+                                Decision::Fail(servers) => {
+                                    write_no_quorum(self.out.scratch(), &servers);
+                                    return true;
+                                }
                             }
                         }
                     }

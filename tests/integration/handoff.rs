@@ -1433,6 +1433,24 @@ fn chained_changes_then_back_to_the_first_ring(settings: &str, test: &str) {
             assert_eq!(client.meta_reply(), b"HD\r\n", "{key}");
         }
     }
+    if settings.is_empty() {
+        // Every key answers as one memcached would, whichever owners it
+        // had: a write refused by its owner gets the owner's own reply.
+        for (i, key) in keys.iter().enumerate() {
+            let reply = if i % 2 == 0 {
+                client.call(format!("incr {key} 1\r\n").as_bytes(), ReplyKind::Line)
+            } else {
+                client.send(format!("ma {key}\r\n").as_bytes());
+                client.meta_reply()
+            };
+            assert_eq!(
+                &reply[..],
+                b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n",
+                "{key}: {}",
+                show(&reply)
+            );
+        }
+    }
     replace_by_rename(&path, &config_of(4));
     wait_for("ring version 4", || proxy.ring_version() >= 4);
     let read = get_each(&mut client, &keys);
