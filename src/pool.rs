@@ -313,8 +313,10 @@ impl Publisher {
         change.restored = restored;
         // A change that gives keys new owners (other than an ejection, whose
         // previous owner is DEAD) starts a hand-off window from the ring in
-        // force; the window before it, if any, is dropped. Otherwise a
-        // running window carries on unchanged.
+        // force. The rings of a window it chains onto are kept (up to
+        // KEPT_RINGS) for writes to delete the key on their owners, since
+        // a later change may go back to one of them. Otherwise a running
+        // window carries on unchanged.
         // With twemproxy timing a returning server was not flushed and
         // nutcracker reads its keys from it at once, so memring does too.
         let window = new.config.handoff;
@@ -328,10 +330,11 @@ impl Publisher {
         if starts {
             let previous = Previous::new(old.ring.clone(), old.members(), window);
             change.handoff = Some(Box::new((window.as_millis() as u64, previous.until_unix)));
-            new.set_previous(previous, old);
+            new.set_previous(previous, old.kept_rings(), old);
         } else if let Some(running) = &old.previous {
             if !window.is_zero() && running.until > std::time::Instant::now() {
-                new.set_previous(running.carried(), old);
+                let older = old.older.iter().map(Previous::carried).collect();
+                new.set_previous(running.carried(), older, old);
             }
         }
         let version = new.version;

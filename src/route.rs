@@ -67,15 +67,32 @@ pub(crate) enum Plan {
         forget: usize,
     },
     /// `cas` checked on the owner; when it stores, copied as `set` to the
-    /// other replicas before any later request of the client is sent.
-    CasThenCopy { owner: usize, copies: Servers },
+    /// other replicas before any later request of the client is sent. In a
+    /// hand-off window, `previous` is the previous ring's owner when it
+    /// differs (the `gets` may have been answered with its cas): when the
+    /// owner answers `NOT_FOUND` or `EXISTS`, the `cas` is tried there, and
+    /// if it stores, the value is `set` on `owner` and `copies` (but
+    /// `previous`) before the answer. `forget` (owners in older rings of
+    /// chained changes) get a `delete` of the key, awaited before the answer.
+    CasThenCopy {
+        owner: usize,
+        copies: Servers,
+        previous: Option<usize>,
+        forget: Servers,
+    },
     /// Every server gets it (`flush_all`); `OK` only if all say `OK`.
     Broadcast { servers: Servers },
     /// A retrieval.
     Retrieve(Box<Retrieval>),
     /// A command on a key whose owner changed within the hand-off window
-    /// (see `handoff::Moved`): `owner` now, `previous` before.
-    Moved { owner: usize, previous: usize },
+    /// (see `handoff::Moved`): `owner` now, `previous` before. `forget`
+    /// (owners in older rings of chained changes) get a `delete` of the key
+    /// with the first step, awaited before the answer.
+    Moved {
+        owner: usize,
+        previous: usize,
+        forget: Servers,
+    },
     /// No server to send it to.
     NoServers,
 }
@@ -157,9 +174,28 @@ pub(crate) fn plan(
                 return match topology.owner_index(key) {
                     // During a hand-off window, one more ring lookup.
                     Some(owner) if topology.previous.is_some() => {
+                        let writes = crate::handoff::needs_handoff(request.command);
+                        let mut forget = Servers::new();
+                        if writes {
+                            topology.older_owners(key, &[owner], &mut forget);
+                        }
                         match topology.previous_owner(key, owner) {
-                            Some(previous) if crate::handoff::needs_handoff(request.command) => {
-                                Plan::Moved { owner, previous }
+                            Some(previous) if writes => Plan::Moved {
+                                owner,
+                                previous,
+                                forget,
+                            },
+                            // Not moved since the previous ring, but owned
+                            // elsewhere in an older one: deleted there too.
+                            _ if !forget.is_empty() => {
+                                let count = forget.len();
+                                let mut servers: Servers = smallvec::smallvec![owner];
+                                servers.extend(forget);
+                                Plan::Quorum {
+                                    servers,
+                                    quorum: 1,
+                                    forget: count,
+                                }
                             }
                             _ => Plan::Forward { server: owner },
                         }
@@ -173,19 +209,17 @@ pub(crate) fn plan(
             match servers.first() {
                 None => Plan::NoServers,
                 Some(&owner) if request.command == Command::Cas => {
-                    // In a hand-off window the previous ring's replicas that
-                    // are not replicas now get the copy too: a later miss
-                    // may fall through to them, and must not find the value
-                    // this cas replaced.
-                    topology.push_previous_only_replicas(key, &mut servers);
+                    let (previous, forget) = cas_handoff(key, owner, &mut servers, topology);
                     Plan::CasThenCopy {
                         owner,
                         copies: servers[1..].iter().copied().collect(),
+                        previous,
+                        forget,
                     }
                 }
                 Some(_) => {
                     let quorum = quorum(servers.len());
-                    let forget = topology.push_previous_only_replicas(key, &mut servers);
+                    let forget = topology.push_former_replicas(key, &mut servers);
                     Plan::Quorum {
                         quorum,
                         forget,
@@ -195,6 +229,31 @@ pub(crate) fn plan(
             }
         }
     }
+}
+
+/// What a replicated `cas` of `key` (replica set `servers`, `owner` first)
+/// needs in a hand-off window: the previous ring's owner when it differs
+/// (the cas may be its number), and the older rings' owners to delete the
+/// key from. The previous ring's replicas that are not replicas now are
+/// appended to `servers`: they get the copy too, since a later miss may fall
+/// through to them and must not find the value this cas replaced.
+fn cas_handoff(
+    key: &[u8],
+    owner: usize,
+    servers: &mut Servers,
+    topology: &Topology,
+) -> (Option<usize>, Servers) {
+    let mut forget = Servers::new();
+    if topology.previous.is_none() {
+        return (None, forget);
+    }
+    let current = servers.len();
+    let mut before = Servers::new();
+    topology.previous_replicas(key, &mut before);
+    let previous = before.first().copied().filter(|&p| p != owner);
+    topology.push_previous_only_replicas(key, servers);
+    topology.older_owners(key, &servers[..current], &mut forget);
+    (previous, forget)
 }
 
 /// Replies needed to answer a replicated write: a majority.
@@ -968,11 +1027,16 @@ pub(crate) enum MetaPlan {
     },
     /// A mutation with `C` decided on the owner; when it succeeds, `copy`
     /// (the same request without `C` and `q`) goes to the other replicas
-    /// before any later request of the client.
+    /// before any later request of the client. In a hand-off window, as a
+    /// classic `cas` ([`Plan::CasThenCopy`]): `EX` or `NF` from the owner
+    /// tries `previous`, whose success sends `copy` to `owner` and `copies`
+    /// (but `previous`) before the answer; `forget` get an `md`.
     CasThenCopy {
         owner: usize,
         copies: Servers,
         copy: Bytes,
+        previous: Option<usize>,
+        forget: Servers,
     },
     /// `mg` with replicas: ask `servers` in order, the next one only when
     /// the previous failed (or missed, with `on_miss`).
@@ -992,24 +1056,37 @@ pub(crate) enum MetaPlan {
         owner: usize,
         previous: usize,
         copy_first: bool,
+        forget: Servers,
     },
     /// `ms` (set mode) of a moved key during a hand-off window: `md` to the
     /// previous owner first, then the `ms` to the new one, so that the value
     /// it replaces is on no server a lagging sidecar (or this one, after the
     /// change is undone) could read it from.
-    OverwriteMoved { owner: usize, previous: usize },
+    OverwriteMoved {
+        owner: usize,
+        previous: usize,
+        forget: Servers,
+    },
     /// `ms` with `C` (set mode) of a moved key during a hand-off window, the
     /// meta twin of a classic `cas` on one: tried on the new owner; if it is
     /// not stored there (the cas came from the previous owner, or the key is
     /// not on the new owner yet) tried on the previous owner, and if stored
     /// there, set on the new owner. Either way the previous owner's copy is
     /// deleted before the answer.
-    CasMoved { owner: usize, previous: usize },
+    CasMoved {
+        owner: usize,
+        previous: usize,
+        forget: Servers,
+    },
     /// `md` of a moved key during a hand-off window: the previous owner
     /// first, then the new one (so a read falling through in between finds
     /// the key on neither, as for a classic `delete`); answered with success
     /// if either held it.
-    DeleteMoved { owner: usize, previous: usize },
+    DeleteMoved {
+        owner: usize,
+        previous: usize,
+        forget: Servers,
+    },
     /// No server to send it to.
     NoServers,
 }
@@ -1021,6 +1098,11 @@ pub(crate) enum MetaPlan {
 /// replicas, `mg` reads like a classic get, `ms`/`md`/`ma` write like classic
 /// writes (with `C` like `cas`), and what hands out a recache lease (`N`,
 /// `R` on `mg`) and `me` go to the owner only, so exactly one client wins.
+///
+/// In chained hand-off windows the write plans of a moved key
+/// (`RetryMoved`, `OverwriteMoved`, `CasMoved`, `DeleteMoved`) also send an
+/// `md` to each of their `forget` servers (owners in older rings) with the
+/// first step, and answer once those are done too.
 pub(crate) fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> MetaPlan {
     if request.command == MetaCommand::Noop {
         return MetaPlan::Reply(b"MN\r\n");
@@ -1037,9 +1119,33 @@ pub(crate) fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topolog
         };
         // A hand-off window (one replica): a moved key may still be only on
         // its previous owner.
-        let previous = (topology.config.replicas <= 1 && request.backend_error.is_none())
+        let handed_off = topology.config.replicas <= 1 && request.backend_error.is_none();
+        let previous = handed_off
             .then(|| topology.previous_owner(&key, server))
             .flatten();
+        let writes = matches!(
+            request.command,
+            MetaCommand::Set | MetaCommand::Delete | MetaCommand::Arithmetic
+        );
+        let mut forget = Servers::new();
+        if handed_off && writes {
+            topology.older_owners(&key, &[server], &mut forget);
+        }
+        let forward = |forget: Servers| {
+            if forget.is_empty() {
+                return MetaPlan::Forward { server };
+            }
+            // Owned elsewhere in an older ring of chained changes: an `md`
+            // there too before the answer.
+            let count = forget.len();
+            let mut servers: Servers = smallvec::smallvec![server];
+            servers.extend(forget);
+            MetaPlan::Quorum {
+                servers,
+                quorum: 1,
+                forget: count,
+            }
+        };
         return match (previous, request.command) {
             (Some(previous), MetaCommand::Get)
                 if !request.takes_lease() && !request.changes_item(bytes) =>
@@ -1059,25 +1165,29 @@ pub(crate) fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topolog
                 MetaPlan::CasMoved {
                     owner: server,
                     previous,
+                    forget,
                 }
             }
             (Some(previous), MetaCommand::Delete) => MetaPlan::DeleteMoved {
                 owner: server,
                 previous,
+                forget,
             },
             (Some(previous), _) => match meta_copy_when(request, bytes) {
                 Some(when) => MetaPlan::RetryMoved {
                     owner: server,
                     previous,
                     copy_first: when == CopyWhen::First,
+                    forget,
                 },
                 None if request.command == MetaCommand::Set => MetaPlan::OverwriteMoved {
                     owner: server,
                     previous,
+                    forget,
                 },
-                None => MetaPlan::Forward { server },
+                None => forward(forget),
             },
-            (None, _) => MetaPlan::Forward { server },
+            (None, _) => forward(forget),
         };
     }
     let mut servers = Servers::new();
@@ -1098,20 +1208,31 @@ pub(crate) fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topolog
             }
         }
         _ if request.compare_cas => {
-            // As for a classic `cas`: the previous ring's other replicas
-            // get the copy too.
-            topology.push_previous_only_replicas(&key, &mut servers);
+            // As for a classic `cas`.
+            let owner = servers[0];
+            let (previous, forget) = cas_handoff(&key, owner, &mut servers, topology);
+            // Only a set can be tried on the previous owner and copied:
+            // the owner lacks the item an `ma` or an append would change.
+            let sets = request.command == MetaCommand::Set
+                && matches!(
+                    request.mode.map(|m| m.to_ascii_uppercase()),
+                    None | Some(b'S')
+                );
+            let previous = previous.filter(|_| sets);
             MetaPlan::CasThenCopy {
-                owner: servers[0],
+                owner,
                 copies: servers[1..].iter().copied().collect(),
                 copy: meta_copy(request, bytes),
+                previous,
+                forget,
             }
         }
         _ => {
             // In a hand-off window the previous ring's replicas that are not
-            // replicas now get an `md` (as for classic writes).
+            // replicas now, and the owners in older rings of chained
+            // changes, get an `md` (as for classic writes).
             let quorum = quorum(servers.len());
-            let forget = topology.push_previous_only_replicas(&key, &mut servers);
+            let forget = topology.push_former_replicas(&key, &mut servers);
             MetaPlan::Quorum {
                 quorum,
                 forget,

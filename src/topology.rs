@@ -13,6 +13,25 @@ use crate::config::{Config, ServerConfig};
 use crate::protocol::Limits;
 use crate::ring::Ring;
 
+/// `ring_backends` for a ring of `members`: each member's index in
+/// `backends`, appending the backend `old` has for a member no longer
+/// configured (LEAVING). A member nobody has a backend for any more cannot
+/// be asked; its keys read as misses (u32::MAX never matches an owner).
+fn map_members(members: &[String], backends: &mut Vec<Arc<Backend>>, old: &Topology) -> Box<[u32]> {
+    members
+        .iter()
+        .map(|name| {
+            let at = backends.iter().position(|b| b.name() == name);
+            let at = at.or_else(|| {
+                let leaving = old.backends.iter().find(|b| b.name() == name)?;
+                backends.push(leaving.clone());
+                Some(backends.len() - 1)
+            });
+            at.map_or(u32::MAX, |i| i as u32)
+        })
+        .collect()
+}
+
 /// One immutable routing table.
 #[derive(Debug)]
 pub struct Topology {
@@ -44,7 +63,22 @@ pub struct Topology {
     /// The ring in force before the last membership change, during its
     /// hand-off window.
     pub previous: Option<Previous>,
+    /// The rings before `previous` that chained changes installed since the
+    /// last window ended, newest first (at most [`KEPT_RINGS`] - 1, none
+    /// equal to `ring` or `previous`). Reads never ask them; writes delete
+    /// the key from their owners (see [`Topology::older_owners`]), so that a
+    /// change back to one of them finds no value older than the write.
+    pub older: Box<[Previous]>,
+    /// Backend indexes of the members of rings dropped from a chain of
+    /// windows beyond [`KEPT_RINGS`]: a write deletes the key from each of
+    /// them too (when in doubt, miss), until the window ends.
+    dropped: Box<[u32]>,
 }
+
+/// Most rings a hand-off window keeps besides the ring in force: the
+/// previous one and the older ones of chained changes. A change beyond that
+/// drops the oldest (see docs/handoff.md, "Chained changes").
+pub const KEPT_RINGS: usize = 4;
 
 /// The previous ring of a hand-off window. Its members are mapped onto this
 /// topology's `backends`; members no longer configured (LEAVING) have their
@@ -159,6 +193,8 @@ impl Topology {
             ejected: ejected.into_boxed_slice(),
             failed_over: failed_over.into_boxed_slice(),
             previous: None,
+            older: Box::new([]),
+            dropped: Box::new([]),
         }
     }
 
@@ -176,26 +212,106 @@ impl Topology {
             .collect()
     }
 
-    /// Starts (or carries on) a hand-off window from `previous`; `old` holds
-    /// the backends of members that are no longer configured (LEAVING), which
-    /// are kept for the window. Members without a backend are left out.
-    pub(crate) fn set_previous(&mut self, mut previous: Previous, old: &Topology) {
+    /// Starts (or carries on) a hand-off window from `previous`, keeping
+    /// `older` (the rings of the windows it chains onto, newest first) for
+    /// writes to forget on; `old` holds the backends of members that are no
+    /// longer configured (LEAVING), which are kept for the window. Members
+    /// without a backend are left out. Older rings equal to the ring in
+    /// force, to `previous` or to a newer one are left out, and at most
+    /// [`KEPT_RINGS`] - 1 are kept: the members of the rest join `old`'s
+    /// dropped servers (see [`Topology::older_owners`]).
+    pub(crate) fn set_previous(
+        &mut self,
+        mut previous: Previous,
+        older: Vec<Previous>,
+        old: &Topology,
+    ) {
         let mut backends: Vec<Arc<Backend>> = self.backends.to_vec();
-        let mut map = Vec::with_capacity(previous.members.len());
-        for name in previous.members.iter() {
-            let at = backends.iter().position(|b| b.name() == name);
-            let at = at.or_else(|| {
-                let leaving = old.backends.iter().find(|b| b.name() == name)?;
-                backends.push(leaving.clone());
-                Some(backends.len() - 1)
-            });
-            // A member nobody has a backend for any more cannot be asked;
-            // its keys read as misses (u32::MAX never matches an owner).
-            map.push(at.map_or(u32::MAX, |i| i as u32));
+        previous.ring_backends = map_members(&previous.members, &mut backends, old);
+        let mut kept: Vec<Previous> = Vec::new();
+        let mut dropped: Vec<String> = old
+            .dropped
+            .iter()
+            .filter_map(|&i| Some(old.backends.get(i as usize)?.name().to_string()))
+            .collect();
+        for mut ring in older {
+            if ring.ring == self.ring
+                || ring.ring == previous.ring
+                || kept.iter().any(|k| k.ring == ring.ring)
+            {
+                continue;
+            }
+            if kept.len() + 1 >= KEPT_RINGS {
+                dropped.extend(ring.members.iter().cloned());
+                continue;
+            }
+            ring.ring_backends = map_members(&ring.members, &mut backends, old);
+            kept.push(ring);
         }
-        previous.ring_backends = map.into_boxed_slice();
+        dropped.sort();
+        dropped.dedup();
+        let dropped = map_members(&dropped, &mut backends, old);
         self.backends = backends.into_boxed_slice();
         self.previous = Some(previous);
+        self.older = kept.into_boxed_slice();
+        self.dropped = dropped.iter().copied().filter(|&b| b != u32::MAX).collect();
+    }
+
+    /// The windows this topology keeps (its previous ring, then the older
+    /// ones), carried over for a topology that chains onto them.
+    pub(crate) fn kept_rings(&self) -> Vec<Previous> {
+        self.previous
+            .iter()
+            .chain(self.older.iter())
+            .map(Previous::carried)
+            .collect()
+    }
+
+    /// Backend indexes (into this topology's `backends`) of the replicas of
+    /// `key` in the older rings of chained changes that are neither in
+    /// `current` (the replica set now) nor replicas in the previous ring,
+    /// appended to `out` once each, and every server of the rings dropped
+    /// beyond [`KEPT_RINGS`] that is neither: where a write of the key must
+    /// delete it (nothing outside chained windows).
+    pub fn older_owners(
+        &self,
+        key: &[u8],
+        current: &[usize],
+        out: &mut smallvec::SmallVec<[usize; 4]>,
+    ) {
+        if self.older.is_empty() && self.dropped.is_empty() {
+            return;
+        }
+        let mut before = smallvec::SmallVec::<[usize; 4]>::new();
+        self.previous_replicas(key, &mut before);
+        let mut members = smallvec::SmallVec::<[usize; 4]>::new();
+        for ring in self.older.iter() {
+            ring.ring
+                .replicas(key, self.config.replicas.max(1), &mut members);
+            for member in &members {
+                let Some(&backend) = ring.ring_backends.get(*member) else {
+                    continue;
+                };
+                let backend = backend as usize;
+                if backend < self.backends.len()
+                    && !current.contains(&backend)
+                    && !before.contains(&backend)
+                    && !out.contains(&backend)
+                {
+                    out.push(backend);
+                }
+            }
+        }
+        for &backend in self.dropped.iter() {
+            let backend = backend as usize;
+            if backend < self.backends.len()
+                && !current.contains(&backend)
+                && !before.contains(&backend)
+                && !out.contains(&backend)
+            {
+                out.push(backend);
+            }
+        }
     }
 
     /// During a hand-off window, the backend index of `key`'s previous owner
@@ -245,17 +361,42 @@ impl Topology {
         servers.len() - current
     }
 
+    /// Appends to `servers` (a replica set of the ring in force) every
+    /// server a write of `key` must delete it from: the previous ring's
+    /// replicas that are not in it, then those of the older rings of
+    /// chained changes ([`Topology::older_owners`]); how many.
+    pub fn push_former_replicas(
+        &self,
+        key: &[u8],
+        servers: &mut smallvec::SmallVec<[usize; 4]>,
+    ) -> usize {
+        let current = servers.len();
+        self.push_previous_only_replicas(key, servers);
+        let mut older = smallvec::SmallVec::<[usize; 4]>::new();
+        self.older_owners(key, &servers[..current], &mut older);
+        servers.extend(older);
+        servers.len() - current
+    }
+
     /// Servers being taken over (in the ring, owning keys they did not own
     /// in the previous ring) and leaving (only in the previous ring).
+    /// A server only in an older ring of chained changes is LEAVING too: it
+    /// is kept, and asked only to delete keys written since.
     pub fn membership(&self, index: usize) -> Membership {
         let Some(previous) = &self.previous else {
             return Membership::Active;
         };
+        let member = |p: &Previous| p.ring_backends.contains(&(index as u32));
         let in_ring = self.ring_backends.contains(&(index as u32));
-        let was = previous.ring_backends.contains(&(index as u32));
+        let was = member(previous);
         match (was, in_ring) {
             (false, true) => Membership::Joining,
             (true, false) => Membership::Leaving,
+            (false, false)
+                if self.older.iter().any(member) || self.dropped.contains(&(index as u32)) =>
+            {
+                Membership::Leaving
+            }
             _ => Membership::Active,
         }
     }
@@ -566,7 +707,11 @@ mod tests {
         let backends = Topology::backends_for(&c5, Some(&old), &hooks);
         let mut new = Topology::assemble(c5, 2, backends, Vec::new());
         let window = std::time::Duration::from_secs(60);
-        new.set_previous(Previous::new(old.ring.clone(), old.members(), window), &old);
+        new.set_previous(
+            Previous::new(old.ring.clone(), old.members(), window),
+            Vec::new(),
+            &old,
+        );
         let (mut moved, mut total) = (0, 0);
         for i in 0..2000 {
             let key = format!("k{i}");
@@ -588,6 +733,125 @@ mod tests {
         );
         assert_eq!(new.membership(4), Membership::Joining);
         assert_eq!(new.membership(0), Membership::Active);
+    }
+
+    fn config_of(servers: &[ServerConfig]) -> Arc<Config> {
+        let mut text = String::from("listen = \"127.0.0.1:0\"\n");
+        for s in servers {
+            text.push_str(&format!(
+                "[[servers]]\naddr = \"{}\"\nname = \"{}\"\n",
+                s.addr, s.name
+            ));
+        }
+        Arc::new(Config::parse(&text, "t.toml").unwrap())
+    }
+
+    /// What `Publisher::publish` does on a change within a window: the ring
+    /// in force becomes the previous one, and the rings it kept go on.
+    fn chain(old: &Topology, servers: &[ServerConfig], hooks: &PoolHooks) -> Topology {
+        let config = config_of(servers);
+        let backends = Topology::backends_for(&config, Some(old), hooks);
+        let mut new = Topology::assemble(config, old.version + 1, backends, Vec::new());
+        let window = std::time::Duration::from_secs(60);
+        let previous = Previous::new(old.ring.clone(), old.members(), window);
+        new.set_previous(previous, old.kept_rings(), old);
+        new
+    }
+
+    #[test]
+    fn chained_changes_keep_each_older_ring_once_and_name_its_owners_for_writes() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _guard = runtime.enter();
+        let hooks = PoolHooks {
+            health_changed: Arc::new(tokio::sync::Notify::new()),
+            stats: Arc::new(crate::stats::Stats::new()),
+            tls: None,
+            pool: "default".into(),
+        };
+        let list = |n: usize| -> Vec<ServerConfig> {
+            (1..=n).map(|i| server(&format!("s{i}"), 1)).collect()
+        };
+        let c4 = config_of(&list(4));
+        let r1 = Topology::assemble(
+            c4.clone(),
+            1,
+            Topology::backends_for(&c4, None, &hooks),
+            Vec::new(),
+        );
+        let r2 = chain(&r1, &list(5), &hooks);
+        assert!(
+            r2.older.iter().all(|o| o.ring != r1.ring),
+            "R1 is the previous ring, not an older one"
+        );
+        let r3 = chain(&r2, &list(6), &hooks);
+        assert_eq!(r3.older.len(), 1);
+        assert_eq!(r3.older[0].ring, r1.ring);
+        let name = |t: &Topology, i: usize| t.backends[i].name().to_string();
+        let owner_in = |ring: &crate::ring::Ring, key: &[u8]| {
+            ring.members()[ring.owner(key).unwrap()].identity.clone()
+        };
+        let (mut three_owners, mut checked) = (0, 0);
+        for i in 0..3000 {
+            let key = format!("k{i}");
+            let key = key.as_bytes();
+            let owner = r3.owner_index(key).unwrap();
+            let mut older = smallvec::SmallVec::new();
+            r3.older_owners(key, &[owner], &mut older);
+            let (before, oldest) = (owner_in(&r2.ring, key), owner_in(&r1.ring, key));
+            let expected: Vec<String> = if oldest != name(&r3, owner) && oldest != before {
+                vec![oldest]
+            } else {
+                Vec::new()
+            };
+            let got: Vec<String> = older.iter().map(|&b| name(&r3, b)).collect();
+            assert_eq!(got, expected, "k{i}");
+            three_owners += usize::from(!got.is_empty() && before != name(&r3, owner));
+            checked += 1;
+        }
+        assert!(
+            three_owners > checked / 50,
+            "{three_owners} of {checked} keys had three owners"
+        );
+        // Back to R1: R3 is the previous ring, R2 older, R1 (in force) not kept.
+        let back = chain(&r3, &list(4), &hooks);
+        assert_eq!(back.ring, r1.ring);
+        assert_eq!(back.older.len(), 1);
+        assert_eq!(back.older[0].ring, r2.ring);
+        // s5 is in R2 only: kept (LEAVING) so that writes can delete there.
+        let s5 = back
+            .backends
+            .iter()
+            .position(|b| b.name() == "s5")
+            .expect("s5 kept");
+        assert_eq!(back.membership(s5), Membership::Leaving);
+        // At most KEPT_RINGS besides the ring in force.
+        let mut t = back;
+        for n in [7, 8, 9, 10, 11] {
+            t = chain(&t, &list(n), &hooks);
+        }
+        assert_eq!(t.older.len(), KEPT_RINGS - 1);
+        // Beyond that, when in doubt, a miss: a write deletes the key from
+        // every server of the rings dropped (R1 to R3 here), but where it
+        // lives now.
+        for i in 0..200 {
+            let key = format!("k{i}");
+            let mut replicas = smallvec::SmallVec::new();
+            t.replicas(key.as_bytes(), &mut replicas);
+            let mut older = smallvec::SmallVec::new();
+            t.older_owners(key.as_bytes(), &replicas, &mut older);
+            for s in ["s1", "s2", "s3", "s4", "s5", "s6"] {
+                let at = t.backends.iter().position(|b| b.name() == s).unwrap();
+                assert!(
+                    older.contains(&at)
+                        || replicas.contains(&at)
+                        || t.previous_owner(key.as_bytes(), usize::MAX) == Some(at),
+                    "k{i}: {s}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -47,9 +47,9 @@ impl ClientSession {
                 entry.sent = true;
                 true
             }
-            Work::Cas { owner, copies } => {
+            Work::Cas(cas) => {
                 if !entry.sent {
-                    let cost = entry.bytes.len() + LINE_REPLY_BYTES;
+                    let cost = entry.bytes.len() + LINE_REPLY_BYTES * (1 + cas.forget.len());
                     if !self.may_reserve(cost) {
                         return false;
                     }
@@ -57,18 +57,60 @@ impl ClientSession {
                     entry.reserved = cost;
                     let request = forwardable(&entry.bytes, &entry.request);
                     let hot = entry.hot.as_ref();
-                    self.send_line(&topology, owner, &request, LineKind::Storage, true, hot);
+                    self.send_line(
+                        &topology,
+                        &mut cas.part,
+                        &request,
+                        LineKind::Storage,
+                        true,
+                        hot,
+                    );
+                    let key = entry.request.key(&entry.bytes, 0);
+                    for &server in &cas.forget {
+                        cas.waiting.push(self.delete_on(&topology, server, key));
+                    }
                     entry.sent = true;
                 }
                 // The copies go out before any later request of this client,
                 // so a later write to the key cannot be overtaken by them.
-                let Some(result) = &owner.result else {
+                let Some(result) = &cas.part.result else {
                     return false;
                 };
-                if let Some(copies) = copies.take() {
-                    if matches!(result, Ok(reply) if reply.as_ref() == b"STORED\r\n") {
-                        let copy = route::cas_as_set(&entry.request, &entry.bytes);
-                        let expect = Expect::Line(LineKind::Storage);
+                if cas.copies.is_none() {
+                    return true;
+                }
+                let stored = matches!(result, Ok(reply) if reply.as_ref() == b"STORED\r\n");
+                let elsewhere = matches!(result, Ok(reply)
+                    if reply.starts_with(b"NOT_FOUND") || reply.starts_with(b"EXISTS"));
+                if elsewhere && cas.first.is_none() {
+                    // A moved key: the unique may be the previous owner's.
+                    if let Some(previous) = cas.previous.take() {
+                        cas.first = cas.part.result.take();
+                        cas.part = Part::new(previous);
+                        let request = forwardable(&entry.bytes, &entry.request);
+                        let hot = entry.hot.as_ref();
+                        let part = &mut cas.part;
+                        self.send_line(&topology, part, &request, LineKind::Storage, true, hot);
+                        return false;
+                    }
+                }
+                let copies = cas.copies.take().expect("checked above");
+                if stored {
+                    let copy = route::cas_as_set(&entry.request, &entry.bytes);
+                    let expect = Expect::Line(LineKind::Storage);
+                    if cas.first.is_some() {
+                        // Stored on the previous owner: the owner and the
+                        // other replicas take the value before the answer.
+                        let stored_on = cas.part.server;
+                        cas.copied = Some(cas.waiting.len());
+                        for server in std::iter::once(cas.owner).chain(copies) {
+                            if server != stored_on {
+                                let hot = entry.hot.as_ref();
+                                let part = self.send_to(&topology, server, &copy, &expect, hot);
+                                cas.waiting.push(part);
+                            }
+                        }
+                    } else {
                         self.send_copies(&topology, copies, &copy, &expect);
                     }
                 }
@@ -124,6 +166,10 @@ impl ClientSession {
                                 *part = self.forget_on(&topology, part.server, key);
                             }
                         }
+                    }
+                    for &server in &meta.forget {
+                        let part = self.forget_on(&topology, server, &meta.forget_key);
+                        meta.waiting.push(part);
                     }
                     entry.sent = true;
                 }
@@ -367,25 +413,63 @@ impl ClientSession {
                         }
                         true
                     }
-                    MetaMode::CasThenCopy { copies, copy } => {
+                    MetaMode::CasThenCopy {
+                        owner,
+                        copies,
+                        copy,
+                        previous,
+                        first,
+                        copied,
+                    } => {
                         // The copies go out before any later request of this
                         // client, as for a replicated `cas`.
                         let Some(result) = &meta.parts[0].result else {
                             return false;
                         };
-                        if let Some(copies) = copies.take() {
-                            if matches!(result, Ok(reply) if route::meta_succeeded(reply)) {
-                                let expect = Expect::Meta {
-                                    command: meta.command,
-                                    quiet: false,
-                                    replied: false,
-                                };
-                                self.send_copies(
+                        if copies.is_none() {
+                            return true;
+                        }
+                        let succeeded = matches!(result, Ok(reply) if route::meta_succeeded(reply));
+                        let elsewhere = matches!(result, Ok(reply)
+                            if reply.starts_with(b"EX") || reply.starts_with(b"NF"));
+                        if elsewhere && first.is_none() {
+                            // A moved key: the cas may be the previous owner's.
+                            if let Some(previous) = previous.take() {
+                                *first = meta.parts[0].result.take();
+                                let hot = entry.hot.as_ref();
+                                meta.parts[0] = self.send_to(
                                     &topology,
-                                    copies,
-                                    std::slice::from_ref(copy),
-                                    &expect,
+                                    previous,
+                                    &meta.wire,
+                                    &meta.expect,
+                                    hot,
                                 );
+                                return false;
+                            }
+                        }
+                        let copies = copies.take().expect("checked above");
+                        if succeeded {
+                            let expect = Expect::Meta {
+                                command: meta.command,
+                                quiet: false,
+                                replied: false,
+                            };
+                            let copy = std::slice::from_ref(copy);
+                            if first.is_some() {
+                                // Taken by the previous owner: the owner and
+                                // the other replicas get it before the answer.
+                                let stored_on = meta.parts[0].server;
+                                *copied = Some(meta.waiting.len());
+                                for server in std::iter::once(*owner).chain(copies) {
+                                    if server != stored_on {
+                                        let hot = entry.hot.as_ref();
+                                        let part =
+                                            self.send_to(&topology, server, copy, &expect, hot);
+                                        meta.waiting.push(part);
+                                    }
+                                }
+                            } else {
+                                self.send_copies(&topology, copies, copy, &expect);
                             }
                         }
                         true
@@ -426,6 +510,10 @@ impl ClientSession {
                     self.reserve(cost);
                     entry.reserved = cost;
                     entry.sent = true;
+                    let key = entry.request.key(&entry.bytes, 0);
+                    for &server in &moved.forget {
+                        moved.waiting.push(self.delete_on(&topology, server, key));
+                    }
                     let step = moved.machine.start();
                     self.step(&topology, moved, step, entry.hot.as_ref());
                 }
@@ -610,6 +698,17 @@ impl ClientSession {
         self.send_to(topology, server, &line, &expect, None)
     }
 
+    /// Sends `delete <key>` to `server`, wanting its reply: an older ring's
+    /// copy of a key written elsewhere goes before the write is answered.
+    fn delete_on(&self, topology: &Topology, server: usize, key: &[u8]) -> Part {
+        let mut line = bytes::BytesMut::with_capacity(key.len() + 9);
+        line.extend_from_slice(b"delete ");
+        line.extend_from_slice(key);
+        line.extend_from_slice(b"\r\n");
+        let expect = Expect::Line(LineKind::Delete);
+        self.send_to(topology, server, &[line.freeze()], &expect, None)
+    }
+
     /// Sends what a hand-off step says, or keeps its answer.
     fn step(
         &self,
@@ -707,8 +806,12 @@ impl ClientSession {
         let entry = &mut self.entries[index];
         match &mut entry.work {
             Work::Lines { parts, .. } => parts.iter_mut().for_each(Part::absorb),
-            Work::Cas { owner, .. } => owner.absorb(),
+            Work::Cas(cas) => {
+                cas.part.absorb();
+                cas.waiting.iter_mut().for_each(Part::absorb);
+            }
             Work::Meta(meta) => {
+                meta.waiting.iter_mut().for_each(Part::absorb);
                 for part in meta.parts.iter_mut() {
                     part.absorb();
                     if let Some(Ok(reply)) = &part.result {
@@ -758,7 +861,10 @@ impl ClientSession {
                 }
                 *held = now;
             }
-            Work::Moved(moved) => moved.copies.iter_mut().for_each(Part::absorb),
+            Work::Moved(moved) => {
+                moved.copies.iter_mut().for_each(Part::absorb);
+                moved.waiting.iter_mut().for_each(Part::absorb);
+            }
             Work::Ready(_) | Work::Stats => {}
         }
         self.reserve(grown);
@@ -803,7 +909,18 @@ impl ClientSession {
                 }
                 let results: SmallVec<[Option<&CallResult>; 4]> =
                     replicas.iter().map(|p| p.result.as_ref()).collect();
+                // Without replicas (a key owned elsewhere in an older ring of
+                // chained changes, deleted there): the owner's reply as is.
+                let alone = replicas.len() == 1 && entry.topology.config.replicas <= 1;
                 match finish {
+                    Finish::Quorum { .. } if alone => match &replicas[0].result {
+                        Some(Ok(reply)) => {
+                            stats.reply(entry.command, reply);
+                            self.out.push(reply.clone());
+                        }
+                        Some(Err(error)) => write_server_error(self.out.scratch(), error),
+                        None => return false,
+                    },
                     Finish::Quorum { quorum, .. } => match decide(&results, *quorum) {
                         Decision::Wait => return false,
                         Decision::Answer(reply) => {
@@ -842,22 +959,36 @@ impl ClientSession {
                     }
                 }
             }
-            Work::Cas { owner, copies } => {
-                if copies.is_some() {
+            Work::Cas(cas) => {
+                if cas.copies.is_some() || cas.waiting.iter().any(|p| p.result.is_none()) {
                     return false;
                 }
+                let Some(result) = &cas.part.result else {
+                    return false;
+                };
+                let answer = match (&cas.first, cas.copied) {
+                    // Not stored on the previous owner either.
+                    (Some(first), None) => first.clone(),
+                    (Some(_), Some(at)) => {
+                        let owner_copy = cas.waiting.get(at).and_then(|p| p.result.as_ref());
+                        moved_cas_answer(result.clone(), owner_copy)
+                    }
+                    (None, _) => result.clone(),
+                };
                 if !noreply {
-                    match &owner.result {
-                        Some(Ok(reply)) => {
-                            stats.reply(entry.command, reply);
-                            self.out.push(reply.clone());
+                    match answer {
+                        Ok(reply) => {
+                            stats.reply(entry.command, &reply);
+                            self.out.push(reply);
                         }
-                        Some(Err(error)) => write_server_error(self.out.scratch(), error),
-                        None => return false,
+                        Err(error) => write_server_error(self.out.scratch(), &error),
                     }
                 }
             }
             Work::Meta(meta) => {
+                if meta.waiting.iter().any(|p| p.result.is_none()) {
+                    return false;
+                }
                 let reply = match &meta.mode {
                     MetaMode::Quorum { quorum, forget, .. } => {
                         let (replicas, forgotten) = meta.parts.split_at(meta.parts.len() - forget);
@@ -866,22 +997,49 @@ impl ClientSession {
                         }
                         let results: SmallVec<[Option<&CallResult>; 4]> =
                             replicas.iter().map(|p| p.result.as_ref()).collect();
-                        match decide(&results, *quorum) {
-                            Decision::Wait => return false,
-                            Decision::Answer(reply) => {
-                                let outstanding = results.iter().filter(|r| r.is_none()).count();
-                                stats.replica_background(outstanding);
-                                Ok(reply)
+                        if replicas.len() == 1 && entry.topology.config.replicas <= 1 {
+                            // As for a classic write without replicas.
+                            match &replicas[0].result {
+                                Some(result) => result.clone(),
+                                None => return false,
                             }
-                            Decision::Fail(servers) => {
-                                write_no_quorum(self.out.scratch(), &servers);
-                                return true;
+                        } else {
+                            match decide(&results, *quorum) {
+                                Decision::Wait => return false,
+                                Decision::Answer(reply) => {
+                                    let outstanding =
+                                        results.iter().filter(|r| r.is_none()).count();
+                                    stats.replica_background(outstanding);
+                                    Ok(reply)
+                                }
+                                Decision::Fail(servers) => {
+                                    write_no_quorum(self.out.scratch(), &servers);
+                                    return true;
+                                }
                             }
                         }
                     }
                     MetaMode::CasThenCopy {
                         copies: Some(_), ..
                     } => return false,
+                    MetaMode::CasThenCopy {
+                        first: Some(first),
+                        copied,
+                        ..
+                    } => {
+                        let Some(result) = &meta.parts[0].result else {
+                            return false;
+                        };
+                        match copied {
+                            // Not taken by the previous owner either.
+                            None => first.clone(),
+                            Some(at) => {
+                                let owner_copy =
+                                    meta.waiting.get(*at).and_then(|p| p.result.as_ref());
+                                moved_cas_answer(result.clone(), owner_copy)
+                            }
+                        }
+                    }
                     MetaMode::ReadMoved { stage, .. } | MetaMode::RetryMoved { stage, .. } => {
                         if *stage != MovedStage::Done {
                             return false;
@@ -939,6 +1097,9 @@ impl ClientSession {
                 }
             }
             Work::Moved(moved) => {
+                if moved.waiting.iter().any(|p| p.result.is_none()) {
+                    return false;
+                }
                 let Some(answer) = moved.answer.take() else {
                     return false;
                 };

@@ -621,10 +621,7 @@ enum Work {
         finish: Finish,
     },
     /// A replicated `cas`: the owner, then copies once it stored.
-    Cas {
-        owner: Part,
-        copies: Option<route::Servers>,
-    },
+    Cas(Box<CasWork>),
     /// A meta command forwarded (see [`MetaWork`]).
     Meta(Box<MetaWork>),
     /// A retrieval, streamed.
@@ -643,10 +640,49 @@ struct MovedWork {
     machine: Moved,
     owner: usize,
     previous: usize,
+    /// Owners in older rings of chained changes: sent a `delete` with the
+    /// first step (`waiting`), and the answer waits for them.
+    forget: route::Servers,
+    waiting: SmallVec<[Part; 1]>,
     /// The step waiting for its reply.
     part: Option<Part>,
     copies: SmallVec<[Part; 1]>,
     answer: Option<CallResult>,
+}
+
+/// A replicated `cas` (see `route::Plan::CasThenCopy`).
+struct CasWork {
+    /// The `cas` under way: on the owner, then on the previous owner.
+    part: Part,
+    owner: usize,
+    /// The other replicas, sent the value once a `cas` stored (taken then).
+    copies: Option<route::Servers>,
+    /// The previous ring's owner of a moved key, not tried yet.
+    previous: Option<usize>,
+    /// The owner's `NOT_FOUND`/`EXISTS` while the previous owner is tried.
+    first: Option<CallResult>,
+    /// Owners in older rings of chained changes, sent a `delete` with the
+    /// `cas`.
+    forget: route::Servers,
+    /// Replies the answer waits for: those deletes, and the copies of a
+    /// `cas` the previous owner stored (the owner's first).
+    waiting: SmallVec<[Part; 2]>,
+    /// `waiting[copied..]` are copies.
+    copied: Option<usize>,
+}
+
+/// The answer of a `cas` (classic or meta) that stored on a moved key's
+/// previous owner, once its copies are in: that reply, unless the new
+/// owner's copy (the first) did not take the value: a reader would still
+/// find the older value there.
+fn moved_cas_answer(stored: CallResult, owner_copy: Option<&CallResult>) -> CallResult {
+    match owner_copy {
+        Some(Ok(reply)) if reply.as_ref() == b"STORED\r\n" || route::meta_succeeded(reply) => {
+            stored
+        }
+        Some(other) => other.clone(),
+        None => stored,
+    }
 }
 
 /// Counts a read-through copy's reply when it arrives, so the client's
@@ -709,6 +745,14 @@ struct MetaWork {
     /// a read-through; the owner otherwise).
     parts: SmallVec<[Part; 1]>,
     mode: MetaMode,
+    /// Owners in older rings of chained changes, sent an `md` with the
+    /// first step (see `route::MetaPlan`), and the key token for it (and
+    /// whether it is base64).
+    forget: route::Servers,
+    forget_key: (Bytes, bool),
+    /// Replies the answer waits for besides the parts: those `md`s, and
+    /// the copies of an `ms … C` the previous owner took.
+    waiting: SmallVec<[Part; 1]>,
 }
 
 /// How a meta request's replies become the client's reply.
@@ -724,9 +768,17 @@ enum MetaMode {
         key: (Bytes, bool),
     },
     /// The owner's reply; `copies` are sent `copy` once the owner succeeded.
+    /// In a hand-off window, an `EX`/`NF` of the owner tries `previous`
+    /// (then taken) and keeps the owner's reply in `first`; when the
+    /// previous owner succeeds, `copy` goes to `owner` and `copies` and the
+    /// answer waits for them (`waiting[copied..]`).
     CasThenCopy {
+        owner: usize,
         copies: Option<route::Servers>,
         copy: Bytes,
+        previous: Option<usize>,
+        first: Option<CallResult>,
+        copied: Option<usize>,
     },
     /// `mg` over replicas: the next server is asked while the last failed.
     ReadThrough {
@@ -845,8 +897,14 @@ impl Work {
         match self {
             Work::Ready(_) | Work::Stats => true,
             Work::Lines { parts, .. } => parts.iter().all(|p| p.all_unanswered(ours)),
-            Work::Cas { owner, .. } => owner.all_unanswered(ours),
-            Work::Meta(meta) => meta.parts.iter().all(|p| p.all_unanswered(ours)),
+            Work::Cas(cas) => std::iter::once(&cas.part)
+                .chain(&cas.waiting)
+                .all(|p| p.all_unanswered(ours)),
+            Work::Meta(meta) => meta
+                .parts
+                .iter()
+                .chain(&meta.waiting)
+                .all(|p| p.all_unanswered(ours)),
             Work::Retrieve { in_flight, .. } => in_flight
                 .iter()
                 .filter(|sub| sub.slot.outcome().is_none())
@@ -855,6 +913,7 @@ impl Work {
                 .part
                 .iter()
                 .chain(&moved.copies)
+                .chain(&moved.waiting)
                 .all(|p| p.all_unanswered(ours)),
         }
     }

@@ -190,16 +190,31 @@ impl ClientSession {
                 parts: servers.into_iter().map(Part::new).collect(),
                 finish: Finish::AllOk,
             },
-            Plan::CasThenCopy { owner, copies } => Work::Cas {
-                owner: Part::new(owner),
+            Plan::CasThenCopy {
+                owner,
+                copies,
+                previous,
+                forget,
+            } => Work::Cas(Box::new(CasWork {
+                part: Part::new(owner),
+                owner,
                 copies: Some(copies),
-            },
+                previous,
+                first: None,
+                forget,
+                waiting: SmallVec::new(),
+                copied: None,
+            })),
             Plan::Retrieve(retrieval) => Work::Retrieve {
                 plan: retrieval,
                 in_flight: SmallVec::new(),
                 held: 0,
             },
-            Plan::Moved { owner, previous } => {
+            Plan::Moved {
+                owner,
+                previous,
+                forget,
+            } => {
                 let as_set =
                     (request.command == Command::Cas).then(|| route::cas_as_set(&request, &bytes));
                 match Moved::new(&request, &bytes, as_set) {
@@ -207,6 +222,8 @@ impl ClientSession {
                         machine,
                         owner,
                         previous,
+                        forget,
+                        waiting: SmallVec::new(),
                         part: None,
                         copies: SmallVec::new(),
                         answer: None,
@@ -265,6 +282,7 @@ impl ClientSession {
             wire.push(Bytes::from_static(b"mn\r\n"));
         }
         let parts = |servers: &[usize]| servers.iter().map(|&s| Part::new(s)).collect();
+        let mut forget = route::Servers::new();
         let mode = match plan {
             MetaPlan::Reply(reply) => {
                 let mut entry = Entry::ready(reply, topology);
@@ -295,13 +313,22 @@ impl ClientSession {
                 owner,
                 copies,
                 copy,
-            } => (
-                parts(&[owner]),
-                MetaMode::CasThenCopy {
-                    copies: Some(copies),
-                    copy,
-                },
-            ),
+                previous,
+                forget: older,
+            } => {
+                forget = older;
+                (
+                    parts(&[owner]),
+                    MetaMode::CasThenCopy {
+                        owner,
+                        copies: Some(copies),
+                        copy,
+                        previous,
+                        first: None,
+                        copied: None,
+                    },
+                )
+            }
             MetaPlan::ReadMoved { owner, previous } => {
                 let line = &bytes[..request.line_len as usize];
                 let (line, added) = crate::handoff::meta_read_through_line(line, |flag| {
@@ -328,46 +355,71 @@ impl ClientSession {
                 owner,
                 previous,
                 copy_first,
-            } => (
-                parts(&[if copy_first { previous } else { owner }]),
-                MetaMode::RetryMoved {
-                    owner,
-                    previous,
-                    key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
-                    stage: if copy_first {
-                        MovedStage::Previous
-                    } else {
-                        MovedStage::Owner
+                forget: older,
+            } => {
+                forget = older;
+                (
+                    parts(&[if copy_first { previous } else { owner }]),
+                    MetaMode::RetryMoved {
+                        owner,
+                        previous,
+                        key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
+                        stage: if copy_first {
+                            MovedStage::Previous
+                        } else {
+                            MovedStage::Owner
+                        },
+                        absent: None,
                     },
-                    absent: None,
-                },
-            ),
-            MetaPlan::OverwriteMoved { owner, previous } => (
-                parts(&[previous]),
-                MetaMode::OverwriteMoved {
-                    owner,
-                    key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
-                    forgotten: false,
-                },
-            ),
-            MetaPlan::CasMoved { owner, previous } => (
-                parts(&[owner]),
-                MetaMode::CasMoved {
-                    owner,
-                    previous,
-                    key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
-                    copy: route::meta_copy(&request, &bytes),
-                    stage: CasStage::Owner,
-                    answer: None,
-                },
-            ),
-            MetaPlan::DeleteMoved { owner, previous } => (
-                parts(&[previous]),
-                MetaMode::DeleteMoved {
-                    owner,
-                    previous: None,
-                },
-            ),
+                )
+            }
+            MetaPlan::OverwriteMoved {
+                owner,
+                previous,
+                forget: older,
+            } => {
+                forget = older;
+                (
+                    parts(&[previous]),
+                    MetaMode::OverwriteMoved {
+                        owner,
+                        key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
+                        forgotten: false,
+                    },
+                )
+            }
+            MetaPlan::CasMoved {
+                owner,
+                previous,
+                forget: older,
+            } => {
+                forget = older;
+                (
+                    parts(&[owner]),
+                    MetaMode::CasMoved {
+                        owner,
+                        previous,
+                        key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
+                        copy: route::meta_copy(&request, &bytes),
+                        stage: CasStage::Owner,
+                        answer: None,
+                    },
+                )
+            }
+            MetaPlan::DeleteMoved {
+                owner,
+                previous,
+                forget: older,
+            } => {
+                forget = older;
+                (
+                    parts(&[previous]),
+                    MetaMode::DeleteMoved {
+                        owner,
+                        previous: None,
+                    },
+                )
+            }
             MetaPlan::ReadThrough { servers, on_miss } => (
                 parts(&servers[..1]),
                 MetaMode::ReadThrough {
@@ -378,6 +430,11 @@ impl ClientSession {
             ),
         };
         let (parts, mode) = mode;
+        let forget_key = if forget.is_empty() {
+            (Bytes::new(), false)
+        } else {
+            (bytes.slice_ref(request.key_token(&bytes)), request.base64)
+        };
         let mut entry = Entry::ready(b"", topology);
         entry.command = command;
         entry.bytes = bytes;
@@ -402,6 +459,9 @@ impl ClientSession {
             wire,
             parts,
             mode,
+            forget_key,
+            forget,
+            waiting: SmallVec::new(),
         }));
         self.push(entry);
     }

@@ -1028,8 +1028,10 @@ fn meta_changes_to_moved_keys_leave_no_older_copy_on_the_previous_owner() {
 
 /// The model test of membership changes: one writer runs a random sequence
 /// of set, delete, append, incr, touch and TTL writes through sidecar A,
-/// while the server list flips between 4 and 5 servers (joins, leaves,
-/// undos) and sidecar B applies each change a few writes later. Readers on
+/// while the server list goes round three lists (4 servers, a fifth joins,
+/// it is swapped for a sixth, back to 4: joins, leaves, changes chained
+/// within windows, returns to a ring two changes back) and sidecar B
+/// applies each change a few writes later. Readers on
 /// both sidecars check every read against the model of one memcached: a
 /// value may be missing (a miss is always allowed) but never older than a
 /// write already acknowledged, and no key written with a TTL ever loses it.
@@ -1040,11 +1042,16 @@ fn random_writes_and_membership_flips_never_read_older_than_an_acknowledged_writ
     const KEYS: usize = 60;
     const STEPS: usize = 1_500;
     let dir = TempDir::new("handoff", "model");
-    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let servers: Vec<Memcached> = (0..6).map(|_| Memcached::start()).collect();
     let all: Vec<&Memcached> = servers.iter().collect();
+    let lists: [Vec<&Memcached>; 3] = [
+        all[..4].to_vec(),
+        all[..5].to_vec(),
+        [&all[..4], &all[5..6]].concat(),
+    ];
     let (path_a, path_b) = (dir.path("a.toml"), dir.path("b.toml"));
-    std::fs::write(&path_a, config(&all[..4])).unwrap();
-    std::fs::write(&path_b, config(&all[..4])).unwrap();
+    std::fs::write(&path_a, config(&lists[0])).unwrap();
+    std::fs::write(&path_b, config(&lists[0])).unwrap();
     let (a, b) = (Proxy::start_file(&path_a), Proxy::start_file(&path_b));
     // Every value is `<version>` or, after appends, `<version>.<version>…`:
     // its version is its last number, and versions of a key only grow.
@@ -1100,20 +1107,20 @@ fn random_writes_and_membership_flips_never_read_older_than_an_acknowledged_writ
     };
     let mut version = 0u64;
     let mut with_ttl = std::collections::HashSet::new();
-    let (mut size, mut b_lag) = (4usize, None::<(usize, usize)>);
+    let (mut list, mut b_lag) = (0usize, None::<(usize, usize)>);
     for step in 0..STEPS {
         if step % 150 == 75 {
-            // Flip A now; B follows 40 writes later.
-            size = if size == 4 { 5 } else { 4 };
+            // Change A now; B follows 40 writes later.
+            list = (list + 1) % lists.len();
             let version_before = a.ring_version();
-            replace_by_rename(&path_a, &config(&all[..size]));
+            replace_by_rename(&path_a, &config(&lists[list]));
             wait_for("A's new ring", || a.ring_version() > version_before);
-            b_lag = Some((step + 40, size));
+            b_lag = Some((step + 40, list));
         }
         if let Some((at, target)) = b_lag {
             if step == at {
                 let version_before = b.ring_version();
-                replace_by_rename(&path_b, &config(&all[..target]));
+                replace_by_rename(&path_b, &config(&lists[target]));
                 wait_for("B's new ring", || b.ring_version() > version_before);
                 b_lag = None;
             }
@@ -1381,4 +1388,185 @@ fn a_read_through_is_answered_without_waiting_for_its_copy() {
         let held = held_by(&servers[4], std::slice::from_ref(&key));
         assert_eq!(held, 1, "{dialect}: the copy reached the new owner");
     }
+}
+
+/// Three rings within hand-off windows, then back to the first: R1 (servers
+/// 0-3), R2 (0-4), R3 (0-5), R1 again. Every key is written (`v1`) under R1
+/// and rewritten (`v3`, with `set` and `ms`) under R3, where the window keeps
+/// R2 as the previous ring and R1 as an older one: a key owned by server 4
+/// in R2 was on one of 0-3 in R1, and only R2's owner is the previous one.
+/// Back on R1 no key may read `v1`, and no replica in R1 may hold it.
+fn chained_changes_then_back_to_the_first_ring(settings: &str, test: &str) {
+    let dir = TempDir::new("handoff", test);
+    let servers: Vec<Memcached> = (0..6).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let path = dir.path("memring.toml");
+    let config_of = |n: usize| format!("{settings}\n{}", config(&all[..n]));
+    std::fs::write(&path, config_of(4)).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..3_000).map(|i| format!("{test}:{i}")).collect();
+    for key in &keys {
+        assert_eq!(
+            client.set(key, format!("{key}=v1").as_bytes()),
+            b"STORED\r\n"
+        );
+    }
+    let first_ring = proxy.running().topology.load().ring.clone();
+    for (n, version) in [(5, 2), (6, 3)] {
+        replace_by_rename(&path, &config_of(n));
+        wait_for(&format!("ring version {version}"), || {
+            proxy.ring_version() >= version
+        });
+    }
+    {
+        let topology = proxy.running().topology.load();
+        assert_eq!(topology.older.len(), 1, "R1 is kept under R3");
+        assert_eq!(topology.older[0].ring, first_ring);
+    }
+    for (i, key) in keys.iter().enumerate() {
+        let value = format!("{key}=v3");
+        if i % 2 == 0 {
+            assert_eq!(client.set(key, value.as_bytes()), b"STORED\r\n", "{key}");
+        } else {
+            client.send(format!("ms {key} {}\r\n{value}\r\n", value.len()).as_bytes());
+            assert_eq!(client.meta_reply(), b"HD\r\n", "{key}");
+        }
+    }
+    if settings.is_empty() {
+        // Every key answers as one memcached would, whichever owners it
+        // had: a write refused by its owner gets the owner's own reply.
+        for (i, key) in keys.iter().enumerate() {
+            let reply = if i % 2 == 0 {
+                client.call(format!("incr {key} 1\r\n").as_bytes(), ReplyKind::Line)
+            } else {
+                client.send(format!("ma {key}\r\n").as_bytes());
+                client.meta_reply()
+            };
+            assert_eq!(
+                &reply[..],
+                b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n",
+                "{key}: {}",
+                show(&reply)
+            );
+        }
+    }
+    replace_by_rename(&path, &config_of(4));
+    wait_for("ring version 4", || proxy.ring_version() >= 4);
+    let read = get_each(&mut client, &keys);
+    let stale: Vec<&String> = keys
+        .iter()
+        .zip(&read)
+        .filter(|(key, value)| value.as_deref() == Some(format!("{key}=v1").as_bytes()))
+        .map(|(key, _)| key)
+        .collect();
+    let hits = read.iter().filter(|v| v.is_some()).count();
+    println!(
+        "{test}: back on R1, {hits} of {} hit, {} read v1",
+        keys.len(),
+        stale.len()
+    );
+    assert!(
+        stale.is_empty(),
+        "{} keys read the overwritten v1 back: {:?}",
+        stale.len(),
+        &stale[..stale.len().min(5)]
+    );
+    assert_eq!(older_than(&read, &keys, |k| format!("{k}=v3")), 0);
+    let topology = proxy.running().topology.load();
+    let mut direct: Vec<_> = servers.iter().map(Memcached::client).collect();
+    let mut held = Vec::new();
+    for key in &keys {
+        let mut replicas = smallvec::SmallVec::<[usize; 4]>::new();
+        topology.replicas(key.as_bytes(), &mut replicas);
+        for replica in replicas {
+            let name = topology.backends[replica].name();
+            let at = servers
+                .iter()
+                .position(|s| name == format!("cache-{}", s.port))
+                .unwrap();
+            if direct[at].get(key) == Some(format!("{key}=v1").into_bytes()) {
+                held.push(format!("{key} on {name}"));
+            }
+        }
+    }
+    assert!(
+        held.is_empty(),
+        "{} replicas hold v1: {:?}",
+        held.len(),
+        &held[..held.len().min(5)]
+    );
+}
+
+#[test]
+fn chained_changes_then_going_back_never_read_a_value_overwritten_in_between() {
+    chained_changes_then_back_to_the_first_ring("", "chain");
+}
+
+#[test]
+fn replicated_chained_changes_then_going_back_never_read_an_overwritten_value() {
+    chained_changes_then_back_to_the_first_ring("replicas = 2", "rchain");
+}
+
+/// More rings in one chain of windows than memring keeps: R1 (servers 0-3),
+/// then 4, 5, 6 and 7 join one by one, then 4 leaves (R6), each within the
+/// window of the one before. Under R6, R1 has been dropped from the kept
+/// rings; a write then deletes the key from every server of a dropped ring,
+/// so back on R1 no key reads the value from before its rewrite under R6.
+#[test]
+fn more_chained_changes_than_are_kept_still_never_read_an_overwritten_value() {
+    let dir = TempDir::new("handoff", "long-chain");
+    let servers: Vec<Memcached> = (0..8).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let path = dir.path("memring.toml");
+    let lists: Vec<Vec<&Memcached>> = vec![
+        all[..4].to_vec(),
+        all[..5].to_vec(),
+        all[..6].to_vec(),
+        all[..7].to_vec(),
+        all.clone(),
+        [&all[..4], &all[5..]].concat(),
+    ];
+    std::fs::write(&path, config(&lists[0])).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..2_000).map(|i| format!("long-chain:{i}")).collect();
+    for key in &keys {
+        assert_eq!(
+            client.set(key, format!("{key}=v1").as_bytes()),
+            b"STORED\r\n"
+        );
+    }
+    let first_ring = proxy.running().topology.load().ring.clone();
+    for (version, list) in (2..).zip(&lists[1..]) {
+        replace_by_rename(&path, &config(list));
+        wait_for(&format!("ring version {version}"), || {
+            proxy.ring_version() >= version
+        });
+    }
+    {
+        let topology = proxy.running().topology.load();
+        assert_eq!(
+            topology.older.len(),
+            memring::topology::KEPT_RINGS - 1,
+            "the oldest ring is dropped"
+        );
+        assert!(topology.older.iter().all(|o| o.ring != first_ring));
+    }
+    for key in &keys {
+        assert_eq!(
+            client.set(key, format!("{key}=v2").as_bytes()),
+            b"STORED\r\n"
+        );
+    }
+    replace_by_rename(&path, &config(&lists[0]));
+    wait_for("back on R1", || proxy.ring_version() >= 7);
+    let read = get_each(&mut client, &keys);
+    let hits = read.iter().filter(|v| v.is_some()).count();
+    let old = older_than(&read, &keys, |k| format!("{k}=v2"));
+    println!(
+        "long chain: back on R1, {hits} of {} hit, {old} older",
+        keys.len()
+    );
+    assert_eq!(old, 0, "reads of the overwritten v1");
 }

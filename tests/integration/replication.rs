@@ -560,3 +560,145 @@ fn replicated_cas_in_a_window_leaves_no_older_copy_for_an_undo() {
         &held_old[..held_old.len().min(5)]
     );
 }
+
+/// The keys of `keys` whose owner (first replica) changed in the hand-off
+/// window `proxy` is in.
+fn moved_owner(proxy: &Proxy, keys: &[String]) -> Vec<String> {
+    let topology = proxy.running().topology.load();
+    keys.iter()
+        .filter(|key| {
+            let (mut now, mut before) = (SmallVec::new(), SmallVec::new());
+            topology.replicas(key.as_bytes(), &mut now);
+            topology.previous_replicas(key.as_bytes(), &mut before);
+            now.first() != before.first()
+        })
+        .cloned()
+        .collect()
+}
+
+/// The cas number of a `gets` reply (`VALUE k f n <cas>`) or of an `mg … c`
+/// reply (`c<cas>`).
+fn cas_number(reply: &[u8]) -> String {
+    let text = String::from_utf8_lossy(reply);
+    let line = text.lines().next().unwrap_or_default().to_string();
+    line.split(' ')
+        .find_map(|t| t.strip_prefix('c').filter(|n| n.parse::<u64>().is_ok()))
+        .or_else(|| line.split(' ').nth(4))
+        .unwrap_or_else(|| panic!("no cas number in {line:?}"))
+        .to_string()
+}
+
+/// `replicas = 2`, 4 -> 5 servers: a moved key's `gets` (or `mg … c`) is
+/// answered by the previous ring's owner, now the second replica, with its
+/// cas number. A `cas` (`ms … C`) with it stores (the new owner lacks the key:
+/// it is tried on the previous owner, and the value then set on every
+/// replica before the answer); the same number again is stale (`EXISTS`);
+/// and one that another client's write overtook does not store over it.
+fn replicated_cas_of_moved_keys(meta: bool) {
+    let keys: Vec<String> = (0..1_500)
+        .map(|i| format!("rcas-{}:{i}", if meta { "m" } else { "c" }))
+        .collect();
+    let test = if meta { "cas-moved-meta" } else { "cas-moved" };
+    let (_dir, servers, _path, proxy) = window_of_five(test, &keys);
+    // cas numbers are per server (a counter of its stores): the joining
+    // server's would otherwise soon reach the numbers the others handed
+    // out, and a stale number could be current on it by chance. Start it
+    // well above them.
+    let mut joining = servers[4].client();
+    let mut filler = Vec::new();
+    for n in 0..20_000 {
+        filler.extend(format!("ms filler:{n} 1 q\r\nx\r\n").bytes());
+    }
+    filler.extend(b"mn\r\n");
+    joining.send(&filler);
+    assert_eq!(joining.meta_reply(), b"MN\r\n");
+    let moved = moved_owner(&proxy, &keys);
+    assert!(moved.len() > 100, "{} keys moved", moved.len());
+    let (mut client, mut other) = (proxy.client(), proxy.client());
+    let mut direct: Vec<_> = servers.iter().map(Memcached::client).collect();
+    let read_cas = |client: &mut crate::common::Client, key: &str| {
+        if meta {
+            client.send(format!("mg {key} c v\r\n").as_bytes());
+            cas_number(&client.meta_reply())
+        } else {
+            let reply = client.call(
+                format!("gets {key}\r\n").as_bytes(),
+                memring::protocol::ReplyKind::Values,
+            );
+            cas_number(&reply)
+        }
+    };
+    let cas = |client: &mut crate::common::Client, key: &str, unique: &str, value: &str| {
+        if meta {
+            client.send(format!("ms {key} {} C{unique}\r\n{value}\r\n", value.len()).as_bytes());
+            match &client.meta_reply()[..] {
+                b"HD\r\n" => "stored".to_string(),
+                b"EX\r\n" => "exists".to_string(),
+                other => show(other),
+            }
+        } else {
+            let request = format!("cas {key} 0 0 {} {unique}\r\n{value}\r\n", value.len());
+            match &client.call(request.as_bytes(), memring::protocol::ReplyKind::Line)[..] {
+                b"STORED\r\n" => "stored".to_string(),
+                b"EXISTS\r\n" => "exists".to_string(),
+                other => show(other),
+            }
+        }
+    };
+    let (mut failures, mut refused) = (Vec::new(), 0);
+    for (i, key) in moved.iter().enumerate() {
+        let unique = read_cas(&mut client, key);
+        let overtaken = i % 3 == 2;
+        let expected = if overtaken {
+            assert_eq!(other.set(key, b"other"), b"STORED\r\n");
+            "other".to_string()
+        } else {
+            format!("{key}=v2")
+        };
+        let wanted = if overtaken { "exists" } else { "stored" };
+        let got = cas(&mut client, key, &unique, &format!("{key}=v2"));
+        if got != wanted {
+            refused += usize::from(!overtaken);
+            failures.push(format!("{key}: {got}, wanted {wanted}"));
+            continue;
+        }
+        if !overtaken {
+            let again = cas(&mut client, key, &unique, &format!("{key}=v3"));
+            if again != "exists" {
+                failures.push(format!("{key}: a stale cas {again}"));
+            }
+        }
+        if client.get(key) != Some(expected.clone().into_bytes()) {
+            failures.push(format!(
+                "{key}: reads {:?}",
+                client.get(key).map(|v| show(&v))
+            ));
+        }
+        for replica in replicas_of(&proxy, key) {
+            if direct[replica].get(key) != Some(expected.clone().into_bytes()) {
+                failures.push(format!("{key}: replica {replica} lacks {expected}"));
+            }
+        }
+    }
+    println!(
+        "{test}: {} moved keys, {refused} cas with the number just read refused",
+        moved.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {} moved keys: {:?}",
+        failures.len(),
+        moved.len(),
+        &failures[..failures.len().min(8)]
+    );
+}
+
+#[test]
+fn replicated_cas_of_a_moved_key_stores_with_the_unique_its_gets_returned() {
+    replicated_cas_of_moved_keys(false);
+}
+
+#[test]
+fn replicated_meta_cas_of_a_moved_key_stores_with_the_cas_its_mg_returned() {
+    replicated_cas_of_moved_keys(true);
+}
