@@ -65,12 +65,18 @@ pub(super) fn keep(work: Work) {
     match work {
         Work::Ready(_) | Work::Stats => {}
         Work::Lines { parts, .. } => parts.into_iter().for_each(keep_part),
-        Work::Cas { owner, .. } => keep_part(owner),
+        Work::Cas(cas) => {
+            let cas = *cas;
+            keep_part(cas.part);
+            cas.waiting.into_iter().for_each(keep_part);
+        }
         Work::Meta(mut meta) => {
             meta.parts.drain(..).for_each(keep_part);
+            meta.waiting.drain(..).for_each(keep_part);
             // Its bytes go now; the box waits for the next request.
             meta.wire.clear();
             meta.mode = MetaMode::Forward;
+            meta.forget_key = (Bytes::new(), false);
             SPARES.with(|spares| {
                 let metas = &mut spares.borrow_mut().metas;
                 if metas.len() < KEEP {
@@ -90,6 +96,7 @@ pub(super) fn keep(work: Work) {
             let moved = *moved;
             moved.part.into_iter().for_each(keep_part);
             moved.copies.into_iter().for_each(keep_part);
+            moved.waiting.into_iter().for_each(keep_part);
         }
     }
 }
