@@ -235,9 +235,11 @@ fn a_hung_shadow_server_never_delays_a_client_and_its_copies_are_shed() {
     let before = round_trips(&mut client, &keys("before:", 300));
     candidate[0].pause();
     let during = round_trips(&mut client, &keys("during:", 300));
+    // A client held by the shadow would wait out the 5 s request timeout;
+    // the bounds below stay under it with room for a loaded machine.
     let slowest = *during.iter().max().unwrap();
     assert!(
-        slowest < Duration::from_millis(1000),
+        slowest < Duration::from_millis(3000),
         "a client waited for the shadow: {slowest:?}"
     );
     let (before, during) = (median(before), median(during));
@@ -256,7 +258,11 @@ fn a_hung_shadow_server_never_delays_a_client_and_its_copies_are_shed() {
     let start = Instant::now();
     assert_eq!(client.set("after", b"v"), b"STORED\r\n");
     assert_eq!(client.get("after").as_deref(), Some(&b"v"[..]));
-    assert!(start.elapsed() < Duration::from_millis(2000));
+    assert!(
+        start.elapsed() < Duration::from_millis(4000),
+        "the burst took {:?}",
+        start.elapsed()
+    );
     let stats = shadow_stats(&mut client);
     assert!(figure(&stats, "shed") > 0, "{stats:?}");
     assert!(

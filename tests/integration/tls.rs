@@ -737,8 +737,10 @@ fn a_hand_off_window_ends_with_a_sweep_of_the_tls_servers() {
         .map(|_| Memcached::start_tls(&server.cert, &server.key, None))
         .collect();
     let text = |n: usize| {
+        // Long enough for 600 reads over TLS on a loaded machine (they must
+        // fall in the window), short enough to wait for its end.
         config(
-            "handoff_ms = 1000",
+            "handoff_ms = 4000",
             &backend_tls(&pki.ca_file, ""),
             &pool[..n].iter().collect::<Vec<_>>(),
         )

@@ -834,8 +834,10 @@ fn every_pool_imported_in_one_step_places_every_key_as_nutcracker_does() {
     let (tagged_port, plain_port) = (free_port(), free_port());
     let mut yaml = format!(
         "tagged:\n  listen: 127.0.0.1:{tagged_port}\n  hash: fnv1a_64\n  hash_tag: \"{{}}\"\n  \
-         distribution: ketama\n  timeout: 400\n  auto_eject_hosts: true\n  servers:\n"
+         distribution: ketama\n  timeout: 2000\n  auto_eject_hosts: true\n  servers:\n"
     );
+    // (A timeout well above a loaded machine's round trips: this test is
+    // about where keys go, and an ejection would move them.)
     for server in &tagged {
         yaml.push_str(&format!("   - {}:1\n", server.addr()));
     }
