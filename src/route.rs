@@ -1273,10 +1273,15 @@ enum CopyWhen {
 
 /// Whether (and when) a meta request on a moved key needs the key on its new
 /// owner: `ma` without `N`, `ms` in mode A/P/R and `mg` with `T` when it is
-/// absent there, `ms` in add mode (`E`) first. `None`: the new owner alone.
+/// absent there; `ms` in add mode (`E`) and `ma` with `N` first (the new
+/// owner would create the key, not find it absent). `None`: the new owner
+/// alone.
 fn meta_copy_when(request: &MetaRequest, bytes: &[u8]) -> Option<CopyWhen> {
     let needs = match request.command {
-        MetaCommand::Arithmetic => !request.vivify,
+        // An `N` creates a missing key at its initial value: the count the
+        // previous owner holds must be there first.
+        MetaCommand::Arithmetic if request.vivify => return Some(CopyWhen::First),
+        MetaCommand::Arithmetic => true,
         MetaCommand::Set => {
             return match request.mode.map(|m| m.to_ascii_uppercase()) {
                 Some(b'A' | b'P' | b'R') => Some(CopyWhen::IfAbsent),

@@ -246,7 +246,15 @@ impl GrownToFive {
 
     /// The server that owns `key` now.
     fn new_owner(&self, key: &str) -> &Memcached {
-        let name = owner_name(&self.after, key);
+        self.named(&owner_name(&self.after, key))
+    }
+
+    /// The server that owned `key` before the change.
+    fn previous_owner(&self, key: &str) -> &Memcached {
+        self.named(&owner_name(&self.before, key))
+    }
+
+    fn named(&self, name: &str) -> &Memcached {
         self.servers
             .iter()
             .find(|s| format!("cache-{}", s.port) == name)
@@ -355,8 +363,8 @@ fn meta_reads_and_deletes_of_moved_keys_behave_as_if_the_key_had_not_moved() {
         reply.extend_from_slice(tail);
         assert_eq!(reply, expected, "{request:?}: {}", show(&reply));
     }
-    let groups: Vec<Vec<&String>> = (0..9)
-        .map(|g| moved.iter().skip(g).step_by(9).copied().collect())
+    let groups: Vec<Vec<&String>> = (0..10)
+        .map(|g| moved.iter().skip(g).step_by(10).copied().collect())
         .collect();
     // Reads find the value on the previous owner, quiet or not, answered as
     // the client asked; the value is then copied to the new owner.
@@ -461,6 +469,18 @@ fn meta_reads_and_deletes_of_moved_keys_behave_as_if_the_key_had_not_moved() {
             b"NS\r\n",
         );
         assert_eq!(grown.client.get(key).as_deref(), Some(&b"10"[..]), "{key}");
+    }
+    // An arithmetic that creates a missing key (`N`) continues the count the
+    // previous owner holds, and leaves no older count there for an undo.
+    for key in &groups[9] {
+        value(
+            &mut grown.client,
+            format!("ma {key} N0 J50 v\r\n"),
+            b"VA 2\r\n11\r\n",
+        );
+        let mut direct = grown.previous_owner(key).client();
+        let reply = direct.call(format!("mg {key} v\r\n").as_bytes(), line);
+        assert_eq!(reply, b"EN\r\n", "{key} left on its previous owner");
     }
     assert!(
         grown.proxy.client().stat("handoff_copies") > 0,
