@@ -39,41 +39,31 @@ impl ClientSession {
     }
 
     /// `request` with its exptime capped at `ttl` seconds, for a gutter
-    /// pool (parsed again, so it passes every check of the parser).
+    /// pool.
     fn capped(&self, request: Request, bytes: Bytes, ttl: u64) -> (Request, Bytes) {
-        let now = crate::topology::unix_now();
-        let Some(rewritten) = crate::failover::cap_classic(
+        let rewritten = crate::failover::cap_classic(
             request.command,
             &bytes,
             request.line_len as usize,
             ttl,
-            now,
-        ) else {
-            return (request, bytes);
-        };
-        match parse_request(&rewritten, &self.limits) {
-            Ok(Some((capped, _))) => (capped, rewritten),
-            _ => (request, bytes),
-        }
+            crate::topology::unix_now(),
+        );
+        reparsed((request, bytes), rewritten, |b| {
+            parse_request(b, &self.limits)
+        })
     }
 
     /// The meta request with its TTLs capped at `ttl` seconds, for a gutter
-    /// pool (parsed again).
+    /// pool.
     fn meta_capped(&self, request: MetaRequest, bytes: Bytes, ttl: u64) -> (MetaRequest, Bytes) {
-        let now = crate::topology::unix_now();
-        let Some(rewritten) = crate::failover::cap_meta(
+        let rewritten = crate::failover::cap_meta(
             Command::of_meta(request.command),
             &bytes,
             request.line_len as usize,
             ttl,
-            now,
-        ) else {
-            return (request, bytes);
-        };
-        match parse_meta(&rewritten, &self.limits) {
-            Ok(Some((capped, _))) => (capped, rewritten),
-            _ => (request, bytes),
-        }
+            crate::topology::unix_now(),
+        );
+        reparsed((request, bytes), rewritten, |b| parse_meta(b, &self.limits))
     }
 
     /// A multi-key retrieval whose keys go to more than one pool (by routes,
@@ -464,5 +454,22 @@ impl ClientSession {
             waiting: SmallVec::new(),
         }));
         self.push(entry);
+    }
+}
+
+/// A request's `rewritten` bytes parsed again (so they pass every check of
+/// the parser), or the request as it was when nothing was rewritten or the
+/// rewrite does not parse.
+fn reparsed<R, E>(
+    original: (R, Bytes),
+    rewritten: Option<Bytes>,
+    parse: impl FnOnce(&[u8]) -> Result<Option<(R, usize)>, E>,
+) -> (R, Bytes) {
+    let Some(rewritten) = rewritten else {
+        return original;
+    };
+    match parse(&rewritten) {
+        Ok(Some((request, _))) => (request, rewritten),
+        _ => original,
     }
 }
