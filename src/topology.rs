@@ -626,6 +626,21 @@ impl std::fmt::Display for Change {
 mod tests {
     use super::*;
 
+    /// A runtime to build backends in (enter it), and a pool's hooks.
+    fn runtime_and_hooks() -> (tokio::runtime::Runtime, PoolHooks) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let hooks = PoolHooks {
+            health_changed: Arc::new(tokio::sync::Notify::new()),
+            stats: Arc::new(crate::stats::Stats::new()),
+            tls: None,
+            pool: "default".into(),
+        };
+        (runtime, hooks)
+    }
+
     fn ring_of(servers: &[ServerConfig]) -> Ring {
         Ring::build(servers.iter().map(ServerConfig::member).collect())
     }
@@ -686,17 +701,8 @@ mod tests {
             }
             Arc::new(Config::parse(&text, "t.toml").unwrap())
         };
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let (runtime, hooks) = runtime_and_hooks();
         let _guard = runtime.enter();
-        let hooks = PoolHooks {
-            health_changed: Arc::new(tokio::sync::Notify::new()),
-            stats: Arc::new(crate::stats::Stats::new()),
-            tls: None,
-            pool: "default".into(),
-        };
         let (c4, c5) = (config(&four), config(&five));
         let old = Topology::assemble(
             c4.clone(),
@@ -760,17 +766,8 @@ mod tests {
 
     #[test]
     fn chained_changes_keep_each_older_ring_once_and_name_its_owners_for_writes() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let (runtime, hooks) = runtime_and_hooks();
         let _guard = runtime.enter();
-        let hooks = PoolHooks {
-            health_changed: Arc::new(tokio::sync::Notify::new()),
-            stats: Arc::new(crate::stats::Stats::new()),
-            tls: None,
-            pool: "default".into(),
-        };
         let list = |n: usize| -> Vec<ServerConfig> {
             (1..=n).map(|i| server(&format!("s{i}"), 1)).collect()
         };
