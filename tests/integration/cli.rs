@@ -197,11 +197,7 @@ fn a_low_open_file_limit_lowers_the_client_limit_and_says_so() {
 fn healthcheck_prints_the_reason_it_got() {
     let mut backend = Memcached::start();
     let dir = temp_dir("health");
-    let admin = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
+    let admin = format!("127.0.0.1:{}", crate::common::free_port());
     let config = write_config(
         &dir,
         "memring.toml",
@@ -353,12 +349,7 @@ fn a_port_in_use_at_start_names_the_setting_that_holds_it() {
     let dir = temp_dir("in-use");
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken_addr = taken.local_addr().unwrap();
-    let free = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-    };
+    let free = || std::net::SocketAddr::from(([127, 0, 0, 1], crate::common::free_port()));
     let server = "[[servers]]\naddr = \"127.0.0.1:11211\"\n";
     for (setting, listen, admin) in [
         ("listen", taken_addr, free()),

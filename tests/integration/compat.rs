@@ -11,7 +11,7 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
-use crate::common::{Client, Memcached, Proxy, DEADLINE};
+use crate::common::{free_port, Client, Memcached, Proxy, DEADLINE};
 use memring::protocol::ReplyKind;
 
 /// Keys per direction per scenario.
@@ -166,13 +166,6 @@ struct PoolSpec {
     hash: String,
     hash_tag: Option<String>,
     servers: Vec<ServerSpec>,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind an ephemeral port")
-        .port()
 }
 
 /// A nutcracker process serving some pools.

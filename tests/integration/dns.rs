@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use memring::protocol::ReplyKind;
 
 use crate::common::pki::{Issued, Pki};
-use crate::common::{show, wait_for, Client, Memcached, TempDir, DEADLINE};
+use crate::common::{free_port, show, wait_for, Client, Memcached, TempDir, DEADLINE};
 
 const BIN: &str = env!("CARGO_BIN_EXE_memring");
 const SRV_NAME: &str = "_memcache._tcp.test.local";
@@ -37,13 +37,6 @@ fn dnsmasq() -> &'static str {
     } else {
         "/usr/sbin/dnsmasq"
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind an ephemeral port")
-        .port()
 }
 
 fn signal(pid: u32, name: &str) {

@@ -365,10 +365,7 @@ impl Binary {
         ));
         std::fs::create_dir_all(&dir).expect("temp dir");
         for _ in 0..10 {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .expect("free port")
-                .port();
+            let port = crate::common::free_port();
             let mut text = format!("listen = \"127.0.0.1:{port}\"\n{settings}\n");
             for server in servers {
                 text.push_str(&format!("[[servers]]\naddr = \"{}\"\n", server.addr()));

@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 
-use crate::common::{show, wait_for, Memcached, Proxy};
+use crate::common::{free_port, show, wait_for, Memcached, Proxy};
 use memring::protocol::ReplyKind;
 
 #[test]
@@ -401,11 +401,7 @@ fn json_logs_and_the_healthcheck_subcommand_work() {
     let dir = std::env::temp_dir().join(format!("memring-ops-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("memring.toml");
-    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let admin_port = free_port();
     std::fs::write(
         &config,
         format!(
@@ -559,14 +555,6 @@ impl Drop for Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn temp_dir(test: &str) -> std::path::PathBuf {

@@ -473,11 +473,7 @@ fn a_reload_that_would_starve_connected_clients_of_fds_is_refused() {
     const NOFILE: u32 = 128;
     let dir = TempDir::new("reload", "fds");
     let servers: Vec<Memcached> = (0..6).map(|_| Memcached::start()).collect();
-    let listen = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
+    let listen = format!("127.0.0.1:{}", crate::common::free_port());
     let path = dir.path("memring.toml");
     std::fs::write(&path, fd_hungry_config(&listen, &servers[..2])).unwrap();
     let daemon = LimitedDaemon::start(NOFILE, &path, &dir.path("memring.log"));

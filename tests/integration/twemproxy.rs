@@ -20,13 +20,13 @@
 //! Every process is started here on free loopback ports and killed by PID.
 
 use std::io::Read as _;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::common::{Client, Memcached, Proxy, TempDir, DEADLINE};
+use crate::common::{free_port, Client, Memcached, Proxy, TempDir, DEADLINE};
 use memring::protocol::ReplyKind;
 
 /// nutcracker's `server_retry_timeout` here: short, so the test is bounded.
@@ -50,13 +50,6 @@ const MAX_GAP: Duration = Duration::from_secs(1);
 const SLACK: Duration = Duration::from_millis(50);
 /// The whole scenario must end within this.
 const SCENARIO_DEADLINE: Duration = Duration::from_secs(40);
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind an ephemeral port")
-        .port()
-}
 
 /// One nutcracker pool over `servers`, ejecting on twemproxy's clock.
 fn yaml(port: u16, servers: &[Memcached]) -> String {

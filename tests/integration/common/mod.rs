@@ -14,6 +14,7 @@ pub(crate) mod relay;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use memring::config::Config;
@@ -46,11 +47,23 @@ pub(crate) fn running_as_root() -> bool {
         .unwrap_or(false)
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind an ephemeral port")
-        .port()
+/// A loopback port nothing listens on now, and one this test binary has not
+/// handed out before: the kernel may give the port it just released to the
+/// next `bind(0)`, so two servers of one test (or of two tests running at the
+/// same time) could otherwise be told the same port.
+pub(crate) fn free_port() -> u16 {
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("bind an ephemeral port")
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// The pid that the memcached-like server on `port` reports in `stats`, or
