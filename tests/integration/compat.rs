@@ -289,22 +289,33 @@ fn imported_config(nutcracker: &Nutcracker, pool: &str) -> String {
         .join("\n")
 }
 
-/// Writes keys through `writer`, checks each is on exactly one server and is
-/// found through `reader`; returns how many keys each server holds.
+/// Writes keys through `writer`, then checks each is on exactly one server and
+/// is found through `reader`; returns how many keys each server holds.
 fn written_here_found_there(
     writer: &mut Client,
     reader: &mut Client,
     servers: &[String],
     keys: &[Vec<u8>],
 ) -> Vec<usize> {
-    let mut direct: Vec<Client> = servers.iter().map(|a| Client::connect(a)).collect();
-    let mut per_server = vec![0usize; servers.len()];
-    let mut missing = Vec::new();
     for key in keys {
         set(writer, key);
-        let holders: Vec<usize> = (0..servers.len())
-            .filter(|&i| found(&mut direct[i], key))
-            .collect();
+    }
+    // Behind the proxies, each server asked for all the keys at once: which
+    // of them it holds with the value `set` stored.
+    let asked: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    let held: Vec<Vec<bool>> = servers
+        .iter()
+        .map(|addr| {
+            let values = crate::common::held_values(&mut Client::connect(addr), &asked);
+            let with_value =
+                |(value, key): (Option<Vec<u8>>, &Vec<u8>)| value == Some(value_of(key));
+            values.into_iter().zip(keys).map(with_value).collect()
+        })
+        .collect();
+    let mut per_server = vec![0usize; servers.len()];
+    let mut missing = Vec::new();
+    for (k, key) in keys.iter().enumerate() {
+        let holders: Vec<usize> = (0..servers.len()).filter(|&i| held[i][k]).collect();
         assert_eq!(
             holders.len(),
             1,
