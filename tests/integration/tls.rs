@@ -934,12 +934,18 @@ impl Drop for TlsFront {
 /// One TLS session of a [`TlsFront`], until either side closes or `stop`.
 fn relay(tcp: TcpStream, upstream: &str, config: Arc<rustls::ServerConfig>, stop: &AtomicBool) {
     use std::io::ErrorKind::{TimedOut, WouldBlock};
-    let poll = Some(std::time::Duration::from_millis(10));
+    // One thread serves both directions, waiting on each in turn: every
+    // handshake flight and every reply that comes in two pieces waits out
+    // one poll, so it is short (10 ms made the framing test spend most of
+    // its 12 s here).
+    let poll = Some(std::time::Duration::from_millis(1));
     let Ok(mut plain) = TcpStream::connect(upstream) else {
         return;
     };
     let setup = tcp
         .set_nonblocking(false)
+        .and_then(|()| tcp.set_nodelay(true))
+        .and_then(|()| plain.set_nodelay(true))
         .and_then(|()| tcp.set_read_timeout(poll))
         .and_then(|()| plain.set_read_timeout(poll));
     let Ok(conn) = rustls::ServerConnection::new(config) else {

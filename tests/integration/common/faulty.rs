@@ -149,7 +149,7 @@ fn accept_loop(
                 }));
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(5))
+                std::thread::sleep(Duration::from_millis(1))
             }
             Err(_) => std::thread::sleep(POLL),
         }
@@ -187,7 +187,10 @@ struct Connection {
 
 impl Connection {
     fn serve(&mut self) {
-        if self.stream.set_read_timeout(Some(POLL)).is_err()
+        // Each reply goes out as soon as it is written, also the second
+        // piece of one written in two (no Nagle wait for an ACK).
+        if self.stream.set_nodelay(true).is_err()
+            || self.stream.set_read_timeout(Some(POLL)).is_err()
             || self.stream.set_write_timeout(Some(POLL)).is_err()
         {
             return;
