@@ -691,19 +691,9 @@ mod tests {
     fn previous_owner_is_named_only_for_moved_keys() {
         let four: Vec<ServerConfig> = (1..=4).map(|i| server(&format!("s{i}"), 1)).collect();
         let five: Vec<ServerConfig> = (1..=5).map(|i| server(&format!("s{i}"), 1)).collect();
-        let config = |servers: &[ServerConfig]| {
-            let mut text = String::from("listen = \"127.0.0.1:0\"\n");
-            for s in servers {
-                text.push_str(&format!(
-                    "[[servers]]\naddr = \"{}\"\nname = \"{}\"\n",
-                    s.addr, s.name
-                ));
-            }
-            Arc::new(Config::parse(&text, "t.toml").unwrap())
-        };
         let (runtime, hooks) = runtime_and_hooks();
         let _guard = runtime.enter();
-        let (c4, c5) = (config(&four), config(&five));
+        let (c4, c5) = (config_of(&four), config_of(&five));
         let old = Topology::assemble(
             c4.clone(),
             1,
