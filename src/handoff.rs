@@ -573,6 +573,67 @@ fn copy_exptime(ttl: i64, now: u64) -> Option<String> {
     }
 }
 
+/// A read-through copy of a moved key, and what checks it once it has
+/// landed: a write of the key (through another worker or sidecar) may have
+/// reached the new owner before the copy did, and the copy would then bring
+/// back a value older than that write. The check reads the key again where
+/// it was copied from; if it changed there (the write's hand-off deletes
+/// it), the copy is taken back from the new owner, unless something newer
+/// replaced it meanwhile.
+#[derive(Debug, Clone)]
+pub(crate) struct ReadCopy {
+    /// The new owner, and what it is sent (the last part is the value's data
+    /// with its `\r\n`).
+    pub owner: usize,
+    pub wire: Outbound,
+    /// The server the value was read from.
+    pub source: usize,
+    /// The key as a meta token, and whether that token is base64.
+    pub key: Bytes,
+    pub base64: bool,
+}
+
+impl ReadCopy {
+    /// The `mg` that reads the copied key back: its value, and with
+    /// `with_cas` its cas (to take the copy back with).
+    pub(crate) fn check_line(&self, with_cas: bool) -> Bytes {
+        let mut line = BytesMut::with_capacity(self.key.len() + 12);
+        line.put_slice(b"mg ");
+        line.put_slice(&self.key);
+        line.put_slice(if self.base64 { b" b v" } else { b" v" });
+        if with_cas {
+            line.put_slice(b" c");
+        }
+        line.put_slice(b"\r\n");
+        line.freeze()
+    }
+
+    /// Whether `reply` to a [`ReadCopy::check_line`] holds the copied value.
+    pub(crate) fn holds(&self, reply: &[u8]) -> bool {
+        let data = self.wire.last().map_or(&[][..], |d| &d[..]);
+        ValueReply::parse(reply).is_some_and(|value| value.data == data)
+    }
+
+    /// The `md` that takes the copy back, given the new owner's reply to a
+    /// [`ReadCopy::check_line`] with cas: only while it still holds the
+    /// copied value, and compared by cas, so a newer write that replaced it
+    /// in between stays.
+    pub(crate) fn undo_line(&self, owner_reply: &[u8]) -> Option<Bytes> {
+        if !self.holds(owner_reply) {
+            return None;
+        }
+        let cas = ValueReply::parse(owner_reply)?.number::<u64>(b'c')?;
+        let mut line = BytesMut::with_capacity(self.key.len() + 28);
+        line.put_slice(b"md ");
+        line.put_slice(&self.key);
+        if self.base64 {
+            line.put_slice(b" b");
+        }
+        line.put_slice(format!(" C{cas}\r\n").as_bytes());
+        Some(line.freeze())
+    }
+}
+
 /// Copies: how many `add`s a step sent, and how the new owner answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CopyOutcome {
@@ -887,6 +948,41 @@ mod tests {
         assert_eq!(
             copy_outcome(&ok(b"SERVER_ERROR x\r\n")),
             CopyOutcome::Failed
+        );
+    }
+
+    #[test]
+    fn a_copy_is_checked_by_value_and_taken_back_only_by_its_own_cas() {
+        let copy = ReadCopy {
+            owner: 1,
+            wire: copy_block(&Bytes::from_static(b"VALUE k 0 2\r\nv1\r\n"), b"0").unwrap(),
+            source: 0,
+            key: Bytes::from_static(b"k"),
+            base64: false,
+        };
+        assert_eq!(&copy.check_line(false)[..], b"mg k v\r\n");
+        assert_eq!(&copy.check_line(true)[..], b"mg k v c\r\n");
+        assert!(copy.holds(b"VA 2\r\nv1\r\n"));
+        // Changed or gone where it was read from.
+        assert!(!copy.holds(b"VA 2\r\nv2\r\n"));
+        assert!(!copy.holds(b"EN\r\n"));
+        assert!(!copy.holds(b"SERVER_ERROR out of memory\r\n"));
+        assert_eq!(
+            copy.undo_line(b"VA 2 c41\r\nv1\r\n").as_deref(),
+            Some(&b"md k C41\r\n"[..])
+        );
+        // Something newer replaced the copy on the new owner: it stays.
+        assert_eq!(copy.undo_line(b"VA 2 c42\r\nv3\r\n"), None);
+        assert_eq!(copy.undo_line(b"EN\r\n"), None);
+        let base64 = ReadCopy {
+            key: Bytes::from_static(b"aw=="),
+            base64: true,
+            ..copy
+        };
+        assert_eq!(&base64.check_line(true)[..], b"mg aw== b v c\r\n");
+        assert_eq!(
+            base64.undo_line(b"VA 2 c7\r\nv1\r\n").as_deref(),
+            Some(&b"md aw== b C7\r\n"[..])
         );
     }
 }

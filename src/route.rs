@@ -447,8 +447,9 @@ pub(crate) struct Retrieval {
     /// owners (`NOT_MOVED`: none): a value found there is read through and
     /// copied to the first candidate (the new owner).
     previous_from: SmallVec<[u8; 8]>,
-    /// Copies to send: (new owner, `add` lines).
-    copies: Vec<(usize, crate::protocol::encode::Outbound)>,
+    /// Copies to send to new owners (`add` lines), each checked once it
+    /// has landed.
+    copies: Vec<crate::handoff::ReadCopy>,
     /// Keys asked of their previous owner, and values found there.
     read_through: (usize, usize),
     /// Whether this is the whole reply or one run of a retrieval whose
@@ -565,8 +566,21 @@ impl Retrieval {
             .is_some_and(|&from| self.round[k] >= from)
     }
 
+    /// Copies key `k`'s value, found on the server being asked now, to its
+    /// new owner.
+    fn copy(&mut self, k: usize, wire: crate::protocol::encode::Outbound) {
+        let key = self.bytes.slice_ref(self.keys[k].of(&self.bytes));
+        self.copies.push(crate::handoff::ReadCopy {
+            owner: self.candidates[k][0],
+            wire,
+            source: self.candidates[k][self.round[k] as usize],
+            key,
+            base64: false,
+        });
+    }
+
     /// Copies of read-through hits to send to the keys' new owners.
-    pub(crate) fn take_copies(&mut self) -> Vec<(usize, crate::protocol::encode::Outbound)> {
+    pub(crate) fn take_copies(&mut self) -> Vec<crate::handoff::ReadCopy> {
         std::mem::take(&mut self.copies)
     }
 
@@ -842,8 +856,8 @@ impl Retrieval {
                         // their new expiry.
                         self.read_through.1 += 1;
                         let exptime = self.exptime.map_or(&b"0"[..], |e| e.of(&self.bytes));
-                        if let Some(copy) = crate::handoff::copy_block(&block, exptime) {
-                            self.copies.push((self.candidates[k][0], copy));
+                        if let Some(wire) = crate::handoff::copy_block(&block, exptime) {
+                            self.copy(k, wire);
                         }
                     }
                     self.largest_block = self.largest_block.max(block.len());
@@ -877,8 +891,8 @@ impl Retrieval {
         // Copied to the new owner with `add`, so a newer value written there
         // meanwhile is never overwritten, and with the remaining TTL.
         if let Some(exptime) = &hit.exptime {
-            if let Some(copy) = crate::handoff::copy_block(&hit.block, exptime) {
-                self.copies.push((self.candidates[k][0], copy));
+            if let Some(wire) = crate::handoff::copy_block(&hit.block, exptime) {
+                self.copy(k, wire);
             }
         }
         self.largest_block = self.largest_block.max(hit.block.len());

@@ -45,6 +45,10 @@ pub(crate) struct WorkerCtx {
     /// what they owe, then close.
     pub(crate) drain: CancellationToken,
     pub(crate) conn_tasks: TaskTracker,
+    /// Read-through copies being checked after they landed
+    /// (`session/copy_check.rs`); waited for at shutdown before the
+    /// connections drain.
+    pub(crate) checks: TaskTracker,
     /// Reply bytes this worker's clients are owed or have reserved.
     pub(crate) owed: Cell<usize>,
     /// This worker's share of `max_buffer_bytes`.
@@ -75,6 +79,7 @@ impl WorkerCtx {
             conns: RefCell::new(HashMap::new()),
             drain: CancellationToken::new(),
             conn_tasks: TaskTracker::new(),
+            checks: TaskTracker::new(),
             owed: Cell::new(0),
             budget,
             hot,

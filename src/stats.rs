@@ -357,6 +357,7 @@ pub struct Stats {
     handoff_copies: Counter,
     handoff_copies_skipped: Counter,
     handoff_copy_failures: Counter,
+    handoff_copies_taken_back: Counter,
     handoff_leftovers_deleted: Counter,
     handoff_sweeps: Counter,
     /// Per-command request latency, indexed like `commands`.
@@ -620,6 +621,11 @@ impl Stats {
             "handoff_copy_failures",
             "Copies to a new owner that failed",
         );
+        let handoff_copies_taken_back = counter(
+            &mut registry,
+            "handoff_copies_taken_back",
+            "Copies deleted again: the key changed where it was copied from before the copy landed",
+        );
         let handoff_leftovers_deleted = counter(
             &mut registry,
             "handoff_leftovers_deleted",
@@ -745,6 +751,7 @@ impl Stats {
             handoff_sweeps,
             handoff_copies_skipped,
             handoff_copy_failures,
+            handoff_copies_taken_back,
             command_latency,
             registry,
             curr_connections,
@@ -894,6 +901,12 @@ impl Stats {
         }
     }
 
+    /// A read-through copy taken back: a write changed the key where it was
+    /// copied from before the copy landed.
+    pub fn copy_taken_back(&self) {
+        self.handoff_copies_taken_back.inc();
+    }
+
     /// One server swept of `deleted` keys it no longer owns.
     pub fn swept(&self, deleted: u64) {
         self.handoff_sweeps.inc();
@@ -902,13 +915,17 @@ impl Stats {
 
     /// Hand-off counters for `stats`: read-through keys, hits there, copies
     /// made, skipped and failed, servers swept and leftovers deleted.
-    pub fn handoff(&self) -> [(&'static str, u64); 7] {
+    pub fn handoff(&self) -> [(&'static str, u64); 8] {
         [
             ("handoff_read_through", self.handoff_reads.get()),
             ("handoff_read_through_hits", self.handoff_hits.get()),
             ("handoff_copies", self.handoff_copies.get()),
             ("handoff_copies_skipped", self.handoff_copies_skipped.get()),
             ("handoff_copy_failures", self.handoff_copy_failures.get()),
+            (
+                "handoff_copies_taken_back",
+                self.handoff_copies_taken_back.get(),
+            ),
             ("handoff_sweeps", self.handoff_sweeps.get()),
             (
                 "handoff_leftovers_deleted",

@@ -154,6 +154,9 @@ async fn serve(setup: WorkerSetup, mut clients: mpsc::UnboundedReceiver<Accepted
             "drain time over; closing remaining sessions"
         );
     }
+    // Copies checked after they landed may still take one back.
+    ctx.checks.close();
+    let _ = tokio::time::timeout_at(deadline, ctx.checks.wait()).await;
     // Requests the sessions routed may still be queued on connections
     // (`noreply` writes are never waited for); let them reach their servers.
     ctx.drain.cancel();

@@ -222,8 +222,21 @@ impl ClientSession {
                                     return true;
                                 };
                                 meta.parts[0].result = Some(Ok(answer));
-                                if let Some(copy_wire) = copy_wire {
-                                    self.send_meta_copy(&topology, *owner, &copy_wire);
+                                if let Some(wire) = copy_wire {
+                                    let copy = crate::handoff::ReadCopy {
+                                        owner: *owner,
+                                        wire,
+                                        source: *previous,
+                                        key: key.0.clone(),
+                                        base64: key.1,
+                                    };
+                                    copy_check::send(
+                                        &self.worker,
+                                        &topology,
+                                        self.lane,
+                                        copy,
+                                        meta_set_expect(),
+                                    );
                                 }
                                 true
                             }
@@ -619,8 +632,9 @@ impl ClientSession {
                 }
                 // Read-through hits go to their new owner before any later
                 // request of this client.
-                for (server, copy) in plan.take_copies() {
-                    self.send_copy(&topology, server, &copy, Expect::Line(LineKind::Storage));
+                for copy in plan.take_copies() {
+                    let expect = Expect::Line(LineKind::Storage);
+                    copy_check::send(&self.worker, &topology, self.lane, copy, expect);
                 }
                 // With replicas (or moved keys), replies may send keys to
                 // their next server: later requests wait until this one has
@@ -648,12 +662,7 @@ impl ClientSession {
 
     /// Sends a hand-off copy (`ms … ME`) of a moved key to its new owner.
     fn send_meta_copy(&self, topology: &Topology, owner: usize, wire: &[Bytes]) {
-        let expect = Expect::Meta {
-            command: MetaCommand::Set,
-            quiet: false,
-            replied: false,
-        };
-        self.send_copy(topology, owner, wire, expect);
+        self.send_copy(topology, owner, wire, meta_set_expect());
     }
 
     /// Sends a read-through copy to `server`; its reply is counted when it
@@ -1151,6 +1160,15 @@ fn write_no_quorum(out: &mut BytesMut, servers: &[Arc<str>]) {
 }
 
 /// How the `mg` fetching a moved key from its previous owner is framed.
+/// What a hand-off copy (`ms … ME`) is answered with.
+fn meta_set_expect() -> Expect {
+    Expect::Meta {
+        command: MetaCommand::Set,
+        quiet: false,
+        replied: false,
+    }
+}
+
 fn fetch_expect() -> Expect {
     Expect::Meta {
         command: MetaCommand::Get,

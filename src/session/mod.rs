@@ -50,6 +50,7 @@ use crate::route::{self, all_ok, decide, CallResult, Decision, MetaPlan, Plan, R
 use crate::shard::WorkerCtx;
 use crate::topology::{SharedTopology, Topology};
 
+mod copy_check;
 mod dispatch;
 mod shadow;
 mod spares;

@@ -1204,10 +1204,10 @@ fn random_writes_and_membership_flips_never_read_older_than_an_acknowledged_writ
         .collect();
     // Writes read through the sidecar that made them are never stale. A
     // read-through copy racing a delete (on this sidecar), or any write of
-    // the other sidecar (whose forget is such a delete), can bring an older
-    // value back onto a new owner: the README's known race, a copy in
-    // flight. It must stay rare: without the hand-off's forget step this
-    // test sees hundreds of stale reads.
+    // the other sidecar (whose forget is such a delete), can land on a new
+    // owner after the delete, until its check takes it back (docs/handoff.md,
+    // the limits). It must stay rare: without the hand-off's forget step
+    // this test sees hundreds of stale reads.
     let (raced, strict): (Vec<_>, Vec<_>) = stale.into_iter().partition(|(raced, _)| *raced);
     println!(
         "model: {} stale reads within the known copy race",
@@ -1220,7 +1220,7 @@ fn random_writes_and_membership_flips_never_read_older_than_an_acknowledged_writ
         &strict[..strict.len().min(10)]
     );
     assert!(
-        raced.len() <= 40,
+        raced.len() <= 10,
         "{} stale reads in the copy race: {:?}",
         raced.len(),
         &raced[..10]
@@ -1407,6 +1407,71 @@ fn a_read_through_is_answered_without_waiting_for_its_copy() {
         assert_eq!(proxy.client().stat("handoff_copy_failures"), 0, "{dialect}");
         let held = held_by(&servers[4], std::slice::from_ref(&key));
         assert_eq!(held, 1, "{dialect}: the copy reached the new owner");
+    }
+}
+
+/// A read-through copy that lands after a write of its key is taken back:
+/// sidecar A reads a moved key through (its copy to the new owner is kept
+/// back by a relay), sidecar B, on the same new ring, deletes the key and
+/// is answered, then the copy lands. Without the check the new owner would
+/// serve the deleted value to everyone from then on; with it, A reads the
+/// key again where it copied it from, finds it gone, and deletes its copy
+/// (by its cas).
+#[test]
+fn a_copy_landing_after_a_delete_of_its_key_is_taken_back() {
+    for (dialect, copy, read, delete) in [
+        ("classic", &b"add "[..], "get {key}\r\n", "delete {key}\r\n"),
+        ("meta", &b"ms "[..], "mg {key} v\r\n", "md {key}\r\n"),
+    ] {
+        let dir = TempDir::new("handoff", "copy-race");
+        let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+        let all: Vec<&Memcached> = servers.iter().collect();
+        let relay = Relay::start(&servers[4].addr(), Fault::holding_from(copy));
+        let (four, five) = rings_4_and_5(&dir, &all);
+        let key = moved_between(&four, &five, (0..5000).map(|i| format!("race:{i}")), 1)
+            .pop()
+            .expect("a key that moves");
+        let (path_a, path_b) = (dir.path("a.toml"), dir.path("b.toml"));
+        for path in [&path_a, &path_b] {
+            std::fs::write(path, config(&all[..4])).unwrap();
+        }
+        let (a, b) = (Proxy::start_file(&path_a), Proxy::start_file(&path_b));
+        let (mut through_a, mut through_b) = (a.client(), b.client());
+        store(&mut through_b, std::slice::from_ref(&key));
+        let through_relay = config(&all).replace(&servers[4].addr(), &relay.addr());
+        for (proxy, path) in [(&a, &path_a), (&b, &path_b)] {
+            replace_by_rename(path, &through_relay);
+            wait_for("ring version 2", || proxy.ring_version() >= 2);
+        }
+
+        through_a.send(read.replace("{key}", &key).as_bytes());
+        let reply = if dialect == "meta" {
+            through_a.meta_reply()
+        } else {
+            through_a.reply(ReplyKind::Values)
+        };
+        assert!(
+            show(&reply).contains(&value_of(&key)),
+            "{dialect}: {}",
+            show(&reply)
+        );
+        wait_for("the copy kept back by the relay", || relay.holding());
+        let deleted = through_b.call(delete.replace("{key}", &key).as_bytes(), ReplyKind::Line);
+        assert!(
+            deleted == b"DELETED\r\n" || deleted == b"HD\r\n",
+            "{dialect}: {}",
+            show(&deleted)
+        );
+
+        relay.release();
+        wait_for("the copy landed", || a.client().stat("handoff_copies") == 1);
+        wait_for("the deleted value gone from the new owner", || {
+            held_by(&servers[4], std::slice::from_ref(&key)) == 0
+        });
+        assert_eq!(a.client().stat("handoff_copies_taken_back"), 1, "{dialect}");
+        for client in [&mut through_a, &mut through_b] {
+            assert_eq!(client.get(&key), None, "{dialect}: read after the delete");
+        }
     }
 }
 
