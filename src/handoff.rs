@@ -12,6 +12,8 @@ use smallvec::SmallVec;
 
 use crate::error::BackendError;
 use crate::protocol::encode::{forwardable, value_block, Outbound};
+use crate::protocol::meta::reply::{meta_absent, meta_is_miss, meta_succeeded};
+use crate::protocol::meta::MetaCommand;
 use crate::protocol::reply::{Expect, LineKind};
 use crate::protocol::{Command, Request};
 
@@ -47,6 +49,9 @@ pub(crate) enum Step {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
+    /// A meta read: the new owner; after a miss the previous owner, whose
+    /// hit is answered and copied.
+    Read,
     /// Removed from the previous owner, then from the new one.
     Delete,
     /// Run on the new owner; if the key is absent there, copy it from the
@@ -107,18 +112,37 @@ fn kind_of(command: Command) -> Option<Kind> {
     }
 }
 
-/// One command on a moved key, in progress.
+/// One command on a moved key, in progress, in either dialect: the steps
+/// are the same, and the dialect only says what a reply means and how the
+/// machine's own requests (fetch, forget, copy) are written.
 #[derive(Debug)]
 pub(crate) struct Moved {
     kind: Kind,
     stage: Stage,
+    /// The client's request as it goes to a server, and how its reply is
+    /// framed.
     request: Outbound,
-    line_kind: LineKind,
+    expect: Expect,
+    /// The key: classic, or a meta token (base64 with `b`).
     key: Bytes,
+    meta: Option<Meta>,
     /// The first reply, answered if nothing better comes.
     first: Option<CallResult>,
-    /// `cas` stored on the previous owner: its data as a `set`.
+    /// `cas` stored on the previous owner: its data as a plain store.
     as_set: Option<Outbound>,
+    /// A meta read-through's copy for the new owner, once answered.
+    read_copy: Option<Outbound>,
+}
+
+/// What a meta command adds to the machine.
+#[derive(Debug)]
+struct Meta {
+    command: MetaCommand,
+    base64: bool,
+    /// For `mg` (a read-through): the request asked of the previous owner
+    /// after a miss, with what a copy needs added, and which flags those
+    /// are (left out of the client's answer).
+    read: Option<(Outbound, AddedFlags)>,
 }
 
 impl Moved {
@@ -131,11 +155,50 @@ impl Moved {
             kind,
             stage: Stage::Start,
             request: forwardable(bytes, request),
-            line_kind: request.command.reply_line().unwrap_or(LineKind::Storage),
+            expect: Expect::Line(request.command.reply_line().unwrap_or(LineKind::Storage)),
             key,
+            meta: None,
             first: None,
             as_set: as_set.filter(|_| kind == Kind::Cas),
+            read_copy: None,
         })
+    }
+
+    /// A meta command on a moved key. `key` is its token as sent (and
+    /// whether it is base64); `wire` and `expect` the request as it goes to
+    /// a server. `read` is an `mg`'s read-through request (see
+    /// [`meta_read_through_line`]); `as_set` a `ms … C`'s store without
+    /// `C` (see `route::meta_copy`).
+    pub(crate) fn meta(
+        what: MetaMove,
+        command: MetaCommand,
+        key: (Bytes, bool),
+        wire: Outbound,
+        expect: Expect,
+    ) -> Moved {
+        let (kind, read, as_set) = match what {
+            MetaMove::Read { wire, added } => (Kind::Read, Some((wire, added)), None),
+            MetaMove::RetryAfterCopy => (Kind::RetryAfterCopy, None, None),
+            MetaMove::CopyFirst => (Kind::CopyFirst, None, None),
+            MetaMove::Overwrite => (Kind::Overwrite, None, None),
+            MetaMove::Cas { as_set } => (Kind::Cas, None, Some(smallvec::smallvec![as_set])),
+            MetaMove::Delete => (Kind::Delete, None, None),
+        };
+        Moved {
+            kind,
+            stage: Stage::Start,
+            request: wire,
+            expect,
+            key: key.0,
+            meta: Some(Meta {
+                command,
+                base64: key.1,
+                read,
+            }),
+            first: None,
+            as_set,
+            read_copy: None,
+        }
     }
 
     /// The first step.
@@ -145,12 +208,26 @@ impl Moved {
                 self.stage = Stage::First;
                 self.send(Owner::Previous, None)
             }
-            Kind::RetryAfterCopy | Kind::Cas | Kind::Overwrite => {
+            Kind::Read | Kind::RetryAfterCopy | Kind::Cas | Kind::Overwrite => {
                 self.stage = Stage::First;
                 self.send(Owner::New, None)
             }
             Kind::CopyFirst => self.fetch(),
         }
+    }
+
+    /// The key as the machine sends it, and whether that token is base64.
+    pub(crate) fn key_token(&self) -> (Bytes, bool) {
+        (
+            self.key.clone(),
+            self.meta.as_ref().is_some_and(|m| m.base64),
+        )
+    }
+
+    /// A meta read-through's copy of the value for the new owner (`ms … ME`),
+    /// once the machine has answered.
+    pub(crate) fn take_read_copy(&mut self) -> Option<Outbound> {
+        self.read_copy.take()
     }
 
     /// The reply to the last step's `lines`. `now` is the Unix time, for the
@@ -169,10 +246,48 @@ impl Moved {
             }
             (Kind::Delete, _) => {
                 let previous = self.first.take().unwrap_or_else(|| result.clone());
-                Step::Answer(merge_delete(result, previous))
+                Step::Answer(self.merge_delete(result, previous))
+            }
+            (Kind::Read, Stage::First) => {
+                let Some((wire, _)) = self.meta.as_ref().and_then(|m| m.read.as_ref()) else {
+                    return Step::Answer(result);
+                };
+                if !matches!(&result, Ok(reply) if meta_is_miss(reply)) {
+                    return Step::Answer(result);
+                }
+                self.first = Some(result);
+                self.stage = Stage::Fetch;
+                Step::Send {
+                    to: Owner::Previous,
+                    copy: None,
+                    lines: wire.clone(),
+                    expect: self.expect.clone(),
+                }
+            }
+            (Kind::Read, _) => {
+                let hit = match (&result, &self.meta) {
+                    (
+                        Ok(reply),
+                        Some(Meta {
+                            base64,
+                            read: Some((_, added)),
+                            ..
+                        }),
+                    ) => meta_read_through_hit(reply, *added, &self.key, *base64, now),
+                    _ => None,
+                };
+                match hit {
+                    Some((answer, copy)) => {
+                        self.read_copy = copy;
+                        Step::Answer(Ok(answer))
+                    }
+                    // A miss (or a failure) there too: the owner's miss, as
+                    // the client asked.
+                    None => Step::Answer(self.first.take().unwrap_or(result)),
+                }
             }
             (Kind::RetryAfterCopy, Stage::First) => {
-                if is_absent(&result) {
+                if self.absent(&result) {
                     self.first = Some(result);
                     self.fetch()
                 } else {
@@ -184,8 +299,7 @@ impl Moved {
                 // The copy keeps the remaining TTL; an item that expires
                 // within the second is not copied (0 would keep it forever).
                 let copy = match &result {
-                    Ok(reply) => read_through_hit(&self.key, reply, false, now)
-                        .and_then(|hit| copy_block(&hit.block, hit.exptime.as_deref()?)),
+                    Ok(reply) => self.copy_of(reply, now),
                     Err(_) => None,
                 };
                 match (copy, self.first.take()) {
@@ -203,8 +317,7 @@ impl Moved {
                 }
             }
             (Kind::Cas, Stage::First) => {
-                let retry = matches!(&result, Ok(r) if r.starts_with(b"NOT_FOUND") || r.starts_with(b"EXISTS"));
-                if retry {
+                if self.cas_elsewhere(&result) {
                     self.first = Some(result);
                     self.stage = Stage::Fetch;
                     self.send(Owner::Previous, None)
@@ -213,25 +326,38 @@ impl Moved {
                 }
             }
             (Kind::Cas, Stage::Fetch) => {
-                let stored = matches!(&result, Ok(r) if r.as_ref() == b"STORED\r\n");
+                let stored = matches!(&result, Ok(reply) if self.stored(reply));
                 match self.as_set.take() {
                     Some(set) if stored => {
                         self.stage = Stage::Last;
                         self.first = Some(result);
+                        let expect = match &self.meta {
+                            None => Expect::Line(LineKind::Storage),
+                            Some(_) => meta_expect(MetaCommand::Set),
+                        };
                         Step::Send {
                             to: Owner::New,
                             copy: None,
                             lines: set,
-                            expect: Expect::Line(LineKind::Storage),
+                            expect,
                         }
                     }
                     _ => Step::Answer(self.first.take().unwrap_or(result)),
                 }
             }
-            // The previous owner's STORED answers once the new owner holds
+            // The previous owner's answer stands once the new owner holds
             // the same value (and the previous owner no longer does).
-            (Kind::Cas, _) => self.answer_changed(result),
-            (Kind::RetryAfterCopy, _) => self.answer_changed(result),
+            (Kind::Cas, _) => {
+                let answer = self.first.take();
+                let step = self.answer_changed(result);
+                if matches!(step, Step::Send { .. }) {
+                    self.first = answer;
+                }
+                step
+            }
+            // Changed on the new owner after the copy: the previous owner's
+            // value is older now (an `ma … N` continued its count).
+            (Kind::RetryAfterCopy | Kind::CopyFirst, _) => self.answer_changed(result),
             (_, _) => Step::Answer(result),
         }
     }
@@ -239,20 +365,29 @@ impl Moved {
     /// Answers `result`, first deleting the previous owner's copy when the
     /// command changed the key on the new owner.
     fn answer_changed(&mut self, result: CallResult) -> Step {
-        if !changed(&result) {
+        if !self.changed(&result) {
             return Step::Answer(result);
         }
         self.first = Some(result);
         self.stage = Stage::Forget;
-        let mut line = BytesMut::with_capacity(self.key.len() + 9);
-        line.put_slice(b"delete ");
-        line.put_slice(&self.key);
-        line.put_slice(b"\r\n");
+        let (lines, expect) = match &self.meta {
+            None => {
+                let mut line = BytesMut::with_capacity(self.key.len() + 9);
+                line.put_slice(b"delete ");
+                line.put_slice(&self.key);
+                line.put_slice(b"\r\n");
+                (line.freeze(), Expect::Line(LineKind::Delete))
+            }
+            Some(meta) => (
+                forget_line(&self.key, meta.base64),
+                meta_expect(MetaCommand::Delete),
+            ),
+        };
         Step::Send {
             to: Owner::Previous,
             copy: None,
-            lines: smallvec::smallvec![line.freeze()],
-            expect: Expect::Line(LineKind::Delete),
+            lines: smallvec::smallvec![lines],
+            expect,
         }
     }
 
@@ -260,15 +395,12 @@ impl Moved {
     /// client flags and remaining TTL.
     fn fetch(&mut self) -> Step {
         self.stage = Stage::Fetch;
+        let base64 = self.meta.as_ref().is_some_and(|m| m.base64);
         Step::Send {
             to: Owner::Previous,
             copy: None,
-            expect: Expect::Meta {
-                command: crate::protocol::meta::MetaCommand::Get,
-                quiet: false,
-                replied: false,
-            },
-            lines: smallvec::smallvec![fetch_line(&self.key, false, false)],
+            expect: meta_expect(MetaCommand::Get),
+            lines: smallvec::smallvec![fetch_line(&self.key, base64, false)],
         }
     }
 
@@ -277,8 +409,102 @@ impl Moved {
             to,
             copy,
             lines: self.request.clone(),
-            expect: Expect::Line(self.line_kind),
+            expect: self.expect.clone(),
         }
+    }
+
+    /// The copy for the new owner made from the previous owner's reply to a
+    /// [`fetch_line`]: `add` for classic, `ms … ME` for meta.
+    fn copy_of(&self, reply: &[u8], now: u64) -> Option<Outbound> {
+        match &self.meta {
+            None => read_through_hit(&self.key, reply, false, now)
+                .and_then(|hit| copy_block(&hit.block, hit.exptime.as_deref()?)),
+            Some(meta) => {
+                meta_read_through_hit(reply, AddedFlags::FETCH, &self.key, meta.base64, now)
+                    .and_then(|(_, copy)| copy)
+            }
+        }
+    }
+
+    /// The key is not on the server asked (`NOT_FOUND`/`NOT_STORED`; meta:
+    /// per command, see `meta_absent`).
+    fn absent(&self, result: &CallResult) -> bool {
+        match (&self.meta, result) {
+            (None, _) => is_absent(result),
+            (Some(meta), Ok(reply)) => meta_absent(meta.command, reply),
+            (Some(_), Err(_)) => false,
+        }
+    }
+
+    /// The command changed the key on the server that answered.
+    fn changed(&self, result: &CallResult) -> bool {
+        match (&self.meta, result) {
+            (None, _) => changed(result),
+            (Some(_), Ok(reply)) => meta_succeeded(reply),
+            (Some(_), Err(_)) => false,
+        }
+    }
+
+    /// A store succeeded.
+    fn stored(&self, reply: &[u8]) -> bool {
+        match &self.meta {
+            None => reply == b"STORED\r\n",
+            Some(_) => meta_succeeded(reply),
+        }
+    }
+
+    /// A `cas` the new owner refused for want of the key or of its unique:
+    /// the unique may be the previous owner's.
+    fn cas_elsewhere(&self, result: &CallResult) -> bool {
+        let Ok(reply) = result else {
+            return false;
+        };
+        match &self.meta {
+            None => reply.starts_with(b"NOT_FOUND") || reply.starts_with(b"EXISTS"),
+            Some(_) => reply.starts_with(b"EX") || reply.starts_with(b"NF"),
+        }
+    }
+
+    /// A delete on both owners: see [`merge_delete`]; meta answers the
+    /// previous owner's success when the new owner never had the key.
+    fn merge_delete(&self, new: CallResult, previous: CallResult) -> CallResult {
+        match (&self.meta, &new, &previous) {
+            (None, _, _) => merge_delete(new, previous),
+            (Some(_), Ok(reply), Ok(before))
+                if !meta_succeeded(reply) && meta_succeeded(before) =>
+            {
+                previous
+            }
+            (Some(_), _, _) => new,
+        }
+    }
+}
+
+/// Which meta command on a moved key [`Moved::meta`] runs.
+#[derive(Debug)]
+pub(crate) enum MetaMove {
+    /// `mg`: the new owner, then after a miss the previous owner asked
+    /// `wire` (the request with `added` flags); a hit there is answered
+    /// as the client asked and copied.
+    Read { wire: Outbound, added: AddedFlags },
+    /// Run on the new owner; if absent there, copied and run again.
+    RetryAfterCopy,
+    /// Copied first, then run (`ms` in add mode, `ma … N`).
+    CopyFirst,
+    /// `ms`: stored on the new owner, then deleted from the previous one.
+    Overwrite,
+    /// `ms … C`; `as_set` is the store without `C` and `q`.
+    Cas { as_set: Bytes },
+    /// `md`: the previous owner, then the new one.
+    Delete,
+}
+
+/// How a meta reply to `command` is framed (never quiet: memring's own).
+fn meta_expect(command: MetaCommand) -> Expect {
+    Expect::Meta {
+        command,
+        quiet: false,
+        replied: false,
     }
 }
 
@@ -984,5 +1210,167 @@ mod tests {
             base64.undo_line(b"VA 2 c7\r\nv1\r\n").as_deref(),
             Some(&b"md aw== b C7\r\n"[..])
         );
+    }
+
+    fn meta_moved(what: MetaMove, command: MetaCommand, line: &'static [u8]) -> Moved {
+        let expect = Expect::Meta {
+            command,
+            quiet: false,
+            replied: false,
+        };
+        let wire: Outbound = smallvec::smallvec![Bytes::from_static(line)];
+        Moved::meta(
+            what,
+            command,
+            (Bytes::from_static(b"k"), false),
+            wire,
+            expect,
+        )
+    }
+
+    /// The meta dialect runs the same steps as classic: the same owners in
+    /// the same order, with meta's replies and meta's own requests.
+    #[test]
+    fn meta_commands_on_moved_keys_take_the_classic_steps_in_meta_words() {
+        // md: the previous owner first, then the new one; the previous
+        // owner's HD answers when the new owner never had the key.
+        let mut delete = meta_moved(MetaMove::Delete, MetaCommand::Delete, b"md k\r\n");
+        assert_eq!(
+            sent(&delete.start()),
+            (Owner::Previous, false, b"md k\r\n".to_vec())
+        );
+        assert_eq!(sent(&delete.on_reply(ok(b"HD\r\n"), NOW)).0, Owner::New);
+        assert_eq!(
+            answer(delete.on_reply(ok(b"NF\r\n"), NOW)).unwrap(),
+            &b"HD\r\n"[..]
+        );
+
+        // ms: stored on the new owner, then `md` on the previous one.
+        let mut set = meta_moved(MetaMove::Overwrite, MetaCommand::Set, b"ms k 1\r\nx\r\n");
+        assert_eq!(sent(&set.start()).0, Owner::New);
+        let forget = set.on_reply(ok(b"HD\r\n"), NOW);
+        assert_eq!(
+            sent(&forget),
+            (Owner::Previous, false, b"md k\r\n".to_vec())
+        );
+        assert_eq!(
+            answer(set.on_reply(ok(b"NF\r\n"), NOW)).unwrap(),
+            &b"HD\r\n"[..]
+        );
+
+        // ma: NF on the new owner fetches, copies with `ms … ME`, runs again,
+        // then forgets the previous owner's older count.
+        let mut incr = meta_moved(
+            MetaMove::RetryAfterCopy,
+            MetaCommand::Arithmetic,
+            b"ma k v\r\n",
+        );
+        incr.start();
+        let fetch = incr.on_reply(ok(b"NF\r\n"), NOW);
+        assert_eq!(
+            sent(&fetch),
+            (Owner::Previous, false, b"mg k v f t\r\n".to_vec())
+        );
+        let again = incr.on_reply(ok(b"VA 2 f0 t-1\r\n10\r\n"), NOW);
+        let Step::Send {
+            to, copy, lines, ..
+        } = &again
+        else {
+            panic!("{again:?}")
+        };
+        assert_eq!((*to, lines.concat()), (Owner::New, b"ma k v\r\n".to_vec()));
+        assert_eq!(copy.as_ref().unwrap().concat(), b"ms k 2 F0 ME\r\n10\r\n");
+        assert_eq!(
+            sent(&incr.on_reply(ok(b"VA 2\r\n11\r\n"), NOW)).0,
+            Owner::Previous
+        );
+        assert_eq!(
+            answer(incr.on_reply(ok(b"HD\r\n"), NOW)).unwrap(),
+            &b"VA 2\r\n11\r\n"[..]
+        );
+
+        // ms … C: EX on the new owner tries the previous one; stored there,
+        // the store without C goes to the new owner, the previous owner's
+        // copy goes, and the previous owner's reply answers.
+        let as_set = Bytes::from_static(b"ms k 1 c\r\ny\r\n");
+        let mut cas = meta_moved(
+            MetaMove::Cas { as_set },
+            MetaCommand::Set,
+            b"ms k 1 C7 c\r\ny\r\n",
+        );
+        cas.start();
+        assert_eq!(sent(&cas.on_reply(ok(b"EX\r\n"), NOW)).0, Owner::Previous);
+        let copied = cas.on_reply(ok(b"HD c8\r\n"), NOW);
+        assert_eq!(
+            sent(&copied),
+            (Owner::New, false, b"ms k 1 c\r\ny\r\n".to_vec())
+        );
+        assert_eq!(
+            sent(&cas.on_reply(ok(b"HD c3\r\n"), NOW)).0,
+            Owner::Previous
+        );
+        assert_eq!(
+            answer(cas.on_reply(ok(b"HD\r\n"), NOW)).unwrap(),
+            &b"HD c8\r\n"[..]
+        );
+    }
+
+    #[test]
+    fn a_meta_read_of_a_moved_key_answers_the_previous_owners_hit_and_copies_it() {
+        let read_wire: Outbound = smallvec::smallvec![Bytes::from_static(b"mg k v f t\r\n")];
+        let added = AddedFlags {
+            value: false,
+            flags: true,
+            ttl: true,
+        };
+        let what = MetaMove::Read {
+            wire: read_wire,
+            added,
+        };
+        let mut read = meta_moved(what, MetaCommand::Get, b"mg k v\r\n");
+        assert_eq!(
+            sent(&read.start()),
+            (Owner::New, false, b"mg k v\r\n".to_vec())
+        );
+        let through = read.on_reply(ok(b"EN\r\n"), NOW);
+        assert_eq!(
+            sent(&through),
+            (Owner::Previous, false, b"mg k v f t\r\n".to_vec())
+        );
+        let hit = read.on_reply(ok(b"VA 2 f0 t100\r\nv1\r\n"), NOW);
+        assert_eq!(answer(hit).unwrap(), &b"VA 2\r\nv1\r\n"[..]);
+        let copy = read.take_read_copy().unwrap();
+        assert_eq!(copy.concat(), b"ms k 2 F0 ME T100\r\nv1\r\n");
+
+        // A hit on the new owner answers at once; a miss on both is the
+        // new owner's miss.
+        let mut there = meta_moved(
+            MetaMove::Read {
+                wire: smallvec::smallvec![],
+                added,
+            },
+            MetaCommand::Get,
+            b"mg k v\r\n",
+        );
+        there.start();
+        assert_eq!(
+            answer(there.on_reply(ok(b"VA 1\r\nx\r\n"), NOW)).unwrap(),
+            &b"VA 1\r\nx\r\n"[..]
+        );
+        let mut nowhere = meta_moved(
+            MetaMove::Read {
+                wire: smallvec::smallvec![],
+                added,
+            },
+            MetaCommand::Get,
+            b"mg k v\r\n",
+        );
+        nowhere.start();
+        nowhere.on_reply(ok(b"EN\r\n"), NOW);
+        assert_eq!(
+            answer(nowhere.on_reply(ok(b"EN\r\n"), NOW)).unwrap(),
+            &b"EN\r\n"[..]
+        );
+        assert!(nowhere.take_read_copy().is_none());
     }
 }

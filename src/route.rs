@@ -15,6 +15,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
+
+pub(crate) use crate::protocol::meta::reply::{meta_is_miss, meta_succeeded};
 use smallvec::SmallVec;
 
 use crate::backend::health::HealthState;
@@ -1055,50 +1057,19 @@ pub(crate) enum MetaPlan {
     /// `mg` with replicas: ask `servers` in order, the next one only when
     /// the previous failed (or missed, with `on_miss`).
     ReadThrough { servers: Servers, on_miss: bool },
-    /// `mg` of a moved key during a hand-off window: the new owner, then on a
-    /// miss the previous owner, asked for what a copy needs too; a hit there
-    /// is answered as the client asked and copied to the new owner
-    /// (`handoff::meta_read_through_hit`).
-    ReadMoved { owner: usize, previous: usize },
-    /// `ma` (without `N`), `ms` in append, prepend or replace mode, or `mg`
-    /// with `T` of a moved key during a hand-off window: run on the new
-    /// owner; if the key is not there, copy it from the previous owner and
-    /// run again (see [`meta_absent`]). With `copy_first` (`ms` in add
-    /// mode, `ME`), the copy comes first, so an add does not store over a
-    /// value the previous owner still holds.
-    RetryMoved {
+    /// A command on a moved key during a hand-off window, run by the
+    /// hand-off's state machine (`handoff::Moved`, as classic commands):
+    /// `what` says which steps (`mg` reads through, `ma`/`ms` in append,
+    /// prepend or replace mode and `mg … T` copy when the new owner lacks
+    /// the key, `ms … ME` and `ma … N` copy first, `ms` stores on the new
+    /// owner, `ms … C` is tried on the previous owner after an `EX`/`NF`,
+    /// `md` deletes from both). Every write also deletes the key from the
+    /// previous owner before the answer, and `forget` (owners in older rings
+    /// of chained changes) get an `md` with the first step.
+    Moved {
         owner: usize,
         previous: usize,
-        copy_first: bool,
-        forget: Servers,
-    },
-    /// `ms` (set mode) of a moved key during a hand-off window: `md` to the
-    /// previous owner first, then the `ms` to the new one, so that the value
-    /// it replaces is on no server a lagging sidecar (or this one, after the
-    /// change is undone) could read it from.
-    OverwriteMoved {
-        owner: usize,
-        previous: usize,
-        forget: Servers,
-    },
-    /// `ms` with `C` (set mode) of a moved key during a hand-off window, the
-    /// meta twin of a classic `cas` on one: tried on the new owner; if it is
-    /// not stored there (the cas came from the previous owner, or the key is
-    /// not on the new owner yet) tried on the previous owner, and if stored
-    /// there, set on the new owner. Either way the previous owner's copy is
-    /// deleted before the answer.
-    CasMoved {
-        owner: usize,
-        previous: usize,
-        forget: Servers,
-    },
-    /// `md` of a moved key during a hand-off window: the previous owner
-    /// first, then the new one (so a read falling through in between finds
-    /// the key on neither, as for a classic `delete`); answered with success
-    /// if either held it.
-    DeleteMoved {
-        owner: usize,
-        previous: usize,
+        what: crate::handoff::MetaMove,
         forget: Servers,
     },
     /// No server to send it to.
@@ -1114,9 +1085,9 @@ pub(crate) enum MetaPlan {
 /// `R` on `mg`) and `me` go to the owner only, so exactly one client wins.
 ///
 /// In chained hand-off windows the write plans of a moved key
-/// (`RetryMoved`, `OverwriteMoved`, `CasMoved`, `DeleteMoved`) also send an
-/// `md` to each of their `forget` servers (owners in older rings) with the
-/// first step, and answer once those are done too.
+/// ([`MetaPlan::Moved`]) also send an `md` to each of their `forget` servers
+/// (owners in older rings) with the first step, and answer once those are
+/// done too.
 pub(crate) fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> MetaPlan {
     if request.command == MetaCommand::Noop {
         return MetaPlan::Reply(b"MN\r\n");
@@ -1160,48 +1131,17 @@ pub(crate) fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topolog
                 forget: count,
             }
         };
-        return match (previous, request.command) {
-            (Some(previous), MetaCommand::Get)
-                if !request.takes_lease() && !request.changes_item(bytes) =>
-            {
-                MetaPlan::ReadMoved {
-                    owner: server,
-                    previous,
-                }
-            }
-            (Some(previous), MetaCommand::Set)
-                if request.compare_cas
-                    && matches!(
-                        request.mode.map(|m| m.to_ascii_uppercase()),
-                        None | Some(b'S')
-                    ) =>
-            {
-                MetaPlan::CasMoved {
-                    owner: server,
-                    previous,
-                    forget,
-                }
-            }
-            (Some(previous), MetaCommand::Delete) => MetaPlan::DeleteMoved {
-                owner: server,
-                previous,
-                forget,
-            },
-            (Some(previous), _) => match meta_copy_when(request, bytes) {
-                Some(when) => MetaPlan::RetryMoved {
-                    owner: server,
-                    previous,
-                    copy_first: when == CopyWhen::First,
-                    forget,
-                },
-                None if request.command == MetaCommand::Set => MetaPlan::OverwriteMoved {
-                    owner: server,
-                    previous,
-                    forget,
-                },
-                None => forward(forget),
-            },
-            (None, _) => forward(forget),
+        let Some(previous) = previous else {
+            return forward(forget);
+        };
+        let Some(what) = meta_move(request, bytes) else {
+            return forward(forget);
+        };
+        return MetaPlan::Moved {
+            owner: server,
+            previous,
+            what,
+            forget,
         };
     }
     let mut servers = Servers::new();
@@ -1276,6 +1216,42 @@ pub(crate) fn meta_copy(request: &MetaRequest, bytes: &Bytes) -> Bytes {
     out.freeze()
 }
 
+/// Which hand-off steps a meta request on a moved key takes; `None` when
+/// the new owner alone answers it (a lease, `me`, `ms` in a mode that needs
+/// nothing of the previous owner).
+fn meta_move(request: &MetaRequest, bytes: &Bytes) -> Option<crate::handoff::MetaMove> {
+    use crate::handoff::MetaMove;
+    let set_mode = matches!(
+        request.mode.map(|m| m.to_ascii_uppercase()),
+        None | Some(b'S')
+    );
+    Some(match request.command {
+        MetaCommand::Get if !request.takes_lease() && !request.changes_item(bytes) => {
+            // The previous owner is asked for what a copy needs too; those
+            // flags are left out of the client's answer.
+            let line = &bytes[..request.line_len as usize];
+            let (line, added) = crate::handoff::meta_read_through_line(line, |flag| {
+                request.flags(bytes).any(|(f, _)| f == flag)
+            });
+            let mut wire: crate::protocol::encode::Outbound = smallvec::smallvec![line];
+            if request.may_be_silent() {
+                wire.push(Bytes::from_static(b"mn\r\n"));
+            }
+            MetaMove::Read { wire, added }
+        }
+        MetaCommand::Set if request.compare_cas && set_mode => MetaMove::Cas {
+            as_set: meta_copy(request, bytes),
+        },
+        MetaCommand::Delete => MetaMove::Delete,
+        _ => match meta_copy_when(request, bytes) {
+            Some(CopyWhen::First) => MetaMove::CopyFirst,
+            Some(CopyWhen::IfAbsent) => MetaMove::RetryAfterCopy,
+            None if request.command == MetaCommand::Set => MetaMove::Overwrite,
+            None => return None,
+        },
+    })
+}
+
 /// When a meta request on a moved key copies the key from its previous owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum CopyWhen {
@@ -1311,49 +1287,12 @@ fn meta_copy_when(request: &MetaRequest, bytes: &[u8]) -> Option<CopyWhen> {
     needs.then_some(CopyWhen::IfAbsent)
 }
 
-/// Whether a meta reply (as the session got it) says the key is not on the
-/// server: `NF` for `ma`, `NS` for `ms`, a miss for `mg`.
-pub(crate) fn meta_absent(command: MetaCommand, reply: &[u8]) -> bool {
-    match command {
-        MetaCommand::Arithmetic => reply.starts_with(b"NF"),
-        MetaCommand::Set => reply.starts_with(b"NS"),
-        MetaCommand::Get => meta_is_miss(reply),
-        _ => false,
-    }
-}
-
-/// Whether a meta reply to an `mg` (as the session got it: empty when `q`
-/// suppressed it) is a miss, so a read may fall through to the next replica.
-pub(crate) fn meta_is_miss(reply: &[u8]) -> bool {
-    reply.is_empty() || reply.starts_with(b"EN")
-}
-
-/// Whether a meta mutation's reply (empty when `q` suppressed it) says it
-/// took effect.
-pub(crate) fn meta_succeeded(reply: &[u8]) -> bool {
-    reply.is_empty() || reply.starts_with(b"HD") || reply.starts_with(b"VA")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn meta_absence_is_per_command() {
-        use MetaCommand::{Arithmetic, Delete, Get, Set};
-        assert!(meta_absent(Arithmetic, b"NF\r\n"));
-        assert!(!meta_absent(Arithmetic, b"HD\r\n"));
-        assert!(meta_absent(Set, b"NS\r\n"));
-        assert!(!meta_absent(Set, b"HD\r\n"));
-        assert!(meta_absent(Get, b"EN\r\n"));
-        assert!(meta_absent(Get, b""), "a miss q suppressed");
-        assert!(!meta_absent(Get, b"VA 1\r\nx\r\n"));
-        assert!(
-            !meta_absent(Delete, b"NF\r\n"),
-            "md is handed off on its own"
-        );
-    }
     use crate::error::BackendErrorKind;
+    use crate::protocol::meta::parse_meta;
     use crate::protocol::{parse_request, Limits};
 
     fn request(line: &'static [u8]) -> (Request, Bytes) {
@@ -1669,5 +1608,69 @@ mod tests {
         let bytes = Bytes::from_static(b"md k C12 q\r\n");
         let (request, _) = parse_meta(&bytes, &Limits::default()).unwrap().unwrap();
         assert_eq!(&meta_copy(&request, &bytes)[..], b"md k\r\n");
+    }
+
+    /// The planner names a moved key's hand-off steps by command, without
+    /// any socket: the same machine runs them for both dialects.
+    #[test]
+    fn meta_requests_on_moved_keys_plan_the_hand_off_steps_by_command() {
+        use crate::handoff::MetaMove;
+        let (_runtime, old, new) = crate::topology::tests::four_then_five();
+        let owner = |t: &Topology, key: &str| t.owner_index(key.as_bytes()).unwrap();
+        let moved = (0..2000)
+            .map(|i| format!("k{i}"))
+            .find(|k| new.backends[owner(&new, k)].name() != old.backends[owner(&old, k)].name())
+            .unwrap();
+        let stays = (0..2000)
+            .map(|i| format!("k{i}"))
+            .find(|k| new.backends[owner(&new, k)].name() == old.backends[owner(&old, k)].name())
+            .unwrap();
+        let plan = |line: String| {
+            let bytes = Bytes::from(line);
+            let (request, _) = parse_meta(&bytes, &Limits::default()).unwrap().unwrap();
+            plan_meta(&request, &bytes, &new)
+        };
+        let steps = |line: &str| match plan(line.replace("KEY", &moved)) {
+            MetaPlan::Moved { owner: o, what, .. } => {
+                assert_eq!(o, owner(&new, &moved), "{line}");
+                what
+            }
+            other => panic!("{line}: {other:?}"),
+        };
+        assert!(matches!(steps("mg KEY v\r\n"), MetaMove::Read { .. }));
+        assert!(matches!(steps("md KEY\r\n"), MetaMove::Delete));
+        assert!(matches!(steps("ms KEY 1\r\nx\r\n"), MetaMove::Overwrite));
+        assert!(matches!(
+            steps("ms KEY 1 C5\r\nx\r\n"),
+            MetaMove::Cas { .. }
+        ));
+        assert!(matches!(
+            steps("ms KEY 1 MA\r\nx\r\n"),
+            MetaMove::RetryAfterCopy
+        ));
+        assert!(matches!(steps("ms KEY 1 ME\r\nx\r\n"), MetaMove::CopyFirst));
+        assert!(matches!(steps("ma KEY\r\n"), MetaMove::RetryAfterCopy));
+        assert!(matches!(steps("ma KEY N0\r\n"), MetaMove::CopyFirst));
+        assert!(matches!(
+            steps("mg KEY T30 v\r\n"),
+            MetaMove::RetryAfterCopy
+        ));
+        // A lease goes to the new owner alone, as does a key that stays.
+        assert!(matches!(
+            plan(format!("mg {moved} N30 v\r\n")),
+            MetaPlan::Forward { .. }
+        ));
+        assert!(matches!(
+            plan(format!("md {stays}\r\n")),
+            MetaPlan::Forward { .. }
+        ));
+        // The read-through asks the previous owner for what a copy needs.
+        let MetaMove::Read { wire, .. } = steps("mg KEY v q\r\n") else {
+            unreachable!()
+        };
+        assert_eq!(
+            wire.concat(),
+            format!("mg {moved} v q f t\r\nmn\r\n").into_bytes()
+        );
     }
 }

@@ -623,8 +623,30 @@ impl std::fmt::Display for Change {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// Four servers `s1`..`s4`, then `s5` joins within a hand-off window:
+    /// the topology before and the one after (backends are built inside the
+    /// runtime returned, which must outlive them; nothing connects).
+    pub(crate) fn four_then_five() -> (tokio::runtime::Runtime, Topology, Topology) {
+        let four: Vec<ServerConfig> = (1..=4).map(|i| server(&format!("s{i}"), 1)).collect();
+        let five: Vec<ServerConfig> = (1..=5).map(|i| server(&format!("s{i}"), 1)).collect();
+        let (runtime, hooks) = runtime_and_hooks();
+        let (old, new) = {
+            let _guard = runtime.enter();
+            let c4 = config_of(&four);
+            let old = Topology::assemble(
+                c4.clone(),
+                1,
+                Topology::backends_for(&c4, None, &hooks),
+                Vec::new(),
+            );
+            let new = chain(&old, &five, &hooks);
+            (old, new)
+        };
+        (runtime, old, new)
+    }
 
     /// A runtime to build backends in (enter it), and a pool's hooks.
     fn runtime_and_hooks() -> (tokio::runtime::Runtime, PoolHooks) {

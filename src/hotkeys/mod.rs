@@ -825,11 +825,7 @@ impl HotWorker {
         let owner = match plan {
             MetaPlan::Forward { server }
             | MetaPlan::CasThenCopy { owner: server, .. }
-            | MetaPlan::DeleteMoved { owner: server, .. }
-            | MetaPlan::OverwriteMoved { owner: server, .. }
-            | MetaPlan::CasMoved { owner: server, .. }
-            | MetaPlan::ReadMoved { owner: server, .. }
-            | MetaPlan::RetryMoved { owner: server, .. } => Some(*server),
+            | MetaPlan::Moved { owner: server, .. } => Some(*server),
             MetaPlan::Quorum { servers, .. } | MetaPlan::ReadThrough { servers, .. } => {
                 servers.first().copied()
             }

@@ -127,30 +127,10 @@ impl ClientSession {
                     }
                     self.reserve(cost);
                     entry.reserved = cost;
-                    if let MetaMode::RetryMoved {
-                        key,
-                        stage: MovedStage::Previous,
-                        ..
-                    } = &meta.mode
-                    {
-                        // `ms` in add mode: the previous owner's value first.
-                        let line = crate::handoff::fetch_line(&key.0, key.1, false);
-                        self.send(
-                            &topology,
-                            &mut meta.parts[0],
-                            &[line],
-                            fetch_expect(),
-                            true,
-                            None,
-                        );
-                    } else if let MetaMode::OverwriteMoved {
-                        key,
-                        forgotten: false,
-                        ..
-                    } = &meta.mode
-                    {
-                        let server = meta.parts[0].server;
-                        meta.parts[0] = self.forget_on(&topology, server, key);
+                    if let MetaMode::Moved(moved) = &mut meta.mode {
+                        let step = moved.machine.start();
+                        let hot = entry.hot.as_ref();
+                        self.meta_moved(&topology, moved, &mut meta.parts[0], step, hot);
                     } else {
                         let (forget, key) = match &meta.mode {
                             MetaMode::Quorum { forget, key, .. } => (*forget, Some(key)),
@@ -175,254 +155,17 @@ impl ClientSession {
                 }
                 match &mut meta.mode {
                     MetaMode::Forward | MetaMode::Quorum { .. } => true,
-                    MetaMode::ReadMoved {
-                        owner,
-                        previous,
-                        wire,
-                        added,
-                        key,
-                        stage,
-                        miss,
-                    } => {
-                        let Some(result) = &meta.parts[0].result else {
-                            return *stage == MovedStage::Done;
-                        };
-                        match *stage {
-                            // Retry and Forget are RetryMoved's.
-                            MovedStage::Done | MovedStage::Retry | MovedStage::Forget => true,
-                            MovedStage::Owner => {
-                                if !matches!(result, Ok(reply) if route::meta_is_miss(reply)) {
-                                    *stage = MovedStage::Done;
-                                    return true;
-                                }
-                                *miss = meta.parts[0].result.take();
-                                *stage = MovedStage::Previous;
-                                meta.parts[0] =
-                                    self.send_to(&topology, *previous, wire, &meta.expect, None);
-                                // Later requests wait until this read has its
-                                // answer (its copy then goes first).
-                                false
-                            }
-                            MovedStage::Previous => {
-                                *stage = MovedStage::Done;
-                                let now = crate::topology::unix_now();
-                                let hit = match result {
-                                    Ok(reply) => crate::handoff::meta_read_through_hit(
-                                        reply, *added, &key.0, key.1, now,
-                                    ),
-                                    Err(_) => None,
-                                };
-                                self.worker
-                                    .stats
-                                    .read_through(1, usize::from(hit.is_some()));
-                                let Some((answer, copy_wire)) = hit else {
-                                    // A miss (or a failure) there too: the
-                                    // owner's miss, as the client asked.
-                                    meta.parts[0].result = miss.take();
-                                    return true;
-                                };
-                                meta.parts[0].result = Some(Ok(answer));
-                                if let Some(wire) = copy_wire {
-                                    let copy = crate::handoff::ReadCopy {
-                                        owner: *owner,
-                                        wire,
-                                        source: *previous,
-                                        key: key.0.clone(),
-                                        base64: key.1,
-                                    };
-                                    copy_check::send(
-                                        &self.worker,
-                                        &topology,
-                                        self.lane,
-                                        copy,
-                                        meta_set_expect(),
-                                    );
-                                }
-                                true
-                            }
-                        }
-                    }
-                    MetaMode::RetryMoved {
-                        owner,
-                        previous,
-                        key,
-                        stage,
-                        absent,
-                    } => {
-                        let Some(result) = &meta.parts[0].result else {
-                            return *stage == MovedStage::Done;
-                        };
-                        let succeeded = matches!(result, Ok(r) if route::meta_succeeded(r));
-                        match *stage {
-                            MovedStage::Done => true,
-                            MovedStage::Owner | MovedStage::Retry => {
-                                let there = *stage == MovedStage::Retry
-                                    || !matches!(result,
-                                        Ok(reply) if route::meta_absent(meta.command, reply));
-                                if there && succeeded {
-                                    // Changed on the new owner: the previous
-                                    // owner's copy is older now, and goes.
-                                    *absent = meta.parts[0].result.take();
-                                    *stage = MovedStage::Forget;
-                                    meta.parts[0] = self.forget_on(&topology, *previous, key);
-                                    return false;
-                                }
-                                if there {
-                                    *stage = MovedStage::Done;
-                                    return true;
-                                }
-                                *absent = meta.parts[0].result.take();
-                                *stage = MovedStage::Previous;
-                                let line = crate::handoff::fetch_line(&key.0, key.1, false);
-                                meta.parts[0] = self.send_to(
-                                    &topology,
-                                    *previous,
-                                    &[line],
-                                    &fetch_expect(),
-                                    None,
-                                );
-                                false
-                            }
-                            MovedStage::Forget => {
-                                meta.parts[0].result = absent.take();
-                                *stage = MovedStage::Done;
-                                true
-                            }
-                            MovedStage::Previous => {
-                                *stage = MovedStage::Done;
-                                let copy_wire = match result {
-                                    Ok(reply) => crate::handoff::meta_read_through_hit(
-                                        reply,
-                                        crate::handoff::AddedFlags::FETCH,
-                                        &key.0,
-                                        key.1,
-                                        crate::topology::unix_now(),
-                                    )
-                                    .and_then(|(_, copy)| copy),
-                                    Err(_) => None,
-                                };
-                                self.worker
-                                    .stats
-                                    .read_through(1, usize::from(copy_wire.is_some()));
-                                if let Some(copy_wire) = copy_wire {
-                                    self.send_meta_copy(&topology, *owner, &copy_wire);
-                                } else if absent.is_some() {
-                                    // Not on the previous owner either: the
-                                    // new owner's answer stands.
-                                    meta.parts[0].result = absent.take();
-                                    return true;
-                                }
-                                // On the new owner: again now that the key is
-                                // there, or first (add mode).
-                                let hot = entry.hot.as_ref();
-                                meta.parts[0] =
-                                    self.send_to(&topology, *owner, &meta.wire, &meta.expect, hot);
-                                *stage = MovedStage::Retry;
-                                false
-                            }
-                        }
-                    }
-                    MetaMode::CasMoved {
-                        owner,
-                        previous,
-                        key,
-                        copy,
-                        stage,
-                        answer,
-                    } => {
-                        let Some(result) = &meta.parts[0].result else {
-                            return *stage == CasStage::Done;
-                        };
-                        match *stage {
-                            CasStage::Done => return true,
-                            CasStage::Owner => {
-                                let (not_here, stored) = match result {
-                                    Ok(r) => (
-                                        r.starts_with(b"EX") || r.starts_with(b"NF"),
-                                        route::meta_succeeded(r),
-                                    ),
-                                    Err(_) => (false, false),
-                                };
-                                if !not_here && !stored {
-                                    *stage = CasStage::Done;
-                                    return true;
-                                }
-                                *answer = meta.parts[0].result.take();
-                                meta.parts[0] = if stored {
-                                    *stage = CasStage::Forget;
-                                    self.forget_on(&topology, *previous, key)
-                                } else {
-                                    *stage = CasStage::Previous;
-                                    self.send_to(
-                                        &topology,
-                                        *previous,
-                                        &meta.wire,
-                                        &meta.expect,
-                                        None,
-                                    )
-                                };
-                            }
-                            CasStage::Previous => {
-                                if !matches!(result, Ok(r) if route::meta_succeeded(r)) {
-                                    // Not stored there either: the new
-                                    // owner's answer stands.
-                                    meta.parts[0].result = answer.take();
-                                    *stage = CasStage::Done;
-                                    return true;
-                                }
-                                *answer = meta.parts[0].result.take();
-                                *stage = CasStage::Copy;
-                                let expect = Expect::Meta {
-                                    command: MetaCommand::Set,
-                                    quiet: false,
-                                    replied: false,
-                                };
-                                let hot = entry.hot.as_ref();
-                                meta.parts[0] = self.send_to(
-                                    &topology,
-                                    *owner,
-                                    std::slice::from_ref(copy),
-                                    &expect,
-                                    hot,
-                                );
-                            }
-                            CasStage::Copy => {
-                                *stage = CasStage::Forget;
-                                meta.parts[0] = self.forget_on(&topology, *previous, key);
-                            }
-                            CasStage::Forget => {
-                                meta.parts[0].result = answer.take();
-                                *stage = CasStage::Done;
-                                return true;
-                            }
-                        }
-                        false
-                    }
-                    MetaMode::OverwriteMoved {
-                        owner, forgotten, ..
-                    } => {
-                        if !*forgotten {
-                            // Whatever the previous owner answered: if it
-                            // failed, readers of the old ring fail there too.
-                            if meta.parts[0].result.take().is_none() {
-                                return false;
-                            }
-                            *forgotten = true;
-                            let hot = entry.hot.as_ref();
-                            meta.parts[0] =
-                                self.send_to(&topology, *owner, &meta.wire, &meta.expect, hot);
-                        }
-                        true
-                    }
-                    MetaMode::DeleteMoved { owner, previous } => {
-                        if previous.is_none() {
-                            let Some(result) = meta.parts[0].result.take() else {
+                    MetaMode::Moved(moved) => {
+                        // One step at a time; later requests of the client
+                        // wait, so they see the key as the steps left it.
+                        while !moved.answered {
+                            let part = &mut meta.parts[0];
+                            part.absorb();
+                            let Some(result) = part.result.take() else {
                                 return false;
                             };
-                            *previous = Some(result);
-                            let hot = entry.hot.as_ref();
-                            meta.parts[0] =
-                                self.send_to(&topology, *owner, &meta.wire, &meta.expect, hot);
+                            let step = moved.machine.on_reply(result, crate::topology::unix_now());
+                            self.meta_moved(&topology, moved, part, step, entry.hot.as_ref());
                         }
                         true
                     }
@@ -644,6 +387,54 @@ impl ClientSession {
         }
     }
 
+    /// Sends what a meta hand-off step says on `part`, or keeps its answer
+    /// there. Only the new owner's steps are the write a hot-key guard
+    /// (`hot`) watches.
+    fn meta_moved(
+        &self,
+        topology: &Arc<Topology>,
+        moved: &mut MetaMoved,
+        part: &mut Part,
+        step: Step,
+        hot: Option<&Rc<WriteGuard>>,
+    ) {
+        match step {
+            Step::Answer(result) => {
+                part.result = Some(result);
+                moved.answered = true;
+                if let Some(wire) = moved.machine.take_read_copy() {
+                    let (key, base64) = moved.machine.key_token();
+                    let copy = crate::handoff::ReadCopy {
+                        owner: moved.owner,
+                        wire,
+                        source: moved.previous,
+                        key,
+                        base64,
+                    };
+                    copy_check::send(&self.worker, topology, self.lane, copy, meta_set_expect());
+                }
+            }
+            Step::Send {
+                to,
+                copy,
+                lines,
+                expect,
+            } => {
+                let server = match to {
+                    Owner::New => moved.owner,
+                    Owner::Previous => moved.previous,
+                };
+                if let Some(copy) = copy {
+                    let mut copied = Part::new(server);
+                    self.send(topology, &mut copied, &copy, meta_set_expect(), true, None);
+                    moved.copies.push(copied);
+                }
+                let hot = hot.filter(|_| to == Owner::New);
+                *part = self.send_to(topology, server, &lines, &expect, hot);
+            }
+        }
+    }
+
     /// Sends a replicated cas's copy (`wire`) to the other replicas, wanting
     /// no reply: the client has its answer from the owner, and a replica that
     /// fails here is counted by its backend and catches up on a later write.
@@ -657,26 +448,6 @@ impl ClientSession {
         for server in servers {
             let mut part = Part::new(server);
             self.send(topology, &mut part, wire, expect.clone(), false, None);
-        }
-    }
-
-    /// Sends a hand-off copy (`ms … ME`) of a moved key to its new owner.
-    fn send_meta_copy(&self, topology: &Topology, owner: usize, wire: &[Bytes]) {
-        self.send_copy(topology, owner, wire, meta_set_expect());
-    }
-
-    /// Sends a read-through copy to `server`; its reply is counted when it
-    /// arrives, and nothing waits for it.
-    fn send_copy(&self, topology: &Topology, server: usize, wire: &[Bytes], expect: Expect) {
-        let backend = &topology.backends[server];
-        let conn = self.worker.conn(backend, self.lane);
-        let slot = spares::slot(&self.wake);
-        slot.watch(Rc::new(CopyCount {
-            stats: self.worker.stats.clone(),
-            reply: std::cell::RefCell::new(None),
-        }));
-        if conn.send(wire, expect, Some(slot)).is_err() {
-            count_copy(&self.worker.stats, CopyOutcome::Failed);
         }
     }
 
@@ -1049,33 +820,12 @@ impl ClientSession {
                             }
                         }
                     }
-                    MetaMode::ReadMoved { stage, .. } | MetaMode::RetryMoved { stage, .. } => {
-                        if *stage != MovedStage::Done {
-                            return false;
+                    MetaMode::Moved(moved) => match &meta.parts[0].result {
+                        Some(result) if moved.answered => {
+                            count_copies(stats, &moved.copies);
+                            result.clone()
                         }
-                        match &meta.parts[0].result {
-                            Some(result) => result.clone(),
-                            None => return false,
-                        }
-                    }
-                    MetaMode::CasMoved { stage, .. } if *stage != CasStage::Done => return false,
-                    MetaMode::DeleteMoved { previous: None, .. }
-                    | MetaMode::OverwriteMoved {
-                        forgotten: false, ..
-                    } => return false,
-                    MetaMode::DeleteMoved {
-                        previous: Some(first),
-                        ..
-                    } => match (&meta.parts[0].result, first) {
-                        (None, _) => return false,
-                        // Gone from the new owner only because it was never
-                        // there: the previous owner's success is the answer.
-                        (Some(Ok(reply)), Ok(before))
-                            if !route::meta_succeeded(reply) && route::meta_succeeded(before) =>
-                        {
-                            Ok(before.clone())
-                        }
-                        (Some(result), _) => result.clone(),
+                        _ => return false,
                     },
                     _ => match &meta.parts[0].result {
                         Some(result) => result.clone(),
@@ -1159,19 +909,10 @@ fn write_no_quorum(out: &mut BytesMut, servers: &[Arc<str>]) {
     write_server_error(out, &reason);
 }
 
-/// How the `mg` fetching a moved key from its previous owner is framed.
 /// What a hand-off copy (`ms … ME`) is answered with.
 fn meta_set_expect() -> Expect {
     Expect::Meta {
         command: MetaCommand::Set,
-        quiet: false,
-        replied: false,
-    }
-}
-
-fn fetch_expect() -> Expect {
-    Expect::Meta {
-        command: MetaCommand::Get,
         quiet: false,
         replied: false,
     }

@@ -686,30 +686,6 @@ fn moved_cas_answer(stored: CallResult, owner_copy: Option<&CallResult>) -> Call
     }
 }
 
-/// Counts a read-through copy's reply when it arrives, so the client's
-/// answer never waits for the copy: a later request of the client for the
-/// key goes to the new owner on the same connection, after the copy.
-#[derive(Debug)]
-struct CopyCount {
-    stats: Arc<crate::stats::Stats>,
-    reply: std::cell::RefCell<Option<Bytes>>,
-}
-
-impl crate::backend::slot::Watch for CopyCount {
-    fn piece(&self, piece: &Got) {
-        let (Got::Line(reply) | Got::Value(reply)) = piece;
-        *self.reply.borrow_mut() = Some(reply.clone());
-    }
-
-    fn done(&self, result: &Result<(), BackendError>) {
-        let outcome = match result {
-            Ok(()) => copy_outcome(&Ok(self.reply.take().unwrap_or_default())),
-            Err(_) => CopyOutcome::Failed,
-        };
-        count_copy(&self.stats, outcome);
-    }
-}
-
 fn count_copy(stats: &crate::stats::Stats, outcome: CopyOutcome) {
     match outcome {
         CopyOutcome::Made => stats.copies(1, 0, 0),
@@ -787,94 +763,20 @@ enum MetaMode {
         next: usize,
         on_miss: bool,
     },
-    /// `mg` of a moved key: the owner (the part) first; after a miss the
-    /// previous owner is sent `wire` (the request with `v f t` added), and
-    /// a hit there is answered as the client asked and copied (`copy`).
-    ReadMoved {
-        owner: usize,
-        previous: usize,
-        wire: SmallVec<[Bytes; 3]>,
-        added: crate::handoff::AddedFlags,
-        /// The key token as sent, and whether it is base64 (`b`).
-        key: (Bytes, bool),
-        stage: MovedStage,
-        /// The owner's miss, the answer unless the previous owner hits.
-        miss: Option<CallResult>,
-    },
-    /// `ma`/`ms`/`mg` of a moved key that needs it on its new owner: run
-    /// there (the part); if absent, fetched from `previous`, copied, and run
-    /// again.
-    RetryMoved {
-        owner: usize,
-        previous: usize,
-        /// The key token as sent, and whether it is base64 (`b`).
-        key: (Bytes, bool),
-        stage: MovedStage,
-        /// The new owner's first reply, the answer if there is nothing to
-        /// copy; `None` when the copy comes first (`ms` in add mode).
-        absent: Option<CallResult>,
-    },
-    /// `ms` of a moved key: `md` to the previous owner (the part), then the
-    /// request to `owner`, whose reply answers.
-    OverwriteMoved {
-        owner: usize,
-        /// The key token as sent, and whether it is base64 (`b`).
-        key: (Bytes, bool),
-        /// The previous owner has answered its `md`.
-        forgotten: bool,
-    },
-    /// `ms` with `C` of a moved key (see `route::MetaPlan::CasMoved`): the
-    /// part is the step under way.
-    CasMoved {
-        owner: usize,
-        previous: usize,
-        /// The key token as sent, and whether it is base64 (`b`).
-        key: (Bytes, bool),
-        /// The request without `C` and `q`: the set for the new owner once
-        /// the previous owner stored.
-        copy: Bytes,
-        stage: CasStage,
-        /// The reply that answers once the steps after it are done.
-        answer: Option<CallResult>,
-    },
-    /// `md` of a moved key: sent to the previous owner (the part), then to
-    /// `owner`; `previous` keeps the first reply.
-    DeleteMoved {
-        owner: usize,
-        previous: Option<CallResult>,
-    },
+    /// A meta command on a moved key, run by the hand-off's state machine
+    /// (see `handoff::Moved`): the part is its step under way.
+    Moved(Box<MetaMoved>),
 }
 
-/// Where a meta request on a moved key ([`MetaMode::ReadMoved`],
-/// [`MetaMode::RetryMoved`]) is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum MovedStage {
-    /// Waiting for the new owner's first reply.
-    Owner,
-    /// Waiting for the previous owner's reply.
-    Previous,
-    /// Waiting for the new owner's reply to the request run again after
-    /// the copy (`RetryMoved` only).
-    Retry,
-    /// The request changed the key on its new owner; waiting for the
-    /// previous owner to delete its older copy (`RetryMoved` only).
-    Forget,
-    /// The answer is (or will be) the part's reply.
-    Done,
-}
-
-/// Where a [`MetaMode::CasMoved`] is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum CasStage {
-    /// Waiting for the new owner's reply to the client's `ms … C`.
-    Owner,
-    /// Waiting for the previous owner's reply to the same.
-    Previous,
-    /// Waiting for the new owner to take the value the previous one stored.
-    Copy,
-    /// Waiting for the previous owner to delete its copy.
-    Forget,
-    Done,
+/// A meta command on a moved key in progress.
+struct MetaMoved {
+    machine: Moved,
+    owner: usize,
+    previous: usize,
+    /// Copies the machine sent to the new owner, counted with the answer.
+    copies: SmallVec<[Part; 1]>,
+    /// The machine has answered (the part holds the answer).
+    answered: bool,
 }
 
 /// How the parts' one-line replies become the client's reply.

@@ -272,6 +272,11 @@ impl ClientSession {
             wire.push(Bytes::from_static(b"mn\r\n"));
         }
         let parts = |servers: &[usize]| servers.iter().map(|&s| Part::new(s)).collect();
+        let expect = Expect::Meta {
+            command: request.command,
+            quiet,
+            replied: false,
+        };
         let mut forget = route::Servers::new();
         let mode = match plan {
             MetaPlan::Reply(reply) => {
@@ -319,96 +324,23 @@ impl ClientSession {
                     },
                 )
             }
-            MetaPlan::ReadMoved { owner, previous } => {
-                let line = &bytes[..request.line_len as usize];
-                let (line, added) = crate::handoff::meta_read_through_line(line, |flag| {
-                    request.flags(&bytes).any(|(f, _)| f == flag)
-                });
-                let mut moved_wire: SmallVec<[Bytes; 3]> = smallvec::smallvec![line];
-                if quiet {
-                    moved_wire.push(Bytes::from_static(b"mn\r\n"));
-                }
-                (
-                    parts(&[owner]),
-                    MetaMode::ReadMoved {
-                        owner,
-                        previous,
-                        wire: moved_wire,
-                        added,
-                        key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
-                        stage: MovedStage::Owner,
-                        miss: None,
-                    },
-                )
-            }
-            MetaPlan::RetryMoved {
+            MetaPlan::Moved {
                 owner,
                 previous,
-                copy_first,
+                what,
                 forget: older,
             } => {
                 forget = older;
-                (
-                    parts(&[if copy_first { previous } else { owner }]),
-                    MetaMode::RetryMoved {
-                        owner,
-                        previous,
-                        key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
-                        stage: if copy_first {
-                            MovedStage::Previous
-                        } else {
-                            MovedStage::Owner
-                        },
-                        absent: None,
-                    },
-                )
-            }
-            MetaPlan::OverwriteMoved {
-                owner,
-                previous,
-                forget: older,
-            } => {
-                forget = older;
-                (
-                    parts(&[previous]),
-                    MetaMode::OverwriteMoved {
-                        owner,
-                        key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
-                        forgotten: false,
-                    },
-                )
-            }
-            MetaPlan::CasMoved {
-                owner,
-                previous,
-                forget: older,
-            } => {
-                forget = older;
-                (
-                    parts(&[owner]),
-                    MetaMode::CasMoved {
-                        owner,
-                        previous,
-                        key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
-                        copy: route::meta_copy(&request, &bytes),
-                        stage: CasStage::Owner,
-                        answer: None,
-                    },
-                )
-            }
-            MetaPlan::DeleteMoved {
-                owner,
-                previous,
-                forget: older,
-            } => {
-                forget = older;
-                (
-                    parts(&[previous]),
-                    MetaMode::DeleteMoved {
-                        owner,
-                        previous: None,
-                    },
-                )
+                let key = (bytes.slice_ref(request.key_token(&bytes)), request.base64);
+                let machine = Moved::meta(what, request.command, key, wire.clone(), expect.clone());
+                let work = MetaMoved {
+                    machine,
+                    owner,
+                    previous,
+                    copies: SmallVec::new(),
+                    answered: false,
+                };
+                (parts(&[owner]), MetaMode::Moved(Box::new(work)))
             }
             MetaPlan::ReadThrough { servers, on_miss } => (
                 parts(&servers[..1]),
@@ -441,11 +373,7 @@ impl ClientSession {
                 ),
             // Only `mg` with `v` can bring a large value back.
             value: request.command == MetaCommand::Get && request.value,
-            expect: Expect::Meta {
-                command: request.command,
-                quiet,
-                replied: false,
-            },
+            expect,
             wire,
             parts,
             mode,

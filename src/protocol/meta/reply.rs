@@ -188,8 +188,46 @@ fn value_size(line: &[u8]) -> Option<usize> {
     (size <= MAX_REPLY_VALUE_BYTES).then_some(size)
 }
 
+/// Whether a meta reply (as the session got it) says the key is not on the
+/// server: `NF` for `ma`, `NS` for `ms`, a miss for `mg`.
+pub(crate) fn meta_absent(command: MetaCommand, reply: &[u8]) -> bool {
+    match command {
+        MetaCommand::Arithmetic => reply.starts_with(b"NF"),
+        MetaCommand::Set => reply.starts_with(b"NS"),
+        MetaCommand::Get => meta_is_miss(reply),
+        _ => false,
+    }
+}
+
+/// Whether a meta reply to an `mg` (as the session got it: empty when `q`
+/// suppressed it) is a miss, so a read may fall through to the next replica.
+pub(crate) fn meta_is_miss(reply: &[u8]) -> bool {
+    reply.is_empty() || reply.starts_with(b"EN")
+}
+
+/// Whether a meta mutation's reply (empty when `q` suppressed it) says it
+/// took effect.
+pub(crate) fn meta_succeeded(reply: &[u8]) -> bool {
+    reply.is_empty() || reply.starts_with(b"HD") || reply.starts_with(b"VA")
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn meta_absence_is_per_command() {
+        use MetaCommand::{Arithmetic, Delete, Get, Set};
+        assert!(meta_absent(Arithmetic, b"NF\r\n"));
+        assert!(!meta_absent(Arithmetic, b"HD\r\n"));
+        assert!(meta_absent(Set, b"NS\r\n"));
+        assert!(!meta_absent(Set, b"HD\r\n"));
+        assert!(meta_absent(Get, b"EN\r\n"));
+        assert!(meta_absent(Get, b""), "a miss q suppressed");
+        assert!(!meta_absent(Get, b"VA 1\r\nx\r\n"));
+        assert!(
+            !meta_absent(Delete, b"NF\r\n"),
+            "md is handed off on its own"
+        );
+    }
     use super::*;
 
     fn frame(buf: &[u8], command: MetaCommand) -> Result<Option<MetaReply>, MetaReplyError> {
