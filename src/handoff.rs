@@ -821,12 +821,14 @@ pub(crate) struct ReadCopy {
 
 impl ReadCopy {
     /// The `mg` that reads the copied key back: its value, and with
-    /// `with_cas` its cas (to take the copy back with).
+    /// `with_cas` its cas (to take the copy back with). `u` leaves the item
+    /// where it is in the server's LRU: a check is not a use, and an item
+    /// moving between LRUs could be missed by the window's closing sweep.
     pub(crate) fn check_line(&self, with_cas: bool) -> Bytes {
-        let mut line = BytesMut::with_capacity(self.key.len() + 12);
+        let mut line = BytesMut::with_capacity(self.key.len() + 14);
         line.put_slice(b"mg ");
         line.put_slice(&self.key);
-        line.put_slice(if self.base64 { b" b v" } else { b" v" });
+        line.put_slice(if self.base64 { b" b v u" } else { b" v u" });
         if with_cas {
             line.put_slice(b" c");
         }
@@ -1186,8 +1188,8 @@ mod tests {
             key: Bytes::from_static(b"k"),
             base64: false,
         };
-        assert_eq!(&copy.check_line(false)[..], b"mg k v\r\n");
-        assert_eq!(&copy.check_line(true)[..], b"mg k v c\r\n");
+        assert_eq!(&copy.check_line(false)[..], b"mg k v u\r\n");
+        assert_eq!(&copy.check_line(true)[..], b"mg k v u c\r\n");
         assert!(copy.holds(b"VA 2\r\nv1\r\n"));
         // Changed or gone where it was read from.
         assert!(!copy.holds(b"VA 2\r\nv2\r\n"));
@@ -1205,7 +1207,7 @@ mod tests {
             base64: true,
             ..copy
         };
-        assert_eq!(&base64.check_line(true)[..], b"mg aw== b v c\r\n");
+        assert_eq!(&base64.check_line(true)[..], b"mg aw== b v u c\r\n");
         assert_eq!(
             base64.undo_line(b"VA 2 c7\r\nv1\r\n").as_deref(),
             Some(&b"md aw== b C7\r\n"[..])
