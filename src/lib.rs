@@ -53,6 +53,7 @@
 
 pub mod admin;
 pub mod backend;
+mod cas;
 mod client_slots;
 mod clock;
 pub mod config;

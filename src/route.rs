@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-pub(crate) use crate::protocol::meta::reply::{meta_is_miss, meta_succeeded};
+pub(crate) use crate::protocol::meta::reply::meta_is_miss;
 use smallvec::SmallVec;
 
 use crate::backend::health::HealthState;

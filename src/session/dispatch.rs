@@ -73,48 +73,17 @@ impl ClientSession {
                 }
                 // The copies go out before any later request of this client,
                 // so a later write to the key cannot be overtaken by them.
-                let Some(result) = &cas.part.result else {
-                    return false;
+                let request = forwardable(&entry.bytes, &entry.request);
+                let expect = Expect::Line(LineKind::Storage);
+                let copy = || route::cas_as_set(&entry.request, &entry.bytes);
+                let (part, copied, hot) = (&mut cas.part, &mut cas.copied, entry.hot.as_ref());
+                let cas_request = CasRequest {
+                    request: &request,
+                    expect: &expect,
+                    copy: &copy,
+                    copy_expect: &expect,
                 };
-                if cas.copies.is_none() {
-                    return true;
-                }
-                let stored = matches!(result, Ok(reply) if reply.as_ref() == b"STORED\r\n");
-                let elsewhere = matches!(result, Ok(reply)
-                    if reply.starts_with(b"NOT_FOUND") || reply.starts_with(b"EXISTS"));
-                if elsewhere && cas.first.is_none() {
-                    // A moved key: the unique may be the previous owner's.
-                    if let Some(previous) = cas.previous.take() {
-                        cas.first = cas.part.result.take();
-                        cas.part = Part::new(previous);
-                        let request = forwardable(&entry.bytes, &entry.request);
-                        let hot = entry.hot.as_ref();
-                        let part = &mut cas.part;
-                        self.send_line(&topology, part, &request, LineKind::Storage, true, hot);
-                        return false;
-                    }
-                }
-                let copies = cas.copies.take().expect("checked above");
-                if stored {
-                    let copy = route::cas_as_set(&entry.request, &entry.bytes);
-                    let expect = Expect::Line(LineKind::Storage);
-                    if cas.first.is_some() {
-                        // Stored on the previous owner: the owner and the
-                        // other replicas take the value before the answer.
-                        let stored_on = cas.part.server;
-                        cas.copied = Some(cas.waiting.len());
-                        for server in std::iter::once(cas.owner).chain(copies) {
-                            if server != stored_on {
-                                let hot = entry.hot.as_ref();
-                                let part = self.send_to(&topology, server, &copy, &expect, hot);
-                                cas.waiting.push(part);
-                            }
-                        }
-                    } else {
-                        self.send_copies(&topology, copies, &copy, &expect);
-                    }
-                }
-                true
+                self.cas_step(&topology, &mut cas.machine, part, copied, &cas_request, hot)
             }
             Work::Meta(meta) => {
                 if !entry.sent {
@@ -170,65 +139,26 @@ impl ClientSession {
                         true
                     }
                     MetaMode::CasThenCopy {
-                        owner,
-                        copies,
+                        machine,
                         copy,
-                        previous,
-                        first,
                         copied,
                     } => {
                         // The copies go out before any later request of this
                         // client, as for a replicated `cas`.
-                        let Some(result) = &meta.parts[0].result else {
-                            return false;
+                        let copy_expect = Expect::Meta {
+                            command: meta.command,
+                            quiet: false,
+                            replied: false,
                         };
-                        if copies.is_none() {
-                            return true;
-                        }
-                        let succeeded = matches!(result, Ok(reply) if route::meta_succeeded(reply));
-                        let elsewhere = matches!(result, Ok(reply)
-                            if reply.starts_with(b"EX") || reply.starts_with(b"NF"));
-                        if elsewhere && first.is_none() {
-                            // A moved key: the cas may be the previous owner's.
-                            if let Some(previous) = previous.take() {
-                                *first = meta.parts[0].result.take();
-                                let hot = entry.hot.as_ref();
-                                meta.parts[0] = self.send_to(
-                                    &topology,
-                                    previous,
-                                    &meta.wire,
-                                    &meta.expect,
-                                    hot,
-                                );
-                                return false;
-                            }
-                        }
-                        let copies = copies.take().expect("checked above");
-                        if succeeded {
-                            let expect = Expect::Meta {
-                                command: meta.command,
-                                quiet: false,
-                                replied: false,
-                            };
-                            let copy = std::slice::from_ref(copy);
-                            if first.is_some() {
-                                // Taken by the previous owner: the owner and
-                                // the other replicas get it before the answer.
-                                let stored_on = meta.parts[0].server;
-                                *copied = Some(meta.waiting.len());
-                                for server in std::iter::once(*owner).chain(copies) {
-                                    if server != stored_on {
-                                        let hot = entry.hot.as_ref();
-                                        let part =
-                                            self.send_to(&topology, server, copy, &expect, hot);
-                                        meta.waiting.push(part);
-                                    }
-                                }
-                            } else {
-                                self.send_copies(&topology, copies, copy, &expect);
-                            }
-                        }
-                        true
+                        let copy = || smallvec::smallvec![copy.clone()];
+                        let cas_request = CasRequest {
+                            request: &meta.wire,
+                            expect: &meta.expect,
+                            copy: &copy,
+                            copy_expect: &copy_expect,
+                        };
+                        let (part, hot) = (&mut meta.parts[0], entry.hot.as_ref());
+                        self.cas_step(&topology, machine, part, copied, &cas_request, hot)
                     }
                     MetaMode::ReadThrough {
                         servers,
@@ -385,6 +315,46 @@ impl ClientSession {
                 in_flight.is_empty() || (topology.config.replicas <= 1 && !plan.has_moved_keys())
             }
         }
+    }
+
+    /// Feeds a replicated `cas`'s reply (on `part`) to its machine and sends
+    /// what it says; false while the `cas` is still being decided.
+    fn cas_step(
+        &self,
+        topology: &Topology,
+        machine: &mut crate::cas::ReplicatedCas,
+        part: &mut Part,
+        copied: &mut Vec<Part>,
+        cas: &CasRequest<'_>,
+        hot: Option<&Rc<WriteGuard>>,
+    ) -> bool {
+        use crate::cas::CasStep;
+        while machine.deciding() {
+            part.absorb();
+            let Some(result) = &part.result else {
+                return false;
+            };
+            match machine.on_reply(result, part.server) {
+                CasStep::TryPrevious(server) => {
+                    *part = self.send_to(topology, server, cas.request, cas.expect, hot);
+                }
+                CasStep::Copy {
+                    servers,
+                    awaited: true,
+                } => {
+                    let copy = (cas.copy)();
+                    for server in servers {
+                        copied.push(self.send_to(topology, server, &copy, cas.copy_expect, hot));
+                    }
+                }
+                CasStep::Copy {
+                    servers,
+                    awaited: false,
+                } => self.send_copies(topology, servers, &(cas.copy)(), cas.copy_expect),
+                CasStep::Done => {}
+            }
+        }
+        true
     }
 
     /// Sends what a meta hand-off step says on `part`, or keeps its answer
@@ -589,9 +559,17 @@ impl ClientSession {
             Work::Cas(cas) => {
                 cas.part.absorb();
                 cas.waiting.iter_mut().for_each(Part::absorb);
+                cas.copied.iter_mut().for_each(Part::absorb);
             }
             Work::Meta(meta) => {
                 meta.waiting.iter_mut().for_each(Part::absorb);
+                match &mut meta.mode {
+                    MetaMode::CasThenCopy { copied, .. } => {
+                        copied.iter_mut().for_each(Part::absorb);
+                    }
+                    MetaMode::Moved(moved) => moved.copies.iter_mut().for_each(Part::absorb),
+                    _ => {}
+                }
                 for part in meta.parts.iter_mut() {
                     part.absorb();
                     if let Some(Ok(reply)) = &part.result {
@@ -740,20 +718,16 @@ impl ClientSession {
                 }
             }
             Work::Cas(cas) => {
-                if cas.copies.is_some() || cas.waiting.iter().any(|p| p.result.is_none()) {
+                let awaited = cas.waiting.iter().chain(&cas.copied);
+                if awaited.into_iter().any(|p| p.result.is_none()) {
                     return false;
                 }
                 let Some(result) = &cas.part.result else {
                     return false;
                 };
-                let answer = match (&cas.first, cas.copied) {
-                    // Not stored on the previous owner either.
-                    (Some(first), None) => first.clone(),
-                    (Some(_), Some(at)) => {
-                        let owner_copy = cas.waiting.get(at).and_then(|p| p.result.as_ref());
-                        moved_cas_answer(result.clone(), owner_copy)
-                    }
-                    (None, _) => result.clone(),
+                let owner_copy = cas.copied.first().and_then(|p| p.result.as_ref());
+                let Some(answer) = cas.machine.answer(result, owner_copy) else {
+                    return false;
                 };
                 if !noreply {
                     match answer {
@@ -800,24 +774,18 @@ impl ClientSession {
                         }
                     }
                     MetaMode::CasThenCopy {
-                        copies: Some(_), ..
-                    } => return false,
-                    MetaMode::CasThenCopy {
-                        first: Some(first),
-                        copied,
-                        ..
+                        machine, copied, ..
                     } => {
                         let Some(result) = &meta.parts[0].result else {
                             return false;
                         };
-                        match copied {
-                            // Not taken by the previous owner either.
-                            None => first.clone(),
-                            Some(at) => {
-                                let owner_copy =
-                                    meta.waiting.get(*at).and_then(|p| p.result.as_ref());
-                                moved_cas_answer(result.clone(), owner_copy)
-                            }
+                        if copied.iter().any(|p| p.result.is_none()) {
+                            return false;
+                        }
+                        let owner_copy = copied.first().and_then(|p| p.result.as_ref());
+                        match machine.answer(result, owner_copy) {
+                            Some(answer) => answer,
+                            None => return false,
                         }
                     }
                     MetaMode::Moved(moved) => match &meta.parts[0].result {
@@ -916,4 +884,13 @@ fn meta_set_expect() -> Expect {
         quiet: false,
         replied: false,
     }
+}
+
+/// A replicated `cas` as it goes to servers, in either dialect: the request
+/// and its framing, and the plain store its value is copied with.
+struct CasRequest<'a> {
+    request: &'a [Bytes],
+    expect: &'a Expect,
+    copy: &'a dyn Fn() -> crate::protocol::encode::Outbound,
+    copy_expect: &'a Expect,
 }

@@ -655,35 +655,14 @@ struct MovedWork {
 struct CasWork {
     /// The `cas` under way: on the owner, then on the previous owner.
     part: Part,
-    owner: usize,
-    /// The other replicas, sent the value once a `cas` stored (taken then).
-    copies: Option<route::Servers>,
-    /// The previous ring's owner of a moved key, not tried yet.
-    previous: Option<usize>,
-    /// The owner's `NOT_FOUND`/`EXISTS` while the previous owner is tried.
-    first: Option<CallResult>,
+    machine: crate::cas::ReplicatedCas,
     /// Owners in older rings of chained changes, sent a `delete` with the
-    /// `cas`.
+    /// `cas`; the answer waits for them.
     forget: route::Servers,
-    /// Replies the answer waits for: those deletes, and the copies of a
-    /// `cas` the previous owner stored (the owner's first).
     waiting: SmallVec<[Part; 2]>,
-    /// `waiting[copied..]` are copies.
-    copied: Option<usize>,
-}
-
-/// The answer of a `cas` (classic or meta) that stored on a moved key's
-/// previous owner, once its copies are in: that reply, unless the new
-/// owner's copy (the first) did not take the value: a reader would still
-/// find the older value there.
-fn moved_cas_answer(stored: CallResult, owner_copy: Option<&CallResult>) -> CallResult {
-    match owner_copy {
-        Some(Ok(reply)) if reply.as_ref() == b"STORED\r\n" || route::meta_succeeded(reply) => {
-            stored
-        }
-        Some(other) => other.clone(),
-        None => stored,
-    }
+    /// The copies of a `cas` the previous owner stored (the owner's first),
+    /// awaited before the answer.
+    copied: Vec<Part>,
 }
 
 fn count_copy(stats: &crate::stats::Stats, outcome: CopyOutcome) {
@@ -744,18 +723,13 @@ enum MetaMode {
         forget: usize,
         key: (Bytes, bool),
     },
-    /// The owner's reply; `copies` are sent `copy` once the owner succeeded.
-    /// In a hand-off window, an `EX`/`NF` of the owner tries `previous`
-    /// (then taken) and keeps the owner's reply in `first`; when the
-    /// previous owner succeeds, `copy` goes to `owner` and `copies` and the
-    /// answer waits for them (`waiting[copied..]`).
+    /// A replicated `ms … C` (see `cas::ReplicatedCas`): `copy` is the
+    /// store without `C` and `q` the other replicas get; `copied` the
+    /// copies the answer waits for (the previous owner stored).
     CasThenCopy {
-        owner: usize,
-        copies: Option<route::Servers>,
+        machine: crate::cas::ReplicatedCas,
         copy: Bytes,
-        previous: Option<usize>,
-        first: Option<CallResult>,
-        copied: Option<usize>,
+        copied: Vec<Part>,
     },
     /// `mg` over replicas: the next server is asked while the last failed.
     ReadThrough {

@@ -187,13 +187,10 @@ impl ClientSession {
                 forget,
             } => Work::Cas(Box::new(CasWork {
                 part: Part::new(owner),
-                owner,
-                copies: Some(copies),
-                previous,
-                first: None,
+                machine: crate::cas::ReplicatedCas::new(false, owner, copies, previous),
                 forget,
                 waiting: SmallVec::new(),
-                copied: None,
+                copied: Vec::new(),
             })),
             Plan::Retrieve(retrieval) => Work::Retrieve {
                 plan: retrieval,
@@ -315,12 +312,9 @@ impl ClientSession {
                 (
                     parts(&[owner]),
                     MetaMode::CasThenCopy {
-                        owner,
-                        copies: Some(copies),
+                        machine: crate::cas::ReplicatedCas::new(true, owner, copies, previous),
                         copy,
-                        previous,
-                        first: None,
-                        copied: None,
+                        copied: Vec::new(),
                     },
                 )
             }
