@@ -358,6 +358,7 @@ pub struct Stats {
     handoff_copies_skipped: Counter,
     handoff_copy_failures: Counter,
     handoff_copies_taken_back: Counter,
+    handoff_copies_checked: Counter,
     handoff_leftovers_deleted: Counter,
     handoff_sweeps: Counter,
     /// Per-command request latency, indexed like `commands`.
@@ -621,6 +622,11 @@ impl Stats {
             "handoff_copy_failures",
             "Copies to a new owner that failed",
         );
+        let handoff_copies_checked = counter(
+            &mut registry,
+            "handoff_copies_checked",
+            "Copies read back where they were copied from once they landed",
+        );
         let handoff_copies_taken_back = counter(
             &mut registry,
             "handoff_copies_taken_back",
@@ -752,6 +758,7 @@ impl Stats {
             handoff_copies_skipped,
             handoff_copy_failures,
             handoff_copies_taken_back,
+            handoff_copies_checked,
             command_latency,
             registry,
             curr_connections,
@@ -907,6 +914,11 @@ impl Stats {
         self.handoff_copies_taken_back.inc();
     }
 
+    /// A read-through copy checked against its source once it landed.
+    pub fn copy_checked(&self) {
+        self.handoff_copies_checked.inc();
+    }
+
     /// One server swept of `deleted` keys it no longer owns.
     pub fn swept(&self, deleted: u64) {
         self.handoff_sweeps.inc();
@@ -915,13 +927,14 @@ impl Stats {
 
     /// Hand-off counters for `stats`: read-through keys, hits there, copies
     /// made, skipped and failed, servers swept and leftovers deleted.
-    pub fn handoff(&self) -> [(&'static str, u64); 8] {
+    pub fn handoff(&self) -> [(&'static str, u64); 9] {
         [
             ("handoff_read_through", self.handoff_reads.get()),
             ("handoff_read_through_hits", self.handoff_hits.get()),
             ("handoff_copies", self.handoff_copies.get()),
             ("handoff_copies_skipped", self.handoff_copies_skipped.get()),
             ("handoff_copy_failures", self.handoff_copy_failures.get()),
+            ("handoff_copies_checked", self.handoff_copies_checked.get()),
             (
                 "handoff_copies_taken_back",
                 self.handoff_copies_taken_back.get(),

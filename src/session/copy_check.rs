@@ -39,9 +39,13 @@ pub(super) fn send(
         let landed = reply(&slot, &wake).await;
         let outcome = copy_outcome(&landed);
         super::count_copy(&worker.stats, outcome);
-        if outcome == CopyOutcome::Made && !still_at_source(&worker, &topology, lane, &copy).await {
+        if outcome != CopyOutcome::Made {
+            return;
+        }
+        if !still_at_source(&worker, &topology, lane, &copy).await {
             take_back(&worker, &topology, lane, &copy).await;
         }
+        worker.stats.copy_checked();
     });
 }
 

@@ -96,10 +96,9 @@ impl ClientSession {
                     }
                     self.reserve(cost);
                     entry.reserved = cost;
-                    if let MetaMode::Moved(moved) = &mut meta.mode {
-                        let step = moved.machine.start();
-                        let hot = entry.hot.as_ref();
-                        self.meta_moved(&topology, moved, &mut meta.parts[0], step, hot);
+                    if let MetaMode::Moved(_) = &meta.mode {
+                        // Started below, once the older rings' owners have
+                        // lost the key.
                     } else {
                         let (forget, key) = match &meta.mode {
                             MetaMode::Quorum { forget, key, .. } => (*forget, Some(key)),
@@ -125,6 +124,15 @@ impl ClientSession {
                 match &mut meta.mode {
                     MetaMode::Forward | MetaMode::Quorum { .. } => true,
                     MetaMode::Moved(moved) => {
+                        if !moved.started {
+                            if !older_forgotten(&mut meta.waiting) {
+                                return false;
+                            }
+                            moved.started = true;
+                            let step = moved.machine.start();
+                            let hot = entry.hot.as_ref();
+                            self.meta_moved(&topology, moved, &mut meta.parts[0], step, hot);
+                        }
                         // One step at a time; later requests of the client
                         // wait, so they see the key as the steps left it.
                         while !moved.answered {
@@ -199,6 +207,13 @@ impl ClientSession {
                     let key = entry.request.key(&entry.bytes, 0);
                     for &server in &moved.forget {
                         moved.waiting.push(self.delete_on(&topology, server, key));
+                    }
+                }
+                if moved.part.is_none() && moved.answer.is_none() {
+                    // Owners in older rings of chained changes lose the key
+                    // before the machine's first step: see `older_forgotten`.
+                    if !older_forgotten(&mut moved.waiting) {
+                        return false;
                     }
                     let step = moved.machine.start();
                     self.step(&topology, moved, step, entry.hot.as_ref());
@@ -893,4 +908,15 @@ struct CasRequest<'a> {
     expect: &'a Expect,
     copy: &'a dyn Fn() -> crate::protocol::encode::Outbound,
     copy_expect: &'a Expect,
+}
+
+/// Whether the `md`s to a moved key's owners in older rings of chained
+/// changes (`waiting`) are all answered. The hand-off machine starts only
+/// then: a sidecar one change behind copies the key from such an owner to
+/// the one the machine deletes it from, and that copy's check (see
+/// `copy_check.rs`) takes it back only if the older owner lost the key
+/// first.
+fn older_forgotten(waiting: &mut [Part]) -> bool {
+    waiting.iter_mut().for_each(Part::absorb);
+    waiting.iter().all(|p| p.result.is_some())
 }

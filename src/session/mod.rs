@@ -749,6 +749,8 @@ struct MetaMoved {
     previous: usize,
     /// Copies the machine sent to the new owner, counted with the answer.
     copies: SmallVec<[Part; 1]>,
+    /// The machine's first step is sent.
+    started: bool,
     /// The machine has answered (the part holds the answer).
     answered: bool,
 }

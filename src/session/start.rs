@@ -332,6 +332,7 @@ impl ClientSession {
                     owner,
                     previous,
                     copies: SmallVec::new(),
+                    started: false,
                     answered: false,
                 };
                 (parts(&[owner]), MetaMode::Moved(Box::new(work)))
