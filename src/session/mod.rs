@@ -742,6 +742,17 @@ enum MetaMode {
     Moved(Box<MetaMoved>),
 }
 
+impl MetaMode {
+    /// The copies the answer waits for, beside the parts.
+    fn copies(&self) -> &[Part] {
+        match self {
+            MetaMode::CasThenCopy { copied, .. } => copied,
+            MetaMode::Moved(moved) => &moved.copies,
+            _ => &[],
+        }
+    }
+}
+
 /// A meta command on a moved key in progress.
 struct MetaMoved {
     machine: Moved,
@@ -778,11 +789,13 @@ impl Work {
             Work::Lines { parts, .. } => parts.iter().all(|p| p.all_unanswered(ours)),
             Work::Cas(cas) => std::iter::once(&cas.part)
                 .chain(&cas.waiting)
+                .chain(&cas.copied)
                 .all(|p| p.all_unanswered(ours)),
             Work::Meta(meta) => meta
                 .parts
                 .iter()
                 .chain(&meta.waiting)
+                .chain(meta.mode.copies())
                 .all(|p| p.all_unanswered(ours)),
             Work::Retrieve { in_flight, .. } => in_flight
                 .iter()
