@@ -1,0 +1,392 @@
+//! The work a client's requests become: one [`Entry`] per request in the
+//! session's FIFO, holding what its kind of work waits for (one-line
+//! replies, a retrieval's sub-requests, a hand-off or replicated `cas`
+//! machine) and how those replies become the client's answer.
+
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use smallvec::SmallVec;
+use tokio::time::Instant;
+
+use super::shadow;
+use crate::backend::slot::{Got, Slot};
+use crate::error::BackendError;
+use crate::handoff::{copy_outcome, CopyOutcome, Moved};
+use crate::hotkeys::{Unanswered, WriteGuard};
+use crate::protocol::meta::MetaCommand;
+use crate::protocol::reply::Expect;
+use crate::protocol::{Command, Request};
+use crate::route::{self, CallResult, Retrieval};
+use crate::topology::Topology;
+
+/// One client request on its way.
+pub(super) struct Entry {
+    pub(super) command: Command,
+    pub(super) noreply: bool,
+    pub(super) request: Request,
+    pub(super) bytes: Bytes,
+    /// The topology the request was planned on; it finishes on it.
+    pub(super) topology: Arc<Topology>,
+    pub(super) work: Work,
+    /// The request has been written (for one-line work).
+    pub(super) sent: bool,
+    /// Reply bytes reserved when it was dispatched.
+    pub(super) reserved: usize,
+    /// When it was parsed, for the per-command latency histogram.
+    pub(super) started: Instant,
+    /// A write, pending for hot-key coalescing and the near cache until
+    /// this entry and its reply slots are done.
+    pub(super) hot: Option<Rc<WriteGuard>>,
+    /// A sampled get: the pairs its answers go to (see `shadow.rs`).
+    pub(super) shadow: Option<Box<shadow::Pairs>>,
+}
+
+impl Entry {
+    /// A reply memring makes itself.
+    pub(super) fn ready(reply: &'static [u8], topology: Arc<Topology>) -> Entry {
+        let bytes = Bytes::new();
+        Entry {
+            command: Command::Version,
+            noreply: false,
+            request: Request {
+                command: Command::Version,
+                keys: SmallVec::new(),
+                noreply: false,
+                arg: None,
+                args_end: 0,
+                line_len: 0,
+            },
+            bytes,
+            topology,
+            work: Work::Ready(Bytes::from_static(reply)),
+            sent: true,
+            reserved: 0,
+            started: Instant::now(),
+            hot: None,
+            shadow: None,
+        }
+    }
+}
+
+pub(super) enum Work {
+    /// memring's own reply.
+    Ready(Bytes),
+    /// memring's `stats`, rendered when it is the client's turn.
+    Stats,
+    /// One-line replies from one or more servers.
+    Lines {
+        parts: SmallVec<[Part; 1]>,
+        finish: Finish,
+    },
+    /// A replicated `cas`: the owner, then copies once it stored.
+    Cas(Box<CasWork>),
+    /// A meta command forwarded (see [`MetaWork`]).
+    Meta(Box<MetaWork>),
+    /// A retrieval, streamed.
+    Retrieve {
+        plan: Box<Retrieval>,
+        /// Sub-requests sent (or joined) and not yet absorbed.
+        in_flight: SmallVec<[SubInFlight; 2]>,
+        /// Value bytes the plan holds, counted as owed.
+        held: usize,
+    },
+    /// A command on a moved key (hand-off), one step at a time.
+    Moved(Box<MovedWork>),
+}
+
+pub(super) struct MovedWork {
+    pub(super) machine: Moved,
+    pub(super) owner: usize,
+    pub(super) previous: usize,
+    /// Owners in older rings of chained changes: sent a `delete` with the
+    /// first step (`waiting`), and the answer waits for them.
+    pub(super) forget: route::Servers,
+    pub(super) waiting: SmallVec<[Part; 1]>,
+    /// The step waiting for its reply.
+    pub(super) part: Option<Part>,
+    pub(super) copies: SmallVec<[Part; 1]>,
+    pub(super) answer: Option<CallResult>,
+}
+
+/// A replicated `cas` (see `route::Plan::CasThenCopy`).
+pub(super) struct CasWork {
+    /// The `cas` under way: on the owner, then on the previous owner.
+    pub(super) part: Part,
+    pub(super) machine: crate::cas::ReplicatedCas,
+    /// Owners in older rings of chained changes, sent a `delete` with the
+    /// `cas`; the answer waits for them.
+    pub(super) forget: route::Servers,
+    pub(super) waiting: SmallVec<[Part; 2]>,
+    /// The copies of a `cas` the previous owner stored (the owner's first),
+    /// awaited before the answer.
+    pub(super) copied: Vec<Part>,
+}
+
+pub(super) fn count_copy(stats: &crate::stats::Stats, outcome: CopyOutcome) {
+    match outcome {
+        CopyOutcome::Made => stats.copies(1, 0, 0),
+        CopyOutcome::Skipped => stats.copies(0, 1, 0),
+        CopyOutcome::Failed => stats.copies(0, 0, 1),
+    }
+}
+
+/// Counts the replies to hand-off copies.
+pub(super) fn count_copies(stats: &crate::stats::Stats, copies: &[Part]) {
+    let (mut made, mut skipped, mut failed) = (0, 0, 0);
+    for copy in copies {
+        match copy.result.as_ref().map(copy_outcome) {
+            Some(CopyOutcome::Made) => made += 1,
+            Some(CopyOutcome::Skipped) => skipped += 1,
+            _ => failed += 1,
+        }
+    }
+    stats.copies(made, skipped, failed);
+}
+
+/// One meta request on its way to one or more servers.
+pub(super) struct MetaWork {
+    pub(super) command: MetaCommand,
+    /// An `ms` with `C` in set mode: its reply feeds the `cas_*` stats, as
+    /// memcached counts it (other modes with `C` it does not count).
+    pub(super) counts_cas: bool,
+    /// The reply may carry a stored value: budgeted like a get's key.
+    pub(super) value: bool,
+    /// What each server is sent: the client's bytes, plus `mn` when quiet.
+    pub(super) wire: SmallVec<[Bytes; 3]>,
+    pub(super) expect: Expect,
+    /// The servers asked (all replicas for a quorum; the one being read for
+    /// a read-through; the owner otherwise).
+    pub(super) parts: SmallVec<[Part; 1]>,
+    pub(super) mode: MetaMode,
+    /// Owners in older rings of chained changes, sent an `md` with the
+    /// first step (see `route::MetaPlan`), and the key token for it (and
+    /// whether it is base64).
+    pub(super) forget: route::Servers,
+    pub(super) forget_key: (Bytes, bool),
+    /// Replies the answer waits for besides the parts: those `md`s, and
+    /// the copies of an `ms … C` the previous owner took.
+    pub(super) waiting: SmallVec<[Part; 1]>,
+}
+
+/// How a meta request's replies become the client's reply.
+pub(super) enum MetaMode {
+    /// The one server's reply.
+    Forward,
+    /// A replicated write (see `route::decide`); the last `forget` parts
+    /// delete the key from the previous ring's replicas (`key`: its token
+    /// and whether it is base64).
+    Quorum {
+        quorum: usize,
+        forget: usize,
+        key: (Bytes, bool),
+    },
+    /// A replicated `ms … C` (see `cas::ReplicatedCas`): `copy` is the
+    /// store without `C` and `q` the other replicas get; `copied` the
+    /// copies the answer waits for (the previous owner stored).
+    CasThenCopy {
+        machine: crate::cas::ReplicatedCas,
+        copy: Bytes,
+        copied: Vec<Part>,
+    },
+    /// `mg` over replicas: the next server is asked while the last failed.
+    ReadThrough {
+        servers: route::Servers,
+        next: usize,
+        on_miss: bool,
+    },
+    /// A meta command on a moved key, run by the hand-off's state machine
+    /// (see `handoff::Moved`): the part is its step under way.
+    Moved(Box<MetaMoved>),
+}
+
+impl MetaMode {
+    /// The copies the answer waits for, beside the parts.
+    pub(super) fn copies(&self) -> &[Part] {
+        match self {
+            MetaMode::CasThenCopy { copied, .. } => copied,
+            MetaMode::Moved(moved) => &moved.copies,
+            _ => &[],
+        }
+    }
+}
+
+/// A meta command on a moved key in progress.
+pub(super) struct MetaMoved {
+    pub(super) machine: Moved,
+    pub(super) owner: usize,
+    pub(super) previous: usize,
+    /// Copies the machine sent to the new owner, counted with the answer.
+    pub(super) copies: SmallVec<[Part; 1]>,
+    /// The machine's first step is sent.
+    pub(super) started: bool,
+    /// The machine has answered (the part holds the answer).
+    pub(super) answered: bool,
+}
+
+/// How the parts' one-line replies become the client's reply.
+pub(super) enum Finish {
+    Forward,
+    /// A replicated write: the quorum, and how many of the last parts are
+    /// `delete`s to the previous ring's replicas (see `route::Plan::Quorum`).
+    Quorum {
+        quorum: usize,
+        forget: usize,
+    },
+    AllOk,
+}
+
+impl Work {
+    /// Whether `ours` accepts the server and slot of every reply this work
+    /// waits for that has not fully arrived (copies sent wanting no reply
+    /// have no slot: they go to other replicas, where no hot-key shortcut is
+    /// taken).
+    pub(super) fn all_unanswered(&self, ours: &mut dyn FnMut(usize, &Rc<Slot>) -> bool) -> bool {
+        match self {
+            Work::Ready(_) | Work::Stats => true,
+            Work::Lines { parts, .. } => parts.iter().all(|p| p.all_unanswered(ours)),
+            Work::Cas(cas) => std::iter::once(&cas.part)
+                .chain(&cas.waiting)
+                .chain(&cas.copied)
+                .all(|p| p.all_unanswered(ours)),
+            Work::Meta(meta) => meta
+                .parts
+                .iter()
+                .chain(&meta.waiting)
+                .chain(meta.mode.copies())
+                .all(|p| p.all_unanswered(ours)),
+            Work::Retrieve { in_flight, .. } => in_flight
+                .iter()
+                .filter(|sub| sub.slot.outcome().is_none())
+                .all(|sub| ours(sub.server, &sub.slot)),
+            Work::Moved(moved) => moved
+                .part
+                .iter()
+                .chain(&moved.copies)
+                .chain(&moved.waiting)
+                .all(|p| p.all_unanswered(ours)),
+        }
+    }
+}
+
+/// What a session waits for from its servers while it dispatches one entry:
+/// the entries before it, its `noreply` writes, and the entry's own
+/// sub-requests already sent.
+pub(super) struct Earlier<'a> {
+    pub(super) entries: &'a VecDeque<Entry>,
+    /// How many entries come before the one being dispatched.
+    pub(super) before: usize,
+    pub(super) unanswered: &'a [(ServerSlots, usize)],
+    pub(super) current: &'a [SubInFlight],
+}
+
+impl Unanswered for Earlier<'_> {
+    fn all_to(&self, server: usize, ours: &mut dyn FnMut(&Rc<Slot>) -> bool) -> bool {
+        let mut ours = |to: usize, slot: &Rc<Slot>| to != server || ours(slot);
+        self.current
+            .iter()
+            .filter(|sub| sub.slot.outcome().is_none())
+            .all(|sub| ours(sub.server, &sub.slot))
+            && self
+                .entries
+                .range(..self.before)
+                .all(|entry| entry.work.all_unanswered(&mut ours))
+            && self
+                .unanswered
+                .iter()
+                .flat_map(|(slots, _)| slots)
+                .filter(|(_, slot)| slot.outcome().is_none())
+                .all(|(to, slot)| ours(*to, slot))
+    }
+}
+
+/// Reply slots, each with the server it waits for.
+pub(super) type ServerSlots = SmallVec<[(usize, Rc<Slot>); 1]>;
+
+/// A retrieval's sub-request in flight.
+pub(super) struct SubInFlight {
+    pub(super) id: u32,
+    pub(super) server: usize,
+    pub(super) slot: Rc<Slot>,
+    /// Reply bytes reserved for it.
+    pub(super) cost: usize,
+}
+
+/// One server's one-line reply to wait for.
+pub(super) struct Part {
+    pub(super) server: usize,
+    pub(super) slot: Option<Rc<Slot>>,
+    pub(super) result: Option<CallResult>,
+}
+
+impl Part {
+    pub(super) fn new(server: usize) -> Part {
+        Part {
+            server,
+            slot: None,
+            result: None,
+        }
+    }
+
+    /// Whether `ours` accepts the slot of this part's reply, if it has not
+    /// fully arrived (see [`Work::all_unanswered`]).
+    pub(super) fn all_unanswered(&self, ours: &mut dyn FnMut(usize, &Rc<Slot>) -> bool) -> bool {
+        match &self.slot {
+            Some(slot) if slot.outcome().is_none() => ours(self.server, slot),
+            _ => true,
+        }
+    }
+
+    /// Takes the reply if it has arrived.
+    pub(super) fn absorb(&mut self) {
+        if self.result.is_some() {
+            return;
+        }
+        let Some(slot) = &self.slot else {
+            return;
+        };
+        let Some(outcome) = slot.outcome() else {
+            return;
+        };
+        self.result = Some(match outcome {
+            Ok(()) => match slot.take() {
+                Some(Got::Line(line)) => Ok(line),
+                // The connection always hands one-line replies as a line.
+                Some(Got::Value(bytes)) => Ok(bytes),
+                None => Ok(Bytes::new()),
+            },
+            Err(error) => Err::<Bytes, BackendError>(error),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::Notify;
+
+    #[test]
+    fn a_part_takes_its_one_line_reply_once_it_is_complete() {
+        let slot = Slot::new(Rc::new(Notify::new()));
+        let mut part = Part::new(3);
+        part.slot = Some(slot.clone());
+        let mut waited = Vec::new();
+        assert!(!part.all_unanswered(&mut |server, _| {
+            waited.push(server);
+            false
+        }));
+        assert_eq!(waited, [3], "an unanswered part names its server");
+        slot.push(Got::Line(Bytes::from_static(b"STORED\r\n")));
+        part.absorb();
+        assert!(part.result.is_none(), "not complete yet");
+        slot.finish(Ok(()));
+        part.absorb();
+        assert_eq!(
+            part.result.as_ref().unwrap().as_ref().unwrap(),
+            &b"STORED\r\n"[..]
+        );
+        assert!(part.all_unanswered(&mut |_, _| false), "answered");
+    }
+}
