@@ -419,6 +419,12 @@ impl ClientSession {
     /// Parses every complete request in `input` into entries, up to the
     /// pending bound.
     fn parse(&mut self, input: &mut BytesMut) {
+        // Most turns of the loop are replies arriving: nothing to parse, and
+        // no need to load the topology for its limits (an `ArcSwap` load and
+        // an `Arc` every worker counts on).
+        if input.is_empty() {
+            return;
+        }
         // Limits may change with a reload or when servers report their item
         // size; a copy is taken, no guard is held.
         self.limits = self.worker.default_topology().limits();
