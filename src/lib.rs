@@ -17,6 +17,9 @@
 //! - [`backend`]: one server's shared state and health; per-worker pipelined
 //!   connections and the reply slots they fill.
 //! - [`worker`]: one thread per core running its sessions and connections.
+//! - `wake`: lock-free wake-ups of a worker's tasks (a session by its reply
+//!   slots, a connection by its queued requests) and a cancellation wait
+//!   that registers once.
 //! - [`shard`]: what one worker owns and its sessions share (its connection
 //!   to each server, its share of the byte budget).
 //! - [`session`]: one client's I/O loop, replies in request order; its
@@ -81,6 +84,7 @@ pub mod stats;
 mod sweep;
 pub mod tls;
 pub mod topology;
+mod wake;
 mod worker;
 
 /// memring's version.

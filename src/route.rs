@@ -57,7 +57,9 @@ pub(crate) enum Plan {
     /// Close the client once earlier replies are written.
     Quit,
     /// One server gets the request as received (`noreply` stripped).
-    Forward { server: usize },
+    /// `hash`: the key's xxh3 hash when the ring placed it by that, for
+    /// hot-key counting.
+    Forward { server: usize, hash: Option<u64> },
     /// Every replica gets the request; answered when a quorum agrees. The
     /// last `forget` servers are replicas of the previous ring only (in a
     /// hand-off window): they get a `delete` of the key instead, and the
@@ -173,7 +175,8 @@ pub(crate) fn plan(
         _ => {
             let key = request.key(bytes, 0);
             if topology.config.replicas <= 1 {
-                return match topology.owner_index(key) {
+                let (owner, hash) = topology.owner_index_hashed(key);
+                return match owner {
                     // During a hand-off window, one more ring lookup.
                     Some(owner) if topology.previous.is_some() => {
                         let writes = crate::handoff::needs_handoff(request.command);
@@ -199,10 +202,13 @@ pub(crate) fn plan(
                                     forget: count,
                                 }
                             }
-                            _ => Plan::Forward { server: owner },
+                            _ => Plan::Forward {
+                                server: owner,
+                                hash,
+                            },
                         }
                     }
-                    Some(server) => Plan::Forward { server },
+                    Some(server) => Plan::Forward { server, hash },
                     None => Plan::NoServers,
                 };
             }
@@ -425,6 +431,9 @@ pub(crate) struct Retrieval {
     /// Per key, the servers to ask in order (owner first, healthy first);
     /// one entry per key without replicas.
     candidates: SmallVec<[Servers; 1]>,
+    /// Per key, its xxh3 hash when the ring placed it by that (for hot-key
+    /// counting); empty otherwise.
+    hashes: SmallVec<[u64; 1]>,
     /// Which candidate each key is on.
     round: SmallVec<[u8; 8]>,
     fall_through_on_miss: bool,
@@ -485,6 +494,7 @@ impl Default for Retrieval {
             keys: Keys::new(),
             exptime: None,
             candidates: SmallVec::new(),
+            hashes: SmallVec::new(),
             round: SmallVec::new(),
             fall_through_on_miss: false,
             state: SmallVec::new(),
@@ -522,7 +532,9 @@ impl Retrieval {
             let key = request.key(&self.bytes, i);
             let mut servers = Servers::new();
             if replicas == 1 {
-                servers.extend(topology.owner_index(key));
+                let (owner, hash) = topology.owner_index_hashed(key);
+                servers.extend(owner);
+                self.hashes.extend(hash);
             } else {
                 topology.replicas(key, &mut servers);
                 // Healthy replicas first; ring order otherwise.
@@ -624,6 +636,7 @@ impl Retrieval {
         self.bytes = Bytes::new();
         self.keys.clear();
         self.candidates.clear();
+        self.hashes.clear();
         self.round.clear();
         self.state.clear();
         self.next_unsent = 0;
@@ -656,6 +669,11 @@ impl Retrieval {
             .as_mut()
             .map(std::mem::take)
             .unwrap_or_default()
+    }
+
+    /// Key `i`'s xxh3 hash, when planning it took that hash.
+    pub(crate) fn key_hash(&self, i: usize) -> Option<u64> {
+        self.hashes.get(i).copied()
     }
 
     /// The first server key `i` is asked of (its owner), if any.

@@ -13,7 +13,6 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tokio::sync::Notify;
 
 use crate::backend::slot::{Got, Watch};
 use crate::error::BackendError;
@@ -178,7 +177,7 @@ pub(crate) struct InFlight {
     requests: Cell<usize>,
     bytes: Cell<usize>,
     /// The owner of every shadow slot: nobody waits on it.
-    nobody: Rc<Notify>,
+    nobody: Rc<crate::wake::Wake>,
 }
 
 impl Default for InFlight {
@@ -186,7 +185,7 @@ impl Default for InFlight {
         InFlight {
             requests: Cell::new(0),
             bytes: Cell::new(0),
-            nobody: Rc::new(Notify::new()),
+            nobody: Rc::new(crate::wake::Wake::new()),
         }
     }
 }
@@ -215,7 +214,7 @@ impl InFlight {
     }
 
     /// What shadow slots wake: nothing listens.
-    pub(crate) fn nobody(&self) -> Rc<Notify> {
+    pub(crate) fn nobody(&self) -> Rc<crate::wake::Wake> {
         self.nobody.clone()
     }
 }

@@ -446,6 +446,22 @@ impl Topology {
             .map(|member| self.ring_backends[member] as usize)
     }
 
+    /// [`Topology::owner_index`], and the key's xxh3 hash when the ring
+    /// placed it by that hash (see [`Ring::hashes_whole_key_with_xxh3`]):
+    /// hot-key counting then does not hash the key again.
+    #[inline]
+    pub fn owner_index_hashed(&self, key: &[u8]) -> (Option<usize>, Option<u64>) {
+        let hash = self.ring.hash_key(key);
+        let owner = self
+            .ring
+            .owner_of_hash(hash)
+            .map(|member| self.ring_backends[member] as usize);
+        (
+            owner,
+            self.ring.hashes_whole_key_with_xxh3().then_some(hash),
+        )
+    }
+
     /// Whether backend `index` has points on the ring (it is configured and
     /// not ejected).
     pub fn ring_holds(&self, index: usize) -> bool {

@@ -26,7 +26,6 @@ use std::time::Duration;
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
-use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -40,6 +39,7 @@ use crate::protocol::meta::reply::MetaReplyError;
 use crate::protocol::meta::tag::{echoes_opaque, tag_request, untag, Tag};
 use crate::protocol::reply::{item_size_max, next_piece, Expect, Piece, ReplyError};
 use crate::tls::{write_or_flush, Flush};
+use crate::wake::{Cancel, Wake};
 
 const READ_CHUNK_BYTES: usize = 16 * 1024;
 const MIN_BACKOFF: Duration = Duration::from_millis(20);
@@ -91,8 +91,8 @@ pub(crate) struct Conn {
     /// The worker's turn time: when a request was queued.
     clock: Rc<TurnClock>,
     state: RefCell<State>,
-    /// Wakes the task: requests were queued.
-    wake: Notify,
+    /// Wakes the task: requests were queued (once per turn, however many).
+    wake: Wake,
 }
 
 impl std::fmt::Debug for Conn {
@@ -117,7 +117,7 @@ impl Conn {
                 next_tag: 0,
                 lines: BytesMut::new(),
             }),
-            wake: Notify::new(),
+            wake: Wake::new(),
         })
     }
 
@@ -194,7 +194,7 @@ impl Conn {
             queued: now,
         });
         drop(state);
-        self.wake.notify_one();
+        self.wake.notify();
         Ok(())
     }
 
@@ -271,6 +271,7 @@ pub(crate) async fn run(conn: Rc<Conn>, drain: CancellationToken) {
     }
     conn.state.borrow_mut().closed = true;
     conn.fail_all(BackendErrorKind::Gone);
+    conn.wake.forget_waiter();
 }
 
 async fn connect(shared: &Shared) -> Result<TcpStream, BackendErrorKind> {
@@ -396,6 +397,11 @@ where
     // The timer fired once and the driver has been polled since.
     let mut confirmed = false;
     let retired = &shared.retired;
+    let (mut retiring, mut draining) = (Cancel::new(retired), Cancel::new(drain));
+    // One timer for the request deadline, moved rather than made anew each
+    // turn (see `session::serve`).
+    let timer = sleep_until(Instant::now());
+    tokio::pin!(timer);
     let result = loop {
         let deadline = {
             let mut state = conn.state.borrow_mut();
@@ -465,7 +471,7 @@ where
                 // theirs too, and all of them leave in one write.
                 tokio::task::yield_now().await;
             }
-            () = sleep_until_some(deadline) => {
+            () = until(timer.as_mut(), deadline) => {
                 let expired = {
                     let state = conn.state.borrow();
                     !state.waiting.is_empty() && Instant::now() >= state.progress + timeout
@@ -481,17 +487,23 @@ where
                     tokio::task::yield_now().await;
                 }
             }
-            () = retired.cancelled(), if !retired.is_cancelled() => {}
-            () = drain.cancelled(), if !drain.is_cancelled() => {}
+            () = retiring.cancelled(), if !retiring.is_done() => {}
+            () = draining.cancelled(), if !draining.is_done() => {}
         }
     };
     shared.metrics.connections.dec();
     result.map_err(|kind| (kind, answered))
 }
 
-async fn sleep_until_some(deadline: Option<Instant>) {
+/// `timer`, moved to `deadline` when that differs, else never.
+async fn until(mut timer: std::pin::Pin<&mut tokio::time::Sleep>, deadline: Option<Instant>) {
     match deadline {
-        Some(deadline) => sleep_until(deadline).await,
+        Some(deadline) => {
+            if timer.deadline() != deadline {
+                timer.as_mut().reset(deadline);
+            }
+            timer.await
+        }
         None => std::future::pending().await,
     }
 }
@@ -604,6 +616,7 @@ mod tests {
     use crate::error::BackendError;
     use crate::protocol::reply::LineKind;
     use crate::stats::Stats;
+    use tokio::sync::Notify;
 
     const PROBE_REPLY: &[u8] = b"STAT item_size_max 1048576\r\nEND\r\n";
 
@@ -647,7 +660,7 @@ mod tests {
     /// Runs `test` on a current-thread runtime with a connection to `addr`.
     fn with_conn<F, Fut>(addr: &str, timeout_ms: u64, test: F)
     where
-        F: FnOnce(Rc<Conn>, Rc<Notify>) -> Fut,
+        F: FnOnce(Rc<Conn>, Rc<Wake>) -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -680,7 +693,7 @@ mod tests {
             let conn = Conn::new(backend.shared().clone(), Rc::new(TurnClock::new()));
             let drain = CancellationToken::new();
             tokio::task::spawn_local(run(conn.clone(), drain.clone()));
-            let wake = Rc::new(Notify::new());
+            let wake = Rc::new(Wake::new());
             tokio::time::timeout(Duration::from_secs(20), test(conn, wake))
                 .await
                 .expect("test finished in time");
@@ -695,7 +708,7 @@ mod tests {
     }
 
     /// Waits until `slot` is done; returns its pieces and outcome.
-    async fn outcome(slot: &Slot, wake: &Notify) -> (Vec<Got>, Result<(), BackendError>) {
+    async fn outcome(slot: &Slot, wake: &Wake) -> (Vec<Got>, Result<(), BackendError>) {
         loop {
             if let Some(result) = slot.outcome() {
                 let mut pieces = Vec::new();
@@ -708,7 +721,7 @@ mod tests {
         }
     }
 
-    fn send(conn: &Conn, wake: &Rc<Notify>, request: (Bytes, Expect)) -> Rc<Slot> {
+    fn send(conn: &Conn, wake: &Rc<Wake>, request: (Bytes, Expect)) -> Rc<Slot> {
         let slot = Slot::new(wake.clone());
         // A connect may still be under way: retry a refused send briefly.
         conn.send(&[request.0], request.1, Some(slot.clone()))

@@ -4,16 +4,17 @@
 //!
 //! Slots live on one worker thread (the session and the connection run on the
 //! same current-thread runtime), so they are `Rc` + `RefCell`; the session is
-//! woken through its own `Notify`.
+//! woken through its own [`Wake`]: a reply that arrives in pieces, or many
+//! replies in one turn, wake it once.
 
 use std::cell::RefCell;
 use std::rc::Rc;
 
 use bytes::Bytes;
 use smallvec::SmallVec;
-use tokio::sync::Notify;
 
 use crate::error::BackendError;
+use crate::wake::Wake;
 
 /// One framed part of a reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,13 +65,13 @@ pub trait Watch: std::fmt::Debug {
 pub struct Slot {
     state: RefCell<State>,
     /// The session's wake-up, shared by all its slots.
-    owner: Rc<Notify>,
+    owner: Rc<Wake>,
     watch: RefCell<Option<Rc<dyn Watch>>>,
 }
 
 impl Slot {
     /// A slot that wakes `owner` whenever something arrives.
-    pub fn new(owner: Rc<Notify>) -> Rc<Slot> {
+    pub(crate) fn new(owner: Rc<Wake>) -> Rc<Slot> {
         Rc::new(Slot {
             state: RefCell::new(State::default()),
             owner,
@@ -96,7 +97,7 @@ impl Slot {
     }
 
     /// Has an emptied `slot` (see [`Slot::empty_for_reuse`]) wake `owner`.
-    pub fn wake_on(slot: &mut Rc<Slot>, owner: &Rc<Notify>) {
+    pub(crate) fn wake_on(slot: &mut Rc<Slot>, owner: &Rc<Wake>) {
         if let Some(slot) = Rc::get_mut(slot) {
             if !Rc::ptr_eq(&slot.owner, owner) {
                 slot.owner = owner.clone();
@@ -117,7 +118,7 @@ impl Slot {
             watch.piece(&piece);
         }
         self.state.borrow_mut().pieces.push(piece);
-        self.owner.notify_one();
+        self.owner.notify();
     }
 
     /// The reply is complete, or failed.
@@ -132,7 +133,7 @@ impl Slot {
         if let Some(watch) = watch {
             watch.done(&result);
         }
-        self.owner.notify_one();
+        self.owner.notify();
     }
 
     /// Takes the next piece that arrived, if any.
@@ -167,7 +168,7 @@ mod tests {
 
     #[test]
     fn pieces_come_out_in_order_and_finish_once() {
-        let slot = Slot::new(Rc::new(Notify::new()));
+        let slot = Slot::new(Rc::new(Wake::new()));
         slot.push(Got::Value(Bytes::from_static(b"VALUE a 0 1\r\nx\r\n")));
         slot.push(Got::Line(Bytes::from_static(b"END\r\n")));
         assert!(slot.outcome().is_none());
@@ -184,7 +185,7 @@ mod tests {
 
     #[test]
     fn a_long_reply_taken_while_it_streams_in_keeps_its_order() {
-        let slot = Slot::new(Rc::new(Notify::new()));
+        let slot = Slot::new(Rc::new(Wake::new()));
         let piece = |i: usize| Got::Value(Bytes::from(format!("VALUE k{i} 0 0\r\n\r\n")));
         let mut next_taken = 0;
         let mut take_some = |n: usize| {
@@ -220,7 +221,7 @@ mod tests {
 
     #[test]
     fn a_watcher_sees_every_piece_and_the_end_once_then_is_let_go() {
-        let slot = Slot::new(Rc::new(Notify::new()));
+        let slot = Slot::new(Rc::new(Wake::new()));
         let seen = Rc::new(Seen::default());
         slot.watch(seen.clone());
         slot.push(Got::Value(Bytes::from_static(b"VALUE a 0 1\r\nx\r\n")));
@@ -234,7 +235,7 @@ mod tests {
 
     #[test]
     fn only_a_finished_slot_nothing_else_holds_is_reused() {
-        let (first, second) = (Rc::new(Notify::new()), Rc::new(Notify::new()));
+        let (first, second) = (Rc::new(Wake::new()), Rc::new(Wake::new()));
         let mut slot = Slot::new(first.clone());
         slot.push(Got::Line(Bytes::from_static(b"STORED\r\n")));
         assert!(

@@ -62,7 +62,6 @@ use tokio::sync::Notify;
 use bytes::{Bytes, BytesMut};
 use smallvec::SmallVec;
 use tokio_util::sync::CancellationToken;
-use twox_hash::XxHash3_64;
 
 use crate::backend::conn::Conn;
 use crate::backend::slot::{Got, Slot, Watch};
@@ -97,10 +96,12 @@ const STRIPES: usize = 1 << 14;
 /// requests per second, so one request to an idle server is not "hot".
 const LOG_MIN_SERVER_RATE: f64 = 50.0;
 
-/// The xxh3 hash the sketches, stripes and flights know a key by.
+/// The xxh3 hash the sketches, stripes and flights know a key by: the
+/// memring ring's own key hash, so that the planner's hash of a key (see
+/// `Topology::owner_index_hashed`) is counted without hashing it again.
 #[inline]
 pub fn key_hash(key: &[u8]) -> u64 {
-    XxHash3_64::oneshot(key)
+    crate::ring::key_hash(key)
 }
 
 #[derive(Debug, Default)]
@@ -768,8 +769,9 @@ impl HotWorker {
         {
             let mut state = self.state.borrow_mut();
             state.map(topology);
-            let mut count = |server: Option<usize>, key: &[u8]| {
-                let hash = key_hash(key);
+            // The planner's hash of the key when it took this one.
+            let mut count = |server: Option<usize>, key: &[u8], planned: Option<u64>| {
+                let hash = planned.unwrap_or_else(|| key_hash(key));
                 state.count(server, hash, key);
                 if write {
                     let key = caching.then(|| cache_key(topology.pool_id, key));
@@ -777,14 +779,22 @@ impl HotWorker {
                 }
             };
             match plan {
-                Plan::Forward { server } => count(Some(*server), request.key(bytes, 0)),
-                Plan::Quorum { servers, .. } => {
-                    count(servers.first().copied(), request.key(bytes, 0));
+                Plan::Forward { server, hash } => {
+                    count(Some(*server), request.key(bytes, 0), *hash);
                 }
-                Plan::CasThenCopy { owner, .. } => count(Some(*owner), request.key(bytes, 0)),
+                Plan::Quorum { servers, .. } => {
+                    count(servers.first().copied(), request.key(bytes, 0), None);
+                }
+                Plan::CasThenCopy { owner, .. } => {
+                    count(Some(*owner), request.key(bytes, 0), None);
+                }
                 Plan::Retrieve(retrieval) => {
                     for i in 0..request.keys.len() {
-                        count(retrieval.owner(i), request.key(bytes, i));
+                        count(
+                            retrieval.owner(i),
+                            request.key(bytes, i),
+                            retrieval.key_hash(i),
+                        );
                     }
                 }
                 _ => {}
@@ -1172,6 +1182,13 @@ fn single_key(line: &[u8]) -> Option<(Command, &[u8])> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_planners_hash_of_a_key_is_the_one_it_is_counted_by() {
+        for key in [&b"k"[..], b"user:{42}", &[b'x'; 250]] {
+            assert_eq!(key_hash(key), crate::ring::key_hash(key));
+        }
+    }
 
     #[test]
     fn single_key_gets_are_recognised() {

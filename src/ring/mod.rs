@@ -226,6 +226,14 @@ impl Ring {
         }
     }
 
+    /// Whether [`Ring::hash_key`] is the xxh3 hash of the whole key (the
+    /// memring flavour without a hash tag): the hash hot-key detection
+    /// knows keys by, which callers may then reuse.
+    #[inline]
+    pub fn hashes_whole_key_with_xxh3(&self) -> bool {
+        matches!(self.key_hash, KeyHash::Xxh3) && self.hash_tag.is_none()
+    }
+
     /// Index of the server that owns `key`, or `None` for an empty ring.
     #[inline]
     pub fn owner(&self, key: &[u8]) -> Option<usize> {
@@ -645,6 +653,23 @@ mod tests {
             let key = format!("order:{i}:{{customer-7}}");
             assert_eq!(ring.owner(key.as_bytes()), ring.owner(b"customer-7"));
         }
+    }
+
+    #[test]
+    fn only_an_untagged_memring_ring_places_keys_by_their_whole_xxh3_hash() {
+        let plain = Ring::build_with(&Spec::default(), nodes(3));
+        assert!(plain.hashes_whole_key_with_xxh3());
+        assert_eq!(plain.hash_key(b"user:{42}"), key_hash(b"user:{42}"));
+        let tagged = Spec {
+            hash_tag: Some(*b"{}"),
+            ..Spec::default()
+        };
+        assert!(!Ring::build_with(&tagged, nodes(3)).hashes_whole_key_with_xxh3());
+        let twemproxy = Spec {
+            flavour: Flavour::Twemproxy,
+            ..Spec::default()
+        };
+        assert!(!Ring::build_with(&twemproxy, nodes(3)).hashes_whole_key_with_xxh3());
     }
 
     #[test]

@@ -34,7 +34,6 @@ use bytes::{Buf, Bytes, BytesMut};
 use smallvec::SmallVec;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::slot::{Got, Slot};
@@ -49,6 +48,7 @@ use crate::protocol::{parse_request, Command, Limits, Request};
 use crate::route::{self, all_ok, decide, CallResult, Decision, MetaPlan, Plan};
 use crate::shard::WorkerCtx;
 use crate::topology::{SharedTopology, Topology};
+use crate::wake::{Cancel, Wake};
 
 mod copy_check;
 mod dispatch;
@@ -124,17 +124,34 @@ where
     // request byte by byte reads as busy but never completes it.
     let mut partial_since = last_read;
     let mut last_write = last_read;
+    let mut shutdown = Cancel::new(&worker.shutdown);
+    // One timer for the session's deadlines, moved rather than made anew
+    // each turn: each deadline is usually later than the last, which tokio
+    // takes without touching its timer wheel.
+    let timer = tokio::time::sleep_until(last_read);
+    tokio::pin!(timer);
     let result = loop {
         // One clock read per wake-up (at the end of the loop): what runs
         // for this session until it waits again takes that time.
         let now = clock.now();
-        let unparsed = input.len();
-        client.parse(&mut input);
-        if input.len() < unparsed {
-            partial_since = now;
+        loop {
+            let unparsed = input.len();
+            client.parse(&mut input);
+            if input.len() < unparsed {
+                partial_since = now;
+            }
+            let full = client.entries.len() >= settings.max_pending;
+            client.count_out();
+            client.advance();
+            // Answers collected just now made room for requests `input`
+            // already holds: parse them in this turn, since no wake-up may
+            // come for them (the client has sent everything and waits, and
+            // the replies still owed may be quiet). One wake per turn, not
+            // one per reply slot, leaves no spare turn to do it later.
+            if !(full && !input.is_empty() && client.entries.len() < settings.max_pending) {
+                break;
+            }
         }
-        client.count_out();
-        client.advance();
         client.count_out();
         if client.out.is_empty() {
             last_write = now;
@@ -186,11 +203,11 @@ where
                     Err(e) => break Err(e),
                 }
             }
-            () = sleep_until_some(deadline), if deadline.is_some() => {
+            () = until(timer.as_mut(), deadline), if deadline.is_some() => {
                 // Idle, stuck mid-request, or not reading its replies.
                 break Ok(());
             }
-            () = worker.shutdown.cancelled(), if !client.closing => {
+            () = shutdown.cancelled(), if !client.closing => {
                 client.closing = true;
             }
         }
@@ -206,6 +223,7 @@ where
         }
     };
     client.release_all();
+    client.wake.forget_waiter();
     result
 }
 
@@ -232,9 +250,15 @@ async fn linger(
     }
 }
 
-async fn sleep_until_some(deadline: Option<Instant>) {
+/// `timer`, moved to `deadline` when that differs, else never.
+async fn until(mut timer: std::pin::Pin<&mut tokio::time::Sleep>, deadline: Option<Instant>) {
     match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        Some(deadline) => {
+            if timer.deadline() != deadline {
+                timer.as_mut().reset(deadline);
+            }
+            timer.await
+        }
         None => std::future::pending().await,
     }
 }
@@ -245,7 +269,7 @@ struct ClientSession {
     lane: usize,
     worker: Rc<WorkerCtx>,
     /// Woken by every reply slot of this client.
-    wake: Rc<Notify>,
+    wake: Rc<Wake>,
     entries: VecDeque<Entry>,
     /// Entries before this index have sent everything they will send.
     dispatched: usize,
@@ -284,7 +308,7 @@ impl ClientSession {
             bound,
             lane: id as usize,
             worker,
-            wake: Rc::new(Notify::new()),
+            wake: Rc::new(Wake::new()),
             entries: VecDeque::new(),
             dispatched: 0,
             out: OutQueue::default(),
@@ -399,6 +423,12 @@ impl ClientSession {
     /// Parses every complete request in `input` into entries, up to the
     /// pending bound.
     fn parse(&mut self, input: &mut BytesMut) {
+        // Most turns of the loop are replies arriving: nothing to parse, and
+        // no need to load the topology for its limits (an `ArcSwap` load and
+        // an `Arc` every worker counts on).
+        if input.is_empty() {
+            return;
+        }
         // Limits may change with a reload or when servers report their item
         // size; a copy is taken, no guard is held.
         self.limits = self.worker.default_topology().limits();

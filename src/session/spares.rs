@@ -33,7 +33,7 @@ thread_local! {
 }
 
 /// An empty slot that wakes `wake`.
-pub(super) fn slot(wake: &Rc<Notify>) -> Rc<Slot> {
+pub(super) fn slot(wake: &Rc<crate::wake::Wake>) -> Rc<Slot> {
     let kept = SPARES.with(|spares| spares.borrow_mut().slots.pop());
     match kept {
         Some(mut slot) => {

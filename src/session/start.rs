@@ -164,7 +164,7 @@ impl ClientSession {
             Plan::Stats => Work::Stats,
             Plan::HotKeys => Work::Ready(self.worker.hot.report()),
             Plan::ShadowStats => Work::Ready(self.shadow_report()),
-            Plan::Forward { server } => Work::Lines {
+            Plan::Forward { server, .. } => Work::Lines {
                 parts: smallvec::smallvec![Part::new(server)],
                 finish: Finish::Forward,
             },
