@@ -8,7 +8,6 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tokio::sync::Notify;
 
 use crate::backend::slot::{Got, Slot};
 use crate::handoff::{copy_outcome, CopyOutcome, ReadCopy};
@@ -17,6 +16,7 @@ use crate::protocol::reply::Expect;
 use crate::route::CallResult;
 use crate::shard::WorkerCtx;
 use crate::topology::Topology;
+use crate::wake::Wake;
 
 /// Sends `copy` to its new owner now, and checks it once it has landed.
 pub(super) fn send(
@@ -26,7 +26,7 @@ pub(super) fn send(
     copy: ReadCopy,
     expect: Expect,
 ) {
-    let wake = Rc::new(Notify::new());
+    let wake = Rc::new(Wake::new());
     let Some(slot) = call_now(
         worker, topology, lane, copy.owner, &copy.wire, expect, &wake,
     ) else {
@@ -91,7 +91,7 @@ async fn call(
     wire: &[Bytes],
     expect: Expect,
 ) -> CallResult {
-    let wake = Rc::new(Notify::new());
+    let wake = Rc::new(Wake::new());
     match call_now(worker, topology, lane, server, wire, expect, &wake) {
         Some(slot) => reply(&slot, &wake).await,
         None => Err(topology.backends[server].error(crate::error::BackendErrorKind::Closed)),
@@ -107,7 +107,7 @@ fn call_now(
     server: usize,
     wire: &[Bytes],
     expect: Expect,
-    wake: &Rc<Notify>,
+    wake: &Rc<Wake>,
 ) -> Option<Rc<Slot>> {
     let backend = topology.backends.get(server)?;
     let slot = Slot::new(wake.clone());
@@ -117,7 +117,7 @@ fn call_now(
 }
 
 /// The whole one-part reply `slot` gets.
-async fn reply(slot: &Slot, wake: &Notify) -> CallResult {
+async fn reply(slot: &Slot, wake: &Wake) -> CallResult {
     loop {
         if let Some(done) = slot.outcome() {
             done?;

@@ -365,11 +365,10 @@ impl Part {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::sync::Notify;
 
     #[test]
     fn a_part_takes_its_one_line_reply_once_it_is_complete() {
-        let slot = Slot::new(Rc::new(Notify::new()));
+        let slot = Slot::new(Rc::new(crate::wake::Wake::new()));
         let mut part = Part::new(3);
         part.slot = Some(slot.clone());
         let mut waited = Vec::new();
