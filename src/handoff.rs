@@ -132,6 +132,9 @@ pub(crate) struct Moved {
     as_set: Option<Outbound>,
     /// A meta read-through's copy for the new owner, once answered.
     read_copy: Option<Outbound>,
+    /// The previous owner was read for the key: whether it had it (for
+    /// the hand-off counters).
+    read_through: Option<bool>,
 }
 
 /// What a meta command adds to the machine.
@@ -161,6 +164,7 @@ impl Moved {
             first: None,
             as_set: as_set.filter(|_| kind == Kind::Cas),
             read_copy: None,
+            read_through: None,
         })
     }
 
@@ -198,6 +202,7 @@ impl Moved {
             first: None,
             as_set,
             read_copy: None,
+            read_through: None,
         }
     }
 
@@ -214,6 +219,12 @@ impl Moved {
             }
             Kind::CopyFirst => self.fetch(),
         }
+    }
+
+    /// Whether the last reply read the key from its previous owner, and
+    /// found it there; once.
+    pub(crate) fn take_read_through(&mut self) -> Option<bool> {
+        self.read_through.take()
     }
 
     /// The key as the machine sends it, and whether that token is base64.
@@ -276,6 +287,7 @@ impl Moved {
                     ) => meta_read_through_hit(reply, *added, &self.key, *base64, now),
                     _ => None,
                 };
+                self.read_through = Some(hit.is_some());
                 match hit {
                     Some((answer, copy)) => {
                         self.read_copy = copy;
@@ -302,6 +314,7 @@ impl Moved {
                     Ok(reply) => self.copy_of(reply, now),
                     Err(_) => None,
                 };
+                self.read_through = Some(copy.is_some());
                 match (copy, self.first.take()) {
                     (Some(copy), _) => {
                         self.stage = Stage::Last;

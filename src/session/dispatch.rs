@@ -383,6 +383,9 @@ impl ClientSession {
         step: Step,
         hot: Option<&Rc<WriteGuard>>,
     ) {
+        if let Some(hit) = moved.machine.take_read_through() {
+            self.worker.stats.read_through(1, usize::from(hit));
+        }
         match step {
             Step::Answer(result) => {
                 part.result = Some(result);
@@ -482,6 +485,9 @@ impl ClientSession {
         step: Step,
         write: Option<&Rc<WriteGuard>>,
     ) {
+        if let Some(hit) = moved.machine.take_read_through() {
+            self.worker.stats.read_through(1, usize::from(hit));
+        }
         match step {
             Step::Answer(result) => moved.answer = Some(result),
             Step::Send {

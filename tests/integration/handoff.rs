@@ -487,7 +487,13 @@ fn meta_reads_and_deletes_of_moved_keys_behave_as_if_the_key_had_not_moved() {
         "{}",
         stats_text(&grown.proxy)
     );
-    // Every copy was answered, and counted when it was.
+    // The meta reads through and the copies are counted, every copy
+    // answered.
+    assert!(
+        grown.proxy.client().stat("handoff_read_through_hits") > 0,
+        "{}",
+        stats_text(&grown.proxy)
+    );
     assert_eq!(
         grown.proxy.client().stat("handoff_copy_failures"),
         0,
