@@ -227,6 +227,15 @@ impl Moved {
         self.read_through.take()
     }
 
+    /// How the new owner's reply to one of the machine's copies is framed
+    /// (`add`, or `ms … ME`).
+    pub(crate) fn copy_expect(&self) -> Expect {
+        match &self.meta {
+            None => Expect::Line(LineKind::Storage),
+            Some(_) => meta_expect(MetaCommand::Set),
+        }
+    }
+
     /// The key as the machine sends it, and whether that token is base64.
     pub(crate) fn key_token(&self) -> (Bytes, bool) {
         (

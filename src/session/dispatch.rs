@@ -383,11 +383,18 @@ impl ClientSession {
         step: Step,
         hot: Option<&Rc<WriteGuard>>,
     ) {
-        if let Some(hit) = moved.machine.take_read_through() {
-            self.worker.stats.read_through(1, usize::from(hit));
-        }
-        match step {
-            Step::Answer(result) => {
+        let ends = (moved.owner, moved.previous);
+        match self.send_step(
+            topology,
+            &mut moved.machine,
+            ends,
+            &mut moved.copies,
+            step,
+            hot,
+            None,
+        ) {
+            Sent::Part(sent) => *part = sent,
+            Sent::Answer(result) => {
                 part.result = Some(result);
                 moved.answered = true;
                 if let Some(wire) = moved.machine.take_read_copy() {
@@ -402,25 +409,56 @@ impl ClientSession {
                     copy_check::send(&self.worker, topology, self.lane, copy, meta_set_expect());
                 }
             }
+        }
+    }
+
+    /// Sends a hand-off step of a moved key between `ends` (its owner and
+    /// previous owner): the step's copy first, kept in `copies` and counted
+    /// with the answer, then its lines, whose part comes back; or the
+    /// step's answer. `hot` watches what goes to the new owner,
+    /// `hot_elsewhere` the copy and what goes to the previous owner.
+    #[allow(clippy::too_many_arguments)]
+    fn send_step(
+        &self,
+        topology: &Topology,
+        machine: &mut Moved,
+        ends: (usize, usize),
+        copies: &mut SmallVec<[Part; 1]>,
+        step: Step,
+        hot: Option<&Rc<WriteGuard>>,
+        hot_elsewhere: Option<&Rc<WriteGuard>>,
+    ) -> Sent {
+        if let Some(hit) = machine.take_read_through() {
+            self.worker.stats.read_through(1, usize::from(hit));
+        }
+        let (to, copy, lines, expect) = match step {
+            Step::Answer(result) => return Sent::Answer(result),
             Step::Send {
                 to,
                 copy,
                 lines,
                 expect,
-            } => {
-                let server = match to {
-                    Owner::New => moved.owner,
-                    Owner::Previous => moved.previous,
-                };
-                if let Some(copy) = copy {
-                    let mut copied = Part::new(server);
-                    self.send(topology, &mut copied, &copy, meta_set_expect(), true, None);
-                    moved.copies.push(copied);
-                }
-                let hot = hot.filter(|_| to == Owner::New);
-                *part = self.send_to(topology, server, &lines, &expect, hot);
-            }
+            } => (to, copy, lines, expect),
+        };
+        let server = match to {
+            Owner::New => ends.0,
+            Owner::Previous => ends.1,
+        };
+        if let Some(copy) = copy {
+            let mut copied = Part::new(server);
+            let copy_expect = machine.copy_expect();
+            self.send(
+                topology,
+                &mut copied,
+                &copy,
+                copy_expect,
+                true,
+                hot_elsewhere,
+            );
+            copies.push(copied);
         }
+        let watch = if to == Owner::New { hot } else { hot_elsewhere };
+        Sent::Part(self.send_to(topology, server, &lines, &expect, watch))
     }
 
     /// Sends a replicated cas's copy (`wire`) to the other replicas, wanting
@@ -485,37 +523,11 @@ impl ClientSession {
         step: Step,
         write: Option<&Rc<WriteGuard>>,
     ) {
-        if let Some(hit) = moved.machine.take_read_through() {
-            self.worker.stats.read_through(1, usize::from(hit));
-        }
-        match step {
-            Step::Answer(result) => moved.answer = Some(result),
-            Step::Send {
-                to,
-                copy,
-                lines,
-                expect,
-            } => {
-                let server = match to {
-                    Owner::New => moved.owner,
-                    Owner::Previous => moved.previous,
-                };
-                if let Some(copy) = copy {
-                    let mut part = Part::new(server);
-                    self.send(
-                        topology,
-                        &mut part,
-                        &copy,
-                        Expect::Line(LineKind::Storage),
-                        true,
-                        write,
-                    );
-                    moved.copies.push(part);
-                }
-                let mut part = Part::new(server);
-                self.send(topology, &mut part, &lines, expect, true, write);
-                moved.part = Some(part);
-            }
+        let ends = (moved.owner, moved.previous);
+        let (machine, copies) = (&mut moved.machine, &mut moved.copies);
+        match self.send_step(topology, machine, ends, copies, step, write, write) {
+            Sent::Part(part) => moved.part = Some(part),
+            Sent::Answer(result) => moved.answer = Some(result),
         }
     }
 
@@ -925,4 +937,11 @@ struct CasRequest<'a> {
 fn older_forgotten(waiting: &mut [Part]) -> bool {
     waiting.iter_mut().for_each(Part::absorb);
     waiting.iter().all(|p| p.result.is_some())
+}
+
+/// What sending a hand-off step gave: the part its reply comes on, or the
+/// machine's answer.
+enum Sent {
+    Part(Part),
+    Answer(CallResult),
 }
