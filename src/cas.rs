@@ -8,7 +8,7 @@
 //!
 //! Pure: the session sends what a [`CasStep`] says and feeds replies back.
 
-use crate::protocol::meta::reply::meta_succeeded;
+use crate::protocol::meta::reply::{cas_refused, stored};
 use crate::route::{CallResult, Servers};
 
 /// What to do after a reply to the `cas`.
@@ -69,13 +69,13 @@ impl ReplicatedCas {
         if self.copies.is_none() {
             return CasStep::Done;
         }
-        if self.first.is_none() && self.refused_for_want_of_key(result) {
+        if self.first.is_none() && matches!(result, Ok(reply) if cas_refused(self.meta, reply)) {
             if let Some(previous) = self.previous.take() {
                 self.first = Some(result.clone());
                 return CasStep::TryPrevious(previous);
             }
         }
-        let stored = matches!(result, Ok(reply) if self.stored(reply));
+        let stored = matches!(result, Ok(reply) if stored(self.meta, reply));
         let mut copies = self.copies.take().unwrap_or_default();
         if !stored {
             return CasStep::Done;
@@ -114,32 +114,11 @@ impl ReplicatedCas {
             // The owner did not take the value: a reader would still find
             // the older value there, so its reply answers.
             (Some(_), true) => match owner_copy {
-                Some(owner) if !matches!(owner, Ok(r) if self.stored(r)) => owner.clone(),
+                Some(owner) if !matches!(owner, Ok(r) if stored(self.meta, r)) => owner.clone(),
                 _ => result.clone(),
             },
             (None, _) => result.clone(),
         })
-    }
-
-    fn stored(&self, reply: &[u8]) -> bool {
-        if self.meta {
-            meta_succeeded(reply)
-        } else {
-            reply == b"STORED\r\n"
-        }
-    }
-
-    /// `NOT_FOUND`/`EXISTS` (meta `NF`/`EX`): the unique may be another
-    /// server's.
-    fn refused_for_want_of_key(&self, result: &CallResult) -> bool {
-        let Ok(reply) = result else {
-            return false;
-        };
-        if self.meta {
-            reply.starts_with(b"EX") || reply.starts_with(b"NF")
-        } else {
-            reply.starts_with(b"NOT_FOUND") || reply.starts_with(b"EXISTS")
-        }
     }
 }
 

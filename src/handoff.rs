@@ -12,7 +12,9 @@ use smallvec::SmallVec;
 
 use crate::error::BackendError;
 use crate::protocol::encode::{forwardable, value_block, Outbound};
-use crate::protocol::meta::reply::{meta_absent, meta_is_miss, meta_succeeded};
+use crate::protocol::meta::reply::{
+    cas_refused, meta_absent, meta_is_miss, meta_succeeded, stored,
+};
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::reply::{Expect, LineKind};
 use crate::protocol::{Command, Request};
@@ -339,7 +341,7 @@ impl Moved {
                 }
             }
             (Kind::Cas, Stage::First) => {
-                if self.cas_elsewhere(&result) {
+                if matches!(&result, Ok(reply) if cas_refused(self.meta.is_some(), reply)) {
                     self.first = Some(result);
                     self.stage = Stage::Fetch;
                     self.send(Owner::Previous, None)
@@ -348,7 +350,7 @@ impl Moved {
                 }
             }
             (Kind::Cas, Stage::Fetch) => {
-                let stored = matches!(&result, Ok(reply) if self.stored(reply));
+                let stored = matches!(&result, Ok(reply) if stored(self.meta.is_some(), reply));
                 match self.as_set.take() {
                     Some(set) if stored => {
                         self.stage = Stage::Last;
@@ -464,26 +466,6 @@ impl Moved {
             (None, _) => changed(result),
             (Some(_), Ok(reply)) => meta_succeeded(reply),
             (Some(_), Err(_)) => false,
-        }
-    }
-
-    /// A store succeeded.
-    fn stored(&self, reply: &[u8]) -> bool {
-        match &self.meta {
-            None => reply == b"STORED\r\n",
-            Some(_) => meta_succeeded(reply),
-        }
-    }
-
-    /// A `cas` the new owner refused for want of the key or of its unique:
-    /// the unique may be the previous owner's.
-    fn cas_elsewhere(&self, result: &CallResult) -> bool {
-        let Ok(reply) = result else {
-            return false;
-        };
-        match &self.meta {
-            None => reply.starts_with(b"NOT_FOUND") || reply.starts_with(b"EXISTS"),
-            Some(_) => reply.starts_with(b"EX") || reply.starts_with(b"NF"),
         }
     }
 

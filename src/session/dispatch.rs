@@ -596,13 +596,7 @@ impl ClientSession {
             }
             Work::Meta(meta) => {
                 meta.waiting.iter_mut().for_each(Part::absorb);
-                match &mut meta.mode {
-                    MetaMode::CasThenCopy { copied, .. } => {
-                        copied.iter_mut().for_each(Part::absorb);
-                    }
-                    MetaMode::Moved(moved) => moved.copies.iter_mut().for_each(Part::absorb),
-                    _ => {}
-                }
+                meta.mode.copies_mut().iter_mut().for_each(Part::absorb);
                 for part in meta.parts.iter_mut() {
                     part.absorb();
                     if let Some(Ok(reply)) = &part.result {

@@ -211,6 +211,15 @@ impl MetaMode {
             _ => &[],
         }
     }
+
+    /// The same copies, to take their replies in.
+    pub(super) fn copies_mut(&mut self) -> &mut [Part] {
+        match self {
+            MetaMode::CasThenCopy { copied, .. } => copied,
+            MetaMode::Moved(moved) => &mut moved.copies,
+            _ => &mut [],
+        }
+    }
 }
 
 /// A meta command on a moved key in progress.

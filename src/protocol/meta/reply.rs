@@ -211,8 +211,52 @@ pub(crate) fn meta_succeeded(reply: &[u8]) -> bool {
     reply.is_empty() || reply.starts_with(b"HD") || reply.starts_with(b"VA")
 }
 
+/// A storage command's reply that stored: `STORED`, or meta's `HD` (or
+/// nothing, for a quiet `ms`).
+pub(crate) fn stored(meta: bool, reply: &[u8]) -> bool {
+    if meta {
+        meta_succeeded(reply)
+    } else {
+        reply == b"STORED\r\n"
+    }
+}
+
+/// A `cas` refused for want of the key (`NOT_FOUND`, `NF`) or of its unique
+/// (`EXISTS`, `EX`): during a hand-off the unique may be another server's.
+pub(crate) fn cas_refused(meta: bool, reply: &[u8]) -> bool {
+    if meta {
+        reply.starts_with(b"EX") || reply.starts_with(b"NF")
+    } else {
+        reply.starts_with(b"NOT_FOUND") || reply.starts_with(b"EXISTS")
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn stored_and_cas_refusals_read_alike_in_both_dialects() {
+        for (meta, yes, refused, other) in [
+            (
+                false,
+                &b"STORED\r\n"[..],
+                [&b"NOT_FOUND\r\n"[..], b"EXISTS\r\n"],
+                &b"NOT_STORED\r\n"[..],
+            ),
+            (true, b"HD\r\n", [b"NF\r\n", b"EX\r\n"], b"NS\r\n"),
+        ] {
+            assert!(stored(meta, yes));
+            assert!(!stored(meta, other) && !cas_refused(meta, other));
+            for reply in refused {
+                assert!(cas_refused(meta, reply) && !stored(meta, reply));
+            }
+        }
+        assert!(stored(true, b""), "a quiet ms that stored says nothing");
+        assert!(
+            !stored(false, b"HD\r\n"),
+            "no meta status answers a classic set"
+        );
+    }
+
     #[test]
     fn meta_absence_is_per_command() {
         use MetaCommand::{Arithmetic, Delete, Get, Set};
