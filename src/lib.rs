@@ -7,6 +7,8 @@
 //! # Layout
 //! - [`protocol`]: request parsing, strict reply framing and encoding. Pure.
 //! - [`ring`]: the consistent-hash ring. Pure.
+//! - [`placement`]: where one key's request goes on the ring(s), for both
+//!   dialects (owner, replicas, hand-off). Pure.
 //! - [`route`]: the request plan: which servers get which bytes, and how their
 //!   replies (multi-get merge, quorum, fall-through) become the client's. Pure.
 //! - [`handoff`]: what commands on keys whose owner just changed do (read
@@ -68,6 +70,7 @@ pub(crate) mod handoff;
 pub mod hotkeys;
 pub mod layout;
 mod outbuf;
+mod placement;
 pub(crate) mod pool;
 pub mod pools;
 pub mod protocol;

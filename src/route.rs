@@ -23,6 +23,7 @@ use crate::backend::health::HealthState;
 use crate::backend::slot::Got;
 use crate::error::BackendError;
 use crate::outbuf::OutQueue;
+use crate::placement::{place, KeyKind, KeyOp, Placement};
 use crate::protocol::meta::{MetaCommand, MetaRequest};
 use crate::protocol::request::{Keys, Span};
 use crate::protocol::{Command, Request};
@@ -173,95 +174,48 @@ pub(crate) fn plan(
             Plan::Retrieve(reuse.retrieval(request, bytes, topology))
         }
         _ => {
-            let key = request.key(bytes, 0);
-            if topology.config.replicas <= 1 {
-                let (owner, hash) = topology.owner_index_hashed(key);
-                return match owner {
-                    // During a hand-off window, one more ring lookup.
-                    Some(owner) if topology.previous.is_some() => {
-                        let writes = crate::handoff::needs_handoff(request.command);
-                        let mut forget = Servers::new();
-                        if writes {
-                            topology.older_owners(key, &[owner], &mut forget);
-                        }
-                        match topology.previous_owner(key, owner) {
-                            Some(previous) if writes => Plan::Moved {
-                                owner,
-                                previous,
-                                forget,
-                            },
-                            // Not moved since the previous ring, but owned
-                            // elsewhere in an older one: deleted there too.
-                            _ if !forget.is_empty() => {
-                                let count = forget.len();
-                                let mut servers: Servers = smallvec::smallvec![owner];
-                                servers.extend(forget);
-                                Plan::Quorum {
-                                    servers,
-                                    quorum: 1,
-                                    forget: count,
-                                }
-                            }
-                            _ => Plan::Forward {
-                                server: owner,
-                                hash,
-                            },
-                        }
-                    }
-                    Some(server) => Plan::Forward { server, hash },
-                    None => Plan::NoServers,
-                };
-            }
-            let mut servers = Servers::new();
-            topology.replicas(key, &mut servers);
-            match servers.first() {
-                None => Plan::NoServers,
-                Some(&owner) if request.command == Command::Cas => {
-                    let (previous, forget) = cas_handoff(key, owner, &mut servers, topology);
-                    Plan::CasThenCopy {
-                        owner,
-                        copies: servers[1..].iter().copied().collect(),
-                        previous,
-                        forget,
-                    }
-                }
-                Some(_) => {
-                    let quorum = quorum(servers.len());
-                    let forget = topology.push_former_replicas(key, &mut servers);
-                    Plan::Quorum {
-                        quorum,
-                        forget,
-                        servers,
-                    }
-                }
+            let op = KeyOp::classic(request.command == Command::Cas);
+            // Every classic write is handed off (see `handoff::needs_handoff`).
+            let steps = crate::handoff::needs_handoff(request.command).then_some(());
+            match place(request.key(bytes, 0), op, steps, topology) {
+                Placement::NoServers => Plan::NoServers,
+                Placement::Owner { server, hash } => Plan::Forward { server, hash },
+                Placement::Quorum {
+                    servers,
+                    quorum,
+                    forget,
+                } => Plan::Quorum {
+                    servers,
+                    quorum,
+                    forget,
+                },
+                Placement::CasThenCopy {
+                    owner,
+                    copies,
+                    previous,
+                    forget,
+                } => Plan::CasThenCopy {
+                    owner,
+                    copies,
+                    previous,
+                    forget,
+                },
+                Placement::Moved {
+                    owner,
+                    previous,
+                    forget,
+                    steps: (),
+                } => Plan::Moved {
+                    owner,
+                    previous,
+                    forget,
+                },
+                // `KeyOp::classic` is never a read: classic reads are
+                // retrievals, planned above.
+                Placement::ReadThrough { .. } => unreachable!("KeyOp::classic placed as a read"),
             }
         }
     }
-}
-
-/// What a replicated `cas` of `key` (replica set `servers`, `owner` first)
-/// needs in a hand-off window: the previous ring's owner when it differs
-/// (the cas may be its number), and the older rings' owners to delete the
-/// key from. The previous ring's replicas that are not replicas now are
-/// appended to `servers`: they get the copy too, since a later miss may fall
-/// through to them and must not find the value this cas replaced.
-fn cas_handoff(
-    key: &[u8],
-    owner: usize,
-    servers: &mut Servers,
-    topology: &Topology,
-) -> (Option<usize>, Servers) {
-    let mut forget = Servers::new();
-    if topology.previous.is_none() {
-        return (None, forget);
-    }
-    let current = servers.len();
-    let mut before = Servers::new();
-    topology.previous_replicas(key, &mut before);
-    let previous = before.first().copied().filter(|&p| p != owner);
-    topology.push_previous_only_replicas(key, servers);
-    topology.older_owners(key, &servers[..current], &mut forget);
-    (previous, forget)
 }
 
 /// Replies needed to answer a replicated write: a majority.
@@ -1111,106 +1065,72 @@ pub(crate) fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topolog
         return MetaPlan::Reply(b"MN\r\n");
     }
     let key = request.routing_key(bytes);
-    let owner_only = topology.config.replicas <= 1
-        || request.command == MetaCommand::Debug
-        || (request.command == MetaCommand::Get && request.takes_lease())
-        // A request memcached refuses is answered by the owner alone.
-        || request.backend_error.is_some();
-    if owner_only {
-        let Some(server) = topology.owner_index(&key) else {
-            return MetaPlan::NoServers;
-        };
-        // A hand-off window (one replica): a moved key may still be only on
-        // its previous owner.
-        let handed_off = topology.config.replicas <= 1 && request.backend_error.is_none();
-        let previous = handed_off
-            .then(|| topology.previous_owner(&key, server))
-            .flatten();
-        let writes = matches!(
-            request.command,
-            MetaCommand::Set | MetaCommand::Delete | MetaCommand::Arithmetic
-        );
-        let mut forget = Servers::new();
-        if handed_off && writes {
-            topology.older_owners(&key, &[server], &mut forget);
-        }
-        let forward = |forget: Servers| {
-            if forget.is_empty() {
-                return MetaPlan::Forward { server };
-            }
-            // Owned elsewhere in an older ring of chained changes: an `md`
-            // there too before the answer.
-            let count = forget.len();
-            let mut servers: Servers = smallvec::smallvec![server];
-            servers.extend(forget);
-            MetaPlan::Quorum {
-                servers,
-                quorum: 1,
-                forget: count,
-            }
-        };
-        let Some(previous) = previous else {
-            return forward(forget);
-        };
-        let Some(what) = meta_move(request, bytes) else {
-            return forward(forget);
-        };
-        return MetaPlan::Moved {
-            owner: server,
-            previous,
-            what,
-            forget,
-        };
-    }
-    let mut servers = Servers::new();
-    topology.replicas(&key, &mut servers);
-    if servers.is_empty() {
-        return MetaPlan::NoServers;
-    }
-    match request.command {
-        MetaCommand::Get => {
-            // Healthy replicas first; ring order otherwise (as for gets).
-            servers.sort_by_key(|&s| topology.backends[s].state() == HealthState::Dead);
-            // During a hand-off window, the previous ring's replicas after
-            // the current ones, and a miss falls through to them.
-            topology.push_previous_only_replicas(&key, &mut servers);
-            MetaPlan::ReadThrough {
-                servers,
-                on_miss: topology.config.read_miss_fallthrough || topology.previous.is_some(),
-            }
-        }
-        _ if request.compare_cas => {
-            // As for a classic `cas`.
-            let owner = servers[0];
-            let (previous, forget) = cas_handoff(&key, owner, &mut servers, topology);
-            // Only a set can be tried on the previous owner and copied:
-            // the owner lacks the item an `ma` or an append would change.
+    // Which hand-off steps a moved key takes: looked at in a window only.
+    let what = topology
+        .previous
+        .is_some()
+        .then(|| meta_move(request, bytes))
+        .flatten();
+    let kind = match request.command {
+        MetaCommand::Set | MetaCommand::Delete | MetaCommand::Arithmetic if request.compare_cas => {
+            // Only a set can be tried on the previous owner and copied: the
+            // owner lacks the item an `ma` or an append would change.
             let sets = request.command == MetaCommand::Set
                 && matches!(
                     request.mode.map(|m| m.to_ascii_uppercase()),
                     None | Some(b'S')
                 );
-            let previous = previous.filter(|_| sets);
-            MetaPlan::CasThenCopy {
-                owner,
-                copies: servers[1..].iter().copied().collect(),
-                copy: meta_copy(request, bytes),
-                previous,
-                forget,
+            KeyKind::Cas {
+                retry_elsewhere: sets,
             }
         }
-        _ => {
-            // In a hand-off window the previous ring's replicas that are not
-            // replicas now, and the owners in older rings of chained
-            // changes, get an `md` (as for classic writes).
-            let quorum = quorum(servers.len());
-            let forget = topology.push_former_replicas(&key, &mut servers);
-            MetaPlan::Quorum {
-                quorum,
-                forget,
-                servers,
-            }
-        }
+        MetaCommand::Set | MetaCommand::Delete | MetaCommand::Arithmetic => KeyKind::Write,
+        _ => KeyKind::Read,
+    };
+    let op = KeyOp {
+        kind,
+        owner_only: request.command == MetaCommand::Debug
+            || (request.command == MetaCommand::Get && request.takes_lease())
+            // A request memcached refuses is answered by the owner alone.
+            || request.backend_error.is_some(),
+        hands_off: request.backend_error.is_none(),
+    };
+    match place(&key, op, what, topology) {
+        Placement::NoServers => MetaPlan::NoServers,
+        Placement::Owner { server, .. } => MetaPlan::Forward { server },
+        Placement::Quorum {
+            servers,
+            quorum,
+            forget,
+        } => MetaPlan::Quorum {
+            servers,
+            quorum,
+            forget,
+        },
+        Placement::CasThenCopy {
+            owner,
+            copies,
+            previous,
+            forget,
+        } => MetaPlan::CasThenCopy {
+            owner,
+            copies,
+            copy: meta_copy(request, bytes),
+            previous,
+            forget,
+        },
+        Placement::ReadThrough { servers, on_miss } => MetaPlan::ReadThrough { servers, on_miss },
+        Placement::Moved {
+            owner,
+            previous,
+            steps,
+            forget,
+        } => MetaPlan::Moved {
+            owner,
+            previous,
+            what: steps,
+            forget,
+        },
     }
 }
 

@@ -646,19 +646,27 @@ pub(crate) mod tests {
     /// the topology before and the one after (backends are built inside the
     /// runtime returned, which must outlive them; nothing connects).
     pub(crate) fn four_then_five() -> (tokio::runtime::Runtime, Topology, Topology) {
+        four_then_five_with("")
+    }
+
+    /// [`four_then_five`] with `settings` (top-level config lines, such as
+    /// `replicas = 2`) in both configs.
+    pub(crate) fn four_then_five_with(
+        settings: &str,
+    ) -> (tokio::runtime::Runtime, Topology, Topology) {
         let four: Vec<ServerConfig> = (1..=4).map(|i| server(&format!("s{i}"), 1)).collect();
         let five: Vec<ServerConfig> = (1..=5).map(|i| server(&format!("s{i}"), 1)).collect();
         let (runtime, hooks) = runtime_and_hooks();
         let (old, new) = {
             let _guard = runtime.enter();
-            let c4 = config_of(&four);
+            let c4 = config_with(&four, settings);
             let old = Topology::assemble(
                 c4.clone(),
                 1,
                 Topology::backends_for(&c4, None, &hooks),
                 Vec::new(),
             );
-            let new = chain(&old, &five, &hooks);
+            let new = chain_with(&old, &five, settings, &hooks);
             (old, new)
         };
         (runtime, old, new)
@@ -770,7 +778,11 @@ pub(crate) mod tests {
     }
 
     fn config_of(servers: &[ServerConfig]) -> Arc<Config> {
-        let mut text = String::from("listen = \"127.0.0.1:0\"\n");
+        config_with(servers, "")
+    }
+
+    fn config_with(servers: &[ServerConfig], settings: &str) -> Arc<Config> {
+        let mut text = format!("listen = \"127.0.0.1:0\"\n{settings}");
         for s in servers {
             text.push_str(&format!(
                 "[[servers]]\naddr = \"{}\"\nname = \"{}\"\n",
@@ -783,7 +795,16 @@ pub(crate) mod tests {
     /// What `Publisher::publish` does on a change within a window: the ring
     /// in force becomes the previous one, and the rings it kept go on.
     fn chain(old: &Topology, servers: &[ServerConfig], hooks: &PoolHooks) -> Topology {
-        let config = config_of(servers);
+        chain_with(old, servers, "", hooks)
+    }
+
+    fn chain_with(
+        old: &Topology,
+        servers: &[ServerConfig],
+        settings: &str,
+        hooks: &PoolHooks,
+    ) -> Topology {
+        let config = config_with(servers, settings);
         let backends = Topology::backends_for(&config, Some(old), hooks);
         let mut new = Topology::assemble(config, old.version + 1, backends, Vec::new());
         let window = std::time::Duration::from_secs(60);

@@ -1,0 +1,361 @@
+//! Where one key's request goes on the ring, for both dialects: the owner,
+//! the replicas, and in a hand-off window the previous owner and the older
+//! rings' owners a write must delete the key from.
+//!
+//! [`place`] is the one decision classic and meta requests share: each
+//! dialect describes its request as a [`KeyOp`] and turns the [`Placement`]
+//! into its own plan (`route::plan`, `route::plan_meta`), which adds only
+//! what the dialect spells differently. Pure: no I/O, no clock.
+
+use crate::backend::health::HealthState;
+use crate::route::{quorum, Servers};
+use crate::topology::Topology;
+
+/// What the placement needs to know of a request on one key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct KeyOp {
+    pub(crate) kind: KeyKind,
+    /// Only the owner may answer it, even with replicas: a recache lease or
+    /// `me` (exactly one client wins), or a request memcached will refuse.
+    pub(crate) owner_only: bool,
+    /// The hand-off applies: moved keys are read through, copied and
+    /// forgotten (not for a request memcached will refuse anyway).
+    pub(crate) hands_off: bool,
+}
+
+/// The part of a request the replicas care about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyKind {
+    /// Reads the key (meta `mg`): with replicas, asked of one after another.
+    Read,
+    /// Changes the key: with replicas, a quorum write; in a hand-off window
+    /// the older rings' owners delete the key.
+    Write,
+    /// A compare-and-swap (classic `cas`, meta `C`), decided on the owner
+    /// and copied to the other replicas. `retry_elsewhere`: in a hand-off
+    /// window it may be tried on the previous owner, whose cas the client
+    /// may hold (only a store of the whole value can be: an append or `ma`
+    /// needs the item on the new owner).
+    Cas { retry_elsewhere: bool },
+}
+
+impl KeyOp {
+    /// A classic command on one key that is not a retrieval: every one
+    /// changes the key.
+    pub(crate) fn classic(cas: bool) -> KeyOp {
+        KeyOp {
+            kind: if cas {
+                KeyKind::Cas {
+                    retry_elsewhere: true,
+                }
+            } else {
+                KeyKind::Write
+            },
+            owner_only: false,
+            hands_off: true,
+        }
+    }
+}
+
+/// Where a request on one key goes. `M`: what the dialect's hand-off
+/// machine needs to run a moved key's request (see [`place`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Placement<M> {
+    /// No server to send it to.
+    NoServers,
+    /// The owner alone. `hash`: the key's xxh3 hash when the ring placed it
+    /// by that, for hot-key counting.
+    Owner { server: usize, hash: Option<u64> },
+    /// Every server of `servers` gets it; answered when `quorum` agree. The
+    /// last `forget` are owners in older rings or replicas of the previous
+    /// ring only: they get a delete of the key instead, awaited before the
+    /// answer.
+    Quorum {
+        servers: Servers,
+        quorum: usize,
+        forget: usize,
+    },
+    /// A compare-and-swap decided on `owner`, then copied to `copies`; in a
+    /// window, tried on `previous` after the owner refused it, and the key
+    /// deleted from `forget` before the answer.
+    CasThenCopy {
+        owner: usize,
+        copies: Servers,
+        previous: Option<usize>,
+        forget: Servers,
+    },
+    /// Replicas asked in order, the next after a failure (or a miss, with
+    /// `on_miss`).
+    ReadThrough { servers: Servers, on_miss: bool },
+    /// A moved key in a window: the hand-off machine runs the request on
+    /// `owner` and `previous` by `steps`; `forget` get a delete with the
+    /// first step.
+    Moved {
+        owner: usize,
+        previous: usize,
+        steps: M,
+        forget: Servers,
+    },
+}
+
+/// Places a request described by `op` on `key` (its routing key: a meta `b`
+/// key decoded) in `topology`. `steps`: how the hand-off machine runs it on
+/// a moved key, `None` when the new owner alone answers it.
+pub(crate) fn place<M>(
+    key: &[u8],
+    op: KeyOp,
+    steps: Option<M>,
+    topology: &Topology,
+) -> Placement<M> {
+    let replicas = topology.config.replicas.max(1);
+    if replicas == 1 || op.owner_only {
+        let (owner, hash) = topology.owner_index_hashed(key);
+        let Some(owner) = owner else {
+            return Placement::NoServers;
+        };
+        // A hand-off window (one replica): a moved key may still be only on
+        // its previous owner.
+        let handed_off = op.hands_off && replicas == 1;
+        let mut forget = Servers::new();
+        if handed_off && op.kind != KeyKind::Read {
+            topology.older_owners(key, &[owner], &mut forget);
+        }
+        let previous = handed_off
+            .then(|| topology.previous_owner(key, owner))
+            .flatten();
+        return match (previous, steps) {
+            (Some(previous), Some(steps)) => Placement::Moved {
+                owner,
+                previous,
+                steps,
+                forget,
+            },
+            // Not moved since the previous ring, but owned elsewhere in an
+            // older one: deleted there too before the answer.
+            _ if !forget.is_empty() => {
+                let count = forget.len();
+                let mut servers: Servers = smallvec::smallvec![owner];
+                servers.extend(forget);
+                Placement::Quorum {
+                    servers,
+                    quorum: 1,
+                    forget: count,
+                }
+            }
+            _ => Placement::Owner {
+                server: owner,
+                hash,
+            },
+        };
+    }
+    let mut servers = Servers::new();
+    topology.replicas(key, &mut servers);
+    let Some(&owner) = servers.first() else {
+        return Placement::NoServers;
+    };
+    match op.kind {
+        KeyKind::Read => {
+            // Healthy replicas first; ring order otherwise.
+            servers.sort_by_key(|&s| topology.backends[s].state() == HealthState::Dead);
+            // In a window the previous ring's replicas come after the
+            // current ones, and a miss falls through to them.
+            topology.push_previous_only_replicas(key, &mut servers);
+            Placement::ReadThrough {
+                servers,
+                on_miss: topology.config.read_miss_fallthrough || topology.previous.is_some(),
+            }
+        }
+        KeyKind::Cas { retry_elsewhere } => {
+            let (previous, forget) = cas_handoff(key, owner, &mut servers, topology);
+            Placement::CasThenCopy {
+                owner,
+                copies: servers[1..].iter().copied().collect(),
+                previous: previous.filter(|_| retry_elsewhere),
+                forget,
+            }
+        }
+        KeyKind::Write => {
+            let quorum = quorum(servers.len());
+            let forget = topology.push_former_replicas(key, &mut servers);
+            Placement::Quorum {
+                servers,
+                quorum,
+                forget,
+            }
+        }
+    }
+}
+
+/// What a replicated compare-and-swap of `key` (replica set `servers`,
+/// `owner` first) needs in a hand-off window: the previous ring's owner when
+/// it differs (the cas may be its number), and the older rings' owners to
+/// delete the key from. The previous ring's replicas that are not replicas
+/// now are appended to `servers`: they get the copy too, since a later miss
+/// may fall through to them and must not find the value this cas replaced.
+fn cas_handoff(
+    key: &[u8],
+    owner: usize,
+    servers: &mut Servers,
+    topology: &Topology,
+) -> (Option<usize>, Servers) {
+    let mut forget = Servers::new();
+    if topology.previous.is_none() {
+        return (None, forget);
+    }
+    let current = servers.len();
+    let mut before = Servers::new();
+    topology.previous_replicas(key, &mut before);
+    let previous = before.first().copied().filter(|&p| p != owner);
+    topology.push_previous_only_replicas(key, servers);
+    topology.older_owners(key, &servers[..current], &mut forget);
+    (previous, forget)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::tests::{four_then_five, four_then_five_with};
+
+    const READ: KeyOp = KeyOp {
+        kind: KeyKind::Read,
+        owner_only: false,
+        hands_off: true,
+    };
+
+    /// What the tests give as a moved key's steps.
+    const STEPS: Option<&str> = Some("steps");
+
+    /// A key the change moved, and one it left on its server.
+    fn moved_and_stayed(old: &Topology, new: &Topology) -> (String, String) {
+        let name = |t: &Topology, key: &str| {
+            t.backends[t.owner_index(key.as_bytes()).unwrap()]
+                .name()
+                .to_string()
+        };
+        let keys: Vec<String> = (0..2000).map(|i| format!("k{i}")).collect();
+        let moved = keys.iter().find(|k| name(new, k) != name(old, k)).unwrap();
+        let stayed = keys.iter().find(|k| name(new, k) == name(old, k)).unwrap();
+        (moved.clone(), stayed.clone())
+    }
+
+    #[test]
+    fn one_replica_goes_to_the_owner_and_a_moved_key_to_the_hand_off() {
+        let (_runtime, old, new) = four_then_five();
+        let (moved, stayed) = moved_and_stayed(&old, &new);
+        let owner = new.owner_index(moved.as_bytes()).unwrap();
+        let previous = new.previous_owner(moved.as_bytes(), owner).unwrap();
+        for op in [KeyOp::classic(false), KeyOp::classic(true), READ] {
+            assert_eq!(
+                place(moved.as_bytes(), op, STEPS, &new),
+                Placement::Moved {
+                    owner,
+                    previous,
+                    steps: "steps",
+                    forget: Servers::new()
+                },
+                "{op:?}"
+            );
+            assert!(
+                matches!(
+                    place(stayed.as_bytes(), op, STEPS, &new),
+                    Placement::Owner { .. }
+                ),
+                "{op:?}"
+            );
+            // Outside a window: the owner, with the hash hot keys count.
+            let placed = place(moved.as_bytes(), op, STEPS, &old);
+            let (server, hash) = old.owner_index_hashed(moved.as_bytes());
+            assert_eq!(
+                placed,
+                Placement::Owner {
+                    server: server.unwrap(),
+                    hash
+                }
+            );
+            assert!(hash.is_some(), "the default ring hashes by xxh3");
+        }
+        // What the new owner alone answers (no steps), and what memcached
+        // will refuse.
+        let refused = KeyOp {
+            hands_off: false,
+            ..KeyOp::classic(false)
+        };
+        for (op, steps) in [(READ, None), (refused, STEPS)] {
+            assert!(
+                matches!(place(moved.as_bytes(), op, steps, &new), Placement::Owner { server, .. } if server == owner),
+                "{op:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn replicas_get_a_quorum_write_a_cas_on_the_owner_and_a_read_in_order() {
+        let (_runtime, _old, new) = four_then_five_with("replicas = 2\n");
+        let key = b"some-key";
+        let mut replicas = Servers::new();
+        new.replicas(key, &mut replicas);
+        assert_eq!(replicas.len(), 2);
+        match place(key, KeyOp::classic(false), STEPS, &new) {
+            Placement::Quorum {
+                servers,
+                quorum,
+                forget,
+            } => {
+                assert_eq!(servers[..2], replicas[..]);
+                assert_eq!(quorum, 2);
+                // The previous ring's replicas that are not replicas now.
+                assert_eq!(servers.len(), 2 + forget);
+            }
+            other => panic!("{other:?}"),
+        }
+        match place(key, KeyOp::classic(true), STEPS, &new) {
+            Placement::CasThenCopy { owner, copies, .. } => {
+                assert_eq!(owner, replicas[0]);
+                assert_eq!(copies[0], replicas[1]);
+            }
+            other => panic!("{other:?}"),
+        }
+        match place(key, READ, STEPS, &new) {
+            Placement::ReadThrough { servers, on_miss } => {
+                assert_eq!(servers[..2], replicas[..]);
+                assert!(on_miss, "in a window a miss falls through");
+            }
+            other => panic!("{other:?}"),
+        }
+        // A lease: the owner alone, and no hand-off with replicas.
+        let lease = KeyOp {
+            owner_only: true,
+            ..READ
+        };
+        assert!(matches!(
+            place(key, lease, STEPS, &new),
+            Placement::Owner { server, .. } if server == replicas[0]
+        ));
+    }
+
+    #[test]
+    fn a_cas_is_tried_on_the_previous_owner_only_when_it_can_be() {
+        let (_runtime, old, new) = four_then_five_with("replicas = 2\n");
+        let moved = (0..2000)
+            .map(|i| format!("k{i}"))
+            .find(|k| {
+                let (mut now, mut before) = (Servers::new(), Servers::new());
+                new.replicas(k.as_bytes(), &mut now);
+                old.replicas(k.as_bytes(), &mut before);
+                new.backends[now[0]].name() != old.backends[before[0]].name()
+            })
+            .unwrap();
+        let cas = |retry_elsewhere| {
+            let op = KeyOp {
+                kind: KeyKind::Cas { retry_elsewhere },
+                ..KeyOp::classic(true)
+            };
+            match place(moved.as_bytes(), op, STEPS, &new) {
+                Placement::CasThenCopy { previous, .. } => previous,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(cas(true).is_some());
+        assert_eq!(cas(false), None);
+    }
+}
