@@ -40,6 +40,13 @@ pub(crate) enum KeyKind {
 }
 
 impl KeyOp {
+    /// A classic retrieval's key (`get`, `gets`, `gat`, `gats`).
+    pub(crate) const READ: KeyOp = KeyOp {
+        kind: KeyKind::Read,
+        owner_only: false,
+        hands_off: true,
+    };
+
     /// A classic command on one key that is not a retrieval: every one
     /// changes the key.
     pub(crate) fn classic(cas: bool) -> KeyOp {
@@ -85,16 +92,22 @@ pub(crate) enum Placement<M> {
         forget: Servers,
     },
     /// Replicas asked in order, the next after a failure (or a miss, with
-    /// `on_miss`).
-    ReadThrough { servers: Servers, on_miss: bool },
+    /// `on_miss`). The first `current` are replicas now, the rest only in
+    /// the previous ring of a window.
+    ReadThrough {
+        servers: Servers,
+        current: usize,
+        on_miss: bool,
+    },
     /// A moved key in a window: the hand-off machine runs the request on
     /// `owner` and `previous` by `steps`; `forget` get a delete with the
-    /// first step.
+    /// first step. `hash` as for `Owner`.
     Moved {
         owner: usize,
         previous: usize,
         steps: M,
         forget: Servers,
+        hash: Option<u64>,
     },
 }
 
@@ -129,6 +142,7 @@ pub(crate) fn place<M>(
                 previous,
                 steps,
                 forget,
+                hash,
             },
             // Not moved since the previous ring, but owned elsewhere in an
             // older one: deleted there too before the answer.
@@ -159,9 +173,11 @@ pub(crate) fn place<M>(
             servers.sort_by_key(|&s| topology.backends[s].state() == HealthState::Dead);
             // In a window the previous ring's replicas come after the
             // current ones, and a miss falls through to them.
+            let current = servers.len();
             topology.push_previous_only_replicas(key, &mut servers);
             Placement::ReadThrough {
                 servers,
+                current,
                 on_miss: topology.config.read_miss_fallthrough || topology.previous.is_some(),
             }
         }
@@ -216,11 +232,7 @@ mod tests {
     use super::*;
     use crate::topology::tests::{four_then_five, four_then_five_with};
 
-    const READ: KeyOp = KeyOp {
-        kind: KeyKind::Read,
-        owner_only: false,
-        hands_off: true,
-    };
+    const READ: KeyOp = KeyOp::READ;
 
     /// What the tests give as a moved key's steps.
     const STEPS: Option<&str> = Some("steps");
@@ -251,7 +263,8 @@ mod tests {
                     owner,
                     previous,
                     steps: "steps",
-                    forget: Servers::new()
+                    forget: Servers::new(),
+                    hash: new.owner_index_hashed(moved.as_bytes()).1,
                 },
                 "{op:?}"
             );
@@ -316,8 +329,13 @@ mod tests {
             other => panic!("{other:?}"),
         }
         match place(key, READ, STEPS, &new) {
-            Placement::ReadThrough { servers, on_miss } => {
+            Placement::ReadThrough {
+                servers,
+                current,
+                on_miss,
+            } => {
                 assert_eq!(servers[..2], replicas[..]);
+                assert_eq!(current, 2);
                 assert!(on_miss, "in a window a miss falls through");
             }
             other => panic!("{other:?}"),

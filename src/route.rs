@@ -1,7 +1,9 @@
 //! The pure request plan: which servers get which bytes for one client
 //! request, and how their replies become the client's reply.
 //!
-//! - [`plan`] turns a parsed request and a topology snapshot into a [`Plan`].
+//! - [`plan`] turns a parsed request and a topology snapshot into a [`Plan`],
+//!   [`plan_meta`] a meta request into a [`MetaPlan`]; both place keys with
+//!   the one [`crate::placement::place`].
 //! - [`Retrieval`] is every `get`/`gets`/`gat`/`gats`: keys split by server in
 //!   chunks, values passed on in the client's key order as they arrive, keys
 //!   that failed (or missed, with fall-through) asked of their next replica.
@@ -19,7 +21,6 @@ use bytes::{BufMut, Bytes, BytesMut};
 pub(crate) use crate::protocol::meta::reply::meta_is_miss;
 use smallvec::SmallVec;
 
-use crate::backend::health::HealthState;
 use crate::backend::slot::Got;
 use crate::error::BackendError;
 use crate::outbuf::OutQueue;
@@ -204,7 +205,7 @@ pub(crate) fn plan(
                     owner,
                     previous,
                     forget,
-                    steps: (),
+                    ..
                 } => Plan::Moved {
                     owner,
                     previous,
@@ -484,27 +485,30 @@ impl Retrieval {
         self.handoff = handoff;
         for i in 0..request.keys.len() {
             let key = request.key(&self.bytes, i);
-            let mut servers = Servers::new();
-            if replicas == 1 {
-                let (owner, hash) = topology.owner_index_hashed(key);
-                servers.extend(owner);
-                self.hashes.extend(hash);
-            } else {
-                topology.replicas(key, &mut servers);
-                // Healthy replicas first; ring order otherwise.
-                servers.sort_by_key(|&s| topology.backends[s].state() == HealthState::Dead);
-            }
-            let current = servers.len();
-            if handoff && replicas == 1 {
-                // A moved key: its previous owner after a miss.
-                if let Some(&owner) = servers.first() {
-                    servers.extend(topology.previous_owner(key, owner));
+            // The key's servers, and how many of them own it now (the rest
+            // owned it in the previous ring: asked after a miss).
+            let (servers, current) = match place(key, KeyOp::READ, Some(()), topology) {
+                Placement::Owner { server, hash } => {
+                    self.hashes.extend(hash);
+                    (smallvec::smallvec![server], 1)
                 }
-            } else if handoff {
-                // Replicas of the previous ring that are not replicas
-                // now: the key may still be only there.
-                topology.push_previous_only_replicas(key, &mut servers);
-            }
+                Placement::Moved {
+                    owner,
+                    previous,
+                    hash,
+                    ..
+                } => {
+                    self.hashes.extend(hash);
+                    (smallvec::smallvec![owner, previous], 1)
+                }
+                Placement::ReadThrough {
+                    servers, current, ..
+                } => (servers, current),
+                // A read is never a write's quorum or cas.
+                Placement::NoServers | Placement::Quorum { .. } | Placement::CasThenCopy { .. } => {
+                    (Servers::new(), 0)
+                }
+            };
             if handoff {
                 self.previous_from.push(if servers.len() > current {
                     current as u8
@@ -1119,12 +1123,15 @@ pub(crate) fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topolog
             previous,
             forget,
         },
-        Placement::ReadThrough { servers, on_miss } => MetaPlan::ReadThrough { servers, on_miss },
+        Placement::ReadThrough {
+            servers, on_miss, ..
+        } => MetaPlan::ReadThrough { servers, on_miss },
         Placement::Moved {
             owner,
             previous,
             steps,
             forget,
+            ..
         } => MetaPlan::Moved {
             owner,
             previous,
