@@ -44,6 +44,20 @@ pub struct Layout {
 /// The layout in force, shared by every session.
 pub type SharedLayout = Arc<ArcSwap<Layout>>;
 
+/// Which pool a key goes to now, as [`Layout::serving_key`] decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Serving {
+    /// Index in [`Layout::pools`].
+    pub(crate) pool: usize,
+    /// When that pool is a gutter standing in for a DEAD server: the cap on
+    /// expiry times of what is written there, in seconds.
+    pub(crate) gutter_ttl: Option<u64>,
+}
+
+/// Runs of consecutive keys of one request that go to the same pool: (where
+/// they go, key indexes).
+pub(crate) type Runs = smallvec::SmallVec<[(Serving, std::ops::Range<usize>); 4]>;
+
 impl Layout {
     /// A layout over `pools` with `routes` given as (prefix, pool name) and
     /// `default` the pool's name. Routes to a pool not in `pools` are left
@@ -88,7 +102,7 @@ impl Layout {
 
     /// The pool that takes `key` now: `pool`, or its gutter when the
     /// server that owns `key` in `pool` is DEAD and failed over.
-    pub fn serving(&self, pool: usize, key: &[u8]) -> usize {
+    fn serving(&self, pool: usize, key: &[u8]) -> usize {
         let Some(gutter) = self.gutters.get(pool).copied().flatten() else {
             return pool;
         };
@@ -97,6 +111,49 @@ impl Layout {
             Some(owner) if topology.failed_over(owner) => gutter,
             _ => pool,
         }
+    }
+
+    /// Where `key` goes now for a client bound to pool `bound` (of a pool's
+    /// own listener), or chosen by the routes (`None`): that pool, or its
+    /// gutter while the key's server there is DEAD and failed over.
+    pub(crate) fn serving_key(&self, bound: Option<usize>, key: &[u8]) -> Serving {
+        let pool = bound.unwrap_or_else(|| self.pool_of(key));
+        let serving = self.serving(pool, key);
+        let gutter_ttl = (serving != pool)
+            .then(|| {
+                let topology = self.pools[pool].topology.load();
+                topology.config.failover.as_ref().map(|f| f.ttl.as_secs())
+            })
+            .flatten();
+        Serving {
+            pool: serving,
+            gutter_ttl,
+        }
+    }
+
+    /// Whether the keys of one request may go to more than one pool.
+    #[inline]
+    pub(crate) fn may_split(&self, bound: Option<usize>) -> bool {
+        (self.routed() && bound.is_none()) || self.fails_over()
+    }
+
+    /// The keys `key(0..count)` of one request in runs of the same pool, in
+    /// key order; one run when every key goes to the same pool.
+    pub(crate) fn runs<'k>(
+        &self,
+        bound: Option<usize>,
+        count: usize,
+        key: impl Fn(usize) -> &'k [u8],
+    ) -> Runs {
+        let mut runs = Runs::new();
+        for i in 0..count {
+            let serving = self.serving_key(bound, key(i));
+            match runs.last_mut() {
+                Some((last, range)) if *last == serving => range.end = i + 1,
+                _ => runs.push((serving, i..i + 1)),
+            }
+        }
+        runs
     }
 
     /// One pool, every key to it.
@@ -229,6 +286,36 @@ mod tests {
             .map(|(p, n)| (p.to_string(), n.to_string()))
             .collect();
         Layout::new(vec![entry("a"), entry("b"), entry("c")], &routes, default)
+    }
+
+    #[test]
+    fn keys_of_one_request_go_in_runs_of_the_same_pool_in_key_order() {
+        let layout = layout(&[("b:", "b"), ("c:", "c")], "a");
+        let keys: [&[u8]; 6] = [b"b:1", b"b:2", b"x", b"c:1", b"b:3", b"y"];
+        let pool = |pool| Serving {
+            pool,
+            gutter_ttl: None,
+        };
+        let runs = layout.runs(None, keys.len(), |i| keys[i]);
+        assert_eq!(
+            runs.to_vec(),
+            vec![
+                (pool(1), 0..2),
+                (pool(0), 2..3),
+                (pool(2), 3..4),
+                (pool(1), 4..5),
+                (pool(0), 5..6)
+            ]
+        );
+        assert!(layout.may_split(None));
+        // A client of pool c's own listener: every key to c, one run.
+        assert_eq!(
+            layout.runs(Some(2), keys.len(), |i| keys[i]).to_vec(),
+            vec![(pool(2), 0..6)]
+        );
+        assert!(!layout.may_split(Some(2)), "no routes for a bound client");
+        let unrouted = super::Layout::new(layout.pools().to_vec(), &[], "a");
+        assert!(!unrouted.may_split(None));
     }
 
     #[test]

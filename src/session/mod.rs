@@ -263,6 +263,10 @@ async fn until(mut timer: std::pin::Pin<&mut tokio::time::Sleep>, deadline: Opti
     }
 }
 
+/// The pool a client is bound to is no longer in the layout.
+#[derive(Debug)]
+struct PoolGone;
+
 struct ClientSession {
     /// Which connection of each server this client uses: always the same
     /// one, so its commands reach each server in the order sent.
@@ -328,40 +332,37 @@ impl ClientSession {
     /// key's server is DEAD and failed over, with the gutter's TTL cap.
     fn topology_for(&self, key: Option<&[u8]>) -> (Arc<Topology>, Option<u64>) {
         let layout = self.worker.layout.load();
-        let (pool, key) = match (self.pool_index(&layout, key), key) {
-            (Some(pool), Some(key)) => (pool, key),
-            _ => {
-                let topology = match &self.bound {
-                    Some(bound) => bound.load_full(),
-                    None => layout.default_topology(),
-                };
-                return (topology, None);
-            }
+        let key = match (key, &self.bound) {
+            (Some(key), _) => key,
+            (None, Some(bound)) => return (bound.load_full(), None),
+            (None, None) => return (layout.default_topology(), None),
         };
-        if layout.fails_over() {
-            let serving = layout.serving(pool, key);
-            if serving != pool {
-                let ttl = layout.pools()[pool]
-                    .topology
-                    .load()
-                    .config
-                    .failover
-                    .as_ref()
-                    .map(|f| f.ttl.as_secs());
-                return (layout.pools()[serving].topology.load_full(), ttl);
-            }
-        }
-        (layout.pools()[pool].topology.load_full(), None)
+        let Ok(bound) = self.bound_in(&layout) else {
+            return (self.bound_topology(), None);
+        };
+        let serving = layout.serving_key(bound, key);
+        (
+            layout.pools()[serving.pool].topology.load_full(),
+            serving.gutter_ttl,
+        )
     }
 
-    /// The index in `layout` of the pool `key` goes to: the bound pool's for
-    /// a client of a pool's own listener, else the routes' choice. `None`
-    /// without a key, or when the bound pool is gone from the layout.
-    fn pool_index(&self, layout: &crate::layout::Layout, key: Option<&[u8]>) -> Option<usize> {
-        let key = key?;
+    /// The index in `layout` of the pool this client is bound to (a client
+    /// of a pool's own listener: every key goes there), `None` when the
+    /// layout's routes choose; [`PoolGone`] when the bound pool left the
+    /// layout (its topology still serves the client, unrouted).
+    fn bound_in(&self, layout: &crate::layout::Layout) -> Result<Option<usize>, PoolGone> {
         match &self.bound {
-            Some(bound) => layout.index_of(bound),
-            None => Some(layout.pool_of(key)),
+            None => Ok(None),
+            Some(bound) => layout.index_of(bound).map(Some).ok_or(PoolGone),
+        }
+    }
+
+    /// The topology of the pool this client is bound to.
+    fn bound_topology(&self) -> Arc<Topology> {
+        match &self.bound {
+            Some(bound) => bound.load_full(),
+            None => self.worker.default_topology(),
         }
     }
 

@@ -11,18 +11,17 @@ impl ClientSession {
             .stats
             .request(request.command, request.keys.len());
         if request.keys.len() > 1 && request.command.is_retrieval() {
+            // A guard while deciding (no count other cores share), the
+            // layout itself only when the keys do split.
             let layout = self.worker.layout.load();
-            if (layout.routed() && self.bound.is_none()) || layout.fails_over() {
-                let serving = |i: usize| {
-                    let key = request.key(&bytes, i);
-                    let pool = self.pool_index(&layout, Some(key))?;
-                    Some(layout.serving(pool, key))
-                };
-                let first = serving(0);
-                if first.is_some() && (1..request.keys.len()).any(|i| serving(i) != first) {
-                    drop(layout);
-                    self.start_across_pools(&request, &bytes);
-                    return;
+            if let Ok(bound) = self.bound_in(&layout) {
+                if layout.may_split(bound) {
+                    let runs = layout.runs(bound, request.keys.len(), |i| request.key(&bytes, i));
+                    if runs.len() > 1 {
+                        let layout = arc_swap::Guard::into_inner(layout);
+                        self.start_across_pools(&request, &bytes, &layout, runs);
+                        return;
+                    }
                 }
             }
         }
@@ -70,32 +69,17 @@ impl ClientSession {
     /// or to a gutter): one retrieval per run of keys of the same pool, in
     /// key order, so that their values, written one run after the other,
     /// come in the client's key order; only the last run ends the reply.
-    fn start_across_pools(&mut self, request: &Request, bytes: &Bytes) {
-        let layout = self.worker.layout.load_full();
+    fn start_across_pools(
+        &mut self,
+        request: &Request,
+        bytes: &Bytes,
+        layout: &crate::layout::Layout,
+        runs: crate::layout::Runs,
+    ) {
         // The command and its arguments before the keys (`gat 60 `).
         let head = &bytes[..request.keys[0].start as usize];
-        // (serving pool, the gutter's TTL when it is one, keys).
-        type Run = (usize, Option<u64>, std::ops::Range<usize>);
-        let mut runs: SmallVec<[Run; 4]> = SmallVec::new();
-        for i in 0..request.keys.len() {
-            let key = request.key(bytes, i);
-            let pool = self.pool_index(&layout, Some(key)).unwrap_or(0);
-            let serving = layout.serving(pool, key);
-            let ttl = (serving != pool)
-                .then(|| {
-                    let topology = layout.pools()[pool].topology.load();
-                    topology.config.failover.as_ref().map(|f| f.ttl.as_secs())
-                })
-                .flatten();
-            match runs.last_mut() {
-                Some((last, last_ttl, range)) if *last == serving && *last_ttl == ttl => {
-                    range.end = i + 1
-                }
-                _ => runs.push((serving, ttl, i..i + 1)),
-            }
-        }
         let count = runs.len();
-        for (n, (pool, ttl, range)) in runs.into_iter().enumerate() {
+        for (n, (serving, range)) in runs.into_iter().enumerate() {
             let mut line = BytesMut::with_capacity(request.line_len as usize);
             line.extend_from_slice(head);
             let mut keys = crate::protocol::request::Keys::new();
@@ -121,12 +105,12 @@ impl ClientSession {
                 args_end,
                 line_len: line.len() as u32,
             };
-            let (sub, line) = match ttl {
+            let (sub, line) = match serving.gutter_ttl {
                 // `gat` to a gutter: its new exptime is capped too.
                 Some(ttl) => self.capped(sub, line.freeze(), ttl),
                 None => (sub, line.freeze()),
             };
-            let topology = layout.pools()[pool].topology.load_full();
+            let topology = layout.pools()[serving.pool].topology.load_full();
             let split = if n + 1 == count {
                 Split::Last
             } else {
