@@ -3,7 +3,7 @@
 //! the worker's thread only (`Rc`, `RefCell`, `Cell`: no locks), so sessions
 //! queue requests on a connection without crossing threads.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -49,10 +49,9 @@ pub(crate) struct WorkerCtx {
     /// (`session/copy_check.rs`); waited for at shutdown before the
     /// connections drain.
     pub(crate) checks: TaskTracker,
-    /// Reply bytes this worker's clients are owed or have reserved.
-    pub(crate) owed: Cell<usize>,
-    /// This worker's share of `max_buffer_bytes`.
-    pub(crate) budget: usize,
+    /// Reply bytes this worker's clients are owed or have reserved, within
+    /// its share of `max_buffer_bytes`.
+    pub(crate) budget: crate::session::WorkerBudget,
     /// This worker's hot-key counts, requests in flight and windows.
     pub(crate) hot: Rc<HotWorker>,
     /// The time of this worker's current turn.
@@ -80,8 +79,7 @@ impl WorkerCtx {
             drain: CancellationToken::new(),
             conn_tasks: TaskTracker::new(),
             checks: TaskTracker::new(),
-            owed: Cell::new(0),
-            budget,
+            budget: crate::session::WorkerBudget::new(budget),
             hot,
             clock: Rc::new(crate::clock::TurnClock::new()),
             shadow: Rc::default(),

@@ -237,11 +237,10 @@ impl ClientSession {
                 plan, in_flight, ..
             } => {
                 while plan.has_unsent() {
-                    let room = self
-                        .budget()
-                        .saturating_sub(self.owed + self.out.len())
-                        .min(self.worker.budget.saturating_sub(self.worker.owed.get()));
-                    let nothing_owed = self.owed == 0 && self.out.is_empty();
+                    let room =
+                        self.budget
+                            .room(&self.worker.budget, self.client_limit(), self.out.len());
+                    let nothing_owed = self.budget.nothing_owed(self.out.len());
                     let estimate = self.estimate.max(MIN_ESTIMATE_BYTES);
                     let keys = (room / estimate).min(route::MAX_CHUNK_KEYS);
                     let keys = if keys == 0 && nothing_owed { 1 } else { keys };

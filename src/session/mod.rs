@@ -50,6 +50,7 @@ use crate::shard::WorkerCtx;
 use crate::topology::{SharedTopology, Topology};
 use crate::wake::{Cancel, Wake};
 
+mod budget;
 mod copy_check;
 mod dispatch;
 mod shadow;
@@ -57,6 +58,8 @@ mod spares;
 mod start;
 mod work;
 
+use budget::ClientBudget;
+pub(crate) use budget::WorkerBudget;
 use work::*;
 
 /// First read buffer of a client: small, so that thousands of idle clients
@@ -278,9 +281,9 @@ struct ClientSession {
     /// Entries before this index have sent everything they will send.
     dispatched: usize,
     out: OutQueue,
-    /// Reply bytes reserved for requests in flight and held for entries not
-    /// yet at the head.
-    owed: usize,
+    /// Reply bytes reserved for requests in flight, held for entries not
+    /// yet at the head and queued to write.
+    budget: ClientBudget,
     /// Assumed reply size of one key not yet answered: starts at the largest
     /// value allowed and follows what this client's gets return.
     estimate: usize,
@@ -297,8 +300,6 @@ struct ClientSession {
     /// on a server connection faster than the server takes them. Each slot
     /// with its server.
     unanswered: Vec<(ServerSlots, usize)>,
-    /// Bytes of `out` included in the worker's `owed`.
-    out_counted: usize,
     limits: Limits,
     /// A client of a pool's own `listen`: every key goes to that pool.
     /// Otherwise the layout's routes say.
@@ -316,13 +317,12 @@ impl ClientSession {
             entries: VecDeque::new(),
             dispatched: 0,
             out: OutQueue::default(),
-            owed: 0,
+            budget: ClientBudget::default(),
             estimate: limits.max_value_bytes,
             closing: false,
             discard: 0,
             parsed_bytes: 0,
             unanswered: Vec::new(),
-            out_counted: 0,
             limits,
         }
     }
@@ -366,7 +366,8 @@ impl ClientSession {
         }
     }
 
-    fn budget(&self) -> usize {
+    /// The most reply bytes this client may be owed.
+    fn client_limit(&self) -> usize {
         self.worker
             .settings
             .client_buffer_bytes
@@ -376,49 +377,33 @@ impl ClientSession {
     fn can_read(&self) -> bool {
         !self.closing
             && self.entries.len() < self.worker.settings.max_pending
-            && self.owed + self.out.len() + self.parsed_bytes <= self.budget()
+            && self.budget.owed() + self.out.len() + self.parsed_bytes <= self.client_limit()
     }
 
-    /// Whether `cost` more bytes may be reserved now. A client with nothing
-    /// in flight may always send one request, so every client progresses.
+    /// Whether `cost` more bytes may be reserved now (see [`ClientBudget`]).
     fn may_reserve(&self, cost: usize) -> bool {
-        let nothing_owed = self.owed == 0 && self.out.is_empty();
-        nothing_owed
-            || (self.owed + self.out.len() + cost <= self.budget()
-                && self.worker.owed.get() + cost <= self.worker.budget)
+        let worker = &self.worker.budget;
+        self.budget
+            .may_reserve(worker, self.client_limit(), self.out.len(), cost)
     }
 
     fn reserve(&mut self, cost: usize) {
-        self.owed += cost;
-        self.worker.owed.set(self.worker.owed.get() + cost);
+        self.budget.reserve(&self.worker.budget, cost);
     }
 
     fn release(&mut self, cost: usize) {
-        let cost = cost.min(self.owed);
-        self.owed -= cost;
-        self.worker
-            .owed
-            .set(self.worker.owed.get().saturating_sub(cost));
+        self.budget.release(&self.worker.budget, cost);
     }
 
     /// Gives back everything this client reserved (the session is ending).
     fn release_all(&mut self) {
-        self.release(self.owed);
-        let owed = self.worker.owed.get();
-        self.worker.owed.set(owed.saturating_sub(self.out_counted));
-        self.out_counted = 0;
+        self.budget.release_all(&self.worker.budget);
     }
 
-    /// Keeps the worker's count in step with the bytes waiting in this
-    /// client's write queue: they are buffered replies too, and a client
-    /// that does not read holds them for as long as it likes.
+    /// Keeps the worker's count in step with this client's write queue.
     fn count_out(&mut self) {
-        let now = self.out.len();
-        let owed = self.worker.owed.get();
-        self.worker
-            .owed
-            .set((owed + now).saturating_sub(self.out_counted));
-        self.out_counted = now;
+        self.budget
+            .count_queued(&self.worker.budget, self.out.len());
     }
 
     /// Parses every complete request in `input` into entries, up to the
@@ -506,9 +491,9 @@ impl ClientSession {
     fn advance(&mut self) {
         loop {
             self.pump();
-            let (entries, owed) = (self.entries.len(), self.owed);
+            let (entries, owed) = (self.entries.len(), self.budget.owed());
             self.collect();
-            let progressed = self.entries.len() < entries || self.owed < owed;
+            let progressed = self.entries.len() < entries || self.budget.owed() < owed;
             if !progressed || self.dispatched == self.entries.len() {
                 return;
             }
