@@ -52,6 +52,7 @@ use crate::wake::{Cancel, Wake};
 
 mod budget;
 mod copy_check;
+mod deadline;
 mod dispatch;
 mod shadow;
 mod spares;
@@ -60,6 +61,7 @@ mod work;
 
 use budget::ClientBudget;
 pub(crate) use budget::WorkerBudget;
+use deadline::{Progress, Waiting};
 use work::*;
 
 /// First read buffer of a client: small, so that thousands of idle clients
@@ -121,17 +123,13 @@ where
     let mut input = BytesMut::with_capacity(FIRST_READ_BYTES);
     let settings = worker.settings;
     let clock = worker.clock.clone();
-    let mut last_read = clock.tick();
-    // When the incomplete request at the head of `input` began. The idle
-    // timeout runs from here, not from the last read: a client trickling a
-    // request byte by byte reads as busy but never completes it.
-    let mut partial_since = last_read;
-    let mut last_write = last_read;
+    let started = clock.tick();
+    let mut progress = Progress::new(started);
     let mut shutdown = Cancel::new(&worker.shutdown);
     // One timer for the session's deadlines, moved rather than made anew
     // each turn: each deadline is usually later than the last, which tokio
     // takes without touching its timer wheel.
-    let timer = tokio::time::sleep_until(last_read);
+    let timer = tokio::time::sleep_until(started);
     tokio::pin!(timer);
     let result = loop {
         // One clock read per wake-up (at the end of the loop): what runs
@@ -141,7 +139,7 @@ where
             let unparsed = input.len();
             client.parse(&mut input);
             if input.len() < unparsed {
-                partial_since = now;
+                progress.parsed(now);
             }
             let full = client.entries.len() >= settings.max_pending;
             client.count_out();
@@ -157,7 +155,7 @@ where
         }
         client.count_out();
         if client.out.is_empty() {
-            last_write = now;
+            progress.wrote(now);
         }
         client.out.seal();
         if client.closing && client.entries.is_empty() && client.out.is_empty() {
@@ -167,16 +165,12 @@ where
         if can_read && input.capacity() - input.len() < MIN_READ_ROOM_BYTES {
             input.reserve(input.capacity().max(FIRST_READ_BYTES));
         }
-        let idle = settings.idle_timeout.filter(|_| {
-            // Idle and owed nothing, or stuck halfway through a request.
-            (client.entries.is_empty() && client.out.is_empty()) || !input.is_empty()
-        });
-        let deadline = match (idle, client.out.has_remaining()) {
-            (_, true) => Some(last_write + settings.write_timeout),
-            (Some(idle), false) if input.is_empty() => Some(last_read + idle),
-            (Some(idle), false) => Some(partial_since + idle),
-            (None, false) => None,
+        let waiting = Waiting {
+            writing: client.out.has_remaining(),
+            owed_nothing: client.entries.is_empty() && client.out.is_empty(),
+            partial_input: !input.is_empty(),
         };
+        let deadline = progress.deadline(waiting, settings.idle_timeout, settings.write_timeout);
         // What the arm below did: bytes written, bytes read (the first of a
         // new request?).
         let (mut wrote, mut got) = (false, None);
@@ -216,13 +210,10 @@ where
         }
         let now = clock.tick();
         if wrote {
-            last_write = now;
+            progress.wrote(now);
         }
         if let Some(first_bytes) = got {
-            last_read = now;
-            if first_bytes {
-                partial_since = now;
-            }
+            progress.read(now, first_bytes);
         }
     };
     client.release_all();
