@@ -6,10 +6,10 @@
 //!   `hot_key_window_ms` it publishes the window's largest counters and starts
 //!   a new window; `stats hotkeys`, the Prometheus gauges and the log line
 //!   merge the workers' last windows ([`top`]).
-//! - **Coalescing** (`hot_key_coalesce`, on by default): a single-key `get`
-//!   of a key that was hot in the worker's last window waits for the same
-//!   request another client of the worker already sent, if nothing has
-//!   written the key since that request was sent.
+//! - **Coalescing** (`hot_key_coalesce`, on by default; `coalesce.rs`): a
+//!   single-key `get` of a key that was hot in the worker's last window
+//!   waits for the same request another client of the worker already sent,
+//!   if nothing has written the key since that request was sent.
 //! - **Near cache** (`hot_key_cache_ms`, off by default): the values of hot
 //!   keys are kept for at most that long and answer `get`s without a round
 //!   trip.
@@ -46,13 +46,14 @@
 //!
 //! No I/O here beyond what the session and the monitor task ask for.
 
+mod coalesce;
 pub mod sketch;
 pub mod top;
 mod versions;
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
-use std::rc::{Rc, Weak};
+use std::rc::Rc;
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -61,13 +62,11 @@ use arc_swap::ArcSwap;
 use tokio::sync::Notify;
 
 use bytes::{Bytes, BytesMut};
-use smallvec::SmallVec;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::conn::Conn;
-use crate::backend::slot::{Got, Slot, Watch};
+use crate::backend::slot::Slot;
 use crate::config::HotKeySettings;
-use crate::error::{BackendError, BackendErrorKind};
 use crate::protocol::encode::{printable_key, value_block};
 use crate::protocol::meta::MetaRequest;
 use crate::protocol::request::{parse_signed, parse_unsigned};
@@ -75,6 +74,8 @@ use crate::protocol::{Command, Request};
 use crate::route::{MetaPlan, Plan, SubRequest};
 use crate::stats::{HotKeySample, Stats};
 use crate::topology::Topology;
+pub(crate) use coalesce::Ticket;
+use coalesce::{Flight, FlightState};
 use sketch::{BuildKeyHash, SpaceSaving};
 use top::{Episode, Episodes, HotKey, ServerWindow, WorkerWindow};
 pub(crate) use versions::WriteGuard;
@@ -258,90 +259,6 @@ impl HotShared {
     }
 }
 
-/// A hot key's `get` on its way to the server: other sessions of the worker
-/// may wait for its reply, which may fill the near cache.
-#[derive(Debug)]
-struct Flight {
-    /// The connection it was queued on.
-    conn: Rc<Conn>,
-    /// The slot of the session that sent it (weak: the slot owns the flight).
-    origin: Weak<Slot>,
-    line: Bytes,
-    hash: u64,
-    /// The stripe version when it was sent.
-    version: u64,
-    /// The key, when the reply may fill the near cache.
-    fill: Option<Box<[u8]>>,
-    shared: Local,
-    state: RefCell<FlightState>,
-}
-
-impl Flight {
-    /// Whether `slot` gets this flight's reply: the sender's or a follower's.
-    fn answers(&self, slot: &Rc<Slot>, state: &FlightState) -> bool {
-        std::ptr::eq(self.origin.as_ptr(), Rc::as_ptr(slot))
-            || state.followers.iter().any(|f| Rc::ptr_eq(f, slot))
-    }
-}
-
-#[derive(Debug, Default)]
-struct FlightState {
-    followers: Vec<Rc<Slot>>,
-    started: bool,
-    done: bool,
-    /// The reply's value blocks, and whether anything else came.
-    values: SmallVec<[Bytes; 1]>,
-    other: bool,
-}
-
-impl Watch for Flight {
-    fn piece(&self, piece: &Got) {
-        let mut state = self.state.borrow_mut();
-        state.started = true;
-        match piece {
-            Got::Value(block) if self.fill.is_some() => state.values.push(block.clone()),
-            _ => state.other = true,
-        }
-        // Followers have no watcher of their own: pushing cannot come back here.
-        for follower in &state.followers {
-            follower.push(piece.clone());
-        }
-    }
-
-    fn done(&self, result: &Result<(), BackendError>) {
-        let (followers, value) = {
-            let mut state = self.state.borrow_mut();
-            state.done = true;
-            let value = match (&state.values[..], state.other) {
-                ([block], false) => Some(block.clone()),
-                _ => None,
-            };
-            (std::mem::take(&mut state.followers), value)
-        };
-        for follower in followers {
-            follower.finish(result.clone());
-        }
-        if let (Ok(()), Some(key), Some(block)) = (result, &self.fill, value) {
-            self.shared.fill(key, self.hash, self.version, block);
-        }
-    }
-}
-
-impl Drop for Flight {
-    fn drop(&mut self) {
-        // Dropped unanswered (its connection went away without failing it):
-        // followers must not wait forever.
-        let state = self.state.get_mut();
-        if !state.done && !state.followers.is_empty() {
-            // Counted here, once, because clients do see this failure.
-            let gone = self.conn.error(BackendErrorKind::Gone);
-            for follower in state.followers.drain(..) {
-                follower.finish(Err(gone.clone()));
-            }
-        }
-    }
-}
-
 /// What the session does with one sub-request of a retrieval.
 pub(crate) enum GetShortcut {
     /// Send it; then call [`HotWorker::sent`] with the ticket, if any.
@@ -361,15 +278,6 @@ pub(crate) trait Unanswered {
     /// has its reply going to a slot `ours` accepts. With `ours` always
     /// false: whether the session waits for nothing from `server`.
     fn all_to(&self, server: usize, ours: &mut dyn FnMut(&Rc<Slot>) -> bool) -> bool;
-}
-
-/// A hot key's `get` about to be sent.
-pub(crate) struct Ticket {
-    conn: Rc<Conn>,
-    line: Bytes,
-    hash: u64,
-    version: u64,
-    fill: Option<Box<[u8]>>,
 }
 
 /// The near cache's key for `key` of the pool `pool_id`: two pools may
