@@ -10,9 +10,9 @@
 //!   single-key `get` of a key that was hot in the worker's last window
 //!   waits for the same request another client of the worker already sent,
 //!   if nothing has written the key since that request was sent.
-//! - **Near cache** (`hot_key_cache_ms`, off by default): the values of hot
-//!   keys are kept for at most that long and answer `get`s without a round
-//!   trip.
+//! - **Near cache** (`hot_key_cache_ms`, off by default; `near_cache.rs`):
+//!   the values of hot keys are kept for at most that long and answer `get`s
+//!   without a round trip.
 //!
 //! # What keeps reads after writes correct (`versions.rs`)
 //! Every write through this memring (storage commands, `delete`, `incr`,
@@ -47,6 +47,7 @@
 //! No I/O here beyond what the session and the monitor task ask for.
 
 mod coalesce;
+mod near_cache;
 pub mod sketch;
 pub mod top;
 mod versions;
@@ -67,15 +68,15 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::conn::Conn;
 use crate::backend::slot::Slot;
 use crate::config::HotKeySettings;
-use crate::protocol::encode::{printable_key, value_block};
+use crate::protocol::encode::printable_key;
 use crate::protocol::meta::MetaRequest;
-use crate::protocol::request::{parse_signed, parse_unsigned};
 use crate::protocol::{Command, Request};
 use crate::route::{MetaPlan, Plan, SubRequest};
 use crate::stats::{HotKeySample, Stats};
 use crate::topology::Topology;
 pub(crate) use coalesce::Ticket;
 use coalesce::{Flight, FlightState};
+use near_cache::{cache_key, near_cache, stored_value, NearCache};
 use sketch::{BuildKeyHash, SpaceSaving};
 use top::{Episode, Episodes, HotKey, ServerWindow, WorkerWindow};
 pub(crate) use versions::WriteGuard;
@@ -103,16 +104,6 @@ const LOG_MIN_SERVER_RATE: f64 = 50.0;
 pub fn key_hash(key: &[u8]) -> u64 {
     crate::ring::key_hash(key)
 }
-
-/// A near-cache entry: a `VALUE` block as the server sent it, and the stripe
-/// version of the `get` that fetched it.
-#[derive(Debug, Clone)]
-struct Cached {
-    version: u64,
-    block: Bytes,
-}
-
-type NearCache = moka::sync::Cache<Box<[u8]>, Cached>;
 
 /// A worker's handle on the shared state.
 type Local = Rc<Arc<HotShared>>;
@@ -183,27 +174,6 @@ impl HotShared {
             cache,
         }));
         true
-    }
-
-    /// Whether a near cache is on.
-    fn caching(&self) -> bool {
-        self.live.load().cache.is_some()
-    }
-
-    /// Keeps a `get`'s value for its key if nothing wrote the key since the
-    /// `get` was sent at `version`.
-    fn fill(&self, key: &[u8], hash: u64, version: u64, block: Bytes) {
-        let live = self.live.load();
-        let Some(cache) = &live.cache else {
-            return;
-        };
-        // One value may not push out most of the others.
-        if block.len() as u64 > live.settings.cache_bytes / 8 {
-            return;
-        }
-        if self.settled(hash) == (version, true) {
-            cache.insert(key.into(), Cached { version, block });
-        }
     }
 
     /// The hottest keys of the workers' last windows, over every worker
@@ -278,16 +248,6 @@ pub(crate) trait Unanswered {
     /// has its reply going to a slot `ours` accepts. With `ours` always
     /// false: whether the session waits for nothing from `server`.
     fn all_to(&self, server: usize, ours: &mut dyn FnMut(&Rc<Slot>) -> bool) -> bool;
-}
-
-/// The near cache's key for `key` of the pool `pool_id`: two pools may
-/// hold one key name with different values (a client of a pool's own
-/// listener asks its pool whatever the routes say).
-fn cache_key(pool_id: u64, key: &[u8]) -> Box<[u8]> {
-    let mut scoped = Vec::with_capacity(8 + key.len());
-    scoped.extend_from_slice(&pool_id.to_le_bytes());
-    scoped.extend_from_slice(key);
-    scoped.into_boxed_slice()
 }
 
 /// Topologies whose backend map a worker keeps: one per pool its clients
@@ -786,50 +746,6 @@ pub async fn monitor(
     }
 }
 
-/// The near cache `settings` ask for, if any.
-fn near_cache(settings: &HotKeySettings, stats: &Stats) -> Option<NearCache> {
-    settings.cache_ttl.map(|ttl| {
-        let evictions = stats.hot.cache_evictions.clone();
-        NearCache::builder()
-            .max_capacity(settings.cache_bytes)
-            .weigher(|key, value| {
-                // Keys and values, plus a rough per-entry overhead.
-                u32::try_from(key.len() + value.block.len() + 64).unwrap_or(u32::MAX)
-            })
-            .time_to_live(ttl)
-            .eviction_listener(move |_key, _value, cause| {
-                if cause == moka::notification::RemovalCause::Size {
-                    evictions.inc();
-                }
-            })
-            .build()
-    })
-}
-
-/// The `VALUE` block a `get` answers once memcached has stored what
-/// `request` (`set`, `add`, `replace` or `cas`, never expiring) sends; `None`
-/// for any other request.
-fn stored_value(request: &Request, bytes: &Bytes) -> Option<Bytes> {
-    if !matches!(
-        request.command,
-        Command::Set | Command::Add | Command::Replace | Command::Cas
-    ) {
-        return None;
-    }
-    let line_len = request.line_len as usize;
-    let line = bytes.get(..line_len)?.strip_suffix(b"\r\n")?;
-    let mut tokens = line.split(|&b| b == b' ').filter(|t| !t.is_empty());
-    let (_, key) = (tokens.next()?, tokens.next()?);
-    // memcached prints flags as the number it parsed ("007" comes back "7").
-    let flags = u32::try_from(parse_unsigned(tokens.next()?)?).ok()?;
-    // An expiry could end the item before the cache entry's life does.
-    if parse_signed(tokens.next()?)? != 0 {
-        return None;
-    }
-    let data = bytes.get(line_len..).filter(|d| d.ends_with(b"\r\n"))?;
-    Some(value_block(key, flags, data, None))
-}
-
 /// `get <key>\r\n` or `gets <key>\r\n`: the command and the key.
 fn single_key(line: &[u8]) -> Option<(Command, &[u8])> {
     let (command, rest) = if let Some(rest) = line.strip_prefix(b"get ") {
@@ -865,34 +781,6 @@ mod tests {
         assert_eq!(single_key(b"gat 10 k\r\n"), None);
         assert_eq!(single_key(b"get \r\n"), None);
         assert_eq!(single_key(b"get k"), None);
-    }
-
-    #[test]
-    fn stored_values_are_what_a_get_would_answer() {
-        use crate::protocol::{request::parse_request, Limits};
-        let value = |input: &'static [u8]| {
-            let bytes = Bytes::from_static(input);
-            let (request, used) = parse_request(&bytes, &Limits::default()).unwrap().unwrap();
-            assert_eq!(used, bytes.len());
-            stored_value(&request, &bytes)
-        };
-        assert_eq!(
-            value(b"set k 007 0 2\r\nab\r\n").as_deref(),
-            Some(&b"VALUE k 7 2\r\nab\r\n"[..])
-        );
-        assert_eq!(
-            value(b"cas k +5 00 0 9 noreply\r\n\r\n").as_deref(),
-            Some(&b"VALUE k 5 0\r\n\r\n"[..])
-        );
-        assert_eq!(
-            value(b"add k 0 0 3 noreply\r\nx y\r\n").as_deref(),
-            Some(&b"VALUE k 0 3\r\nx y\r\n"[..])
-        );
-        // Expiring, or not a plain store.
-        assert_eq!(value(b"set k 0 10 1\r\na\r\n"), None);
-        assert_eq!(value(b"set k 0 -1 1\r\na\r\n"), None);
-        assert_eq!(value(b"append k 0 0 1\r\na\r\n"), None);
-        assert_eq!(value(b"incr k 1\r\n"), None);
     }
 
     #[test]
