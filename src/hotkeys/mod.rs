@@ -1,11 +1,11 @@
 //! Hot keys: naming the keys that take most of their server's requests, and
 //! taking their load off that server.
 //!
-//! - **Detection** (always on): each worker counts the keys of every request
-//!   in one [`sketch::SpaceSaving`] per server, with no lock. Every
-//!   `hot_key_window_ms` it publishes the window's largest counters and starts
-//!   a new window; `stats hotkeys`, the Prometheus gauges and the log line
-//!   merge the workers' last windows ([`top`]).
+//! - **Detection** (always on; `detect.rs`): each worker counts the keys of
+//!   every request in one [`sketch::SpaceSaving`] per server, with no lock.
+//!   Every `hot_key_window_ms` it publishes the window's largest counters and
+//!   starts a new window; `stats hotkeys`, the Prometheus gauges and the log
+//!   line merge the workers' last windows ([`top`]).
 //! - **Coalescing** (`hot_key_coalesce`, on by default; `coalesce.rs`): a
 //!   single-key `get` of a key that was hot in the worker's last window
 //!   waits for the same request another client of the worker already sent,
@@ -47,6 +47,7 @@
 //! No I/O here beyond what the session and the monitor task ask for.
 
 mod coalesce;
+mod detect;
 mod near_cache;
 pub mod sketch;
 pub mod top;
@@ -76,22 +77,15 @@ use crate::stats::{HotKeySample, Stats};
 use crate::topology::Topology;
 pub(crate) use coalesce::Ticket;
 use coalesce::{Flight, FlightState};
+use detect::WorkerState;
 use near_cache::{cache_key, near_cache, stored_value, NearCache};
-use sketch::{BuildKeyHash, SpaceSaving};
-use top::{Episode, Episodes, HotKey, ServerWindow, WorkerWindow};
+use top::{Episode, Episodes, HotKey, WorkerWindow};
 pub(crate) use versions::WriteGuard;
 use versions::{is_write, Stripe, Target, WriteFill, WrittenKeys, STRIPES};
 
 /// Counters of each server's sketch, per worker: any key above 1/128 of its
 /// server's requests in a window is sure to be counted.
 pub const COUNTERS_PER_SERVER: usize = 128;
-
-/// A key is hot (coalesced, near-cached) when, in one of the worker's last
-/// two windows, it surely took at least this share of its server's
-/// requests...
-const HOT_MIN_SHARE: f64 = 0.01;
-/// ...and at least this many requests.
-const HOT_MIN_REQUESTS: u64 = 16;
 
 /// A key's share is logged only on a server that sees at least this many
 /// requests per second, so one request to an idle server is not "hot".
@@ -248,81 +242,6 @@ pub(crate) trait Unanswered {
     /// has its reply going to a slot `ours` accepts. With `ours` always
     /// false: whether the session waits for nothing from `server`.
     fn all_to(&self, server: usize, ours: &mut dyn FnMut(&Rc<Slot>) -> bool) -> bool;
-}
-
-/// Topologies whose backend map a worker keeps: one per pool its clients
-/// use, and the one before a reload.
-const MAPS_KEPT: usize = 8;
-
-/// One server's sketch in a worker.
-struct ServerSketch {
-    /// The backend's id (two pools may have servers of the same name).
-    backend: u64,
-    name: Arc<str>,
-    sketch: SpaceSaving,
-}
-
-struct WorkerState {
-    /// Per topology (by its id; one per pool in use), the index in
-    /// `sketches` of each of its backends.
-    maps: Vec<(u64, Vec<usize>)>,
-    /// The entry of `maps` the last request used.
-    current: usize,
-    sketches: Vec<ServerSketch>,
-    window_started: Instant,
-    /// Hashes of the keys hot in either of the last two windows, so that a
-    /// key hot all along does not drop out at a window's edge.
-    hot: HashSet<u64, BuildKeyHash>,
-    /// Hashes of the keys hot in the last window alone.
-    hot_last: HashSet<u64, BuildKeyHash>,
-    /// Hot keys' `get`s in flight, by key hash.
-    flights: HashMap<u64, Rc<Flight>, BuildKeyHash>,
-}
-
-impl WorkerState {
-    fn map(&mut self, topology: &Topology) {
-        if self
-            .maps
-            .get(self.current)
-            .is_some_and(|m| m.0 == topology.id)
-        {
-            return;
-        }
-        if let Some(at) = self.maps.iter().position(|m| m.0 == topology.id) {
-            self.current = at;
-            return;
-        }
-        let mut by_backend = Vec::with_capacity(topology.backends.len());
-        for backend in topology.backends.iter() {
-            let id = backend.shared().id;
-            let at = match self.sketches.iter().position(|s| s.backend == id) {
-                Some(at) => at,
-                None => {
-                    self.sketches.push(ServerSketch {
-                        backend: id,
-                        name: backend.name().into(),
-                        sketch: SpaceSaving::new(COUNTERS_PER_SERVER),
-                    });
-                    self.sketches.len() - 1
-                }
-            };
-            by_backend.push(at);
-        }
-        // Older topologies of the same pools are not asked again.
-        if self.maps.len() >= MAPS_KEPT {
-            self.maps.remove(0);
-        }
-        self.maps.push((topology.id, by_backend));
-        self.current = self.maps.len() - 1;
-    }
-
-    #[inline]
-    fn count(&mut self, server: Option<usize>, hash: u64, key: &[u8]) {
-        let by_backend = self.maps.get(self.current).map(|m| &m.1);
-        if let Some(&at) = server.and_then(|s| by_backend?.get(s)) {
-            self.sketches[at].sketch.add(hash, key);
-        }
-    }
 }
 
 /// One worker's hot-key state. Lives on the worker thread only.
@@ -609,65 +528,6 @@ impl HotWorker {
         if self.shared.live.load().settings.coalesce {
             self.state.borrow_mut().flights.insert(ticket.hash, flight);
         }
-    }
-
-    /// Ends the window: publishes its largest counters, remembers its hot
-    /// keys, starts counting afresh.
-    fn roll(&self) {
-        let now = Instant::now();
-        let mut state = self.state.borrow_mut();
-        let seconds = now.duration_since(state.window_started).as_secs_f64();
-        state.window_started = now;
-        let published = self
-            .shared
-            .live
-            .load()
-            .settings
-            .top
-            .clamp(32, COUNTERS_PER_SERVER);
-        let mut hot = HashSet::default();
-        let mut servers = Vec::with_capacity(state.sketches.len());
-        for server in &mut state.sketches {
-            let total = server.sketch.total();
-            let mut keys = server.sketch.top(COUNTERS_PER_SERVER);
-            let bar = HOT_MIN_REQUESTS.max((total as f64 * HOT_MIN_SHARE).ceil() as u64);
-            hot.extend(
-                keys.iter()
-                    .filter(|e| e.count - e.error >= bar)
-                    .map(|e| e.hash),
-            );
-            keys.truncate(published);
-            server.sketch.clear();
-            servers.push(ServerWindow {
-                name: server.name.clone(),
-                total,
-                keys,
-            });
-        }
-        // Servers gone from the topology are forgotten; the next request
-        // maps the current ones again.
-        let mapped: Vec<bool> = (0..state.sketches.len())
-            .map(|i| state.maps.iter().any(|m| m.1.contains(&i)))
-            .collect();
-        if mapped.contains(&false) {
-            let mut i = 0;
-            state.sketches.retain(|_| {
-                i += 1;
-                mapped[i - 1]
-            });
-            state.maps.clear();
-        }
-        let mut both = hot.clone();
-        both.extend(state.hot_last.iter().copied());
-        state.hot = both;
-        state.hot_last = hot;
-        // A flight held only here was dropped by its connection.
-        state
-            .flights
-            .retain(|_, f| !f.state.borrow().done && Rc::strong_count(f) > 1);
-        drop(state);
-        self.shared
-            .publish(self.index, now, WorkerWindow { seconds, servers });
     }
 }
 
