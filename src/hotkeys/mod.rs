@@ -5,7 +5,7 @@
 //!   every request in one [`sketch::SpaceSaving`] per server, with no lock.
 //!   Every `hot_key_window_ms` it publishes the window's largest counters and
 //!   starts a new window; `stats hotkeys`, the Prometheus gauges and the log
-//!   line merge the workers' last windows ([`top`]).
+//!   line (`monitor.rs`) merge the workers' last windows ([`top`]).
 //! - **Coalescing** (`hot_key_coalesce`, on by default; `coalesce.rs`): a
 //!   single-key `get` of a key that was hot in the worker's last window
 //!   waits for the same request another client of the worker already sent,
@@ -48,6 +48,7 @@
 
 mod coalesce;
 mod detect;
+mod monitor;
 mod near_cache;
 pub mod sketch;
 pub mod top;
@@ -61,10 +62,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use tokio::sync::Notify;
 
 use bytes::{Bytes, BytesMut};
-use tokio_util::sync::CancellationToken;
 
 use crate::backend::conn::Conn;
 use crate::backend::slot::Slot;
@@ -73,23 +72,21 @@ use crate::protocol::encode::printable_key;
 use crate::protocol::meta::MetaRequest;
 use crate::protocol::{Command, Request};
 use crate::route::{MetaPlan, Plan, SubRequest};
-use crate::stats::{HotKeySample, Stats};
+use crate::stats::Stats;
 use crate::topology::Topology;
 pub(crate) use coalesce::Ticket;
 use coalesce::{Flight, FlightState};
 use detect::WorkerState;
+pub use monitor::monitor;
+pub(crate) use monitor::run_windows;
 use near_cache::{cache_key, near_cache, stored_value, NearCache};
-use top::{Episode, Episodes, HotKey, WorkerWindow};
+use top::{HotKey, WorkerWindow};
 pub(crate) use versions::WriteGuard;
 use versions::{is_write, Stripe, Target, WriteFill, WrittenKeys, STRIPES};
 
 /// Counters of each server's sketch, per worker: any key above 1/128 of its
 /// server's requests in a window is sure to be counted.
 pub const COUNTERS_PER_SERVER: usize = 128;
-
-/// A key's share is logged only on a server that sees at least this many
-/// requests per second, so one request to an idle server is not "hot".
-const LOG_MIN_SERVER_RATE: f64 = 50.0;
 
 /// The xxh3 hash the sketches, stripes and flights know a key by: the
 /// memring ring's own key hash, so that the planner's hash of a key (see
@@ -527,81 +524,6 @@ impl HotWorker {
         slot.watch(flight.clone());
         if self.shared.live.load().settings.coalesce {
             self.state.borrow_mut().flights.insert(ticket.hash, flight);
-        }
-    }
-}
-
-/// Ends a window every `hot_key_window_ms` until `stop`.
-pub(crate) async fn run_windows(hot: Rc<HotWorker>, stop: CancellationToken) {
-    let period = hot.shared.started.window;
-    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = ticks.tick() => hot.roll(),
-            () = stop.cancelled() => return,
-        }
-    }
-}
-
-/// Every window: refreshes the hot-key gauges and logs keys that start or
-/// stop taking more than `hot_key_share` of their server's requests.
-/// Also takes the hot-key settings of every config a reload publishes.
-pub async fn monitor(
-    shared: Arc<HotShared>,
-    layout: crate::layout::SharedLayout,
-    published: Arc<Notify>,
-    shutdown: CancellationToken,
-) {
-    let period = shared.started.window;
-    // Half a window after the workers' ends, so each has published.
-    let first = tokio::time::Instant::now() + period + period / 2;
-    let mut ticks = tokio::time::interval_at(first, period);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut episodes = Episodes::default();
-    loop {
-        tokio::select! {
-            _ = ticks.tick() => {}
-            () = published.notified() => {
-                // Reloads publish; so do ejections, which change nothing here.
-                if shared.apply(&layout.load().default_topology().config.hot_keys) {
-                    tracing::info!("hot-key settings applied");
-                }
-                continue;
-            }
-            () = shutdown.cancelled() => return,
-        }
-        // A reload published while this task was busy.
-        shared.apply(&layout.load().default_topology().config.hot_keys);
-        let settings = shared.live.load().settings;
-        let merged = shared.merged(Instant::now());
-        let samples: Vec<HotKeySample> = merged
-            .iter()
-            .take(settings.top)
-            .map(|k| HotKeySample {
-                server: k.server.to_string(),
-                key: shared.key_label(&k.key, k.hash),
-                rate: k.rate,
-                share: k.share,
-            })
-            .collect();
-        shared.stats.hot_keys(&samples);
-        for episode in episodes.update(&merged, settings.share, LOG_MIN_SERVER_RATE) {
-            match episode {
-                Episode::Started(k) => tracing::warn!(
-                    key = %shared.key_label(&k.key, k.hash),
-                    server = %k.server,
-                    share = format_args!("{:.3}", k.share),
-                    rate = format_args!("{:.0}", k.rate),
-                    "hot key: takes more than {:.0}% of its server's requests",
-                    settings.share * 100.0
-                ),
-                Episode::Ended { server, key } => tracing::info!(
-                    key = %shared.key_label(&key, key_hash(&key)),
-                    %server,
-                    "hot key no longer hot"
-                ),
-            }
         }
     }
 }
