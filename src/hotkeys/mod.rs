@@ -76,10 +76,10 @@ use crate::topology::Topology;
 pub(crate) use coalesce::Ticket;
 use coalesce::{Flight, FlightState};
 use detect::WorkerState;
-pub use monitor::monitor;
+pub(crate) use monitor::monitor;
 pub(crate) use monitor::run_windows;
 use near_cache::{cache_key, stored_value};
-pub use shared::HotShared;
+pub(crate) use shared::HotShared;
 pub(crate) use versions::WriteGuard;
 use versions::{is_write, Target, WriteFill, WrittenKeys};
 

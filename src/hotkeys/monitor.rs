@@ -34,7 +34,7 @@ pub(crate) async fn run_windows(hot: Rc<HotWorker>, stop: CancellationToken) {
 /// Every window: refreshes the hot-key gauges and logs keys that start or
 /// stop taking more than `hot_key_share` of their server's requests.
 /// Also takes the hot-key settings of every config a reload publishes.
-pub async fn monitor(
+pub(crate) async fn monitor(
     shared: Arc<HotShared>,
     layout: crate::layout::SharedLayout,
     published: Arc<Notify>,

@@ -24,7 +24,7 @@ type Published = Option<(Instant, Arc<WorkerWindow>)>;
 
 /// What every worker shares: settings, write versions, the near cache and
 /// the windows the workers published.
-pub struct HotShared {
+pub(crate) struct HotShared {
     /// As at start: `detect` and `window` are read there only.
     pub(super) started: HotKeySettings,
     /// The settings a reload may change, and the near cache they make.
@@ -53,7 +53,11 @@ impl std::fmt::Debug for HotShared {
 
 impl HotShared {
     /// The shared state of `workers` workers.
-    pub fn new(settings: HotKeySettings, workers: usize, stats: Arc<Stats>) -> Arc<HotShared> {
+    pub(crate) fn new(
+        settings: HotKeySettings,
+        workers: usize,
+        stats: Arc<Stats>,
+    ) -> Arc<HotShared> {
         let cache = near_cache(&settings, &stats);
         Arc::new(HotShared {
             started: settings,
@@ -68,7 +72,7 @@ impl HotShared {
     /// Takes the settings a reload may change (all but `hot_key_detect` and
     /// `hot_key_window_ms`); a new near-cache life or size starts an empty
     /// cache. Returns whether anything changed.
-    pub fn apply(&self, settings: &HotKeySettings) -> bool {
+    pub(crate) fn apply(&self, settings: &HotKeySettings) -> bool {
         let current = self.live.load();
         if current.settings == *settings {
             return false;
@@ -90,7 +94,7 @@ impl HotShared {
     /// The hottest keys of the workers' last windows, over every worker
     /// (untruncated). Windows older than two window lengths are left out: a
     /// worker that stopped publishing has nothing current to say.
-    pub fn merged(&self, now: Instant) -> Vec<HotKey> {
+    pub(crate) fn merged(&self, now: Instant) -> Vec<HotKey> {
         let fresh: Vec<Arc<WorkerWindow>> = {
             let windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
             windows
@@ -106,7 +110,7 @@ impl HotShared {
     }
 
     /// The `stats hotkeys` reply.
-    pub fn report(&self) -> Bytes {
+    pub(crate) fn report(&self) -> Bytes {
         let mut merged = self.merged(Instant::now());
         merged.truncate(self.live.load().settings.top);
         let mut out = BytesMut::with_capacity(128 + merged.len() * 160);
@@ -131,7 +135,7 @@ impl HotShared {
     /// byte or a newline to split a log line, distinct keys distinct),
     /// otherwise its xxh3 hash (key names may be personal data; the hash
     /// hides them from a casual reader, not from one who can guess keys).
-    pub fn key_label(&self, key: &[u8], hash: u64) -> String {
+    pub(crate) fn key_label(&self, key: &[u8], hash: u64) -> String {
         if self.live.load().settings.metrics_names {
             printable_key(key).into_owned()
         } else {
