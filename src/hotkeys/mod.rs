@@ -1,20 +1,20 @@
 //! Hot keys: naming the keys that take most of their server's requests, and
 //! taking their load off that server.
 //!
-//! - **Detection** (always on): each worker counts the keys of every request
-//!   in one [`sketch::SpaceSaving`] per server, with no lock. Every
-//!   `hot_key_window_ms` it publishes the window's largest counters and starts
-//!   a new window; `stats hotkeys`, the Prometheus gauges and the log line
-//!   merge the workers' last windows ([`top`]).
-//! - **Coalescing** (`hot_key_coalesce`, on by default): a single-key `get`
-//!   of a key that was hot in the worker's last window waits for the same
-//!   request another client of the worker already sent, if nothing has
-//!   written the key since that request was sent.
-//! - **Near cache** (`hot_key_cache_ms`, off by default): the values of hot
-//!   keys are kept for at most that long and answer `get`s without a round
-//!   trip.
+//! - **Detection** (always on; `detect.rs`): each worker counts the keys of
+//!   every request in one [`sketch::SpaceSaving`] per server, with no lock.
+//!   Every `hot_key_window_ms` it publishes the window's largest counters and
+//!   starts a new window; `stats hotkeys`, the Prometheus gauges and the log
+//!   line (`monitor.rs`) merge the workers' last windows ([`top`]).
+//! - **Coalescing** (`hot_key_coalesce`, on by default; `coalesce.rs`): a
+//!   single-key `get` of a key that was hot in the worker's last window
+//!   waits for the same request another client of the worker already sent,
+//!   if nothing has written the key since that request was sent.
+//! - **Near cache** (`hot_key_cache_ms`, off by default; `near_cache.rs`):
+//!   the values of hot keys are kept for at most that long and answer `get`s
+//!   without a round trip.
 //!
-//! # What keeps reads after writes correct
+//! # What keeps reads after writes correct (`versions.rs`)
 //! Every write through this memring (storage commands, `delete`, `incr`,
 //! `decr`, `touch`, `gat`, `gats`, `flush_all`, and the meta commands that
 //! change an item) moves a version on its key's stripe (shared by all
@@ -44,57 +44,48 @@
 //! through this memring are seen by the near cache after at most
 //! `hot_key_cache_ms`.
 //!
+//! This file is what a session calls: each worker's `HotWorker` and the
+//! types a session meets. What all workers share (settings, the published
+//! windows) is in `shared.rs`.
+//!
 //! No I/O here beyond what the session and the monitor task ask for.
 
+mod coalesce;
+mod detect;
+mod monitor;
+mod near_cache;
+mod shared;
 pub mod sketch;
 pub mod top;
+mod versions;
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
-use std::rc::{Rc, Weak};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Instant;
 
-use arc_swap::ArcSwap;
-use tokio::sync::Notify;
-
-use bytes::{Bytes, BytesMut};
-use smallvec::SmallVec;
-use tokio_util::sync::CancellationToken;
+use bytes::Bytes;
 
 use crate::backend::conn::Conn;
-use crate::backend::slot::{Got, Slot, Watch};
-use crate::config::HotKeySettings;
-use crate::error::{BackendError, BackendErrorKind};
-use crate::protocol::encode::{printable_key, value_block};
+use crate::backend::slot::Slot;
 use crate::protocol::meta::MetaRequest;
-use crate::protocol::request::{parse_signed, parse_unsigned};
 use crate::protocol::{Command, Request};
 use crate::route::{MetaPlan, Plan, SubRequest};
-use crate::stats::{HotKeySample, Stats};
 use crate::topology::Topology;
-use sketch::{BuildKeyHash, SpaceSaving};
-use top::{Episode, Episodes, HotKey, ServerWindow, WorkerWindow};
+pub(crate) use coalesce::Ticket;
+use coalesce::{Flight, FlightState};
+use detect::WorkerState;
+pub(crate) use monitor::monitor;
+pub(crate) use monitor::run_windows;
+use near_cache::{cache_key, stored_value};
+pub(crate) use shared::HotShared;
+pub(crate) use versions::WriteGuard;
+use versions::{is_write, Target, WriteFill, WrittenKeys};
 
 /// Counters of each server's sketch, per worker: any key above 1/128 of its
 /// server's requests in a window is sure to be counted.
 pub const COUNTERS_PER_SERVER: usize = 128;
-
-/// A key is hot (coalesced, near-cached) when, in one of the worker's last
-/// two windows, it surely took at least this share of its server's
-/// requests...
-const HOT_MIN_SHARE: f64 = 0.01;
-/// ...and at least this many requests.
-const HOT_MIN_REQUESTS: u64 = 16;
-
-/// Stripes of write versions: a power of two. Keys sharing a stripe only
-/// share invalidations, never values.
-const STRIPES: usize = 1 << 14;
-
-/// A key's share is logged only on a server that sees at least this many
-/// requests per second, so one request to an idle server is not "hot".
-const LOG_MIN_SERVER_RATE: f64 = 50.0;
 
 /// The xxh3 hash the sketches, stripes and flights know a key by: the
 /// memring ring's own key hash, so that the planner's hash of a key (see
@@ -104,474 +95,8 @@ pub fn key_hash(key: &[u8]) -> u64 {
     crate::ring::key_hash(key)
 }
 
-#[derive(Debug, Default)]
-struct Stripe {
-    /// Moves when a write to one of the stripe's keys is planned and when it
-    /// completes.
-    version: AtomicU64,
-    /// Writes planned and not yet complete.
-    pending: AtomicU32,
-}
-
-/// A near-cache entry: a `VALUE` block as the server sent it, and the stripe
-/// version of the `get` that fetched it.
-#[derive(Debug, Clone)]
-struct Cached {
-    version: u64,
-    block: Bytes,
-}
-
-type NearCache = moka::sync::Cache<Box<[u8]>, Cached>;
-
 /// A worker's handle on the shared state.
 type Local = Rc<Arc<HotShared>>;
-
-/// A worker's last complete window, and when it ended.
-type Published = Option<(Instant, Arc<WorkerWindow>)>;
-
-/// Key hashes a write touches, with the keys when there is a near cache to
-/// drop them from.
-type WrittenKeys = SmallVec<[(u64, Option<Box<[u8]>>); 1]>;
-
-/// What every worker shares: settings, write versions, the near cache and
-/// the windows the workers published.
-pub struct HotShared {
-    /// As at start: `detect` and `window` are read there only.
-    started: HotKeySettings,
-    /// The settings a reload may change, and the near cache they make.
-    live: ArcSwap<Live>,
-    stats: Arc<Stats>,
-    stripes: Box<[Stripe]>,
-    /// `flush_all`s planned and not complete: they write every key.
-    flushing: AtomicU32,
-    /// Each worker's last complete window, and when it ended.
-    windows: Mutex<Vec<Published>>,
-}
-
-/// The current hot-key settings and the near cache they ask for.
-struct Live {
-    settings: HotKeySettings,
-    cache: Option<NearCache>,
-}
-
-impl std::fmt::Debug for HotShared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HotShared")
-            .field("settings", &self.live.load().settings)
-            .finish_non_exhaustive()
-    }
-}
-
-impl HotShared {
-    /// The shared state of `workers` workers.
-    pub fn new(settings: HotKeySettings, workers: usize, stats: Arc<Stats>) -> Arc<HotShared> {
-        let cache = near_cache(&settings, &stats);
-        Arc::new(HotShared {
-            started: settings,
-            live: ArcSwap::from_pointee(Live { settings, cache }),
-            stats,
-            stripes: (0..STRIPES).map(|_| Stripe::default()).collect(),
-            flushing: AtomicU32::new(0),
-            windows: Mutex::new(vec![None; workers.max(1)]),
-        })
-    }
-
-    /// Takes the settings a reload may change (all but `hot_key_detect` and
-    /// `hot_key_window_ms`); a new near-cache life or size starts an empty
-    /// cache. Returns whether anything changed.
-    pub fn apply(&self, settings: &HotKeySettings) -> bool {
-        let current = self.live.load();
-        if current.settings == *settings {
-            return false;
-        }
-        let same_cache = (current.settings.cache_ttl, current.settings.cache_bytes)
-            == (settings.cache_ttl, settings.cache_bytes);
-        let cache = if same_cache {
-            current.cache.clone()
-        } else {
-            near_cache(settings, &self.stats)
-        };
-        self.live.store(Arc::new(Live {
-            settings: *settings,
-            cache,
-        }));
-        true
-    }
-
-    /// Whether a near cache is on.
-    fn caching(&self) -> bool {
-        self.live.load().cache.is_some()
-    }
-
-    fn stripe(&self, hash: u64) -> &Stripe {
-        &self.stripes[hash as usize & (STRIPES - 1)]
-    }
-
-    /// The stripe's version, and whether no write to it is pending. Pending
-    /// is read first: a write completes by moving the version and then
-    /// leaving pending, so a reader that sees it gone sees the new version.
-    fn settled(&self, hash: u64) -> (u64, bool) {
-        let stripe = self.stripe(hash);
-        let quiet =
-            stripe.pending.load(Ordering::SeqCst) == 0 && self.flushing.load(Ordering::SeqCst) == 0;
-        (stripe.version.load(Ordering::SeqCst), quiet)
-    }
-
-    /// Keeps a `get`'s value for its key if nothing wrote the key since the
-    /// `get` was sent at `version`.
-    fn fill(&self, key: &[u8], hash: u64, version: u64, block: Bytes) {
-        let live = self.live.load();
-        let Some(cache) = &live.cache else {
-            return;
-        };
-        // One value may not push out most of the others.
-        if block.len() as u64 > live.settings.cache_bytes / 8 {
-            return;
-        }
-        if self.settled(hash) == (version, true) {
-            cache.insert(key.into(), Cached { version, block });
-        }
-    }
-
-    /// The hottest keys of the workers' last windows, over every worker
-    /// (untruncated). Windows older than two window lengths are left out: a
-    /// worker that stopped publishing has nothing current to say.
-    pub fn merged(&self, now: Instant) -> Vec<HotKey> {
-        let fresh: Vec<Arc<WorkerWindow>> = {
-            let windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
-            windows
-                .iter()
-                .flatten()
-                .filter(|(ended, _)| {
-                    now.saturating_duration_since(*ended) < 2 * self.started.window
-                })
-                .map(|(_, window)| window.clone())
-                .collect()
-        };
-        top::merge(fresh.iter().map(|w| &**w))
-    }
-
-    /// The `stats hotkeys` reply.
-    pub fn report(&self) -> Bytes {
-        let mut merged = self.merged(Instant::now());
-        merged.truncate(self.live.load().settings.top);
-        let mut out = BytesMut::with_capacity(128 + merged.len() * 160);
-        top::render(
-            &mut out,
-            &merged,
-            self.started.window.as_millis(),
-            COUNTERS_PER_SERVER,
-        );
-        out.freeze()
-    }
-
-    fn publish(&self, worker: usize, ended: Instant, window: WorkerWindow) {
-        let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(slot) = windows.get_mut(worker) {
-            *slot = Some((ended, Arc::new(window)));
-        }
-    }
-
-    /// How metrics and logs name a key: with `hot_key_metrics = true` as
-    /// `stats hotkeys` prints it ([`printable_key`]: one token, never a control
-    /// byte or a newline to split a log line, distinct keys distinct),
-    /// otherwise its xxh3 hash (key names may be personal data; the hash
-    /// hides them from a casual reader, not from one who can guess keys).
-    pub fn key_label(&self, key: &[u8], hash: u64) -> String {
-        if self.live.load().settings.metrics_names {
-            printable_key(key).into_owned()
-        } else {
-            format!("xxh3:{hash:016x}")
-        }
-    }
-
-    /// Moves the versions of `hashes` (or of every stripe, for `flush_all`)
-    /// and drops their near-cache entries.
-    fn bump(&self, target: &Target) -> u64 {
-        let version = self.bump_versions(target);
-        let live = self.live.load();
-        match (target, &live.cache) {
-            (_, None) => {}
-            (Target::All, Some(cache)) => cache.invalidate_all(),
-            (Target::Keys(keys), Some(cache)) => {
-                for key in keys.iter().filter_map(|(_, key)| key.as_ref()) {
-                    cache.invalidate(&key[..]);
-                }
-            }
-        }
-        version
-    }
-
-    /// Moves the versions of `hashes`, or of every stripe for `flush_all`;
-    /// returns the last stripe's new version.
-    fn bump_versions(&self, target: &Target) -> u64 {
-        let mut version = 0;
-        match target {
-            Target::All => {
-                for stripe in self.stripes.iter() {
-                    version = stripe.version.fetch_add(1, Ordering::SeqCst) + 1;
-                }
-            }
-            Target::Keys(keys) => {
-                for (hash, _) in keys {
-                    version = self.stripe(*hash).version.fetch_add(1, Ordering::SeqCst) + 1;
-                }
-            }
-        }
-        version
-    }
-}
-
-/// What a write touches.
-#[derive(Debug)]
-enum Target {
-    /// `flush_all`.
-    All,
-    /// Key hashes, with the keys when there is a near cache to drop them from.
-    Keys(WrittenKeys),
-}
-
-/// One write through this memring, from when it is planned until it is
-/// complete: dropped when its entry is answered and every reply slot it
-/// watches is done (see the module doc).
-#[derive(Debug)]
-pub(crate) struct WriteGuard {
-    /// The worker's handle: cloning it moves no counter other cores share.
-    shared: Local,
-    target: Target,
-    /// A hot key's new value, for the near cache if the write is stored.
-    fill: Option<WriteFill>,
-    /// The stripe version this write last moved to (single-key writes).
-    last_version: Cell<u64>,
-    /// The server answered `STORED`.
-    stored: Cell<bool>,
-    /// Its end has been accounted (see [`WriteGuard::end`]).
-    ended: bool,
-}
-
-/// What a storage command leaves in the near cache: the `VALUE` block a
-/// `get` of its key would now be answered with.
-#[derive(Debug)]
-struct WriteFill {
-    key: Box<[u8]>,
-    hash: u64,
-    block: Bytes,
-}
-
-impl WriteGuard {
-    #[cfg(test)]
-    fn begin(shared: &Local, target: Target) -> Rc<WriteGuard> {
-        WriteGuard::begin_in(None, shared, target, None)
-    }
-
-    /// A write begins: it is pending on its keys (or on everything, for
-    /// `flush_all`) until it ends. Made in `kept` (an ended guard nothing
-    /// else holds) when there is one.
-    fn begin_in(
-        kept: Option<Rc<WriteGuard>>,
-        shared: &Local,
-        target: Target,
-        fill: Option<WriteFill>,
-    ) -> Rc<WriteGuard> {
-        match &target {
-            Target::All => {
-                shared.flushing.fetch_add(1, Ordering::SeqCst);
-            }
-            Target::Keys(keys) => {
-                for (hash, _) in keys {
-                    shared.stripe(*hash).pending.fetch_add(1, Ordering::SeqCst);
-                }
-            }
-        }
-        let last_version = shared.bump(&target);
-        let guard = WriteGuard {
-            shared: shared.clone(),
-            target,
-            fill,
-            last_version: Cell::new(last_version),
-            stored: Cell::new(false),
-            ended: false,
-        };
-        match kept {
-            Some(mut kept) => {
-                match Rc::get_mut(&mut kept) {
-                    Some(slot) => *slot = guard,
-                    None => return Rc::new(guard),
-                }
-                kept
-            }
-            None => Rc::new(guard),
-        }
-    }
-
-    /// Accounts the end of this write, once: when its last holder lets go,
-    /// or when a finished entry hands it back for reuse.
-    fn end(&mut self) {
-        if std::mem::replace(&mut self.ended, true) {
-            return;
-        }
-        if self.complete_with_value() {
-            return;
-        }
-        // Version first, then pending: see `HotShared::settled`.
-        self.shared.bump(&self.target);
-        match &self.target {
-            Target::All => {
-                self.shared.flushing.fetch_sub(1, Ordering::SeqCst);
-            }
-            Target::Keys(keys) => {
-                for (hash, _) in keys {
-                    self.shared
-                        .stripe(*hash)
-                        .pending
-                        .fetch_sub(1, Ordering::SeqCst);
-                }
-            }
-        }
-    }
-
-    /// Keeps this write pending until `slot` is done too (for `noreply`
-    /// writes, whose entries finish as soon as they are sent).
-    pub(crate) fn watch(self: &Rc<Self>, slot: &Slot) {
-        slot.watch(self.clone());
-    }
-
-    /// The write was queued on a connection: a `get` sent before this
-    /// moment may reach the server ahead of it, so none may be joined from
-    /// now on (see [`HotWorker::before_send`]).
-    pub(crate) fn queued(&self) {
-        self.last_version
-            .set(self.shared.bump_versions(&self.target));
-    }
-
-    /// Completes a stored write of a hot key's value and keeps the value in
-    /// the near cache, if no other write to its stripe was planned, queued,
-    /// completed or pending during this one's life: then memcached now holds
-    /// exactly this value. False (and nothing done) otherwise.
-    fn complete_with_value(&self) -> bool {
-        let (Some(fill), true) = (&self.fill, self.stored.get()) else {
-            return false;
-        };
-        let shared = &self.shared;
-        let stripe = shared.stripe(fill.hash);
-        let last = self.last_version.get();
-        if stripe.pending.load(Ordering::SeqCst) != 1
-            || shared.flushing.load(Ordering::SeqCst) != 0
-            || stripe
-                .version
-                .compare_exchange(last, last + 1, Ordering::SeqCst, Ordering::SeqCst)
-                .is_err()
-        {
-            return false;
-        }
-        // As in `bump`: the old entry goes whatever happens next.
-        if let Some(cache) = &shared.live.load().cache {
-            cache.invalidate(&fill.key[..]);
-        }
-        stripe.pending.fetch_sub(1, Ordering::SeqCst);
-        // Kept only if still nothing else wrote the stripe.
-        shared.fill(&fill.key, fill.hash, last + 1, fill.block.clone());
-        true
-    }
-}
-
-impl Watch for WriteGuard {
-    fn piece(&self, piece: &Got) {
-        if let Got::Line(line) = piece {
-            self.stored.set(&line[..] == b"STORED\r\n");
-        }
-    }
-}
-
-impl Drop for WriteGuard {
-    fn drop(&mut self) {
-        self.end();
-    }
-}
-
-/// A hot key's `get` on its way to the server: other sessions of the worker
-/// may wait for its reply, which may fill the near cache.
-#[derive(Debug)]
-struct Flight {
-    /// The connection it was queued on.
-    conn: Rc<Conn>,
-    /// The slot of the session that sent it (weak: the slot owns the flight).
-    origin: Weak<Slot>,
-    line: Bytes,
-    hash: u64,
-    /// The stripe version when it was sent.
-    version: u64,
-    /// The key, when the reply may fill the near cache.
-    fill: Option<Box<[u8]>>,
-    shared: Local,
-    state: RefCell<FlightState>,
-}
-
-impl Flight {
-    /// Whether `slot` gets this flight's reply: the sender's or a follower's.
-    fn answers(&self, slot: &Rc<Slot>, state: &FlightState) -> bool {
-        std::ptr::eq(self.origin.as_ptr(), Rc::as_ptr(slot))
-            || state.followers.iter().any(|f| Rc::ptr_eq(f, slot))
-    }
-}
-
-#[derive(Debug, Default)]
-struct FlightState {
-    followers: Vec<Rc<Slot>>,
-    started: bool,
-    done: bool,
-    /// The reply's value blocks, and whether anything else came.
-    values: SmallVec<[Bytes; 1]>,
-    other: bool,
-}
-
-impl Watch for Flight {
-    fn piece(&self, piece: &Got) {
-        let mut state = self.state.borrow_mut();
-        state.started = true;
-        match piece {
-            Got::Value(block) if self.fill.is_some() => state.values.push(block.clone()),
-            _ => state.other = true,
-        }
-        // Followers have no watcher of their own: pushing cannot come back here.
-        for follower in &state.followers {
-            follower.push(piece.clone());
-        }
-    }
-
-    fn done(&self, result: &Result<(), BackendError>) {
-        let (followers, value) = {
-            let mut state = self.state.borrow_mut();
-            state.done = true;
-            let value = match (&state.values[..], state.other) {
-                ([block], false) => Some(block.clone()),
-                _ => None,
-            };
-            (std::mem::take(&mut state.followers), value)
-        };
-        for follower in followers {
-            follower.finish(result.clone());
-        }
-        if let (Ok(()), Some(key), Some(block)) = (result, &self.fill, value) {
-            self.shared.fill(key, self.hash, self.version, block);
-        }
-    }
-}
-
-impl Drop for Flight {
-    fn drop(&mut self) {
-        // Dropped unanswered (its connection went away without failing it):
-        // followers must not wait forever.
-        let state = self.state.get_mut();
-        if !state.done && !state.followers.is_empty() {
-            // Counted here, once, because clients do see this failure.
-            let gone = self.conn.error(BackendErrorKind::Gone);
-            for follower in state.followers.drain(..) {
-                follower.finish(Err(gone.clone()));
-            }
-        }
-    }
-}
 
 /// What the session does with one sub-request of a retrieval.
 pub(crate) enum GetShortcut {
@@ -592,100 +117,6 @@ pub(crate) trait Unanswered {
     /// has its reply going to a slot `ours` accepts. With `ours` always
     /// false: whether the session waits for nothing from `server`.
     fn all_to(&self, server: usize, ours: &mut dyn FnMut(&Rc<Slot>) -> bool) -> bool;
-}
-
-/// A hot key's `get` about to be sent.
-pub(crate) struct Ticket {
-    conn: Rc<Conn>,
-    line: Bytes,
-    hash: u64,
-    version: u64,
-    fill: Option<Box<[u8]>>,
-}
-
-/// The near cache's key for `key` of the pool `pool_id`: two pools may
-/// hold one key name with different values (a client of a pool's own
-/// listener asks its pool whatever the routes say).
-fn cache_key(pool_id: u64, key: &[u8]) -> Box<[u8]> {
-    let mut scoped = Vec::with_capacity(8 + key.len());
-    scoped.extend_from_slice(&pool_id.to_le_bytes());
-    scoped.extend_from_slice(key);
-    scoped.into_boxed_slice()
-}
-
-/// Topologies whose backend map a worker keeps: one per pool its clients
-/// use, and the one before a reload.
-const MAPS_KEPT: usize = 8;
-
-/// One server's sketch in a worker.
-struct ServerSketch {
-    /// The backend's id (two pools may have servers of the same name).
-    backend: u64,
-    name: Arc<str>,
-    sketch: SpaceSaving,
-}
-
-struct WorkerState {
-    /// Per topology (by its id; one per pool in use), the index in
-    /// `sketches` of each of its backends.
-    maps: Vec<(u64, Vec<usize>)>,
-    /// The entry of `maps` the last request used.
-    current: usize,
-    sketches: Vec<ServerSketch>,
-    window_started: Instant,
-    /// Hashes of the keys hot in either of the last two windows, so that a
-    /// key hot all along does not drop out at a window's edge.
-    hot: HashSet<u64, BuildKeyHash>,
-    /// Hashes of the keys hot in the last window alone.
-    hot_last: HashSet<u64, BuildKeyHash>,
-    /// Hot keys' `get`s in flight, by key hash.
-    flights: HashMap<u64, Rc<Flight>, BuildKeyHash>,
-}
-
-impl WorkerState {
-    fn map(&mut self, topology: &Topology) {
-        if self
-            .maps
-            .get(self.current)
-            .is_some_and(|m| m.0 == topology.id)
-        {
-            return;
-        }
-        if let Some(at) = self.maps.iter().position(|m| m.0 == topology.id) {
-            self.current = at;
-            return;
-        }
-        let mut by_backend = Vec::with_capacity(topology.backends.len());
-        for backend in topology.backends.iter() {
-            let id = backend.shared().id;
-            let at = match self.sketches.iter().position(|s| s.backend == id) {
-                Some(at) => at,
-                None => {
-                    self.sketches.push(ServerSketch {
-                        backend: id,
-                        name: backend.name().into(),
-                        sketch: SpaceSaving::new(COUNTERS_PER_SERVER),
-                    });
-                    self.sketches.len() - 1
-                }
-            };
-            by_backend.push(at);
-        }
-        // Older topologies of the same pools are not asked again.
-        if self.maps.len() >= MAPS_KEPT {
-            self.maps.remove(0);
-        }
-        self.maps.push((topology.id, by_backend));
-        self.current = self.maps.len() - 1;
-    }
-
-    #[inline]
-    fn count(&mut self, server: Option<usize>, hash: u64, key: &[u8]) {
-        let by_backend = self.maps.get(self.current).map(|m| &m.1);
-        if let Some(&at) = server.and_then(|s| by_backend?.get(s)) {
-            self.sketches[at].sketch.add(hash, key);
-        }
-    }
 }
 
 /// One worker's hot-key state. Lives on the worker thread only.
@@ -973,199 +404,6 @@ impl HotWorker {
             self.state.borrow_mut().flights.insert(ticket.hash, flight);
         }
     }
-
-    /// Ends the window: publishes its largest counters, remembers its hot
-    /// keys, starts counting afresh.
-    fn roll(&self) {
-        let now = Instant::now();
-        let mut state = self.state.borrow_mut();
-        let seconds = now.duration_since(state.window_started).as_secs_f64();
-        state.window_started = now;
-        let published = self
-            .shared
-            .live
-            .load()
-            .settings
-            .top
-            .clamp(32, COUNTERS_PER_SERVER);
-        let mut hot = HashSet::default();
-        let mut servers = Vec::with_capacity(state.sketches.len());
-        for server in &mut state.sketches {
-            let total = server.sketch.total();
-            let mut keys = server.sketch.top(COUNTERS_PER_SERVER);
-            let bar = HOT_MIN_REQUESTS.max((total as f64 * HOT_MIN_SHARE).ceil() as u64);
-            hot.extend(
-                keys.iter()
-                    .filter(|e| e.count - e.error >= bar)
-                    .map(|e| e.hash),
-            );
-            keys.truncate(published);
-            server.sketch.clear();
-            servers.push(ServerWindow {
-                name: server.name.clone(),
-                total,
-                keys,
-            });
-        }
-        // Servers gone from the topology are forgotten; the next request
-        // maps the current ones again.
-        let mapped: Vec<bool> = (0..state.sketches.len())
-            .map(|i| state.maps.iter().any(|m| m.1.contains(&i)))
-            .collect();
-        if mapped.contains(&false) {
-            let mut i = 0;
-            state.sketches.retain(|_| {
-                i += 1;
-                mapped[i - 1]
-            });
-            state.maps.clear();
-        }
-        let mut both = hot.clone();
-        both.extend(state.hot_last.iter().copied());
-        state.hot = both;
-        state.hot_last = hot;
-        // A flight held only here was dropped by its connection.
-        state
-            .flights
-            .retain(|_, f| !f.state.borrow().done && Rc::strong_count(f) > 1);
-        drop(state);
-        self.shared
-            .publish(self.index, now, WorkerWindow { seconds, servers });
-    }
-}
-
-/// Ends a window every `hot_key_window_ms` until `stop`.
-pub(crate) async fn run_windows(hot: Rc<HotWorker>, stop: CancellationToken) {
-    let period = hot.shared.started.window;
-    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = ticks.tick() => hot.roll(),
-            () = stop.cancelled() => return,
-        }
-    }
-}
-
-/// Every window: refreshes the hot-key gauges and logs keys that start or
-/// stop taking more than `hot_key_share` of their server's requests.
-/// Also takes the hot-key settings of every config a reload publishes.
-pub async fn monitor(
-    shared: Arc<HotShared>,
-    layout: crate::layout::SharedLayout,
-    published: Arc<Notify>,
-    shutdown: CancellationToken,
-) {
-    let period = shared.started.window;
-    // Half a window after the workers' ends, so each has published.
-    let first = tokio::time::Instant::now() + period + period / 2;
-    let mut ticks = tokio::time::interval_at(first, period);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut episodes = Episodes::default();
-    loop {
-        tokio::select! {
-            _ = ticks.tick() => {}
-            () = published.notified() => {
-                // Reloads publish; so do ejections, which change nothing here.
-                if shared.apply(&layout.load().default_topology().config.hot_keys) {
-                    tracing::info!("hot-key settings applied");
-                }
-                continue;
-            }
-            () = shutdown.cancelled() => return,
-        }
-        // A reload published while this task was busy.
-        shared.apply(&layout.load().default_topology().config.hot_keys);
-        let settings = shared.live.load().settings;
-        let merged = shared.merged(Instant::now());
-        let samples: Vec<HotKeySample> = merged
-            .iter()
-            .take(settings.top)
-            .map(|k| HotKeySample {
-                server: k.server.to_string(),
-                key: shared.key_label(&k.key, k.hash),
-                rate: k.rate,
-                share: k.share,
-            })
-            .collect();
-        shared.stats.hot_keys(&samples);
-        for episode in episodes.update(&merged, settings.share, LOG_MIN_SERVER_RATE) {
-            match episode {
-                Episode::Started(k) => tracing::warn!(
-                    key = %shared.key_label(&k.key, k.hash),
-                    server = %k.server,
-                    share = format_args!("{:.3}", k.share),
-                    rate = format_args!("{:.0}", k.rate),
-                    "hot key: takes more than {:.0}% of its server's requests",
-                    settings.share * 100.0
-                ),
-                Episode::Ended { server, key } => tracing::info!(
-                    key = %shared.key_label(&key, key_hash(&key)),
-                    %server,
-                    "hot key no longer hot"
-                ),
-            }
-        }
-    }
-}
-
-/// The near cache `settings` ask for, if any.
-fn near_cache(settings: &HotKeySettings, stats: &Stats) -> Option<NearCache> {
-    settings.cache_ttl.map(|ttl| {
-        let evictions = stats.hot.cache_evictions.clone();
-        NearCache::builder()
-            .max_capacity(settings.cache_bytes)
-            .weigher(|key, value| {
-                // Keys and values, plus a rough per-entry overhead.
-                u32::try_from(key.len() + value.block.len() + 64).unwrap_or(u32::MAX)
-            })
-            .time_to_live(ttl)
-            .eviction_listener(move |_key, _value, cause| {
-                if cause == moka::notification::RemovalCause::Size {
-                    evictions.inc();
-                }
-            })
-            .build()
-    })
-}
-
-/// Commands that change a key (its value or its expiry).
-fn is_write(command: Command) -> bool {
-    command.is_storage()
-        || matches!(
-            command,
-            Command::Delete
-                | Command::Incr
-                | Command::Decr
-                | Command::Touch
-                | Command::Gat
-                | Command::Gats
-                | Command::FlushAll
-        )
-}
-
-/// The `VALUE` block a `get` answers once memcached has stored what
-/// `request` (`set`, `add`, `replace` or `cas`, never expiring) sends; `None`
-/// for any other request.
-fn stored_value(request: &Request, bytes: &Bytes) -> Option<Bytes> {
-    if !matches!(
-        request.command,
-        Command::Set | Command::Add | Command::Replace | Command::Cas
-    ) {
-        return None;
-    }
-    let line_len = request.line_len as usize;
-    let line = bytes.get(..line_len)?.strip_suffix(b"\r\n")?;
-    let mut tokens = line.split(|&b| b == b' ').filter(|t| !t.is_empty());
-    let (_, key) = (tokens.next()?, tokens.next()?);
-    // memcached prints flags as the number it parsed ("007" comes back "7").
-    let flags = u32::try_from(parse_unsigned(tokens.next()?)?).ok()?;
-    // An expiry could end the item before the cache entry's life does.
-    if parse_signed(tokens.next()?)? != 0 {
-        return None;
-    }
-    let data = bytes.get(line_len..).filter(|d| d.ends_with(b"\r\n"))?;
-    Some(value_block(key, flags, data, None))
 }
 
 /// `get <key>\r\n` or `gets <key>\r\n`: the command and the key.
@@ -1181,7 +419,11 @@ fn single_key(line: &[u8]) -> Option<(Command, &[u8])> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
+
     use super::*;
+    use crate::config::HotKeySettings;
+    use crate::stats::Stats;
 
     #[test]
     fn the_planners_hash_of_a_key_is_the_one_it_is_counted_by() {
@@ -1201,55 +443,6 @@ mod tests {
         assert_eq!(single_key(b"gat 10 k\r\n"), None);
         assert_eq!(single_key(b"get \r\n"), None);
         assert_eq!(single_key(b"get k"), None);
-    }
-
-    #[test]
-    fn stored_values_are_what_a_get_would_answer() {
-        use crate::protocol::{request::parse_request, Limits};
-        let value = |input: &'static [u8]| {
-            let bytes = Bytes::from_static(input);
-            let (request, used) = parse_request(&bytes, &Limits::default()).unwrap().unwrap();
-            assert_eq!(used, bytes.len());
-            stored_value(&request, &bytes)
-        };
-        assert_eq!(
-            value(b"set k 007 0 2\r\nab\r\n").as_deref(),
-            Some(&b"VALUE k 7 2\r\nab\r\n"[..])
-        );
-        assert_eq!(
-            value(b"cas k +5 00 0 9 noreply\r\n\r\n").as_deref(),
-            Some(&b"VALUE k 5 0\r\n\r\n"[..])
-        );
-        assert_eq!(
-            value(b"add k 0 0 3 noreply\r\nx y\r\n").as_deref(),
-            Some(&b"VALUE k 0 3\r\nx y\r\n"[..])
-        );
-        // Expiring, or not a plain store.
-        assert_eq!(value(b"set k 0 10 1\r\na\r\n"), None);
-        assert_eq!(value(b"set k 0 -1 1\r\na\r\n"), None);
-        assert_eq!(value(b"append k 0 0 1\r\na\r\n"), None);
-        assert_eq!(value(b"incr k 1\r\n"), None);
-    }
-
-    #[test]
-    fn writes_are_pending_until_complete_and_move_the_version() {
-        let stats = Arc::new(Stats::new());
-        let shared = Rc::new(HotShared::new(HotKeySettings::default(), 1, stats));
-        let hash = key_hash(b"k");
-        let (before, quiet) = shared.settled(hash);
-        assert!(quiet);
-        let guard = WriteGuard::begin(&shared, Target::Keys(smallvec::smallvec![(hash, None)]));
-        let (during, quiet) = shared.settled(hash);
-        assert!(!quiet);
-        assert_ne!(during, before);
-        drop(guard);
-        let (after, quiet) = shared.settled(hash);
-        assert!(quiet);
-        assert_ne!(after, during);
-        let flush = WriteGuard::begin(&shared, Target::All);
-        assert!(!shared.settled(key_hash(b"other")).1);
-        drop(flush);
-        assert!(shared.settled(key_hash(b"other")).1);
     }
 
     #[test]

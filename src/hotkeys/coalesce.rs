@@ -1,0 +1,107 @@
+//! Coalescing: a hot key's `get` that another session of the worker already
+//! sent, and every slot that joined it and takes its reply. When a `get` may
+//! join one is decided in `HotWorker::before_send` (mod.rs). No I/O here.
+
+use std::cell::RefCell;
+use std::rc::{Rc, Weak};
+
+use bytes::Bytes;
+use smallvec::SmallVec;
+
+use super::Local;
+use crate::backend::conn::Conn;
+use crate::backend::slot::{Got, Slot, Watch};
+use crate::error::{BackendError, BackendErrorKind};
+
+/// A hot key's `get` on its way to the server: other sessions of the worker
+/// may wait for its reply, which may fill the near cache.
+#[derive(Debug)]
+pub(super) struct Flight {
+    /// The connection it was queued on.
+    pub(super) conn: Rc<Conn>,
+    /// The slot of the session that sent it (weak: the slot owns the flight).
+    pub(super) origin: Weak<Slot>,
+    pub(super) line: Bytes,
+    pub(super) hash: u64,
+    /// The stripe version when it was sent.
+    pub(super) version: u64,
+    /// The key, when the reply may fill the near cache.
+    pub(super) fill: Option<Box<[u8]>>,
+    pub(super) shared: Local,
+    pub(super) state: RefCell<FlightState>,
+}
+
+impl Flight {
+    /// Whether `slot` gets this flight's reply: the sender's or a follower's.
+    pub(super) fn answers(&self, slot: &Rc<Slot>, state: &FlightState) -> bool {
+        std::ptr::eq(self.origin.as_ptr(), Rc::as_ptr(slot))
+            || state.followers.iter().any(|f| Rc::ptr_eq(f, slot))
+    }
+}
+
+#[derive(Debug, Default)]
+pub(super) struct FlightState {
+    pub(super) followers: Vec<Rc<Slot>>,
+    pub(super) started: bool,
+    pub(super) done: bool,
+    /// The reply's value blocks, and whether anything else came.
+    values: SmallVec<[Bytes; 1]>,
+    other: bool,
+}
+
+impl Watch for Flight {
+    fn piece(&self, piece: &Got) {
+        let mut state = self.state.borrow_mut();
+        state.started = true;
+        match piece {
+            Got::Value(block) if self.fill.is_some() => state.values.push(block.clone()),
+            _ => state.other = true,
+        }
+        // Followers have no watcher of their own: pushing cannot come back here.
+        for follower in &state.followers {
+            follower.push(piece.clone());
+        }
+    }
+
+    fn done(&self, result: &Result<(), BackendError>) {
+        let (followers, value) = {
+            let mut state = self.state.borrow_mut();
+            state.done = true;
+            let value = match (&state.values[..], state.other) {
+                ([block], false) => Some(block.clone()),
+                _ => None,
+            };
+            (std::mem::take(&mut state.followers), value)
+        };
+        for follower in followers {
+            follower.finish(result.clone());
+        }
+        if let (Ok(()), Some(key), Some(block)) = (result, &self.fill, value) {
+            self.shared.fill(key, self.hash, self.version, block);
+        }
+    }
+}
+
+impl Drop for Flight {
+    fn drop(&mut self) {
+        // Dropped unanswered (its connection went away without failing it):
+        // followers must not wait forever.
+        let state = self.state.get_mut();
+        if !state.done && !state.followers.is_empty() {
+            // Counted here, once, because clients do see this failure.
+            let gone = self.conn.error(BackendErrorKind::Gone);
+            for follower in state.followers.drain(..) {
+                follower.finish(Err(gone.clone()));
+            }
+        }
+    }
+}
+
+/// A hot key's `get` about to be sent.
+pub(crate) struct Ticket {
+    pub(super) conn: Rc<Conn>,
+    pub(super) line: Bytes,
+    pub(super) hash: u64,
+    pub(super) version: u64,
+    pub(super) fill: Option<Box<[u8]>>,
+}
