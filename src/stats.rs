@@ -401,7 +401,7 @@ pub struct DiscoveryReport {
     pub last_change: u64,
 }
 
-/// Counters of the hot-key machinery (see `hotkeys.rs`).
+/// Counters of the hot-key machinery (see `src/hotkeys/`).
 #[derive(Debug, Clone, Default)]
 pub struct HotKeyCounters {
     /// `get`s that waited for another client's identical request.
