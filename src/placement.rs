@@ -111,6 +111,23 @@ pub(crate) enum Placement<M> {
     },
 }
 
+impl<M> Placement<M> {
+    /// The server that owns the key (the first asked), and the key's hash
+    /// when the ring placed it by the hash hot keys count with; `None`
+    /// without servers.
+    pub(crate) fn owner(&self) -> Option<(usize, Option<u64>)> {
+        match self {
+            Placement::NoServers => None,
+            Placement::Owner { server, hash } => Some((*server, *hash)),
+            Placement::Moved { owner, hash, .. } => Some((*owner, *hash)),
+            Placement::CasThenCopy { owner, .. } => Some((*owner, None)),
+            Placement::Quorum { servers, .. } | Placement::ReadThrough { servers, .. } => {
+                servers.first().map(|&s| (s, None))
+            }
+        }
+    }
+}
+
 /// Places a request described by `op` on `key` (its routing key: a meta `b`
 /// key decoded) in `topology`. `steps`: how the hand-off machine runs it on
 /// a moved key, `None` when the new owner alone answers it.

@@ -58,49 +58,20 @@ pub(crate) enum Plan {
     ShadowStats,
     /// Close the client once earlier replies are written.
     Quit,
-    /// One server gets the request as received (`noreply` stripped).
-    /// `hash`: the key's xxh3 hash when the ring placed it by that, for
-    /// hot-key counting.
-    Forward { server: usize, hash: Option<u64> },
-    /// Every replica gets the request; answered when a quorum agrees. The
-    /// last `forget` servers are replicas of the previous ring only (in a
-    /// hand-off window): they get a `delete` of the key instead, and the
-    /// answer waits for them too, so no older copy stays where a lagging
-    /// sidecar, or this one after an undo, would read it.
-    Quorum {
-        servers: Servers,
-        quorum: usize,
-        forget: usize,
-    },
-    /// `cas` checked on the owner; when it stores, copied as `set` to the
-    /// other replicas before any later request of the client is sent. In a
-    /// hand-off window, `previous` is the previous ring's owner when it
-    /// differs (the `gets` may have been answered with its cas): when the
-    /// owner answers `NOT_FOUND` or `EXISTS`, the `cas` is tried there, and
-    /// if it stores, the value is `set` on `owner` and `copies` (but
-    /// `previous`) before the answer. `forget` (owners in older rings of
-    /// chained changes) get a `delete` of the key, awaited before the answer.
-    CasThenCopy {
-        owner: usize,
-        copies: Servers,
-        previous: Option<usize>,
-        forget: Servers,
-    },
+    /// A request on one key, where [`place`] put it: the owner gets the
+    /// request as received (`noreply` stripped); replicas a quorum write,
+    /// then a delete of the key on the previous ring's replicas only and on
+    /// owners in older rings, awaited before the answer (so no older copy
+    /// stays where a lagging sidecar, or this one after an undo, would read
+    /// it); a `cas` with replicas is decided on the owner and `set` on the
+    /// others before any later request of the client (in a window tried on
+    /// the previous owner after `NOT_FOUND`/`EXISTS`); a moved key's request
+    /// is run by `handoff::Moved`.
+    Key(Placement<()>),
     /// Every server gets it (`flush_all`); `OK` only if all say `OK`.
     Broadcast { servers: Servers },
     /// A retrieval.
     Retrieve(Box<Retrieval>),
-    /// A command on a key whose owner changed within the hand-off window
-    /// (see `handoff::Moved`): `owner` now, `previous` before. `forget`
-    /// (owners in older rings of chained changes) get a `delete` of the key
-    /// with the first step, awaited before the answer.
-    Moved {
-        owner: usize,
-        previous: usize,
-        forget: Servers,
-    },
-    /// No server to send it to.
-    NoServers,
 }
 
 /// [`Retrieval::previous_from`] of a key with no previous owner to ask.
@@ -178,43 +149,7 @@ pub(crate) fn plan(
             let op = KeyOp::classic(request.command == Command::Cas);
             // Every classic write is handed off (see `handoff::needs_handoff`).
             let steps = crate::handoff::needs_handoff(request.command).then_some(());
-            match place(request.key(bytes, 0), op, steps, topology) {
-                Placement::NoServers => Plan::NoServers,
-                Placement::Owner { server, hash } => Plan::Forward { server, hash },
-                Placement::Quorum {
-                    servers,
-                    quorum,
-                    forget,
-                } => Plan::Quorum {
-                    servers,
-                    quorum,
-                    forget,
-                },
-                Placement::CasThenCopy {
-                    owner,
-                    copies,
-                    previous,
-                    forget,
-                } => Plan::CasThenCopy {
-                    owner,
-                    copies,
-                    previous,
-                    forget,
-                },
-                Placement::Moved {
-                    owner,
-                    previous,
-                    forget,
-                    ..
-                } => Plan::Moved {
-                    owner,
-                    previous,
-                    forget,
-                },
-                // `KeyOp::classic` is never a read: classic reads are
-                // retrievals, planned above.
-                Placement::ReadThrough { .. } => unreachable!("KeyOp::classic placed as a read"),
-            }
+            Plan::Key(place(request.key(bytes, 0), op, steps, topology))
         }
     }
 }
@@ -1008,48 +943,18 @@ fn value_key(block: &[u8]) -> &[u8] {
 pub(crate) enum MetaPlan {
     /// memring answers itself (`mn`).
     Reply(&'static [u8]),
-    /// One server gets the request: the key's owner.
-    Forward { server: usize },
-    /// Every replica gets the request; answered when a quorum agrees. The
-    /// last `forget` servers (previous ring's replicas only) get an `md`.
-    Quorum {
-        servers: Servers,
-        quorum: usize,
-        forget: usize,
-    },
-    /// A mutation with `C` decided on the owner; when it succeeds, `copy`
-    /// (the same request without `C` and `q`) goes to the other replicas
-    /// before any later request of the client. In a hand-off window, as a
-    /// classic `cas` ([`Plan::CasThenCopy`]): `EX` or `NF` from the owner
-    /// tries `previous`, whose success sends `copy` to `owner` and `copies`
-    /// (but `previous`) before the answer; `forget` get an `md`.
-    CasThenCopy {
-        owner: usize,
-        copies: Servers,
-        copy: Bytes,
-        previous: Option<usize>,
-        forget: Servers,
-    },
-    /// `mg` with replicas: ask `servers` in order, the next one only when
-    /// the previous failed (or missed, with `on_miss`).
-    ReadThrough { servers: Servers, on_miss: bool },
-    /// A command on a moved key during a hand-off window, run by the
-    /// hand-off's state machine (`handoff::Moved`, as classic commands):
-    /// `what` says which steps (`mg` reads through, `ma`/`ms` in append,
-    /// prepend or replace mode and `mg … T` copy when the new owner lacks
-    /// the key, `ms … ME` and `ma … N` copy first, `ms` stores on the new
-    /// owner, `ms … C` is tried on the previous owner after an `EX`/`NF`,
-    /// `md` deletes from both). Every write also deletes the key from the
-    /// previous owner before the answer, and `forget` (owners in older rings
-    /// of chained changes) get an `md` with the first step.
-    Moved {
-        owner: usize,
-        previous: usize,
-        what: crate::handoff::MetaMove,
-        forget: Servers,
-    },
-    /// No server to send it to.
-    NoServers,
+    /// A request on one key, where [`place`] put it, as for classic
+    /// requests ([`Plan::Key`]); the replicas get an `md` where classic
+    /// requests get a `delete`. With replicas, a mutation with `C` is
+    /// decided on the owner and then copied without `C` and `q`
+    /// ([`meta_copy`]) to the other replicas; `mg` asks the replicas in
+    /// order. A moved key's request is run by `handoff::Moved` in the steps
+    /// named (`mg` reads through, `ma`/`ms` in append, prepend or replace
+    /// mode and `mg … T` copy when the new owner lacks the key, `ms … ME`
+    /// and `ma … N` copy first, `ms` stores on the new owner, `ms … C` is
+    /// tried on the previous owner after an `EX`/`NF`, `md` deletes from
+    /// both).
+    Key(Placement<crate::handoff::MetaMove>),
 }
 
 /// Plans the meta request `request` (whose bytes are `bytes`) on `topology`.
@@ -1061,7 +966,7 @@ pub(crate) enum MetaPlan {
 /// `R` on `mg`) and `me` go to the owner only, so exactly one client wins.
 ///
 /// In chained hand-off windows the write plans of a moved key
-/// ([`MetaPlan::Moved`]) also send an `md` to each of their `forget` servers
+/// ([`Placement::Moved`]) also send an `md` to each of their `forget` servers
 /// (owners in older rings) with the first step, and answer once those are
 /// done too.
 pub(crate) fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> MetaPlan {
@@ -1099,46 +1004,7 @@ pub(crate) fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topolog
             || request.backend_error.is_some(),
         hands_off: request.backend_error.is_none(),
     };
-    match place(&key, op, what, topology) {
-        Placement::NoServers => MetaPlan::NoServers,
-        Placement::Owner { server, .. } => MetaPlan::Forward { server },
-        Placement::Quorum {
-            servers,
-            quorum,
-            forget,
-        } => MetaPlan::Quorum {
-            servers,
-            quorum,
-            forget,
-        },
-        Placement::CasThenCopy {
-            owner,
-            copies,
-            previous,
-            forget,
-        } => MetaPlan::CasThenCopy {
-            owner,
-            copies,
-            copy: meta_copy(request, bytes),
-            previous,
-            forget,
-        },
-        Placement::ReadThrough {
-            servers, on_miss, ..
-        } => MetaPlan::ReadThrough { servers, on_miss },
-        Placement::Moved {
-            owner,
-            previous,
-            steps,
-            forget,
-            ..
-        } => MetaPlan::Moved {
-            owner,
-            previous,
-            what: steps,
-            forget,
-        },
-    }
+    MetaPlan::Key(place(&key, op, what, topology))
 }
 
 /// The request without its `C` and `q` flags: what a mutation the owner
@@ -1576,7 +1442,11 @@ mod tests {
             plan_meta(&request, &bytes, &new)
         };
         let steps = |line: &str| match plan(line.replace("KEY", &moved)) {
-            MetaPlan::Moved { owner: o, what, .. } => {
+            MetaPlan::Key(Placement::Moved {
+                owner: o,
+                steps: what,
+                ..
+            }) => {
                 assert_eq!(o, owner(&new, &moved), "{line}");
                 what
             }
@@ -1603,11 +1473,11 @@ mod tests {
         // A lease goes to the new owner alone, as does a key that stays.
         assert!(matches!(
             plan(format!("mg {moved} N30 v\r\n")),
-            MetaPlan::Forward { .. }
+            MetaPlan::Key(Placement::Owner { .. })
         ));
         assert!(matches!(
             plan(format!("md {stays}\r\n")),
-            MetaPlan::Forward { .. }
+            MetaPlan::Key(Placement::Owner { .. })
         ));
         // The read-through asks the previous owner for what a copy needs.
         let MetaMove::Read { wire, .. } = steps("mg KEY v q\r\n") else {

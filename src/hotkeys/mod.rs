@@ -69,6 +69,7 @@ use bytes::Bytes;
 
 use crate::backend::conn::Conn;
 use crate::backend::slot::Slot;
+use crate::placement::Placement;
 use crate::protocol::meta::MetaRequest;
 use crate::protocol::{Command, Request};
 use crate::route::{MetaPlan, Plan, SubRequest};
@@ -210,14 +211,10 @@ impl HotWorker {
                 }
             };
             match plan {
-                Plan::Forward { server, hash } => {
-                    count(Some(*server), request.key(bytes, 0), *hash);
-                }
-                Plan::Quorum { servers, .. } => {
-                    count(servers.first().copied(), request.key(bytes, 0), None);
-                }
-                Plan::CasThenCopy { owner, .. } => {
-                    count(Some(*owner), request.key(bytes, 0), None);
+                Plan::Key(placement) => {
+                    if let Some((owner, hash)) = placement.owner() {
+                        count(Some(owner), request.key(bytes, 0), hash);
+                    }
                 }
                 Plan::Retrieve(retrieval) => {
                     for i in 0..request.keys.len() {
@@ -240,7 +237,7 @@ impl HotWorker {
         // A hot key's stored value can answer the next `get`s at once: when
         // the write goes to the owner alone and the key is hot here.
         let fill = match (caching, plan, &hashes[..]) {
-            (true, Plan::Forward { .. }, [(hash, Some(key))])
+            (true, Plan::Key(Placement::Owner { .. }), [(hash, Some(key))])
                 if self.state.borrow().hot.contains(hash) =>
             {
                 stored_value(request, bytes).map(|block| WriteFill {
@@ -263,20 +260,20 @@ impl HotWorker {
         plan: &MetaPlan,
         topology: &Topology,
     ) -> Option<Rc<WriteGuard>> {
-        let owner = match plan {
-            MetaPlan::Forward { server }
-            | MetaPlan::CasThenCopy { owner: server, .. }
-            | MetaPlan::Moved { owner: server, .. } => Some(*server),
-            MetaPlan::Quorum { servers, .. } | MetaPlan::ReadThrough { servers, .. } => {
-                servers.first().copied()
-            }
-            MetaPlan::Reply(_) | MetaPlan::NoServers => return None,
+        let (owner, planned) = match plan {
+            MetaPlan::Key(placement) => match placement.owner() {
+                Some((owner, hash)) => (owner, hash),
+                None => return None,
+            },
+            MetaPlan::Reply(_) => return None,
         };
         if !self.shared.started.detect {
             return None;
         }
         let key = request.routing_key(bytes);
-        let hash = key_hash(&key);
+        // The planner's hash of the key when it took this one.
+        let hash = planned.unwrap_or_else(|| key_hash(&key));
+        let owner = Some(owner);
         {
             let mut state = self.state.borrow_mut();
             state.map(topology);

@@ -41,6 +41,7 @@ use crate::backend::slot::{Got, Slot};
 use crate::handoff::{Moved, Owner, Step};
 use crate::hotkeys::{GetShortcut, WriteGuard};
 use crate::outbuf::OutQueue;
+use crate::placement::Placement;
 use crate::protocol::encode::{forwardable, write_server_error};
 use crate::protocol::meta::{is_meta_request, parse_meta, MetaCommand, MetaRequest};
 use crate::protocol::reply::{Expect, LineKind};

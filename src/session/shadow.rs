@@ -104,14 +104,11 @@ impl ClientSession {
         if request.keys.is_empty() {
             return None;
         }
-        let forwarded = matches!(
-            plan,
-            Plan::Forward { .. }
-                | Plan::Quorum { .. }
-                | Plan::CasThenCopy { .. }
-                | Plan::Moved { .. }
-                | Plan::Retrieve(_)
-        );
+        let forwarded = match plan {
+            Plan::Key(placement) => !matches!(placement, Placement::NoServers),
+            Plan::Retrieve(_) => true,
+            _ => false,
+        };
         if !forwarded {
             return None;
         }
@@ -170,7 +167,10 @@ impl ClientSession {
         plan: &MetaPlan,
     ) -> Option<Box<Pairs>> {
         request.key?;
-        if matches!(plan, MetaPlan::Reply(_) | MetaPlan::NoServers) {
+        if matches!(
+            plan,
+            MetaPlan::Reply(_) | MetaPlan::Key(Placement::NoServers)
+        ) {
             return None;
         }
         if !matches!(

@@ -143,20 +143,26 @@ impl ClientSession {
                 return;
             }
             Plan::Reply(reply) => Work::Ready(Bytes::from_static(reply)),
-            Plan::NoServers if request.noreply => return,
-            Plan::NoServers => Work::Ready(Bytes::from_static(route::NO_SERVERS)),
+            Plan::Key(Placement::NoServers) if request.noreply => return,
+            Plan::Key(Placement::NoServers) => Work::Ready(Bytes::from_static(route::NO_SERVERS)),
             Plan::Stats => Work::Stats,
             Plan::HotKeys => Work::Ready(self.worker.hot.report()),
             Plan::ShadowStats => Work::Ready(self.shadow_report()),
-            Plan::Forward { server, .. } => Work::Lines {
+            // A classic request is never placed as a read (`KeyOp::classic`
+            // is a write or a cas); were one, its first server would answer.
+            Plan::Key(Placement::ReadThrough { servers, .. }) => Work::Lines {
+                parts: servers.into_iter().take(1).map(Part::new).collect(),
+                finish: Finish::Forward,
+            },
+            Plan::Key(Placement::Owner { server, .. }) => Work::Lines {
                 parts: smallvec::smallvec![Part::new(server)],
                 finish: Finish::Forward,
             },
-            Plan::Quorum {
+            Plan::Key(Placement::Quorum {
                 servers,
                 quorum,
                 forget,
-            } => Work::Lines {
+            }) => Work::Lines {
                 parts: servers.into_iter().map(Part::new).collect(),
                 finish: Finish::Quorum { quorum, forget },
             },
@@ -164,12 +170,12 @@ impl ClientSession {
                 parts: servers.into_iter().map(Part::new).collect(),
                 finish: Finish::AllOk,
             },
-            Plan::CasThenCopy {
+            Plan::Key(Placement::CasThenCopy {
                 owner,
                 copies,
                 previous,
                 forget,
-            } => Work::Cas(Box::new(CasWork {
+            }) => Work::Cas(Box::new(CasWork {
                 part: Part::new(owner),
                 machine: crate::cas::ReplicatedCas::new(false, owner, copies, previous),
                 forget,
@@ -181,11 +187,12 @@ impl ClientSession {
                 in_flight: SmallVec::new(),
                 held: 0,
             },
-            Plan::Moved {
+            Plan::Key(Placement::Moved {
                 owner,
                 previous,
                 forget,
-            } => {
+                ..
+            }) => {
                 let as_set =
                     (request.command == Command::Cas).then(|| route::cas_as_set(&request, &bytes));
                 match Moved::new(&request, &bytes, as_set) {
@@ -266,18 +273,18 @@ impl ClientSession {
                 self.push(entry);
                 return;
             }
-            MetaPlan::NoServers => {
+            MetaPlan::Key(Placement::NoServers) => {
                 let mut entry = Entry::ready(route::NO_SERVERS, topology);
                 entry.command = command;
                 self.push(entry);
                 return;
             }
-            MetaPlan::Forward { server } => (parts(&[server]), MetaMode::Forward),
-            MetaPlan::Quorum {
+            MetaPlan::Key(Placement::Owner { server, .. }) => (parts(&[server]), MetaMode::Forward),
+            MetaPlan::Key(Placement::Quorum {
                 servers,
                 quorum,
                 forget,
-            } => (
+            }) => (
                 parts(&servers),
                 MetaMode::Quorum {
                     quorum,
@@ -285,29 +292,29 @@ impl ClientSession {
                     key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
                 },
             ),
-            MetaPlan::CasThenCopy {
+            MetaPlan::Key(Placement::CasThenCopy {
                 owner,
                 copies,
-                copy,
                 previous,
                 forget: older,
-            } => {
+            }) => {
                 forget = older;
                 (
                     parts(&[owner]),
                     MetaMode::CasThenCopy {
                         machine: crate::cas::ReplicatedCas::new(true, owner, copies, previous),
-                        copy,
+                        copy: route::meta_copy(&request, &bytes),
                         copied: Vec::new(),
                     },
                 )
             }
-            MetaPlan::Moved {
+            MetaPlan::Key(Placement::Moved {
                 owner,
                 previous,
-                what,
+                steps: what,
                 forget: older,
-            } => {
+                ..
+            }) => {
                 forget = older;
                 let key = (bytes.slice_ref(request.key_token(&bytes)), request.base64);
                 let machine = Moved::meta(what, request.command, key, wire.clone(), expect.clone());
@@ -321,7 +328,9 @@ impl ClientSession {
                 };
                 (parts(&[owner]), MetaMode::Moved(Box::new(work)))
             }
-            MetaPlan::ReadThrough { servers, on_miss } => (
+            MetaPlan::Key(Placement::ReadThrough {
+                servers, on_miss, ..
+            }) => (
                 parts(&servers[..1]),
                 MetaMode::ReadThrough {
                     servers,

@@ -111,7 +111,7 @@ pub(super) struct MovedWork {
     pub(super) answer: Option<CallResult>,
 }
 
-/// A replicated `cas` (see `route::Plan::CasThenCopy`).
+/// A replicated `cas` (see `placement::Placement::CasThenCopy`).
 pub(super) struct CasWork {
     /// The `cas` under way: on the owner, then on the previous owner.
     pub(super) part: Part,
@@ -239,7 +239,7 @@ pub(super) struct MetaMoved {
 pub(super) enum Finish {
     Forward,
     /// A replicated write: the quorum, and how many of the last parts are
-    /// `delete`s to the previous ring's replicas (see `route::Plan::Quorum`).
+    /// `delete`s to the previous ring's replicas (see `placement::Placement::Quorum`).
     Quorum {
         quorum: usize,
         forget: usize,

@@ -1754,3 +1754,106 @@ fn more_chained_changes_than_are_kept_still_never_read_an_overwritten_value() {
     );
     assert_eq!(old, 0, "reads of the overwritten v1");
 }
+
+/// Near cache × hand-off: a write through memring to a moved key, which
+/// the hand-off machine runs on both owners, drops the key's near-cached
+/// value as any write does, in both dialects. The value is changed on the
+/// new owner behind memring's back first, so only the write's invalidation
+/// can make the next read fresh.
+#[test]
+fn a_write_to_a_moved_key_drops_its_near_cached_value() {
+    let dir = TempDir::new("handoff", "near-cache");
+    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let (four, five) = rings_4_and_5(&dir, &all);
+    let key = moved_between(&four, &five, (0..1000).map(|i| format!("nc:{i}")), 1).remove(0);
+    let with_cache = |text: String| {
+        text.replacen(
+            '\n',
+            "\nhot_key_window_ms = 200\nhot_key_cache_ms = 60000\n",
+            1,
+        )
+    };
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, with_cache(config(&all[..4]))).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let version = proxy.ring_version();
+    replace_by_rename(&path, &with_cache(config(&all)));
+    wait_for("the new ring", || proxy.ring_version() > version);
+    let new_owner = servers
+        .iter()
+        .find(|s| format!("cache-{}", s.port) == owner_name(&five, &key))
+        .unwrap();
+    let (mut client, mut admin, mut direct) = (proxy.client(), proxy.client(), new_owner.client());
+    // (name, command, its reply, the value then expected).
+    let cases: [(&str, String, ReplyKind, Option<&[u8]>); 10] = [
+        (
+            "set",
+            format!("set {key} 0 0 1\r\n7\r\n"),
+            ReplyKind::Line,
+            Some(b"7"),
+        ),
+        ("delete", format!("delete {key}\r\n"), ReplyKind::Line, None),
+        (
+            "incr",
+            format!("incr {key} 5\r\n"),
+            ReplyKind::Line,
+            Some(b"15"),
+        ),
+        (
+            "append",
+            format!("append {key} 0 0 1\r\nx\r\n"),
+            ReplyKind::Line,
+            Some(b"directx"),
+        ),
+        (
+            "touch",
+            format!("touch {key} 0\r\n"),
+            ReplyKind::Line,
+            Some(b"direct"),
+        ),
+        (
+            "add",
+            format!("add {key} 0 0 1\r\n9\r\n"),
+            ReplyKind::Line,
+            Some(b"direct"),
+        ),
+        (
+            "replace",
+            format!("replace {key} 0 0 1\r\n8\r\n"),
+            ReplyKind::Line,
+            Some(b"8"),
+        ),
+        (
+            "ms",
+            format!("ms {key} 1\r\n6\r\n"),
+            ReplyKind::Line,
+            Some(b"6"),
+        ),
+        ("md", format!("md {key}\r\n"), ReplyKind::Line, None),
+        ("ma", format!("ma {key}\r\n"), ReplyKind::Line, Some(b"11")),
+    ];
+    for (name, command, kind, expected) in cases {
+        assert_eq!(client.set(&key, b"1"), b"STORED\r\n", "{name}");
+        let cached = crate::common::get_until_near_cached(&mut client, &mut admin, &key);
+        assert_eq!(cached.as_deref(), Some(&b"1"[..]), "{name}");
+        let behind = if name == "incr" || name == "ma" {
+            &b"10"[..]
+        } else {
+            b"direct"
+        };
+        assert_eq!(direct.set(&key, behind), b"STORED\r\n");
+        assert_eq!(
+            client.get(&key).as_deref(),
+            Some(&b"1"[..]),
+            "{name}: still cached"
+        );
+        let reply = client.call(command.as_bytes(), kind);
+        assert!(
+            !reply.starts_with(b"SERVER_ERROR") && !reply.starts_with(b"CLIENT_ERROR"),
+            "{name}: {}",
+            show(&reply)
+        );
+        assert_eq!(client.get(&key).as_deref(), expected, "after {name}");
+    }
+}
