@@ -1857,3 +1857,49 @@ fn a_write_to_a_moved_key_drops_its_near_cached_value() {
         assert_eq!(client.get(&key).as_deref(), expected, "after {name}");
     }
 }
+
+/// Quiet meta × budgets × hand-off: a pipeline of quiet `mg`s of moved keys
+/// (half of them stored, on their previous owners only), closed by `mn`,
+/// from a client whose reply budget holds a few values at a time. Every
+/// stored key's value comes back, read through, in request order, then the
+/// `MN`: nothing stalls while reservations wait for the read-throughs.
+#[test]
+fn a_quiet_pipeline_of_moved_keys_within_a_small_budget_reaches_its_mn() {
+    const KEYS: usize = 400;
+    let dir = TempDir::new("handoff", "quiet-budget");
+    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let (four, five) = rings_4_and_5(&dir, &all);
+    let keys = moved_between(&four, &five, (0..20_000).map(|i| format!("qb:{i}")), KEYS);
+    assert_eq!(keys.len(), KEYS);
+    let small_budget = |text: String| text.replacen('\n', "\nmax_client_buffer_bytes = 65536\n", 1);
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, small_budget(config(&all[..4]))).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let value = |i: usize| format!("{i:04}").repeat(256);
+    for (i, key) in keys.iter().enumerate().filter(|(i, _)| i % 2 == 0) {
+        assert_eq!(client.set(key, value(i).as_bytes()), b"STORED\r\n");
+    }
+    let version = proxy.ring_version();
+    replace_by_rename(&path, &small_budget(config(&all)));
+    wait_for("the new ring", || proxy.ring_version() > version);
+    let mut batch = Vec::new();
+    for key in &keys {
+        batch.extend(format!("mg {key} v k q\r\n").bytes());
+    }
+    batch.extend(b"mn\r\n");
+    client.send(&batch);
+    let reply = client.read_until_suffix(b"MN\r\n");
+    let mut expected = Vec::new();
+    for (i, key) in keys.iter().enumerate().filter(|(i, _)| i % 2 == 0) {
+        expected.extend(format!("VA 1024 k{key}\r\n{}\r\n", value(i)).bytes());
+    }
+    assert!(
+        reply == expected,
+        "{} bytes back, {} expected; first difference at {:?}",
+        reply.len(),
+        expected.len(),
+        reply.iter().zip(&expected).position(|(a, b)| a != b)
+    );
+}
