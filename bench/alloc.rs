@@ -177,7 +177,7 @@ fn main() {
     let meta = |request: &[u8]| [request.repeat(BATCH - 1), b"mn\r\n".to_vec()].concat();
     let version_end: &[u8] = memring::VERSION_REPLY;
     let value = "w".repeat(32);
-    let cases: [(&str, Vec<u8>, &[u8]); 9] = [
+    let cases: [(&str, Vec<u8>, &[u8]); 10] = [
         ("`get` (hit)", classic(b"get k1\r\n"), version_end),
         (
             "`set`",
@@ -203,6 +203,8 @@ fn main() {
         ),
         ("`md` (miss)", meta(b"md nothing\r\n"), b"MN\r\n"),
         ("quiet `mg` (miss)", meta(b"mg nothing v q\r\n"), b"MN\r\n"),
+        // `azE=` is `k1` in base64.
+        ("`mg azE= b v` (hit)", meta(b"mg azE= b v\r\n"), b"MN\r\n"),
     ];
     println!("| request | allocations per request |");
     println!("| --- | ---: |");

@@ -183,6 +183,11 @@ impl Layout {
         self.pools[self.pool_of(key)].topology.load_full()
     }
 
+    /// Index in [`Layout::pools`] of the pool keys matching no route go to.
+    pub(crate) fn default_index(&self) -> usize {
+        self.default
+    }
+
     /// The default pool's topology now (requests without a key, limits).
     pub fn default_topology(&self) -> Arc<Topology> {
         self.pools[self.default].topology.load_full()

@@ -969,11 +969,15 @@ pub(crate) enum MetaPlan {
 /// ([`Placement::Moved`]) also send an `md` to each of their `forget` servers
 /// (owners in older rings) with the first step, and answer once those are
 /// done too.
-pub(crate) fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> MetaPlan {
+pub(crate) fn plan_meta(
+    request: &MetaRequest,
+    bytes: &Bytes,
+    key: &[u8],
+    topology: &Topology,
+) -> MetaPlan {
     if request.command == MetaCommand::Noop {
         return MetaPlan::Reply(b"MN\r\n");
     }
-    let key = request.routing_key(bytes);
     // Which hand-off steps a moved key takes: looked at in a window only.
     let what = topology
         .previous
@@ -1004,7 +1008,7 @@ pub(crate) fn plan_meta(request: &MetaRequest, bytes: &Bytes, topology: &Topolog
             || request.backend_error.is_some(),
         hands_off: request.backend_error.is_none(),
     };
-    MetaPlan::Key(place(&key, op, what, topology))
+    MetaPlan::Key(place(key, op, what, topology))
 }
 
 /// The request without its `C` and `q` flags: what a mutation the owner
@@ -1439,7 +1443,7 @@ mod tests {
         let plan = |line: String| {
             let bytes = Bytes::from(line);
             let (request, _) = parse_meta(&bytes, &Limits::default()).unwrap().unwrap();
-            plan_meta(&request, &bytes, &new)
+            plan_meta(&request, &bytes, &request.routing_key(&bytes), &new)
         };
         let steps = |line: &str| match plan(line.replace("KEY", &moved)) {
             MetaPlan::Key(Placement::Moved {

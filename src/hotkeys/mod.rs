@@ -257,6 +257,7 @@ impl HotWorker {
         &self,
         request: &MetaRequest,
         bytes: &Bytes,
+        key: &[u8],
         plan: &MetaPlan,
         topology: &Topology,
     ) -> Option<Rc<WriteGuard>> {
@@ -270,20 +271,19 @@ impl HotWorker {
         if !self.shared.started.detect {
             return None;
         }
-        let key = request.routing_key(bytes);
         // The planner's hash of the key when it took this one.
-        let hash = planned.unwrap_or_else(|| key_hash(&key));
+        let hash = planned.unwrap_or_else(|| key_hash(key));
         let owner = Some(owner);
         {
             let mut state = self.state.borrow_mut();
             state.map(topology);
-            state.count(owner, hash, &key);
+            state.count(owner, hash, key);
         }
         request.changes_item(bytes).then(|| {
             let key = self
                 .shared
                 .caching()
-                .then(|| cache_key(topology.pool_id, &key));
+                .then(|| cache_key(topology.pool_id, key));
             self.guard(Target::Keys(smallvec::smallvec![(hash, key)]), None)
         })
     }

@@ -56,8 +56,6 @@
 pub mod reply;
 pub mod tag;
 
-use std::borrow::Cow;
-
 use memchr::memchr;
 
 use super::request::{is_valid_key, Span};
@@ -277,15 +275,15 @@ impl MetaRequest {
     /// `b` is set, which is the key memcached stores (so `ms Zm9v 2 b` and
     /// `get foo` land on the same server). Empty for `mn`.
     ///
-    /// # Panics
-    /// Only if `bytes` is not the buffer this request was parsed from:
-    /// [`parse_meta`] accepts a `b` key only when it decodes.
-    pub fn routing_key<'a>(&self, bytes: &'a [u8]) -> Cow<'a, [u8]> {
+    /// [`parse_meta`] accepts a `b` key only when it decodes; were `bytes`
+    /// another buffer than the one parsed, an undecodable key would read as
+    /// empty.
+    pub fn routing_key<'a>(&self, bytes: &'a [u8]) -> RoutingKey<'a> {
         let token = self.key_token(bytes);
         if self.base64 {
-            Cow::Owned(decode_key(token).expect("parse_meta accepts only b keys that decode"))
+            RoutingKey::Decoded(decode_key(token).unwrap_or_default())
         } else {
-            Cow::Borrowed(token)
+            RoutingKey::Plain(token)
         }
     }
 
@@ -753,13 +751,44 @@ fn c_strtoull(token: &[u8]) -> Option<u64> {
     Some(value)
 }
 
+/// A decoded `b` key: inline up to the longest a valid token decodes to
+/// (250 base64 bytes), so decoding allocates nothing.
+pub type DecodedKey = smallvec::SmallVec<[u8; 192]>;
+
+/// The bytes the ring hashes for a meta request (see
+/// [`MetaRequest::routing_key`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RoutingKey<'a> {
+    /// The key as sent.
+    Plain(&'a [u8]),
+    /// A `b` key, decoded.
+    Decoded(DecodedKey),
+}
+
+impl std::ops::Deref for RoutingKey<'_> {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            RoutingKey::Plain(key) => key,
+            RoutingKey::Decoded(key) => key,
+        }
+    }
+}
+
+impl AsRef<[u8]> for RoutingKey<'_> {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
 /// Decodes a `b` key the way memcached 1.6.18 does, which is more lenient than
 /// RFC 4648: bytes outside the base64 alphabet are skipped, the alphabet bytes
 /// (`=` included) must come in groups of four, and decoding stops after the
 /// first group holding `=` (one or two of them; three or four fail). Returns
 /// `None` where memcached fails. The key memcached stores, and so the key the
 /// ring must hash, is exactly this result.
-pub fn decode_key(token: &[u8]) -> Option<Vec<u8>> {
+pub fn decode_key(token: &[u8]) -> Option<DecodedKey> {
     fn sextet(b: u8) -> Option<u8> {
         match b {
             b'A'..=b'Z' => Some(b - b'A'),
@@ -775,7 +804,7 @@ pub fn decode_key(token: &[u8]) -> Option<Vec<u8>> {
     if alphabet == 0 || alphabet % 4 != 0 {
         return None;
     }
-    let mut out = Vec::with_capacity(alphabet / 4 * 3);
+    let mut out = DecodedKey::with_capacity(alphabet / 4 * 3);
     let mut group = [0u8; 4];
     let mut filled = 0;
     let mut padding = 0;
@@ -1429,7 +1458,8 @@ mod tests {
         fn encoded_keys_decode_to_themselves(key in proptest::collection::vec(any::<u8>(), 1..250)) {
             let token = encode_key(&key);
             prop_assert_eq!(token.len() % 4, 0);
-            prop_assert_eq!(decode_key(token.as_bytes()), Some(key));
+            let decoded = decode_key(token.as_bytes()).map(|k| k.to_vec());
+            prop_assert_eq!(decoded, Some(key));
         }
 
         #[test]
@@ -1446,7 +1476,7 @@ mod tests {
             prop_assert_eq!(request.key_token(&bytes), &parts.key[..]);
             prop_assert_eq!(request.base64, parts.base64);
             let expected_key = if parts.base64 {
-                decode_key(&parts.key).unwrap()
+                decode_key(&parts.key).unwrap().to_vec()
             } else {
                 parts.key.clone()
             };

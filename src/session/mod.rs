@@ -322,17 +322,24 @@ impl ClientSession {
     /// The topology a request with routing key `key` is planned on: its
     /// pool's now (one load, no guard kept), or that pool's gutter when the
     /// key's server is DEAD and failed over, with the gutter's TTL cap.
-    fn topology_for(&self, key: Option<&[u8]>) -> (Arc<Topology>, Option<u64>) {
+    /// `key` is asked for only when the layout routes by key (a meta `b`
+    /// key is decoded only then).
+    fn topology_for<K: AsRef<[u8]>>(
+        &self,
+        key: Option<impl FnOnce() -> K>,
+    ) -> (Arc<Topology>, Option<u64>) {
         let layout = self.worker.layout.load();
-        let key = match (key, &self.bound) {
-            (Some(key), _) => key,
-            (None, Some(bound)) => return (bound.load_full(), None),
-            (None, None) => return (layout.default_topology(), None),
-        };
         let Ok(bound) = self.bound_in(&layout) else {
             return (self.bound_topology(), None);
         };
-        let serving = layout.serving_key(bound, key);
+        let key = match key {
+            Some(key) if layout.may_split(bound) => key(),
+            _ => {
+                let pool = bound.unwrap_or_else(|| layout.default_index());
+                return (layout.pools()[pool].topology.load_full(), None);
+            }
+        };
+        let serving = layout.serving_key(bound, key.as_ref());
         (
             layout.pools()[serving.pool].topology.load_full(),
             serving.gutter_ttl,
@@ -462,7 +469,7 @@ impl ClientSession {
     fn reject(&mut self, reply: Option<&'static [u8]>, discard: usize, keeps_connection: bool) {
         self.discard = discard;
         if let Some(reply) = reply {
-            let (topology, _) = self.topology_for(None);
+            let (topology, _) = self.topology_for(None::<fn() -> &'static [u8]>);
             self.push(Entry::ready(reply, topology));
         }
         if !keeps_connection {

@@ -164,6 +164,7 @@ impl ClientSession {
         &self,
         request: &MetaRequest,
         bytes: &Bytes,
+        routing: &[u8],
         plan: &MetaPlan,
     ) -> Option<Box<Pairs>> {
         request.key?;
@@ -179,9 +180,8 @@ impl ClientSession {
         ) {
             return None;
         }
-        let routing = request.routing_key(bytes);
-        let shadow = self.shadow_for(&routing)?;
-        if !shadow.sampler.sampled(&routing) {
+        let shadow = self.shadow_for(routing)?;
+        if !shadow.sampler.sampled(routing) {
             return None;
         }
         if request.command == MetaCommand::Get {
@@ -192,7 +192,7 @@ impl ClientSession {
             let line = get_line(request.key_token(bytes), request.base64, ttl);
             let pair = Pair::new(shadow.counters.clone());
             return self
-                .send_shadow(&shadow, &routing, &[line], get_expect(), Some(pair.clone()))
+                .send_shadow(&shadow, routing, &[line], get_expect(), Some(pair.clone()))
                 .then(|| Box::new(smallvec::smallvec![(0, pair)]));
         }
         let copy = route::meta_copy(request, bytes);
@@ -201,7 +201,7 @@ impl ClientSession {
             quiet: false,
             replied: false,
         };
-        self.send_shadow(&shadow, &routing, &[copy], expect, None);
+        self.send_shadow(&shadow, routing, &[copy], expect, None);
         None
     }
 

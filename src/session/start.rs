@@ -28,7 +28,7 @@ impl ClientSession {
         // One topology per request: it finishes on this ring even if a
         // reload lands meanwhile. `load_full` gives an owned Arc, so no
         // arc-swap guard is held.
-        let key = (!request.keys.is_empty()).then(|| request.key(&bytes, 0));
+        let key = (!request.keys.is_empty()).then_some(|| request.key(&bytes, 0));
         let (topology, gutter_ttl) = self.topology_for(key);
         let (request, bytes) = match gutter_ttl {
             Some(ttl) => self.capped(request, bytes, ttl),
@@ -230,10 +230,8 @@ impl ClientSession {
 
     /// Plans one meta request and queues its entry.
     pub(super) fn start_meta(&mut self, request: MetaRequest, bytes: Bytes) {
-        let (topology, gutter_ttl) = match request.key {
-            Some(_) => self.topology_for(Some(&request.routing_key(&bytes))),
-            None => self.topology_for(None),
-        };
+        let routing = || request.routing_key(&bytes);
+        let (topology, gutter_ttl) = self.topology_for(request.key.and(Some(routing)));
         let (request, bytes) = match gutter_ttl {
             Some(ttl) => self.meta_capped(request, bytes, ttl),
             None => (request, bytes),
@@ -243,12 +241,16 @@ impl ClientSession {
             .stats
             .request(command, usize::from(request.key.is_some()));
         topology.figures.request(command);
-        let plan = route::plan_meta(&request, &bytes, &topology);
-        let shadow = self.shadow_meta(&request, &bytes, &plan);
+        // The key the ring places, decoded once (a `b` key) for the plan,
+        // the shadow and the hot-key count.
+        let key = request.routing_key(&bytes);
+        let plan = route::plan_meta(&request, &bytes, &key, &topology);
+        let shadow = self.shadow_meta(&request, &bytes, &key, &plan);
         let hot = self
             .worker
             .hot
-            .on_meta_request(&request, &bytes, &plan, &topology);
+            .on_meta_request(&request, &bytes, &key, &plan, &topology);
+        drop(key);
         // A quiet request goes on with `q` and an `mn` behind it: memcached
         // then sends exactly the replies it would send the client, and `MN`
         // tells the connection that the rest was suppressed. That holds for

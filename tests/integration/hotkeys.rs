@@ -266,7 +266,8 @@ fn meta_get(client: &mut Client, key: &[u8]) {
 fn reported_key(token: &str) -> Vec<u8> {
     match token.strip_suffix(" b") {
         Some(base64) => memring::protocol::meta::decode_key(base64.as_bytes())
-            .unwrap_or_else(|| panic!("not base64: {token:?}")),
+            .unwrap_or_else(|| panic!("not base64: {token:?}"))
+            .to_vec(),
         None => token.as_bytes().to_vec(),
     }
 }
