@@ -385,17 +385,62 @@ fn seq_of(value: Option<Vec<u8>>) -> u64 {
 /// its reply, pipelined behind it, and after a `noreply`), while readers on
 /// both workers hammer `hot`: no read may return a number older than one
 /// stored before it was sent. Runs until `counter` reached 200; returns it.
-fn reads_follow_writes(settings: &str, counter_name: &str) -> u64 {
-    let server = Memcached::start();
+/// With `moved`, the key is one that a second server's join moves, and the
+/// test runs within the join's hand-off window (the key stored before it):
+/// every write then goes through the hand-off.
+fn reads_follow_writes(settings: &str, counter_name: &str, moved: bool) -> u64 {
+    let servers = [Memcached::start(), Memcached::start()];
     // Two workers, two connections per server: the readers and the writer
     // are spread over both workers and over different connections, so a get
     // can overtake a write on its way to memcached.
-    let proxy = Proxy::start(
-        &[&server],
-        &format!("workers = 2\nconnections_per_server = 2\nhot_key_window_ms = 100\n{settings}"),
+    let settings =
+        format!("workers = 2\nconnections_per_server = 2\nhot_key_window_ms = 100\n{settings}");
+    let dir = TempDir::new(
+        "hotkeys",
+        &format!("reads-follow-writes-{counter_name}-{moved}"),
     );
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, config_text(&[&servers[0]], &settings)).unwrap();
+    let proxy = Proxy::start_file(&path);
     let mut setup = proxy.client();
-    assert_eq!(setup.set("hot", b"0"), b"STORED\r\n");
+    // A key the second server takes, when asked for one.
+    let key: &'static str = if moved {
+        let both = |key: &str| {
+            let config = memring::config::Config::parse(
+                &config_text(&[&servers[0], &servers[1]], &settings),
+                "t.toml",
+            )
+            .unwrap();
+            let ring = memring::ring::Ring::build(config.members());
+            ring.members()[ring.owner(key.as_bytes()).unwrap()]
+                .identity
+                .clone()
+        };
+        let second = memring::config::Config::parse(&config_text(&[&servers[1]], ""), "t.toml")
+            .unwrap()
+            .members()[0]
+            .identity
+            .clone();
+        let name = (0..100)
+            .map(|i| format!("hot{i}"))
+            .find(|k| both(k) == second)
+            .unwrap();
+        Box::leak(name.into_boxed_str())
+    } else {
+        "hot"
+    };
+    assert_eq!(setup.set(key, b"0"), b"STORED\r\n");
+    if moved {
+        let version = proxy.ring_version();
+        crate::common::replace_by_rename(
+            &path,
+            &config_text(&[&servers[0], &servers[1]], &settings),
+        );
+        wait_for("the second server's join", || {
+            proxy.ring_version() > version
+        });
+        assert!(setup.stat("handoff_until") > 0, "a hand-off window");
+    }
     // The last value the writer knows stored.
     let acked = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -414,7 +459,7 @@ fn reads_follow_writes(settings: &str, counter_name: &str) -> u64 {
                     // Any get sent after the writer's acknowledgement must
                     // see that write or a later one.
                     let floor = acked.load(Ordering::SeqCst);
-                    client.send(b"get hot\r\nget hot\r\nget hot\r\n");
+                    client.send(format!("get {key}\r\nget {key}\r\nget {key}\r\n").as_bytes());
                     for _ in 0..3 {
                         let seq = seq_of(value_of(&client.reply(ReplyKind::Values)));
                         assert!(seq >= floor, "read {seq} after {floor} was stored");
@@ -436,15 +481,16 @@ fn reads_follow_writes(settings: &str, counter_name: &str) -> u64 {
             match seq % 4 {
                 // Write, wait for STORED, then read on the same connection.
                 0 => {
-                    assert_eq!(writer.set("hot", value.as_bytes()), b"STORED\r\n");
+                    assert_eq!(writer.set(key, value.as_bytes()), b"STORED\r\n");
                     acked.store(seq, Ordering::SeqCst);
-                    let got = seq_of(value_of(&writer.get_raw("hot")));
+                    let got = seq_of(value_of(&writer.get_raw(key)));
                     assert_eq!(got, seq, "the writer's own read");
                 }
                 // Write and read pipelined in one packet.
                 1 => {
                     writer.send(
-                        format!("set hot 0 0 {}\r\n{value}\r\nget hot\r\n", value.len()).as_bytes(),
+                        format!("set {key} 0 0 {}\r\n{value}\r\nget {key}\r\n", value.len())
+                            .as_bytes(),
                     );
                     assert_eq!(writer.reply(ReplyKind::Line), b"STORED\r\n");
                     acked.store(seq, Ordering::SeqCst);
@@ -454,7 +500,7 @@ fn reads_follow_writes(settings: &str, counter_name: &str) -> u64 {
                 // A meta set and a read pipelined in one packet.
                 2 => {
                     writer.send(
-                        format!("ms hot {}\r\n{value}\r\nget hot\r\n", value.len()).as_bytes(),
+                        format!("ms {key} {}\r\n{value}\r\nget {key}\r\n", value.len()).as_bytes(),
                     );
                     assert_eq!(writer.reply(ReplyKind::Line), b"HD\r\n");
                     acked.store(seq, Ordering::SeqCst);
@@ -466,7 +512,7 @@ fn reads_follow_writes(settings: &str, counter_name: &str) -> u64 {
                 _ => {
                     writer.send(
                         format!(
-                            "set hot 0 0 {} noreply\r\n{value}\r\nget hot\r\n",
+                            "set {key} 0 0 {} noreply\r\n{value}\r\nget {key}\r\n",
                             value.len()
                         )
                         .as_bytes(),
@@ -500,15 +546,28 @@ fn reads_follow_writes(settings: &str, counter_name: &str) -> u64 {
     coalesced
 }
 
+/// Coalescing × hand-off: the same, on a key a join moved, within the
+/// join's hand-off window.
+#[test]
+fn coalesced_gets_of_a_moved_key_never_miss_a_write() {
+    reads_follow_writes("", "hot_key_coalesced_gets", true);
+}
+
+/// Near cache × hand-off: the same, on a key a join moved.
+#[test]
+fn near_cached_gets_of_a_moved_key_never_miss_a_write() {
+    reads_follow_writes("hot_key_cache_ms = 60000", "near_cache_hits", true);
+}
+
 #[test]
 fn coalesced_gets_never_miss_a_write_the_reader_could_know_of() {
-    reads_follow_writes("", "hot_key_coalesced_gets");
+    reads_follow_writes("", "hot_key_coalesced_gets", false);
 }
 
 #[test]
 fn near_cached_gets_never_miss_a_write_through_memring() {
     // A long life: every fresh read after a write is the invalidation's doing.
-    reads_follow_writes("hot_key_cache_ms = 60000", "near_cache_hits");
+    reads_follow_writes("hot_key_cache_ms = 60000", "near_cache_hits", false);
 }
 
 #[test]
