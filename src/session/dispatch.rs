@@ -262,7 +262,6 @@ impl ClientSession {
                         // dispatched; the ones before it are still there.
                         let earlier = Earlier {
                             entries: &self.entries,
-                            before: self.dispatched,
                             unanswered: &self.unanswered,
                             current: in_flight,
                         };
@@ -585,7 +584,9 @@ impl ClientSession {
         let mut released = 0;
         let mut grown = 0;
         let mut estimate = None;
-        let entry = &mut self.entries[index];
+        let Some(entry) = self.entries.get_mut(index) else {
+            return;
+        };
         match &mut entry.work {
             Work::Lines { parts, .. } => parts.iter_mut().for_each(Part::absorb),
             Work::Cas(cas) => {

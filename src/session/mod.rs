@@ -25,7 +25,6 @@
 //! session half-closes and drains the client's input before it closes (a
 //! lingering close), so no reset cuts those replies off.
 
-use std::collections::VecDeque;
 use std::io;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -55,6 +54,7 @@ mod budget;
 mod copy_check;
 mod deadline;
 mod dispatch;
+mod fifo;
 mod shadow;
 mod spares;
 mod start;
@@ -63,6 +63,7 @@ mod work;
 use budget::ClientBudget;
 pub(crate) use budget::WorkerBudget;
 use deadline::{Progress, Waiting};
+use fifo::Fifo;
 use work::*;
 
 /// First read buffer of a client: small, so that thousands of idle clients
@@ -269,9 +270,8 @@ struct ClientSession {
     worker: Rc<WorkerCtx>,
     /// Woken by every reply slot of this client.
     wake: Rc<Wake>,
-    entries: VecDeque<Entry>,
-    /// Entries before this index have sent everything they will send.
-    dispatched: usize,
+    /// The client's requests, dispatched and answered in arrival order.
+    entries: Fifo<Entry>,
     out: OutQueue,
     /// Reply bytes reserved for requests in flight, held for entries not
     /// yet at the head and queued to write.
@@ -306,8 +306,7 @@ impl ClientSession {
             lane: id as usize,
             worker,
             wake: Rc::new(Wake::new()),
-            entries: VecDeque::new(),
-            dispatched: 0,
+            entries: Fifo::default(),
             out: OutQueue::default(),
             budget: ClientBudget::default(),
             estimate: limits.max_value_bytes,
@@ -479,7 +478,7 @@ impl ClientSession {
 
     fn push(&mut self, entry: Entry) {
         self.parsed_bytes += entry.bytes.len();
-        self.entries.push_back(entry);
+        self.entries.push(entry);
     }
 
     /// Dispatches and collects until neither makes progress. Collecting
@@ -493,7 +492,7 @@ impl ClientSession {
             let (entries, owed) = (self.entries.len(), self.budget.owed());
             self.collect();
             let progressed = self.entries.len() < entries || self.budget.owed() < owed;
-            if !progressed || self.dispatched == self.entries.len() {
+            if !progressed || self.entries.all_dispatched() {
                 return;
             }
         }
@@ -501,24 +500,26 @@ impl ClientSession {
 
     /// Dispatches entries in order while the budget allows.
     fn pump(&mut self) {
-        while self.dispatched < self.entries.len() {
-            let index = self.dispatched;
+        while let Some(index) = self.entries.next_to_dispatch() {
             self.absorb(index);
-            if !self.dispatch(index) {
+            let Some(bytes) = self.dispatch(index) else {
                 return;
-            }
-            self.parsed_bytes -= self.entries[index].bytes.len();
-            self.dispatched += 1;
+            };
+            self.parsed_bytes -= bytes;
+            self.entries.dispatched_one();
         }
     }
 
-    /// Sends what entry `index` has to send now; true once it will send
-    /// nothing more.
-    fn dispatch(&mut self, index: usize) -> bool {
-        let mut entry = self.entries.remove(index).expect("index in range");
+    /// Sends what entry `index` has to send now; once it will send nothing
+    /// more, the size of its request.
+    fn dispatch(&mut self, index: usize) -> Option<usize> {
+        // Out of the FIFO while it is dispatched, so the session can be
+        // borrowed whole; the entries before it stay readable.
+        let mut entry = self.entries.take(index)?;
         let complete = self.dispatch_entry(&mut entry);
-        self.entries.insert(index, entry);
-        complete
+        let bytes = entry.bytes.len();
+        self.entries.put_back(index, entry);
+        complete.then_some(bytes)
     }
 
     /// Releases the bytes of `noreply` requests every server has answered.
@@ -544,8 +545,10 @@ impl ClientSession {
         self.settle();
         while !self.entries.is_empty() {
             self.absorb(0);
-            let mut entry = self.entries.pop_front().expect("not empty");
-            let complete = self.dispatched > 0 && self.finish(&mut entry);
+            let Some((mut entry, dispatched)) = self.entries.pop_head() else {
+                return;
+            };
+            let complete = dispatched && self.finish(&mut entry);
             if !complete {
                 if let Work::Retrieve { plan, held, .. } = &mut entry.work {
                     // The head streams: its values go out as they arrive
@@ -555,10 +558,9 @@ impl ClientSession {
                     self.release(held.saturating_sub(now));
                     *held = now;
                 }
-                self.entries.push_front(entry);
+                self.entries.unpop_head(entry, dispatched);
                 return;
             }
-            self.dispatched -= 1;
             self.release(entry.reserved);
             // Replies memring makes itself (parse errors among them) are not
             // request latencies.

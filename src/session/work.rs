@@ -3,7 +3,6 @@
 //! replies, a retrieval's sub-requests, a hand-off or replicated `cas`
 //! machine) and how those replies become the client's answer.
 
-use std::collections::VecDeque;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -284,9 +283,9 @@ impl Work {
 /// the entries before it, its `noreply` writes, and the entry's own
 /// sub-requests already sent.
 pub(super) struct Earlier<'a> {
-    pub(super) entries: &'a VecDeque<Entry>,
-    /// How many entries come before the one being dispatched.
-    pub(super) before: usize,
+    /// The one being dispatched is out of it: its dispatched entries are
+    /// the ones before.
+    pub(super) entries: &'a super::Fifo<Entry>,
     pub(super) unanswered: &'a [(ServerSlots, usize)],
     pub(super) current: &'a [SubInFlight],
 }
@@ -300,7 +299,7 @@ impl Unanswered for Earlier<'_> {
             .all(|sub| ours(sub.server, &sub.slot))
             && self
                 .entries
-                .range(..self.before)
+                .dispatched()
                 .all(|entry| entry.work.all_unanswered(&mut ours))
             && self
                 .unanswered
