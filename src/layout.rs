@@ -177,12 +177,6 @@ impl Layout {
             .map_or(self.default, |&(_, pool)| pool)
     }
 
-    /// The topology `key` is planned on now.
-    #[inline]
-    pub fn topology_of(&self, key: &[u8]) -> Arc<Topology> {
-        self.pools[self.pool_of(key)].topology.load_full()
-    }
-
     /// Index in [`Layout::pools`] of the pool keys matching no route go to.
     pub(crate) fn default_index(&self) -> usize {
         self.default

@@ -259,10 +259,6 @@ async fn until(mut timer: std::pin::Pin<&mut tokio::time::Sleep>, deadline: Opti
     }
 }
 
-/// The pool a client is bound to is no longer in the layout.
-#[derive(Debug)]
-struct PoolGone;
-
 struct ClientSession {
     /// Which connection of each server this client uses: always the same
     /// one, so its commands reach each server in the order sent.
@@ -328,8 +324,9 @@ impl ClientSession {
         key: Option<impl FnOnce() -> K>,
     ) -> (Arc<Topology>, Option<u64>) {
         let layout = self.worker.layout.load();
-        let Ok(bound) = self.bound_in(&layout) else {
-            return (self.bound_topology(), None);
+        let bound = match self.bound_in(&layout) {
+            Ok(bound) => bound,
+            Err(gone) => return (gone.load_full(), None),
         };
         let key = match key {
             Some(key) if layout.may_split(bound) => key(),
@@ -347,20 +344,12 @@ impl ClientSession {
 
     /// The index in `layout` of the pool this client is bound to (a client
     /// of a pool's own listener: every key goes there), `None` when the
-    /// layout's routes choose; [`PoolGone`] when the bound pool left the
-    /// layout (its topology still serves the client, unrouted).
-    fn bound_in(&self, layout: &crate::layout::Layout) -> Result<Option<usize>, PoolGone> {
+    /// layout's routes choose; `Err` with the bound pool's topology when
+    /// that pool left the layout (it still serves the client, unrouted).
+    fn bound_in(&self, layout: &crate::layout::Layout) -> Result<Option<usize>, &SharedTopology> {
         match &self.bound {
             None => Ok(None),
-            Some(bound) => layout.index_of(bound).map(Some).ok_or(PoolGone),
-        }
-    }
-
-    /// The topology of the pool this client is bound to.
-    fn bound_topology(&self) -> Arc<Topology> {
-        match &self.bound {
-            Some(bound) => bound.load_full(),
-            None => self.worker.default_topology(),
+            Some(bound) => layout.index_of(bound).map(Some).ok_or(bound),
         }
     }
 
