@@ -2,24 +2,31 @@
 //! `ms … C`): each replica has its own cas numbers, so the `cas` is decided
 //! on the owner alone, and once it stores there the same value goes to the
 //! other replicas as a plain store. In a hand-off window the unique may have
-//! come from the key's previous owner: when the owner refuses it for want of
-//! the key or of the unique, the `cas` is tried there, and if it stores, the
-//! value goes to the owner and the other replicas before the answer.
+//! come from the key's previous owner: when the owner refuses it, the
+//! hand-off's [`CasTakeover`] decides (the same as without replicas), and
+//! if it stores, the value goes to the other replicas before the answer.
 //!
 //! Pure: the session sends what a [`CasStep`] says and feeds replies back.
 
-use crate::protocol::meta::reply::{cas_refused, stored};
+use crate::handoff::cas::{CasTakeover, Turn};
+use crate::handoff::Owner;
+use crate::protocol::encode::Outbound;
+use crate::protocol::meta::reply::stored;
+use crate::protocol::reply::Expect;
 use crate::route::{CallResult, Servers};
 
 /// What to do after a reply to the `cas`.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum CasStep {
-    /// Send the `cas` again, to `server` (the previous owner), and feed its
-    /// reply back.
-    TryPrevious(usize),
+    /// Send `lines` to `server` (the owner or the previous owner, for the
+    /// takeover) and feed its reply back.
+    Send {
+        server: usize,
+        lines: Outbound,
+        expect: Expect,
+    },
     /// Send the value as a plain store to `servers`. With `awaited`, the
-    /// answer waits for their replies, the owner's first (see
-    /// [`ReplicatedCas::answer`]); without, nothing waits for them.
+    /// answer waits for their replies; without, nothing waits for them.
     Copy { servers: Servers, awaited: bool },
     /// Nothing more to send.
     Done,
@@ -32,30 +39,31 @@ pub(crate) struct ReplicatedCas {
     owner: usize,
     /// The other replicas, sent the value once a `cas` stored (taken then).
     copies: Option<Servers>,
-    /// The previous ring's owner of a moved key, not tried yet.
-    previous: Option<usize>,
-    /// The owner's refusal while the previous owner is tried.
-    first: Option<CallResult>,
-    /// The previous owner stored: the copies' replies are awaited.
-    copied: bool,
+    /// The previous ring's owner of a moved key, and what a refusal of the
+    /// owner goes on with (boxed: only a moved key's `cas` has one).
+    previous: Option<(usize, Box<CasTakeover>)>,
+    /// The owner refused and the takeover is under way.
+    taking_over: bool,
+    /// The takeover's answer.
+    answer: Option<CallResult>,
 }
 
 impl ReplicatedCas {
     /// A `cas` on `owner` (meta when `meta`), then its value to `copies`;
-    /// `previous` is tried when the owner refuses it.
+    /// `previous` takes over when the owner refuses it.
     pub(crate) fn new(
         meta: bool,
         owner: usize,
         copies: Servers,
-        previous: Option<usize>,
+        previous: Option<(usize, CasTakeover)>,
     ) -> ReplicatedCas {
         ReplicatedCas {
             meta,
             owner,
             copies: Some(copies),
-            previous,
-            first: None,
-            copied: false,
+            previous: previous.map(|(server, takeover)| (server, Box::new(takeover))),
+            taking_over: false,
+            answer: None,
         }
     }
 
@@ -64,67 +72,73 @@ impl ReplicatedCas {
         self.copies.is_some()
     }
 
-    /// The reply of `server` to the `cas`.
-    pub(crate) fn on_reply(&mut self, result: &CallResult, server: usize) -> CasStep {
+    /// The reply to the last `cas` or [`CasStep::Send`].
+    pub(crate) fn on_reply(&mut self, result: &CallResult) -> CasStep {
         if self.copies.is_none() {
             return CasStep::Done;
         }
-        if self.first.is_none() && matches!(result, Ok(reply) if cas_refused(self.meta, reply)) {
-            if let Some(previous) = self.previous.take() {
-                self.first = Some(result.clone());
-                return CasStep::TryPrevious(previous);
+        let turn = match &mut self.previous {
+            Some((_, takeover)) if self.taking_over => takeover.on_reply(result.clone()),
+            Some((_, takeover)) if takeover.overturnable(result) => {
+                self.taking_over = true;
+                takeover.begin(result.clone())
             }
-        }
-        let stored = matches!(result, Ok(reply) if stored(self.meta, reply));
-        let mut copies = self.copies.take().unwrap_or_default();
-        if !stored {
-            return CasStep::Done;
-        }
-        if self.first.is_none() {
-            return CasStep::Copy {
-                servers: copies,
-                awaited: false,
-            };
-        }
-        // Stored on the previous owner: the owner and the other replicas
-        // take the value before the answer.
-        self.copied = true;
-        copies.insert(0, self.owner);
-        copies.retain(|s| *s != server);
-        CasStep::Copy {
-            servers: copies,
-            awaited: true,
+            _ => {
+                let copies = self.copies.take().unwrap_or_default();
+                return if matches!(result, Ok(reply) if stored(self.meta, reply)) {
+                    CasStep::Copy {
+                        servers: copies,
+                        awaited: false,
+                    }
+                } else {
+                    CasStep::Done
+                };
+            }
+        };
+        let previous = self.previous.as_ref().map_or(self.owner, |(p, _)| *p);
+        match turn {
+            Turn::Send { to, lines, expect } => CasStep::Send {
+                server: match to {
+                    Owner::New => self.owner,
+                    Owner::Previous => previous,
+                },
+                lines,
+                expect,
+            },
+            Turn::Refused(answer) => {
+                self.answer = Some(answer);
+                self.copies = None;
+                CasStep::Done
+            }
+            // Stored on the previous owner, and the owner has its copy:
+            // the other replicas take the value before the answer.
+            Turn::Stored(answer) => {
+                self.answer = Some(answer);
+                let mut copies = self.copies.take().unwrap_or_default();
+                copies.retain(|s| *s != previous && *s != self.owner);
+                CasStep::Copy {
+                    servers: copies,
+                    awaited: true,
+                }
+            }
         }
     }
 
-    /// The client's answer, given the last `cas` reply and, when the
-    /// previous owner stored, the owner's reply to its copy (every copy's
+    /// The client's answer, given the last reply (every awaited copy's
     /// reply is in by then). `None` while the `cas` is being decided.
-    pub(crate) fn answer(
-        &self,
-        result: &CallResult,
-        owner_copy: Option<&CallResult>,
-    ) -> Option<CallResult> {
+    pub(crate) fn answer(&self, result: &CallResult) -> Option<CallResult> {
         if self.deciding() {
             return None;
         }
-        Some(match (&self.first, self.copied) {
-            // Not stored on the previous owner either: the owner's refusal.
-            (Some(first), false) => first.clone(),
-            // The owner did not take the value: a reader would still find
-            // the older value there, so its reply answers.
-            (Some(_), true) => match owner_copy {
-                Some(owner) if !matches!(owner, Ok(r) if stored(self.meta, r)) => owner.clone(),
-                _ => result.clone(),
-            },
-            (None, _) => result.clone(),
-        })
+        Some(self.answer.clone().unwrap_or_else(|| result.clone()))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::meta::MetaCommand;
+    use crate::protocol::reply::LineKind;
     use bytes::Bytes;
 
     fn ok(reply: &'static [u8]) -> CallResult {
@@ -135,12 +149,36 @@ mod tests {
         list.iter().copied().collect()
     }
 
+    fn sent(step: CasStep) -> (usize, Vec<u8>) {
+        match step {
+            CasStep::Send { server, lines, .. } => (server, lines.concat()),
+            other => panic!("not sending: {other:?}"),
+        }
+    }
+
+    /// A meta `ms k 1 C7` whose previous owner is `previous`.
+    fn moved_meta(previous: usize) -> Option<(usize, CasTakeover)> {
+        let expect = Expect::Meta {
+            command: MetaCommand::Set,
+            quiet: false,
+            replied: false,
+        };
+        let takeover = CasTakeover::new(
+            Bytes::from_static(b"k"),
+            Some(false),
+            smallvec::smallvec![Bytes::from_static(b"ms k 1 C7\r\ny\r\n")],
+            expect,
+            smallvec::smallvec![Bytes::from_static(b"ms k 1\r\ny\r\n")],
+        );
+        Some((previous, takeover))
+    }
+
     #[test]
     fn a_cas_the_owner_stores_is_copied_without_waiting() {
         for (meta, stored) in [(false, &b"STORED\r\n"[..]), (true, &b"HD\r\n"[..])] {
             let mut cas = ReplicatedCas::new(meta, 0, servers(&[1, 2]), None);
             let stored = Ok(Bytes::from_static(stored));
-            let step = cas.on_reply(&stored, 0);
+            let step = cas.on_reply(&stored);
             assert_eq!(
                 step,
                 CasStep::Copy {
@@ -148,51 +186,68 @@ mod tests {
                     awaited: false
                 }
             );
-            assert_eq!(cas.answer(&stored, None), Some(stored.clone()));
+            assert_eq!(cas.answer(&stored), Some(stored.clone()));
         }
     }
 
     #[test]
     fn a_refused_cas_is_not_copied() {
         let mut cas = ReplicatedCas::new(false, 0, servers(&[1]), None);
-        assert_eq!(cas.on_reply(&ok(b"EXISTS\r\n"), 0), CasStep::Done);
-        assert_eq!(
-            cas.answer(&ok(b"EXISTS\r\n"), None),
-            Some(ok(b"EXISTS\r\n"))
-        );
+        assert_eq!(cas.on_reply(&ok(b"EXISTS\r\n")), CasStep::Done);
+        assert_eq!(cas.answer(&ok(b"EXISTS\r\n")), Some(ok(b"EXISTS\r\n")));
     }
 
     #[test]
-    fn a_moved_keys_cas_is_tried_on_the_previous_owner_and_copied_before_the_answer() {
-        let mut cas = ReplicatedCas::new(true, 0, servers(&[1]), Some(3));
-        assert_eq!(cas.on_reply(&ok(b"EX\r\n"), 0), CasStep::TryPrevious(3));
-        assert!(cas.deciding());
-        let stored = ok(b"HD c9\r\n");
+    fn a_moved_keys_cas_is_taken_over_and_copied_to_the_replicas_before_the_answer() {
+        // Replicas 0 (owner) and 3, which was the previous owner, and 1.
+        let mut cas = ReplicatedCas::new(true, 0, servers(&[3, 1]), moved_meta(3));
         assert_eq!(
-            cas.on_reply(&stored, 3),
+            sent(cas.on_reply(&ok(b"NF\r\n"))),
+            (3, b"ms k 1 C7\r\ny\r\n".to_vec())
+        );
+        assert!(cas.deciding());
+        assert_eq!(
+            sent(cas.on_reply(&ok(b"HD c9\r\n"))),
+            (0, b"ms k 1 ME\r\ny\r\n".to_vec())
+        );
+        assert_eq!(
+            cas.on_reply(&ok(b"HD\r\n")),
             CasStep::Copy {
-                servers: servers(&[0, 1]),
+                servers: servers(&[1]),
                 awaited: true
             }
         );
-        let taken = ok(b"HD\r\n");
-        assert_eq!(cas.answer(&stored, Some(&taken)), Some(stored.clone()));
-        // The owner did not take the value: its reply answers.
-        let full = ok(b"SERVER_ERROR out of memory\r\n");
-        assert_eq!(cas.answer(&stored, Some(&full)), Some(full.clone()));
+        assert_eq!(cas.answer(&ok(b"HD\r\n")), Some(ok(b"HD c9\r\n")));
     }
 
     #[test]
-    fn a_cas_refused_on_both_owners_answers_the_new_owners_refusal() {
-        let mut cas = ReplicatedCas::new(false, 0, servers(&[]), Some(1));
+    fn a_newer_write_on_the_owner_keeps_the_refusal_and_copies_nothing() {
+        let mut cas = ReplicatedCas::new(true, 0, servers(&[1]), moved_meta(2));
+        assert_eq!(sent(cas.on_reply(&ok(b"EX\r\n"))).0, 0);
+        assert_eq!(sent(cas.on_reply(&ok(b"VA 1 c5 f0 t-1\r\nw\r\n"))).0, 2);
+        assert_eq!(cas.on_reply(&ok(b"VA 1 f0 t-1\r\nx\r\n")), CasStep::Done);
+        assert!(!cas.deciding());
         assert_eq!(
-            cas.on_reply(&ok(b"NOT_FOUND\r\n"), 0),
-            CasStep::TryPrevious(1)
+            cas.answer(&ok(b"VA 1 f0 t-1\r\nx\r\n")),
+            Some(ok(b"EX\r\n"))
         );
-        assert_eq!(cas.on_reply(&ok(b"EXISTS\r\n"), 1), CasStep::Done);
-        assert_eq!(
-            cas.answer(&ok(b"EXISTS\r\n"), None),
-            Some(ok(b"NOT_FOUND\r\n"))
+    }
+
+    #[test]
+    fn a_classic_cas_refused_on_both_owners_answers_the_owners_refusal() {
+        let takeover = CasTakeover::new(
+            Bytes::from_static(b"k"),
+            None,
+            smallvec::smallvec![Bytes::from_static(b"cas k 0 0 1 7\r\ny\r\n")],
+            Expect::Line(LineKind::Storage),
+            smallvec::smallvec![
+                Bytes::from_static(b"set k 0 0 1\r\n"),
+                Bytes::from_static(b"y\r\n")
+            ],
         );
+        let mut cas = ReplicatedCas::new(false, 0, servers(&[]), Some((1, takeover)));
+        assert_eq!(sent(cas.on_reply(&ok(b"NOT_FOUND\r\n"))).0, 1);
+        assert_eq!(cas.on_reply(&ok(b"EXISTS\r\n")), CasStep::Done);
+        assert_eq!(cas.answer(&ok(b"EXISTS\r\n")), Some(ok(b"NOT_FOUND\r\n")));
     }
 }

@@ -73,17 +73,14 @@ impl ClientSession {
                 }
                 // The copies go out before any later request of this client,
                 // so a later write to the key cannot be overtaken by them.
-                let request = forwardable(&entry.bytes, &entry.request);
                 let expect = Expect::Line(LineKind::Storage);
                 let copy = || route::cas_as_set(&entry.request, &entry.bytes);
                 let (part, copied, hot) = (&mut cas.part, &mut cas.copied, entry.hot.as_ref());
-                let cas_request = CasRequest {
-                    request: &request,
+                let cas_copy = CasCopy {
+                    wire: &copy,
                     expect: &expect,
-                    copy: &copy,
-                    copy_expect: &expect,
                 };
-                self.cas_step(&topology, &mut cas.machine, part, copied, &cas_request, hot)
+                self.cas_step(&topology, &mut cas.machine, part, copied, &cas_copy, hot)
             }
             Work::Meta(meta) => {
                 if !entry.sent {
@@ -159,14 +156,12 @@ impl ClientSession {
                             replied: false,
                         };
                         let copy = || smallvec::smallvec![copy.clone()];
-                        let cas_request = CasRequest {
-                            request: &meta.wire,
-                            expect: &meta.expect,
-                            copy: &copy,
-                            copy_expect: &copy_expect,
+                        let cas_copy = CasCopy {
+                            wire: &copy,
+                            expect: &copy_expect,
                         };
                         let (part, hot) = (&mut meta.parts[0], entry.hot.as_ref());
-                        self.cas_step(&topology, machine, part, copied, &cas_request, hot)
+                        self.cas_step(&topology, machine, part, copied, &cas_copy, hot)
                     }
                     MetaMode::ReadThrough {
                         servers,
@@ -338,7 +333,7 @@ impl ClientSession {
         machine: &mut crate::cas::ReplicatedCas,
         part: &mut Part,
         copied: &mut Vec<Part>,
-        cas: &CasRequest<'_>,
+        copy: &CasCopy<'_>,
         hot: Option<&Rc<WriteGuard>>,
     ) -> bool {
         use crate::cas::CasStep;
@@ -347,23 +342,27 @@ impl ClientSession {
             let Some(result) = &part.result else {
                 return false;
             };
-            match machine.on_reply(result, part.server) {
-                CasStep::TryPrevious(server) => {
-                    *part = self.send_to(topology, server, cas.request, cas.expect, hot);
+            match machine.on_reply(result) {
+                CasStep::Send {
+                    server,
+                    lines,
+                    expect,
+                } => {
+                    *part = self.send_to(topology, server, &lines, &expect, hot);
                 }
                 CasStep::Copy {
                     servers,
                     awaited: true,
                 } => {
-                    let copy = (cas.copy)();
+                    let wire = (copy.wire)();
                     for server in servers {
-                        copied.push(self.send_to(topology, server, &copy, cas.copy_expect, hot));
+                        copied.push(self.send_to(topology, server, &wire, copy.expect, hot));
                     }
                 }
                 CasStep::Copy {
                     servers,
                     awaited: false,
-                } => self.send_copies(topology, servers, &(cas.copy)(), cas.copy_expect),
+                } => self.send_copies(topology, servers, &(copy.wire)(), copy.expect),
                 CasStep::Done => {}
             }
         }
@@ -752,8 +751,7 @@ impl ClientSession {
                 let Some(result) = &cas.part.result else {
                     return false;
                 };
-                let owner_copy = cas.copied.first().and_then(|p| p.result.as_ref());
-                let Some(answer) = cas.machine.answer(result, owner_copy) else {
+                let Some(answer) = cas.machine.answer(result) else {
                     return false;
                 };
                 if !noreply {
@@ -809,8 +807,7 @@ impl ClientSession {
                         if copied.iter().any(|p| p.result.is_none()) {
                             return false;
                         }
-                        let owner_copy = copied.first().and_then(|p| p.result.as_ref());
-                        match machine.answer(result, owner_copy) {
+                        match machine.answer(result) {
                             Some(answer) => answer,
                             None => return false,
                         }
@@ -913,13 +910,11 @@ fn meta_set_expect() -> Expect {
     }
 }
 
-/// A replicated `cas` as it goes to servers, in either dialect: the request
-/// and its framing, and the plain store its value is copied with.
-struct CasRequest<'a> {
-    request: &'a [Bytes],
+/// A replicated `cas`'s copy to the other replicas, in either dialect: the
+/// plain store its value is copied with, and its framing.
+struct CasCopy<'a> {
+    wire: &'a dyn Fn() -> crate::protocol::encode::Outbound,
     expect: &'a Expect,
-    copy: &'a dyn Fn() -> crate::protocol::encode::Outbound,
-    copy_expect: &'a Expect,
 }
 
 /// Whether the `md`s to a moved key's owners in older rings of chained

@@ -2,6 +2,7 @@
 //! `route`, and what the hot-key state says about it.
 
 use super::*;
+use crate::handoff::cas::CasTakeover;
 use crate::route::Split;
 
 impl ClientSession {
@@ -175,13 +176,28 @@ impl ClientSession {
                 copies,
                 previous,
                 forget,
-            }) => Work::Cas(Box::new(CasWork {
-                part: Part::new(owner),
-                machine: crate::cas::ReplicatedCas::new(false, owner, copies, previous),
-                forget,
-                waiting: SmallVec::new(),
-                copied: Vec::new(),
-            })),
+            }) => {
+                // A moved key's cas the owner refuses is taken over as
+                // without replicas.
+                let previous = previous.map(|previous| {
+                    let key = bytes.slice_ref(request.key(&bytes, 0));
+                    let takeover = CasTakeover::new(
+                        key,
+                        None,
+                        forwardable(&bytes, &request),
+                        Expect::Line(LineKind::Storage),
+                        route::cas_as_set(&request, &bytes),
+                    );
+                    (previous, takeover)
+                });
+                Work::Cas(Box::new(CasWork {
+                    part: Part::new(owner),
+                    machine: crate::cas::ReplicatedCas::new(false, owner, copies, previous),
+                    forget,
+                    waiting: SmallVec::new(),
+                    copied: Vec::new(),
+                }))
+            }
             Plan::Retrieve(retrieval) => Work::Retrieve {
                 plan: retrieval,
                 in_flight: SmallVec::new(),
@@ -301,11 +317,23 @@ impl ClientSession {
                 forget: older,
             }) => {
                 forget = older;
+                let copy = route::meta_copy(&request, &bytes);
+                let previous = previous.map(|previous| {
+                    let key = bytes.slice_ref(request.key_token(&bytes));
+                    let takeover = CasTakeover::new(
+                        key,
+                        Some(request.base64),
+                        wire.clone(),
+                        expect.clone(),
+                        smallvec::smallvec![copy.clone()],
+                    );
+                    (previous, takeover)
+                });
                 (
                     parts(&[owner]),
                     MetaMode::CasThenCopy {
                         machine: crate::cas::ReplicatedCas::new(true, owner, copies, previous),
-                        copy: route::meta_copy(&request, &bytes),
+                        copy,
                         copied: Vec::new(),
                     },
                 )

@@ -949,21 +949,13 @@ fn cas_on_moved_keys_stores_when_it_should_and_only_then() {
     }
     replace_by_rename(&path, &config(&all));
     wait_for("ring version 2", || proxy.ring_version() >= 2);
-    let cas_of = |reply: &[u8]| -> u64 {
-        let text = String::from_utf8_lossy(reply);
-        let line = text.lines().next().unwrap().to_string();
-        line.split(' ')
-            .find_map(|t| t.strip_prefix('c').and_then(|n| n.parse().ok()))
-            .or_else(|| line.split(' ').nth(4).and_then(|n| n.parse().ok()))
-            .unwrap_or_else(|| panic!("no cas in {line}"))
-    };
     let (mut failures, mut checked) = (Vec::new(), 0);
     for (i, key) in moved.iter().enumerate() {
         let overtaken = i % 2 == 1;
         let (stored, wanted) = if i % 4 < 2 {
             // Meta: mg … c, then ms … C.
             client.send(format!("mg {key} c v\r\n").as_bytes());
-            let cas = cas_of(&client.meta_reply());
+            let cas = cas_in(&client.meta_reply());
             if overtaken {
                 assert_eq!(other.set(key, b"other"), b"STORED\r\n");
             }
@@ -976,7 +968,7 @@ fn cas_on_moved_keys_stores_when_it_should_and_only_then() {
         } else {
             // Classic: gets, then cas.
             let reply = client.call(format!("gets {key}\r\n").as_bytes(), ReplyKind::Values);
-            let cas = cas_of(&reply);
+            let cas = cas_in(&reply);
             if overtaken {
                 assert_eq!(other.set(key, b"other"), b"STORED\r\n");
             }
@@ -1007,6 +999,82 @@ fn cas_on_moved_keys_stores_when_it_should_and_only_then() {
         "{} of {checked}: {failures:?}",
         failures.len()
     );
+}
+
+/// A cas on a moved key never replaces a write that reached the key's new
+/// owner first. Another sidecar's `set` of a moved key stores on the new
+/// owner and only then deletes the previous owner's value; a cas arriving
+/// in between, with the unique its client read through from the previous
+/// owner, is refused by the new owner but would store on the previous one.
+/// Copying that value to the new owner would then replace the newer write,
+/// so the refusal must stand, in both dialects.
+#[test]
+fn a_cas_on_a_moved_key_never_replaces_a_write_that_reached_its_new_owner_first() {
+    let dir = TempDir::new("handoff", "cas-overtaken");
+    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, config(&all[..4])).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let (before, after) = rings_4_and_5(&dir, &all);
+    let moved = moved_between(&before, &after, (0..4_000).map(|i| format!("cas:{i}")), 40);
+    for key in &moved {
+        assert_eq!(client.set(key, b"v1"), b"STORED\r\n");
+    }
+    replace_by_rename(&path, &config(&all));
+    wait_for("ring version 2", || proxy.ring_version() >= 2);
+    let mut overwritten = Vec::new();
+    for (i, key) in moved.iter().enumerate() {
+        let owner = owner_name(&after, key);
+        let owner = servers
+            .iter()
+            .find(|s| owner == format!("cache-{}", s.port))
+            .expect("the new owner");
+        let meta = i % 2 == 0;
+        let read = if meta {
+            client.send(format!("mg {key} c v\r\n").as_bytes());
+            client.meta_reply()
+        } else {
+            client.call(format!("gets {key}\r\n").as_bytes(), ReplyKind::Values)
+        };
+        let cas = cas_in(&read);
+        // The other sidecar's write, halfway: on the new owner only.
+        assert_eq!(owner.client().set(key, b"newer"), b"STORED\r\n");
+        let reply = if meta {
+            client.send(format!("ms {key} 2 C{cas}\r\nv2\r\n").as_bytes());
+            client.meta_reply()
+        } else {
+            client.call(
+                format!("cas {key} 0 0 2 {cas}\r\nv2\r\n").as_bytes(),
+                ReplyKind::Line,
+            )
+        };
+        let refused: &[u8] = if meta { b"EX\r\n" } else { b"EXISTS\r\n" };
+        if reply != refused || owner.client().get(key).as_deref() != Some(&b"newer"[..]) {
+            overwritten.push(format!(
+                "{key}: {} then {:?} on the new owner",
+                show(&reply),
+                owner.client().get(key).map(|v| show(&v))
+            ));
+        }
+    }
+    assert!(
+        overwritten.is_empty(),
+        "{} of {}: {overwritten:?}",
+        overwritten.len(),
+        moved.len()
+    );
+}
+
+/// The cas unique in a `VALUE … <cas>` line or an `mg … c` reply.
+fn cas_in(reply: &[u8]) -> u64 {
+    let text = String::from_utf8_lossy(reply);
+    let line = text.lines().next().unwrap_or_default().to_string();
+    line.split(' ')
+        .find_map(|t| t.strip_prefix('c').and_then(|n| n.parse().ok()))
+        .or_else(|| line.split(' ').nth(4).and_then(|n| n.parse().ok()))
+        .unwrap_or_else(|| panic!("no cas in {line}"))
 }
 
 /// `ma` and `ms` in append mode of a moved key copy it to the new owner and

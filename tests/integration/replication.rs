@@ -593,7 +593,9 @@ fn cas_number(reply: &[u8]) -> String {
 /// cas number. A `cas` (`ms … C`) with it stores (the new owner lacks the key:
 /// it is tried on the previous owner, and the value then set on every
 /// replica before the answer); the same number again is stale (`EXISTS`);
-/// and one that another client's write overtook does not store over it.
+/// and one that another client's write overtook does not store over it,
+/// nor does one that another sidecar's write has overtaken on the owner
+/// only (its hand-off not yet done).
 fn replicated_cas_of_moved_keys(meta: bool) {
     let keys: Vec<String> = (0..1_500)
         .map(|i| format!("rcas-{}:{i}", if meta { "m" } else { "c" }))
@@ -648,18 +650,33 @@ fn replicated_cas_of_moved_keys(meta: bool) {
     let (mut failures, mut refused) = (Vec::new(), 0);
     for (i, key) in moved.iter().enumerate() {
         let unique = read_cas(&mut client, key);
-        let overtaken = i % 3 == 2;
+        let (overtaken, halfway) = (i % 3 == 2, i % 3 == 1);
+        let owner = replicas_of(&proxy, key)[0];
         let expected = if overtaken {
             assert_eq!(other.set(key, b"other"), b"STORED\r\n");
             "other".to_string()
+        } else if halfway {
+            // Another sidecar's write that has reached the owner only.
+            assert_eq!(direct[owner].set(key, b"halfway"), b"STORED\r\n");
+            "halfway".to_string()
         } else {
             format!("{key}=v2")
         };
-        let wanted = if overtaken { "exists" } else { "stored" };
+        let wanted = if overtaken || halfway {
+            "exists"
+        } else {
+            "stored"
+        };
         let got = cas(&mut client, key, &unique, &format!("{key}=v2"));
         if got != wanted {
-            refused += usize::from(!overtaken);
+            refused += usize::from(!overtaken && !halfway);
             failures.push(format!("{key}: {got}, wanted {wanted}"));
+            continue;
+        }
+        if halfway {
+            if direct[owner].get(key).as_deref() != Some(&b"halfway"[..]) {
+                failures.push(format!("{key}: the owner's newer write replaced"));
+            }
             continue;
         }
         if !overtaken {

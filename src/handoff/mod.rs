@@ -12,12 +12,14 @@ use smallvec::SmallVec;
 
 use crate::error::BackendError;
 use crate::protocol::encode::{forwardable, value_block, Outbound};
-use crate::protocol::meta::reply::{
-    cas_refused, meta_absent, meta_is_miss, meta_succeeded, stored,
-};
+use crate::protocol::meta::reply::{meta_absent, meta_is_miss, meta_succeeded};
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::reply::{Expect, LineKind};
 use crate::protocol::{Command, Request};
+
+pub(crate) mod cas;
+
+use cas::{CasTakeover, Turn};
 
 /// A reply from one server (the same as `route::CallResult`; this module sits
 /// below `route`).
@@ -65,8 +67,7 @@ enum Kind {
     CopyFirst,
     /// `cas` on the new owner; if it did not store there (the unique came
     /// from the previous owner, or the key is not on the new owner yet),
-    /// `cas` on the previous owner and, if that stored, `set` the same value
-    /// on the new owner.
+    /// taken over by [`CasTakeover`].
     Cas,
     /// `set` on the new owner.
     Overwrite,
@@ -82,6 +83,8 @@ enum Stage {
     Fetch,
     /// Waiting for the final reply.
     Last,
+    /// A refused `cas` taken over (see [`CasTakeover`]).
+    TakeOver,
     /// The command changed the key on its new owner; waiting for the
     /// previous owner to `delete` its now older copy before answering.
     Forget,
@@ -130,8 +133,8 @@ pub(crate) struct Moved {
     meta: Option<Meta>,
     /// The first reply, answered if nothing better comes.
     first: Option<CallResult>,
-    /// `cas` stored on the previous owner: its data as a plain store.
-    as_set: Option<Outbound>,
+    /// What a `cas` the new owner refuses goes on with.
+    takeover: Option<CasTakeover>,
     /// A meta read-through's copy for the new owner, once answered.
     read_copy: Option<Outbound>,
     /// The previous owner was read for the key: whether it had it (for
@@ -156,15 +159,20 @@ impl Moved {
     pub(crate) fn new(request: &Request, bytes: &Bytes, as_set: Option<Outbound>) -> Option<Moved> {
         let kind = kind_of(request.command)?;
         let key = bytes.slice_ref(request.key(bytes, 0));
+        let expect = Expect::Line(request.command.reply_line().unwrap_or(LineKind::Storage));
+        let wire = forwardable(bytes, request);
+        let takeover = as_set
+            .filter(|_| kind == Kind::Cas)
+            .map(|store| CasTakeover::new(key.clone(), None, wire.clone(), expect.clone(), store));
         Some(Moved {
             kind,
             stage: Stage::Start,
-            request: forwardable(bytes, request),
-            expect: Expect::Line(request.command.reply_line().unwrap_or(LineKind::Storage)),
+            request: wire,
+            expect,
             key,
             meta: None,
             first: None,
-            as_set: as_set.filter(|_| kind == Kind::Cas),
+            takeover,
             read_copy: None,
             read_through: None,
         })
@@ -182,12 +190,21 @@ impl Moved {
         wire: Outbound,
         expect: Expect,
     ) -> Moved {
-        let (kind, read, as_set) = match what {
+        let (kind, read, takeover) = match what {
             MetaMove::Read { wire, added } => (Kind::Read, Some((wire, added)), None),
             MetaMove::RetryAfterCopy => (Kind::RetryAfterCopy, None, None),
             MetaMove::CopyFirst => (Kind::CopyFirst, None, None),
             MetaMove::Overwrite => (Kind::Overwrite, None, None),
-            MetaMove::Cas { as_set } => (Kind::Cas, None, Some(smallvec::smallvec![as_set])),
+            MetaMove::Cas { as_set } => {
+                let takeover = CasTakeover::new(
+                    key.0.clone(),
+                    Some(key.1),
+                    wire.clone(),
+                    expect.clone(),
+                    smallvec::smallvec![as_set],
+                );
+                (Kind::Cas, None, Some(takeover))
+            }
             MetaMove::Delete => (Kind::Delete, None, None),
         };
         Moved {
@@ -202,7 +219,7 @@ impl Moved {
                 read,
             }),
             first: None,
-            as_set,
+            takeover,
             read_copy: None,
             read_through: None,
         }
@@ -340,49 +357,41 @@ impl Moved {
                     }
                 }
             }
-            (Kind::Cas, Stage::First) => {
-                if matches!(&result, Ok(reply) if cas_refused(self.meta.is_some(), reply)) {
-                    self.first = Some(result);
-                    self.stage = Stage::Fetch;
-                    self.send(Owner::Previous, None)
-                } else {
-                    self.answer_changed(result)
+            (Kind::Cas, Stage::First) => match self.takeover.as_mut() {
+                Some(takeover) if takeover.overturnable(&result) => {
+                    self.stage = Stage::TakeOver;
+                    let turn = takeover.begin(result);
+                    self.take_turn(turn)
                 }
-            }
-            (Kind::Cas, Stage::Fetch) => {
-                let stored = matches!(&result, Ok(reply) if stored(self.meta.is_some(), reply));
-                match self.as_set.take() {
-                    Some(set) if stored => {
-                        self.stage = Stage::Last;
-                        self.first = Some(result);
-                        let expect = match &self.meta {
-                            None => Expect::Line(LineKind::Storage),
-                            Some(_) => meta_expect(MetaCommand::Set),
-                        };
-                        Step::Send {
-                            to: Owner::New,
-                            copy: None,
-                            lines: set,
-                            expect,
-                        }
-                    }
-                    _ => Step::Answer(self.first.take().unwrap_or(result)),
+                _ => self.answer_changed(result),
+            },
+            (Kind::Cas, _) => match self.takeover.as_mut() {
+                Some(takeover) => {
+                    let turn = takeover.on_reply(result);
+                    self.take_turn(turn)
                 }
-            }
-            // The previous owner's answer stands once the new owner holds
-            // the same value (and the previous owner no longer does).
-            (Kind::Cas, _) => {
-                let answer = self.first.take();
-                let step = self.answer_changed(result);
-                if matches!(step, Step::Send { .. }) {
-                    self.first = answer;
-                }
-                step
-            }
+                None => Step::Answer(result),
+            },
             // Changed on the new owner after the copy: the previous owner's
             // value is older now (an `ma … N` continued its count).
             (Kind::RetryAfterCopy | Kind::CopyFirst, _) => self.answer_changed(result),
             (_, _) => Step::Answer(result),
+        }
+    }
+
+    /// A takeover's turn as a step. A `cas` it stored leaves the previous
+    /// owner's value behind, which a write that beat the copy to the new
+    /// owner has made older: it goes before the answer.
+    fn take_turn(&mut self, turn: Turn) -> Step {
+        match turn {
+            Turn::Send { to, lines, expect } => Step::Send {
+                to,
+                copy: None,
+                lines,
+                expect,
+            },
+            Turn::Refused(answer) => Step::Answer(answer),
+            Turn::Stored(answer) => self.forget_previous(answer),
         }
     }
 
@@ -392,7 +401,12 @@ impl Moved {
         if !self.changed(&result) {
             return Step::Answer(result);
         }
-        self.first = Some(result);
+        self.forget_previous(result)
+    }
+
+    /// Deletes the key from its previous owner, then answers `answer`.
+    fn forget_previous(&mut self, answer: CallResult) -> Step {
+        self.first = Some(answer);
         self.stage = Stage::Forget;
         let (lines, expect) = match &self.meta {
             None => {
@@ -1145,20 +1159,42 @@ mod tests {
     }
 
     #[test]
-    fn cas_with_a_previous_owners_unique_stores_there_then_sets_the_new_owner() {
+    fn cas_with_a_previous_owners_unique_is_taken_over_then_forgets_the_previous_owner() {
+        // The new owner holds a copy of the previous owner's value: the cas
+        // stores there, and the copy replaces exactly that item.
         let mut m = moved(b"cas k 0 0 1 7\r\nz\r\n");
         assert_eq!(sent(&m.start()).0, Owner::New);
-        assert_eq!(sent(&m.on_reply(ok(b"EXISTS\r\n"), NOW)).0, Owner::Previous);
+        let read = m.on_reply(ok(b"EXISTS\r\n"), NOW);
+        assert_eq!(
+            sent(&read),
+            (Owner::New, false, b"mg k c v f t\r\n".to_vec())
+        );
+        let read = m.on_reply(ok(b"VA 1 c40 f0 t-1\r\nx\r\n"), NOW);
+        assert_eq!(sent(&read).0, Owner::Previous);
+        let cas = m.on_reply(ok(b"VA 1 f0 t-1\r\nx\r\n"), NOW);
+        assert_eq!(sent(&cas).0, Owner::Previous);
         let (to, _, lines) = sent(&m.on_reply(ok(b"STORED\r\n"), NOW));
-        assert_eq!((to, lines), (Owner::New, b"set k 0 0 1\r\nz\r\n".to_vec()));
+        assert_eq!(
+            (to, lines),
+            (Owner::New, b"cas k 0 0 1 40\r\nz\r\n".to_vec())
+        );
         let step = m.on_reply(ok(b"STORED\r\n"), NOW);
         forgets(step, &mut m, b"STORED\r\n");
+        // Another value on the new owner: a newer write, the refusal stands.
+        let mut newer = moved(b"cas k 0 0 1 7\r\nz\r\n");
+        newer.start();
+        newer.on_reply(ok(b"EXISTS\r\n"), NOW);
+        newer.on_reply(ok(b"VA 1 c40 f0 t-1\r\nw\r\n"), NOW);
+        assert_eq!(
+            answer(newer.on_reply(ok(b"VA 1 f0 t-1\r\nx\r\n"), NOW)).unwrap(),
+            &b"EXISTS\r\n"[..]
+        );
         let mut stale = moved(b"cas k 0 0 1 7\r\nz\r\n");
         stale.start();
-        stale.on_reply(ok(b"EXISTS\r\n"), NOW);
+        stale.on_reply(ok(b"NOT_FOUND\r\n"), NOW);
         assert_eq!(
             answer(stale.on_reply(ok(b"EXISTS\r\n"), NOW)).unwrap(),
-            &b"EXISTS\r\n"[..]
+            &b"NOT_FOUND\r\n"[..]
         );
     }
 
@@ -1295,8 +1331,8 @@ mod tests {
             &b"VA 2\r\n11\r\n"[..]
         );
 
-        // ms … C: EX on the new owner tries the previous one; stored there,
-        // the store without C goes to the new owner, the previous owner's
+        // ms … C: NF on the new owner tries the previous one; stored there,
+        // the store goes to the new owner as an add, the previous owner's
         // copy goes, and the previous owner's reply answers.
         let as_set = Bytes::from_static(b"ms k 1 c\r\ny\r\n");
         let mut cas = meta_moved(
@@ -1305,11 +1341,11 @@ mod tests {
             b"ms k 1 C7 c\r\ny\r\n",
         );
         cas.start();
-        assert_eq!(sent(&cas.on_reply(ok(b"EX\r\n"), NOW)).0, Owner::Previous);
+        assert_eq!(sent(&cas.on_reply(ok(b"NF\r\n"), NOW)).0, Owner::Previous);
         let copied = cas.on_reply(ok(b"HD c8\r\n"), NOW);
         assert_eq!(
             sent(&copied),
-            (Owner::New, false, b"ms k 1 c\r\ny\r\n".to_vec())
+            (Owner::New, false, b"ms k 1 c ME\r\ny\r\n".to_vec())
         );
         assert_eq!(
             sent(&cas.on_reply(ok(b"HD c3\r\n"), NOW)).0,
