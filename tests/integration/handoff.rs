@@ -929,26 +929,52 @@ fn a_moved_keys_invalidation_and_lease_markers_read_as_on_one_memcached() {
     assert_eq!(proxy.client().stat("handoff_copies"), 0);
 }
 
+/// 4 -> 5 servers within the window: `count` keys that moved, each set to
+/// `v1` before the change.
+// Fields drop in order: memring before its servers and its directory.
+struct CasWindow {
+    proxy: Proxy,
+    servers: Vec<Memcached>,
+    after: Ring,
+    moved: Vec<String>,
+    _dir: TempDir,
+}
+
+impl CasWindow {
+    fn start(test: &str, count: usize) -> CasWindow {
+        let dir = TempDir::new("handoff", test);
+        let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+        let all: Vec<&Memcached> = servers.iter().collect();
+        let path = dir.path("memring.toml");
+        std::fs::write(&path, config(&all[..4])).unwrap();
+        let proxy = Proxy::start_file(&path);
+        let mut client = proxy.client();
+        let (before, after) = rings_4_and_5(&dir, &all);
+        let keys = (0..4_000).map(|i| format!("cas:{i}"));
+        let moved = moved_between(&before, &after, keys, count);
+        for key in &moved {
+            assert_eq!(client.set(key, b"v1"), b"STORED\r\n");
+        }
+        replace_by_rename(&path, &config(&all));
+        wait_for("ring version 2", || proxy.ring_version() >= 2);
+        CasWindow {
+            proxy,
+            servers,
+            after,
+            moved,
+            _dir: dir,
+        }
+    }
+}
+
 /// Compare-and-swap works on moved keys in both dialects: a cas read
 /// through from the previous owner stores, and one that another client's
 /// write has overtaken does not.
 #[test]
 fn cas_on_moved_keys_stores_when_it_should_and_only_then() {
-    let dir = TempDir::new("handoff", "cas");
-    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
-    let all: Vec<&Memcached> = servers.iter().collect();
-    let path = dir.path("memring.toml");
-    std::fs::write(&path, config(&all[..4])).unwrap();
-    let proxy = Proxy::start_file(&path);
-    let mut client = proxy.client();
-    let mut other = proxy.client();
-    let (before, after) = rings_4_and_5(&dir, &all);
-    let moved = moved_between(&before, &after, (0..4_000).map(|i| format!("cas:{i}")), 120);
-    for key in &moved {
-        assert_eq!(client.set(key, b"v1"), b"STORED\r\n");
-    }
-    replace_by_rename(&path, &config(&all));
-    wait_for("ring version 2", || proxy.ring_version() >= 2);
+    let window = CasWindow::start("cas", 120);
+    let (mut client, mut other) = (window.proxy.client(), window.proxy.client());
+    let moved = &window.moved;
     let (mut failures, mut checked) = (Vec::new(), 0);
     for (i, key) in moved.iter().enumerate() {
         let overtaken = i % 2 == 1;
@@ -1010,23 +1036,12 @@ fn cas_on_moved_keys_stores_when_it_should_and_only_then() {
 /// so the refusal must stand, in both dialects.
 #[test]
 fn a_cas_on_a_moved_key_never_replaces_a_write_that_reached_its_new_owner_first() {
-    let dir = TempDir::new("handoff", "cas-overtaken");
-    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
-    let all: Vec<&Memcached> = servers.iter().collect();
-    let path = dir.path("memring.toml");
-    std::fs::write(&path, config(&all[..4])).unwrap();
-    let proxy = Proxy::start_file(&path);
-    let mut client = proxy.client();
-    let (before, after) = rings_4_and_5(&dir, &all);
-    let moved = moved_between(&before, &after, (0..4_000).map(|i| format!("cas:{i}")), 40);
-    for key in &moved {
-        assert_eq!(client.set(key, b"v1"), b"STORED\r\n");
-    }
-    replace_by_rename(&path, &config(&all));
-    wait_for("ring version 2", || proxy.ring_version() >= 2);
+    let window = CasWindow::start("cas-overtaken", 40);
+    let (servers, after, moved) = (&window.servers, &window.after, &window.moved);
+    let mut client = window.proxy.client();
     let mut overwritten = Vec::new();
     for (i, key) in moved.iter().enumerate() {
-        let owner = owner_name(&after, key);
+        let owner = owner_name(after, key);
         let owner = servers
             .iter()
             .find(|s| owner == format!("cache-{}", s.port))
