@@ -10,10 +10,11 @@
 
 use crate::handoff::cas::{CasTakeover, Turn};
 use crate::handoff::Owner;
+use crate::placement::Servers;
 use crate::protocol::encode::Outbound;
 use crate::protocol::meta::reply::stored;
 use crate::protocol::reply::Expect;
-use crate::route::{CallResult, Servers};
+use crate::route::CallResult;
 
 /// What to do after a reply to the `cas`.
 #[derive(Debug, PartialEq, Eq)]

@@ -229,7 +229,7 @@ async fn pool_round(publisher: &Publisher, episodes: &mut Episodes) {
     // Blocking connects, on a thread of their own.
     let (done, flushed) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
-        crate::reload::flush_newcomers(&topology, &joining);
+        crate::newcomers::flush_newcomers(&topology, &joining);
         let _ = done.send(());
     });
     let _ = flushed.await;

@@ -58,6 +58,7 @@
 
 pub mod admin;
 pub mod backend;
+mod budget;
 mod cas;
 mod client_slots;
 mod clock;
@@ -69,6 +70,7 @@ pub mod fd_budget;
 pub(crate) mod handoff;
 pub mod hotkeys;
 pub mod layout;
+mod newcomers;
 mod outbuf;
 mod placement;
 pub(crate) mod pool;

@@ -8,8 +8,16 @@
 //! what the dialect spells differently. Pure: no I/O, no clock.
 
 use crate::backend::health::HealthState;
-use crate::route::{quorum, Servers};
 use crate::topology::Topology;
+use smallvec::SmallVec;
+
+/// Server indexes (into `Topology::backends`).
+pub(crate) type Servers = SmallVec<[usize; 4]>;
+
+/// Replies needed to answer a replicated write: a majority.
+pub(crate) fn quorum(replicas: usize) -> usize {
+    replicas / 2 + 1
+}
 
 /// What the placement needs to know of a request on one key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -250,6 +258,11 @@ mod tests {
     use crate::topology::tests::{four_then_five, four_then_five_with};
 
     const READ: KeyOp = KeyOp::READ;
+
+    #[test]
+    fn quorum_is_a_majority() {
+        assert_eq!((quorum(1), quorum(2), quorum(3), quorum(5)), (1, 2, 2, 3));
+    }
 
     /// What the tests give as a moved key's steps.
     const STEPS: Option<&str> = Some("steps");

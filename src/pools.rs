@@ -167,7 +167,10 @@ impl Pools {
                     if *running == *pool.config {
                         continue;
                     }
-                    crate::reload::flush_newcomers(&member.publisher.shared().load(), &pool.config);
+                    crate::newcomers::flush_newcomers(
+                        &member.publisher.shared().load(),
+                        &pool.config,
+                    );
                     // Only the default pool keeps an fd budget, so this
                     // cannot be refused.
                     if let Ok(Published { version, change }) =

@@ -24,7 +24,7 @@ use smallvec::SmallVec;
 use crate::backend::slot::Got;
 use crate::error::BackendError;
 use crate::outbuf::OutQueue;
-use crate::placement::{place, KeyKind, KeyOp, Placement};
+use crate::placement::{place, KeyKind, KeyOp, Placement, Servers};
 use crate::protocol::meta::{MetaCommand, MetaRequest};
 use crate::protocol::request::{Keys, Span};
 use crate::protocol::{Command, Request};
@@ -32,9 +32,6 @@ use crate::topology::Topology;
 
 /// A reply from one server: its bytes, or why there are none.
 pub(crate) type CallResult = Result<Bytes, BackendError>;
-
-/// Server indexes (into `Topology::backends`).
-pub(crate) type Servers = SmallVec<[usize; 4]>;
 
 /// Longest line memring writes to a server for a retrieval: memcached closes
 /// connections on `gat`/`gats` lines past about 16 KB, so sub-requests stay
@@ -152,11 +149,6 @@ pub(crate) fn plan(
             Plan::Key(place(request.key(bytes, 0), op, steps, topology))
         }
     }
-}
-
-/// Replies needed to answer a replicated write: a majority.
-pub(crate) fn quorum(replicas: usize) -> usize {
-    replicas / 2 + 1
 }
 
 /// What to do with a replicated write, given the replies so far.
@@ -1345,11 +1337,6 @@ mod tests {
 
     fn ok(reply: &'static [u8]) -> CallResult {
         Ok(Bytes::from_static(reply))
-    }
-
-    #[test]
-    fn quorum_is_a_majority() {
-        assert_eq!((quorum(1), quorum(2), quorum(3), quorum(5)), (1, 2, 2, 3));
     }
 
     #[test]

@@ -464,7 +464,7 @@ impl ClientSession {
     fn send_copies(
         &self,
         topology: &Topology,
-        servers: route::Servers,
+        servers: crate::placement::Servers,
         wire: &[Bytes],
         expect: &Expect,
     ) {

@@ -50,7 +50,6 @@ use crate::shard::WorkerCtx;
 use crate::topology::{SharedTopology, Topology};
 use crate::wake::{Cancel, Wake};
 
-mod budget;
 mod copy_check;
 mod deadline;
 mod dispatch;
@@ -60,8 +59,7 @@ mod spares;
 mod start;
 mod work;
 
-use budget::ClientBudget;
-pub(crate) use budget::WorkerBudget;
+use crate::budget::ClientBudget;
 use deadline::{Progress, Waiting};
 use fifo::Fifo;
 use work::*;

@@ -283,7 +283,7 @@ impl ClientSession {
             quiet,
             replied: false,
         };
-        let mut forget = route::Servers::new();
+        let mut forget = crate::placement::Servers::new();
         let mode = match plan {
             MetaPlan::Reply(reply) => {
                 let mut entry = Entry::ready(reply, topology);

@@ -18,7 +18,7 @@ use crate::hotkeys::{Unanswered, WriteGuard};
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::reply::Expect;
 use crate::protocol::{Command, Request};
-use crate::route::{self, CallResult, Retrieval};
+use crate::route::{CallResult, Retrieval};
 use crate::topology::Topology;
 
 /// One client request on its way.
@@ -102,7 +102,7 @@ pub(super) struct MovedWork {
     pub(super) previous: usize,
     /// Owners in older rings of chained changes: sent a `delete` with the
     /// first step (`waiting`), and the answer waits for them.
-    pub(super) forget: route::Servers,
+    pub(super) forget: crate::placement::Servers,
     pub(super) waiting: SmallVec<[Part; 1]>,
     /// The step waiting for its reply.
     pub(super) part: Option<Part>,
@@ -117,7 +117,7 @@ pub(super) struct CasWork {
     pub(super) machine: crate::cas::ReplicatedCas,
     /// Owners in older rings of chained changes, sent a `delete` with the
     /// `cas`; the answer waits for them.
-    pub(super) forget: route::Servers,
+    pub(super) forget: crate::placement::Servers,
     pub(super) waiting: SmallVec<[Part; 2]>,
     /// The copies of a `cas` the previous owner stored (the owner's first),
     /// awaited before the answer.
@@ -163,7 +163,7 @@ pub(super) struct MetaWork {
     /// Owners in older rings of chained changes, sent an `md` with the
     /// first step (see `route::MetaPlan`), and the key token for it (and
     /// whether it is base64).
-    pub(super) forget: route::Servers,
+    pub(super) forget: crate::placement::Servers,
     pub(super) forget_key: (Bytes, bool),
     /// Replies the answer waits for besides the parts: those `md`s, and
     /// the copies of an `ms … C` the previous owner took.
@@ -192,7 +192,7 @@ pub(super) enum MetaMode {
     },
     /// `mg` over replicas: the next server is asked while the last failed.
     ReadThrough {
-        servers: route::Servers,
+        servers: crate::placement::Servers,
         next: usize,
         on_miss: bool,
     },

@@ -42,7 +42,7 @@ impl WorkerBudget {
 
 /// One client's part of the budget.
 #[derive(Debug, Default)]
-pub(super) struct ClientBudget {
+pub(crate) struct ClientBudget {
     /// Reply bytes reserved for requests in flight and held for entries
     /// not yet at the head.
     owed: usize,
@@ -52,24 +52,24 @@ pub(super) struct ClientBudget {
 
 impl ClientBudget {
     /// Bytes reserved and held (the write queue aside).
-    pub(super) fn owed(&self) -> usize {
+    pub(crate) fn owed(&self) -> usize {
         self.owed
     }
 
     /// Nothing reserved, held or queued: such a client may always send one
     /// request, however large, so that every client progresses.
-    pub(super) fn nothing_owed(&self, queued: usize) -> bool {
+    pub(crate) fn nothing_owed(&self, queued: usize) -> bool {
         self.owed == 0 && queued == 0
     }
 
     /// Bytes that may still be reserved with `queued` bytes in the write
     /// queue and a client bound of `limit`.
-    pub(super) fn room(&self, worker: &WorkerBudget, limit: usize, queued: usize) -> usize {
+    pub(crate) fn room(&self, worker: &WorkerBudget, limit: usize, queued: usize) -> usize {
         limit.saturating_sub(self.owed + queued).min(worker.room())
     }
 
     /// Whether `cost` more bytes may be reserved now.
-    pub(super) fn may_reserve(
+    pub(crate) fn may_reserve(
         &self,
         worker: &WorkerBudget,
         limit: usize,
@@ -80,13 +80,13 @@ impl ClientBudget {
             || (self.owed + queued + cost <= limit && worker.owed() + cost <= worker.limit)
     }
 
-    pub(super) fn reserve(&mut self, worker: &WorkerBudget, cost: usize) {
+    pub(crate) fn reserve(&mut self, worker: &WorkerBudget, cost: usize) {
         self.owed += cost;
         worker.add(cost);
     }
 
     /// Gives `cost` bytes back (never more than is owed).
-    pub(super) fn release(&mut self, worker: &WorkerBudget, cost: usize) {
+    pub(crate) fn release(&mut self, worker: &WorkerBudget, cost: usize) {
         let cost = cost.min(self.owed);
         self.owed -= cost;
         worker.sub(cost);
@@ -95,7 +95,7 @@ impl ClientBudget {
     /// Keeps the worker's count in step with the `queued` bytes waiting in
     /// the client's write queue: they are buffered replies too, and a
     /// client that does not read holds them for as long as it likes.
-    pub(super) fn count_queued(&mut self, worker: &WorkerBudget, queued: usize) {
+    pub(crate) fn count_queued(&mut self, worker: &WorkerBudget, queued: usize) {
         worker.add(queued);
         worker.sub(self.out_counted);
         self.out_counted = queued;
@@ -103,7 +103,7 @@ impl ClientBudget {
 
     /// Gives back everything the client reserved and queued (it is
     /// ending).
-    pub(super) fn release_all(&mut self, worker: &WorkerBudget) {
+    pub(crate) fn release_all(&mut self, worker: &WorkerBudget) {
         self.release(worker, self.owed);
         worker.sub(self.out_counted);
         self.out_counted = 0;

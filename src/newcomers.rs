@@ -1,0 +1,90 @@
+//! Servers that join a ring memring has not seen them in: each is sent
+//! `flush_all` first, over a connection of its own, so it holds nothing
+//! from before an earlier removal. Blocking: reloads and discovery run off
+//! the request path.
+
+use crate::config::Config;
+
+/// Flushes the servers `config` adds that the topology in force does not
+/// know at all (neither in its ring nor leaving it): a server removed and
+/// added again still holds what it had before its removal, older than what
+/// was written meanwhile on the servers that stood in for it, and reads ask
+/// the new owner first. A server still leaving in a hand-off window is kept
+/// as it is: every write of a key it held deleted its copy. A flush that
+/// fails is logged; the server then joins as it is.
+pub(crate) fn flush_newcomers(topology: &crate::topology::Topology, config: &Config) {
+    for server in &config.servers {
+        if topology.backends.iter().any(|b| b.addr() == server.addr) {
+            continue;
+        }
+        let timeout = config.connect_timeout + config.request_timeout;
+        let flushed = match (&config.backend_tls, server.tls) {
+            (Some(files), true) => flush_tls(files, &server.addr, config.discovery.dns, timeout),
+            _ => flush_now(&server.addr, config.discovery.dns, timeout),
+        };
+        match flushed {
+            Ok(()) => {
+                tracing::info!(server = %server.name, "joins: flushed first, so it holds nothing from before")
+            }
+            Err(e) => tracing::warn!(
+                server = %server.name,
+                "joins without the flush it needs (it may hold values from before its removal): {e}"
+            ),
+        }
+    }
+}
+
+/// [`flush_now`] for a server with `tls = true`, over a TLS connection of
+/// its own (verified, and its name looked up, as the backend's connections
+/// are).
+fn flush_tls(
+    files: &crate::tls::BackendFiles,
+    addr: &str,
+    dns: crate::resolve::Dns,
+    timeout: std::time::Duration,
+) -> std::io::Result<()> {
+    let connector = crate::tls::Connector::new(files)?;
+    let mut stream = connector
+        .connect_blocking(addr, dns, timeout)
+        .map_err(std::io::Error::other)?;
+    flush_over(&mut stream)
+}
+
+/// Sends `flush_all` on `stream` and reads memcached's one-line answer.
+fn flush_over(stream: &mut (impl std::io::Read + std::io::Write)) -> std::io::Result<()> {
+    stream.write_all(b"flush_all\r\n")?;
+    stream.flush()?;
+    let mut reply = [0u8; 64];
+    let mut got = 0;
+    while !reply[..got].ends_with(b"\r\n") && got < reply.len() {
+        let n = stream.read(&mut reply[got..])?;
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    crate::pool::flush_answer(&reply[..got])
+}
+
+/// `flush_all` on `addr` over a connection of its own, waiting at most
+/// `timeout`. Blocking: reloads run off the request path.
+fn flush_now(
+    addr: &str,
+    dns: crate::resolve::Dns,
+    timeout: std::time::Duration,
+) -> std::io::Result<()> {
+    use std::net::ToSocketAddrs;
+    // A host name is asked where memring's connections ask (`resolver`).
+    let target = match crate::resolve::host_name(addr) {
+        Some((host, port)) => crate::resolve::block_on(|| dns.addresses(host, port))
+            .map_err(|e| std::io::Error::other(e.detail))?
+            .first()
+            .copied(),
+        None => addr.to_socket_addrs()?.next(),
+    }
+    .ok_or_else(|| std::io::Error::other("the address resolves to nothing"))?;
+    let mut stream = std::net::TcpStream::connect_timeout(&target, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    flush_over(&mut stream)
+}
