@@ -42,7 +42,7 @@ pub struct Layout {
 }
 
 /// The layout in force, shared by every session.
-pub type SharedLayout = Arc<ArcSwap<Layout>>;
+pub(crate) type SharedLayout = Arc<ArcSwap<Layout>>;
 
 /// Which pool a key goes to now, as [`Layout::serving_key`] decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -38,7 +38,7 @@ struct Member {
 
 /// What a reload did to the pools.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Applied {
+pub(crate) struct Applied {
     /// The change of the default pool (every reload publishes it).
     pub default: Published,
     /// One line per other pool that was added, removed or changed.

@@ -123,7 +123,8 @@ struct ShadowFamilies {
 /// How a primary's and its shadow's answers to one sampled get compared:
 /// the `outcome` labels of `memring_shadow_gets_total`, in the order of
 /// [`ShadowCounters::pair`]'s index.
-pub const SHADOW_PAIRINGS: [&str; 5] = ["hit_hit", "mismatch", "hit_miss", "miss_hit", "miss_miss"];
+pub(crate) const SHADOW_PAIRINGS: [&str; 5] =
+    ["hit_hit", "mismatch", "hit_miss", "miss_hit", "miss_miss"];
 
 /// One primary pool's shadow figures, handles into the registry: kept by
 /// the layout, so sessions count without a lookup.
@@ -166,7 +167,7 @@ impl ShadowFigures {
 }
 
 /// `hits / compared`, 0 before anything was compared.
-pub fn ratio(hits: u64, compared: u64) -> f64 {
+pub(crate) fn ratio(hits: u64, compared: u64) -> f64 {
     if compared == 0 {
         0.0
     } else {
@@ -1288,7 +1289,7 @@ impl Stats {
 
 /// CPU time the process has used, in microseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CpuTime {
+pub(crate) struct CpuTime {
     pub user_micros: u64,
     pub system_micros: u64,
 }
@@ -1300,7 +1301,7 @@ const USER_HZ: u64 = 100;
 
 /// This process's user and system CPU time from `/proc/self/stat` (all zero
 /// where there is none). Read per `stats` and per scrape, never per request.
-pub fn process_cpu() -> CpuTime {
+pub(crate) fn process_cpu() -> CpuTime {
     std::fs::read_to_string("/proc/self/stat")
         .ok()
         .and_then(|stat| cpu_of_proc_stat(&stat))
@@ -1347,9 +1348,9 @@ impl Collector for ProcessCpu {
 }
 
 /// Content type of [`Stats::prometheus_text`].
-pub const PROMETHEUS_TEXT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) const PROMETHEUS_TEXT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Content type of [`Stats::openmetrics_text`].
-pub const OPENMETRICS_TEXT_TYPE: &str =
+pub(crate) const OPENMETRICS_TEXT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Rewrites prometheus-client's OpenMetrics output as classic Prometheus text.

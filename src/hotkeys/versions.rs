@@ -120,11 +120,6 @@ pub(super) struct WriteFill {
 }
 
 impl WriteGuard {
-    #[cfg(test)]
-    fn begin(shared: &Local, target: Target) -> Rc<WriteGuard> {
-        WriteGuard::begin_in(None, shared, target, None)
-    }
-
     /// A write begins: it is pending on its keys (or on everything, for
     /// `flush_all`) until it ends. Made in `kept` (an ended guard nothing
     /// else holds) when there is one.
@@ -274,6 +269,10 @@ mod tests {
     use crate::hotkeys::key_hash;
     use crate::stats::Stats;
 
+    fn begin(shared: &Local, target: Target) -> Rc<WriteGuard> {
+        WriteGuard::begin_in(None, shared, target, None)
+    }
+
     #[test]
     fn writes_are_pending_until_complete_and_move_the_version() {
         let stats = Arc::new(Stats::new());
@@ -281,7 +280,7 @@ mod tests {
         let hash = key_hash(b"k");
         let (before, quiet) = shared.settled(hash);
         assert!(quiet);
-        let guard = WriteGuard::begin(&shared, Target::Keys(smallvec::smallvec![(hash, None)]));
+        let guard = begin(&shared, Target::Keys(smallvec::smallvec![(hash, None)]));
         let (during, quiet) = shared.settled(hash);
         assert!(!quiet);
         assert_ne!(during, before);
@@ -289,7 +288,7 @@ mod tests {
         let (after, quiet) = shared.settled(hash);
         assert!(quiet);
         assert_ne!(after, during);
-        let flush = WriteGuard::begin(&shared, Target::All);
+        let flush = begin(&shared, Target::All);
         assert!(!shared.settled(key_hash(b"other")).1);
         drop(flush);
         assert!(shared.settled(key_hash(b"other")).1);
