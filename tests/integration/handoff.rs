@@ -1033,51 +1033,89 @@ fn cas_on_moved_keys_stores_when_it_should_and_only_then() {
 /// in between, with the unique its client read through from the previous
 /// owner, is refused by the new owner but would store on the previous one.
 /// Copying that value to the new owner would then replace the newer write,
-/// so the refusal must stand, in both dialects.
+/// so the refusal must stand, in every spelling (meta, quiet meta with a
+/// base64 key, classic, classic `noreply`). Without the other write, each
+/// stores (the new owner then holds the read-through copy).
 #[test]
 fn a_cas_on_a_moved_key_never_replaces_a_write_that_reached_its_new_owner_first() {
-    let window = CasWindow::start("cas-overtaken", 40);
+    let window = CasWindow::start("cas-overtaken", 64);
     let (servers, after, moved) = (&window.servers, &window.after, &window.moved);
     let mut client = window.proxy.client();
-    let mut overwritten = Vec::new();
+    let mut wrong = Vec::new();
     for (i, key) in moved.iter().enumerate() {
         let owner = owner_name(after, key);
         let owner = servers
             .iter()
             .find(|s| owner == format!("cache-{}", s.port))
             .expect("the new owner");
-        let meta = i % 2 == 0;
-        let read = if meta {
-            client.send(format!("mg {key} c v\r\n").as_bytes());
-            client.meta_reply()
-        } else {
-            client.call(format!("gets {key}\r\n").as_bytes(), ReplyKind::Values)
+        let (spelling, halfway) = (i % 4, i % 8 >= 4);
+        let b64 = memring::protocol::meta::encode_key(key.as_bytes());
+        let read = match spelling {
+            0 => {
+                client.send(format!("mg {key} c v\r\n").as_bytes());
+                client.meta_reply()
+            }
+            1 => {
+                client.send(format!("mg {b64} b c v\r\n").as_bytes());
+                client.meta_reply()
+            }
+            _ => client.call(format!("gets {key}\r\n").as_bytes(), ReplyKind::Values),
         };
         let cas = cas_in(&read);
-        // The other sidecar's write, halfway: on the new owner only.
-        assert_eq!(owner.client().set(key, b"newer"), b"STORED\r\n");
-        let reply = if meta {
-            client.send(format!("ms {key} 2 C{cas}\r\nv2\r\n").as_bytes());
-            client.meta_reply()
-        } else {
-            client.call(
+        if halfway {
+            // The other sidecar's write, halfway: on the new owner only.
+            assert_eq!(owner.client().set(key, b"newer"), b"STORED\r\n");
+        }
+        let reply = match spelling {
+            0 => {
+                client.send(format!("ms {key} 2 C{cas}\r\nv2\r\n").as_bytes());
+                client.meta_reply()
+            }
+            1 => {
+                // Quiet: only a refusal is answered, then `MN`.
+                client.send(format!("ms {b64} 2 b q C{cas}\r\nv2\r\nmn\r\n").as_bytes());
+                let first = client.meta_reply();
+                if first == b"MN\r\n" {
+                    first
+                } else {
+                    assert_eq!(client.meta_reply(), b"MN\r\n", "{key}");
+                    first
+                }
+            }
+            2 => client.call(
                 format!("cas {key} 0 0 2 {cas}\r\nv2\r\n").as_bytes(),
                 ReplyKind::Line,
-            )
+            ),
+            _ => {
+                // noreply: the `mn` after it shows it is done.
+                client.send(format!("cas {key} 0 0 2 {cas} noreply\r\nv2\r\nmn\r\n").as_bytes());
+                client.meta_reply()
+            }
         };
-        let refused: &[u8] = if meta { b"EX\r\n" } else { b"EXISTS\r\n" };
-        if reply != refused || owner.client().get(key).as_deref() != Some(&b"newer"[..]) {
-            overwritten.push(format!(
-                "{key}: {} then {:?} on the new owner",
+        let (wanted, value): (&[u8], &[u8]) = match (spelling, halfway) {
+            (0, true) => (b"EX\r\n", b"newer"),
+            (0, false) => (b"HD\r\n", b"v2"),
+            (1, true) => (b"EX\r\n", b"newer"),
+            (1 | 3, _) => (b"MN\r\n", if halfway { b"newer" } else { b"v2" }),
+            (_, true) => (b"EXISTS\r\n", b"newer"),
+            (_, false) => (b"STORED\r\n", b"v2"),
+        };
+        let held = owner.client().get(key);
+        if reply != wanted
+            || held.as_deref() != Some(value)
+            || client.get(key).as_deref() != Some(value)
+        {
+            wrong.push(format!(
+                "{key} (spelling {spelling}, halfway {halfway}): {} then {:?} on the new owner",
                 show(&reply),
-                owner.client().get(key).map(|v| show(&v))
+                held.map(|v| show(&v))
             ));
         }
     }
     assert!(
-        overwritten.is_empty(),
-        "{} of {}: {overwritten:?}",
-        overwritten.len(),
+        wrong.is_empty(),
+        "{} of {}: {wrong:?}",
+        wrong.len(),
         moved.len()
     );
 }
