@@ -1977,6 +1977,39 @@ fn a_write_to_a_moved_key_drops_its_near_cached_value() {
         );
         assert_eq!(client.get(&key).as_deref(), expected, "after {name}");
     }
+    // cas, with the new owner's unique (stored there) and with the previous
+    // owner's (taken over: both owners hold the same value).
+    let previous_owner = servers
+        .iter()
+        .find(|s| format!("cache-{}", s.port) == owner_name(&four, &key))
+        .unwrap();
+    for (name, from_previous) in [("cas", false), ("cas taken over", true)] {
+        assert_eq!(client.set(&key, b"1"), b"STORED\r\n", "{name}");
+        let cached = crate::common::get_until_near_cached(&mut client, &mut admin, &key);
+        assert_eq!(cached.as_deref(), Some(&b"1"[..]), "{name}");
+        let mut previous = previous_owner.client();
+        assert_eq!(direct.set(&key, b"direct"), b"STORED\r\n");
+        assert_eq!(previous.set(&key, b"direct"), b"STORED\r\n");
+        let gets = format!("gets {key}\r\n");
+        let source = if from_previous {
+            previous.call(gets.as_bytes(), ReplyKind::Values)
+        } else {
+            direct.call(gets.as_bytes(), ReplyKind::Values)
+        };
+        let unique = cas_in(&source);
+        assert_eq!(
+            client.get(&key).as_deref(),
+            Some(&b"1"[..]),
+            "{name}: still cached"
+        );
+        let cas = format!("cas {key} 0 0 1 {unique}\r\n5\r\n");
+        assert_eq!(
+            client.call(cas.as_bytes(), ReplyKind::Line),
+            b"STORED\r\n",
+            "{name}"
+        );
+        assert_eq!(client.get(&key).as_deref(), Some(&b"5"[..]), "after {name}");
+    }
 }
 
 /// Quiet meta × budgets × hand-off: a pipeline of quiet `mg`s of moved keys
