@@ -42,6 +42,9 @@ use crate::tls::{write_or_flush, Flush};
 use crate::wake::{Cancel, Wake};
 
 const READ_CHUNK_BYTES: usize = 16 * 1024;
+/// Most room one connection's read buffer takes at once (see
+/// [`read_room`]).
+const MAX_READ_ROOM_BYTES: usize = 1024 * 1024;
 const MIN_BACKOFF: Duration = Duration::from_millis(20);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// What a new connection asks first: it proves the server answers (a frozen
@@ -394,6 +397,8 @@ where
     }
     shared.metrics.connections.inc();
     let mut answered = false;
+    // The largest value piece this connection has delivered.
+    let mut largest = 0;
     // The timer fired once and the driver has been polled since.
     let mut confirmed = false;
     let retired = &shared.retired;
@@ -416,7 +421,7 @@ where
         };
         writing.seal();
         if read_buf.capacity() - read_buf.len() < READ_CHUNK_BYTES / 4 {
-            read_buf.reserve(READ_CHUNK_BYTES);
+            read_buf.reserve(read_room(largest));
         }
         tokio::select! {
             biased;
@@ -438,6 +443,7 @@ where
                 match deliver(conn, &mut read_buf, now) {
                     Err(kind) => break Err(kind),
                     Ok(delivered) => {
+                        largest = largest.max(delivered.largest);
                         if delivered.probe {
                             shared.report(HealthEvent::Probed);
                             if W::BUFFERS {
@@ -515,6 +521,21 @@ struct Delivered {
     probe: bool,
     /// Replies to real requests.
     requests: usize,
+    /// The largest value piece, in bytes.
+    largest: usize,
+}
+
+/// How much room the read buffer takes when it runs low. Its earlier pieces
+/// are still held by the replies they went to, so it cannot grow in place:
+/// a new buffer takes the bytes not yet delivered, which for a value larger
+/// than the chunk is a copy of its first part. Room for a few of the largest
+/// values this connection has delivered makes that copy once per few values
+/// rather than once or twice per value (16 KiB values: 3 % of memring's CPU
+/// with a fixed 16 KiB chunk).
+fn read_room(largest: usize) -> usize {
+    largest
+        .saturating_mul(4)
+        .clamp(READ_CHUNK_BYTES, MAX_READ_ROOM_BYTES)
 }
 
 /// Cuts every complete reply piece off the buffer and hands it to its
@@ -544,6 +565,7 @@ fn deliver(
         };
         match piece {
             Piece::Value { len, .. } => {
+                delivered.largest = delivered.largest.max(len);
                 let bytes = read_buf.split_to(len);
                 let bytes = match &front.tag {
                     // The one reply of a quiet meta request.
@@ -727,6 +749,14 @@ mod tests {
         conn.send(&[request.0], request.1, Some(slot.clone()))
             .expect("queued");
         slot
+    }
+
+    #[test]
+    fn the_read_buffer_grows_by_a_few_of_the_largest_values() {
+        assert_eq!(read_room(0), READ_CHUNK_BYTES);
+        assert_eq!(read_room(100), READ_CHUNK_BYTES);
+        assert_eq!(read_room(16_400), 65_600);
+        assert_eq!(read_room(usize::MAX), MAX_READ_ROOM_BYTES);
     }
 
     #[test]
