@@ -4,6 +4,8 @@
 //! moved key fall through to the previous owner on a miss and copy the hit
 //! to the new owner (see `route::Retrieval`); every other command runs the
 //! small state machine [`Moved`] so it behaves as if the key had never moved.
+//! A `cas` the new owner refuses is taken over by [`cas::CasTakeover`],
+//! which the replicated `cas` shares.
 //!
 //! Pure: the session sends what a [`Step`] says and feeds the reply back.
 
