@@ -397,8 +397,8 @@ where
     }
     shared.metrics.connections.inc();
     let mut answered = false;
-    // The largest value piece this connection has delivered.
-    let mut largest = 0;
+    // The largest value piece this connection has delivered lately.
+    let mut largest: usize = 0;
     // The timer fired once and the driver has been polled since.
     let mut confirmed = false;
     let retired = &shared.retired;
@@ -443,7 +443,9 @@ where
                 match deliver(conn, &mut read_buf, now) {
                     Err(kind) => break Err(kind),
                     Ok(delivered) => {
-                        largest = largest.max(delivered.largest);
+                        // Forgotten slowly, so one big value does not keep
+                        // a big buffer for good.
+                        largest = delivered.largest.max(largest - largest / 8);
                         if delivered.probe {
                             shared.report(HealthEvent::Probed);
                             if W::BUFFERS {
@@ -529,9 +531,9 @@ struct Delivered {
 /// are still held by the replies they went to, so it cannot grow in place:
 /// a new buffer takes the bytes not yet delivered, which for a value larger
 /// than the chunk is a copy of its first part. Room for a few of the largest
-/// values this connection has delivered makes that copy once per few values
-/// rather than once or twice per value (16 KiB values: 3 % of memring's CPU
-/// with a fixed 16 KiB chunk).
+/// values this connection has delivered lately makes that copy once per few
+/// values rather than once or twice per value (16 KiB values: 3 % of
+/// memring's CPU with a fixed 16 KiB chunk).
 fn read_room(largest: usize) -> usize {
     largest
         .saturating_mul(4)
