@@ -7,12 +7,9 @@
 //! # Layout
 //! - [`protocol`]: request parsing, strict reply framing and encoding. Pure.
 //! - [`ring`]: the consistent-hash ring. Pure.
-//! - [`placement`]: where one key's request goes on the ring(s), for both
-//!   dialects (owner, replicas, hand-off). Pure.
-//! - [`route`]: the request plan: which servers get which bytes, and how their
-//!   replies (multi-get merge, quorum, fall-through) become the client's. Pure.
-//! - [`handoff`]: what commands on keys whose owner just changed do (read
-//!   through, copy, delete from both). Pure.
+//! - [`plan`]: the pure planner: where each key goes (`placement`), what
+//!   each server is sent and how the replies combine (`route`), the
+//!   hand-off's state machine (`handoff`) and the replicated `cas`.
 //! - [`config`]: the TOML file, validated with `file:line:column` errors.
 //! - [`topology`]: ring + backends + version; what a server-list change does.
 //! - [`pool`]: the one writer of the published topology (reloads, ejections).
@@ -59,7 +56,6 @@
 pub mod admin;
 pub mod backend;
 mod budget;
-mod cas;
 mod client_slots;
 mod clock;
 pub mod config;
@@ -67,12 +63,11 @@ pub mod discovery;
 pub mod error;
 mod failover;
 pub mod fd_budget;
-pub(crate) mod handoff;
 pub mod hotkeys;
 pub(crate) mod layout;
 mod newcomers;
 mod outbuf;
-mod placement;
+mod plan;
 pub(crate) mod pool;
 pub(crate) mod pools;
 pub mod protocol;
@@ -80,7 +75,6 @@ pub mod reload;
 mod report;
 pub mod resolve;
 pub mod ring;
-mod route;
 pub mod server;
 mod session;
 pub(crate) mod shadow;

@@ -206,7 +206,7 @@ pub struct Config {
     /// Close a client that is owed replies and reads none of them for this long.
     pub client_write_timeout: Duration,
     /// How long a membership change keeps the previous ring for hand-off
-    /// reads (see `handoff.rs`); zero turns hand-off off.
+    /// reads (see `plan/handoff/`); zero turns hand-off off.
     pub handoff: Duration,
     /// `failover`: the pool that takes a DEAD server's keys, with the
     /// exptime of every write there capped (`failover_ttl_s`).

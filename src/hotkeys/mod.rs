@@ -69,10 +69,10 @@ use bytes::Bytes;
 
 use crate::backend::conn::Conn;
 use crate::backend::slot::Slot;
-use crate::placement::Placement;
+use crate::plan::placement::Placement;
+use crate::plan::route::{MetaPlan, Plan, SubRequest};
 use crate::protocol::meta::MetaRequest;
 use crate::protocol::{Command, Request};
-use crate::route::{MetaPlan, Plan, SubRequest};
 use crate::topology::Topology;
 pub(crate) use coalesce::Ticket;
 use coalesce::{Flight, FlightState};

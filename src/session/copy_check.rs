@@ -10,10 +10,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::backend::slot::{Got, Slot};
-use crate::handoff::{copy_outcome, CopyOutcome, ReadCopy};
+use crate::plan::handoff::{copy_outcome, CopyOutcome, ReadCopy};
+use crate::plan::route::CallResult;
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::reply::Expect;
-use crate::route::CallResult;
 use crate::shard::WorkerCtx;
 use crate::topology::Topology;
 use crate::wake::Wake;

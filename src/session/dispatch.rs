@@ -330,13 +330,13 @@ impl ClientSession {
     fn cas_step(
         &self,
         topology: &Topology,
-        machine: &mut crate::cas::ReplicatedCas,
+        machine: &mut crate::plan::replicated_cas::ReplicatedCas,
         part: &mut Part,
         copied: &mut Vec<Part>,
         copy: &CasCopy<'_>,
         hot: Option<&Rc<WriteGuard>>,
     ) -> bool {
-        use crate::cas::CasStep;
+        use crate::plan::replicated_cas::CasStep;
         while machine.deciding() {
             part.absorb();
             let Some(result) = &part.result else {
@@ -396,7 +396,7 @@ impl ClientSession {
                 moved.answered = true;
                 if let Some(wire) = moved.machine.take_read_copy() {
                     let (key, base64) = moved.machine.key_token();
-                    let copy = crate::handoff::ReadCopy {
+                    let copy = crate::plan::handoff::ReadCopy {
                         owner: moved.owner,
                         wire,
                         source: moved.previous,
@@ -464,7 +464,7 @@ impl ClientSession {
     fn send_copies(
         &self,
         topology: &Topology,
-        servers: crate::placement::Servers,
+        servers: crate::plan::placement::Servers,
         wire: &[Bytes],
         expect: &Expect,
     ) {
@@ -492,7 +492,7 @@ impl ClientSession {
     /// `server`: a previous owner's or replica's copy of a key written
     /// elsewhere goes before the write is answered.
     fn forget_on(&self, topology: &Topology, server: usize, key: &(Bytes, bool)) -> Part {
-        let line = [crate::handoff::forget_line(&key.0, key.1)];
+        let line = [crate::plan::handoff::forget_line(&key.0, key.1)];
         let expect = Expect::Meta {
             command: MetaCommand::Delete,
             quiet: false,

@@ -37,15 +37,15 @@ use tokio::time::Instant;
 
 use crate::backend::slot::{Got, Slot};
 
-use crate::handoff::{Moved, Owner, Step};
 use crate::hotkeys::{GetShortcut, WriteGuard};
 use crate::outbuf::OutQueue;
-use crate::placement::Placement;
+use crate::plan::handoff::{Moved, Owner, Step};
+use crate::plan::placement::Placement;
+use crate::plan::route::{self, all_ok, decide, CallResult, Decision, MetaPlan, Plan};
 use crate::protocol::encode::{forwardable, write_server_error};
 use crate::protocol::meta::{is_meta_request, parse_meta, MetaCommand, MetaRequest};
 use crate::protocol::reply::{Expect, LineKind};
 use crate::protocol::{parse_request, Command, Limits, Request};
-use crate::route::{self, all_ok, decide, CallResult, Decision, MetaPlan, Plan};
 use crate::shard::WorkerCtx;
 use crate::topology::{SharedTopology, Topology};
 use crate::wake::{Cancel, Wake};

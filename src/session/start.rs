@@ -2,8 +2,8 @@
 //! `route`, and what the hot-key state says about it.
 
 use super::*;
-use crate::handoff::cas::CasTakeover;
-use crate::route::Split;
+use crate::plan::handoff::cas::CasTakeover;
+use crate::plan::route::Split;
 
 impl ClientSession {
     /// Plans one request on the current topology and queues its entry.
@@ -192,7 +192,9 @@ impl ClientSession {
                 });
                 Work::Cas(Box::new(CasWork {
                     part: Part::new(owner),
-                    machine: crate::cas::ReplicatedCas::new(false, owner, copies, previous),
+                    machine: crate::plan::replicated_cas::ReplicatedCas::new(
+                        false, owner, copies, previous,
+                    ),
                     forget,
                     waiting: SmallVec::new(),
                     copied: Vec::new(),
@@ -283,7 +285,7 @@ impl ClientSession {
             quiet,
             replied: false,
         };
-        let mut forget = crate::placement::Servers::new();
+        let mut forget = crate::plan::placement::Servers::new();
         let mode = match plan {
             MetaPlan::Reply(reply) => {
                 let mut entry = Entry::ready(reply, topology);
@@ -332,7 +334,9 @@ impl ClientSession {
                 (
                     parts(&[owner]),
                     MetaMode::CasThenCopy {
-                        machine: crate::cas::ReplicatedCas::new(true, owner, copies, previous),
+                        machine: crate::plan::replicated_cas::ReplicatedCas::new(
+                            true, owner, copies, previous,
+                        ),
                         copy,
                         copied: Vec::new(),
                     },

@@ -13,12 +13,12 @@ use tokio::time::Instant;
 use super::shadow;
 use crate::backend::slot::{Got, Slot};
 use crate::error::BackendError;
-use crate::handoff::{copy_outcome, CopyOutcome, Moved};
 use crate::hotkeys::{Unanswered, WriteGuard};
+use crate::plan::handoff::{copy_outcome, CopyOutcome, Moved};
+use crate::plan::route::{CallResult, Retrieval};
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::reply::Expect;
 use crate::protocol::{Command, Request};
-use crate::route::{CallResult, Retrieval};
 use crate::topology::Topology;
 
 /// One client request on its way.
@@ -102,7 +102,7 @@ pub(super) struct MovedWork {
     pub(super) previous: usize,
     /// Owners in older rings of chained changes: sent a `delete` with the
     /// first step (`waiting`), and the answer waits for them.
-    pub(super) forget: crate::placement::Servers,
+    pub(super) forget: crate::plan::placement::Servers,
     pub(super) waiting: SmallVec<[Part; 1]>,
     /// The step waiting for its reply.
     pub(super) part: Option<Part>,
@@ -114,10 +114,10 @@ pub(super) struct MovedWork {
 pub(super) struct CasWork {
     /// The `cas` under way: on the owner, then on the previous owner.
     pub(super) part: Part,
-    pub(super) machine: crate::cas::ReplicatedCas,
+    pub(super) machine: crate::plan::replicated_cas::ReplicatedCas,
     /// Owners in older rings of chained changes, sent a `delete` with the
     /// `cas`; the answer waits for them.
-    pub(super) forget: crate::placement::Servers,
+    pub(super) forget: crate::plan::placement::Servers,
     pub(super) waiting: SmallVec<[Part; 2]>,
     /// The copies of a `cas` the previous owner stored (the owner's first),
     /// awaited before the answer.
@@ -163,7 +163,7 @@ pub(super) struct MetaWork {
     /// Owners in older rings of chained changes, sent an `md` with the
     /// first step (see `route::MetaPlan`), and the key token for it (and
     /// whether it is base64).
-    pub(super) forget: crate::placement::Servers,
+    pub(super) forget: crate::plan::placement::Servers,
     pub(super) forget_key: (Bytes, bool),
     /// Replies the answer waits for besides the parts: those `md`s, and
     /// the copies of an `ms … C` the previous owner took.
@@ -186,13 +186,13 @@ pub(super) enum MetaMode {
     /// store without `C` and `q` the other replicas get; `copied` the
     /// copies the answer waits for (the previous owner stored).
     CasThenCopy {
-        machine: crate::cas::ReplicatedCas,
+        machine: crate::plan::replicated_cas::ReplicatedCas,
         copy: Bytes,
         copied: Vec<Part>,
     },
     /// `mg` over replicas: the next server is asked while the last failed.
     ReadThrough {
-        servers: crate::placement::Servers,
+        servers: crate::plan::placement::Servers,
         next: usize,
         on_miss: bool,
     },

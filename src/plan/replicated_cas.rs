@@ -8,13 +8,13 @@
 //!
 //! Pure: the session sends what a [`CasStep`] says and feeds replies back.
 
-use crate::handoff::cas::{CasTakeover, Turn};
-use crate::handoff::Owner;
-use crate::placement::Servers;
+use crate::plan::handoff::cas::{CasTakeover, Turn};
+use crate::plan::handoff::Owner;
+use crate::plan::placement::Servers;
+use crate::plan::route::CallResult;
 use crate::protocol::encode::Outbound;
 use crate::protocol::meta::reply::stored;
 use crate::protocol::reply::Expect;
-use crate::route::CallResult;
 
 /// What to do after a reply to the `cas`.
 #[derive(Debug, PartialEq, Eq)]

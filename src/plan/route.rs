@@ -3,7 +3,7 @@
 //!
 //! - [`plan`] turns a parsed request and a topology snapshot into a [`Plan`],
 //!   [`plan_meta`] a meta request into a [`MetaPlan`]; both place keys with
-//!   the one [`crate::placement::place`].
+//!   the one [`crate::plan::placement::place`].
 //! - [`Retrieval`] is every `get`/`gets`/`gat`/`gats`: keys split by server in
 //!   chunks, values passed on in the client's key order as they arrive, keys
 //!   that failed (or missed, with fall-through) asked of their next replica.
@@ -24,7 +24,7 @@ use smallvec::SmallVec;
 use crate::backend::slot::Got;
 use crate::error::BackendError;
 use crate::outbuf::OutQueue;
-use crate::placement::{place, KeyKind, KeyOp, Placement, Servers};
+use crate::plan::placement::{place, KeyKind, KeyOp, Placement, Servers};
 use crate::protocol::meta::{MetaCommand, MetaRequest};
 use crate::protocol::request::{Keys, Span};
 use crate::protocol::{Command, Request};
@@ -145,7 +145,7 @@ pub(crate) fn plan(
         _ => {
             let op = KeyOp::classic(request.command == Command::Cas);
             // Every classic write is handed off (see `handoff::needs_handoff`).
-            let steps = crate::handoff::needs_handoff(request.command).then_some(());
+            let steps = crate::plan::handoff::needs_handoff(request.command).then_some(());
             Plan::Key(place(request.key(bytes, 0), op, steps, topology))
         }
     }
@@ -342,7 +342,7 @@ pub(crate) struct Retrieval {
     previous_from: SmallVec<[u8; 8]>,
     /// Copies to send to new owners (`add` lines), each checked once it
     /// has landed.
-    copies: Vec<crate::handoff::ReadCopy>,
+    copies: Vec<crate::plan::handoff::ReadCopy>,
     /// Keys asked of their previous owner, and values found there.
     read_through: (usize, usize),
     /// Whether this is the whole reply or one run of a retrieval whose
@@ -469,7 +469,7 @@ impl Retrieval {
     /// new owner.
     fn copy(&mut self, k: usize, wire: crate::protocol::encode::Outbound) {
         let key = self.bytes.slice_ref(self.keys[k].of(&self.bytes));
-        self.copies.push(crate::handoff::ReadCopy {
+        self.copies.push(crate::plan::handoff::ReadCopy {
             owner: self.candidates[k][0],
             wire,
             source: self.candidates[k][self.round[k] as usize],
@@ -479,7 +479,7 @@ impl Retrieval {
     }
 
     /// Copies of read-through hits to send to the keys' new owners.
-    pub(crate) fn take_copies(&mut self) -> Vec<crate::handoff::ReadCopy> {
+    pub(crate) fn take_copies(&mut self) -> Vec<crate::plan::handoff::ReadCopy> {
         std::mem::take(&mut self.copies)
     }
 
@@ -637,7 +637,7 @@ impl Retrieval {
                     out.push(SubRequest {
                         id,
                         server,
-                        line: crate::handoff::fetch_line(name, false, with_cas),
+                        line: crate::plan::handoff::fetch_line(name, false, with_cas),
                         meta: true,
                     });
                     continue;
@@ -761,7 +761,7 @@ impl Retrieval {
                         // their new expiry.
                         self.read_through.1 += 1;
                         let exptime = self.exptime.map_or(&b"0"[..], |e| e.of(&self.bytes));
-                        if let Some(wire) = crate::handoff::copy_block(&block, exptime) {
+                        if let Some(wire) = crate::plan::handoff::copy_block(&block, exptime) {
                             self.copy(k, wire);
                         }
                     }
@@ -785,7 +785,7 @@ impl Retrieval {
         let name = self.keys[k].of(&self.bytes);
         let with_cas = self.command == Command::Gets;
         let now = crate::topology::unix_now();
-        let Some(hit) = crate::handoff::read_through_hit(name, reply, with_cas, now) else {
+        let Some(hit) = crate::plan::handoff::read_through_hit(name, reply, with_cas, now) else {
             // An error line (or a reply memring cannot use): as a failure.
             entry.error_line = Some(reply.clone());
             return;
@@ -796,7 +796,7 @@ impl Retrieval {
         // Copied to the new owner with `add`, so a newer value written there
         // meanwhile is never overwritten, and with the remaining TTL.
         if let Some(exptime) = &hit.exptime {
-            if let Some(wire) = crate::handoff::copy_block(&hit.block, exptime) {
+            if let Some(wire) = crate::plan::handoff::copy_block(&hit.block, exptime) {
                 self.copy(k, wire);
             }
         }
@@ -946,7 +946,7 @@ pub(crate) enum MetaPlan {
     /// and `ma … N` copy first, `ms` stores on the new owner, `ms … C` is
     /// tried on the previous owner after an `EX`/`NF`, `md` deletes from
     /// both).
-    Key(Placement<crate::handoff::MetaMove>),
+    Key(Placement<crate::plan::handoff::MetaMove>),
 }
 
 /// Plans the meta request `request` (whose bytes are `bytes`) on `topology`.
@@ -1026,8 +1026,8 @@ pub(crate) fn meta_copy(request: &MetaRequest, bytes: &Bytes) -> Bytes {
 /// Which hand-off steps a meta request on a moved key takes; `None` when
 /// the new owner alone answers it (a lease, `me`, `ms` in a mode that needs
 /// nothing of the previous owner).
-fn meta_move(request: &MetaRequest, bytes: &Bytes) -> Option<crate::handoff::MetaMove> {
-    use crate::handoff::MetaMove;
+fn meta_move(request: &MetaRequest, bytes: &Bytes) -> Option<crate::plan::handoff::MetaMove> {
+    use crate::plan::handoff::MetaMove;
     let set_mode = matches!(
         request.mode.map(|m| m.to_ascii_uppercase()),
         None | Some(b'S')
@@ -1037,7 +1037,7 @@ fn meta_move(request: &MetaRequest, bytes: &Bytes) -> Option<crate::handoff::Met
             // The previous owner is asked for what a copy needs too; those
             // flags are left out of the client's answer.
             let line = &bytes[..request.line_len as usize];
-            let (line, added) = crate::handoff::meta_read_through_line(line, |flag| {
+            let (line, added) = crate::plan::handoff::meta_read_through_line(line, |flag| {
                 request.flags(bytes).any(|(f, _)| f == flag)
             });
             let mut wire: crate::protocol::encode::Outbound = smallvec::smallvec![line];
@@ -1416,7 +1416,7 @@ mod tests {
     /// any socket: the same machine runs them for both dialects.
     #[test]
     fn meta_requests_on_moved_keys_plan_the_hand_off_steps_by_command() {
-        use crate::handoff::MetaMove;
+        use crate::plan::handoff::MetaMove;
         let (_runtime, old, new) = crate::topology::tests::four_then_five();
         let owner = |t: &Topology, key: &str| t.owner_index(key.as_bytes()).unwrap();
         let moved = (0..2000)

@@ -1,0 +1,20 @@
+//! The pure planner: what to send for one client request, and how the
+//! servers' replies become the client's. No I/O, no sockets, no output
+//! queues: the session sends what a plan says and feeds the replies back.
+//!
+//! - [`placement`]: where one key's request goes on the ring(s), for both
+//!   dialects: owner, replicas, and in a hand-off window the previous owner
+//!   and the older owners a write deletes it from.
+//! - [`route`]: the request plan: which servers get which bytes, and how
+//!   their replies (multi-get merge, quorum, fall-through) become the
+//!   client's.
+//! - [`handoff`]: one state machine for a command on a key whose owner just
+//!   changed (read through, copy, delete from both), in either dialect, and
+//!   the takeover of a `cas` the new owner refuses.
+//! - [`replicated_cas`]: a compare-and-swap with replicas: decided on the
+//!   owner, copied to the other replicas.
+
+pub(crate) mod handoff;
+pub(crate) mod placement;
+pub(crate) mod replicated_cas;
+pub(crate) mod route;
