@@ -61,9 +61,9 @@ pub(crate) enum Plan {
     /// owners in older rings, awaited before the answer (so no older copy
     /// stays where a lagging sidecar, or this one after an undo, would read
     /// it); a `cas` with replicas is decided on the owner and `set` on the
-    /// others before any later request of the client (in a window tried on
-    /// the previous owner after `NOT_FOUND`/`EXISTS`); a moved key's request
-    /// is run by `handoff::Moved`.
+    /// others before any later request of the client (in a window, a refusal
+    /// of the owner is taken over by `handoff::cas::CasTakeover`); a moved
+    /// key's request is run by `handoff::Moved`.
     Key(Placement<()>),
     /// Every server gets it (`flush_all`); `OK` only if all say `OK`.
     Broadcast { servers: Servers },
@@ -244,25 +244,6 @@ pub(crate) fn all_ok<'a>(
     } else {
         Err(failed)
     }
-}
-
-/// `cas <key> <flags> <exptime> <bytes> <unique> [noreply]` + data, rewritten
-/// as `set <key> <flags> <exptime> <bytes>` + the same data, to copy a value
-/// the owner stored to the other replicas.
-pub(crate) fn cas_as_set(request: &Request, bytes: &Bytes) -> SmallVec<[Bytes; 3]> {
-    let line = &bytes[..request.args_end as usize];
-    let fields: SmallVec<[&[u8]; 8]> = line
-        .split(|&b| b == b' ')
-        .filter(|f| !f.is_empty())
-        .collect();
-    let mut head = BytesMut::with_capacity(line.len());
-    head.put_slice(b"set");
-    for field in fields.iter().skip(1).take(4) {
-        head.put_u8(b' ');
-        head.put_slice(field);
-    }
-    head.put_slice(b"\r\n");
-    smallvec::smallvec![head.freeze(), bytes.slice(request.line_len as usize..)]
 }
 
 /// Where one key of a retrieval stands.
@@ -943,9 +924,9 @@ pub(crate) enum MetaPlan {
     /// order. A moved key's request is run by `handoff::Moved` in the steps
     /// named (`mg` reads through, `ma`/`ms` in append, prepend or replace
     /// mode and `mg … T` copy when the new owner lacks the key, `ms … ME`
-    /// and `ma … N` copy first, `ms` stores on the new owner, `ms … C` is
-    /// tried on the previous owner after an `EX`/`NF`, `md` deletes from
-    /// both).
+    /// and `ma … N` copy first, `ms` stores on the new owner, `ms … C`
+    /// refused with `EX`/`NF` is taken over as a classic `cas`, `md`
+    /// deletes from both).
     Key(Placement<crate::plan::handoff::MetaMove>),
 }
 
@@ -1389,13 +1370,6 @@ mod tests {
             Err(vec!["b"])
         );
         assert_eq!(all_ok([("a", &good)].into_iter()), Ok(()));
-    }
-
-    #[test]
-    fn cas_is_copied_to_replicas_as_a_plain_set() {
-        let (request, bytes) = request(b"cas k 5 10 3 99 noreply\r\nabc\r\n");
-        let copy: Vec<u8> = cas_as_set(&request, &bytes).concat();
-        assert_eq!(copy, b"set k 5 10 3\r\nabc\r\n");
     }
 
     #[test]

@@ -138,10 +138,37 @@ pub fn printable_key(key: &[u8]) -> Cow<'_, str> {
     }
 }
 
+/// `cas <key> <flags> <exptime> <bytes> <unique> [noreply]` + data, rewritten
+/// as `set <key> <flags> <exptime> <bytes>` + the same data, to copy a value
+/// the owner stored to the other replicas.
+pub(crate) fn cas_as_set(request: &Request, bytes: &Bytes) -> Outbound {
+    let line = &bytes[..request.args_end as usize];
+    let fields: SmallVec<[&[u8]; 8]> = line
+        .split(|&b| b == b' ')
+        .filter(|f| !f.is_empty())
+        .collect();
+    let mut head = BytesMut::with_capacity(line.len());
+    head.put_slice(b"set");
+    for field in fields.iter().skip(1).take(4) {
+        head.put_u8(b' ');
+        head.put_slice(field);
+    }
+    head.put_slice(b"\r\n");
+    smallvec::smallvec![head.freeze(), bytes.slice(request.line_len as usize..)]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::protocol::{parse_request, Limits};
+
+    #[test]
+    fn cas_is_copied_to_replicas_as_a_plain_set() {
+        let bytes = Bytes::from_static(b"cas k 5 10 3 99 noreply\r\nabc\r\n");
+        let (request, _) = parse_request(&bytes, &Limits::default()).unwrap().unwrap();
+        let copy: Vec<u8> = cas_as_set(&request, &bytes).concat();
+        assert_eq!(copy, b"set k 5 10 3\r\nabc\r\n");
+    }
 
     #[test]
     fn sub_get_round_trips_through_the_parser() {

@@ -74,7 +74,7 @@ impl ClientSession {
                 // The copies go out before any later request of this client,
                 // so a later write to the key cannot be overtaken by them.
                 let expect = Expect::Line(LineKind::Storage);
-                let copy = || route::cas_as_set(&entry.request, &entry.bytes);
+                let copy = || crate::protocol::encode::cas_as_set(&entry.request, &entry.bytes);
                 let (part, copied, hot) = (&mut cas.part, &mut cas.copied, entry.hot.as_ref());
                 let cas_copy = CasCopy {
                     wire: &copy,

@@ -147,7 +147,7 @@ impl ClientSession {
         // `noreply` is stripped (as for the primary): the shadow always
         // answers, so its connection stays in step.
         let wire = if command == Command::Cas {
-            route::cas_as_set(request, bytes)
+            crate::protocol::encode::cas_as_set(request, bytes)
         } else {
             forwardable(bytes, request)
         };

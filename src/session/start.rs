@@ -179,17 +179,8 @@ impl ClientSession {
             }) => {
                 // A moved key's cas the owner refuses is taken over as
                 // without replicas.
-                let previous = previous.map(|previous| {
-                    let key = bytes.slice_ref(request.key(&bytes, 0));
-                    let takeover = CasTakeover::new(
-                        key,
-                        None,
-                        forwardable(&bytes, &request),
-                        Expect::Line(LineKind::Storage),
-                        route::cas_as_set(&request, &bytes),
-                    );
-                    (previous, takeover)
-                });
+                let previous =
+                    previous.map(|previous| (previous, CasTakeover::classic(&request, &bytes)));
                 Work::Cas(Box::new(CasWork {
                     part: Part::new(owner),
                     machine: crate::plan::replicated_cas::ReplicatedCas::new(
@@ -210,26 +201,22 @@ impl ClientSession {
                 previous,
                 forget,
                 ..
-            }) => {
-                let as_set =
-                    (request.command == Command::Cas).then(|| route::cas_as_set(&request, &bytes));
-                match Moved::new(&request, &bytes, as_set) {
-                    Some(machine) => Work::Moved(Box::new(MovedWork {
-                        machine,
-                        owner,
-                        previous,
-                        forget,
-                        waiting: SmallVec::new(),
-                        part: None,
-                        copies: SmallVec::new(),
-                        answer: None,
-                    })),
-                    None => Work::Lines {
-                        parts: smallvec::smallvec![Part::new(owner)],
-                        finish: Finish::Forward,
-                    },
-                }
-            }
+            }) => match Moved::new(&request, &bytes) {
+                Some(machine) => Work::Moved(Box::new(MovedWork {
+                    machine,
+                    owner,
+                    previous,
+                    forget,
+                    waiting: SmallVec::new(),
+                    part: None,
+                    copies: SmallVec::new(),
+                    answer: None,
+                })),
+                None => Work::Lines {
+                    parts: smallvec::smallvec![Part::new(owner)],
+                    finish: Finish::Forward,
+                },
+            },
         };
         self.push(Entry {
             command: request.command,

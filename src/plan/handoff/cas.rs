@@ -21,10 +21,11 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::{fetch_line, meta_expect, CallResult, Owner, ValueReply};
-use crate::protocol::encode::Outbound;
+use crate::protocol::encode::{cas_as_set, forwardable, Outbound};
 use crate::protocol::meta::reply::{cas_refused, stored};
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::reply::{Expect, LineKind};
+use crate::protocol::Request;
 
 /// What to do next.
 #[derive(Debug)]
@@ -68,7 +69,7 @@ pub(crate) struct CasTakeover {
     cas: Outbound,
     expect: Expect,
     /// The store without its unique: `set k <flags> <exptime> <bytes>` and
-    /// the data (see `route::cas_as_set`), or for meta the `ms` without `C`
+    /// the data (see `encode::cas_as_set`), or for meta the `ms` without `C`
     /// and `q` (see `route::meta_copy`).
     store: Outbound,
     stage: Stage,
@@ -102,6 +103,17 @@ impl CasTakeover {
             owner_item: None,
             stored: None,
         }
+    }
+
+    /// A takeover for a classic `cas` request.
+    pub(crate) fn classic(request: &Request, bytes: &Bytes) -> CasTakeover {
+        CasTakeover::new(
+            bytes.slice_ref(request.key(bytes, 0)),
+            None,
+            forwardable(bytes, request),
+            Expect::Line(LineKind::Storage),
+            cas_as_set(request, bytes),
+        )
     }
 
     /// Whether the new owner's reply to the `cas` is a refusal that the

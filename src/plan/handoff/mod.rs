@@ -156,21 +156,16 @@ struct Meta {
 }
 
 impl Moved {
-    /// `None` when the command needs only the new owner. `as_set` is the
-    /// request rewritten as a `set` (for `cas`; see `route::cas_as_set`).
-    pub(crate) fn new(request: &Request, bytes: &Bytes, as_set: Option<Outbound>) -> Option<Moved> {
+    /// `None` when the command needs only the new owner.
+    pub(crate) fn new(request: &Request, bytes: &Bytes) -> Option<Moved> {
         let kind = kind_of(request.command)?;
         let key = bytes.slice_ref(request.key(bytes, 0));
-        let expect = Expect::Line(request.command.reply_line().unwrap_or(LineKind::Storage));
-        let wire = forwardable(bytes, request);
-        let takeover = as_set
-            .filter(|_| kind == Kind::Cas)
-            .map(|store| CasTakeover::new(key.clone(), None, wire.clone(), expect.clone(), store));
+        let takeover = (kind == Kind::Cas).then(|| CasTakeover::classic(request, bytes));
         Some(Moved {
             kind,
             stage: Stage::Start,
-            request: wire,
-            expect,
+            request: forwardable(bytes, request),
+            expect: Expect::Line(request.command.reply_line().unwrap_or(LineKind::Storage)),
             key,
             meta: None,
             first: None,
@@ -1005,12 +1000,7 @@ mod tests {
     fn moved(line: &'static [u8]) -> Moved {
         let bytes = Bytes::from_static(line);
         let (request, _) = parse_request(&bytes, &Limits::default()).unwrap().unwrap();
-        // What `route::cas_as_set` makes of the cas request in these tests.
-        let as_set: Outbound = smallvec::smallvec![
-            Bytes::from_static(b"set k 0 0 1\r\n"),
-            Bytes::from_static(b"z\r\n")
-        ];
-        Moved::new(&request, &bytes, Some(as_set)).unwrap()
+        Moved::new(&request, &bytes).unwrap()
     }
 
     fn ok(reply: &'static [u8]) -> CallResult {
