@@ -75,6 +75,17 @@ impl OutQueue {
     }
 }
 
+/// A client's replies are rendered straight into its queue.
+impl crate::protocol::encode::ReplyWriter for OutQueue {
+    fn piece(&mut self, piece: Bytes) {
+        self.push(piece);
+    }
+
+    fn text(&mut self) -> &mut BytesMut {
+        self.scratch()
+    }
+}
+
 /// The sealed chunks, for `write_buf` (vectored writes).
 impl Buf for OutQueue {
     fn remaining(&self) -> usize {

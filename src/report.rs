@@ -49,7 +49,7 @@ pub(crate) fn write_shadow_stats(out: &mut BytesMut, layout: &Layout) {
 pub(crate) fn write_stats(out: &mut BytesMut, stats: &Stats, layout: &Layout) {
     let topology = layout.default_topology();
     let topology = &*topology;
-    let now = crate::topology::unix_now();
+    let now = crate::clock::unix_now();
     write_stat(out, "pid", &std::process::id());
     write_stat(out, "uptime", &stats.uptime_seconds());
     write_stat(out, "time", &now);

@@ -96,18 +96,10 @@ pub struct Previous {
     pub until_unix: u64,
 }
 
-/// Seconds since the Unix epoch (0 if the clock is before it), as memcached's
-/// `time` and its absolute exptimes count them.
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 impl Previous {
     /// A window over `ring` (members `members`) ending after `window`.
     pub fn new(ring: Ring, members: Box<[String]>, window: std::time::Duration) -> Previous {
-        let now_unix = unix_now();
+        let now_unix = crate::clock::unix_now();
         Previous {
             ring,
             members,

@@ -16,29 +16,8 @@ use smallvec::SmallVec;
 use crate::error::BackendError;
 use crate::wake::Wake;
 
-/// One framed part of a reply.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Got {
-    /// A whole `VALUE` block (header, data, `\r\n`) of a retrieval.
-    Value(Bytes),
-    /// The one line of a one-line reply, or an error line that ended a
-    /// retrieval.
-    Line(Bytes),
-}
-
-impl Got {
-    /// The bytes this piece holds.
-    pub fn len(&self) -> usize {
-        match self {
-            Got::Value(bytes) | Got::Line(bytes) => bytes.len(),
-        }
-    }
-
-    /// Never empty; for clippy's `len` convention.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
+// The framed pieces are the protocol's: the planner reads them too.
+pub use crate::protocol::reply::Got;
 
 #[derive(Debug, Default)]
 struct State {

@@ -5,9 +5,9 @@
 //! [`place`] is the one decision classic and meta requests share: each
 //! dialect describes its request as a [`KeyOp`] and turns the [`Placement`]
 //! into its own plan (`route::plan`, `route::plan_meta`), which adds only
-//! what the dialect spells differently. Pure: no I/O, no clock.
+//! what the dialect spells differently. Pure: no I/O, no clock, and no live
+//! health: what it knows of health is a [`HealthView`] taken once per turn.
 
-use crate::backend::health::HealthState;
 use crate::topology::Topology;
 use smallvec::SmallVec;
 
@@ -17,6 +17,41 @@ pub(crate) type Servers = SmallVec<[usize; 4]>;
 /// Replies needed to answer a replicated write: a majority.
 pub(crate) fn quorum(replicas: usize) -> usize {
     replicas / 2 + 1
+}
+
+/// Which servers (indexes into `Topology::backends`) were DEAD when the
+/// view was taken: the health the planner goes by. The session takes one
+/// per turn and per topology ([`Topology::health_view`]); only replicated
+/// reads consult it (healthy replicas are asked first), so without replicas
+/// it is empty and costs nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct HealthView {
+    /// One bit per server.
+    dead: Vec<u64>,
+}
+
+impl HealthView {
+    /// Knows of no DEAD server.
+    pub(crate) const NONE: HealthView = HealthView { dead: Vec::new() };
+
+    /// A view with `dead` DEAD, reusing this one's storage.
+    pub(crate) fn refill(&mut self, dead: impl IntoIterator<Item = usize>) {
+        self.dead.clear();
+        for server in dead {
+            let (word, bit) = (server / 64, server % 64);
+            if self.dead.len() <= word {
+                self.dead.resize(word + 1, 0);
+            }
+            self.dead[word] |= 1 << bit;
+        }
+    }
+
+    /// Whether `server` was DEAD when the view was taken.
+    pub(crate) fn is_dead(&self, server: usize) -> bool {
+        self.dead
+            .get(server / 64)
+            .is_some_and(|word| word & (1 << (server % 64)) != 0)
+    }
 }
 
 /// What the placement needs to know of a request on one key.
@@ -137,13 +172,15 @@ impl<M> Placement<M> {
 }
 
 /// Places a request described by `op` on `key` (its routing key: a meta `b`
-/// key decoded) in `topology`. `steps`: how the hand-off machine runs it on
-/// a moved key, `None` when the new owner alone answers it.
+/// key decoded) in `topology`, whose servers' health is `health`. `steps`:
+/// how the hand-off machine runs it on a moved key, `None` when the new
+/// owner alone answers it.
 pub(crate) fn place<M>(
     key: &[u8],
     op: KeyOp,
     steps: Option<M>,
     topology: &Topology,
+    health: &HealthView,
 ) -> Placement<M> {
     let replicas = topology.config.replicas.max(1);
     if replicas == 1 || op.owner_only {
@@ -195,7 +232,7 @@ pub(crate) fn place<M>(
     match op.kind {
         KeyKind::Read => {
             // Healthy replicas first; ring order otherwise.
-            servers.sort_by_key(|&s| topology.backends[s].state() == HealthState::Dead);
+            servers.sort_by_key(|&s| health.is_dead(s));
             // In a window the previous ring's replicas come after the
             // current ones, and a miss falls through to them.
             let current = servers.len();
@@ -259,6 +296,13 @@ mod tests {
 
     const READ: KeyOp = KeyOp::READ;
 
+    /// A view with `dead` DEAD.
+    fn with_dead(dead: impl IntoIterator<Item = usize>) -> HealthView {
+        let mut view = HealthView::default();
+        view.refill(dead);
+        view
+    }
+
     #[test]
     fn quorum_is_a_majority() {
         assert_eq!((quorum(1), quorum(2), quorum(3), quorum(5)), (1, 2, 2, 3));
@@ -288,7 +332,7 @@ mod tests {
         let previous = new.previous_owner(moved.as_bytes(), owner).unwrap();
         for op in [KeyOp::classic(false), KeyOp::classic(true), READ] {
             assert_eq!(
-                place(moved.as_bytes(), op, STEPS, &new),
+                place(moved.as_bytes(), op, STEPS, &new, &HealthView::NONE),
                 Placement::Moved {
                     owner,
                     previous,
@@ -300,13 +344,13 @@ mod tests {
             );
             assert!(
                 matches!(
-                    place(stayed.as_bytes(), op, STEPS, &new),
+                    place(stayed.as_bytes(), op, STEPS, &new, &HealthView::NONE),
                     Placement::Owner { .. }
                 ),
                 "{op:?}"
             );
             // Outside a window: the owner, with the hash hot keys count.
-            let placed = place(moved.as_bytes(), op, STEPS, &old);
+            let placed = place(moved.as_bytes(), op, STEPS, &old, &HealthView::NONE);
             let (server, hash) = old.owner_index_hashed(moved.as_bytes());
             assert_eq!(
                 placed,
@@ -325,7 +369,7 @@ mod tests {
         };
         for (op, steps) in [(READ, None), (refused, STEPS)] {
             assert!(
-                matches!(place(moved.as_bytes(), op, steps, &new), Placement::Owner { server, .. } if server == owner),
+                matches!(place(moved.as_bytes(), op, steps, &new, &HealthView::NONE), Placement::Owner { server, .. } if server == owner),
                 "{op:?}"
             );
         }
@@ -338,7 +382,7 @@ mod tests {
         let mut replicas = Servers::new();
         new.replicas(key, &mut replicas);
         assert_eq!(replicas.len(), 2);
-        match place(key, KeyOp::classic(false), STEPS, &new) {
+        match place(key, KeyOp::classic(false), STEPS, &new, &HealthView::NONE) {
             Placement::Quorum {
                 servers,
                 quorum,
@@ -351,14 +395,14 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        match place(key, KeyOp::classic(true), STEPS, &new) {
+        match place(key, KeyOp::classic(true), STEPS, &new, &HealthView::NONE) {
             Placement::CasThenCopy { owner, copies, .. } => {
                 assert_eq!(owner, replicas[0]);
                 assert_eq!(copies[0], replicas[1]);
             }
             other => panic!("{other:?}"),
         }
-        match place(key, READ, STEPS, &new) {
+        match place(key, READ, STEPS, &new, &HealthView::NONE) {
             Placement::ReadThrough {
                 servers,
                 current,
@@ -376,7 +420,7 @@ mod tests {
             ..READ
         };
         assert!(matches!(
-            place(key, lease, STEPS, &new),
+            place(key, lease, STEPS, &new, &HealthView::NONE),
             Placement::Owner { server, .. } if server == replicas[0]
         ));
     }
@@ -398,12 +442,48 @@ mod tests {
                 kind: KeyKind::Cas { retry_elsewhere },
                 ..KeyOp::classic(true)
             };
-            match place(moved.as_bytes(), op, STEPS, &new) {
+            match place(moved.as_bytes(), op, STEPS, &new, &HealthView::NONE) {
                 Placement::CasThenCopy { previous, .. } => previous,
                 other => panic!("{other:?}"),
             }
         };
         assert!(cas(true).is_some());
         assert_eq!(cas(false), None);
+    }
+
+    #[test]
+    fn a_replicated_read_asks_the_replicas_the_view_holds_dead_last() {
+        let (_runtime, _old, new) = four_then_five_with("replicas = 2\n");
+        let key = b"some-key";
+        let mut replicas = Servers::new();
+        new.replicas(key, &mut replicas);
+        let read = |health: &HealthView| match place(key, READ, STEPS, &new, health) {
+            Placement::ReadThrough { servers, .. } => servers,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(read(&HealthView::NONE)[..2], replicas[..]);
+        let owner_dead = with_dead([replicas[0]]);
+        assert_eq!(read(&owner_dead)[..2], [replicas[1], replicas[0]]);
+        // Writes and a cas go by the ring alone: health decides only the
+        // order a read asks in.
+        assert_eq!(
+            place(key, KeyOp::classic(false), STEPS, &new, &owner_dead),
+            place(key, KeyOp::classic(false), STEPS, &new, &HealthView::NONE)
+        );
+    }
+
+    #[test]
+    fn a_health_view_knows_exactly_the_servers_it_was_given() {
+        let mut view = with_dead([0, 3, 64, 130]);
+        for server in 0..200 {
+            assert_eq!(
+                view.is_dead(server),
+                [0, 3, 64, 130].contains(&server),
+                "{server}"
+            );
+        }
+        view.refill([5]);
+        assert!(view.is_dead(5) && !view.is_dead(0) && !view.is_dead(130));
+        assert!(!HealthView::NONE.is_dead(0));
     }
 }

@@ -21,11 +21,11 @@ use bytes::{BufMut, Bytes, BytesMut};
 pub(crate) use crate::protocol::meta::reply::meta_is_miss;
 use smallvec::SmallVec;
 
-use crate::backend::slot::Got;
 use crate::error::BackendError;
-use crate::outbuf::OutQueue;
-use crate::plan::placement::{place, KeyKind, KeyOp, Placement, Servers};
+use crate::plan::placement::{place, HealthView, KeyKind, KeyOp, Placement, Servers};
+use crate::protocol::encode::ReplyWriter;
 use crate::protocol::meta::{MetaCommand, MetaRequest};
+use crate::protocol::reply::Got;
 use crate::protocol::request::{Keys, Span};
 use crate::protocol::{Command, Request};
 use crate::topology::Topology;
@@ -93,9 +93,10 @@ impl Reuse {
         request: &Request,
         bytes: &Bytes,
         topology: &Topology,
+        health: &HealthView,
     ) -> Box<Retrieval> {
         let mut retrieval = self.retrievals.pop().unwrap_or_default();
-        retrieval.plan(request, bytes.clone(), topology);
+        retrieval.plan(request, bytes.clone(), topology, health);
         retrieval
     }
 
@@ -109,12 +110,14 @@ impl Reuse {
     }
 }
 
-/// Plans `request` (whose bytes are `bytes`) on `topology`; a retrieval
-/// is planned into storage `reuse` kept from an earlier one.
+/// Plans `request` (whose bytes are `bytes`) on `topology`, whose servers'
+/// health is `health`; a retrieval is planned into storage `reuse` kept
+/// from an earlier one.
 pub(crate) fn plan(
     request: &Request,
     bytes: &Bytes,
     topology: &Topology,
+    health: &HealthView,
     reuse: &mut Reuse,
 ) -> Plan {
     match request.command {
@@ -140,13 +143,13 @@ pub(crate) fn plan(
             servers: (0..topology.backends.len()).collect(),
         },
         command if command.is_retrieval() => {
-            Plan::Retrieve(reuse.retrieval(request, bytes, topology))
+            Plan::Retrieve(reuse.retrieval(request, bytes, topology, health))
         }
         _ => {
             let op = KeyOp::classic(request.command == Command::Cas);
             // Every classic write is handed off (see `handoff::needs_handoff`).
             let steps = crate::plan::handoff::needs_handoff(request.command).then_some(());
-            Plan::Key(place(request.key(bytes, 0), op, steps, topology))
+            Plan::Key(place(request.key(bytes, 0), op, steps, topology, health))
         }
     }
 }
@@ -383,7 +386,7 @@ impl Default for Retrieval {
 impl Retrieval {
     /// Plans the retrieval `request` (bytes `bytes`) on `topology` into
     /// this storage, keeping the capacity of its lists.
-    fn plan(&mut self, request: &Request, bytes: Bytes, topology: &Topology) {
+    fn plan(&mut self, request: &Request, bytes: Bytes, topology: &Topology, health: &HealthView) {
         let replicas = topology.config.replicas.max(1);
         let handoff = topology.previous.is_some();
         // During a window a miss falls through every candidate: with
@@ -395,7 +398,7 @@ impl Retrieval {
             let key = request.key(&self.bytes, i);
             // The key's servers, and how many of them own it now (the rest
             // owned it in the previous ring: asked after a miss).
-            let (servers, current) = match place(key, KeyOp::READ, Some(()), topology) {
+            let (servers, current) = match place(key, KeyOp::READ, Some(()), topology, health) {
                 Placement::Owner { server, hash } => {
                     self.hashes.extend(hash);
                     (smallvec::smallvec![server], 1)
@@ -701,14 +704,15 @@ impl Retrieval {
         line
     }
 
-    /// A piece of sub-request `sub`'s reply arrived.
-    pub(crate) fn on_piece(&mut self, sub: u32, got: Got) {
+    /// A piece of sub-request `sub`'s reply arrived, at Unix time `now`
+    /// (what a read-through copy's remaining TTL is counted from).
+    pub(crate) fn on_piece(&mut self, sub: u32, got: Got, now: u64) {
         let Some(entry) = self.subs.get_mut(sub as usize) else {
             return;
         };
         if entry.meta {
             if let Got::Line(reply) = got {
-                self.on_read_through(sub, &reply);
+                self.on_read_through(sub, &reply, now);
             }
             return;
         }
@@ -756,7 +760,7 @@ impl Retrieval {
     }
 
     /// The previous owner's reply to a read-through `mg` (sub-request `sub`).
-    fn on_read_through(&mut self, sub: u32, reply: &Bytes) {
+    fn on_read_through(&mut self, sub: u32, reply: &Bytes, now: u64) {
         let entry = &mut self.subs[sub as usize];
         let k = entry.keys[0] as usize;
         if reply.starts_with(b"EN\r\n") {
@@ -765,7 +769,6 @@ impl Retrieval {
         }
         let name = self.keys[k].of(&self.bytes);
         let with_cas = self.command == Command::Gets;
-        let now = crate::topology::unix_now();
         let Some(hit) = crate::plan::handoff::read_through_hit(name, reply, with_cas, now) else {
             // An error line (or a reply memring cannot use): as a failure.
             entry.error_line = Some(reply.clone());
@@ -838,14 +841,14 @@ impl Retrieval {
     /// Writes every value that can go to the client now, in key order; once
     /// every key is settled, the closing `END` (or, when no server answered
     /// at all, the error). Returns true when the reply is complete.
-    pub(crate) fn emit(&mut self, out: &mut OutQueue) -> bool {
+    pub(crate) fn emit(&mut self, out: &mut impl ReplyWriter) -> bool {
         if !self.emit_values(out) {
             return false;
         }
         match self.split {
             Split::Part => return true,
             Split::Last => {
-                out.push_slice(b"END\r\n");
+                out.text().extend_from_slice(b"END\r\n");
                 return true;
             }
             Split::Whole => {}
@@ -854,24 +857,24 @@ impl Retrieval {
             // A multi-get answers with what the healthy servers hold; only
             // when no server answered is the whole reply an error.
             if let Some(error) = &self.first_error {
-                crate::protocol::encode::write_server_error(out.scratch(), error);
+                crate::protocol::encode::write_server_error(out.text(), error);
                 return true;
             }
             if let [only] = &self.subs[..] {
                 if let Some(line) = &only.error_line {
                     // One server's own error, as memcached gave it.
-                    out.push(line.clone());
+                    out.piece(line.clone());
                     return true;
                 }
             }
         }
-        out.push_slice(b"END\r\n");
+        out.text().extend_from_slice(b"END\r\n");
         true
     }
 
     /// Writes every value that can go to the client now, in key order, and
     /// never the end of the reply; true once every key is settled.
-    pub(crate) fn emit_values(&mut self, out: &mut OutQueue) -> bool {
+    pub(crate) fn emit_values(&mut self, out: &mut impl ReplyWriter) -> bool {
         while self.next_emit < self.keys.len() {
             match std::mem::replace(&mut self.state[self.next_emit], KeyState::Missed) {
                 KeyState::Found(block) => {
@@ -880,7 +883,7 @@ impl Retrieval {
                     if let Some(answers) = &mut self.answers {
                         answers.push((self.next_emit as u32, Some(block.clone())));
                     }
-                    out.push(block);
+                    out.piece(block);
                 }
                 KeyState::Missed => {
                     if let Some(answers) = &mut self.answers {
@@ -947,6 +950,7 @@ pub(crate) fn plan_meta(
     bytes: &Bytes,
     key: &[u8],
     topology: &Topology,
+    health: &HealthView,
 ) -> MetaPlan {
     if request.command == MetaCommand::Noop {
         return MetaPlan::Reply(b"MN\r\n");
@@ -981,7 +985,7 @@ pub(crate) fn plan_meta(
             || request.backend_error.is_some(),
         hands_off: request.backend_error.is_none(),
     };
-    MetaPlan::Key(place(key, op, what, topology))
+    MetaPlan::Key(place(key, op, what, topology, health))
 }
 
 /// The request without its `C` and `q` flags: what a mutation the owner
@@ -1080,6 +1084,7 @@ mod tests {
     use super::*;
 
     use crate::error::BackendErrorKind;
+    use crate::outbuf::OutQueue;
     use crate::protocol::meta::parse_meta;
     use crate::protocol::{parse_request, Limits};
 
@@ -1148,12 +1153,12 @@ mod tests {
         );
         let mut out = OutQueue::default();
         // Server 0 answers first; nothing can go out before `c` is settled.
-        r.on_piece(1, value("a", "1"));
-        r.on_piece(1, value("a", "1"));
+        r.on_piece(1, value("a", "1"), 0);
+        r.on_piece(1, value("a", "1"), 0);
         r.on_done(1, Ok(()));
         assert!(!r.emit(&mut out));
         assert_eq!(drain(&mut out), "");
-        r.on_piece(0, value("c", "3"));
+        r.on_piece(0, value("c", "3"), 0);
         assert!(!r.emit(&mut out));
         assert_eq!(drain(&mut out), "VALUE c 0 1\r\n3\r\nVALUE a 0 1\r\n1\r\n");
         r.on_done(0, Ok(()));
@@ -1172,7 +1177,7 @@ mod tests {
             false,
         ));
         let subs = kept.next_chunk(2);
-        kept.on_piece(subs[0].id, value("c", "3"));
+        kept.on_piece(subs[0].id, value("c", "3"), 0);
         kept.on_done(subs[1].id, Err(failed("s0")));
         let mut reuse = Reuse::default();
         reuse.keep(kept, 1);
@@ -1193,7 +1198,7 @@ mod tests {
                 (4, Bytes::from_static(b"get y\r\n"))
             ]
         );
-        again.on_piece(subs[1].id, value("y", "2"));
+        again.on_piece(subs[1].id, value("y", "2"), 0);
         again.on_done(subs[1].id, Ok(()));
         again.on_done(subs[0].id, Ok(()));
         let mut out = OutQueue::default();
@@ -1250,9 +1255,9 @@ mod tests {
             (retry[0].server, &retry[0].line[..]),
             (1, &b"get a\r\n"[..])
         );
-        r.on_piece(1, value("b", "2"));
+        r.on_piece(1, value("b", "2"), 0);
         r.on_done(1, Ok(()));
-        r.on_piece(retry[0].id, value("a", "1"));
+        r.on_piece(retry[0].id, value("a", "1"), 0);
         r.on_done(retry[0].id, Ok(()));
         let mut out = OutQueue::default();
         assert!(r.emit(&mut out));
@@ -1287,7 +1292,7 @@ mod tests {
         let mut some = retrieval(b"get a b\r\n", &[&[0], &[1]], false);
         some.next_chunk(100);
         some.on_done(0, Err(failed("s0")));
-        some.on_piece(1, value("b", "2"));
+        some.on_piece(1, value("b", "2"), 0);
         some.on_done(1, Ok(()));
         assert!(some.emit(&mut out));
         assert_eq!(drain(&mut out), "VALUE b 0 1\r\n2\r\nEND\r\n");
@@ -1300,6 +1305,7 @@ mod tests {
         r.on_piece(
             0,
             Got::Line(Bytes::from_static(b"SERVER_ERROR out of memory\r\n")),
+            0,
         );
         r.on_done(0, Ok(()));
         let mut out = OutQueue::default();
@@ -1404,7 +1410,13 @@ mod tests {
         let plan = |line: String| {
             let bytes = Bytes::from(line);
             let (request, _) = parse_meta(&bytes, &Limits::default()).unwrap().unwrap();
-            plan_meta(&request, &bytes, &request.routing_key(&bytes), &new)
+            plan_meta(
+                &request,
+                &bytes,
+                &request.routing_key(&bytes),
+                &new,
+                &HealthView::NONE,
+            )
         };
         let steps = |line: &str| match plan(line.replace("KEY", &moved)) {
             MetaPlan::Key(Placement::Moved {

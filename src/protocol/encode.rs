@@ -12,6 +12,15 @@ use smallvec::SmallVec;
 use super::reply::ValueBlocks;
 use super::{Command, Request};
 
+/// Where a reply to the client is rendered: the planner writes into it
+/// without knowing what holds the bytes (the session's output queue).
+pub(crate) trait ReplyWriter {
+    /// Appends a piece as it arrived from a server (a value block).
+    fn piece(&mut self, piece: Bytes);
+    /// Where memring's own bytes are written (copied).
+    fn text(&mut self) -> &mut BytesMut;
+}
+
 /// A request on its way to a backend, as slices of the client's bytes (values are
 /// never copied to build it).
 pub type Outbound = SmallVec<[Bytes; 3]>;

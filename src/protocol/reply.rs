@@ -10,12 +10,37 @@
 //! [`frame_reply`] and [`ValueBlocks`] are the lenient framers test clients and
 //! benches use to find message boundaries. Pure: no I/O here.
 
+use bytes::Bytes;
 use memchr::memchr;
 use nom::bytes::complete::{tag, take_till1};
 use nom::character::complete::{char as one_char, u32 as decimal_u32, u64 as decimal_u64};
 use nom::combinator::{all_consuming, opt};
 use nom::sequence::preceded;
 use nom::Parser;
+
+/// One framed part of a reply, as [`next_piece`] cuts it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Got {
+    /// A whole `VALUE` block (header, data, `\r\n`) of a retrieval.
+    Value(Bytes),
+    /// The one line of a one-line reply, or an error line that ended a
+    /// retrieval.
+    Line(Bytes),
+}
+
+impl Got {
+    /// The bytes this piece holds.
+    pub fn len(&self) -> usize {
+        match self {
+            Got::Value(bytes) | Got::Line(bytes) => bytes.len(),
+        }
+    }
+
+    /// Never empty; for clippy's `len` convention.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
 
 /// How a test client finds the end of a reply (see [`frame_reply`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -138,7 +138,9 @@ impl ClientSession {
                             let Some(result) = part.result.take() else {
                                 return false;
                             };
-                            let step = moved.machine.on_reply(result, crate::topology::unix_now());
+                            let step = moved
+                                .machine
+                                .on_reply(result, self.worker.clock.unix_seconds());
                             self.meta_moved(&topology, moved, part, step, entry.hot.as_ref());
                         }
                         true
@@ -223,7 +225,9 @@ impl ClientSession {
                     let Some(result) = part.result.take() else {
                         return false;
                     };
-                    let step = moved.machine.on_reply(result, crate::topology::unix_now());
+                    let step = moved
+                        .machine
+                        .on_reply(result, self.worker.clock.unix_seconds());
                     self.step(&topology, moved, step, entry.hot.as_ref());
                 }
                 true
@@ -276,7 +280,11 @@ impl ClientSession {
                                 continue;
                             }
                             GetShortcut::Cached(block) => {
-                                plan.on_piece(sub.id, Got::Value(block));
+                                plan.on_piece(
+                                    sub.id,
+                                    Got::Value(block),
+                                    self.worker.clock.unix_seconds(),
+                                );
                                 plan.on_done(sub.id, Ok(()));
                                 self.release(cost);
                                 continue;
@@ -619,7 +627,7 @@ impl ClientSession {
                 while i < in_flight.len() {
                     let sub = &in_flight[i];
                     while let Some(got) = sub.slot.take() {
-                        plan.on_piece(sub.id, got);
+                        plan.on_piece(sub.id, got, self.worker.clock.unix_seconds());
                     }
                     match sub.slot.outcome() {
                         Some(result) => {

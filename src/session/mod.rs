@@ -54,6 +54,7 @@ mod copy_check;
 mod deadline;
 mod dispatch;
 mod fifo;
+mod health;
 mod shadow;
 mod spares;
 mod start;
@@ -290,6 +291,8 @@ struct ClientSession {
     /// A client of a pool's own `listen`: every key goes to that pool.
     /// Otherwise the layout's routes say.
     bound: Option<SharedTopology>,
+    /// The servers' health as this turn's plans see it.
+    health: health::TurnHealth,
 }
 
 impl ClientSession {
@@ -309,6 +312,7 @@ impl ClientSession {
             parsed_bytes: 0,
             unanswered: Vec::new(),
             limits,
+            health: health::TurnHealth::default(),
         }
     }
 

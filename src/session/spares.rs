@@ -10,6 +10,7 @@
 use std::cell::RefCell;
 
 use super::*;
+use crate::plan::placement::HealthView;
 
 /// Most slots and meta works a worker keeps: more than its clients usually
 /// have in flight together.
@@ -56,8 +57,21 @@ pub(super) fn meta(work: MetaWork) -> Box<MetaWork> {
 }
 
 /// Plans `request` with kept retrieval storage (see `route::plan`).
-pub(super) fn plan(request: &Request, bytes: &Bytes, topology: &Topology) -> Plan {
-    SPARES.with(|spares| route::plan(request, bytes, topology, &mut spares.borrow_mut().plans))
+pub(super) fn plan(
+    request: &Request,
+    bytes: &Bytes,
+    topology: &Topology,
+    health: &HealthView,
+) -> Plan {
+    SPARES.with(|spares| {
+        route::plan(
+            request,
+            bytes,
+            topology,
+            health,
+            &mut spares.borrow_mut().plans,
+        )
+    })
 }
 
 /// Keeps what the finished `work` no longer needs.

@@ -46,7 +46,7 @@ impl ClientSession {
             &bytes,
             request.line_len as usize,
             ttl,
-            crate::topology::unix_now(),
+            self.worker.clock.unix_seconds(),
         );
         reparsed((request, bytes), rewritten, |b| {
             parse_request(b, &self.limits)
@@ -61,7 +61,7 @@ impl ClientSession {
             &bytes,
             request.line_len as usize,
             ttl,
-            crate::topology::unix_now(),
+            self.worker.clock.unix_seconds(),
         );
         reparsed((request, bytes), rewritten, |b| parse_meta(b, &self.limits))
     }
@@ -125,7 +125,8 @@ impl ClientSession {
     /// whether it is one run of a retrieval across pools.
     fn start_on(&mut self, request: Request, bytes: Bytes, topology: Arc<Topology>, split: Split) {
         topology.figures.request(request.command);
-        let mut plan = spares::plan(&request, &bytes, &topology);
+        let health = self.health.of(&topology, self.worker.clock.turn());
+        let mut plan = spares::plan(&request, &bytes, &topology, health);
         if let Plan::Retrieve(retrieval) = &mut plan {
             retrieval.split(split);
         }
@@ -249,7 +250,8 @@ impl ClientSession {
         // The key the ring places, decoded once (a `b` key) for the plan,
         // the shadow and the hot-key count.
         let key = request.routing_key(&bytes);
-        let plan = route::plan_meta(&request, &bytes, &key, &topology);
+        let health = self.health.of(&topology, self.worker.clock.turn());
+        let plan = route::plan_meta(&request, &bytes, &key, &topology, health);
         let shadow = self.shadow_meta(&request, &bytes, &key, &plan);
         let hot = self
             .worker
