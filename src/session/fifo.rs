@@ -8,7 +8,10 @@
 use std::collections::VecDeque;
 
 pub(super) struct Fifo<E> {
-    entries: VecDeque<E>,
+    /// `None` only for the one entry taken out to be dispatched: taking it
+    /// leaves its place, so the entries around it never move (removing it
+    /// from the deque shifted up to half the pipeline, twice per request).
+    entries: VecDeque<Option<E>>,
     /// Entries before this index have sent everything they will send.
     dispatched: usize,
 }
@@ -33,7 +36,7 @@ impl<E> Fifo<E> {
 
     /// A new request, behind every other.
     pub(super) fn push(&mut self, entry: E) {
-        self.entries.push_back(entry);
+        self.entries.push_back(Some(entry));
     }
 
     /// Whether every entry has sent everything it will send.
@@ -53,29 +56,32 @@ impl<E> Fifo<E> {
     }
 
     /// The dispatched entries (those before the one being dispatched).
-    pub(super) fn dispatched(&self) -> std::collections::vec_deque::Iter<'_, E> {
-        self.entries.range(..self.dispatched)
+    pub(super) fn dispatched(&self) -> impl Iterator<Item = &E> {
+        self.entries.range(..self.dispatched).flatten()
     }
 
     pub(super) fn get_mut(&mut self, index: usize) -> Option<&mut E> {
-        self.entries.get_mut(index)
+        self.entries.get_mut(index)?.as_mut()
     }
 
     /// Takes entry `index` out to work on it while the others stay readable;
-    /// [`Fifo::put_back`] returns it to its place.
+    /// [`Fifo::put_back`] returns it to its place. One at a time.
     pub(super) fn take(&mut self, index: usize) -> Option<E> {
-        self.entries.remove(index)
+        self.entries.get_mut(index)?.take()
     }
 
     pub(super) fn put_back(&mut self, index: usize, entry: E) {
-        self.entries.insert(index, entry);
+        let place = &mut self.entries[index];
+        debug_assert!(place.is_none(), "put back where it was taken");
+        *place = Some(entry);
     }
 
     /// Takes the head to finish it, with whether it was dispatched (only a
     /// dispatched entry can be finished). Put it back with
     /// [`Fifo::unpop_head`] if it is not done.
     pub(super) fn pop_head(&mut self) -> Option<(E, bool)> {
-        let entry = self.entries.pop_front()?;
+        // Never the entry taken out: nothing finishes while one is.
+        let entry = self.entries.pop_front()??;
         let dispatched = self.dispatched > 0;
         if dispatched {
             self.dispatched -= 1;
@@ -84,7 +90,7 @@ impl<E> Fifo<E> {
     }
 
     pub(super) fn unpop_head(&mut self, entry: E, dispatched: bool) {
-        self.entries.push_front(entry);
+        self.entries.push_front(Some(entry));
         if dispatched {
             self.dispatched += 1;
         }
@@ -143,6 +149,25 @@ mod tests {
         fifo.unpop_head(head, dispatched);
         assert_eq!(fifo.next_to_dispatch(), Some(1));
         assert_eq!(fifo.dispatched().copied().collect::<Vec<_>>(), vec![2]);
+    }
+
+    #[test]
+    fn an_entry_taken_out_keeps_its_place_and_the_others_theirs() {
+        let mut fifo = Fifo::default();
+        (1..=4).for_each(|i| fifo.push(i));
+        dispatch(&mut fifo, 2);
+        let third = fifo.take(2).unwrap();
+        assert_eq!(third, 3);
+        // The others are where they were while it is out.
+        assert_eq!(fifo.dispatched().copied().collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(fifo.get_mut(3).copied(), Some(4));
+        assert_eq!(fifo.get_mut(2), None);
+        assert_eq!(fifo.len(), 4);
+        fifo.put_back(2, third);
+        fifo.dispatched_one();
+        assert_eq!(dispatch(&mut fifo, 10), vec![4]);
+        let order: Vec<u32> = std::iter::from_fn(|| fifo.pop_head().map(|(e, _)| e)).collect();
+        assert_eq!(order, vec![1, 2, 3, 4]);
     }
 
     #[test]
