@@ -40,7 +40,7 @@ pub(crate) struct WorkerCtx {
     pub(crate) shutdown: CancellationToken,
     pub(crate) settings: SessionSettings,
     /// This worker's connections, by (backend id, lane).
-    conns: RefCell<HashMap<(u64, usize), Rc<Conn>>>,
+    conns: RefCell<HashMap<(u64, usize), Rc<Conn>, BuildConnKeyHash>>,
     /// Cancelled once the worker's sessions are done: connections finish
     /// what they owe, then close.
     pub(crate) drain: CancellationToken,
@@ -75,7 +75,7 @@ impl WorkerCtx {
             stats,
             shutdown,
             settings,
-            conns: RefCell::new(HashMap::new()),
+            conns: RefCell::new(HashMap::default()),
             drain: CancellationToken::new(),
             conn_tasks: TaskTracker::new(),
             checks: TaskTracker::new(),
@@ -134,5 +134,59 @@ pub(crate) async fn keep_connected(ctx: Rc<WorkerCtx>, published: Arc<tokio::syn
             () = changed => {}
             () = ctx.drain.cancelled() => return,
         }
+    }
+}
+
+/// Hashes a connection's key (backend id, lane): two small integers that
+/// need no defence against chosen collisions, looked up once per request.
+/// SipHash, the map's default, cost as much as the rest of the lookup.
+#[derive(Debug, Default, Clone, Copy)]
+struct ConnKeyHasher(u64);
+
+impl std::hash::Hasher for ConnKeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        bytes.iter().for_each(|&b| self.write_u64(u64::from(b)));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        // A multiply spreads the bits across the word, as FxHash does.
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+}
+
+type BuildConnKeyHash = std::hash::BuildHasherDefault<ConnKeyHasher>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::hash::BuildHasher;
+
+    #[test]
+    fn connection_keys_hash_apart() {
+        let build = BuildConnKeyHash::default();
+        let mut seen = std::collections::HashSet::new();
+        for id in 0..256u64 {
+            for lane in 0..16usize {
+                assert!(seen.insert(build.hash_one((id, lane))), "({id}, {lane})");
+            }
+        }
+        // Spread over the bits the map uses: the low ones pick the bucket,
+        // the top seven are its tag.
+        let low: std::collections::HashSet<u64> = seen.iter().map(|h| h & 0xfff).collect();
+        let top: std::collections::HashSet<u64> = seen.iter().map(|h| h >> 57).collect();
+        assert!(
+            low.len() > 2048 && top.len() > 100,
+            "{} {}",
+            low.len(),
+            top.len()
+        );
     }
 }
