@@ -7,9 +7,10 @@
 //! - a counter's `count` is never below its key's true count, and
 //!   `count - error` never above it.
 //!
-//! One update is a hash-map probe plus a sift in a min-heap of at most
-//! `capacity` counters, and copies the key only when it takes over the
-//! smallest counter (into a buffer that keeps its allocation).
+//! One update is a hash-map probe plus a binary search over the counts of at
+//! most `capacity` counters kept in order (see [`SpaceSaving`]), and copies
+//! the key only when it takes over the smallest counter (into a buffer that
+//! keeps its allocation).
 //!
 //! Keys are told apart by a 64-bit hash the caller computes: two keys with the
 //! same hash share one counter, a chance of about 2^-64 per pair.
@@ -42,12 +43,11 @@ impl Hasher for KeyHashHasher {
 /// Builds [`KeyHashHasher`]s.
 pub type BuildKeyHash = BuildHasherDefault<KeyHashHasher>;
 
-/// One counter of the sketch.
-#[derive(Debug, Clone)]
+/// One counter of the sketch; unused while its count is 0.
+#[derive(Debug, Clone, Default)]
 struct Counter {
     hash: u64,
     key: Vec<u8>,
-    count: u64,
     error: u64,
 }
 
@@ -63,14 +63,23 @@ pub struct Estimate {
 }
 
 /// The sketch (see the module doc).
+///
+/// The counters are kept in ascending order of count (`order`, with the
+/// counts beside it in `counts`), all `capacity` of them from the start,
+/// unused ones counting 0. Counting a key adds one to its counter, which
+/// then swaps with the last counter of its old count: the order holds, and
+/// the only search is for that run's end, over a short array of numbers. A
+/// key without a counter takes the first in the order, the smallest (an
+/// unused one while there are any), so the sketch needs no other case.
 #[derive(Debug, Clone)]
 pub struct SpaceSaving {
-    capacity: usize,
     counters: Vec<Counter>,
-    /// Counter indexes as a min-heap on `count`.
-    heap: Vec<u32>,
-    /// `position[c]` is counter `c`'s index in `heap`.
-    position: Vec<u32>,
+    /// Counter indexes, ascending by count.
+    order: Vec<u32>,
+    /// `counts[i]` is the count of counter `order[i]`.
+    counts: Vec<u64>,
+    /// `rank[c]` is counter `c`'s index in `order`.
+    rank: Vec<u32>,
     index: HashMap<u64, u32, BuildKeyHash>,
     total: u64,
 }
@@ -80,10 +89,10 @@ impl SpaceSaving {
     pub fn new(capacity: usize) -> SpaceSaving {
         let capacity = capacity.max(1);
         SpaceSaving {
-            capacity,
-            counters: Vec::with_capacity(capacity),
-            heap: Vec::with_capacity(capacity),
-            position: Vec::with_capacity(capacity),
+            counters: vec![Counter::default(); capacity],
+            order: (0..capacity as u32).collect(),
+            counts: vec![0; capacity],
+            rank: (0..capacity as u32).collect(),
             index: HashMap::with_capacity_and_hasher(capacity, BuildKeyHash::default()),
             total: 0,
         }
@@ -91,7 +100,7 @@ impl SpaceSaving {
 
     /// Counters it keeps.
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.counters.len()
     }
 
     /// Keys counted since the last [`SpaceSaving::clear`].
@@ -102,63 +111,67 @@ impl SpaceSaving {
     /// Any key without a counter was seen at most this often: the smallest
     /// count once every counter is taken, 0 before.
     pub fn floor(&self) -> u64 {
-        if self.counters.len() < self.capacity {
-            0
-        } else {
-            self.heap
-                .first()
-                .map_or(0, |&c| self.counters[c as usize].count)
-        }
+        self.counts[0]
     }
 
     /// Counts one occurrence of `key`, whose hash is `hash`.
     #[inline]
     pub fn add(&mut self, hash: u64, key: &[u8]) {
         self.total += 1;
-        if let Some(&c) = self.index.get(&hash) {
-            self.counters[c as usize].count += 1;
-            self.sift_down(self.position[c as usize] as usize);
-            return;
+        let at = match self.index.get(&hash) {
+            Some(&c) => self.rank[c as usize] as usize,
+            None => {
+                // The new key takes over the smallest counter, inheriting its
+                // count as its possible overestimate.
+                let c = self.order[0];
+                let smallest = self.counts[0];
+                let counter = &mut self.counters[c as usize];
+                if smallest > 0 {
+                    self.index.remove(&counter.hash);
+                }
+                counter.hash = hash;
+                counter.key.clear();
+                counter.key.extend_from_slice(key);
+                counter.error = smallest;
+                self.index.insert(hash, c);
+                0
+            }
+        };
+        self.increment(at);
+    }
+
+    /// Adds one to the count at `at` in the order, keeping the order.
+    #[inline]
+    fn increment(&mut self, at: usize) {
+        let count = self.counts[at];
+        // The last counter with the same count: everything after it counts
+        // more, so the incremented counter belongs there.
+        let last = at + self.counts[at..].partition_point(|&c| c == count) - 1;
+        if last != at {
+            self.order.swap(at, last);
+            self.rank[self.order[at] as usize] = at as u32;
+            self.rank[self.order[last] as usize] = last as u32;
         }
-        if self.counters.len() < self.capacity {
-            let c = self.counters.len() as u32;
-            self.counters.push(Counter {
-                hash,
-                key: key.to_vec(),
-                count: 1,
-                error: 0,
-            });
-            self.heap.push(c);
-            self.position.push(self.heap.len() as u32 - 1);
-            self.index.insert(hash, c);
-            self.sift_up(self.heap.len() - 1);
-            return;
-        }
-        // The new key takes over the smallest counter, inheriting its count
-        // as its possible overestimate.
-        let c = self.heap[0];
-        let counter = &mut self.counters[c as usize];
-        self.index.remove(&counter.hash);
-        counter.hash = hash;
-        counter.key.clear();
-        counter.key.extend_from_slice(key);
-        counter.error = counter.count;
-        counter.count += 1;
-        self.index.insert(hash, c);
-        self.sift_down(0);
+        self.counts[last] = count + 1;
     }
 
     /// The `n` largest counters, largest first.
     pub fn top(&self, n: usize) -> Vec<Estimate> {
-        let mut order: Vec<&Counter> = self.counters.iter().collect();
-        order.sort_unstable_by(|a, b| b.count.cmp(&a.count).then(a.error.cmp(&b.error)));
-        order
-            .into_iter()
+        // Descending count; among equal counts the smaller error first.
+        let mut used: Vec<(u64, &Counter)> = self
+            .order
+            .iter()
+            .zip(&self.counts)
+            .filter(|(_, &count)| count > 0)
+            .map(|(&c, &count)| (count, &self.counters[c as usize]))
+            .collect();
+        used.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.error.cmp(&b.1.error)));
+        used.into_iter()
             .take(n)
-            .map(|c| Estimate {
+            .map(|(count, c)| Estimate {
                 hash: c.hash,
                 key: c.key.clone().into_boxed_slice(),
-                count: c.count,
+                count,
                 error: c.error,
             })
             .collect()
@@ -166,53 +179,9 @@ impl SpaceSaving {
 
     /// Forgets every key (a new window).
     pub fn clear(&mut self) {
-        self.counters.clear();
-        self.heap.clear();
-        self.position.clear();
+        self.counts.iter_mut().for_each(|c| *c = 0);
         self.index.clear();
         self.total = 0;
-    }
-
-    fn count_at(&self, at: usize) -> u64 {
-        self.counters[self.heap[at] as usize].count
-    }
-
-    fn swap(&mut self, a: usize, b: usize) {
-        self.heap.swap(a, b);
-        self.position[self.heap[a] as usize] = a as u32;
-        self.position[self.heap[b] as usize] = b as u32;
-    }
-
-    fn sift_up(&mut self, mut at: usize) {
-        while at > 0 {
-            let parent = (at - 1) / 2;
-            if self.count_at(parent) <= self.count_at(at) {
-                break;
-            }
-            self.swap(parent, at);
-            at = parent;
-        }
-    }
-
-    fn sift_down(&mut self, mut at: usize) {
-        let len = self.heap.len();
-        loop {
-            let left = 2 * at + 1;
-            if left >= len {
-                break;
-            }
-            let right = left + 1;
-            let smaller = if right < len && self.count_at(right) < self.count_at(left) {
-                right
-            } else {
-                left
-            };
-            if self.count_at(at) <= self.count_at(smaller) {
-                break;
-            }
-            self.swap(at, smaller);
-            at = smaller;
-        }
     }
 }
 
@@ -317,6 +286,30 @@ mod tests {
                 }
             }
             prop_assert!(sketch.floor() * capacity as u64 <= total);
+        }
+
+        #[test]
+        fn the_counters_stay_in_order_and_sum_to_the_total(
+            keys in stream(),
+            capacity in 1usize..40,
+        ) {
+            let mut sketch = SpaceSaving::new(capacity);
+            for (i, key) in keys.iter().enumerate() {
+                let name = format!("key:{key}");
+                sketch.add(hash(name.as_bytes()), name.as_bytes());
+                if i % 97 == 0 {
+                    prop_assert!(sketch.counts.windows(2).all(|w| w[0] <= w[1]));
+                    for (at, &c) in sketch.order.iter().enumerate() {
+                        prop_assert_eq!(sketch.rank[c as usize] as usize, at);
+                    }
+                    // Each occurrence lands on one counter: counts sum to
+                    // the total plus the errors inherited at take-overs.
+                    let counts: u64 = sketch.counts.iter().sum();
+                    let errors: u64 = sketch.top(capacity).iter().map(|e| e.error).sum();
+                    prop_assert!(counts >= sketch.total() && counts - errors <= sketch.total());
+                    prop_assert_eq!(sketch.index.len(), sketch.counts.iter().filter(|&&c| c > 0).count());
+                }
+            }
         }
     }
 }
