@@ -6,7 +6,8 @@ use super::*;
 
 impl ClientSession {
     pub(super) fn dispatch_entry(&mut self, entry: &mut Entry) -> bool {
-        let topology = entry.topology.clone();
+        // Borrowed beside the work (disjoint fields): no refcount traffic.
+        let topology = &entry.topology;
         match &mut entry.work {
             Work::Ready(_) | Work::Stats => true,
             Work::Lines { parts, finish } => {
@@ -31,7 +32,7 @@ impl ClientSession {
                     // dropped), so that its bytes stay counted until the
                     // server has them: see `unanswered`.
                     let hot = entry.hot.as_ref();
-                    self.send_line(&topology, part, &request, expect, true, hot);
+                    self.send_line(topology, part, &request, expect, true, hot);
                 }
                 if forget > 0 {
                     let key = entry.request.key(&entry.bytes, 0);
@@ -41,7 +42,7 @@ impl ClientSession {
                     line.extend_from_slice(b"\r\n");
                     let line = [line.freeze()];
                     for part in parts[replicas..].iter_mut() {
-                        self.send_line(&topology, part, &line, LineKind::Delete, true, None);
+                        self.send_line(topology, part, &line, LineKind::Delete, true, None);
                     }
                 }
                 entry.sent = true;
@@ -58,7 +59,7 @@ impl ClientSession {
                     let request = forwardable(&entry.bytes, &entry.request);
                     let hot = entry.hot.as_ref();
                     self.send_line(
-                        &topology,
+                        topology,
                         &mut cas.part,
                         &request,
                         LineKind::Storage,
@@ -67,7 +68,7 @@ impl ClientSession {
                     );
                     let key = entry.request.key(&entry.bytes, 0);
                     for &server in &cas.forget {
-                        cas.waiting.push(self.delete_on(&topology, server, key));
+                        cas.waiting.push(self.delete_on(topology, server, key));
                     }
                     entry.sent = true;
                 }
@@ -80,7 +81,7 @@ impl ClientSession {
                     wire: &copy,
                     expect: &expect,
                 };
-                self.cas_step(&topology, &mut cas.machine, part, copied, &cas_copy, hot)
+                self.cas_step(topology, &mut cas.machine, part, copied, &cas_copy, hot)
             }
             Work::Meta(meta) => {
                 if !entry.sent {
@@ -104,16 +105,16 @@ impl ClientSession {
                         let replicas = meta.parts.len() - forget;
                         for part in meta.parts[..replicas].iter_mut() {
                             let hot = entry.hot.as_ref();
-                            self.send(&topology, part, &meta.wire, meta.expect.clone(), true, hot);
+                            self.send(topology, part, &meta.wire, meta.expect.clone(), true, hot);
                         }
                         if let Some(key) = key.filter(|_| forget > 0) {
                             for part in meta.parts[replicas..].iter_mut() {
-                                *part = self.forget_on(&topology, part.server, key);
+                                *part = self.forget_on(topology, part.server, key);
                             }
                         }
                     }
                     for &server in &meta.forget {
-                        let part = self.forget_on(&topology, server, &meta.forget_key);
+                        let part = self.forget_on(topology, server, &meta.forget_key);
                         meta.waiting.push(part);
                     }
                     entry.sent = true;
@@ -128,7 +129,7 @@ impl ClientSession {
                             moved.started = true;
                             let step = moved.machine.start();
                             let hot = entry.hot.as_ref();
-                            self.meta_moved(&topology, moved, &mut meta.parts[0], step, hot);
+                            self.meta_moved(topology, moved, &mut meta.parts[0], step, hot);
                         }
                         // One step at a time; later requests of the client
                         // wait, so they see the key as the steps left it.
@@ -141,7 +142,7 @@ impl ClientSession {
                             let step = moved
                                 .machine
                                 .on_reply(result, self.worker.clock.unix_seconds());
-                            self.meta_moved(&topology, moved, part, step, entry.hot.as_ref());
+                            self.meta_moved(topology, moved, part, step, entry.hot.as_ref());
                         }
                         true
                     }
@@ -163,7 +164,7 @@ impl ClientSession {
                             expect: &copy_expect,
                         };
                         let (part, hot) = (&mut meta.parts[0], entry.hot.as_ref());
-                        self.cas_step(&topology, machine, part, copied, &cas_copy, hot)
+                        self.cas_step(topology, machine, part, copied, &cas_copy, hot)
                     }
                     MetaMode::ReadThrough {
                         servers,
@@ -186,7 +187,7 @@ impl ClientSession {
                         let server = servers[*next];
                         *next += 1;
                         meta.parts[0] =
-                            self.send_to(&topology, server, &meta.wire, &meta.expect, None);
+                            self.send_to(topology, server, &meta.wire, &meta.expect, None);
                         // Later requests wait until this read has its answer.
                         false
                     }
@@ -203,7 +204,7 @@ impl ClientSession {
                     entry.sent = true;
                     let key = entry.request.key(&entry.bytes, 0);
                     for &server in &moved.forget {
-                        moved.waiting.push(self.delete_on(&topology, server, key));
+                        moved.waiting.push(self.delete_on(topology, server, key));
                     }
                 }
                 if moved.part.is_none() && moved.answer.is_none() {
@@ -213,7 +214,7 @@ impl ClientSession {
                         return false;
                     }
                     let step = moved.machine.start();
-                    self.step(&topology, moved, step, entry.hot.as_ref());
+                    self.step(topology, moved, step, entry.hot.as_ref());
                 }
                 // One step at a time; later requests of the client wait, so
                 // they see the key as the steps left it.
@@ -228,7 +229,7 @@ impl ClientSession {
                     let step = moved
                         .machine
                         .on_reply(result, self.worker.clock.unix_seconds());
-                    self.step(&topology, moved, step, entry.hot.as_ref());
+                    self.step(topology, moved, step, entry.hot.as_ref());
                 }
                 true
             }
@@ -267,7 +268,7 @@ impl ClientSession {
                         let ticket = match self
                             .worker
                             .hot
-                            .before_send(&sub, &conn, &topology, &slot, &earlier)
+                            .before_send(&sub, &conn, topology, &slot, &earlier)
                         {
                             GetShortcut::Send(ticket) => ticket,
                             GetShortcut::Joined => {
@@ -323,7 +324,7 @@ impl ClientSession {
                 // request of this client.
                 for copy in plan.take_copies() {
                     let expect = Expect::Line(LineKind::Storage);
-                    copy_check::send(&self.worker, &topology, self.lane, copy, expect);
+                    copy_check::send(&self.worker, topology, self.lane, copy, expect);
                 }
                 // With replicas (or moved keys), replies may send keys to
                 // their next server: later requests wait until this one has
