@@ -131,6 +131,50 @@ impl Layout {
         }
     }
 
+    /// The topology a request with routing key `key` is planned on, for a
+    /// client bound to `bound` (of a pool's own listener) or routed
+    /// (`None`): its pool's now (one load, no guard kept), or that pool's
+    /// gutter when the key's server is DEAD and failed over, with the
+    /// gutter's TTL cap. `key` is asked for only when the layout routes by
+    /// key (a meta `b` key is decoded only then). A bound pool a reload
+    /// removed still serves its clients, unrouted.
+    pub(crate) fn topology_for<K: AsRef<[u8]>>(
+        &self,
+        bound: Option<&SharedTopology>,
+        key: Option<impl FnOnce() -> K>,
+    ) -> (Arc<Topology>, Option<u64>) {
+        let bound = match self.bound_index(bound) {
+            Ok(bound) => bound,
+            Err(gone) => return (gone.load_full(), None),
+        };
+        let key = match key {
+            Some(key) if self.may_split(bound) => key(),
+            _ => {
+                let pool = bound.unwrap_or(self.default);
+                return (self.pools[pool].topology.load_full(), None);
+            }
+        };
+        let serving = self.serving_key(bound, key.as_ref());
+        (
+            self.pools[serving.pool].topology.load_full(),
+            serving.gutter_ttl,
+        )
+    }
+
+    /// The index of the pool a client is bound to (`bound`, a client of a
+    /// pool's own listener: every key goes there), `None` when the routes
+    /// choose; `Err` with the bound pool's topology when that pool left
+    /// this layout.
+    pub(crate) fn bound_index<'b>(
+        &self,
+        bound: Option<&'b SharedTopology>,
+    ) -> Result<Option<usize>, &'b SharedTopology> {
+        match bound {
+            None => Ok(None),
+            Some(bound) => self.index_of(bound).map(Some).ok_or(bound),
+        }
+    }
+
     /// Whether the keys of one request may go to more than one pool.
     #[inline]
     pub(crate) fn may_split(&self, bound: Option<usize>) -> bool {
@@ -175,11 +219,6 @@ impl Layout {
             .iter()
             .find(|(prefix, _)| key.starts_with(prefix))
             .map_or(self.default, |&(_, pool)| pool)
-    }
-
-    /// Index in [`Layout::pools`] of the pool keys matching no route go to.
-    pub(crate) fn default_index(&self) -> usize {
-        self.default
     }
 
     /// The default pool's topology now (requests without a key, limits).
@@ -334,5 +373,31 @@ mod tests {
         let layout = layout(&[], "b");
         assert!(!layout.routed());
         assert_eq!(layout.pool_of(b"sess:1"), 1);
+    }
+
+    #[test]
+    fn a_request_is_planned_on_its_pools_topology_and_a_removed_bound_pool_still_serves() {
+        let layout = layout(&[("b:", "b")], "a");
+        let on = |bound: Option<&SharedTopology>, key: &'static [u8]| {
+            let (topology, ttl) = layout.topology_for(bound, Some(|| key));
+            assert_eq!(ttl, None, "no gutter here");
+            layout
+                .pools()
+                .iter()
+                .position(|p| Arc::ptr_eq(&p.topology.load_full(), &topology))
+        };
+        assert_eq!(on(None, b"b:1"), Some(1), "routed by prefix");
+        assert_eq!(on(None, b"x"), Some(0), "the default pool");
+        let c = layout.pools()[2].topology.clone();
+        assert_eq!(
+            on(Some(&c), b"b:1"),
+            Some(2),
+            "a bound client ignores routes"
+        );
+        // Pool c leaves the layout: its clients keep being served by it.
+        let without_c = Layout::new(layout.pools()[..2].to_vec(), &[], "a");
+        assert!(without_c.bound_index(Some(&c)).is_err());
+        let (topology, _) = without_c.topology_for(Some(&c), Some(|| b"b:1"));
+        assert!(Arc::ptr_eq(&topology, &c.load_full()));
     }
 }

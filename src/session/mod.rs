@@ -316,43 +316,17 @@ impl ClientSession {
         }
     }
 
-    /// The topology a request with routing key `key` is planned on: its
-    /// pool's now (one load, no guard kept), or that pool's gutter when the
-    /// key's server is DEAD and failed over, with the gutter's TTL cap.
-    /// `key` is asked for only when the layout routes by key (a meta `b`
-    /// key is decoded only then).
+    /// The topology a request with routing key `key` is planned on, and
+    /// the gutter's TTL cap when it is a gutter (see
+    /// `Layout::topology_for`).
     fn topology_for<K: AsRef<[u8]>>(
         &self,
         key: Option<impl FnOnce() -> K>,
     ) -> (Arc<Topology>, Option<u64>) {
-        let layout = self.worker.layout.load();
-        let bound = match self.bound_in(&layout) {
-            Ok(bound) => bound,
-            Err(gone) => return (gone.load_full(), None),
-        };
-        let key = match key {
-            Some(key) if layout.may_split(bound) => key(),
-            _ => {
-                let pool = bound.unwrap_or_else(|| layout.default_index());
-                return (layout.pools()[pool].topology.load_full(), None);
-            }
-        };
-        let serving = layout.serving_key(bound, key.as_ref());
-        (
-            layout.pools()[serving.pool].topology.load_full(),
-            serving.gutter_ttl,
-        )
-    }
-
-    /// The index in `layout` of the pool this client is bound to (a client
-    /// of a pool's own listener: every key goes there), `None` when the
-    /// layout's routes choose; `Err` with the bound pool's topology when
-    /// that pool left the layout (it still serves the client, unrouted).
-    fn bound_in(&self, layout: &crate::layout::Layout) -> Result<Option<usize>, &SharedTopology> {
-        match &self.bound {
-            None => Ok(None),
-            Some(bound) => layout.index_of(bound).map(Some).ok_or(bound),
-        }
+        self.worker
+            .layout
+            .load()
+            .topology_for(self.bound.as_ref(), key)
     }
 
     /// The most reply bytes this client may be owed.

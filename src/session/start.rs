@@ -15,7 +15,7 @@ impl ClientSession {
             // A guard while deciding (no count other cores share), the
             // layout itself only when the keys do split.
             let layout = self.worker.layout.load();
-            if let Ok(bound) = self.bound_in(&layout) {
+            if let Ok(bound) = layout.bound_index(self.bound.as_ref()) {
                 if layout.may_split(bound) {
                     let runs = layout.runs(bound, request.keys.len(), |i| request.key(&bytes, i));
                     if runs.len() > 1 {
