@@ -21,7 +21,7 @@ pub(crate) fn quorum(replicas: usize) -> usize {
 
 /// Which servers (indexes into `Topology::backends`) were DEAD when the
 /// view was taken: the health the planner goes by. The session takes one
-/// per turn and per topology ([`Topology::health_view`]); only replicated
+/// per turn and per topology (`session/health.rs`); only replicated
 /// reads consult it (healthy replicas are asked first), so without replicas
 /// it is empty and costs nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
