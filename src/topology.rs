@@ -80,6 +80,54 @@ pub struct Topology {
 /// drops the oldest (see docs/handoff.md, "Chained changes").
 pub const KEPT_RINGS: usize = 4;
 
+/// Where a write deletes its key in the older rings of chained changes
+/// ([`Topology::older_owners`]): groups of servers, oldest ring first, each
+/// deleted only once the group before it has answered. A sidecar that lags
+/// behind copies a moved key from the owner in the ring before its own to
+/// the owner in its own ring; with the older owner's copy gone first, that
+/// copy either lands before its newer owner's delete or its check finds
+/// the key gone and takes it back (docs/handoff.md, "Limits").
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OlderOwners {
+    servers: smallvec::SmallVec<[usize; 4]>,
+    /// Where each group ends in `servers`: at most the dropped rings' group
+    /// and one per older ring.
+    ends: smallvec::SmallVec<[u8; KEPT_RINGS]>,
+}
+
+impl OlderOwners {
+    /// Every server, in the order the groups go.
+    pub fn servers(&self) -> &[usize] {
+        &self.servers
+    }
+
+    /// Group `index` (oldest first), `None` past the last.
+    pub fn group(&self, index: usize) -> Option<&[usize]> {
+        let end = usize::from(*self.ends.get(index)?);
+        let start = index
+            .checked_sub(1)
+            .map_or(0, |i| usize::from(self.ends[i]));
+        Some(&self.servers[start..end])
+    }
+
+    /// Adds `server` to the group being built, once. A server may be in
+    /// several groups: each delete has to come after the group before it.
+    fn push(&mut self, server: usize) {
+        let start = self.ends.last().map_or(0, |&e| usize::from(e));
+        if !self.servers[start..].contains(&server) {
+            self.servers.push(server);
+        }
+    }
+
+    /// Closes the group being built; an empty one is no group.
+    fn end_group(&mut self) {
+        let start = self.ends.last().map_or(0, |&e| usize::from(e));
+        if self.servers.len() > start {
+            self.ends.push(self.servers.len() as u8);
+        }
+    }
+}
+
 /// The previous ring of a hand-off window. Its members are mapped onto this
 /// topology's `backends`; members no longer configured (LEAVING) have their
 /// backends appended after the configured ones.
@@ -259,51 +307,43 @@ impl Topology {
             .collect()
     }
 
-    /// Backend indexes (into this topology's `backends`) of the replicas of
-    /// `key` in the older rings of chained changes that are neither in
-    /// `current` (the replica set now) nor replicas in the previous ring,
-    /// appended to `out` once each, and every server of the rings dropped
-    /// beyond [`KEPT_RINGS`] that is neither: where a write of the key must
-    /// delete it (nothing outside chained windows).
-    pub fn older_owners(
-        &self,
-        key: &[u8],
-        current: &[usize],
-        out: &mut smallvec::SmallVec<[usize; 4]>,
-    ) {
+    /// The servers a write of `key` deletes it from in the older rings of
+    /// chained changes, oldest ring first (see [`OlderOwners`]): the
+    /// servers of the rings dropped beyond [`KEPT_RINGS`], then each older
+    /// ring's replicas of `key`, leaving out `current` (the replica set
+    /// now) and the previous ring's replicas. `None` when there are none
+    /// (always outside chained windows).
+    pub fn older_owners(&self, key: &[u8], current: &[usize]) -> Option<Box<OlderOwners>> {
         if self.older.is_empty() && self.dropped.is_empty() {
-            return;
+            return None;
         }
         let mut before = smallvec::SmallVec::<[usize; 4]>::new();
         self.previous_replicas(key, &mut before);
+        let wanted = |backend: usize| {
+            backend < self.backends.len()
+                && !current.contains(&backend)
+                && !before.contains(&backend)
+        };
+        let mut out = Box::<OlderOwners>::default();
+        for &backend in self.dropped.iter() {
+            if wanted(backend as usize) {
+                out.push(backend as usize);
+            }
+        }
+        out.end_group();
         let mut members = smallvec::SmallVec::<[usize; 4]>::new();
-        for ring in self.older.iter() {
+        for ring in self.older.iter().rev() {
             ring.ring
                 .replicas(key, self.config.replicas.max(1), &mut members);
             for member in &members {
-                let Some(&backend) = ring.ring_backends.get(*member) else {
-                    continue;
-                };
-                let backend = backend as usize;
-                if backend < self.backends.len()
-                    && !current.contains(&backend)
-                    && !before.contains(&backend)
-                    && !out.contains(&backend)
-                {
-                    out.push(backend);
+                match ring.ring_backends.get(*member) {
+                    Some(&backend) if wanted(backend as usize) => out.push(backend as usize),
+                    _ => {}
                 }
             }
+            out.end_group();
         }
-        for &backend in self.dropped.iter() {
-            let backend = backend as usize;
-            if backend < self.backends.len()
-                && !current.contains(&backend)
-                && !before.contains(&backend)
-                && !out.contains(&backend)
-            {
-                out.push(backend);
-            }
-        }
+        (!out.servers.is_empty()).then_some(out)
     }
 
     /// During a hand-off window, the backend index of `key`'s previous owner
@@ -350,23 +390,6 @@ impl Topology {
                 servers.push(server);
             }
         }
-        servers.len() - current
-    }
-
-    /// Appends to `servers` (a replica set of the ring in force) every
-    /// server a write of `key` must delete it from: the previous ring's
-    /// replicas that are not in it, then those of the older rings of
-    /// chained changes ([`Topology::older_owners`]); how many.
-    pub fn push_former_replicas(
-        &self,
-        key: &[u8],
-        servers: &mut smallvec::SmallVec<[usize; 4]>,
-    ) -> usize {
-        let current = servers.len();
-        self.push_previous_only_replicas(key, servers);
-        let mut older = smallvec::SmallVec::<[usize; 4]>::new();
-        self.older_owners(key, &servers[..current], &mut older);
-        servers.extend(older);
         servers.len() - current
     }
 
@@ -836,15 +859,18 @@ pub(crate) mod tests {
             let key = format!("k{i}");
             let key = key.as_bytes();
             let owner = r3.owner_index(key).unwrap();
-            let mut older = smallvec::SmallVec::new();
-            r3.older_owners(key, &[owner], &mut older);
+            let older = r3.older_owners(key, &[owner]);
             let (before, oldest) = (owner_in(&r2.ring, key), owner_in(&r1.ring, key));
             let expected: Vec<String> = if oldest != name(&r3, owner) && oldest != before {
                 vec![oldest]
             } else {
                 Vec::new()
             };
-            let got: Vec<String> = older.iter().map(|&b| name(&r3, b)).collect();
+            let got: Vec<String> = older
+                .iter()
+                .flat_map(|o| o.servers())
+                .map(|&b| name(&r3, b))
+                .collect();
             assert_eq!(got, expected, "k{i}");
             three_owners += usize::from(!got.is_empty() && before != name(&r3, owner));
             checked += 1;
@@ -878,8 +904,8 @@ pub(crate) mod tests {
             let key = format!("k{i}");
             let mut replicas = smallvec::SmallVec::new();
             t.replicas(key.as_bytes(), &mut replicas);
-            let mut older = smallvec::SmallVec::new();
-            t.older_owners(key.as_bytes(), &replicas, &mut older);
+            let older = t.older_owners(key.as_bytes(), &replicas);
+            let older = older.as_ref().map_or(&[][..], |o| o.servers());
             for s in ["s1", "s2", "s3", "s4", "s5", "s6"] {
                 let at = t.backends.iter().position(|b| b.name() == s).unwrap();
                 assert!(
@@ -890,6 +916,55 @@ pub(crate) mod tests {
                 );
             }
         }
+    }
+
+    /// Two changes behind the ring in force, the older owners are grouped
+    /// oldest ring first, one group per ring: a write deletes the key from
+    /// R1's owner before R2's (see `OlderOwners`).
+    #[test]
+    fn older_owners_come_oldest_ring_first_one_group_per_ring() {
+        let (runtime, hooks) = runtime_and_hooks();
+        let _guard = runtime.enter();
+        let list = |n: usize| -> Vec<ServerConfig> {
+            (1..=n).map(|i| server(&format!("s{i}"), 1)).collect()
+        };
+        let c4 = config_of(&list(4));
+        let r1 = Topology::assemble(
+            c4.clone(),
+            1,
+            Topology::backends_for(&c4, None, &hooks),
+            Vec::new(),
+        );
+        let r2 = chain(&r1, &list(5), &hooks);
+        let r3 = chain(&r2, &list(6), &hooks);
+        let r4 = chain(&r3, &list(7), &hooks);
+        assert_eq!(r4.older.len(), 2);
+        assert_eq!((&r4.older[0].ring, &r4.older[1].ring), (&r2.ring, &r1.ring));
+        let at = |name: &str| r4.backends.iter().position(|b| b.name() == name).unwrap();
+        let owner_in = |ring: &crate::ring::Ring, key: &[u8]| {
+            at(&ring.members()[ring.owner(key).unwrap()].identity)
+        };
+        let mut two_groups = 0;
+        for i in 0..3000 {
+            let key = format!("k{i}");
+            let key = key.as_bytes();
+            let owner = r4.owner_index(key).unwrap();
+            let previous = owner_in(&r3.ring, key);
+            let expected: Vec<Vec<usize>> = [&r1.ring, &r2.ring]
+                .iter()
+                .map(|ring| owner_in(ring, key))
+                .filter(|&o| o != owner && o != previous)
+                .map(|o| vec![o])
+                .collect();
+            let older = r4.older_owners(key, &[owner]);
+            let got: Vec<Vec<usize>> = older
+                .iter()
+                .flat_map(|o| (0..).map_while(|g| o.group(g).map(<[usize]>::to_vec)))
+                .collect();
+            assert_eq!(got, expected, "k{i}");
+            two_groups += usize::from(got.len() == 2);
+        }
+        assert!(two_groups > 30, "{two_groups} keys with two older owners");
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! what the dialect spells differently. Pure: no I/O, no clock, and no live
 //! health: what it knows of health is a [`HealthView`] taken once per turn.
 
-use crate::topology::Topology;
+use crate::topology::{OlderOwners, Topology};
 use smallvec::SmallVec;
 
 /// Server indexes (into `Topology::backends`).
@@ -117,22 +117,24 @@ pub(crate) enum Placement<M> {
     /// by that, for hot-key counting.
     Owner { server: usize, hash: Option<u64> },
     /// Every server of `servers` gets it; answered when `quorum` agree. The
-    /// last `forget` are owners in older rings or replicas of the previous
-    /// ring only: they get a delete of the key instead, awaited before the
-    /// answer.
+    /// last `forget` are replicas of the previous ring only: they get a
+    /// delete of the key instead, awaited before the answer. `older`: the
+    /// owners in older rings of chained changes, deleted first (see
+    /// [`OlderOwners`]).
     Quorum {
         servers: Servers,
         quorum: usize,
         forget: usize,
+        older: Option<Box<OlderOwners>>,
     },
     /// A compare-and-swap decided on `owner`, then copied to `copies`; in a
-    /// window, tried on `previous` after the owner refused it, and the key
-    /// deleted from `forget` before the answer.
+    /// window, tried on `previous` after the owner refused it; the key is
+    /// deleted from the `older` owners first.
     CasThenCopy {
         owner: usize,
         copies: Servers,
         previous: Option<usize>,
-        forget: Servers,
+        older: Option<Box<OlderOwners>>,
     },
     /// Replicas asked in order, the next after a failure (or a miss, with
     /// `on_miss`). The first `current` are replicas now, the rest only in
@@ -143,13 +145,13 @@ pub(crate) enum Placement<M> {
         on_miss: bool,
     },
     /// A moved key in a window: the hand-off machine runs the request on
-    /// `owner` and `previous` by `steps`; `forget` get a delete with the
-    /// first step. `hash` as for `Owner`.
+    /// `owner` and `previous` by `steps`, once the `older` owners have
+    /// lost the key. `hash` as for `Owner`.
     Moved {
         owner: usize,
         previous: usize,
         steps: M,
-        forget: Servers,
+        older: Option<Box<OlderOwners>>,
         hash: Option<u64>,
     },
 }
@@ -191,10 +193,9 @@ pub(crate) fn place<M>(
         // A hand-off window (one replica): a moved key may still be only on
         // its previous owner.
         let handed_off = op.hands_off && replicas == 1;
-        let mut forget = Servers::new();
-        if handed_off && op.kind != KeyKind::Read {
-            topology.older_owners(key, &[owner], &mut forget);
-        }
+        let older = (handed_off && op.kind != KeyKind::Read)
+            .then(|| topology.older_owners(key, &[owner]))
+            .flatten();
         let previous = handed_off
             .then(|| topology.previous_owner(key, owner))
             .flatten();
@@ -203,21 +204,17 @@ pub(crate) fn place<M>(
                 owner,
                 previous,
                 steps,
-                forget,
+                older,
                 hash,
             },
             // Not moved since the previous ring, but owned elsewhere in an
-            // older one: deleted there too before the answer.
-            _ if !forget.is_empty() => {
-                let count = forget.len();
-                let mut servers: Servers = smallvec::smallvec![owner];
-                servers.extend(forget);
-                Placement::Quorum {
-                    servers,
-                    quorum: 1,
-                    forget: count,
-                }
-            }
+            // older one: deleted there first.
+            _ if older.is_some() => Placement::Quorum {
+                servers: smallvec::smallvec![owner],
+                quorum: 1,
+                forget: 0,
+                older,
+            },
             _ => Placement::Owner {
                 server: owner,
                 hash,
@@ -244,18 +241,20 @@ pub(crate) fn place<M>(
             }
         }
         KeyKind::Cas { retry_elsewhere } => {
-            let (previous, forget) = cas_handoff(key, owner, &mut servers, topology);
+            let (previous, older) = cas_handoff(key, owner, &mut servers, topology);
             Placement::CasThenCopy {
                 owner,
                 copies: servers[1..].iter().copied().collect(),
                 previous: previous.filter(|_| retry_elsewhere),
-                forget,
+                older,
             }
         }
         KeyKind::Write => {
             let quorum = quorum(servers.len());
-            let forget = topology.push_former_replicas(key, &mut servers);
+            let current = servers.len();
+            let forget = topology.push_previous_only_replicas(key, &mut servers);
             Placement::Quorum {
+                older: topology.older_owners(key, &servers[..current]),
                 servers,
                 quorum,
                 forget,
@@ -267,7 +266,7 @@ pub(crate) fn place<M>(
 /// What a replicated compare-and-swap of `key` (replica set `servers`,
 /// `owner` first) needs in a hand-off window: the previous ring's owner when
 /// it differs (the cas may be its number), and the older rings' owners to
-/// delete the key from. The previous ring's replicas that are not replicas
+/// delete the key from first. The previous ring's replicas that are not replicas
 /// now are appended to `servers`: they get the copy too, since a later miss
 /// may fall through to them and must not find the value this cas replaced.
 fn cas_handoff(
@@ -275,18 +274,16 @@ fn cas_handoff(
     owner: usize,
     servers: &mut Servers,
     topology: &Topology,
-) -> (Option<usize>, Servers) {
-    let mut forget = Servers::new();
+) -> (Option<usize>, Option<Box<OlderOwners>>) {
     if topology.previous.is_none() {
-        return (None, forget);
+        return (None, None);
     }
     let current = servers.len();
     let mut before = Servers::new();
     topology.previous_replicas(key, &mut before);
     let previous = before.first().copied().filter(|&p| p != owner);
     topology.push_previous_only_replicas(key, servers);
-    topology.older_owners(key, &servers[..current], &mut forget);
-    (previous, forget)
+    (previous, topology.older_owners(key, &servers[..current]))
 }
 
 #[cfg(test)]
@@ -337,7 +334,7 @@ mod tests {
                     owner,
                     previous,
                     steps: "steps",
-                    forget: Servers::new(),
+                    older: None,
                     hash: new.owner_index_hashed(moved.as_bytes()).1,
                 },
                 "{op:?}"
@@ -387,9 +384,11 @@ mod tests {
                 servers,
                 quorum,
                 forget,
+                older,
             } => {
                 assert_eq!(servers[..2], replicas[..]);
                 assert_eq!(quorum, 2);
+                assert_eq!(older, None, "one change: no older ring");
                 // The previous ring's replicas that are not replicas now.
                 assert_eq!(servers.len(), 2 + forget);
             }

@@ -14,12 +14,23 @@ impl ClientSession {
                 if entry.sent {
                     return true;
                 }
-                let cost = entry.bytes.len() + LINE_REPLY_BYTES * parts.len();
-                if !self.may_reserve(cost) {
+                let older = match finish {
+                    Finish::Quorum { older, .. } => older.as_deref_mut(),
+                    _ => None,
+                };
+                if entry.reserved == 0 {
+                    let deletes = OlderForget::len(older.as_deref());
+                    let cost = entry.bytes.len() + LINE_REPLY_BYTES * (parts.len() + deletes);
+                    if !self.may_reserve(cost) {
+                        return false;
+                    }
+                    self.reserve(cost);
+                    entry.reserved = cost;
+                }
+                let key = || entry.request.key(&entry.bytes, 0);
+                if !OlderForget::advance(older, |server| self.delete_on(topology, server, key())) {
                     return false;
                 }
-                self.reserve(cost);
-                entry.reserved = cost;
                 let request = forwardable(&entry.bytes, &entry.request);
                 let expect = entry.command.reply_line().unwrap_or(LineKind::Ok);
                 let forget = match finish {
@@ -50,12 +61,21 @@ impl ClientSession {
             }
             Work::Cas(cas) => {
                 if !entry.sent {
-                    let cost = entry.bytes.len() + LINE_REPLY_BYTES * (1 + cas.forget.len());
-                    if !self.may_reserve(cost) {
+                    if entry.reserved == 0 {
+                        let deletes = OlderForget::len(cas.older.as_ref());
+                        let cost = entry.bytes.len() + LINE_REPLY_BYTES * (1 + deletes);
+                        if !self.may_reserve(cost) {
+                            return false;
+                        }
+                        self.reserve(cost);
+                        entry.reserved = cost;
+                    }
+                    // The owners in older rings lose the key first.
+                    let key = || entry.request.key(&entry.bytes, 0);
+                    let delete = |server| self.delete_on(topology, server, key());
+                    if !OlderForget::advance(cas.older.as_mut(), delete) {
                         return false;
                     }
-                    self.reserve(cost);
-                    entry.reserved = cost;
                     let request = forwardable(&entry.bytes, &entry.request);
                     let hot = entry.hot.as_ref();
                     self.send_line(
@@ -66,10 +86,6 @@ impl ClientSession {
                         true,
                         hot,
                     );
-                    let key = entry.request.key(&entry.bytes, 0);
-                    for &server in &cas.forget {
-                        cas.waiting.push(self.delete_on(topology, server, key));
-                    }
                     entry.sent = true;
                 }
                 // The copies go out before any later request of this client,
@@ -85,18 +101,27 @@ impl ClientSession {
             }
             Work::Meta(meta) => {
                 if !entry.sent {
-                    let mut cost = entry.bytes.len() + LINE_REPLY_BYTES * meta.parts.len();
-                    if meta.value {
-                        cost += self.estimate.max(MIN_ESTIMATE_BYTES);
+                    if entry.reserved == 0 {
+                        let deletes = OlderForget::len(meta.older.as_ref());
+                        let mut cost =
+                            entry.bytes.len() + LINE_REPLY_BYTES * (meta.parts.len() + deletes);
+                        if meta.value {
+                            cost += self.estimate.max(MIN_ESTIMATE_BYTES);
+                        }
+                        if !self.may_reserve(cost) {
+                            return false;
+                        }
+                        self.reserve(cost);
+                        entry.reserved = cost;
                     }
-                    if !self.may_reserve(cost) {
+                    // The owners in older rings lose the key first.
+                    let key = &meta.forget_key;
+                    let forget = |server| self.forget_on(topology, server, key);
+                    if !OlderForget::advance(meta.older.as_mut(), forget) {
                         return false;
                     }
-                    self.reserve(cost);
-                    entry.reserved = cost;
                     if let MetaMode::Moved(_) = &meta.mode {
-                        // Started below, once the older rings' owners have
-                        // lost the key.
+                        // Started below.
                     } else {
                         let (forget, key) = match &meta.mode {
                             MetaMode::Quorum { forget, key, .. } => (*forget, Some(key)),
@@ -113,19 +138,12 @@ impl ClientSession {
                             }
                         }
                     }
-                    for &server in &meta.forget {
-                        let part = self.forget_on(topology, server, &meta.forget_key);
-                        meta.waiting.push(part);
-                    }
                     entry.sent = true;
                 }
                 match &mut meta.mode {
                     MetaMode::Forward | MetaMode::Quorum { .. } => true,
                     MetaMode::Moved(moved) => {
                         if !moved.started {
-                            if !older_forgotten(&mut meta.waiting) {
-                                return false;
-                            }
                             moved.started = true;
                             let step = moved.machine.start();
                             let hot = entry.hot.as_ref();
@@ -195,24 +213,23 @@ impl ClientSession {
             }
             Work::Moved(moved) => {
                 if !entry.sent {
-                    let cost = entry.bytes.len() + LINE_REPLY_BYTES;
-                    if !self.may_reserve(cost) {
-                        return false;
+                    if entry.reserved == 0 {
+                        let deletes = OlderForget::len(moved.older.as_ref());
+                        let cost = entry.bytes.len() + LINE_REPLY_BYTES * (1 + deletes);
+                        if !self.may_reserve(cost) {
+                            return false;
+                        }
+                        self.reserve(cost);
+                        entry.reserved = cost;
                     }
-                    self.reserve(cost);
-                    entry.reserved = cost;
-                    entry.sent = true;
-                    let key = entry.request.key(&entry.bytes, 0);
-                    for &server in &moved.forget {
-                        moved.waiting.push(self.delete_on(topology, server, key));
-                    }
-                }
-                if moved.part.is_none() && moved.answer.is_none() {
                     // Owners in older rings of chained changes lose the key
-                    // before the machine's first step: see `older_forgotten`.
-                    if !older_forgotten(&mut moved.waiting) {
+                    // before the machine's first step, oldest ring first.
+                    let key = || entry.request.key(&entry.bytes, 0);
+                    let delete = |server| self.delete_on(topology, server, key());
+                    if !OlderForget::advance(moved.older.as_mut(), delete) {
                         return false;
                     }
+                    entry.sent = true;
                     let step = moved.machine.start();
                     self.step(topology, moved, step, entry.hot.as_ref());
                 }
@@ -599,11 +616,9 @@ impl ClientSession {
             Work::Lines { parts, .. } => parts.iter_mut().for_each(Part::absorb),
             Work::Cas(cas) => {
                 cas.part.absorb();
-                cas.waiting.iter_mut().for_each(Part::absorb);
                 cas.copied.iter_mut().for_each(Part::absorb);
             }
             Work::Meta(meta) => {
-                meta.waiting.iter_mut().for_each(Part::absorb);
                 meta.mode.copies_mut().iter_mut().for_each(Part::absorb);
                 for part in meta.parts.iter_mut() {
                     part.absorb();
@@ -656,7 +671,6 @@ impl ClientSession {
             }
             Work::Moved(moved) => {
                 moved.copies.iter_mut().for_each(Part::absorb);
-                moved.waiting.iter_mut().for_each(Part::absorb);
             }
             Work::Ready(_) | Work::Stats => {}
         }
@@ -753,8 +767,9 @@ impl ClientSession {
                 }
             }
             Work::Cas(cas) => {
-                let awaited = cas.waiting.iter().chain(&cas.copied);
-                if awaited.into_iter().any(|p| p.result.is_none()) {
+                if OlderForget::pending(cas.older.as_ref())
+                    || cas.copied.iter().any(|p| p.result.is_none())
+                {
                     return false;
                 }
                 let Some(result) = &cas.part.result else {
@@ -774,7 +789,7 @@ impl ClientSession {
                 }
             }
             Work::Meta(meta) => {
-                if meta.waiting.iter().any(|p| p.result.is_none()) {
+                if OlderForget::pending(meta.older.as_ref()) {
                     return false;
                 }
                 let reply = match &meta.mode {
@@ -857,7 +872,7 @@ impl ClientSession {
                 }
             }
             Work::Moved(moved) => {
-                if moved.waiting.iter().any(|p| p.result.is_none()) {
+                if OlderForget::pending(moved.older.as_ref()) {
                     return false;
                 }
                 let Some(answer) = moved.answer.take() else {
@@ -924,17 +939,6 @@ fn meta_set_expect() -> Expect {
 struct CasCopy<'a> {
     wire: &'a dyn Fn() -> crate::protocol::encode::Outbound,
     expect: &'a Expect,
-}
-
-/// Whether the `md`s to a moved key's owners in older rings of chained
-/// changes (`waiting`) are all answered. The hand-off machine starts only
-/// then: a sidecar one change behind copies the key from such an owner to
-/// the one the machine deletes it from, and that copy's check (see
-/// `copy_check.rs`) takes it back only if the older owner lost the key
-/// first.
-fn older_forgotten(waiting: &mut [Part]) -> bool {
-    waiting.iter_mut().for_each(Part::absorb);
-    waiting.iter().all(|p| p.result.is_some())
 }
 
 /// What sending a hand-off step gave: the part its reply comes on, or the

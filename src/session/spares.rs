@@ -78,15 +78,20 @@ pub(super) fn plan(
 pub(super) fn keep(work: Work) {
     match work {
         Work::Ready(_) | Work::Stats => {}
-        Work::Lines { parts, .. } => parts.into_iter().for_each(keep_part),
+        Work::Lines { parts, finish } => {
+            parts.into_iter().for_each(keep_part);
+            if let Finish::Quorum { older, .. } = finish {
+                keep_older(older.map(|o| *o));
+            }
+        }
         Work::Cas(cas) => {
             let cas = *cas;
             keep_part(cas.part);
-            cas.waiting.into_iter().for_each(keep_part);
+            keep_older(cas.older);
         }
         Work::Meta(mut meta) => {
             meta.parts.drain(..).for_each(keep_part);
-            meta.waiting.drain(..).for_each(keep_part);
+            keep_older(meta.older.take());
             // Its bytes go now; the box waits for the next request.
             meta.wire.clear();
             meta.mode = MetaMode::Forward;
@@ -110,8 +115,14 @@ pub(super) fn keep(work: Work) {
             let moved = *moved;
             moved.part.into_iter().for_each(keep_part);
             moved.copies.into_iter().for_each(keep_part);
-            moved.waiting.into_iter().for_each(keep_part);
+            keep_older(moved.older);
         }
+    }
+}
+
+fn keep_older(older: Option<OlderForget>) {
+    if let Some(older) = older {
+        older.into_parts().into_iter().for_each(keep_part);
     }
 }
 

@@ -164,9 +164,14 @@ impl ClientSession {
                 servers,
                 quorum,
                 forget,
+                older,
             }) => Work::Lines {
                 parts: servers.into_iter().map(Part::new).collect(),
-                finish: Finish::Quorum { quorum, forget },
+                finish: Finish::Quorum {
+                    quorum,
+                    forget,
+                    older: OlderForget::new(older).map(Box::new),
+                },
             },
             Plan::Broadcast { servers } => Work::Lines {
                 parts: servers.into_iter().map(Part::new).collect(),
@@ -176,7 +181,7 @@ impl ClientSession {
                 owner,
                 copies,
                 previous,
-                forget,
+                older,
             }) => {
                 // A moved key's cas the owner refuses is taken over as
                 // without replicas.
@@ -187,8 +192,7 @@ impl ClientSession {
                     machine: crate::plan::replicated_cas::ReplicatedCas::new(
                         false, owner, copies, previous,
                     ),
-                    forget,
-                    waiting: SmallVec::new(),
+                    older: OlderForget::new(older),
                     copied: Vec::new(),
                 }))
             }
@@ -200,22 +204,30 @@ impl ClientSession {
             Plan::Key(Placement::Moved {
                 owner,
                 previous,
-                forget,
+                older,
                 ..
             }) => match Moved::new(&request, &bytes) {
                 Some(machine) => Work::Moved(Box::new(MovedWork {
                     machine,
                     owner,
                     previous,
-                    forget,
-                    waiting: SmallVec::new(),
+                    older: OlderForget::new(older),
                     part: None,
                     copies: SmallVec::new(),
                     answer: None,
                 })),
+                // The owner alone answers it, once the older owners lost
+                // the key.
                 None => Work::Lines {
                     parts: smallvec::smallvec![Part::new(owner)],
-                    finish: Finish::Forward,
+                    finish: match older {
+                        Some(older) => Finish::Quorum {
+                            quorum: 1,
+                            forget: 0,
+                            older: OlderForget::new(Some(older)).map(Box::new),
+                        },
+                        None => Finish::Forward,
+                    },
                 },
             },
         };
@@ -274,7 +286,7 @@ impl ClientSession {
             quiet,
             replied: false,
         };
-        let mut forget = crate::plan::placement::Servers::new();
+        let mut older = None;
         let mode = match plan {
             MetaPlan::Reply(reply) => {
                 let mut entry = Entry::ready(reply, topology);
@@ -293,21 +305,25 @@ impl ClientSession {
                 servers,
                 quorum,
                 forget,
-            }) => (
-                parts(&servers),
-                MetaMode::Quorum {
-                    quorum,
-                    forget,
-                    key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
-                },
-            ),
+                older: owners,
+            }) => {
+                older = owners;
+                (
+                    parts(&servers),
+                    MetaMode::Quorum {
+                        quorum,
+                        forget,
+                        key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
+                    },
+                )
+            }
             MetaPlan::Key(Placement::CasThenCopy {
                 owner,
                 copies,
                 previous,
-                forget: older,
+                older: owners,
             }) => {
-                forget = older;
+                older = owners;
                 let copy = route::meta_copy(&request, &bytes);
                 let previous = previous.map(|previous| {
                     let key = bytes.slice_ref(request.key_token(&bytes));
@@ -335,10 +351,10 @@ impl ClientSession {
                 owner,
                 previous,
                 steps: what,
-                forget: older,
+                older: owners,
                 ..
             }) => {
-                forget = older;
+                older = owners;
                 let key = (bytes.slice_ref(request.key_token(&bytes)), request.base64);
                 let machine = Moved::meta(what, request.command, key, wire.clone(), expect.clone());
                 let work = MetaMoved {
@@ -363,7 +379,7 @@ impl ClientSession {
             ),
         };
         let (parts, mode) = mode;
-        let forget_key = if forget.is_empty() {
+        let forget_key = if older.is_none() {
             (Bytes::new(), false)
         } else {
             (bytes.slice_ref(request.key_token(&bytes)), request.base64)
@@ -389,8 +405,7 @@ impl ClientSession {
             parts,
             mode,
             forget_key,
-            forget,
-            waiting: SmallVec::new(),
+            older: OlderForget::new(older),
         }));
         self.push(entry);
     }

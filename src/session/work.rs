@@ -100,10 +100,9 @@ pub(super) struct MovedWork {
     pub(super) machine: Moved,
     pub(super) owner: usize,
     pub(super) previous: usize,
-    /// Owners in older rings of chained changes: sent a `delete` with the
-    /// first step (`waiting`), and the answer waits for them.
-    pub(super) forget: crate::plan::placement::Servers,
-    pub(super) waiting: SmallVec<[Part; 1]>,
+    /// Owners in older rings of chained changes: they lose the key before
+    /// the machine's first step.
+    pub(super) older: Option<OlderForget>,
     /// The step waiting for its reply.
     pub(super) part: Option<Part>,
     pub(super) copies: SmallVec<[Part; 1]>,
@@ -115,13 +114,75 @@ pub(super) struct CasWork {
     /// The `cas` under way: on the owner, then on the previous owner.
     pub(super) part: Part,
     pub(super) machine: crate::plan::replicated_cas::ReplicatedCas,
-    /// Owners in older rings of chained changes, sent a `delete` with the
-    /// `cas`; the answer waits for them.
-    pub(super) forget: crate::plan::placement::Servers,
-    pub(super) waiting: SmallVec<[Part; 2]>,
+    /// Owners in older rings of chained changes: they lose the key before
+    /// the `cas` is sent.
+    pub(super) older: Option<OlderForget>,
     /// The copies of a `cas` the previous owner stored (the owner's first),
     /// awaited before the answer.
     pub(super) copied: Vec<Part>,
+}
+
+/// A write's deletes of its key from its owners in the older rings of
+/// chained changes, one group at a time, oldest ring first (see
+/// `topology::OlderOwners`); the write goes out once they are answered.
+pub(super) struct OlderForget {
+    owners: Box<crate::topology::OlderOwners>,
+    /// How many groups are sent.
+    sent: usize,
+    parts: SmallVec<[Part; 2]>,
+}
+
+impl OlderForget {
+    pub(super) fn new(owners: Option<Box<crate::topology::OlderOwners>>) -> Option<OlderForget> {
+        Some(OlderForget {
+            owners: owners?,
+            sent: 0,
+            parts: SmallVec::new(),
+        })
+    }
+
+    /// How many deletes there are in all.
+    pub(super) fn len(older: Option<&OlderForget>) -> usize {
+        older.map_or(0, |o| o.owners.servers().len())
+    }
+
+    /// The deletes sent so far.
+    pub(super) fn parts(older: Option<&OlderForget>) -> &[Part] {
+        older.map_or(&[], |o| &o.parts)
+    }
+
+    /// Takes in the replies, and sends the next group with `send` once the
+    /// one before is answered; true when every group is.
+    pub(super) fn advance(
+        older: Option<&mut OlderForget>,
+        mut send: impl FnMut(usize) -> Part,
+    ) -> bool {
+        let Some(older) = older else {
+            return true;
+        };
+        loop {
+            older.parts.iter_mut().for_each(Part::absorb);
+            if older.parts.iter().any(|p| p.result.is_none()) {
+                return false;
+            }
+            let Some(group) = older.owners.group(older.sent) else {
+                return true;
+            };
+            older.sent += 1;
+            older.parts.extend(group.iter().map(|&server| send(server)));
+        }
+    }
+
+    /// Whether a delete is still to be sent or answered.
+    pub(super) fn pending(older: Option<&OlderForget>) -> bool {
+        older.is_some_and(|o| {
+            o.owners.group(o.sent).is_some() || o.parts.iter().any(|p| p.result.is_none())
+        })
+    }
+
+    pub(super) fn into_parts(self) -> SmallVec<[Part; 2]> {
+        self.parts
+    }
 }
 
 pub(super) fn count_copy(stats: &crate::stats::Stats, outcome: CopyOutcome) {
@@ -160,14 +221,11 @@ pub(super) struct MetaWork {
     /// a read-through; the owner otherwise).
     pub(super) parts: SmallVec<[Part; 1]>,
     pub(super) mode: MetaMode,
-    /// Owners in older rings of chained changes, sent an `md` with the
-    /// first step (see `route::MetaPlan`), and the key token for it (and
-    /// whether it is base64).
-    pub(super) forget: crate::plan::placement::Servers,
+    /// Owners in older rings of chained changes: they get an `md` before
+    /// the request goes out (see `route::MetaPlan`), with this key token
+    /// (and whether it is base64).
+    pub(super) older: Option<OlderForget>,
     pub(super) forget_key: (Bytes, bool),
-    /// Replies the answer waits for besides the parts: those `md`s, and
-    /// the copies of an `ms … C` the previous owner took.
-    pub(super) waiting: SmallVec<[Part; 1]>,
 }
 
 /// How a meta request's replies become the client's reply.
@@ -238,10 +296,12 @@ pub(super) struct MetaMoved {
 pub(super) enum Finish {
     Forward,
     /// A replicated write: the quorum, and how many of the last parts are
-    /// `delete`s to the previous ring's replicas (see `placement::Placement::Quorum`).
+    /// `delete`s to the previous ring's replicas (see `placement::Placement::Quorum`);
+    /// `older`: the deletes that go before it in chained windows.
     Quorum {
         quorum: usize,
         forget: usize,
+        older: Option<Box<OlderForget>>,
     },
     AllOk,
 }
@@ -254,15 +314,24 @@ impl Work {
     pub(super) fn all_unanswered(&self, ours: &mut dyn FnMut(usize, &Rc<Slot>) -> bool) -> bool {
         match self {
             Work::Ready(_) | Work::Stats => true,
-            Work::Lines { parts, .. } => parts.iter().all(|p| p.all_unanswered(ours)),
+            Work::Lines { parts, finish } => {
+                let older = match finish {
+                    Finish::Quorum { older, .. } => older.as_deref(),
+                    _ => None,
+                };
+                parts
+                    .iter()
+                    .chain(OlderForget::parts(older))
+                    .all(|p| p.all_unanswered(ours))
+            }
             Work::Cas(cas) => std::iter::once(&cas.part)
-                .chain(&cas.waiting)
+                .chain(OlderForget::parts(cas.older.as_ref()))
                 .chain(&cas.copied)
                 .all(|p| p.all_unanswered(ours)),
             Work::Meta(meta) => meta
                 .parts
                 .iter()
-                .chain(&meta.waiting)
+                .chain(OlderForget::parts(meta.older.as_ref()))
                 .chain(meta.mode.copies())
                 .all(|p| p.all_unanswered(ours)),
             Work::Retrieve { in_flight, .. } => in_flight
@@ -273,7 +342,7 @@ impl Work {
                 .part
                 .iter()
                 .chain(&moved.copies)
-                .chain(&moved.waiting)
+                .chain(OlderForget::parts(moved.older.as_ref()))
                 .all(|p| p.all_unanswered(ours)),
         }
     }

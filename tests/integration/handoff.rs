@@ -1735,6 +1735,101 @@ fn a_delete_in_a_chain_of_changes_reaches_the_older_owner_first() {
     assert_eq!(through_w.get(&key), None, "read through W after the delete");
 }
 
+/// Two changes behind: the owners in the older rings lose the key one ring
+/// at a time, oldest first. R1 (servers 0-3), R2 (0-4), R3 (0-5), R4
+/// (0-6); the key is owned by O in R1, P = server 4 in R2, server 5 in R3
+/// and server 6 in R4. Sidecar X is on R2 (previous R1) and reads the key
+/// through from O; its copy to P is kept back by a relay. Sidecar W is on
+/// R4, keeps R2 and R1 as older rings, and deletes the key; its delete on
+/// O is kept back by another relay. X's copy lands on P and X's check finds
+/// the key still on O, so the copy stays; then W's delete reaches O. Had W
+/// deleted the key from O and P together, P's delete would have gone
+/// before the copy landed, and P would serve the deleted value from then
+/// on.
+#[test]
+fn a_delete_two_changes_ahead_reaches_the_older_owners_oldest_first() {
+    let dir = TempDir::new("handoff", "chain-order-4");
+    let servers: Vec<Memcached> = (0..7).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let rings: Vec<Ring> = [4, 5, 6, 7]
+        .iter()
+        .map(|&n| {
+            let path = dir.path(&format!("r{n}.toml"));
+            std::fs::write(&path, config(&all[..n])).unwrap();
+            ring_of(&path)
+        })
+        .collect();
+    let name = |i: usize| format!("cache-{}", servers[i].port);
+    let key = (0..50_000)
+        .map(|i| format!("chain4:{i}"))
+        .find(|k| (1..4).all(|r| owner_name(&rings[r], k) == name(r + 3)))
+        .expect("a key owned by servers 4, 5 and 6 in R2, R3 and R4");
+    let older = (0..4)
+        .find(|&i| owner_name(&rings[0], &key) == name(i))
+        .unwrap();
+    let delete: &'static [u8] = Box::leak(format!("delete {key}").into_bytes().into_boxed_slice());
+    let (relay_o, relay_p) = (
+        Relay::start(&servers[older].addr(), Fault::holding_from(delete)),
+        Relay::start(&servers[4].addr(), Fault::holding_from(b"add ")),
+    );
+    let relayed = |n: usize| {
+        config(&all[..n])
+            .replace(&servers[older].addr(), &relay_o.addr())
+            .replace(&servers[4].addr(), &relay_p.addr())
+    };
+    let (path_x, path_w) = (dir.path("x.toml"), dir.path("w.toml"));
+    for path in [&path_x, &path_w] {
+        std::fs::write(path, relayed(4)).unwrap();
+    }
+    let (x, w) = (Proxy::start_file(&path_x), Proxy::start_file(&path_w));
+    let (mut through_x, mut through_w) = (x.client(), w.client());
+    store(&mut through_w, std::slice::from_ref(&key));
+    for (proxy, path, steps) in [(&x, &path_x, &[5][..]), (&w, &path_w, &[5, 6, 7][..])] {
+        for (version, &n) in (2..).zip(steps) {
+            replace_by_rename(path, &relayed(n));
+            wait_for("the next ring", || proxy.ring_version() >= version);
+        }
+    }
+    assert_eq!(
+        w.running().topology.load().older.len(),
+        2,
+        "W keeps R2 and R1"
+    );
+
+    // X reads through from O; its copy to P is kept back.
+    assert_eq!(through_x.get(&key), Some(value_of(&key).into_bytes()));
+    wait_for("X's copy kept back", || relay_p.holding());
+    // W deletes; its delete on O is kept back, and P's waits for it.
+    through_w.send(format!("delete {key}\r\n").as_bytes());
+    wait_for("W's delete on O kept back", || relay_o.holding());
+    relay_p.release();
+    wait_for("X's copy checked", || {
+        x.client().stat("handoff_copies_checked") == 1
+    });
+    assert_eq!(x.client().stat("handoff_copies_taken_back"), 0);
+    assert_eq!(
+        held_by(&servers[4], std::slice::from_ref(&key)),
+        1,
+        "X's copy on P"
+    );
+    relay_o.release();
+    let deleted = through_w.reply(ReplyKind::Line);
+    assert_eq!(
+        held_by(&servers[4], std::slice::from_ref(&key)),
+        0,
+        "P still holds the deleted value"
+    );
+    // Neither W's owner nor its previous owner (servers 6 and 5) had it: on
+    // R4 the key read as a miss already, and the delete answers as it read.
+    assert_eq!(show(&deleted), "NOT_FOUND\\r\\n");
+    for (i, server) in servers.iter().enumerate() {
+        let held = held_by(server, std::slice::from_ref(&key));
+        assert_eq!(held, 0, "server {i}");
+    }
+    assert_eq!(through_x.get(&key), None, "read through X after the delete");
+    assert_eq!(through_w.get(&key), None, "read through W after the delete");
+}
+
 /// Three rings within hand-off windows, then back to the first: R1 (servers
 /// 0-3), R2 (0-4), R3 (0-5), R1 again. Every key is written (`v1`) under R1
 /// and rewritten (`v3`, with `set` and `ms`) under R3, where the window keeps
