@@ -37,7 +37,9 @@ use crate::error::BackendErrorKind;
 use crate::outbuf::OutQueue;
 use crate::protocol::meta::reply::MetaReplyError;
 use crate::protocol::meta::tag::{echoes_opaque, tag_request, untag, Tag};
-use crate::protocol::reply::{item_size_max, next_piece, Expect, Piece, ReplyError};
+use crate::protocol::reply::{
+    item_size_max, next_piece, pending_value_len, Expect, Piece, ReplyError,
+};
 use crate::tls::{write_or_flush, Flush};
 use crate::wake::{Cancel, Wake};
 
@@ -420,8 +422,24 @@ where
             (!state.waiting.is_empty()).then_some(state.progress + timeout)
         };
         writing.seal();
-        if read_buf.capacity() - read_buf.len() < READ_CHUNK_BYTES / 4 {
-            read_buf.reserve(read_room(largest));
+        let pending = match read_buf.is_empty() {
+            true => None,
+            false => pending_value_len(&read_buf),
+        };
+        match pending {
+            // A value larger than the room the buffer takes gets a buffer of
+            // its own, of its size: grown by `reserve`, it would double (and
+            // stay twice its size while its reply is owed), or be copied
+            // once per step if the buffer's earlier pieces are still held.
+            Some(total) if total > read_buf.capacity() && total > read_room(largest) => {
+                let mut whole = BytesMut::with_capacity(total + READ_CHUNK_BYTES);
+                whole.extend_from_slice(&read_buf);
+                read_buf = whole;
+            }
+            _ if read_buf.capacity() - read_buf.len() < READ_CHUNK_BYTES / 4 => {
+                read_buf.reserve(read_room(largest));
+            }
+            _ => {}
         }
         tokio::select! {
             biased;

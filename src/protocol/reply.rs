@@ -451,6 +451,22 @@ enum Step {
     },
 }
 
+/// The length the value piece at the start of `buf` will have once whole,
+/// when its first line (`VALUE …` or `VA <size> …`) has arrived and the
+/// rest has not: what a read buffer needs room for. `None` for anything
+/// else (including a malformed header, which framing then refuses).
+pub fn pending_value_len(buf: &[u8]) -> Option<usize> {
+    let newline = memchr(b'\n', &buf[..buf.len().min(MAX_REPLY_LINE_BYTES)])?;
+    let line = buf[..newline].strip_suffix(b"\r")?;
+    let size = if line.starts_with(b"VALUE ") {
+        parse_value_header(line)?.1
+    } else {
+        super::meta::reply::value_size(line)?
+    };
+    let total = (newline + 1).checked_add(size)?.checked_add(2)?;
+    (buf.len() < total && size <= MAX_REPLY_VALUE_BYTES).then_some(total)
+}
+
 fn line_len(buf: &[u8]) -> Result<Option<usize>, ReplyError> {
     let window = &buf[..buf.len().min(MAX_REPLY_LINE_BYTES)];
     match memchr(b'\n', window) {
@@ -509,6 +525,34 @@ fn parse_value_header(header: &[u8]) -> Option<(std::ops::Range<usize>, usize, b
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pending_value_says_how_long_it_will_be() {
+        let classic = b"VALUE big 0 1048576\r\nabc";
+        assert_eq!(pending_value_len(classic), Some(21 + 1_048_576 + 2));
+        let with_cas = b"VALUE k 5 3 99\r\n";
+        assert_eq!(pending_value_len(with_cas), Some(16 + 3 + 2));
+        let meta = b"VA 10 t-1 f5\r\n01234";
+        assert_eq!(pending_value_len(meta), Some(14 + 10 + 2));
+        // Whole already, not a value, no header yet, or malformed: nothing.
+        for buf in [
+            &b"VALUE k 0 1\r\nx\r\n"[..],
+            b"VA 1\r\nx\r\n",
+            b"END\r\n",
+            b"HD\r\n",
+            b"VALUE big 0 10",
+            b"",
+            b"VALUE k 0 x\r\n",
+            b"VA 99999999999\r\n",
+        ] {
+            assert_eq!(
+                pending_value_len(buf),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(buf)
+            );
+        }
+    }
 
     fn pieces(reply: &[u8], mut expect: Expect) -> Result<Vec<Piece>, ReplyError> {
         let mut at = 0;

@@ -176,7 +176,7 @@ fn expected(command: MetaCommand, status: MetaStatus) -> bool {
 
 /// The `<size>` of `VA <size> <flags>*`: decimal digits, at most the largest
 /// value memcached can hold.
-fn value_size(line: &[u8]) -> Option<usize> {
+pub(crate) fn value_size(line: &[u8]) -> Option<usize> {
     let rest = line.strip_prefix(b"VA ")?;
     let digits = &rest[..memchr(b' ', rest).unwrap_or(rest.len())];
     if digits.is_empty() || digits.len() > 10 || !digits.iter().all(u8::is_ascii_digit) {
