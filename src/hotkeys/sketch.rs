@@ -7,10 +7,11 @@
 //! - a counter's `count` is never below its key's true count, and
 //!   `count - error` never above it.
 //!
-//! One update is a hash-map probe plus a binary search over the counts of at
-//! most `capacity` counters kept in order (see [`SpaceSaving`]), and copies
-//! the key only when it takes over the smallest counter (into a buffer that
-//! keeps its allocation).
+//! One update is a hash-map probe plus, for a counted key above the
+//! smallest count, a binary search over the counts of at most `capacity`
+//! counters kept in order (see [`SpaceSaving`]); it copies the key only
+//! when it takes over the smallest counter (into a buffer that keeps its
+//! allocation).
 //!
 //! Keys are told apart by a 64-bit hash the caller computes: two keys with the
 //! same hash share one counter, a chance of about 2^-64 per pair.
@@ -68,7 +69,8 @@ pub struct Estimate {
 /// counts beside it in `counts`), all `capacity` of them from the start,
 /// unused ones counting 0. Counting a key adds one to its counter, which
 /// then swaps with the last counter of its old count: the order holds, and
-/// the only search is for that run's end, over a short array of numbers. A
+/// the only search is for that run's end, over a short array of numbers
+/// (none for the smallest count, whose run's end is kept). A
 /// key without a counter takes the first in the order, the smallest (an
 /// unused one while there are any), so the sketch needs no other case.
 #[derive(Debug, Clone)]
@@ -80,6 +82,11 @@ pub struct SpaceSaving {
     counts: Vec<u64>,
     /// `rank[c]` is counter `c`'s index in `order`.
     rank: Vec<u32>,
+    /// The last index in `order` whose count is the smallest, `counts[0]`:
+    /// where an increment of the smallest counters goes without a search.
+    /// Every key new to the sketch increments the smallest, so without
+    /// hot keys nearly every count takes this way.
+    floor_end: usize,
     index: HashMap<u64, u32, BuildKeyHash>,
     total: u64,
 }
@@ -93,6 +100,7 @@ impl SpaceSaving {
             order: (0..capacity as u32).collect(),
             counts: vec![0; capacity],
             rank: (0..capacity as u32).collect(),
+            floor_end: capacity - 1,
             index: HashMap::with_capacity_and_hasher(capacity, BuildKeyHash::default()),
             total: 0,
         }
@@ -144,15 +152,28 @@ impl SpaceSaving {
     #[inline]
     fn increment(&mut self, at: usize) {
         let count = self.counts[at];
+        let floor = count == self.counts[0];
         // The last counter with the same count: everything after it counts
         // more, so the incremented counter belongs there.
-        let last = at + self.counts[at..].partition_point(|&c| c == count) - 1;
+        let last = if floor {
+            self.floor_end
+        } else {
+            at + self.counts[at..].partition_point(|&c| c == count) - 1
+        };
         if last != at {
             self.order.swap(at, last);
             self.rank[self.order[at] as usize] = at as u32;
             self.rank[self.order[last] as usize] = last as u32;
         }
         self.counts[last] = count + 1;
+        if floor {
+            self.floor_end = match last.checked_sub(1) {
+                Some(end) => end,
+                // The smallest count was this counter's alone: the next
+                // one up is the smallest now.
+                None => self.counts.partition_point(|&c| c == count + 1) - 1,
+            };
+        }
     }
 
     /// The `n` largest counters, largest first.
@@ -180,6 +201,7 @@ impl SpaceSaving {
     /// Forgets every key (a new window).
     pub fn clear(&mut self) {
         self.counts.iter_mut().for_each(|c| *c = 0);
+        self.floor_end = self.counts.len() - 1;
         self.index.clear();
         self.total = 0;
     }
@@ -297,6 +319,12 @@ mod tests {
             for (i, key) in keys.iter().enumerate() {
                 let name = format!("key:{key}");
                 sketch.add(hash(name.as_bytes()), name.as_bytes());
+                // Where the smallest counts end, after every count.
+                let floor_run = sketch.counts.iter().take_while(|&&c| c == sketch.counts[0]);
+                prop_assert_eq!(sketch.floor_end, floor_run.count() - 1);
+                if i % 250 == 0 {
+                    sketch.clear();
+                }
                 if i % 97 == 0 {
                     prop_assert!(sketch.counts.windows(2).all(|w| w[0] <= w[1]));
                     for (at, &c) in sketch.order.iter().enumerate() {
