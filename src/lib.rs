@@ -64,6 +64,7 @@ pub mod error;
 mod failover;
 pub mod fd_budget;
 pub mod hotkeys;
+pub mod latency;
 pub(crate) mod layout;
 mod newcomers;
 mod outbuf;

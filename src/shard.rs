@@ -58,6 +58,8 @@ pub(crate) struct WorkerCtx {
     pub(crate) clock: Rc<crate::clock::TurnClock>,
     /// This worker's shadow requests in flight (see `shadow.rs`).
     pub(crate) shadow: Rc<crate::shadow::InFlight>,
+    /// This worker's part of the request latency histograms.
+    pub(crate) latency: crate::latency::LatencyWriter,
 }
 
 impl WorkerCtx {
@@ -71,6 +73,7 @@ impl WorkerCtx {
         hot: Rc<HotWorker>,
     ) -> WorkerCtx {
         WorkerCtx {
+            latency: stats.latency_writer(),
             layout,
             stats,
             shutdown,

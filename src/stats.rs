@@ -17,9 +17,9 @@ use prometheus_client::encoding::{
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use crate::latency::{LatencyWriter, PartedHistogram};
 use crate::protocol::Command;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -296,11 +296,6 @@ fn gauge(registry: &mut Registry, name: &str, help: &str) -> Gauge {
     metric
 }
 
-fn latency_histogram() -> Histogram {
-    // 50 µs .. ~1.6 s, doubling.
-    Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
-}
-
 /// Hit and miss counters of one kind of command.
 #[derive(Debug, Default, Clone)]
 struct HitMiss {
@@ -339,7 +334,7 @@ pub struct Stats {
     backend_writes: Family<ServerLabels, Counter>,
     backend_coalesced_gets: Family<ServerLabels, Counter>,
     backend_errors: Family<ServerErrorLabels, Counter>,
-    backend_latency: Family<ServerLabels, Histogram, fn() -> Histogram>,
+    backend_latency: Family<ServerLabels, PartedHistogram>,
     backend_connections: Family<ServerLabels, Gauge>,
     server_state: Family<ServerStateLabels, Gauge>,
     /// 1 for each server's part in a hand-off window (ACTIVE, JOINING, LEAVING).
@@ -362,8 +357,9 @@ pub struct Stats {
     handoff_copies_checked: Counter,
     handoff_leftovers_deleted: Counter,
     handoff_sweeps: Counter,
-    /// Per-command request latency, indexed like `commands`.
-    command_latency: Vec<Histogram>,
+    /// Per-command request latency, indexed like `commands` (each worker
+    /// writes its own part).
+    command_latency: Vec<PartedHistogram>,
     /// Hot keys: what was taken off the servers, and the top keys.
     pub hot: HotKeyCounters,
     hot_key_rate: Family<HotKeyLabels, FloatGauge>,
@@ -531,8 +527,7 @@ impl Stats {
             "Failed requests by server and kind",
             backend_errors.clone(),
         );
-        let backend_latency: Family<ServerLabels, Histogram, fn() -> Histogram> =
-            Family::new_with_constructor(latency_histogram);
+        let backend_latency: Family<ServerLabels, PartedHistogram> = Family::default();
         registry.register(
             "backend_latency_seconds",
             "Time from writing a request to a server to its complete reply",
@@ -643,8 +638,7 @@ impl Stats {
             "handoff_sweeps",
             "Servers swept of keys they no longer own after a hand-off window",
         );
-        let latency_family: Family<CommandLabels, Histogram, fn() -> Histogram> =
-            Family::new_with_constructor(latency_histogram);
+        let latency_family: Family<CommandLabels, PartedHistogram> = Family::default();
         registry.register(
             "request_duration_seconds",
             "Time from reading a client request to having its whole reply, by command",
@@ -816,11 +810,11 @@ impl Stats {
         }
     }
 
-    /// One request of `command` took `seconds` from being read to having its
-    /// whole reply (feeds `memring_request_duration_seconds`).
-    #[inline]
-    pub fn command_latency(&self, command: Command, seconds: f64) {
-        self.command_latency[command.index()].observe(seconds);
+    /// A worker's part of `memring_request_duration_seconds` (how long a
+    /// request took from being read to having its whole reply), which only
+    /// that worker writes.
+    pub fn latency_writer(&self) -> LatencyWriter {
+        LatencyWriter::new(&self.command_latency)
     }
 
     #[inline]
@@ -1406,7 +1400,9 @@ pub struct BackendMetrics {
     pub writes: Counter,
     /// Gets of hot keys that joined a request already on its way here.
     pub coalesced: Counter,
-    pub latency: Histogram,
+    /// Each connection observes with a writer of its own
+    /// ([`PartedHistogram::writer`]).
+    pub latency: PartedHistogram,
     pub connections: Gauge,
     error_kinds: Box<[&'static str]>,
     errors: Family<ServerErrorLabels, Counter>,
@@ -1583,7 +1579,9 @@ mod tests {
     fn classic_text_names_counters_with_total_and_has_no_eof() {
         let stats = Stats::new();
         stats.request(Command::Get, 1);
-        stats.command_latency(Command::Get, 0.000_3);
+        stats
+            .latency_writer()
+            .observe(Command::Get, std::time::Duration::from_micros(300));
         let text = stats.prometheus_text();
         assert!(text.contains("# TYPE memring_client_requests_total counter\n"));
         assert!(text.contains("# HELP memring_client_requests_total "));

@@ -98,6 +98,8 @@ pub(crate) struct Conn {
     state: RefCell<State>,
     /// Wakes the task: requests were queued (once per turn, however many).
     wake: Wake,
+    /// This connection's part of the server's latency histogram.
+    latency: crate::latency::HistogramWriter,
 }
 
 impl std::fmt::Debug for Conn {
@@ -111,6 +113,7 @@ impl std::fmt::Debug for Conn {
 impl Conn {
     pub(crate) fn new(shared: Arc<Shared>, clock: Rc<TurnClock>) -> Rc<Conn> {
         Rc::new(Conn {
+            latency: shared.metrics.latency.writer(),
             shared,
             clock,
             state: RefCell::new(State {
@@ -616,10 +619,8 @@ fn deliver(
                     continue;
                 }
                 delivered.requests += 1;
-                shared
-                    .metrics
-                    .latency
-                    .observe(now.saturating_duration_since(waiting.queued).as_secs_f64());
+                conn.latency
+                    .observe(now.saturating_duration_since(waiting.queued));
                 if let Some(slot) = waiting.slot {
                     // A retrieval's `END` is memring's to write (once, after
                     // merging); every other last line is the reply itself.

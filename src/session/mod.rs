@@ -530,14 +530,12 @@ impl ClientSession {
             // Replies memring makes itself (parse errors among them) are not
             // request latencies.
             if !matches!(entry.work, Work::Ready(_)) {
-                self.worker.stats.command_latency(
-                    entry.command,
-                    self.worker
-                        .clock
-                        .now()
-                        .saturating_duration_since(entry.started)
-                        .as_secs_f64(),
-                );
+                let took = self
+                    .worker
+                    .clock
+                    .now()
+                    .saturating_duration_since(entry.started);
+                self.worker.latency.observe(entry.command, took);
             }
             spares::keep(entry.work);
             if let Some(guard) = entry.hot {
