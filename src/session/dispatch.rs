@@ -18,14 +18,10 @@ impl ClientSession {
                     Finish::Quorum { older, .. } => older.as_deref_mut(),
                     _ => None,
                 };
-                if entry.reserved == 0 {
-                    let deletes = OlderForget::len(older.as_deref());
-                    let cost = entry.bytes.len() + LINE_REPLY_BYTES * (parts.len() + deletes);
-                    if !self.may_reserve(cost) {
-                        return false;
-                    }
-                    self.reserve(cost);
-                    entry.reserved = cost;
+                let deletes = OlderForget::len(older.as_deref());
+                let cost = || entry.bytes.len() + LINE_REPLY_BYTES * (parts.len() + deletes);
+                if !self.reserve_once(&mut entry.reserved, cost) {
+                    return false;
                 }
                 let key = || entry.request.key(&entry.bytes, 0);
                 if !OlderForget::advance(older, |server| self.delete_on(topology, server, key())) {
@@ -61,14 +57,10 @@ impl ClientSession {
             }
             Work::Cas(cas) => {
                 if !entry.sent {
-                    if entry.reserved == 0 {
-                        let deletes = OlderForget::len(cas.older.as_ref());
-                        let cost = entry.bytes.len() + LINE_REPLY_BYTES * (1 + deletes);
-                        if !self.may_reserve(cost) {
-                            return false;
-                        }
-                        self.reserve(cost);
-                        entry.reserved = cost;
+                    let deletes = OlderForget::len(cas.older.as_ref());
+                    let cost = || entry.bytes.len() + LINE_REPLY_BYTES * (1 + deletes);
+                    if !self.reserve_once(&mut entry.reserved, cost) {
+                        return false;
                     }
                     // The owners in older rings lose the key first.
                     let key = || entry.request.key(&entry.bytes, 0);
@@ -101,18 +93,15 @@ impl ClientSession {
             }
             Work::Meta(meta) => {
                 if !entry.sent {
-                    if entry.reserved == 0 {
-                        let deletes = OlderForget::len(meta.older.as_ref());
-                        let mut cost =
-                            entry.bytes.len() + LINE_REPLY_BYTES * (meta.parts.len() + deletes);
-                        if meta.value {
-                            cost += self.estimate.max(MIN_ESTIMATE_BYTES);
-                        }
-                        if !self.may_reserve(cost) {
-                            return false;
-                        }
-                        self.reserve(cost);
-                        entry.reserved = cost;
+                    let deletes = OlderForget::len(meta.older.as_ref());
+                    let value = match meta.value {
+                        true => self.estimate.max(MIN_ESTIMATE_BYTES),
+                        false => 0,
+                    };
+                    let lines = meta.parts.len() + deletes;
+                    let cost = || entry.bytes.len() + LINE_REPLY_BYTES * lines + value;
+                    if !self.reserve_once(&mut entry.reserved, cost) {
+                        return false;
                     }
                     // The owners in older rings lose the key first.
                     let key = &meta.forget_key;
@@ -213,14 +202,10 @@ impl ClientSession {
             }
             Work::Moved(moved) => {
                 if !entry.sent {
-                    if entry.reserved == 0 {
-                        let deletes = OlderForget::len(moved.older.as_ref());
-                        let cost = entry.bytes.len() + LINE_REPLY_BYTES * (1 + deletes);
-                        if !self.may_reserve(cost) {
-                            return false;
-                        }
-                        self.reserve(cost);
-                        entry.reserved = cost;
+                    let deletes = OlderForget::len(moved.older.as_ref());
+                    let cost = || entry.bytes.len() + LINE_REPLY_BYTES * (1 + deletes);
+                    if !self.reserve_once(&mut entry.reserved, cost) {
+                        return false;
                     }
                     // Owners in older rings of chained changes lose the key
                     // before the machine's first step, oldest ring first.

@@ -358,6 +358,20 @@ impl ClientSession {
         self.budget.release(&self.worker.budget, cost);
     }
 
+    /// Reserves an entry's `cost` the first time it is dispatched
+    /// (`reserved` still 0); false while the budget has no room for it.
+    fn reserve_once(&mut self, reserved: &mut usize, cost: impl FnOnce() -> usize) -> bool {
+        if *reserved == 0 {
+            let cost = cost();
+            if !self.may_reserve(cost) {
+                return false;
+            }
+            self.reserve(cost);
+            *reserved = cost;
+        }
+        true
+    }
+
     /// Gives back everything this client reserved (the session is ending).
     fn release_all(&mut self) {
         self.budget.release_all(&self.worker.budget);
