@@ -828,20 +828,24 @@ pub(crate) mod tests {
         new
     }
 
+    /// Servers `s1` to `sN`.
+    fn servers_named_s(n: usize) -> Vec<ServerConfig> {
+        (1..=n).map(|i| server(&format!("s{i}"), 1)).collect()
+    }
+
+    /// The first ring of a chain of changes: four servers, `s1` to `s4`.
+    fn first_of_chain(hooks: &PoolHooks) -> Topology {
+        let config = config_of(&servers_named_s(4));
+        let backends = Topology::backends_for(&config, None, hooks);
+        Topology::assemble(config, 1, backends, Vec::new())
+    }
+
     #[test]
     fn chained_changes_keep_each_older_ring_once_and_name_its_owners_for_writes() {
         let (runtime, hooks) = runtime_and_hooks();
         let _guard = runtime.enter();
-        let list = |n: usize| -> Vec<ServerConfig> {
-            (1..=n).map(|i| server(&format!("s{i}"), 1)).collect()
-        };
-        let c4 = config_of(&list(4));
-        let r1 = Topology::assemble(
-            c4.clone(),
-            1,
-            Topology::backends_for(&c4, None, &hooks),
-            Vec::new(),
-        );
+        let list = servers_named_s;
+        let r1 = first_of_chain(&hooks);
         let r2 = chain(&r1, &list(5), &hooks);
         assert!(
             r2.older.iter().all(|o| o.ring != r1.ring),
@@ -925,16 +929,8 @@ pub(crate) mod tests {
     fn older_owners_come_oldest_ring_first_one_group_per_ring() {
         let (runtime, hooks) = runtime_and_hooks();
         let _guard = runtime.enter();
-        let list = |n: usize| -> Vec<ServerConfig> {
-            (1..=n).map(|i| server(&format!("s{i}"), 1)).collect()
-        };
-        let c4 = config_of(&list(4));
-        let r1 = Topology::assemble(
-            c4.clone(),
-            1,
-            Topology::backends_for(&c4, None, &hooks),
-            Vec::new(),
-        );
+        let list = servers_named_s;
+        let r1 = first_of_chain(&hooks);
         let r2 = chain(&r1, &list(5), &hooks);
         let r3 = chain(&r2, &list(6), &hooks);
         let r4 = chain(&r3, &list(7), &hooks);

@@ -1649,6 +1649,65 @@ fn a_copy_landing_after_a_delete_of_its_key_is_taken_back() {
     }
 }
 
+/// The chain-order tests' sidecars and relays: X goes one change (to
+/// `relayed(5)`), W through `w_steps`, keeping `older_kept` older rings.
+/// `relays`: the one in front of O (holding W's `delete`) and the one in
+/// front of `p` (holding X's copy).
+struct HeldChain<'a> {
+    dir: &'a TempDir,
+    relayed: &'a dyn Fn(usize) -> String,
+    w_steps: &'a [usize],
+    older_kept: usize,
+    relays: (&'a Relay, &'a Relay),
+    p: &'a Memcached,
+}
+
+impl HeldChain<'_> {
+    /// X reads `key` through from O, its copy to P kept back; W deletes the
+    /// key, its delete on O kept back; X's copy lands on P and its check
+    /// finds the key still on O, so it stays; then W's delete reaches O, and
+    /// the delete of P's copy must come after it: P ends without the key,
+    /// and W answers `reply`.
+    fn run(&self, key: &str, reply: &str) {
+        let (relay_o, relay_p) = self.relays;
+        let (path_x, path_w) = (self.dir.path("x.toml"), self.dir.path("w.toml"));
+        for path in [&path_x, &path_w] {
+            std::fs::write(path, (self.relayed)(4)).unwrap();
+        }
+        let (x, w) = (Proxy::start_file(&path_x), Proxy::start_file(&path_w));
+        let (mut through_x, mut through_w) = (x.client(), w.client());
+        store(&mut through_w, &[key.to_string()]);
+        for (proxy, path, steps) in [(&x, &path_x, &[5][..]), (&w, &path_w, self.w_steps)] {
+            for (version, &n) in (2..).zip(steps) {
+                replace_by_rename(path, &(self.relayed)(n));
+                wait_for("the next ring", || proxy.ring_version() >= version);
+            }
+        }
+        let older = w.running().topology.load().older.len();
+        assert_eq!(older, self.older_kept, "W's older rings");
+        let on_p = || held_by(self.p, &[key.to_string()]);
+
+        // X reads through from O; its copy to P is kept back.
+        assert_eq!(through_x.get(key), Some(value_of(key).into_bytes()));
+        wait_for("X's copy kept back", || relay_p.holding());
+        // W deletes; its delete on O is kept back (and P's waits for it).
+        through_w.send(format!("delete {key}\r\n").as_bytes());
+        wait_for("W's delete on O kept back", || relay_o.holding());
+        relay_p.release();
+        wait_for("X's copy checked", || {
+            x.client().stat("handoff_copies_checked") == 1
+        });
+        assert_eq!(x.client().stat("handoff_copies_taken_back"), 0);
+        assert_eq!(on_p(), 1, "X's copy on P");
+        relay_o.release();
+        let deleted = through_w.reply(ReplyKind::Line);
+        assert_eq!(on_p(), 0, "P still holds the deleted value");
+        assert_eq!(show(&deleted), reply);
+        assert_eq!(through_x.get(key), None, "read through X after the delete");
+        assert_eq!(through_w.get(key), None, "read through W after the delete");
+    }
+}
+
 /// In a chain of changes, a sidecar one change behind copies a key between
 /// two older owners, and the sidecar ahead deletes the key from both: the
 /// older one first. R1 (servers 0-3), R2 (0-4), R3 (0-5); the key is owned
@@ -1691,48 +1750,16 @@ fn a_delete_in_a_chain_of_changes_reaches_the_older_owner_first() {
             .replace(&servers[older].addr(), &relay_o.addr())
             .replace(&servers[4].addr(), &relay_p.addr())
     };
-    let (path_x, path_w) = (dir.path("x.toml"), dir.path("w.toml"));
-    for path in [&path_x, &path_w] {
-        std::fs::write(path, relayed(4)).unwrap();
-    }
-    let (x, w) = (Proxy::start_file(&path_x), Proxy::start_file(&path_w));
-    let (mut through_x, mut through_w) = (x.client(), w.client());
-    store(&mut through_w, std::slice::from_ref(&key));
-    for (proxy, path, steps) in [(&x, &path_x, &[5][..]), (&w, &path_w, &[5, 6][..])] {
-        for (version, &n) in (2..).zip(steps) {
-            replace_by_rename(path, &relayed(n));
-            wait_for("the next ring", || proxy.ring_version() >= version);
-        }
-    }
-    assert_eq!(w.running().topology.load().older.len(), 1, "W keeps R1");
-
-    // X reads through from O; its copy to P is kept back.
-    assert_eq!(through_x.get(&key), Some(value_of(&key).into_bytes()));
-    wait_for("X's copy kept back", || relay_p.holding());
-    // W deletes; its delete on O is kept back.
-    through_w.send(format!("delete {key}\r\n").as_bytes());
-    wait_for("W's delete on O kept back", || relay_o.holding());
-    relay_p.release();
-    wait_for("X's copy checked", || {
-        x.client().stat("handoff_copies_checked") == 1
-    });
-    assert_eq!(x.client().stat("handoff_copies_taken_back"), 0);
-    assert_eq!(
-        held_by(&servers[4], std::slice::from_ref(&key)),
-        1,
-        "X's copy on P"
-    );
-    relay_o.release();
-    let deleted = through_w.reply(ReplyKind::Line);
-    assert_eq!(
-        held_by(&servers[4], std::slice::from_ref(&key)),
-        0,
-        "P still holds the deleted value"
-    );
+    let chain = HeldChain {
+        dir: &dir,
+        relayed: &relayed,
+        w_steps: &[5, 6],
+        older_kept: 1,
+        relays: (&relay_o, &relay_p),
+        p: &servers[4],
+    };
     // DELETED: it was on O (and, by then, on P).
-    assert_eq!(show(&deleted), "DELETED\\r\\n");
-    assert_eq!(through_x.get(&key), None, "read through X after the delete");
-    assert_eq!(through_w.get(&key), None, "read through W after the delete");
+    chain.run(&key, "DELETED\\r\\n");
 }
 
 /// Two changes behind: the owners in the older rings lose the key one ring
@@ -1794,57 +1821,21 @@ fn a_delete_two_changes_ahead_reaches_the_older_owners_oldest_first() {
             .replace(&servers[older].addr(), &relay_o.addr())
             .replace(&servers[p].addr(), &relay_p.addr())
     };
-    let (path_x, path_w) = (dir.path("x.toml"), dir.path("w.toml"));
-    for path in [&path_x, &path_w] {
-        std::fs::write(path, relayed(4)).unwrap();
-    }
-    let (x, w) = (Proxy::start_file(&path_x), Proxy::start_file(&path_w));
-    let (mut through_x, mut through_w) = (x.client(), w.client());
-    store(&mut through_w, std::slice::from_ref(&key));
-    for (proxy, path, steps) in [(&x, &path_x, &[5][..]), (&w, &path_w, &[5, 6, 7][..])] {
-        for (version, &n) in (2..).zip(steps) {
-            replace_by_rename(path, &relayed(n));
-            wait_for("the next ring", || proxy.ring_version() >= version);
-        }
-    }
-    assert_eq!(
-        w.running().topology.load().older.len(),
-        2,
-        "W keeps R2 and R1"
-    );
-
-    // X reads through from O; its copy to P is kept back.
-    assert_eq!(through_x.get(&key), Some(value_of(&key).into_bytes()));
-    wait_for("X's copy kept back", || relay_p.holding());
-    // W deletes; its delete on O is kept back, and P's waits for it.
-    through_w.send(format!("delete {key}\r\n").as_bytes());
-    wait_for("W's delete on O kept back", || relay_o.holding());
-    relay_p.release();
-    wait_for("X's copy checked", || {
-        x.client().stat("handoff_copies_checked") == 1
-    });
-    assert_eq!(x.client().stat("handoff_copies_taken_back"), 0);
-    assert_eq!(
-        held_by(&servers[p], std::slice::from_ref(&key)),
-        1,
-        "X's copy on P"
-    );
-    relay_o.release();
-    let deleted = through_w.reply(ReplyKind::Line);
-    assert_eq!(
-        held_by(&servers[p], std::slice::from_ref(&key)),
-        0,
-        "P still holds the deleted value"
-    );
+    let chain = HeldChain {
+        dir: &dir,
+        relayed: &relayed,
+        w_steps: &[5, 6, 7],
+        older_kept: 2,
+        relays: (&relay_o, &relay_p),
+        p: &servers[p],
+    };
     // Neither W's owner nor its previous owner (R4's and R3's) had it: on
     // R4 the key read as a miss already, and the delete answers as it read.
-    assert_eq!(show(&deleted), "NOT_FOUND\\r\\n");
+    chain.run(&key, "NOT_FOUND\\r\\n");
     for (i, server) in servers.iter().enumerate() {
         let held = held_by(server, std::slice::from_ref(&key));
         assert_eq!(held, 0, "server {i}");
     }
-    assert_eq!(through_x.get(&key), None, "read through X after the delete");
-    assert_eq!(through_w.get(&key), None, "read through W after the delete");
 }
 
 /// Three rings within hand-off windows, then back to the first: R1 (servers
