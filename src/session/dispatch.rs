@@ -392,15 +392,7 @@ impl ClientSession {
         hot: Option<&Rc<WriteGuard>>,
     ) {
         let ends = (moved.owner, moved.previous);
-        match self.send_step(
-            topology,
-            &mut moved.machine,
-            ends,
-            &mut moved.copies,
-            step,
-            hot,
-            None,
-        ) {
+        match self.send_step(topology, &mut moved.machine, ends, step, hot, None) {
             Sent::Part(sent) => *part = sent,
             Sent::Answer(result) => {
                 part.result = Some(result);
@@ -421,50 +413,37 @@ impl ClientSession {
     }
 
     /// Sends a hand-off step of a moved key between `ends` (its owner and
-    /// previous owner): the step's copy first, kept in `copies` and counted
-    /// with the answer, then its lines, whose part comes back; or the
-    /// step's answer. `hot` watches what goes to the new owner,
-    /// `hot_elsewhere` the copy and what goes to the previous owner.
-    #[allow(clippy::too_many_arguments)]
+    /// previous owner), whose part comes back; or the step's answer. `hot`
+    /// watches what goes to the new owner, `hot_elsewhere` what goes to the
+    /// previous owner.
     fn send_step(
         &self,
         topology: &Topology,
         machine: &mut Moved,
         ends: (usize, usize),
-        copies: &mut SmallVec<[Part; 1]>,
         step: Step,
         hot: Option<&Rc<WriteGuard>>,
         hot_elsewhere: Option<&Rc<WriteGuard>>,
     ) -> Sent {
-        if let Some(hit) = machine.take_read_through() {
-            self.worker.stats.read_through(1, usize::from(hit));
+        let tally = machine.take_tally();
+        let stats = &self.worker.stats;
+        if let Some(hit) = tally.read_through {
+            stats.read_through(1, usize::from(hit));
         }
-        let (to, copy, lines, expect) = match step {
+        if let Some(outcome) = tally.copy {
+            count_copy(stats, outcome);
+        }
+        if tally.taken_back {
+            stats.copy_taken_back();
+        }
+        let (to, lines, expect) = match step {
             Step::Answer(result) => return Sent::Answer(result),
-            Step::Send {
-                to,
-                copy,
-                lines,
-                expect,
-            } => (to, copy, lines, expect),
+            Step::Send { to, lines, expect } => (to, lines, expect),
         };
         let server = match to {
             Owner::New => ends.0,
             Owner::Previous => ends.1,
         };
-        if let Some(copy) = copy {
-            let mut copied = Part::new(server);
-            let copy_expect = machine.copy_expect();
-            self.send(
-                topology,
-                &mut copied,
-                &copy,
-                copy_expect,
-                true,
-                hot_elsewhere,
-            );
-            copies.push(copied);
-        }
         let watch = if to == Owner::New { hot } else { hot_elsewhere };
         Sent::Part(self.send_to(topology, server, &lines, &expect, watch))
     }
@@ -532,8 +511,7 @@ impl ClientSession {
         write: Option<&Rc<WriteGuard>>,
     ) {
         let ends = (moved.owner, moved.previous);
-        let (machine, copies) = (&mut moved.machine, &mut moved.copies);
-        match self.send_step(topology, machine, ends, copies, step, write, write) {
+        match self.send_step(topology, &mut moved.machine, ends, step, write, write) {
             Sent::Part(part) => moved.part = Some(part),
             Sent::Answer(result) => moved.answer = Some(result),
         }
@@ -654,9 +632,7 @@ impl ClientSession {
                 }
                 *held = now;
             }
-            Work::Moved(moved) => {
-                moved.copies.iter_mut().for_each(Part::absorb);
-            }
+            Work::Moved(_) => {}
             Work::Ready(_) | Work::Stats => {}
         }
         self.reserve(grown);
@@ -822,10 +798,7 @@ impl ClientSession {
                         }
                     }
                     MetaMode::Moved(moved) => match &meta.parts[0].result {
-                        Some(result) if moved.answered => {
-                            count_copies(stats, &moved.copies);
-                            result.clone()
-                        }
+                        Some(result) if moved.answered => result.clone(),
                         _ => return false,
                     },
                     _ => match &meta.parts[0].result {
@@ -863,7 +836,6 @@ impl ClientSession {
                 let Some(answer) = moved.answer.take() else {
                     return false;
                 };
-                count_copies(stats, &moved.copies);
                 if !noreply {
                     match answer {
                         Ok(reply) => {

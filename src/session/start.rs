@@ -213,7 +213,6 @@ impl ClientSession {
                     previous,
                     older: OlderForget::new(older),
                     part: None,
-                    copies: SmallVec::new(),
                     answer: None,
                 })),
                 // The owner alone answers it, once the older owners lost
@@ -361,7 +360,6 @@ impl ClientSession {
                     machine,
                     owner,
                     previous,
-                    copies: SmallVec::new(),
                     started: false,
                     answered: false,
                 };

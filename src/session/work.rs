@@ -14,7 +14,7 @@ use super::shadow;
 use crate::backend::slot::{Got, Slot};
 use crate::error::BackendError;
 use crate::hotkeys::{Unanswered, WriteGuard};
-use crate::plan::handoff::{copy_outcome, CopyOutcome, Moved};
+use crate::plan::handoff::{CopyOutcome, Moved};
 use crate::plan::route::{CallResult, Retrieval};
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::reply::Expect;
@@ -105,7 +105,6 @@ pub(super) struct MovedWork {
     pub(super) older: Option<OlderForget>,
     /// The step waiting for its reply.
     pub(super) part: Option<Part>,
-    pub(super) copies: SmallVec<[Part; 1]>,
     pub(super) answer: Option<CallResult>,
 }
 
@@ -193,19 +192,6 @@ pub(super) fn count_copy(stats: &crate::stats::Stats, outcome: CopyOutcome) {
     }
 }
 
-/// Counts the replies to hand-off copies.
-pub(super) fn count_copies(stats: &crate::stats::Stats, copies: &[Part]) {
-    let (mut made, mut skipped, mut failed) = (0, 0, 0);
-    for copy in copies {
-        match copy.result.as_ref().map(copy_outcome) {
-            Some(CopyOutcome::Made) => made += 1,
-            Some(CopyOutcome::Skipped) => skipped += 1,
-            _ => failed += 1,
-        }
-    }
-    stats.copies(made, skipped, failed);
-}
-
 /// One meta request on its way to one or more servers.
 pub(super) struct MetaWork {
     pub(super) command: MetaCommand,
@@ -264,7 +250,6 @@ impl MetaMode {
     pub(super) fn copies(&self) -> &[Part] {
         match self {
             MetaMode::CasThenCopy { copied, .. } => copied,
-            MetaMode::Moved(moved) => &moved.copies,
             _ => &[],
         }
     }
@@ -273,7 +258,6 @@ impl MetaMode {
     pub(super) fn copies_mut(&mut self) -> &mut [Part] {
         match self {
             MetaMode::CasThenCopy { copied, .. } => copied,
-            MetaMode::Moved(moved) => &mut moved.copies,
             _ => &mut [],
         }
     }
@@ -284,8 +268,6 @@ pub(super) struct MetaMoved {
     pub(super) machine: Moved,
     pub(super) owner: usize,
     pub(super) previous: usize,
-    /// Copies the machine sent to the new owner, counted with the answer.
-    pub(super) copies: SmallVec<[Part; 1]>,
     /// The machine's first step is sent.
     pub(super) started: bool,
     /// The machine has answered (the part holds the answer).
@@ -341,7 +323,6 @@ impl Work {
             Work::Moved(moved) => moved
                 .part
                 .iter()
-                .chain(&moved.copies)
                 .chain(OlderForget::parts(moved.older.as_ref()))
                 .all(|p| p.all_unanswered(ours)),
         }

@@ -1649,6 +1649,70 @@ fn a_copy_landing_after_a_delete_of_its_key_is_taken_back() {
     }
 }
 
+/// The writer's form of the race above: a command that copies a moved key
+/// to its new owner before changing it there (`incr`, `ma`) fetched the
+/// value from the previous owner just before another sidecar's `delete`
+/// removed the key from both owners, and its copy lands after that delete.
+/// The command must not bring the deleted key back: it sees the key gone
+/// where it copied it from, takes its copy back and answers as for a key
+/// that is nowhere.
+#[test]
+fn a_command_copying_a_moved_key_after_its_delete_does_not_bring_it_back() {
+    for (dialect, copy, change, absent) in [
+        ("classic", &b"add "[..], "incr {key} 1\r\n", "NOT_FOUND\r\n"),
+        ("meta", &b"ms "[..], "ma {key}\r\n", "NF\r\n"),
+    ] {
+        let dir = TempDir::new("handoff", "writer-copy-race");
+        let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+        let all: Vec<&Memcached> = servers.iter().collect();
+        let relay = Relay::start(&servers[4].addr(), Fault::holding_from(copy));
+        let (four, five) = rings_4_and_5(&dir, &all);
+        let key = moved_between(&four, &five, (0..5000).map(|i| format!("wrace:{i}")), 1)
+            .pop()
+            .expect("a key that moves");
+        let (path_a, path_b) = (dir.path("a.toml"), dir.path("b.toml"));
+        for path in [&path_a, &path_b] {
+            std::fs::write(path, config(&all[..4])).unwrap();
+        }
+        let (a, b) = (Proxy::start_file(&path_a), Proxy::start_file(&path_b));
+        let (mut through_a, mut through_b) = (a.client(), b.client());
+        let set = format!("set {key} 0 0 1\r\n5\r\n");
+        assert_eq!(
+            through_b.call(set.as_bytes(), ReplyKind::Line),
+            b"STORED\r\n"
+        );
+        let through_relay = config(&all).replace(&servers[4].addr(), &relay.addr());
+        for (proxy, path) in [(&a, &path_a), (&b, &path_b)] {
+            replace_by_rename(path, &through_relay);
+            wait_for("ring version 2", || proxy.ring_version() >= 2);
+        }
+
+        // A's command misses on the new owner and fetches the value from
+        // the previous one; its copy is kept back.
+        through_a.send(change.replace("{key}", &key).as_bytes());
+        wait_for("A's copy kept back", || relay.holding());
+        let deleted = through_b.call(format!("delete {key}\r\n").as_bytes(), ReplyKind::Line);
+        assert_eq!(show(&deleted), show(b"DELETED\r\n"), "{dialect}");
+
+        relay.release();
+        let changed = through_a.reply(ReplyKind::Line);
+        assert_eq!(
+            show(&changed),
+            show(absent.as_bytes()),
+            "{dialect}: A's command"
+        );
+        assert_eq!(a.client().stat("handoff_copies_taken_back"), 1, "{dialect}");
+        assert_eq!(
+            held_by(&servers[4], std::slice::from_ref(&key)),
+            0,
+            "{dialect}: the new owner holds the deleted key again"
+        );
+        for client in [&mut through_a, &mut through_b] {
+            assert_eq!(client.get(&key), None, "{dialect}: read after the delete");
+        }
+    }
+}
+
 /// The chain-order tests' sidecars and relays: X goes one change (to
 /// `relayed(5)`), W through `w_steps`, keeping `older_kept` older rings.
 /// `relays`: the one in front of O (holding W's `delete`) and the one in

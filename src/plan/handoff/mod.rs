@@ -40,12 +40,9 @@ pub(crate) enum Owner {
 // an allocation per step.
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Step {
-    /// Send `copy` (if any: an `add` carrying the previous owner's value, no
-    /// reply awaited) and then `lines` to `to`; feed the reply to `lines` back
-    /// with [`Moved::on_reply`].
+    /// Send `lines` to `to`; feed the reply back with [`Moved::on_reply`].
     Send {
         to: Owner,
-        copy: Option<Outbound>,
         lines: Outbound,
         expect: Expect,
     },
@@ -83,6 +80,19 @@ enum Stage {
     First,
     /// Waiting for the previous owner's `get`.
     Fetch,
+    /// Waiting for the new owner to take the copy of the fetched value.
+    Copy,
+    /// The copy landed; waiting for the previous owner to delete the item
+    /// that was fetched, compared by its cas: if it is gone or changed
+    /// there, a write of the key (a `delete` removes the key from the
+    /// previous owner first) may have reached the new owner before the
+    /// copy did, which then brought back what the write removed.
+    Check,
+    /// Waiting for the new owner's item (with its cas), to take the copy
+    /// back.
+    Recheck,
+    /// Waiting for the new owner to delete the copy, compared by its cas.
+    TakeBack,
     /// Waiting for the final reply.
     Last,
     /// A refused `cas` taken over (see [`CasTakeover`]).
@@ -139,9 +149,24 @@ pub(crate) struct Moved {
     takeover: Option<CasTakeover>,
     /// A meta read-through's copy for the new owner, once answered.
     read_copy: Option<Outbound>,
-    /// The previous owner was read for the key: whether it had it (for
-    /// the hand-off counters).
-    read_through: Option<bool>,
+    /// What the counters are told, once (see [`Moved::take_tally`]).
+    tally: Tally,
+    /// The copy of the previous owner's value sent to the new owner, and
+    /// the cas of the item it was fetched from, while it is checked.
+    copy: Option<(Outbound, u64)>,
+    /// The check deleted the previous owner's item: no other delete there.
+    forgotten: bool,
+}
+
+/// What a step of [`Moved`] did that the hand-off counters count.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Tally {
+    /// The previous owner was read for the key: whether it had it.
+    pub read_through: Option<bool>,
+    /// A copy went to the new owner, and how it answered.
+    pub copy: Option<CopyOutcome>,
+    /// A copy was deleted again from the new owner.
+    pub taken_back: bool,
 }
 
 /// What a meta command adds to the machine.
@@ -171,7 +196,9 @@ impl Moved {
             first: None,
             takeover,
             read_copy: None,
-            read_through: None,
+            tally: Tally::default(),
+            copy: None,
+            forgotten: false,
         })
     }
 
@@ -218,7 +245,9 @@ impl Moved {
             first: None,
             takeover,
             read_copy: None,
-            read_through: None,
+            tally: Tally::default(),
+            copy: None,
+            forgotten: false,
         }
     }
 
@@ -227,20 +256,19 @@ impl Moved {
         match self.kind {
             Kind::Delete => {
                 self.stage = Stage::First;
-                self.send(Owner::Previous, None)
+                self.send(Owner::Previous)
             }
             Kind::Read | Kind::RetryAfterCopy | Kind::Cas | Kind::Overwrite => {
                 self.stage = Stage::First;
-                self.send(Owner::New, None)
+                self.send(Owner::New)
             }
             Kind::CopyFirst => self.fetch(),
         }
     }
 
-    /// Whether the last reply read the key from its previous owner, and
-    /// found it there; once.
-    pub(crate) fn take_read_through(&mut self) -> Option<bool> {
-        self.read_through.take()
+    /// What the last step did for the hand-off counters; once.
+    pub(crate) fn take_tally(&mut self) -> Tally {
+        std::mem::take(&mut self.tally)
     }
 
     /// How the new owner's reply to one of the machine's copies is framed
@@ -278,7 +306,7 @@ impl Moved {
             (Kind::Delete, Stage::First) => {
                 self.first = Some(result);
                 self.stage = Stage::Last;
-                self.send(Owner::New, None)
+                self.send(Owner::New)
             }
             (Kind::Delete, _) => {
                 let previous = self.first.take().unwrap_or_else(|| result.clone());
@@ -295,7 +323,6 @@ impl Moved {
                 self.stage = Stage::Fetch;
                 Step::Send {
                     to: Owner::Previous,
-                    copy: None,
                     lines: wire.clone(),
                     expect: self.expect.clone(),
                 }
@@ -312,7 +339,7 @@ impl Moved {
                     ) => meta_read_through_hit(reply, *added, &self.key, *base64, now),
                     _ => None,
                 };
-                self.read_through = Some(hit.is_some());
+                self.tally.read_through = Some(hit.is_some());
                 match hit {
                     Some((answer, copy)) => {
                         self.read_copy = copy;
@@ -336,24 +363,91 @@ impl Moved {
                 // The copy keeps the remaining TTL; an item that expires
                 // within the second is not copied (0 would keep it forever).
                 let copy = match &result {
-                    Ok(reply) => self.copy_of(reply, now),
+                    Ok(reply) => self.copy_of(reply, now).zip(fetched_cas(reply)),
                     Err(_) => None,
                 };
-                self.read_through = Some(copy.is_some());
+                self.tally.read_through = Some(copy.is_some());
                 match (copy, self.first.take()) {
-                    (Some(copy), _) => {
-                        self.stage = Stage::Last;
-                        self.send(Owner::New, Some(copy))
+                    (Some((copy, cas)), first) => {
+                        self.first = first;
+                        self.stage = Stage::Copy;
+                        let step = Step::Send {
+                            to: Owner::New,
+                            lines: copy.clone(),
+                            expect: self.copy_expect(),
+                        };
+                        self.copy = Some((copy, cas));
+                        step
                     }
                     // Not on the previous owner either: the first answer
                     // stands (or, for `add`, run it now).
                     (None, Some(first)) => Step::Answer(first),
-                    (None, None) => {
-                        self.stage = Stage::Last;
-                        self.send(Owner::New, None)
+                    (None, None) => self.run_on_new(),
+                }
+            }
+            (_, Stage::Copy) => {
+                let outcome = copy_outcome(&result);
+                self.tally.copy = Some(outcome);
+                match (&self.copy, outcome) {
+                    (Some((_, cas)), CopyOutcome::Made) => {
+                        self.stage = Stage::Check;
+                        let (key, base64) = self.key_token();
+                        Step::Send {
+                            to: Owner::Previous,
+                            lines: smallvec::smallvec![delete_if_line(&key, base64, *cas)],
+                            expect: meta_expect(MetaCommand::Delete),
+                        }
+                    }
+                    // The new owner had the key already (a write reached it
+                    // first), or did not take the copy: nothing to check.
+                    _ => {
+                        self.copy = None;
+                        self.run_on_new()
                     }
                 }
             }
+            (_, Stage::Check) => {
+                if matches!(&result, Ok(reply) if meta_succeeded(reply)) {
+                    // The fetched item was still there when the copy had
+                    // landed: a later delete reaches the new owner after it.
+                    self.forgotten = true;
+                    self.copy = None;
+                    return self.run_on_new();
+                }
+                // Gone or changed (or no answer): when in doubt, the copy
+                // goes, unless something newer replaced it.
+                self.stage = Stage::Recheck;
+                let (key, base64) = self.key_token();
+                Step::Send {
+                    to: Owner::New,
+                    lines: smallvec::smallvec![check_line(&key, base64, true)],
+                    expect: meta_expect(MetaCommand::Get),
+                }
+            }
+            (_, Stage::Recheck) => {
+                let (key, base64) = self.key_token();
+                let undo = match (&result, self.copy.take()) {
+                    (Ok(reply), Some((copy, _))) => undo_line(&key, base64, &copy, reply),
+                    _ => None,
+                };
+                match undo {
+                    Some(line) => {
+                        self.stage = Stage::TakeBack;
+                        Step::Send {
+                            to: Owner::New,
+                            lines: smallvec::smallvec![line],
+                            expect: meta_expect(MetaCommand::Delete),
+                        }
+                    }
+                    None => self.run_on_new(),
+                }
+            }
+            (_, Stage::TakeBack) => {
+                self.tally.taken_back = matches!(&result, Ok(reply) if meta_succeeded(reply));
+                // The command now finds the key as the other write left it.
+                self.run_on_new()
+            }
+            (Kind::RetryAfterCopy | Kind::CopyFirst, _) if self.forgotten => Step::Answer(result),
             (Kind::Cas, Stage::First) => match self.takeover.as_mut() {
                 Some(takeover) if takeover.overturnable(&result) => {
                     self.stage = Stage::TakeOver;
@@ -381,12 +475,7 @@ impl Moved {
     /// owner has made older: it goes before the answer.
     fn take_turn(&mut self, turn: Turn) -> Step {
         match turn {
-            Turn::Send { to, lines, expect } => Step::Send {
-                to,
-                copy: None,
-                lines,
-                expect,
-            },
+            Turn::Send { to, lines, expect } => Step::Send { to, lines, expect },
             Turn::Refused(answer) => Step::Answer(answer),
             Turn::Stored(answer) => self.forget_previous(answer),
         }
@@ -420,7 +509,6 @@ impl Moved {
         };
         Step::Send {
             to: Owner::Previous,
-            copy: None,
             lines: smallvec::smallvec![lines],
             expect,
         }
@@ -433,16 +521,21 @@ impl Moved {
         let base64 = self.meta.as_ref().is_some_and(|m| m.base64);
         Step::Send {
             to: Owner::Previous,
-            copy: None,
             expect: meta_expect(MetaCommand::Get),
-            lines: smallvec::smallvec![fetch_line(&self.key, base64, false)],
+            // With the cas: the check after the copy compares by it.
+            lines: smallvec::smallvec![fetch_line(&self.key, base64, true)],
         }
     }
 
-    fn send(&self, to: Owner, copy: Option<Outbound>) -> Step {
+    /// Runs the command on the new owner, as its last step.
+    fn run_on_new(&mut self) -> Step {
+        self.stage = Stage::Last;
+        self.send(Owner::New)
+    }
+
+    fn send(&self, to: Owner) -> Step {
         Step::Send {
             to,
-            copy,
             lines: self.request.clone(),
             expect: self.expect.clone(),
         }
@@ -835,46 +928,71 @@ pub(crate) struct ReadCopy {
 }
 
 impl ReadCopy {
-    /// The `mg` that reads the copied key back: its value, and with
-    /// `with_cas` its cas (to take the copy back with). `u` leaves the item
-    /// where it is in the server's LRU: a check is not a use, and an item
-    /// moving between LRUs could be missed by the window's closing sweep.
+    /// See [`check_line`].
     pub(crate) fn check_line(&self, with_cas: bool) -> Bytes {
-        let mut line = BytesMut::with_capacity(self.key.len() + 14);
-        line.put_slice(b"mg ");
-        line.put_slice(&self.key);
-        line.put_slice(if self.base64 { b" b v u" } else { b" v u" });
-        if with_cas {
-            line.put_slice(b" c");
-        }
-        line.put_slice(b"\r\n");
-        line.freeze()
+        check_line(&self.key, self.base64, with_cas)
     }
 
     /// Whether `reply` to a [`ReadCopy::check_line`] holds the copied value.
     pub(crate) fn holds(&self, reply: &[u8]) -> bool {
-        let data = self.wire.last().map_or(&[][..], |d| &d[..]);
-        ValueReply::parse(reply).is_some_and(|value| value.data == data)
+        holds(&self.wire, reply)
     }
 
-    /// The `md` that takes the copy back, given the new owner's reply to a
-    /// [`ReadCopy::check_line`] with cas: only while it still holds the
-    /// copied value, and compared by cas, so a newer write that replaced it
-    /// in between stays.
+    /// See [`undo_line`].
     pub(crate) fn undo_line(&self, owner_reply: &[u8]) -> Option<Bytes> {
-        if !self.holds(owner_reply) {
-            return None;
-        }
-        let cas = ValueReply::parse(owner_reply)?.number::<u64>(b'c')?;
-        let mut line = BytesMut::with_capacity(self.key.len() + 28);
-        line.put_slice(b"md ");
-        line.put_slice(&self.key);
-        if self.base64 {
-            line.put_slice(b" b");
-        }
-        line.put_slice(format!(" C{cas}\r\n").as_bytes());
-        Some(line.freeze())
+        undo_line(&self.key, self.base64, &self.wire, owner_reply)
     }
+}
+
+/// The `mg` that reads a copied key back: its value, and with `with_cas`
+/// its cas (to take the copy back with). `u` leaves the item where it is in
+/// the server's LRU: a check is not a use, and an item moving between LRUs
+/// could be missed by the window's closing sweep.
+fn check_line(key_token: &[u8], base64: bool, with_cas: bool) -> Bytes {
+    let mut line = BytesMut::with_capacity(key_token.len() + 14);
+    line.put_slice(b"mg ");
+    line.put_slice(key_token);
+    line.put_slice(if base64 { b" b v u" } else { b" v u" });
+    if with_cas {
+        line.put_slice(b" c");
+    }
+    line.put_slice(b"\r\n");
+    line.freeze()
+}
+
+/// Whether `reply` to a [`check_line`] holds the value `copy` carried (its
+/// last part is the data with its `\r\n`).
+fn holds(copy: &Outbound, reply: &[u8]) -> bool {
+    let data = copy.last().map_or(&[][..], |d| &d[..]);
+    ValueReply::parse(reply).is_some_and(|value| value.data == data)
+}
+
+/// The `md` that takes `copy` back, given the new owner's reply to a
+/// [`check_line`] with cas: only while it still holds the copied value, and
+/// compared by cas, so a newer write that replaced it in between stays.
+fn undo_line(key_token: &[u8], base64: bool, copy: &Outbound, owner_reply: &[u8]) -> Option<Bytes> {
+    if !holds(copy, owner_reply) {
+        return None;
+    }
+    let cas = ValueReply::parse(owner_reply)?.number::<u64>(b'c')?;
+    Some(delete_if_line(key_token, base64, cas))
+}
+
+/// `md <key> C<cas>`: deletes the item only while its cas is `cas`.
+fn delete_if_line(key_token: &[u8], base64: bool, cas: u64) -> Bytes {
+    let mut line = BytesMut::with_capacity(key_token.len() + 28);
+    line.put_slice(b"md ");
+    line.put_slice(key_token);
+    if base64 {
+        line.put_slice(b" b");
+    }
+    line.put_slice(format!(" C{cas}\r\n").as_bytes());
+    line.freeze()
+}
+
+/// The cas of the item a [`fetch_line`] asked with the cas read.
+fn fetched_cas(reply: &[u8]) -> Option<u64> {
+    ValueReply::parse(reply)?.number::<u64>(b'c')
 }
 
 /// Copies: how many `add`s a step sent, and how the new owner answered.
@@ -1007,13 +1125,27 @@ mod tests {
         Ok(Bytes::from_static(reply))
     }
 
-    fn sent(step: &Step) -> (Owner, bool, Vec<u8>) {
+    fn sent(step: &Step) -> (Owner, Vec<u8>) {
         match step {
-            Step::Send {
-                to, copy, lines, ..
-            } => (*to, copy.is_some(), lines.concat()),
+            Step::Send { to, lines, .. } => (*to, lines.concat()),
             Step::Answer(r) => panic!("answered {r:?}"),
         }
+    }
+
+    /// The copy sent as `step`, its landing, and the check that deletes
+    /// the fetched item (cas `cas`) from the previous owner, answered `HD`:
+    /// the command's step on the new owner comes back.
+    fn copied_and_checked(m: &mut Moved, step: Step, copy: &[u8], check: &[u8]) -> Step {
+        assert_eq!(sent(&step), (Owner::New, copy.to_vec()));
+        let landed = if copy.starts_with(b"add") {
+            ok(b"STORED\r\n")
+        } else {
+            ok(b"HD\r\n")
+        };
+        let step = m.on_reply(landed, NOW);
+        assert_eq!(sent(&step), (Owner::Previous, check.to_vec()));
+        assert_eq!(m.take_tally().copy, Some(CopyOutcome::Made));
+        m.on_reply(ok(b"HD\r\n"), NOW)
     }
 
     fn answer(step: Step) -> CallResult {
@@ -1027,10 +1159,7 @@ mod tests {
 
     /// The step that deletes the previous owner's copy, answered `reply`.
     fn forgets(step: Step, m: &mut Moved, expected: &[u8]) {
-        assert_eq!(
-            sent(&step),
-            (Owner::Previous, false, b"delete k\r\n".to_vec())
-        );
+        assert_eq!(sent(&step), (Owner::Previous, b"delete k\r\n".to_vec()));
         // Whatever the previous owner says, the new owner's reply answers.
         assert_eq!(
             answer(m.on_reply(ok(b"NOT_FOUND\r\n"), NOW)).unwrap(),
@@ -1050,7 +1179,7 @@ mod tests {
         let mut m = moved(b"set k 0 0 1\r\nx\r\n");
         assert_eq!(
             sent(&m.start()),
-            (Owner::New, false, b"set k 0 0 1\r\nx\r\n".to_vec())
+            (Owner::New, b"set k 0 0 1\r\nx\r\n".to_vec())
         );
         let step = m.on_reply(ok(b"STORED\r\n"), NOW);
         forgets(step, &mut m, b"STORED\r\n");
@@ -1086,25 +1215,64 @@ mod tests {
     #[test]
     fn incr_copies_from_the_previous_owner_with_its_ttl_then_runs_again() {
         let mut m = moved(b"incr k 1\r\n");
-        assert_eq!(
-            sent(&m.start()),
-            (Owner::New, false, b"incr k 1\r\n".to_vec())
-        );
+        assert_eq!(sent(&m.start()), (Owner::New, b"incr k 1\r\n".to_vec()));
         let fetch = sent(&m.on_reply(ok(b"NOT_FOUND\r\n"), NOW));
-        assert_eq!(fetch, (Owner::Previous, false, b"mg k v f t\r\n".to_vec()));
-        let step = m.on_reply(ok(b"VA 2 f3 t4\r\n41\r\n"), NOW);
-        match &step {
-            Step::Send {
-                to, copy, lines, ..
-            } => {
-                assert_eq!(*to, Owner::New);
-                assert_eq!(copy.as_ref().unwrap().concat(), b"add k 3 4 2\r\n41\r\n");
-                assert_eq!(lines.concat(), b"incr k 1\r\n");
-            }
-            other => panic!("{other:?}"),
-        }
-        let step = m.on_reply(ok(b"42\r\n"), NOW);
-        forgets(step, &mut m, b"42\r\n");
+        assert_eq!(fetch, (Owner::Previous, b"mg k c v f t\r\n".to_vec()));
+        let step = m.on_reply(ok(b"VA 2 c9 f3 t4\r\n41\r\n"), NOW);
+        let copy = b"add k 3 4 2\r\n41\r\n";
+        let again = copied_and_checked(&mut m, step, copy, b"md k C9\r\n");
+        assert_eq!(sent(&again), (Owner::New, b"incr k 1\r\n".to_vec()));
+        // The check deleted the previous owner's copy: answered at once.
+        assert_eq!(
+            answer(m.on_reply(ok(b"42\r\n"), NOW)).unwrap(),
+            &b"42\r\n"[..]
+        );
+    }
+
+    /// A delete of the key (through another connection) reached the new
+    /// owner before the copy and the previous owner after the fetch: the
+    /// check finds the fetched item gone, the copy is taken back, and the
+    /// command runs on what the delete left.
+    #[test]
+    fn a_copy_whose_source_went_meanwhile_is_taken_back_before_the_command() {
+        let mut m = moved(b"incr k 1\r\n");
+        m.start();
+        m.on_reply(ok(b"NOT_FOUND\r\n"), NOW);
+        m.on_reply(ok(b"VA 2 c9 f3 t4\r\n41\r\n"), NOW);
+        m.on_reply(ok(b"STORED\r\n"), NOW);
+        let recheck = m.on_reply(ok(b"NF\r\n"), NOW);
+        assert_eq!(sent(&recheck), (Owner::New, b"mg k v u c\r\n".to_vec()));
+        let undo = m.on_reply(ok(b"VA 2 c12\r\n41\r\n"), NOW);
+        assert_eq!(sent(&undo), (Owner::New, b"md k C12\r\n".to_vec()));
+        let again = m.on_reply(ok(b"HD\r\n"), NOW);
+        assert!(m.take_tally().taken_back);
+        assert_eq!(sent(&again), (Owner::New, b"incr k 1\r\n".to_vec()));
+        assert_eq!(
+            answer(m.on_reply(ok(b"NOT_FOUND\r\n"), NOW)).unwrap(),
+            &b"NOT_FOUND\r\n"[..]
+        );
+
+        // A newer value replaced the copy: it stays, and the command runs
+        // on it, then forgets the previous owner.
+        let mut newer = moved(b"incr k 1\r\n");
+        newer.start();
+        newer.on_reply(ok(b"NOT_FOUND\r\n"), NOW);
+        newer.on_reply(ok(b"VA 2 c9 f3 t4\r\n41\r\n"), NOW);
+        newer.on_reply(ok(b"STORED\r\n"), NOW);
+        newer.on_reply(ok(b"EX\r\n"), NOW);
+        let again = newer.on_reply(ok(b"VA 2 c13\r\n70\r\n"), NOW);
+        assert_eq!(sent(&again), (Owner::New, b"incr k 1\r\n".to_vec()));
+        let step = newer.on_reply(ok(b"71\r\n"), NOW);
+        forgets(step, &mut newer, b"71\r\n");
+
+        // The new owner had the key already: no copy to check.
+        let mut beaten = moved(b"incr k 1\r\n");
+        beaten.start();
+        beaten.on_reply(ok(b"NOT_FOUND\r\n"), NOW);
+        beaten.on_reply(ok(b"VA 2 c9 f3 t4\r\n41\r\n"), NOW);
+        let again = beaten.on_reply(ok(b"NOT_STORED\r\n"), NOW);
+        assert_eq!(beaten.take_tally().copy, Some(CopyOutcome::Skipped));
+        assert_eq!(sent(&again), (Owner::New, b"incr k 1\r\n".to_vec()));
     }
 
     #[test]
@@ -1112,16 +1280,13 @@ mod tests {
         let mut m = moved(b"append k 0 0 1\r\nx\r\n");
         m.start();
         m.on_reply(ok(b"NOT_STORED\r\n"), NOW);
-        let step = m.on_reply(ok(b"VA 1 f0 t-1\r\ny\r\n"), NOW);
-        let Step::Send { copy, .. } = &step else {
-            panic!("{step:?}")
-        };
-        assert_eq!(copy.as_ref().unwrap().concat(), b"add k 0 0 1\r\ny\r\n");
+        let step = m.on_reply(ok(b"VA 1 c5 f0 t-1\r\ny\r\n"), NOW);
+        assert_eq!(sent(&step), (Owner::New, b"add k 0 0 1\r\ny\r\n".to_vec()));
         let mut expiring = moved(b"append k 0 0 1\r\nx\r\n");
         expiring.start();
         expiring.on_reply(ok(b"NOT_STORED\r\n"), NOW);
         assert_eq!(
-            answer(expiring.on_reply(ok(b"VA 1 f0 t0\r\ny\r\n"), NOW)).unwrap(),
+            answer(expiring.on_reply(ok(b"VA 1 c5 f0 t0\r\ny\r\n"), NOW)).unwrap(),
             &b"NOT_STORED\r\n"[..]
         );
     }
@@ -1141,13 +1306,19 @@ mod tests {
     fn add_checks_the_previous_owner_first() {
         let mut m = moved(b"add k 0 0 1\r\nx\r\n");
         assert_eq!(sent(&m.start()).0, Owner::Previous);
-        let (to, copy, _) = sent(&m.on_reply(ok(b"VA 1 f0 t-1\r\ny\r\n"), NOW));
-        assert_eq!((to, copy), (Owner::New, true));
+        let step = m.on_reply(ok(b"VA 1 c5 f0 t-1\r\ny\r\n"), NOW);
+        let copy = b"add k 0 0 1\r\ny\r\n";
+        let add = copied_and_checked(&mut m, step, copy, b"md k C5\r\n");
+        assert_eq!(sent(&add), (Owner::New, b"add k 0 0 1\r\nx\r\n".to_vec()));
+        let refused = ok(b"NOT_STORED\r\n");
+        assert_eq!(
+            answer(m.on_reply(refused, NOW)).unwrap(),
+            &b"NOT_STORED\r\n"[..]
+        );
         let mut fresh = moved(b"add k 0 0 1\r\nx\r\n");
         fresh.start();
-        let (to, copy, lines) = sent(&fresh.on_reply(ok(b"EN\r\n"), NOW));
-        assert_eq!((to, copy), (Owner::New, false));
-        assert_eq!(lines, b"add k 0 0 1\r\nx\r\n");
+        let step = fresh.on_reply(ok(b"EN\r\n"), NOW);
+        assert_eq!(sent(&step), (Owner::New, b"add k 0 0 1\r\nx\r\n".to_vec()));
     }
 
     #[test]
@@ -1157,15 +1328,12 @@ mod tests {
         let mut m = moved(b"cas k 0 0 1 7\r\nz\r\n");
         assert_eq!(sent(&m.start()).0, Owner::New);
         let read = m.on_reply(ok(b"EXISTS\r\n"), NOW);
-        assert_eq!(
-            sent(&read),
-            (Owner::New, false, b"mg k c v f t\r\n".to_vec())
-        );
+        assert_eq!(sent(&read), (Owner::New, b"mg k c v f t\r\n".to_vec()));
         let read = m.on_reply(ok(b"VA 1 c40 f0 t-1\r\nx\r\n"), NOW);
         assert_eq!(sent(&read).0, Owner::Previous);
         let cas = m.on_reply(ok(b"VA 1 f0 t-1\r\nx\r\n"), NOW);
         assert_eq!(sent(&cas).0, Owner::Previous);
-        let (to, _, lines) = sent(&m.on_reply(ok(b"STORED\r\n"), NOW));
+        let (to, lines) = sent(&m.on_reply(ok(b"STORED\r\n"), NOW));
         assert_eq!(
             (to, lines),
             (Owner::New, b"cas k 0 0 1 40\r\nz\r\n".to_vec())
@@ -1271,7 +1439,7 @@ mod tests {
         let mut delete = meta_moved(MetaMove::Delete, MetaCommand::Delete, b"md k\r\n");
         assert_eq!(
             sent(&delete.start()),
-            (Owner::Previous, false, b"md k\r\n".to_vec())
+            (Owner::Previous, b"md k\r\n".to_vec())
         );
         assert_eq!(sent(&delete.on_reply(ok(b"HD\r\n"), NOW)).0, Owner::New);
         assert_eq!(
@@ -1283,10 +1451,7 @@ mod tests {
         let mut set = meta_moved(MetaMove::Overwrite, MetaCommand::Set, b"ms k 1\r\nx\r\n");
         assert_eq!(sent(&set.start()).0, Owner::New);
         let forget = set.on_reply(ok(b"HD\r\n"), NOW);
-        assert_eq!(
-            sent(&forget),
-            (Owner::Previous, false, b"md k\r\n".to_vec())
-        );
+        assert_eq!(sent(&forget), (Owner::Previous, b"md k\r\n".to_vec()));
         assert_eq!(
             answer(set.on_reply(ok(b"NF\r\n"), NOW)).unwrap(),
             &b"HD\r\n"[..]
@@ -1303,23 +1468,14 @@ mod tests {
         let fetch = incr.on_reply(ok(b"NF\r\n"), NOW);
         assert_eq!(
             sent(&fetch),
-            (Owner::Previous, false, b"mg k v f t\r\n".to_vec())
+            (Owner::Previous, b"mg k c v f t\r\n".to_vec())
         );
-        let again = incr.on_reply(ok(b"VA 2 f0 t-1\r\n10\r\n"), NOW);
-        let Step::Send {
-            to, copy, lines, ..
-        } = &again
-        else {
-            panic!("{again:?}")
-        };
-        assert_eq!((*to, lines.concat()), (Owner::New, b"ma k v\r\n".to_vec()));
-        assert_eq!(copy.as_ref().unwrap().concat(), b"ms k 2 F0 ME\r\n10\r\n");
+        let step = incr.on_reply(ok(b"VA 2 c4 f0 t-1\r\n10\r\n"), NOW);
+        let copy = b"ms k 2 F0 ME\r\n10\r\n";
+        let again = copied_and_checked(&mut incr, step, copy, b"md k C4\r\n");
+        assert_eq!(sent(&again), (Owner::New, b"ma k v\r\n".to_vec()));
         assert_eq!(
-            sent(&incr.on_reply(ok(b"VA 2\r\n11\r\n"), NOW)).0,
-            Owner::Previous
-        );
-        assert_eq!(
-            answer(incr.on_reply(ok(b"HD\r\n"), NOW)).unwrap(),
+            answer(incr.on_reply(ok(b"VA 2\r\n11\r\n"), NOW)).unwrap(),
             &b"VA 2\r\n11\r\n"[..]
         );
 
@@ -1337,7 +1493,7 @@ mod tests {
         let copied = cas.on_reply(ok(b"HD c8\r\n"), NOW);
         assert_eq!(
             sent(&copied),
-            (Owner::New, false, b"ms k 1 c ME\r\ny\r\n".to_vec())
+            (Owner::New, b"ms k 1 c ME\r\ny\r\n".to_vec())
         );
         assert_eq!(
             sent(&cas.on_reply(ok(b"HD c3\r\n"), NOW)).0,
@@ -1362,14 +1518,11 @@ mod tests {
             added,
         };
         let mut read = meta_moved(what, MetaCommand::Get, b"mg k v\r\n");
-        assert_eq!(
-            sent(&read.start()),
-            (Owner::New, false, b"mg k v\r\n".to_vec())
-        );
+        assert_eq!(sent(&read.start()), (Owner::New, b"mg k v\r\n".to_vec()));
         let through = read.on_reply(ok(b"EN\r\n"), NOW);
         assert_eq!(
             sent(&through),
-            (Owner::Previous, false, b"mg k v f t\r\n".to_vec())
+            (Owner::Previous, b"mg k v f t\r\n".to_vec())
         );
         let hit = read.on_reply(ok(b"VA 2 f0 t100\r\nv1\r\n"), NOW);
         assert_eq!(answer(hit).unwrap(), &b"VA 2\r\nv1\r\n"[..]);
