@@ -210,7 +210,7 @@ fn main() {
     println!("| --- | ---: |");
     for (name, batch, end) in cases {
         let per_request = measure(&mut client, &batch, end, &mut reply_buf);
-        println!("| {name} | {per_request:.2} |");
+        println!("| {name} | {per_request:.3} |");
     }
     drop(client);
     shutdown.cancel();

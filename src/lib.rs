@@ -72,6 +72,7 @@ mod plan;
 pub(crate) mod pool;
 pub(crate) mod pools;
 pub mod protocol;
+mod recycled;
 pub mod reload;
 mod report;
 pub mod resolve;

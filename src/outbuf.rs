@@ -7,17 +7,35 @@ use std::collections::VecDeque;
 
 use bytes::{Buf, Bytes, BytesMut};
 
+use crate::recycled::RecycledBuf;
+
 /// Pieces at least this long are written in place rather than copied.
 const ZERO_COPY_BYTES: usize = 4096;
+/// The least the small pieces' buffer allocates: a few dozen short replies
+/// or requests, so that a busy queue takes back its earlier allocations
+/// (see [`RecycledBuf`]) rather than growing from a few bytes.
+const FIRST_SCRATCH_BYTES: usize = 1024;
+/// Room made before memring's own lines are written.
+const LINE_ROOM_BYTES: usize = 128;
 
 /// An ordered queue of bytes to write.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct OutQueue {
     chunks: VecDeque<Bytes>,
     /// Small pieces since the last chunk.
-    scratch: BytesMut,
+    scratch: RecycledBuf,
     /// Bytes in `chunks` (not counting `scratch`).
     sealed: usize,
+}
+
+impl Default for OutQueue {
+    fn default() -> Self {
+        OutQueue {
+            chunks: VecDeque::new(),
+            scratch: RecycledBuf::new(FIRST_SCRATCH_BYTES),
+            sealed: 0,
+        }
+    }
 }
 
 impl OutQueue {
@@ -28,17 +46,19 @@ impl OutQueue {
             self.sealed += piece.len();
             self.chunks.push_back(piece);
         } else {
-            self.scratch.extend_from_slice(&piece);
+            self.push_slice(&piece);
         }
     }
 
     /// Appends a borrowed piece (always copied).
     pub(crate) fn push_slice(&mut self, piece: &[u8]) {
+        self.scratch.make_room(piece.len());
         self.scratch.extend_from_slice(piece);
     }
 
     /// Where memring's own lines are written.
     pub(crate) fn scratch(&mut self) -> &mut BytesMut {
+        self.scratch.make_room(LINE_ROOM_BYTES);
         &mut self.scratch
     }
 

@@ -40,6 +40,7 @@ use crate::protocol::meta::tag::{echoes_opaque, tag_request, untag, Tag};
 use crate::protocol::reply::{
     item_size_max, next_piece, pending_value_len, Expect, Piece, ReplyError,
 };
+use crate::recycled::RecycledBuf;
 use crate::tls::{write_or_flush, Flush};
 use crate::wake::{Cancel, Wake};
 
@@ -384,7 +385,7 @@ where
     let timeout = shared.settings.request_timeout;
     // Bytes written into a TLS stream that it may not have sent yet.
     let mut unflushed = false;
-    let mut read_buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
+    let mut read_buf = RecycledBuf::with_capacity(READ_CHUNK_BYTES);
     let mut writing = OutQueue::default();
     writing.push(Bytes::from_static(PROBE));
     {
@@ -435,18 +436,19 @@ where
             // stay twice its size while its reply is owed), or be copied
             // once per step if the buffer's earlier pieces are still held.
             Some(total) if total > read_buf.capacity() && total > read_room(largest) => {
-                let mut whole = BytesMut::with_capacity(total + READ_CHUNK_BYTES);
+                let size = total + READ_CHUNK_BYTES;
+                let mut whole = BytesMut::with_capacity(size);
                 whole.extend_from_slice(&read_buf);
-                read_buf = whole;
+                read_buf = RecycledBuf::from_bytes(whole, size);
             }
             _ if read_buf.capacity() - read_buf.len() < READ_CHUNK_BYTES / 4 => {
-                read_buf.reserve(read_room(largest));
+                read_buf.make_room(read_room(largest));
             }
             _ => {}
         }
         tokio::select! {
             biased;
-            read = reader.read_buf(&mut read_buf) => {
+            read = reader.read_buf(&mut *read_buf) => {
                 match read {
                     Ok(0) => break Err(BackendErrorKind::Closed),
                     Err(e) => match crate::tls::tls_error(&e).filter(|_| W::BUFFERS) {

@@ -61,6 +61,7 @@ mod start;
 mod work;
 
 use crate::budget::ClientBudget;
+use crate::recycled::RecycledBuf;
 use deadline::{Progress, Waiting};
 use fifo::Fifo;
 use work::*;
@@ -121,7 +122,7 @@ where
     // Reply bytes written into a TLS stream that it may not have sent yet.
     let mut unflushed = false;
     let mut client = ClientSession::new(id, worker.clone(), bound);
-    let mut input = BytesMut::with_capacity(FIRST_READ_BYTES);
+    let mut input = RecycledBuf::with_capacity(FIRST_READ_BYTES);
     let settings = worker.settings;
     let clock = worker.clock.clone();
     let started = clock.tick();
@@ -164,7 +165,8 @@ where
         }
         let can_read = client.can_read();
         if can_read && input.capacity() - input.len() < MIN_READ_ROOM_BYTES {
-            input.reserve(input.capacity().max(FIRST_READ_BYTES));
+            let room = input.capacity().max(FIRST_READ_BYTES);
+            input.make_room(room);
         }
         let waiting = Waiting {
             writing: client.out.has_remaining(),
@@ -191,7 +193,7 @@ where
                     Err(e) => break Err(e),
                 }
             }
-            read = reader.read_buf(&mut input), if can_read => {
+            read = reader.read_buf(&mut *input), if can_read => {
                 match read {
                     Ok(0) => client.closing = true,
                     Ok(n) => {

@@ -1,0 +1,199 @@
+//! A byte buffer that takes its earlier allocation back instead of making a
+//! new one. No I/O here.
+//!
+//! memring hands out pieces split off its buffers without copying them:
+//! requests from a client's input, reply pieces from a server's input,
+//! sealed chunks of an output queue. Each piece keeps its buffer's
+//! allocation alive while it is in flight. On a pipelining connection some
+//! piece is nearly always in flight when the buffer runs out of room, so
+//! `BytesMut::reserve` would allocate anew each time: a few allocations per
+//! hundred requests. This buffer keeps the allocation it left as a spare and
+//! moves back into it once all of that allocation's pieces are dropped. Two
+//! allocations take turns, and a steady load allocates nothing; when more is
+//! in flight than two of them carry, the next allocation is twice as large.
+
+use std::ops::{Deref, DerefMut};
+
+use bytes::BytesMut;
+
+/// A spare larger than this is let go rather than kept: a connection that
+/// once read a large value does not hold two buffers of its size for good.
+const MAX_SPARE_BYTES: usize = 64 * 1024;
+
+/// The most a buffer grows to because its spare was still held when it ran
+/// out of room (a larger `make_room` still gets what it asks).
+const MAX_GROWN_BYTES: usize = 32 * 1024;
+
+/// A `BytesMut` with a spare allocation (see the module text).
+#[derive(Debug)]
+pub(crate) struct RecycledBuf {
+    bytes: BytesMut,
+    /// The size `bytes` was allocated with here, and the least size of the
+    /// next allocation.
+    size: usize,
+    /// Empty; shares an earlier allocation with the pieces still in flight.
+    spare: BytesMut,
+    spare_size: usize,
+}
+
+impl RecycledBuf {
+    /// An empty buffer that allocates nothing until it needs room, then at
+    /// least `first_size` bytes.
+    pub(crate) fn new(first_size: usize) -> Self {
+        Self::from_bytes(BytesMut::new(), first_size)
+    }
+
+    /// A buffer of `size` bytes, allocated now.
+    pub(crate) fn with_capacity(size: usize) -> Self {
+        Self::from_bytes(BytesMut::with_capacity(size), size)
+    }
+
+    /// Takes over `bytes`, allocated with `size` bytes.
+    pub(crate) fn from_bytes(bytes: BytesMut, size: usize) -> Self {
+        RecycledBuf {
+            bytes,
+            size,
+            spare: BytesMut::new(),
+            spare_size: 0,
+        }
+    }
+
+    /// Makes room for at least `room` more bytes after the ones held, as
+    /// `BytesMut::reserve` does, but allocates only when neither this
+    /// allocation nor the spare is free to take back.
+    pub(crate) fn make_room(&mut self, room: usize) {
+        if self.bytes.try_reclaim(room) {
+            return;
+        }
+        let needed = self.bytes.len() + room;
+        if self.spare_size >= needed && self.spare.try_reclaim(needed) {
+            self.spare.extend_from_slice(&self.bytes);
+            std::mem::swap(&mut self.bytes, &mut self.spare);
+            std::mem::swap(&mut self.size, &mut self.spare_size);
+        } else {
+            // A spare still held means more is in flight than two
+            // allocations of this size carry: the next ones are larger.
+            let grown = match self.spare_size {
+                0 => self.size,
+                _ => (self.size * 2).min(MAX_GROWN_BYTES).max(self.size),
+            };
+            let size = needed.max(grown);
+            let mut fresh = BytesMut::with_capacity(size);
+            fresh.extend_from_slice(&self.bytes);
+            self.spare = std::mem::replace(&mut self.bytes, fresh);
+            self.spare_size = std::mem::replace(&mut self.size, size);
+        }
+        // The bytes held were copied over: the spare keeps only what its
+        // split-off pieces hold.
+        self.spare.clear();
+        if self.spare_size > MAX_SPARE_BYTES {
+            self.spare = BytesMut::new();
+            self.spare_size = 0;
+        }
+    }
+}
+
+impl Deref for RecycledBuf {
+    type Target = BytesMut;
+
+    fn deref(&self) -> &BytesMut {
+        &self.bytes
+    }
+}
+
+impl DerefMut for RecycledBuf {
+    fn deref_mut(&mut self) -> &mut BytesMut {
+        &mut self.bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The address of the allocation `buf` writes into next.
+    fn spare_room_at(buf: &mut RecycledBuf) -> usize {
+        buf.spare_capacity_mut().as_ptr() as usize
+    }
+
+    #[test]
+    fn a_buffer_whose_pieces_are_dropped_is_used_again() {
+        let mut buf = RecycledBuf::with_capacity(64);
+        buf.extend_from_slice(&[b'a'; 60]);
+        let piece = buf.split_to(60).freeze();
+        drop(piece);
+        buf.make_room(64);
+        assert!(buf.capacity() >= 64);
+    }
+
+    #[test]
+    fn two_allocations_take_turns_while_pieces_are_in_flight() {
+        let mut buf = RecycledBuf::with_capacity(64);
+        let first = spare_room_at(&mut buf);
+        buf.extend_from_slice(&[b'a'; 60]);
+        let held_first = buf.split_to(60).freeze();
+        // The first allocation is held: a second one is made.
+        buf.make_room(64);
+        let second = spare_room_at(&mut buf);
+        assert_ne!(first, second);
+        buf.extend_from_slice(&[b'b'; 60]);
+        let held_second = buf.split_to(56).freeze();
+        drop(held_first);
+        // The first is free again: the 4 bytes not split off move into it.
+        buf.make_room(40);
+        assert_eq!(&buf[..], b"bbbb");
+        assert_eq!(buf.as_ptr() as usize, first);
+        assert_eq!(&held_second[..], &[b'b'; 56][..]);
+    }
+
+    #[test]
+    fn a_spare_still_held_is_left_alone_and_a_new_allocation_made() {
+        let mut buf = RecycledBuf::with_capacity(64);
+        buf.extend_from_slice(&[b'a'; 64]);
+        let held_first = buf.split_to(64).freeze();
+        buf.make_room(64);
+        buf.extend_from_slice(&[b'b'; 64]);
+        let held_second = buf.split_to(64).freeze();
+        buf.make_room(64);
+        buf.extend_from_slice(&[b'c'; 64]);
+        // Every piece still reads what was written into it.
+        assert_eq!(&held_first[..], &[b'a'; 64][..]);
+        assert_eq!(&held_second[..], &[b'b'; 64][..]);
+        assert_eq!(&buf[..], &[b'c'; 64][..]);
+    }
+
+    #[test]
+    fn a_spare_still_held_makes_the_next_allocation_larger() {
+        let mut buf = RecycledBuf::with_capacity(64);
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            let room = buf.capacity() - buf.len();
+            buf.extend_from_slice(&vec![b'a'; room]);
+            held.push(buf.split().freeze());
+            buf.make_room(64);
+        }
+        // 64, then 64 (no spare yet), then 128 and 256 (the spare held).
+        assert!(buf.capacity() >= 256, "capacity {}", buf.capacity());
+        assert_eq!(buf.size, 256);
+        assert!(held.iter().all(|piece| piece.iter().all(|&b| b == b'a')));
+    }
+
+    #[test]
+    fn more_room_than_the_buffer_has_grows_it_and_keeps_its_bytes() {
+        let mut buf = RecycledBuf::new(16);
+        buf.extend_from_slice(b"partial");
+        buf.make_room(1000);
+        assert!(buf.capacity() - buf.len() >= 1000);
+        assert_eq!(&buf[..], b"partial");
+    }
+
+    #[test]
+    fn a_large_spare_is_let_go() {
+        let mut buf = RecycledBuf::with_capacity(MAX_SPARE_BYTES + 1);
+        buf.extend_from_slice(b"x");
+        let held = buf.split_to(1).freeze();
+        buf.make_room(MAX_SPARE_BYTES + 1);
+        assert_eq!(buf.spare_size, 0);
+        drop(held);
+    }
+}
