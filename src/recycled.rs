@@ -48,8 +48,7 @@ impl RecycledBuf {
         Self::from_bytes(BytesMut::with_capacity(size), size)
     }
 
-    /// Takes over `bytes`, allocated with `size` bytes.
-    pub(crate) fn from_bytes(bytes: BytesMut, size: usize) -> Self {
+    fn from_bytes(bytes: BytesMut, size: usize) -> Self {
         RecycledBuf {
             bytes,
             size,
@@ -119,11 +118,13 @@ mod tests {
     #[test]
     fn a_buffer_whose_pieces_are_dropped_is_used_again() {
         let mut buf = RecycledBuf::with_capacity(64);
+        let first = spare_room_at(&mut buf);
         buf.extend_from_slice(&[b'a'; 60]);
         let piece = buf.split_to(60).freeze();
         drop(piece);
         buf.make_room(64);
         assert!(buf.capacity() >= 64);
+        assert_eq!(spare_room_at(&mut buf), first);
     }
 
     #[test]

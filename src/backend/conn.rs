@@ -436,10 +436,9 @@ where
             // stay twice its size while its reply is owed), or be copied
             // once per step if the buffer's earlier pieces are still held.
             Some(total) if total > read_buf.capacity() && total > read_room(largest) => {
-                let size = total + READ_CHUNK_BYTES;
-                let mut whole = BytesMut::with_capacity(size);
+                let mut whole = RecycledBuf::with_capacity(total + READ_CHUNK_BYTES);
                 whole.extend_from_slice(&read_buf);
-                read_buf = RecycledBuf::from_bytes(whole, size);
+                read_buf = whole;
             }
             _ if read_buf.capacity() - read_buf.len() < READ_CHUNK_BYTES / 4 => {
                 read_buf.make_room(read_room(largest));
