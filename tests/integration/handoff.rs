@@ -1584,6 +1584,61 @@ fn a_read_through_is_answered_without_waiting_for_its_copy() {
     }
 }
 
+/// Two sidecars, A and B, over five memcached servers, both moved from the
+/// first four to all five; the fifth is reached through a relay that keeps
+/// back the first request starting with `held`. `key` moves between the two
+/// rings and was set through B, with `value(key)`, before the change.
+struct SidecarsAfterJoin {
+    a: Proxy,
+    b: Proxy,
+    relay: Relay,
+    servers: Vec<Memcached>,
+    key: String,
+    _dir: TempDir,
+}
+
+impl SidecarsAfterJoin {
+    fn start(name: &str, held: &'static [u8], value: impl Fn(&str) -> String) -> Self {
+        let dir = TempDir::new("handoff", name);
+        let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+        let all: Vec<&Memcached> = servers.iter().collect();
+        let relay = Relay::start(&servers[4].addr(), Fault::holding_from(held));
+        let (four, five) = rings_4_and_5(&dir, &all);
+        let key = moved_between(&four, &five, (0..5000).map(|i| format!("{name}:{i}")), 1)
+            .pop()
+            .expect("a key that moves");
+        let (path_a, path_b) = (dir.path("a.toml"), dir.path("b.toml"));
+        for path in [&path_a, &path_b] {
+            std::fs::write(path, config(&all[..4])).unwrap();
+        }
+        let (a, b) = (Proxy::start_file(&path_a), Proxy::start_file(&path_b));
+        let value = value(&key);
+        let set = format!("set {key} 0 0 {}\r\n{value}\r\n", value.len());
+        assert_eq!(
+            b.client().call(set.as_bytes(), ReplyKind::Line),
+            b"STORED\r\n"
+        );
+        let through_relay = config(&all).replace(&servers[4].addr(), &relay.addr());
+        for (proxy, path) in [(&a, &path_a), (&b, &path_b)] {
+            replace_by_rename(path, &through_relay);
+            wait_for("ring version 2", || proxy.ring_version() >= 2);
+        }
+        SidecarsAfterJoin {
+            a,
+            b,
+            relay,
+            servers,
+            key,
+            _dir: dir,
+        }
+    }
+
+    /// How many copies of the key the new owner holds.
+    fn held_by_new_owner(&self) -> usize {
+        held_by(&self.servers[4], std::slice::from_ref(&self.key))
+    }
+}
+
 /// A read-through copy that lands after a write of its key is taken back:
 /// sidecar A reads a moved key through (its copy to the new owner is kept
 /// back by a relay), sidecar B, on the same new ring, deletes the key and
@@ -1597,54 +1652,45 @@ fn a_copy_landing_after_a_delete_of_its_key_is_taken_back() {
         ("classic", &b"add "[..], "get {key}\r\n", "delete {key}\r\n"),
         ("meta", &b"ms "[..], "mg {key} v\r\n", "md {key}\r\n"),
     ] {
-        let dir = TempDir::new("handoff", "copy-race");
-        let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
-        let all: Vec<&Memcached> = servers.iter().collect();
-        let relay = Relay::start(&servers[4].addr(), Fault::holding_from(copy));
-        let (four, five) = rings_4_and_5(&dir, &all);
-        let key = moved_between(&four, &five, (0..5000).map(|i| format!("race:{i}")), 1)
-            .pop()
-            .expect("a key that moves");
-        let (path_a, path_b) = (dir.path("a.toml"), dir.path("b.toml"));
-        for path in [&path_a, &path_b] {
-            std::fs::write(path, config(&all[..4])).unwrap();
-        }
-        let (a, b) = (Proxy::start_file(&path_a), Proxy::start_file(&path_b));
-        let (mut through_a, mut through_b) = (a.client(), b.client());
-        store(&mut through_b, std::slice::from_ref(&key));
-        let through_relay = config(&all).replace(&servers[4].addr(), &relay.addr());
-        for (proxy, path) in [(&a, &path_a), (&b, &path_b)] {
-            replace_by_rename(path, &through_relay);
-            wait_for("ring version 2", || proxy.ring_version() >= 2);
-        }
+        let sidecars = SidecarsAfterJoin::start("copy-race", copy, value_of);
+        let key = &sidecars.key;
+        let (mut through_a, mut through_b) = (sidecars.a.client(), sidecars.b.client());
 
-        through_a.send(read.replace("{key}", &key).as_bytes());
+        through_a.send(read.replace("{key}", key).as_bytes());
         let reply = if dialect == "meta" {
             through_a.meta_reply()
         } else {
             through_a.reply(ReplyKind::Values)
         };
         assert!(
-            show(&reply).contains(&value_of(&key)),
+            show(&reply).contains(&value_of(key)),
             "{dialect}: {}",
             show(&reply)
         );
-        wait_for("the copy kept back by the relay", || relay.holding());
-        let deleted = through_b.call(delete.replace("{key}", &key).as_bytes(), ReplyKind::Line);
+        wait_for("the copy kept back by the relay", || {
+            sidecars.relay.holding()
+        });
+        let deleted = through_b.call(delete.replace("{key}", key).as_bytes(), ReplyKind::Line);
         assert!(
             deleted == b"DELETED\r\n" || deleted == b"HD\r\n",
             "{dialect}: {}",
             show(&deleted)
         );
 
-        relay.release();
-        wait_for("the copy landed", || a.client().stat("handoff_copies") == 1);
-        wait_for("the deleted value gone from the new owner", || {
-            held_by(&servers[4], std::slice::from_ref(&key)) == 0
+        sidecars.relay.release();
+        wait_for("the copy landed", || {
+            sidecars.a.client().stat("handoff_copies") == 1
         });
-        assert_eq!(a.client().stat("handoff_copies_taken_back"), 1, "{dialect}");
+        wait_for("the deleted value gone from the new owner", || {
+            sidecars.held_by_new_owner() == 0
+        });
+        assert_eq!(
+            sidecars.a.client().stat("handoff_copies_taken_back"),
+            1,
+            "{dialect}"
+        );
         for client in [&mut through_a, &mut through_b] {
-            assert_eq!(client.get(&key), None, "{dialect}: read after the delete");
+            assert_eq!(client.get(key), None, "{dialect}: read after the delete");
         }
     }
 }
@@ -1662,53 +1708,36 @@ fn a_command_copying_a_moved_key_after_its_delete_does_not_bring_it_back() {
         ("classic", &b"add "[..], "incr {key} 1\r\n", "NOT_FOUND\r\n"),
         ("meta", &b"ms "[..], "ma {key}\r\n", "NF\r\n"),
     ] {
-        let dir = TempDir::new("handoff", "writer-copy-race");
-        let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
-        let all: Vec<&Memcached> = servers.iter().collect();
-        let relay = Relay::start(&servers[4].addr(), Fault::holding_from(copy));
-        let (four, five) = rings_4_and_5(&dir, &all);
-        let key = moved_between(&four, &five, (0..5000).map(|i| format!("wrace:{i}")), 1)
-            .pop()
-            .expect("a key that moves");
-        let (path_a, path_b) = (dir.path("a.toml"), dir.path("b.toml"));
-        for path in [&path_a, &path_b] {
-            std::fs::write(path, config(&all[..4])).unwrap();
-        }
-        let (a, b) = (Proxy::start_file(&path_a), Proxy::start_file(&path_b));
-        let (mut through_a, mut through_b) = (a.client(), b.client());
-        let set = format!("set {key} 0 0 1\r\n5\r\n");
-        assert_eq!(
-            through_b.call(set.as_bytes(), ReplyKind::Line),
-            b"STORED\r\n"
-        );
-        let through_relay = config(&all).replace(&servers[4].addr(), &relay.addr());
-        for (proxy, path) in [(&a, &path_a), (&b, &path_b)] {
-            replace_by_rename(path, &through_relay);
-            wait_for("ring version 2", || proxy.ring_version() >= 2);
-        }
+        let sidecars = SidecarsAfterJoin::start("writer-copy-race", copy, |_| "5".into());
+        let key = &sidecars.key;
+        let (mut through_a, mut through_b) = (sidecars.a.client(), sidecars.b.client());
 
         // A's command misses on the new owner and fetches the value from
         // the previous one; its copy is kept back.
-        through_a.send(change.replace("{key}", &key).as_bytes());
-        wait_for("A's copy kept back", || relay.holding());
+        through_a.send(change.replace("{key}", key).as_bytes());
+        wait_for("A's copy kept back", || sidecars.relay.holding());
         let deleted = through_b.call(format!("delete {key}\r\n").as_bytes(), ReplyKind::Line);
         assert_eq!(show(&deleted), show(b"DELETED\r\n"), "{dialect}");
 
-        relay.release();
+        sidecars.relay.release();
         let changed = through_a.reply(ReplyKind::Line);
         assert_eq!(
             show(&changed),
             show(absent.as_bytes()),
             "{dialect}: A's command"
         );
-        assert_eq!(a.client().stat("handoff_copies_taken_back"), 1, "{dialect}");
         assert_eq!(
-            held_by(&servers[4], std::slice::from_ref(&key)),
+            sidecars.a.client().stat("handoff_copies_taken_back"),
+            1,
+            "{dialect}"
+        );
+        assert_eq!(
+            sidecars.held_by_new_owner(),
             0,
             "{dialect}: the new owner holds the deleted key again"
         );
         for client in [&mut through_a, &mut through_b] {
-            assert_eq!(client.get(&key), None, "{dialect}: read after the delete");
+            assert_eq!(client.get(key), None, "{dialect}: read after the delete");
         }
     }
 }
