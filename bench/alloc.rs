@@ -1,14 +1,16 @@
 //! Allocations per request through memring, counted by a global allocator.
 //!
-//! Starts one real memcached on a free loopback port and memring in this
-//! process with its defaults (`listen` and one `[[servers]]`), pipelines each
+//! Starts four real memcached on free loopback ports and memring in this
+//! process with its defaults (`listen` and one `[[servers]]`; four for the
+//! last row, whose keys spread over them), pipelines each
 //! kind of request from a blocking client whose buffers are made before the
 //! count starts, and divides the allocations made meanwhile (memring's
 //! workers, its control plane and the client together; the client makes none)
 //! by the requests sent. Prints a Markdown table.
 //!
 //! `cargo bench --bench alloc`. Needs `memcached` on PATH. Everything runs on
-//! 127.0.0.1 and the memcached it starts is killed by PID when it ends.
+//! 127.0.0.1 and the memcached processes it starts are killed by PID when it
+//! ends.
 
 // A global allocator is an unsafe trait: the one unsafe code of the project.
 #![allow(unsafe_code)]
@@ -141,35 +143,49 @@ fn measure(client: &mut TcpStream, batch: &[u8], end: &[u8], reply_buf: &mut Vec
     (after - before) as f64 / REQUESTS as f64
 }
 
-fn main() {
-    let server = start_memcached();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let text = format!(
-        "listen = \"127.0.0.1:0\"\n[[servers]]\naddr = \"127.0.0.1:{}\"\n",
-        server.1
-    );
+/// memring with its defaults in front of `servers`, on `runtime`; a client
+/// connected to it with ten 32-byte values `k0`..`k9` and a `counter` stored.
+fn start_proxy(
+    runtime: &tokio::runtime::Runtime,
+    servers: &[Memcached],
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> TcpStream {
+    let mut text = String::from("listen = \"127.0.0.1:0\"\n");
+    for server in servers {
+        text.push_str(&format!("[[servers]]\naddr = \"127.0.0.1:{}\"\n", server.1));
+    }
     let config = memring::config::Config::parse(&text, "bench.toml").expect("config");
-    let shutdown = tokio_util::sync::CancellationToken::new();
     let running = runtime
         .block_on(memring::server::start(&config, shutdown.clone()))
         .expect("memring starts");
     let mut client = TcpStream::connect(running.local_addr).expect("connect");
     client.set_nodelay(true).expect("nodelay");
-    let mut reply_buf = Vec::with_capacity(1 << 20);
-    // Values to read: 32-byte values under ten keys.
     let mut seed = Vec::new();
     for i in 0..10 {
         seed.extend(format!("set k{i} 0 0 32\r\n{}\r\n", "v".repeat(32)).bytes());
     }
     seed.extend(b"set counter 0 0 1\r\n0\r\n");
     client.write_all(&seed).expect("seed");
-    std::thread::sleep(Duration::from_millis(200));
-    let mut drain = [0u8; 4096];
-    let _ = client.read(&mut drain);
+    let mut stored = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while stored.windows(8).filter(|w| w == b"STORED\r\n").count() < 11 {
+        let n = client.read(&mut chunk).expect("read");
+        assert!(n > 0, "memring closed the connection");
+        stored.extend_from_slice(&chunk[..n]);
+    }
+    client
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let servers: Vec<Memcached> = (0..4).map(|_| start_memcached()).collect();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let mut client = start_proxy(&runtime, &servers[..1], &shutdown);
+    let mut reply_buf = Vec::with_capacity(1 << 20);
 
     // Each batch ends with a request whose reply marks its end: `version`
     // (answered by memring itself) after classic requests, `mn` after meta.
@@ -213,6 +229,12 @@ fn main() {
         println!("| {name} | {per_request:.3} |");
     }
     drop(client);
+    // The ten keys spread over four servers: one sub-request per server.
+    let mut spread = start_proxy(&runtime, &servers, &shutdown);
+    let batch = classic(b"get k0 k1 k2 k3 k4 k5 k6 k7 k8 k9\r\n");
+    let per_request = measure(&mut spread, &batch, version_end, &mut reply_buf);
+    println!("| 10-key `get`, 4 servers | {per_request:.3} |");
+    drop(spread);
     shutdown.cancel();
     drop(runtime);
 }

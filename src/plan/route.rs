@@ -28,6 +28,7 @@ use crate::protocol::meta::{MetaCommand, MetaRequest};
 use crate::protocol::reply::Got;
 use crate::protocol::request::{Keys, Span};
 use crate::protocol::{Command, Request};
+use crate::recycled::RecycledBuf;
 use crate::topology::Topology;
 
 /// A reply from one server: its bytes, or why there are none.
@@ -41,6 +42,8 @@ pub(crate) const MAX_SUB_LINE_BYTES: usize = 8 * 1024;
 /// Most keys asked of the servers at once for one retrieval; larger
 /// retrievals go out in chunks as the client takes the values.
 pub(crate) const MAX_CHUNK_KEYS: usize = 100;
+/// Most key lists of finished subs a kept retrieval holds for its next.
+const MAX_SPARE_SUB_KEYS: usize = 4;
 
 /// What to do with one client request.
 #[derive(Debug)]
@@ -309,6 +312,9 @@ pub(crate) struct Retrieval {
     /// Keys to be asked of their next replica.
     retry: VecDeque<u32>,
     subs: SmallVec<[Sub; 1]>,
+    /// Empty key lists of earlier subs that outgrew their inline room, for
+    /// the next ones.
+    spare_sub_keys: Vec<SmallVec<[u32; 8]>>,
     /// The next key whose value (or miss) goes to the client.
     next_emit: usize,
     values_written: usize,
@@ -367,6 +373,7 @@ impl Default for Retrieval {
             next_unsent: 0,
             retry: VecDeque::new(),
             subs: SmallVec::new(),
+            spare_sub_keys: Vec::new(),
             next_emit: 0,
             values_written: 0,
             answered: false,
@@ -510,7 +517,13 @@ impl Retrieval {
         self.state.clear();
         self.next_unsent = 0;
         self.retry.clear();
-        self.subs.clear();
+        for sub in self.subs.drain(..) {
+            if sub.keys.spilled() && self.spare_sub_keys.len() < MAX_SPARE_SUB_KEYS {
+                let mut keys = sub.keys;
+                keys.clear();
+                self.spare_sub_keys.push(keys);
+            }
+        }
         self.next_emit = 0;
         self.values_written = 0;
         self.answered = false;
@@ -573,8 +586,14 @@ impl Retrieval {
 
     /// The sub-requests for up to `max_keys` of the keys waiting to be sent:
     /// retries first, then unsent keys in the client's order, grouped by
-    /// server, each line under [`MAX_SUB_LINE_BYTES`].
-    pub(crate) fn next_chunk(&mut self, max_keys: usize) -> SmallVec<[SubRequest; 4]> {
+    /// server, each line under [`MAX_SUB_LINE_BYTES`]. Lines memring builds
+    /// are written into `lines`, the caller's, which takes its allocation
+    /// back once the lines sent before are dropped.
+    pub(crate) fn next_chunk(
+        &mut self,
+        max_keys: usize,
+        lines: &mut RecycledBuf,
+    ) -> SmallVec<[SubRequest; 4]> {
         let max_keys = max_keys.max(1);
         let mut picked: SmallVec<[u32; 16]> = SmallVec::new();
         while picked.len() < max_keys {
@@ -594,7 +613,8 @@ impl Retrieval {
             && self.subs.is_empty()
             && self.bytes.len() <= MAX_SUB_LINE_BYTES
             && self.bytes.ends_with(b"\r\n");
-        let mut open: SmallVec<[(usize, u32, BytesMut); 4]> = SmallVec::new();
+        // Per server of this chunk: its sub-request, and its line's length.
+        let mut open: SmallVec<[(usize, u32, usize); 4]> = SmallVec::new();
         for (n, &key) in picked.iter().enumerate() {
             let k = key as usize;
             let Some(&server) = self.candidates[k].get(self.round[k] as usize) else {
@@ -627,38 +647,28 @@ impl Retrieval {
                     continue;
                 }
             }
-            let at = open.iter().position(|(s, id, line)| {
-                *s == server
-                    && (whole || line.len() + name.len() + 3 <= MAX_SUB_LINE_BYTES)
-                    && self.subs[*id as usize].keys.len() < MAX_CHUNK_KEYS.max(max_keys)
+            let at = open.iter().position(|&(s, id, len)| {
+                s == server
+                    && (whole || len + name.len() + 3 <= MAX_SUB_LINE_BYTES)
+                    && self.subs[id as usize].keys.len() < MAX_CHUNK_KEYS.max(max_keys)
             });
             let at = match at {
                 Some(at) => at,
                 None => {
                     let id = self.subs.len() as u32;
+                    let keys = self.spare_sub_keys.pop().unwrap_or_default();
                     self.subs.push(Sub {
-                        keys: SmallVec::new(),
+                        keys,
                         cursor: 0,
                         error_line: None,
                         meta: false,
                     });
-                    // A whole request to one server goes as the client's
-                    // bytes: its line is built only if it turns out to go
-                    // to several.
-                    let line = if whole {
-                        BytesMut::new()
-                    } else {
-                        self.line_start()
-                    };
-                    open.push((server, id, line));
+                    open.push((server, id, self.line_start_len()));
                     open.len() - 1
                 }
             };
-            let (_, id, line) = &mut open[at];
-            if !whole {
-                line.put_u8(b' ');
-                line.put_slice(name);
-            }
+            let (_, id, len) = &mut open[at];
+            *len += 1 + name.len();
             let keys = &mut self.subs[*id as usize].keys;
             if keys.len() == keys.inline_size() {
                 // Grown once, to what this chunk can still give it.
@@ -667,20 +677,21 @@ impl Retrieval {
             keys.push(key);
             self.state[k] = KeyState::Asked { sub: *id };
         }
+        // A whole request to one server goes as the client's bytes; lines
+        // are built only for one that goes to several.
         let single = open.len() == 1 && out.is_empty();
-        for (server, id, mut line) in open {
+        for (server, id, len) in open {
             let line = if whole && single {
                 self.bytes.clone()
             } else {
-                if whole {
-                    line = self.line_start();
-                    for &key in &self.subs[id as usize].keys {
-                        line.put_u8(b' ');
-                        line.put_slice(self.keys[key as usize].of(&self.bytes));
-                    }
+                lines.make_room(len + 2);
+                self.write_line_start(lines);
+                for &key in &self.subs[id as usize].keys {
+                    lines.put_u8(b' ');
+                    lines.put_slice(self.keys[key as usize].of(&self.bytes));
                 }
-                line.put_slice(b"\r\n");
-                line.freeze()
+                lines.put_slice(b"\r\n");
+                lines.split().freeze()
             };
             out.push(SubRequest {
                 id,
@@ -692,16 +703,20 @@ impl Retrieval {
         out
     }
 
-    /// A sub-request line up to its first key: the command, and the
+    /// Writes a sub-request line up to its first key: the command, and the
     /// exptime of `gat`/`gats`.
-    fn line_start(&self) -> BytesMut {
-        let mut line = BytesMut::with_capacity(64);
+    fn write_line_start(&self, line: &mut BytesMut) {
         line.put_slice(self.command.name().as_bytes());
         if let Some(exptime) = self.exptime {
             line.put_u8(b' ');
             line.put_slice(exptime.of(&self.bytes));
         }
-        line
+    }
+
+    /// The length of what [`Retrieval::write_line_start`] writes.
+    fn line_start_len(&self) -> usize {
+        let exptime = self.exptime.map_or(0, |e| 1 + e.of(&self.bytes).len());
+        self.command.name().len() + exptime
     }
 
     /// A piece of sub-request `sub`'s reply arrived, at Unix time `now`
@@ -1128,7 +1143,7 @@ mod tests {
     #[test]
     fn one_server_gets_the_clients_own_bytes() {
         let mut r = retrieval(b"get a b\r\n", &[&[2], &[2]], false);
-        let subs = r.next_chunk(100);
+        let subs = r.next_chunk(100, &mut RecycledBuf::new(64));
         assert_eq!(subs.len(), 1);
         assert_eq!(subs[0].server, 2);
         assert_eq!(&subs[0].line[..], b"get a b\r\n");
@@ -1142,7 +1157,7 @@ mod tests {
             &[&[1], &[0], &[1], &[0], &[0]],
             false,
         );
-        let subs = r.next_chunk(100);
+        let subs = r.next_chunk(100, &mut RecycledBuf::new(64));
         let lines: Vec<_> = subs.iter().map(|s| (s.server, s.line.clone())).collect();
         assert_eq!(
             lines,
@@ -1169,6 +1184,69 @@ mod tests {
     }
 
     #[test]
+    fn lines_for_several_servers_are_built_in_the_callers_buffer_and_reuse_it() {
+        let mut lines = RecycledBuf::new(64);
+        let mut first_line_at = None;
+        let mut reuse = Reuse::default();
+        for round in 0..6 {
+            let (request, bytes) = request(b"gat 10 a b c d\r\n");
+            let mut r = reuse.retrievals.pop().unwrap_or_default();
+            r.reset(&request, bytes, false);
+            r.candidates.extend(
+                [&[0][..], &[1], &[0], &[2]]
+                    .iter()
+                    .map(|s| Servers::from_slice(s)),
+            );
+            let subs = r.next_chunk(100, &mut lines);
+            let sent: Vec<_> = subs.iter().map(|s| (s.server, &s.line[..])).collect();
+            assert_eq!(
+                sent,
+                vec![
+                    (0, &b"gat 10 a c\r\n"[..]),
+                    (1, &b"gat 10 b\r\n"[..]),
+                    (2, &b"gat 10 d\r\n"[..]),
+                ],
+                "round {round}"
+            );
+            // Sent and dropped, as a connection does once it has copied
+            // them: every round's lines go into the first round's 64 bytes.
+            let start = *first_line_at.get_or_insert(subs[0].line.as_ptr() as usize);
+            for sub in &subs {
+                let at = sub.line.as_ptr() as usize;
+                assert!((start..start + 64).contains(&at), "round {round}");
+            }
+            drop(subs);
+            reuse.keep(r, 1);
+        }
+    }
+
+    #[test]
+    fn a_kept_retrieval_reuses_the_key_list_of_a_sub_with_many_keys() {
+        let mut reuse = Reuse::default();
+        let mut seen = None;
+        let mut decoys = Vec::new();
+        for round in 0..3 {
+            let (request, bytes) = request(b"get a b c d e f g h i j\r\n");
+            let mut r = reuse.retrievals.pop().unwrap_or_default();
+            r.reset(&request, bytes, false);
+            r.candidates
+                .extend((0..10).map(|_| Servers::from_slice(&[0])));
+            assert_eq!(r.next_chunk(100, &mut RecycledBuf::new(64)).len(), 1);
+            let keys = &r.subs[0].keys;
+            assert!(keys.spilled());
+            assert_eq!(
+                *seen.get_or_insert(keys.as_ptr()),
+                keys.as_ptr(),
+                "round {round}"
+            );
+            reuse.keep(r, 1);
+            // Takes a list of that size the allocator may have just got
+            // back, so that a new one would be elsewhere.
+            decoys.push(Vec::<u32>::with_capacity(10));
+        }
+    }
+
+    #[test]
     fn kept_storage_plans_the_next_retrieval_as_new() {
         // A retrieval left half done: values held, an error, keys unsent.
         let mut kept = Box::new(retrieval(
@@ -1176,7 +1254,7 @@ mod tests {
             &[&[1], &[0], &[1], &[0], &[0]],
             false,
         ));
-        let subs = kept.next_chunk(2);
+        let subs = kept.next_chunk(2, &mut RecycledBuf::new(64));
         kept.on_piece(subs[0].id, value("c", "3"), 0);
         kept.on_done(subs[1].id, Err(failed("s0")));
         let mut reuse = Reuse::default();
@@ -1189,7 +1267,7 @@ mod tests {
         again
             .candidates
             .extend([Servers::from_slice(&[3]), Servers::from_slice(&[4])]);
-        let subs = again.next_chunk(100);
+        let subs = again.next_chunk(100, &mut RecycledBuf::new(64));
         let lines: Vec<_> = subs.iter().map(|s| (s.server, s.line.clone())).collect();
         assert_eq!(
             lines,
@@ -1210,13 +1288,13 @@ mod tests {
     #[test]
     fn large_retrievals_go_out_in_chunks_in_key_order() {
         let mut r = retrieval(b"get a b c d e\r\n", &[&[0], &[1], &[0], &[1], &[0]], false);
-        let first = r.next_chunk(2);
+        let first = r.next_chunk(2, &mut RecycledBuf::new(64));
         assert_eq!(first.len(), 2);
         assert_eq!(r.unsent_keys(), 3);
-        let second = r.next_chunk(2);
+        let second = r.next_chunk(2, &mut RecycledBuf::new(64));
         assert_eq!(&second[0].line[..], b"get c\r\n");
         assert_eq!(&second[1].line[..], b"get d\r\n");
-        let third = r.next_chunk(2);
+        let third = r.next_chunk(2, &mut RecycledBuf::new(64));
         assert_eq!(&third[0].line[..], b"get e\r\n");
         assert!(!r.has_unsent());
     }
@@ -1234,7 +1312,7 @@ mod tests {
         let mut r = Retrieval::with_candidates(&request, bytes, candidates, false);
         let mut keys = 0;
         while r.has_unsent() {
-            for sub in r.next_chunk(MAX_CHUNK_KEYS) {
+            for sub in r.next_chunk(MAX_CHUNK_KEYS, &mut RecycledBuf::new(64)) {
                 assert!(sub.line.len() <= MAX_SUB_LINE_BYTES, "{}", sub.line.len());
                 assert!(sub.line.starts_with(b"gat 10 "));
                 keys += sub.line.split(|&b| b == b' ').count() - 2;
@@ -1246,11 +1324,11 @@ mod tests {
     #[test]
     fn failed_keys_fall_through_to_the_next_replica() {
         let mut r = retrieval(b"get a b\r\n", &[&[0, 1], &[1, 0]], false);
-        let subs = r.next_chunk(100);
+        let subs = r.next_chunk(100, &mut RecycledBuf::new(64));
         assert_eq!(subs.len(), 2);
         r.on_done(0, Err(failed("s0")));
         assert!(r.has_unsent());
-        let retry = r.next_chunk(100);
+        let retry = r.next_chunk(100, &mut RecycledBuf::new(64));
         assert_eq!(
             (retry[0].server, &retry[0].line[..]),
             (1, &b"get a\r\n"[..])
@@ -1270,11 +1348,11 @@ mod tests {
     #[test]
     fn misses_fall_through_only_when_asked() {
         let mut plain = retrieval(b"get a\r\n", &[&[0, 1]], false);
-        plain.next_chunk(100);
+        plain.next_chunk(100, &mut RecycledBuf::new(64));
         plain.on_done(0, Ok(()));
         assert!(!plain.has_unsent());
         let mut through = retrieval(b"get a\r\n", &[&[0, 1]], true);
-        through.next_chunk(100);
+        through.next_chunk(100, &mut RecycledBuf::new(64));
         through.on_done(0, Ok(()));
         assert!(through.has_unsent());
     }
@@ -1282,7 +1360,7 @@ mod tests {
     #[test]
     fn every_server_failing_is_an_error_some_failing_is_a_miss() {
         let mut all = retrieval(b"get a b\r\n", &[&[0], &[1]], false);
-        all.next_chunk(100);
+        all.next_chunk(100, &mut RecycledBuf::new(64));
         all.on_done(0, Err(failed("s0")));
         all.on_done(1, Err(failed("s1")));
         let mut out = OutQueue::default();
@@ -1290,7 +1368,7 @@ mod tests {
         assert!(drain(&mut out).starts_with("SERVER_ERROR backend s0"));
 
         let mut some = retrieval(b"get a b\r\n", &[&[0], &[1]], false);
-        some.next_chunk(100);
+        some.next_chunk(100, &mut RecycledBuf::new(64));
         some.on_done(0, Err(failed("s0")));
         some.on_piece(1, value("b", "2"), 0);
         some.on_done(1, Ok(()));
@@ -1301,7 +1379,7 @@ mod tests {
     #[test]
     fn one_servers_error_line_is_passed_on() {
         let mut r = retrieval(b"get a\r\n", &[&[0]], false);
-        r.next_chunk(100);
+        r.next_chunk(100, &mut RecycledBuf::new(64));
         r.on_piece(
             0,
             Got::Line(Bytes::from_static(b"SERVER_ERROR out of memory\r\n")),
@@ -1316,7 +1394,7 @@ mod tests {
     #[test]
     fn keys_without_servers_are_misses() {
         let mut r = retrieval(b"get a\r\n", &[&[]], false);
-        assert!(r.next_chunk(100).is_empty());
+        assert!(r.next_chunk(100, &mut RecycledBuf::new(64)).is_empty());
         let mut out = OutQueue::default();
         assert!(r.emit(&mut out));
         assert_eq!(drain(&mut out), "END\r\n");

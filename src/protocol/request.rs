@@ -105,6 +105,14 @@ const BINARY_REQUEST_MAGIC: u8 = 0x80;
 /// `Ok(None)` when more bytes are needed, and `Err(rejection)` for input that
 /// memcached would refuse; the rejection says how many bytes to drop.
 pub fn parse_request(buf: &[u8], limits: &Limits) -> ParseResult {
+    parse_request_reusing(buf, limits, &mut Keys::new())
+}
+
+/// [`parse_request`], with `spare` (empty) as the storage of a retrieval's
+/// keys when they outgrow the request's own room: a caller that hands back
+/// the keys of finished requests parses multi-key gets without allocating.
+/// `spare` is taken only then.
+pub fn parse_request_reusing(buf: &[u8], limits: &Limits, spare: &mut Keys) -> ParseResult {
     if buf.first() == Some(&BINARY_REQUEST_MAGIC) {
         // A binary-protocol client would wait forever for a text reply it
         // cannot read: say so once and close.
@@ -169,7 +177,14 @@ pub fn parse_request(buf: &[u8], limits: &Limits) -> ParseResult {
         command_end: command_token.end as usize,
     };
     if command.is_retrieval() {
-        return parse_retrieval(command, line, tokens, line_end, limits.max_keys_per_get);
+        return parse_retrieval(
+            command,
+            line,
+            tokens,
+            line_end,
+            limits.max_keys_per_get,
+            spare,
+        );
     }
 
     // Every other command has a handful of tokens; more means `ERROR`, as in
@@ -341,6 +356,7 @@ fn parse_retrieval(
     mut tokens: Tokens<'_>,
     line_end: LineEnd,
     max_keys: usize,
+    spare: &mut Keys,
 ) -> ParseResult {
     let reject = |error| Err(Rejection::line(error, line_end.line_len, false));
     let mut arg = None;
@@ -365,7 +381,15 @@ fn parse_retrieval(
             // Grown once: at most one key per space left on the line.
             let rest = &line[token.start as usize..line_end.args_end];
             let more = memchr::memchr_iter(b' ', rest).count() + 1;
-            keys.reserve_exact(more.min(max_keys - keys.len()));
+            let more = more.min(max_keys - keys.len());
+            if spare.capacity() >= keys.len() + more && spare.spilled() {
+                let mut grown = std::mem::take(spare);
+                grown.clear();
+                grown.extend_from_slice(&keys);
+                keys = grown;
+            } else {
+                keys.reserve_exact(more);
+            }
         }
         keys.push(token);
     }
@@ -596,6 +620,31 @@ mod tests {
 
     fn rejection(input: &[u8]) -> Rejection {
         parse(input).unwrap_err()
+    }
+
+    #[test]
+    fn a_spare_key_list_is_taken_only_by_keys_that_outgrow_the_requests_own_room() {
+        let limits = Limits::default();
+        let mut spare = Keys::new();
+        spare.reserve_exact(16);
+        let spare_at = spare.as_ptr();
+        let few = b"get a b c d\r\n";
+        let (request, _) = parse_request_reusing(few, &limits, &mut spare)
+            .unwrap()
+            .unwrap();
+        assert!(!request.keys.spilled());
+        assert_eq!(spare.as_ptr(), spare_at, "a get of four keys left it");
+        let many = b"get a b c d e f g h i j\r\n";
+        let (request, consumed) = parse_request_reusing(many, &limits, &mut spare)
+            .unwrap()
+            .unwrap();
+        assert_eq!(request.keys.as_ptr(), spare_at, "ten keys took it");
+        assert!(!spare.spilled());
+        assert_eq!(
+            parse_request(many, &limits).unwrap().unwrap(),
+            (request, consumed),
+            "parsed as without a spare"
+        );
     }
 
     #[test]

@@ -249,7 +249,7 @@ impl ClientSession {
                     if keys == 0 {
                         return false;
                     }
-                    for sub in plan.next_chunk(keys) {
+                    for sub in plan.next_chunk(keys, &mut self.lines) {
                         let keys_in_sub = if sub.meta {
                             1
                         } else {

@@ -45,6 +45,7 @@ use crate::plan::route::{self, all_ok, decide, CallResult, Decision, MetaPlan, P
 use crate::protocol::encode::{forwardable, write_server_error};
 use crate::protocol::meta::{is_meta_request, parse_meta, MetaCommand, MetaRequest};
 use crate::protocol::reply::{Expect, LineKind};
+use crate::protocol::request::{parse_request_reusing, Keys};
 use crate::protocol::{parse_request, Command, Limits, Request};
 use crate::shard::WorkerCtx;
 use crate::topology::{SharedTopology, Topology};
@@ -69,6 +70,9 @@ use work::*;
 /// First read buffer of a client: small, so that thousands of idle clients
 /// cost little; it grows while a client sends more.
 const FIRST_READ_BYTES: usize = 2 * 1024;
+/// First buffer for the sub-request lines a session builds: allocated at its
+/// first multi-key get that goes to several servers.
+const SUB_LINES_BYTES: usize = 1024;
 /// Room kept free before each read.
 const MIN_READ_ROOM_BYTES: usize = 512;
 /// Smallest reply size assumed for a key not yet answered.
@@ -270,6 +274,11 @@ struct ClientSession {
     /// The client's requests, dispatched and answered in arrival order.
     entries: Fifo<Entry>,
     out: OutQueue,
+    /// Where sub-request lines of multi-key gets that go to several servers
+    /// are built (see `Retrieval::next_chunk`).
+    lines: RecycledBuf,
+    /// Storage for the next multi-key get's keys, from a finished one's.
+    spare_keys: Keys,
     /// Reply bytes reserved for requests in flight, held for entries not
     /// yet at the head and queued to write.
     budget: ClientBudget,
@@ -307,6 +316,8 @@ impl ClientSession {
             wake: Rc::new(Wake::new()),
             entries: Fifo::default(),
             out: OutQueue::default(),
+            lines: RecycledBuf::new(SUB_LINES_BYTES),
+            spare_keys: Keys::new(),
             budget: ClientBudget::default(),
             estimate: limits.max_value_bytes,
             closing: false,
@@ -425,9 +436,13 @@ impl ClientSession {
                 }
                 continue;
             }
-            match parse_request(input, &self.limits) {
+            match parse_request_reusing(input, &self.limits, &mut self.spare_keys) {
                 Ok(None) => return,
                 Ok(Some((request, consumed))) => {
+                    if request.keys.spilled() {
+                        // It may have taken the spare.
+                        self.spare_keys = spares::keys();
+                    }
                     let bytes = input.split_to(consumed).freeze();
                     self.start(request, bytes);
                 }
@@ -554,6 +569,9 @@ impl ClientSession {
                 self.worker.latency.observe(entry.command, took);
             }
             spares::keep(entry.work);
+            if entry.request.keys.spilled() {
+                spares::keep_keys(entry.request.keys);
+            }
             if let Some(guard) = entry.hot {
                 self.worker.hot.write_done(guard);
             }

@@ -1,5 +1,6 @@
 //! What finished requests leave for the next ones on their worker: reply
-//! slots, boxed meta work and retrievals' storage. A request in steady state
+//! slots, boxed meta work, retrievals' storage and their lists of
+//! sub-requests in flight. A request in steady state
 //! then allocates none of them. They are kept per worker thread (every
 //! session of a worker runs on its one thread), because a pipelining client
 //! finishes a batch only after planning all of it: a session's own spares
@@ -19,6 +20,12 @@ const KEEP: usize = 1024;
 /// Most retrievals a worker keeps (each may hold lists for many keys).
 const KEEP_RETRIEVALS: usize = 128;
 
+/// Largest key list kept (a long multi-get's lets go of its storage).
+const KEEP_KEYS_ROOM: usize = 256;
+
+/// Largest list of sub-requests in flight kept (a few servers' worth).
+const KEEP_IN_FLIGHT_ROOM: usize = 16;
+
 #[derive(Default)]
 struct Spares {
     slots: Vec<Rc<Slot>>,
@@ -27,6 +34,11 @@ struct Spares {
     metas: Vec<Box<MetaWork>>,
     /// Retrievals' storage, for `route::plan`.
     plans: route::Reuse,
+    /// Empty lists of sub-requests in flight that outgrew their inline
+    /// room (a multi-key get over several servers).
+    in_flights: Vec<InFlight>,
+    /// Empty key lists of finished multi-key gets, for the parser.
+    keys: Vec<crate::protocol::request::Keys>,
 }
 
 thread_local! {
@@ -53,6 +65,34 @@ pub(super) fn meta(work: MetaWork) -> Box<MetaWork> {
             kept
         }
         None => Box::new(work),
+    }
+}
+
+/// An empty list of a retrieval's sub-requests in flight, kept storage when
+/// there is some.
+pub(super) fn in_flight() -> InFlight {
+    SPARES
+        .with(|spares| spares.borrow_mut().in_flights.pop())
+        .unwrap_or_default()
+}
+
+/// An empty key list with room for a multi-key get, when one is kept.
+pub(super) fn keys() -> crate::protocol::request::Keys {
+    SPARES
+        .with(|spares| spares.borrow_mut().keys.pop())
+        .unwrap_or_default()
+}
+
+/// Keeps the key list of a finished request for a later parse.
+pub(super) fn keep_keys(mut keys: crate::protocol::request::Keys) {
+    if keys.capacity() <= KEEP_KEYS_ROOM {
+        keys.clear();
+        SPARES.with(|spares| {
+            let kept = &mut spares.borrow_mut().keys;
+            if kept.len() < KEEP_RETRIEVALS {
+                kept.push(keys);
+            }
+        });
     }
 }
 
@@ -104,12 +144,23 @@ pub(super) fn keep(work: Work) {
             });
         }
         Work::Retrieve {
-            plan, in_flight, ..
+            plan,
+            mut in_flight,
+            ..
         } => {
-            for sub in in_flight {
+            for sub in in_flight.drain(..) {
                 keep_slot(sub.slot);
             }
-            SPARES.with(|spares| spares.borrow_mut().plans.keep(plan, KEEP_RETRIEVALS));
+            SPARES.with(|spares| {
+                let spares = &mut *spares.borrow_mut();
+                spares.plans.keep(plan, KEEP_RETRIEVALS);
+                if in_flight.spilled()
+                    && in_flight.capacity() <= KEEP_IN_FLIGHT_ROOM
+                    && spares.in_flights.len() < KEEP_RETRIEVALS
+                {
+                    spares.in_flights.push(in_flight);
+                }
+            });
         }
         Work::Moved(moved) => {
             let moved = *moved;

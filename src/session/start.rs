@@ -198,7 +198,7 @@ impl ClientSession {
             }
             Plan::Retrieve(retrieval) => Work::Retrieve {
                 plan: retrieval,
-                in_flight: SmallVec::new(),
+                in_flight: spares::in_flight(),
                 held: 0,
             },
             Plan::Key(Placement::Moved {

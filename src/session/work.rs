@@ -88,7 +88,7 @@ pub(super) enum Work {
     Retrieve {
         plan: Box<Retrieval>,
         /// Sub-requests sent (or joined) and not yet absorbed.
-        in_flight: SmallVec<[SubInFlight; 2]>,
+        in_flight: InFlight,
         /// Value bytes the plan holds, counted as owed.
         held: usize,
     },
@@ -361,6 +361,9 @@ impl Unanswered for Earlier<'_> {
 }
 
 /// Reply slots, each with the server it waits for.
+/// A retrieval's sub-requests in flight.
+pub(super) type InFlight = SmallVec<[SubInFlight; 2]>;
+
 pub(super) type ServerSlots = SmallVec<[(usize, Rc<Slot>); 1]>;
 
 /// A retrieval's sub-request in flight.
