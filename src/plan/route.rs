@@ -1183,20 +1183,24 @@ mod tests {
         assert_eq!(r.held_bytes(), 0);
     }
 
+    /// `line` planned in `reuse`'s kept storage (when it has some), key `i`
+    /// owned by `owners[i]`.
+    fn planned_in(reuse: &mut Reuse, line: &'static [u8], owners: &[usize]) -> Box<Retrieval> {
+        let (request, bytes) = request(line);
+        let mut r = reuse.retrievals.pop().unwrap_or_default();
+        r.reset(&request, bytes, false);
+        r.candidates
+            .extend(owners.iter().map(|&s| Servers::from_slice(&[s])));
+        r
+    }
+
     #[test]
     fn lines_for_several_servers_are_built_in_the_callers_buffer_and_reuse_it() {
         let mut lines = RecycledBuf::new(64);
         let mut first_line_at = None;
         let mut reuse = Reuse::default();
         for round in 0..6 {
-            let (request, bytes) = request(b"gat 10 a b c d\r\n");
-            let mut r = reuse.retrievals.pop().unwrap_or_default();
-            r.reset(&request, bytes, false);
-            r.candidates.extend(
-                [&[0][..], &[1], &[0], &[2]]
-                    .iter()
-                    .map(|s| Servers::from_slice(s)),
-            );
+            let mut r = planned_in(&mut reuse, b"gat 10 a b c d\r\n", &[0, 1, 0, 2]);
             let subs = r.next_chunk(100, &mut lines);
             let sent: Vec<_> = subs.iter().map(|s| (s.server, &s.line[..])).collect();
             assert_eq!(
@@ -1226,11 +1230,7 @@ mod tests {
         let mut seen = None;
         let mut decoys = Vec::new();
         for round in 0..3 {
-            let (request, bytes) = request(b"get a b c d e f g h i j\r\n");
-            let mut r = reuse.retrievals.pop().unwrap_or_default();
-            r.reset(&request, bytes, false);
-            r.candidates
-                .extend((0..10).map(|_| Servers::from_slice(&[0])));
+            let mut r = planned_in(&mut reuse, b"get a b c d e f g h i j\r\n", &[0; 10]);
             assert_eq!(r.next_chunk(100, &mut RecycledBuf::new(64)).len(), 1);
             let keys = &r.subs[0].keys;
             assert!(keys.spilled());
