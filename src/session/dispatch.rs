@@ -5,7 +5,7 @@
 use super::*;
 
 impl ClientSession {
-    pub(super) fn dispatch_entry(&mut self, entry: &mut Entry) -> bool {
+    pub(super) fn dispatch_entry(&mut self, entry: &mut Entry, before: Before<'_, Entry>) -> bool {
         // Borrowed beside the work (disjoint fields): no refcount traffic.
         let topology = &entry.topology;
         match &mut entry.work {
@@ -260,10 +260,8 @@ impl ClientSession {
                         let backend = &topology.backends[sub.server];
                         let slot = spares::slot(&self.wake);
                         let conn = self.worker.conn(backend, self.lane);
-                        // This entry is out of `entries` while it is
-                        // dispatched; the ones before it are still there.
                         let earlier = Earlier {
-                            entries: &self.entries,
+                            entries: before,
                             unanswered: &self.unanswered,
                             current: in_flight,
                         };

@@ -64,7 +64,7 @@ mod work;
 use crate::budget::ClientBudget;
 use crate::recycled::RecycledBuf;
 use deadline::{Progress, Waiting};
-use fifo::Fifo;
+use fifo::{Before, Fifo};
 use work::*;
 
 /// First read buffer of a client: small, so that thousands of idle clients
@@ -509,12 +509,15 @@ impl ClientSession {
     /// Sends what entry `index` has to send now; once it will send nothing
     /// more, the size of its request.
     fn dispatch(&mut self, index: usize) -> Option<usize> {
-        // Out of the FIFO while it is dispatched, so the session can be
-        // borrowed whole; the entries before it stay readable.
-        let mut entry = self.entries.take(index)?;
-        let complete = self.dispatch_entry(&mut entry);
-        let bytes = entry.bytes.len();
-        self.entries.put_back(index, entry);
+        // The FIFO is set aside while its entry is dispatched in place, so
+        // the session can be borrowed whole; the entries before it stay
+        // readable. Dispatching never reads `self.entries`.
+        let mut entries = std::mem::take(&mut self.entries);
+        let dispatched = entries
+            .split_at(index)
+            .map(|(before, entry)| (self.dispatch_entry(entry, before), entry.bytes.len()));
+        self.entries = entries;
+        let (complete, bytes) = dispatched?;
         complete.then_some(bytes)
     }
 
@@ -541,22 +544,28 @@ impl ClientSession {
         self.settle();
         while !self.entries.is_empty() {
             self.absorb(0);
-            let Some((mut entry, dispatched)) = self.entries.pop_head() else {
+            // Set aside while the head is finished in place, as in
+            // `dispatch`; finishing never reads `self.entries`.
+            let mut entries = std::mem::take(&mut self.entries);
+            let complete = entries.head().is_some_and(|(entry, dispatched)| {
+                let complete = dispatched && self.finish(entry);
+                if !complete {
+                    if let Work::Retrieve { plan, held, .. } = &mut entry.work {
+                        // The head streams: its values go out as they arrive
+                        // (the END only when `finish` says it is complete).
+                        plan.emit_values(&mut self.out);
+                        let now = plan.held_bytes();
+                        self.release(held.saturating_sub(now));
+                        *held = now;
+                    }
+                }
+                complete
+            });
+            let finished = complete.then(|| entries.pop_head()).flatten();
+            self.entries = entries;
+            let Some((entry, _)) = finished else {
                 return;
             };
-            let complete = dispatched && self.finish(&mut entry);
-            if !complete {
-                if let Work::Retrieve { plan, held, .. } = &mut entry.work {
-                    // The head streams: its values go out as they arrive
-                    // (the END only when `finish` says it is complete).
-                    plan.emit_values(&mut self.out);
-                    let now = plan.held_bytes();
-                    self.release(held.saturating_sub(now));
-                    *held = now;
-                }
-                self.entries.unpop_head(entry, dispatched);
-                return;
-            }
             self.release(entry.reserved);
             // Replies memring makes itself (parse errors among them) are not
             // request latencies.

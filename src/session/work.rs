@@ -333,9 +333,8 @@ impl Work {
 /// the entries before it, its `noreply` writes, and the entry's own
 /// sub-requests already sent.
 pub(super) struct Earlier<'a> {
-    /// The one being dispatched is out of it: its dispatched entries are
-    /// the ones before.
-    pub(super) entries: &'a super::Fifo<Entry>,
+    /// The entries before the one being dispatched.
+    pub(super) entries: super::fifo::Before<'a, Entry>,
     pub(super) unanswered: &'a [(ServerSlots, usize)],
     pub(super) current: &'a [SubInFlight],
 }
@@ -349,7 +348,7 @@ impl Unanswered for Earlier<'_> {
             .all(|sub| ours(sub.server, &sub.slot))
             && self
                 .entries
-                .dispatched()
+                .iter()
                 .all(|entry| entry.work.all_unanswered(&mut ours))
             && self
                 .unanswered
