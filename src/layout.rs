@@ -138,6 +138,20 @@ impl Layout {
     /// gutter's TTL cap. `key` is asked for only when the layout routes by
     /// key (a meta `b` key is decoded only then). A bound pool a reload
     /// removed still serves its clients, unrouted.
+    /// The topology every request of a client bound to `bound` is planned
+    /// on, when no route splits its keys (one pool serves them all); `None`
+    /// when each key must be routed by [`Layout::topology_for`].
+    pub(crate) fn fixed_topology(&self, bound: Option<&SharedTopology>) -> Option<Arc<Topology>> {
+        match self.bound_index(bound) {
+            Err(gone) => Some(gone.load_full()),
+            Ok(bound) if !self.may_split(bound) => {
+                let pool = bound.unwrap_or(self.default);
+                Some(self.pools[pool].topology.load_full())
+            }
+            Ok(_) => None,
+        }
+    }
+
     pub(crate) fn topology_for<K: AsRef<[u8]>>(
         &self,
         bound: Option<&SharedTopology>,
@@ -399,5 +413,24 @@ mod tests {
         assert!(without_c.bound_index(Some(&c)).is_err());
         let (topology, _) = without_c.topology_for(Some(&c), Some(|| b"b:1"));
         assert!(Arc::ptr_eq(&topology, &c.load_full()));
+    }
+
+    #[test]
+    fn a_topology_is_fixed_for_a_client_only_when_no_route_can_split_its_keys() {
+        let layout = layout(&[("b:", "b")], "a");
+        assert!(
+            layout.fixed_topology(None).is_none(),
+            "routes choose per key"
+        );
+        let c = layout.pools()[2].topology.clone();
+        let bound = layout.fixed_topology(Some(&c)).expect("bound to c");
+        assert!(Arc::ptr_eq(&bound, &c.load_full()));
+        let unrouted = Layout::new(layout.pools().to_vec(), &[], "a");
+        let fixed = unrouted.fixed_topology(None).expect("no routes");
+        assert!(Arc::ptr_eq(&fixed, &layout.pools()[0].topology.load_full()));
+        // Pool c leaves: its bound clients stay on it.
+        let without_c = Layout::new(layout.pools()[..2].to_vec(), &[], "a");
+        let gone = without_c.fixed_topology(Some(&c)).expect("still c");
+        assert!(Arc::ptr_eq(&gone, &c.load_full()));
     }
 }

@@ -167,6 +167,7 @@ where
         if client.closing && client.entries.is_empty() && client.out.is_empty() {
             break linger(&mut reader, &mut writer).await;
         }
+        client.end_turn();
         let can_read = client.can_read();
         if can_read && input.capacity() - input.len() < MIN_READ_ROOM_BYTES {
             let room = input.capacity().max(FIRST_READ_BYTES);
@@ -304,6 +305,18 @@ struct ClientSession {
     bound: Option<SharedTopology>,
     /// The servers' health as this turn's plans see it.
     health: health::TurnHealth,
+    /// The topology of this turn's requests, loaded by the first of them.
+    turn_topology: TurnTopology,
+}
+
+/// Where the requests of one turn of a session are planned.
+enum TurnTopology {
+    /// No request of this turn has asked yet.
+    NotLoaded,
+    /// Every key of this client goes to this topology's pool.
+    Fixed(Arc<Topology>),
+    /// The routes choose a pool per key: each request loads the layout.
+    Routed,
 }
 
 impl ClientSession {
@@ -326,6 +339,7 @@ impl ClientSession {
             unanswered: Vec::new(),
             limits,
             health: health::TurnHealth::default(),
+            turn_topology: TurnTopology::NotLoaded,
         }
     }
 
@@ -333,13 +347,30 @@ impl ClientSession {
     /// the gutter's TTL cap when it is a gutter (see
     /// `Layout::topology_for`).
     fn topology_for<K: AsRef<[u8]>>(
-        &self,
+        &mut self,
         key: Option<impl FnOnce() -> K>,
     ) -> (Arc<Topology>, Option<u64>) {
-        self.worker
-            .layout
-            .load()
-            .topology_for(self.bound.as_ref(), key)
+        if let TurnTopology::Fixed(topology) = &self.turn_topology {
+            return (topology.clone(), None);
+        }
+        let layout = self.worker.layout.load();
+        if let TurnTopology::NotLoaded = self.turn_topology {
+            match layout.fixed_topology(self.bound.as_ref()) {
+                Some(topology) => {
+                    self.turn_topology = TurnTopology::Fixed(topology.clone());
+                    return (topology, None);
+                }
+                None => self.turn_topology = TurnTopology::Routed,
+            }
+        }
+        layout.topology_for(self.bound.as_ref(), key)
+    }
+
+    /// The session is about to wait: the next turn loads its topology
+    /// afresh (a reload meanwhile applies to it), and an idle client holds
+    /// no ring a reload replaced.
+    fn end_turn(&mut self) {
+        self.turn_topology = TurnTopology::NotLoaded;
     }
 
     /// The most reply bytes this client may be owed.
