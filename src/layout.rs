@@ -131,13 +131,6 @@ impl Layout {
         }
     }
 
-    /// The topology a request with routing key `key` is planned on, for a
-    /// client bound to `bound` (of a pool's own listener) or routed
-    /// (`None`): its pool's now (one load, no guard kept), or that pool's
-    /// gutter when the key's server is DEAD and failed over, with the
-    /// gutter's TTL cap. `key` is asked for only when the layout routes by
-    /// key (a meta `b` key is decoded only then). A bound pool a reload
-    /// removed still serves its clients, unrouted.
     /// The topology every request of a client bound to `bound` is planned
     /// on, when no route splits its keys (one pool serves them all); `None`
     /// when each key must be routed by [`Layout::topology_for`].
@@ -152,6 +145,13 @@ impl Layout {
         }
     }
 
+    /// The topology a request with routing key `key` is planned on, for a
+    /// client bound to `bound` (of a pool's own listener) or routed
+    /// (`None`): its pool's now (one load, no guard kept), or that pool's
+    /// gutter when the key's server is DEAD and failed over, with the
+    /// gutter's TTL cap. `key` is asked for only when the layout routes by
+    /// key (a meta `b` key is decoded only then). A bound pool a reload
+    /// removed still serves its clients, unrouted.
     pub(crate) fn topology_for<K: AsRef<[u8]>>(
         &self,
         bound: Option<&SharedTopology>,
