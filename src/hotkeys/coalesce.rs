@@ -17,6 +17,8 @@ use crate::error::{BackendError, BackendErrorKind};
 /// may wait for its reply, which may fill the near cache.
 #[derive(Debug)]
 pub(super) struct Flight {
+    /// Its followers' slots carry it (see [`Slot::follows`]); never 0.
+    pub(super) id: u64,
     /// The connection it was queued on.
     pub(super) conn: Rc<Conn>,
     /// The slot of the session that sent it (weak: the slot owns the flight).
@@ -33,9 +35,16 @@ pub(super) struct Flight {
 
 impl Flight {
     /// Whether `slot` gets this flight's reply: the sender's or a follower's.
-    pub(super) fn answers(&self, slot: &Rc<Slot>, state: &FlightState) -> bool {
-        std::ptr::eq(self.origin.as_ptr(), Rc::as_ptr(slot))
-            || state.followers.iter().any(|f| Rc::ptr_eq(f, slot))
+    /// One comparison each: a pipeline of joined `get`s checks every
+    /// earlier one (see `HotWorker::before_send`).
+    pub(super) fn answers(&self, slot: &Rc<Slot>) -> bool {
+        std::ptr::eq(self.origin.as_ptr(), Rc::as_ptr(slot)) || slot.follows(self.id)
+    }
+
+    /// `slot` takes this flight's reply too.
+    pub(super) fn join(&self, slot: &Rc<Slot>, state: &mut FlightState) {
+        slot.follow(self.id);
+        state.followers.push(slot.clone());
     }
 }
 

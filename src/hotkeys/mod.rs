@@ -146,6 +146,7 @@ impl HotWorker {
                 hot: HashSet::default(),
                 hot_last: HashSet::default(),
                 flights: HashMap::default(),
+                last_flight: 0,
             }),
             kept_guards: RefCell::new(Vec::new()),
         }
@@ -362,9 +363,9 @@ impl HotWorker {
                     && flight.line == sub.line
                     && !flight_state.started
                     && !flight_state.done
-                    && earlier.all_to(sub.server, &mut |s| flight.answers(s, &flight_state))
+                    && earlier.all_to(sub.server, &mut |s| flight.answers(s))
                 {
-                    flight_state.followers.push(slot.clone());
+                    flight.join(slot, &mut flight_state);
                     stats.coalesced.inc();
                     topology.backends[sub.server].metrics().coalesced.inc();
                     return GetShortcut::Joined;
@@ -386,7 +387,13 @@ impl HotWorker {
 
     /// The ticket's request was queued with its reply going to `slot`.
     pub(crate) fn sent(&self, ticket: Ticket, slot: &Rc<Slot>) {
+        let id = {
+            let mut state = self.state.borrow_mut();
+            state.last_flight += 1;
+            state.last_flight
+        };
         let flight = Rc::new(Flight {
+            id,
             conn: ticket.conn,
             origin: Rc::downgrade(slot),
             line: ticket.line,
