@@ -605,12 +605,27 @@ fn deliver(
                 }
             }
             Piece::Last { len } | Piece::Error { len } => {
-                let bytes = read_buf.split_to(len);
                 let quiet_end = matches!(front.expect, Expect::Meta { quiet: true, .. })
                     && matches!(piece, Piece::Last { .. });
+                // A retrieval's `END` is memring's to write (once, after
+                // merging); every other last line is the reply itself.
+                // Likewise the `MN` that ends a quiet meta reply.
+                let is_end = matches!(piece, Piece::Last { .. })
+                    && matches!(
+                        front.expect,
+                        Expect::Values { .. } | Expect::Meta { quiet: true, .. }
+                    );
+                let wanted = !front.probe && front.slot.is_some() && !is_end;
                 let bytes = match (&front.tag, quiet_end) {
-                    (Some(tag), false) => untag(bytes, tag).map_err(protocol_error)?,
-                    _ => bytes.freeze(),
+                    (Some(tag), false) => {
+                        Some(untag(read_buf.split_to(len), tag).map_err(protocol_error)?)
+                    }
+                    _ if wanted => Some(read_buf.split_to(len).freeze()),
+                    // Nobody reads it: no piece to count references to.
+                    _ => {
+                        read_buf.advance(len);
+                        None
+                    }
                 };
                 let waiting = state.waiting.pop_front().expect("front exists");
                 // The next request's time starts when this one is answered.
@@ -623,15 +638,7 @@ fn deliver(
                 conn.latency
                     .observe(now.saturating_duration_since(waiting.queued));
                 if let Some(slot) = waiting.slot {
-                    // A retrieval's `END` is memring's to write (once, after
-                    // merging); every other last line is the reply itself.
-                    // Likewise the `MN` that ends a quiet meta reply.
-                    let is_end = matches!(piece, Piece::Last { .. })
-                        && matches!(
-                            waiting.expect,
-                            Expect::Values { .. } | Expect::Meta { quiet: true, .. }
-                        );
-                    if !is_end {
+                    if let (false, Some(bytes)) = (is_end, bytes) {
                         slot.push(Got::Line(bytes));
                     }
                     slot.finish(Ok(()));
