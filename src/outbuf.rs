@@ -50,6 +50,17 @@ impl OutQueue {
         }
     }
 
+    /// Appends a piece its caller keeps: a small one is copied without
+    /// taking a reference to it (no reference count touched), a large one
+    /// is shared.
+    pub(crate) fn push_shared(&mut self, piece: &Bytes) {
+        if piece.len() >= ZERO_COPY_BYTES {
+            self.push(piece.clone());
+        } else {
+            self.push_slice(piece);
+        }
+    }
+
     /// Appends a borrowed piece (always copied).
     pub(crate) fn push_slice(&mut self, piece: &[u8]) {
         self.scratch.make_room(piece.len());
@@ -167,5 +178,22 @@ mod tests {
         assert_eq!(written, expected);
         assert_eq!(queue.seal(), 0);
         assert!(queue.is_empty());
+    }
+
+    /// A piece the caller keeps: a small one is copied and no reference to
+    /// it stays in the queue; a large one is queued in place.
+    #[test]
+    fn a_kept_piece_is_copied_when_small_and_shared_when_large() {
+        let mut queue = OutQueue::default();
+        let small = Bytes::from(b"get k\r\n".to_vec());
+        let large = Bytes::from(vec![b'v'; ZERO_COPY_BYTES]);
+        queue.push_shared(&small);
+        assert!(small.is_unique(), "the queue holds no reference to it");
+        queue.push_shared(&large);
+        assert!(!large.is_unique(), "queued in place");
+        queue.seal();
+        assert_eq!(queue.chunks.len(), 2);
+        assert_eq!(&queue.chunks[0][..], &small[..]);
+        assert_eq!(queue.chunks[1].as_ptr(), large.as_ptr());
     }
 }

@@ -193,7 +193,7 @@ impl Conn {
             tagged.tag
         });
         for part in untouched {
-            state.queued.push(part.clone());
+            state.queued.push_shared(part);
         }
         state.waiting.push_back(Waiting {
             expect,
