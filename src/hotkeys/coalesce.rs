@@ -2,7 +2,7 @@
 //! sent, and every slot that joined it and takes its reply. When a `get` may
 //! join one is decided in `HotWorker::before_send` (mod.rs). No I/O here.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::{Rc, Weak};
 
 use bytes::Bytes;
@@ -12,6 +12,20 @@ use super::Local;
 use crate::backend::conn::Conn;
 use crate::backend::slot::{Got, Slot, Watch};
 use crate::error::{BackendError, BackendErrorKind};
+
+thread_local! {
+    /// The id of the last flight sent on this thread (a worker's sessions,
+    /// connections and slots all live on its thread).
+    static LAST_FLIGHT: Cell<u64> = const { Cell::new(0) };
+}
+
+/// A new flight id, unique on this thread, never 0.
+pub(super) fn next_flight_id() -> u64 {
+    LAST_FLIGHT.with(|last| {
+        last.set(last.get() + 1);
+        last.get()
+    })
+}
 
 /// A hot key's `get` on its way to the server: other sessions of the worker
 /// may wait for its reply, which may fill the near cache.

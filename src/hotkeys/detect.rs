@@ -48,8 +48,6 @@ pub(super) struct WorkerState {
     pub(super) hot_last: HashSet<u64, BuildKeyHash>,
     /// Hot keys' `get`s in flight, by key hash.
     pub(super) flights: HashMap<u64, Rc<Flight>, BuildKeyHash>,
-    /// The id of the last flight sent (ids start at 1).
-    pub(super) last_flight: u64,
 }
 
 impl WorkerState {

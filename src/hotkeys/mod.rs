@@ -146,7 +146,6 @@ impl HotWorker {
                 hot: HashSet::default(),
                 hot_last: HashSet::default(),
                 flights: HashMap::default(),
-                last_flight: 0,
             }),
             kept_guards: RefCell::new(Vec::new()),
         }
@@ -387,13 +386,8 @@ impl HotWorker {
 
     /// The ticket's request was queued with its reply going to `slot`.
     pub(crate) fn sent(&self, ticket: Ticket, slot: &Rc<Slot>) {
-        let id = {
-            let mut state = self.state.borrow_mut();
-            state.last_flight += 1;
-            state.last_flight
-        };
         let flight = Rc::new(Flight {
-            id,
+            id: coalesce::next_flight_id(),
             conn: ticket.conn,
             origin: Rc::downgrade(slot),
             line: ticket.line,
