@@ -470,8 +470,8 @@ impl ClientSession {
             match parse_request_reusing(input, &self.limits, &mut self.spare_keys) {
                 Ok(None) => return,
                 Ok(Some((request, consumed))) => {
-                    if request.keys.spilled() {
-                        // It may have taken the spare.
+                    if request.keys.spilled() && !self.spare_keys.spilled() {
+                        // It took the spare (or there was none to take).
                         self.spare_keys = spares::keys();
                     }
                     let bytes = input.split_to(consumed).freeze();
