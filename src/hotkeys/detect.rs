@@ -1,7 +1,13 @@
-//! Detection: each worker counts the keys of every request in one sketch per
+//! Detection: each worker counts the keys of its requests in one sketch per
 //! server (`sketch.rs`); at each window's end it publishes the largest
 //! counters (merged over the workers by `top.rs`) and takes the keys hot in
 //! its last two windows. One worker's state: no lock, no I/O.
+//!
+//! A worker that took many requests in its last window counts only a random
+//! sample of them in the next one ([`Sampler`]), the counts scaled back up:
+//! with no key hot, counting every key was the largest cost of the hot-key
+//! layer on pipelined loads, and a key that takes a share of a busy server
+//! still shows in a sample of thousands.
 
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
@@ -9,7 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::coalesce::Flight;
-use super::sketch::{BuildKeyHash, SpaceSaving};
+use super::sketch::{BuildKeyHash, Estimate, SpaceSaving};
 use super::top::{ServerWindow, WorkerWindow};
 use super::{HotWorker, COUNTERS_PER_SERVER};
 use crate::topology::Topology;
@@ -21,6 +27,52 @@ const HOT_MIN_SHARE: f64 = 0.01;
 /// ...and at least this many requests.
 const HOT_MIN_REQUESTS: u64 = 16;
 
+/// A worker with fewer keys than this in a window has every request of the
+/// next window counted...
+const COUNT_ALL_BELOW: u64 = 8192;
+/// ...and a busier one one request in at most this many.
+const MAX_STRIDE: u64 = 16;
+
+/// Which requests a worker counts this window: one in `stride` (a power of
+/// two), picked at random so that no cycle of keys lines up with the
+/// sample. A request not picked costs a few cycles.
+#[derive(Debug)]
+pub(super) struct Sampler {
+    stride: u64,
+    /// xorshift state, never 0.
+    random: u64,
+}
+
+impl Sampler {
+    pub(super) fn new(seed: u64) -> Sampler {
+        Sampler {
+            stride: 1,
+            random: seed | 1,
+        }
+    }
+
+    /// Whether the next request is counted.
+    #[inline]
+    pub(super) fn take(&mut self) -> bool {
+        if self.stride == 1 {
+            return true;
+        }
+        // xorshift64: a few cycles, and random enough to pick a sample.
+        let mut x = self.random;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.random = x;
+        x & (self.stride - 1) == 0
+    }
+
+    /// Sets the next window's stride by how many keys this one had.
+    fn next_window(&mut self, keys: u64) {
+        let stride = (keys / COUNT_ALL_BELOW).clamp(1, MAX_STRIDE);
+        self.stride = 1 << stride.ilog2();
+    }
+}
+
 /// Topologies whose backend map a worker keeps: one per pool its clients
 /// use, and the one before a reload.
 const MAPS_KEPT: usize = 8;
@@ -31,6 +83,46 @@ pub(super) struct ServerSketch {
     backend: u64,
     name: Arc<str>,
     sketch: SpaceSaving,
+}
+
+impl ServerSketch {
+    fn new(backend: u64, name: Arc<str>) -> ServerSketch {
+        ServerSketch {
+            backend,
+            name,
+            sketch: SpaceSaving::new(COUNTERS_PER_SERVER),
+        }
+    }
+
+    /// Ends a window in which one request in `stride` was counted: its keys'
+    /// total and its largest counters, scaled back to requests (largest
+    /// first), and the hashes of the keys that surely took `share` of the
+    /// requests and at least `min_requests` of them (as counted: a sample
+    /// must have seen the key that often too).
+    fn end_window(
+        &mut self,
+        stride: u64,
+        share: f64,
+        min_requests: u64,
+    ) -> (u64, Vec<Estimate>, Vec<u64>) {
+        let total = self.sketch.total().saturating_mul(stride);
+        let bar = min_requests.max((total as f64 * share).ceil() as u64);
+        let mut keys = self.sketch.top(COUNTERS_PER_SERVER);
+        let hot = keys
+            .iter()
+            .filter(|e| {
+                let sure = e.count - e.error;
+                sure >= min_requests && sure.saturating_mul(stride) >= bar
+            })
+            .map(|e| e.hash)
+            .collect();
+        for estimate in &mut keys {
+            estimate.count = estimate.count.saturating_mul(stride);
+            estimate.error = estimate.error.saturating_mul(stride);
+        }
+        self.sketch.clear();
+        (total, keys, hot)
+    }
 }
 
 pub(super) struct WorkerState {
@@ -48,6 +140,7 @@ pub(super) struct WorkerState {
     pub(super) hot_last: HashSet<u64, BuildKeyHash>,
     /// Hot keys' `get`s in flight, by key hash.
     pub(super) flights: HashMap<u64, Rc<Flight>, BuildKeyHash>,
+    pub(super) sampler: Sampler,
 }
 
 impl WorkerState {
@@ -69,11 +162,8 @@ impl WorkerState {
             let at = match self.sketches.iter().position(|s| s.backend == id) {
                 Some(at) => at,
                 None => {
-                    self.sketches.push(ServerSketch {
-                        backend: id,
-                        name: backend.name().into(),
-                        sketch: SpaceSaving::new(COUNTERS_PER_SERVER),
-                    });
+                    self.sketches
+                        .push(ServerSketch::new(id, backend.name().into()));
                     self.sketches.len() - 1
                 }
             };
@@ -113,17 +203,14 @@ impl HotWorker {
             .clamp(32, COUNTERS_PER_SERVER);
         let mut hot = HashSet::default();
         let mut servers = Vec::with_capacity(state.sketches.len());
+        let stride = state.sampler.stride;
+        let mut keys_seen = 0;
         for server in &mut state.sketches {
-            let total = server.sketch.total();
-            let mut keys = server.sketch.top(COUNTERS_PER_SERVER);
-            let bar = HOT_MIN_REQUESTS.max((total as f64 * HOT_MIN_SHARE).ceil() as u64);
-            hot.extend(
-                keys.iter()
-                    .filter(|e| e.count - e.error >= bar)
-                    .map(|e| e.hash),
-            );
+            let (total, mut keys, hot_here) =
+                server.end_window(stride, HOT_MIN_SHARE, HOT_MIN_REQUESTS);
+            keys_seen += total;
+            hot.extend(hot_here);
             keys.truncate(published);
-            server.sketch.clear();
             servers.push(ServerWindow {
                 name: server.name.clone(),
                 total,
@@ -143,6 +230,7 @@ impl HotWorker {
             });
             state.maps.clear();
         }
+        state.sampler.next_window(keys_seen);
         let mut both = hot.clone();
         both.extend(state.hot_last.iter().copied());
         state.hot = both;
@@ -152,7 +240,119 @@ impl HotWorker {
             .flights
             .retain(|_, f| !f.state.borrow().done && Rc::strong_count(f) > 1);
         drop(state);
-        self.shared
-            .publish(self.index, now, WorkerWindow { seconds, servers });
+        self.shared.publish(
+            self.index,
+            now,
+            WorkerWindow {
+                seconds,
+                servers,
+                sampled_one_in: stride,
+            },
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counts `keys` (one request each) as a worker would.
+    fn count<'a>(
+        sketch: &mut ServerSketch,
+        sampler: &mut Sampler,
+        keys: impl Iterator<Item = &'a [u8]>,
+    ) {
+        for key in keys {
+            if sampler.take() {
+                sketch.sketch.add(crate::hotkeys::key_hash(key), key);
+            }
+        }
+    }
+
+    /// Ends the window as a worker would.
+    fn end(sketch: &mut ServerSketch, sampler: &mut Sampler) -> (u64, Vec<Estimate>, Vec<u64>) {
+        let ended = sketch.end_window(sampler.stride, HOT_MIN_SHARE, HOT_MIN_REQUESTS);
+        sampler.next_window(ended.0);
+        ended
+    }
+
+    fn hash(key: &str) -> u64 {
+        crate::hotkeys::key_hash(key.as_bytes())
+    }
+
+    /// A window of `n` requests: key `hot` every 20th (5 %), the others each
+    /// a different key.
+    fn busy_window(n: usize) -> Vec<Vec<u8>> {
+        (0..n)
+            .map(|i| match i % 20 {
+                0 => b"hot".to_vec(),
+                _ => format!("cold:{i}").into_bytes(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_quiet_worker_counts_every_key_exactly() {
+        let (mut sketch, mut sampler) = (ServerSketch::new(1, "a".into()), Sampler::new(7));
+        let keys = busy_window(8000);
+        count(&mut sketch, &mut sampler, keys.iter().map(|k| &k[..]));
+        let (total, top, hot) = end(&mut sketch, &mut sampler);
+        assert_eq!(total, 8000);
+        assert_eq!(
+            (top[0].hash, top[0].count, top[0].error),
+            (hash("hot"), 400, 0)
+        );
+        assert_eq!(hot, vec![hash("hot")]);
+        assert_eq!(sampler.stride, 1, "the next window counts every key too");
+    }
+
+    #[test]
+    fn a_busy_worker_samples_and_still_finds_the_hot_key() {
+        let (mut sketch, mut sampler) = (ServerSketch::new(1, "a".into()), Sampler::new(7));
+        let keys = busy_window(200_000);
+        count(&mut sketch, &mut sampler, keys.iter().map(|k| &k[..]));
+        end(&mut sketch, &mut sampler);
+        // 200 000 keys in the last window: one in 16 counted in this one.
+        assert_eq!(sampler.stride, MAX_STRIDE);
+        count(&mut sketch, &mut sampler, keys.iter().map(|k| &k[..]));
+        assert!(
+            sketch.sketch.total() < 200_000 / 12,
+            "{}",
+            sketch.sketch.total()
+        );
+        let (total, top, hot) = end(&mut sketch, &mut sampler);
+        // The total is estimated too.
+        assert!((180_000..220_000).contains(&total), "{total}");
+        assert_eq!(hot, vec![hash("hot")], "no cold key is taken for hot");
+        // 10 000 true requests, estimated from about 625 samples.
+        assert_eq!(top[0].hash, hash("hot"));
+        assert!((8_500..11_500).contains(&top[0].count), "{:?}", top[0]);
+        // A light window makes the next one count fully again.
+        count(
+            &mut sketch,
+            &mut sampler,
+            keys[..1000].iter().map(|k| &k[..]),
+        );
+        end(&mut sketch, &mut sampler);
+        assert_eq!(sampler.stride, 1);
+    }
+
+    #[test]
+    fn a_cycle_of_keys_as_long_as_the_stride_is_sampled_evenly() {
+        // Keys asked in a fixed cycle of 16: a sample of every 16th request
+        // would see one of them only, 16 times too often.
+        let (mut sketch, mut sampler) = (ServerSketch::new(1, "a".into()), Sampler::new(7));
+        let cycle: Vec<Vec<u8>> = (0..16).map(|i| format!("k{i}").into_bytes()).collect();
+        let keys: Vec<&[u8]> = (0..400_000).map(|i| &cycle[i % 16][..]).collect();
+        count(&mut sketch, &mut sampler, keys.iter().copied());
+        end(&mut sketch, &mut sampler);
+        assert_eq!(sampler.stride, MAX_STRIDE);
+        count(&mut sketch, &mut sampler, keys.iter().copied());
+        let (_, top, hot) = end(&mut sketch, &mut sampler);
+        assert_eq!((top.len(), hot.len()), (16, 16));
+        for estimate in &top {
+            // 25 000 true requests each.
+            assert!((22_000..28_000).contains(&estimate.count), "{estimate:?}");
+        }
     }
 }

@@ -2,7 +2,8 @@
 //! taking their load off that server.
 //!
 //! - **Detection** (always on; `detect.rs`): each worker counts the keys of
-//!   every request in one [`sketch::SpaceSaving`] per server, with no lock.
+//!   its requests in one [`sketch::SpaceSaving`] per server, with no lock
+//!   (every request of a quiet worker, a random sample of a busy one's).
 //!   Every `hot_key_window_ms` it publishes the window's largest counters and
 //!   starts a new window; `stats hotkeys`, the Prometheus gauges and the log
 //!   line (`monitor.rs`) merge the workers' last windows ([`top`]).
@@ -146,6 +147,7 @@ impl HotWorker {
                 hot: HashSet::default(),
                 hot_last: HashSet::default(),
                 flights: HashMap::default(),
+                sampler: detect::Sampler::new(0x9e37_79b9_7f4a_7c15 ^ (index as u64 + 1)),
             }),
             kept_guards: RefCell::new(Vec::new()),
         }
@@ -200,11 +202,20 @@ impl HotWorker {
         let mut hashes = WrittenKeys::new();
         {
             let mut state = self.state.borrow_mut();
-            state.map(topology);
+            // A read the sample leaves out has nothing more to do here.
+            let counted = state.sampler.take();
+            if !counted && !write {
+                return None;
+            }
+            if counted {
+                state.map(topology);
+            }
             // The planner's hash of the key when it took this one.
             let mut count = |server: Option<usize>, key: &[u8], planned: Option<u64>| {
                 let hash = planned.unwrap_or_else(|| key_hash(key));
-                state.count(server, hash, key);
+                if counted {
+                    state.count(server, hash, key);
+                }
                 if write {
                     let key = caching.then(|| cache_key(topology.pool_id, key));
                     hashes.push((hash, key));
@@ -276,8 +287,10 @@ impl HotWorker {
         let owner = Some(owner);
         {
             let mut state = self.state.borrow_mut();
-            state.map(topology);
-            state.count(owner, hash, key);
+            if state.sampler.take() {
+                state.map(topology);
+                state.count(owner, hash, key);
+            }
         }
         request.changes_item(bytes).then(|| {
             let key = self

@@ -95,30 +95,33 @@ impl HotShared {
     /// (untruncated). Windows older than two window lengths are left out: a
     /// worker that stopped publishing has nothing current to say.
     pub(crate) fn merged(&self, now: Instant) -> Vec<HotKey> {
-        let fresh: Vec<Arc<WorkerWindow>> = {
-            let windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
-            windows
-                .iter()
-                .flatten()
-                .filter(|(ended, _)| {
-                    now.saturating_duration_since(*ended) < 2 * self.started.window
-                })
-                .map(|(_, window)| window.clone())
-                .collect()
-        };
-        top::merge(fresh.iter().map(|w| &**w))
+        top::merge(self.fresh(now).iter().map(|w| &**w))
+    }
+
+    /// The workers' windows that ended within the last two window lengths.
+    fn fresh(&self, now: Instant) -> Vec<Arc<WorkerWindow>> {
+        let windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+        windows
+            .iter()
+            .flatten()
+            .filter(|(ended, _)| now.saturating_duration_since(*ended) < 2 * self.started.window)
+            .map(|(_, window)| window.clone())
+            .collect()
     }
 
     /// The `stats hotkeys` reply.
     pub(crate) fn report(&self) -> Bytes {
-        let mut merged = self.merged(Instant::now());
+        let fresh = self.fresh(Instant::now());
+        let mut merged = top::merge(fresh.iter().map(|w| &**w));
         merged.truncate(self.live.load().settings.top);
-        let mut out = BytesMut::with_capacity(128 + merged.len() * 160);
+        let sampled_one_in = fresh.iter().map(|w| w.sampled_one_in).max().unwrap_or(1);
+        let mut out = BytesMut::with_capacity(160 + merged.len() * 160);
         top::render(
             &mut out,
             &merged,
             self.started.window.as_millis(),
             COUNTERS_PER_SERVER,
+            sampled_one_in,
         );
         out.freeze()
     }

@@ -27,6 +27,8 @@ pub struct WorkerWindow {
     /// Length of the window.
     pub seconds: f64,
     pub servers: Vec<ServerWindow>,
+    /// One request in this many was counted (1: all of them).
+    pub sampled_one_in: u64,
 }
 
 /// One hot key over every worker.
@@ -35,7 +37,8 @@ pub struct HotKey {
     pub key: Box<[u8]>,
     pub hash: u64,
     pub server: Arc<str>,
-    /// Estimated requests per second (never below the true rate).
+    /// Estimated requests per second (never below the true rate where the
+    /// worker counted every request, see `detect.rs`).
     pub rate: f64,
     /// How far `rate` may be above the true rate.
     pub error: f64,
@@ -90,12 +93,20 @@ pub fn merge<'a>(windows: impl Iterator<Item = &'a WorkerWindow>) -> Vec<HotKey>
     merged
 }
 
-/// Writes the `stats hotkeys` reply: the window and sketch size, then five
+/// Writes the `stats hotkeys` reply: the window and sketch size, how sparse
+/// the busiest worker's sample was (`1`: every request counted), then five
 /// lines per key, hottest first, then `END`. Keys are printed by
 /// [`printable_key`].
-pub fn render(out: &mut BytesMut, keys: &[HotKey], window_ms: u128, counters: usize) {
+pub fn render(
+    out: &mut BytesMut,
+    keys: &[HotKey],
+    window_ms: u128,
+    counters: usize,
+    sampled_one_in: u64,
+) {
     write_stat(out, "hotkeys_window_ms", &window_ms);
     write_stat(out, "hotkeys_counters_per_server", &counters);
+    write_stat(out, "hotkeys_sampled_one_in", &sampled_one_in);
     for (i, key) in keys.iter().enumerate() {
         let rank = i + 1;
         // A meta `b` key may hold any byte, `\r\n` included: printed raw it
@@ -186,6 +197,7 @@ mod tests {
     fn window(seconds: f64, servers: &[(&str, u64, Vec<Estimate>)]) -> WorkerWindow {
         WorkerWindow {
             seconds,
+            sampled_one_in: 1,
             servers: servers
                 .iter()
                 .map(|(name, total, keys)| ServerWindow {
@@ -232,11 +244,12 @@ mod tests {
             .into_iter(),
         );
         let mut out = BytesMut::new();
-        render(&mut out, &merged, 1000, 128);
+        render(&mut out, &merged, 1000, 128, 1);
         let text = String::from_utf8(out.to_vec()).unwrap();
         assert_eq!(
             text,
             "STAT hotkeys_window_ms 1000\r\nSTAT hotkeys_counters_per_server 128\r\n\
+             STAT hotkeys_sampled_one_in 1\r\n\
              STAT hotkey:1:key a\r\nSTAT hotkey:1:server cache-01\r\nSTAT hotkey:1:rate 6.0\r\n\
              STAT hotkey:1:share 0.6000\r\nSTAT hotkey:1:error 0.0\r\n\
              STAT hotkey:2:key b\r\nSTAT hotkey:2:server cache-01\r\nSTAT hotkey:2:rate 3.0\r\n\
@@ -255,7 +268,7 @@ mod tests {
         };
         let merged = merge([&window(1.0, &[("s", 10, vec![estimate])])].into_iter());
         let mut out = BytesMut::new();
-        render(&mut out, &merged, 1000, 128);
+        render(&mut out, &merged, 1000, 128, 1);
         let text = String::from_utf8(out.to_vec()).unwrap();
         assert!(
             text.contains("STAT hotkey:1:key DQpFTkQNClNUQVQgaW5qZWN0ZWQgMQ0K b\r\n"),

@@ -1264,3 +1264,89 @@ fn near_cached_reads_never_go_back_on_one_connection() {
         "no read came from the near cache: {reads} reads, {seq} writes"
     );
 }
+
+/// A worker busy enough counts only a sample of its requests (see
+/// `hotkeys::detect`): `stats hotkeys` says so, its hot key still leads with
+/// about its true share, and its gets are still coalesced.
+#[test]
+fn a_busy_worker_counts_a_sample_and_still_finds_its_hot_key() {
+    let server = Memcached::start();
+    // Long windows, so that even a slow debug build on a loaded machine
+    // passes the 8 192 requests per window that start the sampling.
+    let proxy = Proxy::start(&[&server], "workers = 1\nhot_key_window_ms = 3000");
+    let mut admin = proxy.client();
+    let mut loader = proxy.client();
+    loader.send(b"set hot 0 0 1\r\nh\r\n");
+    assert_eq!(loader.reply(ReplyKind::Line), b"STORED\r\n");
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let generator = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let (mut batch, mut i) = (Vec::new(), 0u64);
+            while !stop.load(Ordering::Relaxed) && started.elapsed() < 3 * DEADLINE {
+                batch.clear();
+                // One get in ten is of `hot`; the others each of a new key.
+                for _ in 0..100 {
+                    i += 1;
+                    match i % 10 {
+                        0 => batch.extend_from_slice(b"get hot\r\n"),
+                        _ => batch.extend_from_slice(format!("get cold:{i}\r\n").as_bytes()),
+                    }
+                }
+                loader.send(&batch);
+                for _ in 0..100 {
+                    loader.reply(ReplyKind::Values);
+                }
+            }
+        })
+    };
+    let mut stats = Vec::new();
+    let sampled = |stats: &[(String, String)]| {
+        stats
+            .iter()
+            .find(|(name, _)| name == "hotkeys_sampled_one_in")
+            .map(|(_, value)| value.parse::<u64>().unwrap())
+    };
+    // Two windows: the first counts every request, the next a sample.
+    wait_for("a sampled window", || {
+        stats = admin.stats("hotkeys");
+        sampled(&stats).is_some_and(|n| n > 1)
+    });
+    let reported = hotkeys(&mut admin);
+    let coalesced_before = admin.stat("hot_key_coalesced_gets");
+    // Then clients that each read `hot` one get at a time: what coalescing
+    // joins.
+    let readers: Vec<_> = (0..4)
+        .map(|_| {
+            let (stop, mut client) = (stop.clone(), proxy.client());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) && started.elapsed() < 3 * DEADLINE {
+                    client.send(b"get hot\r\n");
+                    assert_eq!(
+                        client.reply(ReplyKind::Values),
+                        b"VALUE hot 0 1\r\nh\r\nEND\r\n"
+                    );
+                }
+            })
+        })
+        .collect();
+    // Under the sample, gets of `hot` are coalesced.
+    wait_for("coalesced gets under sampling", || {
+        admin.stat("hot_key_coalesced_gets") > coalesced_before
+    });
+    stop.store(true, Ordering::Relaxed);
+    generator.join().unwrap();
+    for reader in readers {
+        reader.join().unwrap();
+    }
+
+    let one_in = sampled(&stats).unwrap();
+    assert!(one_in > 1, "the busy worker samples: {stats:?}");
+    assert_eq!(reported[0].key, "hot", "{reported:?}");
+    assert!(
+        (0.07..0.14).contains(&reported[0].share),
+        "hot takes a tenth of the requests: {:?}",
+        reported[0]
+    );
+}
