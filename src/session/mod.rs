@@ -313,8 +313,12 @@ struct ClientSession {
 enum TurnTopology {
     /// No request of this turn has asked yet.
     NotLoaded,
-    /// Every key of this client goes to this topology's pool.
-    Fixed(Arc<Topology>),
+    /// Every key of this client goes to this topology's pool; `shadowed`:
+    /// the layout has a shadow pool (else no request of the turn asks).
+    Fixed {
+        topology: Arc<Topology>,
+        shadowed: bool,
+    },
     /// The routes choose a pool per key: each request loads the layout.
     Routed,
 }
@@ -350,14 +354,17 @@ impl ClientSession {
         &mut self,
         key: Option<impl FnOnce() -> K>,
     ) -> (Arc<Topology>, Option<u64>) {
-        if let TurnTopology::Fixed(topology) = &self.turn_topology {
+        if let TurnTopology::Fixed { topology, .. } = &self.turn_topology {
             return (topology.clone(), None);
         }
         let layout = self.worker.layout.load();
         if let TurnTopology::NotLoaded = self.turn_topology {
             match layout.fixed_topology(self.bound.as_ref()) {
                 Some(topology) => {
-                    self.turn_topology = TurnTopology::Fixed(topology.clone());
+                    self.turn_topology = TurnTopology::Fixed {
+                        topology: topology.clone(),
+                        shadowed: layout.shadowed(),
+                    };
                     return (topology, None);
                 }
                 None => self.turn_topology = TurnTopology::Routed,

@@ -75,6 +75,13 @@ impl ClientSession {
     /// The shadow of the pool a request with routing key `key` is planned
     /// on (the bound pool's, for a client of a pool's own listener).
     fn shadow_for(&self, key: &[u8]) -> Option<Shadow> {
+        // This turn's topology load already saw whether there are shadows.
+        if let TurnTopology::Fixed {
+            shadowed: false, ..
+        } = self.turn_topology
+        {
+            return None;
+        }
         let layout = self.worker.layout.load();
         if !layout.shadowed() {
             return None;
