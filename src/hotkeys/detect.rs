@@ -140,6 +140,7 @@ pub(super) struct WorkerState {
     pub(super) hot_last: HashSet<u64, BuildKeyHash>,
     /// Hot keys' `get`s in flight, by key hash.
     pub(super) flights: HashMap<u64, Rc<Flight>, BuildKeyHash>,
+    /// Which requests this window counts.
     pub(super) sampler: Sampler,
 }
 
