@@ -280,6 +280,35 @@ struct Tokens<'a> {
     at: usize,
 }
 
+impl Tokens<'_> {
+    /// The next token, read as a key: `Some(None)` when it is not a valid
+    /// one (see [`is_valid_key`]). One pass over its bytes finds both its
+    /// end and whether it is valid: a multi-key `get` spends most of its
+    /// parse here.
+    fn next_key(&mut self) -> Option<Option<Span>> {
+        while self.at < self.line.len() && self.line[self.at] == b' ' {
+            self.at += 1;
+        }
+        if self.at == self.line.len() {
+            return None;
+        }
+        let start = self.at;
+        let rest = &self.line[start..];
+        // The first byte no key may hold; a space ends the token.
+        let stop = rest.iter().position(|&b| b <= b' ' || b == 0x7f);
+        let end = match stop {
+            Some(i) if rest[i] != b' ' => {
+                self.at = self.line.len();
+                return Some(None);
+            }
+            Some(i) => start + i,
+            None => self.line.len(),
+        };
+        self.at = end;
+        Some((end - start <= MAX_KEY_BYTES).then(|| Span::new(start, end)))
+    }
+}
+
 impl Iterator for Tokens<'_> {
     type Item = Span;
 
@@ -370,10 +399,10 @@ fn parse_retrieval(
         arg = Some(exptime);
     }
     let mut keys = Keys::new();
-    for token in tokens {
-        if !is_valid_key(token.of(line)) {
+    while let Some(token) = tokens.next_key() {
+        let Some(token) = token else {
             return reject(ParseError::BadCommandLine);
-        }
+        };
         if keys.len() == max_keys {
             return reject(ParseError::TooManyKeys);
         }
@@ -722,6 +751,23 @@ mod tests {
             rejection(b"get a\x7fb\r\n").error,
             ParseError::BadCommandLine
         );
+        // In any key of a multi-get, at its start or its end.
+        for input in [
+            &b"get ok \x01b\r\n"[..],
+            b"get ok b\x7f\r\n",
+            b"get a b\x01 c\r\n",
+        ] {
+            assert_eq!(
+                rejection(input).error,
+                ParseError::BadCommandLine,
+                "{input:?}"
+            );
+        }
+        let (request, _) = parse(b"get a  bc   d  \r\n").unwrap().unwrap();
+        let keys: Vec<&[u8]> = (0..request.keys.len())
+            .map(|i| request.key(b"get a  bc   d  \r\n", i))
+            .collect();
+        assert_eq!(keys, [&b"a"[..], b"bc", b"d"]);
     }
 
     #[test]
