@@ -598,6 +598,9 @@ impl Retrieval {
         max_keys: usize,
         lines: &mut RecycledBuf,
     ) -> SmallVec<[SubRequest; 4]> {
+        if let Some(out) = self.first_of_one_key() {
+            return out;
+        }
         let max_keys = max_keys.max(1);
         let mut picked: SmallVec<[u32; 16]> = SmallVec::new();
         while picked.len() < max_keys {
@@ -705,6 +708,44 @@ impl Retrieval {
             });
         }
         out
+    }
+
+    /// The first send of a one-key retrieval to its owner (most requests):
+    /// the client's own bytes to one server, without the grouping of
+    /// [`Retrieval::next_chunk`], whose code is most of what a one-key get
+    /// would otherwise run. `None` when the general path is needed (more
+    /// keys, a retry, a moved key's previous owner, a line to rebuild).
+    fn first_of_one_key(&mut self) -> Option<SmallVec<[SubRequest; 4]>> {
+        let plain = self.keys.len() == 1
+            && self.next_unsent == 0
+            && self.subs.is_empty()
+            && self.retry.is_empty()
+            && !self.asking_previous(0)
+            && self.bytes.len() <= MAX_SUB_LINE_BYTES
+            && self.bytes.ends_with(b"\r\n");
+        if !plain {
+            return None;
+        }
+        self.next_unsent = 1;
+        let mut out = SmallVec::new();
+        let Some(&server) = self.candidates[0].get(self.round[0] as usize) else {
+            self.state[0] = KeyState::Missed;
+            return Some(out);
+        };
+        self.subs.push(Sub {
+            keys: smallvec::smallvec![0],
+            cursor: 0,
+            error_line: None,
+            meta: false,
+        });
+        self.state[0] = KeyState::Asked { sub: 0 };
+        out.push(SubRequest {
+            id: 0,
+            server,
+            line: self.bytes.clone(),
+            meta: false,
+        });
+        Some(out)
     }
 
     /// Writes a sub-request line up to its first key: the command, and the
@@ -1152,6 +1193,24 @@ mod tests {
         assert_eq!(subs[0].server, 2);
         assert_eq!(&subs[0].line[..], b"get a b\r\n");
         assert!(!r.has_unsent());
+    }
+
+    #[test]
+    fn a_one_key_get_goes_as_its_own_bytes_and_a_retry_to_the_next_replica() {
+        let mut r = retrieval(b"gat 10 a\r\n", &[&[3, 1]], false);
+        let subs = r.next_chunk(100, &mut RecycledBuf::new(64));
+        let sent: Vec<_> = subs.iter().map(|s| (s.id, s.server, &s.line[..])).collect();
+        assert_eq!(sent, vec![(0, 3, &b"gat 10 a\r\n"[..])]);
+        assert!(!r.has_unsent());
+        r.on_done(0, Err(failed("s3")));
+        let retry = r.next_chunk(100, &mut RecycledBuf::new(64));
+        let sent: Vec<_> = retry.iter().map(|s| (s.id, s.server, &s.line[..])).collect();
+        assert_eq!(sent, vec![(1, 1, &b"gat 10 a\r\n"[..])]);
+        r.on_piece(1, value("a", "1"), 0);
+        r.on_done(1, Ok(()));
+        let mut out = OutQueue::default();
+        assert!(r.emit(&mut out));
+        assert_eq!(drain(&mut out), "VALUE a 0 1\r\n1\r\nEND\r\n");
     }
 
     #[test]

@@ -4,226 +4,198 @@
 
 use super::*;
 
+/// What dispatching reads of its entry, borrowed beside the entry's work.
+struct Sending<'e> {
+    topology: &'e Arc<Topology>,
+    bytes: &'e Bytes,
+    request: &'e Request,
+    command: Command,
+    /// Reply bytes reserved for the entry.
+    reserved: &'e mut usize,
+    /// The entry's first lines are written.
+    sent: &'e mut bool,
+    hot: Option<&'e Rc<WriteGuard>>,
+}
+
 impl ClientSession {
     pub(super) fn dispatch_entry(&mut self, entry: &mut Entry, before: Before<'_, Entry>) -> bool {
         // Borrowed beside the work (disjoint fields): no refcount traffic.
-        let topology = &entry.topology;
-        match &mut entry.work {
+        let Entry {
+            topology,
+            work,
+            bytes,
+            request,
+            command,
+            reserved,
+            sent,
+            hot,
+            ..
+        } = entry;
+        let e = Sending {
+            topology,
+            bytes,
+            request,
+            command: *command,
+            reserved,
+            sent,
+            hot: hot.as_ref(),
+        };
+        match work {
             Work::Ready(_) | Work::Stats => true,
-            Work::Lines { parts, finish } => {
-                if entry.sent {
-                    return true;
-                }
-                let older = match finish {
-                    Finish::Quorum { older, .. } => older.as_deref_mut(),
-                    _ => None,
-                };
-                let deletes = OlderForget::len(older.as_deref());
-                let cost = || entry.bytes.len() + LINE_REPLY_BYTES * (parts.len() + deletes);
-                if !self.reserve_once(&mut entry.reserved, cost) {
-                    return false;
-                }
-                let key = || entry.request.key(&entry.bytes, 0);
-                if !OlderForget::advance(older, |server| self.delete_on(topology, server, key())) {
-                    return false;
-                }
-                let request = forwardable(&entry.bytes, &entry.request);
-                let expect = entry.command.reply_line().unwrap_or(LineKind::Ok);
-                let forget = match finish {
-                    Finish::Quorum { forget, .. } => *forget,
-                    _ => 0,
-                };
-                let replicas = parts.len() - forget;
-                for part in parts[..replicas].iter_mut() {
-                    // A `noreply` request's reply is awaited too (and then
-                    // dropped), so that its bytes stay counted until the
-                    // server has them: see `unanswered`.
-                    let hot = entry.hot.as_ref();
-                    self.send_line(topology, part, &request, expect, true, hot);
-                }
-                if forget > 0 {
-                    let key = entry.request.key(&entry.bytes, 0);
-                    let mut line = bytes::BytesMut::with_capacity(key.len() + 9);
-                    line.extend_from_slice(b"delete ");
-                    line.extend_from_slice(key);
-                    line.extend_from_slice(b"\r\n");
-                    let line = [line.freeze()];
-                    for part in parts[replicas..].iter_mut() {
-                        self.send_line(topology, part, &line, LineKind::Delete, true, None);
-                    }
-                }
-                entry.sent = true;
-                true
+            Work::Lines { parts, finish } => self.dispatch_lines(e, parts, finish),
+            Work::Cas(cas) => self.dispatch_cas(e, cas),
+            Work::Meta(meta) => self.dispatch_meta(e, meta),
+            Work::Moved(moved) => self.dispatch_moved(e, moved),
+            Work::Retrieve {
+                plan, in_flight, ..
+            } => self.dispatch_retrieve(topology, plan, in_flight, before),
+        }
+    }
+
+    /// One-line requests (storage, delete, arithmetic, touch), to each
+    /// replica, and deletes to owners in older rings first.
+    fn dispatch_lines(&mut self, e: Sending<'_>, parts: &mut [Part], finish: &mut Finish) -> bool {
+        let topology = e.topology;
+        if *e.sent {
+            return true;
+        }
+        let older = match finish {
+            Finish::Quorum { older, .. } => older.as_deref_mut(),
+            _ => None,
+        };
+        let deletes = OlderForget::len(older.as_deref());
+        let cost = || e.bytes.len() + LINE_REPLY_BYTES * (parts.len() + deletes);
+        if !self.reserve_once(e.reserved, cost) {
+            return false;
+        }
+        let key = || e.request.key(e.bytes, 0);
+        if !OlderForget::advance(older, |server| self.delete_on(topology, server, key())) {
+            return false;
+        }
+        let request = forwardable(e.bytes, e.request);
+        let expect = e.command.reply_line().unwrap_or(LineKind::Ok);
+        let forget = match finish {
+            Finish::Quorum { forget, .. } => *forget,
+            _ => 0,
+        };
+        let replicas = parts.len() - forget;
+        for part in parts[..replicas].iter_mut() {
+            // A `noreply` request's reply is awaited too (and then
+            // dropped), so that its bytes stay counted until the
+            // server has them: see `unanswered`.
+            let hot = e.hot;
+            self.send_line(topology, part, &request, expect, true, hot);
+        }
+        if forget > 0 {
+            let key = e.request.key(e.bytes, 0);
+            let mut line = bytes::BytesMut::with_capacity(key.len() + 9);
+            line.extend_from_slice(b"delete ");
+            line.extend_from_slice(key);
+            line.extend_from_slice(b"\r\n");
+            let line = [line.freeze()];
+            for part in parts[replicas..].iter_mut() {
+                self.send_line(topology, part, &line, LineKind::Delete, true, None);
             }
-            Work::Cas(cas) => {
-                if !entry.sent {
-                    let deletes = OlderForget::len(cas.older.as_ref());
-                    let cost = || entry.bytes.len() + LINE_REPLY_BYTES * (1 + deletes);
-                    if !self.reserve_once(&mut entry.reserved, cost) {
-                        return false;
-                    }
-                    // The owners in older rings lose the key first.
-                    let key = || entry.request.key(&entry.bytes, 0);
-                    let delete = |server| self.delete_on(topology, server, key());
-                    if !OlderForget::advance(cas.older.as_mut(), delete) {
-                        return false;
-                    }
-                    let request = forwardable(&entry.bytes, &entry.request);
-                    let hot = entry.hot.as_ref();
-                    self.send_line(
-                        topology,
-                        &mut cas.part,
-                        &request,
-                        LineKind::Storage,
-                        true,
-                        hot,
-                    );
-                    entry.sent = true;
-                }
-                // The copies go out before any later request of this client,
-                // so a later write to the key cannot be overtaken by them.
-                let expect = Expect::Line(LineKind::Storage);
-                let copy = || crate::protocol::encode::cas_as_set(&entry.request, &entry.bytes);
-                let (part, copied, hot) = (&mut cas.part, &mut cas.copied, entry.hot.as_ref());
-                let cas_copy = CasCopy {
-                    wire: &copy,
-                    expect: &expect,
-                };
-                self.cas_step(topology, &mut cas.machine, part, copied, &cas_copy, hot)
+        }
+        *e.sent = true;
+        true
+    }
+
+    /// A replicated `cas`: the owner first, then copies to the replicas.
+    // Rare: kept out of line so the common kinds' code stays together.
+    #[inline(never)]
+    fn dispatch_cas(&mut self, e: Sending<'_>, cas: &mut CasWork) -> bool {
+        let topology = e.topology;
+        if !*e.sent {
+            let deletes = OlderForget::len(cas.older.as_ref());
+            let cost = || e.bytes.len() + LINE_REPLY_BYTES * (1 + deletes);
+            if !self.reserve_once(e.reserved, cost) {
+                return false;
             }
-            Work::Meta(meta) => {
-                if !entry.sent {
-                    let deletes = OlderForget::len(meta.older.as_ref());
-                    let value = match meta.value {
-                        true => self.estimate.max(MIN_ESTIMATE_BYTES),
-                        false => 0,
-                    };
-                    let lines = meta.parts.len() + deletes;
-                    let cost = || entry.bytes.len() + LINE_REPLY_BYTES * lines + value;
-                    if !self.reserve_once(&mut entry.reserved, cost) {
-                        return false;
-                    }
-                    // The owners in older rings lose the key first.
-                    let key = &meta.forget_key;
-                    let forget = |server| self.forget_on(topology, server, key);
-                    if !OlderForget::advance(meta.older.as_mut(), forget) {
-                        return false;
-                    }
-                    if let MetaMode::Moved(_) = &meta.mode {
-                        // Started below.
-                    } else {
-                        let (forget, key) = match &meta.mode {
-                            MetaMode::Quorum { forget, key, .. } => (*forget, Some(key)),
-                            _ => (0, None),
-                        };
-                        let replicas = meta.parts.len() - forget;
-                        for part in meta.parts[..replicas].iter_mut() {
-                            let hot = entry.hot.as_ref();
-                            self.send(topology, part, &meta.wire, meta.expect.clone(), true, hot);
-                        }
-                        if let Some(key) = key.filter(|_| forget > 0) {
-                            for part in meta.parts[replicas..].iter_mut() {
-                                *part = self.forget_on(topology, part.server, key);
-                            }
-                        }
-                    }
-                    entry.sent = true;
+            // The owners in older rings lose the key first.
+            let key = || e.request.key(e.bytes, 0);
+            let delete = |server| self.delete_on(topology, server, key());
+            if !OlderForget::advance(cas.older.as_mut(), delete) {
+                return false;
+            }
+            let request = forwardable(e.bytes, e.request);
+            let hot = e.hot;
+            self.send_line(
+                topology,
+                &mut cas.part,
+                &request,
+                LineKind::Storage,
+                true,
+                hot,
+            );
+            *e.sent = true;
+        }
+        // The copies go out before any later request of this client,
+        // so a later write to the key cannot be overtaken by them.
+        let expect = Expect::Line(LineKind::Storage);
+        let copy = || crate::protocol::encode::cas_as_set(e.request, e.bytes);
+        let (part, copied, hot) = (&mut cas.part, &mut cas.copied, e.hot);
+        let cas_copy = CasCopy {
+            wire: &copy,
+            expect: &expect,
+        };
+        self.cas_step(topology, &mut cas.machine, part, copied, &cas_copy, hot)
+    }
+
+    /// A meta request: forwarded, by quorum, through a moved key's steps,
+    /// as cas-then-copy, or read through replicas.
+    fn dispatch_meta(&mut self, e: Sending<'_>, meta: &mut MetaWork) -> bool {
+        let topology = e.topology;
+        if !*e.sent {
+            let deletes = OlderForget::len(meta.older.as_ref());
+            let value = match meta.value {
+                true => self.estimate.max(MIN_ESTIMATE_BYTES),
+                false => 0,
+            };
+            let lines = meta.parts.len() + deletes;
+            let cost = || e.bytes.len() + LINE_REPLY_BYTES * lines + value;
+            if !self.reserve_once(e.reserved, cost) {
+                return false;
+            }
+            // The owners in older rings lose the key first.
+            let key = &meta.forget_key;
+            let forget = |server| self.forget_on(topology, server, key);
+            if !OlderForget::advance(meta.older.as_mut(), forget) {
+                return false;
+            }
+            if let MetaMode::Moved(_) = &meta.mode {
+                // Started below.
+            } else {
+                let (forget, key) = match &meta.mode {
+                    MetaMode::Quorum { forget, key, .. } => (*forget, Some(key)),
+                    _ => (0, None),
+                };
+                let replicas = meta.parts.len() - forget;
+                for part in meta.parts[..replicas].iter_mut() {
+                    let hot = e.hot;
+                    self.send(topology, part, &meta.wire, meta.expect.clone(), true, hot);
                 }
-                match &mut meta.mode {
-                    MetaMode::Forward | MetaMode::Quorum { .. } => true,
-                    MetaMode::Moved(moved) => {
-                        if !moved.started {
-                            moved.started = true;
-                            let step = moved.machine.start();
-                            let hot = entry.hot.as_ref();
-                            self.meta_moved(topology, moved, &mut meta.parts[0], step, hot);
-                        }
-                        // One step at a time; later requests of the client
-                        // wait, so they see the key as the steps left it.
-                        while !moved.answered {
-                            let part = &mut meta.parts[0];
-                            part.absorb();
-                            let Some(result) = part.result.take() else {
-                                return false;
-                            };
-                            let step = moved
-                                .machine
-                                .on_reply(result, self.worker.clock.unix_seconds());
-                            self.meta_moved(topology, moved, part, step, entry.hot.as_ref());
-                        }
-                        true
-                    }
-                    MetaMode::CasThenCopy {
-                        machine,
-                        copy,
-                        copied,
-                    } => {
-                        // The copies go out before any later request of this
-                        // client, as for a replicated `cas`.
-                        let copy_expect = Expect::Meta {
-                            command: meta.command,
-                            quiet: false,
-                            replied: false,
-                        };
-                        let copy = || smallvec::smallvec![copy.clone()];
-                        let cas_copy = CasCopy {
-                            wire: &copy,
-                            expect: &copy_expect,
-                        };
-                        let (part, hot) = (&mut meta.parts[0], entry.hot.as_ref());
-                        self.cas_step(topology, machine, part, copied, &cas_copy, hot)
-                    }
-                    MetaMode::ReadThrough {
-                        servers,
-                        next,
-                        on_miss,
-                    } => {
-                        let Some(result) = &meta.parts[0].result else {
-                            return false;
-                        };
-                        let fall = match result {
-                            Ok(reply) => {
-                                route::is_error_line(reply)
-                                    || (*on_miss && route::meta_is_miss(reply))
-                            }
-                            Err(_) => true,
-                        };
-                        if !fall || *next >= servers.len() {
-                            return true;
-                        }
-                        let server = servers[*next];
-                        *next += 1;
-                        meta.parts[0] =
-                            self.send_to(topology, server, &meta.wire, &meta.expect, None);
-                        // Later requests wait until this read has its answer.
-                        false
+                if let Some(key) = key.filter(|_| forget > 0) {
+                    for part in meta.parts[replicas..].iter_mut() {
+                        *part = self.forget_on(topology, part.server, key);
                     }
                 }
             }
-            Work::Moved(moved) => {
-                if !entry.sent {
-                    let deletes = OlderForget::len(moved.older.as_ref());
-                    let cost = || entry.bytes.len() + LINE_REPLY_BYTES * (1 + deletes);
-                    if !self.reserve_once(&mut entry.reserved, cost) {
-                        return false;
-                    }
-                    // Owners in older rings of chained changes lose the key
-                    // before the machine's first step, oldest ring first.
-                    let key = || entry.request.key(&entry.bytes, 0);
-                    let delete = |server| self.delete_on(topology, server, key());
-                    if !OlderForget::advance(moved.older.as_mut(), delete) {
-                        return false;
-                    }
-                    entry.sent = true;
+            *e.sent = true;
+        }
+        match &mut meta.mode {
+            MetaMode::Forward | MetaMode::Quorum { .. } => true,
+            MetaMode::Moved(moved) => {
+                if !moved.started {
+                    moved.started = true;
                     let step = moved.machine.start();
-                    self.step(topology, moved, step, entry.hot.as_ref());
+                    let hot = e.hot;
+                    self.meta_moved(topology, moved, &mut meta.parts[0], step, hot);
                 }
-                // One step at a time; later requests of the client wait, so
-                // they see the key as the steps left it.
-                while moved.answer.is_none() {
-                    let Some(part) = &mut moved.part else {
-                        break;
-                    };
+                // One step at a time; later requests of the client
+                // wait, so they see the key as the steps left it.
+                while !moved.answered {
+                    let part = &mut meta.parts[0];
                     part.absorb();
                     let Some(result) = part.result.take() else {
                         return false;
@@ -231,107 +203,193 @@ impl ClientSession {
                     let step = moved
                         .machine
                         .on_reply(result, self.worker.clock.unix_seconds());
-                    self.step(topology, moved, step, entry.hot.as_ref());
+                    self.meta_moved(topology, moved, part, step, e.hot);
                 }
                 true
             }
-            Work::Retrieve {
-                plan, in_flight, ..
+            MetaMode::CasThenCopy {
+                machine,
+                copy,
+                copied,
             } => {
-                while plan.has_unsent() {
-                    let room =
-                        self.budget
-                            .room(&self.worker.budget, self.client_limit(), self.out.len());
-                    let nothing_owed = self.budget.nothing_owed(self.out.len());
-                    let estimate = self.estimate.max(MIN_ESTIMATE_BYTES);
-                    let keys = (room / estimate).min(route::MAX_CHUNK_KEYS);
-                    let keys = if keys == 0 && nothing_owed { 1 } else { keys };
-                    if keys == 0 {
-                        return false;
+                // The copies go out before any later request of this
+                // client, as for a replicated `cas`.
+                let copy_expect = Expect::Meta {
+                    command: meta.command,
+                    quiet: false,
+                    replied: false,
+                };
+                let copy = || smallvec::smallvec![copy.clone()];
+                let cas_copy = CasCopy {
+                    wire: &copy,
+                    expect: &copy_expect,
+                };
+                let (part, hot) = (&mut meta.parts[0], e.hot);
+                self.cas_step(topology, machine, part, copied, &cas_copy, hot)
+            }
+            MetaMode::ReadThrough {
+                servers,
+                next,
+                on_miss,
+            } => {
+                let Some(result) = &meta.parts[0].result else {
+                    return false;
+                };
+                let fall = match result {
+                    Ok(reply) => {
+                        route::is_error_line(reply) || (*on_miss && route::meta_is_miss(reply))
                     }
-                    for sub in plan.next_chunk(keys, &mut self.lines) {
-                        let keys_in_sub = if sub.meta {
-                            1
-                        } else {
-                            sub.line.iter().filter(|&&b| b == b' ').count().max(1)
-                        };
-                        let cost = keys_in_sub * estimate;
-                        self.reserve(cost);
-                        let backend = &topology.backends[sub.server];
-                        let slot = spares::slot(&self.wake);
-                        let conn = self.worker.conn(backend, self.lane);
-                        let earlier = Earlier {
-                            entries: before,
-                            unanswered: &self.unanswered,
-                            current: in_flight,
-                        };
-                        let ticket = match self
-                            .worker
-                            .hot
-                            .before_send(&sub, &conn, topology, &slot, &earlier)
-                        {
-                            GetShortcut::Send(ticket) => ticket,
-                            GetShortcut::Joined => {
-                                in_flight.push(SubInFlight {
-                                    id: sub.id,
-                                    server: sub.server,
-                                    slot,
-                                    cost,
-                                });
-                                continue;
-                            }
-                            GetShortcut::Cached(block) => {
-                                plan.on_piece(
-                                    sub.id,
-                                    Got::Value(block),
-                                    self.worker.clock.unix_seconds(),
-                                );
-                                plan.on_done(sub.id, Ok(()));
-                                self.release(cost);
-                                continue;
-                            }
-                        };
-                        let expect = if sub.meta {
-                            Expect::Meta {
-                                command: MetaCommand::Get,
-                                quiet: false,
-                                replied: false,
-                            }
-                        } else {
-                            Expect::values(sub.line.clone())
-                        };
-                        match conn.send(std::slice::from_ref(&sub.line), expect, Some(slot.clone()))
-                        {
-                            Ok(()) => {
-                                if let Some(ticket) = ticket {
-                                    self.worker.hot.sent(ticket, &slot);
-                                }
-                                in_flight.push(SubInFlight {
-                                    id: sub.id,
-                                    server: sub.server,
-                                    slot,
-                                    cost,
-                                });
-                            }
-                            Err(kind) => {
-                                self.release(cost);
-                                plan.on_done(sub.id, Err(backend.error(kind)));
-                            }
-                        }
-                    }
+                    Err(_) => true,
+                };
+                if !fall || *next >= servers.len() {
+                    return true;
                 }
-                // Read-through hits go to their new owner before any later
-                // request of this client.
-                for copy in plan.take_copies() {
-                    let expect = Expect::Line(LineKind::Storage);
-                    copy_check::send(&self.worker, topology, self.lane, copy, expect);
-                }
-                // With replicas (or moved keys), replies may send keys to
-                // their next server: later requests wait until this one has
-                // its answers.
-                in_flight.is_empty() || (topology.config.replicas <= 1 && !plan.has_moved_keys())
+                let server = servers[*next];
+                *next += 1;
+                meta.parts[0] = self.send_to(topology, server, &meta.wire, &meta.expect, None);
+                // Later requests wait until this read has its answer.
+                false
             }
         }
+    }
+
+    /// A classic request on a moved key: its hand-off steps, one at a time.
+    // Only during a hand-off window: kept out of line, as `dispatch_cas`.
+    #[inline(never)]
+    fn dispatch_moved(&mut self, e: Sending<'_>, moved: &mut MovedWork) -> bool {
+        let topology = e.topology;
+        if !*e.sent {
+            let deletes = OlderForget::len(moved.older.as_ref());
+            let cost = || e.bytes.len() + LINE_REPLY_BYTES * (1 + deletes);
+            if !self.reserve_once(e.reserved, cost) {
+                return false;
+            }
+            // Owners in older rings of chained changes lose the key
+            // before the machine's first step, oldest ring first.
+            let key = || e.request.key(e.bytes, 0);
+            let delete = |server| self.delete_on(topology, server, key());
+            if !OlderForget::advance(moved.older.as_mut(), delete) {
+                return false;
+            }
+            *e.sent = true;
+            let step = moved.machine.start();
+            self.step(topology, moved, step, e.hot);
+        }
+        // One step at a time; later requests of the client wait, so
+        // they see the key as the steps left it.
+        while moved.answer.is_none() {
+            let Some(part) = &mut moved.part else {
+                break;
+            };
+            part.absorb();
+            let Some(result) = part.result.take() else {
+                return false;
+            };
+            let step = moved
+                .machine
+                .on_reply(result, self.worker.clock.unix_seconds());
+            self.step(topology, moved, step, e.hot);
+        }
+        true
+    }
+
+    /// A retrieval: its keys in chunks that fit the client's budget, each
+    /// sub-request to its server (or joined to a hot key's get in flight,
+    /// or answered by the near cache).
+    fn dispatch_retrieve(
+        &mut self,
+        topology: &Arc<Topology>,
+        plan: &mut route::Retrieval,
+        in_flight: &mut InFlight,
+        before: Before<'_, Entry>,
+    ) -> bool {
+        while plan.has_unsent() {
+            let room = self
+                .budget
+                .room(&self.worker.budget, self.client_limit(), self.out.len());
+            let nothing_owed = self.budget.nothing_owed(self.out.len());
+            let estimate = self.estimate.max(MIN_ESTIMATE_BYTES);
+            let keys = (room / estimate).min(route::MAX_CHUNK_KEYS);
+            let keys = if keys == 0 && nothing_owed { 1 } else { keys };
+            if keys == 0 {
+                return false;
+            }
+            for sub in plan.next_chunk(keys, &mut self.lines) {
+                let keys_in_sub = if sub.meta {
+                    1
+                } else {
+                    sub.line.iter().filter(|&&b| b == b' ').count().max(1)
+                };
+                let cost = keys_in_sub * estimate;
+                self.reserve(cost);
+                let backend = &topology.backends[sub.server];
+                let slot = spares::slot(&self.wake);
+                let conn = self.worker.conn(backend, self.lane);
+                let earlier = Earlier {
+                    entries: before,
+                    unanswered: &self.unanswered,
+                    current: in_flight,
+                };
+                let ticket = match self
+                    .worker
+                    .hot
+                    .before_send(&sub, &conn, topology, &slot, &earlier)
+                {
+                    GetShortcut::Send(ticket) => ticket,
+                    GetShortcut::Joined => {
+                        in_flight.push(SubInFlight {
+                            id: sub.id,
+                            server: sub.server,
+                            slot,
+                            cost,
+                        });
+                        continue;
+                    }
+                    GetShortcut::Cached(block) => {
+                        plan.on_piece(sub.id, Got::Value(block), self.worker.clock.unix_seconds());
+                        plan.on_done(sub.id, Ok(()));
+                        self.release(cost);
+                        continue;
+                    }
+                };
+                let expect = if sub.meta {
+                    Expect::Meta {
+                        command: MetaCommand::Get,
+                        quiet: false,
+                        replied: false,
+                    }
+                } else {
+                    Expect::values(sub.line.clone())
+                };
+                match conn.send(std::slice::from_ref(&sub.line), expect, Some(slot.clone())) {
+                    Ok(()) => {
+                        if let Some(ticket) = ticket {
+                            self.worker.hot.sent(ticket, &slot);
+                        }
+                        in_flight.push(SubInFlight {
+                            id: sub.id,
+                            server: sub.server,
+                            slot,
+                            cost,
+                        });
+                    }
+                    Err(kind) => {
+                        self.release(cost);
+                        plan.on_done(sub.id, Err(backend.error(kind)));
+                    }
+                }
+            }
+        }
+        // Read-through hits go to their new owner before any later
+        // request of this client.
+        for copy in plan.take_copies() {
+            let expect = Expect::Line(LineKind::Storage);
+            copy_check::send(&self.worker, topology, self.lane, copy, expect);
+        }
+        // With replicas (or moved keys), replies may send keys to
+        // their next server: later requests wait until this one has
+        // its answers.
+        in_flight.is_empty() || (topology.config.replicas <= 1 && !plan.has_moved_keys())
     }
 
     /// Feeds a replicated `cas`'s reply (on `part`) to its machine and sends
