@@ -426,24 +426,14 @@ where
             (!state.waiting.is_empty()).then_some(state.progress + timeout)
         };
         writing.seal();
-        let pending = match read_buf.is_empty() {
-            true => None,
-            false => pending_value_len(&read_buf),
-        };
-        match pending {
-            // A value larger than the room the buffer takes gets a buffer of
-            // its own, of its size: grown by `reserve`, it would double (and
-            // stay twice its size while its reply is owed), or be copied
-            // once per step if the buffer's earlier pieces are still held.
-            Some(total) if total > read_buf.capacity() && total > read_room(largest) => {
+        match room_step(&read_buf, largest) {
+            RoomStep::Whole(total) => {
                 let mut whole = RecycledBuf::with_capacity(total + READ_CHUNK_BYTES);
                 whole.extend_from_slice(&read_buf);
                 read_buf = whole;
             }
-            _ if read_buf.capacity() - read_buf.len() < READ_CHUNK_BYTES / 4 => {
-                read_buf.make_room(read_room(largest));
-            }
-            _ => {}
+            RoomStep::MakeRoom => read_buf.make_room(read_room(largest)),
+            RoomStep::Keep => {}
         }
         tokio::select! {
             biased;
@@ -560,6 +550,45 @@ fn read_room(largest: usize) -> usize {
     largest
         .saturating_mul(4)
         .clamp(READ_CHUNK_BYTES, MAX_READ_ROOM_BYTES)
+}
+
+/// What the read buffer needs before the next read.
+#[derive(Debug, PartialEq, Eq)]
+enum RoomStep {
+    /// Enough room.
+    Keep,
+    /// Room for a few of the largest values ([`read_room`]), the bytes not
+    /// yet delivered moved over.
+    MakeRoom,
+    /// A buffer of its own for a value of this total size: grown by
+    /// `reserve`, it would double (and stay twice its size while its reply
+    /// is owed), or be copied once per step if the buffer's earlier pieces
+    /// are still held.
+    Whole(usize),
+}
+
+/// Decides [`RoomStep`] for a buffer holding `buf` (bytes not yet
+/// delivered) when this connection's values lately reached `largest` bytes.
+fn room_step(buf: &BytesMut, largest: usize) -> RoomStep {
+    let room = buf.capacity() - buf.len();
+    if buf.is_empty() {
+        // At a reply boundary with less room than the values lately read:
+        // take the next allocation now, while there is nothing to move,
+        // rather than read the start of a value that cannot fit and move
+        // it once the room runs out (16 KiB values: a quarter of the value
+        // bytes were copied so).
+        return match room < READ_CHUNK_BYTES / 4 || room < largest {
+            true => RoomStep::MakeRoom,
+            false => RoomStep::Keep,
+        };
+    }
+    match pending_value_len(buf) {
+        Some(total) if total > buf.capacity() && total > read_room(largest) => {
+            RoomStep::Whole(total)
+        }
+        _ if room < READ_CHUNK_BYTES / 4 => RoomStep::MakeRoom,
+        _ => RoomStep::Keep,
+    }
 }
 
 /// Cuts every complete reply piece off the buffer and hands it to its
@@ -786,6 +815,32 @@ mod tests {
         assert_eq!(read_room(100), READ_CHUNK_BYTES);
         assert_eq!(read_room(16_400), 65_600);
         assert_eq!(read_room(usize::MAX), MAX_READ_ROOM_BYTES);
+    }
+
+    #[test]
+    fn the_read_buffer_is_renewed_at_a_reply_boundary_before_a_value_cannot_fit() {
+        let with = |capacity: usize, held: &[u8]| {
+            let mut buf = BytesMut::with_capacity(capacity);
+            buf.extend_from_slice(held);
+            buf
+        };
+        let value = 16_400;
+        // Nothing held, room for fewer bytes than the values lately read.
+        assert_eq!(room_step(&with(10_000, b""), value), RoomStep::MakeRoom);
+        // Nothing held and room enough, or small values.
+        assert_eq!(room_step(&with(20_000, b""), value), RoomStep::Keep);
+        assert_eq!(room_step(&with(10_000, b""), 40), RoomStep::Keep);
+        // Mid-value, the rest fits: read on, nothing moved.
+        let head = b"VALUE k 0 16384\r\n";
+        assert_eq!(room_step(&with(20_000, head), value), RoomStep::Keep);
+        // Little room left whatever is held.
+        assert_eq!(room_step(&with(4_000, head), value), RoomStep::MakeRoom);
+        // A value larger than the room a buffer takes gets its own.
+        let big = b"VALUE k 0 900000\r\n";
+        assert_eq!(
+            room_step(&with(20_000, big), value),
+            RoomStep::Whole(900_020)
+        );
     }
 
     #[test]

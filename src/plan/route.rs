@@ -1204,7 +1204,10 @@ mod tests {
         assert!(!r.has_unsent());
         r.on_done(0, Err(failed("s3")));
         let retry = r.next_chunk(100, &mut RecycledBuf::new(64));
-        let sent: Vec<_> = retry.iter().map(|s| (s.id, s.server, &s.line[..])).collect();
+        let sent: Vec<_> = retry
+            .iter()
+            .map(|s| (s.id, s.server, &s.line[..]))
+            .collect();
         assert_eq!(sent, vec![(1, 1, &b"gat 10 a\r\n"[..])]);
         r.on_piece(1, value("a", "1"), 0);
         r.on_done(1, Ok(()));

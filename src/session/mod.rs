@@ -67,6 +67,17 @@ use deadline::{Progress, Waiting};
 use fifo::{Before, Fifo};
 use work::*;
 
+/// The room to make in a client's input buffer before the next read, if
+/// any: when it runs low, or at a request boundary with less room than the
+/// client's large requests take. Made then, while the buffer holds nothing
+/// to move, a big `set` is read into one allocation instead of being moved
+/// to a larger one as its bytes arrive.
+fn input_room(input: &BytesMut, largest_request: usize) -> Option<usize> {
+    let room = input.capacity() - input.len();
+    let low = room < MIN_READ_ROOM_BYTES || (input.is_empty() && room < largest_request);
+    low.then(|| input.capacity().max(FIRST_READ_BYTES).max(largest_request))
+}
+
 /// First read buffer of a client: small, so that thousands of idle clients
 /// cost little; it grows while a client sends more.
 const FIRST_READ_BYTES: usize = 2 * 1024;
@@ -169,8 +180,7 @@ where
         }
         client.end_turn();
         let can_read = client.can_read();
-        if can_read && input.capacity() - input.len() < MIN_READ_ROOM_BYTES {
-            let room = input.capacity().max(FIRST_READ_BYTES);
+        if let Some(room) = input_room(&input, client.largest_request).filter(|_| can_read) {
             input.make_room(room);
         }
         let waiting = Waiting {
@@ -286,6 +296,9 @@ struct ClientSession {
     /// Assumed reply size of one key not yet answered: starts at the largest
     /// value allowed and follows what this client's gets return.
     estimate: usize,
+    /// The largest request this client sent lately, in bytes (forgotten
+    /// slowly), for the room its input buffer takes (see [`input_room`]).
+    largest_request: usize,
     /// No more requests will be read; close once the owed replies are written.
     closing: bool,
     /// Bytes of a refused value still to be thrown away as they arrive.
@@ -337,6 +350,7 @@ impl ClientSession {
             spare_keys: Keys::new(),
             budget: ClientBudget::default(),
             estimate: limits.max_value_bytes,
+            largest_request: 0,
             closing: false,
             discard: 0,
             parsed_bytes: 0,
@@ -459,6 +473,7 @@ impl ClientSession {
                 match parse_meta(input, &self.limits) {
                     Ok(None) => return,
                     Ok(Some((request, consumed))) => {
+                        self.note_request_size(consumed);
                         let bytes = input.split_to(consumed).freeze();
                         self.start_meta(request, bytes);
                     }
@@ -481,6 +496,7 @@ impl ClientSession {
                         // It took the spare (or there was none to take).
                         self.spare_keys = spares::keys();
                     }
+                    self.note_request_size(consumed);
                     let bytes = input.split_to(consumed).freeze();
                     self.start(request, bytes);
                 }
@@ -494,6 +510,11 @@ impl ClientSession {
                 }
             }
         }
+    }
+
+    fn note_request_size(&mut self, size: usize) {
+        let kept = self.largest_request - self.largest_request / 64;
+        self.largest_request = size.max(kept);
     }
 
     /// Answers a request the parser refused (`reply`, unless it is silent),
@@ -623,5 +644,30 @@ impl ClientSession {
                 self.worker.hot.write_done(guard);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holding(capacity: usize, held: usize) -> BytesMut {
+        let mut buf = BytesMut::with_capacity(capacity);
+        buf.resize(held, b'x');
+        buf
+    }
+
+    #[test]
+    fn an_input_buffer_makes_room_when_low_or_at_a_boundary_before_a_big_request() {
+        // Small requests: only a buffer running low makes room.
+        assert_eq!(input_room(&holding(4096, 0), 40), None);
+        assert_eq!(input_room(&holding(4096, 3700), 40), Some(4096));
+        // A client of 16 KiB sets: at a boundary with less room than one,
+        // room for one is made; mid-request, the buffer reads on.
+        assert_eq!(input_room(&holding(10_000, 0), 16_430), Some(16_430));
+        assert_eq!(input_room(&holding(40_000, 0), 16_430), None);
+        assert_eq!(input_room(&holding(20_000, 9_000), 16_430), None);
+        // A first buffer is never smaller than the first read's.
+        assert_eq!(input_room(&holding(0, 0), 0), Some(FIRST_READ_BYTES));
     }
 }
