@@ -288,6 +288,8 @@ pub(crate) struct SubRequest {
     pub line: Bytes,
     /// `line` is one meta get (a hand-off read-through), not a classic one.
     pub meta: bool,
+    /// How many keys `line` asks for.
+    pub keys: usize,
 }
 
 /// A retrieval in progress (see the module doc).
@@ -650,6 +652,7 @@ impl Retrieval {
                         server,
                         line: crate::plan::handoff::fetch_line(name, false, with_cas),
                         meta: true,
+                        keys: 1,
                     });
                     continue;
                 }
@@ -705,6 +708,7 @@ impl Retrieval {
                 server,
                 line,
                 meta: false,
+                keys: self.subs[id as usize].keys.len(),
             });
         }
         out
@@ -744,6 +748,7 @@ impl Retrieval {
             server,
             line: self.bytes.clone(),
             meta: false,
+            keys: 1,
         });
         Some(out)
     }

@@ -315,12 +315,7 @@ impl ClientSession {
                 return false;
             }
             for sub in plan.next_chunk(keys, &mut self.lines) {
-                let keys_in_sub = if sub.meta {
-                    1
-                } else {
-                    sub.line.iter().filter(|&&b| b == b' ').count().max(1)
-                };
-                let cost = keys_in_sub * estimate;
+                let cost = sub.keys.max(1) * estimate;
                 self.reserve(cost);
                 let backend = &topology.backends[sub.server];
                 let slot = spares::slot(&self.wake);
