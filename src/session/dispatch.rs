@@ -54,7 +54,12 @@ impl ClientSession {
 
     /// One-line requests (storage, delete, arithmetic, touch), to each
     /// replica, and deletes to owners in older rings first.
-    fn dispatch_lines(&mut self, e: Sending<'_>, parts: &mut [Part], finish: &mut Finish) -> bool {
+    fn dispatch_lines(
+        &mut self,
+        mut e: Sending<'_>,
+        parts: &mut [Part],
+        finish: &mut Finish,
+    ) -> bool {
         let topology = e.topology;
         if *e.sent {
             return true;
@@ -63,13 +68,7 @@ impl ClientSession {
             Finish::Quorum { older, .. } => older.as_deref_mut(),
             _ => None,
         };
-        let deletes = OlderForget::len(older.as_deref());
-        let cost = || e.bytes.len() + LINE_REPLY_BYTES * (parts.len() + deletes);
-        if !self.reserve_once(e.reserved, cost) {
-            return false;
-        }
-        let key = || e.request.key(e.bytes, 0);
-        if !OlderForget::advance(older, |server| self.delete_on(topology, server, key())) {
+        if !self.reserve_and_forget_older(&mut e, parts.len(), older) {
             return false;
         }
         let request = forwardable(e.bytes, e.request);
@@ -104,18 +103,10 @@ impl ClientSession {
     /// A replicated `cas`: the owner first, then copies to the replicas.
     // Rare: kept out of line so the common kinds' code stays together.
     #[inline(never)]
-    fn dispatch_cas(&mut self, e: Sending<'_>, cas: &mut CasWork) -> bool {
+    fn dispatch_cas(&mut self, mut e: Sending<'_>, cas: &mut CasWork) -> bool {
         let topology = e.topology;
         if !*e.sent {
-            let deletes = OlderForget::len(cas.older.as_ref());
-            let cost = || e.bytes.len() + LINE_REPLY_BYTES * (1 + deletes);
-            if !self.reserve_once(e.reserved, cost) {
-                return false;
-            }
-            // The owners in older rings lose the key first.
-            let key = || e.request.key(e.bytes, 0);
-            let delete = |server| self.delete_on(topology, server, key());
-            if !OlderForget::advance(cas.older.as_mut(), delete) {
+            if !self.reserve_and_forget_older(&mut e, 1, cas.older.as_mut()) {
                 return false;
             }
             let request = forwardable(e.bytes, e.request);
@@ -256,19 +247,11 @@ impl ClientSession {
     /// A classic request on a moved key: its hand-off steps, one at a time.
     // Only during a hand-off window: kept out of line, as `dispatch_cas`.
     #[inline(never)]
-    fn dispatch_moved(&mut self, e: Sending<'_>, moved: &mut MovedWork) -> bool {
+    fn dispatch_moved(&mut self, mut e: Sending<'_>, moved: &mut MovedWork) -> bool {
         let topology = e.topology;
         if !*e.sent {
-            let deletes = OlderForget::len(moved.older.as_ref());
-            let cost = || e.bytes.len() + LINE_REPLY_BYTES * (1 + deletes);
-            if !self.reserve_once(e.reserved, cost) {
-                return false;
-            }
-            // Owners in older rings of chained changes lose the key
-            // before the machine's first step, oldest ring first.
-            let key = || e.request.key(e.bytes, 0);
-            let delete = |server| self.delete_on(topology, server, key());
-            if !OlderForget::advance(moved.older.as_mut(), delete) {
+            // The older owners lose the key before the machine's first step.
+            if !self.reserve_and_forget_older(&mut e, 1, moved.older.as_mut()) {
                 return false;
             }
             *e.sent = true;
@@ -291,6 +274,25 @@ impl ClientSession {
             self.step(topology, moved, step, e.hot);
         }
         true
+    }
+
+    /// Before a classic write's first send: reserves its reply bytes (one
+    /// line from each of `lines` servers and from each older owner), then
+    /// has the key's owners in older rings of chained changes delete it,
+    /// oldest ring first. False while either has to wait.
+    fn reserve_and_forget_older(
+        &mut self,
+        e: &mut Sending<'_>,
+        lines: usize,
+        older: Option<&mut OlderForget>,
+    ) -> bool {
+        let deletes = OlderForget::len(older.as_deref());
+        let cost = || e.bytes.len() + LINE_REPLY_BYTES * (lines + deletes);
+        if !self.reserve_once(e.reserved, cost) {
+            return false;
+        }
+        let (topology, key) = (e.topology, || e.request.key(e.bytes, 0));
+        OlderForget::advance(older, |server| self.delete_on(topology, server, key()))
     }
 
     /// A retrieval: its keys in chunks that fit the client's budget, each
