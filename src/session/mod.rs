@@ -71,12 +71,20 @@ use work::*;
 /// any: when it runs low, or at a request boundary with less room than the
 /// client's large requests take. Made then, while the buffer holds nothing
 /// to move, a big `set` is read into one allocation instead of being moved
-/// to a larger one as its bytes arrive.
+/// to a larger one as its bytes arrive. Only requests up to
+/// [`BOUNDARY_ROOM_BYTES`] count: room for a larger one made in advance
+/// would stay with every client that once sent one, idle or not.
 fn input_room(input: &BytesMut, largest_request: usize) -> Option<usize> {
     let room = input.capacity() - input.len();
-    let low = room < MIN_READ_ROOM_BYTES || (input.is_empty() && room < largest_request);
-    low.then(|| input.capacity().max(FIRST_READ_BYTES).max(largest_request))
+    let ahead = largest_request.min(BOUNDARY_ROOM_BYTES);
+    let low = room < MIN_READ_ROOM_BYTES || (input.is_empty() && room < ahead);
+    low.then(|| input.capacity().max(FIRST_READ_BYTES).max(ahead))
 }
+
+/// The most room a client's input buffer takes in advance of a request
+/// (see [`input_room`]): about what a buffer that once read a request of
+/// this size keeps anyway.
+const BOUNDARY_ROOM_BYTES: usize = 32 * 1024;
 
 /// First read buffer of a client: small, so that thousands of idle clients
 /// cost little; it grows while a client sends more.
@@ -667,6 +675,12 @@ mod tests {
         assert_eq!(input_room(&holding(10_000, 0), 16_430), Some(16_430));
         assert_eq!(input_room(&holding(40_000, 0), 16_430), None);
         assert_eq!(input_room(&holding(20_000, 9_000), 16_430), None);
+        // Room for a request larger than that is not made in advance.
+        assert_eq!(input_room(&holding(40_000, 0), 900_000), None);
+        assert_eq!(
+            input_room(&holding(10_000, 0), 900_000),
+            Some(BOUNDARY_ROOM_BYTES)
+        );
         // A first buffer is never smaller than the first read's.
         assert_eq!(input_room(&holding(0, 0), 0), Some(FIRST_READ_BYTES));
     }
