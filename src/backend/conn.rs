@@ -571,23 +571,22 @@ enum RoomStep {
 /// delivered) when this connection's values lately reached `largest` bytes.
 fn room_step(buf: &BytesMut, largest: usize) -> RoomStep {
     let room = buf.capacity() - buf.len();
-    if buf.is_empty() {
+    let low = room < READ_CHUNK_BYTES / 4;
+    match buf.is_empty() {
         // At a reply boundary with less room than the values lately read:
         // take the next allocation now, while there is nothing to move,
         // rather than read the start of a value that cannot fit and move
         // it once the room runs out (16 KiB values: a quarter of the value
         // bytes were copied so).
-        return match room < READ_CHUNK_BYTES / 4 || room < largest {
-            true => RoomStep::MakeRoom,
-            false => RoomStep::Keep,
-        };
-    }
-    match pending_value_len(buf) {
-        Some(total) if total > buf.capacity() && total > read_room(largest) => {
-            RoomStep::Whole(total)
-        }
-        _ if room < READ_CHUNK_BYTES / 4 => RoomStep::MakeRoom,
-        _ => RoomStep::Keep,
+        true if low || room < largest => RoomStep::MakeRoom,
+        true => RoomStep::Keep,
+        false => match pending_value_len(buf) {
+            Some(total) if total > buf.capacity() && total > read_room(largest) => {
+                RoomStep::Whole(total)
+            }
+            _ if low => RoomStep::MakeRoom,
+            _ => RoomStep::Keep,
+        },
     }
 }
 

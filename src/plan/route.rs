@@ -629,10 +629,8 @@ impl Retrieval {
         let mut out: SmallVec<[SubRequest; 4]> = SmallVec::new();
         // The whole request to one server, first time: forward the client's
         // own bytes (no copy).
-        let whole = picked.len() == self.keys.len()
-            && self.subs.is_empty()
-            && self.bytes.len() <= MAX_SUB_LINE_BYTES
-            && self.bytes.ends_with(b"\r\n");
+        let whole =
+            picked.len() == self.keys.len() && self.subs.is_empty() && self.forwards_as_is();
         // Per server of this chunk: its sub-request, and its line's length.
         let mut open: SmallVec<[(usize, u32, usize); 4]> = SmallVec::new();
         for (n, &key) in picked.iter().enumerate() {
@@ -736,8 +734,7 @@ impl Retrieval {
             && self.subs.is_empty()
             && self.retry.is_empty()
             && !self.asking_previous(0)
-            && self.bytes.len() <= MAX_SUB_LINE_BYTES
-            && self.bytes.ends_with(b"\r\n");
+            && self.forwards_as_is();
         if !plain {
             return None;
         }
@@ -762,6 +759,12 @@ impl Retrieval {
             keys: 1,
         });
         Some(out)
+    }
+
+    /// The client's bytes can go to a server as they are, when all of
+    /// them go to one: a line short enough, ending in `\r\n`.
+    fn forwards_as_is(&self) -> bool {
+        self.bytes.len() <= MAX_SUB_LINE_BYTES && self.bytes.ends_with(b"\r\n")
     }
 
     /// Writes a sub-request line up to its first key: the command, and the

@@ -82,8 +82,7 @@ impl ClientSession {
             // A `noreply` request's reply is awaited too (and then
             // dropped), so that its bytes stay counted until the
             // server has them: see `unanswered`.
-            let hot = e.hot;
-            self.send_line(topology, part, &request, expect, true, hot);
+            self.send_line(topology, part, &request, expect, true, e.hot);
         }
         if forget > 0 {
             let key = e.request.key(e.bytes, 0);
@@ -110,15 +109,8 @@ impl ClientSession {
                 return false;
             }
             let request = forwardable(e.bytes, e.request);
-            let hot = e.hot;
-            self.send_line(
-                topology,
-                &mut cas.part,
-                &request,
-                LineKind::Storage,
-                true,
-                hot,
-            );
+            let part = &mut cas.part;
+            self.send_line(topology, part, &request, LineKind::Storage, true, e.hot);
             *e.sent = true;
         }
         // The copies go out before any later request of this client,
@@ -163,8 +155,7 @@ impl ClientSession {
                 };
                 let replicas = meta.parts.len() - forget;
                 for part in meta.parts[..replicas].iter_mut() {
-                    let hot = e.hot;
-                    self.send(topology, part, &meta.wire, meta.expect.clone(), true, hot);
+                    self.send(topology, part, &meta.wire, meta.expect.clone(), true, e.hot);
                 }
                 if let Some(key) = key.filter(|_| forget > 0) {
                     for part in meta.parts[replicas..].iter_mut() {
@@ -180,8 +171,7 @@ impl ClientSession {
                 if !moved.started {
                     moved.started = true;
                     let step = moved.machine.start();
-                    let hot = e.hot;
-                    self.meta_moved(topology, moved, &mut meta.parts[0], step, hot);
+                    self.meta_moved(topology, moved, &mut meta.parts[0], step, e.hot);
                 }
                 // One step at a time; later requests of the client
                 // wait, so they see the key as the steps left it.
