@@ -51,7 +51,7 @@ pub(crate) struct WorkerCtx {
     pub(crate) checks: TaskTracker,
     /// Reply bytes this worker's clients are owed or have reserved, within
     /// its share of `max_buffer_bytes`.
-    pub(crate) budget: crate::budget::WorkerBudget,
+    pub(crate) budget: Rc<crate::budget::WorkerBudget>,
     /// This worker's hot-key counts, requests in flight and windows.
     pub(crate) hot: Rc<HotWorker>,
     /// The time of this worker's current turn.
@@ -82,7 +82,7 @@ impl WorkerCtx {
             drain: CancellationToken::new(),
             conn_tasks: TaskTracker::new(),
             checks: TaskTracker::new(),
-            budget: crate::budget::WorkerBudget::new(budget),
+            budget: Rc::new(crate::budget::WorkerBudget::new(budget)),
             hot,
             clock: Rc::new(crate::clock::TurnClock::new()),
             shadow: Rc::default(),

@@ -11,7 +11,7 @@ struct Sending<'e> {
     request: &'e Request,
     command: Command,
     /// Reply bytes reserved for the entry.
-    reserved: &'e mut usize,
+    reserved: &'e mut Reservation,
     /// The entry's first lines are written.
     sent: &'e mut bool,
     hot: Option<&'e Rc<WriteGuard>>,
@@ -296,9 +296,7 @@ impl ClientSession {
         before: Before<'_, Entry>,
     ) -> bool {
         while plan.has_unsent() {
-            let room = self
-                .budget
-                .room(&self.worker.budget, self.client_limit(), self.out.len());
+            let room = self.budget.room(self.client_limit(), self.out.len());
             let nothing_owed = self.budget.nothing_owed(self.out.len());
             let estimate = self.estimate.max(MIN_ESTIMATE_BYTES);
             let keys = (room / estimate).min(route::MAX_CHUNK_KEYS);
@@ -307,8 +305,8 @@ impl ClientSession {
                 return false;
             }
             for sub in plan.next_chunk(keys, &mut self.lines) {
-                let cost = sub.keys.max(1) * estimate;
-                self.reserve(cost);
+                // Sized to the room asked for above.
+                let cost = self.budget.reserve(sub.keys.max(1) * estimate);
                 let backend = &topology.backends[sub.server];
                 let slot = spares::slot(&self.wake);
                 let conn = self.worker.conn(backend, self.lane);
@@ -328,14 +326,13 @@ impl ClientSession {
                             id: sub.id,
                             server: sub.server,
                             slot,
-                            cost,
+                            _reserved: cost,
                         });
                         continue;
                     }
                     GetShortcut::Cached(block) => {
                         plan.on_piece(sub.id, Got::Value(block), self.worker.clock.unix_seconds());
                         plan.on_done(sub.id, Ok(()));
-                        self.release(cost);
                         continue;
                     }
                 };
@@ -357,11 +354,10 @@ impl ClientSession {
                             id: sub.id,
                             server: sub.server,
                             slot,
-                            cost,
+                            _reserved: cost,
                         });
                     }
                     Err(kind) => {
-                        self.release(cost);
                         plan.on_done(sub.id, Err(backend.error(kind)));
                     }
                 }
@@ -612,8 +608,6 @@ impl ClientSession {
 
     /// Moves the replies that arrived for entry `index` into its plan.
     pub(super) fn absorb(&mut self, index: usize) {
-        let mut released = 0;
-        let mut grown = 0;
         let mut estimate = None;
         let Some(entry) = self.entries.get_mut(index) else {
             return;
@@ -654,7 +648,7 @@ impl ClientSession {
                     match sub.slot.outcome() {
                         Some(result) => {
                             plan.on_done(sub.id, result);
-                            released += sub.cost;
+                            // Its reservation drops here.
                             spares::keep_slot(in_flight.remove(i).slot);
                         }
                         None => i += 1,
@@ -667,19 +661,11 @@ impl ClientSession {
                     estimate = Some(MIN_ESTIMATE_BYTES);
                 }
                 // Values waiting for earlier keys stay owed.
-                let now = plan.held_bytes();
-                if now > *held {
-                    grown = now - *held;
-                } else {
-                    released += *held - now;
-                }
-                *held = now;
+                self.budget.resize(held, plan.held_bytes());
             }
             Work::Moved(_) => {}
             Work::Ready(_) | Work::Stats => {}
         }
-        self.reserve(grown);
-        self.release(released);
         if let Some(estimate) = estimate {
             self.estimate = estimate;
         }
@@ -905,8 +891,7 @@ impl ClientSession {
                 entry.topology.figures.retrieval(keys, hits);
                 let (reads, found) = plan.read_through();
                 stats.read_through(reads, found);
-                self.release(*held);
-                *held = 0;
+                *held = Reservation::default();
             }
         }
         true

@@ -61,7 +61,7 @@ mod spares;
 mod start;
 mod work;
 
-use crate::budget::ClientBudget;
+use crate::budget::{ClientBudget, Reservation};
 use crate::recycled::RecycledBuf;
 use deadline::{Progress, Waiting};
 use fifo::{Before, Fifo};
@@ -242,7 +242,7 @@ where
             progress.read(now, first_bytes);
         }
     };
-    client.release_all();
+    // Dropping the session gives back every reservation and its queue.
     client.wake.forget_waiter();
     result
 }
@@ -319,7 +319,7 @@ struct ClientSession {
     /// bytes reserved for them: without this, a client could queue writes
     /// on a server connection faster than the server takes them. Each slot
     /// with its server.
-    unanswered: Vec<(ServerSlots, usize)>,
+    unanswered: Vec<(ServerSlots, Reservation)>,
     limits: Limits,
     /// A client of a pool's own `listen`: every key goes to that pool.
     /// Otherwise the layout's routes say.
@@ -347,6 +347,7 @@ enum TurnTopology {
 impl ClientSession {
     fn new(id: u64, worker: Rc<WorkerCtx>, bound: Option<SharedTopology>) -> ClientSession {
         let limits = worker.default_topology().limits();
+        let budget = ClientBudget::new(worker.budget.clone());
         ClientSession {
             bound,
             lane: id as usize,
@@ -356,7 +357,7 @@ impl ClientSession {
             out: OutQueue::default(),
             lines: RecycledBuf::new(SUB_LINES_BYTES),
             spare_keys: Keys::new(),
-            budget: ClientBudget::default(),
+            budget,
             estimate: limits.max_value_bytes,
             largest_request: 0,
             closing: false,
@@ -416,44 +417,24 @@ impl ClientSession {
             && self.budget.owed() + self.out.len() + self.parsed_bytes <= self.client_limit()
     }
 
-    /// Whether `cost` more bytes may be reserved now (see [`ClientBudget`]).
-    fn may_reserve(&self, cost: usize) -> bool {
-        let worker = &self.worker.budget;
-        self.budget
-            .may_reserve(worker, self.client_limit(), self.out.len(), cost)
-    }
-
-    fn reserve(&mut self, cost: usize) {
-        self.budget.reserve(&self.worker.budget, cost);
-    }
-
-    fn release(&mut self, cost: usize) {
-        self.budget.release(&self.worker.budget, cost);
-    }
-
-    /// Reserves an entry's `cost` the first time it is dispatched
-    /// (`reserved` still 0); false while the budget has no room for it.
-    fn reserve_once(&mut self, reserved: &mut usize, cost: impl FnOnce() -> usize) -> bool {
-        if *reserved == 0 {
-            let cost = cost();
-            if !self.may_reserve(cost) {
-                return false;
+    /// Reserves an entry's `cost` the first time it is dispatched (nothing
+    /// taken yet); false while the budget has no room for it.
+    fn reserve_once(&self, reserved: &mut Reservation, cost: impl FnOnce() -> usize) -> bool {
+        if !reserved.is_taken() {
+            match self
+                .budget
+                .try_reserve(self.client_limit(), self.out.len(), cost())
+            {
+                Some(taken) => *reserved = taken,
+                None => return false,
             }
-            self.reserve(cost);
-            *reserved = cost;
         }
         true
     }
 
-    /// Gives back everything this client reserved (the session is ending).
-    fn release_all(&mut self) {
-        self.budget.release_all(&self.worker.budget);
-    }
-
     /// Keeps the worker's count in step with this client's write queue.
     fn count_out(&mut self) {
-        self.budget
-            .count_queued(&self.worker.budget, self.out.len());
+        self.budget.count_queued(self.out.len());
     }
 
     /// Parses every complete request in `input` into entries, up to the
@@ -588,14 +569,14 @@ impl ClientSession {
         complete.then_some(bytes)
     }
 
-    /// Releases the bytes of `noreply` requests every server has answered.
+    /// Releases the bytes of `noreply` requests every server has answered
+    /// (their reservations drop with them).
     fn settle(&mut self) {
-        let (mut released, mut i) = (0, 0);
+        let mut i = 0;
         while i < self.unanswered.len() {
             let (slots, _) = &self.unanswered[i];
             if slots.iter().all(|(_, slot)| slot.outcome().is_some()) {
-                let (slots, cost) = self.unanswered.remove(i);
-                released += cost;
+                let (slots, _released) = self.unanswered.remove(i);
                 slots
                     .into_iter()
                     .for_each(|(_, slot)| spares::keep_slot(slot));
@@ -603,7 +584,6 @@ impl ClientSession {
                 i += 1;
             }
         }
-        self.release(released);
     }
 
     /// Writes the replies of the entries at the head, in order.
@@ -621,9 +601,7 @@ impl ClientSession {
                         // The head streams: its values go out as they arrive
                         // (the END only when `finish` says it is complete).
                         plan.emit_values(&mut self.out);
-                        let now = plan.held_bytes();
-                        self.release(held.saturating_sub(now));
-                        *held = now;
+                        self.budget.resize(held, plan.held_bytes());
                     }
                 }
                 complete
@@ -633,7 +611,7 @@ impl ClientSession {
             let Some((entry, _)) = finished else {
                 return;
             };
-            self.release(entry.reserved);
+            // Its reservation goes back as the entry drops, below.
             // Replies memring makes itself (parse errors among them) are not
             // request latencies.
             if !matches!(entry.work, Work::Ready(_)) {

@@ -199,7 +199,7 @@ impl ClientSession {
             Plan::Retrieve(retrieval) => Work::Retrieve {
                 plan: retrieval,
                 in_flight: spares::in_flight(),
-                held: 0,
+                held: Reservation::default(),
             },
             Plan::Key(Placement::Moved {
                 owner,
@@ -238,7 +238,7 @@ impl ClientSession {
             topology,
             work,
             sent: false,
-            reserved: 0,
+            reserved: Reservation::default(),
             started: self.worker.clock.now(),
             hot,
             shadow,

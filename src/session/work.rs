@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::shadow;
 use crate::backend::slot::{Got, Slot};
+use crate::budget::Reservation;
 use crate::error::BackendError;
 use crate::hotkeys::{Unanswered, WriteGuard};
 use crate::plan::handoff::{CopyOutcome, Moved};
@@ -33,7 +34,7 @@ pub(super) struct Entry {
     /// The request has been written (for one-line work).
     pub(super) sent: bool,
     /// Reply bytes reserved when it was dispatched.
-    pub(super) reserved: usize,
+    pub(super) reserved: Reservation,
     /// When it was parsed, for the per-command latency histogram.
     pub(super) started: Instant,
     /// A write, pending for hot-key coalescing and the near cache until
@@ -62,7 +63,7 @@ impl Entry {
             topology,
             work: Work::Ready(Bytes::from_static(reply)),
             sent: true,
-            reserved: 0,
+            reserved: Reservation::default(),
             started: Instant::now(),
             hot: None,
             shadow: None,
@@ -90,7 +91,7 @@ pub(super) enum Work {
         /// Sub-requests sent (or joined) and not yet absorbed.
         in_flight: InFlight,
         /// Value bytes the plan holds, counted as owed.
-        held: usize,
+        held: Reservation,
     },
     /// A command on a moved key (hand-off), one step at a time.
     Moved(Box<MovedWork>),
@@ -335,7 +336,7 @@ impl Work {
 pub(super) struct Earlier<'a> {
     /// The entries before the one being dispatched.
     pub(super) entries: super::fifo::Before<'a, Entry>,
-    pub(super) unanswered: &'a [(ServerSlots, usize)],
+    pub(super) unanswered: &'a [(ServerSlots, Reservation)],
     pub(super) current: &'a [SubInFlight],
 }
 
@@ -370,8 +371,8 @@ pub(super) struct SubInFlight {
     pub(super) id: u32,
     pub(super) server: usize,
     pub(super) slot: Rc<Slot>,
-    /// Reply bytes reserved for it.
-    pub(super) cost: usize,
+    /// Reply bytes reserved for it, given back when it leaves the list.
+    pub(super) _reserved: Reservation,
 }
 
 /// One server's one-line reply to wait for.
