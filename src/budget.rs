@@ -11,11 +11,15 @@
 
 use std::cell::Cell;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// One worker's bound on the reply bytes its clients are owed.
 #[derive(Debug)]
 pub(crate) struct WorkerBudget {
-    owed: Cell<usize>,
+    /// Written only by the worker's thread (a plain load and store, no
+    /// read-modify-write); read by `stats` and `/metrics` from any thread.
+    owed: Arc<AtomicUsize>,
     limit: usize,
 }
 
@@ -23,29 +27,35 @@ impl WorkerBudget {
     /// A worker's budget of `limit` bytes (its share of `max_buffer_bytes`).
     pub(crate) fn new(limit: usize) -> WorkerBudget {
         WorkerBudget {
-            owed: Cell::new(0),
+            owed: Arc::default(),
             limit,
         }
     }
 
     /// Bytes every client of the worker is owed now.
     pub(crate) fn owed(&self) -> usize {
-        self.owed.get()
+        self.owed.load(Ordering::Relaxed)
+    }
+
+    /// The count [`owed`](Self::owed) reads, for the process's figures.
+    pub(crate) fn published(&self) -> &Arc<AtomicUsize> {
+        &self.owed
     }
 
     fn room(&self) -> usize {
-        self.limit.saturating_sub(self.owed.get())
+        self.limit.saturating_sub(self.owed())
     }
 
     fn add(&self, bytes: usize) {
-        self.owed.set(self.owed.get() + bytes);
+        self.owed.store(self.owed() + bytes, Ordering::Relaxed);
     }
 
     fn sub(&self, bytes: usize) {
         // Every byte subtracted was added by the same reservation or queue
         // count: going below zero would be a bookkeeping bug.
-        debug_assert!(bytes <= self.owed.get(), "worker budget underflow");
-        self.owed.set(self.owed.get().saturating_sub(bytes));
+        debug_assert!(bytes <= self.owed(), "worker budget underflow");
+        self.owed
+            .store(self.owed().saturating_sub(bytes), Ordering::Relaxed);
     }
 }
 

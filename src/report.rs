@@ -61,6 +61,7 @@ pub(crate) fn write_stats(out: &mut BytesMut, stats: &Stats, layout: &Layout) {
     write_stat(out, "rusage_system", &seconds(cpu.system_micros));
     write_stat(out, "curr_connections", &stats.curr_connections());
     write_stat(out, "total_connections", &stats.total_connections());
+    write_stat(out, "reply_bytes_owed", &stats.reply_bytes_owed());
     write_stat(out, "cmd_get", &stats.keys_requested());
     let set_count: u64 = Command::ALL
         .iter()

@@ -72,6 +72,8 @@ impl WorkerCtx {
         budget: usize,
         hot: Rc<HotWorker>,
     ) -> WorkerCtx {
+        let budget = Rc::new(crate::budget::WorkerBudget::new(budget));
+        stats.publish_reply_owed(budget.published());
         WorkerCtx {
             latency: stats.latency_writer(),
             layout,
@@ -82,7 +84,7 @@ impl WorkerCtx {
             drain: CancellationToken::new(),
             conn_tasks: TaskTracker::new(),
             checks: TaskTracker::new(),
-            budget: Rc::new(crate::budget::WorkerBudget::new(budget)),
+            budget,
             hot,
             clock: Rc::new(crate::clock::TurnClock::new()),
             shadow: Rc::default(),

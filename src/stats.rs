@@ -8,6 +8,8 @@
 //! every other module may count without an import loop. The `stats` reply is
 //! rendered in `report.rs`.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use prometheus_client::collector::Collector;
@@ -16,7 +18,7 @@ use prometheus_client::encoding::{
 };
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
 
 use crate::latency::{LatencyWriter, PartedHistogram};
@@ -326,6 +328,8 @@ struct CasCounters {
 pub struct Stats {
     started: Instant,
     registry: Registry,
+    /// Each worker's reply bytes owed to its clients.
+    reply_owed: Arc<OwedParts>,
     curr_connections: Gauge,
     total_connections: Counter,
     commands: Vec<Counter>,
@@ -502,6 +506,8 @@ impl Stats {
             badval: cas_result("badval"),
         };
         registry.register_collector(Box::new(ProcessCpu));
+        let reply_owed = Arc::new(OwedParts::default());
+        registry.register_collector(Box::new(ReplyBytesOwed(reply_owed.clone())));
         let bytes_read = counter(
             &mut registry,
             "client_read_bytes",
@@ -753,6 +759,7 @@ impl Stats {
             hot_key_rate,
             hot_key_share,
             started: Instant::now(),
+            reply_owed,
             replica_background,
             handoff_reads,
             handoff_hits,
@@ -798,6 +805,20 @@ impl Stats {
     pub fn client_connected(&self) {
         self.total_connections.inc();
         self.curr_connections.inc();
+    }
+
+    /// Counts `part` (one worker's reply bytes owed, which only that worker
+    /// writes) in [`Stats::reply_bytes_owed`] for as long as the worker
+    /// keeps it.
+    pub fn publish_reply_owed(&self, part: &Arc<AtomicUsize>) {
+        self.reply_owed.add(part);
+    }
+
+    /// Reply bytes memring's clients are owed now, over every worker:
+    /// reserved for requests in flight, held for values not yet at a
+    /// client's head, and queued to write (what `max_buffer_bytes` bounds).
+    pub fn reply_bytes_owed(&self) -> u64 {
+        self.reply_owed.sum()
     }
 
     /// A client disconnected.
@@ -1325,6 +1346,52 @@ fn cpu_of_proc_stat(stat: &str) -> Option<CpuTime> {
         user_micros: micros()?,
         system_micros: micros()?,
     })
+}
+
+/// The workers' counts of reply bytes owed, summed when read (per `stats`
+/// and per scrape), so that a request only writes its own worker's count.
+#[derive(Debug, Default)]
+struct OwedParts(Mutex<Vec<Weak<AtomicUsize>>>);
+
+impl OwedParts {
+    fn add(&self, part: &Arc<AtomicUsize>) {
+        let mut parts = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Workers that ended let go of theirs.
+        parts.retain(|part| part.strong_count() > 0);
+        parts.push(Arc::downgrade(part));
+    }
+
+    fn sum(&self) -> u64 {
+        let parts = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        parts
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|part| part.load(Ordering::Relaxed) as u64)
+            .sum()
+    }
+}
+
+/// `memring_client_reply_bytes_owed`, summed at each scrape.
+#[derive(Debug)]
+struct ReplyBytesOwed(Arc<OwedParts>);
+
+impl Collector for ReplyBytesOwed {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let gauge = ConstGauge::new(self.0.sum() as i64);
+        let metric = encoder.encode_descriptor(
+            "client_reply_bytes_owed",
+            "Reply bytes memring's clients are owed now: reserved for requests in flight, held and queued to write (bounded by max_buffer_bytes)",
+            None,
+            gauge.metric_type(),
+        )?;
+        gauge.encode(metric)
+    }
 }
 
 /// `memring_cpu_seconds_total{mode}`, read from `/proc` at each scrape.

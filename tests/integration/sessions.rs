@@ -1,7 +1,7 @@
 //! Client sessions: per-client ordering across several backend connections,
 //! many concurrent clients, routing by the ring, and connection handling.
 
-use crate::common::{show, wait_for, Memcached, Proxy};
+use crate::common::{parse_single_value, show, wait_for, Memcached, Proxy};
 use memring::protocol::ReplyKind;
 use memring::ring::Ring;
 use std::io::{Read, Write};
@@ -293,4 +293,60 @@ fn quiet_meta_misses_over_four_servers_always_reach_their_mn() {
         started.elapsed()
     );
     assert_eq!(show(&before), "");
+}
+
+/// Reply bytes a client is owed are reserved from the reply budget and go
+/// back with the request that reserved them, whatever ends it: values a
+/// client never reads (some of them coalesced, `big` turns hot), quiet meta
+/// gets, and a get still waiting on a stopped server all leave nothing
+/// owed once their clients are gone, and memring serves on in full.
+#[test]
+fn clients_that_leave_owing_replies_leave_no_reply_bytes_owed() {
+    const VALUE_BYTES: usize = 100 * 1024;
+    const HOGS: usize = 3;
+    let mut server = Memcached::start();
+    let proxy = Proxy::start(&[&server], "max_client_buffer_bytes = 1048576");
+    let mut admin = proxy.client();
+    let value = vec![b'v'; VALUE_BYTES];
+    assert_eq!(admin.set("big", &value), b"STORED\r\n");
+    assert_eq!(admin.stat("reply_bytes_owed"), 0);
+
+    // 30 MB of replies each, far more than socket buffers take.
+    let hogs: Vec<std::net::TcpStream> = (0..HOGS)
+        .map(|_| {
+            let mut hog = std::net::TcpStream::connect(proxy.addr).expect("connect");
+            hog.write_all(&b"get big\r\n".repeat(300))
+                .expect("requests fit");
+            hog
+        })
+        .collect();
+    let mut owed = 0;
+    wait_for("the hogs' replies to be owed", || {
+        owed = admin.stat("reply_bytes_owed");
+        owed >= (HOGS * VALUE_BYTES) as u64
+    });
+    // Each hog is held near its 1 MiB bound (one reply may pass it).
+    assert!(owed <= (HOGS * 2 * 1024 * 1024) as u64, "owed {owed}");
+    drop(hogs);
+    wait_for("the hogs' reservations to be given back", || {
+        admin.stat("reply_bytes_owed") == 0
+    });
+
+    server.pause();
+    let mut waiting = proxy.client();
+    waiting.send(b"get big\r\nmg big v q\r\nmg absent v q\r\nmn\r\n");
+    wait_for("the waiting client's reservations", || {
+        admin.stat("reply_bytes_owed") > 0
+    });
+    drop(waiting);
+    // The server stays stopped: its requests end by timing out.
+    wait_for("the waiting client's reservations to be given back", || {
+        admin.stat("reply_bytes_owed") == 0
+    });
+    server.resume();
+    // Until its health recovers, the resumed server's requests may still
+    // fail fast with `SERVER_ERROR`.
+    wait_for("memring to serve the value again", || {
+        parse_single_value(&admin.get_raw("big")) == Some(Some(value.clone()))
+    });
 }
