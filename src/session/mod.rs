@@ -377,23 +377,45 @@ impl ClientSession {
         &mut self,
         key: Option<impl FnOnce() -> K>,
     ) -> (Arc<Topology>, Option<u64>) {
-        if let TurnTopology::Fixed { topology, .. } = &self.turn_topology {
+        if let Some(topology) = self.turn_fixed() {
             return (topology.clone(), None);
         }
-        let layout = self.worker.layout.load();
+        self.worker
+            .layout
+            .load()
+            .topology_for(self.bound.as_ref(), key)
+    }
+
+    /// The topology every request of this turn is planned on, loaded by
+    /// the first to ask; `None` when the routes choose one per key.
+    fn turn_fixed(&mut self) -> Option<&Arc<Topology>> {
         if let TurnTopology::NotLoaded = self.turn_topology {
-            match layout.fixed_topology(self.bound.as_ref()) {
-                Some(topology) => {
-                    self.turn_topology = TurnTopology::Fixed {
-                        topology: topology.clone(),
-                        shadowed: layout.shadowed(),
-                    };
-                    return (topology, None);
-                }
-                None => self.turn_topology = TurnTopology::Routed,
+            let layout = self.worker.layout.load();
+            self.turn_topology = match layout.fixed_topology(self.bound.as_ref()) {
+                Some(topology) => TurnTopology::Fixed {
+                    topology,
+                    shadowed: layout.shadowed(),
+                },
+                None => TurnTopology::Routed,
+            };
+        }
+        match &self.turn_topology {
+            TurnTopology::Fixed { topology, .. } => Some(topology),
+            _ => None,
+        }
+    }
+
+    /// The limits requests are parsed with: the default pool's. A client
+    /// of no pool's own listener whose keys no route splits plans on the
+    /// default pool, so its turn's topology gives them without a load of
+    /// their own.
+    fn default_limits(&mut self) -> Limits {
+        if self.bound.is_none() {
+            if let Some(topology) = self.turn_fixed() {
+                return topology.limits();
             }
         }
-        layout.topology_for(self.bound.as_ref(), key)
+        self.worker.default_topology().limits()
     }
 
     /// The session is about to wait: the next turn loads its topology
@@ -448,7 +470,7 @@ impl ClientSession {
         }
         // Limits may change with a reload or when servers report their item
         // size; a copy is taken, no guard is held.
-        self.limits = self.worker.default_topology().limits();
+        self.limits = self.default_limits();
         while !self.closing && self.entries.len() < self.worker.settings.max_pending {
             if self.discard > 0 {
                 let n = self.discard.min(input.len());
