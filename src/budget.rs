@@ -147,11 +147,12 @@ impl ClientBudget {
     }
 
     /// Makes `reservation` hold exactly `bytes`, growing or giving back;
-    /// an empty one is tied to this client first.
+    /// one not taken yet is taken from this client once it holds bytes.
     pub(crate) fn resize(&self, reservation: &mut Reservation, bytes: usize) {
         match &reservation.held {
             Some(_) => reservation.resize(bytes),
-            None => *reservation = self.reserve(bytes),
+            None if bytes > 0 => *reservation = self.reserve(bytes),
+            None => {}
         }
     }
 
@@ -197,6 +198,9 @@ impl Reservation {
     /// Holds `bytes` from now on (taking more or giving some back). Does
     /// nothing on a reservation not taken: see [`ClientBudget::resize`].
     pub(crate) fn resize(&mut self, bytes: usize) {
+        if bytes == self.bytes {
+            return;
+        }
         if let Some(held) = &self.held {
             if bytes > self.bytes {
                 held.add(bytes - self.bytes);
@@ -269,6 +273,8 @@ mod tests {
         assert!(!held.is_taken());
         held.resize(30);
         assert_eq!(worker.owed(), 0, "one not taken holds nothing");
+        client.resize(&mut held, 0);
+        assert!(!held.is_taken(), "nothing to hold: nothing taken");
         client.resize(&mut held, 30);
         assert_eq!((client.owed(), worker.owed()), (30, 30));
         held.resize(45);

@@ -47,8 +47,10 @@ impl ClientSession {
             Work::Meta(meta) => self.dispatch_meta(e, meta),
             Work::Moved(moved) => self.dispatch_moved(e, moved),
             Work::Retrieve {
-                plan, in_flight, ..
-            } => self.dispatch_retrieve(topology, plan, in_flight, before),
+                plan,
+                in_flight,
+                owed,
+            } => self.dispatch_retrieve(topology, plan, in_flight, owed, before),
         }
     }
 
@@ -293,6 +295,7 @@ impl ClientSession {
         topology: &Arc<Topology>,
         plan: &mut route::Retrieval,
         in_flight: &mut InFlight,
+        owed: &mut Reservation,
         before: Before<'_, Entry>,
     ) -> bool {
         while plan.has_unsent() {
@@ -305,8 +308,9 @@ impl ClientSession {
                 return false;
             }
             for sub in plan.next_chunk(keys, &mut self.lines) {
-                // Sized to the room asked for above.
-                let cost = self.budget.reserve(sub.keys.max(1) * estimate);
+                // Sized to the room asked for above; reserved with the
+                // chunk, below.
+                let cost = sub.keys.max(1) * estimate;
                 let backend = &topology.backends[sub.server];
                 let slot = spares::slot(&self.wake);
                 let conn = self.worker.conn(backend, self.lane);
@@ -326,7 +330,7 @@ impl ClientSession {
                             id: sub.id,
                             server: sub.server,
                             slot,
-                            _reserved: cost,
+                            cost,
                         });
                         continue;
                     }
@@ -354,7 +358,7 @@ impl ClientSession {
                             id: sub.id,
                             server: sub.server,
                             slot,
-                            _reserved: cost,
+                            cost,
                         });
                     }
                     Err(kind) => {
@@ -362,6 +366,7 @@ impl ClientSession {
                     }
                 }
             }
+            self.budget.resize(owed, retrieval_owed(in_flight, plan));
         }
         // Read-through hits go to their new owner before any later
         // request of this client.
@@ -637,7 +642,7 @@ impl ClientSession {
             Work::Retrieve {
                 plan,
                 in_flight,
-                held,
+                owed,
             } => {
                 let mut i = 0;
                 while i < in_flight.len() {
@@ -648,7 +653,6 @@ impl ClientSession {
                     match sub.slot.outcome() {
                         Some(result) => {
                             plan.on_done(sub.id, result);
-                            // Its reservation drops here.
                             spares::keep_slot(in_flight.remove(i).slot);
                         }
                         None => i += 1,
@@ -660,8 +664,9 @@ impl ClientSession {
                     // Every key missed (as for a meta miss above).
                     estimate = Some(MIN_ESTIMATE_BYTES);
                 }
-                // Values waiting for earlier keys stay owed.
-                self.budget.resize(held, plan.held_bytes());
+                // Answered sub-requests give their estimate back; values
+                // waiting for earlier keys stay owed.
+                self.budget.resize(owed, retrieval_owed(in_flight, plan));
             }
             Work::Moved(_) => {}
             Work::Ready(_) | Work::Stats => {}
@@ -877,7 +882,7 @@ impl ClientSession {
             }
             Work::Retrieve {
                 plan,
-                held,
+                owed,
                 in_flight,
             } => {
                 if plan.has_unsent() || !in_flight.is_empty() || !plan.emit(&mut self.out) {
@@ -891,7 +896,7 @@ impl ClientSession {
                 entry.topology.figures.retrieval(keys, hits);
                 let (reads, found) = plan.read_through();
                 stats.read_through(reads, found);
-                *held = Reservation::default();
+                *owed = Reservation::default();
             }
         }
         true

@@ -619,11 +619,16 @@ impl ClientSession {
             let complete = entries.head().is_some_and(|(entry, dispatched)| {
                 let complete = dispatched && self.finish(entry);
                 if !complete {
-                    if let Work::Retrieve { plan, held, .. } = &mut entry.work {
+                    if let Work::Retrieve {
+                        plan,
+                        in_flight,
+                        owed,
+                    } = &mut entry.work
+                    {
                         // The head streams: its values go out as they arrive
                         // (the END only when `finish` says it is complete).
                         plan.emit_values(&mut self.out);
-                        self.budget.resize(held, plan.held_bytes());
+                        self.budget.resize(owed, retrieval_owed(in_flight, plan));
                     }
                 }
                 complete

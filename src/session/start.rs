@@ -199,7 +199,7 @@ impl ClientSession {
             Plan::Retrieve(retrieval) => Work::Retrieve {
                 plan: retrieval,
                 in_flight: spares::in_flight(),
-                held: Reservation::default(),
+                owed: Reservation::default(),
             },
             Plan::Key(Placement::Moved {
                 owner,

@@ -90,8 +90,10 @@ pub(super) enum Work {
         plan: Box<Retrieval>,
         /// Sub-requests sent (or joined) and not yet absorbed.
         in_flight: InFlight,
-        /// Value bytes the plan holds, counted as owed.
-        held: Reservation,
+        /// Reply bytes reserved for the sub-requests in flight and held
+        /// for values the plan keeps until the keys before them are
+        /// answered (see [`retrieval_owed`]).
+        owed: Reservation,
     },
     /// A command on a moved key (hand-off), one step at a time.
     Moved(Box<MovedWork>),
@@ -366,13 +368,20 @@ pub(super) type InFlight = SmallVec<[SubInFlight; 2]>;
 
 pub(super) type ServerSlots = SmallVec<[(usize, Rc<Slot>); 1]>;
 
+/// What a retrieval is owed now: the estimate for each sub-request still in
+/// flight and the values its plan holds. One reservation covers both, so a
+/// retrieval over many servers takes one, not one per server.
+pub(super) fn retrieval_owed(in_flight: &InFlight, plan: &Retrieval) -> usize {
+    in_flight.iter().map(|sub| sub.cost).sum::<usize>() + plan.held_bytes()
+}
+
 /// A retrieval's sub-request in flight.
 pub(super) struct SubInFlight {
     pub(super) id: u32,
     pub(super) server: usize,
     pub(super) slot: Rc<Slot>,
-    /// Reply bytes reserved for it, given back when it leaves the list.
-    pub(super) _reserved: Reservation,
+    /// Reply bytes reserved for it, within its retrieval's reservation.
+    pub(super) cost: usize,
 }
 
 /// One server's one-line reply to wait for.
