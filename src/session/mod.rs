@@ -178,11 +178,31 @@ where
                 break;
             }
         }
+        client.out.seal();
+        if client.out.has_remaining() {
+            // A reply usually fits the socket at once: write it in this turn
+            // rather than in one more pass of the loop just for the write.
+            // The select below waits for whatever this leaves.
+            match write_now(&mut writer, &mut client.out).await {
+                Some(Ok(Some(n))) => {
+                    worker.stats.written_bytes(n);
+                    progress.wrote(now);
+                    unflushed = W::BUFFERS;
+                    // What was written left the budget: entries it held
+                    // back may go now, and nothing else may wake the loop
+                    // for them (their client waits for their replies).
+                    if !client.entries.all_dispatched() {
+                        continue;
+                    }
+                }
+                Some(Ok(None)) | None => {}
+                Some(Err(e)) => break Err(e),
+            }
+        }
         client.count_out();
         if client.out.is_empty() {
             progress.wrote(now);
         }
-        client.out.seal();
         if client.closing && client.entries.is_empty() && client.out.is_empty() {
             break linger(&mut reader, &mut writer).await;
         }
@@ -268,6 +288,22 @@ async fn linger(
             () = tokio::time::sleep_until(deadline) => return Ok(()),
         }
     }
+}
+
+/// One attempt to write `out` without waiting: `None` when the socket takes
+/// nothing now (the attempt registered for its readiness, as a select arm
+/// would).
+async fn write_now<W: crate::tls::Flush>(
+    writer: &mut W,
+    out: &mut OutQueue,
+) -> Option<io::Result<Option<usize>>> {
+    let write = crate::tls::write_or_flush(writer, out);
+    tokio::pin!(write);
+    std::future::poll_fn(|cx| match std::future::Future::poll(write.as_mut(), cx) {
+        std::task::Poll::Ready(written) => std::task::Poll::Ready(Some(written)),
+        std::task::Poll::Pending => std::task::Poll::Ready(None),
+    })
+    .await
 }
 
 /// `timer`, moved to `deadline` when that differs, else never.
