@@ -308,11 +308,14 @@ pub fn next_piece(
 /// line that equals `key`.
 fn find_key(request: &[u8], from: usize, key: &[u8]) -> Option<usize> {
     // The line ends at its CR, LF or NUL (memcached reads it as a C string).
-    let line_end = request
-        .iter()
-        .position(|&b| matches!(b, b'\r' | b'\n' | 0))
-        .unwrap_or(request.len());
-    let mut at = from.min(line_end);
+    // `from` is within the line (just past an earlier key) or at its start,
+    // so the end is looked for from there: a multi-key get asks this once
+    // per value, and scanning its whole line each time cost more than the
+    // rest of framing the value.
+    let from = from.min(request.len());
+    let line_end =
+        memchr::memchr3(b'\r', b'\n', 0, &request[from..]).map_or(request.len(), |i| from + i);
+    let mut at = from;
     while at < line_end {
         while at < line_end && request[at] == b' ' {
             at += 1;
@@ -640,6 +643,31 @@ mod tests {
             pieces(twice, get(b"get a\r\n")),
             Err(ReplyError::KeyNotRequested)
         );
+    }
+
+    #[test]
+    fn a_key_past_the_end_of_the_line_is_never_requested() {
+        // memcached reads the line as a C string: it ends at a NUL too.
+        let request = get(b"get a\0b c\r\n");
+        assert_eq!(
+            pieces(
+                b"VALUE a 0 1\r\nx\r\nVALUE b 0 1\r\ny\r\nEND\r\n",
+                request.clone()
+            ),
+            Err(ReplyError::KeyNotRequested),
+            "looked for from just past `a`"
+        );
+        assert_eq!(
+            pieces(b"VALUE c 0 1\r\ny\r\nEND\r\n", request),
+            Err(ReplyError::KeyNotRequested)
+        );
+        let ten = get(b"get k0 k1 k2 k3 k4 k5 k6 k7 k8 k9\r\n");
+        let mut reply = Vec::new();
+        for i in [0, 3, 4, 9] {
+            reply.extend_from_slice(format!("VALUE k{i} 0 1\r\nx\r\n").as_bytes());
+        }
+        reply.extend_from_slice(b"END\r\n");
+        assert_eq!(pieces(&reply, ten).unwrap().len(), 5);
     }
 
     #[test]
