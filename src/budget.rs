@@ -196,8 +196,9 @@ impl Reservation {
     }
 
     /// Holds `bytes` from now on (taking more or giving some back). Does
-    /// nothing on a reservation not taken: see [`ClientBudget::resize`].
-    pub(crate) fn resize(&mut self, bytes: usize) {
+    /// nothing on a reservation not taken, so callers outside this module
+    /// go through [`ClientBudget::resize`], which takes it first.
+    fn resize(&mut self, bytes: usize) {
         if bytes == self.bytes {
             return;
         }
