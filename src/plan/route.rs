@@ -26,7 +26,7 @@ use crate::plan::placement::{place, HealthView, KeyKind, KeyOp, Placement, Serve
 use crate::protocol::encode::ReplyWriter;
 use crate::protocol::meta::{MetaCommand, MetaRequest};
 use crate::protocol::reply::Got;
-use crate::protocol::request::{Keys, Span};
+use crate::protocol::request::Span;
 use crate::protocol::{Command, Request};
 use crate::recycled::RecycledBuf;
 use crate::topology::Topology;
@@ -104,9 +104,10 @@ impl Reuse {
     }
 
     /// Keeps `retrieval`'s storage for a later one (up to `most` are
-    /// kept); what it holds of the request and its replies goes now.
-    pub(crate) fn keep(&mut self, mut retrieval: Box<Retrieval>, most: usize) {
-        if self.retrievals.len() < most {
+    /// kept, each with room for at most `keys` keys: a long multi-get's
+    /// lists go); what it holds of the request and its replies goes now.
+    pub(crate) fn keep(&mut self, mut retrieval: Box<Retrieval>, most: usize, keys: usize) {
+        if self.retrievals.len() < most && retrieval.room() <= keys {
             retrieval.clear();
             self.retrievals.push(retrieval);
         }
@@ -297,23 +298,23 @@ pub(crate) struct SubRequest {
 pub(crate) struct Retrieval {
     command: Command,
     bytes: Bytes,
-    keys: Keys,
+    keys: Vec<Span>,
     exptime: Option<Span>,
     /// Per key, the servers to ask in order (owner first, healthy first);
     /// one entry per key without replicas.
-    candidates: SmallVec<[Servers; 1]>,
+    candidates: Vec<Servers>,
     /// Per key, its xxh3 hash when the ring placed it by that (for hot-key
     /// counting); empty otherwise.
-    hashes: SmallVec<[u64; 1]>,
+    hashes: Vec<u64>,
     /// Which candidate each key is on.
-    round: SmallVec<[u8; 8]>,
+    round: Vec<u8>,
     fall_through_on_miss: bool,
-    state: SmallVec<[KeyState; 1]>,
+    state: Vec<KeyState>,
     /// Keys before this index have been sent at least once.
     next_unsent: usize,
     /// Keys to be asked of their next replica.
     retry: VecDeque<u32>,
-    subs: SmallVec<[Sub; 1]>,
+    subs: Vec<Sub>,
     /// Empty key lists of earlier subs that outgrew their inline room, for
     /// the next ones.
     spare_sub_keys: Vec<SmallVec<[u32; 8]>>,
@@ -331,7 +332,7 @@ pub(crate) struct Retrieval {
     /// Per key, the index in its candidates from which they are previous
     /// owners (`NOT_MOVED`: none): a value found there is read through and
     /// copied to the first candidate (the new owner).
-    previous_from: SmallVec<[u8; 8]>,
+    previous_from: Vec<u8>,
     /// Copies to send to new owners (`add` lines), each checked once it
     /// has landed.
     copies: Vec<crate::plan::handoff::ReadCopy>,
@@ -365,16 +366,16 @@ impl Default for Retrieval {
         Retrieval {
             command: Command::Get,
             bytes: Bytes::new(),
-            keys: Keys::new(),
+            keys: Vec::new(),
             exptime: None,
-            candidates: SmallVec::new(),
-            hashes: SmallVec::new(),
-            round: SmallVec::new(),
+            candidates: Vec::new(),
+            hashes: Vec::new(),
+            round: Vec::new(),
             fall_through_on_miss: false,
-            state: SmallVec::new(),
+            state: Vec::new(),
             next_unsent: 0,
             retry: VecDeque::new(),
-            subs: SmallVec::new(),
+            subs: Vec::new(),
             spare_sub_keys: Vec::new(),
             next_emit: 0,
             values_written: 0,
@@ -383,7 +384,7 @@ impl Default for Retrieval {
             held: 0,
             largest_block: 0,
             handoff: false,
-            previous_from: SmallVec::new(),
+            previous_from: Vec::new(),
             copies: Vec::new(),
             read_through: (0, 0),
             split: Split::Whole,
@@ -486,7 +487,7 @@ impl Retrieval {
     pub(crate) fn with_candidates(
         request: &Request,
         bytes: Bytes,
-        candidates: SmallVec<[Servers; 1]>,
+        candidates: Vec<Servers>,
         fall_through_on_miss: bool,
     ) -> Retrieval {
         let mut retrieval = Retrieval::default();
@@ -521,6 +522,14 @@ impl Retrieval {
             self.round.push(0);
             self.state.push(KeyState::Unsent);
         }
+    }
+
+    /// How many keys the per-key lists have room for.
+    fn room(&self) -> usize {
+        self.keys
+            .capacity()
+            .max(self.candidates.capacity())
+            .max(self.state.capacity())
     }
 
     /// Lets go of the request and its replies; the lists keep their
@@ -1305,7 +1314,7 @@ mod tests {
                 assert!((start..start + 64).contains(&at), "round {round}");
             }
             drop(subs);
-            reuse.keep(r, 1);
+            reuse.keep(r, 1, 256);
         }
     }
 
@@ -1324,11 +1333,28 @@ mod tests {
                 keys.as_ptr(),
                 "round {round}"
             );
-            reuse.keep(r, 1);
+            reuse.keep(r, 1, 256);
             // Takes a list of that size the allocator may have just got
             // back, so that a new one would be elsewhere.
             decoys.push(Vec::<u32>::with_capacity(10));
         }
+    }
+
+    #[test]
+    fn a_retrieval_with_room_for_more_keys_than_asked_is_not_kept() {
+        let mut reuse = Reuse::default();
+        let mut line = b"get".to_vec();
+        for i in 0..20 {
+            line.extend(format!(" k{i}").as_bytes());
+        }
+        line.extend(b"\r\n");
+        let line: &'static [u8] = Vec::leak(line);
+        let long = planned_in(&mut reuse, line, &[0; 20]);
+        reuse.keep(long, 4, 10);
+        assert!(reuse.retrievals.is_empty(), "room for 20 keys, 10 allowed");
+        let short = planned_in(&mut reuse, b"get a b\r\n", &[0; 2]);
+        reuse.keep(short, 4, 10);
+        assert_eq!(reuse.retrievals.len(), 1);
     }
 
     #[test]
@@ -1343,7 +1369,7 @@ mod tests {
         kept.on_piece(subs[0].id, value("c", "3"), 0);
         kept.on_done(subs[1].id, Err(failed("s0")));
         let mut reuse = Reuse::default();
-        reuse.keep(kept, 1);
+        reuse.keep(kept, 1, 256);
         let mut again = reuse.retrievals.pop().unwrap();
         assert_eq!(again.held_bytes(), 0);
         assert!(!again.has_unsent());
@@ -1393,7 +1419,7 @@ mod tests {
         line.extend(b"\r\n");
         let bytes = Bytes::from(line);
         let (request, _) = parse_request(&bytes, &Limits::default()).unwrap().unwrap();
-        let candidates = smallvec::smallvec![Servers::from_slice(&[0]); 3000];
+        let candidates = vec![Servers::from_slice(&[0]); 3000];
         let mut r = Retrieval::with_candidates(&request, bytes, candidates, false);
         let mut keys = 0;
         while r.has_unsent() {

@@ -17,8 +17,10 @@ use crate::plan::placement::HealthView;
 /// have in flight together.
 const KEEP: usize = 1024;
 
-/// Most retrievals a worker keeps (each may hold lists for many keys).
-const KEEP_RETRIEVALS: usize = 128;
+/// Most retrievals a worker keeps: as many as a few pipelining clients
+/// have in flight together (their per-key lists are plain vectors, so one
+/// planned in fresh storage allocates for each).
+const KEEP_RETRIEVALS: usize = 512;
 
 /// Largest key list kept (a long multi-get's lets go of its storage).
 const KEEP_KEYS_ROOM: usize = 256;
@@ -153,7 +155,7 @@ pub(super) fn keep(work: Work) {
             }
             SPARES.with(|spares| {
                 let spares = &mut *spares.borrow_mut();
-                spares.plans.keep(plan, KEEP_RETRIEVALS);
+                spares.plans.keep(plan, KEEP_RETRIEVALS, KEEP_KEYS_ROOM);
                 if in_flight.spilled()
                     && in_flight.capacity() <= KEEP_IN_FLIGHT_ROOM
                     && spares.in_flights.len() < KEEP_RETRIEVALS
