@@ -22,6 +22,7 @@
 //! - [`shard`]: what one worker owns and its sessions share (its connection
 //!   to each server, its share of the byte budget).
 //! - [`session`]: one client's I/O loop, replies in request order; its
+//!   `client` holds the client's entries and budget (no socket), its
 //!   `start` turns a request into work, its `dispatch` sends each kind of
 //!   work and turns its replies into the client's reply.
 //! - [`server`]: start-up, accept loop, connection limit, shutdown and drain.

@@ -1,8 +1,14 @@
 //! What each kind of work sends, and how its replies become the client's
-//! reply: the per-`Work` half of the session, beside the I/O loop in
-//! `session/mod.rs`.
+//! reply: the per-`Work` half of the client (`client.rs`), beside the I/O
+//! loop in `session/mod.rs`.
 
 use super::*;
+
+/// Smallest reply size assumed for a key not yet answered.
+const MIN_ESTIMATE_BYTES: usize = 1024;
+
+/// What a one-line reply is assumed to cost.
+const LINE_REPLY_BYTES: usize = 64;
 
 /// What dispatching reads of its entry, borrowed beside the entry's work.
 struct Sending<'e> {

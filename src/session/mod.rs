@@ -1,7 +1,9 @@
 //! One client connection: read → parse → plan → dispatch → replies in request
-//! order. This file is the I/O loop, the FIFO and the byte budget; what goes
-//! where is decided by `route::plan`, turned into work (`work.rs`) by
-//! `start.rs` and sent and answered per kind of work by `dispatch.rs`.
+//! order. This file is the I/O loop only (the socket, its deadlines, the
+//! lingering close); the client's entries and byte budget, and the rounds
+//! of parsing, dispatching and collecting, are `client.rs`. What goes where
+//! is decided by `route::plan`, turned into work (`work.rs`) by `start.rs`
+//! and sent and answered per kind of work by `dispatch.rs`.
 //!
 //! Requests are parsed as they arrive and each becomes an entry in the
 //! client's FIFO; entries are dispatched strictly in order (a later request
@@ -51,6 +53,7 @@ use crate::shard::WorkerCtx;
 use crate::topology::{SharedTopology, Topology};
 use crate::wake::{Cancel, Wake};
 
+mod client;
 mod copy_check;
 mod deadline;
 mod dispatch;
@@ -63,6 +66,7 @@ mod work;
 
 use crate::budget::{ClientBudget, Reservation};
 use crate::recycled::RecycledBuf;
+use client::{ClientSession, TurnTopology};
 use deadline::{Progress, Waiting};
 use fifo::{Before, Fifo};
 use work::*;
@@ -89,18 +93,11 @@ const BOUNDARY_ROOM_BYTES: usize = 32 * 1024;
 /// First read buffer of a client: small, so that thousands of idle clients
 /// cost little; it grows while a client sends more.
 const FIRST_READ_BYTES: usize = 2 * 1024;
-/// First buffer for the sub-request lines a session builds: allocated at its
-/// first multi-key get that goes to several servers.
-const SUB_LINES_BYTES: usize = 1024;
 /// Room kept free before each read.
 const MIN_READ_ROOM_BYTES: usize = 512;
-/// Smallest reply size assumed for a key not yet answered.
-const MIN_ESTIMATE_BYTES: usize = 1024;
 /// How long a closing session keeps reading (and dropping) what its client
 /// still sends after memring's last reply, so that closing sends no reset.
 const LINGER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
-/// What a one-line reply is assumed to cost.
-const LINE_REPLY_BYTES: usize = 64;
 
 /// Serves one client until it quits, disconnects, sends an unrecoverable line,
 /// stops reading its replies, or shutdown is requested.
@@ -316,383 +313,6 @@ async fn until(mut timer: std::pin::Pin<&mut tokio::time::Sleep>, deadline: Opti
             timer.await
         }
         None => std::future::pending().await,
-    }
-}
-
-struct ClientSession {
-    /// Which connection of each server this client uses: always the same
-    /// one, so its commands reach each server in the order sent.
-    lane: usize,
-    worker: Rc<WorkerCtx>,
-    /// Woken by every reply slot of this client.
-    wake: Rc<Wake>,
-    /// The client's requests, dispatched and answered in arrival order.
-    entries: Fifo<Entry>,
-    out: OutQueue,
-    /// Where sub-request lines of multi-key gets that go to several servers
-    /// are built (see `Retrieval::next_chunk`).
-    lines: RecycledBuf,
-    /// Storage for the next multi-key get's keys, from a finished one's.
-    spare_keys: Keys,
-    /// Reply bytes reserved for requests in flight, held for entries not
-    /// yet at the head and queued to write.
-    budget: ClientBudget,
-    /// Assumed reply size of one key not yet answered: starts at the largest
-    /// value allowed and follows what this client's gets return.
-    estimate: usize,
-    /// The largest request this client sent lately, in bytes (forgotten
-    /// slowly), for the room its input buffer takes (see [`input_room`]).
-    largest_request: usize,
-    /// No more requests will be read; close once the owed replies are written.
-    closing: bool,
-    /// Bytes of a refused value still to be thrown away as they arrive.
-    discard: usize,
-    /// Request bytes of entries not yet dispatched: they count against the
-    /// budget too, or a client pipelining big `set`s would have up to
-    /// `max_pending` values held here.
-    parsed_bytes: usize,
-    /// `noreply` requests written to servers and not yet answered, with the
-    /// bytes reserved for them: without this, a client could queue writes
-    /// on a server connection faster than the server takes them. Each slot
-    /// with its server.
-    unanswered: Vec<(ServerSlots, Reservation)>,
-    limits: Limits,
-    /// A client of a pool's own `listen`: every key goes to that pool.
-    /// Otherwise the layout's routes say.
-    bound: Option<SharedTopology>,
-    /// The servers' health as this turn's plans see it.
-    health: health::TurnHealth,
-    /// The topology of this turn's requests, loaded by the first of them.
-    turn_topology: TurnTopology,
-}
-
-/// Where the requests of one turn of a session are planned.
-enum TurnTopology {
-    /// No request of this turn has asked yet.
-    NotLoaded,
-    /// Every key of this client goes to this topology's pool; `shadowed`:
-    /// the layout has a shadow pool (else no request of the turn asks).
-    Fixed {
-        topology: Arc<Topology>,
-        shadowed: bool,
-    },
-    /// The routes choose a pool per key: each request loads the layout.
-    Routed,
-}
-
-impl ClientSession {
-    fn new(id: u64, worker: Rc<WorkerCtx>, bound: Option<SharedTopology>) -> ClientSession {
-        let limits = worker.default_topology().limits();
-        let budget = ClientBudget::new(worker.budget.clone());
-        ClientSession {
-            bound,
-            lane: id as usize,
-            worker,
-            wake: Rc::new(Wake::new()),
-            entries: Fifo::default(),
-            out: OutQueue::default(),
-            lines: RecycledBuf::new(SUB_LINES_BYTES),
-            spare_keys: Keys::new(),
-            budget,
-            estimate: limits.max_value_bytes,
-            largest_request: 0,
-            closing: false,
-            discard: 0,
-            parsed_bytes: 0,
-            unanswered: Vec::new(),
-            limits,
-            health: health::TurnHealth::default(),
-            turn_topology: TurnTopology::NotLoaded,
-        }
-    }
-
-    /// The topology a request with routing key `key` is planned on, and
-    /// the gutter's TTL cap when it is a gutter (see
-    /// `Layout::topology_for`).
-    fn topology_for<K: AsRef<[u8]>>(
-        &mut self,
-        key: Option<impl FnOnce() -> K>,
-    ) -> (Arc<Topology>, Option<u64>) {
-        if let Some(topology) = self.turn_fixed() {
-            return (topology.clone(), None);
-        }
-        self.worker
-            .layout
-            .load()
-            .topology_for(self.bound.as_ref(), key)
-    }
-
-    /// The topology every request of this turn is planned on, loaded by
-    /// the first to ask; `None` when the routes choose one per key.
-    fn turn_fixed(&mut self) -> Option<&Arc<Topology>> {
-        if let TurnTopology::NotLoaded = self.turn_topology {
-            let layout = self.worker.layout.load();
-            self.turn_topology = match layout.fixed_topology(self.bound.as_ref()) {
-                Some(topology) => TurnTopology::Fixed {
-                    topology,
-                    shadowed: layout.shadowed(),
-                },
-                None => TurnTopology::Routed,
-            };
-        }
-        match &self.turn_topology {
-            TurnTopology::Fixed { topology, .. } => Some(topology),
-            _ => None,
-        }
-    }
-
-    /// The limits requests are parsed with: the default pool's. A client
-    /// of no pool's own listener whose keys no route splits plans on the
-    /// default pool, so its turn's topology gives them without a load of
-    /// their own.
-    fn default_limits(&mut self) -> Limits {
-        if self.bound.is_none() {
-            if let Some(topology) = self.turn_fixed() {
-                return topology.limits();
-            }
-        }
-        self.worker.default_topology().limits()
-    }
-
-    /// The session is about to wait: the next turn loads its topology
-    /// afresh (a reload meanwhile applies to it), and an idle client holds
-    /// no ring a reload replaced.
-    fn end_turn(&mut self) {
-        self.turn_topology = TurnTopology::NotLoaded;
-    }
-
-    /// The most reply bytes this client may be owed.
-    fn client_limit(&self) -> usize {
-        self.worker
-            .settings
-            .client_buffer_bytes
-            .unwrap_or(self.limits.max_value_bytes + crate::config::CLIENT_BUFFER_HEADROOM_BYTES)
-    }
-
-    fn can_read(&self) -> bool {
-        !self.closing
-            && self.entries.len() < self.worker.settings.max_pending
-            && self.budget.owed() + self.out.len() + self.parsed_bytes <= self.client_limit()
-    }
-
-    /// Reserves an entry's `cost` the first time it is dispatched (nothing
-    /// taken yet); false while the budget has no room for it.
-    fn reserve_once(&self, reserved: &mut Reservation, cost: impl FnOnce() -> usize) -> bool {
-        if !reserved.is_taken() {
-            match self
-                .budget
-                .try_reserve(self.client_limit(), self.out.len(), cost())
-            {
-                Some(taken) => *reserved = taken,
-                None => return false,
-            }
-        }
-        true
-    }
-
-    /// Keeps the worker's count in step with this client's write queue.
-    fn count_out(&mut self) {
-        self.budget.count_queued(self.out.len());
-    }
-
-    /// Parses every complete request in `input` into entries, up to the
-    /// pending bound.
-    fn parse(&mut self, input: &mut BytesMut) {
-        // Most turns of the loop are replies arriving: nothing to parse, and
-        // no need to load the topology for its limits (an `ArcSwap` load and
-        // an `Arc` every worker counts on).
-        if input.is_empty() {
-            return;
-        }
-        // Limits may change with a reload or when servers report their item
-        // size; a copy is taken, no guard is held.
-        self.limits = self.default_limits();
-        while !self.closing && self.entries.len() < self.worker.settings.max_pending {
-            if self.discard > 0 {
-                let n = self.discard.min(input.len());
-                input.advance(n);
-                self.discard -= n;
-                if self.discard > 0 {
-                    return;
-                }
-            }
-            if is_meta_request(input) {
-                match parse_meta(input, &self.limits) {
-                    Ok(None) => return,
-                    Ok(Some((request, consumed))) => {
-                        self.note_request_size(consumed);
-                        let bytes = input.split_to(consumed).freeze();
-                        self.start_meta(request, bytes);
-                    }
-                    Err(rejection) => {
-                        input.advance(rejection.consumed);
-                        // Meta errors are never silenced by `q`.
-                        self.reject(
-                            Some(rejection.reply()),
-                            rejection.discard,
-                            rejection.keeps_connection(),
-                        );
-                    }
-                }
-                continue;
-            }
-            match parse_request_reusing(input, &self.limits, &mut self.spare_keys) {
-                Ok(None) => return,
-                Ok(Some((request, consumed))) => {
-                    if request.keys.spilled() && !self.spare_keys.spilled() {
-                        // It took the spare (or there was none to take).
-                        self.spare_keys = spares::keys();
-                    }
-                    self.note_request_size(consumed);
-                    let bytes = input.split_to(consumed).freeze();
-                    self.start(request, bytes);
-                }
-                Err(rejection) => {
-                    input.advance(rejection.consumed);
-                    self.reject(
-                        (!rejection.silent).then(|| rejection.error.reply()),
-                        rejection.discard,
-                        rejection.error.keeps_connection(),
-                    );
-                }
-            }
-        }
-    }
-
-    fn note_request_size(&mut self, size: usize) {
-        let kept = self.largest_request - self.largest_request / 64;
-        self.largest_request = size.max(kept);
-    }
-
-    /// Answers a request the parser refused (`reply`, unless it is silent),
-    /// throws away `discard` more bytes as they come, and closes the client
-    /// once its earlier replies are written if the stream cannot be resumed.
-    fn reject(&mut self, reply: Option<&'static [u8]>, discard: usize, keeps_connection: bool) {
-        self.discard = discard;
-        if let Some(reply) = reply {
-            let (topology, _) = self.topology_for(None::<fn() -> &'static [u8]>);
-            self.push(Entry::ready(reply, topology));
-        }
-        if !keeps_connection {
-            self.closing = true;
-        }
-    }
-
-    fn push(&mut self, entry: Entry) {
-        self.parsed_bytes += entry.bytes.len();
-        self.entries.push(entry);
-    }
-
-    /// Dispatches and collects until neither makes progress. Collecting
-    /// releases budget, and a quiet reply writes nothing that would wake the
-    /// loop again: without another round here, entries held back by the
-    /// budget would wait for the client's next bytes, which a client waiting
-    /// for its `MN` never sends.
-    fn advance(&mut self) {
-        loop {
-            self.pump();
-            let (entries, owed) = (self.entries.len(), self.budget.owed());
-            self.collect();
-            let progressed = self.entries.len() < entries || self.budget.owed() < owed;
-            if !progressed || self.entries.all_dispatched() {
-                return;
-            }
-        }
-    }
-
-    /// Dispatches entries in order while the budget allows.
-    fn pump(&mut self) {
-        while let Some(index) = self.entries.next_to_dispatch() {
-            self.absorb(index);
-            let Some(bytes) = self.dispatch(index) else {
-                return;
-            };
-            self.parsed_bytes -= bytes;
-            self.entries.dispatched_one();
-        }
-    }
-
-    /// Sends what entry `index` has to send now; once it will send nothing
-    /// more, the size of its request.
-    fn dispatch(&mut self, index: usize) -> Option<usize> {
-        // The FIFO is set aside while its entry is dispatched in place, so
-        // the session can be borrowed whole; the entries before it stay
-        // readable. Dispatching never reads `self.entries`.
-        let mut entries = std::mem::take(&mut self.entries);
-        let dispatched = entries
-            .split_at(index)
-            .map(|(before, entry)| (self.dispatch_entry(entry, before), entry.bytes.len()));
-        self.entries = entries;
-        let (complete, bytes) = dispatched?;
-        complete.then_some(bytes)
-    }
-
-    /// Releases the bytes of `noreply` requests every server has answered
-    /// (their reservations drop with them).
-    fn settle(&mut self) {
-        let mut i = 0;
-        while i < self.unanswered.len() {
-            let (slots, _) = &self.unanswered[i];
-            if slots.iter().all(|(_, slot)| slot.outcome().is_some()) {
-                let (slots, _released) = self.unanswered.remove(i);
-                slots
-                    .into_iter()
-                    .for_each(|(_, slot)| spares::keep_slot(slot));
-            } else {
-                i += 1;
-            }
-        }
-    }
-
-    /// Writes the replies of the entries at the head, in order.
-    fn collect(&mut self) {
-        self.settle();
-        while !self.entries.is_empty() {
-            self.absorb(0);
-            // Set aside while the head is finished in place, as in
-            // `dispatch`; finishing never reads `self.entries`.
-            let mut entries = std::mem::take(&mut self.entries);
-            let complete = entries.head().is_some_and(|(entry, dispatched)| {
-                let complete = dispatched && self.finish(entry);
-                if !complete {
-                    if let Work::Retrieve {
-                        plan,
-                        in_flight,
-                        owed,
-                    } = &mut entry.work
-                    {
-                        // The head streams: its values go out as they arrive
-                        // (the END only when `finish` says it is complete).
-                        plan.emit_values(&mut self.out);
-                        self.budget.resize(owed, retrieval_owed(in_flight, plan));
-                    }
-                }
-                complete
-            });
-            let finished = complete.then(|| entries.pop_head()).flatten();
-            self.entries = entries;
-            let Some((entry, _)) = finished else {
-                return;
-            };
-            // Its reservation goes back as the entry drops, below.
-            // Replies memring makes itself (parse errors among them) are not
-            // request latencies.
-            if !matches!(entry.work, Work::Ready(_)) {
-                let took = self
-                    .worker
-                    .clock
-                    .now()
-                    .saturating_duration_since(entry.started);
-                self.worker.latency.observe(entry.command, took);
-            }
-            spares::keep(entry.work);
-            if entry.request.keys.spilled() {
-                spares::keep_keys(entry.request.keys);
-            }
-            if let Some(guard) = entry.hot {
-                self.worker.hot.write_done(guard);
-            }
-        }
     }
 }
 
