@@ -6,7 +6,8 @@
 //! finishes a batch only after planning all of it: a session's own spares
 //! would run dry at every batch. Only what nothing else still holds is kept
 //! (a slot a hot-key reader or a connection still has is let go), and each
-//! kind is bounded, so a worker keeps at most a few hundred KiB.
+//! kind is bounded, so a worker keeps at most a few MiB, and a few hundred
+//! KiB when its requests have one key each.
 
 use std::cell::RefCell;
 
@@ -21,6 +22,11 @@ const KEEP: usize = 1024;
 /// have in flight together (their per-key lists are plain vectors, so one
 /// planned in fresh storage allocates for each).
 const KEEP_RETRIEVALS: usize = 512;
+
+/// Most keys a kept retrieval has room for: a longer multi-get's lists go
+/// with it (it allocates per request, never per key), so kept retrievals
+/// take about 2 MiB per worker at the most, and 0.3 MiB for one-key gets.
+const KEEP_RETRIEVAL_KEYS: usize = 32;
 
 /// Largest key list kept (a long multi-get's lets go of its storage).
 const KEEP_KEYS_ROOM: usize = 256;
@@ -155,7 +161,7 @@ pub(super) fn keep(work: Work) {
             }
             SPARES.with(|spares| {
                 let spares = &mut *spares.borrow_mut();
-                spares.plans.keep(plan, KEEP_RETRIEVALS, KEEP_KEYS_ROOM);
+                spares.plans.keep(plan, KEEP_RETRIEVALS, KEEP_RETRIEVAL_KEYS);
                 if in_flight.spilled()
                     && in_flight.capacity() <= KEEP_IN_FLIGHT_ROOM
                     && spares.in_flights.len() < KEEP_RETRIEVALS
