@@ -161,7 +161,9 @@ pub(super) fn keep(work: Work) {
             }
             SPARES.with(|spares| {
                 let spares = &mut *spares.borrow_mut();
-                spares.plans.keep(plan, KEEP_RETRIEVALS, KEEP_RETRIEVAL_KEYS);
+                spares
+                    .plans
+                    .keep(plan, KEEP_RETRIEVALS, KEEP_RETRIEVAL_KEYS);
                 if in_flight.spilled()
                     && in_flight.capacity() <= KEEP_IN_FLIGHT_ROOM
                     && spares.in_flights.len() < KEEP_RETRIEVALS
