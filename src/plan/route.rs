@@ -1341,7 +1341,7 @@ mod tests {
     }
 
     #[test]
-    fn a_retrieval_with_room_for_more_keys_than_asked_is_not_kept() {
+    fn a_retrieval_with_room_for_more_keys_than_allowed_is_not_kept() {
         let mut reuse = Reuse::default();
         let mut line = b"get".to_vec();
         for i in 0..20 {

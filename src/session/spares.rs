@@ -25,7 +25,7 @@ const KEEP_RETRIEVALS: usize = 512;
 
 /// Most keys a kept retrieval has room for: a longer multi-get's lists go
 /// with it (it allocates per request, never per key), so kept retrievals
-/// take about 2 MiB per worker at the most, and 0.3 MiB for one-key gets.
+/// take about 2 MiB per worker at the most, and 0.6 MiB for one-key gets.
 const KEEP_RETRIEVAL_KEYS: usize = 32;
 
 /// Largest key list kept (a long multi-get's lets go of its storage).
