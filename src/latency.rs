@@ -100,7 +100,12 @@ impl HistogramWriter {
     /// One latency of `took`.
     #[inline]
     pub fn observe(&self, took: Duration) {
-        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.observe_nanos(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
+    }
+
+    /// One latency of `nanos` nanoseconds.
+    #[inline]
+    pub fn observe_nanos(&self, nanos: u64) {
         let bucket = &self.cells.buckets[bucket_of(nanos)];
         // One writer: no other thread changes these between load and store.
         bucket.store(bucket.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
@@ -174,10 +179,10 @@ impl LatencyWriter {
         }
     }
 
-    /// One request of `command` took `took`.
+    /// One request of `command` took `nanos` nanoseconds.
     #[inline]
-    pub fn observe(&self, command: Command, took: Duration) {
-        self.by_command[command.index()].observe(took);
+    pub fn observe(&self, command: Command, nanos: u64) {
+        self.by_command[command.index()].observe_nanos(nanos);
     }
 }
 

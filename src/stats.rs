@@ -1655,9 +1655,7 @@ mod tests {
     fn classic_text_names_counters_with_total_and_has_no_eof() {
         let stats = Stats::new();
         stats.request(Command::Get, 1);
-        stats
-            .latency_writer()
-            .observe(Command::Get, std::time::Duration::from_micros(300));
+        stats.latency_writer().observe(Command::Get, 300_000);
         let text = stats.prometheus_text();
         assert!(text.contains("# TYPE memring_client_requests_total counter\n"));
         assert!(text.contains("# HELP memring_client_requests_total "));

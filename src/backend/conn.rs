@@ -72,7 +72,9 @@ struct Waiting {
     /// asked for, to stay in step, and drops here).
     slot: Option<Rc<Slot>>,
     probe: bool,
-    queued: Instant,
+    /// When it was queued, in the worker clock's nanoseconds
+    /// (`TurnClock::nanos`), for the server's latency histogram.
+    queued: u64,
 }
 
 struct State {
@@ -163,7 +165,6 @@ impl Conn {
         if let Phase::BackingOff(kind) = state.phase {
             return Err(kind);
         }
-        let now = self.clock.now();
         if state.waiting.is_empty() {
             // The server owed nothing: its time starts now (the OS clock:
             // the turn's time may be older than the connection's last
@@ -200,7 +201,7 @@ impl Conn {
             tag,
             slot,
             probe: false,
-            queued: now,
+            queued: self.clock.nanos(),
         });
         drop(state);
         self.wake.notify();
@@ -398,7 +399,7 @@ where
             tag: None,
             slot: None,
             probe: true,
-            queued: now,
+            queued: conn.clock.nanos_at(now),
         });
     }
     shared.metrics.connections.inc();
@@ -602,6 +603,8 @@ fn deliver(
     let max_value = shared.max_reply_value();
     let mut delivered = Delivered::default();
     let mut state = conn.state.borrow_mut();
+    // `now` in the clock's nanoseconds, once a reply needs it.
+    let mut now_nanos = None;
     loop {
         let Some(front) = state.waiting.front_mut() else {
             if read_buf.is_empty() {
@@ -663,8 +666,9 @@ fn deliver(
                     continue;
                 }
                 delivered.requests += 1;
+                let now_nanos = *now_nanos.get_or_insert_with(|| conn.clock.nanos_at(now));
                 conn.latency
-                    .observe(now.saturating_duration_since(waiting.queued));
+                    .observe_nanos(now_nanos.saturating_sub(waiting.queued));
                 if let Some(slot) = waiting.slot {
                     if let (false, Some(bytes)) = (is_end, bytes) {
                         slot.push(Got::Line(bytes));

@@ -381,11 +381,7 @@ impl ClientSession {
             // Replies memring makes itself (parse errors among them) are not
             // request latencies.
             if !matches!(entry.work, Work::Ready(_)) {
-                let took = self
-                    .worker
-                    .clock
-                    .now()
-                    .saturating_duration_since(entry.started);
+                let took = self.worker.clock.nanos().saturating_sub(entry.started);
                 self.worker.latency.observe(entry.command, took);
             }
             spares::keep(entry.work);

@@ -239,7 +239,7 @@ impl ClientSession {
             work,
             sent: false,
             reserved: Reservation::default(),
-            started: self.worker.clock.now(),
+            started: self.worker.clock.nanos(),
             hot,
             shadow,
         });

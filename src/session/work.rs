@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use smallvec::SmallVec;
-use tokio::time::Instant;
 
 use super::shadow;
 use crate::backend::slot::{Got, Slot};
@@ -35,8 +34,9 @@ pub(super) struct Entry {
     pub(super) sent: bool,
     /// Reply bytes reserved when it was dispatched.
     pub(super) reserved: Reservation,
-    /// When it was parsed, for the per-command latency histogram.
-    pub(super) started: Instant,
+    /// When it was parsed (the worker clock's `TurnClock::nanos`), for the
+    /// per-command latency histogram.
+    pub(super) started: u64,
     /// A write, pending for hot-key coalescing and the near cache until
     /// this entry and its reply slots are done.
     pub(super) hot: Option<Rc<WriteGuard>>,
@@ -64,7 +64,7 @@ impl Entry {
             work: Work::Ready(Bytes::from_static(reply)),
             sent: true,
             reserved: Reservation::default(),
-            started: Instant::now(),
+            started: 0,
             hot: None,
             shadow: None,
         }
