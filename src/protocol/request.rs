@@ -5,7 +5,7 @@
 //! (line length, key length, declared value size) is checked from the command line
 //! alone, before any data block is buffered. No I/O here.
 
-use memchr::memchr;
+use memchr::{memchr, memchr2};
 use nom::bytes::streaming::take;
 use nom::character::complete::{char as one_char, i64 as decimal_i64, u64 as decimal_u64};
 use nom::combinator::{all_consuming, opt};
@@ -127,7 +127,16 @@ pub fn parse_request_reusing(buf: &[u8], limits: &Limits, spare: &mut Keys) -> P
     } else {
         limits.max_line_bytes
     };
-    let newline = match memchr(b'\n', &buf[..buf.len().min(line_bound + 1)]) {
+    // memcached reads the line as a C string: a NUL ends its content there,
+    // and the line still ends at its newline. One pass finds whichever comes
+    // first; only a line with a NUL needs a second.
+    let window = &buf[..buf.len().min(line_bound + 1)];
+    let (newline, nul) = match memchr2(b'\n', 0, window) {
+        Some(at) if window[at] == b'\n' => (Some(at), None),
+        Some(at) => (memchr(b'\n', &window[at..]).map(|n| at + n), Some(at)),
+        None => (None, None),
+    };
+    let newline = match newline {
         Some(position) => position,
         None if buf.len() > line_bound => {
             return Err(Rejection::line(ParseError::LineTooLong, buf.len(), false))
@@ -141,8 +150,7 @@ pub fn parse_request_reusing(buf: &[u8], limits: &Limits, spare: &mut Keys) -> P
     } else {
         newline
     };
-    // memcached reads the line as a C string: a NUL ends it there.
-    let content_end = memchr(0, &buf[..content_end]).unwrap_or(content_end);
+    let content_end = nul.map_or(content_end, |nul| nul.min(content_end));
     let line = &buf[..content_end];
 
     let mut tokens = Tokens { line, at: 0 };
@@ -320,7 +328,12 @@ impl Iterator for Tokens<'_> {
             return None;
         }
         let start = self.at;
-        let end = memchr(b' ', &self.line[start..]).map_or(self.line.len(), |i| start + i);
+        // Tokens are short (a command, a key, a number): a byte loop costs
+        // less than setting up a `memchr` for each.
+        let end = self.line[start..]
+            .iter()
+            .position(|&b| b == b' ')
+            .map_or(self.line.len(), |i| start + i);
         self.at = end;
         Some(Span::new(start, end))
     }
@@ -963,6 +976,24 @@ mod tests {
         assert_eq!(consumed, 24);
         let (_, consumed) = parse(b"set k 0 0 4294967298\r\nab\r\n").unwrap().unwrap();
         assert_eq!(consumed, 26);
+    }
+
+    #[test]
+    fn a_nul_ends_a_lines_content_and_the_newline_still_ends_the_line() {
+        let input = b"get a\0b c\r\nget d\r\n";
+        let (request, consumed) = parse(input).unwrap().unwrap();
+        assert_eq!(consumed, 11, "up to and with the newline after the NUL");
+        assert_eq!(request.keys.len(), 1);
+        assert_eq!(request.key(input, 0), b"a");
+        // A NUL just before the CR, and a bare LF after a NUL.
+        for input in [&b"get a\0\r\n"[..], b"get a\0\n"] {
+            let (request, consumed) = parse(input).unwrap().unwrap();
+            assert_eq!((request.keys.len(), consumed), (1, input.len()));
+        }
+        // A NUL with no newline yet: more bytes are needed.
+        assert!(parse(b"get a\0b").unwrap().is_none());
+        // A NUL at the start leaves no command.
+        assert_eq!(rejection(b"\0get a\r\n").error, ParseError::UnknownCommand);
     }
 
     #[test]
