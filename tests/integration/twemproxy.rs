@@ -43,7 +43,8 @@ const VICTIM: usize = 1;
 /// be: both see the failure through the same traffic, within milliseconds
 /// on a quiet machine; this leaves room for a loaded one, where a thread may
 /// wait hundreds of milliseconds for a core. memring's own timing returns
-/// the server about 2 s before nutcracker here.
+/// the server up to 2 s before nutcracker here, or after it when the restart
+/// falls just after one of memring's probes.
 const MAX_GAP: Duration = Duration::from_secs(1);
 /// Slack around a measured window for the test's own clock readings (the
 /// watcher polls memring's topology every 2 ms).
@@ -696,17 +697,20 @@ fn with_twemproxy_timing_both_proxies_agree_when_a_retry_finds_the_server_down()
 #[test]
 fn with_memrings_own_timing_the_proxies_disagree_after_a_return() {
     let outcome = side_by_side(Outage::Short, true, "own-timing");
-    // How much sooner memring returns the server depends on its probe and
-    // flush, so on a loaded machine; that it is sooner does not.
+    // memring probes the stopped server with a backoff (20 ms doubling to
+    // 2 s) and nutcracker retries it after its `server_retry_timeout`, so
+    // which returns it first depends on when the restart falls between
+    // memring's probes, which a loaded machine moves; that they return it
+    // at different moments does not.
     let t = &outcome.timeline;
-    let sooner = t
+    let apart = t
         .memring_returns()
         .into_iter()
         .zip(t.nutcracker_returns())
-        .any(|(m, n)| m < n);
+        .any(|(m, n)| (if m > n { m - n } else { n - m }) > Duration::from_millis(100));
     assert!(
-        sooner,
-        "memring's return should come before nutcracker's:\n{}",
+        apart,
+        "memring's return and nutcracker's should be apart:\n{}",
         outcome.report()
     );
     let missed: usize = outcome
