@@ -13,7 +13,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::histogram::exponential_buckets;
@@ -97,13 +96,8 @@ impl PartedHistogram {
 }
 
 impl HistogramWriter {
-    /// One latency of `took`.
-    #[inline]
-    pub fn observe(&self, took: Duration) {
-        self.observe_nanos(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
-    }
-
-    /// One latency of `nanos` nanoseconds.
+    /// One latency of `nanos` nanoseconds (callers take differences of
+    /// `TurnClock::nanos`, so no `Duration` is made per request).
     #[inline]
     pub fn observe_nanos(&self, nanos: u64) {
         let bucket = &self.cells.buckets[bucket_of(nanos)];
@@ -226,11 +220,11 @@ mod tests {
         let get = family.get_or_create(&Labels { command: "get" }).clone();
         let set = family.get_or_create(&Labels { command: "set" }).clone();
         let (one, two) = (get.writer(), get.writer());
-        one.observe(Duration::from_micros(30));
-        one.observe(Duration::from_micros(150));
-        two.observe(Duration::from_micros(150));
+        one.observe_nanos(30_000);
+        one.observe_nanos(150_000);
+        two.observe_nanos(150_000);
         drop(two);
-        set.writer().observe(Duration::from_secs(5));
+        set.writer().observe_nanos(5_000_000_000);
         assert_eq!(get.count(), 3);
         assert_eq!(
             lock(&get.parts).live.len(),
