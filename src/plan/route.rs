@@ -827,8 +827,8 @@ impl Retrieval {
                 if let Some(k) = found {
                     if self.asking_previous(k) {
                         // Found on the previous owner: copy it to the new
-                        // one with `add`, so a newer value written there
-                        // meanwhile is never overwritten. Only `gat`/`gats`
+                        // one with an add (`ms … ME`), so a newer value
+                        // written there meanwhile is never overwritten. Only `gat`/`gats`
                         // read through with a classic request (`get`/`gets`
                         // use `mg`, see `on_read_through`): the copy takes
                         // their new expiry.
@@ -865,8 +865,9 @@ impl Retrieval {
         entry.cursor = 1;
         self.answered = true;
         self.read_through.1 += 1;
-        // Copied to the new owner with `add`, so a newer value written there
-        // meanwhile is never overwritten, and with the remaining TTL.
+        // Copied to the new owner with an add (`ms … ME`), so a newer value
+        // written there meanwhile is never overwritten, and with the
+        // remaining TTL.
         if let Some(exptime) = &hit.exptime {
             if let Some(wire) = crate::plan::handoff::copy_block(&hit.block, exptime) {
                 self.copy(k, wire);

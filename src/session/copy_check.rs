@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::backend::slot::{Got, Slot};
-use crate::plan::handoff::{copy_outcome, CopyOutcome, ReadCopy};
+use crate::plan::handoff::{copy_outcome, landed_cas, meta_expect, CopyOutcome, ReadCopy};
 use crate::plan::route::CallResult;
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::reply::Expect;
@@ -19,14 +19,9 @@ use crate::topology::Topology;
 use crate::wake::Wake;
 
 /// Sends `copy` to its new owner now, and checks it once it has landed.
-pub(super) fn send(
-    worker: &Rc<WorkerCtx>,
-    topology: &Arc<Topology>,
-    lane: usize,
-    copy: ReadCopy,
-    expect: Expect,
-) {
+pub(super) fn send(worker: &Rc<WorkerCtx>, topology: &Arc<Topology>, lane: usize, copy: ReadCopy) {
     let wake = Rc::new(Wake::new());
+    let expect = meta_expect(MetaCommand::Set);
     let Some(slot) = call_now(
         worker, topology, lane, copy.owner, &copy.wire, expect, &wake,
     ) else {
@@ -43,7 +38,7 @@ pub(super) fn send(
             return;
         }
         if !still_at_source(&worker, &topology, lane, &copy).await {
-            take_back(&worker, &topology, lane, &copy).await;
+            take_back(&worker, &topology, lane, &copy, landed_cas(&landed)).await;
         }
         worker.stats.copy_checked();
     });
@@ -57,26 +52,31 @@ async fn still_at_source(
     lane: usize,
     copy: &ReadCopy,
 ) -> bool {
-    let line = [copy.check_line(false)];
-    let at_source = call(worker, topology, lane, copy.source, &line, get_expect()).await;
+    let line = [copy.check_line()];
+    let at_source = call(
+        worker,
+        topology,
+        lane,
+        copy.source,
+        &line,
+        meta_expect(MetaCommand::Get),
+    )
+    .await;
     matches!(&at_source, Ok(reply) if copy.holds(reply))
 }
 
-/// Deletes the copy from its new owner if it is still there unchanged.
-async fn take_back(worker: &Rc<WorkerCtx>, topology: &Arc<Topology>, lane: usize, copy: &ReadCopy) {
-    let line = [copy.check_line(true)];
-    let Ok(there) = call(worker, topology, lane, copy.owner, &line, get_expect()).await else {
-        return;
-    };
-    let Some(undo) = copy.undo_line(&there) else {
-        return;
-    };
-    let expect = Expect::Meta {
-        command: MetaCommand::Delete,
-        quiet: false,
-        replied: false,
-    };
-    let undone = call(worker, topology, lane, copy.owner, &[undo], expect).await;
+/// Deletes the copy from its new owner, compared by the cas it `landed`
+/// with, so a write that replaced it in between stays.
+async fn take_back(
+    worker: &Rc<WorkerCtx>,
+    topology: &Arc<Topology>,
+    lane: usize,
+    copy: &ReadCopy,
+    landed: Option<u64>,
+) {
+    let expect = meta_expect(MetaCommand::Delete);
+    let line = [copy.take_back_line(landed)];
+    let undone = call(worker, topology, lane, copy.owner, &line, expect).await;
     if matches!(&undone, Ok(reply) if reply.starts_with(b"HD")) {
         worker.stats.copy_taken_back();
     }
@@ -127,13 +127,5 @@ async fn reply(slot: &Slot, wake: &Wake) -> CallResult {
             };
         }
         wake.notified().await;
-    }
-}
-
-fn get_expect() -> Expect {
-    Expect::Meta {
-        command: MetaCommand::Get,
-        quiet: false,
-        replied: false,
     }
 }

@@ -377,8 +377,7 @@ impl ClientSession {
         // Read-through hits go to their new owner before any later
         // request of this client.
         for copy in plan.take_copies() {
-            let expect = Expect::Line(LineKind::Storage);
-            copy_check::send(&self.worker, topology, self.lane, copy, expect);
+            copy_check::send(&self.worker, topology, self.lane, copy);
         }
         // With replicas (or moved keys), replies may send keys to
         // their next server: later requests wait until this one has
@@ -456,7 +455,7 @@ impl ClientSession {
                         key,
                         base64,
                     };
-                    copy_check::send(&self.worker, topology, self.lane, copy, meta_set_expect());
+                    copy_check::send(&self.worker, topology, self.lane, copy);
                 }
             }
         }
@@ -919,15 +918,6 @@ fn write_no_quorum(out: &mut BytesMut, servers: &[Arc<str>]) {
         format!("no quorum: failed on {}", names.join(", "))
     };
     write_server_error(out, &reason);
-}
-
-/// What a hand-off copy (`ms … ME`) is answered with.
-fn meta_set_expect() -> Expect {
-    Expect::Meta {
-        command: MetaCommand::Set,
-        quiet: false,
-        replied: false,
-    }
 }
 
 /// A replicated `cas`'s copy to the other replicas, in either dialect: the

@@ -1534,7 +1534,7 @@ fn a_server_added_back_after_its_removal_never_serves_what_it_held_before() {
 #[test]
 fn a_read_through_is_answered_without_waiting_for_its_copy() {
     for (dialect, copy, read) in [
-        ("classic", &b"add "[..], "get {key}\r\n"),
+        ("classic", &b"ms "[..], "get {key}\r\n"),
         ("meta", &b"ms "[..], "mg {key} v\r\n"),
     ] {
         let dir = TempDir::new("handoff", "copy-wait");
@@ -1649,7 +1649,7 @@ impl SidecarsAfterJoin {
 #[test]
 fn a_copy_landing_after_a_delete_of_its_key_is_taken_back() {
     for (dialect, copy, read, delete) in [
-        ("classic", &b"add "[..], "get {key}\r\n", "delete {key}\r\n"),
+        ("classic", &b"ms "[..], "get {key}\r\n", "delete {key}\r\n"),
         ("meta", &b"ms "[..], "mg {key} v\r\n", "md {key}\r\n"),
     ] {
         let sidecars = SidecarsAfterJoin::start("copy-race", copy, value_of);
@@ -1705,7 +1705,7 @@ fn a_copy_landing_after_a_delete_of_its_key_is_taken_back() {
 #[test]
 fn a_command_copying_a_moved_key_after_its_delete_does_not_bring_it_back() {
     for (dialect, copy, change, absent) in [
-        ("classic", &b"add "[..], "incr {key} 1\r\n", "NOT_FOUND\r\n"),
+        ("classic", &b"ms "[..], "incr {key} 1\r\n", "NOT_FOUND\r\n"),
         ("meta", &b"ms "[..], "ma {key}\r\n", "NF\r\n"),
     ] {
         let sidecars = SidecarsAfterJoin::start("writer-copy-race", copy, |_| "5".into());
@@ -1836,7 +1836,7 @@ fn a_delete_in_a_chain_of_changes_reaches_the_older_owner_first() {
     let delete: &'static [u8] = Box::leak(format!("delete {key}").into_bytes().into_boxed_slice());
     let (relay_o, relay_p) = (
         Relay::start(&servers[older].addr(), Fault::holding_from(delete)),
-        Relay::start(&servers[4].addr(), Fault::holding_from(b"add ")),
+        Relay::start(&servers[4].addr(), Fault::holding_from(b"ms ")),
     );
     let relayed = |n: usize| {
         config(&all[..n])
@@ -1907,7 +1907,7 @@ fn a_delete_two_changes_ahead_reaches_the_older_owners_oldest_first() {
     let delete: &'static [u8] = Box::leak(format!("delete {key}").into_bytes().into_boxed_slice());
     let (relay_o, relay_p) = (
         Relay::start(&servers[older].addr(), Fault::holding_from(delete)),
-        Relay::start(&servers[p].addr(), Fault::holding_from(b"add ")),
+        Relay::start(&servers[p].addr(), Fault::holding_from(b"ms ")),
     );
     let relayed = |n: usize| {
         config(&members(&order[..n]))

@@ -88,10 +88,8 @@ enum Stage {
     /// previous owner first) may have reached the new owner before the
     /// copy did, which then brought back what the write removed.
     Check,
-    /// Waiting for the new owner's item (with its cas), to take the copy
-    /// back.
-    Recheck,
-    /// Waiting for the new owner to delete the copy, compared by its cas.
+    /// Waiting for the new owner to delete the copy, compared by the cas it
+    /// landed with.
     TakeBack,
     /// Waiting for the final reply.
     Last,
@@ -151,9 +149,11 @@ pub(crate) struct Moved {
     read_copy: Option<Outbound>,
     /// What the counters are told, once (see [`Moved::take_tally`]).
     tally: Tally,
-    /// The copy of the previous owner's value sent to the new owner, and
-    /// the cas of the item it was fetched from, while it is checked.
-    copy: Option<(Outbound, u64)>,
+    /// The cas of the previous owner's item a copy was fetched from, until
+    /// the check deletes it by that cas.
+    fetched_cas: Option<u64>,
+    /// The cas the copy landed with on the new owner, to take it back by.
+    landed_cas: Option<u64>,
     /// The check deleted the previous owner's item: no other delete there.
     forgotten: bool,
 }
@@ -197,7 +197,8 @@ impl Moved {
             takeover,
             read_copy: None,
             tally: Tally::default(),
-            copy: None,
+            fetched_cas: None,
+            landed_cas: None,
             forgotten: false,
         })
     }
@@ -246,7 +247,8 @@ impl Moved {
             takeover,
             read_copy: None,
             tally: Tally::default(),
-            copy: None,
+            fetched_cas: None,
+            landed_cas: None,
             forgotten: false,
         }
     }
@@ -269,15 +271,6 @@ impl Moved {
     /// What the last step did for the hand-off counters; once.
     pub(crate) fn take_tally(&mut self) -> Tally {
         std::mem::take(&mut self.tally)
-    }
-
-    /// How the new owner's reply to one of the machine's copies is framed
-    /// (`add`, or `ms … ME`).
-    pub(crate) fn copy_expect(&self) -> Expect {
-        match &self.meta {
-            None => Expect::Line(LineKind::Storage),
-            Some(_) => meta_expect(MetaCommand::Set),
-        }
     }
 
     /// The key as the machine sends it, and whether that token is base64.
@@ -371,13 +364,12 @@ impl Moved {
                     (Some((copy, cas)), first) => {
                         self.first = first;
                         self.stage = Stage::Copy;
-                        let step = Step::Send {
+                        self.fetched_cas = Some(cas);
+                        Step::Send {
                             to: Owner::New,
-                            lines: copy.clone(),
-                            expect: self.copy_expect(),
-                        };
-                        self.copy = Some((copy, cas));
-                        step
+                            lines: copy,
+                            expect: meta_expect(MetaCommand::Set),
+                        }
                     }
                     // Not on the previous owner either: the first answer
                     // stands (or, for `add`, run it now).
@@ -388,58 +380,38 @@ impl Moved {
             (_, Stage::Copy) => {
                 let outcome = copy_outcome(&result);
                 self.tally.copy = Some(outcome);
-                match (&self.copy, outcome) {
-                    (Some((_, cas)), CopyOutcome::Made) => {
+                match (self.fetched_cas.take(), outcome) {
+                    (Some(cas), CopyOutcome::Made) => {
                         self.stage = Stage::Check;
+                        self.landed_cas = landed_cas(&result);
                         let (key, base64) = self.key_token();
                         Step::Send {
                             to: Owner::Previous,
-                            lines: smallvec::smallvec![delete_if_line(&key, base64, *cas)],
+                            lines: smallvec::smallvec![delete_if_line(&key, base64, cas)],
                             expect: meta_expect(MetaCommand::Delete),
                         }
                     }
                     // The new owner had the key already (a write reached it
                     // first), or did not take the copy: nothing to check.
-                    _ => {
-                        self.copy = None;
-                        self.run_on_new()
-                    }
+                    _ => self.run_on_new(),
                 }
             }
             (_, Stage::Check) => {
+                let landed = self.landed_cas.take();
                 if matches!(&result, Ok(reply) if meta_succeeded(reply)) {
                     // The fetched item was still there when the copy had
                     // landed: a later delete reaches the new owner after it.
                     self.forgotten = true;
-                    self.copy = None;
                     return self.run_on_new();
                 }
                 // Gone or changed (or no answer): when in doubt, the copy
                 // goes, unless something newer replaced it.
-                self.stage = Stage::Recheck;
+                self.stage = Stage::TakeBack;
                 let (key, base64) = self.key_token();
                 Step::Send {
                     to: Owner::New,
-                    lines: smallvec::smallvec![check_line(&key, base64, true)],
-                    expect: meta_expect(MetaCommand::Get),
-                }
-            }
-            (_, Stage::Recheck) => {
-                let (key, base64) = self.key_token();
-                let undo = match (&result, self.copy.take()) {
-                    (Ok(reply), Some((copy, _))) => undo_line(&key, base64, &copy, reply),
-                    _ => None,
-                };
-                match undo {
-                    Some(line) => {
-                        self.stage = Stage::TakeBack;
-                        Step::Send {
-                            to: Owner::New,
-                            lines: smallvec::smallvec![line],
-                            expect: meta_expect(MetaCommand::Delete),
-                        }
-                    }
-                    None => self.run_on_new(),
+                    lines: smallvec::smallvec![take_back_line(&key, base64, landed)],
+                    expect: meta_expect(MetaCommand::Delete),
                 }
             }
             (_, Stage::TakeBack) => {
@@ -608,7 +580,7 @@ pub(crate) enum MetaMove {
 }
 
 /// How a meta reply to `command` is framed (never quiet: memring's own).
-fn meta_expect(command: MetaCommand) -> Expect {
+pub(crate) fn meta_expect(command: MetaCommand) -> Expect {
     Expect::Meta {
         command,
         quiet: false,
@@ -652,10 +624,12 @@ pub(crate) fn merge_delete(new: CallResult, previous: CallResult) -> CallResult 
     }
 }
 
-/// `VALUE <key> <flags> <bytes> [<cas>]\r\n<data>\r\n` as an `add` (without
-/// `noreply`): the header, then the data block shared with the value (no
-/// copy). `None` for anything that is not one well-formed value block (a
-/// miss).
+/// `VALUE <key> <flags> <bytes> [<cas>]\r\n<data>\r\n` as the copy its
+/// new owner is sent: `ms <key> <bytes> F<flags> ME [T<exptime>] c`, stored
+/// only where the key is absent (a newer value written there meanwhile is
+/// never overwritten), answering the copy's cas, by which it can be taken
+/// back exactly. The data block is shared with the value (no copy). `None`
+/// for anything that is not one well-formed value block (a miss).
 pub(crate) fn copy_block(block: &Bytes, exptime: &[u8]) -> Option<Outbound> {
     let header_end = memchr::memmem::find(block, b"\r\n")?;
     let header = &block[..header_end];
@@ -668,16 +642,19 @@ pub(crate) fn copy_block(block: &Bytes, exptime: &[u8]) -> Option<Outbound> {
     if block.len() != header_end + 2 + data_len + 2 {
         return None;
     }
-    let mut line = BytesMut::with_capacity(header.len() + exptime.len() + 8);
-    line.put_slice(b"add ");
+    let mut line = BytesMut::with_capacity(header.len() + exptime.len() + 12);
+    line.put_slice(b"ms ");
     line.put_slice(key);
     line.put_u8(b' ');
-    line.put_slice(flags);
-    line.put_u8(b' ');
-    line.put_slice(exptime);
-    line.put_u8(b' ');
     line.put_slice(length);
-    line.put_slice(b"\r\n");
+    line.put_slice(b" F");
+    line.put_slice(flags);
+    line.put_slice(b" ME");
+    if exptime != b"0" {
+        line.put_slice(b" T");
+        line.put_slice(exptime);
+    }
+    line.put_slice(b" c\r\n");
     Some(smallvec::smallvec![
         line.freeze(),
         block.slice(header_end + 2..)
@@ -888,7 +865,7 @@ pub(crate) fn meta_read_through_hit(
         if base64 {
             line.put_slice(b" b");
         }
-        line.put_slice(b"\r\n");
+        line.put_slice(b" c\r\n");
         let copy: Outbound = smallvec::smallvec![line.freeze(), Bytes::copy_from_slice(value.data)];
         copy
     });
@@ -912,8 +889,8 @@ fn copy_exptime(ttl: i64, now: u64) -> Option<String> {
 /// reached the new owner before the copy did, and the copy would then bring
 /// back a value older than that write. The check reads the key again where
 /// it was copied from; if it changed there (the write's hand-off deletes
-/// it), the copy is taken back from the new owner, unless something newer
-/// replaced it meanwhile.
+/// it), the copy is taken back from the new owner by the cas it landed with,
+/// so something newer that replaced it meanwhile stays.
 #[derive(Debug, Clone)]
 pub(crate) struct ReadCopy {
     /// The new owner, and what it is sent (the last part is the value's data
@@ -929,8 +906,8 @@ pub(crate) struct ReadCopy {
 
 impl ReadCopy {
     /// See [`check_line`].
-    pub(crate) fn check_line(&self, with_cas: bool) -> Bytes {
-        check_line(&self.key, self.base64, with_cas)
+    pub(crate) fn check_line(&self) -> Bytes {
+        check_line(&self.key, self.base64)
     }
 
     /// Whether `reply` to a [`ReadCopy::check_line`] holds the copied value.
@@ -938,25 +915,21 @@ impl ReadCopy {
         holds(&self.wire, reply)
     }
 
-    /// See [`undo_line`].
-    pub(crate) fn undo_line(&self, owner_reply: &[u8]) -> Option<Bytes> {
-        undo_line(&self.key, self.base64, &self.wire, owner_reply)
+    /// See [`take_back_line`].
+    pub(crate) fn take_back_line(&self, landed: Option<u64>) -> Bytes {
+        take_back_line(&self.key, self.base64, landed)
     }
 }
 
-/// The `mg` that reads a copied key back: its value, and with `with_cas`
-/// its cas (to take the copy back with). `u` leaves the item where it is in
-/// the server's LRU: a check is not a use, and an item moving between LRUs
-/// could be missed by the window's closing sweep.
-fn check_line(key_token: &[u8], base64: bool, with_cas: bool) -> Bytes {
-    let mut line = BytesMut::with_capacity(key_token.len() + 14);
+/// The `mg` that reads a copied key again where it was copied from: its
+/// value. `u` leaves the item where it is in the server's LRU: a check is
+/// not a use, and an item moving between LRUs could be missed by the
+/// window's closing sweep.
+fn check_line(key_token: &[u8], base64: bool) -> Bytes {
+    let mut line = BytesMut::with_capacity(key_token.len() + 12);
     line.put_slice(b"mg ");
     line.put_slice(key_token);
-    line.put_slice(if base64 { b" b v u" } else { b" v u" });
-    if with_cas {
-        line.put_slice(b" c");
-    }
-    line.put_slice(b"\r\n");
+    line.put_slice(if base64 { b" b v u\r\n" } else { b" v u\r\n" });
     line.freeze()
 }
 
@@ -967,15 +940,21 @@ fn holds(copy: &Outbound, reply: &[u8]) -> bool {
     ValueReply::parse(reply).is_some_and(|value| value.data == data)
 }
 
-/// The `md` that takes `copy` back, given the new owner's reply to a
-/// [`check_line`] with cas: only while it still holds the copied value, and
-/// compared by cas, so a newer write that replaced it in between stays.
-fn undo_line(key_token: &[u8], base64: bool, copy: &Outbound, owner_reply: &[u8]) -> Option<Bytes> {
-    if !holds(copy, owner_reply) {
-        return None;
+/// The `md` that takes a copy back from its new owner: compared by the cas
+/// the copy `landed` with, so a write that replaced it in between stays.
+/// Without that cas (a server that did not return it) the key goes
+/// whatever it holds: when in doubt, a miss.
+fn take_back_line(key_token: &[u8], base64: bool, landed: Option<u64>) -> Bytes {
+    match landed {
+        Some(cas) => delete_if_line(key_token, base64, cas),
+        None => {
+            let mut line = BytesMut::with_capacity(key_token.len() + 8);
+            line.put_slice(b"md ");
+            line.put_slice(key_token);
+            line.put_slice(if base64 { b" b\r\n" } else { b"\r\n" });
+            line.freeze()
+        }
     }
-    let cas = ValueReply::parse(owner_reply)?.number::<u64>(b'c')?;
-    Some(delete_if_line(key_token, base64, cas))
 }
 
 /// `md <key> C<cas>`: deletes the item only while its cas is `cas`.
@@ -995,25 +974,35 @@ fn fetched_cas(reply: &[u8]) -> Option<u64> {
     ValueReply::parse(reply)?.number::<u64>(b'c')
 }
 
-/// Copies: how many `add`s a step sent, and how the new owner answered.
+/// Copies: how many a step sent, and how the new owner answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CopyOutcome {
-    /// `STORED`: the new owner now holds the value.
+    /// `HD`: the new owner now holds the value.
     Made,
-    /// `NOT_STORED`: the new owner already had a (newer) value; nothing lost.
+    /// `NS`: the new owner already had a (newer) value; nothing lost.
     Skipped,
     /// Error or no answer.
     Failed,
 }
 
-/// How the reply to a copy counts.
+/// How the reply to a copy (`ms … ME c`) counts.
 pub(crate) fn copy_outcome(result: &CallResult) -> CopyOutcome {
     match result {
-        // `add` answers STORED / NOT_STORED, `ms … ME` HD / NS.
-        Ok(r) if r.as_ref() == b"STORED\r\n" || r.as_ref() == b"HD\r\n" => CopyOutcome::Made,
-        Ok(r) if r.as_ref() == b"NOT_STORED\r\n" || r.as_ref() == b"NS\r\n" => CopyOutcome::Skipped,
+        Ok(r) if r.starts_with(b"HD ") || r.as_ref() == b"HD\r\n" => CopyOutcome::Made,
+        Ok(r) if r.starts_with(b"NS") => CopyOutcome::Skipped,
         _ => CopyOutcome::Failed,
     }
+}
+
+/// The cas a copy landed with (`HD … c<cas>`).
+pub(crate) fn landed_cas(result: &CallResult) -> Option<u64> {
+    let line = result.as_ref().ok()?.strip_suffix(b"\r\n")?;
+    let mut tokens = line.split(|&b| b == b' ');
+    if tokens.next()? != b"HD" {
+        return None;
+    }
+    let token = tokens.find(|t| t.first() == Some(&b'c'))?;
+    std::str::from_utf8(&token[1..]).ok()?.parse().ok()
 }
 
 #[cfg(test)]
@@ -1070,7 +1059,7 @@ mod tests {
                 .unwrap();
         assert_eq!(&reply[..], b"HD s2 O7 kk\r\n");
         let copy = copy.unwrap();
-        assert_eq!(&copy[0][..], b"ms k 2 F5 ME T100\r\n");
+        assert_eq!(&copy[0][..], b"ms k 2 F5 ME T100 c\r\n");
         assert_eq!(&copy[1][..], b"ab\r\n");
         // The client's own v, f and t stay; a base64 key is copied as one.
         let (line, added) = asked(b"mg Zm9v t v b f q\r\n", b"tvbfq");
@@ -1078,7 +1067,7 @@ mod tests {
         let (reply, copy) =
             meta_read_through_hit(b"VA 1 t-1 b f0\r\nx\r\n", added, b"Zm9v", true, now).unwrap();
         assert_eq!(&reply[..], b"VA 1 t-1 b f0\r\nx\r\n");
-        assert_eq!(&copy.unwrap()[0][..], b"ms Zm9v 1 F0 ME b\r\n");
+        assert_eq!(&copy.unwrap()[0][..], b"ms Zm9v 1 F0 ME b c\r\n");
         // Expiring within the second: answered, not copied; misses are not hits.
         let (_, added) = asked(b"mg k v\r\n", b"v");
         let (reply, copy) =
@@ -1137,12 +1126,7 @@ mod tests {
     /// the command's step on the new owner comes back.
     fn copied_and_checked(m: &mut Moved, step: Step, copy: &[u8], check: &[u8]) -> Step {
         assert_eq!(sent(&step), (Owner::New, copy.to_vec()));
-        let landed = if copy.starts_with(b"add") {
-            ok(b"STORED\r\n")
-        } else {
-            ok(b"HD\r\n")
-        };
-        let step = m.on_reply(landed, NOW);
+        let step = m.on_reply(ok(b"HD c30\r\n"), NOW);
         assert_eq!(sent(&step), (Owner::Previous, check.to_vec()));
         assert_eq!(m.take_tally().copy, Some(CopyOutcome::Made));
         m.on_reply(ok(b"HD\r\n"), NOW)
@@ -1219,7 +1203,7 @@ mod tests {
         let fetch = sent(&m.on_reply(ok(b"NOT_FOUND\r\n"), NOW));
         assert_eq!(fetch, (Owner::Previous, b"mg k c v f t\r\n".to_vec()));
         let step = m.on_reply(ok(b"VA 2 c9 f3 t4\r\n41\r\n"), NOW);
-        let copy = b"add k 3 4 2\r\n41\r\n";
+        let copy = b"ms k 2 F3 ME T4 c\r\n41\r\n";
         let again = copied_and_checked(&mut m, step, copy, b"md k C9\r\n");
         assert_eq!(sent(&again), (Owner::New, b"incr k 1\r\n".to_vec()));
         // The check deleted the previous owner's copy: answered at once.
@@ -1239,10 +1223,8 @@ mod tests {
         m.start();
         m.on_reply(ok(b"NOT_FOUND\r\n"), NOW);
         m.on_reply(ok(b"VA 2 c9 f3 t4\r\n41\r\n"), NOW);
-        m.on_reply(ok(b"STORED\r\n"), NOW);
-        let recheck = m.on_reply(ok(b"NF\r\n"), NOW);
-        assert_eq!(sent(&recheck), (Owner::New, b"mg k v u c\r\n".to_vec()));
-        let undo = m.on_reply(ok(b"VA 2 c12\r\n41\r\n"), NOW);
+        m.on_reply(ok(b"HD c12\r\n"), NOW);
+        let undo = m.on_reply(ok(b"NF\r\n"), NOW);
         assert_eq!(sent(&undo), (Owner::New, b"md k C12\r\n".to_vec()));
         let again = m.on_reply(ok(b"HD\r\n"), NOW);
         assert!(m.take_tally().taken_back);
@@ -1258,9 +1240,11 @@ mod tests {
         newer.start();
         newer.on_reply(ok(b"NOT_FOUND\r\n"), NOW);
         newer.on_reply(ok(b"VA 2 c9 f3 t4\r\n41\r\n"), NOW);
-        newer.on_reply(ok(b"STORED\r\n"), NOW);
-        newer.on_reply(ok(b"EX\r\n"), NOW);
-        let again = newer.on_reply(ok(b"VA 2 c13\r\n70\r\n"), NOW);
+        newer.on_reply(ok(b"HD c12\r\n"), NOW);
+        let undo = newer.on_reply(ok(b"EX\r\n"), NOW);
+        assert_eq!(sent(&undo), (Owner::New, b"md k C12\r\n".to_vec()));
+        let again = newer.on_reply(ok(b"EX\r\n"), NOW);
+        assert!(!newer.take_tally().taken_back);
         assert_eq!(sent(&again), (Owner::New, b"incr k 1\r\n".to_vec()));
         let step = newer.on_reply(ok(b"71\r\n"), NOW);
         forgets(step, &mut newer, b"71\r\n");
@@ -1270,7 +1254,7 @@ mod tests {
         beaten.start();
         beaten.on_reply(ok(b"NOT_FOUND\r\n"), NOW);
         beaten.on_reply(ok(b"VA 2 c9 f3 t4\r\n41\r\n"), NOW);
-        let again = beaten.on_reply(ok(b"NOT_STORED\r\n"), NOW);
+        let again = beaten.on_reply(ok(b"NS c0\r\n"), NOW);
         assert_eq!(beaten.take_tally().copy, Some(CopyOutcome::Skipped));
         assert_eq!(sent(&again), (Owner::New, b"incr k 1\r\n".to_vec()));
     }
@@ -1281,7 +1265,10 @@ mod tests {
         m.start();
         m.on_reply(ok(b"NOT_STORED\r\n"), NOW);
         let step = m.on_reply(ok(b"VA 1 c5 f0 t-1\r\ny\r\n"), NOW);
-        assert_eq!(sent(&step), (Owner::New, b"add k 0 0 1\r\ny\r\n".to_vec()));
+        assert_eq!(
+            sent(&step),
+            (Owner::New, b"ms k 1 F0 ME c\r\ny\r\n".to_vec())
+        );
         let mut expiring = moved(b"append k 0 0 1\r\nx\r\n");
         expiring.start();
         expiring.on_reply(ok(b"NOT_STORED\r\n"), NOW);
@@ -1307,7 +1294,7 @@ mod tests {
         let mut m = moved(b"add k 0 0 1\r\nx\r\n");
         assert_eq!(sent(&m.start()).0, Owner::Previous);
         let step = m.on_reply(ok(b"VA 1 c5 f0 t-1\r\ny\r\n"), NOW);
-        let copy = b"add k 0 0 1\r\ny\r\n";
+        let copy = b"ms k 1 F0 ME c\r\ny\r\n";
         let add = copied_and_checked(&mut m, step, copy, b"md k C5\r\n");
         assert_eq!(sent(&add), (Owner::New, b"add k 0 0 1\r\nx\r\n".to_vec()));
         let refused = ok(b"NOT_STORED\r\n");
@@ -1359,24 +1346,33 @@ mod tests {
     }
 
     #[test]
-    fn value_blocks_become_adds_and_misses_do_not() {
-        let copy_as_add =
+    fn value_blocks_become_adds_that_answer_their_cas_and_misses_do_not() {
+        let copy_of =
             |block: &'static [u8], exptime| copy_block(&Bytes::from_static(block), exptime);
-        let copy = copy_as_add(b"VALUE key 5 3 99\r\nabc\r\n", b"60").unwrap();
-        assert_eq!(copy.concat(), b"add key 5 60 3\r\nabc\r\n");
-        assert!(copy_as_add(b"", b"0").is_none());
-        assert!(copy_as_add(b"VALUE key 5 4\r\nabc\r\n", b"0").is_none());
-        assert!(copy_as_add(b"END\r\n", b"0").is_none());
+        let copy = copy_of(b"VALUE key 5 3 99\r\nabc\r\n", b"60").unwrap();
+        assert_eq!(copy.concat(), b"ms key 3 F5 ME T60 c\r\nabc\r\n");
+        // No expiry: no `T` (`T0` would mean the same).
+        let copy = copy_of(b"VALUE key 0 3\r\nabc\r\n", b"0").unwrap();
+        assert_eq!(copy.concat(), b"ms key 3 F0 ME c\r\nabc\r\n");
+        assert!(copy_of(b"", b"0").is_none());
+        assert!(copy_of(b"VALUE key 5 4\r\nabc\r\n", b"0").is_none());
+        assert!(copy_of(b"END\r\n", b"0").is_none());
     }
 
     #[test]
-    fn copy_replies_are_counted_by_kind() {
-        assert_eq!(copy_outcome(&ok(b"STORED\r\n")), CopyOutcome::Made);
-        assert_eq!(copy_outcome(&ok(b"NOT_STORED\r\n")), CopyOutcome::Skipped);
+    fn copy_replies_are_counted_by_kind_and_give_the_copys_cas() {
+        assert_eq!(copy_outcome(&ok(b"HD c41\r\n")), CopyOutcome::Made);
+        assert_eq!(landed_cas(&ok(b"HD c41\r\n")), Some(41));
+        assert_eq!(landed_cas(&ok(b"HD O5 c41\r\n")), Some(41));
+        assert_eq!(copy_outcome(&ok(b"HD\r\n")), CopyOutcome::Made);
+        assert_eq!(landed_cas(&ok(b"HD\r\n")), None);
+        assert_eq!(copy_outcome(&ok(b"NS c0\r\n")), CopyOutcome::Skipped);
+        assert_eq!(landed_cas(&ok(b"NS c0\r\n")), None);
         assert_eq!(
             copy_outcome(&ok(b"SERVER_ERROR x\r\n")),
             CopyOutcome::Failed
         );
+        assert_eq!(copy_outcome(&ok(b"HDX\r\n")), CopyOutcome::Failed);
     }
 
     #[test]
@@ -1388,30 +1384,23 @@ mod tests {
             key: Bytes::from_static(b"k"),
             base64: false,
         };
-        assert_eq!(&copy.check_line(false)[..], b"mg k v u\r\n");
-        assert_eq!(&copy.check_line(true)[..], b"mg k v u c\r\n");
+        assert_eq!(&copy.check_line()[..], b"mg k v u\r\n");
         assert!(copy.holds(b"VA 2\r\nv1\r\n"));
         // Changed or gone where it was read from.
         assert!(!copy.holds(b"VA 2\r\nv2\r\n"));
         assert!(!copy.holds(b"EN\r\n"));
         assert!(!copy.holds(b"SERVER_ERROR out of memory\r\n"));
-        assert_eq!(
-            copy.undo_line(b"VA 2 c41\r\nv1\r\n").as_deref(),
-            Some(&b"md k C41\r\n"[..])
-        );
-        // Something newer replaced the copy on the new owner: it stays.
-        assert_eq!(copy.undo_line(b"VA 2 c42\r\nv3\r\n"), None);
-        assert_eq!(copy.undo_line(b"EN\r\n"), None);
+        assert_eq!(&copy.take_back_line(Some(41))[..], b"md k C41\r\n");
+        // A server that did not say the copy's cas: the key goes.
+        assert_eq!(&copy.take_back_line(None)[..], b"md k\r\n");
         let base64 = ReadCopy {
             key: Bytes::from_static(b"aw=="),
             base64: true,
             ..copy
         };
-        assert_eq!(&base64.check_line(true)[..], b"mg aw== b v u c\r\n");
-        assert_eq!(
-            base64.undo_line(b"VA 2 c7\r\nv1\r\n").as_deref(),
-            Some(&b"md aw== b C7\r\n"[..])
-        );
+        assert_eq!(&base64.check_line()[..], b"mg aw== b v u\r\n");
+        assert_eq!(&base64.take_back_line(Some(7))[..], b"md aw== b C7\r\n");
+        assert_eq!(&base64.take_back_line(None)[..], b"md aw== b\r\n");
     }
 
     fn meta_moved(what: MetaMove, command: MetaCommand, line: &'static [u8]) -> Moved {
@@ -1471,7 +1460,7 @@ mod tests {
             (Owner::Previous, b"mg k c v f t\r\n".to_vec())
         );
         let step = incr.on_reply(ok(b"VA 2 c4 f0 t-1\r\n10\r\n"), NOW);
-        let copy = b"ms k 2 F0 ME\r\n10\r\n";
+        let copy = b"ms k 2 F0 ME c\r\n10\r\n";
         let again = copied_and_checked(&mut incr, step, copy, b"md k C4\r\n");
         assert_eq!(sent(&again), (Owner::New, b"ma k v\r\n".to_vec()));
         assert_eq!(
@@ -1527,7 +1516,7 @@ mod tests {
         let hit = read.on_reply(ok(b"VA 2 f0 t100\r\nv1\r\n"), NOW);
         assert_eq!(answer(hit).unwrap(), &b"VA 2\r\nv1\r\n"[..]);
         let copy = read.take_read_copy().unwrap();
-        assert_eq!(copy.concat(), b"ms k 2 F0 ME T100\r\nv1\r\n");
+        assert_eq!(copy.concat(), b"ms k 2 F0 ME T100 c\r\nv1\r\n");
 
         // A hit on the new owner answers at once; a miss on both is the
         // new owner's miss.
