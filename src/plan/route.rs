@@ -792,9 +792,10 @@ impl Retrieval {
         self.command.name().len() + exptime
     }
 
-    /// A piece of sub-request `sub`'s reply arrived, at Unix time `now`
-    /// (what a read-through copy's remaining TTL is counted from).
-    pub(crate) fn on_piece(&mut self, sub: u32, got: Got, now: u64) {
+    /// A piece of sub-request `sub`'s reply arrived. `now` gives the Unix
+    /// time a read-through copy's remaining TTL is counted from; it is asked
+    /// only for such a copy, so a plain get reads no clock.
+    pub(crate) fn on_piece(&mut self, sub: u32, got: Got, now: impl FnOnce() -> u64) {
         let Some(entry) = self.subs.get_mut(sub as usize) else {
             return;
         };
@@ -848,7 +849,7 @@ impl Retrieval {
     }
 
     /// The previous owner's reply to a read-through `mg` (sub-request `sub`).
-    fn on_read_through(&mut self, sub: u32, reply: &Bytes, now: u64) {
+    fn on_read_through(&mut self, sub: u32, reply: &Bytes, now: impl FnOnce() -> u64) {
         let entry = &mut self.subs[sub as usize];
         let k = entry.keys[0] as usize;
         if reply.starts_with(b"EN\r\n") {
@@ -857,7 +858,7 @@ impl Retrieval {
         }
         let name = self.keys[k].of(&self.bytes);
         let with_cas = self.command == Command::Gets;
-        let Some(hit) = crate::plan::handoff::read_through_hit(name, reply, with_cas, now) else {
+        let Some(hit) = crate::plan::handoff::read_through_hit(name, reply, with_cas, now()) else {
             // An error line (or a reply memring cannot use): as a failure.
             entry.error_line = Some(reply.clone());
             return;
@@ -1238,7 +1239,7 @@ mod tests {
             .map(|s| (s.id, s.server, &s.line[..]))
             .collect();
         assert_eq!(sent, vec![(1, 1, &b"gat 10 a\r\n"[..])]);
-        r.on_piece(1, value("a", "1"), 0);
+        r.on_piece(1, value("a", "1"), || 0);
         r.on_done(1, Ok(()));
         let mut out = OutQueue::default();
         assert!(r.emit(&mut out));
@@ -1263,12 +1264,12 @@ mod tests {
         );
         let mut out = OutQueue::default();
         // Server 0 answers first; nothing can go out before `c` is settled.
-        r.on_piece(1, value("a", "1"), 0);
-        r.on_piece(1, value("a", "1"), 0);
+        r.on_piece(1, value("a", "1"), || 0);
+        r.on_piece(1, value("a", "1"), || 0);
         r.on_done(1, Ok(()));
         assert!(!r.emit(&mut out));
         assert_eq!(drain(&mut out), "");
-        r.on_piece(0, value("c", "3"), 0);
+        r.on_piece(0, value("c", "3"), || 0);
         assert!(!r.emit(&mut out));
         assert_eq!(drain(&mut out), "VALUE c 0 1\r\n3\r\nVALUE a 0 1\r\n1\r\n");
         r.on_done(0, Ok(()));
@@ -1367,7 +1368,7 @@ mod tests {
             false,
         ));
         let subs = kept.next_chunk(2, &mut RecycledBuf::new(64));
-        kept.on_piece(subs[0].id, value("c", "3"), 0);
+        kept.on_piece(subs[0].id, value("c", "3"), || 0);
         kept.on_done(subs[1].id, Err(failed("s0")));
         let mut reuse = Reuse::default();
         reuse.keep(kept, 1, 256);
@@ -1388,7 +1389,7 @@ mod tests {
                 (4, Bytes::from_static(b"get y\r\n"))
             ]
         );
-        again.on_piece(subs[1].id, value("y", "2"), 0);
+        again.on_piece(subs[1].id, value("y", "2"), || 0);
         again.on_done(subs[1].id, Ok(()));
         again.on_done(subs[0].id, Ok(()));
         let mut out = OutQueue::default();
@@ -1445,9 +1446,9 @@ mod tests {
             (retry[0].server, &retry[0].line[..]),
             (1, &b"get a\r\n"[..])
         );
-        r.on_piece(1, value("b", "2"), 0);
+        r.on_piece(1, value("b", "2"), || 0);
         r.on_done(1, Ok(()));
-        r.on_piece(retry[0].id, value("a", "1"), 0);
+        r.on_piece(retry[0].id, value("a", "1"), || 0);
         r.on_done(retry[0].id, Ok(()));
         let mut out = OutQueue::default();
         assert!(r.emit(&mut out));
@@ -1482,7 +1483,7 @@ mod tests {
         let mut some = retrieval(b"get a b\r\n", &[&[0], &[1]], false);
         some.next_chunk(100, &mut RecycledBuf::new(64));
         some.on_done(0, Err(failed("s0")));
-        some.on_piece(1, value("b", "2"), 0);
+        some.on_piece(1, value("b", "2"), || 0);
         some.on_done(1, Ok(()));
         assert!(some.emit(&mut out));
         assert_eq!(drain(&mut out), "VALUE b 0 1\r\n2\r\nEND\r\n");
@@ -1495,7 +1496,7 @@ mod tests {
         r.on_piece(
             0,
             Got::Line(Bytes::from_static(b"SERVER_ERROR out of memory\r\n")),
-            0,
+            || 0,
         );
         r.on_done(0, Ok(()));
         let mut out = OutQueue::default();

@@ -341,7 +341,9 @@ impl ClientSession {
                         continue;
                     }
                     GetShortcut::Cached(block) => {
-                        plan.on_piece(sub.id, Got::Value(block), self.worker.clock.unix_seconds());
+                        plan.on_piece(sub.id, Got::Value(block), || {
+                            self.worker.clock.unix_seconds()
+                        });
                         plan.on_done(sub.id, Ok(()));
                         continue;
                     }
@@ -653,7 +655,7 @@ impl ClientSession {
                 while i < in_flight.len() {
                     let sub = &in_flight[i];
                     while let Some(got) = sub.slot.take() {
-                        plan.on_piece(sub.id, got, self.worker.clock.unix_seconds());
+                        plan.on_piece(sub.id, got, || self.worker.clock.unix_seconds());
                     }
                     match sub.slot.outcome() {
                         Some(result) => {
