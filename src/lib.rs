@@ -36,7 +36,7 @@
 //!   one backend knows about its address between lookups.
 //! - [`discovery`]: the periodic DNS rounds: the default pool from SRV or
 //!   A/AAAA records (`[discovery]`), and host names whose address changed.
-//! - `sweep`: when a hand-off window ends, delete from each server the keys
+//! - `sweep`: before a hand-off window ends, delete from each server the keys
 //!   it no longer owns, so a later change cannot bring them back.
 //! - [`hotkeys`]: hot-key detection per server (space-saving sketches per
 //!   worker), `stats hotkeys`, coalescing of concurrent gets, near cache.

@@ -36,6 +36,22 @@ pub struct Publisher {
     pool_id: u64,
     /// With `failover`: when each server last came back from the gutter.
     restored_at: Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    /// Where the sweep that closes the hand-off window stands.
+    window_sweep: Mutex<WindowSweep>,
+}
+
+/// A hand-off window ends only once its sweep has run (see
+/// [`close_window`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum WindowSweep {
+    /// No window is closing.
+    #[default]
+    Idle,
+    /// The window's time is up and its sweep is deleting the previous
+    /// owners' copies.
+    Running,
+    /// The sweep is over: the window ends at the next look.
+    Done,
 }
 
 /// What the publisher needs to keep every ring within the open file limit.
@@ -88,6 +104,7 @@ impl Publisher {
             figures,
             pool_id,
             restored_at: Mutex::new(std::collections::HashMap::new()),
+            window_sweep: Mutex::new(WindowSweep::Idle),
         })
     }
 
@@ -422,6 +439,62 @@ fn forget_gone(hooks: &PoolHooks, old: &Topology, new: &Topology) {
     }
 }
 
+/// Closes the hand-off window whose time is up, in two steps: first the
+/// sweep deletes, from every server of the ring, the keys the ring places
+/// elsewhere (the previous owners' copies), and only then is the window
+/// ended. Until it ends, writes of moved keys still delete them from their
+/// previous owners: a sidecar whose window ended while another's still
+/// reads through (they reload seconds apart) would otherwise delete a key
+/// on its new owner only, and the other would read the previous owner's
+/// value back and copy it over. Whether a window is closing now.
+fn close_window(publisher: &Arc<Publisher>) -> bool {
+    let mut state = publisher
+        .window_sweep
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    match *state {
+        WindowSweep::Running => return true,
+        WindowSweep::Done => {
+            *state = WindowSweep::Idle;
+            if let Some(Published { version, .. }) = publisher.end_window() {
+                tracing::info!(
+                    "{}ring v{version}: hand-off window over; leaving servers closed",
+                    publisher.log_prefix()
+                );
+            }
+            // Otherwise a change during the sweep started a later window:
+            // its own sweep closes it.
+        }
+        WindowSweep::Idle => {}
+    }
+    let over = publisher
+        .window_end()
+        .is_some_and(|end| end <= std::time::Instant::now());
+    if !over {
+        return false;
+    }
+    *state = WindowSweep::Running;
+    let topology = publisher.topology.load_full();
+    let version = topology.version;
+    let (shared, stats) = (publisher.topology.clone(), publisher.hooks.stats.clone());
+    let prefix = publisher.log_prefix();
+    let publisher = publisher.clone();
+    tokio::spawn(async move {
+        let swept = crate::sweep::sweep(shared, topology, stats).await;
+        let deleted: u64 = swept.iter().map(|(_, n)| n).sum();
+        tracing::info!(
+            "{prefix}ring v{version}: deleted {deleted} keys from {} servers that no longer own them",
+            swept.len()
+        );
+        *publisher
+            .window_sweep
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = WindowSweep::Done;
+        publisher.hooks.health_changed.notify_one();
+    });
+    true
+}
+
 /// Leaves DEAD servers out of the ring (when `auto_eject` is on) and puts them
 /// back when they recover, each as one published topology change.
 ///
@@ -441,28 +514,18 @@ pub(crate) async fn eject_on_health_changes(
     shutdown: CancellationToken,
 ) {
     loop {
+        let closing = close_window(&publisher);
         // Checked at least every second, so a window started by a reload is
         // ended on time without a wake-up from the reloader.
         let tick = std::time::Instant::now() + std::time::Duration::from_secs(1);
-        let tick = publisher.window_end().map_or(tick, |end| end.min(tick));
+        let tick = match publisher.window_end() {
+            Some(end) if !closing => end.min(tick),
+            _ => tick,
+        };
         let tick = publisher.next_retry().map_or(tick, |at| at.min(tick));
         tokio::select! {
             () = publisher.health_changed() => {}
             () = tokio::time::sleep_until(tick.into()) => {
-                if let Some(Published { version, .. }) = publisher.end_window() {
-                    tracing::info!("{}ring v{version}: hand-off window over; leaving servers closed", publisher.log_prefix());
-                    let topology = publisher.topology.load_full();
-                    let (shared, stats) = (publisher.topology.clone(), publisher.hooks.stats.clone());
-                    let prefix = publisher.log_prefix();
-                    tokio::spawn(async move {
-                        let swept = crate::sweep::sweep(shared, topology, stats).await;
-                        let deleted: u64 = swept.iter().map(|(_, n)| n).sum();
-                        tracing::info!(
-                            "{prefix}ring v{version}: deleted {deleted} keys from {} servers that no longer own them",
-                            swept.len()
-                        );
-                    });
-                }
                 // With a gutter, a DEAD server held back after a recent
                 // return is failed over once its hold is over: look again.
                 let failover = publisher.topology.load().config.failover.is_some();

@@ -646,12 +646,12 @@ impl Stats {
         let handoff_leftovers_deleted = counter(
             &mut registry,
             "handoff_leftovers_deleted",
-            "Keys deleted from servers that no longer own them, when a hand-off window ended",
+            "Keys deleted from servers that no longer own them, as a hand-off window closes",
         );
         let handoff_sweeps = counter(
             &mut registry,
             "handoff_sweeps",
-            "Servers swept of keys they no longer own after a hand-off window",
+            "Servers swept of keys they no longer own as a hand-off window closes",
         );
         let latency_family: Family<CommandLabels, PartedHistogram> = Family::default();
         registry.register(

@@ -1,5 +1,6 @@
-//! When a hand-off window ends, delete from every server the keys it holds
-//! but no longer owns.
+//! Before a hand-off window ends, delete from every server the keys it holds
+//! but no longer owns (the window ends once this is done: see
+//! `pool::close_window`).
 //!
 //! During a window the previous owners' copies of moved keys serve the
 //! read-through. Once it is over nothing reads them, but they stay: and when

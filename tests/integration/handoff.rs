@@ -1441,8 +1441,10 @@ fn undoing_a_change_after_its_window_ended_never_brings_back_an_old_value() {
     wait_for("ring version 2", || proxy.ring_version() >= 2);
     // Read everything once in the window (copies), then let it end.
     assert!(read_all(&mut client, &keys) >= keys.len() * 995 / 1000);
-    wait_for("the window to end and its sweep to finish", || {
+    // The sweep runs first, then the window ends.
+    wait_for("the window's sweep to finish and the window to end", || {
         proxy.client().stat("handoff_sweeps") >= 5
+            && proxy.running().topology.load().previous.is_none()
     });
     let deleted = proxy.client().stat("handoff_leftovers_deleted");
     println!("sweep after 4 -> 5: {deleted} leftover keys deleted");
@@ -1498,6 +1500,7 @@ fn a_server_added_back_after_its_removal_never_serves_what_it_held_before() {
     replace_by_rename(&path, &short(&all[..4]));
     wait_for("the removal's window to end", || {
         proxy.client().stat("handoff_sweeps") >= 4
+            && proxy.running().topology.load().previous.is_none()
     });
     let second = |key: &str| format!("{key}=v2");
     for key in &keys {
@@ -1637,6 +1640,72 @@ impl SidecarsAfterJoin {
     fn held_by_new_owner(&self) -> usize {
         held_by(&self.servers[4], std::slice::from_ref(&self.key))
     }
+}
+
+/// Two sidecars reload one change apart in time, so the first one's window
+/// is over while the second still reads moved keys through. A window ends
+/// only once its sweep has deleted the previous owners' copies; until then
+/// its writes still delete a moved key from its previous owner. Here the
+/// first sidecar's sweep is kept back at the previous owner by a relay (a
+/// large cache takes that long to list) when its client deletes the key:
+/// the delete must still reach the previous owner, or the second sidecar
+/// reads the deleted value there (and copies it back to the new owner for
+/// good). B's longer window stands for a reload that came later.
+#[test]
+fn a_window_ends_only_after_its_sweep_so_a_sidecar_reloaded_later_cannot_read_a_deleted_key() {
+    let dir = TempDir::new("handoff", "window-sweep");
+    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let (four, five) = rings_4_and_5(&dir, &all);
+    let key = moved_between(&four, &five, (0..5000).map(|i| format!("swept:{i}")), 1)
+        .pop()
+        .expect("a key that moves");
+    let previous = (0..4)
+        .find(|&i| owner_name(&four, &key) == format!("cache-{}", servers[i].port))
+        .expect("the key's owner among the four");
+    let relay = Relay::start(
+        &servers[previous].addr(),
+        Fault::holding_from(b"lru_crawler"),
+    );
+    let text = |n: usize, handoff_ms: u64| {
+        let relayed = config(&all[..n]).replace(&servers[previous].addr(), &relay.addr());
+        format!("handoff_ms = {handoff_ms}\n{relayed}")
+    };
+    let (path_a, path_b) = (dir.path("a.toml"), dir.path("b.toml"));
+    std::fs::write(&path_a, text(4, 1000)).unwrap();
+    std::fs::write(&path_b, text(4, 120_000)).unwrap();
+    let (a, b) = (Proxy::start_file(&path_a), Proxy::start_file(&path_b));
+    let (mut through_a, mut through_b) = (a.client(), b.client());
+    assert_eq!(through_a.set(&key, b"v1"), b"STORED\r\n");
+    replace_by_rename(&path_a, &text(5, 1000));
+    replace_by_rename(&path_b, &text(5, 120_000));
+    for proxy in [&a, &b] {
+        wait_for("ring version 2", || proxy.ring_version() >= 2);
+    }
+    // A's window time is up: its sweep has reached the previous owner.
+    wait_for("A's sweep kept back at the previous owner", || {
+        relay.holding()
+    });
+    assert_eq!(
+        through_a.call(format!("delete {key}\r\n").as_bytes(), ReplyKind::Line),
+        b"DELETED\r\n",
+        "A's delete reaches the previous owner, where the key is"
+    );
+    assert_eq!(
+        through_b.get(&key),
+        None,
+        "B read a value A's client had deleted"
+    );
+    relay.release();
+    wait_for("A's window to end after its sweep", || {
+        a.running().topology.load().previous.is_none()
+    });
+    assert!(a.client().stat("handoff_sweeps") >= 5);
+    assert_eq!(through_b.get(&key), None, "B, after A's window");
+    assert!(
+        b.running().topology.load().previous.is_some(),
+        "B's window still runs"
+    );
 }
 
 /// A read-through copy that lands after a write of its key is taken back:
