@@ -387,7 +387,7 @@ impl Moved {
                         let (key, base64) = self.key_token();
                         Step::Send {
                             to: Owner::Previous,
-                            lines: smallvec::smallvec![delete_if_line(&key, base64, cas)],
+                            lines: smallvec::smallvec![delete_line(&key, base64, Some(cas))],
                             expect: meta_expect(MetaCommand::Delete),
                         }
                     }
@@ -405,12 +405,13 @@ impl Moved {
                     return self.run_on_new();
                 }
                 // Gone or changed (or no answer): when in doubt, the copy
-                // goes, unless something newer replaced it.
+                // goes, by the cas it landed with, so something newer that
+                // replaced it stays (without that cas, the key goes).
                 self.stage = Stage::TakeBack;
                 let (key, base64) = self.key_token();
                 Step::Send {
                     to: Owner::New,
-                    lines: smallvec::smallvec![take_back_line(&key, base64, landed)],
+                    lines: smallvec::smallvec![delete_line(&key, base64, landed)],
                     expect: meta_expect(MetaCommand::Delete),
                 }
             }
@@ -915,9 +916,12 @@ impl ReadCopy {
         holds(&self.wire, reply)
     }
 
-    /// See [`take_back_line`].
+    /// The `md` that takes the copy back from its new owner: compared by the
+    /// cas it `landed` with, so a write that replaced it in between stays.
+    /// Without that cas (a server that did not return it) the key goes
+    /// whatever it holds: when in doubt, a miss.
     pub(crate) fn take_back_line(&self, landed: Option<u64>) -> Bytes {
-        take_back_line(&self.key, self.base64, landed)
+        delete_line(&self.key, self.base64, landed)
     }
 }
 
@@ -940,32 +944,18 @@ fn holds(copy: &Outbound, reply: &[u8]) -> bool {
     ValueReply::parse(reply).is_some_and(|value| value.data == data)
 }
 
-/// The `md` that takes a copy back from its new owner: compared by the cas
-/// the copy `landed` with, so a write that replaced it in between stays.
-/// Without that cas (a server that did not return it) the key goes
-/// whatever it holds: when in doubt, a miss.
-fn take_back_line(key_token: &[u8], base64: bool, landed: Option<u64>) -> Bytes {
-    match landed {
-        Some(cas) => delete_if_line(key_token, base64, cas),
-        None => {
-            let mut line = BytesMut::with_capacity(key_token.len() + 8);
-            line.put_slice(b"md ");
-            line.put_slice(key_token);
-            line.put_slice(if base64 { b" b\r\n" } else { b"\r\n" });
-            line.freeze()
-        }
-    }
-}
-
-/// `md <key> C<cas>`: deletes the item only while its cas is `cas`.
-fn delete_if_line(key_token: &[u8], base64: bool, cas: u64) -> Bytes {
+/// `md <key>`, with `C<cas>` when `cas` is given.
+fn delete_line(key_token: &[u8], base64: bool, cas: Option<u64>) -> Bytes {
     let mut line = BytesMut::with_capacity(key_token.len() + 28);
     line.put_slice(b"md ");
     line.put_slice(key_token);
     if base64 {
         line.put_slice(b" b");
     }
-    line.put_slice(format!(" C{cas}\r\n").as_bytes());
+    if let Some(cas) = cas {
+        line.put_slice(format!(" C{cas}").as_bytes());
+    }
+    line.put_slice(b"\r\n");
     line.freeze()
 }
 
