@@ -35,8 +35,10 @@ use crate::backend::Shared;
 use crate::clock::TurnClock;
 use crate::error::BackendErrorKind;
 use crate::outbuf::OutQueue;
+use crate::protocol::lease;
 use crate::protocol::meta::reply::MetaReplyError;
 use crate::protocol::meta::tag::{echoes_opaque, tag_request, untag, Tag};
+use crate::protocol::meta::MetaCommand;
 use crate::protocol::reply::{
     item_size_max, next_piece, pending_value_len, Expect, Piece, ReplyError,
 };
@@ -619,7 +621,7 @@ fn deliver(
             Ok(Some(piece)) => piece,
         };
         match piece {
-            Piece::Value { len, .. } => {
+            Piece::Value { len, key, .. } => {
                 delivered.largest = delivered.largest.max(len);
                 let bytes = read_buf.split_to(len);
                 let bytes = match &front.tag {
@@ -627,6 +629,11 @@ fn deliver(
                     Some(tag) => untag(bytes, tag).map_err(protocol_error)?,
                     None => bytes.freeze(),
                 };
+                if holds_lease(&front.expect, &bytes, key.end) {
+                    // Another sidecar's hand-off lease: a miss, so nothing
+                    // to hand on (a quiet `mg` says nothing on a miss).
+                    continue;
+                }
                 if front.probe {
                     if let Some(limit) = item_size_max(&bytes) {
                         shared.item_size_max.store(limit, Ordering::Relaxed);
@@ -658,6 +665,18 @@ fn deliver(
                         None
                     }
                 };
+                // An `mg` that found another sidecar's hand-off lease
+                // answers as memcached does for a miss.
+                let bytes = match (&front.expect, bytes) {
+                    (
+                        Expect::Meta {
+                            command: MetaCommand::Get,
+                            ..
+                        },
+                        Some(reply),
+                    ) => Some(lease::meta_miss_for_lease(&reply).unwrap_or(reply)),
+                    (_, bytes) => bytes,
+                };
                 let waiting = state.waiting.pop_front().expect("front exists");
                 // The next request's time starts when this one is answered.
                 state.progress = now;
@@ -677,6 +696,20 @@ fn deliver(
                 }
             }
         }
+    }
+}
+
+/// Whether a value piece framed against `expect` is a hand-off lease
+/// (`protocol::lease`): a classic `VALUE` block (its key ending at
+/// `key_end`), or the one reply of a quiet `mg`.
+fn holds_lease(expect: &Expect, piece: &[u8], key_end: usize) -> bool {
+    match expect {
+        Expect::Values { .. } => lease::classic_value_is_lease(piece, key_end),
+        Expect::Meta {
+            command: MetaCommand::Get,
+            ..
+        } => lease::meta_value_is_lease(piece),
+        _ => false,
     }
 }
 

@@ -15,6 +15,7 @@ pub const MAX_REPLY_LINE_BYTES: usize = 8 * 1024;
 pub const MAX_REPLY_VALUE_BYTES: usize = 1024 * 1024 * 1024;
 
 pub mod encode;
+pub mod lease;
 pub mod meta;
 pub mod reply;
 pub mod request;

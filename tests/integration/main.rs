@@ -17,6 +17,7 @@ mod failure;
 mod handoff;
 mod hostile;
 mod hotkeys;
+mod leases;
 mod meta_protocol;
 mod meta_ring;
 mod operations;
