@@ -601,6 +601,10 @@ fn side_by_side(outage: Outage, own_timing: bool, test: &str) -> Outcome {
                 break;
             }
         }
+        let returns = |timeline: &Timeline| {
+            timeline.memring_returns().len() + timeline.nutcracker_returns().len()
+        };
+        let returns_before = returns(&seen);
         let started = Instant::now();
         let m2n = check(
             &mut mem,
@@ -618,18 +622,21 @@ fn side_by_side(outage: Outage, own_timing: bool, test: &str) -> Outcome {
         seconds.push((second, started, ended, m2n, n2m));
         second += 1;
         // Paced by the clock: one check per second of the scenario. With
-        // memring's own timing, also one as soon as memring puts the server
-        // back: the proxies disagree from then until nutcracker's retry, and
-        // on a loaded machine that can be well under a second (memring's
-        // probe backoff may have grown to 2 s by the restart), between two
-        // checks of the grid.
+        // memring's own timing, also one as soon as either proxy puts the
+        // server back after this check began: the proxies disagree from the
+        // first return until the second, and on a loaded machine that can
+        // be well under a second (memring's probe backoff may have grown to
+        // 2 s by the restart), between two checks of the grid, or begin
+        // just after a check that a late schedule started just before it.
         let next = begun + Duration::from_secs(u64::from(second));
-        let was_out = own_timing && timeline.lock().expect("timeline").memring_out();
-        while Instant::now() < next {
-            if was_out && !timeline.lock().expect("timeline").memring_out() {
-                break;
+        let returned = || returns(&timeline.lock().expect("timeline")) > returns_before;
+        if !(own_timing && returned()) {
+            while Instant::now() < next {
+                if own_timing && returned() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(2));
             }
-            std::thread::sleep(Duration::from_millis(2));
         }
     }
     stop.store(true, Ordering::Relaxed);
