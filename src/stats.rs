@@ -626,7 +626,7 @@ impl Stats {
         let handoff_copies_skipped = counter(
             &mut registry,
             "handoff_copies_skipped",
-            "Copies not stored because the new owner already had a value",
+            "Copies not stored because the new owner already had a value, or a write reached their lease first",
         );
         let handoff_copy_failures = counter(
             &mut registry,
@@ -636,12 +636,12 @@ impl Stats {
         let handoff_copies_checked = counter(
             &mut registry,
             "handoff_copies_checked",
-            "Copies read back where they were copied from once they landed",
+            "Read-through copies whose lease was placed, then replaced by the copy or taken back",
         );
         let handoff_copies_taken_back = counter(
             &mut registry,
             "handoff_copies_taken_back",
-            "Copies deleted again: the key changed where it was copied from before the copy landed",
+            "Leases and copies deleted again: the key changed where it was copied from",
         );
         let handoff_leftovers_deleted = counter(
             &mut registry,
@@ -933,13 +933,14 @@ impl Stats {
         }
     }
 
-    /// A read-through copy taken back: a write changed the key where it was
-    /// copied from before the copy landed.
+    /// A read-through copy's lease, or a command's copy, taken back: a write
+    /// changed the key where it was copied from.
     pub fn copy_taken_back(&self) {
         self.handoff_copies_taken_back.inc();
     }
 
-    /// A read-through copy checked against its source once it landed.
+    /// A read-through copy whose lease was placed, then replaced by the
+    /// copy or taken back.
     pub fn copy_checked(&self) {
         self.handoff_copies_checked.inc();
     }

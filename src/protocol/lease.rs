@@ -1,4 +1,4 @@
-//! Hand-off leases as a reader sees them.
+//! Hand-off leases: how one is placed, and how a reader knows one.
 //!
 //! A hand-off copy (docs/handoff.md) can race a write of another sidecar: a
 //! value read from the previous owner may land on the new owner just after
@@ -10,11 +10,10 @@
 //! lease is a miss.
 //!
 //! This file is that recognition, and the wire form of a lease: client flags
-//! [`LEASE_FLAGS`] and data [`LEASE_MARKER`]. It ships before any memring
-//! places leases, so that in a fleet upgraded one sidecar at a time no older
-//! sidecar serves a lease's bytes as a value. An `append` or `prepend` that
-//! reaches a lease extends its data; such an item is still a lease (the
-//! marker at one end), and still a miss.
+//! [`LEASE_FLAGS`] and data [`LEASE_MARKER`], placed by [`lease_request`]
+//! (the copy itself is `session::copy_check`'s). An `append` or `prepend`
+//! that reaches a lease extends its data; such an item is still a lease
+//! (the marker at one end), and still a miss.
 //!
 //! Pure: bytes in, answers out.
 
@@ -30,6 +29,34 @@ const LEASE_FLAGS_DECIMAL: &[u8] = b"1835821873";
 /// The data of a lease. A NUL at each end: no text value a client stores
 /// looks like it.
 pub const LEASE_MARKER: &[u8] = b"\0memring hand-off lease\0";
+
+/// How long a lease lives, in seconds: far longer than the copy's round
+/// trips that replace it, and short enough that a lease its copier never
+/// replaced (a connection lost meanwhile) keeps the key a miss only briefly.
+pub const LEASE_TTL_SECONDS: u32 = 5;
+
+/// The `ms` that places a lease for `key_token` (base64 when `base64`):
+/// only where the key is absent (`ME`, so it never hides a value), and
+/// answering the lease's cas (`c`), by which the copy replaces it.
+pub fn lease_request(key_token: &[u8], base64: bool) -> Bytes {
+    let mut line = BytesMut::with_capacity(key_token.len() + 64);
+    line.put_slice(b"ms ");
+    line.put_slice(key_token);
+    line.put_slice(
+        format!(
+            " {} F{LEASE_FLAGS} T{LEASE_TTL_SECONDS} ME c",
+            LEASE_MARKER.len()
+        )
+        .as_bytes(),
+    );
+    if base64 {
+        line.put_slice(b" b");
+    }
+    line.put_slice(b"\r\n");
+    line.put_slice(LEASE_MARKER);
+    line.put_slice(b"\r\n");
+    line.freeze()
+}
 
 /// Whether `data` with client flags `flags` (as memcached prints them;
 /// `None` when the reply does not show them) is a lease.
@@ -165,6 +192,20 @@ mod tests {
         assert!(meta_value_is_lease(&va(&both, &format!(" f{LEASE_FLAGS}"))));
         assert!(!meta_value_is_lease(&va(&both, " f0")));
         assert!(!meta_value_is_lease(&va(b"plain", "")));
+    }
+
+    #[test]
+    fn a_lease_request_stores_what_readers_take_for_a_lease() {
+        let request = lease_request(b"a2V5", true);
+        let line_end = memchr::memchr(b'\n', &request).unwrap();
+        assert_eq!(
+            &request[..=line_end],
+            format!("ms a2V5 24 F{LEASE_FLAGS} T{LEASE_TTL_SECONDS} ME c b\r\n").as_bytes()
+        );
+        // What memcached answers an `mg … v f` for the stored lease.
+        let mut stored = format!("VA 24 f{LEASE_FLAGS}\r\n").into_bytes();
+        stored.extend_from_slice(&request[line_end + 1..]);
+        assert!(meta_value_is_lease(&stored));
     }
 
     #[test]

@@ -54,6 +54,8 @@ pub(super) struct ClientSession {
     pub(super) health: health::TurnHealth,
     /// The topology of this turn's requests, loaded by the first of them.
     pub(super) turn_topology: TurnTopology,
+    /// This client's read-through copies still replacing their leases.
+    pub(super) copies: Rc<CopiesUnderWay>,
 }
 
 /// Where the requests of one turn of a session are planned.
@@ -78,11 +80,13 @@ impl ClientSession {
     ) -> ClientSession {
         let limits = worker.default_topology().limits();
         let budget = ClientBudget::new(worker.budget.clone());
+        let wake = Rc::new(Wake::new());
         ClientSession {
             bound,
             lane: id as usize,
             worker,
-            wake: Rc::new(Wake::new()),
+            copies: CopiesUnderWay::new(wake.clone()),
+            wake,
             entries: Fifo::default(),
             out: OutQueue::default(),
             lines: RecycledBuf::new(SUB_LINES_BYTES),

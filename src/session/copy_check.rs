@@ -1,16 +1,20 @@
-//! Read-through copies, checked once they have landed (see
-//! `handoff::ReadCopy`). A copy is sent at once, ahead of the client's later
-//! requests on the same connection; what follows its reply runs on its own,
-//! and no client waits for it: the source is read again, and if the value
-//! changed or went there, the copy is taken back from the new owner.
+//! Read-through copies, made through a lease (see `handoff::ReadCopy`). The
+//! lease is sent at once, ahead of the client's later requests on the same
+//! connection; what follows its reply runs on its own, and no client waits
+//! for it: the source is read again, and the copy replaces the lease only if
+//! the value is still there; otherwise the lease is taken back. Only the
+//! client's later writes of moved keys wait (see [`CopiesUnderWay`]).
 
+use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::Arc;
 
 use bytes::Bytes;
 
 use crate::backend::slot::{Got, Slot};
-use crate::plan::handoff::{copy_outcome, landed_cas, meta_expect, CopyOutcome, ReadCopy};
+use crate::plan::handoff::{
+    copy_outcome, fill_outcome, landed_cas, meta_expect, CopyOutcome, ReadCopy,
+};
 use crate::plan::route::CallResult;
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::reply::Expect;
@@ -18,27 +22,101 @@ use crate::shard::WorkerCtx;
 use crate::topology::Topology;
 use crate::wake::Wake;
 
-/// Sends `copy` to its new owner now, and checks it once it has landed.
-pub(super) fn send(worker: &Rc<WorkerCtx>, topology: &Arc<Topology>, lane: usize, copy: ReadCopy) {
+/// One client's copies whose lease is placed and not yet replaced or taken
+/// back. A write of a moved key by the same client waits until there are
+/// none: it would otherwise reach the lease (an `append` extends it, an
+/// `incr` finds it non-numeric) and the copy would then fail, losing what
+/// the client itself read and then changed.
+#[derive(Debug)]
+pub(super) struct CopiesUnderWay {
+    count: Cell<usize>,
+    /// The client's session, woken when the last copy is done.
+    session: Rc<Wake>,
+}
+
+impl CopiesUnderWay {
+    pub(super) fn new(session: Rc<Wake>) -> Rc<CopiesUnderWay> {
+        Rc::new(CopiesUnderWay {
+            count: Cell::new(0),
+            session,
+        })
+    }
+
+    pub(super) fn any(&self) -> bool {
+        self.count.get() > 0
+    }
+
+    fn begin(self: &Rc<Self>) -> Ended {
+        self.count.set(self.count.get() + 1);
+        Ended(self.clone())
+    }
+}
+
+/// Counts a copy done when dropped, however its task ends.
+struct Ended(Rc<CopiesUnderWay>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        let under_way = &self.0;
+        under_way.count.set(under_way.count.get() - 1);
+        if under_way.count.get() == 0 {
+            under_way.session.notify();
+        }
+    }
+}
+
+/// Places `copy`'s lease on its new owner now, and makes the copy once the
+/// lease is there and the source still holds the value.
+pub(super) fn send(
+    worker: &Rc<WorkerCtx>,
+    topology: &Arc<Topology>,
+    lane: usize,
+    copy: ReadCopy,
+    under_way: &Rc<CopiesUnderWay>,
+) {
     let wake = Rc::new(Wake::new());
     let expect = meta_expect(MetaCommand::Set);
-    let Some(slot) = call_now(
-        worker, topology, lane, copy.owner, &copy.wire, expect, &wake,
-    ) else {
+    let lease = [copy.lease_line()];
+    let Some(slot) = call_now(worker, topology, lane, copy.owner, &lease, expect, &wake) else {
         super::count_copy(&worker.stats, CopyOutcome::Failed);
         return;
     };
     let (worker, topology) = (worker.clone(), topology.clone());
+    let ended = under_way.begin();
     let checks = worker.checks.clone();
     checks.spawn_local(async move {
-        let landed = reply(&slot, &wake).await;
-        let outcome = copy_outcome(&landed);
-        super::count_copy(&worker.stats, outcome);
-        if outcome != CopyOutcome::Made {
-            return;
-        }
-        if !still_at_source(&worker, &topology, lane, &copy).await {
-            take_back(&worker, &topology, lane, &copy, landed_cas(&landed)).await;
+        let _ended = ended;
+        let leased = reply(&slot, &wake).await;
+        let outcome = copy_outcome(&leased);
+        // Without its cas the lease can be neither replaced nor taken back
+        // safely: it expires (a miss meanwhile).
+        let lease = match (outcome, landed_cas(&leased)) {
+            (CopyOutcome::Made, Some(lease)) => lease,
+            (CopyOutcome::Made, None) => {
+                super::count_copy(&worker.stats, CopyOutcome::Failed);
+                return;
+            }
+            // `NS`: the new owner holds the key (a write, or another
+            // copy's lease) already.
+            (outcome, _) => {
+                super::count_copy(&worker.stats, outcome);
+                return;
+            }
+        };
+        if still_at_source(&worker, &topology, lane, &copy).await {
+            let expect = meta_expect(MetaCommand::Set);
+            let filled = call(
+                &worker,
+                &topology,
+                lane,
+                copy.owner,
+                &copy.fill(lease),
+                expect,
+            )
+            .await;
+            super::count_copy(&worker.stats, fill_outcome(&filled));
+        } else {
+            take_back(&worker, &topology, lane, &copy, lease).await;
         }
         worker.stats.copy_checked();
     });
@@ -65,17 +143,17 @@ async fn still_at_source(
     matches!(&at_source, Ok(reply) if copy.holds(reply))
 }
 
-/// Deletes the copy from its new owner, compared by the cas it `landed`
-/// with, so a write that replaced it in between stays.
+/// Deletes the lease from the new owner, compared by its cas, so a write
+/// that replaced it in between stays.
 async fn take_back(
     worker: &Rc<WorkerCtx>,
     topology: &Arc<Topology>,
     lane: usize,
     copy: &ReadCopy,
-    landed: Option<u64>,
+    lease: u64,
 ) {
     let expect = meta_expect(MetaCommand::Delete);
-    let line = [copy.take_back_line(landed)];
+    let line = [copy.take_back_line(lease)];
     let undone = call(worker, topology, lane, copy.owner, &line, expect).await;
     if matches!(&undone, Ok(reply) if reply.starts_with(b"HD")) {
         worker.stats.copy_taken_back();

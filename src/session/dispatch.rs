@@ -138,6 +138,11 @@ impl ClientSession {
     fn dispatch_meta(&mut self, e: Sending<'_>, meta: &mut MetaWork) -> bool {
         let topology = e.topology;
         if !*e.sent {
+            // A moved key's steps wait for this client's read-through copies
+            // (see `CopiesUnderWay`).
+            if matches!(meta.mode, MetaMode::Moved(_)) && self.copies.any() {
+                return false;
+            }
             let deletes = OlderForget::len(meta.older.as_ref());
             let value = match meta.value {
                 true => self.estimate.max(MIN_ESTIMATE_BYTES),
@@ -248,6 +253,11 @@ impl ClientSession {
     fn dispatch_moved(&mut self, mut e: Sending<'_>, moved: &mut MovedWork) -> bool {
         let topology = e.topology;
         if !*e.sent {
+            // This client's read-through copies replace their leases first
+            // (see `CopiesUnderWay`).
+            if self.copies.any() {
+                return false;
+            }
             // The older owners lose the key before the machine's first step.
             if !self.reserve_and_forget_older(&mut e, 1, moved.older.as_mut()) {
                 return false;
@@ -379,7 +389,7 @@ impl ClientSession {
         // Read-through hits go to their new owner before any later
         // request of this client.
         for copy in plan.take_copies() {
-            copy_check::send(&self.worker, topology, self.lane, copy);
+            copy_check::send(&self.worker, topology, self.lane, copy, &self.copies);
         }
         // With replicas (or moved keys), replies may send keys to
         // their next server: later requests wait until this one has
@@ -457,7 +467,7 @@ impl ClientSession {
                         key,
                         base64,
                     };
-                    copy_check::send(&self.worker, topology, self.lane, copy);
+                    copy_check::send(&self.worker, topology, self.lane, copy, &self.copies);
                 }
             }
         }

@@ -67,6 +67,7 @@ mod work;
 use crate::budget::{ClientBudget, Reservation};
 use crate::recycled::RecycledBuf;
 use client::{ClientSession, TurnTopology};
+use copy_check::CopiesUnderWay;
 use deadline::{Progress, Waiting};
 use fifo::{Before, Fifo};
 use work::*;

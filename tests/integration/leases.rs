@@ -106,54 +106,77 @@ fn a_lease_reads_as_a_miss_in_every_kind_of_read() {
     assert!(show(&direct.get_raw("leased")).contains("memring hand-off lease"));
 }
 
+/// Five memcached servers and a memring moved from the first four to all
+/// five, in its hand-off window, with `count` keys (stored before the
+/// change, as `<key>=v` unless `value` says) that the fifth server took over.
+struct Joined {
+    servers: Vec<Memcached>,
+    proxy: Proxy,
+    moved: Vec<String>,
+    _dir: TempDir,
+}
+
+impl Joined {
+    fn start(name: &str, count: usize, value: impl Fn(&str) -> String) -> Joined {
+        let dir = TempDir::new("leases", name);
+        let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+        let all: Vec<&Memcached> = servers.iter().collect();
+        let text = |servers: &[&Memcached]| {
+            let mut text = String::from("listen = \"127.0.0.1:0\"\n");
+            for server in servers {
+                text.push_str(&format!(
+                    "[[servers]]\naddr = \"{}\"\nname = \"cache-{}\"\n",
+                    server.addr(),
+                    server.port
+                ));
+            }
+            text
+        };
+        let path = dir.path("memring.toml");
+        std::fs::write(&path, text(&all[..4])).unwrap();
+        let proxy = Proxy::start_file(&path);
+        // Keys whose owner among four is not the one among five: the fifth
+        // server's share.
+        let five = memring::ring::Ring::build(
+            memring::config::Config::parse(&text(&all), "five.toml")
+                .unwrap()
+                .members(),
+        );
+        let moved: Vec<String> = (0..5000)
+            .map(|i| format!("{name}:{i}"))
+            .filter(|key| {
+                let owner = five.owner(key.as_bytes()).unwrap();
+                five.members()[owner].identity == format!("cache-{}", servers[4].port)
+            })
+            .take(count)
+            .collect();
+        assert_eq!(moved.len(), count, "keys the fifth server takes over");
+        let mut client = proxy.client();
+        for key in &moved {
+            client.set(key, value(key).as_bytes());
+        }
+        let version = proxy.ring_version();
+        replace_by_rename(&path, &text(&all));
+        wait_for("the ring of five", || proxy.ring_version() > version);
+        Joined {
+            servers,
+            proxy,
+            moved,
+            _dir: dir,
+        }
+    }
+}
+
 /// A moved key whose new owner holds another sidecar's lease (its copy not
 /// yet landed) is read through from its previous owner, in both dialects;
 /// the lease itself is left for its owner to replace.
 #[test]
 fn a_moved_key_leased_on_its_new_owner_is_read_through_from_its_previous_owner() {
-    let dir = TempDir::new("leases", "read-through");
-    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
-    let all: Vec<&Memcached> = servers.iter().collect();
-    let text = |servers: &[&Memcached]| {
-        let mut text = String::from("listen = \"127.0.0.1:0\"\n");
-        for server in servers {
-            text.push_str(&format!(
-                "[[servers]]\naddr = \"{}\"\nname = \"cache-{}\"\n",
-                server.addr(),
-                server.port
-            ));
-        }
-        text
-    };
-    let path = dir.path("memring.toml");
-    std::fs::write(&path, text(&all[..4])).unwrap();
-    let proxy = Proxy::start_file(&path);
+    let joined = Joined::start("read-through", 2, |key| format!("{key}=v"));
+    let (proxy, moved) = (&joined.proxy, &joined.moved);
     let mut client = proxy.client();
-    // Keys whose owner among four is not the one among five: the fifth
-    // server's share.
-    let five = memring::ring::Ring::build(
-        memring::config::Config::parse(&text(&all), "five.toml")
-            .unwrap()
-            .members(),
-    );
-    let moved: Vec<String> = (0..2000)
-        .map(|i| format!("leased:{i}"))
-        .filter(|key| {
-            let owner = five.owner(key.as_bytes()).unwrap();
-            five.members()[owner].identity == format!("cache-{}", servers[4].port)
-        })
-        .take(2)
-        .collect();
-    assert_eq!(moved.len(), 2, "keys the fifth server takes over");
-    for key in &moved {
-        client.set(key, format!("{key}=v").as_bytes());
-    }
-    let version = proxy.ring_version();
-    replace_by_rename(&path, &text(&all));
-    wait_for("the ring of five", || proxy.ring_version() > version);
-
-    let mut new_owner = servers[4].client();
-    for key in &moved {
+    let mut new_owner = joined.servers[4].client();
+    for key in moved {
         place(&mut new_owner, key, LEASE_MARKER);
     }
     let (classic, meta) = (&moved[0], &moved[1]);
@@ -170,10 +193,52 @@ fn a_moved_key_leased_on_its_new_owner_is_read_through_from_its_previous_owner()
     wait_for("both copies skipped", || {
         proxy.client().stat("handoff_copies_skipped") == 2
     });
-    for key in &moved {
+    for key in moved {
         assert!(
             show(&new_owner.get_raw(key)).contains("memring hand-off lease"),
             "{key}: the lease is its placer's to replace"
         );
     }
+}
+
+/// A read-through places its copy's lease on the new owner, and the copy
+/// replaces it a little later. A client that changes the key right after
+/// reading it, pipelined on the same connection, must change the copy and
+/// not the lease: an `append` to the lease would be lost with it, and an
+/// `incr` would find it non-numeric. So the client's writes of moved keys
+/// wait for its own copies.
+#[test]
+fn a_write_right_after_the_same_clients_read_through_changes_the_copy() {
+    let joined = Joined::start("own-lease", 4, |_| "5".into());
+    let mut client = joined.proxy.client();
+    let [incr, append, ma, meta_append] = &joined.moved[..] else {
+        unreachable!()
+    };
+    client.send(format!("get {incr}\r\nincr {incr} 2\r\n").as_bytes());
+    assert_eq!(
+        show(&client.reply(ReplyKind::Values)),
+        show(format!("VALUE {incr} 0 1\r\n5\r\nEND\r\n").as_bytes())
+    );
+    assert_eq!(show(&client.reply(ReplyKind::Line)), "7\\r\\n");
+    assert_eq!(client.get(incr), Some(b"7".to_vec()), "{incr}");
+
+    client.send(format!("get {append}\r\nappend {append} 0 0 1\r\nx\r\n").as_bytes());
+    let got = show(&client.reply(ReplyKind::Values));
+    assert!(got.contains("\\r\\n5\\r\\n"), "{append}: {got}");
+    assert_eq!(show(&client.reply(ReplyKind::Line)), "STORED\\r\\n");
+    assert_eq!(client.get(append), Some(b"5x".to_vec()), "{append}");
+
+    client.send(format!("mg {ma} v\r\nma {ma} v\r\n").as_bytes());
+    assert_eq!(show(&client.meta_reply()), "VA 1\\r\\n5\\r\\n");
+    assert_eq!(show(&client.meta_reply()), "VA 1\\r\\n6\\r\\n");
+    assert_eq!(client.get(ma), Some(b"6".to_vec()), "{ma}");
+
+    client.send(format!("mg {meta_append} v\r\nms {meta_append} 1 MA\r\ny\r\n").as_bytes());
+    assert_eq!(show(&client.meta_reply()), "VA 1\\r\\n5\\r\\n");
+    assert_eq!(show(&client.meta_reply()), "HD\\r\\n");
+    assert_eq!(
+        client.get(meta_append),
+        Some(b"5y".to_vec()),
+        "{meta_append}"
+    );
 }

@@ -14,6 +14,7 @@ use smallvec::SmallVec;
 
 use crate::error::BackendError;
 use crate::protocol::encode::{forwardable, value_block, Outbound};
+use crate::protocol::lease;
 use crate::protocol::meta::reply::{meta_absent, meta_is_miss, meta_succeeded};
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::reply::{Expect, LineKind};
@@ -885,13 +886,15 @@ fn copy_exptime(ttl: i64, now: u64) -> Option<String> {
     }
 }
 
-/// A read-through copy of a moved key, and what checks it once it has
-/// landed: a write of the key (through another worker or sidecar) may have
-/// reached the new owner before the copy did, and the copy would then bring
-/// back a value older than that write. The check reads the key again where
-/// it was copied from; if it changed there (the write's hand-off deletes
-/// it), the copy is taken back from the new owner by the cas it landed with,
-/// so something newer that replaced it meanwhile stays.
+/// A read-through copy of a moved key, made through a lease: a write of the
+/// key (through another worker or sidecar) may reach the new owner before
+/// the copy does, and the copy would then bring back a value older than
+/// that write. So the new owner first gets a lease (a placeholder every
+/// reader takes for a miss, stored only where the key is absent), the key
+/// is read again where it was copied from, and only if it still holds the
+/// value does the copy replace the lease, by the lease's cas: a write or
+/// delete that reached the new owner after the lease makes the copy fail.
+/// If the source changed, the lease is taken back (by its cas).
 #[derive(Debug, Clone)]
 pub(crate) struct ReadCopy {
     /// The new owner, and what it is sent (the last part is the value's data
@@ -916,13 +919,46 @@ impl ReadCopy {
         holds(&self.wire, reply)
     }
 
-    /// The `md` that takes the copy back from its new owner: compared by the
-    /// cas it `landed` with, so a write that replaced it in between stays.
-    /// Without that cas (a server that did not return it) the key goes
-    /// whatever it holds: when in doubt, a miss.
-    pub(crate) fn take_back_line(&self, landed: Option<u64>) -> Bytes {
-        delete_line(&self.key, self.base64, landed)
+    /// The `ms` that places the copy's lease on the new owner (see
+    /// `protocol::lease`): only where the key is absent, answering its cas.
+    pub(crate) fn lease_line(&self) -> Bytes {
+        lease::lease_request(&self.key, self.base64)
     }
+
+    /// The copy as the `ms` that replaces its lease, compared by the cas the
+    /// lease landed with (`C<lease>` instead of `ME`): a write or delete that
+    /// reached the lease in between makes it fail instead of being undone.
+    pub(crate) fn fill(&self, lease: u64) -> Outbound {
+        let mut wire = self.wire.clone();
+        if let Some(line) = wire.first_mut() {
+            *line = cas_instead_of_add(line, lease);
+        }
+        wire
+    }
+
+    /// The `md` that takes the lease back from the new owner, by the cas it
+    /// landed with, so a write that replaced it in between stays.
+    pub(crate) fn take_back_line(&self, lease: u64) -> Bytes {
+        delete_line(&self.key, self.base64, Some(lease))
+    }
+}
+
+/// A copy's `ms … ME … c` line with `ME` and `c` dropped and `C<cas>` added.
+fn cas_instead_of_add(line: &[u8], cas: u64) -> Bytes {
+    let line = line.strip_suffix(b"\r\n").unwrap_or(line);
+    let mut out = BytesMut::with_capacity(line.len() + 24);
+    for (i, token) in line.split(|&b| b == b' ').enumerate() {
+        // After `ms <key> <len>`, memring's own flags.
+        if i >= 3 && (token == b"ME" || token == b"c") {
+            continue;
+        }
+        if i > 0 {
+            out.put_u8(b' ');
+        }
+        out.put_slice(token);
+    }
+    out.put_slice(format!(" C{cas}\r\n").as_bytes());
+    out.freeze()
 }
 
 /// The `mg` that reads a copied key again where it was copied from: its
@@ -981,6 +1017,16 @@ pub(crate) fn copy_outcome(result: &CallResult) -> CopyOutcome {
         Ok(r) if r.starts_with(b"HD ") || r.as_ref() == b"HD\r\n" => CopyOutcome::Made,
         Ok(r) if r.starts_with(b"NS") => CopyOutcome::Skipped,
         _ => CopyOutcome::Failed,
+    }
+}
+
+/// How the reply to a lease's fill (`ms … C<lease>`) counts: `EX` or `NF`
+/// mean a write or delete reached the lease first, which the copy leaves as
+/// it is, as an add that found the key does.
+pub(crate) fn fill_outcome(result: &CallResult) -> CopyOutcome {
+    match result {
+        Ok(r) if r.starts_with(b"EX") || r.starts_with(b"NF") => CopyOutcome::Skipped,
+        _ => copy_outcome(result),
     }
 }
 
@@ -1366,31 +1412,47 @@ mod tests {
     }
 
     #[test]
-    fn a_copy_is_checked_by_value_and_taken_back_only_by_its_own_cas() {
+    fn a_copy_replaces_its_lease_by_cas_and_takes_it_back_by_cas() {
         let copy = ReadCopy {
             owner: 1,
-            wire: copy_block(&Bytes::from_static(b"VALUE k 0 2\r\nv1\r\n"), b"0").unwrap(),
+            wire: copy_block(&Bytes::from_static(b"VALUE k 3 2\r\nv1\r\n"), b"60").unwrap(),
             source: 0,
             key: Bytes::from_static(b"k"),
             base64: false,
         };
+        let lease = copy.lease_line();
+        assert!(lease.starts_with(b"ms k 24 F1835821873 T5 ME c\r\n"));
         assert_eq!(&copy.check_line()[..], b"mg k v u\r\n");
         assert!(copy.holds(b"VA 2\r\nv1\r\n"));
         // Changed or gone where it was read from.
         assert!(!copy.holds(b"VA 2\r\nv2\r\n"));
         assert!(!copy.holds(b"EN\r\n"));
         assert!(!copy.holds(b"SERVER_ERROR out of memory\r\n"));
-        assert_eq!(&copy.take_back_line(Some(41))[..], b"md k C41\r\n");
-        // A server that did not say the copy's cas: the key goes.
-        assert_eq!(&copy.take_back_line(None)[..], b"md k\r\n");
+        // The value with its flags and TTL, stored only over the lease.
+        let fill = copy.fill(41);
+        assert_eq!(&fill[0][..], b"ms k 2 F3 T60 C41\r\n");
+        assert_eq!(&fill[1][..], b"v1\r\n");
+        assert_eq!(&copy.take_back_line(41)[..], b"md k C41\r\n");
+        // A write or delete reached the lease first: the copy leaves it.
+        for reply in [&b"EX\r\n"[..], b"NF\r\n", b"NS\r\n"] {
+            assert_eq!(fill_outcome(&ok(reply)), CopyOutcome::Skipped);
+        }
+        assert_eq!(fill_outcome(&ok(b"HD\r\n")), CopyOutcome::Made);
         let base64 = ReadCopy {
             key: Bytes::from_static(b"aw=="),
             base64: true,
+            wire: smallvec::smallvec![
+                Bytes::from_static(b"ms aw== 2 F0 ME b c\r\n"),
+                Bytes::from_static(b"v1\r\n")
+            ],
             ..copy
         };
+        assert!(base64
+            .lease_line()
+            .starts_with(b"ms aw== 24 F1835821873 T5 ME c b\r\n"));
         assert_eq!(&base64.check_line()[..], b"mg aw== b v u\r\n");
-        assert_eq!(&base64.take_back_line(Some(7))[..], b"md aw== b C7\r\n");
-        assert_eq!(&base64.take_back_line(None)[..], b"md aw== b\r\n");
+        assert_eq!(&base64.fill(7)[0][..], b"ms aw== 2 F0 b C7\r\n");
+        assert_eq!(&base64.take_back_line(7)[..], b"md aw== b C7\r\n");
     }
 
     fn meta_moved(what: MetaMove, command: MetaCommand, line: &'static [u8]) -> Moved {
