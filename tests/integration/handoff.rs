@@ -1578,61 +1578,6 @@ fn a_read_through_is_answered_without_waiting_for_its_copy() {
     }
 }
 
-/// Two sidecars, A and B, over five memcached servers, both moved from the
-/// first four to all five; the fifth is reached through a relay that keeps
-/// back the first request starting with `held`. `key` moves between the two
-/// rings and was set through B, with `value(key)`, before the change.
-struct SidecarsAfterJoin {
-    a: Proxy,
-    b: Proxy,
-    relay: Relay,
-    servers: Vec<Memcached>,
-    key: String,
-    _dir: TempDir,
-}
-
-impl SidecarsAfterJoin {
-    fn start(name: &str, held: &'static [u8], value: impl Fn(&str) -> String) -> Self {
-        let dir = TempDir::new("handoff", name);
-        let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
-        let all: Vec<&Memcached> = servers.iter().collect();
-        let relay = Relay::start(&servers[4].addr(), Fault::holding_from(held));
-        let (four, five) = rings_4_and_5(&dir, &all);
-        let key = moved_between(&four, &five, (0..5000).map(|i| format!("{name}:{i}")), 1)
-            .pop()
-            .expect("a key that moves");
-        let (path_a, path_b) = (dir.path("a.toml"), dir.path("b.toml"));
-        for path in [&path_a, &path_b] {
-            std::fs::write(path, config(&all[..4])).unwrap();
-        }
-        let (a, b) = (Proxy::start_file(&path_a), Proxy::start_file(&path_b));
-        let value = value(&key);
-        let set = format!("set {key} 0 0 {}\r\n{value}\r\n", value.len());
-        assert_eq!(
-            b.client().call(set.as_bytes(), ReplyKind::Line),
-            b"STORED\r\n"
-        );
-        let through_relay = config(&all).replace(&servers[4].addr(), &relay.addr());
-        for (proxy, path) in [(&a, &path_a), (&b, &path_b)] {
-            replace_by_rename(path, &through_relay);
-            wait_for("ring version 2", || proxy.ring_version() >= 2);
-        }
-        SidecarsAfterJoin {
-            a,
-            b,
-            relay,
-            servers,
-            key,
-            _dir: dir,
-        }
-    }
-
-    /// How many copies of the key the new owner holds.
-    fn held_by_new_owner(&self) -> usize {
-        held_by(&self.servers[4], std::slice::from_ref(&self.key))
-    }
-}
-
 /// Two sidecars reload one change apart in time, so the first one's window
 /// is over while the second still reads moved keys through. A window ends
 /// only once its sweep has deleted the previous owners' copies; until then
@@ -1699,26 +1644,30 @@ fn a_window_ends_only_after_its_sweep_so_a_sidecar_reloaded_later_cannot_read_a_
     );
 }
 
-/// A read-through copy racing another sidecar's delete of its key never
-/// shows the deleted value: sidecar A reads a moved key through, its copy
-/// to the new owner N is kept back by a relay, and sidecar B deletes the
-/// key (from both owners) and is answered; then A's copy goes on, and a
-/// second relay keeps back A's check of the source P. While the check is
-/// held, reads of the key must miss. Before leases, the copy itself landed
-/// on N and served the deleted value until the check took it back; now
-/// only A's lease is there, which every reader takes for a miss, and the
-/// check takes it back.
-#[test]
-fn a_copy_racing_a_delete_of_its_key_never_shows_the_deleted_value() {
-    for (dialect, read, delete) in [
-        ("classic", "get {key}\r\n", "delete {key}\r\n"),
-        ("meta", "mg {key} v\r\n", "md {key}\r\n"),
-    ] {
-        let dir = TempDir::new("handoff", &format!("copy-race-{dialect}"));
-        let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+/// Sidecars A and B over five memcached servers, both moved from the first
+/// four to all five, and `key`, which moves from P to N (the fifth) and was
+/// set to `value` through B before the change. A reaches N through a relay
+/// that keeps back A's first `ms` (a copy's lease), and P through one that
+/// keeps back A's first request containing `held_at_p` (`{key}` replaced);
+/// B reaches both directly.
+struct RelayedRace {
+    a: Proxy,
+    b: Proxy,
+    relay_n: Relay,
+    relay_p: Relay,
+    n: Memcached,
+    key: String,
+    _servers: Vec<Memcached>,
+    _dir: TempDir,
+}
+
+impl RelayedRace {
+    fn start(name: &str, held_at_p: &str, value: impl Fn(&str) -> String) -> RelayedRace {
+        let dir = TempDir::new("handoff", name);
+        let mut servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
         let all: Vec<&Memcached> = servers.iter().collect();
         let (four, five) = rings_4_and_5(&dir, &all);
-        let key = moved_between(&four, &five, (0..5000).map(|i| format!("race:{i}")), 1)
+        let key = moved_between(&four, &five, (0..5000).map(|i| format!("{name}:{i}")), 1)
             .pop()
             .expect("a key that moves");
         let previous = owner_name(&four, &key);
@@ -1726,16 +1675,16 @@ fn a_copy_racing_a_delete_of_its_key_never_shows_the_deleted_value() {
             .iter()
             .position(|s| format!("cache-{}", s.port) == previous)
             .expect("the previous owner");
-        let check: &'static [u8] = format!("mg {key} v u").into_bytes().leak();
+        let held: &'static [u8] = held_at_p.replace("{key}", &key).into_bytes().leak();
         let relay_n = Relay::start(&servers[4].addr(), Fault::holding_from(b"ms "));
-        let relay_p = Relay::start(&servers[p].addr(), Fault::holding_from(check));
+        let relay_p = Relay::start(&servers[p].addr(), Fault::holding_from(held));
         // A reaches P through its relay from the start, N once it joins.
         let through_relay_p = |text: String| text.replace(&servers[p].addr(), &relay_p.addr());
         let (path_a, path_b) = (dir.path("a.toml"), dir.path("b.toml"));
         std::fs::write(&path_a, through_relay_p(config(&all[..4]))).unwrap();
         std::fs::write(&path_b, config(&all[..4])).unwrap();
         let (a, b) = (Proxy::start_file(&path_a), Proxy::start_file(&path_b));
-        let value = value_of(&key);
+        let value = value(&key);
         let set = format!("set {key} 0 0 {}\r\n{value}\r\n", value.len());
         assert_eq!(
             b.client().call(set.as_bytes(), ReplyKind::Line),
@@ -1747,91 +1696,145 @@ fn a_copy_racing_a_delete_of_its_key_never_shows_the_deleted_value() {
         for proxy in [&a, &b] {
             wait_for("ring version 2", || proxy.ring_version() >= 2);
         }
-        let (mut through_a, mut through_b) = (a.client(), b.client());
+        let n = servers.remove(4);
+        RelayedRace {
+            a,
+            b,
+            relay_n,
+            relay_p,
+            n,
+            key,
+            _servers: servers,
+            _dir: dir,
+        }
+    }
 
-        through_a.send(read.replace("{key}", &key).as_bytes());
-        let reply = if dialect == "meta" {
-            through_a.meta_reply()
-        } else {
-            through_a.reply(ReplyKind::Values)
-        };
-        assert!(show(&reply).contains(&value), "{dialect}: {}", show(&reply));
-        wait_for("A's copy kept back", || relay_n.holding());
-        let deleted = through_b.call(delete.replace("{key}", &key).as_bytes(), ReplyKind::Line);
+    /// B deletes the key (classic or meta `delete`) while A's lease is kept
+    /// back, then the lease goes on and A's next request to P is kept
+    /// back: while it is, reads through both sidecars must miss.
+    fn delete_through_b_then_read_while_a_is_held(&self, delete: &str, dialect: &str) {
+        let key = &self.key;
+        wait_for("A's lease kept back", || self.relay_n.holding());
+        let deleted = self
+            .b
+            .client()
+            .call(delete.replace("{key}", key).as_bytes(), ReplyKind::Line);
         assert!(
             deleted == b"DELETED\r\n" || deleted == b"HD\r\n",
             "{dialect}: {}",
             show(&deleted)
         );
-        relay_n.release();
-        wait_for("A's check kept back", || relay_p.holding());
-        for client in [&mut through_a, &mut through_b] {
+        self.relay_n.release();
+        wait_for("A's step at P kept back", || self.relay_p.holding());
+        for proxy in [&self.a, &self.b] {
             assert_eq!(
-                client.get(&key),
+                proxy.client().get(key),
                 None,
-                "{dialect}: read after the delete, A's check still under way"
+                "{dialect}: read after the delete, A's step at P still under way"
             );
         }
-        relay_p.release();
+        self.relay_p.release();
+    }
+
+    fn held_by_n(&self) -> usize {
+        held_by(&self.n, std::slice::from_ref(&self.key))
+    }
+}
+
+/// A read-through copy racing another sidecar's delete of its key never
+/// shows the deleted value: sidecar A reads a moved key through, its copy's
+/// lease to the new owner N is kept back by a relay, and sidecar B deletes
+/// the key (from both owners) and is answered; then A's lease goes on, and
+/// a second relay keeps back A's check of the source P. While the check is
+/// held, reads of the key must miss. Before leases, the copy itself landed
+/// on N and served the deleted value until the check took it back; now
+/// only A's lease is there, which every reader takes for a miss, and the
+/// check takes it back.
+#[test]
+fn a_copy_racing_a_delete_of_its_key_never_shows_the_deleted_value() {
+    for (dialect, read, delete) in [
+        ("classic", "get {key}\r\n", "delete {key}\r\n"),
+        ("meta", "mg {key} v\r\n", "md {key}\r\n"),
+    ] {
+        let race = RelayedRace::start(&format!("read-race-{dialect}"), "mg {key} v u", value_of);
+        let key = &race.key;
+        let mut through_a = race.a.client();
+        through_a.send(read.replace("{key}", key).as_bytes());
+        let reply = if dialect == "meta" {
+            through_a.meta_reply()
+        } else {
+            through_a.reply(ReplyKind::Values)
+        };
+        assert!(
+            show(&reply).contains(&value_of(key)),
+            "{dialect}: {}",
+            show(&reply)
+        );
+        race.delete_through_b_then_read_while_a_is_held(delete, dialect);
         wait_for("A's copy checked", || {
-            a.client().stat("handoff_copies_checked") == 1
+            race.a.client().stat("handoff_copies_checked") == 1
         });
-        assert_eq!(a.client().stat("handoff_copies_taken_back"), 1, "{dialect}");
-        assert_eq!(a.client().stat("handoff_copies"), 0, "{dialect}");
         assert_eq!(
-            held_by(&servers[4], std::slice::from_ref(&key)),
+            race.a.client().stat("handoff_copies_taken_back"),
+            1,
+            "{dialect}"
+        );
+        assert_eq!(race.a.client().stat("handoff_copies"), 0, "{dialect}");
+        assert_eq!(
+            race.held_by_n(),
             0,
             "{dialect}: the new owner still holds something"
         );
-        for client in [&mut through_a, &mut through_b] {
-            assert_eq!(client.get(&key), None, "{dialect}: read after the check");
+        for proxy in [&race.a, &race.b] {
+            assert_eq!(
+                proxy.client().get(key),
+                None,
+                "{dialect}: read after the check"
+            );
         }
     }
 }
 
-/// The writer's form of the race above: a command that copies a moved key
-/// to its new owner before changing it there (`incr`, `ma`) fetched the
-/// value from the previous owner just before another sidecar's `delete`
-/// removed the key from both owners, and its copy lands after that delete.
-/// The command must not bring the deleted key back: it sees the key gone
-/// where it copied it from, takes its copy back and answers as for a key
-/// that is nowhere.
+/// The writer's form of the race, held at the same moment: a command that
+/// copies a moved key before changing it (`incr`, `ma`) fetched it from P,
+/// its lease to N is kept back while B deletes the key, and then its check
+/// at P (deleting the fetched item by its cas) is kept back. Reads through
+/// either sidecar meanwhile must miss; before leases the command's copy
+/// sat on N, serving the deleted value, until the check took it back.
 #[test]
-fn a_command_copying_a_moved_key_after_its_delete_does_not_bring_it_back() {
-    for (dialect, copy, change, absent) in [
-        ("classic", &b"ms "[..], "incr {key} 1\r\n", "NOT_FOUND\r\n"),
-        ("meta", &b"ms "[..], "ma {key}\r\n", "NF\r\n"),
+fn a_commands_copy_racing_a_delete_of_its_key_never_shows_the_deleted_value() {
+    for (dialect, change, absent) in [
+        ("classic", "incr {key} 1\r\n", "NOT_FOUND\r\n"),
+        ("meta", "ma {key}\r\n", "NF\r\n"),
     ] {
-        let sidecars = SidecarsAfterJoin::start("writer-copy-race", copy, |_| "5".into());
-        let key = &sidecars.key;
-        let (mut through_a, mut through_b) = (sidecars.a.client(), sidecars.b.client());
-
-        // A's command misses on the new owner and fetches the value from
-        // the previous one; its copy is kept back.
+        let race = RelayedRace::start(&format!("write-race-{dialect}"), "md {key} C", |_| {
+            "5".into()
+        });
+        let key = &race.key;
+        let mut through_a = race.a.client();
         through_a.send(change.replace("{key}", key).as_bytes());
-        wait_for("A's copy kept back", || sidecars.relay.holding());
-        let deleted = through_b.call(format!("delete {key}\r\n").as_bytes(), ReplyKind::Line);
-        assert_eq!(show(&deleted), show(b"DELETED\r\n"), "{dialect}");
-
-        sidecars.relay.release();
-        let changed = through_a.reply(ReplyKind::Line);
+        race.delete_through_b_then_read_while_a_is_held("delete {key}\r\n", dialect);
         assert_eq!(
-            show(&changed),
+            show(&through_a.reply(ReplyKind::Line)),
             show(absent.as_bytes()),
-            "{dialect}: A's command"
+            "{dialect}: A's command after the delete"
         );
         assert_eq!(
-            sidecars.a.client().stat("handoff_copies_taken_back"),
+            race.a.client().stat("handoff_copies_taken_back"),
             1,
             "{dialect}"
         );
         assert_eq!(
-            sidecars.held_by_new_owner(),
+            race.held_by_n(),
             0,
-            "{dialect}: the new owner holds the deleted key again"
+            "{dialect}: the new owner holds the deleted key"
         );
-        for client in [&mut through_a, &mut through_b] {
-            assert_eq!(client.get(key), None, "{dialect}: read after the delete");
+        for proxy in [&race.a, &race.b] {
+            assert_eq!(
+                proxy.client().get(key),
+                None,
+                "{dialect}: read after the delete"
+            );
         }
     }
 }

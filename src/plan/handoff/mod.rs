@@ -81,16 +81,19 @@ enum Stage {
     First,
     /// Waiting for the previous owner's `get`.
     Fetch,
-    /// Waiting for the new owner to take the copy of the fetched value.
-    Copy,
-    /// The copy landed; waiting for the previous owner to delete the item
-    /// that was fetched, compared by its cas: if it is gone or changed
+    /// Waiting for the new owner to take the copy's lease (see
+    /// `protocol::lease`), added only where the key is absent.
+    Lease,
+    /// The lease is in place; waiting for the previous owner to delete the
+    /// item that was fetched, compared by its cas: if it is gone or changed
     /// there, a write of the key (a `delete` removes the key from the
     /// previous owner first) may have reached the new owner before the
-    /// copy did, which then brought back what the write removed.
+    /// lease did, and the copy would bring back what the write removed.
     Check,
-    /// Waiting for the new owner to delete the copy, compared by the cas it
-    /// landed with.
+    /// Waiting for the copy to replace the lease, compared by its cas: a
+    /// write or delete that reached the lease meanwhile makes it fail.
+    Fill,
+    /// Waiting for the new owner to delete the lease, compared by its cas.
     TakeBack,
     /// Waiting for the final reply.
     Last,
@@ -153,8 +156,11 @@ pub(crate) struct Moved {
     /// The cas of the previous owner's item a copy was fetched from, until
     /// the check deletes it by that cas.
     fetched_cas: Option<u64>,
-    /// The cas the copy landed with on the new owner, to take it back by.
-    landed_cas: Option<u64>,
+    /// The copy of the fetched item, until it replaces its lease.
+    copy: Option<Outbound>,
+    /// The cas the copy's lease landed with on the new owner, to replace it
+    /// or take it back by.
+    lease_cas: Option<u64>,
     /// The check deleted the previous owner's item: no other delete there.
     forgotten: bool,
 }
@@ -199,7 +205,8 @@ impl Moved {
             read_copy: None,
             tally: Tally::default(),
             fetched_cas: None,
-            landed_cas: None,
+            copy: None,
+            lease_cas: None,
             forgotten: false,
         })
     }
@@ -249,7 +256,8 @@ impl Moved {
             read_copy: None,
             tally: Tally::default(),
             fetched_cas: None,
-            landed_cas: None,
+            copy: None,
+            lease_cas: None,
             forgotten: false,
         }
     }
@@ -364,11 +372,13 @@ impl Moved {
                 match (copy, self.first.take()) {
                     (Some((copy, cas)), first) => {
                         self.first = first;
-                        self.stage = Stage::Copy;
+                        self.stage = Stage::Lease;
                         self.fetched_cas = Some(cas);
+                        self.copy = Some(copy);
+                        let (key, base64) = self.key_token();
                         Step::Send {
                             to: Owner::New,
-                            lines: copy,
+                            lines: smallvec::smallvec![lease::lease_request(&key, base64)],
                             expect: meta_expect(MetaCommand::Set),
                         }
                     }
@@ -378,13 +388,12 @@ impl Moved {
                     (None, None) => self.run_on_new(),
                 }
             }
-            (_, Stage::Copy) => {
+            (_, Stage::Lease) => {
                 let outcome = copy_outcome(&result);
-                self.tally.copy = Some(outcome);
-                match (self.fetched_cas.take(), outcome) {
-                    (Some(cas), CopyOutcome::Made) => {
+                match (self.fetched_cas.take(), outcome, landed_cas(&result)) {
+                    (Some(cas), CopyOutcome::Made, Some(lease)) => {
                         self.stage = Stage::Check;
-                        self.landed_cas = landed_cas(&result);
+                        self.lease_cas = Some(lease);
                         let (key, base64) = self.key_token();
                         Step::Send {
                             to: Owner::Previous,
@@ -392,29 +401,50 @@ impl Moved {
                             expect: meta_expect(MetaCommand::Delete),
                         }
                     }
-                    // The new owner had the key already (a write reached it
-                    // first), or did not take the copy: nothing to check.
-                    _ => self.run_on_new(),
+                    // The new owner had the key already (a write, or another
+                    // copy's lease, reached it first), or did not take the
+                    // lease: nothing to copy.
+                    (_, outcome, _) => {
+                        self.tally.copy = Some(match outcome {
+                            CopyOutcome::Made => CopyOutcome::Failed,
+                            outcome => outcome,
+                        });
+                        self.copy = None;
+                        self.run_on_new()
+                    }
                 }
             }
             (_, Stage::Check) => {
-                let landed = self.landed_cas.take();
-                if matches!(&result, Ok(reply) if meta_succeeded(reply)) {
-                    // The fetched item was still there when the copy had
-                    // landed: a later delete reaches the new owner after it.
-                    self.forgotten = true;
+                let (Some(lease), Some(copy)) = (self.lease_cas.take(), self.copy.take()) else {
                     return self.run_on_new();
-                }
-                // Gone or changed (or no answer): when in doubt, the copy
-                // goes, by the cas it landed with, so something newer that
-                // replaced it stays (without that cas, the key goes).
-                self.stage = Stage::TakeBack;
+                };
                 let (key, base64) = self.key_token();
+                if matches!(&result, Ok(reply) if meta_succeeded(reply)) {
+                    // The fetched item was still there once the lease was in
+                    // place: a later delete reaches the new owner after the
+                    // lease, and the copy then fails.
+                    self.forgotten = true;
+                    self.stage = Stage::Fill;
+                    return Step::Send {
+                        to: Owner::New,
+                        lines: fill_wire(&copy, lease),
+                        expect: meta_expect(MetaCommand::Set),
+                    };
+                }
+                // Gone or changed (or no answer): when in doubt, no copy; the
+                // lease goes, by its cas, so something newer that replaced it
+                // stays.
+                self.stage = Stage::TakeBack;
                 Step::Send {
                     to: Owner::New,
-                    lines: smallvec::smallvec![delete_line(&key, base64, landed)],
+                    lines: smallvec::smallvec![delete_line(&key, base64, Some(lease))],
                     expect: meta_expect(MetaCommand::Delete),
                 }
+            }
+            (_, Stage::Fill) => {
+                self.tally.copy = Some(fill_outcome(&result));
+                // The command now finds the copy, or what a write left.
+                self.run_on_new()
             }
             (_, Stage::TakeBack) => {
                 self.tally.taken_back = matches!(&result, Ok(reply) if meta_succeeded(reply));
@@ -929,11 +959,7 @@ impl ReadCopy {
     /// lease landed with (`C<lease>` instead of `ME`): a write or delete that
     /// reached the lease in between makes it fail instead of being undone.
     pub(crate) fn fill(&self, lease: u64) -> Outbound {
-        let mut wire = self.wire.clone();
-        if let Some(line) = wire.first_mut() {
-            *line = cas_instead_of_add(line, lease);
-        }
-        wire
+        fill_wire(&self.wire, lease)
     }
 
     /// The `md` that takes the lease back from the new owner, by the cas it
@@ -941,6 +967,16 @@ impl ReadCopy {
     pub(crate) fn take_back_line(&self, lease: u64) -> Bytes {
         delete_line(&self.key, self.base64, Some(lease))
     }
+}
+
+/// A copy (`ms … ME … c`, then its data) as the `ms` that replaces its lease
+/// (cas `lease`).
+fn fill_wire(copy: &Outbound, lease: u64) -> Outbound {
+    let mut wire = copy.clone();
+    if let Some(line) = wire.first_mut() {
+        *line = cas_instead_of_add(line, lease);
+    }
+    wire
 }
 
 /// A copy's `ms … ME … c` line with `ME` and `c` dropped and `C<cas>` added.
@@ -1157,15 +1193,25 @@ mod tests {
         }
     }
 
-    /// The copy sent as `step`, its landing, and the check that deletes
-    /// the fetched item (cas `cas`) from the previous owner, answered `HD`:
-    /// the command's step on the new owner comes back.
-    fn copied_and_checked(m: &mut Moved, step: Step, copy: &[u8], check: &[u8]) -> Step {
-        assert_eq!(sent(&step), (Owner::New, copy.to_vec()));
+    /// The copy's lease sent as `step`, its landing (cas 30), the `check`
+    /// that deletes the fetched item from the previous owner, answered `HD`,
+    /// and the `fill` that replaces the lease: the command's step on the new
+    /// owner comes back.
+    fn copied_and_checked(m: &mut Moved, step: Step, fill: &[u8], check: &[u8]) -> Step {
+        let (to, lease) = sent(&step);
+        assert_eq!(to, Owner::New);
+        assert!(
+            lease.ends_with(b" ME c\r\n\0memring hand-off lease\0\r\n"),
+            "{}",
+            String::from_utf8_lossy(&lease)
+        );
         let step = m.on_reply(ok(b"HD c30\r\n"), NOW);
         assert_eq!(sent(&step), (Owner::Previous, check.to_vec()));
+        let step = m.on_reply(ok(b"HD\r\n"), NOW);
+        assert_eq!(sent(&step), (Owner::New, fill.to_vec()));
+        let step = m.on_reply(ok(b"HD\r\n"), NOW);
         assert_eq!(m.take_tally().copy, Some(CopyOutcome::Made));
-        m.on_reply(ok(b"HD\r\n"), NOW)
+        step
     }
 
     fn answer(step: Step) -> CallResult {
@@ -1239,7 +1285,7 @@ mod tests {
         let fetch = sent(&m.on_reply(ok(b"NOT_FOUND\r\n"), NOW));
         assert_eq!(fetch, (Owner::Previous, b"mg k c v f t\r\n".to_vec()));
         let step = m.on_reply(ok(b"VA 2 c9 f3 t4\r\n41\r\n"), NOW);
-        let copy = b"ms k 2 F3 ME T4 c\r\n41\r\n";
+        let copy = b"ms k 2 F3 T4 C30\r\n41\r\n";
         let again = copied_and_checked(&mut m, step, copy, b"md k C9\r\n");
         assert_eq!(sent(&again), (Owner::New, b"incr k 1\r\n".to_vec()));
         // The check deleted the previous owner's copy: answered at once.
@@ -1270,7 +1316,7 @@ mod tests {
             &b"NOT_FOUND\r\n"[..]
         );
 
-        // A newer value replaced the copy: it stays, and the command runs
+        // A newer value replaced the lease: it stays, and the command runs
         // on it, then forgets the previous owner.
         let mut newer = moved(b"incr k 1\r\n");
         newer.start();
@@ -1285,7 +1331,25 @@ mod tests {
         let step = newer.on_reply(ok(b"71\r\n"), NOW);
         forgets(step, &mut newer, b"71\r\n");
 
-        // The new owner had the key already: no copy to check.
+        // The previous owner still had it, but a write reached the lease
+        // before the copy: the copy fails and the command runs on the write.
+        let mut overtaken = moved(b"incr k 1\r\n");
+        overtaken.start();
+        overtaken.on_reply(ok(b"NOT_FOUND\r\n"), NOW);
+        overtaken.on_reply(ok(b"VA 2 c9 f3 t4\r\n41\r\n"), NOW);
+        overtaken.on_reply(ok(b"HD c12\r\n"), NOW);
+        let fill = overtaken.on_reply(ok(b"HD\r\n"), NOW);
+        assert_eq!(sent(&fill).0, Owner::New);
+        let again = overtaken.on_reply(ok(b"EX\r\n"), NOW);
+        assert_eq!(overtaken.take_tally().copy, Some(CopyOutcome::Skipped));
+        assert_eq!(sent(&again), (Owner::New, b"incr k 1\r\n".to_vec()));
+        // The check deleted the previous owner's item already.
+        assert_eq!(
+            answer(overtaken.on_reply(ok(b"81\r\n"), NOW)).unwrap(),
+            &b"81\r\n"[..]
+        );
+
+        // The new owner had the key (or a lease) already: no copy.
         let mut beaten = moved(b"incr k 1\r\n");
         beaten.start();
         beaten.on_reply(ok(b"NOT_FOUND\r\n"), NOW);
@@ -1301,10 +1365,8 @@ mod tests {
         m.start();
         m.on_reply(ok(b"NOT_STORED\r\n"), NOW);
         let step = m.on_reply(ok(b"VA 1 c5 f0 t-1\r\ny\r\n"), NOW);
-        assert_eq!(
-            sent(&step),
-            (Owner::New, b"ms k 1 F0 ME c\r\ny\r\n".to_vec())
-        );
+        let step = copied_and_checked(&mut m, step, b"ms k 1 F0 C30\r\ny\r\n", b"md k C5\r\n");
+        assert_eq!(sent(&step).0, Owner::New);
         let mut expiring = moved(b"append k 0 0 1\r\nx\r\n");
         expiring.start();
         expiring.on_reply(ok(b"NOT_STORED\r\n"), NOW);
@@ -1330,7 +1392,7 @@ mod tests {
         let mut m = moved(b"add k 0 0 1\r\nx\r\n");
         assert_eq!(sent(&m.start()).0, Owner::Previous);
         let step = m.on_reply(ok(b"VA 1 c5 f0 t-1\r\ny\r\n"), NOW);
-        let copy = b"ms k 1 F0 ME c\r\ny\r\n";
+        let copy = b"ms k 1 F0 C30\r\ny\r\n";
         let add = copied_and_checked(&mut m, step, copy, b"md k C5\r\n");
         assert_eq!(sent(&add), (Owner::New, b"add k 0 0 1\r\nx\r\n".to_vec()));
         let refused = ok(b"NOT_STORED\r\n");
@@ -1512,7 +1574,7 @@ mod tests {
             (Owner::Previous, b"mg k c v f t\r\n".to_vec())
         );
         let step = incr.on_reply(ok(b"VA 2 c4 f0 t-1\r\n10\r\n"), NOW);
-        let copy = b"ms k 2 F0 ME c\r\n10\r\n";
+        let copy = b"ms k 2 F0 C30\r\n10\r\n";
         let again = copied_and_checked(&mut incr, step, copy, b"md k C4\r\n");
         assert_eq!(sent(&again), (Owner::New, b"ma k v\r\n".to_vec()));
         assert_eq!(
