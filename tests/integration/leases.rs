@@ -242,3 +242,33 @@ fn a_write_right_after_the_same_clients_read_through_changes_the_copy() {
         "{meta_append}"
     );
 }
+
+/// Another sidecar's read-through has just put its copy's lease on a moved
+/// key's new owner when a client here increments the key: to memcached the
+/// lease is a value that is not a number. The `incr` (and `ma`) makes the
+/// copy itself, over that lease, and continues the count, instead of
+/// answering `CLIENT_ERROR`.
+#[test]
+fn an_increment_meeting_another_sidecars_lease_continues_the_count() {
+    let joined = Joined::start("incr-lease", 2, |_| "5".into());
+    let mut new_owner = joined.servers[4].client();
+    for key in &joined.moved {
+        place(&mut new_owner, key, LEASE_MARKER);
+    }
+    let mut client = joined.proxy.client();
+    let (classic, meta) = (&joined.moved[0], &joined.moved[1]);
+    assert_eq!(
+        show(&client.call(format!("incr {classic} 2\r\n").as_bytes(), ReplyKind::Line)),
+        "7\\r\\n"
+    );
+    client.send(format!("ma {meta} v\r\n").as_bytes());
+    assert_eq!(show(&client.meta_reply()), "VA 1\\r\\n6\\r\\n");
+    for (key, count) in [(classic, "7"), (meta, "6")] {
+        assert_eq!(client.get(key), Some(count.as_bytes().to_vec()), "{key}");
+        assert_eq!(
+            new_owner.get(key),
+            Some(count.as_bytes().to_vec()),
+            "{key} on its new owner"
+        );
+    }
+}

@@ -95,6 +95,10 @@ enum Stage {
     Fill,
     /// Waiting for the new owner to delete the lease, compared by its cas.
     TakeBack,
+    /// An `incr`, `decr` or `ma` found a value that is not a number on the
+    /// new owner; waiting for what it is (`mg … c f s`): another copy's
+    /// lease is taken over (see [`Moved::take_over_lease`]).
+    Probe,
     /// Waiting for the final reply.
     Last,
     /// A refused `cas` taken over (see [`CasTakeover`]).
@@ -163,6 +167,8 @@ pub(crate) struct Moved {
     lease_cas: Option<u64>,
     /// The check deleted the previous owner's item: no other delete there.
     forgotten: bool,
+    /// The new owner was probed for a lease once: never again.
+    probed: bool,
 }
 
 /// What a step of [`Moved`] did that the hand-off counters count.
@@ -208,6 +214,7 @@ impl Moved {
             copy: None,
             lease_cas: None,
             forgotten: false,
+            probed: false,
         })
     }
 
@@ -259,6 +266,7 @@ impl Moved {
             copy: None,
             lease_cas: None,
             forgotten: false,
+            probed: false,
         }
     }
 
@@ -352,6 +360,20 @@ impl Moved {
                     None => Step::Answer(self.first.take().unwrap_or(result)),
                 }
             }
+            (Kind::RetryAfterCopy, Stage::First | Stage::Last)
+                if !self.probed && not_a_number(&result) =>
+            {
+                self.probed = true;
+                self.first = Some(result);
+                self.stage = Stage::Probe;
+                let (key, base64) = self.key_token();
+                Step::Send {
+                    to: Owner::New,
+                    lines: smallvec::smallvec![probe_line(&key, base64)],
+                    expect: meta_expect(MetaCommand::Get),
+                }
+            }
+            (_, Stage::Probe) => self.take_over_lease(result),
             (Kind::RetryAfterCopy, Stage::First) => {
                 if self.absent(&result) {
                     self.first = Some(result);
@@ -370,6 +392,12 @@ impl Moved {
                 };
                 self.tally.read_through = Some(copy.is_some());
                 match (copy, self.first.take()) {
+                    // Another copy's lease taken over: it is in place.
+                    (Some((copy, cas)), first) if self.lease_cas.is_some() => {
+                        self.first = first;
+                        self.copy = Some(copy);
+                        self.check(cas)
+                    }
                     (Some((copy, cas)), first) => {
                         self.first = first;
                         self.stage = Stage::Lease;
@@ -382,6 +410,10 @@ impl Moved {
                             expect: meta_expect(MetaCommand::Set),
                         }
                     }
+                    // Nothing to copy over the lease taken over: it goes
+                    // (by its cas), and the command then finds the key
+                    // absent, as memcached would answer it.
+                    (None, _) if self.lease_cas.is_some() => self.take_back(),
                     // Not on the previous owner either: the first answer
                     // stands (or, for `add`, run it now).
                     (None, Some(first)) => Step::Answer(first),
@@ -392,14 +424,8 @@ impl Moved {
                 let outcome = copy_outcome(&result);
                 match (self.fetched_cas.take(), outcome, landed_cas(&result)) {
                     (Some(cas), CopyOutcome::Made, Some(lease)) => {
-                        self.stage = Stage::Check;
                         self.lease_cas = Some(lease);
-                        let (key, base64) = self.key_token();
-                        Step::Send {
-                            to: Owner::Previous,
-                            lines: smallvec::smallvec![delete_line(&key, base64, Some(cas))],
-                            expect: meta_expect(MetaCommand::Delete),
-                        }
+                        self.check(cas)
                     }
                     // The new owner had the key already (a write, or another
                     // copy's lease, reached it first), or did not take the
@@ -415,15 +441,15 @@ impl Moved {
                 }
             }
             (_, Stage::Check) => {
-                let (Some(lease), Some(copy)) = (self.lease_cas.take(), self.copy.take()) else {
+                let (Some(lease), Some(copy)) = (self.lease_cas, self.copy.take()) else {
                     return self.run_on_new();
                 };
-                let (key, base64) = self.key_token();
                 if matches!(&result, Ok(reply) if meta_succeeded(reply)) {
                     // The fetched item was still there once the lease was in
                     // place: a later delete reaches the new owner after the
                     // lease, and the copy then fails.
                     self.forgotten = true;
+                    self.lease_cas = None;
                     self.stage = Stage::Fill;
                     return Step::Send {
                         to: Owner::New,
@@ -434,12 +460,7 @@ impl Moved {
                 // Gone or changed (or no answer): when in doubt, no copy; the
                 // lease goes, by its cas, so something newer that replaced it
                 // stays.
-                self.stage = Stage::TakeBack;
-                Step::Send {
-                    to: Owner::New,
-                    lines: smallvec::smallvec![delete_line(&key, base64, Some(lease))],
-                    expect: meta_expect(MetaCommand::Delete),
-                }
+                self.take_back()
             }
             (_, Stage::Fill) => {
                 self.tally.copy = Some(fill_outcome(&result));
@@ -515,6 +536,56 @@ impl Moved {
             to: Owner::Previous,
             lines: smallvec::smallvec![lines],
             expect,
+        }
+    }
+
+    /// With the copy's lease in place on the new owner: deletes the fetched
+    /// item (cas `cas`) from the previous owner, so the copy is made only if
+    /// no write or delete reached it after the lease.
+    fn check(&mut self, cas: u64) -> Step {
+        self.stage = Stage::Check;
+        let (key, base64) = self.key_token();
+        Step::Send {
+            to: Owner::Previous,
+            lines: smallvec::smallvec![delete_line(&key, base64, Some(cas))],
+            expect: meta_expect(MetaCommand::Delete),
+        }
+    }
+
+    /// Deletes the lease from the new owner by its cas, so a write that
+    /// replaced it stays.
+    fn take_back(&mut self) -> Step {
+        let Some(lease) = self.lease_cas.take() else {
+            return self.run_on_new();
+        };
+        self.stage = Stage::TakeBack;
+        let (key, base64) = self.key_token();
+        Step::Send {
+            to: Owner::New,
+            lines: smallvec::smallvec![delete_line(&key, base64, Some(lease))],
+            expect: meta_expect(MetaCommand::Delete),
+        }
+    }
+
+    /// The new owner's item after an `incr`, `decr` or `ma` found it not a
+    /// number. Another sidecar's (or worker's) read-through may have put
+    /// its copy's lease there a moment ago: then this command makes the
+    /// copy itself, over that lease (by its cas, which the other copy then
+    /// fails on), as it would for an absent key, and runs again on it, so
+    /// it continues the count rather than answering `CLIENT_ERROR`. Any
+    /// other item: the new owner's answer stands.
+    fn take_over_lease(&mut self, probe: CallResult) -> Step {
+        let lease = match &probe {
+            Ok(reply) => probed_lease(reply),
+            Err(_) => None,
+        };
+        match lease {
+            Some(lease) => {
+                self.lease_cas = Some(lease);
+                self.first = None;
+                self.fetch()
+            }
+            None => Step::Answer(self.first.take().unwrap_or(probe)),
         }
     }
 
@@ -783,6 +854,47 @@ pub(crate) fn fetch_line(key_token: &[u8], base64: bool, with_cas: bool) -> Byte
     }
     line.put_slice(b"\r\n");
     meta_read_through_line(&line, |_| false).0
+}
+
+/// The `mg` that reads what the new owner holds for a key an arithmetic
+/// command found not a number: its cas, flags and size, to know a lease by.
+/// Not its data: every `mg` reply with a lease's data reaches memring as a
+/// miss (`backend::conn`).
+fn probe_line(key_token: &[u8], base64: bool) -> Bytes {
+    let mut line = BytesMut::with_capacity(key_token.len() + 14);
+    line.put_slice(b"mg ");
+    line.put_slice(key_token);
+    line.put_slice(if base64 {
+        b" b c f s\r\n"
+    } else {
+        b" c f s\r\n"
+    });
+    line.freeze()
+}
+
+/// The cas of the lease a [`probe_line`]'s reply (`HD c<cas> f<flags>
+/// s<size>`) shows: the lease's flags, and a size the marker fits in.
+fn probed_lease(reply: &[u8]) -> Option<u64> {
+    let line = reply.strip_prefix(b"HD ")?.strip_suffix(b"\r\n")?;
+    let (mut cas, mut flags, mut size) = (None, None, None);
+    for token in line.split(|&b| b == b' ') {
+        let number = || std::str::from_utf8(&token[1..]).ok()?.parse::<u64>().ok();
+        match token.first() {
+            Some(b'c') => cas = number(),
+            Some(b'f') => flags = number(),
+            Some(b's') => size = number(),
+            _ => {}
+        }
+    }
+    let is_lease = flags == Some(u64::from(lease::LEASE_FLAGS))
+        && size.is_some_and(|size| size >= lease::LEASE_MARKER.len() as u64);
+    cas.filter(|_| is_lease)
+}
+
+/// memcached's refusal of `incr`, `decr` or `ma` on a value that is not a
+/// number (both dialects say it alike).
+fn not_a_number(result: &CallResult) -> bool {
+    matches!(result, Ok(reply) if reply.starts_with(b"CLIENT_ERROR cannot increment or decrement non-numeric value"))
 }
 
 /// The `md` that removes a moved key from its previous owner before a write
@@ -1357,6 +1469,59 @@ mod tests {
         let again = beaten.on_reply(ok(b"NS c0\r\n"), NOW);
         assert_eq!(beaten.take_tally().copy, Some(CopyOutcome::Skipped));
         assert_eq!(sent(&again), (Owner::New, b"incr k 1\r\n".to_vec()));
+    }
+
+    /// Another copy's lease on the new owner: `incr` finds it not a number,
+    /// takes it over with the previous owner's value and continues the
+    /// count; a real non-number stays refused; with nothing to copy, the
+    /// lease goes and the command answers as for an absent key.
+    #[test]
+    fn incr_meeting_another_copys_lease_makes_the_copy_itself() {
+        let refused = &b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n"[..];
+        let lease = &b"HD c77 f1835821873 s24\r\n"[..];
+
+        let mut m = moved(b"incr k 1\r\n");
+        m.start();
+        let probe = m.on_reply(ok(refused), NOW);
+        assert_eq!(sent(&probe), (Owner::New, b"mg k c f s\r\n".to_vec()));
+        let fetch = m.on_reply(ok(lease), NOW);
+        assert_eq!(
+            sent(&fetch),
+            (Owner::Previous, b"mg k c v f t\r\n".to_vec())
+        );
+        let check = m.on_reply(ok(b"VA 2 c9 f0 t-1\r\n41\r\n"), NOW);
+        assert_eq!(sent(&check), (Owner::Previous, b"md k C9\r\n".to_vec()));
+        let fill = m.on_reply(ok(b"HD\r\n"), NOW);
+        assert_eq!(
+            sent(&fill),
+            (Owner::New, b"ms k 2 F0 C77\r\n41\r\n".to_vec())
+        );
+        let again = m.on_reply(ok(b"HD\r\n"), NOW);
+        assert_eq!(sent(&again), (Owner::New, b"incr k 1\r\n".to_vec()));
+        assert_eq!(
+            answer(m.on_reply(ok(b"42\r\n"), NOW)).unwrap(),
+            &b"42\r\n"[..]
+        );
+
+        let mut text = moved(b"incr k 1\r\n");
+        text.start();
+        text.on_reply(ok(refused), NOW);
+        let kept = text.on_reply(ok(b"HD c5 f0 s3\r\n"), NOW);
+        assert_eq!(answer(kept).unwrap(), refused);
+        assert_eq!(probed_lease(b"HD c5 f1835821873 s3\r\n"), None);
+        assert_eq!(probed_lease(b"HD c5 f1835821873 s40\r\n"), Some(5));
+        assert_eq!(probed_lease(b"EN\r\n"), None);
+
+        let mut nowhere = moved(b"incr k 1\r\n");
+        nowhere.start();
+        nowhere.on_reply(ok(refused), NOW);
+        nowhere.on_reply(ok(lease), NOW);
+        let undo = nowhere.on_reply(ok(b"EN\r\n"), NOW);
+        assert_eq!(sent(&undo), (Owner::New, b"md k C77\r\n".to_vec()));
+        let again = nowhere.on_reply(ok(b"HD\r\n"), NOW);
+        assert_eq!(sent(&again), (Owner::New, b"incr k 1\r\n".to_vec()));
+        // A refusal after that is answered: the new owner is probed once.
+        assert_eq!(answer(nowhere.on_reply(ok(refused), NOW)).unwrap(), refused);
     }
 
     #[test]
