@@ -110,6 +110,17 @@ impl OlderOwners {
         Some(&self.servers[start..end])
     }
 
+    /// `older` (oldest rings first) with one more group after them:
+    /// `servers`, deleted last.
+    pub fn then(older: Option<Box<OlderOwners>>, servers: &[usize]) -> Box<OlderOwners> {
+        let mut out = older.unwrap_or_default();
+        for &server in servers {
+            out.push(server);
+        }
+        out.end_group();
+        out
+    }
+
     /// Adds `server` to the group being built, once. A server may be in
     /// several groups: each delete has to come after the group before it.
     fn push(&mut self, server: usize) {

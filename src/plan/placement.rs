@@ -64,6 +64,9 @@ pub(crate) struct KeyOp {
     /// The hand-off applies: moved keys are read through, copied and
     /// forgotten (not for a request memcached will refuse anyway).
     pub(crate) hands_off: bool,
+    /// A delete (`delete`, `md` without `C`): with replicas, the previous
+    /// ring's former replicas lose the key before the current ones.
+    pub(crate) removes: bool,
 }
 
 /// The part of a request the replicas care about.
@@ -88,11 +91,12 @@ impl KeyOp {
         kind: KeyKind::Read,
         owner_only: false,
         hands_off: true,
+        removes: false,
     };
 
     /// A classic command on one key that is not a retrieval: every one
-    /// changes the key.
-    pub(crate) fn classic(cas: bool) -> KeyOp {
+    /// changes the key; `removes` for a `delete`.
+    pub(crate) fn classic(cas: bool, removes: bool) -> KeyOp {
         KeyOp {
             kind: if cas {
                 KeyKind::Cas {
@@ -103,6 +107,7 @@ impl KeyOp {
             },
             owner_only: false,
             hands_off: true,
+            removes,
         }
     }
 }
@@ -252,9 +257,21 @@ pub(crate) fn place<M>(
         KeyKind::Write => {
             let quorum = quorum(servers.len());
             let current = servers.len();
-            let forget = topology.push_previous_only_replicas(key, &mut servers);
+            let mut forget = topology.push_previous_only_replicas(key, &mut servers);
+            let mut older = topology.older_owners(key, &servers[..current]);
+            if op.removes && forget > 0 {
+                // A delete reaches the former replicas before the current
+                // ones: a read-through copy from a former replica to a
+                // current one (another sidecar's) then either had its lease
+                // removed by the delete or finds its source gone. Both at
+                // once, the lease could land after the current replica's
+                // delete and still find the value at its source.
+                older = Some(OlderOwners::then(older, &servers[current..]));
+                servers.truncate(current);
+                forget = 0;
+            }
             Placement::Quorum {
-                older: topology.older_owners(key, &servers[..current]),
+                older,
                 servers,
                 quorum,
                 forget,
@@ -327,7 +344,11 @@ mod tests {
         let (moved, stayed) = moved_and_stayed(&old, &new);
         let owner = new.owner_index(moved.as_bytes()).unwrap();
         let previous = new.previous_owner(moved.as_bytes(), owner).unwrap();
-        for op in [KeyOp::classic(false), KeyOp::classic(true), READ] {
+        for op in [
+            KeyOp::classic(false, false),
+            KeyOp::classic(true, false),
+            READ,
+        ] {
             assert_eq!(
                 place(moved.as_bytes(), op, STEPS, &new, &HealthView::NONE),
                 Placement::Moved {
@@ -362,7 +383,7 @@ mod tests {
         // will refuse.
         let refused = KeyOp {
             hands_off: false,
-            ..KeyOp::classic(false)
+            ..KeyOp::classic(false, false)
         };
         for (op, steps) in [(READ, None), (refused, STEPS)] {
             assert!(
@@ -379,7 +400,13 @@ mod tests {
         let mut replicas = Servers::new();
         new.replicas(key, &mut replicas);
         assert_eq!(replicas.len(), 2);
-        match place(key, KeyOp::classic(false), STEPS, &new, &HealthView::NONE) {
+        match place(
+            key,
+            KeyOp::classic(false, false),
+            STEPS,
+            &new,
+            &HealthView::NONE,
+        ) {
             Placement::Quorum {
                 servers,
                 quorum,
@@ -394,7 +421,13 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        match place(key, KeyOp::classic(true), STEPS, &new, &HealthView::NONE) {
+        match place(
+            key,
+            KeyOp::classic(true, false),
+            STEPS,
+            &new,
+            &HealthView::NONE,
+        ) {
             Placement::CasThenCopy { owner, copies, .. } => {
                 assert_eq!(owner, replicas[0]);
                 assert_eq!(copies[0], replicas[1]);
@@ -410,6 +443,37 @@ mod tests {
                 assert_eq!(servers[..2], replicas[..]);
                 assert_eq!(current, 2);
                 assert!(on_miss, "in a window a miss falls through");
+            }
+            other => panic!("{other:?}"),
+        }
+        // A delete of a key whose replicas changed: the former replicas lose
+        // it first, as a last group of older owners.
+        let mut now = Servers::new();
+        let moved = (0..2000)
+            .map(|i| format!("k{i}"))
+            .find(|k| {
+                let mut before = Servers::new();
+                new.previous_replicas(k.as_bytes(), &mut before);
+                new.replicas(k.as_bytes(), &mut now);
+                before.iter().any(|b| !now.contains(b))
+            })
+            .unwrap();
+        new.replicas(moved.as_bytes(), &mut now);
+        let delete = KeyOp::classic(false, true);
+        match place(moved.as_bytes(), delete, STEPS, &new, &HealthView::NONE) {
+            Placement::Quorum {
+                servers,
+                forget,
+                older,
+                ..
+            } => {
+                assert_eq!((&servers[..], forget), (&now[..], 0));
+                let older = older.expect("the former replicas");
+                let mut before = Servers::new();
+                new.previous_replicas(moved.as_bytes(), &mut before);
+                let former: Vec<usize> = before.into_iter().filter(|b| !now.contains(b)).collect();
+                assert_eq!(older.group(0), Some(&former[..]));
+                assert_eq!(older.group(1), None);
             }
             other => panic!("{other:?}"),
         }
@@ -439,7 +503,7 @@ mod tests {
         let cas = |retry_elsewhere| {
             let op = KeyOp {
                 kind: KeyKind::Cas { retry_elsewhere },
-                ..KeyOp::classic(true)
+                ..KeyOp::classic(true, false)
             };
             match place(moved.as_bytes(), op, STEPS, &new, &HealthView::NONE) {
                 Placement::CasThenCopy { previous, .. } => previous,
@@ -466,8 +530,14 @@ mod tests {
         // Writes and a cas go by the ring alone: health decides only the
         // order a read asks in.
         assert_eq!(
-            place(key, KeyOp::classic(false), STEPS, &new, &owner_dead),
-            place(key, KeyOp::classic(false), STEPS, &new, &HealthView::NONE)
+            place(key, KeyOp::classic(false, false), STEPS, &new, &owner_dead),
+            place(
+                key,
+                KeyOp::classic(false, false),
+                STEPS,
+                &new,
+                &HealthView::NONE
+            )
         );
     }
 

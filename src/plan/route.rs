@@ -150,7 +150,10 @@ pub(crate) fn plan(
             Plan::Retrieve(reuse.retrieval(request, bytes, topology, health))
         }
         _ => {
-            let op = KeyOp::classic(request.command == Command::Cas);
+            let op = KeyOp::classic(
+                request.command == Command::Cas,
+                request.command == Command::Delete,
+            );
             // Every classic write is handed off (see `handoff::needs_handoff`).
             let steps = crate::plan::handoff::needs_handoff(request.command).then_some(());
             Plan::Key(place(request.key(bytes, 0), op, steps, topology, health))
@@ -1074,6 +1077,7 @@ pub(crate) fn plan_meta(
             // A request memcached refuses is answered by the owner alone.
             || request.backend_error.is_some(),
         hands_off: request.backend_error.is_none(),
+        removes: request.command == MetaCommand::Delete,
     };
     MetaPlan::Key(place(key, op, what, topology, health))
 }

@@ -719,3 +719,122 @@ fn replicated_cas_of_a_moved_key_stores_with_the_unique_its_gets_returned() {
 fn replicated_meta_cas_of_a_moved_key_stores_with_the_cas_its_mg_returned() {
     replicated_cas_of_moved_keys(true);
 }
+
+/// `replicas = 2`, two sidecars, servers 0-3 swapped for 0, 1, 4, 5, and a
+/// key whose replicas all changed: its value is only on the previous ring's
+/// replicas. Sidecar
+/// A reads it through from a former replica X and copies it to the first
+/// current replica Z; a relay keeps A's lease to Z back. Sidecar B deletes
+/// the key; a relay keeps B's delete at X back. A's lease then lands, A
+/// finds the value still at X and copies it to Z. Only then does B's delete
+/// reach X. B's answer must leave no replica serving the value: B
+/// deletes the former replicas first and the current ones after, so the
+/// copy on Z goes too. With both at once, as before, Z kept the deleted
+/// value for good.
+#[test]
+fn a_replicated_delete_reaches_the_former_replicas_before_the_current_ones() {
+    replicated_delete_racing_a_copy("classic", "delete");
+    replicated_delete_racing_a_copy("meta", "md");
+}
+
+/// The test above, with B deleting by `verb` (`delete` or `md`).
+fn replicated_delete_racing_a_copy(dialect: &str, verb: &str) {
+    use crate::common::relay::{Fault, Relay};
+    use crate::common::{replace_by_rename, TempDir};
+    use memring::protocol::ReplyKind;
+    let dir = TempDir::new("replication", &format!("delete-order-{dialect}"));
+    let servers: Vec<Memcached> = (0..6).map(|_| Memcached::start()).collect();
+    let (old_list, new_list) = ([0, 1, 2, 3], [0, 1, 4, 5]);
+    let config = |list: &[usize], via: &[(usize, String)]| {
+        let mut text = String::from("listen = \"127.0.0.1:0\"\nreplicas = 2\n");
+        for &i in list {
+            let server = &servers[i];
+            let addr = via
+                .iter()
+                .find(|(at, _)| *at == i)
+                .map_or_else(|| server.addr(), |(_, addr)| addr.clone());
+            text.push_str(&format!(
+                "[[servers]]\naddr = \"{addr}\"\nname = \"cache-{}\"\n",
+                server.port
+            ));
+        }
+        text
+    };
+    let ring = |list: &[usize]| {
+        let parsed = memring::config::Config::parse(&config(list, &[]), "ring.toml").unwrap();
+        memring::ring::Ring::build(parsed.members())
+    };
+    let (old_ring, new_ring) = (ring(&old_list), ring(&new_list));
+    let replicas_in = |ring: &memring::ring::Ring, key: &str| -> Vec<usize> {
+        let mut members = SmallVec::new();
+        ring.replicas(key.as_bytes(), 2, &mut members);
+        members
+            .iter()
+            .map(|&m| {
+                let name = &ring.members()[m].identity;
+                servers
+                    .iter()
+                    .position(|s| &format!("cache-{}", s.port) == name)
+                    .unwrap()
+            })
+            .collect()
+    };
+    let (key, before, now) = (0..5000)
+        .map(|i| format!("replaced-{dialect}:{i}"))
+        .map(|key| {
+            let (before, now) = (replicas_in(&old_ring, &key), replicas_in(&new_ring, &key));
+            (key, before, now)
+        })
+        .find(|(_, before, now)| before.iter().all(|b| !now.contains(b)))
+        .expect("a key whose replicas all change");
+    let (x, z) = (before[0], now[0]);
+    let relay_z = Relay::start(&servers[z].addr(), Fault::holding_from(b"ms "));
+    let held: &'static [u8] = format!("{verb} {key}").into_bytes().leak();
+    let relay_x = Relay::start(&servers[x].addr(), Fault::holding_from(held));
+    let via_a = [(z, relay_z.addr())];
+    let via_b = [(x, relay_x.addr())];
+    let (path_a, path_b) = (dir.path("a.toml"), dir.path("b.toml"));
+    std::fs::write(&path_a, config(&old_list, &via_a)).unwrap();
+    std::fs::write(&path_b, config(&old_list, &via_b)).unwrap();
+    let (a, b) = (Proxy::start_file(&path_a), Proxy::start_file(&path_b));
+    assert_eq!(b.client().set(&key, b"v1"), b"STORED\r\n");
+    replace_by_rename(&path_a, &config(&new_list, &via_a));
+    replace_by_rename(&path_b, &config(&new_list, &via_b));
+    for proxy in [&a, &b] {
+        wait_for("ring version 2", || proxy.ring_version() >= 2);
+    }
+
+    assert_eq!(a.client().get(&key), Some(b"v1".to_vec()), "read through A");
+    wait_for("A's lease to Z kept back", || relay_z.holding());
+    let mut through_b = b.client();
+    through_b.send(format!("{verb} {key}\r\n").as_bytes());
+    wait_for("B's delete at X kept back", || relay_x.holding());
+    relay_z.release();
+    wait_for("A's copy checked", || {
+        a.client().stat("handoff_copies_checked") == 1
+    });
+    relay_x.release();
+    // `DELETED` when the copy reached a current replica first; the key is
+    // gone either way.
+    let deleted = through_b.reply(ReplyKind::Line);
+    let answers: [&[u8]; 4] = [b"DELETED\r\n", b"NOT_FOUND\r\n", b"HD\r\n", b"NF\r\n"];
+    assert!(
+        answers.contains(&&deleted[..]),
+        "{dialect}: {}",
+        show(&deleted)
+    );
+    for replica in now {
+        assert_eq!(
+            servers[replica].client().get(&key),
+            None,
+            "{dialect}: replica {replica} after B's answer"
+        );
+    }
+    for proxy in [&a, &b] {
+        assert_eq!(
+            proxy.client().get(&key),
+            None,
+            "{dialect}: read after the delete"
+        );
+    }
+}
