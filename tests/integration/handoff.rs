@@ -13,15 +13,7 @@ use memring::ring::Ring;
 
 /// Config text naming each server `cache-<port>`; hand-off at its default.
 fn config(servers: &[&Memcached]) -> String {
-    let mut text = String::from("listen = \"127.0.0.1:0\"\nrequest_timeout_ms = 2000\n");
-    for server in servers {
-        text.push_str(&format!(
-            "[[servers]]\naddr = \"{}\"\nname = \"cache-{}\"\n",
-            server.addr(),
-            server.port
-        ));
-    }
-    text
+    crate::common::named_config_text(servers, "request_timeout_ms = 2000")
 }
 
 fn ring_of(path: &Path) -> Ring {

@@ -78,30 +78,14 @@ fn a_lease_reads_as_a_miss_in_every_kind_of_read() {
 
     // An append or a prepend that reached the lease leaves a lease: still a
     // miss, with or without the flags in a meta reply.
-    assert_eq!(
-        direct.call(b"append leased 0 0 3\r\n.v7\r\n", ReplyKind::Line),
-        b"STORED\r\n"
-    );
-    assert_eq!(client.get_raw("leased"), b"END\r\n");
-    meta_alike(
-        &mut client,
-        &mut direct,
-        "mg {key} v\r\n",
-        "leased",
-        "absent",
-    );
-    assert_eq!(
-        direct.call(b"prepend leased 0 0 2\r\nv6\r\n", ReplyKind::Line),
-        b"STORED\r\n"
-    );
-    assert_eq!(client.get_raw("leased"), b"END\r\n");
-    meta_alike(
-        &mut client,
-        &mut direct,
-        "mg {key} v f\r\n",
-        "leased",
-        "absent",
-    );
+    for (change, read) in [
+        (&b"append leased 0 0 3\r\n.v7\r\n"[..], "mg {key} v\r\n"),
+        (b"prepend leased 0 0 2\r\nv6\r\n", "mg {key} v f\r\n"),
+    ] {
+        assert_eq!(direct.call(change, ReplyKind::Line), b"STORED\r\n");
+        assert_eq!(client.get_raw("leased"), b"END\r\n");
+        meta_alike(&mut client, &mut direct, read, "leased", "absent");
+    }
     // The lease is still there: memring only read it.
     assert!(show(&direct.get_raw("leased")).contains("memring hand-off lease"));
 }
@@ -121,17 +105,7 @@ impl Joined {
         let dir = TempDir::new("leases", name);
         let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
         let all: Vec<&Memcached> = servers.iter().collect();
-        let text = |servers: &[&Memcached]| {
-            let mut text = String::from("listen = \"127.0.0.1:0\"\n");
-            for server in servers {
-                text.push_str(&format!(
-                    "[[servers]]\naddr = \"{}\"\nname = \"cache-{}\"\n",
-                    server.addr(),
-                    server.port
-                ));
-            }
-            text
-        };
+        let text = |servers: &[&Memcached]| crate::common::named_config_text(servers, "");
         let path = dir.path("memring.toml");
         std::fs::write(&path, text(&all[..4])).unwrap();
         let proxy = Proxy::start_file(&path);

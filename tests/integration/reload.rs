@@ -449,15 +449,11 @@ impl Drop for LimitedDaemon {
 /// Eight connections per server and two workers: each server costs 16
 /// descriptors, so a few servers are a ring too big for a small limit.
 fn fd_hungry_config(listen: &str, servers: &[Memcached]) -> String {
-    let mut text = format!("listen = \"{listen}\"\nworkers = 2\nconnections_per_server = 8\n");
-    for server in servers {
-        text.push_str(&format!(
-            "[[servers]]\naddr = \"{}\"\nname = \"cache-{}\"\n",
-            server.addr(),
-            server.port
-        ));
-    }
-    text
+    let servers: Vec<&Memcached> = servers.iter().collect();
+    format!(
+        "listen = \"{listen}\"\nworkers = 2\nconnections_per_server = 8\n{}",
+        crate::common::named_servers(&servers)
+    )
 }
 
 fn set_and_get_on_each(clients: &mut [Client], round: &str) {

@@ -330,6 +330,29 @@ pub(crate) struct Proxy {
 }
 
 /// The TOML for a config over `servers` with extra top-level settings.
+/// Like [`config_text`], with each server named `cache-<port>` (see
+/// [`named_servers`]).
+pub(crate) fn named_config_text(servers: &[&Memcached], settings: &str) -> String {
+    format!(
+        "listen = \"127.0.0.1:0\"\n{settings}\n{}",
+        named_servers(servers)
+    )
+}
+
+/// The `[[servers]]` tables for `servers`, each named `cache-<port>`: a
+/// ring by names, which stays the same when a server's address changes.
+pub(crate) fn named_servers(servers: &[&Memcached]) -> String {
+    let mut text = String::new();
+    for server in servers {
+        text.push_str(&format!(
+            "[[servers]]\naddr = \"{}\"\nname = \"cache-{}\"\n",
+            server.addr(),
+            server.port
+        ));
+    }
+    text
+}
+
 pub(crate) fn config_text(servers: &[&Memcached], settings: &str) -> String {
     let mut text = format!("listen = \"127.0.0.1:0\"\n{settings}\n");
     for server in servers {
