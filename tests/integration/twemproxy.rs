@@ -679,8 +679,16 @@ fn side_by_side(outage: Outage, own_timing: bool, test: &str) -> Outcome {
 #[test]
 fn with_twemproxy_timing_both_proxies_agree_through_a_short_outage() {
     let outcome = side_by_side(Outage::Short, false, "short");
-    assert_eq!(outcome.timeline.nutcracker_ejections.len(), 1);
-    assert_eq!(outcome.timeline.memring_ejections().len(), 1);
+    // Once, unless a loaded machine held the restart back past a retry
+    // (then both eject again, together).
+    let ejections = outcome.timeline.nutcracker_ejections.len();
+    assert!(ejections >= 1, "{}", outcome.report());
+    assert_eq!(
+        outcome.timeline.memring_ejections().len(),
+        ejections,
+        "{}",
+        outcome.report()
+    );
     let problems = outcome.problems();
     assert!(problems.is_empty(), "{problems:?}\n{}", outcome.report());
 }
