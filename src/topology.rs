@@ -73,6 +73,10 @@ pub struct Topology {
     /// windows beyond [`KEPT_RINGS`]: a write deletes the key from each of
     /// them too (when in doubt, miss), until the window ends.
     dropped: Box<[u32]>,
+    /// An older ring of the chain was the ring in force now (a change
+    /// undone within its window): left out of `older`, but every moved key
+    /// may be copied back (see [`Topology::copies_back`]).
+    undoes: bool,
 }
 
 /// Most rings a hand-off window keeps besides the ring in force: the
@@ -246,6 +250,7 @@ impl Topology {
             previous: None,
             older: Box::new([]),
             dropped: Box::new([]),
+            undoes: false,
         }
     }
 
@@ -286,6 +291,7 @@ impl Topology {
             .filter_map(|&i| Some(old.backends.get(i as usize)?.name().to_string()))
             .collect();
         for mut ring in older {
+            self.undoes |= ring.ring == self.ring;
             if ring.ring == self.ring
                 || ring.ring == previous.ring
                 || kept.iter().any(|k| k.ring == ring.ring)
@@ -322,8 +328,9 @@ impl Topology {
     /// chained changes, oldest ring first (see [`OlderOwners`]): the
     /// servers of the rings dropped beyond [`KEPT_RINGS`], then each older
     /// ring's replicas of `key`, leaving out `current` (the replica set
-    /// now) and the previous ring's replicas. `None` when there are none
-    /// (always outside chained windows).
+    /// now) and the previous ring's replicas, unless the next older ring
+    /// gives the key to another server (see below). `None` when there are
+    /// none (always outside chained windows).
     pub fn older_owners(&self, key: &[u8], current: &[usize]) -> Option<Box<OlderOwners>> {
         if self.older.is_empty() && self.dropped.is_empty() {
             return None;
@@ -342,19 +349,61 @@ impl Topology {
             }
         }
         out.end_group();
+        // Each older ring's replicas of the key, oldest ring first.
+        let mut rings = smallvec::SmallVec::<[smallvec::SmallVec<[usize; 4]>; KEPT_RINGS]>::new();
         let mut members = smallvec::SmallVec::<[usize; 4]>::new();
         for ring in self.older.iter().rev() {
             ring.ring
                 .replicas(key, self.config.replicas.max(1), &mut members);
-            for member in &members {
-                match ring.ring_backends.get(*member) {
-                    Some(&backend) if wanted(backend as usize) => out.push(backend as usize),
-                    _ => {}
+            rings.push(
+                members
+                    .iter()
+                    .filter_map(|member| ring.ring_backends.get(*member))
+                    .map(|&backend| backend as usize)
+                    .collect(),
+            );
+        }
+        for (i, replicas) in rings.iter().enumerate() {
+            // A previous replica is left to the hand-off steps, which may
+            // need its value, unless the next older ring has an owner of
+            // its own: a sidecar still on that ring may be copying the key
+            // from this one to it, and a copy's source must lose the key
+            // before its destination. Then it goes here, in its ring's
+            // turn (a command that needed its value then finds a miss).
+            let copied_on = rings
+                .get(i + 1)
+                .is_some_and(|next| next.iter().any(|&backend| wanted(backend)));
+            for &backend in replicas {
+                let previous = copied_on
+                    && backend < self.backends.len()
+                    && !current.contains(&backend)
+                    && before.contains(&backend);
+                if wanted(backend) || previous {
+                    out.push(backend);
                 }
             }
             out.end_group();
         }
         (!out.servers.is_empty()).then_some(out)
+    }
+
+    /// Whether a sidecar still on an older ring of this chain may be copying
+    /// `key` from `owner` (its owner now) to its previous owner: an older
+    /// ring gave it to `owner` (a change undone, or flipped back). Then a
+    /// delete must reach the previous owner after `owner` too, since a
+    /// copy's source has to lose the key before its destination, and the
+    /// hand-off's own copies go the other way.
+    pub fn copies_back(&self, key: &[u8], owner: usize) -> bool {
+        if self.previous.is_none() {
+            return false;
+        }
+        self.undoes
+            || self.older.iter().any(|ring| {
+                ring.ring
+                    .owner(key)
+                    .and_then(|member| ring.ring_backends.get(member))
+                    .is_some_and(|&backend| backend as usize == owner)
+            })
     }
 
     /// During a hand-off window, the backend index of `key`'s previous owner
@@ -972,6 +1021,73 @@ pub(crate) mod tests {
             two_groups += usize::from(got.len() == 2);
         }
         assert!(two_groups > 30, "{two_groups} keys with two older owners");
+    }
+
+    /// A key owned by S, then X, then S again, then Z: a sidecar still on
+    /// the second ring may be copying it from S to X, so a write through the
+    /// fourth deletes it from S before X, though S is also its previous
+    /// owner (whose value the hand-off steps would otherwise read first).
+    #[test]
+    fn a_previous_owner_that_an_older_ring_copies_from_loses_the_key_first() {
+        let (runtime, hooks) = runtime_and_hooks();
+        let _guard = runtime.enter();
+        // s5 joins, is swapped for s6, then s7 joins: a key can go from S
+        // to s5, back to S, then to s7.
+        let with = |extra: &[&str]| {
+            let mut list = servers_named_s(4);
+            list.extend(extra.iter().map(|name| server(name, 1)));
+            list
+        };
+        let r1 = first_of_chain(&hooks);
+        let r2 = chain(&r1, &with(&["s5"]), &hooks);
+        let r3 = chain(&r2, &with(&["s6"]), &hooks);
+        let r4 = chain(&r3, &with(&["s6", "s7"]), &hooks);
+        assert_eq!(r4.older.len(), 2);
+        let at = |name: &str| r4.backends.iter().position(|b| b.name() == name).unwrap();
+        let owner_in = |ring: &crate::ring::Ring, key: &[u8]| {
+            at(&ring.members()[ring.owner(key).unwrap()].identity)
+        };
+        let mut found = 0;
+        for i in 0..5000 {
+            let key = format!("k{i}");
+            let key = key.as_bytes();
+            let (s, x) = (owner_in(&r1.ring, key), owner_in(&r2.ring, key));
+            let owner = r4.owner_index(key).unwrap();
+            if x == s || owner == s || owner_in(&r3.ring, key) != s {
+                continue;
+            }
+            let older = r4.older_owners(key, &[owner]).expect("older owners");
+            assert_eq!(older.group(0), Some(&[s][..]), "k{i}: S first");
+            assert_eq!(older.group(1), Some(&[x][..]), "k{i}: then X");
+            found += 1;
+        }
+        assert!(found > 10, "{found} keys owned by S, X, S, Z");
+    }
+
+    /// A change undone within its window: a sidecar that applied only the
+    /// change may still copy a moved key from the owner now to the previous
+    /// one. After a plain change, no one copies that way.
+    #[test]
+    fn a_change_undone_in_its_window_may_have_moved_keys_copied_back() {
+        let (runtime, hooks) = runtime_and_hooks();
+        let _guard = runtime.enter();
+        let r1 = first_of_chain(&hooks);
+        let r2 = chain(&r1, &servers_named_s(5), &hooks);
+        let back = chain(&r2, &servers_named_s(4), &hooks);
+        let (mut moved, mut copies_back) = (0, 0);
+        for i in 0..2000 {
+            let key = format!("k{i}");
+            let key = key.as_bytes();
+            let owner = back.owner_index(key).unwrap();
+            if back.previous_owner(key, owner).is_some() {
+                moved += 1;
+                copies_back += usize::from(back.copies_back(key, owner));
+                let owner_then = r2.owner_index(key).unwrap();
+                assert!(!r2.copies_back(key, owner_then), "a plain change");
+            }
+        }
+        assert!(moved > 100, "{moved}");
+        assert_eq!(copies_back, moved);
     }
 
     #[test]

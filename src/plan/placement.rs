@@ -151,13 +151,16 @@ pub(crate) enum Placement<M> {
     },
     /// A moved key in a window: the hand-off machine runs the request on
     /// `owner` and `previous` by `steps`, once the `older` owners have
-    /// lost the key. `hash` as for `Owner`.
+    /// lost the key. `hash` as for `Owner`. `copies_back`: a sidecar still
+    /// on an older ring may be copying the key from `owner` to `previous`
+    /// (see `Topology::copies_back`).
     Moved {
         owner: usize,
         previous: usize,
         steps: M,
         older: Option<Box<OlderOwners>>,
         hash: Option<u64>,
+        copies_back: bool,
     },
 }
 
@@ -211,6 +214,7 @@ pub(crate) fn place<M>(
                 steps,
                 older,
                 hash,
+                copies_back: topology.copies_back(key, owner),
             },
             // Not moved since the previous ring, but owned elsewhere in an
             // older one: deleted there first.
@@ -357,6 +361,7 @@ mod tests {
                     steps: "steps",
                     older: None,
                     hash: new.owner_index_hashed(moved.as_bytes()).1,
+                    copies_back: false,
                 },
                 "{op:?}"
             );

@@ -205,16 +205,22 @@ impl ClientSession {
                 owner,
                 previous,
                 older,
+                copies_back,
                 ..
             }) => match Moved::new(&request, &bytes) {
-                Some(machine) => Work::Moved(Box::new(MovedWork {
-                    machine,
-                    owner,
-                    previous,
-                    older: OlderForget::new(older),
-                    part: None,
-                    answer: None,
-                })),
+                Some(mut machine) => {
+                    if copies_back {
+                        machine.delete_previous_last_too();
+                    }
+                    Work::Moved(Box::new(MovedWork {
+                        machine,
+                        owner,
+                        previous,
+                        older: OlderForget::new(older),
+                        part: None,
+                        answer: None,
+                    }))
+                }
                 // The owner alone answers it, once the older owners lost
                 // the key.
                 None => Work::Lines {
@@ -351,11 +357,16 @@ impl ClientSession {
                 previous,
                 steps: what,
                 older: owners,
+                copies_back,
                 ..
             }) => {
                 older = owners;
                 let key = (bytes.slice_ref(request.key_token(&bytes)), request.base64);
-                let machine = Moved::meta(what, request.command, key, wire.clone(), expect.clone());
+                let mut machine =
+                    Moved::meta(what, request.command, key, wire.clone(), expect.clone());
+                if copies_back {
+                    machine.delete_previous_last_too();
+                }
                 let work = MetaMoved {
                     machine,
                     owner,

@@ -1579,6 +1579,84 @@ fn a_read_through_is_answered_without_waiting_for_its_copy() {
     }
 }
 
+/// A change undone within its window, with a sidecar that has not undone
+/// it yet: sidecar L applied 4 -> 5 servers only, sidecar W applied it and
+/// went back to 4. A key moved from C to N (the fifth) and back. L reads it
+/// through from C and copies it to N; a relay keeps L's lease back. W
+/// deletes the key: its previous owner N first (the hand-off's own copies
+/// go from there to C), then C, whose delete a relay keeps back. L's lease
+/// then lands on N, L finds the value still at C and copies it. Only then
+/// does W's delete reach C. W's answer must leave N without the value:
+/// W deletes N again last (both dialects). Before, N kept the deleted value, and L served
+/// it from then on.
+#[test]
+fn a_delete_after_an_undo_also_reaches_the_previous_owner_last() {
+    delete_after_an_undo_racing_a_copy_back("classic", "delete", "DELETED");
+    delete_after_an_undo_racing_a_copy_back("meta", "md", "HD");
+}
+
+/// The test above, with W deleting by `verb`, answered `deleted`.
+fn delete_after_an_undo_racing_a_copy_back(dialect: &str, verb: &str, deleted: &str) {
+    let dir = TempDir::new("handoff", &format!("undo-copy-back-{dialect}"));
+    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let (four, five) = rings_4_and_5(&dir, &all);
+    let key = moved_between(
+        &four,
+        &five,
+        (0..5000).map(|i| format!("back-{dialect}:{i}")),
+        1,
+    )
+    .pop()
+    .expect("a key that moves");
+    let c = servers
+        .iter()
+        .position(|s| format!("cache-{}", s.port) == owner_name(&four, &key))
+        .expect("its owner among four");
+    let relay_n = Relay::start(&servers[4].addr(), Fault::holding_from(b"ms "));
+    let held: &'static [u8] = format!("{verb} {key}").into_bytes().leak();
+    let relay_c = Relay::start(&servers[c].addr(), Fault::holding_from(held));
+    let l_config = |n: usize| config(&all[..n]).replace(&servers[4].addr(), &relay_n.addr());
+    let w_config = |n: usize| config(&all[..n]).replace(&servers[c].addr(), &relay_c.addr());
+    let (path_l, path_w) = (dir.path("l.toml"), dir.path("w.toml"));
+    std::fs::write(&path_l, l_config(4)).unwrap();
+    std::fs::write(&path_w, w_config(4)).unwrap();
+    let (l, w) = (Proxy::start_file(&path_l), Proxy::start_file(&path_w));
+    assert_eq!(w.client().set(&key, b"v1"), b"STORED\r\n");
+    replace_by_rename(&path_l, &l_config(5));
+    wait_for("L's ring of five", || l.ring_version() >= 2);
+    replace_by_rename(&path_w, &w_config(5));
+    wait_for("W's ring of five", || w.ring_version() >= 2);
+    replace_by_rename(&path_w, &w_config(4));
+    wait_for("W back to four", || w.ring_version() >= 3);
+
+    assert_eq!(l.client().get(&key), Some(b"v1".to_vec()), "read through L");
+    wait_for("L's lease kept back", || relay_n.holding());
+    let mut through_w = w.client();
+    through_w.send(format!("{verb} {key}\r\n").as_bytes());
+    wait_for("W's delete at C kept back", || relay_c.holding());
+    relay_n.release();
+    wait_for("L's copy made", || l.client().stat("handoff_copies") == 1);
+    relay_c.release();
+    assert_eq!(
+        show(&through_w.reply(ReplyKind::Line)),
+        format!("{deleted}\\r\\n"),
+        "{dialect}"
+    );
+    assert_eq!(
+        held_by(&servers[4], std::slice::from_ref(&key)),
+        0,
+        "{dialect}: N after W's answer"
+    );
+    for proxy in [&l, &w] {
+        assert_eq!(
+            proxy.client().get(&key),
+            None,
+            "{dialect}: read after the delete"
+        );
+    }
+}
+
 /// Two sidecars reload one change apart in time, so the first one's window
 /// is over while the second still reads moved keys through. A window ends
 /// only once its sweep has deleted the previous owners' copies; until then

@@ -169,6 +169,9 @@ pub(crate) struct Moved {
     forgotten: bool,
     /// The new owner was probed for a lease once: never again.
     probed: bool,
+    /// A delete reaches the previous owner once more, last (see
+    /// [`Moved::delete_previous_last_too`]).
+    delete_again: bool,
 }
 
 /// What a step of [`Moved`] did that the hand-off counters count.
@@ -215,6 +218,7 @@ impl Moved {
             lease_cas: None,
             forgotten: false,
             probed: false,
+            delete_again: false,
         })
     }
 
@@ -267,7 +271,17 @@ impl Moved {
             lease_cas: None,
             forgotten: false,
             probed: false,
+            delete_again: false,
         }
+    }
+
+    /// A sidecar still on an older ring may be copying the key from its new
+    /// owner to its previous one (a change undone within its window): a
+    /// delete, which reaches the previous owner first for the hand-off's
+    /// own copies, then reaches it again after the new owner, so that
+    /// copy's source loses the key before its destination does too.
+    pub(crate) fn delete_previous_last_too(&mut self) {
+        self.delete_again = self.kind == Kind::Delete;
     }
 
     /// The first step.
@@ -320,7 +334,11 @@ impl Moved {
             }
             (Kind::Delete, _) => {
                 let previous = self.first.take().unwrap_or_else(|| result.clone());
-                Step::Answer(self.merge_delete(result, previous))
+                let answer = self.merge_delete(result, previous);
+                if self.delete_again {
+                    return self.forget_previous(answer);
+                }
+                Step::Answer(answer)
             }
             (Kind::Read, Stage::First) => {
                 let Some((wire, _)) = self.meta.as_ref().and_then(|m| m.read.as_ref()) else {
@@ -1377,6 +1395,30 @@ mod tests {
             answer(m.on_reply(ok(b"NOT_FOUND\r\n"), NOW)).unwrap(),
             &b"DELETED\r\n"[..]
         );
+    }
+
+    /// With a change undone, a delete reaches the previous owner again
+    /// after the new one, and answers as before.
+    #[test]
+    fn a_delete_that_may_meet_a_copy_back_reaches_the_previous_owner_last_too() {
+        let mut m = moved(b"delete k\r\n");
+        m.delete_previous_last_too();
+        assert_eq!(
+            sent(&m.start()),
+            (Owner::Previous, b"delete k\r\n".to_vec())
+        );
+        let step = m.on_reply(ok(b"DELETED\r\n"), NOW);
+        assert_eq!(sent(&step), (Owner::New, b"delete k\r\n".to_vec()));
+        let again = m.on_reply(ok(b"NOT_FOUND\r\n"), NOW);
+        assert_eq!(sent(&again), (Owner::Previous, b"delete k\r\n".to_vec()));
+        assert_eq!(
+            answer(m.on_reply(ok(b"NOT_FOUND\r\n"), NOW)).unwrap(),
+            &b"DELETED\r\n"[..]
+        );
+        // Other commands take their usual steps.
+        let mut set = moved(b"set k 0 0 1\r\nx\r\n");
+        set.delete_previous_last_too();
+        assert_eq!(sent(&set.start()).0, Owner::New);
     }
 
     #[test]
