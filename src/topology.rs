@@ -272,8 +272,9 @@ impl Topology {
     /// `older` (the rings of the windows it chains onto, newest first) for
     /// writes to forget on; `old` holds the backends of members that are no
     /// longer configured (LEAVING), which are kept for the window. Members
-    /// without a backend are left out. Older rings equal to the ring in
-    /// force, to `previous` or to a newer one are left out, and at most
+    /// without a backend are left out. Older rings equal to a newer older
+    /// one are left out (one equal to the ring in force is noted in
+    /// `undoes`), and at most
     /// [`KEPT_RINGS`] - 1 are kept: the members of the rest join `old`'s
     /// dropped servers (see [`Topology::older_owners`]).
     pub(crate) fn set_previous(
@@ -292,10 +293,10 @@ impl Topology {
             .collect();
         for mut ring in older {
             self.undoes |= ring.ring == self.ring;
-            if ring.ring == self.ring
-                || ring.ring == previous.ring
-                || kept.iter().any(|k| k.ring == ring.ring)
-            {
+            // A ring equal to the one in force or to the previous one stays:
+            // where it sits in the chain says which server a lagging sidecar
+            // copies from (see `older_owners`), also after further changes.
+            if kept.iter().any(|k| k.ring == ring.ring) {
                 continue;
             }
             if kept.len() + 1 >= KEPT_RINGS {
@@ -943,11 +944,16 @@ pub(crate) mod tests {
             three_owners > checked / 50,
             "{three_owners} of {checked} keys had three owners"
         );
-        // Back to R1: R3 is the previous ring, R2 older, R1 (in force) not kept.
+        // Back to R1: R3 is the previous ring, R2 and R1 older; R1, the ring
+        // in force again, is kept for its place in the chain, and noted.
         let back = chain(&r3, &list(4), &hooks);
         assert_eq!(back.ring, r1.ring);
-        assert_eq!(back.older.len(), 1);
-        assert_eq!(back.older[0].ring, r2.ring);
+        assert_eq!(back.older.len(), 2);
+        assert_eq!(
+            (&back.older[0].ring, &back.older[1].ring),
+            (&r2.ring, &r1.ring)
+        );
+        assert!(back.undoes && !r3.undoes);
         // s5 is in R2 only: kept (LEAVING) so that writes can delete there.
         let s5 = back
             .backends
@@ -1057,6 +1063,32 @@ pub(crate) mod tests {
                 continue;
             }
             let older = r4.older_owners(key, &[owner]).expect("older owners");
+            assert_eq!(older.group(0), Some(&[s][..]), "k{i}: S first");
+            assert_eq!(older.group(1), Some(&[x][..]), "k{i}: then X");
+            found += 1;
+        }
+        assert!(found > 10, "{found} keys owned by S, X, S, Z");
+
+        // The same with the third ring the first again (s5 joins and is
+        // removed, then s6 joins): that ring is the previous one and also
+        // the oldest, where a sidecar two changes behind copies from.
+        let back = chain(&r2, &servers_named_s(4), &hooks);
+        let then = chain(&back, &with(&["s6"]), &hooks);
+        assert_eq!(then.older.len(), 2, "R2, and R1 beside the previous ring");
+        let at = |name: &str| then.backends.iter().position(|b| b.name() == name).unwrap();
+        let owner_in = |ring: &crate::ring::Ring, key: &[u8]| {
+            at(&ring.members()[ring.owner(key).unwrap()].identity)
+        };
+        let mut found = 0;
+        for i in 0..5000 {
+            let key = format!("k{i}");
+            let key = key.as_bytes();
+            let (s, x) = (owner_in(&r1.ring, key), owner_in(&r2.ring, key));
+            let owner = then.owner_index(key).unwrap();
+            if x == s || owner == s {
+                continue;
+            }
+            let older = then.older_owners(key, &[owner]).expect("older owners");
             assert_eq!(older.group(0), Some(&[s][..]), "k{i}: S first");
             assert_eq!(older.group(1), Some(&[x][..]), "k{i}: then X");
             found += 1;
