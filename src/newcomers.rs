@@ -10,11 +10,14 @@ use crate::config::Config;
 /// added again still holds what it had before its removal, older than what
 /// was written meanwhile on the servers that stood in for it, and reads ask
 /// the new owner first. A server still leaving in a hand-off window is kept
-/// as it is: every write of a key it held deleted its copy. A flush that
-/// fails is logged; the server then joins as it is.
+/// as it is: every write of a key it held deleted its copy. A server is
+/// known by its ring identity: a named server given a new address keeps its
+/// keys in the ring, and its data too (flushing it would lose every value
+/// of a server that was only renumbered). A flush that fails is logged; the
+/// server then joins as it is.
 pub(crate) fn flush_newcomers(topology: &crate::topology::Topology, config: &Config) {
     for server in &config.servers {
-        if topology.backends.iter().any(|b| b.addr() == server.addr) {
+        if topology.backends.iter().any(|b| b.name() == server.name) {
             continue;
         }
         let timeout = config.connect_timeout + config.request_timeout;

@@ -2469,3 +2469,44 @@ fn a_quiet_pipeline_of_moved_keys_within_a_small_budget_reaches_its_mn() {
         reply.iter().zip(&expected).position(|(a, b)| a != b)
     );
 }
+
+/// A named server given a new address (renumbered, or put behind a relay)
+/// is the same ring member: its keys stay put, and so does its data.
+/// memring used to take a new address for a new server and flush it, so
+/// every value on it was lost and moved keys read through from it missed.
+#[test]
+fn a_named_server_given_a_new_address_keeps_its_data() {
+    let dir = TempDir::new("handoff", "new-address");
+    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let (four, five) = rings_4_and_5(&dir, &all);
+    let keys: Vec<String> = (0..2000).map(|i| format!("renumbered:{i}")).collect();
+    let p = servers
+        .iter()
+        .position(|s| format!("cache-{}", s.port) == owner_name(&four, &keys[0]))
+        .expect("the first key's owner");
+    let on_p: Vec<String> = keys
+        .iter()
+        .filter(|k| owner_name(&four, k) == owner_name(&four, &keys[0]))
+        .cloned()
+        .collect();
+    let relay = Relay::start(&servers[p].addr(), Fault::holding_from(b"\xffnever"));
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, config(&all[..4])).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    store(&mut client, &on_p);
+    // Renumbered, and a fifth server joins in the same edit: some of P's
+    // keys move and are read through from P at its new address.
+    replace_by_rename(
+        &path,
+        &config(&all).replace(&servers[p].addr(), &relay.addr()),
+    );
+    wait_for("the new config", || proxy.ring_version() >= 2);
+    assert_eq!(held_by(&servers[p], &on_p), on_p.len(), "P kept its data");
+    let moved = moved_between(&four, &five, on_p.iter().cloned(), on_p.len());
+    assert!(!moved.is_empty());
+    for key in &on_p {
+        assert_eq!(client.get(key), Some(value_of(key).into_bytes()), "{key}");
+    }
+}
