@@ -123,14 +123,15 @@ pub(crate) enum Placement<M> {
     Owner { server: usize, hash: Option<u64> },
     /// Every server of `servers` gets it; answered when `quorum` agree. The
     /// last `forget` are replicas of the previous ring only: they get a
-    /// delete of the key instead, awaited before the answer. `older`: the
-    /// owners in older rings of chained changes, deleted first (see
-    /// [`OlderOwners`]).
+    /// delete of the key instead, awaited before the answer; with
+    /// `forget_last`, only once the others answered. `older`: the owners in
+    /// older rings of chained changes, deleted first (see [`OlderOwners`]).
     Quorum {
         servers: Servers,
         quorum: usize,
         forget: usize,
         older: Option<Box<OlderOwners>>,
+        forget_last: bool,
     },
     /// A compare-and-swap decided on `owner`, then copied to `copies`; in a
     /// window, tried on `previous` after the owner refused it; the key is
@@ -214,7 +215,7 @@ pub(crate) fn place<M>(
                 steps,
                 older,
                 hash,
-                copies_back: topology.copies_back(key, owner),
+                copies_back: topology.copies_back(key, &[owner]),
             },
             // Not moved since the previous ring, but owned elsewhere in an
             // older one: deleted there first.
@@ -223,6 +224,7 @@ pub(crate) fn place<M>(
                 quorum: 1,
                 forget: 0,
                 older,
+                forget_last: false,
             },
             _ => Placement::Owner {
                 server: owner,
@@ -263,6 +265,10 @@ pub(crate) fn place<M>(
             let current = servers.len();
             let mut forget = topology.push_previous_only_replicas(key, &mut servers);
             let mut older = topology.older_owners(key, &servers[..current]);
+            // A sidecar still on an older ring may copy the key from a
+            // current replica to a former one (a change undone): then the
+            // former replicas lose it only once the current ones answered.
+            let forget_last = forget > 0 && topology.copies_back(key, &servers[..current]);
             if op.removes && forget > 0 {
                 // A delete reaches the former replicas before the current
                 // ones: a read-through copy from a former replica to a
@@ -271,14 +277,17 @@ pub(crate) fn place<M>(
                 // once, the lease could land after the current replica's
                 // delete and still find the value at its source.
                 older = Some(OlderOwners::then(older, &servers[current..]));
-                servers.truncate(current);
-                forget = 0;
+                if !forget_last {
+                    servers.truncate(current);
+                    forget = 0;
+                }
             }
             Placement::Quorum {
                 older,
                 servers,
                 quorum,
                 forget,
+                forget_last,
             }
         }
     }
@@ -417,7 +426,9 @@ mod tests {
                 quorum,
                 forget,
                 older,
+                forget_last,
             } => {
+                assert!(!forget_last, "a write, not a delete");
                 assert_eq!(servers[..2], replicas[..]);
                 assert_eq!(quorum, 2);
                 assert_eq!(older, None, "one change: no older ring");

@@ -81,9 +81,13 @@ impl ClientSession {
         }
         let request = forwardable(e.bytes, e.request);
         let expect = e.command.reply_line().unwrap_or(LineKind::Ok);
-        let forget = match finish {
-            Finish::Quorum { forget, .. } => *forget,
-            _ => 0,
+        let (forget, forget_last) = match finish {
+            Finish::Quorum {
+                forget,
+                forget_last,
+                ..
+            } => (*forget, *forget_last),
+            _ => (0, false),
         };
         let replicas = parts.len() - forget;
         for part in parts[..replicas].iter_mut() {
@@ -92,7 +96,8 @@ impl ClientSession {
             // server has them: see `unanswered`.
             self.send_line(topology, part, &request, expect, true, e.hot);
         }
-        if forget > 0 {
+        // With `forget_last`, `finish` sends them (see `forget_last_lines`).
+        if forget > 0 && !forget_last {
             let key = e.request.key(e.bytes, 0);
             let mut line = bytes::BytesMut::with_capacity(key.len() + 9);
             line.extend_from_slice(b"delete ");
@@ -163,13 +168,19 @@ impl ClientSession {
                 // Started below.
             } else {
                 let (forget, key) = match &meta.mode {
-                    MetaMode::Quorum { forget, key, .. } => (*forget, Some(key)),
+                    MetaMode::Quorum {
+                        forget,
+                        key,
+                        forget_last,
+                        ..
+                    } => (*forget, Some(key).filter(|_| !forget_last)),
                     _ => (0, None),
                 };
                 let replicas = meta.parts.len() - forget;
                 for part in meta.parts[..replicas].iter_mut() {
                     self.send(topology, part, &meta.wire, meta.expect.clone(), true, e.hot);
                 }
+                // With `forget_last`, `finish` sends them.
                 if let Some(key) = key.filter(|_| forget > 0) {
                     for part in meta.parts[replicas..].iter_mut() {
                         *part = self.forget_on(topology, part.server, key);
@@ -542,6 +553,29 @@ impl ClientSession {
     /// Sends `md` of `key` (its token, and whether it is base64) to
     /// `server`: a previous owner's or replica's copy of a key written
     /// elsewhere goes before the write is answered.
+    /// A classic write's [`forget_last`]: its `delete`s to the former
+    /// replicas once the current ones answered. True when nothing is owed.
+    fn forget_last_lines(
+        &self,
+        topology: &Topology,
+        parts: &mut [Part],
+        finish: &Finish,
+        request: &Request,
+        bytes: &Bytes,
+    ) -> bool {
+        let Finish::Quorum {
+            forget,
+            forget_last: true,
+            ..
+        } = finish
+        else {
+            return true;
+        };
+        forget_last(parts, *forget, |server| {
+            self.delete_on(topology, server, request.key(bytes, 0))
+        })
+    }
+
     fn forget_on(&self, topology: &Topology, server: usize, key: &(Bytes, bool)) -> Part {
         let line = [crate::plan::handoff::forget_line(&key.0, key.1)];
         let expect = Expect::Meta {
@@ -705,8 +739,16 @@ impl ClientSession {
             // Nothing goes back for `noreply` and later replies need not
             // wait for it, but its bytes stay reserved until the servers
             // answered.
-            Work::Lines { parts, .. } if noreply => {
-                if !entry.sent {
+            Work::Lines { parts, finish } if noreply => {
+                if !entry.sent
+                    || !self.forget_last_lines(
+                        entry.topology.as_ref(),
+                        parts,
+                        finish,
+                        &entry.request,
+                        &entry.bytes,
+                    )
+                {
                     return false;
                 }
                 let slots = parts
@@ -718,6 +760,15 @@ impl ClientSession {
                 return true;
             }
             Work::Lines { parts, finish } => {
+                if !self.forget_last_lines(
+                    entry.topology.as_ref(),
+                    parts,
+                    finish,
+                    &entry.request,
+                    &entry.bytes,
+                ) {
+                    return false;
+                }
                 let forget = match finish {
                     Finish::Quorum { forget, .. } => *forget,
                     _ => 0,
@@ -803,6 +854,19 @@ impl ClientSession {
             Work::Meta(meta) => {
                 if OlderForget::pending(meta.older.as_ref()) {
                     return false;
+                }
+                if let MetaMode::Quorum {
+                    forget,
+                    key,
+                    forget_last: true,
+                    ..
+                } = &meta.mode
+                {
+                    let topology = entry.topology.as_ref();
+                    let send = |server| self.forget_on(topology, server, key);
+                    if !forget_last(&mut meta.parts, *forget, send) {
+                        return false;
+                    }
                 }
                 let reply = match &meta.mode {
                     MetaMode::Quorum { quorum, forget, .. } => {
@@ -944,4 +1008,23 @@ struct CasCopy<'a> {
 enum Sent {
     Part(Part),
     Answer(CallResult),
+}
+
+/// A delete that reaches the previous ring's former replicas last (the last
+/// `forget` of `parts`, see `placement::Placement::Quorum`): sends them with
+/// `send` once every other part has answered. True when every part has.
+fn forget_last(parts: &mut [Part], forget: usize, mut send: impl FnMut(usize) -> Part) -> bool {
+    let (replicas, former) = parts.split_at_mut(parts.len() - forget);
+    replicas.iter_mut().for_each(Part::absorb);
+    if replicas.iter().any(|p| p.result.is_none()) {
+        return false;
+    }
+    for part in former.iter_mut() {
+        // Not sent yet: no slot and no answer.
+        if part.slot.is_none() && part.result.is_none() {
+            *part = send(part.server);
+        }
+        part.absorb();
+    }
+    former.iter().all(|p| p.result.is_some())
 }

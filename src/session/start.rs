@@ -165,12 +165,14 @@ impl ClientSession {
                 quorum,
                 forget,
                 older,
+                forget_last,
             }) => Work::Lines {
                 parts: servers.into_iter().map(Part::new).collect(),
                 finish: Finish::Quorum {
                     quorum,
                     forget,
                     older: OlderForget::new(older).map(Box::new),
+                    forget_last,
                 },
             },
             Plan::Broadcast { servers } => Work::Lines {
@@ -230,6 +232,7 @@ impl ClientSession {
                             quorum: 1,
                             forget: 0,
                             older: OlderForget::new(Some(older)).map(Box::new),
+                            forget_last: false,
                         },
                         None => Finish::Forward,
                     },
@@ -311,6 +314,7 @@ impl ClientSession {
                 quorum,
                 forget,
                 older: owners,
+                forget_last,
             }) => {
                 older = owners;
                 (
@@ -318,6 +322,7 @@ impl ClientSession {
                     MetaMode::Quorum {
                         quorum,
                         forget,
+                        forget_last,
                         key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
                     },
                 )

@@ -223,11 +223,13 @@ pub(super) enum MetaMode {
     Forward,
     /// A replicated write (see `route::decide`); the last `forget` parts
     /// delete the key from the previous ring's replicas (`key`: its token
-    /// and whether it is base64).
+    /// and whether it is base64), with `forget_last` only once the others
+    /// answered.
     Quorum {
         quorum: usize,
         forget: usize,
         key: (Bytes, bool),
+        forget_last: bool,
     },
     /// A replicated `ms … C` (see `cas::ReplicatedCas`): `copy` is the
     /// store without `C` and `q` the other replicas get; `copied` the
@@ -281,12 +283,14 @@ pub(super) struct MetaMoved {
 pub(super) enum Finish {
     Forward,
     /// A replicated write: the quorum, and how many of the last parts are
-    /// `delete`s to the previous ring's replicas (see `placement::Placement::Quorum`);
+    /// `delete`s to the previous ring's replicas (see `placement::Placement::Quorum`;
+    /// with `forget_last`, sent once the others answered);
     /// `older`: the deletes that go before it in chained windows.
     Quorum {
         quorum: usize,
         forget: usize,
         older: Option<Box<OlderForget>>,
+        forget_last: bool,
     },
     AllOk,
 }

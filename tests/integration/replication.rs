@@ -733,16 +733,38 @@ fn replicated_meta_cas_of_a_moved_key_stores_with_the_cas_its_mg_returned() {
 /// value for good.
 #[test]
 fn a_replicated_delete_reaches_the_former_replicas_before_the_current_ones() {
-    replicated_delete_racing_a_copy("classic", "delete");
-    replicated_delete_racing_a_copy("meta", "md");
+    replicated_delete_racing_a_copy("classic", "delete", false);
+    replicated_delete_racing_a_copy("meta", "md", false);
 }
 
-/// The test above, with B deleting by `verb` (`delete` or `md`).
-fn replicated_delete_racing_a_copy(dialect: &str, verb: &str) {
+/// The same race after B has undone the change (A has not): A's copy goes
+/// from one of B's current replicas (X) to one of B's former ones (Z), the
+/// opposite way to B's own copies. B's delete reaches the former replicas,
+/// then the current ones, then the former ones again, so Z loses A's copy.
+/// Before, Z kept the deleted value.
+#[test]
+fn a_replicated_delete_after_an_undo_reaches_the_former_replicas_last_too() {
+    replicated_delete_racing_a_copy("classic", "delete", true);
+    replicated_delete_racing_a_copy("meta", "md", true);
+}
+
+/// The same for a store after the undo: A's copy of the old value to Z
+/// must not outlive B's `set`, so B deletes the former replicas only once
+/// the current ones stored. Before, both went at once and Z kept `v1`.
+#[test]
+fn a_replicated_store_after_an_undo_reaches_the_former_replicas_last() {
+    replicated_delete_racing_a_copy("classic", "set", true);
+    replicated_delete_racing_a_copy("meta", "ms", true);
+}
+
+/// The tests above, with B writing by `verb` (`delete` or `md`; `set` or
+/// `ms` storing `v2`), and with `undo` B back on the first list before it
+/// writes.
+fn replicated_delete_racing_a_copy(dialect: &str, verb: &str, undo: bool) {
     use crate::common::relay::{Fault, Relay};
     use crate::common::{replace_by_rename, TempDir};
     use memring::protocol::ReplyKind;
-    let dir = TempDir::new("replication", &format!("delete-order-{dialect}"));
+    let dir = TempDir::new("replication", &format!("delete-order-{dialect}-{undo}"));
     let servers: Vec<Memcached> = (0..6).map(|_| Memcached::start()).collect();
     let (old_list, new_list) = ([0, 1, 2, 3], [0, 1, 4, 5]);
     let config = |list: &[usize], via: &[(usize, String)]| {
@@ -789,7 +811,15 @@ fn replicated_delete_racing_a_copy(dialect: &str, verb: &str) {
         .expect("a key whose replicas all change");
     let (x, z) = (before[0], now[0]);
     let relay_z = Relay::start(&servers[z].addr(), Fault::holding_from(b"ms "));
-    let held: &'static [u8] = format!("{verb} {key}").into_bytes().leak();
+    let stores = verb == "set" || verb == "ms";
+    let request = match verb {
+        "set" => format!("set {key} 1 0 2\r\nv2\r\n"),
+        "ms" => format!("ms {key} 2 F1\r\nv2\r\n"),
+        _ => format!("{verb} {key}\r\n"),
+    };
+    // B's request line (flags 1: not the `v1` stored first).
+    let line_end = request.find('\r').expect("a line");
+    let held: &'static [u8] = request.as_bytes()[..line_end].to_vec().leak();
     let relay_x = Relay::start(&servers[x].addr(), Fault::holding_from(held));
     let via_a = [(z, relay_z.addr())];
     let via_b = [(x, relay_x.addr())];
@@ -803,11 +833,17 @@ fn replicated_delete_racing_a_copy(dialect: &str, verb: &str) {
     for proxy in [&a, &b] {
         wait_for("ring version 2", || proxy.ring_version() >= 2);
     }
+    if undo {
+        replace_by_rename(&path_b, &config(&old_list, &via_b));
+        wait_for("B back on the first list", || b.ring_version() >= 3);
+    }
 
     assert_eq!(a.client().get(&key), Some(b"v1".to_vec()), "read through A");
     wait_for("A's lease to Z kept back", || relay_z.holding());
     let mut through_b = b.client();
-    through_b.send(format!("{verb} {key}\r\n").as_bytes());
+    through_b.send(request.as_bytes());
+    // X is B's former replica (deleted first), or after the undo its current
+    // one (deleted after the former ones).
     wait_for("B's delete at X kept back", || relay_x.holding());
     relay_z.release();
     wait_for("A's copy checked", || {
@@ -816,25 +852,39 @@ fn replicated_delete_racing_a_copy(dialect: &str, verb: &str) {
     relay_x.release();
     // `DELETED` when the copy reached a current replica first; the key is
     // gone either way.
-    let deleted = through_b.reply(ReplyKind::Line);
-    let answers: [&[u8]; 4] = [b"DELETED\r\n", b"NOT_FOUND\r\n", b"HD\r\n", b"NF\r\n"];
+    let answered = through_b.reply(ReplyKind::Line);
+    let answers: [&[u8]; 5] = [
+        b"DELETED\r\n",
+        b"NOT_FOUND\r\n",
+        b"HD\r\n",
+        b"NF\r\n",
+        b"STORED\r\n",
+    ];
     assert!(
-        answers.contains(&&deleted[..]),
+        answers.contains(&&answered[..]),
         "{dialect}: {}",
-        show(&deleted)
+        show(&answered)
     );
     for replica in now {
-        assert_eq!(
+        assert_ne!(
             servers[replica].client().get(&key),
-            None,
-            "{dialect}: replica {replica} after B's answer"
+            Some(b"v1".to_vec()),
+            "{dialect} {verb}: replica {replica} after B's answer"
         );
     }
+    let now_read = stores.then(|| b"v2".to_vec());
     for proxy in [&a, &b] {
         assert_eq!(
             proxy.client().get(&key),
-            None,
-            "{dialect}: read after the delete"
+            now_read,
+            "{dialect} {verb}: read after B's answer"
         );
+    }
+    if undo && verb == "delete" {
+        // A `noreply` delete takes the same three steps before the next
+        // request's answer.
+        assert_eq!(through_b.set(&key, b"v2"), b"STORED\r\n");
+        through_b.send(format!("delete {key} noreply\r\n").as_bytes());
+        assert_eq!(through_b.get(&key), None, "after a noreply delete");
     }
 }
