@@ -1054,25 +1054,7 @@ pub(crate) mod tests {
         let r3 = chain(&r2, &with(&["s6"]), &hooks);
         let r4 = chain(&r3, &with(&["s6", "s7"]), &hooks);
         assert_eq!(r4.older.len(), 2);
-        let at = |name: &str| r4.backends.iter().position(|b| b.name() == name).unwrap();
-        let owner_in = |ring: &crate::ring::Ring, key: &[u8]| {
-            at(&ring.members()[ring.owner(key).unwrap()].identity)
-        };
-        let mut found = 0;
-        for i in 0..5000 {
-            let key = format!("k{i}");
-            let key = key.as_bytes();
-            let (s, x) = (owner_in(&r1.ring, key), owner_in(&r2.ring, key));
-            let owner = r4.owner_index(key).unwrap();
-            if x == s || owner == s || owner_in(&r3.ring, key) != s {
-                continue;
-            }
-            let older = r4.older_owners(key, &[owner]).expect("older owners");
-            assert_eq!(older.group(0), Some(&[s][..]), "k{i}: S first");
-            assert_eq!(older.group(1), Some(&[x][..]), "k{i}: then X");
-            found += 1;
-        }
-        assert!(found > 10, "{found} keys owned by S, X, S, Z");
+        s_then_x_first(&r4, &r1, &r2, Some(&r3));
 
         // The same with the third ring the first again (s5 joins and is
         // removed, then s6 joins): that ring is the previous one and also
@@ -1080,7 +1062,25 @@ pub(crate) mod tests {
         let back = chain(&r2, &servers_named_s(4), &hooks);
         let then = chain(&back, &with(&["s6"]), &hooks);
         assert_eq!(then.older.len(), 2, "R2, and R1 beside the previous ring");
-        let at = |name: &str| then.backends.iter().position(|b| b.name() == name).unwrap();
+        s_then_x_first(&then, &r1, &r2, None);
+    }
+
+    /// For keys owned by S in `first`, X in `second`, S again in `third`
+    /// (when given) and elsewhere in `latest`: `latest`'s older owners are
+    /// S, then X.
+    fn s_then_x_first(
+        latest: &Topology,
+        first: &Topology,
+        second: &Topology,
+        third: Option<&Topology>,
+    ) {
+        let at = |name: &str| {
+            latest
+                .backends
+                .iter()
+                .position(|b| b.name() == name)
+                .unwrap()
+        };
         let owner_in = |ring: &crate::ring::Ring, key: &[u8]| {
             at(&ring.members()[ring.owner(key).unwrap()].identity)
         };
@@ -1088,12 +1088,12 @@ pub(crate) mod tests {
         for i in 0..5000 {
             let key = format!("k{i}");
             let key = key.as_bytes();
-            let (s, x) = (owner_in(&r1.ring, key), owner_in(&r2.ring, key));
-            let owner = then.owner_index(key).unwrap();
-            if x == s || owner == s {
+            let (s, x) = (owner_in(&first.ring, key), owner_in(&second.ring, key));
+            let owner = latest.owner_index(key).unwrap();
+            if x == s || owner == s || third.is_some_and(|t| owner_in(&t.ring, key) != s) {
                 continue;
             }
-            let older = then.older_owners(key, &[owner]).expect("older owners");
+            let older = latest.older_owners(key, &[owner]).expect("older owners");
             assert_eq!(older.group(0), Some(&[s][..]), "k{i}: S first");
             assert_eq!(older.group(1), Some(&[x][..]), "k{i}: then X");
             found += 1;

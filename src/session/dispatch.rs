@@ -729,6 +729,13 @@ impl ClientSession {
 
     /// Writes the entry's reply if it is complete; true if it was.
     pub(super) fn finish(&mut self, entry: &mut Entry) -> bool {
+        if let Work::Lines { parts, finish } = &mut entry.work {
+            // Also for `noreply`: the former replicas' deletes still go.
+            let topology = entry.topology.as_ref();
+            if !self.forget_last_lines(topology, parts, finish, &entry.request, &entry.bytes) {
+                return false;
+            }
+        }
         let stats = &self.worker.stats;
         let noreply = entry.noreply;
         match &mut entry.work {
@@ -739,16 +746,8 @@ impl ClientSession {
             // Nothing goes back for `noreply` and later replies need not
             // wait for it, but its bytes stay reserved until the servers
             // answered.
-            Work::Lines { parts, finish } if noreply => {
-                if !entry.sent
-                    || !self.forget_last_lines(
-                        entry.topology.as_ref(),
-                        parts,
-                        finish,
-                        &entry.request,
-                        &entry.bytes,
-                    )
-                {
+            Work::Lines { parts, .. } if noreply => {
+                if !entry.sent {
                     return false;
                 }
                 let slots = parts
@@ -760,15 +759,6 @@ impl ClientSession {
                 return true;
             }
             Work::Lines { parts, finish } => {
-                if !self.forget_last_lines(
-                    entry.topology.as_ref(),
-                    parts,
-                    finish,
-                    &entry.request,
-                    &entry.bytes,
-                ) {
-                    return false;
-                }
                 let forget = match finish {
                     Finish::Quorum { forget, .. } => *forget,
                     _ => 0,
