@@ -74,8 +74,9 @@ pub struct Topology {
     /// them too (when in doubt, miss), until the window ends.
     dropped: Box<[u32]>,
     /// An older ring of the chain was the ring in force now (a change
-    /// undone within its window): left out of `older`, but every moved key
-    /// may be copied back (see [`Topology::copies_back`]).
+    /// undone within its window), so every moved key may be copied back
+    /// (see [`Topology::copies_back`]). That ring is in `older` too while
+    /// there is room; this stays when it is dropped.
     undoes: bool,
 }
 

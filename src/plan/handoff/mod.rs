@@ -893,20 +893,20 @@ fn probe_line(key_token: &[u8], base64: bool) -> Bytes {
 /// The cas of the lease a [`probe_line`]'s reply (`HD c<cas> f<flags>
 /// s<size>`) shows: the lease's flags, and a size the marker fits in.
 fn probed_lease(reply: &[u8]) -> Option<u64> {
-    let line = reply.strip_prefix(b"HD ")?.strip_suffix(b"\r\n")?;
-    let (mut cas, mut flags, mut size) = (None, None, None);
-    for token in line.split(|&b| b == b' ') {
-        let number = || std::str::from_utf8(&token[1..]).ok()?.parse::<u64>().ok();
-        match token.first() {
-            Some(b'c') => cas = number(),
-            Some(b'f') => flags = number(),
-            Some(b's') => size = number(),
-            _ => {}
-        }
+    let is_lease = hd_number(reply, b'f') == Some(u64::from(lease::LEASE_FLAGS))
+        && hd_number(reply, b's').is_some_and(|size| size >= lease::LEASE_MARKER.len() as u64);
+    hd_number(reply, b'c').filter(|_| is_lease)
+}
+
+/// The number of return flag `flag` in an `HD …` reply line.
+fn hd_number(reply: &[u8], flag: u8) -> Option<u64> {
+    let line = reply.strip_suffix(b"\r\n")?;
+    let mut tokens = line.split(|&b| b == b' ');
+    if tokens.next()? != b"HD" {
+        return None;
     }
-    let is_lease = flags == Some(u64::from(lease::LEASE_FLAGS))
-        && size.is_some_and(|size| size >= lease::LEASE_MARKER.len() as u64);
-    cas.filter(|_| is_lease)
+    let token = tokens.find(|t| t.first() == Some(&flag))?;
+    std::str::from_utf8(&token[1..]).ok()?.parse().ok()
 }
 
 /// memcached's refusal of `incr`, `decr` or `ma` on a value that is not a
@@ -1198,13 +1198,7 @@ pub(crate) fn fill_outcome(result: &CallResult) -> CopyOutcome {
 
 /// The cas a copy landed with (`HD … c<cas>`).
 pub(crate) fn landed_cas(result: &CallResult) -> Option<u64> {
-    let line = result.as_ref().ok()?.strip_suffix(b"\r\n")?;
-    let mut tokens = line.split(|&b| b == b' ');
-    if tokens.next()? != b"HD" {
-        return None;
-    }
-    let token = tokens.find(|t| t.first() == Some(&b'c'))?;
-    std::str::from_utf8(&token[1..]).ok()?.parse().ok()
+    hd_number(result.as_ref().ok()?, b'c')
 }
 
 #[cfg(test)]
