@@ -303,6 +303,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         max_buffer_bytes,
         client_write_timeout,
         handoff,
+        shared_with,
         failover,
         ring,
         hot_keys,
@@ -423,7 +424,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             d.interval.as_millis()
         )
     };
-    let rows: [(&'static str, String, String, bool); 40] = [
+    let rows: [(&'static str, String, String, bool); 41] = [
         (
             "discovery",
             discovered(&old.discovery),
@@ -584,6 +585,12 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             true,
         ),
         ("handoff_ms", ms(&old.handoff), ms(handoff), false),
+        (
+            "shared_with",
+            old.shared_with.name().to_string(),
+            shared_with.name().to_string(),
+            false,
+        ),
         (
             "tls_listen",
             tls_listen_text(&old.tls_listen),

@@ -53,6 +53,7 @@ struct RawConfig {
     max_buffer_bytes: Option<Spanned<u64>>,
     client_write_timeout_ms: Option<Spanned<u64>>,
     handoff_ms: Option<Spanned<u64>>,
+    shared_with: Option<Spanned<String>>,
     failover: Option<Spanned<String>>,
     failover_ttl_s: Option<Spanned<u64>>,
     ring: Option<Spanned<String>>,
@@ -208,6 +209,9 @@ pub struct Config {
     /// How long a membership change keeps the previous ring for hand-off
     /// reads (see `plan/handoff/`); zero turns hand-off off.
     pub handoff: Duration,
+    /// Who else reads or writes the servers (`shared_with`): whether a
+    /// moved key is read through and copied in a hand-off window.
+    pub shared_with: SharedWith,
     /// `failover`: the pool that takes a DEAD server's keys, with the
     /// exptime of every write there capped (`failover_ttl_s`).
     pub failover: Option<Failover>,
@@ -313,6 +317,58 @@ impl Ejection {
             Ejection::Memring => "memring",
             Ejection::Twemproxy { .. } => "twemproxy",
         }
+    }
+}
+
+/// Who besides memring sidecars of this version uses the servers
+/// (`shared_with`), and so what a hand-off window may do with a moved key
+/// (docs/handoff.md, "Shared servers"). memcached has no item other clients
+/// cannot see: a hand-off copy's lease is a value to anything that is not
+/// this memring, and a copy made without one can land after a write it
+/// should have lost to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SharedWith {
+    /// Only memring sidecars that know leases (the default): moved keys are
+    /// read through from their previous owner and copied through a lease.
+    #[default]
+    Memring,
+    /// Also clients that only read (direct readers, batch jobs, older
+    /// sidecars during an upgrade): read through, never copied, so nothing
+    /// but the clients' own values is ever written.
+    Readers,
+    /// Also clients that write (nutcracker, direct clients): a write that
+    /// reaches only the new owner would not stop a read-through from the
+    /// previous owner, so moved keys are misses, as for nutcracker.
+    Writers,
+}
+
+impl SharedWith {
+    /// The values of `shared_with`, in the order of the docs.
+    pub const ALL: [SharedWith; 3] = [
+        SharedWith::Memring,
+        SharedWith::Readers,
+        SharedWith::Writers,
+    ];
+
+    /// The value of `shared_with` in the file.
+    pub fn name(self) -> &'static str {
+        match self {
+            SharedWith::Memring => "memring",
+            SharedWith::Readers => "readers",
+            SharedWith::Writers => "writers",
+        }
+    }
+
+    /// A read of a moved key that misses on its new owner asks the
+    /// previous owner.
+    pub fn reads_through(self) -> bool {
+        self != SharedWith::Writers
+    }
+
+    /// A moved key's value found on its previous owner is copied to the
+    /// new one (through a lease).
+    pub fn copies(self) -> bool {
+        self == SharedWith::Memring
     }
 }
 
@@ -794,8 +850,29 @@ impl Config {
             0..=86_400_000,
         )?;
 
+        let shared_with = match &raw.shared_with {
+            None => SharedWith::default(),
+            Some(name) => SharedWith::ALL
+                .into_iter()
+                .find(|s| s.name() == name.get_ref())
+                .ok_or_else(|| {
+                    at(
+                        name.span(),
+                        format!(
+                            "shared_with = \"{}\" is not who shares the servers (one of: memring, readers, writers)",
+                            name.get_ref()
+                        ),
+                    )
+                })?,
+        };
         let failover = failover(raw, &at, &number, replicas)?;
         let ring = ring_spec(raw, &at)?;
+        if raw.shared_with.is_none() && handoff_ms > 0 && ring.flavour != Flavour::Memring {
+            server_warnings.push(format!(
+                "ring = \"{}\" usually means other clients (nutcracker, libmemcached clients, scripts) use these servers too, and shared_with is not set: in a hand-off window memring copies moved keys through leases that those clients would read as values; set shared_with = \"writers\" if they write, \"readers\" if they only read, or shared_with = \"memring\" if only memring sidecars use the servers (docs/handoff.md, \"Shared servers\")",
+                ring.flavour.name()
+            ));
+        }
         let hot_keys = hot_key_settings(raw, &at, &number)?;
         let (tls_listen, backend_tls) = tls_settings(raw, &at, path, listen, admin_listen)?;
         if lookup.is_some() {
@@ -832,6 +909,7 @@ impl Config {
             max_buffer_bytes: max_buffer_bytes as usize,
             client_write_timeout: Duration::from_millis(client_write_timeout_ms),
             handoff: Duration::from_millis(handoff_ms),
+            shared_with,
             failover,
             hot_keys,
             server_warnings,
@@ -1627,6 +1705,7 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("max_buffer_bytes", "268435456"),
     ("client_write_timeout_ms", "30000"),
     ("handoff_ms", "300000"),
+    ("shared_with", "\"writers\""),
     ("ring", "\"twemproxy\""),
     ("hash", "\"fnv1a_64\""),
     ("hash_tag", "\"{}\""),
@@ -2752,6 +2831,71 @@ name = "cache-02"
         assert!(
             message.starts_with("memring.toml:1:26: connections_per_server"),
             "{message}"
+        );
+    }
+
+    #[test]
+    fn shared_with_says_who_else_uses_the_servers_and_a_drop_in_ring_without_it_is_warned() {
+        let parse = |text: &str| Config::parse(&format!("{text}\n{GOOD}"), "memring.toml");
+        assert_eq!(parse("").unwrap().shared_with, SharedWith::Memring);
+        for value in SharedWith::ALL {
+            let config = parse(&format!("shared_with = \"{}\"", value.name())).unwrap();
+            assert_eq!(config.shared_with, value);
+        }
+        assert_eq!(
+            (
+                SharedWith::Memring.reads_through(),
+                SharedWith::Memring.copies()
+            ),
+            (true, true)
+        );
+        assert_eq!(
+            (
+                SharedWith::Readers.reads_through(),
+                SharedWith::Readers.copies()
+            ),
+            (true, false)
+        );
+        assert_eq!(
+            (
+                SharedWith::Writers.reads_through(),
+                SharedWith::Writers.copies()
+            ),
+            (false, false)
+        );
+        let message = error_of(&format!("shared_with = \"nutcracker\"\n{GOOD}"));
+        assert!(
+            message.starts_with("memring.toml:1:15: shared_with = \"nutcracker\" is not who shares the servers (one of: memring, readers, writers)"),
+            "{message}"
+        );
+        // A drop-in ring without the setting is warned about; with it, or
+        // without a window, or on memring's own ring, it is not.
+        let warned = |text: &str| {
+            parse(text)
+                .unwrap()
+                .warnings()
+                .iter()
+                .any(|w| w.contains("shared_with is not set"))
+        };
+        assert!(warned("ring = \"twemproxy\""));
+        assert!(warned("ring = \"libmemcached\""));
+        assert!(!warned("ring = \"twemproxy\"\nshared_with = \"memring\""));
+        assert!(!warned("ring = \"twemproxy\"\nshared_with = \"writers\""));
+        assert!(!warned("ring = \"twemproxy\"\nhandoff_ms = 0"));
+        assert!(!warned(""));
+        // A pool takes the top level's value or sets its own.
+        let pools = Config::parse(
+            &format!("shared_with = \"readers\"\n{GOOD}\n[[pools]]\nname = \"a\"\n[[pools.servers]]\naddr = \"127.0.0.1:5\"\n[[pools]]\nname = \"b\"\nshared_with = \"writers\"\n[[pools.servers]]\naddr = \"127.0.0.1:6\"\n"),
+            "memring.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            pools.pool("a").unwrap().config.shared_with,
+            SharedWith::Readers
+        );
+        assert_eq!(
+            pools.pool("b").unwrap().config.shared_with,
+            SharedWith::Writers
         );
     }
 

@@ -37,6 +37,7 @@ pub(super) struct RawPool {
     replicas: Option<Spanned<u64>>,
     read_miss_fallthrough: Option<bool>,
     handoff_ms: Option<Spanned<u64>>,
+    shared_with: Option<Spanned<String>>,
     failover: Option<Spanned<String>>,
     failover_ttl_s: Option<Spanned<u64>>,
     ring: Option<Spanned<String>>,
@@ -527,7 +528,8 @@ fn layered(top: &RawConfig, pool: &RawPool) -> RawConfig {
         failure_limit,
         replicas,
         read_miss_fallthrough,
-        handoff_ms
+        handoff_ms,
+        shared_with
     );
     // A gutter is the pool's own choice: never taken from the top level.
     raw.failover = pool.failover.clone();

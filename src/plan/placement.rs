@@ -200,8 +200,12 @@ pub(crate) fn place<M>(
             return Placement::NoServers;
         };
         // A hand-off window (one replica): a moved key may still be only on
-        // its previous owner.
-        let handed_off = op.hands_off && replicas == 1;
+        // its previous owner. Beside other writers a read never asks there
+        // (`shared_with`): their writes reach only the new owner.
+        let shared_with = topology.config.shared_with;
+        let handed_off = op.hands_off
+            && replicas == 1
+            && (op.kind != KeyKind::Read || shared_with.reads_through());
         let older = (handed_off && op.kind != KeyKind::Read)
             .then(|| topology.older_owners(key, &[owner]))
             .flatten();
@@ -242,9 +246,12 @@ pub(crate) fn place<M>(
             // Healthy replicas first; ring order otherwise.
             servers.sort_by_key(|&s| health.is_dead(s));
             // In a window the previous ring's replicas come after the
-            // current ones, and a miss falls through to them.
+            // current ones, and a miss falls through to them (unless other
+            // writers share the servers).
             let current = servers.len();
-            topology.push_previous_only_replicas(key, &mut servers);
+            if topology.config.shared_with.reads_through() {
+                topology.push_previous_only_replicas(key, &mut servers);
+            }
             Placement::ReadThrough {
                 servers,
                 current,
@@ -256,7 +263,9 @@ pub(crate) fn place<M>(
             Placement::CasThenCopy {
                 owner,
                 copies: servers[1..].iter().copied().collect(),
-                previous: previous.filter(|_| retry_elsewhere),
+                // Tried there only where its value may then be copied.
+                previous: previous
+                    .filter(|_| retry_elsewhere && topology.config.shared_with.copies()),
                 older,
             }
         }
@@ -570,5 +579,78 @@ mod tests {
         view.refill([5]);
         assert!(view.is_dead(5) && !view.is_dead(0) && !view.is_dead(130));
         assert!(!HealthView::NONE.is_dead(0));
+    }
+
+    #[test]
+    fn beside_other_writers_a_moved_key_is_read_on_its_new_owner_alone() {
+        for (setting, reads_through) in [("", true), ("readers", true), ("writers", false)] {
+            let settings = if setting.is_empty() {
+                String::new()
+            } else {
+                format!("shared_with = \"{setting}\"\n")
+            };
+            let (_runtime, old, new) = four_then_five_with(&settings);
+            let (moved, _) = moved_and_stayed(&old, &new);
+            let owner = new.owner_index(moved.as_bytes()).unwrap();
+            let read = place(moved.as_bytes(), READ, STEPS, &new, &HealthView::NONE);
+            assert_eq!(
+                matches!(read, Placement::Moved { .. }),
+                reads_through,
+                "{setting}: {read:?}"
+            );
+            if !reads_through {
+                assert!(matches!(read, Placement::Owner { server, .. } if server == owner));
+            }
+            // A write still deletes the previous owner's copy.
+            let write = KeyOp::classic(false, false);
+            assert!(matches!(
+                place(moved.as_bytes(), write, STEPS, &new, &HealthView::NONE),
+                Placement::Moved { .. }
+            ));
+        }
+        // With replicas: the previous ring's replicas are asked only where
+        // reads go through, and a cas is retried there only where it may
+        // be copied.
+        for (setting, falls_back, retries) in [
+            ("memring", true, true),
+            ("readers", true, false),
+            ("writers", false, false),
+        ] {
+            let (_runtime, old, new) =
+                four_then_five_with(&format!("replicas = 2\nshared_with = \"{setting}\"\n"));
+            let moved = (0..2000)
+                .map(|i| format!("k{i}"))
+                .find(|k| {
+                    let (mut now, mut before) = (Servers::new(), Servers::new());
+                    new.replicas(k.as_bytes(), &mut now);
+                    old.replicas(k.as_bytes(), &mut before);
+                    let name = |t: &Topology, s: &usize| t.backends[*s].name().to_string();
+                    name(&new, &now[0]) != name(&old, &before[0])
+                        && before
+                            .iter()
+                            .any(|b| !now.iter().any(|n| name(&new, n) == name(&old, b)))
+                })
+                .unwrap();
+            match place(moved.as_bytes(), READ, STEPS, &new, &HealthView::NONE) {
+                Placement::ReadThrough {
+                    servers, current, ..
+                } => {
+                    assert_eq!(servers.len() > current, falls_back, "{setting}")
+                }
+                other => panic!("{other:?}"),
+            }
+            match place(
+                moved.as_bytes(),
+                KeyOp::classic(true, false),
+                STEPS,
+                &new,
+                &HealthView::NONE,
+            ) {
+                Placement::CasThenCopy { previous, .. } => {
+                    assert_eq!(previous.is_some(), retries, "{setting}")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
     }
 }

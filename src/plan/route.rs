@@ -67,7 +67,7 @@ pub(crate) enum Plan {
     /// others before any later request of the client (in a window, a refusal
     /// of the owner is taken over by `handoff::cas::CasTakeover`); a moved
     /// key's request is run by `handoff::Moved`.
-    Key(Placement<()>),
+    Key(Placement<crate::plan::handoff::Copies>),
     /// Every server gets it (`flush_all`); `OK` only if all say `OK`.
     Broadcast { servers: Servers },
     /// A retrieval.
@@ -154,8 +154,10 @@ pub(crate) fn plan(
                 request.command == Command::Cas,
                 request.command == Command::Delete,
             );
-            // Every classic write is handed off (see `handoff::needs_handoff`).
-            let steps = crate::plan::handoff::needs_handoff(request.command).then_some(());
+            // Every classic write is handed off (see `handoff::needs_handoff`),
+            // copying a moved key only where `shared_with` allows it.
+            let copies = crate::plan::handoff::Copies::of(topology.config.shared_with);
+            let steps = crate::plan::handoff::needs_handoff(request.command).then_some(copies);
             Plan::Key(place(request.key(bytes, 0), op, steps, topology, health))
         }
     }
@@ -339,6 +341,8 @@ pub(crate) struct Retrieval {
     /// Copies to send to new owners (`add` lines), each checked once it
     /// has landed.
     copies: Vec<crate::plan::handoff::ReadCopy>,
+    /// Read-through hits may be copied (`shared_with = "memring"`).
+    copies_allowed: bool,
     /// Keys asked of their previous owner, and values found there.
     read_through: (usize, usize),
     /// Whether this is the whole reply or one run of a retrieval whose
@@ -389,6 +393,7 @@ impl Default for Retrieval {
             handoff: false,
             previous_from: Vec::new(),
             copies: Vec::new(),
+            copies_allowed: false,
             read_through: (0, 0),
             split: Split::Whole,
             answers: None,
@@ -407,6 +412,7 @@ impl Retrieval {
         let fall_through = handoff || (replicas > 1 && topology.config.read_miss_fallthrough);
         self.reset(request, bytes, fall_through);
         self.handoff = handoff;
+        self.copies_allowed = topology.config.shared_with.copies();
         for i in 0..request.keys.len() {
             let key = request.key(&self.bytes, i);
             // The key's servers, and how many of them own it now (the rest
@@ -465,6 +471,9 @@ impl Retrieval {
     /// Copies key `k`'s value, found on the server being asked now, to its
     /// new owner.
     fn copy(&mut self, k: usize, wire: crate::protocol::encode::Outbound) {
+        if !self.copies_allowed {
+            return;
+        }
         let key = self.bytes.slice_ref(self.keys[k].of(&self.bytes));
         self.copies.push(crate::plan::handoff::ReadCopy {
             owner: self.candidates[k][0],
@@ -562,6 +571,7 @@ impl Retrieval {
         self.handoff = false;
         self.previous_from.clear();
         self.copies.clear();
+        self.copies_allowed = false;
         self.read_through = (0, 0);
         self.split = Split::Whole;
         self.answers = None;
@@ -1023,7 +1033,7 @@ pub(crate) enum MetaPlan {
     /// and `ma … N` copy first, `ms` stores on the new owner, `ms … C`
     /// refused with `EX`/`NF` is taken over as a classic `cas`, `md`
     /// deletes from both).
-    Key(Placement<crate::plan::handoff::MetaMove>),
+    Key(Placement<(crate::plan::handoff::MetaMove, crate::plan::handoff::Copies)>),
 }
 
 /// Plans the meta request `request` (whose bytes are `bytes`) on `topology`.
@@ -1049,11 +1059,13 @@ pub(crate) fn plan_meta(
         return MetaPlan::Reply(b"MN\r\n");
     }
     // Which hand-off steps a moved key takes: looked at in a window only.
+    let copies = crate::plan::handoff::Copies::of(topology.config.shared_with);
     let what = topology
         .previous
         .is_some()
         .then(|| meta_move(request, bytes))
-        .flatten();
+        .flatten()
+        .map(|what| (what, copies));
     let kind = match request.command {
         MetaCommand::Set | MetaCommand::Delete | MetaCommand::Arithmetic if request.compare_cas => {
             // Only a set can be tried on the previous owner and copied: the
@@ -1616,10 +1628,11 @@ mod tests {
         let steps = |line: &str| match plan(line.replace("KEY", &moved)) {
             MetaPlan::Key(Placement::Moved {
                 owner: o,
-                steps: what,
+                steps: (what, copies),
                 ..
             }) => {
                 assert_eq!(o, owner(&new, &moved), "{line}");
+                assert_eq!(copies, crate::plan::handoff::Copies::ThroughLease);
                 what
             }
             other => panic!("{line}: {other:?}"),

@@ -206,10 +206,11 @@ impl ClientSession {
             Plan::Key(Placement::Moved {
                 owner,
                 previous,
+                steps: copies,
                 older,
                 copies_back,
                 ..
-            }) => match Moved::new(&request, &bytes) {
+            }) => match Moved::new(&request, &bytes, copies) {
                 Some(mut machine) => {
                     if copies_back {
                         machine.delete_previous_last_too();
@@ -360,15 +361,21 @@ impl ClientSession {
             MetaPlan::Key(Placement::Moved {
                 owner,
                 previous,
-                steps: what,
+                steps: (what, copies),
                 older: owners,
                 copies_back,
                 ..
             }) => {
                 older = owners;
                 let key = (bytes.slice_ref(request.key_token(&bytes)), request.base64);
-                let mut machine =
-                    Moved::meta(what, request.command, key, wire.clone(), expect.clone());
+                let mut machine = Moved::meta(
+                    what,
+                    copies,
+                    request.command,
+                    key,
+                    wire.clone(),
+                    expect.clone(),
+                );
                 if copies_back {
                     machine.delete_previous_last_too();
                 }

@@ -35,6 +35,31 @@ pub(crate) enum Owner {
     Previous,
 }
 
+/// What a command on a moved key may do with the value its previous owner
+/// holds (`shared_with`, see `config::SharedWith`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Copies {
+    /// Copy it to the new owner through a lease when the command needs it
+    /// there (memring sidecars alone share the servers).
+    ThroughLease,
+    /// Never write it anywhere: other clients would see the lease. The
+    /// command runs on the new owner as on an absent key (`incr` answers
+    /// `NOT_FOUND`, `add` stores), and the previous owner's copy is then
+    /// deleted whatever it answered, so no later read finds it there.
+    Never,
+}
+
+impl Copies {
+    /// What `shared_with` allows.
+    pub(crate) fn of(shared_with: crate::config::SharedWith) -> Copies {
+        if shared_with.copies() {
+            Copies::ThroughLease
+        } else {
+            Copies::Never
+        }
+    }
+}
+
 /// What to do next for a command on a moved key.
 #[derive(Debug)]
 // A step is made and consumed at once, never stored: boxing would only add
@@ -172,6 +197,8 @@ pub(crate) struct Moved {
     /// A delete reaches the previous owner once more, last (see
     /// [`Moved::delete_previous_last_too`]).
     delete_again: bool,
+    /// Whether the previous owner's value may be copied to the new owner.
+    copies: Copies,
 }
 
 /// What a step of [`Moved`] did that the hand-off counters count.
@@ -198,7 +225,7 @@ struct Meta {
 
 impl Moved {
     /// `None` when the command needs only the new owner.
-    pub(crate) fn new(request: &Request, bytes: &Bytes) -> Option<Moved> {
+    pub(crate) fn new(request: &Request, bytes: &Bytes, copies: Copies) -> Option<Moved> {
         let kind = kind_of(request.command)?;
         let key = bytes.slice_ref(request.key(bytes, 0));
         let takeover = (kind == Kind::Cas).then(|| CasTakeover::classic(request, bytes));
@@ -219,6 +246,7 @@ impl Moved {
             forgotten: false,
             probed: false,
             delete_again: false,
+            copies,
         })
     }
 
@@ -229,6 +257,7 @@ impl Moved {
     /// `C` (see `route::meta_copy`).
     pub(crate) fn meta(
         what: MetaMove,
+        copies: Copies,
         command: MetaCommand,
         key: (Bytes, bool),
         wire: Outbound,
@@ -272,6 +301,7 @@ impl Moved {
             forgotten: false,
             probed: false,
             delete_again: false,
+            copies,
         }
     }
 
@@ -292,6 +322,10 @@ impl Moved {
                 self.send(Owner::Previous)
             }
             Kind::Read | Kind::RetryAfterCopy | Kind::Cas | Kind::Overwrite => {
+                self.stage = Stage::First;
+                self.send(Owner::New)
+            }
+            Kind::CopyFirst if self.copies == Copies::Never => {
                 self.stage = Stage::First;
                 self.send(Owner::New)
             }
@@ -340,6 +374,13 @@ impl Moved {
                 }
                 Step::Answer(answer)
             }
+            // Nothing is copied: whatever the new owner answered, the
+            // previous owner's copy goes before the answer (the key is
+            // absent to this command, so it must be to every later read).
+            (
+                Kind::RetryAfterCopy | Kind::CopyFirst | Kind::Cas | Kind::Overwrite,
+                Stage::First,
+            ) if self.copies == Copies::Never => self.forget_previous(result),
             (Kind::Read, Stage::First) => {
                 let Some((wire, _)) = self.meta.as_ref().and_then(|m| m.read.as_ref()) else {
                     return Step::Answer(result);
@@ -370,7 +411,7 @@ impl Moved {
                 self.tally.read_through = Some(hit.is_some());
                 match hit {
                     Some((answer, copy)) => {
-                        self.read_copy = copy;
+                        self.read_copy = copy.filter(|_| self.copies == Copies::ThroughLease);
                         Step::Answer(Ok(answer))
                     }
                     // A miss (or a failure) there too: the owner's miss, as
@@ -1301,9 +1342,13 @@ mod tests {
     use crate::protocol::{parse_request, Limits};
 
     fn moved(line: &'static [u8]) -> Moved {
+        moved_with(line, Copies::ThroughLease)
+    }
+
+    fn moved_with(line: &'static [u8], copies: Copies) -> Moved {
         let bytes = Bytes::from_static(line);
         let (request, _) = parse_request(&bytes, &Limits::default()).unwrap().unwrap();
-        Moved::new(&request, &bytes).unwrap()
+        Moved::new(&request, &bytes, copies).unwrap()
     }
 
     fn ok(reply: &'static [u8]) -> CallResult {
@@ -1727,6 +1772,7 @@ mod tests {
         let wire: Outbound = smallvec::smallvec![Bytes::from_static(line)];
         Moved::meta(
             what,
+            Copies::ThroughLease,
             command,
             (Bytes::from_static(b"k"), false),
             wire,
@@ -1863,5 +1909,88 @@ mod tests {
             &b"EN\r\n"[..]
         );
         assert!(nowhere.take_read_copy().is_none());
+    }
+
+    /// `shared_with` other than memring: nothing is copied. Each command
+    /// that would have copied the key first runs on the new owner as on an
+    /// absent key, and the previous owner loses its copy before the answer,
+    /// whatever the new owner said.
+    #[test]
+    fn without_copies_a_moved_key_is_absent_to_a_command_and_deleted_from_its_previous_owner() {
+        for (line, reply) in [
+            (&b"incr k 1\r\n"[..], &b"NOT_FOUND\r\n"[..]),
+            (b"decr k 1\r\n", b"NOT_FOUND\r\n"),
+            (b"touch k 10\r\n", b"NOT_FOUND\r\n"),
+            (b"append k 0 0 1\r\nx\r\n", b"NOT_STORED\r\n"),
+            (b"prepend k 0 0 1\r\nx\r\n", b"NOT_STORED\r\n"),
+            (b"replace k 0 0 1\r\nx\r\n", b"NOT_STORED\r\n"),
+            // `add` is not preceded by a fetch: it stores.
+            (b"add k 0 0 1\r\nx\r\n", b"STORED\r\n"),
+            (b"cas k 0 0 1 5\r\nx\r\n", b"NOT_FOUND\r\n"),
+            (b"cas k 0 0 1 5\r\nx\r\n", b"EXISTS\r\n"),
+            (b"set k 0 0 1\r\nx\r\n", b"SERVER_ERROR out of memory\r\n"),
+        ] {
+            let line: &'static [u8] = Box::leak(line.to_vec().into_boxed_slice());
+            let mut m = moved_with(line, Copies::Never);
+            assert_eq!(sent(&m.start()), (Owner::New, line.to_vec()), "{line:?}");
+            let step = m.on_reply(Ok(Bytes::copy_from_slice(reply)), NOW);
+            assert_eq!(sent(&step), (Owner::Previous, b"delete k\r\n".to_vec()));
+            let answered = answer(m.on_reply(ok(b"DELETED\r\n"), NOW)).unwrap();
+            assert_eq!(&answered[..], reply, "{line:?}");
+            assert_eq!(
+                m.take_tally(),
+                Tally::default(),
+                "{line:?}: nothing read or copied"
+            );
+        }
+        // A delete is the same with or without copies.
+        let mut delete = moved_with(b"delete k\r\n", Copies::Never);
+        assert_eq!(sent(&delete.start()).0, Owner::Previous);
+    }
+
+    #[test]
+    fn without_copies_a_meta_read_through_answers_and_copies_nothing() {
+        let added = AddedFlags {
+            value: false,
+            flags: true,
+            ttl: true,
+        };
+        let what = MetaMove::Read {
+            wire: smallvec::smallvec![Bytes::from_static(b"mg k v f t\r\n")],
+            added,
+        };
+        let expect = meta_expect(MetaCommand::Get);
+        let wire: Outbound = smallvec::smallvec![Bytes::from_static(b"mg k v\r\n")];
+        let mut read = Moved::meta(
+            what,
+            Copies::Never,
+            MetaCommand::Get,
+            (Bytes::from_static(b"k"), false),
+            wire,
+            expect,
+        );
+        read.start();
+        read.on_reply(ok(b"EN\r\n"), NOW);
+        let hit = read.on_reply(ok(b"VA 2 f0 t100\r\nv1\r\n"), NOW);
+        assert_eq!(answer(hit).unwrap(), &b"VA 2\r\nv1\r\n"[..]);
+        assert!(read.take_read_copy().is_none());
+        // `ma` without copies: the new owner's NF, after the previous
+        // owner's `md`.
+        let wire: Outbound = smallvec::smallvec![Bytes::from_static(b"ma k\r\n")];
+        let mut ma = Moved::meta(
+            MetaMove::RetryAfterCopy,
+            Copies::Never,
+            MetaCommand::Arithmetic,
+            (Bytes::from_static(b"k"), false),
+            wire,
+            meta_expect(MetaCommand::Arithmetic),
+        );
+        assert_eq!(sent(&ma.start()).0, Owner::New);
+        let step = ma.on_reply(ok(b"NF\r\n"), NOW);
+        assert_eq!(sent(&step), (Owner::Previous, b"md k\r\n".to_vec()));
+        assert_eq!(
+            answer(ma.on_reply(ok(b"HD\r\n"), NOW)).unwrap(),
+            &b"NF\r\n"[..]
+        );
     }
 }
