@@ -311,7 +311,7 @@ fn translate(pool: &Pool, place: Place) -> Result<Translated, String> {
     // Ejection follows nutcracker's clock, so that both proxies eject and
     // return a server at the same moment while they run side by side.
     lines.push(
-        "# ejection = \"twemproxy\": a server is ejected and tried again on nutcracker's clock, never flushed".into(),
+        "# ejection = \"twemproxy\": a server is ejected and tried again on nutcracker's clock, not flushed on its return".into(),
     );
     lines.push("ejection = \"twemproxy\"".into());
     if eject {
@@ -354,6 +354,16 @@ fn translate(pool: &Pool, place: Place) -> Result<Translated, String> {
         ));
         lines.push(format!("retry_timeout_ms = {retry}"));
     }
+    // nutcracker (and its clients) write these servers too: a hand-off
+    // read-through could bring back what they deleted on a key's new
+    // owner, and a copy's lease would reach them as a value.
+    lines.push(
+        "# shared_with = \"writers\": nutcracker writes these servers too, so in a hand-off window a moved key".into(),
+    );
+    lines.push(
+        "# is read on its new owner only (a miss, as in nutcracker) and never copied (docs/handoff.md)".into(),
+    );
+    lines.push("shared_with = \"writers\"".into());
     let listen = listen.ok_or("the pool has no listen:")?;
     if pool.servers.is_empty() {
         return Err("the pool has no servers:".to_string());
@@ -682,6 +692,9 @@ beta:
             }
         );
         assert_eq!(config.connect_timeout.as_millis(), 400);
+        // Beside nutcracker, nothing is read through or copied.
+        assert_eq!(config.shared_with, memring::config::SharedWith::Writers);
+        assert!(config.warnings().is_empty(), "{:?}", config.warnings());
         // Every setting of the pool says how it maps, in a comment.
         for key in [
             "hash",

@@ -766,3 +766,55 @@ fn the_kubernetes_example_config_checks_and_fits_its_memory_limit() {
         parsed.max_buffer_bytes
     );
 }
+
+/// A drop-in ring usually means other clients use the servers too: `check`
+/// says which `shared_with` is safe, and is quiet once it is set.
+#[test]
+fn check_warns_about_a_drop_in_ring_without_shared_with() {
+    let dir = temp_dir("shared-with");
+    let servers = "[[servers]]\naddr = \"127.0.0.1:11211\"\n";
+    for (settings, warned) in [
+        ("ring = \"twemproxy\"\n", true),
+        ("ring = \"libmemcached\"\n", true),
+        ("ring = \"twemproxy\"\nshared_with = \"writers\"\n", false),
+        ("ring = \"twemproxy\"\nshared_with = \"memring\"\n", false),
+        ("shared_with = \"readers\"\n", false),
+        ("", false),
+    ] {
+        let file = write_config(
+            &dir,
+            "shared.toml",
+            &format!("listen = \"127.0.0.1:22122\"\n{settings}{servers}"),
+        );
+        let output = Command::new(BIN)
+            .args(["check", "--offline"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{settings}: {stderr}");
+        assert_eq!(
+            stderr.contains("shared_with is not set")
+                && stderr.contains(
+                    "set shared_with = \"writers\" if they write, \"readers\" if they only read"
+                ),
+            warned,
+            "{settings}: {stderr}"
+        );
+    }
+    let bad = write_config(
+        &dir,
+        "bad.toml",
+        &format!("listen = \"127.0.0.1:22122\"\nshared_with = \"everyone\"\n{servers}"),
+    );
+    let output = Command::new(BIN).arg("check").arg(&bad).output().unwrap();
+    assert!(!output.status.success());
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains(
+            "bad.toml:2:15: shared_with = \"everyone\" is not who shares the servers (one of: memring, readers, writers)"
+        ),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
