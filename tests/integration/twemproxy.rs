@@ -65,7 +65,7 @@ fn yaml(port: u16, servers: &[Memcached]) -> String {
 }
 
 /// A nutcracker with its stats port, killed by PID on drop.
-struct Nutcracker {
+pub(crate) struct Nutcracker {
     child: Child,
     port: u16,
     stats_port: u16,
@@ -73,7 +73,7 @@ struct Nutcracker {
 }
 
 impl Nutcracker {
-    fn start(conf: &std::path::Path, port: u16, log: std::path::PathBuf) -> Nutcracker {
+    pub(crate) fn start(conf: &std::path::Path, port: u16, log: std::path::PathBuf) -> Nutcracker {
         let stats_port = free_port();
         let child = Command::new("nutcracker")
             .arg("-c")
@@ -110,11 +110,11 @@ impl Nutcracker {
         nutcracker
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn client(&self) -> Client {
+    pub(crate) fn client(&self) -> Client {
         Client::connect(&format!("127.0.0.1:{}", self.port))
     }
 
@@ -164,7 +164,7 @@ fn imported(conf: &std::path::Path, own_timing: bool) -> String {
 
 /// What `memring import twemproxy` prints for `conf`, every `listen` (the
 /// top level's and each pool's) moved to a free port.
-fn import_listening_anywhere(conf: &std::path::Path) -> String {
+pub(crate) fn import_listening_anywhere(conf: &std::path::Path) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_memring"))
         .args(["import".as_ref(), "twemproxy".as_ref(), conf.as_os_str()])
         .output()
