@@ -510,3 +510,51 @@ fn what_each_setting_costs_in_moved_keys_that_miss() {
         assert_eq!((first, second, after_window), expected, "{setting}");
     }
 }
+
+/// `shared_with` applies on reload, within a running window: the window
+/// carries on, and moved keys stop being read through at once.
+#[test]
+fn shared_with_changes_live_within_a_window() {
+    let dir = TempDir::new("shared", "live");
+    let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, config_text(&all[..4], "handoff_ms = 120000\n")).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..600).map(|i| format!("live:{i}")).collect();
+    for key in &keys {
+        assert_eq!(client.set(key, b"v0"), b"STORED\r\n");
+    }
+    let before = owners(&proxy, &keys);
+    replace_by_rename(&path, &config_text(&all, "handoff_ms = 120000\n"));
+    wait_for("the change", || proxy.ring_version() >= 2);
+    let after = owners(&proxy, &keys);
+    let moved: Vec<&String> = keys
+        .iter()
+        .zip(before.iter().zip(&after))
+        .filter(|(_, (b, a))| b != a)
+        .map(|(k, _)| k)
+        .collect();
+    let (early, late) = moved.split_at(moved.len() / 2);
+    assert!(
+        early.iter().all(|k| client.get(k).is_some()),
+        "read through"
+    );
+    let version = proxy.ring_version();
+    replace_by_rename(
+        &path,
+        &config_text(&all, "handoff_ms = 120000\nshared_with = \"writers\"\n"),
+    );
+    wait_for("the setting applied", || proxy.ring_version() > version);
+    assert!(
+        proxy.running().topology.load().previous.is_some(),
+        "the window carries on"
+    );
+    assert!(
+        late.iter().all(|k| client.get(k).is_none()),
+        "moved keys not read before are misses now"
+    );
+    // Copied before the switch: on the new owner, read there.
+    assert!(early.iter().all(|k| client.get(k).is_some()));
+}
