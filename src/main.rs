@@ -689,6 +689,18 @@ fn print_pool_plan(old_config: &Config, new_config: &Config) {
         let window = new_config.handoff.as_secs();
         if window == 0 {
             println!("hand-off: off (handoff_ms = 0): moved keys miss once");
+        } else if !new_config.shared_with.reads_through() {
+            println!(
+                "hand-off: for {window} s, writes of moved keys (about {} per 100000 stored keys) \
+                 delete their previous owner's copy; reads of them miss (shared_with = \"writers\")",
+                (change.moved_share * 100_000.0).round() as u64
+            );
+        } else if !new_config.shared_with.copies() {
+            println!(
+                "hand-off: for {window} s, reads of moved keys (about {} per 100000 stored keys) \
+                 fall through to their previous owner, never copied (shared_with = \"readers\")",
+                (change.moved_share * 100_000.0).round() as u64
+            );
         } else {
             println!(
                 "hand-off: for {window} s, reads of moved keys (about {} per 100000 stored keys) \

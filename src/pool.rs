@@ -346,7 +346,11 @@ impl Publisher {
                 || (restore_hands_off && !change.restored.is_empty()));
         if starts {
             let previous = Previous::new(old.ring.clone(), old.members(), window);
-            change.handoff = Some(Box::new((window.as_millis() as u64, previous.until_unix)));
+            change.handoff = Some(Box::new((
+                window.as_millis() as u64,
+                previous.until_unix,
+                new.config.shared_with.reads_through(),
+            )));
             new.set_previous(previous, old.kept_rings(), old);
         } else if let Some(running) = &old.previous {
             if !window.is_zero() && running.until > std::time::Instant::now() {

@@ -611,8 +611,9 @@ pub struct Change {
     /// Share of the keyspace whose owner changes, 0..=1.
     pub moved_share: f64,
     /// The hand-off window this change started: (length in ms, end in
-    /// seconds since the epoch). Boxed: a `Change` travels inside enums.
-    pub handoff: Option<Box<(u64, u64)>>,
+    /// seconds since the epoch, whether moved keys are read through:
+    /// `shared_with`). Boxed: a `Change` travels inside enums.
+    pub handoff: Option<Box<(u64, u64, bool)>>,
 }
 
 impl Change {
@@ -705,12 +706,17 @@ impl std::fmt::Display for Change {
             parts.join(", "),
             self.moved_share * 100.0
         )?;
-        if let Some(&(window_ms, until)) = self.handoff.as_deref() {
+        if let Some(&(window_ms, until, reads_through)) = self.handoff.as_deref() {
             let day = until % 86_400;
             write!(
                 f,
-                "; hand-off window {}s, moved keys read through until {:02}:{:02}:{:02} UTC",
+                "; hand-off window {}s, {} until {:02}:{:02}:{:02} UTC",
                 window_ms / 1000,
+                if reads_through {
+                    "moved keys read through"
+                } else {
+                    "moved keys miss (shared_with = \"writers\"), their previous owners lose them on writes"
+                },
                 day / 3600,
                 day / 60 % 60,
                 day % 60
@@ -809,10 +815,14 @@ pub(crate) mod tests {
     fn a_change_display_names_the_hand_off_window() {
         let old = vec![server("a", 1)];
         let mut change = Change::between(&old, &ring_of(&old), &old, &ring_of(&old));
-        change.handoff = Some(Box::new((300_000, 86_400 + 3_723)));
+        change.handoff = Some(Box::new((300_000, 86_400 + 3_723, true)));
         assert!(change
             .to_string()
             .ends_with("; hand-off window 300s, moved keys read through until 01:02:03 UTC"));
+        change.handoff = Some(Box::new((300_000, 86_400 + 3_723, false)));
+        assert!(change.to_string().ends_with(
+            "; hand-off window 300s, moved keys miss (shared_with = \"writers\"), their previous owners lose them on writes until 01:02:03 UTC"
+        ));
     }
 
     #[test]
