@@ -139,6 +139,11 @@ impl Reloader {
             unreachable!("just stored a text")
         };
         let mut config = Config::parse_and_resolve(text, &shown)?;
+        // Started with the default state file (the binary), the file's
+        // silence means that default again.
+        if self.started.state_file.is_some() {
+            config = config.with_default_state_file(&self.path);
+        }
         if let Some(source) = &config.discovery.source {
             // The file lists no servers: DNS does. The same records keep the
             // list in force; other records are asked now.
@@ -303,6 +308,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         max_buffer_bytes,
         client_write_timeout,
         handoff,
+        state_file,
         failover,
         ring,
         hot_keys,
@@ -379,6 +385,10 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         t.as_ref().map_or("(off)".to_string(), |t| format!("{t:?}"))
     };
     let ms = |d: &Duration| d.as_millis().to_string();
+    let path_text = |p: &Option<std::path::PathBuf>| {
+        p.as_ref()
+            .map_or("(none)".to_string(), |p| p.display().to_string())
+    };
     let optional_ms = |d: &Option<Duration>| d.as_ref().map_or("0".to_string(), ms);
     let address =
         |a: &Option<std::net::SocketAddr>| a.map_or("(off)".to_string(), |a| a.to_string());
@@ -423,7 +433,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             d.interval.as_millis()
         )
     };
-    let rows: [(&'static str, String, String, bool); 40] = [
+    let rows: [(&'static str, String, String, bool); 41] = [
         (
             "discovery",
             discovered(&old.discovery),
@@ -584,6 +594,12 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             true,
         ),
         ("handoff_ms", ms(&old.handoff), ms(handoff), false),
+        (
+            "state_file",
+            path_text(&old.state_file),
+            path_text(state_file),
+            true,
+        ),
         (
             "tls_listen",
             tls_listen_text(&old.tls_listen),

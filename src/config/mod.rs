@@ -53,6 +53,7 @@ struct RawConfig {
     max_buffer_bytes: Option<Spanned<u64>>,
     client_write_timeout_ms: Option<Spanned<u64>>,
     handoff_ms: Option<Spanned<u64>>,
+    state_file: Option<Spanned<String>>,
     failover: Option<Spanned<String>>,
     failover_ttl_s: Option<Spanned<u64>>,
     ring: Option<Spanned<String>>,
@@ -208,6 +209,11 @@ pub struct Config {
     /// How long a membership change keeps the previous ring for hand-off
     /// reads (see `plan/handoff/`); zero turns hand-off off.
     pub handoff: Duration,
+    /// `state_file`: where the hand-off windows in force are kept across a
+    /// restart (see `window_state.rs`). `None` here is "not set": the
+    /// binary then uses [`Config::default_state_file`]; a config parsed
+    /// without a file (tests) keeps none.
+    pub state_file: Option<std::path::PathBuf>,
     /// `failover`: the pool that takes a DEAD server's keys, with the
     /// exptime of every write there capped (`failover_ttl_s`).
     pub failover: Option<Failover>,
@@ -798,6 +804,17 @@ impl Config {
         let ring = ring_spec(raw, &at)?;
         let hot_keys = hot_key_settings(raw, &at, &number)?;
         let (tls_listen, backend_tls) = tls_settings(raw, &at, path, listen, admin_listen)?;
+        let state_file = match &raw.state_file {
+            None => None,
+            Some(value) => {
+                let text = value.get_ref().trim();
+                if text.is_empty() {
+                    return Err(at(value.span(), "state_file must name a file".into()));
+                }
+                let base = Path::new(path).parent().unwrap_or(Path::new(""));
+                Some(base.join(text))
+            }
+        };
         if lookup.is_some() {
             check_tls_files(raw, &at, tls_listen.as_ref(), backend_tls.as_ref())?;
         }
@@ -832,6 +849,7 @@ impl Config {
             max_buffer_bytes: max_buffer_bytes as usize,
             client_write_timeout: Duration::from_millis(client_write_timeout_ms),
             handoff: Duration::from_millis(handoff_ms),
+            state_file,
             failover,
             hot_keys,
             server_warnings,
@@ -842,6 +860,26 @@ impl Config {
             routes: Vec::new(),
             default_pool: pools::DEFAULT_POOL.to_string(),
         })
+    }
+
+    /// Where the hand-off state goes when `state_file` is not set: beside
+    /// the config file, named after it (`memring.toml` keeps its windows in
+    /// `memring.toml.handoff-state`).
+    pub fn default_state_file(config_path: &Path) -> std::path::PathBuf {
+        let mut name = config_path
+            .file_name()
+            .map_or_else(|| std::ffi::OsString::from("memring"), |n| n.to_owned());
+        name.push(".handoff-state");
+        config_path.with_file_name(name)
+    }
+
+    /// The same config with `state_file` set to its default for a file at
+    /// `config_path` when the file does not set it.
+    pub fn with_default_state_file(mut self, config_path: &Path) -> Config {
+        if self.state_file.is_none() {
+            self.state_file = Some(Config::default_state_file(config_path));
+        }
+        self
     }
 
     /// The ring members, in config order.
@@ -1627,6 +1665,7 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("max_buffer_bytes", "268435456"),
     ("client_write_timeout_ms", "30000"),
     ("handoff_ms", "300000"),
+    ("state_file", "\"/var/lib/memring/handoff-state\""),
     ("ring", "\"twemproxy\""),
     ("hash", "\"fnv1a_64\""),
     ("hash_tag", "\"{}\""),
