@@ -1987,6 +1987,45 @@ name = "cache-02"
     }
 
     #[test]
+    fn the_state_file_is_beside_the_config_unless_set() {
+        let servers = "[[servers]]\naddr = \"127.0.0.1:2\"\n";
+        let at = Path::new("/etc/memring/memring.toml");
+        let unset = Config::parse(
+            &format!("listen = \"127.0.0.1:7000\"\n{servers}"),
+            "/etc/memring/memring.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            unset.state_file, None,
+            "only the binary fills in the default"
+        );
+        assert_eq!(
+            unset.with_default_state_file(at).state_file.as_deref(),
+            Some(Path::new("/etc/memring/memring.toml.handoff-state"))
+        );
+        for (written, path) in [
+            ("state/windows", "/etc/memring/state/windows"),
+            (
+                "/var/lib/memring/handoff-state",
+                "/var/lib/memring/handoff-state",
+            ),
+        ] {
+            let text =
+                format!("listen = \"127.0.0.1:7000\"\nstate_file = \"{written}\"\n{servers}");
+            let config = Config::parse(&text, "/etc/memring/memring.toml").unwrap();
+            let config = config.with_default_state_file(at);
+            assert_eq!(config.state_file.as_deref(), Some(Path::new(path)));
+        }
+        let error = Config::parse(
+            &format!("listen = \"127.0.0.1:7000\"\nstate_file = \" \"\n{servers}"),
+            "m.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("state_file must name a file"), "{error}");
+    }
+
+    #[test]
     fn tls_paths_are_relative_to_the_config_file_and_tls_listen_needs_its_own_port() {
         let text = "listen = \"127.0.0.1:7000\"\n[tls_listen]\naddr = \"127.0.0.1:7001\"\ncert_file = \"s.pem\"\nkey_file = \"/abs/s.key\"\n[backend_tls]\nca_file = \"ca.pem\"\n[[servers]]\naddr = \"127.0.0.1:2\"\ntls = true\n";
         let config = Config::parse(text, "/etc/memring/memring.toml").unwrap();
