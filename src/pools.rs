@@ -308,10 +308,15 @@ fn resume_windows(
             "no hand-off state file at {path} (a first start): no hand-off window to resume"
         ),
         Loaded::Windows(windows) => {
+            let mut resumed = false;
             for member in members {
                 if let Some(window) = windows.get(member.publisher.name()) {
                     member.publisher.resume(window);
+                    resumed = true;
                 }
+            }
+            if !resumed {
+                tracing::info!("hand-off state file {path}: no window was in force");
             }
         }
         Loaded::Unusable(reason) => {
