@@ -591,3 +591,75 @@ fn restarts_inside_windows_never_read_an_overwritten_value() {
     drop(b);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Each pool keeps its own window: a routed pool's 4 -> 5 change is
+/// resumed after a restart while the default pool, unchanged, has none.
+#[test]
+fn each_pool_resumes_its_own_window() {
+    let servers: Vec<Memcached> = (0..7).map(|_| Memcached::start()).collect();
+    let text = |carts: &[Memcached]| {
+        let mut text = config_text(&[&servers[0], &servers[1]], "");
+        text.push_str("[[pools]]\nname = \"carts\"\n");
+        for server in carts {
+            text.push_str(&format!(
+                "[[pools.servers]]\naddr = \"{}\"\n",
+                server.addr()
+            ));
+        }
+        text.push_str("[[routes]]\nprefix = \"cart:\"\npool = \"carts\"\n");
+        text
+    };
+    let dir = temp_dir("pools");
+    let (a_path, b_path) = (dir.join("a.toml"), dir.join("b.toml"));
+    std::fs::write(&a_path, text(&servers[2..6])).unwrap();
+    std::fs::write(&b_path, text(&servers[2..6])).unwrap();
+    let a = Sidecar::start(&a_path);
+    let b = Proxy::start_file(&b_path);
+    let mut b_client = b.client();
+    const KEYS: usize = 300;
+    for i in 0..KEYS {
+        b_client.set(&format!("cart:{i}"), b"v1");
+        b_client.set(&format!("plain:{i}"), b"v1");
+    }
+    replace_by_rename(&a_path, &text(&servers[2..7]));
+    replace_by_rename(&b_path, &text(&servers[2..7]));
+    let carts_joined = |addr: &str| {
+        let name = format!("pool:carts:server:{}:membership", servers[6].addr());
+        Client::connect(addr)
+            .stats("")
+            .iter()
+            .any(|(k, v)| *k == name && v == "JOINING")
+    };
+    wait_for("A to apply the change", || carts_joined(&a.addr));
+    wait_for("B to apply the change", || {
+        carts_joined(&b.addr.to_string())
+    });
+    a.stop(Stop::Kill);
+    let a = Sidecar::start(&a_path);
+    let mut a_client = a.client();
+    for i in 0..KEYS {
+        call(&mut a_client, &format!("delete cart:{i}\r\n"));
+    }
+    let back = (0..KEYS)
+        .filter(|i| b_client.get(&format!("cart:{i}")).is_some())
+        .count();
+    assert_eq!(back, 0, "deleted keys of the routed pool came back");
+    let plain = (0..KEYS)
+        .filter(|i| a_client.get(&format!("plain:{i}")).as_deref() == Some(b"v1"))
+        .count();
+    assert_eq!(plain, KEYS);
+    let line = a
+        .logged("pool carts: resumed hand-off window from")
+        .unwrap_or_else(|| panic!("{:?}", a.lines()));
+    assert!(line.contains("same ring in force"), "{line}");
+    assert_eq!(a.client().stat("handoff_windows_resumed"), 1);
+    assert_eq!(
+        a.client().stat("handoff_until"),
+        0,
+        "the default pool has no window"
+    );
+    assert!(a.client().stat("pool:carts:handoff_until") > 0);
+    drop(a);
+    drop(b);
+    let _ = std::fs::remove_dir_all(dir);
+}
