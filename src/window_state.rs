@@ -560,5 +560,18 @@ mod tests {
             panic!()
         };
         assert!(reason.contains("not a regular file"), "{reason}");
+        // Over the cap: refused before a byte is read (a sparse file).
+        let dir = std::env::temp_dir().join(format!("memring-state-cap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let big = dir.join("state");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(MAX_STATE_BYTES + 1)
+            .unwrap();
+        let Loaded::Unusable(reason) = load(&big) else {
+            panic!()
+        };
+        assert!(reason.contains("over the cap"), "{reason}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -663,3 +663,43 @@ fn each_pool_resumes_its_own_window() {
     drop(b);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A state file that cannot be written: logged once, counted, and memring
+/// serves on (the window itself works as without a state file).
+#[test]
+fn an_unwritable_state_file_is_logged_once_and_memring_serves_on() {
+    let servers: Vec<Memcached> = (0..6).map(|_| Memcached::start()).collect();
+    let dir = temp_dir("unwritable");
+    let path = dir.join("a.toml");
+    let settings = format!(
+        "state_file = \"{}\"",
+        dir.join("no such directory").join("state").display()
+    );
+    let list = |n: usize| -> Vec<&Memcached> { servers[..n].iter().collect() };
+    std::fs::write(&path, config_text(&list(4), &settings)).unwrap();
+    let a = Sidecar::start(&path);
+    let mut client = a.client();
+    for i in 0..100 {
+        client.set(&format!("key:{i}"), b"v1");
+    }
+    replace_by_rename(&path, &config_text(&list(5), &settings));
+    wait_servers(&a.addr, &list(5));
+    let hits = (0..100)
+        .filter(|i| client.get(&format!("key:{i}")).as_deref() == Some(b"v1"))
+        .count();
+    assert_eq!(
+        hits, 100,
+        "the window reads through as without a state file"
+    );
+    replace_by_rename(&path, &config_text(&list(6), &settings));
+    wait_servers(&a.addr, &list(6));
+    assert!(client.stat("handoff_state_errors") >= 2);
+    let warnings = a
+        .lines()
+        .iter()
+        .filter(|l| l.contains("cannot write the hand-off state file"))
+        .count();
+    assert_eq!(warnings, 1, "{:?}", a.lines());
+    drop(a);
+    let _ = std::fs::remove_dir_all(dir);
+}
