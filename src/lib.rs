@@ -87,6 +87,7 @@ mod sweep;
 pub mod tls;
 pub mod topology;
 mod wake;
+pub mod window_state;
 mod worker;
 
 /// memring's version.

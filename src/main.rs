@@ -810,7 +810,7 @@ fn import(from: &ImportFrom) -> anyhow::Result<()> {
 }
 
 fn run(path: &Path) -> anyhow::Result<()> {
-    let config = Config::load(path)?;
+    let config = Config::load(path)?.with_default_state_file(path);
     for warning in config.warnings() {
         tracing::warn!("{}: {warning}", path.display());
     }

@@ -38,6 +38,8 @@ pub struct Publisher {
     restored_at: Mutex<std::collections::HashMap<String, std::time::Instant>>,
     /// Where the sweep that closes the hand-off window stands.
     window_sweep: Mutex<WindowSweep>,
+    /// Where the window in force is kept across restarts (`state_file`).
+    state: Option<Arc<crate::window_state::StateFile>>,
 }
 
 /// A hand-off window ends only once its sweep has run (see
@@ -80,6 +82,7 @@ impl Publisher {
         fds: Option<FdAccount>,
         tls: Option<Arc<crate::tls::Connector>>,
         published: Arc<Notify>,
+        state: Option<Arc<crate::window_state::StateFile>>,
     ) -> Arc<Publisher> {
         let hooks = PoolHooks {
             health_changed: Arc::new(Notify::new()),
@@ -105,7 +108,191 @@ impl Publisher {
             pool_id,
             restored_at: Mutex::new(std::collections::HashMap::new()),
             window_sweep: Mutex::new(WindowSweep::Idle),
+            state,
         })
+    }
+
+    /// Writes the window `topology` is in (or that there is none) to the
+    /// state file, before `topology` is published.
+    fn save(&self, topology: &Topology) {
+        if let Some(state) = &self.state {
+            let window = crate::window_state::SavedWindow::of(topology);
+            state.record(&self.hooks.pool, window);
+        }
+    }
+
+    /// Takes up the window an earlier run saved (before any request): the
+    /// same previous rings and deadline when the config's ring is the ring
+    /// that was in force; otherwise the config is a change from that ring,
+    /// chained onto its window as a reload would chain it, and only servers
+    /// that window does not know are flushed. A window whose time is up
+    /// and whose sweep has not run is taken up too: its sweep runs at once,
+    /// then it ends.
+    pub(crate) fn resume(&self, saved: &crate::window_state::SavedWindow) {
+        let from = self
+            .state
+            .as_ref()
+            .map_or_else(String::new, |s| s.path().display().to_string());
+        let prefix = self.log_prefix();
+        let now = crate::clock::unix_now();
+        if saved.swept && saved.until_unix <= now {
+            tracing::info!(
+                "{prefix}the hand-off window saved in {from} was over (swept, until {}); starting without one",
+                utc(saved.until_unix)
+            );
+            self.save(&self.topology.load());
+            return;
+        }
+        let guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let first = self.topology.load_full();
+        let rebuilt = (|| -> Result<_, String> {
+            let spec = saved.ring.spec()?;
+            let ring = saved.ring.build()?;
+            let previous = Previous::resumed(
+                saved.previous.build()?,
+                saved.previous.members(),
+                saved.until_unix,
+                Arc::new(saved.previous.clone()),
+            );
+            let mut older = Vec::new();
+            for r in &saved.older {
+                older.push(Previous::resumed(
+                    r.build()?,
+                    r.members(),
+                    saved.until_unix,
+                    Arc::new(r.clone()),
+                ));
+            }
+            Ok((spec, ring, previous, older))
+        })();
+        let (spec, ring, previous, older) = match rebuilt {
+            Ok(parts) => parts,
+            Err(e) => {
+                drop(guard);
+                tracing::warn!("{prefix}hand-off state file {from}: {e}");
+                self.hooks.stats.state_error();
+                self.blind_window(&from);
+                return;
+            }
+        };
+        // Every server the window names gets a backend (the configured ones
+        // keep theirs): the previous owners that left the config stay
+        // LEAVING for the window, as after a reload.
+        let mut known = (*first.config).clone();
+        known.servers = saved.servers();
+        known.ring = spec;
+        let backends = Topology::backends_for(&known, Some(&first), &self.hooks);
+        let mut scaffold = Topology::assemble(Arc::new(known.clone()), 0, backends, Vec::new());
+        let dropped: Vec<String> = saved.dropped.iter().map(|s| s.name.clone()).collect();
+        scaffold.drop_servers(&dropped);
+        let over = saved.until_unix <= now;
+        if ring == first.ring && first.config.ring == spec {
+            let mut new = Topology::assemble(
+                first.config.clone(),
+                first.version + 1,
+                first.backends.clone(),
+                Vec::new(),
+            );
+            new.figures = self.figures.clone();
+            new.pool_id = self.pool_id;
+            new.set_previous(previous, older, &scaffold);
+            if saved.undoes {
+                new.set_undoes();
+            }
+            record(&self.hooks, &new);
+            self.save(&new);
+            let rings = 1 + new.older.len();
+            self.topology.store(Arc::new(new));
+            self.published.notify_waiters();
+            self.hooks.stats.window_resumed();
+            if over {
+                tracing::info!(
+                    "{prefix}resumed hand-off window from {from}: its time was up at {} while memring was down, so its sweep runs now, then it ends",
+                    utc(saved.until_unix)
+                );
+            } else {
+                tracing::info!(
+                    "{prefix}resumed hand-off window from {from} until {} ({rings} earlier ring{} kept, same ring in force)",
+                    utc(saved.until_unix),
+                    if rings == 1 { "" } else { "s" }
+                );
+            }
+            return;
+        }
+        // The config changed while memring was down: the saved ring in
+        // force is the ring a reload would change from.
+        known.servers = saved.ring.server_configs();
+        let backends = Topology::backends_for(&known, Some(&scaffold), &self.hooks);
+        let mut before = Topology::assemble(Arc::new(known), first.version, backends, Vec::new());
+        before.set_previous(previous, older, &scaffold);
+        if saved.undoes {
+            before.set_undoes();
+        }
+        let config = first.config.clone();
+        std::thread::scope(|scope| {
+            // Blocking, and the control plane's runtime may be the
+            // caller's: on a thread of its own.
+            scope.spawn(|| crate::newcomers::flush_newcomers(&before, &config));
+        });
+        let backends = Topology::backends_for(&config, Some(&before), &self.hooks);
+        let Published { version, change } =
+            self.publish(&before, config.clone(), backends, Vec::new());
+        self.hooks.stats.window_resumed();
+        tracing::info!(
+            "{prefix}resumed hand-off window from {from} (until {}); the config changed while memring was down: ring v{version}: {change}",
+            utc(saved.until_unix)
+        );
+    }
+
+    /// Starts a window that knows no earlier ring, when the state file
+    /// could not be read: a window may be in force on the other sidecars
+    /// (and was on this one), with previous owners still holding older
+    /// values that they read through. For `handoff_ms` every write of a key
+    /// also deletes it from every other configured server (as for rings
+    /// dropped from a chain: when in doubt, miss), reads ask the owner only,
+    /// and the window ends with its sweep, which deletes from each server
+    /// the keys it does not own.
+    pub(crate) fn blind_window(&self, from: &str) {
+        let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let first = self.topology.load_full();
+        let window = first.config.handoff;
+        let prefix = self.log_prefix();
+        if window.is_zero() {
+            tracing::warn!(
+                "{prefix}handoff_ms = 0: no window to guard the unknown state of {from}"
+            );
+            return;
+        }
+        let mut scaffold =
+            Topology::assemble(first.config.clone(), 0, first.backends.clone(), Vec::new());
+        let everyone: Vec<String> = first
+            .config
+            .servers
+            .iter()
+            .map(|s| s.name.clone())
+            .collect();
+        scaffold.drop_servers(&everyone);
+        let mut new = Topology::assemble(
+            first.config.clone(),
+            first.version + 1,
+            first.backends.clone(),
+            Vec::new(),
+        );
+        new.figures = self.figures.clone();
+        new.pool_id = self.pool_id;
+        let previous = Previous::new(first.ring.clone(), first.members(), window).with_source(
+            crate::window_state::SavedRing::of(&first.config.ring, &first.ring_servers()),
+        );
+        let until = previous.until_unix;
+        new.set_previous(previous, Vec::new(), &scaffold);
+        record(&self.hooks, &new);
+        self.save(&new);
+        self.topology.store(Arc::new(new));
+        self.published.notify_waiters();
+        tracing::warn!(
+            "{prefix}hand-off windows in force unknown: until {} every write also deletes its key from every other server, reads ask the owner only, then a sweep",
+            utc(until)
+        );
     }
 
     /// The published topology, for sessions.
@@ -147,6 +334,9 @@ impl Publisher {
                 .membership_gone(&self.hooks.pool, backend.name());
         }
         self.hooks.stats.pool_gone(&self.hooks.pool);
+        if let Some(state) = &self.state {
+            state.record(&self.hooks.pool, None);
+        }
     }
 
     /// Resolves when a server's health crossed DEAD (either way).
@@ -258,6 +448,7 @@ impl Publisher {
                 fds.clients.set_limit(clients);
             }
         }
+        self.save(&new);
         self.topology.store(Arc::new(new));
         self.published.notify_waiters();
         Some(Published {
@@ -345,7 +536,9 @@ impl Publisher {
                 || !change.reweighted.is_empty()
                 || (restore_hands_off && !change.restored.is_empty()));
         if starts {
-            let previous = Previous::new(old.ring.clone(), old.members(), window);
+            let previous = Previous::new(old.ring.clone(), old.members(), window).with_source(
+                crate::window_state::SavedRing::of(&old.config.ring, &old.ring_servers()),
+            );
             change.handoff = Some(Box::new((
                 window.as_millis() as u64,
                 previous.until_unix,
@@ -361,6 +554,7 @@ impl Publisher {
         let version = new.version;
         record(&self.hooks, &new);
         forget_gone(&self.hooks, old, &new);
+        self.save(&new);
         self.topology.store(Arc::new(new));
         self.published.notify_waiters();
         Published { version, change }
@@ -480,6 +674,7 @@ fn close_window(publisher: &Arc<Publisher>) -> bool {
     *state = WindowSweep::Running;
     let topology = publisher.topology.load_full();
     let version = topology.version;
+    let swept_until = topology.previous.as_ref().map(|p| p.until_unix);
     let (shared, stats) = (publisher.topology.clone(), publisher.hooks.stats.clone());
     let prefix = publisher.log_prefix();
     let publisher = publisher.clone();
@@ -490,6 +685,13 @@ fn close_window(publisher: &Arc<Publisher>) -> bool {
             "{prefix}ring v{version}: deleted {deleted} keys from {} servers that no longer own them",
             swept.len()
         );
+        // Marked only while the swept window is still the one in force
+        // (a change meanwhile started another, which has its own sweep).
+        let current = publisher.topology.load();
+        let still = current.previous.as_ref().map(|p| p.until_unix) == swept_until;
+        if let (Some(state), true) = (&publisher.state, still) {
+            state.swept(&publisher.hooks.pool);
+        }
         *publisher
             .window_sweep
             .lock()
@@ -565,6 +767,12 @@ pub(crate) async fn eject_on_health_changes(
             publisher.hooks.health_changed.notify_one();
         }
     }
+}
+
+/// `unix` as the time of day in UTC, as the reload log line gives it.
+fn utc(unix: u64) -> String {
+    let day = unix % 86_400;
+    format!("{:02}:{:02}:{:02} UTC", day / 3600, day / 60 % 60, day % 60)
 }
 
 /// Whether `reply` is `flush_all`'s success.

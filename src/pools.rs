@@ -27,6 +27,8 @@ pub struct Pools {
     /// connect to new servers before traffic needs them.
     published: Arc<Notify>,
     shutdown: CancellationToken,
+    /// Where every pool's hand-off window is kept across restarts.
+    state: Option<Arc<crate::window_state::StateFile>>,
 }
 
 struct Member {
@@ -55,9 +57,14 @@ impl Pools {
         mut fds: Option<FdAccount>,
         tls: Option<Arc<crate::tls::Connector>>,
         shutdown: CancellationToken,
+        state: Option<(
+            Arc<crate::window_state::StateFile>,
+            crate::window_state::Loaded,
+        )>,
     ) -> Arc<Pools> {
         let published = Arc::new(Notify::new());
         let mut members = Vec::new();
+        let (state, loaded) = state.unzip();
         for pool in config.pool_list() {
             let account = if pool.name == config.default_pool {
                 fds.take()
@@ -65,8 +72,11 @@ impl Pools {
                 None
             };
             members.push(Member::start(
-                &pool, &stats, account, &tls, &published, &shutdown,
+                &pool, &stats, account, &tls, &published, &shutdown, &state,
             ));
+        }
+        if let (Some(file), Some(loaded)) = (&state, loaded) {
+            resume_windows(file, loaded, &members, &stats);
         }
         let layout = layout_of(config, &members, &stats);
         Arc::new(Pools {
@@ -76,6 +86,7 @@ impl Pools {
             tls,
             published,
             shutdown,
+            state,
         })
     }
 
@@ -187,6 +198,7 @@ impl Pools {
                         &self.tls,
                         &self.published,
                         &self.shutdown,
+                        &self.state,
                     );
                     others.push(format!(
                         "pool {} added: {} servers{}",
@@ -258,6 +270,7 @@ impl Member {
         tls: &Option<Arc<crate::tls::Connector>>,
         published: &Arc<Notify>,
         shutdown: &CancellationToken,
+        state: &Option<Arc<crate::window_state::StateFile>>,
     ) -> Member {
         let publisher = Publisher::new(
             &pool.name,
@@ -266,6 +279,7 @@ impl Member {
             fds,
             tls.clone(),
             published.clone(),
+            state.clone(),
         );
         let stop = shutdown.child_token();
         tokio::spawn(eject_on_health_changes(publisher.clone(), stop.clone()));
@@ -274,6 +288,45 @@ impl Member {
             publisher,
             listen: pool.listen,
             stop,
+        }
+    }
+}
+
+/// Takes up the hand-off windows the state file held at start, pool by
+/// pool, or, when it could not be read, starts every pool in a window that
+/// assumes the worst (see [`Publisher::blind_window`]).
+fn resume_windows(
+    file: &crate::window_state::StateFile,
+    loaded: crate::window_state::Loaded,
+    members: &[Member],
+    stats: &Stats,
+) {
+    use crate::window_state::Loaded;
+    let path = file.path().display().to_string();
+    match loaded {
+        Loaded::Missing => tracing::info!(
+            "no hand-off state file at {path} (a first start): no hand-off window to resume"
+        ),
+        Loaded::Windows(windows) => {
+            let mut resumed = false;
+            for member in members {
+                if let Some(window) = windows.get(member.publisher.name()) {
+                    member.publisher.resume(window);
+                    resumed = true;
+                }
+            }
+            if !resumed {
+                tracing::info!("hand-off state file {path}: no window was in force");
+            }
+        }
+        Loaded::Unusable(reason) => {
+            stats.state_error();
+            tracing::warn!(
+                "hand-off state file {path} is unusable ({reason}): the windows in force are unknown, so every pool starts a window in which writes delete their key from every other server"
+            );
+            for member in members {
+                member.publisher.blind_window(&path);
+            }
         }
     }
 }

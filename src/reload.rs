@@ -139,6 +139,11 @@ impl Reloader {
             unreachable!("just stored a text")
         };
         let mut config = Config::parse_and_resolve(text, &shown)?;
+        // Started with the default state file (the binary), the file's
+        // silence means that default again.
+        if self.started.state_file.is_some() {
+            config = config.with_default_state_file(&self.path);
+        }
         if let Some(source) = &config.discovery.source {
             // The file lists no servers: DNS does. The same records keep the
             // list in force; other records are asked now.
@@ -304,6 +309,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         client_write_timeout,
         handoff,
         shared_with,
+        state_file,
         failover,
         ring,
         hot_keys,
@@ -380,6 +386,10 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         t.as_ref().map_or("(off)".to_string(), |t| format!("{t:?}"))
     };
     let ms = |d: &Duration| d.as_millis().to_string();
+    let path_text = |p: &Option<std::path::PathBuf>| {
+        p.as_ref()
+            .map_or("(none)".to_string(), |p| p.display().to_string())
+    };
     let optional_ms = |d: &Option<Duration>| d.as_ref().map_or("0".to_string(), ms);
     let address =
         |a: &Option<std::net::SocketAddr>| a.map_or("(off)".to_string(), |a| a.to_string());
@@ -424,7 +434,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             d.interval.as_millis()
         )
     };
-    let rows: [(&'static str, String, String, bool); 41] = [
+    let rows: [(&'static str, String, String, bool); 42] = [
         (
             "discovery",
             discovered(&old.discovery),
@@ -590,6 +600,12 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             old.shared_with.name().to_string(),
             shared_with.name().to_string(),
             false,
+        ),
+        (
+            "state_file",
+            path_text(&old.state_file),
+            path_text(state_file),
+            true,
         ),
         (
             "tls_listen",

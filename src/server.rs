@@ -119,7 +119,20 @@ pub async fn start_within(
         clients: clients.clone(),
         max_clients,
     });
-    let pools = Pools::start(config, stats.clone(), account, connector, shutdown.clone());
+    // Read before any pool starts, so that each takes up its window first.
+    let state = config.state_file.as_ref().map(|path| {
+        let loaded = crate::window_state::load(path);
+        let file = crate::window_state::StateFile::new(path.clone(), stats.clone());
+        (file, loaded)
+    });
+    let pools = Pools::start(
+        config,
+        stats.clone(),
+        account,
+        connector,
+        shutdown.clone(),
+        state,
+    );
     let publisher = pools.default_publisher();
     let topology = publisher.shared();
     let mut doors = vec![Door {

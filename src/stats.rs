@@ -370,6 +370,8 @@ pub struct Stats {
     handoff_copies_checked: Counter,
     handoff_leftovers_deleted: Counter,
     handoff_sweeps: Counter,
+    handoff_windows_resumed: Counter,
+    handoff_state_errors: Counter,
     /// Per-command request latency, indexed like `commands` (each worker
     /// writes its own part).
     command_latency: Vec<PartedHistogram>,
@@ -653,6 +655,16 @@ impl Stats {
             "handoff_sweeps",
             "Servers swept of keys they no longer own as a hand-off window closes",
         );
+        let handoff_windows_resumed = counter(
+            &mut registry,
+            "handoff_windows_resumed",
+            "Hand-off windows taken up again from the state file at start",
+        );
+        let handoff_state_errors = counter(
+            &mut registry,
+            "handoff_state_errors",
+            "Hand-off state files that could not be read at start or written since",
+        );
         let latency_family: Family<CommandLabels, PartedHistogram> = Family::default();
         registry.register(
             "request_duration_seconds",
@@ -766,6 +778,8 @@ impl Stats {
             handoff_copies,
             handoff_leftovers_deleted,
             handoff_sweeps,
+            handoff_windows_resumed,
+            handoff_state_errors,
             handoff_copies_skipped,
             handoff_copy_failures,
             handoff_copies_taken_back,
@@ -951,9 +965,20 @@ impl Stats {
         self.handoff_leftovers_deleted.inc_by(deleted);
     }
 
+    /// A pool's hand-off window taken up again from the state file.
+    pub fn window_resumed(&self) {
+        self.handoff_windows_resumed.inc();
+    }
+
+    /// The hand-off state file could not be read at start, or written.
+    pub fn state_error(&self) {
+        self.handoff_state_errors.inc();
+    }
+
     /// Hand-off counters for `stats`: read-through keys, hits there, copies
-    /// made, skipped and failed, servers swept and leftovers deleted.
-    pub fn handoff(&self) -> [(&'static str, u64); 9] {
+    /// made, skipped and failed, servers swept and leftovers deleted,
+    /// windows resumed at start and state file errors.
+    pub fn handoff(&self) -> [(&'static str, u64); 11] {
         [
             ("handoff_read_through", self.handoff_reads.get()),
             ("handoff_read_through_hits", self.handoff_hits.get()),
@@ -970,6 +995,11 @@ impl Stats {
                 "handoff_leftovers_deleted",
                 self.handoff_leftovers_deleted.get(),
             ),
+            (
+                "handoff_windows_resumed",
+                self.handoff_windows_resumed.get(),
+            ),
+            ("handoff_state_errors", self.handoff_state_errors.get()),
         ]
     }
 

@@ -158,6 +158,10 @@ pub struct Previous {
     pub until: std::time::Instant,
     /// The same, in seconds since the epoch (for logs and `stats`).
     pub until_unix: u64,
+    /// The ring's flavour and servers with their addresses, as the state
+    /// file keeps them (`window_state.rs`); `None` for a ring built
+    /// without them (unit tests), which is then not saved.
+    pub source: Option<Arc<crate::window_state::SavedRing>>,
 }
 
 impl Previous {
@@ -170,7 +174,34 @@ impl Previous {
             ring_backends: Box::new([]),
             until: std::time::Instant::now() + window,
             until_unix: now_unix + window.as_secs(),
+            source: None,
         }
+    }
+
+    /// A window saved by an earlier run of memring, ending at `until_unix`
+    /// (already past: its sweep is due at once).
+    pub fn resumed(
+        ring: Ring,
+        members: Box<[String]>,
+        until_unix: u64,
+        source: Arc<crate::window_state::SavedRing>,
+    ) -> Previous {
+        let left = until_unix.saturating_sub(crate::clock::unix_now());
+        Previous {
+            ring,
+            members,
+            ring_backends: Box::new([]),
+            until: std::time::Instant::now() + std::time::Duration::from_secs(left),
+            until_unix,
+            source: Some(source),
+        }
+    }
+
+    /// The same window, with the ring's servers as the state file keeps
+    /// them.
+    pub fn with_source(mut self, source: crate::window_state::SavedRing) -> Previous {
+        self.source = Some(Arc::new(source));
+        self
     }
 
     /// The same window, for another topology.
@@ -181,6 +212,7 @@ impl Previous {
             ring_backends: Box::new([]),
             until: self.until,
             until_unix: self.until_unix,
+            source: self.source.clone(),
         }
     }
 }
@@ -314,6 +346,48 @@ impl Topology {
         self.previous = Some(previous);
         self.older = kept.into_boxed_slice();
         self.dropped = dropped.iter().copied().filter(|&b| b != u32::MAX).collect();
+    }
+
+    /// The servers of the ring in force, in member order (each a
+    /// configured server: ejected ones are not members).
+    pub fn ring_servers(&self) -> Vec<ServerConfig> {
+        self.ring_backends
+            .iter()
+            .filter_map(|&i| self.config.servers.get(i as usize).cloned())
+            .collect()
+    }
+
+    /// The servers of rings dropped from the chain (see `dropped`).
+    pub fn dropped_servers(&self) -> Vec<Arc<Backend>> {
+        self.dropped
+            .iter()
+            .filter_map(|&i| self.backends.get(i as usize).cloned())
+            .collect()
+    }
+
+    /// Whether an older ring of the chain was the ring in force (see
+    /// `undoes`).
+    pub fn undoes(&self) -> bool {
+        self.undoes
+    }
+
+    /// Notes that a change of the chain was undone (a saved window said so).
+    pub(crate) fn set_undoes(&mut self) {
+        self.undoes = true;
+    }
+
+    /// Makes the servers named `names` (those this topology has a backend
+    /// for) the servers of dropped rings, for a window that chains onto this
+    /// topology: a resumed window's, or one started when the windows in
+    /// force are not known (see `window_state.rs`).
+    pub(crate) fn drop_servers(&mut self, names: &[String]) {
+        self.dropped = self
+            .backends
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| names.iter().any(|n| n == b.name()))
+            .map(|(i, _)| i as u32)
+            .collect();
     }
 
     /// The windows this topology keeps (its previous ring, then the older

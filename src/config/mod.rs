@@ -54,6 +54,7 @@ struct RawConfig {
     client_write_timeout_ms: Option<Spanned<u64>>,
     handoff_ms: Option<Spanned<u64>>,
     shared_with: Option<Spanned<String>>,
+    state_file: Option<Spanned<String>>,
     failover: Option<Spanned<String>>,
     failover_ttl_s: Option<Spanned<u64>>,
     ring: Option<Spanned<String>>,
@@ -212,6 +213,11 @@ pub struct Config {
     /// Who else reads or writes the servers (`shared_with`): whether a
     /// moved key is read through and copied in a hand-off window.
     pub shared_with: SharedWith,
+    /// `state_file`: where the hand-off windows in force are kept across a
+    /// restart (see `window_state.rs`). `None` here is "not set": the
+    /// binary then uses [`Config::default_state_file`]; a config parsed
+    /// without a file (tests) keeps none.
+    pub state_file: Option<std::path::PathBuf>,
     /// `failover`: the pool that takes a DEAD server's keys, with the
     /// exptime of every write there capped (`failover_ttl_s`).
     pub failover: Option<Failover>,
@@ -875,6 +881,17 @@ impl Config {
         }
         let hot_keys = hot_key_settings(raw, &at, &number)?;
         let (tls_listen, backend_tls) = tls_settings(raw, &at, path, listen, admin_listen)?;
+        let state_file = match &raw.state_file {
+            None => None,
+            Some(value) => {
+                let text = value.get_ref().trim();
+                if text.is_empty() {
+                    return Err(at(value.span(), "state_file must name a file".into()));
+                }
+                let base = Path::new(path).parent().unwrap_or(Path::new(""));
+                Some(base.join(text))
+            }
+        };
         if lookup.is_some() {
             check_tls_files(raw, &at, tls_listen.as_ref(), backend_tls.as_ref())?;
         }
@@ -910,6 +927,7 @@ impl Config {
             client_write_timeout: Duration::from_millis(client_write_timeout_ms),
             handoff: Duration::from_millis(handoff_ms),
             shared_with,
+            state_file,
             failover,
             hot_keys,
             server_warnings,
@@ -920,6 +938,26 @@ impl Config {
             routes: Vec::new(),
             default_pool: pools::DEFAULT_POOL.to_string(),
         })
+    }
+
+    /// Where the hand-off state goes when `state_file` is not set: beside
+    /// the config file, named after it (`memring.toml` keeps its windows in
+    /// `memring.toml.handoff-state`).
+    pub fn default_state_file(config_path: &Path) -> std::path::PathBuf {
+        let mut name = config_path
+            .file_name()
+            .map_or_else(|| std::ffi::OsString::from("memring"), |n| n.to_owned());
+        name.push(".handoff-state");
+        config_path.with_file_name(name)
+    }
+
+    /// The same config with `state_file` set to its default for a file at
+    /// `config_path` when the file does not set it.
+    pub fn with_default_state_file(mut self, config_path: &Path) -> Config {
+        if self.state_file.is_none() {
+            self.state_file = Some(Config::default_state_file(config_path));
+        }
+        self
     }
 
     /// The ring members, in config order.
@@ -1706,6 +1744,7 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("client_write_timeout_ms", "30000"),
     ("handoff_ms", "300000"),
     ("shared_with", "\"writers\""),
+    ("state_file", "\"/var/lib/memring/handoff-state\""),
     ("ring", "\"twemproxy\""),
     ("hash", "\"fnv1a_64\""),
     ("hash_tag", "\"{}\""),
@@ -2024,6 +2063,45 @@ name = "cache-02"
             error.contains("7:15: backend_tls.server_name `not a name`"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn the_state_file_is_beside_the_config_unless_set() {
+        let servers = "[[servers]]\naddr = \"127.0.0.1:2\"\n";
+        let at = Path::new("/etc/memring/memring.toml");
+        let unset = Config::parse(
+            &format!("listen = \"127.0.0.1:7000\"\n{servers}"),
+            "/etc/memring/memring.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            unset.state_file, None,
+            "only the binary fills in the default"
+        );
+        assert_eq!(
+            unset.with_default_state_file(at).state_file.as_deref(),
+            Some(Path::new("/etc/memring/memring.toml.handoff-state"))
+        );
+        for (written, path) in [
+            ("state/windows", "/etc/memring/state/windows"),
+            (
+                "/var/lib/memring/handoff-state",
+                "/var/lib/memring/handoff-state",
+            ),
+        ] {
+            let text =
+                format!("listen = \"127.0.0.1:7000\"\nstate_file = \"{written}\"\n{servers}");
+            let config = Config::parse(&text, "/etc/memring/memring.toml").unwrap();
+            let config = config.with_default_state_file(at);
+            assert_eq!(config.state_file.as_deref(), Some(Path::new(path)));
+        }
+        let error = Config::parse(
+            &format!("listen = \"127.0.0.1:7000\"\nstate_file = \" \"\n{servers}"),
+            "m.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("state_file must name a file"), "{error}");
     }
 
     #[test]

@@ -629,10 +629,11 @@ fn the_packaged_config_passes_check_and_fronts_the_local_memcached() {
     );
 }
 
-/// Commented settings (`# name = value`) of a config file.
+/// Commented settings (`# name = value`) of a config file, and the ones it
+/// sets (`name = value`: the packaged config sets `state_file`).
 fn documented_settings(text: &str) -> Vec<String> {
     text.lines()
-        .filter_map(|l| l.strip_prefix("# "))
+        .map(|l| l.strip_prefix("# ").unwrap_or(l))
         .filter_map(|l| l.split_once(" = "))
         .map(|(name, _)| name)
         .filter(|name| name.chars().all(|c| c.is_ascii_lowercase() || c == '_'))

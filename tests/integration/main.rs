@@ -25,6 +25,7 @@ mod pools;
 mod reload;
 mod replication;
 mod resilience;
+mod restart;
 mod sessions;
 mod shadow;
 mod shared;
