@@ -177,7 +177,18 @@ pub fn parse_request_reusing(buf: &[u8], limits: &Limits, spare: &mut Keys) -> P
         b"flush_all" => Command::FlushAll,
         b"stats" => Command::Stats,
         b"quit" => Command::Quit,
-        _ => return Err(Rejection::line(ParseError::UnknownCommand, line_len, false)),
+        name => {
+            let error = if looks_like_http(name, line) {
+                ParseError::HttpRequest
+            } else {
+                ParseError::UnknownCommand
+            };
+            return Err(Rejection::line(
+                error,
+                line_len,
+                error == ParseError::HttpRequest,
+            ));
+        }
     };
     let line_end = LineEnd {
         line_len,
@@ -256,6 +267,42 @@ pub fn parse_request_reusing(buf: &[u8], limits: &Limits, spare: &mut Keys) -> P
         | Command::MetaNoop
         | Command::MetaDebug => Err(Rejection::line(ParseError::UnknownCommand, line_len, false)),
     }
+}
+
+/// Most tokens memcached's tokenizer splits a line into (`MAX_TOKENS` less
+/// its terminator); past them the last token is the rest of the line.
+const MEMCACHED_TOKENS: usize = 23;
+
+/// Whether memcached 1.6.18 would close the connection, without a reply, on
+/// this line of an unknown command `name`: its last token starts with
+/// `HTTP/`, so it is an HTTP request line (a browser or an HTTP client made
+/// to post to the cache port) and nothing after it may run as a command.
+/// Probed on 1.6.18, the check sits only where memcached's dispatch gives up
+/// on a name: a name of one byte, or one whose first byte starts a family
+/// memcached tells apart itself (`a`, `c`, `d`, `g`, `i`, `s`, `t`), or a
+/// command memcached knows and memring does not, answers `ERROR` instead, as
+/// does a line of more tokens than memcached's tokenizer splits.
+fn looks_like_http(name: &[u8], line: &[u8]) -> bool {
+    const ANSWERED_BY_NAME: [&[u8]; 5] = [
+        b"lru",
+        b"lru_crawler",
+        b"extstore",
+        b"refresh_certs",
+        b"watch",
+    ];
+    if name.len() < 2 || b"acdgist".contains(&name[0]) || ANSWERED_BY_NAME.contains(&name) {
+        return false;
+    }
+    let mut tokens = Tokens { line, at: 0 };
+    let mut last = None;
+    for count in 1..=MEMCACHED_TOKENS + 1 {
+        match tokens.next() {
+            Some(token) if count <= MEMCACHED_TOKENS => last = Some(token),
+            Some(_) => return false,
+            None => break,
+        }
+    }
+    last.is_some_and(|token| token.of(line).starts_with(b"HTTP/"))
 }
 
 /// Whether the buffer starts with a retrieval command, whose lines may be longer.
@@ -1006,6 +1053,43 @@ mod tests {
         let rejected = parse_request(b"get a b c d\r\n", &limits).unwrap_err();
         assert_eq!(rejected.error, ParseError::TooManyKeys);
         assert!(rejected.error.keeps_connection());
+    }
+
+    #[test]
+    fn an_unknown_command_ending_in_an_http_token_closes_without_a_reply() {
+        // Probed on memcached 1.6.18: each of these closes without a word.
+        for input in [
+            &b"POST / HTTP/1.1\r\n"[..],
+            b"GET / HTTP/1.1\n",
+            b"HTTP/1.1\r\n",
+            b"xx HTTP/\r\n",
+            b"mget HTTP/1.1\r\n",
+            b"x0 x1 x2 x3 x4 x5 x6 x7 x8 x9 x10 x11 x12 x13 x14 x15 x16 x17 x18 x19 x20 x21 HTTP/1.1\r\n",
+        ] {
+            let rejected = rejection(input);
+            assert_eq!(rejected.error, ParseError::HttpRequest, "{input:?}");
+            assert!(rejected.silent, "{input:?}");
+            assert!(!rejected.error.keeps_connection());
+        }
+        // And each of these answers `ERROR` and reads on.
+        for input in [
+            &b"axx HTTP/1.1\r\n"[..],
+            b"sxx HTTP/1.1\r\n",
+            b"x HTTP/1.1\r\n",
+            b"xx HTTP/1.1 noreply\r\n",
+            b"xx http/1.1\r\n",
+            b"lru_crawler HTTP/1.1\r\n",
+            b"x0 x1 x2 x3 x4 x5 x6 x7 x8 x9 x10 x11 x12 x13 x14 x15 x16 x17 x18 x19 x20 x21 x22 HTTP/1.1\r\n",
+        ] {
+            let rejected = rejection(input);
+            assert_eq!(rejected.error, ParseError::UnknownCommand, "{input:?}");
+            assert!(!rejected.silent);
+        }
+        // A known command reads an `HTTP/` token as memcached does: a key.
+        assert_eq!(
+            keys_of(b"get k HTTP/1.1\r\n"),
+            vec![b"k".to_vec(), b"HTTP/1.1".to_vec()]
+        );
     }
 
     #[test]

@@ -27,5 +27,6 @@ mod replication;
 mod resilience;
 mod sessions;
 mod shadow;
+mod suite;
 mod tls;
 mod twemproxy;
