@@ -677,8 +677,11 @@ fn check_step(input: &[u8], limits: &Limits) -> usize {
                 assert!(input.len() > bound);
                 assert!(memchr_newline(input, bound).is_none());
             }
-            if silent {
+            if silent && error != ParseError::HttpRequest {
                 assert!(contains(&input[..consumed], b"noreply"), "{rejection:?}");
+            }
+            if error == ParseError::HttpRequest {
+                assert!(contains(&input[..consumed], b"HTTP/"), "{rejection:?}");
             }
             consumed.saturating_add(discard).min(input.len())
         }
