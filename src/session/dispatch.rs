@@ -47,7 +47,7 @@ impl ClientSession {
             hot: hot.as_ref(),
         };
         match work {
-            Work::Ready(_) | Work::Stats => true,
+            Work::Ready(_) | Work::Stats | Work::StatsReset => true,
             Work::Lines { parts, finish } => self.dispatch_lines(e, parts, finish),
             Work::Cas(cas) => self.dispatch_cas(e, cas),
             Work::Meta(meta) => self.dispatch_meta(e, meta),
@@ -720,7 +720,7 @@ impl ClientSession {
                 self.budget.resize(owed, retrieval_owed(in_flight, plan));
             }
             Work::Moved(_) => {}
-            Work::Ready(_) | Work::Stats => {}
+            Work::Ready(_) | Work::Stats | Work::StatsReset => {}
         }
         if let Some(estimate) = estimate {
             self.estimate = estimate;
@@ -742,6 +742,10 @@ impl ClientSession {
             Work::Ready(reply) => self.out.push(reply.clone()),
             Work::Stats => {
                 crate::report::write_stats(self.out.scratch(), stats, &self.worker.layout.load());
+            }
+            Work::StatsReset => {
+                crate::report::reset_stats(stats);
+                self.out.push_slice(b"RESET\r\n");
             }
             // Nothing goes back for `noreply` and later replies need not
             // wait for it, but its bytes stay reserved until the servers
@@ -809,9 +813,10 @@ impl ClientSession {
                             .iter()
                             .map(|p| entry.topology.backends[p.server].name());
                         let results = parts.iter().filter_map(|p| p.result.as_ref());
-                        match all_ok(names.zip(results)) {
-                            Ok(()) => self.out.push_slice(b"OK\r\n"),
-                            Err(failed) => write_server_error(
+                        match broadcast_answer(names.zip(results)) {
+                            Broadcast::AllOk => self.out.push_slice(b"OK\r\n"),
+                            Broadcast::Refused(reply) => self.out.push(reply.clone()),
+                            Broadcast::Failed(failed) => write_server_error(
                                 self.out.scratch(),
                                 &format_args!("failed on {}", failed.join(", ")),
                             ),

@@ -148,6 +148,7 @@ impl ClientSession {
             Plan::Key(Placement::NoServers) if request.noreply => return,
             Plan::Key(Placement::NoServers) => Work::Ready(Bytes::from_static(route::NO_SERVERS)),
             Plan::Stats => Work::Stats,
+            Plan::StatsReset => Work::StatsReset,
             Plan::HotKeys => Work::Ready(self.worker.hot.report()),
             Plan::ShadowStats => Work::Ready(self.shadow_report()),
             // A classic request is never placed as a read (`KeyOp::classic`

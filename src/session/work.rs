@@ -76,6 +76,9 @@ pub(super) enum Work {
     Ready(Bytes),
     /// memring's `stats`, rendered when it is the client's turn.
     Stats,
+    /// `stats reset`, done when it is the client's turn (a `stats` before
+    /// it still shows the counts before it).
+    StatsReset,
     /// One-line replies from one or more servers.
     Lines {
         parts: SmallVec<[Part; 1]>,
@@ -302,7 +305,7 @@ impl Work {
     /// taken).
     pub(super) fn all_unanswered(&self, ours: &mut dyn FnMut(usize, &Rc<Slot>) -> bool) -> bool {
         match self {
-            Work::Ready(_) | Work::Stats => true,
+            Work::Ready(_) | Work::Stats | Work::StatsReset => true,
             Work::Lines { parts, finish } => {
                 let older = match finish {
                     Finish::Quorum { older, .. } => older.as_deref(),

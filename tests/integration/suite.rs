@@ -70,3 +70,66 @@ fn an_http_request_line_closes_the_connection_without_a_reply_and_runs_nothing()
         );
     }
 }
+
+#[test]
+fn flush_all_refused_by_a_server_answers_memcacheds_words_without_an_address() {
+    // memcached started with `-F` refuses `flush_all`.
+    let direct = Memcached::start_with(&["-F"]);
+    let refusing = Memcached::start_with(&["-F"]);
+    let others: Vec<Memcached> = (0..2).map(|_| Memcached::start()).collect();
+    let proxy = Proxy::start(&[&others[0], &refusing, &others[1]], "");
+    let expected = direct.client().call(b"flush_all\r\n", ReplyKind::Line);
+    assert_eq!(show(&expected), "CLIENT_ERROR flush_all not allowed\\r\\n");
+    let mut client = proxy.client();
+    let reply = client.call(b"flush_all\r\n", ReplyKind::Line);
+    assert_eq!(show(&reply), show(&expected));
+    let reply = client.call(b"flush_all 10\r\n", ReplyKind::Line);
+    assert_eq!(show(&reply), show(&expected));
+    // Quietly refused with `noreply`, as memcached does; the connection stays in step.
+    client.send(b"flush_all noreply\r\n");
+    assert_eq!(client.set("after", b"1"), b"STORED\r\n");
+}
+
+#[test]
+fn stats_reset_answers_reset_and_counts_memrings_own_counters_from_zero() {
+    let pool: Vec<Memcached> = (0..2).map(|_| Memcached::start()).collect();
+    let proxy = Proxy::start(&pool.iter().collect::<Vec<_>>(), "");
+    let mut client = proxy.client();
+    assert_eq!(client.set("k", b"v"), b"STORED\r\n");
+    for _ in 0..3 {
+        assert_eq!(client.get("k"), Some(b"v".to_vec()));
+    }
+    assert_eq!(client.get("missing"), None);
+    assert_eq!(client.stat("get_hits"), 3);
+    // Sent together: the `stats` before the reset still counts everything.
+    client.send(b"stats\r\nstats reset\r\n");
+    let before = String::from_utf8(client.read_until_suffix(b"END\r\nRESET\r\n")).unwrap();
+    assert!(before.contains("STAT get_hits 3\r\n"), "{before}");
+    let stats: std::collections::HashMap<String, String> = client.stats("").into_iter().collect();
+    for name in [
+        "cmd_get",
+        "cmd_set",
+        "get_hits",
+        "get_misses",
+        "total_connections",
+    ] {
+        assert_eq!(stats[name], "0", "STAT {name}");
+    }
+    assert_eq!(stats["curr_connections"], "1", "a gauge is not reset");
+    assert_eq!(client.get("k"), Some(b"v".to_vec()));
+    assert_eq!(client.stat("get_hits"), 1);
+    // memcached ignores what follows `reset`.
+    assert_eq!(
+        client.call(b"stats reset now\r\n", ReplyKind::Line),
+        b"RESET\r\n"
+    );
+    assert_eq!(client.stat("get_hits"), 0);
+    // `/metrics` is never reset: Prometheus counters only grow.
+    let metrics = proxy.running().stats.prometheus_text();
+    let gets: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("memring_client_requests_total{command=\"get\"} "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no get counter in {metrics}"));
+    assert!(gets >= 5.0, "{gets}");
+}
