@@ -78,6 +78,33 @@ pub struct Rejection {
     pub discard: usize,
     /// memcached sends no error either when the line ended in `noreply`.
     pub silent: bool,
+    /// The key whose stored value memcached removes along with this refusal:
+    /// a `set` (or `ms`) of a value too large for the cache deletes the key,
+    /// so the value the client meant to replace is not read again
+    /// (memcached's t/getset.t). Spans the rejected line.
+    pub stale_key: Option<StaleKey>,
+}
+
+/// The key of a refused write that memcached deletes (see
+/// [`Rejection::stale_key`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StaleKey {
+    /// The key token as sent.
+    pub token: Span,
+    /// The token is base64 (meta `b`): the key is its decoding.
+    pub base64: bool,
+}
+
+impl StaleKey {
+    /// The key memcached deletes, from the rejected request's bytes.
+    pub fn key(&self, bytes: &[u8]) -> Vec<u8> {
+        let token = self.token.of(bytes);
+        if self.base64 {
+            super::meta::decode_key(token).map_or_else(Vec::new, |key| key.to_vec())
+        } else {
+            token.to_vec()
+        }
+    }
 }
 
 impl Rejection {
@@ -87,6 +114,7 @@ impl Rejection {
             consumed: line_len,
             discard: 0,
             silent,
+            stale_key: None,
         }
     }
 }
@@ -527,11 +555,18 @@ fn parse_storage(
     }
     let line_len = parsed.line_end.line_len;
     if value_len > limits.max_value_bytes {
+        // memcached 1.6.18 deletes the key for `set` only (probed: `add`,
+        // `replace`, `append`, `prepend` and `cas` leave it).
+        let stale_key = (command == Command::Set).then_some(StaleKey {
+            token: key,
+            base64: false,
+        });
         return Err(Rejection {
             error: ParseError::ValueTooLarge,
             consumed: line_len,
             discard: value_len + 2,
             silent: noreply,
+            stale_key,
         });
     }
     // The data block is framed by its declared length (values may contain
@@ -548,6 +583,7 @@ fn parse_storage(
             consumed: total,
             discard: 0,
             silent: noreply,
+            stale_key: None,
         });
     }
     let keys = smallvec::smallvec![key];

@@ -227,10 +227,13 @@ impl ClientSession {
                         self.start_meta(request, bytes);
                     }
                     Err(rejection) => {
+                        let stale = rejection.stale_key.map(|stale| stale.key(input));
                         input.advance(rejection.consumed);
                         // Meta errors are never silenced by `q`.
+                        let reply = Some(rejection.reply());
+                        let answered = stale.is_some_and(|key| self.forget_stale(&key, reply));
                         self.reject(
-                            Some(rejection.reply()),
+                            reply.filter(|_| !answered),
                             rejection.discard,
                             rejection.keeps_connection(),
                         );
@@ -250,15 +253,55 @@ impl ClientSession {
                     self.start(request, bytes);
                 }
                 Err(rejection) => {
+                    let stale = rejection.stale_key.map(|stale| stale.key(input));
                     input.advance(rejection.consumed);
+                    let reply = (!rejection.silent).then(|| rejection.error.reply());
+                    let answered = stale.is_some_and(|key| self.forget_stale(&key, reply));
                     self.reject(
-                        (!rejection.silent).then(|| rejection.error.reply()),
+                        reply.filter(|_| !answered),
                         rejection.discard,
                         rejection.error.keeps_connection(),
                     );
                 }
             }
         }
+    }
+
+    /// memcached deletes the key of a `set` or `ms` whose value it refuses as
+    /// too large, so that the value the client meant to replace is not read
+    /// again (t/getset.t). memring refuses it before any server sees it, so
+    /// it deletes the key itself: a delete planned like the client's own
+    /// (its owner, the replicas, a hand-off window's previous owners) whose
+    /// reply, once it came, is replaced by the refusal `answer` (nothing with
+    /// `noreply`), so the refusal means the key is gone, as in memcached.
+    /// Returns false when no delete could be planned (the caller answers).
+    pub(super) fn forget_stale(&mut self, key: &[u8], answer: Option<&'static [u8]>) -> bool {
+        if key.is_empty() {
+            return false;
+        }
+        let mut line = BytesMut::new();
+        crate::protocol::encode::write_delete(key, answer.is_none(), &mut line);
+        let bytes = line.freeze();
+        let before = self.entries.len();
+        if is_meta_request(&bytes) {
+            match parse_meta(&bytes, &self.limits) {
+                Ok(Some((request, _))) => self.start_meta(request, bytes),
+                _ => return false,
+            }
+        } else {
+            match parse_request(&bytes, &self.limits) {
+                Ok(Some((request, _))) => self.start(request, bytes),
+                _ => return false,
+            }
+        }
+        if self.entries.len() != before + 1 {
+            // Nothing to wait for (no server to ask): answer at once.
+            return false;
+        }
+        if let Some(entry) = self.entries.get_mut(before) {
+            entry.instead = answer;
+        }
+        true
     }
 
     pub(super) fn note_request_size(&mut self, size: usize) {

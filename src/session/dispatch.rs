@@ -729,6 +729,22 @@ impl ClientSession {
 
     /// Writes the entry's reply if it is complete; true if it was.
     pub(super) fn finish(&mut self, entry: &mut Entry) -> bool {
+        let Some(answer) = entry.instead else {
+            return self.finish_reply(entry);
+        };
+        // The reply (or its error) is written aside and dropped; memring's
+        // own answer goes in its place once it came.
+        let out = std::mem::take(&mut self.out);
+        let complete = self.finish_reply(entry);
+        drop(std::mem::replace(&mut self.out, out));
+        if complete {
+            self.out.push_slice(answer);
+        }
+        complete
+    }
+
+    /// [`ClientSession::finish`] with the entry's own reply.
+    fn finish_reply(&mut self, entry: &mut Entry) -> bool {
         if let Work::Lines { parts, finish } = &mut entry.work {
             // Also for `noreply`: the former replicas' deletes still go.
             let topology = entry.topology.as_ref();

@@ -252,6 +252,7 @@ impl ClientSession {
             started: self.worker.clock.nanos(),
             hot,
             shadow,
+            instead: None,
         });
     }
 

@@ -42,6 +42,10 @@ pub(super) struct Entry {
     pub(super) hot: Option<Rc<WriteGuard>>,
     /// A sampled get: the pairs its answers go to (see `shadow.rs`).
     pub(super) shadow: Option<Box<shadow::Pairs>>,
+    /// memring's own answer, written in place of the reply once the reply
+    /// came (the delete of a `set` refused as too large answers the
+    /// refusal, after the key is gone: see `ClientSession::forget_stale`).
+    pub(super) instead: Option<&'static [u8]>,
 }
 
 impl Entry {
@@ -67,6 +71,7 @@ impl Entry {
             started: 0,
             hot: None,
             shadow: None,
+            instead: None,
         }
     }
 }

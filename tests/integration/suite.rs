@@ -133,3 +133,91 @@ fn stats_reset_answers_reset_and_counts_memrings_own_counters_from_zero() {
         .unwrap_or_else(|| panic!("no get counter in {metrics}"));
     assert!(gets >= 5.0, "{gets}");
 }
+
+/// A request whose value (`2 MiB` of `z`) is over the item size of memcached
+/// and of memring (1 MiB both).
+fn too_large(head: &str) -> Vec<u8> {
+    const SIZE: usize = 2 * 1024 * 1024;
+    let mut bytes = head.replace("{n}", &SIZE.to_string()).into_bytes();
+    bytes.resize(bytes.len() + SIZE, b'z');
+    bytes.extend(b"\r\n");
+    bytes
+}
+
+#[test]
+fn a_value_too_large_removes_the_key_exactly_when_memcached_does() {
+    let direct = Memcached::start();
+    let pool: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
+    let proxy = Proxy::start(&pool.iter().collect::<Vec<_>>(), "");
+    // memcached's t/getset.t: "doesn't leave stale data"; probed on 1.6.18
+    // for every storage command, noreply, meta `ms` (quiet, modes, `b`) and
+    // lengths that are not numbers.
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (too_large("set {k} 0 0 {n}\r\n"), "set"),
+        (too_large("set {k} 0 0 {n} noreply\r\n"), "set noreply"),
+        (too_large("add {k} 0 0 {n}\r\n"), "add"),
+        (too_large("append {k} 0 0 {n}\r\n"), "append"),
+        (too_large("replace {k} 0 0 {n}\r\n"), "replace"),
+        (too_large("cas {k} 0 0 {n} 1\r\n"), "cas"),
+        (too_large("ms {k} {n} T0\r\n"), "ms"),
+        (too_large("ms {k} {n} q\r\n"), "ms q"),
+        (too_large("ms {k} {n} MA\r\n"), "ms append mode"),
+        (too_large("ms {k} {n} Zbad\r\n"), "ms with a bad flag"),
+        (b"set {k} 0 0 -1\r\n".to_vec(), "a negative length"),
+        (
+            b"set {k} 0 0 abc\r\n".to_vec(),
+            "a length that is no number",
+        ),
+        (b"ms {k} abc\r\n".to_vec(), "ms with no number"),
+    ];
+    for (i, (request, what)) in cases.iter().enumerate() {
+        let key = format!("stale:{i}");
+        let request = String::from_utf8_lossy(request).replace("{k}", &key);
+        let request = request.as_bytes();
+        let mut answers = Vec::new();
+        for addr in [direct.addr(), proxy.addr.to_string()] {
+            let mut client = Client::connect(&addr);
+            assert_eq!(client.set(&key, b"old"), b"STORED\r\n");
+            client.send(request);
+            client.send(b"mn\r\n");
+            let reply = client.read_until_suffix(b"MN\r\n");
+            answers.push((show(&reply), show(&client.get_raw(&key))));
+        }
+        assert_eq!(
+            answers[1], answers[0],
+            "{what}: memring differs from memcached"
+        );
+    }
+    // A base64 `ms` key is deleted as its decoding.
+    let mut client = proxy.client();
+    assert_eq!(client.set("b64", b"old"), b"STORED\r\n");
+    client.send(&too_large("ms YjY0 {n} b\r\n"));
+    assert_eq!(
+        client.reply(ReplyKind::Line),
+        b"SERVER_ERROR object too large for cache\r\n"
+    );
+    assert_eq!(client.get("b64"), None);
+}
+
+#[test]
+fn a_value_too_large_removes_the_key_on_every_replica() {
+    let pool: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
+    let proxy = Proxy::start(&pool.iter().collect::<Vec<_>>(), "replicas = 2\n");
+    let mut client = proxy.client();
+    for i in 0..10 {
+        assert_eq!(client.set(&format!("r:{i}"), b"old"), b"STORED\r\n");
+    }
+    for i in 0..10 {
+        client.send(&too_large(&format!("set r:{i} 0 0 {{n}}\r\n")));
+        assert_eq!(
+            client.reply(ReplyKind::Line),
+            b"SERVER_ERROR object too large for cache\r\n"
+        );
+    }
+    for server in &pool {
+        let mut direct = server.client();
+        for i in 0..10 {
+            assert_eq!(direct.get(&format!("r:{i}")), None, "{}", server.addr());
+        }
+    }
+}
