@@ -4,6 +4,9 @@
 //! order into the client's write queue. Nothing here touches the socket.
 
 use super::*;
+use crate::plan::route::Split;
+use crate::protocol::request::{long_get_part, LongGetPart};
+use crate::protocol::ParseError;
 
 /// First buffer for the sub-request lines a session builds: allocated at its
 /// first multi-key get that goes to several servers.
@@ -56,6 +59,27 @@ pub(super) struct ClientSession {
     pub(super) turn_topology: TurnTopology,
     /// This client's read-through copies still replacing their leases.
     pub(super) copies: Rc<CopiesUnderWay>,
+    /// A get line longer than `max_get_line_bytes` being served in parts.
+    pub(super) long_get: Option<LongGet>,
+}
+
+/// Where a client's long get line stands (see [`long_get_part`]).
+pub(super) enum LongGet {
+    /// Parts were served; the next bytes are more keys of the line, whose
+    /// command and arguments are these.
+    Head(Vec<u8>),
+    /// A part was refused: the rest of the line is dropped.
+    Skip,
+}
+
+/// What one step of a long get line did.
+enum LongStep {
+    /// The input does not continue or start a long get line.
+    Not,
+    /// More bytes are needed.
+    Wait,
+    /// A part was taken.
+    Took,
 }
 
 /// Where the requests of one turn of a session are planned.
@@ -101,6 +125,7 @@ impl ClientSession {
             limits,
             health: health::TurnHealth::default(),
             turn_topology: TurnTopology::NotLoaded,
+            long_get: None,
         }
     }
 
@@ -218,6 +243,11 @@ impl ClientSession {
                     return;
                 }
             }
+            match self.long_get_step(input) {
+                LongStep::Took => continue,
+                LongStep::Wait => return,
+                LongStep::Not => {}
+            }
             if is_meta_request(input) {
                 match parse_meta(input, &self.limits) {
                     Ok(None) => return,
@@ -265,6 +295,73 @@ impl ClientSession {
                 }
             }
         }
+    }
+
+    /// Serves the next part of a get line longer than `max_get_line_bytes`
+    /// (memcached has no bound on a multi-get's line): each part, a request
+    /// line of its own, is planned as it arrives, and only the last writes
+    /// the `END`, so the client reads one reply with its values in key order
+    /// while the input holds at most about one part.
+    fn long_get_step(&mut self, input: &mut BytesMut) -> LongStep {
+        if let Some(LongGet::Skip) = self.long_get {
+            return match memchr::memchr(b'\n', input) {
+                Some(at) => {
+                    input.advance(at + 1);
+                    self.long_get = None;
+                    LongStep::Took
+                }
+                None => {
+                    input.clear();
+                    LongStep::Wait
+                }
+            };
+        }
+        let head = match &self.long_get {
+            Some(LongGet::Head(head)) => Some(head.as_slice()),
+            _ => None,
+        };
+        let continuing = head.is_some();
+        let (line, consumed, head, last) = match long_get_part(input, head, &self.limits) {
+            Ok(LongGetPart::Not) => return LongStep::Not,
+            Ok(LongGetPart::Wait) => return LongStep::Wait,
+            Ok(LongGetPart::Part {
+                line,
+                consumed,
+                head,
+                last,
+            }) => (line, consumed, head, last),
+            Err(error) => {
+                input.clear();
+                self.long_get = None;
+                self.reject(Some(error.reply()), 0, error.keeps_connection());
+                return LongStep::Took;
+            }
+        };
+        input.advance(consumed);
+        self.long_get = (!last).then_some(LongGet::Head(head));
+        let split = if last { Split::Last } else { Split::Part };
+        let bytes = Bytes::from(line);
+        match parse_request(&bytes, &self.limits) {
+            Ok(Some((request, _))) => {
+                self.note_request_size(consumed);
+                self.start_split(request, bytes, split);
+            }
+            // A part of no keys (only spaces): the last one still ends the
+            // reply the earlier parts began.
+            Err(rejection) if continuing && rejection.error == ParseError::UnknownCommand => {
+                if last {
+                    self.reject(Some(b"END\r\n"), 0, true);
+                }
+            }
+            parsed => {
+                let error = parsed.err().map_or(ParseError::BadCommandLine, |r| r.error);
+                if !last {
+                    self.long_get = Some(LongGet::Skip);
+                }
+                self.reject(Some(error.reply()), 0, error.keeps_connection());
+            }
+        }
+        LongStep::Took
     }
 
     /// memcached deletes the key of a `set` or `ms` whose value it refuses as

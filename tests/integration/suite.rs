@@ -221,3 +221,113 @@ fn a_value_too_large_removes_the_key_on_every_replica() {
         }
     }
 }
+
+/// Sets `count` keys `prefix<i>` (`i` in five digits, value `v<i>`)
+/// through `client`, pipelined.
+fn set_many(client: &mut Client, prefix: &str, count: usize) {
+    let mut batch = Vec::new();
+    for i in 0..count {
+        let value = format!("v{i}");
+        batch.extend(format!("set {prefix}{i:05} 0 0 {}\r\n{value}\r\n", value.len()).bytes());
+    }
+    client.send(&batch);
+    for _ in 0..count {
+        assert_eq!(client.reply(ReplyKind::Line), b"STORED\r\n");
+    }
+}
+
+/// The reply memcached gives to `get` of `keys` when `<prefix><i>` holds
+/// `v<i>` for `i < stored` (and the others are missing).
+fn expected_values(keys: &[String], prefix: &str, stored: usize) -> Vec<u8> {
+    let mut reply = Vec::new();
+    for key in keys {
+        let i: usize = key[prefix.len()..].parse().unwrap_or(usize::MAX);
+        if i < stored {
+            let value = format!("v{i}");
+            reply.extend(format!("VALUE {key} 0 {}\r\n{value}\r\n", value.len()).bytes());
+        }
+    }
+    reply.extend(b"END\r\n");
+    reply
+}
+
+#[test]
+fn get_lines_of_any_length_are_served_in_key_order_with_one_end() {
+    let direct = Memcached::start();
+    let pool: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
+    let proxy = Proxy::start(&pool.iter().collect::<Vec<_>>(), "");
+    let mut client = proxy.client();
+    let mut reference = direct.client();
+    // memcached's t/getset.t: a 14 000-key get line of about 140 KB.
+    let prefix = "mckey";
+    set_many(&mut client, prefix, 14_000);
+    set_many(&mut reference, prefix, 14_000);
+    let mut keys: Vec<String> = (0..14_000).map(|i| format!("{prefix}{i:05}")).collect();
+    keys.push("mckey_missing".into());
+    keys.push("mckey00007".into());
+    let line = format!("get {}\r\n", keys.join(" "));
+    assert!(line.len() > 140_000, "{}", line.len());
+    let expected = expected_values(&keys, prefix, 14_000);
+    reference.send(line.as_bytes());
+    assert_eq!(
+        reference.read_until_suffix(b"END\r\n").len() + 5,
+        expected.len()
+    );
+    // The line pipelined with requests before and after it, sent in
+    // pieces: every value in key order, one END, and the requests behind it.
+    let mut whole = b"version\r\n".to_vec();
+    whole.extend(line.as_bytes());
+    whole.extend(b"get mckey00001\r\n");
+    for piece in whole.chunks(7_000) {
+        client.send(piece);
+    }
+    let version = client.reply(ReplyKind::Line);
+    assert!(version.starts_with(b"VERSION "));
+    let got = client.reply(ReplyKind::Values);
+    assert_eq!(got.len(), expected.len());
+    assert!(got == expected, "values differ from memcached's");
+    assert_eq!(
+        client.reply(ReplyKind::Values),
+        b"VALUE mckey00001 0 2\r\nv1\r\nEND\r\n"
+    );
+    // A 2 000-key multi-get of 30-byte keys, and `gets`/`gat`/`gats` lines
+    // as long: the same values, one END.
+    let prefix = "k".repeat(25);
+    set_many(&mut client, &prefix, 2_000);
+    let keys: Vec<String> = (0..2_000).map(|i| format!("{prefix}{i:05}")).collect();
+    let expected = expected_values(&keys, &prefix, 2_000);
+    for head in ["get", "gat 0"] {
+        let line = format!("{head} {}\r\n", keys.join(" "));
+        client.send(line.as_bytes());
+        assert!(client.reply(ReplyKind::Values) == expected, "{head}");
+    }
+    for head in ["gets", "gats 0"] {
+        let line = format!("{head} {}\r\n", keys.join(" "));
+        client.send(line.as_bytes());
+        let got = client.reply(ReplyKind::Values);
+        assert_eq!(got.matches_end(), 1, "{head}");
+        assert_eq!(
+            String::from_utf8_lossy(&got).matches("VALUE ").count(),
+            2_000,
+            "{head}"
+        );
+    }
+    // A 12 000-key line under 64 KiB: more keys than `max_keys_per_get`
+    // (10 000) in one line, as memcached takes it.
+    let keys: Vec<String> = (0..12_000).map(|i| format!("{}", i % 100)).collect();
+    client.send(format!("get {}\r\n", keys.join(" ")).as_bytes());
+    assert_eq!(client.reply(ReplyKind::Values), b"END\r\n");
+    // Still one connection, still in step.
+    assert_eq!(client.set("after", b"1"), b"STORED\r\n");
+}
+
+trait EndCount {
+    fn matches_end(&self) -> usize;
+}
+
+impl EndCount for Vec<u8> {
+    fn matches_end(&self) -> usize {
+        String::from_utf8_lossy(self).matches("\r\nEND\r\n").count()
+            + usize::from(self.starts_with(b"END\r\n"))
+    }
+}
