@@ -332,6 +332,10 @@ pub fn long_get_part(
     head: Option<&[u8]>,
     limits: &Limits,
 ) -> Result<LongGetPart, ParseError> {
+    // Every request is looked at here first: most are not gets.
+    if head.is_none() && !matches!(buf.first(), Some(b'g' | b' ')) {
+        return Ok(LongGetPart::Not);
+    }
     let bound = limits.max_get_line_bytes;
     let window = &buf[..buf.len().min(bound + 1)];
     let newline = memchr(b'\n', window);
