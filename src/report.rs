@@ -43,6 +43,53 @@ pub(crate) fn write_shadow_stats(out: &mut BytesMut, layout: &Layout) {
     out.extend_from_slice(b"END\r\n");
 }
 
+/// The counters of the `stats` reply that `stats reset` sets back to zero,
+/// by `STAT` name, as they read now: memcached's own (`total_connections`,
+/// `cmd_*`, `*_hits`, `*_misses`, `cas_*`, `bytes_*`) and memring's hot-key
+/// and hand-off counters. Gauges (connections open, bytes owed, the ring)
+/// and the per-server and per-pool lines are not reset, nor is anything in
+/// `/metrics` (Prometheus counters only grow).
+fn counters(stats: &Stats) -> Vec<(String, u64)> {
+    let mut counters: Vec<(String, u64)> = Vec::with_capacity(40);
+    let mut add = |name: &str, value: u64| counters.push((name.to_string(), value));
+    add("total_connections", stats.total_connections());
+    add("cmd_get", stats.keys_requested());
+    let set_count: u64 = Command::ALL
+        .iter()
+        .filter(|c| c.is_storage())
+        .map(|&c| stats.command_count(c))
+        .sum();
+    add("cmd_set", set_count);
+    add("cmd_touch", stats.command_count(Command::Touch));
+    add("cmd_flush", stats.command_count(Command::FlushAll));
+    for (name, hits, misses) in stats.hits_and_misses() {
+        add(&format!("{name}_hits"), hits);
+        add(&format!("{name}_misses"), misses);
+    }
+    let (cas_hits, cas_misses, cas_badval) = stats.cas_counts();
+    add("cas_misses", cas_misses);
+    add("cas_hits", cas_hits);
+    add("cas_badval", cas_badval);
+    let (read, written) = stats.client_bytes();
+    add("bytes_read", read);
+    add("bytes_written", written);
+    let hot = &stats.hot;
+    add("hot_key_coalesced_gets", hot.coalesced.get());
+    add("near_cache_hits", hot.cache_hits.get());
+    add("near_cache_misses", hot.cache_misses.get());
+    add("near_cache_evictions", hot.cache_evictions.get());
+    for (name, value) in stats.handoff() {
+        add(name, value);
+    }
+    counters
+}
+
+/// `stats reset`: from now on, the `stats` reply counts [`counters`] from
+/// their values at this moment (memcached answers `RESET`).
+pub(crate) fn reset_stats(stats: &Stats) {
+    stats.set_reset_baseline(counters(stats).into_iter().collect());
+}
+
 /// Writes the whole `stats` reply, ending with `END`: the default pool's
 /// lines as a one-pool memring writes them, then every other pool's with
 /// `pool:<name>:` before each.
@@ -50,6 +97,21 @@ pub(crate) fn write_stats(out: &mut BytesMut, stats: &Stats, layout: &Layout) {
     let topology = layout.default_topology();
     let topology = &*topology;
     let now = crate::clock::unix_now();
+    let baseline = stats.reset_baseline();
+    let counters = counters(stats);
+    // A counter's count since the last `stats reset`: each is read once,
+    // above, so `stats reset` and `stats` cannot disagree on what one is.
+    let mut counters = counters.iter().map(|(name, value)| {
+        let since = value.saturating_sub(baseline.get(name).copied().unwrap_or(0));
+        (name.as_str(), since)
+    });
+    let mut counter = |out: &mut BytesMut, name: &str| {
+        let (listed, value) = counters
+            .next()
+            .expect("the stats reply writes every counter, in `counters` order");
+        debug_assert_eq!(listed, name);
+        write_stat(out, name, &value);
+    };
     write_stat(out, "pid", &std::process::id());
     write_stat(out, "uptime", &stats.uptime_seconds());
     write_stat(out, "time", &now);
@@ -60,36 +122,31 @@ pub(crate) fn write_stats(out: &mut BytesMut, stats: &Stats, layout: &Layout) {
     write_stat(out, "rusage_user", &seconds(cpu.user_micros));
     write_stat(out, "rusage_system", &seconds(cpu.system_micros));
     write_stat(out, "curr_connections", &stats.curr_connections());
-    write_stat(out, "total_connections", &stats.total_connections());
+    counter(out, "total_connections");
     write_stat(out, "reply_bytes_owed", &stats.reply_bytes_owed());
-    write_stat(out, "cmd_get", &stats.keys_requested());
-    let set_count: u64 = Command::ALL
-        .iter()
-        .filter(|c| c.is_storage())
-        .map(|&c| stats.command_count(c))
-        .sum();
-    write_stat(out, "cmd_set", &set_count);
-    write_stat(out, "cmd_touch", &stats.command_count(Command::Touch));
-    write_stat(out, "cmd_flush", &stats.command_count(Command::FlushAll));
-    for (name, hits, misses) in stats.hits_and_misses() {
-        write_stat(out, &format!("{name}_hits"), &hits);
-        write_stat(out, &format!("{name}_misses"), &misses);
+    for name in ["cmd_get", "cmd_set", "cmd_touch", "cmd_flush"] {
+        counter(out, name);
     }
-    let (cas_hits, cas_misses, cas_badval) = stats.cas_counts();
-    write_stat(out, "cas_misses", &cas_misses);
-    write_stat(out, "cas_hits", &cas_hits);
-    write_stat(out, "cas_badval", &cas_badval);
-    let (read, written) = stats.client_bytes();
-    write_stat(out, "bytes_read", &read);
-    write_stat(out, "bytes_written", &written);
-    let hot = &stats.hot;
-    write_stat(out, "hot_key_coalesced_gets", &hot.coalesced.get());
-    write_stat(out, "near_cache_hits", &hot.cache_hits.get());
-    write_stat(out, "near_cache_misses", &hot.cache_misses.get());
-    write_stat(out, "near_cache_evictions", &hot.cache_evictions.get());
+    for (name, _, _) in stats.hits_and_misses() {
+        counter(out, &format!("{name}_hits"));
+        counter(out, &format!("{name}_misses"));
+    }
+    for name in [
+        "cas_misses",
+        "cas_hits",
+        "cas_badval",
+        "bytes_read",
+        "bytes_written",
+        "hot_key_coalesced_gets",
+        "near_cache_hits",
+        "near_cache_misses",
+        "near_cache_evictions",
+    ] {
+        counter(out, name);
+    }
     write_ring(out, "", topology);
-    for (name, value) in stats.handoff() {
-        write_stat(out, name, &value);
+    for (name, _) in stats.handoff() {
+        counter(out, name);
     }
     if let Some(discovery) = stats.discovery() {
         // `srv _memcache._tcp.cache` as `discovery_srv _memcache._tcp.cache`:

@@ -327,6 +327,10 @@ struct CasCounters {
 #[derive(Debug)]
 pub struct Stats {
     started: Instant,
+    /// What the counters of the memcached `stats` reply read at the last
+    /// `stats reset`, by `STAT` name (see `report::reset_stats`): that reply
+    /// shows the counts since. `/metrics` is never reset.
+    reset_baseline: std::sync::Mutex<std::collections::HashMap<String, u64>>,
     registry: Registry,
     /// Each worker's reply bytes owed to its clients.
     reply_owed: Arc<OwedParts>,
@@ -771,6 +775,7 @@ impl Stats {
             hot_key_rate,
             hot_key_share,
             started: Instant::now(),
+            reset_baseline: Default::default(),
             reply_owed,
             replica_background,
             handoff_reads,
@@ -1266,6 +1271,23 @@ impl Stats {
             metrics.set_state(first);
         }
         metrics
+    }
+
+    /// The `stats` counters' values at the last `stats reset` (empty
+    /// before one).
+    pub fn reset_baseline(&self) -> std::collections::HashMap<String, u64> {
+        self.reset_baseline
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Records the `stats` counters' values now, as `stats reset` does.
+    pub fn set_reset_baseline(&self, baseline: std::collections::HashMap<String, u64>) {
+        *self
+            .reset_baseline
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = baseline;
     }
 
     /// Requests of `command` since start.

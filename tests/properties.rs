@@ -665,7 +665,12 @@ fn check_step(input: &[u8], limits: &Limits) -> usize {
                 consumed,
                 discard,
                 silent,
+                stale_key,
             } = rejection;
+            if let Some(stale) = stale_key {
+                assert_eq!(error, ParseError::ValueTooLarge);
+                assert!(stale.token.end as usize <= consumed);
+            }
             assert!(consumed > 0 && consumed <= input.len(), "{rejection:?}");
             if error == ParseError::ValueTooLarge {
                 assert!(discard > limits.max_value_bytes + 2);
@@ -677,8 +682,11 @@ fn check_step(input: &[u8], limits: &Limits) -> usize {
                 assert!(input.len() > bound);
                 assert!(memchr_newline(input, bound).is_none());
             }
-            if silent {
+            if silent && error != ParseError::HttpRequest {
                 assert!(contains(&input[..consumed], b"noreply"), "{rejection:?}");
+            }
+            if error == ParseError::HttpRequest {
+                assert!(contains(&input[..consumed], b"HTTP/"), "{rejection:?}");
             }
             consumed.saturating_add(discard).min(input.len())
         }

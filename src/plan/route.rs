@@ -8,7 +8,7 @@
 //!   chunks, values passed on in the client's key order as they arrive, keys
 //!   that failed (or missed, with fall-through) asked of their next replica.
 //!   A plain multi-get is the one-replica case of the replicated read.
-//! - [`decide`] answers a replicated write on a quorum; [`all_ok`] a broadcast.
+//! - [`decide`] answers a replicated write on a quorum; [`broadcast_answer`] a broadcast.
 //!
 //! No I/O and no tokio here: the session dispatches what the plan says and
 //! feeds the replies back.
@@ -52,6 +52,8 @@ pub(crate) enum Plan {
     Reply(&'static [u8]),
     /// memring's own `stats`.
     Stats,
+    /// `stats reset`: memring's own `stats` counters start again from zero.
+    StatsReset,
     /// `stats hotkeys`: the hottest keys of the last window.
     HotKeys,
     /// `stats shadow`: each shadow pool's figures beside its primary's.
@@ -139,8 +141,12 @@ pub(crate) fn plan(
         {
             Plan::ShadowStats
         }
+        // memcached ignores whatever follows `reset`.
+        Command::Stats if request.arg.is_some_and(|arg| arg.of(bytes) == b"reset".as_slice()) => {
+            Plan::StatsReset
+        }
         Command::Stats if request.arg.is_some() => Plan::Reply(
-            b"CLIENT_ERROR memring answers plain 'stats', 'stats hotkeys' and 'stats shadow' only; ask each memcached for the others\r\n",
+            b"CLIENT_ERROR memring answers plain 'stats', 'stats reset', 'stats hotkeys' and 'stats shadow' only; ask each memcached for the others\r\n",
         ),
         Command::Stats => Plan::Stats,
         Command::FlushAll => Plan::Broadcast {
@@ -215,7 +221,7 @@ pub(crate) fn decide(results: &[Option<&CallResult>], quorum: usize) -> Decision
         }
     }
     if succeeded + outstanding < quorum {
-        return Decision::Fail(failed_servers(results));
+        return refused_or_failed(results);
     }
     if outstanding > 0 {
         return Decision::Wait;
@@ -228,6 +234,21 @@ pub(crate) fn decide(results: &[Option<&CallResult>], quorum: usize) -> Decision
         .and_then(|r| r.as_ref().ok());
     match owner_first {
         Some(reply) => Decision::Answer(reply.clone()),
+        None => refused_or_failed(results),
+    }
+}
+
+/// A replicated write without a quorum: a replica's `CLIENT_ERROR` (the
+/// first in replica order) when one refused the request itself, as one
+/// memcached words it (`incr` of a value that is not a number), else a
+/// failure naming the replicas memring could not reach.
+fn refused_or_failed(results: &[Option<&CallResult>]) -> Decision {
+    let refused = results.iter().flatten().find_map(|r| match r {
+        Ok(reply) if reply.starts_with(b"CLIENT_ERROR") => Some(reply.clone()),
+        _ => None,
+    });
+    match refused {
+        Some(reply) => Decision::Answer(reply),
         None => Decision::Fail(failed_servers(results)),
     }
 }
@@ -242,19 +263,48 @@ fn failed_servers(results: &[Option<&CallResult>]) -> Vec<Arc<str>> {
         .collect()
 }
 
-/// A broadcast's answer once every server replied: `Ok` if all said `OK`,
-/// else the names of those that did not.
-pub(crate) fn all_ok<'a>(
+/// What a broadcast (`flush_all`) answers once every server replied.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Broadcast<'a> {
+    /// Every server said `OK`.
+    AllOk,
+    /// A server refused it itself (`CLIENT_ERROR flush_all not allowed` from
+    /// a memcached started with `-F`): its words are the client's answer, as
+    /// one memcached would give them, with no server named. A refusal is
+    /// not transient, so it answers before servers memring could not reach.
+    Refused(&'a Bytes),
+    /// The names of the servers memring could not get an answer from.
+    Failed(Vec<&'a str>),
+}
+
+/// The answer to a broadcast from each server's `(name, result)`.
+pub(crate) fn broadcast_answer<'a>(
     results: impl Iterator<Item = (&'a str, &'a CallResult)>,
-) -> Result<(), Vec<&'a str>> {
-    let failed: Vec<&str> = results
-        .filter(|(_, result)| !matches!(result, Ok(reply) if reply.as_ref() == b"OK\r\n"))
-        .map(|(name, _)| name)
-        .collect();
-    if failed.is_empty() {
-        Ok(())
-    } else {
-        Err(failed)
+) -> Broadcast<'a> {
+    let mut failed = Vec::new();
+    let mut refused: Option<&Bytes> = None;
+    for (name, result) in results {
+        match result {
+            Ok(reply) if reply.as_ref() == b"OK\r\n" => {}
+            // memcached's `CLIENT_ERROR` says why; the first such wins over
+            // an `ERROR` or `SERVER_ERROR` line from another server.
+            Ok(reply) => {
+                let client_error = reply.starts_with(b"CLIENT_ERROR");
+                let better = match refused {
+                    None => true,
+                    Some(r) => client_error && !r.starts_with(b"CLIENT_ERROR"),
+                };
+                if better {
+                    refused = Some(reply);
+                }
+            }
+            Err(_) => failed.push(name),
+        }
+    }
+    match refused {
+        Some(reply) => Broadcast::Refused(reply),
+        None if failed.is_empty() => Broadcast::AllOk,
+        None => Broadcast::Failed(failed),
     }
 }
 
@@ -1567,6 +1617,23 @@ mod tests {
     }
 
     #[test]
+    fn a_write_every_replica_refused_answers_memcacheds_words() {
+        let refused = ok(b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n");
+        let Ok(words) = &refused else { unreachable!() };
+        assert_eq!(
+            decide(
+                &[Some(&refused), Some(&refused), Some(&Err(failed("c")))],
+                2
+            ),
+            Decision::Answer(words.clone())
+        );
+        assert_eq!(
+            decide(&[Some(&Err(failed("a"))), Some(&refused), None], 2),
+            Decision::Answer(words.clone())
+        );
+    }
+
+    #[test]
     fn server_error_replies_do_not_count_toward_a_quorum() {
         let (stored, error) = (ok(b"STORED\r\n"), ok(b"SERVER_ERROR out of memory\r\n"));
         assert_eq!(
@@ -1576,13 +1643,43 @@ mod tests {
     }
 
     #[test]
-    fn broadcast_names_the_servers_that_did_not_say_ok() {
+    fn broadcast_names_the_servers_that_did_not_answer() {
         let (good, bad) = (ok(b"OK\r\n"), Err(failed("b")));
         assert_eq!(
-            all_ok([("a", &good), ("b", &bad)].into_iter()),
-            Err(vec!["b"])
+            broadcast_answer([("a", &good), ("b", &bad)].into_iter()),
+            Broadcast::Failed(vec!["b"])
         );
-        assert_eq!(all_ok([("a", &good)].into_iter()), Ok(()));
+        assert_eq!(
+            broadcast_answer([("a", &good)].into_iter()),
+            Broadcast::AllOk
+        );
+    }
+
+    #[test]
+    fn a_broadcast_a_server_refused_answers_memcacheds_words() {
+        let (good, down) = (ok(b"OK\r\n"), Err(failed("b")));
+        let refused = ok(b"CLIENT_ERROR flush_all not allowed\r\n");
+        let server_error = ok(b"SERVER_ERROR out of memory\r\n");
+        let Ok(words) = &refused else { unreachable!() };
+        assert_eq!(
+            broadcast_answer(
+                [
+                    ("a", &down),
+                    ("b", &server_error),
+                    ("c", &refused),
+                    ("d", &good)
+                ]
+                .into_iter()
+            ),
+            Broadcast::Refused(words)
+        );
+        let Ok(words) = &server_error else {
+            unreachable!()
+        };
+        assert_eq!(
+            broadcast_answer([("a", &good), ("b", &server_error)].into_iter()),
+            Broadcast::Refused(words)
+        );
     }
 
     #[test]

@@ -166,8 +166,36 @@ pub(crate) fn cas_as_set(request: &Request, bytes: &Bytes) -> Outbound {
     smallvec::smallvec![head.freeze(), bytes.slice(request.line_len as usize..)]
 }
 
+/// The request that deletes `key`, quietly (`noreply`, `q`) or not: classic
+/// for a key the classic protocol can carry, meta with the key in base64 for
+/// any other bytes.
+pub fn write_delete(key: &[u8], quiet: bool, out: &mut BytesMut) {
+    if super::request::is_valid_key(key) {
+        out.put_slice(b"delete ");
+        out.put_slice(key);
+        out.put_slice(if quiet { b" noreply\r\n" } else { b"\r\n" });
+    } else {
+        out.put_slice(b"md ");
+        out.put_slice(super::meta::encode_key(key).as_bytes());
+        out.put_slice(if quiet { b" b q\r\n" } else { b" b\r\n" });
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_delete_is_classic_for_a_text_key_and_meta_for_other_bytes() {
+        let line = |key: &[u8], quiet| {
+            let mut out = BytesMut::new();
+            write_delete(key, quiet, &mut out);
+            out
+        };
+        assert_eq!(&line(b"k", false)[..], b"delete k\r\n");
+        assert_eq!(&line(b"k", true)[..], b"delete k noreply\r\n");
+        assert_eq!(&line(b"a b", false)[..], b"md YSBi b\r\n");
+        assert_eq!(&line(b"a b", true)[..], b"md YSBi b q\r\n");
+    }
+
     use super::*;
     use crate::protocol::{parse_request, Limits};
 

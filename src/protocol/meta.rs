@@ -58,7 +58,7 @@ pub mod tag;
 
 use memchr::memchr;
 
-use super::request::{is_valid_key, Span};
+use super::request::{is_valid_key, Span, StaleKey};
 use super::{Limits, MAX_DECLARED_VALUE_BYTES, MAX_KEY_BYTES};
 
 /// The six meta commands.
@@ -201,6 +201,9 @@ pub struct MetaRejection {
     /// Further bytes to throw away after `consumed`, possibly not received yet:
     /// the data block (and its `\r\n`) of an `ms` that memcached swallows.
     pub discard: usize,
+    /// The key memcached deletes with the refusal: an `ms` too large for the
+    /// cache (see [`super::request::Rejection::stale_key`]).
+    pub stale_key: Option<StaleKey>,
 }
 
 impl MetaRejection {
@@ -219,6 +222,7 @@ impl MetaRejection {
             error,
             consumed: line_len,
             discard: 0,
+            stale_key: None,
         }
     }
 }
@@ -487,10 +491,17 @@ pub fn parse_meta(buf: &[u8], limits: &Limits) -> MetaParseResult {
     };
     let data_len = data_len as usize;
     let swallow = |error| {
+        // memcached 1.6.18 removes the key of an `ms` too large for the
+        // cache, whatever its mode (probed), unless a flag error came first.
+        let stale_key = (error == MetaError::ValueTooLarge).then_some(StaleKey {
+            token: key,
+            base64: request.base64,
+        });
         Err(MetaRejection {
             error,
             consumed: line_len,
             discard: data_len + 2,
+            stale_key,
         })
     };
     if scan.undecodable {
@@ -1204,7 +1215,8 @@ mod tests {
             MetaRejection {
                 error: MetaError::BadCommandLine,
                 consumed: 10,
-                discard: 0
+                discard: 0,
+                stale_key: None,
             }
         );
     }

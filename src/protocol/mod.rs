@@ -303,6 +303,10 @@ pub enum ParseError {
     /// No newline within the line bound: the connection is closed afterwards.
     #[error("CLIENT_ERROR line too long")]
     LineTooLong,
+    /// An HTTP request line (an unknown command whose last token starts with
+    /// `HTTP/`): closed without a reply, as memcached does.
+    #[error("HTTP request line")]
+    HttpRequest,
 }
 
 impl ParseError {
@@ -322,13 +326,19 @@ impl ParseError {
             ParseError::ValueTooLarge => b"SERVER_ERROR object too large for cache\r\n",
             ParseError::LineTooLong => b"CLIENT_ERROR line too long\r\n",
             ParseError::BinaryProtocol => b"CLIENT_ERROR binary protocol is not supported\r\n",
+            // Never sent: the rejection is silent.
+            ParseError::HttpRequest => b"",
         }
     }
 
     /// Whether the client connection stays usable after this error. Only a line
-    /// that never ends cannot be resynchronised (memcached closes it too).
+    /// that never ends cannot be resynchronised (memcached closes it too), and
+    /// after an HTTP request line nothing the peer sends is a command.
     pub fn keeps_connection(self) -> bool {
-        !matches!(self, ParseError::LineTooLong | ParseError::BinaryProtocol)
+        !matches!(
+            self,
+            ParseError::LineTooLong | ParseError::BinaryProtocol | ParseError::HttpRequest
+        )
     }
 }
 

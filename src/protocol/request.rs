@@ -78,6 +78,33 @@ pub struct Rejection {
     pub discard: usize,
     /// memcached sends no error either when the line ended in `noreply`.
     pub silent: bool,
+    /// The key whose stored value memcached removes along with this refusal:
+    /// a `set` (or `ms`) of a value too large for the cache deletes the key,
+    /// so the value the client meant to replace is not read again
+    /// (memcached's t/getset.t). Spans the rejected line.
+    pub stale_key: Option<StaleKey>,
+}
+
+/// The key of a refused write that memcached deletes (see
+/// [`Rejection::stale_key`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StaleKey {
+    /// The key token as sent.
+    pub token: Span,
+    /// The token is base64 (meta `b`): the key is its decoding.
+    pub base64: bool,
+}
+
+impl StaleKey {
+    /// The key memcached deletes, from the rejected request's bytes.
+    pub fn key(&self, bytes: &[u8]) -> Vec<u8> {
+        let token = self.token.of(bytes);
+        if self.base64 {
+            super::meta::decode_key(token).map_or_else(Vec::new, |key| key.to_vec())
+        } else {
+            token.to_vec()
+        }
+    }
 }
 
 impl Rejection {
@@ -87,6 +114,7 @@ impl Rejection {
             consumed: line_len,
             discard: 0,
             silent,
+            stale_key: None,
         }
     }
 }
@@ -177,7 +205,18 @@ pub fn parse_request_reusing(buf: &[u8], limits: &Limits, spare: &mut Keys) -> P
         b"flush_all" => Command::FlushAll,
         b"stats" => Command::Stats,
         b"quit" => Command::Quit,
-        _ => return Err(Rejection::line(ParseError::UnknownCommand, line_len, false)),
+        name => {
+            let error = if looks_like_http(name, line) {
+                ParseError::HttpRequest
+            } else {
+                ParseError::UnknownCommand
+            };
+            return Err(Rejection::line(
+                error,
+                line_len,
+                error == ParseError::HttpRequest,
+            ));
+        }
     };
     let line_end = LineEnd {
         line_len,
@@ -256,6 +295,173 @@ pub fn parse_request_reusing(buf: &[u8], limits: &Limits, spare: &mut Keys) -> P
         | Command::MetaNoop
         | Command::MetaDebug => Err(Rejection::line(ParseError::UnknownCommand, line_len, false)),
     }
+}
+
+/// One part of a retrieval line longer than [`Limits::max_get_line_bytes`]:
+/// memcached serves multi-gets of any length, so such a line is served in
+/// parts as it arrives rather than buffered whole. Each part is a request
+/// line of its own (the line's head, `get ` or `gat <exptime> `, then the
+/// keys of this part) for [`parse_request`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LongGetPart {
+    /// Not the start of a long retrieval line: parse it as usual.
+    Not,
+    /// More bytes are needed for the next part.
+    Wait,
+    /// The next part: `line` to parse, `consumed` input bytes it takes,
+    /// `head` (the command and its arguments before the keys, with the
+    /// space after them) for the parts after it, and whether it ends the
+    /// client's line.
+    Part {
+        line: Vec<u8>,
+        consumed: usize,
+        head: Vec<u8>,
+        last: bool,
+    },
+}
+
+/// The next part of a long retrieval line at the start of `buf`: its first
+/// part when `head` is `None` (the line starts in `buf`), else a later one.
+/// A line is long when it has no newline within `max_get_line_bytes` bytes,
+/// or more than `max_keys_per_get` keys. A part ends at the line's newline,
+/// or at a space after at most `max_get_line_bytes` bytes and
+/// `max_keys_per_get` keys. `Err` for a line with a token longer than that
+/// bound, which no part can hold (too long a line, as before).
+pub fn long_get_part(
+    buf: &[u8],
+    head: Option<&[u8]>,
+    limits: &Limits,
+) -> Result<LongGetPart, ParseError> {
+    // Every request is looked at here first: most are not gets.
+    if head.is_none() && !matches!(buf.first(), Some(b'g' | b' ')) {
+        return Ok(LongGetPart::Not);
+    }
+    let bound = limits.max_get_line_bytes;
+    let window = &buf[..buf.len().min(bound + 1)];
+    let newline = memchr(b'\n', window);
+    // A line of more keys than allowed is at least two bytes a key long.
+    let many_keys = |line_len: usize| line_len > 2 * limits.max_keys_per_get;
+    let first = head.is_none();
+    let (head, keys_from) = match head {
+        Some(head) => (head.to_vec(), 0),
+        None => {
+            let long = match newline {
+                Some(at) => many_keys(at),
+                None => buf.len() > bound,
+            };
+            if !long || !starts_like_retrieval(buf, limits.max_line_bytes) {
+                return Ok(LongGetPart::Not);
+            }
+            let mut tokens = Tokens {
+                line: window,
+                at: 0,
+            };
+            let command = tokens.next().map(|t| t.of(window));
+            if matches!(command, Some(b"gat" | b"gats")) {
+                tokens.next();
+            }
+            let mut from = tokens.at;
+            while window.get(from) == Some(&b' ') {
+                from += 1;
+            }
+            (window[..from].to_vec(), from)
+        }
+    };
+    // A part is a line of its own within the bound: the head, its keys,
+    // and a line ending.
+    let mut line = head.clone();
+    if !line.ends_with(b" ") {
+        line.push(b' ');
+    }
+    let room = bound.saturating_sub(line.len() + 2) + keys_from;
+    let fits = newline.filter(|&at| at <= room + 1);
+    if fits.is_none() && buf.len() <= room {
+        return Ok(LongGetPart::Wait);
+    }
+    // The keys this part may take end at the newline or at the room left;
+    // it stops early after `max_keys_per_get` keys.
+    let end = fits.unwrap_or(room.min(window.len()));
+    let mut cut = None;
+    let mut keys = 0;
+    let mut in_key = false;
+    for (i, &b) in window[..end].iter().enumerate().skip(keys_from) {
+        if b == b' ' {
+            if in_key {
+                keys += 1;
+                in_key = false;
+            }
+            cut = Some(i);
+            if keys == limits.max_keys_per_get {
+                break;
+            }
+        } else {
+            in_key = true;
+        }
+    }
+    match fits {
+        Some(at) if keys < limits.max_keys_per_get => {
+            if first {
+                // Not so many keys after all: an ordinary line.
+                return Ok(LongGetPart::Not);
+            }
+            line.extend_from_slice(&buf[keys_from..=at]);
+            Ok(LongGetPart::Part {
+                line,
+                consumed: at + 1,
+                head,
+                last: true,
+            })
+        }
+        _ => {
+            let Some(cut) = cut else {
+                return Err(ParseError::LineTooLong);
+            };
+            line.extend_from_slice(&buf[keys_from..cut]);
+            line.extend_from_slice(b"\r\n");
+            Ok(LongGetPart::Part {
+                line,
+                consumed: cut + 1,
+                head,
+                last: false,
+            })
+        }
+    }
+}
+
+/// Most tokens memcached's tokenizer splits a line into (`MAX_TOKENS` less
+/// its terminator); past them the last token is the rest of the line.
+const MEMCACHED_TOKENS: usize = 23;
+
+/// Whether memcached 1.6.18 would close the connection, without a reply, on
+/// this line of an unknown command `name`: its last token starts with
+/// `HTTP/`, so it is an HTTP request line (a browser or an HTTP client made
+/// to post to the cache port) and nothing after it may run as a command.
+/// Probed on 1.6.18, the check sits only where memcached's dispatch gives up
+/// on a name: a name of one byte, or one whose first byte starts a family
+/// memcached tells apart itself (`a`, `c`, `d`, `g`, `i`, `s`, `t`), or a
+/// command memcached knows and memring does not, answers `ERROR` instead, as
+/// does a line of more tokens than memcached's tokenizer splits.
+fn looks_like_http(name: &[u8], line: &[u8]) -> bool {
+    const ANSWERED_BY_NAME: [&[u8]; 5] = [
+        b"lru",
+        b"lru_crawler",
+        b"extstore",
+        b"refresh_certs",
+        b"watch",
+    ];
+    if name.len() < 2 || b"acdgist".contains(&name[0]) || ANSWERED_BY_NAME.contains(&name) {
+        return false;
+    }
+    let mut tokens = Tokens { line, at: 0 };
+    let mut last = None;
+    for count in 1..=MEMCACHED_TOKENS + 1 {
+        match tokens.next() {
+            Some(token) if count <= MEMCACHED_TOKENS => last = Some(token),
+            Some(_) => return false,
+            None => break,
+        }
+    }
+    last.is_some_and(|token| token.of(line).starts_with(b"HTTP/"))
 }
 
 /// Whether the buffer starts with a retrieval command, whose lines may be longer.
@@ -480,11 +686,18 @@ fn parse_storage(
     }
     let line_len = parsed.line_end.line_len;
     if value_len > limits.max_value_bytes {
+        // memcached 1.6.18 deletes the key for `set` only (probed: `add`,
+        // `replace`, `append`, `prepend` and `cas` leave it).
+        let stale_key = (command == Command::Set).then_some(StaleKey {
+            token: key,
+            base64: false,
+        });
         return Err(Rejection {
             error: ParseError::ValueTooLarge,
             consumed: line_len,
             discard: value_len + 2,
             silent: noreply,
+            stale_key,
         });
     }
     // The data block is framed by its declared length (values may contain
@@ -501,6 +714,7 @@ fn parse_storage(
             consumed: total,
             discard: 0,
             silent: noreply,
+            stale_key: None,
         });
     }
     let keys = smallvec::smallvec![key];
@@ -1006,6 +1220,120 @@ mod tests {
         let rejected = parse_request(b"get a b c d\r\n", &limits).unwrap_err();
         assert_eq!(rejected.error, ParseError::TooManyKeys);
         assert!(rejected.error.keeps_connection());
+    }
+
+    /// Every part of `line` fed whole, as the session takes them.
+    fn long_get_parts(line: &[u8], limits: &Limits) -> Vec<(Vec<u8>, bool)> {
+        let (mut at, mut head, mut parts) = (0, None::<Vec<u8>>, Vec::new());
+        loop {
+            match long_get_part(&line[at..], head.as_deref(), limits).unwrap() {
+                LongGetPart::Part {
+                    line: part,
+                    consumed,
+                    head: next,
+                    last,
+                } => {
+                    parts.push((part, last));
+                    at += consumed;
+                    if last {
+                        return parts;
+                    }
+                    head = Some(next);
+                }
+                other => panic!("{other:?} after {parts:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_get_line_past_the_bound_is_cut_into_parts_at_whole_keys() {
+        let limits = Limits {
+            max_get_line_bytes: 16,
+            max_keys_per_get: 3,
+            ..Limits::default()
+        };
+        assert_eq!(
+            long_get_part(b"get a b c\r\n", None, &limits),
+            Ok(LongGetPart::Not)
+        );
+        assert_eq!(
+            long_get_part(b"get aa bb cc dd", None, &limits),
+            Ok(LongGetPart::Not),
+            "not past the bound yet"
+        );
+        let parts = long_get_parts(b"gat 10 aa bb cc dd ee ff gg\r\n", &limits);
+        let expected: Vec<(Vec<u8>, bool)> = vec![
+            (b"gat 10 aa bb\r\n".to_vec(), false),
+            (b"gat 10 cc dd\r\n".to_vec(), false),
+            (b"gat 10 ee ff\r\n".to_vec(), false),
+            (b"gat 10 gg\r\n".to_vec(), true),
+        ];
+        assert_eq!(parts, expected);
+        // Each part is a line within the bound.
+        assert!(parts.iter().all(|(part, _)| part.len() <= 16));
+        // More keys than allowed on a short line: parts of at most 3 keys.
+        let limits = Limits {
+            max_keys_per_get: 3,
+            ..Limits::default()
+        };
+        let parts = long_get_parts(b"get a b c d e f g\r\n", &limits);
+        let expected: Vec<(Vec<u8>, bool)> = vec![
+            (b"get a b c\r\n".to_vec(), false),
+            (b"get d e f\r\n".to_vec(), false),
+            (b"get g\r\n".to_vec(), true),
+        ];
+        assert_eq!(parts, expected);
+        // A token no part can hold.
+        let limits = Limits {
+            max_get_line_bytes: 16,
+            ..Limits::default()
+        };
+        assert_eq!(
+            long_get_part(b"get aaaaaaaaaaaaaaaaaaaaaaa", None, &limits),
+            Err(ParseError::LineTooLong)
+        );
+        // A line that is not a retrieval keeps its own bound.
+        assert_eq!(
+            long_get_part(&[b'x'; 100_000], None, &Limits::default()),
+            Ok(LongGetPart::Not)
+        );
+    }
+
+    #[test]
+    fn an_unknown_command_ending_in_an_http_token_closes_without_a_reply() {
+        // Probed on memcached 1.6.18: each of these closes without a word.
+        for input in [
+            &b"POST / HTTP/1.1\r\n"[..],
+            b"GET / HTTP/1.1\n",
+            b"HTTP/1.1\r\n",
+            b"xx HTTP/\r\n",
+            b"mget HTTP/1.1\r\n",
+            b"x0 x1 x2 x3 x4 x5 x6 x7 x8 x9 x10 x11 x12 x13 x14 x15 x16 x17 x18 x19 x20 x21 HTTP/1.1\r\n",
+        ] {
+            let rejected = rejection(input);
+            assert_eq!(rejected.error, ParseError::HttpRequest, "{input:?}");
+            assert!(rejected.silent, "{input:?}");
+            assert!(!rejected.error.keeps_connection());
+        }
+        // And each of these answers `ERROR` and reads on.
+        for input in [
+            &b"axx HTTP/1.1\r\n"[..],
+            b"sxx HTTP/1.1\r\n",
+            b"x HTTP/1.1\r\n",
+            b"xx HTTP/1.1 noreply\r\n",
+            b"xx http/1.1\r\n",
+            b"lru_crawler HTTP/1.1\r\n",
+            b"x0 x1 x2 x3 x4 x5 x6 x7 x8 x9 x10 x11 x12 x13 x14 x15 x16 x17 x18 x19 x20 x21 x22 HTTP/1.1\r\n",
+        ] {
+            let rejected = rejection(input);
+            assert_eq!(rejected.error, ParseError::UnknownCommand, "{input:?}");
+            assert!(!rejected.silent);
+        }
+        // A known command reads an `HTTP/` token as memcached does: a key.
+        assert_eq!(
+            keys_of(b"get k HTTP/1.1\r\n"),
+            vec![b"k".to_vec(), b"HTTP/1.1".to_vec()]
+        );
     }
 
     #[test]

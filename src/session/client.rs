@@ -4,6 +4,9 @@
 //! order into the client's write queue. Nothing here touches the socket.
 
 use super::*;
+use crate::plan::route::Split;
+use crate::protocol::request::{long_get_part, LongGetPart};
+use crate::protocol::ParseError;
 
 /// First buffer for the sub-request lines a session builds: allocated at its
 /// first multi-key get that goes to several servers.
@@ -56,6 +59,27 @@ pub(super) struct ClientSession {
     pub(super) turn_topology: TurnTopology,
     /// This client's read-through copies still replacing their leases.
     pub(super) copies: Rc<CopiesUnderWay>,
+    /// A get line longer than `max_get_line_bytes` being served in parts.
+    pub(super) long_get: Option<LongGet>,
+}
+
+/// Where a client's long get line stands (see [`long_get_part`]).
+pub(super) enum LongGet {
+    /// Parts were served; the next bytes are more keys of the line, whose
+    /// command and arguments are these.
+    Head(Vec<u8>),
+    /// A part was refused: the rest of the line is dropped.
+    Skip,
+}
+
+/// What one step of a long get line did.
+enum LongStep {
+    /// The input does not continue or start a long get line.
+    Not,
+    /// More bytes are needed.
+    Wait,
+    /// A part was taken.
+    Took,
 }
 
 /// Where the requests of one turn of a session are planned.
@@ -101,6 +125,7 @@ impl ClientSession {
             limits,
             health: health::TurnHealth::default(),
             turn_topology: TurnTopology::NotLoaded,
+            long_get: None,
         }
     }
 
@@ -218,6 +243,11 @@ impl ClientSession {
                     return;
                 }
             }
+            match self.long_get_step(input) {
+                LongStep::Took => continue,
+                LongStep::Wait => return,
+                LongStep::Not => {}
+            }
             if is_meta_request(input) {
                 match parse_meta(input, &self.limits) {
                     Ok(None) => return,
@@ -227,10 +257,13 @@ impl ClientSession {
                         self.start_meta(request, bytes);
                     }
                     Err(rejection) => {
+                        let stale = rejection.stale_key.map(|stale| stale.key(input));
                         input.advance(rejection.consumed);
                         // Meta errors are never silenced by `q`.
+                        let reply = Some(rejection.reply());
+                        let answered = stale.is_some_and(|key| self.forget_stale(&key, reply));
                         self.reject(
-                            Some(rejection.reply()),
+                            reply.filter(|_| !answered),
                             rejection.discard,
                             rejection.keeps_connection(),
                         );
@@ -250,15 +283,122 @@ impl ClientSession {
                     self.start(request, bytes);
                 }
                 Err(rejection) => {
+                    let stale = rejection.stale_key.map(|stale| stale.key(input));
                     input.advance(rejection.consumed);
+                    let reply = (!rejection.silent).then(|| rejection.error.reply());
+                    let answered = stale.is_some_and(|key| self.forget_stale(&key, reply));
                     self.reject(
-                        (!rejection.silent).then(|| rejection.error.reply()),
+                        reply.filter(|_| !answered),
                         rejection.discard,
                         rejection.error.keeps_connection(),
                     );
                 }
             }
         }
+    }
+
+    /// Serves the next part of a get line longer than `max_get_line_bytes`
+    /// (memcached has no bound on a multi-get's line): each part, a request
+    /// line of its own, is planned as it arrives, and only the last writes
+    /// the `END`, so the client reads one reply with its values in key order
+    /// while the input holds at most about one part.
+    fn long_get_step(&mut self, input: &mut BytesMut) -> LongStep {
+        if let Some(LongGet::Skip) = self.long_get {
+            return match memchr::memchr(b'\n', input) {
+                Some(at) => {
+                    input.advance(at + 1);
+                    self.long_get = None;
+                    LongStep::Took
+                }
+                None => {
+                    input.clear();
+                    LongStep::Wait
+                }
+            };
+        }
+        let head = match &self.long_get {
+            Some(LongGet::Head(head)) => Some(head.as_slice()),
+            _ => None,
+        };
+        let continuing = head.is_some();
+        let (line, consumed, head, last) = match long_get_part(input, head, &self.limits) {
+            Ok(LongGetPart::Not) => return LongStep::Not,
+            Ok(LongGetPart::Wait) => return LongStep::Wait,
+            Ok(LongGetPart::Part {
+                line,
+                consumed,
+                head,
+                last,
+            }) => (line, consumed, head, last),
+            Err(error) => {
+                input.clear();
+                self.long_get = None;
+                self.reject(Some(error.reply()), 0, error.keeps_connection());
+                return LongStep::Took;
+            }
+        };
+        input.advance(consumed);
+        self.long_get = (!last).then_some(LongGet::Head(head));
+        let split = if last { Split::Last } else { Split::Part };
+        let bytes = Bytes::from(line);
+        match parse_request(&bytes, &self.limits) {
+            Ok(Some((request, _))) => {
+                self.note_request_size(consumed);
+                self.start_split(request, bytes, split);
+            }
+            // A part of no keys (only spaces): the last one still ends the
+            // reply the earlier parts began.
+            Err(rejection) if continuing && rejection.error == ParseError::UnknownCommand => {
+                if last {
+                    self.reject(Some(b"END\r\n"), 0, true);
+                }
+            }
+            parsed => {
+                let error = parsed.err().map_or(ParseError::BadCommandLine, |r| r.error);
+                if !last {
+                    self.long_get = Some(LongGet::Skip);
+                }
+                self.reject(Some(error.reply()), 0, error.keeps_connection());
+            }
+        }
+        LongStep::Took
+    }
+
+    /// memcached deletes the key of a `set` or `ms` whose value it refuses as
+    /// too large, so that the value the client meant to replace is not read
+    /// again (t/getset.t). memring refuses it before any server sees it, so
+    /// it deletes the key itself: a delete planned like the client's own
+    /// (its owner, the replicas, a hand-off window's previous owners) whose
+    /// reply, once it came, is replaced by the refusal `answer` (nothing with
+    /// `noreply`), so the refusal means the key is gone, as in memcached.
+    /// Returns false when no delete could be planned (the caller answers).
+    pub(super) fn forget_stale(&mut self, key: &[u8], answer: Option<&'static [u8]>) -> bool {
+        if key.is_empty() {
+            return false;
+        }
+        let mut line = BytesMut::new();
+        crate::protocol::encode::write_delete(key, answer.is_none(), &mut line);
+        let bytes = line.freeze();
+        let before = self.entries.len();
+        if is_meta_request(&bytes) {
+            match parse_meta(&bytes, &self.limits) {
+                Ok(Some((request, _))) => self.start_meta(request, bytes),
+                _ => return false,
+            }
+        } else {
+            match parse_request(&bytes, &self.limits) {
+                Ok(Some((request, _))) => self.start(request, bytes),
+                _ => return false,
+            }
+        }
+        if self.entries.len() != before + 1 {
+            // Nothing to wait for (no server to ask): answer at once.
+            return false;
+        }
+        if let Some(entry) = self.entries.get_mut(before) {
+            entry.instead = answer;
+        }
+        true
     }
 
     pub(super) fn note_request_size(&mut self, size: usize) {

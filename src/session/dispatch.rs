@@ -47,7 +47,7 @@ impl ClientSession {
             hot: hot.as_ref(),
         };
         match work {
-            Work::Ready(_) | Work::Stats => true,
+            Work::Ready(_) | Work::Stats | Work::StatsReset => true,
             Work::Lines { parts, finish } => self.dispatch_lines(e, parts, finish),
             Work::Cas(cas) => self.dispatch_cas(e, cas),
             Work::Meta(meta) => self.dispatch_meta(e, meta),
@@ -720,7 +720,7 @@ impl ClientSession {
                 self.budget.resize(owed, retrieval_owed(in_flight, plan));
             }
             Work::Moved(_) => {}
-            Work::Ready(_) | Work::Stats => {}
+            Work::Ready(_) | Work::Stats | Work::StatsReset => {}
         }
         if let Some(estimate) = estimate {
             self.estimate = estimate;
@@ -729,6 +729,22 @@ impl ClientSession {
 
     /// Writes the entry's reply if it is complete; true if it was.
     pub(super) fn finish(&mut self, entry: &mut Entry) -> bool {
+        let Some(answer) = entry.instead else {
+            return self.finish_reply(entry);
+        };
+        // The reply (or its error) is written aside and dropped; memring's
+        // own answer goes in its place once it came.
+        let out = std::mem::take(&mut self.out);
+        let complete = self.finish_reply(entry);
+        drop(std::mem::replace(&mut self.out, out));
+        if complete {
+            self.out.push_slice(answer);
+        }
+        complete
+    }
+
+    /// [`ClientSession::finish`] with the entry's own reply.
+    fn finish_reply(&mut self, entry: &mut Entry) -> bool {
         if let Work::Lines { parts, finish } = &mut entry.work {
             // Also for `noreply`: the former replicas' deletes still go.
             let topology = entry.topology.as_ref();
@@ -742,6 +758,10 @@ impl ClientSession {
             Work::Ready(reply) => self.out.push(reply.clone()),
             Work::Stats => {
                 crate::report::write_stats(self.out.scratch(), stats, &self.worker.layout.load());
+            }
+            Work::StatsReset => {
+                crate::report::reset_stats(stats);
+                self.out.push_slice(b"RESET\r\n");
             }
             // Nothing goes back for `noreply` and later replies need not
             // wait for it, but its bytes stay reserved until the servers
@@ -809,9 +829,10 @@ impl ClientSession {
                             .iter()
                             .map(|p| entry.topology.backends[p.server].name());
                         let results = parts.iter().filter_map(|p| p.result.as_ref());
-                        match all_ok(names.zip(results)) {
-                            Ok(()) => self.out.push_slice(b"OK\r\n"),
-                            Err(failed) => write_server_error(
+                        match broadcast_answer(names.zip(results)) {
+                            Broadcast::AllOk => self.out.push_slice(b"OK\r\n"),
+                            Broadcast::Refused(reply) => self.out.push(reply.clone()),
+                            Broadcast::Failed(failed) => write_server_error(
                                 self.out.scratch(),
                                 &format_args!("failed on {}", failed.join(", ")),
                             ),

@@ -43,7 +43,9 @@ use crate::hotkeys::{GetShortcut, WriteGuard};
 use crate::outbuf::OutQueue;
 use crate::plan::handoff::{Moved, Owner, Step};
 use crate::plan::placement::Placement;
-use crate::plan::route::{self, all_ok, decide, CallResult, Decision, MetaPlan, Plan};
+use crate::plan::route::{
+    self, broadcast_answer, decide, Broadcast, CallResult, Decision, MetaPlan, Plan,
+};
 use crate::protocol::encode::{forwardable, write_server_error};
 use crate::protocol::meta::{is_meta_request, parse_meta, MetaCommand, MetaRequest};
 use crate::protocol::reply::{Expect, LineKind};

@@ -125,7 +125,7 @@ pub(super) fn plan(
 /// Keeps what the finished `work` no longer needs.
 pub(super) fn keep(work: Work) {
     match work {
-        Work::Ready(_) | Work::Stats => {}
+        Work::Ready(_) | Work::Stats | Work::StatsReset => {}
         Work::Lines { parts, finish } => {
             parts.into_iter().for_each(keep_part);
             if let Finish::Quorum { older, .. } = finish {

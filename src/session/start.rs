@@ -8,6 +8,13 @@ use crate::plan::route::Split;
 impl ClientSession {
     /// Plans one request on the current topology and queues its entry.
     pub(super) fn start(&mut self, request: Request, bytes: Bytes) {
+        self.start_split(request, bytes, Split::Whole);
+    }
+
+    /// [`ClientSession::start`] for a request that is `split`'s part of the
+    /// client's reply: a part of a long get line (see `long_get`) ends the
+    /// reply only when it is the last.
+    pub(super) fn start_split(&mut self, request: Request, bytes: Bytes, split: Split) {
         self.worker
             .stats
             .request(request.command, request.keys.len());
@@ -20,7 +27,7 @@ impl ClientSession {
                     let runs = layout.runs(bound, request.keys.len(), |i| request.key(&bytes, i));
                     if runs.len() > 1 {
                         let layout = arc_swap::Guard::into_inner(layout);
-                        self.start_across_pools(&request, &bytes, &layout, runs);
+                        self.start_across_pools(&request, &bytes, &layout, runs, split);
                         return;
                     }
                 }
@@ -35,7 +42,7 @@ impl ClientSession {
             Some(ttl) => self.capped(request, bytes, ttl),
             None => (request, bytes),
         };
-        self.start_on(request, bytes, topology, Split::Whole);
+        self.start_on(request, bytes, topology, split);
     }
 
     /// `request` with its exptime capped at `ttl` seconds, for a gutter
@@ -76,6 +83,7 @@ impl ClientSession {
         bytes: &Bytes,
         layout: &crate::layout::Layout,
         runs: crate::layout::Runs,
+        split: Split,
     ) {
         // The command and its arguments before the keys (`gat 60 `).
         let head = &bytes[..request.keys[0].start as usize];
@@ -112,12 +120,13 @@ impl ClientSession {
                 None => (sub, line.freeze()),
             };
             let topology = layout.pools()[serving.pool].topology.load_full();
-            let split = if n + 1 == count {
+            // Only the last run of a reply's last part ends the reply.
+            let run_split = if n + 1 == count && split != Split::Part {
                 Split::Last
             } else {
                 Split::Part
             };
-            self.start_on(sub, line, topology, split);
+            self.start_on(sub, line, topology, run_split);
         }
     }
 
@@ -148,6 +157,7 @@ impl ClientSession {
             Plan::Key(Placement::NoServers) if request.noreply => return,
             Plan::Key(Placement::NoServers) => Work::Ready(Bytes::from_static(route::NO_SERVERS)),
             Plan::Stats => Work::Stats,
+            Plan::StatsReset => Work::StatsReset,
             Plan::HotKeys => Work::Ready(self.worker.hot.report()),
             Plan::ShadowStats => Work::Ready(self.shadow_report()),
             // A classic request is never placed as a read (`KeyOp::classic`
@@ -252,6 +262,7 @@ impl ClientSession {
             started: self.worker.clock.nanos(),
             hot,
             shadow,
+            instead: None,
         });
     }
 

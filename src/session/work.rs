@@ -42,6 +42,10 @@ pub(super) struct Entry {
     pub(super) hot: Option<Rc<WriteGuard>>,
     /// A sampled get: the pairs its answers go to (see `shadow.rs`).
     pub(super) shadow: Option<Box<shadow::Pairs>>,
+    /// memring's own answer, written in place of the reply once the reply
+    /// came (the delete of a `set` refused as too large answers the
+    /// refusal, after the key is gone: see `ClientSession::forget_stale`).
+    pub(super) instead: Option<&'static [u8]>,
 }
 
 impl Entry {
@@ -67,6 +71,7 @@ impl Entry {
             started: 0,
             hot: None,
             shadow: None,
+            instead: None,
         }
     }
 }
@@ -76,6 +81,9 @@ pub(super) enum Work {
     Ready(Bytes),
     /// memring's `stats`, rendered when it is the client's turn.
     Stats,
+    /// `stats reset`, done when it is the client's turn (a `stats` before
+    /// it still shows the counts before it).
+    StatsReset,
     /// One-line replies from one or more servers.
     Lines {
         parts: SmallVec<[Part; 1]>,
@@ -302,7 +310,7 @@ impl Work {
     /// taken).
     pub(super) fn all_unanswered(&self, ours: &mut dyn FnMut(usize, &Rc<Slot>) -> bool) -> bool {
         match self {
-            Work::Ready(_) | Work::Stats => true,
+            Work::Ready(_) | Work::Stats | Work::StatsReset => true,
             Work::Lines { parts, finish } => {
                 let older = match finish {
                     Finish::Quorum { older, .. } => older.as_deref(),

@@ -29,5 +29,6 @@ mod restart;
 mod sessions;
 mod shadow;
 mod shared;
+mod suite;
 mod tls;
 mod twemproxy;
