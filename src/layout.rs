@@ -214,6 +214,27 @@ impl Layout {
         runs
     }
 
+    /// The pools a `flush_all` reaches for a client bound to pool `bound`
+    /// (of a pool's own listener) or routed (`None`): every pool a key of
+    /// that client can be read from, so the bound pool or the default pool
+    /// and every route's pool, each followed by its gutter; each once, in
+    /// that order.
+    pub(crate) fn reachable(&self, bound: Option<usize>) -> smallvec::SmallVec<[usize; 4]> {
+        let mut pools = smallvec::SmallVec::<[usize; 4]>::new();
+        let first = bound.unwrap_or(self.default);
+        let routed = self.routes.iter().map(|&(_, pool)| pool);
+        let served = std::iter::once(first).chain(routed.filter(|_| bound.is_none()));
+        for pool in served {
+            let gutter = self.gutters.get(pool).copied().flatten();
+            for pool in std::iter::once(pool).chain(gutter) {
+                if !pools.contains(&pool) {
+                    pools.push(pool);
+                }
+            }
+        }
+        pools
+    }
+
     /// One pool, every key to it.
     pub fn single(name: &str, topology: SharedTopology) -> Layout {
         Layout::new(
@@ -380,6 +401,17 @@ mod tests {
         assert_eq!(layout.pool_of(b"sess"), 2, "a key shorter than the prefix");
         assert!(layout.routed());
         assert_eq!(layout.default_name(), "c");
+    }
+
+    #[test]
+    fn flush_all_reaches_every_pool_a_client_can_read_and_their_gutters() {
+        let layout = layout(&[("b:", "b"), ("b2:", "b")], "a")
+            .with_failovers(&[("b".to_string(), "c".to_string())]);
+        assert_eq!(layout.reachable(None).to_vec(), vec![0, 1, 2]);
+        assert_eq!(layout.reachable(Some(1)).to_vec(), vec![1, 2], "bound to b");
+        assert_eq!(layout.reachable(Some(0)).to_vec(), vec![0], "bound to a");
+        let unrouted = Layout::new(layout.pools().to_vec(), &[], "b");
+        assert_eq!(unrouted.reachable(None).to_vec(), vec![1]);
     }
 
     #[test]

@@ -793,7 +793,7 @@ impl ClientSession {
                         }
                         Decision::Fail(servers) => write_no_quorum(self.out.scratch(), &servers),
                     },
-                    Finish::Forward | Finish::AllOk if results.iter().any(Option::is_none) => {
+                    Finish::Forward | Finish::AllOk(_) if results.iter().any(Option::is_none) => {
                         return false;
                     }
                     Finish::Forward => match &parts[0].result {
@@ -804,17 +804,30 @@ impl ClientSession {
                         Some(Err(error)) => write_server_error(self.out.scratch(), error),
                         None => {}
                     },
-                    Finish::AllOk => {
+                    Finish::AllOk(joined) => {
                         let names = parts
                             .iter()
                             .map(|p| entry.topology.backends[p.server].name());
                         let results = parts.iter().filter_map(|p| p.result.as_ref());
-                        match all_ok(names.zip(results)) {
-                            Ok(()) => self.out.push_slice(b"OK\r\n"),
-                            Err(failed) => write_server_error(
+                        let mut failed: Vec<String> = match all_ok(names.zip(results)) {
+                            Ok(()) => Vec::new(),
+                            Err(failed) => failed.into_iter().map(str::to_owned).collect(),
+                        };
+                        if let Some(joined) = joined {
+                            let mut all = joined.failed.borrow_mut();
+                            all.append(&mut failed);
+                            if !joined.last {
+                                return true;
+                            }
+                            failed = std::mem::take(&mut *all);
+                        }
+                        if failed.is_empty() {
+                            self.out.push_slice(b"OK\r\n");
+                        } else {
+                            write_server_error(
                                 self.out.scratch(),
                                 &format_args!("failed on {}", failed.join(", ")),
-                            ),
+                            );
                         }
                     }
                 }

@@ -26,6 +26,9 @@ impl ClientSession {
                 }
             }
         }
+        if request.command == Command::FlushAll && self.flush_across_pools(&request, &bytes) {
+            return;
+        }
         // One topology per request: it finishes on this ring even if a
         // reload lands meanwhile. `load_full` gives an owned Arc, so no
         // arc-swap guard is held.
@@ -36,6 +39,50 @@ impl ClientSession {
             None => (request, bytes),
         };
         self.start_on(request, bytes, topology, Split::Whole);
+    }
+
+    /// `flush_all` for a client whose keys can be read from several pools
+    /// (its routes' pools, gutters: `Layout::reachable`): one entry per
+    /// pool, the last answering for all (see `work::Joined`). False when
+    /// one pool is all it reaches.
+    fn flush_across_pools(&mut self, request: &Request, bytes: &Bytes) -> bool {
+        let layout = self.worker.layout.load();
+        let Ok(bound) = layout.bound_index(self.bound.as_ref()) else {
+            return false;
+        };
+        let pools = layout.reachable(bound);
+        if pools.len() < 2 {
+            return false;
+        }
+        let topologies: SmallVec<[Arc<Topology>; 4]> = pools
+            .iter()
+            .map(|&pool| layout.pools()[pool].topology.load_full())
+            .collect();
+        drop(layout);
+        let failed = Rc::new(std::cell::RefCell::new(Vec::new()));
+        let count = topologies.len();
+        for (n, topology) in topologies.into_iter().enumerate() {
+            let queued = self.entries.len();
+            self.start_on(request.clone(), bytes.clone(), topology, Split::Whole);
+            if self.entries.len() == queued {
+                continue;
+            }
+            if let Some(Entry {
+                work:
+                    Work::Lines {
+                        finish: Finish::AllOk(joined),
+                        ..
+                    },
+                ..
+            }) = self.entries.get_mut(queued)
+            {
+                *joined = Some(work::Joined {
+                    failed: failed.clone(),
+                    last: n + 1 == count,
+                });
+            }
+        }
+        true
     }
 
     /// `request` with its exptime capped at `ttl` seconds, for a gutter
@@ -177,7 +224,7 @@ impl ClientSession {
             },
             Plan::Broadcast { servers } => Work::Lines {
                 parts: servers.into_iter().map(Part::new).collect(),
-                finish: Finish::AllOk,
+                finish: Finish::AllOk(None),
             },
             Plan::Key(Placement::CasThenCopy {
                 owner,

@@ -292,7 +292,18 @@ pub(super) enum Finish {
         older: Option<Box<OlderForget>>,
         forget_last: bool,
     },
-    AllOk,
+    /// A broadcast (`flush_all`): `OK` only if every server said `OK`;
+    /// with [`Joined`], one of several entries of one request.
+    AllOk(Option<Joined>),
+}
+
+/// A `flush_all` that reaches several pools: one entry per pool, each
+/// planned on its pool's topology and consecutive in the FIFO. Each but the
+/// last writes nothing and hands the servers that did not say `OK` to the
+/// next; the last answers for them all.
+pub(super) struct Joined {
+    pub(super) failed: Rc<std::cell::RefCell<Vec<String>>>,
+    pub(super) last: bool,
 }
 
 impl Work {

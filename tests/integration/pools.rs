@@ -628,3 +628,62 @@ fn a_pool_with_a_listener_removed_by_a_reload_serves_its_clients_until_a_restart
         "{metrics}"
     );
 }
+
+#[test]
+fn flush_all_on_the_main_listener_flushes_every_routed_pool_and_its_gutter() {
+    let (d1, s1, s2, g1) = (
+        Memcached::start(),
+        Memcached::start(),
+        Memcached::start(),
+        Memcached::start(),
+    );
+    // The sessions pool fails over to a gutter pool.
+    let text = two_pools(&[&d1], &[&s1, &s2], SESSIONS_ROUTE).replacen(
+        "name = \"sessions\"\n",
+        "name = \"sessions\"\nfailover = \"gutter\"\n",
+        1,
+    ) + &format!(
+        "\n[[pools]]\nname = \"gutter\"\n[[pools.servers]]\naddr = \"{}\"\n",
+        g1.addr()
+    );
+    let proxy = Proxy::start_text(&text);
+    let mut client = proxy.client();
+    let sessions: Vec<String> = (0..200).map(|i| format!("sess:{i}")).collect();
+    let others: Vec<String> = (0..50).map(|i| format!("user:{i}")).collect();
+    for key in sessions.iter().chain(&others) {
+        assert_eq!(client.set(key, b"v"), b"STORED\r\n");
+    }
+    // The gutter holds a value as a failed-over write would leave it.
+    assert_eq!(g1.client().set("sess:gutter", b"g"), b"STORED\r\n");
+    assert_eq!(held_by(&[&s1, &s2], &sessions).iter().sum::<usize>(), 200);
+
+    assert_eq!(client.call(b"flush_all\r\n", ReplyKind::Line), b"OK\r\n");
+    for key in sessions.iter().chain(&others) {
+        assert_eq!(client.get(key), None, "{key} after flush_all");
+    }
+    assert_eq!(
+        held_by(&[&s1, &s2], &sessions),
+        [0, 0],
+        "routed pool flushed"
+    );
+    assert_eq!(held_by(&[&d1], &others), [0], "default pool flushed");
+    assert_eq!(
+        g1.client().get("sess:gutter"),
+        None,
+        "the gutter is flushed too"
+    );
+
+    // A pool's own listener flushes its pool (and gutter) only.
+    for key in sessions.iter().chain(&others) {
+        assert_eq!(client.set(key, b"v"), b"STORED\r\n");
+    }
+    let (_, addr) = &proxy.running().pool_addrs[0];
+    let mut bound = Client::connect(&addr.to_string());
+    assert_eq!(bound.call(b"flush_all\r\n", ReplyKind::Line), b"OK\r\n");
+    assert_eq!(held_by(&[&s1, &s2], &sessions), [0, 0]);
+    assert_eq!(held_by(&[&d1], &others), [50], "not the default pool");
+    // noreply: nothing comes back, and the next reply is the next request's.
+    client.send(b"flush_all noreply\r\n");
+    assert_eq!(client.set("after", b"1"), b"STORED\r\n");
+    assert_eq!(held_by(&[&d1], &others), [0]);
+}
