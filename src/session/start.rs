@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::plan::handoff::cas::CasTakeover;
+use crate::plan::replicated_add::ReplicatedAdd;
 use crate::plan::route::Split;
 
 impl ClientSession {
@@ -210,6 +211,21 @@ impl ClientSession {
             Plan::Key(Placement::Quorum {
                 servers,
                 quorum,
+                forget: 0,
+                older: None,
+                ..
+            }) if request.command == Command::Add && servers.len() > 1 => {
+                Work::Add(Box::new(AddWork {
+                    machine: ReplicatedAdd::new(servers, quorum),
+                    wire: crate::protocol::encode::add_with_cas(&request, &bytes),
+                    key: (bytes.slice_ref(request.key(&bytes, 0)), false),
+                    meta: None,
+                    parts: SmallVec::new(),
+                }))
+            }
+            Plan::Key(Placement::Quorum {
+                servers,
+                quorum,
                 forget,
                 older,
                 forget_last,
@@ -341,6 +357,38 @@ impl ClientSession {
             quiet,
             replied: false,
         };
+        let adds = request.command == MetaCommand::Set
+            && !request.compare_cas
+            && request.mode.map(|m| m.to_ascii_uppercase()) == Some(b'E');
+        if let MetaPlan::Key(Placement::Quorum {
+            servers,
+            quorum,
+            forget: 0,
+            older: None,
+            ..
+        }) = &plan
+        {
+            if adds && servers.len() > 1 {
+                let asked_cas = request.flags(&bytes).any(|(flag, _)| flag == b'c');
+                let mut entry = Entry::ready(b"", topology);
+                entry.command = command;
+                entry.sent = false;
+                entry.hot = hot;
+                entry.shadow = shadow;
+                entry.work = Work::Add(Box::new(AddWork {
+                    machine: ReplicatedAdd::new(servers.clone(), *quorum),
+                    wire: smallvec::smallvec![crate::protocol::encode::meta_add_with_cas(
+                        &request, &bytes
+                    )],
+                    key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
+                    meta: Some((asked_cas, request.quiet)),
+                    parts: SmallVec::new(),
+                }));
+                entry.bytes = bytes;
+                self.push(entry);
+                return;
+            }
+        }
         let mut older = None;
         let mode = match plan {
             MetaPlan::Reply(reply) => {

@@ -97,6 +97,22 @@ pub(super) enum Work {
     },
     /// A command on a moved key (hand-off), one step at a time.
     Moved(Box<MovedWork>),
+    /// An `add` with replicas (classic, or meta `ms … ME`).
+    Add(Box<AddWork>),
+}
+
+/// A replicated `add` (see `plan::replicated_add`).
+pub(super) struct AddWork {
+    pub(super) machine: crate::plan::replicated_add::ReplicatedAdd,
+    /// The add as every replica gets it (`ms … ME c`).
+    pub(super) wire: crate::protocol::encode::Outbound,
+    /// The key token and whether it is base64, for the take-backs.
+    pub(super) key: (Bytes, bool),
+    /// How the client asked: classic (`None`), or meta with whether it
+    /// asked for the cas (`c`) and is quiet (`q`).
+    pub(super) meta: Option<(bool, bool)>,
+    /// The step under way.
+    pub(super) parts: SmallVec<[Part; 2]>,
 }
 
 pub(super) struct MovedWork {
@@ -343,6 +359,7 @@ impl Work {
                 .iter()
                 .chain(OlderForget::parts(moved.older.as_ref()))
                 .all(|p| p.all_unanswered(ours)),
+            Work::Add(add) => add.parts.iter().all(|p| p.all_unanswered(ours)),
         }
     }
 }
