@@ -27,6 +27,31 @@ pub struct ShadowLink {
     pub counters: Arc<crate::stats::ShadowCounters>,
 }
 
+/// A shadow pool that a new layout makes serve keys it did not serve: the
+/// new default pool, or the pool of a new route (see
+/// [`Layout::promotions`]).
+#[derive(Debug)]
+pub(crate) struct Promotion {
+    pub(crate) shadow: Arc<str>,
+    pub(crate) primary: Arc<str>,
+    pub(crate) fraction: f64,
+    pub(crate) counters: Arc<crate::stats::ShadowCounters>,
+}
+
+impl Promotion {
+    /// Writes of its primary the shadow lacks so far.
+    pub(crate) fn lost_writes(&self) -> u64 {
+        self.counters.figures().lost_writes
+    }
+
+    /// Whether the shadow got every write of its primary's keys: none lost
+    /// and every key sampled. Only then can it hold no value older than
+    /// the primary's.
+    pub(crate) fn complete(&self) -> bool {
+        self.lost_writes() == 0 && self.fraction >= 1.0
+    }
+}
+
 /// The routing table between pools.
 #[derive(Debug)]
 pub struct Layout {
@@ -304,6 +329,36 @@ impl Layout {
         self.shadows.get(pool)?.as_ref()
     }
 
+    /// The shadows of this layout that a layout whose default pool is
+    /// `default` and whose routes are `routes` (prefix, pool name) makes
+    /// serve keys they do not serve now: it is the new default pool, or the
+    /// pool of a route this layout does not have.
+    pub(crate) fn promotions(&self, default: &str, routes: &[(String, String)]) -> Vec<Promotion> {
+        let name = |pool: usize| &*self.pools[pool].name;
+        let serves_new_keys = |shadow: &str| {
+            (default == shadow && self.default_name() != shadow)
+                || routes.iter().any(|(prefix, pool)| {
+                    pool == shadow
+                        && !self
+                            .routes
+                            .iter()
+                            .any(|(p, at)| **p == *prefix.as_bytes() && name(*at) == shadow)
+                })
+        };
+        (0..self.pools.len())
+            .filter_map(|primary| {
+                let link = self.shadow_of(primary)?;
+                let shadow = &self.pools[link.pool].name;
+                serves_new_keys(shadow).then(|| Promotion {
+                    shadow: shadow.clone(),
+                    primary: self.pools[primary].name.clone(),
+                    fraction: link.sampler.fraction(),
+                    counters: link.counters.clone(),
+                })
+            })
+            .collect()
+    }
+
     /// Whether any pool has a shadow.
     #[inline]
     pub fn shadowed(&self) -> bool {
@@ -412,6 +467,54 @@ mod tests {
         assert_eq!(layout.reachable(Some(0)).to_vec(), vec![0], "bound to a");
         let unrouted = Layout::new(layout.pools().to_vec(), &[], "b");
         assert_eq!(unrouted.reachable(None).to_vec(), vec![1]);
+    }
+
+    #[test]
+    fn a_shadow_is_promoted_when_it_becomes_the_default_pool_or_gets_a_new_route() {
+        let stats = crate::stats::Stats::new();
+        let layout = layout(&[("b:", "b")], "a").with_shadows([
+            (
+                "a".to_string(),
+                "c".to_string(),
+                1.0,
+                stats.shadow_counters("a", "c"),
+            ),
+            (
+                "b".to_string(),
+                "a".to_string(),
+                0.5,
+                stats.shadow_counters("b", "a"),
+            ),
+        ]);
+        let routes = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+            list.iter()
+                .map(|(p, n)| (p.to_string(), n.to_string()))
+                .collect()
+        };
+        let names = |promotions: Vec<Promotion>| -> Vec<(String, String)> {
+            promotions
+                .iter()
+                .map(|p| (p.shadow.to_string(), p.primary.to_string()))
+                .collect()
+        };
+        assert!(layout.promotions("a", &routes(&[("b:", "b")])).is_empty());
+        assert_eq!(
+            names(layout.promotions("c", &routes(&[("b:", "b")]))),
+            [("c".to_string(), "a".to_string())]
+        );
+        // `a` is b's shadow and already the default: a new route to it is
+        // a promotion, its old ones are not.
+        assert_eq!(
+            names(layout.promotions("a", &routes(&[("b:", "b"), ("x:", "a")]))),
+            [("a".to_string(), "b".to_string())]
+        );
+        let promotions = layout.promotions("c", &routes(&[("b:", "c")]));
+        assert_eq!(promotions.len(), 1);
+        assert!(promotions[0].complete(), "nothing lost, every key sampled");
+        promotions[0].counters.lost_write();
+        assert!(!promotions[0].complete());
+        let half = layout.promotions("a", &routes(&[("x:", "a")]));
+        assert!(!half[0].complete(), "half the keys were never copied");
     }
 
     #[test]

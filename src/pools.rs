@@ -117,6 +117,29 @@ impl Pools {
             .collect()
     }
 
+    /// The shadow pools `config` would make serve keys they do not serve
+    /// now (see `Layout::promotions`).
+    pub(crate) fn promotions(&self, config: &Config) -> Vec<crate::layout::Promotion> {
+        let routes: Vec<(String, String)> = config
+            .routes
+            .iter()
+            .map(|r| (r.prefix.clone(), r.pool.clone()))
+            .collect();
+        self.layout.load().promotions(&config.default_pool, &routes)
+    }
+
+    /// Flushes every server of the running pool `name`.
+    ///
+    /// # Errors
+    /// A server that could not be flushed, named.
+    pub(crate) fn flush_pool(&self, name: &str) -> Result<(), String> {
+        let publisher = self
+            .publisher(name)
+            .ok_or_else(|| format!("no pool {name}"))?;
+        let config = publisher.shared().load().config.clone();
+        crate::newcomers::flush_every_server(&config)
+    }
+
     /// Gives every pool of `config` its settings: pools that exist apply
     /// theirs (the default pool always, as one reload), new ones start,
     /// removed ones stop; then the routes are stored. A pool's `listen` is

@@ -181,6 +181,39 @@ impl Reloader {
         if let Some(publisher) = self.pools.publisher(&config.default_pool) {
             flush_newcomers(&publisher.shared().load(), &config);
         }
+        // A shadow that is to serve keys it lacks writes of may hold older
+        // values than its primary, or keys the primary deleted: it is
+        // flushed first, and the reload refused if it cannot be.
+        let promoted: Vec<_> = self
+            .pools
+            .promotions(&config)
+            .into_iter()
+            .filter(|p| !p.complete())
+            .collect();
+        let mut lost_when_flushed = Vec::with_capacity(promoted.len());
+        for promotion in &promoted {
+            let lost = promotion.lost_writes();
+            if let Err(e) = self.pools.flush_pool(&promotion.shadow) {
+                // Tried again on the next event, as for a shortage.
+                self.last_seen = None;
+                return Err(ConfigError::Refused {
+                    path: shown,
+                    message: format!(
+                        "pool {} would serve keys of pool {}, whose writes it lacks as its shadow ({}), and could not be flushed first: {e}",
+                        promotion.shadow,
+                        promotion.primary,
+                        promotion_losses(promotion, lost),
+                    ),
+                });
+            }
+            tracing::warn!(
+                "pool {}: serves keys of pool {} from now on and lacks writes as its shadow ({}): flushed first, so it holds no older value",
+                promotion.shadow,
+                promotion.primary,
+                promotion_losses(promotion, lost),
+            );
+            lost_when_flushed.push(lost);
+        }
         // Unchanged servers keep their backends and open connections.
         let limit_before = self.pools.default_publisher().client_limit();
         let Applied {
@@ -195,6 +228,17 @@ impl Reloader {
                 return Ok(Outcome::Refused(shortage));
             }
         };
+        for (promotion, lost) in promoted.iter().zip(lost_when_flushed) {
+            // A copy shed between the flush and the swap: flushed again.
+            if promotion.lost_writes() != lost {
+                let flushed = self.pools.flush_pool(&promotion.shadow);
+                tracing::warn!(
+                    "pool {}: lost more writes of pool {} while it was switched: flushed again ({flushed:?})",
+                    promotion.shadow,
+                    promotion.primary,
+                );
+            }
+        }
         let client_limit = limit_before
             .zip(self.pools.default_publisher().client_limit())
             .filter(|(before, after)| before != after);
@@ -881,6 +925,18 @@ fn watched_directory(path: &Path) -> PathBuf {
     match path.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
         _ => PathBuf::from("."),
+    }
+}
+
+/// What a promoted shadow lacks, for the log and the refusal.
+fn promotion_losses(promotion: &crate::layout::Promotion, lost: u64) -> String {
+    if promotion.fraction < 1.0 {
+        format!(
+            "{lost} writes lost, and fraction {} leaves keys out",
+            promotion.fraction
+        )
+    } else {
+        format!("{lost} writes shed, failed or flushed on the primary only")
     }
 }
 

@@ -27,6 +27,17 @@ impl ClientSession {
                 }
             }
         }
+        if request.command == Command::FlushAll {
+            // Shadows are not flushed: each now lacks this write.
+            let layout = self.worker.layout.load();
+            if let Ok(bound) = layout.bound_index(self.bound.as_ref()) {
+                for pool in layout.reachable(bound) {
+                    if let Some(link) = layout.shadow_of(pool) {
+                        link.counters.lost_write();
+                    }
+                }
+            }
+        }
         if request.command == Command::FlushAll && self.flush_across_pools(&request, &bytes) {
             return;
         }
