@@ -359,6 +359,37 @@ impl Layout {
             .collect()
     }
 
+    /// The pools keys move between when this layout's routing gives way to
+    /// one whose default pool is `default` and whose routes are `routes`
+    /// (prefix, pool name): each (pool before, pool after) once, by name.
+    /// Which pool a key goes to depends only on which route prefixes it
+    /// starts with, and those are the prefixes its longest matching prefix
+    /// starts with; so the empty key and each prefix of either routing
+    /// stand for every key.
+    pub(crate) fn moves(
+        &self,
+        default: &str,
+        routes: &[(String, String)],
+    ) -> Vec<(Arc<str>, String)> {
+        let after = |key: &[u8]| {
+            routes
+                .iter()
+                .find(|(prefix, _)| key.starts_with(prefix.as_bytes()))
+                .map_or(default, |(_, pool)| pool.as_str())
+        };
+        let keys = std::iter::once(&[][..])
+            .chain(self.routes.iter().map(|(prefix, _)| &**prefix))
+            .chain(routes.iter().map(|(prefix, _)| prefix.as_bytes()));
+        let mut moves: Vec<(Arc<str>, String)> = Vec::new();
+        for key in keys {
+            let (from, to) = (&self.pools[self.pool_of(key)].name, after(key));
+            if **from != *to && !moves.iter().any(|(f, t)| f == from && t == to) {
+                moves.push((from.clone(), to.to_string()));
+            }
+        }
+        moves
+    }
+
     /// Whether any pool has a shadow.
     #[inline]
     pub fn shadowed(&self) -> bool {
@@ -515,6 +546,43 @@ mod tests {
         assert!(!promotions[0].complete());
         let half = layout.promotions("a", &routes(&[("x:", "a")]));
         assert!(!half[0].complete(), "half the keys were never copied");
+    }
+
+    #[test]
+    fn the_pools_keys_move_between_are_found_for_every_routing_change() {
+        let layout = layout(&[("b:", "b"), ("c:", "c")], "a");
+        let routes = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+            list.iter()
+                .map(|(p, n)| (p.to_string(), n.to_string()))
+                .collect()
+        };
+        let moves = |default: &str, list: &[(&str, &str)]| -> Vec<(String, String)> {
+            layout
+                .moves(default, &routes(list))
+                .into_iter()
+                .map(|(from, to)| (from.to_string(), to))
+                .collect()
+        };
+        let pair = |from: &str, to: &str| (from.to_string(), to.to_string());
+        assert!(moves("a", &[("b:", "b"), ("c:", "c")]).is_empty());
+        // A route removed: its keys go back to the default pool.
+        assert_eq!(moves("a", &[("c:", "c")]), [pair("b", "a")]);
+        // A route added, also one longer than an existing one.
+        assert_eq!(
+            moves("a", &[("b:x", "c"), ("b:", "b"), ("c:", "c"), ("d:", "b")]),
+            [pair("b", "c"), pair("a", "b")]
+        );
+        // The default pool changed: keys matching no route move.
+        assert_eq!(moves("c", &[("b:", "b"), ("c:", "c")]), [pair("a", "c")]);
+        // Routes reordered so that another one wins.
+        let nested = super::Layout::new(
+            layout.pools().to_vec(),
+            &routes(&[("b:", "b"), ("b:1", "c")]),
+            "a",
+        );
+        let swapped = nested.moves("a", &routes(&[("b:1", "c"), ("b:", "b")]));
+        assert_eq!(swapped.len(), 1);
+        assert_eq!((&*swapped[0].0, swapped[0].1.as_str()), ("b", "c"));
     }
 
     #[test]

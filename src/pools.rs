@@ -128,16 +128,40 @@ impl Pools {
         self.layout.load().promotions(&config.default_pool, &routes)
     }
 
-    /// Flushes every server of the running pool `name`.
+    /// The pools keys move between when `config`'s routing takes over
+    /// (see `Layout::moves`).
+    pub(crate) fn moves(&self, config: &Config) -> Vec<(Arc<str>, String)> {
+        let routes: Vec<(String, String)> = config
+            .routes
+            .iter()
+            .map(|r| (r.prefix.clone(), r.pool.clone()))
+            .collect();
+        self.layout.load().moves(&config.default_pool, &routes)
+    }
+
+    /// Flushes every server of the running pool `name`, if it runs, then
+    /// every server `config` gives it that it does not have yet.
     ///
     /// # Errors
     /// A server that could not be flushed, named.
-    pub(crate) fn flush_pool(&self, name: &str) -> Result<(), String> {
-        let publisher = self
+    pub(crate) fn flush_for(&self, name: &str, config: &Config) -> Result<(), String> {
+        let running = self
             .publisher(name)
-            .ok_or_else(|| format!("no pool {name}"))?;
-        let config = publisher.shared().load().config.clone();
-        crate::newcomers::flush_every_server(&config)
+            .map(|p| p.shared().load().config.clone());
+        if let Some(running) = &running {
+            crate::newcomers::flush_every_server(running)?;
+        }
+        let wanted = config.pool_list().into_iter().find(|p| p.name == name);
+        if let Some(pool) = wanted {
+            let mut newcomers = (*pool.config).clone();
+            newcomers.servers.retain(|server| {
+                !running
+                    .as_ref()
+                    .is_some_and(|r| r.servers.iter().any(|s| s.addr == server.addr))
+            });
+            crate::newcomers::flush_every_server(&newcomers)?;
+        }
+        Ok(())
     }
 
     /// Gives every pool of `config` its settings: pools that exist apply

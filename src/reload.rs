@@ -190,29 +190,46 @@ impl Reloader {
             .into_iter()
             .filter(|p| !p.complete())
             .collect();
-        let mut lost_when_flushed = Vec::with_capacity(promoted.len());
-        for promotion in &promoted {
-            let lost = promotion.lost_writes();
-            if let Err(e) = self.pools.flush_pool(&promotion.shadow) {
+        let lost_when_flushed: Vec<u64> = promoted.iter().map(|p| p.lost_writes()).collect();
+        // (pool, why it is flushed)
+        let mut flushes: Vec<(String, String)> = promoted
+            .iter()
+            .zip(&lost_when_flushed)
+            .map(|(promotion, &lost)| {
+                let why = format!(
+                    "serves keys of pool {} from now on and lacks writes as its shadow ({})",
+                    promotion.primary,
+                    promotion_losses(promotion, lost),
+                );
+                (promotion.shadow.to_string(), why)
+            })
+            .collect();
+        // Keys that change pool (a route added or removed, `default_pool`
+        // changed) may find older values of theirs in the pool they go to,
+        // left from when it served them before: it is flushed first too,
+        // unless it is the complete shadow of the pool they leave.
+        let complete = self.pools.promotions(&config);
+        for (from, to) in self.pools.moves(&config) {
+            let shadowed = complete
+                .iter()
+                .any(|p| *p.primary == *from && *p.shadow == to && p.complete());
+            if !shadowed && !flushes.iter().any(|(pool, _)| *pool == to) {
+                let why = format!(
+                    "takes keys of pool {from} from now on, and may hold older values of them from before"
+                );
+                flushes.push((to, why));
+            }
+        }
+        for (pool, why) in &flushes {
+            if let Err(e) = self.pools.flush_for(pool, &config) {
                 // Tried again on the next event, as for a shortage.
                 self.last_seen = None;
                 return Err(ConfigError::Refused {
                     path: shown,
-                    message: format!(
-                        "pool {} would serve keys of pool {}, whose writes it lacks as its shadow ({}), and could not be flushed first: {e}",
-                        promotion.shadow,
-                        promotion.primary,
-                        promotion_losses(promotion, lost),
-                    ),
+                    message: format!("pool {pool} {why}, and could not be flushed first: {e}"),
                 });
             }
-            tracing::warn!(
-                "pool {}: serves keys of pool {} from now on and lacks writes as its shadow ({}): flushed first, so it holds no older value",
-                promotion.shadow,
-                promotion.primary,
-                promotion_losses(promotion, lost),
-            );
-            lost_when_flushed.push(lost);
+            tracing::warn!("pool {pool}: {why}: flushed first, so it holds no older value");
         }
         // Unchanged servers keep their backends and open connections.
         let limit_before = self.pools.default_publisher().client_limit();
@@ -231,7 +248,7 @@ impl Reloader {
         for (promotion, lost) in promoted.iter().zip(lost_when_flushed) {
             // A copy shed between the flush and the swap: flushed again.
             if promotion.lost_writes() != lost {
-                let flushed = self.pools.flush_pool(&promotion.shadow);
+                let flushed = self.pools.flush_for(&promotion.shadow, &config);
                 tracing::warn!(
                     "pool {}: lost more writes of pool {} while it was switched: flushed again ({flushed:?})",
                     promotion.shadow,

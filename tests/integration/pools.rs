@@ -687,3 +687,86 @@ fn flush_all_on_the_main_listener_flushes_every_routed_pool_and_its_gutter() {
     assert_eq!(client.set("after", b"1"), b"STORED\r\n");
     assert_eq!(held_by(&[&d1], &others), [0]);
 }
+
+/// Writes `text` over `path` in one rename, as an editor or a deploy does.
+fn rewrite(path: &std::path::Path, text: &str) {
+    let temporary = path.with_extension("tmp");
+    std::fs::write(&temporary, text).unwrap();
+    std::fs::rename(&temporary, path).unwrap();
+}
+
+#[test]
+fn keys_that_change_pool_and_come_back_never_read_an_overwritten_value() {
+    let (d1, c1) = (Memcached::start(), Memcached::start());
+    let dir = TempDir::new("pools", "moves");
+    let path = dir.path("memring.toml");
+    let text = |top: &str, routes: &str| {
+        format!(
+            "listen = \"127.0.0.1:0\"\n{top}\n[[servers]]\naddr = \"{}\"\n\n\
+             [[pools]]\nname = \"carts\"\n[[pools.servers]]\naddr = \"{}\"\n\n{routes}",
+            d1.addr(),
+            c1.addr()
+        )
+    };
+    let route = "[[routes]]\nprefix = \"cart:\"\npool = \"carts\"\n";
+    std::fs::write(&path, text("", "")).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let stats = proxy.running().stats.clone();
+    let reload = |text: String| {
+        let applied = stats.reload_count(true);
+        rewrite(&path, &text);
+        wait_for("the reload", || stats.reload_count(true) > applied);
+    };
+    let mut client = proxy.client();
+    let carts = keys_with("cart:", 300);
+    let others = keys_with("user:", 300);
+    for key in carts.iter().chain(&others) {
+        assert_eq!(client.set(key, b"v1"), b"STORED\r\n");
+    }
+    let older = |client: &mut Client, keys: &[String]| {
+        keys.iter()
+            .filter(|k| client.get(k).as_deref() == Some(&b"v1"[..]))
+            .count()
+    };
+
+    // A route added, v2 written to its pool, the route removed.
+    reload(text("", route));
+    for key in &carts {
+        assert_eq!(client.set(key, b"v2"), b"STORED\r\n");
+    }
+    assert_eq!(held_by(&[&c1], &carts), [300]);
+    reload(text("", ""));
+    assert_eq!(
+        older(&mut client, &carts),
+        0,
+        "cart: keys back in the default pool"
+    );
+
+    // The default pool switched to carts and back.
+    reload(text("default_pool = \"carts\"", ""));
+    for key in &others {
+        assert_eq!(client.set(key, b"v2"), b"STORED\r\n");
+    }
+    reload(text("", ""));
+    assert_eq!(
+        older(&mut client, &others),
+        0,
+        "user: keys back in the default pool"
+    );
+
+    // And the route added again: carts held the cart: keys' v2 from
+    // before, older than the v3 written since.
+    for key in &carts {
+        assert_eq!(client.set(key, b"v3"), b"STORED\r\n");
+    }
+    reload(text("", route));
+    let v2 = carts
+        .iter()
+        .filter(|k| client.get(k).as_deref() == Some(&b"v2"[..]))
+        .count();
+    assert_eq!(v2, 0, "cart: keys back in pool carts");
+}
+
+fn keys_with(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i}")).collect()
+}

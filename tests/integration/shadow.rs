@@ -669,3 +669,56 @@ fn a_switch_to_a_shadow_that_lost_writes_and_cannot_be_flushed_is_refused() {
     assert_eq!(primary.client().get("after").as_deref(), Some(&b"a"[..]));
     assert_eq!(client.get("k"), None);
 }
+
+#[test]
+fn a_switch_to_a_shadow_that_got_every_write_keeps_it_warm_both_ways() {
+    let primary = Memcached::start();
+    let candidate = Memcached::start();
+    let dir = TempDir::new("shadow", "clean");
+    let path = dir.path("memring.toml");
+    let grading = config(&[&primary], &[&candidate], "", Some("1.0"), "", "");
+    let switched = config(
+        &[&primary],
+        &[&candidate],
+        "default_pool = \"candidate\"",
+        None,
+        "[pools.shadow]\npool = \"default\"\nfraction = 1.0",
+        "",
+    );
+    std::fs::write(&path, &grading).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let stats = proxy.running().stats.clone();
+    let switch = |text: &str| {
+        let applied = stats.reload_count(true);
+        replace_by_rename(&path, text);
+        wait_for("the switch", || stats.reload_count(true) > applied);
+    };
+    let mut client = proxy.client();
+    let keys = keys("warm:", 200);
+    for key in &keys {
+        assert_eq!(client.set(key, b"v1"), b"STORED\r\n");
+    }
+    wait_for("the shadow to hold every key", || {
+        held_by(&[&candidate], &keys)[0] == 200
+    });
+    switch(&switched);
+    assert!(
+        keys.iter()
+            .all(|k| client.get(k).as_deref() == Some(&b"v1"[..])),
+        "not flushed"
+    );
+    for key in &keys {
+        assert_eq!(client.set(key, b"v2"), b"STORED\r\n");
+    }
+    wait_for("the old pool, now the shadow, to hold every v2", || {
+        let mut direct = primary.client();
+        keys.iter()
+            .all(|k| direct.get(k).as_deref() == Some(&b"v2"[..]))
+    });
+    switch(&grading);
+    assert!(
+        keys.iter()
+            .all(|k| client.get(k).as_deref() == Some(&b"v2"[..])),
+        "back, warm"
+    );
+}
