@@ -371,12 +371,7 @@ impl Layout {
         default: &str,
         routes: &[(String, String)],
     ) -> Vec<(Arc<str>, String)> {
-        let after = |key: &[u8]| {
-            routes
-                .iter()
-                .find(|(prefix, _)| key.starts_with(prefix.as_bytes()))
-                .map_or(default, |(_, pool)| pool.as_str())
-        };
+        let after = |key: &[u8]| routed_to(key, default, routes);
         let keys = std::iter::once(&[][..])
             .chain(self.routes.iter().map(|(prefix, _)| &**prefix))
             .chain(routes.iter().map(|(prefix, _)| prefix.as_bytes()));
@@ -388,6 +383,22 @@ impl Layout {
             }
         }
         moves
+    }
+
+    /// Whether `key` is one the routing with default pool `default` and
+    /// `routes` (as for [`Layout::moves`]) sends to pool `to` while this
+    /// layout sends it to another pool, other than those in `exempt`: a
+    /// moved key `to` may hold an older value of.
+    pub(crate) fn moves_into(
+        &self,
+        key: &[u8],
+        default: &str,
+        routes: &[(String, String)],
+        to: &str,
+        exempt: &[Arc<str>],
+    ) -> bool {
+        let from = &self.pools[self.pool_of(key)].name;
+        routed_to(key, default, routes) == to && **from != *to && !exempt.contains(from)
     }
 
     /// Whether any pool has a shadow.
@@ -407,6 +418,15 @@ impl Layout {
     pub fn default_name(&self) -> &str {
         &self.pools[self.default].name
     }
+}
+
+/// The pool a routing with default pool `default` and `routes` (prefix,
+/// pool name; the first match wins) sends `key` to.
+fn routed_to<'r>(key: &[u8], default: &'r str, routes: &'r [(String, String)]) -> &'r str {
+    routes
+        .iter()
+        .find(|(prefix, _)| key.starts_with(prefix.as_bytes()))
+        .map_or(default, |(_, pool)| pool.as_str())
 }
 
 #[cfg(test)]
@@ -583,6 +603,28 @@ mod tests {
         let swapped = nested.moves("a", &routes(&[("b:1", "c"), ("b:", "b")]));
         assert_eq!(swapped.len(), 1);
         assert_eq!((&*swapped[0].0, swapped[0].1.as_str()), ("b", "c"));
+    }
+
+    #[test]
+    fn only_keys_that_another_pool_served_move_into_a_pool() {
+        let layout = layout(&[("b:", "b"), ("c:", "c")], "a");
+        let routes = vec![("c:".to_string(), "c".to_string())];
+        let none: &[Arc<str>] = &[];
+        // The `b:` route removed: its keys move into a, a's own keys stay.
+        assert!(layout.moves_into(b"b:1", "a", &routes, "a", none));
+        assert!(!layout.moves_into(b"user:1", "a", &routes, "a", none));
+        assert!(!layout.moves_into(b"c:1", "a", &routes, "a", none));
+        assert!(!layout.moves_into(b"b:1", "a", &routes, "c", none));
+        // Nothing for keys of a pool it is the complete shadow of.
+        assert!(!layout.moves_into(b"b:1", "a", &routes, "a", &["b".into()]));
+        // default_pool switched to c: keys matching no route move into c.
+        let all = vec![
+            ("b:".to_string(), "b".to_string()),
+            ("c:".to_string(), "c".to_string()),
+        ];
+        assert!(layout.moves_into(b"user:1", "c", &all, "c", none));
+        assert!(!layout.moves_into(b"c:1", "c", &all, "c", none));
+        assert!(!layout.moves_into(b"b:1", "c", &all, "c", none));
     }
 
     #[test]

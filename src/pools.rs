@@ -139,6 +139,47 @@ impl Pools {
         self.layout.load().moves(&config.default_pool, &routes)
     }
 
+    /// Before `config`'s routing takes over: deletes from every server of
+    /// the running pool `to` the keys it takes from another pool (other
+    /// than those in `exempt`), one `lru_crawler metadump` of each server
+    /// (see `sweep::delete_moved`), and flushes the servers `config` gives
+    /// it that it does not have yet (they serve nothing so far). Blocking:
+    /// reloads run off the request path. Returns the keys deleted.
+    ///
+    /// # Errors
+    /// A server that could not be swept or flushed, named.
+    pub(crate) fn delete_moved_into(
+        &self,
+        to: &str,
+        config: &Config,
+        exempt: &[Arc<str>],
+    ) -> Result<u64, String> {
+        let routes: Vec<(String, String)> = config
+            .routes
+            .iter()
+            .map(|r| (r.prefix.clone(), r.pool.clone()))
+            .collect();
+        let layout = self.layout.load_full();
+        let running = self.publisher(to).map(|p| p.shared().load_full());
+        let mut deleted = 0;
+        if let Some(topology) = &running {
+            let moved =
+                |key: &[u8]| layout.moves_into(key, &config.default_pool, &routes, to, exempt);
+            deleted = crate::resolve::block_on(|| crate::sweep::delete_moved(topology, &moved))?;
+        }
+        let wanted = config.pool_list().into_iter().find(|p| p.name == to);
+        if let Some(pool) = wanted {
+            let mut newcomers = (*pool.config).clone();
+            newcomers.servers.retain(|server| {
+                !running
+                    .as_ref()
+                    .is_some_and(|r| r.config.servers.iter().any(|s| s.addr == server.addr))
+            });
+            crate::newcomers::flush_every_server(&newcomers)?;
+        }
+        Ok(deleted)
+    }
+
     /// Flushes every server of the running pool `name`, if it runs, then
     /// every server `config` gives it that it does not have yet.
     ///

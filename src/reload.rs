@@ -192,7 +192,7 @@ impl Reloader {
             .collect();
         let lost_when_flushed: Vec<u64> = promoted.iter().map(|p| p.lost_writes()).collect();
         // (pool, why it is flushed)
-        let mut flushes: Vec<(String, String)> = promoted
+        let flushes: Vec<(String, String)> = promoted
             .iter()
             .zip(&lost_when_flushed)
             .map(|(promotion, &lost)| {
@@ -206,18 +206,34 @@ impl Reloader {
             .collect();
         // Keys that change pool (a route added or removed, `default_pool`
         // changed) may find older values of theirs in the pool they go to,
-        // left from when it served them before: it is flushed first too,
-        // unless it is the complete shadow of the pool they leave.
+        // left from when it served them before: they are deleted from it
+        // first (its other keys keep their values), unless it is the
+        // complete shadow of the pool they leave, or flushed above.
         let complete = self.pools.promotions(&config);
+        let mut entering: Vec<Entering> = Vec::new();
         for (from, to) in self.pools.moves(&config) {
+            if flushes.iter().any(|(pool, _)| *pool == to) {
+                continue;
+            }
             let shadowed = complete
                 .iter()
                 .any(|p| *p.primary == *from && *p.shadow == to && p.complete());
-            if !shadowed && !flushes.iter().any(|(pool, _)| *pool == to) {
-                let why = format!(
-                    "takes keys of pool {from} from now on, and may hold older values of them from before"
-                );
-                flushes.push((to, why));
+            let at = match entering.iter().position(|e| e.pool == to) {
+                Some(at) => at,
+                None => {
+                    entering.push(Entering {
+                        pool: to,
+                        taken: Vec::new(),
+                        exempt: Vec::new(),
+                    });
+                    entering.len() - 1
+                }
+            };
+            let entry = &mut entering[at];
+            if shadowed {
+                entry.exempt.push(from);
+            } else {
+                entry.taken.push(from);
             }
         }
         for (pool, why) in &flushes {
@@ -230,6 +246,28 @@ impl Reloader {
                 });
             }
             tracing::warn!("pool {pool}: {why}: flushed first, so it holds no older value");
+        }
+        for Entering {
+            pool,
+            taken,
+            exempt,
+        } in entering.iter().filter(|e| !e.taken.is_empty())
+        {
+            let from = taken.join(", pool ");
+            match self.pools.delete_moved_into(pool, &config, exempt) {
+                Ok(deleted) => tracing::warn!(
+                    "pool {pool}: takes keys of pool {from} from now on, and may hold older values of them from before: deleted {deleted} of them first, so it holds no older value"
+                ),
+                Err(e) => {
+                    self.last_seen = None;
+                    return Err(ConfigError::Refused {
+                        path: shown,
+                        message: format!(
+                            "pool {pool} takes keys of pool {from} from now on, and may hold older values of them from before; they could not be deleted first (lru_crawler metadump, memcached 1.4.31 and later): {e}"
+                        ),
+                    });
+                }
+            }
         }
         // Unchanged servers keep their backends and open connections.
         let limit_before = self.pools.default_publisher().client_limit();
@@ -812,6 +850,16 @@ impl Watch {
             }
         }
     }
+}
+
+/// A pool a reload sends keys to from other pools.
+struct Entering {
+    pool: String,
+    /// The pools it takes keys from, whose keys it may hold older values of.
+    taken: Vec<Arc<str>>,
+    /// The pools it takes keys from as their complete shadow: it holds
+    /// their current values already.
+    exempt: Vec<Arc<str>>,
 }
 
 /// Starts watching `reloader`'s file until `shutdown`, and reloads on SIGHUP.

@@ -770,3 +770,135 @@ fn keys_that_change_pool_and_come_back_never_read_an_overwritten_value() {
 fn keys_with(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}{i}")).collect()
 }
+
+/// The keys a reload moves into a pool are deleted from it, and only them:
+/// the keys that stay in their pool keep their values when a route is
+/// removed or added, and when `default_pool` switches and back (a flush of
+/// the pool that takes keys would empty it).
+#[test]
+fn keys_that_stay_in_their_pool_keep_their_values_when_keys_move_in() {
+    let (d1, c1) = (Memcached::start(), Memcached::start());
+    let dir = TempDir::new("pools", "stay");
+    let path = dir.path("memring.toml");
+    // `sess:` stays in the default pool and `bag:` in carts throughout.
+    let text = |top: &str, cart: bool| {
+        let cart = if cart {
+            "[[routes]]\nprefix = \"cart:\"\npool = \"carts\"\n"
+        } else {
+            ""
+        };
+        format!(
+            "listen = \"127.0.0.1:0\"\n{top}\n[[servers]]\naddr = \"{}\"\n\n\
+             [[pools]]\nname = \"carts\"\n[[pools.servers]]\naddr = \"{}\"\n\n\
+             [[routes]]\nprefix = \"sess:\"\npool = \"default\"\n\
+             [[routes]]\nprefix = \"bag:\"\npool = \"carts\"\n{cart}",
+            d1.addr(),
+            c1.addr()
+        )
+    };
+    std::fs::write(&path, text("", true)).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let stats = proxy.running().stats.clone();
+    let reload = |text: String| {
+        let applied = stats.reload_count(true);
+        rewrite(&path, &text);
+        wait_for("the reload", || stats.reload_count(true) > applied);
+    };
+    let mut client = proxy.client();
+    let (sessions, bags) = (keys_with("sess:", 300), keys_with("bag:", 300));
+    let (carts, users) = (keys_with("cart:", 300), keys_with("user:", 300));
+    for key in sessions.iter().chain(&bags).chain(&carts).chain(&users) {
+        assert_eq!(client.set(key, b"v1"), b"STORED\r\n");
+    }
+    assert_eq!(held_by(&[&d1, &c1], &sessions), [300, 0]);
+    assert_eq!(held_by(&[&d1, &c1], &bags), [0, 300]);
+    let hits = |client: &mut Client, keys: &[String]| {
+        keys.iter()
+            .filter(|k| client.get(k).as_deref() == Some(&b"v1"[..]))
+            .count()
+    };
+
+    // The `cart:` route removed: its keys go back to the default pool,
+    // whose own keys stay.
+    reload(text("", false));
+    assert_eq!(hits(&mut client, &sessions), 300, "sess: after the removal");
+    assert_eq!(hits(&mut client, &users), 300, "user: after the removal");
+    assert_eq!(hits(&mut client, &bags), 300, "bag: after the removal");
+    // Written in the default pool now, so that carts's copies are older.
+    for key in &carts {
+        assert_eq!(client.set(key, b"v2"), b"STORED\r\n");
+    }
+
+    // Added again: carts keeps its `bag:` keys and loses only the moved
+    // `cart:` keys, whose values there are older than the v2 written since.
+    reload(text("", true));
+    assert_eq!(hits(&mut client, &bags), 300, "bag: after the addition");
+    assert_eq!(
+        held_by(&[&c1], &carts),
+        [0],
+        "moved keys deleted from carts"
+    );
+    assert_eq!(
+        hits(&mut client, &sessions),
+        300,
+        "sess: after the addition"
+    );
+
+    // default_pool switched to carts and back: the keys that stay keep
+    // their values both times.
+    reload(text("default_pool = \"carts\"", true));
+    assert_eq!(hits(&mut client, &bags), 300, "bag: after the switch");
+    assert_eq!(hits(&mut client, &sessions), 300, "sess: after the switch");
+    assert_eq!(
+        held_by(&[&c1], &users),
+        [0],
+        "moved keys deleted from carts"
+    );
+    reload(text("", true));
+    assert_eq!(
+        hits(&mut client, &sessions),
+        300,
+        "sess: after the switch back"
+    );
+    assert_eq!(hits(&mut client, &bags), 300, "bag: after the switch back");
+}
+
+/// A pool that is to take keys from another but whose server does not list
+/// its keys (started without the LRU crawler, as memcached before 1.4.31
+/// has none) refuses the reload: the routes in force stay, and nothing is
+/// flushed.
+#[test]
+fn keys_cannot_move_into_a_pool_whose_server_does_not_list_its_keys() {
+    let d1 = Memcached::start_with(&["-o", "no_lru_crawler"]);
+    let c1 = Memcached::start();
+    let dir = TempDir::new("pools", "unlisted");
+    let path = dir.path("memring.toml");
+    let text = |routes: &str| {
+        format!(
+            "listen = \"127.0.0.1:0\"\n[[servers]]\naddr = \"{}\"\n\n\
+             [[pools]]\nname = \"carts\"\n[[pools.servers]]\naddr = \"{}\"\n\n{routes}",
+            d1.addr(),
+            c1.addr()
+        )
+    };
+    let route = "[[routes]]\nprefix = \"cart:\"\npool = \"carts\"\n";
+    std::fs::write(&path, text(route)).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let stats = proxy.running().stats.clone();
+    let mut client = proxy.client();
+    let (carts, users) = (keys_with("cart:", 50), keys_with("user:", 50));
+    for key in carts.iter().chain(&users) {
+        assert_eq!(client.set(key, b"v1"), b"STORED\r\n");
+    }
+    let refused = stats.reload_count(false);
+    rewrite(&path, &text(""));
+    wait_for("the reload to be refused", || {
+        stats.reload_count(false) > refused
+    });
+    assert_eq!(stats.reload_count(true), 0);
+    // The route still holds, and the default pool was not flushed.
+    assert_eq!(held_by(&[&d1, &c1], &users), [50, 0]);
+    assert_eq!(client.set(&carts[0], b"v2"), b"STORED\r\n");
+    assert_eq!(c1.client().get(&carts[0]).as_deref(), Some(&b"v2"[..]));
+    assert_eq!(held_by(&[&d1], &carts), [0]);
+}
