@@ -111,6 +111,9 @@ pub enum ConfigError {
     /// `[discovery]` names records that list no server (for a new file).
     #[error("{path}: [discovery] {message}")]
     Discovery { path: String, message: String },
+    /// A valid file that cannot be applied safely now; nothing changed.
+    #[error("{path}: {message}")]
+    Refused { path: String, message: String },
     #[error("{path}:{line}:{column}: {message}")]
     Invalid {
         path: String,

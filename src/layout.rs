@@ -27,6 +27,31 @@ pub struct ShadowLink {
     pub counters: Arc<crate::stats::ShadowCounters>,
 }
 
+/// A shadow pool that a new layout makes serve keys it did not serve: the
+/// new default pool, or the pool of a new route (see
+/// [`Layout::promotions`]).
+#[derive(Debug)]
+pub(crate) struct Promotion {
+    pub(crate) shadow: Arc<str>,
+    pub(crate) primary: Arc<str>,
+    pub(crate) fraction: f64,
+    pub(crate) counters: Arc<crate::stats::ShadowCounters>,
+}
+
+impl Promotion {
+    /// Writes of its primary the shadow lacks so far.
+    pub(crate) fn lost_writes(&self) -> u64 {
+        self.counters.figures().lost_writes
+    }
+
+    /// Whether the shadow got every write of its primary's keys: none lost
+    /// and every key sampled. Only then can it hold no value older than
+    /// the primary's.
+    pub(crate) fn complete(&self) -> bool {
+        self.lost_writes() == 0 && self.fraction >= 1.0
+    }
+}
+
 /// The routing table between pools.
 #[derive(Debug)]
 pub struct Layout {
@@ -214,6 +239,27 @@ impl Layout {
         runs
     }
 
+    /// The pools a `flush_all` reaches for a client bound to pool `bound`
+    /// (of a pool's own listener) or routed (`None`): every pool a key of
+    /// that client can be read from, so the bound pool or the default pool
+    /// and every route's pool, each followed by its gutter; each once, in
+    /// that order.
+    pub(crate) fn reachable(&self, bound: Option<usize>) -> smallvec::SmallVec<[usize; 4]> {
+        let mut pools = smallvec::SmallVec::<[usize; 4]>::new();
+        let first = bound.unwrap_or(self.default);
+        let routed = self.routes.iter().map(|&(_, pool)| pool);
+        let served = std::iter::once(first).chain(routed.filter(|_| bound.is_none()));
+        for pool in served {
+            let gutter = self.gutters.get(pool).copied().flatten();
+            for pool in std::iter::once(pool).chain(gutter) {
+                if !pools.contains(&pool) {
+                    pools.push(pool);
+                }
+            }
+        }
+        pools
+    }
+
     /// One pool, every key to it.
     pub fn single(name: &str, topology: SharedTopology) -> Layout {
         Layout::new(
@@ -283,6 +329,78 @@ impl Layout {
         self.shadows.get(pool)?.as_ref()
     }
 
+    /// The shadows of this layout that a layout whose default pool is
+    /// `default` and whose routes are `routes` (prefix, pool name) makes
+    /// serve keys they do not serve now: it is the new default pool, or the
+    /// pool of a route this layout does not have.
+    pub(crate) fn promotions(&self, default: &str, routes: &[(String, String)]) -> Vec<Promotion> {
+        let name = |pool: usize| &*self.pools[pool].name;
+        let serves_new_keys = |shadow: &str| {
+            (default == shadow && self.default_name() != shadow)
+                || routes.iter().any(|(prefix, pool)| {
+                    pool == shadow
+                        && !self
+                            .routes
+                            .iter()
+                            .any(|(p, at)| **p == *prefix.as_bytes() && name(*at) == shadow)
+                })
+        };
+        (0..self.pools.len())
+            .filter_map(|primary| {
+                let link = self.shadow_of(primary)?;
+                let shadow = &self.pools[link.pool].name;
+                serves_new_keys(shadow).then(|| Promotion {
+                    shadow: shadow.clone(),
+                    primary: self.pools[primary].name.clone(),
+                    fraction: link.sampler.fraction(),
+                    counters: link.counters.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// The pools keys move between when this layout's routing gives way to
+    /// one whose default pool is `default` and whose routes are `routes`
+    /// (prefix, pool name): each (pool before, pool after) once, by name.
+    /// Which pool a key goes to depends only on which route prefixes it
+    /// starts with, and those are the prefixes its longest matching prefix
+    /// starts with; so the empty key and each prefix of either routing
+    /// stand for every key.
+    pub(crate) fn moves(
+        &self,
+        default: &str,
+        routes: &[(String, String)],
+    ) -> Vec<(Arc<str>, String)> {
+        let after = |key: &[u8]| routed_to(key, default, routes);
+        let keys = std::iter::once(&[][..])
+            .chain(self.routes.iter().map(|(prefix, _)| &**prefix))
+            .chain(routes.iter().map(|(prefix, _)| prefix.as_bytes()));
+        let mut moves: Vec<(Arc<str>, String)> = Vec::new();
+        for key in keys {
+            let (from, to) = (&self.pools[self.pool_of(key)].name, after(key));
+            if **from != *to && !moves.iter().any(|(f, t)| f == from && t == to) {
+                moves.push((from.clone(), to.to_string()));
+            }
+        }
+        moves
+    }
+
+    /// Whether `key` is one the routing with default pool `default` and
+    /// `routes` (as for [`Layout::moves`]) sends to pool `to` while this
+    /// layout sends it to another pool, other than those in `exempt`: a
+    /// moved key `to` may hold an older value of.
+    pub(crate) fn moves_into(
+        &self,
+        key: &[u8],
+        default: &str,
+        routes: &[(String, String)],
+        to: &str,
+        exempt: &[Arc<str>],
+    ) -> bool {
+        let from = &self.pools[self.pool_of(key)].name;
+        routed_to(key, default, routes) == to && **from != *to && !exempt.contains(from)
+    }
+
     /// Whether any pool has a shadow.
     #[inline]
     pub fn shadowed(&self) -> bool {
@@ -300,6 +418,15 @@ impl Layout {
     pub fn default_name(&self) -> &str {
         &self.pools[self.default].name
     }
+}
+
+/// The pool a routing with default pool `default` and `routes` (prefix,
+/// pool name; the first match wins) sends `key` to.
+fn routed_to<'r>(key: &[u8], default: &'r str, routes: &'r [(String, String)]) -> &'r str {
+    routes
+        .iter()
+        .find(|(prefix, _)| key.starts_with(prefix.as_bytes()))
+        .map_or(default, |(_, pool)| pool.as_str())
 }
 
 #[cfg(test)]
@@ -380,6 +507,124 @@ mod tests {
         assert_eq!(layout.pool_of(b"sess"), 2, "a key shorter than the prefix");
         assert!(layout.routed());
         assert_eq!(layout.default_name(), "c");
+    }
+
+    #[test]
+    fn flush_all_reaches_every_pool_a_client_can_read_and_their_gutters() {
+        let layout = layout(&[("b:", "b"), ("b2:", "b")], "a")
+            .with_failovers(&[("b".to_string(), "c".to_string())]);
+        assert_eq!(layout.reachable(None).to_vec(), vec![0, 1, 2]);
+        assert_eq!(layout.reachable(Some(1)).to_vec(), vec![1, 2], "bound to b");
+        assert_eq!(layout.reachable(Some(0)).to_vec(), vec![0], "bound to a");
+        let unrouted = Layout::new(layout.pools().to_vec(), &[], "b");
+        assert_eq!(unrouted.reachable(None).to_vec(), vec![1]);
+    }
+
+    #[test]
+    fn a_shadow_is_promoted_when_it_becomes_the_default_pool_or_gets_a_new_route() {
+        let stats = crate::stats::Stats::new();
+        let layout = layout(&[("b:", "b")], "a").with_shadows([
+            (
+                "a".to_string(),
+                "c".to_string(),
+                1.0,
+                stats.shadow_counters("a", "c"),
+            ),
+            (
+                "b".to_string(),
+                "a".to_string(),
+                0.5,
+                stats.shadow_counters("b", "a"),
+            ),
+        ]);
+        let routes = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+            list.iter()
+                .map(|(p, n)| (p.to_string(), n.to_string()))
+                .collect()
+        };
+        let names = |promotions: Vec<Promotion>| -> Vec<(String, String)> {
+            promotions
+                .iter()
+                .map(|p| (p.shadow.to_string(), p.primary.to_string()))
+                .collect()
+        };
+        assert!(layout.promotions("a", &routes(&[("b:", "b")])).is_empty());
+        assert_eq!(
+            names(layout.promotions("c", &routes(&[("b:", "b")]))),
+            [("c".to_string(), "a".to_string())]
+        );
+        // `a` is b's shadow and already the default: a new route to it is
+        // a promotion, its old ones are not.
+        assert_eq!(
+            names(layout.promotions("a", &routes(&[("b:", "b"), ("x:", "a")]))),
+            [("a".to_string(), "b".to_string())]
+        );
+        let promotions = layout.promotions("c", &routes(&[("b:", "c")]));
+        assert_eq!(promotions.len(), 1);
+        assert!(promotions[0].complete(), "nothing lost, every key sampled");
+        promotions[0].counters.lost_write();
+        assert!(!promotions[0].complete());
+        let half = layout.promotions("a", &routes(&[("x:", "a")]));
+        assert!(!half[0].complete(), "half the keys were never copied");
+    }
+
+    #[test]
+    fn the_pools_keys_move_between_are_found_for_every_routing_change() {
+        let layout = layout(&[("b:", "b"), ("c:", "c")], "a");
+        let routes = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+            list.iter()
+                .map(|(p, n)| (p.to_string(), n.to_string()))
+                .collect()
+        };
+        let moves = |default: &str, list: &[(&str, &str)]| -> Vec<(String, String)> {
+            layout
+                .moves(default, &routes(list))
+                .into_iter()
+                .map(|(from, to)| (from.to_string(), to))
+                .collect()
+        };
+        let pair = |from: &str, to: &str| (from.to_string(), to.to_string());
+        assert!(moves("a", &[("b:", "b"), ("c:", "c")]).is_empty());
+        // A route removed: its keys go back to the default pool.
+        assert_eq!(moves("a", &[("c:", "c")]), [pair("b", "a")]);
+        // A route added, also one longer than an existing one.
+        assert_eq!(
+            moves("a", &[("b:x", "c"), ("b:", "b"), ("c:", "c"), ("d:", "b")]),
+            [pair("b", "c"), pair("a", "b")]
+        );
+        // The default pool changed: keys matching no route move.
+        assert_eq!(moves("c", &[("b:", "b"), ("c:", "c")]), [pair("a", "c")]);
+        // Routes reordered so that another one wins.
+        let nested = super::Layout::new(
+            layout.pools().to_vec(),
+            &routes(&[("b:", "b"), ("b:1", "c")]),
+            "a",
+        );
+        let swapped = nested.moves("a", &routes(&[("b:1", "c"), ("b:", "b")]));
+        assert_eq!(swapped.len(), 1);
+        assert_eq!((&*swapped[0].0, swapped[0].1.as_str()), ("b", "c"));
+    }
+
+    #[test]
+    fn only_keys_that_another_pool_served_move_into_a_pool() {
+        let layout = layout(&[("b:", "b"), ("c:", "c")], "a");
+        let routes = vec![("c:".to_string(), "c".to_string())];
+        let none: &[Arc<str>] = &[];
+        // The `b:` route removed: its keys move into a, a's own keys stay.
+        assert!(layout.moves_into(b"b:1", "a", &routes, "a", none));
+        assert!(!layout.moves_into(b"user:1", "a", &routes, "a", none));
+        assert!(!layout.moves_into(b"c:1", "a", &routes, "a", none));
+        assert!(!layout.moves_into(b"b:1", "a", &routes, "c", none));
+        // Nothing for keys of a pool it is the complete shadow of.
+        assert!(!layout.moves_into(b"b:1", "a", &routes, "a", &["b".into()]));
+        // default_pool switched to c: keys matching no route move into c.
+        let all = vec![
+            ("b:".to_string(), "b".to_string()),
+            ("c:".to_string(), "c".to_string()),
+        ];
+        assert!(layout.moves_into(b"user:1", "c", &all, "c", none));
+        assert!(!layout.moves_into(b"c:1", "c", &all, "c", none));
+        assert!(!layout.moves_into(b"b:1", "c", &all, "c", none));
     }
 
     #[test]

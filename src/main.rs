@@ -764,14 +764,18 @@ fn print_pools_plan(old_config: &Config, new_config: &Config) {
         let (from, to) = (pool_of(old_config, prefix), pool_of(new_config, prefix));
         if from != to {
             println!(
-                "route `{prefix}`: keys move from pool {from} to pool {to} (not handed off: each misses once)"
+                "route `{prefix}`: keys move from pool {from} to pool {to} (not handed off: their copies in pool {to} are deleted first, unless {to} is {from}'s complete shadow)"
             );
         }
     }
     if old_config.default_pool != new_config.default_pool {
         println!(
-            "default_pool: keys that match no route move from pool {} to pool {} (not handed off)",
-            old_config.default_pool, new_config.default_pool
+            "default_pool: keys that match no route move from pool {} to pool {} (not handed off: their copies in pool {} are deleted first, unless {} is {}'s complete shadow)",
+            old_config.default_pool,
+            new_config.default_pool,
+            new_config.default_pool,
+            new_config.default_pool,
+            old_config.default_pool
         );
     }
 }

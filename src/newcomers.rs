@@ -37,6 +37,31 @@ pub(crate) fn flush_newcomers(topology: &crate::topology::Topology, config: &Con
     }
 }
 
+/// Flushes every server of `config`'s pool, each over a connection of its
+/// own; the failures, named, in one message. For a shadow pool that is to
+/// serve keys after losing some of their writes (see `reload.rs`).
+pub(crate) fn flush_every_server(config: &Config) -> Result<(), String> {
+    let timeout = config.connect_timeout + config.request_timeout;
+    let failed: Vec<String> = config
+        .servers
+        .iter()
+        .filter_map(|server| {
+            let flushed = match (&config.backend_tls, server.tls) {
+                (Some(files), true) => {
+                    flush_tls(files, &server.addr, config.discovery.dns, timeout)
+                }
+                _ => flush_now(&server.addr, config.discovery.dns, timeout),
+            };
+            flushed.err().map(|e| format!("{}: {e}", server.name))
+        })
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed.join("; "))
+    }
+}
+
 /// [`flush_now`] for a server with `tls = true`, over a TLS connection of
 /// its own (verified, and its name looked up, as the backend's connections
 /// are).

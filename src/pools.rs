@@ -128,6 +128,94 @@ impl Pools {
             .collect()
     }
 
+    /// The shadow pools `config` would make serve keys they do not serve
+    /// now (see `Layout::promotions`).
+    pub(crate) fn promotions(&self, config: &Config) -> Vec<crate::layout::Promotion> {
+        let routes: Vec<(String, String)> = config
+            .routes
+            .iter()
+            .map(|r| (r.prefix.clone(), r.pool.clone()))
+            .collect();
+        self.layout.load().promotions(&config.default_pool, &routes)
+    }
+
+    /// The pools keys move between when `config`'s routing takes over
+    /// (see `Layout::moves`).
+    pub(crate) fn moves(&self, config: &Config) -> Vec<(Arc<str>, String)> {
+        let routes: Vec<(String, String)> = config
+            .routes
+            .iter()
+            .map(|r| (r.prefix.clone(), r.pool.clone()))
+            .collect();
+        self.layout.load().moves(&config.default_pool, &routes)
+    }
+
+    /// Before `config`'s routing takes over: deletes from every server of
+    /// the running pool `to` the keys it takes from another pool (other
+    /// than those in `exempt`), one `lru_crawler metadump` of each server
+    /// (see `sweep::delete_moved`), and flushes the servers `config` gives
+    /// it that it does not have yet (they serve nothing so far). Blocking:
+    /// reloads run off the request path. Returns the keys deleted.
+    ///
+    /// # Errors
+    /// A server that could not be swept or flushed, named.
+    pub(crate) fn delete_moved_into(
+        &self,
+        to: &str,
+        config: &Config,
+        exempt: &[Arc<str>],
+    ) -> Result<u64, String> {
+        let routes: Vec<(String, String)> = config
+            .routes
+            .iter()
+            .map(|r| (r.prefix.clone(), r.pool.clone()))
+            .collect();
+        let layout = self.layout.load_full();
+        let running = self.publisher(to).map(|p| p.shared().load_full());
+        let mut deleted = 0;
+        if let Some(topology) = &running {
+            let moved =
+                |key: &[u8]| layout.moves_into(key, &config.default_pool, &routes, to, exempt);
+            deleted = crate::resolve::block_on(|| crate::sweep::delete_moved(topology, &moved))?;
+        }
+        let wanted = config.pool_list().into_iter().find(|p| p.name == to);
+        if let Some(pool) = wanted {
+            let mut newcomers = (*pool.config).clone();
+            newcomers.servers.retain(|server| {
+                !running
+                    .as_ref()
+                    .is_some_and(|r| r.config.servers.iter().any(|s| s.addr == server.addr))
+            });
+            crate::newcomers::flush_every_server(&newcomers)?;
+        }
+        Ok(deleted)
+    }
+
+    /// Flushes every server of the running pool `name`, if it runs, then
+    /// every server `config` gives it that it does not have yet.
+    ///
+    /// # Errors
+    /// A server that could not be flushed, named.
+    pub(crate) fn flush_for(&self, name: &str, config: &Config) -> Result<(), String> {
+        let running = self
+            .publisher(name)
+            .map(|p| p.shared().load().config.clone());
+        if let Some(running) = &running {
+            crate::newcomers::flush_every_server(running)?;
+        }
+        let wanted = config.pool_list().into_iter().find(|p| p.name == name);
+        if let Some(pool) = wanted {
+            let mut newcomers = (*pool.config).clone();
+            newcomers.servers.retain(|server| {
+                !running
+                    .as_ref()
+                    .is_some_and(|r| r.servers.iter().any(|s| s.addr == server.addr))
+            });
+            crate::newcomers::flush_every_server(&newcomers)?;
+        }
+        Ok(())
+    }
+
     /// Gives every pool of `config` its settings: pools that exist apply
     /// theirs (the default pool always, as one reload), new ones start,
     /// removed ones stop; then the routes are stored. A pool's `listen` is

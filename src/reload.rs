@@ -186,6 +186,94 @@ impl Reloader {
         if let Some(publisher) = self.pools.publisher(&config.default_pool) {
             flush_newcomers(&publisher.shared().load(), &config);
         }
+        // A shadow that is to serve keys it lacks writes of may hold older
+        // values than its primary, or keys the primary deleted: it is
+        // flushed first, and the reload refused if it cannot be.
+        let promoted: Vec<_> = self
+            .pools
+            .promotions(&config)
+            .into_iter()
+            .filter(|p| !p.complete())
+            .collect();
+        let lost_when_flushed: Vec<u64> = promoted.iter().map(|p| p.lost_writes()).collect();
+        // (pool, why it is flushed)
+        let flushes: Vec<(String, String)> = promoted
+            .iter()
+            .zip(&lost_when_flushed)
+            .map(|(promotion, &lost)| {
+                let why = format!(
+                    "serves keys of pool {} from now on and lacks writes as its shadow ({})",
+                    promotion.primary,
+                    promotion_losses(promotion, lost),
+                );
+                (promotion.shadow.to_string(), why)
+            })
+            .collect();
+        // Keys that change pool (a route added or removed, `default_pool`
+        // changed) may find older values of theirs in the pool they go to,
+        // left from when it served them before: they are deleted from it
+        // first (its other keys keep their values), unless it is the
+        // complete shadow of the pool they leave, or flushed above.
+        let complete = self.pools.promotions(&config);
+        let mut entering: Vec<Entering> = Vec::new();
+        for (from, to) in self.pools.moves(&config) {
+            if flushes.iter().any(|(pool, _)| *pool == to) {
+                continue;
+            }
+            let shadowed = complete
+                .iter()
+                .any(|p| *p.primary == *from && *p.shadow == to && p.complete());
+            let at = match entering.iter().position(|e| e.pool == to) {
+                Some(at) => at,
+                None => {
+                    entering.push(Entering {
+                        pool: to,
+                        taken: Vec::new(),
+                        exempt: Vec::new(),
+                    });
+                    entering.len() - 1
+                }
+            };
+            let entry = &mut entering[at];
+            if shadowed {
+                entry.exempt.push(from);
+            } else {
+                entry.taken.push(from);
+            }
+        }
+        for (pool, why) in &flushes {
+            if let Err(e) = self.pools.flush_for(pool, &config) {
+                // Tried again on the next event, as for a shortage.
+                self.last_seen = None;
+                return Err(ConfigError::Refused {
+                    path: shown,
+                    message: format!("pool {pool} {why}, and could not be flushed first: {e}"),
+                });
+            }
+            tracing::warn!("pool {pool}: {why}: flushed first, so it holds no older value");
+        }
+        for Entering {
+            pool,
+            taken,
+            exempt,
+        } in entering.iter().filter(|e| !e.taken.is_empty())
+        {
+            let from = taken.join(", pool ");
+            match self.pools.delete_moved_into(pool, &config, exempt) {
+                Ok(deleted) => tracing::warn!(
+                    "pool {pool}: takes keys of pool {from} from now on, and may hold older values of them from before: deleted {deleted} of them first, so it holds no older value"
+                ),
+                Err(e) => {
+                    self.last_seen = None;
+                    return Err(ConfigError::Refused {
+                        path: shown,
+                        message: format!(
+                            "pool {pool} takes keys of pool {from} from now on, and may hold older values of them from before; they could not be deleted first (lru_crawler metadump, memcached 1.4.31 and later): {e}"
+                        ),
+                    });
+                }
+            }
+        }
         // Unchanged servers keep their backends and open connections.
         let limit_before = self.pools.default_publisher().client_limit();
         let Applied {
@@ -200,6 +288,17 @@ impl Reloader {
                 return Ok(Outcome::Refused(shortage));
             }
         };
+        for (promotion, lost) in promoted.iter().zip(lost_when_flushed) {
+            // A copy shed between the flush and the swap: flushed again.
+            if promotion.lost_writes() != lost {
+                let flushed = self.pools.flush_for(&promotion.shadow, &config);
+                tracing::warn!(
+                    "pool {}: lost more writes of pool {} while it was switched: flushed again ({flushed:?})",
+                    promotion.shadow,
+                    promotion.primary,
+                );
+            }
+        }
         let client_limit = limit_before
             .zip(self.pools.default_publisher().client_limit())
             .filter(|(before, after)| before != after);
@@ -776,6 +875,16 @@ impl Watch {
     }
 }
 
+/// A pool a reload sends keys to from other pools.
+struct Entering {
+    pool: String,
+    /// The pools it takes keys from, whose keys it may hold older values of.
+    taken: Vec<Arc<str>>,
+    /// The pools it takes keys from as their complete shadow: it holds
+    /// their current values already.
+    exempt: Vec<Arc<str>>,
+}
+
 /// Starts watching `reloader`'s file until `shutdown`, and reloads on SIGHUP.
 /// If the directory cannot be watched (say, the inotify limit is reached), the
 /// error is logged and SIGHUP still reloads.
@@ -904,6 +1013,18 @@ fn watched_directory(path: &Path) -> PathBuf {
     match path.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
         _ => PathBuf::from("."),
+    }
+}
+
+/// What a promoted shadow lacks, for the log and the refusal.
+fn promotion_losses(promotion: &crate::layout::Promotion, lost: u64) -> String {
+    if promotion.fraction < 1.0 {
+        format!(
+            "{lost} writes lost, and fraction {} leaves keys out",
+            promotion.fraction
+        )
+    } else {
+        format!("{lost} writes shed, failed or flushed on the primary only")
     }
 }
 

@@ -39,6 +39,7 @@ pub(crate) fn write_shadow_stats(out: &mut BytesMut, layout: &Layout) {
         write_stat(out, &field("sent"), &figures.sent);
         write_stat(out, &field("failed"), &figures.failed);
         write_stat(out, &field("shed"), &figures.shed);
+        write_stat(out, &field("lost_writes"), &figures.lost_writes);
     }
     out.extend_from_slice(b"END\r\n");
 }

@@ -274,7 +274,10 @@ impl Watch for ShadowReply {
                 Ok(()) => meta_side(&reply),
                 Err(_) => Side::Failed,
             }),
-            None if result.is_err() || is_error(&reply) => self.counters.failed(),
+            None if result.is_err() || is_error(&reply) => {
+                self.counters.failed();
+                self.counters.lost_write();
+            }
             None => {}
         }
     }

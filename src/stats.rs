@@ -137,6 +137,9 @@ pub struct ShadowCounters {
     sent: Counter,
     failed: Counter,
     shed: Counter,
+    /// Writes the shadow lacks: its copy was shed or failed, or a
+    /// `flush_all` reached the primary only.
+    lost_writes: Counter,
     primary_ratio: FloatGauge,
     shadow_ratio: FloatGauge,
 }
@@ -149,6 +152,8 @@ pub struct ShadowFigures {
     pub sent: u64,
     pub failed: u64,
     pub shed: u64,
+    /// Writes the shadow lacks (see [`ShadowCounters::lost_write`]).
+    pub lost_writes: u64,
 }
 
 impl ShadowFigures {
@@ -207,6 +212,13 @@ impl ShadowCounters {
         self.shed.inc();
     }
 
+    /// A write the primary took is not on the shadow: its copy was shed or
+    /// failed, or it was a `flush_all`. A shadow with one may hold a value
+    /// older than the primary's, or a key the primary deleted.
+    pub fn lost_write(&self) {
+        self.lost_writes.inc();
+    }
+
     /// The figures now.
     pub fn figures(&self) -> ShadowFigures {
         ShadowFigures {
@@ -214,6 +226,7 @@ impl ShadowCounters {
             sent: self.sent.get(),
             failed: self.failed.get(),
             shed: self.shed.get(),
+            lost_writes: self.lost_writes.get(),
         }
     }
 }
@@ -1162,12 +1175,14 @@ impl Stats {
             counter.clone()
         });
         let (sent, failed, shed) = (request("sent"), request("failed"), request("shed"));
+        let lost_writes = request("lost_writes");
         let (primary_ratio, shadow_ratio) = (ratio("primary"), ratio("shadow"));
         ShadowCounters {
             pairs,
             sent,
             failed,
             shed,
+            lost_writes,
             primary_ratio,
             shadow_ratio,
         }
@@ -1184,7 +1199,7 @@ impl Stats {
                 outcome,
             });
         }
-        for outcome in ["sent", "failed", "shed"] {
+        for outcome in ["sent", "failed", "shed", "lost_writes"] {
             families.requests.remove(&ShadowLabels {
                 pool: pool.into(),
                 shadow: shadow.into(),

@@ -12,6 +12,11 @@
 //! those the ring in force places elsewhere. The sweep stops when the ring
 //! changes under it (the next window's sweep covers what it left).
 //!
+//! A reload that sends keys to another pool (a route added or removed,
+//! `default_pool` changed) lists the keys of the pool they go to the same
+//! way and deletes those it takes from another pool (`delete_moved`): its
+//! copies of them may be older than what was written in the other pool.
+//!
 //! The parsing and the choice of keys are pure; the I/O is short-lived
 //! connections of its own to each server, off the request path, spoken as
 //! the server's connections speak (TLS for a server with `tls = true`).
@@ -29,6 +34,9 @@ use crate::topology::{SharedTopology, Topology};
 
 /// Deletes sent before memring waits for the server to take them.
 const DELETES_PER_BATCH: usize = 512;
+/// Listings of one server at most, for keys moving into its pool (see
+/// [`delete_moved`]).
+const MAX_LISTINGS: usize = 4;
 /// Longest metadump line memring reads (a 250-byte key, URL-encoded, and
 /// its metadata).
 const MAX_DUMP_LINE_BYTES: u64 = 4096;
@@ -114,66 +122,171 @@ pub(crate) async fn sweep(
     swept
 }
 
+/// Deletes from every server of a pool (`topology`, leaving servers of a
+/// hand-off window too: they serve the read-through) the keys `select`
+/// picks, before a reload sends keys to this pool from another (see
+/// `reload.rs`): a listing of each server, deletes of picked keys only, and
+/// the server listed again while a listing finds keys to delete (at most
+/// [`MAX_LISTINGS`]). Returns the keys deleted.
+///
+/// # Errors
+/// Each server that could not be listed or swept, named, in one message:
+/// the reload is then refused, as nothing may read what is left.
+pub(crate) async fn delete_moved(
+    topology: &Topology,
+    select: &(dyn Fn(&[u8]) -> bool + Sync),
+) -> Result<u64, String> {
+    let timeout = topology.config.connect_timeout + Duration::from_secs(60);
+    let mut deleted = 0u64;
+    let mut failed = Vec::new();
+    for backend in topology.backends.iter() {
+        let work = async {
+            // A listing is not a snapshot: memcached 1.6.18 left out 1 or 2
+            // of 200 000 items in some listings, with nothing written
+            // meanwhile. So a server is listed again while a listing finds
+            // keys to delete: a key left out once is found by the next.
+            let mut deleted = 0;
+            for _ in 0..MAX_LISTINGS {
+                let found = delete_listed(backend, select, &|| true).await?;
+                deleted += found;
+                if found == 0 {
+                    break;
+                }
+            }
+            Ok::<u64, std::io::Error>(deleted)
+        };
+        match tokio::time::timeout(timeout, work).await {
+            Ok(Ok(n)) => deleted += n,
+            Ok(Err(e)) => failed.push(format!("{}: {e}", backend.name())),
+            Err(_) => failed.push(format!(
+                "{}: gave up after {} s",
+                backend.name(),
+                timeout.as_secs()
+            )),
+        }
+    }
+    if failed.is_empty() {
+        Ok(deleted)
+    } else {
+        Err(failed.join("; "))
+    }
+}
+
 async fn sweep_one(
     backend: &Backend,
     topology: &Topology,
     index: usize,
     still_current: &(dyn Fn() -> bool + Sync),
 ) -> std::io::Result<u64> {
-    // Listing first, deleting after: memcached streams the dump on the same
-    // connection, and a delete sent meanwhile would wait behind it anyway.
-    let mut leftovers = Vec::new();
-    {
-        let (reader, mut writer) = tokio::io::split(backend.connect_own().await?);
-        writer.write_all(b"lru_crawler metadump all\r\n").await?;
-        // A TLS stream may hold written bytes until flushed.
-        writer.flush().await?;
-        let mut reader = BufReader::new(reader);
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            let n = (&mut reader)
-                .take(MAX_DUMP_LINE_BYTES)
-                .read_until(b'\n', &mut line)
-                .await?;
-            if n == 0 {
-                return Err(std::io::Error::other("closed during the key listing"));
-            }
-            if line.starts_with(b"END") {
-                break;
-            }
-            if line.starts_with(b"BUSY") || line.starts_with(b"ERROR") {
-                return Err(std::io::Error::other(format!(
-                    "lru_crawler metadump answered {}",
-                    String::from_utf8_lossy(&line).trim_end()
-                )));
-            }
-            if let Some(key) = dumped_key(&line) {
-                if !belongs_on(topology, &key, index) {
-                    leftovers.push(key);
-                }
-            }
-        }
-    }
+    let leftover = |key: &[u8]| !belongs_on(topology, key, index);
+    delete_listed(backend, &leftover, still_current).await
+}
+
+/// Lists `backend`'s keys (`lru_crawler metadump all`) and deletes those
+/// `select` picks, quietly, in batches of [`DELETES_PER_BATCH`] over a
+/// second connection of its own while the listing goes on: at most one
+/// batch of keys is held, whatever the server holds. Stops (with what it
+/// deleted) as soon as `still_current` says no. Returns the keys deleted.
+///
+/// # Errors
+/// A connection that fails or closes, or a server that does not list its
+/// keys (no `lru_crawler`, before memcached 1.4.31, or a crawler `BUSY`).
+pub(crate) async fn delete_listed(
+    backend: &Backend,
+    select: &(dyn Fn(&[u8]) -> bool + Sync),
+    still_current: &(dyn Fn() -> bool + Sync),
+) -> std::io::Result<u64> {
     let (reader, mut writer) = tokio::io::split(backend.connect_own().await?);
+    writer.write_all(b"lru_crawler metadump all\r\n").await?;
+    // A TLS stream may hold written bytes until flushed.
+    writer.flush().await?;
     let mut reader = BufReader::new(reader);
+    let mut line = Vec::new();
+    let mut batch = Vec::new();
+    // Connected when the first batch is full: the dump streams on the
+    // listing connection, and a delete sent on it would wait behind it.
+    let mut deleter: Option<Deleter> = None;
     let mut deleted = 0u64;
-    for batch in leftovers.chunks(DELETES_PER_BATCH) {
-        if !still_current() {
+    loop {
+        line.clear();
+        let n = (&mut reader)
+            .take(MAX_DUMP_LINE_BYTES)
+            .read_until(b'\n', &mut line)
+            .await?;
+        if n == 0 {
+            return Err(std::io::Error::other("closed during the key listing"));
+        }
+        if line.starts_with(b"END") {
             break;
         }
+        // `CLIENT_ERROR lru crawler disabled` from a server started with
+        // `-o no_lru_crawler`.
+        if [&b"BUSY"[..], b"ERROR", b"CLIENT_ERROR", b"SERVER_ERROR"]
+            .iter()
+            .any(|word| line.starts_with(word))
+        {
+            return Err(std::io::Error::other(format!(
+                "lru_crawler metadump answered {}",
+                String::from_utf8_lossy(&line).trim_end()
+            )));
+        }
+        if let Some(key) = dumped_key(&line) {
+            if select(&key) {
+                batch.push(key);
+            }
+        }
+        if batch.len() == DELETES_PER_BATCH {
+            if !still_current() {
+                return Ok(deleted);
+            }
+            let deleter = match &mut deleter {
+                Some(deleter) => deleter,
+                None => deleter.insert(Deleter::connect(backend).await?),
+            };
+            deleted += deleter.delete(&batch).await?;
+            batch.clear();
+        }
+    }
+    if !batch.is_empty() && still_current() {
+        let deleter = match &mut deleter {
+            Some(deleter) => deleter,
+            None => deleter.insert(Deleter::connect(backend).await?),
+        };
+        deleted += deleter.delete(&batch).await?;
+    }
+    Ok(deleted)
+}
+
+/// A connection of memring's own that deletes keys quietly, a batch at a
+/// time.
+struct Deleter {
+    reader: BufReader<tokio::io::ReadHalf<Box<dyn crate::backend::Duplex>>>,
+    writer: tokio::io::WriteHalf<Box<dyn crate::backend::Duplex>>,
+}
+
+impl Deleter {
+    async fn connect(backend: &Backend) -> std::io::Result<Deleter> {
+        let (reader, writer) = tokio::io::split(backend.connect_own().await?);
+        Ok(Deleter {
+            reader: BufReader::new(reader),
+            writer,
+        })
+    }
+
+    /// Deletes `batch` and waits until the server took every delete.
+    async fn delete(&mut self, batch: &[Vec<u8>]) -> std::io::Result<u64> {
         let mut out = BytesMut::with_capacity(batch.len() * 32 + 4);
         for key in batch {
             quiet_delete(key, &mut out);
         }
         // memcached answers `mn` once every request before it is done.
         out.put_slice(b"mn\r\n");
-        writer.write_all(&out).await?;
-        writer.flush().await?;
+        self.writer.write_all(&out).await?;
+        self.writer.flush().await?;
         let mut line = Vec::new();
         loop {
             line.clear();
-            if (&mut reader)
+            if (&mut self.reader)
                 .take(MAX_DUMP_LINE_BYTES)
                 .read_until(b'\n', &mut line)
                 .await?
@@ -182,12 +295,10 @@ async fn sweep_one(
                 return Err(std::io::Error::other("closed while deleting"));
             }
             if line == b"MN\r\n" {
-                break;
+                return Ok(batch.len() as u64);
             }
         }
-        deleted += batch.len() as u64;
     }
-    Ok(deleted)
 }
 
 #[cfg(test)]

@@ -13,8 +13,11 @@
 //!   the takeover of a `cas` the new owner refuses.
 //! - [`replicated_cas`]: a compare-and-swap with replicas: decided on the
 //!   owner, copied to the other replicas.
+//! - [`replicated_add`]: an `add` with replicas: decided on the first
+//!   replica, stored on every replica or on none.
 
 pub(crate) mod handoff;
 pub(crate) mod placement;
+pub(crate) mod replicated_add;
 pub(crate) mod replicated_cas;
 pub(crate) mod route;

@@ -181,6 +181,70 @@ pub fn write_delete(key: &[u8], quiet: bool, out: &mut BytesMut) {
     }
 }
 
+/// `add <key> <flags> <exptime> <bytes> [noreply]` + data, rewritten as
+/// `ms <key> <bytes> ME c F<flags> T<exptime>` + the same data: an `add`
+/// that answers (no `noreply`) with the cas of the item it stored, so a
+/// replicated `add` can take back exactly its own copies.
+pub(crate) fn add_with_cas(request: &Request, bytes: &Bytes) -> Outbound {
+    let line = &bytes[..request.args_end as usize];
+    let fields: SmallVec<[&[u8]; 8]> = line
+        .split(|&b| b == b' ')
+        .filter(|f| !f.is_empty())
+        .collect();
+    let field = |i: usize| fields.get(i).copied().unwrap_or(b"0");
+    let mut head = BytesMut::with_capacity(line.len() + 16);
+    head.put_slice(b"ms ");
+    head.put_slice(field(1));
+    head.put_u8(b' ');
+    head.put_slice(field(4));
+    head.put_slice(b" ME c F");
+    head.put_slice(field(2));
+    head.put_slice(b" T");
+    head.put_slice(field(3));
+    head.put_slice(b"\r\n");
+    smallvec::smallvec![head.freeze(), bytes.slice(request.line_len as usize..)]
+}
+
+/// A meta `ms … ME` as a replicated `add` sends it: the client's flags
+/// without `q` (every replica answers) and with `c` (each store returns its
+/// cas), then the data.
+pub(crate) fn meta_add_with_cas(request: &super::meta::MetaRequest, bytes: &Bytes) -> Bytes {
+    let flags_start = request.flags.start as usize;
+    let line_end = request.flags.end as usize;
+    let mut out = BytesMut::with_capacity(request.total_len as usize + 2);
+    let head = &bytes[..flags_start.min(line_end)];
+    out.put_slice(head.strip_suffix(b" ").unwrap_or(head));
+    let mut has_cas = false;
+    for (flag, token) in request.flags(bytes) {
+        has_cas |= flag == b'c';
+        if flag != b'q' {
+            out.put_u8(b' ');
+            out.put_slice(token);
+        }
+    }
+    if !has_cas {
+        out.put_slice(b" c");
+    }
+    out.put_slice(b"\r\n");
+    out.put_slice(&bytes[request.line_len as usize..request.total_len as usize]);
+    out.freeze()
+}
+
+/// `md <key> [b] C<cas>`: deletes the item only while it is the one with
+/// that cas (a newer write stays).
+pub(crate) fn delete_by_cas(key: &[u8], base64: bool, cas: u64) -> Bytes {
+    let mut line = String::with_capacity(key.len() + 28);
+    let _ = write!(line, " C{cas}\r\n");
+    let mut out = BytesMut::with_capacity(key.len() + line.len() + 5);
+    out.put_slice(b"md ");
+    out.put_slice(key);
+    if base64 {
+        out.put_slice(b" b");
+    }
+    out.put_slice(line.as_bytes());
+    out.freeze()
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -198,6 +262,24 @@ mod tests {
 
     use super::*;
     use crate::protocol::{parse_request, Limits};
+
+    #[test]
+    fn a_replicated_add_goes_as_a_meta_add_that_returns_its_cas() {
+        let bytes = Bytes::from_static(b"add k 5 -1 3 noreply\r\nabc\r\n");
+        let (request, _) = parse_request(&bytes, &Limits::default()).unwrap().unwrap();
+        let wire: Vec<u8> = add_with_cas(&request, &bytes).concat();
+        assert_eq!(wire, b"ms k 3 ME c F5 T-1\r\nabc\r\n");
+        let bytes = Bytes::from_static(b"ms aw== 2 b q ME O9\r\nhi\r\n");
+        let (request, _) = crate::protocol::meta::parse_meta(&bytes, &Limits::default())
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            &meta_add_with_cas(&request, &bytes)[..],
+            b"ms aw== 2 b ME O9 c\r\nhi\r\n"
+        );
+        assert_eq!(&delete_by_cas(b"aw==", true, 42)[..], b"md aw== b C42\r\n");
+        assert_eq!(&delete_by_cas(b"k", false, 7)[..], b"md k C7\r\n");
+    }
 
     #[test]
     fn cas_is_copied_to_replicas_as_a_plain_set() {

@@ -52,6 +52,7 @@ impl ClientSession {
             Work::Cas(cas) => self.dispatch_cas(e, cas),
             Work::Meta(meta) => self.dispatch_meta(e, meta),
             Work::Moved(moved) => self.dispatch_moved(e, moved),
+            Work::Add(add) => self.dispatch_add(e, add),
             Work::Retrieve {
                 plan,
                 in_flight,
@@ -136,6 +137,73 @@ impl ClientSession {
             expect: &expect,
         };
         self.cas_step(topology, &mut cas.machine, part, copied, &cas_copy, hot)
+    }
+
+    /// A replicated `add`: the first replica, then the others once it
+    /// stored, then the take-backs if one did not (see
+    /// `plan::replicated_add`). False until the answer is known, so the
+    /// client's later requests go after every step of it.
+    #[inline(never)]
+    fn dispatch_add(&mut self, mut e: Sending<'_>, add: &mut AddWork) -> bool {
+        use crate::plan::replicated_add::AddStep;
+        let topology = e.topology;
+        let mut step = None;
+        if !*e.sent {
+            if !self.reserve_and_forget_older(&mut e, 2 * topology.config.replicas, None) {
+                return false;
+            }
+            step = Some(add.machine.start());
+            *e.sent = true;
+        }
+        loop {
+            let step = match step.take() {
+                Some(step) => step,
+                None => {
+                    add.parts.iter_mut().for_each(Part::absorb);
+                    if add.parts.iter().any(|p| p.result.is_none()) {
+                        return false;
+                    }
+                    if add.parts.is_empty() && add.machine.answer().is_some() {
+                        return true;
+                    }
+                    let replies: SmallVec<[(usize, &CallResult); 3]> = add
+                        .parts
+                        .iter()
+                        .filter_map(|p| Some((p.server, p.result.as_ref()?)))
+                        .collect();
+                    add.machine.on_replies(&replies)
+                }
+            };
+            add.parts.clear();
+            match step {
+                AddStep::Add(servers) => {
+                    let expect = Expect::Meta {
+                        command: MetaCommand::Set,
+                        quiet: false,
+                        replied: false,
+                    };
+                    for server in servers {
+                        let part = self.send_to(topology, server, &add.wire, &expect, e.hot);
+                        add.parts.push(part);
+                    }
+                }
+                AddStep::TakeBack(made) => {
+                    let expect = Expect::Meta {
+                        command: MetaCommand::Delete,
+                        quiet: false,
+                        replied: false,
+                    };
+                    for (server, cas) in made {
+                        let line = [crate::protocol::encode::delete_by_cas(
+                            &add.key.0, add.key.1, cas,
+                        )];
+                        add.parts
+                            .push(self.send_to(topology, server, &line, &expect, None));
+                    }
+                }
+                AddStep::Done => return true,
+            }
+        }
     }
 
     /// A meta request: forwarded, by quorum, through a moved key's steps,
@@ -674,6 +742,7 @@ impl ClientSession {
                 cas.part.absorb();
                 cas.copied.iter_mut().for_each(Part::absorb);
             }
+            Work::Add(add) => add.parts.iter_mut().for_each(Part::absorb),
             Work::Meta(meta) => {
                 meta.mode.copies_mut().iter_mut().for_each(Part::absorb);
                 for part in meta.parts.iter_mut() {
@@ -813,7 +882,7 @@ impl ClientSession {
                         }
                         Decision::Fail(servers) => write_no_quorum(self.out.scratch(), &servers),
                     },
-                    Finish::Forward | Finish::AllOk if results.iter().any(Option::is_none) => {
+                    Finish::Forward | Finish::AllOk(_) if results.iter().any(Option::is_none) => {
                         return false;
                     }
                     Finish::Forward => match &parts[0].result {
@@ -824,18 +893,43 @@ impl ClientSession {
                         Some(Err(error)) => write_server_error(self.out.scratch(), error),
                         None => {}
                     },
-                    Finish::AllOk => {
+                    Finish::AllOk(joined) => {
                         let names = parts
                             .iter()
                             .map(|p| entry.topology.backends[p.server].name());
                         let results = parts.iter().filter_map(|p| p.result.as_ref());
-                        match broadcast_answer(names.zip(results)) {
-                            Broadcast::AllOk => self.out.push_slice(b"OK\r\n"),
-                            Broadcast::Refused(reply) => self.out.push(reply.clone()),
-                            Broadcast::Failed(failed) => write_server_error(
+                        // A refusal answers before servers memring could not
+                        // reach, across every pool of a joined flush too.
+                        let (mut refused, mut failed): (Option<Bytes>, Vec<String>) =
+                            match broadcast_answer(names.zip(results)) {
+                                Broadcast::AllOk => (None, Vec::new()),
+                                Broadcast::Refused(reply) => (Some(reply.clone()), Vec::new()),
+                                Broadcast::Failed(failed) => {
+                                    (None, failed.into_iter().map(str::to_owned).collect())
+                                }
+                            };
+                        if let Some(joined) = joined {
+                            let mut all = joined.failed.borrow_mut();
+                            all.append(&mut failed);
+                            let mut first_refusal = joined.refused.borrow_mut();
+                            if first_refusal.is_none() {
+                                *first_refusal = refused.take();
+                            }
+                            if !joined.last {
+                                return true;
+                            }
+                            failed = std::mem::take(&mut *all);
+                            refused = first_refusal.take();
+                        }
+                        if let Some(reply) = refused {
+                            self.out.push(reply);
+                        } else if failed.is_empty() {
+                            self.out.push_slice(b"OK\r\n");
+                        } else {
+                            write_server_error(
                                 self.out.scratch(),
                                 &format_args!("failed on {}", failed.join(", ")),
-                            ),
+                            );
                         }
                     }
                 }
@@ -953,6 +1047,39 @@ impl ClientSession {
                         }
                     }
                     Err(error) => write_server_error(self.out.scratch(), &error),
+                }
+            }
+            Work::Add(add) => {
+                use crate::plan::replicated_add::AddAnswer;
+                if add.parts.iter().any(|p| p.result.is_none()) {
+                    return false;
+                }
+                let Some(answer) = add.machine.answer() else {
+                    return false;
+                };
+                let reply = match (answer, add.meta) {
+                    (AddAnswer::NoQuorum(servers), _) => {
+                        if !noreply {
+                            write_no_quorum(self.out.scratch(), servers);
+                        }
+                        return true;
+                    }
+                    (AddAnswer::Rejected(reply), _) => reply.clone(),
+                    (AddAnswer::Stored(_), None) => Bytes::from_static(b"STORED\r\n"),
+                    (AddAnswer::Refused(_), None) => Bytes::from_static(b"NOT_STORED\r\n"),
+                    // Quiet: memcached says nothing of a store.
+                    (AddAnswer::Stored(_), Some((_, true))) => Bytes::new(),
+                    (AddAnswer::Stored(reply) | AddAnswer::Refused(reply), Some((cas, _))) => {
+                        if cas {
+                            reply.clone()
+                        } else {
+                            crate::protocol::meta::reply::without_cas(reply)
+                        }
+                    }
+                };
+                stats.reply(entry.command, &reply);
+                if !noreply && !reply.is_empty() {
+                    self.out.push(reply);
                 }
             }
             Work::Moved(moved) => {

@@ -223,11 +223,19 @@ impl ClientSession {
         pair: Option<Rc<Pair>>,
     ) -> bool {
         let Some(server) = shadow.topology.owner_index(key) else {
+            if pair.is_none() {
+                shadow.counters.lost_write();
+            }
             return false;
         };
         let size = wire.iter().map(Bytes::len).sum();
+        // A write's copy that does not go leaves the shadow without it.
+        let write = pair.is_none();
         let Some(ticket) = self.worker.shadow.admit(size) else {
             shadow.counters.shed();
+            if write {
+                shadow.counters.lost_write();
+            }
             return false;
         };
         let backend = &shadow.topology.backends[server];
@@ -244,6 +252,9 @@ impl ClientSession {
             Err(_) => {
                 // The slot (and its ticket) go with the refused request.
                 shadow.counters.failed();
+                if write {
+                    shadow.counters.lost_write();
+                }
                 false
             }
         }

@@ -137,6 +137,7 @@ pub(super) fn keep(work: Work) {
             keep_part(cas.part);
             keep_older(cas.older);
         }
+        Work::Add(add) => add.parts.into_iter().for_each(keep_part),
         Work::Meta(mut meta) => {
             meta.parts.drain(..).for_each(keep_part);
             keep_older(meta.older.take());

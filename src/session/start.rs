@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::plan::handoff::cas::CasTakeover;
+use crate::plan::replicated_add::ReplicatedAdd;
 use crate::plan::route::Split;
 
 impl ClientSession {
@@ -33,6 +34,20 @@ impl ClientSession {
                 }
             }
         }
+        if request.command == Command::FlushAll {
+            // Shadows are not flushed: each now lacks this write.
+            let layout = self.worker.layout.load();
+            if let Ok(bound) = layout.bound_index(self.bound.as_ref()) {
+                for pool in layout.reachable(bound) {
+                    if let Some(link) = layout.shadow_of(pool) {
+                        link.counters.lost_write();
+                    }
+                }
+            }
+        }
+        if request.command == Command::FlushAll && self.flush_across_pools(&request, &bytes) {
+            return;
+        }
         // One topology per request: it finishes on this ring even if a
         // reload lands meanwhile. `load_full` gives an owned Arc, so no
         // arc-swap guard is held.
@@ -43,6 +58,52 @@ impl ClientSession {
             None => (request, bytes),
         };
         self.start_on(request, bytes, topology, split);
+    }
+
+    /// `flush_all` for a client whose keys can be read from several pools
+    /// (its routes' pools, gutters: `Layout::reachable`): one entry per
+    /// pool, the last answering for all (see `work::Joined`). False when
+    /// one pool is all it reaches.
+    fn flush_across_pools(&mut self, request: &Request, bytes: &Bytes) -> bool {
+        let layout = self.worker.layout.load();
+        let Ok(bound) = layout.bound_index(self.bound.as_ref()) else {
+            return false;
+        };
+        let pools = layout.reachable(bound);
+        if pools.len() < 2 {
+            return false;
+        }
+        let topologies: SmallVec<[Arc<Topology>; 4]> = pools
+            .iter()
+            .map(|&pool| layout.pools()[pool].topology.load_full())
+            .collect();
+        drop(layout);
+        let failed = Rc::new(std::cell::RefCell::new(Vec::new()));
+        let refused = Rc::new(std::cell::RefCell::new(None));
+        let count = topologies.len();
+        for (n, topology) in topologies.into_iter().enumerate() {
+            let queued = self.entries.len();
+            self.start_on(request.clone(), bytes.clone(), topology, Split::Whole);
+            if self.entries.len() == queued {
+                continue;
+            }
+            if let Some(Entry {
+                work:
+                    Work::Lines {
+                        finish: Finish::AllOk(joined),
+                        ..
+                    },
+                ..
+            }) = self.entries.get_mut(queued)
+            {
+                *joined = Some(work::Joined {
+                    failed: failed.clone(),
+                    refused: refused.clone(),
+                    last: n + 1 == count,
+                });
+            }
+        }
+        true
     }
 
     /// `request` with its exptime capped at `ttl` seconds, for a gutter
@@ -173,6 +234,21 @@ impl ClientSession {
             Plan::Key(Placement::Quorum {
                 servers,
                 quorum,
+                forget: 0,
+                older: None,
+                ..
+            }) if request.command == Command::Add && servers.len() > 1 => {
+                Work::Add(Box::new(AddWork {
+                    machine: ReplicatedAdd::new(servers, quorum),
+                    wire: crate::protocol::encode::add_with_cas(&request, &bytes),
+                    key: (bytes.slice_ref(request.key(&bytes, 0)), false),
+                    meta: None,
+                    parts: SmallVec::new(),
+                }))
+            }
+            Plan::Key(Placement::Quorum {
+                servers,
+                quorum,
                 forget,
                 older,
                 forget_last,
@@ -187,7 +263,7 @@ impl ClientSession {
             },
             Plan::Broadcast { servers } => Work::Lines {
                 parts: servers.into_iter().map(Part::new).collect(),
-                finish: Finish::AllOk,
+                finish: Finish::AllOk(None),
             },
             Plan::Key(Placement::CasThenCopy {
                 owner,
@@ -306,6 +382,38 @@ impl ClientSession {
             quiet,
             replied: false,
         };
+        let adds = request.command == MetaCommand::Set
+            && !request.compare_cas
+            && request.mode.map(|m| m.to_ascii_uppercase()) == Some(b'E');
+        if let MetaPlan::Key(Placement::Quorum {
+            servers,
+            quorum,
+            forget: 0,
+            older: None,
+            ..
+        }) = &plan
+        {
+            if adds && servers.len() > 1 {
+                let asked_cas = request.flags(&bytes).any(|(flag, _)| flag == b'c');
+                let mut entry = Entry::ready(b"", topology);
+                entry.command = command;
+                entry.sent = false;
+                entry.hot = hot;
+                entry.shadow = shadow;
+                entry.work = Work::Add(Box::new(AddWork {
+                    machine: ReplicatedAdd::new(servers.clone(), *quorum),
+                    wire: smallvec::smallvec![crate::protocol::encode::meta_add_with_cas(
+                        &request, &bytes
+                    )],
+                    key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
+                    meta: Some((asked_cas, request.quiet)),
+                    parts: SmallVec::new(),
+                }));
+                entry.bytes = bytes;
+                self.push(entry);
+                return;
+            }
+        }
         let mut older = None;
         let mode = match plan {
             MetaPlan::Reply(reply) => {

@@ -105,6 +105,22 @@ pub(super) enum Work {
     },
     /// A command on a moved key (hand-off), one step at a time.
     Moved(Box<MovedWork>),
+    /// An `add` with replicas (classic, or meta `ms … ME`).
+    Add(Box<AddWork>),
+}
+
+/// A replicated `add` (see `plan::replicated_add`).
+pub(super) struct AddWork {
+    pub(super) machine: crate::plan::replicated_add::ReplicatedAdd,
+    /// The add as every replica gets it (`ms … ME c`).
+    pub(super) wire: crate::protocol::encode::Outbound,
+    /// The key token and whether it is base64, for the take-backs.
+    pub(super) key: (Bytes, bool),
+    /// How the client asked: classic (`None`), or meta with whether it
+    /// asked for the cas (`c`) and is quiet (`q`).
+    pub(super) meta: Option<(bool, bool)>,
+    /// The step under way.
+    pub(super) parts: SmallVec<[Part; 2]>,
 }
 
 pub(super) struct MovedWork {
@@ -300,7 +316,21 @@ pub(super) enum Finish {
         older: Option<Box<OlderForget>>,
         forget_last: bool,
     },
-    AllOk,
+    /// A broadcast (`flush_all`): `OK` only if every server said `OK`;
+    /// with [`Joined`], one of several entries of one request.
+    AllOk(Option<Joined>),
+}
+
+/// A `flush_all` that reaches several pools: one entry per pool, each
+/// planned on its pool's topology and consecutive in the FIFO. Each but the
+/// last writes nothing and hands the servers that did not say `OK` to the
+/// next; the last answers for them all.
+pub(super) struct Joined {
+    pub(super) failed: Rc<std::cell::RefCell<Vec<String>>>,
+    /// The first pool's refusal in a server's own words (see
+    /// `plan::route::Broadcast::Refused`), which answers for all.
+    pub(super) refused: Rc<std::cell::RefCell<Option<bytes::Bytes>>>,
+    pub(super) last: bool,
 }
 
 impl Work {
@@ -340,6 +370,7 @@ impl Work {
                 .iter()
                 .chain(OlderForget::parts(moved.older.as_ref()))
                 .all(|p| p.all_unanswered(ours)),
+            Work::Add(add) => add.parts.iter().all(|p| p.all_unanswered(ours)),
         }
     }
 }

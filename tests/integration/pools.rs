@@ -628,3 +628,301 @@ fn a_pool_with_a_listener_removed_by_a_reload_serves_its_clients_until_a_restart
         "{metrics}"
     );
 }
+
+#[test]
+fn flush_all_on_the_main_listener_flushes_every_routed_pool_and_its_gutter() {
+    let (d1, s1, s2, g1) = (
+        Memcached::start(),
+        Memcached::start(),
+        Memcached::start(),
+        Memcached::start(),
+    );
+    // The sessions pool fails over to a gutter pool.
+    let text = two_pools(&[&d1], &[&s1, &s2], SESSIONS_ROUTE).replacen(
+        "name = \"sessions\"\n",
+        "name = \"sessions\"\nfailover = \"gutter\"\n",
+        1,
+    ) + &format!(
+        "\n[[pools]]\nname = \"gutter\"\n[[pools.servers]]\naddr = \"{}\"\n",
+        g1.addr()
+    );
+    let proxy = Proxy::start_text(&text);
+    let mut client = proxy.client();
+    let sessions: Vec<String> = (0..200).map(|i| format!("sess:{i}")).collect();
+    let others: Vec<String> = (0..50).map(|i| format!("user:{i}")).collect();
+    for key in sessions.iter().chain(&others) {
+        assert_eq!(client.set(key, b"v"), b"STORED\r\n");
+    }
+    // The gutter holds a value as a failed-over write would leave it.
+    assert_eq!(g1.client().set("sess:gutter", b"g"), b"STORED\r\n");
+    assert_eq!(held_by(&[&s1, &s2], &sessions).iter().sum::<usize>(), 200);
+
+    assert_eq!(client.call(b"flush_all\r\n", ReplyKind::Line), b"OK\r\n");
+    for key in sessions.iter().chain(&others) {
+        assert_eq!(client.get(key), None, "{key} after flush_all");
+    }
+    assert_eq!(
+        held_by(&[&s1, &s2], &sessions),
+        [0, 0],
+        "routed pool flushed"
+    );
+    assert_eq!(held_by(&[&d1], &others), [0], "default pool flushed");
+    assert_eq!(
+        g1.client().get("sess:gutter"),
+        None,
+        "the gutter is flushed too"
+    );
+
+    // A pool's own listener flushes its pool (and gutter) only.
+    for key in sessions.iter().chain(&others) {
+        assert_eq!(client.set(key, b"v"), b"STORED\r\n");
+    }
+    let (_, addr) = &proxy.running().pool_addrs[0];
+    let mut bound = Client::connect(&addr.to_string());
+    assert_eq!(bound.call(b"flush_all\r\n", ReplyKind::Line), b"OK\r\n");
+    assert_eq!(held_by(&[&s1, &s2], &sessions), [0, 0]);
+    assert_eq!(held_by(&[&d1], &others), [50], "not the default pool");
+    // noreply: nothing comes back, and the next reply is the next request's.
+    client.send(b"flush_all noreply\r\n");
+    assert_eq!(client.set("after", b"1"), b"STORED\r\n");
+    assert_eq!(held_by(&[&d1], &others), [0]);
+}
+
+#[test]
+fn flush_all_refused_in_one_pool_answers_the_servers_words_for_every_pool() {
+    // The default pool's second server refuses (`-F`); its first server and
+    // the routed pool flush. The refusal comes from the first pool of the
+    // joined flush, so it must be carried to the last one, which answers for
+    // all: memcached's words, no server named.
+    let (d1, s1) = (Memcached::start(), Memcached::start());
+    let refusing = Memcached::start_with(&["-F"]);
+    let expected = refusing.client().call(b"flush_all\r\n", ReplyKind::Line);
+    assert_eq!(expected, b"CLIENT_ERROR flush_all not allowed\r\n");
+    let proxy = Proxy::start_text(&two_pools(&[&d1, &refusing], &[&s1], SESSIONS_ROUTE));
+    let mut client = proxy.client();
+    let sessions: Vec<String> = (0..50).map(|i| format!("sess:{i}")).collect();
+    for key in &sessions {
+        assert_eq!(client.set(key, b"v"), b"STORED\r\n");
+    }
+    assert_eq!(client.call(b"flush_all\r\n", ReplyKind::Line), expected);
+    // The servers that could flush did: the refusal is one server's word.
+    assert_eq!(held_by(&[&s1], &sessions), [0], "routed pool flushed");
+    // The connection stays in step after a quiet refusal.
+    client.send(b"flush_all noreply\r\n");
+    assert_eq!(client.set("after", b"1"), b"STORED\r\n");
+}
+
+/// Writes `text` over `path` in one rename, as an editor or a deploy does.
+fn rewrite(path: &std::path::Path, text: &str) {
+    let temporary = path.with_extension("tmp");
+    std::fs::write(&temporary, text).unwrap();
+    std::fs::rename(&temporary, path).unwrap();
+}
+
+#[test]
+fn keys_that_change_pool_and_come_back_never_read_an_overwritten_value() {
+    let (d1, c1) = (Memcached::start(), Memcached::start());
+    let dir = TempDir::new("pools", "moves");
+    let path = dir.path("memring.toml");
+    let text = |top: &str, routes: &str| {
+        format!(
+            "listen = \"127.0.0.1:0\"\n{top}\n[[servers]]\naddr = \"{}\"\n\n\
+             [[pools]]\nname = \"carts\"\n[[pools.servers]]\naddr = \"{}\"\n\n{routes}",
+            d1.addr(),
+            c1.addr()
+        )
+    };
+    let route = "[[routes]]\nprefix = \"cart:\"\npool = \"carts\"\n";
+    std::fs::write(&path, text("", "")).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let stats = proxy.running().stats.clone();
+    let reload = |text: String| {
+        let applied = stats.reload_count(true);
+        rewrite(&path, &text);
+        wait_for("the reload", || stats.reload_count(true) > applied);
+    };
+    let mut client = proxy.client();
+    let carts = keys_with("cart:", 300);
+    let others = keys_with("user:", 300);
+    for key in carts.iter().chain(&others) {
+        assert_eq!(client.set(key, b"v1"), b"STORED\r\n");
+    }
+    let older = |client: &mut Client, keys: &[String]| {
+        keys.iter()
+            .filter(|k| client.get(k).as_deref() == Some(&b"v1"[..]))
+            .count()
+    };
+
+    // A route added, v2 written to its pool, the route removed.
+    reload(text("", route));
+    for key in &carts {
+        assert_eq!(client.set(key, b"v2"), b"STORED\r\n");
+    }
+    assert_eq!(held_by(&[&c1], &carts), [300]);
+    reload(text("", ""));
+    assert_eq!(
+        older(&mut client, &carts),
+        0,
+        "cart: keys back in the default pool"
+    );
+
+    // The default pool switched to carts and back.
+    reload(text("default_pool = \"carts\"", ""));
+    for key in &others {
+        assert_eq!(client.set(key, b"v2"), b"STORED\r\n");
+    }
+    reload(text("", ""));
+    assert_eq!(
+        older(&mut client, &others),
+        0,
+        "user: keys back in the default pool"
+    );
+
+    // And the route added again: carts held the cart: keys' v2 from
+    // before, older than the v3 written since.
+    for key in &carts {
+        assert_eq!(client.set(key, b"v3"), b"STORED\r\n");
+    }
+    reload(text("", route));
+    let v2 = carts
+        .iter()
+        .filter(|k| client.get(k).as_deref() == Some(&b"v2"[..]))
+        .count();
+    assert_eq!(v2, 0, "cart: keys back in pool carts");
+}
+
+fn keys_with(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i}")).collect()
+}
+
+/// The keys a reload moves into a pool are deleted from it, and only them:
+/// the keys that stay in their pool keep their values when a route is
+/// removed or added, and when `default_pool` switches and back (a flush of
+/// the pool that takes keys would empty it).
+#[test]
+fn keys_that_stay_in_their_pool_keep_their_values_when_keys_move_in() {
+    let (d1, c1) = (Memcached::start(), Memcached::start());
+    let dir = TempDir::new("pools", "stay");
+    let path = dir.path("memring.toml");
+    // `sess:` stays in the default pool and `bag:` in carts throughout.
+    let text = |top: &str, cart: bool| {
+        let cart = if cart {
+            "[[routes]]\nprefix = \"cart:\"\npool = \"carts\"\n"
+        } else {
+            ""
+        };
+        format!(
+            "listen = \"127.0.0.1:0\"\n{top}\n[[servers]]\naddr = \"{}\"\n\n\
+             [[pools]]\nname = \"carts\"\n[[pools.servers]]\naddr = \"{}\"\n\n\
+             [[routes]]\nprefix = \"sess:\"\npool = \"default\"\n\
+             [[routes]]\nprefix = \"bag:\"\npool = \"carts\"\n{cart}",
+            d1.addr(),
+            c1.addr()
+        )
+    };
+    std::fs::write(&path, text("", true)).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let stats = proxy.running().stats.clone();
+    let reload = |text: String| {
+        let applied = stats.reload_count(true);
+        rewrite(&path, &text);
+        wait_for("the reload", || stats.reload_count(true) > applied);
+    };
+    let mut client = proxy.client();
+    let (sessions, bags) = (keys_with("sess:", 300), keys_with("bag:", 300));
+    let (carts, users) = (keys_with("cart:", 300), keys_with("user:", 300));
+    for key in sessions.iter().chain(&bags).chain(&carts).chain(&users) {
+        assert_eq!(client.set(key, b"v1"), b"STORED\r\n");
+    }
+    assert_eq!(held_by(&[&d1, &c1], &sessions), [300, 0]);
+    assert_eq!(held_by(&[&d1, &c1], &bags), [0, 300]);
+    let hits = |client: &mut Client, keys: &[String]| {
+        keys.iter()
+            .filter(|k| client.get(k).as_deref() == Some(&b"v1"[..]))
+            .count()
+    };
+
+    // The `cart:` route removed: its keys go back to the default pool,
+    // whose own keys stay.
+    reload(text("", false));
+    assert_eq!(hits(&mut client, &sessions), 300, "sess: after the removal");
+    assert_eq!(hits(&mut client, &users), 300, "user: after the removal");
+    assert_eq!(hits(&mut client, &bags), 300, "bag: after the removal");
+    // Written in the default pool now, so that carts's copies are older.
+    for key in &carts {
+        assert_eq!(client.set(key, b"v2"), b"STORED\r\n");
+    }
+
+    // Added again: carts keeps its `bag:` keys and loses only the moved
+    // `cart:` keys, whose values there are older than the v2 written since.
+    reload(text("", true));
+    assert_eq!(hits(&mut client, &bags), 300, "bag: after the addition");
+    assert_eq!(
+        held_by(&[&c1], &carts),
+        [0],
+        "moved keys deleted from carts"
+    );
+    assert_eq!(
+        hits(&mut client, &sessions),
+        300,
+        "sess: after the addition"
+    );
+
+    // default_pool switched to carts and back: the keys that stay keep
+    // their values both times.
+    reload(text("default_pool = \"carts\"", true));
+    assert_eq!(hits(&mut client, &bags), 300, "bag: after the switch");
+    assert_eq!(hits(&mut client, &sessions), 300, "sess: after the switch");
+    assert_eq!(
+        held_by(&[&c1], &users),
+        [0],
+        "moved keys deleted from carts"
+    );
+    reload(text("", true));
+    assert_eq!(
+        hits(&mut client, &sessions),
+        300,
+        "sess: after the switch back"
+    );
+    assert_eq!(hits(&mut client, &bags), 300, "bag: after the switch back");
+}
+
+/// A pool that is to take keys from another but whose server does not list
+/// its keys (started without the LRU crawler, as memcached before 1.4.31
+/// has none) refuses the reload: the routes in force stay, and nothing is
+/// flushed.
+#[test]
+fn keys_cannot_move_into_a_pool_whose_server_does_not_list_its_keys() {
+    let d1 = Memcached::start_with(&["-o", "no_lru_crawler"]);
+    let c1 = Memcached::start();
+    let dir = TempDir::new("pools", "unlisted");
+    let path = dir.path("memring.toml");
+    let text = |routes: &str| {
+        format!(
+            "listen = \"127.0.0.1:0\"\n[[servers]]\naddr = \"{}\"\n\n\
+             [[pools]]\nname = \"carts\"\n[[pools.servers]]\naddr = \"{}\"\n\n{routes}",
+            d1.addr(),
+            c1.addr()
+        )
+    };
+    let route = "[[routes]]\nprefix = \"cart:\"\npool = \"carts\"\n";
+    std::fs::write(&path, text(route)).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let stats = proxy.running().stats.clone();
+    let mut client = proxy.client();
+    let (carts, users) = (keys_with("cart:", 50), keys_with("user:", 50));
+    for key in carts.iter().chain(&users) {
+        assert_eq!(client.set(key, b"v1"), b"STORED\r\n");
+    }
+    let refused = stats.reload_count(false);
+    rewrite(&path, &text(""));
+    wait_for("the reload to be refused", || {
+        stats.reload_count(false) > refused
+    });
+    assert_eq!(stats.reload_count(true), 0);
+    // The route still holds, and the default pool was not flushed.
+    assert_eq!(held_by(&[&d1, &c1], &users), [50, 0]);
+    assert_eq!(client.set(&carts[0], b"v2"), b"STORED\r\n");
+    assert_eq!(c1.client().get(&carts[0]).as_deref(), Some(&b"v2"[..]));
+    assert_eq!(held_by(&[&d1], &carts), [0]);
+}

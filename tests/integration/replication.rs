@@ -888,3 +888,135 @@ fn replicated_delete_racing_a_copy(dialect: &str, verb: &str, undo: bool) {
         assert_eq!(through_b.get(&key), None, "after a noreply delete");
     }
 }
+
+/// Two servers with `replicas = 2`, reads falling through on a miss.
+fn two_replicas() -> (Vec<Memcached>, Proxy) {
+    let servers: Vec<Memcached> = (0..2).map(|_| Memcached::start()).collect();
+    let settings = "replicas = 2\nread_miss_fallthrough = true\nrequest_timeout_ms = 5000\n";
+    let proxy = Proxy::start(&servers.iter().collect::<Vec<_>>(), settings);
+    (servers, proxy)
+}
+
+#[test]
+fn an_add_refused_by_one_replica_leaves_its_value_on_none() {
+    use memring::protocol::ReplyKind;
+    let (servers, proxy) = two_replicas();
+    let mut client = proxy.client();
+    let mut direct: Vec<_> = servers.iter().map(Memcached::client).collect();
+    for i in 0..120 {
+        let key = format!("add:{i}");
+        // The value that makes the add fail is on one replica only: the
+        // first replica for some keys, the second for the others.
+        let holder = replicas_of(&proxy, &key)[i % 2];
+        assert_eq!(direct[holder].set(&key, b"old"), b"STORED\r\n");
+        let reply = match i % 4 {
+            0 | 1 => client.call(
+                format!("add {key} 0 0 3\r\nnew\r\n").as_bytes(),
+                ReplyKind::Line,
+            ),
+            2 => {
+                client.send(format!("ms {key} 3 ME\r\nnew\r\n").as_bytes());
+                client.meta_reply()
+            }
+            _ => {
+                client.send(format!("ms {key} 3 ME q O{i}\r\nnew\r\nmn\r\n").as_bytes());
+                let refused = client.meta_reply();
+                assert_eq!(show(&client.meta_reply()), "MN\\r\\n");
+                refused
+            }
+        };
+        let expected = match i % 4 {
+            0 | 1 => "NOT_STORED\\r\\n".to_string(),
+            2 => "NS\\r\\n".to_string(),
+            _ => format!("NS O{i}\\r\\n"),
+        };
+        assert_eq!(show(&reply), expected, "{key}");
+        for (s, server) in direct.iter_mut().enumerate() {
+            assert_ne!(
+                server.get(&key).as_deref(),
+                Some(&b"new"[..]),
+                "{key}: the refused add's value stayed on server {s}"
+            );
+        }
+        assert_eq!(client.get(&key).as_deref(), Some(&b"old"[..]), "{key}");
+    }
+    // noreply: the same, answered with nothing.
+    let key = "add:quiet";
+    let holder = replicas_of(&proxy, key)[1];
+    assert_eq!(direct[holder].set(key, b"old"), b"STORED\r\n");
+    client.send(b"add add:quiet 0 0 3 noreply\r\nnew\r\n");
+    assert_eq!(client.get(key).as_deref(), Some(&b"old"[..]));
+    assert!(direct
+        .iter_mut()
+        .all(|d| d.get(key).as_deref() != Some(&b"new"[..])));
+    // A key on no replica: stored on both, and a meta add returns its cas
+    // only when asked.
+    assert_eq!(
+        client.call(b"add add:fresh 0 0 1\r\nf\r\n", ReplyKind::Line),
+        b"STORED\r\n"
+    );
+    assert!(direct
+        .iter_mut()
+        .all(|d| d.get("add:fresh").as_deref() == Some(&b"f"[..])));
+    client.send(b"ms add:fresh2 1 ME O3 k\r\nf\r\n");
+    assert_eq!(show(&client.meta_reply()), "HD O3 kadd:fresh2\\r\\n");
+    client.send(b"ms add:fresh3 1 ME c\r\nf\r\n");
+    assert!(show(&client.meta_reply()).starts_with("HD c"));
+}
+
+#[test]
+fn concurrent_adds_of_one_key_store_exactly_one_value_on_every_replica() {
+    use memring::protocol::ReplyKind;
+    let (mut servers, proxy) = two_replicas();
+    // Keys whose first replica is server 0; server 1, their second, is
+    // stopped while both clients' adds reach it, so that it takes them in
+    // an order of its own.
+    let keys: Vec<String> = (0..2000)
+        .map(|i| format!("race:{i}"))
+        .filter(|key| replicas_of(&proxy, key)[0] == 0)
+        .take(200)
+        .collect();
+    let batch = |value: &str| -> Vec<u8> {
+        keys.iter()
+            .flat_map(|key| format!("add {key} 0 0 2\r\n{value}\r\n").into_bytes())
+            .collect()
+    };
+    let (mut one, mut two) = (proxy.client(), proxy.client());
+    let mut first = servers[0].client();
+    let adds_seen = |first: &mut crate::common::Client, count: u64| {
+        // Bounded, and not needed for the outcome: it only gives the adds
+        // time to queue on the stopped server (all of them, when every
+        // replica is sent an add at once).
+        let start = Instant::now();
+        while first.stat("cmd_set") < count && start.elapsed() < Duration::from_millis(500) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    servers[1].pause();
+    one.send(&batch("v1"));
+    adds_seen(&mut first, keys.len() as u64);
+    two.send(&batch("v2"));
+    adds_seen(&mut first, 2 * keys.len() as u64);
+    servers[1].resume();
+    let replies = |client: &mut crate::common::Client| -> Vec<bool> {
+        keys.iter()
+            .map(|_| client.reply(ReplyKind::Line) == b"STORED\r\n")
+            .collect()
+    };
+    let (a, b) = (replies(&mut one), replies(&mut two));
+    let mut client = proxy.client();
+    let mut direct: Vec<_> = servers.iter().map(Memcached::client).collect();
+    for (i, key) in keys.iter().enumerate() {
+        assert!(
+            a[i] ^ b[i],
+            "{key}: exactly one add stored ({}, {})",
+            a[i],
+            b[i]
+        );
+        let winner: &[u8] = if a[i] { b"v1" } else { b"v2" };
+        assert_eq!(client.get(key).as_deref(), Some(winner), "{key}");
+        for (s, server) in direct.iter_mut().enumerate() {
+            assert_eq!(server.get(key).as_deref(), Some(winner), "{key} on {s}");
+        }
+    }
+}

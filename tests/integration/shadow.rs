@@ -529,3 +529,196 @@ fn check_names_the_shadow_and_refuses_bad_ones_with_their_line() {
         assert!(stderr.contains(expected), "{stderr}");
     }
 }
+
+#[test]
+fn a_shadow_that_shed_writes_is_flushed_when_it_is_switched_to_serve() {
+    let primary = Memcached::start();
+    let mut candidate = Memcached::start();
+    let dir = TempDir::new("shadow", "promote");
+    let path = dir.path("memring.toml");
+    // A shadow request stays in flight for as long as the stopped shadow
+    // server holds it, so the worker's bound fills and copies are shed.
+    let grading = config(
+        &[&primary],
+        &[&candidate],
+        "",
+        Some("1.0"),
+        "request_timeout_ms = 30000",
+        "",
+    );
+    let switched = config(
+        &[&primary],
+        &[&candidate],
+        "default_pool = \"candidate\"",
+        None,
+        "request_timeout_ms = 30000\n[pools.shadow]\npool = \"default\"\nfraction = 1.0",
+        "",
+    );
+    std::fs::write(&path, &grading).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let overwritten = keys("over:", 300);
+    let deleted = keys("gone:", 200);
+    for key in overwritten.iter().chain(&deleted) {
+        assert_eq!(client.set(key, b"v1"), b"STORED\r\n");
+    }
+    wait_for("the shadow to hold every v1", || {
+        held_by(&[&candidate], &overwritten)[0] == 300 && held_by(&[&candidate], &deleted)[0] == 200
+    });
+    assert_eq!(figure(&shadow_stats(&mut client), "lost_writes"), 0);
+
+    // The shadow server stops; 20 000 pipelined noreply sets fill the
+    // worker's bound, and the overwrites and deletes after them are shed.
+    candidate.pause();
+    let mut burst = Vec::new();
+    for i in 0..20_000 {
+        burst.extend_from_slice(format!("set fill:{i} 0 0 1 noreply\r\nx\r\n").as_bytes());
+    }
+    for key in &overwritten {
+        burst.extend_from_slice(format!("set {key} 0 0 2 noreply\r\nv2\r\n").as_bytes());
+    }
+    for key in &deleted {
+        burst.extend_from_slice(format!("delete {key} noreply\r\n").as_bytes());
+    }
+    client.send(&burst);
+    assert_eq!(client.get(&overwritten[299]).as_deref(), Some(&b"v2"[..]));
+    candidate.resume();
+    // Its copies in flight land before a later one on the same connection.
+    let mut n = 0;
+    wait_for("the shadow to catch up", || {
+        n += 1;
+        let key = format!("barrier:{n}");
+        client.set(&key, b"b") == b"STORED\r\n" && candidate.client().get(&key).is_some()
+    });
+    let stats = shadow_stats(&mut client);
+    assert!(figure(&stats, "shed") > 0, "{stats:?}");
+    assert!(
+        figure(&stats, "lost_writes") >= 500,
+        "the grade says the shadow lacks writes: {stats:?}"
+    );
+    let mut shadow = candidate.client();
+    let stale = overwritten
+        .iter()
+        .filter(|k| shadow.get(k).as_deref() == Some(&b"v1"[..]))
+        .count();
+    println!("before the switch the shadow holds {stale} values older than the primary's");
+
+    // The documented switch: the shadow serves, the old pool shadows it.
+    let applied = proxy.running().stats.reload_count(true);
+    replace_by_rename(&path, &switched);
+    wait_for("the switch", || {
+        proxy.running().stats.reload_count(true) > applied
+    });
+    let older = overwritten
+        .iter()
+        .filter(|k| client.get(k).as_deref() == Some(&b"v1"[..]))
+        .count();
+    let back = deleted.iter().filter(|k| client.get(k).is_some()).count();
+    assert_eq!(
+        (older, back),
+        (0, 0),
+        "overwritten values and deleted keys read after the switch"
+    );
+    // The switched layout serves and writes as usual.
+    assert_eq!(client.set(&overwritten[0], b"v3"), b"STORED\r\n");
+    assert_eq!(client.get(&overwritten[0]).as_deref(), Some(&b"v3"[..]));
+    assert_eq!(
+        candidate.client().get(&overwritten[0]).as_deref(),
+        Some(&b"v3"[..])
+    );
+}
+
+#[test]
+fn a_switch_to_a_shadow_that_lost_writes_and_cannot_be_flushed_is_refused() {
+    let primary = Memcached::start();
+    let mut candidate = Memcached::start();
+    let dir = TempDir::new("shadow", "refuse");
+    let path = dir.path("memring.toml");
+    let grading = config(
+        &[&primary],
+        &[&candidate],
+        "connect_timeout_ms = 200\nrequest_timeout_ms = 200",
+        Some("1.0"),
+        "",
+        "",
+    );
+    let switched = config(
+        &[&primary],
+        &[&candidate],
+        "connect_timeout_ms = 200\nrequest_timeout_ms = 200\ndefault_pool = \"candidate\"",
+        None,
+        "",
+        "",
+    );
+    std::fs::write(&path, &grading).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    assert_eq!(client.set("k", b"v1"), b"STORED\r\n");
+    // A flush of the primary never reaches the shadow: a lost write.
+    assert_eq!(client.call(b"flush_all\r\n", ReplyKind::Line), b"OK\r\n");
+    assert_eq!(figure(&shadow_stats(&mut client), "lost_writes"), 1);
+    assert_eq!(candidate.client().get("k").as_deref(), Some(&b"v1"[..]));
+    candidate.kill();
+    let rejected = proxy.running().stats.reload_count(false);
+    replace_by_rename(&path, &switched);
+    wait_for("the switch to be refused", || {
+        proxy.running().stats.reload_count(false) > rejected
+    });
+    // The primary still serves: the flushed key stays a miss.
+    assert_eq!(client.set("after", b"a"), b"STORED\r\n");
+    assert_eq!(primary.client().get("after").as_deref(), Some(&b"a"[..]));
+    assert_eq!(client.get("k"), None);
+}
+
+#[test]
+fn a_switch_to_a_shadow_that_got_every_write_keeps_it_warm_both_ways() {
+    let primary = Memcached::start();
+    let candidate = Memcached::start();
+    let dir = TempDir::new("shadow", "clean");
+    let path = dir.path("memring.toml");
+    let grading = config(&[&primary], &[&candidate], "", Some("1.0"), "", "");
+    let switched = config(
+        &[&primary],
+        &[&candidate],
+        "default_pool = \"candidate\"",
+        None,
+        "[pools.shadow]\npool = \"default\"\nfraction = 1.0",
+        "",
+    );
+    std::fs::write(&path, &grading).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let stats = proxy.running().stats.clone();
+    let switch = |text: &str| {
+        let applied = stats.reload_count(true);
+        replace_by_rename(&path, text);
+        wait_for("the switch", || stats.reload_count(true) > applied);
+    };
+    let mut client = proxy.client();
+    let keys = keys("warm:", 200);
+    for key in &keys {
+        assert_eq!(client.set(key, b"v1"), b"STORED\r\n");
+    }
+    wait_for("the shadow to hold every key", || {
+        held_by(&[&candidate], &keys)[0] == 200
+    });
+    switch(&switched);
+    assert!(
+        keys.iter()
+            .all(|k| client.get(k).as_deref() == Some(&b"v1"[..])),
+        "not flushed"
+    );
+    for key in &keys {
+        assert_eq!(client.set(key, b"v2"), b"STORED\r\n");
+    }
+    wait_for("the old pool, now the shadow, to hold every v2", || {
+        let mut direct = primary.client();
+        keys.iter()
+            .all(|k| direct.get(k).as_deref() == Some(&b"v2"[..]))
+    });
+    switch(&grading);
+    assert!(
+        keys.iter()
+            .all(|k| client.get(k).as_deref() == Some(&b"v2"[..])),
+        "back, warm"
+    );
+}

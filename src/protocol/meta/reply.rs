@@ -231,8 +231,43 @@ pub(crate) fn cas_refused(meta: bool, reply: &[u8]) -> bool {
     }
 }
 
+/// The number of the `c` (cas) flag of a meta reply line (`HD c123 …`).
+pub(crate) fn returned_cas(reply: &[u8]) -> Option<u64> {
+    let line = reply.strip_suffix(b"\r\n").unwrap_or(reply);
+    let token = line
+        .split(|&b| b == b' ')
+        .skip(1)
+        .find(|t| t.first() == Some(&b'c'))?;
+    std::str::from_utf8(&token[1..]).ok()?.parse().ok()
+}
+
+/// A meta reply line without its `c` flag (the cas memring asked for
+/// itself, which the client did not).
+pub(crate) fn without_cas(reply: &bytes::Bytes) -> bytes::Bytes {
+    let line = reply.strip_suffix(b"\r\n").unwrap_or(reply);
+    let mut tokens = line.split(|&b| b == b' ');
+    let mut out = bytes::BytesMut::with_capacity(reply.len());
+    out.extend_from_slice(tokens.next().unwrap_or_default());
+    for token in tokens.filter(|t| t.first() != Some(&b'c')) {
+        out.extend_from_slice(b" ");
+        out.extend_from_slice(token);
+    }
+    out.extend_from_slice(b"\r\n");
+    out.freeze()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_cas_memring_asked_for_is_read_and_left_out() {
+        assert_eq!(super::returned_cas(b"HD c12 O5 kk\r\n"), Some(12));
+        assert_eq!(super::returned_cas(b"NS O5\r\n"), None);
+        let reply = bytes::Bytes::from_static(b"NS c0 O6 kk\r\n");
+        assert_eq!(&super::without_cas(&reply)[..], b"NS O6 kk\r\n");
+        let reply = bytes::Bytes::from_static(b"HD c3\r\n");
+        assert_eq!(&super::without_cas(&reply)[..], b"HD\r\n");
+    }
+
     #[test]
     fn stored_and_cas_refusals_read_alike_in_both_dialects() {
         for (meta, yes, refused, other) in [
