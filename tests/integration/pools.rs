@@ -926,3 +926,168 @@ fn keys_cannot_move_into_a_pool_whose_server_does_not_list_its_keys() {
     assert_eq!(c1.client().get(&carts[0]).as_deref(), Some(&b"v2"[..]));
     assert_eq!(held_by(&[&d1], &carts), [0]);
 }
+
+/// The model test of pool switches: one writer runs a random sequence of
+/// set, delete, append and incr through memring while the layout goes round
+/// routes added and removed, `default_pool` switched, a shadow attached with
+/// every write and then switched to serve (and back), in a random order.
+/// Readers check every read against the model of one memcached: a value may
+/// be missing (a miss is always allowed) but never older than a write
+/// already acknowledged.
+#[test]
+fn random_writes_and_pool_switches_never_read_older_than_an_acknowledged_write() {
+    const KEYS: usize = 40;
+    const STEPS: usize = 900;
+    let servers: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
+    let dir = TempDir::new("pools", "switch-model");
+    let path = dir.path("memring.toml");
+    // The default pool over servers 0 and 1; pool `next` over server 2.
+    let layout = |state: usize| {
+        let (top, default_shadow, next_shadow, routes) = match state {
+            // Default serves alone.
+            0 => ("", "", "", ""),
+            // `next` grades as default's shadow with every write.
+            1 => ("", "[shadow]\npool = \"next\"\nfraction = 1.0\n", "", ""),
+            // Switched: next serves, default is its shadow.
+            2 => (
+                "default_pool = \"next\"\n",
+                "",
+                "[pools.shadow]\npool = \"default\"\nfraction = 1.0\n",
+                "",
+            ),
+            // next serves cart: keys only.
+            3 => (
+                "",
+                "",
+                "",
+                "[[routes]]\nprefix = \"cart:\"\npool = \"next\"\n",
+            ),
+            // next serves every key, with no shadow.
+            _ => ("default_pool = \"next\"\n", "", "", ""),
+        };
+        format!(
+            "listen = \"127.0.0.1:0\"\n{top}{default_shadow}\
+             [[servers]]\naddr = \"{}\"\n[[servers]]\naddr = \"{}\"\n\n\
+             [[pools]]\nname = \"next\"\n{next_shadow}[[pools.servers]]\naddr = \"{}\"\n\n{routes}",
+            servers[0].addr(),
+            servers[1].addr(),
+            servers[2].addr()
+        )
+    };
+    std::fs::write(&path, layout(0)).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let stats = proxy.running().stats.clone();
+    let key = |k: usize| {
+        if k % 2 == 0 {
+            format!("cart:{k}")
+        } else {
+            format!("user:{k}")
+        }
+    };
+    // Values are `<version>` or, after appends, `<version>.<version>…`; a
+    // key's versions only grow. `floor[k]`: the version of k's last
+    // acknowledged write (a delete too).
+    let floor: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let version_of = |value: &[u8]| -> u64 {
+        let text = String::from_utf8_lossy(value);
+        let last = text.rsplit('.').next().unwrap_or("").trim().to_string();
+        last.parse().unwrap_or_else(|_| panic!("value {text}"))
+    };
+    let readers: Vec<_> = (0..2)
+        .map(|r| {
+            let (floor, stop, addr) = (floor.clone(), stop.clone(), proxy.addr);
+            std::thread::spawn(move || -> Vec<String> {
+                let mut client = Client::connect(&addr.to_string());
+                let mut stale = Vec::new();
+                let mut k = r;
+                while !stop.load(Ordering::Relaxed) {
+                    k = (k * 7 + 3) % KEYS;
+                    let name = key(k);
+                    let before = floor[k].load(Ordering::SeqCst);
+                    if let Some(value) = client.get(&name) {
+                        let read = version_of(&value);
+                        if read < before {
+                            stale.push(format!("reader {r}: {name} read v{read} after v{before}"));
+                        }
+                    }
+                }
+                stale
+            })
+        })
+        .collect();
+    let mut writer = proxy.client();
+    let mut rng: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let (mut state, mut version, mut switches) = (0usize, 0u64, 0u32);
+    for step in 0..STEPS {
+        if step % 60 == 59 {
+            let to = loop {
+                let to = (next() % 5) as usize;
+                if to != state {
+                    break to;
+                }
+            };
+            let applied = stats.reload_count(true);
+            rewrite(&path, &layout(to));
+            wait_for("the switch", || stats.reload_count(true) > applied);
+            state = to;
+            switches += 1;
+        }
+        let k = (next() % KEYS as u64) as usize;
+        let name = key(k);
+        // Versions ending in 9 mark deletes: no read may return one.
+        version += 10;
+        let request = match next() % 6 {
+            0 => format!("delete {name}\r\n"),
+            1 => format!(
+                "append {name} 0 0 {}\r\n.{version}\r\n",
+                format!(".{version}").len()
+            ),
+            // By 10: the count stays above the key's last version (a value
+            // with appends is not a number: memcached refuses it).
+            2 => format!("incr {name} 10\r\n"),
+            _ => {
+                let value = version.to_string();
+                format!("set {name} 0 0 {}\r\n{value}\r\n", value.len())
+            }
+        };
+        let reply = writer.call(request.as_bytes(), ReplyKind::Line);
+        let acknowledged = match &reply[..] {
+            b"STORED\r\n" => Some(version),
+            b"DELETED\r\n" => Some(version - 1),
+            number if number.first().is_some_and(u8::is_ascii_digit) => {
+                let count: u64 = String::from_utf8_lossy(number).trim().parse().unwrap();
+                version = version.max(count);
+                Some(count)
+            }
+            b"NOT_FOUND\r\n" | b"NOT_STORED\r\n" => None,
+            b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n" => None,
+            other => panic!("{request:?} answered {}", String::from_utf8_lossy(other)),
+        };
+        if let Some(acknowledged) = acknowledged {
+            floor[k].fetch_max(acknowledged, Ordering::SeqCst);
+        }
+        // The writer reads its own keys too: never below its last write.
+        let before = floor[k].load(Ordering::SeqCst);
+        if let Some(value) = writer.get(&name) {
+            let read = version_of(&value);
+            assert!(
+                read >= before,
+                "writer: {name} read v{read} after v{before} (state {state})"
+            );
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let stale: Vec<String> = readers
+        .into_iter()
+        .flat_map(|r| r.join().unwrap())
+        .collect();
+    assert!(switches >= 10, "{switches} switches");
+    assert!(stale.is_empty(), "{} stale reads: {stale:?}", stale.len());
+}
