@@ -219,11 +219,7 @@ impl ClientSession {
             } => {
                 // The copies go out before any later request of this
                 // client, as for a replicated `cas`.
-                let copy_expect = Expect::Meta {
-                    command: meta.command,
-                    quiet: false,
-                    replied: false,
-                };
+                let copy_expect = Expect::meta(meta.command, false);
                 let copy = || smallvec::smallvec![copy.clone()];
                 let cas_copy = CasCopy {
                     wire: &copy,
@@ -370,11 +366,7 @@ impl ClientSession {
                     }
                 };
                 let expect = if sub.meta {
-                    Expect::Meta {
-                        command: MetaCommand::Get,
-                        quiet: false,
-                        replied: false,
-                    }
+                    Expect::meta(MetaCommand::Get, false)
                 } else {
                     Expect::values(sub.line.clone())
                 };
@@ -578,11 +570,7 @@ impl ClientSession {
 
     fn forget_on(&self, topology: &Topology, server: usize, key: &(Bytes, bool)) -> Part {
         let line = [crate::plan::handoff::forget_line(&key.0, key.1)];
-        let expect = Expect::Meta {
-            command: MetaCommand::Delete,
-            quiet: false,
-            replied: false,
-        };
+        let expect = Expect::meta(MetaCommand::Delete, false);
         self.send_to(topology, server, &line, &expect, None)
     }
 

@@ -289,11 +289,7 @@ impl ClientSession {
             wire.push(Bytes::from_static(b"mn\r\n"));
         }
         let parts = |servers: &[usize]| servers.iter().map(|&s| Part::new(s)).collect();
-        let expect = Expect::Meta {
-            command: request.command,
-            quiet,
-            replied: false,
-        };
+        let expect = Expect::meta(request.command, quiet);
         let mut older = None;
         let mode = match plan {
             MetaPlan::Reply(reply) => {

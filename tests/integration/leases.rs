@@ -82,12 +82,103 @@ fn a_lease_reads_as_a_miss_in_every_kind_of_read() {
         (&b"append leased 0 0 3\r\n.v7\r\n"[..], "mg {key} v\r\n"),
         (b"prepend leased 0 0 2\r\nv6\r\n", "mg {key} v f\r\n"),
     ] {
+        place(&mut direct, "leased", LEASE_MARKER);
         assert_eq!(direct.call(change, ReplyKind::Line), b"STORED\r\n");
         assert_eq!(client.get_raw("leased"), b"END\r\n");
         meta_alike(&mut client, &mut direct, read, "leased", "absent");
     }
     // The lease is still there: memring only read it.
     assert!(show(&direct.get_raw("leased")).contains("memring hand-off lease"));
+}
+
+/// Every `mg` that does not ask for the value (issue 48, item 2) answers
+/// a lease as memcached answers an absent key: memring asks for the client
+/// flags (and the size) it needs to know a lease by, and the client gets
+/// memcached's bytes for its own request.
+#[test]
+fn a_lease_is_a_miss_to_an_mg_that_does_not_ask_for_the_value() {
+    let server = Memcached::start();
+    let proxy = Proxy::start(&[&server], "");
+    let (mut direct, mut client) = (server.client(), proxy.client());
+    place(&mut direct, "leased", LEASE_MARKER);
+    let mut appended = LEASE_MARKER.to_vec();
+    appended.extend_from_slice(b".v7");
+    place(&mut direct, "appended", &appended);
+    for leased in ["leased", "appended"] {
+        for request in [
+            "mg {key}\r\n",
+            "mg {key} s\r\n",
+            "mg {key} f\r\n",
+            "mg {key} t\r\n",
+            "mg {key} c\r\n",
+            "mg {key} k O9\r\n",
+            "mg {key} O9 k s f t c\r\n",
+            "mg {key} v\r\n",
+            "mg {key} u h l\r\n",
+        ] {
+            meta_alike(&mut client, &mut direct, request, leased, "absent");
+        }
+        // A quiet mg says nothing on a miss: only the mn's MN comes.
+        client.send(format!("mg {leased} q s\r\nmg {leased} q k\r\nmn\r\n").as_bytes());
+        assert_eq!(show(&client.meta_reply()), "MN\\r\\n", "{leased}");
+    }
+    // A value: the reply is memcached's own, the flags memring asked for
+    // removed.
+    direct.set("value", b"abc");
+    for request in [
+        "mg {key}\r\n",
+        "mg {key} s\r\n",
+        "mg {key} k O9 t\r\n",
+        "mg {key} f O1\r\n",
+        "mg {key} v k\r\n",
+    ] {
+        meta_alike(&mut client, &mut direct, request, "value", "value");
+    }
+    client.send(b"mg value q k\r\nmn\r\n");
+    assert_eq!(show(&client.meta_reply()), "HD kvalue\\r\\n");
+    assert_eq!(show(&client.meta_reply()), "MN\\r\\n");
+}
+
+/// Values that merely look like leases are values (issue 48, item 5): the
+/// marker at an end of a value with other flags, and the marker in the
+/// middle of a value with the lease's flags.
+#[test]
+fn values_that_look_like_leases_are_values_to_every_read() {
+    let server = Memcached::start();
+    let proxy = Proxy::start(&[&server], "");
+    let (mut direct, mut client) = (server.client(), proxy.client());
+    let mut starts = LEASE_MARKER.to_vec();
+    starts.extend_from_slice(b"tail");
+    let mut ends = b"head".to_vec();
+    ends.extend_from_slice(LEASE_MARKER);
+    direct.set("starts", &starts);
+    direct.set("ends", &ends);
+    direct.set("exactly", LEASE_MARKER);
+    place(
+        &mut direct,
+        "middle",
+        &[&b"head"[..], LEASE_MARKER, b"tail"].concat(),
+    );
+    for key in ["starts", "ends", "exactly", "middle"] {
+        for request in ["get {key}\r\n", "gets {key}\r\n"] {
+            let request = request.replace("{key}", key);
+            assert_eq!(
+                show(&client.call(request.as_bytes(), ReplyKind::Values)),
+                show(&direct.call(request.as_bytes(), ReplyKind::Values)),
+                "{request}"
+            );
+        }
+        for request in ["mg {key} v\r\n", "mg {key} v f s t c\r\n"] {
+            meta_alike(&mut client, &mut direct, request, key, key);
+        }
+        // Without the value, an item is known by its flags and size: only
+        // the lease's flags are memring's (docs/handoff.md).
+        if key != "middle" {
+            for request in ["mg {key} s\r\n", "mg {key}\r\n"] {
+                meta_alike(&mut client, &mut direct, request, key, key);
+            }
+        }
+    }
 }
 
 /// Five memcached servers and a memring moved from the first four to all
@@ -245,4 +336,135 @@ fn an_increment_meeting_another_sidecars_lease_continues_the_count() {
             "{key} on its new owner"
         );
     }
+}
+
+/// A differential test: a leased key through memring and an absent key on
+/// one memcached get the same random reads, in both dialects (`mg` with
+/// every combination of the flags a read may carry, quiet or not, and
+/// classic multi-key gets mixing the key with values), and must answer the
+/// same bytes. Seeded, so a failure names its seed and repeats.
+#[test]
+fn a_leased_key_answers_every_read_as_an_absent_key_does() {
+    let server = Memcached::start();
+    let proxy = Proxy::start(&[&server], "");
+    let (mut direct, mut client) = (server.client(), proxy.client());
+    let mut appended = LEASE_MARKER.to_vec();
+    appended.extend_from_slice(b"-appended");
+    let mut prepended = b"prepended-".to_vec();
+    prepended.extend_from_slice(LEASE_MARKER);
+    // Leased keys and absent keys of the same length, so a `k` token or a
+    // base64 key reads alike once the name is swapped.
+    let leases = [
+        ("lease0", LEASE_MARKER),
+        ("lease1", &appended),
+        ("lease2", &prepended),
+    ];
+    for (key, data) in leases {
+        place(&mut direct, key, data);
+    }
+    client.set("value", b"v");
+    let flags = ["v", "f", "s", "t", "c", "k", "h", "l", "u", "O", "q", "b"];
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for round in 0..600 {
+        let (leased, _) = leases[(next() % 3) as usize];
+        let absent = "absent";
+        let mut chosen: Vec<&str> = flags.iter().copied().filter(|_| next() % 3 == 0).collect();
+        // Any order memcached takes.
+        for i in (1..chosen.len()).rev() {
+            chosen.swap(i, (next() % (i as u64 + 1)) as usize);
+        }
+        let base64 = chosen.contains(&"b");
+        let token = |key: &str| {
+            if base64 {
+                base64_of(key.as_bytes())
+            } else {
+                key.to_string()
+            }
+        };
+        let line = |key: &str| {
+            let mut line = format!("mg {}", token(key));
+            for flag in &chosen {
+                line.push(' ');
+                line.push_str(flag);
+                if *flag == "O" {
+                    line.push_str(&format!("{round}"));
+                }
+            }
+            line.push_str("\r\n");
+            if chosen.contains(&"q") {
+                line.push_str("mn\r\n");
+            }
+            line
+        };
+        let (through, straight) = (line(leased), line(absent));
+        client.send(through.as_bytes());
+        direct.send(straight.as_bytes());
+        let (got, want) = (
+            replies_to_mn(&mut client, &through),
+            replies_to_mn(&mut direct, &straight),
+        );
+        assert_eq!(
+            show(&got),
+            show(&want).replace(&token(absent), &token(leased)),
+            "round {round}: {through:?} on a lease, {straight:?} on memcached"
+        );
+
+        // Classic: the key among values, in a random place.
+        let get = ["get", "gets", "get", "gets"][(next() % 4) as usize];
+        let first = next() % 2 == 0;
+        let classic = |key: &str| {
+            if first {
+                format!("{get} {key} value\r\n")
+            } else {
+                format!("{get} value {key}\r\n")
+            }
+        };
+        let got = client.call(classic(leased).as_bytes(), ReplyKind::Values);
+        let want = direct.call(classic(absent).as_bytes(), ReplyKind::Values);
+        // gets' cas of `value` is the same item's on both.
+        assert_eq!(
+            show(&got),
+            show(&want),
+            "round {round}: {}",
+            classic(leased)
+        );
+    }
+}
+
+/// The replies to `request` up to its last line (`MN` when it ends with
+/// `mn`).
+fn replies_to_mn(client: &mut Client, request: &str) -> Vec<u8> {
+    let mut all = Vec::new();
+    loop {
+        let reply = client.meta_reply();
+        let done = !request.ends_with("mn\r\n") || reply == b"MN\r\n";
+        all.extend_from_slice(&reply);
+        if done {
+            return all;
+        }
+    }
+}
+
+fn base64_of(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        for i in 0..=chunk.len() {
+            out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+        }
+        for _ in chunk.len()..3 {
+            out.push('=');
+        }
+    }
+    out
 }

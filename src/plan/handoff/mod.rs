@@ -388,7 +388,13 @@ impl Moved {
                 Step::Send {
                     to: Owner::New,
                     lines: smallvec::smallvec![probe_line(&key, base64)],
-                    expect: meta_expect(MetaCommand::Get),
+                    // The probe is what sees the lease as a lease.
+                    expect: Expect::Meta {
+                        command: MetaCommand::Get,
+                        quiet: false,
+                        replied: false,
+                        leases_shown: true,
+                    },
                 }
             }
             (_, Stage::Probe) => self.take_over_lease(result),
@@ -702,11 +708,7 @@ pub(crate) enum MetaMove {
 
 /// How a meta reply to `command` is framed (never quiet: memring's own).
 pub(crate) fn meta_expect(command: MetaCommand) -> Expect {
-    Expect::Meta {
-        command,
-        quiet: false,
-        replied: false,
-    }
+    Expect::meta(command, false)
 }
 
 /// The reply says the command changed the key: stored, a new number,
@@ -1719,11 +1721,7 @@ mod tests {
     }
 
     fn meta_moved(what: MetaMove, command: MetaCommand, line: &'static [u8]) -> Moved {
-        let expect = Expect::Meta {
-            command,
-            quiet: false,
-            replied: false,
-        };
+        let expect = Expect::meta(command, false);
         let wire: Outbound = smallvec::smallvec![Bytes::from_static(line)];
         Moved::meta(
             what,
