@@ -630,6 +630,9 @@ fn deliver(
                 let bytes = read_buf.split_to(len);
                 // Known before the tag goes: it may carry what shows a lease.
                 let lease = holds_lease(&front.expect, &bytes, key.end);
+                if lease {
+                    note_lease(front.slot.as_deref(), &front.expect, &bytes);
+                }
                 let bytes = match &front.tag {
                     // The one reply of a quiet meta request.
                     Some(tag) => untag(bytes, tag).map_err(protocol_error)?,
@@ -661,6 +664,9 @@ fn deliver(
                     );
                 let wanted = !front.probe && front.slot.is_some() && !is_end;
                 let lease = !quiet_end && holds_lease(&front.expect, &read_buf[..len], 0);
+                if lease {
+                    note_lease(front.slot.as_deref(), &front.expect, &read_buf[..len]);
+                }
                 let bytes = match (&front.tag, quiet_end) {
                     (Some(tag), false) => {
                         Some(untag(read_buf.split_to(len), tag).map_err(protocol_error)?)
@@ -715,6 +721,15 @@ fn holds_lease(expect: &Expect, piece: &[u8], key_end: usize) -> bool {
             ..
         } if expect.hides_leases() => lease::meta_reply_is_lease(piece),
         _ => false,
+    }
+}
+
+/// Hands the cas of a lease an `mg` reply showed to the request's slot.
+fn note_lease(slot: Option<&Slot>, expect: &Expect, reply: &[u8]) {
+    if let (Some(slot), Expect::Meta { .. }) = (slot, expect) {
+        if let Some(cas) = lease::meta_reply_cas(reply) {
+            slot.met_lease(cas);
+        }
     }
 }
 

@@ -138,6 +138,19 @@ pub fn meta_reply_is_lease(reply: &[u8]) -> bool {
     is_lease(flags, size, data)
 }
 
+/// The `c` token of an `mg` reply (the item's cas), if it has one.
+pub fn meta_reply_cas(reply: &[u8]) -> Option<u64> {
+    let line_end = memchr::memchr(b'\n', reply)?;
+    let line = &reply[..line_end];
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let skip = if reply.starts_with(b"VA ") { 2 } else { 1 };
+    let token = line
+        .split(|&b| b == b' ')
+        .skip(skip)
+        .find(|token| token.first() == Some(&b'c'))?;
+    std::str::from_utf8(&token[1..]).ok()?.parse().ok()
+}
+
 /// For an `mg` reply that [`meta_reply_is_lease`], the `EN` line memcached
 /// sends for a miss: the reply's `O` and `k` tokens in their order, and
 /// nothing else. `base64_key` is the request's key token when it carried
@@ -291,5 +304,7 @@ mod tests {
         bare.extend_from_slice(LEASE_MARKER);
         bare.extend_from_slice(b"\r\n");
         assert_eq!(&meta_miss(&bare, None)[..], b"EN\r\n");
+        assert_eq!(meta_reply_cas(b"HD s24 c77 f1\r\n"), Some(77));
+        assert_eq!(meta_reply_cas(&bare), None);
     }
 }

@@ -3,6 +3,7 @@
 //! loop in `session/mod.rs`.
 
 use super::*;
+use crate::plan::lease_retry::LeaseStep;
 
 /// Smallest reply size assumed for a key not yet answered.
 const MIN_ESTIMATE_BYTES: usize = 1024;
@@ -228,6 +229,30 @@ impl ClientSession {
                 let (part, hot) = (&mut meta.parts[0], e.hot);
                 self.cas_step(topology, machine, part, copied, &cas_copy, hot)
             }
+            MetaMode::Leased(retry) => loop {
+                let part = &mut meta.parts[0];
+                part.absorb();
+                let Some(result) = part.result.take() else {
+                    return false;
+                };
+                let lease = part.slot.as_ref().and_then(|slot| slot.lease());
+                let server = part.server;
+                match retry.on_reply(result, lease) {
+                    LeaseStep::Answer(result) => {
+                        part.result = Some(result);
+                        return true;
+                    }
+                    LeaseStep::Probe { line, expect } => {
+                        *part = self.send_to(topology, server, &[line], &expect, None);
+                    }
+                    LeaseStep::Rerun { delete } => {
+                        let expect = Expect::meta(MetaCommand::Delete, false);
+                        let mut removal = Part::new(server);
+                        self.send(topology, &mut removal, &[delete], expect, false, None);
+                        *part = self.send_to(topology, server, &meta.wire, &meta.expect, e.hot);
+                    }
+                }
+            },
             MetaMode::ReadThrough {
                 servers,
                 next,

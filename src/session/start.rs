@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::plan::handoff::cas::CasTakeover;
+use crate::plan::lease_retry::LeaseRetry;
 use crate::plan::route::Split;
 
 impl ClientSession {
@@ -304,7 +305,9 @@ impl ClientSession {
                 self.push(entry);
                 return;
             }
-            MetaPlan::Key(Placement::Owner { server, .. }) => (parts(&[server]), MetaMode::Forward),
+            MetaPlan::Key(Placement::Owner { server, .. }) => {
+                (parts(&[server]), leased(&request, &bytes, &topology))
+            }
             MetaPlan::Key(Placement::Quorum {
                 servers,
                 quorum,
@@ -418,6 +421,23 @@ impl ClientSession {
             older: OlderForget::new(older),
         }));
         self.push(entry);
+    }
+}
+
+/// How a meta request on one owner is answered: as the owner answers, or,
+/// during a hand-off window (when other sidecars' copies may have left
+/// leases) for a command a lease would mislead, removing the lease and
+/// running again (see `lease_retry`). Such a command waits for its answer
+/// before the client's next request goes out, so only inside a window.
+fn leased(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> MetaMode {
+    if topology.previous.is_none() {
+        return MetaMode::Forward;
+    }
+    let key = bytes.slice_ref(request.key_token(bytes));
+    let has = |flag| request.flags(bytes).any(|(f, _)| f == flag);
+    match LeaseRetry::for_meta(request.command, key, request.base64, has, request.mode) {
+        Some(retry) => MetaMode::Leased(Box::new(retry)),
+        None => MetaMode::Forward,
     }
 }
 

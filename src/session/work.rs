@@ -248,6 +248,10 @@ pub(super) enum MetaMode {
     /// A meta command on a moved key, run by the hand-off's state machine
     /// (see `handoff::Moved`): the part is its step under way.
     Moved(Box<MetaMoved>),
+    /// A command on one owner that removes a hand-off lease it meets and
+    /// runs again (see `lease_retry::LeaseRetry`): the part is its step
+    /// under way.
+    Leased(Box<crate::plan::lease_retry::LeaseRetry>),
 }
 
 impl MetaMode {

@@ -188,7 +188,21 @@ struct Joined {
     servers: Vec<Memcached>,
     proxy: Proxy,
     moved: Vec<String>,
+    /// The ring of five.
+    ring: memring::ring::Ring,
     _dir: TempDir,
+}
+
+impl Joined {
+    /// The index in `servers` of `key`'s owner among five.
+    fn owner(&self, key: &str) -> usize {
+        let member = self.ring.owner(key.as_bytes()).unwrap();
+        let identity = &self.ring.members()[member].identity;
+        self.servers
+            .iter()
+            .position(|s| *identity == format!("cache-{}", s.port))
+            .unwrap()
+    }
 }
 
 impl Joined {
@@ -227,6 +241,7 @@ impl Joined {
             servers,
             proxy,
             moved,
+            ring: five,
             _dir: dir,
         }
     }
@@ -467,4 +482,66 @@ fn base64_of(bytes: &[u8]) -> String {
         }
     }
     out
+}
+
+/// A meta command that a lease would mislead (issue 48, items 2 and 3),
+/// inside a hand-off window: `mg … N` vivifies, `mg … T` misses and leaves
+/// no lease behind to stretch, `ma … N` autovivifies, `ma` answers `NF` and
+/// `ms … ME` stores, byte for byte as one memcached where the key is
+/// absent; and the key is then what it is there.
+#[test]
+fn a_meta_command_meeting_a_lease_answers_as_for_an_absent_key() {
+    let joined = Joined::start("commands", 0, |_| String::new());
+    let reference = Memcached::start();
+    let (mut client, mut absent) = (joined.proxy.client(), reference.client());
+    let cases = [
+        "mg {key} N30 v\r\n",
+        "mg {key} N30\r\n",
+        "mg {key} N30 s t k O5\r\n",
+        "mg {key} T3600 v\r\n",
+        "mg {key} T3600\r\n",
+        "mg {key} v T3600 N30\r\n",
+        "ma {key} N0 J10 v\r\n",
+        "ma {key} N0 J10 q O7\r\nmn\r\n",
+        "ma {key}\r\n",
+        "ma {key} MD v\r\n",
+        "ms {key} 2 ME\r\nhi\r\n",
+        "ms {key} 2 ME k O3 q\r\nhi\r\nmn\r\n",
+        "mg {key} v N30 q\r\nmn\r\n",
+    ];
+    // Keys that did not move: their one owner answers (a moved key's
+    // commands run the hand-off's own steps).
+    let stay = (0..1000)
+        .map(|i| format!("commands:{i}"))
+        .filter(|key| joined.owner(key) != 4);
+    for (request, key) in cases.iter().zip(stay) {
+        let mut owner = joined.servers[joined.owner(&key)].client();
+        place(&mut owner, &key, LEASE_MARKER);
+        let (through, direct) = (
+            request.replace("{key}", &key),
+            request.replace("{key}", &key),
+        );
+        client.send(through.as_bytes());
+        absent.send(direct.as_bytes());
+        assert_eq!(
+            show(&replies_to_mn(&mut client, &through)),
+            show(&replies_to_mn(&mut absent, &direct)),
+            "{through:?} on a lease"
+        );
+        // What the key is afterwards, and that no lease is left to meet.
+        let after = format!("mg {key} v f\r\n");
+        client.send(after.as_bytes());
+        absent.send(after.as_bytes());
+        assert_eq!(
+            show(&client.meta_reply()),
+            show(&absent.meta_reply()),
+            "{through:?}: the key afterwards"
+        );
+        let add = format!("add {key} 0 0 1\r\nx\r\n");
+        assert_eq!(
+            show(&client.call(add.as_bytes(), ReplyKind::Line)),
+            show(&absent.call(add.as_bytes(), ReplyKind::Line)),
+            "{through:?}: an add afterwards"
+        );
+    }
 }

@@ -880,7 +880,7 @@ pub(crate) fn fetch_line(key_token: &[u8], base64: bool, with_cas: bool) -> Byte
 /// command found not a number: its cas, flags and size, to know a lease by.
 /// Not its data: every `mg` reply with a lease's data reaches memring as a
 /// miss (`backend::conn`).
-fn probe_line(key_token: &[u8], base64: bool) -> Bytes {
+pub(crate) fn probe_line(key_token: &[u8], base64: bool) -> Bytes {
     let mut line = BytesMut::with_capacity(key_token.len() + 14);
     line.put_slice(b"mg ");
     line.put_slice(key_token);
@@ -894,7 +894,7 @@ fn probe_line(key_token: &[u8], base64: bool) -> Bytes {
 
 /// The cas of the lease a [`probe_line`]'s reply (`HD c<cas> f<flags>
 /// s<size>`) shows: the lease's flags, and a size the marker fits in.
-fn probed_lease(reply: &[u8]) -> Option<u64> {
+pub(crate) fn probed_lease(reply: &[u8]) -> Option<u64> {
     let is_lease = hd_number(reply, b'f') == Some(u64::from(lease::LEASE_FLAGS))
         && hd_number(reply, b's').is_some_and(|size| size >= lease::LEASE_MARKER.len() as u64);
     hd_number(reply, b'c').filter(|_| is_lease)
@@ -913,7 +913,7 @@ fn hd_number(reply: &[u8], flag: u8) -> Option<u64> {
 
 /// memcached's refusal of `incr`, `decr` or `ma` on a value that is not a
 /// number (both dialects say it alike).
-fn not_a_number(result: &CallResult) -> bool {
+pub(crate) fn not_a_number(result: &CallResult) -> bool {
     matches!(result, Ok(reply) if reply.starts_with(b"CLIENT_ERROR cannot increment or decrement non-numeric value"))
 }
 
@@ -1149,7 +1149,7 @@ fn holds(copy: &Outbound, reply: &[u8]) -> bool {
 }
 
 /// `md <key>`, with `C<cas>` when `cas` is given.
-fn delete_line(key_token: &[u8], base64: bool, cas: Option<u64>) -> Bytes {
+pub(crate) fn delete_line(key_token: &[u8], base64: bool, cas: Option<u64>) -> Bytes {
     let mut line = BytesMut::with_capacity(key_token.len() + 28);
     line.put_slice(b"md ");
     line.put_slice(key_token);

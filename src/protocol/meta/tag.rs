@@ -67,11 +67,14 @@ impl Tag {
 struct Revealed {
     flags: bool,
     size: bool,
+    /// `c`, for an `mg` that changes the item (`T`, `N`): a lease it meets
+    /// is removed by its cas (`plan::lease_retry`).
+    cas: bool,
 }
 
 impl Revealed {
     fn any(self) -> bool {
-        self.flags || self.size
+        self.flags || self.size || self.cas
     }
 
     /// Whether `token`, a return flag of the reply, is one memring added
@@ -80,6 +83,7 @@ impl Revealed {
         match token.first() {
             Some(b'f') => self.flags,
             Some(b's') => self.size,
+            Some(b'c') => self.cas,
             _ => false,
         }
     }
@@ -128,6 +132,7 @@ fn tag_with(request: &Bytes, value: u32, lines: &mut BytesMut, reveal: bool) -> 
     let mut tokens = 0;
     let mut opaque: Option<(usize, usize)> = None;
     let (mut has_flags, mut has_size, mut has_value) = (false, false, false);
+    let (mut has_cas, mut changes) = (false, false);
     let (mut key, mut base64) = (0..0, false);
     for (start, token) in tokens_of(content) {
         tokens += 1;
@@ -147,19 +152,25 @@ fn tag_with(request: &Bytes, value: u32, lines: &mut BytesMut, reveal: bool) -> 
             Some(b'f') => has_flags = true,
             Some(b's') => has_size = true,
             Some(b'v') => has_value = true,
+            Some(b'c') => has_cas = true,
+            Some(b'T' | b'N') => changes = true,
             _ => {}
         }
     }
     let mut added = Revealed {
         flags: reveal && !has_flags,
         size: reveal && !has_value && !has_size,
+        cas: reveal && changes && !has_cas,
     };
-    let total =
-        tokens + usize::from(opaque.is_none()) + usize::from(added.flags) + usize::from(added.size);
+    let total = tokens
+        + usize::from(opaque.is_none())
+        + usize::from(added.flags)
+        + usize::from(added.size)
+        + usize::from(added.cas);
     if total > MAX_TOKENS {
         added = Revealed::default();
     }
-    let needed = content_end + OPAQUE_TOKEN_BYTES + 7;
+    let needed = content_end + OPAQUE_TOKEN_BYTES + 9;
     lines.clear();
     if lines.capacity() < needed {
         lines.reserve(needed.max(LINES_BLOCK_BYTES));
@@ -187,6 +198,9 @@ fn tag_with(request: &Bytes, value: u32, lines: &mut BytesMut, reveal: bool) -> 
     }
     if added.size {
         line.put_slice(b" s");
+    }
+    if added.cas {
+        line.put_slice(b" c");
     }
     line.put_slice(b"\r\n");
     // The line leaves; the block's remaining space stays for the next.
@@ -396,6 +410,12 @@ mod tests {
                 b"mg k N30 c O3 f s\r\n",
                 b"HD c2 O3 f0 s0 W\r\n",
                 b"HD c2 W\r\n",
+            ),
+            (
+                b"mg k T30 v\r\n",
+                b"mg k T30 v O3 f c\r\n",
+                b"VA 1 O3 f0 c9\r\nx\r\n",
+                b"VA 1\r\nx\r\n",
             ),
             (
                 b"mg k O1234567890abcdefghijklmnopqrstu\r\n",
