@@ -17,26 +17,33 @@
 //!
 //! Pure: replies in, lines out; no I/O, no clock.
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 
 use super::handoff::{delete_line, not_a_number, probe_line, probed_lease};
 use super::route::CallResult;
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::reply::Expect;
+use crate::protocol::Command;
 
 /// How many times a command removes a lease and runs again: another
 /// copy may place a new lease right after one was removed, but not for
 /// ever; after these, the last answer stands (a lease is a miss to reads).
 const MAX_RERUNS: u8 = 3;
 
-/// What a command's refusal suggests a lease behind it.
+/// What reply suggests a lease behind it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Suspect {
-    /// `ma`: `CLIENT_ERROR` not a number.
+    /// `ma`, `incr`, `decr`: `CLIENT_ERROR` not a number.
     NotANumber,
-    /// `ms` in add mode: `NS`.
+    /// `ms` in add mode, `add`: `NS`, `NOT_STORED`.
     NotStored,
-    /// Only a reply that shows the lease (an `mg`).
+    /// `cas`: `EXISTS` (a lease's cas is not the client's).
+    Exists,
+    /// `append`, `prepend`, `ms` in those modes: stored, onto the lease
+    /// (which then still is one, its marker at one end).
+    Stored,
+    /// Only a reply that shows the lease (an `mg`, or a `touch` sent as
+    /// one).
     Shown,
 }
 
@@ -70,6 +77,9 @@ pub(crate) struct LeaseRetry {
     /// The command's refusal while the probe looks behind it.
     first: Option<CallResult>,
     reruns: u8,
+    /// A classic `touch`, sent as [`LeaseRetry::wire`] (an `mg … T`, whose
+    /// reply shows a lease) and answered in its own words.
+    touch: Option<Bytes>,
 }
 
 impl LeaseRetry {
@@ -86,17 +96,82 @@ impl LeaseRetry {
         let suspect = match command {
             MetaCommand::Get if flag(b'T') || flag(b'N') => Suspect::Shown,
             MetaCommand::Arithmetic => Suspect::NotANumber,
-            MetaCommand::Set if matches!(mode, Some(b'E' | b'e')) => Suspect::NotStored,
+            MetaCommand::Set => match mode {
+                Some(b'E' | b'e') => Suspect::NotStored,
+                Some(b'A' | b'a' | b'P' | b'p') => Suspect::Stored,
+                _ => return None,
+            },
             _ => return None,
         };
-        Some(LeaseRetry {
+        Some(LeaseRetry::new(key, base64, suspect, None))
+    }
+
+    /// For a classic command on `key`; `exptime` is a `touch`'s.
+    pub(crate) fn for_classic(
+        command: Command,
+        key: Bytes,
+        exptime: Option<&[u8]>,
+    ) -> Option<LeaseRetry> {
+        let suspect = match command {
+            Command::Add => Suspect::NotStored,
+            Command::Incr | Command::Decr => Suspect::NotANumber,
+            Command::Cas => Suspect::Exists,
+            Command::Append | Command::Prepend => Suspect::Stored,
+            Command::Touch => {
+                let exptime = exptime.filter(|e| {
+                    let digits = e.strip_prefix(b"-").unwrap_or(e);
+                    !digits.is_empty()
+                        && digits.len() <= 11
+                        && digits.iter().all(u8::is_ascii_digit)
+                })?;
+                let mut line = BytesMut::with_capacity(key.len() + exptime.len() + 8);
+                line.put_slice(b"mg ");
+                line.put_slice(&key);
+                line.put_slice(b" T");
+                line.put_slice(exptime);
+                line.put_slice(b"\r\n");
+                let mut retry = LeaseRetry::new(key, false, Suspect::Shown, None);
+                retry.touch = Some(line.freeze());
+                return Some(retry);
+            }
+            _ => return None,
+        };
+        Some(LeaseRetry::new(key, false, suspect, None))
+    }
+
+    fn new(key: Bytes, base64: bool, suspect: Suspect, touch: Option<Bytes>) -> LeaseRetry {
+        LeaseRetry {
             key,
             base64,
             suspect,
             stage: Stage::Command,
             first: None,
             reruns: 0,
-        })
+            touch,
+        }
+    }
+
+    /// What goes to the server instead of the client's request, and how
+    /// its reply is framed (a classic `touch`), or `None`: the request.
+    pub(crate) fn wire(&self) -> Option<(Bytes, Expect)> {
+        let line = self.touch.clone()?;
+        Some((line, Expect::meta(MetaCommand::Get, false)))
+    }
+
+    /// The client's answer: a `touch` sent as an `mg` in classic words.
+    fn answer(&self, result: CallResult) -> LeaseStep {
+        if self.touch.is_none() {
+            return LeaseStep::Answer(result);
+        }
+        LeaseStep::Answer(result.map(|reply| {
+            if reply.starts_with(b"HD") {
+                Bytes::from_static(b"TOUCHED\r\n")
+            } else if reply.starts_with(b"EN") {
+                Bytes::from_static(b"NOT_FOUND\r\n")
+            } else {
+                reply
+            }
+        }))
     }
 
     /// The reply to what was sent last; `lease`: the cas of the lease the
@@ -105,18 +180,29 @@ impl LeaseRetry {
         match self.stage {
             Stage::Command => {
                 if self.reruns >= MAX_RERUNS {
-                    return LeaseStep::Answer(result);
+                    return self.answer(result);
                 }
                 if let Some(cas) = lease {
                     return self.rerun(cas);
                 }
+                let reply = result.as_deref().unwrap_or_default();
                 let refused = match self.suspect {
                     Suspect::NotANumber => not_a_number(&result),
-                    Suspect::NotStored => matches!(&result, Ok(reply) if reply.starts_with(b"NS")),
+                    Suspect::NotStored => {
+                        reply.starts_with(b"NS") || reply.starts_with(b"NOT_STORED")
+                    }
+                    Suspect::Exists => reply.starts_with(b"EXISTS"),
+                    // Quiet: an `ms` that stored says nothing.
+                    Suspect::Stored => {
+                        result.is_ok()
+                            && (reply.is_empty()
+                                || reply.starts_with(b"HD")
+                                || reply.starts_with(b"STORED"))
+                    }
                     Suspect::Shown => false,
                 };
                 if !refused {
-                    return LeaseStep::Answer(result);
+                    return self.answer(result);
                 }
                 self.stage = Stage::Probe;
                 self.first = Some(result);
@@ -135,7 +221,7 @@ impl LeaseRetry {
                 self.stage = Stage::Command;
                 match result.as_deref().ok().and_then(probed_lease) {
                     Some(cas) => self.rerun(cas),
-                    None => LeaseStep::Answer(first),
+                    None => self.answer(first),
                 }
             }
         }
@@ -213,6 +299,50 @@ mod tests {
             panic!("the refusal")
         };
         assert_eq!(answer.unwrap(), refused);
+    }
+
+    #[test]
+    fn a_touch_goes_as_an_mg_that_shows_a_lease_and_answers_in_its_words() {
+        let mut touch =
+            LeaseRetry::for_classic(Command::Touch, Bytes::from_static(b"k"), Some(b"-1")).unwrap();
+        assert_eq!(&touch.wire().unwrap().0[..], b"mg k T-1\r\n");
+        assert!(matches!(
+            touch.on_reply(ok(b"EN\r\n"), Some(3)),
+            LeaseStep::Rerun { .. }
+        ));
+        let LeaseStep::Answer(answer) = touch.on_reply(ok(b"EN\r\n"), None) else {
+            panic!("the answer")
+        };
+        assert_eq!(answer.unwrap(), &b"NOT_FOUND\r\n"[..]);
+        let mut touch =
+            LeaseRetry::for_classic(Command::Touch, Bytes::from_static(b"k"), Some(b"9")).unwrap();
+        let LeaseStep::Answer(answer) = touch.on_reply(ok(b"HD\r\n"), None) else {
+            panic!("the answer")
+        };
+        assert_eq!(answer.unwrap(), &b"TOUCHED\r\n"[..]);
+        // An exptime memcached would refuse: the touch goes as it is.
+        assert!(
+            LeaseRetry::for_classic(Command::Touch, Bytes::from_static(b"k"), Some(b"x")).is_none()
+        );
+    }
+
+    #[test]
+    fn an_append_that_stored_is_probed_for_a_lease_it_extended() {
+        let mut append =
+            LeaseRetry::for_classic(Command::Append, Bytes::from_static(b"k"), None).unwrap();
+        assert!(matches!(
+            append.on_reply(ok(b"STORED\r\n"), None),
+            LeaseStep::Probe { .. }
+        ));
+        let probe = format!("HD c4 f{} s27\r\n", crate::protocol::lease::LEASE_FLAGS);
+        assert!(matches!(
+            append.on_reply(Ok(Bytes::from(probe)), None),
+            LeaseStep::Rerun { .. }
+        ));
+        let LeaseStep::Answer(answer) = append.on_reply(ok(b"NOT_STORED\r\n"), None) else {
+            panic!("the answer")
+        };
+        assert_eq!(answer.unwrap(), &b"NOT_STORED\r\n"[..]);
     }
 
     #[test]

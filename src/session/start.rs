@@ -159,7 +159,7 @@ impl ClientSession {
             },
             Plan::Key(Placement::Owner { server, .. }) => Work::Lines {
                 parts: smallvec::smallvec![Part::new(server)],
-                finish: Finish::Forward,
+                finish: leased_classic(&request, &bytes, &topology),
             },
             Plan::Key(Placement::Quorum {
                 servers,
@@ -438,6 +438,23 @@ fn leased(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> MetaMode
     match LeaseRetry::for_meta(request.command, key, request.base64, has, request.mode) {
         Some(retry) => MetaMode::Leased(Box::new(retry)),
         None => MetaMode::Forward,
+    }
+}
+
+/// [`leased`] for a classic one-line command on one owner.
+fn leased_classic(request: &Request, bytes: &Bytes, topology: &Topology) -> Finish {
+    if topology.previous.is_none() || request.keys.len() != 1 {
+        return Finish::Forward;
+    }
+    let key = bytes.slice_ref(request.key(bytes, 0));
+    let line = &bytes[..(request.args_end as usize).min(bytes.len())];
+    let exptime = line
+        .split(|&b| b == b' ')
+        .filter(|token| !token.is_empty())
+        .nth(2);
+    match LeaseRetry::for_classic(request.command, key, exptime) {
+        Some(retry) => Finish::Leased(Box::new(retry)),
+        None => Finish::Forward,
     }
 }
 

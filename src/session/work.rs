@@ -297,6 +297,9 @@ pub(super) enum Finish {
         forget_last: bool,
     },
     AllOk,
+    /// One owner's reply, and a hand-off lease it meets removed first (see
+    /// `lease_retry::LeaseRetry`).
+    Leased(Box<crate::plan::lease_retry::LeaseRetry>),
 }
 
 impl Work {

@@ -484,13 +484,14 @@ fn base64_of(bytes: &[u8]) -> String {
     out
 }
 
-/// A meta command that a lease would mislead (issue 48, items 2 and 3),
-/// inside a hand-off window: `mg … N` vivifies, `mg … T` misses and leaves
-/// no lease behind to stretch, `ma … N` autovivifies, `ma` answers `NF` and
-/// `ms … ME` stores, byte for byte as one memcached where the key is
-/// absent; and the key is then what it is there.
+/// A command that a lease would mislead (issue 48, items 2 and 3), inside
+/// a hand-off window: `mg … N` vivifies, `mg … T` and `touch` miss and
+/// leave no lease behind to stretch, `ma … N` autovivifies, `ma`, `incr`,
+/// `decr` and `cas` find nothing, `add` and `ms … ME` store, `append`,
+/// `prepend` and their `ms` modes store nothing, byte for byte as one
+/// memcached where the key is absent; and the key is then what it is there.
 #[test]
-fn a_meta_command_meeting_a_lease_answers_as_for_an_absent_key() {
+fn a_command_meeting_a_lease_answers_as_for_an_absent_key() {
     let joined = Joined::start("commands", 0, |_| String::new());
     let reference = Memcached::start();
     let (mut client, mut absent) = (joined.proxy.client(), reference.client());
@@ -508,6 +509,16 @@ fn a_meta_command_meeting_a_lease_answers_as_for_an_absent_key() {
         "ms {key} 2 ME\r\nhi\r\n",
         "ms {key} 2 ME k O3 q\r\nhi\r\nmn\r\n",
         "mg {key} v N30 q\r\nmn\r\n",
+        "ms {key} 1 MA\r\nx\r\n",
+        "ms {key} 1 MP q\r\nx\r\nmn\r\n",
+        "touch {key} 3600\r\n",
+        "touch {key} 3600 noreply\r\n",
+        "add {key} 0 0 1\r\nx\r\n",
+        "incr {key} 1\r\n",
+        "decr {key} 1\r\n",
+        "cas {key} 0 0 1 77\r\nx\r\n",
+        "append {key} 0 0 1\r\nx\r\n",
+        "prepend {key} 0 0 1 noreply\r\nx\r\n",
     ];
     // Keys that did not move: their one owner answers (a moved key's
     // commands run the hand-off's own steps).
@@ -523,9 +534,18 @@ fn a_meta_command_meeting_a_lease_answers_as_for_an_absent_key() {
         );
         client.send(through.as_bytes());
         absent.send(direct.as_bytes());
+        let reply = |to: &mut Client, request: &str| {
+            if request.starts_with('m') {
+                replies_to_mn(to, request)
+            } else if request.contains("noreply") {
+                Vec::new()
+            } else {
+                to.reply(ReplyKind::Line)
+            }
+        };
         assert_eq!(
-            show(&replies_to_mn(&mut client, &through)),
-            show(&replies_to_mn(&mut absent, &direct)),
+            show(&reply(&mut client, &through)),
+            show(&reply(&mut absent, &direct)),
             "{through:?} on a lease"
         );
         // What the key is afterwards, and that no lease is left to meet.
@@ -543,5 +563,90 @@ fn a_meta_command_meeting_a_lease_answers_as_for_an_absent_key() {
             show(&absent.call(add.as_bytes(), ReplyKind::Line)),
             "{through:?}: an add afterwards"
         );
+    }
+}
+
+/// Another sidecar's read-through copy of a moved key has placed its lease
+/// on the new owner and not yet filled it, when a client here touches,
+/// appends to or (meta) appends to the key (issue 48, items 3 and 4). To
+/// memcached the lease is an item: the touch stretched it to an hour and
+/// the copy, filled by the lease's cas (a touch keeps the cas), then put
+/// the old TTL back, losing the acknowledged touch; an append extended the
+/// lease and was lost with it. Now the command takes the lease over (the
+/// key's value copied over it by its cas) and acts on the value, and the
+/// other copy's fill fails.
+#[test]
+fn a_change_meeting_another_sidecars_lease_is_never_lost_to_its_copy() {
+    let joined = Joined::start("racing-copy", 4, |key| format!("{key}=v"));
+    let mut new_owner = joined.servers[4].client();
+    let mut client = joined.proxy.client();
+    let [touch, touch_quiet, append, meta_append] = &joined.moved[..] else {
+        unreachable!()
+    };
+    let cases = [
+        (
+            touch,
+            format!("touch {touch} 3600\r\n"),
+            "TOUCHED\r\n",
+            "=v",
+        ),
+        (
+            touch_quiet,
+            format!("touch {touch_quiet} 3600 noreply\r\n"),
+            "",
+            "=v",
+        ),
+        (
+            append,
+            format!("append {append} 0 0 1\r\nx\r\n"),
+            "STORED\r\n",
+            "=vx",
+        ),
+        (
+            meta_append,
+            format!("ms {meta_append} 1 MA\r\ny\r\n"),
+            "HD\r\n",
+            "=vy",
+        ),
+    ];
+    for (key, request, answer, value) in cases {
+        place(&mut new_owner, key, LEASE_MARKER);
+        new_owner.send(format!("mg {key} c\r\n").as_bytes());
+        let lease = show(&new_owner.meta_reply());
+        let lease = lease.trim_start_matches("HD c").trim_end_matches("\\r\\n");
+        client.send(request.as_bytes());
+        if !answer.is_empty() {
+            assert_eq!(
+                show(&client.reply(ReplyKind::Line)),
+                show(answer.as_bytes()),
+                "{request:?}"
+            );
+        }
+        let want = format!("{key}{value}");
+        assert_eq!(
+            client.get(key),
+            Some(want.clone().into_bytes()),
+            "{request:?}"
+        );
+        // The other sidecar's copy arrives now, by the lease's cas, with
+        // the TTL the previous owner had.
+        let fill = format!("ms {key} {} T120 C{lease}\r\n{key}=v\r\n", key.len() + 2);
+        new_owner.send(fill.as_bytes());
+        assert_eq!(
+            show(&new_owner.meta_reply()),
+            "EX\\r\\n",
+            "{request:?}: the fill"
+        );
+        new_owner.send(format!("mg {key} v t\r\n").as_bytes());
+        let held = show(&new_owner.meta_reply());
+        assert!(held.contains(&want), "{request:?}: {held}");
+        if request.starts_with("touch") {
+            let ttl: u32 = held
+                .split(['t', '\\'])
+                .nth(1)
+                .and_then(|t| t.parse().ok())
+                .unwrap_or(0);
+            assert!(ttl > 3000, "{request:?}: the touch's TTL kept, {held}");
+        }
     }
 }

@@ -378,8 +378,10 @@ impl Moved {
                     None => Step::Answer(self.first.take().unwrap_or(result)),
                 }
             }
-            (Kind::RetryAfterCopy, Stage::First | Stage::Last)
-                if !self.probed && not_a_number(&result) =>
+            (Kind::RetryAfterCopy, stage @ (Stage::First | Stage::Last))
+                if !self.probed
+                    && (not_a_number(&result)
+                        || (stage == Stage::First && self.may_have_met_a_lease(&result))) =>
             {
                 self.probed = true;
                 self.first = Some(result);
@@ -609,8 +611,50 @@ impl Moved {
                 self.first = None;
                 self.fetch()
             }
-            None => Step::Answer(self.first.take().unwrap_or(probe)),
+            None => {
+                let first = self.first.take().unwrap_or(probe);
+                if not_a_number(&first) {
+                    return Step::Answer(first);
+                }
+                if self.touches() {
+                    // The touch may have reached a lease that another
+                    // copy then replaced (a touch keeps the cas): once
+                    // more, on what is there now.
+                    self.stage = Stage::First;
+                    return self.send(Owner::New);
+                }
+                self.answer_changed(first)
+            }
         }
+    }
+
+    /// Whether the new owner's success may have been on another sidecar's
+    /// lease: to memcached a lease is an item, which a `touch` touches and
+    /// an `append`, `prepend` or `replace` (and their `ms` modes) stores
+    /// onto. The lease is then taken over as for `incr`
+    /// ([`Moved::take_over_lease`]), so the command acts on the key's
+    /// value, never on the lease (which would stretch it, or lose the
+    /// command with it when its copy replaced it).
+    fn may_have_met_a_lease(&self, result: &CallResult) -> bool {
+        let Ok(reply) = result else {
+            return false;
+        };
+        match &self.meta {
+            None => match self.expect {
+                Expect::Line(LineKind::Touch) => reply.starts_with(b"TOUCHED"),
+                Expect::Line(LineKind::Storage) => reply.starts_with(b"STORED"),
+                _ => false,
+            },
+            // Quiet: an `ms` that stored says nothing.
+            Some(meta) => {
+                meta.command == MetaCommand::Set && (reply.is_empty() || reply.starts_with(b"HD"))
+            }
+        }
+    }
+
+    /// A classic `touch`: its change keeps the item's cas.
+    fn touches(&self) -> bool {
+        self.meta.is_none() && self.expect == Expect::Line(LineKind::Touch)
     }
 
     /// Asks the previous owner for the key with what a copy needs: value,
