@@ -526,6 +526,7 @@ impl ClientSession {
                         source: moved.previous,
                         key,
                         base64,
+                        touch: None,
                     };
                     copy_check::send(&self.worker, topology, self.lane, copy, &self.copies);
                 }

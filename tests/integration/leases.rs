@@ -763,3 +763,52 @@ fn without_cas(reply: &[u8]) -> String {
         .collect::<Vec<_>>()
         .join("\\r\\n")
 }
+
+/// A `gat` of a moved key reads it through from its previous owner while
+/// another sidecar's copy has its lease on the new owner (issue 48, items
+/// 3 and 4): the `gat`'s own copy finds the key held there, and used to
+/// stand back, leaving the lease (stretched by nothing, filled later by the
+/// other copy with the TTL from before the `gat`): the acknowledged `gat`
+/// lost its TTL. Now the copy replaces that lease by its cas, with the
+/// `gat`'s TTL, and the other copy's fill fails.
+#[test]
+fn a_gat_read_through_beside_another_sidecars_lease_keeps_its_ttl() {
+    let joined = Joined::start("racing-gat", 2, |key| format!("{key}=v"));
+    let mut new_owner = joined.servers[4].client();
+    let mut client = joined.proxy.client();
+    for (key, get) in joined.moved.iter().zip(["gat", "gats"]) {
+        place(&mut new_owner, key, LEASE_MARKER);
+        new_owner.send(format!("mg {key} c\r\n").as_bytes());
+        let lease = show(&new_owner.meta_reply());
+        let lease = lease.trim_start_matches("HD c").trim_end_matches("\\r\\n");
+        let reply = client.call(
+            format!("{get} 3600 {key}\r\n").as_bytes(),
+            ReplyKind::Values,
+        );
+        assert!(
+            show(&reply).contains(&format!("{key}=v")),
+            "{get}: {}",
+            show(&reply)
+        );
+        wait_for("the lease replaced", || {
+            let mut owner = joined.servers[4].client();
+            owner.send(format!("mg {key} f\r\n").as_bytes());
+            owner.meta_reply() == b"HD f0\r\n"
+        });
+        let fill = format!("ms {key} {} T120 C{lease}\r\n{key}=v\r\n", key.len() + 2);
+        new_owner.send(fill.as_bytes());
+        assert_eq!(
+            show(&new_owner.meta_reply()),
+            "EX\\r\\n",
+            "{get}: the other fill"
+        );
+        new_owner.send(format!("mg {key} t\r\n").as_bytes());
+        let held = show(&new_owner.meta_reply());
+        let ttl: u32 = held
+            .trim_start_matches("HD t")
+            .trim_end_matches("\\r\\n")
+            .parse()
+            .unwrap_or(0);
+        assert!(ttl > 3000, "{get}: the TTL kept, {held}");
+    }
+}

@@ -1112,9 +1112,36 @@ pub(crate) struct ReadCopy {
     /// The key as a meta token, and whether that token is base64.
     pub key: Bytes,
     pub base64: bool,
+    /// A `gat`'s or `gats`'s exptime: the read changed the key's TTL, which
+    /// another sidecar's lease on the new owner must not keep from it (see
+    /// [`ReadCopy::touch_line`]).
+    pub touch: Option<Bytes>,
 }
 
 impl ReadCopy {
+    /// For a `gat` copy whose lease found the key held on the new owner:
+    /// `mg <key> T<exptime> c f s`, which touches what is there and shows
+    /// whether it is another sidecar's lease (its cas then replaced by this
+    /// copy, which carries the new TTL) or a value (now touched).
+    pub(crate) fn touch_line(&self) -> Option<Bytes> {
+        let exptime = self.touch.as_ref()?;
+        let mut line = BytesMut::with_capacity(self.key.len() + exptime.len() + 16);
+        line.put_slice(b"mg ");
+        line.put_slice(&self.key);
+        if self.base64 {
+            line.put_slice(b" b");
+        }
+        line.put_slice(b" T");
+        line.put_slice(exptime);
+        line.put_slice(b" c f s\r\n");
+        Some(line.freeze())
+    }
+
+    /// The cas of the lease a [`ReadCopy::touch_line`]'s reply shows.
+    pub(crate) fn touched_lease(reply: &[u8]) -> Option<u64> {
+        probed_lease(reply)
+    }
+
     /// See [`check_line`].
     pub(crate) fn check_line(&self) -> Bytes {
         check_line(&self.key, self.base64)
@@ -1728,6 +1755,7 @@ mod tests {
             source: 0,
             key: Bytes::from_static(b"k"),
             base64: false,
+            touch: None,
         };
         let lease = copy.lease_line();
         assert!(lease.starts_with(b"ms k 24 F1835821873 T5 ME c\r\n"));
