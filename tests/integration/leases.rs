@@ -812,3 +812,51 @@ fn a_gat_read_through_beside_another_sidecars_lease_keeps_its_ttl() {
         assert!(ttl > 3000, "{get}: the TTL kept, {held}");
     }
 }
+
+/// An `mg … T` of a moved key whose new owner holds another sidecar's lease
+/// (issue 48, item 3): the new owner's miss (the lease, to a reader) sends
+/// it to the previous owner, and its copy finds the key held. It used to
+/// run on the lease again, stretching it to the client's TTL and missing;
+/// now it takes the lease over, so the client gets the value with its new
+/// TTL, and the other copy's fill fails.
+#[test]
+fn an_mg_touch_of_a_moved_key_beside_another_sidecars_lease_takes_it_over() {
+    let joined = Joined::start("touching-mg", 2, |key| format!("{key}=v"));
+    let mut new_owner = joined.servers[4].client();
+    let mut client = joined.proxy.client();
+    for (key, request) in joined
+        .moved
+        .iter()
+        .zip(["mg {key} T3600 v", "mg {key} T3600 t"])
+    {
+        place(&mut new_owner, key, LEASE_MARKER);
+        new_owner.send(format!("mg {key} c\r\n").as_bytes());
+        let lease = show(&new_owner.meta_reply());
+        let lease = lease.trim_start_matches("HD c").trim_end_matches("\\r\\n");
+        let request = format!("{}\r\n", request.replace("{key}", key));
+        client.send(request.as_bytes());
+        let reply = show(&client.meta_reply());
+        assert!(
+            reply.starts_with("VA") && reply.contains(&format!("{key}=v"))
+                || reply.starts_with("HD t3600")
+                || reply.starts_with("HD t3599"),
+            "{request:?}: {reply}"
+        );
+        let fill = format!("ms {key} {} T120 C{lease}\r\n{key}=v\r\n", key.len() + 2);
+        new_owner.send(fill.as_bytes());
+        assert_eq!(
+            show(&new_owner.meta_reply()),
+            "EX\\r\\n",
+            "{request:?}: the fill"
+        );
+        new_owner.send(format!("mg {key} t v\r\n").as_bytes());
+        let held = show(&new_owner.meta_reply());
+        assert!(held.contains(&format!("{key}=v")), "{request:?}: {held}");
+        let ttl: u32 = held
+            .split(['t', '\\'])
+            .nth(1)
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0);
+        assert!(ttl > 3000, "{request:?}: the TTL, {held}");
+    }
+}

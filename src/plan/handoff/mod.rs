@@ -169,6 +169,8 @@ pub(crate) struct Moved {
     forgotten: bool,
     /// The new owner was probed for a lease once: never again.
     probed: bool,
+    /// That probe followed this command's own copy finding the key held.
+    probed_after_copy: bool,
     /// A delete reaches the previous owner once more, last (see
     /// [`Moved::delete_previous_last_too`]).
     delete_again: bool,
@@ -218,6 +220,7 @@ impl Moved {
             lease_cas: None,
             forgotten: false,
             probed: false,
+            probed_after_copy: false,
             delete_again: false,
         })
     }
@@ -271,6 +274,7 @@ impl Moved {
             lease_cas: None,
             forgotten: false,
             probed: false,
+            probed_after_copy: false,
             delete_again: false,
         }
     }
@@ -385,19 +389,7 @@ impl Moved {
             {
                 self.probed = true;
                 self.first = Some(result);
-                self.stage = Stage::Probe;
-                let (key, base64) = self.key_token();
-                Step::Send {
-                    to: Owner::New,
-                    lines: smallvec::smallvec![probe_line(&key, base64)],
-                    // The probe is what sees the lease as a lease.
-                    expect: Expect::Meta {
-                        command: MetaCommand::Get,
-                        quiet: false,
-                        replied: false,
-                        leases_shown: true,
-                    },
-                }
+                self.probe()
             }
             (_, Stage::Probe) => self.take_over_lease(result),
             (Kind::RetryAfterCopy, Stage::First) => {
@@ -456,6 +448,20 @@ impl Moved {
                     // The new owner had the key already (a write, or another
                     // copy's lease, reached it first), or did not take the
                     // lease: nothing to copy.
+                    // Held by another sidecar's lease, maybe: a command
+                    // that needs the value takes that lease over, as an
+                    // `incr` does, rather than run on it (an `mg … T` would
+                    // stretch it and miss).
+                    (_, CopyOutcome::Skipped, _)
+                        if self.kind == Kind::RetryAfterCopy
+                            && !self.probed
+                            && self.lease_cas.is_none() =>
+                    {
+                        self.probed = true;
+                        self.probed_after_copy = true;
+                        self.copy = None;
+                        self.probe()
+                    }
                     (_, outcome, _) => {
                         self.tally.copy = Some(match outcome {
                             CopyOutcome::Made => CopyOutcome::Failed,
@@ -611,6 +617,12 @@ impl Moved {
                 self.first = None;
                 self.fetch()
             }
+            // The copy found a value there (a write got in first): the
+            // command runs on it, as before the probe.
+            None if self.probed_after_copy => {
+                self.tally.copy = Some(CopyOutcome::Skipped);
+                self.run_on_new()
+            }
             None => {
                 let first = self.first.take().unwrap_or(probe);
                 if not_a_number(&first) {
@@ -625,6 +637,23 @@ impl Moved {
                 }
                 self.answer_changed(first)
             }
+        }
+    }
+
+    /// Looks at the new owner's item, seeing a lease as the item it is.
+    fn probe(&mut self) -> Step {
+        self.stage = Stage::Probe;
+        let (key, base64) = self.key_token();
+        Step::Send {
+            to: Owner::New,
+            lines: smallvec::smallvec![probe_line(&key, base64)],
+            // The probe is what sees the lease as a lease.
+            expect: Expect::Meta {
+                command: MetaCommand::Get,
+                quiet: false,
+                replied: false,
+                leases_shown: true,
+            },
         }
     }
 
@@ -1570,14 +1599,30 @@ mod tests {
             &b"81\r\n"[..]
         );
 
-        // The new owner had the key (or a lease) already: no copy.
+        // The new owner had the key already: it is probed for another
+        // copy's lease; a value there gets no copy, and the command runs.
         let mut beaten = moved(b"incr k 1\r\n");
         beaten.start();
         beaten.on_reply(ok(b"NOT_FOUND\r\n"), NOW);
         beaten.on_reply(ok(b"VA 2 c9 f3 t4\r\n41\r\n"), NOW);
-        let again = beaten.on_reply(ok(b"NS c0\r\n"), NOW);
+        let probe = beaten.on_reply(ok(b"NS c0\r\n"), NOW);
+        assert_eq!(sent(&probe), (Owner::New, b"mg k c f s\r\n".to_vec()));
+        let again = beaten.on_reply(ok(b"HD c5 f0 s2\r\n"), NOW);
         assert_eq!(beaten.take_tally().copy, Some(CopyOutcome::Skipped));
         assert_eq!(sent(&again), (Owner::New, b"incr k 1\r\n".to_vec()));
+
+        // Another copy's lease there: taken over, the value copied over it
+        // by its cas.
+        let mut leased = moved(b"incr k 1\r\n");
+        leased.start();
+        leased.on_reply(ok(b"NOT_FOUND\r\n"), NOW);
+        leased.on_reply(ok(b"VA 2 c9 f3 t4\r\n41\r\n"), NOW);
+        leased.on_reply(ok(b"NS c0\r\n"), NOW);
+        let fetch = leased.on_reply(ok(b"HD c77 f1835821873 s24\r\n"), NOW);
+        assert_eq!(
+            sent(&fetch),
+            (Owner::Previous, b"mg k c v f t\r\n".to_vec())
+        );
     }
 
     /// Another copy's lease on the new owner: `incr` finds it not a number,
