@@ -860,3 +860,50 @@ fn an_mg_touch_of_a_moved_key_beside_another_sidecars_lease_takes_it_over() {
         assert!(ttl > 3000, "{request:?}: the TTL, {held}");
     }
 }
+
+/// An `ma … N` or an `add` of a moved key copies the key from its previous
+/// owner first; with another sidecar's lease on the new owner that copy is
+/// refused, and the command then met the lease (issue 48, item 2: `ma k N0
+/// J10` answered `CLIENT_ERROR`, `add` `NOT_STORED`). Now the lease is taken
+/// over: the count continues from the previous owner's value, and where
+/// the previous owner holds nothing the lease goes and the command meets an
+/// absent key, as one memcached would answer.
+#[test]
+fn an_autovivify_or_add_of_a_moved_key_beside_another_sidecars_lease() {
+    let joined = Joined::start("vivify-moved", 4, |_| "5".into());
+    let mut new_owner = joined.servers[4].client();
+    let mut client = joined.proxy.client();
+    let [counted, vivified, refused, added] = &joined.moved[..] else {
+        unreachable!()
+    };
+    // Gone from the previous owner (straight, as an expiry would).
+    for key in [vivified, added] {
+        for server in &joined.servers[..4] {
+            server
+                .client()
+                .call(format!("delete {key}\r\n").as_bytes(), ReplyKind::Line);
+        }
+    }
+    for key in &joined.moved {
+        place(&mut new_owner, key, LEASE_MARKER);
+    }
+    client.send(format!("ma {counted} N0 J10 v\r\n").as_bytes());
+    assert_eq!(show(&client.meta_reply()), "VA 1\\r\\n6\\r\\n", "{counted}");
+    client.send(format!("ma {vivified} N0 J10 v\r\n").as_bytes());
+    assert_eq!(
+        show(&client.meta_reply()),
+        "VA 2\\r\\n10\\r\\n",
+        "{vivified}"
+    );
+    let add = |key: &str| format!("add {key} 0 0 1\r\nx\r\n");
+    assert_eq!(
+        show(&client.call(add(refused).as_bytes(), ReplyKind::Line)),
+        "NOT_STORED\\r\\n"
+    );
+    assert_eq!(client.get(refused), Some(b"5".to_vec()), "{refused}");
+    assert_eq!(
+        show(&client.call(add(added).as_bytes(), ReplyKind::Line)),
+        "STORED\\r\\n"
+    );
+    assert_eq!(client.get(added), Some(b"x".to_vec()), "{added}");
+}

@@ -382,10 +382,20 @@ impl Moved {
                     None => Step::Answer(self.first.take().unwrap_or(result)),
                 }
             }
-            (Kind::RetryAfterCopy, stage @ (Stage::First | Stage::Last))
-                if !self.probed
-                    && (not_a_number(&result)
-                        || (stage == Stage::First && self.may_have_met_a_lease(&result))) =>
+            (
+                kind @ (Kind::RetryAfterCopy | Kind::CopyFirst),
+                stage @ (Stage::First | Stage::Last),
+            ) if !self.probed
+                && match kind {
+                    // Its own copy, if made, is what refused it.
+                    Kind::CopyFirst => {
+                        !self.forgotten && (not_a_number(&result) || not_stored(&result))
+                    }
+                    _ => {
+                        not_a_number(&result)
+                            || (stage == Stage::First && self.may_have_met_a_lease(&result))
+                    }
+                } =>
             {
                 self.probed = true;
                 self.first = Some(result);
@@ -453,7 +463,7 @@ impl Moved {
                     // `incr` does, rather than run on it (an `mg … T` would
                     // stretch it and miss).
                     (_, CopyOutcome::Skipped, _)
-                        if self.kind == Kind::RetryAfterCopy
+                        if matches!(self.kind, Kind::RetryAfterCopy | Kind::CopyFirst)
                             && !self.probed
                             && self.lease_cas.is_none() =>
                     {
@@ -988,6 +998,12 @@ fn hd_number(reply: &[u8], flag: u8) -> Option<u64> {
 /// number (both dialects say it alike).
 pub(crate) fn not_a_number(result: &CallResult) -> bool {
     matches!(result, Ok(reply) if reply.starts_with(b"CLIENT_ERROR cannot increment or decrement non-numeric value"))
+}
+
+/// An `add` or `ms … ME` that did not store: the key is there (a lease is,
+/// to memcached).
+fn not_stored(result: &CallResult) -> bool {
+    matches!(result, Ok(reply) if reply.starts_with(b"NOT_STORED") || reply.starts_with(b"NS"))
 }
 
 /// The `md` that removes a moved key from its previous owner before a write

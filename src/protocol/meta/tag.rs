@@ -110,8 +110,10 @@ pub fn tag_request(request: &Bytes, value: u32, lines: &mut BytesMut) -> Option<
 
 /// [`tag_request`] for a client's `mg`, whose reply must show whether the
 /// item is a hand-off lease (`protocol::lease`): `f` is added where the
-/// client did not ask for the client flags, and `s` where it asked for
-/// neither the value nor the size. [`untag`] removes what was added, so the
+/// client did not ask for the client flags, `s` where it asked for
+/// neither the value nor the size, and `c` where it changes the item (`T`,
+/// `N`) without asking for the cas, by which a lease it meets is removed
+/// (`plan::lease_retry`). [`untag`] removes what was added, so the
 /// client gets exactly memcached's reply to its own request. A line that
 /// has no room for them under memcached's token limit gets none.
 pub fn tag_revealing(request: &Bytes, value: u32, lines: &mut BytesMut) -> Option<Tagged> {
