@@ -37,7 +37,7 @@ use crate::error::BackendErrorKind;
 use crate::outbuf::OutQueue;
 use crate::protocol::lease;
 use crate::protocol::meta::reply::MetaReplyError;
-use crate::protocol::meta::tag::{echoes_opaque, tag_request, untag, Tag};
+use crate::protocol::meta::tag::{echoes_opaque, tag_request, tag_revealing, untag, Tag};
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::reply::{
     item_size_max, next_piece, pending_value_len, Expect, Piece, ReplyError,
@@ -177,7 +177,11 @@ impl Conn {
             (Expect::Meta { command, .. }, Some(first)) if echoes_opaque(*command) => {
                 let value = state.next_tag;
                 state.next_tag = value.wrapping_add(1);
-                tag_request(first, value, &mut state.lines)
+                if *command == MetaCommand::Get && expect.hides_leases() {
+                    tag_revealing(first, value, &mut state.lines)
+                } else {
+                    tag_request(first, value, &mut state.lines)
+                }
             }
             _ => None,
         };
@@ -624,12 +628,17 @@ fn deliver(
             Piece::Value { len, key, .. } => {
                 delivered.largest = delivered.largest.max(len);
                 let bytes = read_buf.split_to(len);
+                // Known before the tag goes: it may carry what shows a lease.
+                let lease = holds_lease(&front.expect, &bytes, key.end);
+                if lease {
+                    note_lease(front.slot.as_deref(), &front.expect, &bytes);
+                }
                 let bytes = match &front.tag {
                     // The one reply of a quiet meta request.
                     Some(tag) => untag(bytes, tag).map_err(protocol_error)?,
                     None => bytes.freeze(),
                 };
-                if holds_lease(&front.expect, &bytes, key.end) {
+                if lease {
                     // Another sidecar's hand-off lease: a miss, so nothing
                     // to hand on (a quiet `mg` says nothing on a miss).
                     continue;
@@ -654,6 +663,10 @@ fn deliver(
                         Expect::Values { .. } | Expect::Meta { quiet: true, .. }
                     );
                 let wanted = !front.probe && front.slot.is_some() && !is_end;
+                let lease = !quiet_end && holds_lease(&front.expect, &read_buf[..len], 0);
+                if lease {
+                    note_lease(front.slot.as_deref(), &front.expect, &read_buf[..len]);
+                }
                 let bytes = match (&front.tag, quiet_end) {
                     (Some(tag), false) => {
                         Some(untag(read_buf.split_to(len), tag).map_err(protocol_error)?)
@@ -667,15 +680,12 @@ fn deliver(
                 };
                 // An `mg` that found another sidecar's hand-off lease
                 // answers as memcached does for a miss.
-                let bytes = match (&front.expect, bytes) {
-                    (
-                        Expect::Meta {
-                            command: MetaCommand::Get,
-                            ..
-                        },
-                        Some(reply),
-                    ) => Some(lease::meta_miss_for_lease(&reply).unwrap_or(reply)),
-                    (_, bytes) => bytes,
+                let bytes = match bytes {
+                    Some(reply) if lease => {
+                        let base64_key = front.tag.as_ref().and_then(Tag::base64_key);
+                        Some(lease::meta_miss(&reply, base64_key))
+                    }
+                    bytes => bytes,
                 };
                 let waiting = state.waiting.pop_front().expect("front exists");
                 // The next request's time starts when this one is answered.
@@ -699,17 +709,27 @@ fn deliver(
     }
 }
 
-/// Whether a value piece framed against `expect` is a hand-off lease
-/// (`protocol::lease`): a classic `VALUE` block (its key ending at
-/// `key_end`), or the one reply of a quiet `mg`.
+/// Whether a reply piece framed against `expect` is a hand-off lease
+/// (`protocol::lease`) its reader takes for a miss: a classic `VALUE` block
+/// (its key ending at `key_end`), or the reply of an `mg` (before its tag
+/// and the flags memring added to show a lease are removed).
 fn holds_lease(expect: &Expect, piece: &[u8], key_end: usize) -> bool {
     match expect {
         Expect::Values { .. } => lease::classic_value_is_lease(piece, key_end),
         Expect::Meta {
             command: MetaCommand::Get,
             ..
-        } => lease::meta_value_is_lease(piece),
+        } if expect.hides_leases() => lease::meta_reply_is_lease(piece),
         _ => false,
+    }
+}
+
+/// Hands the cas of a lease an `mg` reply showed to the request's slot.
+fn note_lease(slot: Option<&Slot>, expect: &Expect, reply: &[u8]) {
+    if let (Some(slot), Expect::Meta { .. }) = (slot, expect) {
+        if let Some(cas) = lease::meta_reply_cas(reply) {
+            slot.met_lease(cas);
+        }
     }
 }
 

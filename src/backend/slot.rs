@@ -50,9 +50,23 @@ pub struct Slot {
     /// a coalesced `get` this slot joined), 0 for none: the request tells
     /// its followers by this in O(1) rather than by a search.
     follows: Cell<u64>,
+    /// The cas of a hand-off lease the reply showed (and the connection
+    /// turned into a miss), for a command that removes it and runs again
+    /// (`plan::lease_retry`).
+    lease: Cell<Option<u64>>,
 }
 
 impl Slot {
+    /// Notes the cas of a lease the reply showed.
+    pub(crate) fn met_lease(&self, cas: u64) {
+        self.lease.set(Some(cas));
+    }
+
+    /// The cas of the lease the reply showed, if it showed one with its cas.
+    pub(crate) fn lease(&self) -> Option<u64> {
+        self.lease.get()
+    }
+
     /// A slot that wakes `owner` whenever something arrives.
     pub(crate) fn new(owner: Rc<Wake>) -> Rc<Slot> {
         Rc::new(Slot {
@@ -60,6 +74,7 @@ impl Slot {
             owner,
             watch: RefCell::new(None),
             follows: Cell::new(0),
+            lease: Cell::new(None),
         })
     }
 
@@ -78,6 +93,7 @@ impl Slot {
         state.done = None;
         *slot.watch.get_mut() = None;
         slot.follows.set(0);
+        slot.lease.set(None);
         true
     }
 

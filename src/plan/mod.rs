@@ -11,12 +11,16 @@
 //! - [`handoff`]: one state machine for a command on a key whose owner just
 //!   changed (read through, copy, delete from both), in either dialect, and
 //!   the takeover of a `cas` the new owner refuses.
+//! - [`lease_retry`]: a command that met another sidecar's hand-off lease
+//!   removes it by its cas and runs again, so it answers as for an absent
+//!   key.
 //! - [`replicated_cas`]: a compare-and-swap with replicas: decided on the
 //!   owner, copied to the other replicas.
 //! - [`replicated_add`]: an `add` with replicas: decided on the first
 //!   replica, stored on every replica or on none.
 
 pub(crate) mod handoff;
+pub(crate) mod lease_retry;
 pub(crate) mod placement;
 pub(crate) mod replicated_add;
 pub(crate) mod replicated_cas;

@@ -159,11 +159,7 @@ mod tests {
 
     /// A meta `ms k 1 C7` whose previous owner is `previous`.
     fn moved_meta(previous: usize) -> Option<(usize, CasTakeover)> {
-        let expect = Expect::Meta {
-            command: MetaCommand::Set,
-            quiet: false,
-            replied: false,
-        };
+        let expect = Expect::meta(MetaCommand::Set, false);
         let takeover = CasTakeover::new(
             Bytes::from_static(b"k"),
             Some(false),

@@ -531,6 +531,9 @@ impl Retrieval {
             source: self.candidates[k][self.round[k] as usize],
             key,
             base64: false,
+            touch: self
+                .exptime
+                .map(|exptime| self.bytes.slice_ref(exptime.of(&self.bytes))),
         });
     }
 

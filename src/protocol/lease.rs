@@ -11,14 +11,14 @@
 //!
 //! This file is that recognition, and the wire form of a lease: client flags
 //! [`LEASE_FLAGS`] and data [`LEASE_MARKER`], placed by [`lease_request`]
-//! (the copy itself is `session::copy_check`'s). An `append` or `prepend`
-//! that reaches a lease extends its data; such an item is still a lease
-//! (the marker at one end), and still a miss.
+//! (the copy itself is `session::copy_check`'s). A lease is an item with
+//! exactly those flags whose data starts or ends with the marker (an
+//! `append` or `prepend` that reached a lease extends it at one end); any
+//! other item, however alike, is a value.
 //!
 //! Pure: bytes in, answers out.
 
 use bytes::{BufMut, Bytes, BytesMut};
-use memchr::memmem;
 
 /// The client flags of a lease: "mlk1" in ASCII.
 pub const LEASE_FLAGS: u32 = 0x6d6c_6b31;
@@ -58,16 +58,23 @@ pub fn lease_request(key_token: &[u8], base64: bool) -> Bytes {
     line.freeze()
 }
 
-/// Whether `data` with client flags `flags` (as memcached prints them;
-/// `None` when the reply does not show them) is a lease.
-fn is_lease(flags: Option<&[u8]>, data: &[u8]) -> bool {
-    match flags {
-        Some(flags) if flags != LEASE_FLAGS_DECIMAL => false,
-        // The flags say lease: the marker anywhere (an append and a
-        // prepend may both have reached it).
-        Some(_) => memmem::find(data, LEASE_MARKER).is_some(),
-        // Without the flags, the marker at one end.
-        None => data.starts_with(LEASE_MARKER) || data.ends_with(LEASE_MARKER),
+/// Whether an item with client flags `flags` (as memcached prints them;
+/// `None` when the reply does not show them), `size` bytes of data (`None`
+/// when unknown) and `data` (`None` when the reply carries none) is a lease.
+///
+/// Exact where the reply shows the data: the lease's flags, and the marker
+/// at one end (an `append` or a `prepend` that reached a lease extends it at
+/// one end). A value with other flags, or with the lease's flags and the
+/// marker elsewhere, is a value. Without the data, the flags and a size the
+/// marker fits in; without the flags, never (memring adds `f` to the `mg`
+/// requests of its clients, so this only happens to the few it cannot tag).
+fn is_lease(flags: Option<&[u8]>, size: Option<usize>, data: Option<&[u8]>) -> bool {
+    if flags != Some(LEASE_FLAGS_DECIMAL) {
+        return false;
+    }
+    match data {
+        Some(data) => data.starts_with(LEASE_MARKER) || data.ends_with(LEASE_MARKER),
+        None => size.map_or(true, |size| size >= LEASE_MARKER.len()),
     }
 }
 
@@ -87,12 +94,14 @@ pub fn classic_value_is_lease(block: &[u8], key_end: usize) -> bool {
         return false;
     };
     let data = &block[header_end + 1..block.len().saturating_sub(2).max(header_end + 1)];
-    is_lease(Some(LEASE_FLAGS_DECIMAL), data)
+    is_lease(Some(LEASE_FLAGS_DECIMAL), None, Some(data))
 }
 
-/// Whether a meta reply (line, data and `\r\n`) is a `VA` holding a lease.
-pub fn meta_value_is_lease(reply: &[u8]) -> bool {
-    if !reply.starts_with(b"VA ") {
+/// Whether a meta `mg` reply (line, and for `VA` its data and `\r\n`)
+/// shows a lease: a `VA` or an `HD` whose `f` token is the lease's flags.
+pub fn meta_reply_is_lease(reply: &[u8]) -> bool {
+    let is_value = reply.starts_with(b"VA ");
+    if !is_value && !reply.starts_with(b"HD") {
         return false;
     }
     let Some(line_end) = memchr::memchr(b'\n', reply) else {
@@ -101,36 +110,75 @@ pub fn meta_value_is_lease(reply: &[u8]) -> bool {
     let line = reply[..line_end]
         .strip_suffix(b"\r")
         .unwrap_or(&reply[..line_end]);
-    let data = &reply[line_end + 1..reply.len().saturating_sub(2).max(line_end + 1)];
-    if data.len() < LEASE_MARKER.len() {
+    let mut tokens = line.split(|&b| b == b' ').skip(1);
+    let mut size = None;
+    if is_value {
+        size = tokens
+            .next()
+            .and_then(|len| std::str::from_utf8(len).ok()?.parse().ok());
+    }
+    let mut flags = None;
+    for token in tokens {
+        match token.split_first() {
+            Some((b'f', number)) => flags = Some(number),
+            Some((b's', number)) if size.is_none() => {
+                size = std::str::from_utf8(number)
+                    .ok()
+                    .and_then(|n| n.parse().ok());
+            }
+            _ => {}
+        }
+    }
+    // Nearly every reply stops here.
+    if flags != Some(LEASE_FLAGS_DECIMAL) {
         return false;
     }
-    let flags = line
-        .split(|&b| b == b' ')
-        .skip(2)
-        .find_map(|token| token.strip_prefix(b"f"));
-    is_lease(flags, data)
+    let data =
+        is_value.then(|| &reply[line_end + 1..reply.len().saturating_sub(2).max(line_end + 1)]);
+    is_lease(flags, size, data)
 }
 
-/// For a meta `VA` reply holding a lease, the `EN` line memcached sends for
-/// a miss: it keeps the reply's `k`, `b` and `O` tokens, in their order,
-/// and drops the rest (memcached 1.6.18 echoes just those on a miss).
-pub fn meta_miss_for_lease(reply: &[u8]) -> Option<Bytes> {
-    if !meta_value_is_lease(reply) {
-        return None;
-    }
+/// The `c` token of an `mg` reply (the item's cas), if it has one.
+pub fn meta_reply_cas(reply: &[u8]) -> Option<u64> {
     let line_end = memchr::memchr(b'\n', reply)?;
-    let line = reply[..line_end].strip_suffix(b"\r")?;
-    let mut miss = BytesMut::with_capacity(line.len() + 2);
+    let line = &reply[..line_end];
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let skip = if reply.starts_with(b"VA ") { 2 } else { 1 };
+    let token = line
+        .split(|&b| b == b' ')
+        .skip(skip)
+        .find(|token| token.first() == Some(&b'c'))?;
+    std::str::from_utf8(&token[1..]).ok()?.parse().ok()
+}
+
+/// For an `mg` reply that [`meta_reply_is_lease`], the `EN` line memcached
+/// sends for a miss: the reply's `O` and `k` tokens in their order, and
+/// nothing else. `base64_key` is the request's key token when it carried
+/// `b`: a hit echoes the key decoded, a miss (memcached 1.6.18) echoes the
+/// token as sent, followed by `b`.
+pub fn meta_miss(reply: &[u8], base64_key: Option<&[u8]>) -> Bytes {
+    let line_end = memchr::memchr(b'\n', reply).unwrap_or(reply.len());
+    let line = &reply[..line_end];
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let mut miss = BytesMut::with_capacity(line.len().min(300) + 2);
     miss.put_slice(b"EN");
-    for token in line.split(|&b| b == b' ').skip(2) {
-        if token.starts_with(b"k") || token.starts_with(b"O") || token == b"b" {
-            miss.put_u8(b' ');
-            miss.put_slice(token);
+    let skip = if reply.starts_with(b"VA ") { 2 } else { 1 };
+    for token in line.split(|&b| b == b' ').skip(skip) {
+        match (token.first(), base64_key) {
+            (Some(b'k'), Some(key)) => {
+                miss.put_slice(b" k");
+                miss.put_slice(key);
+                miss.put_slice(b" b");
+            }
+            (Some(b'k' | b'O'), _) => {
+                miss.put_u8(b' ');
+                miss.put_slice(token);
+            }
+            _ => {}
         }
     }
     miss.put_slice(b"\r\n");
-    Some(miss.freeze())
+    miss.freeze()
 }
 
 #[cfg(test)]
@@ -168,30 +216,58 @@ mod tests {
         assert!(classic_value_is_lease(&with_cas, 9));
     }
 
+    fn va(data: &[u8], flags: &str) -> Vec<u8> {
+        let mut reply = format!("VA {}{flags}\r\n", data.len()).into_bytes();
+        reply.extend_from_slice(data);
+        reply.extend_from_slice(b"\r\n");
+        reply
+    }
+
     #[test]
     fn a_lease_an_append_or_prepend_reached_is_still_a_lease() {
-        let mut both = b"front".to_vec();
-        both.extend_from_slice(LEASE_MARKER);
-        both.extend_from_slice(b".v7");
-        assert!(classic_value_is_lease(
-            &classic_block("k", &both, LEASE_FLAGS),
-            7
-        ));
-        // Without flags (a meta reply that did not ask for them) the marker
-        // must be at one end.
         let mut appended = LEASE_MARKER.to_vec();
         appended.extend_from_slice(b".v7");
-        let va = |data: &[u8], flags: &str| {
-            let mut reply = format!("VA {}{flags}\r\n", data.len()).into_bytes();
-            reply.extend_from_slice(data);
-            reply.extend_from_slice(b"\r\n");
-            reply
-        };
-        assert!(meta_value_is_lease(&va(&appended, "")));
-        assert!(!meta_value_is_lease(&va(&both, "")));
-        assert!(meta_value_is_lease(&va(&both, &format!(" f{LEASE_FLAGS}"))));
-        assert!(!meta_value_is_lease(&va(&both, " f0")));
-        assert!(!meta_value_is_lease(&va(b"plain", "")));
+        let mut prepended = b"v6".to_vec();
+        prepended.extend_from_slice(LEASE_MARKER);
+        for data in [&appended, &prepended] {
+            assert!(classic_value_is_lease(
+                &classic_block("k", data, LEASE_FLAGS),
+                7
+            ));
+            assert!(meta_reply_is_lease(&va(data, &format!(" f{LEASE_FLAGS}"))));
+        }
+    }
+
+    #[test]
+    fn values_that_merely_look_like_leases_are_values() {
+        // The marker in the middle, under the lease's flags.
+        let mut middle = b"front".to_vec();
+        middle.extend_from_slice(LEASE_MARKER);
+        middle.extend_from_slice(b".v7");
+        assert!(!classic_value_is_lease(
+            &classic_block("k", &middle, LEASE_FLAGS),
+            7
+        ));
+        assert!(!meta_reply_is_lease(&va(
+            &middle,
+            &format!(" f{LEASE_FLAGS}")
+        )));
+        // The marker at an end, under other flags or none shown.
+        let mut appended = LEASE_MARKER.to_vec();
+        appended.extend_from_slice(b".v7");
+        assert!(!meta_reply_is_lease(&va(&appended, "")));
+        assert!(!meta_reply_is_lease(&va(&appended, " f0")));
+        assert!(!meta_reply_is_lease(&va(b"plain", "")));
+        // Without data: the flags and a size the marker fits in.
+        assert!(meta_reply_is_lease(
+            format!("HD s24 f{LEASE_FLAGS} t3\r\n").as_bytes()
+        ));
+        assert!(!meta_reply_is_lease(
+            format!("HD s23 f{LEASE_FLAGS}\r\n").as_bytes()
+        ));
+        assert!(!meta_reply_is_lease(b"HD s24 f0\r\n"));
+        assert!(!meta_reply_is_lease(b"HD s24\r\n"));
+        assert!(!meta_reply_is_lease(b"EN\r\n"));
     }
 
     #[test]
@@ -205,23 +281,30 @@ mod tests {
         // What memcached answers an `mg … v f` for the stored lease.
         let mut stored = format!("VA 24 f{LEASE_FLAGS}\r\n").into_bytes();
         stored.extend_from_slice(&request[line_end + 1..]);
-        assert!(meta_value_is_lease(&stored));
+        assert!(meta_reply_is_lease(&stored));
     }
 
     #[test]
     fn a_meta_lease_reads_as_memcacheds_miss_line() {
-        let mut reply = format!("VA 24 t30 kmy:key b O77 f{LEASE_FLAGS} c5\r\n").into_bytes();
+        let mut reply = format!("VA 24 t30 kmy:key O77 f{LEASE_FLAGS} c5\r\n").into_bytes();
         reply.extend_from_slice(LEASE_MARKER);
         reply.extend_from_slice(b"\r\n");
+        assert_eq!(&meta_miss(&reply, None)[..], b"EN kmy:key O77\r\n");
+        assert_eq!(&meta_miss(b"HD O1 s24 kk\r\n", None)[..], b"EN O1 kk\r\n");
+        // A base64 key: a hit echoes it decoded, a miss as sent, with `b`.
         assert_eq!(
-            meta_miss_for_lease(&reply).as_deref(),
-            Some(&b"EN kmy:key b O77\r\n"[..])
+            &meta_miss(b"HD O5 klease0 s24\r\n", Some(b"bGVhc2Uw"))[..],
+            b"EN O5 kbGVhc2Uw b\r\n"
+        );
+        assert_eq!(
+            &meta_miss(b"HD O5\r\n", Some(b"bGVhc2Uw"))[..],
+            b"EN O5\r\n"
         );
         let mut bare = b"VA 24\r\n".to_vec();
         bare.extend_from_slice(LEASE_MARKER);
         bare.extend_from_slice(b"\r\n");
-        assert_eq!(meta_miss_for_lease(&bare).as_deref(), Some(&b"EN\r\n"[..]));
-        assert_eq!(meta_miss_for_lease(b"VA 1 f0\r\nx\r\n"), None);
-        assert_eq!(meta_miss_for_lease(b"HD\r\n"), None);
+        assert_eq!(&meta_miss(&bare, None)[..], b"EN\r\n");
+        assert_eq!(meta_reply_cas(b"HD s24 c77 f1\r\n"), Some(77));
+        assert_eq!(meta_reply_cas(&bare), None);
     }
 }

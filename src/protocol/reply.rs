@@ -125,10 +125,35 @@ pub enum Expect {
         quiet: bool,
         /// The one reply before `MN` has been seen (quiet only).
         replied: bool,
+        /// An `mg` of memring's own that must see a hand-off lease as the
+        /// item it is (`protocol::lease`); to every other reader, and
+        /// to every client, a lease is a miss.
+        leases_shown: bool,
     },
 }
 
 impl Expect {
+    /// A meta command's reply, framed for a client: a lease is a miss.
+    pub fn meta(command: super::meta::MetaCommand, quiet: bool) -> Expect {
+        Expect::Meta {
+            command,
+            quiet,
+            replied: false,
+            leases_shown: false,
+        }
+    }
+
+    /// Whether a hand-off lease in the reply reads as a miss.
+    pub fn hides_leases(&self) -> bool {
+        !matches!(
+            self,
+            Expect::Meta {
+                leases_shown: true,
+                ..
+            }
+        )
+    }
+
     /// The expectation for a retrieval line `request` (`get k1 k2\r\n`,
     /// `gat 10 k1\r\n`, ...) as it is written to the server.
     pub fn values(request: bytes::Bytes) -> Expect {
@@ -224,6 +249,7 @@ pub fn next_piece(
         command,
         quiet,
         replied,
+        ..
     } = expect
     {
         return next_meta_piece(buf, *command, *quiet, replied);
@@ -772,11 +798,7 @@ mod tests {
     }
 
     fn meta(quiet: bool) -> Expect {
-        Expect::Meta {
-            command: super::super::meta::MetaCommand::Get,
-            quiet,
-            replied: false,
-        }
+        Expect::meta(super::super::meta::MetaCommand::Get, quiet)
     }
 
     #[test]

@@ -97,8 +97,13 @@ pub(super) fn send(
                 return;
             }
             // `NS`: the new owner holds the key (a write, or another
-            // copy's lease) already.
+            // copy's lease) already. A `gat`'s new TTL still goes there.
             (outcome, _) => {
+                if outcome == CopyOutcome::Skipped {
+                    if let Some(line) = copy.touch_line() {
+                        touch_held(&worker, &topology, lane, &copy, line).await;
+                    }
+                }
                 super::count_copy(&worker.stats, outcome);
                 return;
             }
@@ -120,6 +125,56 @@ pub(super) fn send(
         }
         worker.stats.copy_checked();
     });
+}
+
+/// A `gat` read through whose copy found the key held on the new owner: to
+/// memcached another sidecar's lease there is an item, whose copy (filled
+/// by the lease's cas, which a touch keeps) would put back the TTL the
+/// previous owner had before this `gat`, losing it. So the held item is
+/// touched with the `gat`'s exptime in a way that shows a lease; a lease is
+/// replaced by this copy (which carries that TTL), by its cas, so the other
+/// copy fails; a value is touched. If another copy's fill got in between
+/// (this fill then fails), the value it left is touched once more.
+async fn touch_held(
+    worker: &Rc<WorkerCtx>,
+    topology: &Arc<Topology>,
+    lane: usize,
+    copy: &ReadCopy,
+    line: Bytes,
+) {
+    let shown = Expect::Meta {
+        command: MetaCommand::Get,
+        quiet: false,
+        replied: false,
+        leases_shown: true,
+    };
+    let touched = call(
+        worker,
+        topology,
+        lane,
+        copy.owner,
+        std::slice::from_ref(&line),
+        shown.clone(),
+    )
+    .await;
+    let Some(lease) = touched.as_deref().ok().and_then(ReadCopy::touched_lease) else {
+        return;
+    };
+    let expect = meta_expect(MetaCommand::Set);
+    let filled = call(
+        worker,
+        topology,
+        lane,
+        copy.owner,
+        &copy.fill(lease),
+        expect,
+    )
+    .await;
+    if !matches!(&filled, Ok(reply) if reply.starts_with(b"HD")) {
+        call(worker, topology, lane, copy.owner, &[line], shown)
+            .await
+            .ok();
+    }
 }
 
 /// Whether the source still holds the copied value. A failure there counts

@@ -3,6 +3,7 @@
 //! loop in `session/mod.rs`.
 
 use super::*;
+use crate::plan::lease_retry::{LeaseRetry, LeaseStep};
 
 /// Smallest reply size assumed for a key not yet answered.
 const MIN_ESTIMATE_BYTES: usize = 1024;
@@ -71,7 +72,13 @@ impl ClientSession {
     ) -> bool {
         let topology = e.topology;
         if *e.sent {
-            return true;
+            return match finish {
+                Finish::Leased(retry) => {
+                    let (wire, expect) = leased_wire(retry, &e);
+                    self.lease_steps(topology, &mut parts[0], retry, &wire, &expect, e.hot)
+                }
+                _ => true,
+            };
         }
         let older = match finish {
             Finish::Quorum { older, .. } => older.as_deref_mut(),
@@ -91,6 +98,12 @@ impl ClientSession {
             _ => (0, false),
         };
         let replicas = parts.len() - forget;
+        if let Finish::Leased(retry) = finish {
+            let (wire, expect) = leased_wire(retry, &e);
+            self.send(topology, &mut parts[0], &wire, expect.clone(), true, e.hot);
+            *e.sent = true;
+            return self.lease_steps(topology, &mut parts[0], retry, &wire, &expect, e.hot);
+        }
         for part in parts[..replicas].iter_mut() {
             // A `noreply` request's reply is awaited too (and then
             // dropped), so that its bytes stay counted until the
@@ -177,22 +190,14 @@ impl ClientSession {
             add.parts.clear();
             match step {
                 AddStep::Add(servers) => {
-                    let expect = Expect::Meta {
-                        command: MetaCommand::Set,
-                        quiet: false,
-                        replied: false,
-                    };
+                    let expect = Expect::meta(MetaCommand::Set, false);
                     for server in servers {
                         let part = self.send_to(topology, server, &add.wire, &expect, e.hot);
                         add.parts.push(part);
                     }
                 }
                 AddStep::TakeBack(made) => {
-                    let expect = Expect::Meta {
-                        command: MetaCommand::Delete,
-                        quiet: false,
-                        replied: false,
-                    };
+                    let expect = Expect::meta(MetaCommand::Delete, false);
                     for (server, cas) in made {
                         let line = [crate::protocol::encode::delete_by_cas(
                             &add.key.0, add.key.1, cas,
@@ -287,11 +292,7 @@ impl ClientSession {
             } => {
                 // The copies go out before any later request of this
                 // client, as for a replicated `cas`.
-                let copy_expect = Expect::Meta {
-                    command: meta.command,
-                    quiet: false,
-                    replied: false,
-                };
+                let copy_expect = Expect::meta(meta.command, false);
                 let copy = || smallvec::smallvec![copy.clone()];
                 let cas_copy = CasCopy {
                     wire: &copy,
@@ -299,6 +300,10 @@ impl ClientSession {
                 };
                 let (part, hot) = (&mut meta.parts[0], e.hot);
                 self.cas_step(topology, machine, part, copied, &cas_copy, hot)
+            }
+            MetaMode::Leased(retry) => {
+                let part = &mut meta.parts[0];
+                self.lease_steps(topology, part, retry, &meta.wire, &meta.expect, e.hot)
             }
             MetaMode::ReadThrough {
                 servers,
@@ -322,6 +327,46 @@ impl ClientSession {
                 meta.parts[0] = self.send_to(topology, server, &meta.wire, &meta.expect, None);
                 // Later requests wait until this read has its answer.
                 false
+            }
+        }
+    }
+
+    /// Takes `part`'s reply into a command that may meet a hand-off lease
+    /// (see `lease_retry`), and sends what it says next: a probe, or the
+    /// lease's removal followed by the command (`wire`) again, on the same
+    /// connection. True once the part holds the client's answer; until
+    /// then the client's later requests wait, so they see the key as the
+    /// command left it.
+    fn lease_steps(
+        &self,
+        topology: &Topology,
+        part: &mut Part,
+        retry: &mut LeaseRetry,
+        wire: &[Bytes],
+        expect: &Expect,
+        hot: Option<&Rc<WriteGuard>>,
+    ) -> bool {
+        loop {
+            part.absorb();
+            let Some(result) = part.result.take() else {
+                return false;
+            };
+            let lease = part.slot.as_ref().and_then(|slot| slot.lease());
+            let server = part.server;
+            match retry.on_reply(result, lease) {
+                LeaseStep::Answer(result) => {
+                    part.result = Some(result);
+                    return true;
+                }
+                LeaseStep::Probe { line, expect } => {
+                    *part = self.send_to(topology, server, &[line], &expect, None);
+                }
+                LeaseStep::Rerun { delete } => {
+                    let removal = Expect::meta(MetaCommand::Delete, false);
+                    let mut gone = Part::new(server);
+                    self.send(topology, &mut gone, &[delete], removal, false, None);
+                    *part = self.send_to(topology, server, wire, expect, hot);
+                }
             }
         }
     }
@@ -438,11 +483,7 @@ impl ClientSession {
                     }
                 };
                 let expect = if sub.meta {
-                    Expect::Meta {
-                        command: MetaCommand::Get,
-                        quiet: false,
-                        replied: false,
-                    }
+                    Expect::meta(MetaCommand::Get, false)
                 } else {
                     Expect::values(sub.line.clone())
                 };
@@ -545,6 +586,7 @@ impl ClientSession {
                         source: moved.previous,
                         key,
                         base64,
+                        touch: None,
                     };
                     copy_check::send(&self.worker, topology, self.lane, copy, &self.copies);
                 }
@@ -646,11 +688,7 @@ impl ClientSession {
 
     fn forget_on(&self, topology: &Topology, server: usize, key: &(Bytes, bool)) -> Part {
         let line = [crate::plan::handoff::forget_line(&key.0, key.1)];
-        let expect = Expect::Meta {
-            command: MetaCommand::Delete,
-            quiet: false,
-            replied: false,
-        };
+        let expect = Expect::meta(MetaCommand::Delete, false);
         self.send_to(topology, server, &line, &expect, None)
     }
 
@@ -882,10 +920,12 @@ impl ClientSession {
                         }
                         Decision::Fail(servers) => write_no_quorum(self.out.scratch(), &servers),
                     },
-                    Finish::Forward | Finish::AllOk(_) if results.iter().any(Option::is_none) => {
+                    Finish::Forward | Finish::AllOk(_) | Finish::Leased(_)
+                        if results.iter().any(Option::is_none) =>
+                    {
                         return false;
                     }
-                    Finish::Forward => match &parts[0].result {
+                    Finish::Forward | Finish::Leased(_) => match &parts[0].result {
                         Some(Ok(reply)) => {
                             stats.reply(entry.command, reply);
                             self.out.push(reply.clone());
@@ -1165,4 +1205,18 @@ fn forget_last(parts: &mut [Part], forget: usize, mut send: impl FnMut(usize) ->
         part.absorb();
     }
     former.iter().all(|p| p.result.is_some())
+}
+
+/// What a classic command that may meet a lease sends: the client's
+/// request (without `noreply`), or what the plan sends instead (a `touch`
+/// as an `mg`).
+fn leased_wire(retry: &LeaseRetry, e: &Sending<'_>) -> (SmallVec<[Bytes; 3]>, Expect) {
+    match retry.wire() {
+        Some((line, expect)) => (smallvec::smallvec![line], expect),
+        None => {
+            let expect = e.command.reply_line().unwrap_or(LineKind::Ok);
+            let request = forwardable(e.bytes, e.request);
+            (request.iter().cloned().collect(), Expect::Line(expect))
+        }
+    }
 }

@@ -21,11 +21,7 @@ struct Shadow {
 
 /// How a shadow get's reply is framed.
 fn get_expect() -> Expect {
-    Expect::Meta {
-        command: MetaCommand::Get,
-        quiet: false,
-        replied: false,
-    }
+    Expect::meta(MetaCommand::Get, false)
 }
 
 /// `mg <key> v [b] [T<ttl>]`: the shadow's read of a key, whatever the
@@ -203,11 +199,7 @@ impl ClientSession {
                 .then(|| Box::new(smallvec::smallvec![(0, pair)]));
         }
         let copy = route::meta_copy(request, bytes);
-        let expect = Expect::Meta {
-            command: request.command,
-            quiet: false,
-            replied: false,
-        };
+        let expect = Expect::meta(request.command, false);
         self.send_shadow(&shadow, routing, &[copy], expect, None);
         None
     }

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::plan::handoff::cas::CasTakeover;
+use crate::plan::lease_retry::LeaseRetry;
 use crate::plan::replicated_add::ReplicatedAdd;
 use crate::plan::route::Split;
 
@@ -229,7 +230,7 @@ impl ClientSession {
             },
             Plan::Key(Placement::Owner { server, .. }) => Work::Lines {
                 parts: smallvec::smallvec![Part::new(server)],
-                finish: Finish::Forward,
+                finish: leased_classic(&request, &bytes, &topology),
             },
             Plan::Key(Placement::Quorum {
                 servers,
@@ -377,11 +378,7 @@ impl ClientSession {
             wire.push(Bytes::from_static(b"mn\r\n"));
         }
         let parts = |servers: &[usize]| servers.iter().map(|&s| Part::new(s)).collect();
-        let expect = Expect::Meta {
-            command: request.command,
-            quiet,
-            replied: false,
-        };
+        let expect = Expect::meta(request.command, quiet);
         let adds = request.command == MetaCommand::Set
             && !request.compare_cas
             && request.mode.map(|m| m.to_ascii_uppercase()) == Some(b'E');
@@ -428,7 +425,9 @@ impl ClientSession {
                 self.push(entry);
                 return;
             }
-            MetaPlan::Key(Placement::Owner { server, .. }) => (parts(&[server]), MetaMode::Forward),
+            MetaPlan::Key(Placement::Owner { server, .. }) => {
+                (parts(&[server]), leased(&request, &bytes, &topology))
+            }
             MetaPlan::Key(Placement::Quorum {
                 servers,
                 quorum,
@@ -548,6 +547,40 @@ impl ClientSession {
             older: OlderForget::new(older),
         }));
         self.push(entry);
+    }
+}
+
+/// How a meta request on one owner is answered: as the owner answers, or,
+/// during a hand-off window (when other sidecars' copies may have left
+/// leases) for a command a lease would mislead, removing the lease and
+/// running again (see `lease_retry`). Such a command waits for its answer
+/// before the client's next request goes out, so only inside a window.
+fn leased(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> MetaMode {
+    if topology.previous.is_none() {
+        return MetaMode::Forward;
+    }
+    let key = bytes.slice_ref(request.key_token(bytes));
+    let has = |flag| request.flags(bytes).any(|(f, _)| f == flag);
+    match LeaseRetry::for_meta(request.command, key, request.base64, has, request.mode) {
+        Some(retry) => MetaMode::Leased(Box::new(retry)),
+        None => MetaMode::Forward,
+    }
+}
+
+/// [`leased`] for a classic one-line command on one owner.
+fn leased_classic(request: &Request, bytes: &Bytes, topology: &Topology) -> Finish {
+    if topology.previous.is_none() || request.keys.len() != 1 {
+        return Finish::Forward;
+    }
+    let key = bytes.slice_ref(request.key(bytes, 0));
+    let line = &bytes[..(request.args_end as usize).min(bytes.len())];
+    let exptime = line
+        .split(|&b| b == b' ')
+        .filter(|token| !token.is_empty())
+        .nth(2);
+    match LeaseRetry::for_classic(request.command, key, exptime) {
+        Some(retry) => Finish::Leased(Box::new(retry)),
+        None => Finish::Forward,
     }
 }
 

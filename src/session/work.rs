@@ -272,6 +272,10 @@ pub(super) enum MetaMode {
     /// A meta command on a moved key, run by the hand-off's state machine
     /// (see `handoff::Moved`): the part is its step under way.
     Moved(Box<MetaMoved>),
+    /// A command on one owner that removes a hand-off lease it meets and
+    /// runs again (see `lease_retry::LeaseRetry`): the part is its step
+    /// under way.
+    Leased(Box<crate::plan::lease_retry::LeaseRetry>),
 }
 
 impl MetaMode {
@@ -319,6 +323,9 @@ pub(super) enum Finish {
     /// A broadcast (`flush_all`): `OK` only if every server said `OK`;
     /// with [`Joined`], one of several entries of one request.
     AllOk(Option<Joined>),
+    /// One owner's reply, and a hand-off lease it meets removed first (see
+    /// `lease_retry::LeaseRetry`).
+    Leased(Box<crate::plan::lease_retry::LeaseRetry>),
 }
 
 /// A `flush_all` that reaches several pools: one entry per pool, each

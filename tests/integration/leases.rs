@@ -82,12 +82,103 @@ fn a_lease_reads_as_a_miss_in_every_kind_of_read() {
         (&b"append leased 0 0 3\r\n.v7\r\n"[..], "mg {key} v\r\n"),
         (b"prepend leased 0 0 2\r\nv6\r\n", "mg {key} v f\r\n"),
     ] {
+        place(&mut direct, "leased", LEASE_MARKER);
         assert_eq!(direct.call(change, ReplyKind::Line), b"STORED\r\n");
         assert_eq!(client.get_raw("leased"), b"END\r\n");
         meta_alike(&mut client, &mut direct, read, "leased", "absent");
     }
     // The lease is still there: memring only read it.
     assert!(show(&direct.get_raw("leased")).contains("memring hand-off lease"));
+}
+
+/// Every `mg` that does not ask for the value (issue 48, item 2) answers
+/// a lease as memcached answers an absent key: memring asks for the client
+/// flags (and the size) it needs to know a lease by, and the client gets
+/// memcached's bytes for its own request.
+#[test]
+fn a_lease_is_a_miss_to_an_mg_that_does_not_ask_for_the_value() {
+    let server = Memcached::start();
+    let proxy = Proxy::start(&[&server], "");
+    let (mut direct, mut client) = (server.client(), proxy.client());
+    place(&mut direct, "leased", LEASE_MARKER);
+    let mut appended = LEASE_MARKER.to_vec();
+    appended.extend_from_slice(b".v7");
+    place(&mut direct, "appended", &appended);
+    for leased in ["leased", "appended"] {
+        for request in [
+            "mg {key}\r\n",
+            "mg {key} s\r\n",
+            "mg {key} f\r\n",
+            "mg {key} t\r\n",
+            "mg {key} c\r\n",
+            "mg {key} k O9\r\n",
+            "mg {key} O9 k s f t c\r\n",
+            "mg {key} v\r\n",
+            "mg {key} u h l\r\n",
+        ] {
+            meta_alike(&mut client, &mut direct, request, leased, "absent");
+        }
+        // A quiet mg says nothing on a miss: only the mn's MN comes.
+        client.send(format!("mg {leased} q s\r\nmg {leased} q k\r\nmn\r\n").as_bytes());
+        assert_eq!(show(&client.meta_reply()), "MN\\r\\n", "{leased}");
+    }
+    // A value: the reply is memcached's own, the flags memring asked for
+    // removed.
+    direct.set("value", b"abc");
+    for request in [
+        "mg {key}\r\n",
+        "mg {key} s\r\n",
+        "mg {key} k O9 t\r\n",
+        "mg {key} f O1\r\n",
+        "mg {key} v k\r\n",
+    ] {
+        meta_alike(&mut client, &mut direct, request, "value", "value");
+    }
+    client.send(b"mg value q k\r\nmn\r\n");
+    assert_eq!(show(&client.meta_reply()), "HD kvalue\\r\\n");
+    assert_eq!(show(&client.meta_reply()), "MN\\r\\n");
+}
+
+/// Values that merely look like leases are values (issue 48, item 5): the
+/// marker at an end of a value with other flags, and the marker in the
+/// middle of a value with the lease's flags.
+#[test]
+fn values_that_look_like_leases_are_values_to_every_read() {
+    let server = Memcached::start();
+    let proxy = Proxy::start(&[&server], "");
+    let (mut direct, mut client) = (server.client(), proxy.client());
+    let mut starts = LEASE_MARKER.to_vec();
+    starts.extend_from_slice(b"tail");
+    let mut ends = b"head".to_vec();
+    ends.extend_from_slice(LEASE_MARKER);
+    direct.set("starts", &starts);
+    direct.set("ends", &ends);
+    direct.set("exactly", LEASE_MARKER);
+    place(
+        &mut direct,
+        "middle",
+        &[&b"head"[..], LEASE_MARKER, b"tail"].concat(),
+    );
+    for key in ["starts", "ends", "exactly", "middle"] {
+        for request in ["get {key}\r\n", "gets {key}\r\n"] {
+            let request = request.replace("{key}", key);
+            assert_eq!(
+                show(&client.call(request.as_bytes(), ReplyKind::Values)),
+                show(&direct.call(request.as_bytes(), ReplyKind::Values)),
+                "{request}"
+            );
+        }
+        for request in ["mg {key} v\r\n", "mg {key} v f s t c\r\n"] {
+            meta_alike(&mut client, &mut direct, request, key, key);
+        }
+        // Without the value, an item is known by its flags and size: only
+        // the lease's flags are memring's (docs/handoff.md).
+        if key != "middle" {
+            for request in ["mg {key} s\r\n", "mg {key}\r\n"] {
+                meta_alike(&mut client, &mut direct, request, key, key);
+            }
+        }
+    }
 }
 
 /// Five memcached servers and a memring moved from the first four to all
@@ -97,7 +188,21 @@ struct Joined {
     servers: Vec<Memcached>,
     proxy: Proxy,
     moved: Vec<String>,
+    /// The ring of five.
+    ring: memring::ring::Ring,
     _dir: TempDir,
+}
+
+impl Joined {
+    /// The index in `servers` of `key`'s owner among five.
+    fn owner(&self, key: &str) -> usize {
+        let member = self.ring.owner(key.as_bytes()).unwrap();
+        let identity = &self.ring.members()[member].identity;
+        self.servers
+            .iter()
+            .position(|s| *identity == format!("cache-{}", s.port))
+            .unwrap()
+    }
 }
 
 impl Joined {
@@ -136,6 +241,7 @@ impl Joined {
             servers,
             proxy,
             moved,
+            ring: five,
             _dir: dir,
         }
     }
@@ -245,4 +351,559 @@ fn an_increment_meeting_another_sidecars_lease_continues_the_count() {
             "{key} on its new owner"
         );
     }
+}
+
+/// A differential test: a leased key through memring and an absent key on
+/// one memcached get the same random reads, in both dialects (`mg` with
+/// every combination of the flags a read may carry, quiet or not, and
+/// classic multi-key gets mixing the key with values), and must answer the
+/// same bytes. Seeded, so a failure names its seed and repeats.
+#[test]
+fn a_leased_key_answers_every_read_as_an_absent_key_does() {
+    let server = Memcached::start();
+    let proxy = Proxy::start(&[&server], "");
+    let (mut direct, mut client) = (server.client(), proxy.client());
+    let mut appended = LEASE_MARKER.to_vec();
+    appended.extend_from_slice(b"-appended");
+    let mut prepended = b"prepended-".to_vec();
+    prepended.extend_from_slice(LEASE_MARKER);
+    // Leased keys and absent keys of the same length, so a `k` token or a
+    // base64 key reads alike once the name is swapped.
+    let leases = [
+        ("lease0", LEASE_MARKER),
+        ("lease1", &appended),
+        ("lease2", &prepended),
+    ];
+    for (key, data) in leases {
+        place(&mut direct, key, data);
+    }
+    client.set("value", b"v");
+    let flags = ["v", "f", "s", "t", "c", "k", "h", "l", "u", "O", "q", "b"];
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for round in 0..600 {
+        let (leased, _) = leases[(next() % 3) as usize];
+        let absent = "absent";
+        let mut chosen: Vec<&str> = flags.iter().copied().filter(|_| next() % 3 == 0).collect();
+        // Any order memcached takes.
+        for i in (1..chosen.len()).rev() {
+            chosen.swap(i, (next() % (i as u64 + 1)) as usize);
+        }
+        let base64 = chosen.contains(&"b");
+        let token = |key: &str| {
+            if base64 {
+                base64_of(key.as_bytes())
+            } else {
+                key.to_string()
+            }
+        };
+        let line = |key: &str| {
+            let mut line = format!("mg {}", token(key));
+            for flag in &chosen {
+                line.push(' ');
+                line.push_str(flag);
+                if *flag == "O" {
+                    line.push_str(&format!("{round}"));
+                }
+            }
+            line.push_str("\r\n");
+            if chosen.contains(&"q") {
+                line.push_str("mn\r\n");
+            }
+            line
+        };
+        let (through, straight) = (line(leased), line(absent));
+        client.send(through.as_bytes());
+        direct.send(straight.as_bytes());
+        let (got, want) = (
+            replies_to_mn(&mut client, &through),
+            replies_to_mn(&mut direct, &straight),
+        );
+        assert_eq!(
+            show(&got),
+            show(&want).replace(&token(absent), &token(leased)),
+            "round {round}: {through:?} on a lease, {straight:?} on memcached"
+        );
+
+        // Classic: the key among values, in a random place.
+        let get = ["get", "gets", "get", "gets"][(next() % 4) as usize];
+        let first = next() % 2 == 0;
+        let classic = |key: &str| {
+            if first {
+                format!("{get} {key} value\r\n")
+            } else {
+                format!("{get} value {key}\r\n")
+            }
+        };
+        let got = client.call(classic(leased).as_bytes(), ReplyKind::Values);
+        let want = direct.call(classic(absent).as_bytes(), ReplyKind::Values);
+        // gets' cas of `value` is the same item's on both.
+        assert_eq!(
+            show(&got),
+            show(&want),
+            "round {round}: {}",
+            classic(leased)
+        );
+    }
+}
+
+/// The replies to `request` up to its last line (`MN` when it ends with
+/// `mn`).
+fn replies_to_mn(client: &mut Client, request: &str) -> Vec<u8> {
+    let mut all = Vec::new();
+    loop {
+        let reply = client.meta_reply();
+        let done = !request.ends_with("mn\r\n") || reply == b"MN\r\n";
+        all.extend_from_slice(&reply);
+        if done {
+            return all;
+        }
+    }
+}
+
+fn base64_of(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        for i in 0..=chunk.len() {
+            out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+        }
+        for _ in chunk.len()..3 {
+            out.push('=');
+        }
+    }
+    out
+}
+
+/// A command that a lease would mislead (issue 48, items 2 and 3), inside
+/// a hand-off window: `mg … N` vivifies, `mg … T` and `touch` miss and
+/// leave no lease behind to stretch, `ma … N` autovivifies, `ma`, `incr`,
+/// `decr` and `cas` find nothing, `add` and `ms … ME` store, `append`,
+/// `prepend` and their `ms` modes store nothing, byte for byte as one
+/// memcached where the key is absent; and the key is then what it is there.
+#[test]
+fn a_command_meeting_a_lease_answers_as_for_an_absent_key() {
+    let joined = Joined::start("commands", 0, |_| String::new());
+    let reference = Memcached::start();
+    let (mut client, mut absent) = (joined.proxy.client(), reference.client());
+    let cases = [
+        "mg {key} N30 v\r\n",
+        "mg {key} N30\r\n",
+        "mg {key} N30 s t k O5\r\n",
+        "mg {key} T3600 v\r\n",
+        "mg {key} T3600\r\n",
+        "mg {key} v T3600 N30\r\n",
+        "ma {key} N0 J10 v\r\n",
+        "ma {key} N0 J10 q O7\r\nmn\r\n",
+        "ma {key}\r\n",
+        "ma {key} MD v\r\n",
+        "ms {key} 2 ME\r\nhi\r\n",
+        "ms {key} 2 ME k O3 q\r\nhi\r\nmn\r\n",
+        "mg {key} v N30 q\r\nmn\r\n",
+        "ms {key} 1 MA\r\nx\r\n",
+        "ms {key} 1 MP q\r\nx\r\nmn\r\n",
+        "touch {key} 3600\r\n",
+        "touch {key} 3600 noreply\r\n",
+        "add {key} 0 0 1\r\nx\r\n",
+        "incr {key} 1\r\n",
+        "decr {key} 1\r\n",
+        "cas {key} 0 0 1 77\r\nx\r\n",
+        "append {key} 0 0 1\r\nx\r\n",
+        "prepend {key} 0 0 1 noreply\r\nx\r\n",
+    ];
+    // Keys that did not move: their one owner answers (a moved key's
+    // commands run the hand-off's own steps).
+    let stay = (0..1000)
+        .map(|i| format!("commands:{i}"))
+        .filter(|key| joined.owner(key) != 4);
+    for (request, key) in cases.iter().zip(stay) {
+        let mut owner = joined.servers[joined.owner(&key)].client();
+        place(&mut owner, &key, LEASE_MARKER);
+        let (through, direct) = (
+            request.replace("{key}", &key),
+            request.replace("{key}", &key),
+        );
+        client.send(through.as_bytes());
+        absent.send(direct.as_bytes());
+        let reply = |to: &mut Client, request: &str| {
+            if request.starts_with('m') {
+                replies_to_mn(to, request)
+            } else if request.contains("noreply") {
+                Vec::new()
+            } else {
+                to.reply(ReplyKind::Line)
+            }
+        };
+        assert_eq!(
+            show(&reply(&mut client, &through)),
+            show(&reply(&mut absent, &direct)),
+            "{through:?} on a lease"
+        );
+        // What the key is afterwards, and that no lease is left to meet.
+        let after = format!("mg {key} v f\r\n");
+        client.send(after.as_bytes());
+        absent.send(after.as_bytes());
+        assert_eq!(
+            show(&client.meta_reply()),
+            show(&absent.meta_reply()),
+            "{through:?}: the key afterwards"
+        );
+        let add = format!("add {key} 0 0 1\r\nx\r\n");
+        assert_eq!(
+            show(&client.call(add.as_bytes(), ReplyKind::Line)),
+            show(&absent.call(add.as_bytes(), ReplyKind::Line)),
+            "{through:?}: an add afterwards"
+        );
+    }
+}
+
+/// Another sidecar's read-through copy of a moved key has placed its lease
+/// on the new owner and not yet filled it, when a client here touches,
+/// appends to or (meta) appends to the key (issue 48, items 3 and 4). To
+/// memcached the lease is an item: the touch stretched it to an hour and
+/// the copy, filled by the lease's cas (a touch keeps the cas), then put
+/// the old TTL back, losing the acknowledged touch; an append extended the
+/// lease and was lost with it. Now the command takes the lease over (the
+/// key's value copied over it by its cas) and acts on the value, and the
+/// other copy's fill fails.
+#[test]
+fn a_change_meeting_another_sidecars_lease_is_never_lost_to_its_copy() {
+    let joined = Joined::start("racing-copy", 4, |key| format!("{key}=v"));
+    let mut new_owner = joined.servers[4].client();
+    let mut client = joined.proxy.client();
+    let [touch, touch_quiet, append, meta_append] = &joined.moved[..] else {
+        unreachable!()
+    };
+    let cases = [
+        (
+            touch,
+            format!("touch {touch} 3600\r\n"),
+            "TOUCHED\r\n",
+            "=v",
+        ),
+        (
+            touch_quiet,
+            format!("touch {touch_quiet} 3600 noreply\r\n"),
+            "",
+            "=v",
+        ),
+        (
+            append,
+            format!("append {append} 0 0 1\r\nx\r\n"),
+            "STORED\r\n",
+            "=vx",
+        ),
+        (
+            meta_append,
+            format!("ms {meta_append} 1 MA\r\ny\r\n"),
+            "HD\r\n",
+            "=vy",
+        ),
+    ];
+    for (key, request, answer, value) in cases {
+        place(&mut new_owner, key, LEASE_MARKER);
+        new_owner.send(format!("mg {key} c\r\n").as_bytes());
+        let lease = show(&new_owner.meta_reply());
+        let lease = lease.trim_start_matches("HD c").trim_end_matches("\\r\\n");
+        client.send(request.as_bytes());
+        if !answer.is_empty() {
+            assert_eq!(
+                show(&client.reply(ReplyKind::Line)),
+                show(answer.as_bytes()),
+                "{request:?}"
+            );
+        }
+        let want = format!("{key}{value}");
+        assert_eq!(
+            client.get(key),
+            Some(want.clone().into_bytes()),
+            "{request:?}"
+        );
+        // The other sidecar's copy arrives now, by the lease's cas, with
+        // the TTL the previous owner had.
+        let fill = format!("ms {key} {} T120 C{lease}\r\n{key}=v\r\n", key.len() + 2);
+        new_owner.send(fill.as_bytes());
+        assert_eq!(
+            show(&new_owner.meta_reply()),
+            "EX\\r\\n",
+            "{request:?}: the fill"
+        );
+        new_owner.send(format!("mg {key} v t\r\n").as_bytes());
+        let held = show(&new_owner.meta_reply());
+        assert!(held.contains(&want), "{request:?}: {held}");
+        if request.starts_with("touch") {
+            let ttl: u32 = held
+                .split(['t', '\\'])
+                .nth(1)
+                .and_then(|t| t.parse().ok())
+                .unwrap_or(0);
+            assert!(ttl > 3000, "{request:?}: the touch's TTL kept, {held}");
+        }
+    }
+}
+
+/// The differential test for commands: inside a hand-off window, a key
+/// holding another sidecar's lease (through memring) and an absent key (on
+/// one memcached) get the same random sequence of commands, both dialects,
+/// and must answer the same (cas numbers aside, which are per server).
+/// `gat`, `gats`, `delete`, `md`, `replace` and `ms … MR` are left out: on a
+/// lease they still answer as for a present key (docs/handoff.md).
+#[test]
+fn a_leased_key_answers_every_command_as_an_absent_key_does() {
+    let joined = Joined::start("sequences", 0, |_| String::new());
+    let reference = Memcached::start();
+    let (mut client, mut absent) = (joined.proxy.client(), reference.client());
+    let commands = [
+        "get {key}\r\n",
+        "gets {key}\r\n",
+        "touch {key} 30\r\n",
+        "add {key} 0 30 1\r\na\r\n",
+        "append {key} 0 0 1\r\np\r\n",
+        "prepend {key} 0 0 1\r\nq\r\n",
+        "incr {key} 2\r\n",
+        "decr {key} 1\r\n",
+        "cas {key} 0 0 1 1\r\nc\r\n",
+        "set {key} 0 30 1\r\n5\r\n",
+        "ma {key}\r\n",
+        "ma {key} N30 J10 v\r\n",
+        "ma {key} MD v q\r\nmn\r\n",
+        "ms {key} 1 ME\r\n7\r\n",
+        "ms {key} 1 MA q\r\n8\r\nmn\r\n",
+        "ms {key} 1 MP k\r\n9\r\n",
+        "ms {key} 1 MS T30 F3\r\n4\r\n",
+    ];
+    let flags = ["v", "f", "s", "k", "c", "O9", "q", "N30", "T30"];
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let keys = (0..5000)
+        .map(|i| format!("sequences:{i}"))
+        .filter(|key| joined.owner(key) != 4)
+        .take(60);
+    for key in keys {
+        let mut owner = joined.servers[joined.owner(&key)].client();
+        place(&mut owner, &key, LEASE_MARKER);
+        let mut sent = Vec::new();
+        for _ in 0..5 {
+            let request = if next() % 3 == 0 {
+                let mut line = format!("mg {key}");
+                for flag in flags.iter().filter(|_| next() % 3 == 0) {
+                    line.push(' ');
+                    line.push_str(flag);
+                }
+                line.push_str("\r\n");
+                if line.contains(" q") {
+                    line.push_str("mn\r\n");
+                }
+                line
+            } else {
+                commands[(next() % commands.len() as u64) as usize].replace("{key}", &key)
+            };
+            sent.push(request.clone());
+            client.send(request.as_bytes());
+            absent.send(request.as_bytes());
+            let reply = |to: &mut Client| -> Vec<u8> {
+                if request.starts_with('m') {
+                    replies_to_mn(to, &request)
+                } else if request.starts_with("get") {
+                    to.reply(ReplyKind::Values)
+                } else {
+                    to.reply(ReplyKind::Line)
+                }
+            };
+            assert_eq!(
+                without_cas(&reply(&mut client)),
+                without_cas(&reply(&mut absent)),
+                "{key}: {sent:?} on a lease"
+            );
+        }
+    }
+}
+
+/// `reply` with its cas numbers (per server) left out: a meta `c` token,
+/// a `gets` line's last number.
+fn without_cas(reply: &[u8]) -> String {
+    show(reply)
+        .split("\\r\\n")
+        .map(|line| {
+            let tokens: Vec<&str> = line.split(' ').collect();
+            let value_line = tokens[0] == "VALUE" && tokens.len() == 5;
+            let meta = matches!(tokens[0], "HD" | "VA" | "EN" | "NS" | "NF" | "EX");
+            tokens
+                .iter()
+                .enumerate()
+                .map(|(i, token)| {
+                    let cas = (value_line && i == 4)
+                        || (meta
+                            && i > 0
+                            && token.starts_with('c')
+                            && token[1..].chars().all(|c| c.is_ascii_digit()));
+                    if cas {
+                        "c#"
+                    } else {
+                        token
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect::<Vec<_>>()
+        .join("\\r\\n")
+}
+
+/// A `gat` of a moved key reads it through from its previous owner while
+/// another sidecar's copy has its lease on the new owner (issue 48, items
+/// 3 and 4): the `gat`'s own copy finds the key held there, and used to
+/// stand back, leaving the lease (stretched by nothing, filled later by the
+/// other copy with the TTL from before the `gat`): the acknowledged `gat`
+/// lost its TTL. Now the copy replaces that lease by its cas, with the
+/// `gat`'s TTL, and the other copy's fill fails.
+#[test]
+fn a_gat_read_through_beside_another_sidecars_lease_keeps_its_ttl() {
+    let joined = Joined::start("racing-gat", 2, |key| format!("{key}=v"));
+    let mut new_owner = joined.servers[4].client();
+    let mut client = joined.proxy.client();
+    for (key, get) in joined.moved.iter().zip(["gat", "gats"]) {
+        place(&mut new_owner, key, LEASE_MARKER);
+        new_owner.send(format!("mg {key} c\r\n").as_bytes());
+        let lease = show(&new_owner.meta_reply());
+        let lease = lease.trim_start_matches("HD c").trim_end_matches("\\r\\n");
+        let reply = client.call(
+            format!("{get} 3600 {key}\r\n").as_bytes(),
+            ReplyKind::Values,
+        );
+        assert!(
+            show(&reply).contains(&format!("{key}=v")),
+            "{get}: {}",
+            show(&reply)
+        );
+        wait_for("the lease replaced", || {
+            let mut owner = joined.servers[4].client();
+            owner.send(format!("mg {key} f\r\n").as_bytes());
+            owner.meta_reply() == b"HD f0\r\n"
+        });
+        let fill = format!("ms {key} {} T120 C{lease}\r\n{key}=v\r\n", key.len() + 2);
+        new_owner.send(fill.as_bytes());
+        assert_eq!(
+            show(&new_owner.meta_reply()),
+            "EX\\r\\n",
+            "{get}: the other fill"
+        );
+        new_owner.send(format!("mg {key} t\r\n").as_bytes());
+        let held = show(&new_owner.meta_reply());
+        let ttl: u32 = held
+            .trim_start_matches("HD t")
+            .trim_end_matches("\\r\\n")
+            .parse()
+            .unwrap_or(0);
+        assert!(ttl > 3000, "{get}: the TTL kept, {held}");
+    }
+}
+
+/// An `mg … T` of a moved key whose new owner holds another sidecar's lease
+/// (issue 48, item 3): the new owner's miss (the lease, to a reader) sends
+/// it to the previous owner, and its copy finds the key held. It used to
+/// run on the lease again, stretching it to the client's TTL and missing;
+/// now it takes the lease over, so the client gets the value with its new
+/// TTL, and the other copy's fill fails.
+#[test]
+fn an_mg_touch_of_a_moved_key_beside_another_sidecars_lease_takes_it_over() {
+    let joined = Joined::start("touching-mg", 2, |key| format!("{key}=v"));
+    let mut new_owner = joined.servers[4].client();
+    let mut client = joined.proxy.client();
+    for (key, request) in joined
+        .moved
+        .iter()
+        .zip(["mg {key} T3600 v", "mg {key} T3600 t"])
+    {
+        place(&mut new_owner, key, LEASE_MARKER);
+        new_owner.send(format!("mg {key} c\r\n").as_bytes());
+        let lease = show(&new_owner.meta_reply());
+        let lease = lease.trim_start_matches("HD c").trim_end_matches("\\r\\n");
+        let request = format!("{}\r\n", request.replace("{key}", key));
+        client.send(request.as_bytes());
+        let reply = show(&client.meta_reply());
+        assert!(
+            reply.starts_with("VA") && reply.contains(&format!("{key}=v"))
+                || reply.starts_with("HD t3600")
+                || reply.starts_with("HD t3599"),
+            "{request:?}: {reply}"
+        );
+        let fill = format!("ms {key} {} T120 C{lease}\r\n{key}=v\r\n", key.len() + 2);
+        new_owner.send(fill.as_bytes());
+        assert_eq!(
+            show(&new_owner.meta_reply()),
+            "EX\\r\\n",
+            "{request:?}: the fill"
+        );
+        new_owner.send(format!("mg {key} t v\r\n").as_bytes());
+        let held = show(&new_owner.meta_reply());
+        assert!(held.contains(&format!("{key}=v")), "{request:?}: {held}");
+        let ttl: u32 = held
+            .split(['t', '\\'])
+            .nth(1)
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0);
+        assert!(ttl > 3000, "{request:?}: the TTL, {held}");
+    }
+}
+
+/// An `ma … N` or an `add` of a moved key copies the key from its previous
+/// owner first; with another sidecar's lease on the new owner that copy is
+/// refused, and the command then met the lease (issue 48, item 2: `ma k N0
+/// J10` answered `CLIENT_ERROR`, `add` `NOT_STORED`). Now the lease is taken
+/// over: the count continues from the previous owner's value, and where
+/// the previous owner holds nothing the lease goes and the command meets an
+/// absent key, as one memcached would answer.
+#[test]
+fn an_autovivify_or_add_of_a_moved_key_beside_another_sidecars_lease() {
+    let joined = Joined::start("vivify-moved", 4, |_| "5".into());
+    let mut new_owner = joined.servers[4].client();
+    let mut client = joined.proxy.client();
+    let [counted, vivified, refused, added] = &joined.moved[..] else {
+        unreachable!()
+    };
+    // Gone from the previous owner (straight, as an expiry would).
+    for key in [vivified, added] {
+        for server in &joined.servers[..4] {
+            server
+                .client()
+                .call(format!("delete {key}\r\n").as_bytes(), ReplyKind::Line);
+        }
+    }
+    for key in &joined.moved {
+        place(&mut new_owner, key, LEASE_MARKER);
+    }
+    client.send(format!("ma {counted} N0 J10 v\r\n").as_bytes());
+    assert_eq!(show(&client.meta_reply()), "VA 1\\r\\n6\\r\\n", "{counted}");
+    client.send(format!("ma {vivified} N0 J10 v\r\n").as_bytes());
+    assert_eq!(
+        show(&client.meta_reply()),
+        "VA 2\\r\\n10\\r\\n",
+        "{vivified}"
+    );
+    let add = |key: &str| format!("add {key} 0 0 1\r\nx\r\n");
+    assert_eq!(
+        show(&client.call(add(refused).as_bytes(), ReplyKind::Line)),
+        "NOT_STORED\\r\\n"
+    );
+    assert_eq!(client.get(refused), Some(b"5".to_vec()), "{refused}");
+    assert_eq!(
+        show(&client.call(add(added).as_bytes(), ReplyKind::Line)),
+        "STORED\\r\\n"
+    );
+    assert_eq!(client.get(added), Some(b"x".to_vec()), "{added}");
 }

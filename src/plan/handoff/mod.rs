@@ -194,6 +194,8 @@ pub(crate) struct Moved {
     forgotten: bool,
     /// The new owner was probed for a lease once: never again.
     probed: bool,
+    /// That probe followed this command's own copy finding the key held.
+    probed_after_copy: bool,
     /// A delete reaches the previous owner once more, last (see
     /// [`Moved::delete_previous_last_too`]).
     delete_again: bool,
@@ -245,6 +247,7 @@ impl Moved {
             lease_cas: None,
             forgotten: false,
             probed: false,
+            probed_after_copy: false,
             delete_again: false,
             copies,
         })
@@ -300,6 +303,7 @@ impl Moved {
             lease_cas: None,
             forgotten: false,
             probed: false,
+            probed_after_copy: false,
             delete_again: false,
             copies,
         }
@@ -419,18 +423,24 @@ impl Moved {
                     None => Step::Answer(self.first.take().unwrap_or(result)),
                 }
             }
-            (Kind::RetryAfterCopy, Stage::First | Stage::Last)
-                if !self.probed && not_a_number(&result) =>
+            (
+                kind @ (Kind::RetryAfterCopy | Kind::CopyFirst),
+                stage @ (Stage::First | Stage::Last),
+            ) if !self.probed
+                && match kind {
+                    // Its own copy, if made, is what refused it.
+                    Kind::CopyFirst => {
+                        !self.forgotten && (not_a_number(&result) || not_stored(&result))
+                    }
+                    _ => {
+                        not_a_number(&result)
+                            || (stage == Stage::First && self.may_have_met_a_lease(&result))
+                    }
+                } =>
             {
                 self.probed = true;
                 self.first = Some(result);
-                self.stage = Stage::Probe;
-                let (key, base64) = self.key_token();
-                Step::Send {
-                    to: Owner::New,
-                    lines: smallvec::smallvec![probe_line(&key, base64)],
-                    expect: meta_expect(MetaCommand::Get),
-                }
+                self.probe()
             }
             (_, Stage::Probe) => self.take_over_lease(result),
             (Kind::RetryAfterCopy, Stage::First) => {
@@ -489,6 +499,20 @@ impl Moved {
                     // The new owner had the key already (a write, or another
                     // copy's lease, reached it first), or did not take the
                     // lease: nothing to copy.
+                    // Held by another sidecar's lease, maybe: a command
+                    // that needs the value takes that lease over, as an
+                    // `incr` does, rather than run on it (an `mg … T` would
+                    // stretch it and miss).
+                    (_, CopyOutcome::Skipped, _)
+                        if matches!(self.kind, Kind::RetryAfterCopy | Kind::CopyFirst)
+                            && !self.probed
+                            && self.lease_cas.is_none() =>
+                    {
+                        self.probed = true;
+                        self.probed_after_copy = true;
+                        self.copy = None;
+                        self.probe()
+                    }
                     (_, outcome, _) => {
                         self.tally.copy = Some(match outcome {
                             CopyOutcome::Made => CopyOutcome::Failed,
@@ -644,8 +668,73 @@ impl Moved {
                 self.first = None;
                 self.fetch()
             }
-            None => Step::Answer(self.first.take().unwrap_or(probe)),
+            // The copy found a value there (a write got in first): the
+            // command runs on it, as before the probe.
+            None if self.probed_after_copy => {
+                self.tally.copy = Some(CopyOutcome::Skipped);
+                self.run_on_new()
+            }
+            None => {
+                let first = self.first.take().unwrap_or(probe);
+                if not_a_number(&first) {
+                    return Step::Answer(first);
+                }
+                if self.touches() {
+                    // The touch may have reached a lease that another
+                    // copy then replaced (a touch keeps the cas): once
+                    // more, on what is there now.
+                    self.stage = Stage::First;
+                    return self.send(Owner::New);
+                }
+                self.answer_changed(first)
+            }
         }
+    }
+
+    /// Looks at the new owner's item, seeing a lease as the item it is.
+    fn probe(&mut self) -> Step {
+        self.stage = Stage::Probe;
+        let (key, base64) = self.key_token();
+        Step::Send {
+            to: Owner::New,
+            lines: smallvec::smallvec![probe_line(&key, base64)],
+            // The probe is what sees the lease as a lease.
+            expect: Expect::Meta {
+                command: MetaCommand::Get,
+                quiet: false,
+                replied: false,
+                leases_shown: true,
+            },
+        }
+    }
+
+    /// Whether the new owner's success may have been on another sidecar's
+    /// lease: to memcached a lease is an item, which a `touch` touches and
+    /// an `append`, `prepend` or `replace` (and their `ms` modes) stores
+    /// onto. The lease is then taken over as for `incr`
+    /// ([`Moved::take_over_lease`]), so the command acts on the key's
+    /// value, never on the lease (which would stretch it, or lose the
+    /// command with it when its copy replaced it).
+    fn may_have_met_a_lease(&self, result: &CallResult) -> bool {
+        let Ok(reply) = result else {
+            return false;
+        };
+        match &self.meta {
+            None => match self.expect {
+                Expect::Line(LineKind::Touch) => reply.starts_with(b"TOUCHED"),
+                Expect::Line(LineKind::Storage) => reply.starts_with(b"STORED"),
+                _ => false,
+            },
+            // Quiet: an `ms` that stored says nothing.
+            Some(meta) => {
+                meta.command == MetaCommand::Set && (reply.is_empty() || reply.starts_with(b"HD"))
+            }
+        }
+    }
+
+    /// A classic `touch`: its change keeps the item's cas.
+    fn touches(&self) -> bool {
+        self.meta.is_none() && self.expect == Expect::Line(LineKind::Touch)
     }
 
     /// Asks the previous owner for the key with what a copy needs: value,
@@ -743,11 +832,7 @@ pub(crate) enum MetaMove {
 
 /// How a meta reply to `command` is framed (never quiet: memring's own).
 pub(crate) fn meta_expect(command: MetaCommand) -> Expect {
-    Expect::Meta {
-        command,
-        quiet: false,
-        replied: false,
-    }
+    Expect::meta(command, false)
 }
 
 /// The reply says the command changed the key: stored, a new number,
@@ -919,7 +1004,7 @@ pub(crate) fn fetch_line(key_token: &[u8], base64: bool, with_cas: bool) -> Byte
 /// command found not a number: its cas, flags and size, to know a lease by.
 /// Not its data: every `mg` reply with a lease's data reaches memring as a
 /// miss (`backend::conn`).
-fn probe_line(key_token: &[u8], base64: bool) -> Bytes {
+pub(crate) fn probe_line(key_token: &[u8], base64: bool) -> Bytes {
     let mut line = BytesMut::with_capacity(key_token.len() + 14);
     line.put_slice(b"mg ");
     line.put_slice(key_token);
@@ -933,7 +1018,7 @@ fn probe_line(key_token: &[u8], base64: bool) -> Bytes {
 
 /// The cas of the lease a [`probe_line`]'s reply (`HD c<cas> f<flags>
 /// s<size>`) shows: the lease's flags, and a size the marker fits in.
-fn probed_lease(reply: &[u8]) -> Option<u64> {
+pub(crate) fn probed_lease(reply: &[u8]) -> Option<u64> {
     let is_lease = hd_number(reply, b'f') == Some(u64::from(lease::LEASE_FLAGS))
         && hd_number(reply, b's').is_some_and(|size| size >= lease::LEASE_MARKER.len() as u64);
     hd_number(reply, b'c').filter(|_| is_lease)
@@ -952,8 +1037,14 @@ fn hd_number(reply: &[u8], flag: u8) -> Option<u64> {
 
 /// memcached's refusal of `incr`, `decr` or `ma` on a value that is not a
 /// number (both dialects say it alike).
-fn not_a_number(result: &CallResult) -> bool {
+pub(crate) fn not_a_number(result: &CallResult) -> bool {
     matches!(result, Ok(reply) if reply.starts_with(b"CLIENT_ERROR cannot increment or decrement non-numeric value"))
+}
+
+/// An `add` or `ms … ME` that did not store: the key is there (a lease is,
+/// to memcached).
+fn not_stored(result: &CallResult) -> bool {
+    matches!(result, Ok(reply) if reply.starts_with(b"NOT_STORED") || reply.starts_with(b"NS"))
 }
 
 /// The `md` that removes a moved key from its previous owner before a write
@@ -1107,9 +1198,36 @@ pub(crate) struct ReadCopy {
     /// The key as a meta token, and whether that token is base64.
     pub key: Bytes,
     pub base64: bool,
+    /// A `gat`'s or `gats`'s exptime: the read changed the key's TTL, which
+    /// another sidecar's lease on the new owner must not keep from it (see
+    /// [`ReadCopy::touch_line`]).
+    pub touch: Option<Bytes>,
 }
 
 impl ReadCopy {
+    /// For a `gat` copy whose lease found the key held on the new owner:
+    /// `mg <key> T<exptime> c f s`, which touches what is there and shows
+    /// whether it is another sidecar's lease (its cas then replaced by this
+    /// copy, which carries the new TTL) or a value (now touched).
+    pub(crate) fn touch_line(&self) -> Option<Bytes> {
+        let exptime = self.touch.as_ref()?;
+        let mut line = BytesMut::with_capacity(self.key.len() + exptime.len() + 16);
+        line.put_slice(b"mg ");
+        line.put_slice(&self.key);
+        if self.base64 {
+            line.put_slice(b" b");
+        }
+        line.put_slice(b" T");
+        line.put_slice(exptime);
+        line.put_slice(b" c f s\r\n");
+        Some(line.freeze())
+    }
+
+    /// The cas of the lease a [`ReadCopy::touch_line`]'s reply shows.
+    pub(crate) fn touched_lease(reply: &[u8]) -> Option<u64> {
+        probed_lease(reply)
+    }
+
     /// See [`check_line`].
     pub(crate) fn check_line(&self) -> Bytes {
         check_line(&self.key, self.base64)
@@ -1188,7 +1306,7 @@ fn holds(copy: &Outbound, reply: &[u8]) -> bool {
 }
 
 /// `md <key>`, with `C<cas>` when `cas` is given.
-fn delete_line(key_token: &[u8], base64: bool, cas: Option<u64>) -> Bytes {
+pub(crate) fn delete_line(key_token: &[u8], base64: bool, cas: Option<u64>) -> Bytes {
     let mut line = BytesMut::with_capacity(key_token.len() + 28);
     line.put_slice(b"md ");
     line.put_slice(key_token);
@@ -1542,14 +1660,30 @@ mod tests {
             &b"81\r\n"[..]
         );
 
-        // The new owner had the key (or a lease) already: no copy.
+        // The new owner had the key already: it is probed for another
+        // copy's lease; a value there gets no copy, and the command runs.
         let mut beaten = moved(b"incr k 1\r\n");
         beaten.start();
         beaten.on_reply(ok(b"NOT_FOUND\r\n"), NOW);
         beaten.on_reply(ok(b"VA 2 c9 f3 t4\r\n41\r\n"), NOW);
-        let again = beaten.on_reply(ok(b"NS c0\r\n"), NOW);
+        let probe = beaten.on_reply(ok(b"NS c0\r\n"), NOW);
+        assert_eq!(sent(&probe), (Owner::New, b"mg k c f s\r\n".to_vec()));
+        let again = beaten.on_reply(ok(b"HD c5 f0 s2\r\n"), NOW);
         assert_eq!(beaten.take_tally().copy, Some(CopyOutcome::Skipped));
         assert_eq!(sent(&again), (Owner::New, b"incr k 1\r\n".to_vec()));
+
+        // Another copy's lease there: taken over, the value copied over it
+        // by its cas.
+        let mut leased = moved(b"incr k 1\r\n");
+        leased.start();
+        leased.on_reply(ok(b"NOT_FOUND\r\n"), NOW);
+        leased.on_reply(ok(b"VA 2 c9 f3 t4\r\n41\r\n"), NOW);
+        leased.on_reply(ok(b"NS c0\r\n"), NOW);
+        let fetch = leased.on_reply(ok(b"HD c77 f1835821873 s24\r\n"), NOW);
+        assert_eq!(
+            sent(&fetch),
+            (Owner::Previous, b"mg k c v f t\r\n".to_vec())
+        );
     }
 
     /// Another copy's lease on the new owner: `incr` finds it not a number,
@@ -1727,6 +1861,7 @@ mod tests {
             source: 0,
             key: Bytes::from_static(b"k"),
             base64: false,
+            touch: None,
         };
         let lease = copy.lease_line();
         assert!(lease.starts_with(b"ms k 24 F1835821873 T5 ME c\r\n"));
@@ -1764,11 +1899,7 @@ mod tests {
     }
 
     fn meta_moved(what: MetaMove, command: MetaCommand, line: &'static [u8]) -> Moved {
-        let expect = Expect::Meta {
-            command,
-            quiet: false,
-            replied: false,
-        };
+        let expect = Expect::meta(command, false);
         let wire: Outbound = smallvec::smallvec![Bytes::from_static(line)];
         Moved::meta(
             what,

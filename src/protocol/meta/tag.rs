@@ -45,6 +45,48 @@ pub struct Tag {
     value: u32,
     /// The client's `O` token, `O` included.
     client: Option<Bytes>,
+    /// Return flags memring added to a client's `mg` to know a hand-off
+    /// lease by (see [`tag_revealing`]), removed again from the reply.
+    added: Revealed,
+    /// A revealing `mg`'s key token when the key is base64 (`b`): a miss
+    /// echoes it encoded, where a hit echoes it decoded.
+    base64_key: Option<Bytes>,
+}
+
+impl Tag {
+    /// The key token of a client's `mg` with a base64 key (see
+    /// [`tag_revealing`]), as memcached echoes it on a miss.
+    pub fn base64_key(&self) -> Option<&[u8]> {
+        self.base64_key.as_deref()
+    }
+}
+
+/// Which of the flags that show a lease (`f`: client flags, `s`: size)
+/// memring added to an `mg`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Revealed {
+    flags: bool,
+    size: bool,
+    /// `c`, for an `mg` that changes the item (`T`, `N`): a lease it meets
+    /// is removed by its cas (`plan::lease_retry`).
+    cas: bool,
+}
+
+impl Revealed {
+    fn any(self) -> bool {
+        self.flags || self.size || self.cas
+    }
+
+    /// Whether `token`, a return flag of the reply, is one memring added
+    /// (the client asked for neither, so every such token is memring's).
+    fn added(self, token: &[u8]) -> bool {
+        match token.first() {
+            Some(b'f') => self.flags,
+            Some(b's') => self.size,
+            Some(b'c') => self.cas,
+            _ => false,
+        }
+    }
 }
 
 /// Whether memcached echoes an opaque in this command's replies.
@@ -63,6 +105,22 @@ const LINES_BLOCK_BYTES: usize = 16 * 1024;
 /// when it is to go untagged (see the module doc). The tagged line is
 /// written in `lines`, a buffer the caller keeps from request to request.
 pub fn tag_request(request: &Bytes, value: u32, lines: &mut BytesMut) -> Option<Tagged> {
+    tag_with(request, value, lines, false)
+}
+
+/// [`tag_request`] for a client's `mg`, whose reply must show whether the
+/// item is a hand-off lease (`protocol::lease`): `f` is added where the
+/// client did not ask for the client flags, `s` where it asked for
+/// neither the value nor the size, and `c` where it changes the item (`T`,
+/// `N`) without asking for the cas, by which a lease it meets is removed
+/// (`plan::lease_retry`). [`untag`] removes what was added, so the
+/// client gets exactly memcached's reply to its own request. A line that
+/// has no room for them under memcached's token limit gets none.
+pub fn tag_revealing(request: &Bytes, value: u32, lines: &mut BytesMut) -> Option<Tagged> {
+    tag_with(request, value, lines, true)
+}
+
+fn tag_with(request: &Bytes, value: u32, lines: &mut BytesMut, reveal: bool) -> Option<Tagged> {
     let newline = memchr(b'\n', request)?;
     let content_end = if newline > 0 && request[newline - 1] == b'\r' {
         newline - 1
@@ -75,17 +133,46 @@ pub fn tag_request(request: &Bytes, value: u32, lines: &mut BytesMut) -> Option<
     }
     let mut tokens = 0;
     let mut opaque: Option<(usize, usize)> = None;
+    let (mut has_flags, mut has_size, mut has_value) = (false, false, false);
+    let (mut has_cas, mut changes) = (false, false);
+    let (mut key, mut base64) = (0..0, false);
     for (start, token) in tokens_of(content) {
         tokens += 1;
         // The command and key are never flags.
-        if tokens > 2 && token.first() == Some(&b'O') {
-            if opaque.is_some() || token.len() - 1 > MAX_OPAQUE_BYTES {
-                return None;
+        if tokens <= 2 {
+            key = start..start + token.len();
+            continue;
+        }
+        base64 |= token == b"b";
+        match token.first() {
+            Some(b'O') => {
+                if opaque.is_some() || token.len() - 1 > MAX_OPAQUE_BYTES {
+                    return None;
+                }
+                opaque = Some((start, start + token.len()));
             }
-            opaque = Some((start, start + token.len()));
+            Some(b'f') => has_flags = true,
+            Some(b's') => has_size = true,
+            Some(b'v') => has_value = true,
+            Some(b'c') => has_cas = true,
+            Some(b'T' | b'N') => changes = true,
+            _ => {}
         }
     }
-    let needed = content_end + OPAQUE_TOKEN_BYTES + 3;
+    let mut added = Revealed {
+        flags: reveal && !has_flags,
+        size: reveal && !has_value && !has_size,
+        cas: reveal && changes && !has_cas,
+    };
+    let total = tokens
+        + usize::from(opaque.is_none())
+        + usize::from(added.flags)
+        + usize::from(added.size)
+        + usize::from(added.cas);
+    if total > MAX_TOKENS {
+        added = Revealed::default();
+    }
+    let needed = content_end + OPAQUE_TOKEN_BYTES + 9;
     lines.clear();
     if lines.capacity() < needed {
         lines.reserve(needed.max(LINES_BLOCK_BYTES));
@@ -108,13 +195,27 @@ pub fn tag_request(request: &Bytes, value: u32, lines: &mut BytesMut) -> Option<
             None
         }
     };
+    if added.flags {
+        line.put_slice(b" f");
+    }
+    if added.size {
+        line.put_slice(b" s");
+    }
+    if added.cas {
+        line.put_slice(b" c");
+    }
     line.put_slice(b"\r\n");
     // The line leaves; the block's remaining space stays for the next.
     let line = lines.split().freeze();
     Some(Tagged {
         line,
         rest: request.slice(newline + 1..),
-        tag: Tag { value, client },
+        tag: Tag {
+            value,
+            client,
+            added,
+            base64_key: (reveal && base64).then(|| request.slice(key)),
+        },
     })
 }
 
@@ -149,9 +250,12 @@ pub fn untag(mut reply: BytesMut, tag: &Tag) -> Result<Bytes, MetaReplyError> {
         .find(|(_, token)| *token == wanted)
         .map(|(start, token)| (start, start + token.len()))
         .ok_or(MetaReplyError::Foreign)?;
+    let client: &[u8] = tag.client.as_deref().unwrap_or_default();
+    if tag.added.any() {
+        return Ok(untag_revealed(reply, tag, (start, end), newline));
+    }
     // What replaces `reply[..end]`: the line before the token, then the
     // client's opaque in its place, or nothing (dropping the space before).
-    let client: &[u8] = tag.client.as_deref().unwrap_or_default();
     let kept = if client.is_empty() { start - 1 } else { start };
     let Some(offset) = end.checked_sub(kept + client.len()) else {
         let mut out = BytesMut::with_capacity(reply.len() + client.len());
@@ -164,6 +268,48 @@ pub fn untag(mut reply: BytesMut, tag: &Tag) -> Result<Bytes, MetaReplyError> {
     reply[offset + kept..end].copy_from_slice(client);
     reply.advance(offset);
     Ok(reply.freeze())
+}
+
+/// [`untag`] of a reply to a request [`tag_revealing`] added flags to:
+/// the line is rebuilt without memring's tokens (memring's opaque at
+/// `opaque` replaced by the client's), and the data after it stays where it
+/// is unless the line grew.
+fn untag_revealed(mut reply: BytesMut, tag: &Tag, opaque: (usize, usize), newline: usize) -> Bytes {
+    let content = &reply[..newline.saturating_sub(1)];
+    let mut line: smallvec::SmallVec<[u8; 128]> = smallvec::SmallVec::new();
+    // The reply's code (and a `VA`'s length) are not flags.
+    let fixed = if content.starts_with(b"VA ") { 2 } else { 1 };
+    for (index, (start, token)) in tokens_of(content).enumerate() {
+        let token: &[u8] = if start == opaque.0 {
+            match &tag.client {
+                Some(client) => client,
+                None => continue,
+            }
+        } else if index >= fixed && tag.added.added(token) {
+            continue;
+        } else {
+            token
+        };
+        if !line.is_empty() {
+            line.push(b' ');
+        }
+        line.extend_from_slice(token);
+    }
+    line.extend_from_slice(b"\r\n");
+    let old = newline + 1;
+    match old.checked_sub(line.len()) {
+        Some(offset) => {
+            reply[offset..old].copy_from_slice(&line);
+            reply.advance(offset);
+            reply.freeze()
+        }
+        None => {
+            let mut out = BytesMut::with_capacity(reply.len() + line.len() - old);
+            out.put_slice(&line);
+            out.put_slice(&reply[old..]);
+            out.freeze()
+        }
+    }
 }
 
 /// `O` and the ten digits of the largest `u32`.
@@ -226,6 +372,77 @@ mod tests {
         let t = tagged(b"ms foo 2 T0\r\nhi\r\n", 0);
         assert_eq!(&t.line[..], b"ms foo 2 T0 O0\r\n");
         assert_eq!(&t.rest[..], b"hi\r\n");
+    }
+
+    fn revealing(request: &'static [u8], value: u32) -> Tagged {
+        tag_revealing(&Bytes::from_static(request), value, &mut BytesMut::new()).expect("tagged")
+    }
+
+    #[test]
+    fn a_clients_mg_asks_for_what_shows_a_lease_and_gets_memcacheds_reply() {
+        // (request, line sent, reply as memcached 1.6.18 sends it to that
+        // line, what the client gets: memcached's reply to its own request)
+        for (request, sent, reply, client) in [
+            (
+                &b"mg k s\r\n"[..],
+                &b"mg k s O3 f\r\n"[..],
+                &b"HD s3 O3 f5\r\n"[..],
+                &b"HD s3\r\n"[..],
+            ),
+            (
+                b"mg k\r\n",
+                b"mg k O3 f s\r\n",
+                b"HD O3 f5 s3\r\n",
+                b"HD\r\n",
+            ),
+            (
+                b"mg k v k O77 t\r\n",
+                b"mg k v k O3 t f\r\n",
+                b"VA 3 kk O3 t-1 f5\r\nabc\r\n",
+                b"VA 3 kk O77 t-1\r\nabc\r\n",
+            ),
+            (
+                b"mg k f t\r\n",
+                b"mg k f t O3 s\r\n",
+                b"HD f5 t-1 O3 s3\r\n",
+                b"HD f5 t-1\r\n",
+            ),
+            (
+                b"mg k N30 c\r\n",
+                b"mg k N30 c O3 f s\r\n",
+                b"HD c2 O3 f0 s0 W\r\n",
+                b"HD c2 W\r\n",
+            ),
+            (
+                b"mg k T30 v\r\n",
+                b"mg k T30 v O3 f c\r\n",
+                b"VA 1 O3 f0 c9\r\nx\r\n",
+                b"VA 1\r\nx\r\n",
+            ),
+            (
+                b"mg k O1234567890abcdefghijklmnopqrstu\r\n",
+                b"mg k O3 f s\r\n",
+                b"HD O3 f0 s1\r\n",
+                b"HD O1234567890abcdefghijklmnopqrstu\r\n",
+            ),
+            (b"mg k s\r\n", b"mg k s O3 f\r\n", b"EN O3\r\n", b"EN\r\n"),
+        ] {
+            let t = revealing(request, 3);
+            assert_eq!(show(&t.line), show(sent));
+            let got = untag(BytesMut::from(reply), &t.tag).unwrap();
+            assert_eq!(show(&got), show(client), "{}", show(request));
+        }
+        // No room under memcached's token limit: nothing added.
+        let full = b"mg k a b c d e g h i j l m n o p u\r\n";
+        let t = revealing(full, 3);
+        assert_eq!(
+            show(&t.line),
+            show(b"mg k a b c d e g h i j l m n o p u O3\r\n")
+        );
+    }
+
+    fn show(bytes: &[u8]) -> String {
+        String::from_utf8_lossy(bytes).into_owned()
     }
 
     #[test]

@@ -46,11 +46,7 @@ fn expectations() -> Vec<Expect> {
         MetaCommand::Debug,
     ] {
         for quiet in [false, true] {
-            all.push(Expect::Meta {
-                command,
-                quiet,
-                replied: false,
-            });
+            all.push(Expect::meta(command, quiet));
         }
     }
     all
