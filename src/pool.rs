@@ -121,6 +121,20 @@ impl Publisher {
         }
     }
 
+    /// The topology after `first` on the same config and servers, before a
+    /// resumed window is set on it.
+    fn successor(&self, first: &Topology) -> Topology {
+        let mut new = Topology::assemble(
+            first.config.clone(),
+            first.version + 1,
+            first.backends.clone(),
+            Vec::new(),
+        );
+        new.figures = self.figures.clone();
+        new.pool_id = self.pool_id;
+        new
+    }
+
     /// Takes up the window an earlier run saved (before any request): the
     /// same previous rings and deadline when the config's ring is the ring
     /// that was in force; otherwise the config is a change from that ring,
@@ -187,14 +201,7 @@ impl Publisher {
         scaffold.drop_servers(&dropped);
         let over = saved.until_unix <= now;
         if ring == first.ring && first.config.ring == spec {
-            let mut new = Topology::assemble(
-                first.config.clone(),
-                first.version + 1,
-                first.backends.clone(),
-                Vec::new(),
-            );
-            new.figures = self.figures.clone();
-            new.pool_id = self.pool_id;
+            let mut new = self.successor(&first);
             new.set_previous(previous, older, &scaffold);
             if saved.undoes {
                 new.set_undoes();
@@ -272,14 +279,7 @@ impl Publisher {
             .map(|s| s.name.clone())
             .collect();
         scaffold.drop_servers(&everyone);
-        let mut new = Topology::assemble(
-            first.config.clone(),
-            first.version + 1,
-            first.backends.clone(),
-            Vec::new(),
-        );
-        new.figures = self.figures.clone();
-        new.pool_id = self.pool_id;
+        let mut new = self.successor(&first);
         let previous = Previous::new(first.ring.clone(), first.members(), window).with_source(
             crate::window_state::SavedRing::of(&first.config.ring, &first.ring_servers()),
         );
