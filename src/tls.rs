@@ -686,6 +686,33 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite> Flush for tokio::io::Write
     const BUFFERS: bool = true;
 }
 
+/// A read half that can wait for input with no buffer to read into, so
+/// that an idle session holds none. A TLS stream cannot: rustls reads and
+/// decrypts into buffers of its own, so its session keeps its read buffer
+/// (and rustls its own) while idle.
+pub(crate) trait Readable: tokio::io::AsyncRead + Unpin {
+    const WAITS_WITHOUT_BUFFER: bool;
+
+    /// Ready once input (or end of stream, or an error) is there to read.
+    fn readable(&self) -> impl std::future::Future<Output = io::Result<()>>;
+}
+
+impl Readable for tokio::net::tcp::ReadHalf<'_> {
+    const WAITS_WITHOUT_BUFFER: bool = true;
+
+    fn readable(&self) -> impl std::future::Future<Output = io::Result<()>> {
+        tokio::net::tcp::ReadHalf::readable(self)
+    }
+}
+
+impl<T: tokio::io::AsyncRead> Readable for tokio::io::ReadHalf<T> {
+    const WAITS_WITHOUT_BUFFER: bool = false;
+
+    fn readable(&self) -> impl std::future::Future<Output = io::Result<()>> {
+        std::future::pending()
+    }
+}
+
 /// Writes some of `buf`, or, with nothing left to write, flushes what a
 /// buffering stream holds back. One future for both, as the I/O loops
 /// select on one use of the write half at a time. `Some(bytes written)`, or
