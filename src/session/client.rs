@@ -178,6 +178,19 @@ impl ClientSession {
     pub(super) fn park_buffers(&mut self) {
         self.out.park();
         self.lines.park();
+        if let Some(storage) = self.entries.take_storage(spares::KEEP_ENTRIES_ROOM) {
+            spares::keep_entries(storage);
+        }
+    }
+
+    /// Input is there after a parked wait: takes kept entry storage back,
+    /// so the requests about to be read are queued without allocating.
+    pub(super) fn unpark(&mut self) {
+        if !self.entries.has_storage() {
+            if let Some(storage) = spares::entries() {
+                self.entries.adopt_storage(storage);
+            }
+        }
     }
 
     pub(super) fn can_read(&self) -> bool {

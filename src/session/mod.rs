@@ -220,8 +220,13 @@ where
         if parked {
             input.park();
             client.park_buffers();
-        } else if let Some(room) = input_room(&input, client.largest_request).filter(|_| can_read) {
-            input.make_room(room);
+        } else {
+            if readable {
+                client.unpark();
+            }
+            if let Some(room) = input_room(&input, client.largest_request).filter(|_| can_read) {
+                input.make_room(room);
+            }
         }
         let waiting = Waiting {
             writing: client.out.has_remaining(),
