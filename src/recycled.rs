@@ -97,13 +97,17 @@ pub(crate) struct RecycledBuf {
     /// Empty; shares an earlier allocation with the pieces still in flight.
     spare: BytesMut,
     spare_size: usize,
+    /// `bytes` has no allocation of its own: never used, or parked.
+    unallocated: bool,
 }
 
 impl RecycledBuf {
     /// An empty buffer that allocates nothing until it needs room, then at
     /// least `first_size` bytes.
     pub(crate) fn new(first_size: usize) -> Self {
-        Self::from_bytes(BytesMut::new(), first_size)
+        let mut buf = Self::from_bytes(BytesMut::new(), first_size);
+        buf.unallocated = true;
+        buf
     }
 
     /// A buffer of `size` bytes, allocated now.
@@ -117,6 +121,7 @@ impl RecycledBuf {
             size,
             spare: BytesMut::new(),
             spare_size: 0,
+            unallocated: false,
         }
     }
 
@@ -127,14 +132,16 @@ impl RecycledBuf {
         if self.bytes.try_reclaim(room) {
             return;
         }
-        if self.bytes.capacity() == 0 && self.bytes.is_empty() {
+        if self.unallocated {
             // Parked (or never used): an allocation of the usual size from
-            // the shelf, when one is there and large enough.
-            if let Some(shelved) = take_shelved(self.size.max(room)) {
-                self.size = shelved.capacity();
-                self.bytes = shelved;
-                return;
-            }
+            // the shelf, or a new one; no spare comes of it.
+            self.unallocated = false;
+            let size = self.size.max(self.bytes.len() + room);
+            let mut fresh = take_shelved(size).unwrap_or_else(|| BytesMut::with_capacity(size));
+            fresh.extend_from_slice(&self.bytes);
+            self.size = fresh.capacity();
+            self.bytes = fresh;
+            return;
         }
         let needed = self.bytes.len() + room;
         if self.spare_size >= needed && self.spare.try_reclaim(needed) {
@@ -180,10 +187,11 @@ impl RecycledBuf {
     /// next [`RecycledBuf::make_room`] takes an allocation from the shelf
     /// (or makes one). Nothing happens while the buffer holds bytes.
     pub(crate) fn park(&mut self) {
-        if !self.bytes.is_empty() || self.bytes.capacity() == 0 || self.spare_size > 0 {
+        if !self.bytes.is_empty() || self.unallocated || self.spare_size > 0 {
             return;
         }
         let mut bytes = std::mem::take(&mut self.bytes);
+        self.unallocated = true;
         if bytes.try_reclaim(self.size) {
             shelve(bytes);
         }
