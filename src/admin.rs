@@ -4,15 +4,24 @@
 //!
 //! The listener may be reachable from far more places than the data port (a
 //! pod IP, for Prometheus), so it must not be able to starve the data path of
-//! file descriptors: it serves at most [`MAX_CONNECTIONS`] connections at once
-//! (more are closed as soon as they are accepted), each must send its request
-//! headers within [`HEADER_TIMEOUT`] and is closed after
+//! file descriptors: it holds at most [`MAX_CONNECTIONS`] connections at once,
+//! each must send its request headers within [`HEADER_TIMEOUT`], is closed
+//! once it has moved no byte for [`IDLE_TIMEOUT`] and after
 //! [`CONNECTION_LIFETIME`] whatever it does.
+//!
+//! A probe must never be refused because other connections sit on every slot
+//! (a kubelet restarts a pod whose `/live` fails): at the limit, a new
+//! connection takes the slot of the connection that has been quiet longest,
+//! which is closed. A probe sends its request as soon as it connects, so it is
+//! served before anything idle can push it out.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -20,8 +29,8 @@ use hyper::body::Incoming;
 use hyper::header::{ACCEPT, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::health::HealthState;
@@ -32,7 +41,12 @@ use crate::topology::SharedTopology;
 /// handful; the rest is headroom.
 pub const MAX_CONNECTIONS: usize = 64;
 /// Time a connection has to send a request's headers.
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
+/// Time a connection may move no byte (before its first request, between
+/// keep-alive requests, or while its reader takes no response bytes) before it
+/// is closed. Probes and scrapers send at once; a scraper that keeps its
+/// connection between scrapes simply connects again.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest an admin connection stays open (keep-alive included), so that a
 /// client reading its response a byte at a time cannot hold a slot forever.
 pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
@@ -54,12 +68,12 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 
 /// Serves admin requests until `shutdown`.
 pub async fn serve(listener: TcpListener, state: AdminState, shutdown: CancellationToken) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    // Failed accepts in a row, and connections turned away in a row: each
+    let slots = Arc::new(Slots::new());
+    // Failed accepts in a row, and connections pushed out in a row: each
     // logged when its episode starts and when it ends, not once per event
     // (EMFILE can fail every accept for minutes).
     let mut failing = 0u64;
-    let mut refused = 0u64;
+    let mut evicted = 0u64;
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -79,42 +93,193 @@ pub async fn serve(listener: TcpListener, state: AdminState, shutdown: Cancellat
             tracing::info!("admin listener accepting again after {failing} failed accepts");
             failing = 0;
         }
-        // Over the limit, a connection is closed at once rather than left in
-        // the backlog: the backlog would fill, and a scraper queued behind
-        // slow clients would time out anyway.
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            if refused == 0 {
+        let (slot, pushed_out) = slots.take();
+        if pushed_out {
+            if evicted == 0 {
                 tracing::warn!(
-                    "admin listener at its limit of {MAX_CONNECTIONS} connections; closing new ones"
+                    "admin listener at its limit of {MAX_CONNECTIONS} connections; closing the quietest to serve new ones"
                 );
             }
-            refused += 1;
-            drop(stream);
-            continue;
-        };
-        if refused > 0 {
+            evicted += 1;
+        } else if evicted > 0 {
             tracing::info!(
-                "admin listener below its limit again after closing {refused} connections"
+                "admin listener below its limit again after closing {evicted} quiet connections"
             );
-            refused = 0;
+            evicted = 0;
         }
         let state = state.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            let service = hyper::service::service_fn(move |request| {
-                let state = state.clone();
-                async move { Ok::<_, Infallible>(respond(&request, &state)) }
-            });
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(TokioIo::new(stream), service);
-            match tokio::time::timeout(CONNECTION_LIFETIME, connection).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::debug!("admin connection ended: {e}"),
-                Err(_) => tracing::debug!("admin connection closed after {CONNECTION_LIFETIME:?}"),
+        tokio::spawn(serve_connection(stream, slot, state));
+    }
+}
+
+async fn serve_connection(stream: TcpStream, slot: Slot, state: AdminState) {
+    let service = hyper::service::service_fn(move |request| {
+        let state = state.clone();
+        async move { Ok::<_, Infallible>(respond(&request, &state)) }
+    });
+    let io = Tracked {
+        stream,
+        activity: slot.activity.clone(),
+        epoch: slot.epoch,
+    };
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .serve_connection(TokioIo::new(io), service);
+    let idle = async {
+        loop {
+            let quiet = slot.quiet_for();
+            if quiet >= IDLE_TIMEOUT {
+                return;
             }
+            tokio::time::sleep(IDLE_TIMEOUT - quiet).await;
+        }
+    };
+    tokio::select! {
+        served = tokio::time::timeout(CONNECTION_LIFETIME, connection) => match served {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!("admin connection ended: {e}"),
+            Err(_) => tracing::debug!("admin connection closed after {CONNECTION_LIFETIME:?}"),
+        },
+        () = idle => tracing::debug!("admin connection closed after {IDLE_TIMEOUT:?} quiet"),
+        () = slot.close.cancelled() => tracing::debug!("admin connection closed for a new one"),
+    }
+}
+
+/// The admin connections held now, each with when it last moved a byte.
+struct Slots {
+    epoch: Instant,
+    next: AtomicU64,
+    held: Mutex<Vec<Held>>,
+}
+
+struct Held {
+    id: u64,
+    activity: Arc<AtomicU64>,
+    close: CancellationToken,
+}
+
+/// One connection's place in [`Slots`]; given back on drop.
+struct Slot {
+    id: u64,
+    epoch: Instant,
+    activity: Arc<AtomicU64>,
+    close: CancellationToken,
+    slots: Arc<Slots>,
+}
+
+impl Slots {
+    fn new() -> Self {
+        Self {
+            epoch: Instant::now(),
+            next: AtomicU64::new(0),
+            held: Mutex::new(Vec::with_capacity(MAX_CONNECTIONS)),
+        }
+    }
+
+    /// A slot for a new connection, and whether the quietest connection held
+    /// had to be closed for it.
+    fn take(self: &Arc<Self>) -> (Slot, bool) {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let activity = Arc::new(AtomicU64::new(millis_since(self.epoch)));
+        let close = CancellationToken::new();
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pushed_out = false;
+        if held.len() >= MAX_CONNECTIONS {
+            let quietest = held
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, h)| h.activity.load(Ordering::Relaxed))
+                .map(|(i, _)| i);
+            if let Some(i) = quietest {
+                held.swap_remove(i).close.cancel();
+                pushed_out = true;
+            }
+        }
+        held.push(Held {
+            id,
+            activity: activity.clone(),
+            close: close.clone(),
         });
+        let slot = Slot {
+            id,
+            epoch: self.epoch,
+            activity,
+            close,
+            slots: self.clone(),
+        };
+        (slot, pushed_out)
+    }
+}
+
+impl Slot {
+    fn quiet_for(&self) -> Duration {
+        let last = self.activity.load(Ordering::Relaxed);
+        Duration::from_millis(millis_since(self.epoch).saturating_sub(last))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut held = self.slots.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = held.iter().position(|h| h.id == self.id) {
+            held.swap_remove(i);
+        }
+    }
+}
+
+fn millis_since(epoch: Instant) -> u64 {
+    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A connection that notes when it last moved a byte either way.
+struct Tracked {
+    stream: TcpStream,
+    activity: Arc<AtomicU64>,
+    epoch: Instant,
+}
+
+impl Tracked {
+    fn moved(&self) {
+        self.activity
+            .store(millis_since(self.epoch), Ordering::Relaxed);
+    }
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.moved();
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.stream).poll_write(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.moved();
+        }
+        polled
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 

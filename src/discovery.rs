@@ -9,7 +9,12 @@
 //!   written) does not.
 //!
 //! A DNS failure or an empty answer keeps the last good list: DNS never
-//! empties the ring. Each failure is logged once per episode.
+//! empties the ring. Likewise, when DNS says that *none* of the servers'
+//! host names exists or has an address (NXDOMAIN or an empty answer for
+//! every one of them), that is taken for a resolver outage or a bad zone,
+//! not for every server leaving at once: each keeps its last good
+//! addresses. One name gone while others resolve is a server gone. Each
+//! failure is logged once per episode.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -162,6 +167,8 @@ struct Episodes {
     pool_failing: Option<DnsFailure>,
     /// Host names whose lookup failed (logged), by server name.
     names_failing: HashMap<String, bool>,
+    /// DNS said no server's host name has an address (logged).
+    names_outage: bool,
 }
 
 /// Runs the rounds until `shutdown`. Reads the published config each round,
@@ -275,6 +282,25 @@ async fn names_round(publisher: &Publisher, episodes: &mut Episodes) {
         }
     }
     answers.sort_by_key(|(index, _)| *index);
+    if every_name_missing(&answers) {
+        if !std::mem::replace(&mut episodes.names_outage, true) {
+            let first = answers
+                .iter()
+                .find_map(|(_, answer)| answer.as_ref().err())
+                .map(|e| e.detail.clone())
+                .unwrap_or_default();
+            tracing::warn!(
+                "discovery: DNS says none of the {} server host names has an address ({first}, ...): \
+                 taken for a DNS outage or a bad zone, not a membership change; \
+                 every server keeps its last good addresses",
+                answers.len()
+            );
+        }
+        return;
+    }
+    if std::mem::take(&mut episodes.names_outage) {
+        tracing::info!("discovery: server host names resolve again");
+    }
     let mut moved = 0;
     for (index, answer) in answers {
         let backend = &configured[index];
@@ -334,6 +360,21 @@ async fn names_round(publisher: &Publisher, episodes: &mut Episodes) {
     }
 }
 
+/// Whether DNS said of every host name looked up that it has no address,
+/// and answered for none: every server cannot leave in one round, so this
+/// is a resolver or a zone at fault. (Lookups DNS did not answer say
+/// nothing either way.)
+fn every_name_missing(answers: &[(usize, Result<Vec<std::net::SocketAddr>, DnsError>)]) -> bool {
+    let mut missing = false;
+    for (_, answer) in answers {
+        match answer {
+            Ok(_) => return false,
+            Err(error) => missing |= error.failure.is_authoritative(),
+        }
+    }
+    missing
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -347,6 +388,34 @@ mod tests {
         assert_eq!(relative(&[0, 3]), vec![1, 3]);
         assert_eq!(relative(&[1, 65535]), vec![1, MAX_WEIGHT]);
         assert_eq!(relative(&[]), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn only_every_name_missing_is_taken_for_an_outage() {
+        let gone = || {
+            Err(DnsError {
+                failure: DnsFailure::NoSuchName,
+                detail: "x".into(),
+            })
+        };
+        let empty = || {
+            Err(DnsError {
+                failure: DnsFailure::NoRecords,
+                detail: "x".into(),
+            })
+        };
+        let silent = || {
+            Err(DnsError {
+                failure: DnsFailure::Unanswered,
+                detail: "x".into(),
+            })
+        };
+        let found = || Ok(vec!["127.0.0.1:11211".parse().unwrap()]);
+        assert!(every_name_missing(&[(0, gone()), (1, empty())]));
+        assert!(every_name_missing(&[(0, gone()), (1, silent())]));
+        assert!(!every_name_missing(&[(0, gone()), (1, found())]));
+        assert!(!every_name_missing(&[(0, silent()), (1, silent())]));
+        assert!(!every_name_missing(&[]));
     }
 
     #[test]

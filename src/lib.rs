@@ -32,6 +32,8 @@
 //!   connections and clients; whether a new ring fits. Pure.
 //! - [`outbuf`]: ordered write queues (client replies, server requests).
 //! - [`reload`]: watch the config file and SIGHUP, validate, publish.
+//! - [`regular_file`]: reads the config, certificate and key files: regular
+//!   files only, within a size cap, never blocking on a FIFO.
 //! - [`resolve`]: host names and SRV records through hickory-resolver; what
 //!   one backend knows about its address between lookups.
 //! - [`discovery`]: the periodic DNS rounds: the default pool from SRV or
@@ -74,6 +76,7 @@ pub(crate) mod pool;
 pub(crate) mod pools;
 pub mod protocol;
 mod recycled;
+pub mod regular_file;
 pub mod reload;
 mod report;
 pub mod resolve;

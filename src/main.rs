@@ -357,8 +357,11 @@ fn init_logging(level: Option<&str>, format: LogFormat) {
 
 fn check(file: &Path, offline: bool) -> anyhow::Result<()> {
     let mut config = if offline {
-        let text = std::fs::read_to_string(file)
-            .with_context(|| format!("cannot read {}", file.display()))?;
+        let text = memring::regular_file::read_to_string(
+            file,
+            memring::regular_file::MAX_CONFIG_FILE_BYTES,
+        )
+        .with_context(|| format!("cannot read {}", file.display()))?;
         Config::parse(&text, &file.display().to_string())?
     } else {
         Config::load(file)?

@@ -73,6 +73,14 @@ impl OutQueue {
         &mut self.scratch
     }
 
+    /// Gives back the scratch buffer's allocation while nothing is queued
+    /// (see `RecycledBuf::park`): an idle client holds none.
+    pub(crate) fn park(&mut self) {
+        if self.is_empty() {
+            self.scratch.park();
+        }
+    }
+
     /// Moves the small pieces into the chunk list; returns the bytes queued.
     pub(crate) fn seal(&mut self) -> usize {
         if !self.scratch.is_empty() {

@@ -12,6 +12,13 @@
 //! allocations take turns, and a steady load allocates nothing; when more is
 //! in flight than two of them carry, the next allocation is twice as large.
 
+//!
+//! A buffer can also be *parked* while its owner is idle ([`RecycledBuf::park`]):
+//! its allocation goes to its thread's shelf, and the next owner on that
+//! thread that needs room takes it from there. An idle client then holds no
+//! buffer, and a busy worker still allocates none in steady state.
+
+use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
 
 use bytes::BytesMut;
@@ -24,6 +31,62 @@ const MAX_SPARE_BYTES: usize = 64 * 1024;
 /// out of room (a larger `make_room` still gets what it asks).
 const MAX_GROWN_BYTES: usize = 32 * 1024;
 
+/// Most parked allocations a thread keeps (all sizes together): about as
+/// many as its clients go from idle to busy at once. Beyond it a parked
+/// buffer is freed.
+const MAX_SHELVED: usize = 256;
+/// A parked allocation larger than this is freed rather than shelved.
+const MAX_SHELVED_BYTES: usize = 32 * 1024;
+
+thread_local! {
+    /// Parked allocations by the size they were made with: a few sizes
+    /// (first sizes, and their doublings), each a stack.
+    static SHELF: RefCell<Shelf> = const { RefCell::new(Shelf { sizes: Vec::new(), count: 0 }) };
+}
+
+struct Shelf {
+    sizes: Vec<(usize, Vec<BytesMut>)>,
+    count: usize,
+}
+
+/// An empty allocation of at least `size` bytes (and at most four times
+/// that) from this thread's shelf, the smallest there is.
+fn take_shelved(size: usize) -> Option<BytesMut> {
+    SHELF.with(|shelf| {
+        let mut shelf = shelf.borrow_mut();
+        let kept = shelf
+            .sizes
+            .iter_mut()
+            .filter(|(s, stack)| *s >= size && *s <= size.saturating_mul(4) && !stack.is_empty())
+            .min_by_key(|(s, _)| *s)
+            .and_then(|(_, stack)| stack.pop());
+        if kept.is_some() {
+            shelf.count -= 1;
+        }
+        kept
+    })
+}
+
+/// Keeps an empty, unshared allocation for a later [`take_shelved`], by its
+/// capacity; frees it when the shelf is full.
+fn shelve(bytes: BytesMut) {
+    let size = bytes.capacity();
+    if size > MAX_SHELVED_BYTES || size == 0 {
+        return;
+    }
+    SHELF.with(|shelf| {
+        let mut shelf = shelf.borrow_mut();
+        if shelf.count >= MAX_SHELVED {
+            return;
+        }
+        shelf.count += 1;
+        match shelf.sizes.iter_mut().find(|(s, _)| *s == size) {
+            Some((_, stack)) => stack.push(bytes),
+            None => shelf.sizes.push((size, vec![bytes])),
+        }
+    });
+}
+
 /// A `BytesMut` with a spare allocation (see the module text).
 #[derive(Debug)]
 pub(crate) struct RecycledBuf {
@@ -34,13 +97,17 @@ pub(crate) struct RecycledBuf {
     /// Empty; shares an earlier allocation with the pieces still in flight.
     spare: BytesMut,
     spare_size: usize,
+    /// `bytes` has no allocation of its own: never used, or parked.
+    unallocated: bool,
 }
 
 impl RecycledBuf {
     /// An empty buffer that allocates nothing until it needs room, then at
     /// least `first_size` bytes.
     pub(crate) fn new(first_size: usize) -> Self {
-        Self::from_bytes(BytesMut::new(), first_size)
+        let mut buf = Self::from_bytes(BytesMut::new(), first_size);
+        buf.unallocated = true;
+        buf
     }
 
     /// A buffer of `size` bytes, allocated now.
@@ -54,6 +121,7 @@ impl RecycledBuf {
             size,
             spare: BytesMut::new(),
             spare_size: 0,
+            unallocated: false,
         }
     }
 
@@ -62,6 +130,17 @@ impl RecycledBuf {
     /// allocation nor the spare is free to take back.
     pub(crate) fn make_room(&mut self, room: usize) {
         if self.bytes.try_reclaim(room) {
+            return;
+        }
+        if self.unallocated {
+            // Parked (or never used): an allocation of the usual size from
+            // the shelf, or a new one; no spare comes of it.
+            self.unallocated = false;
+            let size = self.size.max(self.bytes.len() + room);
+            let mut fresh = take_shelved(size).unwrap_or_else(|| BytesMut::with_capacity(size));
+            fresh.extend_from_slice(&self.bytes);
+            self.size = fresh.capacity();
+            self.bytes = fresh;
             return;
         }
         let needed = self.bytes.len() + room;
@@ -76,8 +155,14 @@ impl RecycledBuf {
                 0 => self.size,
                 _ => (self.size * 2).min(MAX_GROWN_BYTES).max(self.size),
             };
-            let size = needed.max(grown);
-            let mut fresh = BytesMut::with_capacity(size);
+            let mut size = needed.max(grown);
+            let mut fresh = match take_shelved(size) {
+                Some(shelved) => {
+                    size = shelved.capacity();
+                    shelved
+                }
+                None => BytesMut::with_capacity(size),
+            };
             fresh.extend_from_slice(&self.bytes);
             self.spare = std::mem::replace(&mut self.bytes, fresh);
             self.spare_size = std::mem::replace(&mut self.size, size);
@@ -88,6 +173,27 @@ impl RecycledBuf {
         if self.spare_size > MAX_SPARE_BYTES {
             self.spare = BytesMut::new();
             self.spare_size = 0;
+        }
+    }
+}
+
+impl RecycledBuf {
+    /// Gives the allocation in use back while the buffer holds nothing: to
+    /// this thread's shelf when nothing else holds a piece of it (else it is
+    /// left to those pieces). A buffer with a spare keeps both: only one
+    /// that ran out of room with pieces in flight (a pipelining client's)
+    /// has one, and taking turns between the two is what lets its bursts
+    /// allocate nothing. The
+    /// next [`RecycledBuf::make_room`] takes an allocation from the shelf
+    /// (or makes one). Nothing happens while the buffer holds bytes.
+    pub(crate) fn park(&mut self) {
+        if !self.bytes.is_empty() || self.unallocated || self.spare_size > 0 {
+            return;
+        }
+        let mut bytes = std::mem::take(&mut self.bytes);
+        self.unallocated = true;
+        if bytes.try_reclaim(self.size) {
+            shelve(bytes);
         }
     }
 }
@@ -186,6 +292,33 @@ mod tests {
         buf.make_room(1000);
         assert!(buf.capacity() - buf.len() >= 1000);
         assert_eq!(&buf[..], b"partial");
+    }
+
+    #[test]
+    fn a_parked_buffer_holds_nothing_and_its_allocation_serves_the_next_owner() {
+        let mut first = RecycledBuf::with_capacity(2048);
+        let at = spare_room_at(&mut first);
+        first.extend_from_slice(b"get k\r\n");
+        let piece = first.split().freeze();
+        drop(piece);
+        first.park();
+        assert_eq!(first.capacity(), 0);
+        // Another buffer of the same size on this thread takes it.
+        let mut second = RecycledBuf::new(2048);
+        second.make_room(512);
+        assert_eq!(spare_room_at(&mut second), at);
+        // A buffer that holds bytes, or a piece still held, is not shelved.
+        second.extend_from_slice(b"x");
+        second.park();
+        assert_eq!(&second[..], b"x");
+        let mut third = RecycledBuf::with_capacity(2048);
+        third.extend_from_slice(b"held");
+        let held = third.split().freeze();
+        third.park();
+        let mut fourth = RecycledBuf::new(2048);
+        fourth.make_room(512);
+        assert_ne!(fourth.as_ptr(), held.as_ptr());
+        assert_eq!(&held[..], b"held");
     }
 
     #[test]

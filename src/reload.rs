@@ -116,7 +116,13 @@ impl Reloader {
     /// twice in a row is returned once, then [`Outcome::Unchanged`].
     pub fn reload(&mut self) -> Result<Outcome, ConfigError> {
         let shown = self.path.display().to_string();
-        let text = match std::fs::read_to_string(&self.path) {
+        // A regular file within the cap, or an error at once: a FIFO in its
+        // place must not stop this and every later reload.
+        let read = crate::regular_file::read_to_string(
+            &self.path,
+            crate::regular_file::MAX_CONFIG_FILE_BYTES,
+        );
+        let text = match read {
             Ok(text) => text,
             Err(source) => {
                 let seen = Seen::ReadError(source.to_string());

@@ -301,13 +301,15 @@ impl Target {
         host_name(&self.addr)
     }
 
-    /// Where to connect now: for a host name, a fresh lookup; when DNS does
-    /// not answer, the last good answer (a DNS outage is no reason to stop
-    /// reaching a server). The words of a failure are logged once until a
-    /// lookup succeeds again.
+    /// Where to connect now: for a host name, a fresh lookup; when it fails,
+    /// the last good answer (a DNS outage, or a bad zone that drops every
+    /// name, is no reason to stop reaching a server; a name that is really
+    /// gone is found by the discovery round, which replaces this backend by
+    /// one with no last answer). The words of a failure are logged once
+    /// until a lookup succeeds again.
     ///
     /// # Errors
-    /// DNS says the name has no address, or it never answered for it.
+    /// The lookup failed and no lookup of this backend ever succeeded.
     pub async fn addresses(&self, server: &str) -> Result<Vec<SocketAddr>, DnsFailure> {
         let Some((host, port)) = self.host_name() else {
             // Not a name: what the socket layer makes of it (IP addresses,
@@ -327,7 +329,7 @@ impl Target {
             }
             Err(error) => {
                 let last = self.last.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                let fallback = !error.failure.is_authoritative() && !last.is_empty();
+                let fallback = !last.is_empty();
                 if !self.failing.swap(true, Ordering::Relaxed) {
                     if fallback {
                         tracing::warn!(server, addr = %self.addr, "{error}; connecting to its last known addresses {}", list(&last));

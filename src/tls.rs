@@ -84,8 +84,13 @@ fn provider() -> Arc<CryptoProvider> {
 const VERSIONS: &[&rustls::SupportedProtocolVersion] =
     &[&rustls::version::TLS13, &rustls::version::TLS12];
 
+/// A PEM file: a regular file of at most [`MAX_TLS_FILE_BYTES`] (a FIFO or
+/// `/dev/zero` in its place is refused at once).
+///
+/// [`MAX_TLS_FILE_BYTES`]: crate::regular_file::MAX_TLS_FILE_BYTES
 fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|e| TlsError::new(path, format!("cannot read: {e}")))
+    crate::regular_file::read(path, crate::regular_file::MAX_TLS_FILE_BYTES)
+        .map_err(|e| TlsError::new(path, format!("cannot read: {e}")))
 }
 
 /// The certificates of a PEM file: at least one, or an error saying so.
@@ -453,9 +458,9 @@ fn server_config_of(
 pub struct Acceptor {
     files: ListenFiles,
     current: ArcSwap<ServerConfig>,
-    /// What the config in force was built from (and the last bad contents
-    /// seen, so that a bad file is logged once).
-    seen: Mutex<(ListenContents, Option<ListenContents>)>,
+    /// What the config in force was built from, and the last bad contents
+    /// or read error seen, so that a bad file is logged once.
+    seen: Mutex<(ListenContents, Option<Rejected>)>,
     /// Reloads applied and rejected since start.
     applied: AtomicU64,
     rejected: AtomicU64,
@@ -467,6 +472,14 @@ impl std::fmt::Debug for Acceptor {
             .field("files", &self.files)
             .finish_non_exhaustive()
     }
+}
+
+/// The last files a reload rejected.
+#[derive(PartialEq, Eq)]
+enum Rejected {
+    Contents(ListenContents),
+    /// A file could not be read, in these words.
+    Read(String),
 }
 
 /// What a reload of the listener's files did.
@@ -505,11 +518,19 @@ impl Acceptor {
     /// Reads the files again and swaps the config if they changed and are
     /// usable.
     pub fn reload(&self) -> Reloaded {
-        let contents = match ListenContents::read(&self.files) {
-            Ok(contents) => contents,
-            Err(e) => return Reloaded::Rejected(e),
-        };
+        let read = ListenContents::read(&self.files);
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let contents = match read {
+            Ok(contents) => contents,
+            Err(e) => {
+                let rejected = Some(Rejected::Read(e.to_string()));
+                if seen.1 == rejected {
+                    return Reloaded::Unchanged;
+                }
+                seen.1 = rejected;
+                return Reloaded::Rejected(e);
+            }
+        };
         if contents == seen.0 {
             seen.1 = None;
             return Reloaded::Unchanged;
@@ -521,10 +542,11 @@ impl Acceptor {
                 Reloaded::Applied
             }
             Err(e) => {
-                if seen.1.as_ref() == Some(&contents) {
+                let rejected = Some(Rejected::Contents(contents));
+                if seen.1 == rejected {
                     return Reloaded::Unchanged;
                 }
-                seen.1 = Some(contents);
+                seen.1 = rejected;
                 Reloaded::Rejected(e)
             }
         }
@@ -625,9 +647,25 @@ pub fn watch(acceptor: Arc<Acceptor>, shutdown: CancellationToken) {
             }
             // Until the writes stop.
             while let Ok(Some(())) = tokio::time::timeout(RELOAD_DEBOUNCE, receiver.recv()).await {}
-            // A few small files, read on the control runtime as the config
-            // reload does: never on a worker.
-            acceptor.reload_and_log();
+            // Off the runtime that accepts every listener's clients: a file
+            // that is slow to read (a network file system) must stall no
+            // accept. One reload at a time; a FIFO or a device in a file's
+            // place is refused without blocking (regular_file.rs).
+            let reloading = acceptor.clone();
+            let (done, reloaded) = tokio::sync::oneshot::channel();
+            let started = std::thread::Builder::new()
+                .name("memring-cert-reload".into())
+                .spawn(move || {
+                    reloading.reload_and_log();
+                    let _ = done.send(());
+                });
+            if let Err(e) = started {
+                tracing::error!(
+                    "tls_listen: cannot start a thread to reload the certificate ({e}); the certificate in force stays"
+                );
+                continue;
+            }
+            let _ = reloaded.await;
         }
     });
 }
@@ -646,6 +684,33 @@ impl Flush for tokio::net::tcp::WriteHalf<'_> {
 
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite> Flush for tokio::io::WriteHalf<T> {
     const BUFFERS: bool = true;
+}
+
+/// A read half that can wait for input with no buffer to read into, so
+/// that an idle session holds none. A TLS stream cannot: rustls reads and
+/// decrypts into buffers of its own, so its session keeps its read buffer
+/// (and rustls its own) while idle.
+pub(crate) trait Readable: tokio::io::AsyncRead + Unpin {
+    const WAITS_WITHOUT_BUFFER: bool;
+
+    /// Ready once input (or end of stream, or an error) is there to read.
+    fn readable(&self) -> impl std::future::Future<Output = io::Result<()>>;
+}
+
+impl Readable for tokio::net::tcp::ReadHalf<'_> {
+    const WAITS_WITHOUT_BUFFER: bool = true;
+
+    fn readable(&self) -> impl std::future::Future<Output = io::Result<()>> {
+        tokio::net::tcp::ReadHalf::readable(self)
+    }
+}
+
+impl<T: tokio::io::AsyncRead> Readable for tokio::io::ReadHalf<T> {
+    const WAITS_WITHOUT_BUFFER: bool = false;
+
+    fn readable(&self) -> impl std::future::Future<Output = io::Result<()>> {
+        std::future::pending()
+    }
 }
 
 /// Writes some of `buf`, or, with nothing left to write, flushes what a

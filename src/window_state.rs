@@ -19,7 +19,7 @@
 //! non-blocking in case it was swapped in between), and the read is capped.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -290,43 +290,15 @@ fn first_line(error: &toml::de::Error) -> String {
     error.to_string().lines().next().unwrap_or("").to_string()
 }
 
-/// The file's text; `None` when there is no file.
+/// The file's text; `None` when there is no file. Read as the control
+/// plane reads its other files (`regular_file`): a FIFO or a device is
+/// refused without waiting, and no more than [`MAX_STATE_BYTES`] is read.
 fn read_capped(path: &Path) -> Result<Option<String>, String> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let regular = |meta: &std::fs::Metadata| -> Result<(), String> {
-        if !meta.is_file() {
-            return Err("not a regular file".into());
-        }
-        if meta.len() > MAX_STATE_BYTES {
-            return Err(format!(
-                "{} bytes, over the cap of {MAX_STATE_BYTES}",
-                meta.len()
-            ));
-        }
-        Ok(())
-    };
-    // stat does not open: a FIFO is refused without waiting for a writer.
-    match std::fs::metadata(path) {
-        Ok(meta) => regular(&meta)?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e.to_string()),
+    match crate::regular_file::read_to_string(path, MAX_STATE_BYTES) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.to_string()),
     }
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| e.to_string())?;
-    regular(&file.metadata().map_err(|e| e.to_string())?)?;
-    let mut bytes = Vec::new();
-    file.take(MAX_STATE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| e.to_string())?;
-    if bytes.len() as u64 > MAX_STATE_BYTES {
-        return Err(format!("over the cap of {MAX_STATE_BYTES} bytes"));
-    }
-    String::from_utf8(bytes)
-        .map(Some)
-        .map_err(|_| "not UTF-8 text".into())
 }
 
 /// The state file of a running memring: every pool's window, written
@@ -571,7 +543,7 @@ mod tests {
         let Loaded::Unusable(reason) = load(&big) else {
             panic!()
         };
-        assert!(reason.contains("over the cap"), "{reason}");
+        assert!(reason.contains("larger than the limit"), "{reason}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

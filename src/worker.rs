@@ -130,10 +130,18 @@ async fn serve(setup: WorkerSetup, mut clients: mpsc::UnboundedReceiver<Accepted
         sessions.spawn_local(async move {
             let ended = match tls {
                 None => run_session(stream, id, ctx.clone(), pool).await,
-                Some(acceptor) => match handshake(&acceptor, stream, &ctx).await {
-                    Ok(stream) => run_tls_session(stream, id, ctx.clone()).await,
-                    Err(e) => Err(e),
-                },
+                // Boxed: a TLS stream and its session's state take about
+                // twice a plain session's, and every plain session's task
+                // would otherwise be as large as a TLS one's (issue 48).
+                Some(acceptor) => {
+                    Box::pin(async {
+                        match handshake(&acceptor, stream, &ctx).await {
+                            Ok(stream) => run_tls_session(stream, id, ctx.clone()).await,
+                            Err(e) => Err(e),
+                        }
+                    })
+                    .await
+                }
             };
             if let Err(e) = ended {
                 tracing::debug!("client session {id} ended: {e}");

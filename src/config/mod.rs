@@ -462,10 +462,12 @@ impl Config {
     /// The file cannot be read, is not valid TOML, or fails validation.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: shown.clone(),
-            source,
-        })?;
+        let text =
+            crate::regular_file::read_to_string(path, crate::regular_file::MAX_CONFIG_FILE_BYTES)
+                .map_err(|source| ConfigError::Read {
+                path: shown.clone(),
+                source,
+            })?;
         Config::parse_and_resolve(&text, &shown)
     }
 

@@ -115,6 +115,7 @@ impl HotShared {
         let mut merged = top::merge(fresh.iter().map(|w| &**w));
         merged.truncate(self.live.load().settings.top);
         let sampled_one_in = fresh.iter().map(|w| w.sampled_one_in).max().unwrap_or(1);
+        let names = self.live.load().settings.metrics_names;
         let mut out = BytesMut::with_capacity(160 + merged.len() * 160);
         top::render(
             &mut out,
@@ -122,6 +123,7 @@ impl HotShared {
             self.started.window.as_millis(),
             COUNTERS_PER_SERVER,
             sampled_one_in,
+            names,
         );
         out.freeze()
     }
@@ -142,7 +144,7 @@ impl HotShared {
         if self.live.load().settings.metrics_names {
             printable_key(key).into_owned()
         } else {
-            format!("xxh3:{hash:016x}")
+            top::hashed_label(hash)
         }
     }
 }

@@ -3,6 +3,7 @@
 //! more than its share of a server. Pure: no I/O, no clock (times are
 //! passed in).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -95,14 +96,17 @@ pub fn merge<'a>(windows: impl Iterator<Item = &'a WorkerWindow>) -> Vec<HotKey>
 
 /// Writes the `stats hotkeys` reply: the window and sketch size, how sparse
 /// the busiest worker's sample was (`1`: every request counted), then five
-/// lines per key, hottest first, then `END`. Keys are printed by
-/// [`printable_key`].
+/// lines per key, hottest first, then `END`. With `names`, keys are printed
+/// by [`printable_key`]; without, as their [`hashed_label`], as `/metrics`
+/// names them (the data port is open to every client, and other clients'
+/// key names can be personal data).
 pub fn render(
     out: &mut BytesMut,
     keys: &[HotKey],
     window_ms: u128,
     counters: usize,
     sampled_one_in: u64,
+    names: bool,
 ) {
     write_stat(out, "hotkeys_window_ms", &window_ms);
     write_stat(out, "hotkeys_counters_per_server", &counters);
@@ -111,7 +115,12 @@ pub fn render(
         let rank = i + 1;
         // A meta `b` key may hold any byte, `\r\n` included: printed raw it
         // could end the reply early and inject lines.
-        write_stat(out, &format!("hotkey:{rank}:key"), &printable_key(&key.key));
+        let name = if names {
+            printable_key(&key.key)
+        } else {
+            Cow::Owned(hashed_label(key.hash))
+        };
+        write_stat(out, &format!("hotkey:{rank}:key"), &name);
         write_stat(out, &format!("hotkey:{rank}:server"), &key.server);
         write_stat(
             out,
@@ -130,6 +139,13 @@ pub fn render(
         );
     }
     out.extend_from_slice(b"END\r\n");
+}
+
+/// How a key is named where names are not asked for: `xxh3:` and its hash
+/// in 16 hex digits (the hash hides names from a casual reader, not from one
+/// who can guess candidate keys).
+pub fn hashed_label(hash: u64) -> String {
+    format!("xxh3:{hash:016x}")
 }
 
 /// A key started or stopped taking more than its share of a server.
@@ -244,7 +260,7 @@ mod tests {
             .into_iter(),
         );
         let mut out = BytesMut::new();
-        render(&mut out, &merged, 1000, 128, 1);
+        render(&mut out, &merged, 1000, 128, 1, true);
         let text = String::from_utf8(out.to_vec()).unwrap();
         assert_eq!(
             text,
@@ -258,6 +274,26 @@ mod tests {
     }
 
     #[test]
+    fn render_without_names_prints_the_hash_metrics_use() {
+        let merged = merge(
+            [&window(
+                1.0,
+                &[("s", 10, vec![estimate("user:alice", 6, 0)])],
+            )]
+            .into_iter(),
+        );
+        let mut out = BytesMut::new();
+        render(&mut out, &merged, 1000, 128, 1, false);
+        let text = String::from_utf8(out.to_vec()).unwrap();
+        let hash = merged[0].hash;
+        assert!(
+            text.contains(&format!("STAT hotkey:1:key xxh3:{hash:016x}\r\n")),
+            "{text}"
+        );
+        assert!(!text.contains("alice"), "{text}");
+    }
+
+    #[test]
     fn render_prints_binary_keys_as_base64_on_one_line() {
         let injecting = b"\r\nEND\r\nSTAT injected 1\r\n";
         let estimate = Estimate {
@@ -268,7 +304,7 @@ mod tests {
         };
         let merged = merge([&window(1.0, &[("s", 10, vec![estimate])])].into_iter());
         let mut out = BytesMut::new();
-        render(&mut out, &merged, 1000, 128, 1);
+        render(&mut out, &merged, 1000, 128, 1, true);
         let text = String::from_utf8(out.to_vec()).unwrap();
         assert!(
             text.contains("STAT hotkey:1:key DQpFTkQNClNUQVQgaW5qZWN0ZWQgMQ0K b\r\n"),

@@ -192,6 +192,32 @@ impl ClientSession {
             .unwrap_or(self.limits.max_value_bytes + crate::config::CLIENT_BUFFER_HEADROOM_BYTES)
     }
 
+    /// Nothing in flight, nothing owed: the state in which an idle client
+    /// waits for its next request.
+    pub(super) fn is_idle(&self) -> bool {
+        !self.closing && self.entries.is_empty() && self.out.is_empty()
+    }
+
+    /// Gives back the buffers only a request in flight or a reply uses
+    /// (the reply queue's and the sub-request lines'), while idle.
+    pub(super) fn park_buffers(&mut self) {
+        self.out.park();
+        self.lines.park();
+        if let Some(storage) = self.entries.take_storage(spares::KEEP_ENTRIES_ROOM) {
+            spares::keep_entries(storage);
+        }
+    }
+
+    /// Input is there after a parked wait: takes kept entry storage back,
+    /// so the requests about to be read are queued without allocating.
+    pub(super) fn unpark(&mut self) {
+        if !self.entries.has_storage() {
+            if let Some(storage) = spares::entries() {
+                self.entries.adopt_storage(storage);
+            }
+        }
+    }
+
     pub(super) fn can_read(&self) -> bool {
         !self.closing
             && self.entries.len() < self.worker.settings.max_pending

@@ -50,6 +50,28 @@ impl<'a, E> Before<'a, E> {
 }
 
 impl<E> Fifo<E> {
+    /// Its storage, while it holds no entry and has room for 1 to `most`:
+    /// an idle client's entries take no memory (a pipelining client's larger
+    /// queue stays with it, to take its next burst without growing again).
+    pub(super) fn take_storage(&mut self, most: usize) -> Option<VecDeque<E>> {
+        let room = self.entries.capacity();
+        (self.entries.is_empty() && room > 0 && room <= most).then(|| {
+            self.dispatched = 0;
+            std::mem::take(&mut self.entries)
+        })
+    }
+
+    pub(super) fn has_storage(&self) -> bool {
+        self.entries.capacity() > 0
+    }
+
+    /// Takes `storage` (empty) in place of its own (none).
+    pub(super) fn adopt_storage(&mut self, storage: VecDeque<E>) {
+        if self.entries.is_empty() && storage.is_empty() {
+            self.entries = storage;
+        }
+    }
+
     pub(super) fn len(&self) -> usize {
         self.entries.len()
     }

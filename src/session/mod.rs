@@ -101,6 +101,8 @@ const MIN_READ_ROOM_BYTES: usize = 512;
 /// How long a closing session keeps reading (and dropping) what its client
 /// still sends after memring's last reply, so that closing sends no reset.
 const LINGER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+/// What a closing session reads (and drops) at a time while it lingers.
+const LINGER_READ_BYTES: usize = 4096;
 
 /// Serves one client until it quits, disconnects, sends an unrecoverable line,
 /// stops reading its replies, or shutdown is requested.
@@ -139,13 +141,17 @@ async fn serve<R, W>(
     bound: Option<SharedTopology>,
 ) -> io::Result<()>
 where
-    R: tokio::io::AsyncRead + Unpin,
+    R: crate::tls::Readable,
     W: crate::tls::Flush,
 {
     // Reply bytes written into a TLS stream that it may not have sent yet.
     let mut unflushed = false;
     let mut client = ClientSession::new(id, worker.clone(), bound);
-    let mut input = RecycledBuf::with_capacity(FIRST_READ_BYTES);
+    // Allocated when the first bytes can be read (see `parked` below).
+    let mut input = RecycledBuf::new(FIRST_READ_BYTES);
+    // Set when the socket said it has input: the next turn reads it rather
+    // than park again.
+    let mut readable = false;
     let settings = worker.settings;
     let clock = worker.clock.clone();
     let started = clock.tick();
@@ -208,8 +214,21 @@ where
         }
         client.end_turn();
         let can_read = client.can_read();
-        if let Some(room) = input_room(&input, client.largest_request).filter(|_| can_read) {
-            input.make_room(room);
+        // Idle, with nothing read ahead: wait for input without a buffer,
+        // and give back the ones only requests and replies use, so an idle
+        // client costs little more than its socket (issue 48). They go to
+        // this worker's shelf, where the next busy session takes them.
+        let parked = R::WAITS_WITHOUT_BUFFER && !readable && input.is_empty() && client.is_idle();
+        if parked {
+            input.park();
+            client.park_buffers();
+        } else {
+            if readable {
+                client.unpark();
+            }
+            if let Some(room) = input_room(&input, client.largest_request).filter(|_| can_read) {
+                input.make_room(room);
+            }
         }
         let waiting = Waiting {
             writing: client.out.has_remaining(),
@@ -236,14 +255,17 @@ where
                     Err(e) => break Err(e),
                 }
             }
-            read = reader.read_buf(&mut *input), if can_read => {
+            read = read_or_wait(&mut reader, &mut input, parked), if can_read || parked => {
                 match read {
-                    Ok(0) => client.closing = true,
-                    Ok(n) => {
+                    // The next turn takes a buffer and reads.
+                    Input::Readable(Ok(())) => readable = true,
+                    Input::Read(Ok(0)) => client.closing = true,
+                    Input::Read(Ok(n)) => {
+                        readable = false;
                         got = Some(n == input.len());
                         worker.stats.read_bytes(n);
                     }
-                    Err(e) => break Err(e),
+                    Input::Read(Err(e)) | Input::Readable(Err(e)) => break Err(e),
                 }
             }
             () = until(timer.as_mut(), deadline), if deadline.is_some() => {
@@ -267,6 +289,27 @@ where
     result
 }
 
+/// What the session's read arm saw.
+enum Input {
+    /// Bytes read into the buffer (0: end of stream).
+    Read(io::Result<usize>),
+    /// Parked: the socket has input to read.
+    Readable(io::Result<()>),
+}
+
+/// Reads into `input`, or, `parked`, waits for input without a buffer.
+async fn read_or_wait<R: crate::tls::Readable>(
+    reader: &mut R,
+    input: &mut BytesMut,
+    parked: bool,
+) -> Input {
+    if parked {
+        Input::Readable(reader.readable().await)
+    } else {
+        Input::Read(reader.read_buf(input).await)
+    }
+}
+
 /// Ends a session whose replies are all written: half-closes, so the client
 /// reads every byte and then end of stream, and reads and drops whatever the
 /// client still sends until it closes too or `LINGER_TIMEOUT` passes. Closing
@@ -278,7 +321,9 @@ async fn linger(
 ) -> io::Result<()> {
     writer.shutdown().await?;
     let deadline = Instant::now() + LINGER_TIMEOUT;
-    let mut scratch = [0u8; 4096];
+    // On the heap, once per closing session: an array here would be part
+    // of every session's future, idle or not, for its whole life.
+    let mut scratch = vec![0u8; LINGER_READ_BYTES];
     loop {
         tokio::select! {
             read = reader.read(&mut scratch) => match read {

@@ -47,6 +47,30 @@ struct Spares {
     in_flights: Vec<InFlight>,
     /// Empty key lists of finished multi-key gets, for the parser.
     keys: Vec<crate::protocol::request::Keys>,
+    /// Entry queues of idle clients, for the next client that reads.
+    entries: Vec<std::collections::VecDeque<Entry>>,
+}
+
+/// Most entry queues a worker keeps, and the most entries one may have room
+/// for: a queue that once held a long pipeline is let go.
+const KEEP_ENTRIES: usize = 256;
+pub(super) const KEEP_ENTRIES_ROOM: usize = 16;
+
+/// Keeps an idle client's empty entry queue for another client.
+pub(super) fn keep_entries(storage: std::collections::VecDeque<Entry>) {
+    if storage.capacity() <= KEEP_ENTRIES_ROOM {
+        SPARES.with(|spares| {
+            let kept = &mut spares.borrow_mut().entries;
+            if kept.len() < KEEP_ENTRIES {
+                kept.push(storage);
+            }
+        });
+    }
+}
+
+/// An empty entry queue an idle client gave up, when one is kept.
+pub(super) fn entries() -> Option<std::collections::VecDeque<Entry>> {
+    SPARES.with(|spares| spares.borrow_mut().entries.pop())
 }
 
 thread_local! {

@@ -880,6 +880,76 @@ fn discovery_keeps_the_last_good_list_when_dns_goes_away_or_answers_empty() {
 }
 
 #[test]
+fn discovery_keeps_every_server_when_dns_says_no_name_exists_or_answers_empty() {
+    let dir = TempDir::new("dns", "every-name");
+    let (servers, hosts) = three_servers();
+    let mut dns = Dnsmasq::start(&dir, &hosts, &srv_of(&servers, &[0, 1, 2]));
+    let daemon = Daemon::start(&dir, &discovery_config(&dns, 100, ""));
+    let keys = keys("every-name-", 300);
+    let mut client = daemon.client();
+    for key in &keys {
+        assert_eq!(client.set(key, b"v"), b"STORED\r\n");
+    }
+    let version = daemon.stat("ring_version");
+    let failures = || -> u64 {
+        daemon
+            .stat("discovery_lookup_failures")
+            .and_then(|v| v.parse().ok())
+            .unwrap()
+    };
+    let outage = "taken for a DNS outage or a bad zone";
+    // A bad zone push: the SRV name and every server's name are NXDOMAIN,
+    // then (names kept, with no records) an empty answer for each.
+    let no_records: Vec<&str> = vec![SRV_NAME, "s1.test.local", "s2.test.local", "s3.test.local"];
+    for (phase, txt) in [("NXDOMAIN", vec![]), ("empty", no_records)] {
+        dns.write_hosts("");
+        dns.set_srv(&[], &txt);
+        let before = failures();
+        wait_for(&format!("{phase}: five failed rounds"), || {
+            failures() >= before + 5
+        });
+        // Every key is served all along: no server failed.
+        for key in &keys {
+            assert_eq!(
+                client.get(key).as_deref(),
+                Some(&b"v"[..]),
+                "{phase}: {key}"
+            );
+        }
+        assert_eq!(daemon.stat("ring_version"), version, "{phase}");
+        assert_eq!(daemon.count("-> DEAD"), 0, "{phase}: {}", daemon.log());
+        assert_eq!(daemon.count("readdressed"), 0, "{phase}: {}", daemon.log());
+        daemon.wait_for_log(outage);
+        // Back to normal between the phases.
+        dns.write_hosts(&hosts);
+        dns.set_srv(&srv_of(&servers, &[0, 1, 2]), &[]);
+        daemon.wait_for_log("server host names resolve again");
+        wait_for("the episode to end", || {
+            daemon.count("server host names resolve again") >= daemon.count(outage)
+        });
+    }
+    // Logged once per episode, not once per name or round.
+    assert_eq!(daemon.count(outage), 2, "{}", daemon.log());
+    assert_eq!(
+        daemon.count("does not exist (NXDOMAIN):"),
+        0,
+        "{}",
+        daemon.log()
+    );
+
+    // A connection made while every name is missing goes to the last good
+    // address.
+    let target =
+        memring::resolve::Target::new(&format!("s1.test.local:{}", servers[0].port), dns.dns());
+    let first = memring::resolve::block_on(|| target.addresses("s1"));
+    assert_eq!(first.as_ref().map(Vec::len), Ok(1));
+    dns.write_hosts("");
+    dns.set_srv(&[], &[]);
+    assert!(dns.lookup("s1.test.local").is_err());
+    assert_eq!(memring::resolve::block_on(|| target.addresses("s1")), first);
+}
+
+#[test]
 fn plan_discovery_prints_the_plan_of_the_equal_config_edit() {
     let dir = TempDir::new("dns", "plan");
     let (servers, hosts) = three_servers();

@@ -60,6 +60,12 @@ fn hotkeys(client: &mut Client) -> Vec<Reported> {
     ranks.into_iter().map(|r| by_rank[&r].clone()).collect()
 }
 
+/// How `stats hotkeys` and `/metrics` name `key` unless `hot_key_metrics`
+/// asks for names.
+fn label(key: &str) -> String {
+    format!("xxh3:{:016x}", memring::hotkeys::key_hash(key.as_bytes()))
+}
+
 /// xorshift64*: a deterministic generator for the workload.
 struct Rng(u64);
 
@@ -159,7 +165,7 @@ fn stats_hotkeys_names_the_hottest_keys_of_a_zipf_workload() {
     ranks.sort_by_key(|&r| std::cmp::Reverse(counts[r]));
     let listed: Vec<&str> = reported.iter().map(|r| r.key.as_str()).collect();
     for &rank in &ranks[..10] {
-        let key = format!("key:{rank}");
+        let key = label(&format!("key:{rank}"));
         assert!(
             listed.contains(&key.as_str()),
             "{key} ({} requests) not in memring's top 20: {listed:?}",
@@ -189,6 +195,34 @@ fn stats_hotkeys_names_the_hottest_keys_of_a_zipf_workload() {
         !metrics.contains("key=\"key:"),
         "no key names without hot_key_metrics"
     );
+}
+
+#[test]
+fn stats_hotkeys_hashes_key_names_as_metrics_do_unless_asked() {
+    let server = Memcached::start();
+    let key = "user:alice@example.com:profile";
+    for names in [false, true] {
+        let proxy = Proxy::start(
+            &[&server],
+            &format!("hot_key_window_ms = 200\nhot_key_metrics = {names}"),
+        );
+        let mut client = proxy.client();
+        let mut other = proxy.client();
+        let stats = proxy.running().stats.clone();
+        let shown = if names { key.to_string() } else { label(key) };
+        wait_for("the key in stats hotkeys and the gauges", || {
+            for _ in 0..20 {
+                client.get(key);
+            }
+            hotkeys(&mut other).first().map(|r| r.key.clone()) == Some(shown.clone())
+                && stats
+                    .prometheus_text()
+                    .contains(&format!("key=\"{shown}\""))
+        });
+        other.send(b"stats hotkeys\r\n");
+        let text = String::from_utf8(other.read_until_suffix(b"END\r\n")).unwrap();
+        assert_eq!(text.contains("alice"), names, "{text}");
+    }
 }
 
 #[test]
@@ -225,7 +259,9 @@ fn gets_of_a_hot_key_count_no_server_errors() {
             for _ in 0..50 {
                 assert_eq!(client.get("feature:flag").as_deref(), Some(&b"on"[..]));
             }
-            hotkeys(&mut client).iter().any(|r| r.key == "feature:flag")
+            hotkeys(&mut client)
+                .iter()
+                .any(|r| r.key == label("feature:flag"))
         });
         for _ in 0..2_000 {
             assert_eq!(client.get("feature:flag").as_deref(), Some(&b"on"[..]));
@@ -322,7 +358,10 @@ fn hot_keys_with_quotes_backslashes_and_newlines_keep_metrics_valid() {
 #[test]
 fn stats_hotkeys_prints_binary_keys_as_base64_and_cannot_be_injected() {
     let server = Memcached::start();
-    let proxy = Proxy::start(&[&server], "hot_key_window_ms = 200");
+    let proxy = Proxy::start(
+        &[&server],
+        "hot_key_window_ms = 200\nhot_key_metrics = true",
+    );
     let mut client = proxy.client();
     let mut admin = proxy.client();
     let injecting = b"\r\nEND\r\nSTAT injected 1\r\n";
@@ -755,7 +794,7 @@ fn a_reload_turns_the_near_cache_on_and_off() {
         for _ in 0..40 {
             client.get("flag");
         }
-        hotkeys(&mut admin).first().map(|r| r.key.clone()) == Some("flag".into())
+        hotkeys(&mut admin).first().map(|r| r.key.clone()) == Some(label("flag"))
     });
     assert_eq!(admin.stat("near_cache_hits"), 0);
 
@@ -819,7 +858,7 @@ fn without_a_near_cache_nothing_is_cached() {
         for _ in 0..40 {
             client.get("plain");
         }
-        hotkeys(&mut admin).first().map(|r| r.key.clone()) == Some("plain".into())
+        hotkeys(&mut admin).first().map(|r| r.key.clone()) == Some(label("plain"))
     });
     assert_eq!(direct.set("plain", b"2"), b"STORED\r\n");
     assert_eq!(client.get("plain").as_deref(), Some(&b"2"[..]));
@@ -979,7 +1018,7 @@ fn a_get_never_joins_a_request_its_clients_write_could_be_overtaken_by() {
         for _ in 0..40 {
             reader.get("k");
         }
-        hotkeys(&mut admin).first().map(|r| r.key.clone()) == Some("k".into())
+        hotkeys(&mut admin).first().map(|r| r.key.clone()) == Some(label("k"))
     });
     let get = b"get k\r\n";
     let writer_conn = relay.conn_carrying(get, || assert!(writer.get("k").is_some()));
@@ -1065,7 +1104,7 @@ impl TwoLanes {
             for _ in 0..40 {
                 second.get(key);
             }
-            hotkeys(&mut admin).first().map(|r| r.key.clone()) == Some(key.into())
+            hotkeys(&mut admin).first().map(|r| r.key.clone()) == Some(label(key))
         });
         // `gets`: never answered from the near cache.
         let gets = format!("gets {key}\r\n");
@@ -1343,7 +1382,7 @@ fn a_busy_worker_counts_a_sample_and_still_finds_its_hot_key() {
 
     let one_in = sampled(&stats).unwrap();
     assert!(one_in > 1, "the busy worker samples: {stats:?}");
-    assert_eq!(reported[0].key, "hot", "{reported:?}");
+    assert_eq!(reported[0].key, label("hot"), "{reported:?}");
     assert!(
         (0.07..0.14).contains(&reported[0].share),
         "hot takes a tenth of the requests: {:?}",

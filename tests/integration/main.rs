@@ -10,6 +10,7 @@ mod common;
 
 mod cli;
 mod compat;
+mod control_files;
 mod differential;
 mod dns;
 mod docs;

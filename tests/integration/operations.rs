@@ -724,3 +724,44 @@ fn slow_admin_connections_leave_fds_bounded_and_the_data_path_healthy() {
     assert_eq!(daemon.count("cannot accept"), 0, "{}", daemon.log());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn probes_are_answered_while_idle_connections_hold_every_admin_slot() {
+    let backend = Memcached::start();
+    let proxy = Proxy::start(&[&backend], "admin_listen = \"127.0.0.1:0\"\n");
+    let admin = proxy.running().admin_addr.unwrap();
+    wait_for("ready", || http_get(admin, "/ready").0 == 200);
+    // More idle connections than there are slots: they connect and send
+    // nothing, as a port scanner or a half-open load balancer check does.
+    let idle: Vec<TcpStream> = (0..memring::admin::MAX_CONNECTIONS + 6)
+        .map(|_| TcpStream::connect(admin).unwrap())
+        .collect();
+    // Every probe is answered at once, not refused: none waits for the idle
+    // ones to time out.
+    for round in 0..20 {
+        assert_eq!(http_status(admin, "/ready"), Some(200), "probe {round}");
+        assert_eq!(http_status(admin, "/live"), Some(200), "probe {round}");
+    }
+    // An idle connection is closed by memring within a bounded time, and so
+    // is a keep-alive connection that went quiet after a request.
+    let mut kept = TcpStream::connect(admin).unwrap();
+    kept.set_read_timeout(Some(crate::common::DEADLINE))
+        .unwrap();
+    kept.write_all(b"GET /live HTTP/1.1\r\nHost: test\r\n\r\n")
+        .unwrap();
+    let mut response = Vec::new();
+    kept.read_to_end(&mut response)
+        .expect("memring closes a quiet keep-alive admin connection");
+    assert!(response.starts_with(b"HTTP/1.1 200"), "{response:?}");
+    for mut stream in idle.into_iter().take(4) {
+        stream
+            .set_read_timeout(Some(crate::common::DEADLINE))
+            .unwrap();
+        let mut rest = Vec::new();
+        let _ = stream.read_to_end(&mut rest);
+        assert!(
+            rest.is_empty() || rest.starts_with(b"HTTP/1.1 408"),
+            "{rest:?}"
+        );
+    }
+}

@@ -422,7 +422,7 @@ fn missing_corrupt_and_foreign_state_files_are_reported_and_safe() {
         (
             "a directory",
             &|p| std::fs::create_dir(p).unwrap(),
-            "not a regular file",
+            "Is a directory",
         ),
     ];
     for (round, (what, make, reason)) in bad.iter().enumerate() {

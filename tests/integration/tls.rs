@@ -52,7 +52,7 @@ fn tls_listen(cert: &Issued, extra: &str) -> String {
 
 /// A rustls client config trusting `ca`, with an optional client
 /// certificate.
-fn client_config(ca: &Path, client: Option<&Issued>) -> Arc<rustls::ClientConfig> {
+pub(crate) fn client_config(ca: &Path, client: Option<&Issued>) -> Arc<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in memring::tls::certificates(ca).expect("CA file") {
         roots.add(cert).expect("CA");
@@ -75,14 +75,17 @@ fn client_config(ca: &Path, client: Option<&Issued>) -> Arc<rustls::ClientConfig
 }
 
 /// A blocking memcached client over TLS.
-struct TlsClient {
+pub(crate) struct TlsClient {
     stream: rustls::StreamOwned<rustls::ClientConnection, TcpStream>,
     buffer: Vec<u8>,
 }
 
 impl TlsClient {
     /// Connects and completes the handshake.
-    fn connect(addr: SocketAddr, config: &Arc<rustls::ClientConfig>) -> std::io::Result<TlsClient> {
+    pub(crate) fn connect(
+        addr: SocketAddr,
+        config: &Arc<rustls::ClientConfig>,
+    ) -> std::io::Result<TlsClient> {
         let mut tcp = TcpStream::connect(addr)?;
         tcp.set_read_timeout(Some(DEADLINE))?;
         tcp.set_nodelay(true)?;
@@ -99,7 +102,7 @@ impl TlsClient {
     }
 
     /// The certificate the server presented.
-    fn peer(&self) -> CertificateDer<'static> {
+    pub(crate) fn peer(&self) -> CertificateDer<'static> {
         self.stream
             .conn
             .peer_certificates()
@@ -133,12 +136,12 @@ impl TlsClient {
         }
     }
 
-    fn set(&mut self, key: &str, value: &str) -> std::io::Result<Vec<u8>> {
+    pub(crate) fn set(&mut self, key: &str, value: &str) -> std::io::Result<Vec<u8>> {
         let request = format!("set {key} 0 0 {}\r\n{value}\r\n", value.len());
         self.call(request.as_bytes(), ReplyKind::Line)
     }
 
-    fn get(&mut self, key: &str) -> std::io::Result<Vec<u8>> {
+    pub(crate) fn get(&mut self, key: &str) -> std::io::Result<Vec<u8>> {
         self.call(format!("get {key}\r\n").as_bytes(), ReplyKind::Values)
     }
 }
