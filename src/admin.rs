@@ -69,6 +69,10 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 /// Serves admin requests until `shutdown`.
 pub async fn serve(listener: TcpListener, state: AdminState, shutdown: CancellationToken) {
     let slots = Arc::new(Slots::new());
+    // One permit per open socket: a connection pushed out closes when its
+    // task next runs, so the next one is served only once it has, and no
+    // burst of accepts holds more than the limit (plus the one accepted).
+    let sockets = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     // Failed accepts in a row, and connections pushed out in a row: each
     // logged when its episode starts and when it ends, not once per event
     // (EMFILE can fail every accept for minutes).
@@ -107,8 +111,18 @@ pub async fn serve(listener: TcpListener, state: AdminState, shutdown: Cancellat
             );
             evicted = 0;
         }
+        let socket = tokio::select! {
+            permit = sockets.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => return,
+            },
+            () = shutdown.cancelled() => return,
+        };
         let state = state.clone();
-        tokio::spawn(serve_connection(stream, slot, state));
+        tokio::spawn(async move {
+            let _socket = socket;
+            serve_connection(stream, slot, state).await;
+        });
     }
 }
 

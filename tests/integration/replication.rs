@@ -764,7 +764,10 @@ fn replicated_delete_racing_a_copy(dialect: &str, verb: &str, undo: bool) {
     use crate::common::relay::{Fault, Relay};
     use crate::common::{replace_by_rename, TempDir};
     use memring::protocol::ReplyKind;
-    let dir = TempDir::new("replication", &format!("delete-order-{dialect}-{undo}"));
+    let dir = TempDir::new(
+        "replication",
+        &format!("delete-order-{dialect}-{verb}-{undo}"),
+    );
     let servers: Vec<Memcached> = (0..6).map(|_| Memcached::start()).collect();
     let (old_list, new_list) = ([0, 1, 2, 3], [0, 1, 4, 5]);
     let config = |list: &[usize], via: &[(usize, String)]| {
