@@ -91,7 +91,7 @@ fn flush_over(stream: &mut (impl std::io::Read + std::io::Write)) -> std::io::Re
         }
         got += n;
     }
-    crate::pool::flush_answer(&reply[..got])
+    flush_answer(&reply[..got])
 }
 
 /// `flush_all` on `addr` over a connection of its own, waiting at most
@@ -115,4 +115,16 @@ fn flush_now(
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
     flush_over(&mut stream)
+}
+
+/// Whether `reply` is `flush_all`'s success.
+pub(crate) fn flush_answer(reply: &[u8]) -> std::io::Result<()> {
+    if reply == b"OK\r\n" {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "flush_all answered {:?}",
+            String::from_utf8_lossy(reply)
+        )))
+    }
 }

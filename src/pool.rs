@@ -116,7 +116,7 @@ impl Publisher {
     /// state file, before `topology` is published.
     fn save(&self, topology: &Topology) {
         if let Some(state) = &self.state {
-            let window = crate::window_state::SavedWindow::of(topology);
+            let window = topology.saved_window();
             state.record(&self.hooks.pool, window);
         }
     }
@@ -775,18 +775,6 @@ fn utc(unix: u64) -> String {
     format!("{:02}:{:02}:{:02} UTC", day / 3600, day / 60 % 60, day % 60)
 }
 
-/// Whether `reply` is `flush_all`'s success.
-pub(crate) fn flush_answer(reply: &[u8]) -> std::io::Result<()> {
-    if reply == b"OK\r\n" {
-        Ok(())
-    } else {
-        Err(std::io::Error::other(format!(
-            "flush_all answered {:?}",
-            String::from_utf8_lossy(reply)
-        )))
-    }
-}
-
 /// `flush_all` on a server, over a short-lived connection of its own (TLS
 /// for a server with `tls = true`).
 async fn flush(backend: &Backend, timeout: std::time::Duration) -> std::io::Result<()> {
@@ -804,7 +792,7 @@ async fn flush(backend: &Backend, timeout: std::time::Duration) -> std::io::Resu
             }
             got += n;
         }
-        flush_answer(&reply[..got])
+        crate::newcomers::flush_answer(&reply[..got])
     };
     tokio::time::timeout(timeout, attempt)
         .await

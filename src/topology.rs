@@ -221,6 +221,36 @@ impl Previous {
 pub type SharedTopology = Arc<ArcSwap<Topology>>;
 
 impl Topology {
+    /// The window this topology is in, as the state file keeps it; `None`
+    /// without one (or when its rings do not say where their servers are:
+    /// unit tests build such rings).
+    pub fn saved_window(&self) -> Option<crate::window_state::SavedWindow> {
+        let previous = self.previous.as_ref()?;
+        let older = self
+            .older
+            .iter()
+            .map(|p| p.source.as_deref().cloned())
+            .collect::<Option<Vec<_>>>()?;
+        Some(crate::window_state::SavedWindow {
+            until_unix: previous.until_unix,
+            swept: false,
+            undoes: self.undoes(),
+            ring: crate::window_state::SavedRing::of(&self.config.ring, &self.ring_servers()),
+            previous: previous.source.as_deref()?.clone(),
+            older,
+            dropped: self
+                .dropped_servers()
+                .iter()
+                .map(|b| crate::window_state::SavedServer {
+                    name: b.name().to_string(),
+                    addr: b.addr().to_string(),
+                    weight: 1,
+                    tls: b.tls(),
+                })
+                .collect(),
+        })
+    }
+
     /// The backends for `config`: a server that `previous` already has with the
     /// same identity, address and connection settings keeps its backend (and
     /// its open connections), unless DNS moved its host name elsewhere; every

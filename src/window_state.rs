@@ -29,7 +29,6 @@ use serde::{Deserialize, Serialize};
 use crate::config::ServerConfig;
 use crate::ring::{Flavour, HashFunction, Ring, Spec};
 use crate::stats::Stats;
-use crate::topology::Topology;
 
 /// The file format's version; a file of another version is not read.
 pub const FORMAT_VERSION: u32 = 1;
@@ -173,35 +172,6 @@ pub struct SavedWindow {
 }
 
 impl SavedWindow {
-    /// The window `topology` is in, if any (and if its rings say where
-    /// their servers are: unit tests build rings that do not).
-    pub fn of(topology: &Topology) -> Option<SavedWindow> {
-        let previous = topology.previous.as_ref()?;
-        let older = topology
-            .older
-            .iter()
-            .map(|p| p.source.as_deref().cloned())
-            .collect::<Option<Vec<_>>>()?;
-        Some(SavedWindow {
-            until_unix: previous.until_unix,
-            swept: false,
-            undoes: topology.undoes(),
-            ring: SavedRing::of(&topology.config.ring, &topology.ring_servers()),
-            previous: previous.source.as_deref()?.clone(),
-            older,
-            dropped: topology
-                .dropped_servers()
-                .iter()
-                .map(|b| SavedServer {
-                    name: b.name().to_string(),
-                    addr: b.addr().to_string(),
-                    weight: 1,
-                    tls: b.tls(),
-                })
-                .collect(),
-        })
-    }
-
     /// Every server the window names, each once (the first spelling found,
     /// from the ring in force on).
     pub fn servers(&self) -> Vec<ServerConfig> {
