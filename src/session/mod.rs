@@ -101,6 +101,10 @@ const MIN_READ_ROOM_BYTES: usize = 512;
 /// How long a closing session keeps reading (and dropping) what its client
 /// still sends after memring's last reply, so that closing sends no reset.
 const LINGER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long a client with nothing in flight keeps its read and reply
+/// buffers before it gives them to its worker's shelf: long against the gap
+/// between a busy client's requests, short against an idle one's life.
+const PARK_AFTER_IDLE: std::time::Duration = std::time::Duration::from_millis(500);
 /// What a closing session reads (and drops) at a time while it lingers.
 const LINGER_READ_BYTES: usize = 4096;
 
@@ -152,6 +156,11 @@ where
     // Set when the socket said it has input: the next turn reads it rather
     // than park again.
     let mut readable = false;
+    // Idle for PARK_AFTER_IDLE (the session timer fired for it), or not yet
+    // read from: the next idle wait gives the buffers back. A busy client,
+    // idle only between its requests, keeps them and pays nothing per
+    // request for parking.
+    let mut park_due = true;
     let settings = worker.settings;
     let clock = worker.clock.clone();
     let started = clock.tick();
@@ -218,7 +227,9 @@ where
         // and give back the ones only requests and replies use, so an idle
         // client costs little more than its socket (issue 48). They go to
         // this worker's shelf, where the next busy session takes them.
-        let parked = R::WAITS_WITHOUT_BUFFER && !readable && input.is_empty() && client.is_idle();
+        let idle = R::WAITS_WITHOUT_BUFFER && !readable && input.is_empty() && client.is_idle();
+        let parked = idle && park_due;
+        let park_at = (idle && !parked).then(|| now + PARK_AFTER_IDLE);
         if parked {
             input.park();
             client.park_buffers();
@@ -236,6 +247,9 @@ where
             partial_input: !input.is_empty(),
         };
         let deadline = progress.deadline(waiting, settings.idle_timeout, settings.write_timeout);
+        // The one session timer serves both: the earlier of the two.
+        let parks_first = park_at.is_some_and(|at| deadline.map_or(true, |d| at < d));
+        let wake_at = if parks_first { park_at } else { deadline };
         // What the arm below did: bytes written, bytes read (the first of a
         // new request?).
         let (mut wrote, mut got) = (false, None);
@@ -262,15 +276,20 @@ where
                     Input::Read(Ok(0)) => client.closing = true,
                     Input::Read(Ok(n)) => {
                         readable = false;
+                        park_due = false;
                         got = Some(n == input.len());
                         worker.stats.read_bytes(n);
                     }
                     Input::Read(Err(e)) | Input::Readable(Err(e)) => break Err(e),
                 }
             }
-            () = until(timer.as_mut(), deadline), if deadline.is_some() => {
-                // Idle, stuck mid-request, or not reading its replies.
-                break Ok(());
+            () = until(timer.as_mut(), wake_at), if wake_at.is_some() => {
+                if parks_first {
+                    park_due = true;
+                } else {
+                    // Idle, stuck mid-request, or not reading its replies.
+                    break Ok(());
+                }
             }
             () = shutdown.cancelled(), if !client.closing => {
                 client.closing = true;
