@@ -6,73 +6,12 @@
 //! still applied.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 
 use crate::common::pki::Pki;
-use crate::common::{free_port, wait_for, Client, Memcached, TempDir};
+use crate::common::{free_port, wait_for, Client, Daemon, Memcached, TempDir};
 use crate::tls::{client_config, TlsClient};
-
-/// The memring binary on a config file, logging to a file; killed on drop.
-struct Daemon {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Daemon {
-    fn start(config: &Path, log: &Path) -> Daemon {
-        let child = Command::new(env!("CARGO_BIN_EXE_memring"))
-            .arg("--config")
-            .arg(config)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log).unwrap())
-            .spawn()
-            .unwrap();
-        let daemon = Daemon {
-            child,
-            log: log.to_path_buf(),
-        };
-        daemon.wait_for_log("memring started");
-        daemon
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn count(&self, text: &str) -> usize {
-        self.log().lines().filter(|l| l.contains(text)).count()
-    }
-
-    fn wait_for_log(&self, text: &str) {
-        wait_for(&format!("log line `{text}`"), || self.count(text) > 0);
-    }
-
-    /// Resident memory in KiB.
-    fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap()
-    }
-
-    fn hang_up(&self) {
-        let status = Command::new("kill")
-            .args(["-HUP", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Replaces `path` by a FIFO nobody writes to.
 fn fifo_in_place_of(path: &Path) {
@@ -116,7 +55,8 @@ fn a_certificate_swapped_for_a_fifo_or_dev_zero_stalls_no_listener() {
         ),
     )
     .unwrap();
-    let daemon = Daemon::start(&config, &dir.path("memring.log"));
+    let daemon = Daemon::start(&config, &dir.path("memring.log"), &[]);
+    daemon.wait_for_log("memring started");
     let tls = client_config(&pki.ca_file, None);
     plain_client_served(&listen, "before");
     let baseline = daemon.rss_kib();
@@ -187,7 +127,8 @@ fn a_config_swapped_for_a_fifo_or_dev_zero_is_refused_and_later_reloads_work() {
     );
     std::fs::write(&config, &text).unwrap();
     // The log beside the config: a refusal logged in a loop would show.
-    let daemon = Daemon::start(&config, &dir.path("memring.log"));
+    let daemon = Daemon::start(&config, &dir.path("memring.log"), &[]);
+    daemon.wait_for_log("memring started");
     daemon.wait_for_log("watching config for changes");
     plain_client_served(&listen, "before");
     let baseline = daemon.rss_kib();

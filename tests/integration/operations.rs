@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 
-use crate::common::{free_port, show, wait_for, Memcached, Proxy};
+use crate::common::{free_port, show, wait_for, Daemon, Memcached, Proxy};
 use memring::protocol::ReplyKind;
 
 #[test]
@@ -521,56 +521,6 @@ fn metrics_pass_promtool_and_are_served_as_prometheus_text() {
         .unwrap_or_default()
         .starts_with("application/openmetrics-text; version=1.0.0"));
     assert!(body.ends_with("# EOF\n"), "OpenMetrics ends with # EOF");
-}
-
-/// A memring process (the real binary), killed by PID on drop, logging to a
-/// file.
-struct Daemon {
-    child: std::process::Child,
-    log: std::path::PathBuf,
-}
-
-impl Daemon {
-    fn start(config: &std::path::Path, log: &std::path::Path, args: &[&str]) -> Daemon {
-        let log_file = std::fs::File::create(log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_memring"))
-            .args(args)
-            .arg("--config")
-            .arg(config)
-            .stdout(Stdio::null())
-            .stderr(log_file)
-            .spawn()
-            .unwrap();
-        Daemon {
-            child,
-            log: log.to_path_buf(),
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn count(&self, text: &str) -> usize {
-        self.log().lines().filter(|l| l.contains(text)).count()
-    }
-
-    fn wait_for_log(&self, text: &str) {
-        wait_for(&format!("log line `{text}`"), || self.count(text) > 0);
-    }
-
-    fn open_fds(&self) -> usize {
-        std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
-            .map(|dir| dir.count())
-            .unwrap_or(0)
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn temp_dir(test: &str) -> std::path::PathBuf {

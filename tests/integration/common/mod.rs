@@ -777,3 +777,75 @@ pub(crate) fn get_until_near_cached(
     });
     value
 }
+
+/// A memring process (the real binary) on a config file, logging to a file,
+/// killed by PID on drop.
+pub(crate) struct Daemon {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl Daemon {
+    /// Starts memring with `args` before `--config config`; it does not wait
+    /// for the process to be ready (see [`Daemon::wait_for_log`]).
+    pub(crate) fn start(config: &std::path::Path, log: &std::path::Path, args: &[&str]) -> Daemon {
+        let log_file = std::fs::File::create(log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_memring"))
+            .args(args)
+            .arg("--config")
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .unwrap();
+        Daemon {
+            child,
+            log: log.to_path_buf(),
+        }
+    }
+
+    pub(crate) fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Log lines that contain `text`.
+    pub(crate) fn count(&self, text: &str) -> usize {
+        self.log().lines().filter(|l| l.contains(text)).count()
+    }
+
+    pub(crate) fn wait_for_log(&self, text: &str) {
+        wait_for(&format!("log line `{text}`"), || self.count(text) > 0);
+    }
+
+    pub(crate) fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
+            .map(|dir| dir.count())
+            .unwrap_or(0)
+    }
+
+    /// Resident memory in KiB.
+    pub(crate) fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap()
+    }
+
+    /// SIGHUP: reload the config.
+    pub(crate) fn hang_up(&self) {
+        let status = Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
