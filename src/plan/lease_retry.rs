@@ -13,13 +13,16 @@
 //! flags, size and cas it needs, and hands the lease's cas over); for `ma`
 //! and `ms … ME`, whose replies do not, a refusal an absent key would not
 //! get (`CLIENT_ERROR` not a number, `NS`) is followed by a probe of the
-//! item (`mg <key> c f s`, seeing leases as items).
+//! item (`mg <key> c f s`, seeing leases as items). A command that would
+//! act on a lease and leave nothing to see afterwards (`delete`, `md`,
+//! `replace`, `ms … MR`, `ms … C`, `gat`, `append`, `prepend`) probes
+//! first: a lease found is removed before the command runs.
 //!
 //! Pure: replies in, lines out; no I/O, no clock.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::handoff::{delete_line, not_a_number, probe_line, probed_lease};
+use super::handoff::{delete_line, not_a_number, probe_hand_back, probe_line, probed_lease};
 use super::route::CallResult;
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::reply::Expect;
@@ -37,18 +40,23 @@ enum Suspect {
     NotANumber,
     /// `ms` in add mode, `add`: `NS`, `NOT_STORED`.
     NotStored,
-    /// `cas`: `EXISTS` (a lease's cas is not the client's).
-    Exists,
     /// `append`, `prepend`, `ms` in those modes: stored, onto the lease
     /// (which then still is one, its marker at one end).
     Stored,
     /// Only a reply that shows the lease (an `mg`, or a `touch` sent as
     /// one).
     Shown,
+    /// Nothing after the command shows a lease it acted on (a `delete`
+    /// removed it, a `replace` or `gat` replaced or stretched it): the
+    /// probe goes first.
+    Hidden,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stage {
+    /// The probe before the command is under way ([`Suspect::Hidden`],
+    /// and appends, which may meet a lease before and after).
+    Opening,
     /// The command is under way.
     Command,
     /// The probe is under way; the command's refusal is kept.
@@ -65,6 +73,11 @@ pub(crate) enum LeaseStep {
     /// Remove the lease (`delete`, its reply not wanted), then send the
     /// command again, in that order on the same connection.
     Rerun { delete: Bytes },
+    /// The opening probe found no lease: send the command.
+    Send,
+    /// Send `line` (its reply not wanted: the probe's recache token given
+    /// back, see `handoff::probe_hand_back`), then answer.
+    AnswerAfter { line: Bytes, answer: CallResult },
 }
 
 /// One meta command on one key that may meet a lease (see the module doc).
@@ -80,6 +93,9 @@ pub(crate) struct LeaseRetry {
     /// A classic `touch`, sent as [`LeaseRetry::wire`] (an `mg … T`, whose
     /// reply shows a lease) and answered in its own words.
     touch: Option<Bytes>,
+    /// A one-key `gat`/`gats`: its reply is framed as `VALUE` blocks and
+    /// the client's answer ends with the `END` memring writes.
+    retrieval: bool,
 }
 
 impl LeaseRetry {
@@ -96,9 +112,14 @@ impl LeaseRetry {
         let suspect = match command {
             MetaCommand::Get if flag(b'T') || flag(b'N') => Suspect::Shown,
             MetaCommand::Arithmetic => Suspect::NotANumber,
+            MetaCommand::Delete => Suspect::Hidden,
+            // A lease's cas is never the client's: `EX` where an absent key
+            // gets `NF`.
+            MetaCommand::Set if flag(b'C') => Suspect::Hidden,
             MetaCommand::Set => match mode {
                 Some(b'E' | b'e') => Suspect::NotStored,
                 Some(b'A' | b'a' | b'P' | b'p') => Suspect::Stored,
+                Some(b'R' | b'r') => Suspect::Hidden,
                 _ => return None,
             },
             _ => return None,
@@ -115,8 +136,15 @@ impl LeaseRetry {
         let suspect = match command {
             Command::Add => Suspect::NotStored,
             Command::Incr | Command::Decr => Suspect::NotANumber,
-            Command::Cas => Suspect::Exists,
             Command::Append | Command::Prepend => Suspect::Stored,
+            // A `cas` whose number happens to be the lease's (another
+            // server's cas, from before the key moved) would store.
+            Command::Delete | Command::Replace | Command::Cas => Suspect::Hidden,
+            Command::Gat | Command::Gats => {
+                let mut retry = LeaseRetry::new(key, false, Suspect::Hidden, None);
+                retry.retrieval = true;
+                return Some(retry);
+            }
             Command::Touch => {
                 let exptime = exptime.filter(|e| {
                     let digits = e.strip_prefix(b"-").unwrap_or(e);
@@ -129,7 +157,9 @@ impl LeaseRetry {
                 line.put_slice(&key);
                 line.put_slice(b" T");
                 line.put_slice(exptime);
-                line.put_slice(b"\r\n");
+                // The cas, to give back a recache token the `mg` took (a
+                // classic `touch` takes none).
+                line.put_slice(b" c\r\n");
                 let mut retry = LeaseRetry::new(key, false, Suspect::Shown, None);
                 retry.touch = Some(line.freeze());
                 return Some(retry);
@@ -140,15 +170,35 @@ impl LeaseRetry {
     }
 
     fn new(key: Bytes, base64: bool, suspect: Suspect, touch: Option<Bytes>) -> LeaseRetry {
+        // An append onto a lease keeps it one (its marker at one end) and is
+        // seen after; two, at both ends, would make it a value: so appends
+        // look before too.
+        let stage = match suspect {
+            Suspect::Hidden | Suspect::Stored => Stage::Opening,
+            _ => Stage::Command,
+        };
         LeaseRetry {
             key,
             base64,
             suspect,
-            stage: Stage::Command,
+            stage,
             first: None,
             reruns: 0,
             touch,
+            retrieval: false,
         }
+    }
+
+    /// What goes to the server before the command: the probe of a command
+    /// that looks for a lease first.
+    pub(crate) fn opening(&self) -> Option<(Bytes, Expect)> {
+        (self.stage == Stage::Opening).then(|| (probe_line(&self.key, self.base64), probe_expect()))
+    }
+
+    /// Whether the command's reply is framed as a retrieval's `VALUE`
+    /// blocks (a one-key `gat`/`gats`).
+    pub(crate) fn is_retrieval(&self) -> bool {
+        self.retrieval
     }
 
     /// What goes to the server instead of the client's request, and how
@@ -160,6 +210,20 @@ impl LeaseRetry {
 
     /// The client's answer: a `touch` sent as an `mg` in classic words.
     fn answer(&self, result: CallResult) -> LeaseStep {
+        if self.retrieval {
+            // The connection hands on the `VALUE` block (or nothing, for a
+            // miss) without the `END`, which is memring's to write.
+            return LeaseStep::Answer(result.map(|reply| {
+                if reply.is_empty() || reply.starts_with(b"VALUE ") {
+                    let mut answer = BytesMut::with_capacity(reply.len() + 5);
+                    answer.put_slice(&reply);
+                    answer.put_slice(b"END\r\n");
+                    answer.freeze()
+                } else {
+                    reply
+                }
+            }));
+        }
         if self.touch.is_none() {
             return LeaseStep::Answer(result);
         }
@@ -178,6 +242,19 @@ impl LeaseRetry {
     /// connection saw in it (an `mg`'s reply).
     pub(crate) fn on_reply(&mut self, result: CallResult, lease: Option<u64>) -> LeaseStep {
         match self.stage {
+            Stage::Opening => {
+                self.stage = Stage::Command;
+                match result.as_deref().ok().and_then(probed_lease) {
+                    Some(cas) => self.rerun(cas),
+                    // No lease, or the probe failed: the command goes as it
+                    // would have without one (after the token the probe
+                    // took, if it took one).
+                    None => match self.hand_back(&result) {
+                        Some(line) => LeaseStep::Rerun { delete: line },
+                        None => LeaseStep::Send,
+                    },
+                }
+            }
             Stage::Command => {
                 if self.reruns >= MAX_RERUNS {
                     return self.answer(result);
@@ -191,7 +268,6 @@ impl LeaseRetry {
                     Suspect::NotStored => {
                         reply.starts_with(b"NS") || reply.starts_with(b"NOT_STORED")
                     }
-                    Suspect::Exists => reply.starts_with(b"EXISTS"),
                     // Quiet: an `ms` that stored says nothing.
                     Suspect::Stored => {
                         result.is_ok()
@@ -199,21 +275,22 @@ impl LeaseRetry {
                                 || reply.starts_with(b"HD")
                                 || reply.starts_with(b"STORED"))
                     }
-                    Suspect::Shown => false,
+                    Suspect::Shown | Suspect::Hidden => false,
                 };
                 if !refused {
-                    return self.answer(result);
+                    let hand_back = self.touch.as_ref().and_then(|_| self.hand_back(&result));
+                    return match (hand_back, self.answer(result)) {
+                        (Some(line), LeaseStep::Answer(answer)) => {
+                            LeaseStep::AnswerAfter { line, answer }
+                        }
+                        (_, step) => step,
+                    };
                 }
                 self.stage = Stage::Probe;
                 self.first = Some(result);
                 LeaseStep::Probe {
                     line: probe_line(&self.key, self.base64),
-                    expect: Expect::Meta {
-                        command: MetaCommand::Get,
-                        quiet: false,
-                        replied: false,
-                        leases_shown: true,
-                    },
+                    expect: probe_expect(),
                 }
             }
             Stage::Probe => {
@@ -221,10 +298,21 @@ impl LeaseRetry {
                 self.stage = Stage::Command;
                 match result.as_deref().ok().and_then(probed_lease) {
                     Some(cas) => self.rerun(cas),
-                    None => self.answer(first),
+                    None => match (self.hand_back(&result), self.answer(first)) {
+                        (Some(line), LeaseStep::Answer(answer)) => {
+                            LeaseStep::AnswerAfter { line, answer }
+                        }
+                        (_, step) => step,
+                    },
                 }
             }
         }
+    }
+
+    /// The line that gives back a recache token the probe took.
+    fn hand_back(&self, probed: &CallResult) -> Option<Bytes> {
+        let reply = probed.as_deref().ok()?;
+        probe_hand_back(reply, &self.key, self.base64)
     }
 
     fn rerun(&mut self, cas: u64) -> LeaseStep {
@@ -232,6 +320,16 @@ impl LeaseRetry {
         LeaseStep::Rerun {
             delete: delete_line(&self.key, self.base64, Some(cas)),
         }
+    }
+}
+
+/// How a probe's reply is framed: a lease shows as the item it is.
+fn probe_expect() -> Expect {
+    Expect::Meta {
+        command: MetaCommand::Get,
+        quiet: false,
+        replied: false,
+        leases_shown: true,
     }
 }
 
@@ -261,7 +359,10 @@ mod tests {
         assert!(retry(MetaCommand::Arithmetic, b"", None).is_some());
         assert!(retry(MetaCommand::Set, b"", Some(b'S')).is_none());
         assert!(retry(MetaCommand::Set, b"", Some(b'E')).is_some());
-        assert!(retry(MetaCommand::Delete, b"", None).is_none());
+        assert!(retry(MetaCommand::Delete, b"", None).is_some());
+        assert!(retry(MetaCommand::Set, b"", Some(b'R')).is_some());
+        assert!(retry(MetaCommand::Set, b"C", Some(b'S')).is_some());
+        assert!(retry(MetaCommand::Noop, b"", None).is_none());
     }
 
     #[test]
@@ -305,7 +406,7 @@ mod tests {
     fn a_touch_goes_as_an_mg_that_shows_a_lease_and_answers_in_its_words() {
         let mut touch =
             LeaseRetry::for_classic(Command::Touch, Bytes::from_static(b"k"), Some(b"-1")).unwrap();
-        assert_eq!(&touch.wire().unwrap().0[..], b"mg k T-1\r\n");
+        assert_eq!(&touch.wire().unwrap().0[..], b"mg k T-1 c\r\n");
         assert!(matches!(
             touch.on_reply(ok(b"EN\r\n"), Some(3)),
             LeaseStep::Rerun { .. }
@@ -330,6 +431,12 @@ mod tests {
     fn an_append_that_stored_is_probed_for_a_lease_it_extended() {
         let mut append =
             LeaseRetry::for_classic(Command::Append, Bytes::from_static(b"k"), None).unwrap();
+        // Looked at first (nothing there), then sent.
+        assert_eq!(&append.opening().unwrap().0[..], b"mg k c f s u\r\n");
+        assert!(matches!(
+            append.on_reply(ok(b"EN\r\n"), None),
+            LeaseStep::Send
+        ));
         assert!(matches!(
             append.on_reply(ok(b"STORED\r\n"), None),
             LeaseStep::Probe { .. }
@@ -343,6 +450,46 @@ mod tests {
             panic!("the answer")
         };
         assert_eq!(answer.unwrap(), &b"NOT_STORED\r\n"[..]);
+    }
+
+    #[test]
+    fn a_command_that_would_hide_a_lease_looks_first_and_gives_back_a_won_token() {
+        for command in [
+            Command::Delete,
+            Command::Replace,
+            Command::Cas,
+            Command::Gat,
+        ] {
+            let mut retry =
+                LeaseRetry::for_classic(command, Bytes::from_static(b"k"), None).unwrap();
+            assert!(retry.opening().is_some(), "{command:?}");
+            let lease = format!("HD c9 f{} s24\r\n", crate::protocol::lease::LEASE_FLAGS);
+            let LeaseStep::Rerun { delete } = retry.on_reply(Ok(Bytes::from(lease)), None) else {
+                panic!("{command:?}: the lease removed first")
+            };
+            assert_eq!(&delete[..], b"md k C9\r\n");
+        }
+        // A stale item: the look won its recache token, which goes back
+        // before the command runs.
+        let mut delete =
+            LeaseRetry::for_classic(Command::Delete, Bytes::from_static(b"k"), None).unwrap();
+        let LeaseStep::Rerun { delete: hand_back } =
+            delete.on_reply(ok(b"HD c4 f0 s1 X W\r\n"), None)
+        else {
+            panic!("the token given back")
+        };
+        assert_eq!(&hand_back[..], b"md k I C4\r\n");
+        let mut gat =
+            LeaseRetry::for_classic(Command::Gat, Bytes::from_static(b"k"), None).unwrap();
+        assert!(gat.is_retrieval());
+        assert!(matches!(
+            gat.on_reply(ok(b"HD c4 f0 s1\r\n"), None),
+            LeaseStep::Send
+        ));
+        let LeaseStep::Answer(answer) = gat.on_reply(ok(b""), None) else {
+            panic!("the answer")
+        };
+        assert_eq!(answer.unwrap(), &b"END\r\n"[..]);
     }
 
     #[test]

@@ -650,6 +650,19 @@ impl Retrieval {
         self.hashes.get(i).copied()
     }
 
+    /// The one server this retrieval asks, when it is of one key that did
+    /// not move and has no replica to fall back on.
+    pub(crate) fn lone_owner(&self) -> Option<usize> {
+        let [servers] = &self.candidates[..] else {
+            return None;
+        };
+        let moved = self.handoff && self.previous_from.first() != Some(&NOT_MOVED);
+        match &servers[..] {
+            [server] if self.keys.len() == 1 && !moved => Some(*server),
+            _ => None,
+        }
+    }
+
     /// The first server key `i` is asked of (its owner), if any.
     pub(crate) fn owner(&self, i: usize) -> Option<usize> {
         self.candidates.get(i)?.first().copied()

@@ -100,7 +100,12 @@ impl ClientSession {
         let replicas = parts.len() - forget;
         if let Finish::Leased(retry) = finish {
             let (wire, expect) = leased_wire(retry, &e);
-            self.send(topology, &mut parts[0], &wire, expect.clone(), true, e.hot);
+            match retry.opening() {
+                Some((probe, shown)) => {
+                    self.send(topology, &mut parts[0], &[probe], shown, true, None)
+                }
+                None => self.send(topology, &mut parts[0], &wire, expect.clone(), true, e.hot),
+            }
             *e.sent = true;
             return self.lease_steps(topology, &mut parts[0], retry, &wire, &expect, e.hot);
         }
@@ -250,8 +255,17 @@ impl ClientSession {
                     _ => (0, None),
                 };
                 let replicas = meta.parts.len() - forget;
-                for part in meta.parts[..replicas].iter_mut() {
-                    self.send(topology, part, &meta.wire, meta.expect.clone(), true, e.hot);
+                let opening = match &meta.mode {
+                    MetaMode::Leased(retry) => retry.opening(),
+                    _ => None,
+                };
+                if let Some((probe, shown)) = opening {
+                    // One owner: the lease's probe goes first (`lease_steps`).
+                    self.send(topology, &mut meta.parts[0], &[probe], shown, true, None);
+                } else {
+                    for part in meta.parts[..replicas].iter_mut() {
+                        self.send(topology, part, &meta.wire, meta.expect.clone(), true, e.hot);
+                    }
                 }
                 // With `forget_last`, `finish` sends them.
                 if let Some(key) = key.filter(|_| forget > 0) {
@@ -366,6 +380,16 @@ impl ClientSession {
                     let mut gone = Part::new(server);
                     self.send(topology, &mut gone, &[delete], removal, false, None);
                     *part = self.send_to(topology, server, wire, expect, hot);
+                }
+                LeaseStep::Send => {
+                    *part = self.send_to(topology, server, wire, expect, hot);
+                }
+                LeaseStep::AnswerAfter { line, answer } => {
+                    let removal = Expect::meta(MetaCommand::Delete, false);
+                    let mut given = Part::new(server);
+                    self.send(topology, &mut given, &[line], removal, false, None);
+                    part.result = Some(answer);
+                    return true;
                 }
             }
         }
@@ -1213,6 +1237,10 @@ fn forget_last(parts: &mut [Part], forget: usize, mut send: impl FnMut(usize) ->
 fn leased_wire(retry: &LeaseRetry, e: &Sending<'_>) -> (SmallVec<[Bytes; 3]>, Expect) {
     match retry.wire() {
         Some((line, expect)) => (smallvec::smallvec![line], expect),
+        None if retry.is_retrieval() => (
+            smallvec::smallvec![e.bytes.clone()],
+            Expect::values(e.bytes.clone()),
+        ),
         None => {
             let expect = e.command.reply_line().unwrap_or(LineKind::Ok);
             let request = forwardable(e.bytes, e.request);

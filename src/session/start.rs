@@ -5,7 +5,7 @@ use super::*;
 use crate::plan::handoff::cas::CasTakeover;
 use crate::plan::lease_retry::LeaseRetry;
 use crate::plan::replicated_add::ReplicatedAdd;
-use crate::plan::route::Split;
+use crate::plan::route::{Retrieval, Split};
 
 impl ClientSession {
     /// Plans one request on the current topology and queues its entry.
@@ -285,11 +285,19 @@ impl ClientSession {
                     copied: Vec::new(),
                 }))
             }
-            Plan::Retrieve(retrieval) => Work::Retrieve {
-                plan: retrieval,
-                in_flight: spares::in_flight(),
-                owed: Reservation::default(),
-            },
+            Plan::Retrieve(retrieval) => {
+                match leased_gat(&request, &bytes, &retrieval, &topology) {
+                    Some((server, retry)) => Work::Lines {
+                        parts: smallvec::smallvec![Part::new(server)],
+                        finish: Finish::Leased(retry),
+                    },
+                    None => Work::Retrieve {
+                        plan: retrieval,
+                        in_flight: spares::in_flight(),
+                        owed: Reservation::default(),
+                    },
+                }
+            }
             Plan::Key(Placement::Moved {
                 owner,
                 previous,
@@ -582,6 +590,24 @@ fn leased_classic(request: &Request, bytes: &Bytes, topology: &Topology) -> Fini
         Some(retry) => Finish::Leased(Box::new(retry)),
         None => Finish::Forward,
     }
+}
+
+/// [`leased`] for a one-key `gat`/`gats` of a key that did not move: a
+/// lease there would be stretched to the client's TTL, so it is looked for
+/// and removed first (a moved key's read-through takes a lease over).
+fn leased_gat(
+    request: &Request,
+    bytes: &Bytes,
+    retrieval: &Retrieval,
+    topology: &Topology,
+) -> Option<(usize, Box<LeaseRetry>)> {
+    if topology.previous.is_none() || !matches!(request.command, Command::Gat | Command::Gats) {
+        return None;
+    }
+    let server = retrieval.lone_owner()?;
+    let key = bytes.slice_ref(request.key(bytes, 0));
+    let retry = LeaseRetry::for_classic(request.command, key, None)?;
+    Some((server, Box::new(retry)))
 }
 
 /// A request's `rewritten` bytes parsed again (so they pass every check of

@@ -651,56 +651,73 @@ fn a_change_meeting_another_sidecars_lease_is_never_lost_to_its_copy() {
     }
 }
 
-/// The differential test for commands: inside a hand-off window, a key
-/// holding another sidecar's lease (through memring) and an absent key (on
-/// one memcached) get the same random sequence of commands, both dialects,
-/// and must answer the same (cas numbers aside, which are per server).
-/// `gat`, `gats`, `delete`, `md`, `replace` and `ms … MR` are left out: on a
-/// lease they still answer as for a present key (docs/handoff.md).
-#[test]
-fn a_leased_key_answers_every_command_as_an_absent_key_does() {
-    let joined = Joined::start("sequences", 0, |_| String::new());
-    let reference = Memcached::start();
-    let (mut client, mut absent) = (joined.proxy.client(), reference.client());
-    let commands = [
-        "get {key}\r\n",
-        "gets {key}\r\n",
-        "touch {key} 30\r\n",
-        "add {key} 0 30 1\r\na\r\n",
-        "append {key} 0 0 1\r\np\r\n",
-        "prepend {key} 0 0 1\r\nq\r\n",
-        "incr {key} 2\r\n",
-        "decr {key} 1\r\n",
-        "cas {key} 0 0 1 1\r\nc\r\n",
-        "set {key} 0 30 1\r\n5\r\n",
-        "ma {key}\r\n",
-        "ma {key} N30 J10 v\r\n",
-        "ma {key} MD v q\r\nmn\r\n",
-        "ms {key} 1 ME\r\n7\r\n",
-        "ms {key} 1 MA q\r\n8\r\nmn\r\n",
-        "ms {key} 1 MP k\r\n9\r\n",
-        "ms {key} 1 MS T30 F3\r\n4\r\n",
-    ];
-    let flags = ["v", "f", "s", "k", "c", "O9", "q", "N30", "T30"];
-    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+/// Every command of both dialects, on `{key}`, for the sequence tests.
+const SEQUENCE_COMMANDS: &[&str] = &[
+    "get {key}\r\n",
+    "gets {key}\r\n",
+    "touch {key} 30\r\n",
+    "add {key} 0 30 1\r\na\r\n",
+    "append {key} 0 0 1\r\np\r\n",
+    "prepend {key} 0 0 1\r\nq\r\n",
+    "incr {key} 2\r\n",
+    "decr {key} 1\r\n",
+    "cas {key} 0 0 1 987654321\r\nc\r\n",
+    "set {key} 0 30 1\r\n5\r\n",
+    "ma {key}\r\n",
+    "ma {key} N30 J10 v\r\n",
+    "ma {key} MD v q\r\nmn\r\n",
+    "ms {key} 1 ME\r\n7\r\n",
+    "ms {key} 1 MA q\r\n8\r\nmn\r\n",
+    "ms {key} 1 MP k\r\n9\r\n",
+    "ms {key} 1 MS T30 F3\r\n4\r\n",
+    "gat 30 {key}\r\n",
+    "gats 0 {key}\r\n",
+    "delete {key}\r\n",
+    "replace {key} 0 0 1\r\nr\r\n",
+    "md {key}\r\n",
+    "md {key} q\r\nmn\r\n",
+    "md {key} I T30\r\n",
+    "md {key} C987654321 k\r\n",
+    "ms {key} 1 MR\r\n6\r\n",
+    "ms {key} 1 C987654321\r\n3\r\n",
+    "ms {key} 1 MA C987654321 I\r\n2\r\n",
+];
+
+/// `mg` flags for the sequence tests. Not `t`, `l` or `R`, which read two
+/// servers' clocks, nor `h`, which tells whether memcached changed an item
+/// in place (it may not while another of its threads holds the item).
+const SEQUENCE_MG_FLAGS: &[&str] = &["v", "f", "s", "k", "c", "O9", "q", "N30", "T30"];
+
+/// Sends `keys.len() × steps` random requests (`SEQUENCE_COMMANDS` and
+/// `mg`s with random flags) for each key through memring (`client`) and to
+/// one memcached that lacks the key (`absent`); every reply must match,
+/// cas numbers aside (per server: a compared cas is one no server has
+/// handed out). `before(key)` sets the key up first (places its lease).
+/// Another sequence: MEMRING_TEST_SEED=<number>.
+fn same_answers_as_an_absent_key(
+    client: &mut Client,
+    absent: &mut Client,
+    keys: &[String],
+    steps: usize,
+    mut before: impl FnMut(&str),
+) {
+    let mut seed: u64 = std::env::var("MEMRING_TEST_SEED")
+        .ok()
+        .and_then(|seed| seed.parse().ok())
+        .unwrap_or(0x2545_f491_4f6c_dd1d);
     let mut next = move || {
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
         seed
     };
-    let keys = (0..5000)
-        .map(|i| format!("sequences:{i}"))
-        .filter(|key| joined.owner(key) != 4)
-        .take(60);
     for key in keys {
-        let mut owner = joined.servers[joined.owner(&key)].client();
-        place(&mut owner, &key, LEASE_MARKER);
+        before(key);
         let mut sent = Vec::new();
-        for _ in 0..5 {
+        for _ in 0..steps {
             let request = if next() % 3 == 0 {
                 let mut line = format!("mg {key}");
-                for flag in flags.iter().filter(|_| next() % 3 == 0) {
+                for flag in SEQUENCE_MG_FLAGS.iter().filter(|_| next() % 3 == 0) {
                     line.push(' ');
                     line.push_str(flag);
                 }
@@ -710,7 +727,8 @@ fn a_leased_key_answers_every_command_as_an_absent_key_does() {
                 }
                 line
             } else {
-                commands[(next() % commands.len() as u64) as usize].replace("{key}", &key)
+                let pick = (next() % SEQUENCE_COMMANDS.len() as u64) as usize;
+                SEQUENCE_COMMANDS[pick].replace("{key}", key)
             };
             sent.push(request.clone());
             client.send(request.as_bytes());
@@ -718,19 +736,56 @@ fn a_leased_key_answers_every_command_as_an_absent_key_does() {
             let reply = |to: &mut Client| -> Vec<u8> {
                 if request.starts_with('m') {
                     replies_to_mn(to, &request)
-                } else if request.starts_with("get") {
+                } else if request.starts_with("get") || request.starts_with("gat") {
                     to.reply(ReplyKind::Values)
                 } else {
                     to.reply(ReplyKind::Line)
                 }
             };
             assert_eq!(
-                without_cas(&reply(&mut client)),
-                without_cas(&reply(&mut absent)),
+                without_cas(&reply(client)),
+                without_cas(&reply(absent)),
                 "{key}: {sent:?} on a lease"
             );
         }
     }
+}
+
+/// The differential test for commands: inside a hand-off window, a key
+/// that did not move and holds another sidecar's lease (through memring)
+/// and an absent key (on one memcached) get the same random sequence of
+/// commands, both dialects, and must answer the same.
+#[test]
+fn a_leased_key_answers_every_command_as_an_absent_key_does() {
+    let joined = Joined::start("sequences", 0, |_| String::new());
+    let reference = Memcached::start();
+    let (mut client, mut absent) = (joined.proxy.client(), reference.client());
+    let keys: Vec<String> = (0..5000)
+        .map(|i| format!("sequences:{i}"))
+        .filter(|key| joined.owner(key) != 4)
+        .take(150)
+        .collect();
+    same_answers_as_an_absent_key(&mut client, &mut absent, &keys, 8, |key| {
+        let mut owner = joined.servers[joined.owner(key)].client();
+        place(&mut owner, key, LEASE_MARKER);
+    });
+}
+
+/// The same for keys that moved: the new owner holds another sidecar's
+/// lease and the previous owner no longer has the key (it expired there).
+#[test]
+fn a_moved_key_leased_on_its_new_owner_answers_every_command_as_an_absent_key_does() {
+    let joined = Joined::start("moved-sequences", 60, |_| "0".into());
+    let reference = Memcached::start();
+    let (mut client, mut absent) = (joined.proxy.client(), reference.client());
+    let mut new_owner = joined.servers[4].client();
+    same_answers_as_an_absent_key(&mut client, &mut absent, &joined.moved, 6, |key| {
+        for server in &joined.servers[..4] {
+            let delete = format!("delete {key}\r\n");
+            server.client().call(delete.as_bytes(), ReplyKind::Line);
+        }
+        place(&mut new_owner, key, LEASE_MARKER);
+    });
 }
 
 /// `reply` with its cas numbers (per server) left out: a meta `c` token,
@@ -906,4 +961,37 @@ fn an_autovivify_or_add_of_a_moved_key_beside_another_sidecars_lease() {
         "STORED\\r\\n"
     );
     assert_eq!(client.get(added), Some(b"x".to_vec()), "{added}");
+}
+
+/// Looking for a lease leaves the item as the client's next `mg` expects
+/// it: not marked fetched (`h0`), and a stale item's recache token (`W`)
+/// still there for the client to win. Before, the look took both: the
+/// client's `mg` answered `h1`, and `Z` (the token already given).
+#[test]
+fn a_look_for_a_lease_leaves_the_item_as_it_was() {
+    let joined = Joined::start("looks", 0, |_| String::new());
+    let mut client = joined.proxy.client();
+    let keys = (0..5000)
+        .map(|i| format!("looks:{i}"))
+        .filter(|key| joined.owner(key) != 4)
+        .take(2);
+    for (key, stale) in keys.zip([false, true]) {
+        let mut owner = joined.servers[joined.owner(&key)].client();
+        let set = format!("set {key} 0 0 1\r\na\r\n");
+        assert_eq!(owner.call(set.as_bytes(), ReplyKind::Line), b"STORED\r\n");
+        if stale {
+            owner.send(format!("md {key} I T30\r\n").as_bytes());
+            assert_eq!(owner.meta_reply(), b"HD\r\n");
+        }
+        // A `cas` looks for a lease first; then the key is as it was.
+        let cas = format!("cas {key} 0 0 1 987654321\r\nc\r\n");
+        assert_eq!(client.call(cas.as_bytes(), ReplyKind::Line), b"EXISTS\r\n");
+        client.send(format!("mg {key} h\r\n").as_bytes());
+        let expected = if stale {
+            "HD h0 X W\\r\\n"
+        } else {
+            "HD h0\\r\\n"
+        };
+        assert_eq!(show(&client.meta_reply()), expected, "{key}");
+    }
 }

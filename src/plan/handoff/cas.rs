@@ -170,6 +170,11 @@ impl CasTakeover {
             }
             Stage::CasPrevious { owner_unique } => {
                 if !matches!(&result, Ok(r) if stored(self.meta.is_some(), r)) {
+                    // With nothing on the new owner (or a lease, a miss),
+                    // the previous owner's refusal says what the key is.
+                    if owner_unique.is_none() && result.is_ok() {
+                        return Turn::Refused(result);
+                    }
                     return self.refused();
                 }
                 self.stored = Some(result);

@@ -126,6 +126,9 @@ enum Stage {
     Probe,
     /// Waiting for the final reply.
     Last,
+    /// Waiting for the new owner to take back the recache token a probe
+    /// took (see [`probe_hand_back`]).
+    HandBack,
     /// A refused `cas` taken over (see [`CasTakeover`]).
     TakeOver,
     /// The command changed the key on its new owner; waiting for the
@@ -199,6 +202,12 @@ pub(crate) struct Moved {
     /// A delete reaches the previous owner once more, last (see
     /// [`Moved::delete_previous_last_too`]).
     delete_again: bool,
+    /// A delete found another sidecar's lease on the new owner.
+    new_held_lease: bool,
+    /// The new owner was looked at before the command ran (`replace`).
+    looked_first: bool,
+    /// A probe's reply, kept while the token it took goes back.
+    probe_seen: Option<CallResult>,
     /// Whether the previous owner's value may be copied to the new owner.
     copies: Copies,
 }
@@ -249,6 +258,9 @@ impl Moved {
             probed: false,
             probed_after_copy: false,
             delete_again: false,
+            new_held_lease: false,
+            looked_first: false,
+            probe_seen: None,
             copies,
         })
     }
@@ -305,6 +317,9 @@ impl Moved {
             probed: false,
             probed_after_copy: false,
             delete_again: false,
+            new_held_lease: false,
+            looked_first: false,
+            probe_seen: None,
             copies,
         }
     }
@@ -324,6 +339,13 @@ impl Moved {
             Kind::Delete => {
                 self.stage = Stage::First;
                 self.send(Owner::Previous)
+            }
+            // A `replace` would replace a lease and leave no trace of it:
+            // the new owner is looked at first.
+            Kind::RetryAfterCopy if self.replaces() && self.copies != Copies::Never => {
+                self.probed = true;
+                self.looked_first = true;
+                self.probe()
             }
             Kind::Read | Kind::RetryAfterCopy | Kind::Cas | Kind::Overwrite => {
                 self.stage = Stage::First;
@@ -360,19 +382,48 @@ impl Moved {
     /// remaining TTL of a copy beyond 30 days.
     pub(crate) fn on_reply(&mut self, result: CallResult, now: u64) -> Step {
         match (self.kind, self.stage) {
+            // The probe's recache token is back: on as the probe said.
+            (Kind::Delete, Stage::HandBack) => {
+                self.stage = Stage::Last;
+                self.send(Owner::New)
+            }
+            (_, Stage::HandBack) => {
+                let probe = self.probe_seen.take().unwrap_or(result);
+                self.no_lease_found(probe)
+            }
             (_, Stage::Forget) => {
                 // Answered whatever the previous owner said: if it failed,
                 // readers of the old ring cannot reach it either.
                 Step::Answer(self.first.take().unwrap_or(result))
             }
+            // The new owner is looked at first: a delete that removes
+            // another sidecar's lease there removed nothing of the client's.
             (Kind::Delete, Stage::First) => {
                 self.first = Some(result);
-                self.stage = Stage::Last;
-                self.send(Owner::New)
+                self.probe()
             }
+            (Kind::Delete, Stage::Probe) => {
+                let reply = result.as_deref().ok();
+                self.new_held_lease = reply.and_then(probed_lease).is_some();
+                let (key, base64) = self.key_token();
+                match reply.and_then(|reply| probe_hand_back(reply, &key, base64)) {
+                    Some(line) => self.hand_back(line, result),
+                    None => {
+                        self.stage = Stage::Last;
+                        self.send(Owner::New)
+                    }
+                }
+            }
+
             (Kind::Delete, _) => {
                 let previous = self.first.take().unwrap_or_else(|| result.clone());
-                let answer = self.merge_delete(result, previous);
+                // What the new owner held was a lease: the previous owner's
+                // answer alone says whether the key was there (also for a
+                // quiet `md`, whose success says nothing).
+                let answer = match self.new_held_lease {
+                    true => previous,
+                    false => self.merge_delete(result, previous),
+                };
                 if self.delete_again {
                     return self.forget_previous(answer);
                 }
@@ -662,33 +713,61 @@ impl Moved {
             Ok(reply) => probed_lease(reply),
             Err(_) => None,
         };
-        match lease {
-            Some(lease) => {
-                self.lease_cas = Some(lease);
-                self.first = None;
-                self.fetch()
-            }
-            // The copy found a value there (a write got in first): the
-            // command runs on it, as before the probe.
-            None if self.probed_after_copy => {
-                self.tally.copy = Some(CopyOutcome::Skipped);
-                self.run_on_new()
-            }
-            None => {
-                let first = self.first.take().unwrap_or(probe);
-                if not_a_number(&first) {
-                    return Step::Answer(first);
-                }
-                if self.touches() {
-                    // The touch may have reached a lease that another
-                    // copy then replaced (a touch keeps the cas): once
-                    // more, on what is there now.
-                    self.stage = Stage::First;
-                    return self.send(Owner::New);
-                }
-                self.answer_changed(first)
-            }
+        if let Some(lease) = lease {
+            self.lease_cas = Some(lease);
+            self.first = None;
+            return self.fetch();
         }
+        // The probe took a stale item's recache token: given back before
+        // anything else (see `probe_hand_back`).
+        let hand_back = probe.as_deref().ok().and_then(|reply| {
+            let (key, base64) = self.key_token();
+            probe_hand_back(reply, &key, base64)
+        });
+        match hand_back {
+            Some(line) => self.hand_back(line, probe),
+            None => self.no_lease_found(probe),
+        }
+    }
+
+    /// Sends the `md` that gives back the recache token `probe` took; the
+    /// probe's reply is kept for what comes after.
+    fn hand_back(&mut self, line: Bytes, probe: CallResult) -> Step {
+        self.probe_seen = Some(probe);
+        self.stage = Stage::HandBack;
+        Step::Send {
+            to: Owner::New,
+            lines: smallvec::smallvec![line],
+            expect: meta_expect(MetaCommand::Delete),
+        }
+    }
+
+    /// [`Moved::take_over_lease`] when the probe found no lease.
+    fn no_lease_found(&mut self, probe: CallResult) -> Step {
+        // No lease before a `replace`: it runs as it would have.
+        if self.looked_first && self.first.is_none() {
+            self.looked_first = false;
+            self.stage = Stage::First;
+            return self.send(Owner::New);
+        }
+        // The copy found a value there (a write got in first): the command
+        // runs on it, as before the probe.
+        if self.probed_after_copy {
+            self.tally.copy = Some(CopyOutcome::Skipped);
+            return self.run_on_new();
+        }
+        let first = self.first.take().unwrap_or(probe);
+        if not_a_number(&first) {
+            return Step::Answer(first);
+        }
+        if self.touches() {
+            // The touch may have reached a lease that another copy then
+            // replaced (a touch keeps the cas): once more, on what is there
+            // now.
+            self.stage = Stage::First;
+            return self.send(Owner::New);
+        }
+        self.answer_changed(first)
     }
 
     /// Looks at the new owner's item, seeing a lease as the item it is.
@@ -729,6 +808,24 @@ impl Moved {
             Some(meta) => {
                 meta.command == MetaCommand::Set && (reply.is_empty() || reply.starts_with(b"HD"))
             }
+        }
+    }
+
+    /// A `replace` (classic or `ms … MR`) or an `ms` compared by cas: on a
+    /// lease the one would store, the other answer `EX` (its cas is not
+    /// the lease's), where an absent key answers `NS`.
+    fn replaces(&self) -> bool {
+        let Some(first) = self.request.first() else {
+            return false;
+        };
+        let line_end = memchr::memmem::find(first, b"\r\n").unwrap_or(first.len());
+        let mut tokens = first[..line_end]
+            .split(|&b| b == b' ')
+            .filter(|t| !t.is_empty());
+        match tokens.next() {
+            Some(b"replace") => true,
+            Some(b"ms") => tokens.any(|t| matches!(t, b"MR" | b"Mr") || t.starts_with(b"C")),
+            _ => false,
         }
     }
 
@@ -1003,15 +1100,16 @@ pub(crate) fn fetch_line(key_token: &[u8], base64: bool, with_cas: bool) -> Byte
 /// The `mg` that reads what the new owner holds for a key an arithmetic
 /// command found not a number: its cas, flags and size, to know a lease by.
 /// Not its data: every `mg` reply with a lease's data reaches memring as a
-/// miss (`backend::conn`).
+/// miss (`backend::conn`). `u`: the look leaves the item as the client's
+/// next `mg` expects it (not marked fetched, not bumped in the LRU).
 pub(crate) fn probe_line(key_token: &[u8], base64: bool) -> Bytes {
-    let mut line = BytesMut::with_capacity(key_token.len() + 14);
+    let mut line = BytesMut::with_capacity(key_token.len() + 16);
     line.put_slice(b"mg ");
     line.put_slice(key_token);
     line.put_slice(if base64 {
-        b" b c f s\r\n"
+        b" b c f s u\r\n"
     } else {
-        b" c f s\r\n"
+        b" c f s u\r\n"
     });
     line.freeze()
 }
@@ -1022,6 +1120,28 @@ pub(crate) fn probed_lease(reply: &[u8]) -> Option<u64> {
     let is_lease = hd_number(reply, b'f') == Some(u64::from(lease::LEASE_FLAGS))
         && hd_number(reply, b's').is_some_and(|size| size >= lease::LEASE_MARKER.len() as u64);
     hd_number(reply, b'c').filter(|_| is_lease)
+}
+
+/// The `md` that gives back the recache token a [`probe_line`] took: the
+/// first `mg` to see a stale item wins it (`W`), the probe's too, and the
+/// client's next `mg` would find it taken (`Z`). Marking the item stale
+/// again, by the cas the probe saw, makes it winnable again and keeps its
+/// TTL (memcached 1.6.18 has no way to keep the cas as well).
+pub(crate) fn probe_hand_back(reply: &[u8], key_token: &[u8], base64: bool) -> Option<Bytes> {
+    let line = reply.strip_suffix(b"\r\n")?;
+    let won = line
+        .split(|&b| b == b' ')
+        .skip(1)
+        .any(|token| token == b"W");
+    let cas = hd_number(reply, b'c').filter(|_| won)?;
+    let mut line = BytesMut::with_capacity(key_token.len() + 32);
+    line.put_slice(b"md ");
+    line.put_slice(key_token);
+    if base64 {
+        line.put_slice(b" b");
+    }
+    line.put_slice(format!(" I C{cas}\r\n").as_bytes());
+    Some(line.freeze())
 }
 
 /// The number of return flag `flag` in an `HD …` reply line.
@@ -1547,11 +1667,40 @@ mod tests {
     fn delete_removes_from_both_and_reports_either() {
         let mut m = moved(b"delete k\r\n");
         assert_eq!(sent(&m.start()).0, Owner::Previous);
-        assert_eq!(sent(&m.on_reply(ok(b"DELETED\r\n"), NOW)).0, Owner::New);
+        let look = m.on_reply(ok(b"DELETED\r\n"), NOW);
+        assert_eq!(sent(&look), (Owner::New, b"mg k c f s u\r\n".to_vec()));
+        assert_eq!(sent(&m.on_reply(ok(b"EN\r\n"), NOW)).0, Owner::New);
         assert_eq!(
             answer(m.on_reply(ok(b"NOT_FOUND\r\n"), NOW)).unwrap(),
             &b"DELETED\r\n"[..]
         );
+    }
+
+    /// A delete that finds another sidecar's lease on the new owner removes
+    /// it, and answers as the previous owner did: the lease was no value.
+    #[test]
+    fn a_delete_that_removes_a_lease_answers_as_the_previous_owner() {
+        let lease = format!("HD c9 f{} s24\r\n", lease::LEASE_FLAGS);
+        for (command, absent) in [
+            (&b"delete k\r\n"[..], &b"NOT_FOUND\r\n"[..]),
+            (b"md k\r\n", b"NF\r\n"),
+        ] {
+            let mut m = match command[0] {
+                b'm' => meta_moved(MetaMove::Delete, MetaCommand::Delete, command),
+                _ => moved(command),
+            };
+            m.start();
+            m.on_reply(Ok(Bytes::from_static(absent)), NOW);
+            let delete = m.on_reply(Ok(Bytes::from(lease.clone())), NOW);
+            assert_eq!(sent(&delete), (Owner::New, command.to_vec()));
+            let success = if command[0] == b'm' {
+                "HD\r\n"
+            } else {
+                "DELETED\r\n"
+            };
+            let answered = answer(m.on_reply(Ok(Bytes::from(success)), NOW));
+            assert_eq!(answered.unwrap(), absent);
+        }
     }
 
     /// With a change undone, a delete reaches the previous owner again
@@ -1564,7 +1713,9 @@ mod tests {
             sent(&m.start()),
             (Owner::Previous, b"delete k\r\n".to_vec())
         );
-        let step = m.on_reply(ok(b"DELETED\r\n"), NOW);
+        let look = m.on_reply(ok(b"DELETED\r\n"), NOW);
+        assert_eq!(sent(&look), (Owner::New, b"mg k c f s u\r\n".to_vec()));
+        let step = m.on_reply(ok(b"EN\r\n"), NOW);
         assert_eq!(sent(&step), (Owner::New, b"delete k\r\n".to_vec()));
         let again = m.on_reply(ok(b"NOT_FOUND\r\n"), NOW);
         assert_eq!(sent(&again), (Owner::Previous, b"delete k\r\n".to_vec()));
@@ -1667,7 +1818,7 @@ mod tests {
         beaten.on_reply(ok(b"NOT_FOUND\r\n"), NOW);
         beaten.on_reply(ok(b"VA 2 c9 f3 t4\r\n41\r\n"), NOW);
         let probe = beaten.on_reply(ok(b"NS c0\r\n"), NOW);
-        assert_eq!(sent(&probe), (Owner::New, b"mg k c f s\r\n".to_vec()));
+        assert_eq!(sent(&probe), (Owner::New, b"mg k c f s u\r\n".to_vec()));
         let again = beaten.on_reply(ok(b"HD c5 f0 s2\r\n"), NOW);
         assert_eq!(beaten.take_tally().copy, Some(CopyOutcome::Skipped));
         assert_eq!(sent(&again), (Owner::New, b"incr k 1\r\n".to_vec()));
@@ -1698,7 +1849,7 @@ mod tests {
         let mut m = moved(b"incr k 1\r\n");
         m.start();
         let probe = m.on_reply(ok(refused), NOW);
-        assert_eq!(sent(&probe), (Owner::New, b"mg k c f s\r\n".to_vec()));
+        assert_eq!(sent(&probe), (Owner::New, b"mg k c f s u\r\n".to_vec()));
         let fetch = m.on_reply(ok(lease), NOW);
         assert_eq!(
             sent(&fetch),
@@ -1814,12 +1965,14 @@ mod tests {
             answer(newer.on_reply(ok(b"VA 1 f0 t-1\r\nx\r\n"), NOW)).unwrap(),
             &b"EXISTS\r\n"[..]
         );
-        let mut stale = moved(b"cas k 0 0 1 7\r\nz\r\n");
-        stale.start();
-        stale.on_reply(ok(b"NOT_FOUND\r\n"), NOW);
+        // Nothing on the new owner, another unique on the previous one: the
+        // key is there (a read would find it there), so `EXISTS`.
+        let mut other = moved(b"cas k 0 0 1 7\r\nz\r\n");
+        other.start();
+        other.on_reply(ok(b"NOT_FOUND\r\n"), NOW);
         assert_eq!(
-            answer(stale.on_reply(ok(b"EXISTS\r\n"), NOW)).unwrap(),
-            &b"NOT_FOUND\r\n"[..]
+            answer(other.on_reply(ok(b"EXISTS\r\n"), NOW)).unwrap(),
+            &b"EXISTS\r\n"[..]
         );
     }
 
@@ -1922,7 +2075,9 @@ mod tests {
             sent(&delete.start()),
             (Owner::Previous, b"md k\r\n".to_vec())
         );
-        assert_eq!(sent(&delete.on_reply(ok(b"HD\r\n"), NOW)).0, Owner::New);
+        let look = delete.on_reply(ok(b"HD\r\n"), NOW);
+        assert_eq!(sent(&look), (Owner::New, b"mg k c f s u\r\n".to_vec()));
+        assert_eq!(sent(&delete.on_reply(ok(b"EN\r\n"), NOW)).0, Owner::New);
         assert_eq!(
             answer(delete.on_reply(ok(b"NF\r\n"), NOW)).unwrap(),
             &b"HD\r\n"[..]
