@@ -1,6 +1,6 @@
 //! The layout: the pools one process serves and the key-prefix routes
 //! between them, which say on whose topology a request is planned. Immutable
-//! and published through one `ArcSwap` by `pools.rs` (routes change with the
+//! and published through one `ArcSwap` by `control/pool_set.rs` (routes change with the
 //! rest of a reload in one store); sessions load it once per request. It also
 //! says which pools have a shadow pool, and which of their keys it gets.
 //! No I/O.

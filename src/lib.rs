@@ -56,28 +56,21 @@
 
 #![forbid(unsafe_code)]
 
-pub mod admin;
 pub mod backend;
 mod budget;
-mod client_slots;
 mod clock;
 pub mod config;
-pub mod discovery;
+pub mod control;
 pub mod error;
 mod failover;
-pub mod fd_budget;
 pub mod hotkeys;
 pub mod latency;
 pub(crate) mod layout;
-mod newcomers;
 mod outbuf;
 mod plan;
-pub(crate) mod pool;
-pub(crate) mod pools;
 pub mod protocol;
 mod recycled;
 pub mod regular_file;
-pub mod reload;
 mod report;
 pub mod resolve;
 pub mod ring;
@@ -86,12 +79,16 @@ mod session;
 pub(crate) mod shadow;
 mod shard;
 pub(crate) mod stats;
-mod sweep;
 pub mod tls;
 pub mod topology;
 mod wake;
 pub mod window_state;
 mod worker;
+
+// The old paths of modules that moved into rooms, kept for src/main.rs and
+// src/config/, which are being rewritten beside this move (issue 50).
+// TODO(#50): remove once those files name the rooms' paths.
+pub use control::{admin, discovery, fd_budget, reload};
 
 /// memring's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

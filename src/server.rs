@@ -11,12 +11,12 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::AdminState;
-use crate::client_slots::ClientSlots;
 use crate::config::Config;
-use crate::fd_budget::FdBudget;
-use crate::pool::{FdAccount, Publisher};
-use crate::pools::Pools;
+use crate::control::admin::AdminState;
+use crate::control::client_slots::ClientSlots;
+use crate::control::fd_budget::FdBudget;
+use crate::control::pool_set::Pools;
+use crate::control::publisher::{FdAccount, Publisher};
 use crate::shard::SessionSettings;
 use crate::stats::Stats;
 use crate::topology::SharedTopology;
@@ -74,7 +74,7 @@ pub async fn start_within(
     shutdown: CancellationToken,
 ) -> io::Result<Running> {
     // With `[discovery] srv` or `a`, the servers are what DNS lists now.
-    let discovered = crate::discovery::first(config).await?;
+    let discovered = crate::control::discovery::first(config).await?;
     let config = &discovered;
     let listener = listen(config.listen).map_err(|e| bind_error("listen", config.listen, e))?;
     let local_addr = listener.local_addr()?;
@@ -104,7 +104,7 @@ pub async fn start_within(
     let stats = Arc::new(Stats::new());
     let admin = match config.admin_listen {
         Some(addr) => Some(
-            crate::admin::bind(addr)
+            crate::control::admin::bind(addr)
                 .await
                 .map_err(|e| bind_error("admin_listen", addr, e))?,
         ),
@@ -166,7 +166,11 @@ pub async fn start_within(
                 stats: stats.clone(),
                 topology: topology.clone(),
             };
-            tokio::spawn(crate::admin::serve(listener, state, shutdown.clone()));
+            tokio::spawn(crate::control::admin::serve(
+                listener,
+                state,
+                shutdown.clone(),
+            ));
             Some(addr)
         }
         None => None,

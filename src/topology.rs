@@ -1,7 +1,7 @@
 //! The topology: the effective ring plus the backends it routes to, with a
 //! version, and [`Change`], what a new server list does to the keyspace. A
 //! topology is immutable; it is published through one `ArcSwap` (see
-//! `pool.rs`), so a session loads it once per request without a lock.
+//! `control/publisher.rs`), so a session loads it once per request without a lock.
 
 use std::sync::Arc;
 

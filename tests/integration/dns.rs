@@ -321,7 +321,7 @@ impl Daemon {
             std::fs::write(&path, format!("listen = \"127.0.0.1:{port}\"\n{config}")).unwrap();
             let log = dir.path("memring.log");
             let child = Command::new(BIN)
-                .args(["--log-level", "info,memring::discovery=debug"])
+                .args(["--log-level", "info,memring::control::discovery=debug"])
                 .arg("--config")
                 .arg(&path)
                 .stdout(Stdio::null())

@@ -1,5 +1,5 @@
-//! The pools of a running process: one publisher per pool (each with its own
-//! ring, health, ejection and hand-off window, see `pool.rs`) and the layout
+//! The pool set: the pools of a running process, one publisher per pool (each with its own
+//! ring, health, ejection and hand-off window, see `control/publisher.rs`) and the layout
 //! sessions route by. A reload gives each pool its part by name, starts the
 //! pools it adds, stops the ones it removes, then stores the new layout (the
 //! routes) in one swap.
@@ -12,9 +12,9 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, PoolConfig};
-use crate::fd_budget::FdShortage;
+use crate::control::fd_budget::FdShortage;
+use crate::control::publisher::{eject_on_health_changes, FdAccount, Published, Publisher};
 use crate::layout::{Layout, PoolEntry, SharedLayout};
-use crate::pool::{eject_on_health_changes, FdAccount, Published, Publisher};
 use crate::stats::Stats;
 
 /// Every pool's publisher, and the layout over them.
@@ -176,7 +176,8 @@ impl Pools {
         if let Some(topology) = &running {
             let moved =
                 |key: &[u8]| layout.moves_into(key, &config.default_pool, &routes, to, exempt);
-            deleted = crate::resolve::block_on(|| crate::sweep::delete_moved(topology, &moved))?;
+            deleted =
+                crate::resolve::block_on(|| crate::control::sweep::delete_moved(topology, &moved))?;
         }
         let wanted = config.pool_list().into_iter().find(|p| p.name == to);
         if let Some(pool) = wanted {
@@ -186,7 +187,7 @@ impl Pools {
                     .as_ref()
                     .is_some_and(|r| r.config.servers.iter().any(|s| s.addr == server.addr))
             });
-            crate::newcomers::flush_every_server(&newcomers)?;
+            crate::control::newcomers::flush_every_server(&newcomers)?;
         }
         Ok(deleted)
     }
@@ -201,7 +202,7 @@ impl Pools {
             .publisher(name)
             .map(|p| p.shared().load().config.clone());
         if let Some(running) = &running {
-            crate::newcomers::flush_every_server(running)?;
+            crate::control::newcomers::flush_every_server(running)?;
         }
         let wanted = config.pool_list().into_iter().find(|p| p.name == name);
         if let Some(pool) = wanted {
@@ -211,7 +212,7 @@ impl Pools {
                     .as_ref()
                     .is_some_and(|r| r.servers.iter().any(|s| s.addr == server.addr))
             });
-            crate::newcomers::flush_every_server(&newcomers)?;
+            crate::control::newcomers::flush_every_server(&newcomers)?;
         }
         Ok(())
     }
@@ -219,7 +220,7 @@ impl Pools {
     /// Gives every pool of `config` its settings: pools that exist apply
     /// theirs (the default pool always, as one reload), new ones start,
     /// removed ones stop; then the routes are stored. A pool's `listen` is
-    /// read at start only (see `reload.rs`): a pool added by a reload is
+    /// read at start only (see `control/reload.rs`): a pool added by a reload is
     /// reached through routes until a restart.
     ///
     /// # Errors
@@ -266,7 +267,7 @@ impl Pools {
                     if *running == *pool.config {
                         continue;
                     }
-                    crate::newcomers::flush_newcomers(
+                    crate::control::newcomers::flush_newcomers(
                         &member.publisher.shared().load(),
                         &pool.config,
                     );
@@ -371,7 +372,10 @@ impl Member {
         );
         let stop = shutdown.child_token();
         tokio::spawn(eject_on_health_changes(publisher.clone(), stop.clone()));
-        tokio::spawn(crate::discovery::run(publisher.clone(), stop.clone()));
+        tokio::spawn(crate::control::discovery::run(
+            publisher.clone(),
+            stop.clone(),
+        ));
         Member {
             publisher,
             listen: pool.listen,

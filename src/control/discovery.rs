@@ -22,7 +22,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ServerConfig, Source, MAX_WEIGHT};
-use crate::pool::Publisher;
+use crate::control::publisher::Publisher;
 use crate::resolve::{Dns, DnsError, DnsFailure};
 
 /// The servers DNS lists for `source`, sorted by name.
@@ -229,14 +229,14 @@ async fn pool_round(publisher: &Publisher, episodes: &mut Episodes) {
         return;
     }
     // Servers that join are flushed first, as on a config edit
-    // (reload.rs): a server that was in the pool before may hold values
+    // (control/reload.rs): a server that was in the pool before may hold values
     // older than what was written while it was out.
     let topology = publisher.shared().load_full();
     let joining = config.with_servers(found.clone());
     // Blocking connects, on a thread of their own.
     let (done, flushed) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
-        crate::newcomers::flush_newcomers(&topology, &joining);
+        crate::control::newcomers::flush_newcomers(&topology, &joining);
         let _ = done.send(());
     });
     let _ = flushed.await;

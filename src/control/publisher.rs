@@ -1,5 +1,5 @@
-//! The pool: the one writer of the published topology. Config reloads and
-//! health ejections both build their new topology here, one at a time, and
+//! A pool's publisher: the one writer of its published topology. Config
+//! reloads and health ejections both build their new topology here, one at a time, and
 //! publish it with one arc-swap store; [`eject_on_health_changes`] is the
 //! task that turns DEAD servers into ejections.
 
@@ -11,9 +11,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::health::HealthState;
 use crate::backend::{Backend, PoolHooks};
-use crate::client_slots::ClientSlots;
 use crate::config::{Config, Ejection, ServerConfig};
-use crate::fd_budget::{FdBudget, FdShortage};
+use crate::control::client_slots::ClientSlots;
+use crate::control::fd_budget::{FdBudget, FdShortage};
 use crate::stats::Stats;
 use crate::topology::{Change, Previous, SharedTopology, Topology};
 
@@ -239,7 +239,7 @@ impl Publisher {
         std::thread::scope(|scope| {
             // Blocking, and the control plane's runtime may be the
             // caller's: on a thread of its own.
-            scope.spawn(|| crate::newcomers::flush_newcomers(&before, &config));
+            scope.spawn(|| crate::control::newcomers::flush_newcomers(&before, &config));
         });
         let backends = Topology::backends_for(&config, Some(&before), &self.hooks);
         let Published { version, change } =
@@ -679,7 +679,7 @@ fn close_window(publisher: &Arc<Publisher>) -> bool {
     let prefix = publisher.log_prefix();
     let publisher = publisher.clone();
     tokio::spawn(async move {
-        let swept = crate::sweep::sweep(shared, topology, stats).await;
+        let swept = crate::control::sweep::sweep(shared, topology, stats).await;
         let deleted: u64 = swept.iter().map(|(_, n)| n).sum();
         tracing::info!(
             "{prefix}ring v{version}: deleted {deleted} keys from {} servers that no longer own them",
@@ -792,7 +792,7 @@ async fn flush(backend: &Backend, timeout: std::time::Duration) -> std::io::Resu
             }
             got += n;
         }
-        crate::newcomers::flush_answer(&reply[..got])
+        crate::control::newcomers::flush_answer(&reply[..got])
     };
     tokio::time::timeout(timeout, attempt)
         .await

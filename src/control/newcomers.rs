@@ -39,7 +39,7 @@ pub(crate) fn flush_newcomers(topology: &crate::topology::Topology, config: &Con
 
 /// Flushes every server of `config`'s pool, each over a connection of its
 /// own; the failures, named, in one message. For a shadow pool that is to
-/// serve keys after losing some of their writes (see `reload.rs`).
+/// serve keys after losing some of their writes (see `control/reload.rs`).
 pub(crate) fn flush_every_server(config: &Config) -> Result<(), String> {
     let timeout = config.connect_timeout + config.request_timeout;
     let failed: Vec<String> = config
