@@ -62,12 +62,11 @@ mod clock;
 pub mod config;
 pub mod control;
 pub mod error;
-mod failover;
 pub mod hotkeys;
 pub mod latency;
-pub(crate) mod layout;
 mod outbuf;
 mod plan;
+pub mod pools;
 pub mod protocol;
 mod recycled;
 pub mod regular_file;
@@ -76,19 +75,17 @@ pub mod resolve;
 pub mod ring;
 pub mod server;
 mod session;
-pub(crate) mod shadow;
 mod shard;
 pub(crate) mod stats;
 pub mod tls;
-pub mod topology;
 mod wake;
-pub mod window_state;
 mod worker;
 
 // The old paths of modules that moved into rooms, kept for src/main.rs and
 // src/config/, which are being rewritten beside this move (issue 50).
 // TODO(#50): remove once those files name the rooms' paths.
 pub use control::{admin, discovery, fd_budget, reload};
+pub use pools::topology;
 
 /// memring's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -4,11 +4,11 @@
 
 use bytes::BytesMut;
 
-use crate::layout::Layout;
+use crate::pools::layout::Layout;
+use crate::pools::topology::Topology;
 use crate::protocol::encode::write_stat;
 use crate::protocol::Command;
 use crate::stats::Stats;
-use crate::topology::Topology;
 
 /// Writes the `stats shadow` reply, ending with `END`: for each pool with a
 /// shadow, `shadow:<pool>:<field>` lines with the shadow's figures beside

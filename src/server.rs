@@ -17,9 +17,9 @@ use crate::control::client_slots::ClientSlots;
 use crate::control::fd_budget::FdBudget;
 use crate::control::pool_set::Pools;
 use crate::control::publisher::{FdAccount, Publisher};
+use crate::pools::topology::SharedTopology;
 use crate::shard::SessionSettings;
 use crate::stats::Stats;
-use crate::topology::SharedTopology;
 use crate::worker::{self, Accepted, Worker, WorkerSetup};
 
 /// A running proxy.
@@ -121,8 +121,8 @@ pub async fn start_within(
     });
     // Read before any pool starts, so that each takes up its window first.
     let state = config.state_file.as_ref().map(|path| {
-        let loaded = crate::window_state::load(path);
-        let file = crate::window_state::StateFile::new(path.clone(), stats.clone());
+        let loaded = crate::pools::window_state::load(path);
+        let file = crate::pools::window_state::StateFile::new(path.clone(), stats.clone());
         (file, loaded)
     });
     let pools = Pools::start(

@@ -15,9 +15,9 @@ use tokio_util::task::TaskTracker;
 use crate::backend::conn::{self, Conn};
 use crate::backend::Backend;
 use crate::hotkeys::HotWorker;
-use crate::layout::SharedLayout;
+use crate::pools::layout::SharedLayout;
+use crate::pools::topology::Topology;
 use crate::stats::Stats;
-use crate::topology::Topology;
 
 /// Settings every session of a worker reads.
 #[derive(Debug, Clone, Copy)]
@@ -56,8 +56,8 @@ pub(crate) struct WorkerCtx {
     pub(crate) hot: Rc<HotWorker>,
     /// The time of this worker's current turn.
     pub(crate) clock: Rc<crate::clock::TurnClock>,
-    /// This worker's shadow requests in flight (see `shadow.rs`).
-    pub(crate) shadow: Rc<crate::shadow::InFlight>,
+    /// This worker's shadow requests in flight (see `pools/shadow.rs`).
+    pub(crate) shadow: Rc<crate::pools::shadow::InFlight>,
     /// This worker's part of the request latency histograms.
     pub(crate) latency: crate::latency::LatencyWriter,
 }

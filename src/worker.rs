@@ -16,11 +16,11 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio_util::sync::CancellationToken;
 
 use crate::hotkeys::{HotShared, HotWorker};
-use crate::layout::SharedLayout;
+use crate::pools::layout::SharedLayout;
+use crate::pools::topology::SharedTopology;
 use crate::session::{run_session, run_tls_session};
 use crate::shard::{keep_connected, SessionSettings, WorkerCtx};
 use crate::stats::Stats;
-use crate::topology::SharedTopology;
 
 /// An accepted client for a worker.
 pub(crate) struct Accepted {

@@ -15,7 +15,7 @@ use crate::config::Config;
 /// keys in the ring, and its data too (flushing it would lose every value
 /// of a server that was only renumbered). A flush that fails is logged; the
 /// server then joins as it is.
-pub(crate) fn flush_newcomers(topology: &crate::topology::Topology, config: &Config) {
+pub(crate) fn flush_newcomers(topology: &crate::pools::topology::Topology, config: &Config) {
     for server in &config.servers {
         if topology.backends.iter().any(|b| b.name() == server.name) {
             continue;

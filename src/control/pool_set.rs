@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, PoolConfig};
 use crate::control::fd_budget::FdShortage;
 use crate::control::publisher::{eject_on_health_changes, FdAccount, Published, Publisher};
-use crate::layout::{Layout, PoolEntry, SharedLayout};
+use crate::pools::layout::{Layout, PoolEntry, SharedLayout};
 use crate::stats::Stats;
 
 /// Every pool's publisher, and the layout over them.
@@ -28,7 +28,7 @@ pub struct Pools {
     published: Arc<Notify>,
     shutdown: CancellationToken,
     /// Where every pool's hand-off window is kept across restarts.
-    state: Option<Arc<crate::window_state::StateFile>>,
+    state: Option<Arc<crate::pools::window_state::StateFile>>,
 }
 
 struct Member {
@@ -58,8 +58,8 @@ impl Pools {
         tls: Option<Arc<crate::tls::Connector>>,
         shutdown: CancellationToken,
         state: Option<(
-            Arc<crate::window_state::StateFile>,
-            crate::window_state::Loaded,
+            Arc<crate::pools::window_state::StateFile>,
+            crate::pools::window_state::Loaded,
         )>,
     ) -> Arc<Pools> {
         let published = Arc::new(Notify::new());
@@ -130,7 +130,7 @@ impl Pools {
 
     /// The shadow pools `config` would make serve keys they do not serve
     /// now (see `Layout::promotions`).
-    pub(crate) fn promotions(&self, config: &Config) -> Vec<crate::layout::Promotion> {
+    pub(crate) fn promotions(&self, config: &Config) -> Vec<crate::pools::layout::Promotion> {
         let routes: Vec<(String, String)> = config
             .routes
             .iter()
@@ -233,9 +233,14 @@ impl Pools {
             .iter()
             .find(|p| p.name == config.default_pool)
             .expect("a config's default pool is one of its pools");
-        let unchanged = |topology: &crate::topology::Topology| Published {
+        let unchanged = |topology: &crate::pools::topology::Topology| Published {
             version: topology.version,
-            change: crate::topology::Change::between(&[], &topology.ring, &[], &topology.ring),
+            change: crate::pools::topology::Change::between(
+                &[],
+                &topology.ring,
+                &[],
+                &topology.ring,
+            ),
         };
         let default = match members.iter().find(|m| m.publisher.name() == default.name) {
             // Another pool or the routes changed, not this one.
@@ -248,7 +253,7 @@ impl Pools {
                 let ring = default.config.build_ring();
                 Published {
                     version: 1,
-                    change: crate::topology::Change::between(
+                    change: crate::pools::topology::Change::between(
                         &[],
                         &ring,
                         &default.config.servers,
@@ -359,7 +364,7 @@ impl Member {
         tls: &Option<Arc<crate::tls::Connector>>,
         published: &Arc<Notify>,
         shutdown: &CancellationToken,
-        state: &Option<Arc<crate::window_state::StateFile>>,
+        state: &Option<Arc<crate::pools::window_state::StateFile>>,
     ) -> Member {
         let publisher = Publisher::new(
             &pool.name,
@@ -388,12 +393,12 @@ impl Member {
 /// pool, or, when it could not be read, starts every pool in a window that
 /// assumes the worst (see [`Publisher::blind_window`]).
 fn resume_windows(
-    file: &crate::window_state::StateFile,
-    loaded: crate::window_state::Loaded,
+    file: &crate::pools::window_state::StateFile,
+    loaded: crate::pools::window_state::Loaded,
     members: &[Member],
     stats: &Stats,
 ) {
-    use crate::window_state::Loaded;
+    use crate::pools::window_state::Loaded;
     let path = file.path().display().to_string();
     match loaded {
         Loaded::Missing => tracing::info!(

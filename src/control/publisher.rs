@@ -14,8 +14,8 @@ use crate::backend::{Backend, PoolHooks};
 use crate::config::{Config, Ejection, ServerConfig};
 use crate::control::client_slots::ClientSlots;
 use crate::control::fd_budget::{FdBudget, FdShortage};
+use crate::pools::topology::{Change, Previous, SharedTopology, Topology};
 use crate::stats::Stats;
-use crate::topology::{Change, Previous, SharedTopology, Topology};
 
 /// Builds and publishes topologies, one at a time: config reloads and health
 /// ejections both come through here, so neither can overwrite the other.
@@ -39,7 +39,7 @@ pub struct Publisher {
     /// Where the sweep that closes the hand-off window stands.
     window_sweep: Mutex<WindowSweep>,
     /// Where the window in force is kept across restarts (`state_file`).
-    state: Option<Arc<crate::window_state::StateFile>>,
+    state: Option<Arc<crate::pools::window_state::StateFile>>,
 }
 
 /// A hand-off window ends only once its sweep has run (see
@@ -82,7 +82,7 @@ impl Publisher {
         fds: Option<FdAccount>,
         tls: Option<Arc<crate::tls::Connector>>,
         published: Arc<Notify>,
-        state: Option<Arc<crate::window_state::StateFile>>,
+        state: Option<Arc<crate::pools::window_state::StateFile>>,
     ) -> Arc<Publisher> {
         let hooks = PoolHooks {
             health_changed: Arc::new(Notify::new()),
@@ -142,7 +142,7 @@ impl Publisher {
     /// that window does not know are flushed. A window whose time is up
     /// and whose sweep has not run is taken up too: its sweep runs at once,
     /// then it ends.
-    pub(crate) fn resume(&self, saved: &crate::window_state::SavedWindow) {
+    pub(crate) fn resume(&self, saved: &crate::pools::window_state::SavedWindow) {
         let from = self
             .state
             .as_ref()
@@ -281,7 +281,7 @@ impl Publisher {
         scaffold.drop_servers(&everyone);
         let mut new = self.successor(&first);
         let previous = Previous::new(first.ring.clone(), first.members(), window).with_source(
-            crate::window_state::SavedRing::of(&first.config.ring, &first.ring_servers()),
+            crate::pools::window_state::SavedRing::of(&first.config.ring, &first.ring_servers()),
         );
         let until = previous.until_unix;
         new.set_previous(previous, Vec::new(), &scaffold);
@@ -537,7 +537,7 @@ impl Publisher {
                 || (restore_hands_off && !change.restored.is_empty()));
         if starts {
             let previous = Previous::new(old.ring.clone(), old.members(), window).with_source(
-                crate::window_state::SavedRing::of(&old.config.ring, &old.ring_servers()),
+                crate::pools::window_state::SavedRing::of(&old.config.ring, &old.ring_servers()),
             );
             change.handoff = Some(Box::new((
                 window.as_millis() as u64,

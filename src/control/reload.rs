@@ -28,7 +28,7 @@ use crate::control::newcomers::flush_newcomers;
 use crate::control::pool_set::{Applied, Pools};
 use crate::control::publisher::Published;
 use crate::error::ConfigError;
-use crate::topology::Change;
+use crate::pools::topology::Change;
 
 /// Quiet time after the last event before reloading: an editor's save is
 /// several events, and a half-written file must not be read.
@@ -1023,7 +1023,7 @@ fn watched_directory(path: &Path) -> PathBuf {
 }
 
 /// What a promoted shadow lacks, for the log and the refusal.
-fn promotion_losses(promotion: &crate::layout::Promotion, lost: u64) -> String {
+fn promotion_losses(promotion: &crate::pools::layout::Promotion, lost: u64) -> String {
     if promotion.fraction < 1.0 {
         format!(
             "{lost} writes lost, and fraction {} leaves keys out",

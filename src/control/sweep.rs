@@ -29,8 +29,8 @@ use memchr::memchr;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use crate::backend::Backend;
+use crate::pools::topology::{SharedTopology, Topology};
 use crate::protocol::request::is_valid_key;
-use crate::topology::{SharedTopology, Topology};
 
 /// Deletes sent before memring waits for the server to take them.
 const DELETES_PER_BATCH: usize = 512;

@@ -23,13 +23,13 @@ use smallvec::SmallVec;
 
 use crate::error::BackendError;
 use crate::plan::placement::{place, HealthView, KeyKind, KeyOp, Placement, Servers};
+use crate::pools::topology::Topology;
 use crate::protocol::encode::ReplyWriter;
 use crate::protocol::meta::{MetaCommand, MetaRequest};
 use crate::protocol::reply::Got;
 use crate::protocol::request::Span;
 use crate::protocol::{Command, Request};
 use crate::recycled::RecycledBuf;
-use crate::topology::Topology;
 
 /// A reply from one server: its bytes, or why there are none.
 pub(crate) type CallResult = Result<Bytes, BackendError>;
@@ -1704,7 +1704,7 @@ mod tests {
     #[test]
     fn meta_requests_on_moved_keys_plan_the_hand_off_steps_by_command() {
         use crate::plan::handoff::MetaMove;
-        let (_runtime, old, new) = crate::topology::tests::four_then_five();
+        let (_runtime, old, new) = crate::pools::topology::tests::four_then_five();
         let owner = |t: &Topology, key: &str| t.owner_index(key.as_bytes()).unwrap();
         let moved = (0..2000)
             .map(|i| format!("k{i}"))

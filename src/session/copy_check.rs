@@ -16,10 +16,10 @@ use crate::plan::handoff::{
     copy_outcome, fill_outcome, landed_cas, meta_expect, CopyOutcome, ReadCopy,
 };
 use crate::plan::route::CallResult;
+use crate::pools::topology::Topology;
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::reply::Expect;
 use crate::shard::WorkerCtx;
-use crate::topology::Topology;
 use crate::wake::Wake;
 
 /// One client's copies whose lease is placed and not yet replaced or taken

@@ -46,13 +46,13 @@ use crate::plan::placement::Placement;
 use crate::plan::route::{
     self, broadcast_answer, decide, Broadcast, CallResult, Decision, MetaPlan, Plan,
 };
+use crate::pools::topology::{SharedTopology, Topology};
 use crate::protocol::encode::{forwardable, write_server_error};
 use crate::protocol::meta::{is_meta_request, parse_meta, MetaCommand, MetaRequest};
 use crate::protocol::reply::{Expect, LineKind};
 use crate::protocol::request::{parse_request_reusing, Keys};
 use crate::protocol::{parse_request, Command, Limits, Request};
 use crate::shard::WorkerCtx;
-use crate::topology::{SharedTopology, Topology};
 use crate::wake::{Cancel, Wake};
 
 mod client;

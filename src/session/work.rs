@@ -16,10 +16,10 @@ use crate::error::BackendError;
 use crate::hotkeys::{Unanswered, WriteGuard};
 use crate::plan::handoff::{CopyOutcome, Moved};
 use crate::plan::route::{CallResult, Retrieval};
+use crate::pools::topology::Topology;
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::reply::Expect;
 use crate::protocol::{Command, Request};
-use crate::topology::Topology;
 
 /// One client request on its way.
 pub(super) struct Entry {
@@ -152,14 +152,16 @@ pub(super) struct CasWork {
 /// chained changes, one group at a time, oldest ring first (see
 /// `topology::OlderOwners`); the write goes out once they are answered.
 pub(super) struct OlderForget {
-    owners: Box<crate::topology::OlderOwners>,
+    owners: Box<crate::pools::topology::OlderOwners>,
     /// How many groups are sent.
     sent: usize,
     parts: SmallVec<[Part; 2]>,
 }
 
 impl OlderForget {
-    pub(super) fn new(owners: Option<Box<crate::topology::OlderOwners>>) -> Option<OlderForget> {
+    pub(super) fn new(
+        owners: Option<Box<crate::pools::topology::OlderOwners>>,
+    ) -> Option<OlderForget> {
         Some(OlderForget {
             owners: owners?,
             sent: 0,

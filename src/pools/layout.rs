@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::topology::{SharedTopology, Topology};
+use crate::pools::topology::{SharedTopology, Topology};
 
 /// One pool as sessions see it.
 #[derive(Debug, Clone)]
@@ -18,12 +18,12 @@ pub struct PoolEntry {
     pub topology: SharedTopology,
 }
 
-/// A pool's shadow as sessions see it (see `shadow.rs`).
+/// A pool's shadow as sessions see it (see `pools/shadow.rs`).
 #[derive(Debug)]
 pub struct ShadowLink {
     /// Index in [`Layout::pools`] of the shadow pool.
     pub pool: usize,
-    pub(crate) sampler: crate::shadow::Sampler,
+    pub(crate) sampler: crate::pools::shadow::Sampler,
     pub counters: Arc<crate::stats::ShadowCounters>,
 }
 
@@ -312,7 +312,7 @@ impl Layout {
                 any = true;
                 links[primary] = Some(ShadowLink {
                     pool: shadow,
-                    sampler: crate::shadow::Sampler::new(fraction),
+                    sampler: crate::pools::shadow::Sampler::new(fraction),
                     counters: Arc::new(counters),
                 });
             }
