@@ -57,28 +57,24 @@
 #![forbid(unsafe_code)]
 
 pub mod backend;
-mod budget;
-mod clock;
 pub mod config;
 pub mod control;
 pub mod error;
 pub mod hotkeys;
 pub mod latency;
-mod outbuf;
 mod plan;
 pub mod pools;
 pub mod protocol;
-mod recycled;
 pub mod regular_file;
 mod report;
 pub mod resolve;
 pub mod ring;
+mod runtime;
 pub mod server;
 mod session;
 mod shard;
 pub(crate) mod stats;
 pub mod tls;
-mod wake;
 mod worker;
 
 // The old paths of modules that moved into rooms, kept for src/main.rs and

@@ -97,7 +97,7 @@ pub(crate) fn reset_stats(stats: &Stats) {
 pub(crate) fn write_stats(out: &mut BytesMut, stats: &Stats, layout: &Layout) {
     let topology = layout.default_topology();
     let topology = &*topology;
-    let now = crate::clock::unix_now();
+    let now = crate::runtime::clock::unix_now();
     let baseline = stats.reset_baseline();
     let counters = counters(stats);
     // A counter's count since the last `stats reset`: each is read once,

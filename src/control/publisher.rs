@@ -148,7 +148,7 @@ impl Publisher {
             .as_ref()
             .map_or_else(String::new, |s| s.path().display().to_string());
         let prefix = self.log_prefix();
-        let now = crate::clock::unix_now();
+        let now = crate::runtime::clock::unix_now();
         if saved.swept && saved.until_unix <= now {
             tracing::info!(
                 "{prefix}the hand-off window saved in {from} was over (swept, until {}); starting without one",

@@ -29,7 +29,7 @@ use crate::protocol::meta::{MetaCommand, MetaRequest};
 use crate::protocol::reply::Got;
 use crate::protocol::request::Span;
 use crate::protocol::{Command, Request};
-use crate::recycled::RecycledBuf;
+use crate::runtime::recycled::RecycledBuf;
 
 /// A reply from one server: its bytes, or why there are none.
 pub(crate) type CallResult = Result<Bytes, BackendError>;
@@ -1243,9 +1243,9 @@ mod tests {
     use super::*;
 
     use crate::error::BackendErrorKind;
-    use crate::outbuf::OutQueue;
     use crate::protocol::meta::parse_meta;
     use crate::protocol::{parse_request, Limits};
+    use crate::runtime::outbuf::OutQueue;
 
     fn request(line: &'static [u8]) -> (Request, Bytes) {
         let bytes = Bytes::from_static(line);

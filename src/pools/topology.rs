@@ -167,7 +167,7 @@ pub struct Previous {
 impl Previous {
     /// A window over `ring` (members `members`) ending after `window`.
     pub fn new(ring: Ring, members: Box<[String]>, window: std::time::Duration) -> Previous {
-        let now_unix = crate::clock::unix_now();
+        let now_unix = crate::runtime::clock::unix_now();
         Previous {
             ring,
             members,
@@ -186,7 +186,7 @@ impl Previous {
         until_unix: u64,
         source: Arc<crate::pools::window_state::SavedRing>,
     ) -> Previous {
-        let left = until_unix.saturating_sub(crate::clock::unix_now());
+        let left = until_unix.saturating_sub(crate::runtime::clock::unix_now());
         Previous {
             ring,
             members,

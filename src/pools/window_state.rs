@@ -360,7 +360,7 @@ impl StateFile {
     fn write(&self, pools: &BTreeMap<String, SavedWindow>) -> std::io::Result<()> {
         let text = toml::to_string(&StateText {
             version: FORMAT_VERSION,
-            written_unix: crate::clock::unix_now(),
+            written_unix: crate::runtime::clock::unix_now(),
             pools: pools.clone(),
         })
         .map_err(std::io::Error::other)?;

@@ -11,7 +11,6 @@ use smallvec::SmallVec;
 
 use super::shadow;
 use crate::backend::slot::{Got, Slot};
-use crate::budget::Reservation;
 use crate::error::BackendError;
 use crate::hotkeys::{Unanswered, WriteGuard};
 use crate::plan::handoff::{CopyOutcome, Moved};
@@ -20,6 +19,7 @@ use crate::pools::topology::Topology;
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::reply::Expect;
 use crate::protocol::{Command, Request};
+use crate::runtime::budget::Reservation;
 
 /// One client request on its way.
 pub(super) struct Entry {
@@ -490,7 +490,7 @@ mod tests {
 
     #[test]
     fn a_part_takes_its_one_line_reply_once_it_is_complete() {
-        let slot = Slot::new(Rc::new(crate::wake::Wake::new()));
+        let slot = Slot::new(Rc::new(crate::runtime::wake::Wake::new()));
         let mut part = Part::new(3);
         part.slot = Some(slot.clone());
         let mut waited = Vec::new();
