@@ -61,13 +61,12 @@ pub mod config;
 pub mod control;
 pub mod error;
 pub mod hotkeys;
+pub mod inputs;
 pub mod latency;
 mod plan;
 pub mod pools;
 pub mod protocol;
-pub mod regular_file;
 mod report;
-pub mod resolve;
 pub mod ring;
 mod runtime;
 pub mod server;
@@ -81,6 +80,7 @@ mod worker;
 // src/config/, which are being rewritten beside this move (issue 50).
 // TODO(#50): remove once those files name the rooms' paths.
 pub use control::{admin, discovery, fd_budget, reload};
+pub use inputs::{regular_file, resolve};
 pub use pools::topology;
 
 /// memring's version.

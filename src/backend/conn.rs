@@ -292,7 +292,7 @@ pub(crate) async fn run(conn: Rc<Conn>, drain: CancellationToken) {
 
 async fn connect(shared: &Shared) -> Result<TcpStream, BackendErrorKind> {
     // Looked up at every connect, outside the connect timeout: DNS has its
-    // own (resolve.rs), and a DNS outage falls back to the last answer.
+    // own (inputs/resolve.rs), and a DNS outage falls back to the last answer.
     let addresses = shared
         .target
         .addresses(&shared.name)
@@ -823,7 +823,7 @@ mod tests {
                 request_timeout: Duration::from_millis(timeout_ms),
                 failure_limit: 100,
                 max_value_bytes: None,
-                dns: crate::resolve::Dns::default(),
+                dns: crate::inputs::resolve::Dns::default(),
             };
             let backend = Backend::new(&server, settings, &hooks);
             let conn = Conn::new(backend.shared().clone(), Rc::new(TurnClock::new()));

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ServerConfig, Source, MAX_WEIGHT};
 use crate::control::publisher::Publisher;
-use crate::resolve::{Dns, DnsError, DnsFailure};
+use crate::inputs::resolve::{Dns, DnsError, DnsFailure};
 
 /// The servers DNS lists for `source`, sorted by name.
 ///
@@ -114,7 +114,7 @@ pub fn servers_blocking(
     dns: Dns,
     tls: bool,
 ) -> Result<Vec<ServerConfig>, DnsError> {
-    crate::resolve::block_on(|| servers(source, dns, tls))
+    crate::inputs::resolve::block_on(|| servers(source, dns, tls))
 }
 
 /// `config` with the servers its `[discovery]` records list now, for the
@@ -316,7 +316,7 @@ async fn names_round(publisher: &Publisher, episodes: &mut Episodes) {
         match &answer {
             Ok(found) => {
                 if std::mem::take(failing) {
-                    tracing::info!(server = %backend.name(), "`{host}` resolves again: {}", crate::resolve::list(found));
+                    tracing::info!(server = %backend.name(), "`{host}` resolves again: {}", crate::inputs::resolve::list(found));
                 }
             }
             Err(error) if !*failing => {
@@ -336,8 +336,8 @@ async fn names_round(publisher: &Publisher, episodes: &mut Episodes) {
                 tracing::info!(
                     server = %backend.name(),
                     "`{host}` now resolves to {} (connections were to {}): its connections move, its keys stay",
-                    crate::resolve::list(found),
-                    crate::resolve::list(&before)
+                    crate::inputs::resolve::list(found),
+                    crate::inputs::resolve::list(&before)
                 );
             }
         }

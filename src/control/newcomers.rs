@@ -68,7 +68,7 @@ pub(crate) fn flush_every_server(config: &Config) -> Result<(), String> {
 fn flush_tls(
     files: &crate::tls::BackendFiles,
     addr: &str,
-    dns: crate::resolve::Dns,
+    dns: crate::inputs::resolve::Dns,
     timeout: std::time::Duration,
 ) -> std::io::Result<()> {
     let connector = crate::tls::Connector::new(files)?;
@@ -98,13 +98,13 @@ fn flush_over(stream: &mut (impl std::io::Read + std::io::Write)) -> std::io::Re
 /// `timeout`. Blocking: reloads run off the request path.
 fn flush_now(
     addr: &str,
-    dns: crate::resolve::Dns,
+    dns: crate::inputs::resolve::Dns,
     timeout: std::time::Duration,
 ) -> std::io::Result<()> {
     use std::net::ToSocketAddrs;
     // A host name is asked where memring's connections ask (`resolver`).
-    let target = match crate::resolve::host_name(addr) {
-        Some((host, port)) => crate::resolve::block_on(|| dns.addresses(host, port))
+    let target = match crate::inputs::resolve::host_name(addr) {
+        Some((host, port)) => crate::inputs::resolve::block_on(|| dns.addresses(host, port))
             .map_err(|e| std::io::Error::other(e.detail))?
             .first()
             .copied(),

@@ -176,8 +176,9 @@ impl Pools {
         if let Some(topology) = &running {
             let moved =
                 |key: &[u8]| layout.moves_into(key, &config.default_pool, &routes, to, exempt);
-            deleted =
-                crate::resolve::block_on(|| crate::control::sweep::delete_moved(topology, &moved))?;
+            deleted = crate::inputs::resolve::block_on(|| {
+                crate::control::sweep::delete_moved(topology, &moved)
+            })?;
         }
         let wanted = config.pool_list().into_iter().find(|p| p.name == to);
         if let Some(pool) = wanted {

@@ -118,9 +118,9 @@ impl Reloader {
         let shown = self.path.display().to_string();
         // A regular file within the cap, or an error at once: a FIFO in its
         // place must not stop this and every later reload.
-        let read = crate::regular_file::read_to_string(
+        let read = crate::inputs::regular_file::read_to_string(
             &self.path,
-            crate::regular_file::MAX_CONFIG_FILE_BYTES,
+            crate::inputs::regular_file::MAX_CONFIG_FILE_BYTES,
         );
         let text = match read {
             Ok(text) => text,
