@@ -71,7 +71,6 @@ pub mod ring;
 mod runtime;
 pub mod server;
 mod session;
-mod shard;
 pub(crate) mod stats;
 pub mod tls;
 mod worker;

@@ -53,7 +53,7 @@ use crate::protocol::request::{parse_request_reusing, Keys};
 use crate::protocol::{parse_request, Command, Limits, Request};
 use crate::runtime::outbuf::OutQueue;
 use crate::runtime::wake::{Cancel, Wake};
-use crate::shard::WorkerCtx;
+use crate::worker::shard::WorkerCtx;
 
 mod client;
 mod copy_check;
