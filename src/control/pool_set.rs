@@ -108,11 +108,6 @@ impl Pools {
             .map(|m| m.publisher.clone())
     }
 
-    /// Every pool's publisher, in config order.
-    pub fn publishers(&self) -> Vec<Arc<Publisher>> {
-        self.lock().iter().map(|m| m.publisher.clone()).collect()
-    }
-
     /// The publisher of the pool keys matching no route go to.
     pub fn default_publisher(&self) -> Arc<Publisher> {
         let name = self.layout.load().default_name().to_string();

@@ -376,14 +376,8 @@ impl Publisher {
         self.fds.as_ref().map(|fds| fds.clients.limit())
     }
 
-    /// Re-evaluates ejection after health changes; publishes only if the set of
-    /// ejected servers changed.
-    pub fn apply_health(&self) -> Option<Published> {
-        self.apply_health_holding(&[])
-    }
-
     /// Servers out of the ring that are no longer DEAD: they would come back
-    /// on the next [`Publisher::apply_health`].
+    /// on the next [`Publisher::apply_health_holding`].
     pub fn returning(&self) -> Vec<Arc<Backend>> {
         let old = self.topology.load_full();
         let ejected = self.to_eject(&old.config, &old.backends);
@@ -395,8 +389,9 @@ impl Publisher {
             .collect()
     }
 
-    /// Like [`Publisher::apply_health`], but the servers named in `hold` stay
-    /// ejected (their flush on return failed).
+    /// Re-evaluates ejection after health changes, except that the servers
+    /// named in `hold` stay ejected (their flush on return failed); publishes
+    /// only if the set of ejected servers changed.
     pub fn apply_health_holding(&self, hold: &[String]) -> Option<Published> {
         let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.topology.load_full();
