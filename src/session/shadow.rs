@@ -1,4 +1,4 @@
-//! The session's half of a shadow pool (see `shadow.rs`): for a sampled key,
+//! The session's half of a shadow pool (see `pools/shadow.rs`): for a sampled key,
 //! a copy of each write and a meta get for each read go to the key's owner
 //! in the shadow pool, on this worker's connection to it, with a slot that
 //! only a [`ShadowReply`] watches. Nothing here ever waits: the client's
