@@ -7,7 +7,8 @@
 //! They live apart from `worker/` (the thread and what its sessions share)
 //! because `backend/`, `pools/`, `plan/` and `session/` all use them while
 //! the worker uses those rooms: in one room the arrows would point both
-//! ways. No I/O, no locks; each imports at most `protocol`.
+//! ways. No I/O, no locks; nothing outside this room but `protocol` is
+//! imported here.
 
 pub(crate) mod budget;
 pub(crate) mod clock;
