@@ -28,7 +28,7 @@ pub enum BackendErrorKind {
     Dead,
     /// Its host name has no address (the words are logged once).
     #[error("cannot resolve its host name ({0})")]
-    Resolve(crate::resolve::DnsFailure),
+    Resolve(crate::inputs::resolve::DnsFailure),
     #[error("TLS handshake failed ({0})")]
     Tls(TlsFailure),
 }

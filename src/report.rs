@@ -4,11 +4,11 @@
 
 use bytes::BytesMut;
 
-use crate::layout::Layout;
+use crate::pools::layout::Layout;
+use crate::pools::topology::Topology;
 use crate::protocol::encode::write_stat;
 use crate::protocol::Command;
 use crate::stats::Stats;
-use crate::topology::Topology;
 
 /// Writes the `stats shadow` reply, ending with `END`: for each pool with a
 /// shadow, `shadow:<pool>:<field>` lines with the shadow's figures beside
@@ -97,7 +97,7 @@ pub(crate) fn reset_stats(stats: &Stats) {
 pub(crate) fn write_stats(out: &mut BytesMut, stats: &Stats, layout: &Layout) {
     let topology = layout.default_topology();
     let topology = &*topology;
-    let now = crate::clock::unix_now();
+    let now = crate::runtime::clock::unix_now();
     let baseline = stats.reset_baseline();
     let counters = counters(stats);
     // A counter's count since the last `stats reset`: each is read once,

@@ -11,15 +11,15 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::AdminState;
-use crate::client_slots::ClientSlots;
 use crate::config::Config;
-use crate::fd_budget::FdBudget;
-use crate::pool::{FdAccount, Publisher};
-use crate::pools::Pools;
-use crate::shard::SessionSettings;
+use crate::control::admin::AdminState;
+use crate::control::client_slots::ClientSlots;
+use crate::control::fd_budget::FdBudget;
+use crate::control::pool_set::Pools;
+use crate::control::publisher::{FdAccount, Publisher};
+use crate::pools::topology::SharedTopology;
 use crate::stats::Stats;
-use crate::topology::SharedTopology;
+use crate::worker::shard::SessionSettings;
 use crate::worker::{self, Accepted, Worker, WorkerSetup};
 
 /// A running proxy.
@@ -74,7 +74,7 @@ pub async fn start_within(
     shutdown: CancellationToken,
 ) -> io::Result<Running> {
     // With `[discovery] srv` or `a`, the servers are what DNS lists now.
-    let discovered = crate::discovery::first(config).await?;
+    let discovered = crate::control::discovery::first(config).await?;
     let config = &discovered;
     let listener = listen(config.listen).map_err(|e| bind_error("listen", config.listen, e))?;
     let local_addr = listener.local_addr()?;
@@ -104,7 +104,7 @@ pub async fn start_within(
     let stats = Arc::new(Stats::new());
     let admin = match config.admin_listen {
         Some(addr) => Some(
-            crate::admin::bind(addr)
+            crate::control::admin::bind(addr)
                 .await
                 .map_err(|e| bind_error("admin_listen", addr, e))?,
         ),
@@ -121,8 +121,8 @@ pub async fn start_within(
     });
     // Read before any pool starts, so that each takes up its window first.
     let state = config.state_file.as_ref().map(|path| {
-        let loaded = crate::window_state::load(path);
-        let file = crate::window_state::StateFile::new(path.clone(), stats.clone());
+        let loaded = crate::pools::window_state::load(path);
+        let file = crate::pools::window_state::StateFile::new(path.clone(), stats.clone());
         (file, loaded)
     });
     let pools = Pools::start(
@@ -166,7 +166,11 @@ pub async fn start_within(
                 stats: stats.clone(),
                 topology: topology.clone(),
             };
-            tokio::spawn(crate::admin::serve(listener, state, shutdown.clone()));
+            tokio::spawn(crate::control::admin::serve(
+                listener,
+                state,
+                shutdown.clone(),
+            ));
             Some(addr)
         }
         None => None,

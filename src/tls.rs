@@ -87,9 +87,9 @@ const VERSIONS: &[&rustls::SupportedProtocolVersion] =
 /// A PEM file: a regular file of at most [`MAX_TLS_FILE_BYTES`] (a FIFO or
 /// `/dev/zero` in its place is refused at once).
 ///
-/// [`MAX_TLS_FILE_BYTES`]: crate::regular_file::MAX_TLS_FILE_BYTES
+/// [`MAX_TLS_FILE_BYTES`]: crate::inputs::regular_file::MAX_TLS_FILE_BYTES
 fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
-    crate::regular_file::read(path, crate::regular_file::MAX_TLS_FILE_BYTES)
+    crate::inputs::regular_file::read(path, crate::inputs::regular_file::MAX_TLS_FILE_BYTES)
         .map_err(|e| TlsError::new(path, format!("cannot read: {e}")))
 }
 
@@ -258,13 +258,13 @@ impl Connector {
     pub fn connect_blocking(
         &self,
         addr: &str,
-        dns: crate::resolve::Dns,
+        dns: crate::inputs::resolve::Dns,
         timeout: Duration,
     ) -> Result<rustls::StreamOwned<rustls::ClientConnection, StdTcpStream>, ConnectError> {
         use std::net::ToSocketAddrs;
         let unreachable = ConnectError::Unreachable;
-        let targets: Vec<std::net::SocketAddr> = match crate::resolve::host_name(addr) {
-            Some((host, port)) => crate::resolve::block_on(|| dns.addresses(host, port))
+        let targets: Vec<std::net::SocketAddr> = match crate::inputs::resolve::host_name(addr) {
+            Some((host, port)) => crate::inputs::resolve::block_on(|| dns.addresses(host, port))
                 .map_err(|e| unreachable(io::Error::other(e.detail)))?,
             None => addr.to_socket_addrs().map_err(unreachable)?.collect(),
         };
@@ -312,7 +312,7 @@ impl Connector {
     pub fn probe_blocking(
         &self,
         addr: &str,
-        dns: crate::resolve::Dns,
+        dns: crate::inputs::resolve::Dns,
         timeout: Duration,
     ) -> Result<String, ConnectError> {
         use std::io::{Read, Write};
@@ -650,7 +650,7 @@ pub fn watch(acceptor: Arc<Acceptor>, shutdown: CancellationToken) {
             // Off the runtime that accepts every listener's clients: a file
             // that is slow to read (a network file system) must stall no
             // accept. One reload at a time; a FIFO or a device in a file's
-            // place is refused without blocking (regular_file.rs).
+            // place is refused without blocking (inputs/regular_file.rs).
             let reloading = acceptor.clone();
             let (done, reloaded) = tokio::sync::oneshot::channel();
             let started = std::thread::Builder::new()

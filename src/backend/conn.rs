@@ -32,9 +32,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::health::{HealthEvent, HealthState};
 use crate::backend::slot::{Got, Slot};
 use crate::backend::Shared;
-use crate::clock::TurnClock;
 use crate::error::BackendErrorKind;
-use crate::outbuf::OutQueue;
 use crate::protocol::lease;
 use crate::protocol::meta::reply::MetaReplyError;
 use crate::protocol::meta::tag::{echoes_opaque, tag_request, tag_revealing, untag, Tag};
@@ -42,9 +40,11 @@ use crate::protocol::meta::MetaCommand;
 use crate::protocol::reply::{
     item_size_max, next_piece, pending_value_len, Expect, Piece, ReplyError,
 };
-use crate::recycled::RecycledBuf;
+use crate::runtime::clock::TurnClock;
+use crate::runtime::outbuf::OutQueue;
+use crate::runtime::recycled::RecycledBuf;
+use crate::runtime::wake::{Cancel, Wake};
 use crate::tls::{write_or_flush, Flush};
-use crate::wake::{Cancel, Wake};
 
 const READ_CHUNK_BYTES: usize = 16 * 1024;
 /// Most room one connection's read buffer takes at once (see
@@ -292,7 +292,7 @@ pub(crate) async fn run(conn: Rc<Conn>, drain: CancellationToken) {
 
 async fn connect(shared: &Shared) -> Result<TcpStream, BackendErrorKind> {
     // Looked up at every connect, outside the connect timeout: DNS has its
-    // own (resolve.rs), and a DNS outage falls back to the last answer.
+    // own (inputs/resolve.rs), and a DNS outage falls back to the last answer.
     let addresses = shared
         .target
         .addresses(&shared.name)
@@ -823,7 +823,7 @@ mod tests {
                 request_timeout: Duration::from_millis(timeout_ms),
                 failure_limit: 100,
                 max_value_bytes: None,
-                dns: crate::resolve::Dns::default(),
+                dns: crate::inputs::resolve::Dns::default(),
             };
             let backend = Backend::new(&server, settings, &hooks);
             let conn = Conn::new(backend.shared().clone(), Rc::new(TurnClock::new()));

@@ -34,7 +34,7 @@ pub struct BackendSettings {
     /// the server's own `item_size_max`.
     pub max_value_bytes: Option<usize>,
     /// Where its host name is looked up.
-    pub dns: crate::resolve::Dns,
+    pub dns: crate::inputs::resolve::Dns,
 }
 
 impl BackendSettings {
@@ -75,7 +75,7 @@ pub(crate) struct Shared {
     pub(crate) name: Arc<str>,
     pub(crate) addr: String,
     /// Its host name's addresses, looked up at every connect.
-    pub(crate) target: crate::resolve::Target,
+    pub(crate) target: crate::inputs::resolve::Target,
     pub(crate) settings: BackendSettings,
     /// When a DEAD server is tried again (the `ejection` setting).
     timing: Timing,
@@ -281,7 +281,7 @@ impl Backend {
             id: NEXT_BACKEND_ID.fetch_add(1, Ordering::Relaxed),
             name: server.name.as_str().into(),
             addr: server.addr.clone(),
-            target: crate::resolve::Target::new(&server.addr, settings.dns),
+            target: crate::inputs::resolve::Target::new(&server.addr, settings.dns),
             settings,
             timing,
             health: Mutex::new(Health::default()),
@@ -333,7 +333,7 @@ impl Backend {
     /// rustls's words).
     pub(crate) async fn connect_own(&self) -> std::io::Result<Box<dyn Duplex>> {
         let shared = &self.shared;
-        let stream = crate::resolve::connect(shared.settings.dns, &shared.addr).await?;
+        let stream = crate::inputs::resolve::connect(shared.settings.dns, &shared.addr).await?;
         match &shared.tls {
             None => Ok(Box::new(stream)),
             Some(None) => Err(std::io::Error::other(
@@ -351,7 +351,7 @@ impl Backend {
 
     /// Its address as DNS gave it, and whether its connections are to be
     /// replaced because DNS now gives another.
-    pub fn target(&self) -> &crate::resolve::Target {
+    pub fn target(&self) -> &crate::inputs::resolve::Target {
         &self.shared.target
     }
 

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use smallvec::SmallVec;
 
 use crate::error::BackendError;
-use crate::wake::Wake;
+use crate::runtime::wake::Wake;
 
 // The framed pieces are the protocol's: the planner reads them too.
 pub use crate::protocol::reply::Got;

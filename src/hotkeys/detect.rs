@@ -18,7 +18,7 @@ use super::coalesce::Flight;
 use super::sketch::{BuildKeyHash, Estimate, SpaceSaving};
 use super::top::{ServerWindow, WorkerWindow};
 use super::{HotWorker, COUNTERS_PER_SERVER};
-use crate::topology::Topology;
+use crate::pools::topology::Topology;
 
 /// A key is hot (coalesced, near-cached) when, in one of the worker's last
 /// two windows, it surely took at least this share of its server's

@@ -36,7 +36,7 @@ pub(crate) async fn run_windows(hot: Rc<HotWorker>, stop: CancellationToken) {
 /// Also takes the hot-key settings of every config a reload publishes.
 pub(crate) async fn monitor(
     shared: Arc<HotShared>,
-    layout: crate::layout::SharedLayout,
+    layout: crate::pools::layout::SharedLayout,
     published: Arc<Notify>,
     shutdown: CancellationToken,
 ) {

@@ -8,7 +8,7 @@
 //! what the dialect spells differently. Pure: no I/O, no clock, and no live
 //! health: what it knows of health is a [`HealthView`] taken once per turn.
 
-use crate::topology::{OlderOwners, Topology};
+use crate::pools::topology::{OlderOwners, Topology};
 use smallvec::SmallVec;
 
 /// Server indexes (into `Topology::backends`).
@@ -328,7 +328,7 @@ fn cas_handoff(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::tests::{four_then_five, four_then_five_with};
+    use crate::pools::topology::tests::{four_then_five, four_then_five_with};
 
     const READ: KeyOp = KeyOp::READ;
 

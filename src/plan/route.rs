@@ -23,13 +23,13 @@ use smallvec::SmallVec;
 
 use crate::error::BackendError;
 use crate::plan::placement::{place, HealthView, KeyKind, KeyOp, Placement, Servers};
+use crate::pools::topology::Topology;
 use crate::protocol::encode::ReplyWriter;
 use crate::protocol::meta::{MetaCommand, MetaRequest};
 use crate::protocol::reply::Got;
 use crate::protocol::request::Span;
 use crate::protocol::{Command, Request};
-use crate::recycled::RecycledBuf;
-use crate::topology::Topology;
+use crate::runtime::recycled::RecycledBuf;
 
 /// A reply from one server: its bytes, or why there are none.
 pub(crate) type CallResult = Result<Bytes, BackendError>;
@@ -1256,9 +1256,9 @@ mod tests {
     use super::*;
 
     use crate::error::BackendErrorKind;
-    use crate::outbuf::OutQueue;
     use crate::protocol::meta::parse_meta;
     use crate::protocol::{parse_request, Limits};
+    use crate::runtime::outbuf::OutQueue;
 
     fn request(line: &'static [u8]) -> (Request, Bytes) {
         let bytes = Bytes::from_static(line);
@@ -1717,7 +1717,7 @@ mod tests {
     #[test]
     fn meta_requests_on_moved_keys_plan_the_hand_off_steps_by_command() {
         use crate::plan::handoff::MetaMove;
-        let (_runtime, old, new) = crate::topology::tests::four_then_five();
+        let (_runtime, old, new) = crate::pools::topology::tests::four_then_five();
         let owner = |t: &Topology, key: &str| t.owner_index(key.as_bytes()).unwrap();
         let moved = (0..2000)
             .map(|i| format!("k{i}"))

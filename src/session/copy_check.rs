@@ -16,11 +16,11 @@ use crate::plan::handoff::{
     copy_outcome, fill_outcome, landed_cas, meta_expect, CopyOutcome, ReadCopy,
 };
 use crate::plan::route::CallResult;
+use crate::pools::topology::Topology;
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::reply::Expect;
-use crate::shard::WorkerCtx;
-use crate::topology::Topology;
-use crate::wake::Wake;
+use crate::runtime::wake::Wake;
+use crate::worker::shard::WorkerCtx;
 
 /// One client's copies whose lease is placed and not yet replaced or taken
 /// back. A write of a moved key by the same client waits until there are

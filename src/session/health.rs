@@ -6,7 +6,7 @@ use std::sync::{Arc, Weak};
 
 use crate::backend::health::HealthState;
 use crate::plan::placement::HealthView;
-use crate::topology::Topology;
+use crate::pools::topology::Topology;
 
 /// The view of a topology without replicas: never consulted.
 static UNUSED: HealthView = HealthView::NONE;

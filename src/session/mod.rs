@@ -40,20 +40,20 @@ use tokio::time::Instant;
 use crate::backend::slot::{Got, Slot};
 
 use crate::hotkeys::{GetShortcut, WriteGuard};
-use crate::outbuf::OutQueue;
 use crate::plan::handoff::{Moved, Owner, Step};
 use crate::plan::placement::Placement;
 use crate::plan::route::{
     self, broadcast_answer, decide, Broadcast, CallResult, Decision, MetaPlan, Plan,
 };
+use crate::pools::topology::{SharedTopology, Topology};
 use crate::protocol::encode::{forwardable, write_server_error};
 use crate::protocol::meta::{is_meta_request, parse_meta, MetaCommand, MetaRequest};
 use crate::protocol::reply::{Expect, LineKind};
 use crate::protocol::request::{parse_request_reusing, Keys};
 use crate::protocol::{parse_request, Command, Limits, Request};
-use crate::shard::WorkerCtx;
-use crate::topology::{SharedTopology, Topology};
-use crate::wake::{Cancel, Wake};
+use crate::runtime::outbuf::OutQueue;
+use crate::runtime::wake::{Cancel, Wake};
+use crate::worker::shard::WorkerCtx;
 
 mod client;
 mod copy_check;
@@ -66,8 +66,8 @@ mod spares;
 mod start;
 mod work;
 
-use crate::budget::{ClientBudget, Reservation};
-use crate::recycled::RecycledBuf;
+use crate::runtime::budget::{ClientBudget, Reservation};
+use crate::runtime::recycled::RecycledBuf;
 use client::{ClientSession, TurnTopology};
 use copy_check::CopiesUnderWay;
 use deadline::{Progress, Waiting};

@@ -1,4 +1,4 @@
-//! The session's half of a shadow pool (see `shadow.rs`): for a sampled key,
+//! The session's half of a shadow pool (see `pools/shadow.rs`): for a sampled key,
 //! a copy of each write and a meta get for each read go to the key's owner
 //! in the shadow pool, on this worker's connection to it, with a slot that
 //! only a [`ShadowReply`] watches. Nothing here ever waits: the client's
@@ -6,7 +6,7 @@
 //! room in the worker's bound is shed and counted.
 
 use super::*;
-use crate::shadow::{value_digest, Pair, Sampler, ShadowReply, Side};
+use crate::pools::shadow::{value_digest, Pair, Sampler, ShadowReply, Side};
 use crate::stats::ShadowCounters;
 
 /// The sampled keys of one request: (key index in the request, its pair).
@@ -59,7 +59,7 @@ pub(super) fn primary_answers(pairs: &Pairs, answers: &[(u32, Option<Bytes>)]) {
 /// The primary's answer to a sampled `mg` goes to its pair.
 pub(super) fn primary_meta_answer(pairs: &Pairs, reply: &CallResult) {
     let side = match reply {
-        Ok(reply) => crate::shadow::meta_side(reply),
+        Ok(reply) => crate::pools::shadow::meta_side(reply),
         Err(_) => Side::Failed,
     };
     for (_, pair) in pairs {

@@ -78,7 +78,7 @@ thread_local! {
 }
 
 /// An empty slot that wakes `wake`.
-pub(super) fn slot(wake: &Rc<crate::wake::Wake>) -> Rc<Slot> {
+pub(super) fn slot(wake: &Rc<crate::runtime::wake::Wake>) -> Rc<Slot> {
     let kept = SPARES.with(|spares| spares.borrow_mut().slots.pop());
     match kept {
         Some(mut slot) => {

@@ -110,7 +110,7 @@ impl ClientSession {
     /// `request` with its exptime capped at `ttl` seconds, for a gutter
     /// pool.
     fn capped(&self, request: Request, bytes: Bytes, ttl: u64) -> (Request, Bytes) {
-        let rewritten = crate::failover::cap_classic(
+        let rewritten = crate::pools::failover::cap_classic(
             request.command,
             &bytes,
             request.line_len as usize,
@@ -125,7 +125,7 @@ impl ClientSession {
     /// The meta request with its TTLs capped at `ttl` seconds, for a gutter
     /// pool.
     fn meta_capped(&self, request: MetaRequest, bytes: Bytes, ttl: u64) -> (MetaRequest, Bytes) {
-        let rewritten = crate::failover::cap_meta(
+        let rewritten = crate::pools::failover::cap_meta(
             Command::of_meta(request.command),
             &bytes,
             request.line_len as usize,
@@ -143,8 +143,8 @@ impl ClientSession {
         &mut self,
         request: &Request,
         bytes: &Bytes,
-        layout: &crate::layout::Layout,
-        runs: crate::layout::Runs,
+        layout: &crate::pools::layout::Layout,
+        runs: crate::pools::layout::Runs,
         split: Split,
     ) {
         // The command and its arguments before the keys (`gat 60 `).

@@ -11,15 +11,15 @@ use smallvec::SmallVec;
 
 use super::shadow;
 use crate::backend::slot::{Got, Slot};
-use crate::budget::Reservation;
 use crate::error::BackendError;
 use crate::hotkeys::{Unanswered, WriteGuard};
 use crate::plan::handoff::{CopyOutcome, Moved};
 use crate::plan::route::{CallResult, Retrieval};
+use crate::pools::topology::Topology;
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::reply::Expect;
 use crate::protocol::{Command, Request};
-use crate::topology::Topology;
+use crate::runtime::budget::Reservation;
 
 /// One client request on its way.
 pub(super) struct Entry {
@@ -152,14 +152,16 @@ pub(super) struct CasWork {
 /// chained changes, one group at a time, oldest ring first (see
 /// `topology::OlderOwners`); the write goes out once they are answered.
 pub(super) struct OlderForget {
-    owners: Box<crate::topology::OlderOwners>,
+    owners: Box<crate::pools::topology::OlderOwners>,
     /// How many groups are sent.
     sent: usize,
     parts: SmallVec<[Part; 2]>,
 }
 
 impl OlderForget {
-    pub(super) fn new(owners: Option<Box<crate::topology::OlderOwners>>) -> Option<OlderForget> {
+    pub(super) fn new(
+        owners: Option<Box<crate::pools::topology::OlderOwners>>,
+    ) -> Option<OlderForget> {
         Some(OlderForget {
             owners: owners?,
             sent: 0,
@@ -488,7 +490,7 @@ mod tests {
 
     #[test]
     fn a_part_takes_its_one_line_reply_once_it_is_complete() {
-        let slot = Slot::new(Rc::new(crate::wake::Wake::new()));
+        let slot = Slot::new(Rc::new(crate::runtime::wake::Wake::new()));
         let mut part = Part::new(3);
         part.slot = Some(slot.clone());
         let mut waited = Vec::new();

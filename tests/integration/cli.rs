@@ -674,9 +674,10 @@ fn the_unit_file_descriptor_limit_covers_the_packaged_defaults() {
     let config = memring::config::Config::load(std::path::Path::new(PACKAGED_CONFIG)).unwrap();
     // memring's own arithmetic, for a large machine (one worker per CPU) with
     // the admin listener turned on: every configured client still fits.
-    let budget = memring::fd_budget::FdBudget {
+    let budget = memring::control::fd_budget::FdBudget {
         nofile: limit,
-        fixed: memring::fd_budget::BASE_FDS + memring::admin::MAX_CONNECTIONS as u64,
+        fixed: memring::control::fd_budget::BASE_FDS
+            + memring::control::admin::MAX_CONNECTIONS as u64,
         workers: 256,
     };
     let backends = budget.config_backend_fds(&config);

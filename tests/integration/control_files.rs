@@ -89,7 +89,7 @@ fn a_certificate_swapped_for_a_fifo_or_dev_zero_stalls_no_listener() {
 
     // A regular file over the cap: refused with the cap in words.
     std::fs::remove_file(&listener.cert).unwrap();
-    let cap = memring::regular_file::MAX_TLS_FILE_BYTES;
+    let cap = memring::inputs::regular_file::MAX_TLS_FILE_BYTES;
     std::fs::write(&listener.cert, vec![b'x'; cap as usize + 1]).unwrap();
     wait_for("the large file refused", || {
         daemon
@@ -153,7 +153,7 @@ fn a_config_swapped_for_a_fifo_or_dev_zero_is_refused_and_later_reloads_work() {
     plain_client_served(&listen, "zero");
 
     std::fs::remove_file(&config).unwrap();
-    let cap = memring::regular_file::MAX_CONFIG_FILE_BYTES;
+    let cap = memring::inputs::regular_file::MAX_CONFIG_FILE_BYTES;
     let padding = format!("# {}\n", "x".repeat(cap as usize));
     std::fs::write(&config, format!("{text}{padding}")).unwrap();
     wait_for("the large file refused", || {

@@ -165,15 +165,15 @@ impl Dnsmasq {
         format!("127.0.0.1:{}", self.port)
     }
 
-    fn dns(&self) -> memring::resolve::Dns {
-        memring::resolve::Dns {
+    fn dns(&self) -> memring::inputs::resolve::Dns {
+        memring::inputs::resolve::Dns {
             server: Some(self.resolver().parse().unwrap()),
         }
     }
 
-    fn lookup(&self, host: &str) -> Result<Vec<SocketAddr>, memring::resolve::DnsError> {
+    fn lookup(&self, host: &str) -> Result<Vec<SocketAddr>, memring::inputs::resolve::DnsError> {
         let dns = self.dns();
-        memring::resolve::block_on(|| async move { dns.addresses(host, 1).await })
+        memring::inputs::resolve::block_on(|| async move { dns.addresses(host, 1).await })
     }
 
     /// New A records: the hosts file rewritten, then SIGHUP; returns once
@@ -186,7 +186,7 @@ impl Dnsmasq {
             &format!("dnsmasq to answer {host} with {ip:?}"),
             || match (self.lookup(host), ip) {
                 (Ok(found), Some(ip)) => found.iter().any(|a| a.ip().to_string() == ip),
-                (Err(e), None) => e.failure == memring::resolve::DnsFailure::NoSuchName,
+                (Err(e), None) => e.failure == memring::inputs::resolve::DnsFailure::NoSuchName,
                 _ => false,
             },
         );
@@ -321,7 +321,7 @@ impl Daemon {
             std::fs::write(&path, format!("listen = \"127.0.0.1:{port}\"\n{config}")).unwrap();
             let log = dir.path("memring.log");
             let child = Command::new(BIN)
-                .args(["--log-level", "info,memring::discovery=debug"])
+                .args(["--log-level", "info,memring::control::discovery=debug"])
                 .arg("--config")
                 .arg(&path)
                 .stdout(Stdio::null())
@@ -939,14 +939,19 @@ fn discovery_keeps_every_server_when_dns_says_no_name_exists_or_answers_empty() 
 
     // A connection made while every name is missing goes to the last good
     // address.
-    let target =
-        memring::resolve::Target::new(&format!("s1.test.local:{}", servers[0].port), dns.dns());
-    let first = memring::resolve::block_on(|| target.addresses("s1"));
+    let target = memring::inputs::resolve::Target::new(
+        &format!("s1.test.local:{}", servers[0].port),
+        dns.dns(),
+    );
+    let first = memring::inputs::resolve::block_on(|| target.addresses("s1"));
     assert_eq!(first.as_ref().map(Vec::len), Ok(1));
     dns.write_hosts("");
     dns.set_srv(&[], &[]);
     assert!(dns.lookup("s1.test.local").is_err());
-    assert_eq!(memring::resolve::block_on(|| target.addresses("s1")), first);
+    assert_eq!(
+        memring::inputs::resolve::block_on(|| target.addresses("s1")),
+        first
+    );
 }
 
 #[test]

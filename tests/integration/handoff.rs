@@ -2265,7 +2265,7 @@ fn more_chained_changes_than_are_kept_still_never_read_an_overwritten_value() {
         let topology = proxy.running().topology.load();
         assert_eq!(
             topology.older.len(),
-            memring::topology::KEPT_RINGS - 1,
+            memring::pools::topology::KEPT_RINGS - 1,
             "the oldest ring is dropped"
         );
         assert!(topology.older.iter().all(|o| o.ring != first_ring));

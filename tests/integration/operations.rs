@@ -589,7 +589,7 @@ fn slow_admin_connections_leave_fds_bounded_and_the_data_path_healthy() {
     }
     let slow_count = SLOW.min(wanted.saturating_sub(256) as usize);
     assert!(
-        slow_count > 2 * memring::admin::MAX_CONNECTIONS,
+        slow_count > 2 * memring::control::admin::MAX_CONNECTIONS,
         "fd limit {hard} too low for this test"
     );
 
@@ -629,7 +629,7 @@ fn slow_admin_connections_leave_fds_bounded_and_the_data_path_healthy() {
         started.elapsed()
     );
     daemon.wait_for_log("admin listener at its limit of");
-    let bound = baseline + memring::admin::MAX_CONNECTIONS + 16;
+    let bound = baseline + memring::control::admin::MAX_CONNECTIONS + 16;
     // The data path keeps working, and new clients get in, while the admin
     // slots are all taken.
     let mut peak = 0;
@@ -683,7 +683,7 @@ fn probes_are_answered_while_idle_connections_hold_every_admin_slot() {
     wait_for("ready", || http_get(admin, "/ready").0 == 200);
     // More idle connections than there are slots: they connect and send
     // nothing, as a port scanner or a half-open load balancer check does.
-    let idle: Vec<TcpStream> = (0..memring::admin::MAX_CONNECTIONS + 6)
+    let idle: Vec<TcpStream> = (0..memring::control::admin::MAX_CONNECTIONS + 6)
         .map(|_| TcpStream::connect(admin).unwrap())
         .collect();
     // Every probe is answered at once, not refused: none waits for the idle

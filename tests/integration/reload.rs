@@ -339,7 +339,7 @@ fn reload_under_load_fails_no_request_and_drops_no_connection() {
 
 #[test]
 fn a_reload_names_each_changed_setting_and_reports_a_problem_once() {
-    use memring::reload::{Outcome, Reloader};
+    use memring::control::reload::{Outcome, Reloader};
     let dir = TempDir::new("reload", "settings");
     let server = Memcached::start();
     let path = dir.path("memring.toml");

@@ -799,7 +799,7 @@ fn a_new_connection_to_a_tls_server_resumes_the_last_session() {
         server_name: None,
     })
     .expect("backend_tls");
-    let dns = memring::resolve::Dns::default();
+    let dns = memring::inputs::resolve::Dns::default();
     let timeout = Duration::from_secs(5);
     let mut kinds = Vec::new();
     for _ in 0..3 {

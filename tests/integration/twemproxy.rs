@@ -447,7 +447,7 @@ fn traffic(
 /// thread for each, so that a slow answer from nutcracker's stats port
 /// cannot delay what is seen of memring.
 fn watch(
-    topology: memring::topology::SharedTopology,
+    topology: memring::pools::topology::SharedTopology,
     victim: String,
     stats_port: u16,
     timeline: Arc<Mutex<Timeline>>,

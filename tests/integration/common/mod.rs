@@ -396,13 +396,13 @@ impl Proxy {
             .block_on(memring::server::start(&config, shutdown.clone()))
             .expect("memring starts");
         if let Some(path) = watch {
-            let reloader = memring::reload::Reloader::new(
+            let reloader = memring::control::reload::Reloader::new(
                 path.to_path_buf(),
                 config.clone(),
                 running.pools.clone(),
             );
             let _guard = runtime.enter();
-            memring::reload::spawn(reloader, shutdown.clone());
+            memring::control::reload::spawn(reloader, shutdown.clone());
         }
         Proxy {
             addr: running.local_addr,

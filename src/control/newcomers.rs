@@ -15,7 +15,7 @@ use crate::config::Config;
 /// keys in the ring, and its data too (flushing it would lose every value
 /// of a server that was only renumbered). A flush that fails is logged; the
 /// server then joins as it is.
-pub(crate) fn flush_newcomers(topology: &crate::topology::Topology, config: &Config) {
+pub(crate) fn flush_newcomers(topology: &crate::pools::topology::Topology, config: &Config) {
     for server in &config.servers {
         if topology.backends.iter().any(|b| b.name() == server.name) {
             continue;
@@ -39,7 +39,7 @@ pub(crate) fn flush_newcomers(topology: &crate::topology::Topology, config: &Con
 
 /// Flushes every server of `config`'s pool, each over a connection of its
 /// own; the failures, named, in one message. For a shadow pool that is to
-/// serve keys after losing some of their writes (see `reload.rs`).
+/// serve keys after losing some of their writes (see `control/reload.rs`).
 pub(crate) fn flush_every_server(config: &Config) -> Result<(), String> {
     let timeout = config.connect_timeout + config.request_timeout;
     let failed: Vec<String> = config
@@ -68,7 +68,7 @@ pub(crate) fn flush_every_server(config: &Config) -> Result<(), String> {
 fn flush_tls(
     files: &crate::tls::BackendFiles,
     addr: &str,
-    dns: crate::resolve::Dns,
+    dns: crate::inputs::resolve::Dns,
     timeout: std::time::Duration,
 ) -> std::io::Result<()> {
     let connector = crate::tls::Connector::new(files)?;
@@ -98,13 +98,13 @@ fn flush_over(stream: &mut (impl std::io::Read + std::io::Write)) -> std::io::Re
 /// `timeout`. Blocking: reloads run off the request path.
 fn flush_now(
     addr: &str,
-    dns: crate::resolve::Dns,
+    dns: crate::inputs::resolve::Dns,
     timeout: std::time::Duration,
 ) -> std::io::Result<()> {
     use std::net::ToSocketAddrs;
     // A host name is asked where memring's connections ask (`resolver`).
-    let target = match crate::resolve::host_name(addr) {
-        Some((host, port)) => crate::resolve::block_on(|| dns.addresses(host, port))
+    let target = match crate::inputs::resolve::host_name(addr) {
+        Some((host, port)) => crate::inputs::resolve::block_on(|| dns.addresses(host, port))
             .map_err(|e| std::io::Error::other(e.detail))?
             .first()
             .copied(),

@@ -2,11 +2,11 @@
 //! system's resolver (`/etc/resolv.conf`, `/etc/hosts`) or the one DNS server
 //! named by `[discovery] resolver`. Every lookup asks afresh (a resolver is
 //! made per lookup and nothing is cached here), so an address that changed
-//! is seen by the next connect or the next round of `discovery.rs`.
+//! is seen by the next connect or the next round of `control/discovery.rs`.
 //!
 //! Also [`Target`]: what one backend knows about its address between
 //! lookups. No policy here: what a failure means for a server is decided by
-//! `backend/conn.rs` (connects) and `discovery.rs` (the periodic rounds).
+//! `backend/conn.rs` (connects) and `control/discovery.rs` (the periodic rounds).
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};

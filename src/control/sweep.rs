@@ -1,6 +1,6 @@
 //! Before a hand-off window ends, delete from every server the keys it holds
 //! but no longer owns (the window ends once this is done: see
-//! `pool::close_window`).
+//! `publisher::close_window`).
 //!
 //! During a window the previous owners' copies of moved keys serve the
 //! read-through. Once it is over nothing reads them, but they stay: and when
@@ -29,8 +29,8 @@ use memchr::memchr;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use crate::backend::Backend;
+use crate::pools::topology::{SharedTopology, Topology};
 use crate::protocol::request::is_valid_key;
-use crate::topology::{SharedTopology, Topology};
 
 /// Deletes sent before memring waits for the server to take them.
 const DELETES_PER_BATCH: usize = 512;
@@ -125,7 +125,7 @@ pub(crate) async fn sweep(
 /// Deletes from every server of a pool (`topology`, leaving servers of a
 /// hand-off window too: they serve the read-through) the keys `select`
 /// picks, before a reload sends keys to this pool from another (see
-/// `reload.rs`): a listing of each server, deletes of picked keys only, and
+/// `control/reload.rs`): a listing of each server, deletes of picked keys only, and
 /// the server listed again while a listing finds keys to delete (at most
 /// [`MAX_LISTINGS`]). Returns the keys deleted.
 ///

@@ -1,7 +1,7 @@
 //! The topology: the effective ring plus the backends it routes to, with a
 //! version, and [`Change`], what a new server list does to the keyspace. A
 //! topology is immutable; it is published through one `ArcSwap` (see
-//! `pool.rs`), so a session loads it once per request without a lock.
+//! `control/publisher.rs`), so a session loads it once per request without a lock.
 
 use std::sync::Arc;
 
@@ -159,15 +159,15 @@ pub struct Previous {
     /// The same, in seconds since the epoch (for logs and `stats`).
     pub until_unix: u64,
     /// The ring's flavour and servers with their addresses, as the state
-    /// file keeps them (`window_state.rs`); `None` for a ring built
+    /// file keeps them (`pools/window_state.rs`); `None` for a ring built
     /// without them (unit tests), which is then not saved.
-    pub source: Option<Arc<crate::window_state::SavedRing>>,
+    pub source: Option<Arc<crate::pools::window_state::SavedRing>>,
 }
 
 impl Previous {
     /// A window over `ring` (members `members`) ending after `window`.
     pub fn new(ring: Ring, members: Box<[String]>, window: std::time::Duration) -> Previous {
-        let now_unix = crate::clock::unix_now();
+        let now_unix = crate::runtime::clock::unix_now();
         Previous {
             ring,
             members,
@@ -184,9 +184,9 @@ impl Previous {
         ring: Ring,
         members: Box<[String]>,
         until_unix: u64,
-        source: Arc<crate::window_state::SavedRing>,
+        source: Arc<crate::pools::window_state::SavedRing>,
     ) -> Previous {
-        let left = until_unix.saturating_sub(crate::clock::unix_now());
+        let left = until_unix.saturating_sub(crate::runtime::clock::unix_now());
         Previous {
             ring,
             members,
@@ -199,7 +199,7 @@ impl Previous {
 
     /// The same window, with the ring's servers as the state file keeps
     /// them.
-    pub fn with_source(mut self, source: crate::window_state::SavedRing) -> Previous {
+    pub fn with_source(mut self, source: crate::pools::window_state::SavedRing) -> Previous {
         self.source = Some(Arc::new(source));
         self
     }
@@ -224,24 +224,27 @@ impl Topology {
     /// The window this topology is in, as the state file keeps it; `None`
     /// without one (or when its rings do not say where their servers are:
     /// unit tests build such rings).
-    pub fn saved_window(&self) -> Option<crate::window_state::SavedWindow> {
+    pub fn saved_window(&self) -> Option<crate::pools::window_state::SavedWindow> {
         let previous = self.previous.as_ref()?;
         let older = self
             .older
             .iter()
             .map(|p| p.source.as_deref().cloned())
             .collect::<Option<Vec<_>>>()?;
-        Some(crate::window_state::SavedWindow {
+        Some(crate::pools::window_state::SavedWindow {
             until_unix: previous.until_unix,
             swept: false,
             undoes: self.undoes(),
-            ring: crate::window_state::SavedRing::of(&self.config.ring, &self.ring_servers()),
+            ring: crate::pools::window_state::SavedRing::of(
+                &self.config.ring,
+                &self.ring_servers(),
+            ),
             previous: previous.source.as_deref()?.clone(),
             older,
             dropped: self
                 .dropped_servers()
                 .iter()
-                .map(|b| crate::window_state::SavedServer {
+                .map(|b| crate::pools::window_state::SavedServer {
                     name: b.name().to_string(),
                     addr: b.addr().to_string(),
                     weight: 1,
@@ -409,7 +412,7 @@ impl Topology {
     /// Makes the servers named `names` (those this topology has a backend
     /// for) the servers of dropped rings, for a window that chains onto this
     /// topology: a resumed window's, or one started when the windows in
-    /// force are not known (see `window_state.rs`).
+    /// force are not known (see `pools/window_state.rs`).
     pub(crate) fn drop_servers(&mut self, names: &[String]) {
         self.dropped = self
             .backends

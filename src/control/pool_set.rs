@@ -1,5 +1,5 @@
-//! The pools of a running process: one publisher per pool (each with its own
-//! ring, health, ejection and hand-off window, see `pool.rs`) and the layout
+//! The pool set: the pools of a running process, one publisher per pool (each with its own
+//! ring, health, ejection and hand-off window, see `control/publisher.rs`) and the layout
 //! sessions route by. A reload gives each pool its part by name, starts the
 //! pools it adds, stops the ones it removes, then stores the new layout (the
 //! routes) in one swap.
@@ -12,9 +12,9 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, PoolConfig};
-use crate::fd_budget::FdShortage;
-use crate::layout::{Layout, PoolEntry, SharedLayout};
-use crate::pool::{eject_on_health_changes, FdAccount, Published, Publisher};
+use crate::control::fd_budget::FdShortage;
+use crate::control::publisher::{eject_on_health_changes, FdAccount, Published, Publisher};
+use crate::pools::layout::{Layout, PoolEntry, SharedLayout};
 use crate::stats::Stats;
 
 /// Every pool's publisher, and the layout over them.
@@ -28,7 +28,7 @@ pub struct Pools {
     published: Arc<Notify>,
     shutdown: CancellationToken,
     /// Where every pool's hand-off window is kept across restarts.
-    state: Option<Arc<crate::window_state::StateFile>>,
+    state: Option<Arc<crate::pools::window_state::StateFile>>,
 }
 
 struct Member {
@@ -58,8 +58,8 @@ impl Pools {
         tls: Option<Arc<crate::tls::Connector>>,
         shutdown: CancellationToken,
         state: Option<(
-            Arc<crate::window_state::StateFile>,
-            crate::window_state::Loaded,
+            Arc<crate::pools::window_state::StateFile>,
+            crate::pools::window_state::Loaded,
         )>,
     ) -> Arc<Pools> {
         let published = Arc::new(Notify::new());
@@ -108,11 +108,6 @@ impl Pools {
             .map(|m| m.publisher.clone())
     }
 
-    /// Every pool's publisher, in config order.
-    pub fn publishers(&self) -> Vec<Arc<Publisher>> {
-        self.lock().iter().map(|m| m.publisher.clone()).collect()
-    }
-
     /// The publisher of the pool keys matching no route go to.
     pub fn default_publisher(&self) -> Arc<Publisher> {
         let name = self.layout.load().default_name().to_string();
@@ -130,7 +125,7 @@ impl Pools {
 
     /// The shadow pools `config` would make serve keys they do not serve
     /// now (see `Layout::promotions`).
-    pub(crate) fn promotions(&self, config: &Config) -> Vec<crate::layout::Promotion> {
+    pub(crate) fn promotions(&self, config: &Config) -> Vec<crate::pools::layout::Promotion> {
         let routes: Vec<(String, String)> = config
             .routes
             .iter()
@@ -176,7 +171,9 @@ impl Pools {
         if let Some(topology) = &running {
             let moved =
                 |key: &[u8]| layout.moves_into(key, &config.default_pool, &routes, to, exempt);
-            deleted = crate::resolve::block_on(|| crate::sweep::delete_moved(topology, &moved))?;
+            deleted = crate::inputs::resolve::block_on(|| {
+                crate::control::sweep::delete_moved(topology, &moved)
+            })?;
         }
         let wanted = config.pool_list().into_iter().find(|p| p.name == to);
         if let Some(pool) = wanted {
@@ -186,7 +183,7 @@ impl Pools {
                     .as_ref()
                     .is_some_and(|r| r.config.servers.iter().any(|s| s.addr == server.addr))
             });
-            crate::newcomers::flush_every_server(&newcomers)?;
+            crate::control::newcomers::flush_every_server(&newcomers)?;
         }
         Ok(deleted)
     }
@@ -201,7 +198,7 @@ impl Pools {
             .publisher(name)
             .map(|p| p.shared().load().config.clone());
         if let Some(running) = &running {
-            crate::newcomers::flush_every_server(running)?;
+            crate::control::newcomers::flush_every_server(running)?;
         }
         let wanted = config.pool_list().into_iter().find(|p| p.name == name);
         if let Some(pool) = wanted {
@@ -211,7 +208,7 @@ impl Pools {
                     .as_ref()
                     .is_some_and(|r| r.servers.iter().any(|s| s.addr == server.addr))
             });
-            crate::newcomers::flush_every_server(&newcomers)?;
+            crate::control::newcomers::flush_every_server(&newcomers)?;
         }
         Ok(())
     }
@@ -219,7 +216,7 @@ impl Pools {
     /// Gives every pool of `config` its settings: pools that exist apply
     /// theirs (the default pool always, as one reload), new ones start,
     /// removed ones stop; then the routes are stored. A pool's `listen` is
-    /// read at start only (see `reload.rs`): a pool added by a reload is
+    /// read at start only (see `control/reload.rs`): a pool added by a reload is
     /// reached through routes until a restart.
     ///
     /// # Errors
@@ -232,9 +229,14 @@ impl Pools {
             .iter()
             .find(|p| p.name == config.default_pool)
             .expect("a config's default pool is one of its pools");
-        let unchanged = |topology: &crate::topology::Topology| Published {
+        let unchanged = |topology: &crate::pools::topology::Topology| Published {
             version: topology.version,
-            change: crate::topology::Change::between(&[], &topology.ring, &[], &topology.ring),
+            change: crate::pools::topology::Change::between(
+                &[],
+                &topology.ring,
+                &[],
+                &topology.ring,
+            ),
         };
         let default = match members.iter().find(|m| m.publisher.name() == default.name) {
             // Another pool or the routes changed, not this one.
@@ -247,7 +249,7 @@ impl Pools {
                 let ring = default.config.build_ring();
                 Published {
                     version: 1,
-                    change: crate::topology::Change::between(
+                    change: crate::pools::topology::Change::between(
                         &[],
                         &ring,
                         &default.config.servers,
@@ -266,7 +268,7 @@ impl Pools {
                     if *running == *pool.config {
                         continue;
                     }
-                    crate::newcomers::flush_newcomers(
+                    crate::control::newcomers::flush_newcomers(
                         &member.publisher.shared().load(),
                         &pool.config,
                     );
@@ -358,7 +360,7 @@ impl Member {
         tls: &Option<Arc<crate::tls::Connector>>,
         published: &Arc<Notify>,
         shutdown: &CancellationToken,
-        state: &Option<Arc<crate::window_state::StateFile>>,
+        state: &Option<Arc<crate::pools::window_state::StateFile>>,
     ) -> Member {
         let publisher = Publisher::new(
             &pool.name,
@@ -371,7 +373,10 @@ impl Member {
         );
         let stop = shutdown.child_token();
         tokio::spawn(eject_on_health_changes(publisher.clone(), stop.clone()));
-        tokio::spawn(crate::discovery::run(publisher.clone(), stop.clone()));
+        tokio::spawn(crate::control::discovery::run(
+            publisher.clone(),
+            stop.clone(),
+        ));
         Member {
             publisher,
             listen: pool.listen,
@@ -384,12 +389,12 @@ impl Member {
 /// pool, or, when it could not be read, starts every pool in a window that
 /// assumes the worst (see [`Publisher::blind_window`]).
 fn resume_windows(
-    file: &crate::window_state::StateFile,
-    loaded: crate::window_state::Loaded,
+    file: &crate::pools::window_state::StateFile,
+    loaded: crate::pools::window_state::Loaded,
     members: &[Member],
     stats: &Stats,
 ) {
-    use crate::window_state::Loaded;
+    use crate::pools::window_state::Loaded;
     let path = file.path().display().to_string();
     match loaded {
         Loaded::Missing => tracing::info!(

@@ -15,9 +15,9 @@ use tokio_util::task::TaskTracker;
 use crate::backend::conn::{self, Conn};
 use crate::backend::Backend;
 use crate::hotkeys::HotWorker;
-use crate::layout::SharedLayout;
+use crate::pools::layout::SharedLayout;
+use crate::pools::topology::Topology;
 use crate::stats::Stats;
-use crate::topology::Topology;
 
 /// Settings every session of a worker reads.
 #[derive(Debug, Clone, Copy)]
@@ -51,13 +51,13 @@ pub(crate) struct WorkerCtx {
     pub(crate) checks: TaskTracker,
     /// Reply bytes this worker's clients are owed or have reserved, within
     /// its share of `max_buffer_bytes`.
-    pub(crate) budget: Rc<crate::budget::WorkerBudget>,
+    pub(crate) budget: Rc<crate::runtime::budget::WorkerBudget>,
     /// This worker's hot-key counts, requests in flight and windows.
     pub(crate) hot: Rc<HotWorker>,
     /// The time of this worker's current turn.
-    pub(crate) clock: Rc<crate::clock::TurnClock>,
-    /// This worker's shadow requests in flight (see `shadow.rs`).
-    pub(crate) shadow: Rc<crate::shadow::InFlight>,
+    pub(crate) clock: Rc<crate::runtime::clock::TurnClock>,
+    /// This worker's shadow requests in flight (see `pools/shadow.rs`).
+    pub(crate) shadow: Rc<crate::pools::shadow::InFlight>,
     /// This worker's part of the request latency histograms.
     pub(crate) latency: crate::latency::LatencyWriter,
 }
@@ -72,7 +72,7 @@ impl WorkerCtx {
         budget: usize,
         hot: Rc<HotWorker>,
     ) -> WorkerCtx {
-        let budget = Rc::new(crate::budget::WorkerBudget::new(budget));
+        let budget = Rc::new(crate::runtime::budget::WorkerBudget::new(budget));
         stats.publish_reply_owed(budget.published());
         WorkerCtx {
             latency: stats.latency_writer(),
@@ -86,7 +86,7 @@ impl WorkerCtx {
             checks: TaskTracker::new(),
             budget,
             hot,
-            clock: Rc::new(crate::clock::TurnClock::new()),
+            clock: Rc::new(crate::runtime::clock::TurnClock::new()),
             shadow: Rc::default(),
         }
     }

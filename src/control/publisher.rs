@@ -1,5 +1,5 @@
-//! The pool: the one writer of the published topology. Config reloads and
-//! health ejections both build their new topology here, one at a time, and
+//! A pool's publisher: the one writer of its published topology. Config
+//! reloads and health ejections both build their new topology here, one at a time, and
 //! publish it with one arc-swap store; [`eject_on_health_changes`] is the
 //! task that turns DEAD servers into ejections.
 
@@ -11,11 +11,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::health::HealthState;
 use crate::backend::{Backend, PoolHooks};
-use crate::client_slots::ClientSlots;
 use crate::config::{Config, Ejection, ServerConfig};
-use crate::fd_budget::{FdBudget, FdShortage};
+use crate::control::client_slots::ClientSlots;
+use crate::control::fd_budget::{FdBudget, FdShortage};
+use crate::pools::topology::{Change, Previous, SharedTopology, Topology};
 use crate::stats::Stats;
-use crate::topology::{Change, Previous, SharedTopology, Topology};
 
 /// Builds and publishes topologies, one at a time: config reloads and health
 /// ejections both come through here, so neither can overwrite the other.
@@ -39,7 +39,7 @@ pub struct Publisher {
     /// Where the sweep that closes the hand-off window stands.
     window_sweep: Mutex<WindowSweep>,
     /// Where the window in force is kept across restarts (`state_file`).
-    state: Option<Arc<crate::window_state::StateFile>>,
+    state: Option<Arc<crate::pools::window_state::StateFile>>,
 }
 
 /// A hand-off window ends only once its sweep has run (see
@@ -82,7 +82,7 @@ impl Publisher {
         fds: Option<FdAccount>,
         tls: Option<Arc<crate::tls::Connector>>,
         published: Arc<Notify>,
-        state: Option<Arc<crate::window_state::StateFile>>,
+        state: Option<Arc<crate::pools::window_state::StateFile>>,
     ) -> Arc<Publisher> {
         let hooks = PoolHooks {
             health_changed: Arc::new(Notify::new()),
@@ -142,13 +142,13 @@ impl Publisher {
     /// that window does not know are flushed. A window whose time is up
     /// and whose sweep has not run is taken up too: its sweep runs at once,
     /// then it ends.
-    pub(crate) fn resume(&self, saved: &crate::window_state::SavedWindow) {
+    pub(crate) fn resume(&self, saved: &crate::pools::window_state::SavedWindow) {
         let from = self
             .state
             .as_ref()
             .map_or_else(String::new, |s| s.path().display().to_string());
         let prefix = self.log_prefix();
-        let now = crate::clock::unix_now();
+        let now = crate::runtime::clock::unix_now();
         if saved.swept && saved.until_unix <= now {
             tracing::info!(
                 "{prefix}the hand-off window saved in {from} was over (swept, until {}); starting without one",
@@ -239,7 +239,7 @@ impl Publisher {
         std::thread::scope(|scope| {
             // Blocking, and the control plane's runtime may be the
             // caller's: on a thread of its own.
-            scope.spawn(|| crate::newcomers::flush_newcomers(&before, &config));
+            scope.spawn(|| crate::control::newcomers::flush_newcomers(&before, &config));
         });
         let backends = Topology::backends_for(&config, Some(&before), &self.hooks);
         let Published { version, change } =
@@ -281,7 +281,7 @@ impl Publisher {
         scaffold.drop_servers(&everyone);
         let mut new = self.successor(&first);
         let previous = Previous::new(first.ring.clone(), first.members(), window).with_source(
-            crate::window_state::SavedRing::of(&first.config.ring, &first.ring_servers()),
+            crate::pools::window_state::SavedRing::of(&first.config.ring, &first.ring_servers()),
         );
         let until = previous.until_unix;
         new.set_previous(previous, Vec::new(), &scaffold);
@@ -376,14 +376,8 @@ impl Publisher {
         self.fds.as_ref().map(|fds| fds.clients.limit())
     }
 
-    /// Re-evaluates ejection after health changes; publishes only if the set of
-    /// ejected servers changed.
-    pub fn apply_health(&self) -> Option<Published> {
-        self.apply_health_holding(&[])
-    }
-
     /// Servers out of the ring that are no longer DEAD: they would come back
-    /// on the next [`Publisher::apply_health`].
+    /// on the next [`Publisher::apply_health_holding`].
     pub fn returning(&self) -> Vec<Arc<Backend>> {
         let old = self.topology.load_full();
         let ejected = self.to_eject(&old.config, &old.backends);
@@ -395,8 +389,9 @@ impl Publisher {
             .collect()
     }
 
-    /// Like [`Publisher::apply_health`], but the servers named in `hold` stay
-    /// ejected (their flush on return failed).
+    /// Re-evaluates ejection after health changes, except that the servers
+    /// named in `hold` stay ejected (their flush on return failed); publishes
+    /// only if the set of ejected servers changed.
     pub fn apply_health_holding(&self, hold: &[String]) -> Option<Published> {
         let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.topology.load_full();
@@ -537,7 +532,7 @@ impl Publisher {
                 || (restore_hands_off && !change.restored.is_empty()));
         if starts {
             let previous = Previous::new(old.ring.clone(), old.members(), window).with_source(
-                crate::window_state::SavedRing::of(&old.config.ring, &old.ring_servers()),
+                crate::pools::window_state::SavedRing::of(&old.config.ring, &old.ring_servers()),
             );
             change.handoff = Some(Box::new((
                 window.as_millis() as u64,
@@ -679,7 +674,7 @@ fn close_window(publisher: &Arc<Publisher>) -> bool {
     let prefix = publisher.log_prefix();
     let publisher = publisher.clone();
     tokio::spawn(async move {
-        let swept = crate::sweep::sweep(shared, topology, stats).await;
+        let swept = crate::control::sweep::sweep(shared, topology, stats).await;
         let deleted: u64 = swept.iter().map(|(_, n)| n).sum();
         tracing::info!(
             "{prefix}ring v{version}: deleted {deleted} keys from {} servers that no longer own them",
@@ -792,7 +787,7 @@ async fn flush(backend: &Backend, timeout: std::time::Duration) -> std::io::Resu
             }
             got += n;
         }
-        crate::newcomers::flush_answer(&reply[..got])
+        crate::control::newcomers::flush_answer(&reply[..got])
     };
     tokio::time::timeout(timeout, attempt)
         .await

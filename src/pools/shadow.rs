@@ -177,7 +177,7 @@ pub(crate) struct InFlight {
     requests: Cell<usize>,
     bytes: Cell<usize>,
     /// The owner of every shadow slot: nobody waits on it.
-    nobody: Rc<crate::wake::Wake>,
+    nobody: Rc<crate::runtime::wake::Wake>,
 }
 
 impl Default for InFlight {
@@ -185,7 +185,7 @@ impl Default for InFlight {
         InFlight {
             requests: Cell::new(0),
             bytes: Cell::new(0),
-            nobody: Rc::new(crate::wake::Wake::new()),
+            nobody: Rc::new(crate::runtime::wake::Wake::new()),
         }
     }
 }
@@ -214,7 +214,7 @@ impl InFlight {
     }
 
     /// What shadow slots wake: nothing listens.
-    pub(crate) fn nobody(&self) -> Rc<crate::wake::Wake> {
+    pub(crate) fn nobody(&self) -> Rc<crate::runtime::wake::Wake> {
         self.nobody.clone()
     }
 }

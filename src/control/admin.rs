@@ -34,8 +34,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::health::HealthState;
+use crate::pools::topology::SharedTopology;
 use crate::stats::{Stats, OPENMETRICS_TEXT_TYPE, PROMETHEUS_TEXT_TYPE};
-use crate::topology::SharedTopology;
 
 /// Admin connections served at once. A scraper and a few probes need a
 /// handful; the rest is headroom.

@@ -264,7 +264,7 @@ fn first_line(error: &toml::de::Error) -> String {
 /// plane reads its other files (`regular_file`): a FIFO or a device is
 /// refused without waiting, and no more than [`MAX_STATE_BYTES`] is read.
 fn read_capped(path: &Path) -> Result<Option<String>, String> {
-    match crate::regular_file::read_to_string(path, MAX_STATE_BYTES) {
+    match crate::inputs::regular_file::read_to_string(path, MAX_STATE_BYTES) {
         Ok(text) => Ok(Some(text)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e.to_string()),
@@ -360,7 +360,7 @@ impl StateFile {
     fn write(&self, pools: &BTreeMap<String, SavedWindow>) -> std::io::Result<()> {
         let text = toml::to_string(&StateText {
             version: FORMAT_VERSION,
-            written_unix: crate::clock::unix_now(),
+            written_unix: crate::runtime::clock::unix_now(),
             pools: pools.clone(),
         })
         .map_err(std::io::Error::other)?;

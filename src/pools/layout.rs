@@ -1,6 +1,6 @@
 //! The layout: the pools one process serves and the key-prefix routes
 //! between them, which say on whose topology a request is planned. Immutable
-//! and published through one `ArcSwap` by `pools.rs` (routes change with the
+//! and published through one `ArcSwap` by `control/pool_set.rs` (routes change with the
 //! rest of a reload in one store); sessions load it once per request. It also
 //! says which pools have a shadow pool, and which of their keys it gets.
 //! No I/O.
@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::topology::{SharedTopology, Topology};
+use crate::pools::topology::{SharedTopology, Topology};
 
 /// One pool as sessions see it.
 #[derive(Debug, Clone)]
@@ -18,12 +18,12 @@ pub struct PoolEntry {
     pub topology: SharedTopology,
 }
 
-/// A pool's shadow as sessions see it (see `shadow.rs`).
+/// A pool's shadow as sessions see it (see `pools/shadow.rs`).
 #[derive(Debug)]
 pub struct ShadowLink {
     /// Index in [`Layout::pools`] of the shadow pool.
     pub pool: usize,
-    pub(crate) sampler: crate::shadow::Sampler,
+    pub(crate) sampler: crate::pools::shadow::Sampler,
     pub counters: Arc<crate::stats::ShadowCounters>,
 }
 
@@ -312,7 +312,7 @@ impl Layout {
                 any = true;
                 links[primary] = Some(ShadowLink {
                     pool: shadow,
-                    sampler: crate::shadow::Sampler::new(fraction),
+                    sampler: crate::pools::shadow::Sampler::new(fraction),
                     counters: Arc::new(counters),
                 });
             }

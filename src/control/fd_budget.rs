@@ -45,7 +45,7 @@ impl FdBudget {
     /// The budget for `config` under the soft limit `nofile`.
     pub fn of(config: &Config, nofile: u64) -> FdBudget {
         let admin = if config.admin_listen.is_some() {
-            crate::admin::MAX_CONNECTIONS as u64
+            crate::control::admin::MAX_CONNECTIONS as u64
         } else {
             0
         };
@@ -136,7 +136,7 @@ mod tests {
         let budget = FdBudget::of(&config, 1024);
         assert_eq!(
             budget.fixed,
-            BASE_FDS + crate::admin::MAX_CONNECTIONS as u64
+            BASE_FDS + crate::control::admin::MAX_CONNECTIONS as u64
         );
         assert_eq!(budget.config_backend_fds(&config), 2 * 2 * 3);
     }

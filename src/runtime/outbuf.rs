@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use bytes::{Buf, Bytes, BytesMut};
 
-use crate::recycled::RecycledBuf;
+use crate::runtime::recycled::RecycledBuf;
 
 /// Pieces at least this long are written in place rather than copied.
 const ZERO_COPY_BYTES: usize = 4096;

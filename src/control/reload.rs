@@ -23,12 +23,12 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::control::fd_budget::FdShortage;
+use crate::control::newcomers::flush_newcomers;
+use crate::control::pool_set::{Applied, Pools};
+use crate::control::publisher::Published;
 use crate::error::ConfigError;
-use crate::fd_budget::FdShortage;
-use crate::newcomers::flush_newcomers;
-use crate::pool::Published;
-use crate::pools::{Applied, Pools};
-use crate::topology::Change;
+use crate::pools::topology::Change;
 
 /// Quiet time after the last event before reloading: an editor's save is
 /// several events, and a half-written file must not be read.
@@ -118,9 +118,9 @@ impl Reloader {
         let shown = self.path.display().to_string();
         // A regular file within the cap, or an error at once: a FIFO in its
         // place must not stop this and every later reload.
-        let read = crate::regular_file::read_to_string(
+        let read = crate::inputs::regular_file::read_to_string(
             &self.path,
-            crate::regular_file::MAX_CONFIG_FILE_BYTES,
+            crate::inputs::regular_file::MAX_CONFIG_FILE_BYTES,
         );
         let text = match read {
             Ok(text) => text,
@@ -165,7 +165,7 @@ impl Reloader {
                 {
                     running.servers.clone()
                 }
-                _ => crate::discovery::servers_blocking(
+                _ => crate::control::discovery::servers_blocking(
                     source,
                     config.discovery.dns,
                     config.discovery.tls,
@@ -426,7 +426,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         routes,
         default_pool,
     } = new;
-    // Each pool's own settings are its publisher's business (`pools.rs`);
+    // Each pool's own settings are its publisher's business (`control/pool_set.rs`);
     // here: the routes between pools, and the pools' listeners (bound at
     // start only).
     let routes_text = |routes: &[crate::config::Route]| {
@@ -1023,7 +1023,7 @@ fn watched_directory(path: &Path) -> PathBuf {
 }
 
 /// What a promoted shadow lacks, for the log and the refusal.
-fn promotion_losses(promotion: &crate::layout::Promotion, lost: u64) -> String {
+fn promotion_losses(promotion: &crate::pools::layout::Promotion, lost: u64) -> String {
     if promotion.fraction < 1.0 {
         format!(
             "{lost} writes lost, and fraction {} leaves keys out",
@@ -1143,7 +1143,7 @@ mod tests {
         assert_eq!(changes.len(), 18, "every setting differs: {changes:?}");
         // config/memring.toml describes each setting in the comment block
         // above it, ending in "Restart." or "Live".
-        let example = include_str!("../config/memring.toml");
+        let example = include_str!("../../config/memring.toml");
         for change in &changes {
             let at = example
                 .lines()

@@ -22,8 +22,8 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ServerConfig, Source, MAX_WEIGHT};
-use crate::pool::Publisher;
-use crate::resolve::{Dns, DnsError, DnsFailure};
+use crate::control::publisher::Publisher;
+use crate::inputs::resolve::{Dns, DnsError, DnsFailure};
 
 /// The servers DNS lists for `source`, sorted by name.
 ///
@@ -114,7 +114,7 @@ pub fn servers_blocking(
     dns: Dns,
     tls: bool,
 ) -> Result<Vec<ServerConfig>, DnsError> {
-    crate::resolve::block_on(|| servers(source, dns, tls))
+    crate::inputs::resolve::block_on(|| servers(source, dns, tls))
 }
 
 /// `config` with the servers its `[discovery]` records list now, for the
@@ -229,14 +229,14 @@ async fn pool_round(publisher: &Publisher, episodes: &mut Episodes) {
         return;
     }
     // Servers that join are flushed first, as on a config edit
-    // (reload.rs): a server that was in the pool before may hold values
+    // (control/reload.rs): a server that was in the pool before may hold values
     // older than what was written while it was out.
     let topology = publisher.shared().load_full();
     let joining = config.with_servers(found.clone());
     // Blocking connects, on a thread of their own.
     let (done, flushed) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
-        crate::newcomers::flush_newcomers(&topology, &joining);
+        crate::control::newcomers::flush_newcomers(&topology, &joining);
         let _ = done.send(());
     });
     let _ = flushed.await;
@@ -316,7 +316,7 @@ async fn names_round(publisher: &Publisher, episodes: &mut Episodes) {
         match &answer {
             Ok(found) => {
                 if std::mem::take(failing) {
-                    tracing::info!(server = %backend.name(), "`{host}` resolves again: {}", crate::resolve::list(found));
+                    tracing::info!(server = %backend.name(), "`{host}` resolves again: {}", crate::inputs::resolve::list(found));
                 }
             }
             Err(error) if !*failing => {
@@ -336,8 +336,8 @@ async fn names_round(publisher: &Publisher, episodes: &mut Episodes) {
                 tracing::info!(
                     server = %backend.name(),
                     "`{host}` now resolves to {} (connections were to {}): its connections move, its keys stay",
-                    crate::resolve::list(found),
-                    crate::resolve::list(&before)
+                    crate::inputs::resolve::list(found),
+                    crate::inputs::resolve::list(&before)
                 );
             }
         }
