@@ -3,7 +3,7 @@
 //! switch keeps every key where it is: one pool (named, or the only one) as
 //! a one-pool config, or every pool of the file as one config with a
 //! `[[pools]]` entry for each pool after the first, so that one memring
-//! replaces one nutcracker process. Pure text in, text out; `main` reads the
+//! replaces one nutcracker process. Pure text in, text out; `cli/import.rs` reads the
 //! file and prints.
 //!
 //! nutcracker.yml uses a small part of YAML (a map of pools, each a map of
