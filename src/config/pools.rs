@@ -11,7 +11,10 @@ use std::sync::Arc;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::{binds_overlap, line_column, refused_char, Config, Lookup, RawConfig, RawServer};
+use super::addr::{binds_overlap, refused_char, Lookup};
+use super::diagnose::line_column;
+use super::raw::{RawConfig, RawServer};
+use super::Config;
 use crate::error::ConfigError;
 
 /// The name of the pool the top-level `[[servers]]` (or `[discovery]`) make.
