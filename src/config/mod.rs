@@ -5,7 +5,8 @@
 //! host names to tell two spellings of one memcached apart.
 //!
 //! One job per file: `raw.rs` (the serde structs and the list of every key),
-//! `build.rs` (one pool's `Config` from its raw table, step by step),
+//! `build.rs` (one pool's `Config` from its raw table, step by step;
+//! `servers.rs` its `[[servers]]`),
 //! `pools.rs` (`[[pools]]`, `[[routes]]`, shadows: the config of each pool),
 //! one file per section (`discovery.rs`, `tls.rs`, `ring.rs`,
 //! `hot_keys.rs`, `ejection.rs` with `failover`, `shared_with.rs`),
@@ -32,6 +33,7 @@ mod hot_keys;
 mod pools;
 mod raw;
 mod ring;
+mod servers;
 mod shared_with;
 mod tls;
 
