@@ -209,45 +209,8 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("memring: {}", error_chain(&error));
+            eprintln!("memring: {}", cli::error_chain(&error));
             ExitCode::from(1)
         }
-    }
-}
-
-/// The error and its causes on one line, each cause once: an error whose
-/// message already quotes its source (`cannot read: No such file or
-/// directory`) does not get the source appended a second time.
-fn error_chain(error: &anyhow::Error) -> String {
-    let mut text = error.to_string();
-    for cause in error.chain().skip(1) {
-        let cause = cause.to_string();
-        if !text.contains(&cause) {
-            text.push_str(": ");
-            text.push_str(&cause);
-        }
-    }
-    text
-}
-
-#[cfg(test)]
-mod tests {
-    use std::path::Path;
-
-    use memring::config::Config;
-
-    use super::*;
-
-    #[test]
-    fn each_cause_is_printed_once() {
-        let missing = Config::load(Path::new("/nonexistent/memring.toml")).unwrap_err();
-        let text = error_chain(&anyhow::Error::new(missing));
-        assert_eq!(
-            text.matches("No such file or directory").count(),
-            1,
-            "{text}"
-        );
-        let wrapped = anyhow::anyhow!("inner").context("outer");
-        assert_eq!(error_chain(&wrapped), "outer: inner");
     }
 }

@@ -26,3 +26,40 @@ fn resolve(addr: &str) -> anyhow::Result<Vec<std::net::SocketAddr>> {
     anyhow::ensure!(!found.is_empty(), "{addr} resolves to no address");
     Ok(found)
 }
+
+/// The error and its causes on one line, each cause once: an error whose
+/// message already quotes its source (`cannot read: No such file or
+/// directory`) does not get the source appended a second time.
+pub(crate) fn error_chain(error: &anyhow::Error) -> String {
+    let mut text = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use memring::config::Config;
+
+    use super::*;
+
+    #[test]
+    fn each_cause_is_printed_once() {
+        let missing = Config::load(Path::new("/nonexistent/memring.toml")).unwrap_err();
+        let text = error_chain(&anyhow::Error::new(missing));
+        assert_eq!(
+            text.matches("No such file or directory").count(),
+            1,
+            "{text}"
+        );
+        let wrapped = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(error_chain(&wrapped), "outer: inner");
+    }
+}
