@@ -11,7 +11,7 @@ use std::time::Duration;
 use toml::Spanned;
 
 use super::addr::{binds_overlap, Lookup};
-use super::diagnose::line_column;
+use super::diagnose::{line_column, At};
 use super::discovery::discovery_settings;
 use super::ejection::{ejection, failover};
 use super::hot_keys::hot_key_settings;
@@ -29,9 +29,6 @@ use super::{
 };
 use crate::error::ConfigError;
 use crate::protocol::{Limits, DEFAULT_MAX_GET_LINE_BYTES, DEFAULT_MAX_LINE_BYTES};
-
-/// Makes the error for a span of the config text.
-type At<'a> = dyn Fn(Range<usize>, String) -> ConfigError + 'a;
 
 /// Reads one integer setting: its value, a default, and its allowed range.
 pub(super) type NumberSetting<'a> = dyn Fn(&Option<Spanned<u64>>, &str, u64, std::ops::RangeInclusive<u64>) -> Result<u64, ConfigError>

@@ -2,7 +2,14 @@
 //! and suggest the nearest known one, an example of each key's value, and
 //! the `line:column` of a byte offset.
 
+use std::ops::Range;
+
 use super::raw::{struct_fields, RawConfig};
+use crate::error::ConfigError;
+
+/// Makes the error for a span of the config text (`file:line:column:
+/// message`).
+pub(super) type At<'a> = dyn Fn(Range<usize>, String) -> ConfigError + 'a;
 
 /// An example value of every key, for messages about a value of the wrong
 /// type: the default where there is one, else a typical value.

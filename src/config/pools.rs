@@ -12,7 +12,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::addr::{binds_overlap, refused_char, Lookup};
-use super::diagnose::line_column;
+use super::diagnose::{line_column, At};
 use super::raw::{RawConfig, RawServer};
 use super::Config;
 use crate::error::ConfigError;
@@ -115,9 +115,6 @@ impl Config {
         self.pool_list().into_iter().find(|p| p.name == name)
     }
 }
-
-/// Makes the error for a span of the config text.
-type At<'a> = dyn Fn(Range<usize>, String) -> ConfigError + 'a;
 
 /// The config of a whole file: the top-level pool (when it has servers),
 /// each `[[pools]]` entry over it, and the routes between them. The returned

@@ -9,13 +9,10 @@ use super::addr::{
     aliases, canonical, check_server_addr, endpoint_of, refused_char, twemproxy_server, Endpoint,
     Lookup,
 };
-use super::diagnose::line_column;
+use super::diagnose::{line_column, At};
 use super::raw::{RawConfig, RawServer};
 use super::{ServerConfig, MAX_WEIGHT};
 use crate::error::ConfigError;
-
-/// Makes the error for a span of the config text.
-type At<'a> = dyn Fn(Range<usize>, String) -> ConfigError + 'a;
 
 /// The servers of one pool, validated, with what loading noticed about them.
 pub(super) struct ServerList {
