@@ -62,13 +62,6 @@ pub(crate) mod stats;
 pub mod tls;
 mod worker;
 
-// The old paths of modules that moved into rooms, kept for src/main.rs and
-// src/config/, which are being rewritten beside this move (issue 50).
-// TODO(#50): remove once those files name the rooms' paths.
-pub use control::{admin, discovery, fd_budget, reload};
-pub use inputs::{regular_file, resolve};
-pub use pools::topology;
-
 /// memring's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 

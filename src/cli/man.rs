@@ -7,6 +7,8 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use anyhow::Context as _;
+
 /// Writes memring(1) to stdout.
 ///
 /// # Errors
@@ -37,6 +39,20 @@ pub(crate) fn write_all(command: clap::Command, dir: &Path) -> std::io::Result<V
     std::fs::write(&path, main_page(command)?)?;
     written.push(path);
     Ok(written)
+}
+
+/// Writes every page into `dir` ([`write_all`]) and prints their paths.
+///
+/// # Errors
+///
+/// When a page cannot be written.
+pub(crate) fn print_pages(command: clap::Command, dir: &Path) -> anyhow::Result<()> {
+    let pages = write_all(command, dir)
+        .with_context(|| format!("cannot write the pages into {}", dir.display()))?;
+    for page in pages {
+        println!("{}", page.display());
+    }
+    Ok(())
 }
 
 /// What an operator looks for in memring(1) that `--help` does not say.

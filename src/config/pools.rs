@@ -11,7 +11,10 @@ use std::sync::Arc;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::{binds_overlap, line_column, refused_char, Config, Lookup, RawConfig, RawServer};
+use super::addr::{binds_overlap, refused_char, Lookup};
+use super::diagnose::{line_column, At};
+use super::raw::{RawConfig, RawServer};
+use super::Config;
 use crate::error::ConfigError;
 
 /// The name of the pool the top-level `[[servers]]` (or `[discovery]`) make.
@@ -139,32 +142,94 @@ pub(super) fn build(
             message,
         }
     };
-    let line_of = |span: Range<usize>| line_column(text, span.start).0;
     let top_has_servers = !raw.servers.is_empty()
         || raw
             .discovery
             .as_ref()
             .is_some_and(|d| d.get_ref().srv.is_some() || d.get_ref().a.is_some());
-    let mut pools: Vec<PoolConfig> = Vec::new();
-    // Where each pool's name (and listen) is written, for "first at line".
-    let mut written: Vec<(Range<usize>, Option<Range<usize>>)> = Vec::new();
+    let mut pools = Pools {
+        list: Vec::new(),
+        written: Vec::new(),
+        top_has_servers,
+    };
     if top_has_servers {
-        pools.push(PoolConfig {
+        pools.list.push(PoolConfig {
             name: DEFAULT_POOL.to_string(),
             listen: None,
             config: Arc::new(Config::build_pool(raw, text, path, lookup)?),
             shadow: None,
         });
-        written.push((0..0, None));
+        pools.written.push((0..0, None));
     } else if let Some(shadow) = &raw.shadow {
         return Err(at(
             shadow.span(),
             "[shadow] is the top-level pool's, and there is none: write [pools.shadow] under the [[pools]] entry it is for".into(),
         ));
     }
-    let listen = raw.listen.get_ref().parse::<SocketAddr>().ok();
     for entry in &raw.pools {
+        pools.add(raw, entry, text, path, lookup, &at)?;
+    }
+    let mut pools = pools.list;
+    check_failovers(raw, &pools, &at)?;
+    let raw_shadows: Vec<Option<&Spanned<RawShadow>>> = top_has_servers
+        .then_some(raw.shadow.as_ref())
+        .into_iter()
+        .chain(raw.pools.iter().map(|p| p.get_ref().shadow.as_ref()))
+        .collect();
+    check_shadows(&mut pools, &raw_shadows, &at)?;
+    let default_pool = default_pool(raw, &pools, top_has_servers, &at)?;
+    let (routes, warnings) = routes(raw, &pools, text, &at)?;
+    Ok(whole_file(pools, routes, default_pool, warnings))
+}
+
+/// The pools read so far, and where each one's name (and listen) is
+/// written, for "first at line".
+struct Pools {
+    list: Vec<PoolConfig>,
+    written: Vec<(Range<usize>, Option<Range<usize>>)>,
+    top_has_servers: bool,
+}
+
+impl Pools {
+    /// One `[[pools]]` entry: its name, its config laid over the top level,
+    /// and its own listener.
+    fn add(
+        &mut self,
+        raw: &RawConfig,
+        entry: &Spanned<RawPool>,
+        text: &str,
+        path: &str,
+        lookup: Option<Lookup<'_>>,
+        at: &At<'_>,
+    ) -> Result<(), ConfigError> {
         let pool = entry.get_ref();
+        let name = pool.name.get_ref();
+        self.check_name(pool, text, at)?;
+        if pool.servers.is_empty() {
+            return Err(at(
+                entry.span(),
+                format!("pool `{name}` has no servers: add [[pools.servers]] entries after it"),
+            ));
+        }
+        let layered = layered(raw, pool);
+        let config = Config::build_pool(&layered, text, path, lookup)?;
+        let pool_listen = match &pool.listen {
+            None => None,
+            Some(addr) => Some(self.listener(raw, name, addr, &config, text, at)?),
+        };
+        self.written
+            .push((pool.name.span(), pool.listen.as_ref().map(|l| l.span())));
+        self.list.push(PoolConfig {
+            name: name.clone(),
+            listen: pool_listen,
+            config: Arc::new(config),
+            shadow: None,
+        });
+        Ok(())
+    }
+
+    /// A pool's name: printable, one word, not another pool's.
+    fn check_name(&self, pool: &RawPool, text: &str, at: &At<'_>) -> Result<(), ConfigError> {
         let name = pool.name.get_ref();
         if let Some(byte) = refused_char(name) {
             return Err(at(
@@ -178,79 +243,76 @@ pub(super) fn build(
                 "pool name must be non-empty and contain no whitespace".into(),
             ));
         }
-        if let Some(first) = pools.iter().position(|p| &p.name == name) {
-            let message = if first == 0 && top_has_servers {
+        if let Some(first) = self.list.iter().position(|p| &p.name == name) {
+            let message = if first == 0 && self.top_has_servers {
                 format!("pool `{name}` is the one the top-level [[servers]] make: give this pool another name")
             } else {
                 format!(
                     "duplicate pool name `{name}` (first at line {})",
-                    line_of(written[first].0.clone())
+                    line_column(text, self.written[first].0.start).0
                 )
             };
             return Err(at(pool.name.span(), message));
         }
-        if pool.servers.is_empty() {
+        Ok(())
+    }
+
+    /// A pool's own `listen`: an IP:port address no other listener takes.
+    fn listener(
+        &self,
+        raw: &RawConfig,
+        name: &str,
+        addr: &Spanned<String>,
+        config: &Config,
+        text: &str,
+        at: &At<'_>,
+    ) -> Result<SocketAddr, ConfigError> {
+        let socket = addr.get_ref().parse::<SocketAddr>().map_err(|_| {
+            at(
+                addr.span(),
+                format!(
+                    "pool `{name}`: listen `{}` is not an IP:port address",
+                    addr.get_ref()
+                ),
+            )
+        })?;
+        let listen = raw.listen.get_ref().parse::<SocketAddr>().ok();
+        let mut taken: Vec<(SocketAddr, String)> = Vec::new();
+        taken.extend(listen.map(|l| (l, "listen".to_string())));
+        taken.extend(config.admin_listen.map(|a| (a, "admin_listen".to_string())));
+        taken.extend(
+            config
+                .tls_listen
+                .as_ref()
+                .map(|t| (t.addr, "tls_listen.addr".to_string())),
+        );
+        for (other, span) in self.list.iter().zip(&self.written) {
+            if let (Some(other_listen), Some(span)) = (other.listen, &span.1) {
+                taken.push((
+                    other_listen,
+                    format!(
+                        "pool `{}`'s listen (line {})",
+                        other.name,
+                        line_column(text, span.start).0
+                    ),
+                ));
+            }
+        }
+        if let Some((_, owner)) = taken.iter().find(|(a, _)| binds_overlap(*a, socket)) {
             return Err(at(
-                entry.span(),
-                format!("pool `{name}` has no servers: add [[pools.servers]] entries after it"),
+                addr.span(),
+                format!(
+                    "pool `{name}`: listen = \"{}\" takes the address of {owner}: each listener needs an address of its own",
+                    addr.get_ref()
+                ),
             ));
         }
-        let layered = layered(raw, pool);
-        let config = Config::build_pool(&layered, text, path, lookup)?;
-        let pool_listen = match &pool.listen {
-            None => None,
-            Some(addr) => {
-                let socket = addr.get_ref().parse::<SocketAddr>().map_err(|_| {
-                    at(
-                        addr.span(),
-                        format!(
-                            "pool `{name}`: listen `{}` is not an IP:port address",
-                            addr.get_ref()
-                        ),
-                    )
-                })?;
-                let mut taken: Vec<(SocketAddr, String)> = Vec::new();
-                taken.extend(listen.map(|l| (l, "listen".to_string())));
-                taken.extend(config.admin_listen.map(|a| (a, "admin_listen".to_string())));
-                taken.extend(
-                    config
-                        .tls_listen
-                        .as_ref()
-                        .map(|t| (t.addr, "tls_listen.addr".to_string())),
-                );
-                for (other, span) in pools.iter().zip(&written) {
-                    if let (Some(other_listen), Some(span)) = (other.listen, &span.1) {
-                        taken.push((
-                            other_listen,
-                            format!(
-                                "pool `{}`'s listen (line {})",
-                                other.name,
-                                line_of(span.clone())
-                            ),
-                        ));
-                    }
-                }
-                if let Some((_, owner)) = taken.iter().find(|(a, _)| binds_overlap(*a, socket)) {
-                    return Err(at(
-                        addr.span(),
-                        format!(
-                            "pool `{name}`: listen = \"{}\" takes the address of {owner}: each listener needs an address of its own",
-                            addr.get_ref()
-                        ),
-                    ));
-                }
-                Some(socket)
-            }
-        };
-        written.push((pool.name.span(), pool.listen.as_ref().map(|l| l.span())));
-        pools.push(PoolConfig {
-            name: name.clone(),
-            listen: pool_listen,
-            config: Arc::new(config),
-            shadow: None,
-        });
+        Ok(socket)
     }
-    // Each pool's gutter is another pool, which has none of its own.
+}
+
+/// Each pool's gutter is another pool, which has none of its own.
+fn check_failovers(raw: &RawConfig, pools: &[PoolConfig], at: &At<'_>) -> Result<(), ConfigError> {
     let failover_spans =
         raw.failover
             .iter()
@@ -269,14 +331,7 @@ pub(super) fn build(
         let gutter = pools.iter().find(|p| p.name == failover.pool);
         let problem = match gutter {
             _ if failover.pool == name => Some("a pool cannot be its own gutter".to_string()),
-            None => Some(format!(
-                "names no pool (pools: {})",
-                pools
-                    .iter()
-                    .map(|p| format!("`{}`", p.name))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )),
+            None => Some(format!("names no pool (pools: {})", known(pools))),
             Some(gutter) if gutter.config.failover.is_some() => Some(format!(
                 "pool `{}` has a failover of its own: a gutter pool takes keys, it does not pass them on",
                 gutter.name
@@ -290,20 +345,27 @@ pub(super) fn build(
             ));
         }
     }
-    let raw_shadows: Vec<Option<&Spanned<RawShadow>>> = top_has_servers
-        .then_some(raw.shadow.as_ref())
-        .into_iter()
-        .chain(raw.pools.iter().map(|p| p.get_ref().shadow.as_ref()))
-        .collect();
-    check_shadows(&mut pools, &raw_shadows, &at)?;
-    let known = || {
-        pools
-            .iter()
-            .map(|p| format!("`{}`", p.name))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let default_pool = match &raw.default_pool {
+    Ok(())
+}
+
+/// The pools' names, quoted, for messages: "`a`, `b`".
+fn known(pools: &[PoolConfig]) -> String {
+    pools
+        .iter()
+        .map(|p| format!("`{}`", p.name))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `default_pool`: a pool that exists, `default` when the top level has
+/// servers and it is not set.
+fn default_pool(
+    raw: &RawConfig,
+    pools: &[PoolConfig],
+    top_has_servers: bool,
+    at: &At<'_>,
+) -> Result<String, ConfigError> {
+    match &raw.default_pool {
         Some(name) => {
             if !pools.iter().any(|p| &p.name == name.get_ref()) {
                 return Err(at(
@@ -311,56 +373,38 @@ pub(super) fn build(
                     format!(
                         "default_pool = \"{}\" names no pool (pools: {})",
                         name.get_ref(),
-                        known()
+                        known(pools)
                     ),
                 ));
             }
-            name.get_ref().clone()
+            Ok(name.get_ref().clone())
         }
-        None if top_has_servers => DEFAULT_POOL.to_string(),
-        None => {
-            return Err(at(
-                0..0,
-                format!(
-                    "keys that match no route go to pool `default`, and there is none: set default_pool to one of {} (or add top-level [[servers]])",
-                    known()
-                ),
-            ))
-        }
-    };
+        None if top_has_servers => Ok(DEFAULT_POOL.to_string()),
+        None => Err(at(
+            0..0,
+            format!(
+                "keys that match no route go to pool `default`, and there is none: set default_pool to one of {} (or add top-level [[servers]])",
+                known(pools)
+            ),
+        )),
+    }
+}
+
+/// `[[routes]]`, in file order, with a warning for each route an earlier
+/// prefix hides.
+fn routes(
+    raw: &RawConfig,
+    pools: &[PoolConfig],
+    text: &str,
+    at: &At<'_>,
+) -> Result<(Vec<Route>, Vec<String>), ConfigError> {
+    let line_of = |span: Range<usize>| line_column(text, span.start).0;
     let mut routes: Vec<Route> = Vec::new();
     let mut warnings = Vec::new();
     for (i, entry) in raw.routes.iter().enumerate() {
         let route = entry.get_ref();
         let prefix = route.prefix.get_ref();
-        if prefix.is_empty() {
-            return Err(at(
-                route.prefix.span(),
-                "route prefix must not be empty (keys that match no route go to default_pool)"
-                    .into(),
-            ));
-        }
-        if let Some(byte) = refused_char(prefix).or_else(|| {
-            prefix
-                .bytes()
-                .any(|b| b == b' ' || b.is_ascii_control())
-                .then(|| "a space or a control character".to_string())
-        }) {
-            return Err(at(
-                route.prefix.span(),
-                format!("route prefix {prefix:?} contains {byte}, which no key may contain"),
-            ));
-        }
-        if !pools.iter().any(|p| &p.name == route.pool.get_ref()) {
-            return Err(at(
-                route.pool.span(),
-                format!(
-                    "route `{prefix}`: pool = \"{}\" names no pool (pools: {})",
-                    route.pool.get_ref(),
-                    known()
-                ),
-            ));
-        }
+        check_route(route, pools, at)?;
         if let Some(earlier) = routes.iter().position(|r| prefix.starts_with(&r.prefix)) {
             let earlier_span = raw.routes[earlier].get_ref().prefix.span();
             if &routes[earlier].prefix == prefix {
@@ -384,6 +428,50 @@ pub(super) fn build(
             pool: route.pool.get_ref().clone(),
         });
     }
+    Ok((routes, warnings))
+}
+
+/// One route on its own: a prefix a key may start with, and a pool.
+fn check_route(route: &RawRoute, pools: &[PoolConfig], at: &At<'_>) -> Result<(), ConfigError> {
+    let prefix = route.prefix.get_ref();
+    if prefix.is_empty() {
+        return Err(at(
+            route.prefix.span(),
+            "route prefix must not be empty (keys that match no route go to default_pool)".into(),
+        ));
+    }
+    if let Some(byte) = refused_char(prefix).or_else(|| {
+        prefix
+            .bytes()
+            .any(|b| b == b' ' || b.is_ascii_control())
+            .then(|| "a space or a control character".to_string())
+    }) {
+        return Err(at(
+            route.prefix.span(),
+            format!("route prefix {prefix:?} contains {byte}, which no key may contain"),
+        ));
+    }
+    if !pools.iter().any(|p| &p.name == route.pool.get_ref()) {
+        return Err(at(
+            route.pool.span(),
+            format!(
+                "route `{prefix}`: pool = \"{}\" names no pool (pools: {})",
+                route.pool.get_ref(),
+                known(pools)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The file's config: the default pool's settings, every pool, the routes,
+/// and every pool's warnings (each named after its pool but the default's).
+fn whole_file(
+    pools: Vec<PoolConfig>,
+    routes: Vec<Route>,
+    default_pool: String,
+    warnings: Vec<String>,
+) -> Config {
     let default = pools
         .iter()
         .find(|p| p.name == default_pool)
@@ -403,7 +491,7 @@ pub(super) fn build(
     config.pools = pools;
     config.routes = routes;
     config.default_pool = default_pool;
-    Ok(config)
+    config
 }
 
 /// Checks each pool's shadow now that every pool is known, and keeps it in

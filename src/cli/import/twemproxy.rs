@@ -3,7 +3,7 @@
 //! switch keeps every key where it is: one pool (named, or the only one) as
 //! a one-pool config, or every pool of the file as one config with a
 //! `[[pools]]` entry for each pool after the first, so that one memring
-//! replaces one nutcracker process. Pure text in, text out; `main` reads the
+//! replaces one nutcracker process. Pure text in, text out; `cli/import.rs` reads the
 //! file and prints.
 //!
 //! nutcracker.yml uses a small part of YAML (a map of pools, each a map of
@@ -98,52 +98,115 @@ pub(crate) fn twemproxy(text: &str, pool: Option<&str>) -> Result<(String, Vec<S
 
 /// The lines for one pool, written for `place`.
 fn translate(pool: &Pool, place: Place) -> Result<Translated, String> {
-    let setting = |name: &str| {
-        pool.settings
-            .iter()
-            .find(|(key, _)| key == name)
-            .map(|(_, value)| value.as_str())
-    };
-    let number = |key: &str, value: &str| {
-        value
-            .parse::<u64>()
-            .map_err(|_| format!("{key}: `{value}` is not a number"))
-    };
-    let boolean = |key: &str, value: &str| match value {
-        "true" => Ok(true),
-        "false" => Ok(false),
-        _ => Err(format!("{key}: `{value}` is not true or false")),
-    };
-    let eject = match setting("auto_eject_hosts") {
+    let eject = match pool.setting("auto_eject_hosts") {
         Some(value) => boolean("auto_eject_hosts", value)?,
         None => false,
     };
-    // Each setting's lines: comments saying how it maps, then the settings.
-    let mut lines: Vec<String> = Vec::new();
-    let mut unmapped: Vec<String> = Vec::new();
-    let mut listen = None;
-    let mut client_connections = 0;
+    let mut lines = Lines::default();
     for (key, value) in &pool.settings {
-        let value = value.as_str();
-        match key.as_str() {
-            "listen" => {
-                if value.starts_with('/') {
-                    return Err(format!(
-                        "listen: unix socket `{value}` is not supported; memring listens on TCP"
-                    ));
-                }
-                // twemproxy allows `host:port:permissions`; only host:port maps.
-                let parts: Vec<&str> = value.rsplitn(3, ':').collect();
-                let addr = match parts.as_slice() {
-                    [port, host] => format!("{host}:{port}"),
-                    [_mode, port, host] if value.matches(':').count() == 2 => {
-                        unmapped.push(format!("listen permissions in `{value}`"));
-                        format!("{host}:{port}")
-                    }
-                    _ => value.to_string(),
-                };
-                listen = Some(addr);
+        lines.setting(key, value, eject, place)?;
+    }
+    lines.unset(pool, place == Place::Entry);
+    lines.ejection(pool, eject)?;
+    lines.shared_with();
+    let listen = lines.listen.ok_or("the pool has no listen:")?;
+    if pool.servers.is_empty() {
+        return Err("the pool has no servers:".to_string());
+    }
+    let servers = pool
+        .servers
+        .iter()
+        .map(|entry| server_entry(entry))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Translated {
+        name: pool.name.clone(),
+        listen,
+        lines: lines.lines,
+        servers,
+        unmapped: lines.unmapped,
+        client_connections: lines.client_connections,
+    })
+}
+
+impl Pool {
+    /// The value of the setting `name`, if the pool sets it.
+    fn setting(&self, name: &str) -> Option<&str> {
+        self.settings
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+}
+
+/// A setting's value as a number, or what is wrong with it.
+fn number(key: &str, value: &str) -> Result<u64, String> {
+    value
+        .parse::<u64>()
+        .map_err(|_| format!("{key}: `{value}` is not a number"))
+}
+
+/// A setting's value as `true` or `false`, or what is wrong with it.
+fn boolean(key: &str, value: &str) -> Result<bool, String> {
+    match value {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(format!("{key}: `{value}` is not true or false")),
+    }
+}
+
+/// One pool's translation as it is made: each setting's lines (comments
+/// saying how it maps, then the settings), what has no equivalent, and the
+/// settings written elsewhere.
+#[derive(Default)]
+struct Lines {
+    lines: Vec<String>,
+    unmapped: Vec<String>,
+    listen: Option<String>,
+    client_connections: u64,
+}
+
+impl Lines {
+    /// One `key: value` of the pool, in file order.
+    fn setting(&mut self, key: &str, value: &str, eject: bool, place: Place) -> Result<(), String> {
+        match key {
+            "listen" => self.listen = Some(self.listen_addr(value)?),
+            "hash" | "hash_tag" | "distribution" => self.placement(key, value)?,
+            "timeout" => self.timeout(number(key, value)?),
+            "server_connections" => self.server_connections(number(key, value)?),
+            "auto_eject_hosts" | "server_failure_limit" | "server_retry_timeout" => {
+                self.ejection_setting(key, value, eject)?
             }
+            "client_connections" => self.client_connections(number(key, value)?, value, place),
+            _ => self.without_equivalent(key, value)?,
+        }
+        Ok(())
+    }
+
+    /// `listen`: TCP `host:port` (twemproxy's `host:port:permissions` loses
+    /// its permissions).
+    fn listen_addr(&mut self, value: &str) -> Result<String, String> {
+        if value.starts_with('/') {
+            return Err(format!(
+                "listen: unix socket `{value}` is not supported; memring listens on TCP"
+            ));
+        }
+        // twemproxy allows `host:port:permissions`; only host:port maps.
+        let parts: Vec<&str> = value.rsplitn(3, ':').collect();
+        Ok(match parts.as_slice() {
+            [port, host] => format!("{host}:{port}"),
+            [_mode, port, host] if value.matches(':').count() == 2 => {
+                self.unmapped
+                    .push(format!("listen permissions in `{value}`"));
+                format!("{host}:{port}")
+            }
+            _ => value.to_string(),
+        })
+    }
+
+    /// `hash`, `hash_tag` and `distribution`: where keys go.
+    fn placement(&mut self, key: &str, value: &str) -> Result<(), String> {
+        let lines = &mut self.lines;
+        match key {
             "hash" => {
                 lines.push(format!("# hash: {value} -> hash, the same function"));
                 lines.push(format!("hash = \"{value}\""));
@@ -155,54 +218,66 @@ fn translate(pool: &Pool, place: Place) -> Result<Translated, String> {
                 ));
                 lines.push(format!("hash_tag = \"{}\"", escape(value)));
             }
-            "distribution" if value == "ketama" => lines.push(
-                "# distribution: ketama -> ring = \"twemproxy\" (its ketama, point for point)".into(),
+            _ if value == "ketama" => lines.push(
+                "# distribution: ketama -> ring = \"twemproxy\" (its ketama, point for point)"
+                    .into(),
             ),
-            "distribution" => {
+            _ => {
                 return Err(format!(
                     "distribution: {value} cannot be reproduced; memring reproduces ketama only"
                 ))
             }
-            "timeout" => {
-                let ms = number(key, value)?;
-                let request = ms.clamp(1, MAX_REQUEST_TIMEOUT_MS);
-                let connect = ms.clamp(1, MAX_CONNECT_TIMEOUT_MS);
-                let limited = |kept: u64, max: u64| {
-                    if kept == ms {
-                        String::new()
-                    } else {
-                        format!(" (at most {max} ms in memring)")
-                    }
-                };
-                lines.push(format!(
-                    "# timeout: {ms} -> request_timeout_ms{} (how long a server may make no progress on what it owes),",
-                    limited(request, MAX_REQUEST_TIMEOUT_MS)
-                ));
-                lines.push(format!(
-                    "# and connect_timeout_ms{}: twemproxy's timeout also covers the connect a request waits for",
-                    limited(connect, MAX_CONNECT_TIMEOUT_MS)
-                ));
-                lines.push(format!("request_timeout_ms = {request}"));
-                lines.push(format!("connect_timeout_ms = {connect}"));
+        }
+        Ok(())
+    }
+
+    /// `timeout`: both memring's request and connect timeouts.
+    fn timeout(&mut self, ms: u64) {
+        let request = ms.clamp(1, MAX_REQUEST_TIMEOUT_MS);
+        let connect = ms.clamp(1, MAX_CONNECT_TIMEOUT_MS);
+        let limited = |kept: u64, max: u64| {
+            if kept == ms {
+                String::new()
+            } else {
+                format!(" (at most {max} ms in memring)")
             }
-            "server_connections" => {
-                let n = number(key, value)?;
-                let kept = n.clamp(1, MAX_CONNECTIONS_PER_SERVER);
-                lines.push(format!(
-                    "# server_connections: {n} -> connections_per_server, which is per worker: with the default"
-                ));
-                lines.push(format!(
-                    "# workers = 1, {kept} connection(s) to each server as in nutcracker; with workers = W, W x {kept}{}",
-                    if kept == n {
-                        String::new()
-                    } else {
-                        format!(" (memring allows at most {MAX_CONNECTIONS_PER_SERVER})")
-                    }
-                ));
-                lines.push(format!("connections_per_server = {kept}"));
+        };
+        self.lines.push(format!(
+            "# timeout: {ms} -> request_timeout_ms{} (how long a server may make no progress on what it owes),",
+            limited(request, MAX_REQUEST_TIMEOUT_MS)
+        ));
+        self.lines.push(format!(
+            "# and connect_timeout_ms{}: twemproxy's timeout also covers the connect a request waits for",
+            limited(connect, MAX_CONNECT_TIMEOUT_MS)
+        ));
+        self.lines.push(format!("request_timeout_ms = {request}"));
+        self.lines.push(format!("connect_timeout_ms = {connect}"));
+    }
+
+    /// `server_connections`: `connections_per_server`, which is per worker.
+    fn server_connections(&mut self, n: u64) {
+        let kept = n.clamp(1, MAX_CONNECTIONS_PER_SERVER);
+        self.lines.push(format!(
+            "# server_connections: {n} -> connections_per_server, which is per worker: with the default"
+        ));
+        self.lines.push(format!(
+            "# workers = 1, {kept} connection(s) to each server as in nutcracker; with workers = W, W x {kept}{}",
+            if kept == n {
+                String::new()
+            } else {
+                format!(" (memring allows at most {MAX_CONNECTIONS_PER_SERVER})")
             }
+        ));
+        self.lines.push(format!("connections_per_server = {kept}"));
+    }
+
+    /// `auto_eject_hosts`, and `server_failure_limit` and
+    /// `server_retry_timeout` where they mean nothing (with ejection on,
+    /// [`Lines::ejection`] writes them).
+    fn ejection_setting(&mut self, key: &str, value: &str, eject: bool) -> Result<(), String> {
+        match key {
             "auto_eject_hosts" => {
-                lines.push(format!(
+                self.lines.push(format!(
                     "# auto_eject_hosts: {value} -> auto_eject{}",
                     if eject {
                         ": a failing server's keys go to the next server clockwise"
@@ -210,112 +285,142 @@ fn translate(pool: &Pool, place: Place) -> Result<Translated, String> {
                         ": a failing server's keys are not moved"
                     }
                 ));
-                lines.push(format!("auto_eject = {eject}"));
+                self.lines.push(format!("auto_eject = {eject}"));
             }
-            "server_failure_limit" if eject => {
+            _ if eject => {
                 number(key, value)?;
             }
             "server_failure_limit" => {
                 number(key, value)?;
-                lines.push(format!(
+                self.lines.push(format!(
                     "# server_failure_limit: {value} is not carried: without auto_eject_hosts twemproxy ignores it, and so"
                 ));
-                lines.push(
+                self.lines.push(
                     "# does ejection = \"twemproxy\" with auto_eject = false: no server is ever DEAD, each request tries it"
                         .into(),
                 );
             }
-            "server_retry_timeout" if eject => {
+            _ => {
                 number(key, value)?;
-            }
-            "server_retry_timeout" => {
-                number(key, value)?;
-                lines.push(format!(
+                self.lines.push(format!(
                     "# server_retry_timeout: {value} is not carried: it matters only with auto_eject_hosts: true"
                 ));
             }
-            "client_connections" if place != Place::Alone => {
-                client_connections = number(key, value)?;
-                lines.push(format!(
-                    "# client_connections: {value}{}: memring limits clients for the whole process only (max_client_connections at the top)",
-                    if client_connections == 0 { " (no limit)" } else { "" }
-                ));
+        }
+        Ok(())
+    }
+
+    /// `client_connections`: `max_client_connections` for a pool alone; a
+    /// comment in a config of several pools (the limit is per process).
+    fn client_connections(&mut self, n: u64, value: &str, place: Place) {
+        if place != Place::Alone {
+            self.client_connections = n;
+            self.lines.push(format!(
+                "# client_connections: {value}{}: memring limits clients for the whole process only (max_client_connections at the top)",
+                if n == 0 { " (no limit)" } else { "" }
+            ));
+            return;
+        }
+        match n {
+            0 => self.lines.push(format!(
+                "# client_connections: 0 (no limit) -> memring's default max_client_connections = {}",
+                memring::config::DEFAULT_MAX_CLIENT_CONNECTIONS
+            )),
+            n => {
+                self.lines
+                    .push(format!("# client_connections: {n} -> max_client_connections"));
+                self.lines.push(format!("max_client_connections = {n}"));
             }
-            "client_connections" => match number(key, value)? {
-                0 => lines.push(format!(
-                    "# client_connections: 0 (no limit) -> memring's default max_client_connections = {}",
-                    memring::config::DEFAULT_MAX_CLIENT_CONNECTIONS
-                )),
-                n => {
-                    lines.push(format!("# client_connections: {n} -> max_client_connections"));
-                    lines.push(format!("max_client_connections = {n}"));
-                }
-            },
+        }
+    }
+
+    /// `redis`, `backlog`, `preconnect` and settings memring does not know:
+    /// a comment, and a note for what has no equivalent.
+    fn without_equivalent(&mut self, key: &str, value: &str) -> Result<(), String> {
+        match key {
             "redis" if boolean(key, value)? => {
                 return Err("redis: true; memring proxies memcached only".to_string())
             }
-            "redis" => lines.push("# redis: false -> memcached is all memring speaks".into()),
+            "redis" => self
+                .lines
+                .push("# redis: false -> memcached is all memring speaks".into()),
             "backlog" => {
                 number(key, value)?;
-                lines.push(format!(
+                self.lines.push(format!(
                     "# backlog: {value} has no setting: memring listens with a backlog of {LISTEN_BACKLOG} (the kernel caps it at net.core.somaxconn)"
                 ));
-                unmapped.push(format!("backlog: {value} (memring listens with a {LISTEN_BACKLOG} backlog)"));
+                self.unmapped.push(format!(
+                    "backlog: {value} (memring listens with a {LISTEN_BACKLOG} backlog)"
+                ));
             }
             "preconnect" => {
                 boolean(key, value)?;
-                lines.push(format!(
+                self.lines.push(format!(
                     "# preconnect: {value} has no setting: memring always connects to every server at start and after each change"
                 ));
-                unmapped.push(format!(
+                self.unmapped.push(format!(
                     "preconnect: {value} (memring connects to every server at start)"
                 ));
             }
             _ => {
-                lines.push(format!("# {key}: {value} has no memring equivalent"));
-                unmapped.push(format!("{key}: {value}"));
+                self.lines
+                    .push(format!("# {key}: {value} has no memring equivalent"));
+                self.unmapped.push(format!("{key}: {value}"));
             }
         }
+        Ok(())
     }
-    // A `[[pools]]` entry writes out what it leaves at the default, since
-    // it would take the top level's value otherwise.
-    let entry = place == Place::Entry;
-    if setting("auto_eject_hosts").is_none() {
+
+    /// What twemproxy's defaults mean in memring, for settings the pool
+    /// does not set. A `[[pools]]` entry (`entry`) writes out what it
+    /// leaves at the default, since it would take the top level's value
+    /// otherwise.
+    fn unset(&mut self, pool: &Pool, entry: bool) {
+        let lines = &mut self.lines;
+        if pool.setting("auto_eject_hosts").is_none() {
+            lines.push(
+                "# auto_eject_hosts: not set, false in twemproxy as auto_eject in memring: a failing server's keys are not moved"
+                    .to_string(),
+            );
+            if entry {
+                lines.push("auto_eject = false".into());
+            }
+        }
+        if pool.setting("timeout").is_none() {
+            lines.push(
+                "# timeout: not set, so nutcracker waits for a server as long as it takes; memring cannot: it uses its".to_string());
+            lines.push(format!(
+                "# defaults request_timeout_ms = {DEFAULT_REQUEST_TIMEOUT_MS} and connect_timeout_ms = {DEFAULT_CONNECT_TIMEOUT_MS}"
+            ));
+            if entry {
+                lines.push(format!("request_timeout_ms = {DEFAULT_REQUEST_TIMEOUT_MS}"));
+                lines.push(format!("connect_timeout_ms = {DEFAULT_CONNECT_TIMEOUT_MS}"));
+            }
+        }
+        if entry && pool.setting("server_connections").is_none() {
+            lines.push(format!(
+                "# server_connections: not set, 1 in twemproxy -> connections_per_server = {DEFAULT_CONNECTIONS_PER_SERVER} (per worker)"
+            ));
+            lines.push(format!(
+                "connections_per_server = {DEFAULT_CONNECTIONS_PER_SERVER}"
+            ));
+        }
+    }
+
+    /// `ejection = "twemproxy"`, and with `auto_eject_hosts` its failure
+    /// limit and retry timeout, from the pool or nutcracker's defaults.
+    fn ejection(&mut self, pool: &Pool, eject: bool) -> Result<(), String> {
+        let lines = &mut self.lines;
+        // Ejection follows nutcracker's clock, so that both proxies eject and
+        // return a server at the same moment while they run side by side.
         lines.push(
-            "# auto_eject_hosts: not set, false in twemproxy as auto_eject in memring: a failing server's keys are not moved"
-                .to_string(),
+            "# ejection = \"twemproxy\": a server is ejected and tried again on nutcracker's clock, not flushed on its return".into(),
         );
-        if entry {
-            lines.push("auto_eject = false".into());
+        lines.push("ejection = \"twemproxy\"".into());
+        if !eject {
+            return Ok(());
         }
-    }
-    if setting("timeout").is_none() {
-        lines.push(
-            "# timeout: not set, so nutcracker waits for a server as long as it takes; memring cannot: it uses its".to_string());
-        lines.push(format!(
-            "# defaults request_timeout_ms = {DEFAULT_REQUEST_TIMEOUT_MS} and connect_timeout_ms = {DEFAULT_CONNECT_TIMEOUT_MS}"
-        ));
-        if entry {
-            lines.push(format!("request_timeout_ms = {DEFAULT_REQUEST_TIMEOUT_MS}"));
-            lines.push(format!("connect_timeout_ms = {DEFAULT_CONNECT_TIMEOUT_MS}"));
-        }
-    }
-    if entry && setting("server_connections").is_none() {
-        lines.push(format!(
-            "# server_connections: not set, 1 in twemproxy -> connections_per_server = {DEFAULT_CONNECTIONS_PER_SERVER} (per worker)"
-        ));
-        lines.push(format!(
-            "connections_per_server = {DEFAULT_CONNECTIONS_PER_SERVER}"
-        ));
-    }
-    // Ejection follows nutcracker's clock, so that both proxies eject and
-    // return a server at the same moment while they run side by side.
-    lines.push(
-        "# ejection = \"twemproxy\": a server is ejected and tried again on nutcracker's clock, not flushed on its return".into(),
-    );
-    lines.push("ejection = \"twemproxy\"".into());
-    if eject {
-        let (limit, limit_from) = match setting("server_failure_limit") {
+        let (limit, limit_from) = match pool.setting("server_failure_limit") {
             Some(value) => (
                 number("server_failure_limit", value)?,
                 "server_failure_limit",
@@ -325,7 +430,7 @@ fn translate(pool: &Pool, place: Place) -> Result<Translated, String> {
                 "nutcracker's default server_failure_limit",
             ),
         };
-        let (retry, retry_from) = match setting("server_retry_timeout") {
+        let (retry, retry_from) = match pool.setting("server_retry_timeout") {
             Some(value) => (
                 number("server_retry_timeout", value)?,
                 "server_retry_timeout",
@@ -353,34 +458,22 @@ fn translate(pool: &Pool, place: Place) -> Result<Translated, String> {
             "# {retry_from}: {retry} -> retry_timeout_ms: back in the ring {retry} ms after its ejection"
         ));
         lines.push(format!("retry_timeout_ms = {retry}"));
+        Ok(())
     }
-    // nutcracker (and its clients) write these servers too: a hand-off
-    // read-through could bring back what they deleted on a key's new
-    // owner, and a copy's lease would reach them as a value.
-    lines.push(
-        "# shared_with = \"writers\": nutcracker writes these servers too, so in a hand-off window a moved key".into(),
-    );
-    lines.push(
-        "# is read on its new owner only (a miss, as in nutcracker) and never copied (docs/handoff.md)".into(),
-    );
-    lines.push("shared_with = \"writers\"".into());
-    let listen = listen.ok_or("the pool has no listen:")?;
-    if pool.servers.is_empty() {
-        return Err("the pool has no servers:".to_string());
+
+    /// `shared_with = "writers"`: nutcracker (and its clients) write these
+    /// servers too: a hand-off read-through could bring back what they
+    /// deleted on a key's new owner, and a copy's lease would reach them as
+    /// a value.
+    fn shared_with(&mut self) {
+        self.lines.push(
+            "# shared_with = \"writers\": nutcracker writes these servers too, so in a hand-off window a moved key".into(),
+        );
+        self.lines.push(
+            "# is read on its new owner only (a miss, as in nutcracker) and never copied (docs/handoff.md)".into(),
+        );
+        self.lines.push("shared_with = \"writers\"".into());
     }
-    let servers = pool
-        .servers
-        .iter()
-        .map(|entry| server_entry(entry))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Translated {
-        name: pool.name.clone(),
-        listen,
-        lines,
-        servers,
-        unmapped,
-        client_connections,
-    })
 }
 
 /// `listen`, the ring, the pool's lines and its servers as `[[table]]`s.

@@ -1,0 +1,31 @@
+//! `memring healthcheck [ADDR]`: exit 0 when memring's admin listener
+//! reports ready; for container health checks (the image has no curl).
+
+use std::process::ExitCode;
+
+use super::resolve;
+
+pub(crate) fn run(addr: &str) -> ExitCode {
+    let timeout = std::time::Duration::from_secs(2);
+    let target = match resolve(addr) {
+        Ok(found) => found[0],
+        Err(e) => {
+            eprintln!("memring: {e:#}");
+            return ExitCode::from(1);
+        }
+    };
+    match memring::control::admin::probe_ready(target, timeout) {
+        Ok((true, reason)) => {
+            println!("memring: {reason}");
+            ExitCode::SUCCESS
+        }
+        Ok((false, reason)) => {
+            eprintln!("memring: {reason}");
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("memring: cannot reach the admin listener at {addr}: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! `[discovery]`: the DNS server and interval of host-name lookups, and the
+//! records the default pool's servers come from.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::ops::Range;
+use std::time::Duration;
+
+use toml::Spanned;
+
+use super::addr::{is_dns_name, refused_char};
+use super::raw::RawDiscovery;
+use super::{DEFAULT_DISCOVERY_INTERVAL_MS, DNS_PORT};
+use crate::error::ConfigError;
+
+/// The `[discovery]` table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Discovery {
+    /// Where the default pool's servers come from; `None`: `[[servers]]`.
+    pub source: Option<Source>,
+    /// How often host names and the discovery records are looked up again.
+    pub interval: Duration,
+    /// Where questions go (`resolver`, or the system's resolver).
+    pub dns: crate::inputs::resolve::Dns,
+    /// The discovered servers speak TLS, as `[backend_tls]` says.
+    pub tls: bool,
+}
+
+impl Default for Discovery {
+    fn default() -> Self {
+        Discovery {
+            source: None,
+            interval: Duration::from_millis(DEFAULT_DISCOVERY_INTERVAL_MS),
+            dns: crate::inputs::resolve::Dns::default(),
+            tls: false,
+        }
+    }
+}
+
+/// The DNS records that list the default pool's servers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// `srv = "_memcache._tcp.cache"`: each target `name:port` is a server,
+    /// placed on the ring by that name, weighted by the record's weight.
+    Srv(String),
+    /// `a = "cache:11211"`: each A/AAAA address of the name, with the port,
+    /// is a server, placed on the ring by `ip:port`.
+    A { host: String, port: u16 },
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Srv(name) => write!(f, "srv {name}"),
+            Source::A { host, port } => write!(f, "a {host}:{port}"),
+        }
+    }
+}
+
+/// The `[discovery]` table, validated.
+pub(super) fn discovery_settings(
+    raw: Option<&Spanned<RawDiscovery>>,
+    at: &dyn Fn(Range<usize>, String) -> ConfigError,
+) -> Result<Discovery, ConfigError> {
+    let mut discovery = Discovery::default();
+    let Some(raw) = raw else {
+        return Ok(discovery);
+    };
+    let raw = raw.get_ref();
+    for text in [&raw.srv, &raw.a, &raw.resolver].into_iter().flatten() {
+        if let Some(byte) = refused_char(text.get_ref()) {
+            return Err(at(
+                text.span(),
+                format!("{:?} contains {byte}", text.get_ref()),
+            ));
+        }
+    }
+    discovery.source = match (&raw.srv, &raw.a) {
+        (Some(_), Some(a)) => {
+            return Err(at(a.span(), "[discovery] takes srv or a, not both".into()))
+        }
+        (Some(srv), None) => {
+            let name = srv.get_ref().trim().trim_end_matches('.');
+            if !is_dns_name(name) {
+                return Err(at(
+                    srv.span(),
+                    format!(
+                        "[discovery] srv = \"{}\" is not a DNS name (for example \"_memcache._tcp.cache.default.svc\"; no port: the records carry it)",
+                        srv.get_ref()
+                    ),
+                ));
+            }
+            Some(Source::Srv(name.to_string()))
+        }
+        (None, Some(a)) => {
+            let written = a.get_ref().trim();
+            let parsed = written
+                .rsplit_once(':')
+                .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
+                .filter(|(host, port)| *port > 0 && is_dns_name(host));
+            let Some((host, port)) = parsed else {
+                return Err(at(
+                    a.span(),
+                    format!(
+                        "[discovery] a = \"{}\" must be host:port, a DNS name and the port its servers listen on (for example \"cache.default.svc:11211\")",
+                        a.get_ref()
+                    ),
+                ));
+            };
+            Some(Source::A {
+                host: host.trim_end_matches('.').to_string(),
+                port,
+            })
+        }
+        (None, None) => None,
+    };
+    if let Some(interval) = &raw.interval_ms {
+        let range = 100..=3_600_000;
+        if !range.contains(interval.get_ref()) {
+            return Err(at(
+                interval.span(),
+                format!(
+                    "interval_ms = {} is out of range {}..={}",
+                    interval.get_ref(),
+                    range.start(),
+                    range.end()
+                ),
+            ));
+        }
+        discovery.interval = Duration::from_millis(*interval.get_ref());
+    }
+    if let Some(resolver) = &raw.resolver {
+        let written = resolver.get_ref().trim();
+        let server = written.parse::<SocketAddr>().ok().or_else(|| {
+            written
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<IpAddr>()
+                .ok()
+                .map(|ip| SocketAddr::new(ip, DNS_PORT))
+        });
+        match server {
+            Some(server) if server.port() > 0 => discovery.dns.server = Some(server),
+            _ => {
+                return Err(at(
+                    resolver.span(),
+                    format!(
+                        "resolver = \"{}\" must be the IP address of a DNS server, with a port if not 53 (for example \"127.0.0.1:5353\")",
+                        resolver.get_ref()
+                    ),
+                ))
+            }
+        }
+    }
+    discovery.tls = raw.tls.as_ref().is_some_and(|t| *t.get_ref());
+    Ok(discovery)
+}

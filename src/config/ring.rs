@@ -1,0 +1,78 @@
+//! `ring`, `hash` and `hash_tag`: which ring to reproduce and how keys are
+//! hashed onto it.
+
+use std::ops::Range;
+
+use super::raw::RawConfig;
+use crate::error::ConfigError;
+use crate::ring::{Flavour, HashFunction, Spec};
+
+/// `ring`, `hash` and `hash_tag`: which ring to reproduce and how keys are
+/// hashed onto it.
+pub(super) fn ring_spec(
+    raw: &RawConfig,
+    at: &dyn Fn(Range<usize>, String) -> ConfigError,
+) -> Result<Spec, ConfigError> {
+    let mut spec = Spec::default();
+    if let Some(name) = &raw.ring {
+        spec.flavour = Flavour::from_name(name.get_ref()).ok_or_else(|| {
+            let known: Vec<&str> = Flavour::ALL.iter().map(|f| f.name()).collect();
+            at(
+                name.span(),
+                format!(
+                    "ring = \"{}\" is not a ring flavour (one of: {})",
+                    name.get_ref(),
+                    known.join(", ")
+                ),
+            )
+        })?;
+    }
+    if let Some(name) = &raw.hash {
+        let function = HashFunction::from_name(name.get_ref()).ok_or_else(|| {
+            let known: Vec<&str> = HashFunction::ALL.iter().map(|f| f.name()).collect();
+            at(
+                name.span(),
+                format!(
+                    "hash = \"{}\" is not a hash function (one of: {})",
+                    name.get_ref(),
+                    known.join(", ")
+                ),
+            )
+        })?;
+        match spec.flavour {
+            Flavour::Twemproxy => spec.hash = function,
+            Flavour::Libmemcached if function == HashFunction::Md5 => {}
+            Flavour::Libmemcached => {
+                return Err(at(
+                    name.span(),
+                    "ring = \"libmemcached\" hashes keys with md5 only".into(),
+                ))
+            }
+            Flavour::Memring => {
+                return Err(at(
+                    name.span(),
+                    "hash applies to ring = \"twemproxy\" (the memring ring always uses xxh3)"
+                        .into(),
+                ))
+            }
+        }
+    }
+    if let Some(tag) = &raw.hash_tag {
+        let bytes = tag.get_ref().as_bytes();
+        match bytes {
+            [open, close] if bytes.iter().all(|b| b.is_ascii_graphic()) => {
+                spec.hash_tag = Some([*open, *close]);
+            }
+            _ => {
+                return Err(at(
+                    tag.span(),
+                    format!(
+                    "hash_tag = \"{}\" must be two printable ASCII characters, such as \"{{}}\"",
+                    tag.get_ref()
+                ),
+                ))
+            }
+        }
+    }
+    Ok(spec)
+}

@@ -1,0 +1,1038 @@
+use std::net::IpAddr;
+
+use super::addr::numeric_ipv4;
+use super::diagnose::EXAMPLES;
+use super::*;
+use crate::ring::{Flavour, HashFunction};
+
+const GOOD: &str = r#"
+listen = "127.0.0.1:22122"
+
+[[servers]]
+addr = "127.0.0.1:11211"
+
+[[servers]]
+addr = "127.0.0.1:11212"
+weight = 2
+name = "cache-02"
+"#;
+
+fn error_of(text: &str) -> String {
+    Config::parse(text, "memring.toml").unwrap_err().to_string()
+}
+
+#[test]
+fn tls_on_a_server_without_backend_tls_is_refused_at_its_line() {
+    let text = "listen = \"127.0.0.1:1\"\n[[servers]]\naddr = \"127.0.0.1:2\"\ntls = true\n";
+    let error = error_of(text);
+    assert!(
+        error.starts_with(
+            "memring.toml:4:7: server `127.0.0.1:2` has tls = true but there is no [backend_tls]"
+        ),
+        "{error}"
+    );
+}
+
+#[test]
+fn tls_for_discovered_servers_needs_backend_tls_and_marks_every_server() {
+    let base = "listen = \"127.0.0.1:1\"\n[discovery]\nsrv = \"_m._tcp.cache\"\ntls = true\n";
+    let error = error_of(base);
+    assert!(
+        error.starts_with(
+            "memring.toml:4:7: [discovery] has tls = true but there is no [backend_tls]"
+        ),
+        "{error}"
+    );
+    let text = format!("{base}[backend_tls]\nca_file = \"ca.pem\"\n");
+    let config = Config::parse(&text, "memring.toml").expect("valid");
+    assert!(config.discovery.tls);
+    let plain = Config::parse(
+        "listen = \"127.0.0.1:1\"\n[discovery]\nsrv = \"_m._tcp.cache\"\n",
+        "memring.toml",
+    )
+    .expect("valid");
+    assert!(!plain.discovery.tls);
+}
+
+#[test]
+fn backend_tls_needs_a_ca_file_and_both_halves_of_a_client_certificate() {
+    let base = "listen = \"127.0.0.1:1\"\n[[servers]]\naddr = \"127.0.0.1:2\"\ntls = true\n";
+    let error = error_of(&format!("{base}[backend_tls]\nserver_name = \"cache\"\n"));
+    assert!(
+        error.starts_with("memring.toml:5:1: [backend_tls] needs ca_file"),
+        "{error}"
+    );
+    let error = error_of(&format!(
+        "{base}[backend_tls]\nca_file = \"ca.pem\"\ncert_file = \"c.pem\"\n"
+    ));
+    assert!(
+        error.starts_with("memring.toml:7:13: backend_tls.cert_file needs key_file"),
+        "{error}"
+    );
+    let error = error_of(&format!(
+        "{base}[backend_tls]\nca_file = \"ca.pem\"\nserver_name = \"not a name\"\n"
+    ));
+    assert!(
+        error.contains("7:15: backend_tls.server_name `not a name`"),
+        "{error}"
+    );
+}
+
+#[test]
+fn the_state_file_is_beside_the_config_unless_set() {
+    let servers = "[[servers]]\naddr = \"127.0.0.1:2\"\n";
+    let at = Path::new("/etc/memring/memring.toml");
+    let unset = Config::parse(
+        &format!("listen = \"127.0.0.1:7000\"\n{servers}"),
+        "/etc/memring/memring.toml",
+    )
+    .unwrap();
+    assert_eq!(
+        unset.state_file, None,
+        "only the binary fills in the default"
+    );
+    assert_eq!(
+        unset.with_default_state_file(at).state_file.as_deref(),
+        Some(Path::new("/etc/memring/memring.toml.handoff-state"))
+    );
+    for (written, path) in [
+        ("state/windows", "/etc/memring/state/windows"),
+        (
+            "/var/lib/memring/handoff-state",
+            "/var/lib/memring/handoff-state",
+        ),
+    ] {
+        let text = format!("listen = \"127.0.0.1:7000\"\nstate_file = \"{written}\"\n{servers}");
+        let config = Config::parse(&text, "/etc/memring/memring.toml").unwrap();
+        let config = config.with_default_state_file(at);
+        assert_eq!(config.state_file.as_deref(), Some(Path::new(path)));
+    }
+    let error = Config::parse(
+        &format!("listen = \"127.0.0.1:7000\"\nstate_file = \" \"\n{servers}"),
+        "m.toml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("state_file must name a file"), "{error}");
+}
+
+#[test]
+fn tls_paths_are_relative_to_the_config_file_and_tls_listen_needs_its_own_port() {
+    let text = "listen = \"127.0.0.1:7000\"\n[tls_listen]\naddr = \"127.0.0.1:7001\"\ncert_file = \"s.pem\"\nkey_file = \"/abs/s.key\"\n[backend_tls]\nca_file = \"ca.pem\"\n[[servers]]\naddr = \"127.0.0.1:2\"\ntls = true\n";
+    let config = Config::parse(text, "/etc/memring/memring.toml").unwrap();
+    let listen = config.tls_listen.expect("tls_listen");
+    assert_eq!(listen.files.cert_file, Path::new("/etc/memring/s.pem"));
+    assert_eq!(listen.files.key_file, Path::new("/abs/s.key"));
+    assert_eq!(
+        config.backend_tls.expect("backend_tls").ca_file,
+        Path::new("/etc/memring/ca.pem")
+    );
+    assert!(config.servers[0].tls);
+    let error = error_of(&text.replace("127.0.0.1:7001", "127.0.0.1:7000"));
+    assert!(
+        error.contains("3:8: tls_listen.addr = \"127.0.0.1:7000\" takes the port of listen"),
+        "{error}"
+    );
+    let error = error_of(&text.replace("cert_file", "cert_fil"));
+    assert!(
+        error.contains("unknown key `cert_fil`; did you mean `cert_file`?"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_missing_or_unparsable_tls_file_is_an_error_at_the_line_naming_it() {
+    let dir = std::env::temp_dir().join(format!("memring-config-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("ca.pem"), "not a certificate\n").unwrap();
+    let path = dir.join("memring.toml");
+    let text = "listen = \"127.0.0.1:1\"\n[backend_tls]\nca_file = \"ca.pem\"\n[[servers]]\naddr = \"127.0.0.1:2\"\ntls = true\n";
+    std::fs::write(&path, text).unwrap();
+    let error = Config::load(&path).unwrap_err().to_string();
+    assert!(
+        error.contains("memring.toml:3:11: backend_tls: ")
+            && error.contains("ca.pem: holds no PEM certificate"),
+        "{error}"
+    );
+    std::fs::write(&path, text.replace("ca.pem", "missing.pem")).unwrap();
+    let error = Config::load(&path).unwrap_err().to_string();
+    assert!(
+        error.contains(":3:11: backend_tls: ") && error.contains("missing.pem: cannot read"),
+        "{error}"
+    );
+    // Parsing alone reads no file.
+    assert!(Config::parse(text, "memring.toml").is_ok());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn good_config_gets_defaults_and_identities() {
+    let config = Config::parse(GOOD, "memring.toml").unwrap();
+    assert_eq!(config.listen, "127.0.0.1:22122".parse().unwrap());
+    assert_eq!(config.servers.len(), 2);
+    assert_eq!(config.servers[0].name, "127.0.0.1:11211");
+    assert_eq!(config.servers[0].weight, 1);
+    assert_eq!(config.servers[1].name, "cache-02");
+    assert_eq!(config.servers[1].weight, 2);
+    assert_eq!(config.connections_per_server, 1);
+    assert_eq!(config.limits.max_value_bytes, 1024 * 1024);
+}
+
+#[test]
+fn duplicate_server_names_file_line_and_first_place() {
+    let text = GOOD.replace("127.0.0.1:11212", "127.0.0.1:11211");
+    let message = error_of(&text);
+    assert!(
+        message.starts_with("memring.toml:8:8: duplicate server `127.0.0.1:11211`"),
+        "{message}"
+    );
+    assert!(message.contains("first at line 4"), "{message}");
+}
+
+#[test]
+fn weight_zero_is_rejected_with_its_place() {
+    let message = error_of(&GOOD.replace("weight = 2", "weight = 0"));
+    assert!(message.starts_with("memring.toml:9:10: "), "{message}");
+    assert!(message.contains("weight 0"), "{message}");
+}
+
+#[test]
+fn bad_addresses_are_rejected() {
+    for bad in [
+        "127.0.0.1",
+        "127.0.0.1:0",
+        "127.0.0.1:99999",
+        "bad host:1",
+        ":11211",
+    ] {
+        let message = error_of(&GOOD.replace("127.0.0.1:11212", bad));
+        assert!(message.contains("server addr"), "{bad}: {message}");
+    }
+    assert!(error_of(&GOOD.replace("127.0.0.1:22122", "nowhere")).contains("listen"));
+}
+
+#[test]
+fn unknown_keys_are_rejected() {
+    let message = error_of(&format!("{GOOD}\nmax_conns = 3\n"));
+    assert!(
+        message.contains("unknown key `max_conns` in [[servers]]"),
+        "{message}"
+    );
+    assert!(message.starts_with("memring.toml:12:1"), "{message}");
+}
+
+#[test]
+fn an_unknown_key_gets_the_nearest_known_key_not_the_list_of_all() {
+    for (written, suggested) in [
+        ("handof_ms", Some("handoff_ms")),
+        ("handoff", Some("handoff_ms")),
+        ("hnadoff_ms", Some("handoff_ms")),
+        ("handoff_msec", Some("handoff_ms")),
+        ("Listen", Some("listen")),
+        ("server", Some("servers")),
+        ("replica", Some("replicas")),
+        ("hot_keys_share", Some("hot_key_share")),
+        ("request_timeout", Some("request_timeout_ms")),
+        ("max_conns", None),
+        ("distribution", None),
+        ("timeout", None),
+    ] {
+        let message = error_of(&format!("{written} = 1\n{GOOD}"));
+        let expected = match suggested {
+                Some(near) => format!("memring.toml:1:1: unknown key `{written}`; did you mean `{near}`?"),
+                None => format!("memring.toml:1:1: unknown key `{written}`: no key is spelt like it (docs/configuration.md lists them all)"),
+            };
+        assert_eq!(message, expected, "{written}");
+    }
+    for (written, suggested) in [
+        ("address", "addr"),
+        ("adr", "addr"),
+        ("weigth", "weight"),
+        ("nmae", "name"),
+    ] {
+        let message = error_of(&GOOD.replace("weight = 2", &format!("{written} = 2")));
+        assert_eq!(
+                message,
+                format!("memring.toml:9:1: unknown key `{written}` in [[servers]]; did you mean `{suggested}`?")
+            );
+    }
+}
+
+#[test]
+fn a_value_of_the_wrong_type_names_its_key_and_an_example() {
+    for (written, expected) in [
+            ("request_timeout_ms = \"100\"", "1:22: request_timeout_ms: expected a whole number, 0 or more, found string \"100\"; for example: request_timeout_ms = 1000"),
+            ("max_value_bytes = -1", "1:19: max_value_bytes: expected a whole number, 0 or more, found integer `-1`; for example: max_value_bytes = 1048576"),
+            ("replicas = 1.5", "1:12: replicas: expected a whole number, 0 or more, found floating point `1.5`; for example: replicas = 2"),
+            ("auto_eject = \"yes\"", "1:14: auto_eject: expected true or false, found string \"yes\"; for example: auto_eject = true"),
+            ("hot_key_share = \"x\"", "1:17: hot_key_share: expected a number, found string \"x\"; for example: hot_key_share = 0.2"),
+            ("ring = 5", "1:8: ring: expected a quoted string, found integer `5`; for example: ring = \"twemproxy\""),
+            ("  \"handoff_ms\" = true", "1:18: handoff_ms: expected a whole number, 0 or more, found boolean `true`; for example: handoff_ms = 300000"),
+        ] {
+            let message = error_of(&format!("{written}\n{GOOD}"));
+            assert_eq!(message, format!("memring.toml:{expected}"), "{written}");
+        }
+    let inline =
+        "listen = \"127.0.0.1:1\"\nservers = [{ addr = \"127.0.0.1:2\", weight = true }]\n";
+    assert!(
+            error_of(inline).starts_with("memring.toml:2:45: weight: expected a whole number, found boolean `true`; for example: weight = 2"),
+            "{}",
+            error_of(inline)
+        );
+    let message = error_of(&GOOD.replace("weight = 2", "weight = \"2\""));
+    assert_eq!(message, "memring.toml:9:10: weight: expected a whole number, found string \"2\"; for example: weight = 2");
+    let message = error_of(&GOOD.replace("name = \"cache-02\"", "name = 2"));
+    assert!(
+        message.ends_with(
+            "name: expected a quoted string, found integer `2`; for example: name = \"cache-01\""
+        ),
+        "{message}"
+    );
+    let message = error_of("listen = \"127.0.0.1:1\"\n[servers]\naddr = \"127.0.0.1:2\"\n");
+    assert!(
+            message.starts_with("memring.toml:2:1: servers: expected an array, found a table; write one [[servers]] table (double brackets) per server"),
+            "{message}"
+        );
+}
+
+#[test]
+fn every_key_has_an_example_that_loads() {
+    let known = |text: &str| -> Vec<String> {
+        let message = toml::from_str::<RawConfig>(text)
+            .unwrap_err()
+            .message()
+            .to_string();
+        let (_, list) = message
+            .split_once("expected one of ")
+            .expect("serde lists the keys");
+        list.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(String::from)
+            .collect()
+    };
+    let top = known(&format!("unknown_key = 1\n{GOOD}"));
+    let server = known(&GOOD.replace("weight = 2", "unknown_key = 2"));
+    assert!(top.len() > 20 && server.len() == 4, "{top:?} {server:?}");
+    // The keys of the TLS tables, each with an example for messages.
+    let tables = ["tls_listen", "backend_tls"];
+    let mut table_keys: Vec<String> = tables
+        .iter()
+        .flat_map(|table| known(&format!("{GOOD}\n[{table}]\nunknown_key = 1\n")))
+        .filter(|key| !server.contains(key))
+        .collect();
+    table_keys.sort();
+    table_keys.dedup();
+    for key in &table_keys {
+        assert!(
+            EXAMPLES.iter().any(|(name, _)| name == key),
+            "no example for `{key}`"
+        );
+    }
+    for key in top
+        .iter()
+        .chain(&server)
+        .filter(|k| *k != "servers" && !tables.contains(&k.as_str()))
+    {
+        let (_, example) = EXAMPLES
+            .iter()
+            .find(|(name, _)| name == key)
+            .unwrap_or_else(|| panic!("no example for `{key}`"));
+        let text = if server.contains(key) {
+            let addr = if key == "addr" {
+                ""
+            } else {
+                "addr = \"127.0.0.1:2\"\n"
+            };
+            // `tls = true` needs a [backend_tls].
+            format!("listen = \"127.0.0.1:1\"\n[backend_tls]\nca_file = \"ca.pem\"\n[[servers]]\n{key} = {example}\n{addr}")
+        } else if key == "listen" {
+            GOOD.replace("\"127.0.0.1:22122\"", example)
+        } else if key == "shadow" {
+            // A shadow is another pool.
+            format!("{key} = {example}\n{GOOD}[[pools]]\nname = \"candidate\"\n[[pools.servers]]\naddr = \"127.0.0.1:3\"\n")
+        } else {
+            let ring = if key == "ring" {
+                ""
+            } else {
+                "ring = \"twemproxy\"\n"
+            };
+            // retry_timeout_ms belongs to twemproxy's ejection timing.
+            let ejection = if key == "retry_timeout_ms" {
+                "ejection = \"twemproxy\"\n"
+            } else {
+                ""
+            };
+            // failover names a gutter pool; failover_ttl_s needs one.
+            let (failover, gutter) = match key.as_str() {
+                    "failover" | "failover_ttl_s" => (
+                        if key == "failover_ttl_s" { "failover = \"gutter\"\n" } else { "" },
+                        "\n[[pools]]\nname = \"gutter\"\n[[pools.servers]]\naddr = \"10.0.0.8:11211\"\n",
+                    ),
+                    _ => ("", ""),
+                };
+            format!("{ring}{ejection}{failover}{key} = {example}\n{GOOD}{gutter}")
+        };
+        assert!(
+            Config::parse(&text, "m").is_ok(),
+            "{key} = {example}: {:?}",
+            Config::parse(&text, "m").err()
+        );
+    }
+    // The keys of [discovery] have examples of their own.
+    let discovery = ["srv", "a", "interval_ms", "resolver"];
+    // A pool's keys are top-level keys; a route's have their own, and
+    // a shadow's `pool` is a route's.
+    let route = ["prefix", "pool"];
+    let shadow = ["fraction"];
+    assert_eq!(
+        EXAMPLES.len(),
+        top.len() - 1 - tables.len()
+            + server.len()
+            + table_keys.len()
+            + discovery.len()
+            + route.len()
+            + shadow.len(),
+        "an example of a key that is gone"
+    );
+}
+
+#[test]
+fn setting_names_are_the_keys_serde_accepts() {
+    let names = setting_names();
+    let server: Vec<&str> = names
+        .iter()
+        .filter_map(|n| n.strip_prefix("servers."))
+        .collect();
+    assert_eq!(server, ["addr", "weight", "name", "tls"]);
+    assert!(names.iter().any(|n| n == "listen") && names.iter().any(|n| n == "servers"));
+    // The TLS tables' keys share one example each (`addr` is the
+    // servers' already).
+    let tables = ["tls_listen", "backend_tls"];
+    let mut table_keys: Vec<&str> = names
+        .iter()
+        .filter_map(|n| n.split_once('.'))
+        .filter(|(table, key)| tables.contains(table) && !server.contains(key))
+        .map(|(_, key)| key)
+        .collect();
+    table_keys.sort_unstable();
+    table_keys.dedup();
+    let mut keys: Vec<&str> = names
+        .iter()
+        .filter(|n| !n.contains('.') && *n != "servers" && !tables.contains(&n.as_str()))
+        .map(String::as_str)
+        .chain(server.iter().copied())
+        .chain(table_keys)
+        .chain(names.iter().filter_map(|n| n.strip_prefix("discovery.")))
+        .chain(names.iter().filter_map(|n| n.strip_prefix("routes.")))
+        .chain(names.iter().filter_map(|n| n.strip_prefix("shadow.")))
+        .chain(
+            names
+                .iter()
+                .filter_map(|n| n.strip_prefix("pools."))
+                .filter(|k| *k != "servers"),
+        )
+        .collect();
+    // `tls` is a key of a server and of [discovery]: one example serves.
+    keys.sort_unstable();
+    keys.dedup();
+    for key in &keys {
+        assert!(
+            EXAMPLES.iter().any(|(name, _)| name == key),
+            "`{key}` has no example"
+        );
+    }
+    assert_eq!(EXAMPLES.len(), keys.len());
+}
+
+#[test]
+fn twemproxy_server_lines_are_answered_with_the_memring_lines() {
+    for (written, lines) in [
+        (
+            "127.0.0.1:11211:1",
+            "addr = \"127.0.0.1:11211\", weight = 1",
+        ),
+        (
+            "127.0.0.1:11211:2 cache-01",
+            "addr = \"127.0.0.1:11211\", weight = 2, name = \"cache-01\"",
+        ),
+        (
+            "cache.internal:11211:10  cache-01",
+            "addr = \"cache.internal:11211\", weight = 10, name = \"cache-01\"",
+        ),
+        ("[::1]:11211:1", "addr = \"[::1]:11211\", weight = 1"),
+    ] {
+        let message = error_of(&GOOD.replace("127.0.0.1:11212", written));
+        assert_eq!(
+                message,
+                format!("memring.toml:8:8: server addr `{written}` is twemproxy's `host:port:weight [name]` form; in memring write {lines}")
+            );
+    }
+    // Not the twemproxy form: the usual message.
+    for other in [
+        "127.0.0.1:11211:x",
+        "127.0.0.1:11211:1 two names",
+        "nohost:1:1:1",
+    ] {
+        let message = error_of(&GOOD.replace("127.0.0.1:11212", other));
+        assert!(!message.contains("twemproxy"), "{other}: {message}");
+    }
+}
+
+#[test]
+fn host_names_and_ipv6_are_accepted() {
+    let text = GOOD.replace("127.0.0.1:11212", "cache-02.internal:11211");
+    assert!(Config::parse(&text, "m").is_ok());
+    let text = GOOD.replace("127.0.0.1:11212", "[::1]:11211");
+    assert!(Config::parse(&text, "m").is_ok());
+}
+
+#[test]
+fn no_servers_is_an_error() {
+    assert!(error_of("listen = \"127.0.0.1:1\"\n").contains("no [[servers]]"));
+}
+
+#[test]
+fn more_replicas_than_servers_is_a_warning_not_an_error() {
+    let config = Config::parse(&format!("replicas = 3\n{GOOD}"), "m").unwrap();
+    let warnings = config.warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].starts_with("replicas = 3 but only 2 servers"));
+    let config = Config::parse(&format!("replicas = 2\n{GOOD}"), "m").unwrap();
+    assert!(config.warnings().is_empty());
+}
+
+#[test]
+fn ring_hash_and_hash_tag_are_read() {
+    let config = Config::parse(
+        &format!("ring = \"twemproxy\"\nhash = \"murmur\"\nhash_tag = \"{{}}\"\n{GOOD}"),
+        "m",
+    )
+    .unwrap();
+    assert_eq!(config.ring.flavour, Flavour::Twemproxy);
+    assert_eq!(config.ring.hash, HashFunction::Murmur);
+    assert_eq!(config.ring.hash_tag, Some(*b"{}"));
+    let default = Config::parse(GOOD, "m").unwrap();
+    assert_eq!(default.ring, Spec::default());
+    let libmemcached = Config::parse(&format!("ring = \"libmemcached\"\n{GOOD}"), "m").unwrap();
+    // Weights 1 and 2 of two servers: floor(1/3 × 80) × 4 and
+    // floor(2/3 × 80) × 4 points.
+    assert_eq!(libmemcached.build_ring().point_count(), 104 + 212);
+}
+
+#[test]
+fn bad_ring_settings_are_rejected_with_their_place() {
+    let message = error_of(&format!("ring = \"ketama\"\n{GOOD}"));
+    assert!(
+        message.starts_with("memring.toml:1:8: ring = \"ketama\""),
+        "{message}"
+    );
+    assert!(
+        message.contains("memring, twemproxy, libmemcached"),
+        "{message}"
+    );
+    let message = error_of(&format!("ring = \"twemproxy\"\nhash = \"sha1\"\n{GOOD}"));
+    assert!(
+        message.starts_with("memring.toml:2:8: hash = \"sha1\""),
+        "{message}"
+    );
+    let message = error_of(&format!("hash = \"md5\"\n{GOOD}"));
+    assert!(
+        message.contains("hash applies to ring = \"twemproxy\""),
+        "{message}"
+    );
+    let message = error_of(&format!(
+        "ring = \"libmemcached\"\nhash = \"murmur\"\n{GOOD}"
+    ));
+    assert!(message.contains("md5 only"), "{message}");
+    for tag in ["{", "{}}", "{ ", ""] {
+        let message = error_of(&format!("hash_tag = \"{tag}\"\n{GOOD}"));
+        assert!(
+            message.contains("two printable ASCII characters"),
+            "{tag}: {message}"
+        );
+    }
+}
+
+#[test]
+fn hot_key_settings_have_defaults_and_bounds() {
+    let default = Config::parse(GOOD, "m").unwrap().hot_keys;
+    assert_eq!(default, HotKeySettings::default());
+    assert!(default.coalesce && default.cache_ttl.is_none());
+    let set = Config::parse(
+            &format!("hot_key_share = 0.5\nhot_key_cache_ms = 100\nhot_key_metrics = true\nhot_key_coalesce = false\n{GOOD}"),
+            "m",
+        )
+        .unwrap()
+        .hot_keys;
+    assert_eq!(set.share, 0.5);
+    assert_eq!(set.cache_ttl, Some(Duration::from_millis(100)));
+    assert!(set.metrics_names && !set.coalesce);
+    for bad in ["0.0", "1.5", "-0.1", "nan"] {
+        let message = error_of(&format!("hot_key_share = {bad}\n{GOOD}"));
+        assert!(
+            message.starts_with("memring.toml:1:17: hot_key_share"),
+            "{bad}: {message}"
+        );
+    }
+    let off = Config::parse(&format!("hot_key_detect = false\n{GOOD}"), "m")
+        .unwrap()
+        .hot_keys;
+    assert!(!off.detect && !off.coalesce);
+    let message = error_of(&format!(
+        "hot_key_detect = false\nhot_key_cache_ms = 100\n{GOOD}"
+    ));
+    assert!(
+        message.starts_with("memring.toml:1:18: hot_key_detect = false leaves"),
+        "{message}"
+    );
+    let message = error_of(&format!("hot_key_window_ms = 5\n{GOOD}"));
+    assert!(
+        message.contains("hot_key_window_ms = 5 is out of range"),
+        "{message}"
+    );
+}
+
+#[test]
+fn quotes_backslashes_and_control_bytes_are_refused_in_names_and_addresses() {
+    // (as written in TOML, what the message names)
+    for (written, named) in [
+        (r#"\""#, "a double quote (\")"),
+        (r"\\", "a backslash (\\)"),
+        (r"\u0000", "a NUL byte (0x00)"),
+        (r"\u0007", "a control byte (0x07)"),
+        (r"\t", "a control byte (0x09)"),
+        (r"\n", "a control byte (0x0a)"),
+        (r"\u001f", "a control byte (0x1f)"),
+        (r"\u007f", "a DEL byte (0x7f)"),
+    ] {
+        let addr = GOOD.replace("127.0.0.1:11212", &format!("127.0.0.1{written}:11212"));
+        let message = error_of(&addr);
+        assert!(
+            message.starts_with("memring.toml:8:8: server addr"),
+            "{written}: {message}"
+        );
+        assert!(
+            message.contains(&format!("contains {named}")),
+            "{written}: {message}"
+        );
+        let name = GOOD.replace("cache-02", &format!("cache{written}02"));
+        let message = error_of(&name);
+        assert!(
+            message.starts_with("memring.toml:10:8: server name"),
+            "{written}: {message}"
+        );
+        assert!(
+            message.contains(&format!("contains {named}")),
+            "{written}: {message}"
+        );
+    }
+    // Other non-ASCII text is a name like any other.
+    let config = Config::parse(&GOOD.replace("cache-02", "cache-ü"), "m").unwrap();
+    assert_eq!(config.servers[1].name, "cache-ü");
+}
+
+/// Two servers: 127.0.0.1:11211 at line 5 and `second` at line 7.
+fn two_servers(second: &str, replicas: u32) -> String {
+    format!(
+            "listen = \"127.0.0.1:22122\"\nreplicas = {replicas}\n\n[[servers]]\naddr = \"127.0.0.1:11211\"\n[[servers]]\naddr = \"{second}\"\n"
+        )
+}
+
+#[test]
+fn spellings_of_one_memcached_are_one_server() {
+    for alias in [
+        "127.0.0.01:11211",
+        "127.0.0.1:011211",
+        "[::ffff:127.0.0.1]:11211",
+        "[0:0:0:0:0:ffff:7f00:1]:11211",
+        "127.1:11211",
+        "0x7f.0.0.1:11211",
+        "0177.0.0.1:11211",
+        "2130706433:11211",
+    ] {
+        let config = Config::parse(&two_servers(alias, 1), "m").unwrap();
+        let warnings = config.warnings();
+        assert_eq!(warnings.len(), 1, "{alias}: {warnings:?}");
+        assert_eq!(
+                warnings[0],
+                format!("servers `127.0.0.1:11211` (line 5) and `{alias}` (line 7) are the same memcached (127.0.0.1:11211): it gets the keys of both")
+            );
+        let message = error_of(&two_servers(alias, 2));
+        assert!(
+                message.starts_with(&format!("memring.toml:7:8: server `{alias}` is the same memcached as `127.0.0.1:11211` (line 5; both reach 127.0.0.1:11211): with replicas = 2")),
+                "{alias}: {message}"
+            );
+    }
+    let names = "listen = \"127.0.0.1:1\"\nreplicas = 2\n[[servers]]\naddr = \"cache.internal:11211\"\n[[servers]]\naddr = \"CACHE.internal:11211\"\n";
+    assert!(error_of(names).contains("both reach cache.internal:11211"));
+    // Near spellings of other memcacheds are other servers.
+    for other in [
+        "127.0.0.1:11212",
+        "127.0.0.010:11211", // octal: 127.0.0.8
+        "0127.0.0.1:11211",  // octal: 87.0.0.1
+        "127.0.0.2:11211",
+        "[::1]:11211",
+        "cache.internal:11211",
+    ] {
+        let config = Config::parse(&two_servers(other, 2), "m").unwrap();
+        assert!(
+            config.warnings().is_empty(),
+            "{other}: {:?}",
+            config.warnings()
+        );
+    }
+}
+
+#[test]
+fn numeric_hosts_are_read_as_getaddrinfo_reads_them() {
+    // The system resolver is the oracle: these never reach DNS.
+    for host in [
+        "127.0.0.1",
+        "127.0.0.01",
+        "127.0.0.010",
+        "0127.0.0.1",
+        "127.00.0.1",
+        "127.1",
+        "127.0.1",
+        "0x7f.0.0.1",
+        "0X7F.1",
+        "2130706433",
+        "0",
+        "10.0x10.255.0377",
+        "1.65535",
+        "1.2.65535",
+    ] {
+        let resolved: Vec<IpAddr> = (host, 1)
+            .to_socket_addrs()
+            .unwrap_or_else(|e| panic!("{host}: {e}"))
+            .map(|socket| socket.ip())
+            .collect();
+        let ours = numeric_ipv4(host).map(IpAddr::V4);
+        assert_eq!(resolved, Vec::from_iter(ours), "{host}");
+    }
+    // Not numbers to getaddrinfo either: it asks DNS for these.
+    for name in [
+        "127.0.0.08",
+        "127.0.0.256",
+        "1.2.3.4.5",
+        "127.0.0.1.",
+        "127..1",
+        "0x",
+        "1.16777216",
+        "4294967296",
+        "cache-01",
+        "+1.2.3.4",
+    ] {
+        assert_eq!(numeric_ipv4(name), None, "{name}");
+    }
+}
+
+#[test]
+fn a_host_name_and_its_address_are_one_server_once_resolved() {
+    let text = two_servers("localhost:11211", 1);
+    // Without looking names up, a name is only its spelling.
+    assert!(Config::parse(&text, "m").unwrap().warnings().is_empty());
+    let warnings = Config::parse_and_resolve(&text, "m").unwrap().warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("`localhost:11211` (line 7) are the same memcached (127.0.0.1:11211)"),
+        "{warnings:?}"
+    );
+    let message = Config::parse_and_resolve(&two_servers("localhost:11211", 3), "m")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.starts_with("m:7:8: server `localhost:11211` is the same memcached"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_name_that_does_not_resolve_is_a_warning_naming_the_server() {
+    // RFC 6761: .invalid names never resolve.
+    let config =
+        Config::parse_and_resolve(&two_servers("memring-test.invalid:11211", 2), "m").unwrap();
+    let warnings = config.warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+            warnings[0].starts_with(
+                "server `memring-test.invalid:11211` (line 7): `memring-test.invalid` does not resolve ("
+            ),
+            "{warnings:?}"
+        );
+}
+
+#[test]
+fn admin_listen_on_the_port_of_listen_is_refused() {
+    for (listen, admin, refused) in [
+        ("127.0.0.1:22122", "127.0.0.1:22122", true),
+        ("127.0.0.1:22122", "[::ffff:127.0.0.1]:22122", true),
+        ("0.0.0.0:22122", "127.0.0.1:22122", true),
+        ("127.0.0.1:22122", "0.0.0.0:22122", true),
+        ("[::]:22122", "10.0.0.1:22122", true),
+        ("[::1]:22122", "[::1]:22122", true),
+        ("127.0.0.1:22122", "127.0.0.1:9100", false),
+        ("127.0.0.1:22122", "127.0.0.2:22122", false),
+        ("0.0.0.0:22122", "[::1]:22122", false),
+        ("127.0.0.1:0", "127.0.0.1:0", false),
+    ] {
+        let text = GOOD.replace(
+            "listen = \"127.0.0.1:22122\"",
+            &format!("listen = \"{listen}\"\nadmin_listen = \"{admin}\""),
+        );
+        match Config::parse(&text, "memring.toml") {
+            Ok(_) => assert!(!refused, "{listen} {admin}: accepted"),
+            Err(e) => {
+                let message = e.to_string();
+                assert!(refused, "{listen} {admin}: {message}");
+                assert_eq!(
+                        message,
+                        format!("memring.toml:3:16: admin_listen = \"{admin}\" takes the port of listen = \"{listen}\" (line 2): the admin listener needs an address of its own")
+                    );
+            }
+        }
+    }
+}
+
+#[test]
+fn discovery_lists_the_pool_instead_of_servers() {
+    let text = "listen = \"127.0.0.1:1\"\n[discovery]\nsrv = \"_memcache._tcp.cache.default.svc.\"\ninterval_ms = 250\nresolver = \"127.0.0.1:5353\"\n";
+    let config = Config::parse(text, "m").unwrap();
+    assert!(config.servers.is_empty());
+    assert!(config.warnings().is_empty(), "{:?}", config.warnings());
+    let discovery = &config.discovery;
+    assert_eq!(
+        discovery.source,
+        Some(Source::Srv("_memcache._tcp.cache.default.svc".into()))
+    );
+    assert_eq!(discovery.interval, Duration::from_millis(250));
+    assert_eq!(
+        discovery.dns.server,
+        Some("127.0.0.1:5353".parse().unwrap())
+    );
+    let a = Config::parse(
+            "listen = \"127.0.0.1:1\"\n[discovery]\na = \"cache.default.svc:11211\"\nresolver = \"10.96.0.10\"\n",
+            "m",
+        )
+        .unwrap();
+    assert_eq!(
+        a.discovery.source,
+        Some(Source::A {
+            host: "cache.default.svc".into(),
+            port: 11211
+        })
+    );
+    assert_eq!(
+        a.discovery.dns.server,
+        Some("10.96.0.10:53".parse().unwrap())
+    );
+    // Without srv or a: only where and how often names are looked up.
+    let names = Config::parse(
+        &format!("{GOOD}\n[discovery]\nresolver = \"[::1]:53\"\n"),
+        "m",
+    )
+    .unwrap();
+    assert_eq!(names.discovery.source, None);
+    assert_eq!(names.servers.len(), 2);
+    assert_eq!(
+        Config::parse(GOOD, "m").unwrap().discovery.interval,
+        Duration::from_millis(DEFAULT_DISCOVERY_INTERVAL_MS)
+    );
+}
+
+#[test]
+fn bad_discovery_settings_are_rejected_with_their_place() {
+    let base = "listen = \"127.0.0.1:1\"\n[discovery]\n";
+    for (body, expected) in [
+        (
+            "srv = \"_m._tcp.x\"\na = \"x:1\"\n",
+            "m:4:5: [discovery] takes srv or a, not both",
+        ),
+        (
+            "srv = \"_m._tcp.x:11211\"\n",
+            "m:3:7: [discovery] srv = \"_m._tcp.x:11211\" is not a DNS name",
+        ),
+        (
+            "a = \"cache.svc\"\n",
+            "m:3:5: [discovery] a = \"cache.svc\" must be host:port",
+        ),
+        (
+            "a = \"cache.svc:0\"\n",
+            "m:3:5: [discovery] a = \"cache.svc:0\"",
+        ),
+        (
+            "interval_ms = 10\n",
+            "m:3:15: interval_ms = 10 is out of range 100..=3600000",
+        ),
+        (
+            "resolver = \"dns.local:53\"\n",
+            "m:3:12: resolver = \"dns.local:53\" must be the IP address of a DNS server",
+        ),
+        (
+            "intervall_ms = 100\n",
+            "m:3:1: unknown key `intervall_ms` in [discovery]; did you mean `interval_ms`?",
+        ),
+        (
+            "",
+            "no [[servers]]: at least one server is needed (or [discovery] with srv or a)",
+        ),
+    ] {
+        let message = Config::parse(&format!("{base}{body}"), "m")
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains(expected), "{body}: {message}");
+    }
+    let both = format!("{GOOD}\n[discovery]\nsrv = \"_m._tcp.x\"\n");
+    let message = Config::parse(&both, "m").unwrap_err().to_string();
+    assert!(
+        message.starts_with(
+            "m:4:1: [[servers]] and [discovery] srv _m._tcp.x both list the default pool's servers"
+        ),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_servers_ring_place_comes_from_its_name_as_written_not_its_address() {
+    // Two spellings that reach the same memcached are two places; the
+    // same name is one place whatever it resolves to (resolution never
+    // enters the ring).
+    let named = |addr: &str| {
+        Config::parse(
+                &format!("listen = \"127.0.0.1:1\"\n[[servers]]\naddr = \"{addr}\"\n[[servers]]\naddr = \"cache-1.svc:11211\"\n"),
+                "m",
+            )
+            .unwrap()
+            .build_ring()
+    };
+    assert_eq!(named("cache-0.svc:11211"), named("cache-0.svc:11211"));
+    assert_ne!(named("cache-0.svc:11211"), named("10.0.0.7:11211"));
+    for flavour in ["twemproxy", "libmemcached"] {
+        let ring = |addr: &str| {
+            Config::parse(
+                    &format!("ring = \"{flavour}\"\nlisten = \"127.0.0.1:1\"\n[[servers]]\naddr = \"{addr}\"\n[[servers]]\naddr = \"b.svc:1\"\n"),
+                    "m",
+                )
+                .unwrap()
+                .build_ring()
+        };
+        assert_eq!(ring("a.svc:1"), ring("a.svc:1"), "{flavour}");
+    }
+}
+
+#[test]
+fn out_of_range_settings_are_rejected() {
+    let message = error_of(&format!("connections_per_server = 0\n{GOOD}"));
+    assert!(
+        message.starts_with("memring.toml:1:26: connections_per_server"),
+        "{message}"
+    );
+}
+
+#[test]
+fn shared_with_says_who_else_uses_the_servers_and_a_drop_in_ring_without_it_is_warned() {
+    let parse = |text: &str| Config::parse(&format!("{text}\n{GOOD}"), "memring.toml");
+    assert_eq!(parse("").unwrap().shared_with, SharedWith::Memring);
+    for value in SharedWith::ALL {
+        let config = parse(&format!("shared_with = \"{}\"", value.name())).unwrap();
+        assert_eq!(config.shared_with, value);
+    }
+    assert_eq!(
+        (
+            SharedWith::Memring.reads_through(),
+            SharedWith::Memring.copies()
+        ),
+        (true, true)
+    );
+    assert_eq!(
+        (
+            SharedWith::Readers.reads_through(),
+            SharedWith::Readers.copies()
+        ),
+        (true, false)
+    );
+    assert_eq!(
+        (
+            SharedWith::Writers.reads_through(),
+            SharedWith::Writers.copies()
+        ),
+        (false, false)
+    );
+    let message = error_of(&format!("shared_with = \"nutcracker\"\n{GOOD}"));
+    assert!(
+            message.starts_with("memring.toml:1:15: shared_with = \"nutcracker\" is not who shares the servers (one of: memring, readers, writers)"),
+            "{message}"
+        );
+    // A drop-in ring without the setting is warned about; with it, or
+    // without a window, or on memring's own ring, it is not.
+    let warned = |text: &str| {
+        parse(text)
+            .unwrap()
+            .warnings()
+            .iter()
+            .any(|w| w.contains("shared_with is not set"))
+    };
+    assert!(warned("ring = \"twemproxy\""));
+    assert!(warned("ring = \"libmemcached\""));
+    assert!(!warned("ring = \"twemproxy\"\nshared_with = \"memring\""));
+    assert!(!warned("ring = \"twemproxy\"\nshared_with = \"writers\""));
+    assert!(!warned("ring = \"twemproxy\"\nhandoff_ms = 0"));
+    assert!(!warned(""));
+    // A pool takes the top level's value or sets its own.
+    let pools = Config::parse(
+            &format!("shared_with = \"readers\"\n{GOOD}\n[[pools]]\nname = \"a\"\n[[pools.servers]]\naddr = \"127.0.0.1:5\"\n[[pools]]\nname = \"b\"\nshared_with = \"writers\"\n[[pools.servers]]\naddr = \"127.0.0.1:6\"\n"),
+            "memring.toml",
+        )
+        .unwrap();
+    assert_eq!(
+        pools.pool("a").unwrap().config.shared_with,
+        SharedWith::Readers
+    );
+    assert_eq!(
+        pools.pool("b").unwrap().config.shared_with,
+        SharedWith::Writers
+    );
+}
+
+#[test]
+fn twemproxy_ejection_takes_nutcrackers_defaults_and_retry_needs_it() {
+    let parse = |text: &str| Config::parse(&format!("{text}\n{GOOD}"), "memring.toml");
+    let own = parse("").unwrap();
+    assert_eq!((own.ejection, own.failure_limit), (Ejection::Memring, 3));
+    let twemproxy = parse("ejection = \"twemproxy\"").unwrap();
+    assert_eq!(
+        (twemproxy.ejection, twemproxy.failure_limit),
+        (
+            Ejection::Twemproxy {
+                retry: Duration::from_millis(30_000)
+            },
+            2
+        ),
+        "server_retry_timeout and server_failure_limit as nutcracker's defaults"
+    );
+    let set =
+        parse("ejection = \"twemproxy\"\nretry_timeout_ms = 3000\nfailure_limit = 5").unwrap();
+    assert_eq!(
+        (set.ejection, set.failure_limit),
+        (
+            Ejection::Twemproxy {
+                retry: Duration::from_millis(3000)
+            },
+            5
+        )
+    );
+    let message = error_of(&format!("retry_timeout_ms = 3000\n{GOOD}"));
+    assert!(
+        message
+            .starts_with("memring.toml:1:20: retry_timeout_ms applies to ejection = \"twemproxy\""),
+        "{message}"
+    );
+    let message = error_of(&format!("ejection = \"nutcracker\"\n{GOOD}"));
+    assert!(
+        message.ends_with(
+            "ejection = \"nutcracker\" is not an ejection timing (one of: memring, twemproxy)"
+        ),
+        "{message}"
+    );
+}
