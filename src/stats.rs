@@ -1747,4 +1747,53 @@ mod tests {
         }
         assert!(stats.openmetrics_text().ends_with("# EOF\n"));
     }
+
+    /// Every family with one series of each label set, its values cut off:
+    /// what a scraper, a dashboard and promtool read besides the numbers.
+    fn exposition_without_values(stats: &Stats) -> String {
+        stats.request(Command::Get, 1);
+        stats.latency_writer().observe(Command::Get, 300_000);
+        let backend = stats.backend("default", "cache-01", &["timeout"], &["ACTIVE", "DEAD"]);
+        backend.error(0);
+        stats.membership("default", "cache-01", "ACTIVE");
+        stats.topology("default", 1, 1, 1);
+        let _ = stats.pool_figures("default");
+        let _ = stats.shadow_counters("default", "shadow");
+        stats.reload(true);
+        stats.hot_keys(&[HotKeySample {
+            server: "cache-01".into(),
+            key: "k".into(),
+            rate: 1.0,
+            share: 0.5,
+        }]);
+        stats.discovered("srv _memcache._tcp.cache", &["cache-01".into()], true);
+        // A family's series come out in its hash map's order: sorted here.
+        let mut out = String::new();
+        let mut series: Vec<&str> = Vec::new();
+        let text = stats.prometheus_text();
+        for line in text.lines() {
+            if line.starts_with('#') {
+                series.sort_unstable();
+                series.drain(..).for_each(|s| out.extend([s, "\n"]));
+                out.extend([line, "\n"]);
+            } else {
+                series.push(line.rsplit_once(' ').map_or(line, |(s, _)| s));
+            }
+        }
+        series.sort_unstable();
+        series.drain(..).for_each(|s| out.extend([s, "\n"]));
+        out
+    }
+
+    #[test]
+    fn every_family_keeps_its_name_help_type_and_labels() {
+        let text = exposition_without_values(&Stats::new());
+        // A new family, or a new label, changes this file on purpose:
+        // `MEMRING_WRITE_GOLDEN=1 cargo test --lib every_family` writes it.
+        if std::env::var_os("MEMRING_WRITE_GOLDEN").is_some() {
+            let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/src/stats/exposition.golden");
+            std::fs::write(golden, &text).expect("the golden file is writable");
+        }
+        assert_eq!(text, include_str!("stats/exposition.golden"));
+    }
 }
