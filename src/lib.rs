@@ -47,8 +47,10 @@
 //! - [`pools`]: one publisher per pool; a reload's part for each.
 //! - [`shadow`]: which keys a pool shares with its shadow pool, how the two
 //!   answers to a get compare, the bound on shadow requests in flight. Pure.
-//! - [`stats`]: counters behind both the `stats` reply and Prometheus; a leaf.
-//! - [`report`]: memring's memcached-style `stats` reply.
+//! - [`stats`]: counters behind both the `stats` reply and Prometheus, one
+//!   file per job: the registry, the families by feature, process figures,
+//!   the `/metrics` text, the latency histograms, and memring's
+//!   memcached-style `stats` reply (`report`).
 //! - [`tls`]: rustls configs from PEM files for both sides (servers are
 //!   verified, clients optionally), and the listener's certificate reload.
 //! - [`admin`]: optional HTTP listener for `/metrics`, `/live` and `/ready`.
@@ -67,7 +69,6 @@ pub mod error;
 mod failover;
 pub mod fd_budget;
 pub mod hotkeys;
-pub mod latency;
 pub(crate) mod layout;
 mod newcomers;
 mod outbuf;
@@ -78,14 +79,13 @@ pub mod protocol;
 mod recycled;
 pub mod regular_file;
 pub mod reload;
-mod report;
 pub mod resolve;
 pub mod ring;
 pub mod server;
 mod session;
 pub(crate) mod shadow;
 mod shard;
-pub(crate) mod stats;
+pub mod stats;
 mod sweep;
 pub mod tls;
 pub mod topology;
