@@ -1,5 +1,5 @@
 //! The per-request cost of timing a request: memring's per-writer histogram
-//! (`latency::HistogramWriter`, a load and a store per figure) against
+//! (`stats::latency::HistogramWriter`, a load and a store per figure) against
 //! prometheus-client's `Histogram::observe` (a write lock per observation),
 //! over the same spread of latencies (10 µs to ~2 ms), single-threaded, so
 //! the lock is never contended here: between workers it would be.
@@ -9,7 +9,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use memring::latency::PartedHistogram;
+use memring::stats::latency::PartedHistogram;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 
 /// Latencies in nanoseconds, as the request path measures them.

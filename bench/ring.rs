@@ -61,8 +61,8 @@ fn ring_lookup(c: &mut Criterion) {
 }
 
 /// One `Ring::owner` per iteration on the compatibility rings at 100 servers:
-/// the key hash differs (fnv1a_64 and md5 for twemproxy, md5 for
-/// libmemcached), the binary search is the same.
+/// the key hash differs (fnv1a_64, md5, crc32 and crc32a for twemproxy, md5
+/// for libmemcached), the binary search is the same.
 fn ring_lookup_flavours(c: &mut Criterion) {
     let keys = lookup_keys();
     let mut group = c.benchmark_group("ring_owner_flavour");
@@ -81,6 +81,8 @@ fn ring_lookup_flavours(c: &mut Criterion) {
             HashFunction::Fnv1a64,
         ),
         ("twemproxy_md5", Flavour::Twemproxy, HashFunction::Md5),
+        ("twemproxy_crc32", Flavour::Twemproxy, HashFunction::Crc32),
+        ("twemproxy_crc32a", Flavour::Twemproxy, HashFunction::Crc32a),
         ("libmemcached", Flavour::Libmemcached, HashFunction::Md5),
     ];
     for (label, flavour, hash) in flavours {

@@ -35,8 +35,10 @@
 //! - [`server`]: start-up, accept loop, connection limit, shutdown and drain.
 //! - [`hotkeys`]: hot-key detection per server (space-saving sketches per
 //!   worker), `stats hotkeys`, coalescing of concurrent gets, near cache.
-//! - [`stats`]: counters behind both the `stats` reply and Prometheus; a leaf.
-//! - [`report`]: memring's memcached-style `stats` reply.
+//! - [`stats`]: counters behind both the `stats` reply and Prometheus, one
+//!   file per job: the registry, the families by feature, process figures,
+//!   the `/metrics` text, the latency histograms, and memring's
+//!   memcached-style `stats` reply (`report`).
 //! - [`tls`]: rustls configs from PEM files for both sides (servers are
 //!   verified, clients optionally), and the listener's certificate reload.
 //! - [`error`]: backend and config errors.
@@ -49,16 +51,14 @@ pub mod control;
 pub mod error;
 pub mod hotkeys;
 pub mod inputs;
-pub mod latency;
 mod plan;
 pub mod pools;
 pub mod protocol;
-mod report;
 pub mod ring;
 mod runtime;
 pub mod server;
 mod session;
-pub(crate) mod stats;
+pub mod stats;
 pub mod tls;
 mod worker;
 

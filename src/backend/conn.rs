@@ -104,7 +104,7 @@ pub(crate) struct Conn {
     /// Wakes the task: requests were queued (once per turn, however many).
     wake: Wake,
     /// This connection's part of the server's latency histogram.
-    latency: crate::latency::HistogramWriter,
+    latency: crate::stats::latency::HistogramWriter,
 }
 
 impl std::fmt::Debug for Conn {

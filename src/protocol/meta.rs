@@ -793,81 +793,73 @@ impl AsRef<[u8]> for RoutingKey<'_> {
     }
 }
 
+/// The `base64` engine for `b` keys: the standard alphabet and padding, and
+/// like memcached it keeps the key when the last symbol before the padding
+/// has bits RFC 4648 wants zero (`Zh==` is `f`, as `Zg==` is).
+const KEY_ENGINE: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    base64::engine::GeneralPurposeConfig::new().with_decode_allow_trailing_bits(true),
+);
+
 /// Decodes a `b` key the way memcached 1.6.18 does, which is more lenient than
 /// RFC 4648: bytes outside the base64 alphabet are skipped, the alphabet bytes
 /// (`=` included) must come in groups of four, and decoding stops after the
-/// first group holding `=` (one or two of them; three or four fail). Returns
-/// `None` where memcached fails. The key memcached stores, and so the key the
-/// ring must hash, is exactly this result.
+/// first group holding `=` (one or two of them, anywhere in the group; three or
+/// four fail). Returns `None` where memcached fails. The key memcached stores,
+/// and so the key the ring must hash, is exactly this result.
+///
+/// A token in RFC 4648's form (what clients send) goes to [`KEY_ENGINE`] as it
+/// is; any other is first brought to that form by [`lenient_groups`].
 pub fn decode_key(token: &[u8]) -> Option<DecodedKey> {
-    fn sextet(b: u8) -> Option<u8> {
-        match b {
-            b'A'..=b'Z' => Some(b - b'A'),
-            b'a'..=b'z' => Some(b - b'a' + 26),
-            b'0'..=b'9' => Some(b - b'0' + 52),
-            b'+' => Some(62),
-            b'/' => Some(63),
-            b'=' => Some(0),
-            _ => None,
-        }
-    }
-    let alphabet = token.iter().filter(|&&b| sextet(b).is_some()).count();
+    use base64::Engine as _;
+    let alphabet = token.iter().filter(|&&b| in_key_alphabet(b)).count();
     if alphabet == 0 || alphabet % 4 != 0 {
         return None;
     }
-    let mut out = DecodedKey::with_capacity(alphabet / 4 * 3);
-    let mut group = [0u8; 4];
-    let mut filled = 0;
+    let unpadded = token.strip_suffix(b"=").unwrap_or(token);
+    let unpadded = unpadded.strip_suffix(b"=").unwrap_or(unpadded);
+    let mut out = DecodedKey::from_elem(0, alphabet / 4 * 3);
+    if alphabet == token.len() && !unpadded.contains(&b'=') {
+        let decoded = KEY_ENGINE.decode_slice(token, &mut out).ok()?;
+        out.truncate(decoded);
+        return Some(out);
+    }
+    let (groups, padding) = lenient_groups(token)?;
+    let decoded = KEY_ENGINE.decode_slice(&groups[..], &mut out).ok()?;
+    out.truncate(decoded - padding);
+    Some(out)
+}
+
+/// A base64 symbol or `=`, the bytes memcached's decoder does not skip.
+fn in_key_alphabet(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'=')
+}
+
+/// What memcached decodes of a token not in RFC 4648's form, as groups of four
+/// symbols the engine decodes the same way, and the bytes to cut off after:
+/// the alphabet bytes up to the end of the first group holding `=`, each `=`
+/// read as `A` (a zero sextet, as memcached reads it); one byte is cut per
+/// `=`, and three or four of them fail (`None`).
+fn lenient_groups(token: &[u8]) -> Option<(smallvec::SmallVec<[u8; MAX_KEY_BYTES + 2]>, usize)> {
+    let mut groups = smallvec::SmallVec::new();
     let mut padding = 0;
-    for &b in token {
-        let Some(value) = sextet(b) else { continue };
+    for &b in token.iter().filter(|&&b| in_key_alphabet(b)) {
         if b == b'=' {
             padding += 1;
         }
-        group[filled] = value;
-        filled += 1;
-        if filled < 4 {
-            continue;
-        }
-        out.extend_from_slice(&[
-            (group[0] << 2) | (group[1] >> 4),
-            (group[1] << 4) | (group[2] >> 2),
-            (group[2] << 6) | group[3],
-        ]);
-        filled = 0;
-        if padding > 0 {
-            if padding > 2 {
-                return None;
-            }
-            out.truncate(out.len() - padding);
+        groups.push(if b == b'=' { b'A' } else { b });
+        if padding > 0 && groups.len() % 4 == 0 {
             break;
         }
     }
-    Some(out)
+    (padding <= 2).then_some((groups, padding))
 }
 
 /// Encodes `key` as the standard, padded base64 that [`decode_key`] (and so
 /// memcached's `b` flag) reads back to exactly `key`.
 pub fn encode_key(key: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(key.len().div_ceil(3) * 4);
-    for chunk in key.chunks(3) {
-        let bytes = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let group = u32::from_be_bytes([0, bytes[0], bytes[1], bytes[2]]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                let sextet = (group >> (18 - 6 * i)) & 0x3f;
-                out.push(char::from(ALPHABET[sextet as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(key)
 }
 
 #[cfg(test)]
@@ -1243,6 +1235,46 @@ mod tests {
     }
 
     #[test]
+    fn base64_keys_follow_memcached_where_it_differs_from_rfc_4648() {
+        use base64::Engine as _;
+        let standard = base64::engine::general_purpose::STANDARD;
+        // Each line: the token, what memcached 1.6.18 stored for it (`ms`
+        // with `b`, then `me`/`mg` of the key), and that the crate's standard
+        // engine alone would not decode it so.
+        for (token, key) in [
+            // Bytes outside the alphabet are skipped.
+            (&b"Zm9v!!"[..], &b"foo"[..]),
+            // `=` anywhere in a group counts as padding, and reads as 0.
+            (b"Z=g=", b"d"),
+            (b"=Zg=", b"\x01"),
+            (b"A=A=", b"\0"),
+            // Decoding stops after the first padded group...
+            (b"Zg==Zm9v", b"f"),
+            // ...and keeps bits RFC 4648 wants zero.
+            (b"Zh==", b"f"),
+        ] {
+            assert_eq!(decode_key(token).as_deref(), Some(key), "{token:?}");
+            assert_ne!(
+                standard.decode(token).ok().as_deref(),
+                Some(key),
+                "{token:?}"
+            );
+        }
+        // ...but every alphabet byte of the token counts for the groups of four.
+        for bad in [&b"Zg==Zm9vZ"[..], b"A="] {
+            assert_eq!(decode_key(bad), None, "{bad:?}");
+        }
+        // Where both decode, they agree.
+        for key in [&b""[..], b"f", b"fo", b"foo", &[0xff, 0, 0x80, 7]] {
+            let token = encode_key(key);
+            assert_eq!(standard.decode(&token).ok().as_deref(), Some(key));
+            if !key.is_empty() {
+                assert_eq!(decode_key(token.as_bytes()).as_deref(), Some(key));
+            }
+        }
+    }
+
+    #[test]
     fn partial_requests_wait_for_more_bytes() {
         for input in [
             &b"mg fo"[..],
@@ -1424,25 +1456,7 @@ mod tests {
     }
 
     fn encode_base64(bytes: &[u8]) -> Vec<u8> {
-        const ALPHABET: &[u8; 64] =
-            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-        let mut out = Vec::new();
-        for chunk in bytes.chunks(3) {
-            let b = [
-                chunk[0],
-                *chunk.get(1).unwrap_or(&0),
-                *chunk.get(2).unwrap_or(&0),
-            ];
-            let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-            for i in 0..4 {
-                if i <= chunk.len() {
-                    out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]);
-                } else {
-                    out.push(b'=');
-                }
-            }
-        }
-        out
+        encode_key(bytes).into_bytes()
     }
 
     /// A session's view: the outcome of parsing the stream request by request.

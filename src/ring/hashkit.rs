@@ -12,9 +12,13 @@
 //! - `crc16` never truncates its register to 16 bits, and `crc32` is
 //!   libmemcached's 15-bit variant (`crc32a` is the standard CRC-32).
 //!
+//! The standard algorithms underneath come from their crates (MD5 from
+//! `md-5`, CRC-32 from `crc32fast`); what is written here is what only
+//! twemproxy or libmemcached compute, each pinned by its published vectors.
+//!
 //! No I/O here.
 
-use super::md5;
+use md5::{Digest, Md5};
 
 /// A twemproxy key hash, by its configuration name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -107,8 +111,15 @@ pub fn digest_word(digest: &[u8; 16], index: usize) -> u32 {
     u32::from_le_bytes([digest[at], digest[at + 1], digest[at + 2], digest[at + 3]])
 }
 
+/// The 16-byte MD5 digest (RFC 1321) of `data`: libketama, libmemcached and
+/// twemproxy all name their points by MD5 digests, so a compatible ring needs
+/// the same digest. Not for anything security related.
+pub fn md5_digest(data: &[u8]) -> [u8; 16] {
+    Md5::digest(data).into()
+}
+
 fn md5_hash(key: &[u8]) -> u32 {
-    digest_word(&md5::digest(key), 0)
+    digest_word(&md5_digest(key), 0)
 }
 
 const FNV_64_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -196,42 +207,14 @@ fn crc16(key: &[u8]) -> u32 {
     crc
 }
 
-/// CRC-32 table (reflected polynomial 0xEDB88320).
-const CRC32_TABLE: [u32; 256] = {
-    let mut table = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut crc = i as u32;
-        let mut bit = 0;
-        while bit < 8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ 0xedb8_8320
-            } else {
-                crc >> 1
-            };
-            bit += 1;
-        }
-        table[i] = crc;
-        i += 1;
-    }
-    table
-};
-
-fn crc32_register(key: &[u8]) -> u32 {
-    let mut crc = u32::MAX;
-    for &byte in key {
-        crc = (crc >> 8) ^ CRC32_TABLE[((crc ^ u32::from(byte)) & 0xff) as usize];
-    }
-    crc
-}
-
 fn crc32(key: &[u8]) -> u32 {
     // libmemcached's variant: 15 bits taken from the middle of the CRC.
-    ((!crc32_register(key)) >> 16) & 0x7fff
+    (crc32fast::hash(key) >> 16) & 0x7fff
 }
 
+/// The standard CRC-32 (IEEE 802.3, as zlib computes it).
 fn crc32a(key: &[u8]) -> u32 {
-    !crc32_register(key)
+    crc32fast::hash(key)
 }
 
 fn hsieh(key: &[u8]) -> u32 {
@@ -412,9 +395,64 @@ mod tests {
 
     #[test]
     fn ketama_point_words_match_twemproxys_published_vectors() {
-        let digest = md5::digest(b"server1-8");
+        let digest = md5_digest(b"server1-8");
         assert_eq!(digest_word(&digest, 0), 3_853_726_576);
         assert_eq!(digest_word(&digest, 3), 2_667_054_752);
+    }
+
+    fn md5_hex(data: &[u8]) -> String {
+        md5_digest(data)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    #[test]
+    fn md5_matches_the_rfc_1321_test_suite() {
+        assert_eq!(md5_hex(b""), "d41d8cd98f00b204e9800998ecf8427e");
+        assert_eq!(md5_hex(b"a"), "0cc175b9c0f1b6a831c399e269772661");
+        assert_eq!(md5_hex(b"abc"), "900150983cd24fb0d6963f7d28e17f72");
+        assert_eq!(
+            md5_hex(b"message digest"),
+            "f96b697d7cb7938d525a2f31aaf161d0"
+        );
+        assert_eq!(
+            md5_hex(b"abcdefghijklmnopqrstuvwxyz"),
+            "c3fcd3d76192e4007dfb496cca67e13b"
+        );
+        assert_eq!(
+            md5_hex(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"),
+            "d174ab98d277d9f5a5611c2c9f419d9f"
+        );
+        assert_eq!(
+            md5_hex(
+                b"12345678901234567890123456789012345678901234567890123456789012345678901234567890"
+            ),
+            "57edf4a22be3c955ac49da2e2107b67a"
+        );
+    }
+
+    #[test]
+    fn md5_lengths_around_the_padding_boundary_and_high_bytes_match_md5sum() {
+        // 55, 56 and 64 bytes need one or two padding blocks; values from md5sum.
+        assert_eq!(md5_hex(&[b'x'; 55]), "04364420e25c512fd958a70738aa8f72");
+        assert_eq!(md5_hex(&[0u8; 56]), "e3c4dd21a9171fd39d208efa09bf7883");
+        assert_eq!(md5_hex(&[0u8; 64]), "3b5d3c7d207e37dceeedd301e35e2e58");
+        assert_eq!(
+            md5_hex(&[0x80, 0xff, 0xfe]),
+            "8863ba4be8d270433ae4579b131106fe"
+        );
+    }
+
+    #[test]
+    fn crc32a_is_the_standard_crc_32_and_crc32_its_middle_15_bits() {
+        // The CRC-32 check value (the CRC of "123456789").
+        assert_eq!(HashFunction::Crc32a.hash(b"123456789"), 0xcbf4_3926);
+        assert_eq!(
+            HashFunction::Crc32.hash(b"123456789"),
+            (0xcbf4_3926 >> 16) & 0x7fff
+        );
+        assert_eq!(HashFunction::Crc32a.hash(b""), 0);
     }
 
     #[test]

@@ -20,7 +20,6 @@
 
 pub mod hashkit;
 pub mod libmemcached;
-pub mod md5;
 pub mod memring;
 pub mod twemproxy;
 

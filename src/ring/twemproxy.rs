@@ -15,8 +15,8 @@
 //!
 //! No I/O here.
 
-use super::hashkit::{digest_word, HashFunction};
-use super::{md5, Node, Point};
+use super::hashkit::{digest_word, md5_digest, HashFunction};
+use super::{Node, Point};
 
 /// twemproxy's default `hash:`.
 pub const DEFAULT_HASH: HashFunction = HashFunction::Fnv1a64;
@@ -71,7 +71,7 @@ pub(super) fn push_digest_points(points: &mut Vec<Point>, name: &str, count: u32
     for index in 0..count / POINTS_PER_DIGEST {
         let point_name = format!("{name}-{index}");
         let bytes = point_name.as_bytes();
-        let digest = md5::digest(&bytes[..bytes.len().min(MAX_POINT_NAME_BYTES)]);
+        let digest = md5_digest(&bytes[..bytes.len().min(MAX_POINT_NAME_BYTES)]);
         for word in 0..POINTS_PER_DIGEST as usize {
             points.push(Point::from_u32(digest_word(&digest, word), server));
         }

@@ -59,7 +59,7 @@ pub(crate) struct WorkerCtx {
     /// This worker's shadow requests in flight (see `pools/shadow.rs`).
     pub(crate) shadow: Rc<crate::pools::shadow::InFlight>,
     /// This worker's part of the request latency histograms.
-    pub(crate) latency: crate::latency::LatencyWriter,
+    pub(crate) latency: crate::stats::latency::LatencyWriter,
 }
 
 impl WorkerCtx {

@@ -8,8 +8,8 @@
 //! ([`PartedHistogram`]). A writer that ends folds its counts into the
 //! histogram, so what was counted stays and no part is left behind.
 //!
-//! A leaf like `stats.rs`: it imports nothing of memring but the protocol's
-//! command index.
+//! A leaf like the rest of `stats/`: it imports nothing of memring but the
+//! protocol's command index.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

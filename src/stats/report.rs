@@ -1,6 +1,7 @@
 //! memring's answer to the memcached `stats` command: its own counters in
 //! memcached's format, then one group of lines per server. Rendering only;
-//! the counters live in `stats.rs`, which imports nothing of the topology.
+//! the counters live in the rest of `stats/`, which imports nothing of the
+//! topology.
 
 use bytes::BytesMut;
 

@@ -1,0 +1,140 @@
+//! `[discovery]`'s figures: the servers DNS lists now, the changes of that
+//! list, and the rounds whose lookup failed.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use super::{counter, gauge, Text};
+use crate::stats::Stats;
+
+/// A server discovery lists (always of the top-level pool).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DiscoveredLabels {
+    server: Text,
+}
+
+/// What discovery found, for `stats` and `/metrics`.
+#[derive(Debug)]
+pub(in crate::stats) struct DiscoveryFigures {
+    servers: Gauge,
+    /// 1 for each server DNS lists now.
+    server: Family<DiscoveredLabels, Gauge>,
+    changes: Counter,
+    failures: Counter,
+    /// 1 while the records cannot be read (the last good list is kept).
+    failing: Gauge,
+    /// Seconds since the epoch of the last change of the list (0: none yet).
+    last_change: Gauge,
+    /// The source and the names, for `stats`; `None` without discovery.
+    listed: std::sync::Mutex<Option<(String, Vec<String>)>>,
+}
+
+/// Discovery's figures as `stats discovery` and the general `stats` show
+/// them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiscoveryReport {
+    /// `srv _memcache._tcp.cache` or `a cache:11211`.
+    pub source: String,
+    pub servers: Vec<String>,
+    pub changes: u64,
+    pub lookup_failures: u64,
+    pub failing: bool,
+    pub last_change: u64,
+}
+
+impl DiscoveryFigures {
+    pub(in crate::stats) fn register(registry: &mut Registry) -> DiscoveryFigures {
+        let server = Family::<DiscoveredLabels, Gauge>::default();
+        registry.register(
+            "discovery_server",
+            "1 for each server that [discovery]'s DNS records list now",
+            server.clone(),
+        );
+        DiscoveryFigures {
+            servers: gauge(
+                registry,
+                "discovery_servers",
+                "Servers that [discovery]'s DNS records list now (the last good answer)",
+            ),
+            server,
+            changes: counter(
+                registry,
+                "discovery_changes",
+                "Changes of the discovered server list, each published as a membership change",
+            ),
+            failures: counter(
+                registry,
+                "discovery_lookup_failures",
+                "Discovery rounds whose DNS lookup failed or listed no server (the last good list stayed)",
+            ),
+            failing: gauge(
+                registry,
+                "discovery_failing",
+                "1 while the discovery records cannot be read",
+            ),
+            last_change: gauge(
+                registry,
+                "discovery_last_change_seconds",
+                "Seconds since the epoch when the discovered server list last changed (0: not since start)",
+            ),
+            listed: std::sync::Mutex::new(None),
+        }
+    }
+}
+
+impl Stats {
+    /// The servers discovery lists now, from `source`; `changed`: the list
+    /// just changed (counted, and its time kept).
+    pub fn discovered(&self, source: &str, servers: &[String], changed: bool) {
+        let figures = &self.discovery;
+        figures.servers.set(servers.len() as i64);
+        figures.server.clear();
+        for name in servers {
+            figures
+                .server
+                .get_or_create(&DiscoveredLabels {
+                    server: name.as_str().into(),
+                })
+                .set(1);
+        }
+        if changed {
+            figures.changes.inc();
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            figures.last_change.set(now as i64);
+        }
+        *figures.listed.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((source.to_string(), servers.to_vec()));
+    }
+
+    /// A discovery round could (`false`) or could not (`true`) read its
+    /// records.
+    pub fn discovery_failed(&self, failing: bool) {
+        if failing {
+            self.discovery.failures.inc();
+        }
+        self.discovery.failing.set(i64::from(failing));
+    }
+
+    /// Discovery's figures; `None` when the pool does not come from DNS.
+    pub fn discovery(&self) -> Option<DiscoveryReport> {
+        let figures = &self.discovery;
+        let listed = figures
+            .listed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        listed.map(|(source, servers)| DiscoveryReport {
+            source,
+            servers,
+            changes: figures.changes.get(),
+            lookup_failures: figures.failures.get(),
+            failing: figures.failing.get() > 0,
+            last_change: figures.last_change.get().max(0) as u64,
+        })
+    }
+}

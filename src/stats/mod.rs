@@ -1,0 +1,135 @@
+//! Counters, shared by memcached's `stats` reply and the Prometheus endpoint.
+//!
+//! Every figure is a prometheus-client metric registered once at start; hot
+//! paths hold clones of the handles they bump (an atomic add, no lock, no
+//! label lookup). Per-server handles live in [`BackendMetrics`].
+//!
+//! One file per job:
+//! - `mod.rs`: the registry and the [`Stats`] type that holds every family;
+//! - `families/`: the metric families, one file per feature (clients,
+//!   servers, pools, hand-off, hot keys, shadow, discovery), each
+//!   registering its own and counting them;
+//! - `process.rs`: the process's CPU time from `/proc`;
+//! - `exposition.rs`: the Prometheus and OpenMetrics text of `/metrics`;
+//! - `latency.rs`: the lock-free latency histograms;
+//! - `classify.rs`: the one place a reply's bytes are read to count it;
+//! - `report.rs`: memring's answer to memcached's `stats` command.
+//!
+//! All but `report.rs` form a leaf: they import nothing of memring but the
+//! protocol's command index, so every other module may count without an
+//! import loop. `report.rs` renders the `stats` reply from these counters
+//! and the published pools.
+
+mod classify;
+mod exposition;
+mod families;
+pub mod latency;
+mod process;
+pub(crate) mod report;
+
+use std::time::Instant;
+
+use prometheus_client::registry::Registry;
+
+pub(crate) use exposition::{OPENMETRICS_TEXT_TYPE, PROMETHEUS_TEXT_TYPE};
+pub use families::discovery::DiscoveryReport;
+pub use families::hotkeys::{HotKeyCounters, HotKeySample};
+pub use families::pools::PoolFigures;
+pub use families::servers::BackendMetrics;
+pub(crate) use families::shadow::{ratio, SHADOW_PAIRINGS};
+pub use families::shadow::{ShadowCounters, ShadowFigures};
+pub(crate) use process::process_cpu;
+
+use families::client::ClientFamilies;
+use families::discovery::DiscoveryFigures;
+use families::handoff::HandoffFamilies;
+use families::hotkeys::HotKeyGauges;
+use families::pools::PoolFamilies;
+use families::servers::ServerFamilies;
+use families::shadow::ShadowFamilies;
+use latency::PartedHistogram;
+
+/// Process-wide figures.
+#[derive(Debug)]
+pub struct Stats {
+    started: Instant,
+    /// What the counters of the memcached `stats` reply read at the last
+    /// `stats reset`, by `STAT` name (see `report::reset_stats`): that reply
+    /// shows the counts since. `/metrics` is never reset.
+    reset_baseline: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    registry: Registry,
+    client: ClientFamilies,
+    servers: ServerFamilies,
+    pools: PoolFamilies,
+    handoff: HandoffFamilies,
+    /// Per-command request latency, indexed as [`crate::protocol::Command::index`]
+    /// (each worker writes its own part).
+    command_latency: Vec<PartedHistogram>,
+    /// Hot keys: what was taken off the servers.
+    pub hot: HotKeyCounters,
+    /// Hot keys: the top keys of the last window.
+    hot_keys: HotKeyGauges,
+    shadow: ShadowFamilies,
+    /// `[discovery]`: the servers DNS lists now.
+    discovery: DiscoveryFigures,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats::new()
+    }
+}
+
+impl Stats {
+    /// Registers every family. The order of registration is the order
+    /// `/metrics` lists them in (the collectors, read at each scrape, come
+    /// after the rest).
+    pub fn new() -> Stats {
+        let mut registry = Registry::with_prefix("memring");
+        registry.register_collector(Box::new(process::ProcessCpu));
+        let client = ClientFamilies::register(&mut registry);
+        let servers = ServerFamilies::register(&mut registry);
+        let pools = PoolFamilies::register(&mut registry);
+        let handoff = HandoffFamilies::register(&mut registry);
+        let command_latency = families::client::register_request_latency(&mut registry);
+        let (hot, hot_keys) = families::hotkeys::register(&mut registry);
+        let shadow = ShadowFamilies::register(&mut registry);
+        let discovery = DiscoveryFigures::register(&mut registry);
+        Stats {
+            started: Instant::now(),
+            reset_baseline: Default::default(),
+            registry,
+            client,
+            servers,
+            pools,
+            handoff,
+            command_latency,
+            hot,
+            hot_keys,
+            shadow,
+            discovery,
+        }
+    }
+
+    /// Seconds since start.
+    pub fn uptime_seconds(&self) -> u64 {
+        self.started.elapsed().as_secs()
+    }
+
+    /// The `stats` counters' values at the last `stats reset` (empty
+    /// before one).
+    pub fn reset_baseline(&self) -> std::collections::HashMap<String, u64> {
+        self.reset_baseline
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Records the `stats` counters' values now, as `stats reset` does.
+    pub fn set_reset_baseline(&self, baseline: std::collections::HashMap<String, u64>) {
+        *self
+            .reset_baseline
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = baseline;
+    }
+}
