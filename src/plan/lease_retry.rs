@@ -324,7 +324,7 @@ impl LeaseRetry {
 }
 
 /// How a probe's reply is framed: a lease shows as the item it is.
-fn probe_expect() -> Expect {
+pub(crate) fn probe_expect() -> Expect {
     Expect::Meta {
         command: MetaCommand::Get,
         quiet: false,

@@ -14,6 +14,12 @@
 //! there stays) before the client is answered. Every add goes as
 //! `ms … ME c`, so each store returns the cas to take it back by.
 //!
+//! A refusal may come from another sidecar's hand-off lease (which reads as
+//! a missing key, and may outlive this sidecar's window by its 5 seconds):
+//! each refusing replica is then looked at (`mg … c f s u`), and when every
+//! refusal was a lease, the leases are removed by their cas and the add
+//! goes to those replicas again (a few times at most).
+//!
 //! Pure: the session sends what an [`AddStep`] says and feeds the replies
 //! back; the classic or meta answer is written from [`AddAnswer`].
 
@@ -23,9 +29,15 @@ use bytes::Bytes;
 use smallvec::SmallVec;
 
 use crate::error::BackendError;
+use crate::plan::handoff::probed_lease;
 use crate::plan::placement::Servers;
 use crate::plan::route::{is_error_line, CallResult};
 use crate::protocol::meta::reply::returned_cas;
+
+/// How many times refusals that were all leases are cleared and the add
+/// sent again; after that the refusal stands (as a lease is placed again
+/// only by a read-through copy, this is rare).
+const MAX_LEASE_CLEARS: u8 = 3;
 
 /// Copies an add made: (server, the cas of its item there).
 pub(crate) type Made = SmallVec<[(usize, u64); 3]>;
@@ -37,6 +49,12 @@ pub(crate) enum AddStep {
     Add(Servers),
     /// `md <key> C<cas>` to each (server, cas); the replies are only awaited.
     TakeBack(Made),
+    /// Look at the item on each of these servers, leases shown
+    /// (`handoff::probe_line`); every reply comes back in one call.
+    Probe(Servers),
+    /// On each server, `md <key> C<cas>` (reply not wanted) and then the
+    /// add again; the adds' replies come back in one call.
+    ClearAndAdd(Made),
     /// The answer is ready.
     Done,
 }
@@ -67,6 +85,9 @@ pub(crate) struct ReplicatedAdd {
     made: Made,
     failed: Vec<Arc<str>>,
     answer: Option<AddAnswer>,
+    /// The refusal the probes under way look behind.
+    refusal: Option<Bytes>,
+    lease_clears: u8,
 }
 
 /// How one reply to `ms … ME c` reads.
@@ -104,6 +125,8 @@ impl ReplicatedAdd {
             made: Made::new(),
             failed: Vec::new(),
             answer: None,
+            refusal: None,
+            lease_clears: 0,
         }
     }
 
@@ -128,6 +151,9 @@ impl ReplicatedAdd {
         if self.answer.is_some() {
             return AddStep::Done;
         }
+        if let Some(refusal) = self.refusal.take() {
+            return self.on_probes(refusal, replies);
+        }
         if self.decided.is_none() {
             let Some(&(server, result)) = replies.first() else {
                 return AddStep::Done;
@@ -142,10 +168,10 @@ impl ReplicatedAdd {
                     }
                     AddStep::Add(rest)
                 }
-                Reply::Refused => {
-                    self.answer = Some(AddAnswer::Refused(result.clone().unwrap_or_default()));
-                    AddStep::Done
-                }
+                Reply::Refused => self.look_behind(
+                    result.clone().unwrap_or_default(),
+                    smallvec::smallvec![server],
+                ),
                 Reply::Rejected => {
                     self.answer = Some(AddAnswer::Rejected(result.clone().unwrap_or_default()));
                     AddStep::Done
@@ -157,16 +183,62 @@ impl ReplicatedAdd {
             };
         }
         let mut refusal = None;
+        let mut refused = Servers::new();
+        let mut rejected = false;
         for &(server, result) in replies {
             match read(result) {
                 Reply::Stored(cas) => self.made.push((server, cas)),
                 Reply::Refused | Reply::Rejected => {
                     refusal.get_or_insert_with(|| result.clone().unwrap_or_default());
+                    refused.push(server);
+                    rejected |= matches!(read(result), Reply::Rejected);
                 }
                 Reply::Failed(error) => self.failed.extend(error.map(|e| e.server.clone())),
             }
         }
-        self.settle(refusal)
+        match refusal {
+            Some(refusal) if !rejected => self.look_behind(refusal, refused),
+            refusal => self.settle(refusal),
+        }
+    }
+
+    /// A refusal from `servers`: looked behind for leases, while there are
+    /// clears left; otherwise it stands.
+    fn look_behind(&mut self, refusal: Bytes, servers: Servers) -> AddStep {
+        if self.lease_clears >= MAX_LEASE_CLEARS {
+            return self.refused(refusal);
+        }
+        self.refusal = Some(refusal);
+        AddStep::Probe(servers)
+    }
+
+    /// The probes of the refusing replicas: all leases, cleared and the add
+    /// sent again; anything else, the refusal stands.
+    fn on_probes(&mut self, refusal: Bytes, probes: &[(usize, &CallResult)]) -> AddStep {
+        let leases: Option<Made> = probes
+            .iter()
+            .map(|&(server, probe)| {
+                let cas = probe.as_deref().ok().and_then(probed_lease)?;
+                Some((server, cas))
+            })
+            .collect();
+        match leases {
+            Some(leases) if !leases.is_empty() => {
+                self.lease_clears += 1;
+                AddStep::ClearAndAdd(leases)
+            }
+            _ => self.refused(refusal),
+        }
+    }
+
+    /// The refusal stands: before any replica stored, the answer; after,
+    /// the copies made go back.
+    fn refused(&mut self, refusal: Bytes) -> AddStep {
+        if self.decided.is_none() {
+            self.answer = Some(AddAnswer::Refused(refusal));
+            return AddStep::Done;
+        }
+        self.settle(Some(refusal))
     }
 
     /// Every replica has answered: stored, or the copies go back.
@@ -222,6 +294,52 @@ mod tests {
         let mut add = ReplicatedAdd::new(servers(&[0, 1]), 2);
         add.start();
         let ns = ok(b"NS c0\r\n");
+        assert_eq!(add.on_replies(&[(0, &ns)]), AddStep::Probe(servers(&[0])));
+        // A value there, not a lease: the refusal stands.
+        let value = ok(b"HD c3 f0 s1\r\n");
+        assert_eq!(add.on_replies(&[(0, &value)]), AddStep::Done);
+        assert_eq!(
+            add.answer(),
+            Some(&AddAnswer::Refused(Bytes::from_static(b"NS c0\r\n")))
+        );
+    }
+
+    fn lease(cas: u64) -> CallResult {
+        let flags = crate::protocol::lease::LEASE_FLAGS;
+        Ok(Bytes::from(format!("HD c{cas} f{flags} s24\r\n")))
+    }
+
+    #[test]
+    fn a_lease_behind_a_refusal_is_cleared_and_the_add_goes_again() {
+        let mut add = ReplicatedAdd::new(servers(&[0, 1]), 2);
+        add.start();
+        let ns = ok(b"NS\r\n");
+        assert_eq!(add.on_replies(&[(0, &ns)]), AddStep::Probe(servers(&[0])));
+        let step = add.on_replies(&[(0, &lease(7))]);
+        assert_eq!(step, AddStep::ClearAndAdd(smallvec::smallvec![(0, 7)]));
+        let hd = ok(b"HD c9\r\n");
+        assert_eq!(add.on_replies(&[(0, &hd)]), AddStep::Add(servers(&[1])));
+        // The other replica holds a lease too.
+        assert_eq!(add.on_replies(&[(1, &ns)]), AddStep::Probe(servers(&[1])));
+        let step = add.on_replies(&[(1, &lease(4))]);
+        assert_eq!(step, AddStep::ClearAndAdd(smallvec::smallvec![(1, 4)]));
+        let hd2 = ok(b"HD c5\r\n");
+        assert_eq!(add.on_replies(&[(1, &hd2)]), AddStep::Done);
+        assert!(matches!(add.answer(), Some(AddAnswer::Stored(_))));
+    }
+
+    #[test]
+    fn leases_placed_again_and_again_leave_the_refusal_after_a_few_clears() {
+        let mut add = ReplicatedAdd::new(servers(&[0]), 1);
+        add.start();
+        let ns = ok(b"NS\r\n");
+        for _ in 0..MAX_LEASE_CLEARS {
+            assert_eq!(add.on_replies(&[(0, &ns)]), AddStep::Probe(servers(&[0])));
+            assert!(matches!(
+                add.on_replies(&[(0, &lease(1))]),
+                AddStep::ClearAndAdd(_)
+            ));
+        }
         assert_eq!(add.on_replies(&[(0, &ns)]), AddStep::Done);
         assert!(matches!(add.answer(), Some(AddAnswer::Refused(_))));
     }
@@ -234,6 +352,8 @@ mod tests {
         assert_eq!(add.on_replies(&[(0, &hd)]), AddStep::Add(servers(&[1, 2])));
         let (stored, refused) = (ok(b"HD c8\r\n"), ok(b"NS c0 O1\r\n"));
         let step = add.on_replies(&[(1, &stored), (2, &refused)]);
+        assert_eq!(step, AddStep::Probe(servers(&[2])));
+        let step = add.on_replies(&[(2, &ok(b"HD c2 f0 s1\r\n"))]);
         assert_eq!(step, AddStep::TakeBack(smallvec::smallvec![(0, 5), (1, 8)]));
         assert_eq!(
             add.answer(),

@@ -211,6 +211,27 @@ impl ClientSession {
                             .push(self.send_to(topology, server, &line, &expect, None));
                     }
                 }
+                AddStep::Probe(servers) => {
+                    let line = [crate::plan::handoff::probe_line(&add.key.0, add.key.1)];
+                    let expect = crate::plan::lease_retry::probe_expect();
+                    for server in servers {
+                        let part = self.send_to(topology, server, &line, &expect, None);
+                        add.parts.push(part);
+                    }
+                }
+                AddStep::ClearAndAdd(leases) => {
+                    let removal = Expect::meta(MetaCommand::Delete, false);
+                    let expect = Expect::meta(MetaCommand::Set, false);
+                    for (server, cas) in leases {
+                        let line = [crate::protocol::encode::delete_by_cas(
+                            &add.key.0, add.key.1, cas,
+                        )];
+                        let mut gone = Part::new(server);
+                        self.send(topology, &mut gone, &line, removal.clone(), false, None);
+                        let part = self.send_to(topology, server, &add.wire, &expect, e.hot);
+                        add.parts.push(part);
+                    }
+                }
                 AddStep::Done => return true,
             }
         }

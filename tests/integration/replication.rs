@@ -900,6 +900,59 @@ fn two_replicas() -> (Vec<Memcached>, Proxy) {
     (servers, proxy)
 }
 
+/// Another sidecar's hand-off lease on a replica (one may outlive its
+/// window by its 5 seconds, or come from a sidecar that reloaded later) is
+/// a missing key to a replicated `add`: it is removed and the add stores,
+/// on every replica, in both dialects. Before, the add answered
+/// `NOT_STORED` for as long as the lease lived.
+#[test]
+fn an_add_meeting_another_sidecars_lease_on_a_replica_stores_on_every_replica() {
+    use memring::protocol::lease::{LEASE_FLAGS, LEASE_MARKER};
+    use memring::protocol::ReplyKind;
+    let (servers, proxy) = two_replicas();
+    let mut client = proxy.client();
+    let mut direct: Vec<_> = servers.iter().map(Memcached::client).collect();
+    for i in 0..60 {
+        let key = format!("leased-add:{i}");
+        let replicas = replicas_of(&proxy, &key);
+        // On the first replica, the second, or both.
+        let leased: &[usize] = match i % 3 {
+            0 => &replicas[..1],
+            1 => &replicas[1..2],
+            _ => &replicas[..2],
+        };
+        for &server in leased {
+            let mut place =
+                format!("set {key} {LEASE_FLAGS} 30 {}\r\n", LEASE_MARKER.len()).into_bytes();
+            place.extend_from_slice(LEASE_MARKER);
+            place.extend_from_slice(b"\r\n");
+            assert_eq!(direct[server].call(&place, ReplyKind::Line), b"STORED\r\n");
+        }
+        let reply = if i % 2 == 0 {
+            client.call(
+                format!("add {key} 0 0 3\r\nnew\r\n").as_bytes(),
+                ReplyKind::Line,
+            )
+        } else {
+            client.send(format!("ms {key} 3 ME\r\nnew\r\n").as_bytes());
+            client.meta_reply()
+        };
+        let stored = if i % 2 == 0 {
+            "STORED\\r\\n"
+        } else {
+            "HD\\r\\n"
+        };
+        assert_eq!(show(&reply), stored, "{key}, leased on {leased:?}");
+        for &server in &replicas[..2] {
+            assert_eq!(
+                direct[server].get(&key).as_deref(),
+                Some(&b"new"[..]),
+                "{key}: replica {server}"
+            );
+        }
+    }
+}
+
 #[test]
 fn an_add_refused_by_one_replica_leaves_its_value_on_none() {
     use memring::protocol::ReplyKind;
