@@ -37,8 +37,7 @@
 //!   worker), `stats hotkeys`, coalescing of concurrent gets, near cache.
 //! - [`stats`]: counters behind both the `stats` reply and Prometheus, one
 //!   file per job: the registry, the families by feature, process figures,
-//!   the `/metrics` text, the latency histograms, and memring's
-//!   memcached-style `stats` reply (`report`).
+//!   the `/metrics` text and the latency histograms; a leaf.
 //! - [`tls`]: rustls configs from PEM files for both sides (servers are
 //!   verified, clients optionally), and the listener's certificate reload.
 //! - [`error`]: backend and config errors.

@@ -18,8 +18,8 @@ use crate::control::fd_budget::FdBudget;
 use crate::control::pool_set::Pools;
 use crate::control::publisher::{FdAccount, Publisher};
 use crate::pools::topology::SharedTopology;
+use crate::session::shard::SessionSettings;
 use crate::stats::Stats;
-use crate::worker::shard::SessionSettings;
 use crate::worker::{self, Accepted, Worker, WorkerSetup};
 
 /// A running proxy.

@@ -20,7 +20,7 @@ use crate::pools::topology::Topology;
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::reply::Expect;
 use crate::runtime::wake::Wake;
-use crate::worker::shard::WorkerCtx;
+use crate::session::shard::WorkerCtx;
 
 /// One client's copies whose lease is placed and not yet replaced or taken
 /// back. A write of a moved key by the same client waits until there are

@@ -909,14 +909,10 @@ impl ClientSession {
         match &mut entry.work {
             Work::Ready(reply) => self.out.push(reply.clone()),
             Work::Stats => {
-                crate::stats::report::write_stats(
-                    self.out.scratch(),
-                    stats,
-                    &self.worker.layout.load(),
-                );
+                super::report::write_stats(self.out.scratch(), stats, &self.worker.layout.load());
             }
             Work::StatsReset => {
-                crate::stats::report::reset_stats(stats);
+                super::report::reset_stats(stats);
                 self.out.push_slice(b"RESET\r\n");
             }
             // Nothing goes back for `noreply` and later replies need not

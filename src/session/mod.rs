@@ -53,7 +53,7 @@ use crate::protocol::request::{parse_request_reusing, Keys};
 use crate::protocol::{parse_request, Command, Limits, Request};
 use crate::runtime::outbuf::OutQueue;
 use crate::runtime::wake::{Cancel, Wake};
-use crate::worker::shard::WorkerCtx;
+use shard::WorkerCtx;
 
 mod client;
 mod copy_check;
@@ -61,7 +61,9 @@ mod deadline;
 mod dispatch;
 mod fifo;
 mod health;
+pub(crate) mod report;
 mod shadow;
+pub(crate) mod shard;
 mod spares;
 mod start;
 mod work;

@@ -255,7 +255,7 @@ impl ClientSession {
     /// The `stats shadow` reply.
     pub(super) fn shadow_report(&self) -> Bytes {
         let mut out = BytesMut::new();
-        crate::stats::report::write_shadow_stats(&mut out, &self.worker.layout.load());
+        super::report::write_shadow_stats(&mut out, &self.worker.layout.load());
         out.freeze()
     }
 }

@@ -12,20 +12,18 @@
 //! - `process.rs`: the process's CPU time from `/proc`;
 //! - `exposition.rs`: the Prometheus and OpenMetrics text of `/metrics`;
 //! - `latency.rs`: the lock-free latency histograms;
-//! - `classify.rs`: the one place a reply's bytes are read to count it;
-//! - `report.rs`: memring's answer to memcached's `stats` command.
+//! - `classify.rs`: the one place a reply's bytes are read to count it.
 //!
-//! All but `report.rs` form a leaf: they import nothing of memring but the
-//! protocol's command index, so every other module may count without an
-//! import loop. `report.rs` renders the `stats` reply from these counters
-//! and the published pools.
+//! A leaf: nothing of memring is imported but the protocol's command index,
+//! so every other module may count without an import loop. The `stats`
+//! reply, which reads these counters and the published pools, is the
+//! session's (`session/report.rs`).
 
 mod classify;
 mod exposition;
 mod families;
 pub mod latency;
 mod process;
-pub(crate) mod report;
 
 use std::time::Instant;
 
@@ -54,7 +52,7 @@ use latency::PartedHistogram;
 pub struct Stats {
     started: Instant,
     /// What the counters of the memcached `stats` reply read at the last
-    /// `stats reset`, by `STAT` name (see `report::reset_stats`): that reply
+    /// `stats reset`, by `STAT` name (see `session::report::reset_stats`): that reply
     /// shows the counts since. `/metrics` is never reset.
     reset_baseline: std::sync::Mutex<std::collections::HashMap<String, u64>>,
     registry: Registry,

@@ -6,10 +6,8 @@
 //! to that server, so what all of them queue in one turn of the event loop
 //! goes out in one write, and no request crosses threads. What workers share
 //! (the topology, server health, counters) is immutable behind the `ArcSwap`
-//! or atomic. What the worker's sessions share is in `shard.rs`; what its
+//! or atomic. What the worker's sessions share is in `session/shard.rs`; what its
 //! tasks are built from (clock, wake-ups, buffers, budget) is in `runtime/`.
-
-pub(crate) mod shard;
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -21,9 +19,9 @@ use tokio_util::sync::CancellationToken;
 use crate::hotkeys::{HotShared, HotWorker};
 use crate::pools::layout::SharedLayout;
 use crate::pools::topology::SharedTopology;
+use crate::session::shard::{keep_connected, SessionSettings, WorkerCtx};
 use crate::session::{run_session, run_tls_session};
 use crate::stats::Stats;
-use shard::{keep_connected, SessionSettings, WorkerCtx};
 
 /// An accepted client for a worker.
 pub(crate) struct Accepted {
