@@ -11,7 +11,7 @@ use std::time::Duration;
 use toml::Spanned;
 
 use super::addr::{binds_overlap, Lookup};
-use super::diagnose::{line_column, At};
+use super::diagnose::{line_column, At, NumberSetting};
 use super::discovery::discovery_settings;
 use super::ejection::{ejection, failover};
 use super::hot_keys::hot_key_settings;
@@ -29,10 +29,6 @@ use super::{
 };
 use crate::error::ConfigError;
 use crate::protocol::{Limits, DEFAULT_MAX_GET_LINE_BYTES, DEFAULT_MAX_LINE_BYTES};
-
-/// Reads one integer setting: its value, a default, and its allowed range.
-pub(super) type NumberSetting<'a> = dyn Fn(&Option<Spanned<u64>>, &str, u64, std::ops::RangeInclusive<u64>) -> Result<u64, ConfigError>
-    + 'a;
 
 impl Config {
     /// One pool's config from `raw` (the top level, or a `[[pools]]` entry

@@ -222,3 +222,12 @@ pub(super) fn line_column(text: &str, offset: usize) -> (usize, usize) {
         + 1;
     (line, column)
 }
+
+/// Reads one integer setting: its value, a default, and its allowed range.
+pub(super) type NumberSetting<'a> = dyn Fn(
+        &Option<toml::Spanned<u64>>,
+        &str,
+        u64,
+        std::ops::RangeInclusive<u64>,
+    ) -> Result<u64, ConfigError>
+    + 'a;

@@ -5,7 +5,7 @@
 use std::ops::Range;
 use std::time::Duration;
 
-use super::build::NumberSetting;
+use super::diagnose::NumberSetting;
 use super::raw::RawConfig;
 use super::{DEFAULT_FAILOVER_TTL_S, DEFAULT_RETRY_TIMEOUT_MS};
 use crate::error::ConfigError;

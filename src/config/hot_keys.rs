@@ -3,7 +3,7 @@
 use std::ops::Range;
 use std::time::Duration;
 
-use super::build::NumberSetting;
+use super::diagnose::NumberSetting;
 use super::raw::RawConfig;
 use super::{
     DEFAULT_HOT_KEY_CACHE_BYTES, DEFAULT_HOT_KEY_SHARE, DEFAULT_HOT_KEY_TOP,

@@ -8,54 +8,16 @@ use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::Arc;
 
-use serde::Deserialize;
 use toml::Spanned;
 
 use super::addr::{binds_overlap, refused_char, Lookup};
 use super::diagnose::{line_column, At};
-use super::raw::{RawConfig, RawServer};
+use super::raw::{RawConfig, RawPool, RawRoute, RawShadow};
 use super::Config;
 use crate::error::ConfigError;
 
 /// The name of the pool the top-level `[[servers]]` (or `[discovery]`) make.
 pub const DEFAULT_POOL: &str = "default";
-
-/// One `[[pools]]` entry: a name, an optional listener of its own, its
-/// servers, and the pool settings it sets for itself (the rest it takes from
-/// the top level).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawPool {
-    name: Spanned<String>,
-    listen: Option<Spanned<String>>,
-    #[serde(default)]
-    servers: Vec<Spanned<RawServer>>,
-    connections_per_server: Option<Spanned<u64>>,
-    connect_timeout_ms: Option<Spanned<u64>>,
-    request_timeout_ms: Option<Spanned<u64>>,
-    auto_eject: Option<bool>,
-    failure_limit: Option<Spanned<u64>>,
-    ejection: Option<Spanned<String>>,
-    retry_timeout_ms: Option<Spanned<u64>>,
-    replicas: Option<Spanned<u64>>,
-    read_miss_fallthrough: Option<bool>,
-    handoff_ms: Option<Spanned<u64>>,
-    shared_with: Option<Spanned<String>>,
-    failover: Option<Spanned<String>>,
-    failover_ttl_s: Option<Spanned<u64>>,
-    ring: Option<Spanned<String>>,
-    hash: Option<Spanned<String>>,
-    hash_tag: Option<Spanned<String>>,
-    shadow: Option<Spanned<RawShadow>>,
-}
-
-/// `[pools.shadow]` (or the top-level `[shadow]` for the pool `default`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawShadow {
-    pool: Spanned<String>,
-    fraction: Option<Spanned<f64>>,
-}
 
 /// A pool's shadow: the pool that also gets `fraction` of its keys (chosen
 /// by key hash), whose replies are compared and never answered.
@@ -68,14 +30,6 @@ pub struct ShadowConfig {
 
 // `fraction` is never NaN (see `check_shadows`), so equality is total.
 impl Eq for ShadowConfig {}
-
-/// One `[[routes]]` entry.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawRoute {
-    prefix: Spanned<String>,
-    pool: Spanned<String>,
-}
 
 /// One pool: its name, the listener whose clients use it for every key, and
 /// its settings as a whole config (whose own `pools` is empty).

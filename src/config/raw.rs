@@ -5,8 +5,6 @@
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::pools;
-
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawConfig {
@@ -52,12 +50,12 @@ pub(super) struct RawConfig {
     pub(super) backend_tls: Option<Spanned<RawBackendTls>>,
     pub(super) discovery: Option<Spanned<RawDiscovery>>,
     #[serde(default)]
-    pub(super) pools: Vec<Spanned<pools::RawPool>>,
+    pub(super) pools: Vec<Spanned<RawPool>>,
     #[serde(default)]
-    pub(super) routes: Vec<Spanned<pools::RawRoute>>,
+    pub(super) routes: Vec<Spanned<RawRoute>>,
     pub(super) default_pool: Option<Spanned<String>>,
     /// `[shadow]`: the top-level pool's shadow (see `pools.rs`).
-    pub(super) shadow: Option<Spanned<pools::RawShadow>>,
+    pub(super) shadow: Option<Spanned<RawShadow>>,
 }
 
 /// `[discovery]`: where host names are looked up, how often, and whether the
@@ -171,4 +169,49 @@ pub(super) fn struct_fields<'de, T: Deserialize<'de>>() -> &'static [&'static st
     let mut fields: &'static [&'static str] = &[];
     let _ = T::deserialize(Fields(&mut fields));
     fields
+}
+
+/// One `[[pools]]` entry: a name, an optional listener of its own, its
+/// servers, and the pool settings it sets for itself (the rest it takes from
+/// the top level).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPool {
+    pub(super) name: Spanned<String>,
+    pub(super) listen: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) servers: Vec<Spanned<RawServer>>,
+    pub(super) connections_per_server: Option<Spanned<u64>>,
+    pub(super) connect_timeout_ms: Option<Spanned<u64>>,
+    pub(super) request_timeout_ms: Option<Spanned<u64>>,
+    pub(super) auto_eject: Option<bool>,
+    pub(super) failure_limit: Option<Spanned<u64>>,
+    pub(super) ejection: Option<Spanned<String>>,
+    pub(super) retry_timeout_ms: Option<Spanned<u64>>,
+    pub(super) replicas: Option<Spanned<u64>>,
+    pub(super) read_miss_fallthrough: Option<bool>,
+    pub(super) handoff_ms: Option<Spanned<u64>>,
+    pub(super) shared_with: Option<Spanned<String>>,
+    pub(super) failover: Option<Spanned<String>>,
+    pub(super) failover_ttl_s: Option<Spanned<u64>>,
+    pub(super) ring: Option<Spanned<String>>,
+    pub(super) hash: Option<Spanned<String>>,
+    pub(super) hash_tag: Option<Spanned<String>>,
+    pub(super) shadow: Option<Spanned<RawShadow>>,
+}
+
+/// `[pools.shadow]` (or the top-level `[shadow]` for the pool `default`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawShadow {
+    pub(super) pool: Spanned<String>,
+    pub(super) fraction: Option<Spanned<f64>>,
+}
+
+/// One `[[routes]]` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRoute {
+    pub(super) prefix: Spanned<String>,
+    pub(super) pool: Spanned<String>,
 }
