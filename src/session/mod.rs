@@ -64,6 +64,8 @@ mod health;
 mod shadow;
 mod spares;
 mod start;
+
+pub(crate) use spares::shed as shed_spares;
 mod work;
 
 use crate::budget::{ClientBudget, Reservation};
