@@ -64,9 +64,9 @@ mod health;
 mod shadow;
 mod spares;
 mod start;
+mod work;
 
 pub(crate) use spares::shed as shed_spares;
-mod work;
 
 use crate::budget::{ClientBudget, Reservation};
 use crate::recycled::RecycledBuf;
