@@ -114,6 +114,11 @@ impl Reuse {
             self.retrievals.push(retrieval);
         }
     }
+
+    /// Lets go of all but `most` kept retrievals.
+    pub(crate) fn shed(&mut self, most: usize) {
+        self.retrievals.truncate(most);
+    }
 }
 
 /// Plans `request` (whose bytes are `bytes`) on `topology`, whose servers'

@@ -74,10 +74,16 @@ impl OutQueue {
     }
 
     /// Gives back the scratch buffer's allocation while nothing is queued
-    /// (see `RecycledBuf::park`): an idle client holds none.
+    /// (see `RecycledBuf::park`), and the chunk list's: an idle client holds
+    /// neither. The list's few dozen bytes matter less than where they sit:
+    /// made during a burst of clients, one between each two parked buffers
+    /// keeps the pages around it from going back to the kernel.
     pub(crate) fn park(&mut self) {
         if self.is_empty() {
             self.scratch.park();
+            if self.chunks.capacity() > 0 {
+                self.chunks = VecDeque::new();
+            }
         }
     }
 

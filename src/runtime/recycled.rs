@@ -37,54 +37,99 @@ const MAX_GROWN_BYTES: usize = 32 * 1024;
 const MAX_SHELVED: usize = 256;
 /// A parked allocation larger than this is freed rather than shelved.
 const MAX_SHELVED_BYTES: usize = 32 * 1024;
+/// Most bytes a thread's shelf holds, all allocations together: 256 read
+/// and reply buffers of the usual sizes, but not 256 of clients that once
+/// grew theirs to 32 KiB. Beyond it a parked buffer is freed.
+const MAX_SHELF_BYTES: usize = 1024 * 1024;
 
 thread_local! {
     /// Parked allocations by the size they were made with: a few sizes
     /// (first sizes, and their doublings), each a stack.
-    static SHELF: RefCell<Shelf> = const { RefCell::new(Shelf { sizes: Vec::new(), count: 0 }) };
+    static SHELF: RefCell<Shelf> = const { RefCell::new(Shelf::new()) };
 }
 
 struct Shelf {
     sizes: Vec<(usize, Vec<BytesMut>)>,
     count: usize,
+    /// The capacities of the allocations shelved, together.
+    bytes: usize,
 }
 
-/// An empty allocation of at least `size` bytes (and at most four times
-/// that) from this thread's shelf, the smallest there is.
-fn take_shelved(size: usize) -> Option<BytesMut> {
-    SHELF.with(|shelf| {
-        let mut shelf = shelf.borrow_mut();
-        let kept = shelf
+impl Shelf {
+    const fn new() -> Self {
+        Shelf {
+            sizes: Vec::new(),
+            count: 0,
+            bytes: 0,
+        }
+    }
+
+    /// The smallest allocation of at least `size` bytes (and at most four
+    /// times that).
+    fn take(&mut self, size: usize) -> Option<BytesMut> {
+        let kept = self
             .sizes
             .iter_mut()
             .filter(|(s, stack)| *s >= size && *s <= size.saturating_mul(4) && !stack.is_empty())
             .min_by_key(|(s, _)| *s)
             .and_then(|(_, stack)| stack.pop());
-        if kept.is_some() {
-            shelf.count -= 1;
+        if let Some(kept) = &kept {
+            self.count -= 1;
+            self.bytes -= kept.capacity();
         }
         kept
-    })
+    }
+
+    /// Keeps `bytes` (empty, unshared) within the shelf's bounds, or gives
+    /// it back when that would pass them.
+    fn keep(&mut self, bytes: BytesMut) -> Result<(), BytesMut> {
+        let size = bytes.capacity();
+        if size == 0
+            || size > MAX_SHELVED_BYTES
+            || self.count >= MAX_SHELVED
+            || self.bytes + size > MAX_SHELF_BYTES
+        {
+            return Err(bytes);
+        }
+        self.count += 1;
+        self.bytes += size;
+        match self.sizes.iter_mut().find(|(s, _)| *s == size) {
+            Some((_, stack)) => stack.push(bytes),
+            None => self.sizes.push((size, vec![bytes])),
+        }
+        Ok(())
+    }
+
+    /// Frees shelved allocations, the largest first, until `most` are left.
+    fn shed(&mut self, most: usize) {
+        self.sizes.sort_unstable_by_key(|(size, _)| *size);
+        for (size, stack) in self.sizes.iter_mut().rev() {
+            let over = self.count.saturating_sub(most).min(stack.len());
+            stack.truncate(stack.len() - over);
+            self.count -= over;
+            self.bytes -= over * *size;
+        }
+    }
+}
+
+/// An empty allocation of at least `size` bytes (and at most four times
+/// that) from this thread's shelf, the smallest there is.
+fn take_shelved(size: usize) -> Option<BytesMut> {
+    SHELF.with(|shelf| shelf.borrow_mut().take(size))
+}
+
+/// Lets go of all but `most` of this thread's shelved allocations (see
+/// `trim`), the largest first.
+pub(crate) fn shed_shelf(most: usize) {
+    SHELF.with(|shelf| shelf.borrow_mut().shed(most));
 }
 
 /// Keeps an empty, unshared allocation for a later [`take_shelved`], by its
-/// capacity; frees it when the shelf is full.
+/// capacity; frees it when the shelf is full (and counts it for a trim).
 fn shelve(bytes: BytesMut) {
-    let size = bytes.capacity();
-    if size > MAX_SHELVED_BYTES || size == 0 {
-        return;
+    if let Err(freed) = SHELF.with(|shelf| shelf.borrow_mut().keep(bytes)) {
+        crate::runtime::trim::freed(freed.capacity());
     }
-    SHELF.with(|shelf| {
-        let mut shelf = shelf.borrow_mut();
-        if shelf.count >= MAX_SHELVED {
-            return;
-        }
-        shelf.count += 1;
-        match shelf.sizes.iter_mut().find(|(s, _)| *s == size) {
-            Some((_, stack)) => stack.push(bytes),
-            None => shelf.sizes.push((size, vec![bytes])),
-        }
-    });
 }
 
 /// A `BytesMut` with a spare allocation (see the module text).
@@ -319,6 +364,47 @@ mod tests {
         fourth.make_room(512);
         assert_ne!(fourth.as_ptr(), held.as_ptr());
         assert_eq!(&held[..], b"held");
+    }
+
+    #[test]
+    fn a_shelf_keeps_at_most_its_count_and_its_bytes() {
+        // Many small buffers parked at once: the count bounds them.
+        let mut shelf = Shelf::new();
+        let kept = (0..MAX_SHELVED + 50)
+            .filter(|_| shelf.keep(BytesMut::with_capacity(1024)).is_ok())
+            .count();
+        assert_eq!(kept, MAX_SHELVED);
+        assert_eq!(shelf.count, MAX_SHELVED);
+        // Many large ones: the bytes do, long before the count.
+        let mut shelf = Shelf::new();
+        let kept = (0..MAX_SHELVED)
+            .filter(|_| {
+                shelf
+                    .keep(BytesMut::with_capacity(MAX_SHELVED_BYTES))
+                    .is_ok()
+            })
+            .count();
+        assert_eq!(kept, MAX_SHELF_BYTES / MAX_SHELVED_BYTES);
+        assert!(shelf.bytes <= MAX_SHELF_BYTES);
+        // Taking one makes room for one again; too large a one is never kept.
+        let taken = shelf.take(MAX_SHELVED_BYTES).expect("a shelved buffer");
+        assert!(shelf.keep(taken).is_ok());
+        assert!(shelf
+            .keep(BytesMut::with_capacity(MAX_SHELVED_BYTES + 1))
+            .is_err());
+        assert!(shelf.keep(BytesMut::new()).is_err());
+        let held = |shelf: &Shelf| -> (usize, usize) {
+            let stacks = shelf.sizes.iter().flat_map(|(_, stack)| stack.iter());
+            (stacks.clone().count(), stacks.map(BytesMut::capacity).sum())
+        };
+        assert_eq!(held(&shelf), (shelf.count, shelf.bytes));
+        // Shed to a few: the largest go first, and the counts follow.
+        shelf.shed(1);
+        assert_eq!(held(&shelf), (1, MAX_SHELVED_BYTES));
+        shelf.keep(BytesMut::with_capacity(1024)).unwrap();
+        shelf.shed(1);
+        assert_eq!(held(&shelf), (1, 1024));
+        assert_eq!((shelf.count, shelf.bytes), (1, 1024));
     }
 
     #[test]

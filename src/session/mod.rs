@@ -68,6 +68,8 @@ mod spares;
 mod start;
 mod work;
 
+pub(crate) use spares::shed as shed_spares;
+
 use crate::runtime::budget::{ClientBudget, Reservation};
 use crate::runtime::recycled::RecycledBuf;
 use client::{ClientSession, TurnTopology};

@@ -58,14 +58,21 @@ pub(super) const KEEP_ENTRIES_ROOM: usize = 16;
 
 /// Keeps an idle client's empty entry queue for another client.
 pub(super) fn keep_entries(storage: std::collections::VecDeque<Entry>) {
+    let bytes = storage.capacity() * std::mem::size_of::<Entry>();
     if storage.capacity() <= KEEP_ENTRIES_ROOM {
-        SPARES.with(|spares| {
+        let kept = SPARES.with(|spares| {
             let kept = &mut spares.borrow_mut().entries;
-            if kept.len() < KEEP_ENTRIES {
+            let room = kept.len() < KEEP_ENTRIES;
+            if room {
                 kept.push(storage);
             }
+            room
         });
+        if kept {
+            return;
+        }
     }
+    crate::runtime::trim::freed(bytes);
 }
 
 /// An empty entry queue an idle client gave up, when one is kept.
@@ -75,6 +82,22 @@ pub(super) fn entries() -> Option<std::collections::VecDeque<Entry>> {
 
 thread_local! {
     static SPARES: RefCell<Spares> = RefCell::new(Spares::default());
+}
+
+/// Lets go of all but `most` of each kind this worker keeps. After a burst
+/// of clients went idle together, what is kept was made during the burst
+/// and sits scattered among the memory they freed: a few hundred bytes
+/// each, but each keeps a whole page from going back to the kernel.
+pub(crate) fn shed(most: usize) {
+    SPARES.with(|spares| {
+        let spares = &mut *spares.borrow_mut();
+        spares.slots.truncate(most);
+        spares.metas.truncate(most);
+        spares.plans.shed(most);
+        spares.in_flights.truncate(most);
+        spares.keys.truncate(most);
+        spares.entries.truncate(most);
+    });
 }
 
 /// An empty slot that wakes `wake`.

@@ -75,6 +75,11 @@ pub(crate) fn spawn(setup: WorkerSetup) -> std::io::Result<Worker> {
     Ok(Worker { clients, done })
 }
 
+/// How many of each kind of spare (and of parked buffers) a worker keeps
+/// when it trims its memory after many clients went idle (see `trim`):
+/// enough for the next few clients to start without allocating.
+const SHED_TO: usize = 32;
+
 /// How long a client on `tls_listen` has to complete its handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -110,6 +115,12 @@ async fn serve(setup: WorkerSetup, mut clients: mpsc::UnboundedReceiver<Accepted
         ctx.hot.clone(),
         ctx.drain.clone(),
     ));
+    // After a burst of clients went idle together: what this worker keeps
+    // for later requests goes too, but for a few of each.
+    tokio::task::spawn_local(crate::runtime::trim::run(ctx.drain.clone(), || {
+        crate::session::shed_spares(SHED_TO);
+        crate::runtime::recycled::shed_shelf(SHED_TO);
+    }));
     // The acceptor closes the channel at shutdown.
     while let Some(Accepted {
         stream,

@@ -1,7 +1,9 @@
 //! Client sessions: per-client ordering across several backend connections,
 //! many concurrent clients, routing by the ring, and connection handling.
 
-use crate::common::{parse_single_value, show, wait_for, Memcached, Proxy};
+use crate::common::{
+    free_port, parse_single_value, show, wait_for, Client, Daemon, Memcached, Proxy, TempDir,
+};
 use memring::protocol::ReplyKind;
 use memring::ring::Ring;
 use std::io::{Read, Write};
@@ -347,4 +349,61 @@ fn clients_that_leave_owing_replies_leave_no_reply_bytes_owed() {
     wait_for("memring to serve the value again", || {
         parse_single_value(&admin.get_raw("big")) == Some(Some(value.clone()))
     });
+}
+
+/// Many clients busy at once and then idle together (issue 48): they all
+/// park their buffers, the worker frees most of them and of what it keeps
+/// for later requests and trims its heap, and every client is then served
+/// as before, on buffers taken anew.
+#[test]
+fn clients_that_park_together_are_served_after_their_worker_trimmed() {
+    // Enough for parking to free over a MiB on the one worker: more than
+    // its shelf and spares keep.
+    const CLIENTS: usize = 600;
+    let backend = Memcached::start();
+    let dir = TempDir::new("sessions", "park-together");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let config = dir.path("memring.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"{listen}\"\nworkers = 1\nmax_client_connections = {}\n\
+             [[servers]]\naddr = \"{}\"\n",
+            CLIENTS + 10,
+            backend.addr()
+        ),
+    )
+    .unwrap();
+    let daemon = Daemon::start(
+        &config,
+        &dir.path("memring.log"),
+        &["--log-level", "info,memring::runtime::trim=debug"],
+    );
+    daemon.wait_for_log("listening");
+    let mut clients: Vec<Client> = (0..CLIENTS).map(|_| Client::connect(&listen)).collect();
+    // Every request is sent before any reply is read: all clients are busy
+    // at once.
+    for (i, client) in clients.iter_mut().enumerate() {
+        client.send(format!("set park{i} 0 0 6\r\nfirst{}\r\nget park{i}\r\n", i % 10).as_bytes());
+    }
+    for (i, client) in clients.iter_mut().enumerate() {
+        assert_eq!(client.reply(ReplyKind::Line), b"STORED\r\n", "client {i}");
+        let got = client.reply(ReplyKind::Values);
+        assert_eq!(
+            parse_single_value(&got),
+            Some(Some(format!("first{}", i % 10).into_bytes()))
+        );
+    }
+    daemon.wait_for_log("heap trimmed");
+    for (i, client) in clients.iter_mut().enumerate() {
+        assert_eq!(
+            client.get(&format!("park{i}")),
+            Some(format!("first{}", i % 10).into_bytes())
+        );
+        assert_eq!(client.set(&format!("park{i}"), b"second"), b"STORED\r\n");
+        assert_eq!(
+            client.get(&format!("park{i}")).as_deref(),
+            Some(&b"second"[..])
+        );
+    }
 }
