@@ -4,14 +4,14 @@
 //! first every time.
 
 use std::net::SocketAddr;
-use std::ops::{Range, RangeInclusive};
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use toml::Spanned;
 
 use super::addr::{binds_overlap, Lookup};
-use super::diagnose::{line_column, At, NumberSetting};
+use super::diagnose::{at_in, line_column, At, NumberSetting};
 use super::discovery::discovery_settings;
 use super::ejection::{ejection, failover};
 use super::hot_keys::hot_key_settings;
@@ -39,15 +39,7 @@ impl Config {
         path: &str,
         lookup: Option<Lookup<'_>>,
     ) -> Result<Config, ConfigError> {
-        let at = |span: Range<usize>, message: String| {
-            let (line, column) = line_column(text, span.start);
-            ConfigError::Invalid {
-                path: path.to_string(),
-                line,
-                column,
-                message,
-            }
-        };
+        let at = at_in(text, path);
         let number = |field: &Option<Spanned<u64>>, name: &str, default, range| {
             read_number(&at, field, name, default, range)
         };

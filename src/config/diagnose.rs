@@ -11,6 +11,22 @@ use crate::error::ConfigError;
 /// message`).
 pub(super) type At<'a> = dyn Fn(Range<usize>, String) -> ConfigError + 'a;
 
+/// The [`At`] of the file `path` whose text is `text`.
+pub(super) fn at_in<'a>(
+    text: &'a str,
+    path: &'a str,
+) -> impl Fn(Range<usize>, String) -> ConfigError + 'a {
+    move |span: Range<usize>, message: String| {
+        let (line, column) = line_column(text, span.start);
+        ConfigError::Invalid {
+            path: path.to_string(),
+            line,
+            column,
+            message,
+        }
+    }
+}
+
 /// An example value of every key, for messages about a value of the wrong
 /// type: the default where there is one, else a typical value.
 pub(super) const EXAMPLES: &[(&str, &str)] = &[

@@ -15,7 +15,6 @@
 //! default and limit). What a reload changes is `reload::setting_changes`.
 
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::ops::Range;
 use std::path::Path;
 use std::time::Duration;
 
@@ -39,7 +38,7 @@ mod tls;
 
 use addr::Lookup;
 pub use defaults::*;
-use diagnose::{explain_toml_error, line_column};
+use diagnose::{at_in, explain_toml_error};
 pub use discovery::{Discovery, Source};
 pub use ejection::{Ejection, Failover};
 pub use hot_keys::HotKeySettings;
@@ -251,15 +250,7 @@ impl Config {
         path: &str,
         lookup: Option<Lookup<'_>>,
     ) -> Result<Config, ConfigError> {
-        let at = |span: Range<usize>, message: String| {
-            let (line, column) = line_column(text, span.start);
-            ConfigError::Invalid {
-                path: path.to_string(),
-                line,
-                column,
-                message,
-            }
-        };
+        let at = at_in(text, path);
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
             let span = e.span().unwrap_or(0..0);
             let message = e.message().trim_end().replace('\n', " ");

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use toml::Spanned;
 
 use super::addr::{binds_overlap, refused_char, Lookup};
-use super::diagnose::{line_column, At};
+use super::diagnose::{at_in, line_column, At};
 use super::raw::{RawConfig, RawPool, RawRoute, RawShadow};
 use super::Config;
 use crate::error::ConfigError;
@@ -87,15 +87,7 @@ pub(super) fn build(
     {
         return Config::build_pool(raw, text, path, lookup);
     }
-    let at = |span: Range<usize>, message: String| {
-        let (line, column) = line_column(text, span.start);
-        ConfigError::Invalid {
-            path: path.to_string(),
-            line,
-            column,
-            message,
-        }
-    };
+    let at = at_in(text, path);
     let top_has_servers = !raw.servers.is_empty()
         || raw
             .discovery
