@@ -4,6 +4,7 @@
 //! the request path.
 
 use crate::config::Config;
+use crate::protocol::outcome::Outcome;
 
 /// Flushes the servers `config` adds that the topology in force does not
 /// know at all (neither in its ring nor leaving it): a server removed and
@@ -119,7 +120,7 @@ fn flush_now(
 
 /// Whether `reply` is `flush_all`'s success.
 pub(crate) fn flush_answer(reply: &[u8]) -> std::io::Result<()> {
-    if reply == b"OK\r\n" {
+    if Outcome::of(reply) == Outcome::Ok {
         Ok(())
     } else {
         Err(std::io::Error::other(format!(

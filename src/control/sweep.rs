@@ -30,6 +30,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use crate::backend::Backend;
 use crate::pools::topology::{SharedTopology, Topology};
+use crate::protocol::outcome::Outcome;
 use crate::protocol::request::is_valid_key;
 
 /// Deletes sent before memring waits for the server to take them.
@@ -216,7 +217,7 @@ pub(crate) async fn delete_listed(
         if n == 0 {
             return Err(std::io::Error::other("closed during the key listing"));
         }
-        if line.starts_with(b"END") {
+        if Outcome::of(&line) == Outcome::End {
             break;
         }
         // `CLIENT_ERROR lru crawler disabled` from a server started with
@@ -294,7 +295,7 @@ impl Deleter {
             {
                 return Err(std::io::Error::other("closed while deleting"));
             }
-            if line == b"MN\r\n" {
+            if Outcome::of(&line) == Outcome::Mn {
                 return Ok(batch.len() as u64);
             }
         }

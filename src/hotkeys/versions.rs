@@ -12,6 +12,7 @@ use smallvec::SmallVec;
 
 use super::{HotShared, Local};
 use crate::backend::slot::{Got, Slot, Watch};
+use crate::protocol::outcome::Outcome;
 use crate::protocol::Command;
 
 /// Stripes of write versions: a power of two. Keys sharing a stripe only
@@ -234,7 +235,7 @@ impl WriteGuard {
 impl Watch for WriteGuard {
     fn piece(&self, piece: &Got) {
         if let Got::Line(line) = piece {
-            self.stored.set(&line[..] == b"STORED\r\n");
+            self.stored.set(Outcome::of(line) == Outcome::Stored);
         }
     }
 }

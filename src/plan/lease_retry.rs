@@ -25,6 +25,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use super::handoff::{delete_line, not_a_number, probe_hand_back, probe_line, probed_lease};
 use super::route::CallResult;
 use crate::protocol::meta::MetaCommand;
+use crate::protocol::outcome::Outcome;
 use crate::protocol::reply::Expect;
 use crate::protocol::Command;
 
@@ -214,7 +215,7 @@ impl LeaseRetry {
             // The connection hands on the `VALUE` block (or nothing, for a
             // miss) without the `END`, which is memring's to write.
             return LeaseStep::Answer(result.map(|reply| {
-                if reply.is_empty() || reply.starts_with(b"VALUE ") {
+                if matches!(Outcome::of(&reply), Outcome::Nothing | Outcome::Value) {
                     let mut answer = BytesMut::with_capacity(reply.len() + 5);
                     answer.put_slice(&reply);
                     answer.put_slice(b"END\r\n");
@@ -227,14 +228,10 @@ impl LeaseRetry {
         if self.touch.is_none() {
             return LeaseStep::Answer(result);
         }
-        LeaseStep::Answer(result.map(|reply| {
-            if reply.starts_with(b"HD") {
-                Bytes::from_static(b"TOUCHED\r\n")
-            } else if reply.starts_with(b"EN") {
-                Bytes::from_static(b"NOT_FOUND\r\n")
-            } else {
-                reply
-            }
+        LeaseStep::Answer(result.map(|reply| match Outcome::of(&reply) {
+            Outcome::Hd => Bytes::from_static(b"TOUCHED\r\n"),
+            Outcome::En => Bytes::from_static(b"NOT_FOUND\r\n"),
+            _ => reply,
         }))
     }
 
@@ -262,19 +259,15 @@ impl LeaseRetry {
                 if let Some(cas) = lease {
                     return self.rerun(cas);
                 }
-                let reply = result.as_deref().unwrap_or_default();
+                let outcome = result.as_deref().map(Outcome::of).ok();
                 let refused = match self.suspect {
                     Suspect::NotANumber => not_a_number(&result),
-                    Suspect::NotStored => {
-                        reply.starts_with(b"NS") || reply.starts_with(b"NOT_STORED")
-                    }
+                    Suspect::NotStored => outcome.is_some_and(Outcome::not_stored),
                     // Quiet: an `ms` that stored says nothing.
-                    Suspect::Stored => {
-                        result.is_ok()
-                            && (reply.is_empty()
-                                || reply.starts_with(b"HD")
-                                || reply.starts_with(b"STORED"))
-                    }
+                    Suspect::Stored => matches!(
+                        outcome,
+                        Some(Outcome::Nothing | Outcome::Hd | Outcome::Stored)
+                    ),
                     Suspect::Shown | Suspect::Hidden => false,
                 };
                 if !refused {

@@ -31,8 +31,9 @@ use smallvec::SmallVec;
 use crate::error::BackendError;
 use crate::plan::handoff::probed_lease;
 use crate::plan::placement::Servers;
-use crate::plan::route::{is_error_line, CallResult};
+use crate::plan::route::CallResult;
 use crate::protocol::meta::reply::returned_cas;
+use crate::protocol::outcome::Outcome;
 
 /// How many times refusals that were all leases are cleared and the add
 /// sent again; after that the refusal stands (as a lease is placed again
@@ -101,15 +102,17 @@ enum Reply<'a> {
 fn read(result: &CallResult) -> Reply<'_> {
     match result {
         Err(error) => Reply::Failed(Some(error)),
-        Ok(reply) if reply.starts_with(b"NS") => Reply::Refused,
-        Ok(reply) if reply.starts_with(b"HD") => match returned_cas(reply) {
-            Some(cas) => Reply::Stored(cas),
-            // Asked with `c`, memcached always returns it.
-            None => Reply::Failed(None),
+        Ok(reply) => match Outcome::of(reply) {
+            Outcome::Ns => Reply::Refused,
+            Outcome::Hd => match returned_cas(reply) {
+                Some(cas) => Reply::Stored(cas),
+                // Asked with `c`, memcached always returns it.
+                None => Reply::Failed(None),
+            },
+            Outcome::ServerError => Reply::Failed(None),
+            outcome if outcome.is_error() => Reply::Rejected,
+            _ => Reply::Failed(None),
         },
-        Ok(reply) if reply.starts_with(b"SERVER_ERROR") => Reply::Failed(None),
-        Ok(reply) if is_error_line(reply) => Reply::Rejected,
-        Ok(_) => Reply::Failed(None),
     }
 }
 

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use bytes::{BufMut, Bytes, BytesMut};
 
 pub(crate) use crate::protocol::meta::reply::meta_is_miss;
+use crate::protocol::outcome::Outcome;
 use smallvec::SmallVec;
 
 use crate::error::BackendError;
@@ -191,9 +192,7 @@ pub(crate) fn is_error_line(reply: &[u8]) -> bool {
 }
 
 fn is_error_reply(reply: &[u8]) -> bool {
-    reply.starts_with(b"ERROR")
-        || reply.starts_with(b"CLIENT_ERROR")
-        || reply.starts_with(b"SERVER_ERROR")
+    Outcome::of(reply).is_error()
 }
 
 /// Decides a replicated write. `results[i]` is replica `i`'s reply so far
@@ -249,7 +248,7 @@ pub(crate) fn decide(results: &[Option<&CallResult>], quorum: usize) -> Decision
 /// failure naming the replicas memring could not reach.
 fn refused_or_failed(results: &[Option<&CallResult>]) -> Decision {
     let refused = results.iter().flatten().find_map(|r| match r {
-        Ok(reply) if reply.starts_with(b"CLIENT_ERROR") => Some(reply.clone()),
+        Ok(reply) if Outcome::of(reply).is_client_error() => Some(reply.clone()),
         _ => None,
     });
     match refused {
@@ -290,14 +289,14 @@ pub(crate) fn broadcast_answer<'a>(
     let mut refused: Option<&Bytes> = None;
     for (name, result) in results {
         match result {
-            Ok(reply) if reply.as_ref() == b"OK\r\n" => {}
+            Ok(reply) if Outcome::of(reply) == Outcome::Ok => {}
             // memcached's `CLIENT_ERROR` says why; the first such wins over
             // an `ERROR` or `SERVER_ERROR` line from another server.
             Ok(reply) => {
-                let client_error = reply.starts_with(b"CLIENT_ERROR");
+                let client_error = Outcome::of(reply).is_client_error();
                 let better = match refused {
                     None => true,
-                    Some(r) => client_error && !r.starts_with(b"CLIENT_ERROR"),
+                    Some(r) => client_error && !Outcome::of(r).is_client_error(),
                 };
                 if better {
                     refused = Some(reply);
@@ -936,7 +935,7 @@ impl Retrieval {
     fn on_read_through(&mut self, sub: u32, reply: &Bytes, now: impl FnOnce() -> u64) {
         let entry = &mut self.subs[sub as usize];
         let k = entry.keys[0] as usize;
-        if reply.starts_with(b"EN\r\n") {
+        if Outcome::of(reply) == Outcome::En {
             // A miss: `on_done` settles the key.
             return;
         }

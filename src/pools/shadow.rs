@@ -16,6 +16,7 @@ use bytes::Bytes;
 
 use crate::backend::slot::{Got, Watch};
 use crate::error::BackendError;
+use crate::protocol::outcome::Outcome;
 use crate::stats::ShadowCounters;
 
 /// Seed of the sampling hash: any fixed value other than the rings' seeds,
@@ -103,22 +104,17 @@ pub(crate) fn value_digest(block: &[u8]) -> Option<u64> {
 /// A meta get's reply as one side of a pair: `EN` (or nothing, when `q`
 /// left the miss out) a miss, `VA` a hit with its value, `HD` a hit.
 pub(crate) fn meta_side(reply: &[u8]) -> Side {
-    if reply.is_empty() || reply.starts_with(b"EN") {
-        Side::Miss
-    } else if reply.starts_with(b"VA ") {
-        Side::Hit(value_digest(reply))
-    } else if reply.starts_with(b"HD") {
-        Side::Hit(None)
-    } else {
-        Side::Failed
+    match Outcome::of(reply) {
+        Outcome::Nothing | Outcome::En => Side::Miss,
+        Outcome::Va => Side::Hit(value_digest(reply)),
+        Outcome::Hd => Side::Hit(None),
+        _ => Side::Failed,
     }
 }
 
 /// Whether a one-line reply is an error (memcached's or memring's).
 fn is_error(reply: &[u8]) -> bool {
-    reply.starts_with(b"SERVER_ERROR")
-        || reply.starts_with(b"CLIENT_ERROR")
-        || reply.starts_with(b"ERROR")
+    Outcome::of(reply).is_error()
 }
 
 /// The two answers to one sampled get, counted once both are in. Shared by

@@ -17,6 +17,7 @@ pub const MAX_REPLY_VALUE_BYTES: usize = 1024 * 1024 * 1024;
 pub mod encode;
 pub mod lease;
 pub mod meta;
+pub mod outcome;
 pub mod reply;
 pub mod request;
 

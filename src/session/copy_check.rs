@@ -18,6 +18,7 @@ use crate::plan::handoff::{
 use crate::plan::route::CallResult;
 use crate::pools::topology::Topology;
 use crate::protocol::meta::MetaCommand;
+use crate::protocol::outcome::Outcome;
 use crate::protocol::reply::Expect;
 use crate::runtime::wake::Wake;
 use crate::session::shard::WorkerCtx;
@@ -170,7 +171,7 @@ async fn touch_held(
         expect,
     )
     .await;
-    if !matches!(&filled, Ok(reply) if reply.starts_with(b"HD")) {
+    if !matches!(&filled, Ok(reply) if Outcome::of(reply) == Outcome::Hd) {
         call(worker, topology, lane, copy.owner, &[line], shown)
             .await
             .ok();
@@ -210,7 +211,7 @@ async fn take_back(
     let expect = meta_expect(MetaCommand::Delete);
     let line = [copy.take_back_line(lease)];
     let undone = call(worker, topology, lane, copy.owner, &line, expect).await;
-    if matches!(&undone, Ok(reply) if reply.starts_with(b"HD")) {
+    if matches!(&undone, Ok(reply) if Outcome::of(reply) == Outcome::Hd) {
         worker.stats.copy_taken_back();
     }
 }

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::plan::lease_retry::{LeaseRetry, LeaseStep};
+use crate::protocol::outcome::Outcome;
 
 /// Smallest reply size assumed for a key not yet answered.
 const MIN_ESTIMATE_BYTES: usize = 1024;
@@ -831,7 +832,7 @@ impl ClientSession {
                 for part in meta.parts.iter_mut() {
                     part.absorb();
                     if let Some(Ok(reply)) = &part.result {
-                        if meta.value && reply.starts_with(b"VA") {
+                        if meta.value && Outcome::of(reply) == Outcome::Va {
                             estimate = Some(reply.len());
                         } else if meta.value && route::meta_is_miss(reply) {
                             // A miss brought no value: without this a client
@@ -1121,7 +1122,7 @@ impl ClientSession {
                         if entry.command == Command::MetaGet {
                             // `mg` misses with `EN`, which `q` hides: an
                             // empty reply is a quiet miss.
-                            let hit = !reply.is_empty() && !reply.starts_with(b"EN");
+                            let hit = !Outcome::of(&reply).meta_miss();
                             entry.topology.figures.retrieval(1, usize::from(hit));
                         }
                         if meta.counts_cas {

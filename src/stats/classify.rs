@@ -1,12 +1,9 @@
-//! The one place in `stats/` that reads a reply's bytes to learn what it
-//! says: whether a `touch`, `delete`, `incr`, `decr` or `cas` found its key,
-//! and how an `ms` with `C` ended. Everything else in `stats/` is handed its
-//! counts.
-//!
-//! TODO(#50): take the outcome the framer in `backend/conn.rs` classified
-//! the reply as (issue 50 item 1) instead of matching its bytes here; then
-//! `stats` counts by (command, outcome) and this file goes.
+//! The one place in `stats/` that counts by what a reply says
+//! (`protocol::outcome`): whether a `touch`, `delete`, `incr`, `decr` or
+//! `cas` found its key, and how an `ms` with `C` ended. Everything else in
+//! `stats/` is handed its counts.
 
+use crate::protocol::outcome::Outcome;
 use crate::protocol::Command;
 use crate::stats::families::client::HitMiss;
 use crate::stats::Stats;
@@ -15,38 +12,28 @@ impl Stats {
     /// Counts hits and misses from a one-line backend reply to `command`
     /// (retrievals are counted by [`Stats::retrieval`]).
     pub fn reply(&self, command: Command, reply: &[u8]) {
-        let found = |counters: &HitMiss, hit: &[u8], miss: &[u8]| {
-            if reply.starts_with(hit) {
+        let outcome = Outcome::of(reply);
+        let found = |counters: &HitMiss, hit: Outcome| {
+            if outcome == hit {
                 counters.hits.inc();
-            } else if reply.starts_with(miss) {
+            } else if outcome == Outcome::NotFound {
                 counters.misses.inc();
             }
         };
         let client = &self.client;
         match command {
-            Command::Touch => found(&client.touch, b"TOUCHED", b"NOT_FOUND"),
+            Command::Touch => found(&client.touch, Outcome::Touched),
             Command::Cas => {
-                if reply.starts_with(b"STORED") {
-                    client.cas.hits.inc();
-                } else if reply.starts_with(b"NOT_FOUND") {
-                    client.cas.misses.inc();
-                } else if reply.starts_with(b"EXISTS") {
-                    client.cas.badval.inc();
-                }
-            }
-            Command::Delete => found(&client.delete, b"DELETED", b"NOT_FOUND"),
-            Command::Incr | Command::Decr => {
-                let counters = if command == Command::Incr {
-                    &client.incr
-                } else {
-                    &client.decr
+                match outcome {
+                    Outcome::Stored => client.cas.hits.inc(),
+                    Outcome::NotFound => client.cas.misses.inc(),
+                    Outcome::Exists => client.cas.badval.inc(),
+                    _ => 0,
                 };
-                if reply.first().is_some_and(u8::is_ascii_digit) {
-                    counters.hits.inc();
-                } else if reply.starts_with(b"NOT_FOUND") {
-                    counters.misses.inc();
-                }
             }
+            Command::Delete => found(&client.delete, Outcome::Deleted),
+            Command::Incr => found(&client.incr, Outcome::Number),
+            Command::Decr => found(&client.decr, Outcome::Number),
             _ => {}
         }
     }
@@ -55,14 +42,11 @@ impl Stats {
     /// memcached counts in its `cas_*` stats. Empty is an `HD` that `q`
     /// suppressed (`q` never hides `NF` or `EX`).
     pub fn meta_cas(&self, reply: &[u8]) {
-        let code = reply.get(..2).unwrap_or(reply);
-        let ends = matches!(reply.get(2), None | Some(b' ' | b'\r'));
         let cas = &self.client.cas;
-        match code {
-            b"" => cas.hits.inc(),
-            b"HD" if ends => cas.hits.inc(),
-            b"NF" if ends => cas.misses.inc(),
-            b"EX" if ends => cas.badval.inc(),
+        match Outcome::of(reply) {
+            Outcome::Nothing | Outcome::Hd => cas.hits.inc(),
+            Outcome::Nf => cas.misses.inc(),
+            Outcome::Ex => cas.badval.inc(),
             _ => 0,
         };
     }

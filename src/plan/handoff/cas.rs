@@ -24,6 +24,7 @@ use super::{fetch_line, meta_expect, CallResult, Owner, ValueReply};
 use crate::protocol::encode::{cas_as_set, forwardable, Outbound};
 use crate::protocol::meta::reply::{cas_refused, stored};
 use crate::protocol::meta::MetaCommand;
+use crate::protocol::outcome::Outcome;
 use crate::protocol::reply::{Expect, LineKind};
 use crate::protocol::Request;
 
@@ -126,7 +127,7 @@ impl CasTakeover {
     /// [`CasTakeover::overturnable`]).
     pub(crate) fn begin(&mut self, refusal: CallResult) -> Turn {
         let for_want_of_the_key = match &refusal {
-            Ok(reply) => reply.starts_with(b"NOT_FOUND") || reply.starts_with(b"NF"),
+            Ok(reply) => Outcome::of(reply).not_found(),
             Err(_) => false,
         };
         self.refusal = Some(refusal);
@@ -141,14 +142,14 @@ impl CasTakeover {
     pub(crate) fn on_reply(&mut self, result: CallResult) -> Turn {
         match self.stage {
             Stage::ReadOwner => match result {
-                Ok(reply) if reply.starts_with(b"VA") => {
+                Ok(reply) if Outcome::of(&reply) == Outcome::Va => {
                     self.owner_item = Some(reply);
                     self.stage = Stage::ReadPrevious;
                     self.read(Owner::Previous, false)
                 }
                 // Gone from the new owner since it refused: as if it had
                 // refused for want of the key.
-                Ok(reply) if reply.starts_with(b"EN") => self.try_previous(None),
+                Ok(reply) if Outcome::of(&reply) == Outcome::En => self.try_previous(None),
                 _ => self.refused(),
             },
             Stage::ReadPrevious => {
@@ -284,8 +285,8 @@ fn same_item(a: &ValueReply<'_>, b: &ValueReply<'_>) -> bool {
 fn stored_or_lost_to_a_write(meta: bool, reply: &[u8]) -> bool {
     stored(meta, reply)
         || cas_refused(meta, reply)
-        || reply.starts_with(b"NOT_STORED")
-        || (meta && reply.starts_with(b"NS"))
+        || Outcome::of(reply) == Outcome::NotStored
+        || (meta && Outcome::of(reply) == Outcome::Ns)
 }
 
 #[cfg(test)]

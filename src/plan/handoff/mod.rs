@@ -15,8 +15,10 @@ use smallvec::SmallVec;
 use crate::error::BackendError;
 use crate::protocol::encode::{forwardable, value_block, Outbound};
 use crate::protocol::lease;
+use crate::protocol::meta::reply::won_recache_token;
 use crate::protocol::meta::reply::{meta_absent, meta_is_miss, meta_succeeded};
 use crate::protocol::meta::MetaCommand;
+use crate::protocol::outcome::Outcome;
 use crate::protocol::reply::{Expect, LineKind};
 use crate::protocol::{Command, Request};
 
@@ -800,13 +802,14 @@ impl Moved {
         };
         match &self.meta {
             None => match self.expect {
-                Expect::Line(LineKind::Touch) => reply.starts_with(b"TOUCHED"),
-                Expect::Line(LineKind::Storage) => reply.starts_with(b"STORED"),
+                Expect::Line(LineKind::Touch) => Outcome::of(reply) == Outcome::Touched,
+                Expect::Line(LineKind::Storage) => Outcome::of(reply) == Outcome::Stored,
                 _ => false,
             },
             // Quiet: an `ms` that stored says nothing.
             Some(meta) => {
-                meta.command == MetaCommand::Set && (reply.is_empty() || reply.starts_with(b"HD"))
+                meta.command == MetaCommand::Set
+                    && matches!(Outcome::of(reply), Outcome::Nothing | Outcome::Hd)
             }
         }
     }
@@ -937,11 +940,8 @@ pub(crate) fn meta_expect(command: MetaCommand) -> Expect {
 fn changed(result: &CallResult) -> bool {
     match result {
         Ok(reply) => {
-            !(reply.starts_with(b"NOT_")
-                || reply.starts_with(b"EXISTS")
-                || reply.starts_with(b"ERROR")
-                || reply.starts_with(b"CLIENT_ERROR")
-                || reply.starts_with(b"SERVER_ERROR"))
+            let outcome = Outcome::of(reply);
+            !(outcome.not_found() || outcome.not_stored() || outcome.exists() || outcome.is_error())
         }
         Err(_) => false,
     }
@@ -949,16 +949,16 @@ fn changed(result: &CallResult) -> bool {
 
 /// `NOT_FOUND` / `NOT_STORED`: the key is not on the server asked.
 fn is_absent(result: &CallResult) -> bool {
-    matches!(result, Ok(r) if r.starts_with(b"NOT_FOUND") || r.starts_with(b"NOT_STORED"))
+    matches!(result, Ok(r) if matches!(Outcome::of(r), Outcome::NotFound | Outcome::NotStored))
 }
 
 /// A `delete` on both owners answers `DELETED` if either deleted; an error
 /// of the new owner is passed on (the key may still be there); otherwise the
 /// new owner's reply.
 pub(crate) fn merge_delete(new: CallResult, previous: CallResult) -> CallResult {
-    let deleted = |r: &CallResult| matches!(r, Ok(b) if b.as_ref() == b"DELETED\r\n");
+    let deleted = |r: &CallResult| matches!(r, Ok(b) if Outcome::of(b) == Outcome::Deleted);
     let failed = |r: &CallResult| match r {
-        Ok(b) => b.starts_with(b"SERVER_ERROR") || b.starts_with(b"ERROR"),
+        Ok(b) => matches!(Outcome::of(b), Outcome::ServerError | Outcome::Error),
         Err(_) => true,
     };
     if deleted(&new) || failed(&new) || !deleted(&previous) {
@@ -1054,10 +1054,10 @@ impl<'a> ValueReply<'a> {
     /// `None` unless `reply` is one whole `VA` reply.
     fn parse(reply: &'a [u8]) -> Option<ValueReply<'a>> {
         let header_end = memchr::memmem::find(reply, b"\r\n")?;
-        let mut tokens = reply[..header_end].split(|&b| b == b' ');
-        if tokens.next()? != b"VA" {
+        if Outcome::of(reply) != Outcome::Va {
             return None;
         }
+        let mut tokens = reply[..header_end].split(|&b| b == b' ').skip(1);
         let length = tokens.next()?;
         let data_len: usize = std::str::from_utf8(length).ok()?.parse().ok()?;
         let data = reply.get(header_end + 2..)?;
@@ -1128,12 +1128,7 @@ pub(crate) fn probed_lease(reply: &[u8]) -> Option<u64> {
 /// again, by the cas the probe saw, makes it winnable again and keeps its
 /// TTL (memcached 1.6.18 has no way to keep the cas as well).
 pub(crate) fn probe_hand_back(reply: &[u8], key_token: &[u8], base64: bool) -> Option<Bytes> {
-    let line = reply.strip_suffix(b"\r\n")?;
-    let won = line
-        .split(|&b| b == b' ')
-        .skip(1)
-        .any(|token| token == b"W");
-    let cas = hd_number(reply, b'c').filter(|_| won)?;
+    let cas = hd_number(reply, b'c').filter(|_| won_recache_token(reply))?;
     let mut line = BytesMut::with_capacity(key_token.len() + 32);
     line.put_slice(b"md ");
     line.put_slice(key_token);
@@ -1146,25 +1141,27 @@ pub(crate) fn probe_hand_back(reply: &[u8], key_token: &[u8], base64: bool) -> O
 
 /// The number of return flag `flag` in an `HD …` reply line.
 fn hd_number(reply: &[u8], flag: u8) -> Option<u64> {
-    let line = reply.strip_suffix(b"\r\n")?;
-    let mut tokens = line.split(|&b| b == b' ');
-    if tokens.next()? != b"HD" {
+    if Outcome::of(reply) != Outcome::Hd {
         return None;
     }
-    let token = tokens.find(|t| t.first() == Some(&flag))?;
+    let line = reply.strip_suffix(b"\r\n")?;
+    let token = line
+        .split(|&b| b == b' ')
+        .skip(1)
+        .find(|t| t.first() == Some(&flag))?;
     std::str::from_utf8(&token[1..]).ok()?.parse().ok()
 }
 
 /// memcached's refusal of `incr`, `decr` or `ma` on a value that is not a
 /// number (both dialects say it alike).
 pub(crate) fn not_a_number(result: &CallResult) -> bool {
-    matches!(result, Ok(reply) if reply.starts_with(b"CLIENT_ERROR cannot increment or decrement non-numeric value"))
+    matches!(result, Ok(reply) if Outcome::of(reply) == Outcome::NotANumber)
 }
 
 /// An `add` or `ms … ME` that did not store: the key is there (a lease is,
 /// to memcached).
 fn not_stored(result: &CallResult) -> bool {
-    matches!(result, Ok(reply) if reply.starts_with(b"NOT_STORED") || reply.starts_with(b"NS"))
+    matches!(result, Ok(reply) if Outcome::of(reply).not_stored())
 }
 
 /// The `md` that removes a moved key from its previous owner before a write
@@ -1459,8 +1456,8 @@ pub(crate) enum CopyOutcome {
 /// How the reply to a copy (`ms … ME c`) counts.
 pub(crate) fn copy_outcome(result: &CallResult) -> CopyOutcome {
     match result {
-        Ok(r) if r.starts_with(b"HD ") || r.as_ref() == b"HD\r\n" => CopyOutcome::Made,
-        Ok(r) if r.starts_with(b"NS") => CopyOutcome::Skipped,
+        Ok(r) if Outcome::of(r) == Outcome::Hd => CopyOutcome::Made,
+        Ok(r) if Outcome::of(r) == Outcome::Ns => CopyOutcome::Skipped,
         _ => CopyOutcome::Failed,
     }
 }
@@ -1470,7 +1467,7 @@ pub(crate) fn copy_outcome(result: &CallResult) -> CopyOutcome {
 /// it is, as an add that found the key does.
 pub(crate) fn fill_outcome(result: &CallResult) -> CopyOutcome {
     match result {
-        Ok(r) if r.starts_with(b"EX") || r.starts_with(b"NF") => CopyOutcome::Skipped,
+        Ok(r) if matches!(Outcome::of(r), Outcome::Ex | Outcome::Nf) => CopyOutcome::Skipped,
         _ => copy_outcome(result),
     }
 }

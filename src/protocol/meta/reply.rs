@@ -231,6 +231,17 @@ pub(crate) fn cas_refused(meta: bool, reply: &[u8]) -> bool {
     }
 }
 
+/// Whether an `mg` reply carries `W`: it won a stale (or vivified) item's
+/// recache token.
+pub(crate) fn won_recache_token(reply: &[u8]) -> bool {
+    let line = reply.strip_suffix(b"\r\n").unwrap_or(reply);
+    let header = &line[..memchr(b'\r', line).unwrap_or(line.len())];
+    header
+        .split(|&b| b == b' ')
+        .skip(1)
+        .any(|token| token == b"W")
+}
+
 /// The number of the `c` (cas) flag of a meta reply line (`HD c123 …`).
 pub(crate) fn returned_cas(reply: &[u8]) -> Option<u64> {
     let line = reply.strip_suffix(b"\r\n").unwrap_or(reply);
