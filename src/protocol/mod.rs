@@ -14,6 +14,7 @@ pub const MAX_REPLY_LINE_BYTES: usize = 8 * 1024;
 /// (`-I` accepts at most 1 GiB).
 pub const MAX_REPLY_VALUE_BYTES: usize = 1024 * 1024 * 1024;
 
+pub mod base64_key;
 pub mod encode;
 pub mod lease;
 pub mod meta;

@@ -100,7 +100,7 @@ impl StaleKey {
     pub fn key(&self, bytes: &[u8]) -> Vec<u8> {
         let token = self.token.of(bytes);
         if self.base64 {
-            super::meta::decode_key(token).map_or_else(Vec::new, |key| key.to_vec())
+            super::base64_key::decode_key(token).map_or_else(Vec::new, |key| key.to_vec())
         } else {
             token.to_vec()
         }
