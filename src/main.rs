@@ -109,6 +109,10 @@ enum Action {
         /// host:port of memring's admin listener (`admin_listen`).
         #[arg(default_value = "127.0.0.1:9100", value_name = "ADDR")]
         addr: String,
+        /// Also fail unless the running memring's `ring_digest` (its `stats`)
+        /// is HEX: every sidecar of a fleet places keys alike.
+        #[arg(long, value_name = "HEX")]
+        digest: Option<String>,
     },
     /// Send memcached commands to ADDR and print the replies.
     ///
@@ -169,7 +173,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_level.as_deref(), cli.log_format);
     let result = match (&cli.command, &cli.config) {
-        (Some(Action::Healthcheck { addr }), _) => return cli::healthcheck::run(addr),
+        (Some(Action::Healthcheck { addr, digest }), _) => {
+            return cli::healthcheck::run(addr, digest.as_deref())
+        }
         (Some(Action::Check { file, offline }), _) => cli::check::run(file, *offline),
         (
             Some(Action::Plan {
