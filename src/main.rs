@@ -129,6 +129,37 @@ enum Action {
         #[arg(value_name = "LINE", required = true)]
         lines: Vec<String>,
     },
+    /// Print where each KEY lives: its pool, owner, replicas, previous owner
+    /// (in a hand-off window) and gutter.
+    ///
+    /// With `--admin ADDR`, asks a running memring's admin listener
+    /// (`/route`), which knows its hand-off windows and DEAD servers; with
+    /// `--config FILE`, works it out from the file alone, as a memring
+    /// started on it would place the keys. A key memcached would refuse is
+    /// named with the reason, and the exit status is then 1.
+    Where {
+        /// host:port of a running memring's admin listener (`admin_listen`).
+        #[arg(
+            long,
+            value_name = "ADDR",
+            conflicts_with = "config",
+            required_unless_present = "config"
+        )]
+        admin: Option<String>,
+        /// A memring config file to place the keys by.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// The keys are base64 (as a meta command's `b` flag), for keys that
+        /// are not text.
+        #[arg(long)]
+        b64: bool,
+        /// Print one JSON object per key, as `/route` answers.
+        #[arg(long)]
+        json: bool,
+        /// The keys to place.
+        #[arg(value_name = "KEY", required = true)]
+        keys: Vec<String>,
+    },
     /// Print a memring config equivalent to another proxy's (keys stay on
     /// the servers they are on), and list settings with no equivalent.
     Import {
@@ -193,6 +224,23 @@ fn main() -> ExitCode {
             )),
         },
         (Some(Action::Send { addr, lines }), _) => cli::send::run(addr, lines),
+        (
+            Some(Action::Where {
+                admin,
+                config,
+                b64,
+                json,
+                keys,
+            }),
+            _,
+        ) => {
+            let source = match (admin, config) {
+                (Some(admin), _) => cli::r#where::Source::Admin(admin),
+                (None, Some(config)) => cli::r#where::Source::Config(config),
+                (None, None) => unreachable!("clap requires --admin or --config"),
+            };
+            cli::r#where::run(source, keys, *b64, *json)
+        }
         (
             Some(Action::Import {
                 from: ImportFrom::Twemproxy { file, pool },

@@ -14,6 +14,7 @@ pub(crate) mod man;
 pub(crate) mod plan;
 pub(crate) mod run;
 pub(crate) mod send;
+pub(crate) mod r#where;
 
 /// The addresses `addr` (`host:port`) stands for, with what went wrong in
 /// words when there are none.

@@ -1,6 +1,8 @@
 //! The optional admin listener: Prometheus metrics at `/metrics`, liveness at
-//! `/live` and readiness at `/ready` (a ring is loaded and at least one server
-//! is not DEAD). HTTP/1.1 through hyper; only GET, only these three paths.
+//! `/live`, readiness at `/ready` (a ring is loaded and at least one server
+//! is not DEAD; with `?digest=`, and the ring digest is that) and where a key
+//! lives at `/route?key=` (see `locate.rs`). HTTP/1.1 through hyper; only
+//! GET, only these four paths.
 //!
 //! The listener may be reachable from far more places than the data port (a
 //! pod IP, for Prometheus), so it must not be able to starve the data path of
@@ -335,6 +337,19 @@ fn respond(request: &Request<Incoming>, state: &AdminState) -> Response<Full<Byt
             response
         }
         "/live" => text(StatusCode::OK, "live\n"),
+        "/route" => {
+            let layout = state.layout.load();
+            let (status, body) = crate::control::locate::answer(&layout, request.uri().query());
+            let mut response = owned_text(
+                StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
+                body,
+            );
+            response.headers_mut().insert(
+                CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("application/json"),
+            );
+            response
+        }
         "/ready" => {
             let expected = query_value(request.uri().query(), "digest");
             if let Some(expected) = expected {
@@ -370,7 +385,7 @@ fn respond(request: &Request<Incoming>, state: &AdminState) -> Response<Full<Byt
         }
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found: try /metrics, /live or /ready\n",
+            "not found: try /metrics, /live, /ready or /route?key=\n",
         ),
     }
 }

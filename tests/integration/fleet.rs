@@ -158,3 +158,196 @@ fn metrics_show_each_pools_ring_digest() {
     }
     assert_ne!(info[0].label("digest"), info[1].label("digest"));
 }
+
+/// The servers holding `key`, asked of each memcached directly.
+fn holders(servers: &mut [(String, Client)], key: &str) -> Vec<String> {
+    let mut held = Vec::new();
+    for (addr, client) in servers.iter_mut() {
+        if client.get(key).is_some() {
+            held.push(addr.clone());
+        }
+    }
+    held
+}
+
+fn addr_of(server: &serde_json::Value) -> String {
+    server["addr"].as_str().expect("an addr").to_string()
+}
+
+#[test]
+fn route_names_the_servers_a_write_through_memring_lands_on() {
+    let main: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
+    let sessions: Vec<Memcached> = (0..2).map(|_| Memcached::start()).collect();
+    let dir = TempDir::new("fleet", "route");
+    let mut body = "replicas = 2\n".to_string();
+    body.push_str(&servers_text(&[
+        (&main[0], "a", 1),
+        (&main[1], "b", 1),
+        (&main[2], "c", 2),
+    ]));
+    body.push_str("[[pools]]\nname = \"sessions\"\nreplicas = 1\n");
+    for server in &sessions {
+        body.push_str(&format!(
+            "[[pools.servers]]\naddr = \"{}\"\n",
+            server.addr()
+        ));
+    }
+    body.push_str("[[routes]]\nprefix = \"s:\"\npool = \"sessions\"\n");
+    let sidecar = Sidecar::start(&dir, "route", &body);
+    let mut proxy = Client::connect(&sidecar.listen);
+    let mut direct: Vec<(String, Client)> = main
+        .iter()
+        .chain(&sessions)
+        .map(|m| (m.addr(), m.client()))
+        .collect();
+    let digest = sidecar.digest();
+    let keys: Vec<String> = (0..1000)
+        .map(|i| match i % 2 {
+            0 => format!("user:{i}:profile"),
+            _ => format!("s:{i}"),
+        })
+        .collect();
+    for key in &keys {
+        assert_eq!(proxy.set(key, b"v"), b"STORED\r\n");
+        let (status, text) = http_get(&sidecar.admin, &format!("/route?key={key}"));
+        assert_eq!(status, 200, "{text}");
+        let route: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(route["key"], key.as_str());
+        assert_eq!(route["ring_digest"], digest.as_str());
+        assert_eq!(route["previous_owner"], serde_json::Value::Null);
+        assert_eq!(route["gutter"], serde_json::Value::Null);
+        assert_eq!(route["owner"]["state"], "ACTIVE");
+        let replicas: Vec<String> = route["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(addr_of)
+            .collect();
+        let (pool, copies) = match key.starts_with("s:") {
+            true => ("sessions", 1),
+            false => ("default", 2),
+        };
+        assert_eq!(route["pool"], pool, "{key}");
+        assert_eq!(replicas.len(), copies, "{key}: {route}");
+        assert_eq!(replicas[0], addr_of(&route["owner"]), "{key}: owner first");
+        let mut held = holders(&mut direct, key);
+        let mut expected = replicas.clone();
+        held.sort();
+        expected.sort();
+        assert_eq!(held, expected, "{key}: /route said {route}");
+    }
+
+    // `where --config` on the same file agrees without asking memring, and
+    // `where --admin` prints the same for people.
+    let config = dir.path("route.toml");
+    let some: Vec<&str> = keys.iter().take(200).map(String::as_str).collect();
+    let offline = Command::new(BIN)
+        .args(["where", "--json", "--config"])
+        .arg(&config)
+        .args(&some)
+        .output()
+        .unwrap();
+    assert!(offline.status.success(), "{offline:?}");
+    let offline = String::from_utf8(offline.stdout).unwrap();
+    for (line, key) in offline.lines().zip(&some) {
+        let (_, text) = http_get(&sidecar.admin, &format!("/route?key={key}"));
+        let offline: serde_json::Value = serde_json::from_str(line).unwrap();
+        let online: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(offline, online, "{key}");
+    }
+    assert_eq!(offline.lines().count(), some.len());
+    let people = Command::new(BIN)
+        .args(["where", "--admin", &sidecar.admin, "s:1", "user:0:profile"])
+        .output()
+        .unwrap();
+    assert!(people.status.success(), "{people:?}");
+    let people = String::from_utf8(people.stdout).unwrap();
+    assert!(
+        people.starts_with("s:1\n  pool         sessions\n"),
+        "{people}"
+    );
+    assert!(
+        people.contains(&format!("  ring_digest  {digest}\n")),
+        "{people}"
+    );
+}
+
+#[test]
+fn route_refuses_a_key_memcached_would_refuse_and_takes_binary_keys() {
+    let cache = Memcached::start();
+    let dir = TempDir::new("fleet", "route-keys");
+    let sidecar = Sidecar::start(&dir, "keys", &servers_text(&[(&cache, "a", 1)]));
+    let long = "k".repeat(251);
+    for query in [
+        format!("key={long}"),
+        "key=a%20b".to_string(),
+        "key=".to_string(),
+        "nokey=1".to_string(),
+        "key_b64=%21%21".to_string(),
+    ] {
+        let (status, text) = http_get(&sidecar.admin, &format!("/route?{query}"));
+        assert_eq!(status, 400, "{query}: {text}");
+        let error: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert!(
+            error["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{text}"
+        );
+    }
+    let (status, text) = http_get(&sidecar.admin, "/route?key_b64=AP8%3D");
+    assert_eq!(status, 200, "{text}");
+    let route: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(route["key_b64"], "AP8=");
+    assert_eq!(addr_of(&route["owner"]), cache.addr());
+    let refused = Command::new(BIN)
+        .args(["where", "--admin", &sidecar.admin, &long, "ok"])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("251 bytes"), "{said}");
+    assert!(String::from_utf8_lossy(&refused.stdout).starts_with("ok\n"));
+}
+
+#[test]
+fn route_names_the_previous_owner_in_a_handoff_window() {
+    let caches: Vec<Memcached> = (0..4).map(|_| Memcached::start()).collect();
+    let dir = TempDir::new("fleet", "route-window");
+    let three = servers_text(&[
+        (&caches[0], "a", 1),
+        (&caches[1], "b", 1),
+        (&caches[2], "c", 1),
+    ]);
+    let sidecar = Sidecar::start(&dir, "window", &format!("handoff_ms = 600000\n{three}"));
+    let mut proxy = Client::connect(&sidecar.listen);
+    let keys: Vec<String> = (0..300).map(|i| format!("k:{i}")).collect();
+    let mut before = Vec::new();
+    for key in &keys {
+        assert_eq!(proxy.set(key, b"v"), b"STORED\r\n");
+        let (_, text) = http_get(&sidecar.admin, &format!("/route?key={key}"));
+        let route: serde_json::Value = serde_json::from_str(&text).unwrap();
+        before.push(addr_of(&route["owner"]));
+    }
+    // A fourth server: a quarter of the keys move to it, and until the
+    // window ends their previous owner is where their values are.
+    let digest = sidecar.digest();
+    let config = dir.path("window.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    crate::common::replace_by_rename(
+        &config,
+        &format!("{text}{}", servers_text(&[(&caches[3], "d", 1)])),
+    );
+    wait_for("the reload", || sidecar.digest() != digest);
+    let mut moved = 0;
+    for (key, was) in keys.iter().zip(&before) {
+        let (_, text) = http_get(&sidecar.admin, &format!("/route?key={key}"));
+        let route: serde_json::Value = serde_json::from_str(&text).unwrap();
+        if addr_of(&route["owner"]) == *was {
+            assert_eq!(route["previous_owner"], serde_json::Value::Null, "{route}");
+        } else {
+            moved += 1;
+            assert_eq!(addr_of(&route["owner"]), caches[3].addr(), "{route}");
+            assert_eq!(addr_of(&route["previous_owner"]), *was, "{route}");
+        }
+    }
+    assert!(moved > 30, "{moved} of 300 keys moved");
+}
