@@ -65,13 +65,17 @@ enum Action {
     /// are printed as warnings. Every host name is looked up where memring
     /// would look it up (`[discovery] resolver`, or the system's resolver),
     /// and so are the `[discovery]` records: records that list no server
-    /// are an error, since memring could not start.
+    /// are an error, since memring could not start. Every listen address
+    /// (`listen`, `tls_listen`, `admin_listen`, pools' `listen`) is bound:
+    /// one that cannot be (unless a running memring holds it) is an error
+    /// naming the setting.
     Check {
         /// The config file to validate.
         #[arg(value_name = "FILE")]
         file: PathBuf,
-        /// Ask DNS nothing: check the file alone (host names and
-        /// `[discovery]` records are not looked up).
+        /// Ask DNS nothing and bind nothing: check the file alone (host
+        /// names and `[discovery]` records are not looked up, listen
+        /// addresses not bound).
         #[arg(long)]
         offline: bool,
     },
@@ -201,7 +205,19 @@ enum ImportFrom {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let _ = error.print();
+            if error.use_stderr() {
+                let args: Vec<String> = std::env::args().skip(1).collect();
+                if let Some(hint) = cli::hints::nutcracker_flag(&args) {
+                    eprintln!("memring: hint: {hint}");
+                }
+            }
+            return ExitCode::from(u8::try_from(error.exit_code()).unwrap_or(2));
+        }
+    };
     init_logging(cli.log_level.as_deref(), cli.log_format);
     let result = match (&cli.command, &cli.config) {
         (Some(Action::Healthcheck { addr, digest }), _) => {
@@ -264,6 +280,14 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("memring: {}", cli::error_chain(&error));
+            let file = match (&cli.command, &cli.config) {
+                (Some(Action::Check { file, .. }), _) => Some(file),
+                (None, Some(config)) => Some(config),
+                _ => None,
+            };
+            if let Some(hint) = file.and_then(|f| cli::hints::nutcracker_yaml(f)) {
+                eprintln!("memring: hint: {hint}");
+            }
             ExitCode::from(1)
         }
     }

@@ -8,6 +8,7 @@ use anyhow::Context as _;
 pub(crate) mod check;
 pub(crate) mod completions;
 pub(crate) mod healthcheck;
+pub(crate) mod hints;
 pub(crate) mod import;
 pub(crate) mod logging;
 pub(crate) mod man;
