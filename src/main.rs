@@ -25,8 +25,9 @@ const LONG_VERSION: &str = concat!(
 ///
 /// Clients speak the memcached text protocol to memring as to one memcached;
 /// memring places each key on a consistent-hash ring of servers and forwards
-/// the request to the server that owns it. See docs/ for one page per
-/// subcommand and docs/configuration.md for the configuration reference.
+/// the request to the server that owns it. The docs have one page per
+/// subcommand and the configuration reference (configuration.md): docs/ in
+/// the source, /usr/share/doc/memring/docs/ from the Debian package.
 #[derive(Debug, Parser)]
 #[command(
     name = "memring",
