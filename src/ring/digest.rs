@@ -30,6 +30,7 @@
 //!   every route in config order (the first match wins, so order counts),
 //!   `failover <pool> <gutter>` for every pool with a gutter, sorted.
 
+use std::fmt::Write as _;
 use std::hash::Hasher;
 
 use twox_hash::XxHash3_64;
@@ -61,9 +62,14 @@ pub fn pool_digest(ring: &Ring, addrs: &[impl AsRef<str>], replicas: usize) -> u
         "replicas {}",
         replicas.max(1).min(ring.members.len())
     ));
+    // One line per point (160 per server at weight 1): written into one
+    // reused buffer rather than formatted anew for each.
+    let mut text = String::with_capacity(64);
     for point in ring.points.iter() {
         let addr = addrs[point.server as usize].as_ref();
-        line(&format!("{:016x} {addr}", point.hash));
+        text.clear();
+        let _ = write!(text, "{:016x} {addr}", point.hash);
+        line(&text);
     }
     h.finish()
 }

@@ -351,3 +351,47 @@ fn route_names_the_previous_owner_in_a_handoff_window() {
     }
     assert!(moved > 30, "{moved} of 300 keys moved");
 }
+
+#[test]
+fn route_names_the_gutter_while_the_owner_is_dead() {
+    let (m1, mut m2, g1) = (Memcached::start(), Memcached::start(), Memcached::start());
+    let dir = TempDir::new("fleet", "route-gutter");
+    let body = format!(
+        "request_timeout_ms = 200\nfailover = \"gutter\"\nfailover_ttl_s = 5\n{}[[pools]]\nname = \"gutter\"\n[[pools.servers]]\naddr = \"{}\"\n",
+        servers_text(&[(&m1, "m1", 1), (&m2, "m2", 1)]),
+        g1.addr()
+    );
+    let sidecar = Sidecar::start(&dir, "gutter", &body);
+    let digest = sidecar.digest();
+    let route = |key: &str| -> serde_json::Value {
+        let (status, text) = http_get(&sidecar.admin, &format!("/route?key={key}"));
+        assert_eq!(status, 200, "{text}");
+        serde_json::from_str(&text).unwrap()
+    };
+    let keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
+    let on_m2: Vec<&String> = keys
+        .iter()
+        .filter(|k| addr_of(&route(k)["owner"]) == m2.addr())
+        .collect();
+    assert!(on_m2.len() > 20, "{}", on_m2.len());
+    assert!(on_m2.iter().all(|k| route(k)["gutter"].is_null()));
+
+    // m2 hangs: once it is DEAD its keys go to the gutter pool, and /route
+    // says so; with failover it keeps its place, so the digest stays.
+    m2.pause();
+    let mut proxy = Client::connect(&sidecar.listen);
+    wait_for("m2's keys to fail over to the gutter", || {
+        proxy.set(on_m2[0], b"v") == b"STORED\r\n"
+    });
+    let mut gutter = g1.client();
+    for key in &on_m2 {
+        assert_eq!(proxy.set(key, b"v"), b"STORED\r\n");
+        let route = route(key);
+        assert_eq!(route["owner"]["state"], "DEAD", "{route}");
+        assert_eq!(route["gutter"]["pool"], "gutter", "{route}");
+        assert_eq!(addr_of(&route["gutter"]["owner"]), g1.addr(), "{route}");
+        assert!(gutter.get(key).is_some(), "{key} written to the gutter");
+    }
+    assert_eq!(sidecar.digest(), digest);
+    m2.resume();
+}
