@@ -24,10 +24,7 @@ pub(crate) fn run(
     json: bool,
 ) -> anyhow::Result<()> {
     let config = match source {
-        Source::Config(path) => Some(
-            memring::config::Config::load(path)
-                .with_context(|| format!("cannot use {}", path.display()))?,
-        ),
+        Source::Config(path) => Some(load(path)?),
         Source::Admin(_) => None,
     };
     let mut refused = 0;
@@ -61,6 +58,22 @@ pub(crate) fn run(
     }
     anyhow::ensure!(refused == 0, "{refused} of {} keys refused", keys.len());
     Ok(())
+}
+
+/// The config at `path`, with the servers its `[discovery]` records list
+/// now when it has them (as memring would start with).
+fn load(path: &std::path::Path) -> anyhow::Result<memring::config::Config> {
+    let config = memring::config::Config::load(path)?;
+    let Some(source) = &config.discovery.source else {
+        return Ok(config);
+    };
+    let found = memring::control::discovery::servers_blocking(
+        source,
+        config.discovery.dns,
+        config.discovery.tls,
+    )
+    .map_err(|e| anyhow::anyhow!("{}: [discovery] {source}: {e}", path.display()))?;
+    Ok(config.with_servers(found))
 }
 
 /// `GET /route` of the admin listener at `addr`: the location, or why the

@@ -459,7 +459,8 @@ pub(crate) fn query_value(query: Option<&str>, name: &str) -> Option<String> {
         .and_then(|bytes| String::from_utf8(bytes).ok())
 }
 
-/// `text` with `%XX` escapes and `+` (a space) decoded; `None` on a bad escape.
+/// `text` with `%XX` escapes decoded; `None` on a bad escape. A `+` stays a
+/// `+` (it is a space only in HTML forms, and no key has a space).
 pub(crate) fn percent_decode(text: &str) -> Option<Vec<u8>> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -474,10 +475,6 @@ pub(crate) fn percent_decode(text: &str) -> Option<Vec<u8>> {
                 let hex = std::str::from_utf8(hex).ok()?;
                 out.push(u8::from_str_radix(hex, 16).ok()?);
                 i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
             }
             b => {
                 out.push(b);
@@ -554,7 +551,7 @@ mod tests {
     fn query_values_are_percent_decoded_and_bad_escapes_refused() {
         let query = Some("digest=00ff&key=a%20b%2Bc+d&empty");
         assert_eq!(query_value(query, "digest").as_deref(), Some("00ff"));
-        assert_eq!(query_value(query, "key").as_deref(), Some("a b+c d"));
+        assert_eq!(query_value(query, "key").as_deref(), Some("a b+c+d"));
         assert_eq!(query_value(query, "empty").as_deref(), Some(""));
         assert_eq!(query_value(query, "missing"), None);
         assert_eq!(query_value(None, "key"), None);

@@ -1315,5 +1315,12 @@ fn the_ring_digest_is_the_same_for_servers_from_dns_or_from_the_file() {
     let from_file = Daemon::start(&file_dir, &listed);
     assert_eq!(discovered.stat("discovery_servers").as_deref(), Some("3"));
     let digest = discovered.stat("ring_digest").expect("a ring_digest");
-    assert_eq!(from_file.stat("ring_digest"), Some(digest));
+    assert_eq!(from_file.stat("ring_digest"), Some(digest.clone()));
+    // `where --config` looks the records up as memring does at start.
+    let config = dir.path("memring.toml");
+    let (ok, stdout, stderr) =
+        memring(&["where", "--json", "--config", config.to_str().unwrap(), "k"]);
+    assert!(ok, "{stderr}");
+    let location: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(location["ring_digest"], digest.as_str(), "{location}");
 }
