@@ -30,7 +30,6 @@
 //!   every route in config order (the first match wins, so order counts),
 //!   `failover <pool> <gutter>` for every pool with a gutter, sorted.
 
-use std::fmt::Write as _;
 use std::hash::Hasher;
 
 use twox_hash::XxHash3_64;
@@ -62,16 +61,26 @@ pub fn pool_digest(ring: &Ring, addrs: &[impl AsRef<str>], replicas: usize) -> u
         "replicas {}",
         replicas.max(1).min(ring.members.len())
     ));
-    // One line per point (160 per server at weight 1): written into one
-    // reused buffer rather than formatted anew for each.
-    let mut text = String::with_capacity(64);
+    // One line per point (160 per server at weight 1, so thousands): the
+    // same bytes as `format!("{:016x} {addr}\n")`, without formatting.
     for point in ring.points.iter() {
         let addr = addrs[point.server as usize].as_ref();
-        text.clear();
-        let _ = write!(text, "{:016x} {addr}", point.hash);
-        line(&text);
+        h.write(&hex_digits(point.hash));
+        h.write(b" ");
+        h.write(addr.as_bytes());
+        h.write(b"\n");
     }
     h.finish()
+}
+
+/// `value` as 16 lowercase hex digits.
+fn hex_digits(value: u64) -> [u8; 16] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 16];
+    for (i, digit) in out.iter_mut().enumerate() {
+        *digit = DIGITS[((value >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    out
 }
 
 /// What decides which pool a key goes to, for [`layout_digest`].
