@@ -321,12 +321,12 @@ fn respond(request: &Request<Incoming>, state: &AdminState) -> Response<Full<Byt
                 // The registry's text ends with `# EOF`, which must stay last.
                 let end = body.rfind("# EOF\n").unwrap_or(body.len());
                 body.truncate(end);
-                body.push_str(&ring_info(&layout));
+                body.push_str(&ring_info(&layout, true));
                 body.push_str("# EOF\n");
                 (body, OPENMETRICS_TEXT_TYPE)
             } else {
                 let mut body = state.stats.prometheus_text();
-                body.push_str(&ring_info(&layout));
+                body.push_str(&ring_info(&layout, false));
                 (body, PROMETHEUS_TEXT_TYPE)
             };
             let mut response = Response::new(Full::new(Bytes::from(body)));
@@ -423,14 +423,20 @@ pub fn is_ready(state: &AdminState) -> bool {
             .any(|b| b.state() != HealthState::Dead)
 }
 
-/// `memring_ring_info{pool, digest} 1` for every pool, in the text both
-/// exposition formats share for a gauge: which ring each pool places keys
-/// with, comparable across sidecars (see `ring/digest.rs`). Made at each
-/// scrape from the layout in force, so a replaced ring leaves no stale series.
-fn ring_info(layout: &Layout) -> String {
-    let mut out = String::from(
-        "# HELP memring_ring_info Digest of what places each pool's keys: equal on every memring that places them alike\n# TYPE memring_ring_info gauge\n",
-    );
+/// `memring_ring_info{pool, digest} 1` for every pool: which ring each
+/// pool places keys with, comparable across sidecars (see `ring/digest.rs`).
+/// An info family in OpenMetrics (`memring_ring`, whose sample is
+/// `memring_ring_info`), a gauge in the classic format, which has no info
+/// type: the same series either way. Made at each scrape from the layout in
+/// force, so a replaced ring leaves no stale series.
+fn ring_info(layout: &Layout, openmetrics: bool) -> String {
+    const HELP: &str =
+        "Digest of what places each pool's keys: equal on every memring that places them alike";
+    let mut out = if openmetrics {
+        format!("# HELP memring_ring {HELP}\n# TYPE memring_ring info\n")
+    } else {
+        format!("# HELP memring_ring_info {HELP}\n# TYPE memring_ring_info gauge\n")
+    };
     for pool in layout.pools() {
         let digest = digest::hex(pool.topology.load().ring_digest);
         let name = label_value(&pool.name);

@@ -157,6 +157,30 @@ fn metrics_show_each_pools_ring_digest() {
         assert_eq!(sample.label("digest").unwrap().len(), 16);
     }
     assert_ne!(info[0].label("digest"), info[1].label("digest"));
+
+    // OpenMetrics has an info type: the same series, ahead of `# EOF`.
+    let mut stream = TcpStream::connect(&sidecar.admin).unwrap();
+    stream
+        .set_read_timeout(Some(crate::common::DEADLINE))
+        .unwrap();
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: test\r\nAccept: application/openmetrics-text;version=1.0.0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let openmetrics = response.split_once("\r\n\r\n").unwrap().1;
+    assert!(
+        openmetrics.contains("# TYPE memring_ring info\n"),
+        "{openmetrics}"
+    );
+    let sample = format!(
+        "memring_ring_info{{pool=\"sessions\",digest=\"{}\"}} 1\n# EOF\n",
+        info[1].label("digest").unwrap()
+    );
+    assert!(openmetrics.ends_with(&sample), "{openmetrics}");
+    assert_eq!(openmetrics.matches("# EOF").count(), 1);
 }
 
 /// The servers holding `key`, asked of each memcached directly.
