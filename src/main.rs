@@ -25,8 +25,9 @@ const LONG_VERSION: &str = concat!(
 ///
 /// Clients speak the memcached text protocol to memring as to one memcached;
 /// memring places each key on a consistent-hash ring of servers and forwards
-/// the request to the server that owns it. See docs/ for one page per
-/// subcommand and docs/configuration.md for the configuration reference.
+/// the request to the server that owns it. The docs have one page per
+/// subcommand and the configuration reference (configuration.md): docs/ in
+/// the source, /usr/share/doc/memring/docs/ from the Debian package.
 #[derive(Debug, Parser)]
 #[command(
     name = "memring",
@@ -65,13 +66,17 @@ enum Action {
     /// are printed as warnings. Every host name is looked up where memring
     /// would look it up (`[discovery] resolver`, or the system's resolver),
     /// and so are the `[discovery]` records: records that list no server
-    /// are an error, since memring could not start.
+    /// are an error, since memring could not start. Every listen address
+    /// (`listen`, `tls_listen`, `admin_listen`, pools' `listen`) is bound:
+    /// one that cannot be (unless a running memring holds it) is an error
+    /// naming the setting.
     Check {
         /// The config file to validate.
         #[arg(value_name = "FILE")]
         file: PathBuf,
-        /// Ask DNS nothing: check the file alone (host names and
-        /// `[discovery]` records are not looked up).
+        /// Ask DNS nothing and bind nothing: check the file alone (host
+        /// names and `[discovery]` records are not looked up, listen
+        /// addresses not bound).
         #[arg(long)]
         offline: bool,
     },
@@ -109,6 +114,10 @@ enum Action {
         /// host:port of memring's admin listener (`admin_listen`).
         #[arg(default_value = "127.0.0.1:9100", value_name = "ADDR")]
         addr: String,
+        /// Also fail unless the running memring's `ring_digest` (its `stats`)
+        /// is HEX: every sidecar of a fleet places keys alike.
+        #[arg(long, value_name = "HEX")]
+        digest: Option<String>,
     },
     /// Send memcached commands to ADDR and print the replies.
     ///
@@ -124,6 +133,37 @@ enum Action {
         /// Protocol lines, e.g. `set k 0 0 2` `hi` `get k`.
         #[arg(value_name = "LINE", required = true)]
         lines: Vec<String>,
+    },
+    /// Print where each KEY lives: its pool, owner, replicas, previous owner
+    /// (in a hand-off window) and gutter.
+    ///
+    /// With `--admin ADDR`, asks a running memring's admin listener
+    /// (`/route`), which knows its hand-off windows and DEAD servers; with
+    /// `--config FILE`, works it out from the file alone, as a memring
+    /// started on it would place the keys. A key memcached would refuse is
+    /// named with the reason, and the exit status is then 1.
+    Where {
+        /// host:port of a running memring's admin listener (`admin_listen`).
+        #[arg(
+            long,
+            value_name = "ADDR",
+            conflicts_with = "config",
+            required_unless_present = "config"
+        )]
+        admin: Option<String>,
+        /// A memring config file to place the keys by.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// The keys are base64 (as a meta command's `b` flag), for keys that
+        /// are not text.
+        #[arg(long)]
+        b64: bool,
+        /// Print one JSON object per key, as `/route` answers.
+        #[arg(long)]
+        json: bool,
+        /// The keys to place.
+        #[arg(value_name = "KEY", required = true)]
+        keys: Vec<String>,
     },
     /// Print a memring config equivalent to another proxy's (keys stay on
     /// the servers they are on), and list settings with no equivalent.
@@ -166,10 +206,24 @@ enum ImportFrom {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let _ = error.print();
+            if error.use_stderr() {
+                let args: Vec<String> = std::env::args().skip(1).collect();
+                if let Some(hint) = cli::hints::nutcracker_flag(&args) {
+                    eprintln!("memring: hint: {hint}");
+                }
+            }
+            return ExitCode::from(u8::try_from(error.exit_code()).unwrap_or(2));
+        }
+    };
     init_logging(cli.log_level.as_deref(), cli.log_format);
     let result = match (&cli.command, &cli.config) {
-        (Some(Action::Healthcheck { addr }), _) => return cli::healthcheck::run(addr),
+        (Some(Action::Healthcheck { addr, digest }), _) => {
+            return cli::healthcheck::run(addr, digest.as_deref())
+        }
         (Some(Action::Check { file, offline }), _) => cli::check::run(file, *offline),
         (
             Some(Action::Plan {
@@ -187,6 +241,23 @@ fn main() -> ExitCode {
             )),
         },
         (Some(Action::Send { addr, lines }), _) => cli::send::run(addr, lines),
+        (
+            Some(Action::Where {
+                admin,
+                config,
+                b64,
+                json,
+                keys,
+            }),
+            _,
+        ) => {
+            let source = match (admin, config) {
+                (Some(admin), _) => cli::r#where::Source::Admin(admin),
+                (None, Some(config)) => cli::r#where::Source::Config(config),
+                (None, None) => unreachable!("clap requires --admin or --config"),
+            };
+            cli::r#where::run(source, keys, *b64, *json)
+        }
         (
             Some(Action::Import {
                 from: ImportFrom::Twemproxy { file, pool },
@@ -210,6 +281,14 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("memring: {}", cli::error_chain(&error));
+            let file = match (&cli.command, &cli.config) {
+                (Some(Action::Check { file, .. }), _) => Some(file),
+                (None, Some(config)) => Some(config),
+                _ => None,
+            };
+            if let Some(hint) = file.and_then(|f| cli::hints::nutcracker_yaml(f)) {
+                eprintln!("memring: hint: {hint}");
+            }
             ExitCode::from(1)
         }
     }

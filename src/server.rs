@@ -165,6 +165,7 @@ pub async fn start_within(
             let state = AdminState {
                 stats: stats.clone(),
                 topology: topology.clone(),
+                layout: pools.layout(),
             };
             tokio::spawn(crate::control::admin::serve(
                 listener,

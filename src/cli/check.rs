@@ -1,6 +1,7 @@
 //! `memring check FILE [--offline]`: validate a config as the daemon would
-//! at start, look up its host names and `[discovery]` records, test its TLS
-//! servers, and print what it describes (pools, routes, shadows, gutters).
+//! at start, look up its host names and `[discovery]` records, bind its
+//! listen addresses, test its TLS servers, and print what it describes
+//! (pools, routes, shadows, gutters).
 
 use std::path::Path;
 
@@ -56,6 +57,7 @@ pub(crate) fn run(file: &Path, offline: bool) -> anyhow::Result<()> {
         config = config.with_servers(found);
     }
     if !offline {
+        check_listeners(file, &config)?;
         check_tls_servers(file, &config)?;
         for pool in config
             .pools
@@ -125,6 +127,88 @@ pub(crate) fn run(file: &Path, offline: bool) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Binds every address memring would listen on (`listen`, `tls_listen`,
+/// `admin_listen`, each pool's `listen`) as memring binds it, all at once,
+/// so a port taken by another process, or given to two settings, fails the
+/// check naming the setting. An address in use by a running memring passes:
+/// that is the memring this config is for, about to be reloaded or
+/// restarted.
+fn check_listeners(file: &Path, config: &Config) -> anyhow::Result<()> {
+    let mut wanted = vec![("listen".to_string(), config.listen, Speaks::Memcached)];
+    if let Some(tls) = &config.tls_listen {
+        wanted.push(("tls_listen".into(), tls.addr, Speaks::Tls));
+    }
+    if let Some(admin) = config.admin_listen {
+        wanted.push(("admin_listen".into(), admin, Speaks::Http));
+    }
+    for pool in &config.pools {
+        if let Some(addr) = pool.listen {
+            let setting = format!("listen of pool {}", pool.name);
+            wanted.push((setting, addr, Speaks::Memcached));
+        }
+    }
+    let mut bound = Vec::with_capacity(wanted.len());
+    for (setting, addr, speaks) in wanted {
+        match std::net::TcpListener::bind(addr) {
+            Ok(listener) => bound.push(listener),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && is_memring(addr, speaks) => {}
+            Err(e) => anyhow::bail!(
+                "{}: cannot listen on {addr}, the address of `{setting}`: {e}; memring could not start (`--offline` skips this test)",
+                file.display()
+            ),
+        }
+    }
+    Ok(())
+}
+
+/// What a listener of memring answers.
+#[derive(Clone, Copy)]
+enum Speaks {
+    Memcached,
+    Http,
+    Tls,
+}
+
+/// Whether what listens at `addr` is memring (asked with `version`, or an
+/// admin listener's `/metrics`); a TLS listener is not asked.
+fn is_memring(addr: std::net::SocketAddr, speaks: Speaks) -> bool {
+    use std::io::{Read, Write};
+    let timeout = std::time::Duration::from_secs(1);
+    let ask: &[u8] = match speaks {
+        Speaks::Memcached => b"version\r\n",
+        Speaks::Http => b"GET /metrics HTTP/1.1\r\nHost: memring\r\nConnection: close\r\n\r\n",
+        Speaks::Tls => return false,
+    };
+    let Ok(mut stream) = std::net::TcpStream::connect_timeout(&addr, timeout) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(timeout));
+    if stream.write_all(ask).is_err() {
+        return false;
+    }
+    // The answer's start says enough; never wait for more than a little.
+    let mut answer = vec![0u8; 64 * 1024];
+    let mut got = 0;
+    while got < answer.len() {
+        match stream.read(&mut answer[got..]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got += n,
+        }
+        let text = String::from_utf8_lossy(&answer[..got]);
+        let said = match speaks {
+            Speaks::Memcached => text.contains("-memring"),
+            _ => text.contains("memring_"),
+        };
+        if said {
+            return true;
+        }
+        if matches!(speaks, Speaks::Memcached) && text.contains("\r\n") {
+            return false;
+        }
+    }
+    false
 }
 
 /// The TLS part of `check`'s connectivity test: a handshake with every

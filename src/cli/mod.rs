@@ -8,12 +8,14 @@ use anyhow::Context as _;
 pub(crate) mod check;
 pub(crate) mod completions;
 pub(crate) mod healthcheck;
+pub(crate) mod hints;
 pub(crate) mod import;
 pub(crate) mod logging;
 pub(crate) mod man;
 pub(crate) mod plan;
 pub(crate) mod run;
 pub(crate) mod send;
+pub(crate) mod r#where;
 
 /// The addresses `addr` (`host:port`) stands for, with what went wrong in
 /// words when there are none.

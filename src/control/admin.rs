@@ -1,6 +1,8 @@
 //! The optional admin listener: Prometheus metrics at `/metrics`, liveness at
-//! `/live` and readiness at `/ready` (a ring is loaded and at least one server
-//! is not DEAD). HTTP/1.1 through hyper; only GET, only these three paths.
+//! `/live`, readiness at `/ready` (a ring is loaded and at least one server
+//! is not DEAD; with `?digest=`, and the ring digest is that) and where a key
+//! lives at `/route?key=` (see `locate.rs`). HTTP/1.1 through hyper; only
+//! GET, only these four paths.
 //!
 //! The listener may be reachable from far more places than the data port (a
 //! pod IP, for Prometheus), so it must not be able to starve the data path of
@@ -34,7 +36,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::health::HealthState;
+use crate::pools::layout::{Layout, SharedLayout};
 use crate::pools::topology::SharedTopology;
+use crate::ring::digest;
 use crate::stats::{Stats, OPENMETRICS_TEXT_TYPE, PROMETHEUS_TEXT_TYPE};
 
 /// Admin connections served at once. A scraper and a few probes need a
@@ -56,6 +60,9 @@ pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
 pub struct AdminState {
     pub stats: Arc<Stats>,
     pub topology: SharedTopology,
+    /// Every pool and the routes between them, for `memring_ring_info` and
+    /// `/ready?digest=`.
+    pub layout: SharedLayout,
 }
 
 /// Binds the admin listener; serving starts with [`serve`].
@@ -308,10 +315,19 @@ fn respond(request: &Request<Incoming>, state: &AdminState) -> Response<Full<Byt
                 .get_all(ACCEPT)
                 .iter()
                 .filter_map(|v| v.to_str().ok());
+            let layout = state.layout.load();
             let (body, content_type) = if wants_openmetrics(accept) {
-                (state.stats.openmetrics_text(), OPENMETRICS_TEXT_TYPE)
+                let mut body = state.stats.openmetrics_text();
+                // The registry's text ends with `# EOF`, which must stay last.
+                let end = body.rfind("# EOF\n").unwrap_or(body.len());
+                body.truncate(end);
+                body.push_str(&ring_info(&layout, true));
+                body.push_str("# EOF\n");
+                (body, OPENMETRICS_TEXT_TYPE)
             } else {
-                (state.stats.prometheus_text(), PROMETHEUS_TEXT_TYPE)
+                let mut body = state.stats.prometheus_text();
+                body.push_str(&ring_info(&layout, false));
+                (body, PROMETHEUS_TEXT_TYPE)
             };
             let mut response = Response::new(Full::new(Bytes::from(body)));
             response.headers_mut().insert(
@@ -321,7 +337,43 @@ fn respond(request: &Request<Incoming>, state: &AdminState) -> Response<Full<Byt
             response
         }
         "/live" => text(StatusCode::OK, "live\n"),
+        "/route" => {
+            let layout = state.layout.load();
+            let (status, body) = crate::control::locate::answer(&layout, request.uri().query());
+            let mut response = owned_text(
+                StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
+                body,
+            );
+            response.headers_mut().insert(
+                CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("application/json"),
+            );
+            response
+        }
         "/ready" => {
+            let expected = query_value(request.uri().query(), "digest");
+            if let Some(expected) = expected {
+                let running = state.layout.load().ring_digest();
+                match digest::parse_hex(&expected) {
+                    None => {
+                        return owned_text(
+                            StatusCode::BAD_REQUEST,
+                            format!("bad digest {expected:?}: want 16 hex digits\n"),
+                        )
+                    }
+                    Some(wanted) if wanted != running => {
+                        return owned_text(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!(
+                                "not ready: ring digest is {}, not {}\n",
+                                digest::hex(running),
+                                digest::hex(wanted)
+                            ),
+                        )
+                    }
+                    Some(_) => {}
+                }
+            }
             if is_ready(state) {
                 text(StatusCode::OK, "ready\n")
             } else {
@@ -333,7 +385,7 @@ fn respond(request: &Request<Incoming>, state: &AdminState) -> Response<Full<Byt
         }
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found: try /metrics, /live or /ready\n",
+            "not found: try /metrics, /live, /ready or /route?key=\n",
         ),
     }
 }
@@ -371,6 +423,80 @@ pub fn is_ready(state: &AdminState) -> bool {
             .any(|b| b.state() != HealthState::Dead)
 }
 
+/// `memring_ring_info{pool, digest} 1` for every pool: which ring each
+/// pool places keys with, comparable across sidecars (see `ring/digest.rs`).
+/// An info family in OpenMetrics (`memring_ring`, whose sample is
+/// `memring_ring_info`), a gauge in the classic format, which has no info
+/// type: the same series either way. Made at each scrape from the layout in
+/// force, so a replaced ring leaves no stale series.
+fn ring_info(layout: &Layout, openmetrics: bool) -> String {
+    const HELP: &str =
+        "Digest of what places each pool's keys: equal on every memring that places them alike";
+    let mut out = if openmetrics {
+        format!("# HELP memring_ring {HELP}\n# TYPE memring_ring info\n")
+    } else {
+        format!("# HELP memring_ring_info {HELP}\n# TYPE memring_ring_info gauge\n")
+    };
+    for pool in layout.pools() {
+        let digest = digest::hex(pool.topology.load().ring_digest);
+        let name = label_value(&pool.name);
+        out.push_str(&format!(
+            "memring_ring_info{{pool=\"{name}\",digest=\"{digest}\"}} 1\n"
+        ));
+    }
+    out
+}
+
+/// A label value escaped as both text formats want it.
+fn label_value(text: &str) -> String {
+    text.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The value of `name` in a URL query (`a=1&b=2`), percent-decoded; `None`
+/// when it is not there or does not decode.
+pub(crate) fn query_value(query: Option<&str>, name: &str) -> Option<String> {
+    query?
+        .split('&')
+        .filter_map(|pair| pair.split_once('=').or(Some((pair, ""))))
+        .find(|(key, _)| *key == name)
+        .and_then(|(_, value)| percent_decode(value))
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+}
+
+/// `text` with `%XX` escapes decoded; `None` on a bad escape. A `+` stays a
+/// `+` (it is a space only in HTML forms, and no key has a space).
+pub(crate) fn percent_decode(text: &str) -> Option<Vec<u8>> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = bytes.get(i + 1..i + 3)?;
+                if !hex.iter().all(u8::is_ascii_hexdigit) {
+                    return None;
+                }
+                let hex = std::str::from_utf8(hex).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    Some(out)
+}
+
+fn owned_text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+}
+
 fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
     *response.status_mut() = status;
@@ -387,10 +513,27 @@ pub fn probe_ready(
     addr: SocketAddr,
     timeout: std::time::Duration,
 ) -> std::io::Result<(bool, String)> {
+    probe_ready_with(addr, None, timeout)
+}
+
+/// [`probe_ready`], also failing unless the running ring digest is
+/// `digest` (`/ready?digest=`).
+///
+/// # Errors
+/// The admin listener cannot be reached or sent no HTTP answer.
+pub fn probe_ready_with(
+    addr: SocketAddr,
+    digest: Option<u64>,
+    timeout: std::time::Duration,
+) -> std::io::Result<(bool, String)> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
-    stream.write_all(b"GET /ready HTTP/1.1\r\nHost: memring\r\nConnection: close\r\n\r\n")?;
+    let query = digest.map_or(String::new(), |d| format!("?digest={}", digest::hex(d)));
+    stream.write_all(
+        format!("GET /ready{query} HTTP/1.1\r\nHost: memring\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    )?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response)?;
     let response = String::from_utf8_lossy(&response);
@@ -408,7 +551,21 @@ pub fn probe_ready(
 
 #[cfg(test)]
 mod tests {
-    use super::wants_openmetrics;
+    use super::{percent_decode, query_value, wants_openmetrics};
+
+    #[test]
+    fn query_values_are_percent_decoded_and_bad_escapes_refused() {
+        let query = Some("digest=00ff&key=a%20b%2Bc+d&empty");
+        assert_eq!(query_value(query, "digest").as_deref(), Some("00ff"));
+        assert_eq!(query_value(query, "key").as_deref(), Some("a b+c+d"));
+        assert_eq!(query_value(query, "empty").as_deref(), Some(""));
+        assert_eq!(query_value(query, "missing"), None);
+        assert_eq!(query_value(None, "key"), None);
+        assert_eq!(percent_decode("%zz"), None);
+        assert_eq!(percent_decode("%+1"), None);
+        assert_eq!(percent_decode("%4"), None);
+        assert_eq!(percent_decode("%00%ff").unwrap(), [0, 255]);
+    }
 
     #[test]
     fn openmetrics_only_when_asked_for_and_preferred() {

@@ -24,6 +24,7 @@ pub mod admin;
 pub(crate) mod client_slots;
 pub mod discovery;
 pub mod fd_budget;
+pub mod locate;
 mod newcomers;
 pub(crate) mod pool_set;
 pub(crate) mod publisher;

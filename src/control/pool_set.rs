@@ -15,6 +15,7 @@ use crate::config::{Config, PoolConfig};
 use crate::control::fd_budget::FdShortage;
 use crate::control::publisher::{eject_on_health_changes, FdAccount, Published, Publisher};
 use crate::pools::layout::{Layout, PoolEntry, SharedLayout};
+use crate::pools::topology::Topology;
 use crate::stats::Stats;
 
 /// Every pool's publisher, and the layout over them.
@@ -445,6 +446,37 @@ fn layout_of(config: &Config, members: &[Member], stats: &Stats) -> Layout {
             topology: m.publisher.shared(),
         })
         .collect();
+    layout_over(config, entries, stats)
+}
+
+/// The layout a memring started on `config` would route by, with every
+/// server ACTIVE and no hand-off window, and no task started: for `memring
+/// where --config`. Must be called inside a tokio runtime (backends are
+/// made there), which need not run.
+pub(crate) fn offline_layout(config: &Config) -> Layout {
+    let stats = Arc::new(Stats::new());
+    let entries = config
+        .pool_list()
+        .into_iter()
+        .map(|pool| {
+            let hooks = crate::backend::PoolHooks {
+                health_changed: Arc::new(Notify::new()),
+                stats: stats.clone(),
+                tls: None,
+                pool: pool.name.as_str().into(),
+            };
+            let backends = Topology::backends_for(&pool.config, None, &hooks);
+            let topology = Topology::assemble(pool.config.clone(), 1, backends, Vec::new());
+            PoolEntry {
+                name: pool.name.as_str().into(),
+                topology: Arc::new(ArcSwap::from_pointee(topology)),
+            }
+        })
+        .collect();
+    layout_over(config, entries, &stats)
+}
+
+fn layout_over(config: &Config, entries: Vec<PoolEntry>, stats: &Stats) -> Layout {
     let routes: Vec<(String, String)> = config
         .routes
         .iter()

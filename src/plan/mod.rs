@@ -18,9 +18,12 @@
 //!   owner, copied to the other replicas.
 //! - [`replicated_add`]: an `add` with replicas: decided on the first
 //!   replica, stored on every replica or on none.
+//! - [`locate`]: where one key lives now (`/route`, `memring where`), from
+//!   the same placement.
 
 pub(crate) mod handoff;
 pub(crate) mod lease_retry;
+pub(crate) mod locate;
 pub(crate) mod placement;
 pub(crate) mod replicated_add;
 pub(crate) mod replicated_cas;

@@ -292,6 +292,24 @@ impl Layout {
         !self.routes.is_empty()
     }
 
+    /// The digest of what places keys in every pool now and routes them
+    /// between pools (see `ring/digest.rs`): `stats`' `ring_digest`.
+    pub fn ring_digest(&self) -> u64 {
+        let topologies: Vec<_> = self.pools.iter().map(|p| p.topology.load()).collect();
+        let name = |i: usize| &*self.pools[i].name;
+        let parts = crate::ring::digest::LayoutParts {
+            pools: (0..self.pools.len())
+                .map(|i| (name(i), topologies[i].ring_digest))
+                .collect(),
+            default: name(self.default),
+            routes: self.routes.iter().map(|(p, i)| (&**p, name(*i))).collect(),
+            failovers: (0..self.pools.len())
+                .filter_map(|i| Some((name(i), name(self.gutters[i]?))))
+                .collect(),
+        };
+        crate::ring::digest::layout_digest(&parts)
+    }
+
     /// Every pool, in config order.
     pub fn pools(&self) -> &[PoolEntry] {
         &self.pools

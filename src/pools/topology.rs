@@ -46,6 +46,10 @@ pub struct Topology {
     pub pool_id: u64,
     /// The effective ring: the configured servers minus the ejected ones.
     pub ring: Ring,
+    /// [`crate::ring::digest::pool_digest`] of `ring` (the ring in force,
+    /// also during a hand-off window) with the servers' addresses and
+    /// `replicas`.
+    pub ring_digest: u64,
     /// `ring_backends[i]` is the index in `backends` of ring member `i`.
     ring_backends: Box<[u32]>,
     /// Every configured server, in config order. Ejected servers keep their
@@ -301,12 +305,16 @@ impl Topology {
             }
         }
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
+        let ring = Ring::build_with(&config.ring, nodes);
+        let ring_digest = crate::ring::digest::pool_digest(&ring, &addrs, config.replicas);
         Topology {
             version,
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             figures: Arc::new(crate::stats::PoolFigures::detached()),
             pool_id: 0,
-            ring: Ring::build_with(&config.ring, nodes),
+            ring,
+            ring_digest,
             ring_backends: ring_backends.into_boxed_slice(),
             backends,
             limits: config.limits,

@@ -18,6 +18,7 @@
 //! 32-bit flavours keep their hashes in the top half of a `u64`: the order of
 //! points and keys is unchanged, and shares are measured on one 2^64 circle.
 
+pub mod digest;
 pub mod hashkit;
 pub mod libmemcached;
 pub mod memring;

@@ -147,6 +147,8 @@ pub(crate) fn write_stats(out: &mut BytesMut, stats: &Stats, layout: &Layout) {
         counter(out, name);
     }
     write_ring(out, "", topology);
+    let digest = crate::ring::digest::hex(layout.ring_digest());
+    write_stat(out, "ring_digest", &digest);
     for (name, _) in stats.handoff() {
         counter(out, name);
     }

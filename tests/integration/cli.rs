@@ -820,3 +820,120 @@ fn check_warns_about_a_drop_in_ring_without_shared_with() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `check` binds every address memring would listen on: one taken by
+/// another process fails it, naming the setting, unless `--offline`.
+#[test]
+fn check_fails_on_a_listen_address_that_cannot_be_bound() {
+    let taken = Memcached::start();
+    let server = Memcached::start();
+    let dir = temp_dir("check-bind");
+    let free = || format!("127.0.0.1:{}", crate::common::free_port());
+    let servers = format!("[[servers]]\naddr = \"{}\"\n", server.addr());
+    for (setting, text) in [
+        (
+            "`listen`",
+            format!("listen = \"{}\"\n{servers}", taken.addr()),
+        ),
+        (
+            "`admin_listen`",
+            format!(
+                "listen = \"{}\"\nadmin_listen = \"{}\"\n{servers}",
+                free(),
+                taken.addr()
+            ),
+        ),
+        (
+            "`listen of pool sessions`",
+            format!(
+                "listen = \"{}\"\n{servers}[[pools]]\nname = \"sessions\"\nlisten = \"{}\"\n[[pools.servers]]\naddr = \"{}\"\n",
+                free(),
+                taken.addr(),
+                server.addr()
+            ),
+        ),
+    ] {
+        let config = write_config(&dir, "memring.toml", &text);
+        let output = Command::new(BIN).arg("check").arg(&config).output().unwrap();
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{setting}: {said}");
+        assert!(
+            said.contains(&format!(
+                "cannot listen on {}, the address of {setting}: Address already in use",
+                taken.addr()
+            )),
+            "{said}"
+        );
+        let offline = Command::new(BIN)
+            .args(["check", "--offline"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert!(offline.status.success(), "{setting}: {offline:?}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The check of a config for the memring running on it (before a reload or
+/// a restart) passes: its own listener holds the port.
+#[test]
+fn check_passes_when_a_running_memring_holds_the_address() {
+    let server = Memcached::start();
+    let proxy = crate::common::Proxy::start(&[&server], "admin_listen = \"127.0.0.1:0\"\n");
+    let admin = proxy.running().admin_addr.expect("admin listener");
+    let dir = temp_dir("check-running");
+    let config = write_config(
+        &dir,
+        "memring.toml",
+        &format!(
+            "listen = \"{}\"\nadmin_listen = \"{admin}\"\n[[servers]]\naddr = \"{}\"\n",
+            proxy.addr,
+            server.addr()
+        ),
+    );
+    let output = Command::new(BIN)
+        .arg("check")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// nutcracker's flags and its YAML config get the memring way in one line.
+#[test]
+fn nutcracker_flags_and_yaml_get_a_hint() {
+    for (args, hint) in [
+        (&["-t", "-c", "nutcracker.yml"][..], "`memring check FILE`"),
+        (&["-s", "22222"], "admin_listen"),
+        (&["-v", "6"], "--log-level"),
+        (&["-d"], "does not daemonize"),
+    ] {
+        let output = Command::new(BIN).args(args).output().unwrap();
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let said = String::from_utf8_lossy(&output.stderr);
+        let hints: Vec<&str> = said
+            .lines()
+            .filter(|l| l.starts_with("memring: hint: "))
+            .collect();
+        assert_eq!(hints.len(), 1, "{args:?}: {said}");
+        assert!(hints[0].contains(hint), "{args:?}: {said}");
+    }
+    let dir = temp_dir("nutcracker-yaml");
+    let yaml = write_config(
+        &dir,
+        "nutcracker.yml",
+        "alpha:\n  listen: 127.0.0.1:22121\n  hash: fnv1a_64\n  distribution: ketama\n  servers:\n   - 127.0.0.1:11211:1\n",
+    );
+    for args in [vec!["check"], vec!["--config"], vec!["-c"]] {
+        let output = Command::new(BIN).args(&args).arg(&yaml).output().unwrap();
+        assert_eq!(output.status.code(), Some(1), "{args:?}");
+        let said = String::from_utf8_lossy(&output.stderr);
+        let expected = format!(
+            "memring: hint: {0} looks like a twemproxy (nutcracker) YAML config; `memring import twemproxy {0} > memring.toml` writes the memring equivalent",
+            yaml.display()
+        );
+        assert!(said.lines().any(|l| l == expected), "{args:?}: {said}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

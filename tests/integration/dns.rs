@@ -1293,3 +1293,34 @@ fn check_handshakes_with_every_discovered_tls_server() {
         "{stdout}"
     );
 }
+
+/// The ring digest does not say where the member list came from: a memring
+/// on SRV records and one on a file that lists the same servers (in another
+/// order) report the same `ring_digest`.
+#[test]
+fn the_ring_digest_is_the_same_for_servers_from_dns_or_from_the_file() {
+    let dir = TempDir::new("dns", "digest");
+    let file_dir = TempDir::new("dns", "digest-file");
+    let (servers, hosts) = three_servers();
+    let dns = Dnsmasq::start(&dir, &hosts, &srv_of(&servers, &[0, 1, 2]));
+    let discovered = Daemon::start(&dir, &discovery_config(&dns, 3_600_000, ""));
+    let mut listed = format!("[discovery]\nresolver = \"{}\"\n", dns.resolver());
+    for i in [2, 0, 1] {
+        listed.push_str(&format!(
+            "[[servers]]\naddr = \"s{}.test.local:{}\"\n",
+            i + 1,
+            servers[i].port
+        ));
+    }
+    let from_file = Daemon::start(&file_dir, &listed);
+    assert_eq!(discovered.stat("discovery_servers").as_deref(), Some("3"));
+    let digest = discovered.stat("ring_digest").expect("a ring_digest");
+    assert_eq!(from_file.stat("ring_digest"), Some(digest.clone()));
+    // `where --config` looks the records up as memring does at start.
+    let config = dir.path("memring.toml");
+    let (ok, stdout, stderr) =
+        memring(&["where", "--json", "--config", config.to_str().unwrap(), "k"]);
+    assert!(ok, "{stderr}");
+    let location: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(location["ring_digest"], digest.as_str(), "{location}");
+}

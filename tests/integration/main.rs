@@ -15,6 +15,7 @@ mod differential;
 mod dns;
 mod docs;
 mod failure;
+mod fleet;
 mod handoff;
 mod hostile;
 mod hotkeys;
