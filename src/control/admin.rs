@@ -36,14 +36,15 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::health::HealthState;
+use crate::control::query::query_value;
 use crate::pools::layout::{Layout, SharedLayout};
 use crate::pools::topology::SharedTopology;
 use crate::ring::digest;
 use crate::stats::{Stats, OPENMETRICS_TEXT_TYPE, PROMETHEUS_TEXT_TYPE};
 
-/// Admin connections served at once. A scraper and a few probes need a
-/// handful; the rest is headroom.
-pub const MAX_CONNECTIONS: usize = 64;
+/// Admin connections served at once (the file-descriptor budget counts
+/// them, so the number lives there).
+pub use crate::control::fd_budget::ADMIN_CONNECTIONS as MAX_CONNECTIONS;
 /// Time a connection has to send a request's headers.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
 /// Time a connection may move no byte (before its first request, between
@@ -454,43 +455,6 @@ fn label_value(text: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// The value of `name` in a URL query (`a=1&b=2`), percent-decoded; `None`
-/// when it is not there or does not decode.
-pub(crate) fn query_value(query: Option<&str>, name: &str) -> Option<String> {
-    query?
-        .split('&')
-        .filter_map(|pair| pair.split_once('=').or(Some((pair, ""))))
-        .find(|(key, _)| *key == name)
-        .and_then(|(_, value)| percent_decode(value))
-        .and_then(|bytes| String::from_utf8(bytes).ok())
-}
-
-/// `text` with `%XX` escapes decoded; `None` on a bad escape. A `+` stays a
-/// `+` (it is a space only in HTML forms, and no key has a space).
-pub(crate) fn percent_decode(text: &str) -> Option<Vec<u8>> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = bytes.get(i + 1..i + 3)?;
-                if !hex.iter().all(u8::is_ascii_hexdigit) {
-                    return None;
-                }
-                let hex = std::str::from_utf8(hex).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 3;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    Some(out)
-}
-
 fn owned_text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
@@ -551,21 +515,7 @@ pub fn probe_ready_with(
 
 #[cfg(test)]
 mod tests {
-    use super::{percent_decode, query_value, wants_openmetrics};
-
-    #[test]
-    fn query_values_are_percent_decoded_and_bad_escapes_refused() {
-        let query = Some("digest=00ff&key=a%20b%2Bc+d&empty");
-        assert_eq!(query_value(query, "digest").as_deref(), Some("00ff"));
-        assert_eq!(query_value(query, "key").as_deref(), Some("a b+c+d"));
-        assert_eq!(query_value(query, "empty").as_deref(), Some(""));
-        assert_eq!(query_value(query, "missing"), None);
-        assert_eq!(query_value(None, "key"), None);
-        assert_eq!(percent_decode("%zz"), None);
-        assert_eq!(percent_decode("%+1"), None);
-        assert_eq!(percent_decode("%4"), None);
-        assert_eq!(percent_decode("%00%ff").unwrap(), [0, 255]);
-    }
+    use super::wants_openmetrics;
 
     #[test]
     fn openmetrics_only_when_asked_for_and_preferred() {

@@ -41,11 +41,16 @@ pub struct FdShortage {
     pub nofile: u64,
 }
 
+/// Admin connections served at once: a scraper and a few probes need a
+/// handful; the rest is headroom. Counted in the budget when
+/// `admin_listen` is set.
+pub const ADMIN_CONNECTIONS: usize = 64;
+
 impl FdBudget {
     /// The budget for `config` under the soft limit `nofile`.
     pub fn of(config: &Config, nofile: u64) -> FdBudget {
         let admin = if config.admin_listen.is_some() {
-            crate::control::admin::MAX_CONNECTIONS as u64
+            ADMIN_CONNECTIONS as u64
         } else {
             0
         };
@@ -134,10 +139,7 @@ mod tests {
         let text = "listen = \"127.0.0.1:1\"\nadmin_listen = \"127.0.0.1:2\"\nworkers = 3\nconnections_per_server = 2\n[[servers]]\naddr = \"127.0.0.1:3\"\n[[servers]]\naddr = \"127.0.0.1:4\"\n";
         let config = Config::parse(text, "t").unwrap();
         let budget = FdBudget::of(&config, 1024);
-        assert_eq!(
-            budget.fixed,
-            BASE_FDS + crate::control::admin::MAX_CONNECTIONS as u64
-        );
+        assert_eq!(budget.fixed, BASE_FDS + ADMIN_CONNECTIONS as u64);
         assert_eq!(budget.config_backend_fds(&config), 2 * 2 * 3);
     }
 

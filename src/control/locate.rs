@@ -29,7 +29,7 @@ use crate::ring::digest;
 /// # Errors
 /// No key, or one memcached (or memring) would refuse, with the reason.
 pub fn key_of_query(query: Option<&str>) -> Result<Vec<u8>, String> {
-    use crate::control::admin::{percent_decode, query_value};
+    use crate::control::query::{percent_decode, query_value};
     if let Some(b64) = query_value(query, "key_b64") {
         return key_of_base64(&b64);
     }

@@ -28,5 +28,6 @@ pub mod locate;
 mod newcomers;
 pub(crate) mod pool_set;
 pub(crate) mod publisher;
+mod query;
 pub mod reload;
 mod sweep;
