@@ -15,7 +15,9 @@
 //! - `fd_budget` and `client_slots`: the open file limit shared between
 //!   memring, its backend connections and its clients, and the client limit
 //!   a reload may lower.
-//! - `admin`: the HTTP listener for `/metrics`, `/live` and `/ready`.
+//! - `admin`: the HTTP listener for `/metrics`, `/live`, `/ready` and
+//!   `/route`; `locate` answers `/route` (and `memring where`) from the
+//!   request path's own placement; `query` reads a URL's query.
 //!
 //! Arrows point down: this room reads `pools/` (what it publishes),
 //! `backend/` and `config/`; nothing on the request path imports it.
