@@ -112,7 +112,7 @@ fn print_plan(old_config: &Config, new_config: &Config, new: &str) -> anyhow::Re
     } else {
         print_pools_plan(old_config, new_config);
     }
-    let settings = memring::control::reload::setting_changes(old_config, new_config);
+    let settings = memring::control::settings::setting_changes(old_config, new_config);
     for setting in &settings {
         let when = if setting.restart_only {
             "needs a restart"

@@ -12,7 +12,7 @@
 //! `hot_keys.rs`, `ejection.rs` with `failover`, `shared_with.rs`),
 //! `addr.rs` (what an address is and reaches), `diagnose.rs` (messages for
 //! people: did-you-mean, examples, `line:column`) and `defaults.rs` (every
-//! default and limit). What a reload changes is `reload::setting_changes`.
+//! default and limit). What a reload changes is `control::settings::setting_changes`.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::Path;

@@ -6,7 +6,9 @@
 //!   build its next topology here, one at a time, and publish it in one store.
 //! - `pool_set`: the pools of a running process, one publisher each, and the
 //!   layout (routes) they publish together.
-//! - `reload`: watch the config file and SIGHUP, validate, publish.
+//! - `reload`: watch the config file and SIGHUP, validate, publish;
+//!   `settings`: which settings a reload changes, and which of those are read
+//!   only at start.
 //! - `discovery`: the periodic DNS rounds (the default pool's servers from
 //!   SRV or A/AAAA records, and host names whose address changed).
 //! - `newcomers`: `flush_all` for a server joining a ring it was not in.
@@ -32,4 +34,5 @@ pub(crate) mod pool_set;
 pub(crate) mod publisher;
 mod query;
 pub mod reload;
+pub mod settings;
 mod sweep;
