@@ -48,6 +48,13 @@ pub(super) fn ring_spec(
                     "ring = \"libmemcached\" hashes keys with md5 only".into(),
                 ))
             }
+            Flavour::Rendezvous => {
+                return Err(at(
+                    name.span(),
+                    "ring = \"rendezvous\" scores keys with murmur3_32 as pymemcache's HashClient does; hash does not apply"
+                        .into(),
+                ))
+            }
             Flavour::Memring => {
                 return Err(at(
                     name.span(),
@@ -75,4 +82,33 @@ pub(super) fn ring_spec(
         }
     }
     Ok(spec)
+}
+
+/// A ring whose client has no weights (`ring = "rendezvous"`: pymemcache's
+/// `HashClient` gives every server an equal share) refuses a server weight
+/// other than 1, which it could not honour without moving keys away from
+/// where that client puts them.
+pub(super) fn check_weights(
+    raw: &RawConfig,
+    spec: &Spec,
+    at: &dyn Fn(Range<usize>, String) -> ConfigError,
+) -> Result<(), ConfigError> {
+    if spec.flavour.has_weights() {
+        return Ok(());
+    }
+    for entry in &raw.servers {
+        if let Some(weight) = &entry.get_ref().weight {
+            if *weight.get_ref() != 1 {
+                return Err(at(
+                    weight.span(),
+                    format!(
+                        "ring = \"{}\" has no weights (pymemcache's HashClient gives every server an equal share): remove weight = {}",
+                        spec.flavour.name(),
+                        weight.get_ref()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }

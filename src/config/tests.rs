@@ -528,7 +528,7 @@ fn bad_ring_settings_are_rejected_with_their_place() {
         "{message}"
     );
     assert!(
-        message.contains("memring, twemproxy, libmemcached"),
+        message.contains("memring, twemproxy, libmemcached, rendezvous"),
         "{message}"
     );
     let message = error_of(&format!("ring = \"twemproxy\"\nhash = \"sha1\"\n{GOOD}"));
@@ -552,6 +552,27 @@ fn bad_ring_settings_are_rejected_with_their_place() {
             "{tag}: {message}"
         );
     }
+}
+
+#[test]
+fn rendezvous_ring_refuses_weights_and_a_hash() {
+    let servers = "[[servers]]\naddr = \"127.0.0.1:11211\"\n\n[[servers]]\naddr = \"127.0.0.1:11212\"\nname = \"b\"\nweight = 1\n";
+    let config = Config::parse(
+        &format!("listen = \"127.0.0.1:22122\"\nring = \"rendezvous\"\nreplicas = 2\n{servers}"),
+        "m",
+    )
+    .unwrap();
+    assert_eq!(config.ring.flavour, Flavour::Rendezvous);
+    assert_eq!(config.build_ring().point_count(), 2);
+    // pymemcache's HashClient has no weights: a weight it cannot honour is
+    // an error at its place.
+    let message = error_of(&format!("ring = \"rendezvous\"\n{GOOD}"));
+    assert!(
+        message.starts_with("memring.toml:10:10: ring = \"rendezvous\" has no weights"),
+        "{message}"
+    );
+    let message = error_of(&format!("ring = \"rendezvous\"\nhash = \"murmur\"\n{GOOD}"));
+    assert!(message.contains("murmur3_32"), "{message}");
 }
 
 #[test]

@@ -1,0 +1,257 @@
+//! Drop-in rings against the real clients whose placement they reproduce,
+//! hashing on the client side over the same real memcached servers as
+//! memring: keys the client writes straight to the servers are all found
+//! through memring, and keys written through memring are all found by the
+//! client.
+//!
+//! - `ring = "rendezvous"`: pymemcache's `HashClient` (Debian
+//!   `python3-pymemcache`, run by `/usr/bin/python3`; scripts/test and
+//!   .ci/run install it). A missing client fails the test with a message
+//!   saying what to install.
+//!
+//! Every process is started here on free loopback ports and stopped by the
+//! harness.
+
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use crate::common::{held_values, replace_by_rename, show, wait_for, Client, Memcached, Proxy};
+use memring::protocol::ReplyKind;
+
+/// Keys per direction per scenario.
+const KEYS: usize = 3000;
+
+/// Characters a Python `str` key may hold beyond ASCII: 2-, 3- and 4-byte
+/// UTF-8, and code points whose low byte (what pymemcache hashes) is 0x00
+/// or a byte of its own.
+const WIDE: [char; 7] = ['é', 'ß', 'к', '日', 'Ā', 'ÿ', '😀'];
+
+/// `count` keys of every byte length from 1 to 250 in turn, printable ASCII
+/// and, in every third key, characters beyond ASCII; `salt` makes each set
+/// its own.
+fn keys(salt: u64, count: usize) -> Vec<Vec<u8>> {
+    let mut state = salt.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    (0..count)
+        .map(|i| {
+            let length = 1 + i % 250;
+            let mut key = String::new();
+            while key.len() < length {
+                let r = next();
+                let wide = WIDE[(r >> 8) as usize % WIDE.len()];
+                if i % 3 == 0 && r % 4 == 0 && key.len() + wide.len_utf8() <= length {
+                    key.push(wide);
+                } else {
+                    // 0x21..=0x7e: printable, no space.
+                    key.push(char::from(0x21 + (r >> 16) as u8 % 94));
+                }
+            }
+            key.into_bytes()
+        })
+        .collect()
+}
+
+fn value_of(key: &[u8]) -> Vec<u8> {
+    let mut value = b"v-".to_vec();
+    value.extend_from_slice(&key[..key.len().min(40)]);
+    value
+}
+
+/// Runs pymemcache's `HashClient` over `servers` (`host:port`), setting or
+/// checking `keys` (UTF-8, as `str` keys); returns how many it could not
+/// find with the value `value_of` gives.
+fn pymemcache(mode: &str, servers: &[String], keys: &[Vec<u8>]) -> usize {
+    const SCRIPT: &str = r#"
+import sys
+try:
+    from pymemcache.client.hash import HashClient
+except ImportError:
+    sys.exit("pymemcache is not installed: apt-get install python3-pymemcache")
+mode, servers = sys.argv[1], sys.argv[2].split(",")
+client = HashClient(servers, allow_unicode_keys=True, default_noreply=False)
+missing = 0
+for line in sys.stdin:
+    raw = bytes.fromhex(line.strip())
+    key = raw.decode("utf-8")
+    value = b"v-" + raw[:40]
+    if mode == "set":
+        if not client.set(key, value):
+            sys.exit("set failed for %r" % key)
+    elif client.get(key) != value:
+        missing += 1
+print(missing)
+"#;
+    let mut child = Command::new("/usr/bin/python3")
+        .args(["-c", SCRIPT, mode, &servers.join(",")])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("/usr/bin/python3 must be installed (scripts/test installs python3-pymemcache)");
+    {
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        for key in keys {
+            let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+            writeln!(stdin, "{hex}").expect("write to python");
+        }
+    }
+    let output = child.wait_with_output().expect("python3 runs");
+    assert!(
+        output.status.success(),
+        "pymemcache {mode} failed (install python3-pymemcache; scripts/test does): {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .expect("a count of missing keys")
+}
+
+/// Stores every key with [`value_of`] through `client`, pipelined.
+fn store(client: &mut Client, keys: &[Vec<u8>]) {
+    for chunk in keys.chunks(200) {
+        let mut batch = Vec::new();
+        for key in chunk {
+            let value = value_of(key);
+            batch.extend_from_slice(b"set ");
+            batch.extend_from_slice(key);
+            batch.extend_from_slice(format!(" 0 0 {}\r\n", value.len()).as_bytes());
+            batch.extend_from_slice(&value);
+            batch.extend_from_slice(b"\r\n");
+        }
+        client.send(&batch);
+        for key in chunk {
+            assert_eq!(
+                client.reply(ReplyKind::Line),
+                b"STORED\r\n",
+                "{}",
+                show(key)
+            );
+        }
+    }
+}
+
+/// How many of `keys` `client` finds with their value (multi-gets).
+fn found(client: &mut Client, keys: &[Vec<u8>]) -> usize {
+    let asked: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    held_values(client, &asked)
+        .into_iter()
+        .zip(keys)
+        .filter(|(value, key)| value.as_deref() == Some(&value_of(key)[..]))
+        .count()
+}
+
+/// How many of `keys` each server holds itself.
+fn per_server(servers: &[&Memcached], keys: &[Vec<u8>]) -> Vec<usize> {
+    servers
+        .iter()
+        .map(|server| found(&mut server.client(), keys))
+        .collect()
+}
+
+fn flush(servers: &[&Memcached]) {
+    for server in servers {
+        assert_eq!(
+            server.client().call(b"flush_all\r\n", ReplyKind::Line),
+            b"OK\r\n"
+        );
+    }
+}
+
+/// memring's config for a rendezvous ring over `servers`, each with a name;
+/// `shared_with` says who else uses the servers.
+fn rendezvous_config(servers: &[&Memcached], shared_with: &str) -> String {
+    let mut text = format!(
+        "listen = \"127.0.0.1:0\"\nring = \"rendezvous\"\nshared_with = \"{shared_with}\"\n"
+    );
+    for server in servers {
+        // A name memring knows the server by: pymemcache hashes the
+        // address, so the name must play no part in placement.
+        text.push_str(&format!(
+            "[[servers]]\naddr = \"{}\"\nname = \"mc-{}\"\n",
+            server.addr(),
+            server.port
+        ));
+    }
+    text
+}
+
+#[test]
+fn pymemcache_hashclient_and_memring_find_each_others_keys_over_1_3_8_25_servers() {
+    let all: Vec<Memcached> = (0..25).map(|_| Memcached::start()).collect();
+    for count in [1usize, 3, 8, 25] {
+        let started = Instant::now();
+        let servers: Vec<&Memcached> = all[..count].iter().collect();
+        let addrs: Vec<String> = servers.iter().map(|s| s.addr()).collect();
+        flush(&servers);
+        let proxy = Proxy::start_text(&rendezvous_config(&servers, "writers"));
+        let mut mem = proxy.client();
+
+        // pymemcache writes, memring reads.
+        let forward = keys(count as u64, KEYS);
+        assert_eq!(pymemcache("set", &addrs, &forward), 0);
+        let spread = per_server(&servers, &forward);
+        let through_memring = found(&mut mem, &forward);
+
+        // memring writes, pymemcache reads.
+        flush(&servers);
+        let backward = keys(1000 + count as u64, KEYS);
+        store(&mut mem, &backward);
+        let missed = pymemcache("get", &addrs, &backward);
+        println!(
+            "rendezvous, {count} servers: pymemcache -> memring {through_memring}/{KEYS}, memring -> pymemcache {}/{KEYS}; pymemcache's keys per server {spread:?} ({:.1}s)",
+            KEYS - missed,
+            started.elapsed().as_secs_f64()
+        );
+        assert_eq!(spread.iter().sum::<usize>(), KEYS, "each key on one server");
+        if count > 1 {
+            assert!(spread.iter().all(|&n| n > 0), "{spread:?}");
+        }
+        assert_eq!(
+            through_memring, KEYS,
+            "keys pymemcache wrote, read through memring"
+        );
+        assert_eq!(missed, 0, "keys memring wrote that pymemcache missed");
+    }
+}
+
+#[test]
+fn a_rendezvous_ring_hands_off_a_new_server_so_pymemcache_then_finds_every_key() {
+    // pymemcache writes over 3 servers; memring goes from 3 to 4 with its
+    // hand-off window and reads every key (the moved ones from their
+    // previous owner, copying them); then pymemcache over 4 servers finds
+    // every key where it now looks.
+    let dir = crate::common::TempDir::new("rings_dropin", "handoff");
+    let servers: Vec<Memcached> = (0..4).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let three: Vec<String> = all[..3].iter().map(|s| s.addr()).collect();
+    let four: Vec<String> = all.iter().map(|s| s.addr()).collect();
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, rendezvous_config(&all[..3], "memring")).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let keys = keys(7, 2000);
+    assert_eq!(pymemcache("set", &three, &keys), 0);
+    let before = pymemcache("get", &four, &keys);
+    // A quarter of the keys belong to the fourth server now.
+    assert!((300..700).contains(&before), "{before} of 2000 moved");
+
+    let version = proxy.ring_version();
+    replace_by_rename(&path, &rendezvous_config(&all, "memring"));
+    wait_for("the 4-server ring", || proxy.ring_version() > version);
+    let mut mem = proxy.client();
+    assert_eq!(found(&mut mem, &keys), keys.len(), "read through memring");
+    // The copies are made as the reads answer; wait until they are in.
+    wait_for("the moved keys on the new server", || {
+        pymemcache("get", &four, &keys) == 0
+    });
+    println!(
+        "rendezvous 3 -> 4: {before} of {} keys moved; pymemcache finds all of them after one read through memring",
+        keys.len()
+    );
+}
