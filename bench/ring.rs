@@ -102,6 +102,38 @@ fn ring_lookup_flavours(c: &mut Criterion) {
     group.finish();
 }
 
+/// One `Ring::owner` per iteration on a rendezvous ring (pymemcache's
+/// `HashClient`), which scores the key on every server: its cost grows with
+/// the server count, so it is measured at 4, 32 and 256 servers.
+fn ring_lookup_rendezvous(c: &mut Criterion) {
+    let keys = lookup_keys();
+    let mut group = c.benchmark_group("ring_owner_rendezvous");
+    group.throughput(Throughput::Elements(1));
+    let spec = Spec {
+        flavour: Flavour::Rendezvous,
+        ..Spec::default()
+    };
+    for servers in [4usize, 32, 256] {
+        let nodes: Vec<Node> = members(servers)
+            .into_iter()
+            .map(|member| Node {
+                addr: member.identity.clone(),
+                member,
+            })
+            .collect();
+        let ring = Ring::build_with(&spec, nodes);
+        group.bench_with_input(BenchmarkId::from_parameter(servers), &ring, |b, ring| {
+            let mut next = 0usize;
+            b.iter(|| {
+                let key = &keys[next & (LOOKUP_KEYS - 1)];
+                next = next.wrapping_add(1);
+                ring.owner(black_box(key))
+            })
+        });
+    }
+    group.finish();
+}
+
 /// One `Ring::build` per iteration: hashing every point's name, then sorting.
 /// The member list is cloned outside the timing, since `build` consumes it.
 /// Throughput is in points placed.
@@ -121,5 +153,11 @@ fn ring_build(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, ring_lookup, ring_lookup_flavours, ring_build);
+criterion_group!(
+    benches,
+    ring_lookup,
+    ring_lookup_flavours,
+    ring_lookup_rendezvous,
+    ring_build
+);
 criterion_main!(benches);

@@ -255,3 +255,73 @@ fn a_rendezvous_ring_hands_off_a_new_server_so_pymemcache_then_finds_every_key()
         keys.len()
     );
 }
+
+/// Runs the memring binary with `args`; its stdout, and its stderr.
+fn memring(args: &[&std::ffi::OsStr]) -> (String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_memring"))
+        .args(args)
+        .output()
+        .expect("run memring");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{stderr}");
+    (String::from_utf8(output.stdout).expect("utf-8"), stderr)
+}
+
+fn moved_percent(plan: &str) -> f64 {
+    plan.lines()
+        .find_map(|l| l.strip_prefix("keyspace that moves: "))
+        .and_then(|p| p.trim_end_matches('%').parse().ok())
+        .unwrap_or_else(|| panic!("a moved share line in {plan}"))
+}
+
+#[test]
+fn check_and_plan_know_the_rendezvous_ring() {
+    let dir = crate::common::TempDir::new("rings_dropin", "plan");
+    let servers = |n: usize| -> String {
+        (1..=n)
+            .map(|i| format!("[[servers]]\naddr = \"10.0.0.{i}:11211\"\n"))
+            .collect()
+    };
+    let write = |name: &str, text: String| {
+        let path = dir.path(name);
+        std::fs::write(&path, text).expect("write");
+        path
+    };
+    let head = "listen = \"127.0.0.1:22121\"\nshared_with = \"writers\"\n";
+    let four = write(
+        "four.toml",
+        format!("{head}ring = \"rendezvous\"\n{}", servers(4)),
+    );
+    let five = write(
+        "five.toml",
+        format!("{head}ring = \"rendezvous\"\n{}", servers(5)),
+    );
+    let native = write("native.toml", format!("{head}{}", servers(4)));
+    let (check, _) = memring(&["check".as_ref(), "--offline".as_ref(), four.as_os_str()]);
+    assert!(check.contains("ring rendezvous"), "{check}");
+    // Adding a fifth server moves a fifth, all of it to the new server.
+    let (plan, _) = memring(&["plan".as_ref(), four.as_os_str(), five.as_os_str()]);
+    println!("{plan}");
+    assert!((moved_percent(&plan) - 20.0).abs() < 0.01, "{plan}");
+    // To the native ring, placed independently: about 3/4 moves.
+    let (plan, _) = memring(&["plan".as_ref(), four.as_os_str(), native.as_os_str()]);
+    assert!(plan.contains("ring: rendezvous -> memring"), "{plan}");
+    assert!((60.0..90.0).contains(&moved_percent(&plan)), "{plan}");
+    let (same, _) = memring(&["plan".as_ref(), four.as_os_str(), four.as_os_str()]);
+    assert!(same.contains("keyspace that moves: 0.00%"), "{same}");
+    // Weights have no meaning to pymemcache: check says so at the weight.
+    let weighted = write(
+        "weighted.toml",
+        format!("{head}ring = \"rendezvous\"\n{}weight = 2\n", servers(2)),
+    );
+    let output = Command::new(env!("CARGO_BIN_EXE_memring"))
+        .args(["check".as_ref(), "--offline".as_ref(), weighted.as_os_str()])
+        .output()
+        .expect("run memring");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("weighted.toml:8:10: ring = \"rendezvous\" has no weights"),
+        "{stderr}"
+    );
+}
