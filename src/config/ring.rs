@@ -48,6 +48,13 @@ pub(super) fn ring_spec(
                     "ring = \"libmemcached\" hashes keys with md5 only".into(),
                 ))
             }
+            Flavour::Dalli => {
+                return Err(at(
+                    name.span(),
+                    "ring = \"dalli\" hashes keys with crc32 as Dalli does; hash does not apply"
+                        .into(),
+                ))
+            }
             Flavour::Rendezvous => {
                 return Err(at(
                     name.span(),

@@ -528,7 +528,7 @@ fn bad_ring_settings_are_rejected_with_their_place() {
         "{message}"
     );
     assert!(
-        message.contains("memring, twemproxy, libmemcached, rendezvous"),
+        message.contains("memring, twemproxy, libmemcached, rendezvous, dalli"),
         "{message}"
     );
     let message = error_of(&format!("ring = \"twemproxy\"\nhash = \"sha1\"\n{GOOD}"));
@@ -552,6 +552,17 @@ fn bad_ring_settings_are_rejected_with_their_place() {
             "{tag}: {message}"
         );
     }
+}
+
+#[test]
+fn dalli_ring_takes_weights_and_refuses_a_hash() {
+    let config = Config::parse(&format!("ring = \"dalli\"\n{GOOD}"), "m").unwrap();
+    assert_eq!(config.ring.flavour, Flavour::Dalli);
+    // Weights 1 and 2 of two servers: floor(2 × 160 × 1 / 3) and
+    // floor(2 × 160 × 2 / 3) points.
+    assert_eq!(config.build_ring().point_count(), 106 + 213);
+    let message = error_of(&format!("ring = \"dalli\"\nhash = \"crc32a\"\n{GOOD}"));
+    assert!(message.contains("crc32 as Dalli does"), "{message}");
 }
 
 #[test]

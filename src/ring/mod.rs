@@ -14,6 +14,8 @@
 //!   [`hashkit`];
 //! - [`libmemcached`]: libmemcached's weighted ketama (pylibmc
 //!   `ketama_weighted`, PHP memcached's libketama-compatible mode);
+//! - [`dalli`]: Ruby Dalli's ring (SHA-1 points, CRC-32 keys, the point at
+//!   or below the key's hash), kept complemented so the search is the same;
 //! - [`rendezvous`]: pymemcache's `HashClient` (highest random weight). It has
 //!   no circle: a rendezvous ring keeps one score prefix per server instead of
 //!   points, and a key goes to the server that scores it highest.
@@ -21,11 +23,13 @@
 //! 32-bit flavours keep their hashes in the top half of a `u64`: the order of
 //! points and keys is unchanged, and shares are measured on one 2^64 circle.
 
+pub mod dalli;
 pub mod hashkit;
 pub mod libmemcached;
 pub mod md5;
 pub mod memring;
 pub mod rendezvous;
+pub mod sha1;
 pub mod twemproxy;
 
 pub use hashkit::HashFunction;
@@ -62,15 +66,18 @@ pub enum Flavour {
     Libmemcached,
     /// pymemcache `HashClient`'s rendezvous hashing with murmur3.
     Rendezvous,
+    /// Ruby Dalli's ring.
+    Dalli,
 }
 
 impl Flavour {
     /// Every flavour, for listing the accepted names.
-    pub const ALL: [Flavour; 4] = [
+    pub const ALL: [Flavour; 5] = [
         Flavour::Memring,
         Flavour::Twemproxy,
         Flavour::Libmemcached,
         Flavour::Rendezvous,
+        Flavour::Dalli,
     ];
 
     /// The name used by the config's `ring =`.
@@ -80,6 +87,7 @@ impl Flavour {
             Flavour::Twemproxy => "twemproxy",
             Flavour::Libmemcached => "libmemcached",
             Flavour::Rendezvous => "rendezvous",
+            Flavour::Dalli => "dalli",
         }
     }
 
@@ -123,6 +131,7 @@ impl Spec {
             Flavour::Twemproxy => KeyHash::Bits32(self.hash),
             Flavour::Libmemcached => KeyHash::Bits32(HashFunction::Md5),
             Flavour::Rendezvous => KeyHash::Rendezvous,
+            Flavour::Dalli => KeyHash::Complement32(HashFunction::Crc32a),
         }
     }
 }
@@ -135,6 +144,9 @@ enum KeyHash {
     Bits32(HashFunction),
     /// No single hash: a murmur3 score per server (see [`rendezvous`]).
     Rendezvous,
+    /// A 32-bit hash complemented, in the top half: for a ring that takes
+    /// the point at or below the key's hash (see [`dalli`]).
+    Complement32(HashFunction),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -214,6 +226,7 @@ impl Ring {
             Flavour::Twemproxy => twemproxy::points(&nodes),
             Flavour::Libmemcached => libmemcached::points(&nodes),
             Flavour::Rendezvous => (Vec::new(), Vec::new()),
+            Flavour::Dalli => dalli::points(&nodes),
         };
         let prefixes = match spec.flavour {
             Flavour::Rendezvous => nodes
@@ -267,6 +280,7 @@ impl Ring {
             KeyHash::Xxh3 => memring::key_hash(key),
             KeyHash::Bits32(function) => u64::from(function.hash(key)) << 32,
             KeyHash::Rendezvous => u64::from(rendezvous::murmur3_32(key, 0)) << 32,
+            KeyHash::Complement32(function) => u64::from(!function.hash(key)) << 32,
         }
     }
 

@@ -779,6 +779,7 @@ fn check_warns_about_a_drop_in_ring_without_shared_with() {
         ("ring = \"twemproxy\"\n", true),
         ("ring = \"libmemcached\"\n", true),
         ("ring = \"rendezvous\"\n", true),
+        ("ring = \"dalli\"\n", true),
         ("ring = \"twemproxy\"\nshared_with = \"writers\"\n", false),
         ("ring = \"twemproxy\"\nshared_with = \"memring\"\n", false),
         ("shared_with = \"readers\"\n", false),

@@ -6,8 +6,11 @@
 //!
 //! - `ring = "rendezvous"`: pymemcache's `HashClient` (Debian
 //!   `python3-pymemcache`, run by `/usr/bin/python3`; scripts/test and
-//!   .ci/run install it). A missing client fails the test with a message
-//!   saying what to install.
+//!   .ci/run install it);
+//! - `ring = "dalli"`: Ruby's Dalli client (Debian `ruby` and `ruby-dalli`,
+//!   likewise installed), with weights.
+//!
+//! A missing client fails the test with a message saying what to install.
 //!
 //! Every process is started here on free loopback ports and stopped by the
 //! harness.
@@ -67,7 +70,72 @@ fn value_of(key: &[u8]) -> Vec<u8> {
 /// checking `keys` (UTF-8, as `str` keys); returns how many it could not
 /// find with the value `value_of` gives.
 fn pymemcache(mode: &str, servers: &[String], keys: &[Vec<u8>]) -> usize {
-    const SCRIPT: &str = r#"
+    run_client("/usr/bin/python3", "-c", PYMEMCACHE, mode, servers, keys)
+}
+
+/// Runs Dalli over `servers` (`host:port:weight`), setting or checking
+/// `keys` (binary strings, values stored raw); returns how many it could not
+/// find with the value `value_of` gives.
+fn dalli(mode: &str, servers: &[String], keys: &[Vec<u8>]) -> usize {
+    run_client("/usr/bin/ruby", "-e", DALLI, mode, servers, keys)
+}
+
+const DALLI: &str = r#"
+begin
+  require 'dalli'
+rescue LoadError
+  abort 'Dalli is not installed: apt-get install ruby ruby-dalli'
+end
+mode, servers = ARGV[0], ARGV[1].split(',')
+client = Dalli::Client.new(servers, socket_timeout: 5)
+missing = 0
+STDIN.each_line do |line|
+  key = [line.strip].pack('H*')
+  value = 'v-'.b + key[0, 40]
+  if mode == 'set'
+    abort "set failed for #{key.inspect}" unless client.set(key, value, 0, raw: true)
+  elsif client.get(key, raw: true) != value
+    missing += 1
+  end
+end
+puts missing
+"#;
+
+fn run_client(
+    program: &str,
+    flag: &str,
+    script: &str,
+    mode: &str,
+    servers: &[String],
+    keys: &[Vec<u8>],
+) -> usize {
+    let mut child = Command::new(program)
+        .args([flag, script, mode, &servers.join(",")])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{program} must be installed (scripts/test installs it): {e}"));
+    {
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        for key in keys {
+            let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+            writeln!(stdin, "{hex}").expect("write to the client");
+        }
+    }
+    let output = child.wait_with_output().expect("the client runs");
+    assert!(
+        output.status.success(),
+        "{program} {mode} failed (scripts/test installs the clients): {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .expect("a count of missing keys")
+}
+
+const PYMEMCACHE: &str = r#"
 import sys
 try:
     from pymemcache.client.hash import HashClient
@@ -87,31 +155,6 @@ for line in sys.stdin:
         missing += 1
 print(missing)
 "#;
-    let mut child = Command::new("/usr/bin/python3")
-        .args(["-c", SCRIPT, mode, &servers.join(",")])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("/usr/bin/python3 must be installed (scripts/test installs python3-pymemcache)");
-    {
-        let mut stdin = child.stdin.take().expect("piped stdin");
-        for key in keys {
-            let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
-            writeln!(stdin, "{hex}").expect("write to python");
-        }
-    }
-    let output = child.wait_with_output().expect("python3 runs");
-    assert!(
-        output.status.success(),
-        "pymemcache {mode} failed (install python3-pymemcache; scripts/test does): {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout)
-        .trim()
-        .parse()
-        .expect("a count of missing keys")
-}
 
 /// Stores every key with [`value_of`] through `client`, pipelined.
 fn store(client: &mut Client, keys: &[Vec<u8>]) {
@@ -164,22 +207,51 @@ fn flush(servers: &[&Memcached]) {
     }
 }
 
-/// memring's config for a rendezvous ring over `servers`, each with a name;
-/// `shared_with` says who else uses the servers.
-fn rendezvous_config(servers: &[&Memcached], shared_with: &str) -> String {
-    let mut text = format!(
-        "listen = \"127.0.0.1:0\"\nring = \"rendezvous\"\nshared_with = \"{shared_with}\"\n"
-    );
-    for server in servers {
-        // A name memring knows the server by: pymemcache hashes the
-        // address, so the name must play no part in placement.
+/// memring's config for `ring` over `servers` with `weights` (1 when
+/// missing), each server with a name; `shared_with` says who else uses the
+/// servers.
+fn dropin_config(ring: &str, servers: &[&Memcached], weights: &[u32], shared_with: &str) -> String {
+    let mut text =
+        format!("listen = \"127.0.0.1:0\"\nring = \"{ring}\"\nshared_with = \"{shared_with}\"\n");
+    for (i, server) in servers.iter().enumerate() {
+        // A name memring knows the server by: the clients hash the address,
+        // so the name must play no part in placement.
         text.push_str(&format!(
-            "[[servers]]\naddr = \"{}\"\nname = \"mc-{}\"\n",
+            "[[servers]]\naddr = \"{}\"\nname = \"mc-{}\"\nweight = {}\n",
             server.addr(),
-            server.port
+            server.port,
+            weights.get(i).copied().unwrap_or(1)
         ));
     }
     text
+}
+
+/// A client program run over given servers: `(mode, servers, keys)` to the
+/// count of keys it missed.
+type RealClient = fn(&str, &[String], &[Vec<u8>]) -> usize;
+
+/// The client writes `forward`, memring reads it; memring writes `backward`,
+/// the client reads it. Returns the keys found each way and how many of the
+/// client's keys each server holds.
+fn both_ways(
+    ring: &str,
+    client: RealClient,
+    specs: &[String],
+    servers: &[&Memcached],
+    weights: &[u32],
+    forward: &[Vec<u8>],
+    backward: &[Vec<u8>],
+) -> (usize, usize, Vec<usize>) {
+    flush(servers);
+    let proxy = Proxy::start_text(&dropin_config(ring, servers, weights, "writers"));
+    let mut mem = proxy.client();
+    assert_eq!(client("set", specs, forward), 0);
+    let spread = per_server(servers, forward);
+    let through_memring = found(&mut mem, forward);
+    flush(servers);
+    store(&mut mem, backward);
+    let missed = client("get", specs, backward);
+    (through_memring, backward.len() - missed, spread)
 }
 
 #[test]
@@ -189,71 +261,125 @@ fn pymemcache_hashclient_and_memring_find_each_others_keys_over_1_3_8_25_servers
         let started = Instant::now();
         let servers: Vec<&Memcached> = all[..count].iter().collect();
         let addrs: Vec<String> = servers.iter().map(|s| s.addr()).collect();
-        flush(&servers);
-        let proxy = Proxy::start_text(&rendezvous_config(&servers, "writers"));
-        let mut mem = proxy.client();
-
-        // pymemcache writes, memring reads.
         let forward = keys(count as u64, KEYS);
-        assert_eq!(pymemcache("set", &addrs, &forward), 0);
-        let spread = per_server(&servers, &forward);
-        let through_memring = found(&mut mem, &forward);
-
-        // memring writes, pymemcache reads.
-        flush(&servers);
         let backward = keys(1000 + count as u64, KEYS);
-        store(&mut mem, &backward);
-        let missed = pymemcache("get", &addrs, &backward);
+        let (there, back, spread) = both_ways(
+            "rendezvous",
+            pymemcache,
+            &addrs,
+            &servers,
+            &[],
+            &forward,
+            &backward,
+        );
         println!(
-            "rendezvous, {count} servers: pymemcache -> memring {through_memring}/{KEYS}, memring -> pymemcache {}/{KEYS}; pymemcache's keys per server {spread:?} ({:.1}s)",
-            KEYS - missed,
+            "rendezvous, {count} servers: pymemcache -> memring {there}/{KEYS}, memring -> pymemcache {back}/{KEYS}; pymemcache's keys per server {spread:?} ({:.1}s)",
             started.elapsed().as_secs_f64()
         );
         assert_eq!(spread.iter().sum::<usize>(), KEYS, "each key on one server");
         if count > 1 {
             assert!(spread.iter().all(|&n| n > 0), "{spread:?}");
         }
-        assert_eq!(
-            through_memring, KEYS,
-            "keys pymemcache wrote, read through memring"
-        );
-        assert_eq!(missed, 0, "keys memring wrote that pymemcache missed");
+        assert_eq!(there, KEYS, "keys pymemcache wrote, read through memring");
+        assert_eq!(back, KEYS, "keys memring wrote, read by pymemcache");
     }
 }
 
+/// [`keys`], and every fourth key given raw bytes >= 0x80 that are not
+/// UTF-8 (Dalli's keys are binary strings).
+fn binary_keys(salt: u64, count: usize) -> Vec<Vec<u8>> {
+    keys(salt, count)
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut key)| {
+            if i % 4 == 1 && key.len() >= 3 {
+                let at = key.len() - 3;
+                key.truncate(at);
+                key.extend_from_slice(&[0xff, 0x80 + (i % 100) as u8, 0xfe]);
+            }
+            key
+        })
+        .collect()
+}
+
 #[test]
-fn a_rendezvous_ring_hands_off_a_new_server_so_pymemcache_then_finds_every_key() {
-    // pymemcache writes over 3 servers; memring goes from 3 to 4 with its
-    // hand-off window and reads every key (the moved ones from their
-    // previous owner, copying them); then pymemcache over 4 servers finds
-    // every key where it now looks.
-    let dir = crate::common::TempDir::new("rings_dropin", "handoff");
+fn dalli_and_memring_find_each_others_keys_over_1_3_8_25_servers_with_weights() {
+    let all: Vec<Memcached> = (0..25).map(|_| Memcached::start()).collect();
+    let cases: [(usize, &[u32]); 5] = [
+        (1, &[]),
+        (3, &[]),
+        (3, &[1, 2, 3]),
+        (8, &[1, 2, 3, 1, 1, 5, 1, 2]),
+        (25, &[]),
+    ];
+    for (count, weights) in cases {
+        let started = Instant::now();
+        let servers: Vec<&Memcached> = all[..count].iter().collect();
+        let specs: Vec<String> = servers
+            .iter()
+            .enumerate()
+            .map(|(i, s)| format!("{}:{}", s.addr(), weights.get(i).copied().unwrap_or(1)))
+            .collect();
+        let forward = binary_keys(50 + count as u64, KEYS);
+        let backward = binary_keys(2000 + count as u64, KEYS);
+        let (there, back, spread) = both_ways(
+            "dalli", dalli, &specs, &servers, weights, &forward, &backward,
+        );
+        println!(
+            "dalli, {count} servers, weights {weights:?}: Dalli -> memring {there}/{KEYS}, memring -> Dalli {back}/{KEYS}; Dalli's keys per server {spread:?} ({:.1}s)",
+            started.elapsed().as_secs_f64()
+        );
+        assert_eq!(spread.iter().sum::<usize>(), KEYS, "each key on one server");
+        if count > 1 {
+            assert!(spread.iter().all(|&n| n > 0), "{spread:?}");
+        }
+        assert_eq!(there, KEYS, "keys Dalli wrote, read through memring");
+        assert_eq!(back, KEYS, "keys memring wrote, read by Dalli");
+    }
+}
+
+/// The client writes over 3 servers; memring goes from 3 to 4 with its
+/// hand-off window and reads every key (the moved ones from their previous
+/// owner, copying them); then the client over 4 servers finds every key
+/// where it now looks. `spec` turns a server into the client's spelling.
+fn hand_off_3_to_4(ring: &str, client: RealClient, spec: fn(&Memcached) -> String) {
+    let dir = crate::common::TempDir::new("rings_dropin", &format!("handoff-{ring}"));
     let servers: Vec<Memcached> = (0..4).map(|_| Memcached::start()).collect();
     let all: Vec<&Memcached> = servers.iter().collect();
-    let three: Vec<String> = all[..3].iter().map(|s| s.addr()).collect();
-    let four: Vec<String> = all.iter().map(|s| s.addr()).collect();
+    let three: Vec<String> = all[..3].iter().map(|s| spec(s)).collect();
+    let four: Vec<String> = all.iter().map(|s| spec(s)).collect();
     let path = dir.path("memring.toml");
-    std::fs::write(&path, rendezvous_config(&all[..3], "memring")).unwrap();
+    std::fs::write(&path, dropin_config(ring, &all[..3], &[], "memring")).unwrap();
     let proxy = Proxy::start_file(&path);
     let keys = keys(7, 2000);
-    assert_eq!(pymemcache("set", &three, &keys), 0);
-    let before = pymemcache("get", &four, &keys);
-    // A quarter of the keys belong to the fourth server now.
+    assert_eq!(client("set", &three, &keys), 0);
+    let before = client("get", &four, &keys);
+    // About a quarter of the keys belong to the fourth server now.
     assert!((300..700).contains(&before), "{before} of 2000 moved");
 
     let version = proxy.ring_version();
-    replace_by_rename(&path, &rendezvous_config(&all, "memring"));
+    replace_by_rename(&path, &dropin_config(ring, &all, &[], "memring"));
     wait_for("the 4-server ring", || proxy.ring_version() > version);
     let mut mem = proxy.client();
     assert_eq!(found(&mut mem, &keys), keys.len(), "read through memring");
     // The copies are made as the reads answer; wait until they are in.
     wait_for("the moved keys on the new server", || {
-        pymemcache("get", &four, &keys) == 0
+        client("get", &four, &keys) == 0
     });
     println!(
-        "rendezvous 3 -> 4: {before} of {} keys moved; pymemcache finds all of them after one read through memring",
+        "{ring} 3 -> 4: {before} of {} keys moved; the client finds all of them after one read through memring",
         keys.len()
     );
+}
+
+#[test]
+fn a_rendezvous_ring_hands_off_a_new_server_so_pymemcache_then_finds_every_key() {
+    hand_off_3_to_4("rendezvous", pymemcache, Memcached::addr);
+}
+
+#[test]
+fn a_dalli_ring_hands_off_a_new_server_so_dalli_then_finds_every_key() {
+    hand_off_3_to_4("dalli", dalli, |s| format!("{}:1", s.addr()));
 }
 
 /// Runs the memring binary with `args`; its stdout, and its stderr.
@@ -324,4 +450,38 @@ fn check_and_plan_know_the_rendezvous_ring() {
         stderr.contains("weighted.toml:8:10: ring = \"rendezvous\" has no weights"),
         "{stderr}"
     );
+}
+
+#[test]
+fn check_and_plan_know_the_dalli_ring() {
+    let dir = crate::common::TempDir::new("rings_dropin", "plan-dalli");
+    let servers = |n: usize| -> String {
+        (1..=n)
+            .map(|i| format!("[[servers]]\naddr = \"10.0.0.{i}:11211\"\nweight = {i}\n"))
+            .collect()
+    };
+    let write = |name: &str, text: String| {
+        let path = dir.path(name);
+        std::fs::write(&path, text).expect("write");
+        path
+    };
+    let head = "listen = \"127.0.0.1:22121\"\nshared_with = \"writers\"\n";
+    let three = write(
+        "three.toml",
+        format!("{head}ring = \"dalli\"\n{}", servers(3)),
+    );
+    let four = write(
+        "four.toml",
+        format!("{head}ring = \"dalli\"\n{}", servers(4)),
+    );
+    let native = write("native.toml", format!("{head}{}", servers(3)));
+    let (check, _) = memring(&["check".as_ref(), "--offline".as_ref(), three.as_os_str()]);
+    assert!(check.contains("ring dalli"), "{check}");
+    // Weights 1:2:3 -> 1:2:3:4: the new server takes about 4/10.
+    let (plan, _) = memring(&["plan".as_ref(), three.as_os_str(), four.as_os_str()]);
+    println!("{plan}");
+    assert!((30.0..50.0).contains(&moved_percent(&plan)), "{plan}");
+    let (plan, _) = memring(&["plan".as_ref(), three.as_os_str(), native.as_os_str()]);
+    assert!(plan.contains("ring: dalli -> memring"), "{plan}");
+    assert!((40.0..90.0).contains(&moved_percent(&plan)), "{plan}");
 }
