@@ -62,7 +62,8 @@ fn ring_lookup(c: &mut Criterion) {
 
 /// One `Ring::owner` per iteration on the compatibility rings at 100 servers:
 /// the key hash differs (fnv1a_64 and md5 for twemproxy, md5 for
-/// libmemcached), the binary search is the same.
+/// libmemcached, crc32 for Dalli and PHP memcache), the binary search is
+/// the same.
 fn ring_lookup_flavours(c: &mut Criterion) {
     let keys = lookup_keys();
     let mut group = c.benchmark_group("ring_owner_flavour");
@@ -82,6 +83,12 @@ fn ring_lookup_flavours(c: &mut Criterion) {
         ),
         ("twemproxy_md5", Flavour::Twemproxy, HashFunction::Md5),
         ("libmemcached", Flavour::Libmemcached, HashFunction::Md5),
+        ("dalli", Flavour::Dalli, HashFunction::Crc32a),
+        (
+            "php_memcache_crc32",
+            Flavour::PhpMemcache,
+            HashFunction::Crc32a,
+        ),
     ];
     for (label, flavour, hash) in flavours {
         let spec = Spec {

@@ -27,7 +27,22 @@ pub(super) fn ring_spec(
             )
         })?;
     }
-    if let Some(name) = &raw.hash {
+    if spec.flavour == Flavour::PhpMemcache {
+        // PHP's memcache.hash_function names, crc32 by default as in PHP.
+        spec.hash = match raw.hash.as_ref().map(|n| n.get_ref().as_str()) {
+            None | Some("crc32") => HashFunction::Crc32a,
+            Some("fnv") => HashFunction::Fnv1a32,
+            Some(other) => {
+                let span = raw.hash.as_ref().map(|n| n.span()).unwrap_or_default();
+                return Err(at(
+                    span,
+                    format!(
+                        "ring = \"php-memcache\" takes memcache.hash_function's names: hash = \"crc32\" or \"fnv\", not \"{other}\""
+                    ),
+                ));
+            }
+        };
+    } else if let Some(name) = &raw.hash {
         let function = HashFunction::from_name(name.get_ref()).ok_or_else(|| {
             let known: Vec<&str> = HashFunction::ALL.iter().map(|f| f.name()).collect();
             at(
@@ -62,6 +77,7 @@ pub(super) fn ring_spec(
                         .into(),
                 ))
             }
+            Flavour::PhpMemcache => {} // read above, with PHP's names
             Flavour::Memring => {
                 return Err(at(
                     name.span(),

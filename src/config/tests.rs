@@ -528,7 +528,7 @@ fn bad_ring_settings_are_rejected_with_their_place() {
         "{message}"
     );
     assert!(
-        message.contains("memring, twemproxy, libmemcached, rendezvous, dalli"),
+        message.contains("memring, twemproxy, libmemcached, rendezvous, dalli, php-memcache"),
         "{message}"
     );
     let message = error_of(&format!("ring = \"twemproxy\"\nhash = \"sha1\"\n{GOOD}"));
@@ -563,6 +563,30 @@ fn dalli_ring_takes_weights_and_refuses_a_hash() {
     assert_eq!(config.build_ring().point_count(), 106 + 213);
     let message = error_of(&format!("ring = \"dalli\"\nhash = \"crc32a\"\n{GOOD}"));
     assert!(message.contains("crc32 as Dalli does"), "{message}");
+}
+
+#[test]
+fn php_memcache_ring_takes_phps_hash_names() {
+    let config = Config::parse(&format!("ring = \"php-memcache\"\n{GOOD}"), "m").unwrap();
+    assert_eq!(config.ring.flavour, Flavour::PhpMemcache);
+    assert_eq!(config.ring.hash, HashFunction::Crc32a, "PHP's default");
+    // 160 points per unit of weight: weights 1 and 2.
+    assert_eq!(config.build_ring().point_count(), 160 + 320);
+    let fnv = Config::parse(
+        &format!("ring = \"php-memcache\"\nhash = \"fnv\"\n{GOOD}"),
+        "m",
+    )
+    .unwrap();
+    assert_eq!(fnv.ring.hash, HashFunction::Fnv1a32);
+    let message = error_of(&format!(
+        "ring = \"php-memcache\"\nhash = \"fnv1a_64\"\n{GOOD}"
+    ));
+    assert!(
+        message.starts_with(
+            "memring.toml:2:8: ring = \"php-memcache\" takes memcache.hash_function's names"
+        ),
+        "{message}"
+    );
 }
 
 #[test]

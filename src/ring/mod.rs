@@ -16,6 +16,8 @@
 //!   `ketama_weighted`, PHP memcached's libketama-compatible mode);
 //! - [`dalli`]: Ruby Dalli's ring (SHA-1 points, CRC-32 keys, the point at
 //!   or below the key's hash), kept complemented so the search is the same;
+//! - [`php_memcache`]: PHP's `memcache` extension, consistent strategy (keys
+//!   placed through its 1024 buckets);
 //! - [`rendezvous`]: pymemcache's `HashClient` (highest random weight). It has
 //!   no circle: a rendezvous ring keeps one score prefix per server instead of
 //!   points, and a key goes to the server that scores it highest.
@@ -28,6 +30,7 @@ pub mod hashkit;
 pub mod libmemcached;
 pub mod md5;
 pub mod memring;
+pub mod php_memcache;
 pub mod rendezvous;
 pub mod sha1;
 pub mod twemproxy;
@@ -68,16 +71,19 @@ pub enum Flavour {
     Rendezvous,
     /// Ruby Dalli's ring.
     Dalli,
+    /// PHP's `memcache` extension, `hash_strategy = consistent`.
+    PhpMemcache,
 }
 
 impl Flavour {
     /// Every flavour, for listing the accepted names.
-    pub const ALL: [Flavour; 5] = [
+    pub const ALL: [Flavour; 6] = [
         Flavour::Memring,
         Flavour::Twemproxy,
         Flavour::Libmemcached,
         Flavour::Rendezvous,
         Flavour::Dalli,
+        Flavour::PhpMemcache,
     ];
 
     /// The name used by the config's `ring =`.
@@ -88,6 +94,7 @@ impl Flavour {
             Flavour::Libmemcached => "libmemcached",
             Flavour::Rendezvous => "rendezvous",
             Flavour::Dalli => "dalli",
+            Flavour::PhpMemcache => "php-memcache",
         }
     }
 
@@ -107,7 +114,8 @@ impl Flavour {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Spec {
     pub flavour: Flavour,
-    /// The key hash of the twemproxy flavour (the others have a fixed one).
+    /// The key hash of the twemproxy flavour, and of the php-memcache one
+    /// (`crc32a` or `fnv1a_32`); the others have a fixed one.
     pub hash: HashFunction,
     /// With `Some([open, close])`, a key containing `open`, then later
     /// `close`, with at least one byte between, is placed by those bytes only.
@@ -132,6 +140,7 @@ impl Spec {
             Flavour::Libmemcached => KeyHash::Bits32(HashFunction::Md5),
             Flavour::Rendezvous => KeyHash::Rendezvous,
             Flavour::Dalli => KeyHash::Complement32(HashFunction::Crc32a),
+            Flavour::PhpMemcache => KeyHash::Buckets(php_memcache::function(self.hash)),
         }
     }
 }
@@ -147,6 +156,8 @@ enum KeyHash {
     /// A 32-bit hash complemented, in the top half: for a ring that takes
     /// the point at or below the key's hash (see [`dalli`]).
     Complement32(HashFunction),
+    /// A 32-bit hash placed at its bucket's position (see [`php_memcache`]).
+    Buckets(HashFunction),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -227,6 +238,7 @@ impl Ring {
             Flavour::Libmemcached => libmemcached::points(&nodes),
             Flavour::Rendezvous => (Vec::new(), Vec::new()),
             Flavour::Dalli => dalli::points(&nodes),
+            Flavour::PhpMemcache => php_memcache::points(&nodes, spec.hash),
         };
         let prefixes = match spec.flavour {
             Flavour::Rendezvous => nodes
@@ -281,6 +293,9 @@ impl Ring {
             KeyHash::Bits32(function) => u64::from(function.hash(key)) << 32,
             KeyHash::Rendezvous => u64::from(rendezvous::murmur3_32(key, 0)) << 32,
             KeyHash::Complement32(function) => u64::from(!function.hash(key)) << 32,
+            KeyHash::Buckets(function) => {
+                u64::from(php_memcache::key_position(function.hash(key))) << 32
+            }
         }
     }
 

@@ -8,7 +8,10 @@
 //!   `python3-pymemcache`, run by `/usr/bin/python3`; scripts/test and
 //!   .ci/run install it);
 //! - `ring = "dalli"`: Ruby's Dalli client (Debian `ruby` and `ruby-dalli`,
-//!   likewise installed), with weights.
+//!   likewise installed), with weights;
+//! - `ring = "php-memcache"`: PHP's `memcache` extension, consistent
+//!   strategy, crc32 and fnv (Debian `php-cli` and `php-memcache`), with
+//!   weights.
 //!
 //! A missing client fails the test with a message saying what to install.
 //!
@@ -78,6 +81,64 @@ fn pymemcache(mode: &str, servers: &[String], keys: &[Vec<u8>]) -> usize {
 /// find with the value `value_of` gives.
 fn dalli(mode: &str, servers: &[String], keys: &[Vec<u8>]) -> usize {
     run_client("/usr/bin/ruby", "-e", DALLI, mode, servers, keys)
+}
+
+/// Runs PHP's `memcache` extension (`hash_strategy = consistent`,
+/// `hash_function = crc32`) over `servers` (`host:port:weight`).
+fn php_crc32(mode: &str, servers: &[String], keys: &[Vec<u8>]) -> usize {
+    run_client(
+        "/usr/bin/php",
+        "-r",
+        &php_script("crc32"),
+        mode,
+        servers,
+        keys,
+    )
+}
+
+/// [`php_crc32`] with `hash_function = fnv`.
+fn php_fnv(mode: &str, servers: &[String], keys: &[Vec<u8>]) -> usize {
+    run_client(
+        "/usr/bin/php",
+        "-r",
+        &php_script("fnv"),
+        mode,
+        servers,
+        keys,
+    )
+}
+
+fn php_script(hash_function: &str) -> String {
+    format!(
+        r#"
+if (!extension_loaded('memcache')) {{
+    fwrite(STDERR, "PHP's memcache extension is not loaded: apt-get install php-cli php-memcache\n");
+    exit(1);
+}}
+ini_set('memcache.hash_strategy', 'consistent');
+ini_set('memcache.hash_function', '{hash_function}');
+$mode = $argv[1];
+$client = new Memcache;
+foreach (explode(',', $argv[2]) as $server) {{
+    [$host, $port, $weight] = explode(':', $server);
+    $client->addServer($host, (int)$port, false, (int)$weight);
+}}
+$missing = 0;
+while (($line = fgets(STDIN)) !== false) {{
+    $key = hex2bin(trim($line));
+    $value = 'v-' . substr($key, 0, 40);
+    if ($mode === 'set') {{
+        if (!$client->set($key, $value, 0, 0)) {{
+            fwrite(STDERR, 'set failed for ' . bin2hex($key) . "\n");
+            exit(1);
+        }}
+    }} elseif ($client->get($key) !== $value) {{
+        $missing++;
+    }}
+}}
+echo $missing, "\n";
+"#
+    )
 }
 
 const DALLI: &str = r#"
@@ -484,4 +545,69 @@ fn check_and_plan_know_the_dalli_ring() {
     let (plan, _) = memring(&["plan".as_ref(), three.as_os_str(), native.as_os_str()]);
     assert!(plan.contains("ring: dalli -> memring"), "{plan}");
     assert!((40.0..90.0).contains(&moved_percent(&plan)), "{plan}");
+}
+
+#[test]
+fn php_memcache_and_memring_find_each_others_keys_crc32_and_fnv_with_weights() {
+    let all: Vec<Memcached> = (0..25).map(|_| Memcached::start()).collect();
+    let cases: [(&str, RealClient, usize, &[u32]); 7] = [
+        ("crc32", php_crc32, 1, &[]),
+        ("crc32", php_crc32, 3, &[]),
+        ("crc32", php_crc32, 8, &[1, 2, 3, 1, 1, 5, 1, 2]),
+        ("crc32", php_crc32, 25, &[]),
+        ("fnv", php_fnv, 3, &[]),
+        ("fnv", php_fnv, 8, &[1, 2, 3, 1, 1, 5, 1, 2]),
+        ("fnv", php_fnv, 25, &[]),
+    ];
+    for (salt, (hash, client, count, weights)) in cases.into_iter().enumerate() {
+        let started = Instant::now();
+        let servers: Vec<&Memcached> = all[..count].iter().collect();
+        let specs: Vec<String> = servers
+            .iter()
+            .enumerate()
+            .map(|(i, s)| format!("{}:{}", s.addr(), weights.get(i).copied().unwrap_or(1)))
+            .collect();
+        let forward = binary_keys(100 + salt as u64, KEYS);
+        let backward = binary_keys(3000 + salt as u64, KEYS);
+        let ring = format!("php-memcache\"\nhash = \"{hash}");
+        let (there, back, spread) = both_ways(
+            &ring, client, &specs, &servers, weights, &forward, &backward,
+        );
+        println!(
+            "php-memcache {hash}, {count} servers, weights {weights:?}: PHP -> memring {there}/{KEYS}, memring -> PHP {back}/{KEYS}; PHP's keys per server {spread:?} ({:.1}s)",
+            started.elapsed().as_secs_f64()
+        );
+        assert_eq!(spread.iter().sum::<usize>(), KEYS, "each key on one server");
+        if count > 1 {
+            assert!(spread.iter().all(|&n| n > 0), "{spread:?}");
+        }
+        assert_eq!(there, KEYS, "keys PHP wrote, read through memring");
+        assert_eq!(back, KEYS, "keys memring wrote, read by PHP");
+    }
+}
+
+#[test]
+fn a_php_memcache_ring_hands_off_a_new_server_so_php_then_finds_every_key() {
+    hand_off_3_to_4("php-memcache", php_crc32, |s| format!("{}:1", s.addr()));
+}
+
+#[test]
+fn check_and_plan_know_the_php_memcache_ring_and_its_hash() {
+    let dir = crate::common::TempDir::new("rings_dropin", "plan-php");
+    let servers: String = (1..=4)
+        .map(|i| format!("[[servers]]\naddr = \"10.0.0.{i}:11211\"\n"))
+        .collect();
+    let head = "listen = \"127.0.0.1:22121\"\nshared_with = \"writers\"\nring = \"php-memcache\"\n";
+    let crc32 = dir.path("crc32.toml");
+    let fnv = dir.path("fnv.toml");
+    std::fs::write(&crc32, format!("{head}{servers}")).expect("write");
+    std::fs::write(&fnv, format!("{head}hash = \"fnv\"\n{servers}")).expect("write");
+    let (check, _) = memring(&["check".as_ref(), "--offline".as_ref(), fnv.as_os_str()]);
+    assert!(check.contains("ring php-memcache (hash fnv)"), "{check}");
+    let (plan, _) = memring(&["plan".as_ref(), crc32.as_os_str(), fnv.as_os_str()]);
+    assert!(
+        plan.contains("ring: php-memcache (hash crc32) -> php-memcache (hash fnv)"),
+        "{plan}"
+    );
+    assert!((60.0..90.0).contains(&moved_percent(&plan)), "{plan}");
 }
