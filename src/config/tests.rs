@@ -599,6 +599,36 @@ fn rendezvous_ring_refuses_weights_and_a_hash() {
     .unwrap();
     assert_eq!(config.ring.flavour, Flavour::Rendezvous);
     assert_eq!(config.build_ring().point_count(), 2);
+    let slow = |w: &String| w.contains("takes over 1 µs per key above");
+    assert!(
+        !config.warnings().iter().any(slow),
+        "{:?}",
+        config.warnings()
+    );
+    // Above the server count where a lookup passes 1 µs, check says so.
+    let most = crate::ring::rendezvous::MAX_SERVERS_UNDER_A_MICROSECOND;
+    let many: String = (0..=most)
+        .map(|i| {
+            format!(
+                "[[servers]]\naddr = \"10.0.{}.{}:11211\"\n",
+                i / 250,
+                i % 250
+            )
+        })
+        .collect();
+    let config = Config::parse(
+        &format!("listen = \"127.0.0.1:22122\"\nring = \"rendezvous\"\n{many}"),
+        "m",
+    )
+    .unwrap();
+    let warnings = config.warnings();
+    assert!(warnings.iter().any(slow), "{warnings:?}");
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("takes over 1 µs per key above")),
+        "{warnings:?}"
+    );
     // pymemcache's HashClient has no weights: a weight it cannot honour is
     // an error at its place.
     let message = error_of(&format!("ring = \"rendezvous\"\n{GOOD}"));

@@ -22,6 +22,11 @@
 
 use smallvec::SmallVec;
 
+/// The most servers over which a rendezvous lookup stays under 1 µs per key
+/// (the `ring_owner_rendezvous` bench: about 70 ns per server on the
+/// project's 2-core test machine); `memring check` warns above it.
+pub const MAX_SERVERS_UNDER_A_MICROSECOND: usize = 14;
+
 /// The node name pymemcache's `HashClient` hashes a server by, for the
 /// `host:port` memring connects to.
 pub fn node_name(addr: &str) -> String {
