@@ -188,6 +188,8 @@ pub struct Ring {
     /// A rendezvous ring's score prefixes (`"<node>-"`), one per member;
     /// empty for the other flavours.
     prefixes: Box<[Box<[u8]>]>,
+    /// The same prefixes, hashed as far as whole blocks go.
+    scorers: Box<[rendezvous::Scorer]>,
     members: Box<[Member]>,
     key_hash: KeyHash,
     hash_tag: Option<[u8; 2]>,
@@ -247,6 +249,10 @@ impl Ring {
                 .collect(),
             _ => Box::default(),
         };
+        let scorers = prefixes
+            .iter()
+            .map(|p| rendezvous::Scorer::new(p))
+            .collect();
         // Equal hashes are ordered by the flavour's server rank (a stable sort
         // keeps one server's equal points in the order they were made), so
         // the first point of a tie, which owns the keys, is the flavour's.
@@ -258,6 +264,7 @@ impl Ring {
         Ring {
             points: points.into_boxed_slice(),
             prefixes,
+            scorers,
             members: nodes.into_iter().map(|n| n.member).collect(),
             key_hash: spec.key_hash(),
             hash_tag: spec.hash_tag,
@@ -336,7 +343,7 @@ impl Ring {
         let hashed = rendezvous::hashed_key(tagged_part(key, self.hash_tag));
         let mut best: Option<(usize, u32)> = None;
         for (server, prefix) in self.prefixes.iter().enumerate() {
-            let score = rendezvous::score(prefix, &hashed);
+            let score = self.scorers[server].score(&hashed);
             let wins = match best {
                 None => true,
                 Some((b, top)) => rendezvous::beats(score, prefix, top, &self.prefixes[b]),
@@ -373,7 +380,7 @@ impl Ring {
                 .prefixes
                 .iter()
                 .enumerate()
-                .map(|(server, prefix)| (rendezvous::score(prefix, &hashed), server))
+                .map(|(server, _)| (self.scorers[server].score(&hashed), server))
                 .collect();
             scored.sort_by(|a, b| {
                 if rendezvous::beats(a.0, &self.prefixes[a.1], b.0, &self.prefixes[b.1]) {

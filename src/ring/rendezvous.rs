@@ -62,26 +62,83 @@ pub(super) fn hashed_key(key: &[u8]) -> SmallVec<[u8; 256]> {
 
 /// The score of the key whose hashed bytes are `key` on the node whose
 /// prefix is `prefix`.
-#[inline]
+#[cfg(test)]
 pub(super) fn score(prefix: &[u8], key: &[u8]) -> u32 {
-    let mut joined: SmallVec<[u8; 320]> = SmallVec::with_capacity(prefix.len() + key.len());
-    joined.extend_from_slice(prefix);
-    joined.extend_from_slice(key);
-    murmur3_32(&joined, 0)
+    Scorer::new(prefix).score(key)
 }
 
-/// MurmurHash3's x86 32-bit hash (Austin Appleby's public-domain design).
-pub fn murmur3_32(data: &[u8], seed: u32) -> u32 {
-    const C1: u32 = 0xcc9e_2d51;
-    const C2: u32 = 0x1b87_3593;
-    let mut h = seed;
-    let mut blocks = data.chunks_exact(4);
-    for block in &mut blocks {
-        let k = u32::from_le_bytes([block[0], block[1], block[2], block[3]]);
-        h ^= k.wrapping_mul(C1).rotate_left(15).wrapping_mul(C2);
-        h = h.rotate_left(13).wrapping_mul(5).wrapping_add(0xe654_6b64);
+/// A node's score prefix with murmur3 already run over its whole 4-byte
+/// blocks, so scoring a key hashes only the prefix's last 0-3 bytes and the
+/// key: what a lookup does once per server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Scorer {
+    state: u32,
+    rest: [u8; 4],
+    rest_len: usize,
+    prefix_len: usize,
+}
+
+impl Scorer {
+    pub(super) fn new(prefix: &[u8]) -> Scorer {
+        let mut blocks = prefix.chunks_exact(4);
+        let mut state = 0;
+        for block in &mut blocks {
+            state = mix_block(state, block);
+        }
+        let remainder = blocks.remainder();
+        let mut rest = [0u8; 4];
+        rest[..remainder.len()].copy_from_slice(remainder);
+        Scorer {
+            state,
+            rest,
+            rest_len: remainder.len(),
+            prefix_len: prefix.len(),
+        }
     }
-    let tail = blocks.remainder();
+
+    /// `murmur3_32(prefix ++ key, 0)`.
+    #[inline]
+    pub(super) fn score(&self, key: &[u8]) -> u32 {
+        let mut h = self.state;
+        let total = self.prefix_len + key.len();
+        let need = 4 - self.rest_len;
+        let tail: &[u8];
+        let mut carried = self.rest;
+        let carried_tail;
+        if key.len() < need {
+            carried[self.rest_len..self.rest_len + key.len()].copy_from_slice(key);
+            carried_tail = carried;
+            tail = &carried_tail[..self.rest_len + key.len()];
+        } else {
+            let rest = if self.rest_len == 0 {
+                key
+            } else {
+                carried[self.rest_len..].copy_from_slice(&key[..need]);
+                h = mix_block(h, &carried);
+                &key[need..]
+            };
+            let mut blocks = rest.chunks_exact(4);
+            for block in &mut blocks {
+                h = mix_block(h, block);
+            }
+            tail = blocks.remainder();
+        }
+        finish(h, tail, total)
+    }
+}
+
+const C1: u32 = 0xcc9e_2d51;
+const C2: u32 = 0x1b87_3593;
+
+#[inline]
+fn mix_block(h: u32, block: &[u8]) -> u32 {
+    let k = u32::from_le_bytes([block[0], block[1], block[2], block[3]]);
+    let h = h ^ k.wrapping_mul(C1).rotate_left(15).wrapping_mul(C2);
+    h.rotate_left(13).wrapping_mul(5).wrapping_add(0xe654_6b64)
+}
+
+#[inline]
+fn finish(mut h: u32, tail: &[u8], len: usize) -> u32 {
     if !tail.is_empty() {
         let mut k = 0u32;
         for (i, &b) in tail.iter().enumerate() {
@@ -89,12 +146,22 @@ pub fn murmur3_32(data: &[u8], seed: u32) -> u32 {
         }
         h ^= k.wrapping_mul(C1).rotate_left(15).wrapping_mul(C2);
     }
-    h ^= data.len() as u32;
+    h ^= len as u32;
     h ^= h >> 16;
     h = h.wrapping_mul(0x85eb_ca6b);
     h ^= h >> 13;
     h = h.wrapping_mul(0xc2b2_ae35);
     h ^ (h >> 16)
+}
+
+/// MurmurHash3's x86 32-bit hash (Austin Appleby's public-domain design).
+pub fn murmur3_32(data: &[u8], seed: u32) -> u32 {
+    let mut h = seed;
+    let mut blocks = data.chunks_exact(4);
+    for block in &mut blocks {
+        h = mix_block(h, block);
+    }
+    finish(h, blocks.remainder(), data.len())
 }
 
 /// Whether the node scoring `(score, prefix)` beats the one scoring
@@ -236,6 +303,23 @@ mod tests {
                     };
                 }
                 assert_eq!(ring.owner(key.as_bytes()), winner.map(|w| w.2), "{n} {key}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_scorer_hashes_as_murmur3_over_prefix_and_key() {
+        for prefix_len in 0..9 {
+            let prefix: Vec<u8> = (0..prefix_len).map(|i| b'a' + i as u8).collect();
+            let scorer = Scorer::new(&prefix);
+            for key_len in 0..12 {
+                let key: Vec<u8> = (0..key_len).map(|i| 0x80 + i as u8).collect();
+                let joined = [prefix.clone(), key.clone()].concat();
+                assert_eq!(
+                    scorer.score(&key),
+                    murmur3_32(&joined, 0),
+                    "{prefix_len} {key_len}"
+                );
             }
         }
     }
