@@ -382,14 +382,15 @@ impl Ring {
                 .enumerate()
                 .map(|(server, _)| (self.scorers[server].score(&hashed), server))
                 .collect();
+            // Higher score first, then (on a tie) the larger name, as the
+            // client picks; the index keeps the order total.
             scored.sort_by(|a, b| {
-                if rendezvous::beats(a.0, &self.prefixes[a.1], b.0, &self.prefixes[b.1]) {
-                    std::cmp::Ordering::Less
-                } else if a == b {
-                    std::cmp::Ordering::Equal
-                } else {
-                    std::cmp::Ordering::Greater
-                }
+                b.0.cmp(&a.0)
+                    .then_with(|| {
+                        let name = |i: usize| rendezvous::name_of(&self.prefixes[i]);
+                        name(b.1).cmp(name(a.1))
+                    })
+                    .then_with(|| a.1.cmp(&b.1))
             });
             out.extend(scored.iter().take(wanted).map(|&(_, server)| server));
             return;
