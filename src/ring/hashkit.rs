@@ -217,43 +217,9 @@ const CRC32_TABLE: [u32; 256] = {
     table
 };
 
-/// [`CRC32_TABLE`] and seven more: table `k` advances a byte's CRC by `k`
-/// further zero bytes, so eight bytes are folded in at once ("slicing by
-/// 8"), the same CRC as byte by byte. The Dalli and php-memcache rings hash
-/// every key with CRC-32.
-const CRC32_SLICES: [[u32; 256]; 8] = {
-    let mut tables = [[0u32; 256]; 8];
-    tables[0] = CRC32_TABLE;
-    let mut k = 1;
-    while k < 8 {
-        let mut i = 0;
-        while i < 256 {
-            let previous = tables[k - 1][i];
-            tables[k][i] = (previous >> 8) ^ CRC32_TABLE[(previous & 0xff) as usize];
-            i += 1;
-        }
-        k += 1;
-    }
-    tables
-};
-
 fn crc32_register(key: &[u8]) -> u32 {
-    let t = &CRC32_SLICES;
     let mut crc = u32::MAX;
-    let mut words = key.chunks_exact(8);
-    for word in &mut words {
-        let lo = u32::from_le_bytes([word[0], word[1], word[2], word[3]]) ^ crc;
-        let hi = u32::from_le_bytes([word[4], word[5], word[6], word[7]]);
-        crc = t[7][(lo & 0xff) as usize]
-            ^ t[6][((lo >> 8) & 0xff) as usize]
-            ^ t[5][((lo >> 16) & 0xff) as usize]
-            ^ t[4][(lo >> 24) as usize]
-            ^ t[3][(hi & 0xff) as usize]
-            ^ t[2][((hi >> 8) & 0xff) as usize]
-            ^ t[1][((hi >> 16) & 0xff) as usize]
-            ^ t[0][(hi >> 24) as usize];
-    }
-    for &byte in words.remainder() {
+    for &byte in key {
         crc = (crc >> 8) ^ CRC32_TABLE[((crc ^ u32::from(byte)) & 0xff) as usize];
     }
     crc
@@ -482,25 +448,5 @@ mod tests {
         for pair in hashes.windows(2) {
             assert_ne!(pair[0], pair[1]);
         }
-    }
-
-    #[test]
-    fn crc32_by_eight_bytes_is_the_bytewise_crc() {
-        let bytewise = |key: &[u8]| {
-            let mut crc = u32::MAX;
-            for &byte in key {
-                crc = (crc >> 8) ^ CRC32_TABLE[((crc ^ u32::from(byte)) & 0xff) as usize];
-            }
-            crc
-        };
-        let data: Vec<u8> = (0..300u32).map(|i| (i * 131 + 7) as u8).collect();
-        for len in 0..data.len() {
-            assert_eq!(
-                crc32_register(&data[..len]),
-                bytewise(&data[..len]),
-                "{len}"
-            );
-        }
-        assert_eq!(crc32a(b"123456789"), 0xcbf4_3926);
     }
 }
