@@ -62,7 +62,8 @@ fn ring_lookup(c: &mut Criterion) {
 
 /// One `Ring::owner` per iteration on the compatibility rings at 100 servers:
 /// the key hash differs (fnv1a_64, md5, crc32 and crc32a for twemproxy, md5
-/// for libmemcached), the binary search is the same.
+/// for libmemcached, crc32 for Dalli and PHP memcache), the binary search is
+/// the same.
 fn ring_lookup_flavours(c: &mut Criterion) {
     let keys = lookup_keys();
     let mut group = c.benchmark_group("ring_owner_flavour");
@@ -84,6 +85,12 @@ fn ring_lookup_flavours(c: &mut Criterion) {
         ("twemproxy_crc32", Flavour::Twemproxy, HashFunction::Crc32),
         ("twemproxy_crc32a", Flavour::Twemproxy, HashFunction::Crc32a),
         ("libmemcached", Flavour::Libmemcached, HashFunction::Md5),
+        ("dalli", Flavour::Dalli, HashFunction::Crc32a),
+        (
+            "php_memcache_crc32",
+            Flavour::PhpMemcache,
+            HashFunction::Crc32a,
+        ),
     ];
     for (label, flavour, hash) in flavours {
         let spec = Spec {
@@ -93,6 +100,38 @@ fn ring_lookup_flavours(c: &mut Criterion) {
         };
         let ring = Ring::build_with(&spec, nodes.clone());
         group.bench_with_input(BenchmarkId::from_parameter(label), &ring, |b, ring| {
+            let mut next = 0usize;
+            b.iter(|| {
+                let key = &keys[next & (LOOKUP_KEYS - 1)];
+                next = next.wrapping_add(1);
+                ring.owner(black_box(key))
+            })
+        });
+    }
+    group.finish();
+}
+
+/// One `Ring::owner` per iteration on a rendezvous ring (pymemcache's
+/// `HashClient`), which scores the key on every server: its cost grows with
+/// the server count, so it is measured at 4, 32 and 256 servers.
+fn ring_lookup_rendezvous(c: &mut Criterion) {
+    let keys = lookup_keys();
+    let mut group = c.benchmark_group("ring_owner_rendezvous");
+    group.throughput(Throughput::Elements(1));
+    let spec = Spec {
+        flavour: Flavour::Rendezvous,
+        ..Spec::default()
+    };
+    for servers in [4usize, 32, 256] {
+        let nodes: Vec<Node> = members(servers)
+            .into_iter()
+            .map(|member| Node {
+                addr: member.identity.clone(),
+                member,
+            })
+            .collect();
+        let ring = Ring::build_with(&spec, nodes);
+        group.bench_with_input(BenchmarkId::from_parameter(servers), &ring, |b, ring| {
             let mut next = 0usize;
             b.iter(|| {
                 let key = &keys[next & (LOOKUP_KEYS - 1)];
@@ -123,5 +162,11 @@ fn ring_build(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, ring_lookup, ring_lookup_flavours, ring_build);
+criterion_group!(
+    benches,
+    ring_lookup,
+    ring_lookup_flavours,
+    ring_lookup_rendezvous,
+    ring_build
+);
 criterion_main!(benches);

@@ -288,6 +288,10 @@ pub(crate) fn describe_ring(config: &Config) -> String {
     if config.ring.flavour == Flavour::Twemproxy {
         details.push(format!("hash {}", config.ring.hash.name()));
     }
+    if config.ring.flavour == Flavour::PhpMemcache {
+        let hash = memring::ring::php_memcache::ini_name(config.ring.hash);
+        details.push(format!("hash {hash}"));
+    }
     if let Some(tag) = config.ring.hash_tag {
         details.push(format!("hash_tag \"{}\"", String::from_utf8_lossy(&tag)));
     }

@@ -16,7 +16,7 @@ use super::discovery::discovery_settings;
 use super::ejection::{ejection, failover};
 use super::hot_keys::hot_key_settings;
 use super::raw::RawConfig;
-use super::ring::ring_spec;
+use super::ring::{check_weights, ring_spec};
 use super::servers::ServerList;
 use super::shared_with::{shared_with, unshared_ring_warning};
 use super::tls::{check_tls_files, tls_settings};
@@ -65,6 +65,7 @@ impl Config {
         let shared_with = shared_with(raw, &at)?;
         let failover = failover(raw, &at, &number, replicas)?;
         let ring = ring_spec(raw, &at)?;
+        check_weights(raw, &ring, &at)?;
         servers
             .warnings
             .extend(unshared_ring_warning(raw, serving.handoff_ms, &ring));

@@ -296,6 +296,13 @@ impl Config {
                 if self.servers.len() == 1 { "" } else { "s" },
             ));
         }
+        let most = crate::ring::rendezvous::MAX_SERVERS_UNDER_A_MICROSECOND;
+        if self.ring.flavour == crate::ring::Flavour::Rendezvous && self.servers.len() > most {
+            warnings.push(format!(
+                "ring = \"rendezvous\" with {} servers: a rendezvous lookup scores the key on every server, which takes over 1 µs per key above {most} servers (docs/rings.md)",
+                self.servers.len()
+            ));
+        }
         warnings.extend(self.server_warnings.iter().cloned());
         warnings
     }

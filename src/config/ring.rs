@@ -27,7 +27,22 @@ pub(super) fn ring_spec(
             )
         })?;
     }
-    if let Some(name) = &raw.hash {
+    if spec.flavour == Flavour::PhpMemcache {
+        // PHP's memcache.hash_function names, crc32 by default as in PHP.
+        spec.hash = match raw.hash.as_ref().map(|n| n.get_ref().as_str()) {
+            None | Some("crc32") => HashFunction::Crc32a,
+            Some("fnv") => HashFunction::Fnv1a32,
+            Some(other) => {
+                let span = raw.hash.as_ref().map(|n| n.span()).unwrap_or_default();
+                return Err(at(
+                    span,
+                    format!(
+                        "ring = \"php-memcache\" takes memcache.hash_function's names: hash = \"crc32\" or \"fnv\", not \"{other}\""
+                    ),
+                ));
+            }
+        };
+    } else if let Some(name) = &raw.hash {
         let function = HashFunction::from_name(name.get_ref()).ok_or_else(|| {
             let known: Vec<&str> = HashFunction::ALL.iter().map(|f| f.name()).collect();
             at(
@@ -48,6 +63,21 @@ pub(super) fn ring_spec(
                     "ring = \"libmemcached\" hashes keys with md5 only".into(),
                 ))
             }
+            Flavour::Dalli => {
+                return Err(at(
+                    name.span(),
+                    "ring = \"dalli\" hashes keys with crc32 as Dalli does; hash does not apply"
+                        .into(),
+                ))
+            }
+            Flavour::Rendezvous => {
+                return Err(at(
+                    name.span(),
+                    "ring = \"rendezvous\" scores keys with murmur3_32 as pymemcache's HashClient does; hash does not apply"
+                        .into(),
+                ))
+            }
+            Flavour::PhpMemcache => {} // read above, with PHP's names
             Flavour::Memring => {
                 return Err(at(
                     name.span(),
@@ -75,4 +105,33 @@ pub(super) fn ring_spec(
         }
     }
     Ok(spec)
+}
+
+/// A ring whose client has no weights (`ring = "rendezvous"`: pymemcache's
+/// `HashClient` gives every server an equal share) refuses a server weight
+/// other than 1, which it could not honour without moving keys away from
+/// where that client puts them.
+pub(super) fn check_weights(
+    raw: &RawConfig,
+    spec: &Spec,
+    at: &dyn Fn(Range<usize>, String) -> ConfigError,
+) -> Result<(), ConfigError> {
+    if spec.flavour.has_weights() {
+        return Ok(());
+    }
+    for entry in &raw.servers {
+        if let Some(weight) = &entry.get_ref().weight {
+            if *weight.get_ref() != 1 {
+                return Err(at(
+                    weight.span(),
+                    format!(
+                        "ring = \"{}\" has no weights (pymemcache's HashClient gives every server an equal share): remove weight = {}",
+                        spec.flavour.name(),
+                        weight.get_ref()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }

@@ -528,7 +528,7 @@ fn bad_ring_settings_are_rejected_with_their_place() {
         "{message}"
     );
     assert!(
-        message.contains("memring, twemproxy, libmemcached"),
+        message.contains("memring, twemproxy, libmemcached, rendezvous, dalli, php-memcache"),
         "{message}"
     );
     let message = error_of(&format!("ring = \"twemproxy\"\nhash = \"sha1\"\n{GOOD}"));
@@ -552,6 +552,92 @@ fn bad_ring_settings_are_rejected_with_their_place() {
             "{tag}: {message}"
         );
     }
+}
+
+#[test]
+fn dalli_ring_takes_weights_and_refuses_a_hash() {
+    let config = Config::parse(&format!("ring = \"dalli\"\n{GOOD}"), "m").unwrap();
+    assert_eq!(config.ring.flavour, Flavour::Dalli);
+    // Weights 1 and 2 of two servers: floor(2 × 160 × 1 / 3) and
+    // floor(2 × 160 × 2 / 3) points.
+    assert_eq!(config.build_ring().point_count(), 106 + 213);
+    let message = error_of(&format!("ring = \"dalli\"\nhash = \"crc32a\"\n{GOOD}"));
+    assert!(message.contains("crc32 as Dalli does"), "{message}");
+}
+
+#[test]
+fn php_memcache_ring_takes_phps_hash_names() {
+    let config = Config::parse(&format!("ring = \"php-memcache\"\n{GOOD}"), "m").unwrap();
+    assert_eq!(config.ring.flavour, Flavour::PhpMemcache);
+    assert_eq!(config.ring.hash, HashFunction::Crc32a, "PHP's default");
+    // 160 points per unit of weight: weights 1 and 2.
+    assert_eq!(config.build_ring().point_count(), 160 + 320);
+    let fnv = Config::parse(
+        &format!("ring = \"php-memcache\"\nhash = \"fnv\"\n{GOOD}"),
+        "m",
+    )
+    .unwrap();
+    assert_eq!(fnv.ring.hash, HashFunction::Fnv1a32);
+    let message = error_of(&format!(
+        "ring = \"php-memcache\"\nhash = \"fnv1a_64\"\n{GOOD}"
+    ));
+    assert!(
+        message.starts_with(
+            "memring.toml:2:8: ring = \"php-memcache\" takes memcache.hash_function's names"
+        ),
+        "{message}"
+    );
+}
+
+#[test]
+fn rendezvous_ring_refuses_weights_and_a_hash() {
+    let servers = "[[servers]]\naddr = \"127.0.0.1:11211\"\n\n[[servers]]\naddr = \"127.0.0.1:11212\"\nname = \"b\"\nweight = 1\n";
+    let config = Config::parse(
+        &format!("listen = \"127.0.0.1:22122\"\nring = \"rendezvous\"\nreplicas = 2\n{servers}"),
+        "m",
+    )
+    .unwrap();
+    assert_eq!(config.ring.flavour, Flavour::Rendezvous);
+    assert_eq!(config.build_ring().point_count(), 2);
+    let slow = |w: &String| w.contains("takes over 1 µs per key above");
+    assert!(
+        !config.warnings().iter().any(slow),
+        "{:?}",
+        config.warnings()
+    );
+    // Above the server count where a lookup passes 1 µs, check says so.
+    let most = crate::ring::rendezvous::MAX_SERVERS_UNDER_A_MICROSECOND;
+    let many: String = (0..=most)
+        .map(|i| {
+            format!(
+                "[[servers]]\naddr = \"10.0.{}.{}:11211\"\n",
+                i / 250,
+                i % 250
+            )
+        })
+        .collect();
+    let config = Config::parse(
+        &format!("listen = \"127.0.0.1:22122\"\nring = \"rendezvous\"\n{many}"),
+        "m",
+    )
+    .unwrap();
+    let warnings = config.warnings();
+    assert!(warnings.iter().any(slow), "{warnings:?}");
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("takes over 1 µs per key above")),
+        "{warnings:?}"
+    );
+    // pymemcache's HashClient has no weights: a weight it cannot honour is
+    // an error at its place.
+    let message = error_of(&format!("ring = \"rendezvous\"\n{GOOD}"));
+    assert!(
+        message.starts_with("memring.toml:10:10: ring = \"rendezvous\" has no weights"),
+        "{message}"
+    );
+    let message = error_of(&format!("ring = \"rendezvous\"\nhash = \"murmur\"\n{GOOD}"));
+    assert!(message.contains("murmur3_32"), "{message}");
 }
 
 #[test]

@@ -648,14 +648,10 @@ impl Topology {
     /// hot-key counting then does not hash the key again.
     #[inline]
     pub fn owner_index_hashed(&self, key: &[u8]) -> (Option<usize>, Option<u64>) {
-        let hash = self.ring.hash_key(key);
-        let owner = self
-            .ring
-            .owner_of_hash(hash)
-            .map(|member| self.ring_backends[member] as usize);
+        let (owner, hash) = self.ring.owner_hashed(key);
         (
-            owner,
-            self.ring.hashes_whole_key_with_xxh3().then_some(hash),
+            owner.map(|member| self.ring_backends[member] as usize),
+            hash,
         )
     }
 

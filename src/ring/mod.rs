@@ -13,15 +13,26 @@
 //! - [`twemproxy`]: twemproxy (nutcracker) 0.5 ketama, with its key hashes in
 //!   [`hashkit`];
 //! - [`libmemcached`]: libmemcached's weighted ketama (pylibmc
-//!   `ketama_weighted`, PHP memcached's libketama-compatible mode).
+//!   `ketama_weighted`, PHP memcached's libketama-compatible mode);
+//! - [`dalli`]: Ruby Dalli's ring (SHA-1 points, CRC-32 keys, the point at
+//!   or below the key's hash), kept complemented so the search is the same;
+//! - [`php_memcache`]: PHP's `memcache` extension, consistent strategy (keys
+//!   placed through its 1024 buckets);
+//! - [`rendezvous`]: pymemcache's `HashClient` (highest random weight). It has
+//!   no circle: a rendezvous ring keeps one score prefix per server instead of
+//!   points, and a key goes to the server that scores it highest.
 //!
 //! 32-bit flavours keep their hashes in the top half of a `u64`: the order of
 //! points and keys is unchanged, and shares are measured on one 2^64 circle.
 
+pub mod dalli;
 pub mod digest;
 pub mod hashkit;
 pub mod libmemcached;
 pub mod memring;
+pub mod php_memcache;
+pub mod rendezvous;
+pub mod sha1;
 pub mod twemproxy;
 
 pub use hashkit::HashFunction;
@@ -56,11 +67,24 @@ pub enum Flavour {
     Twemproxy,
     /// libmemcached's weighted ketama with MD5.
     Libmemcached,
+    /// pymemcache `HashClient`'s rendezvous hashing with murmur3.
+    Rendezvous,
+    /// Ruby Dalli's ring.
+    Dalli,
+    /// PHP's `memcache` extension, `hash_strategy = consistent`.
+    PhpMemcache,
 }
 
 impl Flavour {
     /// Every flavour, for listing the accepted names.
-    pub const ALL: [Flavour; 3] = [Flavour::Memring, Flavour::Twemproxy, Flavour::Libmemcached];
+    pub const ALL: [Flavour; 6] = [
+        Flavour::Memring,
+        Flavour::Twemproxy,
+        Flavour::Libmemcached,
+        Flavour::Rendezvous,
+        Flavour::Dalli,
+        Flavour::PhpMemcache,
+    ];
 
     /// The name used by the config's `ring =`.
     pub fn name(self) -> &'static str {
@@ -68,7 +92,16 @@ impl Flavour {
             Flavour::Memring => "memring",
             Flavour::Twemproxy => "twemproxy",
             Flavour::Libmemcached => "libmemcached",
+            Flavour::Rendezvous => "rendezvous",
+            Flavour::Dalli => "dalli",
+            Flavour::PhpMemcache => "php-memcache",
         }
+    }
+
+    /// Whether servers' `weight` means anything to this flavour's client
+    /// (pymemcache's `HashClient` has no weights).
+    pub fn has_weights(self) -> bool {
+        self != Flavour::Rendezvous
     }
 
     /// The flavour called `name`, if there is one.
@@ -81,7 +114,8 @@ impl Flavour {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Spec {
     pub flavour: Flavour,
-    /// The key hash of the twemproxy flavour (the others have a fixed one).
+    /// The key hash of the twemproxy flavour, and of the php-memcache one
+    /// (`crc32a` or `fnv1a_32`); the others have a fixed one.
     pub hash: HashFunction,
     /// With `Some([open, close])`, a key containing `open`, then later
     /// `close`, with at least one byte between, is placed by those bytes only.
@@ -104,6 +138,9 @@ impl Spec {
             Flavour::Memring => KeyHash::Xxh3,
             Flavour::Twemproxy => KeyHash::Bits32(self.hash),
             Flavour::Libmemcached => KeyHash::Bits32(HashFunction::Md5),
+            Flavour::Rendezvous => KeyHash::Rendezvous,
+            Flavour::Dalli => KeyHash::Complement32(HashFunction::Crc32a),
+            Flavour::PhpMemcache => KeyHash::Buckets(php_memcache::function(self.hash)),
         }
     }
 }
@@ -114,6 +151,13 @@ enum KeyHash {
     Xxh3,
     /// A 32-bit hash, kept in the top half of the `u64`.
     Bits32(HashFunction),
+    /// No single hash: a murmur3 score per server (see [`rendezvous`]).
+    Rendezvous,
+    /// A 32-bit hash complemented, in the top half: for a ring that takes
+    /// the point at or below the key's hash (see [`dalli`]).
+    Complement32(HashFunction),
+    /// A 32-bit hash placed at its bucket's position (see [`php_memcache`]).
+    Buckets(HashFunction),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,6 +185,11 @@ impl Point {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ring {
     points: Box<[Point]>,
+    /// A rendezvous ring's score prefixes (`"<node>-"`), one per member;
+    /// empty for the other flavours.
+    prefixes: Box<[Box<[u8]>]>,
+    /// The same prefixes, hashed as far as whole blocks go.
+    scorers: Box<[rendezvous::Scorer]>,
     members: Box<[Member]>,
     key_hash: KeyHash,
     hash_tag: Option<[u8; 2]>,
@@ -189,7 +238,21 @@ impl Ring {
             Flavour::Memring => memring::points(&nodes),
             Flavour::Twemproxy => twemproxy::points(&nodes),
             Flavour::Libmemcached => libmemcached::points(&nodes),
+            Flavour::Rendezvous => (Vec::new(), Vec::new()),
+            Flavour::Dalli => dalli::points(&nodes),
+            Flavour::PhpMemcache => php_memcache::points(&nodes, spec.hash),
         };
+        let prefixes = match spec.flavour {
+            Flavour::Rendezvous => nodes
+                .iter()
+                .map(|n| rendezvous::score_prefix(&n.addr))
+                .collect(),
+            _ => Box::default(),
+        };
+        let scorers = prefixes
+            .iter()
+            .map(|p| rendezvous::Scorer::new(p))
+            .collect();
         // Equal hashes are ordered by the flavour's server rank (a stable sort
         // keeps one server's equal points in the order they were made), so
         // the first point of a tie, which owns the keys, is the flavour's.
@@ -200,6 +263,8 @@ impl Ring {
         });
         Ring {
             points: points.into_boxed_slice(),
+            prefixes,
+            scorers,
             members: nodes.into_iter().map(|n| n.member).collect(),
             key_hash: spec.key_hash(),
             hash_tag: spec.hash_tag,
@@ -211,19 +276,49 @@ impl Ring {
         &self.members
     }
 
-    /// Number of points on the ring.
+    /// Number of points on the ring (a rendezvous ring counts one per
+    /// server).
     pub fn point_count(&self) -> usize {
-        self.points.len()
+        self.points.len() + self.prefixes.len()
     }
 
-    /// The position of `key` on this ring's circle (hash tag applied).
+    /// Whether this is a rendezvous ring, which places keys by a score per
+    /// server rather than by one position on a circle.
+    pub fn is_rendezvous(&self) -> bool {
+        self.key_hash == KeyHash::Rendezvous
+    }
+
+    /// The position of `key` on this ring's circle (hash tag applied). A
+    /// rendezvous ring has no circle: for it this is the murmur3 hash of the
+    /// key alone, which places nothing ([`Ring::owner`] scores the key on
+    /// every server instead).
     #[inline]
     pub fn hash_key(&self, key: &[u8]) -> u64 {
         let key = tagged_part(key, self.hash_tag);
         match self.key_hash {
             KeyHash::Xxh3 => memring::key_hash(key),
             KeyHash::Bits32(function) => u64::from(function.hash(key)) << 32,
+            KeyHash::Rendezvous => u64::from(rendezvous::murmur3_32(key, 0)) << 32,
+            KeyHash::Complement32(function) => u64::from(!function.hash(key)) << 32,
+            KeyHash::Buckets(function) => {
+                u64::from(php_memcache::key_position(function.hash(key))) << 32
+            }
         }
+    }
+
+    /// [`Ring::owner`], and the key's xxh3 hash when the ring placed it by
+    /// that hash (see [`Ring::hashes_whole_key_with_xxh3`]), so a caller that
+    /// needs that hash too does not compute it again.
+    #[inline]
+    pub fn owner_hashed(&self, key: &[u8]) -> (Option<usize>, Option<u64>) {
+        if self.is_rendezvous() {
+            return (self.owner(key), None);
+        }
+        let hash = self.hash_key(key);
+        (
+            self.owner_of_hash(hash),
+            self.hashes_whole_key_with_xxh3().then_some(hash),
+        )
     }
 
     /// Whether [`Ring::hash_key`] is the xxh3 hash of the whole key (the
@@ -237,11 +332,32 @@ impl Ring {
     /// Index of the server that owns `key`, or `None` for an empty ring.
     #[inline]
     pub fn owner(&self, key: &[u8]) -> Option<usize> {
+        if self.is_rendezvous() {
+            return self.rendezvous_owner(key);
+        }
         self.owner_of_hash(self.hash_key(key))
     }
 
+    /// The server scoring `key` highest on a rendezvous ring.
+    fn rendezvous_owner(&self, key: &[u8]) -> Option<usize> {
+        let hashed = rendezvous::hashed_key(tagged_part(key, self.hash_tag));
+        let mut best: Option<(usize, u32)> = None;
+        for (server, prefix) in self.prefixes.iter().enumerate() {
+            let score = self.scorers[server].score(&hashed);
+            let wins = match best {
+                None => true,
+                Some((b, top)) => rendezvous::beats(score, prefix, top, &self.prefixes[b]),
+            };
+            if wins {
+                best = Some((server, score));
+            }
+        }
+        best.map(|(server, _)| server)
+    }
+
     /// Index of the server owning a hash: the first point at or after it,
-    /// wrapping to the first point.
+    /// wrapping to the first point. A rendezvous ring has no points, so
+    /// `None` there: place its keys with [`Ring::owner`].
     #[inline]
     pub fn owner_of_hash(&self, hash: u64) -> Option<usize> {
         let i = self.points.partition_point(|p| p.hash < hash);
@@ -255,10 +371,33 @@ impl Ring {
     /// points, the replicas of one server's keys spread over many others.
     pub fn replicas(&self, key: &[u8], count: usize, out: &mut smallvec::SmallVec<[usize; 4]>) {
         out.clear();
+        let wanted = count.min(self.members.len());
+        if self.is_rendezvous() {
+            // The servers in descending order of score: the owner, then the
+            // one that would own the key without it, and so on.
+            let hashed = rendezvous::hashed_key(tagged_part(key, self.hash_tag));
+            let mut scored: smallvec::SmallVec<[(u32, usize); 16]> = self
+                .prefixes
+                .iter()
+                .enumerate()
+                .map(|(server, _)| (self.scorers[server].score(&hashed), server))
+                .collect();
+            // Higher score first, then (on a tie) the larger name, as the
+            // client picks; the index keeps the order total.
+            scored.sort_by(|a, b| {
+                b.0.cmp(&a.0)
+                    .then_with(|| {
+                        let name = |i: usize| rendezvous::name_of(&self.prefixes[i]);
+                        name(b.1).cmp(name(a.1))
+                    })
+                    .then_with(|| a.1.cmp(&b.1))
+            });
+            out.extend(scored.iter().take(wanted).map(|&(_, server)| server));
+            return;
+        }
         if self.points.is_empty() {
             return;
         }
-        let wanted = count.min(self.members.len());
         let hash = self.hash_key(key);
         let start = self.points.partition_point(|p| p.hash < hash);
         for step in 0..self.points.len() {
@@ -275,6 +414,12 @@ impl Ring {
     /// The share of the hash space each member owns, in member order; the shares
     /// sum to 1 (or are empty for an empty ring).
     pub fn shares(&self) -> Vec<f64> {
+        if self.is_rendezvous() {
+            // Every server's scores are drawn from the same hash, so each owns
+            // an equal share (pymemcache's client has no weights).
+            let n = self.members.len();
+            return vec![1.0 / n as f64; n];
+        }
         let mut owned = vec![0u128; self.members.len()];
         let Some(last) = self.points.last() else {
             return Vec::new();
@@ -297,8 +442,11 @@ impl Ring {
     /// key's two positions are unrelated, so the result is the expected share:
     /// a key stays only when both rings happen to pick the same server.
     pub fn moved_share(old: &Ring, new: &Ring) -> f64 {
-        let (Some(_), Some(_)) = (old.points.first(), new.points.first()) else {
-            return if old.points.len() == new.points.len() {
+        if old.is_rendezvous() && new.is_rendezvous() && old.hash_tag == new.hash_tag {
+            return Ring::rendezvous_moved_share(old, new);
+        }
+        if old.point_count() == 0 || new.point_count() == 0 {
+            return if old.point_count() == new.point_count() {
                 0.0
             } else {
                 1.0
@@ -328,6 +476,34 @@ impl Ring {
             previous = bound;
         }
         moved as f64 / HASH_SPACE
+    }
+
+    /// Between two rendezvous rings a key stays exactly when the server
+    /// scoring it highest among the servers of either ring is in both (then
+    /// it wins in each); scores being independent and uniform, that is the
+    /// share of servers common to both among all of them.
+    fn rendezvous_moved_share(old: &Ring, new: &Ring) -> f64 {
+        let same =
+            |a: (&Member, &[u8]), b: (&Member, &[u8])| a.0.identity == b.0.identity && a.1 == b.1;
+        let old_servers: Vec<(&Member, &[u8])> = old
+            .members
+            .iter()
+            .zip(old.prefixes.iter().map(|p| &p[..]))
+            .collect();
+        let new_servers: Vec<(&Member, &[u8])> = new
+            .members
+            .iter()
+            .zip(new.prefixes.iter().map(|p| &p[..]))
+            .collect();
+        let common = old_servers
+            .iter()
+            .filter(|&&o| new_servers.iter().any(|&n| same(o, n)))
+            .count();
+        let union = old_servers.len() + new_servers.len() - common;
+        if union == 0 {
+            return 0.0;
+        }
+        1.0 - common as f64 / union as f64
     }
 
     fn independent_moved_share(old: &Ring, new: &Ring) -> f64 {
@@ -698,6 +874,9 @@ mod tests {
         let mut list = servers(6);
         list[2].weight = 3;
         for flavour in Flavour::ALL {
+            if flavour == Flavour::Rendezvous {
+                continue; // no points: its own oracle is in rendezvous_tests
+            }
             for hash in [HashFunction::Fnv1a64, HashFunction::Murmur] {
                 let spec = Spec {
                     flavour,

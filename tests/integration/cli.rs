@@ -778,6 +778,9 @@ fn check_warns_about_a_drop_in_ring_without_shared_with() {
     for (settings, warned) in [
         ("ring = \"twemproxy\"\n", true),
         ("ring = \"libmemcached\"\n", true),
+        ("ring = \"rendezvous\"\n", true),
+        ("ring = \"dalli\"\n", true),
+        ("ring = \"php-memcache\"\n", true),
         ("ring = \"twemproxy\"\nshared_with = \"writers\"\n", false),
         ("ring = \"twemproxy\"\nshared_with = \"memring\"\n", false),
         ("shared_with = \"readers\"\n", false),

@@ -28,6 +28,7 @@ mod reload;
 mod replication;
 mod resilience;
 mod restart;
+mod rings_dropin;
 mod sessions;
 mod shadow;
 mod shared;
