@@ -210,7 +210,11 @@ impl Joined {
         let dir = TempDir::new("leases", name);
         let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
         let all: Vec<&Memcached> = servers.iter().collect();
-        let text = |servers: &[&Memcached]| crate::common::named_config_text(servers, "");
+        // A generous request timeout: these tests are about answers, and a
+        // loaded machine must not turn one into a timeout.
+        let text = |servers: &[&Memcached]| {
+            crate::common::named_config_text(servers, "request_timeout_ms = 5000")
+        };
         let path = dir.path("memring.toml");
         std::fs::write(&path, text(&all[..4])).unwrap();
         let proxy = Proxy::start_file(&path);
