@@ -13,8 +13,9 @@
 //! host names exists or has an address (NXDOMAIN or an empty answer for
 //! every one of them), that is taken for a resolver outage or a bad zone,
 //! not for every server leaving at once: each keeps its last good
-//! addresses. One name gone while others resolve is a server gone. Each
-//! failure is logged once per episode.
+//! addresses. One name gone while others resolve is a server gone, from
+//! the second round in a row that says so (one round may catch a zone
+//! halfway through a reload). Each failure is logged once per episode.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -313,6 +314,9 @@ async fn names_round(publisher: &Publisher, episodes: &mut Episodes) {
             .names_failing
             .entry(backend.name().to_string())
             .or_default();
+        // A name missing in one round only may be a zone caught halfway
+        // through a reload: it counts from its second round in a row.
+        let missing_again = *failing;
         match &answer {
             Ok(found) => {
                 if std::mem::take(failing) {
@@ -328,6 +332,9 @@ async fn names_round(publisher: &Publisher, episodes: &mut Episodes) {
                 }
             }
             Err(_) => {}
+        }
+        if answer.is_err() && !missing_again {
+            continue;
         }
         let was_readdressed = target.is_readdressed();
         if target.compare(&answer) && !was_readdressed {
