@@ -20,6 +20,8 @@
 //! - `admin`: the HTTP listener for `/metrics`, `/live`, `/ready` and
 //!   `/route`; `locate` answers `/route` (and `memring where`) from the
 //!   request path's own placement; `query` reads a URL's query.
+//! - `member_record`: a ring member as the membership store (etcd) holds it,
+//!   shared by `memring member` and the sidecars that watch it.
 //!
 //! Arrows point down: this room reads `pools/` (what it publishes),
 //! `backend/` and `config/`; nothing on the request path imports it.
@@ -29,6 +31,7 @@ pub(crate) mod client_slots;
 pub mod discovery;
 pub mod fd_budget;
 pub mod locate;
+pub mod member_record;
 mod newcomers;
 pub(crate) mod pool_set;
 pub(crate) mod publisher;
