@@ -9,6 +9,10 @@
 # a Kubernetes sidecar.
 
 FROM rust:1-bookworm AS builder
+# protoc compiles etcd's protobuf files for the etcd client (membership in etcd).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends protobuf-compiler=3.21.* \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Cargo reads the whole manifest, including the [[bench]] targets, so bench/
 # must be present even though only the binary is built.

@@ -816,6 +816,7 @@ mod tests {
                 name: "scripted".to_string(),
                 weight: 1,
                 tls: false,
+                warming: false,
             };
             let settings = BackendSettings {
                 connections: 1,

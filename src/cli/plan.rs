@@ -100,6 +100,7 @@ fn running_servers(addr: &str) -> anyhow::Result<Vec<memring::config::ServerConf
                 .and_then(|w| w.parse().ok())
                 .unwrap_or(1),
             tls: false,
+            warming: false,
         })
         .collect())
 }

@@ -66,6 +66,10 @@ pub struct ServerConfig {
     pub weight: u32,
     /// Connect with TLS, as `[backend_tls]` says.
     pub tls: bool,
+    /// Warming: the server takes writes for the keys it will own, beside
+    /// their current owners, and serves no reads yet (an etcd member in
+    /// `JOINING`). Not on the ring until it stops warming.
+    pub warming: bool,
 }
 
 impl ServerConfig {

@@ -75,6 +75,7 @@ impl ServerList {
                 name,
                 weight,
                 tls,
+                warming: false,
             });
         }
         Ok(list)

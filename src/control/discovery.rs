@@ -58,6 +58,7 @@ pub async fn servers(source: &Source, dns: Dns, tls: bool) -> Result<Vec<ServerC
                         addr,
                         weight,
                         tls,
+                        warming: false,
                     }
                 })
                 .collect()
@@ -70,6 +71,7 @@ pub async fn servers(source: &Source, dns: Dns, tls: bool) -> Result<Vec<ServerC
                 name: socket.to_string(),
                 addr: socket.to_string(),
                 weight: 1,
+                warming: false,
                 tls,
             })
             .collect(),

@@ -896,6 +896,7 @@ pub(crate) mod tests {
             name: name.to_string(),
             weight,
             tls: false,
+            warming: false,
         }
     }
 

@@ -144,6 +144,7 @@ impl SavedServer {
             name: self.name.clone(),
             weight: self.weight,
             tls: self.tls,
+            warming: false,
         }
     }
 }
@@ -416,6 +417,7 @@ mod tests {
                 addr: (*a).to_string(),
                 name: (*a).to_string(),
                 weight: 1,
+                warming: false,
                 tls: false,
             })
             .collect();
