@@ -14,6 +14,7 @@ mod control_files;
 mod differential;
 mod dns;
 mod docs;
+mod etcd;
 mod failure;
 mod fleet;
 mod handoff;

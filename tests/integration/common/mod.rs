@@ -6,6 +6,7 @@
 
 #![allow(dead_code)] // not every helper is used by every test area
 
+pub(crate) mod etcd;
 pub(crate) mod exposition;
 pub(crate) mod faulty;
 pub(crate) mod pki;
