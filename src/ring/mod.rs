@@ -185,6 +185,14 @@ impl Point {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ring {
     points: Box<[Point]>,
+    /// Where the search for a hash starts: entry `b` is the index of the
+    /// first point at or after `b << shift`, for about one bucket per point,
+    /// so a lookup reads one bucket's few points instead of searching the
+    /// whole ring (a binary search of 16 000 points misses the cache about
+    /// 14 times in a row).
+    starts: Box<[u32]>,
+    /// `64 - log2(buckets)`.
+    shift: u32,
     /// A rendezvous ring's score prefixes (`"<node>-"`), one per member;
     /// empty for the other flavours.
     prefixes: Box<[Box<[u8]>]>,
@@ -193,6 +201,27 @@ pub struct Ring {
     members: Box<[Member]>,
     key_hash: KeyHash,
     hash_tag: Option<[u8; 2]>,
+}
+
+/// [`Ring::starts`] and [`Ring::shift`] for sorted `points`: a power of two
+/// of buckets, at most one per point (at least two), each with the index of
+/// its first point at or after the bucket's start, and one more entry for
+/// the end.
+fn bucket_starts(points: &[Point]) -> (Box<[u32]>, u32) {
+    let bits = points.len().max(2).ilog2().min(24);
+    let shift = 64 - bits;
+    let buckets = 1usize << bits;
+    let mut starts = Vec::with_capacity(buckets + 1);
+    let mut next = 0usize;
+    for bucket in 0..buckets as u64 {
+        let from = bucket << shift;
+        while next < points.len() && points[next].hash < from {
+            next += 1;
+        }
+        starts.push(next as u32);
+    }
+    starts.push(points.len() as u32);
+    (starts.into_boxed_slice(), shift)
 }
 
 /// The hash the memring flavour places a key by (ignoring any hash tag).
@@ -261,8 +290,11 @@ impl Ring {
                 .cmp(&b.hash)
                 .then_with(|| rank[a.server as usize].cmp(&rank[b.server as usize]))
         });
+        let (starts, shift) = bucket_starts(&points);
         Ring {
             points: points.into_boxed_slice(),
+            starts,
+            shift,
             prefixes,
             scorers,
             members: nodes.into_iter().map(|n| n.member).collect(),
@@ -360,9 +392,24 @@ impl Ring {
     /// `None` there: place its keys with [`Ring::owner`].
     #[inline]
     pub fn owner_of_hash(&self, hash: u64) -> Option<usize> {
-        let i = self.points.partition_point(|p| p.hash < hash);
+        let i = self.first_at_or_after(hash);
         let point = self.points.get(i).or_else(|| self.points.first())?;
         Some(point.server as usize)
+    }
+
+    /// The index of the first point at or after `hash` (the number of
+    /// points when there is none): searched within `hash`'s bucket only, as
+    /// every point before the bucket is below `hash` and the bucket's end is
+    /// above it.
+    #[inline]
+    fn first_at_or_after(&self, hash: u64) -> usize {
+        let bucket = (hash >> self.shift) as usize;
+        let (Some(&start), Some(&end)) = (self.starts.get(bucket), self.starts.get(bucket + 1))
+        else {
+            return self.points.partition_point(|p| p.hash < hash);
+        };
+        let (start, end) = (start as usize, end as usize);
+        start + self.points[start..end].partition_point(|p| p.hash < hash)
     }
 
     /// The replica set of `key`: its owner, then the next distinct servers
@@ -399,7 +446,7 @@ impl Ring {
             return;
         }
         let hash = self.hash_key(key);
-        let start = self.points.partition_point(|p| p.hash < hash);
+        let start = self.first_at_or_after(hash);
         for step in 0..self.points.len() {
             let server = self.points[(start + step) % self.points.len()].server as usize;
             if !out.contains(&server) {
@@ -681,6 +728,52 @@ mod tests {
                 .unwrap_or(&sorted[0])
                 .server as usize;
             assert_eq!(ring.owner(key.as_bytes()), Some(oracle));
+        }
+    }
+
+    #[test]
+    fn the_bucketed_search_finds_what_a_whole_ring_search_finds() {
+        let flavours = [
+            Flavour::Memring,
+            Flavour::Twemproxy,
+            Flavour::Dalli,
+            Flavour::PhpMemcache,
+        ];
+        for (servers, flavour) in [0usize, 1, 2, 3, 50]
+            .into_iter()
+            .flat_map(|n| flavours.map(|f| (n, f)))
+        {
+            let nodes = nodes(servers);
+            let spec = Spec {
+                flavour,
+                ..Spec::default()
+            };
+            let ring = Ring::build_with(&spec, nodes);
+            let whole = |hash: u64| ring.points.partition_point(|p| p.hash < hash);
+            let mut probes: Vec<u64> = vec![0, 1, u64::MAX, u64::MAX - 1];
+            for b in 0..ring.starts.len() as u64 - 1 {
+                let edge = b << ring.shift;
+                probes.extend([edge, edge.wrapping_sub(1), edge + 1]);
+            }
+            probes.extend(
+                ring.points
+                    .iter()
+                    .flat_map(|p| [p.hash, p.hash.wrapping_sub(1), p.hash.wrapping_add(1)]),
+            );
+            let mut x = 0x9e37_79b9_7f4a_7c15u64;
+            for _ in 0..5000 {
+                x = x
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                probes.push(x);
+            }
+            for hash in probes {
+                assert_eq!(
+                    ring.first_at_or_after(hash),
+                    whole(hash),
+                    "{flavour:?} {servers} {hash:#x}"
+                );
+            }
         }
     }
 
