@@ -323,3 +323,59 @@ fn without_the_per_client_bound_a_flood_holds_up_another_client() {
         "another client's get took only {slowest:?} ({answered} flood gets answered)"
     );
 }
+
+#[test]
+fn a_reload_changes_max_server_inflight() {
+    let mut server = Memcached::start();
+    let dir = crate::common::TempDir::new("overload", "reload");
+    let path = dir.path("memring.toml");
+    let addr = server.addr();
+    let config = |limit: usize| {
+        format!(
+            "listen = \"127.0.0.1:0\"\nrequest_timeout_ms = 30000\nmax_server_inflight = {limit}\n[[servers]]\naddr = \"{addr}\"\n"
+        )
+    };
+    std::fs::write(&path, config(1)).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    assert_eq!(client.set("k", b"v"), b"STORED\r\n");
+    let backend = || proxy.running().topology.load().backends[0].clone();
+    server.pause();
+    let mut held = proxy.client();
+    held.send(b"get k\r\n");
+    let first = backend();
+    wait_for("a request in flight", || {
+        first.metrics().requests.get() == 2
+    });
+    assert_eq!(show(&client.get_raw("k")), "SERVER_ERROR server busy\\r\\n");
+
+    crate::common::replace_by_rename(&path, &config(2));
+    wait_for("the new limit in force", || {
+        backend().settings().max_inflight == 2
+    });
+    // The new limit holds on the new connection: two gets wait for the
+    // server, the third is busy. (A server's figures are its name's: the
+    // old backend's count on.)
+    let second = backend();
+    let (sent, refused) = (
+        second.metrics().requests.get(),
+        second.metrics().rejected_busy.get(),
+    );
+    let mut waiting = [proxy.client(), proxy.client()];
+    for client in &mut waiting {
+        client.send(b"get k\r\n");
+    }
+    wait_for("two gets sent under the new limit", || {
+        second.metrics().requests.get() == sent + 2
+    });
+    assert_eq!(second.metrics().rejected_busy.get(), refused);
+    assert_eq!(show(&client.get_raw("k")), "SERVER_ERROR server busy\\r\\n");
+    assert_eq!(second.metrics().rejected_busy.get(), refused + 1);
+    server.resume();
+    for mut client in waiting.into_iter().chain([held]) {
+        assert_eq!(
+            show(&client.reply(ReplyKind::Values)),
+            "VALUE k 0 1\\r\\nv\\r\\nEND\\r\\n"
+        );
+    }
+}
