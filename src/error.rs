@@ -31,6 +31,10 @@ pub enum BackendErrorKind {
     Resolve(crate::inputs::resolve::DnsFailure),
     #[error("TLS handshake failed ({0})")]
     Tls(TlsFailure),
+    /// `max_server_inflight` requests are already in flight on this
+    /// worker's connections to the server: refused at once, not queued.
+    #[error("server busy")]
+    Busy,
 }
 
 /// Why a TLS handshake with a server failed, in a word; the log line of the
@@ -74,7 +78,9 @@ impl BackendErrorKind {
         "tls",
     ];
 
-    /// A dense index for per-kind counters.
+    /// A dense index for per-kind counters. [`BackendErrorKind::Busy`] is
+    /// not a failure of the server but memring's refusal, counted as a
+    /// rejection: its index is past [`BackendErrorKind::LABELS`].
     pub fn index(self) -> usize {
         match self {
             BackendErrorKind::Connect(_) => 0,
@@ -87,17 +93,31 @@ impl BackendErrorKind {
             BackendErrorKind::Dead => 7,
             BackendErrorKind::Resolve(_) => 8,
             BackendErrorKind::Tls(_) => 9,
+            BackendErrorKind::Busy => Self::LABELS.len(),
         }
     }
 }
 
-/// A request failed on a named backend; the client sees `SERVER_ERROR <this>`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("backend {server}: {kind}")]
+/// A request failed on a named backend; the client sees `SERVER_ERROR <this>`:
+/// `backend <name>: <kind>`, except a refusal for `max_server_inflight`,
+/// which is `server busy` whichever server it is (the server is named in
+/// `/metrics` and `stats`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackendError {
     pub server: Arc<str>,
     pub kind: BackendErrorKind,
 }
+
+impl std::fmt::Display for BackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.kind {
+            BackendErrorKind::Busy => write!(f, "{}", self.kind),
+            kind => write!(f, "backend {}: {kind}", self.server),
+        }
+    }
+}
+
+impl std::error::Error for BackendError {}
 
 /// A configuration file that cannot be used, with the place of the problem.
 #[derive(Debug, thiserror::Error)]

@@ -15,6 +15,11 @@
 //! progress (no byte read or written, no reply completed) for
 //! `request_timeout` while it owed replies, so a server busy sending a large
 //! reply is not failing.
+//!
+//! A connection holds at most its share of `max_server_inflight` requests
+//! queued and unanswered; past it [`Conn::send`] refuses a request at once
+//! (`SERVER_ERROR server busy`) rather than queue it behind a server that
+//! stopped answering.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -105,6 +110,9 @@ pub(crate) struct Conn {
     wake: Wake,
     /// This connection's part of the server's latency histogram.
     latency: crate::stats::latency::HistogramWriter,
+    /// Requests it may have queued and unanswered before it refuses more
+    /// (its share of `max_server_inflight`).
+    max_inflight: usize,
 }
 
 impl std::fmt::Debug for Conn {
@@ -119,6 +127,7 @@ impl Conn {
     pub(crate) fn new(shared: Arc<Shared>, clock: Rc<TurnClock>) -> Rc<Conn> {
         Rc::new(Conn {
             latency: shared.metrics.latency.writer(),
+            max_inflight: shared.settings.max_inflight_per_connection(),
             shared,
             clock,
             state: RefCell::new(State {
@@ -149,7 +158,9 @@ impl Conn {
     ///
     /// # Errors
     /// The server is DEAD or the last connection attempt failed (failing at
-    /// once rather than after a timeout), or this connection has closed.
+    /// once rather than after a timeout), this connection has closed, or it
+    /// already has its share of `max_server_inflight` requests unanswered
+    /// ([`BackendErrorKind::Busy`]).
     pub(crate) fn send(
         &self,
         request: &[Bytes],
@@ -166,6 +177,13 @@ impl Conn {
         }
         if let Phase::BackingOff(kind) = state.phase {
             return Err(kind);
+        }
+        // A server that stopped answering (or answers slowly) must not
+        // collect every request sent its way until its timeout: past the
+        // limit, refuse at once. The probe is memring's own, not counted.
+        let probing = state.waiting.front().is_some_and(|w| w.probe);
+        if state.waiting.len() - usize::from(probing) >= self.max_inflight {
+            return Err(BackendErrorKind::Busy);
         }
         if state.waiting.is_empty() {
             // The server owed nothing: its time starts now (the OS clock:
@@ -799,6 +817,15 @@ mod tests {
         F: FnOnce(Rc<Conn>, Rc<Wake>) -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
+        with_conn_limited(addr, timeout_ms, 0, test);
+    }
+
+    /// [`with_conn`] with `max_server_inflight = max_inflight`.
+    fn with_conn_limited<F, Fut>(addr: &str, timeout_ms: u64, max_inflight: usize, test: F)
+    where
+        F: FnOnce(Rc<Conn>, Rc<Wake>) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -825,6 +852,7 @@ mod tests {
                 failure_limit: 100,
                 max_value_bytes: None,
                 dns: crate::inputs::resolve::Dns::default(),
+                max_inflight,
             };
             let backend = Backend::new(&server, settings, &hooks);
             let conn = Conn::new(backend.shared().clone(), Rc::new(TurnClock::new()));
@@ -1033,6 +1061,60 @@ mod tests {
             };
             assert_eq!(second, (vec![], Ok(())));
         });
+    }
+
+    #[test]
+    fn past_max_inflight_a_silent_server_gets_no_more_requests() {
+        // Reads requests and answers none until the test's fourth request
+        // was refused, then answers the two it holds.
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let rx = std::sync::Mutex::new(rx);
+        let addr = scripted(move |_, stream| {
+            assert_eq!(read_line(stream), b"get a\r\n");
+            assert_eq!(read_line(stream), b"get b\r\n");
+            let _ = rx.lock().expect("one connection").recv();
+            let _ = stream.write_all(b"END\r\nEND\r\n");
+            // The refused requests never reach the server.
+            assert_eq!(read_line(stream), b"get e\r\n");
+            let _ = stream.write_all(b"END\r\n");
+            let _ = read_line(stream);
+        });
+        with_conn_limited(&addr, 5000, 2, |conn, wake| async move {
+            let first = send(&conn, &wake, get("a"));
+            let second = send(&conn, &wake, get("b"));
+            for key in ["c", "d"] {
+                let refused = conn.send(&[get(key).0], get(key).1, Some(Slot::new(wake.clone())));
+                assert_eq!(refused, Err(BackendErrorKind::Busy));
+                let error = conn.error(BackendErrorKind::Busy);
+                assert_eq!(error.to_string(), "server busy");
+            }
+            assert_eq!(conn.shared.metrics.rejected_busy.get(), 2);
+            // A refusal is memring's, not a failure of the server.
+            assert_eq!(conn.shared.metrics.error_count(), 0);
+            tx.send(()).expect("server waits");
+            assert_eq!(outcome(&first, &wake).await, (vec![], Ok(())));
+            assert_eq!(outcome(&second, &wake).await, (vec![], Ok(())));
+            // Answered: room again.
+            let third = send(&conn, &wake, get("e"));
+            assert_eq!(outcome(&third, &wake).await, (vec![], Ok(())));
+        });
+    }
+
+    #[test]
+    fn max_inflight_is_shared_between_a_servers_connections() {
+        let settings = |connections, max_inflight| BackendSettings {
+            connections,
+            connect_timeout: Duration::from_millis(1),
+            request_timeout: Duration::from_millis(1),
+            failure_limit: 1,
+            max_value_bytes: None,
+            dns: crate::inputs::resolve::Dns::default(),
+            max_inflight,
+        };
+        assert_eq!(settings(1, 4096).max_inflight_per_connection(), 4096);
+        assert_eq!(settings(3, 10).max_inflight_per_connection(), 4);
+        assert_eq!(settings(4, 1).max_inflight_per_connection(), 1);
+        assert_eq!(settings(2, 0).max_inflight_per_connection(), usize::MAX);
     }
 
     #[test]

@@ -35,6 +35,10 @@ pub struct BackendSettings {
     pub max_value_bytes: Option<usize>,
     /// Where its host name is looked up.
     pub dns: crate::inputs::resolve::Dns,
+    /// Requests one worker may have in flight to this server, over all its
+    /// connections to it (`max_server_inflight`; 0: no limit). Past it a
+    /// request is refused at once ([`BackendErrorKind::Busy`]).
+    pub max_inflight: usize,
 }
 
 impl BackendSettings {
@@ -47,6 +51,17 @@ impl BackendSettings {
             max_value_bytes: (!config.max_value_from_servers)
                 .then_some(config.limits.max_value_bytes),
             dns: config.discovery.dns,
+            max_inflight: config.max_server_inflight,
+        }
+    }
+
+    /// The part of `max_inflight` each of a worker's connections to the
+    /// server takes (a client always uses the same one): an equal share,
+    /// rounded up, so the worker's total is at least the setting.
+    pub(crate) fn max_inflight_per_connection(&self) -> usize {
+        match self.max_inflight {
+            0 => usize::MAX,
+            limit => limit.div_ceil(self.connections.max(1)),
         }
     }
 }
@@ -118,7 +133,12 @@ pub struct PoolHooks {
 impl Shared {
     /// The error for a failed request, counted once here. Allocates nothing.
     pub(crate) fn error(&self, kind: BackendErrorKind) -> BackendError {
-        self.metrics.error(kind.index());
+        if kind == BackendErrorKind::Busy {
+            // memring's refusal, not the server's failure: a rejection.
+            self.metrics.rejected_busy.inc();
+        } else {
+            self.metrics.error(kind.index());
+        }
         if let (Timing::Twemproxy { .. }, true) = (self.timing, connection_failure(kind)) {
             self.heard_from.notify_waiters();
         }
@@ -413,6 +433,9 @@ fn connection_failure(kind: BackendErrorKind) -> bool {
         | BackendErrorKind::Tls(_)
         // A name without an address: nutcracker's connect fails the same way.
         | BackendErrorKind::Resolve(_) => true,
-        BackendErrorKind::Protocol(_) | BackendErrorKind::Gone | BackendErrorKind::Dead => false,
+        BackendErrorKind::Protocol(_)
+        | BackendErrorKind::Gone
+        | BackendErrorKind::Dead
+        | BackendErrorKind::Busy => false,
     }
 }

@@ -24,8 +24,8 @@ use super::{
     Config, Discovery, Ejection, DEFAULT_CLIENT_WRITE_TIMEOUT_MS, DEFAULT_CONNECTIONS_PER_SERVER,
     DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_FAILURE_LIMIT, DEFAULT_HANDOFF_MS,
     DEFAULT_MAX_BUFFER_BYTES, DEFAULT_MAX_CLIENT_CONNECTIONS, DEFAULT_MAX_PENDING_PER_CLIENT,
-    DEFAULT_POOL, DEFAULT_REQUEST_TIMEOUT_MS, DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_WORKERS,
-    MAX_VALUE_BYTES_LIMIT, TWEMPROXY_FAILURE_LIMIT,
+    DEFAULT_MAX_SERVER_INFLIGHT, DEFAULT_POOL, DEFAULT_REQUEST_TIMEOUT_MS,
+    DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_WORKERS, MAX_VALUE_BYTES_LIMIT, TWEMPROXY_FAILURE_LIMIT,
 };
 use crate::error::ConfigError;
 use crate::protocol::{Limits, DEFAULT_MAX_GET_LINE_BYTES, DEFAULT_MAX_LINE_BYTES};
@@ -91,6 +91,7 @@ impl Config {
             },
             max_client_connections: connections.max_client_connections as usize,
             max_pending_per_client: connections.max_pending_per_client as usize,
+            max_server_inflight: connections.max_server_inflight as usize,
             shutdown_grace: Duration::from_millis(connections.shutdown_grace_ms),
             auto_eject: raw.auto_eject.unwrap_or(false),
             failure_limit: failure_limit as u32,
@@ -221,6 +222,7 @@ struct Connections {
     max_value_bytes: u64,
     max_client_connections: u64,
     max_pending_per_client: u64,
+    max_server_inflight: u64,
     shutdown_grace_ms: u64,
 }
 
@@ -262,6 +264,12 @@ impl Connections {
                 "max_pending_per_client",
                 DEFAULT_MAX_PENDING_PER_CLIENT,
                 1..=65_536,
+            )?,
+            max_server_inflight: number(
+                &raw.max_server_inflight,
+                "max_server_inflight",
+                DEFAULT_MAX_SERVER_INFLIGHT,
+                0..=1_000_000,
             )?,
             shutdown_grace_ms: number(
                 &raw.shutdown_grace_ms,

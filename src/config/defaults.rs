@@ -38,6 +38,9 @@ pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 500;
 pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 1000;
 pub const DEFAULT_MAX_CLIENT_CONNECTIONS: u64 = 16_384;
 pub const DEFAULT_MAX_PENDING_PER_CLIENT: u64 = 256;
+/// Requests one worker may have in flight to one server before it answers
+/// `SERVER_ERROR server busy` (see docs/failures.md for the measurement).
+pub const DEFAULT_MAX_SERVER_INFLIGHT: u64 = 4096;
 pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 5000;
 pub const DEFAULT_FAILURE_LIMIT: u64 = 3;
 /// nutcracker's `server_failure_limit` default, the default of

@@ -37,6 +37,7 @@ pub(super) const EXAMPLES: &[(&str, &str)] = &[
     ("max_value_bytes", "1048576"),
     ("max_client_connections", "16384"),
     ("max_pending_per_client", "256"),
+    ("max_server_inflight", "4096"),
     ("shutdown_grace_ms", "5000"),
     ("auto_eject", "true"),
     ("failure_limit", "3"),

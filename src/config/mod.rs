@@ -108,6 +108,9 @@ pub struct Config {
     /// Requests of one client awaiting their reply before memring stops reading
     /// from that client.
     pub max_pending_per_client: usize,
+    /// Requests one worker may have in flight to one server; past it a
+    /// request is answered `SERVER_ERROR server busy` at once (0: no limit).
+    pub max_server_inflight: usize,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_grace: Duration,
     /// Leave DEAD servers out of the ring (their keys move to the others)

@@ -17,6 +17,7 @@ pub(super) struct RawConfig {
     pub(super) max_value_bytes: Option<Spanned<u64>>,
     pub(super) max_client_connections: Option<Spanned<u64>>,
     pub(super) max_pending_per_client: Option<Spanned<u64>>,
+    pub(super) max_server_inflight: Option<Spanned<u64>>,
     pub(super) shutdown_grace_ms: Option<Spanned<u64>>,
     pub(super) auto_eject: Option<bool>,
     pub(super) failure_limit: Option<Spanned<u64>>,

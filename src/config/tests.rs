@@ -176,6 +176,21 @@ fn good_config_gets_defaults_and_identities() {
     assert_eq!(config.servers[1].weight, 2);
     assert_eq!(config.connections_per_server, 1);
     assert_eq!(config.limits.max_value_bytes, 1024 * 1024);
+    assert_eq!(config.max_server_inflight, 4096);
+}
+
+#[test]
+fn max_server_inflight_is_a_count_or_zero_for_no_limit() {
+    for (written, read) in [("0", 0), ("1", 1), ("1000000", 1_000_000)] {
+        let text = format!("max_server_inflight = {written}\n{GOOD}");
+        let config = Config::parse(&text, "memring.toml").unwrap();
+        assert_eq!(config.max_server_inflight, read);
+    }
+    let message = error_of(&format!("max_server_inflight = 1000001\n{GOOD}"));
+    assert!(
+        message.contains("max_server_inflight = 1000001 is out of range 0..=1000000"),
+        "{message}"
+    );
 }
 
 #[test]

@@ -39,6 +39,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         limits: _,
         max_client_connections,
         max_pending_per_client,
+        max_server_inflight,
         shutdown_grace,
         auto_eject,
         failure_limit,
@@ -72,7 +73,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
     let hot = &old.hot_keys;
     // A table, one row per setting (name, old, new, read only at start):
     // long because there are many settings, not because of logic.
-    let rows: [(&'static str, String, String, bool); 42] = [
+    let rows: [(&'static str, String, String, bool); 43] = [
         (
             "discovery",
             discovered(&old.discovery),
@@ -164,6 +165,12 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             old.max_pending_per_client.to_string(),
             max_pending_per_client.to_string(),
             true,
+        ),
+        (
+            "max_server_inflight",
+            old.max_server_inflight.to_string(),
+            max_server_inflight.to_string(),
+            false,
         ),
         (
             "shutdown_grace_ms",

@@ -233,6 +233,7 @@ fn write_servers(out: &mut BytesMut, prefix: &str, topology: &Topology) {
         stat(out, "coalesced_gets", &metrics.coalesced.get());
         stat(out, "errors", &metrics.error_count());
         stat(out, "timeouts", &metrics.errors_of(&timeout));
+        stat(out, "rejected_busy", &metrics.rejected_busy.get());
         stat(out, "connections", &metrics.connections.get());
         let share = shares.get(i).copied().unwrap_or(0.0);
         stat(out, "ring_share", &format_args!("{share:.4}"));

@@ -24,6 +24,7 @@ mod leases;
 mod meta_protocol;
 mod meta_ring;
 mod operations;
+mod overload;
 mod pools;
 mod reload;
 mod replication;

@@ -26,6 +26,13 @@ struct ServerErrorLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServerRejectedLabels {
+    pool: Text,
+    server: Text,
+    reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServerStateLabels {
     pool: Text,
     server: Text,
@@ -39,6 +46,7 @@ pub(in crate::stats) struct ServerFamilies {
     writes: Family<ServerLabels, Counter>,
     coalesced_gets: Family<ServerLabels, Counter>,
     errors: Family<ServerErrorLabels, Counter>,
+    rejected: Family<ServerRejectedLabels, Counter>,
     latency: Family<ServerLabels, PartedHistogram>,
     connections: Family<ServerLabels, Gauge>,
     state: Family<ServerStateLabels, Gauge>,
@@ -53,6 +61,7 @@ impl ServerFamilies {
             writes: Family::default(),
             coalesced_gets: Family::default(),
             errors: Family::default(),
+            rejected: Family::default(),
             latency: Family::default(),
             connections: Family::default(),
             state: Family::default(),
@@ -77,6 +86,11 @@ impl ServerFamilies {
             "backend_errors",
             "Failed requests by server and kind",
             families.errors.clone(),
+        );
+        registry.register(
+            "backend_rejected",
+            "Requests memring answered itself instead of sending them to the server, by reason (busy: max_server_inflight reached)",
+            families.rejected.clone(),
         );
         registry.register(
             "backend_latency_seconds",
@@ -156,6 +170,14 @@ impl Stats {
             connections: families.connections.get_or_create(&labels).clone(),
             error_kinds: error_kinds.to_vec().into_boxed_slice(),
             errors: families.errors.clone(),
+            rejected_busy: families
+                .rejected
+                .get_or_create(&ServerRejectedLabels {
+                    pool: pool.into(),
+                    server: server.into(),
+                    reason: "busy",
+                })
+                .clone(),
             error_counts: error_kinds
                 .iter()
                 .map(|_| std::sync::OnceLock::new())
@@ -196,6 +218,9 @@ pub struct BackendMetrics {
     /// ([`PartedHistogram::writer`]).
     pub latency: PartedHistogram,
     pub connections: Gauge,
+    /// Requests answered `SERVER_ERROR server busy` because this worker
+    /// had `max_server_inflight` of them in flight to the server.
+    pub rejected_busy: Counter,
     error_kinds: Box<[&'static str]>,
     errors: Family<ServerErrorLabels, Counter>,
     /// Each kind's counter, created the first time that kind happens: no

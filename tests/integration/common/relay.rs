@@ -4,7 +4,9 @@
 //! `ERROR`), or rewrites request lines on their way (to stand for a memcached
 //! that accepts flags 1.6.18 does not know), or keeps requests back from a
 //! given one on until the test releases them (a server slow to answer just
-//! that request). Everything else is memcached's own behaviour.
+//! that request), or holds every chunk it reads for a while before passing
+//! it on, each way (a slow server, or a long way to it). Everything else is
+//! memcached's own behaviour.
 //!
 //! Every thread it starts polls a stop flag with short socket timeouts and is
 //! joined when the handle drops.
@@ -34,6 +36,9 @@ pub(crate) struct Fault {
     /// Request bytes from the first occurrence of this on are kept back
     /// until [`Relay::release`].
     pub hold_from: Option<&'static [u8]>,
+    /// How long each chunk read, either way, waits before it is passed on;
+    /// the next is read only then, so a busy connection queues behind it.
+    pub delay: Duration,
 }
 
 impl Fault {
@@ -45,6 +50,7 @@ impl Fault {
             after: 0,
             rewrite: Some(rewrite),
             hold_from: None,
+            delay: Duration::ZERO,
         }
     }
 
@@ -56,6 +62,7 @@ impl Fault {
             after,
             rewrite: None,
             hold_from: None,
+            delay: Duration::ZERO,
         }
     }
 
@@ -68,6 +75,19 @@ impl Fault {
             after: 0,
             rewrite: None,
             hold_from: Some(needle),
+            delay: Duration::ZERO,
+        }
+    }
+
+    /// Relays everything untouched, each chunk read `delay` late.
+    pub(crate) fn delaying(delay: Duration) -> Fault {
+        Fault {
+            inject: b"",
+            every: 0,
+            after: 0,
+            rewrite: None,
+            hold_from: None,
+            delay,
         }
     }
 }
@@ -236,6 +256,9 @@ fn requests(mut from: TcpStream, mut to: TcpStream, fault: Fault, stop: &AtomicB
                 gate.holding.store(true, Ordering::SeqCst);
             }
         }
+        if !out.is_empty() {
+            std::thread::sleep(fault.delay);
+        }
         if to.write_all(&out).is_err() {
             break;
         }
@@ -278,6 +301,9 @@ fn replies(
                 injected.fetch_add(1, Ordering::Relaxed);
             }
             out.extend(buffer.drain(..len));
+        }
+        if !out.is_empty() {
+            std::thread::sleep(fault.delay);
         }
         if to.write_all(&out).is_err() {
             break;
