@@ -186,6 +186,7 @@ fn print_pool_plan(old_config: &Config, new_config: &Config) {
     );
     println!("keyspace that moves: {:.2}%", change.moved_share * 100.0);
     println!("change: {change}");
+    print_flush(old_config, new_config);
     if change.moved_share > 0.0 {
         let window = new_config.handoff.as_secs();
         if window == 0 {
@@ -209,6 +210,54 @@ fn print_pool_plan(old_config: &Config, new_config: &Config) {
                 (change.moved_share * 100_000.0).round() as u64
             );
         }
+    }
+}
+
+/// Whether the servers `new_config` adds are sent `flush_all` before they
+/// join (`control/newcomers.rs`): those whose name `old_config` does not
+/// list. A running memring also spares a server still leaving in a hand-off
+/// window, which a plan of two files cannot see.
+fn print_flush(old_config: &Config, new_config: &Config) {
+    let joining: Vec<&str> = new_config
+        .servers
+        .iter()
+        .filter(|s| !old_config.servers.iter().any(|o| o.name == s.name))
+        .map(|s| s.name.as_str())
+        .collect();
+    if joining.is_empty() {
+        return;
+    }
+    let why = format!(
+        "flush_new_servers = \"{}\", shared_with = \"{}\"",
+        new_config.flush_new_servers.name(),
+        new_config.shared_with.name()
+    );
+    if new_config.flush_new_servers.flushes(new_config.shared_with) {
+        println!(
+            "flush: flush_all on {} before {} the ring ({why}): what {} now is lost",
+            joining.join(", "),
+            if joining.len() == 1 {
+                "it joins"
+            } else {
+                "they join"
+            },
+            if joining.len() == 1 {
+                "it holds"
+            } else {
+                "they hold"
+            }
+        );
+    } else {
+        println!(
+            "flush: none; {} {} the ring with what {} ({why})",
+            joining.join(", "),
+            if joining.len() == 1 { "joins" } else { "join" },
+            if joining.len() == 1 {
+                "it holds"
+            } else {
+                "they hold"
+            }
+        );
     }
 }
 

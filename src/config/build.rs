@@ -18,7 +18,7 @@ use super::hot_keys::hot_key_settings;
 use super::raw::RawConfig;
 use super::ring::{check_weights, ring_spec};
 use super::servers::ServerList;
-use super::shared_with::{shared_with, unshared_ring_warning};
+use super::shared_with::{flush_new_servers, shared_with, unshared_ring_warning};
 use super::tls::{check_tls_files, tls_settings};
 use super::{
     Config, Discovery, Ejection, DEFAULT_CLIENT_WRITE_TIMEOUT_MS, DEFAULT_CONNECTIONS_PER_SERVER,
@@ -63,6 +63,7 @@ impl Config {
         servers.check_aliases(text, &at, replicas)?;
         let serving = Serving::read(raw, &number)?;
         let shared_with = shared_with(raw, &at)?;
+        let flush_new_servers = flush_new_servers(raw, &at)?;
         let failover = failover(raw, &at, &number, replicas)?;
         let ring = ring_spec(raw, &at)?;
         check_weights(raw, &ring, &at)?;
@@ -107,6 +108,7 @@ impl Config {
             client_write_timeout: Duration::from_millis(serving.client_write_timeout_ms),
             handoff: Duration::from_millis(serving.handoff_ms),
             shared_with,
+            flush_new_servers,
             state_file,
             failover,
             hot_keys,

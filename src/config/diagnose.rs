@@ -52,6 +52,7 @@ pub(super) const EXAMPLES: &[(&str, &str)] = &[
     ("client_write_timeout_ms", "30000"),
     ("handoff_ms", "300000"),
     ("shared_with", "\"writers\""),
+    ("flush_new_servers", "\"auto\""),
     ("state_file", "\"/var/lib/memring/handoff-state\""),
     ("ring", "\"twemproxy\""),
     ("hash", "\"fnv1a_64\""),

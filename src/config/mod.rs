@@ -45,7 +45,7 @@ pub use hot_keys::HotKeySettings;
 pub use pools::{PoolConfig, Route, ShadowConfig, DEFAULT_POOL};
 pub use raw::setting_names;
 use raw::RawConfig;
-pub use shared_with::SharedWith;
+pub use shared_with::{FlushNewServers, SharedWith};
 
 /// `[tls_listen]`: a second client listener that speaks TLS.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,6 +145,9 @@ pub struct Config {
     /// Who else reads or writes the servers (`shared_with`): whether a
     /// moved key is read through and copied in a hand-off window.
     pub shared_with: SharedWith,
+    /// `flush_new_servers`: whether a server new to the ring is flushed
+    /// before it joins (`control/newcomers.rs`).
+    pub flush_new_servers: FlushNewServers,
     /// `state_file`: where the hand-off windows in force are kept across a
     /// restart (see `window_state.rs`). `None` here is "not set": the
     /// binary then uses [`Config::default_state_file`]; a config parsed

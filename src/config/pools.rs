@@ -563,7 +563,8 @@ fn layered(top: &RawConfig, pool: &RawPool) -> RawConfig {
         replicas,
         read_miss_fallthrough,
         handoff_ms,
-        shared_with
+        shared_with,
+        flush_new_servers
     );
     // A gutter is the pool's own choice: never taken from the top level.
     raw.failover = pool.failover.clone();

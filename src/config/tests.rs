@@ -1082,6 +1082,45 @@ fn shared_with_says_who_else_uses_the_servers_and_a_drop_in_ring_without_it_is_w
 }
 
 #[test]
+fn flush_new_servers_is_auto_by_default_and_auto_spares_servers_shared_with_writers() {
+    use crate::config::FlushNewServers;
+    let parse = |text: &str| Config::parse(&format!("{text}\n{GOOD}"), "memring.toml");
+    assert_eq!(parse("").unwrap().flush_new_servers, FlushNewServers::Auto);
+    for value in FlushNewServers::ALL {
+        let config = parse(&format!("flush_new_servers = \"{}\"", value.name())).unwrap();
+        assert_eq!(config.flush_new_servers, value);
+    }
+    for (setting, shared, flushes) in [
+        (FlushNewServers::Auto, SharedWith::Memring, true),
+        (FlushNewServers::Auto, SharedWith::Readers, true),
+        (FlushNewServers::Auto, SharedWith::Writers, false),
+        (FlushNewServers::Always, SharedWith::Writers, true),
+        (FlushNewServers::Never, SharedWith::Memring, false),
+    ] {
+        assert_eq!(setting.flushes(shared), flushes, "{setting:?} {shared:?}");
+    }
+    let message = error_of(&format!("flush_new_servers = \"yes\"\n{GOOD}"));
+    assert!(
+        message.starts_with("memring.toml:1:21: flush_new_servers = \"yes\" is not a choice (one of: auto, always, never)"),
+        "{message}"
+    );
+    // A pool takes the top level's value or sets its own.
+    let pools = Config::parse(
+            &format!("flush_new_servers = \"never\"\n{GOOD}\n[[pools]]\nname = \"a\"\n[[pools.servers]]\naddr = \"127.0.0.1:5\"\n[[pools]]\nname = \"b\"\nflush_new_servers = \"always\"\n[[pools.servers]]\naddr = \"127.0.0.1:6\"\n"),
+            "memring.toml",
+        )
+        .unwrap();
+    assert_eq!(
+        pools.pool("a").unwrap().config.flush_new_servers,
+        FlushNewServers::Never
+    );
+    assert_eq!(
+        pools.pool("b").unwrap().config.flush_new_servers,
+        FlushNewServers::Always
+    );
+}
+
+#[test]
 fn twemproxy_ejection_takes_nutcrackers_defaults_and_retry_needs_it() {
     let parse = |text: &str| Config::parse(&format!("{text}\n{GOOD}"), "memring.toml");
     let own = parse("").unwrap();

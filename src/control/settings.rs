@@ -54,6 +54,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         client_write_timeout,
         handoff,
         shared_with,
+        flush_new_servers,
         state_file,
         failover,
         ring,
@@ -72,7 +73,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
     let hot = &old.hot_keys;
     // A table, one row per setting (name, old, new, read only at start):
     // long because there are many settings, not because of logic.
-    let rows: [(&'static str, String, String, bool); 42] = [
+    let rows: [(&'static str, String, String, bool); 43] = [
         (
             "discovery",
             discovered(&old.discovery),
@@ -237,6 +238,12 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             "shared_with",
             old.shared_with.name().to_string(),
             shared_with.name().to_string(),
+            false,
+        ),
+        (
+            "flush_new_servers",
+            old.flush_new_servers.name().to_string(),
+            flush_new_servers.name().to_string(),
             false,
         ),
         (

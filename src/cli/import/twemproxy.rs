@@ -414,7 +414,7 @@ impl Lines {
         // Ejection follows nutcracker's clock, so that both proxies eject and
         // return a server at the same moment while they run side by side.
         lines.push(
-            "# ejection = \"twemproxy\": a server is ejected and tried again on nutcracker's clock, not flushed on its return".into(),
+            "# ejection = \"twemproxy\": a server is ejected and tried again on nutcracker's clock, and not flushed when it comes back".into(),
         );
         lines.push("ejection = \"twemproxy\"".into());
         if !eject {
@@ -473,6 +473,10 @@ impl Lines {
             "# is read on its new owner only (a miss, as in nutcracker) and never copied (docs/handoff.md)".into(),
         );
         self.lines.push("shared_with = \"writers\"".into());
+        self.lines.push(
+            "# flush_new_servers = \"never\": a server added to [[servers]] joins as it is, never flushed: nutcracker may be using it".into(),
+        );
+        self.lines.push("flush_new_servers = \"never\"".into());
     }
 }
 
@@ -787,6 +791,12 @@ beta:
         assert_eq!(config.connect_timeout.as_millis(), 400);
         // Beside nutcracker, nothing is read through or copied.
         assert_eq!(config.shared_with, memring::config::SharedWith::Writers);
+        // nor is a server flushed when it is added: nutcracker may use it.
+        assert_eq!(
+            config.flush_new_servers,
+            memring::config::FlushNewServers::Never
+        );
+        assert!(toml.contains("\nflush_new_servers = \"never\"\n"), "{toml}");
         assert!(config.warnings().is_empty(), "{:?}", config.warnings());
         // Every setting of the pool says how it maps, in a comment.
         for key in [
