@@ -9,8 +9,6 @@ use anyhow::Context as _;
 use memring::config::Config;
 use memring::pools::topology::Change;
 
-use super::resolve;
-
 pub(crate) fn run(old: &Path, new: &Path) -> anyhow::Result<()> {
     let old_config = Config::load(old)?;
     let new_config = Config::load(new)?;
@@ -29,10 +27,10 @@ pub(crate) fn plan_discovery(file: &Path, from: Option<&str>) -> anyhow::Result<
     };
     let from = match from {
         Some(addr) => addr.to_string(),
-        None if config.listen.ip().is_unspecified() => {
-            format!("127.0.0.1:{}", config.listen.port())
-        }
-        None => config.listen.to_string(),
+        None => match config.listen.tcp() {
+            Some(addr) if addr.ip().is_unspecified() => format!("127.0.0.1:{}", addr.port()),
+            _ => config.listen.to_string(),
+        },
     };
     let running = running_servers(&from).with_context(|| {
         format!("cannot ask the running memring at {from} which servers it uses")
@@ -66,9 +64,7 @@ pub(crate) fn plan_discovery(file: &Path, from: Option<&str>) -> anyhow::Result<
 fn running_servers(addr: &str) -> anyhow::Result<Vec<memring::config::ServerConfig>> {
     use std::io::{Read, Write};
     let timeout = std::time::Duration::from_secs(5);
-    let target = resolve(addr)?[0];
-    let mut stream = std::net::TcpStream::connect_timeout(&target, timeout)?;
-    stream.set_read_timeout(Some(timeout))?;
+    let mut stream = super::send::Conn::open(addr, timeout)?;
     stream.write_all(b"stats\r\n")?;
     let mut reply = Vec::new();
     let mut chunk = [0u8; 16 * 1024];

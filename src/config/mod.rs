@@ -36,6 +36,7 @@ mod servers;
 mod shared_with;
 mod tls;
 
+pub use addr::Listen;
 use addr::Lookup;
 pub use defaults::*;
 use diagnose::{at_in, explain_toml_error};
@@ -94,7 +95,8 @@ impl ServerConfig {
 /// A validated configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
-    pub listen: SocketAddr,
+    /// `listen` (with `listen_mode`): where clients connect.
+    pub listen: Listen,
     pub servers: Vec<ServerConfig>,
     /// Persistent, pipelined connections per server.
     pub connections_per_server: usize,

@@ -9,6 +9,7 @@ use toml::Spanned;
 #[serde(deny_unknown_fields)]
 pub(super) struct RawConfig {
     pub(super) listen: Spanned<String>,
+    pub(super) listen_mode: Option<Spanned<String>>,
     #[serde(default)]
     pub(super) servers: Vec<Spanned<RawServer>>,
     pub(super) connections_per_server: Option<Spanned<u64>>,
@@ -180,6 +181,7 @@ pub(super) fn struct_fields<'de, T: Deserialize<'de>>() -> &'static [&'static st
 pub(super) struct RawPool {
     pub(super) name: Spanned<String>,
     pub(super) listen: Option<Spanned<String>>,
+    pub(super) listen_mode: Option<Spanned<String>>,
     #[serde(default)]
     pub(super) servers: Vec<Spanned<RawServer>>,
     pub(super) connections_per_server: Option<Spanned<u64>>,

@@ -348,6 +348,12 @@ fn every_key_has_an_example_that_loads() {
             format!("listen = \"127.0.0.1:1\"\n[backend_tls]\nca_file = \"ca.pem\"\n[[servers]]\n{key} = {example}\n{addr}")
         } else if key == "listen" {
             GOOD.replace("\"127.0.0.1:22122\"", example)
+        } else if key == "listen_mode" {
+            // A mode is a Unix socket's.
+            GOOD.replace(
+                "\"127.0.0.1:22122\"",
+                &format!("\"unix:/run/memring.sock\"\n{key} = {example}"),
+            )
         } else if key == "shadow" {
             // A shadow is another pool.
             format!("{key} = {example}\n{GOOD}[[pools]]\nname = \"candidate\"\n[[pools.servers]]\naddr = \"127.0.0.1:3\"\n")
@@ -1158,6 +1164,84 @@ fn twemproxy_ejection_takes_nutcrackers_defaults_and_retry_needs_it() {
         message.ends_with(
             "ejection = \"nutcracker\" is not an ejection timing (one of: memring, twemproxy)"
         ),
+        "{message}"
+    );
+}
+
+#[test]
+fn listen_takes_a_unix_socket_with_its_mode_and_refuses_what_cannot_be_one() {
+    let servers = "\n[[servers]]\naddr = \"127.0.0.1:11211\"\n";
+    let parse = |head: &str| Config::parse(&format!("{head}{servers}"), "memring.toml");
+    let config =
+        parse("listen = \"unix:/run/memring/memring.sock\"\nlisten_mode = \"0660\"").unwrap();
+    assert_eq!(
+        config.listen,
+        Listen::Unix {
+            path: "/run/memring/memring.sock".into(),
+            mode: Some(0o660)
+        }
+    );
+    assert_eq!(config.listen.to_string(), "unix:/run/memring/memring.sock");
+    assert_eq!(config.listen.mode_text(), "0660");
+    // Without listen_mode: the umask decides.
+    let config = parse("listen = \"unix:/run/m.sock\"").unwrap();
+    assert_eq!(
+        config.listen.unix_path(),
+        Some(std::path::Path::new("/run/m.sock"))
+    );
+    assert_eq!(config.listen.mode_text(), "-");
+    let long = format!("/{}", "a".repeat(107));
+    for (head, expected) in [
+        (
+            "listen = \"unix:run/m.sock\"".to_string(),
+            "memring.toml:1:10: listen: `unix:run/m.sock`: a Unix socket's path must be absolute",
+        ),
+        (
+            format!("listen = \"unix:{long}\""),
+            "a Unix socket's path has at most 107 bytes",
+        ),
+        (
+            "listen = \"unix:/run/m.sock\"\nlisten_mode = \"0999\"".to_string(),
+            "memring.toml:2:15: listen_mode = \"0999\" is not a file mode",
+        ),
+        (
+            "listen = \"unix:/run/m.sock\"\nlisten_mode = \"1777\"".to_string(),
+            "listen_mode = \"1777\" is not a file mode",
+        ),
+        (
+            "listen = \"127.0.0.1:1\"\nlisten_mode = \"0660\"".to_string(),
+            "memring.toml:2:15: listen_mode applies to a Unix socket only",
+        ),
+        (
+            "listen = \"/run/m.sock\"".to_string(),
+            "`/run/m.sock` is not an IP:port address or unix:PATH",
+        ),
+    ] {
+        let message = parse(&head).unwrap_err().to_string();
+        assert!(message.contains(expected), "{head}: {message}");
+    }
+    // A pool's own socket: not the main listener's path, its own mode.
+    let pools = |pool: &str| {
+        Config::parse(
+            &format!("listen = \"unix:/run/main.sock\"{servers}[[pools]]\nname = \"p\"\n{pool}\n[[pools.servers]]\naddr = \"127.0.0.1:5\"\n"),
+            "memring.toml",
+        )
+    };
+    let config = pools("listen = \"unix:/run/p.sock\"\nlisten_mode = \"0600\"").unwrap();
+    assert_eq!(
+        config.pool("p").unwrap().listen,
+        Some(Listen::Unix {
+            path: "/run/p.sock".into(),
+            mode: Some(0o600)
+        })
+    );
+    let message = pools("listen = \"unix:/run/main.sock\"")
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("takes the address of listen"), "{message}");
+    let message = pools("listen_mode = \"0600\"").unwrap_err().to_string();
+    assert!(
+        message.contains("listen_mode without a listen"),
         "{message}"
     );
 }
