@@ -305,3 +305,75 @@ fn check_tests_a_unix_listen_path_as_start_would() {
     let n = stream.read(&mut reply).unwrap();
     assert!(reply[..n].starts_with(b"VERSION "));
 }
+
+/// A Unix listener and its mode are read at start, as a TCP `listen` is;
+/// `flush_new_servers` applies on reload. `memring plan` says which.
+#[test]
+fn plan_says_a_socket_change_needs_a_restart_and_flush_new_servers_does_not() {
+    let dir = TempDir::new("unix", "plan");
+    let servers = "[[servers]]\naddr = \"127.0.0.1:11211\"\n";
+    let old = dir.path("old.toml");
+    let new = dir.path("new.toml");
+    std::fs::write(&old, format!("listen = \"127.0.0.1:22122\"\n{servers}")).unwrap();
+    std::fs::write(
+        &new,
+        format!("listen = \"unix:/run/m.sock\"\nlisten_mode = \"0660\"\nflush_new_servers = \"never\"\n{servers}"),
+    )
+    .unwrap();
+    let output = Command::new(BIN)
+        .arg("plan")
+        .arg(&old)
+        .arg(&new)
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let text = String::from_utf8_lossy(&output.stdout);
+    for expected in [
+        "setting: listen 127.0.0.1:22122 -> unix:/run/m.sock (needs a restart)",
+        "setting: listen_mode - -> 0660 (needs a restart)",
+        "setting: flush_new_servers auto -> never (applied on reload)",
+        "restart needed: listen, listen_mode are read only at start",
+    ] {
+        assert!(text.contains(expected), "lacks `{expected}`: {text}");
+    }
+}
+
+/// `max_client_connections` counts Unix-socket clients with TCP ones: past
+/// the limit a socket client waits in the backlog until a slot frees.
+#[test]
+fn unix_socket_clients_count_against_the_connection_limit() {
+    use std::os::unix::net::UnixStream;
+    let backend = Memcached::start();
+    let dir = TempDir::new("unix", "limit");
+    let sock = dir.path("memring.sock");
+    let _proxy = Proxy::start_text(&config(&sock, "max_client_connections = 2", &backend));
+    let ask = |stream: &mut UnixStream| {
+        stream.write_all(b"version\r\n").unwrap();
+        let mut reply = [0u8; 64];
+        let n = stream.read(&mut reply).unwrap();
+        assert!(reply[..n].starts_with(b"VERSION "));
+    };
+    // Two clients: the limit is reached.
+    let mut first = UnixStream::connect(&sock).unwrap();
+    ask(&mut first);
+    let mut second = UnixStream::connect(&sock).unwrap();
+    ask(&mut second);
+    let mut waiting = UnixStream::connect(&sock).unwrap();
+    waiting
+        .set_read_timeout(Some(std::time::Duration::from_millis(300)))
+        .unwrap();
+    waiting.write_all(b"version\r\n").unwrap();
+    let mut buffer = [0u8; 64];
+    let early = waiting.read(&mut buffer);
+    assert!(
+        matches!(&early, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the third client must wait, got {early:?}"
+    );
+    ask(&mut second);
+    drop(first);
+    waiting
+        .set_read_timeout(Some(crate::common::DEADLINE))
+        .unwrap();
+    let n = waiting.read(&mut buffer).unwrap();
+    assert!(buffer[..n].starts_with(b"VERSION "), "{:?}", &buffer[..n]);
+}
