@@ -377,3 +377,93 @@ fn unix_socket_clients_count_against_the_connection_limit() {
     let n = waiting.read(&mut buffer).unwrap();
     assert!(buffer[..n].starts_with(b"VERSION "), "{:?}", &buffer[..n]);
 }
+
+/// nutcracker on a Unix socket (`listen: PATH 0666`, as PHP sites run it),
+/// imported: memring listens on a socket with the same mode, and keys
+/// written through either proxy's socket by pymemcache are read through
+/// the other's. The import used to refuse the socket.
+#[test]
+fn an_imported_nutcracker_socket_listen_serves_beside_nutcracker() {
+    let servers: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
+    let dir = TempDir::new("unix", "import");
+    let nut_sock = dir.path("nutcracker.sock");
+    let mut yaml = format!(
+        "web:\n  listen: {} 0666\n  hash: fnv1a_64\n  distribution: ketama\n  servers:\n",
+        nut_sock.display()
+    );
+    for server in &servers {
+        yaml.push_str(&format!("   - {}:1\n", server.addr()));
+    }
+    let conf = dir.path("nutcracker.yml");
+    std::fs::write(&conf, &yaml).unwrap();
+    let stats_port = crate::common::free_port();
+    let mut nutcracker = Command::new("nutcracker")
+        .arg("-c")
+        .arg(&conf)
+        .args(["-a", "127.0.0.1", "-s", &stats_port.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("nutcracker must be installed (scripts/test installs it)");
+    struct Kill<'a>(&'a mut std::process::Child);
+    impl Drop for Kill<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _kill = Kill(&mut nutcracker);
+    wait_for("nutcracker's socket", || {
+        std::os::unix::net::UnixStream::connect(&nut_sock).is_ok()
+    });
+
+    let output = Command::new(BIN)
+        .args(["import".as_ref(), "twemproxy".as_ref(), conf.as_os_str()])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let imported = String::from_utf8(output.stdout).unwrap();
+    let listen = format!("\nlisten = \"unix:{}\"\n", nut_sock.display());
+    assert!(imported.contains(&listen), "{imported}");
+    assert!(
+        imported.contains("\nlisten_mode = \"0666\"\n"),
+        "{imported}"
+    );
+    // A socket of its own beside nutcracker's (which answers: in use).
+    let sock = dir.path("memring.sock");
+    let _proxy = Proxy::start_text(&imported.replace(
+        &listen,
+        &format!("\nlisten = \"unix:{}\"\n", sock.display()),
+    ));
+    let mode = std::fs::symlink_metadata(&sock)
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o666);
+
+    let write = |sock: &Path, tag: &str| {
+        pymemcache(
+            sock,
+            &format!("for i in range(200):\n    assert client.set('{tag}:%d' % i, b'v%d' % i)\n"),
+        )
+    };
+    let missing = |sock: &Path, tag: &str| {
+        pymemcache(
+            sock,
+            &format!(
+                "print(sum(1 for i in range(200) if client.get('{tag}:%d' % i) != b'v%d' % i))\n"
+            ),
+        )
+        .trim()
+        .to_string()
+    };
+    write(&nut_sock, "via-nutcracker");
+    assert_eq!(missing(&sock, "via-nutcracker"), "0");
+    write(&sock, "via-memring");
+    assert_eq!(missing(&nut_sock, "via-memring"), "0");
+}
