@@ -80,13 +80,45 @@ pub(crate) fn bind_unix(
             ))
         }
     }
-    let listener = tokio::net::UnixListener::bind(path)?;
+    let listener = match mode {
+        None => tokio::net::UnixListener::bind(path)?,
+        Some(mode) => bind_with_mode(path, mode)?,
+    };
     let file = SocketFile::made(path)?;
-    if let Some(mode) = mode {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
-    }
     Ok((listener, file))
 }
+
+/// Binds at a temporary name beside `path`, gives the file `mode`, then
+/// renames it to `path`: no client can connect to it under the umask's mode
+/// first. A path too long for the temporary name is bound and then given
+/// its mode.
+fn bind_with_mode(path: &Path, mode: u32) -> io::Result<tokio::net::UnixListener> {
+    let permissions = || std::fs::Permissions::from_mode(mode);
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(format!(".{}.new", std::process::id()));
+    let temporary = PathBuf::from(temporary);
+    if temporary.as_os_str().len() > MAX_UNIX_PATH_BYTES {
+        let listener = tokio::net::UnixListener::bind(path)?;
+        std::fs::set_permissions(path, permissions())?;
+        return Ok(listener);
+    }
+    // Only this process makes that name; one left by an earlier process
+    // with the same id is stale.
+    if std::fs::symlink_metadata(&temporary).is_ok_and(|m| m.file_type().is_socket()) {
+        std::fs::remove_file(&temporary)?;
+    }
+    let listener = tokio::net::UnixListener::bind(&temporary)?;
+    let placed = std::fs::set_permissions(&temporary, permissions())
+        .and_then(|()| std::fs::rename(&temporary, path));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&temporary);
+        return Err(e);
+    }
+    Ok(listener)
+}
+
+/// The longest path a Unix socket may have (`sun_path`, less its NUL).
+const MAX_UNIX_PATH_BYTES: usize = 107;
 
 /// The socket file a listener made, removed when the listener closes (at
 /// shutdown, or when start-up fails after binding it), unless another file
