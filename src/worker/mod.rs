@@ -22,17 +22,17 @@ use crate::pools::layout::SharedLayout;
 use crate::pools::topology::SharedTopology;
 use crate::session::shard::{keep_connected, SessionSettings, WorkerCtx};
 use crate::session::{run_session, run_tls_session, run_unix_session};
+use crate::stats::Stats;
 
 /// An accepted client's socket, registered with the worker's runtime.
 enum Stream {
     Tcp(tokio::net::TcpStream),
     Unix(tokio::net::UnixStream),
 }
-use crate::stats::Stats;
 
 /// An accepted client for a worker.
 pub(crate) struct Accepted {
-    pub(crate) stream: crate::listener::ClientStream,
+    pub(crate) stream: ClientStream,
     pub(crate) id: u64,
     pub(crate) permit: OwnedSemaphorePermit,
     /// Accepted on `tls_listen`: the TLS config in force when it was.
