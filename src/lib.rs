@@ -52,6 +52,7 @@ pub mod control;
 pub mod error;
 pub mod hotkeys;
 pub mod inputs;
+pub mod listener;
 mod plan;
 pub mod pools;
 pub mod protocol;

@@ -128,6 +128,7 @@ enum Action {
     Send {
         /// host:port of memring (its `listen`) or of a memcached; a host
         /// name is resolved, and each of its addresses tried in turn.
+        /// `unix:PATH` connects to a Unix-socket listener.
         #[arg(value_name = "ADDR")]
         addr: String,
         /// Protocol lines, e.g. `set k 0 0 2` `hi` `get k`.

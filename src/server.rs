@@ -17,6 +17,7 @@ use crate::control::client_slots::ClientSlots;
 use crate::control::fd_budget::FdBudget;
 use crate::control::pool_set::Pools;
 use crate::control::publisher::{FdAccount, Publisher};
+use crate::listener::ClientStream;
 use crate::pools::topology::SharedTopology;
 use crate::session::shard::SessionSettings;
 use crate::stats::Stats;
@@ -24,8 +25,11 @@ use crate::worker::{self, Accepted, Worker, WorkerSetup};
 
 /// A running proxy.
 pub struct Running {
-    /// Where clients connect (useful with port 0).
+    /// Where clients connect (useful with port 0); `0.0.0.0:0` when
+    /// `listen` is a Unix socket (see `local_path`).
     pub local_addr: SocketAddr,
+    /// The socket's path, when `listen` is a Unix socket.
+    pub local_path: Option<std::path::PathBuf>,
     /// Where the admin listener is, when configured.
     pub admin_addr: Option<SocketAddr>,
     /// Where TLS clients connect (`tls_listen`), when configured.
@@ -38,8 +42,10 @@ pub struct Running {
     pub publisher: Arc<Publisher>,
     /// Every pool, and the routes between them.
     pub pools: Arc<Pools>,
-    /// The pools with a listener of their own, and where it is.
+    /// The pools with a TCP listener of their own, and where it is.
     pub pool_addrs: Vec<(String, SocketAddr)>,
+    /// The pools with a Unix-socket listener of their own, and its path.
+    pub pool_paths: Vec<(String, std::path::PathBuf)>,
     pub stats: Arc<Stats>,
     task: JoinHandle<()>,
 }
@@ -76,8 +82,13 @@ pub async fn start_within(
     // With `[discovery] srv` or `a`, the servers are what DNS lists now.
     let discovered = crate::control::discovery::first(config).await?;
     let config = &discovered;
-    let listener = listen(config.listen).map_err(|e| bind_error("listen", config.listen, e))?;
-    let local_addr = listener.local_addr()?;
+    let listener =
+        listen_on(&config.listen).map_err(|e| bind_error("listen", &config.listen, e))?;
+    let local_addr = match &listener {
+        DoorListener::Tcp(listener) => listener.local_addr()?,
+        DoorListener::Unix { .. } => SocketAddr::from(([0, 0, 0, 0], 0)),
+    };
+    let local_path = config.listen.unix_path().map(std::path::Path::to_path_buf);
     let connector = match &config.backend_tls {
         Some(files) => Some(Arc::new(crate::tls::Connector::new(files).map_err(
             |e| io::Error::new(io::ErrorKind::InvalidInput, format!("backend_tls: {e}")),
@@ -90,7 +101,7 @@ pub async fn start_within(
                 io::Error::new(io::ErrorKind::InvalidInput, format!("tls_listen: {e}"))
             })?;
             let listener =
-                listen(tls.addr).map_err(|e| bind_error("tls_listen.addr", tls.addr, e))?;
+                listen(tls.addr).map_err(|e| bind_error("tls_listen.addr", &tls.addr, e))?;
             crate::tls::watch(acceptor.clone(), shutdown.clone());
             Some((listener, acceptor))
         }
@@ -106,7 +117,7 @@ pub async fn start_within(
         Some(addr) => Some(
             crate::control::admin::bind(addr)
                 .await
-                .map_err(|e| bind_error("admin_listen", addr, e))?,
+                .map_err(|e| bind_error("admin_listen", &addr, e))?,
         ),
         None => None,
     };
@@ -142,16 +153,25 @@ pub async fn start_within(
     }];
     if let Some((listener, acceptor)) = tls_listener {
         doors.push(Door {
-            listener,
+            listener: DoorListener::Tcp(listener),
             tls: Some(acceptor),
             pool: None,
         });
     }
     let mut pool_addrs = Vec::new();
+    let mut pool_paths = Vec::new();
     for (pool, addr) in pools.listeners() {
         let setting = format!("listen of pool {}", pool.name());
-        let listener = listen(addr).map_err(|e| bind_error(&setting, addr, e))?;
-        pool_addrs.push((pool.name().to_string(), listener.local_addr()?));
+        let listener = listen_on(&addr).map_err(|e| bind_error(&setting, &addr, e))?;
+        match (&listener, addr.unix_path()) {
+            (DoorListener::Tcp(listener), _) => {
+                pool_addrs.push((pool.name().to_string(), listener.local_addr()?));
+            }
+            (DoorListener::Unix { .. }, Some(path)) => {
+                pool_paths.push((pool.name().to_string(), path.to_path_buf()));
+            }
+            (DoorListener::Unix { .. }, None) => {}
+        }
         doors.push(Door {
             listener,
             tls: None,
@@ -204,16 +224,27 @@ pub async fn start_within(
             hot: hot.clone(),
         })?);
     }
-    tracing::info!(%local_addr, servers = config.servers.len(), workers = count, "listening");
+    match &local_path {
+        None => {
+            tracing::info!(%local_addr, servers = config.servers.len(), workers = count, "listening")
+        }
+        Some(path) => {
+            tracing::info!(path = %path.display(), servers = config.servers.len(), workers = count, "listening on a Unix socket")
+        }
+    }
     if let Some(addr) = tls_addr {
         tracing::info!(%addr, "listening for TLS clients");
     }
     for (pool, addr) in &pool_addrs {
         tracing::info!(%addr, pool = %pool, "listening for the clients of pool {pool}");
     }
+    for (pool, path) in &pool_paths {
+        tracing::info!(path = %path.display(), pool = %pool, "listening for the clients of pool {pool}");
+    }
     let task = tokio::spawn(accept_loop(doors, workers, clients, shutdown));
     Ok(Running {
         local_addr,
+        local_path,
         admin_addr,
         tls_addr,
         tls_acceptor,
@@ -221,6 +252,7 @@ pub async fn start_within(
         publisher,
         pools,
         pool_addrs,
+        pool_paths,
         stats,
         task,
     })
@@ -233,7 +265,7 @@ const LISTEN_BACKLOG: u32 = 4096;
 
 /// A bind failure that names the setting holding the address, so that
 /// "address in use" says which of memring's two ports to change.
-fn bind_error(setting: &str, addr: SocketAddr, error: io::Error) -> io::Error {
+fn bind_error(setting: &str, addr: &dyn std::fmt::Display, error: io::Error) -> io::Error {
     io::Error::new(
         error.kind(),
         format!("cannot listen on {addr}, the address of `{setting}`: {error}"),
@@ -253,10 +285,50 @@ fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.listen(LISTEN_BACKLOG)
 }
 
+/// Binds a client listener: TCP as [`listen`], or a Unix socket (its file
+/// made, a stale one replaced, removed when the listener is dropped).
+fn listen_on(at: &crate::config::Listen) -> io::Result<DoorListener> {
+    match at {
+        crate::config::Listen::Tcp(addr) => listen(*addr).map(DoorListener::Tcp),
+        crate::config::Listen::Unix { path, mode } => {
+            let (listener, file) = crate::listener::bind_unix(path, *mode)?;
+            Ok(DoorListener::Unix {
+                listener,
+                _file: file,
+            })
+        }
+    }
+}
+
+/// A door's socket; a Unix socket's file goes when the door closes.
+enum DoorListener {
+    Tcp(TcpListener),
+    /// The file is held only to be removed when the door closes.
+    Unix {
+        listener: tokio::net::UnixListener,
+        _file: crate::listener::SocketFile,
+    },
+}
+
+impl DoorListener {
+    async fn accept(&self) -> io::Result<ClientStream> {
+        match self {
+            DoorListener::Tcp(listener) => {
+                let (stream, _) = listener.accept().await?;
+                stream.into_std().map(ClientStream::Tcp)
+            }
+            DoorListener::Unix { listener, .. } => {
+                let (stream, _) = listener.accept().await?;
+                stream.into_std().map(ClientStream::Unix)
+            }
+        }
+    }
+}
+
 /// A listener and what its clients get: TLS (`tls_listen`), or one pool
 /// for every key (a pool's own `listen`).
 struct Door {
-    listener: TcpListener,
+    listener: DoorListener,
     tls: Option<Arc<crate::tls::Acceptor>>,
     pool: Option<SharedTopology>,
 }
@@ -314,7 +386,7 @@ async fn accept_from(
             accepted = door.listener.accept() => accepted,
             () = shutdown.cancelled() => break,
         };
-        let stream = match accepted.and_then(|(stream, _)| stream.into_std()) {
+        let stream = match accepted {
             Ok(stream) => {
                 if accept_failing {
                     accept_failing = false;

@@ -682,6 +682,10 @@ impl Flush for tokio::net::tcp::WriteHalf<'_> {
     const BUFFERS: bool = false;
 }
 
+impl Flush for tokio::net::unix::WriteHalf<'_> {
+    const BUFFERS: bool = false;
+}
+
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite> Flush for tokio::io::WriteHalf<T> {
     const BUFFERS: bool = true;
 }
@@ -702,6 +706,14 @@ impl Readable for tokio::net::tcp::ReadHalf<'_> {
 
     fn readable(&self) -> impl std::future::Future<Output = io::Result<()>> {
         tokio::net::tcp::ReadHalf::readable(self)
+    }
+}
+
+impl Readable for tokio::net::unix::ReadHalf<'_> {
+    const WAITS_WITHOUT_BUFFER: bool = true;
+
+    fn readable(&self) -> impl std::future::Future<Output = io::Result<()>> {
+        tokio::net::unix::ReadHalf::readable(self)
     }
 }
 

@@ -93,6 +93,7 @@ pub(crate) fn run(file: &Path, offline: bool) -> anyhow::Result<()> {
                 "s"
             },
             pool.listen
+                .as_ref()
                 .map_or(String::new(), |addr| format!(", listen {addr}")),
             describe_ring(&pool.config)
         );
@@ -136,21 +137,33 @@ pub(crate) fn run(file: &Path, offline: bool) -> anyhow::Result<()> {
 /// that is the memring this config is for, about to be reloaded or
 /// restarted.
 fn check_listeners(file: &Path, config: &Config) -> anyhow::Result<()> {
-    let mut wanted = vec![("listen".to_string(), config.listen, Speaks::Memcached)];
+    use memring::config::Listen;
+    let mut wanted = vec![(
+        "listen".to_string(),
+        config.listen.clone(),
+        Speaks::Memcached,
+    )];
     if let Some(tls) = &config.tls_listen {
-        wanted.push(("tls_listen".into(), tls.addr, Speaks::Tls));
+        wanted.push(("tls_listen".into(), Listen::Tcp(tls.addr), Speaks::Tls));
     }
     if let Some(admin) = config.admin_listen {
-        wanted.push(("admin_listen".into(), admin, Speaks::Http));
+        wanted.push(("admin_listen".into(), Listen::Tcp(admin), Speaks::Http));
     }
     for pool in &config.pools {
-        if let Some(addr) = pool.listen {
+        if let Some(addr) = &pool.listen {
             let setting = format!("listen of pool {}", pool.name);
-            wanted.push((setting, addr, Speaks::Memcached));
+            wanted.push((setting, addr.clone(), Speaks::Memcached));
         }
     }
     let mut bound = Vec::with_capacity(wanted.len());
-    for (setting, addr, speaks) in wanted {
+    for (setting, listen, speaks) in wanted {
+        let addr = match listen {
+            Listen::Tcp(addr) => addr,
+            Listen::Unix { path, .. } => {
+                check_unix_listener(file, &setting, &path)?;
+                continue;
+            }
+        };
         match std::net::TcpListener::bind(addr) {
             Ok(listener) => bound.push(listener),
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && is_memring(addr, speaks) => {}
@@ -161,6 +174,46 @@ fn check_listeners(file: &Path, config: &Config) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A Unix-socket listener's path, as memring would take it at start: its
+/// directory exists, nothing but a socket is there, and a socket that
+/// another process answers on is memring's (a stale one is replaced).
+fn check_unix_listener(file: &Path, setting: &str, path: &Path) -> anyhow::Result<()> {
+    use memring::listener::{socket_path, SocketPath};
+    let problem = match socket_path(path) {
+        Ok(SocketPath::Free | SocketPath::Stale) => return Ok(()),
+        Ok(SocketPath::Live) if is_memring_unix(path) => return Ok(()),
+        Ok(SocketPath::Live) => "in use: another process listens on this socket".to_string(),
+        Err(e) => e.to_string(),
+    };
+    anyhow::bail!(
+        "{}: cannot listen on unix:{}, the address of `{setting}`: {problem}; memring could not start (`--offline` skips this test)",
+        file.display(),
+        path.display()
+    )
+}
+
+/// Whether what listens on the Unix socket at `path` is memring (asked
+/// with `version`).
+fn is_memring_unix(path: &Path) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::os::unix::net::UnixStream::connect(path) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(1)));
+    if stream.write_all(b"version\r\n").is_err() {
+        return false;
+    }
+    let mut answer = [0u8; 256];
+    let mut got = 0;
+    while got < answer.len() && !answer[..got].ends_with(b"\r\n") {
+        match stream.read(&mut answer[got..]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got += n,
+        }
+    }
+    String::from_utf8_lossy(&answer[..got]).contains("-memring")
 }
 
 /// What a listener of memring answers.

@@ -9,8 +9,6 @@ use anyhow::Context as _;
 use memring::config::Config;
 use memring::pools::topology::Change;
 
-use super::resolve;
-
 pub(crate) fn run(old: &Path, new: &Path) -> anyhow::Result<()> {
     let old_config = Config::load(old)?;
     let new_config = Config::load(new)?;
@@ -29,10 +27,10 @@ pub(crate) fn plan_discovery(file: &Path, from: Option<&str>) -> anyhow::Result<
     };
     let from = match from {
         Some(addr) => addr.to_string(),
-        None if config.listen.ip().is_unspecified() => {
-            format!("127.0.0.1:{}", config.listen.port())
-        }
-        None => config.listen.to_string(),
+        None => match config.listen.tcp() {
+            Some(addr) if addr.ip().is_unspecified() => format!("127.0.0.1:{}", addr.port()),
+            _ => config.listen.to_string(),
+        },
     };
     let running = running_servers(&from).with_context(|| {
         format!("cannot ask the running memring at {from} which servers it uses")
@@ -66,9 +64,7 @@ pub(crate) fn plan_discovery(file: &Path, from: Option<&str>) -> anyhow::Result<
 fn running_servers(addr: &str) -> anyhow::Result<Vec<memring::config::ServerConfig>> {
     use std::io::{Read, Write};
     let timeout = std::time::Duration::from_secs(5);
-    let target = resolve(addr)?[0];
-    let mut stream = std::net::TcpStream::connect_timeout(&target, timeout)?;
-    stream.set_read_timeout(Some(timeout))?;
+    let mut stream = super::send::Conn::open(addr, timeout)?;
     stream.write_all(b"stats\r\n")?;
     let mut reply = Vec::new();
     let mut chunk = [0u8; 16 * 1024];
@@ -186,6 +182,7 @@ fn print_pool_plan(old_config: &Config, new_config: &Config) {
     );
     println!("keyspace that moves: {:.2}%", change.moved_share * 100.0);
     println!("change: {change}");
+    print_flush(old_config, new_config);
     if change.moved_share > 0.0 {
         let window = new_config.handoff.as_secs();
         if window == 0 {
@@ -209,6 +206,54 @@ fn print_pool_plan(old_config: &Config, new_config: &Config) {
                 (change.moved_share * 100_000.0).round() as u64
             );
         }
+    }
+}
+
+/// Whether the servers `new_config` adds are sent `flush_all` before they
+/// join (`control/newcomers.rs`): those whose name `old_config` does not
+/// list. A running memring also spares a server still leaving in a hand-off
+/// window, which a plan of two files cannot see.
+fn print_flush(old_config: &Config, new_config: &Config) {
+    let joining: Vec<&str> = new_config
+        .servers
+        .iter()
+        .filter(|s| !old_config.servers.iter().any(|o| o.name == s.name))
+        .map(|s| s.name.as_str())
+        .collect();
+    if joining.is_empty() {
+        return;
+    }
+    let why = format!(
+        "flush_new_servers = \"{}\", shared_with = \"{}\"",
+        new_config.flush_new_servers.name(),
+        new_config.shared_with.name()
+    );
+    if new_config.flush_new_servers.flushes(new_config.shared_with) {
+        println!(
+            "flush: flush_all on {} before {} the ring ({why}): what {} now is lost",
+            joining.join(", "),
+            if joining.len() == 1 {
+                "it joins"
+            } else {
+                "they join"
+            },
+            if joining.len() == 1 {
+                "it holds"
+            } else {
+                "they hold"
+            }
+        );
+    } else {
+        println!(
+            "flush: none; {} {} the ring with what {} ({why})",
+            joining.join(", "),
+            if joining.len() == 1 { "joins" } else { "join" },
+            if joining.len() == 1 {
+                "it holds"
+            } else {
+                "they hold"
+            }
+        );
     }
 }
 

@@ -207,3 +207,137 @@ pub(super) fn check_server_addr(addr: &str) -> Result<(), &'static str> {
         Err("host must be an IP address or a DNS name")
     }
 }
+
+/// Where a client listener (`listen`, a pool's `listen`) takes clients: an
+/// IP:port, or a Unix socket's path (`unix:PATH`) with the file mode
+/// `listen_mode` gives it (`None`: what the umask leaves).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listen {
+    Tcp(SocketAddr),
+    Unix {
+        path: std::path::PathBuf,
+        mode: Option<u32>,
+    },
+}
+
+impl Listen {
+    /// The IP:port, for a TCP listener.
+    pub fn tcp(&self) -> Option<SocketAddr> {
+        match self {
+            Listen::Tcp(addr) => Some(*addr),
+            Listen::Unix { .. } => None,
+        }
+    }
+
+    /// The socket's path, for a Unix-socket listener.
+    pub fn unix_path(&self) -> Option<&std::path::Path> {
+        match self {
+            Listen::Tcp(_) => None,
+            Listen::Unix { path, .. } => Some(path),
+        }
+    }
+
+    /// `listen_mode` as the file writes it (`0660`), or `-` when unset.
+    pub fn mode_text(&self) -> String {
+        match self {
+            Listen::Unix {
+                mode: Some(mode), ..
+            } => format!("{mode:04o}"),
+            _ => "-".to_string(),
+        }
+    }
+
+    /// Whether the two would take the same port or the same socket file.
+    pub(super) fn overlaps(&self, other: &Listen) -> bool {
+        match (self, other) {
+            (Listen::Tcp(a), Listen::Tcp(b)) => binds_overlap(*a, *b),
+            (Listen::Unix { path: a, .. }, Listen::Unix { path: b, .. }) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for Listen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Listen::Tcp(addr) => write!(f, "{addr}"),
+            Listen::Unix { path, .. } => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
+impl std::str::FromStr for Listen {
+    type Err = String;
+
+    /// `127.0.0.1:22122` or `unix:/run/memring/memring.sock` (no mode).
+    fn from_str(text: &str) -> Result<Listen, String> {
+        parse_listen("listen", text, None).map_err(|e| match e {
+            ListenError::Addr(message) | ListenError::Mode(message) => message,
+        })
+    }
+}
+
+/// The longest Unix socket path the kernel takes (`sun_path` is 108 bytes,
+/// with its terminating NUL).
+const MAX_UNIX_PATH: usize = 107;
+
+/// A client listener's address as the file writes it (`127.0.0.1:22122` or
+/// `unix:/run/memring/memring.sock`) and its `listen_mode`; the error says
+/// what is wrong, for the caller to place. `setting` names the address's
+/// key in messages.
+pub(super) fn parse_listen(
+    setting: &str,
+    text: &str,
+    mode: Option<&str>,
+) -> Result<Listen, ListenError> {
+    let Some(path) = text.strip_prefix("unix:") else {
+        if mode.is_some() {
+            return Err(ListenError::Mode(format!(
+                "listen_mode applies to a Unix socket only, and {setting} = \"{text}\" is an IP:port address"
+            )));
+        }
+        return text.parse::<SocketAddr>().map(Listen::Tcp).map_err(|_| {
+            ListenError::Addr(format!(
+                "{setting}: `{text}` is not an IP:port address or unix:PATH"
+            ))
+        });
+    };
+    if !path.starts_with('/') {
+        return Err(ListenError::Addr(format!(
+            "{setting}: `{text}`: a Unix socket's path must be absolute (unix:/run/memring/memring.sock)"
+        )));
+    }
+    if path.len() > MAX_UNIX_PATH || path.contains('\0') {
+        return Err(ListenError::Addr(format!(
+            "{setting}: `{text}`: a Unix socket's path has at most {MAX_UNIX_PATH} bytes and no NUL"
+        )));
+    }
+    let mode = match mode {
+        None => None,
+        Some(mode) => Some(parse_mode(mode).ok_or_else(|| {
+            ListenError::Mode(format!(
+                "listen_mode = \"{mode}\" is not a file mode: octal digits from \"0000\" to \"0777\", e.g. \"0660\""
+            ))
+        })?),
+    };
+    Ok(Listen::Unix {
+        path: std::path::PathBuf::from(path),
+        mode,
+    })
+}
+
+/// `0660` or `660` (octal) up to `0777`.
+fn parse_mode(text: &str) -> Option<u32> {
+    if text.is_empty() || text.len() > 4 || !text.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
+        return None;
+    }
+    u32::from_str_radix(text, 8).ok().filter(|&m| m <= 0o777)
+}
+
+/// What is wrong with a listener's address or its mode: each is placed at
+/// the line of its own key.
+#[derive(Debug)]
+pub(super) enum ListenError {
+    Addr(String),
+    Mode(String),
+}

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use toml::Spanned;
 
-use super::addr::{binds_overlap, Lookup};
+use super::addr::{binds_overlap, parse_listen, Listen, ListenError, Lookup};
 use super::diagnose::{at_in, line_column, At, NumberSetting};
 use super::discovery::discovery_settings;
 use super::ejection::{ejection, failover};
@@ -18,7 +18,7 @@ use super::hot_keys::hot_key_settings;
 use super::raw::RawConfig;
 use super::ring::{check_weights, ring_spec};
 use super::servers::ServerList;
-use super::shared_with::{shared_with, unshared_ring_warning};
+use super::shared_with::{flush_new_servers, shared_with, unshared_ring_warning};
 use super::tls::{check_tls_files, tls_settings};
 use super::{
     Config, Discovery, Ejection, DEFAULT_CLIENT_WRITE_TIMEOUT_MS, DEFAULT_CONNECTIONS_PER_SERVER,
@@ -63,6 +63,7 @@ impl Config {
         servers.check_aliases(text, &at, replicas)?;
         let serving = Serving::read(raw, &number)?;
         let shared_with = shared_with(raw, &at)?;
+        let flush_new_servers = flush_new_servers(raw, &at)?;
         let failover = failover(raw, &at, &number, replicas)?;
         let ring = ring_spec(raw, &at)?;
         check_weights(raw, &ring, &at)?;
@@ -70,7 +71,7 @@ impl Config {
             .warnings
             .extend(unshared_ring_warning(raw, serving.handoff_ms, &ring));
         let hot_keys = hot_key_settings(raw, &at, &number)?;
-        let (tls_listen, backend_tls) = tls_settings(raw, &at, path, listen, admin_listen)?;
+        let (tls_listen, backend_tls) = tls_settings(raw, &at, path, listen.tcp(), admin_listen)?;
         let state_file = state_file(raw, path, &at)?;
         if lookup.is_some() {
             check_tls_files(raw, &at, tls_listen.as_ref(), backend_tls.as_ref())?;
@@ -108,6 +109,7 @@ impl Config {
             client_write_timeout: Duration::from_millis(serving.client_write_timeout_ms),
             handoff: Duration::from_millis(serving.handoff_ms),
             shared_with,
+            flush_new_servers,
             state_file,
             failover,
             hot_keys,
@@ -146,21 +148,24 @@ fn read_number(
     }
 }
 
-/// `listen` and `admin_listen`: IP:port addresses that do not take each
-/// other's port.
+/// `listen` (an IP:port address or `unix:PATH`, with `listen_mode`) and
+/// `admin_listen` (an IP:port address): they do not take each other's port.
 fn listeners(
     raw: &RawConfig,
     text: &str,
     at: &At<'_>,
-) -> Result<(SocketAddr, Option<SocketAddr>), ConfigError> {
-    let listen = raw.listen.get_ref().parse::<SocketAddr>().map_err(|_| {
-        at(
-            raw.listen.span(),
-            format!(
-                "listen: `{}` is not an IP:port address",
-                raw.listen.get_ref()
-            ),
-        )
+) -> Result<(Listen, Option<SocketAddr>), ConfigError> {
+    let mode = raw.listen_mode.as_ref();
+    let listen = parse_listen(
+        "listen",
+        raw.listen.get_ref(),
+        mode.map(|m| m.get_ref().as_str()),
+    )
+    .map_err(|e| match (e, mode) {
+        (ListenError::Mode(message), Some(mode)) => at(mode.span(), message),
+        (ListenError::Addr(message) | ListenError::Mode(message), _) => {
+            at(raw.listen.span(), message)
+        }
     })?;
 
     let admin_listen = match &raw.admin_listen {
@@ -175,7 +180,9 @@ fn listeners(
             )
         })?),
     };
-    if let (Some(admin), Some(admin_raw)) = (admin_listen, &raw.admin_listen) {
+    if let (Some(admin), Some(admin_raw), Some(listen)) =
+        (admin_listen, &raw.admin_listen, listen.tcp())
+    {
         if binds_overlap(listen, admin) {
             return Err(at(
                 admin_raw.span(),

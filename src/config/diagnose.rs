@@ -31,6 +31,7 @@ pub(super) fn at_in<'a>(
 /// type: the default where there is one, else a typical value.
 pub(super) const EXAMPLES: &[(&str, &str)] = &[
     ("listen", "\"127.0.0.1:22122\""),
+    ("listen_mode", "\"0660\""),
     ("connections_per_server", "1"),
     ("connect_timeout_ms", "500"),
     ("request_timeout_ms", "1000"),
@@ -53,6 +54,7 @@ pub(super) const EXAMPLES: &[(&str, &str)] = &[
     ("client_write_timeout_ms", "30000"),
     ("handoff_ms", "300000"),
     ("shared_with", "\"writers\""),
+    ("flush_new_servers", "\"auto\""),
     ("state_file", "\"/var/lib/memring/handoff-state\""),
     ("ring", "\"twemproxy\""),
     ("hash", "\"fnv1a_64\""),

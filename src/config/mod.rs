@@ -36,6 +36,7 @@ mod servers;
 mod shared_with;
 mod tls;
 
+pub use addr::Listen;
 use addr::Lookup;
 pub use defaults::*;
 use diagnose::{at_in, explain_toml_error};
@@ -45,7 +46,7 @@ pub use hot_keys::HotKeySettings;
 pub use pools::{PoolConfig, Route, ShadowConfig, DEFAULT_POOL};
 pub use raw::setting_names;
 use raw::RawConfig;
-pub use shared_with::SharedWith;
+pub use shared_with::{FlushNewServers, SharedWith};
 
 /// `[tls_listen]`: a second client listener that speaks TLS.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,7 +95,8 @@ impl ServerConfig {
 /// A validated configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
-    pub listen: SocketAddr,
+    /// `listen` (with `listen_mode`): where clients connect.
+    pub listen: Listen,
     pub servers: Vec<ServerConfig>,
     /// Persistent, pipelined connections per server.
     pub connections_per_server: usize,
@@ -148,6 +150,9 @@ pub struct Config {
     /// Who else reads or writes the servers (`shared_with`): whether a
     /// moved key is read through and copied in a hand-off window.
     pub shared_with: SharedWith,
+    /// `flush_new_servers`: whether a server new to the ring is flushed
+    /// before it joins (`control/newcomers.rs`).
+    pub flush_new_servers: FlushNewServers,
     /// `state_file`: where the hand-off windows in force are kept across a
     /// restart (see `window_state.rs`). `None` here is "not set": the
     /// binary then uses [`Config::default_state_file`]; a config parsed

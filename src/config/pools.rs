@@ -4,13 +4,12 @@
 //! whole [`Config`] checked by the same code, and its errors point at the
 //! pool's own lines. No I/O here beyond the host-name lookups of `lookup`.
 
-use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::Arc;
 
 use toml::Spanned;
 
-use super::addr::{binds_overlap, refused_char, Lookup};
+use super::addr::{parse_listen, refused_char, Listen, ListenError, Lookup};
 use super::diagnose::{at_in, line_column, At};
 use super::raw::{RawConfig, RawPool, RawRoute, RawShadow};
 use super::Config;
@@ -36,7 +35,7 @@ impl Eq for ShadowConfig {}
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolConfig {
     pub name: String,
-    pub listen: Option<SocketAddr>,
+    pub listen: Option<Listen>,
     pub config: Arc<Config>,
     /// Where this pool's sampled keys are also sent (`[pools.shadow]`).
     pub shadow: Option<ShadowConfig>,
@@ -160,8 +159,16 @@ impl Pools {
         let layered = layered(raw, pool);
         let config = Config::build_pool(&layered, text, path, lookup)?;
         let pool_listen = match &pool.listen {
-            None => None,
-            Some(addr) => Some(self.listener(raw, name, addr, &config, text, at)?),
+            None => {
+                if let Some(mode) = &pool.listen_mode {
+                    return Err(at(
+                        mode.span(),
+                        format!("pool `{name}`: listen_mode without a listen = \"unix:PATH\" of the pool's own"),
+                    ));
+                }
+                None
+            }
+            Some(addr) => Some(self.listener(name, pool, addr, &config, text, at)?),
         };
         self.written
             .push((pool.name.span(), pool.listen.as_ref().map(|l| l.span())));
@@ -203,37 +210,45 @@ impl Pools {
         Ok(())
     }
 
-    /// A pool's own `listen`: an IP:port address no other listener takes.
+    /// A pool's own `listen` (with its own `listen_mode`): an IP:port
+    /// address or `unix:PATH` no other listener takes.
     fn listener(
         &self,
-        raw: &RawConfig,
         name: &str,
+        pool: &RawPool,
         addr: &Spanned<String>,
         config: &Config,
         text: &str,
         at: &At<'_>,
-    ) -> Result<SocketAddr, ConfigError> {
-        let socket = addr.get_ref().parse::<SocketAddr>().map_err(|_| {
-            at(
-                addr.span(),
-                format!(
-                    "pool `{name}`: listen `{}` is not an IP:port address",
-                    addr.get_ref()
-                ),
-            )
+    ) -> Result<Listen, ConfigError> {
+        let mode = pool.listen_mode.as_ref();
+        let socket = parse_listen(
+            &format!("pool `{name}`: listen"),
+            addr.get_ref(),
+            mode.map(|m| m.get_ref().as_str()),
+        )
+        .map_err(|e| match (e, mode) {
+            (ListenError::Mode(message), Some(mode)) => {
+                at(mode.span(), format!("pool `{name}`: {message}"))
+            }
+            (ListenError::Addr(message) | ListenError::Mode(message), _) => {
+                at(addr.span(), message)
+            }
         })?;
-        let listen = raw.listen.get_ref().parse::<SocketAddr>().ok();
-        let mut taken: Vec<(SocketAddr, String)> = Vec::new();
-        taken.extend(listen.map(|l| (l, "listen".to_string())));
-        taken.extend(config.admin_listen.map(|a| (a, "admin_listen".to_string())));
+        let mut taken: Vec<(Listen, String)> = vec![(config.listen.clone(), "listen".to_string())];
+        taken.extend(
+            config
+                .admin_listen
+                .map(|a| (Listen::Tcp(a), "admin_listen".to_string())),
+        );
         taken.extend(
             config
                 .tls_listen
                 .as_ref()
-                .map(|t| (t.addr, "tls_listen.addr".to_string())),
+                .map(|t| (Listen::Tcp(t.addr), "tls_listen.addr".to_string())),
         );
         for (other, span) in self.list.iter().zip(&self.written) {
-            if let (Some(other_listen), Some(span)) = (other.listen, &span.1) {
+            if let (Some(other_listen), Some(span)) = (other.listen.clone(), &span.1) {
                 taken.push((
                     other_listen,
                     format!(
@@ -244,7 +259,7 @@ impl Pools {
                 ));
             }
         }
-        if let Some((_, owner)) = taken.iter().find(|(a, _)| binds_overlap(*a, socket)) {
+        if let Some((_, owner)) = taken.iter().find(|(a, _)| a.overlaps(&socket)) {
             return Err(at(
                 addr.span(),
                 format!(
@@ -563,7 +578,8 @@ fn layered(top: &RawConfig, pool: &RawPool) -> RawConfig {
         replicas,
         read_miss_fallthrough,
         handoff_ms,
-        shared_with
+        shared_with,
+        flush_new_servers
     );
     // A gutter is the pool's own choice: never taken from the top level.
     raw.failover = pool.failover.clone();

@@ -9,6 +9,7 @@ use toml::Spanned;
 #[serde(deny_unknown_fields)]
 pub(super) struct RawConfig {
     pub(super) listen: Spanned<String>,
+    pub(super) listen_mode: Option<Spanned<String>>,
     #[serde(default)]
     pub(super) servers: Vec<Spanned<RawServer>>,
     pub(super) connections_per_server: Option<Spanned<u64>>,
@@ -33,6 +34,7 @@ pub(super) struct RawConfig {
     pub(super) client_write_timeout_ms: Option<Spanned<u64>>,
     pub(super) handoff_ms: Option<Spanned<u64>>,
     pub(super) shared_with: Option<Spanned<String>>,
+    pub(super) flush_new_servers: Option<Spanned<String>>,
     pub(super) state_file: Option<Spanned<String>>,
     pub(super) failover: Option<Spanned<String>>,
     pub(super) failover_ttl_s: Option<Spanned<u64>>,
@@ -180,6 +182,7 @@ pub(super) fn struct_fields<'de, T: Deserialize<'de>>() -> &'static [&'static st
 pub(super) struct RawPool {
     pub(super) name: Spanned<String>,
     pub(super) listen: Option<Spanned<String>>,
+    pub(super) listen_mode: Option<Spanned<String>>,
     #[serde(default)]
     pub(super) servers: Vec<Spanned<RawServer>>,
     pub(super) connections_per_server: Option<Spanned<u64>>,
@@ -193,6 +196,7 @@ pub(super) struct RawPool {
     pub(super) read_miss_fallthrough: Option<bool>,
     pub(super) handoff_ms: Option<Spanned<u64>>,
     pub(super) shared_with: Option<Spanned<String>>,
+    pub(super) flush_new_servers: Option<Spanned<String>>,
     pub(super) failover: Option<Spanned<String>>,
     pub(super) failover_ttl_s: Option<Spanned<u64>>,
     pub(super) ring: Option<Spanned<String>>,

@@ -59,6 +59,72 @@ impl SharedWith {
     }
 }
 
+/// Whether a server that joins a ring memring has not seen it in is sent
+/// `flush_all` first (`flush_new_servers`; docs/handoff.md, "Servers
+/// added"). The flush keeps values from an earlier membership from being
+/// read as current; it also empties whatever another proxy or client put
+/// on that server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FlushNewServers {
+    /// Flush unless clients that write share the servers
+    /// (`shared_with = "writers"`): their data is not memring's to drop.
+    #[default]
+    Auto,
+    /// Always flush a newcomer.
+    Always,
+    /// Never flush: a newcomer joins with what it holds.
+    Never,
+}
+
+impl FlushNewServers {
+    /// The values of `flush_new_servers`, in the order of the docs.
+    pub const ALL: [FlushNewServers; 3] = [
+        FlushNewServers::Auto,
+        FlushNewServers::Always,
+        FlushNewServers::Never,
+    ];
+
+    /// The value of `flush_new_servers` in the file.
+    pub fn name(self) -> &'static str {
+        match self {
+            FlushNewServers::Auto => "auto",
+            FlushNewServers::Always => "always",
+            FlushNewServers::Never => "never",
+        }
+    }
+
+    /// Whether a newcomer is flushed, for servers shared as `shared_with` says.
+    pub fn flushes(self, shared_with: SharedWith) -> bool {
+        match self {
+            FlushNewServers::Auto => shared_with != SharedWith::Writers,
+            FlushNewServers::Always => true,
+            FlushNewServers::Never => false,
+        }
+    }
+}
+
+/// `flush_new_servers`, validated.
+pub(super) fn flush_new_servers(
+    raw: &RawConfig,
+    at: &dyn Fn(Range<usize>, String) -> ConfigError,
+) -> Result<FlushNewServers, ConfigError> {
+    match &raw.flush_new_servers {
+        None => Ok(FlushNewServers::default()),
+        Some(name) => FlushNewServers::ALL
+            .into_iter()
+            .find(|f| f.name() == name.get_ref())
+            .ok_or_else(|| {
+                at(
+                    name.span(),
+                    format!(
+                        "flush_new_servers = \"{}\" is not a choice (one of: auto, always, never)",
+                        name.get_ref()
+                    ),
+                )
+            }),
+    }
+}
+
 /// `shared_with`, validated; and the warning for a drop-in ring (twemproxy's
 /// or libmemcached's) that hands keys off without saying who else uses the
 /// servers.

@@ -363,6 +363,12 @@ fn every_key_has_an_example_that_loads() {
             format!("listen = \"127.0.0.1:1\"\n[backend_tls]\nca_file = \"ca.pem\"\n[[servers]]\n{key} = {example}\n{addr}")
         } else if key == "listen" {
             GOOD.replace("\"127.0.0.1:22122\"", example)
+        } else if key == "listen_mode" {
+            // A mode is a Unix socket's.
+            GOOD.replace(
+                "\"127.0.0.1:22122\"",
+                &format!("\"unix:/run/memring.sock\"\n{key} = {example}"),
+            )
         } else if key == "shadow" {
             // A shadow is another pool.
             format!("{key} = {example}\n{GOOD}[[pools]]\nname = \"candidate\"\n[[pools.servers]]\naddr = \"127.0.0.1:3\"\n")
@@ -1097,6 +1103,45 @@ fn shared_with_says_who_else_uses_the_servers_and_a_drop_in_ring_without_it_is_w
 }
 
 #[test]
+fn flush_new_servers_is_auto_by_default_and_auto_spares_servers_shared_with_writers() {
+    use crate::config::FlushNewServers;
+    let parse = |text: &str| Config::parse(&format!("{text}\n{GOOD}"), "memring.toml");
+    assert_eq!(parse("").unwrap().flush_new_servers, FlushNewServers::Auto);
+    for value in FlushNewServers::ALL {
+        let config = parse(&format!("flush_new_servers = \"{}\"", value.name())).unwrap();
+        assert_eq!(config.flush_new_servers, value);
+    }
+    for (setting, shared, flushes) in [
+        (FlushNewServers::Auto, SharedWith::Memring, true),
+        (FlushNewServers::Auto, SharedWith::Readers, true),
+        (FlushNewServers::Auto, SharedWith::Writers, false),
+        (FlushNewServers::Always, SharedWith::Writers, true),
+        (FlushNewServers::Never, SharedWith::Memring, false),
+    ] {
+        assert_eq!(setting.flushes(shared), flushes, "{setting:?} {shared:?}");
+    }
+    let message = error_of(&format!("flush_new_servers = \"yes\"\n{GOOD}"));
+    assert!(
+        message.starts_with("memring.toml:1:21: flush_new_servers = \"yes\" is not a choice (one of: auto, always, never)"),
+        "{message}"
+    );
+    // A pool takes the top level's value or sets its own.
+    let pools = Config::parse(
+            &format!("flush_new_servers = \"never\"\n{GOOD}\n[[pools]]\nname = \"a\"\n[[pools.servers]]\naddr = \"127.0.0.1:5\"\n[[pools]]\nname = \"b\"\nflush_new_servers = \"always\"\n[[pools.servers]]\naddr = \"127.0.0.1:6\"\n"),
+            "memring.toml",
+        )
+        .unwrap();
+    assert_eq!(
+        pools.pool("a").unwrap().config.flush_new_servers,
+        FlushNewServers::Never
+    );
+    assert_eq!(
+        pools.pool("b").unwrap().config.flush_new_servers,
+        FlushNewServers::Always
+    );
+}
+
+#[test]
 fn twemproxy_ejection_takes_nutcrackers_defaults_and_retry_needs_it() {
     let parse = |text: &str| Config::parse(&format!("{text}\n{GOOD}"), "memring.toml");
     let own = parse("").unwrap();
@@ -1134,6 +1179,84 @@ fn twemproxy_ejection_takes_nutcrackers_defaults_and_retry_needs_it() {
         message.ends_with(
             "ejection = \"nutcracker\" is not an ejection timing (one of: memring, twemproxy)"
         ),
+        "{message}"
+    );
+}
+
+#[test]
+fn listen_takes_a_unix_socket_with_its_mode_and_refuses_what_cannot_be_one() {
+    let servers = "\n[[servers]]\naddr = \"127.0.0.1:11211\"\n";
+    let parse = |head: &str| Config::parse(&format!("{head}{servers}"), "memring.toml");
+    let config =
+        parse("listen = \"unix:/run/memring/memring.sock\"\nlisten_mode = \"0660\"").unwrap();
+    assert_eq!(
+        config.listen,
+        Listen::Unix {
+            path: "/run/memring/memring.sock".into(),
+            mode: Some(0o660)
+        }
+    );
+    assert_eq!(config.listen.to_string(), "unix:/run/memring/memring.sock");
+    assert_eq!(config.listen.mode_text(), "0660");
+    // Without listen_mode: the umask decides.
+    let config = parse("listen = \"unix:/run/m.sock\"").unwrap();
+    assert_eq!(
+        config.listen.unix_path(),
+        Some(std::path::Path::new("/run/m.sock"))
+    );
+    assert_eq!(config.listen.mode_text(), "-");
+    let long = format!("/{}", "a".repeat(107));
+    for (head, expected) in [
+        (
+            "listen = \"unix:run/m.sock\"".to_string(),
+            "memring.toml:1:10: listen: `unix:run/m.sock`: a Unix socket's path must be absolute",
+        ),
+        (
+            format!("listen = \"unix:{long}\""),
+            "a Unix socket's path has at most 107 bytes",
+        ),
+        (
+            "listen = \"unix:/run/m.sock\"\nlisten_mode = \"0999\"".to_string(),
+            "memring.toml:2:15: listen_mode = \"0999\" is not a file mode",
+        ),
+        (
+            "listen = \"unix:/run/m.sock\"\nlisten_mode = \"1777\"".to_string(),
+            "listen_mode = \"1777\" is not a file mode",
+        ),
+        (
+            "listen = \"127.0.0.1:1\"\nlisten_mode = \"0660\"".to_string(),
+            "memring.toml:2:15: listen_mode applies to a Unix socket only",
+        ),
+        (
+            "listen = \"/run/m.sock\"".to_string(),
+            "`/run/m.sock` is not an IP:port address or unix:PATH",
+        ),
+    ] {
+        let message = parse(&head).unwrap_err().to_string();
+        assert!(message.contains(expected), "{head}: {message}");
+    }
+    // A pool's own socket: not the main listener's path, its own mode.
+    let pools = |pool: &str| {
+        Config::parse(
+            &format!("listen = \"unix:/run/main.sock\"{servers}[[pools]]\nname = \"p\"\n{pool}\n[[pools.servers]]\naddr = \"127.0.0.1:5\"\n"),
+            "memring.toml",
+        )
+    };
+    let config = pools("listen = \"unix:/run/p.sock\"\nlisten_mode = \"0600\"").unwrap();
+    assert_eq!(
+        config.pool("p").unwrap().listen,
+        Some(Listen::Unix {
+            path: "/run/p.sock".into(),
+            mode: Some(0o600)
+        })
+    );
+    let message = pools("listen = \"unix:/run/main.sock\"")
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("takes the address of listen"), "{message}");
+    let message = pools("listen_mode = \"0600\"").unwrap_err().to_string();
+    assert!(
+        message.contains("listen_mode without a listen"),
         "{message}"
     );
 }

@@ -19,7 +19,7 @@ pub(super) fn tls_settings(
     raw: &RawConfig,
     at: &dyn Fn(Range<usize>, String) -> ConfigError,
     path: &str,
-    listen: SocketAddr,
+    listen: Option<SocketAddr>,
     admin_listen: Option<SocketAddr>,
 ) -> Result<(Option<TlsListen>, Option<crate::tls::BackendFiles>), ConfigError> {
     let base = Path::new(path).parent().unwrap_or(Path::new(""));
@@ -43,7 +43,7 @@ pub(super) fn tls_settings(
                     ),
                 )
             })?;
-            for (other, name) in [(Some(listen), "listen"), (admin_listen, "admin_listen")] {
+            for (other, name) in [(listen, "listen"), (admin_listen, "admin_listen")] {
                 if other.is_some_and(|other| binds_overlap(addr, other)) {
                     return Err(at(
                         section.addr.span(),

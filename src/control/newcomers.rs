@@ -15,10 +15,21 @@ use crate::protocol::outcome::Outcome;
 /// known by its ring identity: a named server given a new address keeps its
 /// keys in the ring, and its data too (flushing it would lose every value
 /// of a server that was only renumbered). A flush that fails is logged; the
-/// server then joins as it is.
+/// server then joins as it is. With `flush_new_servers` off for this pool
+/// (`"never"`, or `"auto"` beside clients that write) no server is flushed:
+/// each is logged as joining with what it holds.
 pub(crate) fn flush_newcomers(topology: &crate::pools::topology::Topology, config: &Config) {
     for server in &config.servers {
         if topology.backends.iter().any(|b| b.name() == server.name) {
+            continue;
+        }
+        if !config.flush_new_servers.flushes(config.shared_with) {
+            tracing::info!(
+                server = %server.name,
+                "joins unflushed, with what it holds (flush_new_servers = \"{}\", shared_with = \"{}\")",
+                config.flush_new_servers.name(),
+                config.shared_with.name()
+            );
             continue;
         }
         let timeout = config.connect_timeout + config.request_timeout;

@@ -4,7 +4,6 @@
 //! pools it adds, stops the ones it removes, then stores the new layout (the
 //! routes) in one swap.
 
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
@@ -34,7 +33,7 @@ pub struct Pools {
 
 struct Member {
     publisher: Arc<Publisher>,
-    listen: Option<SocketAddr>,
+    listen: Option<crate::config::Listen>,
     /// Ends the pool's ejection and discovery tasks.
     stop: CancellationToken,
 }
@@ -117,10 +116,10 @@ impl Pools {
     }
 
     /// The pools that have a listener of their own, with its address.
-    pub fn listeners(&self) -> Vec<(Arc<Publisher>, SocketAddr)> {
+    pub fn listeners(&self) -> Vec<(Arc<Publisher>, crate::config::Listen)> {
         self.lock()
             .iter()
-            .filter_map(|m| Some((m.publisher.clone(), m.listen?)))
+            .filter_map(|m| Some((m.publisher.clone(), m.listen.clone()?)))
             .collect()
     }
 
@@ -380,7 +379,7 @@ impl Member {
         ));
         Member {
             publisher,
-            listen: pool.listen,
+            listen: pool.listen.clone(),
             stop,
         }
     }

@@ -55,6 +55,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         client_write_timeout,
         handoff,
         shared_with,
+        flush_new_servers,
         state_file,
         failover,
         ring,
@@ -73,7 +74,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
     let hot = &old.hot_keys;
     // A table, one row per setting (name, old, new, read only at start):
     // long because there are many settings, not because of logic.
-    let rows: [(&'static str, String, String, bool); 43] = [
+    let rows: [(&'static str, String, String, bool); 45] = [
         (
             "discovery",
             discovered(&old.discovery),
@@ -99,6 +100,12 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             false,
         ),
         ("listen", old.listen.to_string(), listen.to_string(), true),
+        (
+            "listen_mode",
+            old.listen.mode_text(),
+            listen.mode_text(),
+            true,
+        ),
         (
             "pools.listen",
             listeners_text(&old.pools),
@@ -247,6 +254,12 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             false,
         ),
         (
+            "flush_new_servers",
+            old.flush_new_servers.name().to_string(),
+            flush_new_servers.name().to_string(),
+            false,
+        ),
+        (
             "state_file",
             path_text(&old.state_file),
             path_text(state_file),
@@ -356,7 +369,13 @@ fn failover_text(f: &Option<crate::config::Failover>) -> String {
 fn listeners_text(pools: &[crate::config::PoolConfig]) -> String {
     let listeners: Vec<String> = pools
         .iter()
-        .filter_map(|p| Some(format!("{}={}", p.name, p.listen?)))
+        .filter_map(|p| {
+            let listen = p.listen.as_ref()?;
+            Some(match listen.unix_path() {
+                Some(_) => format!("{}={listen} (mode {})", p.name, listen.mode_text()),
+                None => format!("{}={listen}", p.name),
+            })
+        })
         .collect();
     if listeners.is_empty() {
         "(none)".to_string()

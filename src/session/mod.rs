@@ -128,6 +128,17 @@ pub(crate) async fn run_session(
     serve(reader, writer, id, worker, bound).await
 }
 
+/// [`run_session`] for a client of a Unix-socket listener.
+pub(crate) async fn run_unix_session(
+    mut stream: tokio::net::UnixStream,
+    id: u64,
+    worker: Rc<WorkerCtx>,
+    bound: Option<SharedTopology>,
+) -> io::Result<()> {
+    let (reader, writer) = stream.split();
+    serve(reader, writer, id, worker, bound).await
+}
+
 /// [`run_session`] for a client that connected with TLS (handshake done).
 /// Its lingering close sends TLS's `close_notify` before the TCP FIN.
 pub(crate) async fn run_tls_session(

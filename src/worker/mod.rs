@@ -17,15 +17,22 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio_util::sync::CancellationToken;
 
 use crate::hotkeys::{HotShared, HotWorker};
+use crate::listener::ClientStream;
 use crate::pools::layout::SharedLayout;
 use crate::pools::topology::SharedTopology;
 use crate::session::shard::{keep_connected, SessionSettings, WorkerCtx};
-use crate::session::{run_session, run_tls_session};
+use crate::session::{run_session, run_tls_session, run_unix_session};
 use crate::stats::Stats;
+
+/// An accepted client's socket, registered with the worker's runtime.
+enum Stream {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
 
 /// An accepted client for a worker.
 pub(crate) struct Accepted {
-    pub(crate) stream: std::net::TcpStream,
+    pub(crate) stream: ClientStream,
     pub(crate) id: u64,
     pub(crate) permit: OwnedSemaphorePermit,
     /// Accepted on `tls_listen`: the TLS config in force when it was.
@@ -130,7 +137,13 @@ async fn serve(setup: WorkerSetup, mut clients: mpsc::UnboundedReceiver<Accepted
         pool,
     }) = clients.recv().await
     {
-        let stream = match tokio::net::TcpStream::from_std(stream) {
+        let stream = match stream {
+            ClientStream::Tcp(stream) => tokio::net::TcpStream::from_std(stream).map(Stream::Tcp),
+            ClientStream::Unix(stream) => {
+                tokio::net::UnixStream::from_std(stream).map(Stream::Unix)
+            }
+        };
+        let stream = match stream {
             Ok(stream) => stream,
             Err(e) => {
                 tracing::debug!("client {id}: cannot register the socket: {e}");
@@ -140,12 +153,14 @@ async fn serve(setup: WorkerSetup, mut clients: mpsc::UnboundedReceiver<Accepted
         let ctx = ctx.clone();
         ctx.stats.client_connected();
         sessions.spawn_local(async move {
-            let ended = match tls {
-                None => run_session(stream, id, ctx.clone(), pool).await,
+            let ended = match (tls, stream) {
+                (None, Stream::Tcp(stream)) => run_session(stream, id, ctx.clone(), pool).await,
+                // A Unix socket's door has no TLS.
+                (_, Stream::Unix(stream)) => run_unix_session(stream, id, ctx.clone(), pool).await,
                 // Boxed: a TLS stream and its session's state take about
                 // twice a plain session's, and every plain session's task
                 // would otherwise be as large as a TLS one's (issue 48).
-                Some(acceptor) => {
+                (Some(acceptor), Stream::Tcp(stream)) => {
                     Box::pin(async {
                         match handshake(&acceptor, stream, &ctx).await {
                             Ok(stream) => run_tls_session(stream, id, ctx.clone()).await,

@@ -414,6 +414,26 @@ fn plan_reports_shares_and_the_moved_keyspace() {
     assert!((15.0..25.0).contains(&moved), "moved {moved}%");
     let expected = "hand-off: for 300 s, reads of moved keys";
     assert!(text.contains(expected), "{text}");
+    let expected = "flush: flush_all on cache-05 before it joins the ring (flush_new_servers = \"auto\", shared_with = \"memring\")";
+    assert!(text.contains(expected), "{text}");
+    // Beside clients that write, or with flushes off, the newcomer keeps
+    // what it holds.
+    for setting in ["shared_with = \"writers\"", "flush_new_servers = \"never\""] {
+        let with = |text: &str| text.replacen("\n", &format!("\n{setting}\n"), 1);
+        let old = write_config(&dir, "old.toml", &with(&four));
+        let new = write_config(&dir, "new.toml", &with(&five));
+        let output = Command::new(BIN)
+            .arg("plan")
+            .arg(&old)
+            .arg(&new)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            text.contains("flush: none; cache-05 joins the ring with what it holds"),
+            "{setting}: {text}"
+        );
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -1521,6 +1521,42 @@ fn a_server_added_back_after_its_removal_never_serves_what_it_held_before() {
     );
 }
 
+/// `flush_new_servers = "never"`, and `"auto"` beside clients that write
+/// (`shared_with = "writers"`, what a pool shared with nutcracker sets): a
+/// server added to the ring keeps what another client put there. memring
+/// used to flush every server it added, emptying one nutcracker was using.
+#[test]
+fn a_server_added_without_flushing_keeps_what_another_client_put_there() {
+    for settings in [
+        "flush_new_servers = \"never\"",
+        "shared_with = \"writers\"",
+        "flush_new_servers = \"never\"\nshared_with = \"writers\"",
+    ] {
+        let dir = TempDir::new("handoff", "no-flush");
+        let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
+        let all: Vec<&Memcached> = servers.iter().collect();
+        let text = |list: &[&Memcached]| {
+            crate::common::named_config_text(
+                list,
+                &format!("request_timeout_ms = 2000\n{settings}"),
+            )
+        };
+        // Another client's keys, written to the fifth server directly.
+        let keys: Vec<String> = (0..200).map(|i| format!("theirs:{i}")).collect();
+        let mut direct = servers[4].client();
+        store(&mut direct, &keys);
+        let path = dir.path("memring.toml");
+        std::fs::write(&path, text(&all[..4])).unwrap();
+        let proxy = Proxy::start_file(&path);
+        replace_by_rename(&path, &text(&all));
+        wait_for("the fifth server in the ring", || {
+            proxy.running().topology.load().backends.len() == 5
+        });
+        assert_eq!(direct.stat("cmd_flush"), 0, "{settings}: flushed");
+        assert_eq!(held_by(&servers[4], &keys), keys.len(), "{settings}");
+    }
+}
+
 /// A read-through hit is answered as soon as the previous owner's value is
 /// in: the copy to the new owner goes out, and the client does not wait for
 /// the new owner to answer it. The new owner here sits behind a relay that

@@ -37,3 +37,4 @@ mod shared;
 mod suite;
 mod tls;
 mod twemproxy;
+mod unix_sockets;

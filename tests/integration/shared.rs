@@ -42,19 +42,26 @@ fn yaml(port: u16, servers: &[&Memcached]) -> String {
 
 /// What `memring import twemproxy` prints for nutcracker's `conf`, with
 /// the hand-off window of these tests and `shared_with` as given (`None`:
-/// the line removed, memring's default).
+/// the line removed, memring's default); and `flush_new_servers =
+/// "always"` for import's `"never"`: these tests add back a server removed
+/// before, which holds what it had then, and only a flush keeps the three
+/// clients from reading it (nutcracker alone reads it too).
 fn memring_config(conf: &std::path::Path, shared_with: Option<&str>) -> String {
     let imported = import_listening_anywhere(conf);
     assert!(
         imported.contains("\nshared_with = \"writers\"\n"),
         "import writes the setting for nutcracker: {imported}"
     );
+    assert!(
+        imported.contains("\nflush_new_servers = \"never\"\n"),
+        "import writes the setting for nutcracker: {imported}"
+    );
     let mut text: String = imported
         .lines()
-        .filter(|l| !l.starts_with("shared_with"))
+        .filter(|l| !l.starts_with("shared_with") && !l.starts_with("flush_new_servers"))
         .map(|l| format!("{l}\n"))
         .collect();
-    let mut settings = format!("handoff_ms = {WINDOW_MS}\n");
+    let mut settings = format!("handoff_ms = {WINDOW_MS}\nflush_new_servers = \"always\"\n");
     if let Some(value) = shared_with {
         settings.push_str(&format!("shared_with = \"{value}\"\n"));
     }

@@ -56,6 +56,8 @@ enum Place {
 struct Translated {
     name: String,
     listen: String,
+    /// A Unix socket's permissions (`listen: /path 0666`), as `0666`.
+    listen_mode: Option<String>,
     lines: Vec<String>,
     servers: Vec<Server>,
     unmapped: Vec<String>,
@@ -69,8 +71,8 @@ struct Translated {
 ///
 /// # Errors
 /// The file is not the YAML twemproxy reads, the pool is missing, or a pool
-/// imported uses something memring cannot reproduce (redis, unix sockets, a
-/// distribution other than ketama).
+/// imported uses something memring cannot reproduce (redis, servers on unix
+/// sockets, a distribution other than ketama).
 pub(crate) fn twemproxy(text: &str, pool: Option<&str>) -> Result<(String, Vec<String>), String> {
     let pools = parse_pools(text)?;
     let pool = match pool {
@@ -121,6 +123,7 @@ fn translate(pool: &Pool, place: Place) -> Result<Translated, String> {
     Ok(Translated {
         name: pool.name.clone(),
         listen,
+        listen_mode: lines.listen_mode,
         lines: lines.lines,
         servers,
         unmapped: lines.unmapped,
@@ -162,6 +165,7 @@ struct Lines {
     lines: Vec<String>,
     unmapped: Vec<String>,
     listen: Option<String>,
+    listen_mode: Option<String>,
     client_connections: u64,
 }
 
@@ -183,12 +187,25 @@ impl Lines {
     }
 
     /// `listen`: TCP `host:port` (twemproxy's `host:port:permissions` loses
-    /// its permissions).
+    /// its permissions), or a Unix socket's `/path [permissions]` as
+    /// `unix:/path` and `listen_mode`.
     fn listen_addr(&mut self, value: &str) -> Result<String, String> {
         if value.starts_with('/') {
-            return Err(format!(
-                "listen: unix socket `{value}` is not supported; memring listens on TCP"
-            ));
+            let (path, mode) = match value.rsplit_once(' ') {
+                Some((path, mode)) => (path.trim_end(), Some(mode)),
+                None => (value, None),
+            };
+            if let Some(mode) = mode {
+                // nutcracker reads it as octal, at most 0777.
+                let bits = u32::from_str_radix(mode, 8)
+                    .ok()
+                    .filter(|&bits| bits <= 0o777)
+                    .ok_or_else(|| {
+                        format!("listen: `{value}`: `{mode}` is not a file permission (octal, at most 0777)")
+                    })?;
+                self.listen_mode = Some(format!("{bits:04o}"));
+            }
+            return Ok(format!("unix:{path}"));
         }
         // twemproxy allows `host:port:permissions`; only host:port maps.
         let parts: Vec<&str> = value.rsplitn(3, ':').collect();
@@ -414,7 +431,7 @@ impl Lines {
         // Ejection follows nutcracker's clock, so that both proxies eject and
         // return a server at the same moment while they run side by side.
         lines.push(
-            "# ejection = \"twemproxy\": a server is ejected and tried again on nutcracker's clock, not flushed on its return".into(),
+            "# ejection = \"twemproxy\": a server is ejected and tried again on nutcracker's clock, and not flushed when it comes back".into(),
         );
         lines.push("ejection = \"twemproxy\"".into());
         if !eject {
@@ -473,12 +490,23 @@ impl Lines {
             "# is read on its new owner only (a miss, as in nutcracker) and never copied (docs/handoff.md)".into(),
         );
         self.lines.push("shared_with = \"writers\"".into());
+        self.lines.push(
+            "# flush_new_servers = \"never\": a server added to [[servers]] joins as it is, never flushed: nutcracker may be using it".into(),
+        );
+        self.lines.push("flush_new_servers = \"never\"".into());
     }
 }
 
 /// `listen`, the ring, the pool's lines and its servers as `[[table]]`s.
 fn write_pool(out: &mut String, pool: &Translated, table: &str) {
     let _ = writeln!(out, "listen = \"{}\"", escape(&pool.listen));
+    if let Some(mode) = &pool.listen_mode {
+        let _ = writeln!(
+            out,
+            "# listen: its permissions {mode} -> listen_mode, the socket file's mode"
+        );
+        let _ = writeln!(out, "listen_mode = \"{mode}\"");
+    }
     let _ = writeln!(out, "ring = \"twemproxy\"");
     for line in &pool.lines {
         let _ = writeln!(out, "{line}");
@@ -787,6 +815,12 @@ beta:
         assert_eq!(config.connect_timeout.as_millis(), 400);
         // Beside nutcracker, nothing is read through or copied.
         assert_eq!(config.shared_with, memring::config::SharedWith::Writers);
+        // nor is a server flushed when it is added: nutcracker may use it.
+        assert_eq!(
+            config.flush_new_servers,
+            memring::config::FlushNewServers::Never
+        );
+        assert!(toml.contains("\nflush_new_servers = \"never\"\n"), "{toml}");
         assert!(config.warnings().is_empty(), "{:?}", config.warnings());
         // Every setting of the pool says how it maps, in a comment.
         for key in [
@@ -1080,6 +1114,60 @@ beta:
             alone.contains("\nmax_client_connections = 100\n"),
             "{alone}"
         );
+    }
+
+    /// nutcracker's `listen: /path 0666` (a Unix socket, with its
+    /// permissions) becomes `listen = "unix:/path"` and `listen_mode`; a
+    /// pool entry's too. The import used to refuse it.
+    #[test]
+    fn a_unix_socket_listen_is_carried_with_its_mode() {
+        use memring::config::Listen;
+        let text =
+            "p:\n  listen: /var/run/nutcracker.sock 0666\n  servers:\n   - 127.0.0.1:11211:1\n";
+        let (toml, unmapped) = twemproxy(text, None).unwrap();
+        assert!(
+            toml.contains("\nlisten = \"unix:/var/run/nutcracker.sock\"\n"),
+            "{toml}"
+        );
+        assert!(toml.contains("\nlisten_mode = \"0666\"\n"), "{toml}");
+        assert!(unmapped.is_empty(), "{unmapped:?}");
+        assert_eq!(
+            load(&toml).listen,
+            Listen::Unix {
+                path: "/var/run/nutcracker.sock".into(),
+                mode: Some(0o666)
+            }
+        );
+        // Without permissions: the umask's mode, no listen_mode.
+        let text = text.replace(" 0666", "");
+        let (toml, _) = twemproxy(&text, None).unwrap();
+        assert!(!toml.contains("listen_mode"), "{toml}");
+        assert_eq!(
+            load(&toml).listen,
+            Listen::Unix {
+                path: "/var/run/nutcracker.sock".into(),
+                mode: None
+            }
+        );
+        // Two pools: the second one's socket is its [[pools]] entry's.
+        let two = "a:\n  listen: 127.0.0.1:22121\n  servers:\n   - 127.0.0.1:11211:1\nb:\n  listen: /run/b.sock 0660\n  servers:\n   - 127.0.0.1:11212:1\n";
+        let (toml, _) = twemproxy(two, None).unwrap();
+        let config = load(&toml);
+        let b = config.pools.iter().find(|p| p.name == "b").unwrap();
+        assert_eq!(
+            b.listen,
+            Some(Listen::Unix {
+                path: "/run/b.sock".into(),
+                mode: Some(0o660)
+            })
+        );
+        // nutcracker refuses a mode that is not octal up to 0777; so does import.
+        for bad in ["0999", "01777", "rw"] {
+            let text =
+                format!("p:\n  listen: /run/x.sock {bad}\n  servers:\n   - 127.0.0.1:11211:1\n");
+            let error = twemproxy(&text, None).unwrap_err();
+            assert!(error.contains("is not a file permission"), "{bad}: {error}");
+        }
     }
 
     #[test]
