@@ -218,9 +218,17 @@ impl ClientSession {
         }
     }
 
+    /// Requests this client has outstanding: entries not yet answered, and
+    /// `noreply` writes the servers have not answered. Both count against
+    /// `max_pending`, or one client pipelining `noreply` writes could fill a
+    /// server's `max_server_inflight` and leave others `server busy`.
+    pub(super) fn outstanding(&self) -> usize {
+        self.entries.len() + self.unanswered.len()
+    }
+
     pub(super) fn can_read(&self) -> bool {
         !self.closing
-            && self.entries.len() < self.worker.settings.max_pending
+            && self.outstanding() < self.worker.settings.max_pending
             && self.budget.owed() + self.out.len() + self.parsed_bytes <= self.client_limit()
     }
 
@@ -260,7 +268,7 @@ impl ClientSession {
         // Limits may change with a reload or when servers report their item
         // size; a copy is taken, no guard is held.
         self.limits = self.default_limits();
-        while !self.closing && self.entries.len() < self.worker.settings.max_pending {
+        while !self.closing && self.outstanding() < self.worker.settings.max_pending {
             if self.discard > 0 {
                 let n = self.discard.min(input.len());
                 input.advance(n);

@@ -196,7 +196,7 @@ where
             if input.len() < unparsed {
                 progress.parsed(now);
             }
-            let full = client.entries.len() >= settings.max_pending;
+            let full = client.outstanding() >= settings.max_pending;
             client.count_out();
             client.advance();
             // Answers collected just now made room for requests `input`
@@ -204,7 +204,7 @@ where
             // come for them (the client has sent everything and waits, and
             // the replies still owed may be quiet). One wake per turn, not
             // one per reply slot, leaves no spare turn to do it later.
-            if !(full && !input.is_empty() && client.entries.len() < settings.max_pending) {
+            if !(full && !input.is_empty() && client.outstanding() < settings.max_pending) {
                 break;
             }
         }
