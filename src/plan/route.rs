@@ -165,7 +165,11 @@ pub(crate) fn plan(
             let op = KeyOp::classic(
                 request.command == Command::Cas,
                 request.command == Command::Delete,
-            );
+            )
+            .repeated(matches!(
+                request.command,
+                Command::Set | Command::Delete | Command::Touch
+            ));
             // Every classic write is handed off (see `handoff::needs_handoff`),
             // copying a moved key only where `shared_with` allows it.
             let copies = crate::plan::handoff::Copies::of(topology.config.shared_with);
@@ -1160,6 +1164,15 @@ pub(crate) fn plan_meta(
             || request.backend_error.is_some(),
         hands_off: request.backend_error.is_none(),
         removes: request.command == MetaCommand::Delete,
+        // `ms` in set mode and `md` (without `C`: then a cas) leave a server
+        // without the owner's item with the same value, or none.
+        repeatable: kind == KeyKind::Write
+            && (request.command == MetaCommand::Delete
+                || (request.command == MetaCommand::Set
+                    && matches!(
+                        request.mode.map(|m| m.to_ascii_uppercase()),
+                        None | Some(b'S')
+                    ))),
     };
     MetaPlan::Key(place(key, op, what, topology, health))
 }

@@ -36,3 +36,4 @@ mod shared;
 mod suite;
 mod tls;
 mod twemproxy;
+mod warming;
