@@ -21,6 +21,7 @@ mod handoff;
 mod hostile;
 mod hotkeys;
 mod leases;
+mod member;
 mod meta_protocol;
 mod meta_ring;
 mod operations;
