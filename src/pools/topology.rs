@@ -617,6 +617,9 @@ impl Topology {
     /// A server only in an older ring of chained changes is LEAVING too: it
     /// is kept, and asked only to delete keys written since.
     pub fn membership(&self, index: usize) -> Membership {
+        if self.is_warming(index) {
+            return Membership::Warming;
+        }
         let Some(previous) = &self.previous else {
             return Membership::Active;
         };
@@ -760,6 +763,9 @@ pub enum Membership {
     Joining,
     /// Only in the previous ring: asked only as a previous owner.
     Leaving,
+    /// Configured `warming = true`: on no ring, written the keys it will
+    /// own, never read.
+    Warming,
 }
 
 impl Membership {
@@ -768,6 +774,7 @@ impl Membership {
             Membership::Active => "ACTIVE",
             Membership::Joining => "JOINING",
             Membership::Leaving => "LEAVING",
+            Membership::Warming => "WARMING",
         }
     }
 }

@@ -87,6 +87,13 @@ fn a_warming_server_is_written_the_keys_it_will_own_and_never_read() {
     }
     // No read went to it.
     assert_eq!(stat(w, "cmd_get"), 0, "a warming server serves no reads");
+    let membership = |server: &Memcached| {
+        let name = format!("server:{}:membership", name_of(server));
+        let stats = proxy.client().stats("");
+        stats.into_iter().find(|(k, _)| *k == name).map(|(_, v)| v)
+    };
+    assert_eq!(membership(w).as_deref(), Some("WARMING"));
+    assert_eq!(membership(a).as_deref(), Some("ACTIVE"));
 
     let joined = config(&[a, b, w], &[], "handoff_ms = 60000");
     let after = ring_of(&joined);
@@ -122,6 +129,7 @@ fn a_warming_server_is_written_the_keys_it_will_own_and_never_read() {
         proxy.running().topology.load().previous.is_some(),
         "a hand-off window"
     );
+    assert_eq!(membership(w).as_deref(), Some("JOINING"));
     let asked = |s: &Memcached| stat(s, "cmd_get");
     let (a_before, b_before, w_before) = (asked(a), asked(b), stat(w, "get_hits"));
     for key in &theirs {
