@@ -246,3 +246,30 @@ fn the_agent_refuses_bad_flags_clearly() {
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("--name \"a/b\""), "{stderr}");
 }
+
+#[test]
+fn the_agent_registers_again_when_etcd_comes_back() {
+    let mut etcd = Etcd::start("member-outage");
+    let server = Memcached::start();
+    let agent = Agent::start(
+        "outage",
+        &etcd,
+        &server.addr(),
+        &["--warm-ms", "0", "--lease-ttl-s", "2"],
+    );
+    wait_for("the record", || state(&etcd) == Some(MemberState::Active));
+    let lease = lease_of(&etcd);
+    etcd.stop();
+    wait_for("the agent to notice", || {
+        agent.log().contains("registering again")
+    });
+    etcd.restart();
+    wait_for("the record under a new lease", || {
+        state(&etcd) == Some(MemberState::Active) && lease_of(&etcd) != lease
+    });
+    assert!(
+        agent.log().matches("registered").count() >= 2,
+        "{}",
+        agent.log()
+    );
+}
