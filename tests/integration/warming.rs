@@ -301,6 +301,80 @@ fn with_replicas_every_warming_replica_gets_the_writes() {
 }
 
 #[test]
+fn with_replicas_a_cas_incr_or_add_leaves_the_warming_replica_without_the_key() {
+    let dir = TempDir::new("warming", "replicas-cas");
+    let servers: Vec<Memcached> = (0..4).map(|_| Memcached::start()).collect();
+    let all: Vec<&Memcached> = servers.iter().collect();
+    let w = all[3];
+    let path = dir.path("memring.toml");
+    let settings = "replicas = 2\nhandoff_ms = 60000";
+    std::fs::write(&path, config(&all[..3], &[w], settings)).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let joined = config(&all, &[], settings);
+    let after = ring_of(&joined);
+    let keys: Vec<String> = (0..900)
+        .map(|i| format!("repcas:{i}"))
+        .filter(|k| replicas_of(&after, k, 2).contains(&name_of(w)))
+        .collect();
+    assert!(keys.len() > 150, "{}", keys.len());
+    store(&mut client, &keys, "10");
+    assert_eq!(held_by(w, &keys), keys.len(), "written while warming");
+    let expected = |i: usize| -> &'static [u8] {
+        match i % 3 {
+            0 => b"v9",
+            1 => b"15",
+            _ => b"10",
+        }
+    };
+    for (i, key) in keys.iter().enumerate() {
+        match i % 3 {
+            0 => {
+                let reply = client.call(
+                    format!("gets {key}\r\n").as_bytes(),
+                    memring::protocol::ReplyKind::Values,
+                );
+                let text = String::from_utf8(reply).unwrap();
+                let cas = text.split_whitespace().nth(4).unwrap().to_string();
+                let line = format!("cas {key} 0 0 2 {cas}\r\nv9\r\n");
+                assert_eq!(
+                    client.call(line.as_bytes(), memring::protocol::ReplyKind::Line),
+                    b"STORED\r\n",
+                    "{key}"
+                );
+            }
+            1 => {
+                let line = format!("incr {key} 5\r\n");
+                assert_eq!(
+                    client.call(line.as_bytes(), memring::protocol::ReplyKind::Line),
+                    b"15\r\n",
+                    "{key}"
+                );
+            }
+            _ => {
+                let line = format!("add {key} 0 0 7\r\nrefused\r\n");
+                assert_eq!(
+                    client.call(line.as_bytes(), memring::protocol::ReplyKind::Line),
+                    b"NOT_STORED\r\n",
+                    "{key}"
+                );
+            }
+        }
+    }
+    // Deleted there rather than repeated: never a value the replicas lack.
+    assert_eq!(
+        held_by(w, &keys),
+        0,
+        "each lost the key on the warming server"
+    );
+
+    reload(&proxy, &path, &joined);
+    for (i, key) in keys.iter().enumerate() {
+        assert_eq!(client.get(key).as_deref(), Some(expected(i)), "{key}");
+    }
+}
+
+#[test]
 fn check_accepts_a_warming_server_and_plan_shows_it_apart() {
     let dir = TempDir::new("warming", "plan");
     let servers: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
