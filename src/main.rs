@@ -173,6 +173,48 @@ enum Action {
         #[command(subcommand)]
         from: ImportFrom,
     },
+    /// Keep one memcached's membership record in etcd (run beside it).
+    ///
+    /// Waits until memcached at --addr answers, registers
+    /// `<prefix>members/<name>` as JOINING (warming) under a lease it keeps
+    /// alive, sets it ACTIVE after --warm-ms; on SIGTERM or SIGINT sets it
+    /// LEAVING, waits --drain-ms, deletes it and exits 0. If etcd is
+    /// unreachable it retries and registers again. See docs/member.md.
+    Member {
+        /// etcd endpoints, comma-separated (e.g. http://127.0.0.1:2379).
+        #[arg(long, value_name = "URL[,URL]", value_delimiter = ',', required = true)]
+        etcd: Vec<String>,
+        /// The cluster's key prefix, as the sidecars' `etcd_prefix`.
+        #[arg(long, value_name = "PREFIX")]
+        prefix: String,
+        /// The member's name: its place on the ring.
+        #[arg(long, value_name = "NAME")]
+        name: String,
+        /// memcached's host:port, as the sidecars connect to it.
+        #[arg(long, value_name = "HOST:PORT")]
+        addr: String,
+        /// Share of the keyspace, 1 to 1000.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        weight: u32,
+        /// The member's zone.
+        #[arg(long, value_name = "ZONE")]
+        zone: Option<String>,
+        /// memcached speaks TLS (the sidecars connect with [backend_tls]).
+        #[arg(long)]
+        tls: bool,
+        /// How long to stay JOINING (warming) before ACTIVE; 0: ACTIVE at once.
+        #[arg(long, value_name = "MS", default_value_t = 30_000)]
+        warm_ms: u64,
+        /// How long to stay LEAVING after SIGTERM before deleting the key.
+        #[arg(long, value_name = "MS", default_value_t = 10_000)]
+        drain_ms: u64,
+        /// The lease's TTL: the key goes this long after the agent dies.
+        #[arg(long, value_name = "S", default_value_t = 10, value_parser = clap::value_parser!(i64).range(1..=3600))]
+        lease_ttl_s: i64,
+        /// How long to wait for memcached to answer before giving up (exit 1).
+        #[arg(long, value_name = "MS", default_value_t = 120_000)]
+        wait_ms: u64,
+    },
     /// Print a shell completion script to stdout.
     ///
     /// For bash: `memring completions bash > /etc/bash_completion.d/memring`
@@ -265,6 +307,34 @@ fn main() -> ExitCode {
             }),
             _,
         ) => cli::import::run(file, pool.as_deref()),
+        (
+            Some(Action::Member {
+                etcd,
+                prefix,
+                name,
+                addr,
+                weight,
+                zone,
+                tls,
+                warm_ms,
+                drain_ms,
+                lease_ttl_s,
+                wait_ms,
+            }),
+            _,
+        ) => cli::member::run(cli::member::MemberArgs {
+            etcd: etcd.clone(),
+            prefix: prefix.clone(),
+            name: name.clone(),
+            addr: addr.clone(),
+            weight: *weight,
+            zone: zone.clone(),
+            tls: *tls,
+            warm: std::time::Duration::from_millis(*warm_ms),
+            drain: std::time::Duration::from_millis(*drain_ms),
+            lease_ttl_s: *lease_ttl_s,
+            wait: std::time::Duration::from_millis(*wait_ms),
+        }),
         (Some(Action::Completions { shell }), _) => {
             cli::completions::print(*shell, Cli::command()).context("cannot write the script")
         }

@@ -12,6 +12,7 @@ pub(crate) mod hints;
 pub(crate) mod import;
 pub(crate) mod logging;
 pub(crate) mod man;
+pub(crate) mod member;
 pub(crate) mod plan;
 pub(crate) mod run;
 pub(crate) mod send;

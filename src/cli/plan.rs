@@ -156,28 +156,45 @@ fn print_pool_plan(old_config: &Config, new_config: &Config) {
             names.push(&server.name);
         }
     }
+    // The ring's members are the servers that are not warming, in order.
     let share_of = |config: &Config, shares: &[f64], name: &str| {
         config
             .servers
             .iter()
+            .filter(|s| !s.warming)
             .position(|s| s.name == name)
             .map(|i| shares[i])
     };
+    let warming =
+        |config: &Config, name: &str| config.servers.iter().any(|s| s.name == name && s.warming);
     println!("{:<32} {:>9} {:>9}", "server", "before", "after");
     for name in names {
-        let show =
-            |share: Option<f64>| share.map_or("-".to_string(), |s| format!("{:.2}%", s * 100.0));
+        let show = |config: &Config, share: Option<f64>| {
+            if warming(config, name) {
+                return "warming".to_string();
+            }
+            share.map_or("-".to_string(), |s| format!("{:.2}%", s * 100.0))
+        };
         println!(
             "{:<32} {:>9} {:>9}",
             name,
-            show(share_of(old_config, &old_shares, name)),
-            show(share_of(new_config, &new_shares, name))
+            show(old_config, share_of(old_config, &old_shares, name)),
+            show(new_config, share_of(new_config, &new_shares, name))
         );
     }
+    print_warming(new_config);
+    let on_ring = |config: &Config| -> Vec<memring::config::ServerConfig> {
+        config
+            .servers
+            .iter()
+            .filter(|s| !s.warming)
+            .cloned()
+            .collect()
+    };
     let change = Change::between(
-        &old_config.servers,
+        &on_ring(old_config),
         &old_ring,
-        &new_config.servers,
+        &on_ring(new_config),
         &new_ring,
     );
     println!("keyspace that moves: {:.2}%", change.moved_share * 100.0);
@@ -254,6 +271,24 @@ fn print_flush(old_config: &Config, new_config: &Config) {
                 "they hold"
             }
         );
+    }
+}
+
+/// The warming servers of `config`: each takes writes for the share of
+/// the keys it will own once it joins, and serves no reads until then.
+fn print_warming(config: &Config) {
+    if !config.servers.iter().any(|s| s.warming) {
+        return;
+    }
+    let staged = config.build_staged_ring().shares();
+    for (server, share) in config.servers.iter().zip(staged) {
+        if server.warming {
+            println!(
+                "warming: {} takes the writes of {:.2}% of the keys (its share once it joins) and serves no reads; set warming = false to join with them",
+                server.name,
+                share * 100.0
+            );
+        }
     }
 }
 

@@ -76,6 +76,7 @@ pub(super) const EXAMPLES: &[(&str, &str)] = &[
     ("weight", "2"),
     ("name", "\"cache-01\""),
     ("tls", "true"),
+    ("warming", "true"),
     ("cert_file", "\"server.pem\""),
     ("key_file", "\"server.key\""),
     ("client_ca_file", "\"clients-ca.pem\""),

@@ -291,9 +291,14 @@ impl Config {
         self
     }
 
-    /// The ring members, in config order.
+    /// The ring members, in config order: every server but the warming
+    /// ones, which are not on the ring yet.
     pub fn members(&self) -> Vec<Member> {
-        self.servers.iter().map(ServerConfig::member).collect()
+        self.servers
+            .iter()
+            .filter(|s| !s.warming)
+            .map(ServerConfig::member)
+            .collect()
     }
 
     /// Settings that are valid but probably not what was meant. The config
@@ -315,18 +320,38 @@ impl Config {
                 self.servers.len()
             ));
         }
+        if !self.servers.is_empty() && self.servers.iter().all(|s| s.warming) {
+            warnings.push(
+                "every server is warming: none is on the ring, so every request answers SERVER_ERROR until one stops warming".to_string(),
+            );
+        }
         warnings.extend(self.server_warnings.iter().cloned());
         warnings
     }
 
-    /// The ring nodes (members with their addresses), in config order.
+    /// The ring nodes (members with their addresses), in config order; the
+    /// warming servers are not members.
     pub fn ring_nodes(&self) -> Vec<Node> {
-        self.servers.iter().map(ServerConfig::node).collect()
+        self.servers
+            .iter()
+            .filter(|s| !s.warming)
+            .map(ServerConfig::node)
+            .collect()
     }
 
-    /// The ring of every configured server, in the configured flavour.
+    /// The ring of every configured server but the warming ones, in the
+    /// configured flavour.
     pub fn build_ring(&self) -> Ring {
         Ring::build_with(&self.ring, self.ring_nodes())
+    }
+
+    /// The ring the warming servers are staged to join: every configured
+    /// server's.
+    pub fn build_staged_ring(&self) -> Ring {
+        Ring::build_with(
+            &self.ring,
+            self.servers.iter().map(ServerConfig::node).collect(),
+        )
     }
 }
 

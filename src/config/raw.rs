@@ -80,6 +80,9 @@ pub(super) struct RawServer {
     pub(super) weight: Option<Spanned<i64>>,
     pub(super) name: Option<Spanned<String>>,
     pub(super) tls: Option<Spanned<bool>>,
+    /// Takes writes beside the ring, serves no reads (see
+    /// `ServerConfig::warming`).
+    pub(super) warming: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

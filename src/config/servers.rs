@@ -70,12 +70,13 @@ impl ServerList {
             let endpoints = list.endpoints(server, &addr, text, lookup);
             list.reaches.push((server.addr.span(), endpoints));
             let tls = server.tls.as_ref().is_some_and(|t| *t.get_ref());
+            let warming = server.warming.as_ref().is_some_and(|w| *w.get_ref());
             list.servers.push(ServerConfig {
                 addr,
                 name,
                 weight,
                 tls,
-                warming: false,
+                warming,
             });
         }
         Ok(list)

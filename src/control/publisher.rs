@@ -601,10 +601,12 @@ fn fds_while_switching(budget: &FdBudget, old: &[Arc<Backend>], new: &[Arc<Backe
     budget.backend_fds(old.iter().chain(fresh).map(|b| b.settings().connections))
 }
 
+/// The servers on the ring: neither ejected nor warming (a server that stops
+/// warming is added to the ring then, and opens a hand-off window).
 fn effective(servers: &[ServerConfig], ejected: &[String]) -> Vec<ServerConfig> {
     servers
         .iter()
-        .filter(|s| !ejected.contains(&s.name))
+        .filter(|s| !ejected.contains(&s.name) && !s.warming)
         .cloned()
         .collect()
 }

@@ -66,10 +66,12 @@ fn in_pool(layout: &Layout, pool: usize, key: &[u8]) -> InPool {
         Placement::Quorum {
             mut servers,
             forget,
+            warm,
             ..
         } => {
-            // The last `forget` are replicas of the previous ring only.
-            servers.truncate(servers.len() - forget);
+            // The last `forget` are replicas of the previous ring only
+            // (or warming servers), the `warm` before them warming servers.
+            servers.truncate(servers.len() - forget - warm);
             (servers, None)
         }
         Placement::CasThenCopy { owner, copies, .. } => {

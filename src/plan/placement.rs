@@ -67,6 +67,14 @@ pub(crate) struct KeyOp {
     /// A delete (`delete`, `md` without `C`): with replicas, the previous
     /// ring's former replicas lose the key before the current ones.
     pub(crate) removes: bool,
+    /// Sent as it is to a server that may lack the owner's item, it leaves
+    /// that server with the owner's value or without the key (`set`,
+    /// `delete`, `touch`, `ms` in set mode, `md`): a warming server gets the
+    /// request itself. Any other write (`cas`, `add`, `replace`, `append`,
+    /// `prepend`, `incr`, `decr`, `ma`, a mode of `ms`) would leave it a
+    /// value the owner does not have, so the warming server loses the key
+    /// instead (see [`place`]).
+    pub(crate) repeatable: bool,
 }
 
 /// The part of a request the replicas care about.
@@ -92,10 +100,12 @@ impl KeyOp {
         owner_only: false,
         hands_off: true,
         removes: false,
+        repeatable: false,
     };
 
     /// A classic command on one key that is not a retrieval: every one
-    /// changes the key; `removes` for a `delete`.
+    /// changes the key; `removes` for a `delete`. Not `repeatable`: see
+    /// [`KeyOp::repeated`].
     pub(crate) fn classic(cas: bool, removes: bool) -> KeyOp {
         KeyOp {
             kind: if cas {
@@ -108,7 +118,13 @@ impl KeyOp {
             owner_only: false,
             hands_off: true,
             removes,
+            repeatable: false,
         }
+    }
+
+    /// The same, `repeatable` when `repeatable` (see the field).
+    pub(crate) fn repeated(self, repeatable: bool) -> KeyOp {
+        KeyOp { repeatable, ..self }
     }
 }
 
@@ -122,14 +138,19 @@ pub(crate) enum Placement<M> {
     /// by that, for hot-key counting.
     Owner { server: usize, hash: Option<u64> },
     /// Every server of `servers` gets it; answered when `quorum` agree. The
-    /// last `forget` are replicas of the previous ring only: they get a
+    /// last `forget` are replicas of the previous ring only (or warming
+    /// servers, for a write that is not `repeatable`): they get a
     /// delete of the key instead, awaited before the answer; with
-    /// `forget_last`, only once the others answered. `older`: the owners in
-    /// older rings of chained changes, deleted first (see [`OlderOwners`]).
+    /// `forget_last`, only once the others answered. The `warm` before
+    /// them are warming servers: they get the request itself, awaited
+    /// before the answer, and their replies are not counted. `older`: the
+    /// owners in older rings of chained changes, deleted first (see
+    /// [`OlderOwners`]).
     Quorum {
         servers: Servers,
         quorum: usize,
         forget: usize,
+        warm: usize,
         older: Option<Box<OlderOwners>>,
         forget_last: bool,
     },
@@ -183,10 +204,11 @@ impl<M> Placement<M> {
 }
 
 /// Places a request described by `op` on `key` (its routing key: a meta `b`
-/// key decoded) in `topology`, whose servers' health is `health`. `steps`:
+/// key decoded) in `topology`, whose servers' health is `health`, on the
+/// rings in force (the warming servers aside). `steps`:
 /// how the hand-off machine runs it on a moved key, `None` when the new
 /// owner alone answers it.
-pub(crate) fn place<M>(
+fn place_on_ring<M>(
     key: &[u8],
     op: KeyOp,
     steps: Option<M>,
@@ -227,6 +249,7 @@ pub(crate) fn place<M>(
                 servers: smallvec::smallvec![owner],
                 quorum: 1,
                 forget: 0,
+                warm: 0,
                 older,
                 forget_last: false,
             },
@@ -296,9 +319,123 @@ pub(crate) fn place<M>(
                 servers,
                 quorum,
                 forget,
+                warm: 0,
                 forget_last,
             }
         }
+    }
+}
+
+/// Places a request described by `op` on `key` as [`place_on_ring`] does,
+/// and gives a write the warming servers that would hold `key` had they
+/// joined (`Topology::warming_replicas`), so that they hold every value
+/// written while they warm and serve it once they join; reads never go
+/// there.
+///
+/// A `repeatable` write goes to them as it is (`warm` parts of a
+/// [`Placement::Quorum`]); any other write deletes the key on them (its
+/// `forget` parts), since repeating it there could leave a value the owner
+/// does not have (an `incr` of an older count, an `add` the owner refused).
+/// Either is awaited before the client's answer, which stays the owner's
+/// (or the replicas' quorum's): once a server stops warming, no read finds
+/// there a value older than an acknowledged write. A write planned as a
+/// cas decided on the owner or as a moved key's hand-off steps deletes the
+/// key on them first, as owners in older rings lose it. A miss there later
+/// is read through from the previous owner in the hand-off window its
+/// joining opens.
+pub(crate) fn place<M>(
+    key: &[u8],
+    op: KeyOp,
+    steps: Option<M>,
+    topology: &Topology,
+    health: &HealthView,
+) -> Placement<M> {
+    let placed = place_on_ring(key, op, steps, topology, health);
+    if op.kind == KeyKind::Read || !topology.has_warming() {
+        return placed;
+    }
+    let mut warming = Servers::new();
+    topology.warming_replicas(key, &mut warming);
+    if warming.is_empty() {
+        return placed;
+    }
+    let repeats = op.repeatable && op.kind == KeyKind::Write && !op.owner_only;
+    match placed {
+        Placement::NoServers => Placement::NoServers,
+        Placement::Owner { server, .. } => {
+            let mut servers: Servers = smallvec::smallvec![server];
+            servers.extend(warming.iter().copied());
+            let n = warming.len();
+            Placement::Quorum {
+                servers,
+                quorum: 1,
+                forget: if repeats { 0 } else { n },
+                warm: if repeats { n } else { 0 },
+                older: None,
+                forget_last: false,
+            }
+        }
+        Placement::Quorum {
+            mut servers,
+            quorum,
+            mut forget,
+            warm,
+            older,
+            forget_last,
+        } => {
+            // A warming server is on no ring in force, but it may have been
+            // on the previous one: then it loses the key already.
+            warming.retain(|w| !servers.contains(w));
+            let mut warm = warm;
+            if repeats {
+                let at = servers.len() - forget;
+                for (i, &w) in warming.iter().enumerate() {
+                    servers.insert(at + i, w);
+                }
+                warm += warming.len();
+            } else {
+                servers.extend(warming.iter().copied());
+                forget += warming.len();
+            }
+            Placement::Quorum {
+                servers,
+                quorum,
+                forget,
+                warm,
+                older,
+                forget_last,
+            }
+        }
+        Placement::CasThenCopy {
+            owner,
+            copies,
+            previous,
+            older,
+        } => Placement::CasThenCopy {
+            owner,
+            copies,
+            previous,
+            older: Some(OlderOwners::then(older, &warming)),
+        },
+        Placement::Moved {
+            owner,
+            previous,
+            steps,
+            older,
+            hash,
+            copies_back,
+        } => {
+            warming.retain(|w| *w != previous);
+            Placement::Moved {
+                owner,
+                previous,
+                steps,
+                older: Some(OlderOwners::then(older, &warming)),
+                hash,
+                copies_back,
+            }
+        }
+        read @ Placement::ReadThrough { .. } => read,
     }
 }
 
@@ -436,6 +573,7 @@ mod tests {
                 forget,
                 older,
                 forget_last,
+                warm: 0,
             } => {
                 assert!(!forget_last, "a write, not a delete");
                 assert_eq!(servers[..2], replicas[..]);
@@ -564,6 +702,93 @@ mod tests {
                 &HealthView::NONE
             )
         );
+    }
+
+    #[test]
+    fn a_write_of_a_warming_servers_key_reaches_it_and_a_read_never_does() {
+        use crate::pools::topology::tests::four_and_one_warming;
+        let (_runtime, topology) = four_and_one_warming("");
+        let mut warming = Servers::new();
+        let (theirs, not_theirs) = {
+            let keys: Vec<String> = (0..2000).map(|i| format!("k{i}")).collect();
+            let mut theirs = keys.iter().filter(|k| {
+                topology.warming_replicas(k.as_bytes(), &mut warming);
+                !warming.is_empty()
+            });
+            let first = theirs.next().unwrap().clone();
+            let other = keys
+                .iter()
+                .find(|k| {
+                    topology.warming_replicas(k.as_bytes(), &mut warming);
+                    warming.is_empty()
+                })
+                .unwrap()
+                .clone();
+            (first, other)
+        };
+        let owner = topology.owner_index(theirs.as_bytes()).unwrap();
+        let at =
+            |op: KeyOp, key: &str| place(key.as_bytes(), op, STEPS, &topology, &HealthView::NONE);
+        let set = KeyOp::classic(false, false).repeated(true);
+        assert_eq!(
+            at(set, &theirs),
+            Placement::Quorum {
+                servers: smallvec::smallvec![owner, 4],
+                quorum: 1,
+                forget: 0,
+                warm: 1,
+                older: None,
+                forget_last: false,
+            }
+        );
+        // An incr, a cas: deleted there.
+        for op in [KeyOp::classic(false, false), KeyOp::classic(true, false)] {
+            assert_eq!(
+                at(op, &theirs),
+                Placement::Quorum {
+                    servers: smallvec::smallvec![owner, 4],
+                    quorum: 1,
+                    forget: 1,
+                    warm: 0,
+                    older: None,
+                    forget_last: false,
+                },
+                "{op:?}"
+            );
+        }
+        assert!(matches!(at(READ, &theirs), Placement::Owner { server, .. } if server == owner));
+        assert!(matches!(at(set, &not_theirs), Placement::Owner { .. }));
+
+        // With replicas: a warming server among the staged replicas gets
+        // the write beside the replicas now, uncounted.
+        let (_runtime, topology) = four_and_one_warming("replicas = 2\n");
+        let key = (0..2000)
+            .map(|i| format!("k{i}"))
+            .find(|k| {
+                topology.warming_replicas(k.as_bytes(), &mut warming);
+                !warming.is_empty()
+            })
+            .unwrap();
+        let mut now = Servers::new();
+        topology.replicas(key.as_bytes(), &mut now);
+        let placed = place(key.as_bytes(), set, STEPS, &topology, &HealthView::NONE);
+        let Placement::Quorum {
+            servers,
+            quorum,
+            warm,
+            forget,
+            ..
+        } = placed
+        else {
+            panic!("{placed:?}")
+        };
+        assert_eq!((quorum, warm, forget), (2, 1, 0));
+        assert_eq!(servers[..2], now[..]);
+        assert_eq!(servers[2], 4);
+        match place(key.as_bytes(), READ, STEPS, &topology, &HealthView::NONE) {
+            Placement::ReadThrough { servers, .. } => assert!(!servers.contains(&4)),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -165,7 +165,11 @@ pub(crate) fn plan(
             let op = KeyOp::classic(
                 request.command == Command::Cas,
                 request.command == Command::Delete,
-            );
+            )
+            .repeated(matches!(
+                request.command,
+                Command::Set | Command::Delete | Command::Touch
+            ));
             // Every classic write is handed off (see `handoff::needs_handoff`),
             // copying a moved key only where `shared_with` allows it.
             let copies = crate::plan::handoff::Copies::of(topology.config.shared_with);
@@ -1160,6 +1164,15 @@ pub(crate) fn plan_meta(
             || request.backend_error.is_some(),
         hands_off: request.backend_error.is_none(),
         removes: request.command == MetaCommand::Delete,
+        // `ms` in set mode and `md` (without `C`: then a cas) leave a server
+        // without the owner's item with the same value, or none.
+        repeatable: kind == KeyKind::Write
+            && (request.command == MetaCommand::Delete
+                || (request.command == MetaCommand::Set
+                    && matches!(
+                        request.mode.map(|m| m.to_ascii_uppercase()),
+                        None | Some(b'S')
+                    ))),
     };
     MetaPlan::Key(place(key, op, what, topology, health))
 }
@@ -1789,5 +1802,65 @@ mod tests {
             wire.concat(),
             format!("mg {moved} v q f t\r\nmn\r\n").into_bytes()
         );
+    }
+
+    #[test]
+    fn a_warming_server_gets_repeatable_meta_writes_and_loses_the_key_for_others() {
+        let (_runtime, topology) = crate::pools::topology::tests::four_and_one_warming("");
+        let mut warming = Servers::new();
+        let key = (0..2000)
+            .map(|i| format!("k{i}"))
+            .find(|k| {
+                topology.warming_replicas(k.as_bytes(), &mut warming);
+                !warming.is_empty()
+            })
+            .unwrap();
+        let plan = |line: &str| {
+            let bytes = Bytes::from(line.replace("KEY", &key));
+            let (request, _) = parse_meta(&bytes, &Limits::default()).unwrap().unwrap();
+            plan_meta(
+                &request,
+                &bytes,
+                &request.routing_key(&bytes),
+                &topology,
+                &HealthView::NONE,
+            )
+        };
+        let warm_and_forget = |line: &str| match plan(line) {
+            MetaPlan::Key(Placement::Quorum {
+                servers,
+                warm,
+                forget,
+                ..
+            }) => {
+                assert_eq!(servers.last(), Some(&4), "{line}");
+                (warm, forget)
+            }
+            other => panic!("{line}: {other:?}"),
+        };
+        for line in [
+            "ms KEY 2 T0\r\nab\r\n",
+            "ms KEY 2 MS\r\nab\r\n",
+            "md KEY q\r\n",
+        ] {
+            assert_eq!(warm_and_forget(line), (1, 0), "{line}");
+        }
+        for line in [
+            "ms KEY 2 MA\r\nab\r\n",
+            "ms KEY 2 ME\r\nab\r\n",
+            "ms KEY 2 C5\r\nab\r\n",
+            "md KEY C5\r\n",
+            "ma KEY\r\n",
+            "ma KEY N0\r\n",
+        ] {
+            assert_eq!(warm_and_forget(line), (0, 1), "{line}");
+        }
+        // Reads never go there.
+        for line in ["mg KEY v\r\n", "mg KEY v N30\r\n", "me KEY\r\n"] {
+            assert!(
+                matches!(plan(line), MetaPlan::Key(Placement::Owner { server, .. }) if server != 4),
+                "{line}"
+            );
+        }
     }
 }

@@ -82,6 +82,21 @@ pub struct Topology {
     /// (see [`Topology::copies_back`]). That ring is in `older` too while
     /// there is room; this stays when it is dropped.
     undoes: bool,
+    /// With warming servers: the ring they are staged to join (see
+    /// [`Topology::warming_replicas`]).
+    staged: Option<Box<Staged>>,
+}
+
+/// The ring as it would be were the warming servers (`warming = true`)
+/// members: it decides which keys each warming server is written, and is
+/// never read from.
+#[derive(Debug)]
+struct Staged {
+    ring: Ring,
+    /// `ring_backends[i]`: index in `backends` of member `i`.
+    ring_backends: Box<[u32]>,
+    /// Backend indexes of the warming servers.
+    warming: Box<[u32]>,
 }
 
 /// Most rings a hand-off window keeps besides the ring in force: the
@@ -294,7 +309,15 @@ impl Topology {
         // With a gutter pool a DEAD server keeps its place: its keys go to
         // the gutter instead of to the other servers, and come back to it.
         let keeps_place = config.failover.is_some();
+        let mut warming = Vec::new();
         for (i, server) in config.servers.iter().enumerate() {
+            // Not on the ring, DEAD or not: a warming server serves nothing,
+            // and is written to (see `staged`) even while DEAD, so that no
+            // write goes past it unnoticed while its state is unknown.
+            if server.warming {
+                warming.push(i as u32);
+                continue;
+            }
             let out = ejected.contains(&server.name);
             if out && keeps_place {
                 failed_over.push(i as u32);
@@ -304,6 +327,19 @@ impl Topology {
                 ring_backends.push(i as u32);
             }
         }
+        let staged = (!warming.is_empty()).then(|| {
+            let mut staged_nodes = nodes.clone();
+            let mut staged_backends = ring_backends.clone();
+            for &i in &warming {
+                staged_nodes.push(config.servers[i as usize].node());
+                staged_backends.push(i);
+            }
+            Box::new(Staged {
+                ring: Ring::build_with(&config.ring, staged_nodes),
+                ring_backends: staged_backends.into_boxed_slice(),
+                warming: warming.into_boxed_slice(),
+            })
+        });
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
         let ring = Ring::build_with(&config.ring, nodes);
@@ -325,6 +361,7 @@ impl Topology {
             older: Box::new([]),
             dropped: Box::new([]),
             undoes: false,
+            staged,
         }
     }
 
@@ -580,6 +617,9 @@ impl Topology {
     /// A server only in an older ring of chained changes is LEAVING too: it
     /// is kept, and asked only to delete keys written since.
     pub fn membership(&self, index: usize) -> Membership {
+        if self.is_warming(index) {
+            return Membership::Warming;
+        }
         let Some(previous) = &self.previous else {
             return Membership::Active;
         };
@@ -670,6 +710,35 @@ impl Topology {
         }
     }
 
+    /// Backend indexes of the warming servers that would be among `key`'s
+    /// replicas (owner first, `config.replicas` long at most) had they
+    /// joined: where a write of `key` goes besides its replicas now.
+    /// Nothing without warming servers, and nothing is ever read from them.
+    pub fn warming_replicas(&self, key: &[u8], out: &mut smallvec::SmallVec<[usize; 4]>) {
+        out.clear();
+        let Some(staged) = &self.staged else {
+            return;
+        };
+        staged.ring.replicas(key, self.config.replicas.max(1), out);
+        out.retain(|member| staged.warming.contains(&staged.ring_backends[*member]));
+        for member in out.iter_mut() {
+            *member = staged.ring_backends[*member] as usize;
+        }
+    }
+
+    /// Whether any server is warming.
+    #[inline]
+    pub fn has_warming(&self) -> bool {
+        self.staged.is_some()
+    }
+
+    /// Whether backend `index` is warming (configured with `warming = true`).
+    pub fn is_warming(&self, index: usize) -> bool {
+        self.staged
+            .as_ref()
+            .is_some_and(|s| s.warming.contains(&(index as u32)))
+    }
+
     /// The backend that owns `key`.
     #[inline]
     pub fn owner(&self, key: &[u8]) -> Option<&Arc<Backend>> {
@@ -694,6 +763,9 @@ pub enum Membership {
     Joining,
     /// Only in the previous ring: asked only as a previous owner.
     Leaving,
+    /// Configured `warming = true`: on no ring, written the keys it will
+    /// own, never read.
+    Warming,
 }
 
 impl Membership {
@@ -702,6 +774,7 @@ impl Membership {
             Membership::Active => "ACTIVE",
             Membership::Joining => "JOINING",
             Membership::Leaving => "LEAVING",
+            Membership::Warming => "WARMING",
         }
     }
 }
@@ -871,6 +944,45 @@ pub(crate) mod tests {
         (runtime, old, new)
     }
 
+    /// Servers `s1`..`s4` on the ring and `s5` warming, with `settings`.
+    pub(crate) fn four_and_one_warming(settings: &str) -> (tokio::runtime::Runtime, Topology) {
+        let mut servers: Vec<ServerConfig> = (1..=5).map(|i| server(&format!("s{i}"), 1)).collect();
+        servers[4].warming = true;
+        let (runtime, hooks) = runtime_and_hooks();
+        let topology = {
+            let _guard = runtime.enter();
+            let config = config_with(&servers, settings);
+            let backends = Topology::backends_for(&config, None, &hooks);
+            Topology::assemble(config, 1, backends, Vec::new())
+        };
+        (runtime, topology)
+    }
+
+    #[test]
+    fn a_warming_server_is_off_the_ring_and_staged_for_its_share() {
+        let (_runtime, topology) = four_and_one_warming("");
+        assert_eq!(topology.effective_servers(), 4);
+        assert!(topology.is_warming(4) && !topology.is_warming(0));
+        let staged = Ring::build(
+            (1..=5)
+                .map(|i| server(&format!("s{i}"), 1).member())
+                .collect(),
+        );
+        let mut warming = smallvec::SmallVec::new();
+        let mut theirs = 0;
+        for i in 0..2000 {
+            let key = format!("k{i}");
+            assert_ne!(topology.owner_index(key.as_bytes()), Some(4));
+            topology.warming_replicas(key.as_bytes(), &mut warming);
+            let owner = staged.members()[staged.owner(key.as_bytes()).unwrap()]
+                .identity
+                .clone();
+            assert_eq!(warming.is_empty(), owner != "s5", "{key}");
+            theirs += warming.len();
+        }
+        assert!((300..500).contains(&theirs), "about a fifth: {theirs}");
+    }
+
     /// A runtime to build backends in (enter it), and a pool's hooks.
     fn runtime_and_hooks() -> (tokio::runtime::Runtime, PoolHooks) {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -989,8 +1101,8 @@ pub(crate) mod tests {
         let mut text = format!("listen = \"127.0.0.1:0\"\n{settings}");
         for s in servers {
             text.push_str(&format!(
-                "[[servers]]\naddr = \"{}\"\nname = \"{}\"\n",
-                s.addr, s.name
+                "[[servers]]\naddr = \"{}\"\nname = \"{}\"\nwarming = {}\n",
+                s.addr, s.name, s.warming
             ));
         }
         Arc::new(Config::parse(&text, "t.toml").unwrap())

@@ -932,8 +932,9 @@ impl ClientSession {
                 return true;
             }
             Work::Lines { parts, finish } => {
+                // Warming servers' replies are awaited like the deletes.
                 let forget = match finish {
-                    Finish::Quorum { forget, .. } => *forget,
+                    Finish::Quorum { forget, warm, .. } => *forget + *warm,
                     _ => 0,
                 };
                 let (replicas, forgotten) = parts.split_at(parts.len() - forget);
@@ -1060,8 +1061,14 @@ impl ClientSession {
                     }
                 }
                 let reply = match &meta.mode {
-                    MetaMode::Quorum { quorum, forget, .. } => {
-                        let (replicas, forgotten) = meta.parts.split_at(meta.parts.len() - forget);
+                    MetaMode::Quorum {
+                        quorum,
+                        forget,
+                        warm,
+                        ..
+                    } => {
+                        let awaited = forget + warm;
+                        let (replicas, forgotten) = meta.parts.split_at(meta.parts.len() - awaited);
                         if forgotten.iter().any(|p| p.result.is_none()) {
                             return false;
                         }

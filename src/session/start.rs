@@ -251,6 +251,7 @@ impl ClientSession {
                 servers,
                 quorum,
                 forget,
+                warm,
                 older,
                 forget_last,
             }) => Work::Lines {
@@ -258,6 +259,7 @@ impl ClientSession {
                 finish: Finish::Quorum {
                     quorum,
                     forget,
+                    warm,
                     older: OlderForget::new(older).map(Box::new),
                     forget_last,
                 },
@@ -327,6 +329,7 @@ impl ClientSession {
                         Some(older) => Finish::Quorum {
                             quorum: 1,
                             forget: 0,
+                            warm: 0,
                             older: OlderForget::new(Some(older)).map(Box::new),
                             forget_last: false,
                         },
@@ -440,6 +443,7 @@ impl ClientSession {
                 servers,
                 quorum,
                 forget,
+                warm,
                 older: owners,
                 forget_last,
             }) => {
@@ -449,6 +453,7 @@ impl ClientSession {
                     MetaMode::Quorum {
                         quorum,
                         forget,
+                        warm,
                         forget_last,
                         key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
                     },

@@ -254,6 +254,9 @@ pub(super) enum MetaMode {
     Quorum {
         quorum: usize,
         forget: usize,
+        /// The `warm` parts before the `forget` ones: warming servers, sent
+        /// the request itself, awaited and not counted.
+        warm: usize,
         key: (Bytes, bool),
         forget_last: bool,
     },
@@ -319,6 +322,8 @@ pub(super) enum Finish {
     Quorum {
         quorum: usize,
         forget: usize,
+        /// As in [`MetaMode::Quorum`].
+        warm: usize,
         older: Option<Box<OlderForget>>,
         forget_last: bool,
     },

@@ -50,7 +50,7 @@ pub(in crate::stats) struct ServerFamilies {
     latency: Family<ServerLabels, PartedHistogram>,
     connections: Family<ServerLabels, Gauge>,
     state: Family<ServerStateLabels, Gauge>,
-    /// 1 for each server's part in a hand-off window (ACTIVE, JOINING, LEAVING).
+    /// 1 for each server's part in a hand-off window (ACTIVE, JOINING, LEAVING) or WARMING.
     membership: Family<ServerStateLabels, Gauge>,
 }
 
@@ -109,7 +109,7 @@ impl ServerFamilies {
         );
         registry.register(
             "server_membership",
-            "1 for each server's part in a hand-off window (ACTIVE, JOINING, LEAVING)",
+            "1 for each server's part in a hand-off window (ACTIVE, JOINING, LEAVING) or WARMING",
             families.membership.clone(),
         );
         families
@@ -118,7 +118,7 @@ impl ServerFamilies {
 
 impl Stats {
     /// The hand-off memberships a server can have; the first is the usual.
-    pub const MEMBERSHIPS: [&'static str; 3] = ["ACTIVE", "JOINING", "LEAVING"];
+    pub const MEMBERSHIPS: [&'static str; 4] = ["ACTIVE", "JOINING", "LEAVING", "WARMING"];
 
     /// A server's part in the hand-off window now (one of [`Self::MEMBERSHIPS`]).
     pub fn membership(&self, pool: &str, server: &str, current: &str) {
