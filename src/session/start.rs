@@ -207,21 +207,17 @@ impl ClientSession {
             .hot
             .on_request(&request, &bytes, &plan, &topology);
         let work = match plan {
-            Plan::Quit => {
-                self.closing = true;
-                return;
-            }
-            Plan::Reply(reply) if request.noreply => {
-                let _ = reply;
-                return;
-            }
-            Plan::Reply(reply) => Work::Ready(Bytes::from_static(reply)),
+            own @ (Plan::Quit
+            | Plan::Reply(_)
+            | Plan::Stats
+            | Plan::StatsReset
+            | Plan::HotKeys
+            | Plan::ShadowStats) => match self.own_work(own, request.noreply) {
+                Some(work) => work,
+                None => return,
+            },
             Plan::Key(Placement::NoServers) if request.noreply => return,
             Plan::Key(Placement::NoServers) => Work::Ready(Bytes::from_static(route::NO_SERVERS)),
-            Plan::Stats => Work::Stats,
-            Plan::StatsReset => Work::StatsReset,
-            Plan::HotKeys => Work::Ready(self.worker.hot.report()),
-            Plan::ShadowStats => Work::Ready(self.shadow_report()),
             // A classic request is never placed as a read (`KeyOp::classic`
             // is a write or a cas); were one, its first server would answer.
             Plan::Key(Placement::ReadThrough { servers, .. }) => Work::Lines {
@@ -301,39 +297,23 @@ impl ClientSession {
             Plan::Key(Placement::Moved {
                 owner,
                 previous,
-                steps: copies,
+                steps: mut machine,
                 older,
                 copies_back,
                 ..
-            }) => match Moved::new(&request, &bytes, copies) {
-                Some(mut machine) => {
-                    if copies_back {
-                        machine.delete_previous_last_too();
-                    }
-                    Work::Moved(Box::new(MovedWork {
-                        machine,
-                        owner,
-                        previous,
-                        older: OlderForget::new(older),
-                        part: None,
-                        answer: None,
-                    }))
+            }) => {
+                if copies_back {
+                    machine.delete_previous_last_too();
                 }
-                // The owner alone answers it, once the older owners lost
-                // the key.
-                None => Work::Lines {
-                    parts: smallvec::smallvec![Part::new(owner)],
-                    finish: match older {
-                        Some(older) => Finish::Quorum {
-                            quorum: 1,
-                            forget: 0,
-                            older: OlderForget::new(Some(older)).map(Box::new),
-                            forget_last: false,
-                        },
-                        None => Finish::Forward,
-                    },
-                },
-            },
+                Work::Moved(Box::new(MovedWork {
+                    machine: *machine,
+                    owner,
+                    previous,
+                    older: OlderForget::new(older),
+                    part: None,
+                    answer: None,
+                }))
+            }
         };
         self.push(Entry {
             command: request.command,
@@ -349,6 +329,29 @@ impl ClientSession {
             shadow,
             instead: None,
         });
+    }
+
+    /// The work of a plan memring answers itself (in either dialect);
+    /// `None` when there is nothing to queue (`quit`, a reply the client
+    /// asked not to get).
+    fn own_work(&mut self, plan: Plan, noreply: bool) -> Option<Work> {
+        Some(match plan {
+            Plan::Quit => {
+                self.closing = true;
+                return None;
+            }
+            Plan::Reply(_) if noreply => return None,
+            Plan::Reply(reply) => Work::Ready(Bytes::from_static(reply)),
+            Plan::Stats => Work::Stats,
+            Plan::StatsReset => Work::StatsReset,
+            Plan::HotKeys => Work::Ready(self.worker.hot.report()),
+            Plan::ShadowStats => Work::Ready(self.shadow_report()),
+            // Plans for servers are the callers' own; were one passed here,
+            // it is answered as finding no server rather than dropped.
+            Plan::Key(_) | Plan::Broadcast { .. } | Plan::Retrieve(_) => {
+                Work::Ready(Bytes::from_static(route::NO_SERVERS))
+            }
+        })
     }
 
     /// Plans one meta request and queues its entry.
@@ -375,22 +378,16 @@ impl ClientSession {
             .hot
             .on_meta_request(&request, &bytes, &key, &plan, &topology);
         drop(key);
-        // A quiet request goes on with `q` and an `mn` behind it: memcached
-        // then sends exactly the replies it would send the client, and `MN`
-        // tells the connection that the rest was suppressed. That holds for
-        // a request 1.6.18 would refuse too: its error comes before the
-        // `MN`, and a newer memcached that accepts the flag stays silent.
+        // A quiet request goes on with `q` and an `mn` behind it (see
+        // `route::meta_wire`).
         let quiet = request.may_be_silent();
-        let mut wire: SmallVec<[Bytes; 3]> = smallvec::smallvec![bytes.clone()];
-        if quiet {
-            wire.push(Bytes::from_static(b"mn\r\n"));
-        }
+        let wire = route::meta_wire(&request, &bytes);
         let parts = |servers: &[usize]| servers.iter().map(|&s| Part::new(s)).collect();
         let expect = Expect::meta(request.command, quiet);
         let adds = request.command == MetaCommand::Set
             && !request.compare_cas
             && request.mode.map(|m| m.to_ascii_uppercase()) == Some(b'E');
-        if let MetaPlan::Key(Placement::Quorum {
+        if let Plan::Key(Placement::Quorum {
             servers,
             quorum,
             forget: 0,
@@ -420,29 +417,36 @@ impl ClientSession {
             }
         }
         let mut older = None;
-        let mode = match plan {
-            MetaPlan::Reply(reply) => {
-                let mut entry = Entry::ready(reply, topology);
-                entry.command = command;
-                self.push(entry);
+        let placement = match plan {
+            Plan::Key(placement) => placement,
+            // `mn`: memring's own answer, as for classic commands.
+            own => {
+                if let Some(work) = self.own_work(own, false) {
+                    let mut entry = Entry::ready(b"", topology);
+                    entry.command = command;
+                    entry.work = work;
+                    self.push(entry);
+                }
                 return;
             }
-            MetaPlan::Key(Placement::NoServers) => {
+        };
+        let mode = match placement {
+            Placement::NoServers => {
                 let mut entry = Entry::ready(route::NO_SERVERS, topology);
                 entry.command = command;
                 self.push(entry);
                 return;
             }
-            MetaPlan::Key(Placement::Owner { server, .. }) => {
+            Placement::Owner { server, .. } => {
                 (parts(&[server]), leased(&request, &bytes, &topology))
             }
-            MetaPlan::Key(Placement::Quorum {
+            Placement::Quorum {
                 servers,
                 quorum,
                 forget,
                 older: owners,
                 forget_last,
-            }) => {
+            } => {
                 older = owners;
                 (
                     parts(&servers),
@@ -454,12 +458,12 @@ impl ClientSession {
                     },
                 )
             }
-            MetaPlan::Key(Placement::CasThenCopy {
+            Placement::CasThenCopy {
                 owner,
                 copies,
                 previous,
                 older: owners,
-            }) => {
+            } => {
                 older = owners;
                 let copy = route::meta_copy(&request, &bytes);
                 let previous = previous.map(|previous| {
@@ -484,29 +488,20 @@ impl ClientSession {
                     },
                 )
             }
-            MetaPlan::Key(Placement::Moved {
+            Placement::Moved {
                 owner,
                 previous,
-                steps: (what, copies),
+                steps: mut machine,
                 older: owners,
                 copies_back,
                 ..
-            }) => {
+            } => {
                 older = owners;
-                let key = (bytes.slice_ref(request.key_token(&bytes)), request.base64);
-                let mut machine = Moved::meta(
-                    what,
-                    copies,
-                    request.command,
-                    key,
-                    wire.clone(),
-                    expect.clone(),
-                );
                 if copies_back {
                     machine.delete_previous_last_too();
                 }
                 let work = MetaMoved {
-                    machine,
+                    machine: *machine,
                     owner,
                     previous,
                     started: false,
@@ -514,9 +509,9 @@ impl ClientSession {
                 };
                 (parts(&[owner]), MetaMode::Moved(Box::new(work)))
             }
-            MetaPlan::Key(Placement::ReadThrough {
+            Placement::ReadThrough {
                 servers, on_miss, ..
-            }) => (
+            } => (
                 parts(&servers[..1]),
                 MetaMode::ReadThrough {
                     servers,
