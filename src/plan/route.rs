@@ -18,7 +18,6 @@ use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-pub(crate) use crate::protocol::meta::reply::meta_is_miss;
 use crate::protocol::outcome::Outcome;
 use smallvec::SmallVec;
 

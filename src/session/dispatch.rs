@@ -351,7 +351,7 @@ impl ClientSession {
                 };
                 let fall = match result {
                     Ok(reply) => {
-                        route::is_error_line(reply) || (*on_miss && route::meta_is_miss(reply))
+                        route::is_error_line(reply) || (*on_miss && Outcome::of(reply).meta_miss())
                     }
                     Err(_) => true,
                 };
@@ -834,7 +834,7 @@ impl ClientSession {
                     if let Some(Ok(reply)) = &part.result {
                         if meta.value && Outcome::of(reply) == Outcome::Va {
                             estimate = Some(reply.len());
-                        } else if meta.value && route::meta_is_miss(reply) {
+                        } else if meta.value && Outcome::of(reply).meta_miss() {
                             // A miss brought no value: without this a client
                             // whose reads miss would keep reserving the
                             // largest value per request, a handful in flight.

@@ -15,8 +15,8 @@ use smallvec::SmallVec;
 use crate::error::BackendError;
 use crate::protocol::encode::{forwardable, value_block, Outbound};
 use crate::protocol::lease;
+use crate::protocol::meta::reply::meta_absent;
 use crate::protocol::meta::reply::won_recache_token;
-use crate::protocol::meta::reply::{meta_absent, meta_is_miss, meta_succeeded};
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::outcome::Outcome;
 use crate::protocol::reply::{Expect, LineKind};
@@ -446,7 +446,7 @@ impl Moved {
                 let Some((wire, _)) = self.meta.as_ref().and_then(|m| m.read.as_ref()) else {
                     return Step::Answer(result);
                 };
-                if !matches!(&result, Ok(reply) if meta_is_miss(reply)) {
+                if !matches!(&result, Ok(reply) if Outcome::of(reply).meta_miss()) {
                     return Step::Answer(result);
                 }
                 self.first = Some(result);
@@ -584,7 +584,7 @@ impl Moved {
                 let (Some(lease), Some(copy)) = (self.lease_cas, self.copy.take()) else {
                     return self.run_on_new();
                 };
-                if matches!(&result, Ok(reply) if meta_succeeded(reply)) {
+                if matches!(&result, Ok(reply) if Outcome::of(reply).meta_succeeded()) {
                     // The fetched item was still there once the lease was in
                     // place: a later delete reaches the new owner after the
                     // lease, and the copy then fails.
@@ -608,7 +608,8 @@ impl Moved {
                 self.run_on_new()
             }
             (_, Stage::TakeBack) => {
-                self.tally.taken_back = matches!(&result, Ok(reply) if meta_succeeded(reply));
+                self.tally.taken_back =
+                    matches!(&result, Ok(reply) if Outcome::of(reply).meta_succeeded());
                 // The command now finds the key as the other write left it.
                 self.run_on_new()
             }
@@ -895,7 +896,7 @@ impl Moved {
     fn changed(&self, result: &CallResult) -> bool {
         match (&self.meta, result) {
             (None, _) => changed(result),
-            (Some(_), Ok(reply)) => meta_succeeded(reply),
+            (Some(_), Ok(reply)) => Outcome::of(reply).meta_succeeded(),
             (Some(_), Err(_)) => false,
         }
     }
@@ -906,7 +907,7 @@ impl Moved {
         match (&self.meta, &new, &previous) {
             (None, _, _) => merge_delete(new, previous),
             (Some(_), Ok(reply), Ok(before))
-                if !meta_succeeded(reply) && meta_succeeded(before) =>
+                if !Outcome::of(reply).meta_succeeded() && Outcome::of(before).meta_succeeded() =>
             {
                 previous
             }
