@@ -1239,7 +1239,11 @@ fn meta_move(request: &MetaRequest, bytes: &Bytes) -> Option<crate::plan::handof
         MetaCommand::Delete => MetaMove::Delete,
         _ => match meta_copy_when(request, bytes) {
             Some(CopyWhen::First) => MetaMove::CopyFirst,
-            Some(CopyWhen::IfAbsent) => MetaMove::RetryAfterCopy,
+            Some(CopyWhen::IfAbsent) => MetaMove::RetryAfterCopy {
+                replaces: request.command == MetaCommand::Set
+                    && (request.compare_cas
+                        || request.mode.map(|m| m.to_ascii_uppercase()) == Some(b'R')),
+            },
             None if request.command == MetaCommand::Set => MetaMove::Overwrite,
             None => return None,
         },
@@ -1794,15 +1798,46 @@ mod tests {
         ));
         assert!(matches!(
             steps("ms KEY 1 MA\r\nx\r\n"),
-            MetaMove::RetryAfterCopy
+            MetaMove::RetryAfterCopy { replaces: false }
+        ));
+        // A replace, or a compare by cas in another mode, looks at the new
+        // owner first; a key token that begins with `C` is no `C` flag.
+        assert!(matches!(
+            steps("ms KEY 1 MR\r\nx\r\n"),
+            MetaMove::RetryAfterCopy { replaces: true }
+        ));
+        assert!(matches!(
+            steps("ms KEY 1 MP C5\r\nx\r\n"),
+            MetaMove::RetryAfterCopy { replaces: true }
         ));
         assert!(matches!(steps("ms KEY 1 ME\r\nx\r\n"), MetaMove::CopyFirst));
-        assert!(matches!(steps("ma KEY\r\n"), MetaMove::RetryAfterCopy));
+        assert!(matches!(
+            steps("ma KEY\r\n"),
+            MetaMove::RetryAfterCopy { replaces: false }
+        ));
         assert!(matches!(steps("ma KEY N0\r\n"), MetaMove::CopyFirst));
         assert!(matches!(
             steps("mg KEY T30 v\r\n"),
-            MetaMove::RetryAfterCopy
+            MetaMove::RetryAfterCopy { replaces: false }
         ));
+        // A key token that begins with `C` is no `C` flag: its `ms … MA`
+        // runs on the new owner at once, where a replace looks first.
+        let c_moved = (0..2000)
+            .map(|i| format!("C{i}"))
+            .find(|k| new.backends[owner(&new, k)].name() != old.backends[owner(&old, k)].name())
+            .unwrap();
+        for (line, looks_first) in [
+            (format!("ms {c_moved} 1 MA\r\nx\r\n"), false),
+            (format!("ms {c_moved} 1 MR\r\nx\r\n"), true),
+        ] {
+            let Plan::Key(Placement::Moved { mut steps, .. }) = plan(line.clone()) else {
+                panic!("{line}: not moved");
+            };
+            let crate::plan::handoff::Step::Send { lines, .. } = steps.start() else {
+                panic!("{line}: answered at once");
+            };
+            assert_eq!(lines[0] != line.as_bytes(), looks_first, "{line}");
+        }
         // A lease goes to the new owner alone, as does a key that stays.
         assert!(matches!(
             plan(format!("mg {moved} N30 v\r\n")),

@@ -205,6 +205,11 @@ pub(crate) struct Moved {
     new_held_lease: bool,
     /// The new owner was looked at before the command ran (`replace`).
     looked_first: bool,
+    /// A `replace` (classic or `ms … MR`) or an `ms` compared by cas: on a
+    /// lease the one would store, the other answer `EX` (its cas is not
+    /// the lease's), where an absent key answers `NS`. Set by the planner,
+    /// as the kind is.
+    replaces: bool,
     /// A probe's reply, kept while the token it took goes back.
     probe_seen: Option<CallResult>,
     /// Whether the previous owner's value may be copied to the new owner.
@@ -260,6 +265,7 @@ impl Moved {
             delete_again: false,
             new_held_lease: false,
             looked_first: false,
+            replaces: request.command == Command::Replace,
             probe_seen: None,
             copies,
         })
@@ -278,9 +284,10 @@ impl Moved {
         wire: Outbound,
         expect: Expect,
     ) -> Moved {
+        let replaces = matches!(what, MetaMove::RetryAfterCopy { replaces: true });
         let (kind, read, takeover) = match what {
             MetaMove::Read { wire, added } => (Kind::Read, Some((wire, added)), None),
-            MetaMove::RetryAfterCopy => (Kind::RetryAfterCopy, None, None),
+            MetaMove::RetryAfterCopy { .. } => (Kind::RetryAfterCopy, None, None),
             MetaMove::CopyFirst => (Kind::CopyFirst, None, None),
             MetaMove::Overwrite => (Kind::Overwrite, None, None),
             MetaMove::Cas { as_set } => {
@@ -319,6 +326,7 @@ impl Moved {
             delete_again: false,
             new_held_lease: false,
             looked_first: false,
+            replaces,
             probe_seen: None,
             copies,
         }
@@ -348,7 +356,7 @@ impl Moved {
             }
             // A `replace` would replace a lease and leave no trace of it:
             // the new owner is looked at first.
-            Kind::RetryAfterCopy if self.replaces() && self.copies != Copies::Never => {
+            Kind::RetryAfterCopy if self.replaces && self.copies != Copies::Never => {
                 self.probed = true;
                 self.looked_first = true;
                 self.probe()
@@ -819,24 +827,6 @@ impl Moved {
         }
     }
 
-    /// A `replace` (classic or `ms … MR`) or an `ms` compared by cas: on a
-    /// lease the one would store, the other answer `EX` (its cas is not
-    /// the lease's), where an absent key answers `NS`.
-    fn replaces(&self) -> bool {
-        let Some(first) = self.request.first() else {
-            return false;
-        };
-        let line_end = memchr::memmem::find(first, b"\r\n").unwrap_or(first.len());
-        let mut tokens = first[..line_end]
-            .split(|&b| b == b' ')
-            .filter(|t| !t.is_empty());
-        match tokens.next() {
-            Some(b"replace") => true,
-            Some(b"ms") => tokens.any(|t| matches!(t, b"MR" | b"Mr") || t.starts_with(b"C")),
-            _ => false,
-        }
-    }
-
     /// A classic `touch`: its change keeps the item's cas.
     fn touches(&self) -> bool {
         self.meta.is_none() && self.expect == Expect::Line(LineKind::Touch)
@@ -924,7 +914,9 @@ pub(crate) enum MetaMove {
     /// as the client asked and copied.
     Read { wire: Outbound, added: AddedFlags },
     /// Run on the new owner; if absent there, copied and run again.
-    RetryAfterCopy,
+    /// `replaces`: an `ms` in replace mode or compared by cas, which looks
+    /// at the new owner first (see [`Moved::start`]).
+    RetryAfterCopy { replaces: bool },
     /// Copied first, then run (`ms` in add mode, `ma … N`).
     CopyFirst,
     /// `ms`: stored on the new owner, then deleted from the previous one.
@@ -2098,7 +2090,7 @@ mod tests {
         // ma: NF on the new owner fetches, copies with `ms … ME`, runs again,
         // then forgets the previous owner's older count.
         let mut incr = meta_moved(
-            MetaMove::RetryAfterCopy,
+            MetaMove::RetryAfterCopy { replaces: false },
             MetaCommand::Arithmetic,
             b"ma k v\r\n",
         );
@@ -2266,7 +2258,7 @@ mod tests {
         // owner's `md`.
         let wire: Outbound = smallvec::smallvec![Bytes::from_static(b"ma k\r\n")];
         let mut ma = Moved::meta(
-            MetaMove::RetryAfterCopy,
+            MetaMove::RetryAfterCopy { replaces: false },
             Copies::Never,
             MetaCommand::Arithmetic,
             (Bytes::from_static(b"k"), false),
