@@ -378,46 +378,13 @@ impl ClientSession {
             .hot
             .on_meta_request(&request, &bytes, &key, &plan, &topology);
         drop(key);
-        // A quiet request goes on with `q` and an `mn` behind it (see
-        // `route::meta_wire`).
-        let quiet = request.may_be_silent();
-        let wire = route::meta_wire(&request, &bytes);
-        let parts = |servers: &[usize]| servers.iter().map(|&s| Part::new(s)).collect();
-        let expect = Expect::meta(request.command, quiet);
-        let adds = request.command == MetaCommand::Set
-            && !request.compare_cas
-            && request.mode.map(|m| m.to_ascii_uppercase()) == Some(b'E');
-        if let Plan::Key(Placement::Quorum {
-            servers,
-            quorum,
-            forget: 0,
-            older: None,
-            ..
-        }) = &plan
-        {
-            if adds && servers.len() > 1 {
-                let asked_cas = request.flags(&bytes).any(|(flag, _)| flag == b'c');
-                let mut entry = Entry::ready(b"", topology);
+        let placement = match plan {
+            Plan::Key(Placement::NoServers) => {
+                let mut entry = Entry::ready(route::NO_SERVERS, topology);
                 entry.command = command;
-                entry.sent = false;
-                entry.hot = hot;
-                entry.shadow = shadow;
-                entry.work = Work::Add(Box::new(AddWork {
-                    machine: ReplicatedAdd::new(servers.clone(), *quorum),
-                    wire: smallvec::smallvec![crate::protocol::encode::meta_add_with_cas(
-                        &request, &bytes
-                    )],
-                    key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
-                    meta: Some((asked_cas, request.quiet)),
-                    parts: SmallVec::new(),
-                }));
-                entry.bytes = bytes;
                 self.push(entry);
                 return;
             }
-        }
-        let mut older = None;
-        let placement = match plan {
             Plan::Key(placement) => placement,
             // `mn`: memring's own answer, as for classic commands.
             own => {
@@ -430,127 +397,161 @@ impl ClientSession {
                 return;
             }
         };
-        let mode = match placement {
-            Placement::NoServers => {
-                let mut entry = Entry::ready(route::NO_SERVERS, topology);
-                entry.command = command;
-                self.push(entry);
-                return;
-            }
-            Placement::Owner { server, .. } => {
-                (parts(&[server]), leased(&request, &bytes, &topology))
-            }
-            Placement::Quorum {
-                servers,
-                quorum,
-                forget,
-                older: owners,
-                forget_last,
-            } => {
-                older = owners;
-                (
-                    parts(&servers),
-                    MetaMode::Quorum {
-                        quorum,
-                        forget,
-                        forget_last,
-                        key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
-                    },
-                )
-            }
-            Placement::CasThenCopy {
-                owner,
-                copies,
-                previous,
-                older: owners,
-            } => {
-                older = owners;
-                let copy = route::meta_copy(&request, &bytes);
-                let previous = previous.map(|previous| {
-                    let key = bytes.slice_ref(request.key_token(&bytes));
-                    let takeover = CasTakeover::new(
-                        key,
-                        Some(request.base64),
-                        wire.clone(),
-                        expect.clone(),
-                        smallvec::smallvec![copy.clone()],
-                    );
-                    (previous, takeover)
-                });
-                (
-                    parts(&[owner]),
-                    MetaMode::CasThenCopy {
-                        machine: crate::plan::replicated_cas::ReplicatedCas::new(
-                            true, owner, copies, previous,
-                        ),
-                        copy,
-                        copied: Vec::new(),
-                    },
-                )
-            }
-            Placement::Moved {
-                owner,
-                previous,
-                steps: mut machine,
-                older: owners,
-                copies_back,
-                ..
-            } => {
-                older = owners;
-                if copies_back {
-                    machine.delete_previous_last_too();
-                }
-                let work = MetaMoved {
-                    machine: *machine,
-                    owner,
-                    previous,
-                    started: false,
-                    answered: false,
-                };
-                (parts(&[owner]), MetaMode::Moved(Box::new(work)))
-            }
-            Placement::ReadThrough {
-                servers, on_miss, ..
-            } => (
-                parts(&servers[..1]),
-                MetaMode::ReadThrough {
-                    servers,
-                    next: 1,
-                    on_miss,
-                },
-            ),
-        };
-        let (parts, mode) = mode;
-        let forget_key = if older.is_none() {
-            (Bytes::new(), false)
-        } else {
-            (bytes.slice_ref(request.key_token(&bytes)), request.base64)
-        };
+        let work = meta_work(&request, &bytes, placement, &topology);
         let mut entry = Entry::ready(b"", topology);
         entry.command = command;
         entry.bytes = bytes;
         entry.sent = false;
         entry.hot = hot;
         entry.shadow = shadow;
-        entry.work = Work::Meta(spares::meta(MetaWork {
-            command: request.command,
-            counts_cas: request.command == MetaCommand::Set
-                && request.compare_cas
-                && matches!(
-                    request.mode.map(|m| m.to_ascii_uppercase()),
-                    None | Some(b'S')
-                ),
-            // Only `mg` with `v` can bring a large value back.
-            value: request.command == MetaCommand::Get && request.value,
-            expect,
-            wire,
-            parts,
-            mode,
-            forget_key,
-            older: OlderForget::new(older),
-        }));
+        entry.work = work;
         self.push(entry);
     }
+}
+
+/// The work a meta request placed on servers becomes: a replicated add, or
+/// the request forwarded as its placement says (see [`MetaMode`]).
+fn meta_work(
+    request: &MetaRequest,
+    bytes: &Bytes,
+    placement: Placement<Box<Moved>>,
+    topology: &Topology,
+) -> Work {
+    // A quiet request goes on with `q` and an `mn` behind it (see
+    // `route::meta_wire`).
+    let quiet = request.may_be_silent();
+    let wire = route::meta_wire(request, bytes);
+    let parts = |servers: &[usize]| servers.iter().map(|&s| Part::new(s)).collect();
+    let expect = Expect::meta(request.command, quiet);
+    let adds = request.command == MetaCommand::Set
+        && !request.compare_cas
+        && request.mode.map(|m| m.to_ascii_uppercase()) == Some(b'E');
+    let mut older = None;
+    let mode = match placement {
+        // `start_meta` answers it first; were it here, the same reply.
+        Placement::NoServers => return Work::Ready(Bytes::from_static(route::NO_SERVERS)),
+        Placement::Quorum {
+            servers,
+            quorum,
+            forget: 0,
+            older: None,
+            ..
+        } if adds && servers.len() > 1 => {
+            let asked_cas = request.flags(bytes).any(|(flag, _)| flag == b'c');
+            return Work::Add(Box::new(AddWork {
+                machine: ReplicatedAdd::new(servers, quorum),
+                wire: smallvec::smallvec![crate::protocol::encode::meta_add_with_cas(
+                    request, bytes
+                )],
+                key: (bytes.slice_ref(request.key_token(bytes)), request.base64),
+                meta: Some((asked_cas, request.quiet)),
+                parts: SmallVec::new(),
+            }));
+        }
+        Placement::Owner { server, .. } => (parts(&[server]), leased(request, bytes, topology)),
+        Placement::Quorum {
+            servers,
+            quorum,
+            forget,
+            older: owners,
+            forget_last,
+        } => {
+            older = owners;
+            (
+                parts(&servers),
+                MetaMode::Quorum {
+                    quorum,
+                    forget,
+                    forget_last,
+                    key: (bytes.slice_ref(request.key_token(bytes)), request.base64),
+                },
+            )
+        }
+        Placement::CasThenCopy {
+            owner,
+            copies,
+            previous,
+            older: owners,
+        } => {
+            older = owners;
+            let copy = route::meta_copy(request, bytes);
+            let previous = previous.map(|previous| {
+                let key = bytes.slice_ref(request.key_token(bytes));
+                let takeover = CasTakeover::new(
+                    key,
+                    Some(request.base64),
+                    wire.clone(),
+                    expect.clone(),
+                    smallvec::smallvec![copy.clone()],
+                );
+                (previous, takeover)
+            });
+            (
+                parts(&[owner]),
+                MetaMode::CasThenCopy {
+                    machine: crate::plan::replicated_cas::ReplicatedCas::new(
+                        true, owner, copies, previous,
+                    ),
+                    copy,
+                    copied: Vec::new(),
+                },
+            )
+        }
+        Placement::Moved {
+            owner,
+            previous,
+            steps: mut machine,
+            older: owners,
+            copies_back,
+            ..
+        } => {
+            older = owners;
+            if copies_back {
+                machine.delete_previous_last_too();
+            }
+            let work = MetaMoved {
+                machine: *machine,
+                owner,
+                previous,
+                started: false,
+                answered: false,
+            };
+            (parts(&[owner]), MetaMode::Moved(Box::new(work)))
+        }
+        Placement::ReadThrough {
+            servers, on_miss, ..
+        } => (
+            parts(&servers[..1]),
+            MetaMode::ReadThrough {
+                servers,
+                next: 1,
+                on_miss,
+            },
+        ),
+    };
+    let (parts, mode) = mode;
+    let forget_key = if older.is_none() {
+        (Bytes::new(), false)
+    } else {
+        (bytes.slice_ref(request.key_token(bytes)), request.base64)
+    };
+    Work::Meta(spares::meta(MetaWork {
+        command: request.command,
+        counts_cas: request.command == MetaCommand::Set
+            && request.compare_cas
+            && matches!(
+                request.mode.map(|m| m.to_ascii_uppercase()),
+                None | Some(b'S')
+            ),
+        // Only `mg` with `v` can bring a large value back.
+        value: request.command == MetaCommand::Get && request.value,
+        expect,
+        wire,
+        parts,
+        mode,
+        forget_key,
+        older: OlderForget::new(older),
+    }))
 }
 
 /// How a meta request on one owner is answered: as the owner answers, or,
