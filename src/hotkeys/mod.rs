@@ -71,7 +71,7 @@ use bytes::Bytes;
 use crate::backend::conn::Conn;
 use crate::backend::slot::Slot;
 use crate::plan::placement::Placement;
-use crate::plan::route::{MetaPlan, Plan, SubRequest};
+use crate::plan::route::{Plan, SubRequest};
 use crate::pools::topology::Topology;
 use crate::protocol::meta::MetaRequest;
 use crate::protocol::{Command, Request};
@@ -269,15 +269,12 @@ impl HotWorker {
         request: &MetaRequest,
         bytes: &Bytes,
         key: &[u8],
-        plan: &MetaPlan,
+        plan: &Plan,
         topology: &Topology,
     ) -> Option<Rc<WriteGuard>> {
         let (owner, planned) = match plan {
-            MetaPlan::Key(placement) => match placement.owner() {
-                Some((owner, hash)) => (owner, hash),
-                None => return None,
-            },
-            MetaPlan::Reply(_) => return None,
+            Plan::Key(placement) => placement.owner()?,
+            _ => return None,
         };
         if !self.shared.started.detect {
             return None;

@@ -13,7 +13,7 @@ use crate::plan::handoff::Owner;
 use crate::plan::placement::Servers;
 use crate::plan::route::CallResult;
 use crate::protocol::encode::Outbound;
-use crate::protocol::meta::reply::stored;
+use crate::protocol::outcome::Outcome;
 use crate::protocol::reply::Expect;
 
 /// What to do after a reply to the `cas`.
@@ -86,7 +86,7 @@ impl ReplicatedCas {
             }
             _ => {
                 let copies = self.copies.take().unwrap_or_default();
-                return if matches!(result, Ok(reply) if stored(self.meta, reply)) {
+                return if matches!(result, Ok(reply) if Outcome::of(reply).stored_in(self.meta)) {
                     CasStep::Copy {
                         servers: copies,
                         awaited: false,

@@ -2,8 +2,8 @@
 //! request, and how their replies become the client's reply.
 //!
 //! - [`plan`] turns a parsed request and a topology snapshot into a [`Plan`],
-//!   [`plan_meta`] a meta request into a [`MetaPlan`]; both place keys with
-//!   the one [`crate::plan::placement::place`].
+//!   and [`plan_meta`] a meta request into the same [`Plan`]; both place keys
+//!   with the one [`crate::plan::placement::place`].
 //! - [`Retrieval`] is every `get`/`gets`/`gat`/`gats`: keys split by server in
 //!   chunks, values passed on in the client's key order as they arrive, keys
 //!   that failed (or missed, with fall-through) asked of their next replica.
@@ -18,16 +18,16 @@ use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-pub(crate) use crate::protocol::meta::reply::meta_is_miss;
 use crate::protocol::outcome::Outcome;
 use smallvec::SmallVec;
 
 use crate::error::BackendError;
+use crate::plan::handoff::{Copies, Moved};
 use crate::plan::placement::{place, HealthView, KeyKind, KeyOp, Placement, Servers};
 use crate::pools::topology::Topology;
-use crate::protocol::encode::ReplyWriter;
+use crate::protocol::encode::{Outbound, ReplyWriter};
 use crate::protocol::meta::{MetaCommand, MetaRequest};
-use crate::protocol::reply::Got;
+use crate::protocol::reply::{Expect, Got};
 use crate::protocol::request::Span;
 use crate::protocol::{Command, Request};
 use crate::runtime::recycled::RecycledBuf;
@@ -69,8 +69,9 @@ pub(crate) enum Plan {
     /// it); a `cas` with replicas is decided on the owner and `set` on the
     /// others before any later request of the client (in a window, a refusal
     /// of the owner is taken over by `handoff::cas::CasTakeover`); a moved
-    /// key's request is run by `handoff::Moved`.
-    Key(Placement<crate::plan::handoff::Copies>),
+    /// key's request is run by the `handoff::Moved` machine the plan holds.
+    /// Meta requests are placed alike ([`plan_meta`]).
+    Key(Placement<Box<Moved>>),
     /// Every server gets it (`flush_all`); `OK` only if all say `OK`.
     Broadcast { servers: Servers },
     /// A retrieval.
@@ -170,10 +171,17 @@ pub(crate) fn plan(
                 request.command,
                 Command::Set | Command::Delete | Command::Touch
             ));
-            // Every classic write is handed off (see `handoff::needs_handoff`),
-            // copying a moved key only where `shared_with` allows it.
-            let copies = crate::plan::handoff::Copies::of(topology.config.shared_with);
-            let steps = crate::plan::handoff::needs_handoff(request.command).then_some(copies);
+            // Every classic write is handed off (see `Moved::new`),
+            // copying a moved key only where `shared_with` allows it. Only a
+            // window has moved keys: the machine is made only then.
+            let steps = topology
+                .previous
+                .is_some()
+                .then(|| {
+                    let copies = Copies::of(topology.config.shared_with);
+                    Moved::new(request, bytes, copies).map(Box::new)
+                })
+                .flatten();
             Plan::Key(place(request.key(bytes, 0), op, steps, topology, health))
         }
     }
@@ -1090,27 +1098,19 @@ fn value_key(block: &[u8]) -> &[u8] {
     &rest[..end]
 }
 
-/// What to do with one meta request (see the README's protocol and
-/// replication sections for the rules).
-#[derive(Debug)]
-pub(crate) enum MetaPlan {
-    /// memring answers itself (`mn`).
-    Reply(&'static [u8]),
-    /// A request on one key, where [`place`] put it, as for classic
-    /// requests ([`Plan::Key`]); the replicas get an `md` where classic
-    /// requests get a `delete`. With replicas, a mutation with `C` is
-    /// decided on the owner and then copied without `C` and `q`
-    /// ([`meta_copy`]) to the other replicas; `mg` asks the replicas in
-    /// order. A moved key's request is run by `handoff::Moved` in the steps
-    /// named (`mg` reads through, `ma`/`ms` in append, prepend or replace
-    /// mode and `mg … T` copy when the new owner lacks the key, `ms … ME`
-    /// and `ma … N` copy first, `ms` stores on the new owner, `ms … C`
-    /// refused with `EX`/`NF` is taken over as a classic `cas`, `md`
-    /// deletes from both).
-    Key(Placement<(crate::plan::handoff::MetaMove, crate::plan::handoff::Copies)>),
-}
-
-/// Plans the meta request `request` (whose bytes are `bytes`) on `topology`.
+/// Plans the meta request `request` (whose bytes are `bytes`) on `topology`:
+/// `mn` is answered by memring ([`Plan::Reply`]), every other meta command
+/// is a request on one key ([`Plan::Key`]), placed as classic requests are;
+/// the replicas get an `md` where classic requests get a `delete`. With
+/// replicas, a mutation with `C` is decided on the owner and then copied
+/// without `C` and `q` ([`meta_copy`]) to the other replicas; `mg` asks the
+/// replicas in order. A moved key's request is run by the `handoff::Moved`
+/// machine in the steps [`meta_move`] names (`mg` reads through, `ma`/`ms`
+/// in append, prepend or replace mode and `mg … T` copy when the new owner
+/// lacks the key, `ms … ME` and `ma … N` copy first, `ms` stores on the new
+/// owner, `ms … C` refused with `EX`/`NF` is taken over as a classic `cas`,
+/// `md` deletes from both). See the README's protocol and replication
+/// sections for the rules.
 ///
 /// The ring hashes [`MetaRequest::routing_key`]: the decoded bytes of a `b`
 /// key, so meta and classic commands for one key meet on one server. With
@@ -1128,18 +1128,30 @@ pub(crate) fn plan_meta(
     key: &[u8],
     topology: &Topology,
     health: &HealthView,
-) -> MetaPlan {
+) -> Plan {
     if request.command == MetaCommand::Noop {
-        return MetaPlan::Reply(b"MN\r\n");
+        return Plan::Reply(b"MN\r\n");
     }
     // Which hand-off steps a moved key takes: looked at in a window only.
-    let copies = crate::plan::handoff::Copies::of(topology.config.shared_with);
+    let copies = Copies::of(topology.config.shared_with);
     let what = topology
         .previous
         .is_some()
         .then(|| meta_move(request, bytes))
         .flatten()
-        .map(|what| (what, copies));
+        .map(|what| {
+            let key = (bytes.slice_ref(request.key_token(bytes)), request.base64);
+            let expect = Expect::meta(request.command, request.may_be_silent());
+            let wire = meta_wire(request, bytes);
+            Box::new(Moved::meta(
+                what,
+                copies,
+                request.command,
+                key,
+                wire,
+                expect,
+            ))
+        });
     let kind = match request.command {
         MetaCommand::Set | MetaCommand::Delete | MetaCommand::Arithmetic if request.compare_cas => {
             // Only a set can be tried on the previous owner and copied: the
@@ -1174,7 +1186,21 @@ pub(crate) fn plan_meta(
                         None | Some(b'S')
                     ))),
     };
-    MetaPlan::Key(place(key, op, what, topology, health))
+    Plan::Key(place(key, op, what, topology, health))
+}
+
+/// What a server is sent for the meta request: its bytes, and an `mn`
+/// behind them when it is quiet. memcached then sends exactly the replies
+/// it would send the client, and `MN` tells the connection that the rest
+/// was suppressed. That holds for a request 1.6.18 would refuse too: its
+/// error comes before the `MN`, and a newer memcached that accepts the flag
+/// stays silent.
+pub(crate) fn meta_wire(request: &MetaRequest, bytes: &Bytes) -> Outbound {
+    let mut wire: Outbound = smallvec::smallvec![bytes.clone()];
+    if request.may_be_silent() {
+        wire.push(Bytes::from_static(b"mn\r\n"));
+    }
+    wire
 }
 
 /// The request without its `C` and `q` flags: what a mutation the owner
@@ -1226,7 +1252,11 @@ fn meta_move(request: &MetaRequest, bytes: &Bytes) -> Option<crate::plan::handof
         MetaCommand::Delete => MetaMove::Delete,
         _ => match meta_copy_when(request, bytes) {
             Some(CopyWhen::First) => MetaMove::CopyFirst,
-            Some(CopyWhen::IfAbsent) => MetaMove::RetryAfterCopy,
+            Some(CopyWhen::IfAbsent) => MetaMove::RetryAfterCopy {
+                replaces: request.command == MetaCommand::Set
+                    && (request.compare_cas
+                        || request.mode.map(|m| m.to_ascii_uppercase()) == Some(b'R')),
+            },
             None if request.command == MetaCommand::Set => MetaMove::Overwrite,
             None => return None,
         },
@@ -1755,17 +1785,22 @@ mod tests {
                 &HealthView::NONE,
             )
         };
-        let steps = |line: &str| match plan(line.replace("KEY", &moved)) {
-            MetaPlan::Key(Placement::Moved {
-                owner: o,
-                steps: (what, copies),
-                ..
-            }) => {
-                assert_eq!(o, owner(&new, &moved), "{line}");
-                assert_eq!(copies, crate::plan::handoff::Copies::ThroughLease);
-                what
+        // The plan holds the hand-off machine; the steps it was made for
+        // are `meta_move`'s.
+        let steps = |line: &str| {
+            let line = line.replace("KEY", &moved);
+            match plan(line.clone()) {
+                Plan::Key(Placement::Moved {
+                    owner: o, steps, ..
+                }) => {
+                    assert_eq!(o, owner(&new, &moved), "{line}");
+                    assert_eq!(steps.copies(), crate::plan::handoff::Copies::ThroughLease);
+                }
+                other => panic!("{line}: {other:?}"),
             }
-            other => panic!("{line}: {other:?}"),
+            let bytes = Bytes::from(line);
+            let (request, _) = parse_meta(&bytes, &Limits::default()).unwrap().unwrap();
+            meta_move(&request, &bytes).expect("a moved key's steps")
         };
         assert!(matches!(steps("mg KEY v\r\n"), MetaMove::Read { .. }));
         assert!(matches!(steps("md KEY\r\n"), MetaMove::Delete));
@@ -1776,23 +1811,54 @@ mod tests {
         ));
         assert!(matches!(
             steps("ms KEY 1 MA\r\nx\r\n"),
-            MetaMove::RetryAfterCopy
+            MetaMove::RetryAfterCopy { replaces: false }
+        ));
+        // A replace, or a compare by cas in another mode, looks at the new
+        // owner first; a key token that begins with `C` is no `C` flag.
+        assert!(matches!(
+            steps("ms KEY 1 MR\r\nx\r\n"),
+            MetaMove::RetryAfterCopy { replaces: true }
+        ));
+        assert!(matches!(
+            steps("ms KEY 1 MP C5\r\nx\r\n"),
+            MetaMove::RetryAfterCopy { replaces: true }
         ));
         assert!(matches!(steps("ms KEY 1 ME\r\nx\r\n"), MetaMove::CopyFirst));
-        assert!(matches!(steps("ma KEY\r\n"), MetaMove::RetryAfterCopy));
+        assert!(matches!(
+            steps("ma KEY\r\n"),
+            MetaMove::RetryAfterCopy { replaces: false }
+        ));
         assert!(matches!(steps("ma KEY N0\r\n"), MetaMove::CopyFirst));
         assert!(matches!(
             steps("mg KEY T30 v\r\n"),
-            MetaMove::RetryAfterCopy
+            MetaMove::RetryAfterCopy { replaces: false }
         ));
+        // A key token that begins with `C` is no `C` flag: its `ms … MA`
+        // runs on the new owner at once, where a replace looks first.
+        let c_moved = (0..2000)
+            .map(|i| format!("C{i}"))
+            .find(|k| new.backends[owner(&new, k)].name() != old.backends[owner(&old, k)].name())
+            .unwrap();
+        for (line, looks_first) in [
+            (format!("ms {c_moved} 1 MA\r\nx\r\n"), false),
+            (format!("ms {c_moved} 1 MR\r\nx\r\n"), true),
+        ] {
+            let Plan::Key(Placement::Moved { mut steps, .. }) = plan(line.clone()) else {
+                panic!("{line}: not moved");
+            };
+            let crate::plan::handoff::Step::Send { lines, .. } = steps.start() else {
+                panic!("{line}: answered at once");
+            };
+            assert_eq!(lines[0] != line.as_bytes(), looks_first, "{line}");
+        }
         // A lease goes to the new owner alone, as does a key that stays.
         assert!(matches!(
             plan(format!("mg {moved} N30 v\r\n")),
-            MetaPlan::Key(Placement::Owner { .. })
+            Plan::Key(Placement::Owner { .. })
         ));
         assert!(matches!(
             plan(format!("md {stays}\r\n")),
-            MetaPlan::Key(Placement::Owner { .. })
+            Plan::Key(Placement::Owner { .. })
         ));
         // The read-through asks the previous owner for what a copy needs.
         let MetaMove::Read { wire, .. } = steps("mg KEY v q\r\n") else {
@@ -1827,7 +1893,7 @@ mod tests {
             )
         };
         let warm_and_forget = |line: &str| match plan(line) {
-            MetaPlan::Key(Placement::Quorum {
+            Plan::Key(Placement::Quorum {
                 servers,
                 warm,
                 forget,
@@ -1858,7 +1924,7 @@ mod tests {
         // Reads never go there.
         for line in ["mg KEY v\r\n", "mg KEY v N30\r\n", "me KEY\r\n"] {
             assert!(
-                matches!(plan(line), MetaPlan::Key(Placement::Owner { server, .. }) if server != 4),
+                matches!(plan(line), Plan::Key(Placement::Owner { server, .. }) if server != 4),
                 "{line}"
             );
         }

@@ -1,6 +1,6 @@
 //! Meta commands (`mg`, `ms`, `md`, `ma`, `mn`, `me`): bytes in, a [`MetaRequest`]
-//! (spans into those bytes plus what routing needs) or a [`MetaRejection`]
-//! carrying memcached's own reply out. Replies are framed in [`reply`].
+//! (spans into those bytes plus what routing needs) or a [`Rejection`] (one type
+//! for both dialects) carrying memcached's own reply out. Replies are framed in [`reply`].
 //!
 //! Pure and incremental like [`super::request`]: `Ok(None)` means "wait for more
 //! bytes", and the line, key and declared data length are checked from the
@@ -59,8 +59,8 @@ pub mod tag;
 use memchr::memchr;
 
 pub use super::base64_key::{decode_key, encode_key, DecodedKey};
-use super::request::{is_valid_key, Span, StaleKey};
-use super::{Limits, MAX_DECLARED_VALUE_BYTES, MAX_KEY_BYTES};
+use super::request::{is_valid_key, Rejection, Span, StaleKey};
+use super::{Limits, ParseError, MAX_DECLARED_VALUE_BYTES, MAX_KEY_BYTES};
 
 /// The six meta commands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -110,124 +110,6 @@ impl MetaCommand {
     }
 }
 
-/// Every error memcached 1.6.18 answers to a meta request line, plus memring's
-/// own line bound. Each knows its reply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum MetaError {
-    #[error("ERROR")]
-    UnknownCommand,
-    #[error("CLIENT_ERROR bad command line format")]
-    BadCommandLine,
-    /// More than 19 tokens on an `ms`, `md` or `ma` line.
-    #[error("CLIENT_ERROR options flags too long")]
-    FlagsTooLong,
-    /// More than 19 tokens on an `mg` line (its message has an extra word).
-    #[error("CLIENT_ERROR options flags are too long")]
-    GetFlagsTooLong,
-    /// A flag seen twice, or a flag byte of 127 or more.
-    #[error("CLIENT_ERROR duplicate flag")]
-    DuplicateFlag,
-    #[error("CLIENT_ERROR invalid flag")]
-    InvalidFlag,
-    /// `md` and `ma` report every flag error this way.
-    #[error("CLIENT_ERROR invalid or duplicate flag")]
-    InvalidOrDuplicateFlag,
-    #[error("CLIENT_ERROR error decoding key")]
-    KeyDecode,
-    /// A bad number after `T`, `N`, `R` or `C`.
-    #[error("CLIENT_ERROR bad token in command line format")]
-    BadToken,
-    #[error("CLIENT_ERROR incorrect length for M token")]
-    ModeLength,
-    #[error("CLIENT_ERROR invalid numeric initial value")]
-    InitialValue,
-    #[error("CLIENT_ERROR invalid numeric delta value")]
-    DeltaValue,
-    #[error("CLIENT_ERROR invalid mode for ms M token")]
-    SetMode,
-    #[error("CLIENT_ERROR invalid mode for ma M token")]
-    ArithmeticMode,
-    /// An `O` token longer than 32 bytes, `O` included.
-    #[error("CLIENT_ERROR opaque token too long")]
-    OpaqueTooLong,
-    #[error("CLIENT_ERROR bad data chunk")]
-    BadDataChunk,
-    #[error("SERVER_ERROR object too large for cache")]
-    ValueTooLarge,
-    /// No newline within the line bound: the connection is closed afterwards.
-    #[error("CLIENT_ERROR line too long")]
-    LineTooLong,
-}
-
-impl MetaError {
-    /// The reply line, including `\r\n`.
-    pub fn reply(self) -> &'static [u8] {
-        match self {
-            MetaError::UnknownCommand => b"ERROR\r\n",
-            MetaError::BadCommandLine => b"CLIENT_ERROR bad command line format\r\n",
-            MetaError::FlagsTooLong => b"CLIENT_ERROR options flags too long\r\n",
-            MetaError::GetFlagsTooLong => b"CLIENT_ERROR options flags are too long\r\n",
-            MetaError::DuplicateFlag => b"CLIENT_ERROR duplicate flag\r\n",
-            MetaError::InvalidFlag => b"CLIENT_ERROR invalid flag\r\n",
-            MetaError::InvalidOrDuplicateFlag => b"CLIENT_ERROR invalid or duplicate flag\r\n",
-            MetaError::KeyDecode => b"CLIENT_ERROR error decoding key\r\n",
-            MetaError::BadToken => b"CLIENT_ERROR bad token in command line format\r\n",
-            MetaError::ModeLength => b"CLIENT_ERROR incorrect length for M token\r\n",
-            MetaError::InitialValue => b"CLIENT_ERROR invalid numeric initial value\r\n",
-            MetaError::DeltaValue => b"CLIENT_ERROR invalid numeric delta value\r\n",
-            MetaError::SetMode => b"CLIENT_ERROR invalid mode for ms M token\r\n",
-            MetaError::ArithmeticMode => b"CLIENT_ERROR invalid mode for ma M token\r\n",
-            MetaError::OpaqueTooLong => b"CLIENT_ERROR opaque token too long\r\n",
-            MetaError::BadDataChunk => b"CLIENT_ERROR bad data chunk\r\n",
-            MetaError::ValueTooLarge => b"SERVER_ERROR object too large for cache\r\n",
-            MetaError::LineTooLong => b"CLIENT_ERROR line too long\r\n",
-        }
-    }
-
-    /// Whether the client connection stays usable after this error. Only a line
-    /// that never ends cannot be resynchronised.
-    pub fn keeps_connection(self) -> bool {
-        self != MetaError::LineTooLong
-    }
-}
-
-/// A meta request the parser refused. Meta errors are never silenced by `q`
-/// (memcached clears its noreply state before sending them), so the reply is
-/// always sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MetaRejection {
-    pub error: MetaError,
-    /// Input bytes the rejected request occupies and that must be dropped now.
-    pub consumed: usize,
-    /// Further bytes to throw away after `consumed`, possibly not received yet:
-    /// the data block (and its `\r\n`) of an `ms` that memcached swallows.
-    pub discard: usize,
-    /// The key memcached deletes with the refusal: an `ms` too large for the
-    /// cache (see [`super::request::Rejection::stale_key`]).
-    pub stale_key: Option<StaleKey>,
-}
-
-impl MetaRejection {
-    /// memcached's reply, including `\r\n`.
-    pub fn reply(&self) -> &'static [u8] {
-        self.error.reply()
-    }
-
-    /// Whether the client connection stays usable.
-    pub fn keeps_connection(&self) -> bool {
-        self.error.keeps_connection()
-    }
-
-    fn line(error: MetaError, line_len: usize) -> MetaRejection {
-        MetaRejection {
-            error,
-            consumed: line_len,
-            discard: 0,
-            stale_key: None,
-        }
-    }
-}
-
 /// One meta request that memring can route and frame. All spans index the
 /// request's own bytes (`total_len` of them, from the start of the buffer given
 /// to [`parse_meta`]); forward `bytes[..total_len]` unchanged.
@@ -262,7 +144,7 @@ pub struct MetaRequest {
     /// The error memcached 1.6.18 will answer instead of executing the request,
     /// when memring forwards it anyway (see the module doc). Such a request
     /// must be forwarded exactly as received.
-    pub backend_error: Option<MetaError>,
+    pub backend_error: Option<ParseError>,
     /// Length of the command line including its line ending.
     pub line_len: u32,
     /// Length of the whole request: the line plus, for `ms`, the data block and
@@ -325,7 +207,7 @@ impl MetaRequest {
 }
 
 /// The outcome of one parse step.
-pub type MetaParseResult = Result<Option<(MetaRequest, usize)>, MetaRejection>;
+pub type MetaParseResult = Result<Option<(MetaRequest, usize)>, Rejection>;
 
 /// memcached's tokenizer keeps at most 23 tokens (`MAX_TOKENS` 24 minus the end
 /// marker), the rest of the line being one unsplit remainder.
@@ -360,13 +242,13 @@ pub fn is_meta_request(buf: &[u8]) -> bool {
 /// command is rejected with `ERROR`, as memcached answers an unknown command.
 ///
 /// # Errors
-/// See [`MetaRejection`] and the module doc.
+/// See [`Rejection`] and the module doc.
 pub fn parse_meta(buf: &[u8], limits: &Limits) -> MetaParseResult {
     let bound = limits.max_line_bytes;
     let newline = match memchr(b'\n', &buf[..buf.len().min(bound + 1)]) {
         Some(position) => position,
         None if buf.len() > bound => {
-            return Err(MetaRejection::line(MetaError::LineTooLong, buf.len()))
+            return Err(Rejection::line(ParseError::LineTooLong, buf.len(), false))
         }
         None => return Ok(None),
     };
@@ -382,14 +264,14 @@ pub fn parse_meta(buf: &[u8], limits: &Limits) -> MetaParseResult {
         content_end = nul;
     }
     let line = &buf[..content_end];
-    let reject = |error| Err(MetaRejection::line(error, line_len));
+    let reject = |error| Err(Rejection::line(error, line_len, false));
 
     let tokens = Tokenized::new(line);
     let Some(command) = tokens
         .get(0)
         .and_then(|t| MetaCommand::from_token(t.of(line)))
     else {
-        return reject(MetaError::UnknownCommand);
+        return reject(ParseError::UnknownCommand);
     };
     let mut request = MetaRequest {
         command,
@@ -416,14 +298,14 @@ pub fn parse_meta(buf: &[u8], limits: &Limits) -> MetaParseResult {
 
     let Some(key) = tokens.get(1) else {
         return reject(if command == MetaCommand::Debug {
-            MetaError::BadCommandLine
+            ParseError::BadCommandLine
         } else {
-            MetaError::UnknownCommand
+            ParseError::UnknownCommand
         });
     };
     let key_token = key.of(line);
     if key_token.len() > MAX_KEY_BYTES || !is_valid_key(key_token) {
-        return reject(MetaError::BadCommandLine);
+        return reject(ParseError::BadCommandLine);
     }
     request.key = Some(key);
 
@@ -432,7 +314,7 @@ pub fn parse_meta(buf: &[u8], limits: &Limits) -> MetaParseResult {
         // is looked at.
         if tokens.get(2).is_some_and(|t| t.of(line) == b"b") {
             if decode_key(key_token).is_none() {
-                return reject(MetaError::BadCommandLine);
+                return reject(ParseError::BadCommandLine);
             }
             request.base64 = true;
         }
@@ -441,15 +323,15 @@ pub fn parse_meta(buf: &[u8], limits: &Limits) -> MetaParseResult {
 
     if tokens.count > MAX_META_TOKENS {
         return reject(if command == MetaCommand::Get {
-            MetaError::GetFlagsTooLong
+            ParseError::GetFlagsTooLong
         } else {
-            MetaError::FlagsTooLong
+            ParseError::FlagsTooLong
         });
     }
 
     let first_flag = if command == MetaCommand::Set {
         let Some(length) = tokens.get(2) else {
-            return reject(MetaError::BadCommandLine);
+            return reject(ParseError::BadCommandLine);
         };
         // memcached reads the length with `strtol` into an int32 (so it
         // truncates) and then wants 0..=INT_MAX-2.
@@ -458,7 +340,7 @@ pub fn parse_meta(buf: &[u8], limits: &Limits) -> MetaParseResult {
             Some(len) if (0..=MAX_DECLARED_VALUE_BYTES).contains(&i64::from(len)) => {
                 request.data_len = Some(len as u32);
             }
-            _ => return reject(MetaError::BadCommandLine),
+            _ => return reject(ParseError::BadCommandLine),
         }
         3
     } else {
@@ -486,7 +368,7 @@ pub fn parse_meta(buf: &[u8], limits: &Limits) -> MetaParseResult {
 
     let Some(data_len) = request.data_len else {
         if scan.undecodable {
-            return reject(scan.error.unwrap_or(MetaError::KeyDecode));
+            return reject(scan.error.unwrap_or(ParseError::KeyDecode));
         }
         return Ok(Some((request, line_len)));
     };
@@ -494,30 +376,31 @@ pub fn parse_meta(buf: &[u8], limits: &Limits) -> MetaParseResult {
     let swallow = |error| {
         // memcached 1.6.18 removes the key of an `ms` too large for the
         // cache, whatever its mode (probed), unless a flag error came first.
-        let stale_key = (error == MetaError::ValueTooLarge).then_some(StaleKey {
+        let stale_key = (error == ParseError::ValueTooLarge).then_some(StaleKey {
             token: key,
             base64: request.base64,
         });
-        Err(MetaRejection {
+        Err(Rejection {
             error,
             consumed: line_len,
             discard: data_len + 2,
+            silent: false,
             stale_key,
         })
     };
     if scan.undecodable {
-        return swallow(scan.error.unwrap_or(MetaError::KeyDecode));
+        return swallow(scan.error.unwrap_or(ParseError::KeyDecode));
     }
     if data_len > limits.max_value_bytes {
         // memcached would report a flag error before finding the item too large.
-        return swallow(scan.error.unwrap_or(MetaError::ValueTooLarge));
+        return swallow(scan.error.unwrap_or(ParseError::ValueTooLarge));
     }
     let total = line_len + data_len + 2;
     if buf.len() < total {
         return Ok(None);
     }
     if request.backend_error.is_none() && &buf[total - 2..total] != b"\r\n" {
-        request.backend_error = Some(MetaError::BadDataChunk);
+        request.backend_error = Some(ParseError::BadDataChunk);
     }
     request.total_len = total as u32;
     Ok(Some((request, total)))
@@ -572,7 +455,7 @@ struct FlagScan {
     undecodable: bool,
     opaque: Option<Span>,
     mode: Option<u8>,
-    error: Option<MetaError>,
+    error: Option<ParseError>,
 }
 
 impl FlagScan {
@@ -613,24 +496,24 @@ fn scan_flags(command: MetaCommand, line: &[u8], flags: &[Span], key: &[u8]) -> 
         .map(|error| match (command, error) {
             // `md` and `ma` replace every flag-scan error with one message.
             (MetaCommand::Delete | MetaCommand::Arithmetic, e) if is_preparse_error(e) => {
-                MetaError::InvalidOrDuplicateFlag
+                ParseError::InvalidOrDuplicateFlag
             }
             (_, e) => e,
         });
     scan
 }
 
-fn is_preparse_error(error: MetaError) -> bool {
+fn is_preparse_error(error: ParseError) -> bool {
     matches!(
         error,
-        MetaError::DuplicateFlag
-            | MetaError::InvalidFlag
-            | MetaError::KeyDecode
-            | MetaError::BadToken
-            | MetaError::ModeLength
-            | MetaError::InitialValue
-            | MetaError::DeltaValue
-            | MetaError::BadCommandLine
+        ParseError::DuplicateFlag
+            | ParseError::InvalidFlag
+            | ParseError::KeyDecode
+            | ParseError::BadToken
+            | ParseError::ModeLength
+            | ParseError::InitialValue
+            | ParseError::DeltaValue
+            | ParseError::BadCommandLine
     )
 }
 
@@ -639,11 +522,11 @@ fn is_preparse_error(error: MetaError) -> bool {
 /// a bad number is remembered and the scan goes on, so the last such error is
 /// the one reported (a bad `F` keeps the previous message, by default `bad
 /// command line format`). Every command accepts every flag here.
-fn preparse_error(line: &[u8], flags: &[Span], key: &[u8]) -> Option<MetaError> {
+fn preparse_error(line: &[u8], flags: &[Span], key: &[u8]) -> Option<ParseError> {
     let mut seen = [false; 127];
     let mut failed = false;
-    let mut message = MetaError::BadCommandLine;
-    let mut fail = |error: Option<MetaError>| {
+    let mut message = ParseError::BadCommandLine;
+    let mut fail = |error: Option<ParseError>| {
         failed = true;
         if let Some(error) = error {
             message = error;
@@ -653,24 +536,24 @@ fn preparse_error(line: &[u8], flags: &[Span], key: &[u8]) -> Option<MetaError> 
         let bytes = token.of(line);
         let flag = bytes[0];
         if flag >= 127 || seen[usize::from(flag)] {
-            return Some(MetaError::DuplicateFlag);
+            return Some(ParseError::DuplicateFlag);
         }
         seen[usize::from(flag)] = true;
         let rest = &bytes[1..];
         match flag {
-            b'b' if decode_key(key).is_none() => fail(Some(MetaError::KeyDecode)),
-            b'N' | b'T' | b'R' if c_strtol(rest).is_none() => fail(Some(MetaError::BadToken)),
+            b'b' if decode_key(key).is_none() => fail(Some(ParseError::KeyDecode)),
+            b'N' | b'T' | b'R' if c_strtol(rest).is_none() => fail(Some(ParseError::BadToken)),
             // `safe_strtoul` (64-bit `unsigned long`, stored into 32 bits)
             // fails like `safe_strtoull`, but sets no message.
             b'F' if c_strtoull(rest).is_none() => fail(None),
-            b'C' if c_strtoull(rest).is_none() => fail(Some(MetaError::BadToken)),
-            b'M' if bytes.len() != 2 => fail(Some(MetaError::ModeLength)),
-            b'J' if c_strtoull(rest).is_none() => fail(Some(MetaError::InitialValue)),
-            b'D' if c_strtoull(rest).is_none() => fail(Some(MetaError::DeltaValue)),
+            b'C' if c_strtoull(rest).is_none() => fail(Some(ParseError::BadToken)),
+            b'M' if bytes.len() != 2 => fail(Some(ParseError::ModeLength)),
+            b'J' if c_strtoull(rest).is_none() => fail(Some(ParseError::InitialValue)),
+            b'D' if c_strtoull(rest).is_none() => fail(Some(ParseError::DeltaValue)),
             b'b' | b'N' | b'T' | b'R' | b'F' | b'C' | b'M' | b'J' | b'D' => {}
             b'l' | b'O' | b'P' | b'L' | b'k' | b's' | b't' | b'c' | b'f' | b'v' | b'h' | b'u'
             | b'q' | b'I' => {}
-            _ => return Some(MetaError::InvalidFlag),
+            _ => return Some(ParseError::InvalidFlag),
         }
     }
     failed.then_some(message)
@@ -683,18 +566,18 @@ fn command_error(
     line: &[u8],
     flags: &[Span],
     scan: &FlagScan,
-) -> Option<MetaError> {
+) -> Option<ParseError> {
     let mode_error = match (command, scan.mode) {
-        (MetaCommand::Set, Some(mode)) if !b"EAPRS".contains(&mode) => Some(MetaError::SetMode),
+        (MetaCommand::Set, Some(mode)) if !b"EAPRS".contains(&mode) => Some(ParseError::SetMode),
         (MetaCommand::Arithmetic, Some(mode)) if !b"I+D-".contains(&mode) => {
-            Some(MetaError::ArithmeticMode)
+            Some(ParseError::ArithmeticMode)
         }
         _ => None,
     };
     let opaque_too_long = flags
         .iter()
         .any(|t| t.of(line)[0] == b'O' && t.of(line).len() > MAX_OPAQUE_BYTES);
-    mode_error.or(opaque_too_long.then_some(MetaError::OpaqueTooLong))
+    mode_error.or(opaque_too_long.then_some(ParseError::OpaqueTooLong))
 }
 
 /// C's `isspace` in the "C" locale.
@@ -807,7 +690,7 @@ mod tests {
         request
     }
 
-    fn rejected(input: &[u8]) -> MetaRejection {
+    fn rejected(input: &[u8]) -> Rejection {
         match parse(input) {
             Err(rejection) => rejection,
             other => panic!("{input:?} not rejected: {other:?}"),
@@ -822,31 +705,31 @@ mod tests {
         let long_set = format!("ms {} 2\r\nab\r\n", "k".repeat(251));
         for (input, error, consumed, discard) in [
             // `mg\r\n` -> `ERROR` (no key: too few tokens).
-            (&b"mg\r\n"[..], MetaError::UnknownCommand, 4, 0),
+            (&b"mg\r\n"[..], ParseError::UnknownCommand, 4, 0),
             // `mg \r\n` -> `ERROR`.
-            (b"mg \r\n", MetaError::UnknownCommand, 5, 0),
+            (b"mg \r\n", ParseError::UnknownCommand, 5, 0),
             // `ms\r\n`, `md\r\n`, `ma \r\n` -> `ERROR`.
-            (b"ms\r\n", MetaError::UnknownCommand, 4, 0),
-            (b"md\r\n", MetaError::UnknownCommand, 4, 0),
-            (b"ma \r\n", MetaError::UnknownCommand, 5, 0),
+            (b"ms\r\n", ParseError::UnknownCommand, 4, 0),
+            (b"md\r\n", ParseError::UnknownCommand, 4, 0),
+            (b"ma \r\n", ParseError::UnknownCommand, 5, 0),
             // `mx foo\r\n` -> `ERROR`.
-            (b"mx foo\r\n", MetaError::UnknownCommand, 8, 0),
+            (b"mx foo\r\n", ParseError::UnknownCommand, 8, 0),
             // `me\r\n`, `me \r\n` -> `CLIENT_ERROR bad command line format`.
-            (b"me\r\n", MetaError::BadCommandLine, 4, 0),
-            (b"me \r\n", MetaError::BadCommandLine, 5, 0),
+            (b"me\r\n", ParseError::BadCommandLine, 4, 0),
+            (b"me \r\n", ParseError::BadCommandLine, 5, 0),
             // `me Zm9 b` -> `CLIENT_ERROR bad command line format`.
-            (b"me Zm9 b\r\n", MetaError::BadCommandLine, 10, 0),
+            (b"me Zm9 b\r\n", ParseError::BadCommandLine, 10, 0),
             // `ms foo\r\n` -> `CLIENT_ERROR bad command line format`.
-            (b"ms foo\r\n", MetaError::BadCommandLine, 8, 0),
+            (b"ms foo\r\n", ParseError::BadCommandLine, 8, 0),
             // `ms foo abc\r\nab\r\n` -> `CLIENT_ERROR bad command line format`,
             // then `ERROR` for `ab`: the data block is not swallowed.
-            (b"ms foo abc\r\nab\r\n", MetaError::BadCommandLine, 12, 0),
+            (b"ms foo abc\r\nab\r\n", ParseError::BadCommandLine, 12, 0),
             // `ms foo -1\r\nab\r\n` -> the same.
-            (b"ms foo -1\r\nab\r\n", MetaError::BadCommandLine, 11, 0),
+            (b"ms foo -1\r\nab\r\n", ParseError::BadCommandLine, 11, 0),
             // 19 flags on `mg` -> `CLIENT_ERROR options flags are too long`.
             (
                 b"mg foo a b c d e f g h i j k l m n o p q r\r\n",
-                MetaError::GetFlagsTooLong,
+                ParseError::GetFlagsTooLong,
                 44,
                 0,
             ),
@@ -854,47 +737,47 @@ mod tests {
             // `ERROR`: checked before the length, so nothing is swallowed.
             (
                 b"ms foo 2 a b c d e f g h i j k l m n o p q\r\nab\r\n",
-                MetaError::FlagsTooLong,
+                ParseError::FlagsTooLong,
                 44,
                 0,
             ),
             (
                 b"md foo a b c d e f g h i j k l m n o p q r\r\n",
-                MetaError::FlagsTooLong,
+                ParseError::FlagsTooLong,
                 44,
                 0,
             ),
             // `mg Zm9 b v` -> `CLIENT_ERROR error decoding key`.
-            (b"mg Zm9 b v\r\n", MetaError::KeyDecode, 12, 0),
+            (b"mg Zm9 b v\r\n", ParseError::KeyDecode, 12, 0),
             // `mg Zm9 b v Tx` -> `CLIENT_ERROR bad token in command line format`:
             // the last failing flag names the error.
-            (b"mg Zm9 b v Tx\r\n", MetaError::BadToken, 15, 0),
+            (b"mg Zm9 b v Tx\r\n", ParseError::BadToken, 15, 0),
             // `md Zm9 b`, `ma Zm9 b` -> `CLIENT_ERROR invalid or duplicate flag`.
-            (b"md Zm9 b\r\n", MetaError::InvalidOrDuplicateFlag, 10, 0),
-            (b"ma Zm9 b\r\n", MetaError::InvalidOrDuplicateFlag, 10, 0),
+            (b"md Zm9 b\r\n", ParseError::InvalidOrDuplicateFlag, 10, 0),
+            (b"ma Zm9 b\r\n", ParseError::InvalidOrDuplicateFlag, 10, 0),
             // `ms Zm9 2 b` + data -> `CLIENT_ERROR error decoding key`, block swallowed.
-            (b"ms Zm9 2 b\r\nab\r\n", MetaError::KeyDecode, 12, 4),
+            (b"ms Zm9 2 b\r\nab\r\n", ParseError::KeyDecode, 12, 4),
             // `ms Zm9 2 b Tx` -> `CLIENT_ERROR bad token in command line format`.
-            (b"ms Zm9 2 b Tx\r\nab\r\n", MetaError::BadToken, 15, 4),
+            (b"ms Zm9 2 b Tx\r\nab\r\n", ParseError::BadToken, 15, 4),
             // `ms Zm9 2 Tx b` -> `CLIENT_ERROR error decoding key` (last wins).
-            (b"ms Zm9 2 Tx b\r\nab\r\n", MetaError::KeyDecode, 15, 4),
+            (b"ms Zm9 2 Tx b\r\nab\r\n", ParseError::KeyDecode, 15, 4),
             // `ms Zm9 2 b Fx` -> `CLIENT_ERROR error decoding key` (`F` sets no text).
-            (b"ms Zm9 2 b Fx\r\nab\r\n", MetaError::KeyDecode, 15, 4),
+            (b"ms Zm9 2 b Fx\r\nab\r\n", ParseError::KeyDecode, 15, 4),
             // `ms Zm9 2 b Z` -> `CLIENT_ERROR invalid flag` (stops the scan).
-            (b"ms Zm9 2 b Z\r\nab\r\n", MetaError::InvalidFlag, 14, 4),
+            (b"ms Zm9 2 b Z\r\nab\r\n", ParseError::InvalidFlag, 14, 4),
             // `mg foo a b ... q` (17 flags) -> `CLIENT_ERROR invalid flag`: its
             // `b` makes `foo` a base64 key, which does not decode, so memring
             // answers; the scan stopped at `a` first.
             (
                 b"mg foo a b c d e f g h i j k l m n o p q\r\n",
-                MetaError::InvalidFlag,
+                ParseError::InvalidFlag,
                 42,
                 0,
             ),
             // `mg <251 k> v`, `ms <251 k> 2` -> `CLIENT_ERROR bad command line
             // format`; the `ms` block is then read as a command (`ERROR`).
-            (long_key.as_bytes(), MetaError::BadCommandLine, 258, 0),
-            (long_set.as_bytes(), MetaError::BadCommandLine, 258, 0),
+            (long_key.as_bytes(), ParseError::BadCommandLine, 258, 0),
+            (long_set.as_bytes(), ParseError::BadCommandLine, 258, 0),
         ] {
             let rejection = rejected(input);
             assert_eq!(
@@ -912,15 +795,15 @@ mod tests {
         // `ms big 2000000 T0` + 2000000 bytes -> `SERVER_ERROR object too large
         // for cache`, the block swallowed (memcached 1.6.18, 1 MiB items).
         let rejection = rejected(b"ms big 2000000 T0\r\n");
-        assert_eq!(rejection.error, MetaError::ValueTooLarge);
+        assert_eq!(rejection.error, ParseError::ValueTooLarge);
         assert_eq!((rejection.consumed, rejection.discard), (19, 2_000_002));
         assert_eq!(
             rejection.reply(),
-            b"SERVER_ERROR object too large for cache\r\n"
+            Some(&b"SERVER_ERROR object too large for cache\r\n"[..])
         );
         // `ms big 2000000 Z` + block -> `CLIENT_ERROR invalid flag`, swallowed.
         let rejection = rejected(b"ms big 2000000 Z\r\n");
-        assert_eq!(rejection.error, MetaError::InvalidFlag);
+        assert_eq!(rejection.error, ParseError::InvalidFlag);
         assert_eq!(rejection.discard, 2_000_002);
     }
 
@@ -935,7 +818,7 @@ mod tests {
             parse_meta(b"ms a 2147483646\r\nxx", &limits)
                 .unwrap_err()
                 .error,
-            MetaError::BadCommandLine
+            ParseError::BadCommandLine
         );
     }
 
@@ -950,7 +833,7 @@ mod tests {
         assert_eq!(accepted(b"ms foo +2\r\nab\r\n").data_len, Some(2));
         assert_eq!(
             rejected(b"ms foo 4294967295\r\nab\r\n").error,
-            MetaError::BadCommandLine
+            ParseError::BadCommandLine
         );
     }
 
@@ -960,55 +843,55 @@ mod tests {
     fn flag_errors_are_forwarded_with_the_predicted_reply() {
         for (input, error) in [
             // `ms foo 2 T` -> `CLIENT_ERROR bad token in command line format`.
-            (&b"ms foo 2 T\r\nab\r\n"[..], MetaError::BadToken),
+            (&b"ms foo 2 T\r\nab\r\n"[..], ParseError::BadToken),
             // `ms foo 2 Z` -> `CLIENT_ERROR invalid flag`.
-            (b"ms foo 2 Z\r\nab\r\n", MetaError::InvalidFlag),
+            (b"ms foo 2 Z\r\nab\r\n", ParseError::InvalidFlag),
             // `ms foo 2 MX` -> `CLIENT_ERROR invalid mode for ms M token`.
-            (b"ms foo 2 MX\r\nab\r\n", MetaError::SetMode),
+            (b"ms foo 2 MX\r\nab\r\n", ParseError::SetMode),
             // `ms foo 2 Ms` -> the same (1.6.18 knows upper case only).
-            (b"ms foo 2 Ms\r\nab\r\n", MetaError::SetMode),
+            (b"ms foo 2 Ms\r\nab\r\n", ParseError::SetMode),
             // `ms foo 2 Mxy` -> `CLIENT_ERROR incorrect length for M token`.
-            (b"ms foo 2 Mxy\r\nab\r\n", MetaError::ModeLength),
+            (b"ms foo 2 Mxy\r\nab\r\n", ParseError::ModeLength),
             // `ms foo 2 q q` -> `CLIENT_ERROR duplicate flag`.
-            (b"ms foo 2 q q\r\nab\r\n", MetaError::DuplicateFlag),
+            (b"ms foo 2 q q\r\nab\r\n", ParseError::DuplicateFlag),
             // `ms foo 2 E5`, `ms foo 2 S2` -> `CLIENT_ERROR invalid flag` on
             // 1.6.18; newer memcacheds accept them, so memring forwards.
-            (b"ms foo 2 E5\r\nab\r\n", MetaError::InvalidFlag),
-            (b"ms foo 2 S2\r\nab\r\n", MetaError::InvalidFlag),
+            (b"ms foo 2 E5\r\nab\r\n", ParseError::InvalidFlag),
+            (b"ms foo 2 S2\r\nab\r\n", ParseError::InvalidFlag),
             // 37-byte opaque -> `CLIENT_ERROR opaque token too long`.
             (
                 b"ms foo 2 Oaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\nab\r\n",
-                MetaError::OpaqueTooLong,
+                ParseError::OpaqueTooLong,
             ),
             // `ms foo 2 F-1` -> `CLIENT_ERROR bad command line format`.
-            (b"ms foo 2 F-1\r\nab\r\n", MetaError::BadCommandLine),
+            (b"ms foo 2 F-1\r\nab\r\n", ParseError::BadCommandLine),
             // `ms foo 2\r\nabc\r\n` -> `CLIENT_ERROR bad data chunk` (then
             // `ERROR` for the leftover `\n`).
-            (b"ms foo 2\r\nabc\r\n", MetaError::BadDataChunk),
+            (b"ms foo 2\r\nabc\r\n", ParseError::BadDataChunk),
             // `mg foo E5` -> `CLIENT_ERROR invalid flag`.
-            (b"mg foo E5\r\n", MetaError::InvalidFlag),
+            (b"mg foo E5\r\n", ParseError::InvalidFlag),
             // `mg foo b c f h k l O q s t u v` -> `CLIENT_ERROR error decoding
             // key`... but that one is memring's to answer (see below).
             // `mg foo Oaaaa...` -> `CLIENT_ERROR opaque token too long`.
             (
                 b"mg foo Oaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n",
-                MetaError::OpaqueTooLong,
+                ParseError::OpaqueTooLong,
             ),
             // `md foo x`, `md foo Z`, `ma foo Z` -> `CLIENT_ERROR invalid or
             // duplicate flag`.
-            (b"md foo x\r\n", MetaError::InvalidOrDuplicateFlag),
-            (b"md foo Z\r\n", MetaError::InvalidOrDuplicateFlag),
-            (b"ma foo Z\r\n", MetaError::InvalidOrDuplicateFlag),
+            (b"md foo x\r\n", ParseError::InvalidOrDuplicateFlag),
+            (b"md foo Z\r\n", ParseError::InvalidOrDuplicateFlag),
+            (b"ma foo Z\r\n", ParseError::InvalidOrDuplicateFlag),
             // `ma num D18446744073709551616`, `ma num J-1` -> `CLIENT_ERROR
             // invalid or duplicate flag`.
             (
                 b"ma num D18446744073709551616\r\n",
-                MetaError::InvalidOrDuplicateFlag,
+                ParseError::InvalidOrDuplicateFlag,
             ),
-            (b"ma num J-1\r\n", MetaError::InvalidOrDuplicateFlag),
+            (b"ma num J-1\r\n", ParseError::InvalidOrDuplicateFlag),
             // `ma foo MX`, `ma foo Mi` -> `CLIENT_ERROR invalid mode for ma M token`.
-            (b"ma foo MX\r\n", MetaError::ArithmeticMode),
-            (b"ma foo Mi\r\n", MetaError::ArithmeticMode),
+            (b"ma foo MX\r\n", ParseError::ArithmeticMode),
+            (b"ma foo Mi\r\n", ParseError::ArithmeticMode),
         ] {
             let request = accepted(input);
             assert_eq!(
@@ -1024,7 +907,7 @@ mod tests {
         // decoded key to route, so it answers `CLIENT_ERROR error decoding key`.
         assert_eq!(
             rejected(b"mg foo b c f h k l O q s t u v\r\n").error,
-            MetaError::KeyDecode
+            ParseError::KeyDecode
         );
     }
 
@@ -1128,14 +1011,15 @@ mod tests {
         // refuses control bytes in every key.
         assert_eq!(
             rejected(b"mg foo\tx v\r\n").error,
-            MetaError::BadCommandLine
+            ParseError::BadCommandLine
         );
         assert_eq!(
             rejected(b"ms a\x7fb 1\r\nx\r\n"),
-            MetaRejection {
-                error: MetaError::BadCommandLine,
+            Rejection {
+                error: ParseError::BadCommandLine,
                 consumed: 10,
                 discard: 0,
+                silent: false,
                 stale_key: None,
             }
         );
@@ -1222,7 +1106,7 @@ mod tests {
         let mut input = b"mg ".to_vec();
         input.extend(vec![b'k'; 3000]);
         let rejection = rejected(&input);
-        assert_eq!(rejection.error, MetaError::LineTooLong);
+        assert_eq!(rejection.error, ParseError::LineTooLong);
         assert!(!rejection.keeps_connection());
     }
 
@@ -1245,31 +1129,31 @@ mod tests {
             assert_eq!(is_meta_request(input), meta, "{input:?}");
         }
         // Anything else handed to `parse_meta` is an unknown command.
-        assert_eq!(rejected(b"get foo\r\n").error, MetaError::UnknownCommand);
-        assert_eq!(rejected(b"\r\n").error, MetaError::UnknownCommand);
+        assert_eq!(rejected(b"get foo\r\n").error, ParseError::UnknownCommand);
+        assert_eq!(rejected(b"\r\n").error, ParseError::UnknownCommand);
     }
 
     #[test]
     fn every_error_reply_is_one_crlf_terminated_line() {
         for error in [
-            MetaError::UnknownCommand,
-            MetaError::BadCommandLine,
-            MetaError::FlagsTooLong,
-            MetaError::GetFlagsTooLong,
-            MetaError::DuplicateFlag,
-            MetaError::InvalidFlag,
-            MetaError::InvalidOrDuplicateFlag,
-            MetaError::KeyDecode,
-            MetaError::BadToken,
-            MetaError::ModeLength,
-            MetaError::InitialValue,
-            MetaError::DeltaValue,
-            MetaError::SetMode,
-            MetaError::ArithmeticMode,
-            MetaError::OpaqueTooLong,
-            MetaError::BadDataChunk,
-            MetaError::ValueTooLarge,
-            MetaError::LineTooLong,
+            ParseError::UnknownCommand,
+            ParseError::BadCommandLine,
+            ParseError::FlagsTooLong,
+            ParseError::GetFlagsTooLong,
+            ParseError::DuplicateFlag,
+            ParseError::InvalidFlag,
+            ParseError::InvalidOrDuplicateFlag,
+            ParseError::KeyDecode,
+            ParseError::BadToken,
+            ParseError::ModeLength,
+            ParseError::InitialValue,
+            ParseError::DeltaValue,
+            ParseError::SetMode,
+            ParseError::ArithmeticMode,
+            ParseError::OpaqueTooLong,
+            ParseError::BadDataChunk,
+            ParseError::ValueTooLarge,
+            ParseError::LineTooLong,
         ] {
             let reply = error.reply();
             assert_eq!(&reply[..reply.len() - 2], error.to_string().as_bytes());
@@ -1388,7 +1272,7 @@ mod tests {
     }
 
     /// A session's view: the outcome of parsing the stream request by request.
-    fn parse_stream(stream: &[u8]) -> Vec<Result<(MetaRequest, usize), MetaRejection>> {
+    fn parse_stream(stream: &[u8]) -> Vec<Result<(MetaRequest, usize), Rejection>> {
         let mut out = Vec::new();
         let mut at = 0;
         while at < stream.len() {

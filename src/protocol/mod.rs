@@ -271,8 +271,9 @@ impl Command {
     }
 }
 
-/// Why a request was refused by the parser. Each variant knows the reply
-/// memcached gives for it, so the proxy answers bad input exactly as memcached.
+/// Why a request was refused by the parser, in either dialect (classic and
+/// meta). Each variant knows the reply memcached gives for it, so the proxy
+/// answers bad input exactly as memcached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum ParseError {
     /// Unknown command or wrong number of tokens.
@@ -309,6 +310,40 @@ pub enum ParseError {
     /// `HTTP/`): closed without a reply, as memcached does.
     #[error("HTTP request line")]
     HttpRequest,
+    // The meta dialect's own refusals (memcached 1.6.18's proto_text.c);
+    // the shared ones above answer meta requests too.
+    /// More than 19 tokens on an `ms`, `md` or `ma` line.
+    #[error("CLIENT_ERROR options flags too long")]
+    FlagsTooLong,
+    /// More than 19 tokens on an `mg` line (its message has an extra word).
+    #[error("CLIENT_ERROR options flags are too long")]
+    GetFlagsTooLong,
+    /// A flag seen twice, or a flag byte of 127 or more.
+    #[error("CLIENT_ERROR duplicate flag")]
+    DuplicateFlag,
+    #[error("CLIENT_ERROR invalid flag")]
+    InvalidFlag,
+    /// `md` and `ma` report every flag error this way.
+    #[error("CLIENT_ERROR invalid or duplicate flag")]
+    InvalidOrDuplicateFlag,
+    #[error("CLIENT_ERROR error decoding key")]
+    KeyDecode,
+    /// A bad number after `T`, `N`, `R` or `C`.
+    #[error("CLIENT_ERROR bad token in command line format")]
+    BadToken,
+    #[error("CLIENT_ERROR incorrect length for M token")]
+    ModeLength,
+    #[error("CLIENT_ERROR invalid numeric initial value")]
+    InitialValue,
+    #[error("CLIENT_ERROR invalid numeric delta value")]
+    DeltaValue,
+    #[error("CLIENT_ERROR invalid mode for ms M token")]
+    SetMode,
+    #[error("CLIENT_ERROR invalid mode for ma M token")]
+    ArithmeticMode,
+    /// An `O` token longer than 32 bytes, `O` included.
+    #[error("CLIENT_ERROR opaque token too long")]
+    OpaqueTooLong,
 }
 
 impl ParseError {
@@ -330,6 +365,19 @@ impl ParseError {
             ParseError::BinaryProtocol => b"CLIENT_ERROR binary protocol is not supported\r\n",
             // Never sent: the rejection is silent.
             ParseError::HttpRequest => b"",
+            ParseError::FlagsTooLong => b"CLIENT_ERROR options flags too long\r\n",
+            ParseError::GetFlagsTooLong => b"CLIENT_ERROR options flags are too long\r\n",
+            ParseError::DuplicateFlag => b"CLIENT_ERROR duplicate flag\r\n",
+            ParseError::InvalidFlag => b"CLIENT_ERROR invalid flag\r\n",
+            ParseError::InvalidOrDuplicateFlag => b"CLIENT_ERROR invalid or duplicate flag\r\n",
+            ParseError::KeyDecode => b"CLIENT_ERROR error decoding key\r\n",
+            ParseError::BadToken => b"CLIENT_ERROR bad token in command line format\r\n",
+            ParseError::ModeLength => b"CLIENT_ERROR incorrect length for M token\r\n",
+            ParseError::InitialValue => b"CLIENT_ERROR invalid numeric initial value\r\n",
+            ParseError::DeltaValue => b"CLIENT_ERROR invalid numeric delta value\r\n",
+            ParseError::SetMode => b"CLIENT_ERROR invalid mode for ms M token\r\n",
+            ParseError::ArithmeticMode => b"CLIENT_ERROR invalid mode for ma M token\r\n",
+            ParseError::OpaqueTooLong => b"CLIENT_ERROR opaque token too long\r\n",
         }
     }
 

@@ -121,11 +121,62 @@ impl Outcome {
     pub fn meta_miss(self) -> bool {
         matches!(self, Outcome::En | Outcome::Nothing)
     }
+
+    /// A meta command that took effect: `HD`, `VA` (a value returned), or
+    /// nothing (a quiet success).
+    pub fn meta_succeeded(self) -> bool {
+        matches!(self, Outcome::Hd | Outcome::Va | Outcome::Nothing)
+    }
+
+    /// A storage command that stored: `STORED`, or in the meta dialect
+    /// (`meta`) a success (nothing, for a quiet `ms`). No meta status
+    /// answers a classic command, nor `STORED` a meta one.
+    pub fn stored_in(self, meta: bool) -> bool {
+        if meta {
+            self.meta_succeeded()
+        } else {
+            self == Outcome::Stored
+        }
+    }
+
+    /// A compare-and-swap refused for want of the key (`NOT_FOUND`, `NF`)
+    /// or of its unique (`EXISTS`, `EX`): during a hand-off the unique may
+    /// be another server's.
+    pub fn cas_refused(self) -> bool {
+        self.not_found() || self.exists()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stored_and_cas_refusals_read_alike_in_both_dialects() {
+        for (meta, yes, refused, other) in [
+            (
+                false,
+                &b"STORED\r\n"[..],
+                [&b"NOT_FOUND\r\n"[..], b"EXISTS\r\n"],
+                &b"NOT_STORED\r\n"[..],
+            ),
+            (true, b"HD\r\n", [b"NF\r\n", b"EX\r\n"], b"NS\r\n"),
+        ] {
+            assert!(Outcome::of(yes).stored_in(meta));
+            assert!(!Outcome::of(other).stored_in(meta) && !Outcome::of(other).cas_refused());
+            for reply in refused {
+                assert!(Outcome::of(reply).cas_refused() && !Outcome::of(reply).stored_in(meta));
+            }
+        }
+        assert!(
+            Outcome::of(b"").stored_in(true),
+            "a quiet ms that stored says nothing"
+        );
+        assert!(
+            !Outcome::of(b"HD\r\n").stored_in(false),
+            "no meta status answers a classic set"
+        );
+    }
 
     #[test]
     fn each_first_token_names_its_outcome() {

@@ -66,8 +66,8 @@ impl Request {
     }
 }
 
-/// A request the parser refused, with everything the session needs to stay in
-/// step with the client.
+/// A request the parser refused, in either dialect (classic or meta), with
+/// everything the session needs to stay in step with the client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rejection {
     pub error: ParseError,
@@ -77,6 +77,8 @@ pub struct Rejection {
     /// the data block of a value that is too large, read and discarded unbuffered.
     pub discard: usize,
     /// memcached sends no error either when the line ended in `noreply`.
+    /// Never for a meta request: memcached clears its noreply state before
+    /// sending a meta error, so `q` does not silence it.
     pub silent: bool,
     /// The key whose stored value memcached removes along with this refusal:
     /// a `set` (or `ms`) of a value too large for the cache deletes the key,
@@ -108,7 +110,17 @@ impl StaleKey {
 }
 
 impl Rejection {
-    fn line(error: ParseError, line_len: usize, silent: bool) -> Rejection {
+    /// memcached's reply, including `\r\n`; `None` when it sends none.
+    pub fn reply(&self) -> Option<&'static [u8]> {
+        (!self.silent).then(|| self.error.reply())
+    }
+
+    /// Whether the client connection stays usable.
+    pub fn keeps_connection(&self) -> bool {
+        self.error.keeps_connection()
+    }
+
+    pub(super) fn line(error: ParseError, line_len: usize, silent: bool) -> Rejection {
         Rejection {
             error,
             consumed: line_len,

@@ -6,7 +6,7 @@
 use super::*;
 use crate::plan::route::Split;
 use crate::protocol::request::{long_get_part, LongGetPart};
-use crate::protocol::ParseError;
+use crate::protocol::{ParseError, Rejection};
 
 /// First buffer for the sub-request lines a session builds: allocated at its
 /// first multi-key get that goes to several servers.
@@ -290,18 +290,7 @@ impl ClientSession {
                         let bytes = input.split_to(consumed).freeze();
                         self.start_meta(request, bytes);
                     }
-                    Err(rejection) => {
-                        let stale = rejection.stale_key.map(|stale| stale.key(input));
-                        input.advance(rejection.consumed);
-                        // Meta errors are never silenced by `q`.
-                        let reply = Some(rejection.reply());
-                        let answered = stale.is_some_and(|key| self.forget_stale(&key, reply));
-                        self.reject(
-                            reply.filter(|_| !answered),
-                            rejection.discard,
-                            rejection.keeps_connection(),
-                        );
-                    }
+                    Err(rejection) => self.refuse(input, rejection),
                 }
                 continue;
             }
@@ -316,19 +305,23 @@ impl ClientSession {
                     let bytes = input.split_to(consumed).freeze();
                     self.start(request, bytes);
                 }
-                Err(rejection) => {
-                    let stale = rejection.stale_key.map(|stale| stale.key(input));
-                    input.advance(rejection.consumed);
-                    let reply = (!rejection.silent).then(|| rejection.error.reply());
-                    let answered = stale.is_some_and(|key| self.forget_stale(&key, reply));
-                    self.reject(
-                        reply.filter(|_| !answered),
-                        rejection.discard,
-                        rejection.error.keeps_connection(),
-                    );
-                }
+                Err(rejection) => self.refuse(input, rejection),
             }
         }
+    }
+
+    /// Drops the refused request from `input` and answers it as memcached
+    /// does, deleting the key of a refused oversized write first.
+    fn refuse(&mut self, input: &mut BytesMut, rejection: Rejection) {
+        let stale = rejection.stale_key.map(|stale| stale.key(input));
+        input.advance(rejection.consumed);
+        let reply = rejection.reply();
+        let answered = stale.is_some_and(|key| self.forget_stale(&key, reply));
+        self.reject(
+            reply.filter(|_| !answered),
+            rejection.discard,
+            rejection.keeps_connection(),
+        );
     }
 
     /// Serves the next part of a get line longer than `max_get_line_bytes`

@@ -221,14 +221,11 @@ impl ClientSession {
                     }
                 }
                 AddStep::ClearAndAdd(leases) => {
-                    let removal = Expect::meta(MetaCommand::Delete, false);
                     let expect = Expect::meta(MetaCommand::Set, false);
                     for (server, cas) in leases {
-                        let line = [crate::protocol::encode::delete_by_cas(
-                            &add.key.0, add.key.1, cas,
-                        )];
-                        let mut gone = Part::new(server);
-                        self.send(topology, &mut gone, &line, removal.clone(), false, None);
+                        let line =
+                            crate::protocol::encode::delete_by_cas(&add.key.0, add.key.1, cas);
+                        self.send_md_unanswered(topology, server, line);
                         let part = self.send_to(topology, server, &add.wire, &expect, e.hot);
                         add.parts.push(part);
                     }
@@ -351,7 +348,7 @@ impl ClientSession {
                 };
                 let fall = match result {
                     Ok(reply) => {
-                        route::is_error_line(reply) || (*on_miss && route::meta_is_miss(reply))
+                        route::is_error_line(reply) || (*on_miss && Outcome::of(reply).meta_miss())
                     }
                     Err(_) => true,
                 };
@@ -398,18 +395,14 @@ impl ClientSession {
                     *part = self.send_to(topology, server, &[line], &expect, None);
                 }
                 LeaseStep::Rerun { delete } => {
-                    let removal = Expect::meta(MetaCommand::Delete, false);
-                    let mut gone = Part::new(server);
-                    self.send(topology, &mut gone, &[delete], removal, false, None);
+                    self.send_md_unanswered(topology, server, delete);
                     *part = self.send_to(topology, server, wire, expect, hot);
                 }
                 LeaseStep::Send => {
                     *part = self.send_to(topology, server, wire, expect, hot);
                 }
                 LeaseStep::AnswerAfter { line, answer } => {
-                    let removal = Expect::meta(MetaCommand::Delete, false);
-                    let mut given = Part::new(server);
-                    self.send(topology, &mut given, &[line], removal, false, None);
+                    self.send_md_unanswered(topology, server, line);
                     part.result = Some(answer);
                     return true;
                 }
@@ -687,9 +680,24 @@ impl ClientSession {
         expect: &Expect,
     ) {
         for server in servers {
-            let mut part = Part::new(server);
-            self.send(topology, &mut part, wire, expect.clone(), false, None);
+            self.send_unanswered(topology, server, wire, expect.clone());
         }
+    }
+
+    /// Sends `wire` to `server`, wanting no reply: a failure there is
+    /// counted by its backend.
+    fn send_unanswered(&self, topology: &Topology, server: usize, wire: &[Bytes], expect: Expect) {
+        let mut part = Part::new(server);
+        self.send(topology, &mut part, wire, expect, false, None);
+    }
+
+    /// Sends `line`, an `md` by cas (a hand-off lease's removal, or the
+    /// recache token a probe took given back), to `server`, wanting no
+    /// reply: what the client waits for follows it on the same connection,
+    /// or is already known.
+    fn send_md_unanswered(&self, topology: &Topology, server: usize, line: Bytes) {
+        let removal = Expect::meta(MetaCommand::Delete, false);
+        self.send_unanswered(topology, server, &[line], removal);
     }
 
     /// Sends `wire` to `server`, wanting its reply, as a new part.
@@ -834,7 +842,7 @@ impl ClientSession {
                     if let Some(Ok(reply)) = &part.result {
                         if meta.value && Outcome::of(reply) == Outcome::Va {
                             estimate = Some(reply.len());
-                        } else if meta.value && route::meta_is_miss(reply) {
+                        } else if meta.value && Outcome::of(reply).meta_miss() {
                             // A miss brought no value: without this a client
                             // whose reads miss would keep reserving the
                             // largest value per request, a handful in flight.

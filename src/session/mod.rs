@@ -42,9 +42,7 @@ use crate::backend::slot::{Got, Slot};
 use crate::hotkeys::{GetShortcut, WriteGuard};
 use crate::plan::handoff::{Moved, Owner, Step};
 use crate::plan::placement::Placement;
-use crate::plan::route::{
-    self, broadcast_answer, decide, Broadcast, CallResult, Decision, MetaPlan, Plan,
-};
+use crate::plan::route::{self, broadcast_answer, decide, Broadcast, CallResult, Decision, Plan};
 use crate::pools::topology::{SharedTopology, Topology};
 use crate::protocol::encode::{forwardable, write_server_error};
 use crate::protocol::meta::{is_meta_request, parse_meta, MetaCommand, MetaRequest};

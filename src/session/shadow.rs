@@ -168,13 +168,10 @@ impl ClientSession {
         request: &MetaRequest,
         bytes: &Bytes,
         routing: &[u8],
-        plan: &MetaPlan,
+        plan: &Plan,
     ) -> Option<Box<Pairs>> {
         request.key?;
-        if matches!(
-            plan,
-            MetaPlan::Reply(_) | MetaPlan::Key(Placement::NoServers)
-        ) {
+        if !matches!(plan, Plan::Key(placement) if !matches!(placement, Placement::NoServers)) {
             return None;
         }
         if !matches!(

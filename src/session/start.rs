@@ -207,21 +207,17 @@ impl ClientSession {
             .hot
             .on_request(&request, &bytes, &plan, &topology);
         let work = match plan {
-            Plan::Quit => {
-                self.closing = true;
-                return;
-            }
-            Plan::Reply(reply) if request.noreply => {
-                let _ = reply;
-                return;
-            }
-            Plan::Reply(reply) => Work::Ready(Bytes::from_static(reply)),
+            own @ (Plan::Quit
+            | Plan::Reply(_)
+            | Plan::Stats
+            | Plan::StatsReset
+            | Plan::HotKeys
+            | Plan::ShadowStats) => match self.own_work(own, request.noreply) {
+                Some(work) => work,
+                None => return,
+            },
             Plan::Key(Placement::NoServers) if request.noreply => return,
             Plan::Key(Placement::NoServers) => Work::Ready(Bytes::from_static(route::NO_SERVERS)),
-            Plan::Stats => Work::Stats,
-            Plan::StatsReset => Work::StatsReset,
-            Plan::HotKeys => Work::Ready(self.worker.hot.report()),
-            Plan::ShadowStats => Work::Ready(self.shadow_report()),
             // A classic request is never placed as a read (`KeyOp::classic`
             // is a write or a cas); were one, its first server would answer.
             Plan::Key(Placement::ReadThrough { servers, .. }) => Work::Lines {
@@ -303,40 +299,23 @@ impl ClientSession {
             Plan::Key(Placement::Moved {
                 owner,
                 previous,
-                steps: copies,
+                steps: mut machine,
                 older,
                 copies_back,
                 ..
-            }) => match Moved::new(&request, &bytes, copies) {
-                Some(mut machine) => {
-                    if copies_back {
-                        machine.delete_previous_last_too();
-                    }
-                    Work::Moved(Box::new(MovedWork {
-                        machine,
-                        owner,
-                        previous,
-                        older: OlderForget::new(older),
-                        part: None,
-                        answer: None,
-                    }))
+            }) => {
+                if copies_back {
+                    machine.delete_previous_last_too();
                 }
-                // The owner alone answers it, once the older owners lost
-                // the key.
-                None => Work::Lines {
-                    parts: smallvec::smallvec![Part::new(owner)],
-                    finish: match older {
-                        Some(older) => Finish::Quorum {
-                            quorum: 1,
-                            forget: 0,
-                            warm: 0,
-                            older: OlderForget::new(Some(older)).map(Box::new),
-                            forget_last: false,
-                        },
-                        None => Finish::Forward,
-                    },
-                },
-            },
+                Work::Moved(Box::new(MovedWork {
+                    machine: *machine,
+                    owner,
+                    previous,
+                    older: OlderForget::new(older),
+                    part: None,
+                    answer: None,
+                }))
+            }
         };
         self.push(Entry {
             command: request.command,
@@ -352,6 +331,29 @@ impl ClientSession {
             shadow,
             instead: None,
         });
+    }
+
+    /// The work of a plan memring answers itself (in either dialect);
+    /// `None` when there is nothing to queue (`quit`, a reply the client
+    /// asked not to get).
+    fn own_work(&mut self, plan: Plan, noreply: bool) -> Option<Work> {
+        Some(match plan {
+            Plan::Quit => {
+                self.closing = true;
+                return None;
+            }
+            Plan::Reply(_) if noreply => return None,
+            Plan::Reply(reply) => Work::Ready(Bytes::from_static(reply)),
+            Plan::Stats => Work::Stats,
+            Plan::StatsReset => Work::StatsReset,
+            Plan::HotKeys => Work::Ready(self.worker.hot.report()),
+            Plan::ShadowStats => Work::Ready(self.shadow_report()),
+            // Plans for servers are the callers' own; were one passed here,
+            // it is answered as finding no server rather than dropped.
+            Plan::Key(_) | Plan::Broadcast { .. } | Plan::Retrieve(_) => {
+                Work::Ready(Bytes::from_static(route::NO_SERVERS))
+            }
+        })
     }
 
     /// Plans one meta request and queues its entry.
@@ -378,189 +380,182 @@ impl ClientSession {
             .hot
             .on_meta_request(&request, &bytes, &key, &plan, &topology);
         drop(key);
-        // A quiet request goes on with `q` and an `mn` behind it: memcached
-        // then sends exactly the replies it would send the client, and `MN`
-        // tells the connection that the rest was suppressed. That holds for
-        // a request 1.6.18 would refuse too: its error comes before the
-        // `MN`, and a newer memcached that accepts the flag stays silent.
-        let quiet = request.may_be_silent();
-        let mut wire: SmallVec<[Bytes; 3]> = smallvec::smallvec![bytes.clone()];
-        if quiet {
-            wire.push(Bytes::from_static(b"mn\r\n"));
-        }
-        let parts = |servers: &[usize]| servers.iter().map(|&s| Part::new(s)).collect();
-        let expect = Expect::meta(request.command, quiet);
-        let adds = request.command == MetaCommand::Set
-            && !request.compare_cas
-            && request.mode.map(|m| m.to_ascii_uppercase()) == Some(b'E');
-        if let MetaPlan::Key(Placement::Quorum {
-            servers,
-            quorum,
-            forget: 0,
-            older: None,
-            ..
-        }) = &plan
-        {
-            if adds && servers.len() > 1 {
-                let asked_cas = request.flags(&bytes).any(|(flag, _)| flag == b'c');
-                let mut entry = Entry::ready(b"", topology);
-                entry.command = command;
-                entry.sent = false;
-                entry.hot = hot;
-                entry.shadow = shadow;
-                entry.work = Work::Add(Box::new(AddWork {
-                    machine: ReplicatedAdd::new(servers.clone(), *quorum),
-                    wire: smallvec::smallvec![crate::protocol::encode::meta_add_with_cas(
-                        &request, &bytes
-                    )],
-                    key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
-                    meta: Some((asked_cas, request.quiet)),
-                    parts: SmallVec::new(),
-                }));
-                entry.bytes = bytes;
-                self.push(entry);
-                return;
-            }
-        }
-        let mut older = None;
-        let mode = match plan {
-            MetaPlan::Reply(reply) => {
-                let mut entry = Entry::ready(reply, topology);
-                entry.command = command;
-                self.push(entry);
-                return;
-            }
-            MetaPlan::Key(Placement::NoServers) => {
+        let placement = match plan {
+            Plan::Key(Placement::NoServers) => {
                 let mut entry = Entry::ready(route::NO_SERVERS, topology);
                 entry.command = command;
                 self.push(entry);
                 return;
             }
-            MetaPlan::Key(Placement::Owner { server, .. }) => {
-                (parts(&[server]), leased(&request, &bytes, &topology))
-            }
-            MetaPlan::Key(Placement::Quorum {
-                servers,
-                quorum,
-                forget,
-                warm,
-                older: owners,
-                forget_last,
-            }) => {
-                older = owners;
-                (
-                    parts(&servers),
-                    MetaMode::Quorum {
-                        quorum,
-                        forget,
-                        warm,
-                        forget_last,
-                        key: (bytes.slice_ref(request.key_token(&bytes)), request.base64),
-                    },
-                )
-            }
-            MetaPlan::Key(Placement::CasThenCopy {
-                owner,
-                copies,
-                previous,
-                older: owners,
-            }) => {
-                older = owners;
-                let copy = route::meta_copy(&request, &bytes);
-                let previous = previous.map(|previous| {
-                    let key = bytes.slice_ref(request.key_token(&bytes));
-                    let takeover = CasTakeover::new(
-                        key,
-                        Some(request.base64),
-                        wire.clone(),
-                        expect.clone(),
-                        smallvec::smallvec![copy.clone()],
-                    );
-                    (previous, takeover)
-                });
-                (
-                    parts(&[owner]),
-                    MetaMode::CasThenCopy {
-                        machine: crate::plan::replicated_cas::ReplicatedCas::new(
-                            true, owner, copies, previous,
-                        ),
-                        copy,
-                        copied: Vec::new(),
-                    },
-                )
-            }
-            MetaPlan::Key(Placement::Moved {
-                owner,
-                previous,
-                steps: (what, copies),
-                older: owners,
-                copies_back,
-                ..
-            }) => {
-                older = owners;
-                let key = (bytes.slice_ref(request.key_token(&bytes)), request.base64);
-                let mut machine = Moved::meta(
-                    what,
-                    copies,
-                    request.command,
-                    key,
-                    wire.clone(),
-                    expect.clone(),
-                );
-                if copies_back {
-                    machine.delete_previous_last_too();
+            Plan::Key(placement) => placement,
+            // `mn`: memring's own answer, as for classic commands.
+            own => {
+                if let Some(work) = self.own_work(own, false) {
+                    let mut entry = Entry::ready(b"", topology);
+                    entry.command = command;
+                    entry.work = work;
+                    self.push(entry);
                 }
-                let work = MetaMoved {
-                    machine,
-                    owner,
-                    previous,
-                    started: false,
-                    answered: false,
-                };
-                (parts(&[owner]), MetaMode::Moved(Box::new(work)))
+                return;
             }
-            MetaPlan::Key(Placement::ReadThrough {
-                servers, on_miss, ..
-            }) => (
-                parts(&servers[..1]),
-                MetaMode::ReadThrough {
-                    servers,
-                    next: 1,
-                    on_miss,
-                },
-            ),
         };
-        let (parts, mode) = mode;
-        let forget_key = if older.is_none() {
-            (Bytes::new(), false)
-        } else {
-            (bytes.slice_ref(request.key_token(&bytes)), request.base64)
-        };
+        let work = meta_work(&request, &bytes, placement, &topology);
         let mut entry = Entry::ready(b"", topology);
         entry.command = command;
         entry.bytes = bytes;
         entry.sent = false;
         entry.hot = hot;
         entry.shadow = shadow;
-        entry.work = Work::Meta(spares::meta(MetaWork {
-            command: request.command,
-            counts_cas: request.command == MetaCommand::Set
-                && request.compare_cas
-                && matches!(
-                    request.mode.map(|m| m.to_ascii_uppercase()),
-                    None | Some(b'S')
-                ),
-            // Only `mg` with `v` can bring a large value back.
-            value: request.command == MetaCommand::Get && request.value,
-            expect,
-            wire,
-            parts,
-            mode,
-            forget_key,
-            older: OlderForget::new(older),
-        }));
+        entry.work = work;
         self.push(entry);
     }
+}
+
+/// The work a meta request placed on servers becomes: a replicated add, or
+/// the request forwarded as its placement says (see [`MetaMode`]).
+fn meta_work(
+    request: &MetaRequest,
+    bytes: &Bytes,
+    placement: Placement<Box<Moved>>,
+    topology: &Topology,
+) -> Work {
+    // A quiet request goes on with `q` and an `mn` behind it (see
+    // `route::meta_wire`).
+    let quiet = request.may_be_silent();
+    let wire = route::meta_wire(request, bytes);
+    let parts = |servers: &[usize]| servers.iter().map(|&s| Part::new(s)).collect();
+    let expect = Expect::meta(request.command, quiet);
+    let adds = request.command == MetaCommand::Set
+        && !request.compare_cas
+        && request.mode.map(|m| m.to_ascii_uppercase()) == Some(b'E');
+    let mut older = None;
+    let mode = match placement {
+        // `start_meta` answers it first; were it here, the same reply.
+        Placement::NoServers => return Work::Ready(Bytes::from_static(route::NO_SERVERS)),
+        Placement::Quorum {
+            servers,
+            quorum,
+            forget: 0,
+            older: None,
+            ..
+        } if adds && servers.len() > 1 => {
+            let asked_cas = request.flags(bytes).any(|(flag, _)| flag == b'c');
+            return Work::Add(Box::new(AddWork {
+                machine: ReplicatedAdd::new(servers, quorum),
+                wire: smallvec::smallvec![crate::protocol::encode::meta_add_with_cas(
+                    request, bytes
+                )],
+                key: (bytes.slice_ref(request.key_token(bytes)), request.base64),
+                meta: Some((asked_cas, request.quiet)),
+                parts: SmallVec::new(),
+            }));
+        }
+        Placement::Owner { server, .. } => (parts(&[server]), leased(request, bytes, topology)),
+        Placement::Quorum {
+            servers,
+            quorum,
+            forget,
+            warm,
+            older: owners,
+            forget_last,
+        } => {
+            older = owners;
+            (
+                parts(&servers),
+                MetaMode::Quorum {
+                    quorum,
+                    forget,
+                    warm,
+                    forget_last,
+                    key: (bytes.slice_ref(request.key_token(bytes)), request.base64),
+                },
+            )
+        }
+        Placement::CasThenCopy {
+            owner,
+            copies,
+            previous,
+            older: owners,
+        } => {
+            older = owners;
+            let copy = route::meta_copy(request, bytes);
+            let previous = previous.map(|previous| {
+                let key = bytes.slice_ref(request.key_token(bytes));
+                let takeover = CasTakeover::new(
+                    key,
+                    Some(request.base64),
+                    wire.clone(),
+                    expect.clone(),
+                    smallvec::smallvec![copy.clone()],
+                );
+                (previous, takeover)
+            });
+            (
+                parts(&[owner]),
+                MetaMode::CasThenCopy {
+                    machine: crate::plan::replicated_cas::ReplicatedCas::new(
+                        true, owner, copies, previous,
+                    ),
+                    copy,
+                    copied: Vec::new(),
+                },
+            )
+        }
+        Placement::Moved {
+            owner,
+            previous,
+            steps: mut machine,
+            older: owners,
+            copies_back,
+            ..
+        } => {
+            older = owners;
+            if copies_back {
+                machine.delete_previous_last_too();
+            }
+            let work = MetaMoved {
+                machine: *machine,
+                owner,
+                previous,
+                started: false,
+                answered: false,
+            };
+            (parts(&[owner]), MetaMode::Moved(Box::new(work)))
+        }
+        Placement::ReadThrough {
+            servers, on_miss, ..
+        } => (
+            parts(&servers[..1]),
+            MetaMode::ReadThrough {
+                servers,
+                next: 1,
+                on_miss,
+            },
+        ),
+    };
+    let (parts, mode) = mode;
+    let forget_key = if older.is_none() {
+        (Bytes::new(), false)
+    } else {
+        (bytes.slice_ref(request.key_token(bytes)), request.base64)
+    };
+    Work::Meta(spares::meta(MetaWork {
+        command: request.command,
+        counts_cas: request.command == MetaCommand::Set
+            && request.compare_cas
+            && matches!(
+                request.mode.map(|m| m.to_ascii_uppercase()),
+                None | Some(b'S')
+            ),
+        // Only `mg` with `v` can bring a large value back.
+        value: request.command == MetaCommand::Get && request.value,
+        expect,
+        wire,
+        parts,
+        mode,
+        forget_key,
+        older: OlderForget::new(older),
+    }))
 }
 
 /// How a meta request on one owner is answered: as the owner answers, or,

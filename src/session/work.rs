@@ -237,7 +237,7 @@ pub(super) struct MetaWork {
     pub(super) parts: SmallVec<[Part; 1]>,
     pub(super) mode: MetaMode,
     /// Owners in older rings of chained changes: they get an `md` before
-    /// the request goes out (see `route::MetaPlan`), with this key token
+    /// the request goes out (see `route::plan_meta`), with this key token
     /// (and whether it is base64).
     pub(super) older: Option<OlderForget>,
     pub(super) forget_key: (Bytes, bool),

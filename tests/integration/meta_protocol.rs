@@ -76,7 +76,7 @@ fn units(stream: &[u8]) -> Vec<Unit<'_>> {
                     (
                         Unit::Local {
                             bytes: &rest[..n],
-                            reply: rejection.reply(),
+                            reply: rejection.reply().unwrap_or_default(),
                         },
                         n,
                     )
@@ -97,11 +97,7 @@ fn units(stream: &[u8]) -> Vec<Unit<'_>> {
                     (
                         Unit::Local {
                             bytes: &rest[..n],
-                            reply: if rejection.silent {
-                                b""
-                            } else {
-                                rejection.error.reply()
-                            },
+                            reply: rejection.reply().unwrap_or_default(),
                         },
                         n,
                     )

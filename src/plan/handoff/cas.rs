@@ -22,7 +22,6 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use super::{fetch_line, meta_expect, CallResult, Owner, ValueReply};
 use crate::protocol::encode::{cas_as_set, forwardable, Outbound};
-use crate::protocol::meta::reply::{cas_refused, stored};
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::outcome::Outcome;
 use crate::protocol::reply::{Expect, LineKind};
@@ -120,7 +119,7 @@ impl CasTakeover {
     /// Whether the new owner's reply to the `cas` is a refusal that the
     /// previous owner may overturn.
     pub(crate) fn overturnable(&self, reply: &CallResult) -> bool {
-        matches!(reply, Ok(r) if cas_refused(self.meta.is_some(), r))
+        matches!(reply, Ok(r) if Outcome::of(r).cas_refused())
     }
 
     /// The first step after the new owner's refusal (see
@@ -170,7 +169,7 @@ impl CasTakeover {
                 }
             }
             Stage::CasPrevious { owner_unique } => {
-                if !matches!(&result, Ok(r) if stored(self.meta.is_some(), r)) {
+                if !matches!(&result, Ok(r) if Outcome::of(r).stored_in(self.meta.is_some())) {
                     // With nothing on the new owner (or a lease, a miss),
                     // the previous owner's refusal says what the key is.
                     if owner_unique.is_none() && result.is_ok() {
@@ -283,10 +282,11 @@ fn same_item(a: &ValueReply<'_>, b: &ValueReply<'_>) -> bool {
 /// first refused (`NOT_STORED`/`NS` to an `add`, `EXISTS`/`EX` or
 /// `NOT_FOUND`/`NF` to a `cas`).
 fn stored_or_lost_to_a_write(meta: bool, reply: &[u8]) -> bool {
-    stored(meta, reply)
-        || cas_refused(meta, reply)
-        || Outcome::of(reply) == Outcome::NotStored
-        || (meta && Outcome::of(reply) == Outcome::Ns)
+    let outcome = Outcome::of(reply);
+    outcome.stored_in(meta)
+        || outcome.cas_refused()
+        || outcome == Outcome::NotStored
+        || (meta && outcome == Outcome::Ns)
 }
 
 #[cfg(test)]

@@ -15,8 +15,8 @@ use smallvec::SmallVec;
 use crate::error::BackendError;
 use crate::protocol::encode::{forwardable, value_block, Outbound};
 use crate::protocol::lease;
+use crate::protocol::meta::reply::meta_absent;
 use crate::protocol::meta::reply::won_recache_token;
-use crate::protocol::meta::reply::{meta_absent, meta_is_miss, meta_succeeded};
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::outcome::Outcome;
 use crate::protocol::reply::{Expect, LineKind};
@@ -138,17 +138,14 @@ enum Stage {
     Forget,
 }
 
-/// Whether a command on a moved key needs more than the new owner.
+/// The steps a classic command on a moved key takes; `None` when it needs
+/// only the new owner.
 ///
 /// Every command that changes the key on its new owner is answered only once
 /// the previous owner has deleted its copy: the previous owner's value is now
 /// older than an acknowledged write, and a sidecar still on the old ring, or
 /// this one after the change is undone, would read it there. A miss is
 /// always allowed; a value older than an acknowledged write never is.
-pub(crate) fn needs_handoff(command: Command) -> bool {
-    kind_of(command).is_some()
-}
-
 fn kind_of(command: Command) -> Option<Kind> {
     match command {
         Command::Delete => Some(Kind::Delete),
@@ -208,6 +205,11 @@ pub(crate) struct Moved {
     new_held_lease: bool,
     /// The new owner was looked at before the command ran (`replace`).
     looked_first: bool,
+    /// A `replace` (classic or `ms … MR`) or an `ms` compared by cas: on a
+    /// lease the one would store, the other answer `EX` (its cas is not
+    /// the lease's), where an absent key answers `NS`. Set by the planner,
+    /// as the kind is.
+    replaces: bool,
     /// A probe's reply, kept while the token it took goes back.
     probe_seen: Option<CallResult>,
     /// Whether the previous owner's value may be copied to the new owner.
@@ -237,7 +239,8 @@ struct Meta {
 }
 
 impl Moved {
-    /// `None` when the command needs only the new owner.
+    /// A classic command on a moved key; `None` when the command needs
+    /// only the new owner (see [`kind_of`]).
     pub(crate) fn new(request: &Request, bytes: &Bytes, copies: Copies) -> Option<Moved> {
         let kind = kind_of(request.command)?;
         let key = bytes.slice_ref(request.key(bytes, 0));
@@ -262,6 +265,7 @@ impl Moved {
             delete_again: false,
             new_held_lease: false,
             looked_first: false,
+            replaces: request.command == Command::Replace,
             probe_seen: None,
             copies,
         })
@@ -280,9 +284,10 @@ impl Moved {
         wire: Outbound,
         expect: Expect,
     ) -> Moved {
+        let replaces = matches!(what, MetaMove::RetryAfterCopy { replaces: true });
         let (kind, read, takeover) = match what {
             MetaMove::Read { wire, added } => (Kind::Read, Some((wire, added)), None),
-            MetaMove::RetryAfterCopy => (Kind::RetryAfterCopy, None, None),
+            MetaMove::RetryAfterCopy { .. } => (Kind::RetryAfterCopy, None, None),
             MetaMove::CopyFirst => (Kind::CopyFirst, None, None),
             MetaMove::Overwrite => (Kind::Overwrite, None, None),
             MetaMove::Cas { as_set } => {
@@ -321,9 +326,16 @@ impl Moved {
             delete_again: false,
             new_held_lease: false,
             looked_first: false,
+            replaces,
             probe_seen: None,
             copies,
         }
+    }
+
+    /// What the machine may do with the previous owner's value.
+    #[cfg(test)]
+    pub(crate) fn copies(&self) -> Copies {
+        self.copies
     }
 
     /// A sidecar still on an older ring may be copying the key from its new
@@ -344,7 +356,7 @@ impl Moved {
             }
             // A `replace` would replace a lease and leave no trace of it:
             // the new owner is looked at first.
-            Kind::RetryAfterCopy if self.replaces() && self.copies != Copies::Never => {
+            Kind::RetryAfterCopy if self.replaces && self.copies != Copies::Never => {
                 self.probed = true;
                 self.looked_first = true;
                 self.probe()
@@ -442,7 +454,7 @@ impl Moved {
                 let Some((wire, _)) = self.meta.as_ref().and_then(|m| m.read.as_ref()) else {
                     return Step::Answer(result);
                 };
-                if !matches!(&result, Ok(reply) if meta_is_miss(reply)) {
+                if !matches!(&result, Ok(reply) if Outcome::of(reply).meta_miss()) {
                     return Step::Answer(result);
                 }
                 self.first = Some(result);
@@ -580,7 +592,7 @@ impl Moved {
                 let (Some(lease), Some(copy)) = (self.lease_cas, self.copy.take()) else {
                     return self.run_on_new();
                 };
-                if matches!(&result, Ok(reply) if meta_succeeded(reply)) {
+                if matches!(&result, Ok(reply) if Outcome::of(reply).meta_succeeded()) {
                     // The fetched item was still there once the lease was in
                     // place: a later delete reaches the new owner after the
                     // lease, and the copy then fails.
@@ -604,7 +616,8 @@ impl Moved {
                 self.run_on_new()
             }
             (_, Stage::TakeBack) => {
-                self.tally.taken_back = matches!(&result, Ok(reply) if meta_succeeded(reply));
+                self.tally.taken_back =
+                    matches!(&result, Ok(reply) if Outcome::of(reply).meta_succeeded());
                 // The command now finds the key as the other write left it.
                 self.run_on_new()
             }
@@ -814,24 +827,6 @@ impl Moved {
         }
     }
 
-    /// A `replace` (classic or `ms … MR`) or an `ms` compared by cas: on a
-    /// lease the one would store, the other answer `EX` (its cas is not
-    /// the lease's), where an absent key answers `NS`.
-    fn replaces(&self) -> bool {
-        let Some(first) = self.request.first() else {
-            return false;
-        };
-        let line_end = memchr::memmem::find(first, b"\r\n").unwrap_or(first.len());
-        let mut tokens = first[..line_end]
-            .split(|&b| b == b' ')
-            .filter(|t| !t.is_empty());
-        match tokens.next() {
-            Some(b"replace") => true,
-            Some(b"ms") => tokens.any(|t| matches!(t, b"MR" | b"Mr") || t.starts_with(b"C")),
-            _ => false,
-        }
-    }
-
     /// A classic `touch`: its change keeps the item's cas.
     fn touches(&self) -> bool {
         self.meta.is_none() && self.expect == Expect::Line(LineKind::Touch)
@@ -891,7 +886,7 @@ impl Moved {
     fn changed(&self, result: &CallResult) -> bool {
         match (&self.meta, result) {
             (None, _) => changed(result),
-            (Some(_), Ok(reply)) => meta_succeeded(reply),
+            (Some(_), Ok(reply)) => Outcome::of(reply).meta_succeeded(),
             (Some(_), Err(_)) => false,
         }
     }
@@ -902,7 +897,7 @@ impl Moved {
         match (&self.meta, &new, &previous) {
             (None, _, _) => merge_delete(new, previous),
             (Some(_), Ok(reply), Ok(before))
-                if !meta_succeeded(reply) && meta_succeeded(before) =>
+                if !Outcome::of(reply).meta_succeeded() && Outcome::of(before).meta_succeeded() =>
             {
                 previous
             }
@@ -919,7 +914,9 @@ pub(crate) enum MetaMove {
     /// as the client asked and copied.
     Read { wire: Outbound, added: AddedFlags },
     /// Run on the new owner; if absent there, copied and run again.
-    RetryAfterCopy,
+    /// `replaces`: an `ms` in replace mode or compared by cas, which looks
+    /// at the new owner first (see [`Moved::start`]).
+    RetryAfterCopy { replaces: bool },
     /// Copied first, then run (`ms` in add mode, `ma … N`).
     CopyFirst,
     /// `ms`: stored on the new owner, then deleted from the previous one.
@@ -1639,9 +1636,9 @@ mod tests {
 
     #[test]
     fn every_command_but_reads_needs_a_hand_off() {
-        assert!(needs_handoff(Command::Set));
-        assert!(!needs_handoff(Command::Get));
-        assert!(needs_handoff(Command::Incr));
+        assert!(kind_of(Command::Set).is_some());
+        assert!(kind_of(Command::Get).is_none());
+        assert!(kind_of(Command::Incr).is_some());
     }
 
     #[test]
@@ -2093,7 +2090,7 @@ mod tests {
         // ma: NF on the new owner fetches, copies with `ms … ME`, runs again,
         // then forgets the previous owner's older count.
         let mut incr = meta_moved(
-            MetaMove::RetryAfterCopy,
+            MetaMove::RetryAfterCopy { replaces: false },
             MetaCommand::Arithmetic,
             b"ma k v\r\n",
         );
@@ -2261,7 +2258,7 @@ mod tests {
         // owner's `md`.
         let wire: Outbound = smallvec::smallvec![Bytes::from_static(b"ma k\r\n")];
         let mut ma = Moved::meta(
-            MetaMove::RetryAfterCopy,
+            MetaMove::RetryAfterCopy { replaces: false },
             Copies::Never,
             MetaCommand::Arithmetic,
             (Bytes::from_static(b"k"), false),

@@ -8,6 +8,7 @@
 use memchr::memchr;
 
 use super::MetaCommand;
+use crate::protocol::outcome::Outcome;
 use crate::protocol::{MAX_REPLY_LINE_BYTES, MAX_REPLY_VALUE_BYTES};
 
 /// The status code a meta reply starts with.
@@ -192,42 +193,10 @@ pub(crate) fn value_size(line: &[u8]) -> Option<usize> {
 /// server: `NF` for `ma`, `NS` for `ms`, a miss for `mg`.
 pub(crate) fn meta_absent(command: MetaCommand, reply: &[u8]) -> bool {
     match command {
-        MetaCommand::Arithmetic => reply.starts_with(b"NF"),
-        MetaCommand::Set => reply.starts_with(b"NS"),
-        MetaCommand::Get => meta_is_miss(reply),
+        MetaCommand::Arithmetic => Outcome::of(reply) == Outcome::Nf,
+        MetaCommand::Set => Outcome::of(reply) == Outcome::Ns,
+        MetaCommand::Get => Outcome::of(reply).meta_miss(),
         _ => false,
-    }
-}
-
-/// Whether a meta reply to an `mg` (as the session got it: empty when `q`
-/// suppressed it) is a miss, so a read may fall through to the next replica.
-pub(crate) fn meta_is_miss(reply: &[u8]) -> bool {
-    reply.is_empty() || reply.starts_with(b"EN")
-}
-
-/// Whether a meta mutation's reply (empty when `q` suppressed it) says it
-/// took effect.
-pub(crate) fn meta_succeeded(reply: &[u8]) -> bool {
-    reply.is_empty() || reply.starts_with(b"HD") || reply.starts_with(b"VA")
-}
-
-/// A storage command's reply that stored: `STORED`, or meta's `HD` (or
-/// nothing, for a quiet `ms`).
-pub(crate) fn stored(meta: bool, reply: &[u8]) -> bool {
-    if meta {
-        meta_succeeded(reply)
-    } else {
-        reply == b"STORED\r\n"
-    }
-}
-
-/// A `cas` refused for want of the key (`NOT_FOUND`, `NF`) or of its unique
-/// (`EXISTS`, `EX`): during a hand-off the unique may be another server's.
-pub(crate) fn cas_refused(meta: bool, reply: &[u8]) -> bool {
-    if meta {
-        reply.starts_with(b"EX") || reply.starts_with(b"NF")
-    } else {
-        reply.starts_with(b"NOT_FOUND") || reply.starts_with(b"EXISTS")
     }
 }
 
@@ -277,30 +246,6 @@ mod tests {
         assert_eq!(&super::without_cas(&reply)[..], b"NS O6 kk\r\n");
         let reply = bytes::Bytes::from_static(b"HD c3\r\n");
         assert_eq!(&super::without_cas(&reply)[..], b"HD\r\n");
-    }
-
-    #[test]
-    fn stored_and_cas_refusals_read_alike_in_both_dialects() {
-        for (meta, yes, refused, other) in [
-            (
-                false,
-                &b"STORED\r\n"[..],
-                [&b"NOT_FOUND\r\n"[..], b"EXISTS\r\n"],
-                &b"NOT_STORED\r\n"[..],
-            ),
-            (true, b"HD\r\n", [b"NF\r\n", b"EX\r\n"], b"NS\r\n"),
-        ] {
-            assert!(stored(meta, yes));
-            assert!(!stored(meta, other) && !cas_refused(meta, other));
-            for reply in refused {
-                assert!(cas_refused(meta, reply) && !stored(meta, reply));
-            }
-        }
-        assert!(stored(true, b""), "a quiet ms that stored says nothing");
-        assert!(
-            !stored(false, b"HD\r\n"),
-            "no meta status answers a classic set"
-        );
     }
 
     #[test]

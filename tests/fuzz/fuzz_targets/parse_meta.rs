@@ -11,7 +11,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use memring::protocol::meta::reply::frame_meta_reply;
-use memring::protocol::meta::{decode_key, parse_meta, MetaCommand, MetaError};
+use memring::protocol::meta::{decode_key, parse_meta, MetaCommand};
+use memring::protocol::ParseError;
 use memring::protocol::request::is_valid_key;
 use memring::protocol::{Limits, MAX_KEY_BYTES};
 
@@ -118,7 +119,7 @@ fn step(input: &[u8], limits: &Limits) -> usize {
                 assert_eq!(command, Some(&b"ms"[..]));
                 assert!(rejection.discard >= 2);
             }
-            if rejection.error == MetaError::LineTooLong {
+            if rejection.error == ParseError::LineTooLong {
                 assert!(input.len() > limits.max_line_bytes);
                 assert!(!rejection.keeps_connection());
             }
