@@ -573,3 +573,23 @@ fn the_ring_digest_of_etcd_members_is_the_file_ring_digest() {
         Some("file")
     );
 }
+
+#[test]
+fn with_no_member_yet_memring_starts_and_takes_the_first_one() {
+    let etcd = Etcd::start("empty");
+    let dir = TempDir::new("etcd", "empty");
+    let a = Memcached::start();
+    let proxy = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir, ""));
+    assert!(ring_names(&proxy).is_empty());
+    let mut client = proxy.client();
+    let reply = client.set("k", b"v");
+    assert!(
+        reply.starts_with(b"SERVER_ERROR"),
+        "{}",
+        String::from_utf8_lossy(&reply)
+    );
+    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+    wait_for("a on the ring", || ring_names(&proxy) == ["a"]);
+    assert_eq!(client.set("k", b"v"), b"STORED\r\n");
+    assert_eq!(a.client().get("k").as_deref(), Some(&b"v"[..]));
+}
