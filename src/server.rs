@@ -139,6 +139,7 @@ pub async fn start_within(
     if let Some(members) = members {
         tokio::spawn(crate::control::etcd::run(
             publisher.clone(),
+            pools.layout(),
             members,
             shutdown.clone(),
         ));

@@ -69,6 +69,8 @@ pub(crate) struct Members {
     bad: HashMap<String, Vec<u8>>,
     /// The etcd revision these members are at.
     revision: i64,
+    /// Members left out for sharing an addr, as logged (logged once).
+    shared: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
 }
 
 /// What the cache file holds.
@@ -97,6 +99,7 @@ impl Members {
                 .collect(),
             bad: HashMap::new(),
             revision: cached.revision,
+            shared: Default::default(),
         }
     }
 
@@ -175,19 +178,40 @@ impl Members {
         }
     }
 
-    /// Takes a full read: every key read is put, every member not read is
-    /// deleted.
-    fn replace(&mut self, prefix: &str, read: &[(String, Vec<u8>)], now: Instant, grace: Duration) {
+    /// Takes a full read at store revision `at`: every key read is put,
+    /// every member not read is deleted. The membership's revision moves
+    /// only when the members changed: to the last change of a key read, or
+    /// to `at` when a member went (a deletion leaves no key to date it).
+    fn replace(
+        &mut self,
+        prefix: &str,
+        at: i64,
+        read: &[(String, Vec<u8>, i64)],
+        now: Instant,
+        grace: Duration,
+    ) {
+        let before = self.entries.clone();
         let names: Vec<String> = self.entries.keys().cloned().collect();
+        let mut deleted = false;
         for name in names {
             let key = crate::control::member_record::member_key(prefix, &name);
-            if !read.iter().any(|(k, _)| *k == key) {
+            if !read.iter().any(|(k, _, _)| *k == key) {
                 self.delete(prefix, &key, now, grace);
+                deleted = true;
             }
         }
-        self.bad.retain(|key, _| read.iter().any(|(k, _)| k == key));
-        for (key, value) in read {
+        self.bad
+            .retain(|key, _| read.iter().any(|(k, _, _)| k == key));
+        for (key, value, _) in read {
             self.put(prefix, key, value);
+        }
+        if self.entries != before || self.revision == 0 {
+            let latest = read.iter().map(|(_, _, r)| *r).max().unwrap_or(0);
+            self.revision = if deleted {
+                at
+            } else {
+                latest.max(self.revision)
+            };
         }
     }
 
@@ -235,19 +259,43 @@ impl Members {
     /// The servers the members add to the file's, sorted by name: ACTIVE
     /// and SUSPECT members, and JOINING ones as warming; not LEAVING ones.
     /// A member named as a file server is left to the file.
+    ///
+    /// A member whose `addr` is a file server's, or an earlier member's (by
+    /// name), is left out: two places on the ring on one memcached would
+    /// let a hand-off delete what was just written there (the config file
+    /// refuses the same). Logged once per member.
     fn servers(&self, file: &[ServerConfig]) -> Vec<ServerConfig> {
-        self.entries
-            .iter()
-            .filter(|(name, _)| !file.iter().any(|s| &s.name == *name))
-            .filter(|(_, e)| e.record.state != MemberState::Leaving)
-            .map(|(name, e)| ServerConfig {
+        let mut taken: std::collections::HashSet<&str> =
+            file.iter().map(|s| s.addr.as_str()).collect();
+        let mut servers = Vec::with_capacity(self.entries.len());
+        for (name, e) in &self.entries {
+            if file.iter().any(|s| &s.name == name) {
+                continue;
+            }
+            // A LEAVING member still holds its addr: no other takes it.
+            if !taken.insert(e.record.addr.as_str()) {
+                let mut logged = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+                if logged.insert((name.clone(), e.record.addr.clone())) {
+                    tracing::warn!(
+                        server = %name,
+                        "etcd: member {name} is left out: its addr {} is another server's",
+                        e.record.addr
+                    );
+                }
+                continue;
+            }
+            if e.record.state == MemberState::Leaving {
+                continue;
+            }
+            servers.push(ServerConfig {
                 addr: e.record.addr.clone(),
                 name: name.clone(),
                 weight: e.record.weight,
                 tls: e.record.tls,
                 warming: e.record.state == MemberState::Joining,
-            })
-            .collect()
+            });
+        }
+        servers
     }
 
     /// Each member's state for `stats`.
@@ -290,16 +338,14 @@ pub async fn first(config: &Config) -> std::io::Result<(Config, Option<Startup>)
         return Ok((config.clone(), None));
     };
     let members = match read_all(etcd).await {
-        Ok((revision, read)) => {
-            let mut members = Members {
-                revision,
-                ..Members::default()
-            };
-            members.replace(&etcd.prefix, &read, Instant::now(), etcd.member_grace);
+        Ok((at, read)) => {
+            let mut members = Members::default();
+            members.replace(&etcd.prefix, at, &read, Instant::now(), etcd.member_grace);
             tracing::info!(
-                "etcd: {} member{} at revision {revision} ({})",
+                "etcd: {} member{} at revision {} ({})",
                 members.entries.len(),
                 if members.entries.len() == 1 { "" } else { "s" },
+                members.revision,
                 etcd.endpoints.join(",")
             );
             save_cache(&etcd.cache_file, &members);
@@ -336,8 +382,9 @@ pub async fn first(config: &Config) -> std::io::Result<(Config, Option<Startup>)
 async fn connect(etcd: &EtcdSource) -> Result<Client, String> {
     let options = ConnectOptions::new()
         .with_connect_timeout(REQUEST_TIMEOUT)
-        .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
-        .with_keep_alive_while_idle(true);
+        // etcd refuses pings more often than every 5 s (and closes the
+        // connection: "too many pings"), and pings without a stream.
+        .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
     tokio::time::timeout(
         REQUEST_TIMEOUT,
         Client::connect(&etcd.endpoints, Some(options)),
@@ -347,16 +394,17 @@ async fn connect(etcd: &EtcdSource) -> Result<Client, String> {
     .map_err(|e| e.to_string())
 }
 
+/// What a range read gives: the store's revision, and each key with its
+/// value and the revision that last changed it.
+type Read = (i64, Vec<(String, Vec<u8>, i64)>);
+
 /// Every key under `<prefix>members/` and the revision of the read.
-async fn read_all(etcd: &EtcdSource) -> Result<(i64, Vec<(String, Vec<u8>)>), String> {
+async fn read_all(etcd: &EtcdSource) -> Result<Read, String> {
     let mut client = connect(etcd).await?;
     read_with(&mut client, etcd).await
 }
 
-async fn read_with(
-    client: &mut Client,
-    etcd: &EtcdSource,
-) -> Result<(i64, Vec<(String, Vec<u8>)>), String> {
+async fn read_with(client: &mut Client, etcd: &EtcdSource) -> Result<Read, String> {
     let prefix = format!("{}members/", etcd.prefix);
     let response = tokio::time::timeout(
         REQUEST_TIMEOUT,
@@ -373,6 +421,7 @@ async fn read_with(
             (
                 String::from_utf8_lossy(kv.key()).into_owned(),
                 kv.value().to_vec(),
+                kv.mod_revision(),
             )
         })
         .collect();
@@ -423,7 +472,14 @@ enum Ended {
 
 /// Watches the members until `shutdown`, from `startup` (what [`first`]
 /// found). Also keeps this sidecar's `<prefix>proxies/<id>` key.
-pub async fn run(publisher: Arc<Publisher>, startup: Startup, shutdown: CancellationToken) {
+/// `layout`: every pool, whose digest (`stats`' `ring_digest`) the
+/// registration carries.
+pub async fn run(
+    publisher: Arc<Publisher>,
+    layout: crate::pools::layout::SharedLayout,
+    startup: Startup,
+    shutdown: CancellationToken,
+) {
     let Some(etcd) = publisher.shared().load().config.discovery.etcd.clone() else {
         return;
     };
@@ -431,11 +487,24 @@ pub async fn run(publisher: Arc<Publisher>, startup: Startup, shutdown: Cancella
     publisher.set_store_servers(members.servers(&startup.file));
     let (applied_tx, applied_rx) = tokio::sync::watch::channel(Applied::default());
     record(&publisher, &members, &applied_tx);
-    tokio::spawn(register(etcd.clone(), applied_rx, shutdown.clone()));
+    tokio::spawn(register(etcd.clone(), applied_rx, layout, shutdown.clone()));
     let mut backoff = BACKOFF.0;
     let mut failing: Option<String> = None;
     loop {
-        match session(&publisher, &etcd, &mut members, &applied_tx, &shutdown).await {
+        let mut link = Link {
+            failing: &mut failing,
+            backoff: &mut backoff,
+        };
+        match session(
+            &publisher,
+            &etcd,
+            &mut members,
+            &applied_tx,
+            &mut link,
+            &shutdown,
+        )
+        .await
+        {
             Ended::Shutdown => return,
             Ended::Compacted => {
                 tracing::info!(
@@ -462,12 +531,19 @@ pub async fn run(publisher: Arc<Publisher>, startup: Startup, shutdown: Cancella
         }
     }
 
+    /// How the connection has fared: the failure logged, the next wait.
+    struct Link<'a> {
+        failing: &'a mut Option<String>,
+        backoff: &'a mut Duration,
+    }
+
     /// One connection: a full read, then the watch, until it fails.
     async fn session(
         publisher: &Publisher,
         etcd: &EtcdSource,
         members: &mut Members,
         applied: &tokio::sync::watch::Sender<Applied>,
+        link: &mut Link<'_>,
         shutdown: &CancellationToken,
     ) -> Ended {
         let mut client = match connect(etcd).await {
@@ -478,11 +554,17 @@ pub async fn run(publisher: Arc<Publisher>, startup: Startup, shutdown: Cancella
             Ok(read) => read,
             Err(e) => return Ended::Lost(e),
         };
-        if revision != members.revision {
-            tracing::info!("etcd: reading the members at revision {revision}");
+        if link.failing.take().is_some() {
+            tracing::info!("etcd answers again: reading every member (at revision {revision})");
         }
-        members.revision = revision;
-        members.replace(&etcd.prefix, &read, Instant::now(), etcd.member_grace);
+        *link.backoff = BACKOFF.0;
+        members.replace(
+            &etcd.prefix,
+            revision,
+            &read,
+            Instant::now(),
+            etcd.member_grace,
+        );
         apply(publisher, etcd, members, applied).await;
         let options = WatchOptions::new()
             .with_prefix()
@@ -564,9 +646,9 @@ fn take(
             EventType::Put => members.put(&etcd.prefix, &key, kv.value()),
             EventType::Delete => members.delete(&etcd.prefix, &key, now, etcd.member_grace),
         }
-    }
-    if let Some(header) = response.header() {
-        members.revision = members.revision.max(header.revision());
+        // A put or a deletion of a member key is a change of the membership
+        // at its revision (writes elsewhere, as proxies/, do not count).
+        members.revision = members.revision.max(kv.mod_revision());
     }
     Ok(())
 }
@@ -651,6 +733,7 @@ fn record(publisher: &Publisher, members: &Members, applied: &tokio::sync::watch
     publisher
         .stats()
         .membership_applied(members.revision, members.states());
+    // The ring digest goes with it: a publish changes it.
     let digest = publisher.shared().load().ring_digest;
     applied.send_replace(Applied {
         revision: members.revision,
@@ -673,6 +756,7 @@ fn proxy_id() -> String {
 async fn register(
     etcd: EtcdSource,
     mut applied: tokio::sync::watch::Receiver<Applied>,
+    layout: crate::pools::layout::SharedLayout,
     shutdown: CancellationToken,
 ) {
     let key = format!("{}proxies/{}", etcd.prefix, proxy_id());
@@ -694,7 +778,7 @@ async fn register(
                 let now = *applied.borrow_and_update();
                 let value = serde_json::json!({
                     "revision": now.revision,
-                    "ring_digest": crate::ring::digest::hex(now.digest),
+                    "ring_digest": crate::ring::digest::hex(layout.load().ring_digest()),
                     "version": crate::VERSION_STRING,
                 })
                 .to_string();
@@ -803,6 +887,26 @@ mod tests {
     }
 
     #[test]
+    fn a_member_on_another_servers_addr_is_left_out() {
+        let mut m = Members::default();
+        m.put(P, "/m/members/a", &rec("127.0.0.1:1", "ACTIVE"));
+        m.put(P, "/m/members/b", &rec("127.0.0.1:1", "ACTIVE"));
+        m.put(P, "/m/members/c", &rec("127.0.0.1:2", "ACTIVE"));
+        let names = |servers: Vec<ServerConfig>| -> Vec<String> {
+            servers.into_iter().map(|s| s.name).collect()
+        };
+        assert_eq!(names(m.servers(&[])), ["a", "c"]);
+        let file = ServerConfig {
+            addr: "127.0.0.1:2".into(),
+            name: "f".into(),
+            weight: 1,
+            tls: false,
+            warming: false,
+        };
+        assert_eq!(names(m.servers(&[file])), ["a"]);
+    }
+
+    #[test]
     fn a_leaving_member_goes_at_once_when_deleted() {
         let mut m = Members::default();
         m.put(P, "/m/members/a", &rec("127.0.0.1:1", "LEAVING"));
@@ -815,15 +919,15 @@ mod tests {
         let mut m = Members::default();
         m.put(P, "/m/members/a", &rec("127.0.0.1:1", "LEAVING"));
         m.put(P, "/m/members/b", &rec("127.0.0.1:2", "ACTIVE"));
-        m.replace(
-            P,
-            &[("/m/members/c".into(), rec("127.0.0.1:3", "ACTIVE"))],
-            Instant::now(),
-            Duration::from_secs(10),
-        );
+        let read = [("/m/members/c".to_string(), rec("127.0.0.1:3", "ACTIVE"), 7)];
+        let grace = Duration::from_secs(10);
+        m.replace(P, 9, &read, Instant::now(), grace);
         assert_eq!(
             m.states().into_iter().collect::<Vec<_>>(),
             vec![("b".to_string(), "SUSPECT"), ("c".to_string(), "ACTIVE")]
         );
+        assert_eq!(m.revision, 9, "a member went: dated by the read");
+        m.replace(P, 12, &read, Instant::now(), grace);
+        assert_eq!(m.revision, 9, "nothing changed: the revision stays");
     }
 }

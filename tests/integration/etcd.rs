@@ -518,7 +518,16 @@ fn a_thousand_members_put_at_once_are_applied_within_five_seconds() {
     for chunk in (1..1000).collect::<Vec<_>>().chunks(100) {
         let mut txn = String::from("\n");
         for i in chunk {
-            let value = record(&servers[i % 3], "ACTIVE");
+            // Three real servers, and members at loopback addresses where
+            // nothing listens: each member needs an addr of its own.
+            let value = match servers.get(*i) {
+                Some(server) => record(server, "ACTIVE"),
+                None => format!(
+                    r#"{{"addr":"127.1.{}.{}:11211","state":"ACTIVE"}}"#,
+                    i / 250,
+                    i % 250 + 1
+                ),
+            };
             // In a txn, a value is a quoted string with its quotes escaped.
             let quoted = format!("{value:?}");
             txn.push_str(&format!("put {} {quoted}\n", key_of(&format!("m{i:04}"))));
@@ -547,9 +556,7 @@ fn a_thousand_members_put_at_once_are_applied_within_five_seconds() {
     wait_for("1000 members", || ring_names(&proxy).len() == 1000);
     let took = start.elapsed();
     assert!(took < Duration::from_secs(5), "applied after {took:?}");
-    let mut client = proxy.client();
-    assert_eq!(client.set("k", b"v"), b"STORED\r\n");
-    assert_eq!(client.get("k").as_deref(), Some(&b"v"[..]));
+    assert_eq!(proxy.client().stat("ring_servers"), 1000);
 }
 
 #[test]
@@ -592,4 +599,67 @@ fn with_no_member_yet_memring_starts_and_takes_the_first_one() {
     wait_for("a on the ring", || ring_names(&proxy) == ["a"]);
     assert_eq!(client.set("k", b"v"), b"STORED\r\n");
     assert_eq!(a.client().get("k").as_deref(), Some(&b"v"[..]));
+}
+
+#[test]
+fn each_sidecar_registers_the_revision_and_digest_it_applied_under_a_lease() {
+    let etcd = Etcd::start("proxies");
+    let dir = TempDir::new("etcd", "proxies");
+    let (a, b) = (Memcached::start(), Memcached::start());
+    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+    let mut proxy = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir, ""));
+    let registered = || {
+        etcd.ctl(&[
+            "get",
+            "--prefix",
+            "--print-value-only",
+            &format!("{PREFIX}proxies/"),
+        ])
+    };
+    let agrees = |proxy: &Proxy| {
+        let mut client = proxy.client();
+        let revision = client.stat("membership_revision");
+        let digest = stat_text(&mut client, "ring_digest").unwrap();
+        let value = registered();
+        value.contains(&format!("\"revision\":{revision}"))
+            && value.contains(&format!("\"ring_digest\":\"{digest}\""))
+    };
+    wait_for("the registration", || agrees(&proxy));
+    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    wait_for("b on the ring", || ring_names(&proxy) == ["a", "b"]);
+    wait_for("the registration of the new revision", || agrees(&proxy));
+    // A sidecar that stops takes its registration with it.
+    proxy.shutdown();
+    wait_for("no registration", || registered().trim().is_empty());
+}
+
+#[test]
+fn a_reload_of_the_file_keeps_the_etcd_members_beside_its_servers() {
+    let etcd = Etcd::start("reload");
+    let dir = TempDir::new("etcd", "reload");
+    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
+    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+    let path = dir.path("memring.toml");
+    let text = etcd_config(&etcd.endpoint(), &dir, "");
+    std::fs::write(&path, &text).unwrap();
+    let proxy = Proxy::start_file(&path);
+    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    wait_for("b on the ring", || ring_names(&proxy) == ["a", "b"]);
+    // The file gains a server of its own: etcd's stay.
+    crate::common::replace_by_rename(
+        &path,
+        &format!(
+            "{text}[[servers]]\naddr = \"{}\"\nname = \"file-c\"\n",
+            c.addr()
+        ),
+    );
+    wait_for("file-c beside a and b", || {
+        ring_names(&proxy) == ["a", "b", "file-c"]
+    });
+    // And etcd's next change keeps the file's server.
+    etcd.delete(&key_of("b"));
+    etcd.put(&key_of("b"), &record(&b, "LEAVING"));
+    wait_for("b leaves, file-c stays", || {
+        ring_names(&proxy) == ["a", "file-c"]
+    });
 }
