@@ -695,7 +695,9 @@ async fn apply(
         // for the keys it will own.
         let topology = publisher.shared().load_full();
         let mut joining = config.with_servers(servers.clone());
-        joining.servers.retain(|s| !s.warming);
+        // Nor is one that warmed and now turns ACTIVE.
+        let warmed = |name: &str| config.servers.iter().any(|c| c.name == name && c.warming);
+        joining.servers.retain(|s| !s.warming && !warmed(&s.name));
         let (done, flushed) = tokio::sync::oneshot::channel();
         std::thread::spawn(move || {
             crate::control::newcomers::flush_newcomers(&topology, &joining);
