@@ -693,3 +693,26 @@ fn a_joining_member_is_not_flushed_when_it_joins_nor_when_it_turns_active() {
     wait_for("c ACTIVE", || warming(&proxy) == Some(false));
     assert_eq!(c.client().get("warmed").as_deref(), Some(&b"1"[..]));
 }
+
+#[test]
+fn a_lost_member_that_still_answers_is_kept_one_more_grace_and_the_log_says_so() {
+    let etcd = Etcd::start("damping");
+    let dir = TempDir::new("etcd", "damping");
+    let (a, b) = (Memcached::start(), Memcached::start());
+    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let port = free_port();
+    let text = etcd_config(&etcd.endpoint(), &dir, "")
+        .replace("127.0.0.1:0", &format!("127.0.0.1:{port}"))
+        + "member_grace_ms = 1000\n";
+    let config = dir.path("memring.toml");
+    std::fs::write(&config, text).unwrap();
+    let daemon = Daemon::start(&config, &dir.path("memring.log"), &[]);
+    daemon.wait_for_log("etcd: 2 members");
+    etcd.delete(&key_of("b"));
+    daemon.wait_for_log("member b's key is gone without LEAVING");
+    daemon.wait_for_log("but it answers memring's health checks: it stays 1000 ms more (damping)");
+    daemon.wait_for_log("member b is still missing after its grace: it leaves the ring");
+    daemon.wait_for_log("-1 server (b)");
+    assert_eq!(daemon.count("(damping)"), 1, "{}", daemon.log());
+}
