@@ -81,6 +81,8 @@ pub async fn start_within(
 ) -> io::Result<Running> {
     // With `[discovery] srv` or `a`, the servers are what DNS lists now.
     let discovered = crate::control::discovery::first(config).await?;
+    // With `[discovery] etcd_endpoints`, etcd's members join the file's.
+    let (discovered, members) = crate::control::etcd::first(&discovered).await?;
     let config = &discovered;
     let listener =
         listen_on(&config.listen).map_err(|e| bind_error("listen", &config.listen, e))?;
@@ -145,6 +147,14 @@ pub async fn start_within(
         state,
     );
     let publisher = pools.default_publisher();
+    if let Some(members) = members {
+        tokio::spawn(crate::control::etcd::run(
+            publisher.clone(),
+            pools.layout(),
+            members,
+            shutdown.clone(),
+        ));
+    }
     let topology = publisher.shared();
     let mut doors = vec![Door {
         listener,

@@ -45,7 +45,7 @@ impl Config {
         };
 
         let (listen, admin_listen) = listeners(raw, text, &at)?;
-        let discovery = discovery_settings(raw.discovery.as_ref(), &at)?;
+        let discovery = discovery_settings(raw.discovery.as_ref(), path, &at)?;
         servers_or_discovery(raw, &discovery, &at)?;
         let mut servers = ServerList::read(raw, text, &at, lookup)?;
         let connections = Connections::read(raw, &number)?;
@@ -206,9 +206,11 @@ fn servers_or_discovery(
     at: &At<'_>,
 ) -> Result<(), ConfigError> {
     match (&discovery.source, raw.servers.first()) {
+        // etcd lists the servers, beside any in the file.
+        (None, None) if discovery.etcd.is_some() => Ok(()),
         (None, None) => Err(at(
             0..0,
-            "no [[servers]]: at least one server is needed (or [discovery] with srv or a)".into(),
+            "no [[servers]]: at least one server is needed (or [discovery] with srv, a or etcd_endpoints)".into(),
         )),
         (Some(source), Some(first)) => Err(at(
             first.span(),

@@ -18,6 +18,8 @@ pub const DEFAULT_FAILOVER_TTL_S: u64 = 10;
 pub const DEFAULT_DISCOVERY_INTERVAL_MS: u64 = 5000;
 /// The DNS port, when `resolver` names an address only.
 pub const DNS_PORT: u16 = 53;
+/// How long an etcd member whose key vanished without LEAVING stays.
+pub const DEFAULT_MEMBER_GRACE_MS: u64 = 10_000;
 
 pub const DEFAULT_HOT_KEY_WINDOW_MS: u64 = 1000;
 pub const DEFAULT_HOT_KEY_SHARE: f64 = 0.2;

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Range;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use toml::Spanned;
@@ -24,6 +25,29 @@ pub struct Discovery {
     pub dns: crate::inputs::resolve::Dns,
     /// The discovered servers speak TLS, as `[backend_tls]` says.
     pub tls: bool,
+    /// `etcd_endpoints`: the default pool's members come from etcd too.
+    pub etcd: Option<EtcdSource>,
+}
+
+/// The membership store: the default pool's servers are the `[[servers]]`
+/// of the file and the members under `<prefix>members/` in etcd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdSource {
+    /// `http://host:port`, one or more.
+    pub endpoints: Vec<String>,
+    /// The cluster's keys; ends in `/`.
+    pub prefix: String,
+    /// How long a member whose key vanished without LEAVING stays.
+    pub member_grace: Duration,
+    /// Where the last membership applied is kept, for a start while etcd
+    /// cannot be reached.
+    pub cache_file: PathBuf,
+}
+
+impl fmt::Display for EtcdSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "etcd {} {}", self.endpoints.join(","), self.prefix)
+    }
 }
 
 impl Default for Discovery {
@@ -33,6 +57,7 @@ impl Default for Discovery {
             interval: Duration::from_millis(DEFAULT_DISCOVERY_INTERVAL_MS),
             dns: crate::inputs::resolve::Dns::default(),
             tls: false,
+            etcd: None,
         }
     }
 }
@@ -57,9 +82,11 @@ impl fmt::Display for Source {
     }
 }
 
-/// The `[discovery]` table, validated.
+/// The `[discovery]` table, validated; `path` is the config file's (the
+/// default `etcd_cache_file` is beside it).
 pub(super) fn discovery_settings(
     raw: Option<&Spanned<RawDiscovery>>,
+    path: &str,
     at: &dyn Fn(Range<usize>, String) -> ConfigError,
 ) -> Result<Discovery, ConfigError> {
     let mut discovery = Discovery::default();
@@ -153,5 +180,118 @@ pub(super) fn discovery_settings(
         }
     }
     discovery.tls = raw.tls.as_ref().is_some_and(|t| *t.get_ref());
+    discovery.etcd = etcd_settings(raw, path, at)?;
+    if let (Some(etcd), Some(source)) = (&discovery.etcd, &discovery.source) {
+        let span = raw.etcd_endpoints.as_ref().map_or(0..0, |e| e.span());
+        return Err(at(
+            span,
+            format!(
+                "[discovery] etcd_endpoints and {source} both list the default pool's servers: keep one of them ({etcd})"
+            ),
+        ));
+    }
     Ok(discovery)
+}
+
+/// `etcd_endpoints`, `etcd_prefix`, `member_grace_ms`, `etcd_cache_file`.
+fn etcd_settings(
+    raw: &RawDiscovery,
+    path: &str,
+    at: &dyn Fn(Range<usize>, String) -> ConfigError,
+) -> Result<Option<EtcdSource>, ConfigError> {
+    let Some(endpoints) = &raw.etcd_endpoints else {
+        for (name, span) in [
+            ("etcd_prefix", raw.etcd_prefix.as_ref().map(Spanned::span)),
+            (
+                "member_grace_ms",
+                raw.member_grace_ms.as_ref().map(Spanned::span),
+            ),
+            (
+                "etcd_cache_file",
+                raw.etcd_cache_file.as_ref().map(Spanned::span),
+            ),
+        ] {
+            if let Some(span) = span {
+                return Err(at(
+                    span,
+                    format!("{name} is an etcd setting: it needs etcd_endpoints"),
+                ));
+            }
+        }
+        return Ok(None);
+    };
+    if endpoints.get_ref().is_empty() {
+        return Err(at(
+            endpoints.span(),
+            "etcd_endpoints is empty: list at least one, for example [\"http://127.0.0.1:2379\"]"
+                .into(),
+        ));
+    }
+    let mut listed = Vec::new();
+    for endpoint in endpoints.get_ref() {
+        let written = endpoint.trim();
+        let rest = written.strip_prefix("http://").unwrap_or(written);
+        let ok = refused_char(written).is_none()
+            && rest
+                .trim_end_matches('/')
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| {
+                    !host.is_empty()
+                        && !host.contains('/')
+                        && port.parse::<u16>().is_ok_and(|p| p > 0)
+                });
+        if !ok {
+            return Err(at(
+                endpoints.span(),
+                format!(
+                    "etcd_endpoints: {written:?} must be http://host:port (for example \"http://127.0.0.1:2379\"; https is not supported)"
+                ),
+            ));
+        }
+        listed.push(format!("http://{}", rest.trim_end_matches('/')));
+    }
+    let Some(prefix) = &raw.etcd_prefix else {
+        return Err(at(
+            endpoints.span(),
+            "etcd_endpoints needs etcd_prefix, the cluster's keys (for example \"/memring/web/\")"
+                .into(),
+        ));
+    };
+    let text = prefix.get_ref();
+    if !text.ends_with('/') || text.len() < 2 || refused_char(text).is_some() || text.contains(' ')
+    {
+        return Err(at(
+            prefix.span(),
+            format!("etcd_prefix = {text:?} must end in / and hold no spaces or control characters (for example \"/memring/web/\")"),
+        ));
+    }
+    let mut grace = Duration::from_millis(super::DEFAULT_MEMBER_GRACE_MS);
+    if let Some(ms) = &raw.member_grace_ms {
+        let range = 0..=3_600_000;
+        if !range.contains(ms.get_ref()) {
+            return Err(at(
+                ms.span(),
+                format!(
+                    "member_grace_ms = {} is out of range {}..={}",
+                    ms.get_ref(),
+                    range.start(),
+                    range.end()
+                ),
+            ));
+        }
+        grace = Duration::from_millis(*ms.get_ref());
+    }
+    let cache_file = match &raw.etcd_cache_file {
+        Some(file) if file.get_ref().trim().is_empty() => {
+            return Err(at(file.span(), "etcd_cache_file is empty".into()))
+        }
+        Some(file) => PathBuf::from(file.get_ref()),
+        None => PathBuf::from(format!("{path}.members.json")),
+    };
+    Ok(Some(EtcdSource {
+        endpoints: listed,
+        prefix: text.clone(),
+        member_grace: grace,
+        cache_file,
+    }))
 }

@@ -40,7 +40,7 @@ pub use addr::Listen;
 use addr::Lookup;
 pub use defaults::*;
 use diagnose::{at_in, explain_toml_error};
-pub use discovery::{Discovery, Source};
+pub use discovery::{Discovery, EtcdSource, Source};
 pub use ejection::{Ejection, Failover};
 pub use hot_keys::HotKeySettings;
 pub use pools::{PoolConfig, Route, ShadowConfig, DEFAULT_POOL};
@@ -237,6 +237,19 @@ impl Config {
             None => Config::parse_with(text, path, Some(&system)),
             Some(_) => Config::parse_with(text, path, Some(&named)),
         }
+    }
+
+    /// Why a server that comes from elsewhere than the file (an etcd
+    /// member) could not be a `[[servers]]` table with this `name` and
+    /// `addr`, if it could not.
+    pub fn check_server(name: &str, addr: &str) -> Result<(), String> {
+        if let Some(byte) = addr::refused_char(name).or_else(|| addr::refused_char(addr)) {
+            return Err(format!("contains {byte}"));
+        }
+        if name.trim().is_empty() || name.contains(char::is_whitespace) {
+            return Err("a name must be non-empty and contain no whitespace".into());
+        }
+        addr::check_server_addr(addr).map_err(|e| format!("addr `{addr}`: {e}"))
     }
 
     /// This config with `servers` as its server list (what discovery found).

@@ -561,6 +561,10 @@ fn layered(top: &RawConfig, pool: &RawPool) -> RawConfig {
         discovery.srv = None;
         discovery.a = None;
         discovery.tls = None;
+        discovery.etcd_endpoints = None;
+        discovery.etcd_prefix = None;
+        discovery.member_grace_ms = None;
+        discovery.etcd_cache_file = None;
     }
     macro_rules! own {
         ($($field:ident),*) => {

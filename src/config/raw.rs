@@ -71,6 +71,10 @@ pub(super) struct RawDiscovery {
     pub(super) interval_ms: Option<Spanned<u64>>,
     pub(super) resolver: Option<Spanned<String>>,
     pub(super) tls: Option<Spanned<bool>>,
+    pub(super) etcd_endpoints: Option<Spanned<Vec<String>>>,
+    pub(super) etcd_prefix: Option<Spanned<String>>,
+    pub(super) member_grace_ms: Option<Spanned<u64>>,
+    pub(super) etcd_cache_file: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -401,7 +401,16 @@ fn every_key_has_an_example_that_loads() {
         );
     }
     // The keys of [discovery] have examples of their own.
-    let discovery = ["srv", "a", "interval_ms", "resolver"];
+    let discovery = [
+        "srv",
+        "a",
+        "interval_ms",
+        "resolver",
+        "etcd_endpoints",
+        "etcd_prefix",
+        "member_grace_ms",
+        "etcd_cache_file",
+    ];
     // A pool's keys are top-level keys; a route's have their own, and
     // a shadow's `pool` is a route's.
     let route = ["prefix", "pool"];
@@ -949,6 +958,27 @@ fn discovery_lists_the_pool_instead_of_servers() {
 }
 
 #[test]
+fn etcd_discovery_needs_no_servers_and_takes_its_defaults() {
+    let text = "listen = \"127.0.0.1:1\"\n[discovery]\netcd_endpoints = [\"127.0.0.1:2379\", \"http://10.0.0.2:2379/\"]\netcd_prefix = \"/memring/web/\"\n";
+    let config = Config::parse(text, "/etc/memring.toml").unwrap();
+    assert!(config.servers.is_empty());
+    let etcd = config.discovery.etcd.unwrap();
+    assert_eq!(
+        etcd.endpoints,
+        ["http://127.0.0.1:2379", "http://10.0.0.2:2379"]
+    );
+    assert_eq!(etcd.prefix, "/memring/web/");
+    assert_eq!(etcd.member_grace, std::time::Duration::from_millis(10_000));
+    assert_eq!(
+        etcd.cache_file,
+        std::path::PathBuf::from("/etc/memring.toml.members.json")
+    );
+    // The file's servers are kept beside etcd's.
+    let with = format!("{text}[[servers]]\naddr = \"127.0.0.1:2\"\n");
+    assert_eq!(Config::parse(&with, "m").unwrap().servers.len(), 1);
+}
+
+#[test]
 fn bad_discovery_settings_are_rejected_with_their_place() {
     let base = "listen = \"127.0.0.1:1\"\n[discovery]\n";
     for (body, expected) in [
@@ -982,7 +1012,31 @@ fn bad_discovery_settings_are_rejected_with_their_place() {
         ),
         (
             "",
-            "no [[servers]]: at least one server is needed (or [discovery] with srv or a)",
+            "no [[servers]]: at least one server is needed (or [discovery] with srv, a or etcd_endpoints)",
+        ),
+        (
+            "etcd_endpoints = [\"http://127.0.0.1:2379\"]\n",
+            "etcd_endpoints needs etcd_prefix",
+        ),
+        (
+            "etcd_endpoints = []\netcd_prefix = \"/m/\"\n",
+            "etcd_endpoints is empty",
+        ),
+        (
+            "etcd_endpoints = [\"https://e:2379\"]\netcd_prefix = \"/m/\"\n",
+            "must be http://host:port",
+        ),
+        (
+            "etcd_endpoints = [\"http://e:2379\"]\netcd_prefix = \"/m\"\n",
+            "etcd_prefix = \"/m\" must end in /",
+        ),
+        (
+            "etcd_prefix = \"/m/\"\n",
+            "etcd_prefix is an etcd setting: it needs etcd_endpoints",
+        ),
+        (
+            "etcd_endpoints = [\"http://e:2379\"]\netcd_prefix = \"/m/\"\nsrv = \"_m._tcp.x\"\n",
+            "[discovery] etcd_endpoints and srv _m._tcp.x both list the default pool's servers",
         ),
     ] {
         let message = Config::parse(&format!("{base}{body}"), "m")

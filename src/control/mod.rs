@@ -11,6 +11,9 @@
 //!   only at start.
 //! - `discovery`: the periodic DNS rounds (the default pool's servers from
 //!   SRV or A/AAAA records, and host names whose address changed).
+//! - `etcd`: the default pool's members from etcd, watched (with
+//!   `[discovery] etcd_endpoints`), cached for a start without etcd, and
+//!   this sidecar's registration under `<prefix>proxies/`.
 //! - `newcomers`: `flush_all` for a server joining a ring it was not in.
 //! - `sweep`: before a hand-off window ends, delete from each server the
 //!   keys it no longer owns.
@@ -29,6 +32,7 @@
 pub mod admin;
 pub(crate) mod client_slots;
 pub mod discovery;
+pub mod etcd;
 pub mod fd_budget;
 pub mod locate;
 pub mod member_record;

@@ -40,6 +40,9 @@ pub struct Publisher {
     window_sweep: Mutex<WindowSweep>,
     /// Where the window in force is kept across restarts (`state_file`).
     state: Option<Arc<crate::pools::window_state::StateFile>>,
+    /// The servers that etcd's members add to the file's (see
+    /// `control/etcd.rs`): a reload of the file keeps them.
+    from_store: Mutex<Vec<ServerConfig>>,
 }
 
 /// A hand-off window ends only once its sweep has run (see
@@ -109,6 +112,7 @@ impl Publisher {
             restored_at: Mutex::new(std::collections::HashMap::new()),
             window_sweep: Mutex::new(WindowSweep::Idle),
             state,
+            from_store: Mutex::new(Vec::new()),
         })
     }
 
@@ -293,6 +297,19 @@ impl Publisher {
             "{prefix}hand-off windows in force unknown: until {} every write also deletes its key from every other server, reads ask the owner only, then a sweep",
             utc(until)
         );
+    }
+
+    /// The servers etcd's members add to the file's now.
+    pub(crate) fn store_servers(&self) -> Vec<ServerConfig> {
+        self.from_store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Records the servers etcd's members add to the file's.
+    pub(crate) fn set_store_servers(&self, servers: Vec<ServerConfig>) {
+        *self.from_store.lock().unwrap_or_else(|e| e.into_inner()) = servers;
     }
 
     /// The published topology, for sessions.

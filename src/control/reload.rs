@@ -161,6 +161,18 @@ impl Reloader {
             };
             config = config.with_servers(found);
         }
+        if config.discovery.etcd.is_some() {
+            // etcd's members stay beside the file's servers.
+            if let Some(publisher) = self.pools.publisher(crate::config::DEFAULT_POOL) {
+                let mut servers = config.servers.clone();
+                for member in publisher.store_servers() {
+                    if !servers.iter().any(|s| s.name == member.name) {
+                        servers.push(member);
+                    }
+                }
+                config = config.with_servers(servers);
+            }
+        }
         if config == self.current {
             return Ok(Outcome::Unchanged);
         }

@@ -74,12 +74,18 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
     let hot = &old.hot_keys;
     // A table, one row per setting (name, old, new, read only at start):
     // long because there are many settings, not because of logic.
-    let rows: [(&'static str, String, String, bool); 45] = [
+    let rows: [(&'static str, String, String, bool); 46] = [
         (
             "discovery",
             discovered(&old.discovery),
             discovered(discovery),
             false,
+        ),
+        (
+            "etcd",
+            membership_store(&old.discovery),
+            membership_store(discovery),
+            true,
         ),
         (
             "ring",
@@ -471,6 +477,16 @@ fn retry(e: &crate::config::Ejection) -> String {
         crate::config::Ejection::Twemproxy { retry } => ms(retry),
         crate::config::Ejection::Memring => "(memring ejection)".to_string(),
     }
+}
+
+fn membership_store(d: &crate::config::Discovery) -> String {
+    d.etcd.as_ref().map_or("(none)".to_string(), |e| {
+        format!(
+            "{e}, grace {} ms, cache {}",
+            e.member_grace.as_millis(),
+            e.cache_file.display()
+        )
+    })
 }
 
 fn discovered(d: &crate::config::Discovery) -> String {

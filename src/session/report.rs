@@ -152,6 +152,16 @@ pub(crate) fn write_stats(out: &mut BytesMut, stats: &Stats, layout: &Layout) {
     for (name, _) in stats.handoff() {
         counter(out, name);
     }
+    let discovered = &topology.config.discovery;
+    let source = if discovered.etcd.is_some() {
+        "etcd"
+    } else if discovered.source.is_some() {
+        "dns"
+    } else {
+        "file"
+    };
+    write_stat(out, "membership_source", &source);
+    write_stat(out, "membership_revision", &stats.membership_revision());
     if let Some(discovery) = stats.discovery() {
         // `srv _memcache._tcp.cache` as `discovery_srv _memcache._tcp.cache`:
         // a STAT value has no spaces.
@@ -168,6 +178,16 @@ pub(crate) fn write_stats(out: &mut BytesMut, stats: &Stats, layout: &Layout) {
         write_stat(out, "discovery_failing", &u8::from(discovery.failing));
     }
     write_servers(out, "", topology);
+    // An etcd member's place in its lifecycle, beside its health `state`.
+    for backend in topology.backends.iter() {
+        if let Some(member) = stats.member_state(backend.name()) {
+            write_stat(
+                out,
+                &format!("server:{}:member_state", backend.name()),
+                &member,
+            );
+        }
+    }
     for pool in layout.pools() {
         let prefix = format!("pool:{}:", pool.name);
         let topology = pool.topology.load_full();
@@ -229,6 +249,7 @@ fn write_servers(out: &mut BytesMut, prefix: &str, topology: &Topology) {
         );
         stat(out, "state", &backend.state().as_str());
         stat(out, "membership", &topology.membership(i).as_str());
+
         stat(out, "requests", &metrics.requests.get());
         stat(out, "coalesced_gets", &metrics.coalesced.get());
         stat(out, "errors", &metrics.error_count());

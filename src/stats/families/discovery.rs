@@ -30,6 +30,11 @@ pub(in crate::stats) struct DiscoveryFigures {
     last_change: Gauge,
     /// The source and the names, for `stats`; `None` without discovery.
     listed: std::sync::Mutex<Option<(String, Vec<String>)>>,
+    /// The etcd revision of the membership applied (0: not from etcd).
+    revision: Gauge,
+    /// Each etcd member's state (ACTIVE, JOINING, LEAVING, SUSPECT), by
+    /// name; `None` without etcd.
+    members: std::sync::Mutex<Option<std::collections::BTreeMap<String, &'static str>>>,
 }
 
 /// Discovery's figures as `stats discovery` and the general `stats` show
@@ -81,6 +86,12 @@ impl DiscoveryFigures {
                 "Seconds since the epoch when the discovered server list last changed (0: not since start)",
             ),
             listed: std::sync::Mutex::new(None),
+            revision: gauge(
+                registry,
+                "membership_revision",
+                "The etcd revision of the membership this memring applied (0: membership not from etcd)",
+            ),
+            members: std::sync::Mutex::new(None),
         }
     }
 }
@@ -118,6 +129,36 @@ impl Stats {
             self.discovery.failures.inc();
         }
         self.discovery.failing.set(i64::from(failing));
+    }
+
+    /// The membership from etcd applied now: its revision and each
+    /// member's state by name.
+    pub fn membership_applied(
+        &self,
+        revision: i64,
+        members: std::collections::BTreeMap<String, &'static str>,
+    ) {
+        self.discovery.revision.set(revision);
+        *self
+            .discovery
+            .members
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(members);
+    }
+
+    /// The etcd revision of the membership applied (0: none).
+    pub fn membership_revision(&self) -> i64 {
+        self.discovery.revision.get()
+    }
+
+    /// An etcd member's state, if `name` is one.
+    pub fn member_state(&self, name: &str) -> Option<&'static str> {
+        self.discovery
+            .members
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(|m| m.get(name).copied())
     }
 
     /// Discovery's figures; `None` when the pool does not come from DNS.

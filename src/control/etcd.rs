@@ -1,0 +1,935 @@
+//! The membership store: with `[discovery] etcd_endpoints`, the default
+//! pool's servers are the file's `[[servers]]` plus the members under
+//! `<prefix>members/` in etcd (see `member_record`), kept up to date by a
+//! watch. Runs on the control runtime; the request path never waits on
+//! etcd: a change is published as a config edit is (same hand-off window,
+//! same `ring vN: ...` line).
+//!
+//! - An initial range read, then a watch from the next revision; each
+//!   change rebuilds the list: the file's servers, ACTIVE members, and
+//!   JOINING members as warming servers (`ServerConfig::warming`). LEAVING
+//!   members are left off the ring, so the hand-off window reads their keys
+//!   through from them; their key's deletion is then nothing more.
+//! - A record that is not JSON, lacks `addr`, names an unknown state or a
+//!   bad address is ignored with one warning naming its key (what the key
+//!   held before stays); it never empties the ring.
+//! - A member whose key disappears without LEAVING (its lease expired) is
+//!   SUSPECT: it stays on the ring for `member_grace_ms`. Back within the
+//!   grace, nothing moves. Still missing then while memring's own health
+//!   checks reach it (it is not DEAD), it stays one more grace (damping,
+//!   logged); after that it leaves whatever its health.
+//! - A lost connection or a compacted revision: reconnect with backoff and
+//!   read everything again, so no change is missed. Meanwhile memring serves
+//!   the membership it has, and suspects do not expire (etcd cannot say
+//!   whether they came back).
+//! - Every membership applied is written to `etcd_cache_file` (by rename),
+//!   which memring starts from when etcd cannot be reached at start.
+//! - Each sidecar keeps `<prefix>proxies/<id>` under a lease of its own,
+//!   saying which revision it applied and its ring digest.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, ConnectOptions, EventType, GetOptions, PutOptions, WatchOptions};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::health::HealthState;
+use crate::config::{Config, EtcdSource, ServerConfig};
+use crate::control::member_record::{member_name, MemberRecord, MemberState};
+use crate::control::publisher::Publisher;
+
+/// How long one etcd request may take before the connection counts as lost.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+/// The first and the longest wait before connecting again.
+const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
+/// How long the watch waits for more messages before applying what it
+/// has: many members put at once make one change, not one per message.
+const COALESCE: Duration = Duration::from_millis(20);
+/// The lease of `<prefix>proxies/<id>`, in seconds.
+const PROXY_LEASE_S: i64 = 10;
+
+/// One member as this sidecar holds it.
+#[derive(Debug, Clone, PartialEq)]
+struct Entry {
+    record: MemberRecord,
+    /// Its key vanished without LEAVING at this moment: SUSPECT.
+    missing_since: Option<Instant>,
+    /// It outlived its grace because it still answered: one more grace.
+    damped: bool,
+}
+
+/// The members of the store, as the watch has them.
+#[derive(Debug, Default)]
+pub(crate) struct Members {
+    entries: BTreeMap<String, Entry>,
+    /// Keys whose bad value was logged, with that value (logged once).
+    bad: HashMap<String, Vec<u8>>,
+    /// The etcd revision these members are at.
+    revision: i64,
+    /// Members left out for sharing an addr, as logged (logged once).
+    shared: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
+}
+
+/// What the cache file holds.
+#[derive(Debug, Serialize, Deserialize)]
+struct Cached {
+    revision: i64,
+    members: BTreeMap<String, MemberRecord>,
+}
+
+impl Members {
+    fn from_cached(cached: Cached) -> Members {
+        Members {
+            entries: cached
+                .members
+                .into_iter()
+                .map(|(name, record)| {
+                    (
+                        name,
+                        Entry {
+                            record,
+                            missing_since: None,
+                            damped: false,
+                        },
+                    )
+                })
+                .collect(),
+            bad: HashMap::new(),
+            revision: cached.revision,
+            shared: Default::default(),
+        }
+    }
+
+    fn cached(&self) -> Cached {
+        Cached {
+            revision: self.revision,
+            members: self
+                .entries
+                .iter()
+                .map(|(name, entry)| (name.clone(), entry.record.clone()))
+                .collect(),
+        }
+    }
+
+    /// `key` now holds `value`. A bad value is logged once and leaves the
+    /// member as it was.
+    fn put(&mut self, prefix: &str, key: &str, value: &[u8]) {
+        let name = match member_name(prefix, key) {
+            Ok(name) => name.to_string(),
+            Err(e) => return self.ignore(key, value, &e.to_string()),
+        };
+        let record = match MemberRecord::parse(value) {
+            Ok(record) => record,
+            Err(e) => return self.ignore(key, value, &e.to_string()),
+        };
+        if let Err(e) = Config::check_server(&name, &record.addr) {
+            return self.ignore(key, value, &e);
+        }
+        self.bad.remove(key);
+        if let Some(old) = self.entries.get(&name) {
+            if old.missing_since.is_some() {
+                tracing::info!(
+                    server = %name,
+                    "etcd: member {name} is back ({}): nothing moves",
+                    record.state.as_str()
+                );
+            }
+        }
+        self.entries.insert(
+            name,
+            Entry {
+                record,
+                missing_since: None,
+                damped: false,
+            },
+        );
+    }
+
+    fn ignore(&mut self, key: &str, value: &[u8], why: &str) {
+        if self.bad.get(key).map(Vec::as_slice) != Some(value) {
+            tracing::warn!("etcd: {key}: ignored: {why}; the ring keeps what it had for it");
+            self.bad.insert(key.to_string(), value.to_vec());
+        }
+    }
+
+    /// `key` was deleted at `now`: a LEAVING member is gone; any other is
+    /// SUSPECT for `grace`.
+    fn delete(&mut self, prefix: &str, key: &str, now: Instant, grace: Duration) {
+        self.bad.remove(key);
+        let Ok(name) = member_name(prefix, key) else {
+            return;
+        };
+        let Some(entry) = self.entries.get_mut(name) else {
+            return;
+        };
+        if entry.record.state == MemberState::Leaving {
+            tracing::info!(server = %name, "etcd: member {name} left (its key is deleted after LEAVING)");
+            self.entries.remove(name);
+        } else if entry.missing_since.is_none() {
+            entry.missing_since = Some(now);
+            tracing::warn!(
+                server = %name,
+                "etcd: member {name}'s key is gone without LEAVING (its lease expired?): SUSPECT, it stays on the ring for {} ms",
+                grace.as_millis()
+            );
+        }
+    }
+
+    /// Takes a full read at store revision `at`: every key read is put,
+    /// every member not read is deleted. The membership's revision moves
+    /// only when the members changed: to the last change of a key read, or
+    /// to `at` when a member went (a deletion leaves no key to date it).
+    fn replace(
+        &mut self,
+        prefix: &str,
+        at: i64,
+        read: &[(String, Vec<u8>, i64)],
+        now: Instant,
+        grace: Duration,
+    ) {
+        let before = self.entries.clone();
+        let names: Vec<String> = self.entries.keys().cloned().collect();
+        let mut deleted = false;
+        for name in names {
+            let key = crate::control::member_record::member_key(prefix, &name);
+            if !read.iter().any(|(k, _, _)| *k == key) {
+                self.delete(prefix, &key, now, grace);
+                deleted = true;
+            }
+        }
+        self.bad
+            .retain(|key, _| read.iter().any(|(k, _, _)| k == key));
+        for (key, value, _) in read {
+            self.put(prefix, key, value);
+        }
+        if self.entries != before || self.revision == 0 {
+            let latest = read.iter().map(|(_, _, r)| *r).max().unwrap_or(0);
+            self.revision = if deleted {
+                at
+            } else {
+                latest.max(self.revision)
+            };
+        }
+    }
+
+    /// Suspects whose grace is over leave, unless `answers` says memring
+    /// still reaches them and they were not given one more grace already.
+    /// Whether any left.
+    fn expire(&mut self, now: Instant, grace: Duration, answers: &dyn Fn(&str) -> bool) -> bool {
+        let mut gone = Vec::new();
+        for (name, entry) in &mut self.entries {
+            let Some(since) = entry.missing_since else {
+                continue;
+            };
+            if now.duration_since(since) < grace {
+                continue;
+            }
+            if !entry.damped && answers(name) {
+                entry.damped = true;
+                entry.missing_since = Some(now);
+                tracing::warn!(
+                    server = %name,
+                    "etcd: member {name}'s key is still missing after {} ms, but it answers memring's health checks: it stays {} ms more (damping), then leaves",
+                    grace.as_millis(),
+                    grace.as_millis()
+                );
+            } else {
+                gone.push(name.clone());
+            }
+        }
+        for name in &gone {
+            tracing::warn!(server = %name, "etcd: member {name} is still missing after its grace: it leaves the ring");
+            self.entries.remove(name);
+        }
+        !gone.is_empty()
+    }
+
+    /// When the next suspect's grace is over.
+    fn next_deadline(&self, grace: Duration) -> Option<Instant> {
+        self.entries
+            .values()
+            .filter_map(|e| e.missing_since)
+            .min()
+            .map(|since| since + grace)
+    }
+
+    /// The servers the members add to the file's, sorted by name: ACTIVE
+    /// and SUSPECT members, and JOINING ones as warming; not LEAVING ones.
+    /// A member named as a file server is left to the file.
+    ///
+    /// A member whose `addr` is a file server's, or an earlier member's (by
+    /// name), is left out: two places on the ring on one memcached would
+    /// let a hand-off delete what was just written there (the config file
+    /// refuses the same). Logged once per member.
+    fn servers(&self, file: &[ServerConfig]) -> Vec<ServerConfig> {
+        let mut taken: std::collections::HashSet<&str> =
+            file.iter().map(|s| s.addr.as_str()).collect();
+        let mut servers = Vec::with_capacity(self.entries.len());
+        for (name, e) in &self.entries {
+            if file.iter().any(|s| &s.name == name) {
+                continue;
+            }
+            // A LEAVING member still holds its addr: no other takes it.
+            if !taken.insert(e.record.addr.as_str()) {
+                let mut logged = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+                if logged.insert((name.clone(), e.record.addr.clone())) {
+                    tracing::warn!(
+                        server = %name,
+                        "etcd: member {name} is left out: its addr {} is another server's",
+                        e.record.addr
+                    );
+                }
+                continue;
+            }
+            if e.record.state == MemberState::Leaving {
+                continue;
+            }
+            servers.push(ServerConfig {
+                addr: e.record.addr.clone(),
+                name: name.clone(),
+                weight: e.record.weight,
+                tls: e.record.tls,
+                warming: e.record.state == MemberState::Joining,
+            });
+        }
+        servers
+    }
+
+    /// Each member's state for `stats`.
+    fn states(&self) -> BTreeMap<String, &'static str> {
+        self.entries
+            .iter()
+            .map(|(name, e)| {
+                let state = if e.missing_since.is_some() {
+                    "SUSPECT"
+                } else {
+                    e.record.state.as_str()
+                };
+                (name.clone(), state)
+            })
+            .collect()
+    }
+}
+
+/// The file's servers and the members' servers, as one list.
+fn merged(file: &[ServerConfig], members: &[ServerConfig]) -> Vec<ServerConfig> {
+    file.iter().chain(members).cloned().collect()
+}
+
+/// The membership memring starts from: what etcd holds now, or, when etcd
+/// cannot be reached, the cache file.
+pub struct Startup {
+    members: Members,
+    /// The file's servers.
+    file: Vec<ServerConfig>,
+}
+
+/// `config` with etcd's members added to its servers, for the first
+/// topology, and what the watch starts from. Without etcd, `config` as it
+/// is and `None`.
+///
+/// # Errors
+/// etcd cannot be reached and there is no usable cache file.
+pub async fn first(config: &Config) -> std::io::Result<(Config, Option<Startup>)> {
+    let Some(etcd) = &config.discovery.etcd else {
+        return Ok((config.clone(), None));
+    };
+    let members = match read_all(etcd).await {
+        Ok((at, read)) => {
+            let mut members = Members::default();
+            members.replace(&etcd.prefix, at, &read, Instant::now(), etcd.member_grace);
+            tracing::info!(
+                "etcd: {} member{} at revision {} ({})",
+                members.entries.len(),
+                if members.entries.len() == 1 { "" } else { "s" },
+                members.revision,
+                etcd.endpoints.join(",")
+            );
+            save_cache(&etcd.cache_file, &members);
+            members
+        }
+        Err(reached) => match load_cache(&etcd.cache_file) {
+            Ok(cached) => {
+                tracing::warn!(
+                    "etcd at {} cannot be reached ({reached}): starting from the membership cached in {} (revision {}, {} members); it catches up when etcd answers",
+                    etcd.endpoints.join(","),
+                    etcd.cache_file.display(),
+                    cached.revision,
+                    cached.members.len()
+                );
+                Members::from_cached(cached)
+            }
+            Err(cache) => {
+                return Err(std::io::Error::other(format!(
+                    "etcd at {} cannot be reached ({reached}) and there is no membership cache to start from ({}: {cache}): memring needs etcd once to learn the members",
+                    etcd.endpoints.join(","),
+                    etcd.cache_file.display()
+                )))
+            }
+        },
+    };
+    let servers = merged(&config.servers, &members.servers(&config.servers));
+    let file = config.servers.clone();
+    Ok((
+        config.with_servers(servers),
+        Some(Startup { members, file }),
+    ))
+}
+
+async fn connect(etcd: &EtcdSource) -> Result<Client, String> {
+    let options = ConnectOptions::new()
+        .with_connect_timeout(REQUEST_TIMEOUT)
+        // etcd refuses pings more often than every 5 s (and closes the
+        // connection: "too many pings"), and pings without a stream.
+        .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+    tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        Client::connect(&etcd.endpoints, Some(options)),
+    )
+    .await
+    .map_err(|_| "connect timed out".to_string())?
+    .map_err(|e| e.to_string())
+}
+
+/// What a range read gives: the store's revision, and each key with its
+/// value and the revision that last changed it.
+type Read = (i64, Vec<(String, Vec<u8>, i64)>);
+
+/// Every key under `<prefix>members/` and the revision of the read.
+async fn read_all(etcd: &EtcdSource) -> Result<Read, String> {
+    let mut client = connect(etcd).await?;
+    read_with(&mut client, etcd).await
+}
+
+async fn read_with(client: &mut Client, etcd: &EtcdSource) -> Result<Read, String> {
+    let prefix = format!("{}members/", etcd.prefix);
+    let response = tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        client.get(prefix, Some(GetOptions::new().with_prefix())),
+    )
+    .await
+    .map_err(|_| "read timed out".to_string())?
+    .map_err(|e| e.to_string())?;
+    let revision = response.header().map_or(0, |h| h.revision());
+    let read = response
+        .kvs()
+        .iter()
+        .map(|kv| {
+            (
+                String::from_utf8_lossy(kv.key()).into_owned(),
+                kv.value().to_vec(),
+                kv.mod_revision(),
+            )
+        })
+        .collect();
+    Ok((revision, read))
+}
+
+fn load_cache(path: &Path) -> Result<Cached, String> {
+    let text =
+        crate::inputs::regular_file::read_to_string(path, 64 << 20).map_err(|e| e.to_string())?;
+    serde_json::from_str(&text).map_err(|e| e.to_string())
+}
+
+/// Writes the cache beside its final name, then renames it there: a crash
+/// leaves the old cache or the new one, never half of one.
+fn save_cache(path: &Path, members: &Members) {
+    let text = match serde_json::to_string(&members.cached()) {
+        Ok(text) => text,
+        Err(e) => return tracing::warn!("etcd: membership cache: {e}"),
+    };
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(".tmp");
+    let temporary = std::path::PathBuf::from(temporary);
+    let written = std::fs::write(&temporary, text).and_then(|()| std::fs::rename(&temporary, path));
+    if let Err(e) = written {
+        tracing::warn!(
+            "etcd: cannot write the membership cache {}: {e}",
+            path.display()
+        );
+    }
+}
+
+/// What the watch shares with the proxy registration: the revision and
+/// ring digest applied.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Applied {
+    revision: i64,
+    digest: u64,
+}
+
+/// Why a watch session ended.
+enum Ended {
+    Shutdown,
+    /// Lost, with why; read everything again after a backoff.
+    Lost(String),
+    /// The revision was compacted: read everything again now.
+    Compacted,
+}
+
+/// Watches the members until `shutdown`, from `startup` (what [`first`]
+/// found). Also keeps this sidecar's `<prefix>proxies/<id>` key.
+/// `layout`: every pool, whose digest (`stats`' `ring_digest`) the
+/// registration carries.
+pub async fn run(
+    publisher: Arc<Publisher>,
+    layout: crate::pools::layout::SharedLayout,
+    startup: Startup,
+    shutdown: CancellationToken,
+) {
+    let Some(etcd) = publisher.shared().load().config.discovery.etcd.clone() else {
+        return;
+    };
+    let mut members = startup.members;
+    publisher.set_store_servers(members.servers(&startup.file));
+    let (applied_tx, applied_rx) = tokio::sync::watch::channel(Applied::default());
+    record(&publisher, &members, &applied_tx);
+    tokio::spawn(register(etcd.clone(), applied_rx, layout, shutdown.clone()));
+    let mut backoff = BACKOFF.0;
+    let mut failing: Option<String> = None;
+    loop {
+        let mut link = Link {
+            failing: &mut failing,
+            backoff: &mut backoff,
+        };
+        match session(
+            &publisher,
+            &etcd,
+            &mut members,
+            &applied_tx,
+            &mut link,
+            &shutdown,
+        )
+        .await
+        {
+            Ended::Shutdown => return,
+            Ended::Compacted => {
+                tracing::info!(
+                    "etcd: the watched revision was compacted: reading every member again"
+                );
+                continue;
+            }
+            Ended::Lost(why) => {
+                if failing.as_deref() != Some(why.as_str()) {
+                    tracing::warn!(
+                        "etcd at {}: {why}; serving the membership of revision {} until etcd answers",
+                        etcd.endpoints.join(","),
+                        members.revision
+                    );
+                    failing = Some(why);
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    () = shutdown.cancelled() => return,
+                }
+                backoff = (backoff * 2).min(BACKOFF.1);
+                continue;
+            }
+        }
+    }
+
+    /// How the connection has fared: the failure logged, the next wait.
+    struct Link<'a> {
+        failing: &'a mut Option<String>,
+        backoff: &'a mut Duration,
+    }
+
+    /// One connection: a full read, then the watch, until it fails.
+    async fn session(
+        publisher: &Publisher,
+        etcd: &EtcdSource,
+        members: &mut Members,
+        applied: &tokio::sync::watch::Sender<Applied>,
+        link: &mut Link<'_>,
+        shutdown: &CancellationToken,
+    ) -> Ended {
+        let mut client = match connect(etcd).await {
+            Ok(client) => client,
+            Err(e) => return Ended::Lost(e),
+        };
+        let (revision, read) = match read_with(&mut client, etcd).await {
+            Ok(read) => read,
+            Err(e) => return Ended::Lost(e),
+        };
+        if link.failing.take().is_some() {
+            tracing::info!("etcd answers again: reading every member (at revision {revision})");
+        }
+        *link.backoff = BACKOFF.0;
+        members.replace(
+            &etcd.prefix,
+            revision,
+            &read,
+            Instant::now(),
+            etcd.member_grace,
+        );
+        apply(publisher, etcd, members, applied).await;
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(revision + 1);
+        let watched = tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            client.watch(format!("{}members/", etcd.prefix), Some(options)),
+        )
+        .await;
+        let mut stream = match watched {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => return Ended::Lost(e.to_string()),
+            Err(_) => return Ended::Lost("watch timed out".into()),
+        };
+        loop {
+            let deadline = members.next_deadline(etcd.member_grace);
+            let sleep = async {
+                match deadline {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                message = stream.message() => {
+                    if let Err(ended) = take(message, members, etcd) {
+                        return ended;
+                    }
+                    // Whatever else etcd has sent by now goes in the same
+                    // change (many members put at once: one publish).
+                    loop {
+                        let more = tokio::time::timeout(COALESCE, stream.message()).await;
+                        let Ok(message) = more else { break };
+                        if let Err(ended) = take(message, members, etcd) {
+                            apply(publisher, etcd, members, applied).await;
+                            return ended;
+                        }
+                    }
+                    apply(publisher, etcd, members, applied).await;
+                }
+                () = sleep => {
+                    let answers = |name: &str| answers(publisher, name);
+                    if members.expire(Instant::now(), etcd.member_grace, &answers) {
+                        apply(publisher, etcd, members, applied).await;
+                    } else {
+                        record(publisher, members, applied);
+                    }
+                }
+                () = shutdown.cancelled() => return Ended::Shutdown,
+            }
+        }
+    }
+}
+
+/// Takes one watch message into `members`.
+fn take(
+    message: Result<Option<etcd_client::WatchResponse>, etcd_client::Error>,
+    members: &mut Members,
+    etcd: &EtcdSource,
+) -> Result<(), Ended> {
+    let response = match message {
+        Ok(Some(response)) => response,
+        Ok(None) => return Err(Ended::Lost("the watch ended".into())),
+        Err(e) => return Err(Ended::Lost(e.to_string())),
+    };
+    if response.compact_revision() > 0 {
+        return Err(Ended::Compacted);
+    }
+    if response.canceled() {
+        return Err(Ended::Lost(format!(
+            "the watch was canceled: {}",
+            response.cancel_reason()
+        )));
+    }
+    let now = Instant::now();
+    for event in response.events() {
+        let Some(kv) = event.kv() else { continue };
+        let key = String::from_utf8_lossy(kv.key());
+        match event.event_type() {
+            EventType::Put => members.put(&etcd.prefix, &key, kv.value()),
+            EventType::Delete => members.delete(&etcd.prefix, &key, now, etcd.member_grace),
+        }
+        // A put or a deletion of a member key is a change of the membership
+        // at its revision (writes elsewhere, as proxies/, do not count).
+        members.revision = members.revision.max(kv.mod_revision());
+    }
+    Ok(())
+}
+
+/// Whether memring's health checks reach server `name` (it is not DEAD).
+fn answers(publisher: &Publisher, name: &str) -> bool {
+    publisher
+        .shared()
+        .load()
+        .backends
+        .iter()
+        .any(|b| b.name() == name && b.state() != HealthState::Dead)
+}
+
+/// The servers of the config in force that the file lists (not etcd).
+fn file_servers(publisher: &Publisher) -> Vec<ServerConfig> {
+    let store = publisher.store_servers();
+    publisher
+        .shared()
+        .load()
+        .config
+        .servers
+        .iter()
+        .filter(|s| !store.iter().any(|m| m.name == s.name))
+        .cloned()
+        .collect()
+}
+
+/// Publishes the members' servers beside the file's, if they changed, and
+/// records the revision applied.
+async fn apply(
+    publisher: &Publisher,
+    etcd: &EtcdSource,
+    members: &Members,
+    applied: &tokio::sync::watch::Sender<Applied>,
+) {
+    let config = publisher.shared().load().config.clone();
+    let file = file_servers(publisher);
+    let from_store = members.servers(&file);
+    let servers = merged(&file, &from_store);
+    if servers != config.servers {
+        // Servers that join are flushed first, as on a config edit; a
+        // warming (JOINING) one is not: what it holds is written to it
+        // for the keys it will own.
+        let topology = publisher.shared().load_full();
+        let mut joining = config.with_servers(servers.clone());
+        // Nor is one that warmed and now turns ACTIVE.
+        let warmed = |name: &str| config.servers.iter().any(|c| c.name == name && c.warming);
+        joining.servers.retain(|s| !s.warming && !warmed(&s.name));
+        let (done, flushed) = tokio::sync::oneshot::channel();
+        std::thread::spawn(move || {
+            crate::control::newcomers::flush_newcomers(&topology, &joining);
+            let _ = done.send(());
+        });
+        let _ = flushed.await;
+        let latest = publisher.shared().load().config.clone();
+        let file = file_servers(publisher);
+        let from_store = members.servers(&file);
+        match publisher.apply_config(latest.with_servers(merged(&file, &from_store))) {
+            Ok(published) => {
+                publisher.set_store_servers(from_store);
+                tracing::info!(
+                    "ring v{}: {} (etcd revision {})",
+                    published.version,
+                    published.change,
+                    members.revision
+                );
+            }
+            Err(shortage) => {
+                tracing::error!(
+                    "etcd: members of revision {} refused: {shortage}; still serving the previous list",
+                    members.revision
+                );
+                return;
+            }
+        }
+    }
+    save_cache(&etcd.cache_file, members);
+    record(publisher, members, applied);
+}
+
+/// The revision and states for `stats`, and for the proxy registration.
+fn record(publisher: &Publisher, members: &Members, applied: &tokio::sync::watch::Sender<Applied>) {
+    publisher
+        .stats()
+        .membership_applied(members.revision, members.states());
+    // The ring digest goes with it: a publish changes it.
+    let digest = publisher.shared().load().ring_digest;
+    applied.send_replace(Applied {
+        revision: members.revision,
+        digest,
+    });
+}
+
+/// This sidecar's id under `<prefix>proxies/`: host name and process id.
+fn proxy_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// Keeps `<prefix>proxies/<id>` under a lease until `shutdown`, its value
+/// the revision and ring digest applied, rewritten when they change.
+async fn register(
+    etcd: EtcdSource,
+    mut applied: tokio::sync::watch::Receiver<Applied>,
+    layout: crate::pools::layout::SharedLayout,
+    shutdown: CancellationToken,
+) {
+    let key = format!("{}proxies/{}", etcd.prefix, proxy_id());
+    let mut backoff = BACKOFF.0;
+    loop {
+        let kept = async {
+            let mut client = connect(&etcd).await?;
+            let lease =
+                tokio::time::timeout(REQUEST_TIMEOUT, client.lease_grant(PROXY_LEASE_S, None))
+                    .await
+                    .map_err(|_| "lease grant timed out".to_string())?
+                    .map_err(|e| e.to_string())?
+                    .id();
+            let (mut keeper, mut acks) = client
+                .lease_keep_alive(lease)
+                .await
+                .map_err(|e| e.to_string())?;
+            loop {
+                let now = *applied.borrow_and_update();
+                let value = serde_json::json!({
+                    "revision": now.revision,
+                    "ring_digest": crate::ring::digest::hex(layout.load().ring_digest()),
+                    "version": crate::VERSION_STRING,
+                })
+                .to_string();
+                tokio::time::timeout(
+                    REQUEST_TIMEOUT,
+                    client.put(
+                        key.as_str(),
+                        value,
+                        Some(PutOptions::new().with_lease(lease)),
+                    ),
+                )
+                .await
+                .map_err(|_| "put timed out".to_string())?
+                .map_err(|e| e.to_string())?;
+                loop {
+                    tokio::select! {
+                        changed = applied.changed() => {
+                            if changed.is_err() {
+                                return Ok::<(), String>(());
+                            }
+                            break;
+                        }
+                        () = tokio::time::sleep(Duration::from_secs((PROXY_LEASE_S / 3) as u64)) => {
+                            keeper.keep_alive().await.map_err(|e| e.to_string())?;
+                            match tokio::time::timeout(REQUEST_TIMEOUT, acks.message()).await {
+                                Ok(Ok(Some(ack))) if ack.ttl() > 0 => {}
+                                _ => return Err("the lease was lost".to_string()),
+                            }
+                        }
+                        () = shutdown.cancelled() => {
+                            let _ = tokio::time::timeout(REQUEST_TIMEOUT, client.lease_revoke(lease)).await;
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+        };
+        match kept.await {
+            Ok(()) => return,
+            Err(e) => tracing::debug!("etcd: {key}: {e}; registering again"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            () = shutdown.cancelled() => return,
+        }
+        backoff = (backoff * 2).min(BACKOFF.1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: &str = "/m/";
+
+    fn rec(addr: &str, state: &str) -> Vec<u8> {
+        format!(r#"{{"addr":"{addr}","state":"{state}"}}"#).into_bytes()
+    }
+
+    #[test]
+    fn states_make_the_server_list() {
+        let mut m = Members::default();
+        m.put(P, "/m/members/a", &rec("127.0.0.1:1", "ACTIVE"));
+        m.put(P, "/m/members/b", &rec("127.0.0.1:2", "JOINING"));
+        m.put(P, "/m/members/c", &rec("127.0.0.1:3", "LEAVING"));
+        let servers = m.servers(&[]);
+        let names: Vec<_> = servers
+            .iter()
+            .map(|s| (s.name.as_str(), s.warming))
+            .collect();
+        assert_eq!(names, vec![("a", false), ("b", true)]);
+    }
+
+    #[test]
+    fn bad_records_keep_what_the_key_had() {
+        let mut m = Members::default();
+        m.put(P, "/m/members/a", &rec("127.0.0.1:1", "ACTIVE"));
+        for bad in [
+            &b"nope"[..],
+            br#"{"state":"ACTIVE"}"#,
+            &rec("127.0.0.1:1", "PENDING"),
+            &rec("no port", "ACTIVE"),
+        ] {
+            m.put(P, "/m/members/a", bad);
+            m.put(P, "/m/members/x", bad);
+        }
+        assert_eq!(m.servers(&[]).len(), 1);
+        assert_eq!(m.servers(&[])[0].addr, "127.0.0.1:1");
+    }
+
+    #[test]
+    fn a_vanished_member_is_suspect_for_its_grace_then_damped_once() {
+        let grace = Duration::from_millis(100);
+        let t0 = Instant::now();
+        let mut m = Members::default();
+        m.put(P, "/m/members/a", &rec("127.0.0.1:1", "ACTIVE"));
+        m.delete(P, "/m/members/a", t0, grace);
+        assert_eq!(m.states()["a"], "SUSPECT");
+        assert!(!m.expire(t0 + grace / 2, grace, &|_| false));
+        assert_eq!(m.servers(&[]).len(), 1);
+        // Answers: one more grace.
+        assert!(!m.expire(t0 + grace, grace, &|_| true));
+        assert_eq!(m.servers(&[]).len(), 1);
+        assert!(m.expire(t0 + grace * 2, grace, &|_| true));
+        assert!(m.servers(&[]).is_empty());
+    }
+
+    #[test]
+    fn a_member_on_another_servers_addr_is_left_out() {
+        let mut m = Members::default();
+        m.put(P, "/m/members/a", &rec("127.0.0.1:1", "ACTIVE"));
+        m.put(P, "/m/members/b", &rec("127.0.0.1:1", "ACTIVE"));
+        m.put(P, "/m/members/c", &rec("127.0.0.1:2", "ACTIVE"));
+        let names = |servers: Vec<ServerConfig>| -> Vec<String> {
+            servers.into_iter().map(|s| s.name).collect()
+        };
+        assert_eq!(names(m.servers(&[])), ["a", "c"]);
+        let file = ServerConfig {
+            addr: "127.0.0.1:2".into(),
+            name: "f".into(),
+            weight: 1,
+            tls: false,
+            warming: false,
+        };
+        assert_eq!(names(m.servers(&[file])), ["a"]);
+    }
+
+    #[test]
+    fn a_leaving_member_goes_at_once_when_deleted() {
+        let mut m = Members::default();
+        m.put(P, "/m/members/a", &rec("127.0.0.1:1", "LEAVING"));
+        m.delete(P, "/m/members/a", Instant::now(), Duration::from_secs(10));
+        assert!(m.entries.is_empty());
+    }
+
+    #[test]
+    fn a_full_read_deletes_what_it_does_not_list() {
+        let mut m = Members::default();
+        m.put(P, "/m/members/a", &rec("127.0.0.1:1", "LEAVING"));
+        m.put(P, "/m/members/b", &rec("127.0.0.1:2", "ACTIVE"));
+        let read = [("/m/members/c".to_string(), rec("127.0.0.1:3", "ACTIVE"), 7)];
+        let grace = Duration::from_secs(10);
+        m.replace(P, 9, &read, Instant::now(), grace);
+        assert_eq!(
+            m.states().into_iter().collect::<Vec<_>>(),
+            vec![("b".to_string(), "SUSPECT"), ("c".to_string(), "ACTIVE")]
+        );
+        assert_eq!(m.revision, 9, "a member went: dated by the read");
+        m.replace(P, 12, &read, Instant::now(), grace);
+        assert_eq!(m.revision, 9, "nothing changed: the revision stays");
+    }
+}
