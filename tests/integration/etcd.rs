@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::etcd::Etcd;
 use crate::common::{free_port, wait_for, Client, Daemon, Memcached, Proxy, TempDir};
+use memring::protocol::ReplyKind;
 
 const PREFIX: &str = "/memring/t/";
 
@@ -715,4 +716,86 @@ fn a_lost_member_that_still_answers_is_kept_one_more_grace_and_the_log_says_so()
     daemon.wait_for_log("member b is still missing after its grace: it leaves the ring");
     daemon.wait_for_log("-1 server (b)");
     assert_eq!(daemon.count("(damping)"), 1, "{}", daemon.log());
+}
+
+/// Issue 49's JOINING → ACTIVE, end to end: etcd's JOINING is the warming
+/// mechanism (writes for the keys the member will own reach it, no read
+/// does), and once ACTIVE those keys hit on it with no read-through.
+#[test]
+fn a_joining_member_takes_its_keys_writes_and_hits_them_once_active() {
+    let etcd = Etcd::start("joining-warm");
+    let dir = TempDir::new("etcd", "joining-warm");
+    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
+    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let proxy = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir, ""));
+    wait_for("a and b on the ring", || ring_names(&proxy) == ["a", "b"]);
+    etcd.put(&key_of("c"), &record(&c, "JOINING"));
+    wait_for("c JOINING", || {
+        member_state(&proxy, "c").as_deref() == Some("JOINING")
+    });
+    let keys = keys("joining", 600);
+    let mut client = proxy.client();
+    for key in &keys {
+        assert_eq!(client.set(key, b"old"), b"STORED\r\n");
+    }
+    // Overwritten and deleted while it warms: it must end with what the
+    // owners have, or without the key.
+    for key in keys.iter().step_by(3) {
+        assert_eq!(client.set(key, b"new"), b"STORED\r\n");
+    }
+    for key in keys.iter().skip(1).step_by(3) {
+        let reply = client.call(format!("delete {key}\r\n").as_bytes(), ReplyKind::Line);
+        assert_eq!(reply, b"DELETED\r\n");
+    }
+    let expected = |i: usize| match i % 3 {
+        0 => Some(&b"new"[..]),
+        1 => None,
+        _ => Some(&b"old"[..]),
+    };
+    for (i, key) in keys.iter().enumerate() {
+        assert_eq!(
+            client.get(key).as_deref(),
+            expected(i),
+            "{key} while c warms"
+        );
+    }
+    let mut direct = c.client();
+    let on_c = keys.iter().filter(|k| direct.get(k).is_some()).count();
+    assert!(on_c > 100, "c holds {on_c} of 400 live keys while JOINING");
+    let c_reads = direct.stat("cmd_get");
+    // The gets of the line above are the only ones c has seen.
+    assert_eq!(
+        c_reads,
+        keys.len() as u64,
+        "memring read from a JOINING member"
+    );
+    etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
+    wait_for("c ACTIVE", || ring_names(&proxy) == ["a", "b", "c"]);
+    let before: Vec<u64> = [&a, &b]
+        .iter()
+        .map(|s| s.client().stat("cmd_get"))
+        .collect();
+    let mut client = proxy.client();
+    for (i, key) in keys.iter().enumerate() {
+        assert_eq!(
+            client.get(key).as_deref(),
+            expected(i),
+            "{key} after c joined"
+        );
+    }
+    // c's keys hit on c: the previous owners were asked only for the keys
+    // they still own, and for the deleted keys c lacks (read-through).
+    let after: Vec<u64> = [&a, &b]
+        .iter()
+        .map(|s| s.client().stat("cmd_get"))
+        .collect();
+    let asked_elsewhere: u64 = after.iter().zip(&before).map(|(x, y)| x - y).sum();
+    // memring's own background reads (the sweep's, the probes') may add a
+    // few; had c not been written while it warmed, all `on_c` more.
+    assert!(
+        asked_elsewhere <= (keys.len() - on_c + on_c / 10) as u64,
+        "previous owners asked {asked_elsewhere} times for {} keys c lacks: c's keys were read through",
+        keys.len() - on_c
+    );
 }
