@@ -129,7 +129,10 @@ fn members_put_and_deleted_with_etcdctl_take_writes_within_two_seconds() {
         "{:?}",
         start.elapsed()
     );
-    assert!(proxy.client().stat("membership_revision") > revision);
+    // The revision is stored right after the ring is published.
+    wait_for("the revision applied", || {
+        proxy.client().stat("membership_revision") > revision
+    });
     let fresh = keys("joined", 2_000);
     let held = written_to(&proxy, &fresh, &[&a, &b, &c]);
     assert!(

@@ -121,7 +121,9 @@ $mode = $argv[1];
 $client = new Memcache;
 foreach (explode(',', $argv[2]) as $server) {{
     [$host, $port, $weight] = explode(':', $server);
-    $client->addServer($host, (int)$port, false, (int)$weight);
+    // A 10 s timeout: a server slow to answer on a loaded machine must
+    // not be failed over from (placement is what is compared).
+    $client->addServer($host, (int)$port, false, (int)$weight, 10);
 }}
 $missing = 0;
 while (($line = fgets(STDIN)) !== false) {{
