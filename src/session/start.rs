@@ -402,6 +402,7 @@ impl ClientSession {
                 let asked_cas = request.flags(&bytes).any(|(flag, _)| flag == b'c');
                 let mut entry = Entry::ready(b"", topology);
                 entry.command = command;
+                entry.started = self.worker.clock.nanos();
                 entry.sent = false;
                 entry.hot = hot;
                 entry.shadow = shadow;
@@ -533,6 +534,7 @@ impl ClientSession {
         };
         let mut entry = Entry::ready(b"", topology);
         entry.command = command;
+        entry.started = self.worker.clock.nanos();
         entry.bytes = bytes;
         entry.sent = false;
         entry.hot = hot;

@@ -27,6 +27,7 @@ mod operations;
 mod pools;
 mod reload;
 mod replication;
+mod request_log;
 mod resilience;
 mod restart;
 mod rings_dropin;
