@@ -573,6 +573,10 @@ impl ClientSession {
     }
 
     /// Hands a finished request to the request log (see `request_log.rs`).
+    /// Out of line and cold: `collect` runs per request, and this only with
+    /// the log on.
+    #[cold]
+    #[inline(never)]
     fn log_request(&self, entry: &Entry, from: usize, took: u64, now: u64) {
         let pool = || {
             let layout = self.worker.layout.load();
