@@ -212,6 +212,7 @@ pub async fn start_within(
         idle_timeout: config.client_idle_timeout,
         write_timeout: config.client_write_timeout,
         client_buffer_bytes: config.max_client_buffer_bytes,
+        request_log: config.request_log,
     };
     let hot = crate::hotkeys::HotShared::new(config.hot_keys, count, stats.clone());
     tokio::spawn(crate::hotkeys::monitor(

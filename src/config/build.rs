@@ -16,6 +16,7 @@ use super::discovery::discovery_settings;
 use super::ejection::{ejection, failover};
 use super::hot_keys::hot_key_settings;
 use super::raw::RawConfig;
+use super::request_log::request_log_settings;
 use super::ring::{check_weights, ring_spec};
 use super::servers::ServerList;
 use super::shared_with::{flush_new_servers, shared_with, unshared_ring_warning};
@@ -71,6 +72,7 @@ impl Config {
             .warnings
             .extend(unshared_ring_warning(raw, serving.handoff_ms, &ring));
         let hot_keys = hot_key_settings(raw, &at, &number)?;
+        let request_log = request_log_settings(raw.request_log.as_ref(), &at)?;
         let (tls_listen, backend_tls) = tls_settings(raw, &at, path, listen.tcp(), admin_listen)?;
         let state_file = state_file(raw, path, &at)?;
         if lookup.is_some() {
@@ -117,6 +119,7 @@ impl Config {
             tls_listen,
             backend_tls,
             discovery,
+            request_log,
             pools: Vec::new(),
             routes: Vec::new(),
             default_pool: DEFAULT_POOL.to_string(),

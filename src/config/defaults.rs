@@ -50,3 +50,8 @@ pub const DEFAULT_FAILURE_LIMIT: u64 = 3;
 pub const TWEMPROXY_FAILURE_LIMIT: u64 = 2;
 /// nutcracker's `server_retry_timeout` default.
 pub const DEFAULT_RETRY_TIMEOUT_MS: u64 = 30_000;
+
+/// `[request_log] max_lines_per_s` when unset: lines one worker writes a
+/// second at most, so that a burst of slow or failed requests cannot make
+/// the log the bottleneck.
+pub const DEFAULT_REQUEST_LOG_LINES_PER_S: u64 = 100;

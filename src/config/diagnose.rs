@@ -98,6 +98,12 @@ pub(super) const EXAMPLES: &[(&str, &str)] = &[
     ("pool", "\"sessions\""),
     ("shadow", "{ pool = \"candidate\", fraction = 0.1 }"),
     ("fraction", "0.1"),
+    ("request_log", "{ slow_ms = 50, errors = true }"),
+    ("sample", "0.001"),
+    ("slow_ms", "50"),
+    ("errors", "true"),
+    ("keys", "\"hash\""),
+    ("max_lines_per_s", "100"),
 ];
 
 /// serde's and toml's messages, rewritten for people where they are not:
@@ -114,6 +120,8 @@ pub(super) fn explain_toml_error(message: &str, text: &str, at: usize) -> String
             " in [[servers]]"
         } else if known.contains(&"srv") {
             " in [discovery]"
+        } else if known.contains(&"slow_ms") {
+            " in [request_log]"
         } else if known.contains(&"prefix") {
             " in [[routes]]"
         } else if known.contains(&"handoff_ms") && !known.contains(&"workers") {

@@ -9,7 +9,7 @@
 //! `servers.rs` its `[[servers]]`),
 //! `pools.rs` (`[[pools]]`, `[[routes]]`, shadows: the config of each pool),
 //! one file per section (`discovery.rs`, `tls.rs`, `ring.rs`,
-//! `hot_keys.rs`, `ejection.rs` with `failover`, `shared_with.rs`),
+//! `hot_keys.rs`, `request_log.rs`, `ejection.rs` with `failover`, `shared_with.rs`),
 //! `addr.rs` (what an address is and reaches), `diagnose.rs` (messages for
 //! people: did-you-mean, examples, `line:column`) and `defaults.rs` (every
 //! default and limit). What a reload changes is `control::settings::setting_changes`.
@@ -31,6 +31,7 @@ mod ejection;
 mod hot_keys;
 mod pools;
 mod raw;
+mod request_log;
 mod ring;
 mod servers;
 mod shared_with;
@@ -46,6 +47,7 @@ pub use hot_keys::HotKeySettings;
 pub use pools::{PoolConfig, Route, ShadowConfig, DEFAULT_POOL};
 pub use raw::setting_names;
 use raw::RawConfig;
+pub use request_log::RequestLogSettings;
 pub use shared_with::{FlushNewServers, SharedWith};
 
 /// `[tls_listen]`: a second client listener that speaks TLS.
@@ -169,6 +171,9 @@ pub struct Config {
     /// the records the default pool comes from (then `servers` is what DNS
     /// said last, filled in by `discovery.rs`).
     pub discovery: Discovery,
+    /// `[request_log]`: which finished requests get a log line, read at
+    /// start.
+    pub request_log: RequestLogSettings,
     /// What loading noticed about the servers but did not refuse: two
     /// spellings of one memcached, host names that do not resolve (yet).
     /// Part of [`Config::warnings`].

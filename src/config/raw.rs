@@ -59,6 +59,18 @@ pub(super) struct RawConfig {
     pub(super) default_pool: Option<Spanned<String>>,
     /// `[shadow]`: the top-level pool's shadow (see `pools.rs`).
     pub(super) shadow: Option<Spanned<RawShadow>>,
+    pub(super) request_log: Option<Spanned<RawRequestLog>>,
+}
+
+/// `[request_log]`: which finished requests are logged, one line each.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRequestLog {
+    pub(super) sample: Option<Spanned<f64>>,
+    pub(super) slow_ms: Option<Spanned<u64>>,
+    pub(super) errors: Option<Spanned<bool>>,
+    pub(super) keys: Option<Spanned<String>>,
+    pub(super) max_lines_per_s: Option<Spanned<u64>>,
 }
 
 /// `[discovery]`: where host names are looked up, how often, and whether the

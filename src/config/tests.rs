@@ -415,6 +415,12 @@ fn every_key_has_an_example_that_loads() {
     // a shadow's `pool` is a route's.
     let route = ["prefix", "pool"];
     let shadow = ["fraction"];
+    let request_log = ["sample", "slow_ms", "errors", "keys", "max_lines_per_s"];
+    for key in request_log {
+        let (_, example) = EXAMPLES.iter().find(|(name, _)| *name == key).unwrap();
+        let text = format!("{GOOD}\n[request_log]\n{key} = {example}\n");
+        assert!(Config::parse(&text, "m").is_ok(), "{key} = {example}");
+    }
     assert_eq!(
         EXAMPLES.len(),
         top.len() - 1 - tables.len()
@@ -422,7 +428,8 @@ fn every_key_has_an_example_that_loads() {
             + table_keys.len()
             + discovery.len()
             + route.len()
-            + shadow.len(),
+            + shadow.len()
+            + request_log.len(),
         "an example of a key that is gone"
     );
 }
@@ -454,6 +461,7 @@ fn setting_names_are_the_keys_serde_accepts() {
         .chain(server.iter().copied())
         .chain(table_keys)
         .chain(names.iter().filter_map(|n| n.strip_prefix("discovery.")))
+        .chain(names.iter().filter_map(|n| n.strip_prefix("request_log.")))
         .chain(names.iter().filter_map(|n| n.strip_prefix("routes.")))
         .chain(names.iter().filter_map(|n| n.strip_prefix("shadow.")))
         .chain(

@@ -64,6 +64,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         tls_listen,
         backend_tls,
         discovery,
+        request_log,
         pools,
         routes,
         default_pool,
@@ -74,7 +75,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
     let hot = &old.hot_keys;
     // A table, one row per setting (name, old, new, read only at start):
     // long because there are many settings, not because of logic.
-    let rows: [(&'static str, String, String, bool); 46] = [
+    let rows: [(&'static str, String, String, bool); 47] = [
         (
             "discovery",
             discovered(&old.discovery),
@@ -332,6 +333,13 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             hot.cache_bytes.to_string(),
             hot_keys.cache_bytes.to_string(),
             false,
+        ),
+        // Each worker takes its request log's settings when it starts.
+        (
+            "request_log",
+            old.request_log.to_string(),
+            request_log.to_string(),
+            true,
         ),
     ];
     rows.into_iter()

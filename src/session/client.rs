@@ -61,6 +61,8 @@ pub(super) struct ClientSession {
     pub(super) copies: Rc<CopiesUnderWay>,
     /// A get line longer than `max_get_line_bytes` being served in parts.
     pub(super) long_get: Option<LongGet>,
+    /// The client's address, for the request log (`None` while it is off).
+    pub(super) peer: Option<std::net::SocketAddr>,
 }
 
 /// Where a client's long get line stands (see [`long_get_part`]).
@@ -126,6 +128,7 @@ impl ClientSession {
             health: health::TurnHealth::default(),
             turn_topology: TurnTopology::NotLoaded,
             long_get: None,
+            peer: None,
         }
     }
 
@@ -523,6 +526,7 @@ impl ClientSession {
         self.settle();
         while !self.entries.is_empty() {
             self.absorb(0);
+            let reply_from = super::request_log::mark(&self.worker.request_log, &self.out);
             // Set aside while the head is finished in place, as in
             // `dispatch`; finishing never reads `self.entries`.
             let mut entries = std::mem::take(&mut self.entries);
@@ -552,8 +556,12 @@ impl ClientSession {
             // Replies memring makes itself (parse errors among them) are not
             // request latencies.
             if !matches!(entry.work, Work::Ready(_)) {
-                let took = self.worker.clock.nanos().saturating_sub(entry.started);
+                let now = self.worker.clock.nanos();
+                let took = now.saturating_sub(entry.started);
                 self.worker.latency.observe(entry.command, took);
+                if let Some(from) = reply_from {
+                    self.log_request(&entry, from, took, now);
+                }
             }
             spares::keep(entry.work);
             if entry.request.keys.spilled() {
@@ -563,5 +571,31 @@ impl ClientSession {
                 self.worker.hot.write_done(guard);
             }
         }
+    }
+
+    /// Hands a finished request to the request log (see `request_log.rs`).
+    /// Out of line and cold: `collect` runs per request, and this only with
+    /// the log on.
+    #[cold]
+    #[inline(never)]
+    fn log_request(&self, entry: &Entry, from: usize, took: u64, now: u64) {
+        let pool = || {
+            let layout = self.worker.layout.load();
+            layout
+                .pools()
+                .iter()
+                .find(|p| p.topology.load().pool_id == entry.topology.pool_id)
+                .map_or_else(|| String::from("-"), |p| p.name.to_string())
+        };
+        let done = super::request_log::Finished {
+            entry,
+            peer: self.peer.as_ref(),
+            out: &self.out,
+            from,
+            took,
+            now,
+            pool: &pool,
+        };
+        super::request_log::finished(&self.worker.request_log, done);
     }
 }

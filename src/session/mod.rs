@@ -60,6 +60,7 @@ mod dispatch;
 mod fifo;
 mod health;
 pub(crate) mod report;
+mod request_log;
 mod shadow;
 pub(crate) mod shard;
 mod spares;
@@ -122,8 +123,9 @@ pub(crate) async fn run_session(
     bound: Option<SharedTopology>,
 ) -> io::Result<()> {
     let _ = stream.set_nodelay(true);
+    let peer = peer_for_log(&worker, &stream);
     let (reader, writer) = stream.split();
-    serve(reader, writer, id, worker, bound).await
+    serve(reader, writer, (id, peer), worker, bound).await
 }
 
 /// [`run_session`] for a client of a Unix-socket listener.
@@ -134,7 +136,8 @@ pub(crate) async fn run_unix_session(
     bound: Option<SharedTopology>,
 ) -> io::Result<()> {
     let (reader, writer) = stream.split();
-    serve(reader, writer, id, worker, bound).await
+    // A Unix-socket client has no address: the request log shows `-`.
+    serve(reader, writer, (id, None), worker, bound).await
 }
 
 /// [`run_session`] for a client that connected with TLS (handshake done).
@@ -144,8 +147,19 @@ pub(crate) async fn run_tls_session(
     id: u64,
     worker: Rc<WorkerCtx>,
 ) -> io::Result<()> {
+    let peer = peer_for_log(&worker, stream.get_ref().0);
     let (reader, writer) = tokio::io::split(stream);
-    serve(reader, writer, id, worker, None).await
+    serve(reader, writer, (id, peer), worker, None).await
+}
+
+/// The client's address, for the request log's lines: asked of the kernel
+/// once per client, and only when the log is on.
+fn peer_for_log(worker: &WorkerCtx, stream: &TcpStream) -> Option<std::net::SocketAddr> {
+    if worker.request_log.on {
+        stream.peer_addr().ok()
+    } else {
+        None
+    }
 }
 
 /// The session's loop on the two halves of its stream; monomorphised per
@@ -153,7 +167,7 @@ pub(crate) async fn run_tls_session(
 async fn serve<R, W>(
     mut reader: R,
     mut writer: W,
-    id: u64,
+    (id, peer): (u64, Option<std::net::SocketAddr>),
     worker: Rc<WorkerCtx>,
     bound: Option<SharedTopology>,
 ) -> io::Result<()>
@@ -164,6 +178,7 @@ where
     // Reply bytes written into a TLS stream that it may not have sent yet.
     let mut unflushed = false;
     let mut client = ClientSession::new(id, worker.clone(), bound);
+    client.peer = peer;
     // Allocated when the first bytes can be read (see `parked` below).
     let mut input = RecycledBuf::new(FIRST_READ_BYTES);
     // Set when the socket said it has input: the next turn reads it rather

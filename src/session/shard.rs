@@ -30,6 +30,8 @@ pub(crate) struct SessionSettings {
     pub write_timeout: Duration,
     /// Reply bytes one client may be owed; `None` follows `max_value_bytes`.
     pub client_buffer_bytes: Option<usize>,
+    /// `[request_log]`, read at start.
+    pub request_log: crate::config::RequestLogSettings,
 }
 
 /// What a worker's sessions share. Lives on the worker thread only.
@@ -60,6 +62,8 @@ pub(crate) struct WorkerCtx {
     pub(crate) shadow: Rc<crate::pools::shadow::InFlight>,
     /// This worker's part of the request latency histograms.
     pub(crate) latency: crate::stats::latency::LatencyWriter,
+    /// This worker's `[request_log]` (see `request_log.rs`).
+    pub(crate) request_log: super::request_log::RequestLog,
 }
 
 impl WorkerCtx {
@@ -76,6 +80,10 @@ impl WorkerCtx {
         stats.publish_reply_owed(budget.published());
         WorkerCtx {
             latency: stats.latency_writer(),
+            request_log: super::request_log::RequestLog::new(
+                settings.request_log,
+                stats.request_log_dropped.clone(),
+            ),
             layout,
             stats,
             shutdown,

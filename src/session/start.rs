@@ -402,6 +402,7 @@ impl ClientSession {
         let work = meta_work(&request, &bytes, placement, &topology);
         let mut entry = Entry::ready(b"", topology);
         entry.command = command;
+        entry.started = self.worker.clock.nanos();
         entry.bytes = bytes;
         entry.sent = false;
         entry.hot = hot;

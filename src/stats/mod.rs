@@ -70,6 +70,8 @@ pub struct Stats {
     shadow: ShadowFamilies,
     /// `[discovery]`: the servers DNS lists now.
     discovery: DiscoveryFigures,
+    /// `[request_log]` lines not written for the rate limit.
+    pub request_log_dropped: prometheus_client::metrics::counter::Counter,
 }
 
 impl Default for Stats {
@@ -93,6 +95,11 @@ impl Stats {
         let (hot, hot_keys) = families::hotkeys::register(&mut registry);
         let shadow = ShadowFamilies::register(&mut registry);
         let discovery = DiscoveryFigures::register(&mut registry);
+        let request_log_dropped = families::counter(
+            &mut registry,
+            "request_log_dropped",
+            "Request log lines not written because a worker reached [request_log] max_lines_per_s",
+        );
         Stats {
             started: Instant::now(),
             reset_baseline: Default::default(),
@@ -106,6 +113,7 @@ impl Stats {
             hot_keys,
             shadow,
             discovery,
+            request_log_dropped,
         }
     }
 

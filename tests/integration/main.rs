@@ -29,6 +29,7 @@ mod overload;
 mod pools;
 mod reload;
 mod replication;
+mod request_log;
 mod resilience;
 mod restart;
 mod rings_dropin;
