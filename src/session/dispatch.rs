@@ -235,16 +235,11 @@ impl ClientSession {
         }
     }
 
-    /// A meta request: forwarded, by quorum, through a moved key's steps,
-    /// as cas-then-copy, or read through replicas.
+    /// A meta request: forwarded, by quorum, as cas-then-copy, or read
+    /// through replicas.
     fn dispatch_meta(&mut self, e: Sending<'_>, meta: &mut MetaWork) -> bool {
         let topology = e.topology;
         if !*e.sent {
-            // A moved key's steps wait for this client's read-through copies
-            // (see `CopiesUnderWay`).
-            if matches!(meta.mode, MetaMode::Moved(_)) && self.copies.any() {
-                return false;
-            }
             let deletes = OlderForget::len(meta.older.as_ref());
             let value = match meta.value {
                 true => self.estimate.max(MIN_ESTIMATE_BYTES),
@@ -261,63 +256,38 @@ impl ClientSession {
             if !OlderForget::advance(meta.older.as_mut(), forget) {
                 return false;
             }
-            if let MetaMode::Moved(_) = &meta.mode {
-                // Started below.
+            let (forget, key) = match &meta.mode {
+                MetaMode::Quorum {
+                    forget,
+                    key,
+                    forget_last,
+                    ..
+                } => (*forget, Some(key).filter(|_| !forget_last)),
+                _ => (0, None),
+            };
+            let replicas = meta.parts.len() - forget;
+            let opening = match &meta.mode {
+                MetaMode::Leased(retry) => retry.opening(),
+                _ => None,
+            };
+            if let Some((probe, shown)) = opening {
+                // One owner: the lease's probe goes first (`lease_steps`).
+                self.send(topology, &mut meta.parts[0], &[probe], shown, true, None);
             } else {
-                let (forget, key) = match &meta.mode {
-                    MetaMode::Quorum {
-                        forget,
-                        key,
-                        forget_last,
-                        ..
-                    } => (*forget, Some(key).filter(|_| !forget_last)),
-                    _ => (0, None),
-                };
-                let replicas = meta.parts.len() - forget;
-                let opening = match &meta.mode {
-                    MetaMode::Leased(retry) => retry.opening(),
-                    _ => None,
-                };
-                if let Some((probe, shown)) = opening {
-                    // One owner: the lease's probe goes first (`lease_steps`).
-                    self.send(topology, &mut meta.parts[0], &[probe], shown, true, None);
-                } else {
-                    for part in meta.parts[..replicas].iter_mut() {
-                        self.send(topology, part, &meta.wire, meta.expect.clone(), true, e.hot);
-                    }
+                for part in meta.parts[..replicas].iter_mut() {
+                    self.send(topology, part, &meta.wire, meta.expect.clone(), true, e.hot);
                 }
-                // With `forget_last`, `finish` sends them.
-                if let Some(key) = key.filter(|_| forget > 0) {
-                    for part in meta.parts[replicas..].iter_mut() {
-                        *part = self.forget_on(topology, part.server, key);
-                    }
+            }
+            // With `forget_last`, `finish` sends them.
+            if let Some(key) = key.filter(|_| forget > 0) {
+                for part in meta.parts[replicas..].iter_mut() {
+                    *part = self.forget_on(topology, part.server, key);
                 }
             }
             *e.sent = true;
         }
         match &mut meta.mode {
             MetaMode::Forward | MetaMode::Quorum { .. } => true,
-            MetaMode::Moved(moved) => {
-                if !moved.started {
-                    moved.started = true;
-                    let step = moved.machine.start();
-                    self.meta_moved(topology, moved, &mut meta.parts[0], step, e.hot);
-                }
-                // One step at a time; later requests of the client
-                // wait, so they see the key as the steps left it.
-                while !moved.answered {
-                    let part = &mut meta.parts[0];
-                    part.absorb();
-                    let Some(result) = part.result.take() else {
-                        return false;
-                    };
-                    let step = moved
-                        .machine
-                        .on_reply(result, self.worker.clock.unix_seconds());
-                    self.meta_moved(topology, moved, part, step, e.hot);
-                }
-                true
-            }
             MetaMode::CasThenCopy {
                 machine,
                 copy,
@@ -410,10 +380,11 @@ impl ClientSession {
         }
     }
 
-    /// A classic request on a moved key: its hand-off steps, one at a time.
+    /// A request on a moved key, classic or meta: its hand-off steps, one
+    /// at a time.
     // Only during a hand-off window: kept out of line, as `dispatch_cas`.
     #[inline(never)]
-    fn dispatch_moved(&mut self, mut e: Sending<'_>, moved: &mut MovedWork) -> bool {
+    fn dispatch_moved(&mut self, e: Sending<'_>, moved: &mut MovedWork) -> bool {
         let topology = e.topology;
         if !*e.sent {
             // This client's read-through copies replace their leases first
@@ -421,8 +392,25 @@ impl ClientSession {
             if self.copies.any() {
                 return false;
             }
-            // The older owners lose the key before the machine's first step.
-            if !self.reserve_and_forget_older(&mut e, 1, moved.older.as_mut()) {
+            // Its reply bytes: one line from the owner and from each older
+            // owner, and an `mg … v`'s value.
+            let deletes = OlderForget::len(moved.older.as_ref());
+            let value = match moved.meta.as_ref().is_some_and(|m| m.value) {
+                true => self.estimate.max(MIN_ESTIMATE_BYTES),
+                false => 0,
+            };
+            let cost = || e.bytes.len() + LINE_REPLY_BYTES * (1 + deletes) + value;
+            if !self.reserve_once(e.reserved, cost) {
+                return false;
+            }
+            // The older owners lose the key before the machine's first step:
+            // by `md` for meta, by `delete` for classic.
+            let (machine, meta) = (&moved.machine, moved.meta.is_some());
+            let forget = |server| match meta {
+                true => self.forget_on(topology, server, &machine.key_token()),
+                false => self.delete_on(topology, server, e.request.key(e.bytes, 0)),
+            };
+            if !OlderForget::advance(moved.older.as_mut(), forget) {
                 return false;
             }
             *e.sent = true;
@@ -600,39 +588,6 @@ impl ClientSession {
         true
     }
 
-    /// Sends what a meta hand-off step says on `part`, or keeps its answer
-    /// there. Only the new owner's steps are the write a hot-key guard
-    /// (`hot`) watches.
-    fn meta_moved(
-        &self,
-        topology: &Arc<Topology>,
-        moved: &mut MetaMoved,
-        part: &mut Part,
-        step: Step,
-        hot: Option<&Rc<WriteGuard>>,
-    ) {
-        let ends = (moved.owner, moved.previous);
-        match self.send_step(topology, &mut moved.machine, ends, step, hot, None) {
-            Sent::Part(sent) => *part = sent,
-            Sent::Answer(result) => {
-                part.result = Some(result);
-                moved.answered = true;
-                if let Some(wire) = moved.machine.take_read_copy() {
-                    let (key, base64) = moved.machine.key_token();
-                    let copy = crate::plan::handoff::ReadCopy {
-                        owner: moved.owner,
-                        wire,
-                        source: moved.previous,
-                        key,
-                        base64,
-                        touch: None,
-                    };
-                    copy_check::send(&self.worker, topology, self.lane, copy, &self.copies);
-                }
-            }
-        }
-    }
-
     /// Sends a hand-off step of a moved key between `ends` (its owner and
     /// previous owner), whose part comes back; or the step's answer. `hot`
     /// watches what goes to the new owner, `hot_elsewhere` what goes to the
@@ -757,18 +712,36 @@ impl ClientSession {
         self.send_to(topology, server, &[line.freeze()], &expect, None)
     }
 
-    /// Sends what a hand-off step says, or keeps its answer.
+    /// Sends what a hand-off step says, or keeps its answer. A classic
+    /// write's hot-key guard (`write`) watches what goes to both owners, a
+    /// meta one's only what goes to the new owner.
     fn step(
         &self,
-        topology: &Topology,
+        topology: &Arc<Topology>,
         moved: &mut MovedWork,
         step: Step,
         write: Option<&Rc<WriteGuard>>,
     ) {
         let ends = (moved.owner, moved.previous);
-        match self.send_step(topology, &mut moved.machine, ends, step, write, write) {
+        let elsewhere = write.filter(|_| moved.meta.is_none());
+        match self.send_step(topology, &mut moved.machine, ends, step, write, elsewhere) {
             Sent::Part(part) => moved.part = Some(part),
-            Sent::Answer(result) => moved.answer = Some(result),
+            Sent::Answer(result) => {
+                moved.answer = Some(result);
+                // A meta read-through's copy for the new owner.
+                if let Some(wire) = moved.machine.take_read_copy() {
+                    let (key, base64) = moved.machine.key_token();
+                    let copy = crate::plan::handoff::ReadCopy {
+                        owner: moved.owner,
+                        wire,
+                        source: moved.previous,
+                        key,
+                        base64,
+                        touch: None,
+                    };
+                    copy_check::send(&self.worker, topology, self.lane, copy, &self.copies);
+                }
+            }
         }
     }
 
@@ -880,7 +853,24 @@ impl ClientSession {
                 // waiting for earlier keys stay owed.
                 self.budget.resize(owed, retrieval_owed(in_flight, plan));
             }
-            Work::Moved(_) => {}
+            Work::Moved(moved) => {
+                if let Some(part) = &mut moved.part {
+                    part.absorb();
+                }
+                // As for `Work::Meta`: an `mg … v`'s step replies and its
+                // answer give the estimate.
+                let reply = moved.part.as_ref().and_then(|p| p.result.as_ref());
+                if let (Some(Ok(reply)), true) = (
+                    reply.or(moved.answer.as_ref()),
+                    moved.meta.as_ref().is_some_and(|m| m.value),
+                ) {
+                    if Outcome::of(reply) == Outcome::Va {
+                        estimate = Some(reply.len());
+                    } else if Outcome::of(reply).meta_miss() {
+                        estimate = Some(MIN_ESTIMATE_BYTES);
+                    }
+                }
+            }
             Work::Ready(_) | Work::Stats | Work::StatsReset => {}
         }
         if let Some(estimate) = estimate {
@@ -1118,37 +1108,13 @@ impl ClientSession {
                             None => return false,
                         }
                     }
-                    MetaMode::Moved(moved) => match &meta.parts[0].result {
-                        Some(result) if moved.answered => result.clone(),
-                        _ => return false,
-                    },
                     _ => match &meta.parts[0].result {
                         Some(result) => result.clone(),
                         None => return false,
                     },
                 };
-                if let Some(pairs) = entry.shadow.take() {
-                    shadow::primary_meta_answer(&pairs, &reply);
-                }
-                match reply {
-                    // Empty: `q` suppressed it, as memcached would.
-                    Ok(reply) => {
-                        stats.reply(entry.command, &reply);
-                        if entry.command == Command::MetaGet {
-                            // `mg` misses with `EN`, which `q` hides: an
-                            // empty reply is a quiet miss.
-                            let hit = !Outcome::of(&reply).meta_miss();
-                            entry.topology.figures.retrieval(1, usize::from(hit));
-                        }
-                        if meta.counts_cas {
-                            stats.meta_cas(&reply);
-                        }
-                        if !reply.is_empty() {
-                            self.out.push(reply);
-                        }
-                    }
-                    Err(error) => write_server_error(self.out.scratch(), &error),
-                }
+                let (shadow, counts_cas) = (entry.shadow.take(), meta.counts_cas);
+                write_meta_answer(&mut self.out, stats, entry, shadow, counts_cas, reply);
             }
             Work::Add(add) => {
                 use crate::plan::replicated_add::AddAnswer;
@@ -1190,7 +1156,10 @@ impl ClientSession {
                 let Some(answer) = moved.answer.take() else {
                     return false;
                 };
-                if !noreply {
+                if let Some(meta) = &moved.meta {
+                    let (shadow, counts_cas) = (entry.shadow.take(), meta.counts_cas);
+                    write_meta_answer(&mut self.out, stats, entry, shadow, counts_cas, answer);
+                } else if !noreply {
                     match answer {
                         Ok(reply) => {
                             stats.reply(entry.command, &reply);
@@ -1220,6 +1189,39 @@ impl ClientSession {
             }
         }
         true
+    }
+}
+
+/// Writes a meta command's answer (`reply`) for `entry`, counting it:
+/// nothing when empty (`q` suppressed it, as memcached would).
+fn write_meta_answer(
+    out: &mut OutQueue,
+    stats: &crate::stats::Stats,
+    entry: &Entry,
+    shadow: Option<Box<shadow::Pairs>>,
+    counts_cas: bool,
+    reply: CallResult,
+) {
+    if let Some(pairs) = shadow {
+        shadow::primary_meta_answer(&pairs, &reply);
+    }
+    match reply {
+        Ok(reply) => {
+            stats.reply(entry.command, &reply);
+            if entry.command == Command::MetaGet {
+                // `mg` misses with `EN`, which `q` hides: an empty reply is
+                // a quiet miss.
+                let hit = !Outcome::of(&reply).meta_miss();
+                entry.topology.figures.retrieval(1, usize::from(hit));
+            }
+            if counts_cas {
+                stats.meta_cas(&reply);
+            }
+            if !reply.is_empty() {
+                out.push(reply);
+            }
+        }
+        Err(error) => write_server_error(out.scratch(), &error),
     }
 }
 

@@ -314,6 +314,7 @@ impl ClientSession {
                     older: OlderForget::new(older),
                     part: None,
                     answer: None,
+                    meta: None,
                 }))
             }
         };
@@ -412,8 +413,9 @@ impl ClientSession {
     }
 }
 
-/// The work a meta request placed on servers becomes: a replicated add, or
-/// the request forwarded as its placement says (see [`MetaMode`]).
+/// The work a meta request placed on servers becomes: a replicated add, a
+/// moved key's hand-off steps (as for classic, see [`MovedWork`]), or the
+/// request forwarded as its placement says (see [`MetaMode`]).
 fn meta_work(
     request: &MetaRequest,
     bytes: &Bytes,
@@ -510,18 +512,21 @@ fn meta_work(
             copies_back,
             ..
         } => {
-            older = owners;
             if copies_back {
                 machine.delete_previous_last_too();
             }
-            let work = MetaMoved {
+            return Work::Moved(Box::new(MovedWork {
                 machine: *machine,
                 owner,
                 previous,
-                started: false,
-                answered: false,
-            };
-            (parts(&[owner]), MetaMode::Moved(Box::new(work)))
+                older: OlderForget::new(owners),
+                part: None,
+                answer: None,
+                meta: Some(MovedMeta {
+                    counts_cas: counts_cas(request),
+                    value: brings_value(request),
+                }),
+            }));
         }
         Placement::ReadThrough {
             servers, on_miss, ..
@@ -542,14 +547,8 @@ fn meta_work(
     };
     Work::Meta(spares::meta(MetaWork {
         command: request.command,
-        counts_cas: request.command == MetaCommand::Set
-            && request.compare_cas
-            && matches!(
-                request.mode.map(|m| m.to_ascii_uppercase()),
-                None | Some(b'S')
-            ),
-        // Only `mg` with `v` can bring a large value back.
-        value: request.command == MetaCommand::Get && request.value,
+        counts_cas: counts_cas(request),
+        value: brings_value(request),
         expect,
         wire,
         parts,
@@ -557,6 +556,23 @@ fn meta_work(
         forget_key,
         older: OlderForget::new(older),
     }))
+}
+
+/// An `ms` with `C` in set mode: its reply feeds the `cas_*` stats, as
+/// memcached counts it (other modes with `C` it does not count).
+fn counts_cas(request: &MetaRequest) -> bool {
+    request.command == MetaCommand::Set
+        && request.compare_cas
+        && matches!(
+            request.mode.map(|m| m.to_ascii_uppercase()),
+            None | Some(b'S')
+        )
+}
+
+/// Whether the reply may carry a stored value: only `mg` with `v` can bring
+/// a large value back.
+fn brings_value(request: &MetaRequest) -> bool {
+    request.command == MetaCommand::Get && request.value
 }
 
 /// How a meta request on one owner is answered: as the owner answers, or,

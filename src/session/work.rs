@@ -103,7 +103,8 @@ pub(super) enum Work {
         /// answered (see [`retrieval_owed`]).
         owed: Reservation,
     },
-    /// A command on a moved key (hand-off), one step at a time.
+    /// A command on a moved key (hand-off), classic or meta, one step at
+    /// a time.
     Moved(Box<MovedWork>),
     /// An `add` with replicas (classic, or meta `ms … ME`).
     Add(Box<AddWork>),
@@ -123,6 +124,9 @@ pub(super) struct AddWork {
     pub(super) parts: SmallVec<[Part; 2]>,
 }
 
+/// A command on a moved key in progress, in either dialect: the
+/// hand-off's machine (see `handoff::Moved`) knows the dialect's requests;
+/// `meta` says how a meta command's answer is written.
 pub(super) struct MovedWork {
     pub(super) machine: Moved,
     pub(super) owner: usize,
@@ -133,6 +137,19 @@ pub(super) struct MovedWork {
     /// The step waiting for its reply.
     pub(super) part: Option<Part>,
     pub(super) answer: Option<CallResult>,
+    /// How the client asked: classic (`None`), or meta.
+    pub(super) meta: Option<MovedMeta>,
+}
+
+/// What a meta command on a moved key adds to its work: how its answer is
+/// counted and reserved for. The older owners lose the key by `md` (by
+/// `delete` for classic), and the answer is written only when not empty
+/// (`q` hid it).
+pub(super) struct MovedMeta {
+    /// As [`MetaWork::counts_cas`].
+    pub(super) counts_cas: bool,
+    /// As [`MetaWork::value`].
+    pub(super) value: bool,
 }
 
 /// A replicated `cas` (see `placement::Placement::CasThenCopy`).
@@ -274,9 +291,6 @@ pub(super) enum MetaMode {
         next: usize,
         on_miss: bool,
     },
-    /// A meta command on a moved key, run by the hand-off's state machine
-    /// (see `handoff::Moved`): the part is its step under way.
-    Moved(Box<MetaMoved>),
     /// A command on one owner that removes a hand-off lease it meets and
     /// runs again (see `lease_retry::LeaseRetry`): the part is its step
     /// under way.
@@ -299,17 +313,6 @@ impl MetaMode {
             _ => &mut [],
         }
     }
-}
-
-/// A meta command on a moved key in progress.
-pub(super) struct MetaMoved {
-    pub(super) machine: Moved,
-    pub(super) owner: usize,
-    pub(super) previous: usize,
-    /// The machine's first step is sent.
-    pub(super) started: bool,
-    /// The machine has answered (the part holds the answer).
-    pub(super) answered: bool,
 }
 
 /// How the parts' one-line replies become the client's reply.
