@@ -238,7 +238,6 @@ fn route_of(entry: &Entry) -> (Option<&str>, &'static str) {
                 MetaMode::Forward => "owner",
                 MetaMode::Quorum { .. } | MetaMode::CasThenCopy { .. } => "replicas",
                 MetaMode::ReadThrough { .. } => "read_through",
-                MetaMode::Moved(_) => "handoff",
                 MetaMode::Leased(_) => "lease_retry",
             };
             (first(&meta.parts), path)
