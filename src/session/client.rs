@@ -560,7 +560,9 @@ impl ClientSession {
                 let took = now.saturating_sub(entry.started);
                 self.worker.latency.observe(entry.command, took);
                 if let Some(from) = reply_from {
-                    self.log_request(&entry, from, took, now);
+                    if self.worker.request_log.may_log(took) {
+                        self.log_request(&entry, from, took, now);
+                    }
                 }
             }
             spares::keep(entry.work);

@@ -108,6 +108,14 @@ impl RequestLog {
         }
     }
 
+    /// Whether a request that took `took` ns may be logged: inline, so a
+    /// log that is on and finds nothing slow (no sampling, no `errors`)
+    /// costs the request path one comparison, not a call.
+    #[inline]
+    pub(super) fn may_log(&self, took: u64) -> bool {
+        took >= self.slow_nanos || self.errors || self.sample_below.is_some()
+    }
+
     /// The next sampling draw: xorshift64, a few instructions.
     fn next_draw(&self) -> u64 {
         let mut x = self.draw.get();
