@@ -580,7 +580,11 @@ fn php_memcache_and_memring_find_each_others_keys_crc32_and_fnv_with_weights() {
             started.elapsed().as_secs_f64()
         );
         assert_eq!(spread.iter().sum::<usize>(), KEYS, "each key on one server");
-        if count > 1 {
+        // With fnv, PHP's points of similar names ("127.0.0.1:<port>-<i>")
+        // cluster: among 25 servers one may own no bucket at all, in PHP as
+        // in memring (seen once: 3 000/3 000 agreed both ways, one server
+        // empty). Only crc32 spreads every server's points.
+        if count > 1 && hash == "crc32" {
             assert!(spread.iter().all(|&n| n > 0), "{spread:?}");
         }
         assert_eq!(there, KEYS, "keys PHP wrote, read through memring");
