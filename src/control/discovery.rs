@@ -236,13 +236,7 @@ async fn pool_round(publisher: &Publisher, episodes: &mut Episodes) {
     // older than what was written while it was out.
     let topology = publisher.shared().load_full();
     let joining = config.with_servers(found.clone());
-    // Blocking connects, on a thread of their own.
-    let (done, flushed) = tokio::sync::oneshot::channel();
-    std::thread::spawn(move || {
-        crate::control::newcomers::flush_newcomers(&topology, &joining);
-        let _ = done.send(());
-    });
-    let _ = flushed.await;
+    crate::control::newcomers::flush_newcomers_off_thread(topology, joining).await;
     // A reload may have published meanwhile: apply to what is in force,
     // if it still discovers from the same records.
     let latest = publisher.shared().load().config.clone();

@@ -698,12 +698,7 @@ async fn apply(
         // Nor is one that warmed and now turns ACTIVE.
         let warmed = |name: &str| config.servers.iter().any(|c| c.name == name && c.warming);
         joining.servers.retain(|s| !s.warming && !warmed(&s.name));
-        let (done, flushed) = tokio::sync::oneshot::channel();
-        std::thread::spawn(move || {
-            crate::control::newcomers::flush_newcomers(&topology, &joining);
-            let _ = done.send(());
-        });
-        let _ = flushed.await;
+        crate::control::newcomers::flush_newcomers_off_thread(topology, joining).await;
         let latest = publisher.shared().load().config.clone();
         let file = file_servers(publisher);
         let from_store = members.servers(&file);

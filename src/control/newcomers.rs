@@ -49,6 +49,21 @@ pub(crate) fn flush_newcomers(topology: &crate::pools::topology::Topology, confi
     }
 }
 
+/// [`flush_newcomers`] on a thread of its own (the connects block), awaited
+/// by the control task that publishes after it: discovery and the etcd
+/// watch both flush before they publish.
+pub(crate) async fn flush_newcomers_off_thread(
+    topology: std::sync::Arc<crate::pools::topology::Topology>,
+    config: Config,
+) {
+    let (done, flushed) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        flush_newcomers(&topology, &config);
+        let _ = done.send(());
+    });
+    let _ = flushed.await;
+}
+
 /// Flushes every server of `config`'s pool, each over a connection of its
 /// own; the failures, named, in one message. For a shadow pool that is to
 /// serve keys after losing some of their writes (see `control/reload.rs`).

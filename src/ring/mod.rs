@@ -7,7 +7,7 @@
 //!
 //! A *flavour* decides how points are named and hashed, how many a server gets
 //! for its weight, and how a key is hashed; everything else (the sorted array,
-//! the binary search, the clockwise replica walk, shares and moved shares) is
+//! the bucketed search, the clockwise replica walk, shares and moved shares) is
 //! shared by every flavour here:
 //! - [`memring`]: memring's own ring (xxh3, 160 points per unit of weight);
 //! - [`twemproxy`]: twemproxy (nutcracker) 0.5 ketama, with its key hashes in
