@@ -99,16 +99,6 @@ async fn signalled() {
 
 async fn agent(args: MemberArgs) -> anyhow::Result<()> {
     let key = member_key(&args.prefix, &args.name);
-    let stop = signalled();
-    tokio::pin!(stop);
-    // memcached first: a member that cannot serve is not registered.
-    tokio::select! {
-        waited = wait_for_memcached(&args) => waited?,
-        _ = &mut stop => {
-            tracing::info!(member = %args.name, "stopped before memcached answered; nothing registered");
-            return Ok(());
-        }
-    }
     let mut record = MemberRecord {
         addr: args.addr.clone(),
         weight: args.weight,
@@ -120,6 +110,19 @@ async fn agent(args: MemberArgs) -> anyhow::Result<()> {
         zone: args.zone.clone(),
         tls: args.tls,
     };
+    // What every sidecar would refuse is refused here, before it is stored.
+    MemberRecord::parse(record.to_json().as_bytes())
+        .map_err(|e| anyhow::anyhow!("member {}: {e}", args.name))?;
+    let stop = signalled();
+    tokio::pin!(stop);
+    // memcached first: a member that cannot serve is not registered.
+    tokio::select! {
+        waited = wait_for_memcached(&args) => waited?,
+        _ = &mut stop => {
+            tracing::info!(member = %args.name, "stopped before memcached answered; nothing registered");
+            return Ok(());
+        }
+    }
     let active_at = Instant::now() + args.warm;
     // Set on the signal: when the drain ends.
     let mut leave_at: Option<Instant> = None;

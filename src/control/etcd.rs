@@ -65,8 +65,9 @@ struct Entry {
 #[derive(Debug, Default)]
 pub(crate) struct Members {
     entries: BTreeMap<String, Entry>,
-    /// Keys whose bad value was logged, with that value (logged once).
-    bad: HashMap<String, Vec<u8>>,
+    /// Keys whose bad value was logged, with that value's hash (logged
+    /// once; a hash, so a store full of large bad values costs no copies).
+    bad: HashMap<String, u64>,
     /// The etcd revision these members are at.
     revision: i64,
     /// Members left out for sharing an addr, as logged (logged once).
@@ -149,9 +150,10 @@ impl Members {
     }
 
     fn ignore(&mut self, key: &str, value: &[u8], why: &str) {
-        if self.bad.get(key).map(Vec::as_slice) != Some(value) {
+        let hash = twox_hash::XxHash3_64::oneshot(value);
+        if self.bad.get(key) != Some(&hash) {
             tracing::warn!("etcd: {key}: ignored: {why}; the ring keeps what it had for it");
-            self.bad.insert(key.to_string(), value.to_vec());
+            self.bad.insert(key.to_string(), hash);
         }
     }
 

@@ -65,12 +65,21 @@ pub enum RecordError {
     Weight(u32),
     #[error("member name is empty")]
     EmptyName,
+    #[error("{0} bytes; a member record is at most {MAX_RECORD_BYTES}")]
+    TooLarge(usize),
 }
+
+/// The largest record taken: a record is about a hundred bytes, and what it
+/// holds (a name, an address, a zone) ends up in `stats` lines and logs.
+pub const MAX_RECORD_BYTES: usize = 4096;
 
 impl MemberRecord {
     /// Reads a record from an etcd value. A value that is not JSON, lacks
     /// `addr` or names an unknown `state` is an error, never a default.
     pub fn parse(value: &[u8]) -> Result<MemberRecord, RecordError> {
+        if value.len() > MAX_RECORD_BYTES {
+            return Err(RecordError::TooLarge(value.len()));
+        }
         let record: MemberRecord =
             serde_json::from_slice(value).map_err(|e| RecordError::Json(e.to_string()))?;
         if record.addr.trim().is_empty() {
@@ -150,6 +159,11 @@ mod tests {
             br#"{"addr":"a:1","state":"ACTIVE","weight":0}"#,
             br#"{"addr":"a:1","state":"ACTIVE","weight":-1}"#,
             br#"["a:1"]"#,
+            format!(
+                r#"{{"addr":"a:1","state":"ACTIVE","zone":"{}"}}"#,
+                "z".repeat(5000)
+            )
+            .as_bytes(),
         ] {
             assert!(
                 MemberRecord::parse(bad).is_err(),

@@ -245,6 +245,15 @@ fn the_agent_refuses_bad_flags_clearly() {
     ]);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("--name \"a/b\""), "{stderr}");
+    // A record every sidecar would ignore is refused before memcached is
+    // waited for (nothing listens on port 1: a wait would never end).
+    let zone = "z".repeat(5000);
+    let (code, stderr) = run(&[&base[..], &["--prefix", "/p/", "--zone", &zone]].concat());
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("a member record is at most 4096"),
+        "{stderr}"
+    );
 }
 
 #[test]
