@@ -8,6 +8,7 @@ use std::path::Path;
 
 use crate::common::{replace_by_rename, wait_for, Client, Memcached, Proxy, TempDir};
 use memring::config::Config;
+use memring::protocol::ReplyKind;
 use memring::ring::Ring;
 
 fn name_of(server: &Memcached) -> String {
@@ -469,4 +470,60 @@ fn warming_during_a_hand_off_window_keeps_every_value() {
             "{key} ({what}): {got:?}"
         );
     }
+}
+
+/// Warming × meta quiet mode and × the near cache: a quiet write reaches the
+/// warming server and says nothing, a quiet delete removes the key there,
+/// and a near-cached hot key written while the server warms is written to
+/// it and read back new.
+#[test]
+fn quiet_meta_writes_and_a_near_cached_key_reach_a_warming_server() {
+    let dir = TempDir::new("warming", "quiet-near");
+    let servers: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
+    let (a, b, w) = (&servers[0], &servers[1], &servers[2]);
+    let settings = "handoff_ms = 60000\nhot_key_window_ms = 100\nhot_key_cache_ms = 60000";
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, config(&[a, b], &[w], settings)).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let after = ring_of(&config(&[a, b, w], &[], ""));
+    let theirs: Vec<String> = (0..2000)
+        .map(|i| format!("quiet:{i}"))
+        .filter(|k| replicas_of(&after, k, 1)[0] == name_of(w))
+        .take(60)
+        .collect();
+    assert_eq!(theirs.len(), 60);
+    let mut client = proxy.client();
+
+    // Quiet sets: only the `mn` answers, and every value reached it.
+    let mut batch = Vec::new();
+    for key in &theirs {
+        batch.extend_from_slice(format!("ms {key} 2 q\r\nv1\r\n").as_bytes());
+    }
+    batch.extend_from_slice(b"mn\r\n");
+    client.send(&batch);
+    assert_eq!(client.reply(ReplyKind::Line), b"MN\r\n");
+    // Quiet deletes of the first ten: gone there too.
+    let mut batch = Vec::new();
+    for key in &theirs[..10] {
+        batch.extend_from_slice(format!("md {key} q\r\n").as_bytes());
+    }
+    batch.extend_from_slice(b"mn\r\n");
+    client.send(&batch);
+    assert_eq!(client.reply(ReplyKind::Line), b"MN\r\n");
+
+    // A hot key, near-cached, then written.
+    let hot = &theirs[20];
+    wait_for("the hot key's near-cache hits", || {
+        for _ in 0..200 {
+            assert_eq!(client.get(hot), Some(b"v1".to_vec()));
+        }
+        client.stat("near_cache_hits") > 0
+    });
+    assert_eq!(client.set(hot, b"v2"), b"STORED\r\n");
+    assert_eq!(client.get(hot), Some(b"v2".to_vec()), "no near-cached v1");
+
+    assert_eq!(stat(w, "cmd_get"), 0, "a warming server serves no reads");
+    assert_eq!(held_by(w, &theirs[..10]), 0, "quiet deletes reached it");
+    assert_eq!(held_by(w, &theirs[10..]), 50, "quiet sets reached it");
+    assert_eq!(w.client().get(hot), Some(b"v2".to_vec()));
 }
