@@ -59,7 +59,7 @@ pub mod tag;
 use memchr::memchr;
 
 pub use super::base64_key::{decode_key, encode_key, DecodedKey};
-use super::request::{is_valid_key, Rejection, Span, StaleKey};
+use super::request::{frame_line, is_valid_key, FramedLine, Rejection, Span, StaleKey};
 use super::{Limits, ParseError, MAX_DECLARED_VALUE_BYTES, MAX_KEY_BYTES};
 
 /// The six meta commands.
@@ -244,25 +244,13 @@ pub fn is_meta_request(buf: &[u8]) -> bool {
 /// # Errors
 /// See [`Rejection`] and the module doc.
 pub fn parse_meta(buf: &[u8], limits: &Limits) -> MetaParseResult {
-    let bound = limits.max_line_bytes;
-    let newline = match memchr(b'\n', &buf[..buf.len().min(bound + 1)]) {
-        Some(position) => position,
-        None if buf.len() > bound => {
-            return Err(Rejection::line(ParseError::LineTooLong, buf.len(), false))
-        }
-        None => return Ok(None),
+    let Some(FramedLine {
+        content_end,
+        line_len,
+    }) = frame_line(buf, limits)?
+    else {
+        return Ok(None);
     };
-    let line_len = newline + 1;
-    // memcached accepts a bare `\n` as well as `\r\n`.
-    let mut content_end = if newline > 0 && buf[newline - 1] == b'\r' {
-        newline - 1
-    } else {
-        newline
-    };
-    // memcached tokenizes the line as a C string: a NUL ends it.
-    if let Some(nul) = memchr(0, &buf[..content_end]) {
-        content_end = nul;
-    }
     let line = &buf[..content_end];
     let reject = |error| Err(Rejection::line(error, line_len, false));
 
@@ -366,13 +354,25 @@ pub fn parse_meta(buf: &[u8], limits: &Limits) -> MetaParseResult {
     request.mode = scan.mode;
     request.backend_error = scan.error;
 
-    let Some(data_len) = request.data_len else {
+    if request.data_len.is_none() {
         if scan.undecodable {
             return reject(scan.error.unwrap_or(ParseError::KeyDecode));
         }
         return Ok(Some((request, line_len)));
-    };
-    let data_len = data_len as usize;
+    }
+    with_value(request, key, &scan, buf, limits)
+}
+
+/// An `ms` line parsed: its value is taken (or refused and swallowed) here.
+fn with_value(
+    mut request: MetaRequest,
+    key: Span,
+    scan: &FlagScan,
+    buf: &[u8],
+    limits: &Limits,
+) -> MetaParseResult {
+    let line_len = request.line_len as usize;
+    let data_len = request.data_len.unwrap_or(0) as usize;
     let swallow = |error| {
         // memcached 1.6.18 removes the key of an `ms` too large for the
         // cache, whatever its mode (probed), unless a flag error came first.

@@ -162,73 +162,30 @@ pub fn parse_request_reusing(buf: &[u8], limits: &Limits, spare: &mut Keys) -> P
             false,
         ));
     }
-    let line_bound = if starts_like_retrieval(buf, limits.max_line_bytes) {
-        limits.max_get_line_bytes
-    } else {
-        limits.max_line_bytes
+    let Some(FramedLine {
+        content_end,
+        line_len,
+    }) = frame_line(buf, limits)?
+    else {
+        return Ok(None);
     };
-    // memcached reads the line as a C string: a NUL ends its content there,
-    // and the line still ends at its newline. One pass finds whichever comes
-    // first; only a line with a NUL needs a second.
-    let window = &buf[..buf.len().min(line_bound + 1)];
-    let (newline, nul) = match memchr2(b'\n', 0, window) {
-        Some(at) if window[at] == b'\n' => (Some(at), None),
-        Some(at) => (memchr(b'\n', &window[at..]).map(|n| at + n), Some(at)),
-        None => (None, None),
-    };
-    let newline = match newline {
-        Some(position) => position,
-        None if buf.len() > line_bound => {
-            return Err(Rejection::line(ParseError::LineTooLong, buf.len(), false))
-        }
-        None => return Ok(None),
-    };
-    let line_len = newline + 1;
-    // memcached accepts a bare `\n` as well as `\r\n`.
-    let content_end = if newline > 0 && buf[newline - 1] == b'\r' {
-        newline - 1
-    } else {
-        newline
-    };
-    let content_end = nul.map_or(content_end, |nul| nul.min(content_end));
     let line = &buf[..content_end];
 
     let mut tokens = Tokens { line, at: 0 };
     let Some(command_token) = tokens.next() else {
         return Err(Rejection::line(ParseError::UnknownCommand, line_len, false));
     };
-    let command = match command_token.of(line) {
-        b"get" => Command::Get,
-        b"gets" => Command::Gets,
-        b"gat" => Command::Gat,
-        b"gats" => Command::Gats,
-        b"set" => Command::Set,
-        b"add" => Command::Add,
-        b"replace" => Command::Replace,
-        b"append" => Command::Append,
-        b"prepend" => Command::Prepend,
-        b"cas" => Command::Cas,
-        b"delete" => Command::Delete,
-        b"incr" => Command::Incr,
-        b"decr" => Command::Decr,
-        b"touch" => Command::Touch,
-        b"version" => Command::Version,
-        b"verbosity" => Command::Verbosity,
-        b"flush_all" => Command::FlushAll,
-        b"stats" => Command::Stats,
-        b"quit" => Command::Quit,
-        name => {
-            let error = if looks_like_http(name, line) {
-                ParseError::HttpRequest
-            } else {
-                ParseError::UnknownCommand
-            };
-            return Err(Rejection::line(
-                error,
-                line_len,
-                error == ParseError::HttpRequest,
-            ));
-        }
+    let Some(command) = command_named(command_token.of(line)) else {
+        let error = if looks_like_http(command_token.of(line), line) {
+            ParseError::HttpRequest
+        } else {
+            ParseError::UnknownCommand
+        };
+        return Err(Rejection::line(
+            error,
+            line_len,
+            error == ParseError::HttpRequest,
+        ));
     };
     let line_end = LineEnd {
         line_len,
@@ -307,6 +264,81 @@ pub fn parse_request_reusing(buf: &[u8], limits: &Limits, spare: &mut Keys) -> P
         | Command::MetaNoop
         | Command::MetaDebug => Err(Rejection::line(ParseError::UnknownCommand, line_len, false)),
     }
+}
+
+/// Where the request line at the start of `buf` ends.
+pub(crate) struct FramedLine {
+    /// The end of its content: before `\r\n` or `\n`, or at a NUL.
+    pub(crate) content_end: usize,
+    /// Its length with the newline.
+    pub(crate) line_len: usize,
+}
+
+/// Finds the request line at the start of `buf`: `None` until its newline
+/// arrives, a rejection past the line bound (a retrieval's is longer). Both
+/// dialects frame their lines here.
+#[inline]
+pub(crate) fn frame_line(buf: &[u8], limits: &Limits) -> Result<Option<FramedLine>, Rejection> {
+    let line_bound = if starts_like_retrieval(buf, limits.max_line_bytes) {
+        limits.max_get_line_bytes
+    } else {
+        limits.max_line_bytes
+    };
+    // memcached reads the line as a C string: a NUL ends its content there,
+    // and the line still ends at its newline. One pass finds whichever comes
+    // first; only a line with a NUL needs a second.
+    let window = &buf[..buf.len().min(line_bound + 1)];
+    let (newline, nul) = match memchr2(b'\n', 0, window) {
+        Some(at) if window[at] == b'\n' => (Some(at), None),
+        Some(at) => (memchr(b'\n', &window[at..]).map(|n| at + n), Some(at)),
+        None => (None, None),
+    };
+    let newline = match newline {
+        Some(position) => position,
+        None if buf.len() > line_bound => {
+            return Err(Rejection::line(ParseError::LineTooLong, buf.len(), false))
+        }
+        None => return Ok(None),
+    };
+    let line_len = newline + 1;
+    // memcached accepts a bare `\n` as well as `\r\n`.
+    let content_end = if newline > 0 && buf[newline - 1] == b'\r' {
+        newline - 1
+    } else {
+        newline
+    };
+    let content_end = nul.map_or(content_end, |nul| nul.min(content_end));
+    Ok(Some(FramedLine {
+        content_end,
+        line_len,
+    }))
+}
+
+/// The classic command a request line names, if any.
+#[inline]
+fn command_named(name: &[u8]) -> Option<Command> {
+    Some(match name {
+        b"get" => Command::Get,
+        b"gets" => Command::Gets,
+        b"gat" => Command::Gat,
+        b"gats" => Command::Gats,
+        b"set" => Command::Set,
+        b"add" => Command::Add,
+        b"replace" => Command::Replace,
+        b"append" => Command::Append,
+        b"prepend" => Command::Prepend,
+        b"cas" => Command::Cas,
+        b"delete" => Command::Delete,
+        b"incr" => Command::Incr,
+        b"decr" => Command::Decr,
+        b"touch" => Command::Touch,
+        b"version" => Command::Version,
+        b"verbosity" => Command::Verbosity,
+        b"flush_all" => Command::FlushAll,
+        b"stats" => Command::Stats,
+        b"quit" => Command::Quit,
+        _ => return None,
+    })
 }
 
 /// One part of a retrieval line longer than [`Limits::max_get_line_bytes`]:
