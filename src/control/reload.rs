@@ -100,79 +100,10 @@ impl Reloader {
     /// twice in a row is returned once, then [`Outcome::Unchanged`].
     pub fn reload(&mut self) -> Result<Outcome, ConfigError> {
         let shown = self.path.display().to_string();
-        // A regular file within the cap, or an error at once: a FIFO in its
-        // place must not stop this and every later reload.
-        let read = crate::inputs::regular_file::read_to_string(
-            &self.path,
-            crate::inputs::regular_file::MAX_CONFIG_FILE_BYTES,
-        );
-        let text = match read {
-            Ok(text) => text,
-            Err(source) => {
-                let seen = Seen::ReadError(source.to_string());
-                if self.last_seen.as_ref() == Some(&seen) {
-                    return Ok(Outcome::Unchanged);
-                }
-                self.last_seen = Some(seen);
-                return Err(ConfigError::Read {
-                    path: shown,
-                    source,
-                });
-            }
-        };
-        // The same text (good or bad) has been dealt with already.
-        let seen = Seen::Text(text);
-        if self.last_seen.as_ref() == Some(&seen) {
+        let Some(config) = self.parse_new_text(&shown)? else {
             return Ok(Outcome::Unchanged);
-        }
-        let Seen::Text(text) = self.last_seen.insert(seen) else {
-            unreachable!("just stored a text")
         };
-        let mut config = Config::parse_and_resolve(text, &shown)?;
-        // Started with the default state file (the binary), the file's
-        // silence means that default again.
-        if self.started.state_file.is_some() {
-            config = config.with_default_state_file(&self.path);
-        }
-        if let Some(source) = &config.discovery.source {
-            // The file lists no servers: DNS does. The same records keep the
-            // list in force; other records are asked now.
-            let running = self
-                .pools
-                .publisher(crate::config::DEFAULT_POOL)
-                .map(|p| p.shared().load().config.clone());
-            let found = match running {
-                Some(running)
-                    if running.discovery.source == config.discovery.source
-                        && running.discovery.dns == config.discovery.dns
-                        && !running.servers.is_empty() =>
-                {
-                    running.servers.clone()
-                }
-                _ => crate::control::discovery::servers_blocking(
-                    source,
-                    config.discovery.dns,
-                    config.discovery.tls,
-                )
-                .map_err(|e| ConfigError::Discovery {
-                    path: shown.clone(),
-                    message: format!("{source}: {e}"),
-                })?,
-            };
-            config = config.with_servers(found);
-        }
-        if config.discovery.etcd.is_some() {
-            // etcd's members stay beside the file's servers.
-            if let Some(publisher) = self.pools.publisher(crate::config::DEFAULT_POOL) {
-                let mut servers = config.servers.clone();
-                for member in publisher.store_servers() {
-                    if !servers.iter().any(|s| s.name == member.name) {
-                        servers.push(member);
-                    }
-                }
-                config = config.with_servers(servers);
-            }
-        }
+        let config = self.with_discovered_servers(config, &shown)?;
         if config == self.current {
             return Ok(Outcome::Unchanged);
         }
@@ -216,66 +147,8 @@ impl Reloader {
         // left from when it served them before: they are deleted from it
         // first (its other keys keep their values), unless it is the
         // complete shadow of the pool they leave, or flushed above.
-        let complete = self.pools.promotions(&config);
-        let mut entering: Vec<Entering> = Vec::new();
-        for (from, to) in self.pools.moves(&config) {
-            if flushes.iter().any(|(pool, _)| *pool == to) {
-                continue;
-            }
-            let shadowed = complete
-                .iter()
-                .any(|p| *p.primary == *from && *p.shadow == to && p.complete());
-            let at = match entering.iter().position(|e| e.pool == to) {
-                Some(at) => at,
-                None => {
-                    entering.push(Entering {
-                        pool: to,
-                        taken: Vec::new(),
-                        exempt: Vec::new(),
-                    });
-                    entering.len() - 1
-                }
-            };
-            let entry = &mut entering[at];
-            if shadowed {
-                entry.exempt.push(from);
-            } else {
-                entry.taken.push(from);
-            }
-        }
-        for (pool, why) in &flushes {
-            if let Err(e) = self.pools.flush_for(pool, &config) {
-                // Tried again on the next event, as for a shortage.
-                self.last_seen = None;
-                return Err(ConfigError::Refused {
-                    path: shown,
-                    message: format!("pool {pool} {why}, and could not be flushed first: {e}"),
-                });
-            }
-            tracing::warn!("pool {pool}: {why}: flushed first, so it holds no older value");
-        }
-        for Entering {
-            pool,
-            taken,
-            exempt,
-        } in entering.iter().filter(|e| !e.taken.is_empty())
-        {
-            let from = taken.join(", pool ");
-            match self.pools.delete_moved_into(pool, &config, exempt) {
-                Ok(deleted) => tracing::warn!(
-                    "pool {pool}: takes keys of pool {from} from now on, and may hold older values of them from before: deleted {deleted} of them first, so it holds no older value"
-                ),
-                Err(e) => {
-                    self.last_seen = None;
-                    return Err(ConfigError::Refused {
-                        path: shown,
-                        message: format!(
-                            "pool {pool} takes keys of pool {from} from now on, and may hold older values of them from before; they could not be deleted first (lru_crawler metadump, memcached 1.4.31 and later): {e}"
-                        ),
-                    });
-                }
-            }
-        }
+        let entering = self.pools_entering(&config, &flushes);
+        self.clear_before_moves(&shown, &config, &flushes, &entering)?;
         // Unchanged servers keep their backends and open connections.
         let limit_before = self.pools.default_publisher().client_limit();
         let Applied {
@@ -312,6 +185,176 @@ impl Reloader {
             client_limit,
             pools: others,
         })
+    }
+
+    /// The file's config, parsed, or `None` when it holds what the last
+    /// reload saw (good or bad).
+    fn parse_new_text(&mut self, shown: &str) -> Result<Option<Config>, ConfigError> {
+        // A regular file within the cap, or an error at once: a FIFO in its
+        // place must not stop this and every later reload.
+        let read = crate::inputs::regular_file::read_to_string(
+            &self.path,
+            crate::inputs::regular_file::MAX_CONFIG_FILE_BYTES,
+        );
+        let text = match read {
+            Ok(text) => text,
+            Err(source) => {
+                let seen = Seen::ReadError(source.to_string());
+                if self.last_seen.as_ref() == Some(&seen) {
+                    return Ok(None);
+                }
+                self.last_seen = Some(seen);
+                return Err(ConfigError::Read {
+                    path: shown.to_string(),
+                    source,
+                });
+            }
+        };
+        // The same text (good or bad) has been dealt with already.
+        let seen = Seen::Text(text);
+        if self.last_seen.as_ref() == Some(&seen) {
+            return Ok(None);
+        }
+        let Seen::Text(text) = self.last_seen.insert(seen) else {
+            unreachable!("just stored a text")
+        };
+        let mut config = Config::parse_and_resolve(text, shown)?;
+        // Started with the default state file (the binary), the file's
+        // silence means that default again.
+        if self.started.state_file.is_some() {
+            config = config.with_default_state_file(&self.path);
+        }
+        Ok(Some(config))
+    }
+
+    /// `config` with the servers DNS discovers (the records in force keep
+    /// the list in force; other records are asked now) and etcd's members
+    /// beside the file's.
+    fn with_discovered_servers(
+        &self,
+        mut config: Config,
+        shown: &str,
+    ) -> Result<Config, ConfigError> {
+        if let Some(source) = &config.discovery.source {
+            // The file lists no servers: DNS does. The same records keep the
+            // list in force; other records are asked now.
+            let running = self
+                .pools
+                .publisher(crate::config::DEFAULT_POOL)
+                .map(|p| p.shared().load().config.clone());
+            let found = match running {
+                Some(running)
+                    if running.discovery.source == config.discovery.source
+                        && running.discovery.dns == config.discovery.dns
+                        && !running.servers.is_empty() =>
+                {
+                    running.servers.clone()
+                }
+                _ => crate::control::discovery::servers_blocking(
+                    source,
+                    config.discovery.dns,
+                    config.discovery.tls,
+                )
+                .map_err(|e| ConfigError::Discovery {
+                    path: shown.to_string(),
+                    message: format!("{source}: {e}"),
+                })?,
+            };
+            config = config.with_servers(found);
+        }
+        if config.discovery.etcd.is_some() {
+            // etcd's members stay beside the file's servers.
+            if let Some(publisher) = self.pools.publisher(crate::config::DEFAULT_POOL) {
+                let mut servers = config.servers.clone();
+                for member in publisher.store_servers() {
+                    if !servers.iter().any(|s| s.name == member.name) {
+                        servers.push(member);
+                    }
+                }
+                config = config.with_servers(servers);
+            }
+        }
+        Ok(config)
+    }
+
+    /// The pools that take keys of other pools under `config`, each with
+    /// the pools it takes them from. A pool flushed first (`flushes`) is
+    /// left out; a complete shadow of the pool it takes from is exempt.
+    fn pools_entering(&self, config: &Config, flushes: &[(String, String)]) -> Vec<Entering> {
+        let complete = self.pools.promotions(config);
+        let mut entering: Vec<Entering> = Vec::new();
+        for (from, to) in self.pools.moves(config) {
+            if flushes.iter().any(|(pool, _)| *pool == to) {
+                continue;
+            }
+            let shadowed = complete
+                .iter()
+                .any(|p| *p.primary == *from && *p.shadow == to && p.complete());
+            let at = match entering.iter().position(|e| e.pool == to) {
+                Some(at) => at,
+                None => {
+                    entering.push(Entering {
+                        pool: to,
+                        taken: Vec::new(),
+                        exempt: Vec::new(),
+                    });
+                    entering.len() - 1
+                }
+            };
+            let entry = &mut entering[at];
+            if shadowed {
+                entry.exempt.push(from);
+            } else {
+                entry.taken.push(from);
+            }
+        }
+        entering
+    }
+
+    /// Flushes the pools in `flushes` and deletes, from each pool in
+    /// `entering`, the keys it takes from others: so no pool serves a value
+    /// older than its new keys' current ones. Refused if either fails.
+    fn clear_before_moves(
+        &mut self,
+        shown: &str,
+        config: &Config,
+        flushes: &[(String, String)],
+        entering: &[Entering],
+    ) -> Result<(), ConfigError> {
+        for (pool, why) in flushes {
+            if let Err(e) = self.pools.flush_for(pool, config) {
+                // Tried again on the next event, as for a shortage.
+                self.last_seen = None;
+                return Err(ConfigError::Refused {
+                    path: shown.to_string(),
+                    message: format!("pool {pool} {why}, and could not be flushed first: {e}"),
+                });
+            }
+            tracing::warn!("pool {pool}: {why}: flushed first, so it holds no older value");
+        }
+        for Entering {
+            pool,
+            taken,
+            exempt,
+        } in entering.iter().filter(|e| !e.taken.is_empty())
+        {
+            let from = taken.join(", pool ");
+            match self.pools.delete_moved_into(pool, config, exempt) {
+                Ok(deleted) => tracing::warn!(
+                    "pool {pool}: takes keys of pool {from} from now on, and may hold older values of them from before: deleted {deleted} of them first, so it holds no older value"
+                ),
+                Err(e) => {
+                    self.last_seen = None;
+                    return Err(ConfigError::Refused {
+                        path: shown.to_string(),
+                        message: format!(
+                            "pool {pool} takes keys of pool {from} from now on, and may hold older values of them from before; they could not be deleted first (lru_crawler metadump, memcached 1.4.31 and later): {e}"
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Reloads and logs the result in one line (two when a restart is needed).
