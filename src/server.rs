@@ -97,18 +97,7 @@ pub async fn start_within(
         )?)),
         None => None,
     };
-    let tls_listener = match &config.tls_listen {
-        Some(tls) => {
-            let acceptor = crate::tls::Acceptor::new(&tls.files).map_err(|e| {
-                io::Error::new(io::ErrorKind::InvalidInput, format!("tls_listen: {e}"))
-            })?;
-            let listener =
-                listen(tls.addr).map_err(|e| bind_error("tls_listen.addr", &tls.addr, e))?;
-            crate::tls::watch(acceptor.clone(), shutdown.clone());
-            Some((listener, acceptor))
-        }
-        None => None,
-    };
+    let tls_listener = tls_listener(config, &shutdown)?;
     let tls_addr = match &tls_listener {
         Some((listener, _)) => Some(listener.local_addr()?),
         None => None,
@@ -168,26 +157,12 @@ pub async fn start_within(
             pool: None,
         });
     }
-    let mut pool_addrs = Vec::new();
-    let mut pool_paths = Vec::new();
-    for (pool, addr) in pools.listeners() {
-        let setting = format!("listen of pool {}", pool.name());
-        let listener = listen_on(&addr).map_err(|e| bind_error(&setting, &addr, e))?;
-        match (&listener, addr.unix_path()) {
-            (DoorListener::Tcp(listener), _) => {
-                pool_addrs.push((pool.name().to_string(), listener.local_addr()?));
-            }
-            (DoorListener::Unix { .. }, Some(path)) => {
-                pool_paths.push((pool.name().to_string(), path.to_path_buf()));
-            }
-            (DoorListener::Unix { .. }, None) => {}
-        }
-        doors.push(Door {
-            listener,
-            tls: None,
-            pool: Some(pool.shared()),
-        });
-    }
+    let PoolDoors {
+        doors: pool_doors,
+        addrs: pool_addrs,
+        paths: pool_paths,
+    } = pool_doors(&pools)?;
+    doors.extend(pool_doors);
     let admin_addr = match admin {
         Some(listener) => {
             let addr = listener.local_addr()?;
@@ -221,37 +196,28 @@ pub async fn start_within(
         pools.published(),
         shutdown.clone(),
     ));
-    let mut workers = Vec::with_capacity(count);
-    for index in 0..count {
-        workers.push(worker::spawn(WorkerSetup {
-            index,
-            layout: pools.layout(),
-            stats: stats.clone(),
-            shutdown: shutdown.clone(),
-            settings,
-            budget: (config.max_buffer_bytes / count).max(1),
-            grace: config.shutdown_grace,
-            published: pools.published(),
-            hot: hot.clone(),
-        })?);
-    }
-    match &local_path {
-        None => {
-            tracing::info!(%local_addr, servers = config.servers.len(), workers = count, "listening")
-        }
-        Some(path) => {
-            tracing::info!(path = %path.display(), servers = config.servers.len(), workers = count, "listening on a Unix socket")
-        }
-    }
-    if let Some(addr) = tls_addr {
-        tracing::info!(%addr, "listening for TLS clients");
-    }
-    for (pool, addr) in &pool_addrs {
-        tracing::info!(%addr, pool = %pool, "listening for the clients of pool {pool}");
-    }
-    for (pool, path) in &pool_paths {
-        tracing::info!(path = %path.display(), pool = %pool, "listening for the clients of pool {pool}");
-    }
+    let workers = (0..count)
+        .map(|index| {
+            worker::spawn(WorkerSetup {
+                index,
+                layout: pools.layout(),
+                stats: stats.clone(),
+                shutdown: shutdown.clone(),
+                settings,
+                budget: (config.max_buffer_bytes / count).max(1),
+                grace: config.shutdown_grace,
+                published: pools.published(),
+                hot: hot.clone(),
+            })
+        })
+        .collect::<io::Result<Vec<_>>>()?;
+    log_listening(
+        config,
+        (local_addr, local_path.as_deref()),
+        tls_addr,
+        &pool_addrs,
+        &pool_paths,
+    );
     let task = tokio::spawn(accept_loop(doors, workers, clients, shutdown));
     Ok(Running {
         local_addr,
@@ -267,6 +233,86 @@ pub async fn start_within(
         stats,
         task,
     })
+}
+
+/// The TLS client listener and its acceptor (watched for new certificate
+/// files), with `tls_listen` set.
+fn tls_listener(
+    config: &Config,
+    shutdown: &CancellationToken,
+) -> io::Result<Option<(TcpListener, Arc<crate::tls::Acceptor>)>> {
+    let Some(tls) = &config.tls_listen else {
+        return Ok(None);
+    };
+    let acceptor = crate::tls::Acceptor::new(&tls.files)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("tls_listen: {e}")))?;
+    let listener = listen(tls.addr).map_err(|e| bind_error("tls_listen.addr", &tls.addr, e))?;
+    crate::tls::watch(acceptor.clone(), shutdown.clone());
+    Ok(Some((listener, acceptor)))
+}
+
+/// The pools' own listeners, with the addresses and paths they got.
+struct PoolDoors {
+    doors: Vec<Door>,
+    /// (pool, address) of each TCP listener.
+    addrs: Vec<(String, SocketAddr)>,
+    /// (pool, path) of each Unix-socket listener.
+    paths: Vec<(String, std::path::PathBuf)>,
+}
+
+fn pool_doors(pools: &Pools) -> io::Result<PoolDoors> {
+    let mut out = PoolDoors {
+        doors: Vec::new(),
+        addrs: Vec::new(),
+        paths: Vec::new(),
+    };
+    for (pool, addr) in pools.listeners() {
+        let setting = format!("listen of pool {}", pool.name());
+        let listener = listen_on(&addr).map_err(|e| bind_error(&setting, &addr, e))?;
+        match (&listener, addr.unix_path()) {
+            (DoorListener::Tcp(listener), _) => {
+                out.addrs
+                    .push((pool.name().to_string(), listener.local_addr()?));
+            }
+            (DoorListener::Unix { .. }, Some(path)) => {
+                out.paths
+                    .push((pool.name().to_string(), path.to_path_buf()));
+            }
+            (DoorListener::Unix { .. }, None) => {}
+        }
+        out.doors.push(Door {
+            listener,
+            tls: None,
+            pool: Some(pool.shared()),
+        });
+    }
+    Ok(out)
+}
+
+/// One log line per listener, once all are bound.
+fn log_listening(
+    config: &Config,
+    (local_addr, local_path): (SocketAddr, Option<&std::path::Path>),
+    tls_addr: Option<SocketAddr>,
+    pool_addrs: &[(String, SocketAddr)],
+    pool_paths: &[(String, std::path::PathBuf)],
+) {
+    let (servers, workers) = (config.servers.len(), config.worker_count());
+    match local_path {
+        None => tracing::info!(%local_addr, servers, workers, "listening"),
+        Some(path) => {
+            tracing::info!(path = %path.display(), servers, workers, "listening on a Unix socket")
+        }
+    }
+    if let Some(addr) = tls_addr {
+        tracing::info!(%addr, "listening for TLS clients");
+    }
+    for (pool, addr) in pool_addrs {
+        tracing::info!(%addr, pool = %pool, "listening for the clients of pool {pool}");
+    }
+    for (pool, path) in pool_paths {
+        tracing::info!(path = %path.display(), pool = %pool, "listening for the clients of pool {pool}");
+    }
 }
 
 /// Pending connections the kernel may queue before memring accepts them
