@@ -26,7 +26,8 @@ impl std::fmt::Display for SettingChange {
 
 /// Every top-level setting that differs between `old` and `new`, named as in
 /// the file, with values in the file's units. Servers are not settings: a
-/// server change is a [`crate::pools::topology::Change`].
+/// server change is a [`crate::pools::topology::Change`]. A table, one row
+/// per setting: its length is the number of settings, not of steps.
 pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
     // Destructured in full so that a new setting cannot be forgotten here: the
     // compiler asks for it.
