@@ -80,7 +80,7 @@ mod tests {
         Spec {
             flavour: Flavour::PhpMemcache,
             hash,
-            hash_tag: None,
+            ..Spec::default()
         }
     }
 
