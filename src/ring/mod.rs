@@ -657,6 +657,46 @@ pub(crate) fn golden_nodes(weights: [u32; 4], names: Option<[&str; 4]>) -> Vec<N
         .collect()
 }
 
+/// Checks that `spec`'s ring places 2 000 keys (`user:<i>:profile`, then
+/// `suffix`) where `oracle` does: a linear scan of the client's own lookup,
+/// made from the nodes and returning each key's owner. Over one server,
+/// three of equal weight and eight of unequal weights, at
+/// `10.<net>.0.<i>:<11211 + i>` and named `s<i>`.
+#[cfg(test)]
+pub(crate) fn assert_matches_linear_scan<O>(
+    spec: &Spec,
+    net: u8,
+    suffix: &str,
+    oracle: impl Fn(&[Node]) -> O,
+) where
+    O: Fn(&[u8]) -> Option<usize>,
+{
+    for weights in [vec![1u32], vec![1, 1, 1], vec![2, 1, 5, 1, 1, 3, 1, 1]] {
+        let nodes: Vec<Node> = weights
+            .iter()
+            .enumerate()
+            .map(|(i, &weight)| Node {
+                member: Member {
+                    identity: format!("s{i}"),
+                    weight,
+                },
+                addr: format!("10.{net}.0.{i}:{}", 11211 + i),
+            })
+            .collect();
+        let owner_of = oracle(&nodes);
+        let ring = Ring::build_with(spec, nodes);
+        for i in 0..2000 {
+            let key = format!("user:{i}:profile{suffix}");
+            assert_eq!(
+                ring.owner(key.as_bytes()),
+                owner_of(key.as_bytes()),
+                "{:?} {weights:?} {key}",
+                spec.flavour
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) fn golden_owners(ring: &Ring) -> Vec<usize> {
     GOLDEN_KEYS
