@@ -340,16 +340,26 @@ fn dropin_config(
 /// count of keys it missed.
 type RealClient = fn(&str, &[String], &[Vec<u8>]) -> usize;
 
-/// The client writes `forward`, memring reads it; memring writes `backward`,
-/// the client reads it. A client with a `key_prefix` sends every key with
-/// `prefix` before it, so memring reads and writes the keys so prefixed (and
-/// has `hash_without_prefix = prefix`). Returns the keys found each way and
-/// how many of the client's keys each server holds.
-#[allow(clippy::too_many_arguments)]
-fn both_ways(
-    ring: &str,
-    prefix: &str,
+/// A real client and the memring config that places keys as it does.
+struct Beside<'a> {
+    /// memring's `ring` (with any setting of its own on further lines).
+    ring: &'a str,
+    /// The client's `key_prefix`, put before every key it sends, and
+    /// memring's `hash_without_prefix`; empty for none.
+    prefix: &'a str,
     client: RealClient,
+}
+
+/// The client writes `forward`, memring reads it; memring writes `backward`,
+/// the client reads it. memring reads and writes the keys as the client
+/// sends them (with its prefix). Returns the keys found each way and how
+/// many of the client's keys each server holds.
+fn both_ways(
+    Beside {
+        ring,
+        prefix,
+        client,
+    }: &Beside<'_>,
     specs: &[String],
     servers: &[&Memcached],
     weights: &[u32],
@@ -378,16 +388,12 @@ fn pymemcache_hashclient_and_memring_find_each_others_keys_over_1_3_8_25_servers
         let addrs: Vec<String> = servers.iter().map(|s| s.addr()).collect();
         let forward = keys(count as u64, KEYS);
         let backward = keys(1000 + count as u64, KEYS);
-        let (there, back, spread) = both_ways(
-            "rendezvous",
-            "",
-            pymemcache,
-            &addrs,
-            &servers,
-            &[],
-            &forward,
-            &backward,
-        );
+        let beside = Beside {
+            ring: "rendezvous",
+            prefix: "",
+            client: pymemcache,
+        };
+        let (there, back, spread) = both_ways(&beside, &addrs, &servers, &[], &forward, &backward);
         println!(
             "rendezvous, {count} servers: pymemcache -> memring {there}/{KEYS}, memring -> pymemcache {back}/{KEYS}; pymemcache's keys per server {spread:?} ({:.1}s)",
             started.elapsed().as_secs_f64()
@@ -410,16 +416,12 @@ fn pymemcache_with_a_key_prefix_and_memring_with_hash_without_prefix_find_each_o
         let addrs: Vec<String> = servers.iter().map(|s| s.addr()).collect();
         let forward = keys_with_room(300 + count as u64, KEYS, PREFIX);
         let backward = keys_with_room(4000 + count as u64, KEYS, PREFIX);
-        let (there, back, spread) = both_ways(
-            "rendezvous",
-            PREFIX,
-            pymemcache_prefixed,
-            &addrs,
-            &servers,
-            &[],
-            &forward,
-            &backward,
-        );
+        let beside = Beside {
+            ring: "rendezvous",
+            prefix: PREFIX,
+            client: pymemcache_prefixed,
+        };
+        let (there, back, spread) = both_ways(&beside, &addrs, &servers, &[], &forward, &backward);
         println!(
             "rendezvous, key_prefix {PREFIX:?}, {count} servers: pymemcache -> memring {there}/{KEYS}, memring -> pymemcache {back}/{KEYS}; pymemcache's keys per server {spread:?} ({:.1}s)",
             started.elapsed().as_secs_f64()
@@ -467,9 +469,13 @@ fn dalli_and_memring_find_each_others_keys_over_1_3_8_25_servers_with_weights() 
             .collect();
         let forward = binary_keys(50 + count as u64, KEYS);
         let backward = binary_keys(2000 + count as u64, KEYS);
-        let (there, back, spread) = both_ways(
-            "dalli", "", dalli, &specs, &servers, weights, &forward, &backward,
-        );
+        let beside = Beside {
+            ring: "dalli",
+            prefix: "",
+            client: dalli,
+        };
+        let (there, back, spread) =
+            both_ways(&beside, &specs, &servers, weights, &forward, &backward);
         println!(
             "dalli, {count} servers, weights {weights:?}: Dalli -> memring {there}/{KEYS}, memring -> Dalli {back}/{KEYS}; Dalli's keys per server {spread:?} ({:.1}s)",
             started.elapsed().as_secs_f64()
@@ -720,9 +726,13 @@ fn php_memcache_and_memring_find_each_others_keys_crc32_and_fnv_with_weights() {
         let forward = binary_keys(100 + salt as u64, KEYS);
         let backward = binary_keys(3000 + salt as u64, KEYS);
         let ring = format!("php-memcache\"\nhash = \"{hash}");
-        let (there, back, spread) = both_ways(
-            &ring, "", client, &specs, &servers, weights, &forward, &backward,
-        );
+        let beside = Beside {
+            ring: &ring,
+            prefix: "",
+            client,
+        };
+        let (there, back, spread) =
+            both_ways(&beside, &specs, &servers, weights, &forward, &backward);
         println!(
             "php-memcache {hash}, {count} servers, weights {weights:?}: PHP -> memring {there}/{KEYS}, memring -> PHP {back}/{KEYS}; PHP's keys per server {spread:?} ({:.1}s)",
             started.elapsed().as_secs_f64()
