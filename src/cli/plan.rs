@@ -376,6 +376,10 @@ pub(crate) fn describe_ring(config: &Config) -> String {
     if let Some(tag) = config.ring.hash_tag {
         details.push(format!("hash_tag \"{}\"", String::from_utf8_lossy(&tag)));
     }
+    if !config.ring.hash_without_prefix.is_empty() {
+        let prefix = String::from_utf8_lossy(&config.ring.hash_without_prefix);
+        details.push(format!("hash_without_prefix {prefix:?}"));
+    }
     if !details.is_empty() {
         text.push_str(&format!(" ({})", details.join(", ")));
     }

@@ -59,6 +59,7 @@ pub(super) const EXAMPLES: &[(&str, &str)] = &[
     ("ring", "\"twemproxy\""),
     ("hash", "\"fnv1a_64\""),
     ("hash_tag", "\"{}\""),
+    ("hash_without_prefix", "\"myapp:\""),
     ("hot_key_detect", "true"),
     ("hot_key_window_ms", "1000"),
     ("hot_key_share", "0.2"),

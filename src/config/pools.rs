@@ -588,10 +588,15 @@ fn layered(top: &RawConfig, pool: &RawPool) -> RawConfig {
     // A gutter is the pool's own choice: never taken from the top level.
     raw.failover = pool.failover.clone();
     raw.failover_ttl_s = pool.failover_ttl_s.clone();
-    if pool.ring.is_some() || pool.hash.is_some() || pool.hash_tag.is_some() {
+    if pool.ring.is_some()
+        || pool.hash.is_some()
+        || pool.hash_tag.is_some()
+        || pool.hash_without_prefix.is_some()
+    {
         raw.ring = pool.ring.clone();
         raw.hash = pool.hash.clone();
         raw.hash_tag = pool.hash_tag.clone();
+        raw.hash_without_prefix = pool.hash_without_prefix.clone();
     }
     if pool.ejection.is_some() || pool.retry_timeout_ms.is_some() {
         raw.ejection = pool.ejection.clone();

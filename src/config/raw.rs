@@ -41,6 +41,7 @@ pub(super) struct RawConfig {
     pub(super) ring: Option<Spanned<String>>,
     pub(super) hash: Option<Spanned<String>>,
     pub(super) hash_tag: Option<Spanned<String>>,
+    pub(super) hash_without_prefix: Option<Spanned<String>>,
     pub(super) hot_key_detect: Option<Spanned<bool>>,
     pub(super) hot_key_window_ms: Option<Spanned<u64>>,
     pub(super) hot_key_share: Option<Spanned<f64>>,
@@ -221,6 +222,7 @@ pub(super) struct RawPool {
     pub(super) ring: Option<Spanned<String>>,
     pub(super) hash: Option<Spanned<String>>,
     pub(super) hash_tag: Option<Spanned<String>>,
+    pub(super) hash_without_prefix: Option<Spanned<String>>,
     pub(super) shadow: Option<Spanned<RawShadow>>,
 }
 

@@ -1,5 +1,5 @@
-//! `ring`, `hash` and `hash_tag`: which ring to reproduce and how keys are
-//! hashed onto it.
+//! `ring`, `hash`, `hash_tag` and `hash_without_prefix`: which ring to
+//! reproduce and how keys are hashed onto it.
 
 use std::ops::Range;
 
@@ -7,8 +7,8 @@ use super::raw::RawConfig;
 use crate::error::ConfigError;
 use crate::ring::{Flavour, HashFunction, Spec};
 
-/// `ring`, `hash` and `hash_tag`: which ring to reproduce and how keys are
-/// hashed onto it.
+/// `ring`, `hash`, `hash_tag` and `hash_without_prefix`: which ring to
+/// reproduce and how keys are hashed onto it.
 pub(super) fn ring_spec(
     raw: &RawConfig,
     at: &dyn Fn(Range<usize>, String) -> ConfigError,
@@ -104,7 +104,39 @@ pub(super) fn ring_spec(
             }
         }
     }
+    if let Some(prefix) = &raw.hash_without_prefix {
+        spec.hash_without_prefix = prefix_of(prefix.get_ref())
+            .map_err(|why| at(prefix.span(), why))?
+            .into();
+    }
     Ok(spec)
+}
+
+/// `hash_without_prefix`: the bytes a client puts before every key after
+/// hashing it (pymemcache's `key_prefix`). It is part of every key sent, so
+/// it must be something a key may hold: 1 to 250 bytes, no space or
+/// control byte.
+fn prefix_of(text: &str) -> Result<&[u8], String> {
+    let bytes = text.as_bytes();
+    if bytes.is_empty() {
+        return Err(
+            "hash_without_prefix = \"\" strips nothing: remove it, or give the clients' key_prefix"
+                .into(),
+        );
+    }
+    if bytes.len() > crate::protocol::MAX_KEY_BYTES {
+        return Err(format!(
+            "hash_without_prefix is {} bytes; a key, prefix included, holds at most {}",
+            bytes.len(),
+            crate::protocol::MAX_KEY_BYTES
+        ));
+    }
+    if bytes.iter().any(|&b| b <= b' ' || b == 0x7f) {
+        return Err(format!(
+            "hash_without_prefix = {text:?} holds a space or control character, which no key may hold"
+        ));
+    }
+    Ok(bytes)
 }
 
 /// A ring whose client has no weights (`ring = "rendezvous"`: pymemcache's

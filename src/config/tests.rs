@@ -559,6 +559,35 @@ fn ring_hash_and_hash_tag_are_read() {
 }
 
 #[test]
+fn hash_without_prefix_is_read_at_the_top_and_per_pool() {
+    let pool = "[[pools]]\nname = \"other\"\nhash_without_prefix = \"b:\"\n[[pools.servers]]\naddr = \"127.0.0.1:3\"\n";
+    let config = Config::parse(
+        &format!("hash_without_prefix = \"myapp:\"\n{GOOD}{pool}"),
+        "m",
+    )
+    .unwrap();
+    assert_eq!(&*config.ring.hash_without_prefix, b"myapp:");
+    let other = config.pool("other").expect("pool other");
+    assert_eq!(&*other.config.ring.hash_without_prefix, b"b:");
+    let ring = config.build_ring();
+    assert_eq!(ring.owner(b"myapp:user:1"), ring.owner(b"user:1"));
+    for (bad, why) in [
+        ("", "strips nothing"),
+        ("my app:", "space or control character"),
+        ("my\\tapp:", "space or control character"),
+    ] {
+        let message = error_of(&format!("hash_without_prefix = \"{bad}\"\n{GOOD}"));
+        assert!(
+            message.starts_with("memring.toml:1:23: hash_without_prefix") && message.contains(why),
+            "{bad:?}: {message}"
+        );
+    }
+    let long = "p".repeat(251);
+    let message = error_of(&format!("hash_without_prefix = \"{long}\"\n{GOOD}"));
+    assert!(message.contains("at most 250"), "{message}");
+}
+
+#[test]
 fn bad_ring_settings_are_rejected_with_their_place() {
     let message = error_of(&format!("ring = \"ketama\"\n{GOOD}"));
     assert!(

@@ -198,7 +198,7 @@ impl Publisher {
         // LEAVING for the window, as after a reload.
         let mut known = (*first.config).clone();
         known.servers = saved.servers();
-        known.ring = spec;
+        known.ring = spec.clone();
         let backends = Topology::backends_for(&known, Some(&first), &self.hooks);
         let mut scaffold = Topology::assemble(Arc::new(known.clone()), 0, backends, Vec::new());
         let dropped: Vec<String> = saved.dropped.iter().map(|s| s.name.clone()).collect();

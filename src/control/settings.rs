@@ -76,7 +76,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
     let hot = &old.hot_keys;
     // A table, one row per setting (name, old, new, read only at start):
     // long because there are many settings, not because of logic.
-    let rows: [(&'static str, String, String, bool); 47] = [
+    let rows: [(&'static str, String, String, bool); 48] = [
         (
             "discovery",
             discovered(&old.discovery),
@@ -105,6 +105,12 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             "hash_tag",
             tag(&old.ring.hash_tag),
             tag(&ring.hash_tag),
+            false,
+        ),
+        (
+            "hash_without_prefix",
+            prefix(&old.ring.hash_without_prefix),
+            prefix(&ring.hash_without_prefix),
             false,
         ),
         ("listen", old.listen.to_string(), listen.to_string(), true),
@@ -479,6 +485,13 @@ fn tag(t: &Option<[u8; 2]>) -> String {
     t.map_or("(none)".to_string(), |t| {
         String::from_utf8_lossy(&t).into_owned()
     })
+}
+
+fn prefix(p: &[u8]) -> String {
+    if p.is_empty() {
+        return "(none)".to_string();
+    }
+    format!("{:?}", String::from_utf8_lossy(p))
 }
 
 fn retry(e: &crate::config::Ejection) -> String {

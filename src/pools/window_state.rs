@@ -10,9 +10,10 @@
 //! only at shutdown: SIGKILL), by the pool's publisher on the control plane,
 //! before the topology it describes is published, atomically (a temporary
 //! file, fsync, rename). It holds, per pool, the ring in force, the previous
-//! ring and the older rings of the chain (flavour, hash, hash tag and the
-//! servers with their addresses and weights), the servers of dropped rings,
-//! the deadline as Unix time and whether the sweep has run.
+//! ring and the older rings of the chain (flavour, hash, hash tag, the
+//! prefix hashed without, and the servers with their addresses and
+//! weights), the servers of dropped rings, the deadline as Unix time and
+//! whether the sweep has run.
 //!
 //! Reading it at start never blocks and never takes more than
 //! [`MAX_STATE_BYTES`]: a FIFO or a device is refused unopened (and opened
@@ -56,6 +57,11 @@ pub struct SavedRing {
     pub hash: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hash_tag: Option<String>,
+    /// `hash_without_prefix`, when set: a previous ring rebuilt after a
+    /// restart must hash keys as it did, or hand-off would ask the wrong
+    /// previous owner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash_without_prefix: Option<String>,
     /// The members, in member order.
     pub servers: Vec<SavedServer>,
 }
@@ -69,6 +75,8 @@ impl SavedRing {
             hash_tag: spec
                 .hash_tag
                 .map(|[open, close]| String::from_utf8_lossy(&[open, close]).into_owned()),
+            hash_without_prefix: (!spec.hash_without_prefix.is_empty())
+                .then(|| String::from_utf8_lossy(&spec.hash_without_prefix).into_owned()),
             servers: servers
                 .iter()
                 .map(|s| SavedServer {
@@ -81,7 +89,7 @@ impl SavedRing {
         }
     }
 
-    /// The flavour, hash and hash tag.
+    /// The flavour, hash, hash tag and prefix hashed without.
     ///
     /// # Errors
     /// A name memring does not know, or a hash tag that is not two bytes.
@@ -97,10 +105,17 @@ impl SavedRing {
                 _ => return Err(format!("hash tag {tag:?} is not two characters")),
             },
         };
+        let hash_without_prefix = self
+            .hash_without_prefix
+            .as_deref()
+            .unwrap_or_default()
+            .as_bytes()
+            .into();
         Ok(Spec {
             flavour,
             hash,
             hash_tag,
+            hash_without_prefix,
         })
     }
 
@@ -451,6 +466,7 @@ mod tests {
         let mut tagged = window();
         tagged.ring.hash_tag = Some("{}".into());
         tagged.ring.ring = "twemproxy".into();
+        tagged.ring.hash_without_prefix = Some("myapp:".into());
         file.record("other pool", Some(tagged.clone()));
         let Loaded::Windows(back) = load(&path) else {
             panic!("{:?}", load(&path))
@@ -461,6 +477,12 @@ mod tests {
             back["other pool"].ring.spec().unwrap().hash_tag,
             Some(*b"{}")
         );
+        // A previous ring rebuilt after a restart hashes keys as it did.
+        let spec = back["other pool"].ring.spec().unwrap();
+        assert_eq!(&*spec.hash_without_prefix, b"myapp:");
+        let servers = back["other pool"].ring.server_configs();
+        assert_eq!(SavedRing::of(&spec, &servers), tagged.ring);
+        assert_eq!(back["default"].ring.spec().unwrap(), Spec::default());
         file.swept("default");
         let Loaded::Windows(back) = load(&path) else {
             panic!()

@@ -21,7 +21,8 @@
 //! - a pool ([`pool_digest`]): `memring pool digest 1`, `key_hash <h>` (`xxh3`
 //!   for the memring flavour, else the name of the 32-bit hash as in the
 //!   config's `hash`), `hash_tag <two bytes as hex>` or `hash_tag none`,
-//!   `replicas <n>` (the configured count, at most the number of servers in
+//!   `hash_without_prefix <bytes as hex>` only when one is set (so the
+//!   digest of a ring without one is unchanged), `replicas <n>` (the configured count, at most the number of servers in
 //!   the ring), then one line `<point hash> <owner's host:port>` per point in
 //!   ring order (32-bit hashes sit in the top half of the 64-bit number),
 //!   and for a rendezvous ring (no points) `node <score prefix> <host:port>`
@@ -63,6 +64,14 @@ pub fn pool_digest(ring: &Ring, addrs: &[impl AsRef<str>], replicas: usize) -> u
         Some([open, close]) => format!("hash_tag {open:02x}{close:02x}"),
         None => "hash_tag none".to_string(),
     });
+    if !ring.hash_without_prefix.is_empty() {
+        let hex: String = ring
+            .hash_without_prefix
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        line(&format!("hash_without_prefix {hex}"));
+    }
     line(&format!(
         "replicas {}",
         replicas.max(1).min(ring.members.len())
@@ -238,7 +247,7 @@ mod tests {
         let memring = Spec::default();
         assert_ne!(digest(&memring, &three(), 1), digest(&memring, &renamed, 1));
         // libmemcached names points by address only: the same placement.
-        let libmemcached = flavours()[2];
+        let [_, _, libmemcached, ..] = flavours();
         assert_eq!(
             digest(&libmemcached, &three(), 1),
             digest(&libmemcached, &renamed, 1)
@@ -247,18 +256,23 @@ mod tests {
 
     #[test]
     fn key_hash_hash_tag_and_replicas_are_part_of_it() {
-        let twemproxy = flavours()[1];
+        let [_, twemproxy, ..] = flavours();
         let base = digest(&twemproxy, &three(), 1);
         let murmur = Spec {
             hash: HashFunction::Md5,
-            ..twemproxy
+            ..twemproxy.clone()
         };
         let tagged = Spec {
             hash_tag: Some(*b"{}"),
-            ..twemproxy
+            ..twemproxy.clone()
         };
         assert_ne!(base, digest(&murmur, &three(), 1));
         assert_ne!(base, digest(&tagged, &three(), 1));
+        let prefixed = Spec {
+            hash_without_prefix: b"myapp:"[..].into(),
+            ..twemproxy.clone()
+        };
+        assert_ne!(base, digest(&prefixed, &three(), 1));
         assert_ne!(base, digest(&twemproxy, &three(), 2));
         // More replicas than servers are as many as there are servers.
         assert_eq!(
@@ -269,7 +283,7 @@ mod tests {
 
     #[test]
     fn scaled_weights_place_alike_in_ketama_flavours_and_digest_alike() {
-        let twemproxy = flavours()[1];
+        let [_, twemproxy, ..] = flavours();
         let mut doubled = three();
         for n in &mut doubled {
             n.member.weight *= 2;

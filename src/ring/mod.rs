@@ -111,7 +111,7 @@ impl Flavour {
 }
 
 /// Everything besides the member list that decides where keys go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Spec {
     pub flavour: Flavour,
     /// The key hash of the twemproxy flavour, and of the php-memcache one
@@ -120,6 +120,11 @@ pub struct Spec {
     /// With `Some([open, close])`, a key containing `open`, then later
     /// `close`, with at least one byte between, is placed by those bytes only.
     pub hash_tag: Option<[u8; 2]>,
+    /// A key starting with these bytes is hashed without them (the hash
+    /// tag then applies to the rest); any other key is hashed whole. Empty
+    /// when unset. For clients that hash a key before prefixing it, as
+    /// pymemcache's `HashClient` does with its `key_prefix`.
+    pub hash_without_prefix: Box<[u8]>,
 }
 
 impl Default for Spec {
@@ -128,6 +133,7 @@ impl Default for Spec {
             flavour: Flavour::Memring,
             hash: twemproxy::DEFAULT_HASH,
             hash_tag: None,
+            hash_without_prefix: Box::default(),
         }
     }
 }
@@ -201,6 +207,8 @@ pub struct Ring {
     members: Box<[Member]>,
     key_hash: KeyHash,
     hash_tag: Option<[u8; 2]>,
+    /// [`Spec::hash_without_prefix`].
+    hash_without_prefix: Box<[u8]>,
 }
 
 /// [`Ring::starts`] and [`Ring::shift`] for sorted `points`: a power of two
@@ -227,6 +235,15 @@ fn bucket_starts(points: &[Point]) -> (Box<[u32]>, u32) {
 /// The hash the memring flavour places a key by (ignoring any hash tag).
 pub fn key_hash(key: &[u8]) -> u64 {
     memring::key_hash(key)
+}
+
+/// The part of `key` that is hashed: without `prefix` when the key starts
+/// with it (an empty prefix strips nothing), then [`tagged_part`] of the
+/// rest. Every lookup of a ring hashes this part, so placement, replicas,
+/// hand-off's previous owner, `/route` and `memring where` agree.
+#[inline]
+pub fn hashed_part<'k>(key: &'k [u8], prefix: &[u8], tag: Option<[u8; 2]>) -> &'k [u8] {
+    tagged_part(key.strip_prefix(prefix).unwrap_or(key), tag)
 }
 
 /// The part of `key` that is hashed: with a tag `[open, close]`, the bytes
@@ -300,6 +317,7 @@ impl Ring {
             members: nodes.into_iter().map(|n| n.member).collect(),
             key_hash: spec.key_hash(),
             hash_tag: spec.hash_tag,
+            hash_without_prefix: spec.hash_without_prefix.clone(),
         }
     }
 
@@ -326,7 +344,7 @@ impl Ring {
     /// every server instead).
     #[inline]
     pub fn hash_key(&self, key: &[u8]) -> u64 {
-        let key = tagged_part(key, self.hash_tag);
+        let key = self.hashed_part(key);
         match self.key_hash {
             KeyHash::Xxh3 => memring::key_hash(key),
             KeyHash::Bits32(function) => u64::from(function.hash(key)) << 32,
@@ -358,7 +376,15 @@ impl Ring {
     /// knows keys by, which callers may then reuse.
     #[inline]
     pub fn hashes_whole_key_with_xxh3(&self) -> bool {
-        matches!(self.key_hash, KeyHash::Xxh3) && self.hash_tag.is_none()
+        matches!(self.key_hash, KeyHash::Xxh3)
+            && self.hash_tag.is_none()
+            && self.hash_without_prefix.is_empty()
+    }
+
+    /// The part of `key` this ring hashes ([`hashed_part`]).
+    #[inline]
+    fn hashed_part<'k>(&self, key: &'k [u8]) -> &'k [u8] {
+        hashed_part(key, &self.hash_without_prefix, self.hash_tag)
     }
 
     /// Index of the server that owns `key`, or `None` for an empty ring.
@@ -372,7 +398,7 @@ impl Ring {
 
     /// The server scoring `key` highest on a rendezvous ring.
     fn rendezvous_owner(&self, key: &[u8]) -> Option<usize> {
-        let hashed = rendezvous::hashed_key(tagged_part(key, self.hash_tag));
+        let hashed = rendezvous::hashed_key(self.hashed_part(key));
         let mut best: Option<(usize, u32)> = None;
         for (server, prefix) in self.prefixes.iter().enumerate() {
             let score = self.scorers[server].score(&hashed);
@@ -422,7 +448,7 @@ impl Ring {
         if self.is_rendezvous() {
             // The servers in descending order of score: the owner, then the
             // one that would own the key without it, and so on.
-            let hashed = rendezvous::hashed_key(tagged_part(key, self.hash_tag));
+            let hashed = rendezvous::hashed_key(self.hashed_part(key));
             let mut scored: smallvec::SmallVec<[(u32, usize); 16]> = self
                 .prefixes
                 .iter()
@@ -489,7 +515,9 @@ impl Ring {
     /// key's two positions are unrelated, so the result is the expected share:
     /// a key stays only when both rings happen to pick the same server.
     pub fn moved_share(old: &Ring, new: &Ring) -> f64 {
-        if old.is_rendezvous() && new.is_rendezvous() && old.hash_tag == new.hash_tag {
+        let same_key_part =
+            old.hash_tag == new.hash_tag && old.hash_without_prefix == new.hash_without_prefix;
+        if old.is_rendezvous() && new.is_rendezvous() && same_key_part {
             return Ring::rendezvous_moved_share(old, new);
         }
         if old.point_count() == 0 || new.point_count() == 0 {
@@ -499,7 +527,7 @@ impl Ring {
                 1.0
             };
         };
-        if (old.key_hash, old.hash_tag) != (new.key_hash, new.hash_tag) {
+        if old.key_hash != new.key_hash || !same_key_part {
             return Ring::independent_moved_share(old, new);
         }
         let mut bounds: Vec<u64> = old
@@ -627,6 +655,46 @@ pub(crate) fn golden_nodes(weights: [u32; 4], names: Option<[&str; 4]>) -> Vec<N
             }
         })
         .collect()
+}
+
+/// Checks that `spec`'s ring places 2 000 keys (`user:<i>:profile`, then
+/// `suffix`) where `oracle` does: a linear scan of the client's own lookup,
+/// made from the nodes and returning each key's owner. Over one server,
+/// three of equal weight and eight of unequal weights, at
+/// `10.<net>.0.<i>:<11211 + i>` and named `s<i>`.
+#[cfg(test)]
+pub(crate) fn assert_matches_linear_scan<O>(
+    spec: &Spec,
+    net: u8,
+    suffix: &str,
+    oracle: impl Fn(&[Node]) -> O,
+) where
+    O: Fn(&[u8]) -> Option<usize>,
+{
+    for weights in [vec![1u32], vec![1, 1, 1], vec![2, 1, 5, 1, 1, 3, 1, 1]] {
+        let nodes: Vec<Node> = weights
+            .iter()
+            .enumerate()
+            .map(|(i, &weight)| Node {
+                member: Member {
+                    identity: format!("s{i}"),
+                    weight,
+                },
+                addr: format!("10.{net}.0.{i}:{}", 11211 + i),
+            })
+            .collect();
+        let owner_of = oracle(&nodes);
+        let ring = Ring::build_with(spec, nodes);
+        for i in 0..2000 {
+            let key = format!("user:{i}:profile{suffix}");
+            assert_eq!(
+                ring.owner(key.as_bytes()),
+                owner_of(key.as_bytes()),
+                "{:?} {weights:?} {key}",
+                spec.flavour
+            );
+        }
+    }
 }
 
 #[cfg(test)]
@@ -925,6 +993,56 @@ mod tests {
     }
 
     #[test]
+    fn a_key_starting_with_the_prefix_is_hashed_without_it() {
+        let p: &[u8] = b"myapp:";
+        assert_eq!(hashed_part(b"myapp:user:1", p, None), b"user:1");
+        assert_eq!(hashed_part(b"other:user:1", p, None), b"other:user:1");
+        assert_eq!(hashed_part(b"myapp", p, None), b"myapp");
+        assert_eq!(hashed_part(b"xmyapp:1", p, None), b"xmyapp:1");
+        // The key equal to the prefix: pymemcache's empty key, hashed empty.
+        assert_eq!(hashed_part(b"myapp:", p, None), b"");
+        assert_eq!(hashed_part(b"myapp:user:1", b"", None), b"myapp:user:1");
+        // The prefix goes first, then the hash tag applies to the rest.
+        let tag = Some(*b"{}");
+        assert_eq!(hashed_part(b"myapp:a{42}b", p, tag), b"42");
+        assert_eq!(hashed_part(b"my{app}:x", p, tag), b"app");
+
+        for flavour in Flavour::ALL {
+            let plain = Spec {
+                flavour,
+                ..Spec::default()
+            };
+            let prefixed = Spec {
+                hash_without_prefix: p.into(),
+                ..plain.clone()
+            };
+            let (plain, prefixed) = (
+                Ring::build_with(&plain, nodes(8)),
+                Ring::build_with(&prefixed, nodes(8)),
+            );
+            let (mut a, mut b) = (smallvec::SmallVec::new(), smallvec::SmallVec::new());
+            let mut moved = 0;
+            for key in sample_keys(2000) {
+                let sent = format!("myapp:{key}");
+                let (sent, key) = (sent.as_bytes(), key.as_bytes());
+                assert_eq!(prefixed.owner(sent), plain.owner(key), "{flavour:?}");
+                assert_eq!(prefixed.hash_key(sent), plain.hash_key(key));
+                assert_eq!(prefixed.owner_hashed(sent).0, plain.owner(key));
+                prefixed.replicas(sent, 3, &mut a);
+                plain.replicas(key, 3, &mut b);
+                assert_eq!(a, b, "{flavour:?}");
+                // Keys without the prefix are hashed whole.
+                assert_eq!(prefixed.owner(key), plain.owner(key));
+                moved += usize::from(plain.owner(sent) != plain.owner(key));
+            }
+            // Without the setting, most prefixed keys would land elsewhere.
+            assert!(moved > 1000, "{flavour:?}: {moved}");
+            assert!(Ring::moved_share(&plain, &prefixed) > 0.5, "{flavour:?}");
+            assert!(!prefixed.hashes_whole_key_with_xxh3());
+        }
+    }
+
+    #[test]
     fn only_an_untagged_memring_ring_places_keys_by_their_whole_xxh3_hash() {
         let plain = Ring::build_with(&Spec::default(), nodes(3));
         assert!(plain.hashes_whole_key_with_xxh3());
@@ -974,7 +1092,7 @@ mod tests {
                 let spec = Spec {
                     flavour,
                     hash,
-                    hash_tag: None,
+                    ..Spec::default()
                 };
                 let nodes = list
                     .iter()

@@ -250,6 +250,37 @@ mod tests {
     }
 
     #[test]
+    fn golden_owners_of_prefixed_keys_from_real_pymemcache() {
+        // pymemcache 3.5.2: HashClient([GOLDEN_ADDRS], allow_unicode_keys=True,
+        // key_prefix=b"myapp:") hashes each key without its prefix (the
+        // owners of the table above) and sends "myapp:<key>". Hashing what
+        // is sent, as a ring without hash_without_prefix does, places it
+        // elsewhere (the second table, from the same client's hasher).
+        let prefixed = Spec {
+            hash_without_prefix: b"myapp:"[..].into(),
+            ..spec()
+        };
+        let owners = |ring: &Ring| -> Vec<usize> {
+            GOLDEN_KEYS
+                .iter()
+                .map(|k| ring.owner(format!("myapp:{k}").as_bytes()).unwrap())
+                .collect()
+        };
+        let ring = Ring::build_with(&prefixed, nodes(&GOLDEN_ADDRS));
+        assert_eq!(
+            owners(&ring),
+            [2, 3, 2, 4, 2, 3, 0, 5, 2, 1, 4, 2, 2, 3, 3, 3, 2]
+        );
+        let whole = Ring::build_with(&spec(), nodes(&GOLDEN_ADDRS));
+        assert_eq!(
+            owners(&whole),
+            [3, 1, 0, 2, 3, 4, 1, 1, 0, 1, 2, 5, 4, 3, 4, 5, 0]
+        );
+        // A key without the prefix (an unprefixed client's) is hashed whole.
+        assert_eq!(ring.owner(b"alpha"), whole.owner(b"alpha"));
+    }
+
+    #[test]
     fn golden_scores_and_replica_order_from_real_pymemcache() {
         // pymemcache 3.5.2's murmur3_32("%s-%s" % (node, key)) for the first
         // two nodes, and every node sorted by descending score (the order in

@@ -6,7 +6,8 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
-use crate::common::{wait_for, Client, Memcached};
+use crate::common::daemon::Daemon;
+use crate::common::{memring_plan, wait_for, Client, Memcached};
 
 const BIN: &str = env!("CARGO_BIN_EXE_memring");
 
@@ -112,14 +113,7 @@ fn check_warns_about_more_replicas_than_servers_and_plan_flags_restarts() {
             "admin_listen = \"127.0.0.1:9100\"\nrequest_timeout_ms = 300\n[[servers]]",
         ),
     );
-    let output = Command::new(BIN)
-        .arg("plan")
-        .arg(&old)
-        .arg(&new)
-        .output()
-        .unwrap();
-    assert!(output.status.success());
-    let text = String::from_utf8_lossy(&output.stdout);
+    let text = memring_plan(&old, &new);
     for expected in [
         "setting: listen 127.0.0.1:22122 -> 127.0.0.1:22123 (needs a restart)",
         "setting: admin_listen (off) -> 127.0.0.1:9100 (needs a restart)",
@@ -397,14 +391,7 @@ fn plan_reports_shares_and_the_moved_keyspace() {
     let five = format!("{four}[[servers]]\naddr = \"10.0.0.5:11211\"\nname = \"cache-05\"\n");
     let old = write_config(&dir, "old.toml", &four);
     let new = write_config(&dir, "new.toml", &five);
-    let output = Command::new(BIN)
-        .arg("plan")
-        .arg(&old)
-        .arg(&new)
-        .output()
-        .unwrap();
-    assert!(output.status.success());
-    let text = String::from_utf8_lossy(&output.stdout);
+    let text = memring_plan(&old, &new);
     assert!(text.contains("cache-05"), "{text}");
     let moved: f64 = text
         .lines()
@@ -422,13 +409,7 @@ fn plan_reports_shares_and_the_moved_keyspace() {
         let with = |text: &str| text.replacen("\n", &format!("\n{setting}\n"), 1);
         let old = write_config(&dir, "old.toml", &with(&four));
         let new = write_config(&dir, "new.toml", &with(&five));
-        let output = Command::new(BIN)
-            .arg("plan")
-            .arg(&old)
-            .arg(&new)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&output.stdout);
+        let text = memring_plan(&old, &new);
         assert!(
             text.contains("flush: none; cache-05 joins the ring with what it holds"),
             "{setting}: {text}"
@@ -459,33 +440,16 @@ fn daemon_serves_and_exits_zero_on_sigterm() {
             backend.addr()
         ),
     );
-    let child = Command::new(BIN)
-        .arg("--config")
-        .arg(&config)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut guard = ChildGuard(child);
+    let mut daemon = Daemon::start(&config);
     // The log line names the bound address (the config asks for port 0).
-    let stderr = guard.0.stderr.take().unwrap();
-    let mut lines = BufReader::new(stderr).lines();
-    let mut listen = None;
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        if let Some(rest) = line.split("local_addr=").nth(1) {
-            listen = Some(
-                rest.split_whitespace()
-                    .next()
-                    .unwrap()
-                    .trim_matches(|c: char| !c.is_ascii_digit() && c != '.' && c != ':')
-                    .to_string(),
-            );
-            break;
-        }
-    }
-    let listen = listen.expect("memring logs its listen address");
+    let line = daemon.log_line("local_addr=");
+    let listen = line
+        .split("local_addr=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("memring logs its listen address")
+        .trim_matches(|c: char| !c.is_ascii_digit() && c != '.' && c != ':')
+        .to_string();
     let mut client = Client::connect(&listen);
     assert_eq!(client.set("cli", b"ok"), b"STORED\r\n");
     assert_eq!(client.get("cli"), Some(b"ok".to_vec()));
@@ -532,17 +496,9 @@ fn daemon_serves_and_exits_zero_on_sigterm() {
         answered.load(std::sync::atomic::Ordering::Relaxed) > 500
     });
 
-    let status = Command::new("kill")
-        .args(["-TERM", &guard.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let mut exit = None;
-    wait_for("memring to exit after SIGTERM", || {
-        exit = guard.0.try_wait().unwrap();
-        exit.is_some()
-    });
-    assert_eq!(exit.unwrap().code(), Some(0));
+    daemon.terminate();
+    let exit = daemon.wait_exit("memring to exit after SIGTERM");
+    assert_eq!(exit.code(), Some(0));
     for worker in workers {
         worker.join().expect("no reply was cut off");
     }

@@ -76,6 +76,40 @@ fn pymemcache(mode: &str, servers: &[String], keys: &[Vec<u8>]) -> usize {
     run_client("/usr/bin/python3", "-c", PYMEMCACHE, mode, servers, keys)
 }
 
+/// The `key_prefix` of the prefixed pymemcache client, and memring's
+/// `hash_without_prefix` beside it.
+const PREFIX: &str = "myapp:";
+
+/// [`pymemcache`] with `key_prefix=b"myapp:"` ([`PREFIX`]): it hashes each
+/// key without the prefix and sends it with it.
+fn pymemcache_prefixed(mode: &str, servers: &[String], keys: &[Vec<u8>]) -> usize {
+    let script = PYMEMCACHE.replace("KEY_PREFIX = b\"\"", &format!("KEY_PREFIX = b\"{PREFIX}\""));
+    assert_ne!(script, PYMEMCACHE);
+    run_client("/usr/bin/python3", "-c", &script, mode, servers, keys)
+}
+
+/// [`keys`] cut (at a character boundary) to leave room for `prefix` in
+/// memcached's 250 bytes.
+fn keys_with_room(salt: u64, count: usize, prefix: &str) -> Vec<Vec<u8>> {
+    keys(salt, count)
+        .into_iter()
+        .map(|key| {
+            let mut key = String::from_utf8(key).expect("keys are UTF-8");
+            while key.len() + prefix.len() > 250 {
+                key.pop();
+            }
+            key.into_bytes()
+        })
+        .collect()
+}
+
+/// `keys` as a client with `key_prefix = prefix` sends them.
+fn prefixed(prefix: &str, keys: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    keys.iter()
+        .map(|key| [prefix.as_bytes(), key].concat())
+        .collect()
+}
+
 /// Runs Dalli over `servers` (`host:port:weight`), setting or checking
 /// `keys` (binary strings, values stored raw); returns how many it could not
 /// find with the value `value_of` gives.
@@ -204,13 +238,17 @@ try:
     from pymemcache.client.hash import HashClient
 except ImportError:
     sys.exit("pymemcache is not installed: apt-get install python3-pymemcache")
+KEY_PREFIX = b""
 mode, servers = sys.argv[1], sys.argv[2].split(",")
-client = HashClient(servers, allow_unicode_keys=True, default_noreply=False)
+client = HashClient(
+    servers, allow_unicode_keys=True, default_noreply=False, key_prefix=KEY_PREFIX
+)
 missing = 0
 for line in sys.stdin:
     raw = bytes.fromhex(line.strip())
     key = raw.decode("utf-8")
-    value = b"v-" + raw[:40]
+    # The key as sent (prefixed), as memring sees it.
+    value = b"v-" + (KEY_PREFIX + raw)[:40]
     if mode == "set":
         if not client.set(key, value):
             sys.exit("set failed for %r" % key)
@@ -272,10 +310,19 @@ fn flush(servers: &[&Memcached]) {
 
 /// memring's config for `ring` over `servers` with `weights` (1 when
 /// missing), each server with a name; `shared_with` says who else uses the
-/// servers.
-fn dropin_config(ring: &str, servers: &[&Memcached], weights: &[u32], shared_with: &str) -> String {
+/// servers; `hash_without_prefix = prefix` unless `prefix` is empty.
+fn dropin_config(
+    ring: &str,
+    prefix: &str,
+    servers: &[&Memcached],
+    weights: &[u32],
+    shared_with: &str,
+) -> String {
     let mut text =
         format!("listen = \"127.0.0.1:0\"\nring = \"{ring}\"\nshared_with = \"{shared_with}\"\n");
+    if !prefix.is_empty() {
+        text.push_str(&format!("hash_without_prefix = \"{prefix}\"\n"));
+    }
     for (i, server) in servers.iter().enumerate() {
         // A name memring knows the server by: the clients hash the address,
         // so the name must play no part in placement.
@@ -293,12 +340,26 @@ fn dropin_config(ring: &str, servers: &[&Memcached], weights: &[u32], shared_wit
 /// count of keys it missed.
 type RealClient = fn(&str, &[String], &[Vec<u8>]) -> usize;
 
-/// The client writes `forward`, memring reads it; memring writes `backward`,
-/// the client reads it. Returns the keys found each way and how many of the
-/// client's keys each server holds.
-fn both_ways(
-    ring: &str,
+/// A real client and the memring config that places keys as it does.
+struct Beside<'a> {
+    /// memring's `ring` (with any setting of its own on further lines).
+    ring: &'a str,
+    /// The client's `key_prefix`, put before every key it sends, and
+    /// memring's `hash_without_prefix`; empty for none.
+    prefix: &'a str,
     client: RealClient,
+}
+
+/// The client writes `forward`, memring reads it; memring writes `backward`,
+/// the client reads it. memring reads and writes the keys as the client
+/// sends them (with its prefix). Returns the keys found each way and how
+/// many of the client's keys each server holds.
+fn both_ways(
+    Beside {
+        ring,
+        prefix,
+        client,
+    }: &Beside<'_>,
     specs: &[String],
     servers: &[&Memcached],
     weights: &[u32],
@@ -306,13 +367,14 @@ fn both_ways(
     backward: &[Vec<u8>],
 ) -> (usize, usize, Vec<usize>) {
     flush(servers);
-    let proxy = Proxy::start_text(&dropin_config(ring, servers, weights, "writers"));
+    let proxy = Proxy::start_text(&dropin_config(ring, prefix, servers, weights, "writers"));
     let mut mem = proxy.client();
     assert_eq!(client("set", specs, forward), 0);
-    let spread = per_server(servers, forward);
-    let through_memring = found(&mut mem, forward);
+    let sent = prefixed(prefix, forward);
+    let spread = per_server(servers, &sent);
+    let through_memring = found(&mut mem, &sent);
     flush(servers);
-    store(&mut mem, backward);
+    store(&mut mem, &prefixed(prefix, backward));
     let missed = client("get", specs, backward);
     (through_memring, backward.len() - missed, spread)
 }
@@ -326,15 +388,12 @@ fn pymemcache_hashclient_and_memring_find_each_others_keys_over_1_3_8_25_servers
         let addrs: Vec<String> = servers.iter().map(|s| s.addr()).collect();
         let forward = keys(count as u64, KEYS);
         let backward = keys(1000 + count as u64, KEYS);
-        let (there, back, spread) = both_ways(
-            "rendezvous",
-            pymemcache,
-            &addrs,
-            &servers,
-            &[],
-            &forward,
-            &backward,
-        );
+        let beside = Beside {
+            ring: "rendezvous",
+            prefix: "",
+            client: pymemcache,
+        };
+        let (there, back, spread) = both_ways(&beside, &addrs, &servers, &[], &forward, &backward);
         println!(
             "rendezvous, {count} servers: pymemcache -> memring {there}/{KEYS}, memring -> pymemcache {back}/{KEYS}; pymemcache's keys per server {spread:?} ({:.1}s)",
             started.elapsed().as_secs_f64()
@@ -343,6 +402,31 @@ fn pymemcache_hashclient_and_memring_find_each_others_keys_over_1_3_8_25_servers
         if count > 1 {
             assert!(spread.iter().all(|&n| n > 0), "{spread:?}");
         }
+        assert_eq!(there, KEYS, "keys pymemcache wrote, read through memring");
+        assert_eq!(back, KEYS, "keys memring wrote, read by pymemcache");
+    }
+}
+
+#[test]
+fn pymemcache_with_a_key_prefix_and_memring_with_hash_without_prefix_find_each_others_keys() {
+    let all: Vec<Memcached> = (0..8).map(|_| Memcached::start()).collect();
+    for count in [1usize, 3, 8] {
+        let started = Instant::now();
+        let servers: Vec<&Memcached> = all[..count].iter().collect();
+        let addrs: Vec<String> = servers.iter().map(|s| s.addr()).collect();
+        let forward = keys_with_room(300 + count as u64, KEYS, PREFIX);
+        let backward = keys_with_room(4000 + count as u64, KEYS, PREFIX);
+        let beside = Beside {
+            ring: "rendezvous",
+            prefix: PREFIX,
+            client: pymemcache_prefixed,
+        };
+        let (there, back, spread) = both_ways(&beside, &addrs, &servers, &[], &forward, &backward);
+        println!(
+            "rendezvous, key_prefix {PREFIX:?}, {count} servers: pymemcache -> memring {there}/{KEYS}, memring -> pymemcache {back}/{KEYS}; pymemcache's keys per server {spread:?} ({:.1}s)",
+            started.elapsed().as_secs_f64()
+        );
+        assert_eq!(spread.iter().sum::<usize>(), KEYS, "each key on one server");
         assert_eq!(there, KEYS, "keys pymemcache wrote, read through memring");
         assert_eq!(back, KEYS, "keys memring wrote, read by pymemcache");
     }
@@ -385,9 +469,13 @@ fn dalli_and_memring_find_each_others_keys_over_1_3_8_25_servers_with_weights() 
             .collect();
         let forward = binary_keys(50 + count as u64, KEYS);
         let backward = binary_keys(2000 + count as u64, KEYS);
-        let (there, back, spread) = both_ways(
-            "dalli", dalli, &specs, &servers, weights, &forward, &backward,
-        );
+        let beside = Beside {
+            ring: "dalli",
+            prefix: "",
+            client: dalli,
+        };
+        let (there, back, spread) =
+            both_ways(&beside, &specs, &servers, weights, &forward, &backward);
         println!(
             "dalli, {count} servers, weights {weights:?}: Dalli -> memring {there}/{KEYS}, memring -> Dalli {back}/{KEYS}; Dalli's keys per server {spread:?} ({:.1}s)",
             started.elapsed().as_secs_f64()
@@ -404,27 +492,36 @@ fn dalli_and_memring_find_each_others_keys_over_1_3_8_25_servers_with_weights() 
 /// The client writes over 3 servers; memring goes from 3 to 4 with its
 /// hand-off window and reads every key (the moved ones from their previous
 /// owner, copying them); then the client over 4 servers finds every key
-/// where it now looks. `spec` turns a server into the client's spelling.
-fn hand_off_3_to_4(ring: &str, client: RealClient, spec: fn(&Memcached) -> String) {
-    let dir = crate::common::TempDir::new("rings_dropin", &format!("handoff-{ring}"));
+/// where it now looks. `spec` turns a server into the client's spelling; a
+/// client with a `key_prefix` sends every key with `prefix` before it.
+fn hand_off_3_to_4(ring: &str, prefix: &str, client: RealClient, spec: fn(&Memcached) -> String) {
+    let dir = crate::common::TempDir::new(
+        "rings_dropin",
+        &format!("handoff-{ring}{}", prefix.trim_end_matches(':')),
+    );
     let servers: Vec<Memcached> = (0..4).map(|_| Memcached::start()).collect();
     let all: Vec<&Memcached> = servers.iter().collect();
     let three: Vec<String> = all[..3].iter().map(|s| spec(s)).collect();
     let four: Vec<String> = all.iter().map(|s| spec(s)).collect();
     let path = dir.path("memring.toml");
-    std::fs::write(&path, dropin_config(ring, &all[..3], &[], "memring")).unwrap();
+    std::fs::write(
+        &path,
+        dropin_config(ring, prefix, &all[..3], &[], "memring"),
+    )
+    .unwrap();
     let proxy = Proxy::start_file(&path);
-    let keys = keys(7, 2000);
+    let keys = keys_with_room(7, 2000, prefix);
     assert_eq!(client("set", &three, &keys), 0);
     let before = client("get", &four, &keys);
     // About a quarter of the keys belong to the fourth server now.
     assert!((300..700).contains(&before), "{before} of 2000 moved");
 
     let version = proxy.ring_version();
-    replace_by_rename(&path, &dropin_config(ring, &all, &[], "memring"));
+    replace_by_rename(&path, &dropin_config(ring, prefix, &all, &[], "memring"));
     wait_for("the 4-server ring", || proxy.ring_version() > version);
     let mut mem = proxy.client();
-    assert_eq!(found(&mut mem, &keys), keys.len(), "read through memring");
+    let sent = prefixed(prefix, &keys);
+    assert_eq!(found(&mut mem, &sent), keys.len(), "read through memring");
     // The copies are made as the reads answer; wait until they are in.
     wait_for("the moved keys on the new server", || {
         client("get", &four, &keys) == 0
@@ -437,12 +534,19 @@ fn hand_off_3_to_4(ring: &str, client: RealClient, spec: fn(&Memcached) -> Strin
 
 #[test]
 fn a_rendezvous_ring_hands_off_a_new_server_so_pymemcache_then_finds_every_key() {
-    hand_off_3_to_4("rendezvous", pymemcache, Memcached::addr);
+    hand_off_3_to_4("rendezvous", "", pymemcache, Memcached::addr);
+}
+
+#[test]
+fn a_rendezvous_ring_hands_off_prefixed_keys_by_their_hash_without_the_prefix() {
+    // The previous owner of a moved key is looked up with the same hash as
+    // its owner: without the prefix.
+    hand_off_3_to_4("rendezvous", PREFIX, pymemcache_prefixed, Memcached::addr);
 }
 
 #[test]
 fn a_dalli_ring_hands_off_a_new_server_so_dalli_then_finds_every_key() {
-    hand_off_3_to_4("dalli", dalli, |s| format!("{}:1", s.addr()));
+    hand_off_3_to_4("dalli", "", dalli, |s| format!("{}:1", s.addr()));
 }
 
 /// Runs the memring binary with `args`; its stdout, and its stderr.
@@ -463,29 +567,33 @@ fn moved_percent(plan: &str) -> f64 {
         .unwrap_or_else(|| panic!("a moved share line in {plan}"))
 }
 
+/// A config for `check` and `plan` only (never started): `ring`'s lines,
+/// then `n` servers `10.0.0.<i>:11211`, each of weight `i` when `weighted`.
+fn offline_text(ring: &str, n: usize, weighted: bool) -> String {
+    let mut text = format!("listen = \"127.0.0.1:22121\"\nshared_with = \"writers\"\n{ring}");
+    for i in 1..=n {
+        text.push_str(&format!("[[servers]]\naddr = \"10.0.0.{i}:11211\"\n"));
+        if weighted {
+            text.push_str(&format!("weight = {i}\n"));
+        }
+    }
+    text
+}
+
+/// Writes `text` to `name` in `dir`; its path.
+fn write_config(dir: &crate::common::TempDir, name: &str, text: &str) -> std::path::PathBuf {
+    let path = dir.path(name);
+    std::fs::write(&path, text).expect("write");
+    path
+}
+
 #[test]
 fn check_and_plan_know_the_rendezvous_ring() {
     let dir = crate::common::TempDir::new("rings_dropin", "plan");
-    let servers = |n: usize| -> String {
-        (1..=n)
-            .map(|i| format!("[[servers]]\naddr = \"10.0.0.{i}:11211\"\n"))
-            .collect()
-    };
-    let write = |name: &str, text: String| {
-        let path = dir.path(name);
-        std::fs::write(&path, text).expect("write");
-        path
-    };
-    let head = "listen = \"127.0.0.1:22121\"\nshared_with = \"writers\"\n";
-    let four = write(
-        "four.toml",
-        format!("{head}ring = \"rendezvous\"\n{}", servers(4)),
-    );
-    let five = write(
-        "five.toml",
-        format!("{head}ring = \"rendezvous\"\n{}", servers(5)),
-    );
-    let native = write("native.toml", format!("{head}{}", servers(4)));
+    let ring = "ring = \"rendezvous\"\n";
+    let four = write_config(&dir, "four.toml", &offline_text(ring, 4, false));
+    let five = write_config(&dir, "five.toml", &offline_text(ring, 5, false));
+    let native = write_config(&dir, "native.toml", &offline_text("", 4, false));
     let (check, _) = memring(&["check".as_ref(), "--offline".as_ref(), four.as_os_str()]);
     assert!(check.contains("ring rendezvous"), "{check}");
     // Adding a fifth server moves a fifth, all of it to the new server.
@@ -499,9 +607,10 @@ fn check_and_plan_know_the_rendezvous_ring() {
     let (same, _) = memring(&["plan".as_ref(), four.as_os_str(), four.as_os_str()]);
     assert!(same.contains("keyspace that moves: 0.00%"), "{same}");
     // Weights have no meaning to pymemcache: check says so at the weight.
-    let weighted = write(
+    let weighted = write_config(
+        &dir,
         "weighted.toml",
-        format!("{head}ring = \"rendezvous\"\n{}weight = 2\n", servers(2)),
+        &format!("{}weight = 2\n", offline_text(ring, 2, false)),
     );
     let output = Command::new(env!("CARGO_BIN_EXE_memring"))
         .args(["check".as_ref(), "--offline".as_ref(), weighted.as_os_str()])
@@ -515,29 +624,74 @@ fn check_and_plan_know_the_rendezvous_ring() {
     );
 }
 
+/// The owners `memring where --config` gives `keys`, as addresses.
+fn owners_by_where(config: &std::path::Path, keys: &[String]) -> Vec<String> {
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        "where".as_ref(),
+        "--json".as_ref(),
+        "--config".as_ref(),
+        config.as_os_str(),
+    ];
+    args.extend(keys.iter().map(std::ffi::OsStr::new));
+    let (located, _) = memring(&args);
+    let owners: Vec<String> = located
+        .lines()
+        .map(|line| {
+            let location: serde_json::Value = serde_json::from_str(line).expect("json");
+            location["owner"]["addr"]
+                .as_str()
+                .expect("an owner")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(owners.len(), keys.len(), "{located}");
+    owners
+}
+
+#[test]
+fn check_plan_and_where_hash_keys_without_the_prefix() {
+    let dir = crate::common::TempDir::new("rings_dropin", "plan-prefix");
+    let plain = "ring = \"rendezvous\"\n";
+    let ring = format!("{plain}hash_without_prefix = \"{PREFIX}\"\n");
+    let four = write_config(&dir, "four.toml", &offline_text(&ring, 4, false));
+    let five = write_config(&dir, "five.toml", &offline_text(&ring, 5, false));
+    let whole = write_config(&dir, "whole.toml", &offline_text(plain, 4, false));
+    let (check, _) = memring(&["check".as_ref(), "--offline".as_ref(), four.as_os_str()]);
+    assert!(
+        check.contains("ring rendezvous (hash_without_prefix \"myapp:\")"),
+        "{check}"
+    );
+    // Between two rings that both strip the prefix: the exact share.
+    let (plan, _) = memring(&["plan".as_ref(), four.as_os_str(), five.as_os_str()]);
+    assert!((moved_percent(&plan) - 20.0).abs() < 0.01, "{plan}");
+    // Setting it moves prefixed keys as another hash would: about 3/4.
+    let (plan, _) = memring(&["plan".as_ref(), whole.as_os_str(), four.as_os_str()]);
+    assert!(
+        plan.contains("ring: rendezvous -> rendezvous (hash_without_prefix \"myapp:\")"),
+        "{plan}"
+    );
+    assert!((60.0..90.0).contains(&moved_percent(&plan)), "{plan}");
+    // `where` (the placement /route answers with) puts a prefixed key where
+    // the key without it goes on a ring hashing keys whole.
+    let keys: Vec<String> = (0..200).map(|i| format!("user:{i}")).collect();
+    let sent: Vec<String> = keys.iter().map(|k| format!("{PREFIX}{k}")).collect();
+    assert_eq!(
+        owners_by_where(&four, &sent),
+        owners_by_where(&whole, &keys)
+    );
+    assert_ne!(
+        owners_by_where(&whole, &sent),
+        owners_by_where(&whole, &keys)
+    );
+}
+
 #[test]
 fn check_and_plan_know_the_dalli_ring() {
     let dir = crate::common::TempDir::new("rings_dropin", "plan-dalli");
-    let servers = |n: usize| -> String {
-        (1..=n)
-            .map(|i| format!("[[servers]]\naddr = \"10.0.0.{i}:11211\"\nweight = {i}\n"))
-            .collect()
-    };
-    let write = |name: &str, text: String| {
-        let path = dir.path(name);
-        std::fs::write(&path, text).expect("write");
-        path
-    };
-    let head = "listen = \"127.0.0.1:22121\"\nshared_with = \"writers\"\n";
-    let three = write(
-        "three.toml",
-        format!("{head}ring = \"dalli\"\n{}", servers(3)),
-    );
-    let four = write(
-        "four.toml",
-        format!("{head}ring = \"dalli\"\n{}", servers(4)),
-    );
-    let native = write("native.toml", format!("{head}{}", servers(3)));
+    let ring = "ring = \"dalli\"\n";
+    let three = write_config(&dir, "three.toml", &offline_text(ring, 3, true));
+    let four = write_config(&dir, "four.toml", &offline_text(ring, 4, true));
+    let native = write_config(&dir, "native.toml", &offline_text("", 3, true));
     let (check, _) = memring(&["check".as_ref(), "--offline".as_ref(), three.as_os_str()]);
     assert!(check.contains("ring dalli"), "{check}");
     // Weights 1:2:3 -> 1:2:3:4: the new server takes about 4/10.
@@ -572,9 +726,13 @@ fn php_memcache_and_memring_find_each_others_keys_crc32_and_fnv_with_weights() {
         let forward = binary_keys(100 + salt as u64, KEYS);
         let backward = binary_keys(3000 + salt as u64, KEYS);
         let ring = format!("php-memcache\"\nhash = \"{hash}");
-        let (there, back, spread) = both_ways(
-            &ring, client, &specs, &servers, weights, &forward, &backward,
-        );
+        let beside = Beside {
+            ring: &ring,
+            prefix: "",
+            client,
+        };
+        let (there, back, spread) =
+            both_ways(&beside, &specs, &servers, weights, &forward, &backward);
         println!(
             "php-memcache {hash}, {count} servers, weights {weights:?}: PHP -> memring {there}/{KEYS}, memring -> PHP {back}/{KEYS}; PHP's keys per server {spread:?} ({:.1}s)",
             started.elapsed().as_secs_f64()
@@ -594,20 +752,19 @@ fn php_memcache_and_memring_find_each_others_keys_crc32_and_fnv_with_weights() {
 
 #[test]
 fn a_php_memcache_ring_hands_off_a_new_server_so_php_then_finds_every_key() {
-    hand_off_3_to_4("php-memcache", php_crc32, |s| format!("{}:1", s.addr()));
+    hand_off_3_to_4("php-memcache", "", php_crc32, |s| format!("{}:1", s.addr()));
 }
 
 #[test]
 fn check_and_plan_know_the_php_memcache_ring_and_its_hash() {
     let dir = crate::common::TempDir::new("rings_dropin", "plan-php");
-    let servers: String = (1..=4)
-        .map(|i| format!("[[servers]]\naddr = \"10.0.0.{i}:11211\"\n"))
-        .collect();
-    let head = "listen = \"127.0.0.1:22121\"\nshared_with = \"writers\"\nring = \"php-memcache\"\n";
-    let crc32 = dir.path("crc32.toml");
-    let fnv = dir.path("fnv.toml");
-    std::fs::write(&crc32, format!("{head}{servers}")).expect("write");
-    std::fs::write(&fnv, format!("{head}hash = \"fnv\"\n{servers}")).expect("write");
+    let ring = "ring = \"php-memcache\"\n";
+    let crc32 = write_config(&dir, "crc32.toml", &offline_text(ring, 4, false));
+    let fnv = write_config(
+        &dir,
+        "fnv.toml",
+        &offline_text(&format!("{ring}hash = \"fnv\"\n"), 4, false),
+    );
     let (check, _) = memring(&["check".as_ref(), "--offline".as_ref(), fnv.as_os_str()]);
     assert!(check.contains("ring php-memcache (hash fnv)"), "{check}");
     let (plan, _) = memring(&["plan".as_ref(), crc32.as_os_str(), fnv.as_os_str()]);

@@ -4,12 +4,13 @@
 //! live one or a regular file refused, and removed at exit; a pool's own
 //! listener can be one too; `memring check` says what start would.
 
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::io::{Read as _, Write as _};
 use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use crate::common::{wait_for, Memcached, Proxy, TempDir};
+use crate::common::daemon::Daemon;
+use crate::common::{memring_plan, wait_for, Memcached, Proxy, TempDir};
 
 const BIN: &str = env!("CARGO_BIN_EXE_memring");
 
@@ -161,21 +162,8 @@ fn the_daemon_removes_its_socket_at_exit() {
     let sock = dir.path("memring.sock");
     let path = dir.path("memring.toml");
     std::fs::write(&path, config(&sock, "listen_mode = \"0666\"", &backend)).unwrap();
-    let mut child = Command::new(BIN)
-        .arg("--config")
-        .arg(&path)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let mut lines = BufReader::new(stderr).lines();
-    let said = lines
-        .by_ref()
-        .map_while(Result::ok)
-        .find(|l| l.contains("listening on a Unix socket"));
-    let said = said.expect("memring says where it listens");
+    let mut daemon = Daemon::start(&path);
+    let said = daemon.log_line("listening on a Unix socket");
     assert!(said.contains(&sock.display().to_string()), "{said}");
     let mode = std::fs::symlink_metadata(&sock)
         .unwrap()
@@ -186,17 +174,10 @@ fn the_daemon_removes_its_socket_at_exit() {
         send(&sock, &["set k 0 0 1", "v", "get k"]),
         "STORED\r\nVALUE k 0 1\r\nv\r\nEND\r\n"
     );
-    let pid = child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let status = child.wait().unwrap();
+    daemon.terminate();
+    let status = daemon.wait_exit("memring to exit after SIGTERM");
     assert!(status.success(), "{status}");
     assert!(!sock.exists(), "the socket file is removed at exit");
-    // Drain what is left of the log so the pipe never blocks the child.
-    let _ = lines.count();
 }
 
 /// A pool's own listener on a Unix socket: its clients use that pool for
@@ -320,14 +301,7 @@ fn plan_says_a_socket_change_needs_a_restart_and_flush_new_servers_does_not() {
         format!("listen = \"unix:/run/m.sock\"\nlisten_mode = \"0660\"\nflush_new_servers = \"never\"\n{servers}"),
     )
     .unwrap();
-    let output = Command::new(BIN)
-        .arg("plan")
-        .arg(&old)
-        .arg(&new)
-        .output()
-        .unwrap();
-    assert!(output.status.success());
-    let text = String::from_utf8_lossy(&output.stdout);
+    let text = memring_plan(&old, &new);
     for expected in [
         "setting: listen 127.0.0.1:22122 -> unix:/run/m.sock (needs a restart)",
         "setting: listen_mode - -> 0660 (needs a restart)",

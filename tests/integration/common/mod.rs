@@ -6,6 +6,7 @@
 
 #![allow(dead_code)] // not every helper is used by every test area
 
+pub(crate) mod daemon;
 pub(crate) mod etcd;
 pub(crate) mod exposition;
 pub(crate) mod faulty;
@@ -131,6 +132,22 @@ pub(crate) fn replace_by_rename(path: &std::path::Path, text: &str) {
     let temporary = path.with_extension("tmp");
     std::fs::write(&temporary, text).unwrap();
     std::fs::rename(&temporary, path).unwrap();
+}
+
+/// The report of `memring plan OLD NEW` (its stdout), which must succeed.
+pub(crate) fn memring_plan(old: &std::path::Path, new: &std::path::Path) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_memring"))
+        .arg("plan")
+        .arg(old)
+        .arg(new)
+        .output()
+        .expect("run memring plan");
+    assert!(
+        output.status.success(),
+        "memring plan: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 /// Polls `condition` until it holds or `DEADLINE` passes.
