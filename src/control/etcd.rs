@@ -476,6 +476,8 @@ struct Fleet {
     applied: i64,
     /// A change staged and not switched to yet.
     pending: Option<Pending>,
+    /// The fleet's hand-off window (`<prefix>window`) was looked for.
+    window_read: bool,
 }
 
 /// Why a watch session ended.
@@ -507,6 +509,7 @@ pub async fn run(
         me: format!("{}proxies/{}", etcd.prefix, proxy_id()),
         applied: members.revision,
         pending: None,
+        window_read: false,
     };
     record(&publisher, &members, &fleet, &applied_tx);
     tokio::spawn(register(
@@ -596,6 +599,9 @@ pub async fn run(
             etcd.member_grace,
         );
         apply(publisher, etcd, members, applied, fleet, &mut client).await;
+        if !fleet.window_read {
+            fleet.window_read = join_window(publisher, etcd, &mut client).await;
+        }
         let options = WatchOptions::new()
             .with_prefix()
             .with_start_revision(revision + 1);
@@ -744,7 +750,7 @@ async fn apply(
                     .await
                     .is_ok_and(|read| fleet::lagging(&read, &fleet.me, p.revision).is_empty());
             if every {
-                switch(publisher, fleet, p, "every sidecar staged it").await;
+                switch(publisher, client, etcd, fleet, p, "every sidecar staged it").await;
                 in_force = publisher.shared().load().config.servers.clone();
             } else {
                 since = Some(p.since);
@@ -772,7 +778,8 @@ async fn apply(
         // Servers that join are flushed now, before they take writes.
         publish(
             publisher,
-            &config,
+            client,
+            etcd,
             &target,
             staged,
             from_store,
@@ -798,7 +805,8 @@ async fn apply(
         if servers != config.servers {
             publish(
                 publisher,
-                &config,
+                client,
+                etcd,
                 &servers,
                 servers.clone(),
                 from_store,
@@ -815,18 +823,20 @@ async fn apply(
 
 /// Publishes `servers` (`from_store`: those etcd adds to the file's),
 /// flushing first the servers of `target` that join the ring in force
-/// (`config`'s) unknown to it; a warming (JOINING) one is not flushed: what
+/// unknown to it; a warming (JOINING) one is not flushed: what
 /// it holds is written to it for the keys it will own, nor is one that
 /// warmed (or was staged) and now turns ACTIVE.
 async fn publish(
     publisher: &Publisher,
-    config: &Config,
+    client: &mut Client,
+    etcd: &EtcdSource,
     target: &[ServerConfig],
     servers: Vec<ServerConfig>,
     from_store: Vec<ServerConfig>,
     revision: i64,
 ) {
     let topology = publisher.shared().load_full();
+    let config = &topology.config;
     let mut joining = config.with_servers(target.to_vec());
     let warmed = |name: &str| config.servers.iter().any(|c| c.name == name && c.warming);
     joining.servers.retain(|s| !s.warming && !warmed(&s.name));
@@ -852,6 +862,9 @@ async fn publish(
                 published.version,
                 published.change,
             );
+            if published.change.handoff.is_some() {
+                share_window(publisher, etcd, client).await;
+            }
         }
         Err(shortage) => {
             tracing::error!(
@@ -859,6 +872,81 @@ async fn publish(
             );
         }
     }
+}
+
+/// The key of the fleet's hand-off window.
+fn window_key(etcd: &EtcdSource) -> String {
+    format!("{}window", etcd.prefix)
+}
+
+/// Puts the hand-off window just opened under `<prefix>window`, as the
+/// state file keeps it: a sidecar that starts or restarts within it, even
+/// without a state file of its own, takes it up (see [`join_window`]).
+/// Every sidecar that switches writes it; they write the same rings.
+async fn share_window(publisher: &Publisher, etcd: &EtcdSource, client: &mut Client) {
+    let Some(saved) = publisher.shared().load().saved_window() else {
+        return;
+    };
+    let Ok(value) = serde_json::to_string(&saved) else {
+        return;
+    };
+    let put =
+        tokio::time::timeout(REQUEST_TIMEOUT, client.put(window_key(etcd), value, None)).await;
+    if !matches!(put, Ok(Ok(_))) {
+        tracing::warn!(
+            "etcd: cannot write the hand-off window to {}: a sidecar that starts within it without a state file will not know it",
+            window_key(etcd)
+        );
+    }
+}
+
+/// At start, when no window was resumed from the state file: takes up the
+/// fleet's window from `<prefix>window` if it is not over and its ring in
+/// force is this sidecar's, so that writes through it delete moved keys on
+/// their previous owners and its reads read them through, as the other
+/// sidecars do. Whether etcd answered.
+async fn join_window(publisher: &Publisher, etcd: &EtcdSource, client: &mut Client) -> bool {
+    let got = tokio::time::timeout(REQUEST_TIMEOUT, client.get(window_key(etcd), None)).await;
+    let Ok(Ok(response)) = got else {
+        return false;
+    };
+    let topology = publisher.shared().load_full();
+    let Some(kv) = response.kvs().first() else {
+        return true;
+    };
+    if topology.previous.is_some() {
+        return true;
+    }
+    let saved: crate::pools::window_state::SavedWindow = match serde_json::from_slice(kv.value()) {
+        Ok(saved) => saved,
+        Err(e) => {
+            tracing::warn!("etcd: {}: ignored: {e}", window_key(etcd));
+            return true;
+        }
+    };
+    if saved.until_unix <= crate::runtime::clock::unix_now() {
+        return true;
+    }
+    let sorted = |mut ring: crate::pools::window_state::SavedRing| {
+        ring.servers.sort_by(|a, b| a.name.cmp(&b.name));
+        ring
+    };
+    let ours =
+        crate::pools::window_state::SavedRing::of(&topology.config.ring, &topology.ring_servers());
+    if sorted(saved.ring.clone()) != sorted(ours) {
+        tracing::info!(
+            "etcd: the fleet's hand-off window in {} is not over ring in force here: not taken up",
+            window_key(etcd)
+        );
+        return true;
+    }
+    tracing::info!(
+        "etcd: joining the fleet's hand-off window from {} (previous ring of {} servers)",
+        window_key(etcd),
+        saved.previous.servers.len()
+    );
+    publisher.resume(&saved);
+    true
 }
 
 /// Every sidecar's registration under `<prefix>proxies/`: key and value.
@@ -930,15 +1018,21 @@ async fn gate(
         return;
     };
     if let Some(pending) = fleet.pending.take() {
-        switch(publisher, fleet, pending, why).await;
+        switch(publisher, client, etcd, fleet, pending, why).await;
     }
     record(publisher, members, fleet, applied);
 }
 
 /// Moves reads to the staged change's servers (opening the hand-off window
 /// from the ring in force).
-async fn switch(publisher: &Publisher, fleet: &mut Fleet, pending: Pending, why: &str) {
-    let config = publisher.shared().load().config.clone();
+async fn switch(
+    publisher: &Publisher,
+    client: &mut Client,
+    etcd: &EtcdSource,
+    fleet: &mut Fleet,
+    pending: Pending,
+    why: &str,
+) {
     let file = file_servers(publisher);
     let from_store: Vec<ServerConfig> = pending
         .target
@@ -953,7 +1047,8 @@ async fn switch(publisher: &Publisher, fleet: &mut Fleet, pending: Pending, why:
     );
     publish(
         publisher,
-        &config,
+        client,
+        etcd,
         &pending.target,
         pending.target.clone(),
         from_store,

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::etcd::Etcd;
-use crate::common::{wait_for, Client, Daemon, Memcached, Proxy, TempDir};
+use crate::common::{free_port, wait_for, Client, Daemon, Memcached, Proxy, TempDir};
+use memring::protocol::ReplyKind;
+
 use crate::etcd::{etcd_config, key_of, record, stat_text, EtcdLink, PREFIX};
 
 /// The servers `proxy` reads from now (the ring in force), sorted.
@@ -230,10 +232,13 @@ fn without_the_gating_a_held_back_sidecar_makes_reads_stale() {
     );
 }
 
-/// The sidecar `etcd_fleet` starts as a process of its own, over `etcd`.
-fn sidecar_process(etcd: &Etcd, dir: &TempDir) -> Daemon {
+/// A sidecar as a process of its own, over `etcd`, listening on `port`
+/// (its state file beside its config, `other.toml.handoff-state`).
+fn sidecar_process(etcd: &Etcd, dir: &TempDir, port: u16) -> Daemon {
     let config = dir.path("other.toml");
-    let text = etcd_config(&etcd.endpoint(), dir, "").replace("members.json", "other.json");
+    let text = etcd_config(&etcd.endpoint(), dir, "")
+        .replace("members.json", "other.json")
+        .replacen("127.0.0.1:0", &format!("127.0.0.1:{port}"), 1);
     std::fs::write(&config, text).unwrap();
     Daemon::start(&config, &dir.path("other.log"), &[])
 }
@@ -246,7 +251,7 @@ fn a_killed_sidecar_holds_a_change_back_only_until_its_lease_expires() {
     etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
     etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
     let proxy = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir, ""));
-    let other = sidecar_process(&etcd, &dir);
+    let other = sidecar_process(&etcd, &dir, free_port());
     wait_for("both sidecars registered", || registered(&etcd) == 2);
     // SIGKILL: its registration stays until its lease (10 s) expires.
     drop(other);
@@ -290,4 +295,71 @@ fn a_sidecar_that_never_stages_holds_a_change_back_for_fleet_switch_ms_at_most()
     assert!(staged.elapsed() >= Duration::from_millis(1_500));
     assert_eq!(stat(&proxy, "fleet_forced_switches"), 1);
     assert_eq!(stat(&proxy, "membership_staged_revision"), 0);
+}
+
+fn client_stat(addr: &str, name: &str) -> i64 {
+    stat_text(&mut Client::connect(addr), name)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no STAT {name}"))
+}
+
+#[test]
+fn a_sidecar_restarted_mid_change_without_its_state_file_resurrects_no_delete() {
+    let etcd = Etcd::start("restart");
+    let dir = TempDir::new("fleet", "restart");
+    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
+    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let stays = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir, ""));
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let other = sidecar_process(&etcd, &dir, port);
+    wait_for("both sidecars registered", || registered(&etcd) == 2);
+    let keys: Vec<String> = (0..1_000).map(|i| format!("resurrect:{i}")).collect();
+    let mut client = stays.client();
+    for key in &keys {
+        assert_eq!(client.set(key, b"old"), b"STORED\r\n");
+    }
+    // c joins: both switch and open the hand-off window.
+    etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
+    wait_for("the first sidecar reads from c", || {
+        reads_from(&stays) == ["a", "b", "c"]
+    });
+    let revision = stat(&stays, "membership_revision");
+    wait_for("the other sidecar applied c", || {
+        client_stat(&addr, "membership_revision") == revision
+    });
+    // The other is killed and starts again without its state file, as a
+    // new pod would, while the window is in force.
+    drop(other);
+    std::fs::remove_file(dir.path("other.toml.handoff-state")).unwrap();
+    let restarted = sidecar_process(&etcd, &dir, port);
+    wait_for("the restarted sidecar answers", || {
+        std::net::TcpStream::connect(&addr).is_ok()
+    });
+    let start = Instant::now();
+    while client_stat(&addr, "handoff_until") == 0 && start.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Every key deleted through it, then read through the first sidecar.
+    let mut through_restarted = Client::connect(&addr);
+    for key in &keys {
+        let reply = through_restarted.call(format!("delete {key}\r\n").as_bytes(), ReplyKind::Line);
+        // NOT_FOUND where only the previous owner held it and the window
+        // is not known.
+        assert!(
+            reply == b"DELETED\r\n" || reply == b"NOT_FOUND\r\n",
+            "{key}"
+        );
+    }
+    let resurrected = keys.iter().filter(|k| client.get(k).is_some()).count();
+    assert_eq!(
+        resurrected, 0,
+        "{resurrected} of 1000 deleted keys read back"
+    );
+    assert!(
+        client_stat(&addr, "handoff_until") > 0,
+        "the window taken up"
+    );
+    assert_eq!(restarted.count("joining the fleet's hand-off window"), 1);
 }
