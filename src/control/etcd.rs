@@ -757,18 +757,20 @@ async fn apply(
             }
         }
     }
-    let staging = !etcd.fleet_switch.is_zero()
-        && fleet::moves_reads(&in_force, &target)
-        && match peers(client, etcd).await {
-            // Every other live sidecar staged or applied it: nobody reads
-            // the ring in force without writing the new one.
-            Ok(read) => !fleet::lagging(&read, &fleet.me, members.revision).is_empty(),
+    // The live sidecars that neither staged nor applied it (`None`: etcd
+    // cannot say). None at all: nobody reads the ring in force without
+    // writing the new one, so this sidecar switches at once.
+    let mut waiting = Some(0);
+    if !etcd.fleet_switch.is_zero() && fleet::moves_reads(&in_force, &target) {
+        waiting = match peers(client, etcd).await {
+            Ok(read) => Some(fleet::lagging(&read, &fleet.me, members.revision).len()),
             Err(e) => {
                 tracing::debug!("etcd: the sidecars cannot be read ({e}): staging");
-                true
+                None
             }
         };
-    if staging {
+    }
+    if waiting != Some(0) {
         let staged = fleet::staged_servers(&in_force, &target);
         let from_store: Vec<ServerConfig> = staged
             .iter()
@@ -786,7 +788,7 @@ async fn apply(
             members.revision,
         )
         .await;
-        let pending = Pending::new(
+        let mut pending = Pending::new(
             members.revision,
             target,
             in_force,
@@ -798,6 +800,7 @@ async fn apply(
             pending.revision,
             etcd.fleet_switch.as_millis()
         );
+        pending.waiting = waiting.unwrap_or(0);
         fleet.pending = Some(pending);
     } else {
         let from_store = members.servers(&file);
