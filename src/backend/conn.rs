@@ -844,6 +844,8 @@ mod tests {
                 weight: 1,
                 tls: false,
                 warming: false,
+                staged_out: false,
+                staged_in: false,
             };
             let settings = BackendSettings {
                 connections: 1,

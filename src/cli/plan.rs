@@ -97,6 +97,8 @@ fn running_servers(addr: &str) -> anyhow::Result<Vec<memring::config::ServerConf
                 .unwrap_or(1),
             tls: false,
             warming: false,
+            staged_out: false,
+            staged_in: false,
         })
         .collect())
 }

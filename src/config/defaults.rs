@@ -20,6 +20,9 @@ pub const DEFAULT_DISCOVERY_INTERVAL_MS: u64 = 5000;
 pub const DNS_PORT: u16 = 53;
 /// How long an etcd member whose key vanished without LEAVING stays.
 pub const DEFAULT_MEMBER_GRACE_MS: u64 = 10_000;
+/// How long a sidecar waits for every live sidecar to stage a membership
+/// change before it switches reads anyway (docs/etcd.md).
+pub const DEFAULT_FLEET_SWITCH_MS: u64 = 30_000;
 
 pub const DEFAULT_HOT_KEY_WINDOW_MS: u64 = 1000;
 pub const DEFAULT_HOT_KEY_SHARE: f64 = 0.2;

@@ -76,6 +76,7 @@ pub(super) const EXAMPLES: &[(&str, &str)] = &[
     ("etcd_endpoints", "[\"http://127.0.0.1:2379\"]"),
     ("etcd_prefix", "\"/memring/web/\""),
     ("member_grace_ms", "10000"),
+    ("fleet_switch_ms", "30000"),
     ("etcd_cache_file", "\"/var/lib/memring/members.json\""),
     ("addr", "\"10.0.0.1:11211\""),
     ("weight", "2"),

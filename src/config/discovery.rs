@@ -39,6 +39,10 @@ pub struct EtcdSource {
     pub prefix: String,
     /// How long a member whose key vanished without LEAVING stays.
     pub member_grace: Duration,
+    /// How long a sidecar that staged a membership change waits for every
+    /// live sidecar to stage it before it switches reads anyway
+    /// (`fleet_switch_ms`); zero: at once, without waiting (no gating).
+    pub fleet_switch: Duration,
     /// Where the last membership applied is kept, for a start while etcd
     /// cannot be reached.
     pub cache_file: PathBuf,
@@ -193,7 +197,8 @@ pub(super) fn discovery_settings(
     Ok(discovery)
 }
 
-/// `etcd_endpoints`, `etcd_prefix`, `member_grace_ms`, `etcd_cache_file`.
+/// `etcd_endpoints`, `etcd_prefix`, `member_grace_ms`, `fleet_switch_ms`,
+/// `etcd_cache_file`.
 fn etcd_settings(
     raw: &RawDiscovery,
     path: &str,
@@ -205,6 +210,10 @@ fn etcd_settings(
             (
                 "member_grace_ms",
                 raw.member_grace_ms.as_ref().map(Spanned::span),
+            ),
+            (
+                "fleet_switch_ms",
+                raw.fleet_switch_ms.as_ref().map(Spanned::span),
             ),
             (
                 "etcd_cache_file",
@@ -281,6 +290,22 @@ fn etcd_settings(
         }
         grace = Duration::from_millis(*ms.get_ref());
     }
+    let mut fleet_switch = Duration::from_millis(super::DEFAULT_FLEET_SWITCH_MS);
+    if let Some(ms) = &raw.fleet_switch_ms {
+        let range = 0..=3_600_000;
+        if !range.contains(ms.get_ref()) {
+            return Err(at(
+                ms.span(),
+                format!(
+                    "fleet_switch_ms = {} is out of range {}..={}",
+                    ms.get_ref(),
+                    range.start(),
+                    range.end()
+                ),
+            ));
+        }
+        fleet_switch = Duration::from_millis(*ms.get_ref());
+    }
     let cache_file = match &raw.etcd_cache_file {
         Some(file) if file.get_ref().trim().is_empty() => {
             return Err(at(file.span(), "etcd_cache_file is empty".into()))
@@ -292,6 +317,7 @@ fn etcd_settings(
         endpoints: listed,
         prefix: text.clone(),
         member_grace: grace,
+        fleet_switch,
         cache_file,
     }))
 }

@@ -73,6 +73,19 @@ pub struct ServerConfig {
     /// their current owners, and serves no reads yet (an etcd member in
     /// `JOINING`). Not on the ring until it stops warming.
     pub warming: bool,
+    /// Staged out: on the ring in force, but not on the ring a membership
+    /// change has staged (the fleet has not switched to it yet): the keys'
+    /// staged owners take their writes too (see `Topology::staged_replicas`).
+    /// Never set by a config file.
+    pub staged_out: bool,
+    /// Staged in: not on the ring in force, on the staged ring (it joins
+    /// with the staged change). Unlike a warming server it gets no write
+    /// itself, only a delete of each key written that it will own: another
+    /// sidecar that has not staged the change yet writes only to the key's
+    /// owner now, so a value here could be older than that write by the
+    /// time reads move here; a miss is read through from the previous
+    /// owner instead. Never set by a config file.
+    pub staged_in: bool,
 }
 
 impl ServerConfig {

@@ -564,6 +564,7 @@ fn layered(top: &RawConfig, pool: &RawPool) -> RawConfig {
         discovery.etcd_endpoints = None;
         discovery.etcd_prefix = None;
         discovery.member_grace_ms = None;
+        discovery.fleet_switch_ms = None;
         discovery.etcd_cache_file = None;
     }
     macro_rules! own {

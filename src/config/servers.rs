@@ -77,6 +77,8 @@ impl ServerList {
                 weight,
                 tls,
                 warming,
+                staged_out: false,
+                staged_in: false,
             });
         }
         Ok(list)

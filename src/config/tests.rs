@@ -409,6 +409,7 @@ fn every_key_has_an_example_that_loads() {
         "etcd_endpoints",
         "etcd_prefix",
         "member_grace_ms",
+        "fleet_switch_ms",
         "etcd_cache_file",
     ];
     // A pool's keys are top-level keys; a route's have their own, and
@@ -1006,6 +1007,7 @@ fn etcd_discovery_needs_no_servers_and_takes_its_defaults() {
     );
     assert_eq!(etcd.prefix, "/memring/web/");
     assert_eq!(etcd.member_grace, std::time::Duration::from_millis(10_000));
+    assert_eq!(etcd.fleet_switch, std::time::Duration::from_millis(30_000));
     assert_eq!(
         etcd.cache_file,
         std::path::PathBuf::from("/etc/memring.toml.members.json")

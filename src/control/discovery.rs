@@ -59,6 +59,8 @@ pub async fn servers(source: &Source, dns: Dns, tls: bool) -> Result<Vec<ServerC
                         weight,
                         tls,
                         warming: false,
+                        staged_out: false,
+                        staged_in: false,
                     }
                 })
                 .collect()
@@ -72,6 +74,8 @@ pub async fn servers(source: &Source, dns: Dns, tls: bool) -> Result<Vec<ServerC
                 addr: socket.to_string(),
                 weight: 1,
                 warming: false,
+                staged_out: false,
+                staged_in: false,
                 tls,
             })
             .collect(),

@@ -25,7 +25,9 @@
 //! - Every membership applied is written to `etcd_cache_file` (by rename),
 //!   which memring starts from when etcd cannot be reached at start.
 //! - Each sidecar keeps `<prefix>proxies/<id>` under a lease of its own,
-//!   saying which revision it applied and its ring digest.
+//!   saying which revision it applied and its ring digest, and the revision
+//!   of a change it staged: a change that moves reads is staged first and
+//!   switched to once every live sidecar staged it (`control/fleet.rs`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -38,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::health::HealthState;
 use crate::config::{Config, EtcdSource, ServerConfig};
+use crate::control::fleet::{self, Pending};
 use crate::control::member_record::{member_name, MemberRecord, MemberState};
 use crate::control::publisher::Publisher;
 
@@ -295,6 +298,8 @@ impl Members {
                 weight: e.record.weight,
                 tls: e.record.tls,
                 warming: e.record.state == MemberState::Joining,
+                staged_out: false,
+                staged_in: false,
             });
         }
         servers
@@ -461,6 +466,20 @@ fn save_cache(path: &Path, members: &Members) {
 struct Applied {
     revision: i64,
     digest: u64,
+    /// The revision of a change staged (0: none).
+    staged: i64,
+}
+
+/// What the watch keeps for the fleet gating (`control/fleet.rs`).
+struct Fleet {
+    /// This sidecar's key under `<prefix>proxies/`.
+    me: String,
+    /// The revision of the membership in force (reads).
+    applied: i64,
+    /// A change staged and not switched to yet.
+    pending: Option<Pending>,
+    /// The fleet's hand-off window (`<prefix>window`) was looked for.
+    window_read: bool,
 }
 
 /// Why a watch session ended.
@@ -488,8 +507,20 @@ pub async fn run(
     let mut members = startup.members;
     publisher.set_store_servers(members.servers(&startup.file));
     let (applied_tx, applied_rx) = tokio::sync::watch::channel(Applied::default());
-    record(&publisher, &members, &applied_tx);
-    tokio::spawn(register(etcd.clone(), applied_rx, layout, shutdown.clone()));
+    let mut fleet = Fleet {
+        me: format!("{}proxies/{}", etcd.prefix, proxy_id()),
+        applied: members.revision,
+        pending: None,
+        window_read: false,
+    };
+    record(&publisher, &members, &fleet, &applied_tx);
+    tokio::spawn(register(
+        etcd.clone(),
+        fleet.me.clone(),
+        applied_rx,
+        layout,
+        shutdown.clone(),
+    ));
     let mut backoff = BACKOFF.0;
     let mut failing: Option<String> = None;
     loop {
@@ -502,6 +533,7 @@ pub async fn run(
             &etcd,
             &mut members,
             &applied_tx,
+            &mut fleet,
             &mut link,
             &shutdown,
         )
@@ -545,6 +577,7 @@ pub async fn run(
         etcd: &EtcdSource,
         members: &mut Members,
         applied: &tokio::sync::watch::Sender<Applied>,
+        fleet: &mut Fleet,
         link: &mut Link<'_>,
         shutdown: &CancellationToken,
     ) -> Ended {
@@ -567,7 +600,10 @@ pub async fn run(
             Instant::now(),
             etcd.member_grace,
         );
-        apply(publisher, etcd, members, applied).await;
+        apply(publisher, etcd, members, applied, fleet, &mut client).await;
+        if !fleet.window_read {
+            fleet.window_read = join_window(publisher, etcd, &mut client).await;
+        }
         let options = WatchOptions::new()
             .with_prefix()
             .with_start_revision(revision + 1);
@@ -600,19 +636,22 @@ pub async fn run(
                         let more = tokio::time::timeout(COALESCE, stream.message()).await;
                         let Ok(message) = more else { break };
                         if let Err(ended) = take(message, members, etcd) {
-                            apply(publisher, etcd, members, applied).await;
+                            apply(publisher, etcd, members, applied, fleet, &mut client).await;
                             return ended;
                         }
                     }
-                    apply(publisher, etcd, members, applied).await;
+                    apply(publisher, etcd, members, applied, fleet, &mut client).await;
                 }
                 () = sleep => {
                     let answers = |name: &str| answers(publisher, name);
                     if members.expire(Instant::now(), etcd.member_grace, &answers) {
-                        apply(publisher, etcd, members, applied).await;
+                        apply(publisher, etcd, members, applied, fleet, &mut client).await;
                     } else {
-                        record(publisher, members, applied);
+                        record(publisher, members, fleet, applied);
                     }
+                }
+                () = tokio::time::sleep(fleet::POLL), if fleet.pending.is_some() => {
+                    gate(publisher, etcd, members, applied, fleet, &mut client).await;
                 }
                 () = shutdown.cancelled() => return Ended::Shutdown,
             }
@@ -680,85 +719,402 @@ fn file_servers(publisher: &Publisher) -> Vec<ServerConfig> {
 }
 
 /// Publishes the members' servers beside the file's, if they changed, and
-/// records the revision applied.
+/// records the revision applied. A change that moves reads, while other
+/// sidecars have not staged it yet, is staged instead (see
+/// `control/fleet.rs`): [`gate`] switches to it once they have.
 async fn apply(
     publisher: &Publisher,
     etcd: &EtcdSource,
     members: &Members,
     applied: &tokio::sync::watch::Sender<Applied>,
+    fleet: &mut Fleet,
+    client: &mut Client,
 ) {
     let config = publisher.shared().load().config.clone();
     let file = file_servers(publisher);
-    let from_store = members.servers(&file);
-    let servers = merged(&file, &from_store);
-    if servers != config.servers {
-        // Servers that join are flushed first, as on a config edit; a
-        // warming (JOINING) one is not: what it holds is written to it
-        // for the keys it will own.
-        let topology = publisher.shared().load_full();
-        let mut joining = config.with_servers(servers.clone());
-        // Nor is one that warmed and now turns ACTIVE.
-        let warmed = |name: &str| config.servers.iter().any(|c| c.name == name && c.warming);
-        joining.servers.retain(|s| !s.warming && !warmed(&s.name));
-        crate::control::newcomers::flush_newcomers_off_thread(topology, joining).await;
-        let latest = publisher.shared().load().config.clone();
-        let file = file_servers(publisher);
-        let from_store = members.servers(&file);
-        match publisher.apply_config(latest.with_servers(merged(&file, &from_store))) {
-            Ok(published) => {
-                publisher.set_store_servers(from_store);
-                tracing::info!(
-                    "ring v{}: {} (etcd revision {})",
-                    published.version,
-                    published.change,
-                    members.revision
-                );
-            }
-            Err(shortage) => {
-                tracing::error!(
-                    "etcd: members of revision {} refused: {shortage}; still serving the previous list",
-                    members.revision
-                );
-                return;
+    let target = merged(&file, &members.servers(&file));
+    if fleet.pending.as_ref().is_some_and(|p| p.target == target) {
+        save_cache(&etcd.cache_file, members);
+        return record(publisher, members, fleet, applied);
+    }
+    let mut in_force = match &fleet.pending {
+        Some(p) => p.in_force.clone(),
+        None => config.servers.clone(),
+    };
+    let mut since = None;
+    if !etcd.fleet_switch.is_zero() && fleet::moves_reads(&in_force, &target) {
+        if let Some(p) = fleet.pending.take() {
+            // Another change before this sidecar switched to the one it
+            // staged: if every sidecar had staged that one, some may read
+            // its ring already, so this one switches to it first.
+            let every = p.said()
+                && peers(client, etcd)
+                    .await
+                    .is_ok_and(|read| fleet::lagging(&read, &fleet.me, p.revision).is_empty());
+            if every {
+                switch(publisher, client, etcd, fleet, p, "every sidecar staged it").await;
+                in_force = publisher.shared().load().config.servers.clone();
+            } else {
+                since = Some(p.since);
             }
         }
     }
+    // The live sidecars that neither staged nor applied it (`None`: etcd
+    // cannot say). None at all: nobody reads the ring in force without
+    // writing the new one, so this sidecar switches at once.
+    let mut waiting = Some(0);
+    if !etcd.fleet_switch.is_zero() && fleet::moves_reads(&in_force, &target) {
+        waiting = match peers(client, etcd).await {
+            Ok(read) => Some(fleet::lagging(&read, &fleet.me, members.revision).len()),
+            Err(e) => {
+                tracing::debug!("etcd: the sidecars cannot be read ({e}): staging");
+                None
+            }
+        };
+    }
+    if waiting != Some(0) {
+        let staged = fleet::staged_servers(&in_force, &target);
+        let from_store: Vec<ServerConfig> = staged
+            .iter()
+            .filter(|s| !file.iter().any(|f| f.name == s.name))
+            .cloned()
+            .collect();
+        // Servers that join are flushed now, before they take writes.
+        publish(
+            publisher,
+            client,
+            etcd,
+            &target,
+            staged,
+            from_store,
+            members.revision,
+        )
+        .await;
+        let mut pending = Pending::new(
+            members.revision,
+            target,
+            in_force,
+            since,
+            config.request_timeout,
+        );
+        tracing::info!(
+            "etcd revision {}: staged; reads stay on the ring in force, writes also reach the new owners, until every live sidecar staged it (at most fleet_switch_ms = {} ms)",
+            pending.revision,
+            etcd.fleet_switch.as_millis()
+        );
+        pending.waiting = waiting.unwrap_or(0);
+        fleet.pending = Some(pending);
+    } else {
+        let from_store = members.servers(&file);
+        let servers = merged(&file, &from_store);
+        if servers != config.servers {
+            publish(
+                publisher,
+                client,
+                etcd,
+                &servers,
+                servers.clone(),
+                from_store,
+                members.revision,
+            )
+            .await;
+        }
+        fleet.pending = None;
+        fleet.applied = members.revision;
+    }
     save_cache(&etcd.cache_file, members);
-    record(publisher, members, applied);
+    record(publisher, members, fleet, applied);
+}
+
+/// Publishes `servers` (`from_store`: those etcd adds to the file's),
+/// flushing first the servers of `target` that join the ring in force
+/// unknown to it; a warming (JOINING) one is not flushed: what
+/// it holds is written to it for the keys it will own, nor is one that
+/// warmed (or was staged) and now turns ACTIVE.
+async fn publish(
+    publisher: &Publisher,
+    client: &mut Client,
+    etcd: &EtcdSource,
+    target: &[ServerConfig],
+    servers: Vec<ServerConfig>,
+    from_store: Vec<ServerConfig>,
+    revision: i64,
+) {
+    let topology = publisher.shared().load_full();
+    let config = &topology.config;
+    let mut joining = config.with_servers(target.to_vec());
+    let warmed = |name: &str| config.servers.iter().any(|c| c.name == name && c.warming);
+    joining.servers.retain(|s| !s.warming && !warmed(&s.name));
+    crate::control::newcomers::flush_newcomers_off_thread(topology, joining).await;
+    // A reload during the flush may have changed the file's servers: they
+    // are taken as they are now.
+    let latest = publisher.shared().load().config.clone();
+    let file = file_servers(publisher);
+    let mut servers = servers;
+    servers.retain(|s| {
+        file.iter().any(|f| f.name == s.name) || from_store.iter().any(|m| m.name == s.name)
+    });
+    for f in &file {
+        if !servers.iter().any(|s| s.name == f.name) {
+            servers.insert(0, f.clone());
+        }
+    }
+    match publisher.apply_config(latest.with_servers(servers)) {
+        Ok(published) => {
+            publisher.set_store_servers(from_store);
+            tracing::info!(
+                "ring v{}: {} (etcd revision {revision})",
+                published.version,
+                published.change,
+            );
+            if published.change.handoff.is_some() {
+                share_window(publisher, etcd, client).await;
+            }
+        }
+        Err(shortage) => {
+            tracing::error!(
+                "etcd: members of revision {revision} refused: {shortage}; still serving the previous list",
+            );
+        }
+    }
+}
+
+/// The key of the fleet's hand-off window.
+fn window_key(etcd: &EtcdSource) -> String {
+    format!("{}window", etcd.prefix)
+}
+
+/// Puts the hand-off window just opened under `<prefix>window`, as the
+/// state file keeps it: a sidecar that starts or restarts within it, even
+/// without a state file of its own, takes it up (see [`join_window`]).
+/// Every sidecar that switches writes it; they write the same rings.
+async fn share_window(publisher: &Publisher, etcd: &EtcdSource, client: &mut Client) {
+    let Some(saved) = publisher.shared().load().saved_window() else {
+        return;
+    };
+    let Ok(value) = serde_json::to_string(&saved) else {
+        return;
+    };
+    let put =
+        tokio::time::timeout(REQUEST_TIMEOUT, client.put(window_key(etcd), value, None)).await;
+    if !matches!(put, Ok(Ok(_))) {
+        tracing::warn!(
+            "etcd: cannot write the hand-off window to {}: a sidecar that starts within it without a state file will not know it",
+            window_key(etcd)
+        );
+    }
+}
+
+/// At start, when no window was resumed from the state file: takes up the
+/// fleet's window from `<prefix>window` if it is not over and its ring in
+/// force is this sidecar's, so that writes through it delete moved keys on
+/// their previous owners and its reads read them through, as the other
+/// sidecars do. Whether etcd answered.
+async fn join_window(publisher: &Publisher, etcd: &EtcdSource, client: &mut Client) -> bool {
+    let got = tokio::time::timeout(REQUEST_TIMEOUT, client.get(window_key(etcd), None)).await;
+    let Ok(Ok(response)) = got else {
+        return false;
+    };
+    let topology = publisher.shared().load_full();
+    let Some(kv) = response.kvs().first() else {
+        return true;
+    };
+    if topology.previous.is_some() {
+        return true;
+    }
+    let saved: crate::pools::window_state::SavedWindow = match serde_json::from_slice(kv.value()) {
+        Ok(saved) => saved,
+        Err(e) => {
+            tracing::warn!("etcd: {}: ignored: {e}", window_key(etcd));
+            return true;
+        }
+    };
+    if saved.until_unix <= crate::runtime::clock::unix_now() {
+        return true;
+    }
+    let sorted = |mut ring: crate::pools::window_state::SavedRing| {
+        ring.servers.sort_by(|a, b| a.name.cmp(&b.name));
+        ring
+    };
+    let ours =
+        crate::pools::window_state::SavedRing::of(&topology.config.ring, &topology.ring_servers());
+    if sorted(saved.ring.clone()) != sorted(ours) {
+        tracing::info!(
+            "etcd: the fleet's hand-off window in {} is not over ring in force here: not taken up",
+            window_key(etcd)
+        );
+        return true;
+    }
+    tracing::info!(
+        "etcd: joining the fleet's hand-off window from {} (previous ring of {} servers)",
+        window_key(etcd),
+        saved.previous.servers.len()
+    );
+    publisher.resume(&saved);
+    true
+}
+
+/// Every sidecar's registration under `<prefix>proxies/`: key and value.
+async fn peers(client: &mut Client, etcd: &EtcdSource) -> Result<Vec<(String, Vec<u8>)>, String> {
+    let prefix = format!("{}proxies/", etcd.prefix);
+    let response = tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        client.get(prefix, Some(GetOptions::new().with_prefix())),
+    )
+    .await
+    .map_err(|_| "read timed out".to_string())?
+    .map_err(|e| e.to_string())?;
+    Ok(response
+        .kvs()
+        .iter()
+        .map(|kv| {
+            (
+                String::from_utf8_lossy(kv.key()).into_owned(),
+                kv.value().to_vec(),
+            )
+        })
+        .collect())
+}
+
+/// A change is staged: switches to it once every live sidecar staged it
+/// (or applied it), or once `fleet_switch_ms` is over.
+async fn gate(
+    publisher: &Publisher,
+    etcd: &EtcdSource,
+    members: &Members,
+    applied: &tokio::sync::watch::Sender<Applied>,
+    fleet: &mut Fleet,
+    client: &mut Client,
+) {
+    record(publisher, members, fleet, applied);
+    let Some(pending) = fleet.pending.as_mut() else {
+        return;
+    };
+    if !pending.said() {
+        return;
+    }
+    let waiting = match peers(client, etcd).await {
+        Ok(read) => Some(fleet::lagging(&read, &fleet.me, pending.revision)),
+        Err(e) => {
+            tracing::debug!("etcd: the sidecars cannot be read: {e}");
+            None
+        }
+    };
+    if let Some(waiting) = &waiting {
+        pending.waiting = waiting.len();
+        publisher
+            .stats()
+            .membership_staged(pending.revision, waiting.len());
+    }
+    let why = if waiting.as_ref().is_some_and(Vec::is_empty) {
+        "every live sidecar staged it"
+    } else if pending.since.elapsed() >= etcd.fleet_switch {
+        tracing::warn!(
+            "etcd revision {}: switching reads after fleet_switch_ms = {} ms although {} sidecar{} did not stage it ({}): a read through this sidecar may return a value older than a write through them until they apply it",
+            pending.revision,
+            etcd.fleet_switch.as_millis(),
+            pending.waiting,
+            if pending.waiting == 1 { "" } else { "s" },
+            waiting.map_or_else(|| "etcd cannot say".to_string(), |w| w.join(", "))
+        );
+        publisher.stats().fleet_switch_forced();
+        "fleet_switch_ms is over"
+    } else {
+        return;
+    };
+    if let Some(pending) = fleet.pending.take() {
+        switch(publisher, client, etcd, fleet, pending, why).await;
+    }
+    record(publisher, members, fleet, applied);
+}
+
+/// Moves reads to the staged change's servers (opening the hand-off window
+/// from the ring in force).
+async fn switch(
+    publisher: &Publisher,
+    client: &mut Client,
+    etcd: &EtcdSource,
+    fleet: &mut Fleet,
+    pending: Pending,
+    why: &str,
+) {
+    let file = file_servers(publisher);
+    let from_store: Vec<ServerConfig> = pending
+        .target
+        .iter()
+        .filter(|s| !file.iter().any(|f| f.name == s.name))
+        .cloned()
+        .collect();
+    tracing::info!(
+        "etcd revision {}: switching reads to it ({why}, {} ms after staging)",
+        pending.revision,
+        pending.since.elapsed().as_millis()
+    );
+    publish(
+        publisher,
+        client,
+        etcd,
+        &pending.target,
+        pending.target.clone(),
+        from_store,
+        pending.revision,
+    )
+    .await;
+    fleet.applied = pending.revision;
 }
 
 /// The revision and states for `stats`, and for the proxy registration.
-fn record(publisher: &Publisher, members: &Members, applied: &tokio::sync::watch::Sender<Applied>) {
-    publisher
-        .stats()
-        .membership_applied(members.revision, members.states());
+fn record(
+    publisher: &Publisher,
+    members: &Members,
+    fleet: &Fleet,
+    applied: &tokio::sync::watch::Sender<Applied>,
+) {
+    let stats = publisher.stats();
+    stats.membership_applied(fleet.applied, members.states());
+    let staged = fleet
+        .pending
+        .as_ref()
+        .filter(|p| p.said())
+        .map_or(0, |p| p.revision);
+    let waiting = fleet.pending.as_ref().map_or(0, |p| p.waiting);
+    stats.membership_staged(staged, waiting);
     // The ring digest goes with it: a publish changes it.
     let digest = publisher.shared().load().ring_digest;
-    applied.send_replace(Applied {
-        revision: members.revision,
+    let now = Applied {
+        revision: fleet.applied,
         digest,
-    });
+        staged,
+    };
+    applied.send_if_modified(|was| std::mem::replace(was, now) != now);
 }
 
-/// This sidecar's id under `<prefix>proxies/`: host name and process id.
+/// This sidecar's id under `<prefix>proxies/`: host name and process id
+/// (and a number for a second memring in one process, as tests run them).
 fn proxy_id() -> String {
+    static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nth = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".into());
-    format!("{host}-{}", std::process::id())
+    match nth {
+        0 => format!("{host}-{}", std::process::id()),
+        n => format!("{host}-{}-{n}", std::process::id()),
+    }
 }
 
 /// Keeps `<prefix>proxies/<id>` under a lease until `shutdown`, its value
-/// the revision and ring digest applied, rewritten when they change.
+/// the revision and ring digest applied and the revision of a change
+/// staged (`staged`, 0: none), rewritten when they change.
 async fn register(
     etcd: EtcdSource,
+    key: String,
     mut applied: tokio::sync::watch::Receiver<Applied>,
     layout: crate::pools::layout::SharedLayout,
     shutdown: CancellationToken,
 ) {
-    let key = format!("{}proxies/{}", etcd.prefix, proxy_id());
     let mut backoff = BACKOFF.0;
     loop {
         let kept = async {
@@ -777,6 +1133,7 @@ async fn register(
                 let now = *applied.borrow_and_update();
                 let value = serde_json::json!({
                     "revision": now.revision,
+                    "staged": now.staged,
                     "ring_digest": crate::ring::digest::hex(layout.load().ring_digest()),
                     "version": crate::VERSION_STRING,
                 })
@@ -901,6 +1258,8 @@ mod tests {
             weight: 1,
             tls: false,
             warming: false,
+            staged_out: false,
+            staged_in: false,
         };
         assert_eq!(names(m.servers(&[file])), ["a"]);
     }

@@ -34,6 +34,7 @@ pub(crate) mod client_slots;
 pub mod discovery;
 pub mod etcd;
 pub mod fd_budget;
+mod fleet;
 pub mod locate;
 pub mod member_record;
 mod newcomers;

@@ -504,8 +504,9 @@ fn retry(e: &crate::config::Ejection) -> String {
 fn membership_store(d: &crate::config::Discovery) -> String {
     d.etcd.as_ref().map_or("(none)".to_string(), |e| {
         format!(
-            "{e}, grace {} ms, cache {}",
+            "{e}, grace {} ms, fleet switch {} ms, cache {}",
             e.member_grace.as_millis(),
+            e.fleet_switch.as_millis(),
             e.cache_file.display()
         )
     })

@@ -360,6 +360,13 @@ pub(crate) fn place<M>(
         return placed;
     }
     let repeats = op.repeatable && op.kind == KeyKind::Write && !op.owner_only;
+    // Only a warming server gets the write itself; the owners a staged
+    // change gives the key (`ServerConfig::staged_in`, `staged_out`) lose
+    // it instead: a sidecar that has not staged the change writes only to
+    // the owner now, so a value there could turn older than its write.
+    let warms = |w: &usize| repeats && topology.is_warming(*w);
+    warming.sort_by_key(|w| !warms(w));
+    let warmed = warming.iter().filter(|w| warms(w)).count();
     match placed {
         Placement::NoServers => Placement::NoServers,
         Placement::Owner { server, .. } => {
@@ -369,8 +376,8 @@ pub(crate) fn place<M>(
             Placement::Quorum {
                 servers,
                 quorum: 1,
-                forget: if repeats { 0 } else { n },
-                warm: if repeats { n } else { 0 },
+                forget: n - warmed,
+                warm: warmed,
                 older: None,
                 forget_last: false,
             }
@@ -387,15 +394,14 @@ pub(crate) fn place<M>(
             // on the previous one: then it loses the key already.
             warming.retain(|w| !servers.contains(w));
             let mut warm = warm;
-            if repeats {
-                let at = servers.len() - forget;
-                for (i, &w) in warming.iter().enumerate() {
-                    servers.insert(at + i, w);
-                }
-                warm += warming.len();
-            } else {
-                servers.extend(warming.iter().copied());
-                forget += warming.len();
+            let at = servers.len() - forget;
+            for (i, &w) in warming.iter().filter(|w| warms(w)).enumerate() {
+                servers.insert(at + i, w);
+                warm += 1;
+            }
+            for &w in warming.iter().filter(|w| !warms(w)) {
+                servers.push(w);
+                forget += 1;
             }
             Placement::Quorum {
                 servers,

@@ -82,20 +82,25 @@ pub struct Topology {
     /// (see [`Topology::copies_back`]). That ring is in `older` too while
     /// there is room; this stays when it is dropped.
     undoes: bool,
-    /// With warming servers: the ring they are staged to join (see
+    /// With warming servers, or a membership change staged (servers
+    /// `staged_out`): the ring they are staged to make (see
     /// [`Topology::warming_replicas`]).
     staged: Option<Box<Staged>>,
 }
 
 /// The ring as it would be were the warming servers (`warming = true`)
-/// members: it decides which keys each warming server is written, and is
-/// never read from.
+/// members and the `staged_out` ones not: it decides which keys each
+/// server is written besides its own, and is never read from. With warming
+/// servers only, the keys it gives them; with a change staged for the fleet
+/// to switch together (docs/etcd.md), also the keys a removed server's
+/// successors will own.
 #[derive(Debug)]
 struct Staged {
     ring: Ring,
     /// `ring_backends[i]`: index in `backends` of member `i`.
     ring_backends: Box<[u32]>,
-    /// Backend indexes of the warming servers.
+    /// Backend indexes of the warming servers (not those staged in: they
+    /// get deletes only, see `ServerConfig::staged_in`).
     warming: Box<[u32]>,
 }
 
@@ -310,12 +315,17 @@ impl Topology {
         // the gutter instead of to the other servers, and come back to it.
         let keeps_place = config.failover.is_some();
         let mut warming = Vec::new();
+        // Warming servers and those staged in: on the staged ring only.
+        let mut staged_only = Vec::new();
         for (i, server) in config.servers.iter().enumerate() {
             // Not on the ring, DEAD or not: a warming server serves nothing,
             // and is written to (see `staged`) even while DEAD, so that no
             // write goes past it unnoticed while its state is unknown.
             if server.warming {
-                warming.push(i as u32);
+                staged_only.push(i as u32);
+                if !server.staged_in {
+                    warming.push(i as u32);
+                }
                 continue;
             }
             let out = ejected.contains(&server.name);
@@ -327,10 +337,18 @@ impl Topology {
                 ring_backends.push(i as u32);
             }
         }
-        let staged = (!warming.is_empty()).then(|| {
-            let mut staged_nodes = nodes.clone();
-            let mut staged_backends = ring_backends.clone();
-            for &i in &warming {
+        let staged_out = |i: u32| config.servers[i as usize].staged_out;
+        let stages = !staged_only.is_empty() || ring_backends.iter().any(|&i| staged_out(i));
+        let staged = stages.then(|| {
+            let mut staged_nodes = Vec::with_capacity(nodes.len() + warming.len());
+            let mut staged_backends = Vec::with_capacity(nodes.len() + warming.len());
+            for (node, &i) in nodes.iter().zip(&ring_backends) {
+                if !staged_out(i) {
+                    staged_nodes.push(node.clone());
+                    staged_backends.push(i);
+                }
+            }
+            for &i in &staged_only {
                 staged_nodes.push(config.servers[i as usize].node());
                 staged_backends.push(i);
             }
@@ -710,23 +728,29 @@ impl Topology {
         }
     }
 
-    /// Backend indexes of the warming servers that would be among `key`'s
-    /// replicas (owner first, `config.replicas` long at most) had they
-    /// joined: where a write of `key` goes besides its replicas now.
-    /// Nothing without warming servers, and nothing is ever read from them.
+    /// Backend indexes of the servers that would be among `key`'s replicas
+    /// (owner first, `config.replicas` long at most) on the staged ring and
+    /// are not among them now: where a write of `key` goes besides its
+    /// replicas now. The warming servers that would hold it had they
+    /// joined, and, with a membership change staged, the owners it gives
+    /// the key. Nothing without a staged ring, and nothing is read from
+    /// them until the ring is in force.
     pub fn warming_replicas(&self, key: &[u8], out: &mut smallvec::SmallVec<[usize; 4]>) {
         out.clear();
         let Some(staged) = &self.staged else {
             return;
         };
         staged.ring.replicas(key, self.config.replicas.max(1), out);
-        out.retain(|member| staged.warming.contains(&staged.ring_backends[*member]));
         for member in out.iter_mut() {
             *member = staged.ring_backends[*member] as usize;
         }
+        let mut now = smallvec::SmallVec::<[usize; 4]>::new();
+        self.replicas(key, &mut now);
+        out.retain(|member| !now.contains(member));
     }
 
-    /// Whether any server is warming.
+    /// Whether a staged ring is in force: servers warming, or a membership
+    /// change staged.
     #[inline]
     pub fn has_warming(&self) -> bool {
         self.staged.is_some()
@@ -983,6 +1007,54 @@ pub(crate) mod tests {
         assert!((300..500).contains(&theirs), "about a fifth: {theirs}");
     }
 
+    #[test]
+    fn a_staged_change_writes_each_moved_key_to_its_staged_owner_too() {
+        // s4 staged out and s5 staged in: reads stay on s1..s4, and a key
+        // the change moves is also written to its owner on s1,s2,s3,s5.
+        let mut servers: Vec<ServerConfig> = (1..=5).map(|i| server(&format!("s{i}"), 1)).collect();
+        servers[4].warming = true;
+        let (runtime, hooks) = runtime_and_hooks();
+        let topology = {
+            let _guard = runtime.enter();
+            // A config file cannot say `staged_out`: set after parsing.
+            let mut config = (*config_with(&servers, "")).clone();
+            config.servers[3].staged_out = true;
+            config.servers[4].staged_in = true;
+            let config = Arc::new(config);
+            let backends = Topology::backends_for(&config, None, &hooks);
+            Topology::assemble(config, 1, backends, Vec::new())
+        };
+        assert!(topology.has_warming());
+        assert!(!topology.is_warming(4), "staged in, it takes deletes only");
+        let target = Ring::build(
+            ["s1", "s2", "s3", "s5"]
+                .iter()
+                .map(|n| server(n, 1).member())
+                .collect(),
+        );
+        let mut extra = smallvec::SmallVec::new();
+        let (mut moved, mut from_s4) = (0, 0);
+        for i in 0..2000 {
+            let key = format!("k{i}");
+            let now = topology.owner_index(key.as_bytes()).unwrap();
+            assert_ne!(now, 4, "s5 serves no reads yet");
+            let then = &target.members()[target.owner(key.as_bytes()).unwrap()].identity;
+            topology.warming_replicas(key.as_bytes(), &mut extra);
+            if *then == topology.backends[now].name() {
+                assert!(extra.is_empty(), "{key} does not move");
+            } else {
+                assert_eq!(extra.len(), 1, "{key}");
+                assert_eq!(topology.backends[extra[0]].name(), then, "{key}");
+                moved += 1;
+                from_s4 += usize::from(now == 3);
+            }
+        }
+        assert!(
+            from_s4 > 300 && moved > from_s4,
+            "{moved} moved, {from_s4} from s4"
+        );
+    }
+
     /// A runtime to build backends in (enter it), and a pool's hooks.
     fn runtime_and_hooks() -> (tokio::runtime::Runtime, PoolHooks) {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -1009,6 +1081,8 @@ pub(crate) mod tests {
             weight,
             tls: false,
             warming: false,
+            staged_out: false,
+            staged_in: false,
         }
     }
 

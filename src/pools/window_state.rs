@@ -160,6 +160,8 @@ impl SavedServer {
             weight: self.weight,
             tls: self.tls,
             warming: false,
+            staged_out: false,
+            staged_in: false,
         }
     }
 }
@@ -433,6 +435,8 @@ mod tests {
                 name: (*a).to_string(),
                 weight: 1,
                 warming: false,
+                staged_out: false,
+                staged_in: false,
                 tls: false,
             })
             .collect();

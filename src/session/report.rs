@@ -162,6 +162,12 @@ pub(crate) fn write_stats(out: &mut BytesMut, stats: &Stats, layout: &Layout) {
     };
     write_stat(out, "membership_source", &source);
     write_stat(out, "membership_revision", &stats.membership_revision());
+    if discovered.etcd.is_some() {
+        let (staged, waiting, forced) = stats.fleet();
+        write_stat(out, "membership_staged_revision", &staged);
+        write_stat(out, "fleet_sidecars_waited_on", &waiting);
+        write_stat(out, "fleet_forced_switches", &forced);
+    }
     if let Some(discovery) = stats.discovery() {
         // `srv _memcache._tcp.cache` as `discovery_srv _memcache._tcp.cache`:
         // a STAT value has no spaces.

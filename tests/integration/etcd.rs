@@ -13,25 +13,25 @@ use crate::common::etcd::Etcd;
 use crate::common::{free_port, wait_for, Client, Daemon, Memcached, Proxy, TempDir};
 use memring::protocol::ReplyKind;
 
-const PREFIX: &str = "/memring/t/";
+pub(crate) const PREFIX: &str = "/memring/t/";
 
-fn record(server: &Memcached, state: &str) -> String {
+pub(crate) fn record(server: &Memcached, state: &str) -> String {
     format!(r#"{{"addr":"{}","state":"{state}"}}"#, server.addr())
 }
 
-fn key_of(name: &str) -> String {
+pub(crate) fn key_of(name: &str) -> String {
     format!("{PREFIX}members/{name}")
 }
 
 /// A config whose servers come from etcd at `endpoint` only.
-fn etcd_config(endpoint: &str, dir: &TempDir, settings: &str) -> String {
+pub(crate) fn etcd_config(endpoint: &str, dir: &TempDir, settings: &str) -> String {
     format!(
         "listen = \"127.0.0.1:0\"\n{settings}\n[discovery]\netcd_endpoints = [\"{endpoint}\"]\netcd_prefix = \"{PREFIX}\"\netcd_cache_file = \"{}\"\n",
         dir.path("members.json").display()
     )
 }
 
-fn stat_text(client: &mut Client, name: &str) -> Option<String> {
+pub(crate) fn stat_text(client: &mut Client, name: &str) -> Option<String> {
     client
         .stats("")
         .into_iter()
@@ -44,7 +44,7 @@ fn member_state(proxy: &Proxy, name: &str) -> Option<String> {
     stat_text(&mut proxy.client(), &format!("server:{name}:member_state"))
 }
 
-fn ring_names(proxy: &Proxy) -> Vec<String> {
+pub(crate) fn ring_names(proxy: &Proxy) -> Vec<String> {
     let topology = proxy.running().topology.load();
     let mut names: Vec<String> = topology
         .config
@@ -245,15 +245,15 @@ fn a_member_whose_lease_expires_while_it_answers_moves_nothing_within_the_grace(
 
 /// A TCP relay to etcd that the test can cut: while cut, it drops every
 /// connection and refuses new ones.
-struct EtcdLink {
+pub(crate) struct EtcdLink {
     port: u16,
-    cut: Arc<AtomicBool>,
+    pub(crate) cut: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl EtcdLink {
-    fn start(upstream: u16) -> EtcdLink {
+    pub(crate) fn start(upstream: u16) -> EtcdLink {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -291,7 +291,7 @@ impl EtcdLink {
         }
     }
 
-    fn endpoint(&self) -> String {
+    pub(crate) fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 }

@@ -35,6 +35,14 @@ pub(in crate::stats) struct DiscoveryFigures {
     /// Each etcd member's state (ACTIVE, JOINING, LEAVING, SUSPECT), by
     /// name; `None` without etcd.
     members: std::sync::Mutex<Option<std::collections::BTreeMap<String, &'static str>>>,
+    /// The etcd revision of a membership change staged and not switched to
+    /// yet (0: none).
+    staged: Gauge,
+    /// Live sidecars the staged change waits for.
+    waiting: Gauge,
+    /// Staged changes switched to after `fleet_switch_ms` without every
+    /// live sidecar having staged them.
+    forced: Counter,
 }
 
 /// Discovery's figures as `stats discovery` and the general `stats` show
@@ -92,6 +100,21 @@ impl DiscoveryFigures {
                 "The etcd revision of the membership this memring applied (0: membership not from etcd)",
             ),
             members: std::sync::Mutex::new(None),
+            staged: gauge(
+                registry,
+                "membership_staged_revision",
+                "The etcd revision of a membership change this memring staged (writes reach the old and the new owners) and has not switched reads to yet, until every live sidecar has staged it (0: none)",
+            ),
+            waiting: gauge(
+                registry,
+                "fleet_sidecars_waited_on",
+                "Live sidecars under the etcd prefix that have not staged the change this memring staged",
+            ),
+            forced: counter(
+                registry,
+                "fleet_forced_switches",
+                "Staged membership changes switched to after fleet_switch_ms without every live sidecar having staged them",
+            ),
         }
     }
 }
@@ -144,6 +167,24 @@ impl Stats {
             .members
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = Some(members);
+    }
+
+    /// A membership change staged at `revision` (0: none) waits for
+    /// `waiting` live sidecars.
+    pub fn membership_staged(&self, revision: i64, waiting: usize) {
+        self.discovery.staged.set(revision);
+        self.discovery.waiting.set(waiting as i64);
+    }
+
+    /// A staged change was switched to without every sidecar.
+    pub fn fleet_switch_forced(&self) {
+        self.discovery.forced.inc();
+    }
+
+    /// The staged revision, the sidecars waited on and the forced switches.
+    pub fn fleet(&self) -> (i64, i64, u64) {
+        let d = &self.discovery;
+        (d.staged.get(), d.waiting.get(), d.forced.get())
     }
 
     /// The etcd revision of the membership applied (0: none).

@@ -1,0 +1,424 @@
+//! Every sidecar switches together (issue 49): with etcd, a membership
+//! change that moves reads is staged (writes reach the old and the new
+//! owners, reads stay) until every live sidecar under `<prefix>proxies/`
+//! staged it. Real etcd, real memcached, sidecars in this process and as
+//! processes of their own.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::common::etcd::Etcd;
+use crate::common::{free_port, wait_for, Client, Daemon, Memcached, Proxy, TempDir};
+use memring::protocol::ReplyKind;
+
+use crate::etcd::{etcd_config, key_of, record, stat_text, EtcdLink, PREFIX};
+
+/// The servers `proxy` reads from now (the ring in force), sorted.
+fn reads_from(proxy: &Proxy) -> Vec<String> {
+    let mut names: Vec<String> = proxy
+        .running()
+        .topology
+        .load()
+        .ring_servers()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    names.sort();
+    names
+}
+
+fn stat(proxy: &Proxy, name: &str) -> i64 {
+    stat_text(&mut proxy.client(), name)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no STAT {name}"))
+}
+
+/// The sidecars registered under the prefix.
+fn registered(etcd: &Etcd) -> usize {
+    etcd.ctl(&[
+        "get",
+        "--prefix",
+        "--keys-only",
+        &format!("{PREFIX}proxies/"),
+    ])
+    .lines()
+    .filter(|l| !l.trim().is_empty())
+    .count()
+}
+
+/// One writer alternating between two sidecars, and one reader on each,
+/// over `keys` keys: each value is a number larger than any written
+/// before, and a read that returns a number smaller than the largest one
+/// acknowledged before the read began is stale.
+struct StaleCheck {
+    stop: Arc<AtomicBool>,
+    writes: Arc<AtomicU64>,
+    reads: Arc<AtomicU64>,
+    stale: Arc<AtomicU64>,
+    errors: Arc<AtomicU64>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl StaleCheck {
+    fn start(proxies: [&Proxy; 2], keys: usize) -> StaleCheck {
+        let addrs = proxies.map(|p| p.addr.to_string());
+        let acked: Arc<Vec<AtomicU64>> = Arc::new((0..keys).map(|_| AtomicU64::new(0)).collect());
+        let [stop, _] = [(); 2].map(|()| Arc::new(AtomicBool::new(false)));
+        let [writes, reads, stale, errors] = [(); 4].map(|()| Arc::new(AtomicU64::new(0)));
+        let mut threads = Vec::new();
+        {
+            let (addrs, acked, stop) = (addrs.clone(), acked.clone(), stop.clone());
+            let (writes, errors) = (writes.clone(), errors.clone());
+            threads.push(std::thread::spawn(move || {
+                let mut clients = addrs.map(|a| Client::connect(&a));
+                let mut i = 1u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let k = (i / 2) as usize % acked.len();
+                    let reply = clients[(i % 2) as usize]
+                        .set(&format!("fleet:{k}"), i.to_string().as_bytes());
+                    if reply == b"STORED\r\n" {
+                        acked[k].fetch_max(i, Ordering::SeqCst);
+                        writes.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    i += 1;
+                }
+            }));
+        }
+        for addr in addrs {
+            let (acked, stop) = (acked.clone(), stop.clone());
+            let (reads, stale) = (reads.clone(), stale.clone());
+            threads.push(std::thread::spawn(move || {
+                let mut client = Client::connect(&addr);
+                let mut j = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    let k = j % acked.len();
+                    let floor = acked[k].load(Ordering::SeqCst);
+                    if let Some(value) = client.get(&format!("fleet:{k}")) {
+                        let value: u64 = String::from_utf8_lossy(&value).parse().unwrap();
+                        if value < floor {
+                            stale.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    reads.fetch_add(1, Ordering::Relaxed);
+                    j += 7;
+                }
+            }));
+        }
+        StaleCheck {
+            stop,
+            writes,
+            reads,
+            stale,
+            errors,
+            threads,
+        }
+    }
+
+    fn writes(&self) -> u64 {
+        self.writes.load(Ordering::Relaxed)
+    }
+
+    /// Waits for `n` more acknowledged writes.
+    fn more_writes(&self, what: &str, n: u64) {
+        let from = self.writes();
+        wait_for(what, || self.writes() >= from + n);
+    }
+
+    /// Waits for `n` more acknowledged writes, or `most` if they are slow
+    /// (under load), whichever comes first.
+    fn more_writes_within(&self, n: u64, most: Duration) {
+        let (from, start) = (self.writes(), Instant::now());
+        while self.writes() < from + n && start.elapsed() < most {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Stops: writes, reads, stale reads, failed writes.
+    fn finish(mut self) -> (u64, u64, u64, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            t.join().unwrap();
+        }
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        (
+            get(&self.writes),
+            get(&self.reads),
+            get(&self.stale),
+            get(&self.errors),
+        )
+    }
+}
+
+/// Two sidecars over a and b (and c, LEAVING it with `leave`); the second's
+/// link to etcd is cut while c joins (or b leaves), and restored after
+/// 1 000 more writes (4 s at most); clients write through both and read
+/// through both meanwhile. `discovery`: more `[discovery]` keys. Returns
+/// (writes, reads, stale, errors).
+fn a_sidecar_held_back(
+    test: &str,
+    discovery: &str,
+    gated: bool,
+    leave: bool,
+) -> (u64, u64, u64, u64) {
+    let etcd = Etcd::start(test);
+    let (dir_a, dir_b) = (
+        TempDir::new("fleet", test),
+        TempDir::new("fleet", &format!("{test}-b")),
+    );
+    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
+    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let (before, after): (&[&str], &[&str]) = if leave {
+        etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
+        (&["a", "b", "c"], &["a", "c"])
+    } else {
+        (&["a", "b"], &["a", "b", "c"])
+    };
+    let link = EtcdLink::start(etcd.client_port);
+    // [discovery] is the config's last table: its keys are appended.
+    let first = Proxy::start_text(&(etcd_config(&etcd.endpoint(), &dir_a, "") + discovery));
+    let held = Proxy::start_text(&(etcd_config(&link.endpoint(), &dir_b, "") + discovery));
+    wait_for("both sidecars registered", || registered(&etcd) == 2);
+    wait_for("both sidecars on the first ring", || {
+        reads_from(&first) == before && reads_from(&held) == before
+    });
+    let check = StaleCheck::start([&first, &held], 300);
+    check.more_writes("traffic before the change", 500);
+
+    link.cut.store(true, Ordering::Relaxed);
+    let cut = Instant::now();
+    if leave {
+        etcd.put(&key_of("b"), &record(&b, "LEAVING"));
+    } else {
+        etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
+    }
+    if gated {
+        wait_for("the first sidecar stages the change", || {
+            stat(&first, "membership_staged_revision") > 0
+        });
+    } else {
+        wait_for("the first sidecar reads from the new ring", || {
+            reads_from(&first) == after
+        });
+    }
+    // Held back well within its lease (10 s, renewed every 3.3 s): it
+    // still counts.
+    check.more_writes_within(1_000, Duration::from_secs(4));
+    assert_eq!(reads_from(&held), before, "held back: it cannot know");
+    if gated {
+        assert_eq!(
+            reads_from(&first),
+            before,
+            "waits for the held-back sidecar"
+        );
+        assert_eq!(stat(&first, "fleet_sidecars_waited_on"), 1);
+    }
+    assert_eq!(
+        registered(&etcd),
+        2,
+        "the held-back sidecar's lease outlived the cut"
+    );
+    link.cut.store(false, Ordering::Relaxed);
+    wait_for("both sidecars read from the new ring", || {
+        reads_from(&first) == after && reads_from(&held) == after
+    });
+    let took = cut.elapsed();
+    check.more_writes("traffic after the switch", 1_500);
+    let figures = check.finish();
+    eprintln!("{test}: cut for {took:?}; writes, reads, stale, errors: {figures:?}");
+    assert_eq!(stat(&first, "membership_staged_revision"), 0);
+    assert_eq!(stat(&first, "fleet_forced_switches"), 0);
+    figures
+}
+
+#[test]
+fn a_sidecar_held_back_from_etcd_holds_the_others_back_and_no_read_is_stale() {
+    let (writes, reads, stale, errors) = a_sidecar_held_back("held-back", "", true, false);
+    assert_eq!(errors, 0);
+    assert!(
+        writes > 3_000 && reads > 3_000,
+        "{writes} writes, {reads} reads"
+    );
+    assert_eq!(
+        stale, 0,
+        "{stale} of {reads} reads older than an acknowledged write"
+    );
+}
+
+#[test]
+fn without_the_gating_a_held_back_sidecar_makes_reads_stale() {
+    // fleet_switch_ms = 0: each sidecar switches as soon as it learns of
+    // the change, as before the gating (and as with the file or DNS).
+    let (writes, reads, stale, errors) =
+        a_sidecar_held_back("ungated", "fleet_switch_ms = 0\n", false, false);
+    assert_eq!(errors, 0);
+    assert!(writes > 3_000, "{writes} writes");
+    assert!(
+        stale > 0,
+        "0 of {reads} reads stale: the scenario does not show the race"
+    );
+}
+
+#[test]
+fn a_sidecar_held_back_while_a_member_leaves_holds_the_others_back_and_no_read_is_stale() {
+    let (writes, reads, stale, errors) = a_sidecar_held_back("held-back-leave", "", true, true);
+    assert_eq!(errors, 0);
+    assert!(
+        writes > 3_000 && reads > 3_000,
+        "{writes} writes, {reads} reads"
+    );
+    assert_eq!(
+        stale, 0,
+        "{stale} of {reads} reads older than an acknowledged write"
+    );
+}
+
+#[test]
+fn without_the_gating_a_member_leaving_makes_reads_through_a_held_back_sidecar_stale() {
+    let (_, reads, stale, errors) =
+        a_sidecar_held_back("ungated-leave", "fleet_switch_ms = 0\n", false, true);
+    assert_eq!(errors, 0);
+    assert!(
+        stale > 0,
+        "0 of {reads} reads stale: the scenario does not show the race"
+    );
+}
+
+/// A sidecar as a process of its own, over `etcd`, listening on `port`
+/// (its state file beside its config, `other.toml.handoff-state`).
+fn sidecar_process(etcd: &Etcd, dir: &TempDir, port: u16) -> Daemon {
+    let config = dir.path("other.toml");
+    let text = etcd_config(&etcd.endpoint(), dir, "")
+        .replace("members.json", "other.json")
+        .replacen("127.0.0.1:0", &format!("127.0.0.1:{port}"), 1);
+    std::fs::write(&config, text).unwrap();
+    Daemon::start(&config, &dir.path("other.log"), &[])
+}
+
+#[test]
+fn a_killed_sidecar_holds_a_change_back_only_until_its_lease_expires() {
+    let etcd = Etcd::start("killed");
+    let dir = TempDir::new("fleet", "killed");
+    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
+    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let proxy = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir, ""));
+    let other = sidecar_process(&etcd, &dir, free_port());
+    wait_for("both sidecars registered", || registered(&etcd) == 2);
+    // SIGKILL: its registration stays until its lease (10 s) expires.
+    drop(other);
+    let killed = Instant::now();
+    etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
+    wait_for("c staged", || {
+        stat(&proxy, "membership_staged_revision") > 0
+    });
+    assert_eq!(reads_from(&proxy), ["a", "b"]);
+    wait_for("the staged change waits for the killed sidecar", || {
+        stat(&proxy, "fleet_sidecars_waited_on") == 1
+    });
+    wait_for("the killed sidecar's lease expires", || {
+        registered(&etcd) == 1
+    });
+    wait_for("reads move to c", || {
+        reads_from(&proxy) == ["a", "b", "c"] && stat(&proxy, "membership_staged_revision") == 0
+    });
+    let took = killed.elapsed();
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    assert_eq!(stat(&proxy, "fleet_forced_switches"), 0, "not by the bound");
+}
+
+#[test]
+fn a_sidecar_that_never_stages_holds_a_change_back_for_fleet_switch_ms_at_most() {
+    let etcd = Etcd::start("stuck");
+    let dir = TempDir::new("fleet", "stuck");
+    let (a, b) = (Memcached::start(), Memcached::start());
+    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+    // A registration without a lease that never moves: a sidecar stuck
+    // on revision 1 that etcd keeps for ever.
+    etcd.put(
+        &format!("{PREFIX}proxies/stuck"),
+        r#"{"revision":1,"staged":0}"#,
+    );
+    let proxy =
+        Proxy::start_text(&(etcd_config(&etcd.endpoint(), &dir, "") + "fleet_switch_ms = 1500\n"));
+    let staged = Instant::now();
+    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    wait_for("b staged", || {
+        stat(&proxy, "membership_staged_revision") > 0
+    });
+    wait_for("reads move to b", || {
+        reads_from(&proxy) == ["a", "b"] && stat(&proxy, "membership_staged_revision") == 0
+    });
+    assert!(staged.elapsed() >= Duration::from_millis(1_500));
+    assert_eq!(stat(&proxy, "fleet_forced_switches"), 1);
+}
+
+fn client_stat(addr: &str, name: &str) -> i64 {
+    stat_text(&mut Client::connect(addr), name)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no STAT {name}"))
+}
+
+#[test]
+fn a_sidecar_restarted_mid_change_without_its_state_file_resurrects_no_delete() {
+    let etcd = Etcd::start("restart");
+    let dir = TempDir::new("fleet", "restart");
+    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
+    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let stays = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir, ""));
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let other = sidecar_process(&etcd, &dir, port);
+    wait_for("both sidecars registered", || registered(&etcd) == 2);
+    let keys: Vec<String> = (0..1_000).map(|i| format!("resurrect:{i}")).collect();
+    let mut client = stays.client();
+    for key in &keys {
+        assert_eq!(client.set(key, b"old"), b"STORED\r\n");
+    }
+    // c joins: both switch and open the hand-off window.
+    let before = stat(&stays, "membership_revision");
+    etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
+    wait_for("both sidecars applied c", || {
+        let revision = stat(&stays, "membership_revision");
+        revision > before
+            && reads_from(&stays) == ["a", "b", "c"]
+            && client_stat(&addr, "membership_revision") == revision
+    });
+    // The other is killed and starts again without its state file, as a
+    // new pod would, while the window is in force.
+    drop(other);
+    std::fs::remove_file(dir.path("other.toml.handoff-state")).unwrap();
+    let restarted = sidecar_process(&etcd, &dir, port);
+    wait_for("the restarted sidecar answers", || {
+        std::net::TcpStream::connect(&addr).is_ok()
+    });
+    let start = Instant::now();
+    while client_stat(&addr, "handoff_until") == 0 && start.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Every key deleted through it, then read through the first sidecar.
+    let mut through_restarted = Client::connect(&addr);
+    for key in &keys {
+        let reply = through_restarted.call(format!("delete {key}\r\n").as_bytes(), ReplyKind::Line);
+        // NOT_FOUND where only the previous owner held it and the window
+        // is not known.
+        assert!(
+            reply == b"DELETED\r\n" || reply == b"NOT_FOUND\r\n",
+            "{key}"
+        );
+    }
+    let resurrected = keys.iter().filter(|k| client.get(k).is_some()).count();
+    assert_eq!(
+        resurrected, 0,
+        "{resurrected} of 1000 deleted keys read back"
+    );
+    assert!(
+        client_stat(&addr, "handoff_until") > 0,
+        "the window taken up"
+    );
+    assert_eq!(restarted.count("joining the fleet's hand-off window"), 1);
+}
