@@ -15,6 +15,7 @@ mod differential;
 mod dns;
 mod docs;
 mod etcd;
+mod etcd_ops;
 mod failure;
 mod fleet;
 mod handoff;
