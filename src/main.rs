@@ -55,6 +55,8 @@ struct Cli {
     command: Option<Action>,
 }
 
+// Parsed once: `member`'s many flags make the largest variant, harmlessly.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Action {
     /// Validate a config file and exit.
@@ -214,6 +216,8 @@ enum Action {
         /// How long to wait for memcached to answer before giving up (exit 1).
         #[arg(long, value_name = "MS", default_value_t = 120_000)]
         wait_ms: u64,
+        #[command(flatten)]
+        access: EtcdFlags,
     },
     /// Print a shell completion script to stdout.
     ///
@@ -233,6 +237,39 @@ enum Action {
         #[arg(long, value_name = "DIR", value_hint = clap::ValueHint::DirPath)]
         dir: Option<PathBuf>,
     },
+}
+
+/// TLS and authentication to etcd, as `[discovery]`'s `etcd_*` keys.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+struct EtcdFlags {
+    /// The CA that signed etcd's certificate (PEM); the endpoints are then https://.
+    #[arg(long, value_name = "FILE")]
+    etcd_ca_file: Option<PathBuf>,
+    /// A client certificate (PEM), for an etcd with --client-cert-auth.
+    #[arg(long, value_name = "FILE", requires = "etcd_key_file")]
+    etcd_cert_file: Option<PathBuf>,
+    /// The client certificate's key (PEM).
+    #[arg(long, value_name = "FILE", requires = "etcd_cert_file")]
+    etcd_key_file: Option<PathBuf>,
+    /// etcd user name, for an etcd with authentication enabled.
+    #[arg(long, value_name = "NAME", requires = "etcd_password_file")]
+    etcd_username: Option<String>,
+    /// A file holding the user's password (one line; never on the command line).
+    #[arg(long, value_name = "FILE", requires = "etcd_username")]
+    etcd_password_file: Option<PathBuf>,
+}
+
+impl EtcdFlags {
+    fn access(&self) -> memring::config::EtcdAccess {
+        memring::config::EtcdAccess {
+            ca_file: self.etcd_ca_file.clone(),
+            identity: self.etcd_cert_file.clone().zip(self.etcd_key_file.clone()),
+            user: self
+                .etcd_username
+                .clone()
+                .zip(self.etcd_password_file.clone()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
@@ -320,6 +357,7 @@ fn main() -> ExitCode {
                 drain_ms,
                 lease_ttl_s,
                 wait_ms,
+                access,
             }),
             _,
         ) => cli::member::run(cli::member::MemberArgs {
@@ -334,6 +372,7 @@ fn main() -> ExitCode {
             drain: std::time::Duration::from_millis(*drain_ms),
             lease_ttl_s: *lease_ttl_s,
             wait: std::time::Duration::from_millis(*wait_ms),
+            access: access.access(),
         }),
         (Some(Action::Completions { shell }), _) => {
             cli::completions::print(*shell, Cli::command()).context("cannot write the script")

@@ -56,6 +56,9 @@ pub(crate) fn run(file: &Path, offline: bool) -> anyhow::Result<()> {
         }
         config = config.with_servers(found);
     }
+    if let Some(etcd) = &config.discovery.etcd {
+        check_etcd(file, etcd)?;
+    }
     if !offline {
         check_listeners(file, &config)?;
         check_tls_servers(file, &config)?;
@@ -127,6 +130,28 @@ pub(crate) fn run(file: &Path, offline: bool) -> anyhow::Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// `[discovery] etcd_endpoints`: `check` never contacts etcd (a check must
+/// answer at once, and etcd may be down while memring can still start from
+/// its cache). It reads the TLS and password files as memring will, and
+/// says what the membership cache holds.
+fn check_etcd(file: &Path, etcd: &memring::config::EtcdSource) -> anyhow::Result<()> {
+    memring::control::etcd::read_access(&etcd.access)
+        .map_err(|why| anyhow::anyhow!("{}: [discovery] {why}", file.display()))?;
+    let cache = match memring::control::etcd::cache_summary(&etcd.cache_file) {
+        Ok((revision, members)) => format!(
+            "{members} member{} at revision {revision}",
+            if members == 1 { "" } else { "s" }
+        ),
+        Err(e) => format!("none ({e}): memring needs etcd to start"),
+    };
+    println!(
+        "{}: [discovery] {etcd}: members are read from etcd when memring starts, not by check; cache {}: {cache}",
+        file.display(),
+        etcd.cache_file.display()
+    );
     Ok(())
 }
 

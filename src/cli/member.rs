@@ -11,7 +11,8 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use etcd_client::{Client, ConnectOptions, PutOptions};
+use etcd_client::{Client, PutOptions};
+use memring::config::EtcdAccess;
 use memring::control::member_record::{member_key, MemberRecord, MemberState};
 use tokio::time::Instant;
 
@@ -29,6 +30,8 @@ pub(crate) struct MemberArgs {
     pub(crate) drain: Duration,
     pub(crate) lease_ttl_s: i64,
     pub(crate) wait: Duration,
+    /// TLS and authentication to etcd, as a sidecar's `[discovery]`.
+    pub(crate) access: EtcdAccess,
 }
 
 /// Longest pause between two attempts to reach etcd or memcached.
@@ -77,6 +80,20 @@ fn check(args: &MemberArgs) -> anyhow::Result<()> {
         args.etcd.iter().all(|e| !e.trim().is_empty()),
         "--etcd has an empty endpoint"
     );
+    let https = args.etcd.iter().any(|e| e.starts_with("https://"));
+    anyhow::ensure!(
+        !https || args.etcd.iter().all(|e| e.starts_with("https://")),
+        "--etcd mixes http:// and https:// endpoints"
+    );
+    args.access
+        .validate(
+            https
+                || (args.access.ca_file.is_some() && !args.etcd.iter().any(|e| e.contains("://"))),
+        )
+        .map_err(|why| anyhow::anyhow!("{}", flags(&why)))?;
+    // The files now, so a wrong path fails at start rather than at each retry.
+    memring::control::etcd::read_access(&args.access)
+        .map_err(|why| anyhow::anyhow!("{}", flags(&why)))?;
     Ok(())
 }
 
@@ -130,7 +147,7 @@ async fn agent(args: MemberArgs) -> anyhow::Result<()> {
     loop {
         // One registration: a connection, a lease, the record under it.
         let registered = async {
-            let mut client = connect(&args.etcd).await?;
+            let mut client = connect(&args.etcd, &args.access).await?;
             let lease = timed(client.lease_grant(args.lease_ttl_s, None))
                 .await
                 .context("cannot grant a lease")?
@@ -233,9 +250,20 @@ async fn agent(args: MemberArgs) -> anyhow::Result<()> {
     }
 }
 
+/// The config keys of a message about etcd access, as this agent's flags.
+fn flags(text: &str) -> String {
+    text.replace("etcd_ca_file", "--etcd-ca-file")
+        .replace("etcd_cert_file", "--etcd-cert-file")
+        .replace("etcd_key_file", "--etcd-key-file")
+        .replace("etcd_username", "--etcd-username")
+        .replace("etcd_password_file", "--etcd-password-file")
+        .replace("the config", "a flag")
+}
+
 /// A new etcd client for `endpoints`; fails fast when none answers.
-async fn connect(endpoints: &[String]) -> anyhow::Result<Client> {
-    let options = ConnectOptions::new()
+async fn connect(endpoints: &[String], access: &EtcdAccess) -> anyhow::Result<Client> {
+    let options = memring::control::etcd::connect_options(access)
+        .map_err(|why| anyhow::anyhow!("{}", flags(&why)))?
         .with_connect_timeout(CALL_TIMEOUT)
         .with_timeout(CALL_TIMEOUT);
     timed(Client::connect(endpoints, Some(options)))

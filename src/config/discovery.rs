@@ -46,6 +46,51 @@ pub struct EtcdSource {
     /// Where the last membership applied is kept, for a start while etcd
     /// cannot be reached.
     pub cache_file: PathBuf,
+    /// TLS and authentication to etcd.
+    pub access: EtcdAccess,
+}
+
+/// How memring (and `memring member`) reaches etcd beyond plain HTTP: the
+/// files are read at each connection, so a renewed certificate or a changed
+/// password is taken at the next reconnect. The password is never in the
+/// config file: only the path of a file holding it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EtcdAccess {
+    /// `etcd_ca_file`: the CA that signed etcd's certificate; set, the
+    /// endpoints are `https://`.
+    pub ca_file: Option<PathBuf>,
+    /// `etcd_cert_file` and `etcd_key_file`: a client certificate, for an
+    /// etcd started with `--client-cert-auth`.
+    pub identity: Option<(PathBuf, PathBuf)>,
+    /// `etcd_username` and `etcd_password_file`: etcd's authentication.
+    pub user: Option<(String, PathBuf)>,
+}
+
+impl EtcdAccess {
+    /// Checks that the settings go together, with `https` saying whether
+    /// the endpoints are `https://`.
+    ///
+    /// # Errors
+    /// Which setting is missing or is one too many, in words.
+    pub fn validate(&self, https: bool) -> Result<(), String> {
+        if https && self.ca_file.is_none() {
+            return Err(
+                "https:// endpoints need etcd_ca_file, the CA that signed etcd's certificate"
+                    .into(),
+            );
+        }
+        if !https && (self.ca_file.is_some() || self.identity.is_some()) {
+            return Err("etcd_ca_file, etcd_cert_file and etcd_key_file are TLS settings: the endpoints must then be https://".into());
+        }
+        if let Some((name, _)) = &self.user {
+            if name.is_empty() || name.chars().any(|c| c.is_control() || c == ' ') {
+                return Err(format!(
+                    "etcd_username = {name:?} must be a name without spaces or control characters"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl fmt::Display for EtcdSource {
@@ -198,7 +243,7 @@ pub(super) fn discovery_settings(
 }
 
 /// `etcd_endpoints`, `etcd_prefix`, `member_grace_ms`, `fleet_switch_ms`,
-/// `etcd_cache_file`.
+/// `etcd_cache_file`, and the TLS and authentication keys.
 fn etcd_settings(
     raw: &RawDiscovery,
     path: &str,
@@ -219,6 +264,23 @@ fn etcd_settings(
                 "etcd_cache_file",
                 raw.etcd_cache_file.as_ref().map(Spanned::span),
             ),
+            ("etcd_ca_file", raw.etcd_ca_file.as_ref().map(Spanned::span)),
+            (
+                "etcd_cert_file",
+                raw.etcd_cert_file.as_ref().map(Spanned::span),
+            ),
+            (
+                "etcd_key_file",
+                raw.etcd_key_file.as_ref().map(Spanned::span),
+            ),
+            (
+                "etcd_username",
+                raw.etcd_username.as_ref().map(Spanned::span),
+            ),
+            (
+                "etcd_password_file",
+                raw.etcd_password_file.as_ref().map(Spanned::span),
+            ),
         ] {
             if let Some(span) = span {
                 return Err(at(
@@ -237,10 +299,15 @@ fn etcd_settings(
         ));
     }
     let mut listed = Vec::new();
+    let mut schemes = std::collections::BTreeSet::new();
     for endpoint in endpoints.get_ref() {
         let written = endpoint.trim();
-        let rest = written.strip_prefix("http://").unwrap_or(written);
+        let (scheme, rest) = match written.split_once("://") {
+            Some((scheme, rest)) => (Some(scheme), rest),
+            None => (None, written),
+        };
         let ok = refused_char(written).is_none()
+            && matches!(scheme, None | Some("http" | "https"))
             && rest
                 .trim_end_matches('/')
                 .rsplit_once(':')
@@ -253,11 +320,21 @@ fn etcd_settings(
             return Err(at(
                 endpoints.span(),
                 format!(
-                    "etcd_endpoints: {written:?} must be http://host:port (for example \"http://127.0.0.1:2379\"; https is not supported)"
+                    "etcd_endpoints: {written:?} must be http://host:port or https://host:port (for example \"http://127.0.0.1:2379\")"
                 ),
             ));
         }
-        listed.push(format!("http://{}", rest.trim_end_matches('/')));
+        // host:port alone is https with etcd_ca_file, http without.
+        let https = scheme.map_or(raw.etcd_ca_file.is_some(), |s| s == "https");
+        schemes.insert(https);
+        let scheme = if https { "https" } else { "http" };
+        listed.push(format!("{scheme}://{}", rest.trim_end_matches('/')));
+    }
+    if schemes.len() > 1 {
+        return Err(at(
+            endpoints.span(),
+            "etcd_endpoints mixes http:// and https://: one etcd cluster speaks one of them".into(),
+        ));
     }
     let Some(prefix) = &raw.etcd_prefix else {
         return Err(at(
@@ -313,11 +390,85 @@ fn etcd_settings(
         Some(file) => PathBuf::from(file.get_ref()),
         None => PathBuf::from(format!("{path}.members.json")),
     };
+    let access = etcd_access(raw, &listed, endpoints.span(), at)?;
     Ok(Some(EtcdSource {
         endpoints: listed,
         prefix: text.clone(),
         member_grace: grace,
         fleet_switch,
         cache_file,
+        access,
     }))
+}
+
+/// `etcd_ca_file`, `etcd_cert_file`/`etcd_key_file` (together) and
+/// `etcd_username`/`etcd_password_file` (together), against the scheme of
+/// the `listed` endpoints. The files are read when memring connects (and by
+/// `memring check`), not here.
+fn etcd_access(
+    raw: &RawDiscovery,
+    listed: &[String],
+    endpoints: Range<usize>,
+    at: &dyn Fn(Range<usize>, String) -> ConfigError,
+) -> Result<EtcdAccess, ConfigError> {
+    let path = |file: &Option<Spanned<String>>, name: &str| match file {
+        Some(file) if file.get_ref().trim().is_empty() => {
+            Err(at(file.span(), format!("{name} is empty")))
+        }
+        Some(file) => Ok(Some(PathBuf::from(file.get_ref()))),
+        None => Ok(None),
+    };
+    let pair = |first: (&Option<Spanned<String>>, &str),
+                second: (&Option<Spanned<String>>, &str)| {
+        match (first.0, second.0) {
+            (Some(one), None) => Err(at(
+                one.span(),
+                format!("{} needs {} beside it", first.1, second.1),
+            )),
+            (None, Some(other)) => Err(at(
+                other.span(),
+                format!("{} needs {} beside it", second.1, first.1),
+            )),
+            _ => Ok(()),
+        }
+    };
+    pair(
+        (&raw.etcd_cert_file, "etcd_cert_file"),
+        (&raw.etcd_key_file, "etcd_key_file"),
+    )?;
+    pair(
+        (&raw.etcd_username, "etcd_username"),
+        (
+            &raw.etcd_password_file,
+            "etcd_password_file (the password itself is never in the config)",
+        ),
+    )?;
+    let identity = match (
+        path(&raw.etcd_cert_file, "etcd_cert_file")?,
+        path(&raw.etcd_key_file, "etcd_key_file")?,
+    ) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        _ => None,
+    };
+    let user = match (
+        &raw.etcd_username,
+        path(&raw.etcd_password_file, "etcd_password_file")?,
+    ) {
+        (Some(name), Some(file)) => Some((name.get_ref().clone(), file)),
+        _ => None,
+    };
+    let access = EtcdAccess {
+        ca_file: path(&raw.etcd_ca_file, "etcd_ca_file")?,
+        identity,
+        user,
+    };
+    let https = listed.iter().any(|e| e.starts_with("https://"));
+    access.validate(https).map_err(|why| {
+        let span = raw
+            .etcd_ca_file
+            .as_ref()
+            .map_or(endpoints.clone(), Spanned::span);
+        at(span, why)
+    })?;
+    Ok(access)
 }

@@ -41,7 +41,7 @@ pub use addr::Listen;
 use addr::Lookup;
 pub use defaults::*;
 use diagnose::{at_in, explain_toml_error};
-pub use discovery::{Discovery, EtcdSource, Source};
+pub use discovery::{Discovery, EtcdAccess, EtcdSource, Source};
 pub use ejection::{Ejection, Failover};
 pub use hot_keys::HotKeySettings;
 pub use pools::{PoolConfig, Route, ShadowConfig, DEFAULT_POOL};

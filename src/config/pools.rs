@@ -566,6 +566,11 @@ fn layered(top: &RawConfig, pool: &RawPool) -> RawConfig {
         discovery.member_grace_ms = None;
         discovery.fleet_switch_ms = None;
         discovery.etcd_cache_file = None;
+        discovery.etcd_ca_file = None;
+        discovery.etcd_cert_file = None;
+        discovery.etcd_key_file = None;
+        discovery.etcd_username = None;
+        discovery.etcd_password_file = None;
     }
     macro_rules! own {
         ($($field:ident),*) => {

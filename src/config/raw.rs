@@ -89,6 +89,11 @@ pub(super) struct RawDiscovery {
     pub(super) member_grace_ms: Option<Spanned<u64>>,
     pub(super) fleet_switch_ms: Option<Spanned<u64>>,
     pub(super) etcd_cache_file: Option<Spanned<String>>,
+    pub(super) etcd_ca_file: Option<Spanned<String>>,
+    pub(super) etcd_cert_file: Option<Spanned<String>>,
+    pub(super) etcd_key_file: Option<Spanned<String>>,
+    pub(super) etcd_username: Option<Spanned<String>>,
+    pub(super) etcd_password_file: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -411,6 +411,11 @@ fn every_key_has_an_example_that_loads() {
         "member_grace_ms",
         "fleet_switch_ms",
         "etcd_cache_file",
+        "etcd_ca_file",
+        "etcd_cert_file",
+        "etcd_key_file",
+        "etcd_username",
+        "etcd_password_file",
     ];
     // A pool's keys are top-level keys; a route's have their own, and
     // a shadow's `pool` is a route's.
@@ -1012,9 +1017,17 @@ fn etcd_discovery_needs_no_servers_and_takes_its_defaults() {
         etcd.cache_file,
         std::path::PathBuf::from("/etc/memring.toml.members.json")
     );
+    assert_eq!(etcd.access, crate::config::EtcdAccess::default());
     // The file's servers are kept beside etcd's.
     let with = format!("{text}[[servers]]\naddr = \"127.0.0.1:2\"\n");
     assert_eq!(Config::parse(&with, "m").unwrap().servers.len(), 1);
+    // With a CA, host:port alone is https.
+    let tls = "listen = \"127.0.0.1:1\"\n[discovery]\netcd_endpoints = [\"10.0.0.1:2379\"]\netcd_prefix = \"/m/\"\netcd_ca_file = \"ca.pem\"\netcd_cert_file = \"c.pem\"\netcd_key_file = \"c.key\"\netcd_username = \"memring\"\netcd_password_file = \"pw\"\n";
+    let etcd = Config::parse(tls, "m").unwrap().discovery.etcd.unwrap();
+    assert_eq!(etcd.endpoints, ["https://10.0.0.1:2379"]);
+    assert_eq!(etcd.access.ca_file, Some("ca.pem".into()));
+    assert_eq!(etcd.access.identity, Some(("c.pem".into(), "c.key".into())));
+    assert_eq!(etcd.access.user, Some(("memring".into(), "pw".into())));
 }
 
 #[test]
@@ -1063,7 +1076,35 @@ fn bad_discovery_settings_are_rejected_with_their_place() {
         ),
         (
             "etcd_endpoints = [\"https://e:2379\"]\netcd_prefix = \"/m/\"\n",
-            "must be http://host:port",
+            "https:// endpoints need etcd_ca_file",
+        ),
+        (
+            "etcd_endpoints = [\"ftp://e:2379\"]\netcd_prefix = \"/m/\"\n",
+            "must be http://host:port or https://host:port",
+        ),
+        (
+            "etcd_endpoints = [\"http://e:2379\", \"https://f:2379\"]\netcd_prefix = \"/m/\"\netcd_ca_file = \"ca.pem\"\n",
+            "mixes http:// and https://",
+        ),
+        (
+            "etcd_endpoints = [\"http://e:2379\"]\netcd_prefix = \"/m/\"\netcd_ca_file = \"ca.pem\"\n",
+            "the endpoints must then be https://",
+        ),
+        (
+            "etcd_endpoints = [\"https://e:2379\"]\netcd_prefix = \"/m/\"\netcd_ca_file = \"ca.pem\"\netcd_cert_file = \"c.pem\"\n",
+            "m:6:18: etcd_cert_file needs etcd_key_file beside it",
+        ),
+        (
+            "etcd_endpoints = [\"http://e:2379\"]\netcd_prefix = \"/m/\"\netcd_username = \"root\"\n",
+            "etcd_username needs etcd_password_file",
+        ),
+        (
+            "etcd_endpoints = [\"http://e:2379\"]\netcd_prefix = \"/m/\"\netcd_password = \"pw\"\n",
+            "unknown key `etcd_password` in [discovery]",
+        ),
+        (
+            "etcd_username = \"root\"\n",
+            "etcd_username is an etcd setting: it needs etcd_endpoints",
         ),
         (
             "etcd_endpoints = [\"http://e:2379\"]\netcd_prefix = \"/m\"\n",

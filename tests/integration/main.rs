@@ -16,6 +16,7 @@ mod dns;
 mod docs;
 mod etcd;
 mod etcd_fleet;
+mod etcd_ops;
 mod failure;
 mod fleet;
 mod handoff;

@@ -1,7 +1,10 @@
 //! A real etcd (Debian's `etcd-server`, `/usr/bin/etcd`) on free loopback
 //! ports with its own data directory, and `etcdctl` against it. The process
 //! is killed by PID when the handle drops; `stop`/`restart` keep the data.
+//! It can serve TLS with client certificates required, and have
+//! authentication enabled (`etcdctl` then logs in as root).
 
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -13,24 +16,68 @@ pub(crate) struct Etcd {
     peer_port: u16,
     dir: TempDir,
     child: Option<Child>,
+    tls: Option<EtcdTls>,
+    /// `root:<password>` once authentication is enabled.
+    user: Option<String>,
+}
+
+/// The files of an etcd that serves TLS and requires client certificates.
+pub(crate) struct EtcdTls {
+    pub(crate) ca: PathBuf,
+    /// Its server certificate and key (for 127.0.0.1).
+    pub(crate) server: (PathBuf, PathBuf),
+    /// A client certificate and key that etcdctl uses.
+    pub(crate) client: (PathBuf, PathBuf),
 }
 
 impl Etcd {
     /// Starts a one-node etcd for `test` and waits until it answers.
     pub(crate) fn start(test: &str) -> Etcd {
+        Etcd::start_with(test, None)
+    }
+
+    /// Starts a one-node etcd serving TLS with `tls`'s files,
+    /// `--client-cert-auth`: a client must show a certificate of its CA.
+    pub(crate) fn start_tls(test: &str, tls: EtcdTls) -> Etcd {
+        Etcd::start_with(test, Some(tls))
+    }
+
+    fn start_with(test: &str, tls: Option<EtcdTls>) -> Etcd {
         let mut etcd = Etcd {
             client_port: free_port(),
             peer_port: free_port(),
             dir: TempDir::new("etcd", test),
             child: None,
+            tls,
+            user: None,
         };
         etcd.spawn();
         etcd
     }
 
-    /// `http://127.0.0.1:<client port>`, as `etcd_endpoints` lists it.
+    /// `http://127.0.0.1:<client port>` (`https://` with TLS), as
+    /// `etcd_endpoints` lists it.
     pub(crate) fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
+    }
+
+    /// Adds the user root with `password` and enables authentication:
+    /// from then on a client must log in (etcdctl here does).
+    pub(crate) fn enable_auth(&mut self, password: &str) {
+        let user = format!("root:{password}");
+        self.ctl(&["user", "add", &user, "--interactive=false"]);
+        // etcdctl grants root its role when it is missing.
+        self.ctl(&["auth", "enable"]);
+        self.user = Some(user);
+    }
+
+    /// The store's revision now.
+    pub(crate) fn revision(&self) -> i64 {
+        let out = self.ctl(&["get", "--write-out=json", "/"]);
+        let at = out.find("\"revision\":").expect("a header revision") + "\"revision\":".len();
+        let digits: String = out[at..].chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().expect("a revision")
     }
 
     fn spawn(&mut self) {
@@ -46,6 +93,17 @@ impl Etcd {
             .args(["--listen-peer-urls", &peer])
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &format!("test={peer}")])
+            .args(self.tls.iter().flat_map(|tls| {
+                [
+                    "--cert-file".into(),
+                    tls.server.0.clone().into_os_string(),
+                    "--key-file".into(),
+                    tls.server.1.clone().into_os_string(),
+                    "--trusted-ca-file".into(),
+                    tls.ca.clone().into_os_string(),
+                    "--client-cert-auth".into(),
+                ]
+            }))
             // Tests delete and expire keys quickly; nothing to keep.
             .args(["--snapshot-count", "10000"])
             .stdin(Stdio::null())
@@ -73,12 +131,25 @@ impl Etcd {
 
     /// Runs `etcdctl` (API v3) against this etcd.
     pub(crate) fn try_ctl(&self, args: &[&str]) -> std::io::Result<Output> {
-        Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .args(["--endpoints", &self.endpoint(), "--command-timeout=5s"])
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
+        let mut command = Command::new("etcdctl");
+        command.env("ETCDCTL_API", "3").args([
+            "--endpoints",
+            &self.endpoint(),
+            "--command-timeout=5s",
+        ]);
+        if let Some(tls) = &self.tls {
+            command
+                .arg("--cacert")
+                .arg(&tls.ca)
+                .arg("--cert")
+                .arg(&tls.client.0)
+                .arg("--key")
+                .arg(&tls.client.1);
+        }
+        if let Some(user) = &self.user {
+            command.args(["--user", user]);
+        }
+        command.args(args).stdin(Stdio::null()).output()
     }
 
     /// Runs `etcdctl` and returns its standard output; panics if it fails.

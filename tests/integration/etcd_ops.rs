@@ -1,0 +1,560 @@
+//! Running memring on etcd (issue 49), against a real etcd and real
+//! memcached: `memring check` never contacts etcd; a watch left behind a
+//! compaction reads every member again; TLS with client certificates and
+//! etcd's password authentication, for the sidecar and `memring member`,
+//! with clear refusals (naming the endpoint) when the CA or the password is
+//! wrong, and a start from the membership cache then.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::common::etcd::{Etcd, EtcdTls};
+use crate::common::pki::Pki;
+use crate::common::{free_port, wait_for, Client, Daemon, Memcached, Proxy, TempDir};
+
+const BIN: &str = env!("CARGO_BIN_EXE_memring");
+const PREFIX: &str = "/memring/ops/";
+
+fn record(server: &Memcached, state: &str) -> String {
+    format!(r#"{{"addr":"{}","state":"{state}"}}"#, server.addr())
+}
+
+fn key_of(name: &str) -> String {
+    format!("{PREFIX}members/{name}")
+}
+
+/// A config whose servers come from etcd at `endpoint`, with `discovery`
+/// lines added to its `[discovery]`.
+fn etcd_config(endpoint: &str, dir: &TempDir, discovery: &str) -> String {
+    format!(
+        "listen = \"127.0.0.1:0\"\n[discovery]\netcd_endpoints = [\"{endpoint}\"]\netcd_prefix = \"{PREFIX}\"\netcd_cache_file = \"{}\"\n{discovery}",
+        dir.path("members.json").display()
+    )
+}
+
+fn ring_names(proxy: &Proxy) -> Vec<String> {
+    let topology = proxy.running().topology.load();
+    let mut names: Vec<String> = topology
+        .config
+        .servers
+        .iter()
+        .map(|s| s.name.clone())
+        .collect();
+    names.sort();
+    names
+}
+
+/// memring started in this process from `text`, or why it refused.
+fn try_start(text: &str) -> Result<(), String> {
+    let config = memring::config::Config::parse(text, "test.toml").unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let started = runtime.block_on(memring::server::start(&config, shutdown.clone()));
+    shutdown.cancel();
+    started.map(|_| ()).map_err(|e| format!("{e:#}"))
+}
+
+/// A port that accepts connections and never answers; counts them.
+struct Mute {
+    port: u16,
+    accepted: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Mute {
+    fn start() -> Mute {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (a, s) = (accepted.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut held = Vec::new();
+            while !s.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        a.fetch_add(1, Ordering::Relaxed);
+                        held.push(stream);
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        Mute {
+            port,
+            accepted,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Mute {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[test]
+fn check_reads_no_member_from_etcd_and_answers_at_once() {
+    let dir = TempDir::new("etcd-ops", "check");
+    let mute = Mute::start();
+    let check = |text: &str| {
+        let path = dir.path("memring.toml");
+        std::fs::write(&path, text).unwrap();
+        let start = Instant::now();
+        let output = Command::new(BIN).arg("check").arg(&path).output().unwrap();
+        (output, start.elapsed())
+    };
+    // Nothing listens; something accepts and never answers: neither is
+    // asked (an etcd request waits 3 s before giving up).
+    for endpoint in [
+        format!("http://127.0.0.1:{}", free_port()),
+        format!("http://127.0.0.1:{}", mute.port),
+    ] {
+        let (output, took) = check(&etcd_config(&endpoint, &dir, ""));
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(took < Duration::from_secs(2), "check took {took:?}");
+        assert!(
+            stdout.contains(&format!(
+                "[discovery] etcd {endpoint} {PREFIX}: members are read from etcd when memring starts, not by check"
+            )),
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains("members.json: none") && stdout.contains("memring needs etcd to start"),
+            "{stdout}"
+        );
+        assert!(stdout.contains("ok (0 servers"), "{stdout}");
+    }
+    assert_eq!(
+        mute.accepted.load(Ordering::Relaxed),
+        0,
+        "check contacted etcd"
+    );
+
+    // A membership cache is described; TLS and password files are read as
+    // memring reads them, and a missing one fails the check by its setting.
+    std::fs::write(
+        dir.path("members.json"),
+        r#"{"revision":7,"members":{"a":{"addr":"127.0.0.1:1","state":"ACTIVE"}}}"#,
+    )
+    .unwrap();
+    let endpoint = format!("http://127.0.0.1:{}", mute.port);
+    let (output, _) = check(&etcd_config(&endpoint, &dir, ""));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("members.json: 1 member at revision 7"),
+        "{stdout}"
+    );
+    let https = format!("https://127.0.0.1:{}", mute.port);
+    let missing = format!("etcd_ca_file = \"{}\"\n", dir.path("nope.pem").display());
+    let (output, took) = check(&etcd_config(&https, &dir, &missing));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(took < Duration::from_secs(2), "check took {took:?}");
+    assert!(stderr.contains("[discovery] etcd_ca_file"), "{stderr}");
+    assert!(stderr.contains("nope.pem"), "{stderr}");
+    std::fs::write(dir.path("password"), "").unwrap();
+    let empty = format!(
+        "etcd_username = \"memring\"\netcd_password_file = \"{}\"\n",
+        dir.path("password").display()
+    );
+    let (output, _) = check(&etcd_config(&endpoint, &dir, &empty));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("etcd_password_file"), "{stderr}");
+    assert!(stderr.contains("empty"), "{stderr}");
+    assert_eq!(
+        mute.accepted.load(Ordering::Relaxed),
+        0,
+        "check contacted etcd"
+    );
+}
+
+/// A TCP relay to etcd that the test can hold: while held, nothing etcd
+/// sends is read (so etcd's watch falls behind), while what memring sends
+/// still goes through.
+struct HeldLink {
+    port: u16,
+    hold: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl HeldLink {
+    fn start(upstream: u16) -> HeldLink {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let hold = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (h, s) = (hold.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut pipes = Vec::new();
+            while !s.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((client, _)) => {
+                        let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                            continue;
+                        };
+                        let never = Arc::new(AtomicBool::new(false));
+                        for (from, to, hold) in [
+                            (
+                                client.try_clone().unwrap(),
+                                server.try_clone().unwrap(),
+                                never,
+                            ),
+                            (server, client, h.clone()),
+                        ] {
+                            let s = s.clone();
+                            pipes.push(std::thread::spawn(move || relay(from, to, &hold, &s)));
+                        }
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+            for p in pipes {
+                let _ = p.join();
+            }
+        });
+        HeldLink {
+            port,
+            hold,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+fn relay(mut from: TcpStream, mut to: TcpStream, hold: &AtomicBool, stop: &AtomicBool) {
+    from.set_read_timeout(Some(Duration::from_millis(20)))
+        .unwrap();
+    let mut buffer = [0u8; 16 * 1024];
+    while !stop.load(Ordering::Relaxed) {
+        if hold.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        }
+        match from.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => {
+                if to.write_all(&buffer[..n]).is_err() {
+                    break;
+                }
+            }
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => break,
+        }
+    }
+    let _ = from.shutdown(std::net::Shutdown::Both);
+    let _ = to.shutdown(std::net::Shutdown::Both);
+}
+
+impl Drop for HeldLink {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Sets and gets through memring at `addr` in a thread until stopped,
+/// counting what failed.
+struct Traffic {
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+    errors: Arc<AtomicU64>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Traffic {
+    fn start(addr: String) -> Traffic {
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicU64::new(0));
+        let errors = Arc::new(AtomicU64::new(0));
+        let (s, d, e) = (stop.clone(), done.clone(), errors.clone());
+        let thread = std::thread::spawn(move || {
+            let mut client = Client::connect(&addr);
+            let mut i = 0u64;
+            while !s.load(Ordering::Relaxed) {
+                let key = format!("traffic:{}", i % 500);
+                if client.set(&key, b"x") != b"STORED\r\n" || client.get(&key).is_none() {
+                    e.fetch_add(1, Ordering::Relaxed);
+                }
+                d.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+        });
+        Traffic {
+            stop,
+            done,
+            errors,
+            thread: Some(thread),
+        }
+    }
+
+    fn finish(mut self) -> (u64, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+        (
+            self.done.load(Ordering::Relaxed),
+            self.errors.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// Puts `count` times the same 16 KB value that is not a member record
+/// under `<prefix>members/filler`, with one client (etcdctl would start a
+/// process per put).
+fn fill(endpoint: &str, count: usize) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut client = etcd_client::Client::connect([endpoint], None)
+            .await
+            .expect("connect to etcd");
+        let value = vec![b'x'; 16 * 1024];
+        for _ in 0..count {
+            client
+                .put(key_of("filler"), value.clone(), None)
+                .await
+                .expect("put");
+        }
+    });
+}
+
+/// etcd answers a watch that is behind a compacted revision with
+/// "compacted" (here: the watch's stream is held back while 9 MB of
+/// changes pile up, a member joins, and the store is compacted): memring
+/// reads every member again and applies the current membership, with no
+/// error to clients meanwhile.
+#[test]
+fn a_watch_left_behind_a_compaction_reads_every_member_again() {
+    let etcd = Etcd::start("compacted");
+    let dir = TempDir::new("etcd-ops", "compacted");
+    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
+    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let link = HeldLink::start(etcd.client_port);
+    let port = free_port();
+    let text = etcd_config(&format!("http://127.0.0.1:{}", link.port), &dir, "")
+        .replace("127.0.0.1:0", &format!("127.0.0.1:{port}"));
+    let config = dir.path("memring.toml");
+    std::fs::write(&config, text).unwrap();
+    let daemon = Daemon::start(&config, &dir.path("memring.log"), &[]);
+    daemon.wait_for_log("etcd: 2 members");
+    let addr = format!("127.0.0.1:{port}");
+    wait_for("memring listens", || TcpStream::connect(&addr).is_ok());
+    let mut client = Client::connect(&addr);
+    // The watch is live once a change made now is applied.
+    let before = client.stat("membership_revision");
+    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+    wait_for("the watch applies a change", || {
+        client.stat("membership_revision") > before
+    });
+    let traffic = Traffic::start(addr.clone());
+
+    link.hold.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    fill(&etcd.endpoint(), 600);
+    etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
+    let latest = etcd.revision().to_string();
+    etcd.ctl(&["compact", &latest, "--physical"]);
+    // Within memring's keep-alive (10 s), so the connection is not lost:
+    // only "compacted" can bring c.
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "held for {:?}",
+        started.elapsed()
+    );
+    link.hold.store(false, Ordering::Relaxed);
+
+    daemon.wait_for_log("etcd: the watched revision was compacted: reading every member again");
+    wait_for("c on the ring", || client.stat("ring_servers") == 3);
+    let (done, errors) = traffic.finish();
+    assert!(done > 0);
+    assert_eq!(errors, 0, "{errors} failed of {done}");
+    assert_eq!(
+        daemon.count("etcd at"),
+        0,
+        "the connection was not lost: {}",
+        daemon.log()
+    );
+    assert_eq!(daemon.count(&format!("{}: ignored", key_of("filler"))), 1);
+    assert_eq!(client.set("k", b"v"), b"STORED\r\n");
+    assert_eq!(client.get("k").as_deref(), Some(&b"v"[..]));
+}
+
+/// An etcd serving TLS and requiring client certificates of `pki`, and a
+/// client certificate for memring.
+fn tls_etcd(test: &str, pki: &Pki) -> Etcd {
+    let server = pki.issue("etcd", &["127.0.0.1", "localhost"], false);
+    let client = pki.issue("etcdctl", &["etcdctl"], true);
+    Etcd::start_tls(
+        test,
+        EtcdTls {
+            ca: pki.ca_file.clone(),
+            server: (server.cert, server.key),
+            client: (client.cert, client.key),
+        },
+    )
+}
+
+#[test]
+fn memring_reaches_etcd_over_tls_with_a_client_certificate() {
+    let pki = Pki::new("etcd-tls");
+    let etcd = tls_etcd("tls", &pki);
+    let dir = TempDir::new("etcd-ops", "tls");
+    let (a, b) = (Memcached::start(), Memcached::start());
+    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+    let memring = pki.issue("memring", &["memring"], true);
+    let access = format!(
+        "etcd_ca_file = \"{}\"\netcd_cert_file = \"{}\"\netcd_key_file = \"{}\"\n",
+        pki.ca_file.display(),
+        memring.cert.display(),
+        memring.key.display()
+    );
+    let text = etcd_config(&etcd.endpoint(), &dir, &access);
+    assert!(etcd.endpoint().starts_with("https://"));
+    {
+        let proxy = Proxy::start_text(&text);
+        assert_eq!(ring_names(&proxy), ["a"]);
+        // The watch runs over TLS too, as does the sidecar's registration.
+        etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+        wait_for("b on the ring", || ring_names(&proxy) == ["a", "b"]);
+        wait_for("the registration", || {
+            etcd.ctl(&[
+                "get",
+                "--prefix",
+                "--keys-only",
+                &format!("{PREFIX}proxies/"),
+            ])
+            .contains(PREFIX)
+        });
+        let mut client = proxy.client();
+        assert_eq!(client.set("k", b"v"), b"STORED\r\n");
+    }
+
+    // Another CA: etcd's certificate is refused, the error names the
+    // endpoint and the reason; with the cache of the run above, memring
+    // starts from it.
+    let other = Pki::new("etcd-tls-other");
+    let wrong_ca = text.replace(
+        &pki.ca_file.display().to_string(),
+        &other.ca_file.display().to_string(),
+    );
+    let no_cache = wrong_ca.replace("members.json", "absent.json");
+    let error = try_start(&no_cache).expect_err("etcd's certificate is not of this CA");
+    assert!(error.contains(&etcd.endpoint()), "{error}");
+    assert!(error.to_lowercase().contains("certificate"), "{error}");
+    let proxy = Proxy::start_text(&wrong_ca);
+    assert_eq!(ring_names(&proxy), ["a", "b"]);
+    assert_eq!(proxy.client().get("k").as_deref(), Some(&b"v"[..]));
+    drop(proxy);
+
+    // No client certificate: etcd refuses the handshake.
+    let anonymous = etcd_config(
+        &etcd.endpoint(),
+        &dir,
+        &format!("etcd_ca_file = \"{}\"\n", pki.ca_file.display()),
+    )
+    .replace("members.json", "absent.json");
+    let error = try_start(&anonymous).expect_err("etcd requires a client certificate");
+    assert!(error.contains(&etcd.endpoint()), "{error}");
+}
+
+#[test]
+fn memring_and_the_member_agent_log_in_to_etcd_with_a_password_file() {
+    let mut etcd = Etcd::start("auth");
+    let dir = TempDir::new("etcd-ops", "auth");
+    let (a, b) = (Memcached::start(), Memcached::start());
+    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+    etcd.enable_auth("s3cret pw");
+    // One line: its line end is not part of the password.
+    std::fs::write(dir.path("password"), "s3cret pw\n").unwrap();
+    let login = format!(
+        "etcd_username = \"root\"\netcd_password_file = \"{}\"\n",
+        dir.path("password").display()
+    );
+    let text = etcd_config(&etcd.endpoint(), &dir, &login);
+    // Without a login etcd refuses memring.
+    let anonymous = etcd_config(&etcd.endpoint(), &dir, "").replace("members.json", "absent.json");
+    let error = try_start(&anonymous).expect_err("etcd requires a user");
+    assert!(error.contains(&etcd.endpoint()), "{error}");
+    {
+        let proxy = Proxy::start_text(&text);
+        assert_eq!(ring_names(&proxy), ["a"]);
+        // The agent logs in the same way, with flags.
+        let mut agent = Command::new(BIN)
+            .args(["member", "--etcd", &etcd.endpoint(), "--prefix", PREFIX])
+            .args(["--name", "b", "--addr", &b.addr(), "--warm-ms", "0"])
+            .args(["--etcd-username", "root", "--etcd-password-file"])
+            .arg(dir.path("password"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_for("b, registered by the agent, on the ring", || {
+            ring_names(&proxy) == ["a", "b"]
+        });
+        let _ = agent.kill();
+        let _ = agent.wait();
+        assert_eq!(proxy.client().set("k", b"v"), b"STORED\r\n");
+    }
+
+    // A wrong password: refused, naming the endpoint; with a cache memring
+    // starts from it.
+    std::fs::write(dir.path("password"), "wrong\n").unwrap();
+    let error =
+        try_start(&text.replace("members.json", "absent.json")).expect_err("a wrong password");
+    assert!(error.contains(&etcd.endpoint()), "{error}");
+    assert!(error.contains("authentication failed"), "{error}");
+    let proxy = Proxy::start_text(&text);
+    assert_eq!(ring_names(&proxy), ["a", "b"]);
+    assert_eq!(proxy.client().get("k").as_deref(), Some(&b"v"[..]));
+
+    // The agent says so too, and exits 1 when it cannot start; a password
+    // on its command line is refused by clap (there is no such flag).
+    let output = Command::new(BIN)
+        .args(["member", "--etcd", &etcd.endpoint(), "--prefix", PREFIX])
+        .args([
+            "--name",
+            "c",
+            "--addr",
+            &b.addr(),
+            "--etcd-username",
+            "root",
+        ])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--etcd-password-file"), "{stderr}");
+}
