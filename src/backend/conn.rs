@@ -844,6 +844,7 @@ mod tests {
                 weight: 1,
                 tls: false,
                 warming: false,
+                zone: None,
             };
             let settings = BackendSettings {
                 connections: 1,

@@ -75,6 +75,11 @@ impl Config {
         let request_log = request_log_settings(raw.request_log.as_ref(), &at)?;
         let (tls_listen, backend_tls) = tls_settings(raw, &at, path, listen.tcp(), admin_listen)?;
         let state_file = state_file(raw, path, &at)?;
+        let zone = raw
+            .zone
+            .as_ref()
+            .map(|z| super::servers::zone_name(z, "zone", &at))
+            .transpose()?;
         if lookup.is_some() {
             check_tls_files(raw, &at, tls_listen.as_ref(), backend_tls.as_ref())?;
         }
@@ -123,6 +128,7 @@ impl Config {
             pools: Vec::new(),
             routes: Vec::new(),
             default_pool: DEFAULT_POOL.to_string(),
+            zone,
         })
     }
 }

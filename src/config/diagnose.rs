@@ -81,6 +81,7 @@ pub(super) const EXAMPLES: &[(&str, &str)] = &[
     ("name", "\"cache-01\""),
     ("tls", "true"),
     ("warming", "true"),
+    ("zone", "\"eu-west-1a\""),
     ("cert_file", "\"server.pem\""),
     ("key_file", "\"server.key\""),
     ("client_ca_file", "\"clients-ca.pem\""),

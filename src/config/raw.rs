@@ -60,6 +60,8 @@ pub(super) struct RawConfig {
     /// `[shadow]`: the top-level pool's shadow (see `pools.rs`).
     pub(super) shadow: Option<Spanned<RawShadow>>,
     pub(super) request_log: Option<Spanned<RawRequestLog>>,
+    /// The sidecar's own zone (`MEMRING_ZONE` wins).
+    pub(super) zone: Option<Spanned<String>>,
 }
 
 /// `[request_log]`: which finished requests are logged, one line each.
@@ -99,6 +101,8 @@ pub(super) struct RawServer {
     /// Takes writes beside the ring, serves no reads (see
     /// `ServerConfig::warming`).
     pub(super) warming: Option<Spanned<bool>>,
+    /// The server's zone (see `ServerConfig::zone`).
+    pub(super) zone: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -59,6 +59,7 @@ pub async fn servers(source: &Source, dns: Dns, tls: bool) -> Result<Vec<ServerC
                         weight,
                         tls,
                         warming: false,
+                        zone: None,
                     }
                 })
                 .collect()
@@ -73,6 +74,7 @@ pub async fn servers(source: &Source, dns: Dns, tls: bool) -> Result<Vec<ServerC
                 weight: 1,
                 warming: false,
                 tls,
+                zone: None,
             })
             .collect(),
     };

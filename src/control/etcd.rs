@@ -128,6 +128,9 @@ impl Members {
         if let Err(e) = Config::check_server(&name, &record.addr) {
             return self.ignore(key, value, &e);
         }
+        if let Some(Err(e)) = record.zone.as_deref().map(Config::check_zone) {
+            return self.ignore(key, value, &format!("zone {e}"));
+        }
         self.bad.remove(key);
         if let Some(old) = self.entries.get(&name) {
             if old.missing_since.is_some() {
@@ -293,6 +296,7 @@ impl Members {
                 weight: e.record.weight,
                 tls: e.record.tls,
                 warming: e.record.state == MemberState::Joining,
+                zone: e.record.zone.clone(),
             });
         }
         servers
@@ -899,6 +903,7 @@ mod tests {
             weight: 1,
             tls: false,
             warming: false,
+            zone: None,
         };
         assert_eq!(names(m.servers(&[file])), ["a"]);
     }

@@ -68,6 +68,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         pools,
         routes,
         default_pool,
+        zone,
     } = new;
     // Each pool's own settings are its publisher's business (`control/pool_set.rs`);
     // here: the routes between pools, and the pools' listeners (bound at
@@ -75,7 +76,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
     let hot = &old.hot_keys;
     // A table, one row per setting (name, old, new, read only at start):
     // long because there are many settings, not because of logic.
-    let rows: [(&'static str, String, String, bool); 47] = [
+    let rows: [(&'static str, String, String, bool); 48] = [
         (
             "discovery",
             discovered(&old.discovery),
@@ -135,6 +136,12 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             "default_pool",
             old.default_pool.clone(),
             default_pool.clone(),
+            false,
+        ),
+        (
+            "zone",
+            old.zone.clone().unwrap_or_else(|| "none".into()),
+            zone.clone().unwrap_or_else(|| "none".into()),
             false,
         ),
         (

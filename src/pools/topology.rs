@@ -268,6 +268,7 @@ impl Topology {
                     addr: b.addr().to_string(),
                     weight: 1,
                     tls: b.tls(),
+                    zone: None,
                 })
                 .collect(),
         })
@@ -1009,6 +1010,7 @@ pub(crate) mod tests {
             weight,
             tls: false,
             warming: false,
+            zone: None,
         }
     }
 

@@ -45,6 +45,9 @@ pub struct SavedServer {
     pub weight: u32,
     #[serde(default)]
     pub tls: bool,
+    /// Its zone, which places replicas (absent in files from before zones).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
 }
 
 /// A saved ring: everything that decides where keys go.
@@ -76,6 +79,7 @@ impl SavedRing {
                     addr: s.addr.clone(),
                     weight: s.weight,
                     tls: s.tls,
+                    zone: s.zone.clone(),
                 })
                 .collect(),
         }
@@ -145,6 +149,7 @@ impl SavedServer {
             weight: self.weight,
             tls: self.tls,
             warming: false,
+            zone: self.zone.clone(),
         }
     }
 }
@@ -419,6 +424,7 @@ mod tests {
                 weight: 1,
                 warming: false,
                 tls: false,
+                zone: None,
             })
             .collect();
         SavedRing::of(&Spec::default(), &servers)
@@ -437,6 +443,7 @@ mod tests {
                 addr: "e:1".into(),
                 weight: 1,
                 tls: true,
+                zone: None,
             }],
         }
     }
@@ -451,12 +458,18 @@ mod tests {
         let mut tagged = window();
         tagged.ring.hash_tag = Some("{}".into());
         tagged.ring.ring = "twemproxy".into();
+        // Zones place replicas: a window's rings keep them.
+        for (server, zone) in tagged.previous.servers.iter_mut().zip(["x", "y"]) {
+            server.zone = Some(zone.into());
+        }
         file.record("other pool", Some(tagged.clone()));
         let Loaded::Windows(back) = load(&path) else {
             panic!("{:?}", load(&path))
         };
         assert_eq!(back.get("default"), Some(&window()));
         assert_eq!(back.get("other pool"), Some(&tagged));
+        let rebuilt = back["other pool"].previous.build().unwrap();
+        assert_eq!(rebuilt.zone_of(1), Some("y"));
         assert_eq!(
             back["other pool"].ring.spec().unwrap().hash_tag,
             Some(*b"{}")

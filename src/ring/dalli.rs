@@ -106,6 +106,7 @@ mod tests {
                         weight,
                     },
                     addr: format!("10.1.0.{i}:{}", 11211 + i),
+                    zone: None,
                 })
                 .collect();
             let total: u32 = weights.iter().sum();

@@ -134,6 +134,7 @@ mod tests {
                             weight,
                         },
                         addr: format!("10.2.0.{i}:{}", 11211 + i),
+                        zone: None,
                     })
                     .collect();
                 let mut points: Vec<(u32, usize)> = Vec::new();

@@ -41,3 +41,4 @@ mod tls;
 mod twemproxy;
 mod unix_sockets;
 mod warming;
+mod zones;
