@@ -475,7 +475,10 @@ impl Retrieval {
         let handoff = topology.previous.is_some();
         // During a window a miss falls through every candidate: with
         // replicas, a replica that just joined the set has nothing yet.
-        let fall_through = handoff || (replicas > 1 && topology.config.read_miss_fallthrough);
+        // With zones a miss on the local zone's replica asks the others.
+        let fall_through = handoff
+            || (replicas > 1
+                && (topology.config.read_miss_fallthrough || topology.reads_local_first()));
         self.reset(request, bytes, fall_through);
         self.handoff = handoff;
         self.copies_allowed = topology.config.shared_with.copies();

@@ -85,6 +85,10 @@ pub struct Topology {
     /// With warming servers: the ring they are staged to join (see
     /// [`Topology::warming_replicas`]).
     staged: Option<Box<Staged>>,
+    /// Per backend, whether it is in this sidecar's zone; empty unless the
+    /// sidecar has a zone that some server is in (then reads ask a key's
+    /// replicas in the local zone first: [`Topology::local_first`]).
+    local: Box<[bool]>,
 }
 
 /// The ring as it would be were the warming servers (`warming = true`)
@@ -345,7 +349,18 @@ impl Topology {
         let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
         let ring = Ring::build_with(&config.ring, nodes);
         let ring_digest = crate::ring::digest::pool_digest(&ring, &addrs, config.replicas);
+        let local: Box<[bool]> = config
+            .servers
+            .iter()
+            .map(|s| s.zone.is_some() && s.zone == config.zone)
+            .collect();
+        let local = if local.contains(&true) {
+            local
+        } else {
+            Box::default()
+        };
         Topology {
+            local,
             version,
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             figures: Arc::new(crate::stats::PoolFigures::detached()),
@@ -724,6 +739,31 @@ impl Topology {
         out.retain(|member| staged.warming.contains(&staged.ring_backends[*member]));
         for member in out.iter_mut() {
             *member = staged.ring_backends[*member] as usize;
+        }
+    }
+
+    /// Whether reads go to the local zone first: the sidecar has a zone and
+    /// some server is in it.
+    #[inline]
+    pub fn reads_local_first(&self) -> bool {
+        !self.local.is_empty()
+    }
+
+    /// Whether backend `index` is in this sidecar's zone (false without
+    /// local-first reads).
+    #[inline]
+    pub fn is_local(&self, index: usize) -> bool {
+        self.local.get(index).copied().unwrap_or(false)
+    }
+
+    /// Reorders a key's replicas (backend indexes, in ring order) so that
+    /// those in this sidecar's zone come first, the others after them in
+    /// ring order; nothing changes without local-first reads.
+    #[inline]
+    pub fn local_first(&self, servers: &mut [usize]) {
+        if !self.local.is_empty() {
+            // A stable sort: ring order within each group.
+            servers.sort_by_key(|&s| !self.is_local(s));
         }
     }
 

@@ -81,3 +81,118 @@ fn every_key_has_exactly_one_copy_in_each_zone() {
         assert!((3_000..7_000).contains(&per_server[s]), "{per_server:?}");
     }
 }
+
+/// `cmd_get` of each server, asked directly.
+fn cmd_gets(servers: &[Memcached]) -> Vec<u64> {
+    servers.iter().map(|s| s.client().stat("cmd_get")).collect()
+}
+
+/// Reads every key through `proxy` one get at a time: (hits, misses,
+/// error replies), each hit checked to be the key's own value.
+fn read_all(proxy: &Proxy, keys: &[String]) -> (usize, usize, usize) {
+    let mut client = proxy.client();
+    let (mut hits, mut misses, mut errors) = (0, 0, 0);
+    for key in keys {
+        let reply = client.get_raw(key);
+        match crate::common::parse_single_value(&reply) {
+            Some(Some(value)) => {
+                assert_eq!(value, key.as_bytes(), "{key}");
+                hits += 1;
+            }
+            Some(None) => misses += 1,
+            None => errors += 1,
+        }
+    }
+    (hits, misses, errors)
+}
+
+const LOCAL: &str =
+    "replicas = 3\nzone = \"b\"\nconnect_timeout_ms = 200\nrequest_timeout_ms = 300\n";
+
+#[test]
+fn a_sidecar_in_zone_b_reads_only_from_zone_b() {
+    let servers = six_servers();
+    let proxy = Proxy::start_text(&zoned_config(&servers, LOCAL));
+    let keys: Vec<String> = (0..2_000).map(|i| format!("local:{i}")).collect();
+    write_all(&proxy, &keys, |k| k.to_string());
+    let before = cmd_gets(&servers);
+    assert_eq!(
+        read_all(&proxy, &keys),
+        (keys.len(), 0, 0),
+        "every read hits"
+    );
+    let after = cmd_gets(&servers);
+    let moved: Vec<u64> = (0..6).map(|s| after[s] - before[s]).collect();
+    println!("cmd_get moved by {moved:?}");
+    assert_eq!(
+        moved[2] + moved[3],
+        keys.len() as u64,
+        "each key asked once, in b"
+    );
+    assert!(moved[2] > 0 && moved[3] > 0, "{moved:?}");
+    for s in [0, 1, 4, 5] {
+        assert_eq!(
+            moved[s],
+            0,
+            "server {s} in zone {} was read: {moved:?}",
+            zone_of(s)
+        );
+    }
+}
+
+/// Zone b's server `lost` is killed (or stopped): its keys are read from the
+/// other zones, with no error.
+fn reads_survive_a_lost_local_server(stop: bool) {
+    let mut servers = six_servers();
+    let proxy = Proxy::start_text(&zoned_config(&servers, LOCAL));
+    let keys: Vec<String> = (0..2_000).map(|i| format!("lost:{i}")).collect();
+    write_all(&proxy, &keys, |k| k.to_string());
+    let lost = 2;
+    if stop {
+        servers[lost].pause();
+    } else {
+        servers[lost].kill();
+    }
+    let before = cmd_gets(&servers[4..]);
+    let (hits, misses, errors) = read_all(&proxy, &keys);
+    println!("zone b server {lost} lost: {hits} hits, {misses} misses, {errors} errors");
+    assert_eq!(errors, 0);
+    assert!(
+        hits * 1000 >= keys.len() * 995,
+        "{hits} hits of {}",
+        keys.len()
+    );
+    let from_c: u64 = cmd_gets(&servers[4..])
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| a - b)
+        .sum();
+    println!("zone c asked for {from_c} keys");
+    if stop {
+        servers[lost].resume();
+    }
+}
+
+#[test]
+fn a_killed_local_server_is_read_from_the_other_zones() {
+    reads_survive_a_lost_local_server(false);
+}
+
+#[test]
+fn a_stopped_local_server_is_read_from_the_other_zones() {
+    reads_survive_a_lost_local_server(true);
+}
+
+#[test]
+fn a_miss_in_zone_b_is_read_from_the_other_zones() {
+    let servers = six_servers();
+    let proxy = Proxy::start_text(&zoned_config(&servers, LOCAL));
+    let keys: Vec<String> = (0..1_000).map(|i| format!("flushed:{i}")).collect();
+    write_all(&proxy, &keys, |k| k.to_string());
+    // Zone b's server 2 comes back empty (flushed, as after a restart).
+    assert_eq!(
+        servers[2].client().call(b"flush_all\r\n", ReplyKind::Line),
+        b"OK\r\n"
+    );
+    assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
+}
