@@ -82,6 +82,8 @@ pub(super) const EXAMPLES: &[(&str, &str)] = &[
     ("tls", "true"),
     ("warming", "true"),
     ("zone", "\"eu-west-1a\""),
+    ("zone_write_back", "false"),
+    ("warming_zones", "[\"eu-west-1c\"]"),
     ("cert_file", "\"server.pem\""),
     ("key_file", "\"server.key\""),
     ("client_ca_file", "\"clients-ca.pem\""),

@@ -196,6 +196,12 @@ pub struct Config {
     /// `zone` (or `MEMRING_ZONE`, which wins): the zone this sidecar runs
     /// in, whose replica of a key it reads first.
     pub zone: Option<String>,
+    /// `zone_write_back`: a hit found in another zone is copied to the
+    /// key's replica in this sidecar's zone (through the hand-off's lease).
+    pub zone_write_back: bool,
+    /// `warming_zones`: every server in these zones is warming (written,
+    /// never read), whatever its own `warming` says.
+    pub warming_zones: Vec<String>,
 }
 
 impl Config {
@@ -267,7 +273,8 @@ impl Config {
     /// This config with `servers` as its server list (what discovery found).
     /// Discovery fills in the top-level pool, `default`: when it is one of
     /// several, its entry in `pools` gets the same list.
-    pub fn with_servers(&self, servers: Vec<ServerConfig>) -> Config {
+    pub fn with_servers(&self, mut servers: Vec<ServerConfig>) -> Config {
+        mark_warming_zones(&mut servers, &self.warming_zones);
         let mut config = Config {
             servers: servers.clone(),
             ..self.clone()
@@ -372,6 +379,13 @@ impl Config {
             }
             _ => {}
         }
+        for zone in &self.warming_zones {
+            if !self.servers.iter().any(|s| s.zone.as_ref() == Some(zone)) {
+                warnings.push(format!(
+                    "warming_zones lists zone `{zone}`, which no server is in"
+                ));
+            }
+        }
         if !zoned {
             return warnings;
         }
@@ -450,6 +464,15 @@ impl Config {
             &self.ring,
             self.servers.iter().map(ServerConfig::node).collect(),
         )
+    }
+}
+
+/// Marks every server in one of `zones` warming.
+pub(crate) fn mark_warming_zones(servers: &mut [ServerConfig], zones: &[String]) {
+    for server in servers {
+        if server.zone.as_ref().is_some_and(|z| zones.contains(z)) {
+            server.warming = true;
+        }
     }
 }
 

@@ -62,6 +62,10 @@ pub(super) struct RawConfig {
     pub(super) request_log: Option<Spanned<RawRequestLog>>,
     /// The sidecar's own zone (`MEMRING_ZONE` wins).
     pub(super) zone: Option<Spanned<String>>,
+    /// Write a hit found in another zone back to the local replica.
+    pub(super) zone_write_back: Option<bool>,
+    /// Zones whose servers are warming (`ServerConfig::warming`).
+    pub(super) warming_zones: Option<Spanned<Vec<String>>>,
 }
 
 /// `[request_log]`: which finished requests are logged, one line each.

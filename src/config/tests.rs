@@ -1413,3 +1413,40 @@ fn a_zone_too_small_for_its_copies_and_a_stray_sidecar_zone_are_warned_of() {
     let plain = Config::parse(&format!("zone = \"a\"\n{GOOD}"), "m").unwrap();
     assert!(plain.warnings().join("\n").contains("no server has a zone"));
 }
+
+#[test]
+fn warming_zones_mark_their_servers_warming_and_are_checked() {
+    let config = Config::parse(&three_zones("replicas = 3\nwarming_zones = [\"c\"]"), "m").unwrap();
+    let warming: Vec<bool> = config.servers.iter().map(|s| s.warming).collect();
+    assert_eq!(warming, [false, false, false, false, true, true]);
+    assert!(config.zone_write_back, "on by default");
+    // Servers from elsewhere (etcd) are marked too.
+    let again = config.with_servers(
+        config
+            .servers
+            .iter()
+            .map(|s| ServerConfig {
+                warming: false,
+                ..s.clone()
+            })
+            .collect(),
+    );
+    assert!(again.servers[4].warming && !again.servers[0].warming);
+    let stray = Config::parse(&three_zones("replicas = 3\nwarming_zones = [\"x\"]"), "m").unwrap();
+    assert!(stray
+        .warnings()
+        .join("\n")
+        .contains("zone `x`, which no server is in"));
+    let error = error_of(&three_zones("warming_zones = [\"c\", \"c\"]"));
+    assert!(
+        error.contains("warming_zones lists zone `c` twice"),
+        "{error}"
+    );
+    let error = error_of(&three_zones("warming_zones = [\"\"]"));
+    assert!(
+        error.contains("warming_zones: zone \"\" must be non-empty"),
+        "{error}"
+    );
+    let off = Config::parse(&three_zones("zone_write_back = false"), "m").unwrap();
+    assert!(!off.zone_write_back);
+}

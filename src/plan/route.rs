@@ -409,6 +409,10 @@ pub(crate) struct Retrieval {
     copies: Vec<crate::plan::handoff::ReadCopy>,
     /// Read-through hits may be copied (`shared_with = "memring"`).
     copies_allowed: bool,
+    /// Outside a window, with zones: a hit found in another zone is copied
+    /// to the key's local replica (its first candidate) as a hand-off
+    /// read-through hit is to its new owner (`zone_write_back`).
+    write_back: bool,
     /// Keys asked of their previous owner, and values found there.
     read_through: (usize, usize),
     /// Whether this is the whole reply or one run of a retrieval whose
@@ -460,6 +464,7 @@ impl Default for Retrieval {
             previous_from: Vec::new(),
             copies: Vec::new(),
             copies_allowed: false,
+            write_back: false,
             read_through: (0, 0),
             split: Split::Whole,
             answers: None,
@@ -482,6 +487,11 @@ impl Retrieval {
         self.reset(request, bytes, fall_through);
         self.handoff = handoff;
         self.copies_allowed = topology.config.shared_with.copies();
+        self.write_back = !handoff
+            && replicas > 1
+            && self.copies_allowed
+            && topology.config.zone_write_back
+            && topology.reads_local_first();
         for i in 0..request.keys.len() {
             let key = request.key(&self.bytes, i);
             // The key's servers, and how many of them own it now (the rest
@@ -514,6 +524,11 @@ impl Retrieval {
                 } else {
                     NOT_MOVED
                 });
+            } else if self.write_back {
+                // The replicas after a local first one are other zones':
+                // a hit there is read and copied as a previous owner's.
+                let local = servers.len() > 1 && topology.is_local(servers[0]);
+                self.previous_from.push(if local { 1 } else { NOT_MOVED });
             }
             self.candidates.push(servers);
         }
@@ -563,7 +578,22 @@ impl Retrieval {
 
     /// Keys asked of their previous owner, and hits there.
     pub(crate) fn read_through(&self) -> (usize, usize) {
-        self.read_through
+        if self.handoff {
+            self.read_through
+        } else {
+            (0, 0)
+        }
+    }
+
+    /// Hits found in another zone after the local replica missed or
+    /// failed, each copied back to the local replica (`zone_write_back`).
+    #[allow(dead_code)] // counted by step 6
+    pub(crate) fn written_back(&self) -> usize {
+        if self.write_back {
+            self.read_through.1
+        } else {
+            0
+        }
     }
 
     /// A retrieval whose keys are asked of `candidates[i]` in order.
@@ -644,6 +674,7 @@ impl Retrieval {
         self.previous_from.clear();
         self.copies.clear();
         self.copies_allowed = false;
+        self.write_back = false;
         self.read_through = (0, 0);
         self.split = Split::Whole;
         self.answers = None;

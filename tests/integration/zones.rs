@@ -196,3 +196,151 @@ fn a_miss_in_zone_b_is_read_from_the_other_zones() {
     );
     assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
 }
+
+/// The keys of `keys` whose zone-b copy is on backend `server`.
+fn copies_on(proxy: &Proxy, keys: &[String], server: usize) -> Vec<String> {
+    let topology = proxy.running().topology.load();
+    let mut set = smallvec::SmallVec::new();
+    keys.iter()
+        .filter(|k| {
+            topology.replicas(k.as_bytes(), &mut set);
+            set.contains(&server)
+        })
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn a_killed_local_server_that_returns_flushed_is_written_back() {
+    let mut servers = six_servers();
+    let proxy = Proxy::start_text(&zoned_config(&servers, LOCAL));
+    let keys: Vec<String> = (0..1_000).map(|i| format!("back:{i}")).collect();
+    write_all(&proxy, &keys, |k| format!("v1-{k}"));
+    let lost = 2;
+    let mine = copies_on(&proxy, &keys, lost);
+    assert!(mine.len() > 300, "{}", mine.len());
+    servers[lost].kill();
+    let mut client = proxy.client();
+    for key in &keys {
+        assert_eq!(client.get(key), Some(format!("v1-{key}").into_bytes()));
+    }
+    servers[lost].restart();
+    // A key written since it returned holds the newer value everywhere;
+    // the others are read from zones a and c and written back.
+    let newer: Vec<String> = mine.iter().step_by(10).cloned().collect();
+    for key in &newer {
+        assert_eq!(
+            client.set(key, format!("v2-{key}").as_bytes()),
+            b"STORED\r\n"
+        );
+    }
+    let expected = |key: &String| {
+        let version = if newer.contains(key) { "v2" } else { "v1" };
+        Some(format!("{version}-{key}").into_bytes())
+    };
+    let mine_bytes: Vec<&[u8]> = mine.iter().map(|k| k.as_bytes()).collect();
+    let mut direct = servers[lost].client();
+    let mut held = Vec::new();
+    wait_for("its keys written back", || {
+        for key in &mine {
+            assert_eq!(client.get(key), expected(key), "{key}");
+        }
+        held = held_values(&mut direct, &mine_bytes);
+        held.iter().all(Option::is_some)
+    });
+    for (key, value) in mine.iter().zip(held) {
+        assert_eq!(value, expected(key), "{key}");
+    }
+    // Never over a newer value: reads after the writes leave them.
+    assert_eq!(read_all_prefixed(&proxy, &newer, "v2"), newer.len());
+}
+
+/// Reads `keys`, each expected to be `<prefix>-<key>`: how many were.
+fn read_all_prefixed(proxy: &Proxy, keys: &[String], prefix: &str) -> usize {
+    let mut client = proxy.client();
+    keys.iter()
+        .filter(|k| client.get(k) == Some(format!("{prefix}-{k}").into_bytes()))
+        .count()
+}
+
+#[test]
+fn write_backs_racing_writes_never_leave_an_older_value() {
+    let servers = six_servers();
+    let proxy = Proxy::start_text(&zoned_config(&servers, LOCAL));
+    let keys: Vec<String> = (0..1_000).map(|i| format!("race:{i}")).collect();
+    write_all(&proxy, &keys, |k| format!("v1-{k}"));
+    for s in [2, 3] {
+        assert_eq!(
+            servers[s].client().call(b"flush_all\r\n", ReplyKind::Line),
+            b"OK\r\n"
+        );
+    }
+    // Readers write back v1 while a writer sets v2 through the proxy.
+    std::thread::scope(|scope| {
+        for _ in 0..3 {
+            scope.spawn(|| {
+                let mut client = proxy.client();
+                for key in &keys {
+                    let _ = client.get_raw(key);
+                }
+            });
+        }
+        scope.spawn(|| write_all(&proxy, &keys, |k| format!("v2-{k}")));
+    });
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    // Copies finish in the background; then zone b holds v2 or nothing.
+    let mut b: Vec<Vec<Option<Vec<u8>>>> = Vec::new();
+    wait_for("zone b settled", || {
+        b = [2, 3]
+            .iter()
+            .map(|&s| held_values(&mut servers[s].client(), &key_bytes))
+            .collect();
+        (0..keys.len()).all(|k| b.iter().filter(|h| h[k].is_some()).count() == 1)
+    });
+    for (k, key) in keys.iter().enumerate() {
+        let value = b.iter().find_map(|h| h[k].clone());
+        assert_eq!(value, Some(format!("v2-{key}").into_bytes()), "{key}");
+    }
+}
+
+#[test]
+fn a_warming_zone_gets_every_write_and_no_read_until_unmarked() {
+    let dir = crate::common::TempDir::new("zones", "warming");
+    let servers = six_servers();
+    let path = dir.path("memring.toml");
+    // The sidecar is in zone c, which is warming: it reads from a and b.
+    let settings = "replicas = 3\nzone = \"c\"\nhandoff_ms = 60000\n";
+    let warming = zoned_config(&servers, &format!("{settings}warming_zones = [\"c\"]\n"));
+    std::fs::write(&path, &warming).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let keys: Vec<String> = (0..1_000).map(|i| format!("warm:{i}")).collect();
+    write_all(&proxy, &keys, |k| k.to_string());
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    // Every key has its copy in zone c (the warming writes are awaited).
+    let in_c: Vec<Vec<Option<Vec<u8>>>> = [4, 5]
+        .iter()
+        .map(|&s| held_values(&mut servers[s].client(), &key_bytes))
+        .collect();
+    for (k, key) in keys.iter().enumerate() {
+        assert_eq!(in_c.iter().filter(|h| h[k].is_some()).count(), 1, "{key}");
+    }
+    let before = cmd_gets(&servers);
+    assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
+    let after = cmd_gets(&servers);
+    assert_eq!(
+        (after[4] - before[4], after[5] - before[5]),
+        (0, 0),
+        "c read"
+    );
+    // Unmarked, zone c serves its own keys' reads, all of them hits.
+    let version = proxy.ring_version();
+    crate::common::replace_by_rename(&path, &zoned_config(&servers, settings));
+    wait_for("the reload", || proxy.ring_version() > version);
+    let before = cmd_gets(&servers);
+    assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
+    let after = cmd_gets(&servers);
+    let moved: Vec<u64> = (0..6).map(|s| after[s] - before[s]).collect();
+    println!("cmd_get moved by {moved:?} once zone c joined");
+    assert_eq!(moved[4] + moved[5], keys.len() as u64, "{moved:?}");
+    assert_eq!(moved[..4].iter().sum::<u64>(), 0, "{moved:?}");
+}
