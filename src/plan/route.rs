@@ -413,6 +413,11 @@ pub(crate) struct Retrieval {
     /// to the key's local replica (its first candidate) as a hand-off
     /// read-through hit is to its new owner (`zone_write_back`).
     write_back: bool,
+    /// With local-first reads (zones, outside a window): per key, whether
+    /// its first candidate is in this sidecar's zone; empty otherwise.
+    first_local: Vec<bool>,
+    /// Hits served by a key's local replica, and by another zone's.
+    zone_hits: (usize, usize),
     /// Keys asked of their previous owner, and values found there.
     read_through: (usize, usize),
     /// Whether this is the whole reply or one run of a retrieval whose
@@ -465,6 +470,8 @@ impl Default for Retrieval {
             copies: Vec::new(),
             copies_allowed: false,
             write_back: false,
+            first_local: Vec::new(),
+            zone_hits: (0, 0),
             read_through: (0, 0),
             split: Split::Whole,
             answers: None,
@@ -524,11 +531,20 @@ impl Retrieval {
                 } else {
                     NOT_MOVED
                 });
-            } else if self.write_back {
-                // The replicas after a local first one are other zones':
-                // a hit there is read and copied as a previous owner's.
-                let local = servers.len() > 1 && topology.is_local(servers[0]);
-                self.previous_from.push(if local { 1 } else { NOT_MOVED });
+            } else if topology.reads_local_first() {
+                let local = servers.first().is_some_and(|&s| topology.is_local(s));
+                self.first_local.push(local);
+                if self.write_back {
+                    // The replicas after a local first one are other
+                    // zones': a hit there is read and copied as a previous
+                    // owner's.
+                    let from = if local && servers.len() > 1 {
+                        1
+                    } else {
+                        NOT_MOVED
+                    };
+                    self.previous_from.push(from);
+                }
             }
             self.candidates.push(servers);
         }
@@ -587,7 +603,24 @@ impl Retrieval {
 
     /// Hits found in another zone after the local replica missed or
     /// failed, each copied back to the local replica (`zone_write_back`).
-    #[allow(dead_code)] // counted by step 6
+    /// With zones: hits served by the key's replica in this sidecar's
+    /// zone (asked first), and hits served by another replica.
+    pub(crate) fn zone_hits(&self) -> (usize, usize) {
+        self.zone_hits
+    }
+
+    /// Counts key `k` found on the candidate it is on now.
+    #[inline]
+    fn count_zone_hit(&mut self, k: usize) {
+        if let Some(&local) = self.first_local.get(k) {
+            if local && self.round[k] == 0 {
+                self.zone_hits.0 += 1;
+            } else {
+                self.zone_hits.1 += 1;
+            }
+        }
+    }
+
     pub(crate) fn written_back(&self) -> usize {
         if self.write_back {
             self.read_through.1
@@ -675,6 +708,8 @@ impl Retrieval {
         self.copies.clear();
         self.copies_allowed = false;
         self.write_back = false;
+        self.first_local.clear();
+        self.zone_hits = (0, 0);
         self.read_through = (0, 0);
         self.split = Split::Whole;
         self.answers = None;
@@ -968,6 +1003,7 @@ impl Retrieval {
                             self.copy(k, wire);
                         }
                     }
+                    self.count_zone_hit(k);
                     self.largest_block = self.largest_block.max(block.len());
                     self.held += block.len();
                     self.state[k] = KeyState::Found(block);
@@ -1003,6 +1039,7 @@ impl Retrieval {
                 self.copy(k, wire);
             }
         }
+        self.count_zone_hit(k);
         self.largest_block = self.largest_block.max(hit.block.len());
         self.held += hit.block.len();
         self.state[k] = KeyState::Found(hit.block);

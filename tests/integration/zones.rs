@@ -138,6 +138,10 @@ fn a_sidecar_in_zone_b_reads_only_from_zone_b() {
             zone_of(s)
         );
     }
+    let mut client = proxy.client();
+    assert_eq!(client.stat("zone_reads_local"), keys.len() as u64);
+    assert_eq!(client.stat("zone_reads_cross_zone"), 0);
+    assert_eq!(client.stat("zone_write_backs"), 0);
 }
 
 /// Zone b's server `lost` is killed (or stopped): its keys are read from the
@@ -168,6 +172,8 @@ fn reads_survive_a_lost_local_server(stop: bool) {
         .map(|(a, b)| a - b)
         .sum();
     println!("zone c asked for {from_c} keys");
+    let cross = proxy.client().stat("zone_reads_cross_zone");
+    assert!(cross > 0 && cross < keys.len() as u64, "{cross}");
     if stop {
         servers[lost].resume();
     }
@@ -251,6 +257,11 @@ fn a_killed_local_server_that_returns_flushed_is_written_back() {
     for (key, value) in mine.iter().zip(held) {
         assert_eq!(value, expected(key), "{key}");
     }
+    let written_back = proxy.client().stat("zone_write_backs");
+    assert!(
+        written_back >= (mine.len() - newer.len()) as u64,
+        "{written_back}"
+    );
     // Never over a newer value: reads after the writes leave them.
     assert_eq!(read_all_prefixed(&proxy, &newer, "v2"), newer.len());
 }
