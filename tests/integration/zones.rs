@@ -355,3 +355,73 @@ fn a_warming_zone_gets_every_write_and_no_read_until_unmarked() {
     assert_eq!(moved[4] + moved[5], keys.len() as u64, "{moved:?}");
     assert_eq!(moved[..4].iter().sum::<u64>(), 0, "{moved:?}");
 }
+
+/// Six servers in zones a, a, b, b, c, c (addresses only, nothing runs).
+fn six_in_zones(settings: &str, zones: [&str; 6]) -> String {
+    let mut text = format!("listen = \"127.0.0.1:0\"\n{settings}\n");
+    for (i, zone) in zones.iter().enumerate() {
+        text.push_str(&format!(
+            "[[servers]]\naddr = \"127.0.0.1:{}\"\nzone = \"{zone}\"\n",
+            31_000 + i
+        ));
+    }
+    text
+}
+
+#[test]
+fn check_and_plan_show_each_zones_share_and_warn_of_a_small_zone() {
+    const BIN: &str = env!("CARGO_BIN_EXE_memring");
+    let dir = crate::common::TempDir::new("zones", "cli");
+    let even = dir.path("even.toml");
+    std::fs::write(
+        &even,
+        six_in_zones("replicas = 3\nzone = \"b\"", ["a", "a", "b", "b", "c", "c"]),
+    )
+    .unwrap();
+    let small = dir.path("small.toml");
+    std::fs::write(
+        &small,
+        six_in_zones("replicas = 3\nzone = \"b\"", ["a", "a", "b", "b", "b", "c"]),
+    )
+    .unwrap();
+    let run = |args: &[&std::path::Path], env: Option<&str>| {
+        let mut command = std::process::Command::new(BIN);
+        command.args(args).env_remove("MEMRING_ZONE");
+        if let Some(zone) = env {
+            command.env("MEMRING_ZONE", zone);
+        }
+        let output = command.output().unwrap();
+        assert!(output.status.success(), "{output:?}");
+        (
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let check = std::path::Path::new("check");
+    let offline = std::path::Path::new("--offline");
+    let (out, err) = run(&[check, offline, &even], None);
+    for zone in ["a", "b", "c"] {
+        assert!(
+            out.contains(&format!("zone {zone}: 2 servers,"))
+                && out.contains("a copy of 100.00% of the keys, 33.33% of all copies"),
+            "{out}"
+        );
+    }
+    assert!(out.contains("this sidecar is in zone b"), "{out}");
+    assert!(err.is_empty(), "{err}");
+    // MEMRING_ZONE wins over the file's zone.
+    let (out, _) = run(&[check, offline, &even], Some("c"));
+    assert!(out.contains("this sidecar is in zone c"), "{out}");
+    let (_, err) = run(&[check, offline, &small], None);
+    assert!(
+        err.contains("zone `c` holds") && err.contains("(1 server)"),
+        "{err}"
+    );
+    let (out, _) = run(&[std::path::Path::new("plan"), &even, &small], None);
+    assert!(
+        out.contains("before: zone a: 2 servers")
+            && out.contains("after: zone b: 3 servers")
+            && out.contains("after: zone c: 1 server,"),
+        "{out}"
+    );
+}
