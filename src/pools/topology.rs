@@ -835,6 +835,9 @@ pub struct Change {
     pub restored: Vec<String>,
     /// Share of the keyspace whose owner changes, 0..=1.
     pub moved_share: f64,
+    /// Servers whose zone changed: with replicas, keys' copies move between
+    /// servers though their owners stay.
+    pub rezoned: Vec<String>,
     /// The hand-off window this change started: (length in ms, end in
     /// seconds since the epoch, whether moved keys are read through:
     /// `shared_with`). Boxed: a `Change` travels inside enums.
@@ -860,6 +863,7 @@ impl Change {
             ejected: Vec::new(),
             restored: Vec::new(),
             moved_share: 0.0,
+            rezoned: Vec::new(),
             handoff: None,
         };
         for server in new {
@@ -873,6 +877,9 @@ impl Change {
                     }
                     if before.addr != server.addr {
                         change.readdressed.push(server.name.clone());
+                    }
+                    if before.zone != server.zone {
+                        change.rezoned.push(server.name.clone());
                     }
                 }
             }
@@ -894,6 +901,7 @@ impl Change {
             && self.readdressed.is_empty()
             && self.ejected.is_empty()
             && self.restored.is_empty()
+            && self.rezoned.is_empty()
     }
 }
 
@@ -921,6 +929,9 @@ impl std::fmt::Display for Change {
         }
         if !self.restored.is_empty() {
             parts.push(format!("restored {}", self.restored.join(", ")));
+        }
+        if !self.rezoned.is_empty() {
+            parts.push(format!("new zone for {}", self.rezoned.join(", ")));
         }
         if parts.is_empty() {
             parts.push("servers unchanged".to_string());

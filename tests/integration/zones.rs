@@ -425,3 +425,73 @@ fn check_and_plan_show_each_zones_share_and_warn_of_a_small_zone() {
         "{out}"
     );
 }
+
+/// The config over `servers` in `zones`, with `settings` on top.
+fn config_in_zones(servers: &[Memcached], zones: [&str; 6], settings: &str) -> String {
+    let mut text = format!("listen = \"127.0.0.1:0\"\n{settings}\n");
+    for (server, zone) in servers.iter().zip(zones) {
+        text.push_str(&format!(
+            "[[servers]]\naddr = \"{}\"\nzone = \"{zone}\"\n",
+            server.addr()
+        ));
+    }
+    text
+}
+
+#[test]
+fn a_reload_that_moves_a_server_to_another_zone_hands_its_copies_off() {
+    let dir = crate::common::TempDir::new("zones", "rezone");
+    let servers = six_servers();
+    let path = dir.path("memring.toml");
+    let settings = "replicas = 3\nzone = \"b\"\nhandoff_ms = 60000\n";
+    std::fs::write(
+        &path,
+        config_in_zones(&servers, ["a", "a", "b", "b", "c", "c"], settings),
+    )
+    .unwrap();
+    let proxy = Proxy::start_file(&path);
+    let keys: Vec<String> = (0..1_000).map(|i| format!("rezone:{i}")).collect();
+    write_all(&proxy, &keys, |k| format!("v1-{k}"));
+    // Server 3 moves from zone b to zone c: owners stay, copies move.
+    let version = proxy.ring_version();
+    crate::common::replace_by_rename(
+        &path,
+        &config_in_zones(&servers, ["a", "a", "b", "c", "c", "c"], settings),
+    );
+    wait_for("the reload", || proxy.ring_version() > version);
+    assert!(
+        proxy.running().topology.load().previous.is_some(),
+        "a hand-off window"
+    );
+    let mut client = proxy.client();
+    for key in &keys {
+        assert_eq!(client.get(key), Some(format!("v1-{key}").into_bytes()));
+    }
+    write_all(&proxy, &keys, |k| format!("v2-{k}"));
+    // Every key is now on its new replicas only, one per zone where the
+    // zones allow, each with the newer value.
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    let topology = proxy.running().topology.load_full();
+    let mut held: Vec<Vec<Option<Vec<u8>>>> = Vec::new();
+    let mut set = smallvec::SmallVec::new();
+    wait_for("every key on its new replicas only", || {
+        held = servers
+            .iter()
+            .map(|s| held_values(&mut s.client(), &key_bytes))
+            .collect();
+        keys.iter().enumerate().all(|(k, key)| {
+            topology.replicas(key.as_bytes(), &mut set);
+            (0..6).all(|s| held[s][k].is_some() == set.contains(&s))
+        })
+    });
+    let zones = ["a", "a", "b", "c", "c", "c"];
+    for (k, key) in keys.iter().enumerate() {
+        topology.replicas(key.as_bytes(), &mut set);
+        let mut in_zones: Vec<&str> = set.iter().map(|&s| zones[s]).collect();
+        in_zones.sort_unstable();
+        assert_eq!(in_zones, ["a", "b", "c"], "{key}");
+        for &s in &set {
+            assert_eq!(held[s][k], Some(format!("v2-{key}").into_bytes()), "{key}");
+        }
+    }
+}
