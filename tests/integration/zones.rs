@@ -495,3 +495,54 @@ fn a_reload_that_moves_a_server_to_another_zone_hands_its_copies_off() {
         }
     }
 }
+
+#[test]
+fn etcd_members_carry_their_zone_into_placement_and_local_reads() {
+    const PREFIX: &str = "/memring/zones/";
+    let etcd = crate::common::etcd::Etcd::start("zones");
+    let dir = crate::common::TempDir::new("zones", "etcd");
+    let servers = six_servers();
+    for (i, server) in servers.iter().enumerate() {
+        etcd.put(
+            &format!("{PREFIX}members/m{i}"),
+            &format!(
+                r#"{{"addr":"{}","state":"ACTIVE","zone":"{}"}}"#,
+                server.addr(),
+                zone_of(i)
+            ),
+        );
+    }
+    let proxy = Proxy::start_text(&format!(
+        "listen = \"127.0.0.1:0\"\n{LOCAL}\n[discovery]\netcd_endpoints = [\"{}\"]\netcd_prefix = \"{PREFIX}\"\netcd_cache_file = \"{}\"\n",
+        etcd.endpoint(),
+        dir.path("members.json").display()
+    ));
+    wait_for("six members", || {
+        proxy.running().topology.load().config.servers.len() == 6
+    });
+    let keys: Vec<String> = (0..1_000).map(|i| format!("etcd-zoned:{i}")).collect();
+    write_all(&proxy, &keys, |k| k.to_string());
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    let mut held: Vec<Vec<Option<Vec<u8>>>> = Vec::new();
+    wait_for("every key on three servers", || {
+        held = servers
+            .iter()
+            .map(|s| held_values(&mut s.client(), &key_bytes))
+            .collect();
+        (0..keys.len()).all(|k| held.iter().filter(|h| h[k].is_some()).count() == 3)
+    });
+    for (k, key) in keys.iter().enumerate() {
+        let mut zones: Vec<&str> = (0..6)
+            .filter(|&s| held[s][k].is_some())
+            .map(zone_of)
+            .collect();
+        zones.sort_unstable();
+        assert_eq!(zones, ZONES, "{key}");
+    }
+    let before = cmd_gets(&servers);
+    assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
+    let after = cmd_gets(&servers);
+    for s in [0, 1, 4, 5] {
+        assert_eq!(after[s], before[s], "server {s} read");
+    }
+}
