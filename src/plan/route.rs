@@ -601,8 +601,6 @@ impl Retrieval {
         }
     }
 
-    /// Hits found in another zone after the local replica missed or
-    /// failed, each copied back to the local replica (`zone_write_back`).
     /// With zones: hits served by the key's replica in this sidecar's
     /// zone (asked first), and hits served by another replica.
     pub(crate) fn zone_hits(&self) -> (usize, usize) {
@@ -621,6 +619,8 @@ impl Retrieval {
         }
     }
 
+    /// Hits found in another zone after the local replica missed or
+    /// failed, each copied back to the local replica (`zone_write_back`).
     pub(crate) fn written_back(&self) -> usize {
         if self.write_back {
             self.read_through.1
