@@ -73,6 +73,7 @@ fn ring_lookup_flavours(c: &mut Criterion) {
         .map(|member| Node {
             addr: member.identity.clone(),
             member,
+            zone: None,
         })
         .collect();
     let flavours = [
@@ -128,6 +129,7 @@ fn ring_lookup_rendezvous(c: &mut Criterion) {
             .map(|member| Node {
                 addr: member.identity.clone(),
                 member,
+                zone: None,
             })
             .collect();
         let ring = Ring::build_with(&spec, nodes);

@@ -846,6 +846,7 @@ mod tests {
                 warming: false,
                 staged_out: false,
                 staged_in: false,
+                zone: None,
             };
             let settings = BackendSettings {
                 connections: 1,

@@ -19,6 +19,7 @@ pub(crate) fn run(file: &Path, offline: bool) -> anyhow::Result<()> {
         )
         .with_context(|| format!("cannot read {}", file.display()))?;
         Config::parse(&text, &file.display().to_string())?
+            .with_zone_from_env(&file.display().to_string())?
     } else {
         Config::load(file)?
     };
@@ -101,6 +102,7 @@ pub(crate) fn run(file: &Path, offline: bool) -> anyhow::Result<()> {
             describe_ring(&pool.config)
         );
     }
+    print_zones(file, &config);
     for route in &config.routes {
         println!(
             "{}: route `{}` -> pool {}",
@@ -153,6 +155,33 @@ fn check_etcd(file: &Path, etcd: &memring::config::EtcdSource) -> anyhow::Result
         etcd.cache_file.display()
     );
     Ok(())
+}
+
+/// Each zone's part of the ring and of the copies, per pool with zones, and
+/// the sidecar's zone.
+fn print_zones(file: &Path, config: &Config) {
+    let pools: Vec<(String, &Config)> = if config.pools.is_empty() {
+        vec![(String::new(), config)]
+    } else {
+        config
+            .pools
+            .iter()
+            .map(|p| (format!("pool {}: ", p.name), &*p.config))
+            .collect()
+    };
+    for (pool, pool_config) in pools {
+        for share in pool_config.zone_shares() {
+            println!(
+                "{}: {pool}{} (replicas = {})",
+                file.display(),
+                memring::ring::zones::describe(&share),
+                pool_config.replicas
+            );
+        }
+    }
+    if let Some(zone) = &config.zone {
+        println!("{}: this sidecar is in zone {zone}", file.display());
+    }
 }
 
 /// Binds every address memring would listen on (`listen`, `tls_listen`,

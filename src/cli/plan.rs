@@ -99,6 +99,7 @@ fn running_servers(addr: &str) -> anyhow::Result<Vec<memring::config::ServerConf
             warming: false,
             staged_out: false,
             staged_in: false,
+            zone: None,
         })
         .collect())
 }
@@ -185,6 +186,7 @@ fn print_pool_plan(old_config: &Config, new_config: &Config) {
         );
     }
     print_warming(new_config);
+    print_zones(old_config, new_config);
     let on_ring = |config: &Config| -> Vec<memring::config::ServerConfig> {
         config
             .servers
@@ -278,6 +280,33 @@ fn print_flush(old_config: &Config, new_config: &Config) {
 
 /// The warming servers of `config`: each takes writes for the share of
 /// the keys it will own once it joins, and serves no reads until then.
+/// Each zone's part of the ring and of the copies before and after, when
+/// either config has zones; a change of zones moves copies, not owners.
+fn print_zones(old_config: &Config, new_config: &Config) {
+    let (before, after) = (old_config.zone_shares(), new_config.zone_shares());
+    if before.is_empty() && after.is_empty() {
+        return;
+    }
+    if before != after {
+        for share in &before {
+            println!("before: {}", memring::ring::zones::describe(share));
+        }
+    }
+    for share in &after {
+        println!(
+            "{}{} (replicas = {})",
+            if before == after { "" } else { "after: " },
+            memring::ring::zones::describe(share),
+            new_config.replicas
+        );
+    }
+    if after.is_empty() {
+        println!(
+            "zones: none after the change: replicas are the next servers clockwise, in any zone"
+        );
+    }
+}
+
 fn print_warming(config: &Config) {
     if !config.servers.iter().any(|s| s.warming) {
         return;

@@ -75,6 +75,13 @@ impl Config {
         let request_log = request_log_settings(raw.request_log.as_ref(), &at)?;
         let (tls_listen, backend_tls) = tls_settings(raw, &at, path, listen.tcp(), admin_listen)?;
         let state_file = state_file(raw, path, &at)?;
+        let zone = raw
+            .zone
+            .as_ref()
+            .map(|z| super::servers::zone_name(z, "zone", &at))
+            .transpose()?;
+        let warming_zones = warming_zones(raw, &at)?;
+        super::mark_warming_zones(&mut servers.servers, &warming_zones);
         if lookup.is_some() {
             check_tls_files(raw, &at, tls_listen.as_ref(), backend_tls.as_ref())?;
         }
@@ -123,8 +130,32 @@ impl Config {
             pools: Vec::new(),
             routes: Vec::new(),
             default_pool: DEFAULT_POOL.to_string(),
+            zone,
+            zone_write_back: raw.zone_write_back.unwrap_or(true),
+            warming_zones,
         })
     }
+}
+
+/// `warming_zones`: zone names, each valid and listed once.
+fn warming_zones(raw: &RawConfig, at: &At<'_>) -> Result<Vec<String>, ConfigError> {
+    let Some(zones) = &raw.warming_zones else {
+        return Ok(Vec::new());
+    };
+    let mut list: Vec<String> = Vec::new();
+    for zone in zones.get_ref() {
+        if let Err(problem) = super::servers::check_zone(zone) {
+            return Err(at(zones.span(), format!("warming_zones: zone {problem}")));
+        }
+        if list.contains(zone) {
+            return Err(at(
+                zones.span(),
+                format!("warming_zones lists zone `{zone}` twice"),
+            ));
+        }
+        list.push(zone.clone());
+    }
+    Ok(list)
 }
 
 /// `field`'s value, `default` when unset, an error at its place when out of

@@ -86,6 +86,9 @@ pub struct ServerConfig {
     /// time reads move here; a miss is read through from the previous
     /// owner instead. Never set by a config file.
     pub staged_in: bool,
+    /// `zone`: with zones, a key's replicas are in distinct zones, and a
+    /// sidecar reads from its own zone's replica first (docs/zones.md).
+    pub zone: Option<String>,
 }
 
 impl ServerConfig {
@@ -103,6 +106,7 @@ impl ServerConfig {
         Node {
             member: self.member(),
             addr: self.addr.clone(),
+            zone: self.zone.clone(),
         }
     }
 }
@@ -202,6 +206,15 @@ pub struct Config {
     pub routes: Vec<Route>,
     /// Where keys matching no route go (`default_pool`).
     pub default_pool: String,
+    /// `zone` (or `MEMRING_ZONE`, which wins): the zone this sidecar runs
+    /// in, whose replica of a key it reads first.
+    pub zone: Option<String>,
+    /// `zone_write_back`: a hit found in another zone is copied to the
+    /// key's replica in this sidecar's zone (through the hand-off's lease).
+    pub zone_write_back: bool,
+    /// `warming_zones`: every server in these zones is warming (written,
+    /// never read), whatever its own `warming` says.
+    pub warming_zones: Vec<String>,
 }
 
 impl Config {
@@ -219,7 +232,7 @@ impl Config {
             path: shown.clone(),
             source,
         })?;
-        Config::parse_and_resolve(&text, &shown)
+        Config::parse_and_resolve(&text, &shown)?.with_zone_from_env(&shown)
     }
 
     /// Validates config text; `path` is only used in error messages. Host
@@ -273,7 +286,8 @@ impl Config {
     /// This config with `servers` as its server list (what discovery found).
     /// Discovery fills in the top-level pool, `default`: when it is one of
     /// several, its entry in `pools` gets the same list.
-    pub fn with_servers(&self, servers: Vec<ServerConfig>) -> Config {
+    pub fn with_servers(&self, mut servers: Vec<ServerConfig>) -> Config {
+        mark_warming_zones(&mut servers, &self.warming_zones);
         let mut config = Config {
             servers: servers.clone(),
             ..self.clone()
@@ -356,8 +370,88 @@ impl Config {
                 "every server is warming: none is on the ring, so every request answers SERVER_ERROR until one stops warming".to_string(),
             );
         }
+        warnings.extend(self.zone_warnings());
         warnings.extend(self.server_warnings.iter().cloned());
         warnings
+    }
+
+    /// What is odd about this pool's zones: zones that store far more than
+    /// their share of copies, a sidecar zone no server is in, zones that
+    /// place nothing.
+    fn zone_warnings(&self) -> Vec<String> {
+        let zoned = self.servers.iter().any(|s| s.zone.is_some());
+        let mut warnings = Vec::new();
+        match (&self.zone, zoned) {
+            (Some(zone), false) if !self.servers.is_empty() => warnings.push(format!(
+                "this sidecar is in zone `{zone}` but no server has a zone: reads go to each key's first replica as without zones"
+            )),
+            (Some(zone), true) if !self.servers.iter().any(|s| s.zone.as_ref() == Some(zone)) => {
+                warnings.push(format!(
+                    "this sidecar is in zone `{zone}` but no server is: every read crosses zones"
+                ));
+            }
+            _ => {}
+        }
+        for zone in &self.warming_zones {
+            if !self.servers.iter().any(|s| s.zone.as_ref() == Some(zone)) {
+                warnings.push(format!(
+                    "warming_zones lists zone `{zone}`, which no server is in"
+                ));
+            }
+        }
+        if !zoned {
+            return warnings;
+        }
+        if self.replicas <= 1 {
+            warnings.push(
+                "servers have zones but replicas = 1: each key has one copy, so zones place nothing and a lost zone loses its keys".to_string(),
+            );
+            return warnings;
+        }
+        let shares = crate::ring::zones::zone_shares(&self.build_ring(), self.replicas);
+        warnings.extend(crate::ring::zones::overloaded(&shares, self.replicas));
+        warnings
+    }
+
+    /// Each zone's servers, ring share and copies (empty without zones).
+    pub fn zone_shares(&self) -> Vec<crate::ring::zones::ZoneShare> {
+        crate::ring::zones::zone_shares(&self.build_ring(), self.replicas)
+    }
+
+    /// Why `zone` cannot be a zone name (of a server or a sidecar), if it
+    /// cannot.
+    pub fn check_zone(zone: &str) -> Result<(), String> {
+        servers::check_zone(zone)
+    }
+
+    /// This config, and every pool's, with the sidecar's zone `zone`
+    /// (`MEMRING_ZONE`, which wins over the file's `zone`).
+    ///
+    /// # Errors
+    /// `zone` is not a valid zone name.
+    pub fn with_zone(mut self, zone: &str, path: &str) -> Result<Config, ConfigError> {
+        servers::check_zone(zone).map_err(|problem| ConfigError::Refused {
+            path: path.to_string(),
+            message: format!("MEMRING_ZONE {problem}"),
+        })?;
+        self.zone = Some(zone.to_string());
+        for pool in &mut self.pools {
+            let mut config = (*pool.config).clone();
+            config.zone = Some(zone.to_string());
+            pool.config = std::sync::Arc::new(config);
+        }
+        Ok(self)
+    }
+
+    /// [`Config::with_zone`] with `MEMRING_ZONE` when it is set.
+    ///
+    /// # Errors
+    /// `MEMRING_ZONE` is set to an invalid zone name.
+    pub fn with_zone_from_env(self, path: &str) -> Result<Config, ConfigError> {
+        match std::env::var("MEMRING_ZONE") {
+            Ok(zone) => self.with_zone(&zone, path),
+            Err(_) => Ok(self),
+        }
     }
 
     /// The ring nodes (members with their addresses), in config order; the
@@ -383,6 +477,15 @@ impl Config {
             &self.ring,
             self.servers.iter().map(ServerConfig::node).collect(),
         )
+    }
+}
+
+/// Marks every server in one of `zones` warming.
+pub(crate) fn mark_warming_zones(servers: &mut [ServerConfig], zones: &[String]) {
+    for server in servers {
+        if server.zone.as_ref().is_some_and(|z| zones.contains(z)) {
+            server.warming = true;
+        }
     }
 }
 

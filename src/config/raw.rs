@@ -61,6 +61,12 @@ pub(super) struct RawConfig {
     /// `[shadow]`: the top-level pool's shadow (see `pools.rs`).
     pub(super) shadow: Option<Spanned<RawShadow>>,
     pub(super) request_log: Option<Spanned<RawRequestLog>>,
+    /// The sidecar's own zone (`MEMRING_ZONE` wins).
+    pub(super) zone: Option<Spanned<String>>,
+    /// Write a hit found in another zone back to the local replica.
+    pub(super) zone_write_back: Option<bool>,
+    /// Zones whose servers are warming (`ServerConfig::warming`).
+    pub(super) warming_zones: Option<Spanned<Vec<String>>>,
 }
 
 /// `[request_log]`: which finished requests are logged, one line each.
@@ -106,6 +112,8 @@ pub(super) struct RawServer {
     /// Takes writes beside the ring, serves no reads (see
     /// `ServerConfig::warming`).
     pub(super) warming: Option<Spanned<bool>>,
+    /// The server's zone (see `ServerConfig::zone`).
+    pub(super) zone: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

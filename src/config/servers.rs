@@ -71,6 +71,11 @@ impl ServerList {
             list.reaches.push((server.addr.span(), endpoints));
             let tls = server.tls.as_ref().is_some_and(|t| *t.get_ref());
             let warming = server.warming.as_ref().is_some_and(|w| *w.get_ref());
+            let zone = server
+                .zone
+                .as_ref()
+                .map(|z| zone_name(z, &format!("server `{addr}`: zone"), at))
+                .transpose()?;
             list.servers.push(ServerConfig {
                 addr,
                 name,
@@ -79,8 +84,10 @@ impl ServerList {
                 warming,
                 staged_out: false,
                 staged_in: false,
+                zone,
             });
         }
+        check_zones_everywhere(raw, &list.servers, at)?;
         Ok(list)
     }
 
@@ -206,4 +213,54 @@ fn server_name(server: &RawServer, addr: &str, at: &At<'_>) -> Result<String, Co
         ));
     }
     Ok(n.get_ref().clone())
+}
+
+/// A zone name (`what` says whose, for the error): printable, one word.
+pub(super) fn zone_name(
+    zone: &toml::Spanned<String>,
+    what: &str,
+    at: &At<'_>,
+) -> Result<String, ConfigError> {
+    check_zone(zone.get_ref()).map_err(|problem| at(zone.span(), format!("{what} {problem}")))?;
+    Ok(zone.get_ref().clone())
+}
+
+/// Why `zone` cannot be a zone name, if it cannot: it must be non-empty,
+/// printable and without whitespace (it names metrics and `stats` lines).
+pub(super) fn check_zone(zone: &str) -> Result<(), String> {
+    if let Some(byte) = refused_char(zone) {
+        return Err(format!(
+            "{zone:?} contains {byte}, which no zone may contain"
+        ));
+    }
+    if zone.trim().is_empty() || zone.contains(char::is_whitespace) {
+        return Err(format!(
+            "{zone:?} must be non-empty and contain no whitespace"
+        ));
+    }
+    Ok(())
+}
+
+/// Zones on some servers only is an error: which zone a server without one
+/// is in would be a guess, and a guess places copies of keys.
+fn check_zones_everywhere(
+    raw: &RawConfig,
+    servers: &[ServerConfig],
+    at: &At<'_>,
+) -> Result<(), ConfigError> {
+    let Some(zoned) = servers.iter().position(|s| s.zone.is_some()) else {
+        return Ok(());
+    };
+    let Some(bare) = servers.iter().position(|s| s.zone.is_none()) else {
+        return Ok(());
+    };
+    Err(at(
+        raw.servers[bare].get_ref().addr.span(),
+        format!(
+            "server `{}` has no zone, but `{}` is in zone `{}`: set a zone on every server of the pool, or on none",
+            servers[bare].addr,
+            servers[zoned].addr,
+            servers[zoned].zone.as_deref().unwrap_or_default()
+        ),
+    ))
 }

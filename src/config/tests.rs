@@ -328,7 +328,7 @@ fn every_key_has_an_example_that_loads() {
     };
     let top = known(&format!("unknown_key = 1\n{GOOD}"));
     let server = known(&GOOD.replace("weight = 2", "unknown_key = 2"));
-    assert!(top.len() > 20 && server.len() == 5, "{top:?} {server:?}");
+    assert!(top.len() > 20 && server.len() == 6, "{top:?} {server:?}");
     // The keys of the TLS tables, each with an example for messages.
     let tables = ["tls_listen", "backend_tls"];
     let mut table_keys: Vec<String> = tables
@@ -435,7 +435,9 @@ fn every_key_has_an_example_that_loads() {
             + discovery.len()
             + route.len()
             + shadow.len()
-            + request_log.len(),
+            + request_log.len()
+            // `zone` is a top-level key and a server's: one example serves.
+            - 1,
         "an example of a key that is gone"
     );
 }
@@ -447,7 +449,7 @@ fn setting_names_are_the_keys_serde_accepts() {
         .iter()
         .filter_map(|n| n.strip_prefix("servers."))
         .collect();
-    assert_eq!(server, ["addr", "weight", "name", "tls", "warming"]);
+    assert_eq!(server, ["addr", "weight", "name", "tls", "warming", "zone"]);
     assert!(names.iter().any(|n| n == "listen") && names.iter().any(|n| n == "servers"));
     // The TLS tables' keys share one example each (`addr` is the
     // servers' already).
@@ -1393,4 +1395,130 @@ fn listen_takes_a_unix_socket_with_its_mode_and_refuses_what_cannot_be_one() {
         message.contains("listen_mode without a listen"),
         "{message}"
     );
+}
+
+/// Six servers in zones a, b, c (two each), with `extra` at the top.
+fn three_zones(extra: &str) -> String {
+    let mut text = format!("listen = \"127.0.0.1:1\"\n{extra}\n");
+    for (i, zone) in ["a", "a", "b", "b", "c", "c"].iter().enumerate() {
+        text.push_str(&format!(
+            "[[servers]]\naddr = \"127.0.0.1:{}\"\nzone = \"{zone}\"\n",
+            100 + i
+        ));
+    }
+    text
+}
+
+#[test]
+fn zones_are_read_per_server_and_for_the_sidecar() {
+    let config = Config::parse(&three_zones("replicas = 3\nzone = \"b\""), "m").unwrap();
+    assert_eq!(config.zone.as_deref(), Some("b"));
+    let zones: Vec<_> = config.servers.iter().map(|s| s.zone.as_deref()).collect();
+    assert_eq!(
+        zones,
+        [
+            Some("a"),
+            Some("a"),
+            Some("b"),
+            Some("b"),
+            Some("c"),
+            Some("c")
+        ]
+    );
+    assert!(config.warnings().is_empty(), "{:?}", config.warnings());
+    let shares = config.zone_shares();
+    assert_eq!(shares.len(), 3);
+    for share in &shares {
+        assert_eq!(share.keys, 1.0, "a copy of every key in every zone");
+        assert!((share.copies - 1.0 / 3.0).abs() < 1e-9);
+    }
+    let moved = config.clone().with_zone("c", "m").unwrap();
+    assert_eq!(moved.zone.as_deref(), Some("c"));
+    assert!(config.clone().with_zone("two words", "m").is_err());
+    assert!(config.with_zone("", "m").is_err());
+    // Without zones nothing is set.
+    let plain = Config::parse(GOOD, "m").unwrap();
+    assert!(plain.zone.is_none() && plain.servers.iter().all(|s| s.zone.is_none()));
+    assert!(plain.zone_shares().is_empty());
+}
+
+#[test]
+fn zones_on_some_servers_only_are_refused_at_the_first_server_without() {
+    let text = "listen = \"127.0.0.1:1\"\n[[servers]]\naddr = \"127.0.0.1:2\"\nzone = \"a\"\n[[servers]]\naddr = \"127.0.0.1:3\"\n";
+    let error = error_of(text);
+    assert!(
+        error.starts_with(
+            "memring.toml:6:8: server `127.0.0.1:3` has no zone, but `127.0.0.1:2` is in zone `a`"
+        ),
+        "{error}"
+    );
+    let error =
+        error_of("listen = \"127.0.0.1:1\"\n[[servers]]\naddr = \"127.0.0.1:2\"\nzone = \"a b\"\n");
+    assert!(
+        error.contains("zone \"a b\" must be non-empty and contain no whitespace"),
+        "{error}"
+    );
+    let error =
+        error_of("listen = \"127.0.0.1:1\"\nzone = \"\"\n[[servers]]\naddr = \"127.0.0.1:2\"\n");
+    assert!(
+        error.starts_with("memring.toml:2:8: zone \"\" must be"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_zone_too_small_for_its_copies_and_a_stray_sidecar_zone_are_warned_of() {
+    // Zone c has one server of six: with a copy per zone it stores a third
+    // of all copies on a sixth of the ring... twice its share.
+    let mut text = three_zones("replicas = 3\nzone = \"x\"");
+    text = text.replacen("zone = \"c\"", "zone = \"b\"", 1);
+    let config = Config::parse(&text, "m").unwrap();
+    let warnings = config.warnings().join("\n");
+    assert!(warnings.contains("zone `c` holds"), "{warnings}");
+    assert!(!warnings.contains("zone `a` holds"), "{warnings}");
+    assert!(
+        warnings.contains("in zone `x` but no server is"),
+        "{warnings}"
+    );
+    let one = Config::parse(&three_zones(""), "m").unwrap();
+    assert!(one.warnings().join("\n").contains("replicas = 1"));
+    let plain = Config::parse(&format!("zone = \"a\"\n{GOOD}"), "m").unwrap();
+    assert!(plain.warnings().join("\n").contains("no server has a zone"));
+}
+
+#[test]
+fn warming_zones_mark_their_servers_warming_and_are_checked() {
+    let config = Config::parse(&three_zones("replicas = 3\nwarming_zones = [\"c\"]"), "m").unwrap();
+    let warming: Vec<bool> = config.servers.iter().map(|s| s.warming).collect();
+    assert_eq!(warming, [false, false, false, false, true, true]);
+    assert!(config.zone_write_back, "on by default");
+    // Servers from elsewhere (etcd) are marked too.
+    let again = config.with_servers(
+        config
+            .servers
+            .iter()
+            .map(|s| ServerConfig {
+                warming: false,
+                ..s.clone()
+            })
+            .collect(),
+    );
+    assert!(again.servers[4].warming && !again.servers[0].warming);
+    let stray = Config::parse(&three_zones("replicas = 3\nwarming_zones = [\"x\"]"), "m").unwrap();
+    assert!(stray
+        .warnings()
+        .join("\n")
+        .contains("zone `x`, which no server is in"));
+    let error = error_of(&three_zones("warming_zones = [\"c\", \"c\"]"));
+    assert!(
+        error.contains("warming_zones lists zone `c` twice"),
+        "{error}"
+    );
+    let error = error_of(&three_zones("warming_zones = [\"\"]"));
+    assert!(
+        error.contains("warming_zones: zone \"\" must be non-empty"),
+        "{error}"
+    );
+    let off = Config::parse(&three_zones("zone_write_back = false"), "m").unwrap();
+    assert!(!off.zone_write_back);
 }

@@ -61,6 +61,7 @@ pub async fn servers(source: &Source, dns: Dns, tls: bool) -> Result<Vec<ServerC
                         warming: false,
                         staged_out: false,
                         staged_in: false,
+                        zone: None,
                     }
                 })
                 .collect()
@@ -77,6 +78,7 @@ pub async fn servers(source: &Source, dns: Dns, tls: bool) -> Result<Vec<ServerC
                 staged_out: false,
                 staged_in: false,
                 tls,
+                zone: None,
             })
             .collect(),
     };

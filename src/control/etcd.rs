@@ -135,6 +135,9 @@ impl Members {
         if let Err(e) = Config::check_server(&name, &record.addr) {
             return self.ignore(key, value, &e);
         }
+        if let Some(Err(e)) = record.zone.as_deref().map(Config::check_zone) {
+            return self.ignore(key, value, &format!("zone {e}"));
+        }
         self.bad.remove(key);
         if let Some(old) = self.entries.get(&name) {
             if old.missing_since.is_some() {
@@ -303,6 +306,7 @@ impl Members {
                 warming: e.record.state == MemberState::Joining,
                 staged_out: false,
                 staged_in: false,
+                zone: e.record.zone.clone(),
             });
         }
         servers
@@ -1380,6 +1384,7 @@ mod tests {
             warming: false,
             staged_out: false,
             staged_in: false,
+            zone: None,
         };
         assert_eq!(names(m.servers(&[file])), ["a"]);
     }

@@ -156,6 +156,7 @@ mod tests {
             warming,
             staged_out: false,
             staged_in: false,
+            zone: None,
         }
     }
 

@@ -541,12 +541,17 @@ impl Publisher {
         // nutcracker reads its keys from it at once, so memring does too.
         let window = new.config.handoff;
         let restore_hands_off = new.config.ejection == Ejection::Memring;
+        // With replicas, a server moved to another zone moves copies (not
+        // owners): a window then reads them through and forgets them by the
+        // previous ring's zone-aware replicas.
+        let rezoned = !change.rezoned.is_empty() && new.config.replicas > 1;
         let starts = !window.is_zero()
-            && change.moved_share > 0.0
-            && (!change.added.is_empty()
-                || !change.removed.is_empty()
-                || !change.reweighted.is_empty()
-                || (restore_hands_off && !change.restored.is_empty()));
+            && (rezoned
+                || change.moved_share > 0.0
+                    && (!change.added.is_empty()
+                        || !change.removed.is_empty()
+                        || !change.reweighted.is_empty()
+                        || (restore_hands_off && !change.restored.is_empty())));
         if starts {
             let previous = Previous::new(old.ring.clone(), old.members(), window).with_source(
                 crate::pools::window_state::SavedRing::of(&old.config.ring, &old.ring_servers()),

@@ -218,7 +218,7 @@ impl Reloader {
         let Seen::Text(text) = self.last_seen.insert(seen) else {
             unreachable!("just stored a text")
         };
-        let mut config = Config::parse_and_resolve(text, shown)?;
+        let mut config = Config::parse_and_resolve(text, shown)?.with_zone_from_env(shown)?;
         // Started with the default state file (the binary), the file's
         // silence means that default again.
         if self.started.state_file.is_some() {

@@ -69,6 +69,9 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         pools,
         routes,
         default_pool,
+        zone,
+        zone_write_back,
+        warming_zones,
     } = new;
     // Each pool's own settings are its publisher's business (`control/pool_set.rs`);
     // here: the routes between pools, and the pools' listeners (bound at
@@ -76,7 +79,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
     let hot = &old.hot_keys;
     // A table, one row per setting (name, old, new, read only at start):
     // long because there are many settings, not because of logic.
-    let rows: [(&'static str, String, String, bool); 48] = [
+    let rows: [(&'static str, String, String, bool); 51] = [
         (
             "discovery",
             discovered(&old.discovery),
@@ -142,6 +145,24 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             "default_pool",
             old.default_pool.clone(),
             default_pool.clone(),
+            false,
+        ),
+        (
+            "zone",
+            old.zone.clone().unwrap_or_else(|| "none".into()),
+            zone.clone().unwrap_or_else(|| "none".into()),
+            false,
+        ),
+        (
+            "zone_write_back",
+            old.zone_write_back.to_string(),
+            zone_write_back.to_string(),
+            false,
+        ),
+        (
+            "warming_zones",
+            format!("{:?}", old.warming_zones),
+            format!("{warming_zones:?}"),
             false,
         ),
         (

@@ -266,7 +266,9 @@ fn place_on_ring<M>(
     };
     match op.kind {
         KeyKind::Read => {
-            // Healthy replicas first; ring order otherwise.
+            // With zones, the local zone's replica first, then the other
+            // zones' in ring order; healthy replicas before DEAD ones.
+            topology.local_first(&mut servers);
             servers.sort_by_key(|&s| health.is_dead(s));
             // In a window the previous ring's replicas come after the
             // current ones, and a miss falls through to them (unless other
@@ -278,7 +280,10 @@ fn place_on_ring<M>(
             Placement::ReadThrough {
                 servers,
                 current,
-                on_miss: topology.config.read_miss_fallthrough || topology.previous.is_some(),
+                // A miss on the local zone's replica asks the other zones'.
+                on_miss: topology.config.read_miss_fallthrough
+                    || topology.previous.is_some()
+                    || topology.reads_local_first(),
             }
         }
         KeyKind::Cas { retry_elsewhere } => {

@@ -409,6 +409,15 @@ pub(crate) struct Retrieval {
     copies: Vec<crate::plan::handoff::ReadCopy>,
     /// Read-through hits may be copied (`shared_with = "memring"`).
     copies_allowed: bool,
+    /// Outside a window, with zones: a hit found in another zone is copied
+    /// to the key's local replica (its first candidate) as a hand-off
+    /// read-through hit is to its new owner (`zone_write_back`).
+    write_back: bool,
+    /// With local-first reads (zones, outside a window): per key, whether
+    /// its first candidate is in this sidecar's zone; empty otherwise.
+    first_local: Vec<bool>,
+    /// Hits served by a key's local replica, and by another zone's.
+    zone_hits: (usize, usize),
     /// Keys asked of their previous owner, and values found there.
     read_through: (usize, usize),
     /// Whether this is the whole reply or one run of a retrieval whose
@@ -460,6 +469,9 @@ impl Default for Retrieval {
             previous_from: Vec::new(),
             copies: Vec::new(),
             copies_allowed: false,
+            write_back: false,
+            first_local: Vec::new(),
+            zone_hits: (0, 0),
             read_through: (0, 0),
             split: Split::Whole,
             answers: None,
@@ -475,10 +487,18 @@ impl Retrieval {
         let handoff = topology.previous.is_some();
         // During a window a miss falls through every candidate: with
         // replicas, a replica that just joined the set has nothing yet.
-        let fall_through = handoff || (replicas > 1 && topology.config.read_miss_fallthrough);
+        // With zones a miss on the local zone's replica asks the others.
+        let fall_through = handoff
+            || (replicas > 1
+                && (topology.config.read_miss_fallthrough || topology.reads_local_first()));
         self.reset(request, bytes, fall_through);
         self.handoff = handoff;
         self.copies_allowed = topology.config.shared_with.copies();
+        self.write_back = !handoff
+            && replicas > 1
+            && self.copies_allowed
+            && topology.config.zone_write_back
+            && topology.reads_local_first();
         for i in 0..request.keys.len() {
             let key = request.key(&self.bytes, i);
             // The key's servers, and how many of them own it now (the rest
@@ -511,6 +531,20 @@ impl Retrieval {
                 } else {
                     NOT_MOVED
                 });
+            } else if topology.reads_local_first() {
+                let local = servers.first().is_some_and(|&s| topology.is_local(s));
+                self.first_local.push(local);
+                if self.write_back {
+                    // The replicas after a local first one are other
+                    // zones': a hit there is read and copied as a previous
+                    // owner's.
+                    let from = if local && servers.len() > 1 {
+                        1
+                    } else {
+                        NOT_MOVED
+                    };
+                    self.previous_from.push(from);
+                }
             }
             self.candidates.push(servers);
         }
@@ -560,7 +594,39 @@ impl Retrieval {
 
     /// Keys asked of their previous owner, and hits there.
     pub(crate) fn read_through(&self) -> (usize, usize) {
-        self.read_through
+        if self.handoff {
+            self.read_through
+        } else {
+            (0, 0)
+        }
+    }
+
+    /// With zones: hits served by the key's replica in this sidecar's
+    /// zone (asked first), and hits served by another replica.
+    pub(crate) fn zone_hits(&self) -> (usize, usize) {
+        self.zone_hits
+    }
+
+    /// Counts key `k` found on the candidate it is on now.
+    #[inline]
+    fn count_zone_hit(&mut self, k: usize) {
+        if let Some(&local) = self.first_local.get(k) {
+            if local && self.round[k] == 0 {
+                self.zone_hits.0 += 1;
+            } else {
+                self.zone_hits.1 += 1;
+            }
+        }
+    }
+
+    /// Hits found in another zone after the local replica missed or
+    /// failed, each copied back to the local replica (`zone_write_back`).
+    pub(crate) fn written_back(&self) -> usize {
+        if self.write_back {
+            self.read_through.1
+        } else {
+            0
+        }
     }
 
     /// A retrieval whose keys are asked of `candidates[i]` in order.
@@ -641,6 +707,9 @@ impl Retrieval {
         self.previous_from.clear();
         self.copies.clear();
         self.copies_allowed = false;
+        self.write_back = false;
+        self.first_local.clear();
+        self.zone_hits = (0, 0);
         self.read_through = (0, 0);
         self.split = Split::Whole;
         self.answers = None;
@@ -934,6 +1003,7 @@ impl Retrieval {
                             self.copy(k, wire);
                         }
                     }
+                    self.count_zone_hit(k);
                     self.largest_block = self.largest_block.max(block.len());
                     self.held += block.len();
                     self.state[k] = KeyState::Found(block);
@@ -969,6 +1039,7 @@ impl Retrieval {
                 self.copy(k, wire);
             }
         }
+        self.count_zone_hit(k);
         self.largest_block = self.largest_block.max(hit.block.len());
         self.held += hit.block.len();
         self.state[k] = KeyState::Found(hit.block);

@@ -86,6 +86,10 @@ pub struct Topology {
     /// `staged_out`): the ring they are staged to make (see
     /// [`Topology::warming_replicas`]).
     staged: Option<Box<Staged>>,
+    /// Per backend, whether it is in this sidecar's zone; empty unless the
+    /// sidecar has a zone that some server is in (then reads ask a key's
+    /// replicas in the local zone first: [`Topology::local_first`]).
+    local: Box<[bool]>,
 }
 
 /// The ring as it would be were the warming servers (`warming = true`)
@@ -273,6 +277,7 @@ impl Topology {
                     addr: b.addr().to_string(),
                     weight: 1,
                     tls: b.tls(),
+                    zone: None,
                 })
                 .collect(),
         })
@@ -362,7 +367,18 @@ impl Topology {
         let addrs: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
         let ring = Ring::build_with(&config.ring, nodes);
         let ring_digest = crate::ring::digest::pool_digest(&ring, &addrs, config.replicas);
+        let local: Box<[bool]> = config
+            .servers
+            .iter()
+            .map(|s| s.zone.is_some() && s.zone == config.zone)
+            .collect();
+        let local = if local.contains(&true) {
+            local
+        } else {
+            Box::default()
+        };
         Topology {
+            local,
             version,
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             figures: Arc::new(crate::stats::PoolFigures::detached()),
@@ -749,6 +765,31 @@ impl Topology {
         out.retain(|member| !now.contains(member));
     }
 
+    /// Whether reads go to the local zone first: the sidecar has a zone and
+    /// some server is in it.
+    #[inline]
+    pub fn reads_local_first(&self) -> bool {
+        !self.local.is_empty()
+    }
+
+    /// Whether backend `index` is in this sidecar's zone (false without
+    /// local-first reads).
+    #[inline]
+    pub fn is_local(&self, index: usize) -> bool {
+        self.local.get(index).copied().unwrap_or(false)
+    }
+
+    /// Reorders a key's replicas (backend indexes, in ring order) so that
+    /// those in this sidecar's zone come first, the others after them in
+    /// ring order; nothing changes without local-first reads.
+    #[inline]
+    pub fn local_first(&self, servers: &mut [usize]) {
+        if !self.local.is_empty() {
+            // A stable sort: ring order within each group.
+            servers.sort_by_key(|&s| !self.is_local(s));
+        }
+    }
+
     /// Whether a staged ring is in force: servers warming, or a membership
     /// change staged.
     #[inline]
@@ -818,6 +859,9 @@ pub struct Change {
     pub restored: Vec<String>,
     /// Share of the keyspace whose owner changes, 0..=1.
     pub moved_share: f64,
+    /// Servers whose zone changed: with replicas, keys' copies move between
+    /// servers though their owners stay.
+    pub rezoned: Vec<String>,
     /// The hand-off window this change started: (length in ms, end in
     /// seconds since the epoch, whether moved keys are read through:
     /// `shared_with`). Boxed: a `Change` travels inside enums.
@@ -843,6 +887,7 @@ impl Change {
             ejected: Vec::new(),
             restored: Vec::new(),
             moved_share: 0.0,
+            rezoned: Vec::new(),
             handoff: None,
         };
         for server in new {
@@ -856,6 +901,9 @@ impl Change {
                     }
                     if before.addr != server.addr {
                         change.readdressed.push(server.name.clone());
+                    }
+                    if before.zone != server.zone {
+                        change.rezoned.push(server.name.clone());
                     }
                 }
             }
@@ -877,6 +925,7 @@ impl Change {
             && self.readdressed.is_empty()
             && self.ejected.is_empty()
             && self.restored.is_empty()
+            && self.rezoned.is_empty()
     }
 }
 
@@ -904,6 +953,9 @@ impl std::fmt::Display for Change {
         }
         if !self.restored.is_empty() {
             parts.push(format!("restored {}", self.restored.join(", ")));
+        }
+        if !self.rezoned.is_empty() {
+            parts.push(format!("new zone for {}", self.rezoned.join(", ")));
         }
         if parts.is_empty() {
             parts.push("servers unchanged".to_string());
@@ -1083,6 +1135,7 @@ pub(crate) mod tests {
             warming: false,
             staged_out: false,
             staged_in: false,
+            zone: None,
         }
     }
 

@@ -46,6 +46,9 @@ pub struct SavedServer {
     pub weight: u32,
     #[serde(default)]
     pub tls: bool,
+    /// Its zone, which places replicas (absent in files from before zones).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
 }
 
 /// A saved ring: everything that decides where keys go.
@@ -84,6 +87,7 @@ impl SavedRing {
                     addr: s.addr.clone(),
                     weight: s.weight,
                     tls: s.tls,
+                    zone: s.zone.clone(),
                 })
                 .collect(),
         }
@@ -162,6 +166,7 @@ impl SavedServer {
             warming: false,
             staged_out: false,
             staged_in: false,
+            zone: self.zone.clone(),
         }
     }
 }
@@ -438,6 +443,7 @@ mod tests {
                 staged_out: false,
                 staged_in: false,
                 tls: false,
+                zone: None,
             })
             .collect();
         SavedRing::of(&Spec::default(), &servers)
@@ -456,6 +462,7 @@ mod tests {
                 addr: "e:1".into(),
                 weight: 1,
                 tls: true,
+                zone: None,
             }],
         }
     }
@@ -471,12 +478,18 @@ mod tests {
         tagged.ring.hash_tag = Some("{}".into());
         tagged.ring.ring = "twemproxy".into();
         tagged.ring.hash_without_prefix = Some("myapp:".into());
+        // Zones place replicas: a window's rings keep them.
+        for (server, zone) in tagged.previous.servers.iter_mut().zip(["x", "y"]) {
+            server.zone = Some(zone.into());
+        }
         file.record("other pool", Some(tagged.clone()));
         let Loaded::Windows(back) = load(&path) else {
             panic!("{:?}", load(&path))
         };
         assert_eq!(back.get("default"), Some(&window()));
         assert_eq!(back.get("other pool"), Some(&tagged));
+        let rebuilt = back["other pool"].previous.build().unwrap();
+        assert_eq!(rebuilt.zone_of(1), Some("y"));
         assert_eq!(
             back["other pool"].ring.spec().unwrap().hash_tag,
             Some(*b"{}")

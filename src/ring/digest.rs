@@ -23,7 +23,12 @@
 //!   config's `hash`), `hash_tag <two bytes as hex>` or `hash_tag none`,
 //!   `hash_without_prefix <bytes as hex>` only when one is set (so the
 //!   digest of a ring without one is unchanged), `replicas <n>` (the configured count, at most the number of servers in
-//!   the ring), then one line `<point hash> <owner's host:port>` per point in
+//!   the ring), when servers have zones, some zone has two servers and
+//!   n > 1, `zone <host:port> <z>` per
+//!   member sorted by address, `z` numbering the zones in order of first
+//!   appearance in that list (zone names do not count, which servers share
+//!   a zone does; without zones or with one copy nothing is added, so the
+//!   digest is as before zones), then one line `<point hash> <owner's host:port>` per point in
 //!   ring order (32-bit hashes sit in the top half of the 64-bit number),
 //!   and for a rendezvous ring (no points) `node <score prefix> <host:port>`
 //!   per member, sorted; the Dalli and PHP rings name their key hash with
@@ -72,10 +77,28 @@ pub fn pool_digest(ring: &Ring, addrs: &[impl AsRef<str>], replicas: usize) -> u
             .collect();
         line(&format!("hash_without_prefix {hex}"));
     }
-    line(&format!(
-        "replicas {}",
-        replicas.max(1).min(ring.members.len())
-    ));
+    let copies = replicas.max(1).min(ring.members.len());
+    line(&format!("replicas {copies}"));
+    if ring.has_zones() && copies > 1 && ring.zone_names.len() < ring.members.len() {
+        // Which servers share a zone decides where copies go (not what the
+        // zones are called): each server's address with its zone's number
+        // in order of first appearance among the addresses, sorted.
+        let mut zoned: Vec<(&str, u16)> = ring
+            .zones
+            .iter()
+            .enumerate()
+            .map(|(member, &zone)| (addrs[member].as_ref(), zone))
+            .collect();
+        zoned.sort_unstable();
+        let mut order: Vec<u16> = Vec::new();
+        for (addr, zone) in zoned {
+            let number = order.iter().position(|&z| z == zone).unwrap_or_else(|| {
+                order.push(zone);
+                order.len() - 1
+            });
+            line(&format!("zone {addr} {number}"));
+        }
+    }
     // One line per point (160 per server at weight 1, so thousands): the
     // same bytes as `format!("{:016x} {addr}\n")`, without formatting.
     for point in ring.points.iter() {
@@ -180,6 +203,7 @@ mod tests {
                 weight,
             },
             addr: addr.to_string(),
+            zone: None,
         }
     }
 
@@ -203,6 +227,39 @@ mod tests {
             flavour,
             ..Spec::default()
         })
+    }
+
+    fn zoned(zones: [&str; 3]) -> Vec<Node> {
+        let mut nodes = three();
+        for (node, zone) in nodes.iter_mut().zip(zones) {
+            node.zone = Some(zone.to_string());
+        }
+        nodes
+    }
+
+    #[test]
+    fn zones_change_the_digest_when_they_place_copies() {
+        for spec in flavours() {
+            let plain = digest(&spec, &three(), 2);
+            let apart = digest(&spec, &zoned(["x", "y", "z"]), 2);
+            let two_together = digest(&spec, &zoned(["x", "x", "z"]), 2);
+            assert_ne!(plain, two_together, "{spec:?}");
+            assert_ne!(apart, two_together, "{spec:?}");
+            // A zone per server walks as without zones.
+            assert_eq!(plain, apart, "{spec:?}");
+            // Renamed zones with the same servers together place alike.
+            assert_eq!(
+                two_together,
+                digest(&spec, &zoned(["q", "q", "a"]), 2),
+                "{spec:?}"
+            );
+            // One copy: zones place nothing, the digest is as without.
+            assert_eq!(
+                digest(&spec, &three(), 1),
+                digest(&spec, &zoned(["x", "x", "z"]), 1),
+                "{spec:?}"
+            );
+        }
     }
 
     #[test]

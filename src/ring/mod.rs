@@ -34,6 +34,7 @@ pub mod php_memcache;
 pub mod rendezvous;
 pub mod sha1;
 pub mod twemproxy;
+pub mod zones;
 
 pub use hashkit::HashFunction;
 
@@ -55,6 +56,9 @@ pub struct Member {
 pub struct Node {
     pub member: Member,
     pub addr: String,
+    /// The server's zone (`zone`), which only the replica walk reads: with
+    /// zones a key's replicas are in distinct zones while any remain.
+    pub zone: Option<String>,
 }
 
 /// Whose ring to reproduce.
@@ -205,10 +209,34 @@ pub struct Ring {
     /// The same prefixes, hashed as far as whole blocks go.
     scorers: Box<[rendezvous::Scorer]>,
     members: Box<[Member]>,
+    /// Each member's zone as an index into `zone_names`; empty when no
+    /// member has a zone (then the walk is the plain one).
+    zones: Box<[u16]>,
+    /// The distinct zones, sorted (a member without one is in `""`).
+    zone_names: Box<[Box<str>]>,
     key_hash: KeyHash,
     hash_tag: Option<[u8; 2]>,
     /// [`Spec::hash_without_prefix`].
     hash_without_prefix: Box<[u8]>,
+}
+
+/// [`Ring::zones`] and [`Ring::zone_names`] of `nodes`: nothing when no node
+/// has a zone.
+fn zone_indexes(nodes: &[Node]) -> (Box<[u16]>, Box<[Box<str>]>) {
+    if nodes.iter().all(|n| n.zone.is_none()) {
+        return (Box::default(), Box::default());
+    }
+    fn zone(n: &Node) -> &str {
+        n.zone.as_deref().unwrap_or("")
+    }
+    let mut names: Vec<&str> = nodes.iter().map(zone).collect();
+    names.sort_unstable();
+    names.dedup();
+    let index = |n: &Node| names.binary_search(&zone(n)).unwrap_or(0) as u16;
+    (
+        nodes.iter().map(index).collect(),
+        names.iter().map(|&n| n.into()).collect(),
+    )
 }
 
 /// [`Ring::starts`] and [`Ring::shift`] for sorted `points`: a power of two
@@ -273,6 +301,7 @@ impl Ring {
             .map(|member| Node {
                 addr: member.identity.clone(),
                 member,
+                zone: None,
             })
             .collect();
         Ring::build_with(&Spec::default(), nodes)
@@ -308,7 +337,10 @@ impl Ring {
                 .then_with(|| rank[a.server as usize].cmp(&rank[b.server as usize]))
         });
         let (starts, shift) = bucket_starts(&points);
+        let (zones, zone_names) = zone_indexes(&nodes);
         Ring {
+            zones,
+            zone_names,
             points: points.into_boxed_slice(),
             starts,
             shift,
@@ -442,6 +474,11 @@ impl Ring {
     /// clockwise (further points of servers already chosen are skipped), up to
     /// `count` servers or as many as the ring has. Because each server has many
     /// points, the replicas of one server's keys spread over many others.
+    ///
+    /// With zones, the next servers clockwise are taken in distinct zones
+    /// while distinct zones remain, then any distinct servers, so that losing
+    /// one zone loses at most one copy of a key while `count` is at most the
+    /// number of zones. The owner is the same either way.
     pub fn replicas(&self, key: &[u8], count: usize, out: &mut smallvec::SmallVec<[usize; 4]>) {
         out.clear();
         let wanted = count.min(self.members.len());
@@ -465,7 +502,7 @@ impl Ring {
                     })
                     .then_with(|| a.1.cmp(&b.1))
             });
-            out.extend(scored.iter().take(wanted).map(|&(_, server)| server));
+            self.pick(|| scored.iter().map(|&(_, server)| server), wanted, out);
             return;
         }
         if self.points.is_empty() {
@@ -473,8 +510,41 @@ impl Ring {
         }
         let hash = self.hash_key(key);
         let start = self.first_at_or_after(hash);
-        for step in 0..self.points.len() {
-            let server = self.points[(start + step) % self.points.len()].server as usize;
+        let len = self.points.len();
+        let walk = || (0..len).map(move |step| self.points[(start + step) % len].server as usize);
+        self.pick(walk, wanted, out);
+    }
+
+    /// The first `wanted` distinct servers of the order `walk` makes: in
+    /// distinct zones first while zones remain (with zones), then any.
+    #[inline]
+    fn pick<I: Iterator<Item = usize>>(
+        &self,
+        walk: impl Fn() -> I,
+        wanted: usize,
+        out: &mut smallvec::SmallVec<[usize; 4]>,
+    ) {
+        if wanted == 0 {
+            return;
+        }
+        if !self.zones.is_empty() && wanted > 1 {
+            let in_zones = wanted.min(self.zone_names.len());
+            let mut taken: smallvec::SmallVec<[u16; 4]> = smallvec::SmallVec::new();
+            for server in walk() {
+                let zone = self.zones[server];
+                if !taken.contains(&zone) {
+                    taken.push(zone);
+                    out.push(server);
+                    if out.len() == in_zones {
+                        break;
+                    }
+                }
+            }
+            if out.len() == wanted {
+                return;
+            }
+        }
+        for server in walk() {
             if !out.contains(&server) {
                 out.push(server);
                 if out.len() == wanted {
@@ -482,6 +552,18 @@ impl Ring {
                 }
             }
         }
+    }
+
+    /// Whether any member has a zone (then [`Ring::replicas`] walks by zone).
+    pub fn has_zones(&self) -> bool {
+        !self.zones.is_empty()
+    }
+
+    /// The zone of member `index` (`""` for a member without one on a ring
+    /// with zones), `None` on a ring without zones.
+    pub fn zone_of(&self, index: usize) -> Option<&str> {
+        let zone = *self.zones.get(index)?;
+        Some(&self.zone_names[zone as usize])
     }
 
     /// The share of the hash space each member owns, in member order; the shares
@@ -652,6 +734,7 @@ pub(crate) fn golden_nodes(weights: [u32; 4], names: Option<[&str; 4]>) -> Vec<N
                     weight: weights[i],
                 },
                 addr,
+                zone: None,
             }
         })
         .collect()
@@ -681,6 +764,7 @@ pub(crate) fn assert_matches_linear_scan<O>(
                     weight,
                 },
                 addr: format!("10.{net}.0.{i}:{}", 11211 + i),
+                zone: None,
             })
             .collect();
         let owner_of = oracle(&nodes);
@@ -735,6 +819,7 @@ mod tests {
             .map(|member| Node {
                 addr: member.identity.clone(),
                 member,
+                zone: None,
             })
             .collect()
     }
@@ -1100,6 +1185,7 @@ mod tests {
                     .map(|(i, member)| Node {
                         member: member.clone(),
                         addr: format!("10.0.0.{i}:11211"),
+                        zone: None,
                     })
                     .collect();
                 let ring = Ring::build_with(&spec, nodes);
@@ -1133,6 +1219,7 @@ mod tests {
                     weight: 1,
                 },
                 addr: format!("{name}.local:11211"),
+                zone: None,
             })
             .collect();
         let (points, rank) = twemproxy::points(&nodes);
@@ -1153,6 +1240,132 @@ mod tests {
             assert_eq!(Some(set[0]), ring.owner(key.as_bytes()));
             assert_eq!(set.len(), 2);
             assert_ne!(set[0], set[1]);
+        }
+    }
+
+    /// Six servers of weights 1..=3 in zones a (3 servers), b (2), c (1).
+    fn zoned_nodes() -> Vec<Node> {
+        let zones = ["a", "b", "a", "c", "b", "a"];
+        servers(6)
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut member)| {
+                member.weight = 1 + (i as u32 % 3);
+                Node {
+                    addr: format!("10.0.0.{i}:11211"),
+                    member,
+                    zone: Some(zones[i].to_string()),
+                }
+            })
+            .collect()
+    }
+
+    /// The zone walk by a linear scan: the points from the first at or after
+    /// the key's hash, round once; servers in zones not yet taken, then
+    /// servers not yet taken.
+    fn zoned_oracle(ring: &Ring, nodes: &[Node], key: &[u8], count: usize) -> Vec<usize> {
+        let hash = ring.hash_key(key);
+        let start = ring.points.iter().position(|p| p.hash >= hash).unwrap_or(0);
+        let order: Vec<usize> = (0..ring.points.len())
+            .map(|i| ring.points[(start + i) % ring.points.len()].server as usize)
+            .collect();
+        let wanted = count.min(nodes.len());
+        let mut zones_taken: Vec<&Option<String>> = Vec::new();
+        let mut out: Vec<usize> = Vec::new();
+        for &server in &order {
+            if out.len() < wanted && !zones_taken.contains(&&nodes[server].zone) {
+                zones_taken.push(&nodes[server].zone);
+                out.push(server);
+            }
+        }
+        for &server in &order {
+            if out.len() < wanted && !out.contains(&server) {
+                out.push(server);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn zoned_replicas_match_a_linear_walk_oracle() {
+        for flavour in [Flavour::Memring, Flavour::Twemproxy, Flavour::Libmemcached] {
+            let spec = Spec {
+                flavour,
+                ..Spec::default()
+            };
+            let nodes = zoned_nodes();
+            let ring = Ring::build_with(&spec, nodes.clone());
+            let mut set = smallvec::SmallVec::new();
+            for count in 1..=7 {
+                for key in sample_keys(1500) {
+                    ring.replicas(key.as_bytes(), count, &mut set);
+                    let oracle = zoned_oracle(&ring, &nodes, key.as_bytes(), count);
+                    assert_eq!(set.to_vec(), oracle, "{flavour:?} {count} {key}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn zoned_replicas_keep_the_owner_and_take_each_zone_once() {
+        for flavour in [Flavour::Memring, Flavour::Rendezvous, Flavour::Dalli] {
+            let spec = Spec {
+                flavour,
+                ..Spec::default()
+            };
+            let nodes = zoned_nodes();
+            let ring = Ring::build_with(&spec, nodes.clone());
+            let plain = Ring::build_with(
+                &spec,
+                nodes
+                    .iter()
+                    .map(|n| Node {
+                        zone: None,
+                        ..n.clone()
+                    })
+                    .collect(),
+            );
+            let mut set = smallvec::SmallVec::new();
+            for key in sample_keys(2000) {
+                ring.replicas(key.as_bytes(), 3, &mut set);
+                assert_eq!(Some(set[0]), plain.owner(key.as_bytes()), "{flavour:?}");
+                let mut zones: Vec<_> = set.iter().map(|&s| ring.zone_of(s).unwrap()).collect();
+                zones.sort_unstable();
+                assert_eq!(zones, ["a", "b", "c"], "{flavour:?} {key}");
+                ring.replicas(key.as_bytes(), 6, &mut set);
+                let mut all = set.to_vec();
+                all.sort_unstable();
+                assert_eq!(all, [0, 1, 2, 3, 4, 5], "every server, each once");
+            }
+        }
+    }
+
+    #[test]
+    fn a_zone_per_server_walks_as_without_zones() {
+        let nodes: Vec<Node> = zoned_nodes()
+            .into_iter()
+            .enumerate()
+            .map(|(i, n)| Node {
+                zone: Some(format!("z{i}")),
+                ..n
+            })
+            .collect();
+        let plain: Vec<Node> = nodes
+            .iter()
+            .map(|n| Node {
+                zone: None,
+                ..n.clone()
+            })
+            .collect();
+        let (zoned, plain) = (
+            Ring::build_with(&Spec::default(), nodes),
+            Ring::build_with(&Spec::default(), plain),
+        );
+        let (mut a, mut b) = (smallvec::SmallVec::new(), smallvec::SmallVec::new());
+        for key in sample_keys(1000) {
+            zoned.replicas(key.as_bytes(), 4, &mut a);
+            plain.replicas(key.as_bytes(), 4, &mut b);
+            assert_eq!(a, b);
         }
     }
 

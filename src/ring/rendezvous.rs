@@ -201,6 +201,7 @@ mod tests {
                     weight: 1,
                 },
                 addr: addr.to_string(),
+                zone: None,
             })
             .collect()
     }

@@ -1185,6 +1185,7 @@ impl ClientSession {
                 entry.topology.figures.retrieval(keys, hits);
                 let (reads, found) = plan.read_through();
                 stats.read_through(reads, found);
+                stats.zone_reads(plan.zone_hits(), plan.written_back());
                 *owed = Reservation::default();
             }
         }

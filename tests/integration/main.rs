@@ -43,3 +43,4 @@ mod tls;
 mod twemproxy;
 mod unix_sockets;
 mod warming;
+mod zones;

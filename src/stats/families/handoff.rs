@@ -24,6 +24,9 @@ pub(in crate::stats) struct HandoffFamilies {
     sweeps: Counter,
     windows_resumed: Counter,
     state_errors: Counter,
+    zone_local: Counter,
+    zone_cross: Counter,
+    zone_write_backs: Counter,
 }
 
 impl HandoffFamilies {
@@ -79,6 +82,18 @@ impl HandoffFamilies {
                 "handoff_state_errors",
                 "Hand-off state files that could not be read at start or written since",
             ),
+            zone_local: register(
+                "zone_reads_local",
+                "Hits served by the key's replica in this sidecar's zone",
+            ),
+            zone_cross: register(
+                "zone_reads_cross_zone",
+                "Hits served by a replica other than the key's local one (another zone's)",
+            ),
+            zone_write_backs: register(
+                "zone_write_backs",
+                "Hits found in another zone and copied back to the local replica",
+            ),
         }
     }
 }
@@ -90,6 +105,15 @@ impl Stats {
             self.handoff.reads.inc_by(reads as u64);
             self.handoff.hits.inc_by(hits as u64);
         }
+    }
+
+    /// With zones: hits served locally and from other zones, and hits
+    /// written back to the local replica.
+    #[inline]
+    pub fn zone_reads(&self, (local, cross): (usize, usize), written_back: usize) {
+        super::add_some(&self.handoff.zone_local, local);
+        super::add_some(&self.handoff.zone_cross, cross);
+        super::add_some(&self.handoff.zone_write_backs, written_back);
     }
 
     /// Hand-off copies: stored, skipped, failed.
@@ -132,7 +156,7 @@ impl Stats {
     /// Hand-off counters for `stats`: read-through keys, hits there, copies
     /// made, skipped and failed, servers swept and leftovers deleted,
     /// windows resumed at start and state file errors.
-    pub fn handoff(&self) -> [(&'static str, u64); 11] {
+    pub fn handoff(&self) -> [(&'static str, u64); 14] {
         let h = &self.handoff;
         [
             ("handoff_read_through", h.reads.get()),
@@ -146,6 +170,9 @@ impl Stats {
             ("handoff_leftovers_deleted", h.leftovers_deleted.get()),
             ("handoff_windows_resumed", h.windows_resumed.get()),
             ("handoff_state_errors", h.state_errors.get()),
+            ("zone_reads_local", h.zone_local.get()),
+            ("zone_reads_cross_zone", h.zone_cross.get()),
+            ("zone_write_backs", h.zone_write_backs.get()),
         ]
     }
 

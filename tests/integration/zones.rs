@@ -1,0 +1,548 @@
+//! Zones: three zones of two real memcached servers each, `replicas = 3`:
+//! where copies go (one per zone), checked on the servers themselves.
+
+use memring::protocol::ReplyKind;
+
+use crate::common::{held_values, wait_for, Memcached, Proxy};
+
+const ZONES: [&str; 3] = ["a", "b", "c"];
+
+/// Six servers, two per zone (servers 0, 1 in a; 2, 3 in b; 4, 5 in c).
+fn six_servers() -> Vec<Memcached> {
+    (0..6).map(|_| Memcached::start()).collect()
+}
+
+fn zone_of(server: usize) -> &'static str {
+    ZONES[server / 2]
+}
+
+/// The config over `servers` with each in its zone and `settings` on top.
+fn zoned_config(servers: &[Memcached], settings: &str) -> String {
+    let mut text = format!("listen = \"127.0.0.1:0\"\n{settings}\n");
+    for (i, server) in servers.iter().enumerate() {
+        text.push_str(&format!(
+            "[[servers]]\naddr = \"{}\"\nzone = \"{}\"\n",
+            server.addr(),
+            zone_of(i)
+        ));
+    }
+    text
+}
+
+/// Writes `keys` through `proxy`, 100 sets at a time, each `STORED`.
+fn write_all(proxy: &Proxy, keys: &[String], value: impl Fn(&str) -> String) {
+    let mut client = proxy.client();
+    for chunk in keys.chunks(100) {
+        let mut batch = Vec::new();
+        for key in chunk {
+            let value = value(key);
+            batch.extend_from_slice(
+                format!("set {key} 0 0 {}\r\n{value}\r\n", value.len()).as_bytes(),
+            );
+        }
+        client.send(&batch);
+        for key in chunk {
+            assert_eq!(client.reply(ReplyKind::Line), b"STORED\r\n", "{key}");
+        }
+    }
+}
+
+#[test]
+fn every_key_has_exactly_one_copy_in_each_zone() {
+    let servers = six_servers();
+    let proxy = Proxy::start_text(&zoned_config(&servers, "replicas = 3\nzone = \"b\""));
+    let keys: Vec<String> = (0..10_000).map(|i| format!("zoned:{i}")).collect();
+    write_all(&proxy, &keys, |k| k.to_string());
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    let mut direct: Vec<_> = servers.iter().map(Memcached::client).collect();
+    // STORED comes on a quorum of 2; the third copy may land a moment later.
+    let mut held: Vec<Vec<Option<Vec<u8>>>> = Vec::new();
+    wait_for("every key on three servers", || {
+        held = direct
+            .iter_mut()
+            .map(|c| held_values(c, &key_bytes))
+            .collect();
+        (0..keys.len()).all(|k| held.iter().filter(|h| h[k].is_some()).count() == 3)
+    });
+    let mut per_server = [0usize; 6];
+    for (k, key) in keys.iter().enumerate() {
+        let holders: Vec<usize> = (0..6).filter(|&s| held[s][k].is_some()).collect();
+        let mut zones: Vec<&str> = holders.iter().map(|&s| zone_of(s)).collect();
+        zones.sort_unstable();
+        assert_eq!(zones, ZONES, "{key} is on {holders:?}");
+        for &s in &holders {
+            assert_eq!(held[s][k].as_deref(), Some(key.as_bytes()));
+            per_server[s] += 1;
+        }
+    }
+    // Within a zone the two servers share its copies by their ring share.
+    println!("copies per server: {per_server:?}");
+    for s in 0..6 {
+        assert!((3_000..7_000).contains(&per_server[s]), "{per_server:?}");
+    }
+}
+
+/// `cmd_get` of each server, asked directly.
+fn cmd_gets(servers: &[Memcached]) -> Vec<u64> {
+    servers.iter().map(|s| s.client().stat("cmd_get")).collect()
+}
+
+/// Reads every key through `proxy` one get at a time: (hits, misses,
+/// error replies), each hit checked to be the key's own value.
+fn read_all(proxy: &Proxy, keys: &[String]) -> (usize, usize, usize) {
+    let mut client = proxy.client();
+    let (mut hits, mut misses, mut errors) = (0, 0, 0);
+    for key in keys {
+        let reply = client.get_raw(key);
+        match crate::common::parse_single_value(&reply) {
+            Some(Some(value)) => {
+                assert_eq!(value, key.as_bytes(), "{key}");
+                hits += 1;
+            }
+            Some(None) => misses += 1,
+            None => errors += 1,
+        }
+    }
+    (hits, misses, errors)
+}
+
+const LOCAL: &str =
+    "replicas = 3\nzone = \"b\"\nconnect_timeout_ms = 200\nrequest_timeout_ms = 300\n";
+
+#[test]
+fn a_sidecar_in_zone_b_reads_only_from_zone_b() {
+    let servers = six_servers();
+    let proxy = Proxy::start_text(&zoned_config(&servers, LOCAL));
+    let keys: Vec<String> = (0..2_000).map(|i| format!("local:{i}")).collect();
+    write_all(&proxy, &keys, |k| k.to_string());
+    let before = cmd_gets(&servers);
+    assert_eq!(
+        read_all(&proxy, &keys),
+        (keys.len(), 0, 0),
+        "every read hits"
+    );
+    let after = cmd_gets(&servers);
+    let moved: Vec<u64> = (0..6).map(|s| after[s] - before[s]).collect();
+    println!("cmd_get moved by {moved:?}");
+    assert_eq!(
+        moved[2] + moved[3],
+        keys.len() as u64,
+        "each key asked once, in b"
+    );
+    assert!(moved[2] > 0 && moved[3] > 0, "{moved:?}");
+    for s in [0, 1, 4, 5] {
+        assert_eq!(
+            moved[s],
+            0,
+            "server {s} in zone {} was read: {moved:?}",
+            zone_of(s)
+        );
+    }
+    let mut client = proxy.client();
+    assert_eq!(client.stat("zone_reads_local"), keys.len() as u64);
+    assert_eq!(client.stat("zone_reads_cross_zone"), 0);
+    assert_eq!(client.stat("zone_write_backs"), 0);
+}
+
+/// Zone b's server `lost` is killed (or stopped): its keys are read from the
+/// other zones, with no error.
+fn reads_survive_a_lost_local_server(stop: bool) {
+    let mut servers = six_servers();
+    let proxy = Proxy::start_text(&zoned_config(&servers, LOCAL));
+    let keys: Vec<String> = (0..2_000).map(|i| format!("lost:{i}")).collect();
+    write_all(&proxy, &keys, |k| k.to_string());
+    let lost = 2;
+    if stop {
+        servers[lost].pause();
+    } else {
+        servers[lost].kill();
+    }
+    let before = cmd_gets(&servers[4..]);
+    let (hits, misses, errors) = read_all(&proxy, &keys);
+    println!("zone b server {lost} lost: {hits} hits, {misses} misses, {errors} errors");
+    assert_eq!(errors, 0);
+    assert!(
+        hits * 1000 >= keys.len() * 995,
+        "{hits} hits of {}",
+        keys.len()
+    );
+    let from_c: u64 = cmd_gets(&servers[4..])
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| a - b)
+        .sum();
+    println!("zone c asked for {from_c} keys");
+    let cross = proxy.client().stat("zone_reads_cross_zone");
+    assert!(cross > 0 && cross < keys.len() as u64, "{cross}");
+    if stop {
+        servers[lost].resume();
+    }
+}
+
+#[test]
+fn a_killed_local_server_is_read_from_the_other_zones() {
+    reads_survive_a_lost_local_server(false);
+}
+
+#[test]
+fn a_stopped_local_server_is_read_from_the_other_zones() {
+    reads_survive_a_lost_local_server(true);
+}
+
+#[test]
+fn a_miss_in_zone_b_is_read_from_the_other_zones() {
+    let servers = six_servers();
+    let proxy = Proxy::start_text(&zoned_config(&servers, LOCAL));
+    let keys: Vec<String> = (0..1_000).map(|i| format!("flushed:{i}")).collect();
+    write_all(&proxy, &keys, |k| k.to_string());
+    // Zone b's server 2 comes back empty (flushed, as after a restart).
+    assert_eq!(
+        servers[2].client().call(b"flush_all\r\n", ReplyKind::Line),
+        b"OK\r\n"
+    );
+    assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
+}
+
+/// The keys of `keys` whose zone-b copy is on backend `server`.
+fn copies_on(proxy: &Proxy, keys: &[String], server: usize) -> Vec<String> {
+    let topology = proxy.running().topology.load();
+    let mut set = smallvec::SmallVec::new();
+    keys.iter()
+        .filter(|k| {
+            topology.replicas(k.as_bytes(), &mut set);
+            set.contains(&server)
+        })
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn a_killed_local_server_that_returns_flushed_is_written_back() {
+    let mut servers = six_servers();
+    let proxy = Proxy::start_text(&zoned_config(&servers, LOCAL));
+    let keys: Vec<String> = (0..1_000).map(|i| format!("back:{i}")).collect();
+    write_all(&proxy, &keys, |k| format!("v1-{k}"));
+    let lost = 2;
+    let mine = copies_on(&proxy, &keys, lost);
+    assert!(mine.len() > 300, "{}", mine.len());
+    servers[lost].kill();
+    let mut client = proxy.client();
+    for key in &keys {
+        assert_eq!(client.get(key), Some(format!("v1-{key}").into_bytes()));
+    }
+    servers[lost].restart();
+    // A key written since it returned holds the newer value everywhere;
+    // the others are read from zones a and c and written back.
+    let newer: Vec<String> = mine.iter().step_by(10).cloned().collect();
+    for key in &newer {
+        assert_eq!(
+            client.set(key, format!("v2-{key}").as_bytes()),
+            b"STORED\r\n"
+        );
+    }
+    let expected = |key: &String| {
+        let version = if newer.contains(key) { "v2" } else { "v1" };
+        Some(format!("{version}-{key}").into_bytes())
+    };
+    let mine_bytes: Vec<&[u8]> = mine.iter().map(|k| k.as_bytes()).collect();
+    let mut direct = servers[lost].client();
+    let mut held = Vec::new();
+    wait_for("its keys written back", || {
+        for key in &mine {
+            assert_eq!(client.get(key), expected(key), "{key}");
+        }
+        held = held_values(&mut direct, &mine_bytes);
+        held.iter().all(Option::is_some)
+    });
+    for (key, value) in mine.iter().zip(held) {
+        assert_eq!(value, expected(key), "{key}");
+    }
+    let written_back = proxy.client().stat("zone_write_backs");
+    assert!(
+        written_back >= (mine.len() - newer.len()) as u64,
+        "{written_back}"
+    );
+    // Never over a newer value: reads after the writes leave them.
+    assert_eq!(read_all_prefixed(&proxy, &newer, "v2"), newer.len());
+}
+
+/// Reads `keys`, each expected to be `<prefix>-<key>`: how many were.
+fn read_all_prefixed(proxy: &Proxy, keys: &[String], prefix: &str) -> usize {
+    let mut client = proxy.client();
+    keys.iter()
+        .filter(|k| client.get(k) == Some(format!("{prefix}-{k}").into_bytes()))
+        .count()
+}
+
+#[test]
+fn write_backs_racing_writes_never_leave_an_older_value() {
+    let servers = six_servers();
+    let proxy = Proxy::start_text(&zoned_config(&servers, LOCAL));
+    let keys: Vec<String> = (0..1_000).map(|i| format!("race:{i}")).collect();
+    write_all(&proxy, &keys, |k| format!("v1-{k}"));
+    for s in [2, 3] {
+        assert_eq!(
+            servers[s].client().call(b"flush_all\r\n", ReplyKind::Line),
+            b"OK\r\n"
+        );
+    }
+    // Readers write back v1 while a writer sets v2 through the proxy.
+    std::thread::scope(|scope| {
+        for _ in 0..3 {
+            scope.spawn(|| {
+                let mut client = proxy.client();
+                for key in &keys {
+                    let _ = client.get_raw(key);
+                }
+            });
+        }
+        scope.spawn(|| write_all(&proxy, &keys, |k| format!("v2-{k}")));
+    });
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    // Copies finish in the background; then zone b holds v2 or nothing.
+    let mut b: Vec<Vec<Option<Vec<u8>>>> = Vec::new();
+    wait_for("zone b settled", || {
+        b = [2, 3]
+            .iter()
+            .map(|&s| held_values(&mut servers[s].client(), &key_bytes))
+            .collect();
+        (0..keys.len()).all(|k| b.iter().filter(|h| h[k].is_some()).count() == 1)
+    });
+    for (k, key) in keys.iter().enumerate() {
+        let value = b.iter().find_map(|h| h[k].clone());
+        assert_eq!(value, Some(format!("v2-{key}").into_bytes()), "{key}");
+    }
+}
+
+#[test]
+fn a_warming_zone_gets_every_write_and_no_read_until_unmarked() {
+    let dir = crate::common::TempDir::new("zones", "warming");
+    let servers = six_servers();
+    let path = dir.path("memring.toml");
+    // The sidecar is in zone c, which is warming: it reads from a and b.
+    let settings = "replicas = 3\nzone = \"c\"\nhandoff_ms = 60000\n";
+    let warming = zoned_config(&servers, &format!("{settings}warming_zones = [\"c\"]\n"));
+    std::fs::write(&path, &warming).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let keys: Vec<String> = (0..1_000).map(|i| format!("warm:{i}")).collect();
+    write_all(&proxy, &keys, |k| k.to_string());
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    // Every key has its copy in zone c (the warming writes are awaited).
+    let in_c: Vec<Vec<Option<Vec<u8>>>> = [4, 5]
+        .iter()
+        .map(|&s| held_values(&mut servers[s].client(), &key_bytes))
+        .collect();
+    for (k, key) in keys.iter().enumerate() {
+        assert_eq!(in_c.iter().filter(|h| h[k].is_some()).count(), 1, "{key}");
+    }
+    let before = cmd_gets(&servers);
+    assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
+    let after = cmd_gets(&servers);
+    assert_eq!(
+        (after[4] - before[4], after[5] - before[5]),
+        (0, 0),
+        "c read"
+    );
+    // Unmarked, zone c serves its own keys' reads, all of them hits.
+    let version = proxy.ring_version();
+    crate::common::replace_by_rename(&path, &zoned_config(&servers, settings));
+    wait_for("the reload", || proxy.ring_version() > version);
+    let before = cmd_gets(&servers);
+    assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
+    let after = cmd_gets(&servers);
+    let moved: Vec<u64> = (0..6).map(|s| after[s] - before[s]).collect();
+    println!("cmd_get moved by {moved:?} once zone c joined");
+    assert_eq!(moved[4] + moved[5], keys.len() as u64, "{moved:?}");
+    assert_eq!(moved[..4].iter().sum::<u64>(), 0, "{moved:?}");
+}
+
+/// Six servers in zones a, a, b, b, c, c (addresses only, nothing runs).
+fn six_in_zones(settings: &str, zones: [&str; 6]) -> String {
+    let mut text = format!("listen = \"127.0.0.1:0\"\n{settings}\n");
+    for (i, zone) in zones.iter().enumerate() {
+        text.push_str(&format!(
+            "[[servers]]\naddr = \"127.0.0.1:{}\"\nzone = \"{zone}\"\n",
+            31_000 + i
+        ));
+    }
+    text
+}
+
+#[test]
+fn check_and_plan_show_each_zones_share_and_warn_of_a_small_zone() {
+    const BIN: &str = env!("CARGO_BIN_EXE_memring");
+    let dir = crate::common::TempDir::new("zones", "cli");
+    let even = dir.path("even.toml");
+    std::fs::write(
+        &even,
+        six_in_zones("replicas = 3\nzone = \"b\"", ["a", "a", "b", "b", "c", "c"]),
+    )
+    .unwrap();
+    let small = dir.path("small.toml");
+    std::fs::write(
+        &small,
+        six_in_zones("replicas = 3\nzone = \"b\"", ["a", "a", "b", "b", "b", "c"]),
+    )
+    .unwrap();
+    let run = |args: &[&std::path::Path], env: Option<&str>| {
+        let mut command = std::process::Command::new(BIN);
+        command.args(args).env_remove("MEMRING_ZONE");
+        if let Some(zone) = env {
+            command.env("MEMRING_ZONE", zone);
+        }
+        let output = command.output().unwrap();
+        assert!(output.status.success(), "{output:?}");
+        (
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let check = std::path::Path::new("check");
+    let offline = std::path::Path::new("--offline");
+    let (out, err) = run(&[check, offline, &even], None);
+    for zone in ["a", "b", "c"] {
+        assert!(
+            out.contains(&format!("zone {zone}: 2 servers,"))
+                && out.contains("a copy of 100.00% of the keys, 33.33% of all copies"),
+            "{out}"
+        );
+    }
+    assert!(out.contains("this sidecar is in zone b"), "{out}");
+    assert!(err.is_empty(), "{err}");
+    // MEMRING_ZONE wins over the file's zone.
+    let (out, _) = run(&[check, offline, &even], Some("c"));
+    assert!(out.contains("this sidecar is in zone c"), "{out}");
+    let (_, err) = run(&[check, offline, &small], None);
+    assert!(
+        err.contains("zone `c` holds") && err.contains("(1 server)"),
+        "{err}"
+    );
+    let (out, _) = run(&[std::path::Path::new("plan"), &even, &small], None);
+    assert!(
+        out.contains("before: zone a: 2 servers")
+            && out.contains("after: zone b: 3 servers")
+            && out.contains("after: zone c: 1 server,"),
+        "{out}"
+    );
+}
+
+/// The config over `servers` in `zones`, with `settings` on top.
+fn config_in_zones(servers: &[Memcached], zones: [&str; 6], settings: &str) -> String {
+    let mut text = format!("listen = \"127.0.0.1:0\"\n{settings}\n");
+    for (server, zone) in servers.iter().zip(zones) {
+        text.push_str(&format!(
+            "[[servers]]\naddr = \"{}\"\nzone = \"{zone}\"\n",
+            server.addr()
+        ));
+    }
+    text
+}
+
+#[test]
+fn a_reload_that_moves_a_server_to_another_zone_hands_its_copies_off() {
+    let dir = crate::common::TempDir::new("zones", "rezone");
+    let servers = six_servers();
+    let path = dir.path("memring.toml");
+    let settings = "replicas = 3\nzone = \"b\"\nhandoff_ms = 60000\n";
+    std::fs::write(
+        &path,
+        config_in_zones(&servers, ["a", "a", "b", "b", "c", "c"], settings),
+    )
+    .unwrap();
+    let proxy = Proxy::start_file(&path);
+    let keys: Vec<String> = (0..1_000).map(|i| format!("rezone:{i}")).collect();
+    write_all(&proxy, &keys, |k| format!("v1-{k}"));
+    // Server 3 moves from zone b to zone c: owners stay, copies move.
+    let version = proxy.ring_version();
+    crate::common::replace_by_rename(
+        &path,
+        &config_in_zones(&servers, ["a", "a", "b", "c", "c", "c"], settings),
+    );
+    wait_for("the reload", || proxy.ring_version() > version);
+    assert!(
+        proxy.running().topology.load().previous.is_some(),
+        "a hand-off window"
+    );
+    let mut client = proxy.client();
+    for key in &keys {
+        assert_eq!(client.get(key), Some(format!("v1-{key}").into_bytes()));
+    }
+    write_all(&proxy, &keys, |k| format!("v2-{k}"));
+    // Every key is now on its new replicas only, one per zone where the
+    // zones allow, each with the newer value.
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    let topology = proxy.running().topology.load_full();
+    let mut held: Vec<Vec<Option<Vec<u8>>>> = Vec::new();
+    let mut set = smallvec::SmallVec::new();
+    wait_for("every key on its new replicas only", || {
+        held = servers
+            .iter()
+            .map(|s| held_values(&mut s.client(), &key_bytes))
+            .collect();
+        keys.iter().enumerate().all(|(k, key)| {
+            topology.replicas(key.as_bytes(), &mut set);
+            (0..6).all(|s| held[s][k].is_some() == set.contains(&s))
+        })
+    });
+    let zones = ["a", "a", "b", "c", "c", "c"];
+    for (k, key) in keys.iter().enumerate() {
+        topology.replicas(key.as_bytes(), &mut set);
+        let mut in_zones: Vec<&str> = set.iter().map(|&s| zones[s]).collect();
+        in_zones.sort_unstable();
+        assert_eq!(in_zones, ["a", "b", "c"], "{key}");
+        for &s in &set {
+            assert_eq!(held[s][k], Some(format!("v2-{key}").into_bytes()), "{key}");
+        }
+    }
+}
+
+#[test]
+fn etcd_members_carry_their_zone_into_placement_and_local_reads() {
+    const PREFIX: &str = "/memring/zones/";
+    let etcd = crate::common::etcd::Etcd::start("zones");
+    let dir = crate::common::TempDir::new("zones", "etcd");
+    let servers = six_servers();
+    for (i, server) in servers.iter().enumerate() {
+        etcd.put(
+            &format!("{PREFIX}members/m{i}"),
+            &format!(
+                r#"{{"addr":"{}","state":"ACTIVE","zone":"{}"}}"#,
+                server.addr(),
+                zone_of(i)
+            ),
+        );
+    }
+    let proxy = Proxy::start_text(&format!(
+        "listen = \"127.0.0.1:0\"\n{LOCAL}\n[discovery]\netcd_endpoints = [\"{}\"]\netcd_prefix = \"{PREFIX}\"\netcd_cache_file = \"{}\"\n",
+        etcd.endpoint(),
+        dir.path("members.json").display()
+    ));
+    wait_for("six members", || {
+        proxy.running().topology.load().config.servers.len() == 6
+    });
+    let keys: Vec<String> = (0..1_000).map(|i| format!("etcd-zoned:{i}")).collect();
+    write_all(&proxy, &keys, |k| k.to_string());
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    let mut held: Vec<Vec<Option<Vec<u8>>>> = Vec::new();
+    wait_for("every key on three servers", || {
+        held = servers
+            .iter()
+            .map(|s| held_values(&mut s.client(), &key_bytes))
+            .collect();
+        (0..keys.len()).all(|k| held.iter().filter(|h| h[k].is_some()).count() == 3)
+    });
+    for (k, key) in keys.iter().enumerate() {
+        let mut zones: Vec<&str> = (0..6)
+            .filter(|&s| held[s][k].is_some())
+            .map(zone_of)
+            .collect();
+        zones.sort_unstable();
+        assert_eq!(zones, ZONES, "{key}");
+    }
+    let before = cmd_gets(&servers);
+    assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
+    let after = cmd_gets(&servers);
+    for s in [0, 1, 4, 5] {
+        assert_eq!(after[s], before[s], "server {s} read");
+    }
+}
