@@ -910,10 +910,12 @@ impl ClientSession {
             Work::Ready(reply) => self.out.push(reply.clone()),
             Work::Stats => {
                 super::report::write_stats(self.out.scratch(), stats, &self.worker.layout.load());
+                entry.said = Outcome::Other;
             }
             Work::StatsReset => {
                 super::report::reset_stats(stats);
                 self.out.push_slice(b"RESET\r\n");
+                entry.said = Outcome::Other;
             }
             // Nothing goes back for `noreply` and later replies need not
             // wait for it, but its bytes stay reserved until the servers
