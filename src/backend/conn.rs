@@ -42,6 +42,7 @@ use crate::protocol::lease;
 use crate::protocol::meta::reply::MetaReplyError;
 use crate::protocol::meta::tag::{echoes_opaque, tag_request, tag_revealing, untag, Tag};
 use crate::protocol::meta::MetaCommand;
+use crate::protocol::outcome::Outcome;
 use crate::protocol::reply::{
     item_size_max, next_piece, pending_value_len, Expect, Piece, ReplyError,
 };
@@ -82,6 +83,9 @@ struct Waiting {
     /// When it was queued, in the worker clock's nanoseconds
     /// (`TurnClock::nanos`), for the server's latency histogram.
     queued: u64,
+    /// What the value pieces handed on so far say (`Value`, or a quiet
+    /// meta request's one reply); `Nothing` before any.
+    said: Outcome,
 }
 
 struct State {
@@ -226,6 +230,7 @@ impl Conn {
             slot,
             probe: false,
             queued: self.clock.nanos(),
+            said: Outcome::Nothing,
         });
         drop(state);
         self.wake.notify();
@@ -424,6 +429,7 @@ where
             slot: None,
             probe: true,
             queued: conn.clock.nanos_at(now),
+            said: Outcome::Nothing,
         });
     }
     shared.metrics.connections.inc();
@@ -666,6 +672,12 @@ fn deliver(
                         shared.item_size_max.store(limit, Ordering::Relaxed);
                     }
                 } else if let Some(slot) = &front.slot {
+                    // Classified here, once: a classic block is a hit; a
+                    // quiet meta request's one reply says what it says.
+                    front.said = match front.expect {
+                        Expect::Values { .. } => Outcome::Value,
+                        _ => Outcome::of(&bytes),
+                    };
                     slot.push(Got::Value(bytes));
                 }
             }
@@ -717,10 +729,19 @@ fn deliver(
                 conn.latency
                     .observe_nanos(now_nanos.saturating_sub(waiting.queued));
                 if let Some(slot) = waiting.slot {
-                    if let (false, Some(bytes)) = (is_end, bytes) {
-                        slot.push(Got::Line(bytes));
-                    }
-                    slot.finish(Ok(()));
+                    // What the reply says, classified once where it is
+                    // framed: its line, or for a retrieval (and a quiet
+                    // meta request) what its values said before the end.
+                    let said = match (is_end, bytes) {
+                        (false, Some(bytes)) => {
+                            let said = Outcome::of(&bytes);
+                            slot.push(Got::Line(bytes));
+                            said
+                        }
+                        (true, _) if waiting.said == Outcome::Nothing && !quiet_end => Outcome::End,
+                        _ => waiting.said,
+                    };
+                    slot.finish(Ok(said));
                 }
             }
         }
@@ -876,7 +897,7 @@ mod tests {
     }
 
     /// Waits until `slot` is done; returns its pieces and outcome.
-    async fn outcome(slot: &Slot, wake: &Wake) -> (Vec<Got>, Result<(), BackendError>) {
+    async fn outcome(slot: &Slot, wake: &Wake) -> (Vec<Got>, Result<Outcome, BackendError>) {
         loop {
             if let Some(result) = slot.outcome() {
                 let mut pieces = Vec::new();
@@ -945,13 +966,58 @@ mod tests {
         with_conn(&addr, 5000, |conn, wake| async move {
             let slot = send(&conn, &wake, get("k"));
             let (pieces, result) = outcome(&slot, &wake).await;
-            assert_eq!(result, Ok(()));
+            assert_eq!(result, Ok(Outcome::Value));
             assert_eq!(
                 pieces,
                 vec![Got::Value(Bytes::from_static(
                     b"VALUE k 0 5\r\nab\r\nc\r\n"
                 ))]
             );
+        });
+    }
+
+    /// The connection classifies each reply where it frames it and hands
+    /// the outcome over with the bytes: no reader looks at them again.
+    #[test]
+    fn each_reply_comes_with_what_it_says() {
+        let addr = scripted(|_, stream| {
+            assert_eq!(read_line(stream), b"set k 0 0 1\r\n");
+            assert_eq!(read_line(stream), b"x\r\n");
+            assert_eq!(read_line(stream), b"incr k 2\r\n");
+            assert_eq!(read_line(stream), b"delete j\r\n");
+            assert_eq!(read_line(stream), b"get j\r\n");
+            assert_eq!(read_line(stream), b"get k\r\n");
+            let _ = stream.write_all(
+                b"STORED\r\nCLIENT_ERROR cannot increment or decrement non-numeric value\r\n\
+                  NOT_FOUND\r\nEND\r\nSERVER_ERROR out of memory\r\n",
+            );
+            let _ = read_line(stream);
+        });
+        with_conn(&addr, 5000, |conn, wake| async move {
+            let line = |request: &'static [u8], kind| {
+                let slot = Slot::new(wake.clone());
+                conn.send(
+                    &[Bytes::from_static(request)],
+                    Expect::Line(kind),
+                    Some(slot.clone()),
+                )
+                .expect("queued");
+                slot
+            };
+            let set = line(b"set k 0 0 1\r\nx\r\n", LineKind::Storage);
+            let incr = line(b"incr k 2\r\n", LineKind::Arithmetic);
+            let delete = line(b"delete j\r\n", LineKind::Delete);
+            let miss = send(&conn, &wake, get("j"));
+            let failed = send(&conn, &wake, get("k"));
+            for (slot, said) in [
+                (&set, Outcome::Stored),
+                (&incr, Outcome::NotANumber),
+                (&delete, Outcome::NotFound),
+                (&miss, Outcome::End),
+                (&failed, Outcome::ServerError),
+            ] {
+                assert_eq!(outcome(slot, &wake).await.1, Ok(said));
+            }
         });
     }
 
@@ -972,7 +1038,7 @@ mod tests {
             let first = send(&conn, &wake, get("a"));
             let (_, result) = outcome(&first, &wake).await;
             // The first `END` answered `a`; the stray one broke the connection.
-            assert_eq!(result, Ok(()));
+            assert_eq!(result, Ok(Outcome::End));
             // The next request goes out on a new connection and gets its own
             // reply, never the stray bytes.
             let second = loop {
@@ -1062,7 +1128,7 @@ mod tests {
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
             };
-            assert_eq!(second, (vec![], Ok(())));
+            assert_eq!(second, (vec![], Ok(Outcome::End)));
         });
     }
 
@@ -1095,11 +1161,11 @@ mod tests {
             // A refusal is memring's, not a failure of the server.
             assert_eq!(conn.shared.metrics.error_count(), 0);
             tx.send(()).expect("server waits");
-            assert_eq!(outcome(&first, &wake).await, (vec![], Ok(())));
-            assert_eq!(outcome(&second, &wake).await, (vec![], Ok(())));
+            assert_eq!(outcome(&first, &wake).await, (vec![], Ok(Outcome::End)));
+            assert_eq!(outcome(&second, &wake).await, (vec![], Ok(Outcome::End)));
             // Answered: room again.
             let third = send(&conn, &wake, get("e"));
-            assert_eq!(outcome(&third, &wake).await, (vec![], Ok(())));
+            assert_eq!(outcome(&third, &wake).await, (vec![], Ok(Outcome::End)));
         });
     }
 
@@ -1136,7 +1202,7 @@ mod tests {
         with_conn(&addr, 300, |conn, wake| async move {
             let slot = send(&conn, &wake, get("k"));
             let (pieces, result) = outcome(&slot, &wake).await;
-            assert_eq!(result, Ok(()));
+            assert_eq!(result, Ok(Outcome::Value));
             assert_eq!(pieces.len(), 1);
         });
     }

@@ -14,6 +14,7 @@ use bytes::Bytes;
 use smallvec::SmallVec;
 
 use crate::error::BackendError;
+use crate::protocol::outcome::Outcome;
 use crate::runtime::wake::Wake;
 
 // The framed pieces are the protocol's: the planner reads them too.
@@ -25,8 +26,9 @@ struct State {
     /// one or two pieces, and a slot per request must not allocate for them.
     pieces: SmallVec<[Got; 2]>,
     taken: usize,
-    /// `Some` once the reply is complete (`Ok`) or cannot come (`Err`).
-    done: Option<Result<(), BackendError>>,
+    /// `Some` once the reply is complete (`Ok`, with what it says, as the
+    /// connection framed it) or cannot come (`Err`).
+    done: Option<Result<Outcome, BackendError>>,
 }
 
 /// Sees a slot's reply as it arrives, besides the session that owns the slot
@@ -35,8 +37,9 @@ struct State {
 pub trait Watch: std::fmt::Debug {
     /// A piece arrived.
     fn piece(&self, _piece: &Got) {}
-    /// The reply is complete or failed; the slot lets go of the watcher next.
-    fn done(&self, _result: &Result<(), BackendError>) {}
+    /// The reply is complete (with what it says) or failed; the slot lets
+    /// go of the watcher next.
+    fn done(&self, _result: &Result<Outcome, BackendError>) {}
 }
 
 /// The reply to one request, filled by a backend connection.
@@ -132,8 +135,8 @@ impl Slot {
         self.owner.notify();
     }
 
-    /// The reply is complete, or failed.
-    pub fn finish(&self, result: Result<(), BackendError>) {
+    /// The reply is complete (saying `outcome`), or failed.
+    pub fn finish(&self, result: Result<Outcome, BackendError>) {
         let mut state = self.state.borrow_mut();
         if state.done.is_some() {
             return;
@@ -166,9 +169,9 @@ impl Slot {
         Some(piece)
     }
 
-    /// `None` while more may come; then whether the reply completed.
-    /// Pieces may still be waiting to be taken.
-    pub fn outcome(&self) -> Option<Result<(), BackendError>> {
+    /// `None` while more may come; then whether the reply completed, and
+    /// what it says. Pieces may still be waiting to be taken.
+    pub fn outcome(&self) -> Option<Result<Outcome, BackendError>> {
         self.state.borrow().done.clone()
     }
 }
@@ -183,12 +186,12 @@ mod tests {
         slot.push(Got::Value(Bytes::from_static(b"VALUE a 0 1\r\nx\r\n")));
         slot.push(Got::Line(Bytes::from_static(b"END\r\n")));
         assert!(slot.outcome().is_none());
-        slot.finish(Ok(()));
+        slot.finish(Ok(Outcome::End));
         slot.finish(Err(BackendError {
             server: "a".into(),
             kind: crate::error::BackendErrorKind::Timeout,
         }));
-        assert_eq!(slot.outcome(), Some(Ok(())));
+        assert_eq!(slot.outcome(), Some(Ok(Outcome::End)));
         assert!(matches!(slot.take(), Some(Got::Value(_))));
         assert!(matches!(slot.take(), Some(Got::Line(_))));
         assert_eq!(slot.take(), None);
@@ -225,7 +228,7 @@ mod tests {
         fn piece(&self, piece: &Got) {
             self.0.borrow_mut().push(format!("{} bytes", piece.len()));
         }
-        fn done(&self, result: &Result<(), BackendError>) {
+        fn done(&self, result: &Result<Outcome, BackendError>) {
             self.0.borrow_mut().push(format!("done {}", result.is_ok()));
         }
     }
@@ -236,8 +239,8 @@ mod tests {
         let seen = Rc::new(Seen::default());
         slot.watch(seen.clone());
         slot.push(Got::Value(Bytes::from_static(b"VALUE a 0 1\r\nx\r\n")));
-        slot.finish(Ok(()));
-        slot.finish(Ok(()));
+        slot.finish(Ok(Outcome::End));
+        slot.finish(Ok(Outcome::End));
         assert_eq!(*seen.0.borrow(), vec!["16 bytes", "done true"]);
         assert_eq!(Rc::strong_count(&seen), 1, "the slot let go of it");
         // The owner still gets everything.
@@ -253,7 +256,7 @@ mod tests {
             !Slot::empty_for_reuse(&mut slot),
             "its reply is not complete"
         );
-        slot.finish(Ok(()));
+        slot.finish(Ok(Outcome::End));
         let held = slot.clone();
         assert!(
             !Slot::empty_for_reuse(&mut slot),
@@ -279,7 +282,7 @@ mod tests {
         slot.follow(7);
         assert!(slot.follows(7));
         assert!(!slot.follows(8));
-        slot.finish(Ok(()));
+        slot.finish(Ok(Outcome::End));
         assert!(Slot::empty_for_reuse(&mut slot));
         assert!(!slot.follows(7));
     }

@@ -12,6 +12,7 @@ use super::Local;
 use crate::backend::conn::Conn;
 use crate::backend::slot::{Got, Slot, Watch};
 use crate::error::{BackendError, BackendErrorKind};
+use crate::protocol::outcome::Outcome;
 
 thread_local! {
     /// The id of the last flight sent on this thread (a worker's sessions,
@@ -86,7 +87,7 @@ impl Watch for Flight {
         }
     }
 
-    fn done(&self, result: &Result<(), BackendError>) {
+    fn done(&self, result: &Result<Outcome, BackendError>) {
         let (followers, value) = {
             let mut state = self.state.borrow_mut();
             state.done = true;
@@ -99,7 +100,7 @@ impl Watch for Flight {
         for follower in followers {
             follower.finish(result.clone());
         }
-        if let (Ok(()), Some(key), Some(block)) = (result, &self.fill, value) {
+        if let (Ok(_), Some(key), Some(block)) = (result, &self.fill, value) {
             self.shared.fill(key, self.hash, self.version, block);
         }
     }

@@ -11,7 +11,8 @@ use bytes::Bytes;
 use smallvec::SmallVec;
 
 use super::{HotShared, Local};
-use crate::backend::slot::{Got, Slot, Watch};
+use crate::backend::slot::{Slot, Watch};
+use crate::error::BackendError;
 use crate::protocol::outcome::Outcome;
 use crate::protocol::Command;
 
@@ -233,10 +234,8 @@ impl WriteGuard {
 }
 
 impl Watch for WriteGuard {
-    fn piece(&self, piece: &Got) {
-        if let Got::Line(line) = piece {
-            self.stored.set(Outcome::of(line) == Outcome::Stored);
-        }
+    fn done(&self, result: &Result<Outcome, BackendError>) {
+        self.stored.set(matches!(result, Ok(Outcome::Stored)));
     }
 }
 

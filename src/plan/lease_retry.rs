@@ -25,7 +25,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use super::handoff::{delete_line, not_a_number, probe_hand_back, probe_line, probed_lease};
 use super::route::CallResult;
 use crate::protocol::meta::MetaCommand;
-use crate::protocol::outcome::Outcome;
+use crate::protocol::outcome::{Outcome, Reply};
 use crate::protocol::reply::Expect;
 use crate::protocol::Command;
 
@@ -213,13 +213,18 @@ impl LeaseRetry {
     fn answer(&self, result: CallResult) -> LeaseStep {
         if self.retrieval {
             // The connection hands on the `VALUE` block (or nothing, for a
-            // miss) without the `END`, which is memring's to write.
+            // miss: `End`) without the `END`, which is memring's to write.
             return LeaseStep::Answer(result.map(|reply| {
-                if matches!(Outcome::of(&reply), Outcome::Nothing | Outcome::Value) {
+                if matches!(reply.outcome, Outcome::End | Outcome::Value) {
                     let mut answer = BytesMut::with_capacity(reply.len() + 5);
                     answer.put_slice(&reply);
                     answer.put_slice(b"END\r\n");
-                    answer.freeze()
+                    // A hit stays a hit with its `END`; a miss is the `END`.
+                    let said = match reply.outcome {
+                        Outcome::Value => Outcome::Value,
+                        _ => Outcome::End,
+                    };
+                    Reply::new(said, answer.freeze())
                 } else {
                     reply
                 }
@@ -228,9 +233,9 @@ impl LeaseRetry {
         if self.touch.is_none() {
             return LeaseStep::Answer(result);
         }
-        LeaseStep::Answer(result.map(|reply| match Outcome::of(&reply) {
-            Outcome::Hd => Bytes::from_static(b"TOUCHED\r\n"),
-            Outcome::En => Bytes::from_static(b"NOT_FOUND\r\n"),
+        LeaseStep::Answer(result.map(|reply| match reply.outcome {
+            Outcome::Hd => Reply::new(Outcome::Touched, Bytes::from_static(b"TOUCHED\r\n")),
+            Outcome::En => Reply::new(Outcome::NotFound, Bytes::from_static(b"NOT_FOUND\r\n")),
             _ => reply,
         }))
     }
@@ -241,7 +246,7 @@ impl LeaseRetry {
         match self.stage {
             Stage::Opening => {
                 self.stage = Stage::Command;
-                match result.as_deref().ok().and_then(probed_lease) {
+                match result.as_ref().ok().and_then(probed_lease) {
                     Some(cas) => self.rerun(cas),
                     // No lease, or the probe failed: the command goes as it
                     // would have without one (after the token the probe
@@ -259,7 +264,7 @@ impl LeaseRetry {
                 if let Some(cas) = lease {
                     return self.rerun(cas);
                 }
-                let outcome = result.as_deref().map(Outcome::of).ok();
+                let outcome = result.as_ref().map(|reply| reply.outcome).ok();
                 let refused = match self.suspect {
                     Suspect::NotANumber => not_a_number(&result),
                     Suspect::NotStored => outcome.is_some_and(Outcome::not_stored),
@@ -289,7 +294,7 @@ impl LeaseRetry {
             Stage::Probe => {
                 let first = self.first.take().unwrap_or(result.clone());
                 self.stage = Stage::Command;
-                match result.as_deref().ok().and_then(probed_lease) {
+                match result.as_ref().ok().and_then(probed_lease) {
                     Some(cas) => self.rerun(cas),
                     None => match (self.hand_back(&result), self.answer(first)) {
                         (Some(line), LeaseStep::Answer(answer)) => {
@@ -304,7 +309,7 @@ impl LeaseRetry {
 
     /// The line that gives back a recache token the probe took.
     fn hand_back(&self, probed: &CallResult) -> Option<Bytes> {
-        let reply = probed.as_deref().ok()?;
+        let reply = probed.as_ref().ok()?;
         probe_hand_back(reply, &self.key, self.base64)
     }
 
@@ -331,7 +336,7 @@ mod tests {
     use super::*;
 
     fn ok(reply: &'static [u8]) -> CallResult {
-        Ok(Bytes::from_static(reply))
+        Ok(crate::protocol::outcome::Reply::from_static(reply))
     }
 
     fn retry(command: MetaCommand, flags: &'static [u8], mode: Option<u8>) -> Option<LeaseRetry> {
@@ -376,17 +381,18 @@ mod tests {
         let refused: &[u8] = b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n";
         let mut ma = retry(MetaCommand::Arithmetic, b"N", None).unwrap();
         assert!(matches!(
-            ma.on_reply(Ok(Bytes::from_static(refused)), None),
+            ma.on_reply(Ok(Reply::from_static(refused)), None),
             LeaseStep::Probe { .. }
         ));
         let probe = format!("HD c9 f{} s24\r\n", crate::protocol::lease::LEASE_FLAGS);
-        let LeaseStep::Rerun { delete } = ma.on_reply(Ok(Bytes::from(probe)), None) else {
+        let LeaseStep::Rerun { delete } = ma.on_reply(Ok(Reply::made(Bytes::from(probe))), None)
+        else {
             panic!("a rerun")
         };
         assert_eq!(&delete[..], b"md k C9\r\n");
         // Refused again, and this time a value is behind it.
         assert!(matches!(
-            ma.on_reply(Ok(Bytes::from_static(refused)), None),
+            ma.on_reply(Ok(Reply::from_static(refused)), None),
             LeaseStep::Probe { .. }
         ));
         let LeaseStep::Answer(answer) = ma.on_reply(ok(b"HD c10 f0 s3\r\n"), None) else {
@@ -436,7 +442,7 @@ mod tests {
         ));
         let probe = format!("HD c4 f{} s27\r\n", crate::protocol::lease::LEASE_FLAGS);
         assert!(matches!(
-            append.on_reply(Ok(Bytes::from(probe)), None),
+            append.on_reply(Ok(Reply::made(Bytes::from(probe))), None),
             LeaseStep::Rerun { .. }
         ));
         let LeaseStep::Answer(answer) = append.on_reply(ok(b"NOT_STORED\r\n"), None) else {
@@ -457,7 +463,9 @@ mod tests {
                 LeaseRetry::for_classic(command, Bytes::from_static(b"k"), None).unwrap();
             assert!(retry.opening().is_some(), "{command:?}");
             let lease = format!("HD c9 f{} s24\r\n", crate::protocol::lease::LEASE_FLAGS);
-            let LeaseStep::Rerun { delete } = retry.on_reply(Ok(Bytes::from(lease)), None) else {
+            let LeaseStep::Rerun { delete } =
+                retry.on_reply(Ok(Reply::made(Bytes::from(lease))), None)
+            else {
                 panic!("{command:?}: the lease removed first")
             };
             assert_eq!(&delete[..], b"md k C9\r\n");
@@ -479,7 +487,9 @@ mod tests {
             gat.on_reply(ok(b"HD c4 f0 s1\r\n"), None),
             LeaseStep::Send
         ));
-        let LeaseStep::Answer(answer) = gat.on_reply(ok(b""), None) else {
+        // A miss, as the connection hands it over: no bytes, `End`.
+        let miss = Ok(Reply::new(Outcome::End, Bytes::new()));
+        let LeaseStep::Answer(answer) = gat.on_reply(miss, None) else {
             panic!("the answer")
         };
         assert_eq!(answer.unwrap(), &b"END\r\n"[..]);

@@ -25,7 +25,6 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use smallvec::SmallVec;
 
 use crate::error::BackendError;
@@ -33,7 +32,7 @@ use crate::plan::handoff::probed_lease;
 use crate::plan::placement::Servers;
 use crate::plan::route::CallResult;
 use crate::protocol::meta::reply::returned_cas;
-use crate::protocol::outcome::Outcome;
+use crate::protocol::outcome::{Outcome, Reply as ServerReply};
 
 /// How many times refusals that were all leases are cleared and the add
 /// sent again; after that the refusal stands (as a lease is placed again
@@ -64,12 +63,12 @@ pub(crate) enum AddStep {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum AddAnswer {
     /// Stored on every replica that answered: the deciding replica's reply.
-    Stored(Bytes),
+    Stored(ServerReply),
     /// A replica holds the key: its reply (`NS …`).
-    Refused(Bytes),
+    Refused(ServerReply),
     /// The request itself was refused (an error line every server would
     /// send alike, such as `CLIENT_ERROR`): that reply.
-    Rejected(Bytes),
+    Rejected(ServerReply),
     /// Too few replicas stored: the servers that failed.
     NoQuorum(Vec<Arc<str>>),
 }
@@ -82,12 +81,12 @@ pub(crate) struct ReplicatedAdd {
     /// Index in `servers` of the next replica to try as the decider.
     next: usize,
     /// The decider's reply, once one stored.
-    decided: Option<Bytes>,
+    decided: Option<ServerReply>,
     made: Made,
     failed: Vec<Arc<str>>,
     answer: Option<AddAnswer>,
     /// The refusal the probes under way look behind.
-    refusal: Option<Bytes>,
+    refusal: Option<ServerReply>,
     lease_clears: u8,
 }
 
@@ -102,7 +101,7 @@ enum Reply<'a> {
 fn read(result: &CallResult) -> Reply<'_> {
     match result {
         Err(error) => Reply::Failed(Some(error)),
-        Ok(reply) => match Outcome::of(reply) {
+        Ok(reply) => match reply.outcome {
             Outcome::Ns => Reply::Refused,
             Outcome::Hd => match returned_cas(reply) {
                 Some(cas) => Reply::Stored(cas),
@@ -207,7 +206,7 @@ impl ReplicatedAdd {
 
     /// A refusal from `servers`: looked behind for leases, while there are
     /// clears left; otherwise it stands.
-    fn look_behind(&mut self, refusal: Bytes, servers: Servers) -> AddStep {
+    fn look_behind(&mut self, refusal: ServerReply, servers: Servers) -> AddStep {
         if self.lease_clears >= MAX_LEASE_CLEARS {
             return self.refused(refusal);
         }
@@ -217,11 +216,11 @@ impl ReplicatedAdd {
 
     /// The probes of the refusing replicas: all leases, cleared and the add
     /// sent again; anything else, the refusal stands.
-    fn on_probes(&mut self, refusal: Bytes, probes: &[(usize, &CallResult)]) -> AddStep {
+    fn on_probes(&mut self, refusal: ServerReply, probes: &[(usize, &CallResult)]) -> AddStep {
         let leases: Option<Made> = probes
             .iter()
             .map(|&(server, probe)| {
-                let cas = probe.as_deref().ok().and_then(probed_lease)?;
+                let cas = probe.as_ref().ok().and_then(probed_lease)?;
                 Some((server, cas))
             })
             .collect();
@@ -236,7 +235,7 @@ impl ReplicatedAdd {
 
     /// The refusal stands: before any replica stored, the answer; after,
     /// the copies made go back.
-    fn refused(&mut self, refusal: Bytes) -> AddStep {
+    fn refused(&mut self, refusal: ServerReply) -> AddStep {
         if self.decided.is_none() {
             self.answer = Some(AddAnswer::Refused(refusal));
             return AddStep::Done;
@@ -245,7 +244,7 @@ impl ReplicatedAdd {
     }
 
     /// Every replica has answered: stored, or the copies go back.
-    fn settle(&mut self, refusal: Option<Bytes>) -> AddStep {
+    fn settle(&mut self, refusal: Option<ServerReply>) -> AddStep {
         if refusal.is_none() && self.made.len() >= self.quorum {
             self.answer = Some(AddAnswer::Stored(self.decided.clone().unwrap_or_default()));
             return AddStep::Done;
@@ -270,7 +269,7 @@ mod tests {
     use crate::error::BackendErrorKind;
 
     fn ok(reply: &'static [u8]) -> CallResult {
-        Ok(Bytes::from_static(reply))
+        Ok(crate::protocol::outcome::Reply::from_static(reply))
     }
 
     fn servers(list: &[usize]) -> Servers {
@@ -288,7 +287,7 @@ mod tests {
         assert_eq!(add.on_replies(&[(1, &hd2)]), AddStep::Done);
         assert_eq!(
             add.answer(),
-            Some(&AddAnswer::Stored(Bytes::from_static(b"HD c7\r\n")))
+            Some(&AddAnswer::Stored(ServerReply::from_static(b"HD c7\r\n")))
         );
     }
 
@@ -303,13 +302,15 @@ mod tests {
         assert_eq!(add.on_replies(&[(0, &value)]), AddStep::Done);
         assert_eq!(
             add.answer(),
-            Some(&AddAnswer::Refused(Bytes::from_static(b"NS c0\r\n")))
+            Some(&AddAnswer::Refused(ServerReply::from_static(b"NS c0\r\n")))
         );
     }
 
     fn lease(cas: u64) -> CallResult {
         let flags = crate::protocol::lease::LEASE_FLAGS;
-        Ok(Bytes::from(format!("HD c{cas} f{flags} s24\r\n")))
+        Ok(ServerReply::made(bytes::Bytes::from(format!(
+            "HD c{cas} f{flags} s24\r\n"
+        ))))
     }
 
     #[test]
@@ -360,7 +361,9 @@ mod tests {
         assert_eq!(step, AddStep::TakeBack(smallvec::smallvec![(0, 5), (1, 8)]));
         assert_eq!(
             add.answer(),
-            Some(&AddAnswer::Refused(Bytes::from_static(b"NS c0 O1\r\n")))
+            Some(&AddAnswer::Refused(ServerReply::from_static(
+                b"NS c0 O1\r\n"
+            )))
         );
     }
 

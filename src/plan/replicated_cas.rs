@@ -13,7 +13,6 @@ use crate::plan::handoff::Owner;
 use crate::plan::placement::Servers;
 use crate::plan::route::CallResult;
 use crate::protocol::encode::Outbound;
-use crate::protocol::outcome::Outcome;
 use crate::protocol::reply::Expect;
 
 /// What to do after a reply to the `cas`.
@@ -86,7 +85,7 @@ impl ReplicatedCas {
             }
             _ => {
                 let copies = self.copies.take().unwrap_or_default();
-                return if matches!(result, Ok(reply) if Outcome::of(reply).stored_in(self.meta)) {
+                return if matches!(result, Ok(reply) if reply.outcome.stored_in(self.meta)) {
                     CasStep::Copy {
                         servers: copies,
                         awaited: false,
@@ -139,11 +138,12 @@ impl ReplicatedCas {
 mod tests {
     use super::*;
     use crate::protocol::meta::MetaCommand;
+    use crate::protocol::outcome::Reply;
     use crate::protocol::reply::LineKind;
     use bytes::Bytes;
 
     fn ok(reply: &'static [u8]) -> CallResult {
-        Ok(Bytes::from_static(reply))
+        Ok(crate::protocol::outcome::Reply::from_static(reply))
     }
 
     fn servers(list: &[usize]) -> Servers {
@@ -174,7 +174,7 @@ mod tests {
     fn a_cas_the_owner_stores_is_copied_without_waiting() {
         for (meta, stored) in [(false, &b"STORED\r\n"[..]), (true, &b"HD\r\n"[..])] {
             let mut cas = ReplicatedCas::new(meta, 0, servers(&[1, 2]), None);
-            let stored = Ok(Bytes::from_static(stored));
+            let stored = Ok(Reply::from_static(stored));
             let step = cas.on_reply(&stored);
             assert_eq!(
                 step,

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use crate::protocol::outcome::Outcome;
+use crate::protocol::outcome::{Outcome, Reply};
 use smallvec::SmallVec;
 
 use crate::error::BackendError;
@@ -32,8 +32,9 @@ use crate::protocol::request::Span;
 use crate::protocol::{Command, Request};
 use crate::runtime::recycled::RecycledBuf;
 
-/// A reply from one server: its bytes, or why there are none.
-pub(crate) type CallResult = Result<Bytes, BackendError>;
+/// A reply from one server: its bytes and what they say, or why there are
+/// none.
+pub(crate) type CallResult = Result<Reply, BackendError>;
 
 /// Longest line memring writes to a server for a retrieval: memcached closes
 /// connections on `gat`/`gats` lines past about 16 KB, so sub-requests stay
@@ -193,18 +194,9 @@ pub(crate) enum Decision {
     /// Not enough replies yet.
     Wait,
     /// Answer the client with this reply.
-    Answer(Bytes),
+    Answer(Reply),
     /// No quorum can be reached; the names of the servers that failed.
     Fail(Vec<Arc<str>>),
-}
-
-/// An `ERROR`, `CLIENT_ERROR` or `SERVER_ERROR` line.
-pub(crate) fn is_error_line(reply: &[u8]) -> bool {
-    is_error_reply(reply)
-}
-
-fn is_error_reply(reply: &[u8]) -> bool {
-    Outcome::of(reply).is_error()
 }
 
 /// Decides a replicated write. `results[i]` is replica `i`'s reply so far
@@ -216,7 +208,7 @@ fn is_error_reply(reply: &[u8]) -> bool {
 /// write fails otherwise. It also fails as soon as too few replicas are left
 /// to reach a quorum.
 pub(crate) fn decide(results: &[Option<&CallResult>], quorum: usize) -> Decision {
-    let success = |r: &CallResult| matches!(r, Ok(reply) if !is_error_reply(reply));
+    let success = |r: &CallResult| matches!(r, Ok(reply) if !reply.outcome.is_error());
     let mut succeeded = 0;
     let mut outstanding = 0;
     for result in results {
@@ -260,7 +252,7 @@ pub(crate) fn decide(results: &[Option<&CallResult>], quorum: usize) -> Decision
 /// failure naming the replicas memring could not reach.
 fn refused_or_failed(results: &[Option<&CallResult>]) -> Decision {
     let refused = results.iter().flatten().find_map(|r| match r {
-        Ok(reply) if Outcome::of(reply).is_client_error() => Some(reply.clone()),
+        Ok(reply) if reply.outcome.is_client_error() => Some(reply.clone()),
         _ => None,
     });
     match refused {
@@ -288,7 +280,7 @@ pub(crate) enum Broadcast<'a> {
     /// a memcached started with `-F`): its words are the client's answer, as
     /// one memcached would give them, with no server named. A refusal is
     /// not transient, so it answers before servers memring could not reach.
-    Refused(&'a Bytes),
+    Refused(&'a Reply),
     /// The names of the servers memring could not get an answer from.
     Failed(Vec<&'a str>),
 }
@@ -298,17 +290,17 @@ pub(crate) fn broadcast_answer<'a>(
     results: impl Iterator<Item = (&'a str, &'a CallResult)>,
 ) -> Broadcast<'a> {
     let mut failed = Vec::new();
-    let mut refused: Option<&Bytes> = None;
+    let mut refused: Option<&Reply> = None;
     for (name, result) in results {
         match result {
-            Ok(reply) if Outcome::of(reply) == Outcome::Ok => {}
+            Ok(reply) if reply.outcome == Outcome::Ok => {}
             // memcached's `CLIENT_ERROR` says why; the first such wins over
             // an `ERROR` or `SERVER_ERROR` line from another server.
             Ok(reply) => {
-                let client_error = Outcome::of(reply).is_client_error();
+                let client_error = reply.outcome.is_client_error();
                 let better = match refused {
                     None => true,
-                    Some(r) => client_error && !Outcome::of(r).is_client_error(),
+                    Some(r) => client_error && !r.outcome.is_client_error(),
                 };
                 if better {
                     refused = Some(reply);
@@ -345,7 +337,11 @@ struct Sub {
     /// Index in `keys` of the next key a value may be for.
     cursor: usize,
     /// The server answered with an error line instead of values.
-    error_line: Option<Bytes>,
+    error_line: Option<Reply>,
+    /// A one-line reply (a read-through's from a moved key's previous
+    /// owner, or an error line), read once complete, with what the
+    /// connection framed it as.
+    read: Option<Bytes>,
     /// A read-through from a moved key's previous owner (one key, `mg`: see
     /// `handoff::fetch_line`).
     meta: bool,
@@ -392,6 +388,8 @@ pub(crate) struct Retrieval {
     /// The next key whose value (or miss) goes to the client.
     next_emit: usize,
     values_written: usize,
+    /// What the reply [`Retrieval::emit`] finished says.
+    said: Outcome,
     answered: bool,
     first_error: Option<BackendError>,
     /// Bytes of values held, waiting for the keys before them.
@@ -461,6 +459,7 @@ impl Default for Retrieval {
             spare_sub_keys: Vec::new(),
             next_emit: 0,
             values_written: 0,
+            said: Outcome::End,
             answered: false,
             first_error: None,
             held: 0,
@@ -699,6 +698,7 @@ impl Retrieval {
         }
         self.next_emit = 0;
         self.values_written = 0;
+        self.said = Outcome::End;
         self.answered = false;
         self.first_error = None;
         self.held = 0;
@@ -825,6 +825,7 @@ impl Retrieval {
                         keys: smallvec::smallvec![key],
                         cursor: 0,
                         error_line: None,
+                        read: None,
                         meta: true,
                     });
                     self.state[k] = KeyState::Asked { sub: id };
@@ -853,6 +854,7 @@ impl Retrieval {
                         keys,
                         cursor: 0,
                         error_line: None,
+                        read: None,
                         meta: false,
                     });
                     open.push((server, id, self.line_start_len()));
@@ -921,6 +923,7 @@ impl Retrieval {
             keys: smallvec::smallvec![0],
             cursor: 0,
             error_line: None,
+            read: None,
             meta: false,
         });
         self.state[0] = KeyState::Asked { sub: 0 };
@@ -956,17 +959,18 @@ impl Retrieval {
         self.command.name().len() + exptime
     }
 
-    /// A piece of sub-request `sub`'s reply arrived. `now` gives the Unix
-    /// time a read-through copy's remaining TTL is counted from; it is asked
-    /// only for such a copy, so a plain get reads no clock.
-    pub(crate) fn on_piece(&mut self, sub: u32, got: Got, now: impl FnOnce() -> u64) {
+    /// A piece of sub-request `sub`'s reply arrived (a one-line reply is
+    /// read in [`Retrieval::on_done`], with what it says).
+    pub(crate) fn on_piece(&mut self, sub: u32, got: Got) {
         let Some(entry) = self.subs.get_mut(sub as usize) else {
             return;
         };
+        if let Got::Line(reply) = got {
+            // Read in `on_done`, once what it says is known.
+            entry.read = Some(reply);
+            return;
+        }
         if entry.meta {
-            if let Got::Line(reply) = got {
-                self.on_read_through(sub, &reply, now);
-            }
             return;
         }
         match got {
@@ -1009,15 +1013,15 @@ impl Retrieval {
                     self.state[k] = KeyState::Found(block);
                 }
             }
-            Got::Line(line) => entry.error_line = Some(line),
+            Got::Line(_) => {}
         }
     }
 
     /// The previous owner's reply to a read-through `mg` (sub-request `sub`).
-    fn on_read_through(&mut self, sub: u32, reply: &Bytes, now: impl FnOnce() -> u64) {
+    fn on_read_through(&mut self, sub: u32, reply: &Reply, now: impl FnOnce() -> u64) {
         let entry = &mut self.subs[sub as usize];
         let k = entry.keys[0] as usize;
-        if Outcome::of(reply) == Outcome::En {
+        if reply.outcome == Outcome::En {
             // A miss: `on_done` settles the key.
             return;
         }
@@ -1045,17 +1049,34 @@ impl Retrieval {
         self.state[k] = KeyState::Found(hit.block);
     }
 
-    /// Sub-request `sub` is complete (`Ok`) or failed.
-    pub(crate) fn on_done(&mut self, sub: u32, result: Result<(), BackendError>) {
+    /// Sub-request `sub` is complete (`Ok`, saying what it says) or
+    /// failed. `now` gives the Unix time a read-through copy's remaining TTL
+    /// is counted from; it is asked only for such a copy, so a plain get
+    /// reads no clock.
+    pub(crate) fn on_done(
+        &mut self,
+        sub: u32,
+        result: Result<Outcome, BackendError>,
+        now: impl FnOnce() -> u64,
+    ) {
         let Some(entry) = self.subs.get_mut(sub as usize) else {
             return;
         };
+        if let (Some(line), Ok(said)) = (entry.read.take(), &result) {
+            let reply = Reply::new(*said, line);
+            if entry.meta {
+                self.on_read_through(sub, &reply, now);
+            } else {
+                entry.error_line = Some(reply);
+            }
+        }
+        let entry = &mut self.subs[sub as usize];
         let failed = match result {
-            Ok(()) if entry.error_line.is_none() => {
+            Ok(_) if entry.error_line.is_none() => {
                 self.answered = true;
                 false
             }
-            Ok(()) => true,
+            Ok(_) => true,
             Err(error) => {
                 self.first_error.get_or_insert(error);
                 true
@@ -1101,6 +1122,11 @@ impl Retrieval {
         if !self.emit_values(out) {
             return false;
         }
+        self.said = if self.values_written > 0 {
+            Outcome::Value
+        } else {
+            Outcome::End
+        };
         match self.split {
             Split::Part => return true,
             Split::Last => {
@@ -1114,12 +1140,14 @@ impl Retrieval {
             // when no server answered is the whole reply an error.
             if let Some(error) = &self.first_error {
                 crate::protocol::encode::write_server_error(out.text(), error);
+                self.said = Outcome::ServerError;
                 return true;
             }
             if let [only] = &self.subs[..] {
                 if let Some(line) = &only.error_line {
                     // One server's own error, as memcached gave it.
-                    out.piece(line.clone());
+                    out.piece(line.bytes.clone());
+                    self.said = line.outcome;
                     return true;
                 }
             }
@@ -1154,6 +1182,12 @@ impl Retrieval {
             self.next_emit += 1;
         }
         true
+    }
+
+    /// What the reply [`Retrieval::emit`] finished says: a hit if it held a
+    /// value, else `END`, or the error it answered with.
+    pub(crate) fn said(&self) -> Outcome {
+        self.said
     }
 
     /// Keys asked for, and values written.
@@ -1432,15 +1466,15 @@ mod tests {
         let sent: Vec<_> = subs.iter().map(|s| (s.id, s.server, &s.line[..])).collect();
         assert_eq!(sent, vec![(0, 3, &b"gat 10 a\r\n"[..])]);
         assert!(!r.has_unsent());
-        r.on_done(0, Err(failed("s3")));
+        r.on_done(0, Err(failed("s3")), || 0);
         let retry = r.next_chunk(100, &mut RecycledBuf::new(64));
         let sent: Vec<_> = retry
             .iter()
             .map(|s| (s.id, s.server, &s.line[..]))
             .collect();
         assert_eq!(sent, vec![(1, 1, &b"gat 10 a\r\n"[..])]);
-        r.on_piece(1, value("a", "1"), || 0);
-        r.on_done(1, Ok(()));
+        r.on_piece(1, value("a", "1"));
+        r.on_done(1, Ok(Outcome::End), || 0);
         let mut out = OutQueue::default();
         assert!(r.emit(&mut out));
         assert_eq!(drain(&mut out), "VALUE a 0 1\r\n1\r\nEND\r\n");
@@ -1464,15 +1498,15 @@ mod tests {
         );
         let mut out = OutQueue::default();
         // Server 0 answers first; nothing can go out before `c` is settled.
-        r.on_piece(1, value("a", "1"), || 0);
-        r.on_piece(1, value("a", "1"), || 0);
-        r.on_done(1, Ok(()));
+        r.on_piece(1, value("a", "1"));
+        r.on_piece(1, value("a", "1"));
+        r.on_done(1, Ok(Outcome::End), || 0);
         assert!(!r.emit(&mut out));
         assert_eq!(drain(&mut out), "");
-        r.on_piece(0, value("c", "3"), || 0);
+        r.on_piece(0, value("c", "3"));
         assert!(!r.emit(&mut out));
         assert_eq!(drain(&mut out), "VALUE c 0 1\r\n3\r\nVALUE a 0 1\r\n1\r\n");
-        r.on_done(0, Ok(()));
+        r.on_done(0, Ok(Outcome::End), || 0);
         assert!(r.emit(&mut out));
         assert_eq!(drain(&mut out), "VALUE a 0 1\r\n1\r\nEND\r\n");
         assert_eq!(r.counts(), (5, 3));
@@ -1568,8 +1602,8 @@ mod tests {
             false,
         ));
         let subs = kept.next_chunk(2, &mut RecycledBuf::new(64));
-        kept.on_piece(subs[0].id, value("c", "3"), || 0);
-        kept.on_done(subs[1].id, Err(failed("s0")));
+        kept.on_piece(subs[0].id, value("c", "3"));
+        kept.on_done(subs[1].id, Err(failed("s0")), || 0);
         let mut reuse = Reuse::default();
         reuse.keep(kept, 1, 256);
         let mut again = reuse.retrievals.pop().unwrap();
@@ -1589,9 +1623,9 @@ mod tests {
                 (4, Bytes::from_static(b"get y\r\n"))
             ]
         );
-        again.on_piece(subs[1].id, value("y", "2"), || 0);
-        again.on_done(subs[1].id, Ok(()));
-        again.on_done(subs[0].id, Ok(()));
+        again.on_piece(subs[1].id, value("y", "2"));
+        again.on_done(subs[1].id, Ok(Outcome::End), || 0);
+        again.on_done(subs[0].id, Ok(Outcome::End), || 0);
         let mut out = OutQueue::default();
         assert!(again.emit(&mut out));
         assert_eq!(drain(&mut out), "VALUE y 0 1\r\n2\r\nEND\r\n");
@@ -1639,17 +1673,17 @@ mod tests {
         let mut r = retrieval(b"get a b\r\n", &[&[0, 1], &[1, 0]], false);
         let subs = r.next_chunk(100, &mut RecycledBuf::new(64));
         assert_eq!(subs.len(), 2);
-        r.on_done(0, Err(failed("s0")));
+        r.on_done(0, Err(failed("s0")), || 0);
         assert!(r.has_unsent());
         let retry = r.next_chunk(100, &mut RecycledBuf::new(64));
         assert_eq!(
             (retry[0].server, &retry[0].line[..]),
             (1, &b"get a\r\n"[..])
         );
-        r.on_piece(1, value("b", "2"), || 0);
-        r.on_done(1, Ok(()));
-        r.on_piece(retry[0].id, value("a", "1"), || 0);
-        r.on_done(retry[0].id, Ok(()));
+        r.on_piece(1, value("b", "2"));
+        r.on_done(1, Ok(Outcome::End), || 0);
+        r.on_piece(retry[0].id, value("a", "1"));
+        r.on_done(retry[0].id, Ok(Outcome::End), || 0);
         let mut out = OutQueue::default();
         assert!(r.emit(&mut out));
         assert_eq!(
@@ -1662,11 +1696,11 @@ mod tests {
     fn misses_fall_through_only_when_asked() {
         let mut plain = retrieval(b"get a\r\n", &[&[0, 1]], false);
         plain.next_chunk(100, &mut RecycledBuf::new(64));
-        plain.on_done(0, Ok(()));
+        plain.on_done(0, Ok(Outcome::End), || 0);
         assert!(!plain.has_unsent());
         let mut through = retrieval(b"get a\r\n", &[&[0, 1]], true);
         through.next_chunk(100, &mut RecycledBuf::new(64));
-        through.on_done(0, Ok(()));
+        through.on_done(0, Ok(Outcome::End), || 0);
         assert!(through.has_unsent());
     }
 
@@ -1674,17 +1708,17 @@ mod tests {
     fn every_server_failing_is_an_error_some_failing_is_a_miss() {
         let mut all = retrieval(b"get a b\r\n", &[&[0], &[1]], false);
         all.next_chunk(100, &mut RecycledBuf::new(64));
-        all.on_done(0, Err(failed("s0")));
-        all.on_done(1, Err(failed("s1")));
+        all.on_done(0, Err(failed("s0")), || 0);
+        all.on_done(1, Err(failed("s1")), || 0);
         let mut out = OutQueue::default();
         assert!(all.emit(&mut out));
         assert!(drain(&mut out).starts_with("SERVER_ERROR backend s0"));
 
         let mut some = retrieval(b"get a b\r\n", &[&[0], &[1]], false);
         some.next_chunk(100, &mut RecycledBuf::new(64));
-        some.on_done(0, Err(failed("s0")));
-        some.on_piece(1, value("b", "2"), || 0);
-        some.on_done(1, Ok(()));
+        some.on_done(0, Err(failed("s0")), || 0);
+        some.on_piece(1, value("b", "2"));
+        some.on_done(1, Ok(Outcome::End), || 0);
         assert!(some.emit(&mut out));
         assert_eq!(drain(&mut out), "VALUE b 0 1\r\n2\r\nEND\r\n");
     }
@@ -1696,9 +1730,8 @@ mod tests {
         r.on_piece(
             0,
             Got::Line(Bytes::from_static(b"SERVER_ERROR out of memory\r\n")),
-            || 0,
         );
-        r.on_done(0, Ok(()));
+        r.on_done(0, Ok(Outcome::ServerError), || 0);
         let mut out = OutQueue::default();
         assert!(r.emit(&mut out));
         assert_eq!(drain(&mut out), "SERVER_ERROR out of memory\r\n");
@@ -1714,7 +1747,7 @@ mod tests {
     }
 
     fn ok(reply: &'static [u8]) -> CallResult {
-        Ok(Bytes::from_static(reply))
+        Ok(crate::protocol::outcome::Reply::from_static(reply))
     }
 
     #[test]
@@ -1722,7 +1755,7 @@ mod tests {
         let stored = ok(b"STORED\r\n");
         assert_eq!(
             decide(&[Some(&stored), None, Some(&stored)], 2),
-            Decision::Answer(Bytes::from_static(b"STORED\r\n"))
+            Decision::Answer(Reply::from_static(b"STORED\r\n"))
         );
         assert_eq!(decide(&[Some(&stored), None, None], 2), Decision::Wait);
     }
@@ -1746,7 +1779,7 @@ mod tests {
         let error = Err(failed("c"));
         assert_eq!(
             decide(&[Some(&not_stored), Some(&stored), Some(&error)], 2),
-            Decision::Answer(Bytes::from_static(b"NOT_STORED\r\n"))
+            Decision::Answer(Reply::from_static(b"NOT_STORED\r\n"))
         );
     }
 

@@ -16,7 +16,7 @@ use bytes::Bytes;
 
 use crate::backend::slot::{Got, Watch};
 use crate::error::BackendError;
-use crate::protocol::outcome::Outcome;
+use crate::protocol::outcome::{Outcome, Reply};
 use crate::stats::ShadowCounters;
 
 /// Seed of the sampling hash: any fixed value other than the rings' seeds,
@@ -103,18 +103,13 @@ pub(crate) fn value_digest(block: &[u8]) -> Option<u64> {
 
 /// A meta get's reply as one side of a pair: `EN` (or nothing, when `q`
 /// left the miss out) a miss, `VA` a hit with its value, `HD` a hit.
-pub(crate) fn meta_side(reply: &[u8]) -> Side {
-    match Outcome::of(reply) {
+pub(crate) fn meta_side(reply: &Reply) -> Side {
+    match reply.outcome {
         Outcome::Nothing | Outcome::En => Side::Miss,
         Outcome::Va => Side::Hit(value_digest(reply)),
         Outcome::Hd => Side::Hit(None),
         _ => Side::Failed,
     }
-}
-
-/// Whether a one-line reply is an error (memcached's or memring's).
-fn is_error(reply: &[u8]) -> bool {
-    Outcome::of(reply).is_error()
 }
 
 /// The two answers to one sampled get, counted once both are in. Shared by
@@ -263,14 +258,14 @@ impl Watch for ShadowReply {
         *self.last.borrow_mut() = Some(reply.clone());
     }
 
-    fn done(&self, result: &Result<(), BackendError>) {
+    fn done(&self, result: &Result<Outcome, BackendError>) {
         let reply = self.last.take().unwrap_or_default();
         match &self.pair {
             Some(pair) => pair.shadow(match result {
-                Ok(()) => meta_side(&reply),
+                Ok(said) => meta_side(&Reply::new(*said, reply)),
                 Err(_) => Side::Failed,
             }),
-            None if result.is_err() || is_error(&reply) => {
+            None if result.as_ref().map_or(true, |said| said.is_error()) => {
                 self.counters.failed();
                 self.counters.lost_write();
             }
@@ -342,11 +337,17 @@ mod tests {
         let meta = value_digest(b"VA 3 f5\r\nabc\r\n");
         assert_eq!(classic, meta);
         assert_ne!(classic, value_digest(b"VA 3\r\nabd\r\n"));
-        assert_eq!(meta_side(b"EN\r\n"), Side::Miss);
-        assert_eq!(meta_side(b""), Side::Miss);
-        assert_eq!(meta_side(b"HD\r\n"), Side::Hit(None));
-        assert_eq!(meta_side(b"VA 3\r\nabc\r\n"), Side::Hit(classic));
-        assert_eq!(meta_side(b"SERVER_ERROR out of memory\r\n"), Side::Failed);
+        assert_eq!(meta_side(&Reply::from_static(b"EN\r\n")), Side::Miss);
+        assert_eq!(meta_side(&Reply::from_static(b"")), Side::Miss);
+        assert_eq!(meta_side(&Reply::from_static(b"HD\r\n")), Side::Hit(None));
+        assert_eq!(
+            meta_side(&Reply::from_static(b"VA 3\r\nabc\r\n")),
+            Side::Hit(classic)
+        );
+        assert_eq!(
+            meta_side(&Reply::from_static(b"SERVER_ERROR out of memory\r\n")),
+            Side::Failed
+        );
     }
 
     fn counters() -> (crate::stats::Stats, Arc<ShadowCounters>) {
@@ -406,7 +407,7 @@ mod tests {
         )));
         assert_eq!(in_flight.requests(), 1);
         slot.push(Got::Line(Bytes::from_static(b"VA 1\r\nx\r\n")));
-        slot.finish(Ok(()));
+        slot.finish(Ok(Outcome::Va));
         assert_eq!(in_flight.requests(), 0);
         assert_eq!(counters.figures().pairs, [0, 0, 0, 1, 0]);
         let write = crate::backend::slot::Slot::new(in_flight.nobody());
@@ -415,7 +416,7 @@ mod tests {
         write.push(Got::Line(Bytes::from_static(
             b"SERVER_ERROR out of memory\r\n",
         )));
-        write.finish(Ok(()));
+        write.finish(Ok(Outcome::ServerError));
         assert_eq!(counters.figures().failed, 1);
     }
 }

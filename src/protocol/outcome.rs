@@ -3,6 +3,13 @@
 //! Meta statuses stay themselves (`HD` means stored to `ms`, deleted to
 //! `md`, a hit to `mg`): the predicates below say what each reader needs,
 //! in both dialects at once where the question is the same.
+//!
+//! The backend connection classifies each reply as it frames it and hands
+//! the [`Outcome`] over with the bytes (the reply slot's result, then a
+//! [`Reply`]): readers outside `protocol/` and `backend/` match the outcome,
+//! never the bytes.
+
+use bytes::Bytes;
 
 /// The kind of a reply, from its first token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,6 +151,67 @@ impl Outcome {
     /// be another server's.
     pub fn cas_refused(self) -> bool {
         self.not_found() || self.exists()
+    }
+}
+
+/// One server's reply as framed, with what it says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub outcome: Outcome,
+    pub bytes: Bytes,
+}
+
+impl Reply {
+    /// A reply whose outcome is known (the framer's, or memring's own line).
+    pub fn new(outcome: Outcome, bytes: Bytes) -> Reply {
+        Reply { outcome, bytes }
+    }
+
+    /// A reply memring writes itself (or a test's), classified here from
+    /// its bytes: never a reply a server sent, which comes classified.
+    pub fn made(bytes: Bytes) -> Reply {
+        Reply {
+            outcome: Outcome::of(&bytes),
+            bytes,
+        }
+    }
+
+    /// [`Reply::made`] of static bytes.
+    pub fn from_static(bytes: &'static [u8]) -> Reply {
+        Reply::made(Bytes::from_static(bytes))
+    }
+
+    /// Nothing: a quiet meta success, or a `noreply` write.
+    pub fn nothing() -> Reply {
+        Reply::new(Outcome::Nothing, Bytes::new())
+    }
+}
+
+/// Nothing (see [`Reply::nothing`]).
+impl Default for Reply {
+    fn default() -> Reply {
+        Reply::nothing()
+    }
+}
+
+/// A reply equals the bytes it holds, whatever it says.
+impl PartialEq<[u8]> for Reply {
+    fn eq(&self, other: &[u8]) -> bool {
+        self.bytes == other
+    }
+}
+
+impl PartialEq<&[u8]> for Reply {
+    fn eq(&self, other: &&[u8]) -> bool {
+        self.bytes == *other
+    }
+}
+
+/// The reply's bytes, to write or read a field from.
+impl std::ops::Deref for Reply {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.bytes
     }
 }
 

@@ -109,23 +109,6 @@ impl OutQueue {
         self.chunks.append(&mut other.chunks);
     }
 
-    /// The queued bytes from offset `at` to the end of the piece that holds
-    /// them (empty at or past the end): where a reply written since the
-    /// queue was `at` long begins.
-    pub(crate) fn piece_from(&self, at: usize) -> &[u8] {
-        if at >= self.sealed {
-            return self.scratch.get(at - self.sealed..).unwrap_or(&[]);
-        }
-        let mut start = 0;
-        for chunk in &self.chunks {
-            if at < start + chunk.len() {
-                return &chunk[at - start..];
-            }
-            start += chunk.len();
-        }
-        &[]
-    }
-
     /// Bytes queued, sealed or not.
     pub(crate) fn len(&self) -> usize {
         self.sealed + self.scratch.len()

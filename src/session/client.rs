@@ -560,7 +560,7 @@ impl ClientSession {
                 let took = now.saturating_sub(entry.started);
                 self.worker.latency.observe(entry.command, took);
                 if let Some(from) = reply_from {
-                    if self.worker.request_log.may_log(took) {
+                    if self.worker.request_log.may_log(took, entry.said) {
                         self.log_request(&entry, from, took, now);
                     }
                 }

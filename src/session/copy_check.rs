@@ -18,7 +18,7 @@ use crate::plan::handoff::{
 use crate::plan::route::CallResult;
 use crate::pools::topology::Topology;
 use crate::protocol::meta::MetaCommand;
-use crate::protocol::outcome::Outcome;
+use crate::protocol::outcome::{Outcome, Reply};
 use crate::protocol::reply::Expect;
 use crate::runtime::wake::Wake;
 use crate::session::shard::WorkerCtx;
@@ -158,7 +158,7 @@ async fn touch_held(
         shown.clone(),
     )
     .await;
-    let Some(lease) = touched.as_deref().ok().and_then(ReadCopy::touched_lease) else {
+    let Some(lease) = touched.as_ref().ok().and_then(ReadCopy::touched_lease) else {
         return;
     };
     let expect = meta_expect(MetaCommand::Set);
@@ -171,7 +171,7 @@ async fn touch_held(
         expect,
     )
     .await;
-    if !matches!(&filled, Ok(reply) if Outcome::of(reply) == Outcome::Hd) {
+    if !matches!(&filled, Ok(reply) if reply.outcome == Outcome::Hd) {
         call(worker, topology, lane, copy.owner, &[line], shown)
             .await
             .ok();
@@ -211,7 +211,7 @@ async fn take_back(
     let expect = meta_expect(MetaCommand::Delete);
     let line = [copy.take_back_line(lease)];
     let undone = call(worker, topology, lane, copy.owner, &line, expect).await;
-    if matches!(&undone, Ok(reply) if Outcome::of(reply) == Outcome::Hd) {
+    if matches!(&undone, Ok(reply) if reply.outcome == Outcome::Hd) {
         worker.stats.copy_taken_back();
     }
 }
@@ -254,11 +254,14 @@ fn call_now(
 async fn reply(slot: &Slot, wake: &Wake) -> CallResult {
     loop {
         if let Some(done) = slot.outcome() {
-            done?;
-            return match slot.take() {
-                Some(Got::Line(line) | Got::Value(line)) => Ok(line),
-                None => Ok(Bytes::new()),
-            };
+            let said = done?;
+            return Ok(Reply::new(
+                said,
+                match slot.take() {
+                    Some(Got::Line(line) | Got::Value(line)) => line,
+                    None => Bytes::new(),
+                },
+            ));
         }
         wake.notified().await;
     }

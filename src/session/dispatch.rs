@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::plan::lease_retry::{LeaseRetry, LeaseStep};
-use crate::protocol::outcome::Outcome;
+use crate::protocol::outcome::{Outcome, Reply};
 
 /// Smallest reply size assumed for a key not yet answered.
 const MIN_ESTIMATE_BYTES: usize = 1024;
@@ -318,7 +318,7 @@ impl ClientSession {
                 };
                 let fall = match result {
                     Ok(reply) => {
-                        route::is_error_line(reply) || (*on_miss && Outcome::of(reply).meta_miss())
+                        reply.outcome.is_error() || (*on_miss && reply.outcome.meta_miss())
                     }
                     Err(_) => true,
                 };
@@ -502,10 +502,9 @@ impl ClientSession {
                         continue;
                     }
                     GetShortcut::Cached(block) => {
-                        plan.on_piece(sub.id, Got::Value(block), || {
-                            self.worker.clock.unix_seconds()
-                        });
-                        plan.on_done(sub.id, Ok(()));
+                        plan.on_piece(sub.id, Got::Value(block));
+                        // A value from the near cache: a hit.
+                        plan.on_done(sub.id, Ok(Outcome::Value), || 0);
                         continue;
                     }
                 };
@@ -527,7 +526,7 @@ impl ClientSession {
                         });
                     }
                     Err(kind) => {
-                        plan.on_done(sub.id, Err(backend.error(kind)));
+                        plan.on_done(sub.id, Err(backend.error(kind)), || 0);
                     }
                 }
             }
@@ -813,9 +812,9 @@ impl ClientSession {
                 for part in meta.parts.iter_mut() {
                     part.absorb();
                     if let Some(Ok(reply)) = &part.result {
-                        if meta.value && Outcome::of(reply) == Outcome::Va {
+                        if meta.value && reply.outcome == Outcome::Va {
                             estimate = Some(reply.len());
-                        } else if meta.value && Outcome::of(reply).meta_miss() {
+                        } else if meta.value && reply.outcome.meta_miss() {
                             // A miss brought no value: without this a client
                             // whose reads miss would keep reserving the
                             // largest value per request, a handful in flight.
@@ -833,11 +832,11 @@ impl ClientSession {
                 while i < in_flight.len() {
                     let sub = &in_flight[i];
                     while let Some(got) = sub.slot.take() {
-                        plan.on_piece(sub.id, got, || self.worker.clock.unix_seconds());
+                        plan.on_piece(sub.id, got);
                     }
                     match sub.slot.outcome() {
                         Some(result) => {
-                            plan.on_done(sub.id, result);
+                            plan.on_done(sub.id, result, || self.worker.clock.unix_seconds());
                             spares::keep_slot(in_flight.remove(i).slot);
                         }
                         None => i += 1,
@@ -864,9 +863,9 @@ impl ClientSession {
                     reply.or(moved.answer.as_ref()),
                     moved.meta.as_ref().is_some_and(|m| m.value),
                 ) {
-                    if Outcome::of(reply) == Outcome::Va {
+                    if reply.outcome == Outcome::Va {
                         estimate = Some(reply.len());
-                    } else if Outcome::of(reply).meta_miss() {
+                    } else if reply.outcome.meta_miss() {
                         estimate = Some(MIN_ESTIMATE_BYTES);
                     }
                 }
@@ -890,6 +889,8 @@ impl ClientSession {
         drop(std::mem::replace(&mut self.out, out));
         if complete {
             self.out.push_slice(answer);
+            // memring's own refusal, classified where its lines are.
+            entry.said = Reply::from_static(answer).outcome;
         }
         complete
     }
@@ -909,10 +910,12 @@ impl ClientSession {
             Work::Ready(reply) => self.out.push(reply.clone()),
             Work::Stats => {
                 super::report::write_stats(self.out.scratch(), stats, &self.worker.layout.load());
+                entry.said = Outcome::Other;
             }
             Work::StatsReset => {
                 super::report::reset_stats(stats);
                 self.out.push_slice(b"RESET\r\n");
+                entry.said = Outcome::Other;
             }
             // Nothing goes back for `noreply` and later replies need not
             // wait for it, but its bytes stay reserved until the servers
@@ -947,23 +950,31 @@ impl ClientSession {
                 match finish {
                     Finish::Quorum { .. } if alone => match &replicas[0].result {
                         Some(Ok(reply)) => {
-                            stats.reply(entry.command, reply);
-                            self.out.push(reply.clone());
+                            stats.reply(entry.command, reply.outcome);
+                            entry.said = reply.outcome;
+                            self.out.push(reply.bytes.clone());
                         }
-                        Some(Err(error)) => write_server_error(self.out.scratch(), error),
+                        Some(Err(error)) => {
+                            entry.said = Outcome::ServerError;
+                            write_server_error(self.out.scratch(), error);
+                        }
                         None => return false,
                     },
                     Finish::Quorum { quorum, .. } => match decide(&results, *quorum) {
                         Decision::Wait => return false,
                         Decision::Answer(reply) => {
-                            stats.reply(entry.command, &reply);
+                            stats.reply(entry.command, reply.outcome);
                             let outstanding = results.iter().filter(|r| r.is_none()).count();
                             // Slower replicas finish in the background on
                             // their own connections.
                             stats.replica_background(outstanding);
-                            self.out.push(reply);
+                            entry.said = reply.outcome;
+                            self.out.push(reply.bytes);
                         }
-                        Decision::Fail(servers) => write_no_quorum(self.out.scratch(), &servers),
+                        Decision::Fail(servers) => {
+                            entry.said = Outcome::ServerError;
+                            write_no_quorum(self.out.scratch(), &servers);
+                        }
                     },
                     Finish::Forward | Finish::AllOk(_) | Finish::Leased(_)
                         if results.iter().any(Option::is_none) =>
@@ -972,10 +983,14 @@ impl ClientSession {
                     }
                     Finish::Forward | Finish::Leased(_) => match &parts[0].result {
                         Some(Ok(reply)) => {
-                            stats.reply(entry.command, reply);
-                            self.out.push(reply.clone());
+                            stats.reply(entry.command, reply.outcome);
+                            entry.said = reply.outcome;
+                            self.out.push(reply.bytes.clone());
                         }
-                        Some(Err(error)) => write_server_error(self.out.scratch(), error),
+                        Some(Err(error)) => {
+                            entry.said = Outcome::ServerError;
+                            write_server_error(self.out.scratch(), error);
+                        }
                         None => {}
                     },
                     Finish::AllOk(joined) => {
@@ -985,7 +1000,7 @@ impl ClientSession {
                         let results = parts.iter().filter_map(|p| p.result.as_ref());
                         // A refusal answers before servers memring could not
                         // reach, across every pool of a joined flush too.
-                        let (mut refused, mut failed): (Option<Bytes>, Vec<String>) =
+                        let (mut refused, mut failed): (Option<Reply>, Vec<String>) =
                             match broadcast_answer(names.zip(results)) {
                                 Broadcast::AllOk => (None, Vec::new()),
                                 Broadcast::Refused(reply) => (Some(reply.clone()), Vec::new()),
@@ -1007,10 +1022,13 @@ impl ClientSession {
                             refused = first_refusal.take();
                         }
                         if let Some(reply) = refused {
-                            self.out.push(reply);
+                            entry.said = reply.outcome;
+                            self.out.push(reply.bytes);
                         } else if failed.is_empty() {
+                            entry.said = Outcome::Ok;
                             self.out.push_slice(b"OK\r\n");
                         } else {
+                            entry.said = Outcome::ServerError;
                             write_server_error(
                                 self.out.scratch(),
                                 &format_args!("failed on {}", failed.join(", ")),
@@ -1032,13 +1050,7 @@ impl ClientSession {
                     return false;
                 };
                 if !noreply {
-                    match answer {
-                        Ok(reply) => {
-                            stats.reply(entry.command, &reply);
-                            self.out.push(reply);
-                        }
-                        Err(error) => write_server_error(self.out.scratch(), &error),
-                    }
+                    entry.said = write_answer(&mut self.out, stats, entry.command, answer);
                 }
             }
             Work::Meta(meta) => {
@@ -1088,6 +1100,7 @@ impl ClientSession {
                                     Ok(reply)
                                 }
                                 Decision::Fail(servers) => {
+                                    entry.said = Outcome::ServerError;
                                     write_no_quorum(self.out.scratch(), &servers);
                                     return true;
                                 }
@@ -1114,7 +1127,8 @@ impl ClientSession {
                     },
                 };
                 let (shadow, counts_cas) = (entry.shadow.take(), meta.counts_cas);
-                write_meta_answer(&mut self.out, stats, entry, shadow, counts_cas, reply);
+                entry.said =
+                    write_meta_answer(&mut self.out, stats, entry, shadow, counts_cas, reply);
             }
             Work::Add(add) => {
                 use crate::plan::replicated_add::AddAnswer;
@@ -1127,26 +1141,33 @@ impl ClientSession {
                 let reply = match (answer, add.meta) {
                     (AddAnswer::NoQuorum(servers), _) => {
                         if !noreply {
+                            entry.said = Outcome::ServerError;
                             write_no_quorum(self.out.scratch(), servers);
                         }
                         return true;
                     }
                     (AddAnswer::Rejected(reply), _) => reply.clone(),
-                    (AddAnswer::Stored(_), None) => Bytes::from_static(b"STORED\r\n"),
-                    (AddAnswer::Refused(_), None) => Bytes::from_static(b"NOT_STORED\r\n"),
+                    (AddAnswer::Stored(_), None) => {
+                        Reply::new(Outcome::Stored, Bytes::from_static(b"STORED\r\n"))
+                    }
+                    (AddAnswer::Refused(_), None) => {
+                        Reply::new(Outcome::NotStored, Bytes::from_static(b"NOT_STORED\r\n"))
+                    }
                     // Quiet: memcached says nothing of a store.
-                    (AddAnswer::Stored(_), Some((_, true))) => Bytes::new(),
+                    (AddAnswer::Stored(_), Some((_, true))) => Reply::nothing(),
                     (AddAnswer::Stored(reply) | AddAnswer::Refused(reply), Some((cas, _))) => {
                         if cas {
                             reply.clone()
                         } else {
-                            crate::protocol::meta::reply::without_cas(reply)
+                            let bytes = crate::protocol::meta::reply::without_cas(&reply.bytes);
+                            Reply::new(reply.outcome, bytes)
                         }
                     }
                 };
-                stats.reply(entry.command, &reply);
+                stats.reply(entry.command, reply.outcome);
                 if !noreply && !reply.is_empty() {
-                    self.out.push(reply);
+                    entry.said = reply.outcome;
+                    self.out.push(reply.bytes);
                 }
             }
             Work::Moved(moved) => {
@@ -1158,15 +1179,10 @@ impl ClientSession {
                 };
                 if let Some(meta) = &moved.meta {
                     let (shadow, counts_cas) = (entry.shadow.take(), meta.counts_cas);
-                    write_meta_answer(&mut self.out, stats, entry, shadow, counts_cas, answer);
+                    entry.said =
+                        write_meta_answer(&mut self.out, stats, entry, shadow, counts_cas, answer);
                 } else if !noreply {
-                    match answer {
-                        Ok(reply) => {
-                            stats.reply(entry.command, &reply);
-                            self.out.push(reply);
-                        }
-                        Err(error) => write_server_error(self.out.scratch(), &error),
-                    }
+                    entry.said = write_answer(&mut self.out, stats, entry.command, answer);
                 }
             }
             Work::Retrieve {
@@ -1177,6 +1193,7 @@ impl ClientSession {
                 if plan.has_unsent() || !in_flight.is_empty() || !plan.emit(&mut self.out) {
                     return false;
                 }
+                entry.said = plan.said();
                 if let Some(pairs) = entry.shadow.take() {
                     shadow::primary_answers(&pairs, &plan.take_answers());
                 }
@@ -1193,8 +1210,29 @@ impl ClientSession {
     }
 }
 
+/// Writes a one-line answer to `command`, counting it; returns what it says.
+fn write_answer(
+    out: &mut OutQueue,
+    stats: &crate::stats::Stats,
+    command: Command,
+    answer: CallResult,
+) -> Outcome {
+    match answer {
+        Ok(reply) => {
+            stats.reply(command, reply.outcome);
+            out.push(reply.bytes);
+            reply.outcome
+        }
+        Err(error) => {
+            write_server_error(out.scratch(), &error);
+            Outcome::ServerError
+        }
+    }
+}
+
 /// Writes a meta command's answer (`reply`) for `entry`, counting it:
-/// nothing when empty (`q` suppressed it, as memcached would).
+/// nothing when empty (`q` suppressed it, as memcached would). Returns
+/// what it says.
 fn write_meta_answer(
     out: &mut OutQueue,
     stats: &crate::stats::Stats,
@@ -1202,27 +1240,32 @@ fn write_meta_answer(
     shadow: Option<Box<shadow::Pairs>>,
     counts_cas: bool,
     reply: CallResult,
-) {
+) -> Outcome {
     if let Some(pairs) = shadow {
         shadow::primary_meta_answer(&pairs, &reply);
     }
     match reply {
         Ok(reply) => {
-            stats.reply(entry.command, &reply);
+            stats.reply(entry.command, reply.outcome);
             if entry.command == Command::MetaGet {
                 // `mg` misses with `EN`, which `q` hides: an empty reply is
                 // a quiet miss.
-                let hit = !Outcome::of(&reply).meta_miss();
+                let hit = !reply.outcome.meta_miss();
                 entry.topology.figures.retrieval(1, usize::from(hit));
             }
             if counts_cas {
-                stats.meta_cas(&reply);
+                stats.meta_cas(reply.outcome);
             }
+            let said = reply.outcome;
             if !reply.is_empty() {
-                out.push(reply);
+                out.push(reply.bytes);
             }
+            said
         }
-        Err(error) => write_server_error(out.scratch(), &error),
+        Err(error) => {
+            write_server_error(out.scratch(), &error);
+            Outcome::ServerError
+        }
     }
 }
 

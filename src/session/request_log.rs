@@ -108,12 +108,13 @@ impl RequestLog {
         }
     }
 
-    /// Whether a request that took `took` ns may be logged: inline, so a
-    /// log that is on and finds nothing slow (no sampling, no `errors`)
-    /// costs the request path one comparison, not a call.
+    /// Whether a request that took `took` ns and whose answer says `said`
+    /// may be logged: inline, so a log that is on and finds nothing slow or
+    /// failed (no sampling) costs the request path a comparison or two, not
+    /// a call.
     #[inline]
-    pub(super) fn may_log(&self, took: u64) -> bool {
-        took >= self.slow_nanos || self.errors || self.sample_below.is_some()
+    pub(super) fn may_log(&self, took: u64, said: Outcome) -> bool {
+        took >= self.slow_nanos || (self.errors && said.is_error()) || self.sample_below.is_some()
     }
 
     /// The next sampling draw: xorshift64, a few instructions.
@@ -180,8 +181,8 @@ pub(super) fn finished(log: &RequestLog, done: Finished<'_>) {
     if !(slow || sampled || log.errors) {
         return;
     }
-    let first = done.out.piece_from(done.from);
-    let outcome = Outcome::of(first);
+    // What the answer says, as the connection (or memring) classified it.
+    let outcome = done.entry.said;
     let reason = if log.errors && outcome.is_error() {
         Reason::Error
     } else if slow {

@@ -331,6 +331,7 @@ impl ClientSession {
             hot,
             shadow,
             instead: None,
+            said: crate::protocol::outcome::Outcome::Nothing,
         });
     }
 

@@ -17,6 +17,7 @@ use crate::plan::handoff::{CopyOutcome, Moved};
 use crate::plan::route::{CallResult, Retrieval};
 use crate::pools::topology::Topology;
 use crate::protocol::meta::MetaCommand;
+use crate::protocol::outcome::{Outcome, Reply};
 use crate::protocol::reply::Expect;
 use crate::protocol::{Command, Request};
 use crate::runtime::budget::Reservation;
@@ -46,6 +47,9 @@ pub(super) struct Entry {
     /// came (the delete of a `set` refused as too large answers the
     /// refusal, after the key is gone: see `ClientSession::forget_stale`).
     pub(super) instead: Option<&'static [u8]>,
+    /// What the answer written for it says, once it is finished (for the
+    /// request log: never read back from the bytes).
+    pub(super) said: Outcome,
 }
 
 impl Entry {
@@ -72,6 +76,7 @@ impl Entry {
             hot: None,
             shadow: None,
             instead: None,
+            said: Outcome::Nothing,
         }
     }
 }
@@ -346,7 +351,7 @@ pub(super) struct Joined {
     pub(super) failed: Rc<std::cell::RefCell<Vec<String>>>,
     /// The first pool's refusal in a server's own words (see
     /// `plan::route::Broadcast::Refused`), which answers for all.
-    pub(super) refused: Rc<std::cell::RefCell<Option<bytes::Bytes>>>,
+    pub(super) refused: Rc<std::cell::RefCell<Option<Reply>>>,
     pub(super) last: bool,
 }
 
@@ -480,14 +485,16 @@ impl Part {
         let Some(outcome) = slot.outcome() else {
             return;
         };
+        // The bytes with what the connection framed them as.
         self.result = Some(match outcome {
-            Ok(()) => match slot.take() {
-                Some(Got::Line(line)) => Ok(line),
-                // The connection always hands one-line replies as a line.
-                Some(Got::Value(bytes)) => Ok(bytes),
-                None => Ok(Bytes::new()),
-            },
-            Err(error) => Err::<Bytes, BackendError>(error),
+            Ok(said) => Ok(Reply::new(
+                said,
+                match slot.take() {
+                    Some(Got::Line(line) | Got::Value(line)) => line,
+                    None => Bytes::new(),
+                },
+            )),
+            Err(error) => Err::<Reply, BackendError>(error),
         });
     }
 }
@@ -510,11 +517,12 @@ mod tests {
         slot.push(Got::Line(Bytes::from_static(b"STORED\r\n")));
         part.absorb();
         assert!(part.result.is_none(), "not complete yet");
-        slot.finish(Ok(()));
+        // The connection hands over what it framed the reply as.
+        slot.finish(Ok(crate::protocol::outcome::Outcome::Stored));
         part.absorb();
         assert_eq!(
             part.result.as_ref().unwrap().as_ref().unwrap(),
-            &b"STORED\r\n"[..]
+            &Reply::from_static(b"STORED\r\n")
         );
         assert!(part.all_unanswered(&mut |_, _| false), "answered");
     }

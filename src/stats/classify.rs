@@ -1,7 +1,7 @@
-//! The one place in `stats/` that counts by what a reply says
-//! (`protocol::outcome`): whether a `touch`, `delete`, `incr`, `decr` or
-//! `cas` found its key, and how an `ms` with `C` ended. Everything else in
-//! `stats/` is handed its counts.
+//! The one place in `stats/` that counts by what a reply says (its
+//! `protocol::outcome`, as the connection framed it): whether a `touch`,
+//! `delete`, `incr`, `decr` or `cas` found its key, and how an `ms` with `C`
+//! ended. Everything else in `stats/` is handed its counts.
 
 use crate::protocol::outcome::Outcome;
 use crate::protocol::Command;
@@ -9,10 +9,9 @@ use crate::stats::families::client::HitMiss;
 use crate::stats::Stats;
 
 impl Stats {
-    /// Counts hits and misses from a one-line backend reply to `command`
-    /// (retrievals are counted by [`Stats::retrieval`]).
-    pub fn reply(&self, command: Command, reply: &[u8]) {
-        let outcome = Outcome::of(reply);
+    /// Counts hits and misses from what a one-line backend reply to
+    /// `command` said (retrievals are counted by [`Stats::retrieval`]).
+    pub fn reply(&self, command: Command, outcome: Outcome) {
         let found = |counters: &HitMiss, hit: Outcome| {
             if outcome == hit {
                 counters.hits.inc();
@@ -39,11 +38,11 @@ impl Stats {
     }
 
     /// Counts the reply to an `ms` with `C` in set mode, the meta writes
-    /// memcached counts in its `cas_*` stats. Empty is an `HD` that `q`
+    /// memcached counts in its `cas_*` stats. Nothing is an `HD` that `q`
     /// suppressed (`q` never hides `NF` or `EX`).
-    pub fn meta_cas(&self, reply: &[u8]) {
+    pub fn meta_cas(&self, outcome: Outcome) {
         let cas = &self.client.cas;
-        match Outcome::of(reply) {
+        match outcome {
             Outcome::Nothing | Outcome::Hd => cas.hits.inc(),
             Outcome::Nf => cas.misses.inc(),
             Outcome::Ex => cas.badval.inc(),
@@ -59,20 +58,27 @@ mod tests {
     #[test]
     fn cas_replies_are_counted_by_result() {
         let stats = Stats::new();
-        for reply in [
-            &b"STORED\r\n"[..],
-            b"EXISTS\r\n",
-            b"NOT_FOUND\r\n",
-            b"ERROR\r\n",
+        for said in [
+            Outcome::Stored,
+            Outcome::Exists,
+            Outcome::NotFound,
+            Outcome::Error,
         ] {
-            stats.reply(Command::Cas, reply);
+            stats.reply(Command::Cas, said);
         }
         assert_eq!(stats.cas_counts(), (1, 1, 1));
-        for reply in [&b"HD\r\n"[..], b"", b"HD O1 k\r\n", b"EX\r\n", b"NF O2\r\n"] {
-            stats.meta_cas(reply);
+        // A quiet `ms` that stored says nothing.
+        for said in [
+            Outcome::Hd,
+            Outcome::Nothing,
+            Outcome::Hd,
+            Outcome::Ex,
+            Outcome::Nf,
+        ] {
+            stats.meta_cas(said);
         }
-        stats.meta_cas(b"NS\r\n");
-        stats.meta_cas(b"SERVER_ERROR out of memory\r\n");
+        stats.meta_cas(Outcome::Ns);
+        stats.meta_cas(Outcome::ServerError);
         assert_eq!(stats.cas_counts(), (4, 2, 2));
         let text = stats.prometheus_text();
         assert!(

@@ -23,7 +23,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use super::{fetch_line, meta_expect, CallResult, Owner, ValueReply};
 use crate::protocol::encode::{cas_as_set, forwardable, Outbound};
 use crate::protocol::meta::MetaCommand;
-use crate::protocol::outcome::Outcome;
+use crate::protocol::outcome::{Outcome, Reply};
 use crate::protocol::reply::{Expect, LineKind};
 use crate::protocol::Request;
 
@@ -76,7 +76,7 @@ pub(crate) struct CasTakeover {
     /// The new owner's refusal: answered unless the previous owner stores.
     refusal: Option<CallResult>,
     /// The new owner's item, as read.
-    owner_item: Option<Bytes>,
+    owner_item: Option<Reply>,
     /// The previous owner's reply to the `cas`, once it stored.
     stored: Option<CallResult>,
 }
@@ -119,14 +119,14 @@ impl CasTakeover {
     /// Whether the new owner's reply to the `cas` is a refusal that the
     /// previous owner may overturn.
     pub(crate) fn overturnable(&self, reply: &CallResult) -> bool {
-        matches!(reply, Ok(r) if Outcome::of(r).cas_refused())
+        matches!(reply, Ok(r) if r.outcome.cas_refused())
     }
 
     /// The first step after the new owner's refusal (see
     /// [`CasTakeover::overturnable`]).
     pub(crate) fn begin(&mut self, refusal: CallResult) -> Turn {
         let for_want_of_the_key = match &refusal {
-            Ok(reply) => Outcome::of(reply).not_found(),
+            Ok(reply) => reply.outcome.not_found(),
             Err(_) => false,
         };
         self.refusal = Some(refusal);
@@ -141,20 +141,20 @@ impl CasTakeover {
     pub(crate) fn on_reply(&mut self, result: CallResult) -> Turn {
         match self.stage {
             Stage::ReadOwner => match result {
-                Ok(reply) if Outcome::of(&reply) == Outcome::Va => {
+                Ok(reply) if reply.outcome == Outcome::Va => {
                     self.owner_item = Some(reply);
                     self.stage = Stage::ReadPrevious;
                     self.read(Owner::Previous, false)
                 }
                 // Gone from the new owner since it refused: as if it had
                 // refused for want of the key.
-                Ok(reply) if Outcome::of(&reply) == Outcome::En => self.try_previous(None),
+                Ok(reply) if reply.outcome == Outcome::En => self.try_previous(None),
                 _ => self.refused(),
             },
             Stage::ReadPrevious => {
                 let owner = self.owner_item.take();
-                let owner = owner.as_deref().and_then(ValueReply::parse);
-                let previous = result.as_deref().ok().and_then(ValueReply::parse);
+                let owner = owner.as_ref().and_then(ValueReply::parse);
+                let previous = result.as_ref().ok().and_then(ValueReply::parse);
                 // Only the new owner holding the previous owner's value may
                 // take the copy; anything else there is a newer write.
                 let unique = match (owner, previous) {
@@ -169,7 +169,7 @@ impl CasTakeover {
                 }
             }
             Stage::CasPrevious { owner_unique } => {
-                if !matches!(&result, Ok(r) if Outcome::of(r).stored_in(self.meta.is_some())) {
+                if !matches!(&result, Ok(r) if r.outcome.stored_in(self.meta.is_some())) {
                     // With nothing on the new owner (or a lease, a miss),
                     // the previous owner's refusal says what the key is.
                     if owner_unique.is_none() && result.is_ok() {
@@ -201,7 +201,7 @@ impl CasTakeover {
 
     fn refused(&mut self) -> Turn {
         let refusal = self.refusal.take();
-        Turn::Refused(refusal.unwrap_or_else(|| Ok(Bytes::new())))
+        Turn::Refused(refusal.unwrap_or_else(|| Ok(Reply::nothing())))
     }
 
     fn read(&self, to: Owner, with_cas: bool) -> Turn {
@@ -281,8 +281,8 @@ fn same_item(a: &ValueReply<'_>, b: &ValueReply<'_>) -> bool {
 /// A copy's reply that stored, or that a write which got to the new owner
 /// first refused (`NOT_STORED`/`NS` to an `add`, `EXISTS`/`EX` or
 /// `NOT_FOUND`/`NF` to a `cas`).
-fn stored_or_lost_to_a_write(meta: bool, reply: &[u8]) -> bool {
-    let outcome = Outcome::of(reply);
+fn stored_or_lost_to_a_write(meta: bool, reply: &Reply) -> bool {
+    let outcome = reply.outcome;
     outcome.stored_in(meta)
         || outcome.cas_refused()
         || outcome == Outcome::NotStored
@@ -294,7 +294,7 @@ mod tests {
     use super::*;
 
     fn ok(reply: &'static [u8]) -> CallResult {
-        Ok(Bytes::from_static(reply))
+        Ok(crate::protocol::outcome::Reply::from_static(reply))
     }
 
     fn classic() -> CasTakeover {
@@ -352,7 +352,7 @@ mod tests {
             again.on_reply(ok(b"VA 1 c41 f3 t60\r\nx\r\n"));
             again.on_reply(ok(b"VA 1 f3 t58\r\nx\r\n"));
             again.on_reply(ok(b"STORED\r\n"));
-            match again.on_reply(Ok(Bytes::copy_from_slice(copy))) {
+            match again.on_reply(Ok(Reply::made(Bytes::copy_from_slice(copy)))) {
                 Turn::Stored(answer) => assert_eq!(answer.unwrap(), &b"STORED\r\n"[..]),
                 other => panic!("{other:?}"),
             }
@@ -376,7 +376,7 @@ mod tests {
             let mut cas = classic();
             cas.begin(ok(b"EXISTS\r\n"));
             cas.on_reply(ok(b"VA 1 c41 f3 t60\r\nx\r\n"));
-            match cas.on_reply(Ok(Bytes::copy_from_slice(previous))) {
+            match cas.on_reply(Ok(Reply::made(Bytes::copy_from_slice(previous)))) {
                 Turn::Refused(answer) => assert_eq!(answer.unwrap(), &b"EXISTS\r\n"[..], "{why}"),
                 other => panic!("{why}: {other:?}"),
             }

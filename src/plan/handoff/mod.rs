@@ -18,7 +18,7 @@ use crate::protocol::lease;
 use crate::protocol::meta::reply::meta_absent;
 use crate::protocol::meta::reply::won_recache_token;
 use crate::protocol::meta::MetaCommand;
-use crate::protocol::outcome::Outcome;
+use crate::protocol::outcome::{Outcome, Reply};
 use crate::protocol::reply::{Expect, LineKind};
 use crate::protocol::{Command, Request};
 
@@ -28,7 +28,7 @@ use cas::{CasTakeover, Turn};
 
 /// A reply from one server (the same as `route::CallResult`; this module sits
 /// below `route`).
-pub(crate) type CallResult = Result<Bytes, BackendError>;
+pub(crate) type CallResult = Result<Reply, BackendError>;
 
 /// Which owner of a moved key a step talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -417,7 +417,7 @@ impl Moved {
                 self.probe()
             }
             (Kind::Delete, Stage::Probe) => {
-                let reply = result.as_deref().ok();
+                let reply = result.as_ref().ok();
                 self.new_held_lease = reply.and_then(probed_lease).is_some();
                 let (key, base64) = self.key_token();
                 match reply.and_then(|reply| probe_hand_back(reply, &key, base64)) {
@@ -454,7 +454,7 @@ impl Moved {
                 let Some((wire, _)) = self.meta.as_ref().and_then(|m| m.read.as_ref()) else {
                     return Step::Answer(result);
                 };
-                if !matches!(&result, Ok(reply) if Outcome::of(reply).meta_miss()) {
+                if !matches!(&result, Ok(reply) if reply.outcome.meta_miss()) {
                     return Step::Answer(result);
                 }
                 self.first = Some(result);
@@ -592,7 +592,7 @@ impl Moved {
                 let (Some(lease), Some(copy)) = (self.lease_cas, self.copy.take()) else {
                     return self.run_on_new();
                 };
-                if matches!(&result, Ok(reply) if Outcome::of(reply).meta_succeeded()) {
+                if matches!(&result, Ok(reply) if reply.outcome.meta_succeeded()) {
                     // The fetched item was still there once the lease was in
                     // place: a later delete reaches the new owner after the
                     // lease, and the copy then fails.
@@ -617,7 +617,7 @@ impl Moved {
             }
             (_, Stage::TakeBack) => {
                 self.tally.taken_back =
-                    matches!(&result, Ok(reply) if Outcome::of(reply).meta_succeeded());
+                    matches!(&result, Ok(reply) if reply.outcome.meta_succeeded());
                 // The command now finds the key as the other write left it.
                 self.run_on_new()
             }
@@ -735,7 +735,7 @@ impl Moved {
         }
         // The probe took a stale item's recache token: given back before
         // anything else (see `probe_hand_back`).
-        let hand_back = probe.as_deref().ok().and_then(|reply| {
+        let hand_back = probe.as_ref().ok().and_then(|reply| {
             let (key, base64) = self.key_token();
             probe_hand_back(reply, &key, base64)
         });
@@ -815,14 +815,14 @@ impl Moved {
         };
         match &self.meta {
             None => match self.expect {
-                Expect::Line(LineKind::Touch) => Outcome::of(reply) == Outcome::Touched,
-                Expect::Line(LineKind::Storage) => Outcome::of(reply) == Outcome::Stored,
+                Expect::Line(LineKind::Touch) => reply.outcome == Outcome::Touched,
+                Expect::Line(LineKind::Storage) => reply.outcome == Outcome::Stored,
                 _ => false,
             },
             // Quiet: an `ms` that stored says nothing.
             Some(meta) => {
                 meta.command == MetaCommand::Set
-                    && matches!(Outcome::of(reply), Outcome::Nothing | Outcome::Hd)
+                    && matches!(reply.outcome, Outcome::Nothing | Outcome::Hd)
             }
         }
     }
@@ -861,7 +861,7 @@ impl Moved {
 
     /// The copy for the new owner made from the previous owner's reply to a
     /// [`fetch_line`]: `add` for classic, `ms … ME` for meta.
-    fn copy_of(&self, reply: &[u8], now: u64) -> Option<Outbound> {
+    fn copy_of(&self, reply: &Reply, now: u64) -> Option<Outbound> {
         match &self.meta {
             None => read_through_hit(&self.key, reply, false, now)
                 .and_then(|hit| copy_block(&hit.block, hit.exptime.as_deref()?)),
@@ -886,7 +886,7 @@ impl Moved {
     fn changed(&self, result: &CallResult) -> bool {
         match (&self.meta, result) {
             (None, _) => changed(result),
-            (Some(_), Ok(reply)) => Outcome::of(reply).meta_succeeded(),
+            (Some(_), Ok(reply)) => reply.outcome.meta_succeeded(),
             (Some(_), Err(_)) => false,
         }
     }
@@ -897,7 +897,7 @@ impl Moved {
         match (&self.meta, &new, &previous) {
             (None, _, _) => merge_delete(new, previous),
             (Some(_), Ok(reply), Ok(before))
-                if !Outcome::of(reply).meta_succeeded() && Outcome::of(before).meta_succeeded() =>
+                if !reply.outcome.meta_succeeded() && before.outcome.meta_succeeded() =>
             {
                 previous
             }
@@ -937,7 +937,7 @@ pub(crate) fn meta_expect(command: MetaCommand) -> Expect {
 fn changed(result: &CallResult) -> bool {
     match result {
         Ok(reply) => {
-            let outcome = Outcome::of(reply);
+            let outcome = reply.outcome;
             !(outcome.not_found() || outcome.not_stored() || outcome.exists() || outcome.is_error())
         }
         Err(_) => false,
@@ -946,16 +946,16 @@ fn changed(result: &CallResult) -> bool {
 
 /// `NOT_FOUND` / `NOT_STORED`: the key is not on the server asked.
 fn is_absent(result: &CallResult) -> bool {
-    matches!(result, Ok(r) if matches!(Outcome::of(r), Outcome::NotFound | Outcome::NotStored))
+    matches!(result, Ok(r) if matches!(r.outcome, Outcome::NotFound | Outcome::NotStored))
 }
 
 /// A `delete` on both owners answers `DELETED` if either deleted; an error
 /// of the new owner is passed on (the key may still be there); otherwise the
 /// new owner's reply.
 pub(crate) fn merge_delete(new: CallResult, previous: CallResult) -> CallResult {
-    let deleted = |r: &CallResult| matches!(r, Ok(b) if Outcome::of(b) == Outcome::Deleted);
+    let deleted = |r: &CallResult| matches!(r, Ok(b) if b.outcome == Outcome::Deleted);
     let failed = |r: &CallResult| match r {
-        Ok(b) => matches!(Outcome::of(b), Outcome::ServerError | Outcome::Error),
+        Ok(b) => matches!(b.outcome, Outcome::ServerError | Outcome::Error),
         Err(_) => true,
     };
     if deleted(&new) || failed(&new) || !deleted(&previous) {
@@ -1021,7 +1021,7 @@ const MAX_RELATIVE_EXPTIME: i64 = 60 * 60 * 24 * 30;
 /// remaining TTL beyond 30 days.
 pub(crate) fn read_through_hit(
     key: &[u8],
-    reply: &[u8],
+    reply: &Reply,
     with_cas: bool,
     now: u64,
 ) -> Option<ReadThrough> {
@@ -1049,9 +1049,9 @@ struct ValueReply<'a> {
 
 impl<'a> ValueReply<'a> {
     /// `None` unless `reply` is one whole `VA` reply.
-    fn parse(reply: &'a [u8]) -> Option<ValueReply<'a>> {
+    fn parse(reply: &'a Reply) -> Option<ValueReply<'a>> {
         let header_end = memchr::memmem::find(reply, b"\r\n")?;
-        if Outcome::of(reply) != Outcome::Va {
+        if reply.outcome != Outcome::Va {
             return None;
         }
         let mut tokens = reply[..header_end].split(|&b| b == b' ').skip(1);
@@ -1113,7 +1113,7 @@ pub(crate) fn probe_line(key_token: &[u8], base64: bool) -> Bytes {
 
 /// The cas of the lease a [`probe_line`]'s reply (`HD c<cas> f<flags>
 /// s<size>`) shows: the lease's flags, and a size the marker fits in.
-pub(crate) fn probed_lease(reply: &[u8]) -> Option<u64> {
+pub(crate) fn probed_lease(reply: &Reply) -> Option<u64> {
     let is_lease = hd_number(reply, b'f') == Some(u64::from(lease::LEASE_FLAGS))
         && hd_number(reply, b's').is_some_and(|size| size >= lease::LEASE_MARKER.len() as u64);
     hd_number(reply, b'c').filter(|_| is_lease)
@@ -1124,7 +1124,7 @@ pub(crate) fn probed_lease(reply: &[u8]) -> Option<u64> {
 /// client's next `mg` would find it taken (`Z`). Marking the item stale
 /// again, by the cas the probe saw, makes it winnable again and keeps its
 /// TTL (memcached 1.6.18 has no way to keep the cas as well).
-pub(crate) fn probe_hand_back(reply: &[u8], key_token: &[u8], base64: bool) -> Option<Bytes> {
+pub(crate) fn probe_hand_back(reply: &Reply, key_token: &[u8], base64: bool) -> Option<Bytes> {
     let cas = hd_number(reply, b'c').filter(|_| won_recache_token(reply))?;
     let mut line = BytesMut::with_capacity(key_token.len() + 32);
     line.put_slice(b"md ");
@@ -1137,8 +1137,8 @@ pub(crate) fn probe_hand_back(reply: &[u8], key_token: &[u8], base64: bool) -> O
 }
 
 /// The number of return flag `flag` in an `HD …` reply line.
-fn hd_number(reply: &[u8], flag: u8) -> Option<u64> {
-    if Outcome::of(reply) != Outcome::Hd {
+fn hd_number(reply: &Reply, flag: u8) -> Option<u64> {
+    if reply.outcome != Outcome::Hd {
         return None;
     }
     let line = reply.strip_suffix(b"\r\n")?;
@@ -1152,13 +1152,13 @@ fn hd_number(reply: &[u8], flag: u8) -> Option<u64> {
 /// memcached's refusal of `incr`, `decr` or `ma` on a value that is not a
 /// number (both dialects say it alike).
 pub(crate) fn not_a_number(result: &CallResult) -> bool {
-    matches!(result, Ok(reply) if Outcome::of(reply) == Outcome::NotANumber)
+    matches!(result, Ok(reply) if reply.outcome == Outcome::NotANumber)
 }
 
 /// An `add` or `ms … ME` that did not store: the key is there (a lease is,
 /// to memcached).
 fn not_stored(result: &CallResult) -> bool {
-    matches!(result, Ok(reply) if Outcome::of(reply).not_stored())
+    matches!(result, Ok(reply) if reply.outcome.not_stored())
 }
 
 /// The `md` that removes a moved key from its previous owner before a write
@@ -1219,12 +1219,12 @@ pub(crate) fn meta_read_through_line(line: &[u8], has: impl Fn(u8) -> bool) -> (
 /// key to its new owner with its flags and remaining TTL (`None` when it
 /// expires within the second). `None` for anything but such a hit.
 pub(crate) fn meta_read_through_hit(
-    reply: &[u8],
+    reply: &Reply,
     added: AddedFlags,
     key_token: &[u8],
     base64: bool,
     now: u64,
-) -> Option<(Bytes, Option<Outbound>)> {
+) -> Option<(Reply, Option<Outbound>)> {
     let value = ValueReply::parse(reply)?;
     // memcached puts its state markers (`W` win, `X` stale, `Z` a win
     // already handed out) after every flag: they stay in the client's reply,
@@ -1277,7 +1277,13 @@ pub(crate) fn meta_read_through_hit(
         let copy: Outbound = smallvec::smallvec![line.freeze(), Bytes::copy_from_slice(value.data)];
         copy
     });
-    Some((client.freeze(), copy))
+    // The client's reply is memring's own: `HD`, or the `VA` it got.
+    let said = if added.value {
+        Outcome::Hd
+    } else {
+        Outcome::Va
+    };
+    Some((Reply::new(said, client.freeze()), copy))
 }
 
 /// The exptime a copy of an item with `ttl` seconds left is stored with
@@ -1338,7 +1344,7 @@ impl ReadCopy {
     }
 
     /// The cas of the lease a [`ReadCopy::touch_line`]'s reply shows.
-    pub(crate) fn touched_lease(reply: &[u8]) -> Option<u64> {
+    pub(crate) fn touched_lease(reply: &Reply) -> Option<u64> {
         probed_lease(reply)
     }
 
@@ -1348,7 +1354,7 @@ impl ReadCopy {
     }
 
     /// Whether `reply` to a [`ReadCopy::check_line`] holds the copied value.
-    pub(crate) fn holds(&self, reply: &[u8]) -> bool {
+    pub(crate) fn holds(&self, reply: &Reply) -> bool {
         holds(&self.wire, reply)
     }
 
@@ -1414,7 +1420,7 @@ fn check_line(key_token: &[u8], base64: bool) -> Bytes {
 
 /// Whether `reply` to a [`check_line`] holds the value `copy` carried (its
 /// last part is the data with its `\r\n`).
-fn holds(copy: &Outbound, reply: &[u8]) -> bool {
+fn holds(copy: &Outbound, reply: &Reply) -> bool {
     let data = copy.last().map_or(&[][..], |d| &d[..]);
     ValueReply::parse(reply).is_some_and(|value| value.data == data)
 }
@@ -1435,7 +1441,7 @@ pub(crate) fn delete_line(key_token: &[u8], base64: bool, cas: Option<u64>) -> B
 }
 
 /// The cas of the item a [`fetch_line`] asked with the cas read.
-fn fetched_cas(reply: &[u8]) -> Option<u64> {
+fn fetched_cas(reply: &Reply) -> Option<u64> {
     ValueReply::parse(reply)?.number::<u64>(b'c')
 }
 
@@ -1453,8 +1459,8 @@ pub(crate) enum CopyOutcome {
 /// How the reply to a copy (`ms … ME c`) counts.
 pub(crate) fn copy_outcome(result: &CallResult) -> CopyOutcome {
     match result {
-        Ok(r) if Outcome::of(r) == Outcome::Hd => CopyOutcome::Made,
-        Ok(r) if Outcome::of(r) == Outcome::Ns => CopyOutcome::Skipped,
+        Ok(r) if r.outcome == Outcome::Hd => CopyOutcome::Made,
+        Ok(r) if r.outcome == Outcome::Ns => CopyOutcome::Skipped,
         _ => CopyOutcome::Failed,
     }
 }
@@ -1464,7 +1470,7 @@ pub(crate) fn copy_outcome(result: &CallResult) -> CopyOutcome {
 /// it is, as an add that found the key does.
 pub(crate) fn fill_outcome(result: &CallResult) -> CopyOutcome {
     match result {
-        Ok(r) if matches!(Outcome::of(r), Outcome::Ex | Outcome::Nf) => CopyOutcome::Skipped,
+        Ok(r) if matches!(r.outcome, Outcome::Ex | Outcome::Nf) => CopyOutcome::Skipped,
         _ => copy_outcome(result),
     }
 }
@@ -1481,7 +1487,14 @@ mod tests {
     #[test]
     fn read_through_hits_become_value_blocks_and_keep_their_expiry() {
         let now = 1_800_000_000;
-        let hit = |reply: &[u8], with_cas| read_through_hit(b"k", reply, with_cas, now);
+        let hit = |reply: &[u8], with_cas| {
+            read_through_hit(
+                b"k",
+                &Reply::made(Bytes::copy_from_slice(reply)),
+                with_cas,
+                now,
+            )
+        };
         let got = hit(b"VA 2 f5 t100\r\n10\r\n", false).unwrap();
         assert_eq!(&got.block[..], b"VALUE k 5 2\r\n10\r\n");
         assert_eq!(got.exptime.as_deref(), Some(&b"100"[..]));
@@ -1523,9 +1536,14 @@ mod tests {
         // Nothing a copy needs was asked for: all three added.
         let (line, added) = asked(b"mg k s O7 k\r\n", b"sOk");
         assert_eq!(&line[..], b"mg k s O7 k v f t\r\n");
-        let (reply, copy) =
-            meta_read_through_hit(b"VA 2 s2 O7 kk f5 t100\r\nab\r\n", added, b"k", false, now)
-                .unwrap();
+        let (reply, copy) = meta_read_through_hit(
+            &Reply::from_static(b"VA 2 s2 O7 kk f5 t100\r\nab\r\n"),
+            added,
+            b"k",
+            false,
+            now,
+        )
+        .unwrap();
         assert_eq!(&reply[..], b"HD s2 O7 kk\r\n");
         let copy = copy.unwrap();
         assert_eq!(&copy[0][..], b"ms k 2 F5 ME T100 c\r\n");
@@ -1533,17 +1551,29 @@ mod tests {
         // The client's own v, f and t stay; a base64 key is copied as one.
         let (line, added) = asked(b"mg Zm9v t v b f q\r\n", b"tvbfq");
         assert_eq!(&line[..], b"mg Zm9v t v b f q\r\n");
-        let (reply, copy) =
-            meta_read_through_hit(b"VA 1 t-1 b f0\r\nx\r\n", added, b"Zm9v", true, now).unwrap();
+        let (reply, copy) = meta_read_through_hit(
+            &Reply::from_static(b"VA 1 t-1 b f0\r\nx\r\n"),
+            added,
+            b"Zm9v",
+            true,
+            now,
+        )
+        .unwrap();
         assert_eq!(&reply[..], b"VA 1 t-1 b f0\r\nx\r\n");
         assert_eq!(&copy.unwrap()[0][..], b"ms Zm9v 1 F0 ME b c\r\n");
         // Expiring within the second: answered, not copied; misses are not hits.
         let (_, added) = asked(b"mg k v\r\n", b"v");
-        let (reply, copy) =
-            meta_read_through_hit(b"VA 1 f0 t0\r\nx\r\n", added, b"k", false, now).unwrap();
+        let (reply, copy) = meta_read_through_hit(
+            &Reply::from_static(b"VA 1 f0 t0\r\nx\r\n"),
+            added,
+            b"k",
+            false,
+            now,
+        )
+        .unwrap();
         assert_eq!((&reply[..], copy), (&b"VA 1\r\nx\r\n"[..], None));
         assert_eq!(
-            meta_read_through_hit(b"EN\r\n", added, b"k", false, now),
+            meta_read_through_hit(&Reply::from_static(b"EN\r\n"), added, b"k", false, now),
             None
         );
         assert_eq!(
@@ -1566,7 +1596,8 @@ mod tests {
             (b"VA 2 c5 f0 t-1 Z X\r\nhi\r\n", b"VA 2 c5 Z X\r\nhi\r\n"),
             (b"VA 0 c6 f0 t30 W\r\n\r\n", b"VA 0 c6 W\r\n\r\n"),
         ] {
-            let (answer, copy) = meta_read_through_hit(reply, added, b"k", false, now).unwrap();
+            let framed = Reply::made(Bytes::copy_from_slice(reply));
+            let (answer, copy) = meta_read_through_hit(&framed, added, b"k", false, now).unwrap();
             assert_eq!(&answer[..], client, "{reply:?}");
             assert!(copy.is_none(), "{reply:?} copied");
         }
@@ -1584,7 +1615,7 @@ mod tests {
     }
 
     fn ok(reply: &'static [u8]) -> CallResult {
-        Ok(Bytes::from_static(reply))
+        Ok(crate::protocol::outcome::Reply::from_static(reply))
     }
 
     fn sent(step: &Step) -> (Owner, Vec<u8>) {
@@ -1684,15 +1715,15 @@ mod tests {
                 _ => moved(command),
             };
             m.start();
-            m.on_reply(Ok(Bytes::from_static(absent)), NOW);
-            let delete = m.on_reply(Ok(Bytes::from(lease.clone())), NOW);
+            m.on_reply(Ok(Reply::from_static(absent)), NOW);
+            let delete = m.on_reply(Ok(Reply::made(Bytes::from(lease.clone()))), NOW);
             assert_eq!(sent(&delete), (Owner::New, command.to_vec()));
             let success = if command[0] == b'm' {
                 "HD\r\n"
             } else {
                 "DELETED\r\n"
             };
-            let answered = answer(m.on_reply(Ok(Bytes::from(success)), NOW));
+            let answered = answer(m.on_reply(Ok(Reply::made(Bytes::from(success))), NOW));
             assert_eq!(answered.unwrap(), absent);
         }
     }
@@ -1868,9 +1899,15 @@ mod tests {
         text.on_reply(ok(refused), NOW);
         let kept = text.on_reply(ok(b"HD c5 f0 s3\r\n"), NOW);
         assert_eq!(answer(kept).unwrap(), refused);
-        assert_eq!(probed_lease(b"HD c5 f1835821873 s3\r\n"), None);
-        assert_eq!(probed_lease(b"HD c5 f1835821873 s40\r\n"), Some(5));
-        assert_eq!(probed_lease(b"EN\r\n"), None);
+        assert_eq!(
+            probed_lease(&Reply::from_static(b"HD c5 f1835821873 s3\r\n")),
+            None
+        );
+        assert_eq!(
+            probed_lease(&Reply::from_static(b"HD c5 f1835821873 s40\r\n")),
+            Some(5)
+        );
+        assert_eq!(probed_lease(&Reply::from_static(b"EN\r\n")), None);
 
         let mut nowhere = moved(b"incr k 1\r\n");
         nowhere.start();
@@ -2013,11 +2050,11 @@ mod tests {
         let lease = copy.lease_line();
         assert!(lease.starts_with(b"ms k 24 F1835821873 T5 ME c\r\n"));
         assert_eq!(&copy.check_line()[..], b"mg k v u\r\n");
-        assert!(copy.holds(b"VA 2\r\nv1\r\n"));
+        assert!(copy.holds(&Reply::from_static(b"VA 2\r\nv1\r\n")));
         // Changed or gone where it was read from.
-        assert!(!copy.holds(b"VA 2\r\nv2\r\n"));
-        assert!(!copy.holds(b"EN\r\n"));
-        assert!(!copy.holds(b"SERVER_ERROR out of memory\r\n"));
+        assert!(!copy.holds(&Reply::from_static(b"VA 2\r\nv2\r\n")));
+        assert!(!copy.holds(&Reply::from_static(b"EN\r\n")));
+        assert!(!copy.holds(&Reply::from_static(b"SERVER_ERROR out of memory\r\n")));
         // The value with its flags and TTL, stored only over the lease.
         let fill = copy.fill(41);
         assert_eq!(&fill[0][..], b"ms k 2 F3 T60 C41\r\n");
@@ -2213,7 +2250,7 @@ mod tests {
             let line: &'static [u8] = Box::leak(line.to_vec().into_boxed_slice());
             let mut m = moved_with(line, Copies::Never);
             assert_eq!(sent(&m.start()), (Owner::New, line.to_vec()), "{line:?}");
-            let step = m.on_reply(Ok(Bytes::copy_from_slice(reply)), NOW);
+            let step = m.on_reply(Ok(Reply::made(Bytes::copy_from_slice(reply))), NOW);
             assert_eq!(sent(&step), (Owner::Previous, b"delete k\r\n".to_vec()));
             let answered = answer(m.on_reply(ok(b"DELETED\r\n"), NOW)).unwrap();
             assert_eq!(&answered[..], reply, "{line:?}");
