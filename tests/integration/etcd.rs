@@ -744,7 +744,10 @@ fn a_joining_member_takes_its_keys_writes_and_hits_them_once_active() {
     let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
     etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
     etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
-    let proxy = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir, ""));
+    // A loaded machine can hold a memcached reply past the default second;
+    // a timed-out request would be a failure here, not what is tested.
+    let settings = "request_timeout_ms = 5000";
+    let proxy = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir, settings));
     wait_for("a and b on the ring", || ring_names(&proxy) == ["a", "b"]);
     etcd.put(&key_of("c"), &record(&c, "JOINING"));
     wait_for("c JOINING", || {
