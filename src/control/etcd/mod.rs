@@ -34,18 +34,22 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::{
-    Certificate, Client, ConnectOptions, EventType, GetOptions, Identity, PutOptions, TlsOptions,
-    WatchOptions,
-};
+use etcd_client::{Client, EventType, GetOptions, PutOptions, WatchOptions};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::health::HealthState;
-use crate::config::{Config, EtcdAccess, EtcdSource, ServerConfig};
+use crate::config::{Config, EtcdSource, ServerConfig};
 use crate::control::fleet::{self, Pending};
 use crate::control::member_record::{member_name, MemberRecord, MemberState};
 use crate::control::publisher::Publisher;
+
+mod access;
+mod sidecars;
+
+use access::connect;
+pub use access::{chain, connect_options, read_access, AccessFiles};
+use sidecars::*;
 
 /// How long one etcd request may take before the connection counts as lost.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
@@ -190,9 +194,9 @@ impl Members {
     }
 
     /// Takes a full read at store revision `at`: every key read is put,
-    /// every member not read is deleted. The membership's revision moves
-    /// only when the members changed: to the last change of a key read, or
-    /// to `at` when a member went (a deletion leaves no key to date it).
+    /// every member not read is deleted. The membership's revision is the
+    /// last write to a key read, or `at` when a member went (a deletion
+    /// leaves no key to date it).
     fn replace(
         &mut self,
         prefix: &str,
@@ -203,27 +207,29 @@ impl Members {
     ) {
         let before = self.entries.clone();
         let names: Vec<String> = self.entries.keys().cloned().collect();
-        let mut deleted = false;
         for name in names {
             let key = crate::control::member_record::member_key(prefix, &name);
             if !read.iter().any(|(k, _, _)| *k == key) {
                 self.delete(prefix, &key, now, grace);
-                deleted = true;
             }
         }
+        // A member went (or turned suspect) since the last read.
+        let deleted = self.entries != before;
         self.bad
             .retain(|key, _| read.iter().any(|(k, _, _)| k == key));
         for (key, value, _) in read {
             self.put(prefix, key, value);
         }
-        if self.entries != before || self.revision == 0 {
-            let latest = read.iter().map(|(_, _, r)| *r).max().unwrap_or(0);
-            self.revision = if deleted {
-                at
-            } else {
-                latest.max(self.revision)
-            };
-        }
+        // The latest write to a member key counts even when it changed
+        // nothing (a record put again), as the watch counts each event: a
+        // sidecar that read everything again and one that watched then
+        // show the same revision, which the fleet's gate compares.
+        let latest = read.iter().map(|(_, _, r)| *r).max().unwrap_or(0);
+        self.revision = if deleted {
+            at.max(self.revision)
+        } else {
+            latest.max(self.revision)
+        };
     }
 
     /// Suspects whose grace is over leave, unless `answers` says memring
@@ -391,129 +397,6 @@ pub async fn first(config: &Config) -> std::io::Result<(Config, Option<Startup>)
         config.with_servers(servers),
         Some(Startup { members, file }),
     ))
-}
-
-async fn connect(etcd: &EtcdSource) -> Result<Client, String> {
-    let options = connect_options(&etcd.access)?
-        .with_connect_timeout(REQUEST_TIMEOUT)
-        // etcd refuses pings more often than every 5 s (and closes the
-        // connection: "too many pings"), and pings without a stream.
-        .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
-    tokio::time::timeout(
-        REQUEST_TIMEOUT,
-        Client::connect(&etcd.endpoints, Some(options)),
-    )
-    .await
-    .map_err(|_| "connect timed out".to_string())?
-    .map_err(|e| chain(&e))
-}
-
-/// An error with its causes, `a: b: c` (a TLS failure is a transport
-/// error whose cause says which certificate was refused).
-pub fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(e) = cause {
-        let more = e.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        cause = e.source();
-    }
-    text
-}
-
-/// What the files of [`EtcdAccess`] hold, read and checked.
-#[derive(Default)]
-pub struct AccessFiles {
-    ca: Option<Vec<u8>>,
-    identity: Option<(Vec<u8>, Vec<u8>)>,
-    user: Option<(String, String)>,
-}
-
-/// The largest certificate, key or password file read.
-const ACCESS_FILE_BYTES: u64 = 1 << 20;
-
-/// Reads the CA, the client certificate and key, and the password of
-/// `access` (each PEM file must hold what its setting names).
-///
-/// # Errors
-/// A file that cannot be read, or does not hold a certificate, a key or a
-/// password; the message names the setting and the file.
-pub fn read_access(access: &EtcdAccess) -> Result<AccessFiles, String> {
-    let read = |setting: &str, path: &Path| {
-        crate::inputs::regular_file::read(path, ACCESS_FILE_BYTES)
-            .map_err(|e| format!("{setting} {}: {e}", path.display()))
-    };
-    let certificates = |setting: &str, path: &Path| {
-        let pem = read(setting, path)?;
-        let found = rustls_pemfile::certs(&mut &pem[..])
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("{setting} {}: {e}", path.display()))?;
-        if found.is_empty() {
-            return Err(format!(
-                "{setting} {}: no PEM certificate in it",
-                path.display()
-            ));
-        }
-        Ok(pem)
-    };
-    let mut files = AccessFiles::default();
-    if let Some(ca) = &access.ca_file {
-        files.ca = Some(certificates("etcd_ca_file", ca)?);
-    }
-    if let Some((cert, key)) = &access.identity {
-        let cert = certificates("etcd_cert_file", cert)?;
-        let pem = read("etcd_key_file", key)?;
-        match rustls_pemfile::private_key(&mut &pem[..]) {
-            Ok(Some(_)) => {}
-            Ok(None) => {
-                return Err(format!(
-                    "etcd_key_file {}: no PEM private key in it",
-                    key.display()
-                ))
-            }
-            Err(e) => return Err(format!("etcd_key_file {}: {e}", key.display())),
-        }
-        files.identity = Some((cert, pem));
-    }
-    if let Some((name, file)) = &access.user {
-        let bytes = read("etcd_password_file", file)?;
-        let text = String::from_utf8(bytes)
-            .map_err(|_| format!("etcd_password_file {}: not UTF-8", file.display()))?;
-        // One line; its line end is not part of the password.
-        let password = text.trim_end_matches(['\n', '\r']);
-        if password.is_empty() {
-            return Err(format!("etcd_password_file {}: empty", file.display()));
-        }
-        files.user = Some((name.clone(), password.to_string()));
-    }
-    Ok(files)
-}
-
-/// The connection options of `access`: TLS with its CA (and client
-/// certificate), and the user. The files are read now, at each connection.
-///
-/// # Errors
-/// As [`read_access`].
-pub fn connect_options(access: &EtcdAccess) -> Result<ConnectOptions, String> {
-    let files = read_access(access)?;
-    let mut options = ConnectOptions::new();
-    if files.ca.is_some() || files.identity.is_some() {
-        let mut tls = TlsOptions::new();
-        if let Some(ca) = files.ca {
-            tls = tls.ca_certificate(Certificate::from_pem(ca));
-        }
-        if let Some((cert, key)) = files.identity {
-            tls = tls.identity(Identity::from_pem(cert, key));
-        }
-        options = options.with_tls(tls);
-    }
-    if let Some((name, password)) = files.user {
-        options = options.with_user(name, password);
-    }
-    Ok(options)
 }
 
 /// What a range read gives: the store's revision, and each key with its
@@ -1003,311 +886,6 @@ async fn publish(
     }
 }
 
-/// The key of the fleet's hand-off window.
-fn window_key(etcd: &EtcdSource) -> String {
-    format!("{}window", etcd.prefix)
-}
-
-/// Puts the hand-off window just opened under `<prefix>window`, as the
-/// state file keeps it: a sidecar that starts or restarts within it, even
-/// without a state file of its own, takes it up (see [`join_window`]).
-/// Every sidecar that switches writes it; they write the same rings.
-async fn share_window(publisher: &Publisher, etcd: &EtcdSource, client: &mut Client) {
-    let Some(saved) = publisher.shared().load().saved_window() else {
-        return;
-    };
-    let Ok(value) = serde_json::to_string(&saved) else {
-        return;
-    };
-    let put =
-        tokio::time::timeout(REQUEST_TIMEOUT, client.put(window_key(etcd), value, None)).await;
-    if !matches!(put, Ok(Ok(_))) {
-        tracing::warn!(
-            "etcd: cannot write the hand-off window to {}: a sidecar that starts within it without a state file will not know it",
-            window_key(etcd)
-        );
-    }
-}
-
-/// At start, when no window was resumed from the state file: takes up the
-/// fleet's window from `<prefix>window` if it is not over and its ring in
-/// force is this sidecar's, so that writes through it delete moved keys on
-/// their previous owners and its reads read them through, as the other
-/// sidecars do. Whether etcd answered.
-async fn join_window(publisher: &Publisher, etcd: &EtcdSource, client: &mut Client) -> bool {
-    let got = tokio::time::timeout(REQUEST_TIMEOUT, client.get(window_key(etcd), None)).await;
-    let Ok(Ok(response)) = got else {
-        return false;
-    };
-    let topology = publisher.shared().load_full();
-    let Some(kv) = response.kvs().first() else {
-        return true;
-    };
-    if topology.previous.is_some() {
-        return true;
-    }
-    let saved: crate::pools::window_state::SavedWindow = match serde_json::from_slice(kv.value()) {
-        Ok(saved) => saved,
-        Err(e) => {
-            tracing::warn!("etcd: {}: ignored: {e}", window_key(etcd));
-            return true;
-        }
-    };
-    if saved.until_unix <= crate::runtime::clock::unix_now() {
-        return true;
-    }
-    let sorted = |mut ring: crate::pools::window_state::SavedRing| {
-        ring.servers.sort_by(|a, b| a.name.cmp(&b.name));
-        ring
-    };
-    let ours =
-        crate::pools::window_state::SavedRing::of(&topology.config.ring, &topology.ring_servers());
-    if sorted(saved.ring.clone()) != sorted(ours) {
-        tracing::info!(
-            "etcd: the fleet's hand-off window in {} is not over ring in force here: not taken up",
-            window_key(etcd)
-        );
-        return true;
-    }
-    tracing::info!(
-        "etcd: joining the fleet's hand-off window from {} (previous ring of {} servers)",
-        window_key(etcd),
-        saved.previous.servers.len()
-    );
-    publisher.resume(&saved);
-    true
-}
-
-/// Every sidecar's registration under `<prefix>proxies/`: key and value.
-async fn peers(client: &mut Client, etcd: &EtcdSource) -> Result<Vec<(String, Vec<u8>)>, String> {
-    let prefix = format!("{}proxies/", etcd.prefix);
-    let response = tokio::time::timeout(
-        REQUEST_TIMEOUT,
-        client.get(prefix, Some(GetOptions::new().with_prefix())),
-    )
-    .await
-    .map_err(|_| "read timed out".to_string())?
-    .map_err(|e| e.to_string())?;
-    Ok(response
-        .kvs()
-        .iter()
-        .map(|kv| {
-            (
-                String::from_utf8_lossy(kv.key()).into_owned(),
-                kv.value().to_vec(),
-            )
-        })
-        .collect())
-}
-
-/// A change is staged: switches to it once every live sidecar staged it
-/// (or applied it), or once `fleet_switch_ms` is over.
-async fn gate(
-    publisher: &Publisher,
-    etcd: &EtcdSource,
-    members: &Members,
-    applied: &tokio::sync::watch::Sender<Applied>,
-    fleet: &mut Fleet,
-    client: &mut Client,
-) {
-    record(publisher, members, fleet, applied);
-    let Some(pending) = fleet.pending.as_mut() else {
-        return;
-    };
-    if !pending.said() {
-        return;
-    }
-    let waiting = match peers(client, etcd).await {
-        Ok(read) => Some(fleet::lagging(&read, &fleet.me, pending.revision)),
-        Err(e) => {
-            tracing::debug!("etcd: the sidecars cannot be read: {e}");
-            None
-        }
-    };
-    if let Some(waiting) = &waiting {
-        pending.waiting = waiting.len();
-        publisher
-            .stats()
-            .membership_staged(pending.revision, waiting.len());
-    }
-    let why = if waiting.as_ref().is_some_and(Vec::is_empty) {
-        "every live sidecar staged it"
-    } else if pending.since.elapsed() >= etcd.fleet_switch {
-        tracing::warn!(
-            "etcd revision {}: switching reads after fleet_switch_ms = {} ms although {} sidecar{} did not stage it ({}): a read through this sidecar may return a value older than a write through them until they apply it",
-            pending.revision,
-            etcd.fleet_switch.as_millis(),
-            pending.waiting,
-            if pending.waiting == 1 { "" } else { "s" },
-            waiting.map_or_else(|| "etcd cannot say".to_string(), |w| w.join(", "))
-        );
-        publisher.stats().fleet_switch_forced();
-        "fleet_switch_ms is over"
-    } else {
-        return;
-    };
-    if let Some(pending) = fleet.pending.take() {
-        switch(publisher, client, etcd, fleet, pending, why).await;
-    }
-    record(publisher, members, fleet, applied);
-}
-
-/// Moves reads to the staged change's servers (opening the hand-off window
-/// from the ring in force).
-async fn switch(
-    publisher: &Publisher,
-    client: &mut Client,
-    etcd: &EtcdSource,
-    fleet: &mut Fleet,
-    pending: Pending,
-    why: &str,
-) {
-    let file = file_servers(publisher);
-    let from_store: Vec<ServerConfig> = pending
-        .target
-        .iter()
-        .filter(|s| !file.iter().any(|f| f.name == s.name))
-        .cloned()
-        .collect();
-    tracing::info!(
-        "etcd revision {}: switching reads to it ({why}, {} ms after staging)",
-        pending.revision,
-        pending.since.elapsed().as_millis()
-    );
-    publish(
-        publisher,
-        client,
-        etcd,
-        &pending.target,
-        pending.target.clone(),
-        from_store,
-        pending.revision,
-    )
-    .await;
-    fleet.applied = pending.revision;
-}
-
-/// The revision and states for `stats`, and for the proxy registration.
-fn record(
-    publisher: &Publisher,
-    members: &Members,
-    fleet: &Fleet,
-    applied: &tokio::sync::watch::Sender<Applied>,
-) {
-    let stats = publisher.stats();
-    stats.membership_applied(fleet.applied, members.states());
-    let staged = fleet
-        .pending
-        .as_ref()
-        .filter(|p| p.said())
-        .map_or(0, |p| p.revision);
-    let waiting = fleet.pending.as_ref().map_or(0, |p| p.waiting);
-    stats.membership_staged(staged, waiting);
-    // The ring digest goes with it: a publish changes it.
-    let digest = publisher.shared().load().ring_digest;
-    let now = Applied {
-        revision: fleet.applied,
-        digest,
-        staged,
-    };
-    applied.send_if_modified(|was| std::mem::replace(was, now) != now);
-}
-
-/// This sidecar's id under `<prefix>proxies/`: host name and process id
-/// (and a number for a second memring in one process, as tests run them).
-fn proxy_id() -> String {
-    static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let nth = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".into());
-    match nth {
-        0 => format!("{host}-{}", std::process::id()),
-        n => format!("{host}-{}-{n}", std::process::id()),
-    }
-}
-
-/// Keeps `<prefix>proxies/<id>` under a lease until `shutdown`, its value
-/// the revision and ring digest applied and the revision of a change
-/// staged (`staged`, 0: none), rewritten when they change.
-async fn register(
-    etcd: EtcdSource,
-    key: String,
-    mut applied: tokio::sync::watch::Receiver<Applied>,
-    layout: crate::pools::layout::SharedLayout,
-    shutdown: CancellationToken,
-) {
-    let mut backoff = BACKOFF.0;
-    loop {
-        let kept = async {
-            let mut client = connect(&etcd).await?;
-            let lease =
-                tokio::time::timeout(REQUEST_TIMEOUT, client.lease_grant(PROXY_LEASE_S, None))
-                    .await
-                    .map_err(|_| "lease grant timed out".to_string())?
-                    .map_err(|e| e.to_string())?
-                    .id();
-            let (mut keeper, mut acks) = client
-                .lease_keep_alive(lease)
-                .await
-                .map_err(|e| e.to_string())?;
-            loop {
-                let now = *applied.borrow_and_update();
-                let value = serde_json::json!({
-                    "revision": now.revision,
-                    "staged": now.staged,
-                    "ring_digest": crate::ring::digest::hex(layout.load().ring_digest()),
-                    "version": crate::VERSION_STRING,
-                })
-                .to_string();
-                tokio::time::timeout(
-                    REQUEST_TIMEOUT,
-                    client.put(
-                        key.as_str(),
-                        value,
-                        Some(PutOptions::new().with_lease(lease)),
-                    ),
-                )
-                .await
-                .map_err(|_| "put timed out".to_string())?
-                .map_err(|e| e.to_string())?;
-                loop {
-                    tokio::select! {
-                        changed = applied.changed() => {
-                            if changed.is_err() {
-                                return Ok::<(), String>(());
-                            }
-                            break;
-                        }
-                        () = tokio::time::sleep(Duration::from_secs((PROXY_LEASE_S / 3) as u64)) => {
-                            keeper.keep_alive().await.map_err(|e| e.to_string())?;
-                            match tokio::time::timeout(REQUEST_TIMEOUT, acks.message()).await {
-                                Ok(Ok(Some(ack))) if ack.ttl() > 0 => {}
-                                _ => return Err("the lease was lost".to_string()),
-                            }
-                        }
-                        () = shutdown.cancelled() => {
-                            let _ = tokio::time::timeout(REQUEST_TIMEOUT, client.lease_revoke(lease)).await;
-                            return Ok(());
-                        }
-                    }
-                }
-            }
-        };
-        match kept.await {
-            Ok(()) => return,
-            Err(e) => tracing::debug!("etcd: {key}: {e}; registering again"),
-        }
-        tokio::select! {
-            () = tokio::time::sleep(backoff) => {}
-            () = shutdown.cancelled() => return,
-        }
-        backoff = (backoff * 2).min(BACKOFF.1);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1330,6 +908,18 @@ mod tests {
             .map(|s| (s.name.as_str(), s.warming))
             .collect();
         assert_eq!(names, vec![("a", false), ("b", true)]);
+    }
+
+    #[test]
+    fn a_record_put_again_dates_a_full_read_as_the_watch_dates_it() {
+        let (now, grace) = (Instant::now(), Duration::from_secs(1));
+        let a = rec("127.0.0.1:1", "ACTIVE");
+        let mut m = Members::default();
+        m.replace(P, 5, &[("/m/members/a".into(), a.clone(), 5)], now, grace);
+        assert_eq!(m.revision, 5);
+        // The same record again at 8 (a sidecar that watched saw event 8).
+        m.replace(P, 9, &[("/m/members/a".into(), a, 8)], now, grace);
+        assert_eq!(m.revision, 8);
     }
 
     #[test]
