@@ -6,7 +6,7 @@
 //! (or applied it), or after `fleet_switch_ms`. So no sidecar writes only
 //! to a key's previous owner while another reads its new one.
 //!
-//! This module holds the decisions; `control/etcd.rs` runs them on its
+//! This module holds the decisions; `control/etcd/` runs them on its
 //! watch (it publishes, registers and asks etcd).
 
 use std::time::{Duration, Instant};

@@ -41,7 +41,7 @@ pub struct Publisher {
     /// Where the window in force is kept across restarts (`state_file`).
     state: Option<Arc<crate::pools::window_state::StateFile>>,
     /// The servers that etcd's members add to the file's (see
-    /// `control/etcd.rs`): a reload of the file keeps them.
+    /// `control/etcd/`): a reload of the file keeps them.
     from_store: Mutex<Vec<ServerConfig>>,
 }
 
