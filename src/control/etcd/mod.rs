@@ -410,7 +410,12 @@ async fn read_all(etcd: &EtcdSource) -> Result<Read, String> {
 }
 
 async fn read_with(client: &mut Client, etcd: &EtcdSource) -> Result<Read, String> {
-    let prefix = format!("{}members/", etcd.prefix);
+    read_prefix(client, format!("{}members/", etcd.prefix)).await
+}
+
+/// Every key under `prefix`, with its value and last revision, and the
+/// store's revision at the read; within [`REQUEST_TIMEOUT`].
+async fn read_prefix(client: &mut Client, prefix: String) -> Result<Read, String> {
     let response = tokio::time::timeout(
         REQUEST_TIMEOUT,
         client.get(prefix, Some(GetOptions::new().with_prefix())),

@@ -89,23 +89,10 @@ pub(super) async fn peers(
     client: &mut Client,
     etcd: &EtcdSource,
 ) -> Result<Vec<(String, Vec<u8>)>, String> {
-    let prefix = format!("{}proxies/", etcd.prefix);
-    let response = tokio::time::timeout(
-        REQUEST_TIMEOUT,
-        client.get(prefix, Some(GetOptions::new().with_prefix())),
-    )
-    .await
-    .map_err(|_| "read timed out".to_string())?
-    .map_err(|e| e.to_string())?;
-    Ok(response
-        .kvs()
-        .iter()
-        .map(|kv| {
-            (
-                String::from_utf8_lossy(kv.key()).into_owned(),
-                kv.value().to_vec(),
-            )
-        })
+    let (_, read) = read_prefix(client, format!("{}proxies/", etcd.prefix)).await?;
+    Ok(read
+        .into_iter()
+        .map(|(key, value, _)| (key, value))
         .collect())
 }
 
