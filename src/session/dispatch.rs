@@ -948,18 +948,13 @@ impl ClientSession {
                 // chained changes, deleted there): the owner's reply as is.
                 let alone = replicas.len() == 1 && entry.topology.config.replicas <= 1;
                 match finish {
-                    Finish::Quorum { .. } if alone => match &replicas[0].result {
-                        Some(Ok(reply)) => {
-                            stats.reply(entry.command, reply.outcome);
-                            entry.said = reply.outcome;
-                            self.out.push(reply.bytes.clone());
+                    Finish::Quorum { .. } if alone => {
+                        let result = replicas[0].result.as_ref();
+                        let said = &mut entry.said;
+                        if !answer_one(&mut self.out, stats, entry.command, said, result) {
+                            return false;
                         }
-                        Some(Err(error)) => {
-                            entry.said = Outcome::ServerError;
-                            write_server_error(self.out.scratch(), error);
-                        }
-                        None => return false,
-                    },
+                    }
                     Finish::Quorum { quorum, .. } => match decide(&results, *quorum) {
                         Decision::Wait => return false,
                         Decision::Answer(reply) => {
@@ -981,18 +976,11 @@ impl ClientSession {
                     {
                         return false;
                     }
-                    Finish::Forward | Finish::Leased(_) => match &parts[0].result {
-                        Some(Ok(reply)) => {
-                            stats.reply(entry.command, reply.outcome);
-                            entry.said = reply.outcome;
-                            self.out.push(reply.bytes.clone());
-                        }
-                        Some(Err(error)) => {
-                            entry.said = Outcome::ServerError;
-                            write_server_error(self.out.scratch(), error);
-                        }
-                        None => {}
-                    },
+                    Finish::Forward | Finish::Leased(_) => {
+                        // Every part answered (above).
+                        let result = parts[0].result.as_ref();
+                        answer_one(&mut self.out, stats, entry.command, &mut entry.said, result);
+                    }
                     Finish::AllOk(joined) => {
                         let names = parts
                             .iter()
@@ -1330,4 +1318,29 @@ fn leased_wire(retry: &LeaseRetry, e: &Sending<'_>) -> (SmallVec<[Bytes; 3]>, Ex
             (request.iter().cloned().collect(), Expect::Line(expect))
         }
     }
+}
+
+/// Answers with one server's reply as it came, or with the error its
+/// request met (counted, and kept as what the request said); false while
+/// it has not answered.
+fn answer_one(
+    out: &mut OutQueue,
+    stats: &crate::stats::Stats,
+    command: crate::protocol::Command,
+    said: &mut Outcome,
+    result: Option<&CallResult>,
+) -> bool {
+    match result {
+        Some(Ok(reply)) => {
+            stats.reply(command, reply.outcome);
+            *said = reply.outcome;
+            out.push(reply.bytes.clone());
+        }
+        Some(Err(error)) => {
+            *said = Outcome::ServerError;
+            write_server_error(out.scratch(), error);
+        }
+        None => return false,
+    }
+    true
 }
