@@ -334,54 +334,25 @@ impl Moved {
     /// The reply to the last step's `lines`. `now` is the Unix time, for the
     /// remaining TTL of a copy beyond 30 days.
     pub(crate) fn on_reply(&mut self, result: CallResult, now: u64) -> Step {
+        // The arms are tried in order: a guard further up wins.
         match (self.kind, self.stage) {
             // The probe's recache token is back: on as the probe said.
-            (Kind::Delete, Stage::HandBack) => {
-                self.stage = Stage::Last;
-                self.send(Owner::New)
-            }
+            (Kind::Delete, Stage::HandBack) => self.run_on_new(),
             (_, Stage::HandBack) => {
                 let probe = self.probe_seen.take().unwrap_or(result);
                 self.no_lease_found(probe)
             }
-            (_, Stage::Forget) => {
-                // Answered whatever the previous owner said: if it failed,
-                // readers of the old ring cannot reach it either.
-                Step::Answer(self.first.take().unwrap_or(result))
-            }
+            // Answered whatever the previous owner said: if it failed,
+            // readers of the old ring cannot reach it either.
+            (_, Stage::Forget) => Step::Answer(self.first.take().unwrap_or(result)),
             // The new owner is looked at first: a delete that removes
             // another sidecar's lease there removed nothing of the client's.
             (Kind::Delete, Stage::First) => {
                 self.first = Some(result);
                 self.probe()
             }
-            (Kind::Delete, Stage::Probe) => {
-                let reply = result.as_ref().ok();
-                self.new_held_lease = reply.and_then(probed_lease).is_some();
-                let (key, base64) = self.key_token();
-                match reply.and_then(|reply| probe_hand_back(reply, &key, base64)) {
-                    Some(line) => self.hand_back(line, result),
-                    None => {
-                        self.stage = Stage::Last;
-                        self.send(Owner::New)
-                    }
-                }
-            }
-
-            (Kind::Delete, _) => {
-                let previous = self.first.take().unwrap_or_else(|| result.clone());
-                // What the new owner held was a lease: the previous owner's
-                // answer alone says whether the key was there (also for a
-                // quiet `md`, whose success says nothing).
-                let answer = match self.new_held_lease {
-                    true => previous,
-                    false => self.merge_delete(result, previous),
-                };
-                if self.delete_again {
-                    return self.forget_previous(answer);
-                }
-                Step::Answer(answer)
-            }
+            (Kind::Delete, Stage::Probe) => self.delete_probed(result),
+            (Kind::Delete, _) => self.delete_answered(result),
             // Nothing is copied: whatever the new owner answered, the
             // previous owner's copy goes before the answer (the key is
             // absent to this command, so it must be to every later read).
@@ -389,59 +360,12 @@ impl Moved {
                 Kind::RetryAfterCopy | Kind::CopyFirst | Kind::Cas | Kind::Overwrite,
                 Stage::First,
             ) if self.copies == Copies::Never => self.forget_previous(result),
-            (Kind::Read, Stage::First) => {
-                let Some((wire, _)) = self.meta.as_ref().and_then(|m| m.read.as_ref()) else {
-                    return Step::Answer(result);
-                };
-                if !matches!(&result, Ok(reply) if reply.outcome.meta_miss()) {
-                    return Step::Answer(result);
-                }
-                self.first = Some(result);
-                self.stage = Stage::Fetch;
-                Step::Send {
-                    to: Owner::Previous,
-                    lines: wire.clone(),
-                    expect: self.expect.clone(),
-                }
-            }
-            (Kind::Read, _) => {
-                let hit = match (&result, &self.meta) {
-                    (
-                        Ok(reply),
-                        Some(Meta {
-                            base64,
-                            read: Some((_, added)),
-                            ..
-                        }),
-                    ) => meta_read_through_hit(reply, *added, &self.key, *base64, now),
-                    _ => None,
-                };
-                self.tally.read_through = Some(hit.is_some());
-                match hit {
-                    Some((answer, copy)) => {
-                        self.read_copy = copy.filter(|_| self.copies == Copies::ThroughLease);
-                        Step::Answer(Ok(answer))
-                    }
-                    // A miss (or a failure) there too: the owner's miss, as
-                    // the client asked.
-                    None => Step::Answer(self.first.take().unwrap_or(result)),
-                }
-            }
+            (Kind::Read, Stage::First) => self.read_new_answered(result),
+            (Kind::Read, _) => self.read_previous_answered(result, now),
             (
                 kind @ (Kind::RetryAfterCopy | Kind::CopyFirst),
                 stage @ (Stage::First | Stage::Last),
-            ) if !self.probed
-                && match kind {
-                    // Its own copy, if made, is what refused it.
-                    Kind::CopyFirst => {
-                        !self.forgotten && (not_a_number(&result) || not_stored(&result))
-                    }
-                    _ => {
-                        not_a_number(&result)
-                            || (stage == Stage::First && self.may_have_met_a_lease(&result))
-                    }
-                } =>
-            {
+            ) if !self.probed && self.may_be_on_a_lease(kind, stage, &result) => {
                 self.probed = true;
                 self.first = Some(result);
                 self.probe()
@@ -456,99 +380,9 @@ impl Moved {
                 }
             }
             (Kind::Overwrite, Stage::First) => self.answer_changed(result),
-            (Kind::RetryAfterCopy | Kind::CopyFirst, Stage::Fetch) => {
-                // The copy keeps the remaining TTL; an item that expires
-                // within the second is not copied (0 would keep it forever).
-                let copy = match &result {
-                    Ok(reply) => self.copy_of(reply, now).zip(fetched_cas(reply)),
-                    Err(_) => None,
-                };
-                self.tally.read_through = Some(copy.is_some());
-                match (copy, self.first.take()) {
-                    // Another copy's lease taken over: it is in place.
-                    (Some((copy, cas)), first) if self.lease_cas.is_some() => {
-                        self.first = first;
-                        self.copy = Some(copy);
-                        self.check(cas)
-                    }
-                    (Some((copy, cas)), first) => {
-                        self.first = first;
-                        self.stage = Stage::Lease;
-                        self.fetched_cas = Some(cas);
-                        self.copy = Some(copy);
-                        let (key, base64) = self.key_token();
-                        Step::Send {
-                            to: Owner::New,
-                            lines: smallvec::smallvec![lease::lease_request(&key, base64)],
-                            expect: meta_expect(MetaCommand::Set),
-                        }
-                    }
-                    // Nothing to copy over the lease taken over: it goes
-                    // (by its cas), and the command then finds the key
-                    // absent, as memcached would answer it.
-                    (None, _) if self.lease_cas.is_some() => self.take_back(),
-                    // Not on the previous owner either: the first answer
-                    // stands (or, for `add`, run it now).
-                    (None, Some(first)) => Step::Answer(first),
-                    (None, None) => self.run_on_new(),
-                }
-            }
-            (_, Stage::Lease) => {
-                let outcome = copy_outcome(&result);
-                match (self.fetched_cas.take(), outcome, landed_cas(&result)) {
-                    (Some(cas), CopyOutcome::Made, Some(lease)) => {
-                        self.lease_cas = Some(lease);
-                        self.check(cas)
-                    }
-                    // The new owner had the key already (a write, or another
-                    // copy's lease, reached it first), or did not take the
-                    // lease: nothing to copy.
-                    // Held by another sidecar's lease, maybe: a command
-                    // that needs the value takes that lease over, as an
-                    // `incr` does, rather than run on it (an `mg … T` would
-                    // stretch it and miss).
-                    (_, CopyOutcome::Skipped, _)
-                        if matches!(self.kind, Kind::RetryAfterCopy | Kind::CopyFirst)
-                            && !self.probed
-                            && self.lease_cas.is_none() =>
-                    {
-                        self.probed = true;
-                        self.probed_after_copy = true;
-                        self.copy = None;
-                        self.probe()
-                    }
-                    (_, outcome, _) => {
-                        self.tally.copy = Some(match outcome {
-                            CopyOutcome::Made => CopyOutcome::Failed,
-                            outcome => outcome,
-                        });
-                        self.copy = None;
-                        self.run_on_new()
-                    }
-                }
-            }
-            (_, Stage::Check) => {
-                let (Some(lease), Some(copy)) = (self.lease_cas, self.copy.take()) else {
-                    return self.run_on_new();
-                };
-                if matches!(&result, Ok(reply) if reply.outcome.meta_succeeded()) {
-                    // The fetched item was still there once the lease was in
-                    // place: a later delete reaches the new owner after the
-                    // lease, and the copy then fails.
-                    self.forgotten = true;
-                    self.lease_cas = None;
-                    self.stage = Stage::Fill;
-                    return Step::Send {
-                        to: Owner::New,
-                        lines: fill_wire(&copy, lease),
-                        expect: meta_expect(MetaCommand::Set),
-                    };
-                }
-                // Gone or changed (or no answer): when in doubt, no copy; the
-                // lease goes, by its cas, so something newer that replaced it
-                // stays.
-                self.take_back()
-            }
+            (Kind::RetryAfterCopy | Kind::CopyFirst, Stage::Fetch) => self.fetched(result, now),
+            (_, Stage::Lease) => self.lease_answered(result),
+            (_, Stage::Check) => self.checked(result),
             (_, Stage::Fill) => {
                 self.tally.copy = Some(fill_outcome(&result));
                 // The command now finds the copy, or what a write left.
@@ -581,6 +415,192 @@ impl Moved {
             (Kind::RetryAfterCopy | Kind::CopyFirst, _) => self.answer_changed(result),
             (_, _) => Step::Answer(result),
         }
+    }
+
+    /// A delete's probe of the new owner answered: its recache token goes
+    /// back if the probe took it, then the delete runs there.
+    fn delete_probed(&mut self, result: CallResult) -> Step {
+        let reply = result.as_ref().ok();
+        self.new_held_lease = reply.and_then(probed_lease).is_some();
+        let (key, base64) = self.key_token();
+        match reply.and_then(|reply| probe_hand_back(reply, &key, base64)) {
+            Some(line) => self.hand_back(line, result),
+            None => self.run_on_new(),
+        }
+    }
+
+    /// A delete answered by both owners (`result` is the new owner's).
+    fn delete_answered(&mut self, result: CallResult) -> Step {
+        let previous = self.first.take().unwrap_or_else(|| result.clone());
+        // What the new owner held was a lease: the previous owner's
+        // answer alone says whether the key was there (also for a
+        // quiet `md`, whose success says nothing).
+        let answer = match self.new_held_lease {
+            true => previous,
+            false => self.merge_delete(result, previous),
+        };
+        if self.delete_again {
+            return self.forget_previous(answer);
+        }
+        Step::Answer(answer)
+    }
+
+    /// An `mg` answered by the new owner: a miss asks the previous owner.
+    fn read_new_answered(&mut self, result: CallResult) -> Step {
+        let Some((wire, _)) = self.meta.as_ref().and_then(|m| m.read.as_ref()) else {
+            return Step::Answer(result);
+        };
+        if !matches!(&result, Ok(reply) if reply.outcome.meta_miss()) {
+            return Step::Answer(result);
+        }
+        let lines = wire.clone();
+        self.first = Some(result);
+        self.stage = Stage::Fetch;
+        Step::Send {
+            to: Owner::Previous,
+            lines,
+            expect: self.expect.clone(),
+        }
+    }
+
+    /// An `mg` answered by the previous owner: its hit is the answer, and
+    /// its copy goes to the new owner once answered.
+    fn read_previous_answered(&mut self, result: CallResult, now: u64) -> Step {
+        let hit = match (&result, &self.meta) {
+            (
+                Ok(reply),
+                Some(Meta {
+                    base64,
+                    read: Some((_, added)),
+                    ..
+                }),
+            ) => meta_read_through_hit(reply, *added, &self.key, *base64, now),
+            _ => None,
+        };
+        self.tally.read_through = Some(hit.is_some());
+        match hit {
+            Some((answer, copy)) => {
+                self.read_copy = copy.filter(|_| self.copies == Copies::ThroughLease);
+                Step::Answer(Ok(answer))
+            }
+            // A miss (or a failure) there too: the owner's miss, as
+            // the client asked.
+            None => Step::Answer(self.first.take().unwrap_or(result)),
+        }
+    }
+
+    /// Whether the first (or last) answer of a command that copies may have
+    /// come from another copy's lease rather than the key's value, so the
+    /// new owner is probed.
+    fn may_be_on_a_lease(&self, kind: Kind, stage: Stage, result: &CallResult) -> bool {
+        match kind {
+            // Its own copy, if made, is what refused it.
+            Kind::CopyFirst => !self.forgotten && (not_a_number(result) || not_stored(result)),
+            _ => {
+                not_a_number(result) || (stage == Stage::First && self.may_have_met_a_lease(result))
+            }
+        }
+    }
+
+    /// The previous owner's item for a copy: the copy's lease goes to the
+    /// new owner (or the check, over a lease taken over). The copy keeps the
+    /// remaining TTL; an item that expires within the second is not copied
+    /// (0 would keep it forever).
+    fn fetched(&mut self, result: CallResult, now: u64) -> Step {
+        let copy = match &result {
+            Ok(reply) => self.copy_of(reply, now).zip(fetched_cas(reply)),
+            Err(_) => None,
+        };
+        self.tally.read_through = Some(copy.is_some());
+        match (copy, self.first.take()) {
+            // Another copy's lease taken over: it is in place.
+            (Some((copy, cas)), first) if self.lease_cas.is_some() => {
+                self.first = first;
+                self.copy = Some(copy);
+                self.check(cas)
+            }
+            (Some((copy, cas)), first) => {
+                self.first = first;
+                self.stage = Stage::Lease;
+                self.fetched_cas = Some(cas);
+                self.copy = Some(copy);
+                let (key, base64) = self.key_token();
+                Step::Send {
+                    to: Owner::New,
+                    lines: smallvec::smallvec![lease::lease_request(&key, base64)],
+                    expect: meta_expect(MetaCommand::Set),
+                }
+            }
+            // Nothing to copy over the lease taken over: it goes
+            // (by its cas), and the command then finds the key
+            // absent, as memcached would answer it.
+            (None, _) if self.lease_cas.is_some() => self.take_back(),
+            // Not on the previous owner either: the first answer
+            // stands (or, for `add`, run it now).
+            (None, Some(first)) => Step::Answer(first),
+            (None, None) => self.run_on_new(),
+        }
+    }
+
+    /// The new owner's answer to the copy's lease.
+    fn lease_answered(&mut self, result: CallResult) -> Step {
+        let outcome = copy_outcome(&result);
+        match (self.fetched_cas.take(), outcome, landed_cas(&result)) {
+            (Some(cas), CopyOutcome::Made, Some(lease)) => {
+                self.lease_cas = Some(lease);
+                self.check(cas)
+            }
+            // The new owner had the key already (a write, or another
+            // copy's lease, reached it first), or did not take the
+            // lease: nothing to copy.
+            // Held by another sidecar's lease, maybe: a command
+            // that needs the value takes that lease over, as an
+            // `incr` does, rather than run on it (an `mg … T` would
+            // stretch it and miss).
+            (_, CopyOutcome::Skipped, _)
+                if matches!(self.kind, Kind::RetryAfterCopy | Kind::CopyFirst)
+                    && !self.probed
+                    && self.lease_cas.is_none() =>
+            {
+                self.probed = true;
+                self.probed_after_copy = true;
+                self.copy = None;
+                self.probe()
+            }
+            (_, outcome, _) => {
+                self.tally.copy = Some(match outcome {
+                    CopyOutcome::Made => CopyOutcome::Failed,
+                    outcome => outcome,
+                });
+                self.copy = None;
+                self.run_on_new()
+            }
+        }
+    }
+
+    /// The previous owner's answer to the check (the fetched item deleted
+    /// by its cas): the copy replaces its lease, or the lease goes.
+    fn checked(&mut self, result: CallResult) -> Step {
+        let (Some(lease), Some(copy)) = (self.lease_cas, self.copy.take()) else {
+            return self.run_on_new();
+        };
+        if matches!(&result, Ok(reply) if reply.outcome.meta_succeeded()) {
+            // The fetched item was still there once the lease was in
+            // place: a later delete reaches the new owner after the
+            // lease, and the copy then fails.
+            self.forgotten = true;
+            self.lease_cas = None;
+            self.stage = Stage::Fill;
+            return Step::Send {
+                to: Owner::New,
+                lines: fill_wire(&copy, lease),
+                expect: meta_expect(MetaCommand::Set),
+            };
+        }
+        // Gone or changed (or no answer): when in doubt, no copy; the
+        // lease goes, by its cas, so something newer that replaced it
+        // stays.
+        self.take_back()
     }
 
     /// A takeover's turn as a step. A `cas` it stored leaves the previous
