@@ -91,12 +91,7 @@ pub async fn start_within(
         DoorListener::Unix { .. } => SocketAddr::from(([0, 0, 0, 0], 0)),
     };
     let local_path = config.listen.unix_path().map(std::path::Path::to_path_buf);
-    let connector = match &config.backend_tls {
-        Some(files) => Some(Arc::new(crate::tls::Connector::new(files).map_err(
-            |e| io::Error::new(io::ErrorKind::InvalidInput, format!("backend_tls: {e}")),
-        )?)),
-        None => None,
-    };
+    let connector = backend_connector(config)?;
     let tls_listener = tls_listener(config, &shutdown)?;
     let tls_addr = match &tls_listener {
         Some((listener, _)) => Some(listener.local_addr()?),
@@ -165,52 +160,16 @@ pub async fn start_within(
     doors.extend(pool_doors);
     let admin_addr = match admin {
         Some(listener) => {
-            let addr = listener.local_addr()?;
-            tracing::info!(%addr, "admin listener: /metrics /live /ready");
             let state = AdminState {
                 stats: stats.clone(),
                 topology: topology.clone(),
                 layout: pools.layout(),
             };
-            tokio::spawn(crate::control::admin::serve(
-                listener,
-                state,
-                shutdown.clone(),
-            ));
-            Some(addr)
+            Some(serve_admin(listener, state, &shutdown)?)
         }
         None => None,
     };
-    let count = config.worker_count();
-    let settings = SessionSettings {
-        max_pending: config.max_pending_per_client,
-        idle_timeout: config.client_idle_timeout,
-        write_timeout: config.client_write_timeout,
-        client_buffer_bytes: config.max_client_buffer_bytes,
-        request_log: config.request_log,
-    };
-    let hot = crate::hotkeys::HotShared::new(config.hot_keys, count, stats.clone());
-    tokio::spawn(crate::hotkeys::monitor(
-        hot.clone(),
-        pools.layout(),
-        pools.published(),
-        shutdown.clone(),
-    ));
-    let workers = (0..count)
-        .map(|index| {
-            worker::spawn(WorkerSetup {
-                index,
-                layout: pools.layout(),
-                stats: stats.clone(),
-                shutdown: shutdown.clone(),
-                settings,
-                budget: (config.max_buffer_bytes / count).max(1),
-                grace: config.shutdown_grace,
-                published: pools.published(),
-                hot: hot.clone(),
-            })
-        })
-        .collect::<io::Result<Vec<_>>>()?;
+    let workers = spawn_workers(config, &pools, &stats, &shutdown)?;
     log_listening(
         config,
         (local_addr, local_path.as_deref()),
@@ -233,6 +192,74 @@ pub async fn start_within(
         stats,
         task,
     })
+}
+
+/// The TLS connector for memring's own connections to memcached, with
+/// `backend_tls` set.
+fn backend_connector(config: &Config) -> io::Result<Option<Arc<crate::tls::Connector>>> {
+    let Some(files) = &config.backend_tls else {
+        return Ok(None);
+    };
+    let connector = crate::tls::Connector::new(files)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("backend_tls: {e}")))?;
+    Ok(Some(Arc::new(connector)))
+}
+
+/// Serves `/metrics`, `/live` and `/ready` on the admin listener until
+/// shutdown; where it listens.
+fn serve_admin(
+    listener: TcpListener,
+    state: AdminState,
+    shutdown: &CancellationToken,
+) -> io::Result<SocketAddr> {
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, "admin listener: /metrics /live /ready");
+    tokio::spawn(crate::control::admin::serve(
+        listener,
+        state,
+        shutdown.clone(),
+    ));
+    Ok(addr)
+}
+
+/// One worker per `config.worker_count()`, sharing the byte budget and the
+/// hot-key detector (whose monitor starts here too).
+fn spawn_workers(
+    config: &Config,
+    pools: &Pools,
+    stats: &Arc<Stats>,
+    shutdown: &CancellationToken,
+) -> io::Result<Vec<Worker>> {
+    let count = config.worker_count();
+    let settings = SessionSettings {
+        max_pending: config.max_pending_per_client,
+        idle_timeout: config.client_idle_timeout,
+        write_timeout: config.client_write_timeout,
+        client_buffer_bytes: config.max_client_buffer_bytes,
+        request_log: config.request_log,
+    };
+    let hot = crate::hotkeys::HotShared::new(config.hot_keys, count, stats.clone());
+    tokio::spawn(crate::hotkeys::monitor(
+        hot.clone(),
+        pools.layout(),
+        pools.published(),
+        shutdown.clone(),
+    ));
+    (0..count)
+        .map(|index| {
+            worker::spawn(WorkerSetup {
+                index,
+                layout: pools.layout(),
+                stats: stats.clone(),
+                shutdown: shutdown.clone(),
+                settings,
+                budget: (config.max_buffer_bytes / count).max(1),
+                grace: config.shutdown_grace,
+                published: pools.published(),
+                hot: hot.clone(),
+            })
+        })
+        .collect()
 }
 
 /// The TLS client listener and its acceptor (watched for new certificate

@@ -250,47 +250,110 @@ fn etcd_settings(
     at: &dyn Fn(Range<usize>, String) -> ConfigError,
 ) -> Result<Option<EtcdSource>, ConfigError> {
     let Some(endpoints) = &raw.etcd_endpoints else {
-        for (name, span) in [
-            ("etcd_prefix", raw.etcd_prefix.as_ref().map(Spanned::span)),
-            (
-                "member_grace_ms",
-                raw.member_grace_ms.as_ref().map(Spanned::span),
-            ),
-            (
-                "fleet_switch_ms",
-                raw.fleet_switch_ms.as_ref().map(Spanned::span),
-            ),
-            (
-                "etcd_cache_file",
-                raw.etcd_cache_file.as_ref().map(Spanned::span),
-            ),
-            ("etcd_ca_file", raw.etcd_ca_file.as_ref().map(Spanned::span)),
-            (
-                "etcd_cert_file",
-                raw.etcd_cert_file.as_ref().map(Spanned::span),
-            ),
-            (
-                "etcd_key_file",
-                raw.etcd_key_file.as_ref().map(Spanned::span),
-            ),
-            (
-                "etcd_username",
-                raw.etcd_username.as_ref().map(Spanned::span),
-            ),
-            (
-                "etcd_password_file",
-                raw.etcd_password_file.as_ref().map(Spanned::span),
-            ),
-        ] {
-            if let Some(span) = span {
-                return Err(at(
-                    span,
-                    format!("{name} is an etcd setting: it needs etcd_endpoints"),
-                ));
-            }
-        }
+        no_etcd_settings_alone(raw, at)?;
         return Ok(None);
     };
+    let listed = etcd_endpoint_urls(endpoints, raw.etcd_ca_file.is_some(), at)?;
+    let Some(prefix) = &raw.etcd_prefix else {
+        return Err(at(
+            endpoints.span(),
+            "etcd_endpoints needs etcd_prefix, the cluster's keys (for example \"/memring/web/\")"
+                .into(),
+        ));
+    };
+    let text = prefix.get_ref();
+    if !text.ends_with('/') || text.len() < 2 || refused_char(text).is_some() || text.contains(' ')
+    {
+        return Err(at(
+            prefix.span(),
+            format!("etcd_prefix = {text:?} must end in / and hold no spaces or control characters (for example \"/memring/web/\")"),
+        ));
+    }
+    let member_grace = millis_setting(
+        "member_grace_ms",
+        raw.member_grace_ms.as_ref(),
+        super::DEFAULT_MEMBER_GRACE_MS,
+        at,
+    )?;
+    let fleet_switch = millis_setting(
+        "fleet_switch_ms",
+        raw.fleet_switch_ms.as_ref(),
+        super::DEFAULT_FLEET_SWITCH_MS,
+        at,
+    )?;
+    let cache_file = match &raw.etcd_cache_file {
+        Some(file) if file.get_ref().trim().is_empty() => {
+            return Err(at(file.span(), "etcd_cache_file is empty".into()))
+        }
+        Some(file) => PathBuf::from(file.get_ref()),
+        None => PathBuf::from(format!("{path}.members.json")),
+    };
+    let access = etcd_access(raw, &listed, endpoints.span(), at)?;
+    Ok(Some(EtcdSource {
+        endpoints: listed,
+        prefix: text.clone(),
+        member_grace,
+        fleet_switch,
+        cache_file,
+        access,
+    }))
+}
+
+/// Without `etcd_endpoints`, no other etcd setting may be given: it would
+/// do nothing.
+fn no_etcd_settings_alone(
+    raw: &RawDiscovery,
+    at: &dyn Fn(Range<usize>, String) -> ConfigError,
+) -> Result<(), ConfigError> {
+    for (name, span) in [
+        ("etcd_prefix", raw.etcd_prefix.as_ref().map(Spanned::span)),
+        (
+            "member_grace_ms",
+            raw.member_grace_ms.as_ref().map(Spanned::span),
+        ),
+        (
+            "fleet_switch_ms",
+            raw.fleet_switch_ms.as_ref().map(Spanned::span),
+        ),
+        (
+            "etcd_cache_file",
+            raw.etcd_cache_file.as_ref().map(Spanned::span),
+        ),
+        ("etcd_ca_file", raw.etcd_ca_file.as_ref().map(Spanned::span)),
+        (
+            "etcd_cert_file",
+            raw.etcd_cert_file.as_ref().map(Spanned::span),
+        ),
+        (
+            "etcd_key_file",
+            raw.etcd_key_file.as_ref().map(Spanned::span),
+        ),
+        (
+            "etcd_username",
+            raw.etcd_username.as_ref().map(Spanned::span),
+        ),
+        (
+            "etcd_password_file",
+            raw.etcd_password_file.as_ref().map(Spanned::span),
+        ),
+    ] {
+        if let Some(span) = span {
+            return Err(at(
+                span,
+                format!("{name} is an etcd setting: it needs etcd_endpoints"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Each `etcd_endpoints` entry as `http://host:port` or `https://host:port`;
+/// `host:port` alone is https when `with_ca` (`etcd_ca_file` is set).
+fn etcd_endpoint_urls(
+    endpoints: &Spanned<Vec<String>>,
+    with_ca: bool,
+    at: &dyn Fn(Range<usize>, String) -> ConfigError,
+) -> Result<Vec<String>, ConfigError> {
     if endpoints.get_ref().is_empty() {
         return Err(at(
             endpoints.span(),
@@ -325,7 +388,7 @@ fn etcd_settings(
             ));
         }
         // host:port alone is https with etcd_ca_file, http without.
-        let https = scheme.map_or(raw.etcd_ca_file.is_some(), |s| s == "https");
+        let https = scheme.map_or(with_ca, |s| s == "https");
         schemes.insert(https);
         let scheme = if https { "https" } else { "http" };
         listed.push(format!("{scheme}://{}", rest.trim_end_matches('/')));
@@ -336,69 +399,32 @@ fn etcd_settings(
             "etcd_endpoints mixes http:// and https://: one etcd cluster speaks one of them".into(),
         ));
     }
-    let Some(prefix) = &raw.etcd_prefix else {
-        return Err(at(
-            endpoints.span(),
-            "etcd_endpoints needs etcd_prefix, the cluster's keys (for example \"/memring/web/\")"
-                .into(),
-        ));
+    Ok(listed)
+}
+
+/// A duration in milliseconds, 0 to one hour; `default` when not given.
+fn millis_setting(
+    name: &str,
+    value: Option<&Spanned<u64>>,
+    default: u64,
+    at: &dyn Fn(Range<usize>, String) -> ConfigError,
+) -> Result<Duration, ConfigError> {
+    let Some(ms) = value else {
+        return Ok(Duration::from_millis(default));
     };
-    let text = prefix.get_ref();
-    if !text.ends_with('/') || text.len() < 2 || refused_char(text).is_some() || text.contains(' ')
-    {
+    let range = 0..=3_600_000;
+    if !range.contains(ms.get_ref()) {
         return Err(at(
-            prefix.span(),
-            format!("etcd_prefix = {text:?} must end in / and hold no spaces or control characters (for example \"/memring/web/\")"),
+            ms.span(),
+            format!(
+                "{name} = {} is out of range {}..={}",
+                ms.get_ref(),
+                range.start(),
+                range.end()
+            ),
         ));
     }
-    let mut grace = Duration::from_millis(super::DEFAULT_MEMBER_GRACE_MS);
-    if let Some(ms) = &raw.member_grace_ms {
-        let range = 0..=3_600_000;
-        if !range.contains(ms.get_ref()) {
-            return Err(at(
-                ms.span(),
-                format!(
-                    "member_grace_ms = {} is out of range {}..={}",
-                    ms.get_ref(),
-                    range.start(),
-                    range.end()
-                ),
-            ));
-        }
-        grace = Duration::from_millis(*ms.get_ref());
-    }
-    let mut fleet_switch = Duration::from_millis(super::DEFAULT_FLEET_SWITCH_MS);
-    if let Some(ms) = &raw.fleet_switch_ms {
-        let range = 0..=3_600_000;
-        if !range.contains(ms.get_ref()) {
-            return Err(at(
-                ms.span(),
-                format!(
-                    "fleet_switch_ms = {} is out of range {}..={}",
-                    ms.get_ref(),
-                    range.start(),
-                    range.end()
-                ),
-            ));
-        }
-        fleet_switch = Duration::from_millis(*ms.get_ref());
-    }
-    let cache_file = match &raw.etcd_cache_file {
-        Some(file) if file.get_ref().trim().is_empty() => {
-            return Err(at(file.span(), "etcd_cache_file is empty".into()))
-        }
-        Some(file) => PathBuf::from(file.get_ref()),
-        None => PathBuf::from(format!("{path}.members.json")),
-    };
-    let access = etcd_access(raw, &listed, endpoints.span(), at)?;
-    Ok(Some(EtcdSource {
-        endpoints: listed,
-        prefix: text.clone(),
-        member_grace: grace,
-        fleet_switch,
-        cache_file,
-        access,
-    }))
+    Ok(Duration::from_millis(*ms.get_ref()))
 }
 
 /// `etcd_ca_file`, `etcd_cert_file`/`etcd_key_file` (together) and

@@ -1117,6 +1117,14 @@ fn bad_discovery_settings_are_rejected_with_their_place() {
             "etcd_prefix is an etcd setting: it needs etcd_endpoints",
         ),
         (
+            "etcd_endpoints = [\"http://e:2379\"]\netcd_prefix = \"/m/\"\nmember_grace_ms = 3600001\n",
+            "member_grace_ms = 3600001 is out of range 0..=3600000",
+        ),
+        (
+            "etcd_endpoints = [\"http://e:2379\"]\netcd_prefix = \"/m/\"\nfleet_switch_ms = 3600001\n",
+            "fleet_switch_ms = 3600001 is out of range 0..=3600000",
+        ),
+        (
             "etcd_endpoints = [\"http://e:2379\"]\netcd_prefix = \"/m/\"\nsrv = \"_m._tcp.x\"\n",
             "[discovery] etcd_endpoints and srv _m._tcp.x both list the default pool's servers",
         ),
