@@ -3,13 +3,12 @@
 //! LEAVING hand-off, suspicion of a member whose lease expired, etcd
 //! outages, the membership cache, bad records, and many members at once.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::io::Write;
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use crate::common::etcd::Etcd;
+use crate::common::link::{Link, Traffic};
 use crate::common::{free_port, held_values, wait_for, Client, Daemon, Memcached, Proxy, TempDir};
 use memring::protocol::ReplyKind;
 
@@ -256,143 +255,6 @@ fn a_member_whose_lease_expires_while_it_answers_moves_nothing_within_the_grace(
     );
 }
 
-/// A TCP relay to etcd that the test can cut: while cut, it drops every
-/// connection and refuses new ones.
-pub(crate) struct EtcdLink {
-    port: u16,
-    pub(crate) cut: Arc<AtomicBool>,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl EtcdLink {
-    pub(crate) fn start(upstream: u16) -> EtcdLink {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let cut = Arc::new(AtomicBool::new(false));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (c, s) = (cut.clone(), stop.clone());
-        let thread = std::thread::spawn(move || {
-            let mut pipes = Vec::new();
-            while !s.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((client, _)) if !c.load(Ordering::Relaxed) => {
-                        if let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) {
-                            for (from, to) in [
-                                (client.try_clone().unwrap(), server.try_clone().unwrap()),
-                                (server, client),
-                            ] {
-                                let (c, s) = (c.clone(), s.clone());
-                                pipes.push(std::thread::spawn(move || pipe(from, to, &c, &s)));
-                            }
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
-                }
-            }
-            for p in pipes {
-                let _ = p.join();
-            }
-        });
-        EtcdLink {
-            port,
-            cut,
-            stop,
-            thread: Some(thread),
-        }
-    }
-
-    pub(crate) fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-}
-
-fn pipe(mut from: TcpStream, mut to: TcpStream, cut: &AtomicBool, stop: &AtomicBool) {
-    from.set_read_timeout(Some(Duration::from_millis(20)))
-        .unwrap();
-    let mut buffer = [0u8; 16 * 1024];
-    loop {
-        if cut.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed) {
-            break;
-        }
-        match from.read(&mut buffer) {
-            Ok(0) => break,
-            Ok(n) => {
-                if to.write_all(&buffer[..n]).is_err() {
-                    break;
-                }
-            }
-            Err(e)
-                if e.kind() == std::io::ErrorKind::WouldBlock
-                    || e.kind() == std::io::ErrorKind::TimedOut => {}
-            Err(_) => break,
-        }
-    }
-    let _ = from.shutdown(std::net::Shutdown::Both);
-    let _ = to.shutdown(std::net::Shutdown::Both);
-}
-
-impl Drop for EtcdLink {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Requests through memring, in a thread, counting errors until stopped.
-struct Traffic {
-    stop: Arc<AtomicBool>,
-    errors: Arc<AtomicU64>,
-    done: Arc<AtomicU64>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Traffic {
-    fn start(proxy: &Proxy) -> Traffic {
-        let addr = proxy.addr.to_string();
-        let stop = Arc::new(AtomicBool::new(false));
-        let errors = Arc::new(AtomicU64::new(0));
-        let done = Arc::new(AtomicU64::new(0));
-        let (s, e, d) = (stop.clone(), errors.clone(), done.clone());
-        let thread = std::thread::spawn(move || {
-            let mut client = Client::connect(&addr);
-            let mut i = 0u64;
-            while !s.load(Ordering::Relaxed) {
-                let key = format!("traffic:{}", i % 500);
-                if client.set(&key, b"x") != b"STORED\r\n" {
-                    e.fetch_add(1, Ordering::Relaxed);
-                }
-                if client.get(&key).is_none() {
-                    e.fetch_add(1, Ordering::Relaxed);
-                }
-                d.fetch_add(1, Ordering::Relaxed);
-                i += 1;
-            }
-        });
-        Traffic {
-            stop,
-            errors,
-            done,
-            thread: Some(thread),
-        }
-    }
-
-    fn finish(mut self) -> (u64, u64) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            t.join().unwrap();
-        }
-        (
-            self.done.load(Ordering::Relaxed),
-            self.errors.load(Ordering::Relaxed),
-        )
-    }
-}
-
 #[test]
 fn etcd_outages_cost_no_request_and_changes_made_meanwhile_arrive() {
     let mut etcd = Etcd::start("outage");
@@ -400,30 +262,28 @@ fn etcd_outages_cost_no_request_and_changes_made_meanwhile_arrive() {
     let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
     etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
     etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
-    let link = EtcdLink::start(etcd.client_port);
+    let link = Link::start(etcd.client_port);
     let proxy = Proxy::start_text(&etcd_config(&link.endpoint(), &dir, ""));
     assert_eq!(ring_names(&proxy), ["a", "b"]);
-    let traffic = Traffic::start(&proxy);
+    let traffic = Traffic::start(&proxy.addr.to_string());
 
     // etcd killed and started again while memring serves.
-    let done = traffic.done.load(Ordering::Relaxed);
+    let done = traffic.done();
     etcd.stop();
     wait_for("requests while etcd is down", || {
-        traffic.done.load(Ordering::Relaxed) > done + 200
+        traffic.done() > done + 200
     });
     etcd.restart();
     assert_eq!(ring_names(&proxy), ["a", "b"]);
 
     // memring cut off from etcd while a member joins: applied once the
     // link is back.
-    link.cut.store(true, Ordering::Relaxed);
-    let done = traffic.done.load(Ordering::Relaxed);
+    link.cut(true);
+    let done = traffic.done();
     etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
-    wait_for("requests while cut off", || {
-        traffic.done.load(Ordering::Relaxed) > done + 200
-    });
+    wait_for("requests while cut off", || traffic.done() > done + 200);
     assert_eq!(ring_names(&proxy), ["a", "b"], "memring cannot know yet");
-    link.cut.store(false, Ordering::Relaxed);
+    link.cut(false);
     wait_for("c applied after reconnect", || {
         ring_names(&proxy) == ["a", "b", "c"]
     });

@@ -12,7 +12,8 @@ use crate::common::etcd::Etcd;
 use crate::common::{free_port, wait_for, Client, Daemon, Memcached, Proxy, TempDir};
 use memring::protocol::ReplyKind;
 
-use crate::etcd::{etcd_config, key_of, record, stat_text, EtcdLink, PREFIX};
+use crate::common::link::Link;
+use crate::etcd::{etcd_config, key_of, record, stat_text, PREFIX};
 
 /// The servers `proxy` reads from now (the ring in force), sorted.
 fn reads_from(proxy: &Proxy) -> Vec<String> {
@@ -177,7 +178,7 @@ fn a_sidecar_held_back(
     } else {
         (&["a", "b"], &["a", "b", "c"])
     };
-    let link = EtcdLink::start(etcd.client_port);
+    let link = Link::start(etcd.client_port);
     // [discovery] is the config's last table: its keys are appended.
     let first = Proxy::start_text(&(etcd_config(&etcd.endpoint(), &dir_a, "") + discovery));
     let held = Proxy::start_text(&(etcd_config(&link.endpoint(), &dir_b, "") + discovery));
@@ -188,7 +189,7 @@ fn a_sidecar_held_back(
     let check = StaleCheck::start([&first, &held], 300);
     check.more_writes("traffic before the change", 500);
 
-    link.cut.store(true, Ordering::Relaxed);
+    link.cut(true);
     let cut = Instant::now();
     if leave {
         etcd.put(&key_of("b"), &record(&b, "LEAVING"));
@@ -221,7 +222,7 @@ fn a_sidecar_held_back(
         2,
         "the held-back sidecar's lease outlived the cut"
     );
-    link.cut.store(false, Ordering::Relaxed);
+    link.cut(false);
     wait_for("both sidecars read from the new ring", || {
         reads_from(&first) == after && reads_from(&held) == after
     });

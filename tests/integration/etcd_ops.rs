@@ -5,7 +5,6 @@
 //! with clear refusals (naming the endpoint) when the CA or the password is
 //! wrong, and a start from the membership cache then.
 
-use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,6 +13,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::common::etcd::{Etcd, EtcdTls};
+use crate::common::link::{Link, Traffic};
 use crate::common::pki::Pki;
 use crate::common::{free_port, wait_for, Client, Daemon, Memcached, Proxy, TempDir};
 
@@ -191,143 +191,6 @@ fn check_reads_no_member_from_etcd_and_answers_at_once() {
     );
 }
 
-/// A TCP relay to etcd that the test can hold: while held, nothing etcd
-/// sends is read (so etcd's watch falls behind), while what memring sends
-/// still goes through.
-struct HeldLink {
-    port: u16,
-    hold: Arc<AtomicBool>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl HeldLink {
-    fn start(upstream: u16) -> HeldLink {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let hold = Arc::new(AtomicBool::new(false));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (h, s) = (hold.clone(), stop.clone());
-        let thread = std::thread::spawn(move || {
-            let mut pipes = Vec::new();
-            while !s.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((client, _)) => {
-                        let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
-                            continue;
-                        };
-                        let never = Arc::new(AtomicBool::new(false));
-                        for (from, to, hold) in [
-                            (
-                                client.try_clone().unwrap(),
-                                server.try_clone().unwrap(),
-                                never,
-                            ),
-                            (server, client, h.clone()),
-                        ] {
-                            let s = s.clone();
-                            pipes.push(std::thread::spawn(move || relay(from, to, &hold, &s)));
-                        }
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
-                }
-            }
-            for p in pipes {
-                let _ = p.join();
-            }
-        });
-        HeldLink {
-            port,
-            hold,
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-fn relay(mut from: TcpStream, mut to: TcpStream, hold: &AtomicBool, stop: &AtomicBool) {
-    from.set_read_timeout(Some(Duration::from_millis(20)))
-        .unwrap();
-    let mut buffer = [0u8; 16 * 1024];
-    while !stop.load(Ordering::Relaxed) {
-        if hold.load(Ordering::Relaxed) {
-            std::thread::sleep(Duration::from_millis(10));
-            continue;
-        }
-        match from.read(&mut buffer) {
-            Ok(0) => break,
-            Ok(n) => {
-                if to.write_all(&buffer[..n]).is_err() {
-                    break;
-                }
-            }
-            Err(e)
-                if e.kind() == std::io::ErrorKind::WouldBlock
-                    || e.kind() == std::io::ErrorKind::TimedOut => {}
-            Err(_) => break,
-        }
-    }
-    let _ = from.shutdown(std::net::Shutdown::Both);
-    let _ = to.shutdown(std::net::Shutdown::Both);
-}
-
-impl Drop for HeldLink {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Sets and gets through memring at `addr` in a thread until stopped,
-/// counting what failed.
-struct Traffic {
-    stop: Arc<AtomicBool>,
-    done: Arc<AtomicU64>,
-    errors: Arc<AtomicU64>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Traffic {
-    fn start(addr: String) -> Traffic {
-        let stop = Arc::new(AtomicBool::new(false));
-        let done = Arc::new(AtomicU64::new(0));
-        let errors = Arc::new(AtomicU64::new(0));
-        let (s, d, e) = (stop.clone(), done.clone(), errors.clone());
-        let thread = std::thread::spawn(move || {
-            let mut client = Client::connect(&addr);
-            let mut i = 0u64;
-            while !s.load(Ordering::Relaxed) {
-                let key = format!("traffic:{}", i % 500);
-                if client.set(&key, b"x") != b"STORED\r\n" || client.get(&key).is_none() {
-                    e.fetch_add(1, Ordering::Relaxed);
-                }
-                d.fetch_add(1, Ordering::Relaxed);
-                i += 1;
-            }
-        });
-        Traffic {
-            stop,
-            done,
-            errors,
-            thread: Some(thread),
-        }
-    }
-
-    fn finish(mut self) -> (u64, u64) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            t.join().unwrap();
-        }
-        (
-            self.done.load(Ordering::Relaxed),
-            self.errors.load(Ordering::Relaxed),
-        )
-    }
-}
-
 /// Puts `count` times the same 16 KB value that is not a member record
 /// under `<prefix>members/filler`, with one client (etcdctl would start a
 /// process per put).
@@ -362,9 +225,9 @@ fn a_watch_left_behind_a_compaction_reads_every_member_again() {
     let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
     etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
     etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
-    let link = HeldLink::start(etcd.client_port);
+    let link = Link::start(etcd.client_port);
     let port = free_port();
-    let text = etcd_config(&format!("http://127.0.0.1:{}", link.port), &dir, "")
+    let text = etcd_config(&link.endpoint(), &dir, "")
         .replace("127.0.0.1:0", &format!("127.0.0.1:{port}"));
     let config = dir.path("memring.toml");
     std::fs::write(&config, text).unwrap();
@@ -379,9 +242,9 @@ fn a_watch_left_behind_a_compaction_reads_every_member_again() {
     wait_for("the watch applies a change", || {
         client.stat("membership_revision") > before
     });
-    let traffic = Traffic::start(addr.clone());
+    let traffic = Traffic::start(&addr);
 
-    link.hold.store(true, Ordering::Relaxed);
+    link.hold(true);
     let started = Instant::now();
     fill(&etcd.endpoint(), 600);
     etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
@@ -394,7 +257,7 @@ fn a_watch_left_behind_a_compaction_reads_every_member_again() {
         "held for {:?}",
         started.elapsed()
     );
-    link.hold.store(false, Ordering::Relaxed);
+    link.hold(false);
 
     daemon.wait_for_log("etcd: the watched revision was compacted: reading every member again");
     wait_for("c on the ring", || client.stat("ring_servers") == 3);

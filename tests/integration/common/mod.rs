@@ -10,6 +10,7 @@ pub(crate) mod daemon;
 pub(crate) mod etcd;
 pub(crate) mod exposition;
 pub(crate) mod faulty;
+pub(crate) mod link;
 pub(crate) mod pki;
 pub(crate) mod relay;
 
