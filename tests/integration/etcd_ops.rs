@@ -387,6 +387,11 @@ fn memring_and_the_member_agent_log_in_to_etcd_with_a_password_file() {
         wait_for("b, registered by the agent, on the ring", || {
             ring_names(&proxy) == ["a", "b"]
         });
+        // The cache is written just after the ring is published: the
+        // restart below starts from it.
+        wait_for("b in the membership cache", || {
+            std::fs::read_to_string(dir.path("members.json")).is_ok_and(|t| t.contains(&b.addr()))
+        });
         let _ = agent.kill();
         let _ = agent.wait();
         assert_eq!(proxy.client().set("k", b"v"), b"STORED\r\n");
