@@ -546,3 +546,76 @@ fn etcd_members_carry_their_zone_into_placement_and_local_reads() {
         assert_eq!(after[s], before[s], "server {s} read");
     }
 }
+
+/// The etcd form of a warming zone: zone c's members registered `JOINING`
+/// (as `memring member --warm-ms` does) take every write and serve no read;
+/// once `ACTIVE`, zone c's sidecar reads its keys there, every one a hit.
+#[test]
+fn a_zone_whose_etcd_members_are_joining_warms_before_it_serves() {
+    const PREFIX: &str = "/memring/warming-zone/";
+    let etcd = crate::common::etcd::Etcd::start("zones-joining");
+    let dir = crate::common::TempDir::new("zones", "etcd-joining");
+    let servers = six_servers();
+    let record = |i: usize, state: &str| {
+        format!(
+            r#"{{"addr":"{}","state":"{state}","zone":"{}"}}"#,
+            servers[i].addr(),
+            zone_of(i)
+        )
+    };
+    for i in 0..6 {
+        let state = if zone_of(i) == "c" {
+            "JOINING"
+        } else {
+            "ACTIVE"
+        };
+        etcd.put(&format!("{PREFIX}members/m{i}"), &record(i, state));
+    }
+    let proxy = Proxy::start_text(&format!(
+        "listen = \"127.0.0.1:0\"\nreplicas = 3\nzone = \"c\"\nhandoff_ms = 60000\n[discovery]\netcd_endpoints = [\"{}\"]\netcd_prefix = \"{PREFIX}\"\netcd_cache_file = \"{}\"\n",
+        etcd.endpoint(),
+        dir.path("members.json").display()
+    ));
+    wait_for("six members, zone c warming", || {
+        let topology = proxy.running().topology.load();
+        let servers = &topology.config.servers;
+        servers.len() == 6 && servers.iter().filter(|s| s.warming).count() == 2
+    });
+    let keys: Vec<String> = (0..1_000).map(|i| format!("joining-zone:{i}")).collect();
+    write_all(&proxy, &keys, |k| k.to_string());
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    // Every key has its copy in zone c (a warming server's write is awaited).
+    let in_c: Vec<Vec<Option<Vec<u8>>>> = [4, 5]
+        .iter()
+        .map(|&s| held_values(&mut servers[s].client(), &key_bytes))
+        .collect();
+    for (k, key) in keys.iter().enumerate() {
+        assert_eq!(in_c.iter().filter(|h| h[k].is_some()).count(), 1, "{key}");
+    }
+    let before = cmd_gets(&servers);
+    assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
+    let after = cmd_gets(&servers);
+    assert_eq!(
+        (after[4] - before[4], after[5] - before[5]),
+        (0, 0),
+        "c read"
+    );
+    for i in [4, 5] {
+        etcd.put(&format!("{PREFIX}members/m{i}"), &record(i, "ACTIVE"));
+    }
+    wait_for("zone c active and the change switched", || {
+        let topology = proxy.running().topology.load();
+        topology
+            .config
+            .servers
+            .iter()
+            .all(|s| !s.warming && !s.staged_in && !s.staged_out)
+    });
+    let before = cmd_gets(&servers);
+    assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
+    let after = cmd_gets(&servers);
+    let moved: Vec<u64> = (0..6).map(|s| after[s] - before[s]).collect();
+    println!("cmd_get moved by {moved:?} once zone c was active");
+    assert_eq!(moved[4] + moved[5], keys.len() as u64, "{moved:?}");
+    assert_eq!(moved[..4].iter().sum::<u64>(), 0, "{moved:?}");
+}
