@@ -197,3 +197,34 @@ fn by_default_reads_keep_ring_order() {
     // In `stats` (a panic if it were missing), at 0.
     assert_eq!(proxy.client().stat("read_balance_moved"), 0);
 }
+
+/// With zones, `least_loaded` prefers the local zone at equal load: one
+/// client reading one key at a time (nothing else in flight) reads only
+/// from zone b, as with `read_balance = "local"`, and nothing is moved.
+#[test]
+fn least_loaded_keeps_an_idle_sidecars_reads_in_its_zone() {
+    let servers: Vec<Memcached> = (0..6).map(|_| Memcached::start()).collect();
+    let mut text = String::from(
+        "listen = \"127.0.0.1:0\"\nreplicas = 3\nzone = \"b\"\nread_balance = \"least_loaded\"\n",
+    );
+    for (i, server) in servers.iter().enumerate() {
+        let zone = ["a", "b", "c"][i / 2];
+        text.push_str(&format!(
+            "[[servers]]\naddr = \"{}\"\nzone = \"{zone}\"\n",
+            server.addr()
+        ));
+    }
+    let proxy = Proxy::start_text(&text);
+    let keys: Vec<String> = (0..500).map(|i| format!("zoned:{i}")).collect();
+    write_all(&proxy, &keys);
+    let before = cmd_gets(&servers);
+    let mut client = proxy.client();
+    for key in &keys {
+        assert_eq!(client.get(key).as_deref(), Some(key.as_bytes()), "{key}");
+    }
+    let after = cmd_gets(&servers);
+    let moved: Vec<u64> = (0..6).map(|s| after[s] - before[s]).collect();
+    assert_eq!(moved[2] + moved[3], keys.len() as u64, "{moved:?}");
+    assert_eq!(client.stat("read_balance_moved"), 0);
+    assert_eq!(client.stat("zone_reads_cross_zone"), 0);
+}
