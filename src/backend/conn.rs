@@ -153,6 +153,11 @@ impl Conn {
         self.shared.error(kind)
     }
 
+    /// Requests queued on this connection and not yet answered.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.state.borrow().waiting.len()
+    }
+
     /// The task behind this connection has ended.
     pub(crate) fn is_closed(&self) -> bool {
         self.state.borrow().closed

@@ -16,6 +16,7 @@ use super::discovery::discovery_settings;
 use super::ejection::{ejection, failover};
 use super::hot_keys::hot_key_settings;
 use super::raw::RawConfig;
+use super::read_balance::read_balance;
 use super::request_log::request_log_settings;
 use super::ring::{check_weights, ring_spec};
 use super::servers::ServerList;
@@ -64,6 +65,7 @@ impl Config {
         servers.check_aliases(text, &at, replicas)?;
         let serving = Serving::read(raw, &number)?;
         let shared_with = shared_with(raw, &at)?;
+        let read_balance = read_balance(raw, &at)?;
         let flush_new_servers = flush_new_servers(raw, &at)?;
         let failover = failover(raw, &at, &number, replicas)?;
         let ring = ring_spec(raw, &at)?;
@@ -111,6 +113,7 @@ impl Config {
             admin_listen,
             replicas: replicas as usize,
             read_miss_fallthrough: raw.read_miss_fallthrough.unwrap_or(false),
+            read_balance,
             max_value_from_servers: raw.max_value_bytes.is_none(),
             workers: serving.workers as usize,
             max_client_buffer_bytes: serving.max_client_buffer_bytes,

@@ -48,6 +48,8 @@ pub(super) const EXAMPLES: &[(&str, &str)] = &[
     ("admin_listen", "\"127.0.0.1:9100\""),
     ("replicas", "2"),
     ("read_miss_fallthrough", "true"),
+    ("read_balance", "\"least_loaded\""),
+    ("read_balance_epsilon", "0.25"),
     ("workers", "4"),
     ("max_client_buffer_bytes", "8388608"),
     ("max_buffer_bytes", "268435456"),

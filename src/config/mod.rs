@@ -31,6 +31,7 @@ mod ejection;
 mod hot_keys;
 mod pools;
 mod raw;
+mod read_balance;
 mod request_log;
 mod ring;
 mod servers;
@@ -47,6 +48,7 @@ pub use hot_keys::HotKeySettings;
 pub use pools::{PoolConfig, Route, ShadowConfig, DEFAULT_POOL};
 pub use raw::setting_names;
 use raw::RawConfig;
+pub use read_balance::{ReadBalance, ReadBalanceMode};
 pub use request_log::RequestLogSettings;
 pub use shared_with::{FlushNewServers, SharedWith};
 
@@ -150,6 +152,9 @@ pub struct Config {
     pub replicas: usize,
     /// With replicas, a read that misses asks the next replica too.
     pub read_miss_fallthrough: bool,
+    /// `read_balance`, `read_balance_epsilon`: which live replica a read
+    /// goes to first, by load (see `plan::placement::order_read`).
+    pub read_balance: ReadBalance,
     /// `max_value_bytes` was not set: it follows the servers' `item_size_max`.
     pub max_value_from_servers: bool,
     /// Worker threads, each with its own clients and server connections;

@@ -587,6 +587,8 @@ fn layered(top: &RawConfig, pool: &RawPool) -> RawConfig {
         failure_limit,
         replicas,
         read_miss_fallthrough,
+        read_balance,
+        read_balance_epsilon,
         handoff_ms,
         shared_with,
         flush_new_servers

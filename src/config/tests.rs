@@ -1530,3 +1530,58 @@ fn warming_zones_mark_their_servers_warming_and_are_checked() {
     let off = Config::parse(&three_zones("zone_write_back = false"), "m").unwrap();
     assert!(!off.zone_write_back);
 }
+
+#[test]
+fn read_balance_and_its_epsilon_are_read_and_checked() {
+    let plain = Config::parse(GOOD, "m").unwrap();
+    assert_eq!(plain.read_balance, ReadBalance::default());
+    assert_eq!(plain.read_balance.mode, ReadBalanceMode::Local);
+    assert_eq!(plain.read_balance.epsilon, 0.25);
+    let set = Config::parse(
+        &format!("read_balance = \"least_loaded\"\nread_balance_epsilon = 1\n{GOOD}"),
+        "m",
+    )
+    .unwrap();
+    assert_eq!(set.read_balance.mode, ReadBalanceMode::LeastLoaded);
+    assert_eq!(set.read_balance.epsilon, 1.0);
+    let zero = Config::parse(&format!("read_balance_epsilon = 0.0\n{GOOD}"), "m").unwrap();
+    assert_eq!(zero.read_balance.epsilon, 0.0);
+    let error = error_of(&format!("read_balance = \"random\"\n{GOOD}"));
+    assert!(
+        error.starts_with("memring.toml:1:16: read_balance = \"random\" is not a choice (one of: local, least_loaded)"),
+        "{error}"
+    );
+    for bad in ["-0.1", "10.5", "nan", "inf"] {
+        let error = error_of(&format!("read_balance_epsilon = {bad}\n{GOOD}"));
+        assert!(
+            error.starts_with("memring.toml:1:24: read_balance_epsilon")
+                && error.contains("must be a share from 0 to 10"),
+            "{bad}: {error}"
+        );
+    }
+    // A pool has its own, or the top level's.
+    let pools = Config::parse(
+        &format!(
+            "read_balance = \"least_loaded\"\n{GOOD}[[pools]]\nname = \"other\"\nread_balance = \"local\"\nread_balance_epsilon = 2\n[[pools.servers]]\naddr = \"127.0.0.1:3\"\n[[pools]]\nname = \"third\"\n[[pools.servers]]\naddr = \"127.0.0.1:4\"\n"
+        ),
+        "m",
+    )
+    .unwrap();
+    assert_eq!(pools.read_balance.mode, ReadBalanceMode::LeastLoaded);
+    let pool = |name: &str| {
+        pools
+            .pools
+            .iter()
+            .find(|p| p.name == name)
+            .unwrap()
+            .config
+            .clone()
+    };
+    let other = pool("other");
+    assert_eq!(
+        (other.read_balance.mode, other.read_balance.epsilon),
+        (ReadBalanceMode::Local, 2.0)
+    );
+    let third = pool("third");
+    assert_eq!(third.read_balance.mode, ReadBalanceMode::LeastLoaded);
+}

@@ -49,6 +49,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         admin_listen,
         replicas,
         read_miss_fallthrough,
+        read_balance,
         max_value_from_servers: _,
         workers,
         max_client_buffer_bytes,
@@ -79,7 +80,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
     let hot = &old.hot_keys;
     // A table, one row per setting (name, old, new, read only at start):
     // long because there are many settings, not because of logic.
-    let rows: [(&'static str, String, String, bool); 51] = [
+    let rows: [(&'static str, String, String, bool); 53] = [
         (
             "discovery",
             discovered(&old.discovery),
@@ -260,6 +261,18 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             "read_miss_fallthrough",
             old.read_miss_fallthrough.to_string(),
             read_miss_fallthrough.to_string(),
+            false,
+        ),
+        (
+            "read_balance",
+            old.read_balance.mode.name().to_string(),
+            read_balance.mode.name().to_string(),
+            false,
+        ),
+        (
+            "read_balance_epsilon",
+            old.read_balance.epsilon.to_string(),
+            read_balance.epsilon.to_string(),
             false,
         ),
         ("workers", automatic(old.workers), automatic(*workers), true),

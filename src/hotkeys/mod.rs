@@ -134,7 +134,22 @@ pub(crate) struct HotWorker {
 /// Most ended write guards a worker keeps.
 const KEEP_GUARDS: usize = 1024;
 
+impl crate::plan::placement::HotKeys for HotWorker {
+    fn any_hot(&self) -> bool {
+        !self.state.borrow().hot.is_empty()
+    }
+
+    fn is_hot(&self, hash: u64) -> bool {
+        self.state.borrow().hot.contains(&hash)
+    }
+}
+
 impl HotWorker {
+    /// Whether some key is hot on this worker now.
+    pub(crate) fn any_hot(&self) -> bool {
+        !self.state.borrow().hot.is_empty()
+    }
+
     pub(crate) fn new(shared: Arc<HotShared>, index: usize) -> HotWorker {
         HotWorker {
             shared: Rc::new(shared),

@@ -8,6 +8,12 @@
 //! what the dialect spells differently. Pure: no I/O, no clock, and no live
 //! health: what it knows of health is a [`HealthView`] taken once per turn.
 
+use std::cell::Cell;
+use std::rc::Rc;
+
+use prometheus_client::metrics::counter::Counter;
+
+use crate::config::ReadBalanceMode;
 use crate::pools::topology::{OlderOwners, Topology};
 use smallvec::SmallVec;
 
@@ -19,22 +25,67 @@ pub(crate) fn quorum(replicas: usize) -> usize {
     replicas / 2 + 1
 }
 
-/// Which servers (indexes into `Topology::backends`) were DEAD when the
-/// view was taken: the health the planner goes by. The session takes one
-/// per turn and per topology (`session/health.rs`); only replicated
-/// reads consult it (healthy replicas are asked first), so without replicas
-/// it is empty and costs nothing.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Whether a key is hot: the worker's hot-key detector, as the planner
+/// asks it (`hotkeys::HotWorker`). A hot key's reads are spread over its
+/// replicas (see [`order_read`]).
+pub(crate) trait HotKeys {
+    /// Whether some key is hot now (nothing to ask otherwise).
+    fn any_hot(&self) -> bool;
+    /// Whether the key whose ring hash is `hash` is hot.
+    fn is_hot(&self, hash: u64) -> bool;
+}
+
+/// What the planner goes by of the servers' live state: which servers
+/// (indexes into `Topology::backends`) were DEAD when the view was taken,
+/// and, where reads are balanced, each server's load on this worker. The
+/// session takes one per turn and per topology (`session/health.rs`); only
+/// replicated reads consult it (healthy replicas are asked first, the
+/// least loaded of them first where reads are balanced), so without
+/// replicas it is empty and costs nothing.
+#[derive(Debug, Default)]
 pub(crate) struct HealthView {
     /// One bit per server.
     dead: Vec<u64>,
+    /// What reads are balanced by, kept between views for its storage.
+    balancing: Option<Box<Balancing>>,
+    /// Whether `balancing` holds this view's loads: reads are balanced.
+    balanced: bool,
+}
+
+/// The loads a [`HealthView`] balances reads by.
+struct Balancing {
+    /// Per server: requests in flight to it from this worker when the view
+    /// was taken, plus the reads this view placed on it since.
+    loads: Vec<Cell<u32>>,
+    /// The worker's hot keys, whose reads are spread; `None`: none is.
+    hot: Option<Rc<dyn HotKeys>>,
+    /// Where the next hot key's read starts among its replicas: hot keys'
+    /// reads go round them even when none is loaded.
+    next_hot: Cell<usize>,
+    /// Counts reads placed off their first-choice replica by balancing
+    /// (`read_balance_moved`).
+    moved: Counter,
+}
+
+impl std::fmt::Debug for Balancing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Balancing")
+            .field("loads", &self.loads)
+            .field("hot", &self.hot.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl HealthView {
-    /// Knows of no DEAD server.
-    pub(crate) const NONE: HealthView = HealthView { dead: Vec::new() };
+    /// Knows of no DEAD server, and balances nothing.
+    pub(crate) const NONE: HealthView = HealthView {
+        dead: Vec::new(),
+        balancing: None,
+        balanced: false,
+    };
 
-    /// A view with `dead` DEAD, reusing this one's storage.
+    /// A view with `dead` DEAD, reusing this one's storage; it balances
+    /// nothing until [`HealthView::balance`].
     pub(crate) fn refill(&mut self, dead: impl IntoIterator<Item = usize>) {
         self.dead.clear();
         for server in dead {
@@ -44,6 +95,35 @@ impl HealthView {
             }
             self.dead[word] |= 1 << bit;
         }
+        self.balanced = false;
+        if let Some(balancing) = &mut self.balancing {
+            // The hot keys' worker is not kept alive by an old view.
+            balancing.hot = None;
+        }
+    }
+
+    /// Reads placed by this view are balanced: `loads` gives each server's
+    /// requests in flight now, `hot` the hot keys, and `moved` counts the
+    /// reads sent off their first-choice replica.
+    pub(crate) fn balance(
+        &mut self,
+        loads: impl IntoIterator<Item = u32>,
+        hot: Option<Rc<dyn HotKeys>>,
+        moved: Counter,
+    ) {
+        let balancing = self.balancing.get_or_insert_with(|| {
+            Box::new(Balancing {
+                loads: Vec::new(),
+                hot: None,
+                next_hot: Cell::new(0),
+                moved: moved.clone(),
+            })
+        });
+        balancing.loads.clear();
+        balancing.loads.extend(loads.into_iter().map(Cell::new));
+        balancing.hot = hot;
+        balancing.moved = moved;
+        self.balanced = true;
     }
 
     /// Whether `server` was DEAD when the view was taken.
@@ -52,6 +132,127 @@ impl HealthView {
             .get(server / 64)
             .is_some_and(|word| word & (1 << (server % 64)) != 0)
     }
+
+    /// What this view balances reads by, if it does.
+    fn balancing(&self) -> Option<&Balancing> {
+        self.balancing.as_deref().filter(|_| self.balanced)
+    }
+
+    /// How a read of `key` is balanced in `topology`: `None` when it goes
+    /// in preference order (`read_balance = "local"` and the key not hot,
+    /// or no loads known).
+    fn read_balance(&self, key: &[u8], topology: &Topology) -> Option<Balance<'_>> {
+        let balancing = self.balancing()?;
+        let hot = balancing
+            .hot
+            .as_ref()
+            .is_some_and(|hot| hot.any_hot() && hot.is_hot(crate::ring::key_hash(key)));
+        let balance = topology.config.read_balance;
+        if !hot && balance.mode == ReadBalanceMode::Local {
+            return None;
+        }
+        let start = if hot {
+            let start = balancing.next_hot.get();
+            balancing.next_hot.set(start.wrapping_add(1));
+            start
+        } else {
+            0
+        };
+        Some(Balance {
+            load: balancing,
+            epsilon: balance.epsilon,
+            start,
+        })
+    }
+
+    /// Counts a read placed off its first-choice replica.
+    fn moved(&self) {
+        if let Some(balancing) = self.balancing() {
+            balancing.moved.inc();
+        }
+    }
+}
+
+/// How [`order_read`] balances a read by load.
+pub(crate) struct Balance<'a> {
+    /// Each server's load (requests in flight on this worker).
+    pub(crate) load: &'a dyn Load,
+    /// `read_balance_epsilon`.
+    pub(crate) epsilon: f64,
+    /// Where among the live replicas the walk starts (modulo their
+    /// number): 0, the first choice, except for hot keys.
+    pub(crate) start: usize,
+}
+
+/// Servers' loads, as [`order_read`] reads and moves them.
+pub(crate) trait Load {
+    fn load(&self, server: usize) -> u32;
+    /// A read was placed on `server`.
+    fn took(&self, server: usize);
+}
+
+impl Load for Balancing {
+    fn load(&self, server: usize) -> u32 {
+        self.loads.get(server).map_or(0, Cell::get)
+    }
+
+    fn took(&self, server: usize) {
+        if let Some(load) = self.loads.get(server) {
+            load.set(load.get().saturating_add(1));
+        }
+    }
+}
+
+/// Orders a read's replicas `servers` (backend indexes, in ring order):
+/// the live ones before the DEAD ones; among each, those in this sidecar's
+/// zone (`local`) first, the others after them in ring order. That is the
+/// preference order. With `balance`, the first replica asked is then the
+/// first live one, walking the preference order from `balance.start`
+/// (wrapping round), whose load with this read stays within the bound
+///
+/// `load + 1 <= ceil((1 + epsilon) * (L + 1) / n)`
+///
+/// where `L` is the sum of the loads of the key's `n` live replicas: the
+/// rule of consistent hashing with bounded loads, applied among a key's
+/// replicas. One always has room (the bound times `n` exceeds `L`). It
+/// goes to the front; the others keep their order behind it. Returns
+/// whether balancing moved the read off the first choice of the
+/// preference order.
+pub(crate) fn order_read(
+    servers: &mut [usize],
+    local: impl Fn(usize) -> bool,
+    dead: impl Fn(usize) -> bool,
+    balance: Option<Balance<'_>>,
+) -> bool {
+    // One stable sort: ring order within each group.
+    servers.sort_by_key(|&s| (dead(s), !local(s)));
+    let Some(balance) = balance else {
+        return false;
+    };
+    let live = servers.iter().take_while(|&&s| !dead(s)).count();
+    if live == 0 {
+        return false;
+    }
+    let chosen = if live == 1 {
+        0
+    } else {
+        let total: u64 = servers[..live]
+            .iter()
+            .map(|&s| u64::from(balance.load.load(s)))
+            .sum();
+        // A hair under, so that a bound that is a whole number in exact
+        // arithmetic is not rounded up past it.
+        let bound = ((1.0 + balance.epsilon) * (total + 1) as f64 / live as f64 - 1e-9).ceil();
+        let bound = (bound as u64).max(1);
+        let start = balance.start % live;
+        (0..live)
+            .map(|i| (start + i) % live)
+            .find(|&i| u64::from(balance.load.load(servers[i])) < bound)
+            .unwrap_or(start)
+    };
+    balance.load.took(servers[chosen]);
+    servers[..=chosen].rotate_right(1);
+    chosen != 0
 }
 
 /// What the placement needs to know of a request on one key.
@@ -267,9 +468,17 @@ fn place_on_ring<M>(
     match op.kind {
         KeyKind::Read => {
             // With zones, the local zone's replica first, then the other
-            // zones' in ring order; healthy replicas before DEAD ones.
-            topology.local_first(&mut servers);
-            servers.sort_by_key(|&s| health.is_dead(s));
+            // zones' in ring order; healthy replicas before DEAD ones; and
+            // where reads are balanced, the first asked by load.
+            let moved = order_read(
+                &mut servers,
+                |s| topology.is_local(s),
+                |s| health.is_dead(s),
+                health.read_balance(key, topology),
+            );
+            if moved {
+                health.moved();
+            }
             // In a window the previous ring's replicas come after the
             // current ones, and a miss falls through to them (unless other
             // writers share the servers).
@@ -888,5 +1097,187 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
+    }
+
+    /// Loads for [`order_read`] tests: fixed per server, moved by `took`.
+    struct Loads(Vec<Cell<u32>>);
+
+    impl Loads {
+        fn of(loads: &[u32]) -> Loads {
+            Loads(loads.iter().copied().map(Cell::new).collect())
+        }
+    }
+
+    impl Load for Loads {
+        fn load(&self, server: usize) -> u32 {
+            self.0[server].get()
+        }
+        fn took(&self, server: usize) {
+            self.0[server].set(self.0[server].get() + 1);
+        }
+    }
+
+    fn balance(load: &dyn Load, epsilon: f64, start: usize) -> Option<Balance<'_>> {
+        Some(Balance {
+            load,
+            epsilon,
+            start,
+        })
+    }
+
+    #[test]
+    fn without_balancing_a_read_is_ordered_as_the_two_sorts_ordered_it() {
+        // Every set of local and DEAD servers among four replicas in every
+        // ring order: the order of a local-first stable sort, then a stable
+        // sort putting DEAD last.
+        let orders = [[0, 1, 2, 3], [2, 0, 3, 1], [3, 2, 1, 0], [1, 3, 0, 2]];
+        for ring in orders {
+            for local in 0..16u32 {
+                for dead in 0..16u32 {
+                    let is_local = |s: usize| local & (1 << s) != 0;
+                    let is_dead = |s: usize| dead & (1 << s) != 0;
+                    let mut oracle = ring.to_vec();
+                    oracle.sort_by_key(|&s| !is_local(s));
+                    oracle.sort_by_key(|&s| is_dead(s));
+                    let mut servers = ring;
+                    assert!(!order_read(&mut servers, is_local, is_dead, None));
+                    assert_eq!(servers[..], oracle[..], "{ring:?} {local:b} {dead:b}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_balanced_read_takes_the_first_replica_within_the_bound() {
+        let none = |_| false;
+        // (loads of servers 0, 1, 2; epsilon; the order after).
+        let cases: [(&[u32], f64, [usize; 3]); 10] = [
+            // Idle: the first choice, and with epsilon 0 too.
+            (&[0, 0, 0], 0.25, [0, 1, 2]),
+            (&[0, 0, 0], 0.0, [0, 1, 2]),
+            // One in flight on the first: (1.25 * 2 / 3) rounds up to 1.
+            (&[1, 0, 0], 0.25, [1, 0, 2]),
+            // Bound ceil(1.25 * 4 / 3) = 2: the first still has room.
+            (&[1, 1, 1], 0.25, [0, 1, 2]),
+            (&[2, 1, 0], 0.25, [1, 0, 2]),
+            (&[2, 2, 0], 0.25, [0, 1, 2]),
+            (&[2, 2, 0], 0.0, [2, 0, 1]),
+            // A slow replica holding many: the others take the reads.
+            (&[40, 0, 0], 0.25, [1, 0, 2]),
+            (&[40, 3, 0], 0.25, [1, 0, 2]),
+            // A large epsilon keeps the first choice longer.
+            (&[2, 0, 0], 10.0, [0, 1, 2]),
+        ];
+        for (loads, epsilon, after) in cases {
+            let load = Loads::of(loads);
+            let mut servers = [0, 1, 2];
+            let moved = order_read(&mut servers, none, none, balance(&load, epsilon, 0));
+            assert_eq!(servers, after, "{loads:?} {epsilon}");
+            assert_eq!(moved, after[0] != 0);
+            // The read is counted on the replica it went to.
+            assert_eq!(load.0[after[0]].get(), loads[after[0]] + 1);
+        }
+    }
+
+    #[test]
+    fn balancing_never_picks_a_dead_replica_and_prefers_the_local_zone() {
+        let load = Loads::of(&[0, 9, 0, 0]);
+        // Server 1 is local but loaded; 0 is DEAD: 2 comes first, in ring
+        // order behind the local one.
+        let mut servers = [0, 1, 2, 3];
+        let moved = order_read(
+            &mut servers,
+            |s| s == 1,
+            |s| s == 0,
+            balance(&load, 0.25, 0),
+        );
+        assert!(moved);
+        assert_eq!(servers, [2, 1, 3, 0]);
+        // One live replica takes every read, however loaded.
+        let mut servers = [0, 1];
+        assert!(!order_read(
+            &mut servers,
+            |_| false,
+            |s| s == 0,
+            balance(&load, 0.0, 0)
+        ));
+        assert_eq!(servers, [1, 0]);
+        // At equal load the local replica comes first.
+        let load = Loads::of(&[0, 0, 0]);
+        let mut servers = [0, 1, 2];
+        order_read(&mut servers, |s| s == 2, |_| false, balance(&load, 0.0, 0));
+        assert_eq!(servers[0], 2);
+    }
+
+    #[test]
+    fn reads_that_never_finish_stay_within_the_bound() {
+        // The bound holds at every read, loads only growing: no replica
+        // ever goes above (1 + epsilon) times the average (rounded up).
+        for epsilon in [0.0, 0.25, 1.0] {
+            for start in [0, 1] {
+                let load = Loads::of(&[0, 0, 0]);
+                for n in 1..=300u32 {
+                    let mut servers = [0, 1, 2];
+                    order_read(
+                        &mut servers,
+                        |_| false,
+                        |_| false,
+                        balance(&load, epsilon, start),
+                    );
+                    let most = load.0.iter().map(Cell::get).max().unwrap();
+                    let bound = ((1.0 + epsilon) * f64::from(n) / 3.0 - 1e-9).ceil() as u32;
+                    assert!(most <= bound.max(1), "{epsilon} {n}: {most} > {bound}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_hot_keys_reads_go_round_its_replicas_when_idle() {
+        let load = Loads::of(&[0, 0, 0]);
+        let mut first = [0u32; 3];
+        for start in 0..300 {
+            let mut servers = [0, 1, 2];
+            order_read(
+                &mut servers,
+                |_| false,
+                |_| false,
+                balance(&load, 0.25, start),
+            );
+            first[servers[0]] += 1;
+            // Answered at once: idle again.
+            load.0.iter().for_each(|l| l.set(0));
+        }
+        assert_eq!(first, [100, 100, 100]);
+    }
+
+    #[test]
+    fn least_loaded_places_a_replicated_read_by_the_views_loads() {
+        let (_runtime, _old, new) =
+            four_then_five_with("replicas = 2\nread_balance = \"least_loaded\"\n");
+        let key = b"some-key";
+        let mut replicas = Servers::new();
+        new.replicas(key, &mut replicas);
+        let read = |health: &HealthView| match place(key, READ, STEPS, &new, health) {
+            Placement::ReadThrough { servers, .. } => servers,
+            other => panic!("{other:?}"),
+        };
+        let moved = Counter::default();
+        let mut view = HealthView::default();
+        view.refill([]);
+        let mut loads = vec![0; new.backends.len()];
+        loads[replicas[0]] = 5;
+        view.balance(loads, None, moved.clone());
+        assert_eq!(read(&view)[..2], [replicas[1], replicas[0]]);
+        assert_eq!(moved.get(), 1);
+        // The view counts the reads it placed: the second replica fills up
+        // until the first has room again (5 < ceil(1.25 * 9 / 2) = 6).
+        for _ in 0..2 {
+            assert_eq!(read(&view)[0], replicas[1]);
+        }
+        assert_eq!(view.balancing().unwrap().load(replicas[1]), 3);
+        assert_eq!(read(&view)[0], replicas[0]);
+        // Without loads (no balancing), the ring's order.
+        assert_eq!(read(&HealthView::NONE)[..2], replicas[..]);
     }
 }

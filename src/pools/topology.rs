@@ -88,7 +88,7 @@ pub struct Topology {
     staged: Option<Box<Staged>>,
     /// Per backend, whether it is in this sidecar's zone; empty unless the
     /// sidecar has a zone that some server is in (then reads ask a key's
-    /// replicas in the local zone first: [`Topology::local_first`]).
+    /// replicas in the local zone first: `plan::placement::order_read`).
     local: Box<[bool]>,
 }
 
@@ -777,17 +777,6 @@ impl Topology {
     #[inline]
     pub fn is_local(&self, index: usize) -> bool {
         self.local.get(index).copied().unwrap_or(false)
-    }
-
-    /// Reorders a key's replicas (backend indexes, in ring order) so that
-    /// those in this sidecar's zone come first, the others after them in
-    /// ring order; nothing changes without local-first reads.
-    #[inline]
-    pub fn local_first(&self, servers: &mut [usize]) {
-        if !self.local.is_empty() {
-            // A stable sort: ring order within each group.
-            servers.sort_by_key(|&s| !self.is_local(s));
-        }
     }
 
     /// Whether a staged ring is in force: servers warming, or a membership

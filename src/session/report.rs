@@ -83,6 +83,7 @@ fn counters(stats: &Stats) -> Vec<(String, u64)> {
     for (name, value) in stats.handoff() {
         add(name, value);
     }
+    add("read_balance_moved", stats.read_balance_moved.get());
     counters
 }
 
@@ -152,6 +153,7 @@ pub(crate) fn write_stats(out: &mut BytesMut, stats: &Stats, layout: &Layout) {
     for (name, _) in stats.handoff() {
         counter(out, name);
     }
+    counter(out, "read_balance_moved");
     let discovered = &topology.config.discovery;
     let source = if discovered.etcd.is_some() {
         "etcd"

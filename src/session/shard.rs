@@ -104,6 +104,20 @@ impl WorkerCtx {
         self.layout.load().default_topology()
     }
 
+    /// Requests this worker has in flight to `backend` (queued and
+    /// unanswered, over all its connections to it): the load reads are
+    /// balanced by.
+    pub(crate) fn in_flight(&self, backend: &Backend) -> u32 {
+        let shared = backend.shared();
+        let conns = self.conns.borrow();
+        (0..shared.settings.connections.max(1))
+            .filter_map(|lane| conns.get(&(shared.id, lane)))
+            .map(|conn| conn.in_flight())
+            .sum::<usize>()
+            .try_into()
+            .unwrap_or(u32::MAX)
+    }
+
     /// The worker's connection `lane` to `backend`, opened on first use.
     pub(crate) fn conn(&self, backend: &Backend, lane: usize) -> Rc<Conn> {
         let shared = backend.shared();

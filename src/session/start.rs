@@ -196,7 +196,9 @@ impl ClientSession {
     /// whether it is one run of a retrieval across pools.
     fn start_on(&mut self, request: Request, bytes: Bytes, topology: Arc<Topology>, split: Split) {
         topology.figures.request(request.command);
-        let health = self.health.of(&topology, self.worker.clock.turn());
+        let health = self
+            .health
+            .of(&topology, self.worker.clock.turn(), &self.worker);
         let mut plan = spares::plan(&request, &bytes, &topology, health);
         if let Plan::Retrieve(retrieval) = &mut plan {
             retrieval.split(split);
@@ -374,7 +376,9 @@ impl ClientSession {
         // The key the ring places, decoded once (a `b` key) for the plan,
         // the shadow and the hot-key count.
         let key = request.routing_key(&bytes);
-        let health = self.health.of(&topology, self.worker.clock.turn());
+        let health = self
+            .health
+            .of(&topology, self.worker.clock.turn(), &self.worker);
         let plan = route::plan_meta(&request, &bytes, &key, &topology, health);
         let shadow = self.shadow_meta(&request, &bytes, &key, &plan);
         let hot = self

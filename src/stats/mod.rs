@@ -72,6 +72,9 @@ pub struct Stats {
     discovery: DiscoveryFigures,
     /// `[request_log]` lines not written for the rate limit.
     pub request_log_dropped: prometheus_client::metrics::counter::Counter,
+    /// Reads sent off their first-choice replica by `read_balance` or a
+    /// hot key's spreading (`read_balance_moved`).
+    pub read_balance_moved: prometheus_client::metrics::counter::Counter,
 }
 
 impl Default for Stats {
@@ -100,7 +103,13 @@ impl Stats {
             "request_log_dropped",
             "Request log lines not written because a worker reached [request_log] max_lines_per_s",
         );
+        let read_balance_moved = families::counter(
+            &mut registry,
+            "read_balance_moved",
+            "Reads sent off their first-choice replica by read_balance or a hot key's spreading",
+        );
         Stats {
+            read_balance_moved,
             started: Instant::now(),
             reset_baseline: Default::default(),
             registry,

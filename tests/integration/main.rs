@@ -29,6 +29,7 @@ mod meta_ring;
 mod operations;
 mod overload;
 mod pools;
+mod read_balance;
 mod reload;
 mod replication;
 mod request_log;
