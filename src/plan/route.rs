@@ -416,6 +416,9 @@ pub(crate) struct Retrieval {
     first_local: Vec<bool>,
     /// Hits served by a key's local replica, and by another zone's.
     zone_hits: (usize, usize),
+    /// With local-first reads, each hit: which replica served it, for the
+    /// per-zone counters.
+    zone_served: Vec<ZoneHit>,
     /// Keys asked of their previous owner, and values found there.
     read_through: (usize, usize),
     /// Whether this is the whole reply or one run of a retrieval whose
@@ -425,6 +428,16 @@ pub(crate) struct Retrieval {
     /// the client (key index, its value block or `None` for a miss), for a
     /// shadow pool's comparison.
     answers: Option<Vec<(u32, Option<Bytes>)>>,
+}
+
+/// A hit of a retrieval with local-first reads: the replica that served
+/// it (a backend index), whether that was the key's local replica asked
+/// first, and whether the hit is copied back to it (`zone_write_back`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ZoneHit {
+    pub(crate) server: u32,
+    pub(crate) local: bool,
+    pub(crate) written_back: bool,
 }
 
 /// A retrieval's part in the client's reply.
@@ -471,6 +484,7 @@ impl Default for Retrieval {
             write_back: false,
             first_local: Vec::new(),
             zone_hits: (0, 0),
+            zone_served: Vec::new(),
             read_through: (0, 0),
             split: Split::Whole,
             answers: None,
@@ -610,12 +624,23 @@ impl Retrieval {
     #[inline]
     fn count_zone_hit(&mut self, k: usize) {
         if let Some(&local) = self.first_local.get(k) {
-            if local && self.round[k] == 0 {
+            let local = local && self.round[k] == 0;
+            if local {
                 self.zone_hits.0 += 1;
             } else {
                 self.zone_hits.1 += 1;
             }
+            self.zone_served.push(ZoneHit {
+                server: self.candidates[k][self.round[k] as usize] as u32,
+                local,
+                written_back: self.write_back && self.asking_previous(k),
+            });
         }
+    }
+
+    /// With zones: each hit's replica (see [`ZoneHit`]).
+    pub(crate) fn zone_served(&self) -> &[ZoneHit] {
+        &self.zone_served
     }
 
     /// Hits found in another zone after the local replica missed or
@@ -710,6 +735,7 @@ impl Retrieval {
         self.write_back = false;
         self.first_local.clear();
         self.zone_hits = (0, 0);
+        self.zone_served.clear();
         self.read_through = (0, 0);
         self.split = Split::Whole;
         self.answers = None;

@@ -1191,6 +1191,7 @@ impl ClientSession {
                 let (reads, found) = plan.read_through();
                 stats.read_through(reads, found);
                 stats.zone_reads(plan.zone_hits(), plan.written_back());
+                entry.topology.count_zone_hits(stats, plan.zone_served());
                 *owed = Reservation::default();
             }
         }

@@ -83,6 +83,9 @@ fn counters(stats: &Stats) -> Vec<(String, u64)> {
     for (name, value) in stats.handoff() {
         add(name, value);
     }
+    for (name, value) in stats.zone_counters() {
+        add(&name, value);
+    }
     counters
 }
 
@@ -151,6 +154,13 @@ pub(crate) fn write_stats(out: &mut BytesMut, stats: &Stats, layout: &Layout) {
     write_stat(out, "ring_digest", &digest);
     for (name, _) in stats.handoff() {
         counter(out, name);
+    }
+    // Per zone (as many as `counters` read), then the zones warming.
+    for (name, value) in counters {
+        write_stat(out, name, &value);
+    }
+    for zone in &topology.config.warming_zones {
+        write_stat(out, &format!("zone:{zone}:warming"), &1);
     }
     let discovered = &topology.config.discovery;
     let source = if discovered.etcd.is_some() {

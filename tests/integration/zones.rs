@@ -203,6 +203,95 @@ fn a_miss_in_zone_b_is_read_from_the_other_zones() {
     assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
 }
 
+/// The `stats` lines of `proxy` whose name starts with `zone`.
+fn zone_stats(proxy: &Proxy) -> std::collections::BTreeMap<String, String> {
+    proxy
+        .client()
+        .stats("")
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("zone"))
+        .collect()
+}
+
+#[test]
+fn zone_counters_are_labelled_by_the_zone_that_served_each_hit() {
+    let servers = six_servers();
+    let proxy = Proxy::start_text(&zoned_config(&servers, LOCAL));
+    let keys: Vec<String> = (0..1_000).map(|i| format!("per-zone:{i}")).collect();
+    write_all(&proxy, &keys, |k| k.to_string());
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    // Every third copy landed, so a miss in b finds the next zone's copy.
+    wait_for("every key on three servers", || {
+        let held: Vec<_> = servers
+            .iter()
+            .map(|s| held_values(&mut s.client(), &key_bytes))
+            .collect();
+        (0..keys.len()).all(|k| held.iter().filter(|h| h[k].is_some()).count() == 3)
+    });
+    assert_eq!(
+        servers[2].client().call(b"flush_all\r\n", ReplyKind::Line),
+        b"OK\r\n"
+    );
+    assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
+    // Expected: a key whose b copy is on server 3 is a local hit; one on
+    // the flushed server 2 is served by its next replica in ring order
+    // outside b, counted in that replica's zone, and written back.
+    let topology = proxy.running().topology.load_full();
+    let mut set = smallvec::SmallVec::new();
+    let (mut local, mut cross) = (
+        0u64,
+        std::collections::BTreeMap::from([("a", 0u64), ("c", 0)]),
+    );
+    for key in &keys {
+        topology.replicas(key.as_bytes(), &mut set);
+        if set.contains(&3) {
+            local += 1;
+        } else {
+            let source = set.iter().find(|&&s| zone_of(s) != "b").unwrap();
+            *cross.get_mut(zone_of(*source)).unwrap() += 1;
+        }
+    }
+    println!("local {local}, cross {cross:?}");
+    assert!(
+        local > 0 && cross["a"] > 0 && cross["c"] > 0,
+        "{local} {cross:?}"
+    );
+    let stats = zone_stats(&proxy);
+    let n = |name: &str| -> u64 { stats[name].parse().unwrap() };
+    assert_eq!(n("zone_reads_local"), local, "{stats:?}");
+    assert_eq!(n("zone_reads_cross_zone"), cross["a"] + cross["c"]);
+    assert_eq!(n("zone_write_backs"), cross["a"] + cross["c"]);
+    assert_eq!(n("zone:b:reads_local"), local, "{stats:?}");
+    assert_eq!(n("zone:b:reads_cross_zone"), 0);
+    assert_eq!(n("zone:b:write_backs"), 0);
+    for zone in ["a", "c"] {
+        assert_eq!(n(&format!("zone:{zone}:reads_local")), 0);
+        assert_eq!(n(&format!("zone:{zone}:reads_cross_zone")), cross[zone]);
+        assert_eq!(n(&format!("zone:{zone}:write_backs")), cross[zone]);
+    }
+    assert!(
+        !stats.keys().any(|name| name.ends_with(":warming")),
+        "{stats:?}"
+    );
+    let text = proxy.running().stats.prometheus_text();
+    for (family, zone, value) in [
+        ("zone_reads_local_by_zone", "b", local),
+        ("zone_reads_cross_zone_by_zone", "a", cross["a"]),
+        ("zone_reads_cross_zone_by_zone", "c", cross["c"]),
+        ("zone_write_backs_by_zone", "a", cross["a"]),
+        ("zone_write_backs_by_zone", "c", cross["c"]),
+        ("zone_write_backs_by_zone", "b", 0),
+    ] {
+        let sample = format!("memring_{family}_total{{zone=\"{zone}\"}} {value}\n");
+        assert!(text.contains(&sample), "{sample} in {text}");
+    }
+    for zone in ZONES {
+        let sample = format!("memring_zone_warming{{zone=\"{zone}\"}} 0\n");
+        assert!(text.contains(&sample), "{sample} in {text}");
+    }
+    crate::common::exposition::promtool_check(&text);
+}
+
 /// The keys of `keys` whose zone-b copy is on backend `server`.
 fn copies_on(proxy: &Proxy, keys: &[String], server: usize) -> Vec<String> {
     let topology = proxy.running().topology.load();
@@ -343,6 +432,33 @@ fn a_warming_zone_gets_every_write_and_no_read_until_unmarked() {
         (0, 0),
         "c read"
     );
+    // Zone c shows as warming, in `stats` and in /metrics.
+    assert_eq!(
+        zone_stats(&proxy).get("zone:c:warming").map(String::as_str),
+        Some("1")
+    );
+    let text = proxy.running().stats.prometheus_text();
+    assert!(
+        text.contains("memring_zone_warming{zone=\"c\"} 1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("memring_zone_warming{zone=\"a\"} 0\n"),
+        "{text}"
+    );
+    // Every read was served by zone a or b, counted there as cross-zone.
+    let stats = zone_stats(&proxy);
+    let n = |name: &str| -> u64 { stats.get(name).map_or(0, |v| v.parse().unwrap()) };
+    assert_eq!(
+        n("zone:a:reads_cross_zone") + n("zone:b:reads_cross_zone"),
+        keys.len() as u64,
+        "{stats:?}"
+    );
+    assert_eq!(
+        n("zone:c:reads_local") + n("zone:c:reads_cross_zone"),
+        0,
+        "{stats:?}"
+    );
     // Unmarked, zone c serves its own keys' reads, all of them hits.
     let version = proxy.ring_version();
     crate::common::replace_by_rename(&path, &zoned_config(&servers, settings));
@@ -354,6 +470,12 @@ fn a_warming_zone_gets_every_write_and_no_read_until_unmarked() {
     println!("cmd_get moved by {moved:?} once zone c joined");
     assert_eq!(moved[4] + moved[5], keys.len() as u64, "{moved:?}");
     assert_eq!(moved[..4].iter().sum::<u64>(), 0, "{moved:?}");
+    assert_eq!(zone_stats(&proxy).get("zone:c:warming"), None);
+    let text = proxy.running().stats.prometheus_text();
+    assert!(
+        text.contains("memring_zone_warming{zone=\"c\"} 0\n"),
+        "{text}"
+    );
 }
 
 /// Six servers in zones a, a, b, b, c, c (addresses only, nothing runs).
