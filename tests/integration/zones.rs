@@ -668,3 +668,186 @@ fn etcd_members_carry_their_zone_into_placement_and_local_reads() {
         assert_eq!(after[s], before[s], "server {s} read");
     }
 }
+
+/// `[[pools.servers]]` lines over `servers`, each in its zone.
+fn zoned_pool_servers(servers: &[Memcached]) -> String {
+    let mut text = String::new();
+    for (i, server) in servers.iter().enumerate() {
+        text.push_str(&format!(
+            "[[pools.servers]]\naddr = \"{}\"\nzone = \"{}\"\n",
+            server.addr(),
+            zone_of(i)
+        ));
+    }
+    text
+}
+
+/// Keys of `proxy`'s memcached `server`, read directly: how many it holds.
+fn items(server: &Memcached) -> u64 {
+    server.client().stat("curr_items")
+}
+
+#[test]
+fn a_routed_pool_with_zones_reads_locally_in_that_pool() {
+    let plain = Memcached::start();
+    let servers = six_servers();
+    let proxy = Proxy::start_text(&format!(
+        "listen = \"127.0.0.1:0\"\nzone = \"b\"\n[[servers]]\naddr = \"{}\"\n\n[[pools]]\nname = \"zoned\"\nreplicas = 3\n{}\n[[routes]]\nprefix = \"z:\"\npool = \"zoned\"\n",
+        plain.addr(),
+        zoned_pool_servers(&servers)
+    ));
+    let keys: Vec<String> = (0..1_000).map(|i| format!("z:{i}")).collect();
+    let others: Vec<String> = (0..100).map(|i| format!("plain:{i}")).collect();
+    write_all(&proxy, &keys, |k| k.to_string());
+    write_all(&proxy, &others, |k| k.to_string());
+    assert_eq!(items(&plain), others.len() as u64, "only the other keys");
+    // Every routed key has one copy per zone in the pool.
+    wait_for("three copies of each routed key", || {
+        servers.iter().map(items).sum::<u64>() == 3 * keys.len() as u64
+    });
+    let before = cmd_gets(&servers);
+    assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
+    assert_eq!(read_all(&proxy, &others), (others.len(), 0, 0));
+    let after = cmd_gets(&servers);
+    let moved: Vec<u64> = (0..6).map(|s| after[s] - before[s]).collect();
+    println!("cmd_get moved by {moved:?}");
+    assert_eq!(moved[2] + moved[3], keys.len() as u64, "{moved:?}");
+    assert_eq!(moved[0] + moved[1] + moved[4] + moved[5], 0, "{moved:?}");
+    // Counted for the zoned pool's keys only.
+    let stats = zone_stats(&proxy);
+    assert_eq!(
+        stats["zone_reads_local"],
+        keys.len().to_string(),
+        "{stats:?}"
+    );
+    assert_eq!(stats["zone_reads_cross_zone"], "0", "{stats:?}");
+    assert_eq!(
+        stats["zone:b:reads_local"],
+        keys.len().to_string(),
+        "{stats:?}"
+    );
+}
+
+#[test]
+fn a_shadowed_pool_with_zones_still_reads_locally_and_the_shadow_gets_the_writes() {
+    let servers = six_servers();
+    let candidate = Memcached::start();
+    let proxy = Proxy::start_text(&format!(
+        "{}[shadow]\npool = \"candidate\"\nfraction = 1.0\n\n[[pools]]\nname = \"candidate\"\nreplicas = 1\n[[pools.servers]]\naddr = \"{}\"\n",
+        zoned_config(&servers, LOCAL),
+        candidate.addr()
+    ));
+    let keys: Vec<String> = (0..1_000).map(|i| format!("shadowed:{i}")).collect();
+    write_all(&proxy, &keys, |k| k.to_string());
+    wait_for("every write on the shadow", || {
+        items(&candidate) == keys.len() as u64
+    });
+    let before = cmd_gets(&servers);
+    assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
+    let after = cmd_gets(&servers);
+    let moved: Vec<u64> = (0..6).map(|s| after[s] - before[s]).collect();
+    println!("cmd_get moved by {moved:?}");
+    assert_eq!(moved[2] + moved[3], keys.len() as u64, "{moved:?}");
+    assert_eq!(moved[0] + moved[1] + moved[4] + moved[5], 0, "{moved:?}");
+    let stats = zone_stats(&proxy);
+    assert_eq!(
+        stats["zone:b:reads_local"],
+        keys.len().to_string(),
+        "{stats:?}"
+    );
+    assert_eq!(stats["zone_reads_cross_zone"], "0", "{stats:?}");
+    // The shadow's values are the primary's.
+    let mut direct = candidate.client();
+    for key in keys.iter().step_by(50) {
+        assert_eq!(direct.get(key), Some(key.clone().into_bytes()), "{key}");
+    }
+}
+
+#[test]
+fn without_zone_write_back_a_hit_from_another_zone_is_not_copied() {
+    let servers = six_servers();
+    let proxy = Proxy::start_text(&zoned_config(
+        &servers,
+        &format!("{LOCAL}zone_write_back = false\n"),
+    ));
+    let keys: Vec<String> = (0..1_000).map(|i| format!("no-back:{i}")).collect();
+    write_all(&proxy, &keys, |k| k.to_string());
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    wait_for("every key on three servers", || {
+        let held: Vec<_> = servers
+            .iter()
+            .map(|s| held_values(&mut s.client(), &key_bytes))
+            .collect();
+        (0..keys.len()).all(|k| held.iter().filter(|h| h[k].is_some()).count() == 3)
+    });
+    assert_eq!(
+        servers[2].client().call(b"flush_all\r\n", ReplyKind::Line),
+        b"OK\r\n"
+    );
+    let mine = copies_on(&proxy, &keys, 2).len() as u64;
+    // Twice: the second read finds zone b no fuller than the first.
+    for _ in 0..2 {
+        assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
+    }
+    let stats = zone_stats(&proxy);
+    assert_eq!(
+        stats["zone_reads_cross_zone"],
+        (2 * mine).to_string(),
+        "{stats:?}"
+    );
+    assert_eq!(stats["zone_write_backs"], "0", "{stats:?}");
+    for zone in ZONES {
+        assert_eq!(stats[&format!("zone:{zone}:write_backs")], "0", "{stats:?}");
+    }
+    assert_eq!(items(&servers[2]), 0, "nothing written back");
+    assert_eq!(proxy.client().stat("handoff_copies"), 0);
+}
+
+#[test]
+fn a_reload_that_adds_a_zone_hands_copies_to_it_and_every_key_stays_readable() {
+    let dir = crate::common::TempDir::new("zones", "add-zone");
+    let servers = six_servers();
+    let path = dir.path("memring.toml");
+    let settings = "replicas = 3\nzone = \"b\"\nhandoff_ms = 60000\n";
+    // Zones a and b first: the third copy goes to either.
+    std::fs::write(&path, zoned_config(&servers[..4], settings)).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let keys: Vec<String> = (0..1_000).map(|i| format!("add-zone:{i}")).collect();
+    write_all(&proxy, &keys, |k| format!("v1-{k}"));
+    let version = proxy.ring_version();
+    crate::common::replace_by_rename(&path, &zoned_config(&servers, settings));
+    wait_for("the reload", || proxy.ring_version() > version);
+    assert!(
+        proxy.running().topology.load().previous.is_some(),
+        "a hand-off window"
+    );
+    let mut client = proxy.client();
+    for key in &keys {
+        assert_eq!(client.get(key), Some(format!("v1-{key}").into_bytes()));
+    }
+    write_all(&proxy, &keys, |k| format!("v2-{k}"));
+    // Each key now has one copy per zone, c included, on its replicas only.
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    let topology = proxy.running().topology.load_full();
+    let mut held: Vec<Vec<Option<Vec<u8>>>> = Vec::new();
+    let mut set = smallvec::SmallVec::new();
+    wait_for("every key on its new replicas only", || {
+        held = servers
+            .iter()
+            .map(|s| held_values(&mut s.client(), &key_bytes))
+            .collect();
+        keys.iter().enumerate().all(|(k, key)| {
+            topology.replicas(key.as_bytes(), &mut set);
+            (0..6).all(|s| held[s][k].is_some() == set.contains(&s))
+        })
+    });
+    for (k, key) in keys.iter().enumerate() {
+        topology.replicas(key.as_bytes(), &mut set);
+        let mut in_zones: Vec<&str> = set.iter().map(|&s| zone_of(s)).collect();
+        in_zones.sort_unstable();
+        assert_eq!(in_zones, ZONES, "{key}");
+        for &s in &set {
+            assert_eq!(held[s][k], Some(format!("v2-{key}").into_bytes()), "{key}");
+        }
+    }
+}
