@@ -851,3 +851,118 @@ fn a_reload_that_adds_a_zone_hands_copies_to_it_and_every_key_stays_readable() {
         }
     }
 }
+
+/// Zone b's server 2 flushed and zone a's server 0 stopped: the keys whose
+/// b copy was on server 2 and whose next replica in ring order is server 0.
+fn keys_behind_a_stopped_zone(proxy: &Proxy, servers: &mut [Memcached], n: usize) -> Vec<String> {
+    let all: Vec<String> = (0..2_000).map(|i| format!("fan:{i}")).collect();
+    let topology = proxy.running().topology.load_full();
+    let mut set = smallvec::SmallVec::new();
+    let keys: Vec<String> = all
+        .into_iter()
+        .filter(|key| {
+            topology.replicas(key.as_bytes(), &mut set);
+            set.contains(&2) && set.iter().find(|&&s| zone_of(s) != "b") == Some(&0)
+        })
+        .take(n)
+        .collect();
+    assert_eq!(keys.len(), n);
+    write_all(proxy, &keys, |k| k.to_string());
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    wait_for("every key on three servers", || {
+        let held: Vec<_> = servers
+            .iter()
+            .map(|s| held_values(&mut s.client(), &key_bytes))
+            .collect();
+        (0..keys.len()).all(|k| held.iter().filter(|h| h[k].is_some()).count() == 3)
+    });
+    assert_eq!(
+        servers[2].client().call(b"flush_all\r\n", ReplyKind::Line),
+        b"OK\r\n"
+    );
+    servers[0].pause();
+    keys
+}
+
+#[test]
+fn all_at_once_answers_from_the_third_zone_while_another_is_stopped() {
+    let mut servers = six_servers();
+    // A long request timeout: asked in ring order, the stopped zone a
+    // server would hold each read that long.
+    let settings = "replicas = 3\nzone = \"b\"\nrequest_timeout_ms = 3000\nfailure_limit = 1000\n";
+    let proxy = Proxy::start_text(&zoned_config(
+        &servers,
+        &format!("{settings}zone_fallback = \"all_at_once\"\n"),
+    ));
+    let keys = keys_behind_a_stopped_zone(&proxy, &mut servers, 40);
+    let (singles, multi) = keys.split_at(20);
+    let mut client = proxy.client();
+    for key in singles {
+        let started = std::time::Instant::now();
+        let reply = client.get_raw(key);
+        let took = started.elapsed();
+        assert_eq!(
+            crate::common::parse_single_value(&reply),
+            Some(Some(key.clone().into_bytes())),
+            "{key}"
+        );
+        assert!(
+            took < std::time::Duration::from_millis(1_500),
+            "{key} took {took:?}"
+        );
+    }
+    // A multi-get of keys all behind the stopped server, at once too.
+    let started = std::time::Instant::now();
+    client.send(format!("get {}\r\n", multi.join(" ")).as_bytes());
+    let reply = client.reply(ReplyKind::Values);
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_millis(1_500),
+        "took {took:?}"
+    );
+    let text = String::from_utf8(reply).unwrap();
+    for key in multi {
+        assert!(
+            text.contains(&format!("VALUE {key} 0 {}\r\n{key}\r\n", key.len())),
+            "{key}: {text}"
+        );
+    }
+    // Served by zone c, counted there, and written back to zone b.
+    let stats = zone_stats(&proxy);
+    assert_eq!(
+        stats["zone:c:reads_cross_zone"],
+        keys.len().to_string(),
+        "{stats:?}"
+    );
+    assert_eq!(
+        stats["zone:c:write_backs"],
+        keys.len().to_string(),
+        "{stats:?}"
+    );
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    wait_for("every key written back to zone b", || {
+        held_values(&mut servers[2].client(), &key_bytes)
+            .iter()
+            .all(Option::is_some)
+    });
+    servers[0].resume();
+}
+
+#[test]
+fn in_order_waits_for_the_stopped_zone_before_the_third() {
+    let mut servers = six_servers();
+    let settings = "replicas = 3\nzone = \"b\"\nrequest_timeout_ms = 1000\nfailure_limit = 1000\n";
+    let proxy = Proxy::start_text(&zoned_config(&servers, settings));
+    let keys = keys_behind_a_stopped_zone(&proxy, &mut servers, 2);
+    let mut client = proxy.client();
+    for key in &keys {
+        let started = std::time::Instant::now();
+        assert_eq!(client.get(key), Some(key.clone().into_bytes()), "{key}");
+        let took = started.elapsed();
+        assert!(
+            took >= std::time::Duration::from_millis(900),
+            "{key} took {took:?}"
+        );
+    }
+    servers[0].resume();
+}
