@@ -907,83 +907,86 @@ impl Retrieval {
             picked.len() == self.keys.len() && self.subs.is_empty() && self.forwards_as_is();
         // Per server of this chunk: its sub-request, and its line's length.
         let mut open: SmallVec<[(usize, u32, usize); 4]> = SmallVec::new();
-        for (n, &key) in picked.iter().enumerate() {
+        // Each key with the candidate it is asked of; a fanned key with
+        // every candidate it has left, all at once.
+        let mut asks: SmallVec<[(u32, u8); 16]> = SmallVec::new();
+        for &key in &picked {
             let k = key as usize;
-            let first = self.round[k] as usize;
-            if first >= self.candidates[k].len() {
+            let first = self.round[k];
+            if self.fanned(k) {
+                let end = self.candidates[k].len() as u8;
+                self.asks[k] = end.saturating_sub(first);
+                asks.extend((first..end).map(|c| (key, c)));
+            } else {
+                asks.push((key, first));
+            }
+        }
+        for (n, &(key, c)) in asks.iter().enumerate() {
+            let k = key as usize;
+            let Some(&server) = self.candidates[k].get(c as usize) else {
                 // No server left to ask.
                 self.state[k] = KeyState::Missed;
                 continue;
-            }
-            // A fanned key goes to every candidate left at once.
-            let end = if self.fanned(k) {
-                self.asks[k] = (self.candidates[k].len() - first) as u8;
-                self.candidates[k].len()
-            } else {
-                first + 1
             };
-            for c in first..end {
-                let server = self.candidates[k][c];
-                let name = self.keys[k].of(&self.bytes);
-                if self.previous_at(k, c) {
-                    self.read_through.0 += 1;
-                    if self.exptime.is_none() {
-                        // A get of a moved key asks its previous owner with a
-                        // meta get, which tells the remaining TTL for the copy.
-                        // (`gat`/`gats` set the expiry themselves.)
-                        let id = self.subs.len() as u32;
-                        self.subs.push(Sub {
-                            keys: smallvec::smallvec![key],
-                            cursor: 0,
-                            error_line: None,
-                            read: None,
-                            meta: true,
-                            server,
-                        });
-                        self.state[k] = KeyState::Asked { sub: id };
-                        let with_cas = self.command == Command::Gets;
-                        out.push(SubRequest {
-                            id,
-                            server,
-                            line: crate::plan::handoff::fetch_line(name, false, with_cas),
-                            meta: true,
-                            keys: 1,
-                        });
-                        continue;
-                    }
+            let name = self.keys[k].of(&self.bytes);
+            if self.previous_at(k, c as usize) {
+                self.read_through.0 += 1;
+                if self.exptime.is_none() {
+                    // A get of a moved key asks its previous owner with a
+                    // meta get, which tells the remaining TTL for the copy.
+                    // (`gat`/`gats` set the expiry themselves.)
+                    let id = self.subs.len() as u32;
+                    self.subs.push(Sub {
+                        keys: smallvec::smallvec![key],
+                        cursor: 0,
+                        error_line: None,
+                        read: None,
+                        meta: true,
+                        server,
+                    });
+                    self.state[k] = KeyState::Asked { sub: id };
+                    let with_cas = self.command == Command::Gets;
+                    out.push(SubRequest {
+                        id,
+                        server,
+                        line: crate::plan::handoff::fetch_line(name, false, with_cas),
+                        meta: true,
+                        keys: 1,
+                    });
+                    continue;
                 }
-                let at = open.iter().position(|&(s, id, len)| {
-                    s == server
-                        && (whole || len + name.len() + 3 <= MAX_SUB_LINE_BYTES)
-                        && self.subs[id as usize].keys.len() < MAX_CHUNK_KEYS.max(max_keys)
-                });
-                let at = match at {
-                    Some(at) => at,
-                    None => {
-                        let id = self.subs.len() as u32;
-                        let keys = self.spare_sub_keys.pop().unwrap_or_default();
-                        self.subs.push(Sub {
-                            keys,
-                            cursor: 0,
-                            error_line: None,
-                            read: None,
-                            meta: false,
-                            server,
-                        });
-                        open.push((server, id, self.line_start_len()));
-                        open.len() - 1
-                    }
-                };
-                let (_, id, len) = &mut open[at];
-                *len += 1 + name.len();
-                let keys = &mut self.subs[*id as usize].keys;
-                if keys.len() == keys.inline_size() {
-                    // Grown once, to what this chunk can still give it.
-                    keys.reserve_exact(picked.len() - n);
-                }
-                keys.push(key);
-                self.state[k] = KeyState::Asked { sub: *id };
             }
+            let at = open.iter().position(|&(s, id, len)| {
+                s == server
+                    && (whole || len + name.len() + 3 <= MAX_SUB_LINE_BYTES)
+                    && self.subs[id as usize].keys.len() < MAX_CHUNK_KEYS.max(max_keys)
+            });
+            let at = match at {
+                Some(at) => at,
+                None => {
+                    let id = self.subs.len() as u32;
+                    let keys = self.spare_sub_keys.pop().unwrap_or_default();
+                    self.subs.push(Sub {
+                        keys,
+                        cursor: 0,
+                        error_line: None,
+                        read: None,
+                        meta: false,
+                        server,
+                    });
+                    open.push((server, id, self.line_start_len()));
+                    open.len() - 1
+                }
+            };
+            let (_, id, len) = &mut open[at];
+            *len += 1 + name.len();
+            let keys = &mut self.subs[*id as usize].keys;
+            if keys.len() == keys.inline_size() {
+                // Grown once, to what this chunk can still give it.
+                keys.reserve_exact(asks.len() - n);
+            }
+            keys.push(key);
+            self.state[k] = KeyState::Asked { sub: *id };
         }
         // A whole request to one server goes as the client's bytes; lines
         // are built only for one that goes to several.
