@@ -83,6 +83,21 @@ impl Config {
             .map(|z| super::servers::zone_name(z, "zone", &at))
             .transpose()?;
         let warming_zones = warming_zones(raw, &at)?;
+        let zone_fallback = match raw.zone_fallback.as_ref() {
+            None => super::ZoneFallback::InOrder,
+            Some(text) => match text.get_ref().as_str() {
+                "in_order" => super::ZoneFallback::InOrder,
+                "all_at_once" => super::ZoneFallback::AllAtOnce,
+                other => {
+                    return Err(at(
+                        text.span(),
+                        format!(
+                            "zone_fallback = {other:?}: expected \"in_order\" or \"all_at_once\""
+                        ),
+                    ))
+                }
+            },
+        };
         super::mark_warming_zones(&mut servers.servers, &warming_zones);
         if lookup.is_some() {
             check_tls_files(raw, &at, tls_listen.as_ref(), backend_tls.as_ref())?;
@@ -135,6 +150,7 @@ impl Config {
             default_pool: DEFAULT_POOL.to_string(),
             zone,
             zone_write_back: raw.zone_write_back.unwrap_or(true),
+            zone_fallback,
             warming_zones,
         })
     }

@@ -92,6 +92,7 @@ pub(super) const EXAMPLES: &[(&str, &str)] = &[
     ("warming", "true"),
     ("zone", "\"eu-west-1a\""),
     ("zone_write_back", "false"),
+    ("zone_fallback", "\"all_at_once\""),
     ("warming_zones", "[\"eu-west-1c\"]"),
     ("cert_file", "\"server.pem\""),
     ("key_file", "\"server.key\""),

@@ -217,9 +217,33 @@ pub struct Config {
     /// `zone_write_back`: a hit found in another zone is copied to the
     /// key's replica in this sidecar's zone (through the hand-off's lease).
     pub zone_write_back: bool,
+    /// `zone_fallback`: after a local miss or error, the other zones'
+    /// replicas are asked one after another (the default) or all at once.
+    pub zone_fallback: ZoneFallback,
     /// `warming_zones`: every server in these zones is warming (written,
     /// never read), whatever its own `warming` says.
     pub warming_zones: Vec<String>,
+}
+
+/// How a read asks the other zones' replicas of a key after its local
+/// replica missed or failed (`zone_fallback`, docs/zones.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ZoneFallback {
+    /// One after another, in ring order (`"in_order"`).
+    #[default]
+    InOrder,
+    /// All of them at once; the first hit answers (`"all_at_once"`).
+    AllAtOnce,
+}
+
+impl ZoneFallback {
+    /// As written in the file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ZoneFallback::InOrder => "in_order",
+            ZoneFallback::AllAtOnce => "all_at_once",
+        }
+    }
 }
 
 impl Config {

@@ -67,6 +67,8 @@ pub(super) struct RawConfig {
     pub(super) zone: Option<Spanned<String>>,
     /// Write a hit found in another zone back to the local replica.
     pub(super) zone_write_back: Option<bool>,
+    /// How the other zones' replicas are asked after a local miss.
+    pub(super) zone_fallback: Option<Spanned<String>>,
     /// Zones whose servers are warming (`ServerConfig::warming`).
     pub(super) warming_zones: Option<Spanned<Vec<String>>>,
 }

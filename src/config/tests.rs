@@ -1585,3 +1585,17 @@ fn read_balance_and_its_epsilon_are_read_and_checked() {
     let third = pool("third");
     assert_eq!(third.read_balance.mode, ReadBalanceMode::LeastLoaded);
 }
+
+#[test]
+fn zone_fallback_is_in_order_or_all_at_once() {
+    use crate::config::ZoneFallback;
+    let default = Config::parse(&three_zones("replicas = 3"), "m").unwrap();
+    assert_eq!(default.zone_fallback, ZoneFallback::InOrder);
+    let at_once = Config::parse(&three_zones("zone_fallback = \"all_at_once\""), "m").unwrap();
+    assert_eq!(at_once.zone_fallback, ZoneFallback::AllAtOnce);
+    let error = error_of(&three_zones("zone_fallback = \"random\""));
+    assert!(
+        error.contains("zone_fallback = \"random\": expected \"in_order\" or \"all_at_once\""),
+        "{error}"
+    );
+}

@@ -645,6 +645,14 @@ fn record(hooks: &PoolHooks, topology: &Topology) {
             .stats
             .membership(&hooks.pool, backend.name(), topology.membership(i).as_str());
     }
+    let config = &topology.config;
+    for server in &config.servers {
+        if let Some(zone) = &server.zone {
+            hooks
+                .stats
+                .zone_warming(zone, config.warming_zones.contains(zone));
+        }
+    }
 }
 
 /// Forgets the membership lines of servers `old` had and `new` has not.

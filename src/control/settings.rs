@@ -72,6 +72,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         default_pool,
         zone,
         zone_write_back,
+        zone_fallback,
         warming_zones,
     } = new;
     // Each pool's own settings are its publisher's business (`control/pool_set.rs`);
@@ -80,7 +81,7 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
     let hot = &old.hot_keys;
     // A table, one row per setting (name, old, new, read only at start):
     // long because there are many settings, not because of logic.
-    let rows: [(&'static str, String, String, bool); 53] = [
+    let rows: [(&'static str, String, String, bool); 54] = [
         (
             "discovery",
             discovered(&old.discovery),
@@ -158,6 +159,12 @@ pub fn setting_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
             "zone_write_back",
             old.zone_write_back.to_string(),
             zone_write_back.to_string(),
+            false,
+        ),
+        (
+            "zone_fallback",
+            old.zone_fallback.as_str().to_string(),
+            zone_fallback.as_str().to_string(),
             false,
         ),
         (

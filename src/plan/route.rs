@@ -345,6 +345,8 @@ struct Sub {
     /// A read-through from a moved key's previous owner (one key, `mg`: see
     /// `handoff::fetch_line`).
     meta: bool,
+    /// The server it went to (a backend index).
+    server: usize,
 }
 
 /// A sub-request to send: `line` to server `server`; its reply is fed back
@@ -416,6 +418,16 @@ pub(crate) struct Retrieval {
     first_local: Vec<bool>,
     /// Hits served by a key's local replica, and by another zone's.
     zone_hits: (usize, usize),
+    /// With zones, `zone_fallback = "all_at_once"`: after its first
+    /// candidate (the local replica) missed or failed, a key is asked of
+    /// all its other candidates at once, and the first hit answers.
+    all_at_once: bool,
+    /// With `all_at_once`, per key: the candidates asked at once whose
+    /// answer has not come yet.
+    asks: Vec<u8>,
+    /// With local-first reads, each hit: which replica served it, for the
+    /// per-zone counters.
+    zone_served: Vec<ZoneHit>,
     /// Keys asked of their previous owner, and values found there.
     read_through: (usize, usize),
     /// Whether this is the whole reply or one run of a retrieval whose
@@ -425,6 +437,16 @@ pub(crate) struct Retrieval {
     /// the client (key index, its value block or `None` for a miss), for a
     /// shadow pool's comparison.
     answers: Option<Vec<(u32, Option<Bytes>)>>,
+}
+
+/// A hit of a retrieval with local-first reads: the replica that served
+/// it (a backend index), whether that was the key's local replica asked
+/// first, and whether the hit is copied back to it (`zone_write_back`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ZoneHit {
+    pub(crate) server: u32,
+    pub(crate) local: bool,
+    pub(crate) written_back: bool,
 }
 
 /// A retrieval's part in the client's reply.
@@ -471,6 +493,9 @@ impl Default for Retrieval {
             write_back: false,
             first_local: Vec::new(),
             zone_hits: (0, 0),
+            all_at_once: false,
+            asks: Vec::new(),
+            zone_served: Vec::new(),
             read_through: (0, 0),
             split: Split::Whole,
             answers: None,
@@ -498,6 +523,13 @@ impl Retrieval {
             && self.copies_allowed
             && topology.config.zone_write_back
             && topology.reads_local_first();
+        self.all_at_once = !handoff
+            && replicas > 1
+            && topology.reads_local_first()
+            && topology.config.zone_fallback == crate::config::ZoneFallback::AllAtOnce;
+        if self.all_at_once {
+            self.asks.resize(request.keys.len(), 0);
+        }
         for i in 0..request.keys.len() {
             let key = request.key(&self.bytes, i);
             // The key's servers, and how many of them own it now (the rest
@@ -562,9 +594,64 @@ impl Retrieval {
 
     /// Key `k` is now being asked of a previous owner.
     fn asking_previous(&self, k: usize) -> bool {
+        self.previous_at(k, self.round[k] as usize)
+    }
+
+    /// Key `k`'s candidate `at` is a previous owner (or, with zone
+    /// write-back, another zone's replica to copy from).
+    fn previous_at(&self, k: usize, at: usize) -> bool {
         self.previous_from
             .get(k)
-            .is_some_and(|&from| self.round[k] >= from)
+            .is_some_and(|&from| at >= from as usize)
+    }
+
+    /// Key `k` is asked of all its other zones' replicas at once
+    /// (`all_at_once`, past its local replica).
+    #[inline]
+    fn fanned(&self, k: usize) -> bool {
+        self.all_at_once && self.round[k] > 0
+    }
+
+    /// A fanned key's answer from the replica of sub-request `sub` is to be
+    /// taken: no other replica's hit came first. Records that replica as
+    /// the one the key is on now (for the copy and the zone counters).
+    fn take_fanned(&mut self, k: usize, sub: usize) -> bool {
+        if !self.fanned(k) {
+            return true;
+        }
+        if !matches!(self.state[k], KeyState::Asked { .. }) {
+            return false;
+        }
+        let server = self.subs[sub].server;
+        if let Some(at) = self.candidates[k].iter().position(|&s| s == server) {
+            self.round[k] = at as u8;
+        }
+        true
+    }
+
+    /// One of a fanned key's replicas answered without a value (a miss or
+    /// a failure): once none is left to answer and none had it, a miss.
+    fn fanned_without_value(&mut self, k: usize) {
+        if !matches!(self.state[k], KeyState::Asked { .. }) {
+            return;
+        }
+        self.asks[k] = self.asks[k].saturating_sub(1);
+        if self.asks[k] == 0 {
+            self.state[k] = KeyState::Missed;
+        }
+    }
+
+    /// With `all_at_once`: every key has its answer, though replicas asked
+    /// at once may still be answering; the client is answered without them
+    /// (their replies are dropped as they come, like a quorum write's slower
+    /// replicas).
+    pub(crate) fn settled(&self) -> bool {
+        self.all_at_once
+            && !self.has_unsent()
+            && self
+                .state
+                .iter()
+                .all(|s| matches!(s, KeyState::Found(_) | KeyState::Missed))
     }
 
     /// Copies key `k`'s value, found on the server being asked now, to its
@@ -610,12 +697,23 @@ impl Retrieval {
     #[inline]
     fn count_zone_hit(&mut self, k: usize) {
         if let Some(&local) = self.first_local.get(k) {
-            if local && self.round[k] == 0 {
+            let local = local && self.round[k] == 0;
+            if local {
                 self.zone_hits.0 += 1;
             } else {
                 self.zone_hits.1 += 1;
             }
+            self.zone_served.push(ZoneHit {
+                server: self.candidates[k][self.round[k] as usize] as u32,
+                local,
+                written_back: self.write_back && self.asking_previous(k),
+            });
         }
+    }
+
+    /// With zones: each hit's replica (see [`ZoneHit`]).
+    pub(crate) fn zone_served(&self) -> &[ZoneHit] {
+        &self.zone_served
     }
 
     /// Hits found in another zone after the local replica missed or
@@ -710,6 +808,9 @@ impl Retrieval {
         self.write_back = false;
         self.first_local.clear();
         self.zone_hits = (0, 0);
+        self.all_at_once = false;
+        self.asks.clear();
+        self.zone_served.clear();
         self.read_through = (0, 0);
         self.split = Split::Whole;
         self.answers = None;
@@ -806,15 +907,29 @@ impl Retrieval {
             picked.len() == self.keys.len() && self.subs.is_empty() && self.forwards_as_is();
         // Per server of this chunk: its sub-request, and its line's length.
         let mut open: SmallVec<[(usize, u32, usize); 4]> = SmallVec::new();
-        for (n, &key) in picked.iter().enumerate() {
+        // Each key with the candidate it is asked of; a fanned key with
+        // every candidate it has left, all at once.
+        let mut asks: SmallVec<[(u32, u8); 16]> = SmallVec::new();
+        for &key in &picked {
             let k = key as usize;
-            let Some(&server) = self.candidates[k].get(self.round[k] as usize) else {
+            let first = self.round[k];
+            if self.fanned(k) {
+                let end = self.candidates[k].len() as u8;
+                self.asks[k] = end.saturating_sub(first);
+                asks.extend((first..end).map(|c| (key, c)));
+            } else {
+                asks.push((key, first));
+            }
+        }
+        for (n, &(key, c)) in asks.iter().enumerate() {
+            let k = key as usize;
+            let Some(&server) = self.candidates[k].get(c as usize) else {
                 // No server left to ask.
                 self.state[k] = KeyState::Missed;
                 continue;
             };
             let name = self.keys[k].of(&self.bytes);
-            if self.asking_previous(k) {
+            if self.previous_at(k, c as usize) {
                 self.read_through.0 += 1;
                 if self.exptime.is_none() {
                     // A get of a moved key asks its previous owner with a
@@ -827,6 +942,7 @@ impl Retrieval {
                         error_line: None,
                         read: None,
                         meta: true,
+                        server,
                     });
                     self.state[k] = KeyState::Asked { sub: id };
                     let with_cas = self.command == Command::Gets;
@@ -856,6 +972,7 @@ impl Retrieval {
                         error_line: None,
                         read: None,
                         meta: false,
+                        server,
                     });
                     open.push((server, id, self.line_start_len()));
                     open.len() - 1
@@ -866,7 +983,7 @@ impl Retrieval {
             let keys = &mut self.subs[*id as usize].keys;
             if keys.len() == keys.inline_size() {
                 // Grown once, to what this chunk can still give it.
-                keys.reserve_exact(picked.len() - n);
+                keys.reserve_exact(asks.len() - n);
             }
             keys.push(key);
             self.state[k] = KeyState::Asked { sub: *id };
@@ -925,6 +1042,7 @@ impl Retrieval {
             error_line: None,
             read: None,
             meta: false,
+            server,
         });
         self.state[0] = KeyState::Asked { sub: 0 };
         out.push(SubRequest {
@@ -994,6 +1112,10 @@ impl Retrieval {
                     self.missed(k);
                 }
                 if let Some(k) = found {
+                    if !self.take_fanned(k, sub as usize) {
+                        // Another zone's replica had it first.
+                        return;
+                    }
                     if self.asking_previous(k) {
                         // Found on the previous owner: copy it to the new
                         // one with an add (`ms … ME`), so a newer value
@@ -1025,6 +1147,11 @@ impl Retrieval {
             // A miss: `on_done` settles the key.
             return;
         }
+        if !self.take_fanned(k, sub as usize) {
+            // Another zone's replica had it first.
+            return;
+        }
+        let entry = &mut self.subs[sub as usize];
         let name = self.keys[k].of(&self.bytes);
         let with_cas = self.command == Command::Gets;
         let Some(hit) = crate::plan::handoff::read_through_hit(name, reply, with_cas, now()) else {
@@ -1096,7 +1223,9 @@ impl Retrieval {
 
     /// A key the server answered without a value.
     fn missed(&mut self, k: usize) {
-        if self.fall_through_on_miss {
+        if self.fanned(k) {
+            self.fanned_without_value(k);
+        } else if self.fall_through_on_miss {
             self.fall_through(k);
         } else {
             self.state[k] = KeyState::Missed;
@@ -1105,6 +1234,10 @@ impl Retrieval {
 
     /// Asks the key's next replica, if there is one.
     fn fall_through(&mut self, k: usize) {
+        if self.fanned(k) {
+            self.fanned_without_value(k);
+            return;
+        }
         let next = self.round[k] as usize + 1;
         if next < self.candidates[k].len() {
             self.round[k] = next as u8;
@@ -2032,5 +2165,86 @@ mod tests {
                 "{line}"
             );
         }
+    }
+
+    /// A retrieval with `zone_fallback = "all_at_once"` over `owners`
+    /// (each key's first candidate its local replica).
+    fn all_at_once(line: &'static [u8], owners: &[&[usize]]) -> Retrieval {
+        let mut r = retrieval(line, owners, true);
+        r.all_at_once = true;
+        r.asks.resize(owners.len(), 0);
+        r
+    }
+
+    /// The sub-request ids of `subs` by server.
+    fn ids(subs: &[SubRequest]) -> Vec<(usize, u32)> {
+        subs.iter().map(|s| (s.server, s.id)).collect()
+    }
+
+    #[test]
+    fn all_at_once_asks_every_other_replica_together_and_takes_the_first_hit() {
+        let mut r = all_at_once(b"get a b\r\n", &[&[0, 1, 2], &[0, 2, 1]]);
+        let first = r.next_chunk(100, &mut RecycledBuf::new(64));
+        assert_eq!(ids(&first), [(0, 0)]);
+        // The local replica misses both: each is asked of 1 and 2 at once.
+        r.on_done(0, Ok(Outcome::End), || 0);
+        let fan = r.next_chunk(100, &mut RecycledBuf::new(64));
+        assert_eq!(ids(&fan), [(1, 1), (2, 2)]);
+        assert!(fan.iter().all(|s| &s.line[..] == b"get a b\r\n"));
+        assert!(!r.has_unsent());
+        // Server 2 answers first: a's value, b missing there.
+        r.on_piece(2, value("a", "from-2"));
+        r.on_done(2, Ok(Outcome::End), || 0);
+        assert!(!r.settled(), "b waits for server 1");
+        // Server 1's a comes too late and is dropped; its b answers.
+        r.on_piece(1, value("a", "from-1"));
+        r.on_piece(1, value("b", "from-1"));
+        r.on_done(1, Ok(Outcome::End), || 0);
+        assert!(r.settled());
+        let mut out = OutQueue::default();
+        assert!(r.emit(&mut out));
+        assert_eq!(
+            drain(&mut out),
+            "VALUE a 0 6\r\nfrom-2\r\nVALUE b 0 6\r\nfrom-1\r\nEND\r\n"
+        );
+        assert_eq!(r.held_bytes(), 0);
+        assert_eq!(r.counts(), (2, 2));
+    }
+
+    #[test]
+    fn all_at_once_answers_before_a_slow_replica_and_misses_only_when_all_missed() {
+        // A hit while another replica is still out: settled, answered.
+        let mut r = all_at_once(b"get a\r\n", &[&[0, 1, 2]]);
+        r.next_chunk(100, &mut RecycledBuf::new(64));
+        r.on_done(0, Err(failed("s0")), || 0);
+        let fan = r.next_chunk(100, &mut RecycledBuf::new(64));
+        assert_eq!(ids(&fan), [(1, 1), (2, 2)]);
+        r.on_piece(2, value("a", "1"));
+        assert!(r.settled(), "server 1 is not waited for");
+        let mut out = OutQueue::default();
+        assert!(r.emit(&mut out));
+        assert_eq!(drain(&mut out), "VALUE a 0 1\r\n1\r\nEND\r\n");
+        // A miss and a failure: a miss, once both answered.
+        let mut r = all_at_once(b"get a\r\n", &[&[0, 1, 2]]);
+        r.next_chunk(100, &mut RecycledBuf::new(64));
+        r.on_done(0, Err(failed("s0")), || 0);
+        r.next_chunk(100, &mut RecycledBuf::new(64));
+        r.on_done(1, Ok(Outcome::End), || 0);
+        assert!(!r.settled());
+        r.on_done(2, Err(failed("s2")), || 0);
+        assert!(r.settled());
+        let mut out = OutQueue::default();
+        assert!(r.emit(&mut out));
+        assert_eq!(drain(&mut out), "END\r\n");
+        // Every replica failed: the error.
+        let mut r = all_at_once(b"get a\r\n", &[&[0, 1, 2]]);
+        r.next_chunk(100, &mut RecycledBuf::new(64));
+        r.on_done(0, Err(failed("s0")), || 0);
+        r.next_chunk(100, &mut RecycledBuf::new(64));
+        r.on_done(2, Err(failed("s2")), || 0);
+        r.on_done(1, Err(failed("s1")), || 0);
+        let mut out = OutQueue::default();
+        assert!(r.emit(&mut out));
+        assert!(drain(&mut out).starts_with("SERVER_ERROR"));
     }
 }

@@ -90,6 +90,9 @@ pub struct Topology {
     /// sidecar has a zone that some server is in (then reads ask a key's
     /// replicas in the local zone first: `plan::placement::order_read`).
     local: Box<[bool]>,
+    /// Per backend, the counters of its zone (`None`: no zone), made at
+    /// the first hit counted ([`Topology::count_zone_hits`]).
+    zone_figures: std::sync::OnceLock<Box<[Option<Arc<crate::stats::ZoneFigures>>]>>,
 }
 
 /// The ring as it would be were the warming servers (`warming = true`)
@@ -379,6 +382,7 @@ impl Topology {
         };
         Topology {
             local,
+            zone_figures: std::sync::OnceLock::new(),
             version,
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             figures: Arc::new(crate::stats::PoolFigures::detached()),
@@ -777,6 +781,37 @@ impl Topology {
     #[inline]
     pub fn is_local(&self, index: usize) -> bool {
         self.local.get(index).copied().unwrap_or(false)
+    }
+
+    /// Counts a retrieval's hits with local-first reads in the counters of
+    /// the zone of the replica that served each (docs/zones.md, "Counters").
+    pub(crate) fn count_zone_hits(
+        &self,
+        stats: &crate::stats::Stats,
+        hits: &[crate::plan::route::ZoneHit],
+    ) {
+        if hits.is_empty() {
+            return;
+        }
+        let figures = self.zone_figures.get_or_init(|| {
+            self.backends
+                .iter()
+                .map(|backend| {
+                    let server = self
+                        .config
+                        .servers
+                        .iter()
+                        .find(|s| s.name == backend.name());
+                    let zone = server.and_then(|s| s.zone.as_deref())?;
+                    Some(stats.zone_figures(zone))
+                })
+                .collect()
+        });
+        for hit in hits {
+            if let Some(Some(zone)) = figures.get(hit.server as usize) {
+                zone.hit(hit.local, hit.written_back);
+            }
+        }
     }
 
     /// Whether a staged ring is in force: servers warming, or a membership

@@ -539,8 +539,11 @@ impl ClientSession {
         }
         // With replicas (or moved keys), replies may send keys to
         // their next server: later requests wait until this one has
-        // its answers.
-        in_flight.is_empty() || (topology.config.replicas <= 1 && !plan.has_moved_keys())
+        // its answers (with zones read all at once, until every key has
+        // its answer: a zone still answering is not waited for).
+        in_flight.is_empty()
+            || plan.settled()
+            || (topology.config.replicas <= 1 && !plan.has_moved_keys())
     }
 
     /// Feeds a replicated `cas`'s reply (on `part`) to its machine and sends
@@ -1178,7 +1181,10 @@ impl ClientSession {
                 owed,
                 in_flight,
             } => {
-                if plan.has_unsent() || !in_flight.is_empty() || !plan.emit(&mut self.out) {
+                // With zones read all at once, a zone still answering
+                // a settled key is not waited for.
+                let waiting = !in_flight.is_empty() && !plan.settled();
+                if plan.has_unsent() || waiting || !plan.emit(&mut self.out) {
                     return false;
                 }
                 entry.said = plan.said();
@@ -1191,6 +1197,7 @@ impl ClientSession {
                 let (reads, found) = plan.read_through();
                 stats.read_through(reads, found);
                 stats.zone_reads(plan.zone_hits(), plan.written_back());
+                entry.topology.count_zone_hits(stats, plan.zone_served());
                 *owed = Reservation::default();
             }
         }

@@ -84,6 +84,9 @@ fn counters(stats: &Stats) -> Vec<(String, u64)> {
         add(name, value);
     }
     add("read_balance_moved", stats.read_balance_moved.get());
+    for (name, value) in stats.zone_counters() {
+        add(&name, value);
+    }
     counters
 }
 
@@ -154,6 +157,13 @@ pub(crate) fn write_stats(out: &mut BytesMut, stats: &Stats, layout: &Layout) {
         counter(out, name);
     }
     counter(out, "read_balance_moved");
+    // Per zone (as many as `counters` read), then the zones warming.
+    for (name, value) in counters {
+        write_stat(out, name, &value);
+    }
+    for zone in &topology.config.warming_zones {
+        write_stat(out, &format!("zone:{zone}:warming"), &1);
+    }
     let discovered = &topology.config.discovery;
     let source = if discovered.etcd.is_some() {
         "etcd"

@@ -142,6 +142,8 @@ mod tests {
         stats.membership("default", "cache-01", "ACTIVE");
         stats.topology("default", 1, 1, 1);
         let _ = stats.pool_figures("default");
+        let _ = stats.zone_figures("eu-west-1a");
+        stats.zone_warming("eu-west-1a", false);
         let _ = stats.shadow_counters("default", "shadow");
         stats.reload(true);
         stats.hot_keys(&[HotKeySample {

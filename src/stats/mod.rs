@@ -36,6 +36,7 @@ pub use families::pools::PoolFigures;
 pub use families::servers::BackendMetrics;
 pub(crate) use families::shadow::{ratio, SHADOW_PAIRINGS};
 pub use families::shadow::{ShadowCounters, ShadowFigures};
+pub use families::zones::ZoneFigures;
 pub(crate) use process::process_cpu;
 
 use families::client::ClientFamilies;
@@ -45,6 +46,7 @@ use families::hotkeys::HotKeyGauges;
 use families::pools::PoolFamilies;
 use families::servers::ServerFamilies;
 use families::shadow::ShadowFamilies;
+use families::zones::ZoneFamilies;
 use latency::PartedHistogram;
 
 /// Process-wide figures.
@@ -60,6 +62,7 @@ pub struct Stats {
     servers: ServerFamilies,
     pools: PoolFamilies,
     handoff: HandoffFamilies,
+    zones: ZoneFamilies,
     /// Per-command request latency, indexed as [`crate::protocol::Command::index`]
     /// (each worker writes its own part).
     command_latency: Vec<PartedHistogram>,
@@ -94,6 +97,7 @@ impl Stats {
         let servers = ServerFamilies::register(&mut registry);
         let pools = PoolFamilies::register(&mut registry);
         let handoff = HandoffFamilies::register(&mut registry);
+        let zones = ZoneFamilies::register(&mut registry);
         let command_latency = families::client::register_request_latency(&mut registry);
         let (hot, hot_keys) = families::hotkeys::register(&mut registry);
         let shadow = ShadowFamilies::register(&mut registry);
@@ -117,6 +121,7 @@ impl Stats {
             servers,
             pools,
             handoff,
+            zones,
             command_latency,
             hot,
             hot_keys,

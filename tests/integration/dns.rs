@@ -1328,3 +1328,61 @@ fn the_ring_digest_is_the_same_for_servers_from_dns_or_from_the_file() {
     let location: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(location["ring_digest"], digest.as_str(), "{location}");
 }
+
+#[test]
+fn servers_given_by_host_name_carry_their_zone_into_placement_and_local_reads() {
+    // `[discovery] srv`/`a` carry no zone (docs/zones.md); `[[servers]]`
+    // given by host name do, one zone per entry.
+    let dir = TempDir::new("dns", "zones");
+    let zones = ["a", "a", "b", "b", "c", "c"];
+    let caches: Vec<Loopback> = zones.iter().map(|_| Loopback::start("127.0.0.2")).collect();
+    let names: Vec<String> = (0..6).map(|i| format!("cache-{i}.test.local")).collect();
+    let hosts: String = names.iter().map(|n| format!("127.0.0.2 {n}\n")).collect();
+    let dns = Dnsmasq::start(&dir, &hosts, &[]);
+    let mut config = format!(
+        "replicas = 3\nzone = \"b\"\n[discovery]\nresolver = \"{}\"\n",
+        dns.resolver()
+    );
+    for ((name, cache), zone) in names.iter().zip(&caches).zip(zones) {
+        config.push_str(&format!(
+            "[[servers]]\naddr = \"{name}:{}\"\nzone = \"{zone}\"\n",
+            cache.port
+        ));
+    }
+    let daemon = Daemon::start(&dir, &config);
+    let keys = keys("dns-zoned:", 300);
+    let mut client = daemon.client();
+    for key in &keys {
+        assert_eq!(client.set(key, key.as_bytes()), b"STORED\r\n");
+    }
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    let mut held: Vec<Vec<Option<Vec<u8>>>> = Vec::new();
+    wait_for("every key on three servers", || {
+        held = caches
+            .iter()
+            .map(|c| crate::common::held_values(&mut c.client(), &key_bytes))
+            .collect();
+        (0..keys.len()).all(|k| held.iter().filter(|h| h[k].is_some()).count() == 3)
+    });
+    for (k, key) in keys.iter().enumerate() {
+        let mut in_zones: Vec<&str> = (0..6)
+            .filter(|&s| held[s][k].is_some())
+            .map(|s| zones[s])
+            .collect();
+        in_zones.sort_unstable();
+        assert_eq!(in_zones, ["a", "b", "c"], "{key}");
+    }
+    let cmd_gets = || -> Vec<u64> { caches.iter().map(|c| c.client().stat("cmd_get")).collect() };
+    let before = cmd_gets();
+    for key in &keys {
+        assert_eq!(client.get(key).as_deref(), Some(key.as_bytes()), "{key}");
+    }
+    let after = cmd_gets();
+    let moved: Vec<u64> = (0..6).map(|s| after[s] - before[s]).collect();
+    assert_eq!(moved[2] + moved[3], keys.len() as u64, "{moved:?}");
+    assert_eq!(moved[0] + moved[1] + moved[4] + moved[5], 0, "{moved:?}");
+    assert_eq!(
+        daemon.stat("zone:b:reads_local"),
+        Some(keys.len().to_string())
+    );
+}

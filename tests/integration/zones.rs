@@ -203,6 +203,95 @@ fn a_miss_in_zone_b_is_read_from_the_other_zones() {
     assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
 }
 
+/// The `stats` lines of `proxy` whose name starts with `zone`.
+fn zone_stats(proxy: &Proxy) -> std::collections::BTreeMap<String, String> {
+    proxy
+        .client()
+        .stats("")
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("zone"))
+        .collect()
+}
+
+#[test]
+fn zone_counters_are_labelled_by_the_zone_that_served_each_hit() {
+    let servers = six_servers();
+    let proxy = Proxy::start_text(&zoned_config(&servers, LOCAL));
+    let keys: Vec<String> = (0..1_000).map(|i| format!("per-zone:{i}")).collect();
+    write_all(&proxy, &keys, |k| k.to_string());
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    // Every third copy landed, so a miss in b finds the next zone's copy.
+    wait_for("every key on three servers", || {
+        let held: Vec<_> = servers
+            .iter()
+            .map(|s| held_values(&mut s.client(), &key_bytes))
+            .collect();
+        (0..keys.len()).all(|k| held.iter().filter(|h| h[k].is_some()).count() == 3)
+    });
+    assert_eq!(
+        servers[2].client().call(b"flush_all\r\n", ReplyKind::Line),
+        b"OK\r\n"
+    );
+    assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
+    // Expected: a key whose b copy is on server 3 is a local hit; one on
+    // the flushed server 2 is served by its next replica in ring order
+    // outside b, counted in that replica's zone, and written back.
+    let topology = proxy.running().topology.load_full();
+    let mut set = smallvec::SmallVec::new();
+    let (mut local, mut cross) = (
+        0u64,
+        std::collections::BTreeMap::from([("a", 0u64), ("c", 0)]),
+    );
+    for key in &keys {
+        topology.replicas(key.as_bytes(), &mut set);
+        if set.contains(&3) {
+            local += 1;
+        } else {
+            let source = set.iter().find(|&&s| zone_of(s) != "b").unwrap();
+            *cross.get_mut(zone_of(*source)).unwrap() += 1;
+        }
+    }
+    println!("local {local}, cross {cross:?}");
+    assert!(
+        local > 0 && cross["a"] > 0 && cross["c"] > 0,
+        "{local} {cross:?}"
+    );
+    let stats = zone_stats(&proxy);
+    let n = |name: &str| -> u64 { stats[name].parse().unwrap() };
+    assert_eq!(n("zone_reads_local"), local, "{stats:?}");
+    assert_eq!(n("zone_reads_cross_zone"), cross["a"] + cross["c"]);
+    assert_eq!(n("zone_write_backs"), cross["a"] + cross["c"]);
+    assert_eq!(n("zone:b:reads_local"), local, "{stats:?}");
+    assert_eq!(n("zone:b:reads_cross_zone"), 0);
+    assert_eq!(n("zone:b:write_backs"), 0);
+    for zone in ["a", "c"] {
+        assert_eq!(n(&format!("zone:{zone}:reads_local")), 0);
+        assert_eq!(n(&format!("zone:{zone}:reads_cross_zone")), cross[zone]);
+        assert_eq!(n(&format!("zone:{zone}:write_backs")), cross[zone]);
+    }
+    assert!(
+        !stats.keys().any(|name| name.ends_with(":warming")),
+        "{stats:?}"
+    );
+    let text = proxy.running().stats.prometheus_text();
+    for (family, zone, value) in [
+        ("zone_reads_local_by_zone", "b", local),
+        ("zone_reads_cross_zone_by_zone", "a", cross["a"]),
+        ("zone_reads_cross_zone_by_zone", "c", cross["c"]),
+        ("zone_write_backs_by_zone", "a", cross["a"]),
+        ("zone_write_backs_by_zone", "c", cross["c"]),
+        ("zone_write_backs_by_zone", "b", 0),
+    ] {
+        let sample = format!("memring_{family}_total{{zone=\"{zone}\"}} {value}\n");
+        assert!(text.contains(&sample), "{sample} in {text}");
+    }
+    for zone in ZONES {
+        let sample = format!("memring_zone_warming{{zone=\"{zone}\"}} 0\n");
+        assert!(text.contains(&sample), "{sample} in {text}");
+    }
+    crate::common::exposition::promtool_check(&text);
+}
+
 /// The keys of `keys` whose zone-b copy is on backend `server`.
 fn copies_on(proxy: &Proxy, keys: &[String], server: usize) -> Vec<String> {
     let topology = proxy.running().topology.load();
@@ -343,6 +432,33 @@ fn a_warming_zone_gets_every_write_and_no_read_until_unmarked() {
         (0, 0),
         "c read"
     );
+    // Zone c shows as warming, in `stats` and in /metrics.
+    assert_eq!(
+        zone_stats(&proxy).get("zone:c:warming").map(String::as_str),
+        Some("1")
+    );
+    let text = proxy.running().stats.prometheus_text();
+    assert!(
+        text.contains("memring_zone_warming{zone=\"c\"} 1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("memring_zone_warming{zone=\"a\"} 0\n"),
+        "{text}"
+    );
+    // Every read was served by zone a or b, counted there as cross-zone.
+    let stats = zone_stats(&proxy);
+    let n = |name: &str| -> u64 { stats.get(name).map_or(0, |v| v.parse().unwrap()) };
+    assert_eq!(
+        n("zone:a:reads_cross_zone") + n("zone:b:reads_cross_zone"),
+        keys.len() as u64,
+        "{stats:?}"
+    );
+    assert_eq!(
+        n("zone:c:reads_local") + n("zone:c:reads_cross_zone"),
+        0,
+        "{stats:?}"
+    );
     // Unmarked, zone c serves its own keys' reads, all of them hits.
     let version = proxy.ring_version();
     crate::common::replace_by_rename(&path, &zoned_config(&servers, settings));
@@ -354,6 +470,12 @@ fn a_warming_zone_gets_every_write_and_no_read_until_unmarked() {
     println!("cmd_get moved by {moved:?} once zone c joined");
     assert_eq!(moved[4] + moved[5], keys.len() as u64, "{moved:?}");
     assert_eq!(moved[..4].iter().sum::<u64>(), 0, "{moved:?}");
+    assert_eq!(zone_stats(&proxy).get("zone:c:warming"), None);
+    let text = proxy.running().stats.prometheus_text();
+    assert!(
+        text.contains("memring_zone_warming{zone=\"c\"} 0\n"),
+        "{text}"
+    );
 }
 
 /// Six servers in zones a, a, b, b, c, c (addresses only, nothing runs).
@@ -545,6 +667,304 @@ fn etcd_members_carry_their_zone_into_placement_and_local_reads() {
     for s in [0, 1, 4, 5] {
         assert_eq!(after[s], before[s], "server {s} read");
     }
+}
+
+/// `[[pools.servers]]` lines over `servers`, each in its zone.
+fn zoned_pool_servers(servers: &[Memcached]) -> String {
+    let mut text = String::new();
+    for (i, server) in servers.iter().enumerate() {
+        text.push_str(&format!(
+            "[[pools.servers]]\naddr = \"{}\"\nzone = \"{}\"\n",
+            server.addr(),
+            zone_of(i)
+        ));
+    }
+    text
+}
+
+/// Keys of `proxy`'s memcached `server`, read directly: how many it holds.
+fn items(server: &Memcached) -> u64 {
+    server.client().stat("curr_items")
+}
+
+#[test]
+fn a_routed_pool_with_zones_reads_locally_in_that_pool() {
+    let plain = Memcached::start();
+    let servers = six_servers();
+    let proxy = Proxy::start_text(&format!(
+        "listen = \"127.0.0.1:0\"\nzone = \"b\"\n[[servers]]\naddr = \"{}\"\n\n[[pools]]\nname = \"zoned\"\nreplicas = 3\n{}\n[[routes]]\nprefix = \"z:\"\npool = \"zoned\"\n",
+        plain.addr(),
+        zoned_pool_servers(&servers)
+    ));
+    let keys: Vec<String> = (0..1_000).map(|i| format!("z:{i}")).collect();
+    let others: Vec<String> = (0..100).map(|i| format!("plain:{i}")).collect();
+    write_all(&proxy, &keys, |k| k.to_string());
+    write_all(&proxy, &others, |k| k.to_string());
+    assert_eq!(items(&plain), others.len() as u64, "only the other keys");
+    // Every routed key has one copy per zone in the pool.
+    wait_for("three copies of each routed key", || {
+        servers.iter().map(items).sum::<u64>() == 3 * keys.len() as u64
+    });
+    let before = cmd_gets(&servers);
+    assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
+    assert_eq!(read_all(&proxy, &others), (others.len(), 0, 0));
+    let after = cmd_gets(&servers);
+    let moved: Vec<u64> = (0..6).map(|s| after[s] - before[s]).collect();
+    println!("cmd_get moved by {moved:?}");
+    assert_eq!(moved[2] + moved[3], keys.len() as u64, "{moved:?}");
+    assert_eq!(moved[0] + moved[1] + moved[4] + moved[5], 0, "{moved:?}");
+    // Counted for the zoned pool's keys only.
+    let stats = zone_stats(&proxy);
+    assert_eq!(
+        stats["zone_reads_local"],
+        keys.len().to_string(),
+        "{stats:?}"
+    );
+    assert_eq!(stats["zone_reads_cross_zone"], "0", "{stats:?}");
+    assert_eq!(
+        stats["zone:b:reads_local"],
+        keys.len().to_string(),
+        "{stats:?}"
+    );
+}
+
+#[test]
+fn a_shadowed_pool_with_zones_still_reads_locally_and_the_shadow_gets_the_writes() {
+    let servers = six_servers();
+    let candidate = Memcached::start();
+    let proxy = Proxy::start_text(&format!(
+        "{}[shadow]\npool = \"candidate\"\nfraction = 1.0\n\n[[pools]]\nname = \"candidate\"\nreplicas = 1\n[[pools.servers]]\naddr = \"{}\"\n",
+        zoned_config(&servers, LOCAL),
+        candidate.addr()
+    ));
+    let keys: Vec<String> = (0..1_000).map(|i| format!("shadowed:{i}")).collect();
+    write_all(&proxy, &keys, |k| k.to_string());
+    wait_for("every write on the shadow", || {
+        items(&candidate) == keys.len() as u64
+    });
+    let before = cmd_gets(&servers);
+    assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
+    let after = cmd_gets(&servers);
+    let moved: Vec<u64> = (0..6).map(|s| after[s] - before[s]).collect();
+    println!("cmd_get moved by {moved:?}");
+    assert_eq!(moved[2] + moved[3], keys.len() as u64, "{moved:?}");
+    assert_eq!(moved[0] + moved[1] + moved[4] + moved[5], 0, "{moved:?}");
+    let stats = zone_stats(&proxy);
+    assert_eq!(
+        stats["zone:b:reads_local"],
+        keys.len().to_string(),
+        "{stats:?}"
+    );
+    assert_eq!(stats["zone_reads_cross_zone"], "0", "{stats:?}");
+    // The shadow's values are the primary's.
+    let mut direct = candidate.client();
+    for key in keys.iter().step_by(50) {
+        assert_eq!(direct.get(key), Some(key.clone().into_bytes()), "{key}");
+    }
+}
+
+#[test]
+fn without_zone_write_back_a_hit_from_another_zone_is_not_copied() {
+    let servers = six_servers();
+    let proxy = Proxy::start_text(&zoned_config(
+        &servers,
+        &format!("{LOCAL}zone_write_back = false\n"),
+    ));
+    let keys: Vec<String> = (0..1_000).map(|i| format!("no-back:{i}")).collect();
+    write_all(&proxy, &keys, |k| k.to_string());
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    wait_for("every key on three servers", || {
+        let held: Vec<_> = servers
+            .iter()
+            .map(|s| held_values(&mut s.client(), &key_bytes))
+            .collect();
+        (0..keys.len()).all(|k| held.iter().filter(|h| h[k].is_some()).count() == 3)
+    });
+    assert_eq!(
+        servers[2].client().call(b"flush_all\r\n", ReplyKind::Line),
+        b"OK\r\n"
+    );
+    let mine = copies_on(&proxy, &keys, 2).len() as u64;
+    // Twice: the second read finds zone b no fuller than the first.
+    for _ in 0..2 {
+        assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
+    }
+    let stats = zone_stats(&proxy);
+    assert_eq!(
+        stats["zone_reads_cross_zone"],
+        (2 * mine).to_string(),
+        "{stats:?}"
+    );
+    assert_eq!(stats["zone_write_backs"], "0", "{stats:?}");
+    for zone in ZONES {
+        assert_eq!(stats[&format!("zone:{zone}:write_backs")], "0", "{stats:?}");
+    }
+    assert_eq!(items(&servers[2]), 0, "nothing written back");
+    assert_eq!(proxy.client().stat("handoff_copies"), 0);
+}
+
+#[test]
+fn a_reload_that_adds_a_zone_hands_copies_to_it_and_every_key_stays_readable() {
+    let dir = crate::common::TempDir::new("zones", "add-zone");
+    let servers = six_servers();
+    let path = dir.path("memring.toml");
+    let settings = "replicas = 3\nzone = \"b\"\nhandoff_ms = 60000\n";
+    // Zones a and b first: the third copy goes to either.
+    std::fs::write(&path, zoned_config(&servers[..4], settings)).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let keys: Vec<String> = (0..1_000).map(|i| format!("add-zone:{i}")).collect();
+    write_all(&proxy, &keys, |k| format!("v1-{k}"));
+    let version = proxy.ring_version();
+    crate::common::replace_by_rename(&path, &zoned_config(&servers, settings));
+    wait_for("the reload", || proxy.ring_version() > version);
+    assert!(
+        proxy.running().topology.load().previous.is_some(),
+        "a hand-off window"
+    );
+    let mut client = proxy.client();
+    for key in &keys {
+        assert_eq!(client.get(key), Some(format!("v1-{key}").into_bytes()));
+    }
+    write_all(&proxy, &keys, |k| format!("v2-{k}"));
+    // Each key now has one copy per zone, c included, on its replicas only.
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    let topology = proxy.running().topology.load_full();
+    let mut held: Vec<Vec<Option<Vec<u8>>>> = Vec::new();
+    let mut set = smallvec::SmallVec::new();
+    wait_for("every key on its new replicas only", || {
+        held = servers
+            .iter()
+            .map(|s| held_values(&mut s.client(), &key_bytes))
+            .collect();
+        keys.iter().enumerate().all(|(k, key)| {
+            topology.replicas(key.as_bytes(), &mut set);
+            (0..6).all(|s| held[s][k].is_some() == set.contains(&s))
+        })
+    });
+    for (k, key) in keys.iter().enumerate() {
+        topology.replicas(key.as_bytes(), &mut set);
+        let mut in_zones: Vec<&str> = set.iter().map(|&s| zone_of(s)).collect();
+        in_zones.sort_unstable();
+        assert_eq!(in_zones, ZONES, "{key}");
+        for &s in &set {
+            assert_eq!(held[s][k], Some(format!("v2-{key}").into_bytes()), "{key}");
+        }
+    }
+}
+
+/// Zone b's server 2 flushed and zone a's server 0 stopped: the keys whose
+/// b copy was on server 2 and whose next replica in ring order is server 0.
+fn keys_behind_a_stopped_zone(proxy: &Proxy, servers: &mut [Memcached], n: usize) -> Vec<String> {
+    let all: Vec<String> = (0..2_000).map(|i| format!("fan:{i}")).collect();
+    let topology = proxy.running().topology.load_full();
+    let mut set = smallvec::SmallVec::new();
+    let keys: Vec<String> = all
+        .into_iter()
+        .filter(|key| {
+            topology.replicas(key.as_bytes(), &mut set);
+            set.contains(&2) && set.iter().find(|&&s| zone_of(s) != "b") == Some(&0)
+        })
+        .take(n)
+        .collect();
+    assert_eq!(keys.len(), n);
+    write_all(proxy, &keys, |k| k.to_string());
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    wait_for("every key on three servers", || {
+        let held: Vec<_> = servers
+            .iter()
+            .map(|s| held_values(&mut s.client(), &key_bytes))
+            .collect();
+        (0..keys.len()).all(|k| held.iter().filter(|h| h[k].is_some()).count() == 3)
+    });
+    assert_eq!(
+        servers[2].client().call(b"flush_all\r\n", ReplyKind::Line),
+        b"OK\r\n"
+    );
+    servers[0].pause();
+    keys
+}
+
+#[test]
+fn all_at_once_answers_from_the_third_zone_while_another_is_stopped() {
+    let mut servers = six_servers();
+    // A long request timeout: asked in ring order, the stopped zone a
+    // server would hold each read that long.
+    let settings = "replicas = 3\nzone = \"b\"\nrequest_timeout_ms = 3000\nfailure_limit = 1000\n";
+    let proxy = Proxy::start_text(&zoned_config(
+        &servers,
+        &format!("{settings}zone_fallback = \"all_at_once\"\n"),
+    ));
+    let keys = keys_behind_a_stopped_zone(&proxy, &mut servers, 40);
+    let (singles, multi) = keys.split_at(20);
+    let mut client = proxy.client();
+    for key in singles {
+        let started = std::time::Instant::now();
+        let reply = client.get_raw(key);
+        let took = started.elapsed();
+        assert_eq!(
+            crate::common::parse_single_value(&reply),
+            Some(Some(key.clone().into_bytes())),
+            "{key}"
+        );
+        assert!(
+            took < std::time::Duration::from_millis(1_500),
+            "{key} took {took:?}"
+        );
+    }
+    // A multi-get of keys all behind the stopped server, at once too.
+    let started = std::time::Instant::now();
+    client.send(format!("get {}\r\n", multi.join(" ")).as_bytes());
+    let reply = client.reply(ReplyKind::Values);
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_millis(1_500),
+        "took {took:?}"
+    );
+    let text = String::from_utf8(reply).unwrap();
+    for key in multi {
+        assert!(
+            text.contains(&format!("VALUE {key} 0 {}\r\n{key}\r\n", key.len())),
+            "{key}: {text}"
+        );
+    }
+    // Served by zone c, counted there, and written back to zone b.
+    let stats = zone_stats(&proxy);
+    assert_eq!(
+        stats["zone:c:reads_cross_zone"],
+        keys.len().to_string(),
+        "{stats:?}"
+    );
+    assert_eq!(
+        stats["zone:c:write_backs"],
+        keys.len().to_string(),
+        "{stats:?}"
+    );
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    wait_for("every key written back to zone b", || {
+        held_values(&mut servers[2].client(), &key_bytes)
+            .iter()
+            .all(Option::is_some)
+    });
+    servers[0].resume();
+}
+
+#[test]
+fn in_order_waits_for_the_stopped_zone_before_the_third() {
+    let mut servers = six_servers();
+    let settings = "replicas = 3\nzone = \"b\"\nrequest_timeout_ms = 1000\nfailure_limit = 1000\n";
+    let proxy = Proxy::start_text(&zoned_config(&servers, settings));
+    let keys = keys_behind_a_stopped_zone(&proxy, &mut servers, 2);
+    let mut client = proxy.client();
+    for key in &keys {
+        let started = std::time::Instant::now();
+        assert_eq!(client.get(key), Some(key.clone().into_bytes()), "{key}");
+        let took = started.elapsed();
+        assert!(
+            took >= std::time::Duration::from_millis(900),
+            "{key} took {took:?}"
+        );
+    }
+    servers[0].resume();
 }
 
 /// The etcd form of a warming zone: zone c's members registered `JOINING`

@@ -11,6 +11,7 @@ pub(super) mod hotkeys;
 pub(super) mod pools;
 pub(super) mod servers;
 pub(super) mod shadow;
+pub(super) mod zones;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
