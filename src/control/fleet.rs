@@ -15,9 +15,12 @@ use crate::config::ServerConfig;
 
 /// How often a staged change asks etcd whether every sidecar staged it.
 pub(crate) const POLL: Duration = Duration::from_millis(100);
-/// Longest wait, after staging, before this sidecar says it staged: the
-/// requests planned on the topology before the staged one have finished
-/// or timed out by then (at most `request_timeout`, capped here).
+/// How often a staged change looks whether the requests planned before it
+/// have finished (a look reads a few counters, nothing leaves memring).
+const DRAIN_POLL: Duration = Duration::from_millis(5);
+/// Longest wait, after staging, before this sidecar says it staged even
+/// though requests planned on a topology before the staged one are still
+/// in flight: they have timed out by then (`request_timeout`, capped here).
 const DRAIN_CAP: Duration = Duration::from_secs(5);
 
 /// A change staged and not switched to yet.
@@ -32,19 +35,27 @@ pub(crate) struct Pending {
     /// When the first change of this chain was staged (the bound counts
     /// from here, so a stream of changes cannot postpone it for ever).
     pub(crate) since: Instant,
-    /// From then on this sidecar says it staged the change.
-    pub(crate) says_from: Instant,
+    /// The version of the staged topology: this sidecar says it staged the
+    /// change once no request planned on an older one is in flight.
+    pub(crate) staged_version: u64,
+    /// ... or from then on, whatever is still in flight.
+    drain_by: Instant,
+    /// This sidecar says, in its registration, that it staged the change.
+    drained: bool,
     /// The live sidecars not there yet at the last look.
     pub(crate) waiting: usize,
 }
 
 impl Pending {
-    /// A change to `target` at `revision`, staged now over `in_force`.
+    /// A change to `target` at `revision`, staged now over `in_force` in
+    /// the topology of version `staged_version`; the requests planned
+    /// before it are waited for at most `drain` (`request_timeout`).
     pub(crate) fn new(
         revision: i64,
         target: Vec<ServerConfig>,
         in_force: Vec<ServerConfig>,
         since: Option<Instant>,
+        staged_version: u64,
         drain: Duration,
     ) -> Pending {
         let now = Instant::now();
@@ -53,14 +64,43 @@ impl Pending {
             target,
             in_force,
             since: since.unwrap_or(now),
-            says_from: now + drain.min(DRAIN_CAP),
+            staged_version,
+            drain_by: now + drain.min(DRAIN_CAP),
+            drained: false,
             waiting: 0,
         }
     }
 
     /// Whether this sidecar says, in its registration, that it staged.
     pub(crate) fn said(&self) -> bool {
-        Instant::now() >= self.says_from
+        self.drained
+    }
+
+    /// `in_flight` requests planned on a topology before the staged one are
+    /// in flight at `now`: whether this sidecar says it staged from now on
+    /// (none is left, or the bound is over; said once, said for good).
+    pub(crate) fn drain(&mut self, in_flight: usize, now: Instant) -> bool {
+        if !self.drained && (in_flight == 0 || now >= self.drain_by) {
+            self.drained = true;
+            if in_flight > 0 {
+                tracing::warn!(
+                    "etcd revision {}: {in_flight} request{} planned before the change was staged still in flight after request_timeout: saying it is staged anyway",
+                    self.revision,
+                    if in_flight == 1 { "" } else { "s" }
+                );
+            }
+        }
+        self.drained
+    }
+
+    /// When the gate looks again: soon while requests planned before are
+    /// draining, at the pace of etcd reads once it waits for the others.
+    pub(crate) fn poll(&self) -> Duration {
+        if self.drained {
+            POLL
+        } else {
+            DRAIN_POLL
+        }
     }
 }
 
@@ -201,6 +241,28 @@ mod tests {
         heavier[1].weight = 2;
         assert!(!moves_reads(&in_force, &heavier), "a reweight");
         assert!(moves_reads(&in_force, &in_force[..1]));
+    }
+
+    #[test]
+    fn a_staged_change_is_said_once_the_requests_planned_before_are_over() {
+        let t0 = Instant::now();
+        let drain = Duration::from_secs(1);
+        let mut p = Pending::new(7, Vec::new(), Vec::new(), None, 3, drain);
+        assert!(!p.said(), "not before it looked");
+        assert!(!p.drain(2, t0));
+        assert!(!p.drain(1, t0 + drain / 2));
+        assert!(p.drain(0, t0 + drain / 2), "none left: at once");
+        assert!(p.drain(5, t0 + drain / 2), "said for good");
+        assert!(p.said());
+        assert_eq!(p.poll(), POLL);
+        // Requests that never end: the bound.
+        let mut stuck = Pending::new(7, Vec::new(), Vec::new(), None, 3, drain);
+        assert_eq!(stuck.poll(), DRAIN_POLL);
+        assert!(!stuck.drain(1, Instant::now()));
+        assert!(stuck.drain(1, Instant::now() + drain));
+        // The bound is capped.
+        let mut capped = Pending::new(7, Vec::new(), Vec::new(), None, 3, drain * 60);
+        assert!(capped.drain(1, Instant::now() + DRAIN_CAP));
     }
 
     #[test]

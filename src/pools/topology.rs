@@ -90,6 +90,9 @@ pub struct Topology {
     /// sidecar has a zone that some server is in (then reads ask a key's
     /// replicas in the local zone first: [`Topology::local_first`]).
     local: Box<[bool]>,
+    /// The requests planned on this topology and not finished (see
+    /// `pools/in_flight.rs`).
+    pub(crate) in_flight: crate::pools::in_flight::InFlight,
 }
 
 /// The ring as it would be were the warming servers (`warming = true`)
@@ -396,6 +399,7 @@ impl Topology {
             dropped: Box::new([]),
             undoes: false,
             staged,
+            in_flight: Default::default(),
         }
     }
 

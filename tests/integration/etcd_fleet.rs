@@ -249,6 +249,49 @@ fn a_sidecar_held_back_from_etcd_holds_the_others_back_and_no_read_is_stale() {
 }
 
 #[test]
+fn reads_move_once_the_requests_planned_before_are_over_not_after_request_timeout() {
+    // request_timeout_ms = 5000: a fixed wait of request_timeout after
+    // staging (the cap) would move reads 5 s after the change at least.
+    let test = "drained";
+    let etcd = Etcd::start(test);
+    let (dir_a, dir_b) = (
+        TempDir::new("fleet", test),
+        TempDir::new("fleet", &format!("{test}-b")),
+    );
+    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
+    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let settings = "request_timeout_ms = 5000";
+    let first = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir_a, settings));
+    let second = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir_b, settings));
+    wait_for("both sidecars registered", || registered(&etcd) == 2);
+    let check = StaleCheck::start([&first, &second], 300);
+    check.more_writes("traffic before the change", 500);
+    let put = Instant::now();
+    etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
+    let mut took = [None, None];
+    while took.contains(&None) && put.elapsed() < Duration::from_secs(20) {
+        for (i, proxy) in [&first, &second].into_iter().enumerate() {
+            if took[i].is_none() && reads_from(proxy) == ["a", "b", "c"] {
+                took[i] = Some(put.elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    check.more_writes("traffic after the switch", 500);
+    let (writes, reads, stale, errors) = check.finish();
+    eprintln!("{test}: switched after {took:?}; writes, reads, stale, errors: {writes}, {reads}, {stale}, {errors}");
+    let slowest = took.iter().map(|t| t.expect("switched within 20 s")).max();
+    assert!(
+        slowest < Some(Duration::from_millis(2_500)),
+        "reads moved {slowest:?} after the change"
+    );
+    assert_eq!((stale, errors), (0, 0));
+    assert_eq!(stat(&first, "fleet_forced_switches"), 0);
+    assert_eq!(stat(&second, "fleet_forced_switches"), 0);
+}
+
+#[test]
 fn without_the_gating_a_held_back_sidecar_makes_reads_stale() {
     // fleet_switch_ms = 0: each sidecar switches as soon as it learns of
     // the change, as before the gating (and as with the file or DNS).

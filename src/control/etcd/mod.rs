@@ -662,7 +662,7 @@ pub async fn run(
                         record(publisher, members, fleet, applied);
                     }
                 }
-                () = tokio::time::sleep(fleet::POLL), if fleet.pending.is_some() => {
+                () = tokio::time::sleep(fleet.pending.as_ref().map_or(fleet::POLL, Pending::poll)), if fleet.pending.is_some() => {
                     gate(publisher, etcd, members, applied, fleet, &mut client).await;
                 }
                 () = shutdown.cancelled() => return Ended::Shutdown,
@@ -802,13 +802,16 @@ async fn apply(
             members.revision,
         )
         .await;
+        let staged_version = publisher.shared().load().version;
         let mut pending = Pending::new(
             members.revision,
             target,
             in_force,
             since,
+            staged_version,
             config.request_timeout,
         );
+        pending.drain(publisher.in_flight_before(staged_version), Instant::now());
         tracing::info!(
             "etcd revision {}: staged; reads stay on the ring in force, writes also reach the new owners, until every live sidecar staged it (at most fleet_switch_ms = {} ms)",
             pending.revision,

@@ -111,8 +111,34 @@ pub(super) async fn gate(
         return;
     };
     if !pending.said() {
-        return;
+        let in_flight = publisher.in_flight_before(pending.staged_version);
+        if !pending.drain(in_flight, Instant::now()) {
+            return;
+        }
+        tracing::debug!(
+            "etcd revision {}: staged, the requests planned before are over ({} ms after staging)",
+            pending.revision,
+            pending.since.elapsed().as_millis()
+        );
+        // Says so in the registration.
+        record(publisher, members, fleet, applied);
     }
+    check_peers(publisher, etcd, members, applied, fleet, client).await
+}
+
+/// Switches to the staged change if every live sidecar staged it, or once
+/// `fleet_switch_ms` is over.
+async fn check_peers(
+    publisher: &Publisher,
+    etcd: &EtcdSource,
+    members: &Members,
+    applied: &tokio::sync::watch::Sender<Applied>,
+    fleet: &mut Fleet,
+    client: &mut Client,
+) {
+    let Some(pending) = fleet.pending.as_mut() else {
+        return;
+    };
     let waiting = match peers(client, etcd).await {
         Ok(read) => Some(fleet::lagging(&read, &fleet.me, pending.revision)),
         Err(e) => {
