@@ -346,13 +346,21 @@ impl Topology {
             }
         }
         let staged_out = |i: u32| config.servers[i as usize].staged_out;
-        let stages = !staged_only.is_empty() || ring_backends.iter().any(|&i| staged_out(i));
+        let reweighted = |i: u32| config.servers[i as usize].staged_weight;
+        let stages = !staged_only.is_empty()
+            || ring_backends
+                .iter()
+                .any(|&i| staged_out(i) || reweighted(i).is_some());
         let staged = stages.then(|| {
             let mut staged_nodes = Vec::with_capacity(nodes.len() + warming.len());
             let mut staged_backends = Vec::with_capacity(nodes.len() + warming.len());
             for (node, &i) in nodes.iter().zip(&ring_backends) {
                 if !staged_out(i) {
-                    staged_nodes.push(node.clone());
+                    let mut node = node.clone();
+                    if let Some(weight) = reweighted(i) {
+                        node.member.weight = weight;
+                    }
+                    staged_nodes.push(node);
                     staged_backends.push(i);
                 }
             }
@@ -1139,6 +1147,7 @@ pub(crate) mod tests {
             warming: false,
             staged_out: false,
             staged_in: false,
+            staged_weight: None,
             zone: None,
         }
     }
