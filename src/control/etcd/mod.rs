@@ -596,27 +596,7 @@ pub async fn run(
     };
     publisher.set_store_servers(from_store(&publisher.shared().load().config.servers));
     let (applied_tx, applied_rx) = tokio::sync::watch::channel(Applied::default());
-    let mut fleet = Fleet {
-        me: format!("{}proxies/{}", etcd.prefix, proxy_id()),
-        applied: members.revision,
-        pending: None,
-        window_read: false,
-    };
-    if let Some((applied, in_force)) = startup.staged {
-        let target = merged(&startup.file, &members.servers(&startup.file));
-        let version = publisher.shared().load().version;
-        let mut pending = Pending::new(
-            members.revision,
-            target,
-            in_force,
-            None,
-            version,
-            Duration::ZERO,
-        );
-        pending.drain(0, Instant::now());
-        fleet.applied = applied;
-        fleet.pending = Some(pending);
-    }
+    let mut fleet = Fleet::at_start(&publisher, &etcd, &members, &startup.file, startup.staged);
     record(&publisher, &members, &fleet, &applied_tx);
     tokio::spawn(register(
         etcd.clone(),
@@ -668,98 +648,135 @@ pub async fn run(
             }
         }
     }
+}
 
-    /// How the connection has fared: the failure logged, the next wait.
-    struct Link<'a> {
-        failing: &'a mut Option<String>,
-        backoff: &'a mut Duration,
+/// How the connection has fared: the failure logged, the next wait.
+struct Link<'a> {
+    failing: &'a mut Option<String>,
+    backoff: &'a mut Duration,
+}
+
+/// One connection: a full read, then the watch, until it fails.
+async fn session(
+    publisher: &Publisher,
+    etcd: &EtcdSource,
+    members: &mut Members,
+    applied: &tokio::sync::watch::Sender<Applied>,
+    fleet: &mut Fleet,
+    link: &mut Link<'_>,
+    shutdown: &CancellationToken,
+) -> Ended {
+    let mut client = match connect(etcd).await {
+        Ok(client) => client,
+        Err(e) => return Ended::Lost(e),
+    };
+    let (revision, read) = match read_with(&mut client, etcd).await {
+        Ok(read) => read,
+        Err(e) => return Ended::Lost(e),
+    };
+    if link.failing.take().is_some() {
+        tracing::info!("etcd answers again: reading every member (at revision {revision})");
     }
-
-    /// One connection: a full read, then the watch, until it fails.
-    async fn session(
-        publisher: &Publisher,
-        etcd: &EtcdSource,
-        members: &mut Members,
-        applied: &tokio::sync::watch::Sender<Applied>,
-        fleet: &mut Fleet,
-        link: &mut Link<'_>,
-        shutdown: &CancellationToken,
-    ) -> Ended {
-        let mut client = match connect(etcd).await {
-            Ok(client) => client,
-            Err(e) => return Ended::Lost(e),
+    *link.backoff = BACKOFF.0;
+    members.replace(
+        &etcd.prefix,
+        revision,
+        &read,
+        Instant::now(),
+        etcd.member_grace,
+    );
+    apply(publisher, etcd, members, applied, fleet, &mut client).await;
+    if !fleet.window_read {
+        fleet.window_read = join_window(publisher, etcd, &mut client).await;
+    }
+    let options = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(revision + 1);
+    let watched = tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        client.watch(format!("{}members/", etcd.prefix), Some(options)),
+    )
+    .await;
+    let mut stream = match watched {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => return Ended::Lost(e.to_string()),
+        Err(_) => return Ended::Lost("watch timed out".into()),
+    };
+    loop {
+        let deadline = members.next_deadline(etcd.member_grace);
+        let sleep = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
         };
-        let (revision, read) = match read_with(&mut client, etcd).await {
-            Ok(read) => read,
-            Err(e) => return Ended::Lost(e),
-        };
-        if link.failing.take().is_some() {
-            tracing::info!("etcd answers again: reading every member (at revision {revision})");
-        }
-        *link.backoff = BACKOFF.0;
-        members.replace(
-            &etcd.prefix,
-            revision,
-            &read,
-            Instant::now(),
-            etcd.member_grace,
-        );
-        apply(publisher, etcd, members, applied, fleet, &mut client).await;
-        if !fleet.window_read {
-            fleet.window_read = join_window(publisher, etcd, &mut client).await;
-        }
-        let options = WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(revision + 1);
-        let watched = tokio::time::timeout(
-            REQUEST_TIMEOUT,
-            client.watch(format!("{}members/", etcd.prefix), Some(options)),
-        )
-        .await;
-        let mut stream = match watched {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(e)) => return Ended::Lost(e.to_string()),
-            Err(_) => return Ended::Lost("watch timed out".into()),
-        };
-        loop {
-            let deadline = members.next_deadline(etcd.member_grace);
-            let sleep = async {
-                match deadline {
-                    Some(at) => tokio::time::sleep_until(at.into()).await,
-                    None => std::future::pending().await,
+        tokio::select! {
+            message = stream.message() => {
+                if let Err(ended) = take(message, members, etcd) {
+                    return ended;
                 }
-            };
-            tokio::select! {
-                message = stream.message() => {
+                // Whatever else etcd has sent by now goes in the same
+                // change (many members put at once: one publish).
+                loop {
+                    let more = tokio::time::timeout(COALESCE, stream.message()).await;
+                    let Ok(message) = more else { break };
                     if let Err(ended) = take(message, members, etcd) {
+                        apply(publisher, etcd, members, applied, fleet, &mut client).await;
                         return ended;
                     }
-                    // Whatever else etcd has sent by now goes in the same
-                    // change (many members put at once: one publish).
-                    loop {
-                        let more = tokio::time::timeout(COALESCE, stream.message()).await;
-                        let Ok(message) = more else { break };
-                        if let Err(ended) = take(message, members, etcd) {
-                            apply(publisher, etcd, members, applied, fleet, &mut client).await;
-                            return ended;
-                        }
-                    }
-                    apply(publisher, etcd, members, applied, fleet, &mut client).await;
                 }
-                () = sleep => {
-                    let answers = |name: &str| answers(publisher, name);
-                    if members.expire(Instant::now(), etcd.member_grace, &answers) {
-                        apply(publisher, etcd, members, applied, fleet, &mut client).await;
-                    } else {
-                        record(publisher, members, fleet, applied);
-                    }
-                }
-                () = tokio::time::sleep(fleet.pending.as_ref().map_or(fleet::POLL, Pending::poll)), if fleet.pending.is_some() => {
-                    gate(publisher, etcd, members, applied, fleet, &mut client).await;
-                }
-                () = shutdown.cancelled() => return Ended::Shutdown,
+                apply(publisher, etcd, members, applied, fleet, &mut client).await;
             }
+            () = sleep => {
+                let answers = |name: &str| answers(publisher, name);
+                if members.expire(Instant::now(), etcd.member_grace, &answers) {
+                    apply(publisher, etcd, members, applied, fleet, &mut client).await;
+                } else {
+                    record(publisher, members, fleet, applied);
+                }
+            }
+            () = tokio::time::sleep(fleet.pending.as_ref().map_or(fleet::POLL, Pending::poll)), if fleet.pending.is_some() => {
+                gate(publisher, etcd, members, applied, fleet, &mut client).await;
+            }
+            () = shutdown.cancelled() => return Ended::Shutdown,
         }
+    }
+}
+
+impl Fleet {
+    /// This sidecar's part in the fleet at start: the revision it applied,
+    /// and the change the fleet had staged when it started (`staged`: the
+    /// revision in force and its servers, from `<prefix>staged`), staged
+    /// here too; said at once: no request was planned before it.
+    fn at_start(
+        publisher: &Publisher,
+        etcd: &EtcdSource,
+        members: &Members,
+        file: &[ServerConfig],
+        staged: Option<(i64, Vec<ServerConfig>)>,
+    ) -> Fleet {
+        let mut fleet = Fleet {
+            me: format!("{}proxies/{}", etcd.prefix, proxy_id()),
+            applied: members.revision,
+            pending: None,
+            window_read: false,
+        };
+        if let Some((applied, in_force)) = staged {
+            let target = merged(file, &members.servers(file));
+            let version = publisher.shared().load().version;
+            let mut pending = Pending::new(
+                members.revision,
+                target,
+                in_force,
+                None,
+                version,
+                Duration::ZERO,
+            );
+            pending.drain(0, Instant::now());
+            fleet.applied = applied;
+            fleet.pending = Some(pending);
+        }
+        fleet
     }
 }
 
