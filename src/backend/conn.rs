@@ -872,6 +872,7 @@ mod tests {
                 warming: false,
                 staged_out: false,
                 staged_in: false,
+                staged_weight: None,
                 zone: None,
             };
             let settings = BackendSettings {

@@ -99,6 +99,7 @@ fn running_servers(addr: &str) -> anyhow::Result<Vec<memring::config::ServerConf
             warming: false,
             staged_out: false,
             staged_in: false,
+            staged_weight: None,
             zone: None,
         })
         .collect())

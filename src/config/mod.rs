@@ -88,6 +88,10 @@ pub struct ServerConfig {
     /// time reads move here; a miss is read through from the previous
     /// owner instead. Never set by a config file.
     pub staged_in: bool,
+    /// Staged reweight: on the ring in force with `weight`, on the staged
+    /// ring with this weight (the keys it moves are staged as a join's
+    /// are: their staged owners get deletes). Never set by a config file.
+    pub staged_weight: Option<u32>,
     /// `zone`: with zones, a key's replicas are in distinct zones, and a
     /// sidecar reads from its own zone's replica first (docs/zones.md).
     pub zone: Option<String>,

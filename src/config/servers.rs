@@ -84,6 +84,7 @@ impl ServerList {
                 warming,
                 staged_out: false,
                 staged_in: false,
+                staged_weight: None,
                 zone,
             });
         }

@@ -61,6 +61,7 @@ pub async fn servers(source: &Source, dns: Dns, tls: bool) -> Result<Vec<ServerC
                         warming: false,
                         staged_out: false,
                         staged_in: false,
+                        staged_weight: None,
                         zone: None,
                     }
                 })
@@ -77,6 +78,7 @@ pub async fn servers(source: &Source, dns: Dns, tls: bool) -> Result<Vec<ServerC
                 warming: false,
                 staged_out: false,
                 staged_in: false,
+                staged_weight: None,
                 tls,
                 zone: None,
             })

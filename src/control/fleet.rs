@@ -11,13 +11,18 @@
 
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
+
 use crate::config::ServerConfig;
 
 /// How often a staged change asks etcd whether every sidecar staged it.
 pub(crate) const POLL: Duration = Duration::from_millis(100);
-/// Longest wait, after staging, before this sidecar says it staged: the
-/// requests planned on the topology before the staged one have finished
-/// or timed out by then (at most `request_timeout`, capped here).
+/// How often a staged change looks whether the requests planned before it
+/// have finished (a look reads a few counters, nothing leaves memring).
+const DRAIN_POLL: Duration = Duration::from_millis(5);
+/// Longest wait, after staging, before this sidecar says it staged even
+/// though requests planned on a topology before the staged one are still
+/// in flight: they have timed out by then (`request_timeout`, capped here).
 const DRAIN_CAP: Duration = Duration::from_secs(5);
 
 /// A change staged and not switched to yet.
@@ -27,40 +32,80 @@ pub(crate) struct Pending {
     pub(crate) revision: i64,
     /// The servers the fleet switches to.
     pub(crate) target: Vec<ServerConfig>,
+    /// Their [`servers_digest`].
+    pub(crate) digest: u64,
     /// The servers in force (without staging marks).
     pub(crate) in_force: Vec<ServerConfig>,
     /// When the first change of this chain was staged (the bound counts
     /// from here, so a stream of changes cannot postpone it for ever).
     pub(crate) since: Instant,
-    /// From then on this sidecar says it staged the change.
-    pub(crate) says_from: Instant,
+    /// The version of the staged topology: this sidecar says it staged the
+    /// change once no request planned on an older one is in flight.
+    pub(crate) staged_version: u64,
+    /// ... or from then on, whatever is still in flight.
+    drain_by: Instant,
+    /// This sidecar says, in its registration, that it staged the change.
+    drained: bool,
     /// The live sidecars not there yet at the last look.
     pub(crate) waiting: usize,
 }
 
 impl Pending {
-    /// A change to `target` at `revision`, staged now over `in_force`.
+    /// A change to `target` at `revision`, staged now over `in_force` in
+    /// the topology of version `staged_version`; the requests planned
+    /// before it are waited for at most `drain` (`request_timeout`).
     pub(crate) fn new(
         revision: i64,
         target: Vec<ServerConfig>,
         in_force: Vec<ServerConfig>,
         since: Option<Instant>,
+        staged_version: u64,
         drain: Duration,
     ) -> Pending {
         let now = Instant::now();
         Pending {
             revision,
+            digest: servers_digest(&target),
             target,
             in_force,
             since: since.unwrap_or(now),
-            says_from: now + drain.min(DRAIN_CAP),
+            staged_version,
+            drain_by: now + drain.min(DRAIN_CAP),
+            drained: false,
             waiting: 0,
         }
     }
 
     /// Whether this sidecar says, in its registration, that it staged.
     pub(crate) fn said(&self) -> bool {
-        Instant::now() >= self.says_from
+        self.drained
+    }
+
+    /// `in_flight` requests planned on a topology before the staged one are
+    /// in flight at `now`: whether this sidecar says it staged from now on
+    /// (none is left, or the bound is over; said once, said for good).
+    pub(crate) fn drain(&mut self, in_flight: usize, now: Instant) -> bool {
+        if !self.drained && (in_flight == 0 || now >= self.drain_by) {
+            self.drained = true;
+            if in_flight > 0 {
+                tracing::warn!(
+                    "etcd revision {}: {in_flight} request{} planned before the change was staged still in flight after request_timeout: saying it is staged anyway",
+                    self.revision,
+                    if in_flight == 1 { "" } else { "s" }
+                );
+            }
+        }
+        self.drained
+    }
+
+    /// When the gate looks again: soon while requests planned before are
+    /// draining, at the pace of etcd reads once it waits for the others.
+    pub(crate) fn poll(&self) -> Duration {
+        if self.drained {
+            POLL
+        } else {
+            DRAIN_POLL
+        }
     }
 }
 
@@ -77,26 +122,20 @@ fn read_ring(servers: &[ServerConfig]) -> Vec<(&str, u32)> {
 }
 
 /// Whether going from `in_force` to `target` gives some key another owner
-/// to read from: servers joining the ring or leaving it. A change of a
-/// common server's weight is not staged (it is applied at once, as
-/// before), nor one of warming servers or addresses only.
+/// to read from: servers joining the ring or leaving it, or a server's
+/// weight changing (it moves keys as a join does). A change of warming
+/// servers or of addresses only is not staged.
 pub(crate) fn moves_reads(in_force: &[ServerConfig], target: &[ServerConfig]) -> bool {
-    let (now, then) = (read_ring(in_force), read_ring(target));
-    if now == then {
-        return false;
-    }
-    let reweighted = now
-        .iter()
-        .any(|(name, w)| then.iter().any(|(n, v)| n == name && v != w));
-    !reweighted
+    read_ring(in_force) != read_ring(target)
 }
 
 /// The servers of a staged change from `in_force` to `target`: every server
 /// in force stays on the ring (`staged_out` when `target` drops it or
-/// leaves it warming), every server of `target` not on the ring in force
-/// is off it (`warming`), so the staged ring is `target`'s. Of those, a
-/// server warming now (JOINING) keeps taking writes; any other is
-/// `staged_in`: it takes deletes only (see `ServerConfig::staged_in`).
+/// leaves it warming, `staged_weight` when `target` gives it another
+/// weight), every server of `target` not on the ring in force is off it
+/// (`warming`), so the staged ring is `target`'s. Of those, a server
+/// warming now (JOINING) keeps taking writes; any other is `staged_in`: it
+/// takes deletes only (see `ServerConfig::staged_in`).
 pub(crate) fn staged_servers(
     in_force: &[ServerConfig],
     target: &[ServerConfig],
@@ -106,6 +145,9 @@ pub(crate) fn staged_servers(
         let then = target.iter().find(|t| t.name == server.name);
         let mut kept = server.clone();
         kept.staged_out = then.map_or(true, |t| t.warming);
+        kept.staged_weight = then
+            .filter(|t| !t.warming && t.weight != server.weight)
+            .map(|t| t.weight);
         staged.push(kept);
     }
     for server in target {
@@ -121,23 +163,166 @@ pub(crate) fn staged_servers(
     staged
 }
 
-/// What a sidecar's registration says: the revision it applied and the
-/// one it staged (0: none).
-fn said(value: &[u8]) -> Option<(i64, i64)> {
-    let value: serde_json::Value = serde_json::from_slice(value).ok()?;
-    let revision = value.get("revision")?.as_i64()?;
-    let staged = value.get("staged").and_then(|s| s.as_i64()).unwrap_or(0);
-    Some((revision, staged))
+/// The digest of a server list as sidecars compare it: each server's
+/// name, address, weight, zone and whether it warms (JOINING), in name
+/// order, so two sidecars that hold the same list have the same digest
+/// however they learned it (a watch, a full read, a start) and whatever
+/// revision that gave them. 0 is never a digest (it means none).
+pub(crate) fn servers_digest(servers: &[ServerConfig]) -> u64 {
+    let mut sorted: Vec<&ServerConfig> = servers.iter().collect();
+    sorted.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    let mut bytes = Vec::with_capacity(sorted.len() * 48);
+    for s in sorted {
+        for part in [
+            s.name.as_bytes(),
+            s.addr.as_bytes(),
+            s.zone.as_deref().unwrap_or("").as_bytes(),
+        ] {
+            bytes.extend_from_slice(&(part.len() as u32).to_le_bytes());
+            bytes.extend_from_slice(part);
+        }
+        bytes.extend_from_slice(&s.weight.to_le_bytes());
+        bytes.extend_from_slice(&[u8::from(s.warming), u8::from(s.tls)]);
+    }
+    twox_hash::XxHash3_64::oneshot(&bytes).max(1)
 }
 
-/// The registrations under `<prefix>proxies/` (`read`: key and value) that
-/// have neither staged nor applied `revision`, this sidecar's (`me`) aside.
-/// A value that is not a sidecar's registration is not waited on.
-pub(crate) fn lagging(read: &[(String, Vec<u8>)], me: &str, revision: i64) -> Vec<String> {
+/// `<prefix>staged`: a change staged by the fleet and not switched to yet,
+/// with the servers in force, so that a sidecar that starts meanwhile
+/// starts on the ring the others read from, with the change staged, rather
+/// than on the new ring (which a sidecar that has not staged the change
+/// yet does not write).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct StagedRecord {
+    /// The revision staged.
+    pub(crate) revision: i64,
+    /// The revision in force.
+    pub(crate) applied: i64,
+    /// [`servers_digest`] of the servers staged, in hex.
+    pub(crate) target_digest: String,
+    /// The servers reads use.
+    in_force: Vec<RecordedServer>,
+}
+
+/// One server in force, as [`StagedRecord`] keeps it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct RecordedServer {
+    name: String,
+    addr: String,
+    weight: u32,
+    #[serde(default)]
+    tls: bool,
+    #[serde(default)]
+    zone: Option<String>,
+    #[serde(default)]
+    warming: bool,
+}
+
+impl StagedRecord {
+    /// The record of `pending`, staged over the revision `applied`.
+    pub(crate) fn of(pending: &Pending, applied: i64) -> StagedRecord {
+        StagedRecord {
+            revision: pending.revision,
+            applied,
+            target_digest: crate::ring::digest::hex(pending.digest),
+            in_force: pending
+                .in_force
+                .iter()
+                .map(|s| RecordedServer {
+                    name: s.name.clone(),
+                    addr: s.addr.clone(),
+                    weight: s.weight,
+                    tls: s.tls,
+                    zone: s.zone.clone(),
+                    warming: s.warming,
+                })
+                .collect(),
+        }
+    }
+
+    /// The servers in force to start on, when this record stages `target`
+    /// (the servers a starting sidecar read) and that moves reads; `None`
+    /// for a record of another change (an older one whose record was left,
+    /// or one this sidecar read past).
+    pub(crate) fn in_force_for(&self, target: &[ServerConfig]) -> Option<Vec<ServerConfig>> {
+        let digest = crate::ring::digest::parse_hex(&self.target_digest)?;
+        if digest != servers_digest(target) {
+            return None;
+        }
+        let in_force: Vec<ServerConfig> = self
+            .in_force
+            .iter()
+            .map(|s| ServerConfig {
+                addr: s.addr.clone(),
+                name: s.name.clone(),
+                weight: s.weight,
+                tls: s.tls,
+                warming: s.warming,
+                staged_out: false,
+                staged_in: false,
+                staged_weight: None,
+                zone: s.zone.clone(),
+            })
+            .collect();
+        moves_reads(&in_force, target).then_some(in_force)
+    }
+}
+
+/// What one sidecar's registration says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Said {
+    /// The revision it applied (reads).
+    applied: i64,
+    /// The revision it staged (0: none).
+    staged: i64,
+    /// [`servers_digest`] of the servers it reads from and of those it
+    /// staged (0: none, or a sidecar that does not say).
+    applied_digest: u64,
+    staged_digest: u64,
+}
+
+fn said(value: &[u8]) -> Option<Said> {
+    let value: serde_json::Value = serde_json::from_slice(value).ok()?;
+    let digest = |name: &str| {
+        value
+            .get(name)
+            .and_then(|d| d.as_str())
+            .and_then(crate::ring::digest::parse_hex)
+            .unwrap_or(0)
+    };
+    Some(Said {
+        applied: value.get("revision")?.as_i64()?,
+        staged: value.get("staged").and_then(|s| s.as_i64()).unwrap_or(0),
+        applied_digest: digest("applied_digest"),
+        staged_digest: digest("staged_digest"),
+    })
+}
+
+/// The registrations under `<prefix>proxies/` (`read`: key and value) not
+/// there yet for a change to the servers of digest `digest` at `revision`,
+/// this sidecar's (`me`) aside: those that neither hold those servers
+/// (applied or staged: the same digest) nor staged or applied a revision
+/// as late (a later change). A value that is not a sidecar's registration
+/// is not waited on.
+///
+/// Digests first: a sidecar that read every member again after a deletion
+/// dates it by the store's revision, later than the deletion's, which a
+/// sidecar that watched it has; by revisions alone that one would wait for
+/// the other until `fleet_switch_ms`.
+pub(crate) fn lagging(
+    read: &[(String, Vec<u8>)],
+    me: &str,
+    revision: i64,
+    digest: u64,
+) -> Vec<String> {
     read.iter()
         .filter(|(key, _)| key != me)
         .filter(|(_, value)| {
-            said(value).is_some_and(|(applied, staged)| applied < revision && staged < revision)
+            said(value).is_some_and(|s| {
+                let holds = s.applied_digest == digest || s.staged_digest == digest;
+                let later = s.applied >= revision || s.staged >= revision;
+                !holds && !later
+            })
         })
         .map(|(key, _)| key.clone())
         .collect()
@@ -156,6 +341,7 @@ mod tests {
             warming,
             staged_out: false,
             staged_in: false,
+            staged_weight: None,
             zone: None,
         }
     }
@@ -199,8 +385,53 @@ mod tests {
         assert!(!moves_reads(&in_force, &joining), "a JOINING member");
         let mut heavier = in_force.clone();
         heavier[1].weight = 2;
-        assert!(!moves_reads(&in_force, &heavier), "a reweight");
+        assert!(moves_reads(&in_force, &heavier), "a reweight");
+        let staged = staged_servers(&in_force, &heavier);
+        let weights: Vec<_> = staged.iter().map(|s| (s.weight, s.staged_weight)).collect();
+        assert_eq!(
+            weights,
+            [(1, None), (1, Some(2))],
+            "on the ring in force with its weight"
+        );
         assert!(moves_reads(&in_force, &in_force[..1]));
+        let mut moved = in_force.clone();
+        moved[1].addr = "127.0.0.1:9".into();
+        assert!(!moves_reads(&in_force, &moved), "an address only");
+    }
+
+    #[test]
+    fn a_staged_change_is_said_once_the_requests_planned_before_are_over() {
+        let t0 = Instant::now();
+        let drain = Duration::from_secs(1);
+        let mut p = Pending::new(7, Vec::new(), Vec::new(), None, 3, drain);
+        assert!(!p.said(), "not before it looked");
+        assert!(!p.drain(2, t0));
+        assert!(!p.drain(1, t0 + drain / 2));
+        assert!(p.drain(0, t0 + drain / 2), "none left: at once");
+        assert!(p.drain(5, t0 + drain / 2), "said for good");
+        assert!(p.said());
+        assert_eq!(p.poll(), POLL);
+        // Requests that never end: the bound.
+        let mut stuck = Pending::new(7, Vec::new(), Vec::new(), None, 3, drain);
+        assert_eq!(stuck.poll(), DRAIN_POLL);
+        assert!(!stuck.drain(1, Instant::now()));
+        assert!(stuck.drain(1, Instant::now() + drain));
+        // The bound is capped.
+        let mut capped = Pending::new(7, Vec::new(), Vec::new(), None, 3, drain * 60);
+        assert!(capped.drain(1, Instant::now() + DRAIN_CAP));
+    }
+
+    #[test]
+    fn a_staged_record_gives_the_servers_in_force_for_its_change_only() {
+        let in_force = vec![server("a", false), server("b", false), server("j", true)];
+        let target = vec![server("a", false), server("b", false), server("j", false)];
+        let pending = Pending::new(9, target.clone(), in_force.clone(), None, 2, Duration::ZERO);
+        let text = serde_json::to_string(&StagedRecord::of(&pending, 8)).expect("json");
+        let record: StagedRecord = serde_json::from_str(&text).expect("read back");
+        assert_eq!(record.in_force_for(&target), Some(in_force.clone()));
+        assert_eq!(record.in_force_for(&in_force), None, "another change");
+        assert_eq!(record.in_force_for(&target[..2]), None, "another change");
+        assert_eq!((record.revision, record.applied), (9, 8));
     }
 
     #[test]
@@ -216,6 +447,49 @@ mod tests {
             ("ahead".to_string(), br#"{"revision":9}"#.to_vec()),
             ("junk".to_string(), b"not json".to_vec()),
         ];
-        assert_eq!(lagging(&read, "me", 7), ["old"]);
+        assert_eq!(lagging(&read, "me", 7, 42), ["old"]);
+    }
+
+    #[test]
+    fn a_sidecar_holding_the_same_servers_at_an_earlier_revision_is_not_waited_on() {
+        let target = [server("a", false), server("b", false)];
+        let digest = servers_digest(&target);
+        let hex = crate::ring::digest::hex(digest);
+        let other = crate::ring::digest::hex(servers_digest(&target[..1]));
+        let read = vec![
+            // Started after the deletion: read a and b at revision 5.
+            (
+                "started".to_string(),
+                format!(r#"{{"revision":5,"applied_digest":"{hex}"}}"#).into_bytes(),
+            ),
+            // Staged them, dated by an earlier revision.
+            (
+                "staged".to_string(),
+                format!(r#"{{"revision":4,"staged":6,"staged_digest":"{hex}"}}"#).into_bytes(),
+            ),
+            (
+                "other".to_string(),
+                format!(r#"{{"revision":5,"applied_digest":"{other}"}}"#).into_bytes(),
+            ),
+        ];
+        assert_eq!(lagging(&read, "me", 9, digest), ["other"]);
+    }
+
+    #[test]
+    fn the_servers_digest_is_the_lists_whatever_its_order() {
+        let (a, b) = (server("a", false), server("b", false));
+        let digest = servers_digest(&[a.clone(), b.clone()]);
+        assert_eq!(digest, servers_digest(&[b.clone(), a.clone()]));
+        let mut heavier = b.clone();
+        heavier.weight = 2;
+        let mut joining = b.clone();
+        joining.warming = true;
+        for changed in [
+            vec![a.clone()],
+            vec![a.clone(), heavier],
+            vec![a.clone(), joining],
+        ] {
+            assert_ne!(servers_digest(&changed), digest);
+        }
     }
 }

@@ -43,6 +43,9 @@ pub struct Publisher {
     /// The servers that etcd's members add to the file's (see
     /// `control/etcd/`): a reload of the file keeps them.
     from_store: Mutex<Vec<ServerConfig>>,
+    /// The topologies this one replaced that something may still hold
+    /// (requests planned on them among others): see [`Publisher::in_flight_before`].
+    retired: Mutex<Vec<std::sync::Weak<Topology>>>,
 }
 
 /// A hand-off window ends only once its sweep has run (see
@@ -113,7 +116,33 @@ impl Publisher {
             window_sweep: Mutex::new(WindowSweep::Idle),
             state,
             from_store: Mutex::new(Vec::new()),
+            retired: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Publishes `new` in place of the topology in force, which is marked
+    /// retired (a request that loads it from now on plans on `new`) and
+    /// kept, weakly, for [`Publisher::in_flight_before`].
+    fn store(&self, new: Topology) {
+        let old = self.topology.swap(Arc::new(new));
+        old.in_flight.retire();
+        let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        retired.retain(|t| t.strong_count() > 0);
+        retired.push(Arc::downgrade(&old));
+    }
+
+    /// The requests still in flight that were planned on a topology of this
+    /// pool older than version `version` (0 when every one has finished:
+    /// none is planned on them any more).
+    pub(crate) fn in_flight_before(&self, version: u64) -> usize {
+        let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        retired.retain(|t| t.strong_count() > 0);
+        retired
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .filter(|t| t.version < version)
+            .map(|t| t.in_flight.count())
+            .sum()
     }
 
     /// Writes the window `topology` is in (or that there is none) to the
@@ -213,7 +242,7 @@ impl Publisher {
             record(&self.hooks, &new);
             self.save(&new);
             let rings = 1 + new.older.len();
-            self.topology.store(Arc::new(new));
+            self.store(new);
             self.published.notify_waiters();
             self.hooks.stats.window_resumed();
             if over {
@@ -291,7 +320,7 @@ impl Publisher {
         new.set_previous(previous, Vec::new(), &scaffold);
         record(&self.hooks, &new);
         self.save(&new);
-        self.topology.store(Arc::new(new));
+        self.store(new);
         self.published.notify_waiters();
         tracing::warn!(
             "{prefix}hand-off windows in force unknown: until {} every write also deletes its key from every other server, reads ask the owner only, then a sweep",
@@ -461,7 +490,7 @@ impl Publisher {
             }
         }
         self.save(&new);
-        self.topology.store(Arc::new(new));
+        self.store(new);
         self.published.notify_waiters();
         Some(Published {
             version,
@@ -572,7 +601,7 @@ impl Publisher {
         record(&self.hooks, &new);
         forget_gone(&self.hooks, old, &new);
         self.save(&new);
-        self.topology.store(Arc::new(new));
+        self.store(new);
         self.published.notify_waiters();
         Published { version, change }
     }
@@ -824,4 +853,54 @@ async fn flush(backend: &Backend, timeout: std::time::Duration) -> std::io::Resu
     tokio::time::timeout(timeout, attempt)
         .await
         .unwrap_or_else(|_| Err(std::io::Error::other("flush_all timed out")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pools::in_flight::Planned;
+
+    /// A publisher of one server, and a change that adds a second.
+    fn publisher() -> (Arc<Publisher>, Config) {
+        let text = "listen = \"127.0.0.1:0\"\n[[servers]]\naddr = \"127.0.0.1:1\"\n";
+        let config = Config::parse(text, "t.toml").expect("a config");
+        let mut second = config.servers[0].clone();
+        second.addr = "127.0.0.1:2".into();
+        second.name = "127.0.0.1:2".into();
+        let servers = vec![config.servers[0].clone(), second];
+        let changed = config.with_servers(servers);
+        let stats = Arc::new(Stats::new());
+        let published = Arc::new(Notify::new());
+        let publisher = Publisher::new("default", config, stats, None, None, published, None);
+        (publisher, changed)
+    }
+
+    #[test]
+    fn requests_planned_before_a_publish_count_until_they_end() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let _in = runtime.enter();
+        let (publisher, changed) = publisher();
+        let shared = publisher.shared();
+        let load = || Planned::checked(shared.load_full(), |_| shared.load_full());
+        let before = [load(), load()];
+        // Loaded before the publish, counted only after it.
+        let late = shared.load_full();
+        publisher.apply_config(changed).expect("published");
+        let version = shared.load().version;
+        assert_eq!(publisher.in_flight_before(version), 2);
+        let late = Planned::checked(late, |_| shared.load_full());
+        assert_eq!(late.version, version, "planned on the new topology");
+        let after = load();
+        assert_eq!(
+            publisher.in_flight_before(version),
+            2,
+            "only the older ones"
+        );
+        drop(before);
+        assert_eq!(publisher.in_flight_before(version), 0);
+        drop((late, after));
+    }
 }

@@ -281,6 +281,16 @@ impl Layout {
             .map_or(self.default, |&(_, pool)| pool)
     }
 
+    /// The topology in force now of `topology`'s pool (`topology` itself
+    /// when the pool left this layout).
+    pub(crate) fn now_of(&self, topology: &Arc<Topology>) -> Arc<Topology> {
+        self.pools
+            .iter()
+            .map(|p| p.topology.load_full())
+            .find(|t| t.pool_id == topology.pool_id)
+            .unwrap_or_else(|| topology.clone())
+    }
+
     /// The default pool's topology now (requests without a key, limits).
     pub fn default_topology(&self) -> Arc<Topology> {
         self.pools[self.default].topology.load_full()

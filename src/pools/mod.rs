@@ -10,6 +10,8 @@
 //! - `shadow`: which keys a pool shares with its shadow pool, how the two
 //!   answers to a get compare, the bound on shadow requests in flight.
 //! - `failover`: the TTL cap of writes sent to a gutter pool.
+//! - `in_flight`: the requests in flight on each topology, which the
+//!   fleet's staged change waits for.
 //! - `window_state`: the hand-off windows in force, as saved in the state
 //!   file so a restart takes them up again.
 //!
@@ -18,6 +20,7 @@
 //! writers of these snapshots are in `control/` (`publisher`, `pool_set`).
 
 pub(crate) mod failover;
+pub(crate) mod in_flight;
 pub(crate) mod layout;
 pub(crate) mod shadow;
 pub mod topology;

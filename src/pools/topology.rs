@@ -93,6 +93,9 @@ pub struct Topology {
     /// Per backend, the counters of its zone (`None`: no zone), made at
     /// the first hit counted ([`Topology::count_zone_hits`]).
     zone_figures: std::sync::OnceLock<Box<[Option<Arc<crate::stats::ZoneFigures>>]>>,
+    /// The requests planned on this topology and not finished (see
+    /// `pools/in_flight.rs`).
+    pub(crate) in_flight: crate::pools::in_flight::InFlight,
 }
 
 /// The ring as it would be were the warming servers (`warming = true`)
@@ -346,13 +349,21 @@ impl Topology {
             }
         }
         let staged_out = |i: u32| config.servers[i as usize].staged_out;
-        let stages = !staged_only.is_empty() || ring_backends.iter().any(|&i| staged_out(i));
+        let reweighted = |i: u32| config.servers[i as usize].staged_weight;
+        let stages = !staged_only.is_empty()
+            || ring_backends
+                .iter()
+                .any(|&i| staged_out(i) || reweighted(i).is_some());
         let staged = stages.then(|| {
             let mut staged_nodes = Vec::with_capacity(nodes.len() + warming.len());
             let mut staged_backends = Vec::with_capacity(nodes.len() + warming.len());
             for (node, &i) in nodes.iter().zip(&ring_backends) {
                 if !staged_out(i) {
-                    staged_nodes.push(node.clone());
+                    let mut node = node.clone();
+                    if let Some(weight) = reweighted(i) {
+                        node.member.weight = weight;
+                    }
+                    staged_nodes.push(node);
                     staged_backends.push(i);
                 }
             }
@@ -400,6 +411,7 @@ impl Topology {
             dropped: Box::new([]),
             undoes: false,
             staged,
+            in_flight: Default::default(),
         }
     }
 
@@ -1159,6 +1171,7 @@ pub(crate) mod tests {
             warming: false,
             staged_out: false,
             staged_in: false,
+            staged_weight: None,
             zone: None,
         }
     }

@@ -166,6 +166,7 @@ impl SavedServer {
             warming: false,
             staged_out: false,
             staged_in: false,
+            staged_weight: None,
             zone: self.zone.clone(),
         }
     }
@@ -442,6 +443,7 @@ mod tests {
                 warming: false,
                 staged_out: false,
                 staged_in: false,
+                staged_weight: None,
                 tls: false,
                 zone: None,
             })

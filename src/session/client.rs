@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::plan::route::Split;
+use crate::pools::in_flight::Planned;
 use crate::protocol::request::{long_get_part, LongGetPart};
 use crate::protocol::{ParseError, Rejection};
 
@@ -90,10 +91,7 @@ pub(super) enum TurnTopology {
     NotLoaded,
     /// Every key of this client goes to this topology's pool; `shadowed`:
     /// the layout has a shadow pool (else no request of the turn asks).
-    Fixed {
-        topology: Arc<Topology>,
-        shadowed: bool,
-    },
+    Fixed { topology: Planned, shadowed: bool },
     /// The routes choose a pool per key: each request loads the layout.
     Routed,
 }
@@ -138,24 +136,24 @@ impl ClientSession {
     pub(super) fn topology_for<K: AsRef<[u8]>>(
         &mut self,
         key: Option<impl FnOnce() -> K>,
-    ) -> (Arc<Topology>, Option<u64>) {
+    ) -> (Planned, Option<u64>) {
         if let Some(topology) = self.turn_fixed() {
-            return (topology.clone(), None);
+            return (topology.again(), None);
         }
-        self.worker
-            .layout
-            .load()
-            .topology_for(self.bound.as_ref(), key)
+        let layout = self.worker.layout.load();
+        let (topology, gutter_ttl) = layout.topology_for(self.bound.as_ref(), key);
+        let topology = Planned::checked(topology, |old| layout.now_of(old));
+        (topology, gutter_ttl)
     }
 
     /// The topology every request of this turn is planned on, loaded by
     /// the first to ask; `None` when the routes choose one per key.
-    pub(super) fn turn_fixed(&mut self) -> Option<&Arc<Topology>> {
+    pub(super) fn turn_fixed(&mut self) -> Option<&Planned> {
         if let TurnTopology::NotLoaded = self.turn_topology {
             let layout = self.worker.layout.load();
             self.turn_topology = match layout.fixed_topology(self.bound.as_ref()) {
                 Some(topology) => TurnTopology::Fixed {
-                    topology,
+                    topology: Planned::checked(topology, |old| layout.now_of(old)),
                     shadowed: layout.shadowed(),
                 },
                 None => TurnTopology::Routed,

@@ -6,6 +6,7 @@ use crate::plan::handoff::cas::CasTakeover;
 use crate::plan::lease_retry::LeaseRetry;
 use crate::plan::replicated_add::ReplicatedAdd;
 use crate::plan::route::{Retrieval, Split};
+use crate::pools::in_flight::Planned;
 
 impl ClientSession {
     /// Plans one request on the current topology and queues its entry.
@@ -74,9 +75,12 @@ impl ClientSession {
         if pools.len() < 2 {
             return false;
         }
-        let topologies: SmallVec<[Arc<Topology>; 4]> = pools
+        let topologies: SmallVec<[Planned; 4]> = pools
             .iter()
-            .map(|&pool| layout.pools()[pool].topology.load_full())
+            .map(|&pool| {
+                let topology = layout.pools()[pool].topology.load_full();
+                Planned::checked(topology, |old| layout.now_of(old))
+            })
             .collect();
         drop(layout);
         let failed = Rc::new(std::cell::RefCell::new(Vec::new()));
@@ -182,6 +186,7 @@ impl ClientSession {
                 None => (sub, line.freeze()),
             };
             let topology = layout.pools()[serving.pool].topology.load_full();
+            let topology = Planned::checked(topology, |old| layout.now_of(old));
             // Only the last run of a reply's last part ends the reply.
             let run_split = if n + 1 == count && split != Split::Part {
                 Split::Last
@@ -194,7 +199,7 @@ impl ClientSession {
 
     /// Plans `request` on `topology` and queues its entry; `split` says
     /// whether it is one run of a retrieval across pools.
-    fn start_on(&mut self, request: Request, bytes: Bytes, topology: Arc<Topology>, split: Split) {
+    fn start_on(&mut self, request: Request, bytes: Bytes, topology: Planned, split: Split) {
         topology.figures.request(request.command);
         let health = self
             .health

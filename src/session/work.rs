@@ -4,7 +4,6 @@
 //! machine) and how those replies become the client's answer.
 
 use std::rc::Rc;
-use std::sync::Arc;
 
 use bytes::Bytes;
 use smallvec::SmallVec;
@@ -15,7 +14,7 @@ use crate::error::BackendError;
 use crate::hotkeys::{Unanswered, WriteGuard};
 use crate::plan::handoff::{CopyOutcome, Moved};
 use crate::plan::route::{CallResult, Retrieval};
-use crate::pools::topology::Topology;
+use crate::pools::in_flight::Planned;
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::outcome::{Outcome, Reply};
 use crate::protocol::reply::Expect;
@@ -28,8 +27,9 @@ pub(super) struct Entry {
     pub(super) noreply: bool,
     pub(super) request: Request,
     pub(super) bytes: Bytes,
-    /// The topology the request was planned on; it finishes on it.
-    pub(super) topology: Arc<Topology>,
+    /// The topology the request was planned on; it finishes on it, and
+    /// counts in flight on it until then (`pools/in_flight.rs`).
+    pub(super) topology: Planned,
     pub(super) work: Work,
     /// The request has been written (for one-line work).
     pub(super) sent: bool,
@@ -54,7 +54,7 @@ pub(super) struct Entry {
 
 impl Entry {
     /// A reply memring makes itself.
-    pub(super) fn ready(reply: &'static [u8], topology: Arc<Topology>) -> Entry {
+    pub(super) fn ready(reply: &'static [u8], topology: Planned) -> Entry {
         let bytes = Bytes::new();
         Entry {
             command: Command::Version,

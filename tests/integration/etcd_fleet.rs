@@ -153,16 +153,39 @@ impl StaleCheck {
     }
 }
 
-/// Two sidecars over a and b (and c, LEAVING it with `leave`); the second's
-/// link to etcd is cut while c joins (or b leaves), and restored after
-/// 1 000 more writes (4 s at most); clients write through both and read
-/// through both meanwhile. `discovery`: more `[discovery]` keys. Returns
-/// (writes, reads, stale, errors).
+/// The change a held-back sidecar misses.
+#[derive(Clone, Copy, PartialEq)]
+enum Change {
+    /// c joins a and b.
+    Join,
+    /// b leaves a, b and c.
+    Leave,
+    /// b's weight goes from 1 to 3 (a and b).
+    Reweight,
+}
+
+/// The servers `proxy` reads from now with their weights, sorted.
+fn weights(proxy: &Proxy) -> Vec<(String, u32)> {
+    let topology = proxy.running().topology.load();
+    let mut servers: Vec<(String, u32)> = topology
+        .ring_servers()
+        .into_iter()
+        .map(|s| (s.name, s.weight))
+        .collect();
+    servers.sort();
+    servers
+}
+
+/// Two sidecars over a and b (and c, see [`Change`]); the second's link to
+/// etcd is cut while the change is made, and restored after 1 000 more
+/// writes (4 s at most); clients write through both and read through both
+/// meanwhile. `discovery`: more `[discovery]` keys. Returns (writes,
+/// reads, stale, errors).
 fn a_sidecar_held_back(
     test: &str,
     discovery: &str,
     gated: bool,
-    leave: bool,
+    change: Change,
 ) -> (u64, u64, u64, u64) {
     let etcd = Etcd::start(test);
     let (dir_a, dir_b) = (
@@ -172,11 +195,16 @@ fn a_sidecar_held_back(
     let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
     etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
     etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
-    let (before, after): (&[&str], &[&str]) = if leave {
-        etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
-        (&["a", "b", "c"], &["a", "c"])
-    } else {
-        (&["a", "b"], &["a", "b", "c"])
+    let (before, after): (&[&str], &[&str]) = match change {
+        Change::Leave => {
+            etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
+            (&["a", "b", "c"], &["a", "c"])
+        }
+        Change::Join => (&["a", "b"], &["a", "b", "c"]),
+        Change::Reweight => (&["a", "b"], &["a", "b"]),
+    };
+    let new_weights = |proxy: &Proxy| {
+        change != Change::Reweight || weights(proxy) == [("a".to_string(), 1), ("b".to_string(), 3)]
     };
     let link = Link::start(etcd.client_port);
     // [discovery] is the config's last table: its keys are appended.
@@ -191,10 +219,13 @@ fn a_sidecar_held_back(
 
     link.cut(true);
     let cut = Instant::now();
-    if leave {
-        etcd.put(&key_of("b"), &record(&b, "LEAVING"));
-    } else {
-        etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
+    match change {
+        Change::Leave => etcd.put(&key_of("b"), &record(&b, "LEAVING")),
+        Change::Join => etcd.put(&key_of("c"), &record(&c, "ACTIVE")),
+        Change::Reweight => etcd.put(
+            &key_of("b"),
+            &format!(r#"{{"addr":"{}","weight":3,"state":"ACTIVE"}}"#, b.addr()),
+        ),
     }
     if gated {
         wait_for("the first sidecar stages the change", || {
@@ -202,19 +233,25 @@ fn a_sidecar_held_back(
         });
     } else {
         wait_for("the first sidecar reads from the new ring", || {
-            reads_from(&first) == after
+            reads_from(&first) == after && new_weights(&first)
         });
     }
     // Held back well within its lease (10 s, renewed every 3.3 s): it
     // still counts.
     check.more_writes_within(1_000, Duration::from_secs(4));
     assert_eq!(reads_from(&held), before, "held back: it cannot know");
+    if change == Change::Reweight {
+        assert!(weights(&held).iter().all(|(_, w)| *w == 1), "held back");
+    }
     if gated {
         assert_eq!(
             reads_from(&first),
             before,
             "waits for the held-back sidecar"
         );
+        if change == Change::Reweight {
+            assert!(weights(&first).iter().all(|(_, w)| *w == 1), "staged");
+        }
         assert_eq!(stat(&first, "fleet_sidecars_waited_on"), 1);
     }
     assert_eq!(
@@ -224,7 +261,10 @@ fn a_sidecar_held_back(
     );
     link.cut(false);
     wait_for("both sidecars read from the new ring", || {
-        reads_from(&first) == after && reads_from(&held) == after
+        reads_from(&first) == after
+            && reads_from(&held) == after
+            && new_weights(&first)
+            && new_weights(&held)
     });
     let took = cut.elapsed();
     check.more_writes("traffic after the switch", 1_500);
@@ -237,7 +277,7 @@ fn a_sidecar_held_back(
 
 #[test]
 fn a_sidecar_held_back_from_etcd_holds_the_others_back_and_no_read_is_stale() {
-    let (writes, reads, stale, errors) = a_sidecar_held_back("held-back", "", true, false);
+    let (writes, reads, stale, errors) = a_sidecar_held_back("held-back", "", true, Change::Join);
     assert_eq!(errors, 0);
     assert!(
         writes > 3_000 && reads > 3_000,
@@ -250,11 +290,97 @@ fn a_sidecar_held_back_from_etcd_holds_the_others_back_and_no_read_is_stale() {
 }
 
 #[test]
+fn reads_move_once_the_requests_planned_before_are_over_not_after_request_timeout() {
+    // request_timeout_ms = 5000: a fixed wait of request_timeout after
+    // staging (the cap) would move reads 5 s after the change at least.
+    let test = "drained";
+    let etcd = Etcd::start(test);
+    let (dir_a, dir_b) = (
+        TempDir::new("fleet", test),
+        TempDir::new("fleet", &format!("{test}-b")),
+    );
+    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
+    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let settings = "request_timeout_ms = 5000";
+    let first = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir_a, settings));
+    let second = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir_b, settings));
+    wait_for("both sidecars registered", || registered(&etcd) == 2);
+    let check = StaleCheck::start([&first, &second], 300);
+    check.more_writes("traffic before the change", 500);
+    let put = Instant::now();
+    etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
+    let mut took = [None, None];
+    while took.contains(&None) && put.elapsed() < Duration::from_secs(20) {
+        for (i, proxy) in [&first, &second].into_iter().enumerate() {
+            if took[i].is_none() && reads_from(proxy) == ["a", "b", "c"] {
+                took[i] = Some(put.elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    check.more_writes("traffic after the switch", 500);
+    let (writes, reads, stale, errors) = check.finish();
+    eprintln!("{test}: switched after {took:?}; writes, reads, stale, errors: {writes}, {reads}, {stale}, {errors}");
+    let slowest = took.iter().map(|t| t.expect("switched within 20 s")).max();
+    assert!(
+        slowest < Some(Duration::from_millis(2_500)),
+        "reads moved {slowest:?} after the change"
+    );
+    assert_eq!((stale, errors), (0, 0));
+    assert_eq!(stat(&first, "fleet_forced_switches"), 0);
+    assert_eq!(stat(&second, "fleet_forced_switches"), 0);
+}
+
+#[test]
+fn a_deletion_one_sidecar_watched_and_another_read_when_it_started_switches_without_the_bound() {
+    // The first sidecar dates c's deletion by the deletion's revision; the
+    // second, started after it, never saw c and dates what it read (a and
+    // b) by their last writes, earlier: by revisions, the first would wait
+    // for the second until fleet_switch_ms.
+    let test = "deleted";
+    let etcd = Etcd::start(test);
+    let (dir_a, dir_b) = (
+        TempDir::new("fleet", test),
+        TempDir::new("fleet", &format!("{test}-b")),
+    );
+    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
+    for (name, server) in [("a", &a), ("b", &b), ("c", &c)] {
+        etcd.put(&key_of(name), &record(server, "ACTIVE"));
+    }
+    // c's grace, then one more: it still answers (damping).
+    let discovery = "member_grace_ms = 1500\nfleet_switch_ms = 60000\n";
+    let first = Proxy::start_text(&(etcd_config(&etcd.endpoint(), &dir_a, "") + discovery));
+    wait_for("the first sidecar registered on a, b, c", || {
+        registered(&etcd) == 1 && reads_from(&first) == ["a", "b", "c"]
+    });
+    etcd.delete(&key_of("c"));
+    let deleted = Instant::now();
+    let second = Proxy::start_text(&(etcd_config(&etcd.endpoint(), &dir_b, "") + discovery));
+    wait_for("both sidecars registered", || registered(&etcd) == 2);
+    assert_eq!(reads_from(&second), ["a", "b"]);
+    assert_eq!(
+        reads_from(&first),
+        ["a", "b", "c"],
+        "c is SUSPECT on the first sidecar until its grace is over"
+    );
+    while reads_from(&first) != ["a", "b"] && deleted.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let took = deleted.elapsed();
+    eprintln!("{test}: the first sidecar left c {took:?} after its deletion");
+    assert_eq!(reads_from(&first), ["a", "b"], "after {took:?}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert_eq!(stat(&first, "fleet_forced_switches"), 0);
+    assert_eq!(stat(&second, "fleet_forced_switches"), 0);
+}
+
+#[test]
 fn without_the_gating_a_held_back_sidecar_makes_reads_stale() {
     // fleet_switch_ms = 0: each sidecar switches as soon as it learns of
     // the change, as before the gating (and as with the file or DNS).
     let (writes, reads, stale, errors) =
-        a_sidecar_held_back("ungated", "fleet_switch_ms = 0\n", false, false);
+        a_sidecar_held_back("ungated", "fleet_switch_ms = 0\n", false, Change::Join);
     assert_eq!(errors, 0);
     assert!(writes > 3_000, "{writes} writes");
     assert!(
@@ -265,7 +391,8 @@ fn without_the_gating_a_held_back_sidecar_makes_reads_stale() {
 
 #[test]
 fn a_sidecar_held_back_while_a_member_leaves_holds_the_others_back_and_no_read_is_stale() {
-    let (writes, reads, stale, errors) = a_sidecar_held_back("held-back-leave", "", true, true);
+    let (writes, reads, stale, errors) =
+        a_sidecar_held_back("held-back-leave", "", true, Change::Leave);
     assert_eq!(errors, 0);
     assert!(
         writes > 3_000 && reads > 3_000,
@@ -278,13 +405,98 @@ fn a_sidecar_held_back_while_a_member_leaves_holds_the_others_back_and_no_read_i
 }
 
 #[test]
-fn without_the_gating_a_member_leaving_makes_reads_through_a_held_back_sidecar_stale() {
-    let (_, reads, stale, errors) =
-        a_sidecar_held_back("ungated-leave", "fleet_switch_ms = 0\n", false, true);
+fn a_sidecar_held_back_while_a_member_is_reweighted_holds_the_others_back_and_no_read_is_stale() {
+    let (writes, reads, stale, errors) =
+        a_sidecar_held_back("held-back-reweight", "", true, Change::Reweight);
+    assert_eq!(errors, 0);
+    assert!(
+        writes > 3_000 && reads > 3_000,
+        "{writes} writes, {reads} reads"
+    );
+    assert_eq!(
+        stale, 0,
+        "{stale} of {reads} reads older than an acknowledged write"
+    );
+}
+
+#[test]
+fn without_the_gating_a_reweight_makes_reads_through_a_held_back_sidecar_stale() {
+    let (_, reads, stale, errors) = a_sidecar_held_back(
+        "ungated-reweight",
+        "fleet_switch_ms = 0\n",
+        false,
+        Change::Reweight,
+    );
     assert_eq!(errors, 0);
     assert!(
         stale > 0,
         "0 of {reads} reads stale: the scenario does not show the race"
+    );
+}
+
+#[test]
+fn without_the_gating_a_member_leaving_makes_reads_through_a_held_back_sidecar_stale() {
+    let (_, reads, stale, errors) = a_sidecar_held_back(
+        "ungated-leave",
+        "fleet_switch_ms = 0\n",
+        false,
+        Change::Leave,
+    );
+    assert_eq!(errors, 0);
+    assert!(
+        stale > 0,
+        "0 of {reads} reads stale: the scenario does not show the race"
+    );
+}
+
+#[test]
+fn a_sidecar_started_while_a_change_waits_for_a_held_back_one_starts_on_the_ring_in_force() {
+    let test = "started-staged";
+    let etcd = Etcd::start(test);
+    let dirs = ["a", "b", "c"].map(|d| TempDir::new("fleet", &format!("{test}-{d}")));
+    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
+    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let link = Link::start(etcd.client_port);
+    let first = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dirs[0], ""));
+    let held = Proxy::start_text(&etcd_config(&link.endpoint(), &dirs[1], ""));
+    wait_for("both sidecars registered", || registered(&etcd) == 2);
+    link.cut(true);
+    let cut = Instant::now();
+    etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
+    wait_for("the first sidecar stages the change", || {
+        stat(&first, "membership_staged_revision") > 0
+    });
+    // A third sidecar starts while the fleet waits for the held-back one.
+    let third = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dirs[2], ""));
+    wait_for("the third sidecar registered", || registered(&etcd) == 3);
+    assert_eq!(reads_from(&third), ["a", "b"], "the ring the others read");
+    assert_eq!(reads_from(&held), ["a", "b"]);
+    // Writes through the held-back one, reads through the third (and the
+    // reverse), while the held-back one cannot know of c.
+    let check = StaleCheck::start([&held, &third], 300);
+    check.more_writes_within(600, Duration::from_millis(2_500));
+    assert_eq!(reads_from(&first), ["a", "b"], "still waits");
+    assert_eq!(reads_from(&third), ["a", "b"], "waits too");
+    assert!(cut.elapsed() < Duration::from_secs(6), "within the lease");
+    link.cut(false);
+    wait_for("every sidecar reads from a, b, c", || {
+        [&first, &held, &third]
+            .iter()
+            .all(|p| reads_from(p) == ["a", "b", "c"])
+    });
+    check.more_writes("traffic after the switch", 1_000);
+    let (writes, reads, stale, errors) = check.finish();
+    eprintln!("{test}: writes, reads, stale, errors: {writes}, {reads}, {stale}, {errors}");
+    assert_eq!((stale, errors), (0, 0), "of {reads} reads");
+    for proxy in [&first, &held, &third] {
+        assert_eq!(stat(proxy, "fleet_forced_switches"), 0);
+    }
+    assert_eq!(
+        etcd.ctl(&["get", "--print-value-only", &format!("{PREFIX}staged")])
+            .trim(),
+        "",
+        "the staged record is gone once switched"
     );
 }
 

@@ -312,6 +312,7 @@ impl Members {
                 warming: e.record.state == MemberState::Joining,
                 staged_out: false,
                 staged_in: false,
+                staged_weight: None,
                 zone: e.record.zone.clone(),
             });
         }
@@ -345,6 +346,10 @@ pub struct Startup {
     members: Members,
     /// The file's servers.
     file: Vec<ServerConfig>,
+    /// A change the fleet staged and has not switched to (`<prefix>staged`):
+    /// the revision in force and its servers, which this sidecar starts
+    /// on, the change staged.
+    staged: Option<(i64, Vec<ServerConfig>)>,
 }
 
 /// `config` with etcd's members added to its servers, for the first
@@ -357,8 +362,10 @@ pub async fn first(config: &Config) -> std::io::Result<(Config, Option<Startup>)
     let Some(etcd) = &config.discovery.etcd else {
         return Ok((config.clone(), None));
     };
+    let mut record = None;
     let members = match read_all(etcd).await {
         Ok((at, read)) => {
+            record = read_staged(etcd).await;
             let mut members = Members::default();
             members.replace(&etcd.prefix, at, &read, Instant::now(), etcd.member_grace);
             tracing::info!(
@@ -393,10 +400,71 @@ pub async fn first(config: &Config) -> std::io::Result<(Config, Option<Startup>)
     };
     let servers = merged(&config.servers, &members.servers(&config.servers));
     let file = config.servers.clone();
+    let staged = record
+        .filter(|_| !etcd.fleet_switch.is_zero())
+        .and_then(|r| Some((r.applied, r.in_force_for(&servers)?)));
+    let servers = match &staged {
+        Some((applied, in_force)) => {
+            tracing::info!(
+                "etcd: the fleet staged revision {} and has not switched to it yet ({}): starting on the servers in force (revision {applied}), the change staged",
+                members.revision,
+                staged_key(etcd)
+            );
+            fleet::staged_servers(in_force, &servers)
+        }
+        None => servers,
+    };
     Ok((
         config.with_servers(servers),
-        Some(Startup { members, file }),
+        Some(Startup {
+            members,
+            file,
+            staged,
+        }),
     ))
+}
+
+/// The key of a change the fleet staged and has not switched to.
+fn staged_key(etcd: &EtcdSource) -> String {
+    format!("{}staged", etcd.prefix)
+}
+
+/// `<prefix>staged`, if etcd has one that reads (a bad one is ignored).
+async fn read_staged(etcd: &EtcdSource) -> Option<fleet::StagedRecord> {
+    let mut client = connect(etcd).await.ok()?;
+    let got = tokio::time::timeout(REQUEST_TIMEOUT, client.get(staged_key(etcd), None)).await;
+    let response = got.ok()?.ok()?;
+    let value = response.kvs().first()?.value();
+    serde_json::from_slice(value)
+        .map_err(|e| tracing::warn!("etcd: {}: ignored: {e}", staged_key(etcd)))
+        .ok()
+}
+
+/// Puts the change staged under `<prefix>staged` for a sidecar that starts
+/// before the fleet switches to it.
+async fn put_staged(client: &mut Client, etcd: &EtcdSource, record: &fleet::StagedRecord) {
+    let Ok(value) = serde_json::to_string(record) else {
+        return;
+    };
+    let put = tokio::time::timeout(REQUEST_TIMEOUT, client.put(staged_key(etcd), value, None));
+    if !matches!(put.await, Ok(Ok(_))) {
+        tracing::warn!(
+            "etcd: cannot write {}: a sidecar that starts before the fleet switches to revision {} starts on it at once",
+            staged_key(etcd),
+            record.revision
+        );
+    }
+}
+
+/// Deletes `<prefix>staged` once switched to the change of `digest` (not
+/// a later change's record another sidecar put meanwhile).
+async fn drop_staged(client: &mut Client, etcd: &EtcdSource, digest: u64) {
+    let Some(record) = read_staged(etcd).await else {
+        return;
+    };
+    if crate::ring::digest::parse_hex(&record.target_digest) == Some(digest) {
+        let _ = tokio::time::timeout(REQUEST_TIMEOUT, client.delete(staged_key(etcd), None)).await;
+    }
 }
 
 /// What a range read gives: the store's revision, and each key with its
@@ -480,6 +548,10 @@ struct Applied {
     digest: u64,
     /// The revision of a change staged (0: none).
     staged: i64,
+    /// `fleet::servers_digest` of the servers reads use and of those
+    /// staged (0: none), which the other sidecars' gates compare.
+    applied_digest: u64,
+    staged_digest: u64,
 }
 
 /// What the watch keeps for the fleet gating (`control/fleet.rs`).
@@ -517,14 +589,14 @@ pub async fn run(
         return;
     };
     let mut members = startup.members;
-    publisher.set_store_servers(members.servers(&startup.file));
-    let (applied_tx, applied_rx) = tokio::sync::watch::channel(Applied::default());
-    let mut fleet = Fleet {
-        me: format!("{}proxies/{}", etcd.prefix, proxy_id()),
-        applied: members.revision,
-        pending: None,
-        window_read: false,
+    let from_store = |servers: &[ServerConfig]| -> Vec<ServerConfig> {
+        let file = &startup.file;
+        let of_store = |s: &&ServerConfig| !file.iter().any(|f| f.name == s.name);
+        servers.iter().filter(of_store).cloned().collect()
     };
+    publisher.set_store_servers(from_store(&publisher.shared().load().config.servers));
+    let (applied_tx, applied_rx) = tokio::sync::watch::channel(Applied::default());
+    let mut fleet = Fleet::at_start(&publisher, &etcd, &members, &startup.file, startup.staged);
     record(&publisher, &members, &fleet, &applied_tx);
     tokio::spawn(register(
         etcd.clone(),
@@ -576,98 +648,135 @@ pub async fn run(
             }
         }
     }
+}
 
-    /// How the connection has fared: the failure logged, the next wait.
-    struct Link<'a> {
-        failing: &'a mut Option<String>,
-        backoff: &'a mut Duration,
+/// How the connection has fared: the failure logged, the next wait.
+struct Link<'a> {
+    failing: &'a mut Option<String>,
+    backoff: &'a mut Duration,
+}
+
+/// One connection: a full read, then the watch, until it fails.
+async fn session(
+    publisher: &Publisher,
+    etcd: &EtcdSource,
+    members: &mut Members,
+    applied: &tokio::sync::watch::Sender<Applied>,
+    fleet: &mut Fleet,
+    link: &mut Link<'_>,
+    shutdown: &CancellationToken,
+) -> Ended {
+    let mut client = match connect(etcd).await {
+        Ok(client) => client,
+        Err(e) => return Ended::Lost(e),
+    };
+    let (revision, read) = match read_with(&mut client, etcd).await {
+        Ok(read) => read,
+        Err(e) => return Ended::Lost(e),
+    };
+    if link.failing.take().is_some() {
+        tracing::info!("etcd answers again: reading every member (at revision {revision})");
     }
-
-    /// One connection: a full read, then the watch, until it fails.
-    async fn session(
-        publisher: &Publisher,
-        etcd: &EtcdSource,
-        members: &mut Members,
-        applied: &tokio::sync::watch::Sender<Applied>,
-        fleet: &mut Fleet,
-        link: &mut Link<'_>,
-        shutdown: &CancellationToken,
-    ) -> Ended {
-        let mut client = match connect(etcd).await {
-            Ok(client) => client,
-            Err(e) => return Ended::Lost(e),
+    *link.backoff = BACKOFF.0;
+    members.replace(
+        &etcd.prefix,
+        revision,
+        &read,
+        Instant::now(),
+        etcd.member_grace,
+    );
+    apply(publisher, etcd, members, applied, fleet, &mut client).await;
+    if !fleet.window_read {
+        fleet.window_read = join_window(publisher, etcd, &mut client).await;
+    }
+    let options = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(revision + 1);
+    let watched = tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        client.watch(format!("{}members/", etcd.prefix), Some(options)),
+    )
+    .await;
+    let mut stream = match watched {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => return Ended::Lost(e.to_string()),
+        Err(_) => return Ended::Lost("watch timed out".into()),
+    };
+    loop {
+        let deadline = members.next_deadline(etcd.member_grace);
+        let sleep = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
         };
-        let (revision, read) = match read_with(&mut client, etcd).await {
-            Ok(read) => read,
-            Err(e) => return Ended::Lost(e),
-        };
-        if link.failing.take().is_some() {
-            tracing::info!("etcd answers again: reading every member (at revision {revision})");
-        }
-        *link.backoff = BACKOFF.0;
-        members.replace(
-            &etcd.prefix,
-            revision,
-            &read,
-            Instant::now(),
-            etcd.member_grace,
-        );
-        apply(publisher, etcd, members, applied, fleet, &mut client).await;
-        if !fleet.window_read {
-            fleet.window_read = join_window(publisher, etcd, &mut client).await;
-        }
-        let options = WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(revision + 1);
-        let watched = tokio::time::timeout(
-            REQUEST_TIMEOUT,
-            client.watch(format!("{}members/", etcd.prefix), Some(options)),
-        )
-        .await;
-        let mut stream = match watched {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(e)) => return Ended::Lost(e.to_string()),
-            Err(_) => return Ended::Lost("watch timed out".into()),
-        };
-        loop {
-            let deadline = members.next_deadline(etcd.member_grace);
-            let sleep = async {
-                match deadline {
-                    Some(at) => tokio::time::sleep_until(at.into()).await,
-                    None => std::future::pending().await,
+        tokio::select! {
+            message = stream.message() => {
+                if let Err(ended) = take(message, members, etcd) {
+                    return ended;
                 }
-            };
-            tokio::select! {
-                message = stream.message() => {
+                // Whatever else etcd has sent by now goes in the same
+                // change (many members put at once: one publish).
+                loop {
+                    let more = tokio::time::timeout(COALESCE, stream.message()).await;
+                    let Ok(message) = more else { break };
                     if let Err(ended) = take(message, members, etcd) {
+                        apply(publisher, etcd, members, applied, fleet, &mut client).await;
                         return ended;
                     }
-                    // Whatever else etcd has sent by now goes in the same
-                    // change (many members put at once: one publish).
-                    loop {
-                        let more = tokio::time::timeout(COALESCE, stream.message()).await;
-                        let Ok(message) = more else { break };
-                        if let Err(ended) = take(message, members, etcd) {
-                            apply(publisher, etcd, members, applied, fleet, &mut client).await;
-                            return ended;
-                        }
-                    }
-                    apply(publisher, etcd, members, applied, fleet, &mut client).await;
                 }
-                () = sleep => {
-                    let answers = |name: &str| answers(publisher, name);
-                    if members.expire(Instant::now(), etcd.member_grace, &answers) {
-                        apply(publisher, etcd, members, applied, fleet, &mut client).await;
-                    } else {
-                        record(publisher, members, fleet, applied);
-                    }
-                }
-                () = tokio::time::sleep(fleet::POLL), if fleet.pending.is_some() => {
-                    gate(publisher, etcd, members, applied, fleet, &mut client).await;
-                }
-                () = shutdown.cancelled() => return Ended::Shutdown,
+                apply(publisher, etcd, members, applied, fleet, &mut client).await;
             }
+            () = sleep => {
+                let answers = |name: &str| answers(publisher, name);
+                if members.expire(Instant::now(), etcd.member_grace, &answers) {
+                    apply(publisher, etcd, members, applied, fleet, &mut client).await;
+                } else {
+                    record(publisher, members, fleet, applied);
+                }
+            }
+            () = tokio::time::sleep(fleet.pending.as_ref().map_or(fleet::POLL, Pending::poll)), if fleet.pending.is_some() => {
+                gate(publisher, etcd, members, applied, fleet, &mut client).await;
+            }
+            () = shutdown.cancelled() => return Ended::Shutdown,
         }
+    }
+}
+
+impl Fleet {
+    /// This sidecar's part in the fleet at start: the revision it applied,
+    /// and the change the fleet had staged when it started (`staged`: the
+    /// revision in force and its servers, from `<prefix>staged`), staged
+    /// here too; said at once: no request was planned before it.
+    fn at_start(
+        publisher: &Publisher,
+        etcd: &EtcdSource,
+        members: &Members,
+        file: &[ServerConfig],
+        staged: Option<(i64, Vec<ServerConfig>)>,
+    ) -> Fleet {
+        let mut fleet = Fleet {
+            me: format!("{}proxies/{}", etcd.prefix, proxy_id()),
+            applied: members.revision,
+            pending: None,
+            window_read: false,
+        };
+        if let Some((applied, in_force)) = staged {
+            let target = merged(file, &members.servers(file));
+            let version = publisher.shared().load().version;
+            let mut pending = Pending::new(
+                members.revision,
+                target,
+                in_force,
+                None,
+                version,
+                Duration::ZERO,
+            );
+            pending.drain(0, Instant::now());
+            fleet.applied = applied;
+            fleet.pending = Some(pending);
+        }
+        fleet
     }
 }
 
@@ -760,9 +869,9 @@ async fn apply(
             // staged: if every sidecar had staged that one, some may read
             // its ring already, so this one switches to it first.
             let every = p.said()
-                && peers(client, etcd)
-                    .await
-                    .is_ok_and(|read| fleet::lagging(&read, &fleet.me, p.revision).is_empty());
+                && peers(client, etcd).await.is_ok_and(|read| {
+                    fleet::lagging(&read, &fleet.me, p.revision, p.digest).is_empty()
+                });
             if every {
                 switch(publisher, client, etcd, fleet, p, "every sidecar staged it").await;
                 in_force = publisher.shared().load().config.servers.clone();
@@ -777,7 +886,10 @@ async fn apply(
     let mut waiting = Some(0);
     if !etcd.fleet_switch.is_zero() && fleet::moves_reads(&in_force, &target) {
         waiting = match peers(client, etcd).await {
-            Ok(read) => Some(fleet::lagging(&read, &fleet.me, members.revision).len()),
+            Ok(read) => {
+                let digest = fleet::servers_digest(&target);
+                Some(fleet::lagging(&read, &fleet.me, members.revision, digest).len())
+            }
             Err(e) => {
                 tracing::debug!("etcd: the sidecars cannot be read ({e}): staging");
                 None
@@ -802,19 +914,30 @@ async fn apply(
             members.revision,
         )
         .await;
+        let staged_version = publisher.shared().load().version;
         let mut pending = Pending::new(
             members.revision,
             target,
             in_force,
             since,
+            staged_version,
             config.request_timeout,
         );
+        pending.drain(publisher.in_flight_before(staged_version), Instant::now());
         tracing::info!(
             "etcd revision {}: staged; reads stay on the ring in force, writes also reach the new owners, until every live sidecar staged it (at most fleet_switch_ms = {} ms)",
             pending.revision,
             etcd.fleet_switch.as_millis()
         );
         pending.waiting = waiting.unwrap_or(0);
+        // Before this sidecar says it staged (its registration), so that a
+        // sidecar that starts while the fleet waits starts on this ring.
+        put_staged(
+            client,
+            etcd,
+            &fleet::StagedRecord::of(&pending, fleet.applied),
+        )
+        .await;
         fleet.pending = Some(pending);
     } else {
         let from_store = members.servers(&file);
@@ -979,6 +1102,7 @@ mod tests {
             warming: false,
             staged_out: false,
             staged_in: false,
+            staged_weight: None,
             zone: None,
         };
         assert_eq!(names(m.servers(&[file])), ["a"]);

@@ -111,10 +111,41 @@ pub(super) async fn gate(
         return;
     };
     if !pending.said() {
-        return;
+        let in_flight = publisher.in_flight_before(pending.staged_version);
+        if !pending.drain(in_flight, Instant::now()) {
+            return;
+        }
+        tracing::debug!(
+            "etcd revision {}: staged, the requests planned before are over ({} ms after staging)",
+            pending.revision,
+            pending.since.elapsed().as_millis()
+        );
+        // Says so in the registration.
+        record(publisher, members, fleet, applied);
     }
+    check_peers(publisher, etcd, members, applied, fleet, client).await
+}
+
+/// Switches to the staged change if every live sidecar staged it, or once
+/// `fleet_switch_ms` is over.
+async fn check_peers(
+    publisher: &Publisher,
+    etcd: &EtcdSource,
+    members: &Members,
+    applied: &tokio::sync::watch::Sender<Applied>,
+    fleet: &mut Fleet,
+    client: &mut Client,
+) {
+    let Some(pending) = fleet.pending.as_mut() else {
+        return;
+    };
     let waiting = match peers(client, etcd).await {
-        Ok(read) => Some(fleet::lagging(&read, &fleet.me, pending.revision)),
+        Ok(read) => Some(fleet::lagging(
+            &read,
+            &fleet.me,
+            pending.revision,
+            pending.digest,
+        )),
         Err(e) => {
             tracing::debug!("etcd: the sidecars cannot be read: {e}");
             None
@@ -181,6 +212,7 @@ pub(super) async fn switch(
     )
     .await;
     fleet.applied = pending.revision;
+    drop_staged(client, etcd, pending.digest).await;
 }
 
 /// The revision and states for `stats`, and for the proxy registration.
@@ -192,19 +224,22 @@ pub(super) fn record(
 ) {
     let stats = publisher.stats();
     stats.membership_applied(fleet.applied, members.states());
-    let staged = fleet
-        .pending
-        .as_ref()
-        .filter(|p| p.said())
-        .map_or(0, |p| p.revision);
+    let said = fleet.pending.as_ref().filter(|p| p.said());
+    let staged = said.map_or(0, |p| p.revision);
     let waiting = fleet.pending.as_ref().map_or(0, |p| p.waiting);
     stats.membership_staged(staged, waiting);
     // The ring digest goes with it: a publish changes it.
-    let digest = publisher.shared().load().ring_digest;
+    let topology = publisher.shared().load();
+    let applied_digest = match &fleet.pending {
+        Some(p) => fleet::servers_digest(&p.in_force),
+        None => fleet::servers_digest(&topology.config.servers),
+    };
     let now = Applied {
         revision: fleet.applied,
-        digest,
+        digest: topology.ring_digest,
         staged,
+        applied_digest,
+        staged_digest: said.map_or(0, |p| p.digest),
     };
     applied.send_if_modified(|was| std::mem::replace(was, now) != now);
 }
@@ -254,6 +289,8 @@ pub(super) async fn register(
                 let value = serde_json::json!({
                     "revision": now.revision,
                     "staged": now.staged,
+                    "applied_digest": crate::ring::digest::hex(now.applied_digest),
+                    "staged_digest": crate::ring::digest::hex(now.staged_digest),
                     "ring_digest": crate::ring::digest::hex(layout.load().ring_digest()),
                     "version": crate::VERSION_STRING,
                 })
