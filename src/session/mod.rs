@@ -3,7 +3,7 @@
 //! lingering close); the client's entries and byte budget, and the rounds
 //! of parsing, dispatching and collecting, are `client.rs`. What goes where
 //! is decided by `route::plan`, turned into work (`work.rs`) by `start.rs`
-//! and sent and answered per kind of work by `dispatch.rs`.
+//! sent per kind of work by `dispatch.rs` and answered by `finish.rs`.
 //!
 //! Requests are parsed as they arrive and each becomes an entry in the
 //! client's FIFO; entries are dispatched strictly in order (a later request
@@ -58,6 +58,7 @@ mod copy_check;
 mod deadline;
 mod dispatch;
 mod fifo;
+mod finish;
 mod health;
 pub(crate) mod report;
 mod request_log;
