@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::plan::lease_retry::{LeaseRetry, LeaseStep};
+use crate::plan::meta_read::{MetaRead, ReadStep};
 use crate::protocol::outcome::Outcome;
 
 /// Smallest reply size assumed for a key not yet answered.
@@ -308,30 +309,48 @@ impl ClientSession {
                 let part = &mut meta.parts[0];
                 self.lease_steps(topology, part, retry, &meta.wire, &meta.expect, e.hot)
             }
-            MetaMode::ReadThrough {
-                servers,
-                next,
-                on_miss,
-            } => {
-                let Some(result) = &meta.parts[0].result else {
-                    return false;
-                };
-                let fall = match result {
-                    Ok(reply) => {
-                        reply.outcome.is_error() || (*on_miss && reply.outcome.meta_miss())
-                    }
-                    Err(_) => true,
-                };
-                if !fall || *next >= servers.len() {
-                    return true;
-                }
-                let server = servers[*next];
-                *next += 1;
-                meta.parts[0] = self.send_to(topology, server, &meta.wire, &meta.expect, None);
-                // Later requests wait until this read has its answer.
-                false
+            MetaMode::Read(read) => {
+                self.read_steps(topology, &mut meta.parts[0], read, &meta.wire, &meta.expect)
             }
         }
+    }
+
+    /// Takes `part`'s reply into an `mg` read over several servers (see
+    /// `plan::meta_read`) and asks the next server while it says so, with
+    /// the client's request (`wire`) or what a copy needs too; a hit it
+    /// copies goes to the key's first server before any later request of
+    /// the client. True once the part holds the client's answer; until then
+    /// later requests wait.
+    fn read_steps(
+        &self,
+        topology: &Arc<Topology>,
+        part: &mut Part,
+        read: &mut MetaRead,
+        wire: &[Bytes],
+        expect: &Expect,
+    ) -> bool {
+        while !read.answered() {
+            part.absorb();
+            let Some(result) = part.result.take() else {
+                return false;
+            };
+            match read.on_reply(result, self.worker.clock.unix_seconds()) {
+                ReadStep::Send { server, fetch } => {
+                    let wire = if fetch { read.fetch_wire() } else { wire };
+                    *part = self.send_to(topology, server, wire, expect, None);
+                }
+                ReadStep::Answer(answer) => {
+                    part.result = Some(answer);
+                    if let Some(copy) = read.take_copy() {
+                        copy_check::send(&self.worker, topology, self.lane, copy, &self.copies);
+                    }
+                    let (stats, tally) = (&self.worker.stats, read.tally());
+                    stats.read_through(tally.read_through.0, tally.read_through.1);
+                    stats.zone_reads(tally.zone_hits, tally.written_back);
+                }
+            }
+        }
+        true
     }
 
     /// Takes `part`'s reply into a command that may meet a hand-off lease

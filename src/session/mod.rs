@@ -2,7 +2,7 @@
 //! order. This file is the I/O loop only (the socket, its deadlines, the
 //! lingering close); the client's entries and byte budget, and the rounds
 //! of parsing, dispatching and collecting, are `client.rs`. What goes where
-//! is decided by `route::plan`, turned into work (`work.rs`) by `start.rs`
+//! is decided by `route::plan`, turned into work (`work.rs`) by `start.rs`,
 //! sent per kind of work by `dispatch.rs` and answered by `finish.rs`.
 //!
 //! Requests are parsed as they arrive and each becomes an entry in the
