@@ -275,6 +275,59 @@ mod tests {
         })
     }
 
+    /// A key whose replicas changed from 4 to 5 servers with `replicas =
+    /// 2` (`settings` on top): its read servers and how many are replicas
+    /// now, and the topology.
+    fn moved_read(settings: &str) -> (tokio::runtime::Runtime, Topology, String, Servers, usize) {
+        use crate::plan::placement::{place, HealthView, KeyOp, Placement};
+        let (runtime, _, five) = crate::pools::topology::tests::four_then_five_with(&format!(
+            "replicas = 2\n{settings}\n"
+        ));
+        let (key, servers, current) = (0..2000)
+            .find_map(|i| {
+                let key = format!("k{i}");
+                // Beside other writers, no previous replica is read.
+                let any = !five.config.shared_with.reads_through();
+                match place(
+                    key.as_bytes(),
+                    KeyOp::READ,
+                    Some(()),
+                    &five,
+                    &HealthView::NONE,
+                ) {
+                    Placement::ReadThrough {
+                        servers, current, ..
+                    } if any || servers.len() > current => Some((key, servers, current)),
+                    _ => None,
+                }
+            })
+            .expect("a key whose replicas changed");
+        (runtime, five, key, servers, current)
+    }
+
+    fn planned(line: &str, settings: &str) -> MetaRead {
+        let (_runtime, topology, key, servers, current) = moved_read(settings);
+        let bytes = Bytes::from(line.replace("KEY", &key));
+        let (request, _) = crate::protocol::meta::parse_meta(&bytes, &Default::default())
+            .unwrap()
+            .unwrap();
+        MetaRead::plan(&request, &bytes, servers, current, true, &topology)
+    }
+
+    #[test]
+    fn in_a_window_a_plain_mg_copies_from_the_previous_rings_replicas_only() {
+        let read = planned("mg KEY v k\r\n", "");
+        assert!(read.copy_from >= 1 && (read.copy_from as usize) < read.servers.len());
+        assert!(read.handoff && read.first_local.is_none());
+        assert!(read.fetch[0].ends_with(b" f t\r\n"));
+        // A recache lease, a touch: the servers' own, never copied.
+        assert_eq!(planned("mg KEY v N30\r\n", "").copy_from, NEVER);
+        assert_eq!(planned("mg KEY v T30\r\n", "").copy_from, NEVER);
+        // Others write these servers too: nothing of theirs is copied.
+        let shared = planned("mg KEY v\r\n", "shared_with = \"writers\"");
+        assert_eq!(shared.copy_from, NEVER);
+    }
+
     #[test]
     fn a_hit_on_the_first_server_answers_as_it_came() {
         let mut read = read(&[4, 1], true, Some(1));
