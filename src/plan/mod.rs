@@ -11,6 +11,9 @@
 //! - [`handoff`]: one state machine for a command on a key whose owner just
 //!   changed (read through, copy, delete from both), in either dialect, and
 //!   the takeover of a `cas` the new owner refuses.
+//! - [`meta_read`]: an `mg` over its servers one at a time, in a one-key
+//!   retrieval's order, copying a hit found past the first server to it as
+//!   a get's read-through and zone write-back do.
 //! - [`lease_retry`]: a command that met another sidecar's hand-off lease
 //!   removes it by its cas and runs again, so it answers as for an absent
 //!   key.
@@ -24,6 +27,7 @@
 pub(crate) mod handoff;
 pub(crate) mod lease_retry;
 pub(crate) mod locate;
+pub(crate) mod meta_read;
 pub(crate) mod placement;
 pub(crate) mod replicated_add;
 pub(crate) mod replicated_cas;

@@ -518,11 +518,7 @@ impl Retrieval {
         self.reset(request, bytes, fall_through);
         self.handoff = handoff;
         self.copies_allowed = topology.config.shared_with.copies();
-        self.write_back = !handoff
-            && replicas > 1
-            && self.copies_allowed
-            && topology.config.zone_write_back
-            && topology.reads_local_first();
+        self.write_back = zone_writes_back(topology);
         self.all_at_once = !handoff
             && replicas > 1
             && topology.reads_local_first()
@@ -1461,6 +1457,36 @@ pub(crate) fn meta_copy(request: &MetaRequest, bytes: &Bytes) -> Bytes {
     out.freeze()
 }
 
+/// Whether a read with zones copies a hit found past the key's local
+/// replica back to it (`zone_write_back`, outside a window), for a get
+/// ([`Retrieval`]) and an `mg` (`meta_read::MetaRead`) alike.
+pub(crate) fn zone_writes_back(topology: &Topology) -> bool {
+    topology.previous.is_none()
+        && topology.config.replicas.max(1) > 1
+        && topology.config.shared_with.copies()
+        && topology.config.zone_write_back
+        && topology.reads_local_first()
+}
+
+/// What an `mg` asks a server whose hit may be copied (a moved key's
+/// previous owner, another zone's replica): the client's line with what a
+/// copy needs too (`v f t`, left out of the client's answer again: see
+/// `handoff::meta_read_through_hit`), and an `mn` behind it when quiet.
+pub(crate) fn meta_fetch_wire(
+    request: &MetaRequest,
+    bytes: &Bytes,
+) -> (Outbound, crate::plan::handoff::AddedFlags) {
+    let line = &bytes[..request.line_len as usize];
+    let (line, added) = crate::plan::handoff::meta_read_through_line(line, |flag| {
+        request.flags(bytes).any(|(f, _)| f == flag)
+    });
+    let mut wire: Outbound = smallvec::smallvec![line];
+    if request.may_be_silent() {
+        wire.push(Bytes::from_static(b"mn\r\n"));
+    }
+    (wire, added)
+}
+
 /// Which hand-off steps a meta request on a moved key takes; `None` when
 /// the new owner alone answers it (a lease, `me`, `ms` in a mode that needs
 /// nothing of the previous owner).
@@ -1472,16 +1498,7 @@ fn meta_move(request: &MetaRequest, bytes: &Bytes) -> Option<crate::plan::handof
     );
     Some(match request.command {
         MetaCommand::Get if !request.takes_lease() && !request.changes_item(bytes) => {
-            // The previous owner is asked for what a copy needs too; those
-            // flags are left out of the client's answer.
-            let line = &bytes[..request.line_len as usize];
-            let (line, added) = crate::plan::handoff::meta_read_through_line(line, |flag| {
-                request.flags(bytes).any(|(f, _)| f == flag)
-            });
-            let mut wire: crate::protocol::encode::Outbound = smallvec::smallvec![line];
-            if request.may_be_silent() {
-                wire.push(Bytes::from_static(b"mn\r\n"));
-            }
+            let (wire, added) = meta_fetch_wire(request, bytes);
             MetaMove::Read { wire, added }
         }
         MetaCommand::Set if request.compare_cas && set_mode => MetaMove::Cas {

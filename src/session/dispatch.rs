@@ -4,7 +4,8 @@
 
 use super::*;
 use crate::plan::lease_retry::{LeaseRetry, LeaseStep};
-use crate::protocol::outcome::{Outcome, Reply};
+use crate::plan::meta_read::{MetaRead, ReadStep};
+use crate::protocol::outcome::Outcome;
 
 /// Smallest reply size assumed for a key not yet answered.
 const MIN_ESTIMATE_BYTES: usize = 1024;
@@ -308,30 +309,48 @@ impl ClientSession {
                 let part = &mut meta.parts[0];
                 self.lease_steps(topology, part, retry, &meta.wire, &meta.expect, e.hot)
             }
-            MetaMode::ReadThrough {
-                servers,
-                next,
-                on_miss,
-            } => {
-                let Some(result) = &meta.parts[0].result else {
-                    return false;
-                };
-                let fall = match result {
-                    Ok(reply) => {
-                        reply.outcome.is_error() || (*on_miss && reply.outcome.meta_miss())
-                    }
-                    Err(_) => true,
-                };
-                if !fall || *next >= servers.len() {
-                    return true;
-                }
-                let server = servers[*next];
-                *next += 1;
-                meta.parts[0] = self.send_to(topology, server, &meta.wire, &meta.expect, None);
-                // Later requests wait until this read has its answer.
-                false
+            MetaMode::Read(read) => {
+                self.read_steps(topology, &mut meta.parts[0], read, &meta.wire, &meta.expect)
             }
         }
+    }
+
+    /// Takes `part`'s reply into an `mg` read over several servers (see
+    /// `plan::meta_read`) and asks the next server while it says so, with
+    /// the client's request (`wire`) or what a copy needs too; a hit it
+    /// copies goes to the key's first server before any later request of
+    /// the client. True once the part holds the client's answer; until then
+    /// later requests wait.
+    fn read_steps(
+        &self,
+        topology: &Arc<Topology>,
+        part: &mut Part,
+        read: &mut MetaRead,
+        wire: &[Bytes],
+        expect: &Expect,
+    ) -> bool {
+        while !read.answered() {
+            part.absorb();
+            let Some(result) = part.result.take() else {
+                return false;
+            };
+            match read.on_reply(result, self.worker.clock.unix_seconds()) {
+                ReadStep::Send { server, fetch } => {
+                    let wire = if fetch { read.fetch_wire() } else { wire };
+                    *part = self.send_to(topology, server, wire, expect, None);
+                }
+                ReadStep::Answer(answer) => {
+                    part.result = Some(answer);
+                    if let Some(copy) = read.take_copy() {
+                        copy_check::send(&self.worker, topology, self.lane, copy, &self.copies);
+                    }
+                    let (stats, tally) = (&self.worker.stats, read.tally());
+                    stats.read_through(tally.read_through.0, tally.read_through.1);
+                    stats.zone_reads(tally.zone_hits, tally.written_back);
+                }
+            }
+        }
+        true
     }
 
     /// Takes `part`'s reply into a command that may meet a hand-off lease
@@ -676,7 +695,7 @@ impl ClientSession {
     /// elsewhere goes before the write is answered.
     /// A classic write's [`forget_last`]: its `delete`s to the former
     /// replicas once the current ones answered. True when nothing is owed.
-    fn forget_last_lines(
+    pub(super) fn forget_last_lines(
         &self,
         topology: &Topology,
         parts: &mut [Part],
@@ -697,7 +716,12 @@ impl ClientSession {
         })
     }
 
-    fn forget_on(&self, topology: &Topology, server: usize, key: &(Bytes, bool)) -> Part {
+    pub(super) fn forget_on(
+        &self,
+        topology: &Topology,
+        server: usize,
+        key: &(Bytes, bool),
+    ) -> Part {
         let line = [crate::plan::handoff::forget_line(&key.0, key.1)];
         let expect = Expect::meta(MetaCommand::Delete, false);
         self.send_to(topology, server, &line, &expect, None)
@@ -879,401 +903,6 @@ impl ClientSession {
             self.estimate = estimate;
         }
     }
-
-    /// Writes the entry's reply if it is complete; true if it was.
-    pub(super) fn finish(&mut self, entry: &mut Entry) -> bool {
-        let Some(answer) = entry.instead else {
-            return self.finish_reply(entry);
-        };
-        // The reply (or its error) is written aside and dropped; memring's
-        // own answer goes in its place once it came.
-        let out = std::mem::take(&mut self.out);
-        let complete = self.finish_reply(entry);
-        drop(std::mem::replace(&mut self.out, out));
-        if complete {
-            self.out.push_slice(answer);
-            // memring's own refusal, classified where its lines are.
-            entry.said = Reply::from_static(answer).outcome;
-        }
-        complete
-    }
-
-    /// [`ClientSession::finish`] with the entry's own reply.
-    fn finish_reply(&mut self, entry: &mut Entry) -> bool {
-        if let Work::Lines { parts, finish } = &mut entry.work {
-            // Also for `noreply`: the former replicas' deletes still go.
-            let topology = entry.topology.as_ref();
-            if !self.forget_last_lines(topology, parts, finish, &entry.request, &entry.bytes) {
-                return false;
-            }
-        }
-        let stats = &self.worker.stats;
-        let noreply = entry.noreply;
-        match &mut entry.work {
-            Work::Ready(reply) => self.out.push(reply.clone()),
-            Work::Stats => {
-                super::report::write_stats(self.out.scratch(), stats, &self.worker.layout.load());
-                entry.said = Outcome::Other;
-            }
-            Work::StatsReset => {
-                super::report::reset_stats(stats);
-                self.out.push_slice(b"RESET\r\n");
-                entry.said = Outcome::Other;
-            }
-            // Nothing goes back for `noreply` and later replies need not
-            // wait for it, but its bytes stay reserved until the servers
-            // answered.
-            Work::Lines { parts, .. } if noreply => {
-                if !entry.sent {
-                    return false;
-                }
-                let slots = parts
-                    .iter()
-                    .filter_map(|p| Some((p.server, p.slot.clone()?)))
-                    .collect();
-                self.unanswered
-                    .push((slots, std::mem::take(&mut entry.reserved)));
-                return true;
-            }
-            Work::Lines { parts, finish } => {
-                // Warming servers' replies are awaited like the deletes.
-                let forget = match finish {
-                    Finish::Quorum { forget, warm, .. } => *forget + *warm,
-                    _ => 0,
-                };
-                let (replicas, forgotten) = parts.split_at(parts.len() - forget);
-                if forgotten.iter().any(|p| p.result.is_none()) {
-                    return false;
-                }
-                let results: SmallVec<[Option<&CallResult>; 4]> =
-                    replicas.iter().map(|p| p.result.as_ref()).collect();
-                // Without replicas (a key owned elsewhere in an older ring of
-                // chained changes, deleted there): the owner's reply as is.
-                let alone = replicas.len() == 1 && entry.topology.config.replicas <= 1;
-                match finish {
-                    Finish::Quorum { .. } if alone => {
-                        let result = replicas[0].result.as_ref();
-                        let said = &mut entry.said;
-                        if !answer_one(&mut self.out, stats, entry.command, said, result) {
-                            return false;
-                        }
-                    }
-                    Finish::Quorum { quorum, .. } => match decide(&results, *quorum) {
-                        Decision::Wait => return false,
-                        Decision::Answer(reply) => {
-                            stats.reply(entry.command, reply.outcome);
-                            let outstanding = results.iter().filter(|r| r.is_none()).count();
-                            // Slower replicas finish in the background on
-                            // their own connections.
-                            stats.replica_background(outstanding);
-                            entry.said = reply.outcome;
-                            self.out.push(reply.bytes);
-                        }
-                        Decision::Fail(servers) => {
-                            entry.said = Outcome::ServerError;
-                            write_no_quorum(self.out.scratch(), &servers);
-                        }
-                    },
-                    Finish::Forward | Finish::AllOk(_) | Finish::Leased(_)
-                        if results.iter().any(Option::is_none) =>
-                    {
-                        return false;
-                    }
-                    Finish::Forward | Finish::Leased(_) => {
-                        // Every part answered (above).
-                        let result = parts[0].result.as_ref();
-                        answer_one(&mut self.out, stats, entry.command, &mut entry.said, result);
-                    }
-                    Finish::AllOk(joined) => {
-                        let names = parts
-                            .iter()
-                            .map(|p| entry.topology.backends[p.server].name());
-                        let results = parts.iter().filter_map(|p| p.result.as_ref());
-                        // A refusal answers before servers memring could not
-                        // reach, across every pool of a joined flush too.
-                        let (mut refused, mut failed): (Option<Reply>, Vec<String>) =
-                            match broadcast_answer(names.zip(results)) {
-                                Broadcast::AllOk => (None, Vec::new()),
-                                Broadcast::Refused(reply) => (Some(reply.clone()), Vec::new()),
-                                Broadcast::Failed(failed) => {
-                                    (None, failed.into_iter().map(str::to_owned).collect())
-                                }
-                            };
-                        if let Some(joined) = joined {
-                            let mut all = joined.failed.borrow_mut();
-                            all.append(&mut failed);
-                            let mut first_refusal = joined.refused.borrow_mut();
-                            if first_refusal.is_none() {
-                                *first_refusal = refused.take();
-                            }
-                            if !joined.last {
-                                return true;
-                            }
-                            failed = std::mem::take(&mut *all);
-                            refused = first_refusal.take();
-                        }
-                        if let Some(reply) = refused {
-                            entry.said = reply.outcome;
-                            self.out.push(reply.bytes);
-                        } else if failed.is_empty() {
-                            entry.said = Outcome::Ok;
-                            self.out.push_slice(b"OK\r\n");
-                        } else {
-                            entry.said = Outcome::ServerError;
-                            write_server_error(
-                                self.out.scratch(),
-                                &format_args!("failed on {}", failed.join(", ")),
-                            );
-                        }
-                    }
-                }
-            }
-            Work::Cas(cas) => {
-                if OlderForget::pending(cas.older.as_ref())
-                    || cas.copied.iter().any(|p| p.result.is_none())
-                {
-                    return false;
-                }
-                let Some(result) = &cas.part.result else {
-                    return false;
-                };
-                let Some(answer) = cas.machine.answer(result) else {
-                    return false;
-                };
-                if !noreply {
-                    entry.said = write_answer(&mut self.out, stats, entry.command, answer);
-                }
-            }
-            Work::Meta(meta) => {
-                if OlderForget::pending(meta.older.as_ref()) {
-                    return false;
-                }
-                if let MetaMode::Quorum {
-                    forget,
-                    key,
-                    forget_last: true,
-                    ..
-                } = &meta.mode
-                {
-                    let topology = entry.topology.as_ref();
-                    let send = |server| self.forget_on(topology, server, key);
-                    if !forget_last(&mut meta.parts, *forget, send) {
-                        return false;
-                    }
-                }
-                let reply = match &meta.mode {
-                    MetaMode::Quorum {
-                        quorum,
-                        forget,
-                        warm,
-                        ..
-                    } => {
-                        let awaited = forget + warm;
-                        let (replicas, forgotten) = meta.parts.split_at(meta.parts.len() - awaited);
-                        if forgotten.iter().any(|p| p.result.is_none()) {
-                            return false;
-                        }
-                        let results: SmallVec<[Option<&CallResult>; 4]> =
-                            replicas.iter().map(|p| p.result.as_ref()).collect();
-                        if replicas.len() == 1 && entry.topology.config.replicas <= 1 {
-                            // As for a classic write without replicas.
-                            match &replicas[0].result {
-                                Some(result) => result.clone(),
-                                None => return false,
-                            }
-                        } else {
-                            match decide(&results, *quorum) {
-                                Decision::Wait => return false,
-                                Decision::Answer(reply) => {
-                                    let outstanding =
-                                        results.iter().filter(|r| r.is_none()).count();
-                                    stats.replica_background(outstanding);
-                                    Ok(reply)
-                                }
-                                Decision::Fail(servers) => {
-                                    entry.said = Outcome::ServerError;
-                                    write_no_quorum(self.out.scratch(), &servers);
-                                    return true;
-                                }
-                            }
-                        }
-                    }
-                    MetaMode::CasThenCopy {
-                        machine, copied, ..
-                    } => {
-                        let Some(result) = &meta.parts[0].result else {
-                            return false;
-                        };
-                        if copied.iter().any(|p| p.result.is_none()) {
-                            return false;
-                        }
-                        match machine.answer(result) {
-                            Some(answer) => answer,
-                            None => return false,
-                        }
-                    }
-                    _ => match &meta.parts[0].result {
-                        Some(result) => result.clone(),
-                        None => return false,
-                    },
-                };
-                let (shadow, counts_cas) = (entry.shadow.take(), meta.counts_cas);
-                entry.said =
-                    write_meta_answer(&mut self.out, stats, entry, shadow, counts_cas, reply);
-            }
-            Work::Add(add) => {
-                use crate::plan::replicated_add::AddAnswer;
-                if add.parts.iter().any(|p| p.result.is_none()) {
-                    return false;
-                }
-                let Some(answer) = add.machine.answer() else {
-                    return false;
-                };
-                let reply = match (answer, add.meta) {
-                    (AddAnswer::NoQuorum(servers), _) => {
-                        if !noreply {
-                            entry.said = Outcome::ServerError;
-                            write_no_quorum(self.out.scratch(), servers);
-                        }
-                        return true;
-                    }
-                    (AddAnswer::Rejected(reply), _) => reply.clone(),
-                    (AddAnswer::Stored(_), None) => {
-                        Reply::new(Outcome::Stored, Bytes::from_static(b"STORED\r\n"))
-                    }
-                    (AddAnswer::Refused(_), None) => {
-                        Reply::new(Outcome::NotStored, Bytes::from_static(b"NOT_STORED\r\n"))
-                    }
-                    // Quiet: memcached says nothing of a store.
-                    (AddAnswer::Stored(_), Some((_, true))) => Reply::nothing(),
-                    (AddAnswer::Stored(reply) | AddAnswer::Refused(reply), Some((cas, _))) => {
-                        if cas {
-                            reply.clone()
-                        } else {
-                            let bytes = crate::protocol::meta::reply::without_cas(&reply.bytes);
-                            Reply::new(reply.outcome, bytes)
-                        }
-                    }
-                };
-                stats.reply(entry.command, reply.outcome);
-                if !noreply && !reply.is_empty() {
-                    entry.said = reply.outcome;
-                    self.out.push(reply.bytes);
-                }
-            }
-            Work::Moved(moved) => {
-                if OlderForget::pending(moved.older.as_ref()) {
-                    return false;
-                }
-                let Some(answer) = moved.answer.take() else {
-                    return false;
-                };
-                if let Some(meta) = &moved.meta {
-                    let (shadow, counts_cas) = (entry.shadow.take(), meta.counts_cas);
-                    entry.said =
-                        write_meta_answer(&mut self.out, stats, entry, shadow, counts_cas, answer);
-                } else if !noreply {
-                    entry.said = write_answer(&mut self.out, stats, entry.command, answer);
-                }
-            }
-            Work::Retrieve {
-                plan,
-                owed,
-                in_flight,
-            } => {
-                // With zones read all at once, a zone still answering
-                // a settled key is not waited for.
-                let waiting = !in_flight.is_empty() && !plan.settled();
-                if plan.has_unsent() || waiting || !plan.emit(&mut self.out) {
-                    return false;
-                }
-                entry.said = plan.said();
-                if let Some(pairs) = entry.shadow.take() {
-                    shadow::primary_answers(&pairs, &plan.take_answers());
-                }
-                let (keys, hits) = plan.counts();
-                stats.retrieval(keys, hits);
-                entry.topology.figures.retrieval(keys, hits);
-                let (reads, found) = plan.read_through();
-                stats.read_through(reads, found);
-                stats.zone_reads(plan.zone_hits(), plan.written_back());
-                entry.topology.count_zone_hits(stats, plan.zone_served());
-                *owed = Reservation::default();
-            }
-        }
-        true
-    }
-}
-
-/// Writes a one-line answer to `command`, counting it; returns what it says.
-fn write_answer(
-    out: &mut OutQueue,
-    stats: &crate::stats::Stats,
-    command: Command,
-    answer: CallResult,
-) -> Outcome {
-    match answer {
-        Ok(reply) => {
-            stats.reply(command, reply.outcome);
-            out.push(reply.bytes);
-            reply.outcome
-        }
-        Err(error) => {
-            write_server_error(out.scratch(), &error);
-            Outcome::ServerError
-        }
-    }
-}
-
-/// Writes a meta command's answer (`reply`) for `entry`, counting it:
-/// nothing when empty (`q` suppressed it, as memcached would). Returns
-/// what it says.
-fn write_meta_answer(
-    out: &mut OutQueue,
-    stats: &crate::stats::Stats,
-    entry: &Entry,
-    shadow: Option<Box<shadow::Pairs>>,
-    counts_cas: bool,
-    reply: CallResult,
-) -> Outcome {
-    if let Some(pairs) = shadow {
-        shadow::primary_meta_answer(&pairs, &reply);
-    }
-    match reply {
-        Ok(reply) => {
-            stats.reply(entry.command, reply.outcome);
-            if entry.command == Command::MetaGet {
-                // `mg` misses with `EN`, which `q` hides: an empty reply is
-                // a quiet miss.
-                let hit = !reply.outcome.meta_miss();
-                entry.topology.figures.retrieval(1, usize::from(hit));
-            }
-            if counts_cas {
-                stats.meta_cas(reply.outcome);
-            }
-            let said = reply.outcome;
-            if !reply.is_empty() {
-                out.push(reply.bytes);
-            }
-            said
-        }
-        Err(error) => {
-            write_server_error(out.scratch(), &error);
-            Outcome::ServerError
-        }
-    }
-}
-
-/// `SERVER_ERROR no quorum: …`, naming the replicas that failed (none named
-/// when they all answered, with errors).
-fn write_no_quorum(out: &mut BytesMut, servers: &[Arc<str>]) {
-    let names: Vec<&str> = servers.iter().map(|s| &**s).collect();
-    let reason = if names.is_empty() {
-        "no quorum: replicas answered with errors".to_string()
-    } else {
-        format!("no quorum: failed on {}", names.join(", "))
-    };
-    write_server_error(out, &reason);
 }
 
 /// A replicated `cas`'s copy to the other replicas, in either dialect: the
@@ -1293,7 +922,11 @@ enum Sent {
 /// A delete that reaches the previous ring's former replicas last (the last
 /// `forget` of `parts`, see `placement::Placement::Quorum`): sends them with
 /// `send` once every other part has answered. True when every part has.
-fn forget_last(parts: &mut [Part], forget: usize, mut send: impl FnMut(usize) -> Part) -> bool {
+pub(super) fn forget_last(
+    parts: &mut [Part],
+    forget: usize,
+    mut send: impl FnMut(usize) -> Part,
+) -> bool {
     let (replicas, former) = parts.split_at_mut(parts.len() - forget);
     replicas.iter_mut().for_each(Part::absorb);
     if replicas.iter().any(|p| p.result.is_none()) {
@@ -1325,29 +958,4 @@ fn leased_wire(retry: &LeaseRetry, e: &Sending<'_>) -> (SmallVec<[Bytes; 3]>, Ex
             (request.iter().cloned().collect(), Expect::Line(expect))
         }
     }
-}
-
-/// Answers with one server's reply as it came, or with the error its
-/// request met (counted, and kept as what the request said); false while
-/// it has not answered.
-fn answer_one(
-    out: &mut OutQueue,
-    stats: &crate::stats::Stats,
-    command: crate::protocol::Command,
-    said: &mut Outcome,
-    result: Option<&CallResult>,
-) -> bool {
-    match result {
-        Some(Ok(reply)) => {
-            stats.reply(command, reply.outcome);
-            *said = reply.outcome;
-            out.push(reply.bytes.clone());
-        }
-        Some(Err(error)) => {
-            *said = Outcome::ServerError;
-            write_server_error(out.scratch(), error);
-        }
-        None => return false,
-    }
-    true
 }

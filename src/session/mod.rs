@@ -2,8 +2,8 @@
 //! order. This file is the I/O loop only (the socket, its deadlines, the
 //! lingering close); the client's entries and byte budget, and the rounds
 //! of parsing, dispatching and collecting, are `client.rs`. What goes where
-//! is decided by `route::plan`, turned into work (`work.rs`) by `start.rs`
-//! and sent and answered per kind of work by `dispatch.rs`.
+//! is decided by `route::plan`, turned into work (`work.rs`) by `start.rs`,
+//! sent per kind of work by `dispatch.rs` and answered by `finish.rs`.
 //!
 //! Requests are parsed as they arrive and each becomes an entry in the
 //! client's FIFO; entries are dispatched strictly in order (a later request
@@ -58,6 +58,7 @@ mod copy_check;
 mod deadline;
 mod dispatch;
 mod fifo;
+mod finish;
 mod health;
 pub(crate) mod report;
 mod request_log;
@@ -203,24 +204,7 @@ where
         // One clock read per wake-up (at the end of the loop): what runs
         // for this session until it waits again takes that time.
         let now = clock.now();
-        loop {
-            let unparsed = input.len();
-            client.parse(&mut input);
-            if input.len() < unparsed {
-                progress.parsed(now);
-            }
-            let full = client.outstanding() >= settings.max_pending;
-            client.count_out();
-            client.advance();
-            // Answers collected just now made room for requests `input`
-            // already holds: parse them in this turn, since no wake-up may
-            // come for them (the client has sent everything and waits, and
-            // the replies still owed may be quiet). One wake per turn, not
-            // one per reply slot, leaves no spare turn to do it later.
-            if !(full && !input.is_empty() && client.outstanding() < settings.max_pending) {
-                break;
-            }
-        }
+        take_in(&mut client, &mut input, &mut progress, now);
         client.out.seal();
         if client.out.has_remaining() {
             // A reply usually fits the socket at once: write it in this turn
@@ -258,17 +242,7 @@ where
         let idle = R::WAITS_WITHOUT_BUFFER && !readable && input.is_empty() && client.is_idle();
         let parked = idle && park_due;
         let park_at = (idle && !parked).then(|| now + PARK_AFTER_IDLE);
-        if parked {
-            input.park();
-            client.park_buffers();
-        } else {
-            if readable {
-                client.unpark();
-            }
-            if let Some(room) = input_room(&input, client.largest_request).filter(|_| can_read) {
-                input.make_room(room);
-            }
-        }
+        park_or_make_room(&mut client, &mut input, parked, readable, can_read);
         let waiting = Waiting {
             writing: client.out.has_remaining(),
             owed_nothing: client.entries.is_empty() && client.out.is_empty(),
@@ -334,6 +308,59 @@ where
     // Dropping the session gives back every reservation and its queue.
     client.wake.forget_waiter();
     result
+}
+
+/// One turn's parsing: parses what `input` holds and moves the client's
+/// entries on, and parses again while answers collected meanwhile made room
+/// for requests `input` already holds, since no wake-up may come for them
+/// (the client has sent everything and waits, and the replies still owed
+/// may be quiet). One wake per turn, not one per reply slot, leaves no
+/// spare turn to do it later.
+#[inline]
+fn take_in(
+    client: &mut ClientSession,
+    input: &mut BytesMut,
+    progress: &mut Progress,
+    now: Instant,
+) {
+    let max_pending = client.worker.settings.max_pending;
+    loop {
+        let unparsed = input.len();
+        client.parse(input);
+        if input.len() < unparsed {
+            progress.parsed(now);
+        }
+        let full = client.outstanding() >= max_pending;
+        client.count_out();
+        client.advance();
+        if !(full && !input.is_empty() && client.outstanding() < max_pending) {
+            return;
+        }
+    }
+}
+
+/// Before the session waits: with `parked`, gives its buffers back (see
+/// `serve`); else takes them again once the socket is `readable`, and makes
+/// room in `input` for what it `can_read`.
+#[inline]
+fn park_or_make_room(
+    client: &mut ClientSession,
+    input: &mut RecycledBuf,
+    parked: bool,
+    readable: bool,
+    can_read: bool,
+) {
+    if parked {
+        input.park();
+        client.park_buffers();
+        return;
+    }
+    if readable {
+        client.unpark();
+    }
+    if let Some(room) = input_room(input, client.largest_request).filter(|_| can_read) {
+        input.make_room(room);
+    }
 }
 
 /// What the session's read arm saw.

@@ -246,7 +246,7 @@ fn route_of(entry: &Entry) -> (Option<&str>, &'static str) {
             let path = match &meta.mode {
                 MetaMode::Forward => "owner",
                 MetaMode::Quorum { .. } | MetaMode::CasThenCopy { .. } => "replicas",
-                MetaMode::ReadThrough { .. } => "read_through",
+                MetaMode::Read(_) => "read_through",
                 MetaMode::Leased(_) => "lease_retry",
             };
             (first(&meta.parts), path)

@@ -4,6 +4,7 @@
 use super::*;
 use crate::plan::handoff::cas::CasTakeover;
 use crate::plan::lease_retry::LeaseRetry;
+use crate::plan::meta_read::MetaRead;
 use crate::plan::replicated_add::ReplicatedAdd;
 use crate::plan::route::{Retrieval, Split};
 use crate::pools::in_flight::Planned;
@@ -539,15 +540,13 @@ fn meta_work(
             }));
         }
         Placement::ReadThrough {
-            servers, on_miss, ..
-        } => (
-            parts(&servers[..1]),
-            MetaMode::ReadThrough {
-                servers,
-                next: 1,
-                on_miss,
-            },
-        ),
+            servers,
+            current,
+            on_miss,
+        } => {
+            let read = MetaRead::plan(request, bytes, servers, current, on_miss, topology);
+            (parts(&[read.first()]), MetaMode::Read(Box::new(read)))
+        }
     };
     let (parts, mode) = mode;
     let forget_key = if older.is_none() {

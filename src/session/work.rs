@@ -290,12 +290,9 @@ pub(super) enum MetaMode {
         copy: Bytes,
         copied: Vec<Part>,
     },
-    /// `mg` over replicas: the next server is asked while the last failed.
-    ReadThrough {
-        servers: crate::plan::placement::Servers,
-        next: usize,
-        on_miss: bool,
-    },
+    /// `mg` over replicas, one server at a time (see `plan::meta_read`);
+    /// the part is the server asked now, and holds the answer at the end.
+    Read(Box<crate::plan::meta_read::MetaRead>),
     /// A command on one owner that removes a hand-off lease it meets and
     /// runs again (see `lease_retry::LeaseRetry`): the part is its step
     /// under way.

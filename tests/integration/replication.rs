@@ -1076,3 +1076,45 @@ fn concurrent_adds_of_one_key_store_exactly_one_value_on_every_replica() {
         }
     }
 }
+
+/// `replicas = 2`, 4 -> 5 servers: an `mg` of a key its current replicas
+/// lack reads it through from the previous ring's replica, as a get does,
+/// answered as the client asked, and copies it to the key's first replica
+/// now (through a lease, as a get's read-through copy).
+#[test]
+fn an_mg_in_a_window_reads_through_and_copies_as_a_get_does() {
+    let keys: Vec<String> = (0..400).map(|i| format!("mgthrough:{i}")).collect();
+    let (_dir, servers, _path, proxy) = window_of_five("mgthrough", &keys);
+    let mut direct: Vec<_> = servers.iter().map(Memcached::client).collect();
+    // Keys held by a server that is not a replica now: their current
+    // replicas lose them, so only the previous ring's replica has them.
+    let mut moved = Vec::new();
+    for key in &keys {
+        let now = replicas_of(&proxy, key);
+        let elsewhere = (0..4).any(|s| !now.contains(&s) && direct[s].get(key).is_some());
+        if elsewhere {
+            for &s in &now {
+                direct[s].call(
+                    format!("delete {key}\r\n").as_bytes(),
+                    memring::protocol::ReplyKind::Line,
+                );
+            }
+            moved.push(key.clone());
+        }
+    }
+    assert!(moved.len() >= 40, "{} moved", moved.len());
+    let mut client = proxy.client();
+    for (i, key) in moved.iter().enumerate() {
+        let value = format!("{key}=v1");
+        client.send(format!("mg {key} v k O{i}\r\n").as_bytes());
+        let expected = format!("VA {} k{key} O{i}\r\n{value}\r\n", value.len());
+        let reply = client.meta_reply();
+        assert_eq!(show(&reply), show(expected.as_bytes()), "{key}");
+    }
+    wait_for("the copies on the first replicas", || {
+        moved.iter().all(|key| {
+            let first = replicas_of(&proxy, key)[0];
+            direct[first].get(key) == Some(format!("{key}=v1").into_bytes())
+        })
+    });
+}

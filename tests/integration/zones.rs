@@ -3,7 +3,7 @@
 
 use memring::protocol::ReplyKind;
 
-use crate::common::{held_values, wait_for, Memcached, Proxy};
+use crate::common::{held_values, show, wait_for, Memcached, Proxy};
 
 const ZONES: [&str; 3] = ["a", "b", "c"];
 
@@ -1038,4 +1038,76 @@ fn a_zone_whose_etcd_members_are_joining_warms_before_it_serves() {
     println!("cmd_get moved by {moved:?} once zone c was active");
     assert_eq!(moved[4] + moved[5], keys.len() as u64, "{moved:?}");
     assert_eq!(moved[..4].iter().sum::<u64>(), 0, "{moved:?}");
+}
+
+/// `mg` reads as a get does (issue 53): a hit found in another zone after
+/// the local replica missed is answered as the client asked (none of the
+/// flags memring adds to read a copy) and written back to the local
+/// replica, never over a newer value.
+#[test]
+fn a_cross_zone_mg_hit_is_written_back_to_the_local_replica() {
+    let servers = six_servers();
+    let proxy = Proxy::start_text(&zoned_config(&servers, LOCAL));
+    let keys: Vec<String> = (0..600).map(|i| format!("mgback:{i}")).collect();
+    write_all(&proxy, &keys, |k| format!("v1-{k}"));
+    for s in [2, 3] {
+        assert_eq!(
+            servers[s].client().call(b"flush_all\r\n", ReplyKind::Line),
+            b"OK\r\n"
+        );
+    }
+    let mut client = proxy.client();
+    let base64 = |key: &str| memring::protocol::meta::encode_key(key.as_bytes());
+    for (i, key) in keys.iter().enumerate() {
+        let value = format!("v1-{key}");
+        let (request, expected) = match i % 3 {
+            0 => (
+                format!("mg {key} v k O{i}\r\n"),
+                format!("VA {} k{key} O{i}\r\n{value}\r\n", value.len()),
+            ),
+            // Quiet: the hit, then the `MN`.
+            1 => (
+                format!("mg {key} v q\r\nmn\r\n"),
+                format!("VA {}\r\n{value}\r\nMN\r\n", value.len()),
+            ),
+            // A base64 key, and a hit with no value asked for.
+            _ => (
+                format!("mg {} b s\r\n", base64(key)),
+                format!("HD s{}\r\n", value.len()),
+            ),
+        };
+        client.send(request.as_bytes());
+        let mut reply = client.meta_reply();
+        if i % 3 == 1 {
+            reply.extend(client.meta_reply());
+        }
+        assert_eq!(show(&reply), show(expected.as_bytes()), "{request:?}");
+    }
+    // Every key is back on its zone-b replica, with the value read.
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    let mut b: Vec<Vec<Option<Vec<u8>>>> = Vec::new();
+    wait_for("zone b written back", || {
+        b = [2, 3]
+            .iter()
+            .map(|&s| held_values(&mut servers[s].client(), &key_bytes))
+            .collect();
+        (0..keys.len()).all(|k| b.iter().any(|h| h[k].is_some()))
+    });
+    for (k, key) in keys.iter().enumerate() {
+        let value = b.iter().find_map(|h| h[k].clone());
+        assert_eq!(value, Some(format!("v1-{key}").into_bytes()), "{key}");
+    }
+    let mut stats = proxy.client();
+    assert!(stats.stat("zone_write_backs") >= keys.len() as u64);
+    assert!(stats.stat("zone_reads_cross_zone") >= keys.len() as u64);
+    // Now local: read from zone b alone.
+    let before = cmd_gets(&servers);
+    for key in keys.iter().take(50) {
+        client.send(format!("mg {key} v\r\n").as_bytes());
+        assert!(client.meta_reply().starts_with(b"VA "), "{key}");
+    }
+    let after = cmd_gets(&servers);
+    for s in [0, 1, 4, 5] {
+        assert_eq!(after[s], before[s], "server {s} asked");
+    }
 }

@@ -1,0 +1,470 @@
+//! How each kind of work's replies become the client's answer, once they
+//! are in: the answering half of `dispatch.rs`, one function per kind of
+//! work, and the writers they share (one reply as it came, a quorum's
+//! answer, a meta answer).
+
+use super::dispatch::forget_last;
+use super::*;
+use crate::protocol::outcome::{Outcome, Reply};
+
+impl ClientSession {
+    /// Writes the entry's reply if it is complete; true if it was.
+    pub(super) fn finish(&mut self, entry: &mut Entry) -> bool {
+        let Some(answer) = entry.instead else {
+            return self.finish_reply(entry);
+        };
+        // The reply (or its error) is written aside and dropped; memring's
+        // own answer goes in its place once it came.
+        let out = std::mem::take(&mut self.out);
+        let complete = self.finish_reply(entry);
+        drop(std::mem::replace(&mut self.out, out));
+        if complete {
+            self.out.push_slice(answer);
+            // memring's own refusal, classified where its lines are.
+            entry.said = Reply::from_static(answer).outcome;
+        }
+        complete
+    }
+
+    /// [`ClientSession::finish`] with the entry's own reply.
+    fn finish_reply(&mut self, entry: &mut Entry) -> bool {
+        let stats = &self.worker.stats;
+        match &mut entry.work {
+            Work::Ready(reply) => self.out.push(reply.clone()),
+            Work::Stats => {
+                super::report::write_stats(self.out.scratch(), stats, &self.worker.layout.load());
+                entry.said = Outcome::Other;
+            }
+            Work::StatsReset => {
+                super::report::reset_stats(stats);
+                self.out.push_slice(b"RESET\r\n");
+                entry.said = Outcome::Other;
+            }
+            Work::Lines { .. } => return self.finish_lines(entry),
+            Work::Cas(_) => return self.finish_cas(entry),
+            Work::Meta(_) => return self.finish_meta(entry),
+            Work::Add(_) => return self.finish_add(entry),
+            Work::Moved(_) => return self.finish_moved(entry),
+            Work::Retrieve { .. } => return self.finish_retrieve(entry),
+        }
+        true
+    }
+
+    /// One-line replies: forwarded, decided by a quorum, or a broadcast's.
+    fn finish_lines(&mut self, entry: &mut Entry) -> bool {
+        let Work::Lines { parts, finish } = &mut entry.work else {
+            return true;
+        };
+        // Also for `noreply`: the former replicas' deletes still go.
+        let topology = entry.topology.as_ref();
+        if !self.forget_last_lines(topology, parts, finish, &entry.request, &entry.bytes) {
+            return false;
+        }
+        let stats = &self.worker.stats;
+        if entry.noreply {
+            // Nothing goes back for `noreply` and later replies need not
+            // wait for it, but its bytes stay reserved until the servers
+            // answered.
+            if !entry.sent {
+                return false;
+            }
+            let slots = parts
+                .iter()
+                .filter_map(|p| Some((p.server, p.slot.clone()?)))
+                .collect();
+            self.unanswered
+                .push((slots, std::mem::take(&mut entry.reserved)));
+            return true;
+        }
+        match finish {
+            Finish::Quorum {
+                quorum,
+                forget,
+                warm,
+                ..
+            } => {
+                // Warming servers' replies are awaited like the deletes.
+                let alone = entry.topology.config.replicas <= 1;
+                match quorum_answer(stats, parts, *quorum, *forget + *warm, alone) {
+                    QuorumAnswer::Wait => return false,
+                    QuorumAnswer::Reply(answer) => {
+                        entry.said = write_answer(&mut self.out, stats, entry.command, answer);
+                    }
+                    QuorumAnswer::NoQuorum(servers) => {
+                        entry.said = Outcome::ServerError;
+                        write_no_quorum(self.out.scratch(), &servers);
+                    }
+                }
+            }
+            _ if parts.iter().any(|p| p.result.is_none()) => return false,
+            Finish::Forward | Finish::Leased(_) => {
+                // Every part answered (above): the one server's reply.
+                let answer = parts[0].result.take().expect("answered");
+                entry.said = write_answer(&mut self.out, stats, entry.command, answer);
+            }
+            Finish::AllOk(joined) => {
+                let names = parts
+                    .iter()
+                    .map(|p| entry.topology.backends[p.server].name());
+                let results = parts.iter().filter_map(|p| p.result.as_ref());
+                return self.finish_broadcast(&mut entry.said, names.zip(results), joined);
+            }
+        }
+        true
+    }
+
+    /// A broadcast's answer (`flush_all`) from each server's `(name,
+    /// result)`; one pool's part of a joined one writes nothing but hands
+    /// its failures to the last.
+    fn finish_broadcast<'a>(
+        &mut self,
+        said: &mut Outcome,
+        results: impl Iterator<Item = (&'a str, &'a CallResult)>,
+        joined: &Option<Joined>,
+    ) -> bool {
+        // A refusal answers before servers memring could not reach, across
+        // every pool of a joined flush too.
+        let (mut refused, mut failed): (Option<Reply>, Vec<String>) =
+            match broadcast_answer(results) {
+                Broadcast::AllOk => (None, Vec::new()),
+                Broadcast::Refused(reply) => (Some(reply.clone()), Vec::new()),
+                Broadcast::Failed(failed) => {
+                    (None, failed.into_iter().map(str::to_owned).collect())
+                }
+            };
+        if let Some(joined) = joined {
+            let mut all = joined.failed.borrow_mut();
+            all.append(&mut failed);
+            let mut first_refusal = joined.refused.borrow_mut();
+            if first_refusal.is_none() {
+                *first_refusal = refused.take();
+            }
+            if !joined.last {
+                return true;
+            }
+            failed = std::mem::take(&mut *all);
+            refused = first_refusal.take();
+        }
+        if let Some(reply) = refused {
+            *said = reply.outcome;
+            self.out.push(reply.bytes);
+        } else if failed.is_empty() {
+            *said = Outcome::Ok;
+            self.out.push_slice(b"OK\r\n");
+        } else {
+            *said = Outcome::ServerError;
+            write_server_error(
+                self.out.scratch(),
+                &format_args!("failed on {}", failed.join(", ")),
+            );
+        }
+        true
+    }
+
+    /// A replicated `cas`: the machine's answer once the copies it waits
+    /// for are in.
+    fn finish_cas(&mut self, entry: &mut Entry) -> bool {
+        let Work::Cas(cas) = &mut entry.work else {
+            return true;
+        };
+        if OlderForget::pending(cas.older.as_ref()) || cas.copied.iter().any(|p| p.result.is_none())
+        {
+            return false;
+        }
+        let Some(result) = &cas.part.result else {
+            return false;
+        };
+        let Some(answer) = cas.machine.answer(result) else {
+            return false;
+        };
+        if !entry.noreply {
+            let stats = &self.worker.stats;
+            entry.said = write_answer(&mut self.out, stats, entry.command, answer);
+        }
+        true
+    }
+
+    /// A meta request: the one server's reply, a quorum's, or a replicated
+    /// `ms … C`'s.
+    fn finish_meta(&mut self, entry: &mut Entry) -> bool {
+        let Work::Meta(meta) = &mut entry.work else {
+            return true;
+        };
+        if OlderForget::pending(meta.older.as_ref()) {
+            return false;
+        }
+        if let MetaMode::Quorum {
+            forget,
+            key,
+            forget_last: true,
+            ..
+        } = &meta.mode
+        {
+            let topology = entry.topology.as_ref();
+            let send = |server| self.forget_on(topology, server, key);
+            if !forget_last(&mut meta.parts, *forget, send) {
+                return false;
+            }
+        }
+        let stats = &self.worker.stats;
+        let reply = match &meta.mode {
+            MetaMode::Quorum {
+                quorum,
+                forget,
+                warm,
+                ..
+            } => {
+                let alone = entry.topology.config.replicas <= 1;
+                match quorum_answer(stats, &meta.parts, *quorum, forget + warm, alone) {
+                    QuorumAnswer::Wait => return false,
+                    QuorumAnswer::Reply(reply) => reply,
+                    QuorumAnswer::NoQuorum(servers) => {
+                        entry.said = Outcome::ServerError;
+                        write_no_quorum(self.out.scratch(), &servers);
+                        return true;
+                    }
+                }
+            }
+            MetaMode::CasThenCopy {
+                machine, copied, ..
+            } => {
+                let Some(result) = &meta.parts[0].result else {
+                    return false;
+                };
+                if copied.iter().any(|p| p.result.is_none()) {
+                    return false;
+                }
+                match machine.answer(result) {
+                    Some(answer) => answer,
+                    None => return false,
+                }
+            }
+            _ => match &meta.parts[0].result {
+                Some(result) => result.clone(),
+                None => return false,
+            },
+        };
+        let (shadow, counts_cas) = (entry.shadow.take(), meta.counts_cas);
+        entry.said = write_meta_answer(&mut self.out, stats, entry, shadow, counts_cas, reply);
+        true
+    }
+
+    /// A replicated `add`: its machine's answer, in the dialect asked.
+    fn finish_add(&mut self, entry: &mut Entry) -> bool {
+        use crate::plan::replicated_add::AddAnswer;
+        let Work::Add(add) = &mut entry.work else {
+            return true;
+        };
+        if add.parts.iter().any(|p| p.result.is_none()) {
+            return false;
+        }
+        let Some(answer) = add.machine.answer() else {
+            return false;
+        };
+        let reply = match (answer, add.meta) {
+            (AddAnswer::NoQuorum(servers), _) => {
+                if !entry.noreply {
+                    entry.said = Outcome::ServerError;
+                    write_no_quorum(self.out.scratch(), servers);
+                }
+                return true;
+            }
+            (AddAnswer::Rejected(reply), _) => reply.clone(),
+            (AddAnswer::Stored(_), None) => {
+                Reply::new(Outcome::Stored, Bytes::from_static(b"STORED\r\n"))
+            }
+            (AddAnswer::Refused(_), None) => {
+                Reply::new(Outcome::NotStored, Bytes::from_static(b"NOT_STORED\r\n"))
+            }
+            // Quiet: memcached says nothing of a store.
+            (AddAnswer::Stored(_), Some((_, true))) => Reply::nothing(),
+            (AddAnswer::Stored(reply) | AddAnswer::Refused(reply), Some((cas, _))) => {
+                if cas {
+                    reply.clone()
+                } else {
+                    let bytes = crate::protocol::meta::reply::without_cas(&reply.bytes);
+                    Reply::new(reply.outcome, bytes)
+                }
+            }
+        };
+        self.worker.stats.reply(entry.command, reply.outcome);
+        if !entry.noreply && !reply.is_empty() {
+            entry.said = reply.outcome;
+            self.out.push(reply.bytes);
+        }
+        true
+    }
+
+    /// A command on a moved key: the hand-off machine's answer, in the
+    /// dialect asked.
+    fn finish_moved(&mut self, entry: &mut Entry) -> bool {
+        let Work::Moved(moved) = &mut entry.work else {
+            return true;
+        };
+        if OlderForget::pending(moved.older.as_ref()) {
+            return false;
+        }
+        let Some(answer) = moved.answer.take() else {
+            return false;
+        };
+        let stats = &self.worker.stats;
+        if let Some(meta) = &moved.meta {
+            let (shadow, counts_cas) = (entry.shadow.take(), meta.counts_cas);
+            entry.said = write_meta_answer(&mut self.out, stats, entry, shadow, counts_cas, answer);
+        } else if !entry.noreply {
+            entry.said = write_answer(&mut self.out, stats, entry.command, answer);
+        }
+        true
+    }
+
+    /// A retrieval: the rest of its values and its end, once every key is
+    /// settled; then its counts.
+    fn finish_retrieve(&mut self, entry: &mut Entry) -> bool {
+        let Work::Retrieve {
+            plan,
+            owed,
+            in_flight,
+        } = &mut entry.work
+        else {
+            return true;
+        };
+        // With zones read all at once, a zone still answering a settled key
+        // is not waited for.
+        let waiting = !in_flight.is_empty() && !plan.settled();
+        if plan.has_unsent() || waiting || !plan.emit(&mut self.out) {
+            return false;
+        }
+        entry.said = plan.said();
+        if let Some(pairs) = entry.shadow.take() {
+            shadow::primary_answers(&pairs, &plan.take_answers());
+        }
+        let stats = &self.worker.stats;
+        let (keys, hits) = plan.counts();
+        stats.retrieval(keys, hits);
+        entry.topology.figures.retrieval(keys, hits);
+        let (reads, found) = plan.read_through();
+        stats.read_through(reads, found);
+        stats.zone_reads(plan.zone_hits(), plan.written_back());
+        entry.topology.count_zone_hits(stats, plan.zone_served());
+        *owed = Reservation::default();
+        true
+    }
+}
+
+/// What a replicated write's replicas decided.
+enum QuorumAnswer {
+    /// Not yet.
+    Wait,
+    /// The client's answer.
+    Reply(CallResult),
+    /// No quorum: the replicas that failed.
+    NoQuorum(Vec<Arc<str>>),
+}
+
+/// The answer of a replicated write over `parts`, whose last `awaited` (the
+/// previous ring's replicas losing the key, warming servers) are waited for
+/// and not counted. With one replica and `alone` (no replicas configured: a
+/// key owned elsewhere in an older ring of chained changes, deleted there),
+/// the owner's reply as it came.
+fn quorum_answer(
+    stats: &crate::stats::Stats,
+    parts: &[Part],
+    quorum: usize,
+    awaited: usize,
+    alone: bool,
+) -> QuorumAnswer {
+    let (replicas, forgotten) = parts.split_at(parts.len() - awaited);
+    if forgotten.iter().any(|p| p.result.is_none()) {
+        return QuorumAnswer::Wait;
+    }
+    if alone && replicas.len() == 1 {
+        return match &replicas[0].result {
+            Some(result) => QuorumAnswer::Reply(result.clone()),
+            None => QuorumAnswer::Wait,
+        };
+    }
+    let results: SmallVec<[Option<&CallResult>; 4]> =
+        replicas.iter().map(|p| p.result.as_ref()).collect();
+    match decide(&results, quorum) {
+        Decision::Wait => QuorumAnswer::Wait,
+        Decision::Answer(reply) => {
+            // Slower replicas finish in the background on their own
+            // connections.
+            let outstanding = results.iter().filter(|r| r.is_none()).count();
+            stats.replica_background(outstanding);
+            QuorumAnswer::Reply(Ok(reply))
+        }
+        Decision::Fail(servers) => QuorumAnswer::NoQuorum(servers),
+    }
+}
+
+/// Writes a one-line answer to `command`, counting it; returns what it says.
+fn write_answer(
+    out: &mut OutQueue,
+    stats: &crate::stats::Stats,
+    command: Command,
+    answer: CallResult,
+) -> Outcome {
+    match answer {
+        Ok(reply) => {
+            stats.reply(command, reply.outcome);
+            out.push(reply.bytes);
+            reply.outcome
+        }
+        Err(error) => {
+            write_server_error(out.scratch(), &error);
+            Outcome::ServerError
+        }
+    }
+}
+
+/// Writes a meta command's answer (`reply`) for `entry`, counting it:
+/// nothing when empty (`q` suppressed it, as memcached would). Returns
+/// what it says.
+fn write_meta_answer(
+    out: &mut OutQueue,
+    stats: &crate::stats::Stats,
+    entry: &Entry,
+    shadow: Option<Box<shadow::Pairs>>,
+    counts_cas: bool,
+    reply: CallResult,
+) -> Outcome {
+    if let Some(pairs) = shadow {
+        shadow::primary_meta_answer(&pairs, &reply);
+    }
+    match reply {
+        Ok(reply) => {
+            stats.reply(entry.command, reply.outcome);
+            if entry.command == Command::MetaGet {
+                // `mg` misses with `EN`, which `q` hides: an empty reply is
+                // a quiet miss.
+                let hit = !reply.outcome.meta_miss();
+                entry.topology.figures.retrieval(1, usize::from(hit));
+            }
+            if counts_cas {
+                stats.meta_cas(reply.outcome);
+            }
+            let said = reply.outcome;
+            if !reply.is_empty() {
+                out.push(reply.bytes);
+            }
+            said
+        }
+        Err(error) => {
+            write_server_error(out.scratch(), &error);
+            Outcome::ServerError
+        }
+    }
+}
+
+/// `SERVER_ERROR no quorum: …`, naming the replicas that failed (none named
+/// when they all answered, with errors).
+fn write_no_quorum(out: &mut BytesMut, servers: &[Arc<str>]) {
+    let names: Vec<&str> = servers.iter().map(|s| &**s).collect();
+    let reason = if names.is_empty() {
+        "no quorum: replicas answered with errors".to_string()
+    } else {
+        format!("no quorum: failed on {}", names.join(", "))
+    };
+    write_server_error(out, &reason);
+}
