@@ -858,7 +858,7 @@ async fn flush(backend: &Backend, timeout: std::time::Duration) -> std::io::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pools::in_flight::Planned;
+    use crate::pools::planned::Planned;
 
     /// A publisher of one server, and a change that adds a second.
     fn publisher() -> (Arc<Publisher>, Config) {

@@ -24,7 +24,7 @@ use smallvec::SmallVec;
 use crate::error::BackendError;
 use crate::plan::handoff::{Copies, Moved};
 use crate::plan::placement::{place, HealthView, KeyKind, KeyOp, Placement, Servers};
-use crate::pools::topology::Topology;
+use crate::pools::topology::{Topology, ZoneHit};
 use crate::protocol::encode::{Outbound, ReplyWriter};
 use crate::protocol::meta::{MetaCommand, MetaRequest};
 use crate::protocol::reply::{Expect, Got};
@@ -437,16 +437,6 @@ pub(crate) struct Retrieval {
     /// the client (key index, its value block or `None` for a miss), for a
     /// shadow pool's comparison.
     answers: Option<Vec<(u32, Option<Bytes>)>>,
-}
-
-/// A hit of a retrieval with local-first reads: the replica that served
-/// it (a backend index), whether that was the key's local replica asked
-/// first, and whether the hit is copied back to it (`zone_write_back`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ZoneHit {
-    pub(crate) server: u32,
-    pub(crate) local: bool,
-    pub(crate) written_back: bool,
 }
 
 /// A retrieval's part in the client's reply.

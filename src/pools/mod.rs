@@ -11,7 +11,8 @@
 //!   answers to a get compare, the bound on shadow requests in flight.
 //! - `failover`: the TTL cap of writes sent to a gutter pool.
 //! - `in_flight`: the requests in flight on each topology, which the
-//!   fleet's staged change waits for.
+//!   fleet's staged change waits for; `planned`: the topology a request
+//!   holds, counted there while it lives.
 //! - `window_state`: the hand-off windows in force, as saved in the state
 //!   file so a restart takes them up again.
 //!
@@ -22,6 +23,7 @@
 pub(crate) mod failover;
 pub(crate) mod in_flight;
 pub(crate) mod layout;
+pub(crate) mod planned;
 pub(crate) mod shadow;
 pub mod topology;
 pub mod window_state;

@@ -797,11 +797,7 @@ impl Topology {
 
     /// Counts a retrieval's hits with local-first reads in the counters of
     /// the zone of the replica that served each (docs/zones.md, "Counters").
-    pub(crate) fn count_zone_hits(
-        &self,
-        stats: &crate::stats::Stats,
-        hits: &[crate::plan::route::ZoneHit],
-    ) {
+    pub(crate) fn count_zone_hits(&self, stats: &crate::stats::Stats, hits: &[ZoneHit]) {
         if hits.is_empty() {
             return;
         }
@@ -1533,4 +1529,14 @@ pub(crate) mod tests {
         assert!(change.is_empty());
         assert_eq!(change.moved_share, 0.0);
     }
+}
+
+/// A hit of a retrieval with local-first reads: the replica that served
+/// it (a backend index), whether that was the key's local replica asked
+/// first, and whether the hit is copied back to it (`zone_write_back`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ZoneHit {
+    pub(crate) server: u32,
+    pub(crate) local: bool,
+    pub(crate) written_back: bool,
 }

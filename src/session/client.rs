@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::plan::route::Split;
-use crate::pools::in_flight::Planned;
+use crate::pools::planned::Planned;
 use crate::protocol::request::{long_get_part, LongGetPart};
 use crate::protocol::{ParseError, Rejection};
 

@@ -7,7 +7,7 @@ use crate::plan::lease_retry::LeaseRetry;
 use crate::plan::meta_read::MetaRead;
 use crate::plan::replicated_add::ReplicatedAdd;
 use crate::plan::route::{Retrieval, Split};
-use crate::pools::in_flight::Planned;
+use crate::pools::planned::Planned;
 
 impl ClientSession {
     /// Plans one request on the current topology and queues its entry.

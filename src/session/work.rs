@@ -14,7 +14,7 @@ use crate::error::BackendError;
 use crate::hotkeys::{Unanswered, WriteGuard};
 use crate::plan::handoff::{CopyOutcome, Moved};
 use crate::plan::route::{CallResult, Retrieval};
-use crate::pools::in_flight::Planned;
+use crate::pools::planned::Planned;
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::outcome::{Outcome, Reply};
 use crate::protocol::reply::Expect;
