@@ -560,6 +560,55 @@ fn config_in_zones(servers: &[Memcached], zones: [&str; 6], settings: &str) -> S
     text
 }
 
+/// Reloads `proxy` from `path` with `config`, in a hand-off window every
+/// `v1-` value written before stays readable; then writes `v2-` values and
+/// checks that every key ends up on the new ring's replicas (zones given by
+/// `zone`) and only there, one copy per zone, each holding `v2-`.
+fn reload_into_zones(
+    proxy: &Proxy,
+    path: &std::path::Path,
+    config: &str,
+    servers: &[Memcached],
+    keys: &[String],
+    zone: impl Fn(usize) -> &'static str,
+) {
+    let version = proxy.ring_version();
+    crate::common::replace_by_rename(path, config);
+    wait_for("the reload", || proxy.ring_version() > version);
+    assert!(
+        proxy.running().topology.load().previous.is_some(),
+        "a hand-off window"
+    );
+    let mut client = proxy.client();
+    for key in keys {
+        assert_eq!(client.get(key), Some(format!("v1-{key}").into_bytes()));
+    }
+    write_all(proxy, keys, |k| format!("v2-{k}"));
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    let topology = proxy.running().topology.load_full();
+    let mut held: Vec<Vec<Option<Vec<u8>>>> = Vec::new();
+    let mut set = smallvec::SmallVec::new();
+    wait_for("every key on its new replicas only", || {
+        held = servers
+            .iter()
+            .map(|s| held_values(&mut s.client(), &key_bytes))
+            .collect();
+        keys.iter().enumerate().all(|(k, key)| {
+            topology.replicas(key.as_bytes(), &mut set);
+            (0..servers.len()).all(|s| held[s][k].is_some() == set.contains(&s))
+        })
+    });
+    for (k, key) in keys.iter().enumerate() {
+        topology.replicas(key.as_bytes(), &mut set);
+        let mut in_zones: Vec<&str> = set.iter().map(|&s| zone(s)).collect();
+        in_zones.sort_unstable();
+        assert_eq!(in_zones, ZONES, "{key}");
+        for &s in &set {
+            assert_eq!(held[s][k], Some(format!("v2-{key}").into_bytes()), "{key}");
+        }
+    }
+}
+
 #[test]
 fn a_reload_that_moves_a_server_to_another_zone_hands_its_copies_off() {
     let dir = crate::common::TempDir::new("zones", "rezone");
@@ -575,47 +624,9 @@ fn a_reload_that_moves_a_server_to_another_zone_hands_its_copies_off() {
     let keys: Vec<String> = (0..1_000).map(|i| format!("rezone:{i}")).collect();
     write_all(&proxy, &keys, |k| format!("v1-{k}"));
     // Server 3 moves from zone b to zone c: owners stay, copies move.
-    let version = proxy.ring_version();
-    crate::common::replace_by_rename(
-        &path,
-        &config_in_zones(&servers, ["a", "a", "b", "c", "c", "c"], settings),
-    );
-    wait_for("the reload", || proxy.ring_version() > version);
-    assert!(
-        proxy.running().topology.load().previous.is_some(),
-        "a hand-off window"
-    );
-    let mut client = proxy.client();
-    for key in &keys {
-        assert_eq!(client.get(key), Some(format!("v1-{key}").into_bytes()));
-    }
-    write_all(&proxy, &keys, |k| format!("v2-{k}"));
-    // Every key is now on its new replicas only, one per zone where the
-    // zones allow, each with the newer value.
-    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
-    let topology = proxy.running().topology.load_full();
-    let mut held: Vec<Vec<Option<Vec<u8>>>> = Vec::new();
-    let mut set = smallvec::SmallVec::new();
-    wait_for("every key on its new replicas only", || {
-        held = servers
-            .iter()
-            .map(|s| held_values(&mut s.client(), &key_bytes))
-            .collect();
-        keys.iter().enumerate().all(|(k, key)| {
-            topology.replicas(key.as_bytes(), &mut set);
-            (0..6).all(|s| held[s][k].is_some() == set.contains(&s))
-        })
-    });
     let zones = ["a", "a", "b", "c", "c", "c"];
-    for (k, key) in keys.iter().enumerate() {
-        topology.replicas(key.as_bytes(), &mut set);
-        let mut in_zones: Vec<&str> = set.iter().map(|&s| zones[s]).collect();
-        in_zones.sort_unstable();
-        assert_eq!(in_zones, ["a", "b", "c"], "{key}");
-        for &s in &set {
-            assert_eq!(held[s][k], Some(format!("v2-{key}").into_bytes()), "{key}");
-        }
-    }
+    let moved = config_in_zones(&servers, zones, settings);
+    reload_into_zones(&proxy, &path, &moved, &servers, &keys, |s| zones[s]);
 }
 
 #[test]
@@ -814,42 +825,9 @@ fn a_reload_that_adds_a_zone_hands_copies_to_it_and_every_key_stays_readable() {
     let proxy = Proxy::start_file(&path);
     let keys: Vec<String> = (0..1_000).map(|i| format!("add-zone:{i}")).collect();
     write_all(&proxy, &keys, |k| format!("v1-{k}"));
-    let version = proxy.ring_version();
-    crate::common::replace_by_rename(&path, &zoned_config(&servers, settings));
-    wait_for("the reload", || proxy.ring_version() > version);
-    assert!(
-        proxy.running().topology.load().previous.is_some(),
-        "a hand-off window"
-    );
-    let mut client = proxy.client();
-    for key in &keys {
-        assert_eq!(client.get(key), Some(format!("v1-{key}").into_bytes()));
-    }
-    write_all(&proxy, &keys, |k| format!("v2-{k}"));
-    // Each key now has one copy per zone, c included, on its replicas only.
-    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
-    let topology = proxy.running().topology.load_full();
-    let mut held: Vec<Vec<Option<Vec<u8>>>> = Vec::new();
-    let mut set = smallvec::SmallVec::new();
-    wait_for("every key on its new replicas only", || {
-        held = servers
-            .iter()
-            .map(|s| held_values(&mut s.client(), &key_bytes))
-            .collect();
-        keys.iter().enumerate().all(|(k, key)| {
-            topology.replicas(key.as_bytes(), &mut set);
-            (0..6).all(|s| held[s][k].is_some() == set.contains(&s))
-        })
-    });
-    for (k, key) in keys.iter().enumerate() {
-        topology.replicas(key.as_bytes(), &mut set);
-        let mut in_zones: Vec<&str> = set.iter().map(|&s| zone_of(s)).collect();
-        in_zones.sort_unstable();
-        assert_eq!(in_zones, ZONES, "{key}");
-        for &s in &set {
-            assert_eq!(held[s][k], Some(format!("v2-{key}").into_bytes()), "{key}");
-        }
-    }
+    // Zone c joins: each key then has one copy per zone, c included.
+    let all = zoned_config(&servers, settings);
+    reload_into_zones(&proxy, &path, &all, &servers, &keys, zone_of);
 }
 
 /// Zone b's server 2 flushed and zone a's server 0 stopped: the keys whose
