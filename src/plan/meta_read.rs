@@ -17,7 +17,7 @@ use bytes::Bytes;
 use crate::plan::handoff::{meta_read_through_hit, AddedFlags, ReadCopy};
 use crate::plan::placement::Servers;
 use crate::plan::route::{meta_fetch_wire, zone_writes_back, CallResult};
-use crate::pools::topology::Topology;
+use crate::pools::topology::{Topology, ZoneHit};
 use crate::protocol::encode::Outbound;
 use crate::protocol::meta::MetaRequest;
 
@@ -61,6 +61,9 @@ pub(crate) struct ReadTally {
     /// Hits found in another zone after the local replica missed or
     /// failed, copied back to it.
     pub written_back: usize,
+    /// With zones: the replica whose hit answered, for the per-zone
+    /// counters (as a get's hits are counted).
+    pub served: Option<ZoneHit>,
 }
 
 /// What the session does next for a [`MetaRead`].
@@ -157,7 +160,7 @@ impl MetaRead {
                 } else {
                     self.tally.written_back += 1;
                 }
-                self.count_hit();
+                self.count_hit(!self.handoff);
                 self.copy = copy.map(|wire| ReadCopy {
                     owner: self.servers[0],
                     wire,
@@ -185,7 +188,7 @@ impl MetaRead {
             };
             if !falls {
                 if matches!(&result, Ok(reply) if !reply.outcome.meta_miss()) {
-                    self.count_hit();
+                    self.count_hit(false);
                 }
                 return self.answer(result);
             }
@@ -209,14 +212,21 @@ impl MetaRead {
         ReadStep::Answer(result)
     }
 
-    /// Counts a hit on the server asked now.
-    fn count_hit(&mut self) {
+    /// Counts a hit on the server asked now (`written_back`: copied to the
+    /// local replica).
+    fn count_hit(&mut self, written_back: bool) {
         if let Some(local) = self.first_local {
-            if local && self.round == 0 {
+            let local = local && self.round == 0;
+            if local {
                 self.tally.zone_hits.0 += 1;
             } else {
                 self.tally.zone_hits.1 += 1;
             }
+            self.tally.served = Some(ZoneHit {
+                server: self.servers[self.round as usize] as u32,
+                local,
+                written_back,
+            });
         }
     }
 

@@ -347,6 +347,9 @@ impl ClientSession {
                     let (stats, tally) = (&self.worker.stats, read.tally());
                     stats.read_through(tally.read_through.0, tally.read_through.1);
                     stats.zone_reads(tally.zone_hits, tally.written_back);
+                    if let Some(hit) = tally.served {
+                        topology.count_zone_hits(stats, &[hit]);
+                    }
                 }
             }
         }

@@ -1088,4 +1088,19 @@ fn a_cross_zone_mg_hit_is_written_back_to_the_local_replica() {
     for s in [0, 1, 4, 5] {
         assert_eq!(after[s], before[s], "server {s} asked");
     }
+    // Counted by zone as a get's hits are: each cross-zone hit and its
+    // write-back in the zone that served it, the local hits in zone b.
+    let stats = zone_stats(&proxy);
+    let number = |name: &str| stats.get(name).map_or(0, |v| v.parse::<u64>().unwrap());
+    for figure in ["reads_cross_zone", "write_backs"] {
+        let by_zone = number(&format!("zone:a:{figure}")) + number(&format!("zone:c:{figure}"));
+        assert_eq!(by_zone, number(&format!("zone_{figure}")), "{stats:?}");
+        assert_eq!(number(&format!("zone:b:{figure}")), 0, "{stats:?}");
+    }
+    assert_eq!(
+        number("zone:b:reads_local"),
+        number("zone_reads_local"),
+        "{stats:?}"
+    );
+    assert!(number("zone:b:reads_local") >= 50, "{stats:?}");
 }
