@@ -605,6 +605,11 @@ pub async fn run(
         layout,
         shutdown.clone(),
     ));
+    let sidecar = Sidecar {
+        publisher: &publisher,
+        etcd: &etcd,
+        applied: &applied_tx,
+    };
     let mut backoff = BACKOFF.0;
     let mut failing: Option<String> = None;
     loop {
@@ -612,17 +617,7 @@ pub async fn run(
             failing: &mut failing,
             backoff: &mut backoff,
         };
-        match session(
-            &publisher,
-            &etcd,
-            &mut members,
-            &applied_tx,
-            &mut fleet,
-            &mut link,
-            &shutdown,
-        )
-        .await
-        {
+        match session(&sidecar, &mut members, &mut fleet, &mut link, &shutdown).await {
             Ended::Shutdown => return,
             Ended::Compacted => {
                 tracing::info!(
@@ -650,6 +645,15 @@ pub async fn run(
     }
 }
 
+/// What every step of the etcd loop reads: where it publishes, the etcd
+/// settings, and where it says what it applied (the registration).
+#[derive(Clone, Copy)]
+struct Sidecar<'a> {
+    publisher: &'a Publisher,
+    etcd: &'a EtcdSource,
+    applied: &'a tokio::sync::watch::Sender<Applied>,
+}
+
 /// How the connection has fared: the failure logged, the next wait.
 struct Link<'a> {
     failing: &'a mut Option<String>,
@@ -658,14 +662,17 @@ struct Link<'a> {
 
 /// One connection: a full read, then the watch, until it fails.
 async fn session(
-    publisher: &Publisher,
-    etcd: &EtcdSource,
+    sidecar: &Sidecar<'_>,
     members: &mut Members,
-    applied: &tokio::sync::watch::Sender<Applied>,
     fleet: &mut Fleet,
     link: &mut Link<'_>,
     shutdown: &CancellationToken,
 ) -> Ended {
+    let Sidecar {
+        publisher,
+        etcd,
+        applied,
+    } = *sidecar;
     let mut client = match connect(etcd).await {
         Ok(client) => client,
         Err(e) => return Ended::Lost(e),
@@ -685,7 +692,7 @@ async fn session(
         Instant::now(),
         etcd.member_grace,
     );
-    apply(publisher, etcd, members, applied, fleet, &mut client).await;
+    apply(sidecar, members, fleet, &mut client).await;
     if !fleet.window_read {
         fleet.window_read = join_window(publisher, etcd, &mut client).await;
     }
@@ -721,22 +728,22 @@ async fn session(
                     let more = tokio::time::timeout(COALESCE, stream.message()).await;
                     let Ok(message) = more else { break };
                     if let Err(ended) = take(message, members, etcd) {
-                        apply(publisher, etcd, members, applied, fleet, &mut client).await;
+                        apply(sidecar, members, fleet, &mut client).await;
                         return ended;
                     }
                 }
-                apply(publisher, etcd, members, applied, fleet, &mut client).await;
+                apply(sidecar, members, fleet, &mut client).await;
             }
             () = sleep => {
                 let answers = |name: &str| answers(publisher, name);
                 if members.expire(Instant::now(), etcd.member_grace, &answers) {
-                    apply(publisher, etcd, members, applied, fleet, &mut client).await;
+                    apply(sidecar, members, fleet, &mut client).await;
                 } else {
                     record(publisher, members, fleet, applied);
                 }
             }
             () = tokio::time::sleep(fleet.pending.as_ref().map_or(fleet::POLL, Pending::poll)), if fleet.pending.is_some() => {
-                gate(publisher, etcd, members, applied, fleet, &mut client).await;
+                gate(sidecar, members, fleet, &mut client).await;
             }
             () = shutdown.cancelled() => return Ended::Shutdown,
         }
@@ -843,14 +850,12 @@ fn file_servers(publisher: &Publisher) -> Vec<ServerConfig> {
 /// records the revision applied. A change that moves reads, while other
 /// sidecars have not staged it yet, is staged instead (see
 /// `control/fleet.rs`): [`gate`] switches to it once they have.
-async fn apply(
-    publisher: &Publisher,
-    etcd: &EtcdSource,
-    members: &Members,
-    applied: &tokio::sync::watch::Sender<Applied>,
-    fleet: &mut Fleet,
-    client: &mut Client,
-) {
+async fn apply(sidecar: &Sidecar<'_>, members: &Members, fleet: &mut Fleet, client: &mut Client) {
+    let Sidecar {
+        publisher,
+        etcd,
+        applied,
+    } = *sidecar;
     let config = publisher.shared().load().config.clone();
     let file = file_servers(publisher);
     let target = merged(&file, &members.servers(&file));

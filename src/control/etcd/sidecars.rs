@@ -99,13 +99,14 @@ pub(super) async fn peers(
 /// A change is staged: switches to it once every live sidecar staged it
 /// (or applied it), or once `fleet_switch_ms` is over.
 pub(super) async fn gate(
-    publisher: &Publisher,
-    etcd: &EtcdSource,
+    sidecar: &Sidecar<'_>,
     members: &Members,
-    applied: &tokio::sync::watch::Sender<Applied>,
     fleet: &mut Fleet,
     client: &mut Client,
 ) {
+    let Sidecar {
+        publisher, applied, ..
+    } = *sidecar;
     record(publisher, members, fleet, applied);
     let Some(pending) = fleet.pending.as_mut() else {
         return;
@@ -123,19 +124,22 @@ pub(super) async fn gate(
         // Says so in the registration.
         record(publisher, members, fleet, applied);
     }
-    check_peers(publisher, etcd, members, applied, fleet, client).await
+    check_peers(sidecar, members, fleet, client).await
 }
 
 /// Switches to the staged change if every live sidecar staged it, or once
 /// `fleet_switch_ms` is over.
 async fn check_peers(
-    publisher: &Publisher,
-    etcd: &EtcdSource,
+    sidecar: &Sidecar<'_>,
     members: &Members,
-    applied: &tokio::sync::watch::Sender<Applied>,
     fleet: &mut Fleet,
     client: &mut Client,
 ) {
+    let Sidecar {
+        publisher,
+        etcd,
+        applied,
+    } = *sidecar;
     let Some(pending) = fleet.pending.as_mut() else {
         return;
     };
