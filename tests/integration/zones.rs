@@ -403,6 +403,41 @@ fn write_backs_racing_writes_never_leave_an_older_value() {
     }
 }
 
+/// Writes `keys` through `proxy` (a sidecar in zone c while zone c warms):
+/// each has its copy in zone c (servers 4 and 5; a warming server's write
+/// is awaited), and reading them all hits without asking zone c.
+fn zone_c_is_written_and_not_read(proxy: &Proxy, servers: &[Memcached], keys: &[String]) {
+    write_all(proxy, keys, |k| k.to_string());
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    let in_c: Vec<Vec<Option<Vec<u8>>>> = [4, 5]
+        .iter()
+        .map(|&s| held_values(&mut servers[s].client(), &key_bytes))
+        .collect();
+    for (k, key) in keys.iter().enumerate() {
+        assert_eq!(in_c.iter().filter(|h| h[k].is_some()).count(), 1, "{key}");
+    }
+    let before = cmd_gets(servers);
+    assert_eq!(read_all(proxy, keys), (keys.len(), 0, 0));
+    let after = cmd_gets(servers);
+    assert_eq!(
+        (after[4] - before[4], after[5] - before[5]),
+        (0, 0),
+        "c read"
+    );
+}
+
+/// Once zone c serves: every read of `keys` by zone c's sidecar hits there,
+/// and no other zone is asked.
+fn zone_c_serves_every_read(proxy: &Proxy, servers: &[Memcached], keys: &[String]) {
+    let before = cmd_gets(servers);
+    assert_eq!(read_all(proxy, keys), (keys.len(), 0, 0));
+    let after = cmd_gets(servers);
+    let moved: Vec<u64> = (0..6).map(|s| after[s] - before[s]).collect();
+    println!("cmd_get moved by {moved:?} once zone c served");
+    assert_eq!(moved[4] + moved[5], keys.len() as u64, "{moved:?}");
+    assert_eq!(moved[..4].iter().sum::<u64>(), 0, "{moved:?}");
+}
+
 #[test]
 fn a_warming_zone_gets_every_write_and_no_read_until_unmarked() {
     let dir = crate::common::TempDir::new("zones", "warming");
@@ -414,24 +449,7 @@ fn a_warming_zone_gets_every_write_and_no_read_until_unmarked() {
     std::fs::write(&path, &warming).unwrap();
     let proxy = Proxy::start_file(&path);
     let keys: Vec<String> = (0..1_000).map(|i| format!("warm:{i}")).collect();
-    write_all(&proxy, &keys, |k| k.to_string());
-    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
-    // Every key has its copy in zone c (the warming writes are awaited).
-    let in_c: Vec<Vec<Option<Vec<u8>>>> = [4, 5]
-        .iter()
-        .map(|&s| held_values(&mut servers[s].client(), &key_bytes))
-        .collect();
-    for (k, key) in keys.iter().enumerate() {
-        assert_eq!(in_c.iter().filter(|h| h[k].is_some()).count(), 1, "{key}");
-    }
-    let before = cmd_gets(&servers);
-    assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
-    let after = cmd_gets(&servers);
-    assert_eq!(
-        (after[4] - before[4], after[5] - before[5]),
-        (0, 0),
-        "c read"
-    );
+    zone_c_is_written_and_not_read(&proxy, &servers, &keys);
     // Zone c shows as warming, in `stats` and in /metrics.
     assert_eq!(
         zone_stats(&proxy).get("zone:c:warming").map(String::as_str),
@@ -463,13 +481,7 @@ fn a_warming_zone_gets_every_write_and_no_read_until_unmarked() {
     let version = proxy.ring_version();
     crate::common::replace_by_rename(&path, &zoned_config(&servers, settings));
     wait_for("the reload", || proxy.ring_version() > version);
-    let before = cmd_gets(&servers);
-    assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
-    let after = cmd_gets(&servers);
-    let moved: Vec<u64> = (0..6).map(|s| after[s] - before[s]).collect();
-    println!("cmd_get moved by {moved:?} once zone c joined");
-    assert_eq!(moved[4] + moved[5], keys.len() as u64, "{moved:?}");
-    assert_eq!(moved[..4].iter().sum::<u64>(), 0, "{moved:?}");
+    zone_c_serves_every_read(&proxy, &servers, &keys);
     assert_eq!(zone_stats(&proxy).get("zone:c:warming"), None);
     let text = proxy.running().stats.prometheus_text();
     assert!(
@@ -980,24 +992,7 @@ fn a_zone_whose_etcd_members_are_joining_warms_before_it_serves() {
         servers.len() == 6 && servers.iter().filter(|s| s.warming).count() == 2
     });
     let keys: Vec<String> = (0..1_000).map(|i| format!("joining-zone:{i}")).collect();
-    write_all(&proxy, &keys, |k| k.to_string());
-    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
-    // Every key has its copy in zone c (a warming server's write is awaited).
-    let in_c: Vec<Vec<Option<Vec<u8>>>> = [4, 5]
-        .iter()
-        .map(|&s| held_values(&mut servers[s].client(), &key_bytes))
-        .collect();
-    for (k, key) in keys.iter().enumerate() {
-        assert_eq!(in_c.iter().filter(|h| h[k].is_some()).count(), 1, "{key}");
-    }
-    let before = cmd_gets(&servers);
-    assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
-    let after = cmd_gets(&servers);
-    assert_eq!(
-        (after[4] - before[4], after[5] - before[5]),
-        (0, 0),
-        "c read"
-    );
+    zone_c_is_written_and_not_read(&proxy, &servers, &keys);
     for i in [4, 5] {
         etcd.put(&format!("{PREFIX}members/m{i}"), &record(i, "ACTIVE"));
     }
@@ -1009,13 +1004,7 @@ fn a_zone_whose_etcd_members_are_joining_warms_before_it_serves() {
             .iter()
             .all(|s| !s.warming && !s.staged_in && !s.staged_out)
     });
-    let before = cmd_gets(&servers);
-    assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
-    let after = cmd_gets(&servers);
-    let moved: Vec<u64> = (0..6).map(|s| after[s] - before[s]).collect();
-    println!("cmd_get moved by {moved:?} once zone c was active");
-    assert_eq!(moved[4] + moved[5], keys.len() as u64, "{moved:?}");
-    assert_eq!(moved[..4].iter().sum::<u64>(), 0, "{moved:?}");
+    zone_c_serves_every_read(&proxy, &servers, &keys);
 }
 
 /// `mg` reads as a get does (issue 53): a hit found in another zone after
