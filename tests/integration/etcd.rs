@@ -55,6 +55,19 @@ pub(crate) fn ring_names(proxy: &Proxy) -> Vec<String> {
     names
 }
 
+/// Whether `proxy` reads from the ring of `names`: each listed, none still
+/// warming (JOINING), and no change staged but not switched yet (the fleet
+/// gate keeps reads on the ring in force until it switches).
+fn reads_from(proxy: &Proxy, names: &[&str]) -> bool {
+    let topology = proxy.running().topology.load();
+    ring_names(proxy) == names
+        && topology
+            .config
+            .servers
+            .iter()
+            .all(|s| !s.warming && !s.staged_in && !s.staged_out)
+}
+
 /// Writes `keys` through memring and counts the ones each server holds.
 /// The sets go 100 to a write, the servers are asked with multi-gets: ten
 /// thousand keys cost a few hundred round trips, not tens of thousands.
@@ -650,7 +663,8 @@ fn a_joining_member_takes_its_keys_writes_and_hits_them_once_active() {
         "memring read from a JOINING member"
     );
     etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
-    wait_for("c ACTIVE", || ring_names(&proxy) == ["a", "b", "c"]);
+    // c is on the ring while JOINING too: wait for reads to move to it.
+    wait_for("c ACTIVE", || reads_from(&proxy, &["a", "b", "c"]));
     let before: Vec<u64> = [&a, &b]
         .iter()
         .map(|s| s.client().stat("cmd_get"))
