@@ -1389,3 +1389,113 @@ fn a_busy_worker_counts_a_sample_and_still_finds_its_hot_key() {
         reported[0]
     );
 }
+
+/// The near cache answers the hottest key's gets without a round trip (the
+/// cooler keys are read with `gets`, which it never answers), and yet
+/// `stats hotkeys` still names that key first and gives it its clients' share:
+/// a get is counted when memring plans it, before the near cache (or a
+/// coalesced flight) answers it, so a key's rate is what clients ask of it,
+/// not what its server still sees. Were cached gets left out, the hottest
+/// key would fall behind cooler ones as soon as it is cached (issue 50).
+#[test]
+fn stats_hotkeys_names_the_hottest_key_first_while_the_near_cache_serves_it() {
+    let servers: Vec<Memcached> = (0..4).map(|_| Memcached::start()).collect();
+    // A long life: once cached, `hot` is read from memring's memory only.
+    let proxy = Proxy::start(
+        &servers.iter().collect::<Vec<_>>(),
+        "workers = 1\nhot_key_window_ms = 300\nhot_key_cache_ms = 60000\nhot_key_metrics = true",
+    );
+    let mut admin = proxy.client();
+    // Per 20 gets: `hot` 6 (30 %), the next key 4 (20 %), then 3, 3, 2, 2.
+    let mix: [(&str, usize); 6] = [
+        ("hot", 6),
+        ("warm:1", 4),
+        ("warm:2", 3),
+        ("warm:3", 3),
+        ("warm:4", 2),
+        ("warm:5", 2),
+    ];
+    for (key, _) in mix {
+        assert_eq!(admin.set(key, key.as_bytes()), b"STORED\r\n");
+    }
+    let cycle: Arc<Vec<&'static str>> = Arc::new(
+        mix.iter()
+            .flat_map(|&(key, n)| std::iter::repeat_n(key, n))
+            .collect(),
+    );
+    assert_eq!(cycle.len(), 20);
+    let stop = Arc::new(AtomicBool::new(false));
+    let gets = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    // One get at a time per client: the near cache answers a client that
+    // waits for nothing else from the key's server.
+    let readers: Vec<_> = (0..4)
+        .map(|r| {
+            let (stop, gets, cycle) = (stop.clone(), gets.clone(), cycle.clone());
+            let mut client = proxy.client();
+            std::thread::spawn(move || {
+                let mut i = 5 * r;
+                while !stop.load(Ordering::Relaxed) && started.elapsed() < 3 * DEADLINE {
+                    let key = cycle[i % cycle.len()];
+                    if key == "hot" {
+                        assert_eq!(client.get(key).as_deref(), Some(key.as_bytes()));
+                    } else {
+                        // `gets` (cas ids) are never near-cached: these
+                        // keys' gets all go to their servers.
+                        let reply =
+                            client.call(format!("gets {key}\r\n").as_bytes(), ReplyKind::Values);
+                        let head = format!("VALUE {key} 0 {} ", key.len());
+                        assert!(reply.starts_with(head.as_bytes()), "{}", show(&reply));
+                    }
+                    gets.fetch_add(1, Ordering::Relaxed);
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+
+    wait_for("the near cache answering `hot`", || {
+        admin.stat("near_cache_hits") > 0
+    });
+    let rates = |report: &[Reported]| -> Vec<(String, f64)> {
+        report.iter().map(|r| (r.key.clone(), r.rate)).collect()
+    };
+    // Each window's end changes the report. The first window to end may
+    // have begun before the cache answered; the next three did not.
+    let mut last = hotkeys(&mut admin);
+    let mut checked = Vec::new();
+    for window in 0..4 {
+        let (hits, asked) = (admin.stat("near_cache_hits"), gets.load(Ordering::Relaxed));
+        let mut report = Vec::new();
+        wait_for("the next window's report", || {
+            report = hotkeys(&mut admin);
+            !report.is_empty() && rates(&report) != rates(&last)
+        });
+        let hits = admin.stat("near_cache_hits") - hits;
+        let asked = gets.load(Ordering::Relaxed) - asked;
+        last = report.clone();
+        if window > 0 {
+            checked.push((report, hits, asked));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for reader in readers {
+        reader.join().unwrap();
+    }
+
+    for (report, hits, asked) in &checked {
+        // The condition under test: the cache answered most of `hot`'s gets
+        // (30 % of all) while these windows ran.
+        assert!(
+            *hits * 5 >= *asked,
+            "{hits} near-cache hits of {asked} gets: {report:?}"
+        );
+        assert_eq!(report[0].key, "hot", "{report:?}");
+        let total: f64 = report.iter().map(|r| r.rate).sum();
+        assert!(
+            (0.25..0.35).contains(&(report[0].rate / total)),
+            "`hot` is asked in 30 % of the gets: {report:?}"
+        );
+        assert_eq!(report[1].key, "warm:1", "{report:?}");
+    }
+}
