@@ -215,7 +215,8 @@ fn fill(endpoint: &str, count: usize) {
 
 /// etcd answers a watch that is behind a compacted revision with
 /// "compacted" (here: the watch's stream is held back while 9 MB of
-/// changes pile up, a member joins, and the store is compacted): memring
+/// changes pile up, the link's receive buffer fixed small so the kernel
+/// cannot absorb them, a member joins, and the store is compacted): memring
 /// reads every member again and applies the current membership, with no
 /// error to clients meanwhile.
 #[test]
