@@ -328,6 +328,15 @@ pub(crate) fn lagging(
         .collect()
 }
 
+/// Whether a registration under `<prefix>proxies/` (`read`) other than
+/// `me` reads from the servers of digest `digest` (it applied them): then
+/// the fleet has written them since they joined.
+pub(crate) fn read_elsewhere(read: &[(String, Vec<u8>)], me: &str, digest: u64) -> bool {
+    read.iter()
+        .filter(|(key, _)| key != me)
+        .any(|(_, value)| said(value).is_some_and(|s| s.applied_digest == digest))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
