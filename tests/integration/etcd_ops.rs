@@ -605,3 +605,90 @@ fn etcd_down_longer_than_the_lease_costs_no_request_with_serve() {
     assert_eq!(errors, 0, "{errors} failed of {done}");
     assert_eq!(reads_from(&proxy), ["a", "b"]);
 }
+
+/// `name`'s etcd state on `proxy`, if it is a member there.
+fn member_state(proxy: &Proxy, name: &str) -> Option<String> {
+    crate::etcd::stat_text(&mut proxy.client(), &format!("server:{name}:member_state"))
+}
+
+/// Two sidecars over a and b; the second's link to etcd is cut (within its
+/// lease) while j turns JOINING, and each of 300 keys is written through
+/// the first (1), then through the second (2). With `active_while_cut`, j
+/// turns ACTIVE before the link is mended (the second never sees JOINING);
+/// otherwise after the second applied JOINING. Once both read from a, b
+/// and j, every key read through either: the reads older than 2.
+fn joining_across_a_held_back_sidecar(test: &str, active_while_cut: bool) -> usize {
+    const KEYS: usize = 300;
+    let etcd = Etcd::start(test);
+    let (dir_a, dir_b) = (
+        TempDir::new("etcd-ops", test),
+        TempDir::new("etcd-ops", &format!("{test}-b")),
+    );
+    let (a, b, j) = (Memcached::start(), Memcached::start(), Memcached::start());
+    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let link = Link::start(etcd.client_port);
+    let first = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir_a, ""));
+    let held = Proxy::start_text(&etcd_config(&link.endpoint(), &dir_b, ""));
+    wait_for("both sidecars registered", || registered(&etcd) == 2);
+
+    link.cut(true);
+    let cut = Instant::now();
+    etcd.put(&key_of("j"), &record(&j, "JOINING"));
+    wait_for("the first sidecar has j JOINING", || {
+        member_state(&first, "j").as_deref() == Some("JOINING")
+    });
+    let (mut one, mut two) = (first.client(), held.client());
+    let key = |k: usize| format!("joining:{k}");
+    for k in 0..KEYS {
+        assert_eq!(one.set(&key(k), b"1"), b"STORED\r\n");
+        assert_eq!(two.set(&key(k), b"2"), b"STORED\r\n");
+    }
+    if active_while_cut {
+        etcd.put(&key_of("j"), &record(&j, "ACTIVE"));
+        wait_for("the first sidecar has j ACTIVE", || {
+            member_state(&first, "j").as_deref() == Some("ACTIVE")
+        });
+    }
+    // Within its lease (10 s): it still counts.
+    assert!(
+        cut.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        cut.elapsed()
+    );
+    assert_eq!(registered(&etcd), 2);
+    link.cut(false);
+    if !active_while_cut {
+        wait_for("the held-back sidecar has j JOINING", || {
+            member_state(&held, "j").as_deref() == Some("JOINING")
+        });
+        etcd.put(&key_of("j"), &record(&j, "ACTIVE"));
+    }
+    wait_for("both read from a, b and j", || {
+        reads_from(&first) == ["a", "b", "j"] && reads_from(&held) == ["a", "b", "j"]
+    });
+    let mut stale = 0;
+    for k in 0..KEYS {
+        for client in [&mut one, &mut two] {
+            if client.get(&key(k)).as_deref() == Some(&b"1"[..]) {
+                stale += 1;
+            }
+        }
+    }
+    eprintln!("{test}: {stale} stale reads of {}", 2 * KEYS);
+    assert_eq!(stat(&first, "fleet_forced_switches"), 0);
+    stale
+}
+
+#[test]
+fn a_sidecar_that_applies_joining_late_leaves_no_older_value_on_the_member() {
+    assert_eq!(joining_across_a_held_back_sidecar("joining-late", false), 0);
+}
+
+#[test]
+fn a_sidecar_that_sees_active_without_joining_leaves_no_older_value_on_the_member() {
+    assert_eq!(
+        joining_across_a_held_back_sidecar("joining-skipped", true),
+        0
+    );
+}

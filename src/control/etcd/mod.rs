@@ -910,7 +910,7 @@ async fn apply(sidecar: &Sidecar<'_>, members: &Members, fleet: &mut Fleet, clie
         None => config.servers.clone(),
     };
     let mut since = None;
-    if !etcd.fleet_switch.is_zero() && fleet::moves_reads(&in_force, &target) {
+    if !etcd.fleet_switch.is_zero() && fleet::gated(&in_force, &target) {
         if let Some(p) = fleet.pending.take() {
             // Another change before this sidecar switched to the one it
             // staged: if every sidecar had staged that one, some may read
@@ -933,7 +933,7 @@ async fn apply(sidecar: &Sidecar<'_>, members: &Members, fleet: &mut Fleet, clie
     let mut waiting = Some(0);
     // Another sidecar reads from the new servers already.
     let mut in_service = false;
-    if !etcd.fleet_switch.is_zero() && fleet::moves_reads(&in_force, &target) {
+    if !etcd.fleet_switch.is_zero() && fleet::gated(&in_force, &target) {
         waiting = match peers(client, etcd).await {
             Ok(read) => {
                 let digest = fleet::servers_digest(&target);
