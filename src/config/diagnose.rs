@@ -79,6 +79,7 @@ pub(super) const EXAMPLES: &[(&str, &str)] = &[
     ("etcd_prefix", "\"/memring/web/\""),
     ("member_grace_ms", "10000"),
     ("fleet_switch_ms", "30000"),
+    ("etcd_cut_off", "\"miss\""),
     ("etcd_cache_file", "\"/var/lib/memring/members.json\""),
     ("etcd_ca_file", "\"/etc/memring/etcd-ca.pem\""),
     ("etcd_cert_file", "\"/etc/memring/etcd-client.pem\""),

@@ -43,11 +43,38 @@ pub struct EtcdSource {
     /// live sidecar to stage it before it switches reads anyway
     /// (`fleet_switch_ms`); zero: at once, without waiting (no gating).
     pub fleet_switch: Duration,
+    /// What this sidecar does once etcd has not renewed its registration's
+    /// lease for the lease's length (`etcd_cut_off`).
+    pub cut_off: CutOff,
     /// Where the last membership applied is kept, for a start while etcd
     /// cannot be reached.
     pub cache_file: PathBuf,
     /// TLS and authentication to etcd.
     pub access: EtcdAccess,
+}
+
+/// `etcd_cut_off`: what a sidecar does once its registration's lease may
+/// have expired in etcd (no keep-alive answered for the lease's length):
+/// the other sidecars stop waiting for it and may move reads for a change
+/// it has not seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CutOff {
+    /// Serve the membership it has (etcd down for every sidecar looks the
+    /// same from here, and then nobody moves reads).
+    #[default]
+    Serve,
+    /// Answer retrievals as misses and refuse writes until it is registered
+    /// again and has read every member (no stale read elsewhere).
+    Miss,
+}
+
+impl CutOff {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CutOff::Serve => "serve",
+            CutOff::Miss => "miss",
+        }
+    }
 }
 
 /// How memring (and `memring member`) reaches etcd beyond plain HTTP: the
@@ -243,7 +270,7 @@ pub(super) fn discovery_settings(
 }
 
 /// `etcd_endpoints`, `etcd_prefix`, `member_grace_ms`, `fleet_switch_ms`,
-/// `etcd_cache_file`, and the TLS and authentication keys.
+/// `etcd_cut_off`, `etcd_cache_file`, and the TLS and authentication keys.
 fn etcd_settings(
     raw: &RawDiscovery,
     path: &str,
@@ -281,6 +308,20 @@ fn etcd_settings(
         super::DEFAULT_FLEET_SWITCH_MS,
         at,
     )?;
+    let cut_off = match raw.etcd_cut_off.as_ref() {
+        None => CutOff::default(),
+        Some(v) if v.get_ref() == "serve" => CutOff::Serve,
+        Some(v) if v.get_ref() == "miss" => CutOff::Miss,
+        Some(v) => {
+            return Err(at(
+                v.span(),
+                format!(
+                    "etcd_cut_off = {:?}: expected \"serve\" or \"miss\"",
+                    v.get_ref()
+                ),
+            ))
+        }
+    };
     let cache_file = match &raw.etcd_cache_file {
         Some(file) if file.get_ref().trim().is_empty() => {
             return Err(at(file.span(), "etcd_cache_file is empty".into()))
@@ -294,6 +335,7 @@ fn etcd_settings(
         prefix: text.clone(),
         member_grace,
         fleet_switch,
+        cut_off,
         cache_file,
         access,
     }))
@@ -315,6 +357,7 @@ fn no_etcd_settings_alone(
             "fleet_switch_ms",
             raw.fleet_switch_ms.as_ref().map(Spanned::span),
         ),
+        ("etcd_cut_off", raw.etcd_cut_off.as_ref().map(Spanned::span)),
         (
             "etcd_cache_file",
             raw.etcd_cache_file.as_ref().map(Spanned::span),

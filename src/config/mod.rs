@@ -42,7 +42,7 @@ pub use addr::Listen;
 use addr::Lookup;
 pub use defaults::*;
 use diagnose::{at_in, explain_toml_error};
-pub use discovery::{Discovery, EtcdAccess, EtcdSource, Source};
+pub use discovery::{CutOff, Discovery, EtcdAccess, EtcdSource, Source};
 pub use ejection::{Ejection, Failover};
 pub use hot_keys::HotKeySettings;
 pub use pools::{PoolConfig, Route, ShadowConfig, DEFAULT_POOL};

@@ -565,6 +565,7 @@ fn layered(top: &RawConfig, pool: &RawPool) -> RawConfig {
         discovery.etcd_prefix = None;
         discovery.member_grace_ms = None;
         discovery.fleet_switch_ms = None;
+        discovery.etcd_cut_off = None;
         discovery.etcd_cache_file = None;
         discovery.etcd_ca_file = None;
         discovery.etcd_cert_file = None;

@@ -98,6 +98,7 @@ pub(super) struct RawDiscovery {
     pub(super) etcd_prefix: Option<Spanned<String>>,
     pub(super) member_grace_ms: Option<Spanned<u64>>,
     pub(super) fleet_switch_ms: Option<Spanned<u64>>,
+    pub(super) etcd_cut_off: Option<Spanned<String>>,
     pub(super) etcd_cache_file: Option<Spanned<String>>,
     pub(super) etcd_ca_file: Option<Spanned<String>>,
     pub(super) etcd_cert_file: Option<Spanned<String>>,

@@ -410,6 +410,7 @@ fn every_key_has_an_example_that_loads() {
         "etcd_prefix",
         "member_grace_ms",
         "fleet_switch_ms",
+        "etcd_cut_off",
         "etcd_cache_file",
         "etcd_ca_file",
         "etcd_cert_file",

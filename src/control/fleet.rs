@@ -129,13 +129,28 @@ pub(crate) fn moves_reads(in_force: &[ServerConfig], target: &[ServerConfig]) ->
     read_ring(in_force) != read_ring(target)
 }
 
+/// Whether the fleet must agree on going from `in_force` to `target` before
+/// this sidecar applies it: it moves reads, or a server starts warming
+/// (JOINING) that the servers in force do not hold. Written by one sidecar
+/// while another, that has not applied JOINING yet, writes a key only to
+/// its owner, the warming server would hold an older value that reads find
+/// once it turns ACTIVE; so it takes deletes only (`staged_in`) until every
+/// live sidecar staged its JOINING, and warms from then on.
+pub(crate) fn gated(in_force: &[ServerConfig], target: &[ServerConfig]) -> bool {
+    moves_reads(in_force, target)
+        || target
+            .iter()
+            .any(|t| t.warming && !in_force.iter().any(|s| s.name == t.name))
+}
+
 /// The servers of a staged change from `in_force` to `target`: every server
 /// in force stays on the ring (`staged_out` when `target` drops it or
 /// leaves it warming, `staged_weight` when `target` gives it another
 /// weight), every server of `target` not on the ring in force is off it
 /// (`warming`), so the staged ring is `target`'s. Of those, a server
-/// warming now (JOINING) keeps taking writes; any other is `staged_in`: it
-/// takes deletes only (see `ServerConfig::staged_in`).
+/// warming now (JOINING in force) keeps taking writes; any other, JOINING
+/// in `target` or not, is `staged_in`: it takes deletes only (see
+/// `ServerConfig::staged_in` and [`gated`]).
 pub(crate) fn staged_servers(
     in_force: &[ServerConfig],
     target: &[ServerConfig],
@@ -155,7 +170,7 @@ pub(crate) fn staged_servers(
         if !on_ring {
             let warmed = in_force.iter().any(|s| s.warming && s.name == server.name);
             let mut joining = server.clone();
-            joining.staged_in = !server.warming && !warmed;
+            joining.staged_in = !warmed;
             joining.warming = true;
             staged.push(joining);
         }
@@ -328,6 +343,15 @@ pub(crate) fn lagging(
         .collect()
 }
 
+/// Whether a registration under `<prefix>proxies/` (`read`) other than
+/// `me` reads from the servers of digest `digest` (it applied them): then
+/// the fleet has written them since they joined.
+pub(crate) fn read_elsewhere(read: &[(String, Vec<u8>)], me: &str, digest: u64) -> bool {
+    read.iter()
+        .filter(|(key, _)| key != me)
+        .any(|(_, value)| said(value).is_some_and(|s| s.applied_digest == digest))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -373,8 +397,36 @@ mod tests {
                 ("b", false, true, false),
                 ("c", true, false, true),
                 ("j", true, false, false),
-                ("k", true, false, false),
+                ("k", true, false, true),
             ]
+        );
+    }
+
+    #[test]
+    fn a_server_that_starts_joining_is_gated_and_takes_deletes_until_the_switch() {
+        let in_force = [server("a", false), server("b", false)];
+        let joining = [server("a", false), server("b", false), server("j", true)];
+        assert!(!moves_reads(&in_force, &joining));
+        assert!(gated(&in_force, &joining), "nobody wrote j yet");
+        assert_eq!(
+            marks(&staged_servers(&in_force, &joining))[2],
+            ("j", true, false, true),
+            "deletes only"
+        );
+        assert!(!gated(&joining, &joining), "j warms in force: nothing new");
+        let mut heavier = joining.clone();
+        heavier[0].weight = 2;
+        assert!(gated(&joining, &heavier), "a reweight moves reads");
+        let active = [server("a", false), server("b", false), server("j", false)];
+        assert_eq!(
+            marks(&staged_servers(&joining, &active))[2],
+            ("j", true, false, false),
+            "warmed: it keeps taking writes while ACTIVE is staged"
+        );
+        assert_eq!(
+            marks(&staged_servers(&in_force, &active))[2],
+            ("j", true, false, true),
+            "never warmed here: a plain join"
         );
     }
 

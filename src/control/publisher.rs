@@ -32,6 +32,8 @@ pub struct Publisher {
     fds: Option<FdAccount>,
     /// The pool's request and hit counters, given to every topology.
     figures: Arc<crate::stats::PoolFigures>,
+    /// The pool's cut-off flag, in every topology (`Topology::cut_off`).
+    fence: Arc<std::sync::atomic::AtomicBool>,
     /// The pool's identity in every topology it publishes.
     pool_id: u64,
     /// With `failover`: when each server last came back from the gutter.
@@ -102,6 +104,7 @@ impl Publisher {
         let pool_id = NEXT_POOL_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut first = Topology::assemble(Arc::new(config), 1, backends, Vec::new());
         first.figures = figures.clone();
+        let fence = first.fence.clone();
         first.pool_id = pool_id;
         record(&hooks, &first);
         Arc::new(Publisher {
@@ -111,6 +114,7 @@ impl Publisher {
             published,
             fds,
             figures,
+            fence,
             pool_id,
             restored_at: Mutex::new(std::collections::HashMap::new()),
             window_sweep: Mutex::new(WindowSweep::Idle),
@@ -129,6 +133,12 @@ impl Publisher {
         let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
         retired.retain(|t| t.strong_count() > 0);
         retired.push(Arc::downgrade(&old));
+    }
+
+    /// Fences the pool's requests off (`true`: cut off from etcd, see
+    /// `Topology::cut_off`) or lets them through again; whether it was fenced.
+    pub(crate) fn fence(&self, on: bool) -> bool {
+        self.fence.swap(on, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The requests still in flight that were planned on a topology of this
@@ -164,6 +174,7 @@ impl Publisher {
             Vec::new(),
         );
         new.figures = self.figures.clone();
+        new.fence = self.fence.clone();
         new.pool_id = self.pool_id;
         new
     }
@@ -472,6 +483,7 @@ impl Publisher {
             old.ejected.to_vec(),
         );
         new.figures = self.figures.clone();
+        new.fence = self.fence.clone();
         new.pool_id = self.pool_id;
         let version = new.version;
         record(&self.hooks, &new);
@@ -553,6 +565,7 @@ impl Publisher {
         // Built off the request path; requests in flight finish on `old`.
         let mut new = Topology::assemble(config, old.version + 1, backends, ejected);
         new.figures = self.figures.clone();
+        new.fence = self.fence.clone();
         new.pool_id = self.pool_id;
         let mut change = Change::between(&servers_before, &old.ring, &servers_after, &new.ring);
         // Ejections and restorations are reported as such, not as adds/removes.

@@ -545,9 +545,10 @@ fn retry(e: &crate::config::Ejection) -> String {
 fn membership_store(d: &crate::config::Discovery) -> String {
     d.etcd.as_ref().map_or("(none)".to_string(), |e| {
         format!(
-            "{e}, grace {} ms, fleet switch {} ms, cache {}",
+            "{e}, grace {} ms, fleet switch {} ms, cut off: {}, cache {}",
             e.member_grace.as_millis(),
             e.fleet_switch.as_millis(),
+            e.cut_off.as_str(),
             e.cache_file.display()
         )
     })

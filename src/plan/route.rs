@@ -88,6 +88,12 @@ const NOT_MOVED: u8 = u8::MAX;
 /// The reply to a request that found no server.
 pub(crate) const NO_SERVERS: &[u8] = b"SERVER_ERROR no servers configured\r\n";
 
+/// The reply to a write (or any meta request) while this sidecar is cut off
+/// from etcd past its lease with `etcd_cut_off = "miss"` (see
+/// [`Topology::cut_off`]); a retrieval answers misses.
+pub(crate) const CUT_OFF: &[u8] =
+    b"SERVER_ERROR memring is cut off from etcd past its lease: it serves again once registered and caught up\r\n";
+
 /// Finished retrievals, kept with their buffers for the next ones: a
 /// retrieval in steady state allocates nothing (not even per key).
 #[derive(Debug, Default)]
@@ -163,9 +169,13 @@ pub(crate) fn plan(
         Command::FlushAll => Plan::Broadcast {
             servers: (0..topology.backends.len()).collect(),
         },
+        // Cut off from etcd: every key misses (`END` ends any retrieval's
+        // reply) and nothing is written.
+        command if command.is_retrieval() && topology.cut_off() => Plan::Reply(b"END\r\n"),
         command if command.is_retrieval() => {
             Plan::Retrieve(reuse.retrieval(request, bytes, topology, health))
         }
+        _ if topology.cut_off() => Plan::Reply(CUT_OFF),
         _ => {
             let op = KeyOp::classic(
                 request.command == Command::Cas,
@@ -352,6 +362,9 @@ pub(crate) fn plan_meta(
 ) -> Plan {
     if request.command == MetaCommand::Noop {
         return Plan::Reply(b"MN\r\n");
+    }
+    if topology.cut_off() {
+        return Plan::Reply(CUT_OFF);
     }
     // Which hand-off steps a moved key takes: looked at in a window only.
     let copies = Copies::of(topology.config.shared_with);

@@ -44,6 +44,10 @@ pub struct Topology {
     /// Unique per pool in the process, the same in all its topologies (set
     /// by its publisher; 0 outside one).
     pub pool_id: u64,
+    /// Set while this sidecar is cut off from etcd past its lease with
+    /// `etcd_cut_off = "miss"`: the same flag in all the pool's topologies
+    /// (set by its publisher), see [`Topology::cut_off`].
+    pub fence: Arc<std::sync::atomic::AtomicBool>,
     /// The effective ring: the configured servers minus the ejected ones.
     pub ring: Ring,
     /// [`crate::ring::digest::pool_digest`] of `ring` (the ring in force,
@@ -397,6 +401,7 @@ impl Topology {
             version,
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             figures: Arc::new(crate::stats::PoolFigures::detached()),
+            fence: Arc::default(),
             pool_id: 0,
             ring,
             ring_digest,
@@ -820,6 +825,16 @@ impl Topology {
                 zone.hit(hit.local, hit.written_back);
             }
         }
+    }
+
+    /// Whether this sidecar is cut off from etcd past its registration's
+    /// lease with `etcd_cut_off = "miss"`: the other sidecars may have
+    /// moved reads for a change it has not seen, so it reads nothing (every
+    /// key misses) and writes nothing until it is registered again and has
+    /// read every member (`control/etcd/`). One relaxed load.
+    #[inline]
+    pub fn cut_off(&self) -> bool {
+        self.fence.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether a staged ring is in force: servers warming, or a membership

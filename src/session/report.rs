@@ -179,6 +179,7 @@ pub(crate) fn write_stats(out: &mut BytesMut, stats: &Stats, layout: &Layout) {
         write_stat(out, "membership_staged_revision", &staged);
         write_stat(out, "fleet_sidecars_waited_on", &waiting);
         write_stat(out, "fleet_forced_switches", &forced);
+        write_stat(out, "fleet_cut_off", &u8::from(stats.is_fleet_cut_off()));
     }
     if let Some(discovery) = stats.discovery() {
         // `srv _memcache._tcp.cache` as `discovery_srv _memcache._tcp.cache`:

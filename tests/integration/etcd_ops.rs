@@ -215,7 +215,8 @@ fn fill(endpoint: &str, count: usize) {
 
 /// etcd answers a watch that is behind a compacted revision with
 /// "compacted" (here: the watch's stream is held back while 9 MB of
-/// changes pile up, a member joins, and the store is compacted): memring
+/// changes pile up, the link's receive buffer fixed small so the kernel
+/// cannot absorb them, a member joins, and the store is compacted): memring
 /// reads every member again and applies the current membership, with no
 /// error to clients meanwhile.
 #[test]
@@ -425,4 +426,269 @@ fn memring_and_the_member_agent_log_in_to_etcd_with_a_password_file() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--etcd-password-file"), "{stderr}");
+}
+
+fn stat(proxy: &Proxy, name: &str) -> i64 {
+    crate::etcd::stat_text(&mut proxy.client(), name)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no STAT {name}"))
+}
+
+/// The servers `proxy` reads from now, sorted.
+fn reads_from(proxy: &Proxy) -> Vec<String> {
+    let mut names: Vec<String> = proxy
+        .running()
+        .topology
+        .load()
+        .ring_servers()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    names.sort();
+    names
+}
+
+/// The sidecars registered under the prefix.
+fn registered(etcd: &Etcd) -> usize {
+    let proxies = format!("{PREFIX}proxies/");
+    etcd.ctl(&["get", "--prefix", "--keys-only", &proxies])
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .count()
+}
+
+/// What a sidecar cut off from etcd past its lease gave, while the other
+/// moved reads to c: its writes acknowledged and refused, its reads that
+/// hit, and the reads through the other older than an acknowledged write.
+#[derive(Debug)]
+struct CutOffRun {
+    acked: usize,
+    refused: usize,
+    hits: usize,
+    stale: usize,
+}
+
+/// Two sidecars over a and b, the second (`etcd_cut_off = mode`) through a
+/// link to etcd that is cut until its lease expired and the first moved
+/// reads to a, b and c. Then each of `KEYS` keys is written through the
+/// first (1), through the cut-off one (2), read through the cut-off one and
+/// through the first. Then the link is mended: the cut-off sidecar must
+/// come back on a, b and c, serving.
+fn cut_off_past_the_lease(test: &str, mode: &str) -> CutOffRun {
+    const KEYS: usize = 300;
+    let etcd = Etcd::start(test);
+    let (dir_a, dir_b) = (
+        TempDir::new("etcd-ops", test),
+        TempDir::new("etcd-ops", &format!("{test}-b")),
+    );
+    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
+    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let link = Link::start(etcd.client_port);
+    let first = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir_a, ""));
+    let cut = Proxy::start_text(&etcd_config(
+        &link.endpoint(),
+        &dir_b,
+        &format!("etcd_cut_off = \"{mode}\"\n"),
+    ));
+    wait_for("both sidecars registered", || registered(&etcd) == 2);
+    assert_eq!(stat(&cut, "fleet_cut_off"), 0);
+
+    link.cut(true);
+    let started = Instant::now();
+    // Its lease is 10 s: DEADLINE (20 s) covers it.
+    wait_for("the sidecar says it is cut off", || {
+        stat(&cut, "fleet_cut_off") == 1
+    });
+    let said = started.elapsed();
+    wait_for("etcd expired its lease", || registered(&etcd) == 1);
+    eprintln!(
+        "{test}: cut off said after {said:?}, lease gone after {:?}",
+        started.elapsed()
+    );
+    etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
+    wait_for("the first sidecar reads from a, b and c", || {
+        reads_from(&first) == ["a", "b", "c"]
+    });
+    assert_eq!(reads_from(&cut), ["a", "b"], "cut off: it cannot know");
+
+    let (mut one, mut two) = (first.client(), cut.client());
+    let key = |k: usize| format!("cut:{k}");
+    for k in 0..KEYS {
+        assert_eq!(one.set(&key(k), b"1"), b"STORED\r\n");
+    }
+    let mut acked = vec![1u8; KEYS];
+    let mut run = CutOffRun {
+        acked: 0,
+        refused: 0,
+        hits: 0,
+        stale: 0,
+    };
+    for (k, acked) in acked.iter_mut().enumerate() {
+        let reply = two.set(&key(k), b"2");
+        if reply == b"STORED\r\n" {
+            *acked = 2;
+            run.acked += 1;
+        } else {
+            assert!(reply.starts_with(b"SERVER_ERROR "), "{reply:?}");
+            run.refused += 1;
+        }
+    }
+    for (k, acked) in acked.iter().enumerate() {
+        run.hits += usize::from(two.get(&key(k)).is_some());
+        let value = one.get(&key(k)).expect("written through the first");
+        if value[0] - b'0' < *acked {
+            run.stale += 1;
+        }
+    }
+    eprintln!("{test}: {run:?}");
+
+    link.cut(false);
+    wait_for("the cut-off sidecar is back on a, b and c", || {
+        reads_from(&cut) == ["a", "b", "c"] && stat(&cut, "fleet_cut_off") == 0
+    });
+    assert_eq!(registered(&etcd), 2);
+    assert_eq!(two.set("after", b"3"), b"STORED\r\n");
+    assert_eq!(one.get("after").as_deref(), Some(&b"3"[..]));
+    if mode == "miss" {
+        // Back, it reads what the first wrote while it was cut off.
+        for k in 0..KEYS {
+            assert_eq!(two.get(&key(k)).as_deref(), Some(&b"1"[..]), "{}", key(k));
+        }
+    }
+    run
+}
+
+#[test]
+fn a_sidecar_cut_off_past_its_lease_with_miss_reads_nothing_writes_nothing_then_serves_again() {
+    let run = cut_off_past_the_lease("cut-off-miss", "miss");
+    assert_eq!(
+        (run.acked, run.hits, run.stale),
+        (0, 0, 0),
+        "every key misses, every write refused: {run:?}"
+    );
+    assert_eq!(run.refused, 300);
+}
+
+#[test]
+fn a_sidecar_cut_off_past_its_lease_with_serve_serves_and_a_read_elsewhere_can_be_stale() {
+    // The documented limit of the default: its writes go to the previous
+    // owners only, and the other reads the new one.
+    let run = cut_off_past_the_lease("cut-off-serve", "serve");
+    assert_eq!((run.acked, run.refused), (300, 0));
+    assert!(
+        run.stale > 0,
+        "the scenario does not show the limit: {run:?}"
+    );
+}
+
+#[test]
+fn etcd_down_longer_than_the_lease_costs_no_request_with_serve() {
+    let mut etcd = Etcd::start("down-past-lease");
+    let dir = TempDir::new("etcd-ops", "down-past-lease");
+    let (a, b) = (Memcached::start(), Memcached::start());
+    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let proxy = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir, ""));
+    wait_for("registered", || registered(&etcd) == 1);
+    let traffic = Traffic::start(&proxy.addr.to_string());
+    etcd.stop();
+    wait_for("cut off past the lease (10 s)", || {
+        stat(&proxy, "fleet_cut_off") == 1
+    });
+    let done = traffic.done();
+    wait_for("requests while cut off", || traffic.done() > done + 200);
+    etcd.restart();
+    wait_for("registered again", || stat(&proxy, "fleet_cut_off") == 0);
+    let (done, errors) = traffic.finish();
+    assert!(done > 400);
+    assert_eq!(errors, 0, "{errors} failed of {done}");
+    assert_eq!(reads_from(&proxy), ["a", "b"]);
+}
+
+/// `name`'s etcd state on `proxy`, if it is a member there.
+fn member_state(proxy: &Proxy, name: &str) -> Option<String> {
+    crate::etcd::stat_text(&mut proxy.client(), &format!("server:{name}:member_state"))
+}
+
+/// Two sidecars over a and b; the second's link to etcd is cut (within its
+/// lease) while j turns JOINING, and each of 300 keys is written through
+/// the first (1), then through the second (2). With `active_while_cut`, j
+/// turns ACTIVE before the link is mended (the second never sees JOINING);
+/// otherwise after the second applied JOINING. Once both read from a, b
+/// and j, every key read through either: the reads older than 2.
+fn joining_across_a_held_back_sidecar(test: &str, active_while_cut: bool) -> usize {
+    const KEYS: usize = 300;
+    let etcd = Etcd::start(test);
+    let (dir_a, dir_b) = (
+        TempDir::new("etcd-ops", test),
+        TempDir::new("etcd-ops", &format!("{test}-b")),
+    );
+    let (a, b, j) = (Memcached::start(), Memcached::start(), Memcached::start());
+    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let link = Link::start(etcd.client_port);
+    let first = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir_a, ""));
+    let held = Proxy::start_text(&etcd_config(&link.endpoint(), &dir_b, ""));
+    wait_for("both sidecars registered", || registered(&etcd) == 2);
+
+    link.cut(true);
+    let cut = Instant::now();
+    etcd.put(&key_of("j"), &record(&j, "JOINING"));
+    wait_for("the first sidecar has j JOINING", || {
+        member_state(&first, "j").as_deref() == Some("JOINING")
+    });
+    let (mut one, mut two) = (first.client(), held.client());
+    let key = |k: usize| format!("joining:{k}");
+    for k in 0..KEYS {
+        assert_eq!(one.set(&key(k), b"1"), b"STORED\r\n");
+        assert_eq!(two.set(&key(k), b"2"), b"STORED\r\n");
+    }
+    if active_while_cut {
+        etcd.put(&key_of("j"), &record(&j, "ACTIVE"));
+        wait_for("the first sidecar has j ACTIVE", || {
+            member_state(&first, "j").as_deref() == Some("ACTIVE")
+        });
+    }
+    // Within its lease (10 s): it still counts.
+    assert!(
+        cut.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        cut.elapsed()
+    );
+    assert_eq!(registered(&etcd), 2);
+    link.cut(false);
+    if !active_while_cut {
+        wait_for("the held-back sidecar has j JOINING", || {
+            member_state(&held, "j").as_deref() == Some("JOINING")
+        });
+        etcd.put(&key_of("j"), &record(&j, "ACTIVE"));
+    }
+    wait_for("both read from a, b and j", || {
+        reads_from(&first) == ["a", "b", "j"] && reads_from(&held) == ["a", "b", "j"]
+    });
+    let mut stale = 0;
+    for k in 0..KEYS {
+        for client in [&mut one, &mut two] {
+            if client.get(&key(k)).as_deref() == Some(&b"1"[..]) {
+                stale += 1;
+            }
+        }
+    }
+    eprintln!("{test}: {stale} stale reads of {}", 2 * KEYS);
+    assert_eq!(stat(&first, "fleet_forced_switches"), 0);
+    stale
+}
+
+#[test]
+fn a_sidecar_that_applies_joining_late_leaves_no_older_value_on_the_member() {
+    assert_eq!(joining_across_a_held_back_sidecar("joining-late", false), 0);
+}
+
+#[test]
+fn a_sidecar_that_sees_active_without_joining_leaves_no_older_value_on_the_member() {
+    assert_eq!(
+        joining_across_a_held_back_sidecar("joining-skipped", true),
+        0
+    );
 }

@@ -45,10 +45,12 @@ use crate::control::member_record::{member_name, MemberRecord, MemberState};
 use crate::control::publisher::Publisher;
 
 mod access;
+mod cut_off;
 mod sidecars;
 
 use access::connect;
 pub use access::{chain, connect_options, read_access, AccessFiles};
+use cut_off::Lease;
 use sidecars::*;
 
 /// How long one etcd request may take before the connection counts as lost.
@@ -573,6 +575,9 @@ enum Ended {
     Lost(String),
     /// The revision was compacted: read everything again now.
     Compacted,
+    /// Cut off past the lease with `etcd_cut_off = "miss"`: read
+    /// everything again once registered again.
+    CutOff,
 }
 
 /// Watches the members until `shutdown`, from `startup` (what [`first`]
@@ -598,9 +603,22 @@ pub async fn run(
     let (applied_tx, applied_rx) = tokio::sync::watch::channel(Applied::default());
     let mut fleet = Fleet::at_start(&publisher, &etcd, &members, &startup.file, startup.staged);
     record(&publisher, &members, &fleet, &applied_tx);
+    let lease = Arc::new(Lease::new(
+        etcd.cut_off,
+        Duration::from_secs(PROXY_LEASE_S as u64),
+    ));
+    tokio::spawn(cut_off::watchdog(
+        lease.clone(),
+        publisher.clone(),
+        shutdown.clone(),
+    ));
     tokio::spawn(register(
-        etcd.clone(),
-        fleet.me.clone(),
+        Registration {
+            etcd: etcd.clone(),
+            key: fleet.me.clone(),
+            lease: lease.clone(),
+            publisher: publisher.clone(),
+        },
         applied_rx,
         layout,
         shutdown.clone(),
@@ -609,6 +627,7 @@ pub async fn run(
         publisher: &publisher,
         etcd: &etcd,
         applied: &applied_tx,
+        lease: &lease,
     };
     let mut backoff = BACKOFF.0;
     let mut failing: Option<String> = None;
@@ -625,6 +644,7 @@ pub async fn run(
                 );
                 continue;
             }
+            Ended::CutOff => continue,
             Ended::Lost(why) => {
                 if failing.as_deref() != Some(why.as_str()) {
                     tracing::warn!(
@@ -652,6 +672,8 @@ struct Sidecar<'a> {
     publisher: &'a Publisher,
     etcd: &'a EtcdSource,
     applied: &'a tokio::sync::watch::Sender<Applied>,
+    /// The registration's lease, for `etcd_cut_off`.
+    lease: &'a Lease,
 }
 
 /// How the connection has fared: the failure logged, the next wait.
@@ -672,27 +694,41 @@ async fn session(
         publisher,
         etcd,
         applied,
+        lease,
     } = *sidecar;
     let mut client = match connect(etcd).await {
         Ok(client) => client,
         Err(e) => return Ended::Lost(e),
     };
-    let (revision, read) = match read_with(&mut client, etcd).await {
-        Ok(read) => read,
-        Err(e) => return Ended::Lost(e),
+    // Cut off (`etcd_cut_off = "miss"`), the read counts once the
+    // registration was written again before it: read until it was.
+    let revision = loop {
+        let read_at = Instant::now();
+        let (revision, read) = match read_with(&mut client, etcd).await {
+            Ok(read) => read,
+            Err(e) => return Ended::Lost(e),
+        };
+        if link.failing.take().is_some() {
+            tracing::info!("etcd answers again: reading every member (at revision {revision})");
+        }
+        *link.backoff = BACKOFF.0;
+        members.replace(
+            &etcd.prefix,
+            revision,
+            &read,
+            Instant::now(),
+            etcd.member_grace,
+        );
+        apply(sidecar, members, fleet, &mut client).await;
+        if lease.caught_up(publisher, read_at, members.revision) {
+            break revision;
+        }
+        tokio::select! {
+            () = lease.changed.notified() => {}
+            () = tokio::time::sleep(BACKOFF.1) => {}
+            () = shutdown.cancelled() => return Ended::Shutdown,
+        }
     };
-    if link.failing.take().is_some() {
-        tracing::info!("etcd answers again: reading every member (at revision {revision})");
-    }
-    *link.backoff = BACKOFF.0;
-    members.replace(
-        &etcd.prefix,
-        revision,
-        &read,
-        Instant::now(),
-        etcd.member_grace,
-    );
-    apply(sidecar, members, fleet, &mut client).await;
     if !fleet.window_read {
         fleet.window_read = join_window(publisher, etcd, &mut client).await;
     }
@@ -744,6 +780,11 @@ async fn session(
             }
             () = tokio::time::sleep(fleet.pending.as_ref().map_or(fleet::POLL, Pending::poll)), if fleet.pending.is_some() => {
                 gate(sidecar, members, fleet, &mut client).await;
+            }
+            () = lease.changed.notified() => {
+                if lease.fenced() {
+                    return Ended::CutOff;
+                }
             }
             () = shutdown.cancelled() => return Ended::Shutdown,
         }
@@ -855,6 +896,7 @@ async fn apply(sidecar: &Sidecar<'_>, members: &Members, fleet: &mut Fleet, clie
         publisher,
         etcd,
         applied,
+        ..
     } = *sidecar;
     let config = publisher.shared().load().config.clone();
     let file = file_servers(publisher);
@@ -868,7 +910,7 @@ async fn apply(sidecar: &Sidecar<'_>, members: &Members, fleet: &mut Fleet, clie
         None => config.servers.clone(),
     };
     let mut since = None;
-    if !etcd.fleet_switch.is_zero() && fleet::moves_reads(&in_force, &target) {
+    if !etcd.fleet_switch.is_zero() && fleet::gated(&in_force, &target) {
         if let Some(p) = fleet.pending.take() {
             // Another change before this sidecar switched to the one it
             // staged: if every sidecar had staged that one, some may read
@@ -889,10 +931,13 @@ async fn apply(sidecar: &Sidecar<'_>, members: &Members, fleet: &mut Fleet, clie
     // cannot say). None at all: nobody reads the ring in force without
     // writing the new one, so this sidecar switches at once.
     let mut waiting = Some(0);
-    if !etcd.fleet_switch.is_zero() && fleet::moves_reads(&in_force, &target) {
+    // Another sidecar reads from the new servers already.
+    let mut in_service = false;
+    if !etcd.fleet_switch.is_zero() && fleet::gated(&in_force, &target) {
         waiting = match peers(client, etcd).await {
             Ok(read) => {
                 let digest = fleet::servers_digest(&target);
+                in_service = fleet::read_elsewhere(&read, &fleet.me, digest);
                 Some(fleet::lagging(&read, &fleet.me, members.revision, digest).len())
             }
             Err(e) => {
@@ -947,12 +992,20 @@ async fn apply(sidecar: &Sidecar<'_>, members: &Members, fleet: &mut Fleet, clie
     } else {
         let from_store = members.servers(&file);
         let servers = merged(&file, &from_store);
+        // A sidecar that comes back after the fleet switched (held back, cut
+        // off) flushes no newcomer: the others flushed it when they staged
+        // it and have written it since.
+        let flush_for = if in_service {
+            &config.servers
+        } else {
+            &servers
+        };
         if servers != config.servers {
             publish(
                 publisher,
                 client,
                 etcd,
-                &servers,
+                flush_for,
                 servers.clone(),
                 from_store,
                 members.revision,

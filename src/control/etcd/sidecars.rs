@@ -139,6 +139,7 @@ async fn check_peers(
         publisher,
         etcd,
         applied,
+        ..
     } = *sidecar;
     let Some(pending) = fleet.pending.as_mut() else {
         return;
@@ -248,6 +249,11 @@ pub(super) fn record(
     applied.send_if_modified(|was| std::mem::replace(was, now) != now);
 }
 
+/// A lease's TTL as etcd gives it, in seconds.
+fn ttl(seconds: i64) -> Duration {
+    Duration::from_secs(seconds.max(0) as u64)
+}
+
 /// This sidecar's id under `<prefix>proxies/`: host name and process id
 /// (and a number for a second memring in one process, as tests run them).
 pub(super) fn proxy_id() -> String {
@@ -264,26 +270,43 @@ pub(super) fn proxy_id() -> String {
     }
 }
 
+/// What the registration writes and reports to.
+pub(super) struct Registration {
+    pub(super) etcd: EtcdSource,
+    /// `<prefix>proxies/<id>`.
+    pub(super) key: String,
+    /// Told of every answered keep-alive and written registration.
+    pub(super) lease: Arc<Lease>,
+    pub(super) publisher: Arc<Publisher>,
+}
+
 /// Keeps `<prefix>proxies/<id>` under a lease until `shutdown`, its value
 /// the revision and ring digest applied and the revision of a change
 /// staged (`staged`, 0: none), rewritten when they change.
 pub(super) async fn register(
-    etcd: EtcdSource,
-    key: String,
+    registration: Registration,
     mut applied: tokio::sync::watch::Receiver<Applied>,
     layout: crate::pools::layout::SharedLayout,
     shutdown: CancellationToken,
 ) {
+    let Registration {
+        etcd,
+        key,
+        lease: state,
+        publisher,
+    } = registration;
     let mut backoff = BACKOFF.0;
     loop {
         let kept = async {
             let mut client = connect(&etcd).await?;
-            let lease =
+            let sent = Instant::now();
+            let granted =
                 tokio::time::timeout(REQUEST_TIMEOUT, client.lease_grant(PROXY_LEASE_S, None))
                     .await
                     .map_err(|_| "lease grant timed out".to_string())?
-                    .map_err(|e| e.to_string())?
-                    .id();
+                    .map_err(|e| e.to_string())?;
+            let lease = granted.id();
+            state.answered(sent, ttl(granted.ttl()));
             let (mut keeper, mut acks) = client
                 .lease_keep_alive(lease)
                 .await
@@ -310,6 +333,7 @@ pub(super) async fn register(
                 .await
                 .map_err(|_| "put timed out".to_string())?
                 .map_err(|e| e.to_string())?;
+                state.registered(&publisher);
                 loop {
                     tokio::select! {
                         changed = applied.changed() => {
@@ -319,9 +343,10 @@ pub(super) async fn register(
                             break;
                         }
                         () = tokio::time::sleep(Duration::from_secs((PROXY_LEASE_S / 3) as u64)) => {
+                            let sent = Instant::now();
                             keeper.keep_alive().await.map_err(|e| e.to_string())?;
                             match tokio::time::timeout(REQUEST_TIMEOUT, acks.message()).await {
-                                Ok(Ok(Some(ack))) if ack.ttl() > 0 => {}
+                                Ok(Ok(Some(ack))) if ack.ttl() > 0 => state.answered(sent, ttl(ack.ttl())),
                                 _ => return Err("the lease was lost".to_string()),
                             }
                         }

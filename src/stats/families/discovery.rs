@@ -43,6 +43,8 @@ pub(in crate::stats) struct DiscoveryFigures {
     /// Staged changes switched to after `fleet_switch_ms` without every
     /// live sidecar having staged them.
     forced: Counter,
+    /// 1 while this sidecar is cut off from etcd past its lease.
+    cut_off: Gauge,
 }
 
 /// Discovery's figures as `stats discovery` and the general `stats` show
@@ -115,6 +117,11 @@ impl DiscoveryFigures {
                 "fleet_forced_switches",
                 "Staged membership changes switched to after fleet_switch_ms without every live sidecar having staged them",
             ),
+            cut_off: gauge(
+                registry,
+                "fleet_cut_off",
+                "1 while no keep-alive of this memring's etcd registration has been answered for the lease's length (the other sidecars may no longer wait for it; see etcd_cut_off)",
+            ),
         }
     }
 }
@@ -185,6 +192,16 @@ impl Stats {
     pub fn fleet(&self) -> (i64, i64, u64) {
         let d = &self.discovery;
         (d.staged.get(), d.waiting.get(), d.forced.get())
+    }
+
+    /// This sidecar is cut off from etcd past its lease, or no longer.
+    pub fn fleet_cut_off(&self, cut: bool) {
+        self.discovery.cut_off.set(i64::from(cut));
+    }
+
+    /// Whether this sidecar is cut off from etcd past its lease.
+    pub fn is_fleet_cut_off(&self) -> bool {
+        self.discovery.cut_off.get() > 0
     }
 
     /// The etcd revision of the membership applied (0: none).

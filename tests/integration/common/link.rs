@@ -45,7 +45,7 @@ impl Link {
             while !shared.stop.load(Ordering::Relaxed) {
                 match listener.accept() {
                     Ok((client, _)) if !shared.cut.load(Ordering::Relaxed) => {
-                        let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                        let Ok(server) = connect_small(upstream) else {
                             continue;
                         };
                         for (from, to, holds) in [
@@ -91,6 +91,57 @@ impl Link {
     /// upstream's writes pile up), or lets it through again.
     pub(crate) fn hold(&self, hold: bool) {
         self.switches.hold.store(hold, Ordering::Relaxed);
+    }
+}
+
+/// How much the kernel may buffer of what the upstream sends (Linux
+/// doubles it): fixed, so that what a held link lets pile up in the
+/// upstream does not depend on receive-buffer autotuning (up to 32 MB here).
+const UPSTREAM_RECEIVE_BUFFER: libc::c_int = 32 * 1024;
+
+/// A connection to `127.0.0.1:<port>` whose receive buffer is set to
+/// [`UPSTREAM_RECEIVE_BUFFER`] before it connects (so the window it offers
+/// is sized on it from the start). std has no way to set it before
+/// connecting, hence libc, and the one allowance of unsafe code here.
+#[allow(unsafe_code)]
+fn connect_small(port: u16) -> std::io::Result<TcpStream> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket calls on a descriptor this function owns; it is
+    // handed to `TcpStream` (which closes it) before any early return.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let stream = TcpStream::from_raw_fd(fd);
+        let size = UPSTREAM_RECEIVE_BUFFER;
+        let set = libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            std::ptr::addr_of!(size).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+        if set != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let addr = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let connected = libc::connect(
+            fd,
+            std::ptr::addr_of!(addr).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        );
+        if connected != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(stream)
     }
 }
 
