@@ -737,9 +737,37 @@ pub(crate) async fn write_or_flush<W: Flush, B: bytes::Buf>(
     buf: &mut B,
 ) -> io::Result<Option<usize>> {
     use tokio::io::AsyncWriteExt;
-    if buf.has_remaining() {
-        writer.write_buf(buf).await.map(Some)
-    } else {
-        writer.flush().await.map(|()| None)
+    if !buf.has_remaining() {
+        return writer.flush().await.map(|()| None);
     }
+    if !writer.is_write_vectored() {
+        return writer.write_buf(buf).await.map(Some);
+    }
+    // What tokio's `write_buf` does for a vectored writer, without filling
+    // its 64 slices on every call: a reply is a few pieces, so a few slices
+    // are gathered first, and all of them only when those are full.
+    std::future::poll_fn(|cx| {
+        let mut few = [io::IoSlice::new(&[]); FEW_WRITE_SLICES];
+        let gathered = buf.chunks_vectored(&mut few);
+        let written = if gathered < FEW_WRITE_SLICES {
+            std::task::ready!(
+                std::pin::Pin::new(&mut *writer).poll_write_vectored(cx, &few[..gathered])
+            )?
+        } else {
+            let mut all = [io::IoSlice::new(&[]); MAX_WRITE_SLICES];
+            let gathered = buf.chunks_vectored(&mut all);
+            std::task::ready!(
+                std::pin::Pin::new(&mut *writer).poll_write_vectored(cx, &all[..gathered])
+            )?
+        };
+        buf.advance(written);
+        std::task::Poll::Ready(Ok(Some(written)))
+    })
+    .await
 }
+
+/// Slices gathered for a write first (see [`write_or_flush`]): more than
+/// the pieces of a one-key reply.
+const FEW_WRITE_SLICES: usize = 8;
+/// The most slices one write takes, as tokio's `write_buf`.
+const MAX_WRITE_SLICES: usize = 64;

@@ -270,6 +270,12 @@ impl ClientSession {
         // size; a copy is taken, no guard is held.
         self.limits = self.default_limits();
         while !self.closing && self.outstanding() < self.worker.settings.max_pending {
+            // Every step below waits for more bytes on an empty input: stop
+            // here rather than ask each of them (a request a turn is the
+            // usual load, so this is the second pass of most turns).
+            if input.is_empty() {
+                return;
+            }
             if self.discard > 0 {
                 let n = self.discard.min(input.len());
                 input.advance(n);

@@ -196,8 +196,8 @@ where
     let mut progress = Progress::new(started);
     let mut shutdown = Cancel::new(&worker.shutdown);
     // One timer for the session's deadlines, moved rather than made anew
-    // each turn: each deadline is usually later than the last, which tokio
-    // takes without touching its timer wheel.
+    // each turn, and only when a deadline is earlier than the one it is
+    // set to (see `until`).
     let timer = tokio::time::sleep_until(started);
     tokio::pin!(timer);
     let result = loop {
@@ -285,7 +285,7 @@ where
                     Input::Read(Err(e)) | Input::Readable(Err(e)) => break Err(e),
                 }
             }
-            () = until(timer.as_mut(), wake_at), if wake_at.is_some() => {
+            () = until(timer.as_mut(), wake_at, now), if wake_at.is_some() => {
                 if parks_first {
                     park_due = true;
                 } else {
@@ -425,16 +425,29 @@ async fn write_now<W: crate::tls::Flush>(
     .await
 }
 
-/// `timer`, moved to `deadline` when that differs, else never.
-async fn until(mut timer: std::pin::Pin<&mut tokio::time::Sleep>, deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => {
-            if timer.deadline() != deadline {
-                timer.as_mut().reset(deadline);
-            }
-            timer.await
-        }
-        None => std::future::pending().await,
+/// Waits on `timer` until `deadline`; never when there is none. A timer
+/// still ahead of `now` and set earlier than `deadline` is left where it is
+/// and moved on when it fires: a busy client's deadline moves later with
+/// nearly every reply, and moving the timer then costs every request (a
+/// timer-wheel update), while one that fires early wakes the session once
+/// per earlier deadline.
+async fn until(
+    mut timer: std::pin::Pin<&mut tokio::time::Sleep>,
+    deadline: Option<Instant>,
+    now: Instant,
+) {
+    let Some(deadline) = deadline else {
+        return std::future::pending().await;
+    };
+    let set = timer.deadline();
+    if set != deadline && !(now < set && set < deadline) {
+        timer.as_mut().reset(deadline);
+    }
+    timer.as_mut().await;
+    if timer.deadline() < deadline {
+        // It fired at the earlier deadline kept above: on to this one.
+        timer.as_mut().reset(deadline);
+        timer.as_mut().await;
     }
 }
 
