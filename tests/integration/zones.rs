@@ -938,6 +938,75 @@ fn all_at_once_answers_from_the_third_zone_while_another_is_stopped() {
     servers[0].resume();
 }
 
+/// An `mg` of `key` (number `i`) in one of three forms, with the reply
+/// memcached gives for it when the key holds its own name: with `k` and
+/// `O`; quiet, with the `mn` behind it; base64, without the value.
+fn mg_forms(key: &str, i: usize) -> (String, String) {
+    match i % 3 {
+        0 => (
+            format!("mg {key} v k O{i}\r\n"),
+            format!("VA {} k{key} O{i}\r\n{key}\r\n", key.len()),
+        ),
+        1 => (
+            format!("mg {key} v q\r\nmn\r\n"),
+            format!("VA {}\r\n{key}\r\nMN\r\n", key.len()),
+        ),
+        _ => (
+            format!(
+                "mg {} b s\r\n",
+                memring::protocol::meta::encode_key(key.as_bytes())
+            ),
+            format!("HD s{}\r\n", key.len()),
+        ),
+    }
+}
+
+/// `mg` under `zone_fallback = "all_at_once"` (issue 53): zone b's copy
+/// flushed, zone a's server stopped, so each key's next replica in ring
+/// order does not answer; every `mg` is answered from zone c at once, as
+/// memcached would answer it, and written back to zone b.
+#[test]
+fn all_at_once_answers_an_mg_from_the_third_zone_while_another_is_stopped() {
+    let mut servers = six_servers();
+    let settings = "replicas = 3\nzone = \"b\"\nrequest_timeout_ms = 3000\nfailure_limit = 1000\n";
+    let proxy = Proxy::start_text(&zoned_config(
+        &servers,
+        &format!("{settings}zone_fallback = \"all_at_once\"\n"),
+    ));
+    let keys = keys_behind_a_stopped_zone(&proxy, &mut servers, 30);
+    let mut client = proxy.client();
+    let started = std::time::Instant::now();
+    for (i, key) in keys.iter().enumerate() {
+        let (request, expected) = mg_forms(key, i);
+        let asked = std::time::Instant::now();
+        client.send(request.as_bytes());
+        let mut reply = client.meta_reply();
+        if i % 3 == 1 {
+            reply.extend(client.meta_reply());
+        }
+        let took = asked.elapsed();
+        assert_eq!(show(&reply), show(expected.as_bytes()), "{request:?}");
+        assert!(
+            took < std::time::Duration::from_millis(1_500),
+            "{request:?} took {took:?}"
+        );
+    }
+    println!("{} mg in {:?}", keys.len(), started.elapsed());
+    let stats = zone_stats(&proxy);
+    for figure in ["reads_cross_zone", "write_backs"] {
+        let name = format!("zone:c:{figure}");
+        assert_eq!(stats[&name], keys.len().to_string(), "{stats:?}");
+    }
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    wait_for("every key written back to zone b", || {
+        held_values(&mut servers[2].client(), &key_bytes)
+            .iter()
+            .zip(&keys)
+            .all(|(held, key)| held.as_deref() == Some(key.as_bytes()))
+    });
+    servers[0].resume();
+}
+
 #[test]
 fn in_order_waits_for_the_stopped_zone_before_the_third() {
     let mut servers = six_servers();
@@ -945,9 +1014,16 @@ fn in_order_waits_for_the_stopped_zone_before_the_third() {
     let proxy = Proxy::start_text(&zoned_config(&servers, settings));
     let keys = keys_behind_a_stopped_zone(&proxy, &mut servers, 2);
     let mut client = proxy.client();
-    for key in &keys {
+    // An `mg`, then a get: each waits for the stopped zone.
+    for (i, key) in keys.iter().enumerate() {
         let started = std::time::Instant::now();
-        assert_eq!(client.get(key), Some(key.clone().into_bytes()), "{key}");
+        if i == 0 {
+            let (request, expected) = mg_forms(key, 0);
+            client.send(request.as_bytes());
+            assert_eq!(show(&client.meta_reply()), show(expected.as_bytes()));
+        } else {
+            assert_eq!(client.get(key), Some(key.clone().into_bytes()), "{key}");
+        }
         let took = started.elapsed();
         assert!(
             took >= std::time::Duration::from_millis(900),
