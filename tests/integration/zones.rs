@@ -1169,3 +1169,43 @@ fn a_cross_zone_mg_hit_is_written_back_to_the_local_replica() {
     );
     assert!(number("zone:b:reads_local") >= 50, "{stats:?}");
 }
+
+/// A hot key with `read_balance = "local"` (the default) and a zone to read
+/// in: its reads stay on the local replica while that replica is within
+/// the bound, instead of taking turns round the other zones' replicas (a
+/// healthy run reads nothing across zones, issue 53). One client reading
+/// one at a time keeps the local replica idle, so always within the bound.
+#[test]
+fn a_hot_keys_reads_stay_in_the_local_zone_while_it_is_within_the_bound() {
+    let servers = six_servers();
+    let settings = format!("{LOCAL}hot_key_window_ms = 100\n");
+    let proxy = Proxy::start_text(&zoned_config(&servers, &settings));
+    let key = "hot:zoned".to_string();
+    write_all(&proxy, std::slice::from_ref(&key), |k| k.to_string());
+    let mut client = proxy.client();
+    // Hot on the client's worker: the sketch's top key, nearly all of its
+    // server's requests, read far more than 16 times a 100 ms window.
+    wait_for("the key to be hot", || {
+        for _ in 0..100 {
+            assert_eq!(client.get(&key), Some(key.clone().into_bytes()));
+        }
+        let stats: std::collections::BTreeMap<String, String> =
+            client.stats("hotkeys").into_iter().collect();
+        let figure = |name: &str| -> f64 {
+            stats
+                .get(name)
+                .map_or(0.0, |value| value.parse().unwrap_or(0.0))
+        };
+        figure("hotkey:1:share") > 0.5 && figure("hotkey:1:rate") >= 400.0
+    });
+    let before = cmd_gets(&servers);
+    for _ in 0..300 {
+        assert_eq!(client.get(&key), Some(key.clone().into_bytes()));
+    }
+    let after = cmd_gets(&servers);
+    let moved: Vec<u64> = (0..6).map(|s| after[s] - before[s]).collect();
+    println!("cmd_get moved by {moved:?}");
+    assert_eq!(moved[2] + moved[3], 300, "{moved:?}");
+    assert_eq!(client.stat("read_balance_moved"), 0);
+    assert_eq!(client.stat("zone_reads_cross_zone"), 0);
+}
