@@ -47,23 +47,42 @@ fn write_all(proxy: &Proxy, keys: &[String], value: impl Fn(&str) -> String) {
     }
 }
 
+/// Waits until each of `keys` is on three of `servers` (`STORED` comes on
+/// a quorum of two; the third copy may land a moment later): what each
+/// server holds of each key then.
+fn three_copies(servers: &[Memcached], keys: &[String]) -> Vec<Vec<Option<Vec<u8>>>> {
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    let mut held: Vec<Vec<Option<Vec<u8>>>> = Vec::new();
+    wait_for("every key on three servers", || {
+        held = servers
+            .iter()
+            .map(|s| held_values(&mut s.client(), &key_bytes))
+            .collect();
+        (0..keys.len()).all(|k| held.iter().filter(|h| h[k].is_some()).count() == 3)
+    });
+    held
+}
+
+/// Writes `keys` through `proxy`, each holding its own name, waits until
+/// each has its three copies (`STORED` comes on a quorum of two; the third
+/// may land a moment later), then flushes zone b's server 2, as after a
+/// restart: a miss there then finds the other zones' copies.
+fn written_then_server_2_flushed(proxy: &Proxy, servers: &[Memcached], keys: &[String]) {
+    write_all(proxy, keys, |k| k.to_string());
+    three_copies(servers, keys);
+    assert_eq!(
+        servers[2].client().call(b"flush_all\r\n", ReplyKind::Line),
+        b"OK\r\n"
+    );
+}
+
 #[test]
 fn every_key_has_exactly_one_copy_in_each_zone() {
     let servers = six_servers();
     let proxy = Proxy::start_text(&zoned_config(&servers, "replicas = 3\nzone = \"b\""));
     let keys: Vec<String> = (0..10_000).map(|i| format!("zoned:{i}")).collect();
     write_all(&proxy, &keys, |k| k.to_string());
-    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
-    let mut direct: Vec<_> = servers.iter().map(Memcached::client).collect();
-    // STORED comes on a quorum of 2; the third copy may land a moment later.
-    let mut held: Vec<Vec<Option<Vec<u8>>>> = Vec::new();
-    wait_for("every key on three servers", || {
-        held = direct
-            .iter_mut()
-            .map(|c| held_values(c, &key_bytes))
-            .collect();
-        (0..keys.len()).all(|k| held.iter().filter(|h| h[k].is_some()).count() == 3)
-    });
+    let held = three_copies(&servers, &keys);
     let mut per_server = [0usize; 6];
     for (k, key) in keys.iter().enumerate() {
         let holders: Vec<usize> = (0..6).filter(|&s| held[s][k].is_some()).collect();
@@ -194,12 +213,7 @@ fn a_miss_in_zone_b_is_read_from_the_other_zones() {
     let servers = six_servers();
     let proxy = Proxy::start_text(&zoned_config(&servers, LOCAL));
     let keys: Vec<String> = (0..1_000).map(|i| format!("flushed:{i}")).collect();
-    write_all(&proxy, &keys, |k| k.to_string());
-    // Zone b's server 2 comes back empty (flushed, as after a restart).
-    assert_eq!(
-        servers[2].client().call(b"flush_all\r\n", ReplyKind::Line),
-        b"OK\r\n"
-    );
+    written_then_server_2_flushed(&proxy, &servers, &keys);
     assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
 }
 
@@ -218,20 +232,7 @@ fn zone_counters_are_labelled_by_the_zone_that_served_each_hit() {
     let servers = six_servers();
     let proxy = Proxy::start_text(&zoned_config(&servers, LOCAL));
     let keys: Vec<String> = (0..1_000).map(|i| format!("per-zone:{i}")).collect();
-    write_all(&proxy, &keys, |k| k.to_string());
-    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
-    // Every third copy landed, so a miss in b finds the next zone's copy.
-    wait_for("every key on three servers", || {
-        let held: Vec<_> = servers
-            .iter()
-            .map(|s| held_values(&mut s.client(), &key_bytes))
-            .collect();
-        (0..keys.len()).all(|k| held.iter().filter(|h| h[k].is_some()).count() == 3)
-    });
-    assert_eq!(
-        servers[2].client().call(b"flush_all\r\n", ReplyKind::Line),
-        b"OK\r\n"
-    );
+    written_then_server_2_flushed(&proxy, &servers, &keys);
     assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
     // Expected: a key whose b copy is on server 3 is a local hit; one on
     // the flushed server 2 is served by its next replica in ring order
@@ -667,15 +668,7 @@ fn etcd_members_carry_their_zone_into_placement_and_local_reads() {
     });
     let keys: Vec<String> = (0..1_000).map(|i| format!("etcd-zoned:{i}")).collect();
     write_all(&proxy, &keys, |k| k.to_string());
-    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
-    let mut held: Vec<Vec<Option<Vec<u8>>>> = Vec::new();
-    wait_for("every key on three servers", || {
-        held = servers
-            .iter()
-            .map(|s| held_values(&mut s.client(), &key_bytes))
-            .collect();
-        (0..keys.len()).all(|k| held.iter().filter(|h| h[k].is_some()).count() == 3)
-    });
+    let held = three_copies(&servers, &keys);
     for (k, key) in keys.iter().enumerate() {
         let mut zones: Vec<&str> = (0..6)
             .filter(|&s| held[s][k].is_some())
@@ -794,19 +787,7 @@ fn without_zone_write_back_a_hit_from_another_zone_is_not_copied() {
         &format!("{LOCAL}zone_write_back = false\n"),
     ));
     let keys: Vec<String> = (0..1_000).map(|i| format!("no-back:{i}")).collect();
-    write_all(&proxy, &keys, |k| k.to_string());
-    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
-    wait_for("every key on three servers", || {
-        let held: Vec<_> = servers
-            .iter()
-            .map(|s| held_values(&mut s.client(), &key_bytes))
-            .collect();
-        (0..keys.len()).all(|k| held.iter().filter(|h| h[k].is_some()).count() == 3)
-    });
-    assert_eq!(
-        servers[2].client().call(b"flush_all\r\n", ReplyKind::Line),
-        b"OK\r\n"
-    );
+    written_then_server_2_flushed(&proxy, &servers, &keys);
     let mine = copies_on(&proxy, &keys, 2).len() as u64;
     // Twice: the second read finds zone b no fuller than the first.
     for _ in 0..2 {
@@ -857,19 +838,7 @@ fn keys_behind_a_stopped_zone(proxy: &Proxy, servers: &mut [Memcached], n: usize
         .take(n)
         .collect();
     assert_eq!(keys.len(), n);
-    write_all(proxy, &keys, |k| k.to_string());
-    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
-    wait_for("every key on three servers", || {
-        let held: Vec<_> = servers
-            .iter()
-            .map(|s| held_values(&mut s.client(), &key_bytes))
-            .collect();
-        (0..keys.len()).all(|k| held.iter().filter(|h| h[k].is_some()).count() == 3)
-    });
-    assert_eq!(
-        servers[2].client().call(b"flush_all\r\n", ReplyKind::Line),
-        b"OK\r\n"
-    );
+    written_then_server_2_flushed(proxy, servers, &keys);
     servers[0].pause();
     keys
 }
