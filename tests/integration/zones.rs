@@ -1178,3 +1178,39 @@ fn a_hot_keys_reads_stay_in_the_local_zone_while_it_is_within_the_bound() {
     assert_eq!(client.stat("read_balance_moved"), 0);
     assert_eq!(client.stat("zone_reads_cross_zone"), 0);
 }
+
+/// A reload that removes a zone's servers takes its warming gauge away
+/// (in `/metrics` and `stats`), instead of leaving it at its last value.
+#[test]
+fn a_reload_that_removes_a_zone_removes_its_warming_gauge() {
+    let dir = crate::common::TempDir::new("zones", "remove-zone");
+    let servers = six_servers();
+    let path = dir.path("memring.toml");
+    let settings = "replicas = 2\nzone = \"b\"\n";
+    std::fs::write(
+        &path,
+        zoned_config(&servers, &format!("{settings}warming_zones = [\"c\"]\n")),
+    )
+    .unwrap();
+    let proxy = Proxy::start_file(&path);
+    let gauge = |zone: &str| format!("memring_zone_warming{{zone=\"{zone}\"}}");
+    let text = proxy.running().stats.prometheus_text();
+    for (zone, value) in [("a", 0), ("b", 0), ("c", 1)] {
+        let sample = format!("{} {value}\n", gauge(zone));
+        assert!(text.contains(&sample), "{sample} in {text}");
+    }
+    assert_eq!(zone_stats(&proxy)["zone:c:warming"], "1");
+    // Zone c's servers go (and with them the zone from `warming_zones`).
+    let version = proxy.ring_version();
+    crate::common::replace_by_rename(&path, &zoned_config(&servers[..4], settings));
+    wait_for("the reload", || proxy.ring_version() > version);
+    let text = proxy.running().stats.prometheus_text();
+    assert!(!text.contains(&gauge("c")), "{text}");
+    for zone in ["a", "b"] {
+        let sample = format!("{} 0\n", gauge(zone));
+        assert!(text.contains(&sample), "{sample} in {text}");
+    }
+    crate::common::exposition::promtool_check(&text);
+    let stats = zone_stats(&proxy);
+    assert!(!stats.contains_key("zone:c:warming"), "{stats:?}");
+}
