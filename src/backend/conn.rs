@@ -864,17 +864,7 @@ mod tests {
                 tls: None,
                 pool: "default".into(),
             };
-            let server = ServerConfig {
-                addr: addr.to_string(),
-                name: "scripted".to_string(),
-                weight: 1,
-                tls: false,
-                warming: false,
-                staged_out: false,
-                staged_in: false,
-                staged_weight: None,
-                zone: None,
-            };
+            let server = ServerConfig::plain("scripted", addr.to_string());
             let settings = BackendSettings {
                 connections: 1,
                 connect_timeout: Duration::from_millis(2000),

@@ -90,17 +90,10 @@ fn running_servers(addr: &str) -> anyhow::Result<Vec<memring::config::ServerConf
         .split(',')
         .filter(|name| !name.is_empty())
         .map(|name| memring::config::ServerConfig {
-            addr: name.to_string(),
-            name: name.to_string(),
             weight: stat(&format!("server:{name}:weight"))
                 .and_then(|w| w.parse().ok())
                 .unwrap_or(1),
-            tls: false,
-            warming: false,
-            staged_out: false,
-            staged_in: false,
-            staged_weight: None,
-            zone: None,
+            ..memring::config::ServerConfig::plain(name.to_string(), name.to_string())
         })
         .collect())
 }

@@ -98,6 +98,22 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
+    /// Server `name` at `addr`: weight 1, no TLS, not warming nor staged,
+    /// in no zone. Set the rest with `..ServerConfig::plain(name, addr)`.
+    pub fn plain(name: impl Into<String>, addr: impl Into<String>) -> ServerConfig {
+        ServerConfig {
+            addr: addr.into(),
+            name: name.into(),
+            weight: 1,
+            tls: false,
+            warming: false,
+            staged_out: false,
+            staged_in: false,
+            staged_weight: None,
+            zone: None,
+        }
+    }
+
     /// How the ring sees this server.
     pub fn member(&self) -> Member {
         Member {

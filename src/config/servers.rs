@@ -77,15 +77,11 @@ impl ServerList {
                 .map(|z| zone_name(z, &format!("server `{addr}`: zone"), at))
                 .transpose()?;
             list.servers.push(ServerConfig {
-                addr,
-                name,
                 weight,
                 tls,
                 warming,
-                staged_out: false,
-                staged_in: false,
-                staged_weight: None,
                 zone,
+                ..ServerConfig::plain(name, addr)
             });
         }
         check_zones_everywhere(raw, &list.servers, at)?;

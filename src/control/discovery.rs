@@ -54,15 +54,9 @@ pub async fn servers(source: &Source, dns: Dns, tls: bool) -> Result<Vec<ServerC
                 .map(|(target, weight)| {
                     let addr = format!("{}:{}", target.host.to_ascii_lowercase(), target.port);
                     ServerConfig {
-                        name: addr.clone(),
-                        addr,
                         weight,
                         tls,
-                        warming: false,
-                        staged_out: false,
-                        staged_in: false,
-                        staged_weight: None,
-                        zone: None,
+                        ..ServerConfig::plain(addr.clone(), addr)
                     }
                 })
                 .collect()
@@ -72,15 +66,8 @@ pub async fn servers(source: &Source, dns: Dns, tls: bool) -> Result<Vec<ServerC
             .await?
             .into_iter()
             .map(|socket| ServerConfig {
-                name: socket.to_string(),
-                addr: socket.to_string(),
-                weight: 1,
-                warming: false,
-                staged_out: false,
-                staged_in: false,
-                staged_weight: None,
                 tls,
-                zone: None,
+                ..ServerConfig::plain(socket.to_string(), socket.to_string())
             })
             .collect(),
     };

@@ -268,15 +268,11 @@ impl StagedRecord {
             .in_force
             .iter()
             .map(|s| ServerConfig {
-                addr: s.addr.clone(),
-                name: s.name.clone(),
                 weight: s.weight,
                 tls: s.tls,
                 warming: s.warming,
-                staged_out: false,
-                staged_in: false,
-                staged_weight: None,
                 zone: s.zone.clone(),
+                ..ServerConfig::plain(s.name.clone(), s.addr.clone())
             })
             .collect();
         moves_reads(&in_force, target).then_some(in_force)
@@ -358,15 +354,8 @@ mod tests {
 
     fn server(name: &str, warming: bool) -> ServerConfig {
         ServerConfig {
-            addr: format!("127.0.0.1:{}", 1000 + name.len()),
-            name: name.into(),
-            weight: 1,
-            tls: false,
             warming,
-            staged_out: false,
-            staged_in: false,
-            staged_weight: None,
-            zone: None,
+            ..ServerConfig::plain(name, format!("127.0.0.1:{}", 1000 + name.len()))
         }
     }
 

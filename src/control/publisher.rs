@@ -391,6 +391,7 @@ impl Publisher {
                 .membership_gone(&self.hooks.pool, backend.name());
         }
         self.hooks.stats.pool_gone(&self.hooks.pool);
+        self.hooks.stats.pool_zones(&self.hooks.pool, []);
         if let Some(state) = &self.state {
             state.record(&self.hooks.pool, None);
         }
@@ -688,13 +689,11 @@ fn record(hooks: &PoolHooks, topology: &Topology) {
             .membership(&hooks.pool, backend.name(), topology.membership(i).as_str());
     }
     let config = &topology.config;
-    for server in &config.servers {
-        if let Some(zone) = &server.zone {
-            hooks
-                .stats
-                .zone_warming(zone, config.warming_zones.contains(zone));
-        }
-    }
+    let zones = config.servers.iter().filter_map(|s| s.zone.as_deref());
+    let warming = |zone: &str| config.warming_zones.iter().any(|z| z == zone);
+    hooks
+        .stats
+        .pool_zones(&hooks.pool, zones.map(|zone| (zone, warming(zone))));
 }
 
 /// Forgets the membership lines of servers `old` had and `new` has not.

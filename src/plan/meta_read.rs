@@ -2,6 +2,9 @@
 //! one-key retrieval asks them (`Placement::ReadThrough`: replicas, the
 //! local zone's first, DEAD last, then a window's previous owners): a
 //! server that fails, or with `on_miss` misses, hands the read to the next.
+//! With `zone_fallback = "all_at_once"` (zones, outside a window) a local
+//! replica that missed or failed hands it to every other replica at once
+//! instead, and the first hit answers, as a get's keys are (`route::Retrieval`).
 //!
 //! From `copy_from` on, a server is asked what a copy needs too (`v f t`
 //! added where missing, see `handoff::meta_read_through_line`), and a hit
@@ -44,6 +47,11 @@ pub(crate) struct MetaRead {
     /// With local-first reads (zones, outside a window): whether the first
     /// server is in this sidecar's zone.
     first_local: Option<bool>,
+    /// `zone_fallback = "all_at_once"` applies (zones, outside a window).
+    all_at_once: bool,
+    /// Once the servers after the first are asked at once: how many of
+    /// them have not answered yet (`None` while asked one at a time).
+    fanned: Option<u8>,
     /// The last reply that may go to the client as it came.
     plain: Option<CallResult>,
     answered: bool,
@@ -72,6 +80,12 @@ pub(crate) enum ReadStep {
     /// Ask `server`: with the client's own request, or (`fetch`) with
     /// [`MetaRead::fetch_wire`].
     Send { server: usize, fetch: bool },
+    /// Ask every server of [`MetaRead::fanned_servers`] at once, each with
+    /// what [`MetaRead::fetches`] says; feed each reply back with
+    /// [`MetaRead::on_reply_from`], in any order.
+    Fan,
+    /// Wait for another reply of the servers asked at once.
+    Wait,
     /// The client's answer.
     Answer(CallResult),
 }
@@ -94,6 +108,9 @@ impl MetaRead {
         let handoff = topology.previous.is_some();
         let first_local = (!handoff && topology.reads_local_first())
             .then(|| servers.first().is_some_and(|&s| topology.is_local(s)));
+        let all_at_once = first_local.is_some()
+            && topology.config.replicas.max(1) > 1
+            && topology.config.zone_fallback == crate::config::ZoneFallback::AllAtOnce;
         let from = if handoff {
             Some(current).filter(|_| topology.config.shared_with.copies())
         } else if first_local == Some(true) && zone_writes_back(topology) {
@@ -121,6 +138,8 @@ impl MetaRead {
             key,
             handoff,
             first_local,
+            all_at_once,
+            fanned: None,
             plain: None,
             answered: false,
             copy: None,
@@ -138,15 +157,60 @@ impl MetaRead {
         &self.fetch
     }
 
+    /// Whether `server` is sent [`MetaRead::fetch_wire`] (else the
+    /// client's own request).
+    pub(crate) fn fetches(&self, server: usize) -> bool {
+        self.position(server) >= self.copy_from
+    }
+
+    /// The servers asked at once after [`ReadStep::Fan`]: every one after
+    /// the first.
+    pub(crate) fn fanned_servers(&self) -> &[usize] {
+        match self.fanned {
+            Some(_) => &self.servers[1..],
+            None => &[],
+        }
+    }
+
     /// The read has its answer.
     pub(crate) fn answered(&self) -> bool {
         self.answered
     }
 
-    /// The reply of the server being asked. `now` is the Unix time, for a
-    /// copy's remaining TTL beyond 30 days.
-    pub(crate) fn on_reply(&mut self, result: CallResult, now: u64) -> ReadStep {
+    /// Where `server` is in the order asked.
+    fn position(&self, server: usize) -> u8 {
+        let at = self.servers.iter().position(|&s| s == server);
+        at.map_or(NEVER, |at| at as u8)
+    }
+
+    /// The reply of the server being asked (one at a time).
+    #[cfg(test)]
+    fn on_reply(&mut self, result: CallResult, now: u64) -> ReadStep {
         let server = self.servers[self.round as usize];
+        self.on_reply_from(server, result, now)
+    }
+
+    /// The reply of `server`: the one being asked, or, after
+    /// [`ReadStep::Fan`], any of those asked at once. A reply that comes
+    /// after the answer (a slower zone's) changes nothing.
+    /// `now` is the Unix time, for a copy's remaining TTL beyond 30 days.
+    pub(crate) fn on_reply_from(
+        &mut self,
+        server: usize,
+        result: CallResult,
+        now: u64,
+    ) -> ReadStep {
+        if self.answered {
+            return ReadStep::Wait;
+        }
+        if self.fanned.is_some() {
+            let at = self.position(server);
+            if at == NEVER || at == 0 {
+                return ReadStep::Wait;
+            }
+            // The server a hit is counted on and copied from.
+            self.round = at;
+        }
         if self.round >= self.copy_from {
             if self.handoff {
                 self.tally.read_through.0 += 1;
@@ -177,7 +241,7 @@ impl MetaRead {
             if result.as_ref().map_or(true, |reply| {
                 reply.outcome.meta_miss() || reply.outcome.is_error()
             }) {
-                self.plain = Some(result);
+                self.keep_plain(result);
             }
         } else {
             let falls = match &result {
@@ -192,10 +256,21 @@ impl MetaRead {
                 }
                 return self.answer(result);
             }
-            self.plain = Some(result);
+            self.keep_plain(result);
+        }
+        if let Some(left) = &mut self.fanned {
+            *left = left.saturating_sub(1);
+            if *left > 0 {
+                return ReadStep::Wait;
+            }
+        } else if self.all_at_once && self.round == 0 && self.servers.len() > 2 {
+            // Every other zone's replica at once (with one left, asking it
+            // is the same either way).
+            self.fanned = Some(self.servers.len() as u8 - 1);
+            return ReadStep::Fan;
         }
         let next = self.round as usize + 1;
-        if next < self.servers.len() {
+        if self.fanned.is_none() && next < self.servers.len() {
             self.round = next as u8;
             return ReadStep::Send {
                 server: self.servers[next],
@@ -204,6 +279,18 @@ impl MetaRead {
         }
         let last = self.plain.take();
         self.answer(last.unwrap_or_else(|| Ok(crate::protocol::outcome::Reply::nothing())))
+    }
+
+    /// Keeps a reply without a value as the answer should nothing better
+    /// come: one at a time the last one; asked at once, a miss before a
+    /// failure (`SERVER_ERROR` only when no replica answered, as for a get).
+    fn keep_plain(&mut self, result: CallResult) {
+        let keeps_miss = self.fanned.is_some()
+            && result.as_ref().map_or(true, |r| r.outcome.is_error())
+            && matches!(&self.plain, Some(Ok(r)) if !r.outcome.is_error());
+        if !keeps_miss {
+            self.plain = Some(result);
+        }
     }
 
     fn answer(&mut self, result: CallResult) -> ReadStep {
@@ -252,7 +339,16 @@ mod tests {
     }
 
     fn read(servers: &[usize], on_miss: bool, copy_from: Option<u8>) -> MetaRead {
-        let line = Bytes::from_static(b"mg key v k\r\n");
+        read_of(b"mg key v k\r\n", servers, on_miss, copy_from)
+    }
+
+    fn read_of(
+        line: &'static [u8],
+        servers: &[usize],
+        on_miss: bool,
+        copy_from: Option<u8>,
+    ) -> MetaRead {
+        let line = Bytes::from_static(line);
         let (request, _) = crate::protocol::meta::parse_meta(&line, &Default::default())
             .unwrap()
             .unwrap();
@@ -267,6 +363,8 @@ mod tests {
             key: (Bytes::from_static(b"key"), false),
             handoff: false,
             first_local: Some(true),
+            all_at_once: false,
+            fanned: None,
             plain: None,
             answered: false,
             copy: None,
@@ -413,5 +511,119 @@ mod tests {
         }
         assert!(read.take_copy().is_none());
         assert_eq!(read.tally(), ReadTally::default());
+    }
+
+    /// As `read`, with the other zones asked at once.
+    fn fanned(line: &'static [u8], servers: &[usize]) -> MetaRead {
+        let mut read = read_of(line, servers, true, Some(1));
+        read.all_at_once = true;
+        read
+    }
+
+    #[test]
+    fn all_at_once_a_local_miss_asks_every_other_replica_and_the_first_hit_answers() {
+        let mut read = fanned(b"mg key v k\r\n", &[4, 1, 2]);
+        assert!(matches!(read.on_reply(reply(b"EN\r\n"), 0), ReadStep::Fan));
+        assert_eq!(read.fanned_servers(), [1, 2]);
+        assert!(read.fetches(1) && read.fetches(2) && !read.fetches(4));
+        // The third zone answers first: its hit answers as asked, and is
+        // the one copied and counted.
+        match read.on_reply_from(2, reply(b"VA 1 kkey f5 t-1\r\nx\r\n"), 0) {
+            ReadStep::Answer(Ok(answer)) => assert_eq!(&answer.bytes[..], b"VA 1 kkey\r\nx\r\n"),
+            other => panic!("{other:?}"),
+        }
+        let copy = read.take_copy().expect("copied");
+        assert_eq!((copy.owner, copy.source), (4, 2));
+        let tally = read.tally();
+        assert_eq!((tally.zone_hits, tally.written_back), ((0, 1), 1));
+        assert_eq!(tally.served.map(|hit| hit.server), Some(2));
+        // The slower zone's reply comes after the answer: dropped.
+        let late = read.on_reply_from(1, reply(b"VA 1 kkey f5 t-1\r\nx\r\n"), 0);
+        assert!(matches!(late, ReadStep::Wait));
+        assert!(read.take_copy().is_none());
+        assert_eq!(read.tally(), tally);
+    }
+
+    #[test]
+    fn all_at_once_answers_a_miss_once_every_replica_missed_or_failed() {
+        // A miss everywhere: the miss, once the last one came.
+        let mut read = fanned(b"mg key v k\r\n", &[4, 1, 2]);
+        assert!(matches!(read.on_reply(reply(b"EN\r\n"), 0), ReadStep::Fan));
+        assert!(matches!(
+            read.on_reply_from(1, reply(b"EN\r\n"), 0),
+            ReadStep::Wait
+        ));
+        assert!(!read.answered());
+        match read.on_reply_from(2, reply(b"EN\r\n"), 0) {
+            ReadStep::Answer(Ok(answer)) => assert_eq!(&answer.bytes[..], b"EN\r\n"),
+            other => panic!("{other:?}"),
+        }
+        // A failed local replica, a miss and a failure: a miss (some
+        // replica answered), whatever the order.
+        for order in [[1, 2], [2, 1]] {
+            let mut read = fanned(b"mg key v k\r\n", &[4, 1, 2]);
+            assert!(matches!(read.on_reply(failed(), 0), ReadStep::Fan));
+            let mut last = ReadStep::Wait;
+            for server in order {
+                let result = if server == 1 {
+                    reply(b"EN\r\n")
+                } else {
+                    failed()
+                };
+                last = read.on_reply_from(server, result, 0);
+            }
+            match last {
+                ReadStep::Answer(Ok(answer)) => assert_eq!(&answer.bytes[..], b"EN\r\n"),
+                other => panic!("{order:?}: {other:?}"),
+            }
+        }
+        // Every replica failed: the failure.
+        let mut read = fanned(b"mg key v k\r\n", &[4, 1, 2]);
+        assert!(matches!(read.on_reply(failed(), 0), ReadStep::Fan));
+        assert!(matches!(read.on_reply_from(2, failed(), 0), ReadStep::Wait));
+        assert!(matches!(
+            read.on_reply_from(1, failed(), 0),
+            ReadStep::Answer(Err(_))
+        ));
+        assert_eq!(read.tally(), ReadTally::default());
+    }
+
+    #[test]
+    fn all_at_once_answers_quiet_and_valueless_hits_as_memcached_would() {
+        // Quiet: a miss everywhere is nothing, as memcached says nothing.
+        let mut read = fanned(b"mg key v q\r\n", &[4, 1, 2]);
+        assert_eq!(&read.fetch_wire()[1][..], b"mn\r\n");
+        let nothing = || Ok(Reply::nothing());
+        assert!(matches!(read.on_reply(nothing(), 0), ReadStep::Fan));
+        assert!(matches!(
+            read.on_reply_from(2, nothing(), 0),
+            ReadStep::Wait
+        ));
+        match read.on_reply_from(1, nothing(), 0) {
+            ReadStep::Answer(Ok(answer)) => assert!(answer.is_empty()),
+            other => panic!("{other:?}"),
+        }
+        // A hit without the value asked for: `HD` with the client's flags.
+        let mut read = fanned(b"mg key s\r\n", &[4, 1, 2]);
+        assert_eq!(&read.fetch_wire()[0][..], b"mg key s v f t\r\n");
+        assert!(matches!(read.on_reply(reply(b"EN\r\n"), 0), ReadStep::Fan));
+        match read.on_reply_from(1, reply(b"VA 1 s1 f0 t-1\r\nx\r\n"), 0) {
+            ReadStep::Answer(Ok(answer)) => assert_eq!(&answer.bytes[..], b"HD s1\r\n"),
+            other => panic!("{other:?}"),
+        }
+        assert!(read.take_copy().is_some());
+    }
+
+    #[test]
+    fn all_at_once_with_one_other_replica_asks_it_as_in_order() {
+        let mut read = fanned(b"mg key v k\r\n", &[4, 1]);
+        assert!(matches!(
+            read.on_reply(reply(b"EN\r\n"), 0),
+            ReadStep::Send {
+                server: 1,
+                fetch: true
+            }
+        ));
+        assert!(read.fanned_servers().is_empty());
     }
 }

@@ -148,10 +148,14 @@ impl HealthView {
             .as_ref()
             .is_some_and(|hot| hot.any_hot() && hot.is_hot(crate::ring::key_hash(key)));
         let balance = topology.config.read_balance;
-        if !hot && balance.mode == ReadBalanceMode::Local {
+        let local = balance.mode == ReadBalanceMode::Local;
+        if !hot && local {
             return None;
         }
-        let start = if hot {
+        // With `"local"` and a zone to read in, a hot key's reads stay on
+        // the local replica while it is within the bound (other zones' cost
+        // money); elsewhere they take turns round the replicas.
+        let start = if hot && !(local && topology.reads_local_first()) {
             let start = balancing.next_hot.get();
             balancing.next_hot.set(start.wrapping_add(1));
             start

@@ -1175,15 +1175,8 @@ pub(crate) mod tests {
 
     fn server(name: &str, weight: u32) -> ServerConfig {
         ServerConfig {
-            addr: format!("{name}:11211"),
-            name: name.to_string(),
             weight,
-            tls: false,
-            warming: false,
-            staged_out: false,
-            staged_in: false,
-            staged_weight: None,
-            zone: None,
+            ..ServerConfig::plain(name, format!("{name}:11211"))
         }
     }
 

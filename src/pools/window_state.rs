@@ -159,15 +159,10 @@ impl SavedRing {
 impl SavedServer {
     fn config(&self) -> ServerConfig {
         ServerConfig {
-            addr: self.addr.clone(),
-            name: self.name.clone(),
             weight: self.weight,
             tls: self.tls,
-            warming: false,
-            staged_out: false,
-            staged_in: false,
-            staged_weight: None,
             zone: self.zone.clone(),
+            ..ServerConfig::plain(self.name.clone(), self.addr.clone())
         }
     }
 }
@@ -436,17 +431,7 @@ mod tests {
     fn ring(servers: &[&str]) -> SavedRing {
         let servers: Vec<ServerConfig> = servers
             .iter()
-            .map(|a| ServerConfig {
-                addr: (*a).to_string(),
-                name: (*a).to_string(),
-                weight: 1,
-                warming: false,
-                staged_out: false,
-                staged_in: false,
-                staged_weight: None,
-                tls: false,
-                zone: None,
-            })
+            .map(|a| ServerConfig::plain(*a, *a))
             .collect();
         SavedRing::of(&Spec::default(), &servers)
     }

@@ -190,7 +190,6 @@ impl Reservation {
     }
 
     /// Bytes it holds.
-    #[cfg(test)]
     pub(crate) fn bytes(&self) -> usize {
         self.bytes
     }

@@ -310,37 +310,74 @@ impl ClientSession {
                 self.lease_steps(topology, part, retry, &meta.wire, &meta.expect, e.hot)
             }
             MetaMode::Read(read) => {
-                self.read_steps(topology, &mut meta.parts[0], read, &meta.wire, &meta.expect)
+                // What each server asked at once may bring back.
+                let per_reply = LINE_REPLY_BYTES
+                    + if meta.value {
+                        self.estimate.max(MIN_ESTIMATE_BYTES)
+                    } else {
+                        0
+                    };
+                let (parts, wire, expect) = (&mut meta.parts, &meta.wire, &meta.expect);
+                let owed = (e.reserved, per_reply);
+                self.read_steps(topology, parts, read, wire, expect, owed)
             }
         }
     }
 
-    /// Takes `part`'s reply into an `mg` read over several servers (see
-    /// `plan::meta_read`) and asks the next server while it says so, with
-    /// the client's request (`wire`) or what a copy needs too; a hit it
+    /// Takes the replies of `parts` into an `mg` read over several servers
+    /// (see `plan::meta_read`) and asks the next server while it says so,
+    /// with the client's request (`wire`) or what a copy needs too, or
+    /// every other server at once (each then one more part); a hit it
     /// copies goes to the key's first server before any later request of
-    /// the client. True once the part holds the client's answer; until then
-    /// later requests wait.
+    /// the client. True once `parts[0]` holds the client's answer; until
+    /// then later requests wait. Servers asked at once that answer after
+    /// that are not waited for: their parts' replies are dropped. `owed`:
+    /// the entry's reservation, grown by the given bytes per server asked
+    /// at once.
     fn read_steps(
         &self,
         topology: &Arc<Topology>,
-        part: &mut Part,
+        parts: &mut SmallVec<[Part; 1]>,
         read: &mut MetaRead,
         wire: &[Bytes],
         expect: &Expect,
+        owed: (&mut Reservation, usize),
     ) -> bool {
         while !read.answered() {
-            part.absorb();
-            let Some(result) = part.result.take() else {
+            let next = parts.iter_mut().enumerate().find_map(|(at, part)| {
+                part.absorb();
+                let result = part.result.take()?;
+                // Taken once: a reply's slot is not read again.
+                if let Some(slot) = part.slot.take() {
+                    spares::keep_slot(slot);
+                }
+                Some((at, part.server, result))
+            });
+            let Some((at, server, result)) = next else {
                 return false;
             };
-            match read.on_reply(result, self.worker.clock.unix_seconds()) {
+            let now = self.worker.clock.unix_seconds();
+            match read.on_reply_from(server, result, now) {
                 ReadStep::Send { server, fetch } => {
                     let wire = if fetch { read.fetch_wire() } else { wire };
-                    *part = self.send_to(topology, server, wire, expect, None);
+                    parts[at] = self.send_to(topology, server, wire, expect, None);
                 }
+                ReadStep::Fan => {
+                    let (reserved, per_reply) = (&mut *owed.0, owed.1);
+                    let more = per_reply * read.fanned_servers().len();
+                    self.budget.resize(reserved, reserved.bytes() + more);
+                    for &server in read.fanned_servers() {
+                        let wire = if read.fetches(server) {
+                            read.fetch_wire()
+                        } else {
+                            wire
+                        };
+                        parts.push(self.send_to(topology, server, wire, expect, None));
+                    }
+                }
+                ReadStep::Wait => {}
                 ReadStep::Answer(answer) => {
-                    part.result = Some(answer);
+                    parts[0].result = Some(answer);
                     if let Some(copy) = read.take_copy() {
                         copy_check::send(&self.worker, topology, self.lane, copy, &self.copies);
                     }

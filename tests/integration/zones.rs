@@ -47,23 +47,42 @@ fn write_all(proxy: &Proxy, keys: &[String], value: impl Fn(&str) -> String) {
     }
 }
 
+/// Waits until each of `keys` is on three of `servers` (`STORED` comes on
+/// a quorum of two; the third copy may land a moment later): what each
+/// server holds of each key then.
+fn three_copies(servers: &[Memcached], keys: &[String]) -> Vec<Vec<Option<Vec<u8>>>> {
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    let mut held: Vec<Vec<Option<Vec<u8>>>> = Vec::new();
+    wait_for("every key on three servers", || {
+        held = servers
+            .iter()
+            .map(|s| held_values(&mut s.client(), &key_bytes))
+            .collect();
+        (0..keys.len()).all(|k| held.iter().filter(|h| h[k].is_some()).count() == 3)
+    });
+    held
+}
+
+/// Writes `keys` through `proxy`, each holding its own name, waits until
+/// each has its three copies (`STORED` comes on a quorum of two; the third
+/// may land a moment later), then flushes zone b's server 2, as after a
+/// restart: a miss there then finds the other zones' copies.
+fn written_then_server_2_flushed(proxy: &Proxy, servers: &[Memcached], keys: &[String]) {
+    write_all(proxy, keys, |k| k.to_string());
+    three_copies(servers, keys);
+    assert_eq!(
+        servers[2].client().call(b"flush_all\r\n", ReplyKind::Line),
+        b"OK\r\n"
+    );
+}
+
 #[test]
 fn every_key_has_exactly_one_copy_in_each_zone() {
     let servers = six_servers();
     let proxy = Proxy::start_text(&zoned_config(&servers, "replicas = 3\nzone = \"b\""));
     let keys: Vec<String> = (0..10_000).map(|i| format!("zoned:{i}")).collect();
     write_all(&proxy, &keys, |k| k.to_string());
-    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
-    let mut direct: Vec<_> = servers.iter().map(Memcached::client).collect();
-    // STORED comes on a quorum of 2; the third copy may land a moment later.
-    let mut held: Vec<Vec<Option<Vec<u8>>>> = Vec::new();
-    wait_for("every key on three servers", || {
-        held = direct
-            .iter_mut()
-            .map(|c| held_values(c, &key_bytes))
-            .collect();
-        (0..keys.len()).all(|k| held.iter().filter(|h| h[k].is_some()).count() == 3)
-    });
+    let held = three_copies(&servers, &keys);
     let mut per_server = [0usize; 6];
     for (k, key) in keys.iter().enumerate() {
         let holders: Vec<usize> = (0..6).filter(|&s| held[s][k].is_some()).collect();
@@ -194,12 +213,7 @@ fn a_miss_in_zone_b_is_read_from_the_other_zones() {
     let servers = six_servers();
     let proxy = Proxy::start_text(&zoned_config(&servers, LOCAL));
     let keys: Vec<String> = (0..1_000).map(|i| format!("flushed:{i}")).collect();
-    write_all(&proxy, &keys, |k| k.to_string());
-    // Zone b's server 2 comes back empty (flushed, as after a restart).
-    assert_eq!(
-        servers[2].client().call(b"flush_all\r\n", ReplyKind::Line),
-        b"OK\r\n"
-    );
+    written_then_server_2_flushed(&proxy, &servers, &keys);
     assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
 }
 
@@ -218,20 +232,7 @@ fn zone_counters_are_labelled_by_the_zone_that_served_each_hit() {
     let servers = six_servers();
     let proxy = Proxy::start_text(&zoned_config(&servers, LOCAL));
     let keys: Vec<String> = (0..1_000).map(|i| format!("per-zone:{i}")).collect();
-    write_all(&proxy, &keys, |k| k.to_string());
-    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
-    // Every third copy landed, so a miss in b finds the next zone's copy.
-    wait_for("every key on three servers", || {
-        let held: Vec<_> = servers
-            .iter()
-            .map(|s| held_values(&mut s.client(), &key_bytes))
-            .collect();
-        (0..keys.len()).all(|k| held.iter().filter(|h| h[k].is_some()).count() == 3)
-    });
-    assert_eq!(
-        servers[2].client().call(b"flush_all\r\n", ReplyKind::Line),
-        b"OK\r\n"
-    );
+    written_then_server_2_flushed(&proxy, &servers, &keys);
     assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
     // Expected: a key whose b copy is on server 3 is a local hit; one on
     // the flushed server 2 is served by its next replica in ring order
@@ -667,15 +668,7 @@ fn etcd_members_carry_their_zone_into_placement_and_local_reads() {
     });
     let keys: Vec<String> = (0..1_000).map(|i| format!("etcd-zoned:{i}")).collect();
     write_all(&proxy, &keys, |k| k.to_string());
-    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
-    let mut held: Vec<Vec<Option<Vec<u8>>>> = Vec::new();
-    wait_for("every key on three servers", || {
-        held = servers
-            .iter()
-            .map(|s| held_values(&mut s.client(), &key_bytes))
-            .collect();
-        (0..keys.len()).all(|k| held.iter().filter(|h| h[k].is_some()).count() == 3)
-    });
+    let held = three_copies(&servers, &keys);
     for (k, key) in keys.iter().enumerate() {
         let mut zones: Vec<&str> = (0..6)
             .filter(|&s| held[s][k].is_some())
@@ -794,19 +787,7 @@ fn without_zone_write_back_a_hit_from_another_zone_is_not_copied() {
         &format!("{LOCAL}zone_write_back = false\n"),
     ));
     let keys: Vec<String> = (0..1_000).map(|i| format!("no-back:{i}")).collect();
-    write_all(&proxy, &keys, |k| k.to_string());
-    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
-    wait_for("every key on three servers", || {
-        let held: Vec<_> = servers
-            .iter()
-            .map(|s| held_values(&mut s.client(), &key_bytes))
-            .collect();
-        (0..keys.len()).all(|k| held.iter().filter(|h| h[k].is_some()).count() == 3)
-    });
-    assert_eq!(
-        servers[2].client().call(b"flush_all\r\n", ReplyKind::Line),
-        b"OK\r\n"
-    );
+    written_then_server_2_flushed(&proxy, &servers, &keys);
     let mine = copies_on(&proxy, &keys, 2).len() as u64;
     // Twice: the second read finds zone b no fuller than the first.
     for _ in 0..2 {
@@ -857,19 +838,7 @@ fn keys_behind_a_stopped_zone(proxy: &Proxy, servers: &mut [Memcached], n: usize
         .take(n)
         .collect();
     assert_eq!(keys.len(), n);
-    write_all(proxy, &keys, |k| k.to_string());
-    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
-    wait_for("every key on three servers", || {
-        let held: Vec<_> = servers
-            .iter()
-            .map(|s| held_values(&mut s.client(), &key_bytes))
-            .collect();
-        (0..keys.len()).all(|k| held.iter().filter(|h| h[k].is_some()).count() == 3)
-    });
-    assert_eq!(
-        servers[2].client().call(b"flush_all\r\n", ReplyKind::Line),
-        b"OK\r\n"
-    );
+    written_then_server_2_flushed(proxy, servers, &keys);
     servers[0].pause();
     keys
 }
@@ -938,6 +907,75 @@ fn all_at_once_answers_from_the_third_zone_while_another_is_stopped() {
     servers[0].resume();
 }
 
+/// An `mg` of `key` (number `i`) in one of three forms, with the reply
+/// memcached gives for it when the key holds its own name: with `k` and
+/// `O`; quiet, with the `mn` behind it; base64, without the value.
+fn mg_forms(key: &str, i: usize) -> (String, String) {
+    match i % 3 {
+        0 => (
+            format!("mg {key} v k O{i}\r\n"),
+            format!("VA {} k{key} O{i}\r\n{key}\r\n", key.len()),
+        ),
+        1 => (
+            format!("mg {key} v q\r\nmn\r\n"),
+            format!("VA {}\r\n{key}\r\nMN\r\n", key.len()),
+        ),
+        _ => (
+            format!(
+                "mg {} b s\r\n",
+                memring::protocol::meta::encode_key(key.as_bytes())
+            ),
+            format!("HD s{}\r\n", key.len()),
+        ),
+    }
+}
+
+/// `mg` under `zone_fallback = "all_at_once"` (issue 53): zone b's copy
+/// flushed, zone a's server stopped, so each key's next replica in ring
+/// order does not answer; every `mg` is answered from zone c at once, as
+/// memcached would answer it, and written back to zone b.
+#[test]
+fn all_at_once_answers_an_mg_from_the_third_zone_while_another_is_stopped() {
+    let mut servers = six_servers();
+    let settings = "replicas = 3\nzone = \"b\"\nrequest_timeout_ms = 3000\nfailure_limit = 1000\n";
+    let proxy = Proxy::start_text(&zoned_config(
+        &servers,
+        &format!("{settings}zone_fallback = \"all_at_once\"\n"),
+    ));
+    let keys = keys_behind_a_stopped_zone(&proxy, &mut servers, 30);
+    let mut client = proxy.client();
+    let started = std::time::Instant::now();
+    for (i, key) in keys.iter().enumerate() {
+        let (request, expected) = mg_forms(key, i);
+        let asked = std::time::Instant::now();
+        client.send(request.as_bytes());
+        let mut reply = client.meta_reply();
+        if i % 3 == 1 {
+            reply.extend(client.meta_reply());
+        }
+        let took = asked.elapsed();
+        assert_eq!(show(&reply), show(expected.as_bytes()), "{request:?}");
+        assert!(
+            took < std::time::Duration::from_millis(1_500),
+            "{request:?} took {took:?}"
+        );
+    }
+    println!("{} mg in {:?}", keys.len(), started.elapsed());
+    let stats = zone_stats(&proxy);
+    for figure in ["reads_cross_zone", "write_backs"] {
+        let name = format!("zone:c:{figure}");
+        assert_eq!(stats[&name], keys.len().to_string(), "{stats:?}");
+    }
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    wait_for("every key written back to zone b", || {
+        held_values(&mut servers[2].client(), &key_bytes)
+            .iter()
+            .zip(&keys)
+            .all(|(held, key)| held.as_deref() == Some(key.as_bytes()))
+    });
+    servers[0].resume();
+}
+
 #[test]
 fn in_order_waits_for_the_stopped_zone_before_the_third() {
     let mut servers = six_servers();
@@ -945,9 +983,16 @@ fn in_order_waits_for_the_stopped_zone_before_the_third() {
     let proxy = Proxy::start_text(&zoned_config(&servers, settings));
     let keys = keys_behind_a_stopped_zone(&proxy, &mut servers, 2);
     let mut client = proxy.client();
-    for key in &keys {
+    // An `mg`, then a get: each waits for the stopped zone.
+    for (i, key) in keys.iter().enumerate() {
         let started = std::time::Instant::now();
-        assert_eq!(client.get(key), Some(key.clone().into_bytes()), "{key}");
+        if i == 0 {
+            let (request, expected) = mg_forms(key, 0);
+            client.send(request.as_bytes());
+            assert_eq!(show(&client.meta_reply()), show(expected.as_bytes()));
+        } else {
+            assert_eq!(client.get(key), Some(key.clone().into_bytes()), "{key}");
+        }
         let took = started.elapsed();
         assert!(
             took >= std::time::Duration::from_millis(900),
@@ -1092,4 +1137,80 @@ fn a_cross_zone_mg_hit_is_written_back_to_the_local_replica() {
         "{stats:?}"
     );
     assert!(number("zone:b:reads_local") >= 50, "{stats:?}");
+}
+
+/// A hot key with `read_balance = "local"` (the default) and a zone to read
+/// in: its reads stay on the local replica while that replica is within
+/// the bound, instead of taking turns round the other zones' replicas (a
+/// healthy run reads nothing across zones, issue 53). One client reading
+/// one at a time keeps the local replica idle, so always within the bound.
+#[test]
+fn a_hot_keys_reads_stay_in_the_local_zone_while_it_is_within_the_bound() {
+    let servers = six_servers();
+    let settings = format!("{LOCAL}hot_key_window_ms = 100\n");
+    let proxy = Proxy::start_text(&zoned_config(&servers, &settings));
+    let key = "hot:zoned".to_string();
+    write_all(&proxy, std::slice::from_ref(&key), |k| k.to_string());
+    let mut client = proxy.client();
+    // Hot on the client's worker: the sketch's top key, nearly all of its
+    // server's requests, read far more than 16 times a 100 ms window.
+    wait_for("the key to be hot", || {
+        for _ in 0..100 {
+            assert_eq!(client.get(&key), Some(key.clone().into_bytes()));
+        }
+        let stats: std::collections::BTreeMap<String, String> =
+            client.stats("hotkeys").into_iter().collect();
+        let figure = |name: &str| -> f64 {
+            stats
+                .get(name)
+                .map_or(0.0, |value| value.parse().unwrap_or(0.0))
+        };
+        figure("hotkey:1:share") > 0.5 && figure("hotkey:1:rate") >= 400.0
+    });
+    let before = cmd_gets(&servers);
+    for _ in 0..300 {
+        assert_eq!(client.get(&key), Some(key.clone().into_bytes()));
+    }
+    let after = cmd_gets(&servers);
+    let moved: Vec<u64> = (0..6).map(|s| after[s] - before[s]).collect();
+    println!("cmd_get moved by {moved:?}");
+    assert_eq!(moved[2] + moved[3], 300, "{moved:?}");
+    assert_eq!(client.stat("read_balance_moved"), 0);
+    assert_eq!(client.stat("zone_reads_cross_zone"), 0);
+}
+
+/// A reload that removes a zone's servers takes its warming gauge away
+/// (in `/metrics` and `stats`), instead of leaving it at its last value.
+#[test]
+fn a_reload_that_removes_a_zone_removes_its_warming_gauge() {
+    let dir = crate::common::TempDir::new("zones", "remove-zone");
+    let servers = six_servers();
+    let path = dir.path("memring.toml");
+    let settings = "replicas = 2\nzone = \"b\"\n";
+    std::fs::write(
+        &path,
+        zoned_config(&servers, &format!("{settings}warming_zones = [\"c\"]\n")),
+    )
+    .unwrap();
+    let proxy = Proxy::start_file(&path);
+    let gauge = |zone: &str| format!("memring_zone_warming{{zone=\"{zone}\"}}");
+    let text = proxy.running().stats.prometheus_text();
+    for (zone, value) in [("a", 0), ("b", 0), ("c", 1)] {
+        let sample = format!("{} {value}\n", gauge(zone));
+        assert!(text.contains(&sample), "{sample} in {text}");
+    }
+    assert_eq!(zone_stats(&proxy)["zone:c:warming"], "1");
+    // Zone c's servers go (and with them the zone from `warming_zones`).
+    let version = proxy.ring_version();
+    crate::common::replace_by_rename(&path, &zoned_config(&servers[..4], settings));
+    wait_for("the reload", || proxy.ring_version() > version);
+    let text = proxy.running().stats.prometheus_text();
+    assert!(!text.contains(&gauge("c")), "{text}");
+    for zone in ["a", "b"] {
+        let sample = format!("{} 0\n", gauge(zone));
+        assert!(text.contains(&sample), "{sample} in {text}");
+    }
+    crate::common::exposition::promtool_check(&text);
+    let stats = zone_stats(&proxy);
+    assert!(!stats.contains_key("zone:c:warming"), "{stats:?}");
 }

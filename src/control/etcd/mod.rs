@@ -307,15 +307,11 @@ impl Members {
                 continue;
             }
             servers.push(ServerConfig {
-                addr: e.record.addr.clone(),
-                name: name.clone(),
                 weight: e.record.weight,
                 tls: e.record.tls,
                 warming: e.record.state == MemberState::Joining,
-                staged_out: false,
-                staged_in: false,
-                staged_weight: None,
                 zone: e.record.zone.clone(),
+                ..ServerConfig::plain(name.clone(), e.record.addr.clone())
             });
         }
         servers
@@ -1152,17 +1148,7 @@ mod tests {
             servers.into_iter().map(|s| s.name).collect()
         };
         assert_eq!(names(m.servers(&[])), ["a", "c"]);
-        let file = ServerConfig {
-            addr: "127.0.0.1:2".into(),
-            name: "f".into(),
-            weight: 1,
-            tls: false,
-            warming: false,
-            staged_out: false,
-            staged_in: false,
-            staged_weight: None,
-            zone: None,
-        };
+        let file = ServerConfig::plain("f", "127.0.0.1:2");
         assert_eq!(names(m.servers(&[file])), ["a"]);
     }
 

@@ -3,7 +3,7 @@
 //! another zone, the hits copied back from each zone, and the zones warming.
 //! The totals, without a zone, are the hand-off family's.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -30,6 +30,9 @@ pub(in crate::stats) struct ZoneFamilies {
     /// The handles made so far, in zone name order: the `stats` reply lists
     /// them (a family cannot list its series).
     figures: Mutex<BTreeMap<String, Arc<ZoneFigures>>>,
+    /// Each pool's zones (those of its servers), for the `warming` series:
+    /// a zone's goes once no pool has a server in it.
+    pools: Mutex<BTreeMap<String, BTreeSet<String>>>,
 }
 
 impl ZoneFamilies {
@@ -40,6 +43,7 @@ impl ZoneFamilies {
             write_backs: Family::default(),
             warming: Family::default(),
             figures: Mutex::default(),
+            pools: Mutex::default(),
         };
         registry.register(
             "zone_reads_local_by_zone",
@@ -116,6 +120,31 @@ impl Stats {
             .set(i64::from(warming));
     }
 
+    /// The servers of pool `pool` are in `zones` now (none: the pool is
+    /// gone), each warming or not: sets each zone's `warming` gauge, and
+    /// removes the series of a zone that no pool has a server in any more
+    /// (a reload removed it), rather than leaving it at its last value.
+    pub fn pool_zones<'z>(&self, pool: &str, zones: impl IntoIterator<Item = (&'z str, bool)>) {
+        let families = &self.zones;
+        let mut pools = families.pools.lock().unwrap_or_else(|e| e.into_inner());
+        let mut now = BTreeSet::new();
+        for (zone, warming) in zones {
+            self.zone_warming(zone, warming);
+            now.insert(zone.to_string());
+        }
+        let before = match now.is_empty() {
+            true => pools.remove(pool),
+            false => pools.insert(pool.to_string(), now),
+        };
+        for zone in before.unwrap_or_default() {
+            if !pools.values().any(|zones| zones.contains(&zone)) {
+                families.warming.remove(&ZoneLabels {
+                    zone: zone.as_str().into(),
+                });
+            }
+        }
+    }
+
     /// The per-zone counters for `stats`, in zone name order:
     /// `zone:<zone>:reads_local`, `…:reads_cross_zone`, `…:write_backs`.
     pub fn zone_counters(&self) -> Vec<(String, u64)> {
@@ -127,5 +156,50 @@ impl Stats {
             out.push((format!("zone:{zone}:write_backs"), f.write_backs.get()));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `memring_zone_warming` samples of `stats`, sorted.
+    fn warming(stats: &Stats) -> Vec<String> {
+        let mut lines: Vec<String> = stats
+            .prometheus_text()
+            .lines()
+            .filter(|l| l.starts_with("memring_zone_warming{"))
+            .map(str::to_string)
+            .collect();
+        lines.sort();
+        lines
+    }
+
+    #[test]
+    fn a_zone_no_pool_has_any_more_loses_its_warming_series() {
+        let stats = Stats::new();
+        stats.pool_zones("default", [("a", false), ("b", false), ("c", true)]);
+        stats.pool_zones("other", [("c", true)]);
+        assert_eq!(
+            warming(&stats),
+            [
+                "memring_zone_warming{zone=\"a\"} 0",
+                "memring_zone_warming{zone=\"b\"} 0",
+                "memring_zone_warming{zone=\"c\"} 1",
+            ]
+        );
+        // A reload takes zones b and c out of the default pool: b goes, c
+        // stays while the other pool has it.
+        stats.pool_zones("default", [("a", false)]);
+        assert_eq!(
+            warming(&stats),
+            [
+                "memring_zone_warming{zone=\"a\"} 0",
+                "memring_zone_warming{zone=\"c\"} 1",
+            ]
+        );
+        // The other pool is removed: c goes too.
+        stats.pool_zones("other", []);
+        assert_eq!(warming(&stats), ["memring_zone_warming{zone=\"a\"} 0"]);
     }
 }
