@@ -635,3 +635,74 @@ fn a_sidecar_restarted_mid_change_without_its_state_file_resurrects_no_delete() 
     );
     assert_eq!(restarted.count("joining the fleet's hand-off window"), 1);
 }
+
+#[test]
+fn a_noreply_write_still_unanswered_holds_the_staged_change_back_until_it_is_answered() {
+    // Work a request leaves behind counts in the drain: a `noreply` write
+    // planned on the ring in force has no client waiting for it, but until
+    // its server answered it may still be landing on a key's previous
+    // owner, so the sidecar must not say it staged the change yet.
+    let test = "left-behind";
+    let etcd = Etcd::start(test);
+    let (dir_a, dir_b) = (
+        TempDir::new("fleet", test),
+        TempDir::new("fleet", &format!("{test}-b")),
+    );
+    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
+    // a's replies go through a relay that can hold them.
+    let slow = Link::start(a.port);
+    etcd.put(
+        &key_of("a"),
+        &format!(r#"{{"addr":"127.0.0.1:{}","state":"ACTIVE"}}"#, slow.port),
+    );
+    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let link = Link::start(etcd.client_port);
+    // The drain's bound (request_timeout, capped at 5 s) is far off.
+    let settings = "request_timeout_ms = 5000";
+    let first = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir_a, settings));
+    let held = Proxy::start_text(&etcd_config(&link.endpoint(), &dir_b, settings));
+    wait_for("both sidecars registered", || registered(&etcd) == 2);
+    wait_for("both sidecars on a and b", || {
+        reads_from(&first) == ["a", "b"] && reads_from(&held) == ["a", "b"]
+    });
+    slow.hold(true);
+    let mut client = first.client();
+    let keys: Vec<String> = (0..64).map(|i| format!("behind:{i}")).collect();
+    for key in &keys {
+        client.send(format!("set {key} 0 0 1 noreply\r\nx\r\n").as_bytes());
+    }
+    // The writes reach a (only its replies are held).
+    let mut on_a = a.client();
+    wait_for("a noreply write landed on a, its reply held", || {
+        keys.iter().any(|k| on_a.get(k).is_some())
+    });
+    link.cut(true);
+    etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
+    wait_for(
+        "the first sidecar stages c, waiting on the held-back one",
+        || stat(&first, "fleet_sidecars_waited_on") == 1,
+    );
+    // As long as a has not answered, the change is not said staged.
+    let held_since = Instant::now();
+    while held_since.elapsed() < Duration::from_millis(1_000) {
+        assert_eq!(
+            stat(&first, "membership_staged_revision"),
+            0,
+            "said staged while a noreply write planned before was unanswered"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    slow.hold(false);
+    wait_for("said staged once a answered", || {
+        stat(&first, "membership_staged_revision") > 0
+    });
+    assert!(
+        held_since.elapsed() < Duration::from_secs(4),
+        "not by the bound"
+    );
+    link.cut(false);
+    wait_for("both sidecars read from a, b, c", || {
+        reads_from(&first) == ["a", "b", "c"] && reads_from(&held) == ["a", "b", "c"]
+    });
+    assert_eq!(stat(&first, "fleet_forced_switches"), 0);
+}
