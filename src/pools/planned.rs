@@ -59,6 +59,13 @@ impl Planned {
     pub(crate) fn again(&self) -> Planned {
         Planned::on(self.topology.clone())
     }
+
+    /// [`Planned::again`] where the topology counts; `None`, and no
+    /// reference taken, where it does not (work left behind that only a
+    /// fleet gate needs to know of).
+    pub(crate) fn again_if_counted(&self) -> Option<Planned> {
+        (self.shard != UNCOUNTED).then(|| self.again())
+    }
 }
 
 impl std::ops::Deref for Planned {
@@ -116,6 +123,7 @@ mod tests {
         ] {
             let a = Planned::on(t.clone());
             let b = a.again();
+            assert!(a.again_if_counted().is_none(), "{what}");
             assert_eq!(t.in_flight.count(), 0, "{what}");
             // A replaced topology is planned on as it was before counting.
             t.in_flight.retire();
@@ -126,8 +134,12 @@ mod tests {
             assert_eq!(t.in_flight.count(), 0, "{what}");
         }
         let gated = topology();
-        let _a = Planned::on(gated.clone());
+        let a = Planned::on(gated.clone());
         assert_eq!(gated.in_flight.count(), 1, "etcd with the fleet gate");
+        let b = a.again_if_counted();
+        assert_eq!(gated.in_flight.count(), 2, "and what it leaves behind");
+        drop((a, b));
+        assert_eq!(gated.in_flight.count(), 0);
     }
 
     #[test]

@@ -48,10 +48,10 @@ pub(super) struct ClientSession {
     /// `noreply` requests written to servers and not yet answered, with the
     /// bytes reserved for them: without this, a client could queue writes
     /// on a server connection faster than the server takes them. Each slot
-    /// with its server, and the topology the request was planned on, which
-    /// counts it in flight until then (a fleet's staged change waits for
-    /// such writes too: `control/fleet.rs`).
-    pub(super) unanswered: Vec<(ServerSlots, Reservation, Planned)>,
+    /// with its server, and the topology the request was planned on where
+    /// it counts requests in flight: counted until then (a fleet's staged
+    /// change waits for such writes too: `control/fleet.rs`).
+    pub(super) unanswered: Vec<(ServerSlots, Reservation, Option<Planned>)>,
     pub(super) limits: Limits,
     /// A client of a pool's own `listen`: every key goes to that pool.
     /// Otherwise the layout's routes say.

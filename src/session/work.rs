@@ -400,7 +400,7 @@ impl Work {
 pub(super) struct Earlier<'a> {
     /// The entries before the one being dispatched.
     pub(super) entries: super::fifo::Before<'a, Entry>,
-    pub(super) unanswered: &'a [(ServerSlots, Reservation, Planned)],
+    pub(super) unanswered: &'a [(ServerSlots, Reservation, Option<Planned>)],
     pub(super) current: &'a [SubInFlight],
 }
 
