@@ -872,9 +872,11 @@ mod tests {
     use super::*;
     use crate::pools::planned::Planned;
 
-    /// A publisher of one server, and a change that adds a second.
+    /// A publisher of one server, and a change that adds a second; with
+    /// etcd membership (not contacted here) and the fleet gate on, so that
+    /// requests count themselves in flight.
     fn publisher() -> (Arc<Publisher>, Config) {
-        let text = "listen = \"127.0.0.1:0\"\n[[servers]]\naddr = \"127.0.0.1:1\"\n";
+        let text = "listen = \"127.0.0.1:0\"\n[[servers]]\naddr = \"127.0.0.1:1\"\n[discovery]\netcd_endpoints = [\"127.0.0.1:2379\"]\netcd_prefix = \"/t/\"\n";
         let config = Config::parse(text, "t.toml").expect("a config");
         let mut second = config.servers[0].clone();
         second.addr = "127.0.0.1:2".into();

@@ -8,6 +8,11 @@
 //! control plane only reads them), so counting adds no cache line shared
 //! hot between cores to the request path.
 //!
+//! Only a topology a staged change can wait on is counted (etcd with the
+//! fleet gate on: `fleet_switch_ms > 0`, read only at start); elsewhere
+//! (a file, DNS, or etcd without gating) no gate ever reads the count, and
+//! a request pays nothing for it: [`InFlight::counted`] is false.
+//!
 //! A topology loaded from its pool is counted, then checked not to have
 //! been replaced meanwhile (`Planned::checked`): the publisher marks the
 //! one it replaces as retired before it reads the counts, so a request
@@ -31,6 +36,8 @@ pub(crate) struct InFlight {
     shards: [Shard; SHARDS],
     /// A newer topology of the pool replaced this one.
     retired: AtomicBool,
+    /// Whether requests are counted at all (a fleet gate reads the count).
+    counted: bool,
 }
 
 thread_local! {
@@ -51,6 +58,21 @@ fn my_shard() -> usize {
 }
 
 impl InFlight {
+    /// A count that requests keep when `counted` (a fleet gate reads it),
+    /// and that stays 0 otherwise.
+    pub(crate) fn new(counted: bool) -> InFlight {
+        InFlight {
+            counted,
+            ..InFlight::default()
+        }
+    }
+
+    /// Whether requests on this topology count themselves in flight.
+    #[inline]
+    pub(super) fn counted(&self) -> bool {
+        self.counted
+    }
+
     pub(super) fn enter(&self) -> u8 {
         let shard = my_shard();
         self.shards[shard].0.fetch_add(1, Ordering::Relaxed);
@@ -90,6 +112,7 @@ impl std::fmt::Debug for InFlight {
         f.debug_struct("InFlight")
             .field("count", &self.count())
             .field("retired", &self.retired())
+            .field("counted", &self.counted)
             .finish()
     }
 }

@@ -7,17 +7,27 @@ use std::sync::Arc;
 use super::topology::Topology;
 
 /// A topology a request was planned on, counted in flight on it while this
-/// lives. Derefs to the topology.
+/// lives (when the topology counts: `InFlight::counted`). Derefs to the
+/// topology.
 pub(crate) struct Planned {
     topology: Arc<Topology>,
+    /// The shard counted on; [`UNCOUNTED`] when the topology counts nothing.
     shard: u8,
 }
+
+/// The shard of a `Planned` that was not counted.
+const UNCOUNTED: u8 = u8::MAX;
 
 impl Planned {
     /// `topology`, counted. For a topology just loaded from its pool, use
     /// [`Planned::checked`], which also sees a replacement.
+    #[inline]
     pub(crate) fn on(topology: Arc<Topology>) -> Planned {
-        let shard = topology.in_flight.enter();
+        let shard = if topology.in_flight.counted() {
+            topology.in_flight.enter()
+        } else {
+            UNCOUNTED
+        };
         Planned { topology, shard }
     }
 
@@ -30,6 +40,11 @@ impl Planned {
         mut now: impl FnMut(&Arc<Topology>) -> Arc<Topology>,
     ) -> Planned {
         let mut planned = Planned::on(topology);
+        if planned.shard == UNCOUNTED {
+            // No gate waits on this topology: which one the request plans
+            // on is as it was before counting.
+            return planned;
+        }
         for _ in 0..4 {
             fence(Ordering::SeqCst);
             if !planned.topology.in_flight.retired() {
@@ -44,6 +59,13 @@ impl Planned {
     pub(crate) fn again(&self) -> Planned {
         Planned::on(self.topology.clone())
     }
+
+    /// [`Planned::again`] where the topology counts; `None`, and no
+    /// reference taken, where it does not (work left behind that only a
+    /// fleet gate needs to know of).
+    pub(crate) fn again_if_counted(&self) -> Option<Planned> {
+        (self.shard != UNCOUNTED).then(|| self.again())
+    }
 }
 
 impl std::ops::Deref for Planned {
@@ -55,8 +77,11 @@ impl std::ops::Deref for Planned {
 }
 
 impl Drop for Planned {
+    #[inline]
     fn drop(&mut self) {
-        self.topology.in_flight.leave(self.shard);
+        if self.shard != UNCOUNTED {
+            self.topology.in_flight.leave(self.shard);
+        }
     }
 }
 
@@ -64,15 +89,57 @@ impl Drop for Planned {
 mod tests {
     use super::*;
 
-    fn topology() -> Arc<Topology> {
-        let text = "listen = \"127.0.0.1:0\"\n[[servers]]\naddr = \"127.0.0.1:1\"\n";
-        let config = crate::config::Config::parse(text, "t.toml").expect("a config");
+    /// The servers of a file, and (`etcd`) a membership from etcd with
+    /// these `[discovery]` lines.
+    fn topology_of(etcd: Option<&str>) -> Arc<Topology> {
+        let mut text =
+            "listen = \"127.0.0.1:0\"\n[[servers]]\naddr = \"127.0.0.1:1\"\n".to_string();
+        if let Some(lines) = etcd {
+            text += "[discovery]\netcd_endpoints = [\"127.0.0.1:2379\"]\netcd_prefix = \"/t/\"\n";
+            text += lines;
+        }
+        let config = crate::config::Config::parse(&text, "t.toml").expect("a config");
         Arc::new(Topology::assemble(
             Arc::new(config),
             1,
             Box::new([]),
             Vec::new(),
         ))
+    }
+
+    /// A topology a fleet gate waits on: etcd, gating on (the default).
+    fn topology() -> Arc<Topology> {
+        topology_of(Some(""))
+    }
+
+    #[test]
+    fn nothing_is_counted_where_no_fleet_gate_reads_the_count() {
+        for (what, t) in [
+            ("a file", topology_of(None)),
+            (
+                "etcd, gating off",
+                topology_of(Some("fleet_switch_ms = 0\n")),
+            ),
+        ] {
+            let a = Planned::on(t.clone());
+            let b = a.again();
+            assert!(a.again_if_counted().is_none(), "{what}");
+            assert_eq!(t.in_flight.count(), 0, "{what}");
+            // A replaced topology is planned on as it was before counting.
+            t.in_flight.retire();
+            let other = topology_of(None);
+            let c = Planned::checked(t.clone(), |_| other.clone());
+            assert!(Arc::ptr_eq(&c, &t), "{what}");
+            drop((a, b, c));
+            assert_eq!(t.in_flight.count(), 0, "{what}");
+        }
+        let gated = topology();
+        let a = Planned::on(gated.clone());
+        assert_eq!(gated.in_flight.count(), 1, "etcd with the fleet gate");
+        let b = a.again_if_counted();
+        assert_eq!(gated.in_flight.count(), 2, "and what it leaves behind");
+        drop((a, b));
+        assert_eq!(gated.in_flight.count(), 0);
     }
 
     #[test]

@@ -258,6 +258,18 @@ impl Previous {
 /// The current topology, shared by every session.
 pub type SharedTopology = Arc<ArcSwap<Topology>>;
 
+/// Whether requests on a topology of `config` count themselves in flight:
+/// only where a staged change waits on that count (etcd membership with the
+/// fleet gate on; `control/fleet.rs`). etcd settings are read at start only,
+/// so every topology of a pool agrees.
+fn counts_in_flight(config: &Config) -> bool {
+    config
+        .discovery
+        .etcd
+        .as_ref()
+        .is_some_and(|etcd| !etcd.fleet_switch.is_zero())
+}
+
 impl Topology {
     /// The window this topology is in, as the state file keeps it; `None`
     /// without one (or when its rings do not say where their servers are:
@@ -329,6 +341,7 @@ impl Topology {
         // With a gutter pool a DEAD server keeps its place: its keys go to
         // the gutter instead of to the other servers, and come back to it.
         let keeps_place = config.failover.is_some();
+        let counted = counts_in_flight(&config);
         let mut warming = Vec::new();
         // Warming servers and those staged in: on the staged ring only.
         let mut staged_only = Vec::new();
@@ -416,7 +429,7 @@ impl Topology {
             dropped: Box::new([]),
             undoes: false,
             staged,
-            in_flight: Default::default(),
+            in_flight: crate::pools::in_flight::InFlight::new(counted),
         }
     }
 

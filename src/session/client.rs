@@ -48,8 +48,10 @@ pub(super) struct ClientSession {
     /// `noreply` requests written to servers and not yet answered, with the
     /// bytes reserved for them: without this, a client could queue writes
     /// on a server connection faster than the server takes them. Each slot
-    /// with its server.
-    pub(super) unanswered: Vec<(ServerSlots, Reservation)>,
+    /// with its server, and the topology the request was planned on where
+    /// it counts requests in flight: counted until then (a fleet's staged
+    /// change waits for such writes too: `control/fleet.rs`).
+    pub(super) unanswered: Vec<(ServerSlots, Reservation, Option<Planned>)>,
     pub(super) limits: Limits,
     /// A client of a pool's own `listen`: every key goes to that pool.
     /// Otherwise the layout's routes say.
@@ -513,9 +515,9 @@ impl ClientSession {
     pub(super) fn settle(&mut self) {
         let mut i = 0;
         while i < self.unanswered.len() {
-            let (slots, _) = &self.unanswered[i];
+            let (slots, ..) = &self.unanswered[i];
             if slots.iter().all(|(_, slot)| slot.outcome().is_some()) {
-                let (slots, _released) = self.unanswered.remove(i);
+                let (slots, _released, _planned) = self.unanswered.remove(i);
                 slots
                     .into_iter()
                     .for_each(|(_, slot)| spares::keep_slot(slot));

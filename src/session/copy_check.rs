@@ -3,7 +3,8 @@
 //! connection; what follows its reply runs on its own, and no client waits
 //! for it: the source is read again, and the copy replaces the lease only if
 //! the value is still there; otherwise the lease is taken back. Only the
-//! client's later writes of moved keys wait (see [`CopiesUnderWay`]).
+//! client's later writes of moved keys wait (see [`CopiesUnderWay`]). A
+//! copy under way counts in flight on its request's topology.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -16,6 +17,7 @@ use crate::plan::handoff::{
     copy_outcome, fill_outcome, landed_cas, meta_expect, CopyOutcome, ReadCopy,
 };
 use crate::plan::route::CallResult;
+use crate::pools::planned::Planned;
 use crate::pools::topology::Topology;
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::outcome::{Outcome, Reply};
@@ -82,7 +84,11 @@ pub(super) fn send(
         super::count_copy(&worker.stats, CopyOutcome::Failed);
         return;
     };
-    let (worker, topology) = (worker.clone(), topology.clone());
+    // The copy writes on behalf of a request planned on `topology`: it
+    // counts in flight there until it is done, so that a fleet's staged
+    // change is not said staged while it may still land on a previous
+    // owner (`control/fleet.rs`). The request still counts at this point.
+    let (worker, topology) = (worker.clone(), Planned::on(topology.clone()));
     let ended = under_way.begin();
     let checks = worker.checks.clone();
     checks.spawn_local(async move {

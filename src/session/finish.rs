@@ -72,8 +72,9 @@ impl ClientSession {
                 .iter()
                 .filter_map(|p| Some((p.server, p.slot.clone()?)))
                 .collect();
+            let planned = entry.topology.again_if_counted();
             self.unanswered
-                .push((slots, std::mem::take(&mut entry.reserved)));
+                .push((slots, std::mem::take(&mut entry.reserved), planned));
             return true;
         }
         match finish {

@@ -400,7 +400,7 @@ impl Work {
 pub(super) struct Earlier<'a> {
     /// The entries before the one being dispatched.
     pub(super) entries: super::fifo::Before<'a, Entry>,
-    pub(super) unanswered: &'a [(ServerSlots, Reservation)],
+    pub(super) unanswered: &'a [(ServerSlots, Reservation, Option<Planned>)],
     pub(super) current: &'a [SubInFlight],
 }
 
@@ -418,7 +418,7 @@ impl Unanswered for Earlier<'_> {
             && self
                 .unanswered
                 .iter()
-                .flat_map(|(slots, _)| slots)
+                .flat_map(|(slots, ..)| slots)
                 .filter(|(_, slot)| slot.outcome().is_none())
                 .all(|(to, slot)| ours(*to, slot))
     }

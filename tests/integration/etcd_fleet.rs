@@ -635,3 +635,164 @@ fn a_sidecar_restarted_mid_change_without_its_state_file_resurrects_no_delete() 
     );
     assert_eq!(restarted.count("joining the fleet's hand-off window"), 1);
 }
+
+#[test]
+fn a_noreply_write_still_unanswered_holds_the_staged_change_back_until_it_is_answered() {
+    // Work a request leaves behind counts in the drain: a `noreply` write
+    // planned on the ring in force has no client waiting for it, but until
+    // its server answered it may still be landing on a key's previous
+    // owner, so the sidecar must not say it staged the change yet.
+    let test = "left-behind";
+    let etcd = Etcd::start(test);
+    let (dir_a, dir_b) = (
+        TempDir::new("fleet", test),
+        TempDir::new("fleet", &format!("{test}-b")),
+    );
+    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
+    // a's replies go through a relay that can hold them.
+    let slow = Link::start(a.port);
+    etcd.put(
+        &key_of("a"),
+        &format!(r#"{{"addr":"127.0.0.1:{}","state":"ACTIVE"}}"#, slow.port),
+    );
+    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let link = Link::start(etcd.client_port);
+    // The drain's bound (request_timeout, capped at 5 s) is far off.
+    let settings = "request_timeout_ms = 5000";
+    let first = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir_a, settings));
+    let held = Proxy::start_text(&etcd_config(&link.endpoint(), &dir_b, settings));
+    wait_for("both sidecars registered", || registered(&etcd) == 2);
+    wait_for("both sidecars on a and b", || {
+        reads_from(&first) == ["a", "b"] && reads_from(&held) == ["a", "b"]
+    });
+    slow.hold(true);
+    let mut client = first.client();
+    let keys: Vec<String> = (0..64).map(|i| format!("behind:{i}")).collect();
+    for key in &keys {
+        client.send(format!("set {key} 0 0 1 noreply\r\nx\r\n").as_bytes());
+    }
+    // The writes reach a (only its replies are held).
+    let mut on_a = a.client();
+    wait_for("a noreply write landed on a, its reply held", || {
+        keys.iter().any(|k| on_a.get(k).is_some())
+    });
+    link.cut(true);
+    etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
+    wait_for(
+        "the first sidecar stages c, waiting on the held-back one",
+        || stat(&first, "fleet_sidecars_waited_on") == 1,
+    );
+    // As long as a has not answered, the change is not said staged.
+    let held_since = Instant::now();
+    while held_since.elapsed() < Duration::from_millis(1_000) {
+        assert_eq!(
+            stat(&first, "membership_staged_revision"),
+            0,
+            "said staged while a noreply write planned before was unanswered"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    slow.hold(false);
+    wait_for("said staged once a answered", || {
+        stat(&first, "membership_staged_revision") > 0
+    });
+    assert!(
+        held_since.elapsed() < Duration::from_secs(4),
+        "not by the bound"
+    );
+    link.cut(false);
+    wait_for("both sidecars read from a, b, c", || {
+        reads_from(&first) == ["a", "b", "c"] && reads_from(&held) == ["a", "b", "c"]
+    });
+    assert_eq!(stat(&first, "fleet_forced_switches"), 0);
+}
+
+/// c joins, then b leaves, while the second sidecar cannot hear of either
+/// (its link to etcd cut); with `first_misses_the_second`, the first's
+/// link is cut too before b leaves and mended after the second's, so the
+/// second stages both changes at once before the first hears of b. Clients
+/// write and read through both meanwhile. Returns (writes, reads, stale,
+/// errors).
+fn a_second_change_while_one_is_staged(
+    test: &str,
+    first_misses_the_second: bool,
+) -> (u64, u64, u64, u64) {
+    let etcd = Etcd::start(test);
+    let (dir_a, dir_b) = (
+        TempDir::new("fleet", test),
+        TempDir::new("fleet", &format!("{test}-b")),
+    );
+    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
+    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let (link_first, link) = (Link::start(etcd.client_port), Link::start(etcd.client_port));
+    let first = Proxy::start_text(&etcd_config(&link_first.endpoint(), &dir_a, ""));
+    let held = Proxy::start_text(&etcd_config(&link.endpoint(), &dir_b, ""));
+    wait_for("both sidecars registered", || registered(&etcd) == 2);
+    wait_for("both sidecars on a and b", || {
+        reads_from(&first) == ["a", "b"] && reads_from(&held) == ["a", "b"]
+    });
+    let check = StaleCheck::start([&first, &held], 300);
+    check.more_writes("traffic before the changes", 500);
+    link.cut(true);
+    let cut = Instant::now();
+    etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
+    wait_for("the first sidecar stages c", || {
+        stat(&first, "membership_staged_revision") > 0
+    });
+    let joined = stat(&first, "membership_staged_revision");
+    check.more_writes_within(300, Duration::from_secs(1));
+    if first_misses_the_second {
+        link_first.cut(true);
+    }
+    etcd.put(&key_of("b"), &record(&b, "LEAVING"));
+    if first_misses_the_second {
+        link.cut(false);
+        wait_for("the second sidecar stages both changes", || {
+            stat(&held, "membership_staged_revision") > joined
+        });
+        check.more_writes_within(500, Duration::from_secs(1));
+        assert_eq!(reads_from(&held), ["a", "b"], "waits for the first");
+        link_first.cut(false);
+    } else {
+        wait_for("the first sidecar stages b's leaving on top", || {
+            stat(&first, "membership_staged_revision") > joined
+        });
+        check.more_writes_within(1_000, Duration::from_secs(3));
+        assert_eq!(reads_from(&first), ["a", "b"], "still waits");
+        assert_eq!(reads_from(&held), ["a", "b"], "held back: it cannot know");
+        assert_eq!(stat(&first, "fleet_sidecars_waited_on"), 1);
+        link.cut(false);
+    }
+    assert!(cut.elapsed() < Duration::from_secs(8), "within the lease");
+    wait_for("both sidecars read from a and c", || {
+        reads_from(&first) == ["a", "c"] && reads_from(&held) == ["a", "c"]
+    });
+    check.more_writes("traffic after the switch", 1_500);
+    let figures = check.finish();
+    eprintln!("{test}: writes, reads, stale, errors: {figures:?}");
+    for proxy in [&first, &held] {
+        assert_eq!(stat(proxy, "fleet_forced_switches"), 0);
+        assert_eq!(stat(proxy, "membership_staged_revision"), 0);
+    }
+    assert_eq!(
+        etcd.ctl(&["get", "--print-value-only", &format!("{PREFIX}staged")])
+            .trim(),
+        "",
+        "the staged record is gone once switched"
+    );
+    figures
+}
+
+#[test]
+fn a_second_change_while_the_first_waits_for_a_held_back_sidecar_reads_nothing_stale() {
+    let (_, reads, stale, errors) = a_second_change_while_one_is_staged("chained", false);
+    assert_eq!((stale, errors), (0, 0), "of {reads} reads");
+}
+
+#[test]
+fn a_held_back_sidecar_that_stages_two_changes_at_once_before_the_other_hears_of_the_second_reads_nothing_stale(
+) {
+    let (_, reads, stale, errors) = a_second_change_while_one_is_staged("chained-both", true);
+    assert_eq!((stale, errors), (0, 0), "of {reads} reads");
+}

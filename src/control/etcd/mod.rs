@@ -34,7 +34,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, EventType, GetOptions, PutOptions, WatchOptions};
+use etcd_client::{
+    Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
+};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
@@ -438,30 +440,96 @@ async fn read_staged(etcd: &EtcdSource) -> Option<fleet::StagedRecord> {
         .ok()
 }
 
+/// The key every sidecar writes when it switches reads to a staged change
+/// (`{"revision":N,"digest":"…"}`): a `<prefix>staged` record put after it
+/// is refused (see [`put_staged`]).
+fn switched_key(etcd: &EtcdSource) -> String {
+    format!("{}switched", etcd.prefix)
+}
+
 /// Puts the change staged under `<prefix>staged` for a sidecar that starts
-/// before the fleet switches to it.
-async fn put_staged(client: &mut Client, etcd: &EtcdSource, record: &fleet::StagedRecord) {
+/// before the fleet switches to it; only if no sidecar switched reads
+/// (wrote `<prefix>switched`) after store revision `seen`, at which this
+/// sidecar read the others' registrations and found one not there yet.
+/// So a put that lands late (from a sidecar cut off from etcd, or one that
+/// timed out here and reached etcd later) cannot leave behind the record
+/// of a change the fleet has switched to, which would start a sidecar on
+/// a ring the others no longer write. Whether it was written.
+async fn put_staged(
+    client: &mut Client,
+    etcd: &EtcdSource,
+    record: &fleet::StagedRecord,
+    seen: i64,
+) -> bool {
     let Ok(value) = serde_json::to_string(record) else {
-        return;
+        return false;
     };
-    let put = tokio::time::timeout(REQUEST_TIMEOUT, client.put(staged_key(etcd), value, None));
-    if !matches!(put.await, Ok(Ok(_))) {
-        tracing::warn!(
-            "etcd: cannot write {}: a sidecar that starts before the fleet switches to revision {} starts on it at once",
-            staged_key(etcd),
-            record.revision
-        );
+    let txn = Txn::new()
+        .when([Compare::mod_revision(
+            switched_key(etcd),
+            CompareOp::Less,
+            seen.saturating_add(1),
+        )])
+        .and_then([TxnOp::put(staged_key(etcd), value, None)]);
+    match tokio::time::timeout(REQUEST_TIMEOUT, client.txn(txn)).await {
+        Ok(Ok(done)) if done.succeeded() => true,
+        Ok(Ok(_)) => {
+            tracing::info!(
+                "etcd: {} not written for revision {}: a sidecar switched reads after this one read the others (store revision {seen})",
+                staged_key(etcd),
+                record.revision
+            );
+            false
+        }
+        _ => {
+            tracing::warn!(
+                "etcd: cannot write {}: a sidecar that starts before the fleet switches to revision {} starts on it at once",
+                staged_key(etcd),
+                record.revision
+            );
+            false
+        }
     }
 }
 
-/// Deletes `<prefix>staged` once switched to the change of `digest` (not
-/// a later change's record another sidecar put meanwhile).
-async fn drop_staged(client: &mut Client, etcd: &EtcdSource, digest: u64) {
-    let Some(record) = read_staged(etcd).await else {
-        return;
+/// On a switch to the change of `digest` at `revision`: writes
+/// `<prefix>switched` (so that a late `<prefix>staged` put is refused) and
+/// deletes `<prefix>staged` if it is that change's record, in one
+/// transaction that compares the record's mod revision (not a later
+/// change's record another sidecar put meanwhile).
+async fn drop_staged(client: &mut Client, etcd: &EtcdSource, digest: u64, revision: i64) {
+    let marker = serde_json::json!({
+        "revision": revision,
+        "digest": crate::ring::digest::hex(digest),
+    })
+    .to_string();
+    let got = tokio::time::timeout(REQUEST_TIMEOUT, client.get(staged_key(etcd), None)).await;
+    let ours = got.ok().and_then(Result::ok).and_then(|response| {
+        let kv = response.kvs().first()?;
+        let record: fleet::StagedRecord = serde_json::from_slice(kv.value()).ok()?;
+        (crate::ring::digest::parse_hex(&record.target_digest) == Some(digest))
+            .then_some(kv.mod_revision())
+    });
+    let switched = TxnOp::put(switched_key(etcd), marker, None);
+    let txn = match ours {
+        Some(at) => Txn::new()
+            .when([Compare::mod_revision(
+                staged_key(etcd),
+                CompareOp::Equal,
+                at,
+            )])
+            .and_then([TxnOp::delete(staged_key(etcd), None), switched.clone()])
+            .or_else([switched]),
+        None => Txn::new().and_then([switched]),
     };
-    if crate::ring::digest::parse_hex(&record.target_digest) == Some(digest) {
-        let _ = tokio::time::timeout(REQUEST_TIMEOUT, client.delete(staged_key(etcd), None)).await;
+    if !matches!(
+        tokio::time::timeout(REQUEST_TIMEOUT, client.txn(txn)).await,
+        Ok(Ok(_))
+    ) {
+        tracing::warn!(
+            "etcd: cannot write {} after switching to revision {revision}",
+            switched_key(etcd)
+        );
     }
 }
 
@@ -929,9 +997,12 @@ async fn apply(sidecar: &Sidecar<'_>, members: &Members, fleet: &mut Fleet, clie
     let mut waiting = Some(0);
     // Another sidecar reads from the new servers already.
     let mut in_service = false;
+    // The store revision at which the others were read (see `put_staged`).
+    let mut seen = members.revision;
     if !etcd.fleet_switch.is_zero() && fleet::gated(&in_force, &target) {
-        waiting = match peers(client, etcd).await {
-            Ok(read) => {
+        waiting = match peers_at(client, etcd).await {
+            Ok((at, read)) => {
+                seen = at;
                 let digest = fleet::servers_digest(&target);
                 in_service = fleet::read_elsewhere(&read, &fleet.me, digest);
                 Some(fleet::lagging(&read, &fleet.me, members.revision, digest).len())
@@ -978,12 +1049,8 @@ async fn apply(sidecar: &Sidecar<'_>, members: &Members, fleet: &mut Fleet, clie
         pending.waiting = waiting.unwrap_or(0);
         // Before this sidecar says it staged (its registration), so that a
         // sidecar that starts while the fleet waits starts on this ring.
-        put_staged(
-            client,
-            etcd,
-            &fleet::StagedRecord::of(&pending, fleet.applied),
-        )
-        .await;
+        let record = fleet::StagedRecord::of(&pending, fleet.applied);
+        put_staged(client, etcd, &record, seen).await;
         fleet.pending = Some(pending);
     } else {
         let from_store = members.servers(&file);
@@ -1158,6 +1225,124 @@ mod tests {
         m.put(P, "/m/members/a", &rec("127.0.0.1:1", "LEAVING"));
         m.delete(P, "/m/members/a", Instant::now(), Duration::from_secs(10));
         assert!(m.entries.is_empty());
+    }
+
+    /// A one-node etcd (`etcd` on free loopback ports, a temporary data
+    /// dir), killed by PID and its dir removed on drop.
+    struct RealEtcd {
+        child: std::process::Child,
+        dir: std::path::PathBuf,
+        port: u16,
+    }
+
+    impl RealEtcd {
+        fn start() -> RealEtcd {
+            let free = || {
+                let socket = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+                socket.local_addr().expect("an addr").port()
+            };
+            let (port, peer) = (free(), free());
+            let dir =
+                std::env::temp_dir().join(format!("memring-staged-{}-{port}", std::process::id()));
+            let client = format!("http://127.0.0.1:{port}");
+            let peer = format!("http://127.0.0.1:{peer}");
+            let child = std::process::Command::new("etcd")
+                .args(["--name", "t", "--data-dir"])
+                .arg(dir.join("data"))
+                .args(["--listen-client-urls", &client])
+                .args(["--advertise-client-urls", &client])
+                .args(["--listen-peer-urls", &peer])
+                .args(["--initial-advertise-peer-urls", &peer])
+                .args(["--initial-cluster", &format!("t={peer}")])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("etcd must be installed (scripts/test installs etcd-server)");
+            RealEtcd { child, dir, port }
+        }
+    }
+
+    impl Drop for RealEtcd {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    #[test]
+    fn a_staged_record_put_after_a_sidecar_switched_is_refused() {
+        let etcd = RealEtcd::start();
+        let text = format!(
+            "listen = \"127.0.0.1:0\"\n[discovery]\netcd_endpoints = [\"http://127.0.0.1:{}\"]\netcd_prefix = \"/s/\"\n",
+            etcd.port
+        );
+        let config = Config::parse(&text, "t.toml").expect("a config");
+        let source = config.discovery.etcd.clone().expect("etcd");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let mut client = loop {
+                if let Ok(mut client) = connect(&source).await {
+                    if client.get("/", None).await.is_ok() {
+                        break client;
+                    }
+                }
+                assert!(Instant::now() < deadline, "etcd did not answer");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            let server = |name: &str| ServerConfig {
+                addr: format!("127.0.0.1:{}", 1000 + name.len()),
+                name: name.into(),
+                weight: 1,
+                tls: false,
+                warming: false,
+                staged_out: false,
+                staged_in: false,
+                staged_weight: None,
+                zone: None,
+            };
+            let pending = |target: Vec<ServerConfig>| {
+                Pending::new(9, target, vec![server("a")], None, 1, Duration::ZERO)
+            };
+            let change = pending(vec![server("a"), server("bb")]);
+            let record = fleet::StagedRecord::of(&change, 8);
+            let now = |client: &mut Client| {
+                let mut client = client.clone();
+                async move {
+                    let got = client.get("/", None).await.expect("a read");
+                    got.header().expect("a header").revision()
+                }
+            };
+            let staged = |client: &mut Client| {
+                let mut client = client.clone();
+                let key = staged_key(&source);
+                async move { client.get(key, None).await.expect("a read").kvs().len() }
+            };
+            // Two sidecars read the others (one lagging) at `seen`.
+            let seen = now(&mut client).await;
+            assert!(put_staged(&mut client, &source, &record, seen).await);
+            assert_eq!(staged(&mut client).await, 1);
+            // One switches: the record goes, the switch is marked.
+            drop_staged(&mut client, &source, change.digest, change.revision).await;
+            assert_eq!(staged(&mut client).await, 0);
+            // The other's put, decided at `seen`, lands late: refused.
+            assert!(!put_staged(&mut client, &source, &record, seen).await);
+            assert_eq!(staged(&mut client).await, 0, "no stale record");
+            // A later change, staged after the switch, is recorded.
+            let later = pending(vec![server("a"), server("ccc")]);
+            let later_record = fleet::StagedRecord::of(&later, 9);
+            let seen = now(&mut client).await;
+            assert!(put_staged(&mut client, &source, &later_record, seen).await);
+            // A switch to the earlier change leaves the later one's record.
+            drop_staged(&mut client, &source, change.digest, change.revision).await;
+            assert_eq!(staged(&mut client).await, 1, "another change's record");
+            drop_staged(&mut client, &source, later.digest, later.revision).await;
+            assert_eq!(staged(&mut client).await, 0);
+        });
     }
 
     #[test]

@@ -89,11 +89,20 @@ pub(super) async fn peers(
     client: &mut Client,
     etcd: &EtcdSource,
 ) -> Result<Vec<(String, Vec<u8>)>, String> {
-    let (_, read) = read_prefix(client, format!("{}proxies/", etcd.prefix)).await?;
-    Ok(read
+    Ok(peers_at(client, etcd).await?.1)
+}
+
+/// [`peers`], and the store revision of the read.
+pub(super) async fn peers_at(
+    client: &mut Client,
+    etcd: &EtcdSource,
+) -> Result<(i64, Vec<(String, Vec<u8>)>), String> {
+    let (at, read) = read_prefix(client, format!("{}proxies/", etcd.prefix)).await?;
+    let read = read
         .into_iter()
         .map(|(key, value, _)| (key, value))
-        .collect())
+        .collect();
+    Ok((at, read))
 }
 
 /// A change is staged: switches to it once every live sidecar staged it
@@ -217,7 +226,7 @@ pub(super) async fn switch(
     )
     .await;
     fleet.applied = pending.revision;
-    drop_staged(client, etcd, pending.digest).await;
+    drop_staged(client, etcd, pending.digest, pending.revision).await;
 }
 
 /// The revision and states for `stats`, and for the proxy registration.

@@ -159,6 +159,15 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, switches: &Switches, holds: bool
         match from.read(&mut buffer) {
             Ok(0) => break,
             Ok(n) => {
+                // A chunk read as the hold began is held too: nothing the
+                // upstream sends after `hold(true)` returned goes through.
+                while holds
+                    && switches.hold.load(Ordering::Relaxed)
+                    && !switches.stop.load(Ordering::Relaxed)
+                    && !switches.cut.load(Ordering::Relaxed)
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
                 if to.write_all(&buffer[..n]).is_err() {
                     break;
                 }
