@@ -152,10 +152,12 @@ impl HealthView {
         if !hot && local {
             return None;
         }
-        // With `"local"` and a zone to read in, a hot key's reads stay on
-        // the local replica while it is within the bound (other zones' cost
-        // money); elsewhere they take turns round the replicas.
-        let start = if hot && !(local && topology.reads_local_first()) {
+        // With `"local"` and a zone to read in, a hot key's reads are spread
+        // over the local zone's replicas only: other zones' reads cost
+        // money, and the near cache and coalescing take a hot key's load
+        // off its server. Elsewhere they take turns round the replicas.
+        let within_local = local && topology.reads_local_first();
+        let start = if hot && !within_local {
             let start = balancing.next_hot.get();
             balancing.next_hot.set(start.wrapping_add(1));
             start
@@ -166,6 +168,7 @@ impl HealthView {
             load: balancing,
             epsilon: balance.epsilon,
             start,
+            within_local,
         })
     }
 
@@ -186,6 +189,10 @@ pub(crate) struct Balance<'a> {
     /// Where among the live replicas the walk starts (modulo their
     /// number): 0, the first choice, except for hot keys.
     pub(crate) start: usize,
+    /// Only the live replicas in this sidecar's zone are balanced over
+    /// (`read_balance = "local"` with a sidecar zone); all live ones when
+    /// none is local.
+    pub(crate) within_local: bool,
 }
 
 /// Servers' loads, as [`order_read`] reads and moves them.
@@ -233,7 +240,13 @@ pub(crate) fn order_read(
     let Some(balance) = balance else {
         return false;
     };
-    let live = servers.iter().take_while(|&&s| !dead(s)).count();
+    // The live replicas balanced over: sorted first, so a prefix.
+    let local_live = servers.iter().take_while(|&&s| !dead(s) && local(s)).count();
+    let live = if balance.within_local && local_live > 0 {
+        local_live
+    } else {
+        servers.iter().take_while(|&&s| !dead(s)).count()
+    };
     if live == 0 {
         return false;
     }
@@ -1126,7 +1139,41 @@ mod tests {
             load,
             epsilon,
             start,
+            within_local: false,
         })
+    }
+
+    #[test]
+    fn within_the_local_zone_a_busy_local_replica_keeps_its_reads() {
+        // Servers 0 and 2 are local: balanced over them only, however busy
+        // they are and however idle the far ones.
+        let loads = Loads::of(&[12, 0, 6, 0]);
+        let mut servers = vec![0, 1, 2, 3];
+        let local = |s: usize| s % 2 == 0;
+        let within = Some(Balance {
+            load: &loads,
+            epsilon: 0.25,
+            start: 0,
+            within_local: true,
+        });
+        assert!(order_read(&mut servers, local, |_| false, within));
+        assert_eq!(servers, vec![2, 0, 1, 3]);
+        // With every local replica DEAD, the far ones are balanced over.
+        let mut servers = vec![0, 1, 2, 3];
+        let far = Loads::of(&[0, 7, 0, 1]);
+        let within = Some(Balance {
+            load: &far,
+            epsilon: 0.25,
+            start: 0,
+            within_local: true,
+        });
+        assert!(order_read(&mut servers, local, |s| s % 2 == 0, within));
+        assert_eq!(servers, vec![3, 1, 0, 2]);
+        // Without it, the idle far replica takes the read.
+        let mut servers = vec![0, 1, 2, 3];
+        let loads = Loads::of(&[12, 0, 6, 0]);
+        assert!(order_read(&mut servers, local, |_| false, balance(&loads, 0.25, 0)));
+        assert_eq!(servers[0], 1);
     }
 
     #[test]
