@@ -75,8 +75,8 @@ use crate::plan::route::{Plan, SubRequest};
 use crate::pools::topology::Topology;
 use crate::protocol::meta::MetaRequest;
 use crate::protocol::{Command, Request};
+use coalesce::Flight;
 pub(crate) use coalesce::Ticket;
-use coalesce::{Flight, FlightState};
 use detect::WorkerState;
 pub(crate) use monitor::monitor;
 pub(crate) use monitor::run_windows;
@@ -387,7 +387,7 @@ impl HotWorker {
                     && flight.line == sub.line
                     && !flight_state.started
                     && !flight_state.done
-                    && earlier.all_to(sub.server, &mut |s| flight.answers(s))
+                    && earlier.all_to(sub.server, &mut |s| flight.answers(&flight_state, s))
                 {
                     flight.join(slot, &mut flight_state);
                     stats.coalesced.inc();
@@ -396,7 +396,12 @@ impl HotWorker {
                 }
             }
         }
-        state.flights.remove(&hash);
+        // The key's last flight, when done and held by nothing else, lends
+        // its storage to the next.
+        let spent = state
+            .flights
+            .remove(&hash)
+            .filter(|f| Rc::strong_count(f) == 1 && f.state.borrow().done);
         // Only a value fetched while no write is pending may be kept.
         let fill = (quiet && command == Command::Get && live.cache.is_some())
             .then(|| cache_key(topology.pool_id, key));
@@ -406,25 +411,17 @@ impl HotWorker {
             hash,
             version,
             fill,
+            spent,
         }))
     }
 
     /// The ticket's request was queued with its reply going to `slot`.
     pub(crate) fn sent(&self, ticket: Ticket, slot: &Rc<Slot>) {
-        let flight = Rc::new(Flight {
-            id: coalesce::next_flight_id(),
-            conn: ticket.conn,
-            origin: Rc::downgrade(slot),
-            line: ticket.line,
-            hash: ticket.hash,
-            version: ticket.version,
-            fill: ticket.fill,
-            shared: self.shared.clone(),
-            state: RefCell::new(FlightState::default()),
-        });
+        let hash = ticket.hash;
+        let flight = Flight::reuse(ticket, slot, &self.shared);
         slot.watch(flight.clone());
         if self.shared.live.load().settings.coalesce {
-            self.state.borrow_mut().flights.insert(ticket.hash, flight);
+            self.state.borrow_mut().flights.insert(hash, flight);
         }
     }
 }
