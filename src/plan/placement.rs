@@ -241,7 +241,10 @@ pub(crate) fn order_read(
         return false;
     };
     // The live replicas balanced over: sorted first, so a prefix.
-    let local_live = servers.iter().take_while(|&&s| !dead(s) && local(s)).count();
+    let local_live = servers
+        .iter()
+        .take_while(|&&s| !dead(s) && local(s))
+        .count();
     let live = if balance.within_local && local_live > 0 {
         local_live
     } else {
@@ -1172,7 +1175,12 @@ mod tests {
         // Without it, the idle far replica takes the read.
         let mut servers = vec![0, 1, 2, 3];
         let loads = Loads::of(&[12, 0, 6, 0]);
-        assert!(order_read(&mut servers, local, |_| false, balance(&loads, 0.25, 0)));
+        assert!(order_read(
+            &mut servers,
+            local,
+            |_| false,
+            balance(&loads, 0.25, 0)
+        ));
         assert_eq!(servers[0], 1);
     }
 
