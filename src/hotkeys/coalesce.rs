@@ -210,17 +210,7 @@ mod tests {
             tls: None,
             pool: "default".into(),
         };
-        let server = ServerConfig {
-            addr: "127.0.0.1:11211".to_string(),
-            name: "idle".to_string(),
-            weight: 1,
-            tls: false,
-            warming: false,
-            staged_out: false,
-            staged_in: false,
-            staged_weight: None,
-            zone: None,
-        };
+        let server = ServerConfig::plain("idle", "127.0.0.1:11211");
         let settings = BackendSettings {
             connections: 1,
             connect_timeout: Duration::from_millis(2000),

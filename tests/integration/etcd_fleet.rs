@@ -16,7 +16,7 @@ use crate::common::link::Link;
 use crate::etcd::{etcd_config, key_of, record, stat_text, PREFIX};
 
 /// The servers `proxy` reads from now (the ring in force), sorted.
-fn reads_from(proxy: &Proxy) -> Vec<String> {
+pub(crate) fn reads_from(proxy: &Proxy) -> Vec<String> {
     let mut names: Vec<String> = proxy
         .running()
         .topology
@@ -29,14 +29,14 @@ fn reads_from(proxy: &Proxy) -> Vec<String> {
     names
 }
 
-fn stat(proxy: &Proxy, name: &str) -> i64 {
+pub(crate) fn stat(proxy: &Proxy, name: &str) -> i64 {
     stat_text(&mut proxy.client(), name)
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no STAT {name}"))
 }
 
 /// The sidecars registered under the prefix.
-fn registered(etcd: &Etcd) -> usize {
+pub(crate) fn registered(etcd: &Etcd) -> usize {
     etcd.ctl(&[
         "get",
         "--prefix",

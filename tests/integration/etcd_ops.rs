@@ -16,6 +16,7 @@ use crate::common::etcd::{Etcd, EtcdTls};
 use crate::common::link::{Link, Traffic};
 use crate::common::pki::Pki;
 use crate::common::{free_port, wait_for, Client, Daemon, Memcached, Proxy, TempDir};
+use crate::etcd_fleet::{reads_from, registered, stat};
 
 const BIN: &str = env!("CARGO_BIN_EXE_memring");
 const PREFIX: &str = "/memring/ops/";
@@ -426,35 +427,6 @@ fn memring_and_the_member_agent_log_in_to_etcd_with_a_password_file() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--etcd-password-file"), "{stderr}");
-}
-
-fn stat(proxy: &Proxy, name: &str) -> i64 {
-    crate::etcd::stat_text(&mut proxy.client(), name)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no STAT {name}"))
-}
-
-/// The servers `proxy` reads from now, sorted.
-fn reads_from(proxy: &Proxy) -> Vec<String> {
-    let mut names: Vec<String> = proxy
-        .running()
-        .topology
-        .load()
-        .ring_servers()
-        .into_iter()
-        .map(|s| s.name)
-        .collect();
-    names.sort();
-    names
-}
-
-/// The sidecars registered under the prefix.
-fn registered(etcd: &Etcd) -> usize {
-    let proxies = format!("{PREFIX}proxies/");
-    etcd.ctl(&["get", "--prefix", "--keys-only", &proxies])
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .count()
 }
 
 /// What a sidecar cut off from etcd past its lease gave, while the other

@@ -1294,17 +1294,8 @@ mod tests {
                 assert!(Instant::now() < deadline, "etcd did not answer");
                 tokio::time::sleep(Duration::from_millis(20)).await;
             };
-            let server = |name: &str| ServerConfig {
-                addr: format!("127.0.0.1:{}", 1000 + name.len()),
-                name: name.into(),
-                weight: 1,
-                tls: false,
-                warming: false,
-                staged_out: false,
-                staged_in: false,
-                staged_weight: None,
-                zone: None,
-            };
+            let server =
+                |name: &str| ServerConfig::plain(name, format!("127.0.0.1:{}", 1000 + name.len()));
             let pending = |target: Vec<ServerConfig>| {
                 Pending::new(9, target, vec![server("a")], None, 1, Duration::ZERO)
             };
