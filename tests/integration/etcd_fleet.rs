@@ -36,12 +36,17 @@ pub(crate) fn stat(proxy: &Proxy, name: &str) -> i64 {
 }
 
 /// The sidecars registered under the prefix.
-pub(crate) fn registered(etcd: &Etcd) -> usize {
+fn registered(etcd: &Etcd) -> usize {
+    registered_under(etcd, PREFIX)
+}
+
+/// The sidecars registered under `prefix`.
+pub(crate) fn registered_under(etcd: &Etcd, prefix: &str) -> usize {
     etcd.ctl(&[
         "get",
         "--prefix",
         "--keys-only",
-        &format!("{PREFIX}proxies/"),
+        &format!("{prefix}proxies/"),
     ])
     .lines()
     .filter(|l| !l.trim().is_empty())

@@ -16,10 +16,15 @@ use crate::common::etcd::{Etcd, EtcdTls};
 use crate::common::link::{Link, Traffic};
 use crate::common::pki::Pki;
 use crate::common::{free_port, wait_for, Client, Daemon, Memcached, Proxy, TempDir};
-use crate::etcd_fleet::{reads_from, registered, stat};
+use crate::etcd_fleet::{reads_from, registered_under, stat};
 
 const BIN: &str = env!("CARGO_BIN_EXE_memring");
 const PREFIX: &str = "/memring/ops/";
+
+/// The sidecars registered under this file's prefix.
+fn registered(etcd: &Etcd) -> usize {
+    registered_under(etcd, PREFIX)
+}
 
 fn record(server: &Memcached, state: &str) -> String {
     format!(r#"{{"addr":"{}","state":"{state}"}}"#, server.addr())
