@@ -1100,8 +1100,10 @@ mod tests {
         let addr = scripted(|n, stream| {
             let request = read_line(stream);
             if n == 0 {
-                // Stall past the timeout, then answer on the dead socket.
-                std::thread::sleep(Duration::from_millis(600));
+                // Stall until memring timed out and closed the socket (a
+                // fixed stall could end first on a loaded machine), then
+                // answer on the dead socket.
+                let _ = read_line(stream);
                 let _ = stream.write_all(b"VALUE a 0 1\r\n1\r\nEND\r\n");
             } else {
                 assert_eq!(request, b"get b\r\n");

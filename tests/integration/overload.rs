@@ -57,6 +57,7 @@ fn timed_get(client: &mut crate::common::Client, keys: &str) -> (Duration, Vec<u
 
 #[test]
 fn a_hung_server_gets_max_server_inflight_requests_and_the_rest_are_busy_at_once() {
+    const AT_ONCE: Duration = Duration::from_secs(2);
     let servers = [Memcached::start(), Memcached::start()];
     let mut servers = servers;
     let proxy = Proxy::start(
@@ -86,11 +87,13 @@ fn a_hung_server_gets_max_server_inflight_requests_and_the_rest_are_busy_at_once
     });
 
     // The fifth and later are answered at once, from other clients too.
+    // "At once" is bounded well below the 30 s a held request waits, and
+    // loose enough for a loaded machine (50 ms failed at load 10).
     let mut excess = proxy.client();
     for key in &hung[4..7] {
         let (took, reply) = timed_get(&mut excess, key);
         assert_eq!(show(&reply), "SERVER_ERROR server busy\\r\\n");
-        assert!(took < Duration::from_millis(50), "busy after {took:?}");
+        assert!(took < AT_ONCE, "busy after {took:?}");
     }
     // Another server's keys are not affected, alone or beside a busy key
     // in one multi-get (where the busy key reads as a miss, as a DEAD
@@ -102,14 +105,14 @@ fn a_hung_server_gets_max_server_inflight_requests_and_the_rest_are_busy_at_once
             show(&reply),
             show(format!("VALUE {key} 0 1\r\nv\r\nEND\r\n").as_bytes())
         );
-        assert!(took < Duration::from_millis(50), "healthy after {took:?}");
+        assert!(took < AT_ONCE, "healthy after {took:?}");
     }
     let (took, reply) = timed_get(&mut other, &format!("{} {}", hung[7], healthy[5]));
     assert_eq!(
         show(&reply),
         show(format!("VALUE {} 0 1\r\nv\r\nEND\r\n", healthy[5]).as_bytes())
     );
-    assert!(took < Duration::from_millis(50), "multi-get after {took:?}");
+    assert!(took < AT_ONCE, "multi-get after {took:?}");
 
     // Counted as rejections of that server, not as its failures.
     assert_eq!(backend.metrics().rejected_busy.get(), 4);
