@@ -801,3 +801,82 @@ fn a_held_back_sidecar_that_stages_two_changes_at_once_before_the_other_hears_of
     let (_, reads, stale, errors) = a_second_change_while_one_is_staged("chained-both", true);
     assert_eq!((stale, errors), (0, 0), "of {reads} reads");
 }
+
+#[test]
+fn a_sidecar_that_staged_a_later_change_in_place_of_the_first_holds_the_first_back() {
+    // c joins (the first sidecar stages it; the second is cut off), then c
+    // leaves and d joins while the first is cut off too: the second learns
+    // both at once and stages a, b, d over a, b, never writing c. Its
+    // registration's revision is later than c's join, but it does not
+    // write c: the first must not read a, b, c. Were it to, it would read
+    // c while writes through the second reach a, b and d only; the first's
+    // link is then cut again for 2 s to show what it reads meanwhile.
+    let test = "in-place";
+    let etcd = Etcd::start(test);
+    let (dir_a, dir_b) = (
+        TempDir::new("fleet", test),
+        TempDir::new("fleet", &format!("{test}-b")),
+    );
+    let servers = [(); 4].map(|()| Memcached::start());
+    let [a, b, c, d] = &servers;
+    etcd.put(&key_of("a"), &record(a, "ACTIVE"));
+    etcd.put(&key_of("b"), &record(b, "ACTIVE"));
+    let (link_first, link) = (Link::start(etcd.client_port), Link::start(etcd.client_port));
+    let first = Proxy::start_text(&etcd_config(&link_first.endpoint(), &dir_a, ""));
+    let held = Proxy::start_text(&etcd_config(&link.endpoint(), &dir_b, ""));
+    wait_for("both sidecars registered", || registered(&etcd) == 2);
+    wait_for("both sidecars on a and b", || {
+        reads_from(&first) == ["a", "b"] && reads_from(&held) == ["a", "b"]
+    });
+    let check = StaleCheck::start([&first, &held], 300);
+    check.more_writes("traffic before the changes", 500);
+    link.cut(true);
+    etcd.put(&key_of("c"), &record(c, "ACTIVE"));
+    wait_for("the first sidecar stages c", || {
+        stat(&first, "membership_staged_revision") > 0
+    });
+    let joined = stat(&first, "membership_staged_revision");
+    check.more_writes_within(300, Duration::from_secs(1));
+    link_first.cut(true);
+    etcd.put(&key_of("c"), &record(c, "LEAVING"));
+    etcd.put(&key_of("d"), &record(d, "ACTIVE"));
+    link.cut(false);
+    wait_for("the second sidecar stages a, b, d", || {
+        stat(&held, "membership_staged_revision") > joined
+    });
+    check.more_writes_within(500, Duration::from_secs(1));
+    assert_eq!(reads_from(&held), ["a", "b"], "waits for the first");
+    link_first.cut(false);
+    let mended = Instant::now();
+    let mut read_c = false;
+    while mended.elapsed() < Duration::from_secs(15) {
+        if reads_from(&first) == ["a", "b", "c"] {
+            read_c = true;
+            link_first.cut(true);
+            check.more_writes_within(2_000, Duration::from_secs(2));
+            link_first.cut(false);
+            break;
+        }
+        if reads_from(&first) == ["a", "b", "d"] {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    wait_for("both sidecars read from a, b, d", || {
+        reads_from(&first) == ["a", "b", "d"] && reads_from(&held) == ["a", "b", "d"]
+    });
+    check.more_writes("traffic after the switch", 1_500);
+    let (writes, reads, stale, errors) = check.finish();
+    eprintln!(
+        "{test}: read c: {read_c}; writes, reads, stale, errors: {writes}, {reads}, {stale}, {errors}"
+    );
+    assert_eq!(
+        (stale, errors),
+        (0, 0),
+        "of {reads} reads (read c: {read_c})"
+    );
+    assert!(!read_c, "the first read c, which the second never wrote");
+    for proxy in [&first, &held] {
+        assert_eq!(stat(proxy, "fleet_forced_switches"), 0);
+    }
+}

@@ -327,6 +327,7 @@ pub(super) async fn register(
                     "staged": now.staged,
                     "applied_digest": crate::ring::digest::hex(now.applied_digest),
                     "staged_digest": crate::ring::digest::hex(now.staged_digest),
+                    "writes": fleet::rings_written(now.applied_digest, now.staged_digest),
                     "ring_digest": crate::ring::digest::hex(layout.load().ring_digest()),
                     "version": crate::VERSION_STRING,
                 })
