@@ -880,3 +880,104 @@ fn a_sidecar_that_staged_a_later_change_in_place_of_the_first_holds_the_first_ba
         assert_eq!(stat(proxy, "fleet_forced_switches"), 0);
     }
 }
+
+#[test]
+fn a_replicated_cas_copy_still_unanswered_holds_the_staged_change_back_until_it_is_answered() {
+    // A replicated `cas` is answered by its owner; its copies to the other
+    // replicas want no reply, but until a replica answered, its copy may
+    // still be landing there, on a ring the fleet is leaving: the drain
+    // counts it as it counts a `noreply` write.
+    let test = "copy-behind";
+    let etcd = Etcd::start(test);
+    let (dir_a, dir_b) = (
+        TempDir::new("fleet", test),
+        TempDir::new("fleet", &format!("{test}-b")),
+    );
+    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
+    // a's replies go through a relay that can hold them.
+    let slow = Link::start(a.port);
+    etcd.put(
+        &key_of("a"),
+        &format!(r#"{{"addr":"127.0.0.1:{}","state":"ACTIVE"}}"#, slow.port),
+    );
+    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let link = Link::start(etcd.client_port);
+    let settings = "request_timeout_ms = 5000\nreplicas = 2";
+    let first = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir_a, settings));
+    let held = Proxy::start_text(&etcd_config(&link.endpoint(), &dir_b, settings));
+    wait_for("both sidecars registered", || registered(&etcd) == 2);
+    wait_for("both sidecars on a and b", || {
+        reads_from(&first) == ["a", "b"] && reads_from(&held) == ["a", "b"]
+    });
+    // Keys b owns: the cas goes to b, which answers; the copy to a.
+    let topology = first.running().topology.load_full();
+    let keys: Vec<String> = (0..200)
+        .map(|i| format!("copied:{i}"))
+        .filter(|k| {
+            let owner = topology.owner_index(k.as_bytes()).expect("an owner");
+            topology.config.servers[owner].name == "b"
+        })
+        .take(16)
+        .collect();
+    assert_eq!(keys.len(), 16);
+    let mut client = first.client();
+    let mut unique = Vec::new();
+    for key in &keys {
+        assert_eq!(client.set(key, b"old"), b"STORED\r\n");
+        let reply = client.call(format!("gets {key}\r\n").as_bytes(), ReplyKind::Values);
+        let header = String::from_utf8_lossy(&reply)
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_string();
+        let cas: u64 = header
+            .split(' ')
+            .nth(4)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("gets {key}: {header}"));
+        unique.push(cas);
+    }
+    slow.hold(true);
+    for (key, cas) in keys.iter().zip(&unique) {
+        let request = format!("cas {key} 0 0 3 {cas}\r\nnew\r\n");
+        assert_eq!(
+            client.call(request.as_bytes(), ReplyKind::Line),
+            b"STORED\r\n"
+        );
+    }
+    // The copies reach a (only its replies are held).
+    let mut on_a = a.client();
+    wait_for("the copies landed on a, their replies held", || {
+        keys.iter()
+            .all(|k| on_a.get(k).as_deref() == Some(&b"new"[..]))
+    });
+    link.cut(true);
+    etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
+    wait_for(
+        "the first sidecar stages c, waiting on the held-back one",
+        || stat(&first, "fleet_sidecars_waited_on") == 1,
+    );
+    // As long as a has not answered, the change is not said staged.
+    let held_since = Instant::now();
+    while held_since.elapsed() < Duration::from_millis(1_000) {
+        assert_eq!(
+            stat(&first, "membership_staged_revision"),
+            0,
+            "said staged while a cas copy planned before was unanswered"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    slow.hold(false);
+    wait_for("said staged once a answered", || {
+        stat(&first, "membership_staged_revision") > 0
+    });
+    assert!(
+        held_since.elapsed() < Duration::from_secs(4),
+        "not by the bound"
+    );
+    link.cut(false);
+    wait_for("both sidecars read from a, b, c", || {
+        reads_from(&first) == ["a", "b", "c"] && reads_from(&held) == ["a", "b", "c"]
+    });
+    assert_eq!(stat(&first, "fleet_forced_switches"), 0);
+}
