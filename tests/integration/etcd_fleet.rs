@@ -981,3 +981,54 @@ fn a_replicated_cas_copy_still_unanswered_holds_the_staged_change_back_until_it_
     });
     assert_eq!(stat(&first, "fleet_forced_switches"), 0);
 }
+
+#[test]
+fn a_joining_member_held_back_by_a_stuck_sidecar_warms_after_fleet_switch_ms_and_no_forced_switch_is_counted(
+) {
+    // A JOINING member moves no reads: when a sidecar that never stages
+    // holds its JOINING back, fleet_switch_ms lets it take writes, which is
+    // not a switch of reads (fleet_forced_switches stays 0).
+    let test = "stuck-joining";
+    let etcd = Etcd::start(test);
+    let dir = TempDir::new("fleet", test);
+    let (a, j) = (Memcached::start(), Memcached::start());
+    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+    etcd.put(
+        &format!("{PREFIX}proxies/stuck"),
+        r#"{"revision":1,"staged":0}"#,
+    );
+    let proxy =
+        Proxy::start_text(&(etcd_config(&etcd.endpoint(), &dir, "") + "fleet_switch_ms = 1500\n"));
+    wait_for("registered beside the stuck one", || registered(&etcd) == 2);
+    let keys: Vec<String> = (0..40).map(|i| format!("warm:{i}")).collect();
+    let mut client = proxy.client();
+    let mut on_j = j.client();
+    let written_to_j = |client: &mut Client, on_j: &mut Client| {
+        for key in &keys {
+            assert_eq!(client.set(key, b"v"), b"STORED\r\n");
+        }
+        keys.iter().filter(|k| on_j.get(k).is_some()).count()
+    };
+    let put = Instant::now();
+    etcd.put(&key_of("j"), &record(&j, "JOINING"));
+    wait_for("j's JOINING staged", || {
+        stat(&proxy, "membership_staged_revision") > 0
+    });
+    if put.elapsed() < Duration::from_millis(1_200) {
+        assert_eq!(
+            written_to_j(&mut client, &mut on_j),
+            0,
+            "deletes only until fleet_switch_ms"
+        );
+    }
+    wait_for("j takes writes after fleet_switch_ms", || {
+        stat(&proxy, "membership_staged_revision") == 0 && written_to_j(&mut client, &mut on_j) > 0
+    });
+    assert!(put.elapsed() >= Duration::from_millis(1_500));
+    assert_eq!(reads_from(&proxy), ["a"], "no reads moved");
+    assert_eq!(
+        stat(&proxy, "fleet_forced_switches"),
+        0,
+        "no reads were switched"
+    );
+}
