@@ -2,8 +2,9 @@
 //! moves reads is first *staged* (reads stay on the ring in force, every
 //! write also reaches the keys' owners on the new ring: the staged ring of
 //! `Topology::warming_replicas`), and reads move to the new ring only once
-//! every live sidecar under `<prefix>proxies/` says it staged the change
-//! (or applied it), or after `fleet_switch_ms`. So no sidecar writes only
+//! every live sidecar under `<prefix>proxies/` says it writes the new
+//! servers (it staged the change or applied it: [`rings_written`]), or
+//! after `fleet_switch_ms`. So no sidecar writes only
 //! to a key's previous owner while another reads its new one.
 //!
 //! This module holds the decisions; `control/etcd/` runs them on its
@@ -280,7 +281,7 @@ impl StagedRecord {
 }
 
 /// What one sidecar's registration says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Said {
     /// The revision it applied (reads).
     applied: i64,
@@ -290,6 +291,11 @@ struct Said {
     /// staged (0: none, or a sidecar that does not say).
     applied_digest: u64,
     staged_digest: u64,
+    /// `writes`: the [`servers_digest`] of every server list each write
+    /// through it reaches (see [`rings_written`]); `None` for a
+    /// registration of a memring before this field, which is judged by
+    /// its digests and revisions as then.
+    writes: Option<Vec<u64>>,
 }
 
 fn said(value: &[u8]) -> Option<Said> {
@@ -301,25 +307,53 @@ fn said(value: &[u8]) -> Option<Said> {
             .and_then(crate::ring::digest::parse_hex)
             .unwrap_or(0)
     };
+    let writes = value.get("writes").and_then(|w| w.as_array()).map(|w| {
+        w.iter()
+            .filter_map(|d| d.as_str().and_then(crate::ring::digest::parse_hex))
+            .collect()
+    });
     Some(Said {
         applied: value.get("revision")?.as_i64()?,
         staged: value.get("staged").and_then(|s| s.as_i64()).unwrap_or(0),
         applied_digest: digest("applied_digest"),
         staged_digest: digest("staged_digest"),
+        writes,
     })
+}
+
+/// The `writes` of a registration, in hex: the server lists every write
+/// through the sidecar reaches, the value or a delete on each key's owner
+/// in each: the servers it reads from (`applied_digest`) and, once it says
+/// it staged a change (its requests planned before are over), the staged
+/// ones (`staged_digest`, 0: none). A change staged in place of another
+/// replaces it here: the sidecar no longer writes the first one's new
+/// owners. The previous rings of a hand-off window are not listed: their
+/// deletes end with the window, on a timer of each sidecar's own.
+pub(crate) fn rings_written(applied_digest: u64, staged_digest: u64) -> Vec<String> {
+    [applied_digest, staged_digest]
+        .into_iter()
+        .filter(|d| *d != 0)
+        .map(crate::ring::digest::hex)
+        .collect()
 }
 
 /// The registrations under `<prefix>proxies/` (`read`: key and value) not
 /// there yet for a change to the servers of digest `digest` at `revision`,
-/// this sidecar's (`me`) aside: those that neither hold those servers
-/// (applied or staged: the same digest) nor staged or applied a revision
-/// as late (a later change). A value that is not a sidecar's registration
-/// is not waited on.
+/// this sidecar's (`me`) aside: those whose `writes` do not list those
+/// servers (every write through them reaches the change's owners only if
+/// they do). A value that is not a sidecar's registration is not waited on.
 ///
-/// Digests first: a sidecar that read every member again after a deletion
-/// dates it by the store's revision, later than the deletion's, which a
-/// sidecar that watched it has; by revisions alone that one would wait for
-/// the other until `fleet_switch_ms`.
+/// A registration without `writes` (a memring before it, during a rolling
+/// upgrade) is there as it was then: when it holds those servers (applied
+/// or staged: the same digest) or staged or applied a revision as late (a
+/// later change). The revision alone does not say which servers a later
+/// change's sidecar writes: one that staged a later change in place of
+/// this one (over the ring in force) never wrote this one's new owners.
+///
+/// Digests, not revisions: a sidecar that read every member again after a
+/// deletion dates it by the store's revision, later than the deletion's,
+/// which a sidecar that watched it has; by revisions that one would wait
+/// for the other until `fleet_switch_ms`.
 pub(crate) fn lagging(
     read: &[(String, Vec<u8>)],
     me: &str,
@@ -329,10 +363,13 @@ pub(crate) fn lagging(
     read.iter()
         .filter(|(key, _)| key != me)
         .filter(|(_, value)| {
-            said(value).is_some_and(|s| {
-                let holds = s.applied_digest == digest || s.staged_digest == digest;
-                let later = s.applied >= revision || s.staged >= revision;
-                !holds && !later
+            said(value).is_some_and(|s| match &s.writes {
+                Some(writes) => !writes.contains(&digest),
+                None => {
+                    let holds = s.applied_digest == digest || s.staged_digest == digest;
+                    let later = s.applied >= revision || s.staged >= revision;
+                    !holds && !later
+                }
             })
         })
         .map(|(key, _)| key.clone())
@@ -514,6 +551,40 @@ mod tests {
             ),
         ];
         assert_eq!(lagging(&read, "me", 9, digest), ["other"]);
+    }
+
+    #[test]
+    fn a_sidecar_that_staged_a_later_change_in_place_of_this_one_is_waited_on() {
+        let (d0, d1, d2) = (11, 12, 13);
+        let hex = crate::ring::digest::hex;
+        let registration = |writes: &[u64]| {
+            let writes: Vec<String> = writes.iter().map(|d| hex(*d)).collect();
+            let value = serde_json::json!({
+                "revision": 4,
+                "staged": 9,
+                "applied_digest": hex(d0),
+                "staged_digest": hex(d2),
+                "writes": writes,
+            });
+            ("other".to_string(), value.to_string().into_bytes())
+        };
+        // Staged change 2 (revision 9) over the ring in force: it writes
+        // d0 and d2, not change 1's servers (revision 7).
+        let in_place = [registration(&[d0, d2])];
+        assert_eq!(lagging(&in_place, "me", 7, d1), ["other"]);
+        assert!(lagging(&in_place, "me", 9, d2).is_empty());
+        assert!(lagging(&[registration(&[d1, d2])], "me", 7, d1).is_empty());
+        // Without `writes` (an older memring): by its revision, as before.
+        let old = format!(
+            r#"{{"revision":4,"staged":9,"applied_digest":"{}","staged_digest":"{}"}}"#,
+            hex(d0),
+            hex(d2)
+        );
+        assert!(lagging(&[("old".into(), old.into_bytes())], "me", 7, d1).is_empty());
+        // What a registration writes: the ring in force, and the staged one
+        // once said.
+        assert_eq!(rings_written(d0, 0), [hex(d0)]);
+        assert_eq!(rings_written(d0, d2), [hex(d0), hex(d2)]);
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! A topology a request was planned on, counted in flight on it (see
-//! `pools/in_flight.rs`) for as long as the request's work lives.
+//! `pools/in_flight.rs`) for as long as the request's work lives, and a
+//! send that wants no reply until its server answered ([`UntilAnswered`]).
 
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
 use super::topology::Topology;
+use crate::backend::slot::Watch;
 
 /// A topology a request was planned on, counted in flight on it while this
 /// lives (when the topology counts: `InFlight::counted`). Derefs to the
@@ -65,6 +67,35 @@ impl Planned {
     /// fleet gate needs to know of).
     pub(crate) fn again_if_counted(&self) -> Option<Planned> {
         (self.shard != UNCOUNTED).then(|| self.again())
+    }
+}
+
+/// A send that wants no reply (a replicated `cas`'s copy, a hand-off
+/// lease's `md` removal), counted in flight on the topology it was planned
+/// on until its server answered: it watches the send's reply slot, which
+/// lets go of it once the reply is in or has failed (or is dropped with
+/// its connection).
+pub(crate) struct UntilAnswered {
+    _counted: Planned,
+}
+
+impl UntilAnswered {
+    /// A watcher that counts a send on `topology` until it is answered;
+    /// `None`, and nothing to wait for, where the topology counts nothing.
+    pub(crate) fn on(topology: &Arc<Topology>) -> Option<std::rc::Rc<dyn Watch>> {
+        if !topology.in_flight.counted() {
+            return None;
+        }
+        let counted = Planned::on(topology.clone());
+        Some(std::rc::Rc::new(UntilAnswered { _counted: counted }))
+    }
+}
+
+impl Watch for UntilAnswered {}
+
+impl std::fmt::Debug for UntilAnswered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UntilAnswered")
     }
 }
 
@@ -165,6 +196,25 @@ mod tests {
         assert_eq!(t.in_flight.count(), 2, "the thread's is over");
         drop(b);
         assert_eq!(t.in_flight.count(), 1);
+    }
+
+    #[test]
+    fn a_send_wanting_no_reply_counts_until_its_slot_lets_go_of_it() {
+        assert!(UntilAnswered::on(&topology_of(None)).is_none(), "a file");
+        let t = topology();
+        let wake = std::rc::Rc::new(crate::runtime::wake::Wake::default());
+        let slot = crate::backend::slot::Slot::new(wake);
+        slot.watch(UntilAnswered::on(&t).expect("counted with the gate"));
+        assert_eq!(t.in_flight.count(), 1, "unanswered");
+        slot.finish(Ok(crate::protocol::outcome::Outcome::Stored));
+        assert_eq!(t.in_flight.count(), 0, "answered");
+        // A slot dropped unanswered (its connection went) lets go too.
+        let wake = std::rc::Rc::new(crate::runtime::wake::Wake::default());
+        let dropped = crate::backend::slot::Slot::new(wake);
+        dropped.watch(UntilAnswered::on(&t).expect("counted"));
+        assert_eq!(t.in_flight.count(), 1);
+        drop(dropped);
+        assert_eq!(t.in_flight.count(), 0);
     }
 
     #[test]

@@ -401,7 +401,7 @@ impl ClientSession {
     /// command left it.
     fn lease_steps(
         &self,
-        topology: &Topology,
+        topology: &Arc<Topology>,
         part: &mut Part,
         retry: &mut LeaseRetry,
         wire: &[Bytes],
@@ -609,7 +609,7 @@ impl ClientSession {
     /// what it says; false while the `cas` is still being decided.
     fn cas_step(
         &self,
-        topology: &Topology,
+        topology: &Arc<Topology>,
         machine: &mut crate::plan::replicated_cas::ReplicatedCas,
         part: &mut Part,
         copied: &mut Vec<Part>,
@@ -690,7 +690,7 @@ impl ClientSession {
     /// fails here is counted by its backend and catches up on a later write.
     fn send_copies(
         &self,
-        topology: &Topology,
+        topology: &Arc<Topology>,
         servers: crate::plan::placement::Servers,
         wire: &[Bytes],
         expect: &Expect,
@@ -701,17 +701,28 @@ impl ClientSession {
     }
 
     /// Sends `wire` to `server`, wanting no reply: a failure there is
-    /// counted by its backend.
-    fn send_unanswered(&self, topology: &Topology, server: usize, wire: &[Bytes], expect: Expect) {
+    /// counted by its backend. Where a fleet gate reads the count, it
+    /// counts in flight on `topology` until the server answered.
+    fn send_unanswered(
+        &self,
+        topology: &Arc<Topology>,
+        server: usize,
+        wire: &[Bytes],
+        expect: Expect,
+    ) {
         let mut part = Part::new(server);
-        self.send(topology, &mut part, wire, expect, false, None);
+        let counted = crate::pools::planned::UntilAnswered::on(topology);
+        self.send(topology, &mut part, wire, expect, counted.is_some(), None);
+        if let (Some(slot), Some(counted)) = (&part.slot, counted) {
+            slot.watch(counted);
+        }
     }
 
     /// Sends `line`, an `md` by cas (a hand-off lease's removal, or the
     /// recache token a probe took given back), to `server`, wanting no
     /// reply: what the client waits for follows it on the same connection,
     /// or is already known.
-    fn send_md_unanswered(&self, topology: &Topology, server: usize, line: Bytes) {
+    fn send_md_unanswered(&self, topology: &Arc<Topology>, server: usize, line: Bytes) {
         let removal = Expect::meta(MetaCommand::Delete, false);
         self.send_unanswered(topology, server, &[line], removal);
     }

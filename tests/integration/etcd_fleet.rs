@@ -801,3 +801,234 @@ fn a_held_back_sidecar_that_stages_two_changes_at_once_before_the_other_hears_of
     let (_, reads, stale, errors) = a_second_change_while_one_is_staged("chained-both", true);
     assert_eq!((stale, errors), (0, 0), "of {reads} reads");
 }
+
+#[test]
+fn a_sidecar_that_staged_a_later_change_in_place_of_the_first_holds_the_first_back() {
+    // c joins (the first sidecar stages it; the second is cut off), then c
+    // leaves and d joins while the first is cut off too: the second learns
+    // both at once and stages a, b, d over a, b, never writing c. Its
+    // registration's revision is later than c's join, but it does not
+    // write c: the first must not read a, b, c. Were it to, it would read
+    // c while writes through the second reach a, b and d only; the first's
+    // link is then cut again for 2 s to show what it reads meanwhile.
+    let test = "in-place";
+    let etcd = Etcd::start(test);
+    let (dir_a, dir_b) = (
+        TempDir::new("fleet", test),
+        TempDir::new("fleet", &format!("{test}-b")),
+    );
+    let servers = [(); 4].map(|()| Memcached::start());
+    let [a, b, c, d] = &servers;
+    etcd.put(&key_of("a"), &record(a, "ACTIVE"));
+    etcd.put(&key_of("b"), &record(b, "ACTIVE"));
+    let (link_first, link) = (Link::start(etcd.client_port), Link::start(etcd.client_port));
+    let first = Proxy::start_text(&etcd_config(&link_first.endpoint(), &dir_a, ""));
+    let held = Proxy::start_text(&etcd_config(&link.endpoint(), &dir_b, ""));
+    wait_for("both sidecars registered", || registered(&etcd) == 2);
+    wait_for("both sidecars on a and b", || {
+        reads_from(&first) == ["a", "b"] && reads_from(&held) == ["a", "b"]
+    });
+    let check = StaleCheck::start([&first, &held], 300);
+    check.more_writes("traffic before the changes", 500);
+    link.cut(true);
+    etcd.put(&key_of("c"), &record(c, "ACTIVE"));
+    wait_for("the first sidecar stages c", || {
+        stat(&first, "membership_staged_revision") > 0
+    });
+    let joined = stat(&first, "membership_staged_revision");
+    check.more_writes_within(300, Duration::from_secs(1));
+    link_first.cut(true);
+    etcd.put(&key_of("c"), &record(c, "LEAVING"));
+    etcd.put(&key_of("d"), &record(d, "ACTIVE"));
+    link.cut(false);
+    wait_for("the second sidecar stages a, b, d", || {
+        stat(&held, "membership_staged_revision") > joined
+    });
+    check.more_writes_within(500, Duration::from_secs(1));
+    assert_eq!(reads_from(&held), ["a", "b"], "waits for the first");
+    link_first.cut(false);
+    let mended = Instant::now();
+    let mut read_c = false;
+    while mended.elapsed() < Duration::from_secs(15) {
+        if reads_from(&first) == ["a", "b", "c"] {
+            read_c = true;
+            link_first.cut(true);
+            check.more_writes_within(2_000, Duration::from_secs(2));
+            link_first.cut(false);
+            break;
+        }
+        if reads_from(&first) == ["a", "b", "d"] {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    wait_for("both sidecars read from a, b, d", || {
+        reads_from(&first) == ["a", "b", "d"] && reads_from(&held) == ["a", "b", "d"]
+    });
+    check.more_writes("traffic after the switch", 1_500);
+    let (writes, reads, stale, errors) = check.finish();
+    eprintln!(
+        "{test}: read c: {read_c}; writes, reads, stale, errors: {writes}, {reads}, {stale}, {errors}"
+    );
+    assert_eq!(
+        (stale, errors),
+        (0, 0),
+        "of {reads} reads (read c: {read_c})"
+    );
+    assert!(!read_c, "the first read c, which the second never wrote");
+    for proxy in [&first, &held] {
+        assert_eq!(stat(proxy, "fleet_forced_switches"), 0);
+    }
+}
+
+#[test]
+fn a_replicated_cas_copy_still_unanswered_holds_the_staged_change_back_until_it_is_answered() {
+    // A replicated `cas` is answered by its owner; its copies to the other
+    // replicas want no reply, but until a replica answered, its copy may
+    // still be landing there, on a ring the fleet is leaving: the drain
+    // counts it as it counts a `noreply` write.
+    let test = "copy-behind";
+    let etcd = Etcd::start(test);
+    let (dir_a, dir_b) = (
+        TempDir::new("fleet", test),
+        TempDir::new("fleet", &format!("{test}-b")),
+    );
+    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
+    // a's replies go through a relay that can hold them.
+    let slow = Link::start(a.port);
+    etcd.put(
+        &key_of("a"),
+        &format!(r#"{{"addr":"127.0.0.1:{}","state":"ACTIVE"}}"#, slow.port),
+    );
+    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let link = Link::start(etcd.client_port);
+    let settings = "request_timeout_ms = 5000\nreplicas = 2";
+    let first = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir_a, settings));
+    let held = Proxy::start_text(&etcd_config(&link.endpoint(), &dir_b, settings));
+    wait_for("both sidecars registered", || registered(&etcd) == 2);
+    wait_for("both sidecars on a and b", || {
+        reads_from(&first) == ["a", "b"] && reads_from(&held) == ["a", "b"]
+    });
+    // Keys b owns: the cas goes to b, which answers; the copy to a.
+    let topology = first.running().topology.load_full();
+    let keys: Vec<String> = (0..200)
+        .map(|i| format!("copied:{i}"))
+        .filter(|k| {
+            let owner = topology.owner_index(k.as_bytes()).expect("an owner");
+            topology.config.servers[owner].name == "b"
+        })
+        .take(16)
+        .collect();
+    assert_eq!(keys.len(), 16);
+    let mut client = first.client();
+    let mut unique = Vec::new();
+    for key in &keys {
+        assert_eq!(client.set(key, b"old"), b"STORED\r\n");
+        let reply = client.call(format!("gets {key}\r\n").as_bytes(), ReplyKind::Values);
+        let header = String::from_utf8_lossy(&reply)
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_string();
+        let cas: u64 = header
+            .split(' ')
+            .nth(4)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("gets {key}: {header}"));
+        unique.push(cas);
+    }
+    slow.hold(true);
+    for (key, cas) in keys.iter().zip(&unique) {
+        let request = format!("cas {key} 0 0 3 {cas}\r\nnew\r\n");
+        assert_eq!(
+            client.call(request.as_bytes(), ReplyKind::Line),
+            b"STORED\r\n"
+        );
+    }
+    // The copies reach a (only its replies are held).
+    let mut on_a = a.client();
+    wait_for("the copies landed on a, their replies held", || {
+        keys.iter()
+            .all(|k| on_a.get(k).as_deref() == Some(&b"new"[..]))
+    });
+    link.cut(true);
+    etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
+    wait_for(
+        "the first sidecar stages c, waiting on the held-back one",
+        || stat(&first, "fleet_sidecars_waited_on") == 1,
+    );
+    // As long as a has not answered, the change is not said staged.
+    let held_since = Instant::now();
+    while held_since.elapsed() < Duration::from_millis(1_000) {
+        assert_eq!(
+            stat(&first, "membership_staged_revision"),
+            0,
+            "said staged while a cas copy planned before was unanswered"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    slow.hold(false);
+    wait_for("said staged once a answered", || {
+        stat(&first, "membership_staged_revision") > 0
+    });
+    assert!(
+        held_since.elapsed() < Duration::from_secs(4),
+        "not by the bound"
+    );
+    link.cut(false);
+    wait_for("both sidecars read from a, b, c", || {
+        reads_from(&first) == ["a", "b", "c"] && reads_from(&held) == ["a", "b", "c"]
+    });
+    assert_eq!(stat(&first, "fleet_forced_switches"), 0);
+}
+
+#[test]
+fn a_joining_member_held_back_by_a_stuck_sidecar_warms_after_fleet_switch_ms_and_no_forced_switch_is_counted(
+) {
+    // A JOINING member moves no reads: when a sidecar that never stages
+    // holds its JOINING back, fleet_switch_ms lets it take writes, which is
+    // not a switch of reads (fleet_forced_switches stays 0).
+    let test = "stuck-joining";
+    let etcd = Etcd::start(test);
+    let dir = TempDir::new("fleet", test);
+    let (a, j) = (Memcached::start(), Memcached::start());
+    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+    etcd.put(
+        &format!("{PREFIX}proxies/stuck"),
+        r#"{"revision":1,"staged":0}"#,
+    );
+    let proxy =
+        Proxy::start_text(&(etcd_config(&etcd.endpoint(), &dir, "") + "fleet_switch_ms = 1500\n"));
+    wait_for("registered beside the stuck one", || registered(&etcd) == 2);
+    let keys: Vec<String> = (0..40).map(|i| format!("warm:{i}")).collect();
+    let mut client = proxy.client();
+    let mut on_j = j.client();
+    let written_to_j = |client: &mut Client, on_j: &mut Client| {
+        for key in &keys {
+            assert_eq!(client.set(key, b"v"), b"STORED\r\n");
+        }
+        keys.iter().filter(|k| on_j.get(k).is_some()).count()
+    };
+    let put = Instant::now();
+    etcd.put(&key_of("j"), &record(&j, "JOINING"));
+    wait_for("j's JOINING staged", || {
+        stat(&proxy, "membership_staged_revision") > 0
+    });
+    if put.elapsed() < Duration::from_millis(1_200) {
+        assert_eq!(
+            written_to_j(&mut client, &mut on_j),
+            0,
+            "deletes only until fleet_switch_ms"
+        );
+    }
+    wait_for("j takes writes after fleet_switch_ms", || {
+        stat(&proxy, "membership_staged_revision") == 0 && written_to_j(&mut client, &mut on_j) > 0
+    });
+    assert!(put.elapsed() >= Duration::from_millis(1_500));
+    assert_eq!(reads_from(&proxy), ["a"], "no reads moved");
+    assert_eq!(
+        stat(&proxy, "fleet_forced_switches"),
+        0,
+        "no reads were switched"
+    );
+}

@@ -25,9 +25,10 @@
 //! - Every membership applied is written to `etcd_cache_file` (by rename),
 //!   which memring starts from when etcd cannot be reached at start.
 //! - Each sidecar keeps `<prefix>proxies/<id>` under a lease of its own,
-//!   saying which revision it applied and its ring digest, and the revision
-//!   of a change it staged: a change that moves reads is staged first and
-//!   switched to once every live sidecar staged it (`control/fleet.rs`).
+//!   saying which revision it applied and its ring digest, the revision
+//!   of a change it staged, and the server lists its writes reach
+//!   (`writes`): a change that moves reads is staged first and switched to
+//!   once every live sidecar writes its servers (`control/fleet.rs`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;

@@ -173,6 +173,22 @@ async fn check_peers(
     }
     let why = if waiting.as_ref().is_some_and(Vec::is_empty) {
         "every live sidecar staged it"
+    } else if pending.since.elapsed() >= etcd.fleet_switch
+        && !fleet::moves_reads(&pending.in_force, &pending.target)
+    {
+        // Only a member's JOINING: no read moves, so it is no forced switch
+        // of reads; the member takes the writes themselves from now on.
+        tracing::warn!(
+            "etcd revision {}: the JOINING member{} take{} writes after fleet_switch_ms = {} ms although {} sidecar{} did not stage it ({}): until they apply it, a value written there may be older than a write through them, and reads find it once the member is ACTIVE; no reads move now",
+            pending.revision,
+            if joining(pending) == 1 { "" } else { "s" },
+            if joining(pending) == 1 { "s" } else { "" },
+            etcd.fleet_switch.as_millis(),
+            pending.waiting,
+            if pending.waiting == 1 { "" } else { "s" },
+            waiting.map_or_else(|| "etcd cannot say".to_string(), |w| w.join(", "))
+        );
+        "fleet_switch_ms is over"
     } else if pending.since.elapsed() >= etcd.fleet_switch {
         tracing::warn!(
             "etcd revision {}: switching reads after fleet_switch_ms = {} ms although {} sidecar{} did not stage it ({}): a read through this sidecar may return a value older than a write through them until they apply it",
@@ -210,11 +226,21 @@ pub(super) async fn switch(
         .filter(|s| !file.iter().any(|f| f.name == s.name))
         .cloned()
         .collect();
-    tracing::info!(
-        "etcd revision {}: switching reads to it ({why}, {} ms after staging)",
-        pending.revision,
-        pending.since.elapsed().as_millis()
-    );
+    if fleet::moves_reads(&pending.in_force, &pending.target) {
+        tracing::info!(
+            "etcd revision {}: switching reads to it ({why}, {} ms after staging)",
+            pending.revision,
+            pending.since.elapsed().as_millis()
+        );
+    } else {
+        tracing::info!(
+            "etcd revision {}: the JOINING member{} take{} writes from now on, no reads move ({why}, {} ms after staging)",
+            pending.revision,
+            if joining(&pending) == 1 { "" } else { "s" },
+            if joining(&pending) == 1 { "s" } else { "" },
+            pending.since.elapsed().as_millis()
+        );
+    }
     publish(
         publisher,
         client,
@@ -227,6 +253,12 @@ pub(super) async fn switch(
     .await;
     fleet.applied = pending.revision;
     drop_staged(client, etcd, pending.digest, pending.revision).await;
+}
+
+/// How many servers start warming (JOINING) with `pending`.
+fn joining(pending: &Pending) -> usize {
+    let new = |t: &&ServerConfig| t.warming && !pending.in_force.iter().any(|s| s.name == t.name);
+    pending.target.iter().filter(new).count()
 }
 
 /// The revision and states for `stats`, and for the proxy registration.
@@ -327,6 +359,7 @@ pub(super) async fn register(
                     "staged": now.staged,
                     "applied_digest": crate::ring::digest::hex(now.applied_digest),
                     "staged_digest": crate::ring::digest::hex(now.staged_digest),
+                    "writes": fleet::rings_written(now.applied_digest, now.staged_digest),
                     "ring_digest": crate::ring::digest::hex(layout.load().ring_digest()),
                     "version": crate::VERSION_STRING,
                 })
