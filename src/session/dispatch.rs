@@ -5,6 +5,7 @@
 use super::*;
 use crate::plan::lease_retry::{LeaseRetry, LeaseStep};
 use crate::plan::meta_read::{MetaRead, ReadStep};
+use crate::plan::steps::Next;
 use crate::protocol::outcome::Outcome;
 
 /// Smallest reply size assumed for a key not yet answered.
@@ -52,10 +53,9 @@ impl ClientSession {
         match work {
             Work::Ready(_) | Work::Stats | Work::StatsReset => true,
             Work::Lines { parts, finish } => self.dispatch_lines(e, parts, finish),
-            Work::Cas(cas) => self.dispatch_cas(e, cas),
+            Work::Steps(steps) => self.dispatch_steps(e, steps),
             Work::Meta(meta) => self.dispatch_meta(e, meta),
             Work::Moved(moved) => self.dispatch_moved(e, moved),
-            Work::Add(add) => self.dispatch_add(e, add),
             Work::Retrieve {
                 plan,
                 in_flight,
@@ -133,111 +133,104 @@ impl ClientSession {
         true
     }
 
-    /// A replicated `cas`: the owner first, then copies to the replicas.
+    /// A plan machine's steps (see `plan::steps`), in either dialect: the
+    /// older owners lose the key, then each step goes out once the one
+    /// before is answered. False until the machine has settled, so the
+    /// client's later requests go after every step that changes what they
+    /// would see.
     // Rare: kept out of line so the common kinds' code stays together.
     #[inline(never)]
-    fn dispatch_cas(&mut self, mut e: Sending<'_>, cas: &mut CasWork) -> bool {
+    fn dispatch_steps(&mut self, e: Sending<'_>, steps: &mut StepsWork) -> bool {
         let topology = e.topology;
         if !*e.sent {
-            if !self.reserve_and_forget_older(&mut e, 1, cas.older.as_mut()) {
-                return false;
-            }
-            let request = forwardable(e.bytes, e.request);
-            let part = &mut cas.part;
-            self.send_line(topology, part, &request, LineKind::Storage, true, e.hot);
-            *e.sent = true;
-        }
-        // The copies go out before any later request of this client,
-        // so a later write to the key cannot be overtaken by them.
-        let expect = Expect::Line(LineKind::Storage);
-        let copy = || crate::protocol::encode::cas_as_set(e.request, e.bytes);
-        let (part, copied, hot) = (&mut cas.part, &mut cas.copied, e.hot);
-        let cas_copy = CasCopy {
-            wire: &copy,
-            expect: &expect,
-        };
-        self.cas_step(topology, &mut cas.machine, part, copied, &cas_copy, hot)
-    }
-
-    /// A replicated `add`: the first replica, then the others once it
-    /// stored, then the take-backs if one did not (see
-    /// `plan::replicated_add`). False until the answer is known, so the
-    /// client's later requests go after every step of it.
-    #[inline(never)]
-    fn dispatch_add(&mut self, mut e: Sending<'_>, add: &mut AddWork) -> bool {
-        use crate::plan::replicated_add::AddStep;
-        let topology = e.topology;
-        let mut step = None;
-        if !*e.sent {
-            if !self.reserve_and_forget_older(&mut e, 2 * topology.config.replicas, None) {
-                return false;
-            }
-            step = Some(add.machine.start());
-            *e.sent = true;
-        }
-        loop {
-            let step = match step.take() {
-                Some(step) => step,
-                None => {
-                    add.parts.iter_mut().for_each(Part::absorb);
-                    if add.parts.iter().any(|p| p.result.is_none()) {
-                        return false;
-                    }
-                    if add.parts.is_empty() && add.machine.answer().is_some() {
-                        return true;
-                    }
-                    let replies: SmallVec<[(usize, &CallResult); 3]> = add
-                        .parts
-                        .iter()
-                        .filter_map(|p| Some((p.server, p.result.as_ref()?)))
-                        .collect();
-                    add.machine.on_replies(&replies)
-                }
+            // Its reply bytes: one line from each server of the first step
+            // and from each older owner, and an `mg … v`'s value.
+            let deletes = OlderForget::len(steps.older.as_ref());
+            let value = match steps.meta.as_ref().is_some_and(|m| m.value) {
+                true => self.estimate.max(MIN_ESTIMATE_BYTES),
+                false => 0,
             };
-            add.parts.clear();
-            match step {
-                AddStep::Add(servers) => {
-                    let expect = Expect::meta(MetaCommand::Set, false);
-                    for server in servers {
-                        let part = self.send_to(topology, server, &add.wire, &expect, e.hot);
-                        add.parts.push(part);
-                    }
-                }
-                AddStep::TakeBack(made) => {
-                    let expect = Expect::meta(MetaCommand::Delete, false);
-                    for (server, cas) in made {
-                        let line = [crate::protocol::encode::delete_by_cas(
-                            &add.key.0, add.key.1, cas,
-                        )];
-                        add.parts
-                            .push(self.send_to(topology, server, &line, &expect, None));
-                    }
-                }
-                AddStep::Probe(servers) => {
-                    let line = [crate::plan::handoff::probe_line(&add.key.0, add.key.1)];
-                    let expect = crate::plan::lease_retry::probe_expect();
-                    for server in servers {
-                        let part = self.send_to(topology, server, &line, &expect, None);
-                        add.parts.push(part);
-                    }
-                }
-                AddStep::ClearAndAdd(leases) => {
-                    let expect = Expect::meta(MetaCommand::Set, false);
-                    for (server, cas) in leases {
-                        let line =
-                            crate::protocol::encode::delete_by_cas(&add.key.0, add.key.1, cas);
-                        self.send_md_unanswered(topology, server, line);
-                        let part = self.send_to(topology, server, &add.wire, &expect, e.hot);
-                        add.parts.push(part);
-                    }
-                }
-                AddStep::Done => return true,
+            let cost = || e.bytes.len() + LINE_REPLY_BYTES * (steps.lines + deletes) + value;
+            if !self.reserve_once(e.reserved, cost) {
+                return false;
+            }
+            // By `md` for meta, by `delete` for classic.
+            let key = &steps.key;
+            let forget = |server| match key.1 {
+                Some(base64) => self.forget_on(topology, server, &(key.0.clone(), base64)),
+                None => self.delete_on(topology, server, &key.0),
+            };
+            if !OlderForget::advance(steps.older.as_mut(), forget) {
+                return false;
+            }
+            *e.sent = true;
+            let next = steps.machine.start();
+            self.send_next(topology, steps, next, e.hot);
+        }
+        self.steps(topology, steps, e.hot) || steps.machine.settled()
+    }
+
+    /// Feeds a machine the replies of its step under way once they are all
+    /// in, and sends what it says next, until a reply is awaited or the
+    /// answer is known. True once it is.
+    pub(super) fn steps(
+        &self,
+        topology: &Topology,
+        steps: &mut StepsWork,
+        hot: Option<&Rc<WriteGuard>>,
+    ) -> bool {
+        while steps.answer.is_none() {
+            let StepsWork { machine, parts, .. } = &mut *steps;
+            parts.iter_mut().for_each(Part::absorb);
+            if parts.iter().any(|p| p.result.is_none()) {
+                return false;
+            }
+            let next = {
+                let replies: SmallVec<[(usize, &CallResult); 3]> = parts
+                    .iter()
+                    .filter_map(|p| Some((p.server, p.result.as_ref()?)))
+                    .collect();
+                machine.on_replies(&replies)
+            };
+            self.send_next(topology, steps, next, hot);
+        }
+        true
+    }
+
+    /// Sends a machine's next step (its awaited messages become the work's
+    /// parts), or keeps its answer. The request's hot-key guard (`hot`)
+    /// watches what the machine says carries the client's write.
+    fn send_next(
+        &self,
+        topology: &Topology,
+        steps: &mut StepsWork,
+        next: Next,
+        hot: Option<&Rc<WriteGuard>>,
+    ) {
+        let messages = match next {
+            Next::Answer(answer) => {
+                steps.answer = Some(answer);
+                return;
+            }
+            Next::Send(messages) => messages,
+        };
+        for part in steps.parts.drain(..) {
+            if let Some(slot) = part.slot {
+                spares::keep_slot(slot);
+            }
+        }
+        for message in messages {
+            let watch = hot.filter(|_| message.watched);
+            let mut part = Part::new(message.server);
+            let (wire, awaited) = (&message.wire, message.awaited);
+            self.send(topology, &mut part, wire, message.expect, awaited, watch);
+            if awaited {
+                steps.parts.push(part);
             }
         }
     }
 
-    /// A meta request: forwarded, by quorum, as cas-then-copy, or read
-    /// through replicas.
+    /// A meta request: forwarded, by quorum, or read through replicas.
     fn dispatch_meta(&mut self, e: Sending<'_>, meta: &mut MetaWork) -> bool {
         let topology = e.topology;
         if !*e.sent {
@@ -289,22 +282,6 @@ impl ClientSession {
         }
         match &mut meta.mode {
             MetaMode::Forward | MetaMode::Quorum { .. } => true,
-            MetaMode::CasThenCopy {
-                machine,
-                copy,
-                copied,
-            } => {
-                // The copies go out before any later request of this
-                // client, as for a replicated `cas`.
-                let copy_expect = Expect::meta(meta.command, false);
-                let copy = || smallvec::smallvec![copy.clone()];
-                let cas_copy = CasCopy {
-                    wire: &copy,
-                    expect: &copy_expect,
-                };
-                let (part, hot) = (&mut meta.parts[0], e.hot);
-                self.cas_step(topology, machine, part, copied, &cas_copy, hot)
-            }
             MetaMode::Leased(retry) => {
                 let part = &mut meta.parts[0];
                 self.lease_steps(topology, part, retry, &meta.wire, &meta.expect, e.hot)
@@ -605,50 +582,6 @@ impl ClientSession {
             || (topology.config.replicas <= 1 && !plan.has_moved_keys())
     }
 
-    /// Feeds a replicated `cas`'s reply (on `part`) to its machine and sends
-    /// what it says; false while the `cas` is still being decided.
-    fn cas_step(
-        &self,
-        topology: &Topology,
-        machine: &mut crate::plan::replicated_cas::ReplicatedCas,
-        part: &mut Part,
-        copied: &mut Vec<Part>,
-        copy: &CasCopy<'_>,
-        hot: Option<&Rc<WriteGuard>>,
-    ) -> bool {
-        use crate::plan::replicated_cas::CasStep;
-        while machine.deciding() {
-            part.absorb();
-            let Some(result) = &part.result else {
-                return false;
-            };
-            match machine.on_reply(result) {
-                CasStep::Send {
-                    server,
-                    lines,
-                    expect,
-                } => {
-                    *part = self.send_to(topology, server, &lines, &expect, hot);
-                }
-                CasStep::Copy {
-                    servers,
-                    awaited: true,
-                } => {
-                    let wire = (copy.wire)();
-                    for server in servers {
-                        copied.push(self.send_to(topology, server, &wire, copy.expect, hot));
-                    }
-                }
-                CasStep::Copy {
-                    servers,
-                    awaited: false,
-                } => self.send_copies(topology, servers, &(copy.wire)(), copy.expect),
-                CasStep::Done => {}
-            }
-        }
-        true
-    }
-
     /// Sends a hand-off step of a moved key between `ends` (its owner and
     /// previous owner), whose part comes back; or the step's answer. `hot`
     /// watches what goes to the new owner, `hot_elsewhere` what goes to the
@@ -683,21 +616,6 @@ impl ClientSession {
         };
         let watch = if to == Owner::New { hot } else { hot_elsewhere };
         Sent::Part(self.send_to(topology, server, &lines, &expect, watch))
-    }
-
-    /// Sends a replicated cas's copy (`wire`) to the other replicas, wanting
-    /// no reply: the client has its answer from the owner, and a replica that
-    /// fails here is counted by its backend and catches up on a later write.
-    fn send_copies(
-        &self,
-        topology: &Topology,
-        servers: crate::plan::placement::Servers,
-        wire: &[Bytes],
-        expect: &Expect,
-    ) {
-        for server in servers {
-            self.send_unanswered(topology, server, wire, expect.clone());
-        }
     }
 
     /// Sends `wire` to `server`, wanting no reply: a failure there is
@@ -869,13 +787,8 @@ impl ClientSession {
         };
         match &mut entry.work {
             Work::Lines { parts, .. } => parts.iter_mut().for_each(Part::absorb),
-            Work::Cas(cas) => {
-                cas.part.absorb();
-                cas.copied.iter_mut().for_each(Part::absorb);
-            }
-            Work::Add(add) => add.parts.iter_mut().for_each(Part::absorb),
+            Work::Steps(steps) => steps.parts.iter_mut().for_each(Part::absorb),
             Work::Meta(meta) => {
-                meta.mode.copies_mut().iter_mut().for_each(Part::absorb);
                 for part in meta.parts.iter_mut() {
                     part.absorb();
                     if let Some(Ok(reply)) = &part.result {
@@ -943,13 +856,6 @@ impl ClientSession {
             self.estimate = estimate;
         }
     }
-}
-
-/// A replicated `cas`'s copy to the other replicas, in either dialect: the
-/// plain store its value is copied with, and its framing.
-struct CasCopy<'a> {
-    wire: &'a dyn Fn() -> crate::protocol::encode::Outbound,
-    expect: &'a Expect,
 }
 
 /// What sending a hand-off step gave: the part its reply comes on, or the

@@ -25,6 +25,7 @@ use std::net::SocketAddr;
 
 use super::work::{Entry, Finish, MetaMode, Work};
 use crate::config::RequestLogSettings;
+use crate::plan::steps::Machine;
 use crate::protocol::meta::parse_meta;
 use crate::protocol::outcome::Outcome;
 use crate::runtime::outbuf::OutQueue;
@@ -245,14 +246,18 @@ fn route_of(entry: &Entry) -> (Option<&str>, &'static str) {
         Work::Meta(meta) => {
             let path = match &meta.mode {
                 MetaMode::Forward => "owner",
-                MetaMode::Quorum { .. } | MetaMode::CasThenCopy { .. } => "replicas",
+                MetaMode::Quorum { .. } => "replicas",
                 MetaMode::Read(_) => "read_through",
                 MetaMode::Leased(_) => "lease_retry",
             };
             (first(&meta.parts), path)
         }
-        Work::Cas(cas) => (name(cas.part.server), "replicas"),
-        Work::Add(add) => (first(&add.parts), "replicas"),
+        Work::Steps(steps) => {
+            let path = match steps.machine {
+                Machine::Cas(_) | Machine::Add(_) => "replicas",
+            };
+            (name(steps.machine.first_server()), path)
+        }
         Work::Moved(moved) => (name(moved.owner), "handoff"),
         Work::Retrieve { .. } => {
             let many = entry.request.keys.len() > 1;

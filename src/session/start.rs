@@ -6,7 +6,9 @@ use crate::plan::handoff::cas::CasTakeover;
 use crate::plan::lease_retry::LeaseRetry;
 use crate::plan::meta_read::MetaRead;
 use crate::plan::replicated_add::ReplicatedAdd;
+use crate::plan::replicated_cas::ReplicatedCas;
 use crate::plan::route::{Retrieval, Split};
+use crate::plan::steps::{AddSteps, CasSteps, Machine};
 use crate::pools::planned::Planned;
 
 impl ClientSession {
@@ -243,13 +245,13 @@ impl ClientSession {
                 older: None,
                 ..
             }) if request.command == Command::Add && servers.len() > 1 => {
-                Work::Add(Box::new(AddWork {
-                    machine: ReplicatedAdd::new(servers, quorum),
-                    wire: crate::protocol::encode::add_with_cas(&request, &bytes),
-                    key: (bytes.slice_ref(request.key(&bytes, 0)), false),
-                    meta: None,
-                    parts: SmallVec::new(),
-                }))
+                let first = servers[0];
+                let machine = ReplicatedAdd::new(servers, quorum);
+                let wire = crate::protocol::encode::add_with_cas(&request, &bytes);
+                let key = bytes.slice_ref(request.key(&bytes, 0));
+                let lines = 2 * topology.config.replicas;
+                let add = AddSteps::new(machine, first, wire, (key.clone(), false), None);
+                StepsWork::work(Machine::Add(add), None, (key, None), lines, None)
             }
             Plan::Key(Placement::Quorum {
                 servers,
@@ -282,14 +284,16 @@ impl ClientSession {
                 // without replicas.
                 let previous =
                     previous.map(|previous| (previous, CasTakeover::classic(&request, &bytes)));
-                Work::Cas(Box::new(CasWork {
-                    part: Part::new(owner),
-                    machine: crate::plan::replicated_cas::ReplicatedCas::new(
-                        false, owner, copies, previous,
-                    ),
-                    older: OlderForget::new(older),
-                    copied: Vec::new(),
-                }))
+                let machine = ReplicatedCas::new(false, owner, copies, previous);
+                let storage = Expect::Line(LineKind::Storage);
+                let sent = (forwardable(&bytes, &request), storage.clone());
+                let copy = (
+                    crate::protocol::encode::cas_as_set(&request, &bytes),
+                    storage,
+                );
+                let key = (bytes.slice_ref(request.key(&bytes, 0)), None);
+                let machine = Machine::Cas(CasSteps::new(machine, owner, sent, copy));
+                StepsWork::work(machine, OlderForget::new(older), key, 1, None)
             }
             Plan::Retrieve(retrieval) => {
                 match leased_gat(&request, &bytes, &retrieval, &topology) {
@@ -454,15 +458,19 @@ fn meta_work(
             ..
         } if adds && servers.len() > 1 => {
             let asked_cas = request.flags(bytes).any(|(flag, _)| flag == b'c');
-            return Work::Add(Box::new(AddWork {
-                machine: ReplicatedAdd::new(servers, quorum),
-                wire: smallvec::smallvec![crate::protocol::encode::meta_add_with_cas(
-                    request, bytes
-                )],
-                key: (bytes.slice_ref(request.key_token(bytes)), request.base64),
-                meta: Some((asked_cas, request.quiet)),
-                parts: SmallVec::new(),
-            }));
+            let first = servers[0];
+            let machine = ReplicatedAdd::new(servers, quorum);
+            let wire =
+                smallvec::smallvec![crate::protocol::encode::meta_add_with_cas(request, bytes)];
+            let key = (bytes.slice_ref(request.key_token(bytes)), request.base64);
+            let asked = Some((asked_cas, request.quiet));
+            let add = AddSteps::new(machine, first, wire, key.clone(), asked);
+            let meta = MetaAnswer {
+                counts_cas: counts_cas(request),
+                value: brings_value(request),
+            };
+            let (key, lines) = ((key.0, Some(key.1)), topology.config.replicas);
+            return StepsWork::work(Machine::Add(add), None, key, 2 * lines, Some(meta));
         }
         Placement::Owner { server, .. } => (parts(&[server]), leased(request, bytes, topology)),
         Placement::Quorum {
@@ -489,14 +497,13 @@ fn meta_work(
             owner,
             copies,
             previous,
-            older: owners,
+            older,
         } => {
-            older = owners;
             let copy = route::meta_copy(request, bytes);
+            let key = bytes.slice_ref(request.key_token(bytes));
             let previous = previous.map(|previous| {
-                let key = bytes.slice_ref(request.key_token(bytes));
                 let takeover = CasTakeover::new(
-                    key,
+                    key.clone(),
                     Some(request.base64),
                     wire.clone(),
                     expect.clone(),
@@ -504,16 +511,18 @@ fn meta_work(
                 );
                 (previous, takeover)
             });
-            (
-                parts(&[owner]),
-                MetaMode::CasThenCopy {
-                    machine: crate::plan::replicated_cas::ReplicatedCas::new(
-                        true, owner, copies, previous,
-                    ),
-                    copy,
-                    copied: Vec::new(),
-                },
-            )
+            let machine = ReplicatedCas::new(true, owner, copies, previous);
+            let copy = (
+                smallvec::smallvec![copy],
+                Expect::meta(request.command, false),
+            );
+            let machine = Machine::Cas(CasSteps::new(machine, owner, (wire, expect), copy));
+            let meta = MetaAnswer {
+                counts_cas: counts_cas(request),
+                value: brings_value(request),
+            };
+            let key = (key, Some(request.base64));
+            return StepsWork::work(machine, OlderForget::new(older), key, 1, Some(meta));
         }
         Placement::Moved {
             owner,
@@ -533,7 +542,7 @@ fn meta_work(
                 older: OlderForget::new(owners),
                 part: None,
                 answer: None,
-                meta: Some(MovedMeta {
+                meta: Some(MetaAnswer {
                     counts_cas: counts_cas(request),
                     value: brings_value(request),
                 }),
@@ -555,7 +564,6 @@ fn meta_work(
         (bytes.slice_ref(request.key_token(bytes)), request.base64)
     };
     Work::Meta(spares::meta(MetaWork {
-        command: request.command,
         counts_cas: counts_cas(request),
         value: brings_value(request),
         expect,
