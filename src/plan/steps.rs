@@ -15,7 +15,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::plan::handoff::probe_line;
-use crate::plan::lease_retry::probe_expect;
+use crate::plan::lease_retry::{probe_expect, LeaseRetry, LeaseStep};
 use crate::plan::replicated_add::{AddAnswer, AddStep, ReplicatedAdd};
 use crate::plan::replicated_cas::{CasStep, ReplicatedCas};
 use crate::plan::route::CallResult;
@@ -69,6 +69,8 @@ pub(crate) enum Machine {
     Cas(CasSteps),
     /// An `add` with replicas (see [`AddSteps`]).
     Add(AddSteps),
+    /// A command that may meet a hand-off lease (see [`LeaseSteps`]).
+    Lease(LeaseSteps),
 }
 
 impl Machine {
@@ -80,18 +82,37 @@ impl Machine {
                 let step = add.machine.start();
                 add.step(step)
             }
+            Machine::Lease(retry) => retry.start(),
         }
     }
 
     /// The replies of the last step's awaited messages, each with its
-    /// server, in the order they were sent.
-    pub(crate) fn on_replies(&mut self, replies: &[(usize, &CallResult)]) -> Next {
+    /// server, in the order they were sent; `lease`: the cas of a hand-off
+    /// lease the connection saw in the first (an `mg`'s reply shows one).
+    pub(crate) fn on_replies(
+        &mut self,
+        replies: &[(usize, &CallResult)],
+        lease: Option<u64>,
+    ) -> Next {
         match self {
             Machine::Cas(cas) => cas.on_replies(replies),
             Machine::Add(add) => {
                 let step = add.machine.on_replies(replies);
                 add.step(step)
             }
+            Machine::Lease(retry) => match replies.first() {
+                Some(&(_, result)) => {
+                    let step = retry.retry.on_reply(result.clone(), lease);
+                    retry.step(step)
+                }
+                // After a line sent without a reply wanted: the answer.
+                None => Next::Answer(Answer::Reply(
+                    retry
+                        .answer
+                        .take()
+                        .unwrap_or_else(|| Ok(Default::default())),
+                )),
+            },
         }
     }
 
@@ -101,7 +122,7 @@ impl Machine {
         match self {
             Machine::Cas(cas) => !cas.machine.deciding(),
             // Every step changes what a later request of the client sees.
-            Machine::Add(_) => false,
+            Machine::Add(_) | Machine::Lease(_) => false,
         }
     }
 
@@ -110,6 +131,7 @@ impl Machine {
         match self {
             Machine::Cas(cas) => cas.owner,
             Machine::Add(add) => add.first,
+            Machine::Lease(retry) => retry.server,
         }
     }
 }
@@ -309,6 +331,77 @@ impl AddSteps {
     }
 }
 
+/// A command on one owner that may meet a hand-off lease (see
+/// `lease_retry`): the lease is removed and the command runs again, on the
+/// same connection.
+#[derive(Debug)]
+pub(crate) struct LeaseSteps {
+    retry: LeaseRetry,
+    server: usize,
+    /// The command as the owner gets it, and its framing.
+    request: (Outbound, Expect),
+    /// The answer, once a last line wanting no reply is sent.
+    answer: Option<CallResult>,
+}
+
+impl LeaseSteps {
+    /// `retry` of the command `request` on `server`.
+    pub(crate) fn new(retry: LeaseRetry, server: usize, request: (Outbound, Expect)) -> LeaseSteps {
+        LeaseSteps {
+            retry,
+            server,
+            request,
+            answer: None,
+        }
+    }
+
+    /// The command itself (it carries the client's write).
+    fn command(&self) -> Message {
+        Message {
+            server: self.server,
+            wire: self.request.0.clone(),
+            expect: self.request.1.clone(),
+            awaited: true,
+            watched: true,
+        }
+    }
+
+    /// A line of the machine's own to the owner.
+    fn line(&self, line: Bytes, expect: Expect, awaited: bool) -> Message {
+        Message {
+            server: self.server,
+            wire: smallvec::smallvec![line],
+            expect,
+            awaited,
+            watched: false,
+        }
+    }
+
+    fn start(&mut self) -> Next {
+        Next::Send(vec![match self.retry.opening() {
+            Some((probe, shown)) => self.line(probe, shown, true),
+            None => self.command(),
+        }])
+    }
+
+    fn step(&mut self, step: LeaseStep) -> Next {
+        // An `md` by cas: a lease's removal, or a recache token given back.
+        let removal = || Expect::meta(MetaCommand::Delete, false);
+        Next::Send(match step {
+            LeaseStep::Answer(result) => return Next::Answer(Answer::Reply(result)),
+            LeaseStep::Probe { line, expect } => vec![self.line(line, expect, true)],
+            LeaseStep::Rerun { delete } => {
+                vec![self.line(delete, removal(), false), self.command()]
+            }
+            LeaseStep::Send => vec![self.command()],
+            LeaseStep::AnswerAfter { line, answer } => {
+                self.answer = Some(answer);
+                vec![self.line(line, removal(), false)]
+            }
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -370,12 +463,15 @@ mod tests {
         let stored = ok(b"STORED\r\n");
         let copy = b"set k 0 0 1\r\ny\r\n".to_vec();
         assert_eq!(
-            sent(cas.on_replies(&[(0, &stored)])),
+            sent(cas.on_replies(&[(0, &stored)], None)),
             [(1, copy.clone(), false, false), (2, copy, false, false)]
         );
         // Decided: the client's later requests may go.
         assert!(cas.settled());
-        assert_eq!(cas.on_replies(&[]), Next::Answer(Answer::Reply(stored)));
+        assert_eq!(
+            cas.on_replies(&[], None),
+            Next::Answer(Answer::Reply(stored))
+        );
     }
 
     #[test]
@@ -384,7 +480,7 @@ mod tests {
         cas.start();
         let exists = ok(b"EXISTS\r\n");
         assert_eq!(
-            cas.on_replies(&[(0, &exists)]),
+            cas.on_replies(&[(0, &exists)], None),
             Next::Answer(Answer::Reply(exists))
         );
     }
@@ -396,24 +492,24 @@ mod tests {
         cas.start();
         let not_found = ok(b"NOT_FOUND\r\n");
         assert_eq!(
-            sent(cas.on_replies(&[(0, &not_found)])),
+            sent(cas.on_replies(&[(0, &not_found)], None)),
             [(3, b"cas k 0 0 1 7\r\ny\r\n".to_vec(), true, true)]
         );
         let stored = ok(b"STORED\r\n");
         // The owner gets its copy of what the previous owner stored, as an
         // add (a newer write there stays).
         assert_eq!(
-            sent(cas.on_replies(&[(3, &stored)])),
+            sent(cas.on_replies(&[(3, &stored)], None)),
             [(0, b"add k 0 0 1\r\ny\r\n".to_vec(), true, true)]
         );
         assert!(!cas.settled());
         assert_eq!(
-            sent(cas.on_replies(&[(0, &stored)])),
+            sent(cas.on_replies(&[(0, &stored)], None)),
             [(1, b"set k 0 0 1\r\ny\r\n".to_vec(), true, true)]
         );
         assert!(cas.settled());
         assert_eq!(
-            cas.on_replies(&[(1, &stored)]),
+            cas.on_replies(&[(1, &stored)], None),
             Next::Answer(Answer::Reply(stored))
         );
     }
@@ -432,10 +528,10 @@ mod tests {
         assert_eq!(sent(cas.start())[0].0, 2);
         let hd = ok(b"HD\r\n");
         assert_eq!(
-            sent(cas.on_replies(&[(2, &hd)])),
+            sent(cas.on_replies(&[(2, &hd)], None)),
             [(0, b"ms k 1 q\r\ny\r\n".to_vec(), false, false)]
         );
-        assert_eq!(cas.on_replies(&[]), Next::Answer(Answer::Reply(hd)));
+        assert_eq!(cas.on_replies(&[], None), Next::Answer(Answer::Reply(hd)));
     }
 
     fn add(servers: &[usize], meta: Option<(bool, bool)>) -> Machine {
@@ -461,10 +557,11 @@ mod tests {
             assert_eq!(sent(add.start()), [(3, add_line.clone(), true, true)]);
             let hd = ok(b"HD c7\r\n");
             assert_eq!(
-                sent(add.on_replies(&[(3, &hd)])),
+                sent(add.on_replies(&[(3, &hd)], None)),
                 [(1, add_line.clone(), true, true)]
             );
-            let Next::Answer(Answer::Reply(Ok(reply))) = add.on_replies(&[(1, &ok(b"HD c9\r\n"))])
+            let Next::Answer(Answer::Reply(Ok(reply))) =
+                add.on_replies(&[(1, &ok(b"HD c9\r\n"))], None)
             else {
                 panic!("no answer");
             };
@@ -476,30 +573,31 @@ mod tests {
     fn an_add_refused_after_one_replica_stored_takes_its_copy_back_before_answering() {
         let mut add = add(&[0, 1], None);
         add.start();
-        add.on_replies(&[(0, &ok(b"HD c5\r\n"))]);
+        add.on_replies(&[(0, &ok(b"HD c5\r\n"))], None);
         // The other replica holds a lease: it goes, then the add again.
         let ns = ok(b"NS\r\n");
         assert_eq!(
-            sent(add.on_replies(&[(1, &ns)])),
+            sent(add.on_replies(&[(1, &ns)], None)),
             [(1, b"mg k c f s u\r\n".to_vec(), true, false)]
         );
         let flags = crate::protocol::lease::LEASE_FLAGS;
         let lease = Ok(Reply::made(Bytes::from(format!("HD c4 f{flags} s24\r\n"))));
         assert_eq!(
-            sent(add.on_replies(&[(1, &lease)])),
+            sent(add.on_replies(&[(1, &lease)], None)),
             [
                 (1, b"md k C4\r\n".to_vec(), false, false),
                 (1, b"ms k 1 ME c\r\ny\r\n".to_vec(), true, true)
             ]
         );
         // Refused again, and this time a value is there: the first copy goes.
-        assert!(matches!(add.on_replies(&[(1, &ns)]), Next::Send(_)));
+        assert!(matches!(add.on_replies(&[(1, &ns)], None), Next::Send(_)));
         let value = ok(b"HD c2 f0 s1\r\n");
         assert_eq!(
-            sent(add.on_replies(&[(1, &value)])),
+            sent(add.on_replies(&[(1, &value)], None)),
             [(0, b"md k C5\r\n".to_vec(), true, false)]
         );
-        let Next::Answer(Answer::Reply(Ok(reply))) = add.on_replies(&[(0, &ok(b"HD\r\n"))]) else {
+        let Next::Answer(Answer::Reply(Ok(reply))) = add.on_replies(&[(0, &ok(b"HD\r\n"))], None)
+        else {
             panic!("no answer");
         };
         assert_eq!(&reply.bytes[..], b"NOT_STORED\r\n");
@@ -514,8 +612,81 @@ mod tests {
         let mut add = add(&[0, 1], Some((false, false)));
         add.start();
         assert_eq!(
-            add.on_replies(&[(0, &down)]),
+            add.on_replies(&[(0, &down)], None),
             Next::Answer(Answer::NoQuorum(vec!["a".into()]))
+        );
+    }
+
+    fn leased(command: MetaCommand, line: &'static [u8]) -> Machine {
+        let key = Bytes::from_static(b"k");
+        let retry = LeaseRetry::for_meta(command, key, false, |_| false, None).unwrap();
+        let expect = Expect::meta(command, false);
+        Machine::Lease(LeaseSteps::new(retry, 4, (wire(line), expect)))
+    }
+
+    #[test]
+    fn a_command_refused_by_a_lease_removes_it_and_runs_again() {
+        let mut ma = leased(MetaCommand::Arithmetic, b"ma k\r\n");
+        assert_eq!(ma.first_server(), 4);
+        assert_eq!(sent(ma.start()), [(4, b"ma k\r\n".to_vec(), true, true)]);
+        let not_a_number = ok(b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n");
+        assert_eq!(
+            sent(ma.on_replies(&[(4, &not_a_number)], None)),
+            [(4, b"mg k c f s u\r\n".to_vec(), true, false)]
+        );
+        let flags = crate::protocol::lease::LEASE_FLAGS;
+        let lease = Ok(Reply::made(Bytes::from(format!("HD c4 f{flags} s24\r\n"))));
+        assert_eq!(
+            sent(ma.on_replies(&[(4, &lease)], None)),
+            [
+                (4, b"md k C4\r\n".to_vec(), false, false),
+                (4, b"ma k\r\n".to_vec(), true, true)
+            ]
+        );
+        let not_found = ok(b"NF\r\n");
+        assert_eq!(
+            ma.on_replies(&[(4, &not_found)], None),
+            Next::Answer(Answer::Reply(not_found))
+        );
+    }
+
+    #[test]
+    fn a_command_that_would_hide_a_lease_looks_for_one_first() {
+        let mut md = leased(MetaCommand::Delete, b"md k\r\n");
+        assert_eq!(
+            sent(md.start()),
+            [(4, b"mg k c f s u\r\n".to_vec(), true, false)]
+        );
+        assert_eq!(
+            sent(md.on_replies(&[(4, &ok(b"EN\r\n"))], None)),
+            [(4, b"md k\r\n".to_vec(), true, true)]
+        );
+        let hd = ok(b"HD\r\n");
+        assert!(!md.settled(), "later requests wait for the answer");
+        assert_eq!(
+            md.on_replies(&[(4, &hd)], None),
+            Next::Answer(Answer::Reply(hd))
+        );
+    }
+
+    #[test]
+    fn a_lease_an_mg_reply_shows_is_removed_and_the_mg_runs_again() {
+        let key = Bytes::from_static(b"k");
+        let retry = LeaseRetry::for_meta(MetaCommand::Get, key, false, |f| f == b'T', None);
+        let expect = Expect::meta(MetaCommand::Get, false);
+        let mut mg = Machine::Lease(LeaseSteps::new(
+            retry.unwrap(),
+            1,
+            (wire(b"mg k T30 v\r\n"), expect),
+        ));
+        mg.start();
+        let shown = ok(b"EN\r\n");
+        assert_eq!(
+            sent(mg.on_replies(&[(1, &shown)], Some(9))),
+            [
+                (1, b"md k C9\r\n".to_vec(), false, false),
+                (1, b"mg k T30 v\r\n".to_vec(), true, true)
+            ]
         );
     }
 }

@@ -3,9 +3,8 @@
 //! loop in `session/mod.rs`.
 
 use super::*;
-use crate::plan::lease_retry::{LeaseRetry, LeaseStep};
 use crate::plan::meta_read::{MetaRead, ReadStep};
-use crate::plan::steps::Next;
+use crate::plan::steps::{Answer, Next};
 use crate::protocol::outcome::Outcome;
 
 /// Smallest reply size assumed for a key not yet answered.
@@ -74,13 +73,7 @@ impl ClientSession {
     ) -> bool {
         let topology = e.topology;
         if *e.sent {
-            return match finish {
-                Finish::Leased(retry) => {
-                    let (wire, expect) = leased_wire(retry, &e);
-                    self.lease_steps(topology, &mut parts[0], retry, &wire, &expect, e.hot)
-                }
-                _ => true,
-            };
+            return true;
         }
         let older = match finish {
             Finish::Quorum { older, .. } => older.as_deref_mut(),
@@ -100,17 +93,6 @@ impl ClientSession {
             _ => (0, false),
         };
         let replicas = parts.len() - forget;
-        if let Finish::Leased(retry) = finish {
-            let (wire, expect) = leased_wire(retry, &e);
-            match retry.opening() {
-                Some((probe, shown)) => {
-                    self.send(topology, &mut parts[0], &[probe], shown, true, None)
-                }
-                None => self.send(topology, &mut parts[0], &wire, expect.clone(), true, e.hot),
-            }
-            *e.sent = true;
-            return self.lease_steps(topology, &mut parts[0], retry, &wire, &expect, e.hot);
-        }
         for part in parts[..replicas].iter_mut() {
             // A `noreply` request's reply is awaited too (and then
             // dropped), so that its bytes stay counted until the
@@ -190,7 +172,8 @@ impl ClientSession {
                     .iter()
                     .filter_map(|p| Some((p.server, p.result.as_ref()?)))
                     .collect();
-                machine.on_replies(&replies)
+                let lease = parts.first().and_then(|p| p.slot.as_ref()?.lease());
+                machine.on_replies(&replies, lease)
             };
             self.send_next(topology, steps, next, hot);
         }
@@ -260,17 +243,8 @@ impl ClientSession {
                 _ => (0, None),
             };
             let replicas = meta.parts.len() - forget;
-            let opening = match &meta.mode {
-                MetaMode::Leased(retry) => retry.opening(),
-                _ => None,
-            };
-            if let Some((probe, shown)) = opening {
-                // One owner: the lease's probe goes first (`lease_steps`).
-                self.send(topology, &mut meta.parts[0], &[probe], shown, true, None);
-            } else {
-                for part in meta.parts[..replicas].iter_mut() {
-                    self.send(topology, part, &meta.wire, meta.expect.clone(), true, e.hot);
-                }
+            for part in meta.parts[..replicas].iter_mut() {
+                self.send(topology, part, &meta.wire, meta.expect.clone(), true, e.hot);
             }
             // With `forget_last`, `finish` sends them.
             if let Some(key) = key.filter(|_| forget > 0) {
@@ -282,10 +256,6 @@ impl ClientSession {
         }
         match &mut meta.mode {
             MetaMode::Forward | MetaMode::Quorum { .. } => true,
-            MetaMode::Leased(retry) => {
-                let part = &mut meta.parts[0];
-                self.lease_steps(topology, part, retry, &meta.wire, &meta.expect, e.hot)
-            }
             MetaMode::Read(read) => {
                 // What each server asked at once may bring back.
                 let per_reply = LINE_REPLY_BYTES
@@ -368,52 +338,6 @@ impl ClientSession {
             }
         }
         true
-    }
-
-    /// Takes `part`'s reply into a command that may meet a hand-off lease
-    /// (see `lease_retry`), and sends what it says next: a probe, or the
-    /// lease's removal followed by the command (`wire`) again, on the same
-    /// connection. True once the part holds the client's answer; until
-    /// then the client's later requests wait, so they see the key as the
-    /// command left it.
-    fn lease_steps(
-        &self,
-        topology: &Topology,
-        part: &mut Part,
-        retry: &mut LeaseRetry,
-        wire: &[Bytes],
-        expect: &Expect,
-        hot: Option<&Rc<WriteGuard>>,
-    ) -> bool {
-        loop {
-            part.absorb();
-            let Some(result) = part.result.take() else {
-                return false;
-            };
-            let lease = part.slot.as_ref().and_then(|slot| slot.lease());
-            let server = part.server;
-            match retry.on_reply(result, lease) {
-                LeaseStep::Answer(result) => {
-                    part.result = Some(result);
-                    return true;
-                }
-                LeaseStep::Probe { line, expect } => {
-                    *part = self.send_to(topology, server, &[line], &expect, None);
-                }
-                LeaseStep::Rerun { delete } => {
-                    self.send_md_unanswered(topology, server, delete);
-                    *part = self.send_to(topology, server, wire, expect, hot);
-                }
-                LeaseStep::Send => {
-                    *part = self.send_to(topology, server, wire, expect, hot);
-                }
-                LeaseStep::AnswerAfter { line, answer } => {
-                    self.send_md_unanswered(topology, server, line);
-                    part.result = Some(answer);
-                    return true;
-                }
-            }
-        }
     }
 
     /// A request on a moved key, classic or meta: its hand-off steps, one
@@ -618,22 +542,6 @@ impl ClientSession {
         Sent::Part(self.send_to(topology, server, &lines, &expect, watch))
     }
 
-    /// Sends `wire` to `server`, wanting no reply: a failure there is
-    /// counted by its backend.
-    fn send_unanswered(&self, topology: &Topology, server: usize, wire: &[Bytes], expect: Expect) {
-        let mut part = Part::new(server);
-        self.send(topology, &mut part, wire, expect, false, None);
-    }
-
-    /// Sends `line`, an `md` by cas (a hand-off lease's removal, or the
-    /// recache token a probe took given back), to `server`, wanting no
-    /// reply: what the client waits for follows it on the same connection,
-    /// or is already known.
-    fn send_md_unanswered(&self, topology: &Topology, server: usize, line: Bytes) {
-        let removal = Expect::meta(MetaCommand::Delete, false);
-        self.send_unanswered(topology, server, &[line], removal);
-    }
-
     /// Sends `wire` to `server`, wanting its reply, as a new part.
     fn send_to(
         &self,
@@ -787,7 +695,26 @@ impl ClientSession {
         };
         match &mut entry.work {
             Work::Lines { parts, .. } => parts.iter_mut().for_each(Part::absorb),
-            Work::Steps(steps) => steps.parts.iter_mut().for_each(Part::absorb),
+            Work::Steps(steps) => {
+                steps.parts.iter_mut().for_each(Part::absorb);
+                // As for `Work::Meta`: an `mg … v`'s step replies and its
+                // answer give the estimate.
+                let reply = steps.parts.first().and_then(|p| p.result.as_ref());
+                let answer = match &steps.answer {
+                    Some(Answer::Reply(answer)) => Some(answer),
+                    _ => None,
+                };
+                if let (Some(Ok(reply)), true) = (
+                    reply.or(answer),
+                    steps.meta.as_ref().is_some_and(|m| m.value),
+                ) {
+                    if reply.outcome == Outcome::Va {
+                        estimate = Some(reply.len());
+                    } else if reply.outcome.meta_miss() {
+                        estimate = Some(MIN_ESTIMATE_BYTES);
+                    }
+                }
+            }
             Work::Meta(meta) => {
                 for part in meta.parts.iter_mut() {
                     part.absorb();
@@ -886,22 +813,4 @@ pub(super) fn forget_last(
         part.absorb();
     }
     former.iter().all(|p| p.result.is_some())
-}
-
-/// What a classic command that may meet a lease sends: the client's
-/// request (without `noreply`), or what the plan sends instead (a `touch`
-/// as an `mg`).
-fn leased_wire(retry: &LeaseRetry, e: &Sending<'_>) -> (SmallVec<[Bytes; 3]>, Expect) {
-    match retry.wire() {
-        Some((line, expect)) => (smallvec::smallvec![line], expect),
-        None if retry.is_retrieval() => (
-            smallvec::smallvec![e.bytes.clone()],
-            Expect::values(e.bytes.clone()),
-        ),
-        None => {
-            let expect = e.command.reply_line().unwrap_or(LineKind::Ok);
-            let request = forwardable(e.bytes, e.request);
-            (request.iter().cloned().collect(), Expect::Line(expect))
-        }
-    }
 }

@@ -98,7 +98,7 @@ impl ClientSession {
                 }
             }
             _ if parts.iter().any(|p| p.result.is_none()) => return false,
-            Finish::Forward | Finish::Leased(_) => {
+            Finish::Forward => {
                 // Every part answered (above): the one server's reply.
                 let answer = parts[0].result.take().expect("answered");
                 entry.said = write_answer(&mut self.out, stats, entry.command, answer);

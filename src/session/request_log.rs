@@ -239,7 +239,6 @@ fn route_of(entry: &Entry) -> (Option<&str>, &'static str) {
                 Finish::Quorum { .. } if parts.len() > 1 => "replicas",
                 Finish::Quorum { .. } => "owner",
                 Finish::AllOk(_) => "all",
-                Finish::Leased(_) => "lease_retry",
             };
             (first(parts), path)
         }
@@ -248,13 +247,13 @@ fn route_of(entry: &Entry) -> (Option<&str>, &'static str) {
                 MetaMode::Forward => "owner",
                 MetaMode::Quorum { .. } => "replicas",
                 MetaMode::Read(_) => "read_through",
-                MetaMode::Leased(_) => "lease_retry",
             };
             (first(&meta.parts), path)
         }
         Work::Steps(steps) => {
             let path = match steps.machine {
                 Machine::Cas(_) | Machine::Add(_) => "replicas",
+                Machine::Lease(_) => "lease_retry",
             };
             (name(steps.machine.first_server()), path)
         }

@@ -8,7 +8,7 @@ use crate::plan::meta_read::MetaRead;
 use crate::plan::replicated_add::ReplicatedAdd;
 use crate::plan::replicated_cas::ReplicatedCas;
 use crate::plan::route::{Retrieval, Split};
-use crate::plan::steps::{AddSteps, CasSteps, Machine};
+use crate::plan::steps::{AddSteps, CasSteps, LeaseSteps, Machine};
 use crate::pools::planned::Planned;
 
 impl ClientSession {
@@ -234,10 +234,15 @@ impl ClientSession {
                 parts: servers.into_iter().take(1).map(Part::new).collect(),
                 finish: Finish::Forward,
             },
-            Plan::Key(Placement::Owner { server, .. }) => Work::Lines {
-                parts: smallvec::smallvec![Part::new(server)],
-                finish: leased_classic(&request, &bytes, &topology),
-            },
+            Plan::Key(Placement::Owner { server, .. }) => {
+                match leased_classic(&request, &bytes, &topology) {
+                    Some(retry) => leased_work(retry, server, &request, &bytes),
+                    None => Work::Lines {
+                        parts: smallvec::smallvec![Part::new(server)],
+                        finish: Finish::Forward,
+                    },
+                }
+            }
             Plan::Key(Placement::Quorum {
                 servers,
                 quorum,
@@ -297,10 +302,7 @@ impl ClientSession {
             }
             Plan::Retrieve(retrieval) => {
                 match leased_gat(&request, &bytes, &retrieval, &topology) {
-                    Some((server, retry)) => Work::Lines {
-                        parts: smallvec::smallvec![Part::new(server)],
-                        finish: Finish::Leased(retry),
-                    },
+                    Some((server, retry)) => leased_work(retry, server, &request, &bytes),
                     None => Work::Retrieve {
                         plan: retrieval,
                         in_flight: spares::in_flight(),
@@ -472,7 +474,18 @@ fn meta_work(
             let (key, lines) = ((key.0, Some(key.1)), topology.config.replicas);
             return StepsWork::work(Machine::Add(add), None, key, 2 * lines, Some(meta));
         }
-        Placement::Owner { server, .. } => (parts(&[server]), leased(request, bytes, topology)),
+        Placement::Owner { server, .. } => match leased(request, bytes, topology) {
+            Some(retry) => {
+                let machine = Machine::Lease(LeaseSteps::new(retry, server, (wire, expect)));
+                let meta = MetaAnswer {
+                    counts_cas: counts_cas(request),
+                    value: brings_value(request),
+                };
+                let key = (Bytes::new(), Some(false));
+                return StepsWork::work(machine, None, key, 1, Some(meta));
+            }
+            None => (parts(&[server]), MetaMode::Forward),
+        },
         Placement::Quorum {
             servers,
             quorum,
@@ -597,22 +610,17 @@ fn brings_value(request: &MetaRequest) -> bool {
 /// leases) for a command a lease would mislead, removing the lease and
 /// running again (see `lease_retry`). Such a command waits for its answer
 /// before the client's next request goes out, so only inside a window.
-fn leased(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> MetaMode {
-    if topology.previous.is_none() {
-        return MetaMode::Forward;
-    }
+fn leased(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> Option<LeaseRetry> {
+    topology.previous.as_ref()?;
     let key = bytes.slice_ref(request.key_token(bytes));
     let has = |flag| request.flags(bytes).any(|(f, _)| f == flag);
-    match LeaseRetry::for_meta(request.command, key, request.base64, has, request.mode) {
-        Some(retry) => MetaMode::Leased(Box::new(retry)),
-        None => MetaMode::Forward,
-    }
+    LeaseRetry::for_meta(request.command, key, request.base64, has, request.mode)
 }
 
 /// [`leased`] for a classic one-line command on one owner.
-fn leased_classic(request: &Request, bytes: &Bytes, topology: &Topology) -> Finish {
+fn leased_classic(request: &Request, bytes: &Bytes, topology: &Topology) -> Option<LeaseRetry> {
     if topology.previous.is_none() || request.keys.len() != 1 {
-        return Finish::Forward;
+        return None;
     }
     let key = bytes.slice_ref(request.key(bytes, 0));
     let line = &bytes[..(request.args_end as usize).min(bytes.len())];
@@ -620,10 +628,26 @@ fn leased_classic(request: &Request, bytes: &Bytes, topology: &Topology) -> Fini
         .split(|&b| b == b' ')
         .filter(|token| !token.is_empty())
         .nth(2);
-    match LeaseRetry::for_classic(request.command, key, exptime) {
-        Some(retry) => Finish::Leased(Box::new(retry)),
-        None => Finish::Forward,
-    }
+    LeaseRetry::for_classic(request.command, key, exptime)
+}
+
+/// The work of a classic command on `server` that may meet a lease: the
+/// client's request (without `noreply`), or what the plan sends instead (a
+/// `touch` as an `mg`).
+fn leased_work(retry: LeaseRetry, server: usize, request: &Request, bytes: &Bytes) -> Work {
+    let sent = match retry.wire() {
+        Some((line, expect)) => (smallvec::smallvec![line], expect),
+        None if retry.is_retrieval() => (
+            smallvec::smallvec![bytes.clone()],
+            Expect::values(bytes.clone()),
+        ),
+        None => {
+            let expect = request.command.reply_line().unwrap_or(LineKind::Ok);
+            (forwardable(bytes, request), Expect::Line(expect))
+        }
+    };
+    let machine = Machine::Lease(LeaseSteps::new(retry, server, sent));
+    StepsWork::work(machine, None, (Bytes::new(), None), 1, None)
 }
 
 /// [`leased`] for a one-key `gat`/`gats` of a key that did not move: a
@@ -634,14 +658,14 @@ fn leased_gat(
     bytes: &Bytes,
     retrieval: &Retrieval,
     topology: &Topology,
-) -> Option<(usize, Box<LeaseRetry>)> {
+) -> Option<(usize, LeaseRetry)> {
     if topology.previous.is_none() || !matches!(request.command, Command::Gat | Command::Gats) {
         return None;
     }
     let server = retrieval.lone_owner()?;
     let key = bytes.slice_ref(request.key(bytes, 0));
     let retry = LeaseRetry::for_classic(request.command, key, None)?;
-    Some((server, Box::new(retry)))
+    Some((server, retry))
 }
 
 /// A request's `rewritten` bytes parsed again (so they pass every check of

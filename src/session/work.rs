@@ -298,10 +298,6 @@ pub(super) enum MetaMode {
     /// `mg` over replicas, one server at a time (see `plan::meta_read`);
     /// the part is the server asked now, and holds the answer at the end.
     Read(Box<crate::plan::meta_read::MetaRead>),
-    /// A command on one owner that removes a hand-off lease it meets and
-    /// runs again (see `lease_retry::LeaseRetry`): the part is its step
-    /// under way.
-    Leased(Box<crate::plan::lease_retry::LeaseRetry>),
 }
 
 /// How the parts' one-line replies become the client's reply.
@@ -322,9 +318,6 @@ pub(super) enum Finish {
     /// A broadcast (`flush_all`): `OK` only if every server said `OK`;
     /// with [`Joined`], one of several entries of one request.
     AllOk(Option<Joined>),
-    /// One owner's reply, and a hand-off lease it meets removed first (see
-    /// `lease_retry::LeaseRetry`).
-    Leased(Box<crate::plan::lease_retry::LeaseRetry>),
 }
 
 /// A `flush_all` that reaches several pools: one entry per pool, each
