@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::plan::handoff::probe_line;
+use crate::plan::handoff::{probe_line, Moved, Owner, ReadCopy, Step, Tally};
 use crate::plan::lease_retry::{probe_expect, LeaseRetry, LeaseStep};
 use crate::plan::replicated_add::{AddAnswer, AddStep, ReplicatedAdd};
 use crate::plan::replicated_cas::{CasStep, ReplicatedCas};
@@ -71,6 +71,8 @@ pub(crate) enum Machine {
     Add(AddSteps),
     /// A command that may meet a hand-off lease (see [`LeaseSteps`]).
     Lease(LeaseSteps),
+    /// A command on a moved key (see [`MovedSteps`]).
+    Moved(MovedSteps),
 }
 
 impl Machine {
@@ -83,18 +85,32 @@ impl Machine {
                 add.step(step)
             }
             Machine::Lease(retry) => retry.start(),
+            Machine::Moved(moved) => {
+                let step = moved.machine.start();
+                moved.step(step)
+            }
         }
     }
 
     /// The replies of the last step's awaited messages, each with its
     /// server, in the order they were sent; `lease`: the cas of a hand-off
-    /// lease the connection saw in the first (an `mg`'s reply shows one).
+    /// lease the connection saw in the first (an `mg`'s reply shows one);
+    /// `now`: the Unix time (a hand-off copy's TTL).
     pub(crate) fn on_replies(
         &mut self,
         replies: &[(usize, &CallResult)],
         lease: Option<u64>,
+        now: u64,
     ) -> Next {
         match self {
+            Machine::Moved(moved) => match replies.first() {
+                Some(&(_, result)) => {
+                    let step = moved.machine.on_reply(result.clone(), now);
+                    moved.step(step)
+                }
+                // Never: every step awaits its one reply.
+                None => Next::Answer(Answer::Reply(Ok(Default::default()))),
+            },
             Machine::Cas(cas) => cas.on_replies(replies),
             Machine::Add(add) => {
                 let step = add.machine.on_replies(replies);
@@ -122,7 +138,7 @@ impl Machine {
         match self {
             Machine::Cas(cas) => !cas.machine.deciding(),
             // Every step changes what a later request of the client sees.
-            Machine::Add(_) | Machine::Lease(_) => false,
+            Machine::Add(_) | Machine::Lease(_) | Machine::Moved(_) => false,
         }
     }
 
@@ -132,7 +148,42 @@ impl Machine {
             Machine::Cas(cas) => cas.owner,
             Machine::Add(add) => add.first,
             Machine::Lease(retry) => retry.server,
+            Machine::Moved(moved) => moved.owner,
         }
+    }
+
+    /// What the steps so far did that the hand-off counters count (taken
+    /// once).
+    pub(crate) fn take_tally(&mut self) -> Tally {
+        match self {
+            Machine::Moved(moved) => moved.machine.take_tally(),
+            _ => Tally::default(),
+        }
+    }
+
+    /// A read-through's copy of the value for the new owner, once the
+    /// machine has answered (taken once).
+    pub(crate) fn take_read_copy(&mut self) -> Option<ReadCopy> {
+        let Machine::Moved(moved) = self else {
+            return None;
+        };
+        let wire = moved.machine.take_read_copy()?;
+        let (key, base64) = moved.machine.key_token();
+        Some(ReadCopy {
+            owner: moved.owner,
+            wire,
+            source: moved.previous,
+            key,
+            base64,
+            touch: None,
+        })
+    }
+
+    /// Whether its first step waits until the client's read-through copies
+    /// under way have replaced their leases (a moved key's steps would see
+    /// them).
+    pub(crate) fn after_copies(&self) -> bool {
+        matches!(self, Machine::Moved(_))
     }
 }
 
@@ -402,6 +453,52 @@ impl LeaseSteps {
     }
 }
 
+/// A command on a moved key, in either dialect (see `handoff::Moved`): one
+/// message a step, to the key's owner or its previous owner.
+#[derive(Debug)]
+pub(crate) struct MovedSteps {
+    /// Boxed as the plan hands it over (the largest machine).
+    machine: Box<Moved>,
+    owner: usize,
+    previous: usize,
+    /// A meta command: the request's hot-key guard watches only what goes
+    /// to the new owner (a classic write's, what goes to both).
+    meta: bool,
+}
+
+impl MovedSteps {
+    /// `machine` between `owner` and `previous`.
+    pub(crate) fn new(
+        machine: Box<Moved>,
+        owner: usize,
+        previous: usize,
+        meta: bool,
+    ) -> MovedSteps {
+        MovedSteps {
+            machine,
+            owner,
+            previous,
+            meta,
+        }
+    }
+
+    fn step(&self, step: Step) -> Next {
+        match step {
+            Step::Answer(result) => Next::Answer(Answer::Reply(result)),
+            Step::Send { to, lines, expect } => Next::Send(vec![Message {
+                server: match to {
+                    Owner::New => self.owner,
+                    Owner::Previous => self.previous,
+                },
+                wire: lines,
+                expect,
+                awaited: true,
+                watched: to == Owner::New || !self.meta,
+            }]),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -463,13 +560,13 @@ mod tests {
         let stored = ok(b"STORED\r\n");
         let copy = b"set k 0 0 1\r\ny\r\n".to_vec();
         assert_eq!(
-            sent(cas.on_replies(&[(0, &stored)], None)),
+            sent(cas.on_replies(&[(0, &stored)], None, 0)),
             [(1, copy.clone(), false, false), (2, copy, false, false)]
         );
         // Decided: the client's later requests may go.
         assert!(cas.settled());
         assert_eq!(
-            cas.on_replies(&[], None),
+            cas.on_replies(&[], None, 0),
             Next::Answer(Answer::Reply(stored))
         );
     }
@@ -480,7 +577,7 @@ mod tests {
         cas.start();
         let exists = ok(b"EXISTS\r\n");
         assert_eq!(
-            cas.on_replies(&[(0, &exists)], None),
+            cas.on_replies(&[(0, &exists)], None, 0),
             Next::Answer(Answer::Reply(exists))
         );
     }
@@ -492,24 +589,24 @@ mod tests {
         cas.start();
         let not_found = ok(b"NOT_FOUND\r\n");
         assert_eq!(
-            sent(cas.on_replies(&[(0, &not_found)], None)),
+            sent(cas.on_replies(&[(0, &not_found)], None, 0)),
             [(3, b"cas k 0 0 1 7\r\ny\r\n".to_vec(), true, true)]
         );
         let stored = ok(b"STORED\r\n");
         // The owner gets its copy of what the previous owner stored, as an
         // add (a newer write there stays).
         assert_eq!(
-            sent(cas.on_replies(&[(3, &stored)], None)),
+            sent(cas.on_replies(&[(3, &stored)], None, 0)),
             [(0, b"add k 0 0 1\r\ny\r\n".to_vec(), true, true)]
         );
         assert!(!cas.settled());
         assert_eq!(
-            sent(cas.on_replies(&[(0, &stored)], None)),
+            sent(cas.on_replies(&[(0, &stored)], None, 0)),
             [(1, b"set k 0 0 1\r\ny\r\n".to_vec(), true, true)]
         );
         assert!(cas.settled());
         assert_eq!(
-            cas.on_replies(&[(1, &stored)], None),
+            cas.on_replies(&[(1, &stored)], None, 0),
             Next::Answer(Answer::Reply(stored))
         );
     }
@@ -528,10 +625,13 @@ mod tests {
         assert_eq!(sent(cas.start())[0].0, 2);
         let hd = ok(b"HD\r\n");
         assert_eq!(
-            sent(cas.on_replies(&[(2, &hd)], None)),
+            sent(cas.on_replies(&[(2, &hd)], None, 0)),
             [(0, b"ms k 1 q\r\ny\r\n".to_vec(), false, false)]
         );
-        assert_eq!(cas.on_replies(&[], None), Next::Answer(Answer::Reply(hd)));
+        assert_eq!(
+            cas.on_replies(&[], None, 0),
+            Next::Answer(Answer::Reply(hd))
+        );
     }
 
     fn add(servers: &[usize], meta: Option<(bool, bool)>) -> Machine {
@@ -557,11 +657,11 @@ mod tests {
             assert_eq!(sent(add.start()), [(3, add_line.clone(), true, true)]);
             let hd = ok(b"HD c7\r\n");
             assert_eq!(
-                sent(add.on_replies(&[(3, &hd)], None)),
+                sent(add.on_replies(&[(3, &hd)], None, 0)),
                 [(1, add_line.clone(), true, true)]
             );
             let Next::Answer(Answer::Reply(Ok(reply))) =
-                add.on_replies(&[(1, &ok(b"HD c9\r\n"))], None)
+                add.on_replies(&[(1, &ok(b"HD c9\r\n"))], None, 0)
             else {
                 panic!("no answer");
             };
@@ -573,30 +673,34 @@ mod tests {
     fn an_add_refused_after_one_replica_stored_takes_its_copy_back_before_answering() {
         let mut add = add(&[0, 1], None);
         add.start();
-        add.on_replies(&[(0, &ok(b"HD c5\r\n"))], None);
+        add.on_replies(&[(0, &ok(b"HD c5\r\n"))], None, 0);
         // The other replica holds a lease: it goes, then the add again.
         let ns = ok(b"NS\r\n");
         assert_eq!(
-            sent(add.on_replies(&[(1, &ns)], None)),
+            sent(add.on_replies(&[(1, &ns)], None, 0)),
             [(1, b"mg k c f s u\r\n".to_vec(), true, false)]
         );
         let flags = crate::protocol::lease::LEASE_FLAGS;
         let lease = Ok(Reply::made(Bytes::from(format!("HD c4 f{flags} s24\r\n"))));
         assert_eq!(
-            sent(add.on_replies(&[(1, &lease)], None)),
+            sent(add.on_replies(&[(1, &lease)], None, 0)),
             [
                 (1, b"md k C4\r\n".to_vec(), false, false),
                 (1, b"ms k 1 ME c\r\ny\r\n".to_vec(), true, true)
             ]
         );
         // Refused again, and this time a value is there: the first copy goes.
-        assert!(matches!(add.on_replies(&[(1, &ns)], None), Next::Send(_)));
+        assert!(matches!(
+            add.on_replies(&[(1, &ns)], None, 0),
+            Next::Send(_)
+        ));
         let value = ok(b"HD c2 f0 s1\r\n");
         assert_eq!(
-            sent(add.on_replies(&[(1, &value)], None)),
+            sent(add.on_replies(&[(1, &value)], None, 0)),
             [(0, b"md k C5\r\n".to_vec(), true, false)]
         );
-        let Next::Answer(Answer::Reply(Ok(reply))) = add.on_replies(&[(0, &ok(b"HD\r\n"))], None)
+        let Next::Answer(Answer::Reply(Ok(reply))) =
+            add.on_replies(&[(0, &ok(b"HD\r\n"))], None, 0)
         else {
             panic!("no answer");
         };
@@ -612,7 +716,7 @@ mod tests {
         let mut add = add(&[0, 1], Some((false, false)));
         add.start();
         assert_eq!(
-            add.on_replies(&[(0, &down)], None),
+            add.on_replies(&[(0, &down)], None, 0),
             Next::Answer(Answer::NoQuorum(vec!["a".into()]))
         );
     }
@@ -631,13 +735,13 @@ mod tests {
         assert_eq!(sent(ma.start()), [(4, b"ma k\r\n".to_vec(), true, true)]);
         let not_a_number = ok(b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n");
         assert_eq!(
-            sent(ma.on_replies(&[(4, &not_a_number)], None)),
+            sent(ma.on_replies(&[(4, &not_a_number)], None, 0)),
             [(4, b"mg k c f s u\r\n".to_vec(), true, false)]
         );
         let flags = crate::protocol::lease::LEASE_FLAGS;
         let lease = Ok(Reply::made(Bytes::from(format!("HD c4 f{flags} s24\r\n"))));
         assert_eq!(
-            sent(ma.on_replies(&[(4, &lease)], None)),
+            sent(ma.on_replies(&[(4, &lease)], None, 0)),
             [
                 (4, b"md k C4\r\n".to_vec(), false, false),
                 (4, b"ma k\r\n".to_vec(), true, true)
@@ -645,7 +749,7 @@ mod tests {
         );
         let not_found = ok(b"NF\r\n");
         assert_eq!(
-            ma.on_replies(&[(4, &not_found)], None),
+            ma.on_replies(&[(4, &not_found)], None, 0),
             Next::Answer(Answer::Reply(not_found))
         );
     }
@@ -658,13 +762,13 @@ mod tests {
             [(4, b"mg k c f s u\r\n".to_vec(), true, false)]
         );
         assert_eq!(
-            sent(md.on_replies(&[(4, &ok(b"EN\r\n"))], None)),
+            sent(md.on_replies(&[(4, &ok(b"EN\r\n"))], None, 0)),
             [(4, b"md k\r\n".to_vec(), true, true)]
         );
         let hd = ok(b"HD\r\n");
         assert!(!md.settled(), "later requests wait for the answer");
         assert_eq!(
-            md.on_replies(&[(4, &hd)], None),
+            md.on_replies(&[(4, &hd)], None, 0),
             Next::Answer(Answer::Reply(hd))
         );
     }
@@ -682,7 +786,7 @@ mod tests {
         mg.start();
         let shown = ok(b"EN\r\n");
         assert_eq!(
-            sent(mg.on_replies(&[(1, &shown)], Some(9))),
+            sent(mg.on_replies(&[(1, &shown)], Some(9), 0)),
             [
                 (1, b"md k C9\r\n".to_vec(), false, false),
                 (1, b"mg k T30 v\r\n".to_vec(), true, true)

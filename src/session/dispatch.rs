@@ -54,7 +54,6 @@ impl ClientSession {
             Work::Lines { parts, finish } => self.dispatch_lines(e, parts, finish),
             Work::Steps(steps) => self.dispatch_steps(e, steps),
             Work::Meta(meta) => self.dispatch_meta(e, meta),
-            Work::Moved(moved) => self.dispatch_moved(e, moved),
             Work::Retrieve {
                 plan,
                 in_flight,
@@ -125,6 +124,11 @@ impl ClientSession {
     fn dispatch_steps(&mut self, e: Sending<'_>, steps: &mut StepsWork) -> bool {
         let topology = e.topology;
         if !*e.sent {
+            // This client's read-through copies replace their leases first
+            // (see `CopiesUnderWay`).
+            if steps.machine.after_copies() && self.copies.any() {
+                return false;
+            }
             // Its reply bytes: one line from each server of the first step
             // and from each older owner, and an `mg … v`'s value.
             let deletes = OlderForget::len(steps.older.as_ref());
@@ -149,6 +153,8 @@ impl ClientSession {
             let next = steps.machine.start();
             self.send_next(topology, steps, next, e.hot);
         }
+        // One step at a time; later requests of the client wait (until the
+        // machine settled), so they see the key as the steps left it.
         self.steps(topology, steps, e.hot) || steps.machine.settled()
     }
 
@@ -157,7 +163,7 @@ impl ClientSession {
     /// answer is known. True once it is.
     pub(super) fn steps(
         &self,
-        topology: &Topology,
+        topology: &Arc<Topology>,
         steps: &mut StepsWork,
         hot: Option<&Rc<WriteGuard>>,
     ) -> bool {
@@ -173,7 +179,8 @@ impl ClientSession {
                     .filter_map(|p| Some((p.server, p.result.as_ref()?)))
                     .collect();
                 let lease = parts.first().and_then(|p| p.slot.as_ref()?.lease());
-                machine.on_replies(&replies, lease)
+                let now = self.worker.clock.unix_seconds();
+                machine.on_replies(&replies, lease, now)
             };
             self.send_next(topology, steps, next, hot);
         }
@@ -185,14 +192,29 @@ impl ClientSession {
     /// watches what the machine says carries the client's write.
     fn send_next(
         &self,
-        topology: &Topology,
+        topology: &Arc<Topology>,
         steps: &mut StepsWork,
         next: Next,
         hot: Option<&Rc<WriteGuard>>,
     ) {
+        let tally = steps.machine.take_tally();
+        let stats = &self.worker.stats;
+        if let Some(hit) = tally.read_through {
+            stats.read_through(1, usize::from(hit));
+        }
+        if let Some(outcome) = tally.copy {
+            count_copy(stats, outcome);
+        }
+        if tally.taken_back {
+            stats.copy_taken_back();
+        }
         let messages = match next {
             Next::Answer(answer) => {
                 steps.answer = Some(answer);
+                // A meta read-through's copy for the new owner.
+                if let Some(copy) = steps.machine.take_read_copy() {
+                    copy_check::send(&self.worker, topology, self.lane, copy, &self.copies);
+                }
                 return;
             }
             Next::Send(messages) => messages,
@@ -340,61 +362,6 @@ impl ClientSession {
         true
     }
 
-    /// A request on a moved key, classic or meta: its hand-off steps, one
-    /// at a time.
-    // Only during a hand-off window: kept out of line, as `dispatch_cas`.
-    #[inline(never)]
-    fn dispatch_moved(&mut self, e: Sending<'_>, moved: &mut MovedWork) -> bool {
-        let topology = e.topology;
-        if !*e.sent {
-            // This client's read-through copies replace their leases first
-            // (see `CopiesUnderWay`).
-            if self.copies.any() {
-                return false;
-            }
-            // Its reply bytes: one line from the owner and from each older
-            // owner, and an `mg … v`'s value.
-            let deletes = OlderForget::len(moved.older.as_ref());
-            let value = match moved.meta.as_ref().is_some_and(|m| m.value) {
-                true => self.estimate.max(MIN_ESTIMATE_BYTES),
-                false => 0,
-            };
-            let cost = || e.bytes.len() + LINE_REPLY_BYTES * (1 + deletes) + value;
-            if !self.reserve_once(e.reserved, cost) {
-                return false;
-            }
-            // The older owners lose the key before the machine's first step:
-            // by `md` for meta, by `delete` for classic.
-            let (machine, meta) = (&moved.machine, moved.meta.is_some());
-            let forget = |server| match meta {
-                true => self.forget_on(topology, server, &machine.key_token()),
-                false => self.delete_on(topology, server, e.request.key(e.bytes, 0)),
-            };
-            if !OlderForget::advance(moved.older.as_mut(), forget) {
-                return false;
-            }
-            *e.sent = true;
-            let step = moved.machine.start();
-            self.step(topology, moved, step, e.hot);
-        }
-        // One step at a time; later requests of the client wait, so
-        // they see the key as the steps left it.
-        while moved.answer.is_none() {
-            let Some(part) = &mut moved.part else {
-                break;
-            };
-            part.absorb();
-            let Some(result) = part.result.take() else {
-                return false;
-            };
-            let step = moved
-                .machine
-                .on_reply(result, self.worker.clock.unix_seconds());
-            self.step(topology, moved, step, e.hot);
-        }
-        true
-    }
-
     /// Before a classic write's first send: reserves its reply bytes (one
     /// line from each of `lines` servers and from each older owner), then
     /// has the key's owners in older rings of chained changes delete it,
@@ -506,42 +473,6 @@ impl ClientSession {
             || (topology.config.replicas <= 1 && !plan.has_moved_keys())
     }
 
-    /// Sends a hand-off step of a moved key between `ends` (its owner and
-    /// previous owner), whose part comes back; or the step's answer. `hot`
-    /// watches what goes to the new owner, `hot_elsewhere` what goes to the
-    /// previous owner.
-    fn send_step(
-        &self,
-        topology: &Topology,
-        machine: &mut Moved,
-        ends: (usize, usize),
-        step: Step,
-        hot: Option<&Rc<WriteGuard>>,
-        hot_elsewhere: Option<&Rc<WriteGuard>>,
-    ) -> Sent {
-        let tally = machine.take_tally();
-        let stats = &self.worker.stats;
-        if let Some(hit) = tally.read_through {
-            stats.read_through(1, usize::from(hit));
-        }
-        if let Some(outcome) = tally.copy {
-            count_copy(stats, outcome);
-        }
-        if tally.taken_back {
-            stats.copy_taken_back();
-        }
-        let (to, lines, expect) = match step {
-            Step::Answer(result) => return Sent::Answer(result),
-            Step::Send { to, lines, expect } => (to, lines, expect),
-        };
-        let server = match to {
-            Owner::New => ends.0,
-            Owner::Previous => ends.1,
-        };
-        let watch = if to == Owner::New { hot } else { hot_elsewhere };
-        Sent::Part(self.send_to(topology, server, &lines, &expect, watch))
-    }
-
     /// Sends `wire` to `server`, wanting its reply, as a new part.
     fn send_to(
         &self,
@@ -602,39 +533,6 @@ impl ClientSession {
         line.extend_from_slice(b"\r\n");
         let expect = Expect::Line(LineKind::Delete);
         self.send_to(topology, server, &[line.freeze()], &expect, None)
-    }
-
-    /// Sends what a hand-off step says, or keeps its answer. A classic
-    /// write's hot-key guard (`write`) watches what goes to both owners, a
-    /// meta one's only what goes to the new owner.
-    fn step(
-        &self,
-        topology: &Arc<Topology>,
-        moved: &mut MovedWork,
-        step: Step,
-        write: Option<&Rc<WriteGuard>>,
-    ) {
-        let ends = (moved.owner, moved.previous);
-        let elsewhere = write.filter(|_| moved.meta.is_none());
-        match self.send_step(topology, &mut moved.machine, ends, step, write, elsewhere) {
-            Sent::Part(part) => moved.part = Some(part),
-            Sent::Answer(result) => {
-                moved.answer = Some(result);
-                // A meta read-through's copy for the new owner.
-                if let Some(wire) = moved.machine.take_read_copy() {
-                    let (key, base64) = moved.machine.key_token();
-                    let copy = crate::plan::handoff::ReadCopy {
-                        owner: moved.owner,
-                        wire,
-                        source: moved.previous,
-                        key,
-                        base64,
-                        touch: None,
-                    };
-                    copy_check::send(&self.worker, topology, self.lane, copy, &self.copies);
-                }
-            }
-        }
     }
 
     /// Queues a request with any expected reply on `part`'s server. A write
@@ -759,37 +657,12 @@ impl ClientSession {
                 // waiting for earlier keys stay owed.
                 self.budget.resize(owed, retrieval_owed(in_flight, plan));
             }
-            Work::Moved(moved) => {
-                if let Some(part) = &mut moved.part {
-                    part.absorb();
-                }
-                // As for `Work::Meta`: an `mg … v`'s step replies and its
-                // answer give the estimate.
-                let reply = moved.part.as_ref().and_then(|p| p.result.as_ref());
-                if let (Some(Ok(reply)), true) = (
-                    reply.or(moved.answer.as_ref()),
-                    moved.meta.as_ref().is_some_and(|m| m.value),
-                ) {
-                    if reply.outcome == Outcome::Va {
-                        estimate = Some(reply.len());
-                    } else if reply.outcome.meta_miss() {
-                        estimate = Some(MIN_ESTIMATE_BYTES);
-                    }
-                }
-            }
             Work::Ready(_) | Work::Stats | Work::StatsReset => {}
         }
         if let Some(estimate) = estimate {
             self.estimate = estimate;
         }
     }
-}
-
-/// What sending a hand-off step gave: the part its reply comes on, or the
-/// machine's answer.
-enum Sent {
-    Part(Part),
-    Answer(CallResult),
 }
 
 /// A delete that reaches the previous ring's former replicas last (the last

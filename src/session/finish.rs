@@ -44,7 +44,6 @@ impl ClientSession {
             Work::Lines { .. } => return self.finish_lines(entry),
             Work::Steps(_) => return self.finish_steps(entry),
             Work::Meta(_) => return self.finish_meta(entry),
-            Work::Moved(_) => return self.finish_moved(entry),
             Work::Retrieve { .. } => return self.finish_retrieve(entry),
         }
         true
@@ -171,8 +170,7 @@ impl ClientSession {
         if OlderForget::pending(steps.older.as_ref()) {
             return false;
         }
-        let topology = entry.topology.as_ref();
-        if !self.steps(topology, steps, entry.hot.as_ref()) {
+        if !self.steps(&entry.topology, steps, entry.hot.as_ref()) {
             return false;
         }
         let Some(answer) = steps.answer.take() else {
@@ -248,28 +246,6 @@ impl ClientSession {
         };
         let (shadow, counts_cas) = (entry.shadow.take(), meta.counts_cas);
         entry.said = write_meta_answer(&mut self.out, stats, entry, shadow, counts_cas, reply);
-        true
-    }
-
-    /// A command on a moved key: the hand-off machine's answer, in the
-    /// dialect asked.
-    fn finish_moved(&mut self, entry: &mut Entry) -> bool {
-        let Work::Moved(moved) = &mut entry.work else {
-            return true;
-        };
-        if OlderForget::pending(moved.older.as_ref()) {
-            return false;
-        }
-        let Some(answer) = moved.answer.take() else {
-            return false;
-        };
-        let stats = &self.worker.stats;
-        if let Some(meta) = &moved.meta {
-            let (shadow, counts_cas) = (entry.shadow.take(), meta.counts_cas);
-            entry.said = write_meta_answer(&mut self.out, stats, entry, shadow, counts_cas, answer);
-        } else if !entry.noreply {
-            entry.said = write_answer(&mut self.out, stats, entry.command, answer);
-        }
         true
     }
 

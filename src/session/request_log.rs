@@ -254,10 +254,10 @@ fn route_of(entry: &Entry) -> (Option<&str>, &'static str) {
             let path = match steps.machine {
                 Machine::Cas(_) | Machine::Add(_) => "replicas",
                 Machine::Lease(_) => "lease_retry",
+                Machine::Moved(_) => "handoff",
             };
             (name(steps.machine.first_server()), path)
         }
-        Work::Moved(moved) => (name(moved.owner), "handoff"),
         Work::Retrieve { .. } => {
             let many = entry.request.keys.len() > 1;
             let owner = (!many)

@@ -219,11 +219,6 @@ pub(super) fn keep(work: Work) {
                 }
             });
         }
-        Work::Moved(moved) => {
-            let moved = *moved;
-            moved.part.into_iter().for_each(keep_part);
-            keep_older(moved.older);
-        }
     }
 }
 

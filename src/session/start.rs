@@ -8,7 +8,7 @@ use crate::plan::meta_read::MetaRead;
 use crate::plan::replicated_add::ReplicatedAdd;
 use crate::plan::replicated_cas::ReplicatedCas;
 use crate::plan::route::{Retrieval, Split};
-use crate::plan::steps::{AddSteps, CasSteps, LeaseSteps, Machine};
+use crate::plan::steps::{AddSteps, CasSteps, LeaseSteps, Machine, MovedSteps};
 use crate::pools::planned::Planned;
 
 impl ClientSession {
@@ -321,15 +321,15 @@ impl ClientSession {
                 if copies_back {
                     machine.delete_previous_last_too();
                 }
-                Work::Moved(Box::new(MovedWork {
-                    machine: *machine,
-                    owner,
-                    previous,
-                    older: OlderForget::new(older),
-                    part: None,
-                    answer: None,
-                    meta: None,
-                }))
+                let key = (bytes.slice_ref(request.key(&bytes, 0)), None);
+                let machine = MovedSteps::new(machine, owner, previous, false);
+                StepsWork::work(
+                    Machine::Moved(machine),
+                    OlderForget::new(older),
+                    key,
+                    1,
+                    None,
+                )
             }
         };
         self.push(Entry {
@@ -431,7 +431,7 @@ impl ClientSession {
 }
 
 /// The work a meta request placed on servers becomes: a replicated add, a
-/// moved key's hand-off steps (as for classic, see [`MovedWork`]), or the
+/// moved key's hand-off steps (as for classic, see [`StepsWork`]), or the
 /// request forwarded as its placement says (see [`MetaMode`]).
 fn meta_work(
     request: &MetaRequest,
@@ -548,18 +548,14 @@ fn meta_work(
             if copies_back {
                 machine.delete_previous_last_too();
             }
-            return Work::Moved(Box::new(MovedWork {
-                machine: *machine,
-                owner,
-                previous,
-                older: OlderForget::new(owners),
-                part: None,
-                answer: None,
-                meta: Some(MetaAnswer {
-                    counts_cas: counts_cas(request),
-                    value: brings_value(request),
-                }),
-            }));
+            let (key, base64) = machine.key_token();
+            let machine = Machine::Moved(MovedSteps::new(machine, owner, previous, true));
+            let meta = MetaAnswer {
+                counts_cas: counts_cas(request),
+                value: brings_value(request),
+            };
+            let (older, key) = (OlderForget::new(owners), (key, Some(base64)));
+            return StepsWork::work(machine, older, key, 1, Some(meta));
         }
         Placement::ReadThrough {
             servers,

@@ -13,7 +13,7 @@ use super::shadow;
 use crate::backend::slot::{Got, Slot};
 use crate::error::BackendError;
 use crate::hotkeys::{Unanswered, WriteGuard};
-use crate::plan::handoff::{CopyOutcome, Moved};
+use crate::plan::handoff::CopyOutcome;
 use crate::plan::route::{CallResult, Retrieval};
 use crate::plan::steps::{Answer, Machine};
 use crate::pools::planned::Planned;
@@ -109,9 +109,6 @@ pub(super) enum Work {
         /// answered (see [`retrieval_owed`]).
         owed: Reservation,
     },
-    /// A command on a moved key (hand-off), classic or meta, one step at
-    /// a time.
-    Moved(Box<MovedWork>),
 }
 
 /// A request a plan machine answers in steps (see `plan::steps`): the
@@ -154,23 +151,6 @@ impl StepsWork {
             meta,
         }))
     }
-}
-
-/// A command on a moved key in progress, in either dialect: the
-/// hand-off's machine (see `handoff::Moved`) knows the dialect's requests;
-/// `meta` says how a meta command's answer is written.
-pub(super) struct MovedWork {
-    pub(super) machine: Moved,
-    pub(super) owner: usize,
-    pub(super) previous: usize,
-    /// Owners in older rings of chained changes: they lose the key before
-    /// the machine's first step.
-    pub(super) older: Option<OlderForget>,
-    /// The step waiting for its reply.
-    pub(super) part: Option<Part>,
-    pub(super) answer: Option<CallResult>,
-    /// How the client asked: classic (`None`), or meta.
-    pub(super) meta: Option<MetaAnswer>,
 }
 
 /// What a meta command answered in steps (a moved key's, a replicated
@@ -364,11 +344,6 @@ impl Work {
                 .iter()
                 .filter(|sub| sub.slot.outcome().is_none())
                 .all(|sub| ours(sub.server, &sub.slot)),
-            Work::Moved(moved) => moved
-                .part
-                .iter()
-                .chain(OlderForget::parts(moved.older.as_ref()))
-                .all(|p| p.all_unanswered(ours)),
         }
     }
 }
