@@ -13,6 +13,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use smallvec::SmallVec;
 
 use crate::plan::handoff::{probe_line, Moved, Owner, ReadCopy, Step, Tally};
 use crate::plan::lease_retry::{probe_expect, LeaseRetry, LeaseStep};
@@ -39,9 +40,8 @@ pub(crate) struct Message {
 }
 
 /// What one step sends, in order (two to one server go on its connection
-/// in this order). A `Vec`: steps are the rare paths (replicas, hand-off
-/// windows), and a message is large to hold inline.
-pub(crate) type Messages = Vec<Message>;
+/// in this order). Most steps send one message: held inline.
+pub(crate) type Messages = SmallVec<[Message; 1]>;
 
 /// What a machine asks for next.
 #[derive(Debug, PartialEq, Eq)]
@@ -223,7 +223,7 @@ impl CasSteps {
 
     fn start(&mut self) -> Next {
         let (wire, expect) = self.request.clone();
-        Next::Send(vec![Message {
+        Next::Send(smallvec::smallvec![Message {
             server: self.owner,
             wire,
             expect,
@@ -261,7 +261,7 @@ impl CasSteps {
                 server,
                 lines,
                 expect,
-            } => Next::Send(vec![Message {
+            } => Next::Send(smallvec::smallvec![Message {
                 server,
                 wire: lines,
                 expect,
@@ -429,7 +429,7 @@ impl LeaseSteps {
     }
 
     fn start(&mut self) -> Next {
-        Next::Send(vec![match self.retry.opening() {
+        Next::Send(smallvec::smallvec![match self.retry.opening() {
             Some((probe, shown)) => self.line(probe, shown, true),
             None => self.command(),
         }])
@@ -440,14 +440,14 @@ impl LeaseSteps {
         let removal = || Expect::meta(MetaCommand::Delete, false);
         Next::Send(match step {
             LeaseStep::Answer(result) => return Next::Answer(Answer::Reply(result)),
-            LeaseStep::Probe { line, expect } => vec![self.line(line, expect, true)],
+            LeaseStep::Probe { line, expect } => smallvec::smallvec![self.line(line, expect, true)],
             LeaseStep::Rerun { delete } => {
-                vec![self.line(delete, removal(), false), self.command()]
+                smallvec::smallvec![self.line(delete, removal(), false), self.command()]
             }
-            LeaseStep::Send => vec![self.command()],
+            LeaseStep::Send => smallvec::smallvec![self.command()],
             LeaseStep::AnswerAfter { line, answer } => {
                 self.answer = Some(answer);
-                vec![self.line(line, removal(), false)]
+                smallvec::smallvec![self.line(line, removal(), false)]
             }
         })
     }
@@ -485,7 +485,7 @@ impl MovedSteps {
     fn step(&self, step: Step) -> Next {
         match step {
             Step::Answer(result) => Next::Answer(Answer::Reply(result)),
-            Step::Send { to, lines, expect } => Next::Send(vec![Message {
+            Step::Send { to, lines, expect } => Next::Send(smallvec::smallvec![Message {
                 server: match to {
                     Owner::New => self.owner,
                     Owner::Previous => self.previous,
