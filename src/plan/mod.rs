@@ -21,6 +21,9 @@
 //!   owner, copied to the other replicas.
 //! - [`replicated_add`]: an `add` with replicas: decided on the first
 //!   replica, stored on every replica or on none.
+//! - [`steps`]: one interface every multi-step machine above speaks (what
+//!   to send, the replies back, the answer), so the session drives them
+//!   with one loop.
 //! - [`locate`]: where one key lives now (`/route`, `memring where`), from
 //!   the same placement.
 
@@ -32,3 +35,4 @@ pub(crate) mod placement;
 pub(crate) mod replicated_add;
 pub(crate) mod replicated_cas;
 pub(crate) mod route;
+pub(crate) mod steps;

@@ -3,8 +3,9 @@
 //! loop in `session/mod.rs`.
 
 use super::*;
-use crate::plan::lease_retry::{LeaseRetry, LeaseStep};
 use crate::plan::meta_read::{MetaRead, ReadStep};
+use crate::plan::steps::{Answer, Next};
+use crate::pools::planned::UntilAnswered;
 use crate::protocol::outcome::Outcome;
 
 /// Smallest reply size assumed for a key not yet answered.
@@ -52,10 +53,8 @@ impl ClientSession {
         match work {
             Work::Ready(_) | Work::Stats | Work::StatsReset => true,
             Work::Lines { parts, finish } => self.dispatch_lines(e, parts, finish),
-            Work::Cas(cas) => self.dispatch_cas(e, cas),
+            Work::Steps(steps) => self.dispatch_steps(e, steps),
             Work::Meta(meta) => self.dispatch_meta(e, meta),
-            Work::Moved(moved) => self.dispatch_moved(e, moved),
-            Work::Add(add) => self.dispatch_add(e, add),
             Work::Retrieve {
                 plan,
                 in_flight,
@@ -74,13 +73,7 @@ impl ClientSession {
     ) -> bool {
         let topology = e.topology;
         if *e.sent {
-            return match finish {
-                Finish::Leased(retry) => {
-                    let (wire, expect) = leased_wire(retry, &e);
-                    self.lease_steps(topology, &mut parts[0], retry, &wire, &expect, e.hot)
-                }
-                _ => true,
-            };
+            return true;
         }
         let older = match finish {
             Finish::Quorum { older, .. } => older.as_deref_mut(),
@@ -100,17 +93,6 @@ impl ClientSession {
             _ => (0, false),
         };
         let replicas = parts.len() - forget;
-        if let Finish::Leased(retry) = finish {
-            let (wire, expect) = leased_wire(retry, &e);
-            match retry.opening() {
-                Some((probe, shown)) => {
-                    self.send(topology, &mut parts[0], &[probe], shown, true, None)
-                }
-                None => self.send(topology, &mut parts[0], &wire, expect.clone(), true, e.hot),
-            }
-            *e.sent = true;
-            return self.lease_steps(topology, &mut parts[0], retry, &wire, &expect, e.hot);
-        }
         for part in parts[..replicas].iter_mut() {
             // A `noreply` request's reply is awaited too (and then
             // dropped), so that its bytes stay counted until the
@@ -133,111 +115,138 @@ impl ClientSession {
         true
     }
 
-    /// A replicated `cas`: the owner first, then copies to the replicas.
+    /// A plan machine's steps (see `plan::steps`), in either dialect: the
+    /// older owners lose the key, then each step goes out once the one
+    /// before is answered. False until the machine has settled, so the
+    /// client's later requests go after every step that changes what they
+    /// would see.
     // Rare: kept out of line so the common kinds' code stays together.
     #[inline(never)]
-    fn dispatch_cas(&mut self, mut e: Sending<'_>, cas: &mut CasWork) -> bool {
+    fn dispatch_steps(&mut self, e: Sending<'_>, steps: &mut StepsWork) -> bool {
         let topology = e.topology;
         if !*e.sent {
-            if !self.reserve_and_forget_older(&mut e, 1, cas.older.as_mut()) {
+            // This client's read-through copies replace their leases first
+            // (see `CopiesUnderWay`).
+            if steps.machine.after_copies() && self.copies.any() {
                 return false;
             }
-            let request = forwardable(e.bytes, e.request);
-            let part = &mut cas.part;
-            self.send_line(topology, part, &request, LineKind::Storage, true, e.hot);
-            *e.sent = true;
-        }
-        // The copies go out before any later request of this client,
-        // so a later write to the key cannot be overtaken by them.
-        let expect = Expect::Line(LineKind::Storage);
-        let copy = || crate::protocol::encode::cas_as_set(e.request, e.bytes);
-        let (part, copied, hot) = (&mut cas.part, &mut cas.copied, e.hot);
-        let cas_copy = CasCopy {
-            wire: &copy,
-            expect: &expect,
-        };
-        self.cas_step(topology, &mut cas.machine, part, copied, &cas_copy, hot)
-    }
-
-    /// A replicated `add`: the first replica, then the others once it
-    /// stored, then the take-backs if one did not (see
-    /// `plan::replicated_add`). False until the answer is known, so the
-    /// client's later requests go after every step of it.
-    #[inline(never)]
-    fn dispatch_add(&mut self, mut e: Sending<'_>, add: &mut AddWork) -> bool {
-        use crate::plan::replicated_add::AddStep;
-        let topology = e.topology;
-        let mut step = None;
-        if !*e.sent {
-            if !self.reserve_and_forget_older(&mut e, 2 * topology.config.replicas, None) {
-                return false;
-            }
-            step = Some(add.machine.start());
-            *e.sent = true;
-        }
-        loop {
-            let step = match step.take() {
-                Some(step) => step,
-                None => {
-                    add.parts.iter_mut().for_each(Part::absorb);
-                    if add.parts.iter().any(|p| p.result.is_none()) {
-                        return false;
-                    }
-                    if add.parts.is_empty() && add.machine.answer().is_some() {
-                        return true;
-                    }
-                    let replies: SmallVec<[(usize, &CallResult); 3]> = add
-                        .parts
-                        .iter()
-                        .filter_map(|p| Some((p.server, p.result.as_ref()?)))
-                        .collect();
-                    add.machine.on_replies(&replies)
-                }
+            // Its reply bytes: one line from each server of the first step
+            // and from each older owner, and an `mg … v`'s value.
+            let deletes = OlderForget::len(steps.older.as_ref());
+            let value = match steps.meta.as_ref().is_some_and(|m| m.value) {
+                true => self.estimate.max(MIN_ESTIMATE_BYTES),
+                false => 0,
             };
-            add.parts.clear();
-            match step {
-                AddStep::Add(servers) => {
-                    let expect = Expect::meta(MetaCommand::Set, false);
-                    for server in servers {
-                        let part = self.send_to(topology, server, &add.wire, &expect, e.hot);
-                        add.parts.push(part);
-                    }
+            let cost = || e.bytes.len() + LINE_REPLY_BYTES * (steps.lines + deletes) + value;
+            if !self.reserve_once(e.reserved, cost) {
+                return false;
+            }
+            // By `md` for meta, by `delete` for classic.
+            let key = &steps.key;
+            let forget = |server| match key.1 {
+                Some(base64) => self.forget_on(topology, server, &(key.0.clone(), base64)),
+                None => self.delete_on(topology, server, &key.0),
+            };
+            if !OlderForget::advance(steps.older.as_mut(), forget) {
+                return false;
+            }
+            *e.sent = true;
+            let next = steps.machine.start();
+            self.send_next(topology, steps, next, e.hot);
+        }
+        // One step at a time; later requests of the client wait (until the
+        // machine settled), so they see the key as the steps left it.
+        self.steps(topology, steps, e.hot) || steps.machine.settled()
+    }
+
+    /// Feeds a machine the replies of its step under way once they are all
+    /// in, and sends what it says next, until a reply is awaited or the
+    /// answer is known. True once it is.
+    pub(super) fn steps(
+        &self,
+        topology: &Arc<Topology>,
+        steps: &mut StepsWork,
+        hot: Option<&Rc<WriteGuard>>,
+    ) -> bool {
+        while steps.answer.is_none() {
+            let StepsWork { machine, parts, .. } = &mut *steps;
+            parts.iter_mut().for_each(Part::absorb);
+            if parts.iter().any(|p| p.result.is_none()) {
+                return false;
+            }
+            let next = {
+                let replies: SmallVec<[(usize, &CallResult); 3]> = parts
+                    .iter()
+                    .filter_map(|p| Some((p.server, p.result.as_ref()?)))
+                    .collect();
+                let lease = parts.first().and_then(|p| p.slot.as_ref()?.lease());
+                let now = self.worker.clock.unix_seconds();
+                machine.on_replies(&replies, lease, now)
+            };
+            self.send_next(topology, steps, next, hot);
+        }
+        true
+    }
+
+    /// Sends a machine's next step (its awaited messages become the work's
+    /// parts), or keeps its answer. The request's hot-key guard (`hot`)
+    /// watches what the machine says carries the client's write.
+    fn send_next(
+        &self,
+        topology: &Arc<Topology>,
+        steps: &mut StepsWork,
+        next: Next,
+        hot: Option<&Rc<WriteGuard>>,
+    ) {
+        let tally = steps.machine.take_tally();
+        let stats = &self.worker.stats;
+        if let Some(hit) = tally.read_through {
+            stats.read_through(1, usize::from(hit));
+        }
+        if let Some(outcome) = tally.copy {
+            count_copy(stats, outcome);
+        }
+        if tally.taken_back {
+            stats.copy_taken_back();
+        }
+        let messages = match next {
+            Next::Answer(answer) => {
+                steps.answer = Some(answer);
+                // A meta read-through's copy for the new owner.
+                if let Some(copy) = steps.machine.take_read_copy() {
+                    copy_check::send(&self.worker, topology, self.lane, copy, &self.copies);
                 }
-                AddStep::TakeBack(made) => {
-                    let expect = Expect::meta(MetaCommand::Delete, false);
-                    for (server, cas) in made {
-                        let line = [crate::protocol::encode::delete_by_cas(
-                            &add.key.0, add.key.1, cas,
-                        )];
-                        add.parts
-                            .push(self.send_to(topology, server, &line, &expect, None));
-                    }
-                }
-                AddStep::Probe(servers) => {
-                    let line = [crate::plan::handoff::probe_line(&add.key.0, add.key.1)];
-                    let expect = crate::plan::lease_retry::probe_expect();
-                    for server in servers {
-                        let part = self.send_to(topology, server, &line, &expect, None);
-                        add.parts.push(part);
-                    }
-                }
-                AddStep::ClearAndAdd(leases) => {
-                    let expect = Expect::meta(MetaCommand::Set, false);
-                    for (server, cas) in leases {
-                        let line =
-                            crate::protocol::encode::delete_by_cas(&add.key.0, add.key.1, cas);
-                        self.send_md_unanswered(topology, server, line);
-                        let part = self.send_to(topology, server, &add.wire, &expect, e.hot);
-                        add.parts.push(part);
-                    }
-                }
-                AddStep::Done => return true,
+                return;
+            }
+            Next::Send(messages) => messages,
+        };
+        for part in steps.parts.drain(..) {
+            if let Some(slot) = part.slot {
+                spares::keep_slot(slot);
+            }
+        }
+        for message in messages {
+            let watch = hot.filter(|_| message.watched);
+            let mut part = Part::new(message.server);
+            let (wire, awaited) = (&message.wire, message.awaited);
+            // A message wanting no reply (a `cas`'s copy, a lease's `md`)
+            // still counts in flight until its server answered where a
+            // fleet gate reads the count; machines watch only awaited ones.
+            let counted = match awaited || watch.is_some() {
+                true => None,
+                false => UntilAnswered::on(topology),
+            };
+            let want_reply = awaited || counted.is_some();
+            self.send(topology, &mut part, wire, message.expect, want_reply, watch);
+            if awaited {
+                steps.parts.push(part);
+            } else if let (Some(slot), Some(counted)) = (&part.slot, counted) {
+                slot.watch(counted);
             }
         }
     }
 
-    /// A meta request: forwarded, by quorum, as cas-then-copy, or read
-    /// through replicas.
+    /// A meta request: forwarded, by quorum, or read through replicas.
     fn dispatch_meta(&mut self, e: Sending<'_>, meta: &mut MetaWork) -> bool {
         let topology = e.topology;
         if !*e.sent {
@@ -267,17 +276,8 @@ impl ClientSession {
                 _ => (0, None),
             };
             let replicas = meta.parts.len() - forget;
-            let opening = match &meta.mode {
-                MetaMode::Leased(retry) => retry.opening(),
-                _ => None,
-            };
-            if let Some((probe, shown)) = opening {
-                // One owner: the lease's probe goes first (`lease_steps`).
-                self.send(topology, &mut meta.parts[0], &[probe], shown, true, None);
-            } else {
-                for part in meta.parts[..replicas].iter_mut() {
-                    self.send(topology, part, &meta.wire, meta.expect.clone(), true, e.hot);
-                }
+            for part in meta.parts[..replicas].iter_mut() {
+                self.send(topology, part, &meta.wire, meta.expect.clone(), true, e.hot);
             }
             // With `forget_last`, `finish` sends them.
             if let Some(key) = key.filter(|_| forget > 0) {
@@ -289,26 +289,6 @@ impl ClientSession {
         }
         match &mut meta.mode {
             MetaMode::Forward | MetaMode::Quorum { .. } => true,
-            MetaMode::CasThenCopy {
-                machine,
-                copy,
-                copied,
-            } => {
-                // The copies go out before any later request of this
-                // client, as for a replicated `cas`.
-                let copy_expect = Expect::meta(meta.command, false);
-                let copy = || smallvec::smallvec![copy.clone()];
-                let cas_copy = CasCopy {
-                    wire: &copy,
-                    expect: &copy_expect,
-                };
-                let (part, hot) = (&mut meta.parts[0], e.hot);
-                self.cas_step(topology, machine, part, copied, &cas_copy, hot)
-            }
-            MetaMode::Leased(retry) => {
-                let part = &mut meta.parts[0];
-                self.lease_steps(topology, part, retry, &meta.wire, &meta.expect, e.hot)
-            }
             MetaMode::Read(read) => {
                 // What each server asked at once may bring back.
                 let per_reply = LINE_REPLY_BYTES
@@ -389,107 +369,6 @@ impl ClientSession {
                     }
                 }
             }
-        }
-        true
-    }
-
-    /// Takes `part`'s reply into a command that may meet a hand-off lease
-    /// (see `lease_retry`), and sends what it says next: a probe, or the
-    /// lease's removal followed by the command (`wire`) again, on the same
-    /// connection. True once the part holds the client's answer; until
-    /// then the client's later requests wait, so they see the key as the
-    /// command left it.
-    fn lease_steps(
-        &self,
-        topology: &Arc<Topology>,
-        part: &mut Part,
-        retry: &mut LeaseRetry,
-        wire: &[Bytes],
-        expect: &Expect,
-        hot: Option<&Rc<WriteGuard>>,
-    ) -> bool {
-        loop {
-            part.absorb();
-            let Some(result) = part.result.take() else {
-                return false;
-            };
-            let lease = part.slot.as_ref().and_then(|slot| slot.lease());
-            let server = part.server;
-            match retry.on_reply(result, lease) {
-                LeaseStep::Answer(result) => {
-                    part.result = Some(result);
-                    return true;
-                }
-                LeaseStep::Probe { line, expect } => {
-                    *part = self.send_to(topology, server, &[line], &expect, None);
-                }
-                LeaseStep::Rerun { delete } => {
-                    self.send_md_unanswered(topology, server, delete);
-                    *part = self.send_to(topology, server, wire, expect, hot);
-                }
-                LeaseStep::Send => {
-                    *part = self.send_to(topology, server, wire, expect, hot);
-                }
-                LeaseStep::AnswerAfter { line, answer } => {
-                    self.send_md_unanswered(topology, server, line);
-                    part.result = Some(answer);
-                    return true;
-                }
-            }
-        }
-    }
-
-    /// A request on a moved key, classic or meta: its hand-off steps, one
-    /// at a time.
-    // Only during a hand-off window: kept out of line, as `dispatch_cas`.
-    #[inline(never)]
-    fn dispatch_moved(&mut self, e: Sending<'_>, moved: &mut MovedWork) -> bool {
-        let topology = e.topology;
-        if !*e.sent {
-            // This client's read-through copies replace their leases first
-            // (see `CopiesUnderWay`).
-            if self.copies.any() {
-                return false;
-            }
-            // Its reply bytes: one line from the owner and from each older
-            // owner, and an `mg … v`'s value.
-            let deletes = OlderForget::len(moved.older.as_ref());
-            let value = match moved.meta.as_ref().is_some_and(|m| m.value) {
-                true => self.estimate.max(MIN_ESTIMATE_BYTES),
-                false => 0,
-            };
-            let cost = || e.bytes.len() + LINE_REPLY_BYTES * (1 + deletes) + value;
-            if !self.reserve_once(e.reserved, cost) {
-                return false;
-            }
-            // The older owners lose the key before the machine's first step:
-            // by `md` for meta, by `delete` for classic.
-            let (machine, meta) = (&moved.machine, moved.meta.is_some());
-            let forget = |server| match meta {
-                true => self.forget_on(topology, server, &machine.key_token()),
-                false => self.delete_on(topology, server, e.request.key(e.bytes, 0)),
-            };
-            if !OlderForget::advance(moved.older.as_mut(), forget) {
-                return false;
-            }
-            *e.sent = true;
-            let step = moved.machine.start();
-            self.step(topology, moved, step, e.hot);
-        }
-        // One step at a time; later requests of the client wait, so
-        // they see the key as the steps left it.
-        while moved.answer.is_none() {
-            let Some(part) = &mut moved.part else {
-                break;
-            };
-            part.absorb();
-            let Some(result) = part.result.take() else {
-                return false;
-            };
-            let step = moved
-                .machine
-                .on_reply(result, self.worker.clock.unix_seconds());
-            self.step(topology, moved, step, e.hot);
         }
         true
     }
@@ -605,128 +484,6 @@ impl ClientSession {
             || (topology.config.replicas <= 1 && !plan.has_moved_keys())
     }
 
-    /// Feeds a replicated `cas`'s reply (on `part`) to its machine and sends
-    /// what it says; false while the `cas` is still being decided.
-    fn cas_step(
-        &self,
-        topology: &Arc<Topology>,
-        machine: &mut crate::plan::replicated_cas::ReplicatedCas,
-        part: &mut Part,
-        copied: &mut Vec<Part>,
-        copy: &CasCopy<'_>,
-        hot: Option<&Rc<WriteGuard>>,
-    ) -> bool {
-        use crate::plan::replicated_cas::CasStep;
-        while machine.deciding() {
-            part.absorb();
-            let Some(result) = &part.result else {
-                return false;
-            };
-            match machine.on_reply(result) {
-                CasStep::Send {
-                    server,
-                    lines,
-                    expect,
-                } => {
-                    *part = self.send_to(topology, server, &lines, &expect, hot);
-                }
-                CasStep::Copy {
-                    servers,
-                    awaited: true,
-                } => {
-                    let wire = (copy.wire)();
-                    for server in servers {
-                        copied.push(self.send_to(topology, server, &wire, copy.expect, hot));
-                    }
-                }
-                CasStep::Copy {
-                    servers,
-                    awaited: false,
-                } => self.send_copies(topology, servers, &(copy.wire)(), copy.expect),
-                CasStep::Done => {}
-            }
-        }
-        true
-    }
-
-    /// Sends a hand-off step of a moved key between `ends` (its owner and
-    /// previous owner), whose part comes back; or the step's answer. `hot`
-    /// watches what goes to the new owner, `hot_elsewhere` what goes to the
-    /// previous owner.
-    fn send_step(
-        &self,
-        topology: &Topology,
-        machine: &mut Moved,
-        ends: (usize, usize),
-        step: Step,
-        hot: Option<&Rc<WriteGuard>>,
-        hot_elsewhere: Option<&Rc<WriteGuard>>,
-    ) -> Sent {
-        let tally = machine.take_tally();
-        let stats = &self.worker.stats;
-        if let Some(hit) = tally.read_through {
-            stats.read_through(1, usize::from(hit));
-        }
-        if let Some(outcome) = tally.copy {
-            count_copy(stats, outcome);
-        }
-        if tally.taken_back {
-            stats.copy_taken_back();
-        }
-        let (to, lines, expect) = match step {
-            Step::Answer(result) => return Sent::Answer(result),
-            Step::Send { to, lines, expect } => (to, lines, expect),
-        };
-        let server = match to {
-            Owner::New => ends.0,
-            Owner::Previous => ends.1,
-        };
-        let watch = if to == Owner::New { hot } else { hot_elsewhere };
-        Sent::Part(self.send_to(topology, server, &lines, &expect, watch))
-    }
-
-    /// Sends a replicated cas's copy (`wire`) to the other replicas, wanting
-    /// no reply: the client has its answer from the owner, and a replica that
-    /// fails here is counted by its backend and catches up on a later write.
-    fn send_copies(
-        &self,
-        topology: &Arc<Topology>,
-        servers: crate::plan::placement::Servers,
-        wire: &[Bytes],
-        expect: &Expect,
-    ) {
-        for server in servers {
-            self.send_unanswered(topology, server, wire, expect.clone());
-        }
-    }
-
-    /// Sends `wire` to `server`, wanting no reply: a failure there is
-    /// counted by its backend. Where a fleet gate reads the count, it
-    /// counts in flight on `topology` until the server answered.
-    fn send_unanswered(
-        &self,
-        topology: &Arc<Topology>,
-        server: usize,
-        wire: &[Bytes],
-        expect: Expect,
-    ) {
-        let mut part = Part::new(server);
-        let counted = crate::pools::planned::UntilAnswered::on(topology);
-        self.send(topology, &mut part, wire, expect, counted.is_some(), None);
-        if let (Some(slot), Some(counted)) = (&part.slot, counted) {
-            slot.watch(counted);
-        }
-    }
-
-    /// Sends `line`, an `md` by cas (a hand-off lease's removal, or the
-    /// recache token a probe took given back), to `server`, wanting no
-    /// reply: what the client waits for follows it on the same connection,
-    /// or is already known.
-    fn send_md_unanswered(&self, topology: &Arc<Topology>, server: usize, line: Bytes) {
-        let removal = Expect::meta(MetaCommand::Delete, false);
-        self.send_unanswered(topology, server, &[line], removal);
-    }
-
     /// Sends `wire` to `server`, wanting its reply, as a new part.
     fn send_to(
         &self,
@@ -741,9 +498,6 @@ impl ClientSession {
         part
     }
 
-    /// Sends `md` of `key` (its token, and whether it is base64) to
-    /// `server`: a previous owner's or replica's copy of a key written
-    /// elsewhere goes before the write is answered.
     /// A classic write's [`forget_last`]: its `delete`s to the former
     /// replicas once the current ones answered. True when nothing is owed.
     pub(super) fn forget_last_lines(
@@ -787,39 +541,6 @@ impl ClientSession {
         line.extend_from_slice(b"\r\n");
         let expect = Expect::Line(LineKind::Delete);
         self.send_to(topology, server, &[line.freeze()], &expect, None)
-    }
-
-    /// Sends what a hand-off step says, or keeps its answer. A classic
-    /// write's hot-key guard (`write`) watches what goes to both owners, a
-    /// meta one's only what goes to the new owner.
-    fn step(
-        &self,
-        topology: &Arc<Topology>,
-        moved: &mut MovedWork,
-        step: Step,
-        write: Option<&Rc<WriteGuard>>,
-    ) {
-        let ends = (moved.owner, moved.previous);
-        let elsewhere = write.filter(|_| moved.meta.is_none());
-        match self.send_step(topology, &mut moved.machine, ends, step, write, elsewhere) {
-            Sent::Part(part) => moved.part = Some(part),
-            Sent::Answer(result) => {
-                moved.answer = Some(result);
-                // A meta read-through's copy for the new owner.
-                if let Some(wire) = moved.machine.take_read_copy() {
-                    let (key, base64) = moved.machine.key_token();
-                    let copy = crate::plan::handoff::ReadCopy {
-                        owner: moved.owner,
-                        wire,
-                        source: moved.previous,
-                        key,
-                        base64,
-                        touch: None,
-                    };
-                    copy_check::send(&self.worker, topology, self.lane, copy, &self.copies);
-                }
-            }
-        }
     }
 
     /// Queues a request with any expected reply on `part`'s server. A write
@@ -880,13 +601,27 @@ impl ClientSession {
         };
         match &mut entry.work {
             Work::Lines { parts, .. } => parts.iter_mut().for_each(Part::absorb),
-            Work::Cas(cas) => {
-                cas.part.absorb();
-                cas.copied.iter_mut().for_each(Part::absorb);
+            Work::Steps(steps) => {
+                steps.parts.iter_mut().for_each(Part::absorb);
+                // As for `Work::Meta`: an `mg … v`'s step replies and its
+                // answer give the estimate.
+                let reply = steps.parts.first().and_then(|p| p.result.as_ref());
+                let answer = match &steps.answer {
+                    Some(Answer::Reply(answer)) => Some(answer),
+                    _ => None,
+                };
+                if let (Some(Ok(reply)), true) = (
+                    reply.or(answer),
+                    steps.meta.as_ref().is_some_and(|m| m.value),
+                ) {
+                    if reply.outcome == Outcome::Va {
+                        estimate = Some(reply.len());
+                    } else if reply.outcome.meta_miss() {
+                        estimate = Some(MIN_ESTIMATE_BYTES);
+                    }
+                }
             }
-            Work::Add(add) => add.parts.iter_mut().for_each(Part::absorb),
             Work::Meta(meta) => {
-                meta.mode.copies_mut().iter_mut().for_each(Part::absorb);
                 for part in meta.parts.iter_mut() {
                     part.absorb();
                     if let Some(Ok(reply)) = &part.result {
@@ -930,44 +665,12 @@ impl ClientSession {
                 // waiting for earlier keys stay owed.
                 self.budget.resize(owed, retrieval_owed(in_flight, plan));
             }
-            Work::Moved(moved) => {
-                if let Some(part) = &mut moved.part {
-                    part.absorb();
-                }
-                // As for `Work::Meta`: an `mg … v`'s step replies and its
-                // answer give the estimate.
-                let reply = moved.part.as_ref().and_then(|p| p.result.as_ref());
-                if let (Some(Ok(reply)), true) = (
-                    reply.or(moved.answer.as_ref()),
-                    moved.meta.as_ref().is_some_and(|m| m.value),
-                ) {
-                    if reply.outcome == Outcome::Va {
-                        estimate = Some(reply.len());
-                    } else if reply.outcome.meta_miss() {
-                        estimate = Some(MIN_ESTIMATE_BYTES);
-                    }
-                }
-            }
             Work::Ready(_) | Work::Stats | Work::StatsReset => {}
         }
         if let Some(estimate) = estimate {
             self.estimate = estimate;
         }
     }
-}
-
-/// A replicated `cas`'s copy to the other replicas, in either dialect: the
-/// plain store its value is copied with, and its framing.
-struct CasCopy<'a> {
-    wire: &'a dyn Fn() -> crate::protocol::encode::Outbound,
-    expect: &'a Expect,
-}
-
-/// What sending a hand-off step gave: the part its reply comes on, or the
-/// machine's answer.
-enum Sent {
-    Part(Part),
-    Answer(CallResult),
 }
 
 /// A delete that reaches the previous ring's former replicas last (the last
@@ -991,22 +694,4 @@ pub(super) fn forget_last(
         part.absorb();
     }
     former.iter().all(|p| p.result.is_some())
-}
-
-/// What a classic command that may meet a lease sends: the client's
-/// request (without `noreply`), or what the plan sends instead (a `touch`
-/// as an `mg`).
-fn leased_wire(retry: &LeaseRetry, e: &Sending<'_>) -> (SmallVec<[Bytes; 3]>, Expect) {
-    match retry.wire() {
-        Some((line, expect)) => (smallvec::smallvec![line], expect),
-        None if retry.is_retrieval() => (
-            smallvec::smallvec![e.bytes.clone()],
-            Expect::values(e.bytes.clone()),
-        ),
-        None => {
-            let expect = e.command.reply_line().unwrap_or(LineKind::Ok);
-            let request = forwardable(e.bytes, e.request);
-            (request.iter().cloned().collect(), Expect::Line(expect))
-        }
-    }
 }

@@ -5,6 +5,7 @@
 
 use super::dispatch::forget_last;
 use super::*;
+use crate::plan::steps::Answer;
 use crate::protocol::outcome::{Outcome, Reply};
 
 impl ClientSession {
@@ -41,10 +42,8 @@ impl ClientSession {
                 entry.said = Outcome::Other;
             }
             Work::Lines { .. } => return self.finish_lines(entry),
-            Work::Cas(_) => return self.finish_cas(entry),
+            Work::Steps(_) => return self.finish_steps(entry),
             Work::Meta(_) => return self.finish_meta(entry),
-            Work::Add(_) => return self.finish_add(entry),
-            Work::Moved(_) => return self.finish_moved(entry),
             Work::Retrieve { .. } => return self.finish_retrieve(entry),
         }
         true
@@ -98,7 +97,7 @@ impl ClientSession {
                 }
             }
             _ if parts.iter().any(|p| p.result.is_none()) => return false,
-            Finish::Forward | Finish::Leased(_) => {
+            Finish::Forward => {
                 // Every part answered (above): the one server's reply.
                 let answer = parts[0].result.take().expect("answered");
                 entry.said = write_answer(&mut self.out, stats, entry.command, answer);
@@ -162,31 +161,45 @@ impl ClientSession {
         true
     }
 
-    /// A replicated `cas`: the machine's answer once the copies it waits
-    /// for are in.
-    fn finish_cas(&mut self, entry: &mut Entry) -> bool {
-        let Work::Cas(cas) = &mut entry.work else {
+    /// A plan machine's steps: its answer once the replies it waits for
+    /// are in, in the dialect asked.
+    fn finish_steps(&mut self, entry: &mut Entry) -> bool {
+        let Work::Steps(steps) = &mut entry.work else {
             return true;
         };
-        if OlderForget::pending(cas.older.as_ref()) || cas.copied.iter().any(|p| p.result.is_none())
-        {
+        if OlderForget::pending(steps.older.as_ref()) {
             return false;
         }
-        let Some(result) = &cas.part.result else {
+        if !self.steps(&entry.topology, steps, entry.hot.as_ref()) {
+            return false;
+        }
+        let Some(answer) = steps.answer.take() else {
             return false;
         };
-        let Some(answer) = cas.machine.answer(result) else {
-            return false;
-        };
-        if !entry.noreply {
-            let stats = &self.worker.stats;
-            entry.said = write_answer(&mut self.out, stats, entry.command, answer);
+        let counts_cas = steps.meta.as_ref().map(|meta| meta.counts_cas);
+        let stats = &self.worker.stats;
+        match (answer, counts_cas) {
+            (Answer::NoQuorum(servers), _) => {
+                if !entry.noreply {
+                    entry.said = Outcome::ServerError;
+                    write_no_quorum(self.out.scratch(), &servers);
+                }
+            }
+            (Answer::Reply(reply), Some(counts_cas)) => {
+                let shadow = entry.shadow.take();
+                entry.said =
+                    write_meta_answer(&mut self.out, stats, entry, shadow, counts_cas, reply);
+            }
+            (Answer::Reply(reply), None) => {
+                if !entry.noreply {
+                    entry.said = write_answer(&mut self.out, stats, entry.command, reply);
+                }
+            }
         }
         true
     }
 
-    /// A meta request: the one server's reply, a quorum's, or a replicated
-    /// `ms … C`'s.
+    /// A meta request: the one server's reply, or a quorum's.
     fn finish_meta(&mut self, entry: &mut Entry) -> bool {
         let Work::Meta(meta) = &mut entry.work else {
             return true;
@@ -226,20 +239,6 @@ impl ClientSession {
                     }
                 }
             }
-            MetaMode::CasThenCopy {
-                machine, copied, ..
-            } => {
-                let Some(result) = &meta.parts[0].result else {
-                    return false;
-                };
-                if copied.iter().any(|p| p.result.is_none()) {
-                    return false;
-                }
-                match machine.answer(result) {
-                    Some(answer) => answer,
-                    None => return false,
-                }
-            }
             _ => match &meta.parts[0].result {
                 Some(result) => result.clone(),
                 None => return false,
@@ -247,74 +246,6 @@ impl ClientSession {
         };
         let (shadow, counts_cas) = (entry.shadow.take(), meta.counts_cas);
         entry.said = write_meta_answer(&mut self.out, stats, entry, shadow, counts_cas, reply);
-        true
-    }
-
-    /// A replicated `add`: its machine's answer, in the dialect asked.
-    fn finish_add(&mut self, entry: &mut Entry) -> bool {
-        use crate::plan::replicated_add::AddAnswer;
-        let Work::Add(add) = &mut entry.work else {
-            return true;
-        };
-        if add.parts.iter().any(|p| p.result.is_none()) {
-            return false;
-        }
-        let Some(answer) = add.machine.answer() else {
-            return false;
-        };
-        let reply = match (answer, add.meta) {
-            (AddAnswer::NoQuorum(servers), _) => {
-                if !entry.noreply {
-                    entry.said = Outcome::ServerError;
-                    write_no_quorum(self.out.scratch(), servers);
-                }
-                return true;
-            }
-            (AddAnswer::Rejected(reply), _) => reply.clone(),
-            (AddAnswer::Stored(_), None) => {
-                Reply::new(Outcome::Stored, Bytes::from_static(b"STORED\r\n"))
-            }
-            (AddAnswer::Refused(_), None) => {
-                Reply::new(Outcome::NotStored, Bytes::from_static(b"NOT_STORED\r\n"))
-            }
-            // Quiet: memcached says nothing of a store.
-            (AddAnswer::Stored(_), Some((_, true))) => Reply::nothing(),
-            (AddAnswer::Stored(reply) | AddAnswer::Refused(reply), Some((cas, _))) => {
-                if cas {
-                    reply.clone()
-                } else {
-                    let bytes = crate::protocol::meta::reply::without_cas(&reply.bytes);
-                    Reply::new(reply.outcome, bytes)
-                }
-            }
-        };
-        self.worker.stats.reply(entry.command, reply.outcome);
-        if !entry.noreply && !reply.is_empty() {
-            entry.said = reply.outcome;
-            self.out.push(reply.bytes);
-        }
-        true
-    }
-
-    /// A command on a moved key: the hand-off machine's answer, in the
-    /// dialect asked.
-    fn finish_moved(&mut self, entry: &mut Entry) -> bool {
-        let Work::Moved(moved) = &mut entry.work else {
-            return true;
-        };
-        if OlderForget::pending(moved.older.as_ref()) {
-            return false;
-        }
-        let Some(answer) = moved.answer.take() else {
-            return false;
-        };
-        let stats = &self.worker.stats;
-        if let Some(meta) = &moved.meta {
-            let (shadow, counts_cas) = (entry.shadow.take(), meta.counts_cas);
-            entry.said = write_meta_answer(&mut self.out, stats, entry, shadow, counts_cas, answer);
-        } else if !entry.noreply {
-            entry.said = write_answer(&mut self.out, stats, entry.command, answer);
-        }
         true
     }
 

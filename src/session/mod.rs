@@ -40,7 +40,7 @@ use tokio::time::Instant;
 use crate::backend::slot::{Got, Slot};
 
 use crate::hotkeys::{GetShortcut, WriteGuard};
-use crate::plan::handoff::{Moved, Owner, Step};
+use crate::plan::handoff::Moved;
 use crate::plan::placement::Placement;
 use crate::plan::route::{self, broadcast_answer, decide, Broadcast, CallResult, Decision, Plan};
 use crate::pools::topology::{SharedTopology, Topology};

@@ -25,6 +25,7 @@ use std::net::SocketAddr;
 
 use super::work::{Entry, Finish, MetaMode, Work};
 use crate::config::RequestLogSettings;
+use crate::plan::steps::Machine;
 use crate::protocol::meta::parse_meta;
 use crate::protocol::outcome::Outcome;
 use crate::runtime::outbuf::OutQueue;
@@ -238,22 +239,25 @@ fn route_of(entry: &Entry) -> (Option<&str>, &'static str) {
                 Finish::Quorum { .. } if parts.len() > 1 => "replicas",
                 Finish::Quorum { .. } => "owner",
                 Finish::AllOk(_) => "all",
-                Finish::Leased(_) => "lease_retry",
             };
             (first(parts), path)
         }
         Work::Meta(meta) => {
             let path = match &meta.mode {
                 MetaMode::Forward => "owner",
-                MetaMode::Quorum { .. } | MetaMode::CasThenCopy { .. } => "replicas",
+                MetaMode::Quorum { .. } => "replicas",
                 MetaMode::Read(_) => "read_through",
-                MetaMode::Leased(_) => "lease_retry",
             };
             (first(&meta.parts), path)
         }
-        Work::Cas(cas) => (name(cas.part.server), "replicas"),
-        Work::Add(add) => (first(&add.parts), "replicas"),
-        Work::Moved(moved) => (name(moved.owner), "handoff"),
+        Work::Steps(steps) => {
+            let path = match steps.machine {
+                Machine::Cas(_) | Machine::Add(_) => "replicas",
+                Machine::Lease(_) => "lease_retry",
+                Machine::Moved(_) => "handoff",
+            };
+            (name(steps.machine.first_server()), path)
+        }
         Work::Retrieve { .. } => {
             let many = entry.request.keys.len() > 1;
             let owner = (!many)

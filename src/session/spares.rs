@@ -179,12 +179,11 @@ pub(super) fn keep(work: Work) {
                 keep_older(older.map(|o| *o));
             }
         }
-        Work::Cas(cas) => {
-            let cas = *cas;
-            keep_part(cas.part);
-            keep_older(cas.older);
+        Work::Steps(steps) => {
+            let steps = *steps;
+            steps.parts.into_iter().for_each(keep_part);
+            keep_older(steps.older);
         }
-        Work::Add(add) => add.parts.into_iter().for_each(keep_part),
         Work::Meta(mut meta) => {
             meta.parts.drain(..).for_each(keep_part);
             keep_older(meta.older.take());
@@ -219,11 +218,6 @@ pub(super) fn keep(work: Work) {
                     spares.in_flights.push(in_flight);
                 }
             });
-        }
-        Work::Moved(moved) => {
-            let moved = *moved;
-            moved.part.into_iter().for_each(keep_part);
-            keep_older(moved.older);
         }
     }
 }

@@ -6,7 +6,9 @@ use crate::plan::handoff::cas::CasTakeover;
 use crate::plan::lease_retry::LeaseRetry;
 use crate::plan::meta_read::MetaRead;
 use crate::plan::replicated_add::ReplicatedAdd;
+use crate::plan::replicated_cas::ReplicatedCas;
 use crate::plan::route::{Retrieval, Split};
+use crate::plan::steps::{AddSteps, CasSteps, LeaseSteps, Machine, MovedSteps};
 use crate::pools::planned::Planned;
 
 impl ClientSession {
@@ -232,10 +234,15 @@ impl ClientSession {
                 parts: servers.into_iter().take(1).map(Part::new).collect(),
                 finish: Finish::Forward,
             },
-            Plan::Key(Placement::Owner { server, .. }) => Work::Lines {
-                parts: smallvec::smallvec![Part::new(server)],
-                finish: leased_classic(&request, &bytes, &topology),
-            },
+            Plan::Key(Placement::Owner { server, .. }) => {
+                match leased_classic(&request, &bytes, &topology) {
+                    Some(retry) => leased_work(retry, server, &request, &bytes),
+                    None => Work::Lines {
+                        parts: smallvec::smallvec![Part::new(server)],
+                        finish: Finish::Forward,
+                    },
+                }
+            }
             Plan::Key(Placement::Quorum {
                 servers,
                 quorum,
@@ -243,13 +250,13 @@ impl ClientSession {
                 older: None,
                 ..
             }) if request.command == Command::Add && servers.len() > 1 => {
-                Work::Add(Box::new(AddWork {
-                    machine: ReplicatedAdd::new(servers, quorum),
-                    wire: crate::protocol::encode::add_with_cas(&request, &bytes),
-                    key: (bytes.slice_ref(request.key(&bytes, 0)), false),
-                    meta: None,
-                    parts: SmallVec::new(),
-                }))
+                let first = servers[0];
+                let machine = ReplicatedAdd::new(servers, quorum);
+                let wire = crate::protocol::encode::add_with_cas(&request, &bytes);
+                let key = bytes.slice_ref(request.key(&bytes, 0));
+                let lines = 2 * topology.config.replicas;
+                let add = AddSteps::new(machine, first, wire, (key.clone(), false), None);
+                StepsWork::work(Machine::Add(add), None, (key, None), lines, None)
             }
             Plan::Key(Placement::Quorum {
                 servers,
@@ -282,21 +289,20 @@ impl ClientSession {
                 // without replicas.
                 let previous =
                     previous.map(|previous| (previous, CasTakeover::classic(&request, &bytes)));
-                Work::Cas(Box::new(CasWork {
-                    part: Part::new(owner),
-                    machine: crate::plan::replicated_cas::ReplicatedCas::new(
-                        false, owner, copies, previous,
-                    ),
-                    older: OlderForget::new(older),
-                    copied: Vec::new(),
-                }))
+                let machine = ReplicatedCas::new(false, owner, copies, previous);
+                let storage = Expect::Line(LineKind::Storage);
+                let sent = (forwardable(&bytes, &request), storage.clone());
+                let copy = (
+                    crate::protocol::encode::cas_as_set(&request, &bytes),
+                    storage,
+                );
+                let key = (bytes.slice_ref(request.key(&bytes, 0)), None);
+                let machine = Machine::Cas(CasSteps::new(machine, owner, sent, copy));
+                StepsWork::work(machine, OlderForget::new(older), key, 1, None)
             }
             Plan::Retrieve(retrieval) => {
                 match leased_gat(&request, &bytes, &retrieval, &topology) {
-                    Some((server, retry)) => Work::Lines {
-                        parts: smallvec::smallvec![Part::new(server)],
-                        finish: Finish::Leased(retry),
-                    },
+                    Some((server, retry)) => leased_work(retry, server, &request, &bytes),
                     None => Work::Retrieve {
                         plan: retrieval,
                         in_flight: spares::in_flight(),
@@ -315,15 +321,15 @@ impl ClientSession {
                 if copies_back {
                     machine.delete_previous_last_too();
                 }
-                Work::Moved(Box::new(MovedWork {
-                    machine: *machine,
-                    owner,
-                    previous,
-                    older: OlderForget::new(older),
-                    part: None,
-                    answer: None,
-                    meta: None,
-                }))
+                let key = (bytes.slice_ref(request.key(&bytes, 0)), None);
+                let machine = MovedSteps::new(machine, owner, previous, false);
+                StepsWork::work(
+                    Machine::Moved(machine),
+                    OlderForget::new(older),
+                    key,
+                    1,
+                    None,
+                )
             }
         };
         self.push(Entry {
@@ -425,7 +431,7 @@ impl ClientSession {
 }
 
 /// The work a meta request placed on servers becomes: a replicated add, a
-/// moved key's hand-off steps (as for classic, see [`MovedWork`]), or the
+/// moved key's hand-off steps (as for classic, see [`StepsWork`]), or the
 /// request forwarded as its placement says (see [`MetaMode`]).
 fn meta_work(
     request: &MetaRequest,
@@ -454,17 +460,32 @@ fn meta_work(
             ..
         } if adds && servers.len() > 1 => {
             let asked_cas = request.flags(bytes).any(|(flag, _)| flag == b'c');
-            return Work::Add(Box::new(AddWork {
-                machine: ReplicatedAdd::new(servers, quorum),
-                wire: smallvec::smallvec![crate::protocol::encode::meta_add_with_cas(
-                    request, bytes
-                )],
-                key: (bytes.slice_ref(request.key_token(bytes)), request.base64),
-                meta: Some((asked_cas, request.quiet)),
-                parts: SmallVec::new(),
-            }));
+            let first = servers[0];
+            let machine = ReplicatedAdd::new(servers, quorum);
+            let wire =
+                smallvec::smallvec![crate::protocol::encode::meta_add_with_cas(request, bytes)];
+            let key = (bytes.slice_ref(request.key_token(bytes)), request.base64);
+            let asked = Some((asked_cas, request.quiet));
+            let add = AddSteps::new(machine, first, wire, key.clone(), asked);
+            let meta = MetaAnswer {
+                counts_cas: counts_cas(request),
+                value: brings_value(request),
+            };
+            let (key, lines) = ((key.0, Some(key.1)), topology.config.replicas);
+            return StepsWork::work(Machine::Add(add), None, key, 2 * lines, Some(meta));
         }
-        Placement::Owner { server, .. } => (parts(&[server]), leased(request, bytes, topology)),
+        Placement::Owner { server, .. } => match leased(request, bytes, topology) {
+            Some(retry) => {
+                let machine = Machine::Lease(LeaseSteps::new(retry, server, (wire, expect)));
+                let meta = MetaAnswer {
+                    counts_cas: counts_cas(request),
+                    value: brings_value(request),
+                };
+                let key = (Bytes::new(), Some(false));
+                return StepsWork::work(machine, None, key, 1, Some(meta));
+            }
+            None => (parts(&[server]), MetaMode::Forward),
+        },
         Placement::Quorum {
             servers,
             quorum,
@@ -489,14 +510,13 @@ fn meta_work(
             owner,
             copies,
             previous,
-            older: owners,
+            older,
         } => {
-            older = owners;
             let copy = route::meta_copy(request, bytes);
+            let key = bytes.slice_ref(request.key_token(bytes));
             let previous = previous.map(|previous| {
-                let key = bytes.slice_ref(request.key_token(bytes));
                 let takeover = CasTakeover::new(
-                    key,
+                    key.clone(),
                     Some(request.base64),
                     wire.clone(),
                     expect.clone(),
@@ -504,16 +524,18 @@ fn meta_work(
                 );
                 (previous, takeover)
             });
-            (
-                parts(&[owner]),
-                MetaMode::CasThenCopy {
-                    machine: crate::plan::replicated_cas::ReplicatedCas::new(
-                        true, owner, copies, previous,
-                    ),
-                    copy,
-                    copied: Vec::new(),
-                },
-            )
+            let machine = ReplicatedCas::new(true, owner, copies, previous);
+            let copy = (
+                smallvec::smallvec![copy],
+                Expect::meta(request.command, false),
+            );
+            let machine = Machine::Cas(CasSteps::new(machine, owner, (wire, expect), copy));
+            let meta = MetaAnswer {
+                counts_cas: counts_cas(request),
+                value: brings_value(request),
+            };
+            let key = (key, Some(request.base64));
+            return StepsWork::work(machine, OlderForget::new(older), key, 1, Some(meta));
         }
         Placement::Moved {
             owner,
@@ -526,18 +548,14 @@ fn meta_work(
             if copies_back {
                 machine.delete_previous_last_too();
             }
-            return Work::Moved(Box::new(MovedWork {
-                machine: *machine,
-                owner,
-                previous,
-                older: OlderForget::new(owners),
-                part: None,
-                answer: None,
-                meta: Some(MovedMeta {
-                    counts_cas: counts_cas(request),
-                    value: brings_value(request),
-                }),
-            }));
+            let (key, base64) = machine.key_token();
+            let machine = Machine::Moved(MovedSteps::new(machine, owner, previous, true));
+            let meta = MetaAnswer {
+                counts_cas: counts_cas(request),
+                value: brings_value(request),
+            };
+            let (older, key) = (OlderForget::new(owners), (key, Some(base64)));
+            return StepsWork::work(machine, older, key, 1, Some(meta));
         }
         Placement::ReadThrough {
             servers,
@@ -555,7 +573,6 @@ fn meta_work(
         (bytes.slice_ref(request.key_token(bytes)), request.base64)
     };
     Work::Meta(spares::meta(MetaWork {
-        command: request.command,
         counts_cas: counts_cas(request),
         value: brings_value(request),
         expect,
@@ -589,22 +606,17 @@ fn brings_value(request: &MetaRequest) -> bool {
 /// leases) for a command a lease would mislead, removing the lease and
 /// running again (see `lease_retry`). Such a command waits for its answer
 /// before the client's next request goes out, so only inside a window.
-fn leased(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> MetaMode {
-    if topology.previous.is_none() {
-        return MetaMode::Forward;
-    }
+fn leased(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> Option<LeaseRetry> {
+    topology.previous.as_ref()?;
     let key = bytes.slice_ref(request.key_token(bytes));
     let has = |flag| request.flags(bytes).any(|(f, _)| f == flag);
-    match LeaseRetry::for_meta(request.command, key, request.base64, has, request.mode) {
-        Some(retry) => MetaMode::Leased(Box::new(retry)),
-        None => MetaMode::Forward,
-    }
+    LeaseRetry::for_meta(request.command, key, request.base64, has, request.mode)
 }
 
 /// [`leased`] for a classic one-line command on one owner.
-fn leased_classic(request: &Request, bytes: &Bytes, topology: &Topology) -> Finish {
+fn leased_classic(request: &Request, bytes: &Bytes, topology: &Topology) -> Option<LeaseRetry> {
     if topology.previous.is_none() || request.keys.len() != 1 {
-        return Finish::Forward;
+        return None;
     }
     let key = bytes.slice_ref(request.key(bytes, 0));
     let line = &bytes[..(request.args_end as usize).min(bytes.len())];
@@ -612,10 +624,26 @@ fn leased_classic(request: &Request, bytes: &Bytes, topology: &Topology) -> Fini
         .split(|&b| b == b' ')
         .filter(|token| !token.is_empty())
         .nth(2);
-    match LeaseRetry::for_classic(request.command, key, exptime) {
-        Some(retry) => Finish::Leased(Box::new(retry)),
-        None => Finish::Forward,
-    }
+    LeaseRetry::for_classic(request.command, key, exptime)
+}
+
+/// The work of a classic command on `server` that may meet a lease: the
+/// client's request (without `noreply`), or what the plan sends instead (a
+/// `touch` as an `mg`).
+fn leased_work(retry: LeaseRetry, server: usize, request: &Request, bytes: &Bytes) -> Work {
+    let sent = match retry.wire() {
+        Some((line, expect)) => (smallvec::smallvec![line], expect),
+        None if retry.is_retrieval() => (
+            smallvec::smallvec![bytes.clone()],
+            Expect::values(bytes.clone()),
+        ),
+        None => {
+            let expect = request.command.reply_line().unwrap_or(LineKind::Ok);
+            (forwardable(bytes, request), Expect::Line(expect))
+        }
+    };
+    let machine = Machine::Lease(LeaseSteps::new(retry, server, sent));
+    StepsWork::work(machine, None, (Bytes::new(), None), 1, None)
 }
 
 /// [`leased`] for a one-key `gat`/`gats` of a key that did not move: a
@@ -626,14 +654,14 @@ fn leased_gat(
     bytes: &Bytes,
     retrieval: &Retrieval,
     topology: &Topology,
-) -> Option<(usize, Box<LeaseRetry>)> {
+) -> Option<(usize, LeaseRetry)> {
     if topology.previous.is_none() || !matches!(request.command, Command::Gat | Command::Gats) {
         return None;
     }
     let server = retrieval.lone_owner()?;
     let key = bytes.slice_ref(request.key(bytes, 0));
     let retry = LeaseRetry::for_classic(request.command, key, None)?;
-    Some((server, Box::new(retry)))
+    Some((server, retry))
 }
 
 /// A request's `rewritten` bytes parsed again (so they pass every check of

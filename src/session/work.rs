@@ -1,7 +1,8 @@
 //! The work a client's requests become: one [`Entry`] per request in the
 //! session's FIFO, holding what its kind of work waits for (one-line
-//! replies, a retrieval's sub-requests, a hand-off or replicated `cas`
-//! machine) and how those replies become the client's answer.
+//! replies, a retrieval's sub-requests, a hand-off machine, or the steps of
+//! a plan machine: see [`StepsWork`]) and how those replies become the
+//! client's answer.
 
 use std::rc::Rc;
 
@@ -12,10 +13,10 @@ use super::shadow;
 use crate::backend::slot::{Got, Slot};
 use crate::error::BackendError;
 use crate::hotkeys::{Unanswered, WriteGuard};
-use crate::plan::handoff::{CopyOutcome, Moved};
+use crate::plan::handoff::CopyOutcome;
 use crate::plan::route::{CallResult, Retrieval};
+use crate::plan::steps::{Answer, Machine};
 use crate::pools::planned::Planned;
-use crate::protocol::meta::MetaCommand;
 use crate::protocol::outcome::{Outcome, Reply};
 use crate::protocol::reply::Expect;
 use crate::protocol::{Command, Request};
@@ -94,8 +95,8 @@ pub(super) enum Work {
         parts: SmallVec<[Part; 1]>,
         finish: Finish,
     },
-    /// A replicated `cas`: the owner, then copies once it stored.
-    Cas(Box<CasWork>),
+    /// A plan machine's steps (see [`StepsWork`]), in either dialect.
+    Steps(Box<StepsWork>),
     /// A meta command forwarded (see [`MetaWork`]).
     Meta(Box<MetaWork>),
     /// A retrieval, streamed.
@@ -108,66 +109,59 @@ pub(super) enum Work {
         /// answered (see [`retrieval_owed`]).
         owed: Reservation,
     },
-    /// A command on a moved key (hand-off), classic or meta, one step at
-    /// a time.
-    Moved(Box<MovedWork>),
-    /// An `add` with replicas (classic, or meta `ms … ME`).
-    Add(Box<AddWork>),
 }
 
-/// A replicated `add` (see `plan::replicated_add`).
-pub(super) struct AddWork {
-    pub(super) machine: crate::plan::replicated_add::ReplicatedAdd,
-    /// The add as every replica gets it (`ms … ME c`).
-    pub(super) wire: crate::protocol::encode::Outbound,
-    /// The key token and whether it is base64, for the take-backs.
-    pub(super) key: (Bytes, bool),
-    /// How the client asked: classic (`None`), or meta with whether it
-    /// asked for the cas (`c`) and is quiet (`q`).
-    pub(super) meta: Option<(bool, bool)>,
-    /// The step under way.
-    pub(super) parts: SmallVec<[Part; 2]>,
-}
-
-/// A command on a moved key in progress, in either dialect: the
-/// hand-off's machine (see `handoff::Moved`) knows the dialect's requests;
-/// `meta` says how a meta command's answer is written.
-pub(super) struct MovedWork {
-    pub(super) machine: Moved,
-    pub(super) owner: usize,
-    pub(super) previous: usize,
+/// A request a plan machine answers in steps (see `plan::steps`): the
+/// session sends each step's messages and feeds their replies back until
+/// the machine answers.
+pub(super) struct StepsWork {
+    pub(super) machine: Machine,
     /// Owners in older rings of chained changes: they lose the key before
     /// the machine's first step.
     pub(super) older: Option<OlderForget>,
-    /// The step waiting for its reply.
-    pub(super) part: Option<Part>,
-    pub(super) answer: Option<CallResult>,
+    /// The key as they lose it: its token, and for a meta request whether
+    /// it is base64 (an `md`; a classic request's is a `delete`).
+    pub(super) key: (Bytes, Option<bool>),
+    /// How many servers the first step asks at most: one line each is
+    /// reserved for.
+    pub(super) lines: usize,
+    /// The replies the step under way waits for.
+    pub(super) parts: SmallVec<[Part; 2]>,
+    pub(super) answer: Option<Answer>,
     /// How the client asked: classic (`None`), or meta.
-    pub(super) meta: Option<MovedMeta>,
+    pub(super) meta: Option<MetaAnswer>,
 }
 
-/// What a meta command on a moved key adds to its work: how its answer is
-/// counted and reserved for. The older owners lose the key by `md` (by
-/// `delete` for classic), and the answer is written only when not empty
-/// (`q` hid it).
-pub(super) struct MovedMeta {
+impl StepsWork {
+    /// Work for `machine`, its older owners `older` losing `key` first.
+    pub(super) fn work(
+        machine: Machine,
+        older: Option<OlderForget>,
+        key: (Bytes, Option<bool>),
+        lines: usize,
+        meta: Option<MetaAnswer>,
+    ) -> Work {
+        Work::Steps(Box::new(StepsWork {
+            machine,
+            older,
+            key,
+            lines,
+            parts: SmallVec::new(),
+            answer: None,
+            meta,
+        }))
+    }
+}
+
+/// What a meta command answered in steps (a moved key's, a replicated
+/// `ms … C`) adds to its work: how its answer is counted and reserved for.
+/// The older owners lose the key by `md` (by `delete` for classic), and the
+/// answer is written only when not empty (`q` hid it).
+pub(super) struct MetaAnswer {
     /// As [`MetaWork::counts_cas`].
     pub(super) counts_cas: bool,
     /// As [`MetaWork::value`].
     pub(super) value: bool,
-}
-
-/// A replicated `cas` (see `placement::Placement::CasThenCopy`).
-pub(super) struct CasWork {
-    /// The `cas` under way: on the owner, then on the previous owner.
-    pub(super) part: Part,
-    pub(super) machine: crate::plan::replicated_cas::ReplicatedCas,
-    /// Owners in older rings of chained changes: they lose the key before
-    /// the `cas` is sent.
-    pub(super) older: Option<OlderForget>,
-    /// The copies of a `cas` the previous owner stored (the owner's first),
-    /// awaited before the answer.
-    pub(super) copied: Vec<Part>,
 }
 
 /// A write's deletes of its key from its owners in the older rings of
@@ -245,7 +239,6 @@ pub(super) fn count_copy(stats: &crate::stats::Stats, outcome: CopyOutcome) {
 
 /// One meta request on its way to one or more servers.
 pub(super) struct MetaWork {
-    pub(super) command: MetaCommand,
     /// An `ms` with `C` in set mode: its reply feeds the `cas_*` stats, as
     /// memcached counts it (other modes with `C` it does not count).
     pub(super) counts_cas: bool,
@@ -282,39 +275,9 @@ pub(super) enum MetaMode {
         key: (Bytes, bool),
         forget_last: bool,
     },
-    /// A replicated `ms … C` (see `cas::ReplicatedCas`): `copy` is the
-    /// store without `C` and `q` the other replicas get; `copied` the
-    /// copies the answer waits for (the previous owner stored).
-    CasThenCopy {
-        machine: crate::plan::replicated_cas::ReplicatedCas,
-        copy: Bytes,
-        copied: Vec<Part>,
-    },
     /// `mg` over replicas, one server at a time (see `plan::meta_read`);
     /// the part is the server asked now, and holds the answer at the end.
     Read(Box<crate::plan::meta_read::MetaRead>),
-    /// A command on one owner that removes a hand-off lease it meets and
-    /// runs again (see `lease_retry::LeaseRetry`): the part is its step
-    /// under way.
-    Leased(Box<crate::plan::lease_retry::LeaseRetry>),
-}
-
-impl MetaMode {
-    /// The copies the answer waits for, beside the parts.
-    pub(super) fn copies(&self) -> &[Part] {
-        match self {
-            MetaMode::CasThenCopy { copied, .. } => copied,
-            _ => &[],
-        }
-    }
-
-    /// The same copies, to take their replies in.
-    pub(super) fn copies_mut(&mut self) -> &mut [Part] {
-        match self {
-            MetaMode::CasThenCopy { copied, .. } => copied,
-            _ => &mut [],
-        }
-    }
 }
 
 /// How the parts' one-line replies become the client's reply.
@@ -335,9 +298,6 @@ pub(super) enum Finish {
     /// A broadcast (`flush_all`): `OK` only if every server said `OK`;
     /// with [`Joined`], one of several entries of one request.
     AllOk(Option<Joined>),
-    /// One owner's reply, and a hand-off lease it meets removed first (see
-    /// `lease_retry::LeaseRetry`).
-    Leased(Box<crate::plan::lease_retry::LeaseRetry>),
 }
 
 /// A `flush_all` that reaches several pools: one entry per pool, each
@@ -370,26 +330,20 @@ impl Work {
                     .chain(OlderForget::parts(older))
                     .all(|p| p.all_unanswered(ours))
             }
-            Work::Cas(cas) => std::iter::once(&cas.part)
-                .chain(OlderForget::parts(cas.older.as_ref()))
-                .chain(&cas.copied)
+            Work::Steps(steps) => steps
+                .parts
+                .iter()
+                .chain(OlderForget::parts(steps.older.as_ref()))
                 .all(|p| p.all_unanswered(ours)),
             Work::Meta(meta) => meta
                 .parts
                 .iter()
                 .chain(OlderForget::parts(meta.older.as_ref()))
-                .chain(meta.mode.copies())
                 .all(|p| p.all_unanswered(ours)),
             Work::Retrieve { in_flight, .. } => in_flight
                 .iter()
                 .filter(|sub| sub.slot.outcome().is_none())
                 .all(|sub| ours(sub.server, &sub.slot)),
-            Work::Moved(moved) => moved
-                .part
-                .iter()
-                .chain(OlderForget::parts(moved.older.as_ref()))
-                .all(|p| p.all_unanswered(ours)),
-            Work::Add(add) => add.parts.iter().all(|p| p.all_unanswered(ours)),
         }
     }
 }

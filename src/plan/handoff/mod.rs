@@ -32,7 +32,7 @@ mod read_through;
 
 pub(crate) use copy::{copy_block, copy_outcome, fill_outcome, landed_cas, CopyOutcome, ReadCopy};
 pub(crate) use lines::{delete_line, forget_line, probe_hand_back, probe_line, probed_lease};
-pub(crate) use moved::{not_a_number, MetaMove, Moved};
+pub(crate) use moved::{not_a_number, MetaMove, Moved, Tally};
 use read_through::ValueReply;
 pub(crate) use read_through::{
     fetch_line, meta_read_through_hit, meta_read_through_line, read_through_hit, AddedFlags,
