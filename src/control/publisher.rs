@@ -33,7 +33,7 @@ pub struct Publisher {
     /// The pool's request and hit counters, given to every topology.
     figures: Arc<crate::stats::PoolFigures>,
     /// The pool's cut-off flag, in every topology (`Topology::cut_off`).
-    fence: Arc<std::sync::atomic::AtomicBool>,
+    fence: Arc<crate::pools::topology::Fence>,
     /// The pool's identity in every topology it publishes.
     pool_id: u64,
     /// With `failover`: when each server last came back from the gutter.
@@ -138,7 +138,7 @@ impl Publisher {
     /// Fences the pool's requests off (`true`: cut off from etcd, see
     /// `Topology::cut_off`) or lets them through again; whether it was fenced.
     pub(crate) fn fence(&self, on: bool) -> bool {
-        self.fence.swap(on, std::sync::atomic::Ordering::Relaxed)
+        self.fence.set(on)
     }
 
     /// The requests still in flight that were planned on a topology of this

@@ -22,10 +22,32 @@ use crate::pools::topology::Topology;
 
 /// A key is hot (coalesced, near-cached) when, in one of the worker's last
 /// two windows, it surely took at least this share of its server's
-/// requests...
+/// requests, by the margin [`HOT_MARGIN_LOG_ODDS`] asks for...
 const HOT_MIN_SHARE: f64 = 0.01;
 /// ...and at least this many requests.
 const HOT_MIN_REQUESTS: u64 = 16;
+/// The share's bar is cleared by a margin luck does not make up: the
+/// chance that a key with no more than the bar's share is flagged in one
+/// window stays below e^-this (one in a million). A key's count in a
+/// window is a sum of chances (which request comes next, which one the
+/// sampler takes); for a count expected at the bar `b` (as counted: in a
+/// sample, the sample's), Bernstein's inequality bounds the chance of
+/// `b + t` or more by e^-L once `t = L/3 + sqrt(L²/9 + 2·L·b)`. Without
+/// the margin, an even load over about 100 keys a server (each at the bar)
+/// had half of them flagged hot in every window, their reads coalesced,
+/// near-cached and spread over replicas for nothing. The cost: near the
+/// bar, a key must take more than the bar's share to be flagged (2.7 times
+/// at a bar of 16 counted requests; 1.5 times at 125; 1.05 times at
+/// 10 000). A key read alone still needs only [`HOT_MIN_REQUESTS`]: its
+/// share is far above the bar.
+const HOT_MARGIN_LOG_ODDS: f64 = 14.0;
+
+/// The count a key must reach in a window to be hot, when its server's
+/// `bar` (in counted requests) is the share it must surely take.
+fn with_margin(bar: f64) -> u64 {
+    let l = HOT_MARGIN_LOG_ODDS;
+    (bar + l / 3.0 + (l * l / 9.0 + 2.0 * l * bar).sqrt()).ceil() as u64
+}
 
 /// A worker with fewer keys than this in a window has every request of the
 /// next window counted...
@@ -98,7 +120,8 @@ impl ServerSketch {
     /// total and its largest counters, scaled back to requests (largest
     /// first), and the hashes of the keys that surely took `share` of the
     /// requests and at least `min_requests` of them (as counted: a sample
-    /// must have seen the key that often too).
+    /// must have seen the key that often too), by the margin
+    /// [`HOT_MARGIN_LOG_ODDS`] asks for.
     fn end_window(
         &mut self,
         stride: u64,
@@ -106,14 +129,13 @@ impl ServerSketch {
         min_requests: u64,
     ) -> (u64, Vec<Estimate>, Vec<u64>) {
         let total = self.sketch.total().saturating_mul(stride);
-        let bar = min_requests.max((total as f64 * share).ceil() as u64);
+        // The share's bar in counted requests with the margin above it;
+        // `min_requests` (no chance to allow for) as counted.
+        let bar = with_margin(total as f64 * share / stride as f64).max(min_requests);
         let mut keys = self.sketch.top(COUNTERS_PER_SERVER);
         let hot = keys
             .iter()
-            .filter(|e| {
-                let sure = e.count - e.error;
-                sure >= min_requests && sure.saturating_mul(stride) >= bar
-            })
+            .filter(|e| e.count - e.error >= bar)
             .map(|e| e.hash)
             .collect();
         for estimate in &mut keys {
@@ -336,6 +358,68 @@ mod tests {
         );
         end(&mut sketch, &mut sampler);
         assert_eq!(sampler.stride, 1);
+    }
+
+    /// Flags over `windows` windows of `per_window` requests: each of `keys`
+    /// keys drawn at random, but every `hot_every`-th request `hot`.
+    /// Returns (cold keys flagged, windows in which `hot` was flagged).
+    fn flagged(keys: u64, per_window: u64, hot_every: u64, windows: usize) -> (usize, usize) {
+        let (mut sketch, mut sampler) = (ServerSketch::new(1, "a".into()), Sampler::new(7));
+        // splitmix64: not the sampler's xorshift, whose draws it would
+        // otherwise line up with.
+        let mut state = 0x1234_5678_9abc_def1u64;
+        let (mut cold, mut hot_windows) = (0, 0);
+        for _ in 0..windows {
+            for i in 0..per_window {
+                state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                let mut random = state;
+                random = (random ^ (random >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                random = (random ^ (random >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                random ^= random >> 31;
+                let key = match hot_every {
+                    0 => format!("k{}", random % keys),
+                    _ if i % hot_every == 0 => "hot".to_string(),
+                    _ => format!("k{}", random % keys),
+                };
+                if sampler.take() {
+                    sketch.sketch.add(hash(&key), key.as_bytes());
+                }
+            }
+            let (_, _, hot) = end(&mut sketch, &mut sampler);
+            hot_windows += usize::from(hot.contains(&hash("hot")));
+            cold += hot.iter().filter(|&&h| h != hash("hot")).count();
+        }
+        (cold, hot_windows)
+    }
+
+    #[test]
+    fn an_even_load_has_no_hot_key_and_a_hot_key_over_it_is_found() {
+        // Counting every request (2 000 and 8 000 a window) and a sample
+        // (50 000 and 200 000: one in 4 and one in 16).
+        for per_window in [2_000, 8_000, 50_000, 200_000] {
+            // 10 000 and 1 000 keys take 0.01 % and 0.1 % each; 200 and
+            // 100 keys 0.5 % and 1 %, within the counts' noise of the bar
+            // (without the margin, at 2 000 a window: 513 of 100 keys'
+            // 1 000 counts in 10 windows flagged, 7 of 200 keys'; none of
+            // 10 000 or 1 000 keys).
+            for keys in [10_000, 1_000, 200, 100] {
+                assert_eq!(
+                    flagged(keys, per_window, 0, 10),
+                    (0, 0),
+                    "{keys} keys, {per_window} requests a window"
+                );
+            }
+            // A key with 3 % of the requests over an even load is found
+            // in every window (the bar's margin, `with_margin`, is at most
+            // 2.45 times the bar here).
+            for keys in [10_000, 100] {
+                assert_eq!(
+                    flagged(keys, per_window, 33, 10),
+                    (0, 10),
+                    "{keys} keys and a hot one, {per_window} requests a window"
+                );
+            }
+        }
     }
 
     #[test]

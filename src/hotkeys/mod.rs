@@ -232,7 +232,7 @@ impl HotWorker {
                     state.count(server, hash, key);
                 }
                 if write {
-                    let key = caching.then(|| cache_key(topology.pool_id, key));
+                    let key = caching.then(|| cache_key(topology, key));
                     hashes.push((hash, key));
                 }
             };
@@ -305,10 +305,7 @@ impl HotWorker {
             }
         }
         request.changes_item(bytes).then(|| {
-            let key = self
-                .shared
-                .caching()
-                .then(|| cache_key(topology.pool_id, key));
+            let key = self.shared.caching().then(|| cache_key(topology, key));
             self.guard(Target::Keys(smallvec::smallvec![(hash, key)]), None)
         })
     }
@@ -359,14 +356,17 @@ impl HotWorker {
         };
         let hash = key_hash(key);
         let mut state = self.state.borrow_mut();
-        if !state.hot.contains(&hash) {
+        // Cut off from etcd (`etcd_cut_off = "miss"`), a retrieval planned
+        // before the cut goes on as planned, but the near cache neither
+        // answers nor is filled, and no flight is joined.
+        if !state.hot.contains(&hash) || topology.cut_off() {
             return GetShortcut::Send(None);
         }
         let (version, quiet) = self.shared.settled(hash);
         let stats = &self.shared.stats.hot;
         let live = self.shared.live.load();
         if let (true, Command::Get, Some(cache)) = (quiet, command, &live.cache) {
-            match cache.get(&cache_key(topology.pool_id, key)) {
+            match cache.get(&cache_key(topology, key)) {
                 Some(cached)
                     if cached.version == version && earlier.all_to(sub.server, &mut |_| false) =>
                 {
@@ -404,7 +404,7 @@ impl HotWorker {
             .filter(|f| Rc::strong_count(f) == 1 && f.state.borrow().done);
         // Only a value fetched while no write is pending may be kept.
         let fill = (quiet && command == Command::Get && live.cache.is_some())
-            .then(|| cache_key(topology.pool_id, key));
+            .then(|| cache_key(topology, key));
         GetShortcut::Send(Some(Ticket {
             conn: conn.clone(),
             line: sub.line.clone(),

@@ -7,6 +7,7 @@ use bytes::Bytes;
 
 use super::HotShared;
 use crate::config::HotKeySettings;
+use crate::pools::topology::Topology;
 use crate::protocol::encode::value_block;
 use crate::protocol::request::{parse_signed, parse_unsigned};
 use crate::protocol::{Command, Request};
@@ -22,12 +23,16 @@ pub(super) struct Cached {
 
 pub(super) type NearCache = moka::sync::Cache<Box<[u8]>, Cached>;
 
-/// The near cache's key for `key` of the pool `pool_id`: two pools may
-/// hold one key name with different values (a client of a pool's own
-/// listener asks its pool whatever the routes say).
-pub(super) fn cache_key(pool_id: u64, key: &[u8]) -> Box<[u8]> {
-    let mut scoped = Vec::with_capacity(8 + key.len());
-    scoped.extend_from_slice(&pool_id.to_le_bytes());
+/// The near cache's key for `key` of `topology`'s pool, in the pool's
+/// current cut: two pools may hold one key name with different values (a
+/// client of a pool's own listener asks its pool whatever the routes say),
+/// and a value kept before the pool was cut off from etcd
+/// ([`Topology::cuts`]) is never found after (others may have written it
+/// meanwhile); it leaves with its life.
+pub(super) fn cache_key(topology: &Topology, key: &[u8]) -> Box<[u8]> {
+    let mut scoped = Vec::with_capacity(16 + key.len());
+    scoped.extend_from_slice(&topology.pool_id.to_le_bytes());
+    scoped.extend_from_slice(&topology.cuts().to_le_bytes());
     scoped.extend_from_slice(key);
     scoped.into_boxed_slice()
 }

@@ -240,15 +240,17 @@ pub(crate) fn order_read(
     let Some(balance) = balance else {
         return false;
     };
-    // The live replicas balanced over: sorted first, so a prefix.
-    let local_live = servers
-        .iter()
-        .take_while(|&&s| !dead(s) && local(s))
-        .count();
-    let live = if balance.within_local && local_live > 0 {
-        local_live
-    } else {
-        servers.iter().take_while(|&&s| !dead(s)).count()
+    // The live replicas balanced over: sorted first, so a prefix. The
+    // local ones are counted only when balancing keeps to them.
+    let local_live = || {
+        servers
+            .iter()
+            .take_while(|&&s| !dead(s) && local(s))
+            .count()
+    };
+    let live = match balance.within_local.then(local_live) {
+        Some(local_live) if local_live > 0 => local_live,
+        _ => servers.iter().take_while(|&&s| !dead(s)).count(),
     };
     if live == 0 {
         return false;

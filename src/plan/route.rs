@@ -53,8 +53,8 @@ const MAX_SPARE_SUB_KEYS: usize = 4;
 /// What to do with one client request.
 #[derive(Debug)]
 pub(crate) enum Plan {
-    /// memring answers itself with these bytes.
-    Reply(&'static [u8]),
+    /// memring answers itself with these bytes (none: nothing is written).
+    Reply(Bytes),
     /// memring's own `stats`.
     Stats,
     /// `stats reset`: memring's own `stats` counters start again from zero.
@@ -88,9 +88,10 @@ const NOT_MOVED: u8 = u8::MAX;
 /// The reply to a request that found no server.
 pub(crate) const NO_SERVERS: &[u8] = b"SERVER_ERROR no servers configured\r\n";
 
-/// The reply to a write (or any meta request) while this sidecar is cut off
-/// from etcd past its lease with `etcd_cut_off = "miss"` (see
-/// [`Topology::cut_off`]); a retrieval answers misses.
+/// The reply to a write (or a meta request other than `mg`, see
+/// [`cut_off_meta`]) while this sidecar is cut off from etcd past its lease
+/// with `etcd_cut_off = "miss"` (see [`Topology::cut_off`]); a retrieval
+/// answers misses.
 pub(crate) const CUT_OFF: &[u8] =
     b"SERVER_ERROR memring is cut off from etcd past its lease: it serves again once registered and caught up\r\n";
 
@@ -145,9 +146,9 @@ pub(crate) fn plan(
 ) -> Plan {
     match request.command {
         Command::Quit => Plan::Quit,
-        Command::Version => Plan::Reply(crate::VERSION_REPLY),
+        Command::Version => Plan::Reply(Bytes::from_static(crate::VERSION_REPLY)),
         // Accepted and not forwarded: memring's log level is its own.
-        Command::Verbosity => Plan::Reply(b"OK\r\n"),
+        Command::Verbosity => Plan::Reply(Bytes::from_static(b"OK\r\n")),
         Command::Stats
             if request.arg.is_some_and(|arg| arg.of(bytes) == b"hotkeys".as_slice()) =>
         {
@@ -162,20 +163,22 @@ pub(crate) fn plan(
         Command::Stats if request.arg.is_some_and(|arg| arg.of(bytes) == b"reset".as_slice()) => {
             Plan::StatsReset
         }
-        Command::Stats if request.arg.is_some() => Plan::Reply(
+        Command::Stats if request.arg.is_some() => Plan::Reply(Bytes::from_static(
             b"CLIENT_ERROR memring answers plain 'stats', 'stats reset', 'stats hotkeys' and 'stats shadow' only; ask each memcached for the others\r\n",
-        ),
+        )),
         Command::Stats => Plan::Stats,
         Command::FlushAll => Plan::Broadcast {
             servers: (0..topology.backends.len()).collect(),
         },
         // Cut off from etcd: every key misses (`END` ends any retrieval's
         // reply) and nothing is written.
-        command if command.is_retrieval() && topology.cut_off() => Plan::Reply(b"END\r\n"),
+        command if command.is_retrieval() && topology.cut_off() => {
+            Plan::Reply(Bytes::from_static(b"END\r\n"))
+        }
         command if command.is_retrieval() => {
             Plan::Retrieve(reuse.retrieval(request, bytes, topology, health))
         }
-        _ if topology.cut_off() => Plan::Reply(CUT_OFF),
+        _ if topology.cut_off() => Plan::Reply(Bytes::from_static(CUT_OFF)),
         _ => {
             let op = KeyOp::classic(
                 request.command == Command::Cas,
@@ -361,10 +364,10 @@ pub(crate) fn plan_meta(
     health: &HealthView,
 ) -> Plan {
     if request.command == MetaCommand::Noop {
-        return Plan::Reply(b"MN\r\n");
+        return Plan::Reply(Bytes::from_static(b"MN\r\n"));
     }
     if topology.cut_off() {
-        return Plan::Reply(CUT_OFF);
+        return Plan::Reply(cut_off_meta(request, bytes));
     }
     // Which hand-off steps a moved key takes: looked at in a window only.
     let copies = Copies::of(topology.config.shared_with);
@@ -421,6 +424,21 @@ pub(crate) fn plan_meta(
                     ))),
     };
     Plan::Key(place(key, op, what, topology, health))
+}
+
+/// A cut-off sidecar's answer to the meta request (not `mn`): an `mg`
+/// misses, answered as memcached answers a miss of it (`EN` with its `O`
+/// and `k` echoed, nothing when quiet), as a classic retrieval answers
+/// `END`; every other meta command is refused with [`CUT_OFF`], and so is
+/// an `mg` with `N` (memcached answers its miss by creating the item and
+/// handing out a recache lease, a write this sidecar must not make) or one
+/// memcached refuses (its error is memcached's to give).
+fn cut_off_meta(request: &MetaRequest, bytes: &Bytes) -> Bytes {
+    if request.command == MetaCommand::Get && !request.vivify && request.backend_error.is_none() {
+        crate::protocol::encode::meta_get_miss(request, bytes)
+    } else {
+        Bytes::from_static(CUT_OFF)
+    }
 }
 
 /// What a server is sent for the meta request: its bytes, and an `mn`

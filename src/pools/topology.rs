@@ -32,6 +32,29 @@ fn map_members(members: &[String], backends: &mut Vec<Arc<Backend>>, old: &Topol
         .collect()
 }
 
+/// A pool's cut-off flag (see [`Topology::cut_off`]), shared by all its
+/// topologies, and how many times it has gone up.
+#[derive(Debug, Default)]
+pub struct Fence {
+    /// Set while the pool is cut off.
+    pub on: std::sync::atomic::AtomicBool,
+    /// Times `on` went from unset to set.
+    pub cuts: std::sync::atomic::AtomicU64,
+}
+
+impl Fence {
+    /// Sets the flag (`true`) or clears it; whether it was set.
+    pub fn set(&self, on: bool) -> bool {
+        use std::sync::atomic::Ordering::{Relaxed, Release};
+        // Counted before the flag goes up (one writer: the pool's etcd
+        // watchdog).
+        if on && !self.on.load(Relaxed) {
+            self.cuts.fetch_add(1, Release);
+        }
+        self.on.swap(on, Release)
+    }
+}
+
 /// One immutable routing table.
 #[derive(Debug)]
 pub struct Topology {
@@ -47,7 +70,7 @@ pub struct Topology {
     /// Set while this sidecar is cut off from etcd past its lease with
     /// `etcd_cut_off = "miss"`: the same flag in all the pool's topologies
     /// (set by its publisher), see [`Topology::cut_off`].
-    pub fence: Arc<std::sync::atomic::AtomicBool>,
+    pub fence: Arc<Fence>,
     /// The effective ring: the configured servers minus the ejected ones.
     pub ring: Ring,
     /// [`crate::ring::digest::pool_digest`] of `ring` (the ring in force,
@@ -847,7 +870,15 @@ impl Topology {
     /// read every member (`control/etcd/`). One relaxed load.
     #[inline]
     pub fn cut_off(&self) -> bool {
-        self.fence.load(std::sync::atomic::Ordering::Relaxed)
+        self.fence.on.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many times the pool has been cut off ([`Topology::cut_off`])
+    /// since it started: what a cached value is scoped by (the hot-key near
+    /// cache), so that nothing read before a cut answers after it.
+    #[inline]
+    pub fn cuts(&self) -> u64 {
+        self.fence.cuts.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Whether a staged ring is in force: servers warming, or a membership

@@ -230,6 +230,39 @@ pub(crate) fn meta_add_with_cas(request: &super::meta::MetaRequest, bytes: &Byte
     out.freeze()
 }
 
+/// The reply memcached (1.6.18) writes for a miss of the `mg` `request`:
+/// `EN`, then its `O` token and its key (`k`: the key token as sent, and
+/// ` b` after it for a base64 key) in the request's order, and nothing at
+/// all when it is quiet (`q`). Meant for an `mg` memcached accepts (no
+/// `backend_error`: no duplicate flag) and that creates nothing on a miss
+/// (no `N`).
+pub(crate) fn meta_get_miss(request: &super::meta::MetaRequest, bytes: &[u8]) -> Bytes {
+    if request.quiet {
+        return Bytes::new();
+    }
+    let key = request.key_token(bytes);
+    let mut out = BytesMut::with_capacity(8 + key.len() + request.flags.of(bytes).len());
+    out.put_slice(b"EN");
+    for (flag, token) in request.flags(bytes) {
+        match flag {
+            b'O' => {
+                out.put_u8(b' ');
+                out.put_slice(token);
+            }
+            b'k' => {
+                out.put_slice(b" k");
+                out.put_slice(key);
+                if request.base64 {
+                    out.put_slice(b" b");
+                }
+            }
+            _ => {}
+        }
+    }
+    out.put_slice(b"\r\n");
+    out.freeze()
+}
+
 /// `md <key> [b] C<cas>`: deletes the item only while it is the one with
 /// that cas (a newer write stays).
 pub(crate) fn delete_by_cas(key: &[u8], base64: bool, cas: u64) -> Bytes {
@@ -279,6 +312,46 @@ mod tests {
         );
         assert_eq!(&delete_by_cas(b"aw==", true, 42)[..], b"md aw== b C42\r\n");
         assert_eq!(&delete_by_cas(b"k", false, 7)[..], b"md k C7\r\n");
+    }
+
+    #[test]
+    fn an_mg_miss_echoes_o_and_k_in_order_as_memcached_does() {
+        // Each pair as memcached 1.6.18 answers it for a missing key.
+        for (request, miss) in [
+            (
+                &b"mg missingkey v k Oabc\r\n"[..],
+                &b"EN kmissingkey Oabc\r\n"[..],
+            ),
+            (b"mg missingkey Oabc k v\r\n", b"EN Oabc kmissingkey\r\n"),
+            (b"mg missingkey s v t f c\r\n", b"EN\r\n"),
+            (b"mg missingkey\r\n", b"EN\r\n"),
+            (b"mg missingkey O\r\n", b"EN O\r\n"),
+            (b"mg missingkey kfoo\r\n", b"EN kmissingkey\r\n"),
+            (b"mg missing4 T30 k Oa\r\n", b"EN kmissing4 Oa\r\n"),
+            (b"mg missing3 R30 v k\r\n", b"EN kmissing3\r\n"),
+            (
+                b"mg bWlzc2luZw== b v k Oabc\r\n",
+                b"EN kbWlzc2luZw== b Oabc\r\n",
+            ),
+            (
+                b"mg bWlzc2luZw== Oabc k b\r\n",
+                b"EN Oabc kbWlzc2luZw== b\r\n",
+            ),
+            (b"mg bWlzc2luZw== b Oabc\r\n", b"EN Oabc\r\n"),
+            (b"mg missingkey v q Oabc\r\n", b""),
+            (b"mg missingkey q k\r\n", b""),
+        ] {
+            let bytes = Bytes::copy_from_slice(request);
+            let (parsed, _) = crate::protocol::meta::parse_meta(&bytes, &Limits::default())
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                &meta_get_miss(&parsed, &bytes)[..],
+                miss,
+                "{}",
+                String::from_utf8_lossy(request)
+            );
+        }
     }
 
     #[test]

@@ -359,7 +359,7 @@ impl ClientSession {
                 return None;
             }
             Plan::Reply(_) if noreply => return None,
-            Plan::Reply(reply) => Work::Ready(Bytes::from_static(reply)),
+            Plan::Reply(reply) => Work::Ready(reply),
             Plan::Stats => Work::Stats,
             Plan::StatsReset => Work::StatsReset,
             Plan::HotKeys => Work::Ready(self.worker.hot.report()),

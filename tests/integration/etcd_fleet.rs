@@ -53,6 +53,41 @@ pub(crate) fn registered_under(etcd: &Etcd, prefix: &str) -> usize {
     .count()
 }
 
+/// The set-up most tests here start from: etcd, a state dir for each of
+/// two sidecars (`<test>` and `<test>-b`), three memcached, and a and b
+/// registered as ACTIVE members (c is not a member yet). A test binds it
+/// and then moves out the parts it uses (`let Fleet { etcd, c, .. } =
+/// fleet;`): the parts left in `fleet` still live until the test ends.
+struct Fleet {
+    etcd: Etcd,
+    dir_a: TempDir,
+    dir_b: TempDir,
+    a: Memcached,
+    b: Memcached,
+    c: Memcached,
+}
+
+impl Fleet {
+    fn start(test: &str) -> Fleet {
+        let etcd = Etcd::start(test);
+        let (dir_a, dir_b) = (
+            TempDir::new("fleet", test),
+            TempDir::new("fleet", &format!("{test}-b")),
+        );
+        let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
+        etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+        etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+        Fleet {
+            etcd,
+            dir_a,
+            dir_b,
+            a,
+            b,
+            c,
+        }
+    }
+}
+
 /// One writer alternating between two sidecars, and one reader on each,
 /// over `keys` keys: each value is a number larger than any written
 /// before, and a read that returns a number smaller than the largest one
@@ -192,14 +227,15 @@ fn a_sidecar_held_back(
     gated: bool,
     change: Change,
 ) -> (u64, u64, u64, u64) {
-    let etcd = Etcd::start(test);
-    let (dir_a, dir_b) = (
-        TempDir::new("fleet", test),
-        TempDir::new("fleet", &format!("{test}-b")),
-    );
-    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
-    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
-    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let fleet = Fleet::start(test);
+    let Fleet {
+        etcd,
+        dir_a,
+        dir_b,
+        b,
+        c,
+        ..
+    } = fleet;
     let (before, after): (&[&str], &[&str]) = match change {
         Change::Leave => {
             etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
@@ -299,14 +335,14 @@ fn reads_move_once_the_requests_planned_before_are_over_not_after_request_timeou
     // request_timeout_ms = 5000: a fixed wait of request_timeout after
     // staging (the cap) would move reads 5 s after the change at least.
     let test = "drained";
-    let etcd = Etcd::start(test);
-    let (dir_a, dir_b) = (
-        TempDir::new("fleet", test),
-        TempDir::new("fleet", &format!("{test}-b")),
-    );
-    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
-    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
-    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let fleet = Fleet::start(test);
+    let Fleet {
+        etcd,
+        dir_a,
+        dir_b,
+        c,
+        ..
+    } = fleet;
     let settings = "request_timeout_ms = 5000";
     let first = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir_a, settings));
     let second = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir_b, settings));
@@ -344,15 +380,15 @@ fn a_deletion_one_sidecar_watched_and_another_read_when_it_started_switches_with
     // b) by their last writes, earlier: by revisions, the first would wait
     // for the second until fleet_switch_ms.
     let test = "deleted";
-    let etcd = Etcd::start(test);
-    let (dir_a, dir_b) = (
-        TempDir::new("fleet", test),
-        TempDir::new("fleet", &format!("{test}-b")),
-    );
-    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
-    for (name, server) in [("a", &a), ("b", &b), ("c", &c)] {
-        etcd.put(&key_of(name), &record(server, "ACTIVE"));
-    }
+    let fleet = Fleet::start(test);
+    let Fleet {
+        etcd,
+        dir_a,
+        dir_b,
+        c,
+        ..
+    } = fleet;
+    etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
     // c's grace, then one more: it still answers (damping).
     let discovery = "member_grace_ms = 1500\nfleet_switch_ms = 60000\n";
     let first = Proxy::start_text(&(etcd_config(&etcd.endpoint(), &dir_a, "") + discovery));
@@ -457,14 +493,18 @@ fn without_the_gating_a_member_leaving_makes_reads_through_a_held_back_sidecar_s
 #[test]
 fn a_sidecar_started_while_a_change_waits_for_a_held_back_one_starts_on_the_ring_in_force() {
     let test = "started-staged";
-    let etcd = Etcd::start(test);
-    let dirs = ["a", "b", "c"].map(|d| TempDir::new("fleet", &format!("{test}-{d}")));
-    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
-    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
-    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let fleet = Fleet::start(test);
+    let Fleet {
+        etcd,
+        dir_a,
+        dir_b,
+        c,
+        ..
+    } = fleet;
+    let dir_c = TempDir::new("fleet", &format!("{test}-c"));
     let link = Link::start(etcd.client_port);
-    let first = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dirs[0], ""));
-    let held = Proxy::start_text(&etcd_config(&link.endpoint(), &dirs[1], ""));
+    let first = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir_a, ""));
+    let held = Proxy::start_text(&etcd_config(&link.endpoint(), &dir_b, ""));
     wait_for("both sidecars registered", || registered(&etcd) == 2);
     link.cut(true);
     let cut = Instant::now();
@@ -473,7 +513,7 @@ fn a_sidecar_started_while_a_change_waits_for_a_held_back_one_starts_on_the_ring
         stat(&first, "membership_staged_revision") > 0
     });
     // A third sidecar starts while the fleet waits for the held-back one.
-    let third = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dirs[2], ""));
+    let third = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir_c, ""));
     wait_for("the third sidecar registered", || registered(&etcd) == 3);
     assert_eq!(reads_from(&third), ["a", "b"], "the ring the others read");
     assert_eq!(reads_from(&held), ["a", "b"]);
@@ -518,11 +558,13 @@ fn sidecar_process(etcd: &Etcd, dir: &TempDir, port: u16) -> Daemon {
 
 #[test]
 fn a_killed_sidecar_holds_a_change_back_only_until_its_lease_expires() {
-    let etcd = Etcd::start("killed");
-    let dir = TempDir::new("fleet", "killed");
-    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
-    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
-    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let fleet = Fleet::start("killed");
+    let Fleet {
+        etcd,
+        dir_a: dir,
+        c,
+        ..
+    } = fleet;
     let proxy = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir, ""));
     let other = sidecar_process(&etcd, &dir, free_port());
     wait_for("both sidecars registered", || registered(&etcd) == 2);
@@ -582,11 +624,13 @@ fn client_stat(addr: &str, name: &str) -> i64 {
 
 #[test]
 fn a_sidecar_restarted_mid_change_without_its_state_file_resurrects_no_delete() {
-    let etcd = Etcd::start("restart");
-    let dir = TempDir::new("fleet", "restart");
-    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
-    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
-    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let fleet = Fleet::start("restart");
+    let Fleet {
+        etcd,
+        dir_a: dir,
+        c,
+        ..
+    } = fleet;
     let stays = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir, ""));
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
@@ -648,19 +692,22 @@ fn a_noreply_write_still_unanswered_holds_the_staged_change_back_until_it_is_ans
     // its server answered it may still be landing on a key's previous
     // owner, so the sidecar must not say it staged the change yet.
     let test = "left-behind";
-    let etcd = Etcd::start(test);
-    let (dir_a, dir_b) = (
-        TempDir::new("fleet", test),
-        TempDir::new("fleet", &format!("{test}-b")),
-    );
-    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
-    // a's replies go through a relay that can hold them.
+    let fleet = Fleet::start(test);
+    let Fleet {
+        etcd,
+        dir_a,
+        dir_b,
+        a,
+        c,
+        ..
+    } = fleet;
+    // a's replies go through a relay that can hold them: its record now
+    // names the relay (before any sidecar starts).
     let slow = Link::start(a.port);
     etcd.put(
         &key_of("a"),
         &format!(r#"{{"addr":"127.0.0.1:{}","state":"ACTIVE"}}"#, slow.port),
     );
-    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
     let link = Link::start(etcd.client_port);
     // The drain's bound (request_timeout, capped at 5 s) is far off.
     let settings = "request_timeout_ms = 5000";
@@ -722,14 +769,15 @@ fn a_second_change_while_one_is_staged(
     test: &str,
     first_misses_the_second: bool,
 ) -> (u64, u64, u64, u64) {
-    let etcd = Etcd::start(test);
-    let (dir_a, dir_b) = (
-        TempDir::new("fleet", test),
-        TempDir::new("fleet", &format!("{test}-b")),
-    );
-    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
-    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
-    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let fleet = Fleet::start(test);
+    let Fleet {
+        etcd,
+        dir_a,
+        dir_b,
+        b,
+        c,
+        ..
+    } = fleet;
     let (link_first, link) = (Link::start(etcd.client_port), Link::start(etcd.client_port));
     let first = Proxy::start_text(&etcd_config(&link_first.endpoint(), &dir_a, ""));
     let held = Proxy::start_text(&etcd_config(&link.endpoint(), &dir_b, ""));

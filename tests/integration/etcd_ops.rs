@@ -17,6 +17,7 @@ use crate::common::link::{Link, Traffic};
 use crate::common::pki::Pki;
 use crate::common::{free_port, wait_for, Client, Daemon, Memcached, Proxy, TempDir};
 use crate::etcd_fleet::{reads_from, registered_under, stat};
+use memring::protocol::ReplyKind;
 
 const BIN: &str = env!("CARGO_BIN_EXE_memring");
 const PREFIX: &str = "/memring/ops/";
@@ -519,6 +520,25 @@ fn cut_off_past_the_lease(test: &str, mode: &str) -> CutOffRun {
         }
     }
     eprintln!("{test}: {run:?}");
+    if mode == "miss" {
+        // An `mg` misses as memcached answers a miss of it (`O` and `k`
+        // echoed in order, a base64 key as sent with `b`; nothing when
+        // quiet); every other meta command is refused.
+        let mut line = |request: &str| {
+            String::from_utf8(two.call(request.as_bytes(), ReplyKind::Line)).unwrap()
+        };
+        assert_eq!(line("mg cut:0 v k Oabc\r\n"), "EN kcut:0 Oabc\r\n");
+        assert_eq!(line("mg cut:0 Oabc s v\r\n"), "EN Oabc\r\n");
+        assert_eq!(line("mg Y3V0OjA= b k v\r\n"), "EN kY3V0OjA= b\r\n");
+        assert_eq!(line("mg cut:0 v q Oabc\r\nmn\r\n"), "MN\r\n");
+        for refused in ["ms cut:0 1\r\n2\r\n", "md cut:0\r\n", "mg cut:0 N30 v\r\n"] {
+            let reply = line(refused);
+            assert!(
+                reply.starts_with("SERVER_ERROR memring is cut off from etcd"),
+                "{refused:?}: {reply:?}"
+            );
+        }
+    }
 
     link.cut(false);
     wait_for("the cut-off sidecar is back on a, b and c", || {
@@ -557,6 +577,75 @@ fn a_sidecar_cut_off_past_its_lease_with_serve_serves_and_a_read_elsewhere_can_b
         run.stale > 0,
         "the scenario does not show the limit: {run:?}"
     );
+}
+
+#[test]
+fn a_hot_key_near_cached_before_a_cut_off_is_answered_neither_during_nor_after_it() {
+    // Cut off with "miss", a sidecar reads nothing it holds: that includes
+    // a hot key's near-cached value (hot_key_cache_ms far longer than the
+    // cut), which the servers may no longer hold once it serves again.
+    let test = "cut-off-near-cache";
+    let etcd = Etcd::start(test);
+    let dir = TempDir::new("etcd-ops", test);
+    let (a, b) = (Memcached::start(), Memcached::start());
+    etcd.put(&key_of("a"), &record(&a, "ACTIVE"));
+    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
+    let link = Link::start(etcd.client_port);
+    let config = etcd_config(&link.endpoint(), &dir, "etcd_cut_off = \"miss\"\n").replacen(
+        '\n',
+        "\nhot_key_window_ms = 200\nhot_key_cache_ms = 60000\n",
+        1,
+    );
+    let cut = Proxy::start_text(&config);
+    wait_for("registered", || registered(&etcd) == 1);
+    let mut client = cut.client();
+    assert_eq!(client.set("hot", b"before"), b"STORED\r\n");
+    wait_for("the hot key answered from the near cache", || {
+        for _ in 0..50 {
+            assert_eq!(client.get("hot").as_deref(), Some(&b"before"[..]));
+        }
+        stat(&cut, "near_cache_hits") > 0
+    });
+
+    link.cut(true);
+    let mut reads = 0;
+    // Read on while the lease runs out (10 s; DEADLINE is 20 s).
+    wait_for("the sidecar says it is cut off", || {
+        reads += 1;
+        client.get("hot");
+        stat(&cut, "fleet_cut_off") == 1
+    });
+    // Meanwhile the key changes where the sidecar cannot see it (as a
+    // write through another sidecar would).
+    for server in [&a, &b] {
+        assert_eq!(server.client().set("hot", b"after"), b"STORED\r\n");
+    }
+    let hits_in_cut = stat(&cut, "near_cache_hits");
+    for _ in 0..200 {
+        assert_eq!(client.get("hot"), None, "cut off: every key misses");
+    }
+    assert_eq!(stat(&cut, "near_cache_hits"), hits_in_cut);
+
+    link.cut(false);
+    wait_for("registered again and caught up", || {
+        stat(&cut, "fleet_cut_off") == 0
+    });
+    // Reads until the key is hot and near-cached again: each one is the
+    // value the servers hold now.
+    let hits_before = stat(&cut, "near_cache_hits");
+    let mut after = 0;
+    wait_for("the key near-cached again", || {
+        for _ in 0..50 {
+            after += 1;
+            assert_eq!(
+                client.get("hot").as_deref(),
+                Some(&b"after"[..]),
+                "read {after} after the cut"
+            );
+        }
+        stat(&cut, "near_cache_hits") > hits_before
+    });
+    eprintln!("{test}: {reads} polls during the lease, {after} reads after the cut");
 }
 
 #[test]
