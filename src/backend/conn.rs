@@ -630,6 +630,10 @@ fn room_step(buf: &BytesMut, largest: usize) -> RoomStep {
             Some(total) if total > buf.capacity() && total > read_room(largest) => {
                 RoomStep::Whole(total)
             }
+            // The value cannot finish in this allocation, so what is held
+            // of it moves: now, while that is least, rather than once the
+            // reads have filled the room left.
+            Some(total) if total > buf.capacity() => RoomStep::MakeRoom,
             _ if low => RoomStep::MakeRoom,
             _ => RoomStep::Keep,
         },
@@ -950,6 +954,9 @@ mod tests {
         assert_eq!(room_step(&with(20_000, head), value), RoomStep::Keep);
         // Little room left whatever is held.
         assert_eq!(room_step(&with(4_000, head), value), RoomStep::MakeRoom);
+        // Room left, but not for the rest of this value: it moves now,
+        // while only its header is held.
+        assert_eq!(room_step(&with(16_000, head), value), RoomStep::MakeRoom);
         // A value larger than the room a buffer takes gets its own.
         let big = b"VALUE k 0 900000\r\n";
         assert_eq!(
