@@ -23,8 +23,9 @@ use std::ops::{Deref, DerefMut};
 
 use bytes::BytesMut;
 
-/// A spare larger than this is let go rather than kept: a connection that
-/// once read a large value does not hold two buffers of its size for good.
+/// A spare larger than this is let go rather than kept: a client that once
+/// sent a large value does not hold two buffers of its size for good. A
+/// buffer may be given a larger bound ([`RecycledBuf::keeping_spares_up_to`]).
 const MAX_SPARE_BYTES: usize = 64 * 1024;
 
 /// The most a buffer grows to because its spare was still held when it ran
@@ -142,6 +143,8 @@ pub(crate) struct RecycledBuf {
     /// Empty; shares an earlier allocation with the pieces still in flight.
     spare: BytesMut,
     spare_size: usize,
+    /// The largest spare kept (see [`MAX_SPARE_BYTES`]).
+    max_spare: usize,
     /// `bytes` has no allocation of its own: never used, or parked.
     unallocated: bool,
 }
@@ -166,8 +169,19 @@ impl RecycledBuf {
             size,
             spare: BytesMut::new(),
             spare_size: 0,
+            max_spare: MAX_SPARE_BYTES,
             unallocated: false,
         }
+    }
+
+    /// Keeps a spare of up to `bytes` rather than [`MAX_SPARE_BYTES`]: for
+    /// the few buffers whose every allocation is larger (a server
+    /// connection's, reading large values), which would otherwise let each
+    /// one go and make a fresh one, in pages the kernel must fault in
+    /// again once the allocator gives them back.
+    pub(crate) fn keeping_spares_up_to(mut self, bytes: usize) -> Self {
+        self.max_spare = bytes;
+        self
     }
 
     /// Makes room for at least `room` more bytes after the ones held, as
@@ -215,7 +229,7 @@ impl RecycledBuf {
         // The bytes held were copied over: the spare keeps only what its
         // split-off pieces hold.
         self.spare.clear();
-        if self.spare_size > MAX_SPARE_BYTES {
+        if self.spare_size > self.max_spare {
             self.spare = BytesMut::new();
             self.spare_size = 0;
         }
@@ -415,5 +429,23 @@ mod tests {
         buf.make_room(MAX_SPARE_BYTES + 1);
         assert_eq!(buf.spare_size, 0);
         drop(held);
+    }
+
+    #[test]
+    fn a_buffer_may_keep_a_larger_spare() {
+        let mut buf = RecycledBuf::with_capacity(MAX_SPARE_BYTES + 1)
+            .keeping_spares_up_to(4 * MAX_SPARE_BYTES);
+        let first = spare_room_at(&mut buf);
+        buf.extend_from_slice(b"x");
+        let held = buf.split_to(1).freeze();
+        buf.make_room(MAX_SPARE_BYTES + 1);
+        assert_eq!(buf.spare_size, MAX_SPARE_BYTES + 1);
+        // Once its piece is dropped, the spare takes the bytes back.
+        drop(held);
+        buf.extend_from_slice(&vec![b'y'; MAX_SPARE_BYTES]);
+        let held_second = buf.split_to(MAX_SPARE_BYTES).freeze();
+        buf.make_room(MAX_SPARE_BYTES + 1);
+        assert_eq!(spare_room_at(&mut buf), first);
+        drop(held_second);
     }
 }
