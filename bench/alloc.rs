@@ -2,7 +2,8 @@
 //!
 //! Starts four real memcached on free loopback ports and memring in this
 //! process with its defaults (`listen` and one `[[servers]]`; four for the
-//! last row, whose keys spread over them), pipelines each
+//! last rows, whose keys spread over them, the very last with `replicas =
+//! 2`, so that an `mg` reads over its replicas), pipelines each
 //! kind of request from a blocking client whose buffers are made before the
 //! count starts, and divides the allocations made meanwhile (memring's
 //! workers, its control plane and the client together; the client makes none)
@@ -157,9 +158,10 @@ fn measure(client: &mut TcpStream, batch: &[u8], end: &[u8], reply_buf: &mut Vec
 fn start_proxy(
     runtime: &tokio::runtime::Runtime,
     servers: &[Memcached],
+    settings: &str,
     shutdown: &tokio_util::sync::CancellationToken,
 ) -> TcpStream {
-    let mut text = String::from("listen = \"127.0.0.1:0\"\n");
+    let mut text = format!("listen = \"127.0.0.1:0\"\n{settings}");
     for server in servers {
         text.push_str(&format!("[[servers]]\naddr = \"127.0.0.1:{}\"\n", server.1));
     }
@@ -193,7 +195,7 @@ fn main() {
         .expect("runtime");
     let servers: Vec<Memcached> = (0..4).map(|_| start_memcached()).collect();
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let mut client = start_proxy(&runtime, &servers[..1], &shutdown);
+    let mut client = start_proxy(&runtime, &servers[..1], "", &shutdown);
     let mut reply_buf = Vec::with_capacity(1 << 20);
 
     // Each batch ends with a request whose reply marks its end: `version`
@@ -239,11 +241,17 @@ fn main() {
     }
     drop(client);
     // The ten keys spread over four servers: one sub-request per server.
-    let mut spread = start_proxy(&runtime, &servers, &shutdown);
+    let mut spread = start_proxy(&runtime, &servers, "", &shutdown);
     let batch = classic(b"get k0 k1 k2 k3 k4 k5 k6 k7 k8 k9\r\n");
     let per_request = measure(&mut spread, &batch, version_end, &mut reply_buf);
     println!("| 10-key `get`, 4 servers | {per_request:.3} |");
     drop(spread);
+    // An `mg` read over its replicas, one at a time (it hits the first).
+    let mut replicated = start_proxy(&runtime, &servers, "replicas = 2\n", &shutdown);
+    let batch = meta(b"mg k1 v\r\n");
+    let per_request = measure(&mut replicated, &batch, b"MN\r\n", &mut reply_buf);
+    println!("| `mg k v` (hit), `replicas = 2`, 4 servers | {per_request:.3} |");
+    drop(replicated);
     shutdown.cancel();
     drop(runtime);
 }

@@ -147,6 +147,37 @@ impl MetaRead {
         }
     }
 
+    /// A read of no server, holding no bytes (see `steps::ReadSteps::idle`).
+    pub(crate) fn idle() -> MetaRead {
+        MetaRead {
+            servers: Servers::new(),
+            round: 0,
+            on_miss: false,
+            copy_from: NEVER,
+            fetch: Outbound::new(),
+            added: AddedFlags::FETCH,
+            key: (Bytes::new(), false),
+            handoff: false,
+            first_local: None,
+            all_at_once: false,
+            fanned: None,
+            plain: None,
+            answered: false,
+            copy: None,
+            tally: ReadTally::default(),
+        }
+    }
+
+    /// The server the request log names: the one asked last one at a time,
+    /// the first when the others were asked at once.
+    pub(crate) fn logged_server(&self) -> usize {
+        let at = match self.fanned {
+            Some(_) => 0,
+            None => self.round as usize,
+        };
+        self.servers.get(at).copied().unwrap_or(0)
+    }
+
     /// The server asked first, with the client's own request.
     pub(crate) fn first(&self) -> usize {
         self.servers[0]
@@ -329,7 +360,7 @@ impl MetaRead {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::protocol::outcome::{Outcome, Reply};
 
@@ -342,7 +373,7 @@ mod tests {
         read_of(b"mg key v k\r\n", servers, on_miss, copy_from)
     }
 
-    fn read_of(
+    pub(crate) fn read_of(
         line: &'static [u8],
         servers: &[usize],
         on_miss: bool,
@@ -514,7 +545,7 @@ mod tests {
     }
 
     /// As `read`, with the other zones asked at once.
-    fn fanned(line: &'static [u8], servers: &[usize]) -> MetaRead {
+    pub(crate) fn fanned(line: &'static [u8], servers: &[usize]) -> MetaRead {
         let mut read = read_of(line, servers, true, Some(1));
         read.all_at_once = true;
         read

@@ -2,7 +2,11 @@
 //! them all with one loop: a machine says what to send next (each message
 //! to its server, with its framing, whether its reply comes back and
 //! whether it carries the client's write), takes the replies of what it
-//! sent all at once, and ends with the client's answer.
+//! sent all at once, and ends with the client's answer. A machine that
+//! reads over several servers ([`ReadSteps`]) takes each reply as it comes
+//! instead, in any order ([`Machine::one_by_one`]), may ask several servers
+//! at once beyond those first reserved for ([`Message::grows`]), and may
+//! answer before every server asked has: the later replies are dropped.
 //!
 //! Every machine here wraps a pure one of its own module (its logic and
 //! tests stay there) with the bytes its messages need, so the session
@@ -17,6 +21,7 @@ use smallvec::SmallVec;
 
 use crate::plan::handoff::{probe_line, Moved, Owner, ReadCopy, Step, Tally};
 use crate::plan::lease_retry::{probe_expect, LeaseRetry, LeaseStep};
+use crate::plan::meta_read::{MetaRead, ReadStep, ReadTally};
 use crate::plan::replicated_add::{AddAnswer, AddStep, ReplicatedAdd};
 use crate::plan::replicated_cas::{CasStep, ReplicatedCas};
 use crate::plan::route::CallResult;
@@ -37,6 +42,10 @@ pub(crate) struct Message {
     /// It writes the client's value (or decides whether it is written):
     /// the request's hot-key guard watches it.
     pub(crate) watched: bool,
+    /// It asks a server beside those the work's first step reserved reply
+    /// bytes for (an `mg` asking every other zone at once): the
+    /// reservation grows by one reply.
+    pub(crate) grows: bool,
 }
 
 /// What one step sends, in order (two to one server go on its connection
@@ -73,6 +82,9 @@ pub(crate) enum Machine {
     Lease(LeaseSteps),
     /// A command on a moved key (see [`MovedSteps`]).
     Moved(MovedSteps),
+    /// An `mg` over replicas, zones or a window's previous owners (see
+    /// [`ReadSteps`]).
+    Read(ReadSteps),
 }
 
 impl Machine {
@@ -89,6 +101,27 @@ impl Machine {
                 let step = moved.machine.start();
                 moved.step(step)
             }
+            Machine::Read(read) => read.start(),
+        }
+    }
+
+    /// Whether the machine takes each awaited reply as it comes, in any
+    /// order, through [`Machine::on_reply_from`] (else a step's replies
+    /// all at once, through [`Machine::on_replies`]). Its `Next::Send`
+    /// then adds to the replies still awaited (none: wait for the next),
+    /// and its answer may come while some are: they are not waited for.
+    pub(crate) fn one_by_one(&self) -> bool {
+        matches!(self, Machine::Read(_))
+    }
+
+    /// One reply of `server`, for a machine that takes them
+    /// [`one_by_one`](Machine::one_by_one); `now`: the Unix time (a copy's
+    /// TTL).
+    pub(crate) fn on_reply_from(&mut self, server: usize, reply: CallResult, now: u64) -> Next {
+        match self {
+            Machine::Read(read) => read.on_reply_from(server, reply, now),
+            // The others take a step's replies together.
+            _ => self.on_replies(&[(server, &reply)], None, now),
         }
     }
 
@@ -116,6 +149,10 @@ impl Machine {
                 let step = add.machine.on_replies(replies);
                 add.step(step)
             }
+            Machine::Read(read) => match replies.first() {
+                Some(&(server, result)) => read.on_reply_from(server, result.clone(), now),
+                None => Next::Send(Messages::new()),
+            },
             Machine::Lease(retry) => match replies.first() {
                 Some(&(_, result)) => {
                     let step = retry.retry.on_reply(result.clone(), lease);
@@ -138,7 +175,7 @@ impl Machine {
         match self {
             Machine::Cas(cas) => !cas.machine.deciding(),
             // Every step changes what a later request of the client sees.
-            Machine::Add(_) | Machine::Lease(_) | Machine::Moved(_) => false,
+            Machine::Add(_) | Machine::Lease(_) | Machine::Moved(_) | Machine::Read(_) => false,
         }
     }
 
@@ -149,6 +186,16 @@ impl Machine {
             Machine::Add(add) => add.first,
             Machine::Lease(retry) => retry.server,
             Machine::Moved(moved) => moved.owner,
+            Machine::Read(read) => read.read.logged_server(),
+        }
+    }
+
+    /// What a read over several servers counted (read-throughs, zone
+    /// hits), once it has answered.
+    pub(crate) fn read_tally(&self) -> Option<ReadTally> {
+        match self {
+            Machine::Read(read) if read.read.answered() => Some(read.read.tally()),
+            _ => None,
         }
     }
 
@@ -164,8 +211,10 @@ impl Machine {
     /// A read-through's copy of the value for the new owner, once the
     /// machine has answered (taken once).
     pub(crate) fn take_read_copy(&mut self) -> Option<ReadCopy> {
-        let Machine::Moved(moved) = self else {
-            return None;
+        let moved = match self {
+            Machine::Moved(moved) => moved,
+            Machine::Read(read) => return read.read.take_copy(),
+            _ => return None,
         };
         let wire = moved.machine.take_read_copy()?;
         let (key, base64) = moved.machine.key_token();
@@ -229,6 +278,7 @@ impl CasSteps {
             expect,
             awaited: true,
             watched: true,
+            grows: false,
         }])
     }
 
@@ -253,6 +303,7 @@ impl CasSteps {
                     // goes to other replicas, where no hot-key shortcut is
                     // taken.
                     watched: awaited,
+                    grows: false,
                 })
                 .collect()
         };
@@ -267,6 +318,7 @@ impl CasSteps {
                 expect,
                 awaited: true,
                 watched: true,
+                grows: false,
             }]),
             CasStep::Copy { servers, awaited } => Next::Send(copies(servers, awaited)),
             CasStep::Done => self.answer(),
@@ -323,6 +375,7 @@ impl AddSteps {
             expect: Expect::meta(MetaCommand::Set, false),
             awaited: true,
             watched: true,
+            grows: false,
         };
         let take_back = |(server, cas), awaited| Message {
             server,
@@ -330,6 +383,7 @@ impl AddSteps {
             expect: Expect::meta(MetaCommand::Delete, false),
             awaited,
             watched: false,
+            grows: false,
         };
         Next::Send(match step {
             AddStep::Add(servers) => servers.into_iter().map(add).collect(),
@@ -342,6 +396,7 @@ impl AddSteps {
                     expect: probe_expect(),
                     awaited: true,
                     watched: false,
+                    grows: false,
                 })
                 .collect(),
             // The lease goes, then the add, on the same connection.
@@ -414,6 +469,7 @@ impl LeaseSteps {
             expect: self.request.1.clone(),
             awaited: true,
             watched: true,
+            grows: false,
         }
     }
 
@@ -425,6 +481,7 @@ impl LeaseSteps {
             expect,
             awaited,
             watched: false,
+            grows: false,
         }
     }
 
@@ -494,7 +551,79 @@ impl MovedSteps {
                 expect,
                 awaited: true,
                 watched: to == Owner::New || !self.meta,
+                grows: false,
             }]),
+        }
+    }
+}
+
+/// An `mg` read over several servers (see `meta_read`): one at a time, or
+/// after a local miss every other zone's replica at once, each reply taken
+/// as it comes; the first hit answers, and replies after the answer are
+/// dropped.
+#[derive(Debug)]
+pub(crate) struct ReadSteps {
+    read: MetaRead,
+    /// The client's request as a server gets it, and its framing (a server
+    /// the read copies from gets `MetaRead::fetch_wire` instead).
+    request: (Outbound, Expect),
+}
+
+impl ReadSteps {
+    /// `read`, asking with `request`.
+    pub(crate) fn new(read: MetaRead, request: (Outbound, Expect)) -> ReadSteps {
+        ReadSteps { read, request }
+    }
+
+    /// A read asking nothing and holding no bytes (what a kept work box
+    /// holds until its next request).
+    pub(crate) fn idle() -> ReadSteps {
+        ReadSteps {
+            read: MetaRead::idle(),
+            request: (Outbound::new(), Expect::meta(MetaCommand::Get, false)),
+        }
+    }
+
+    /// `server` asked with the client's request, or (`fetch`) with what a
+    /// copy needs too.
+    fn ask(&self, server: usize, fetch: bool, grows: bool) -> Message {
+        let wire = match fetch {
+            true => self.read.fetch_wire().clone(),
+            false => self.request.0.clone(),
+        };
+        Message {
+            server,
+            wire,
+            expect: self.request.1.clone(),
+            awaited: true,
+            // A read: no write to watch.
+            watched: false,
+            grows,
+        }
+    }
+
+    fn start(&self) -> Next {
+        Next::Send(smallvec::smallvec![self.ask(
+            self.read.first(),
+            false,
+            false
+        )])
+    }
+
+    fn on_reply_from(&mut self, server: usize, reply: CallResult, now: u64) -> Next {
+        match self.read.on_reply_from(server, reply, now) {
+            ReadStep::Send { server, fetch } => {
+                Next::Send(smallvec::smallvec![self.ask(server, fetch, false)])
+            }
+            ReadStep::Fan => Next::Send(
+                self.read
+                    .fanned_servers()
+                    .iter()
+                    .map(|&server| self.ask(server, self.read.fetches(server), true))
+                    .collect(),
+            ),
+            ReadStep::Wait => Next::Send(Messages::new()),
+            ReadStep::Answer(result) => Next::Answer(Answer::Reply(result)),
         }
     }
 }
@@ -791,6 +920,105 @@ mod tests {
                 (1, b"md k C9\r\n".to_vec(), false, false),
                 (1, b"mg k T30 v\r\n".to_vec(), true, true)
             ]
+        );
+    }
+
+    fn mg(read: MetaRead) -> Machine {
+        let expect = Expect::meta(MetaCommand::Get, false);
+        Machine::Read(ReadSteps::new(read, (wire(b"mg key v k\r\n"), expect)))
+    }
+
+    fn failed() -> CallResult {
+        Err(crate::error::BackendError {
+            server: "s".into(),
+            kind: crate::error::BackendErrorKind::Timeout,
+        })
+    }
+
+    fn answered(next: Next) -> Vec<u8> {
+        match next {
+            Next::Answer(Answer::Reply(Ok(reply))) => reply.bytes.to_vec(),
+            other => panic!("no answer: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_mg_over_replicas_asks_one_at_a_time_each_reply_as_it_comes() {
+        use crate::plan::meta_read::tests::read_of;
+        let mut read = mg(read_of(b"mg key v k\r\n", &[4, 1, 2], true, None));
+        assert!(read.one_by_one() && !read.settled());
+        let line = b"mg key v k\r\n".to_vec();
+        assert_eq!(sent(read.start()), [(4, line.clone(), true, false)]);
+        // A miss, then a failure: each hands the read to the next server.
+        assert_eq!(
+            sent(read.on_reply_from(4, ok(b"EN\r\n"), 0)),
+            [(1, line.clone(), true, false)]
+        );
+        assert_eq!(
+            sent(read.on_reply_from(1, failed(), 0)),
+            [(2, line, true, false)]
+        );
+        assert_eq!(read.read_tally(), None, "counted once answered");
+        let hit = b"VA 1 kkey\r\nx\r\n";
+        assert_eq!(answered(read.on_reply_from(2, ok(hit), 0)), hit);
+        // The request log names the server that answered.
+        assert_eq!(read.first_server(), 2);
+        let tally = read.read_tally().expect("answered");
+        assert_eq!(tally.zone_hits, (0, 1));
+        assert_eq!(
+            tally.served.map(|hit| (hit.server, hit.local)),
+            Some((2, false))
+        );
+        assert!(read.take_read_copy().is_none());
+    }
+
+    #[test]
+    fn an_mg_asks_every_other_zone_at_once_and_drops_the_reply_after_the_answer() {
+        use crate::plan::meta_read::tests::fanned;
+        let mut read = mg(fanned(b"mg key v k\r\n", &[4, 1, 2]));
+        let first = sent(read.start());
+        assert_eq!(first, [(4, b"mg key v k\r\n".to_vec(), true, false)]);
+        // The local miss: both other zones at once, with what a copy
+        // needs, each growing the entry's reservation by a reply.
+        let Next::Send(fan) = read.on_reply_from(4, ok(b"EN\r\n"), 0) else {
+            panic!("no fan-out");
+        };
+        let asked: Vec<_> = fan
+            .iter()
+            .map(|m| (m.server, m.wire.concat(), m.grows))
+            .collect();
+        let fetch = b"mg key v k f t\r\n".to_vec();
+        assert_eq!(asked, [(1, fetch.clone(), true), (2, fetch, true)]);
+        // The third zone answers first: its hit answers, as asked.
+        let hit = ok(b"VA 1 kkey f5 t-1\r\nx\r\n");
+        assert_eq!(
+            answered(read.on_reply_from(2, hit.clone(), 0)),
+            b"VA 1 kkey\r\nx\r\n"
+        );
+        let copy = read.take_read_copy().expect("copied to the local replica");
+        assert_eq!((copy.owner, copy.source), (4, 2));
+        let tally = read.read_tally().expect("answered");
+        assert_eq!((tally.zone_hits, tally.written_back), ((0, 1), 1));
+        // The slower zone's reply, after the answer: nothing sent, nothing
+        // copied or counted again.
+        assert_eq!(sent(read.on_reply_from(1, hit, 0)), []);
+        assert!(read.take_read_copy().is_none());
+        assert_eq!(read.read_tally(), Some(tally));
+        assert_eq!(read.first_server(), 4);
+    }
+
+    #[test]
+    fn an_mg_hit_on_the_local_replica_counts_a_local_zone_hit() {
+        use crate::plan::meta_read::tests::read_of;
+        let mut read = mg(read_of(b"mg key v k\r\n", &[4, 1], true, Some(1)));
+        read.start();
+        let hit = b"VA 1 kkey\r\nx\r\n";
+        assert_eq!(answered(read.on_reply_from(4, ok(hit), 0)), hit);
+        let tally = read.read_tally().expect("answered");
+        assert_eq!((tally.zone_hits, tally.written_back), ((1, 0), 0));
+        assert_eq!(
+            tally.served.map(|hit| (hit.server, hit.local)),
+            Some((4, true))
         );
     }
 }

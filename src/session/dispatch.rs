@@ -3,7 +3,6 @@
 //! loop in `session/mod.rs`.
 
 use super::*;
-use crate::plan::meta_read::{MetaRead, ReadStep};
 use crate::plan::steps::{Answer, Next};
 use crate::pools::planned::UntilAnswered;
 use crate::protocol::outcome::Outcome;
@@ -152,25 +151,50 @@ impl ClientSession {
             }
             *e.sent = true;
             let next = steps.machine.start();
-            self.send_next(topology, steps, next, e.hot);
+            self.send_next(topology, steps, next, e.hot, e.reserved);
         }
         // One step at a time; later requests of the client wait (until the
         // machine settled), so they see the key as the steps left it.
-        self.steps(topology, steps, e.hot) || steps.machine.settled()
+        self.steps(topology, steps, e.hot, e.reserved) || steps.machine.settled()
     }
 
     /// Feeds a machine the replies of its step under way once they are all
-    /// in, and sends what it says next, until a reply is awaited or the
-    /// answer is known. True once it is.
+    /// in (or, for a machine that takes them one by one, each as it comes),
+    /// and sends what it says next, until a reply is awaited or the answer
+    /// is known. True once it is: replies still awaited then are dropped.
+    /// `reserved`: the entry's reservation, grown for each server asked
+    /// beyond the first step's.
     pub(super) fn steps(
         &self,
         topology: &Arc<Topology>,
         steps: &mut StepsWork,
         hot: Option<&Rc<WriteGuard>>,
+        reserved: &mut Reservation,
     ) -> bool {
         while steps.answer.is_none() {
             let StepsWork { machine, parts, .. } = &mut *steps;
             parts.iter_mut().for_each(Part::absorb);
+            if machine.one_by_one() {
+                // The first reply in: its part is done with.
+                let Some(at) = parts.iter().position(|p| p.result.is_some()) else {
+                    return false;
+                };
+                let Part {
+                    server,
+                    slot,
+                    result,
+                } = parts.remove(at);
+                if let Some(slot) = slot {
+                    spares::keep_slot(slot);
+                }
+                let Some(result) = result else {
+                    return false;
+                };
+                let now = self.worker.clock.unix_seconds();
+                let next = machine.on_reply_from(server, result, now);
+                self.send_next(topology, steps, next, hot, reserved);
+                continue;
+            }
             if parts.iter().any(|p| p.result.is_none()) {
                 return false;
             }
@@ -183,20 +207,23 @@ impl ClientSession {
                 let now = self.worker.clock.unix_seconds();
                 machine.on_replies(&replies, lease, now)
             };
-            self.send_next(topology, steps, next, hot);
+            self.send_next(topology, steps, next, hot, reserved);
         }
         true
     }
 
     /// Sends a machine's next step (its awaited messages become the work's
     /// parts), or keeps its answer. The request's hot-key guard (`hot`)
-    /// watches what the machine says carries the client's write.
+    /// watches what the machine says carries the client's write; the
+    /// entry's reservation (`reserved`) grows by a reply for each message
+    /// that says so.
     fn send_next(
         &self,
         topology: &Arc<Topology>,
         steps: &mut StepsWork,
         next: Next,
         hot: Option<&Rc<WriteGuard>>,
+        reserved: &mut Reservation,
     ) {
         let tally = steps.machine.take_tally();
         let stats = &self.worker.stats;
@@ -216,14 +243,36 @@ impl ClientSession {
                 if let Some(copy) = steps.machine.take_read_copy() {
                     copy_check::send(&self.worker, topology, self.lane, copy, &self.copies);
                 }
+                // An `mg` read's counts (read-throughs, zone hits).
+                if let Some(tally) = steps.machine.read_tally() {
+                    stats.read_through(tally.read_through.0, tally.read_through.1);
+                    stats.zone_reads(tally.zone_hits, tally.written_back);
+                    if let Some(hit) = tally.served {
+                        topology.count_zone_hits(stats, &[hit]);
+                    }
+                }
                 return;
             }
             Next::Send(messages) => messages,
         };
-        for part in steps.parts.drain(..) {
-            if let Some(slot) = part.slot {
-                spares::keep_slot(slot);
+        // A step's replies are all taken; one taken as it came left its
+        // part already, and the others are still awaited.
+        if !steps.machine.one_by_one() {
+            for part in steps.parts.drain(..) {
+                if let Some(slot) = part.slot {
+                    spares::keep_slot(slot);
+                }
             }
+        }
+        // What each server asked beyond the first step's may bring back.
+        let grown = messages.iter().filter(|m| m.grows).count();
+        if grown > 0 {
+            let value = match steps.meta.as_ref().is_some_and(|m| m.value) {
+                true => self.estimate.max(MIN_ESTIMATE_BYTES),
+                false => 0,
+            };
+            let more = grown * (LINE_REPLY_BYTES + value);
+            self.budget.resize(reserved, reserved.bytes() + more);
         }
         for message in messages {
             let watch = hot.filter(|_| message.watched);
@@ -246,7 +295,7 @@ impl ClientSession {
         }
     }
 
-    /// A meta request: forwarded, by quorum, or read through replicas.
+    /// A meta request: forwarded, or by quorum.
     fn dispatch_meta(&mut self, e: Sending<'_>, meta: &mut MetaWork) -> bool {
         let topology = e.topology;
         if !*e.sent {
@@ -286,89 +335,6 @@ impl ClientSession {
                 }
             }
             *e.sent = true;
-        }
-        match &mut meta.mode {
-            MetaMode::Forward | MetaMode::Quorum { .. } => true,
-            MetaMode::Read(read) => {
-                // What each server asked at once may bring back.
-                let per_reply = LINE_REPLY_BYTES
-                    + if meta.value {
-                        self.estimate.max(MIN_ESTIMATE_BYTES)
-                    } else {
-                        0
-                    };
-                let (parts, wire, expect) = (&mut meta.parts, &meta.wire, &meta.expect);
-                let owed = (e.reserved, per_reply);
-                self.read_steps(topology, parts, read, wire, expect, owed)
-            }
-        }
-    }
-
-    /// Takes the replies of `parts` into an `mg` read over several servers
-    /// (see `plan::meta_read`) and asks the next server while it says so,
-    /// with the client's request (`wire`) or what a copy needs too, or
-    /// every other server at once (each then one more part); a hit it
-    /// copies goes to the key's first server before any later request of
-    /// the client. True once `parts[0]` holds the client's answer; until
-    /// then later requests wait. Servers asked at once that answer after
-    /// that are not waited for: their parts' replies are dropped. `owed`:
-    /// the entry's reservation, grown by the given bytes per server asked
-    /// at once.
-    fn read_steps(
-        &self,
-        topology: &Arc<Topology>,
-        parts: &mut SmallVec<[Part; 1]>,
-        read: &mut MetaRead,
-        wire: &[Bytes],
-        expect: &Expect,
-        owed: (&mut Reservation, usize),
-    ) -> bool {
-        while !read.answered() {
-            let next = parts.iter_mut().enumerate().find_map(|(at, part)| {
-                part.absorb();
-                let result = part.result.take()?;
-                // Taken once: a reply's slot is not read again.
-                if let Some(slot) = part.slot.take() {
-                    spares::keep_slot(slot);
-                }
-                Some((at, part.server, result))
-            });
-            let Some((at, server, result)) = next else {
-                return false;
-            };
-            let now = self.worker.clock.unix_seconds();
-            match read.on_reply_from(server, result, now) {
-                ReadStep::Send { server, fetch } => {
-                    let wire = if fetch { read.fetch_wire() } else { wire };
-                    parts[at] = self.send_to(topology, server, wire, expect, None);
-                }
-                ReadStep::Fan => {
-                    let (reserved, per_reply) = (&mut *owed.0, owed.1);
-                    let more = per_reply * read.fanned_servers().len();
-                    self.budget.resize(reserved, reserved.bytes() + more);
-                    for &server in read.fanned_servers() {
-                        let wire = if read.fetches(server) {
-                            read.fetch_wire()
-                        } else {
-                            wire
-                        };
-                        parts.push(self.send_to(topology, server, wire, expect, None));
-                    }
-                }
-                ReadStep::Wait => {}
-                ReadStep::Answer(answer) => {
-                    parts[0].result = Some(answer);
-                    if let Some(copy) = read.take_copy() {
-                        copy_check::send(&self.worker, topology, self.lane, copy, &self.copies);
-                    }
-                    let (stats, tally) = (&self.worker.stats, read.tally());
-                    stats.read_through(tally.read_through.0, tally.read_through.1);
-                    stats.zone_reads(tally.zone_hits, tally.written_back);
-                    if let Some(hit) = tally.served {
-                        topology.count_zone_hits(stats, &[hit]);
-                    }
-                }
-            }
         }
         true
     }

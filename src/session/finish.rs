@@ -170,7 +170,8 @@ impl ClientSession {
         if OlderForget::pending(steps.older.as_ref()) {
             return false;
         }
-        if !self.steps(&entry.topology, steps, entry.hot.as_ref()) {
+        let reserved = &mut entry.reserved;
+        if !self.steps(&entry.topology, steps, entry.hot.as_ref(), reserved) {
             return false;
         }
         let Some(answer) = steps.answer.take() else {

@@ -246,7 +246,6 @@ fn route_of(entry: &Entry) -> (Option<&str>, &'static str) {
             let path = match &meta.mode {
                 MetaMode::Forward => "owner",
                 MetaMode::Quorum { .. } => "replicas",
-                MetaMode::Read(_) => "read_through",
             };
             (first(&meta.parts), path)
         }
@@ -255,6 +254,7 @@ fn route_of(entry: &Entry) -> (Option<&str>, &'static str) {
                 Machine::Cas(_) | Machine::Add(_) => "replicas",
                 Machine::Lease(_) => "lease_retry",
                 Machine::Moved(_) => "handoff",
+                Machine::Read(_) => "read_through",
             };
             (name(steps.machine.first_server()), path)
         }

@@ -1,5 +1,5 @@
 //! What finished requests leave for the next ones on their worker: reply
-//! slots, boxed meta work, retrievals' storage and their lists of
+//! slots, boxed meta and steps work, retrievals' storage and their lists of
 //! sub-requests in flight. A request in steady state
 //! then allocates none of them. They are kept per worker thread (every
 //! session of a worker runs on its one thread), because a pipelining client
@@ -13,6 +13,7 @@ use std::cell::RefCell;
 
 use super::*;
 use crate::plan::placement::HealthView;
+use crate::plan::steps::{Machine, ReadSteps};
 
 /// Most slots and meta works a worker keeps: more than its clients usually
 /// have in flight together.
@@ -40,6 +41,9 @@ struct Spares {
     // Boxed, as entries hold them: kept boxes are reused.
     #[allow(clippy::vec_box)]
     metas: Vec<Box<MetaWork>>,
+    /// Steps work (an `mg` over replicas or zones, a hand-off's steps).
+    #[allow(clippy::vec_box)]
+    steps: Vec<Box<StepsWork>>,
     /// Retrievals' storage, for `route::plan`.
     plans: route::Reuse,
     /// Empty lists of sub-requests in flight that outgrew their inline
@@ -93,6 +97,7 @@ pub(crate) fn shed(most: usize) {
         let spares = &mut *spares.borrow_mut();
         spares.slots.truncate(most);
         spares.metas.truncate(most);
+        spares.steps.truncate(most);
         spares.plans.shed(most);
         spares.in_flights.truncate(most);
         spares.keys.truncate(most);
@@ -115,6 +120,17 @@ pub(super) fn slot(wake: &Rc<crate::runtime::wake::Wake>) -> Rc<Slot> {
 /// `work` in a kept box when there is one.
 pub(super) fn meta(work: MetaWork) -> Box<MetaWork> {
     match SPARES.with(|spares| spares.borrow_mut().metas.pop()) {
+        Some(mut kept) => {
+            *kept = work;
+            kept
+        }
+        None => Box::new(work),
+    }
+}
+
+/// `work` in a kept box when there is one.
+pub(super) fn steps(work: StepsWork) -> Box<StepsWork> {
+    match SPARES.with(|spares| spares.borrow_mut().steps.pop()) {
         Some(mut kept) => {
             *kept = work;
             kept
@@ -179,10 +195,21 @@ pub(super) fn keep(work: Work) {
                 keep_older(older.map(|o| *o));
             }
         }
-        Work::Steps(steps) => {
-            let steps = *steps;
-            steps.parts.into_iter().for_each(keep_part);
-            keep_older(steps.older);
+        Work::Steps(mut steps) => {
+            steps.parts.drain(..).for_each(keep_part);
+            keep_older(steps.older.take());
+            // Its machine and bytes go now; the box waits for the next
+            // request.
+            steps.machine = Machine::Read(ReadSteps::idle());
+            steps.key = (Bytes::new(), None);
+            steps.answer = None;
+            steps.meta = None;
+            SPARES.with(|spares| {
+                let kept = &mut spares.borrow_mut().steps;
+                if kept.len() < KEEP {
+                    kept.push(steps);
+                }
+            });
         }
         Work::Meta(mut meta) => {
             meta.parts.drain(..).for_each(keep_part);

@@ -8,7 +8,7 @@ use crate::plan::meta_read::MetaRead;
 use crate::plan::replicated_add::ReplicatedAdd;
 use crate::plan::replicated_cas::ReplicatedCas;
 use crate::plan::route::{Retrieval, Split};
-use crate::plan::steps::{AddSteps, CasSteps, LeaseSteps, Machine, MovedSteps};
+use crate::plan::steps::{AddSteps, CasSteps, LeaseSteps, Machine, MovedSteps, ReadSteps};
 use crate::pools::planned::Planned;
 
 impl ClientSession {
@@ -431,7 +431,8 @@ impl ClientSession {
 }
 
 /// The work a meta request placed on servers becomes: a replicated add, a
-/// moved key's hand-off steps (as for classic, see [`StepsWork`]), or the
+/// moved key's hand-off steps (as for classic, see [`StepsWork`]), an `mg`
+/// read over several servers (steps too), or the
 /// request forwarded as its placement says (see [`MetaMode`]).
 fn meta_work(
     request: &MetaRequest,
@@ -563,7 +564,13 @@ fn meta_work(
             on_miss,
         } => {
             let read = MetaRead::plan(request, bytes, servers, current, on_miss, topology);
-            (parts(&[read.first()]), MetaMode::Read(Box::new(read)))
+            let machine = Machine::Read(ReadSteps::new(read, (wire, expect)));
+            let meta = MetaAnswer {
+                counts_cas: counts_cas(request),
+                value: brings_value(request),
+            };
+            let key = (Bytes::new(), Some(request.base64));
+            return StepsWork::work(machine, None, key, 1, Some(meta));
         }
     };
     let (parts, mode) = mode;

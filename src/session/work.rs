@@ -141,7 +141,7 @@ impl StepsWork {
         lines: usize,
         meta: Option<MetaAnswer>,
     ) -> Work {
-        Work::Steps(Box::new(StepsWork {
+        Work::Steps(super::spares::steps(StepsWork {
             machine,
             older,
             key,
@@ -154,7 +154,7 @@ impl StepsWork {
 }
 
 /// What a meta command answered in steps (a moved key's, a replicated
-/// `ms … C`) adds to its work: how its answer is counted and reserved for.
+/// `ms … C`, an `mg` over replicas or zones) adds to its work: how its answer is counted and reserved for.
 /// The older owners lose the key by `md` (by `delete` for classic), and the
 /// answer is written only when not empty (`q` hid it).
 pub(super) struct MetaAnswer {
@@ -247,8 +247,7 @@ pub(super) struct MetaWork {
     /// What each server is sent: the client's bytes, plus `mn` when quiet.
     pub(super) wire: SmallVec<[Bytes; 3]>,
     pub(super) expect: Expect,
-    /// The servers asked (all replicas for a quorum; the one being read for
-    /// a read-through; the owner otherwise).
+    /// The servers asked (all replicas for a quorum; the owner otherwise).
     pub(super) parts: SmallVec<[Part; 1]>,
     pub(super) mode: MetaMode,
     /// Owners in older rings of chained changes: they get an `md` before
@@ -275,9 +274,6 @@ pub(super) enum MetaMode {
         key: (Bytes, bool),
         forget_last: bool,
     },
-    /// `mg` over replicas, one server at a time (see `plan::meta_read`);
-    /// the part is the server asked now, and holds the answer at the end.
-    Read(Box<crate::plan::meta_read::MetaRead>),
 }
 
 /// How the parts' one-line replies become the client's reply.
