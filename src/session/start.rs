@@ -449,6 +449,10 @@ fn meta_work(
     let adds = request.command == MetaCommand::Set
         && !request.compare_cas
         && request.mode.map(|m| m.to_ascii_uppercase()) == Some(b'E');
+    let meta = MetaAnswer {
+        counts_cas: counts_cas(request),
+        value: brings_value(request),
+    };
     let mut older = None;
     let mode = match placement {
         // `start_meta` answers it first; were it here, the same reply.
@@ -468,20 +472,12 @@ fn meta_work(
             let key = (bytes.slice_ref(request.key_token(bytes)), request.base64);
             let asked = Some((asked_cas, request.quiet));
             let add = AddSteps::new(machine, first, wire, key.clone(), asked);
-            let meta = MetaAnswer {
-                counts_cas: counts_cas(request),
-                value: brings_value(request),
-            };
             let (key, lines) = ((key.0, Some(key.1)), topology.config.replicas);
             return StepsWork::work(Machine::Add(add), None, key, 2 * lines, Some(meta));
         }
         Placement::Owner { server, .. } => match leased(request, bytes, topology) {
             Some(retry) => {
                 let machine = Machine::Lease(LeaseSteps::new(retry, server, (wire, expect)));
-                let meta = MetaAnswer {
-                    counts_cas: counts_cas(request),
-                    value: brings_value(request),
-                };
                 let key = (Bytes::new(), Some(false));
                 return StepsWork::work(machine, None, key, 1, Some(meta));
             }
@@ -531,10 +527,6 @@ fn meta_work(
                 Expect::meta(request.command, false),
             );
             let machine = Machine::Cas(CasSteps::new(machine, owner, (wire, expect), copy));
-            let meta = MetaAnswer {
-                counts_cas: counts_cas(request),
-                value: brings_value(request),
-            };
             let key = (key, Some(request.base64));
             return StepsWork::work(machine, OlderForget::new(older), key, 1, Some(meta));
         }
@@ -551,10 +543,6 @@ fn meta_work(
             }
             let (key, base64) = machine.key_token();
             let machine = Machine::Moved(MovedSteps::new(machine, owner, previous, true));
-            let meta = MetaAnswer {
-                counts_cas: counts_cas(request),
-                value: brings_value(request),
-            };
             let (older, key) = (OlderForget::new(owners), (key, Some(base64)));
             return StepsWork::work(machine, older, key, 1, Some(meta));
         }
@@ -565,10 +553,6 @@ fn meta_work(
         } => {
             let read = MetaRead::plan(request, bytes, servers, current, on_miss, topology);
             let machine = Machine::Read(ReadSteps::new(read, (wire, expect)));
-            let meta = MetaAnswer {
-                counts_cas: counts_cas(request),
-                value: brings_value(request),
-            };
             let key = (Bytes::new(), Some(request.base64));
             return StepsWork::work(machine, None, key, 1, Some(meta));
         }
@@ -580,8 +564,8 @@ fn meta_work(
         (bytes.slice_ref(request.key_token(bytes)), request.base64)
     };
     Work::Meta(spares::meta(MetaWork {
-        counts_cas: counts_cas(request),
-        value: brings_value(request),
+        counts_cas: meta.counts_cas,
+        value: meta.value,
         expect,
         wire,
         parts,

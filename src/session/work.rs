@@ -154,9 +154,11 @@ impl StepsWork {
 }
 
 /// What a meta command answered in steps (a moved key's, a replicated
-/// `ms … C`, an `mg` over replicas or zones) adds to its work: how its answer is counted and reserved for.
-/// The older owners lose the key by `md` (by `delete` for classic), and the
-/// answer is written only when not empty (`q` hid it).
+/// `ms … C`, an `mg` over replicas or zones) adds to its work: how its
+/// answer is counted and reserved for. The older owners lose the key by
+/// `md` (by `delete` for classic), and the answer is written only when not
+/// empty (`q` hid it).
+#[derive(Clone, Copy)]
 pub(super) struct MetaAnswer {
     /// As [`MetaWork::counts_cas`].
     pub(super) counts_cas: bool,
