@@ -130,7 +130,6 @@ impl MetaRead {
         };
         MetaRead {
             servers,
-            round: 0,
             on_miss,
             copy_from: from.map_or(NEVER, |from| from as u8),
             fetch,
@@ -139,11 +138,7 @@ impl MetaRead {
             handoff,
             first_local,
             all_at_once,
-            fanned: None,
-            plain: None,
-            answered: false,
-            copy: None,
-            tally: ReadTally::default(),
+            ..MetaRead::idle()
         }
     }
 
@@ -386,20 +381,13 @@ pub(crate) mod tests {
         let (fetch, added) = meta_fetch_wire(&request, &line);
         MetaRead {
             servers: servers.iter().copied().collect(),
-            round: 0,
             on_miss,
             copy_from: copy_from.unwrap_or(NEVER),
             fetch,
             added,
             key: (Bytes::from_static(b"key"), false),
-            handoff: false,
             first_local: Some(true),
-            all_at_once: false,
-            fanned: None,
-            plain: None,
-            answered: false,
-            copy: None,
-            tally: ReadTally::default(),
+            ..MetaRead::idle()
         }
     }
 

@@ -88,6 +88,80 @@ impl Fleet {
     }
 }
 
+/// Two sidecars over a and b, where a's replies go through a relay that
+/// can hold them (`slow`) and the second sidecar's etcd through one that
+/// can cut it (`link`): for work a request leaves behind on a, which the
+/// drain must count until a answers.
+struct SlowA {
+    first: Proxy,
+    held: Proxy,
+    link: Link,
+    slow: Link,
+    fleet: Fleet,
+}
+
+impl SlowA {
+    fn start(test: &str, settings: &str) -> SlowA {
+        let fleet = Fleet::start(test);
+        // Its record names the relay before any sidecar starts.
+        let slow = Link::start(fleet.a.port);
+        fleet.etcd.put(
+            &key_of("a"),
+            &format!(r#"{{"addr":"127.0.0.1:{}","state":"ACTIVE"}}"#, slow.port),
+        );
+        let link = Link::start(fleet.etcd.client_port);
+        let first = Proxy::start_text(&etcd_config(&fleet.etcd.endpoint(), &fleet.dir_a, settings));
+        let held = Proxy::start_text(&etcd_config(&link.endpoint(), &fleet.dir_b, settings));
+        wait_for("both sidecars registered", || registered(&fleet.etcd) == 2);
+        wait_for("both sidecars on a and b", || {
+            reads_from(&first) == ["a", "b"] && reads_from(&held) == ["a", "b"]
+        });
+        SlowA {
+            first,
+            held,
+            link,
+            slow,
+            fleet,
+        }
+    }
+
+    /// With a's replies to `left` (what was left behind) held: c joins while
+    /// the second sidecar is cut off from etcd; the first must not say it
+    /// staged the change until a answers, then does within the bound, and
+    /// both switch without a forced switch.
+    fn staged_only_once_a_answers(&self, left: &str) {
+        let (first, held, etcd) = (&self.first, &self.held, &self.fleet.etcd);
+        self.link.cut(true);
+        etcd.put(&key_of("c"), &record(&self.fleet.c, "ACTIVE"));
+        wait_for(
+            "the first sidecar stages c, waiting on the held-back one",
+            || stat(first, "fleet_sidecars_waited_on") == 1,
+        );
+        let held_since = Instant::now();
+        while held_since.elapsed() < Duration::from_millis(1_000) {
+            assert_eq!(
+                stat(first, "membership_staged_revision"),
+                0,
+                "said staged while {left} planned before was unanswered"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.slow.hold(false);
+        wait_for("said staged once a answered", || {
+            stat(first, "membership_staged_revision") > 0
+        });
+        assert!(
+            held_since.elapsed() < Duration::from_secs(4),
+            "not by the bound"
+        );
+        self.link.cut(false);
+        wait_for("both sidecars read from a, b, c", || {
+            reads_from(first) == ["a", "b", "c"] && reads_from(held) == ["a", "b", "c"]
+        });
+        assert_eq!(stat(first, "fleet_forced_switches"), 0);
+    }
+}
+
 /// One writer alternating between two sidecars, and one reader on each,
 /// over `keys` keys: each value is a number larger than any written
 /// before, and a read that returns a number smaller than the largest one
@@ -691,72 +765,20 @@ fn a_noreply_write_still_unanswered_holds_the_staged_change_back_until_it_is_ans
     // planned on the ring in force has no client waiting for it, but until
     // its server answered it may still be landing on a key's previous
     // owner, so the sidecar must not say it staged the change yet.
-    let test = "left-behind";
-    let fleet = Fleet::start(test);
-    let Fleet {
-        etcd,
-        dir_a,
-        dir_b,
-        a,
-        c,
-        ..
-    } = fleet;
-    // a's replies go through a relay that can hold them: its record now
-    // names the relay (before any sidecar starts).
-    let slow = Link::start(a.port);
-    etcd.put(
-        &key_of("a"),
-        &format!(r#"{{"addr":"127.0.0.1:{}","state":"ACTIVE"}}"#, slow.port),
-    );
-    let link = Link::start(etcd.client_port);
     // The drain's bound (request_timeout, capped at 5 s) is far off.
-    let settings = "request_timeout_ms = 5000";
-    let first = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir_a, settings));
-    let held = Proxy::start_text(&etcd_config(&link.endpoint(), &dir_b, settings));
-    wait_for("both sidecars registered", || registered(&etcd) == 2);
-    wait_for("both sidecars on a and b", || {
-        reads_from(&first) == ["a", "b"] && reads_from(&held) == ["a", "b"]
-    });
-    slow.hold(true);
-    let mut client = first.client();
+    let run = SlowA::start("left-behind", "request_timeout_ms = 5000");
+    run.slow.hold(true);
+    let mut client = run.first.client();
     let keys: Vec<String> = (0..64).map(|i| format!("behind:{i}")).collect();
     for key in &keys {
         client.send(format!("set {key} 0 0 1 noreply\r\nx\r\n").as_bytes());
     }
     // The writes reach a (only its replies are held).
-    let mut on_a = a.client();
+    let mut on_a = run.fleet.a.client();
     wait_for("a noreply write landed on a, its reply held", || {
         keys.iter().any(|k| on_a.get(k).is_some())
     });
-    link.cut(true);
-    etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
-    wait_for(
-        "the first sidecar stages c, waiting on the held-back one",
-        || stat(&first, "fleet_sidecars_waited_on") == 1,
-    );
-    // As long as a has not answered, the change is not said staged.
-    let held_since = Instant::now();
-    while held_since.elapsed() < Duration::from_millis(1_000) {
-        assert_eq!(
-            stat(&first, "membership_staged_revision"),
-            0,
-            "said staged while a noreply write planned before was unanswered"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    slow.hold(false);
-    wait_for("said staged once a answered", || {
-        stat(&first, "membership_staged_revision") > 0
-    });
-    assert!(
-        held_since.elapsed() < Duration::from_secs(4),
-        "not by the bound"
-    );
-    link.cut(false);
-    wait_for("both sidecars read from a, b, c", || {
-        reads_from(&first) == ["a", "b", "c"] && reads_from(&held) == ["a", "b", "c"]
-    });
-    assert_eq!(stat(&first, "fleet_forced_switches"), 0);
+    run.staged_only_once_a_answers("a noreply write");
 }
 
 /// c joins, then b leaves, while the second sidecar cannot hear of either
@@ -935,30 +957,9 @@ fn a_replicated_cas_copy_still_unanswered_holds_the_staged_change_back_until_it_
     // replicas want no reply, but until a replica answered, its copy may
     // still be landing there, on a ring the fleet is leaving: the drain
     // counts it as it counts a `noreply` write.
-    let test = "copy-behind";
-    let etcd = Etcd::start(test);
-    let (dir_a, dir_b) = (
-        TempDir::new("fleet", test),
-        TempDir::new("fleet", &format!("{test}-b")),
-    );
-    let (a, b, c) = (Memcached::start(), Memcached::start(), Memcached::start());
-    // a's replies go through a relay that can hold them.
-    let slow = Link::start(a.port);
-    etcd.put(
-        &key_of("a"),
-        &format!(r#"{{"addr":"127.0.0.1:{}","state":"ACTIVE"}}"#, slow.port),
-    );
-    etcd.put(&key_of("b"), &record(&b, "ACTIVE"));
-    let link = Link::start(etcd.client_port);
-    let settings = "request_timeout_ms = 5000\nreplicas = 2";
-    let first = Proxy::start_text(&etcd_config(&etcd.endpoint(), &dir_a, settings));
-    let held = Proxy::start_text(&etcd_config(&link.endpoint(), &dir_b, settings));
-    wait_for("both sidecars registered", || registered(&etcd) == 2);
-    wait_for("both sidecars on a and b", || {
-        reads_from(&first) == ["a", "b"] && reads_from(&held) == ["a", "b"]
-    });
+    let run = SlowA::start("copy-behind", "request_timeout_ms = 5000\nreplicas = 2");
     // Keys b owns: the cas goes to b, which answers; the copy to a.
-    let topology = first.running().topology.load_full();
+    let topology = run.first.running().topology.load_full();
     let keys: Vec<String> = (0..200)
         .map(|i| format!("copied:{i}"))
         .filter(|k| {
@@ -968,7 +969,7 @@ fn a_replicated_cas_copy_still_unanswered_holds_the_staged_change_back_until_it_
         .take(16)
         .collect();
     assert_eq!(keys.len(), 16);
-    let mut client = first.client();
+    let mut client = run.first.client();
     let mut unique = Vec::new();
     for key in &keys {
         assert_eq!(client.set(key, b"old"), b"STORED\r\n");
@@ -985,7 +986,7 @@ fn a_replicated_cas_copy_still_unanswered_holds_the_staged_change_back_until_it_
             .unwrap_or_else(|| panic!("gets {key}: {header}"));
         unique.push(cas);
     }
-    slow.hold(true);
+    run.slow.hold(true);
     for (key, cas) in keys.iter().zip(&unique) {
         let request = format!("cas {key} 0 0 3 {cas}\r\nnew\r\n");
         assert_eq!(
@@ -994,40 +995,12 @@ fn a_replicated_cas_copy_still_unanswered_holds_the_staged_change_back_until_it_
         );
     }
     // The copies reach a (only its replies are held).
-    let mut on_a = a.client();
+    let mut on_a = run.fleet.a.client();
     wait_for("the copies landed on a, their replies held", || {
         keys.iter()
             .all(|k| on_a.get(k).as_deref() == Some(&b"new"[..]))
     });
-    link.cut(true);
-    etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
-    wait_for(
-        "the first sidecar stages c, waiting on the held-back one",
-        || stat(&first, "fleet_sidecars_waited_on") == 1,
-    );
-    // As long as a has not answered, the change is not said staged.
-    let held_since = Instant::now();
-    while held_since.elapsed() < Duration::from_millis(1_000) {
-        assert_eq!(
-            stat(&first, "membership_staged_revision"),
-            0,
-            "said staged while a cas copy planned before was unanswered"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    slow.hold(false);
-    wait_for("said staged once a answered", || {
-        stat(&first, "membership_staged_revision") > 0
-    });
-    assert!(
-        held_since.elapsed() < Duration::from_secs(4),
-        "not by the bound"
-    );
-    link.cut(false);
-    wait_for("both sidecars read from a, b, c", || {
-        reads_from(&first) == ["a", "b", "c"] && reads_from(&held) == ["a", "b", "c"]
-    });
-    assert_eq!(stat(&first, "fleet_forced_switches"), 0);
+    run.staged_only_once_a_answers("a cas copy");
 }
 
 #[test]
