@@ -127,7 +127,9 @@ fn keys_plain_prints_the_key() {
 fn slow_requests_to_a_stopped_server_are_logged_and_fast_ones_are_not_meta_ones_included() {
     let mut server = Memcached::start();
     let dir = TempDir::new("request-log", "slow");
-    let (daemon, listen) = start(&dir, &server, "request_timeout_ms = 300", "slow_ms = 50");
+    // A fast request may take tens of milliseconds on a loaded machine (a
+    // set took 73 ms in a CI run at load 16): slow is 200 ms here.
+    let (daemon, listen) = start(&dir, &server, "request_timeout_ms = 800", "slow_ms = 200");
     let mut client = Client::connect(&listen);
     for i in 0..20 {
         assert_eq!(client.set(&format!("fast-{i}"), b"v"), b"STORED\r\n");
@@ -166,7 +168,7 @@ fn slow_requests_to_a_stopped_server_are_logged_and_fast_ones_are_not_meta_ones_
             .and_then(|rest| rest.split_whitespace().next())
             .and_then(|n| n.parse().ok())
             .expect("latency_us");
-        assert!(latency >= 50_000, "{line}");
+        assert!(latency >= 200_000, "{line}");
     }
 }
 
