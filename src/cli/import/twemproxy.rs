@@ -791,6 +791,14 @@ beta:
    - 127.0.0.1:11213:1
 "#;
 
+    /// One of the import's notes of what it did not carry starts with `start`.
+    fn assert_noted(unmapped: &[String], start: &str) {
+        assert!(
+            unmapped.iter().any(|note| note.starts_with(start)),
+            "no note starting {start:?} in {unmapped:?}"
+        );
+    }
+
     #[test]
     fn a_pool_becomes_a_memring_config_that_loads() {
         let (toml, unmapped) = twemproxy(NUTCRACKER, Some("alpha")).unwrap();
@@ -1059,18 +1067,8 @@ beta:
         ] {
             assert!(entry.contains(line), "{line}\n{toml}");
         }
-        assert!(
-            unmapped
-                .iter()
-                .any(|n| n.starts_with("pool `beta`: backlog: 512")),
-            "{unmapped:?}"
-        );
-        assert!(
-            unmapped
-                .iter()
-                .any(|n| n.starts_with("client_connections per pool")),
-            "{unmapped:?}"
-        );
+        assert_noted(&unmapped, "pool `beta`: backlog: 512");
+        assert_noted(&unmapped, "client_connections per pool");
     }
 
     #[test]
@@ -1095,12 +1093,7 @@ beta:
             ),
             "{toml}"
         );
-        assert!(
-            unmapped
-                .iter()
-                .any(|n| n.starts_with("client_connections of alpha 100")),
-            "{unmapped:?}"
-        );
+        assert_noted(&unmapped, "client_connections of alpha 100");
     }
 
     #[test]
