@@ -363,29 +363,31 @@ impl Lines {
                 .push("# redis: false -> memcached is all memring speaks".into()),
             "backlog" => {
                 number(key, value)?;
-                self.lines.push(format!(
-                    "# backlog: {value} has no setting: memring listens with a backlog of {LISTEN_BACKLOG} (the kernel caps it at net.core.somaxconn)"
-                ));
-                self.unmapped.push(format!(
-                    "backlog: {value} (memring listens with a {LISTEN_BACKLOG} backlog)"
-                ));
+                self.not_carried(
+                    format!("# backlog: {value} has no setting: memring listens with a backlog of {LISTEN_BACKLOG} (the kernel caps it at net.core.somaxconn)"),
+                    format!("backlog: {value} (memring listens with a {LISTEN_BACKLOG} backlog)"),
+                );
             }
             "preconnect" => {
                 boolean(key, value)?;
-                self.lines.push(format!(
-                    "# preconnect: {value} has no setting: memring always connects to every server at start and after each change"
-                ));
-                self.unmapped.push(format!(
-                    "preconnect: {value} (memring connects to every server at start)"
-                ));
+                self.not_carried(
+                    format!("# preconnect: {value} has no setting: memring always connects to every server at start and after each change"),
+                    format!("preconnect: {value} (memring connects to every server at start)"),
+                );
             }
-            _ => {
-                self.lines
-                    .push(format!("# {key}: {value} has no memring equivalent"));
-                self.unmapped.push(format!("{key}: {value}"));
-            }
+            _ => self.not_carried(
+                format!("# {key}: {value} has no memring equivalent"),
+                format!("{key}: {value}"),
+            ),
         }
         Ok(())
+    }
+
+    /// A setting with no equivalent: `comment` in the config, and `note` in
+    /// the list of what the import did not carry.
+    fn not_carried(&mut self, comment: String, note: String) {
+        self.lines.push(comment);
+        self.unmapped.push(note);
     }
 
     /// What twemproxy's defaults mean in memring, for settings the pool
