@@ -139,6 +139,15 @@ impl Pool {
             .find(|(key, _)| key == name)
             .map(|(_, value)| value.as_str())
     }
+
+    /// `key`'s number as the pool sets it, or nutcracker's `default`: the
+    /// value, and where it came from (for the comment).
+    fn number_or_default(&self, key: &str, default: u64) -> Result<(u64, String), String> {
+        Ok(match self.setting(key) {
+            Some(value) => (number(key, value)?, key.to_string()),
+            None => (default, format!("nutcracker's default {key}")),
+        })
+    }
 }
 
 /// A setting's value as a number, or what is wrong with it.
@@ -439,26 +448,10 @@ impl Lines {
         if !eject {
             return Ok(());
         }
-        let (limit, limit_from) = match pool.setting("server_failure_limit") {
-            Some(value) => (
-                number("server_failure_limit", value)?,
-                "server_failure_limit",
-            ),
-            None => (
-                TWEMPROXY_FAILURE_LIMIT,
-                "nutcracker's default server_failure_limit",
-            ),
-        };
-        let (retry, retry_from) = match pool.setting("server_retry_timeout") {
-            Some(value) => (
-                number("server_retry_timeout", value)?,
-                "server_retry_timeout",
-            ),
-            None => (
-                DEFAULT_RETRY_TIMEOUT_MS,
-                "nutcracker's default server_retry_timeout",
-            ),
-        };
+        let (limit, limit_from) =
+            pool.number_or_default("server_failure_limit", TWEMPROXY_FAILURE_LIMIT)?;
+        let (retry, retry_from) =
+            pool.number_or_default("server_retry_timeout", DEFAULT_RETRY_TIMEOUT_MS)?;
         if !(1..=1000).contains(&limit) {
             return Err(format!(
                 "server_failure_limit: {limit}; memring counts 1 to 1000 failures"
