@@ -1133,36 +1133,19 @@ mod tests {
 
     #[test]
     fn command_specific_errors_match_memcached() {
-        assert_eq!(rejection(b"incr a abc\r\n").error, ParseError::InvalidDelta);
-        assert_eq!(rejection(b"incr a -1\r\n").error, ParseError::InvalidDelta);
-        assert_eq!(
-            rejection(b"incr a 18446744073709551616\r\n").error,
-            ParseError::InvalidDelta
-        );
-        assert_eq!(
-            rejection(b"touch a abc\r\n").error,
-            ParseError::InvalidExptime
-        );
-        assert_eq!(
-            rejection(b"gat abc a\r\n").error,
-            ParseError::InvalidExptime
-        );
-        assert_eq!(
-            rejection(b"delete a 1\r\n").error,
-            ParseError::BadDeleteLine
-        );
-        assert_eq!(
-            rejection(b"delete a x y\r\n").error,
-            ParseError::BadDeleteLine
-        );
-        assert_eq!(
-            rejection(b"verbosity x\r\n").error,
-            ParseError::BadCommandLine
-        );
-        assert_eq!(
-            rejection(b"flush_all x\r\n").error,
-            ParseError::InvalidExptime
-        );
+        for (input, error) in [
+            (&b"incr a abc\r\n"[..], ParseError::InvalidDelta),
+            (b"incr a -1\r\n", ParseError::InvalidDelta),
+            (b"incr a 18446744073709551616\r\n", ParseError::InvalidDelta),
+            (b"touch a abc\r\n", ParseError::InvalidExptime),
+            (b"gat abc a\r\n", ParseError::InvalidExptime),
+            (b"delete a 1\r\n", ParseError::BadDeleteLine),
+            (b"delete a x y\r\n", ParseError::BadDeleteLine),
+            (b"verbosity x\r\n", ParseError::BadCommandLine),
+            (b"flush_all x\r\n", ParseError::InvalidExptime),
+        ] {
+            assert_eq!(rejection(input).error, error, "{input:?}");
+        }
     }
 
     #[test]

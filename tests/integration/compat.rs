@@ -6,7 +6,6 @@
 //!
 //! Every process is started here on free loopback ports and killed by PID.
 
-use std::io::Write as _;
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
@@ -503,30 +502,7 @@ for line in sys.stdin:
         missing += 1
 print(missing)
 "#;
-    let mut child = Command::new("/usr/bin/python3")
-        .args(["-c", SCRIPT, mode, &servers.join(",")])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 must be installed");
-    {
-        let mut stdin = child.stdin.take().expect("piped stdin");
-        for key in keys {
-            let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
-            writeln!(stdin, "{hex}").expect("write to python");
-        }
-    }
-    let output = child.wait_with_output().expect("python3 runs");
-    assert!(
-        output.status.success(),
-        "pylibmc {mode} failed (install python3-pylibmc; scripts/test does): {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout)
-        .trim()
-        .parse()
-        .expect("a count of missing keys")
+    crate::rings_dropin::run_client("/usr/bin/python3", "-c", SCRIPT, mode, servers, keys)
 }
 
 #[test]

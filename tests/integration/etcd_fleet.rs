@@ -390,9 +390,9 @@ fn a_sidecar_held_back(
     figures
 }
 
-#[test]
-fn a_sidecar_held_back_from_etcd_holds_the_others_back_and_no_read_is_stale() {
-    let (writes, reads, stale, errors) = a_sidecar_held_back("held-back", "", true, Change::Join);
+/// [`a_sidecar_held_back`] with the gating on: no errors, no stale read.
+fn gated_no_read_is_stale(test: &str, change: Change) {
+    let (writes, reads, stale, errors) = a_sidecar_held_back(test, "", true, change);
     assert_eq!(errors, 0);
     assert!(
         writes > 3_000 && reads > 3_000,
@@ -402,6 +402,26 @@ fn a_sidecar_held_back_from_etcd_holds_the_others_back_and_no_read_is_stale() {
         stale, 0,
         "{stale} of {reads} reads older than an acknowledged write"
     );
+}
+
+/// [`a_sidecar_held_back`] with `fleet_switch_ms = 0`, each sidecar
+/// switching as soon as it learns of the change (as before the gating,
+/// and as with the file or DNS): no errors, but stale reads. Returns the
+/// writes.
+fn ungated_reads_are_stale(test: &str, change: Change) -> u64 {
+    let (writes, reads, stale, errors) =
+        a_sidecar_held_back(test, "fleet_switch_ms = 0\n", false, change);
+    assert_eq!(errors, 0);
+    assert!(
+        stale > 0,
+        "0 of {reads} reads stale: the scenario does not show the race"
+    );
+    writes
+}
+
+#[test]
+fn a_sidecar_held_back_from_etcd_holds_the_others_back_and_no_read_is_stale() {
+    gated_no_read_is_stale("held-back", Change::Join);
 }
 
 #[test]
@@ -492,76 +512,28 @@ fn a_deletion_one_sidecar_watched_and_another_read_when_it_started_switches_with
 
 #[test]
 fn without_the_gating_a_held_back_sidecar_makes_reads_stale() {
-    // fleet_switch_ms = 0: each sidecar switches as soon as it learns of
-    // the change, as before the gating (and as with the file or DNS).
-    let (writes, reads, stale, errors) =
-        a_sidecar_held_back("ungated", "fleet_switch_ms = 0\n", false, Change::Join);
-    assert_eq!(errors, 0);
+    let writes = ungated_reads_are_stale("ungated", Change::Join);
     assert!(writes > 3_000, "{writes} writes");
-    assert!(
-        stale > 0,
-        "0 of {reads} reads stale: the scenario does not show the race"
-    );
 }
 
 #[test]
 fn a_sidecar_held_back_while_a_member_leaves_holds_the_others_back_and_no_read_is_stale() {
-    let (writes, reads, stale, errors) =
-        a_sidecar_held_back("held-back-leave", "", true, Change::Leave);
-    assert_eq!(errors, 0);
-    assert!(
-        writes > 3_000 && reads > 3_000,
-        "{writes} writes, {reads} reads"
-    );
-    assert_eq!(
-        stale, 0,
-        "{stale} of {reads} reads older than an acknowledged write"
-    );
+    gated_no_read_is_stale("held-back-leave", Change::Leave);
 }
 
 #[test]
 fn a_sidecar_held_back_while_a_member_is_reweighted_holds_the_others_back_and_no_read_is_stale() {
-    let (writes, reads, stale, errors) =
-        a_sidecar_held_back("held-back-reweight", "", true, Change::Reweight);
-    assert_eq!(errors, 0);
-    assert!(
-        writes > 3_000 && reads > 3_000,
-        "{writes} writes, {reads} reads"
-    );
-    assert_eq!(
-        stale, 0,
-        "{stale} of {reads} reads older than an acknowledged write"
-    );
+    gated_no_read_is_stale("held-back-reweight", Change::Reweight);
 }
 
 #[test]
 fn without_the_gating_a_reweight_makes_reads_through_a_held_back_sidecar_stale() {
-    let (_, reads, stale, errors) = a_sidecar_held_back(
-        "ungated-reweight",
-        "fleet_switch_ms = 0\n",
-        false,
-        Change::Reweight,
-    );
-    assert_eq!(errors, 0);
-    assert!(
-        stale > 0,
-        "0 of {reads} reads stale: the scenario does not show the race"
-    );
+    ungated_reads_are_stale("ungated-reweight", Change::Reweight);
 }
 
 #[test]
 fn without_the_gating_a_member_leaving_makes_reads_through_a_held_back_sidecar_stale() {
-    let (_, reads, stale, errors) = a_sidecar_held_back(
-        "ungated-leave",
-        "fleet_switch_ms = 0\n",
-        false,
-        Change::Leave,
-    );
-    assert_eq!(errors, 0);
-    assert!(
-        stale > 0,
-        "0 of {reads} reads stale: the scenario does not show the race"
-    );
+    ungated_reads_are_stale("ungated-leave", Change::Leave);
 }
 
 #[test]
@@ -781,6 +753,55 @@ fn a_noreply_write_still_unanswered_holds_the_staged_change_back_until_it_is_ans
     run.staged_only_once_a_answers("a noreply write");
 }
 
+/// Two sidecars over a and b, each reaching etcd through a link of its
+/// own, with clients writing and reading through both; c has joined while
+/// the second's link was cut (since `cut`), and the first has staged it at
+/// revision `joined`. The parts drop in this order: the clients stop
+/// before the sidecars and the sidecars before the servers and etcd.
+struct CStagedWhileTheSecondIsCut {
+    check: StaleCheck,
+    first: Proxy,
+    held: Proxy,
+    link_first: Link,
+    link: Link,
+    cut: Instant,
+    joined: i64,
+    fleet: Fleet,
+}
+
+impl CStagedWhileTheSecondIsCut {
+    fn start(fleet: Fleet) -> CStagedWhileTheSecondIsCut {
+        let etcd = &fleet.etcd;
+        let (link_first, link) = (Link::start(etcd.client_port), Link::start(etcd.client_port));
+        let first = Proxy::start_text(&etcd_config(&link_first.endpoint(), &fleet.dir_a, ""));
+        let held = Proxy::start_text(&etcd_config(&link.endpoint(), &fleet.dir_b, ""));
+        wait_for("both sidecars registered", || registered(etcd) == 2);
+        wait_for("both sidecars on a and b", || {
+            reads_from(&first) == ["a", "b"] && reads_from(&held) == ["a", "b"]
+        });
+        let check = StaleCheck::start([&first, &held], 300);
+        check.more_writes("traffic before the changes", 500);
+        link.cut(true);
+        let cut = Instant::now();
+        etcd.put(&key_of("c"), &record(&fleet.c, "ACTIVE"));
+        wait_for("the first sidecar stages c", || {
+            stat(&first, "membership_staged_revision") > 0
+        });
+        let joined = stat(&first, "membership_staged_revision");
+        check.more_writes_within(300, Duration::from_secs(1));
+        CStagedWhileTheSecondIsCut {
+            check,
+            first,
+            held,
+            link_first,
+            link,
+            cut,
+            joined,
+            fleet,
+        }
+    }
+}
+
 /// c joins, then b leaves, while the second sidecar cannot hear of either
 /// (its link to etcd cut); with `first_misses_the_second`, the first's
 /// link is cut too before b leaves and mended after the second's, so the
@@ -791,67 +812,49 @@ fn a_second_change_while_one_is_staged(
     test: &str,
     first_misses_the_second: bool,
 ) -> (u64, u64, u64, u64) {
-    let fleet = Fleet::start(test);
-    let Fleet {
-        etcd,
-        dir_a,
-        dir_b,
-        b,
-        c,
-        ..
-    } = fleet;
-    let (link_first, link) = (Link::start(etcd.client_port), Link::start(etcd.client_port));
-    let first = Proxy::start_text(&etcd_config(&link_first.endpoint(), &dir_a, ""));
-    let held = Proxy::start_text(&etcd_config(&link.endpoint(), &dir_b, ""));
-    wait_for("both sidecars registered", || registered(&etcd) == 2);
-    wait_for("both sidecars on a and b", || {
-        reads_from(&first) == ["a", "b"] && reads_from(&held) == ["a", "b"]
-    });
-    let check = StaleCheck::start([&first, &held], 300);
-    check.more_writes("traffic before the changes", 500);
-    link.cut(true);
-    let cut = Instant::now();
-    etcd.put(&key_of("c"), &record(&c, "ACTIVE"));
-    wait_for("the first sidecar stages c", || {
-        stat(&first, "membership_staged_revision") > 0
-    });
-    let joined = stat(&first, "membership_staged_revision");
-    check.more_writes_within(300, Duration::from_secs(1));
+    let run = CStagedWhileTheSecondIsCut::start(Fleet::start(test));
+    let (first, held, etcd) = (&run.first, &run.held, &run.fleet.etcd);
+    let (check, joined) = (&run.check, run.joined);
     if first_misses_the_second {
-        link_first.cut(true);
+        run.link_first.cut(true);
     }
-    etcd.put(&key_of("b"), &record(&b, "LEAVING"));
+    etcd.put(&key_of("b"), &record(&run.fleet.b, "LEAVING"));
     if first_misses_the_second {
-        link.cut(false);
+        run.link.cut(false);
         wait_for("the second sidecar stages both changes", || {
-            stat(&held, "membership_staged_revision") > joined
+            stat(held, "membership_staged_revision") > joined
         });
         check.more_writes_within(500, Duration::from_secs(1));
-        assert_eq!(reads_from(&held), ["a", "b"], "waits for the first");
-        link_first.cut(false);
+        assert_eq!(reads_from(held), ["a", "b"], "waits for the first");
+        run.link_first.cut(false);
     } else {
         wait_for("the first sidecar stages b's leaving on top", || {
-            stat(&first, "membership_staged_revision") > joined
+            stat(first, "membership_staged_revision") > joined
         });
         check.more_writes_within(1_000, Duration::from_secs(3));
-        assert_eq!(reads_from(&first), ["a", "b"], "still waits");
-        assert_eq!(reads_from(&held), ["a", "b"], "held back: it cannot know");
-        assert_eq!(stat(&first, "fleet_sidecars_waited_on"), 1);
-        link.cut(false);
+        assert_eq!(reads_from(first), ["a", "b"], "still waits");
+        assert_eq!(reads_from(held), ["a", "b"], "held back: it cannot know");
+        assert_eq!(stat(first, "fleet_sidecars_waited_on"), 1);
+        run.link.cut(false);
     }
-    assert!(cut.elapsed() < Duration::from_secs(8), "within the lease");
+    assert!(
+        run.cut.elapsed() < Duration::from_secs(8),
+        "within the lease"
+    );
     wait_for("both sidecars read from a and c", || {
-        reads_from(&first) == ["a", "c"] && reads_from(&held) == ["a", "c"]
+        reads_from(first) == ["a", "c"] && reads_from(held) == ["a", "c"]
     });
     check.more_writes("traffic after the switch", 1_500);
-    let figures = check.finish();
+    let figures = run.check.finish();
     eprintln!("{test}: writes, reads, stale, errors: {figures:?}");
-    for proxy in [&first, &held] {
+    for proxy in [&run.first, &run.held] {
         assert_eq!(stat(proxy, "fleet_forced_switches"), 0);
         assert_eq!(stat(proxy, "membership_staged_revision"), 0);
     }
     assert_eq!(
-        etcd.ctl(&["get", "--print-value-only", &format!("{PREFIX}staged")])
+        run.fleet
+            .etcd
+            .ctl(&["get", "--print-value-only", &format!("{PREFIX}staged")])
             .trim(),
         "",
         "the staged record is gone once switched"
@@ -882,61 +885,41 @@ fn a_sidecar_that_staged_a_later_change_in_place_of_the_first_holds_the_first_ba
     // c while writes through the second reach a, b and d only; the first's
     // link is then cut again for 2 s to show what it reads meanwhile.
     let test = "in-place";
-    let etcd = Etcd::start(test);
-    let (dir_a, dir_b) = (
-        TempDir::new("fleet", test),
-        TempDir::new("fleet", &format!("{test}-b")),
-    );
-    let servers = [(); 4].map(|()| Memcached::start());
-    let [a, b, c, d] = &servers;
-    etcd.put(&key_of("a"), &record(a, "ACTIVE"));
-    etcd.put(&key_of("b"), &record(b, "ACTIVE"));
-    let (link_first, link) = (Link::start(etcd.client_port), Link::start(etcd.client_port));
-    let first = Proxy::start_text(&etcd_config(&link_first.endpoint(), &dir_a, ""));
-    let held = Proxy::start_text(&etcd_config(&link.endpoint(), &dir_b, ""));
-    wait_for("both sidecars registered", || registered(&etcd) == 2);
-    wait_for("both sidecars on a and b", || {
-        reads_from(&first) == ["a", "b"] && reads_from(&held) == ["a", "b"]
-    });
-    let check = StaleCheck::start([&first, &held], 300);
-    check.more_writes("traffic before the changes", 500);
-    link.cut(true);
-    etcd.put(&key_of("c"), &record(c, "ACTIVE"));
-    wait_for("the first sidecar stages c", || {
-        stat(&first, "membership_staged_revision") > 0
-    });
-    let joined = stat(&first, "membership_staged_revision");
-    check.more_writes_within(300, Duration::from_secs(1));
+    let fleet = Fleet::start(test);
+    let d = Memcached::start();
+    let run = CStagedWhileTheSecondIsCut::start(fleet);
+    let (first, held, etcd) = (&run.first, &run.held, &run.fleet.etcd);
+    let (check, link_first) = (&run.check, &run.link_first);
     link_first.cut(true);
-    etcd.put(&key_of("c"), &record(c, "LEAVING"));
-    etcd.put(&key_of("d"), &record(d, "ACTIVE"));
-    link.cut(false);
+    etcd.put(&key_of("c"), &record(&run.fleet.c, "LEAVING"));
+    etcd.put(&key_of("d"), &record(&d, "ACTIVE"));
+    run.link.cut(false);
     wait_for("the second sidecar stages a, b, d", || {
-        stat(&held, "membership_staged_revision") > joined
+        stat(held, "membership_staged_revision") > run.joined
     });
     check.more_writes_within(500, Duration::from_secs(1));
-    assert_eq!(reads_from(&held), ["a", "b"], "waits for the first");
+    assert_eq!(reads_from(held), ["a", "b"], "waits for the first");
     link_first.cut(false);
     let mended = Instant::now();
     let mut read_c = false;
     while mended.elapsed() < Duration::from_secs(15) {
-        if reads_from(&first) == ["a", "b", "c"] {
+        if reads_from(first) == ["a", "b", "c"] {
             read_c = true;
             link_first.cut(true);
             check.more_writes_within(2_000, Duration::from_secs(2));
             link_first.cut(false);
             break;
         }
-        if reads_from(&first) == ["a", "b", "d"] {
+        if reads_from(first) == ["a", "b", "d"] {
             break;
         }
         std::thread::sleep(Duration::from_millis(1));
     }
     wait_for("both sidecars read from a, b, d", || {
-        reads_from(&first) == ["a", "b", "d"] && reads_from(&held) == ["a", "b", "d"]
+        reads_from(first) == ["a", "b", "d"] && reads_from(held) == ["a", "b", "d"]
     });
     check.more_writes("traffic after the switch", 1_500);
-    let (writes, reads, stale, errors) = check.finish();
+    let (writes, reads, stale, errors) = run.check.finish();
     eprintln!(
         "{test}: read c: {read_c}; writes, reads, stale, errors: {writes}, {reads}, {stale}, {errors}"
     );
@@ -946,7 +929,7 @@ fn a_sidecar_that_staged_a_later_change_in_place_of_the_first_holds_the_first_ba
         "of {reads} reads (read c: {read_c})"
     );
     assert!(!read_c, "the first read c, which the second never wrote");
-    for proxy in [&first, &held] {
+    for proxy in [first, held] {
         assert_eq!(stat(proxy, "fleet_forced_switches"), 0);
     }
 }

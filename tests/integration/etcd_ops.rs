@@ -16,6 +16,7 @@ use crate::common::etcd::{Etcd, EtcdTls};
 use crate::common::link::{Link, Traffic};
 use crate::common::pki::Pki;
 use crate::common::{free_port, wait_for, Client, Daemon, Memcached, Proxy, TempDir};
+use crate::etcd::{record, ring_names};
 use crate::etcd_fleet::{reads_from, registered_under, stat};
 use memring::protocol::ReplyKind;
 
@@ -25,10 +26,6 @@ const PREFIX: &str = "/memring/ops/";
 /// The sidecars registered under this file's prefix.
 fn registered(etcd: &Etcd) -> usize {
     registered_under(etcd, PREFIX)
-}
-
-fn record(server: &Memcached, state: &str) -> String {
-    format!(r#"{{"addr":"{}","state":"{state}"}}"#, server.addr())
 }
 
 fn key_of(name: &str) -> String {
@@ -42,18 +39,6 @@ fn etcd_config(endpoint: &str, dir: &TempDir, discovery: &str) -> String {
         "listen = \"127.0.0.1:0\"\n[discovery]\netcd_endpoints = [\"{endpoint}\"]\netcd_prefix = \"{PREFIX}\"\netcd_cache_file = \"{}\"\n{discovery}",
         dir.path("members.json").display()
     )
-}
-
-fn ring_names(proxy: &Proxy) -> Vec<String> {
-    let topology = proxy.running().topology.load();
-    let mut names: Vec<String> = topology
-        .config
-        .servers
-        .iter()
-        .map(|s| s.name.clone())
-        .collect();
-    names.sort();
-    names
 }
 
 /// memring started in this process from `text`, or why it refused.

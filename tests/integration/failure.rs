@@ -10,7 +10,7 @@ use memring::ring::Ring;
 const SETTINGS: &str = "connect_timeout_ms = 200\nrequest_timeout_ms = 400\n";
 
 /// Keys `key:0..n` grouped by the index of the server that owns them.
-fn keys_by_owner(proxy: &Proxy, n: usize) -> Vec<Vec<String>> {
+pub(crate) fn keys_by_owner(proxy: &Proxy, n: usize) -> Vec<Vec<String>> {
     let ring = Ring::build(proxy.config.members());
     let mut owned = vec![Vec::new(); proxy.config.servers.len()];
     for i in 0..n {

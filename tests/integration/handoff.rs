@@ -697,6 +697,39 @@ fn older_than(
         .count()
 }
 
+/// The value a rewrite of every key stores: `{key}=v2`.
+fn v2(key: &str) -> String {
+    format!("{key}=v2")
+}
+
+/// Rewrites every key with [`v2`].
+fn rewrite_v2(client: &mut Client, keys: &[String]) {
+    for key in keys {
+        assert_eq!(client.set(key, v2(key).as_bytes()), b"STORED\r\n");
+    }
+}
+
+/// Reads every key: none older than [`v2`] (`stale` names such a read),
+/// and at least 99.5 % hit.
+fn assert_no_read_older_than_v2(client: &mut Client, keys: &[String], stale: &str) {
+    let read = get_each(client, keys);
+    assert_eq!(older_than(&read, keys, v2), 0, "{stale}");
+    let hits = read.iter().filter(|v| v.is_some()).count();
+    assert!(
+        hits >= keys.len() * 995 / 1000,
+        "{hits} of {} hit",
+        keys.len()
+    );
+}
+
+/// [`config`] with a hand-off window of 1 s.
+fn short_window_config(servers: &[&Memcached]) -> String {
+    config(servers).replace(
+        "request_timeout_ms = 2000\n",
+        "request_timeout_ms = 2000\nhandoff_ms = 1000\n",
+    )
+}
+
 /// 4 -> 5 servers, every key rewritten, then the change undone (5 -> 4) while
 /// the hand-off window is open: no key reads back the value the rewrite
 /// replaced, though its old owner still held it when the rewrite came.
@@ -721,24 +754,10 @@ fn undoing_a_change_never_brings_back_an_overwritten_value() {
 
     replace_by_rename(&path, &config(&all));
     wait_for("ring version 2", || proxy.ring_version() >= 2);
-    let second = |key: &str| format!("{key}=v2");
-    for key in &keys {
-        assert_eq!(client.set(key, second(key).as_bytes()), b"STORED\r\n");
-    }
+    rewrite_v2(&mut client, &keys);
     replace_by_rename(&path, &config(&all[..4]));
     wait_for("ring version 3", || proxy.ring_version() >= 3);
-    let read = get_each(&mut client, &keys);
-    assert_eq!(
-        older_than(&read, &keys, second),
-        0,
-        "reads older than the acknowledged v2"
-    );
-    let hits = read.iter().filter(|v| v.is_some()).count();
-    assert!(
-        hits >= keys.len() * 995 / 1000,
-        "{hits} of {} still hit",
-        keys.len()
-    );
+    assert_no_read_older_than_v2(&mut client, &keys, "reads older than the acknowledged v2");
     // And once more the other way: 4 -> 5 again.
     let third = |key: &str| format!("{key}=v3");
     for key in &moved {
@@ -769,16 +788,10 @@ fn a_sidecar_still_on_the_old_ring_never_reads_an_overwritten_value() {
 
     replace_by_rename(&ahead_path, &config(&all));
     wait_for("ring version 2", || ahead.ring_version() >= 2);
-    let second = |key: &str| format!("{key}=v2");
-    for key in &keys {
-        assert_eq!(
-            through_ahead.set(key, second(key).as_bytes()),
-            b"STORED\r\n"
-        );
-    }
+    rewrite_v2(&mut through_ahead, &keys);
     let read = get_each(&mut through_behind, &keys);
     assert_eq!(
-        older_than(&read, &keys, second),
+        older_than(&read, &keys, v2),
         0,
         "stale reads through the lagging sidecar"
     );
@@ -1417,19 +1430,13 @@ fn undoing_a_change_after_its_window_ended_never_brings_back_an_old_value() {
     let dir = TempDir::new("handoff", "undo-late");
     let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
     let all: Vec<&Memcached> = servers.iter().collect();
-    let short = |list: &[&Memcached]| {
-        config(list).replace(
-            "request_timeout_ms = 2000\n",
-            "request_timeout_ms = 2000\nhandoff_ms = 1000\n",
-        )
-    };
     let path = dir.path("memring.toml");
-    std::fs::write(&path, short(&all[..4])).unwrap();
+    std::fs::write(&path, short_window_config(&all[..4])).unwrap();
     let proxy = Proxy::start_file(&path);
     let mut client = proxy.client();
     let keys: Vec<String> = (0..2_000).map(|i| format!("late:{i}")).collect();
     store(&mut client, &keys);
-    replace_by_rename(&path, &short(&all));
+    replace_by_rename(&path, &short_window_config(&all));
     wait_for("ring version 2", || proxy.ring_version() >= 2);
     // Read everything once in the window (copies), then let it end.
     assert!(read_all(&mut client, &keys) >= keys.len() * 995 / 1000);
@@ -1445,24 +1452,14 @@ fn undoing_a_change_after_its_window_ended_never_brings_back_an_old_value() {
         "the old owners' copies were deleted: {deleted}"
     );
     // Rewritten outside any window: the new owners alone get v2.
-    let second = |key: &str| format!("{key}=v2");
-    for key in &keys {
-        assert_eq!(client.set(key, second(key).as_bytes()), b"STORED\r\n");
-    }
+    rewrite_v2(&mut client, &keys);
     // The undo gets a window of the default length: its reads must fall in it.
     replace_by_rename(&path, &config(&all[..4]));
     wait_for("ring version 4", || proxy.ring_version() >= 4);
-    let read = get_each(&mut client, &keys);
-    assert_eq!(
-        older_than(&read, &keys, second),
-        0,
-        "reads of the overwritten v1 after the undo"
-    );
-    let hits = read.iter().filter(|v| v.is_some()).count();
-    assert!(
-        hits >= keys.len() * 995 / 1000,
-        "{hits} of {} hit",
-        keys.len()
+    assert_no_read_older_than_v2(
+        &mut client,
+        &keys,
+        "reads of the overwritten v1 after the undo",
     );
 }
 
@@ -1475,29 +1472,20 @@ fn a_server_added_back_after_its_removal_never_serves_what_it_held_before() {
     let dir = TempDir::new("handoff", "re-add");
     let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
     let all: Vec<&Memcached> = servers.iter().collect();
-    let short = |list: &[&Memcached]| {
-        config(list).replace(
-            "request_timeout_ms = 2000\n",
-            "request_timeout_ms = 2000\nhandoff_ms = 1000\n",
-        )
-    };
     let path = dir.path("memring.toml");
-    std::fs::write(&path, short(&all)).unwrap();
+    std::fs::write(&path, short_window_config(&all)).unwrap();
     let proxy = Proxy::start_file(&path);
     let mut client = proxy.client();
     let keys: Vec<String> = (0..2_000).map(|i| format!("readd:{i}")).collect();
     store(&mut client, &keys);
     let held = held_by(&servers[4], &keys);
     assert!(held > 200, "the fifth server holds a fifth: {held}");
-    replace_by_rename(&path, &short(&all[..4]));
+    replace_by_rename(&path, &short_window_config(&all[..4]));
     wait_for("the removal's window to end", || {
         proxy.client().stat("handoff_sweeps") >= 4
             && proxy.running().topology.load().previous.is_none()
     });
-    let second = |key: &str| format!("{key}=v2");
-    for key in &keys {
-        assert_eq!(client.set(key, second(key).as_bytes()), b"STORED\r\n");
-    }
+    rewrite_v2(&mut client, &keys);
     assert_eq!(
         held_by(&servers[4], &keys),
         held,
@@ -1507,17 +1495,10 @@ fn a_server_added_back_after_its_removal_never_serves_what_it_held_before() {
     wait_for("the fifth server back in the ring", || {
         proxy.running().topology.load().backends.len() == 5
     });
-    let read = get_each(&mut client, &keys);
-    assert_eq!(
-        older_than(&read, &keys, second),
-        0,
-        "reads of values from before the removal"
-    );
-    let hits = read.iter().filter(|v| v.is_some()).count();
-    assert!(
-        hits >= keys.len() * 995 / 1000,
-        "{hits} of {} hit",
-        keys.len()
+    assert_no_read_older_than_v2(
+        &mut client,
+        &keys,
+        "reads of values from before the removal",
     );
 }
 
@@ -2306,17 +2287,12 @@ fn more_chained_changes_than_are_kept_still_never_read_an_overwritten_value() {
         );
         assert!(topology.older.iter().all(|o| o.ring != first_ring));
     }
-    for key in &keys {
-        assert_eq!(
-            client.set(key, format!("{key}=v2").as_bytes()),
-            b"STORED\r\n"
-        );
-    }
+    rewrite_v2(&mut client, &keys);
     replace_by_rename(&path, &config(&lists[0]));
     wait_for("back on R1", || proxy.ring_version() >= 7);
     let read = get_each(&mut client, &keys);
     let hits = read.iter().filter(|v| v.is_some()).count();
-    let old = older_than(&read, &keys, |k| format!("{k}=v2"));
+    let old = older_than(&read, &keys, v2);
     println!(
         "long chain: back on R1, {hits} of {} hit, {old} older",
         keys.len()

@@ -16,6 +16,26 @@ fn place(server: &mut Client, key: &str, data: &[u8]) {
     assert_eq!(server.call(&request, ReplyKind::Line), b"STORED\r\n");
 }
 
+/// Places another sidecar's hand-off lease on `key` at `new_owner`, as its
+/// read-through would: returns the lease's cas.
+fn another_sidecars_lease(new_owner: &mut Client, key: &str) -> String {
+    place(new_owner, key, LEASE_MARKER);
+    new_owner.send(format!("mg {key} c\r\n").as_bytes());
+    let lease = show(&new_owner.meta_reply());
+    lease
+        .trim_start_matches("HD c")
+        .trim_end_matches("\\r\\n")
+        .to_string()
+}
+
+/// The other sidecar's copy of `key` arrives late, by its `lease`'s cas and
+/// with the TTL the previous owner had: it fails (`what` names it).
+fn other_fill_fails(new_owner: &mut Client, key: &str, lease: &str, what: &str) {
+    let fill = format!("ms {key} {} T120 C{lease}\r\n{key}=v\r\n", key.len() + 2);
+    new_owner.send(fill.as_bytes());
+    assert_eq!(show(&new_owner.meta_reply()), "EX\\r\\n", "{what}");
+}
+
 /// A meta request through memring and straight to memcached, where `absent`
 /// names a key memcached does not hold: the lease must read as that miss.
 fn meta_alike(through: &mut Client, direct: &mut Client, request: &str, key: &str, absent: &str) {
@@ -601,10 +621,7 @@ fn a_change_meeting_another_sidecars_lease_is_never_lost_to_its_copy() {
         ),
     ];
     for (key, request, answer, value) in cases {
-        place(&mut new_owner, key, LEASE_MARKER);
-        new_owner.send(format!("mg {key} c\r\n").as_bytes());
-        let lease = show(&new_owner.meta_reply());
-        let lease = lease.trim_start_matches("HD c").trim_end_matches("\\r\\n");
+        let lease = another_sidecars_lease(&mut new_owner, key);
         client.send(request.as_bytes());
         if !answer.is_empty() {
             assert_eq!(
@@ -621,12 +638,11 @@ fn a_change_meeting_another_sidecars_lease_is_never_lost_to_its_copy() {
         );
         // The other sidecar's copy arrives now, by the lease's cas, with
         // the TTL the previous owner had.
-        let fill = format!("ms {key} {} T120 C{lease}\r\n{key}=v\r\n", key.len() + 2);
-        new_owner.send(fill.as_bytes());
-        assert_eq!(
-            show(&new_owner.meta_reply()),
-            "EX\\r\\n",
-            "{request:?}: the fill"
+        other_fill_fails(
+            &mut new_owner,
+            key,
+            &lease,
+            &format!("{request:?}: the fill"),
         );
         new_owner.send(format!("mg {key} v t\r\n").as_bytes());
         let held = show(&new_owner.meta_reply());
@@ -823,10 +839,7 @@ fn a_gat_read_through_beside_another_sidecars_lease_keeps_its_ttl() {
     let mut new_owner = joined.servers[4].client();
     let mut client = joined.proxy.client();
     for (key, get) in joined.moved.iter().zip(["gat", "gats"]) {
-        place(&mut new_owner, key, LEASE_MARKER);
-        new_owner.send(format!("mg {key} c\r\n").as_bytes());
-        let lease = show(&new_owner.meta_reply());
-        let lease = lease.trim_start_matches("HD c").trim_end_matches("\\r\\n");
+        let lease = another_sidecars_lease(&mut new_owner, key);
         let reply = client.call(
             format!("{get} 3600 {key}\r\n").as_bytes(),
             ReplyKind::Values,
@@ -841,12 +854,11 @@ fn a_gat_read_through_beside_another_sidecars_lease_keeps_its_ttl() {
             owner.send(format!("mg {key} f\r\n").as_bytes());
             owner.meta_reply() == b"HD f0\r\n"
         });
-        let fill = format!("ms {key} {} T120 C{lease}\r\n{key}=v\r\n", key.len() + 2);
-        new_owner.send(fill.as_bytes());
-        assert_eq!(
-            show(&new_owner.meta_reply()),
-            "EX\\r\\n",
-            "{get}: the other fill"
+        other_fill_fails(
+            &mut new_owner,
+            key,
+            &lease,
+            &format!("{get}: the other fill"),
         );
         new_owner.send(format!("mg {key} t\r\n").as_bytes());
         let held = show(&new_owner.meta_reply());
@@ -875,10 +887,7 @@ fn an_mg_touch_of_a_moved_key_beside_another_sidecars_lease_takes_it_over() {
         .iter()
         .zip(["mg {key} T3600 v", "mg {key} T3600 t"])
     {
-        place(&mut new_owner, key, LEASE_MARKER);
-        new_owner.send(format!("mg {key} c\r\n").as_bytes());
-        let lease = show(&new_owner.meta_reply());
-        let lease = lease.trim_start_matches("HD c").trim_end_matches("\\r\\n");
+        let lease = another_sidecars_lease(&mut new_owner, key);
         let request = format!("{}\r\n", request.replace("{key}", key));
         client.send(request.as_bytes());
         let reply = show(&client.meta_reply());
@@ -888,12 +897,11 @@ fn an_mg_touch_of_a_moved_key_beside_another_sidecars_lease_takes_it_over() {
                 || reply.starts_with("HD t3599"),
             "{request:?}: {reply}"
         );
-        let fill = format!("ms {key} {} T120 C{lease}\r\n{key}=v\r\n", key.len() + 2);
-        new_owner.send(fill.as_bytes());
-        assert_eq!(
-            show(&new_owner.meta_reply()),
-            "EX\\r\\n",
-            "{request:?}: the fill"
+        other_fill_fails(
+            &mut new_owner,
+            key,
+            &lease,
+            &format!("{request:?}: the fill"),
         );
         new_owner.send(format!("mg {key} t v\r\n").as_bytes());
         let held = show(&new_owner.meta_reply());

@@ -5,8 +5,8 @@
 //! memcached answers to the same bytes.
 
 use crate::common::{show, wait_for, Client, Memcached, Proxy};
+use crate::replication::replicas_of;
 use memring::protocol::Command;
-use smallvec::SmallVec;
 
 /// Sent after a pipeline: a miss whose opaque makes its reply unique.
 const SENTINEL: &[u8] = b"mg __sentinel__ Oend\r\n";
@@ -215,16 +215,6 @@ fn base64_keys_route_by_their_decoded_bytes() {
         pipeline(&mut client, b"mg Zm9 b v\r\n"),
         b"CLIENT_ERROR error decoding key\r\n"
     );
-}
-
-fn replicas_of(proxy: &Proxy, key: &str) -> SmallVec<[usize; 4]> {
-    let mut set = SmallVec::new();
-    proxy
-        .running()
-        .topology
-        .load()
-        .replicas(key.as_bytes(), &mut set);
-    set
 }
 
 fn value_on(backend: &Memcached, key: &str) -> Vec<u8> {

@@ -10,21 +10,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use memring::protocol::ReplyKind;
-use memring::ring::Ring;
 
 use crate::common::relay::{Fault, Relay};
 use crate::common::{show, wait_for, Memcached, Proxy, DEADLINE};
-
-/// The first `n` keys of the form `key:<i>` owned by each server.
-fn keys_by_owner(proxy: &Proxy, n: usize) -> Vec<Vec<String>> {
-    let ring = Ring::build(proxy.config.members());
-    let mut owned = vec![Vec::new(); proxy.config.servers.len()];
-    for i in 0..n {
-        let key = format!("key:{i}");
-        owned[ring.owner(key.as_bytes()).expect("ring has servers")].push(key);
-    }
-    owned
-}
+use crate::failure::keys_by_owner;
 
 /// The body of `GET /metrics` on the admin listener.
 fn metrics_text(admin: std::net::SocketAddr) -> String {

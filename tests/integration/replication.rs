@@ -14,7 +14,8 @@ fn start(settings: &str) -> (Vec<Memcached>, Proxy) {
     (servers, proxy)
 }
 
-fn replicas_of(proxy: &Proxy, key: &str) -> SmallVec<[usize; 4]> {
+/// The servers `key`'s replicas are on (the topology's replica walk).
+pub(crate) fn replicas_of(proxy: &Proxy, key: &str) -> SmallVec<[usize; 4]> {
     let mut set = SmallVec::new();
     proxy
         .running()

@@ -198,7 +198,10 @@ end
 puts missing
 "#;
 
-fn run_client(
+/// Runs `program flag script mode servers` (a client library's script) with
+/// `keys` in hex on its stdin, one a line; returns the count of missing keys
+/// it prints.
+pub(crate) fn run_client(
     program: &str,
     flag: &str,
     script: &str,

@@ -119,6 +119,27 @@ fn cmd_gets(servers: &[Memcached]) -> Vec<u64> {
     servers.iter().map(|s| s.client().stat("cmd_get")).collect()
 }
 
+/// How many gets each server took while `read` ran (`cmd_get`, asked
+/// directly before and after).
+fn cmd_gets_during(servers: &[Memcached], read: impl FnOnce()) -> Vec<u64> {
+    let before = cmd_gets(servers);
+    read();
+    let moved: Vec<u64> = cmd_gets(servers)
+        .iter()
+        .zip(&before)
+        .map(|(after, before)| after - before)
+        .collect();
+    println!("cmd_get moved by {moved:?}");
+    moved
+}
+
+/// Of `moved` ([`cmd_gets_during`] over [`six_servers`]), `reads` were
+/// asked of zone b's servers (2 and 3) and none of the others.
+fn only_zone_b_was_asked(moved: &[u64], reads: usize) {
+    assert_eq!(moved[2] + moved[3], reads as u64, "{moved:?}");
+    assert_eq!(moved[0] + moved[1] + moved[4] + moved[5], 0, "{moved:?}");
+}
+
 /// Reads every key through `proxy` one get at a time: (hits, misses,
 /// error replies), each hit checked to be the key's own value.
 fn read_all(proxy: &Proxy, keys: &[String]) -> (usize, usize, usize) {
@@ -147,15 +168,13 @@ fn a_sidecar_in_zone_b_reads_only_from_zone_b() {
     let proxy = Proxy::start_text(&zoned_config(&servers, LOCAL));
     let keys: Vec<String> = (0..2_000).map(|i| format!("local:{i}")).collect();
     write_all(&proxy, &keys, |k| k.to_string());
-    let before = cmd_gets(&servers);
-    assert_eq!(
-        read_all(&proxy, &keys),
-        (keys.len(), 0, 0),
-        "every read hits"
-    );
-    let after = cmd_gets(&servers);
-    let moved: Vec<u64> = (0..6).map(|s| after[s] - before[s]).collect();
-    println!("cmd_get moved by {moved:?}");
+    let moved = cmd_gets_during(&servers, || {
+        assert_eq!(
+            read_all(&proxy, &keys),
+            (keys.len(), 0, 0),
+            "every read hits"
+        );
+    });
     assert_eq!(
         moved[2] + moved[3],
         keys.len() as u64,
@@ -443,11 +462,9 @@ fn zone_c_is_written_and_not_read(proxy: &Proxy, servers: &[Memcached], keys: &[
 /// Once zone c serves: every read of `keys` by zone c's sidecar hits there,
 /// and no other zone is asked.
 fn zone_c_serves_every_read(proxy: &Proxy, servers: &[Memcached], keys: &[String]) {
-    let before = cmd_gets(servers);
-    assert_eq!(read_all(proxy, keys), (keys.len(), 0, 0));
-    let after = cmd_gets(servers);
-    let moved: Vec<u64> = (0..6).map(|s| after[s] - before[s]).collect();
-    println!("cmd_get moved by {moved:?} once zone c served");
+    let moved = cmd_gets_during(servers, || {
+        assert_eq!(read_all(proxy, keys), (keys.len(), 0, 0));
+    });
     assert_eq!(moved[4] + moved[5], keys.len() as u64, "{moved:?}");
     assert_eq!(moved[..4].iter().sum::<u64>(), 0, "{moved:?}");
 }
@@ -734,14 +751,11 @@ fn a_routed_pool_with_zones_reads_locally_in_that_pool() {
     wait_for("three copies of each routed key", || {
         servers.iter().map(items).sum::<u64>() == 3 * keys.len() as u64
     });
-    let before = cmd_gets(&servers);
-    assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
-    assert_eq!(read_all(&proxy, &others), (others.len(), 0, 0));
-    let after = cmd_gets(&servers);
-    let moved: Vec<u64> = (0..6).map(|s| after[s] - before[s]).collect();
-    println!("cmd_get moved by {moved:?}");
-    assert_eq!(moved[2] + moved[3], keys.len() as u64, "{moved:?}");
-    assert_eq!(moved[0] + moved[1] + moved[4] + moved[5], 0, "{moved:?}");
+    let moved = cmd_gets_during(&servers, || {
+        assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
+        assert_eq!(read_all(&proxy, &others), (others.len(), 0, 0));
+    });
+    only_zone_b_was_asked(&moved, keys.len());
     // Counted for the zoned pool's keys only.
     let stats = zone_stats(&proxy);
     assert_eq!(
@@ -771,13 +785,10 @@ fn a_shadowed_pool_with_zones_still_reads_locally_and_the_shadow_gets_the_writes
     wait_for("every write on the shadow", || {
         items(&candidate) == keys.len() as u64
     });
-    let before = cmd_gets(&servers);
-    assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
-    let after = cmd_gets(&servers);
-    let moved: Vec<u64> = (0..6).map(|s| after[s] - before[s]).collect();
-    println!("cmd_get moved by {moved:?}");
-    assert_eq!(moved[2] + moved[3], keys.len() as u64, "{moved:?}");
-    assert_eq!(moved[0] + moved[1] + moved[4] + moved[5], 0, "{moved:?}");
+    let moved = cmd_gets_during(&servers, || {
+        assert_eq!(read_all(&proxy, &keys), (keys.len(), 0, 0));
+    });
+    only_zone_b_was_asked(&moved, keys.len());
     let stats = zone_stats(&proxy);
     assert_eq!(
         stats["zone:b:reads_local"],
@@ -1180,13 +1191,11 @@ fn a_hot_keys_reads_stay_in_the_local_zone_while_it_is_within_the_bound() {
         };
         figure("hotkey:1:share") > 0.5 && figure("hotkey:1:rate") >= 400.0
     });
-    let before = cmd_gets(&servers);
-    for _ in 0..300 {
-        assert_eq!(client.get(&key), Some(key.clone().into_bytes()));
-    }
-    let after = cmd_gets(&servers);
-    let moved: Vec<u64> = (0..6).map(|s| after[s] - before[s]).collect();
-    println!("cmd_get moved by {moved:?}");
+    let moved = cmd_gets_during(&servers, || {
+        for _ in 0..300 {
+            assert_eq!(client.get(&key), Some(key.clone().into_bytes()));
+        }
+    });
     assert_eq!(moved[2] + moved[3], 300, "{moved:?}");
     assert_eq!(client.stat("read_balance_moved"), 0);
     assert_eq!(client.stat("zone_reads_cross_zone"), 0);

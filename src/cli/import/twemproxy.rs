@@ -139,6 +139,15 @@ impl Pool {
             .find(|(key, _)| key == name)
             .map(|(_, value)| value.as_str())
     }
+
+    /// `key`'s number as the pool sets it, or nutcracker's `default`: the
+    /// value, and where it came from (for the comment).
+    fn number_or_default(&self, key: &str, default: u64) -> Result<(u64, String), String> {
+        Ok(match self.setting(key) {
+            Some(value) => (number(key, value)?, key.to_string()),
+            None => (default, format!("nutcracker's default {key}")),
+        })
+    }
 }
 
 /// A setting's value as a number, or what is wrong with it.
@@ -363,29 +372,31 @@ impl Lines {
                 .push("# redis: false -> memcached is all memring speaks".into()),
             "backlog" => {
                 number(key, value)?;
-                self.lines.push(format!(
-                    "# backlog: {value} has no setting: memring listens with a backlog of {LISTEN_BACKLOG} (the kernel caps it at net.core.somaxconn)"
-                ));
-                self.unmapped.push(format!(
-                    "backlog: {value} (memring listens with a {LISTEN_BACKLOG} backlog)"
-                ));
+                self.not_carried(
+                    format!("# backlog: {value} has no setting: memring listens with a backlog of {LISTEN_BACKLOG} (the kernel caps it at net.core.somaxconn)"),
+                    format!("backlog: {value} (memring listens with a {LISTEN_BACKLOG} backlog)"),
+                );
             }
             "preconnect" => {
                 boolean(key, value)?;
-                self.lines.push(format!(
-                    "# preconnect: {value} has no setting: memring always connects to every server at start and after each change"
-                ));
-                self.unmapped.push(format!(
-                    "preconnect: {value} (memring connects to every server at start)"
-                ));
+                self.not_carried(
+                    format!("# preconnect: {value} has no setting: memring always connects to every server at start and after each change"),
+                    format!("preconnect: {value} (memring connects to every server at start)"),
+                );
             }
-            _ => {
-                self.lines
-                    .push(format!("# {key}: {value} has no memring equivalent"));
-                self.unmapped.push(format!("{key}: {value}"));
-            }
+            _ => self.not_carried(
+                format!("# {key}: {value} has no memring equivalent"),
+                format!("{key}: {value}"),
+            ),
         }
         Ok(())
+    }
+
+    /// A setting with no equivalent: `comment` in the config, and `note` in
+    /// the list of what the import did not carry.
+    fn not_carried(&mut self, comment: String, note: String) {
+        self.lines.push(comment);
+        self.unmapped.push(note);
     }
 
     /// What twemproxy's defaults mean in memring, for settings the pool
@@ -437,26 +448,10 @@ impl Lines {
         if !eject {
             return Ok(());
         }
-        let (limit, limit_from) = match pool.setting("server_failure_limit") {
-            Some(value) => (
-                number("server_failure_limit", value)?,
-                "server_failure_limit",
-            ),
-            None => (
-                TWEMPROXY_FAILURE_LIMIT,
-                "nutcracker's default server_failure_limit",
-            ),
-        };
-        let (retry, retry_from) = match pool.setting("server_retry_timeout") {
-            Some(value) => (
-                number("server_retry_timeout", value)?,
-                "server_retry_timeout",
-            ),
-            None => (
-                DEFAULT_RETRY_TIMEOUT_MS,
-                "nutcracker's default server_retry_timeout",
-            ),
-        };
+        let (limit, limit_from) =
+            pool.number_or_default("server_failure_limit", TWEMPROXY_FAILURE_LIMIT)?;
+        let (retry, retry_from) =
+            pool.number_or_default("server_retry_timeout", DEFAULT_RETRY_TIMEOUT_MS)?;
         if !(1..=1000).contains(&limit) {
             return Err(format!(
                 "server_failure_limit: {limit}; memring counts 1 to 1000 failures"
@@ -791,6 +786,14 @@ beta:
    - 127.0.0.1:11213:1
 "#;
 
+    /// One of the import's notes of what it did not carry starts with `start`.
+    fn assert_noted(unmapped: &[String], start: &str) {
+        assert!(
+            unmapped.iter().any(|note| note.starts_with(start)),
+            "no note starting {start:?} in {unmapped:?}"
+        );
+    }
+
     #[test]
     fn a_pool_becomes_a_memring_config_that_loads() {
         let (toml, unmapped) = twemproxy(NUTCRACKER, Some("alpha")).unwrap();
@@ -1059,18 +1062,8 @@ beta:
         ] {
             assert!(entry.contains(line), "{line}\n{toml}");
         }
-        assert!(
-            unmapped
-                .iter()
-                .any(|n| n.starts_with("pool `beta`: backlog: 512")),
-            "{unmapped:?}"
-        );
-        assert!(
-            unmapped
-                .iter()
-                .any(|n| n.starts_with("client_connections per pool")),
-            "{unmapped:?}"
-        );
+        assert_noted(&unmapped, "pool `beta`: backlog: 512");
+        assert_noted(&unmapped, "client_connections per pool");
     }
 
     #[test]
@@ -1095,12 +1088,7 @@ beta:
             ),
             "{toml}"
         );
-        assert!(
-            unmapped
-                .iter()
-                .any(|n| n.starts_with("client_connections of alpha 100")),
-            "{unmapped:?}"
-        );
+        assert_noted(&unmapped, "client_connections of alpha 100");
     }
 
     #[test]
