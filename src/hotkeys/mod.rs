@@ -289,6 +289,8 @@ impl HotWorker {
     ) -> Option<Rc<WriteGuard>> {
         let (owner, planned) = match plan {
             Plan::Key(placement) => placement.owner()?,
+            // A plain `mg`, planned as a one-key retrieval.
+            Plan::Retrieve(retrieval) => (retrieval.owner(0)?, retrieval.key_hash(0)),
             _ => return None,
         };
         if !self.shared.started.detect {

@@ -7,7 +7,8 @@
 //! - [`Retrieval`] is every `get`/`gets`/`gat`/`gats`: keys split by server in
 //!   chunks, values passed on in the client's key order as they arrive, keys
 //!   that failed (or missed, with fall-through) asked of their next replica.
-//!   A plain multi-get is the one-replica case of the replicated read.
+//!   A plain multi-get is the one-replica case of the replicated read, and
+//!   an `mg` on one server the one-key case in the meta dialect.
 //! - [`decide`] answers a replicated write on a quorum; [`broadcast_answer`] a broadcast.
 //!
 //! No I/O and no tokio here: the session dispatches what the plan says and
@@ -78,7 +79,7 @@ pub(crate) enum Plan {
     Key(Placement<Box<Moved>>),
     /// Every server gets it (`flush_all`); `OK` only if all say `OK`.
     Broadcast { servers: Servers },
-    /// A retrieval.
+    /// A retrieval: a classic one, or an `mg` on one server.
     Retrieve(Box<Retrieval>),
 }
 
@@ -115,6 +116,20 @@ impl Reuse {
     ) -> Box<Retrieval> {
         let mut retrieval = self.retrievals.pop().unwrap_or_default();
         retrieval.plan(request, bytes.clone(), topology, health);
+        retrieval
+    }
+
+    /// The `mg` `request` on `server` as a one-key retrieval in the meta
+    /// dialect, in kept storage when there is some.
+    fn meta_get(
+        &mut self,
+        request: &MetaRequest,
+        bytes: &Bytes,
+        server: usize,
+        hash: Option<u64>,
+    ) -> Box<Retrieval> {
+        let mut retrieval = self.retrievals.pop().unwrap_or_default();
+        retrieval.plan_meta_get(request, bytes.clone(), server, hash);
         retrieval
     }
 
@@ -333,7 +348,11 @@ pub(crate) fn broadcast_answer<'a>(
 }
 
 /// Plans the meta request `request` (whose bytes are `bytes`) on `topology`:
-/// `mn` is answered by memring ([`Plan::Reply`]), every other meta command
+/// `mn` is answered by memring ([`Plan::Reply`]), an `mg` its key's owner
+/// alone answers is a one-key [`Retrieval`] in the meta dialect (planned
+/// into storage `reuse` kept from an earlier one; inside a window the
+/// session retries one that may meet a lease, as it does a `gat`), every
+/// other meta command
 /// is a request on one key ([`Plan::Key`]), placed as classic requests are;
 /// the replicas get an `md` where classic requests get a `delete`. With
 /// replicas, a mutation with `C` is decided on the owner and then copied
@@ -362,6 +381,7 @@ pub(crate) fn plan_meta(
     key: &[u8],
     topology: &Topology,
     health: &HealthView,
+    reuse: &mut Reuse,
 ) -> Plan {
     if request.command == MetaCommand::Noop {
         return Plan::Reply(Bytes::from_static(b"MN\r\n"));
@@ -423,7 +443,12 @@ pub(crate) fn plan_meta(
                         None | Some(b'S')
                     ))),
     };
-    Plan::Key(place(key, op, what, topology, health))
+    match place(key, op, what, topology, health) {
+        Placement::Owner { server, hash } if request.command == MetaCommand::Get => {
+            Plan::Retrieve(reuse.meta_get(request, bytes, server, hash))
+        }
+        placement => Plan::Key(placement),
+    }
 }
 
 /// A cut-off sidecar's answer to the meta request (not `mn`): an `mg`
@@ -1055,6 +1080,7 @@ mod tests {
                 &request.routing_key(&bytes),
                 &new,
                 &HealthView::NONE,
+                &mut Reuse::default(),
             )
         };
         // The plan holds the hand-off machine; the steps it was made for
@@ -1126,7 +1152,7 @@ mod tests {
         // A lease goes to the new owner alone, as does a key that stays.
         assert!(matches!(
             plan(format!("mg {moved} N30 v\r\n")),
-            Plan::Key(Placement::Owner { .. })
+            Plan::Retrieve(mg) if mg.owner(0) == Some(owner(&new, &moved))
         ));
         assert!(matches!(
             plan(format!("md {stays}\r\n")),
@@ -1162,6 +1188,7 @@ mod tests {
                 &request.routing_key(&bytes),
                 &topology,
                 &HealthView::NONE,
+                &mut Reuse::default(),
             )
         };
         let warm_and_forget = |line: &str| match plan(line) {
@@ -1195,10 +1222,12 @@ mod tests {
         }
         // Reads never go there.
         for line in ["mg KEY v\r\n", "mg KEY v N30\r\n", "me KEY\r\n"] {
-            assert!(
-                matches!(plan(line), Plan::Key(Placement::Owner { server, .. }) if server != 4),
-                "{line}"
-            );
+            let server = match plan(line) {
+                Plan::Key(Placement::Owner { server, .. }) => server,
+                Plan::Retrieve(mg) => mg.owner(0).unwrap(),
+                other => panic!("{line}: {other:?}"),
+            };
+            assert_ne!(server, 4, "{line}");
         }
     }
 
@@ -1281,5 +1310,170 @@ mod tests {
         let mut out = OutQueue::default();
         assert!(r.emit(&mut out));
         assert!(drain(&mut out).starts_with("SERVER_ERROR"));
+    }
+
+    /// `line` (an `mg`) planned as a one-key retrieval asking `server`.
+    fn meta_get(line: &'static [u8], server: usize) -> Retrieval {
+        let bytes = Bytes::from_static(line);
+        let (request, _) = parse_meta(&bytes, &Limits::default()).unwrap().unwrap();
+        let mut r = Retrieval::default();
+        r.plan_meta_get(&request, bytes, server, None);
+        r
+    }
+
+    #[test]
+    fn an_mg_goes_as_the_clients_bytes_and_answers_the_servers_reply_as_it_came() {
+        let mut r = meta_get(b"mg foo v k Oab\r\n", 2);
+        assert!(r.is_meta() && !r.quiet());
+        let subs = r.next_chunk(100, &mut RecycledBuf::new(64));
+        let sent: Vec<_> = subs.iter().map(|s| (s.id, s.server, &s.line[..])).collect();
+        assert_eq!(sent, vec![(0, 2, &b"mg foo v k Oab\r\n"[..])]);
+        assert_eq!(r.expect_of(&subs[0]), Expect::meta(MetaCommand::Get, false));
+        assert!(!r.has_unsent());
+        let reply = "VA 2 kfoo Oab\r\nhi\r\n";
+        r.on_piece(0, Got::Line(Bytes::from_static(reply.as_bytes())));
+        let mut out = OutQueue::default();
+        assert!(!r.emit(&mut out), "not answered yet");
+        r.on_done(0, Ok(Outcome::Va), || 0);
+        assert_eq!(r.held_bytes(), reply.len(), "held until written");
+        assert!(r.emit(&mut out));
+        assert_eq!(r.held_bytes(), 0);
+        // As the server said it: no `VALUE`, no `END`.
+        assert_eq!(drain(&mut out), reply);
+        assert_eq!(r.said(), Outcome::Va);
+        assert_eq!(r.largest_block(), reply.len());
+        assert!(!r.brought_no_value());
+        assert!(matches!(r.meta_answer(), Some(Ok(answer)) if answer.outcome == Outcome::Va));
+        // Its miss is memcached's too.
+        let mut r = meta_get(b"mg foo v\r\n", 0);
+        r.next_chunk(100, &mut RecycledBuf::new(64));
+        r.on_piece(0, Got::Line(Bytes::from_static(b"EN\r\n")));
+        r.on_done(0, Ok(Outcome::En), || 0);
+        let mut out = OutQueue::default();
+        assert!(r.emit(&mut out));
+        assert_eq!(drain(&mut out), "EN\r\n");
+        assert_eq!(r.said(), Outcome::En);
+        assert!(r.brought_no_value());
+    }
+
+    #[test]
+    fn a_quiet_mg_is_framed_up_to_its_mn_and_says_nothing_on_a_miss() {
+        let mut r = meta_get(b"mg foo v q\r\n", 1);
+        assert!(r.quiet());
+        let subs = r.next_chunk(100, &mut RecycledBuf::new(64));
+        assert_eq!(r.expect_of(&subs[0]), Expect::meta(MetaCommand::Get, true));
+        // Nothing came before the `MN`.
+        r.on_done(0, Ok(Outcome::Nothing), || 0);
+        let mut out = OutQueue::default();
+        assert!(r.emit(&mut out));
+        assert_eq!(drain(&mut out), "");
+        assert_eq!(r.said(), Outcome::Nothing);
+        assert!(r.brought_no_value());
+        // A hit comes as the one piece before the `MN`.
+        let mut r = meta_get(b"mg foo v q\r\n", 1);
+        r.next_chunk(100, &mut RecycledBuf::new(64));
+        r.on_piece(0, Got::Value(Bytes::from_static(b"VA 1\r\nx\r\n")));
+        r.on_done(0, Ok(Outcome::Va), || 0);
+        let mut out = OutQueue::default();
+        assert!(r.emit(&mut out));
+        assert_eq!(drain(&mut out), "VA 1\r\nx\r\n");
+    }
+
+    #[test]
+    fn an_mg_whose_server_failed_answers_the_error_and_asks_no_other() {
+        let mut r = meta_get(b"mg foo v\r\n", 3);
+        r.next_chunk(100, &mut RecycledBuf::new(64));
+        r.on_done(0, Err(failed("s3")), || 0);
+        assert!(!r.has_unsent());
+        let mut out = OutQueue::default();
+        assert!(r.emit(&mut out));
+        assert!(drain(&mut out).starts_with("SERVER_ERROR"));
+        assert_eq!(r.said(), Outcome::ServerError);
+        assert!(matches!(r.meta_answer(), Some(Err(_))));
+        // memcached's own refusal is the client's, as it came.
+        let mut r = meta_get(b"mg foo v\r\n", 3);
+        r.next_chunk(100, &mut RecycledBuf::new(64));
+        r.on_piece(0, Got::Line(Bytes::from_static(b"CLIENT_ERROR bad\r\n")));
+        r.on_done(0, Ok(Outcome::ClientError), || 0);
+        let mut out = OutQueue::default();
+        assert!(r.emit(&mut out));
+        assert_eq!(drain(&mut out), "CLIENT_ERROR bad\r\n");
+    }
+
+    #[test]
+    fn kept_storage_serves_an_mg_then_a_get_without_mixing_dialects() {
+        let mut reuse = Reuse::default();
+        let bytes = Bytes::from_static(b"mg foo v\r\n");
+        let (request, _) = parse_meta(&bytes, &Limits::default()).unwrap().unwrap();
+        let mut mg = reuse.meta_get(&request, &bytes, 1, Some(7));
+        assert_eq!((mg.owner(0), mg.key_hash(0)), (Some(1), Some(7)));
+        mg.next_chunk(100, &mut RecycledBuf::new(64));
+        mg.on_done(0, Ok(Outcome::Nothing), || 0);
+        let storage = &*mg as *const Retrieval;
+        reuse.keep(mg, 4, 32);
+        let mut get = planned_in(&mut reuse, b"get a\r\n", &[0]);
+        assert_eq!(&*get as *const Retrieval, storage, "the kept box");
+        assert!(!get.is_meta() && get.meta_answer().is_none());
+        get.next_chunk(100, &mut RecycledBuf::new(64));
+        get.on_done(0, Ok(Outcome::End), || 0);
+        let mut out = OutQueue::default();
+        assert!(get.emit(&mut out));
+        assert_eq!(drain(&mut out), "END\r\n");
+    }
+
+    #[test]
+    fn a_plain_mg_is_planned_as_a_retrieval_and_other_meta_requests_on_one_key() {
+        let (_runtime, old, new) = crate::pools::topology::tests::four_then_five();
+        let plan = |line: &str, topology: &Topology| {
+            let bytes = Bytes::from(line.to_string());
+            let (request, _) = parse_meta(&bytes, &Limits::default()).unwrap().unwrap();
+            let key = request.routing_key(&bytes);
+            plan_meta(
+                &request,
+                &bytes,
+                &key,
+                topology,
+                &HealthView::NONE,
+                &mut Reuse::default(),
+            )
+        };
+        let owner = old.owner_index(b"foo").unwrap();
+        for line in ["mg foo v\r\n", "mg foo v q k\r\n", "mg foo N30 T10\r\n"] {
+            match plan(line, &old) {
+                Plan::Retrieve(mg) => {
+                    assert!(mg.is_meta(), "{line}");
+                    assert_eq!(mg.owner(0), Some(owner), "{line}");
+                }
+                other => panic!("{line}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            plan("ms foo 1\r\nx\r\n", &old),
+            Plan::Key(Placement::Owner { .. })
+        ));
+        // In a window, a key that stayed is read of its owner alone (one
+        // that may meet a lease is the session's to retry, as a `gat`).
+        let stays = (0..2000)
+            .map(|i| format!("k{i}"))
+            .find(|k| {
+                let owner = |t: &Topology| t.owner_index(k.as_bytes()).unwrap();
+                new.backends[owner(&new)].name() == old.backends[owner(&old)].name()
+            })
+            .unwrap();
+        assert!(matches!(
+            plan(&format!("mg {stays} v\r\n"), &new),
+            Plan::Retrieve(_)
+        ));
+        assert!(matches!(
+            plan(&format!("mg {stays} v T30\r\n"), &new),
+            Plan::Retrieve(_)
+        ));
+        // With replicas an `mg` reads them (`meta_read`, on steps).
+        let (_runtime, replicated, _) =
+            crate::pools::topology::tests::four_then_five_with("replicas = 2\n");
+        assert!(matches!(
+            plan("mg foo v\r\n", &replicated),
+            Plan::Key(Placement::ReadThrough { .. })
+        ));
     }
 }

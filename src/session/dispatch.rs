@@ -58,7 +58,7 @@ impl ClientSession {
                 plan,
                 in_flight,
                 owed,
-            } => self.dispatch_retrieve(topology, plan, in_flight, owed, before),
+            } => self.dispatch_retrieve(topology, plan, in_flight, owed, e.hot, before),
         }
     }
 
@@ -295,17 +295,14 @@ impl ClientSession {
         }
     }
 
-    /// A meta request: forwarded, or by quorum.
+    /// A meta request (not a plain `mg`: a retrieval): forwarded, or by
+    /// quorum.
     fn dispatch_meta(&mut self, e: Sending<'_>, meta: &mut MetaWork) -> bool {
         let topology = e.topology;
         if !*e.sent {
             let deletes = OlderForget::len(meta.older.as_ref());
-            let value = match meta.value {
-                true => self.estimate.max(MIN_ESTIMATE_BYTES),
-                false => 0,
-            };
             let lines = meta.parts.len() + deletes;
-            let cost = || e.bytes.len() + LINE_REPLY_BYTES * lines + value;
+            let cost = || e.bytes.len() + LINE_REPLY_BYTES * lines;
             if !self.reserve_once(e.reserved, cost) {
                 return false;
             }
@@ -360,19 +357,29 @@ impl ClientSession {
 
     /// A retrieval: its keys in chunks that fit the client's budget, each
     /// sub-request to its server (or joined to a hot key's get in flight,
-    /// or answered by the near cache).
+    /// or answered by the near cache). An `mg` that may change its item
+    /// (`T`, `N`) is watched by its hot-key guard (`hot`) as a write is.
     fn dispatch_retrieve(
         &mut self,
         topology: &Arc<Topology>,
         plan: &mut route::Retrieval,
         in_flight: &mut InFlight,
         owed: &mut Reservation,
+        hot: Option<&Rc<WriteGuard>>,
         before: Before<'_, Entry>,
     ) -> bool {
+        let write = hot.filter(|_| plan.is_meta());
         while plan.has_unsent() {
             let room = self.budget.room(self.client_limit(), self.out.len());
             let nothing_owed = self.budget.nothing_owed(self.out.len());
             let estimate = self.estimate.max(MIN_ESTIMATE_BYTES);
+            let estimate = match plan.meta_value() {
+                // An `mg` brings one line back, and a value only with `v`.
+                Some(value) => {
+                    plan.request_len() + LINE_REPLY_BYTES + if value { estimate } else { 0 }
+                }
+                None => estimate,
+            };
             let keys = (room / estimate).min(route::MAX_CHUNK_KEYS);
             let keys = if keys == 0 && nothing_owed { 1 } else { keys };
             if keys == 0 {
@@ -412,15 +419,25 @@ impl ClientSession {
                         continue;
                     }
                 };
-                let expect = if sub.meta {
-                    Expect::meta(MetaCommand::Get, false)
+                let expect = plan.expect_of(&sub);
+                // A quiet `mg` goes with an `mn` behind it (`route::meta_wire`).
+                let quiet;
+                let wire = if plan.quiet() {
+                    quiet = [sub.line.clone(), Bytes::from_static(b"mn\r\n")];
+                    &quiet[..]
                 } else {
-                    Expect::values(sub.line.clone())
+                    std::slice::from_ref(&sub.line)
                 };
-                match conn.send(std::slice::from_ref(&sub.line), expect, Some(slot.clone())) {
+                if let Some(write) = write {
+                    write.watch(&slot);
+                }
+                match conn.send(wire, expect, Some(slot.clone())) {
                     Ok(()) => {
                         if let Some(ticket) = ticket {
                             self.worker.hot.sent(ticket, &slot);
+                        }
+                        if let Some(write) = write {
+                            write.queued();
                         }
                         in_flight.push(SubInFlight {
                             id: sub.id,
@@ -445,8 +462,10 @@ impl ClientSession {
         // their next server: later requests wait until this one has
         // its answers (with zones read all at once, until every key has
         // its answer: a zone still answering is not waited for).
+        // An `mg` asks its one server: later requests need not wait.
         in_flight.is_empty()
             || plan.settled()
+            || plan.is_meta()
             || (topology.config.replicas <= 1 && !plan.has_moved_keys())
     }
 
@@ -583,25 +602,14 @@ impl ClientSession {
                     if reply.outcome == Outcome::Va {
                         estimate = Some(reply.len());
                     } else if reply.outcome.meta_miss() {
+                        // A miss brought no value: without this a client
+                        // whose reads miss would keep reserving the
+                        // largest value per request, a handful in flight.
                         estimate = Some(MIN_ESTIMATE_BYTES);
                     }
                 }
             }
-            Work::Meta(meta) => {
-                for part in meta.parts.iter_mut() {
-                    part.absorb();
-                    if let Some(Ok(reply)) = &part.result {
-                        if meta.value && reply.outcome == Outcome::Va {
-                            estimate = Some(reply.len());
-                        } else if meta.value && reply.outcome.meta_miss() {
-                            // A miss brought no value: without this a client
-                            // whose reads miss would keep reserving the
-                            // largest value per request, a handful in flight.
-                            estimate = Some(MIN_ESTIMATE_BYTES);
-                        }
-                    }
-                }
-            }
+            Work::Meta(meta) => meta.parts.iter_mut().for_each(Part::absorb),
             Work::Retrieve {
                 plan,
                 in_flight,
@@ -623,7 +631,7 @@ impl ClientSession {
                 }
                 if plan.largest_block() > 0 {
                     estimate = Some(plan.largest_block());
-                } else if in_flight.is_empty() && !plan.has_unsent() {
+                } else if in_flight.is_empty() && !plan.has_unsent() && plan.brought_no_value() {
                     // Every key missed (as for a meta miss above).
                     estimate = Some(MIN_ESTIMATE_BYTES);
                 }

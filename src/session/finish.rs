@@ -268,10 +268,25 @@ impl ClientSession {
             return false;
         }
         entry.said = plan.said();
+        let stats = &self.worker.stats;
+        if plan.is_meta() {
+            // An `mg`: counted as a meta command's answer is (by what the
+            // server said; the figures take a quiet miss for a miss).
+            let answer = plan.meta_answer();
+            if let (Some(pairs), Some(answer)) = (entry.shadow.take(), answer) {
+                shadow::primary_meta_answer(&pairs, answer);
+            }
+            if let Some(Ok(reply)) = answer {
+                stats.reply(entry.command, reply.outcome);
+                let hit = !reply.outcome.meta_miss();
+                entry.topology.figures.retrieval(1, usize::from(hit));
+            }
+            *owed = Reservation::default();
+            return true;
+        }
         if let Some(pairs) = entry.shadow.take() {
             shadow::primary_answers(&pairs, &plan.take_answers());
         }
-        let stats = &self.worker.stats;
         let (keys, hits) = plan.counts();
         stats.retrieval(keys, hits);
         entry.topology.figures.retrieval(keys, hits);
@@ -363,7 +378,7 @@ fn write_meta_answer(
     reply: CallResult,
 ) -> Outcome {
     if let Some(pairs) = shadow {
-        shadow::primary_meta_answer(&pairs, &reply);
+        shadow::primary_meta_answer(&pairs, reply.as_ref());
     }
     match reply {
         Ok(reply) => {

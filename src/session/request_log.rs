@@ -258,12 +258,15 @@ fn route_of(entry: &Entry) -> (Option<&str>, &'static str) {
             };
             (name(steps.machine.first_server()), path)
         }
-        Work::Retrieve { .. } => {
+        Work::Retrieve { plan, .. } => {
             let many = entry.request.keys.len() > 1;
-            let owner = (!many)
-                .then(|| entry.topology.owner(entry.request.key(&entry.bytes, 0)))
-                .flatten()
-                .map(|b| b.name());
+            let owner = match entry.request.keys.first() {
+                // An `mg` (its entry holds no classic request): the server
+                // its plan asked.
+                None => plan.owner(0).and_then(name),
+                Some(_) if many => None,
+                Some(key) => entry.topology.owner(key.of(&entry.bytes)).map(|b| b.name()),
+            };
             (owner, if many { "multi" } else { "owner" })
         }
         Work::Ready(_) | Work::Stats | Work::StatsReset => (None, "memring"),

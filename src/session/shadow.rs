@@ -6,7 +6,9 @@
 //! room in the worker's bound is shed and counted.
 
 use super::*;
+use crate::error::BackendError;
 use crate::pools::shadow::{value_digest, Pair, Sampler, ShadowReply, Side};
+use crate::protocol::outcome::Reply;
 use crate::stats::ShadowCounters;
 
 /// The sampled keys of one request: (key index in the request, its pair).
@@ -57,7 +59,7 @@ pub(super) fn primary_answers(pairs: &Pairs, answers: &[(u32, Option<Bytes>)]) {
 }
 
 /// The primary's answer to a sampled `mg` goes to its pair.
-pub(super) fn primary_meta_answer(pairs: &Pairs, reply: &CallResult) {
+pub(super) fn primary_meta_answer(pairs: &Pairs, reply: Result<&Reply, &BackendError>) {
     let side = match reply {
         Ok(reply) => crate::pools::shadow::meta_side(reply),
         Err(_) => Side::Failed,
@@ -171,7 +173,12 @@ impl ClientSession {
         plan: &Plan,
     ) -> Option<Box<Pairs>> {
         request.key?;
-        if !matches!(plan, Plan::Key(placement) if !matches!(placement, Placement::NoServers)) {
+        let forwarded = match plan {
+            Plan::Key(placement) => !matches!(placement, Placement::NoServers),
+            Plan::Retrieve(_) => true,
+            _ => false,
+        };
+        if !forwarded {
             return None;
         }
         if !matches!(

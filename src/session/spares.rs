@@ -185,6 +185,27 @@ pub(super) fn plan(
     })
 }
 
+/// Plans the meta `request` (routing key `key`) with kept retrieval storage
+/// (see `route::plan_meta`).
+pub(super) fn plan_meta(
+    request: &MetaRequest,
+    bytes: &Bytes,
+    key: &[u8],
+    topology: &Topology,
+    health: &HealthView,
+) -> Plan {
+    SPARES.with(|spares| {
+        route::plan_meta(
+            request,
+            bytes,
+            key,
+            topology,
+            health,
+            &mut spares.borrow_mut().plans,
+        )
+    })
+}
+
 /// Keeps what the finished `work` no longer needs.
 pub(super) fn keep(work: Work) {
     match work {

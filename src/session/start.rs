@@ -391,21 +391,23 @@ impl ClientSession {
         let health = self
             .health
             .of(&topology, self.worker.clock.turn(), &self.worker);
-        let plan = route::plan_meta(&request, &bytes, &key, &topology, health);
+        let plan = spares::plan_meta(&request, &bytes, &key, &topology, health);
         let shadow = self.shadow_meta(&request, &bytes, &key, &plan);
         let hot = self
             .worker
             .hot
             .on_meta_request(&request, &bytes, &key, &plan, &topology);
         drop(key);
-        let placement = match plan {
+        let work = match plan {
             Plan::Key(Placement::NoServers) => {
                 let mut entry = Entry::ready(route::NO_SERVERS, topology);
                 entry.command = command;
                 self.push(entry);
                 return;
             }
-            Plan::Key(placement) => placement,
+            Plan::Key(placement) => meta_work(&request, &bytes, placement, &topology),
+            // A plain `mg`: a one-key retrieval, as a `get` is.
+            Plan::Retrieve(retrieval) => meta_get_work(&request, &bytes, retrieval, &topology),
             // `mn`: memring's own answer, as for classic commands.
             own => {
                 if let Some(work) = self.own_work(own, false) {
@@ -417,7 +419,6 @@ impl ClientSession {
                 return;
             }
         };
-        let work = meta_work(&request, &bytes, placement, &topology);
         let mut entry = Entry::ready(b"", topology);
         entry.command = command;
         entry.started = self.worker.clock.nanos();
@@ -430,9 +431,10 @@ impl ClientSession {
     }
 }
 
-/// The work a meta request placed on servers becomes: a replicated add, a
-/// moved key's hand-off steps (as for classic, see [`StepsWork`]), an `mg`
-/// read over several servers (steps too), or the
+/// The work a meta request placed on servers becomes (a plain `mg` is
+/// planned as a retrieval instead): a replicated add, a moved key's
+/// hand-off steps (as for classic, see [`StepsWork`]), an `mg` read over
+/// several servers or one that may meet a lease (steps too), or the
 /// request forwarded as its placement says (see [`MetaMode`]).
 fn meta_work(
     request: &MetaRequest,
@@ -565,7 +567,6 @@ fn meta_work(
     };
     Work::Meta(spares::meta(MetaWork {
         counts_cas: meta.counts_cas,
-        value: meta.value,
         expect,
         wire,
         parts,
@@ -573,6 +574,29 @@ fn meta_work(
         forget_key,
         older: OlderForget::new(older),
     }))
+}
+
+/// The work of an `mg` planned as a retrieval: the retrieval, or inside a
+/// window, for one that may meet a lease (see [`leased`]), the lease retry
+/// on its one server that [`meta_work`] makes (as [`leased_gat`] does for a
+/// `gat`).
+fn meta_get_work(
+    request: &MetaRequest,
+    bytes: &Bytes,
+    retrieval: Box<Retrieval>,
+    topology: &Topology,
+) -> Work {
+    match retrieval.lone_owner() {
+        Some(server) if leased(request, bytes, topology).is_some() => {
+            let owner = Placement::Owner { server, hash: None };
+            meta_work(request, bytes, owner, topology)
+        }
+        _ => Work::Retrieve {
+            plan: retrieval,
+            in_flight: spares::in_flight(),
+            owed: Reservation::default(),
+        },
+    }
 }
 
 /// An `ms` with `C` in set mode: its reply feeds the `cas_*` stats, as

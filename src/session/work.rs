@@ -97,9 +97,9 @@ pub(super) enum Work {
     },
     /// A plan machine's steps (see [`StepsWork`]), in either dialect.
     Steps(Box<StepsWork>),
-    /// A meta command forwarded (see [`MetaWork`]).
+    /// A meta command other than a plain `mg` forwarded (see [`MetaWork`]).
     Meta(Box<MetaWork>),
-    /// A retrieval, streamed.
+    /// A retrieval (a classic one, or a plain `mg`), streamed.
     Retrieve {
         plan: Box<Retrieval>,
         /// Sub-requests sent (or joined) and not yet absorbed.
@@ -162,7 +162,8 @@ impl StepsWork {
 pub(super) struct MetaAnswer {
     /// As [`MetaWork::counts_cas`].
     pub(super) counts_cas: bool,
-    /// As [`MetaWork::value`].
+    /// The reply may carry a stored value (`mg … v`): budgeted like a
+    /// get's key.
     pub(super) value: bool,
 }
 
@@ -244,8 +245,6 @@ pub(super) struct MetaWork {
     /// An `ms` with `C` in set mode: its reply feeds the `cas_*` stats, as
     /// memcached counts it (other modes with `C` it does not count).
     pub(super) counts_cas: bool,
-    /// The reply may carry a stored value: budgeted like a get's key.
-    pub(super) value: bool,
     /// What each server is sent: the client's bytes, plus `mn` when quiet.
     pub(super) wire: SmallVec<[Bytes; 3]>,
     pub(super) expect: Expect,

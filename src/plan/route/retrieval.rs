@@ -2,6 +2,8 @@
 //! keys: which server each key is asked of, in chunks, the read-through of
 //! a moved key and the other zones' replicas after a miss, the copies a hit
 //! found elsewhere makes, and the client's reply in the client's key order.
+//! An `mg` on one server is the one-key case in the meta dialect (see
+//! [`MetaGet`]): the server's reply, as it came, is the client's.
 
 use super::*;
 
@@ -126,6 +128,23 @@ pub(crate) struct Retrieval {
     /// the client (key index, its value block or `None` for a miss), for a
     /// shadow pool's comparison.
     answers: Option<Vec<(u32, Option<Bytes>)>>,
+    /// The client asked in the meta dialect: an `mg`.
+    meta: Option<MetaGet>,
+}
+
+/// A retrieval in the meta dialect: one `mg`, sent to its one server as the
+/// client sent it (and an `mn` behind it when quiet, see `route::meta_wire`),
+/// whose reply is the client's answer as it came (its flags, opaque, `k`
+/// echo, `EN`, or nothing when quiet). Its key is settled (as a miss: no
+/// `VALUE` block) once the reply is in.
+#[derive(Debug)]
+struct MetaGet {
+    /// `q`: the reply may be nothing, ended by the `MN` of the `mn` sent.
+    quiet: bool,
+    /// `v`: the reply may carry the value (for the session's estimate).
+    value: bool,
+    /// The server's reply, once complete.
+    reply: Option<Reply>,
 }
 
 /// A retrieval's part in the client's reply.
@@ -178,6 +197,7 @@ impl Default for Retrieval {
             read_through: (0, 0),
             split: Split::Whole,
             answers: None,
+            meta: None,
         }
     }
 }
@@ -259,6 +279,95 @@ impl Retrieval {
                 }
             }
             self.candidates.push(servers);
+        }
+    }
+
+    /// Plans the `mg` `request` (bytes `bytes`) into this storage: one key,
+    /// asked of `server` (placed with the hash `hash`, when the ring took
+    /// one), in the meta dialect (see [`MetaGet`]).
+    pub(super) fn plan_meta_get(
+        &mut self,
+        request: &MetaRequest,
+        bytes: Bytes,
+        server: usize,
+        hash: Option<u64>,
+    ) {
+        debug_assert!(
+            self.bytes.is_empty() && self.keys.is_empty() && self.candidates.is_empty(),
+            "a retrieval is planned only once cleared"
+        );
+        self.command = Command::MetaGet;
+        // An `mg` without a key (memcached refuses it) has none to name.
+        self.keys
+            .push(request.key.unwrap_or(Span { start: 0, end: 0 }));
+        self.bytes = bytes;
+        self.round.push(0);
+        self.state.push(KeyState::Unsent);
+        self.hashes.extend(hash);
+        self.candidates.push(smallvec::smallvec![server]);
+        self.meta = Some(MetaGet {
+            quiet: request.may_be_silent(),
+            value: request.value,
+            reply: None,
+        });
+    }
+
+    /// Whether the client asked in the meta dialect (an `mg`).
+    #[inline]
+    pub(crate) fn is_meta(&self) -> bool {
+        self.meta.is_some()
+    }
+
+    /// For an `mg`, whether its reply may carry the value (`v`); `None`
+    /// for a classic retrieval.
+    pub(crate) fn meta_value(&self) -> Option<bool> {
+        self.meta.as_ref().map(|meta| meta.value)
+    }
+
+    /// The request's bytes as the client sent them.
+    pub(crate) fn request_len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// How the reply to `sub` is framed: the client's `mg` (quiet: an `mn`
+    /// follows it), a moved key's read-through `mg`, or `VALUE` blocks.
+    pub(crate) fn expect_of(&self, sub: &SubRequest) -> Expect {
+        match &self.meta {
+            Some(meta) => Expect::meta(MetaCommand::Get, meta.quiet),
+            None if sub.meta => Expect::meta(MetaCommand::Get, false),
+            None => Expect::values(sub.line.clone()),
+        }
+    }
+
+    /// Whether an `mn` goes behind the line sent: a quiet `mg`'s.
+    pub(crate) fn quiet(&self) -> bool {
+        self.meta.as_ref().is_some_and(|meta| meta.quiet)
+    }
+
+    /// For an `mg` once answered: the server's reply, or why there is none.
+    /// `None` for a classic retrieval.
+    pub(crate) fn meta_answer(&self) -> Option<Result<&Reply, &BackendError>> {
+        let meta = self.meta.as_ref()?;
+        match (&meta.reply, &self.first_error) {
+            (Some(reply), _) => Some(Ok(reply)),
+            (None, Some(error)) => Some(Err(error)),
+            (None, None) => None,
+        }
+    }
+
+    /// Once every key is settled: whether what came back held no value to
+    /// size the next ones by (every key of a get missed or failed; an
+    /// `mg … v` missed).
+    pub(crate) fn brought_no_value(&self) -> bool {
+        match &self.meta {
+            None => true,
+            Some(meta) => {
+                meta.value
+                    && meta
+                        .reply
+                        .as_ref()
+                        .is_some_and(|reply| reply.outcome.meta_miss())
+            }
         }
     }
 
@@ -495,6 +604,7 @@ impl Retrieval {
         self.read_through = (0, 0);
         self.split = Split::Whole;
         self.answers = None;
+        self.meta = None;
     }
 
     /// Keeps each key's answer as it goes to the client, for
@@ -707,7 +817,7 @@ impl Retrieval {
             && self.subs.is_empty()
             && self.retry.is_empty()
             && !self.asking_previous(0)
-            && self.forwards_as_is();
+            && (self.meta.is_some() || self.forwards_as_is());
         if !plain {
             return None;
         }
@@ -764,10 +874,18 @@ impl Retrieval {
         let Some(entry) = self.subs.get_mut(sub as usize) else {
             return;
         };
-        if let Got::Line(reply) = got {
+        match got {
             // Read in `on_done`, once what it says is known.
-            entry.read = Some(reply);
-            return;
+            Got::Line(reply) => {
+                entry.read = Some(reply);
+                return;
+            }
+            // A quiet `mg`'s one reply, framed before its `MN`.
+            Got::Value(reply) if self.meta.is_some() => {
+                entry.read = Some(reply);
+                return;
+            }
+            Got::Value(_) => {}
         }
         if entry.meta {
             return;
@@ -867,6 +985,10 @@ impl Retrieval {
         result: Result<Outcome, BackendError>,
         now: impl FnOnce() -> u64,
     ) {
+        if self.meta.is_some() {
+            self.meta_done(sub, result);
+            return;
+        }
         let Some(entry) = self.subs.get_mut(sub as usize) else {
             return;
         };
@@ -900,6 +1022,38 @@ impl Retrieval {
                 self.missed(k);
             }
         }
+    }
+
+    /// An `mg`'s one sub-request is complete: its reply (or failure) is
+    /// the answer, and its key is settled (a retrieval's `VALUE` blocks do
+    /// not carry it). No other server is asked: an `mg` planned as a
+    /// retrieval has one.
+    fn meta_done(&mut self, sub: u32, result: Result<Outcome, BackendError>) {
+        let Some(entry) = self.subs.get_mut(sub as usize) else {
+            return;
+        };
+        let line = entry.read.take();
+        entry.cursor = entry.keys.len();
+        let Some(meta) = &mut self.meta else {
+            return;
+        };
+        match result {
+            Ok(said) => {
+                // A quiet request's miss: nothing before its `MN`.
+                let reply = Reply::new(said, line.unwrap_or_default());
+                if meta.value && said == Outcome::Va {
+                    self.largest_block = self.largest_block.max(reply.len());
+                }
+                // Held until written, as a value waiting for earlier keys.
+                self.held += reply.len();
+                self.answered = true;
+                meta.reply = Some(reply);
+            }
+            Err(error) => {
+                self.first_error.get_or_insert(error);
+            }
+        }
+        self.state[0] = KeyState::Missed;
     }
 
     /// A key the server answered without a value.
@@ -936,6 +1090,10 @@ impl Retrieval {
         if !self.emit_values(out) {
             return false;
         }
+        if self.meta.is_some() {
+            self.emit_meta(out);
+            return true;
+        }
         self.said = if self.values_written > 0 {
             Outcome::Value
         } else {
@@ -968,6 +1126,32 @@ impl Retrieval {
         }
         out.text().extend_from_slice(b"END\r\n");
         true
+    }
+
+    /// An `mg`'s answer: the server's reply as it came (nothing for a quiet
+    /// one that said nothing), or the error memring says for the server.
+    fn emit_meta(&mut self, out: &mut impl ReplyWriter) {
+        let Some(meta) = &self.meta else {
+            return;
+        };
+        self.held = 0;
+        self.said = match (&meta.reply, &self.first_error) {
+            (Some(reply), _) => {
+                if !reply.is_empty() {
+                    out.piece(reply.bytes.clone());
+                }
+                reply.outcome
+            }
+            (None, Some(error)) => {
+                crate::protocol::encode::write_server_error(out.text(), error);
+                Outcome::ServerError
+            }
+            // No server to ask (the planner places an `mg` on one).
+            (None, None) => {
+                out.text().extend_from_slice(NO_SERVERS);
+                Outcome::ServerError
+            }
+        };
     }
 
     /// Writes every value that can go to the client now, in key order, and
