@@ -712,7 +712,8 @@ fn deliver(
                         Expect::Values { .. } | Expect::Meta { quiet: true, .. }
                     );
                 let wanted = !front.probe && front.slot.is_some() && !is_end;
-                let lease = !quiet_end && holds_lease(&front.expect, &read_buf[..len], 0);
+                // A retrieval's `END` (or a quiet reply's `MN`) holds no lease.
+                let lease = !is_end && holds_lease(&front.expect, &read_buf[..len], 0);
                 if lease {
                     note_lease(front.slot.as_deref(), &front.expect, &read_buf[..len]);
                 }

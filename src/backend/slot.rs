@@ -169,6 +169,13 @@ impl Slot {
         Some(piece)
     }
 
+    /// Nothing arrived that is not taken yet, and the reply is not complete:
+    /// a look at it now would find nothing new.
+    pub(crate) fn is_waiting(&self) -> bool {
+        let state = self.state.borrow();
+        state.taken == state.pieces.len() && state.done.is_none()
+    }
+
     /// `None` while more may come; then whether the reply completed, and
     /// what it says. Pieces may still be waiting to be taken.
     pub fn outcome(&self) -> Option<Result<Outcome, BackendError>> {

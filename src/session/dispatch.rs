@@ -611,6 +611,13 @@ impl ClientSession {
             }
             Work::Meta(meta) => meta.parts.iter_mut().for_each(Part::absorb),
             Work::Retrieve {
+                plan, in_flight, ..
+            } if nothing_arrived(in_flight, plan) => {
+                // Its reservation is already what the retrieval owes: each
+                // change to what it holds or awaits resized it.
+                return;
+            }
+            Work::Retrieve {
                 plan,
                 in_flight,
                 owed,

@@ -388,6 +388,18 @@ pub(super) fn retrieval_owed(in_flight: &InFlight, plan: &Retrieval) -> usize {
     in_flight.iter().map(|sub| sub.cost).sum::<usize>() + plan.held_bytes()
 }
 
+/// Nothing arrived for a retrieval since it was last looked at, and a look
+/// would change nothing (`ClientSession::absorb`): every sub-request in
+/// flight still waits, no block sets the client's estimate, and it is not a
+/// retrieval sent whole and answered (whose look sets the estimate too). A
+/// get finds its entry so in the turn that sends it, and whenever a wake is
+/// for another entry.
+pub(super) fn nothing_arrived(in_flight: &InFlight, plan: &Retrieval) -> bool {
+    plan.largest_block() == 0
+        && (!in_flight.is_empty() || plan.has_unsent())
+        && in_flight.iter().all(|sub| sub.slot.is_waiting())
+}
+
 /// A retrieval's sub-request in flight.
 pub(super) struct SubInFlight {
     pub(super) id: u32,
