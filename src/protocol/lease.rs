@@ -11,7 +11,7 @@
 //!
 //! This file is that recognition, and the wire form of a lease: client flags
 //! [`LEASE_FLAGS`] and data [`LEASE_MARKER`], placed by [`lease_request`]
-//! (the copy itself is `session::copy_check`'s). A lease is an item with
+//! (the copy itself is `plan::handoff::LeaseCopy`'s). A lease is an item with
 //! exactly those flags whose data starts or ends with the marker (an
 //! `append` or `prepend` that reached a lease extends it at one end); any
 //! other item, however alike, is a value.

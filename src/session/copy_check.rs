@@ -1,8 +1,10 @@
-//! Read-through copies, made through a lease (see `handoff::ReadCopy`). The
-//! lease is sent at once, ahead of the client's later requests on the same
-//! connection; what follows its reply runs on its own, and no client waits
-//! for it: the source is read again, and the copy replaces the lease only if
-//! the value is still there; otherwise the lease is taken back. Only the
+//! Read-through copies, made through a lease (see `handoff::ReadCopy`): this
+//! task drives the plan's `handoff::LeaseCopy` (the sequence is written
+//! there once) and does its I/O. The lease is sent at once, ahead of the
+//! client's later requests on the same connection; what follows its reply
+//! runs on its own, and no client waits for it: the source is read again,
+//! and the copy replaces the lease only if the value is still there;
+//! otherwise the lease is taken back. Only the
 //! client's later writes of moved keys wait (see [`CopiesUnderWay`]). A
 //! copy under way counts in flight on its request's topology.
 
@@ -13,9 +15,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::backend::slot::{Got, Slot};
-use crate::plan::handoff::{
-    copy_outcome, fill_outcome, landed_cas, meta_expect, CopyOutcome, ReadCopy,
-};
+use crate::plan::handoff::{meta_expect, CopyEnd, CopyOutcome, CopyStep, Owner, ReadCopy};
 use crate::plan::route::CallResult;
 use crate::pools::planned::Planned;
 use crate::pools::topology::Topology;
@@ -68,8 +68,8 @@ impl Drop for Ended {
     }
 }
 
-/// Places `copy`'s lease on its new owner now, and makes the copy once the
-/// lease is there and the source still holds the value.
+/// Places `copy`'s lease on its new owner now, and drives the rest of its
+/// `handoff::LeaseCopy` once the lease's reply is in.
 pub(super) fn send(
     worker: &Rc<WorkerCtx>,
     topology: &Arc<Topology>,
@@ -77,10 +77,13 @@ pub(super) fn send(
     copy: ReadCopy,
     under_way: &Rc<CopiesUnderWay>,
 ) {
+    let mut machine = copy.lease_copy();
+    let CopyStep::Send { to, wire, expect } = machine.start() else {
+        return;
+    };
     let wake = Rc::new(Wake::new());
-    let expect = meta_expect(MetaCommand::Set);
-    let lease = [copy.lease_line()];
-    let Some(slot) = call_now(worker, topology, lane, copy.owner, &lease, expect, &wake) else {
+    let server = server_of(&copy, to);
+    let Some(slot) = call_now(worker, topology, lane, server, &wire, expect, &wake) else {
         super::count_copy(&worker.stats, CopyOutcome::Failed);
         return;
     };
@@ -93,45 +96,49 @@ pub(super) fn send(
     let checks = worker.checks.clone();
     checks.spawn_local(async move {
         let _ended = ended;
-        let leased = reply(&slot, &wake).await;
-        let outcome = copy_outcome(&leased);
-        // Without its cas the lease can be neither replaced nor taken back
-        // safely: it expires (a miss meanwhile).
-        let lease = match (outcome, landed_cas(&leased)) {
-            (CopyOutcome::Made, Some(lease)) => lease,
-            (CopyOutcome::Made, None) => {
-                super::count_copy(&worker.stats, CopyOutcome::Failed);
-                return;
+        let mut step = machine.on_reply(reply(&slot, &wake).await);
+        let end = loop {
+            match step {
+                CopyStep::Send { to, wire, expect } => {
+                    let server = server_of(&copy, to);
+                    let result = call(&worker, &topology, lane, server, &wire, expect).await;
+                    step = machine.on_reply(result);
+                }
+                CopyStep::Done(end) => break end,
             }
+        };
+        match end {
             // `NS`: the new owner holds the key (a write, or another
             // copy's lease) already. A `gat`'s new TTL still goes there.
-            (outcome, _) => {
+            CopyEnd::NotLeased(outcome) => {
                 if outcome == CopyOutcome::Skipped {
                     if let Some(line) = copy.touch_line() {
                         touch_held(&worker, &topology, lane, &copy, line).await;
                     }
                 }
                 super::count_copy(&worker.stats, outcome);
-                return;
             }
-        };
-        if still_at_source(&worker, &topology, lane, &copy).await {
-            let expect = meta_expect(MetaCommand::Set);
-            let filled = call(
-                &worker,
-                &topology,
-                lane,
-                copy.owner,
-                &copy.fill(lease),
-                expect,
-            )
-            .await;
-            super::count_copy(&worker.stats, fill_outcome(&filled));
-        } else {
-            take_back(&worker, &topology, lane, &copy, lease).await;
+            CopyEnd::Filled(outcome) => {
+                super::count_copy(&worker.stats, outcome);
+                worker.stats.copy_checked();
+            }
+            CopyEnd::TakenBack(removed) => {
+                if removed {
+                    worker.stats.copy_taken_back();
+                }
+                worker.stats.copy_checked();
+            }
         }
-        worker.stats.copy_checked();
     });
+}
+
+/// The server a `handoff::LeaseCopy`'s message goes to: the new owner, or the
+/// source the value was read from.
+fn server_of(copy: &ReadCopy, to: Owner) -> usize {
+    match to {
+        Owner::New => copy.owner,
+        Owner::Previous => copy.source,
+    }
 }
 
 /// A `gat` read through whose copy found the key held on the new owner: to
@@ -181,44 +188,6 @@ async fn touch_held(
         call(worker, topology, lane, copy.owner, &[line], shown)
             .await
             .ok();
-    }
-}
-
-/// Whether the source still holds the copied value. A failure there counts
-/// as a change: when in doubt, the copy goes (a miss is always allowed).
-async fn still_at_source(
-    worker: &Rc<WorkerCtx>,
-    topology: &Arc<Topology>,
-    lane: usize,
-    copy: &ReadCopy,
-) -> bool {
-    let line = [copy.check_line()];
-    let at_source = call(
-        worker,
-        topology,
-        lane,
-        copy.source,
-        &line,
-        meta_expect(MetaCommand::Get),
-    )
-    .await;
-    matches!(&at_source, Ok(reply) if copy.holds(reply))
-}
-
-/// Deletes the lease from the new owner, compared by its cas, so a write
-/// that replaced it in between stays.
-async fn take_back(
-    worker: &Rc<WorkerCtx>,
-    topology: &Arc<Topology>,
-    lane: usize,
-    copy: &ReadCopy,
-    lease: u64,
-) {
-    let expect = meta_expect(MetaCommand::Delete);
-    let line = [copy.take_back_line(lease)];
-    let undone = call(worker, topology, lane, copy.owner, &line, expect).await;
-    if matches!(&undone, Ok(reply) if reply.outcome == Outcome::Hd) {
-        worker.stats.copy_taken_back();
     }
 }
 

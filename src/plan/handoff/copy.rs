@@ -7,10 +7,12 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use super::lines::{delete_line, hd_number, probed_lease};
 use super::read_through::ValueReply;
-use super::CallResult;
+use super::{meta_expect, CallResult, Owner};
 use crate::protocol::encode::Outbound;
 use crate::protocol::lease;
+use crate::protocol::meta::MetaCommand;
 use crate::protocol::outcome::{Outcome, Reply};
+use crate::protocol::reply::Expect;
 
 /// `VALUE <key> <flags> <bytes> [<cas>]\r\n<data>\r\n` as the copy its
 /// new owner is sent: `ms <key> <bytes> F<flags> ME [T<exptime>] c`, stored
@@ -99,22 +101,6 @@ impl ReadCopy {
         probed_lease(reply)
     }
 
-    /// See [`check_line`].
-    pub(crate) fn check_line(&self) -> Bytes {
-        check_line(&self.key, self.base64)
-    }
-
-    /// Whether `reply` to a [`ReadCopy::check_line`] holds the copied value.
-    pub(crate) fn holds(&self, reply: &Reply) -> bool {
-        holds(&self.wire, reply)
-    }
-
-    /// The `ms` that places the copy's lease on the new owner (see
-    /// `protocol::lease`): only where the key is absent, answering its cas.
-    pub(crate) fn lease_line(&self) -> Bytes {
-        lease::lease_request(&self.key, self.base64)
-    }
-
     /// The copy as the `ms` that replaces its lease, compared by the cas the
     /// lease landed with (`C<lease>` instead of `ME`): a write or delete that
     /// reached the lease in between makes it fail instead of being undone.
@@ -122,10 +108,191 @@ impl ReadCopy {
         fill_wire(&self.wire, lease)
     }
 
-    /// The `md` that takes the lease back from the new owner, by the cas it
-    /// landed with, so a write that replaced it in between stays.
-    pub(crate) fn take_back_line(&self, lease: u64) -> Bytes {
-        delete_line(&self.key, self.base64, Some(lease))
+    /// The lease → check → fill or take-back of this copy, the source
+    /// read again (it keeps the value).
+    pub(crate) fn lease_copy(&self) -> LeaseCopy {
+        LeaseCopy::new(
+            self.key.clone(),
+            self.base64,
+            self.wire.clone(),
+            CopyCheck::Reread,
+        )
+    }
+}
+
+/// How a [`LeaseCopy`]'s check finds out, with the lease in place, whether
+/// the source still holds what was copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CopyCheck {
+    /// Read it again (`mg … v u`) and compare the data: the source keeps
+    /// the value (a read-through's copy; readers of the old ring still
+    /// find it there).
+    Reread,
+    /// Delete it by the cas it was fetched with (`md … C<cas>`): the copy
+    /// is made only if that delete succeeds, so the source no longer has
+    /// it (a moved key's command, which then runs on the new owner alone).
+    Forget(u64),
+}
+
+/// What a [`LeaseCopy`] sends next, or how it ended.
+#[derive(Debug)]
+pub(crate) enum CopyStep {
+    /// Send `wire` to `to` (the new owner, or the source as the previous
+    /// one); feed its reply to [`LeaseCopy::on_reply`].
+    Send {
+        to: Owner,
+        wire: Outbound,
+        expect: Expect,
+    },
+    /// Nothing more to send.
+    Done(CopyEnd),
+}
+
+/// How a [`LeaseCopy`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CopyEnd {
+    /// No lease to fill: `Skipped` when the new owner held the key already
+    /// (a write, or another copy's lease), `Failed` on an error or when the
+    /// lease's cas did not come back (it can be neither filled nor taken
+    /// back safely, so it is left to expire: a miss meanwhile).
+    NotLeased(CopyOutcome),
+    /// The source still held the value: how the fill counts.
+    Filled(CopyOutcome),
+    /// The source changed, lost it or failed (when in doubt, no copy):
+    /// whether the take-back removed the lease.
+    TakenBack(bool),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CopyStage {
+    Lease,
+    Check,
+    Fill,
+    TakeBack,
+    Done,
+}
+
+/// A copy of a key to its new owner, made through a lease so it never
+/// brings back a value older than a write (see [`ReadCopy`]): the lease
+/// (`ms … ME c`, only where the key is absent), the check at the source
+/// (see [`CopyCheck`]), then the copy replacing the lease by its cas, or
+/// the lease taken back by its cas. Written once, driven by a read-through's
+/// task (`session::copy_check`) and by [`super::Moved`]'s copy stage.
+/// Pure: replies in, messages out.
+#[derive(Debug)]
+pub(crate) struct LeaseCopy {
+    key: Bytes,
+    base64: bool,
+    /// The copy as an add (`ms … ME … c`, then its data).
+    wire: Outbound,
+    check: CopyCheck,
+    stage: CopyStage,
+    /// The cas the lease landed with.
+    lease: Option<u64>,
+}
+
+impl LeaseCopy {
+    /// `key` as a meta token (base64 or not) and `wire` the copy as an add
+    /// (see [`copy_block`]).
+    pub(crate) fn new(key: Bytes, base64: bool, wire: Outbound, check: CopyCheck) -> LeaseCopy {
+        LeaseCopy {
+            key,
+            base64,
+            wire,
+            check,
+            stage: CopyStage::Lease,
+            lease: None,
+        }
+    }
+
+    /// The lease, to the new owner.
+    pub(crate) fn start(&mut self) -> CopyStep {
+        self.stage = CopyStage::Lease;
+        CopyStep::Send {
+            to: Owner::New,
+            wire: smallvec::smallvec![lease::lease_request(&self.key, self.base64)],
+            expect: meta_expect(MetaCommand::Set),
+        }
+    }
+
+    /// Over a lease already on the new owner (cas `lease`, another copy's,
+    /// taken over): straight to the check.
+    pub(crate) fn start_over(&mut self, lease: u64) -> CopyStep {
+        self.lease = Some(lease);
+        self.check()
+    }
+
+    /// The reply to the last [`CopyStep::Send`].
+    pub(crate) fn on_reply(&mut self, result: CallResult) -> CopyStep {
+        match self.stage {
+            CopyStage::Lease => match (copy_outcome(&result), landed_cas(&result)) {
+                (CopyOutcome::Made, Some(lease)) => self.start_over(lease),
+                (CopyOutcome::Made, None) => self.end(CopyEnd::NotLeased(CopyOutcome::Failed)),
+                (outcome, _) => self.end(CopyEnd::NotLeased(outcome)),
+            },
+            CopyStage::Check => match (self.lease, self.still_at_source(&result)) {
+                (Some(lease), true) => {
+                    self.stage = CopyStage::Fill;
+                    CopyStep::Send {
+                        to: Owner::New,
+                        wire: fill_wire(&self.wire, lease),
+                        expect: meta_expect(MetaCommand::Set),
+                    }
+                }
+                (Some(lease), false) => {
+                    self.stage = CopyStage::TakeBack;
+                    CopyStep::Send {
+                        to: Owner::New,
+                        wire: smallvec::smallvec![delete_line(&self.key, self.base64, Some(lease))],
+                        expect: meta_expect(MetaCommand::Delete),
+                    }
+                }
+                (None, _) => self.end(CopyEnd::NotLeased(CopyOutcome::Failed)),
+            },
+            CopyStage::Fill => self.end(CopyEnd::Filled(fill_outcome(&result))),
+            CopyStage::TakeBack => {
+                let removed = matches!(&result, Ok(reply) if reply.outcome == Outcome::Hd);
+                self.end(CopyEnd::TakenBack(removed))
+            }
+            // Nothing was sent: nothing changes.
+            CopyStage::Done => CopyStep::Done(CopyEnd::NotLeased(CopyOutcome::Failed)),
+        }
+    }
+
+    /// The check, to the source.
+    fn check(&mut self) -> CopyStep {
+        self.stage = CopyStage::Check;
+        let (wire, expect) = match self.check {
+            CopyCheck::Reread => (
+                check_line(&self.key, self.base64),
+                meta_expect(MetaCommand::Get),
+            ),
+            CopyCheck::Forget(cas) => (
+                delete_line(&self.key, self.base64, Some(cas)),
+                meta_expect(MetaCommand::Delete),
+            ),
+        };
+        CopyStep::Send {
+            to: Owner::Previous,
+            wire: smallvec::smallvec![wire],
+            expect,
+        }
+    }
+
+    /// Whether the check's reply says the source still held the value. A
+    /// failure there counts as a change.
+    fn still_at_source(&self, result: &CallResult) -> bool {
+        match self.check {
+            CopyCheck::Reread => matches!(result, Ok(reply) if holds(&self.wire, reply)),
+            CopyCheck::Forget(_) => {
+                matches!(result, Ok(reply) if reply.outcome.meta_succeeded())
+            }
+        }
+    }
+
+    fn end(&mut self, end: CopyEnd) -> CopyStep {
+        self.stage = CopyStage::Done;
+        CopyStep::Done(end)
     }
 }
 
@@ -249,34 +416,160 @@ mod tests {
         assert_eq!(copy_outcome(&ok(b"HDX\r\n")), CopyOutcome::Failed);
     }
 
-    #[test]
-    fn a_copy_replaces_its_lease_by_cas_and_takes_it_back_by_cas() {
-        let copy = ReadCopy {
+    fn read_copy() -> ReadCopy {
+        ReadCopy {
             owner: 1,
             wire: copy_block(&Bytes::from_static(b"VALUE k 3 2\r\nv1\r\n"), b"60").unwrap(),
             source: 0,
             key: Bytes::from_static(b"k"),
             base64: false,
             touch: None,
-        };
-        let lease = copy.lease_line();
+        }
+    }
+
+    /// The one message a step sends: where, its bytes, what it is.
+    fn sent(step: CopyStep) -> (Owner, Vec<u8>, Expect) {
+        match step {
+            CopyStep::Send { to, wire, expect } => (to, wire.concat(), expect),
+            CopyStep::Done(end) => panic!("ended early: {end:?}"),
+        }
+    }
+
+    fn ended(step: CopyStep) -> CopyEnd {
+        match step {
+            CopyStep::Done(end) => end,
+            CopyStep::Send { wire, .. } => panic!("still sends {:?}", wire.concat()),
+        }
+    }
+
+    /// A read-through's copy past its lease (cas 41) and its check.
+    fn leased_and_checked(check: &'static [u8]) -> (LeaseCopy, CopyStep) {
+        let mut machine = read_copy().lease_copy();
+        let (to, lease, expect) = sent(machine.start());
+        assert_eq!(to, Owner::New);
         assert!(lease.starts_with(b"ms k 24 F1835821873 T5 ME c\r\n"));
-        assert_eq!(&copy.check_line()[..], b"mg k v u\r\n");
-        assert!(copy.holds(&Reply::from_static(b"VA 2\r\nv1\r\n")));
-        // Changed or gone where it was read from.
-        assert!(!copy.holds(&Reply::from_static(b"VA 2\r\nv2\r\n")));
-        assert!(!copy.holds(&Reply::from_static(b"EN\r\n")));
-        assert!(!copy.holds(&Reply::from_static(b"SERVER_ERROR out of memory\r\n")));
+        assert_eq!(expect, meta_expect(MetaCommand::Set));
+        let (to, line, expect) = sent(machine.on_reply(ok(b"HD c41\r\n")));
+        assert_eq!((to, &line[..]), (Owner::Previous, &b"mg k v u\r\n"[..]));
+        assert_eq!(expect, meta_expect(MetaCommand::Get));
+        let step = machine.on_reply(ok(check));
+        (machine, step)
+    }
+
+    #[test]
+    fn a_copy_still_at_its_source_replaces_its_lease_by_cas() {
+        let (mut machine, step) = leased_and_checked(b"VA 2\r\nv1\r\n");
         // The value with its flags and TTL, stored only over the lease.
-        let fill = copy.fill(41);
-        assert_eq!(&fill[0][..], b"ms k 2 F3 T60 C41\r\n");
-        assert_eq!(&fill[1][..], b"v1\r\n");
-        assert_eq!(&copy.take_back_line(41)[..], b"md k C41\r\n");
+        let (to, fill, expect) = sent(step);
+        assert_eq!(
+            (to, &fill[..]),
+            (Owner::New, &b"ms k 2 F3 T60 C41\r\nv1\r\n"[..])
+        );
+        assert_eq!(expect, meta_expect(MetaCommand::Set));
+        let end = ended(machine.on_reply(ok(b"HD\r\n")));
+        assert_eq!(end, CopyEnd::Filled(CopyOutcome::Made));
         // A write or delete reached the lease first: the copy leaves it.
         for reply in [&b"EX\r\n"[..], b"NF\r\n", b"NS\r\n"] {
-            assert_eq!(fill_outcome(&ok(reply)), CopyOutcome::Skipped);
+            let (mut machine, _) = leased_and_checked(b"VA 2\r\nv1\r\n");
+            let end = ended(machine.on_reply(Ok(Reply::from_static(reply))));
+            assert_eq!(end, CopyEnd::Filled(CopyOutcome::Skipped));
         }
-        assert_eq!(fill_outcome(&ok(b"HD\r\n")), CopyOutcome::Made);
+        let (mut machine, _) = leased_and_checked(b"VA 2\r\nv1\r\n");
+        let end = ended(machine.on_reply(ok(b"SERVER_ERROR out of memory\r\n")));
+        assert_eq!(end, CopyEnd::Filled(CopyOutcome::Failed));
+    }
+
+    #[test]
+    fn a_copy_changed_gone_or_failing_at_its_source_takes_its_lease_back_by_cas() {
+        for check in [
+            &b"VA 2\r\nv2\r\n"[..],
+            b"EN\r\n",
+            b"SERVER_ERROR out of memory\r\n",
+        ] {
+            let mut machine = read_copy().lease_copy();
+            machine.start();
+            machine.on_reply(ok(b"HD c41\r\n"));
+            let (to, line, expect) = sent(machine.on_reply(Ok(Reply::from_static(check))));
+            assert_eq!((to, &line[..]), (Owner::New, &b"md k C41\r\n"[..]));
+            assert_eq!(expect, meta_expect(MetaCommand::Delete));
+            // Replaced by a write in between: it stays.
+            assert_eq!(
+                ended(machine.on_reply(ok(b"EX\r\n"))),
+                CopyEnd::TakenBack(false)
+            );
+        }
+        let (mut machine, step) = leased_and_checked(b"EN\r\n");
+        sent(step);
+        let end = ended(machine.on_reply(ok(b"HD\r\n")));
+        assert_eq!(end, CopyEnd::TakenBack(true));
+    }
+
+    #[test]
+    fn a_lease_not_placed_or_without_its_cas_ends_the_copy() {
+        let cases: [(&'static [u8], CopyOutcome); 4] = [
+            // The new owner holds the key already.
+            (b"NS c0\r\n", CopyOutcome::Skipped),
+            // Placed, but its cas lost: it can be neither filled nor taken
+            // back safely; it expires.
+            (b"HD\r\n", CopyOutcome::Failed),
+            (b"SERVER_ERROR out of memory\r\n", CopyOutcome::Failed),
+            (b"ERROR\r\n", CopyOutcome::Failed),
+        ];
+        for (reply, outcome) in cases {
+            let mut machine = read_copy().lease_copy();
+            machine.start();
+            let end = ended(machine.on_reply(Ok(Reply::from_static(reply))));
+            assert_eq!(end, CopyEnd::NotLeased(outcome), "{reply:?}");
+            // Done: nothing more, whatever comes.
+            let again = ended(machine.on_reply(ok(b"HD c1\r\n")));
+            assert_eq!(again, CopyEnd::NotLeased(CopyOutcome::Failed));
+        }
+    }
+
+    #[test]
+    fn a_moved_keys_copy_is_checked_by_deleting_the_fetched_item_by_its_cas() {
+        let copy = read_copy();
+        let forget = || {
+            LeaseCopy::new(
+                copy.key.clone(),
+                false,
+                copy.wire.clone(),
+                CopyCheck::Forget(9),
+            )
+        };
+        let mut machine = forget();
+        machine.start();
+        let (to, line, expect) = sent(machine.on_reply(ok(b"HD c41\r\n")));
+        assert_eq!((to, &line[..]), (Owner::Previous, &b"md k C9\r\n"[..]));
+        assert_eq!(expect, meta_expect(MetaCommand::Delete));
+        let (to, fill, _) = sent(machine.on_reply(ok(b"HD\r\n")));
+        assert_eq!(
+            (to, &fill[..]),
+            (Owner::New, &b"ms k 2 F3 T60 C41\r\nv1\r\n"[..])
+        );
+        // Gone or changed there: the lease goes.
+        for check in [&b"NF\r\n"[..], b"EX\r\n", b"SERVER_ERROR busy\r\n"] {
+            let mut machine = forget();
+            machine.start();
+            machine.on_reply(ok(b"HD c41\r\n"));
+            let (to, line, _) = sent(machine.on_reply(Ok(Reply::from_static(check))));
+            assert_eq!((to, &line[..]), (Owner::New, &b"md k C41\r\n"[..]));
+        }
+        // Over another copy's lease taken over: straight to the check, then
+        // the fill by that lease's cas.
+        let mut machine = forget();
+        let (to, line, _) = sent(machine.start_over(77));
+        assert_eq!((to, &line[..]), (Owner::Previous, &b"md k C9\r\n"[..]));
+        let (_, fill, _) = sent(machine.on_reply(ok(b"HD\r\n")));
+        assert!(fill.starts_with(b"ms k 2 F3 T60 C77\r\n"));
+    }
+
+    #[test]
+    fn a_copy_replaces_its_lease_by_cas_and_takes_it_back_by_cas_in_both_key_forms() {
+        let copy = read_copy();
+        // A `gat`'s touch-and-fill over another copy's lease.
+        assert_eq!(&copy.fill(41)[0][..], b"ms k 2 F3 T60 C41\r\n");
+        assert_eq!(&copy.fill(41)[1][..], b"v1\r\n");
         let base64 = ReadCopy {
             key: Bytes::from_static(b"aw=="),
             base64: true,
@@ -286,11 +579,18 @@ mod tests {
             ],
             ..copy
         };
-        assert!(base64
-            .lease_line()
-            .starts_with(b"ms aw== 24 F1835821873 T5 ME c b\r\n"));
-        assert_eq!(&base64.check_line()[..], b"mg aw== b v u\r\n");
         assert_eq!(&base64.fill(7)[0][..], b"ms aw== 2 F0 b C7\r\n");
-        assert_eq!(&base64.take_back_line(7)[..], b"md aw== b C7\r\n");
+        let mut machine = base64.lease_copy();
+        let (_, lease, _) = sent(machine.start());
+        assert!(lease.starts_with(b"ms aw== 24 F1835821873 T5 ME c b\r\n"));
+        let (_, check, _) = sent(machine.on_reply(ok(b"HD c7\r\n")));
+        assert_eq!(check, b"mg aw== b v u\r\n");
+        let (_, fill, _) = sent(machine.on_reply(ok(b"VA 2\r\nv1\r\n")));
+        assert_eq!(fill, b"ms aw== 2 F0 b C7\r\nv1\r\n");
+        let mut machine = base64.lease_copy();
+        machine.start();
+        machine.on_reply(ok(b"HD c7\r\n"));
+        let (_, take_back, _) = sent(machine.on_reply(ok(b"EN\r\n")));
+        assert_eq!(take_back, b"md aw== b C7\r\n");
     }
 }

@@ -30,7 +30,7 @@ mod lines;
 mod moved;
 mod read_through;
 
-pub(crate) use copy::{copy_block, copy_outcome, fill_outcome, landed_cas, CopyOutcome, ReadCopy};
+pub(crate) use copy::{copy_block, CopyEnd, CopyOutcome, CopyStep, ReadCopy};
 pub(crate) use lines::{delete_line, forget_line, probe_hand_back, probe_line, probed_lease};
 pub(crate) use moved::{not_a_number, MetaMove, Moved, Tally};
 use read_through::ValueReply;

@@ -3,14 +3,13 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::cas::{CasTakeover, Turn};
-use super::copy::{copy_block, copy_outcome, fill_outcome, fill_wire, landed_cas, CopyOutcome};
+use super::copy::{copy_block, CopyCheck, CopyEnd, CopyOutcome, CopyStep, LeaseCopy};
 use super::lines::{delete_line, forget_line, probe_hand_back, probe_line, probed_lease};
 use super::read_through::{
     fetch_line, fetched_cas, meta_read_through_hit, read_through_hit, AddedFlags,
 };
 use super::{meta_expect, CallResult, Copies, Owner, Step};
 use crate::protocol::encode::{forwardable, Outbound};
-use crate::protocol::lease;
 use crate::protocol::meta::reply::meta_absent;
 use crate::protocol::meta::MetaCommand;
 use crate::protocol::outcome::{Outcome, Reply};
@@ -47,19 +46,16 @@ enum Stage {
     First,
     /// Waiting for the previous owner's `get`.
     Fetch,
-    /// Waiting for the new owner to take the copy's lease (see
-    /// `protocol::lease`), added only where the key is absent.
-    Lease,
-    /// The lease is in place; waiting for the previous owner to delete the
-    /// item that was fetched, compared by its cas: if it is gone or changed
-    /// there, a write of the key (a `delete` removes the key from the
-    /// previous owner first) may have reached the new owner before the
-    /// lease did, and the copy would bring back what the write removed.
-    Check,
-    /// Waiting for the copy to replace the lease, compared by its cas: a
-    /// write or delete that reached the lease meanwhile makes it fail.
-    Fill,
-    /// Waiting for the new owner to delete the lease, compared by its cas.
+    /// The fetched item's copy under way through its lease (see
+    /// [`LeaseCopy`]): the lease, added on the new owner only where the key
+    /// is absent; the check, which deletes the fetched item from the
+    /// previous owner by its cas (if it is gone or changed there, a write
+    /// of the key, which removes it from the previous owner first, may
+    /// have reached the new owner before the lease did); then the copy
+    /// replacing the lease, or the lease taken back, by its cas.
+    Copy,
+    /// Waiting for the new owner to delete a lease taken over with nothing
+    /// to copy, compared by its cas.
     TakeBack,
     /// An `incr`, `decr` or `ma` found a value that is not a number on the
     /// new owner; waiting for what it is (`mg … c f s`): another copy's
@@ -123,13 +119,10 @@ pub(crate) struct Moved {
     read_copy: Option<Outbound>,
     /// What the counters are told, once (see [`Moved::take_tally`]).
     tally: Tally,
-    /// The cas of the previous owner's item a copy was fetched from, until
-    /// the check deletes it by that cas.
-    fetched_cas: Option<u64>,
-    /// The copy of the fetched item, until it replaces its lease.
-    copy: Option<Outbound>,
-    /// The cas the copy's lease landed with on the new owner, to replace it
-    /// or take it back by.
+    /// The fetched item's copy, while under way.
+    copy: Option<LeaseCopy>,
+    /// The cas of another copy's lease taken over on the new owner, until
+    /// this command's copy replaces it or takes it back.
     lease_cas: Option<u64>,
     /// The check deleted the previous owner's item: no other delete there.
     forgotten: bool,
@@ -195,7 +188,6 @@ impl Moved {
             takeover,
             read_copy: None,
             tally: Tally::default(),
-            fetched_cas: None,
             copy: None,
             lease_cas: None,
             forgotten: false,
@@ -256,7 +248,6 @@ impl Moved {
             takeover,
             read_copy: None,
             tally: Tally::default(),
-            fetched_cas: None,
             copy: None,
             lease_cas: None,
             forgotten: false,
@@ -381,13 +372,7 @@ impl Moved {
             }
             (Kind::Overwrite, Stage::First) => self.answer_changed(result),
             (Kind::RetryAfterCopy | Kind::CopyFirst, Stage::Fetch) => self.fetched(result, now),
-            (_, Stage::Lease) => self.lease_answered(result),
-            (_, Stage::Check) => self.checked(result),
-            (_, Stage::Fill) => {
-                self.tally.copy = Some(fill_outcome(&result));
-                // The command now finds the copy, or what a write left.
-                self.run_on_new()
-            }
+            (_, Stage::Copy) => self.copy_answered(result),
             (_, Stage::TakeBack) => {
                 self.tally.taken_back =
                     matches!(&result, Ok(reply) if reply.outcome.meta_succeeded());
@@ -513,23 +498,18 @@ impl Moved {
         };
         self.tally.read_through = Some(copy.is_some());
         match (copy, self.first.take()) {
-            // Another copy's lease taken over: it is in place.
-            (Some((copy, cas)), first) if self.lease_cas.is_some() => {
-                self.first = first;
-                self.copy = Some(copy);
-                self.check(cas)
-            }
             (Some((copy, cas)), first) => {
                 self.first = first;
-                self.stage = Stage::Lease;
-                self.fetched_cas = Some(cas);
-                self.copy = Some(copy);
+                self.stage = Stage::Copy;
                 let (key, base64) = self.key_token();
-                Step::Send {
-                    to: Owner::New,
-                    lines: smallvec::smallvec![lease::lease_request(&key, base64)],
-                    expect: meta_expect(MetaCommand::Set),
-                }
+                let mut machine = LeaseCopy::new(key, base64, copy, CopyCheck::Forget(cas));
+                let step = match self.lease_cas.take() {
+                    // Another copy's lease taken over: it is in place.
+                    Some(lease) => machine.start_over(lease),
+                    None => machine.start(),
+                };
+                self.copy = Some(machine);
+                self.copy_step(step)
             }
             // Nothing to copy over the lease taken over: it goes
             // (by its cas), and the command then finds the key
@@ -542,65 +522,58 @@ impl Moved {
         }
     }
 
-    /// The new owner's answer to the copy's lease.
-    fn lease_answered(&mut self, result: CallResult) -> Step {
-        let outcome = copy_outcome(&result);
-        match (self.fetched_cas.take(), outcome, landed_cas(&result)) {
-            (Some(cas), CopyOutcome::Made, Some(lease)) => {
-                self.lease_cas = Some(lease);
-                self.check(cas)
+    /// The reply to the copy's last message.
+    fn copy_answered(&mut self, result: CallResult) -> Step {
+        let step = match self.copy.as_mut() {
+            Some(machine) => machine.on_reply(result),
+            None => return self.run_on_new(),
+        };
+        self.copy_step(step)
+    }
+
+    /// The copy's next message as a step, or once it ended, the command
+    /// run on the new owner.
+    fn copy_step(&mut self, step: CopyStep) -> Step {
+        let end = match step {
+            CopyStep::Send { to, wire, expect } => {
+                return Step::Send {
+                    to,
+                    lines: wire,
+                    expect,
+                }
             }
+            CopyStep::Done(end) => end,
+        };
+        self.copy = None;
+        match end {
             // The new owner had the key already (a write, or another
-            // copy's lease, reached it first), or did not take the
-            // lease: nothing to copy.
-            // Held by another sidecar's lease, maybe: a command
-            // that needs the value takes that lease over, as an
-            // `incr` does, rather than run on it (an `mg … T` would
-            // stretch it and miss).
-            (_, CopyOutcome::Skipped, _)
-                if matches!(self.kind, Kind::RetryAfterCopy | Kind::CopyFirst)
-                    && !self.probed
-                    && self.lease_cas.is_none() =>
+            // copy's lease, reached it first): held by another sidecar's
+            // lease, maybe. A command that needs the value takes that
+            // lease over, as an `incr` does, rather than run on it (an
+            // `mg … T` would stretch it and miss).
+            CopyEnd::NotLeased(CopyOutcome::Skipped)
+                if matches!(self.kind, Kind::RetryAfterCopy | Kind::CopyFirst) && !self.probed =>
             {
                 self.probed = true;
                 self.probed_after_copy = true;
-                self.copy = None;
-                self.probe()
+                return self.probe();
             }
-            (_, outcome, _) => {
-                self.tally.copy = Some(match outcome {
-                    CopyOutcome::Made => CopyOutcome::Failed,
-                    outcome => outcome,
-                });
-                self.copy = None;
-                self.run_on_new()
-            }
-        }
-    }
-
-    /// The previous owner's answer to the check (the fetched item deleted
-    /// by its cas): the copy replaces its lease, or the lease goes.
-    fn checked(&mut self, result: CallResult) -> Step {
-        let (Some(lease), Some(copy)) = (self.lease_cas, self.copy.take()) else {
-            return self.run_on_new();
-        };
-        if matches!(&result, Ok(reply) if reply.outcome.meta_succeeded()) {
+            // Nothing copied.
+            CopyEnd::NotLeased(outcome) => self.tally.copy = Some(outcome),
             // The fetched item was still there once the lease was in
-            // place: a later delete reaches the new owner after the
-            // lease, and the copy then fails.
-            self.forgotten = true;
-            self.lease_cas = None;
-            self.stage = Stage::Fill;
-            return Step::Send {
-                to: Owner::New,
-                lines: fill_wire(&copy, lease),
-                expect: meta_expect(MetaCommand::Set),
-            };
+            // place (a later delete reaches the new owner after the lease,
+            // and the fill then fails); the check deleted it.
+            CopyEnd::Filled(outcome) => {
+                self.forgotten = true;
+                self.tally.copy = Some(outcome);
+            }
+            // Gone or changed (or no answer): when in doubt, no copy; the
+            // lease went, by its cas, so something newer that replaced it
+            // stays.
+            CopyEnd::TakenBack(removed) => self.tally.taken_back = removed,
         }
-        // Gone or changed (or no answer): when in doubt, no copy; the
-        // lease goes, by its cas, so something newer that replaced it
-        // stays.
-        self.take_back()
+        // The command now finds the copy, or what a write left.
+        self.run_on_new()
     }
 
     /// A takeover's turn as a step. A `cas` it stored leaves the previous
@@ -647,21 +620,8 @@ impl Moved {
         }
     }
 
-    /// With the copy's lease in place on the new owner: deletes the fetched
-    /// item (cas `cas`) from the previous owner, so the copy is made only if
-    /// no write or delete reached it after the lease.
-    fn check(&mut self, cas: u64) -> Step {
-        self.stage = Stage::Check;
-        let (key, base64) = self.key_token();
-        Step::Send {
-            to: Owner::Previous,
-            lines: smallvec::smallvec![delete_line(&key, base64, Some(cas))],
-            expect: meta_expect(MetaCommand::Delete),
-        }
-    }
-
-    /// Deletes the lease from the new owner by its cas, so a write that
-    /// replaced it stays.
+    /// Deletes a lease taken over from the new owner by its cas, so a write
+    /// that replaced it stays.
     fn take_back(&mut self) -> Step {
         let Some(lease) = self.lease_cas.take() else {
             return self.run_on_new();
@@ -1038,7 +998,7 @@ mod tests {
     /// it, and answers as the previous owner did: the lease was no value.
     #[test]
     fn a_delete_that_removes_a_lease_answers_as_the_previous_owner() {
-        let lease = format!("HD c9 f{} s24\r\n", lease::LEASE_FLAGS);
+        let lease = format!("HD c9 f{} s24\r\n", crate::protocol::lease::LEASE_FLAGS);
         for (command, absent) in [
             (&b"delete k\r\n"[..], &b"NOT_FOUND\r\n"[..]),
             (b"md k\r\n", b"NF\r\n"),
