@@ -5,7 +5,8 @@
 //!   and [`plan_meta`] a meta request into the same [`Plan`]; both place keys
 //!   with the one [`crate::plan::placement::place`].
 //! - [`Retrieval`] is every `get`/`gets`/`gat`/`gats`: keys split by server in
-//!   chunks, values passed on in the client's key order as they arrive, keys
+//!   chunks, values passed on in the client's key order (the session holds
+//!   a small reply until it is whole), keys
 //!   that failed (or missed, with fall-through) asked of their next replica.
 //!   A plain multi-get is the one-replica case of the replicated read, and
 //!   an `mg` on one server the one-key case in the meta dialect.

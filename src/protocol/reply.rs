@@ -775,6 +775,62 @@ mod tests {
         );
     }
 
+    /// `find_key` as a plain token walk: its oracle.
+    fn find_key_by_tokens(request: &[u8], from: usize, key: &[u8]) -> Option<usize> {
+        let from = from.min(request.len());
+        let line_end = request[from..]
+            .iter()
+            .position(|b| matches!(b, b'\r' | b'\n' | 0))
+            .map_or(request.len(), |end| from + end);
+        let mut at = from;
+        while at < line_end {
+            let start = at
+                + request[at..line_end]
+                    .iter()
+                    .take_while(|&&b| b == b' ')
+                    .count();
+            let len = request[start..line_end]
+                .iter()
+                .take_while(|&&b| b != b' ')
+                .count();
+            if len == 0 {
+                return None;
+            }
+            if &request[start..start + len] == key {
+                return Some(start + len);
+            }
+            at = start + len;
+        }
+        None
+    }
+
+    #[test]
+    fn a_key_is_found_as_a_whole_token_from_the_cursor_on() {
+        let lines: [&[u8]; 5] = [
+            b"get a ab abc b\r\n",
+            b"get  a  a\r\n",
+            b"get a\0ab c\r\n",
+            b"gat 10 k1 k2",
+            b"get ab\rc\r\n",
+        ];
+        let keys: [&[u8]; 9] = [
+            b"a", b"ab", b"abc", b"b", b"c", b"k2", b"a\0ab", b"ab\rc", b"",
+        ];
+        for line in lines {
+            for from in 0..=line.len() {
+                for key in keys {
+                    assert_eq!(
+                        find_key(line, from, key),
+                        find_key_by_tokens(line, from, key),
+                        "{:?} from {from} for {:?}",
+                        String::from_utf8_lossy(line),
+                        String::from_utf8_lossy(key)
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_key_past_the_end_of_the_line_is_never_requested() {
         // memcached reads the line as a C string: it ends at a NUL too.

@@ -13,6 +13,10 @@ use crate::protocol::{ParseError, Rejection};
 /// first multi-key get that goes to several servers.
 const SUB_LINES_BYTES: usize = 1024;
 
+/// Value bytes a retrieval at the head of the replies holds before it
+/// writes them ahead of its slower servers' answers.
+const STREAM_FROM_HELD_BYTES: usize = 16 * 1024;
+
 pub(super) struct ClientSession {
     /// Which connection of each server this client uses: always the same
     /// one, so its commands reach each server in the order sent.
@@ -548,10 +552,15 @@ impl ClientSession {
                         owed,
                     } = &mut entry.work
                     {
-                        // The head streams: its values go out as they arrive
-                        // (the END only when `finish` says it is complete).
-                        plan.emit_values(&mut self.out);
-                        self.budget.resize(owed, retrieval_owed(in_flight, plan));
+                        // The head streams a large reply: its values go out
+                        // as they arrive (the END only when `finish` says it
+                        // is complete). A small one, all of it sent, is
+                        // written whole, in one write rather than one per
+                        // server's answer; its values stay reserved meanwhile.
+                        if plan.has_unsent() || plan.held_bytes() >= STREAM_FROM_HELD_BYTES {
+                            plan.emit_values(&mut self.out);
+                            self.budget.resize(owed, retrieval_owed(in_flight, plan));
+                        }
                     }
                 }
                 complete

@@ -680,28 +680,20 @@ impl Retrieval {
             return out;
         }
         let max_keys = max_keys.max(1);
-        let mut picked: SmallVec<[u32; 16]> = SmallVec::new();
-        while picked.len() < max_keys {
-            if let Some(key) = self.retry.pop_front() {
-                picked.push(key);
+        // Each key picked with the candidate it is asked of; a fanned key
+        // with every candidate it has left, all at once.
+        let mut asks: SmallVec<[(u32, u8); 16]> = SmallVec::new();
+        let mut picked = 0;
+        while picked < max_keys {
+            let key = if let Some(key) = self.retry.pop_front() {
+                key
             } else if self.next_unsent < self.keys.len() {
-                picked.push(self.next_unsent as u32);
                 self.next_unsent += 1;
+                self.next_unsent as u32 - 1
             } else {
                 break;
-            }
-        }
-        let mut out: SmallVec<[SubRequest; 4]> = SmallVec::new();
-        // The whole request to one server, first time: forward the client's
-        // own bytes (no copy).
-        let whole =
-            picked.len() == self.keys.len() && self.subs.is_empty() && self.forwards_as_is();
-        // Per server of this chunk: its sub-request, and its line's length.
-        let mut open: SmallVec<[(usize, u32, usize); 4]> = SmallVec::new();
-        // Each key with the candidate it is asked of; a fanned key with
-        // every candidate it has left, all at once.
-        let mut asks: SmallVec<[(u32, u8); 16]> = SmallVec::new();
-        for &key in &picked {
+            };
+            picked += 1;
             let k = key as usize;
             let first = self.round[k];
             if self.fanned(k) {
@@ -712,6 +704,12 @@ impl Retrieval {
                 asks.push((key, first));
             }
         }
+        let mut out: SmallVec<[SubRequest; 4]> = SmallVec::new();
+        // The whole request to one server, first time: forward the client's
+        // own bytes (no copy).
+        let whole = picked == self.keys.len() && self.subs.is_empty() && self.forwards_as_is();
+        // Per server of this chunk: its sub-request, and its line's length.
+        let mut open: SmallVec<[(usize, u32, usize); 4]> = SmallVec::new();
         for (n, &(key, c)) in asks.iter().enumerate() {
             let k = key as usize;
             let Some(&server) = self.candidates[k].get(c as usize) else {
@@ -896,18 +894,14 @@ impl Retrieval {
                 let name = value_key(&block);
                 // The connection checked that the key was asked for, in
                 // order; keys skipped on the way are misses in this reply.
-                let mut skipped: SmallVec<[usize; 8]> = SmallVec::new();
-                let mut found = None;
-                while entry.cursor < entry.keys.len() {
-                    let k = entry.keys[entry.cursor] as usize;
-                    entry.cursor += 1;
+                let (at, mut found) = (sub as usize, None);
+                while let Some(&key) = self.subs[at].keys.get(self.subs[at].cursor) {
+                    let k = key as usize;
+                    self.subs[at].cursor += 1;
                     if self.keys[k].of(&self.bytes) == name {
                         found = Some(k);
                         break;
                     }
-                    skipped.push(k);
-                }
-                for k in skipped {
                     self.missed(k);
                 }
                 if let Some(k) = found {
