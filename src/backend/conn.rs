@@ -1206,16 +1206,17 @@ mod tests {
     fn a_slow_big_reply_that_keeps_coming_is_not_a_timeout() {
         let addr = scripted(|_, stream| {
             let _ = read_line(stream);
-            let _ = stream.write_all(b"VALUE k 0 10\r\n");
-            // Ten bytes over 1 s, against a 300 ms timeout: progress each time.
-            for _ in 0..10 {
+            let _ = stream.write_all(b"VALUE k 0 15\r\n");
+            // Fifteen bytes over 1.5 s, against a 1 s timeout: progress each
+            // time (the gaps stay far under it on a loaded machine too).
+            for _ in 0..15 {
                 std::thread::sleep(Duration::from_millis(100));
                 let _ = stream.write_all(b"x");
             }
             let _ = stream.write_all(b"\r\nEND\r\n");
             let _ = read_line(stream);
         });
-        with_conn(&addr, 300, |conn, wake| async move {
+        with_conn(&addr, 1000, |conn, wake| async move {
             let slot = send(&conn, &wake, get("k"));
             let (pieces, result) = outcome(&slot, &wake).await;
             assert_eq!(result, Ok(Outcome::Value));
