@@ -127,6 +127,14 @@ impl WorkerCtx {
                 return conn.clone();
             }
         }
+        self.open(shared, key)
+    }
+
+    /// Opens the connection `conn` found missing or closed: once per
+    /// server and lane, so kept out of the per-request path's code.
+    #[cold]
+    #[inline(never)]
+    fn open(&self, shared: &Arc<crate::backend::Shared>, key: (u64, usize)) -> Rc<Conn> {
         let conn = Conn::new(shared.clone(), self.clock.clone());
         let mut conns = self.conns.borrow_mut();
         // Connections of retired servers end by themselves; forget them here.
