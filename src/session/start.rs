@@ -419,15 +419,31 @@ impl ClientSession {
                 return;
             }
         };
-        let mut entry = Entry::ready(b"", topology);
-        entry.command = command;
-        entry.started = self.worker.clock.nanos();
-        entry.bytes = bytes;
-        entry.sent = false;
-        entry.hot = hot;
-        entry.shadow = shadow;
-        entry.work = work;
-        self.push(entry);
+        // Built whole: a placeholder's work dropped and overwritten cost a
+        // plain `mg` about 45 instructions.
+        self.push(Entry {
+            command,
+            noreply: false,
+            // The meta request stays in `bytes`; nothing reads this one.
+            request: Request {
+                command,
+                keys: SmallVec::new(),
+                noreply: false,
+                arg: None,
+                args_end: 0,
+                line_len: 0,
+            },
+            bytes,
+            topology,
+            work,
+            sent: false,
+            reserved: Reservation::default(),
+            started: self.worker.clock.nanos(),
+            hot,
+            shadow,
+            instead: None,
+            said: crate::protocol::outcome::Outcome::Nothing,
+        });
     }
 }
 
