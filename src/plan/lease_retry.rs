@@ -22,9 +22,13 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::handoff::{delete_line, not_a_number, probe_hand_back, probe_line, probed_lease};
-use super::route::CallResult;
-use crate::protocol::meta::MetaCommand;
+// `handoff`'s `CallResult` (the same as `route`'s): `route` asks
+// [`leased_meta`] while planning, so this module must not import it.
+use super::handoff::{
+    delete_line, not_a_number, probe_hand_back, probe_line, probed_lease, CallResult,
+};
+use crate::pools::topology::Topology;
+use crate::protocol::meta::{MetaCommand, MetaRequest};
 use crate::protocol::outcome::{Outcome, Reply};
 use crate::protocol::reply::Expect;
 use crate::protocol::Command;
@@ -319,6 +323,24 @@ impl LeaseRetry {
             delete: delete_line(&self.key, self.base64, Some(cas)),
         }
     }
+}
+
+/// How a meta request on its key's owner is answered: as the owner answers,
+/// or, during a hand-off window (when other sidecars' copies may have left
+/// leases) for a command a lease would mislead, with the lease removed and
+/// the command run again (see the module doc). Such a command waits for its
+/// answer before the client's next request goes out, so only inside a
+/// window. The planner asks it of an `mg` (one that may meet a lease is not
+/// planned as a retrieval), the session of every meta request on one owner.
+pub(crate) fn leased_meta(
+    request: &MetaRequest,
+    bytes: &Bytes,
+    topology: &Topology,
+) -> Option<LeaseRetry> {
+    topology.previous.as_ref()?;
+    let key = bytes.slice_ref(request.key_token(bytes));
+    let has = |flag| request.flags(bytes).any(|(f, _)| f == flag);
+    LeaseRetry::for_meta(request.command, key, request.base64, has, request.mode)
 }
 
 /// How a probe's reply is framed: a lease shows as the item it is.

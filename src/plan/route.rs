@@ -25,6 +25,7 @@ use smallvec::SmallVec;
 
 use crate::error::BackendError;
 use crate::plan::handoff::{Copies, Moved};
+use crate::plan::lease_retry::leased_meta;
 use crate::plan::placement::{place, HealthView, KeyKind, KeyOp, Placement, Servers};
 use crate::pools::topology::{Topology, ZoneHit};
 use crate::protocol::encode::{Outbound, ReplyWriter};
@@ -351,9 +352,9 @@ pub(crate) fn broadcast_answer<'a>(
 /// Plans the meta request `request` (whose bytes are `bytes`) on `topology`:
 /// `mn` is answered by memring ([`Plan::Reply`]), an `mg` its key's owner
 /// alone answers is a one-key [`Retrieval`] in the meta dialect (planned
-/// into storage `reuse` kept from an earlier one; inside a window the
-/// session retries one that may meet a lease, as it does a `gat`), every
-/// other meta command
+/// into storage `reuse` kept from an earlier one), unless inside a window
+/// it may meet a lease ([`leased_meta`]: then it stays a [`Plan::Key`] on
+/// its owner, run as the lease retry); every other meta command
 /// is a request on one key ([`Plan::Key`]), placed as classic requests are;
 /// the replicas get an `md` where classic requests get a `delete`. With
 /// replicas, a mutation with `C` is decided on the owner and then copied
@@ -445,7 +446,14 @@ pub(crate) fn plan_meta(
                     ))),
     };
     match place(key, op, what, topology, health) {
-        Placement::Owner { server, hash } if request.command == MetaCommand::Get => {
+        // Inside a window, an `mg` that may meet another sidecar's lease
+        // (`T`, `N`) stays a request on its owner, run as the lease retry
+        // as other meta commands there are; asked before kept storage is
+        // taken, so none goes unused.
+        Placement::Owner { server, hash }
+            if request.command == MetaCommand::Get
+                && leased_meta(request, bytes, topology).is_none() =>
+        {
             Plan::Retrieve(reuse.meta_get(request, bytes, server, hash))
         }
         placement => Plan::Key(placement),
@@ -1150,10 +1158,11 @@ mod tests {
             };
             assert_eq!(lines[0] != line.as_bytes(), looks_first, "{line}");
         }
-        // A lease goes to the new owner alone, as does a key that stays.
+        // A lease goes to the new owner alone (in a window, as the lease
+        // retry), as does a key that stays.
         assert!(matches!(
             plan(format!("mg {moved} N30 v\r\n")),
-            Plan::Retrieve(mg) if mg.owner(0) == Some(owner(&new, &moved))
+            Plan::Key(Placement::Owner { server, .. }) if server == owner(&new, &moved)
         ));
         assert!(matches!(
             plan(format!("md {stays}\r\n")),
@@ -1452,8 +1461,9 @@ mod tests {
             plan("ms foo 1\r\nx\r\n", &old),
             Plan::Key(Placement::Owner { .. })
         ));
-        // In a window, a key that stayed is read of its owner alone (one
-        // that may meet a lease is the session's to retry, as a `gat`).
+        // In a window, a key that stayed is read of its owner alone; one
+        // that may meet a lease (`T`, `N`) stays a request on its owner, for
+        // the lease retry, and takes no kept storage.
         let stays = (0..2000)
             .map(|i| format!("k{i}"))
             .find(|k| {
@@ -1465,10 +1475,30 @@ mod tests {
             plan(&format!("mg {stays} v\r\n"), &new),
             Plan::Retrieve(_)
         ));
-        assert!(matches!(
-            plan(&format!("mg {stays} v T30\r\n"), &new),
-            Plan::Retrieve(_)
-        ));
+        let owner = new.owner_index(stays.as_bytes()).unwrap();
+        for line in [
+            format!("mg {stays} v T30\r\n"),
+            format!("mg {stays} N30\r\n"),
+        ] {
+            let bytes = Bytes::from(line.clone());
+            let (request, _) = parse_meta(&bytes, &Limits::default()).unwrap().unwrap();
+            let mut reuse = Reuse::default();
+            reuse.keep(Box::default(), 4, 32);
+            let planned = plan_meta(
+                &request,
+                &bytes,
+                &request.routing_key(&bytes),
+                &new,
+                &HealthView::NONE,
+                &mut reuse,
+            );
+            assert!(
+                matches!(planned, Plan::Key(Placement::Owner { server, .. }) if server == owner),
+                "{line}: {planned:?}"
+            );
+            assert!(leased_meta(&request, &bytes, &new).is_some(), "{line}");
+            assert_eq!(reuse.retrievals.len(), 1, "{line}: the kept storage stays");
+        }
         // With replicas an `mg` reads them (`meta_read`, on steps).
         let (_runtime, replicated, _) =
             crate::pools::topology::tests::four_then_five_with("replicas = 2\n");

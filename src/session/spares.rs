@@ -270,6 +270,16 @@ pub(super) fn keep(work: Work) {
     }
 }
 
+/// Keeps the storage of a retrieval that was planned and not used.
+pub(super) fn keep_retrieval(plan: Box<route::Retrieval>) {
+    SPARES.with(|spares| {
+        spares
+            .borrow_mut()
+            .plans
+            .keep(plan, KEEP_RETRIEVALS, KEEP_RETRIEVAL_KEYS);
+    });
+}
+
 fn keep_older(older: Option<OlderForget>) {
     if let Some(older) = older {
         older.into_parts().into_iter().for_each(keep_part);

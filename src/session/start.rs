@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::plan::handoff::cas::CasTakeover;
-use crate::plan::lease_retry::LeaseRetry;
+use crate::plan::lease_retry::{leased_meta, LeaseRetry};
 use crate::plan::meta_read::MetaRead;
 use crate::plan::replicated_add::ReplicatedAdd;
 use crate::plan::replicated_cas::ReplicatedCas;
@@ -302,7 +302,11 @@ impl ClientSession {
             }
             Plan::Retrieve(retrieval) => {
                 match leased_gat(&request, &bytes, &retrieval, &topology) {
-                    Some((server, retry)) => leased_work(retry, server, &request, &bytes),
+                    Some((server, retry)) => {
+                        // The lease retry sends the `gat` itself.
+                        spares::keep_retrieval(retrieval);
+                        leased_work(retry, server, &request, &bytes)
+                    }
                     None => Work::Retrieve {
                         plan: retrieval,
                         in_flight: spares::in_flight(),
@@ -406,8 +410,13 @@ impl ClientSession {
                 return;
             }
             Plan::Key(placement) => meta_work(&request, &bytes, placement, &topology),
-            // A plain `mg`: a one-key retrieval, as a `get` is.
-            Plan::Retrieve(retrieval) => meta_get_work(&request, &bytes, retrieval, &topology),
+            // A plain `mg`: a one-key retrieval, as a `get` is (the planner
+            // placed one that may meet a lease as a `Plan::Key`).
+            Plan::Retrieve(retrieval) => Work::Retrieve {
+                plan: retrieval,
+                in_flight: spares::in_flight(),
+                owed: Reservation::default(),
+            },
             // `mn`: memring's own answer, as for classic commands.
             own => {
                 if let Some(work) = self.own_work(own, false) {
@@ -493,7 +502,7 @@ fn meta_work(
             let (key, lines) = ((key.0, Some(key.1)), topology.config.replicas);
             return StepsWork::work(Machine::Add(add), None, key, 2 * lines, Some(meta));
         }
-        Placement::Owner { server, .. } => match leased(request, bytes, topology) {
+        Placement::Owner { server, .. } => match leased_meta(request, bytes, topology) {
             Some(retry) => {
                 let machine = Machine::Lease(LeaseSteps::new(retry, server, (wire, expect)));
                 let key = (Bytes::new(), Some(false));
@@ -592,29 +601,6 @@ fn meta_work(
     }))
 }
 
-/// The work of an `mg` planned as a retrieval: the retrieval, or inside a
-/// window, for one that may meet a lease (see [`leased`]), the lease retry
-/// on its one server that [`meta_work`] makes (as [`leased_gat`] does for a
-/// `gat`).
-fn meta_get_work(
-    request: &MetaRequest,
-    bytes: &Bytes,
-    retrieval: Box<Retrieval>,
-    topology: &Topology,
-) -> Work {
-    match retrieval.lone_owner() {
-        Some(server) if leased(request, bytes, topology).is_some() => {
-            let owner = Placement::Owner { server, hash: None };
-            meta_work(request, bytes, owner, topology)
-        }
-        _ => Work::Retrieve {
-            plan: retrieval,
-            in_flight: spares::in_flight(),
-            owed: Reservation::default(),
-        },
-    }
-}
-
 /// An `ms` with `C` in set mode: its reply feeds the `cas_*` stats, as
 /// memcached counts it (other modes with `C` it does not count).
 fn counts_cas(request: &MetaRequest) -> bool {
@@ -632,19 +618,7 @@ fn brings_value(request: &MetaRequest) -> bool {
     request.command == MetaCommand::Get && request.value
 }
 
-/// How a meta request on one owner is answered: as the owner answers, or,
-/// during a hand-off window (when other sidecars' copies may have left
-/// leases) for a command a lease would mislead, removing the lease and
-/// running again (see `lease_retry`). Such a command waits for its answer
-/// before the client's next request goes out, so only inside a window.
-fn leased(request: &MetaRequest, bytes: &Bytes, topology: &Topology) -> Option<LeaseRetry> {
-    topology.previous.as_ref()?;
-    let key = bytes.slice_ref(request.key_token(bytes));
-    let has = |flag| request.flags(bytes).any(|(f, _)| f == flag);
-    LeaseRetry::for_meta(request.command, key, request.base64, has, request.mode)
-}
-
-/// [`leased`] for a classic one-line command on one owner.
+/// [`leased_meta`] for a classic one-line command on one owner.
 fn leased_classic(request: &Request, bytes: &Bytes, topology: &Topology) -> Option<LeaseRetry> {
     if topology.previous.is_none() || request.keys.len() != 1 {
         return None;
@@ -677,7 +651,7 @@ fn leased_work(retry: LeaseRetry, server: usize, request: &Request, bytes: &Byte
     StepsWork::work(machine, None, (Bytes::new(), None), 1, None)
 }
 
-/// [`leased`] for a one-key `gat`/`gats` of a key that did not move: a
+/// [`leased_meta`] for a one-key `gat`/`gats` of a key that did not move: a
 /// lease there would be stretched to the client's TTL, so it is looked for
 /// and removed first (a moved key's read-through takes a lease over).
 fn leased_gat(
