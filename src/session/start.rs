@@ -336,6 +336,20 @@ impl ClientSession {
                 )
             }
         };
+        self.queue(request, bytes, topology, work, (hot, shadow));
+    }
+
+    /// Queues the entry of a request planned on `topology` (either
+    /// dialect: a meta request's `request` is [`keyless`], its bytes say
+    /// the rest), with its hot-key guard and shadow pairs.
+    fn queue(
+        &mut self,
+        request: Request,
+        bytes: Bytes,
+        topology: Planned,
+        work: Work,
+        (hot, shadow): (Option<Rc<WriteGuard>>, Option<Box<shadow::Pairs>>),
+    ) {
         self.push(Entry {
             command: request.command,
             noreply: request.noreply,
@@ -428,31 +442,21 @@ impl ClientSession {
                 return;
             }
         };
-        // Built whole: a placeholder's work dropped and overwritten cost a
-        // plain `mg` about 45 instructions.
-        self.push(Entry {
-            command,
-            noreply: false,
-            // The meta request stays in `bytes`; nothing reads this one.
-            request: Request {
-                command,
-                keys: SmallVec::new(),
-                noreply: false,
-                arg: None,
-                args_end: 0,
-                line_len: 0,
-            },
-            bytes,
-            topology,
-            work,
-            sent: false,
-            reserved: Reservation::default(),
-            started: self.worker.clock.nanos(),
-            hot,
-            shadow,
-            instead: None,
-            said: crate::protocol::outcome::Outcome::Nothing,
-        });
+        self.queue(keyless(command), bytes, topology, work, (hot, shadow));
+    }
+}
+
+/// The classic request an entry of a meta request holds: no keys and no
+/// arguments (the meta request stays in the entry's bytes; a key list is
+/// read only for classic work).
+fn keyless(command: Command) -> Request {
+    Request {
+        command,
+        keys: SmallVec::new(),
+        noreply: false,
+        arg: None,
+        args_end: 0,
+        line_len: 0,
     }
 }
 
