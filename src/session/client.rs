@@ -565,7 +565,9 @@ impl ClientSession {
                 }
                 complete
             });
-            let finished = complete.then(|| entries.pop_head()).flatten();
+            // Popped straight into place: the entry is a few hundred bytes,
+            // and `bool::then` and `flatten` each moved it once more.
+            let finished = if complete { entries.pop_head() } else { None };
             self.entries = entries;
             let Some((entry, _)) = finished else {
                 return;

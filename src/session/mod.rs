@@ -200,6 +200,8 @@ where
     // set to (see `until`).
     let timer = tokio::time::sleep_until(started);
     tokio::pin!(timer);
+    // Whether the timer holds this task's waker (see `SessionTimer`).
+    let armed = std::cell::Cell::new(false);
     let result = loop {
         // One clock read per wake-up (at the end of the loop): what runs
         // for this session until it waits again takes that time.
@@ -285,7 +287,7 @@ where
                     Input::Read(Err(e)) | Input::Readable(Err(e)) => break Err(e),
                 }
             }
-            () = until(timer.as_mut(), wake_at, now), if wake_at.is_some() => {
+            () = until(timer.as_mut(), &armed, wake_at, now), if wake_at.is_some() => {
                 if parks_first {
                     park_due = true;
                 } else {
@@ -425,35 +427,142 @@ async fn write_now<W: crate::tls::Flush>(
     .await
 }
 
-/// Waits on `timer` until `deadline`; never when there is none. A timer
+/// Whether a timer `set` to fire then is moved for `deadline`: a timer
 /// still ahead of `now` and set earlier than `deadline` is left where it is
-/// and moved on when it fires: a busy client's deadline moves later with
+/// and moved on when it fires. A busy client's deadline moves later with
 /// nearly every reply, and moving the timer then costs every request (a
 /// timer-wheel update), while one that fires early wakes the session once
 /// per earlier deadline.
+fn timer_moves(set: Instant, deadline: Instant, now: Instant) -> bool {
+    set != deadline && !(now < set && set < deadline)
+}
+
+/// Waits on `timer` until `deadline`; never when there is none (see
+/// `timer_moves`). `armed` says whether the timer holds the task's waker:
+/// set by a poll that found it pending, cleared when it is moved (tokio
+/// does not promise that a moved timer keeps its waker) or fires. An armed
+/// timer left where it is wakes the task by itself when it fires, so until
+/// then it is only asked whether it fired, not polled: a busy client's
+/// every wait would register the same waker again (a timer-wheel lock and
+/// the task budget, about 2 % of a one-key get).
 async fn until(
     mut timer: std::pin::Pin<&mut tokio::time::Sleep>,
+    armed: &std::cell::Cell<bool>,
     deadline: Option<Instant>,
     now: Instant,
 ) {
     let Some(deadline) = deadline else {
         return std::future::pending().await;
     };
-    let set = timer.deadline();
-    if set != deadline && !(now < set && set < deadline) {
+    if timer_moves(timer.deadline(), deadline, now) {
+        armed.set(false);
         timer.as_mut().reset(deadline);
+    } else if armed.get() {
+        let fired = timer.as_ref();
+        std::future::poll_fn(|_| {
+            if fired.is_elapsed() {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+        .await;
     }
-    timer.as_mut().await;
+    wait_armed(timer.as_mut(), armed).await;
     if timer.deadline() < deadline {
         // It fired at the earlier deadline kept above: on to this one.
         timer.as_mut().reset(deadline);
-        timer.as_mut().await;
+        wait_armed(timer.as_mut(), armed).await;
     }
+}
+
+/// Awaits `timer`, keeping `armed` true only while it holds the task's
+/// waker. A poll past the task's cooperative budget returns pending
+/// without registering (the task is woken at once instead): not armed.
+async fn wait_armed(
+    mut timer: std::pin::Pin<&mut tokio::time::Sleep>,
+    armed: &std::cell::Cell<bool>,
+) {
+    std::future::poll_fn(|cx| {
+        let registers = tokio::task::coop::has_budget_remaining();
+        let polled = std::future::Future::poll(timer.as_mut(), cx);
+        armed.set(polled.is_pending() && registers);
+        polled
+    })
+    .await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    /// A waker that only records that it was woken.
+    struct Flag(AtomicBool);
+
+    impl std::task::Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Polls `until` once with a waker that records being woken.
+    fn poll_once(
+        timer: std::pin::Pin<&mut tokio::time::Sleep>,
+        armed: &Cell<bool>,
+        deadline: Instant,
+        flag: &Arc<Flag>,
+    ) -> bool {
+        let waker = std::task::Waker::from(flag.clone());
+        let mut cx = std::task::Context::from_waker(&waker);
+        let wait = until(timer, armed, Some(deadline), Instant::now());
+        tokio::pin!(wait);
+        std::future::Future::poll(wait.as_mut(), &mut cx).is_ready()
+    }
+
+    #[tokio::test]
+    async fn an_armed_timer_wakes_its_task_when_it_fires_and_is_not_polled_till_then() {
+        let deadline = Instant::now() + Duration::from_millis(20);
+        let timer = tokio::time::sleep_until(Instant::now());
+        tokio::pin!(timer);
+        let armed = Cell::new(false);
+        let first = Arc::new(Flag(AtomicBool::new(false)));
+        assert!(!poll_once(timer.as_mut(), &armed, deadline, &first));
+        assert!(
+            armed.get(),
+            "a pending poll leaves the waker with the timer"
+        );
+        // Asked again for the same deadline (or a later one, kept where it
+        // is), the timer is not polled: the waker it holds is the first.
+        let later = Arc::new(Flag(AtomicBool::new(false)));
+        for at in [deadline, deadline + Duration::from_secs(1)] {
+            assert!(!poll_once(timer.as_mut(), &armed, at, &later));
+        }
+        let give_up = std::time::Instant::now() + Duration::from_secs(10);
+        while !first.0.load(Ordering::SeqCst) {
+            assert!(
+                std::time::Instant::now() < give_up,
+                "the timer never woke its task"
+            );
+            tokio::task::yield_now().await;
+        }
+        assert!(!later.0.load(Ordering::SeqCst));
+        // Fired: the wait it woke ends.
+        assert!(poll_once(timer.as_mut(), &armed, deadline, &first));
+        assert!(!armed.get());
+    }
+
+    #[test]
+    fn a_timer_moves_only_for_an_earlier_deadline_or_once_it_is_due() {
+        let now = Instant::now();
+        let set = now + Duration::from_millis(100);
+        assert!(!timer_moves(set, set, now));
+        assert!(!timer_moves(set, set + Duration::from_millis(1), now));
+        assert!(timer_moves(set, set - Duration::from_millis(1), now));
+        assert!(timer_moves(set, set + Duration::from_millis(1), set));
+    }
 
     fn holding(capacity: usize, held: usize) -> BytesMut {
         let mut buf = BytesMut::with_capacity(capacity);
