@@ -13,10 +13,6 @@ use crate::protocol::{ParseError, Rejection};
 /// first multi-key get that goes to several servers.
 const SUB_LINES_BYTES: usize = 1024;
 
-/// Value bytes a retrieval at the head of the replies holds before it
-/// writes them ahead of its slower servers' answers.
-const STREAM_FROM_HELD_BYTES: usize = 16 * 1024;
-
 pub(super) struct ClientSession {
     /// Which connection of each server this client uses: always the same
     /// one, so its commands reach each server in the order sent.
@@ -535,32 +531,32 @@ impl ClientSession {
     pub(super) fn collect(&mut self) {
         self.settle();
         while !self.entries.is_empty() {
-            if self.head_awaits_replies() {
+            // Returns at once when nothing arrived (`nothing_arrived`).
+            self.absorb(0);
+            let now = match self.entries.head() {
+                Some((entry, dispatched)) => entry.work.head_now(dispatched),
+                None => return,
+            };
+            if now == HeadNow::Waits {
                 return;
             }
-            self.absorb(0);
             let reply_from = super::request_log::mark(&self.worker.request_log, &self.out);
             // Set aside while the head is finished in place, as in
             // `dispatch`; finishing never reads `self.entries`.
             let mut entries = std::mem::take(&mut self.entries);
             let complete = entries.head().is_some_and(|(entry, dispatched)| {
                 let complete = dispatched && self.finish(entry);
-                if !complete {
+                if !complete && now == HeadNow::Streams {
                     if let Work::Retrieve {
                         plan,
                         in_flight,
                         owed,
                     } = &mut entry.work
                     {
-                        // The head streams a large reply: its values go out
-                        // as they arrive (the END only when `finish` says it
-                        // is complete). A small one, all of it sent, is
-                        // written whole, in one write rather than one per
-                        // server's answer; its values stay reserved meanwhile.
-                        if plan.has_unsent() || plan.held_bytes() >= STREAM_FROM_HELD_BYTES {
-                            plan.emit_values(&mut self.out);
-                            self.budget.resize(owed, retrieval_owed(in_flight, plan));
-                        }
+                        // Its values go out as they arrive (the END only
+                        // when `finish` says it is complete).
+                        plan.emit_values(&mut self.out);
+                        self.budget.resize(owed, retrieval_owed(in_flight, plan));
                     }
                 }
                 complete
@@ -593,28 +589,6 @@ impl ClientSession {
                 self.worker.hot.write_done(guard);
             }
         }
-    }
-
-    /// The head is a dispatched retrieval that nothing arrived for since it
-    /// was last looked at, with nothing held to write: it cannot finish and
-    /// has nothing to stream, so `collect` stops at it without a look. Its
-    /// slots wake the session when replies come. (A W1 get's head is so in
-    /// the turn that sends it: the look cost about 3 % of its instructions.)
-    fn head_awaits_replies(&mut self) -> bool {
-        let Some((entry, true)) = self.entries.head() else {
-            return false;
-        };
-        let Work::Retrieve {
-            plan, in_flight, ..
-        } = &entry.work
-        else {
-            return false;
-        };
-        // In flight and not settled: `finish_retrieve` would wait.
-        !in_flight.is_empty()
-            && plan.held_bytes() == 0
-            && nothing_arrived(in_flight, plan)
-            && !plan.settled()
     }
 
     /// Hands a finished request to the request log (see `request_log.rs`).

@@ -4,9 +4,10 @@
 //! client's later requests on the same connection; what follows its reply
 //! runs on its own, and no client waits for it: the source is read again,
 //! and the copy replaces the lease only if the value is still there;
-//! otherwise the lease is taken back. Only the
-//! client's later writes of moved keys wait (see [`CopiesUnderWay`]). A
-//! copy under way counts in flight on its request's topology.
+//! otherwise the lease is taken back (a `gat`'s copy that found the key
+//! held touches it instead). Only the client's later writes of moved keys
+//! wait (see [`CopiesUnderWay`]). A copy under way counts in flight on its
+//! request's topology.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -15,12 +16,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::backend::slot::{Got, Slot};
-use crate::plan::handoff::{meta_expect, CopyEnd, CopyOutcome, CopyStep, Owner, ReadCopy};
+use crate::plan::handoff::{CopyEnd, CopyOutcome, CopyStep, Owner, ReadCopy};
 use crate::plan::route::CallResult;
 use crate::pools::planned::Planned;
 use crate::pools::topology::Topology;
-use crate::protocol::meta::MetaCommand;
-use crate::protocol::outcome::{Outcome, Reply};
+use crate::protocol::outcome::Reply;
 use crate::protocol::reply::Expect;
 use crate::runtime::wake::Wake;
 use crate::session::shard::WorkerCtx;
@@ -108,16 +108,9 @@ pub(super) fn send(
             }
         };
         match end {
-            // `NS`: the new owner holds the key (a write, or another
-            // copy's lease) already. A `gat`'s new TTL still goes there.
-            CopyEnd::NotLeased(outcome) => {
-                if outcome == CopyOutcome::Skipped {
-                    if let Some(line) = copy.touch_line() {
-                        touch_held(&worker, &topology, lane, &copy, line).await;
-                    }
-                }
-                super::count_copy(&worker.stats, outcome);
-            }
+            // `NS`: the new owner held the key (a write, or another copy's
+            // lease) already; a `gat`'s copy touched it.
+            CopyEnd::NotLeased(outcome) => super::count_copy(&worker.stats, outcome),
             CopyEnd::Filled(outcome) => {
                 super::count_copy(&worker.stats, outcome);
                 worker.stats.copy_checked();
@@ -138,56 +131,6 @@ fn server_of(copy: &ReadCopy, to: Owner) -> usize {
     match to {
         Owner::New => copy.owner,
         Owner::Previous => copy.source,
-    }
-}
-
-/// A `gat` read through whose copy found the key held on the new owner: to
-/// memcached another sidecar's lease there is an item, whose copy (filled
-/// by the lease's cas, which a touch keeps) would put back the TTL the
-/// previous owner had before this `gat`, losing it. So the held item is
-/// touched with the `gat`'s exptime in a way that shows a lease; a lease is
-/// replaced by this copy (which carries that TTL), by its cas, so the other
-/// copy fails; a value is touched. If another copy's fill got in between
-/// (this fill then fails), the value it left is touched once more.
-async fn touch_held(
-    worker: &Rc<WorkerCtx>,
-    topology: &Arc<Topology>,
-    lane: usize,
-    copy: &ReadCopy,
-    line: Bytes,
-) {
-    let shown = Expect::Meta {
-        command: MetaCommand::Get,
-        quiet: false,
-        replied: false,
-        leases_shown: true,
-    };
-    let touched = call(
-        worker,
-        topology,
-        lane,
-        copy.owner,
-        std::slice::from_ref(&line),
-        shown.clone(),
-    )
-    .await;
-    let Some(lease) = touched.as_ref().ok().and_then(ReadCopy::touched_lease) else {
-        return;
-    };
-    let expect = meta_expect(MetaCommand::Set);
-    let filled = call(
-        worker,
-        topology,
-        lane,
-        copy.owner,
-        &copy.fill(lease),
-        expect,
-    )
-    .await;
-    if !matches!(&filled, Ok(reply) if reply.outcome == Outcome::Hd) {
-        call(worker, topology, lane, copy.owner, &[line], shown)
-            .await
-            .ok();
     }
 }
 

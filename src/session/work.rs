@@ -400,6 +400,60 @@ pub(super) fn nothing_arrived(in_flight: &InFlight, plan: &Retrieval) -> bool {
         && in_flight.iter().all(|sub| sub.slot.is_waiting())
 }
 
+/// Value bytes a retrieval at the head of the replies holds before it
+/// writes them ahead of its slower servers' answers.
+const STREAM_FROM_HELD_BYTES: usize = 16 * 1024;
+
+/// What the head of a client's replies can do in this turn, once what
+/// arrived for it was looked at (see [`Work::head_now`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum HeadNow {
+    /// It can neither finish nor write anything yet: the replies behind it
+    /// wait too. Its slots wake the session when replies come.
+    Waits,
+    /// It may finish; until it does, it writes nothing.
+    Finishes,
+    /// It may finish; until it does, its values go out as they arrive.
+    Streams,
+}
+
+impl Work {
+    /// Can this work, at the head of the replies (`dispatched` or not),
+    /// write or finish now? Asked once a look (`ClientSession::absorb`)
+    /// took what arrived. Only a retrieval may wait there, or write before
+    /// it finishes:
+    /// - it streams while some of its keys are unsent, or once it holds
+    ///   [`STREAM_FROM_HELD_BYTES`] of values (the `END` only when it is
+    ///   complete);
+    /// - below that, with every key sent, a reply is written whole, in one
+    ///   write rather than one per server's answer (its values stay
+    ///   reserved meanwhile), so while a server it waits for has not
+    ///   answered it has nothing to do. A W1 get is so in the turn that
+    ///   sends it: going on to finish it cost about 3 % of its
+    ///   instructions.
+    pub(super) fn head_now(&self, dispatched: bool) -> HeadNow {
+        let Work::Retrieve {
+            plan, in_flight, ..
+        } = self
+        else {
+            return match dispatched {
+                true => HeadNow::Finishes,
+                false => HeadNow::Waits,
+            };
+        };
+        if plan.has_unsent() || plan.held_bytes() >= STREAM_FROM_HELD_BYTES {
+            return HeadNow::Streams;
+        }
+        // In flight and not settled (`finish_retrieve` would wait): with
+        // zones read all at once, a zone still answering a settled key is
+        // not waited for.
+        if !dispatched || (!in_flight.is_empty() && !plan.settled()) {
+            return HeadNow::Waits;
+        }
+        HeadNow::Finishes
+    }
+}
+
 /// A retrieval's sub-request in flight.
 pub(super) struct SubInFlight {
     pub(super) id: u32,
@@ -485,5 +539,81 @@ mod tests {
             &Reply::from_static(b"STORED\r\n")
         );
         assert!(part.all_unanswered(&mut |_, _| false), "answered");
+    }
+
+    /// `get a b` over servers 0 and 1 as a head's retrieval, and its two
+    /// sub-requests sent.
+    fn head_get() -> (Work, u32, u32) {
+        let bytes = Bytes::from_static(b"get a b\r\n");
+        let limits = crate::protocol::Limits::default();
+        let (request, _) = crate::protocol::parse_request(&bytes, &limits)
+            .unwrap()
+            .unwrap();
+        let candidates = vec![smallvec::smallvec![0], smallvec::smallvec![1]];
+        let plan = Retrieval::with_candidates(&request, bytes, candidates, false);
+        let mut work = Work::Retrieve {
+            plan: Box::new(plan),
+            in_flight: InFlight::new(),
+            owed: Reservation::default(),
+        };
+        // Keys unsent: what it holds goes out as it comes.
+        assert_eq!(work.head_now(false), HeadNow::Streams);
+        let Work::Retrieve {
+            plan, in_flight, ..
+        } = &mut work
+        else {
+            unreachable!()
+        };
+        let mut lines = crate::runtime::recycled::RecycledBuf::new(64);
+        for sub in plan.next_chunk(100, &mut lines) {
+            in_flight.push(SubInFlight {
+                id: sub.id,
+                server: sub.server,
+                slot: Slot::new(Rc::new(crate::runtime::wake::Wake::new())),
+                cost: 0,
+            });
+        }
+        let ids = (in_flight[0].id, in_flight[1].id);
+        (work, ids.0, ids.1)
+    }
+
+    /// Feeds sub-request `id`'s value block, if any, and its `END` (the
+    /// connection frames it and hands on no piece for it), as `absorb` does.
+    fn answered(work: &mut Work, id: u32, value: Option<Bytes>) {
+        let Work::Retrieve {
+            plan, in_flight, ..
+        } = work
+        else {
+            unreachable!()
+        };
+        if let Some(block) = value {
+            plan.on_piece(id, Got::Value(block));
+        }
+        plan.on_done(id, Ok(Outcome::End), || 0);
+        in_flight.retain(|sub| sub.id != id);
+    }
+
+    #[test]
+    fn a_small_multi_get_at_the_head_waits_for_every_server_then_finishes_whole() {
+        let (mut work, a, b) = head_get();
+        assert_eq!(work.head_now(true), HeadNow::Waits, "nothing came");
+        assert_eq!(work.head_now(false), HeadNow::Waits);
+        let value = Bytes::from_static(b"VALUE b 0 1\r\nx\r\n");
+        answered(&mut work, b, Some(value));
+        assert_eq!(work.head_now(true), HeadNow::Waits, "held, not written");
+        answered(&mut work, a, None);
+        assert_eq!(work.head_now(true), HeadNow::Finishes);
+        // Any other work finishes, or waits to be dispatched.
+        assert_eq!(Work::Stats.head_now(true), HeadNow::Finishes);
+        assert_eq!(Work::Stats.head_now(false), HeadNow::Waits);
+    }
+
+    #[test]
+    fn a_multi_get_at_the_head_holding_16_kib_streams_ahead_of_its_slower_server() {
+        let (mut work, _, b) = head_get();
+        let data = "x".repeat(STREAM_FROM_HELD_BYTES);
+        let value = format!("VALUE b 0 {}\r\n{data}\r\n", data.len());
+        answered(&mut work, b, Some(Bytes::from(value)));
+        assert_eq!(work.head_now(true), HeadNow::Streams);
     }
 }

@@ -1,7 +1,8 @@
 //! A copy of a moved key made through a lease, so it never brings back a
 //! value older than a write: the lease, the check where it was read, then
-//! the fill that replaces the lease or the take-back that removes it; and
-//! how the new owner's replies to those count.
+//! the fill that replaces the lease or the take-back that removes it (or,
+//! for a `gat` whose key the new owner held already, the touch of what is
+//! there); and how the new owner's replies to those count.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -73,50 +74,23 @@ pub(crate) struct ReadCopy {
     pub base64: bool,
     /// A `gat`'s or `gats`'s exptime: the read changed the key's TTL, which
     /// another sidecar's lease on the new owner must not keep from it (see
-    /// [`ReadCopy::touch_line`]).
+    /// [`LeaseCopy`]'s touch).
     pub touch: Option<Bytes>,
 }
 
 impl ReadCopy {
-    /// For a `gat` copy whose lease found the key held on the new owner:
-    /// `mg <key> T<exptime> c f s`, which touches what is there and shows
-    /// whether it is another sidecar's lease (its cas then replaced by this
-    /// copy, which carries the new TTL) or a value (now touched).
-    pub(crate) fn touch_line(&self) -> Option<Bytes> {
-        let exptime = self.touch.as_ref()?;
-        let mut line = BytesMut::with_capacity(self.key.len() + exptime.len() + 16);
-        line.put_slice(b"mg ");
-        line.put_slice(&self.key);
-        if self.base64 {
-            line.put_slice(b" b");
-        }
-        line.put_slice(b" T");
-        line.put_slice(exptime);
-        line.put_slice(b" c f s\r\n");
-        Some(line.freeze())
-    }
-
-    /// The cas of the lease a [`ReadCopy::touch_line`]'s reply shows.
-    pub(crate) fn touched_lease(reply: &Reply) -> Option<u64> {
-        probed_lease(reply)
-    }
-
-    /// The copy as the `ms` that replaces its lease, compared by the cas the
-    /// lease landed with (`C<lease>` instead of `ME`): a write or delete that
-    /// reached the lease in between makes it fail instead of being undone.
-    pub(crate) fn fill(&self, lease: u64) -> Outbound {
-        fill_wire(&self.wire, lease)
-    }
-
     /// The lease → check → fill or take-back of this copy, the source
-    /// read again (it keeps the value).
+    /// read again (it keeps the value); a `gat`'s touches what the new
+    /// owner held already.
     pub(crate) fn lease_copy(&self) -> LeaseCopy {
-        LeaseCopy::new(
+        let mut machine = LeaseCopy::new(
             self.key.clone(),
             self.base64,
             self.wire.clone(),
             CopyCheck::Reread,
-        )
+        );
+        machine.touch = self.touch.clone();
+        machine
     }
 }
 
@@ -152,9 +126,10 @@ pub(crate) enum CopyStep {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CopyEnd {
     /// No lease to fill: `Skipped` when the new owner held the key already
-    /// (a write, or another copy's lease), `Failed` on an error or when the
-    /// lease's cas did not come back (it can be neither filled nor taken
-    /// back safely, so it is left to expire: a miss meanwhile).
+    /// (a write, or another copy's lease; a `gat`'s copy has touched it
+    /// then), `Failed` on an error or when the lease's cas did not come
+    /// back (it can be neither filled nor taken back safely, so it is left
+    /// to expire: a miss meanwhile).
     NotLeased(CopyOutcome),
     /// The source still held the value: how the fill counts.
     Filled(CopyOutcome),
@@ -169,6 +144,12 @@ enum CopyStage {
     Check,
     Fill,
     TakeBack,
+    /// A `gat`'s lease found the key held: what is there is touched.
+    Touch,
+    /// The touch showed another copy's lease: this copy replaces it.
+    TouchFill,
+    /// That fill failed: what replaced the lease is touched once more.
+    TouchAgain,
     Done,
 }
 
@@ -177,7 +158,20 @@ enum CopyStage {
 /// (`ms … ME c`, only where the key is absent), the check at the source
 /// (see [`CopyCheck`]), then the copy replacing the lease by its cas, or
 /// the lease taken back by its cas. Written once, driven by a read-through's
-/// task (`session::copy_check`) and by [`super::Moved`]'s copy stage.
+/// task (`session::copy_check`) and by [`super::Moved`]'s copy stage, which
+/// also takes back through it a lease it took over and found nothing to
+/// copy for ([`LeaseCopy::take_back`]).
+///
+/// A `gat` read through changed the key's TTL. If its lease finds the key
+/// held on the new owner, that may be another sidecar's lease, an item to
+/// memcached whose copy (filled by the lease's cas, which a touch keeps)
+/// would put back the TTL the previous owner had before this `gat`. So
+/// what is held is touched with the `gat`'s exptime in a way that shows a
+/// lease (`mg <key> T<exptime> c f s`); a lease is replaced by this copy
+/// (which carries that TTL), by its cas, so the other copy fails; a value
+/// is touched. If another copy's fill got in between (this fill then
+/// fails), the value it left is touched once more.
+///
 /// Pure: replies in, messages out.
 #[derive(Debug)]
 pub(crate) struct LeaseCopy {
@@ -186,6 +180,8 @@ pub(crate) struct LeaseCopy {
     /// The copy as an add (`ms … ME … c`, then its data).
     wire: Outbound,
     check: CopyCheck,
+    /// A `gat`'s exptime, which what the new owner held is touched with.
+    touch: Option<Bytes>,
     stage: CopyStage,
     /// The cas the lease landed with.
     lease: Option<u64>,
@@ -200,6 +196,7 @@ impl LeaseCopy {
             base64,
             wire,
             check,
+            touch: None,
             stage: CopyStage::Lease,
             lease: None,
         }
@@ -222,31 +219,31 @@ impl LeaseCopy {
         self.check()
     }
 
+    /// Over a lease already on the new owner (cas `lease`, another copy's,
+    /// taken over) with nothing to copy: the lease taken back by its cas,
+    /// so a write that replaced it stays.
+    pub(crate) fn take_back(&mut self, lease: u64) -> CopyStep {
+        self.stage = CopyStage::TakeBack;
+        CopyStep::Send {
+            to: Owner::New,
+            wire: smallvec::smallvec![delete_line(&self.key, self.base64, Some(lease))],
+            expect: meta_expect(MetaCommand::Delete),
+        }
+    }
+
     /// The reply to the last [`CopyStep::Send`].
     pub(crate) fn on_reply(&mut self, result: CallResult) -> CopyStep {
+        let held = CopyEnd::NotLeased(CopyOutcome::Skipped);
         match self.stage {
             CopyStage::Lease => match (copy_outcome(&result), landed_cas(&result)) {
                 (CopyOutcome::Made, Some(lease)) => self.start_over(lease),
                 (CopyOutcome::Made, None) => self.end(CopyEnd::NotLeased(CopyOutcome::Failed)),
+                (CopyOutcome::Skipped, _) if self.touch.is_some() => self.touch(CopyStage::Touch),
                 (outcome, _) => self.end(CopyEnd::NotLeased(outcome)),
             },
             CopyStage::Check => match (self.lease, self.still_at_source(&result)) {
-                (Some(lease), true) => {
-                    self.stage = CopyStage::Fill;
-                    CopyStep::Send {
-                        to: Owner::New,
-                        wire: fill_wire(&self.wire, lease),
-                        expect: meta_expect(MetaCommand::Set),
-                    }
-                }
-                (Some(lease), false) => {
-                    self.stage = CopyStage::TakeBack;
-                    CopyStep::Send {
-                        to: Owner::New,
-                        wire: smallvec::smallvec![delete_line(&self.key, self.base64, Some(lease))],
-                        expect: meta_expect(MetaCommand::Delete),
-                    }
-                }
+                (Some(lease), true) => self.fill(CopyStage::Fill, lease),
+                (Some(lease), false) => self.take_back(lease),
                 (None, _) => self.end(CopyEnd::NotLeased(CopyOutcome::Failed)),
             },
             CopyStage::Fill => self.end(CopyEnd::Filled(fill_outcome(&result))),
@@ -254,8 +251,53 @@ impl LeaseCopy {
                 let removed = matches!(&result, Ok(reply) if reply.outcome == Outcome::Hd);
                 self.end(CopyEnd::TakenBack(removed))
             }
+            CopyStage::Touch => match result.as_ref().ok().and_then(probed_lease) {
+                Some(lease) => self.fill(CopyStage::TouchFill, lease),
+                None => self.end(held),
+            },
+            CopyStage::TouchFill => match result {
+                Ok(reply) if reply.outcome == Outcome::Hd => self.end(held),
+                _ => self.touch(CopyStage::TouchAgain),
+            },
+            CopyStage::TouchAgain => self.end(held),
             // Nothing was sent: nothing changes.
             CopyStage::Done => CopyStep::Done(CopyEnd::NotLeased(CopyOutcome::Failed)),
+        }
+    }
+
+    /// The copy replacing the lease (cas `lease`) on the new owner.
+    fn fill(&mut self, stage: CopyStage, lease: u64) -> CopyStep {
+        self.stage = stage;
+        CopyStep::Send {
+            to: Owner::New,
+            wire: fill_wire(&self.wire, lease),
+            expect: meta_expect(MetaCommand::Set),
+        }
+    }
+
+    /// What the new owner holds touched with the `gat`'s exptime, in a way
+    /// that shows a lease: `mg <key> T<exptime> c f s`.
+    fn touch(&mut self, stage: CopyStage) -> CopyStep {
+        self.stage = stage;
+        let exptime = self.touch.as_deref().unwrap_or(b"0");
+        let mut line = BytesMut::with_capacity(self.key.len() + exptime.len() + 16);
+        line.put_slice(b"mg ");
+        line.put_slice(&self.key);
+        if self.base64 {
+            line.put_slice(b" b");
+        }
+        line.put_slice(b" T");
+        line.put_slice(exptime);
+        line.put_slice(b" c f s\r\n");
+        CopyStep::Send {
+            to: Owner::New,
+            wire: smallvec::smallvec![line.freeze()],
+            expect: Expect::Meta {
+                command: MetaCommand::Get,
+                quiet: false,
+                replied: false,
+                leases_shown: true,
+            },
         }
     }
 
@@ -564,12 +606,102 @@ mod tests {
         assert!(fill.starts_with(b"ms k 2 F3 T60 C77\r\n"));
     }
 
+    /// A `gat`'s copy (new exptime 90) whose lease found the key held: the
+    /// touch that shows what is held, and how it ends after `shown`.
+    fn touching(shown: &'static [u8]) -> (LeaseCopy, CopyStep) {
+        let mut machine = ReadCopy {
+            touch: Some(Bytes::from_static(b"90")),
+            ..read_copy()
+        }
+        .lease_copy();
+        machine.start();
+        let step = machine.on_reply(ok(b"NS c0\r\n"));
+        let CopyStep::Send { to, wire, expect } = step else {
+            panic!("no touch: {step:?}");
+        };
+        assert_eq!(
+            (to, &wire.concat()[..]),
+            (Owner::New, &b"mg k T90 c f s\r\n"[..])
+        );
+        // A lease must show as the item it is, not as a miss.
+        assert_eq!(
+            expect,
+            Expect::Meta {
+                command: MetaCommand::Get,
+                quiet: false,
+                replied: false,
+                leases_shown: true,
+            }
+        );
+        let step = machine.on_reply(Ok(Reply::from_static(shown)));
+        (machine, step)
+    }
+
+    #[test]
+    fn a_gat_copy_that_finds_a_value_held_touches_it_and_ends() {
+        let held = CopyEnd::NotLeased(CopyOutcome::Skipped);
+        // A value (not a lease's flags and size), a miss, or a failure.
+        for shown in [&b"HD c5 f0 s2\r\n"[..], b"EN\r\n", b"SERVER_ERROR busy\r\n"] {
+            let (_, step) = touching(shown);
+            assert_eq!(ended(step), held, "{shown:?}");
+        }
+        // Without a new exptime (a `get`'s copy) nothing is touched.
+        let mut machine = read_copy().lease_copy();
+        machine.start();
+        assert_eq!(ended(machine.on_reply(ok(b"NS c0\r\n"))), held);
+    }
+
+    #[test]
+    fn a_gat_copy_that_finds_another_copys_lease_replaces_it_by_its_cas() {
+        let held = CopyEnd::NotLeased(CopyOutcome::Skipped);
+        let (mut machine, step) = touching(b"HD c77 f1835821873 s24\r\n");
+        let (to, fill, expect) = sent(step);
+        // The copy carries the `gat`'s TTL; the other copy's fill then fails.
+        assert_eq!(
+            (to, &fill[..]),
+            (Owner::New, &b"ms k 2 F3 T60 C77\r\nv1\r\n"[..])
+        );
+        assert_eq!(expect, meta_expect(MetaCommand::Set));
+        assert_eq!(ended(machine.on_reply(ok(b"HD\r\n"))), held);
+        // The other copy's fill got in first: what it left is touched again.
+        for refused in [&b"EX\r\n"[..], b"NF\r\n", b"SERVER_ERROR busy\r\n"] {
+            let (mut machine, step) = touching(b"HD c77 f1835821873 s24\r\n");
+            sent(step);
+            let (to, again, _) = sent(machine.on_reply(Ok(Reply::from_static(refused))));
+            assert_eq!((to, &again[..]), (Owner::New, &b"mg k T90 c f s\r\n"[..]));
+            assert_eq!(ended(machine.on_reply(ok(b"HD c78 f3 s2\r\n"))), held);
+        }
+    }
+
+    #[test]
+    fn a_lease_taken_over_with_nothing_to_copy_is_taken_back_by_its_cas() {
+        for (reply, removed) in [
+            (&b"HD\r\n"[..], true),
+            // Replaced by a write in between: it stays.
+            (b"EX\r\n", false),
+            (b"NF\r\n", false),
+            (b"SERVER_ERROR busy\r\n", false),
+        ] {
+            let mut machine = LeaseCopy::new(
+                Bytes::from_static(b"aw=="),
+                true,
+                Outbound::new(),
+                CopyCheck::Reread,
+            );
+            let (to, line, expect) = sent(machine.take_back(77));
+            assert_eq!((to, &line[..]), (Owner::New, &b"md aw== b C77\r\n"[..]));
+            assert_eq!(expect, meta_expect(MetaCommand::Delete));
+            let end = ended(machine.on_reply(Ok(Reply::from_static(reply))));
+            assert_eq!(end, CopyEnd::TakenBack(removed), "{reply:?}");
+        }
+    }
+
     #[test]
     fn a_copy_replaces_its_lease_by_cas_and_takes_it_back_by_cas_in_both_key_forms() {
         let copy = read_copy();
-        // A `gat`'s touch-and-fill over another copy's lease.
-        assert_eq!(&copy.fill(41)[0][..], b"ms k 2 F3 T60 C41\r\n");
-        assert_eq!(&copy.fill(41)[1][..], b"v1\r\n");
+        // The fill of a lease, by its cas.
+        assert_eq!(&fill_wire(&copy.wire, 41)[0][..], b"ms k 2 F3 T60 C41\r\n");
+        assert_eq!(&fill_wire(&copy.wire, 41)[1][..], b"v1\r\n");
         let base64 = ReadCopy {
             key: Bytes::from_static(b"aw=="),
             base64: true,
@@ -579,7 +711,7 @@ mod tests {
             ],
             ..copy
         };
-        assert_eq!(&base64.fill(7)[0][..], b"ms aw== 2 F0 b C7\r\n");
+        assert_eq!(&fill_wire(&base64.wire, 7)[0][..], b"ms aw== 2 F0 b C7\r\n");
         let mut machine = base64.lease_copy();
         let (_, lease, _) = sent(machine.start());
         assert!(lease.starts_with(b"ms aw== 24 F1835821873 T5 ME c b\r\n"));

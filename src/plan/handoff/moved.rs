@@ -4,7 +4,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use super::cas::{CasTakeover, Turn};
 use super::copy::{copy_block, CopyCheck, CopyEnd, CopyOutcome, CopyStep, LeaseCopy};
-use super::lines::{delete_line, forget_line, probe_hand_back, probe_line, probed_lease};
+use super::lines::{forget_line, probe_hand_back, probe_line, probed_lease};
 use super::read_through::{
     fetch_line, fetched_cas, meta_read_through_hit, read_through_hit, AddedFlags,
 };
@@ -52,11 +52,9 @@ enum Stage {
     /// previous owner by its cas (if it is gone or changed there, a write
     /// of the key, which removes it from the previous owner first, may
     /// have reached the new owner before the lease did); then the copy
-    /// replacing the lease, or the lease taken back, by its cas.
+    /// replacing the lease, or the lease taken back, by its cas. Also a
+    /// lease taken over with nothing to copy, taken back by its cas.
     Copy,
-    /// Waiting for the new owner to delete a lease taken over with nothing
-    /// to copy, compared by its cas.
-    TakeBack,
     /// An `incr`, `decr` or `ma` found a value that is not a number on the
     /// new owner; waiting for what it is (`mg … c f s`): another copy's
     /// lease is taken over (see [`Moved::take_over_lease`]).
@@ -373,12 +371,6 @@ impl Moved {
             (Kind::Overwrite, Stage::First) => self.answer_changed(result),
             (Kind::RetryAfterCopy | Kind::CopyFirst, Stage::Fetch) => self.fetched(result, now),
             (_, Stage::Copy) => self.copy_answered(result),
-            (_, Stage::TakeBack) => {
-                self.tally.taken_back =
-                    matches!(&result, Ok(reply) if reply.outcome.meta_succeeded());
-                // The command now finds the key as the other write left it.
-                self.run_on_new()
-            }
             (Kind::RetryAfterCopy | Kind::CopyFirst, _) if self.forgotten => Step::Answer(result),
             (Kind::Cas, Stage::First) => match self.takeover.as_mut() {
                 Some(takeover) if takeover.overturnable(&result) => {
@@ -567,9 +559,9 @@ impl Moved {
                 self.forgotten = true;
                 self.tally.copy = Some(outcome);
             }
-            // Gone or changed (or no answer): when in doubt, no copy; the
-            // lease went, by its cas, so something newer that replaced it
-            // stays.
+            // Gone or changed (or no answer), or nothing to copy over a
+            // lease taken over: when in doubt, no copy; the lease went, by
+            // its cas, so something newer that replaced it stays.
             CopyEnd::TakenBack(removed) => self.tally.taken_back = removed,
         }
         // The command now finds the copy, or what a write left.
@@ -621,18 +613,18 @@ impl Moved {
     }
 
     /// Deletes a lease taken over from the new owner by its cas, so a write
-    /// that replaced it stays.
+    /// that replaced it stays (through the copy machine, which ends there).
     fn take_back(&mut self) -> Step {
         let Some(lease) = self.lease_cas.take() else {
             return self.run_on_new();
         };
-        self.stage = Stage::TakeBack;
+        self.stage = Stage::Copy;
         let (key, base64) = self.key_token();
-        Step::Send {
-            to: Owner::New,
-            lines: smallvec::smallvec![delete_line(&key, base64, Some(lease))],
-            expect: meta_expect(MetaCommand::Delete),
-        }
+        // No copy and no check: the machine only takes the lease back.
+        let mut machine = LeaseCopy::new(key, base64, Outbound::new(), CopyCheck::Reread);
+        let step = machine.take_back(lease);
+        self.copy = Some(machine);
+        self.copy_step(step)
     }
 
     /// The new owner's item after an `incr`, `decr` or `ma` found it not a
@@ -1210,6 +1202,7 @@ mod tests {
         assert_eq!(sent(&undo), (Owner::New, b"md k C77\r\n".to_vec()));
         let again = nowhere.on_reply(ok(b"HD\r\n"), NOW);
         assert_eq!(sent(&again), (Owner::New, b"incr k 1\r\n".to_vec()));
+        assert!(nowhere.take_tally().taken_back, "the lease went");
         // A refusal after that is answered: the new owner is probed once.
         assert_eq!(answer(nowhere.on_reply(ok(refused), NOW)).unwrap(), refused);
     }
