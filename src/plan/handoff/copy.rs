@@ -160,7 +160,7 @@ enum CopyStage {
 /// the lease taken back by its cas. Written once, driven by a read-through's
 /// task (`session::copy_check`) and by [`super::Moved`]'s copy stage, which
 /// also takes back through it a lease it took over and found nothing to
-/// copy for ([`LeaseCopy::take_back`]).
+/// copy for ([`LeaseCopy::taking_back`]).
 ///
 /// A `gat` read through changed the key's TTL. If its lease finds the key
 /// held on the new owner, that may be another sidecar's lease, an item to
@@ -219,10 +219,19 @@ impl LeaseCopy {
         self.check()
     }
 
-    /// Over a lease already on the new owner (cas `lease`, another copy's,
-    /// taken over) with nothing to copy: the lease taken back by its cas,
-    /// so a write that replaced it stays.
-    pub(crate) fn take_back(&mut self, lease: u64) -> CopyStep {
+    /// A machine that only takes back a lease already on the new owner (cas
+    /// `lease`, another copy's, taken over) with nothing to copy for: no
+    /// copy and no check; it ends when the delete is answered. The step is
+    /// the delete to send.
+    pub(crate) fn taking_back(key: Bytes, base64: bool, lease: u64) -> (LeaseCopy, CopyStep) {
+        let mut machine = LeaseCopy::new(key, base64, Outbound::new(), CopyCheck::Reread);
+        let step = machine.take_back(lease);
+        (machine, step)
+    }
+
+    /// The lease (cas `lease`) taken back by its cas, so a write that
+    /// replaced it stays.
+    fn take_back(&mut self, lease: u64) -> CopyStep {
         self.stage = CopyStage::TakeBack;
         CopyStep::Send {
             to: Owner::New,
@@ -682,13 +691,8 @@ mod tests {
             (b"NF\r\n", false),
             (b"SERVER_ERROR busy\r\n", false),
         ] {
-            let mut machine = LeaseCopy::new(
-                Bytes::from_static(b"aw=="),
-                true,
-                Outbound::new(),
-                CopyCheck::Reread,
-            );
-            let (to, line, expect) = sent(machine.take_back(77));
+            let (mut machine, step) = LeaseCopy::taking_back(Bytes::from_static(b"aw=="), true, 77);
+            let (to, line, expect) = sent(step);
             assert_eq!((to, &line[..]), (Owner::New, &b"md aw== b C77\r\n"[..]));
             assert_eq!(expect, meta_expect(MetaCommand::Delete));
             let end = ended(machine.on_reply(Ok(Reply::from_static(reply))));

@@ -620,9 +620,7 @@ impl Moved {
         };
         self.stage = Stage::Copy;
         let (key, base64) = self.key_token();
-        // No copy and no check: the machine only takes the lease back.
-        let mut machine = LeaseCopy::new(key, base64, Outbound::new(), CopyCheck::Reread);
-        let step = machine.take_back(lease);
+        let (machine, step) = LeaseCopy::taking_back(key, base64, lease);
         self.copy = Some(machine);
         self.copy_step(step)
     }
