@@ -279,7 +279,11 @@ pub(crate) struct FramedLine {
 /// dialects frame their lines here.
 #[inline]
 pub(crate) fn frame_line(buf: &[u8], limits: &Limits) -> Result<Option<FramedLine>, Rejection> {
-    let line_bound = if starts_like_retrieval(buf, limits.max_line_bytes) {
+    // Input within both bounds is framed alike under either: what the
+    // command is matters only past the shorter one.
+    let line_bound = if buf.len() <= limits.max_line_bytes.min(limits.max_get_line_bytes) {
+        limits.max_line_bytes
+    } else if starts_like_retrieval(buf, limits.max_line_bytes) {
         limits.max_get_line_bytes
     } else {
         limits.max_line_bytes
