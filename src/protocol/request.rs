@@ -562,7 +562,7 @@ impl Tokens<'_> {
         let start = self.at;
         let rest = &self.line[start..];
         // The first byte no key may hold; a space ends the token.
-        let stop = first_non_key_byte(rest);
+        let stop = super::scan::first_stop(rest, super::scan::ends_key);
         let end = match stop {
             Some(i) if rest[i] != b' ' => {
                 self.at = self.line.len();
@@ -574,39 +574,6 @@ impl Tokens<'_> {
         self.at = end;
         Some((end - start <= MAX_KEY_BYTES).then(|| Span::new(start, end)))
     }
-}
-
-/// Where the first byte no key may hold (a control byte, a space, DEL) is
-/// in `bytes`. Eight bytes are looked at a time while none of them is one:
-/// a key's bytes are most of a get's line, and a byte loop spent about five
-/// instructions on each.
-#[inline]
-fn first_non_key_byte(bytes: &[u8]) -> Option<usize> {
-    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
-    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
-    const BELOW_KEY: u64 = u64::from_ne_bytes([b' ' + 1; 8]);
-    const DEL: u64 = u64::from_ne_bytes([0x7f; 8]);
-    let is_stop = |b: u8| b <= b' ' || b == 0x7f;
-    let mut chunks = bytes.chunks_exact(8);
-    let mut at = 0;
-    for chunk in &mut chunks {
-        let word = u64::from_ne_bytes(chunk.try_into().expect("chunks of eight bytes"));
-        // Whether some byte is below `b' ' + 1`, or equal to DEL (a zero
-        // byte of `word ^ DEL`): exact as answers for the whole word (a
-        // borrow only ever follows a byte that qualifies itself).
-        let below = word.wrapping_sub(BELOW_KEY) & !word & HIGHS;
-        let del = word ^ DEL;
-        let del = del.wrapping_sub(ONES) & !del & HIGHS;
-        if below | del != 0 {
-            return chunk.iter().position(|&b| is_stop(b)).map(|i| at + i);
-        }
-        at += 8;
-    }
-    chunks
-        .remainder()
-        .iter()
-        .position(|&b| is_stop(b))
-        .map(|i| at + i)
 }
 
 impl Iterator for Tokens<'_> {
@@ -1424,51 +1391,6 @@ mod tests {
             (b"verbosity 1\r\n", Command::Verbosity),
         ] {
             assert_eq!(parse(input).unwrap().unwrap().0.command, command);
-        }
-    }
-
-    #[test]
-    fn the_first_byte_no_key_may_hold_is_found_at_every_place_and_value() {
-        let naive = |bytes: &[u8]| bytes.iter().position(|&b| b <= b' ' || b == 0x7f);
-        for len in 0..20 {
-            for at in 0..len {
-                for stop in [0u8, b'\t', b'\r', b'\n', b' ', 0x7f] {
-                    // Bytes around the stop that come close to it without
-                    // being one: `!`, `~`, 0x80, 0xff.
-                    for filler in [b'!', b'~', 0x80, 0xff, b'a'] {
-                        let mut bytes = vec![filler; len];
-                        bytes[at] = stop;
-                        assert_eq!(first_non_key_byte(&bytes), Some(at), "{bytes:?}");
-                        assert_eq!(naive(&bytes), Some(at));
-                    }
-                }
-            }
-            for filler in [b'!', b'~', 0x80, 0xff, b'a'] {
-                assert_eq!(first_non_key_byte(&vec![filler; len]), None);
-            }
-        }
-        for b in 0..=255u8 {
-            let bytes = [b'k', b'k', b'k', b'k', b'k', b'k', b'k', b, b'k', b];
-            assert_eq!(first_non_key_byte(&bytes), naive(&bytes), "byte {b}");
-        }
-    }
-
-    proptest::proptest! {
-        #[test]
-        fn first_non_key_byte_matches_a_byte_loop(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64)) {
-            let naive = bytes.iter().position(|&b| b <= b' ' || b == 0x7f);
-            proptest::prop_assert_eq!(first_non_key_byte(&bytes), naive);
-        }
-
-        #[test]
-        fn first_non_key_byte_matches_a_byte_loop_on_key_like_bytes(
-            bytes in proptest::collection::vec(proptest::prelude::prop_oneof![
-                30 => 0x21u8..0x7f,
-                1 => proptest::prelude::any::<u8>(),
-            ], 0..64),
-        ) {
-            let naive = bytes.iter().position(|&b| b <= b' ' || b == 0x7f);
-            proptest::prop_assert_eq!(first_non_key_byte(&bytes), naive);
         }
     }
 }
