@@ -21,6 +21,7 @@ pub mod meta;
 pub mod outcome;
 pub mod reply;
 pub mod request;
+pub(crate) mod scan;
 
 pub use reply::{
     frame_reply, Expect, LineKind, Piece, ReplyError, ReplyKind, ValueBlock, ValueBlocks,

@@ -152,7 +152,12 @@ impl Expect {
     /// The expectation for a retrieval line `request` (`get k1 k2\r\n`,
     /// `gat 10 k1\r\n`, ...) as it is written to the server.
     pub fn values(request: bytes::Bytes) -> Expect {
-        let command_end = memchr(b' ', &request).unwrap_or(request.len());
+        // The command is a few bytes long: a byte loop finds its end for
+        // less than a `memchr` call costs to set up.
+        let command_end = request
+            .iter()
+            .position(|&b| b == b' ')
+            .unwrap_or(request.len());
         let command = &request[..command_end];
         let mut cursor = command_end;
         if command == b"gat" || command == b"gats" {
@@ -331,8 +336,8 @@ fn find_key(request: &[u8], from: usize, key: &[u8]) -> Option<usize> {
     // The line ends at its CR, LF or NUL (memcached reads it as a C string).
     // `from` is within the line (just past an earlier key) or at its start,
     // and memcached answers keys in the order asked, so the key is nearly
-    // always the next token: a byte loop over that one short token costs
-    // less than a memchr set up for the line's end and then for each token.
+    // always the next token: one scan over that token (`scan::first_stop`)
+    // costs less than a memchr set up for the line's end and then for each.
     let ends_token = |b: u8| matches!(b, b' ' | b'\r' | b'\n' | 0);
     let mut at = from.min(request.len());
     loop {
@@ -340,9 +345,8 @@ fn find_key(request: &[u8], from: usize, key: &[u8]) -> Option<usize> {
             at += 1;
         }
         let start = at;
-        while request.get(at).is_some_and(|&b| !ends_token(b)) {
-            at += 1;
-        }
+        at = super::scan::first_stop(&request[start..], ends_token)
+            .map_or(request.len(), |i| start + i);
         if at == start {
             // The end of the line (or of the request).
             return None;

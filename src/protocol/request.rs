@@ -279,7 +279,11 @@ pub(crate) struct FramedLine {
 /// dialects frame their lines here.
 #[inline]
 pub(crate) fn frame_line(buf: &[u8], limits: &Limits) -> Result<Option<FramedLine>, Rejection> {
-    let line_bound = if starts_like_retrieval(buf, limits.max_line_bytes) {
+    // Input within both bounds is framed alike under either: what the
+    // command is matters only past the shorter one.
+    let line_bound = if buf.len() <= limits.max_line_bytes.min(limits.max_get_line_bytes) {
+        limits.max_line_bytes
+    } else if starts_like_retrieval(buf, limits.max_line_bytes) {
         limits.max_get_line_bytes
     } else {
         limits.max_line_bytes
@@ -381,10 +385,15 @@ pub fn long_get_part(
         return Ok(LongGetPart::Not);
     }
     let bound = limits.max_get_line_bytes;
-    let window = &buf[..buf.len().min(bound + 1)];
-    let newline = memchr(b'\n', window);
     // A line of more keys than allowed is at least two bytes a key long.
     let many_keys = |line_len: usize| line_len > 2 * limits.max_keys_per_get;
+    // Input too short to hold a long line, wherever its newline is: not
+    // one, without a scan the parser makes again (the usual one-line get).
+    if head.is_none() && buf.len() <= bound && !many_keys(buf.len()) {
+        return Ok(LongGetPart::Not);
+    }
+    let window = &buf[..buf.len().min(bound + 1)];
+    let newline = memchr(b'\n', window);
     let first = head.is_none();
     let (head, keys_from) = match head {
         Some(head) => (head.to_vec(), 0),
@@ -553,7 +562,7 @@ impl Tokens<'_> {
         let start = self.at;
         let rest = &self.line[start..];
         // The first byte no key may hold; a space ends the token.
-        let stop = rest.iter().position(|&b| b <= b' ' || b == 0x7f);
+        let stop = super::scan::first_stop(rest, super::scan::ends_key);
         let end = match stop {
             Some(i) if rest[i] != b' ' => {
                 self.at = self.line.len();

@@ -271,7 +271,13 @@ pub fn key_hash(key: &[u8]) -> u64 {
 /// hand-off's previous owner, `/route` and `memring where` agree.
 #[inline]
 pub fn hashed_part<'k>(key: &'k [u8], prefix: &[u8], tag: Option<[u8; 2]>) -> &'k [u8] {
-    tagged_part(key.strip_prefix(prefix).unwrap_or(key), tag)
+    // Most rings strip no prefix: no `memcmp` call to compare none.
+    let unprefixed = if prefix.is_empty() {
+        key
+    } else {
+        key.strip_prefix(prefix).unwrap_or(key)
+    };
+    tagged_part(unprefixed, tag)
 }
 
 /// The part of `key` that is hashed: with a tag `[open, close]`, the bytes
