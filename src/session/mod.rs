@@ -209,7 +209,6 @@ where
         // for this session until it waits again takes that time.
         let now = clock.now();
         take_in(&mut client, &mut input, &mut progress, now);
-        client.out.seal();
         if client.out.has_remaining() {
             // A reply usually fits the socket at once: write it in this turn
             // rather than in one more pass of the loop just for the write.
