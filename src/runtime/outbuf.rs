@@ -166,7 +166,13 @@ impl Buf for OutQueue {
         while count > 0 {
             let Some(front) = self.chunks.front_mut() else {
                 assert!(count <= self.scratch.len(), "advance within remaining");
-                self.scratch.advance(count);
+                if count == self.scratch.len() {
+                    // The usual whole write: the buffer's room is free
+                    // again from its start.
+                    self.scratch.clear();
+                } else {
+                    self.scratch.advance(count);
+                }
                 return;
             };
             if count < front.len() {
