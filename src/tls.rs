@@ -699,6 +699,14 @@ pub(crate) trait Readable: tokio::io::AsyncRead + Unpin {
 
     /// Ready once input (or end of stream, or an error) is there to read.
     fn readable(&self) -> impl std::future::Future<Output = io::Result<()>>;
+
+    /// Whether the runtime has reported no input (nor end of stream) since
+    /// this half's own reads last found the socket empty: one atomic load,
+    /// no system call, and the readiness it reads is left as it is. `false`
+    /// when it cannot tell (TLS): the caller then polls the read.
+    fn read_readiness_clear(&self) -> bool {
+        false
+    }
 }
 
 impl Readable for tokio::net::tcp::ReadHalf<'_> {
@@ -707,6 +715,14 @@ impl Readable for tokio::net::tcp::ReadHalf<'_> {
     fn readable(&self) -> impl std::future::Future<Output = io::Result<()>> {
         tokio::net::tcp::ReadHalf::readable(self)
     }
+
+    fn read_readiness_clear(&self) -> bool {
+        // tokio calls the closure only while the read readiness is set; a
+        // closure that does no I/O and succeeds leaves it set.
+        self.as_ref()
+            .try_io(tokio::io::Interest::READABLE, || Ok(()))
+            .is_err()
+    }
 }
 
 impl Readable for tokio::net::unix::ReadHalf<'_> {
@@ -714,6 +730,12 @@ impl Readable for tokio::net::unix::ReadHalf<'_> {
 
     fn readable(&self) -> impl std::future::Future<Output = io::Result<()>> {
         tokio::net::unix::ReadHalf::readable(self)
+    }
+
+    fn read_readiness_clear(&self) -> bool {
+        self.as_ref()
+            .try_io(tokio::io::Interest::READABLE, || Ok(()))
+            .is_err()
     }
 }
 

@@ -2,6 +2,11 @@
 //! together (cheaper than one iovec each), large ones are kept as the `Bytes`
 //! they arrived in and written in place with `writev`. Used for client replies
 //! and for requests on their way to a server. No I/O here.
+//!
+//! The small pieces since the last large one are written straight from the
+//! buffer they were copied into, behind the chunks: a one-key reply is
+//! written without making a chunk of it (a `BytesMut::split`, a reference
+//! count taken and dropped, a list entry).
 
 use std::collections::VecDeque;
 
@@ -88,6 +93,8 @@ impl OutQueue {
     }
 
     /// Moves the small pieces into the chunk list; returns the bytes queued.
+    /// Only needed before a large piece or an append: the writes take the
+    /// small pieces where they are.
     pub(crate) fn seal(&mut self) -> usize {
         if !self.scratch.is_empty() {
             let small = self.scratch.split().freeze();
@@ -131,34 +138,50 @@ impl crate::protocol::encode::ReplyWriter for OutQueue {
     }
 }
 
-/// The sealed chunks, for `write_buf` (vectored writes).
+/// The chunks, then the small pieces behind them, for `write_buf`
+/// (vectored writes).
 impl Buf for OutQueue {
     fn remaining(&self) -> usize {
-        self.sealed
+        self.len()
     }
 
     fn chunk(&self) -> &[u8] {
-        self.chunks.front().map_or(&[], |chunk| &chunk[..])
+        self.chunks
+            .front()
+            .map_or(&self.scratch[..], |chunk| &chunk[..])
     }
 
     fn chunks_vectored<'a>(&'a self, dst: &mut [std::io::IoSlice<'a>]) -> usize {
+        let small = (!self.scratch.is_empty()).then_some(&self.scratch[..]);
+        let pieces = self.chunks.iter().map(|chunk| &chunk[..]).chain(small);
         let mut filled = 0;
-        for (slot, chunk) in dst.iter_mut().zip(self.chunks.iter()) {
-            *slot = std::io::IoSlice::new(chunk);
+        for (slot, piece) in dst.iter_mut().zip(pieces) {
+            *slot = std::io::IoSlice::new(piece);
             filled += 1;
         }
         filled
     }
 
     fn advance(&mut self, mut count: usize) {
-        self.sealed -= count;
         while count > 0 {
-            let front = self.chunks.front_mut().expect("advance within remaining");
+            let Some(front) = self.chunks.front_mut() else {
+                assert!(count <= self.scratch.len(), "advance within remaining");
+                if count == self.scratch.len() {
+                    // The usual whole write: the buffer's room is free
+                    // again from its start.
+                    self.scratch.clear();
+                } else {
+                    self.scratch.advance(count);
+                }
+                return;
+            };
             if count < front.len() {
                 front.advance(count);
+                self.sealed -= count;
                 return;
             }
             count -= front.len();
+            self.sealed -= front.len();
             self.chunks.pop_front();
         }
     }
@@ -192,6 +215,33 @@ mod tests {
         assert_eq!(written, expected);
         assert_eq!(queue.seal(), 0);
         assert!(queue.is_empty());
+    }
+
+    #[test]
+    fn small_pieces_are_written_in_place_behind_the_chunks() {
+        let mut queue = OutQueue::default();
+        queue.push(Bytes::from_static(b"VALUE k 0 1\r\n"));
+        assert_eq!(queue.remaining(), 13, "unsealed bytes are written too");
+        assert_eq!(queue.chunk(), b"VALUE k 0 1\r\n");
+        queue.advance(6);
+        let large = Bytes::from(vec![b'v'; ZERO_COPY_BYTES]);
+        queue.push(large.clone());
+        queue.push(Bytes::from_static(b"END\r\n"));
+        let mut slices = [std::io::IoSlice::new(&[]); 4];
+        assert_eq!(queue.chunks_vectored(&mut slices), 3);
+        assert_eq!(&slices[0][..], b"k 0 1\r\n");
+        assert_eq!(slices[1].as_ptr(), large.as_ptr());
+        assert_eq!(&slices[2][..], b"END\r\n");
+        // A write that ends inside the small pieces.
+        queue.advance(7 + large.len() + 2);
+        assert_eq!(queue.remaining(), 3);
+        assert_eq!(queue.chunk(), b"D\r\n");
+        queue.advance(3);
+        assert!(queue.is_empty());
+        assert!(!queue.has_remaining());
+        // The buffer takes back the room the written pieces used.
+        queue.push(Bytes::from_static(b"STORED\r\n"));
+        assert_eq!(queue.chunk(), b"STORED\r\n");
     }
 
     /// A piece the caller keeps: a small one is copied and no reference to
