@@ -505,7 +505,7 @@ impl ClientSession {
         let dispatched = entries
             .split_at(index)
             .map(|(before, entry)| (self.dispatch_entry(entry, before), entry.bytes.len()));
-        self.entries = entries;
+        put_back(&mut self.entries, entries);
         let (complete, bytes) = dispatched?;
         complete.then_some(bytes)
     }
@@ -564,7 +564,7 @@ impl ClientSession {
             // Popped straight into place: the entry is a few hundred bytes,
             // and `bool::then` and `flatten` each moved it once more.
             let finished = if complete { entries.pop_head() } else { None };
-            self.entries = entries;
+            put_back(&mut self.entries, entries);
             let Some((entry, _)) = finished else {
                 return;
             };
@@ -615,5 +615,17 @@ impl ClientSession {
             pool: &pool,
         };
         super::request_log::finished(&self.worker.request_log, done);
+    }
+}
+
+/// Puts the FIFO that `dispatch` or `collect` set aside back in `place`.
+/// What it replaces is the empty FIFO `std::mem::take` left there, which
+/// owns no memory: forgotten, not dropped (dropping it was an out-of-line
+/// call of about 37 instructions, twice a request). Should anything have
+/// been queued in it meanwhile, it is dropped as before.
+fn put_back(place: &mut Fifo<Entry>, entries: Fifo<Entry>) {
+    let placeholder = std::mem::replace(place, entries);
+    if placeholder.is_empty() && !placeholder.has_storage() {
+        std::mem::forget(placeholder);
     }
 }
