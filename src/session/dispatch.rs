@@ -625,9 +625,7 @@ impl ClientSession {
                 let mut i = 0;
                 while i < in_flight.len() {
                     let sub = &in_flight[i];
-                    while let Some(got) = sub.slot.take() {
-                        plan.on_piece(sub.id, got);
-                    }
+                    sub.slot.take_each(|got| plan.on_piece(sub.id, got));
                     match sub.slot.outcome() {
                         Some(result) => {
                             plan.on_done(sub.id, result, || self.worker.clock.unix_seconds());
