@@ -45,6 +45,11 @@ pub(super) struct ClientSession {
     /// budget too, or a client pipelining big `set`s would have up to
     /// `max_pending` values held here.
     pub(super) parsed_bytes: usize,
+    /// The entry at the dispatch cursor was dispatched before without
+    /// sending all it has to (held back by the budget, or waiting on a
+    /// step): replies may have come for it since. An entry dispatched for
+    /// the first time has nothing to take in.
+    pub(super) held_back: bool,
     /// `noreply` requests written to servers and not yet answered, with the
     /// bytes reserved for them: without this, a client could queue writes
     /// on a server connection faster than the server takes them. Each slot
@@ -123,6 +128,7 @@ impl ClientSession {
             closing: false,
             discard: 0,
             parsed_bytes: 0,
+            held_back: false,
             unanswered: Vec::new(),
             limits,
             health: health::TurnHealth::default(),
@@ -486,10 +492,15 @@ impl ClientSession {
     /// Dispatches entries in order while the budget allows.
     pub(super) fn pump(&mut self) {
         while let Some(index) = self.entries.next_to_dispatch() {
-            self.absorb(index);
+            // Only an entry dispatched before can have replies to take in.
+            if self.held_back {
+                self.absorb(index);
+            }
             let Some(bytes) = self.dispatch(index) else {
+                self.held_back = true;
                 return;
             };
+            self.held_back = false;
             self.parsed_bytes -= bytes;
             self.entries.dispatched_one();
         }
