@@ -141,11 +141,19 @@ impl Slot {
         if state.done.is_some() {
             return;
         }
-        state.done = Some(result.clone());
-        drop(state);
         let watch = self.watch.borrow_mut().take();
-        if let Some(watch) = watch {
-            watch.done(&result);
+        match watch {
+            // Copied only for a watcher (an error's server name is a
+            // `String`).
+            Some(watch) => {
+                state.done = Some(result.clone());
+                drop(state);
+                watch.done(&result);
+            }
+            None => {
+                state.done = Some(result);
+                drop(state);
+            }
         }
         self.owner.notify();
     }
