@@ -141,11 +141,19 @@ impl Slot {
         if state.done.is_some() {
             return;
         }
-        state.done = Some(result.clone());
-        drop(state);
         let watch = self.watch.borrow_mut().take();
-        if let Some(watch) = watch {
-            watch.done(&result);
+        match watch {
+            // Copied only for a watcher (an error's server name is a
+            // `String`).
+            Some(watch) => {
+                state.done = Some(result.clone());
+                drop(state);
+                watch.done(&result);
+            }
+            None => {
+                state.done = Some(result);
+                drop(state);
+            }
         }
         self.owner.notify();
     }
@@ -167,6 +175,23 @@ impl Slot {
             state.taken = 0;
         }
         Some(piece)
+    }
+
+    /// Hands every piece that arrived and is not taken yet to `each`, in
+    /// order: one borrow for all of them, where [`Slot::take`] takes one a
+    /// call and a last call to find none (a one-key get's reader ran both
+    /// per request). `each` must not touch this slot (the plan's `on_piece`
+    /// does not): the slot is borrowed while it runs.
+    pub fn take_each(&self, mut each: impl FnMut(Got)) {
+        let mut state = self.state.borrow_mut();
+        let state = &mut *state;
+        if state.taken == state.pieces.len() {
+            return;
+        }
+        let taken = std::mem::take(&mut state.taken);
+        state.pieces.drain(taken..).for_each(&mut each);
+        // What `take` left behind of the pieces it took (empty lines).
+        state.pieces.clear();
     }
 
     /// Nothing arrived that is not taken yet, and the reply is not complete:
@@ -202,6 +227,25 @@ mod tests {
         assert!(matches!(slot.take(), Some(Got::Value(_))));
         assert!(matches!(slot.take(), Some(Got::Line(_))));
         assert_eq!(slot.take(), None);
+    }
+
+    #[test]
+    fn pieces_taken_together_come_out_in_order_after_those_taken_one_by_one() {
+        let slot = Slot::new(Rc::new(Wake::new()));
+        let piece = |i: usize| Got::Value(Bytes::from(format!("VALUE k{i} 0 0\r\n\r\n")));
+        for i in 0..5 {
+            slot.push(piece(i));
+        }
+        assert_eq!(slot.take(), Some(piece(0)));
+        let mut got = Vec::new();
+        slot.take_each(|p| got.push(p));
+        assert_eq!(got, (1..5).map(piece).collect::<Vec<_>>());
+        slot.take_each(|_| panic!("nothing is left to take"));
+        assert_eq!(slot.take(), None);
+        slot.push(piece(5));
+        slot.take_each(|p| got.push(p));
+        assert_eq!(got.last(), Some(&piece(5)));
+        assert!(slot.is_waiting());
     }
 
     #[test]

@@ -385,7 +385,10 @@ impl ClientSession {
             if keys == 0 {
                 return false;
             }
-            for sub in plan.next_chunk(keys, &mut self.lines) {
+            // Looked at where it was returned, not moved into an iterator
+            // (a few hundred bytes, copied per chunk).
+            let chunk = plan.next_chunk(keys, &mut self.lines);
+            for sub in &chunk {
                 // Sized to the room asked for above; reserved with the
                 // chunk, below.
                 let cost = sub.keys.max(1) * estimate;
@@ -400,7 +403,7 @@ impl ClientSession {
                 let ticket = match self
                     .worker
                     .hot
-                    .before_send(&sub, &conn, topology, &slot, &earlier)
+                    .before_send(sub, &conn, topology, &slot, &earlier)
                 {
                     GetShortcut::Send(ticket) => ticket,
                     GetShortcut::Joined => {
@@ -419,7 +422,7 @@ impl ClientSession {
                         continue;
                     }
                 };
-                let expect = plan.expect_of(&sub);
+                let expect = plan.expect_of(sub);
                 // A quiet `mg` goes with an `mn` behind it (`route::meta_wire`).
                 let quiet;
                 let wire = if plan.quiet() {
@@ -625,9 +628,7 @@ impl ClientSession {
                 let mut i = 0;
                 while i < in_flight.len() {
                     let sub = &in_flight[i];
-                    while let Some(got) = sub.slot.take() {
-                        plan.on_piece(sub.id, got);
-                    }
+                    sub.slot.take_each(|got| plan.on_piece(sub.id, got));
                     match sub.slot.outcome() {
                         Some(result) => {
                             plan.on_done(sub.id, result, || self.worker.clock.unix_seconds());

@@ -335,7 +335,24 @@ impl Retrieval {
         match &self.meta {
             Some(meta) => Expect::meta(MetaCommand::Get, meta.quiet),
             None if sub.meta => Expect::meta(MetaCommand::Get, false),
-            None => Expect::values(sub.line.clone()),
+            None => Expect::Values {
+                request: sub.line.clone(),
+                cursor: self.keys_from(&sub.line),
+                with_cas: matches!(self.command, Command::Gets | Command::Gats),
+            },
+        }
+    }
+
+    /// Where the keys of a classic sub-request's `line` begin: the framer
+    /// looks for each `VALUE`'s key from there. Known here, so the line is
+    /// not scanned again for its command and exptime (`Expect::values`).
+    fn keys_from(&self, line: &Bytes) -> usize {
+        // The client's own bytes (one server asked for every key), or a
+        // line built by `next_chunk`: the command, the exptime, the keys.
+        let own = line.as_ptr() == self.bytes.as_ptr() && line.len() == self.bytes.len();
+        match self.keys.first() {
+            Some(first) if own => first.start as usize,
+            _ => self.line_start_len(),
         }
     }
 
@@ -1193,4 +1210,59 @@ fn value_key(block: &[u8]) -> &[u8] {
     let rest = block.get(6..).unwrap_or(&[]);
     let end = memchr::memchr(b' ', rest).unwrap_or(rest.len());
     &rest[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{parse_request, Limits};
+
+    /// The framer's cursor set from what the retrieval knows is where
+    /// `Expect::values`, scanning the line, would put it (or further on,
+    /// before the first key), for lines sent as they came and lines built.
+    #[test]
+    fn a_sub_requests_expectation_finds_the_keys_the_line_asks_for() {
+        let cases: [(&'static [u8], &[&[usize]]); 6] = [
+            (b"get a\r\n", &[&[0]]),
+            (b"gets  a\r\n", &[&[0]]),
+            (b"gat 10 a\r\n", &[&[0]]),
+            (b"gats  10  a b\r\n", &[&[0], &[0]]),
+            (b"get a b c\r\n", &[&[0], &[1], &[0]]),
+            (b"gats 10 a b c\r\n", &[&[1], &[0], &[1]]),
+        ];
+        for (line, owners) in cases {
+            let bytes = Bytes::from_static(line);
+            let (request, _) = parse_request(&bytes, &Limits::default()).unwrap().unwrap();
+            let candidates = owners.iter().map(|o| o.iter().copied().collect()).collect();
+            let mut r = Retrieval::with_candidates(&request, bytes, candidates, false);
+            for sub in r.next_chunk(100, &mut RecycledBuf::new(64)) {
+                let Expect::Values {
+                    request,
+                    cursor,
+                    with_cas,
+                } = r.expect_of(&sub)
+                else {
+                    panic!("a classic retrieval expects values");
+                };
+                let Expect::Values {
+                    cursor: scanned,
+                    with_cas: scanned_cas,
+                    ..
+                } = Expect::values(sub.line.clone())
+                else {
+                    unreachable!()
+                };
+                assert_eq!(request, sub.line);
+                assert_eq!(with_cas, scanned_cas, "{line:?}");
+                let first_key = memchr::memmem::find(&sub.line[scanned..], b"a")
+                    .or_else(|| memchr::memmem::find(&sub.line[scanned..], b"b"))
+                    .map(|at| scanned + at)
+                    .unwrap();
+                assert!(
+                    (scanned..=first_key).contains(&cursor),
+                    "{line:?}: {cursor} not in {scanned}..={first_key}"
+                );
+            }
+        }
+    }
 }
