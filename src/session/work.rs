@@ -436,9 +436,10 @@ impl Work {
             plan, in_flight, ..
         } = self
         else {
-            return match dispatched {
-                true => HeadNow::Finishes,
-                false => HeadNow::Waits,
+            return if dispatched {
+                HeadNow::Finishes
+            } else {
+                HeadNow::Waits
             };
         };
         if plan.has_unsent() || plan.held_bytes() >= STREAM_FROM_HELD_BYTES {
