@@ -546,6 +546,15 @@ mod tests {
     }
 
     /// Polls `until` once with a waker that records being woken.
+    /// Yields until `flag`'s waker was woken, failing with `what` after 10 s.
+    async fn woken(flag: &Flag, what: &str) {
+        let give_up = std::time::Instant::now() + Duration::from_secs(10);
+        while !flag.0.load(Ordering::SeqCst) {
+            assert!(std::time::Instant::now() < give_up, "{what}");
+            tokio::task::yield_now().await;
+        }
+    }
+
     fn poll_once(
         timer: std::pin::Pin<&mut tokio::time::Sleep>,
         armed: &Cell<bool>,
@@ -577,14 +586,7 @@ mod tests {
         for at in [deadline, deadline + Duration::from_secs(1)] {
             assert!(!poll_once(timer.as_mut(), &armed, at, &later));
         }
-        let give_up = std::time::Instant::now() + Duration::from_secs(10);
-        while !first.0.load(Ordering::SeqCst) {
-            assert!(
-                std::time::Instant::now() < give_up,
-                "the timer never woke its task"
-            );
-            tokio::task::yield_now().await;
-        }
+        woken(&first, "the timer never woke its task").await;
         assert!(!later.0.load(Ordering::SeqCst));
         // Fired: the wait it woke ends.
         assert!(poll_once(timer.as_mut(), &armed, deadline, &first));
@@ -627,14 +629,7 @@ mod tests {
         let later = Arc::new(Flag(AtomicBool::new(false)));
         assert!(poll_read(&mut reader, &mut input, &armed, &later).is_pending());
         client.write_all(b"get k\r\n").await.unwrap();
-        let give_up = std::time::Instant::now() + Duration::from_secs(10);
-        while !first.0.load(Ordering::SeqCst) {
-            assert!(
-                std::time::Instant::now() < give_up,
-                "input never woke the task"
-            );
-            tokio::task::yield_now().await;
-        }
+        woken(&first, "input never woke the task").await;
         assert!(!later.0.load(Ordering::SeqCst));
         // The readiness shows the input, and asking did not clear it.
         assert!(!crate::tls::Readable::read_readiness_clear(&reader));
