@@ -461,7 +461,7 @@ where
     let result = loop {
         let deadline = {
             let mut state = conn.state.borrow_mut();
-            writing.append(&mut state.queued);
+            take_queued(&mut writing, &mut state.queued);
             if state.waiting.is_empty()
                 && writing.is_empty()
                 && (retired.is_cancelled() || drain.is_cancelled())
@@ -470,7 +470,6 @@ where
             }
             (!state.waiting.is_empty()).then_some(state.progress + timeout)
         };
-        writing.seal();
         match room_step(&read_buf, largest) {
             RoomStep::Whole(total) => {
                 let mut whole = RecycledBuf::with_capacity(total + READ_CHUNK_BYTES)
@@ -559,6 +558,23 @@ where
     };
     shared.metrics.connections.dec();
     result.map_err(|kind| (kind, answered))
+}
+
+/// Moves what sessions queued behind what the task is writing. With
+/// nothing left to write, the two queues trade places instead: the
+/// requests are written from the buffer they were copied into, with no
+/// chunk made of them (a `BytesMut::split`, a reference count taken and
+/// dropped, a list entry), and sessions queue into the other buffer
+/// meanwhile. Either way the bytes keep their order.
+fn take_queued(writing: &mut OutQueue, queued: &mut OutQueue) {
+    if queued.is_empty() {
+        return;
+    }
+    if writing.is_empty() {
+        std::mem::swap(writing, queued);
+    } else {
+        writing.append(queued);
+    }
 }
 
 /// `timer`, moved to `deadline` when that differs, else never.
@@ -1222,5 +1238,32 @@ mod tests {
             assert_eq!(result, Ok(Outcome::Value));
             assert_eq!(pieces.len(), 1);
         });
+    }
+
+    /// What sessions queue goes behind what is being written, and is
+    /// written where it was copied once nothing else is.
+    #[test]
+    fn queued_requests_follow_what_is_being_written_in_order() {
+        let (mut writing, mut queued) = (OutQueue::default(), OutQueue::default());
+        queued.push(Bytes::from_static(b"get a\r\n"));
+        take_queued(&mut writing, &mut queued);
+        assert!(queued.is_empty());
+        assert_eq!(writing.chunk(), b"get a\r\n");
+        // A partial write left some: the next requests go behind it.
+        writing.advance(4);
+        queued.push(Bytes::from_static(b"get b\r\n"));
+        take_queued(&mut writing, &mut queued);
+        assert!(queued.is_empty());
+        let mut written = Vec::new();
+        while writing.has_remaining() {
+            let step = writing.chunk().len();
+            written.extend_from_slice(writing.chunk());
+            writing.advance(step);
+        }
+        assert_eq!(written, b"a\r\nget b\r\n");
+        queued.push(Bytes::from_static(b"get c\r\n"));
+        take_queued(&mut writing, &mut queued);
+        assert_eq!(writing.chunk(), b"get c\r\n");
+        assert!(queued.is_empty());
     }
 }
