@@ -82,8 +82,10 @@ enum Phase {
 
 struct Waiting {
     expect: Expect,
-    /// The opaque a meta request was tagged with: its reply must carry it.
-    tag: Option<Tag>,
+    /// A meta request tagged with an opaque its reply must carry: the tag
+    /// is the oldest in `State::tags`. Kept apart, as few requests have one
+    /// and it would double the size of every waiter moved in and out.
+    tagged: bool,
     /// `None` for the probe and for `noreply` requests (whose reply memring
     /// asked for, to stay in step, and drops here).
     slot: Option<Rc<Slot>>,
@@ -102,6 +104,8 @@ struct State {
     queued: OutQueue,
     /// Every request queued on this connection, oldest first.
     waiting: VecDeque<Waiting>,
+    /// The tags of the `tagged` ones among them, oldest first.
+    tags: VecDeque<Tag>,
     /// When the server last made progress on what it owes.
     progress: Instant,
     /// The task has ended; a new connection must be made.
@@ -146,6 +150,7 @@ impl Conn {
                 phase: Phase::Connecting,
                 queued: OutQueue::default(),
                 waiting: VecDeque::new(),
+                tags: VecDeque::new(),
                 progress: Instant::now(),
                 closed: false,
                 next_tag: 0,
@@ -222,24 +227,21 @@ impl Conn {
         };
         // A tagged request's first part goes as its tagged line and the rest
         // of that part; every other part as it is.
-        let untouched = if tagged.is_some() {
-            &request[1..]
-        } else {
-            request
-        };
-        let tag = tagged.map(|tagged| {
+        let is_tagged = tagged.is_some();
+        let untouched = if is_tagged { &request[1..] } else { request };
+        if let Some(tagged) = tagged {
             state.queued.push(tagged.line);
             if !tagged.rest.is_empty() {
                 state.queued.push(tagged.rest);
             }
-            tagged.tag
-        });
+            state.tags.push_back(tagged.tag);
+        }
         for part in untouched {
             state.queued.push_shared(part);
         }
         state.waiting.push_back(Waiting {
             expect,
-            tag,
+            tagged: is_tagged,
             slot,
             probe: false,
             queued: self.clock.nanos(),
@@ -255,6 +257,7 @@ impl Conn {
         let waiting = {
             let mut state = self.state.borrow_mut();
             state.queued = OutQueue::default();
+            state.tags.clear();
             std::mem::take(&mut state.waiting)
         };
         for waiting in waiting {
@@ -439,7 +442,7 @@ where
         state.progress = now;
         state.waiting.push_front(Waiting {
             expect: Expect::Stats,
-            tag: None,
+            tagged: false,
             slot: None,
             probe: true,
             queued: conn.clock.nanos_at(now),
@@ -667,7 +670,8 @@ fn deliver(
     let shared = &conn.shared;
     let max_value = shared.max_reply_value();
     let mut delivered = Delivered::default();
-    let mut state = conn.state.borrow_mut();
+    let mut guard = conn.state.borrow_mut();
+    let state = &mut *guard;
     // `now` in the clock's nanoseconds, once a reply needs it.
     let mut now_nanos = None;
     loop {
@@ -677,6 +681,11 @@ fn deliver(
             }
             // Bytes nobody asked for: the stream is out of step.
             return Err(BackendErrorKind::Protocol(ReplyError::Unsolicited));
+        };
+        let tag = if front.tagged {
+            state.tags.front()
+        } else {
+            None
         };
         let piece = match next_piece(read_buf, &mut front.expect, max_value) {
             Err(e) => return Err(BackendErrorKind::Protocol(e)),
@@ -692,7 +701,7 @@ fn deliver(
                 if lease {
                     note_lease(front.slot.as_deref(), &front.expect, &bytes);
                 }
-                let bytes = match &front.tag {
+                let bytes = match tag {
                     // The one reply of a quiet meta request.
                     Some(tag) => untag(bytes, tag).map_err(protocol_error)?,
                     None => bytes.freeze(),
@@ -733,7 +742,7 @@ fn deliver(
                 if lease {
                     note_lease(front.slot.as_deref(), &front.expect, &read_buf[..len]);
                 }
-                let bytes = match (&front.tag, quiet_end) {
+                let bytes = match (tag, quiet_end) {
                     (Some(tag), false) => {
                         Some(untag(read_buf.split_to(len), tag).map_err(protocol_error)?)
                     }
@@ -748,12 +757,15 @@ fn deliver(
                 // answers as memcached does for a miss.
                 let bytes = match bytes {
                     Some(reply) if lease => {
-                        let base64_key = front.tag.as_ref().and_then(Tag::base64_key);
+                        let base64_key = tag.and_then(Tag::base64_key);
                         Some(lease::meta_miss(&reply, base64_key))
                     }
                     bytes => bytes,
                 };
                 let waiting = state.waiting.pop_front().expect("front exists");
+                if waiting.tagged {
+                    state.tags.pop_front();
+                }
                 // The next request's time starts when this one is answered.
                 state.progress = now;
                 if waiting.probe {
@@ -1265,5 +1277,13 @@ mod tests {
         take_queued(&mut writing, &mut queued);
         assert_eq!(writing.chunk(), b"get c\r\n");
         assert!(queued.is_empty());
+    }
+
+    /// A waiter is moved in at each send and out at each reply: kept small
+    /// (a tag, which only some meta requests have, lives apart).
+    #[test]
+    fn a_waiter_is_small() {
+        let size = std::mem::size_of::<Waiting>();
+        assert!(size <= 72, "{size} bytes");
     }
 }
