@@ -85,8 +85,10 @@ enum Phase {
 
 struct Waiting {
     expect: Expect,
-    /// The opaque a meta request was tagged with: its reply must carry it.
-    tag: Option<Tag>,
+    /// A meta request tagged with an opaque its reply must carry: the tag
+    /// is the oldest in `State::tags`. Kept apart, as few requests have one
+    /// and it would double the size of every waiter moved in and out.
+    tagged: bool,
     /// `None` for the probe and for `noreply` requests (whose reply memring
     /// asked for, to stay in step, and drops here).
     slot: Option<Rc<Slot>>,
@@ -105,6 +107,8 @@ struct State {
     queued: OutQueue,
     /// Every request queued on this connection, oldest first.
     waiting: VecDeque<Waiting>,
+    /// The tags of the `tagged` ones among them, oldest first.
+    tags: VecDeque<Tag>,
     /// When the server last made progress on what it owes.
     progress: Instant,
     /// The task has ended; a new connection must be made.
@@ -149,6 +153,7 @@ impl Conn {
                 phase: Phase::Connecting,
                 queued: OutQueue::default(),
                 waiting: VecDeque::new(),
+                tags: VecDeque::new(),
                 progress: Instant::now(),
                 closed: false,
                 next_tag: 0,
@@ -225,24 +230,21 @@ impl Conn {
         };
         // A tagged request's first part goes as its tagged line and the rest
         // of that part; every other part as it is.
-        let untouched = if tagged.is_some() {
-            &request[1..]
-        } else {
-            request
-        };
-        let tag = tagged.map(|tagged| {
+        let is_tagged = tagged.is_some();
+        let untouched = if is_tagged { &request[1..] } else { request };
+        if let Some(tagged) = tagged {
             state.queued.push(tagged.line);
             if !tagged.rest.is_empty() {
                 state.queued.push(tagged.rest);
             }
-            tagged.tag
-        });
+            state.tags.push_back(tagged.tag);
+        }
         for part in untouched {
             state.queued.push_shared(part);
         }
         state.waiting.push_back(Waiting {
             expect,
-            tag,
+            tagged: is_tagged,
             slot,
             probe: false,
             queued: self.clock.nanos(),
@@ -258,6 +260,7 @@ impl Conn {
         let waiting = {
             let mut state = self.state.borrow_mut();
             state.queued = OutQueue::default();
+            state.tags.clear();
             std::mem::take(&mut state.waiting)
         };
         for waiting in waiting {
@@ -442,7 +445,7 @@ where
         state.progress = now;
         state.waiting.push_front(Waiting {
             expect: Expect::Stats,
-            tag: None,
+            tagged: false,
             slot: None,
             probe: true,
             queued: conn.clock.nanos_at(now),
@@ -464,7 +467,7 @@ where
     let result = loop {
         let deadline = {
             let mut state = conn.state.borrow_mut();
-            writing.append(&mut state.queued);
+            take_queued(&mut writing, &mut state.queued);
             if state.waiting.is_empty()
                 && writing.is_empty()
                 && (retired.is_cancelled() || drain.is_cancelled())
@@ -473,7 +476,6 @@ where
             }
             (!state.waiting.is_empty()).then_some(state.progress + timeout)
         };
-        writing.seal();
         match room_step(&read_buf, largest) {
             RoomStep::Whole(total) => {
                 let mut whole = RecycledBuf::with_capacity(total + READ_CHUNK_BYTES)
@@ -566,6 +568,23 @@ where
     };
     shared.metrics.connections.dec();
     result.map_err(|kind| (kind, answered))
+}
+
+/// Moves what sessions queued behind what the task is writing. With
+/// nothing left to write, the two queues trade places instead: the
+/// requests are written from the buffer they were copied into, with no
+/// chunk made of them (a `BytesMut::split`, a reference count taken and
+/// dropped, a list entry), and sessions queue into the other buffer
+/// meanwhile. Either way the bytes keep their order.
+fn take_queued(writing: &mut OutQueue, queued: &mut OutQueue) {
+    if queued.is_empty() {
+        return;
+    }
+    if writing.is_empty() {
+        std::mem::swap(writing, queued);
+    } else {
+        writing.append(queued);
+    }
 }
 
 /// `timer`, moved to `deadline` when that differs, else never.
@@ -664,7 +683,8 @@ fn deliver(
     let shared = &conn.shared;
     let max_value = shared.max_reply_value();
     let mut delivered = Delivered::default();
-    let mut state = conn.state.borrow_mut();
+    let mut guard = conn.state.borrow_mut();
+    let state = &mut *guard;
     // `now` in the clock's nanoseconds, once a reply needs it.
     let mut now_nanos = None;
     loop {
@@ -674,6 +694,11 @@ fn deliver(
             }
             // Bytes nobody asked for: the stream is out of step.
             return Err(BackendErrorKind::Protocol(ReplyError::Unsolicited));
+        };
+        let tag = if front.tagged {
+            state.tags.front()
+        } else {
+            None
         };
         let piece = match next_piece(read_buf, &mut front.expect, max_value) {
             Err(e) => return Err(BackendErrorKind::Protocol(e)),
@@ -689,7 +714,7 @@ fn deliver(
                 if lease {
                     note_lease(front.slot.as_deref(), &front.expect, &bytes);
                 }
-                let bytes = match &front.tag {
+                let bytes = match tag {
                     // The one reply of a quiet meta request.
                     Some(tag) => untag(bytes, tag).map_err(protocol_error)?,
                     None => bytes.freeze(),
@@ -730,7 +755,7 @@ fn deliver(
                 if lease {
                     note_lease(front.slot.as_deref(), &front.expect, &read_buf[..len]);
                 }
-                let bytes = match (&front.tag, quiet_end) {
+                let bytes = match (tag, quiet_end) {
                     (Some(tag), false) => {
                         Some(untag(read_buf.split_to(len), tag).map_err(protocol_error)?)
                     }
@@ -745,12 +770,15 @@ fn deliver(
                 // answers as memcached does for a miss.
                 let bytes = match bytes {
                     Some(reply) if lease => {
-                        let base64_key = front.tag.as_ref().and_then(Tag::base64_key);
+                        let base64_key = tag.and_then(Tag::base64_key);
                         Some(lease::meta_miss(&reply, base64_key))
                     }
                     bytes => bytes,
                 };
                 let waiting = state.waiting.pop_front().expect("front exists");
+                if waiting.tagged {
+                    state.tags.pop_front();
+                }
                 // The next request's time starts when this one is answered.
                 state.progress = now;
                 if waiting.probe {
@@ -1237,5 +1265,40 @@ mod tests {
             assert_eq!(result, Ok(Outcome::Value));
             assert_eq!(pieces.len(), 1);
         });
+    }
+
+    /// What sessions queue goes behind what is being written, and is
+    /// written where it was copied once nothing else is.
+    #[test]
+    fn queued_requests_follow_what_is_being_written_in_order() {
+        let (mut writing, mut queued) = (OutQueue::default(), OutQueue::default());
+        queued.push(Bytes::from_static(b"get a\r\n"));
+        take_queued(&mut writing, &mut queued);
+        assert!(queued.is_empty());
+        assert_eq!(writing.chunk(), b"get a\r\n");
+        // A partial write left some: the next requests go behind it.
+        writing.advance(4);
+        queued.push(Bytes::from_static(b"get b\r\n"));
+        take_queued(&mut writing, &mut queued);
+        assert!(queued.is_empty());
+        let mut written = Vec::new();
+        while writing.has_remaining() {
+            let step = writing.chunk().len();
+            written.extend_from_slice(writing.chunk());
+            writing.advance(step);
+        }
+        assert_eq!(written, b"a\r\nget b\r\n");
+        queued.push(Bytes::from_static(b"get c\r\n"));
+        take_queued(&mut writing, &mut queued);
+        assert_eq!(writing.chunk(), b"get c\r\n");
+        assert!(queued.is_empty());
+    }
+
+    /// A waiter is moved in at each send and out at each reply: kept small
+    /// (a tag, which only some meta requests have, lives apart).
+    #[test]
+    fn a_waiter_is_small() {
+        let size = std::mem::size_of::<Waiting>();
+        assert!(size <= 72, "{size} bytes");
     }
 }

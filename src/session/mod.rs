@@ -49,6 +49,7 @@ use crate::protocol::meta::{is_meta_request, parse_meta, MetaCommand, MetaReques
 use crate::protocol::reply::{Expect, LineKind};
 use crate::protocol::request::{parse_request_reusing, Keys};
 use crate::protocol::{parse_request, Command, Limits, Request};
+use crate::runtime::clock::TurnClock;
 use crate::runtime::outbuf::OutQueue;
 use crate::runtime::wake::{Cancel, Wake};
 use shard::WorkerCtx;
@@ -108,7 +109,8 @@ const LINGER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 /// How long a client with nothing in flight keeps its read and reply
 /// buffers before it gives them to its worker's shelf: long against the gap
 /// between a busy client's requests, short against an idle one's life.
-const PARK_AFTER_IDLE: std::time::Duration = std::time::Duration::from_millis(500);
+/// In the worker clock's nanoseconds.
+const PARK_AFTER_IDLE_NANOS: u64 = 500_000_000;
 /// What a closing session reads (and drops) at a time while it lingers.
 const LINGER_READ_BYTES: usize = 4096;
 
@@ -185,7 +187,7 @@ where
     // Set when the socket said it has input: the next turn reads it rather
     // than park again.
     let mut readable = false;
-    // Idle for PARK_AFTER_IDLE (the session timer fired for it), or not yet
+    // Idle for PARK_AFTER_IDLE_NANOS (the session timer fired for it), or not yet
     // read from: the next idle wait gives the buffers back. A busy client,
     // idle only between its requests, keeps them and pays nothing per
     // request for parking.
@@ -193,21 +195,22 @@ where
     let settings = worker.settings;
     let clock = worker.clock.clone();
     let started = clock.tick();
-    let mut progress = Progress::new(started);
+    let mut progress = Progress::new(started, settings.idle_timeout, settings.write_timeout);
     let mut shutdown = Cancel::new(&worker.shutdown);
     // One timer for the session's deadlines, moved rather than made anew
     // each turn, and only when a deadline is earlier than the one it is
     // set to (see `until`).
-    let timer = tokio::time::sleep_until(started);
+    let timer = tokio::time::sleep_until(clock.instant_at(started));
     tokio::pin!(timer);
-    // Whether the timer holds this task's waker (see `until`).
-    let armed = std::cell::Cell::new(false);
+    // Where the timer is set (the clock's nanoseconds), and whether it
+    // holds this task's waker (see `until`).
+    let (timer_at, armed) = (std::cell::Cell::new(started), std::cell::Cell::new(false));
     // Whether the socket holds this task's waker for input (see `read_once`).
     let read_armed = std::cell::Cell::new(false);
     let result = loop {
         // One clock read per wake-up (at the end of the loop): what runs
         // for this session until it waits again takes that time.
-        let now = clock.now();
+        let now = clock.nanos();
         take_in(&mut client, &mut input, &mut progress, now);
         if client.out.has_remaining() {
             // A reply usually fits the socket at once: write it in this turn
@@ -244,14 +247,14 @@ where
         // this worker's shelf, where the next busy session takes them.
         let idle = R::WAITS_WITHOUT_BUFFER && !readable && input.is_empty() && client.is_idle();
         let parked = idle && park_due;
-        let park_at = (idle && !parked).then(|| now + PARK_AFTER_IDLE);
+        let park_at = (idle && !parked).then(|| now.saturating_add(PARK_AFTER_IDLE_NANOS));
         park_or_make_room(&mut client, &mut input, parked, readable, can_read);
         let waiting = Waiting {
             writing: client.out.has_remaining(),
             owed_nothing: client.entries.is_empty() && client.out.is_empty(),
             partial_input: !input.is_empty(),
         };
-        let deadline = progress.deadline(waiting, settings.idle_timeout, settings.write_timeout);
+        let deadline = progress.deadline(waiting);
         // The one session timer serves both: the earlier of the two.
         let parks_first = park_at.is_some_and(|at| deadline.map_or(true, |d| at < d));
         let wake_at = if parks_first { park_at } else { deadline };
@@ -290,7 +293,7 @@ where
                     Input::Read(Err(e)) | Input::Readable(Err(e)) => break Err(e),
                 }
             }
-            () = until(timer.as_mut(), &armed, wake_at, now), if wake_at.is_some() => {
+            () = until(timer.as_mut(), &armed, &timer_at, wake_at, now, &clock), if wake_at.is_some() => {
                 if parks_first {
                     park_due = true;
                 } else {
@@ -322,12 +325,7 @@ where
 /// may be quiet). One wake per turn, not one per reply slot, leaves no
 /// spare turn to do it later.
 #[inline]
-fn take_in(
-    client: &mut ClientSession,
-    input: &mut BytesMut,
-    progress: &mut Progress,
-    now: Instant,
-) {
+fn take_in(client: &mut ClientSession, input: &mut BytesMut, progress: &mut Progress, now: u64) {
     let max_pending = client.worker.settings.max_pending;
     loop {
         let unparsed = input.len();
@@ -470,7 +468,7 @@ async fn write_now<W: crate::tls::Flush>(
 /// nearly every reply, and moving the timer then costs every request (a
 /// timer-wheel update), while one that fires early wakes the session once
 /// per earlier deadline.
-fn timer_moves(set: Instant, deadline: Instant, now: Instant) -> bool {
+fn timer_moves(set: u64, deadline: u64, now: u64) -> bool {
     set != deadline && !(now < set && set < deadline)
 }
 
@@ -481,19 +479,24 @@ fn timer_moves(set: Instant, deadline: Instant, now: Instant) -> bool {
 /// timer left where it is wakes the task by itself when it fires, so until
 /// then it is only asked whether it fired, not polled: a busy client's
 /// every wait would register the same waker again (a timer-wheel lock and
-/// the task budget, about 2 % of a one-key get).
+/// the task budget, about 2 % of a one-key get). `set_at` is where the
+/// timer is set, in `clock`'s nanoseconds like `deadline` and `now`: the
+/// timer's `Instant` is made only when it moves.
 async fn until(
     mut timer: std::pin::Pin<&mut tokio::time::Sleep>,
     armed: &std::cell::Cell<bool>,
-    deadline: Option<Instant>,
-    now: Instant,
+    set_at: &std::cell::Cell<u64>,
+    deadline: Option<u64>,
+    now: u64,
+    clock: &TurnClock,
 ) {
     let Some(deadline) = deadline else {
         return std::future::pending().await;
     };
-    if timer_moves(timer.deadline(), deadline, now) {
+    if timer_moves(set_at.get(), deadline, now) {
         armed.set(false);
-        timer.as_mut().reset(deadline);
+        set_at.set(deadline);
+        timer.as_mut().reset(clock.instant_at(deadline));
     } else if armed.get() {
         let fired = timer.as_ref();
         std::future::poll_fn(|_| {
@@ -506,9 +509,10 @@ async fn until(
         .await;
     }
     wait_armed(timer.as_mut(), armed).await;
-    if timer.deadline() < deadline {
+    if set_at.get() < deadline {
         // It fired at the earlier deadline kept above: on to this one.
-        timer.as_mut().reset(deadline);
+        set_at.set(deadline);
+        timer.as_mut().reset(clock.instant_at(deadline));
         wait_armed(timer.as_mut(), armed).await;
     }
 }
@@ -557,25 +561,34 @@ mod tests {
 
     fn poll_once(
         timer: std::pin::Pin<&mut tokio::time::Sleep>,
-        armed: &Cell<bool>,
-        deadline: Instant,
+        (armed, set_at): (&Cell<bool>, &Cell<u64>),
+        clock: &TurnClock,
+        deadline: u64,
         flag: &Arc<Flag>,
     ) -> bool {
         let waker = std::task::Waker::from(flag.clone());
         let mut cx = std::task::Context::from_waker(&waker);
-        let wait = until(timer, armed, Some(deadline), Instant::now());
+        let wait = until(timer, armed, set_at, Some(deadline), clock.tick(), clock);
         tokio::pin!(wait);
         std::future::Future::poll(wait.as_mut(), &mut cx).is_ready()
     }
 
     #[tokio::test]
     async fn an_armed_timer_wakes_its_task_when_it_fires_and_is_not_polled_till_then() {
-        let deadline = Instant::now() + Duration::from_millis(20);
-        let timer = tokio::time::sleep_until(Instant::now());
+        let clock = TurnClock::new();
+        let deadline = clock.tick() + 20_000_000;
+        let timer = tokio::time::sleep_until(clock.instant_at(clock.nanos()));
         tokio::pin!(timer);
         let armed = Cell::new(false);
+        let timer_at = (&armed, &Cell::new(clock.nanos()));
         let first = Arc::new(Flag(AtomicBool::new(false)));
-        assert!(!poll_once(timer.as_mut(), &armed, deadline, &first));
+        assert!(!poll_once(
+            timer.as_mut(),
+            timer_at,
+            &clock,
+            deadline,
+            &first
+        ));
         assert!(
             armed.get(),
             "a pending poll leaves the waker with the timer"
@@ -583,13 +596,19 @@ mod tests {
         // Asked again for the same deadline (or a later one, kept where it
         // is), the timer is not polled: the waker it holds is the first.
         let later = Arc::new(Flag(AtomicBool::new(false)));
-        for at in [deadline, deadline + Duration::from_secs(1)] {
-            assert!(!poll_once(timer.as_mut(), &armed, at, &later));
+        for at in [deadline, deadline + 1_000_000_000] {
+            assert!(!poll_once(timer.as_mut(), timer_at, &clock, at, &later));
         }
         woken(&first, "the timer never woke its task").await;
         assert!(!later.0.load(Ordering::SeqCst));
         // Fired: the wait it woke ends.
-        assert!(poll_once(timer.as_mut(), &armed, deadline, &first));
+        assert!(poll_once(
+            timer.as_mut(),
+            timer_at,
+            &clock,
+            deadline,
+            &first
+        ));
         assert!(!armed.get());
     }
 
@@ -644,12 +663,13 @@ mod tests {
 
     #[test]
     fn a_timer_moves_only_for_an_earlier_deadline_or_once_it_is_due() {
-        let now = Instant::now();
-        let set = now + Duration::from_millis(100);
+        const MS: u64 = 1_000_000;
+        let now = 7 * 86_400_000 * MS;
+        let set = now + 100 * MS;
         assert!(!timer_moves(set, set, now));
-        assert!(!timer_moves(set, set + Duration::from_millis(1), now));
-        assert!(timer_moves(set, set - Duration::from_millis(1), now));
-        assert!(timer_moves(set, set + Duration::from_millis(1), set));
+        assert!(!timer_moves(set, set + MS, now));
+        assert!(timer_moves(set, set - MS, now));
+        assert!(timer_moves(set, set + MS, set));
     }
 
     fn holding(capacity: usize, held: usize) -> BytesMut {
