@@ -88,7 +88,7 @@ impl ClientSession {
                 forget,
                 forget_last,
                 ..
-            } => (*forget, *forget_last),
+            } => (*forget as usize, *forget_last),
             _ => (0, false),
         };
         let replicas = parts.len() - forget;
@@ -409,7 +409,7 @@ impl ClientSession {
                     GetShortcut::Joined => {
                         in_flight.push(SubInFlight {
                             id: sub.id,
-                            server: sub.server,
+                            server: sub.server as u32,
                             slot,
                             cost,
                         });
@@ -444,7 +444,7 @@ impl ClientSession {
                         }
                         in_flight.push(SubInFlight {
                             id: sub.id,
-                            server: sub.server,
+                            server: sub.server as u32,
                             slot,
                             cost,
                         });
@@ -504,7 +504,7 @@ impl ClientSession {
         else {
             return true;
         };
-        forget_last(parts, *forget, |server| {
+        forget_last(parts, *forget as usize, |server| {
             self.delete_on(topology, server, request.key(bytes, 0))
         })
     }

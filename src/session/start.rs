@@ -267,10 +267,11 @@ impl ClientSession {
                 forget_last,
             }) => Work::Lines {
                 parts: servers.into_iter().map(Part::new).collect(),
+                // A key's replicas: few enough for 4 bytes.
                 finish: Finish::Quorum {
-                    quorum,
-                    forget,
-                    warm,
+                    quorum: quorum as u32,
+                    forget: forget as u32,
+                    warm: warm as u32,
                     older: OlderForget::new(older).map(Box::new),
                     forget_last,
                 },
