@@ -1335,10 +1335,13 @@ mod tests {
     fn an_mg_goes_as_the_clients_bytes_and_answers_the_servers_reply_as_it_came() {
         let mut r = meta_get(b"mg foo v k Oab\r\n", 2);
         assert!(r.is_meta() && !r.quiet());
-        let subs = r.next_chunk(100, &mut RecycledBuf::new(64));
+        let mut subs = r.next_chunk(100, &mut RecycledBuf::new(64));
         let sent: Vec<_> = subs.iter().map(|s| (s.id, s.server, &s.line[..])).collect();
         assert_eq!(sent, vec![(0, 2, &b"mg foo v k Oab\r\n"[..])]);
-        assert_eq!(r.expect_of(&subs[0]), Expect::meta(MetaCommand::Get, false));
+        assert_eq!(
+            r.expect_of(&mut subs[0]),
+            Expect::meta(MetaCommand::Get, false)
+        );
         assert!(!r.has_unsent());
         let reply = "VA 2 kfoo Oab\r\nhi\r\n";
         r.on_piece(0, Got::Line(Bytes::from_static(reply.as_bytes())));
@@ -1370,8 +1373,11 @@ mod tests {
     fn a_quiet_mg_is_framed_up_to_its_mn_and_says_nothing_on_a_miss() {
         let mut r = meta_get(b"mg foo v q\r\n", 1);
         assert!(r.quiet());
-        let subs = r.next_chunk(100, &mut RecycledBuf::new(64));
-        assert_eq!(r.expect_of(&subs[0]), Expect::meta(MetaCommand::Get, true));
+        let mut subs = r.next_chunk(100, &mut RecycledBuf::new(64));
+        assert_eq!(
+            r.expect_of(&mut subs[0]),
+            Expect::meta(MetaCommand::Get, true)
+        );
         // Nothing came before the `MN`.
         r.on_done(0, Ok(Outcome::Nothing), || 0);
         let mut out = OutQueue::default();

@@ -387,8 +387,8 @@ impl ClientSession {
             }
             // Looked at where it was returned, not moved into an iterator
             // (a few hundred bytes, copied per chunk).
-            let chunk = plan.next_chunk(keys, &mut self.lines);
-            for sub in &chunk {
+            let mut chunk = plan.next_chunk(keys, &mut self.lines);
+            for sub in chunk.iter_mut() {
                 // Sized to the room asked for above; reserved with the
                 // chunk, below.
                 let cost = sub.keys.max(1) * estimate;
@@ -422,14 +422,15 @@ impl ClientSession {
                         continue;
                     }
                 };
+                // It may take the line (see `expect_of`): sent as `line_of`.
                 let expect = plan.expect_of(sub);
                 // A quiet `mg` goes with an `mn` behind it (`route::meta_wire`).
                 let quiet;
                 let wire = if plan.quiet() {
-                    quiet = [sub.line.clone(), Bytes::from_static(b"mn\r\n")];
+                    quiet = [plan.line_of(sub).clone(), Bytes::from_static(b"mn\r\n")];
                     &quiet[..]
                 } else {
-                    std::slice::from_ref(&sub.line)
+                    std::slice::from_ref(plan.line_of(sub))
                 };
                 if let Some(write) = write {
                     write.watch(&slot);

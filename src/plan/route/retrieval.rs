@@ -333,16 +333,44 @@ impl Retrieval {
 
     /// How the reply to `sub` is framed: the client's `mg` (quiet: an `mn`
     /// follows it), a moved key's read-through `mg`, or `VALUE` blocks.
-    pub(crate) fn expect_of(&self, sub: &SubRequest) -> Expect {
+    /// `VALUE` blocks are framed against the line sent, which the
+    /// expectation keeps: the client's own bytes it takes from `sub` (one
+    /// handle on them a get, not two), so the line to send is
+    /// [`Retrieval::line_of`] `sub`, not `sub.line`.
+    pub(crate) fn expect_of(&self, sub: &mut SubRequest) -> Expect {
         match &self.meta {
             Some(meta) => Expect::meta(MetaCommand::Get, meta.quiet),
             None if sub.meta => Expect::meta(MetaCommand::Get, false),
-            None => Expect::Values {
-                request: sub.line.clone(),
-                cursor: self.keys_from(&sub.line),
-                with_cas: matches!(self.command, Command::Gets | Command::Gats),
-            },
+            None => {
+                let cursor = self.keys_from(&sub.line);
+                let request = if self.is_own(&sub.line) {
+                    std::mem::take(&mut sub.line)
+                } else {
+                    sub.line.clone()
+                };
+                Expect::Values {
+                    request,
+                    cursor,
+                    with_cas: matches!(self.command, Command::Gets | Command::Gats),
+                }
+            }
         }
+    }
+
+    /// The line to send for `sub`: its own, or the client's bytes when
+    /// [`Retrieval::expect_of`] took them (a line sent is never empty).
+    pub(crate) fn line_of<'a>(&'a self, sub: &'a SubRequest) -> &'a Bytes {
+        if sub.line.is_empty() {
+            &self.bytes
+        } else {
+            &sub.line
+        }
+    }
+
+    /// Whether `line` is the client's own bytes (one server asked for every
+    /// key), not a line built by `next_chunk`.
+    fn is_own(&self, line: &Bytes) -> bool {
+        line.as_ptr() == self.bytes.as_ptr() && line.len() == self.bytes.len()
     }
 
     /// Where the keys of a classic sub-request's `line` begin: the framer
@@ -351,9 +379,8 @@ impl Retrieval {
     fn keys_from(&self, line: &Bytes) -> usize {
         // The client's own bytes (one server asked for every key), or a
         // line built by `next_chunk`: the command, the exptime, the keys.
-        let own = line.as_ptr() == self.bytes.as_ptr() && line.len() == self.bytes.len();
         match self.keys.first() {
-            Some(first) if own => first.start as usize,
+            Some(first) if self.is_own(line) => first.start as usize,
             _ => self.line_start_len(),
         }
     }
@@ -1127,15 +1154,17 @@ mod tests {
             let (request, _) = parse_request(&bytes, &Limits::default()).unwrap().unwrap();
             let candidates = owners.iter().map(|o| o.iter().copied().collect()).collect();
             let mut r = Retrieval::with_candidates(&request, bytes, candidates, false);
-            for sub in r.next_chunk(100, &mut RecycledBuf::new(64)) {
+            for mut sub in r.next_chunk(100, &mut RecycledBuf::new(64)) {
                 let Expect::Values {
                     request,
                     cursor,
                     with_cas,
-                } = r.expect_of(&sub)
+                } = r.expect_of(&mut sub)
                 else {
                     panic!("a classic retrieval expects values");
                 };
+                assert_eq!(&request, r.line_of(&sub), "{line:?}: the line sent");
+                sub.line = request.clone();
                 let Expect::Values {
                     cursor: scanned,
                     with_cas: scanned_cas,
