@@ -108,6 +108,11 @@ pub(crate) struct Reuse {
 }
 
 impl Reuse {
+    /// Nothing kept yet (a worker's thread-local spares start so).
+    pub(crate) const EMPTY: Reuse = Reuse {
+        retrievals: Vec::new(),
+    };
+
     /// `request` planned as a retrieval, in kept storage when there is some.
     fn retrieval(
         &mut self,

@@ -309,8 +309,8 @@ impl ClientSession {
                         leased_work(retry, server, &request, &bytes)
                     }
                     None => Work::Retrieve {
+                        in_flight: spares::in_flight(retrieval.most_in_flight()),
                         plan: retrieval,
-                        in_flight: spares::in_flight(),
                         owed: Reservation::default(),
                     },
                 }
@@ -428,8 +428,8 @@ impl ClientSession {
             // A plain `mg`: a one-key retrieval, as a `get` is (the planner
             // placed one that may meet a lease as a `Plan::Key`).
             Plan::Retrieve(retrieval) => Work::Retrieve {
+                in_flight: spares::in_flight(retrieval.most_in_flight()),
                 plan: retrieval,
-                in_flight: spares::in_flight(),
                 owed: Reservation::default(),
             },
             // `mn`: memring's own answer, as for classic commands.

@@ -314,6 +314,18 @@ impl Retrieval {
         });
     }
 
+    /// The most sub-requests this retrieval has in flight at once: one per
+    /// key (a key is asked of its next server only once the one before
+    /// answered), unless its keys are asked of all their other zones at
+    /// once.
+    pub(crate) fn most_in_flight(&self) -> usize {
+        if self.all_at_once {
+            usize::MAX
+        } else {
+            self.keys.len()
+        }
+    }
+
     /// Whether the client asked in the meta dialect (an `mg`).
     #[inline]
     pub(crate) fn is_meta(&self) -> bool {
