@@ -36,7 +36,7 @@ use crate::protocol::{Command, Request};
 use crate::runtime::recycled::RecycledBuf;
 
 mod retrieval;
-pub(crate) use retrieval::{Retrieval, Split, SubRequest};
+pub(crate) use retrieval::{Chunk, Retrieval, Split, SubRequest};
 
 /// A reply from one server: its bytes and what they say, or why there are
 /// none.

@@ -42,6 +42,10 @@ pub(super) struct Sub {
     server: usize,
 }
 
+/// The sub-requests of one chunk of a retrieval (see
+/// [`Retrieval::next_chunk_into`]).
+pub(crate) type Chunk = SmallVec<[SubRequest; 4]>;
+
 /// A sub-request to send: `line` to server `server`; its reply is fed back
 /// under `id`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -727,18 +731,30 @@ impl Retrieval {
         self.largest_block
     }
 
+    /// [`Retrieval::next_chunk_into`] a new list.
+    #[cfg(test)]
+    pub(crate) fn next_chunk(&mut self, max_keys: usize, lines: &mut RecycledBuf) -> Chunk {
+        let mut out = Chunk::new();
+        self.next_chunk_into(max_keys, lines, &mut out);
+        out
+    }
+
     /// The sub-requests for up to `max_keys` of the keys waiting to be sent:
     /// retries first, then unsent keys in the client's order, grouped by
     /// server, each line under [`MAX_SUB_LINE_BYTES`]. Lines memring builds
     /// are written into `lines`, the caller's, which takes its allocation
-    /// back once the lines sent before are dropped.
-    pub(crate) fn next_chunk(
+    /// back once the lines sent before are dropped. They go into `out`
+    /// (empty), the caller's, so that the list (a few hundred bytes) is not
+    /// copied on its way back.
+    pub(crate) fn next_chunk_into(
         &mut self,
         max_keys: usize,
         lines: &mut RecycledBuf,
-    ) -> SmallVec<[SubRequest; 4]> {
-        if let Some(out) = self.first_of_one_key() {
-            return out;
+        out: &mut Chunk,
+    ) {
+        debug_assert!(out.is_empty(), "a chunk is built into an empty list");
+        if self.first_of_one_key(out) {
+            return;
         }
         let max_keys = max_keys.max(1);
         // Each key picked with the candidate it is asked of; a fanned key
@@ -765,7 +781,6 @@ impl Retrieval {
                 asks.push((key, first));
             }
         }
-        let mut out: SmallVec<[SubRequest; 4]> = SmallVec::new();
         // The whole request to one server, first time: forward the client's
         // own bytes (no copy).
         let whole = picked == self.keys.len() && self.subs.is_empty() && self.forwards_as_is();
@@ -862,15 +877,15 @@ impl Retrieval {
                 keys: self.subs[id as usize].keys.len(),
             });
         }
-        out
     }
 
     /// The first send of a one-key retrieval to its owner (most requests):
     /// the client's own bytes to one server, without the grouping of
-    /// [`Retrieval::next_chunk`], whose code is most of what a one-key get
-    /// would otherwise run. `None` when the general path is needed (more
-    /// keys, a retry, a moved key's previous owner, a line to rebuild).
-    fn first_of_one_key(&mut self) -> Option<SmallVec<[SubRequest; 4]>> {
+    /// [`Retrieval::next_chunk_into`], whose code is most of what a one-key get
+    /// would otherwise run, into `out`. False when the general path is
+    /// needed (more keys, a retry, a moved key's previous owner, a line to
+    /// rebuild).
+    fn first_of_one_key(&mut self, out: &mut Chunk) -> bool {
         let plain = self.keys.len() == 1
             && self.next_unsent == 0
             && self.subs.is_empty()
@@ -878,13 +893,12 @@ impl Retrieval {
             && !self.asking_previous(0)
             && (self.meta.is_some() || self.forwards_as_is());
         if !plain {
-            return None;
+            return false;
         }
         self.next_unsent = 1;
-        let mut out = SmallVec::new();
         let Some(&server) = self.candidates[0].get(self.round[0] as usize) else {
             self.state[0] = KeyState::Missed;
-            return Some(out);
+            return true;
         };
         self.subs.push(Sub {
             keys: smallvec::smallvec![0],
@@ -902,7 +916,7 @@ impl Retrieval {
             meta: false,
             keys: 1,
         });
-        Some(out)
+        true
     }
 
     /// The client's bytes can go to a server as they are, when all of
