@@ -13,6 +13,7 @@ use std::cell::RefCell;
 
 use super::*;
 use crate::plan::placement::HealthView;
+use crate::plan::route::Storage;
 use crate::plan::steps::{Machine, ReadSteps};
 
 /// Most slots and meta works a worker keeps: more than its clients usually
@@ -184,6 +185,15 @@ pub(super) fn keep_keys(mut keys: crate::protocol::request::Keys) {
     }
 }
 
+/// A worker's kept retrievals, looked at only when a retrieval is planned.
+struct KeptRetrievals;
+
+impl Storage for KeptRetrievals {
+    fn take(&mut self) -> Option<Box<route::Retrieval>> {
+        SPARES.with(|spares| spares.borrow_mut().plans.take())
+    }
+}
+
 /// Plans `request` with kept retrieval storage (see `route::plan`).
 pub(super) fn plan(
     request: &Request,
@@ -191,15 +201,7 @@ pub(super) fn plan(
     topology: &Topology,
     health: &HealthView,
 ) -> Plan {
-    SPARES.with(|spares| {
-        route::plan(
-            request,
-            bytes,
-            topology,
-            health,
-            &mut spares.borrow_mut().plans,
-        )
-    })
+    route::plan(request, bytes, topology, health, &mut KeptRetrievals)
 }
 
 /// Plans the meta `request` (routing key `key`) with kept retrieval storage
@@ -211,16 +213,7 @@ pub(super) fn plan_meta(
     topology: &Topology,
     health: &HealthView,
 ) -> Plan {
-    SPARES.with(|spares| {
-        route::plan_meta(
-            request,
-            bytes,
-            key,
-            topology,
-            health,
-            &mut spares.borrow_mut().plans,
-        )
-    })
+    route::plan_meta(request, bytes, key, topology, health, &mut KeptRetrievals)
 }
 
 /// Keeps what the finished `work` no longer needs.
