@@ -331,7 +331,8 @@ impl ClientSession {
         let stale = rejection.stale_key.map(|stale| stale.key(input));
         input.advance(rejection.consumed);
         let reply = rejection.reply();
-        let answered = stale.is_some_and(|key| self.forget_stale(&key, reply));
+        let refusal = reply.map(|_| rejection.error);
+        let answered = stale.is_some_and(|key| self.forget_stale(&key, refusal));
         self.reject(
             reply.filter(|_| !answered),
             rejection.discard,
@@ -411,15 +412,16 @@ impl ClientSession {
     /// again (t/getset.t). memring refuses it before any server sees it, so
     /// it deletes the key itself: a delete planned like the client's own
     /// (its owner, the replicas, a hand-off window's previous owners) whose
-    /// reply, once it came, is replaced by the refusal `answer` (nothing with
-    /// `noreply`), so the refusal means the key is gone, as in memcached.
-    /// Returns false when no delete could be planned (the caller answers).
-    pub(super) fn forget_stale(&mut self, key: &[u8], answer: Option<&'static [u8]>) -> bool {
+    /// reply, once it came, is replaced by the reply to `refusal` (nothing
+    /// with `noreply`: `None`), so the refusal means the key is gone, as in
+    /// memcached. Returns false when no delete could be planned (the caller
+    /// answers).
+    pub(super) fn forget_stale(&mut self, key: &[u8], refusal: Option<ParseError>) -> bool {
         if key.is_empty() {
             return false;
         }
         let mut line = BytesMut::new();
-        crate::protocol::encode::write_delete(key, answer.is_none(), &mut line);
+        crate::protocol::encode::write_delete(key, refusal.is_none(), &mut line);
         let bytes = line.freeze();
         let before = self.entries.len();
         if is_meta_request(&bytes) {
@@ -438,7 +440,7 @@ impl ClientSession {
             return false;
         }
         if let Some(entry) = self.entries.get_mut(before) {
-            entry.instead = answer;
+            entry.instead = refusal;
         }
         true
     }

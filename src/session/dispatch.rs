@@ -88,7 +88,7 @@ impl ClientSession {
                 forget,
                 forget_last,
                 ..
-            } => (*forget, *forget_last),
+            } => (*forget as usize, *forget_last),
             _ => (0, false),
         };
         let replicas = parts.len() - forget;
@@ -369,6 +369,9 @@ impl ClientSession {
         before: Before<'_, Entry>,
     ) -> bool {
         let write = hot.filter(|_| plan.is_meta());
+        // Built in place by the plan and looked at here: the list is a few
+        // hundred bytes, copied on every move.
+        let mut chunk = route::Chunk::new();
         while plan.has_unsent() {
             let room = self.budget.room(self.client_limit(), self.out.len());
             let nothing_owed = self.budget.nothing_owed(self.out.len());
@@ -385,10 +388,9 @@ impl ClientSession {
             if keys == 0 {
                 return false;
             }
-            // Looked at where it was returned, not moved into an iterator
-            // (a few hundred bytes, copied per chunk).
-            let chunk = plan.next_chunk(keys, &mut self.lines);
-            for sub in &chunk {
+            chunk.clear();
+            plan.next_chunk_into(keys, &mut self.lines, &mut chunk);
+            for sub in chunk.iter_mut() {
                 // Sized to the room asked for above; reserved with the
                 // chunk, below.
                 let cost = sub.keys.max(1) * estimate;
@@ -409,7 +411,7 @@ impl ClientSession {
                     GetShortcut::Joined => {
                         in_flight.push(SubInFlight {
                             id: sub.id,
-                            server: sub.server,
+                            server: sub.server as u32,
                             slot,
                             cost,
                         });
@@ -422,14 +424,15 @@ impl ClientSession {
                         continue;
                     }
                 };
+                // It may take the line (see `expect_of`): sent as `line_of`.
                 let expect = plan.expect_of(sub);
                 // A quiet `mg` goes with an `mn` behind it (`route::meta_wire`).
                 let quiet;
                 let wire = if plan.quiet() {
-                    quiet = [sub.line.clone(), Bytes::from_static(b"mn\r\n")];
+                    quiet = [plan.line_of(sub).clone(), Bytes::from_static(b"mn\r\n")];
                     &quiet[..]
                 } else {
-                    std::slice::from_ref(&sub.line)
+                    std::slice::from_ref(plan.line_of(sub))
                 };
                 if let Some(write) = write {
                     write.watch(&slot);
@@ -444,7 +447,7 @@ impl ClientSession {
                         }
                         in_flight.push(SubInFlight {
                             id: sub.id,
-                            server: sub.server,
+                            server: sub.server as u32,
                             slot,
                             cost,
                         });
@@ -504,7 +507,7 @@ impl ClientSession {
         else {
             return true;
         };
-        forget_last(parts, *forget, |server| {
+        forget_last(parts, *forget as usize, |server| {
             self.delete_on(topology, server, request.key(bytes, 0))
         })
     }

@@ -11,9 +11,10 @@ use crate::protocol::outcome::{Outcome, Reply};
 impl ClientSession {
     /// Writes the entry's reply if it is complete; true if it was.
     pub(super) fn finish(&mut self, entry: &mut Entry) -> bool {
-        let Some(answer) = entry.instead else {
+        let Some(refusal) = entry.instead else {
             return self.finish_reply(entry);
         };
+        let answer = refusal.reply();
         // The reply (or its error) is written aside and dropped; memring's
         // own answer goes in its place once it came.
         let out = std::mem::take(&mut self.out);
@@ -85,7 +86,8 @@ impl ClientSession {
             } => {
                 // Warming servers' replies are awaited like the deletes.
                 let alone = entry.topology.config.replicas <= 1;
-                match quorum_answer(stats, parts, *quorum, *forget + *warm, alone) {
+                let awaited = (*forget + *warm) as usize;
+                match quorum_answer(stats, parts, *quorum as usize, awaited, alone) {
                     QuorumAnswer::Wait => return false,
                     QuorumAnswer::Reply(answer) => {
                         entry.said = write_answer(&mut self.out, stats, entry.command, answer);

@@ -13,6 +13,7 @@ use std::cell::RefCell;
 
 use super::*;
 use crate::plan::placement::HealthView;
+use crate::plan::route::Storage;
 use crate::plan::steps::{Machine, ReadSteps};
 
 /// Most slots and meta works a worker keeps: more than its clients usually
@@ -35,7 +36,6 @@ const KEEP_KEYS_ROOM: usize = 256;
 /// Largest list of sub-requests in flight kept (a few servers' worth).
 const KEEP_IN_FLIGHT_ROOM: usize = 16;
 
-#[derive(Default)]
 struct Spares {
     slots: Vec<Rc<Slot>>,
     // Boxed, as entries hold them: kept boxes are reused.
@@ -53,6 +53,18 @@ struct Spares {
     keys: Vec<crate::protocol::request::Keys>,
     /// Entry queues of idle clients, for the next client that reads.
     entries: Vec<std::collections::VecDeque<Entry>>,
+}
+
+impl Spares {
+    const EMPTY: Spares = Spares {
+        slots: Vec::new(),
+        metas: Vec::new(),
+        steps: Vec::new(),
+        plans: route::Reuse::EMPTY,
+        in_flights: Vec::new(),
+        keys: Vec::new(),
+        entries: Vec::new(),
+    };
 }
 
 /// Most entry queues a worker keeps, and the most entries one may have room
@@ -85,7 +97,9 @@ pub(super) fn entries() -> Option<std::collections::VecDeque<Entry>> {
 }
 
 thread_local! {
-    static SPARES: RefCell<Spares> = RefCell::new(Spares::default());
+    // Built empty without a call: each of a request's looks here skips the
+    // lazy set-up's check.
+    static SPARES: RefCell<Spares> = const { RefCell::new(Spares::EMPTY) };
 }
 
 /// Lets go of all but `most` of each kind this worker keeps. After a burst
@@ -139,9 +153,13 @@ pub(super) fn steps(work: StepsWork) -> Box<StepsWork> {
     }
 }
 
-/// An empty list of a retrieval's sub-requests in flight, kept storage when
-/// there is some.
-pub(super) fn in_flight() -> InFlight {
+/// An empty list for up to `most` sub-requests of a retrieval in flight at
+/// once: kept storage when there is some and they would not fit inline (a
+/// get of one or two keys, most gets, takes no look at the spares).
+pub(super) fn in_flight(most: usize) -> InFlight {
+    if most <= InFlight::new().inline_size() {
+        return InFlight::new();
+    }
     SPARES
         .with(|spares| spares.borrow_mut().in_flights.pop())
         .unwrap_or_default()
@@ -167,6 +185,15 @@ pub(super) fn keep_keys(mut keys: crate::protocol::request::Keys) {
     }
 }
 
+/// A worker's kept retrievals, looked at only when a retrieval is planned.
+struct KeptRetrievals;
+
+impl Storage for KeptRetrievals {
+    fn take(&mut self) -> Option<Box<route::Retrieval>> {
+        SPARES.with(|spares| spares.borrow_mut().plans.take())
+    }
+}
+
 /// Plans `request` with kept retrieval storage (see `route::plan`).
 pub(super) fn plan(
     request: &Request,
@@ -174,15 +201,7 @@ pub(super) fn plan(
     topology: &Topology,
     health: &HealthView,
 ) -> Plan {
-    SPARES.with(|spares| {
-        route::plan(
-            request,
-            bytes,
-            topology,
-            health,
-            &mut spares.borrow_mut().plans,
-        )
-    })
+    route::plan(request, bytes, topology, health, &mut KeptRetrievals)
 }
 
 /// Plans the meta `request` (routing key `key`) with kept retrieval storage
@@ -194,16 +213,7 @@ pub(super) fn plan_meta(
     topology: &Topology,
     health: &HealthView,
 ) -> Plan {
-    SPARES.with(|spares| {
-        route::plan_meta(
-            request,
-            bytes,
-            key,
-            topology,
-            health,
-            &mut spares.borrow_mut().plans,
-        )
-    })
+    route::plan_meta(request, bytes, key, topology, health, &mut KeptRetrievals)
 }
 
 /// Keeps what the finished `work` no longer needs.

@@ -267,10 +267,11 @@ impl ClientSession {
                 forget_last,
             }) => Work::Lines {
                 parts: servers.into_iter().map(Part::new).collect(),
+                // A key's replicas: few enough for 4 bytes.
                 finish: Finish::Quorum {
-                    quorum,
-                    forget,
-                    warm,
+                    quorum: quorum as u32,
+                    forget: forget as u32,
+                    warm: warm as u32,
                     older: OlderForget::new(older).map(Box::new),
                     forget_last,
                 },
@@ -308,8 +309,8 @@ impl ClientSession {
                         leased_work(retry, server, &request, &bytes)
                     }
                     None => Work::Retrieve {
+                        in_flight: spares::in_flight(retrieval.most_in_flight()),
                         plan: retrieval,
-                        in_flight: spares::in_flight(),
                         owed: Reservation::default(),
                     },
                 }
@@ -427,8 +428,8 @@ impl ClientSession {
             // A plain `mg`: a one-key retrieval, as a `get` is (the planner
             // placed one that may meet a lease as a `Plan::Key`).
             Plan::Retrieve(retrieval) => Work::Retrieve {
+                in_flight: spares::in_flight(retrieval.most_in_flight()),
                 plan: retrieval,
-                in_flight: spares::in_flight(),
                 owed: Reservation::default(),
             },
             // `mn`: memring's own answer, as for classic commands.

@@ -19,7 +19,7 @@ use crate::plan::steps::{Answer, Machine};
 use crate::pools::planned::Planned;
 use crate::protocol::outcome::{Outcome, Reply};
 use crate::protocol::reply::Expect;
-use crate::protocol::{Command, Request};
+use crate::protocol::{Command, ParseError, Request};
 use crate::runtime::budget::Reservation;
 
 /// One client request on its way.
@@ -44,10 +44,12 @@ pub(super) struct Entry {
     pub(super) hot: Option<Rc<WriteGuard>>,
     /// A sampled get: the pairs its answers go to (see `shadow.rs`).
     pub(super) shadow: Option<Box<shadow::Pairs>>,
-    /// memring's own answer, written in place of the reply once the reply
-    /// came (the delete of a `set` refused as too large answers the
+    /// The refusal whose reply memring writes in place of the server's once
+    /// that came (the delete of a `set` refused as too large answers the
     /// refusal, after the key is gone: see `ClientSession::forget_stale`).
-    pub(super) instead: Option<&'static [u8]>,
+    /// The kind, not its text: one byte rather than a slice keeps the entry
+    /// within 256 bytes, where moving it is a short copy.
+    pub(super) instead: Option<ParseError>,
     /// What the answer written for it says, once it is finished (for the
     /// request log: never read back from the bytes).
     pub(super) said: Outcome,
@@ -284,11 +286,13 @@ pub(super) enum Finish {
     /// `delete`s to the previous ring's replicas (see `placement::Placement::Quorum`;
     /// with `forget_last`, sent once the others answered);
     /// `older`: the deletes that go before it in chained windows.
+    /// The counts (of a key's replicas) in 4 bytes each keep every entry
+    /// within 256 bytes, where moving one is a short copy.
     Quorum {
-        quorum: usize,
-        forget: usize,
+        quorum: u32,
+        forget: u32,
         /// As in [`MetaMode::Quorum`].
-        warm: usize,
+        warm: u32,
         older: Option<Box<OlderForget>>,
         forget_last: bool,
     },
@@ -340,7 +344,7 @@ impl Work {
             Work::Retrieve { in_flight, .. } => in_flight
                 .iter()
                 .filter(|sub| sub.slot.outcome().is_none())
-                .all(|sub| ours(sub.server, &sub.slot)),
+                .all(|sub| ours(sub.server as usize, &sub.slot)),
         }
     }
 }
@@ -361,7 +365,7 @@ impl Unanswered for Earlier<'_> {
         self.current
             .iter()
             .filter(|sub| sub.slot.outcome().is_none())
-            .all(|sub| ours(sub.server, &sub.slot))
+            .all(|sub| ours(sub.server as usize, &sub.slot))
             && self
                 .entries
                 .iter()
@@ -458,7 +462,9 @@ impl Work {
 /// A retrieval's sub-request in flight.
 pub(super) struct SubInFlight {
     pub(super) id: u32,
-    pub(super) server: usize,
+    /// A backend index, in 4 bytes beside `id`: two of these sit inline in
+    /// every retrieval's entry (see [`Finish::Quorum`]'s counts).
+    pub(super) server: u32,
     pub(super) slot: Rc<Slot>,
     /// Reply bytes reserved for it, within its retrieval's reservation.
     pub(super) cost: usize,
@@ -519,6 +525,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_entry_fits_in_256_bytes() {
+        // Entries are moved whole into and out of the FIFO: up to 256 bytes,
+        // glibc's `memcpy` copies without its loop.
+        let size = std::mem::size_of::<Entry>();
+        assert!(size <= 256, "{size}");
+    }
+
+    #[test]
     fn a_part_takes_its_one_line_reply_once_it_is_complete() {
         let slot = Slot::new(Rc::new(crate::runtime::wake::Wake::new()));
         let mut part = Part::new(3);
@@ -569,7 +583,7 @@ mod tests {
         for sub in plan.next_chunk(100, &mut lines) {
             in_flight.push(SubInFlight {
                 id: sub.id,
-                server: sub.server,
+                server: sub.server as u32,
                 slot: Slot::new(Rc::new(crate::runtime::wake::Wake::new())),
                 cost: 0,
             });

@@ -7,6 +7,8 @@
 
 use super::*;
 
+mod emit;
+
 /// Where one key of a retrieval stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum KeyState {
@@ -39,6 +41,10 @@ pub(super) struct Sub {
     /// The server it went to (a backend index).
     server: usize,
 }
+
+/// The sub-requests of one chunk of a retrieval (see
+/// [`Retrieval::next_chunk_into`]).
+pub(crate) type Chunk = SmallVec<[SubRequest; 4]>;
 
 /// A sub-request to send: `line` to server `server`; its reply is fed back
 /// under `id`.
@@ -312,6 +318,18 @@ impl Retrieval {
         });
     }
 
+    /// The most sub-requests this retrieval has in flight at once: one per
+    /// key (a key is asked of its next server only once the one before
+    /// answered), unless its keys are asked of all their other zones at
+    /// once.
+    pub(crate) fn most_in_flight(&self) -> usize {
+        if self.all_at_once {
+            usize::MAX
+        } else {
+            self.keys.len()
+        }
+    }
+
     /// Whether the client asked in the meta dialect (an `mg`).
     #[inline]
     pub(crate) fn is_meta(&self) -> bool {
@@ -331,16 +349,44 @@ impl Retrieval {
 
     /// How the reply to `sub` is framed: the client's `mg` (quiet: an `mn`
     /// follows it), a moved key's read-through `mg`, or `VALUE` blocks.
-    pub(crate) fn expect_of(&self, sub: &SubRequest) -> Expect {
+    /// `VALUE` blocks are framed against the line sent, which the
+    /// expectation keeps: the client's own bytes it takes from `sub` (one
+    /// handle on them a get, not two), so the line to send is
+    /// [`Retrieval::line_of`] `sub`, not `sub.line`.
+    pub(crate) fn expect_of(&self, sub: &mut SubRequest) -> Expect {
         match &self.meta {
             Some(meta) => Expect::meta(MetaCommand::Get, meta.quiet),
             None if sub.meta => Expect::meta(MetaCommand::Get, false),
-            None => Expect::Values {
-                request: sub.line.clone(),
-                cursor: self.keys_from(&sub.line),
-                with_cas: matches!(self.command, Command::Gets | Command::Gats),
-            },
+            None => {
+                let cursor = self.keys_from(&sub.line);
+                let request = if self.is_own(&sub.line) {
+                    std::mem::take(&mut sub.line)
+                } else {
+                    sub.line.clone()
+                };
+                Expect::Values {
+                    request,
+                    cursor,
+                    with_cas: matches!(self.command, Command::Gets | Command::Gats),
+                }
+            }
         }
+    }
+
+    /// The line to send for `sub`: its own, or the client's bytes when
+    /// [`Retrieval::expect_of`] took them (a line sent is never empty).
+    pub(crate) fn line_of<'a>(&'a self, sub: &'a SubRequest) -> &'a Bytes {
+        if sub.line.is_empty() {
+            &self.bytes
+        } else {
+            &sub.line
+        }
+    }
+
+    /// Whether `line` is the client's own bytes (one server asked for every
+    /// key), not a line built by `next_chunk`.
+    fn is_own(&self, line: &Bytes) -> bool {
+        line.as_ptr() == self.bytes.as_ptr() && line.len() == self.bytes.len()
     }
 
     /// Where the keys of a classic sub-request's `line` begin: the framer
@@ -349,9 +395,8 @@ impl Retrieval {
     fn keys_from(&self, line: &Bytes) -> usize {
         // The client's own bytes (one server asked for every key), or a
         // line built by `next_chunk`: the command, the exptime, the keys.
-        let own = line.as_ptr() == self.bytes.as_ptr() && line.len() == self.bytes.len();
         match self.keys.first() {
-            Some(first) if own => first.start as usize,
+            Some(first) if self.is_own(line) => first.start as usize,
             _ => self.line_start_len(),
         }
     }
@@ -594,13 +639,16 @@ impl Retrieval {
         self.state.clear();
         self.next_unsent = 0;
         self.retry.clear();
-        for sub in self.subs.drain(..) {
+        // Looked at in place, then cleared: a `drain` cost its out-of-line
+        // drop, about 30 instructions a get.
+        for sub in &mut self.subs {
             if sub.keys.spilled() && self.spare_sub_keys.len() < MAX_SPARE_SUB_KEYS {
-                let mut keys = sub.keys;
+                let mut keys = std::mem::take(&mut sub.keys);
                 keys.clear();
                 self.spare_sub_keys.push(keys);
             }
         }
+        self.subs.clear();
         self.next_emit = 0;
         self.values_written = 0;
         self.said = Outcome::End;
@@ -683,18 +731,30 @@ impl Retrieval {
         self.largest_block
     }
 
+    /// [`Retrieval::next_chunk_into`] a new list.
+    #[cfg(test)]
+    pub(crate) fn next_chunk(&mut self, max_keys: usize, lines: &mut RecycledBuf) -> Chunk {
+        let mut out = Chunk::new();
+        self.next_chunk_into(max_keys, lines, &mut out);
+        out
+    }
+
     /// The sub-requests for up to `max_keys` of the keys waiting to be sent:
     /// retries first, then unsent keys in the client's order, grouped by
     /// server, each line under [`MAX_SUB_LINE_BYTES`]. Lines memring builds
     /// are written into `lines`, the caller's, which takes its allocation
-    /// back once the lines sent before are dropped.
-    pub(crate) fn next_chunk(
+    /// back once the lines sent before are dropped. They go into `out`
+    /// (empty), the caller's, so that the list (a few hundred bytes) is not
+    /// copied on its way back.
+    pub(crate) fn next_chunk_into(
         &mut self,
         max_keys: usize,
         lines: &mut RecycledBuf,
-    ) -> SmallVec<[SubRequest; 4]> {
-        if let Some(out) = self.first_of_one_key() {
-            return out;
+        out: &mut Chunk,
+    ) {
+        debug_assert!(out.is_empty(), "a chunk is built into an empty list");
+        if self.first_of_one_key(out) {
+            return;
         }
         let max_keys = max_keys.max(1);
         // Each key picked with the candidate it is asked of; a fanned key
@@ -721,7 +781,6 @@ impl Retrieval {
                 asks.push((key, first));
             }
         }
-        let mut out: SmallVec<[SubRequest; 4]> = SmallVec::new();
         // The whole request to one server, first time: forward the client's
         // own bytes (no copy).
         let whole = picked == self.keys.len() && self.subs.is_empty() && self.forwards_as_is();
@@ -818,15 +877,15 @@ impl Retrieval {
                 keys: self.subs[id as usize].keys.len(),
             });
         }
-        out
     }
 
     /// The first send of a one-key retrieval to its owner (most requests):
     /// the client's own bytes to one server, without the grouping of
-    /// [`Retrieval::next_chunk`], whose code is most of what a one-key get
-    /// would otherwise run. `None` when the general path is needed (more
-    /// keys, a retry, a moved key's previous owner, a line to rebuild).
-    fn first_of_one_key(&mut self) -> Option<SmallVec<[SubRequest; 4]>> {
+    /// [`Retrieval::next_chunk_into`], whose code is most of what a one-key get
+    /// would otherwise run, into `out`. False when the general path is
+    /// needed (more keys, a retry, a moved key's previous owner, a line to
+    /// rebuild).
+    fn first_of_one_key(&mut self, out: &mut Chunk) -> bool {
         let plain = self.keys.len() == 1
             && self.next_unsent == 0
             && self.subs.is_empty()
@@ -834,13 +893,12 @@ impl Retrieval {
             && !self.asking_previous(0)
             && (self.meta.is_some() || self.forwards_as_is());
         if !plain {
-            return None;
+            return false;
         }
         self.next_unsent = 1;
-        let mut out = SmallVec::new();
         let Some(&server) = self.candidates[0].get(self.round[0] as usize) else {
             self.state[0] = KeyState::Missed;
-            return Some(out);
+            return true;
         };
         self.subs.push(Sub {
             keys: smallvec::smallvec![0],
@@ -858,7 +916,7 @@ impl Retrieval {
             meta: false,
             keys: 1,
         });
-        Some(out)
+        true
     }
 
     /// The client's bytes can go to a server as they are, when all of
@@ -1093,116 +1151,6 @@ impl Retrieval {
             self.state[k] = KeyState::Missed;
         }
     }
-
-    /// Writes every value that can go to the client now, in key order; once
-    /// every key is settled, the closing `END` (or, when no server answered
-    /// at all, the error). Returns true when the reply is complete.
-    pub(crate) fn emit(&mut self, out: &mut impl ReplyWriter) -> bool {
-        if !self.emit_values(out) {
-            return false;
-        }
-        if self.meta.is_some() {
-            self.emit_meta(out);
-            return true;
-        }
-        self.said = if self.values_written > 0 {
-            Outcome::Value
-        } else {
-            Outcome::End
-        };
-        match self.split {
-            Split::Part => return true,
-            Split::Last => {
-                out.text().extend_from_slice(b"END\r\n");
-                return true;
-            }
-            Split::Whole => {}
-        }
-        if self.values_written == 0 && !self.answered {
-            // A multi-get answers with what the healthy servers hold; only
-            // when no server answered is the whole reply an error.
-            if let Some(error) = &self.first_error {
-                crate::protocol::encode::write_server_error(out.text(), error);
-                self.said = Outcome::ServerError;
-                return true;
-            }
-            if let [only] = &self.subs[..] {
-                if let Some(line) = &only.error_line {
-                    // One server's own error, as memcached gave it.
-                    out.piece(line.bytes.clone());
-                    self.said = line.outcome;
-                    return true;
-                }
-            }
-        }
-        out.text().extend_from_slice(b"END\r\n");
-        true
-    }
-
-    /// An `mg`'s answer: the server's reply as it came (nothing for a quiet
-    /// one that said nothing), or the error memring says for the server.
-    fn emit_meta(&mut self, out: &mut impl ReplyWriter) {
-        let Some(meta) = &self.meta else {
-            return;
-        };
-        self.held = 0;
-        self.said = match (&meta.reply, &self.first_error) {
-            (Some(reply), _) => {
-                if !reply.is_empty() {
-                    out.piece(reply.bytes.clone());
-                }
-                reply.outcome
-            }
-            (None, Some(error)) => {
-                crate::protocol::encode::write_server_error(out.text(), error);
-                Outcome::ServerError
-            }
-            // No server to ask (the planner places an `mg` on one).
-            (None, None) => {
-                out.text().extend_from_slice(NO_SERVERS);
-                Outcome::ServerError
-            }
-        };
-    }
-
-    /// Writes every value that can go to the client now, in key order, and
-    /// never the end of the reply; true once every key is settled.
-    pub(crate) fn emit_values(&mut self, out: &mut impl ReplyWriter) -> bool {
-        while self.next_emit < self.keys.len() {
-            match std::mem::replace(&mut self.state[self.next_emit], KeyState::Missed) {
-                KeyState::Found(block) => {
-                    self.held -= block.len();
-                    self.values_written += 1;
-                    if let Some(answers) = &mut self.answers {
-                        answers.push((self.next_emit as u32, Some(block.clone())));
-                    }
-                    out.piece(block);
-                }
-                KeyState::Missed => {
-                    if let Some(answers) = &mut self.answers {
-                        answers.push((self.next_emit as u32, None));
-                    }
-                }
-                waiting => {
-                    self.state[self.next_emit] = waiting;
-                    return false;
-                }
-            }
-            self.next_emit += 1;
-        }
-        true
-    }
-
-    /// What the reply [`Retrieval::emit`] finished says: a hit if it held a
-    /// value, else `END`, or the error it answered with.
-    pub(crate) fn said(&self) -> Outcome {
-        self.said
-    }
-
-    /// Keys asked for, and values written.
-    pub(crate) fn counts(&self) -> (usize, usize) {
-        (self.keys.len(), self.values_written)
-    }
 }
 
 /// The key of a `VALUE <key> ...` block.
@@ -1235,15 +1183,17 @@ mod tests {
             let (request, _) = parse_request(&bytes, &Limits::default()).unwrap().unwrap();
             let candidates = owners.iter().map(|o| o.iter().copied().collect()).collect();
             let mut r = Retrieval::with_candidates(&request, bytes, candidates, false);
-            for sub in r.next_chunk(100, &mut RecycledBuf::new(64)) {
+            for mut sub in r.next_chunk(100, &mut RecycledBuf::new(64)) {
                 let Expect::Values {
                     request,
                     cursor,
                     with_cas,
-                } = r.expect_of(&sub)
+                } = r.expect_of(&mut sub)
                 else {
                     panic!("a classic retrieval expects values");
                 };
+                assert_eq!(&request, r.line_of(&sub), "{line:?}: the line sent");
+                sub.line = request.clone();
                 let Expect::Values {
                     cursor: scanned,
                     with_cas: scanned_cas,
