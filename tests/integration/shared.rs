@@ -469,46 +469,16 @@ fn beside_direct_readers_memring_reads_through_and_writes_nothing_of_its_own() {
 #[test]
 fn what_each_setting_costs_in_moved_keys_that_miss() {
     let servers: Vec<Memcached> = (0..5).map(|_| Memcached::start()).collect();
-    let all: Vec<&Memcached> = servers.iter().collect();
     let keys: Vec<String> = (0..2000).map(|i| format!("cost:{i}")).collect();
     for setting in ["memring", "readers", "writers"] {
-        for server in &servers {
-            server.client().call(b"flush_all\r\n", ReplyKind::Line);
-        }
-        let dir = TempDir::new("shared", &format!("cost-{setting}"));
-        let settings = format!("handoff_ms = 3000\nshared_with = \"{setting}\"\n");
-        let path = dir.path("memring.toml");
-        std::fs::write(&path, config_text(&all[..4], &settings)).unwrap();
-        let proxy = Proxy::start_file(&path);
-        let mut client = proxy.client();
-        for key in &keys {
-            assert_eq!(client.set(key, b"v"), b"STORED\r\n");
-        }
-        let before = owners(&proxy, &keys);
-        replace_by_rename(&path, &config_text(&all, &settings));
-        wait_for("the change", || proxy.ring_version() >= 2);
-        let after = owners(&proxy, &keys);
-        let moved: Vec<&String> = keys
-            .iter()
-            .zip(before.iter().zip(&after))
-            .filter(|(_, (b, a))| b != a)
-            .map(|(k, _)| k)
-            .collect();
-        let hits = |client: &mut Client| moved.iter().filter(|k| client.get(k).is_some()).count();
-        let first = hits(&mut client);
-        let second = hits(&mut client);
-        let in_window = proxy.running().topology.load().previous.is_some();
-        wait_for("the window and its sweep to end", || {
-            proxy.running().topology.load().previous.is_none()
-        });
-        let after_window = hits(&mut client);
-        println!(
-            "shared_with = \"{setting}\": {} of {} keys moved; hits among them: {first} on a first read in the window, {second} on a second, {after_window} after the window",
-            moved.len(),
-            keys.len()
-        );
-        assert!(in_window, "{setting}: both reads within the window");
-        let n = moved.len();
+        // The two reads must fall within the window: 3 s is ample on a quiet
+        // machine; a loaded one that runs past it tries again with a longer
+        // window (the counts are checked only for a run that fit).
+        let (moved, first, second, after_window) = [3_000, 6_000, 12_000]
+            .into_iter()
+            .find_map(|window_ms| hits_in_a_window(&servers, &keys, setting, window_ms))
+            .unwrap_or_else(|| panic!("{setting}: the reads never fit in a window"));
+        let n = moved;
         let expected = match setting {
             "memring" => (n, n, n),
             "readers" => (n, n, 0),
@@ -516,6 +486,56 @@ fn what_each_setting_costs_in_moved_keys_that_miss() {
         };
         assert_eq!((first, second, after_window), expected, "{setting}");
     }
+}
+
+/// One run of [`what_each_setting_costs_in_moved_keys_that_miss`] with
+/// `setting` and a window of `window_ms`: how many keys moved and the hits
+/// among them on a first and a second read and after the window, or `None`
+/// if the two reads did not both fall within the window.
+fn hits_in_a_window(
+    servers: &[Memcached],
+    keys: &[String],
+    setting: &str,
+    window_ms: u64,
+) -> Option<(usize, usize, usize, usize)> {
+    let all: Vec<&Memcached> = servers.iter().collect();
+    for server in servers {
+        server.client().call(b"flush_all\r\n", ReplyKind::Line);
+    }
+    let dir = TempDir::new("shared", &format!("cost-{setting}"));
+    let settings = format!("handoff_ms = {window_ms}\nshared_with = \"{setting}\"\n");
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, config_text(&all[..4], &settings)).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    for key in keys {
+        assert_eq!(client.set(key, b"v"), b"STORED\r\n");
+    }
+    let before = owners(&proxy, keys);
+    replace_by_rename(&path, &config_text(&all, &settings));
+    wait_for("the change", || proxy.ring_version() >= 2);
+    let after = owners(&proxy, keys);
+    let moved: Vec<&String> = keys
+        .iter()
+        .zip(before.iter().zip(&after))
+        .filter(|(_, (b, a))| b != a)
+        .map(|(k, _)| k)
+        .collect();
+    let hits = |client: &mut Client| moved.iter().filter(|k| client.get(k).is_some()).count();
+    let first = hits(&mut client);
+    let second = hits(&mut client);
+    let in_window = proxy.running().topology.load().previous.is_some();
+    wait_for("the window and its sweep to end", || {
+        proxy.running().topology.load().previous.is_none()
+    });
+    let after_window = hits(&mut client);
+    println!(
+        "shared_with = \"{setting}\", window {window_ms} ms: {} of {} keys moved; hits among them: {first} on a first read in the window, {second} on a second, {after_window} after the window{}",
+        moved.len(),
+        keys.len(),
+        if in_window { "" } else { " (the reads ran past the window: not counted)" }
+    );
+    in_window.then_some((moved.len(), first, second, after_window))
 }
 
 /// `shared_with` applies on reload, within a running window: the window

@@ -42,10 +42,12 @@ const VICTIM: usize = 1;
 /// How far apart the two proxies' ejections (or returns) of one server may
 /// be: both see the failure through the same traffic, within milliseconds
 /// on a quiet machine; this leaves room for a loaded one, where a thread may
-/// wait hundreds of milliseconds for a core. memring's own timing returns
-/// the server up to 2 s before nutcracker here, or after it when the restart
-/// falls just after one of memring's probes.
-const MAX_GAP: Duration = Duration::from_secs(1);
+/// wait for a core: at a load average of 7 memring's control plane woke for
+/// a retry 0.8 s late and published the return 0.45 s after that (1.26 s).
+/// memring's own timing returns the server up to 2 s before nutcracker
+/// here, or after it when the restart falls just after one of memring's
+/// probes (the disagreement test below checks that without this bound).
+const MAX_GAP: Duration = Duration::from_millis(1_750);
 /// Slack around a measured window for the test's own clock readings (the
 /// watcher polls memring's topology every 2 ms).
 const SLACK: Duration = Duration::from_millis(50);
