@@ -329,6 +329,27 @@ fn owners(proxy: &Proxy, keys: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// Replaces the config at `path` with `config` and waits for the new ring:
+/// the owner of each of `keys` before the change, and the keys that moved.
+fn change_moving<'k>(
+    proxy: &Proxy,
+    path: &std::path::Path,
+    config: &str,
+    keys: &'k [String],
+) -> (Vec<String>, Vec<&'k String>) {
+    let before = owners(proxy, keys);
+    replace_by_rename(path, config);
+    wait_for("the change", || proxy.ring_version() >= 2);
+    let after = owners(proxy, keys);
+    let moved = keys
+        .iter()
+        .zip(before.iter().zip(&after))
+        .filter(|(_, (b, a))| b != a)
+        .map(|(k, _)| k)
+        .collect();
+    (before, moved)
+}
+
 /// Every server searched for a lease of any of `keys`.
 fn leases_on(servers: &[Memcached], keys: &[String]) -> Vec<String> {
     let mut found = Vec::new();
@@ -366,16 +387,7 @@ fn beside_direct_readers_memring_reads_through_and_writes_nothing_of_its_own() {
             b"STORED\r\n"
         );
     }
-    let before = owners(&proxy, &keys);
-    replace_by_rename(&path, &config_text(&all, settings));
-    wait_for("the change", || proxy.ring_version() >= 2);
-    let after = owners(&proxy, &keys);
-    let moved: Vec<&String> = keys
-        .iter()
-        .zip(before.iter().zip(&after))
-        .filter(|(_, (b, a))| b != a)
-        .map(|(k, _)| k)
-        .collect();
+    let (before, moved) = change_moving(&proxy, &path, &config_text(&all, settings), &keys);
     assert!(moved.len() > 150, "a fifth moves: {}", moved.len());
     let mut direct = Direct::to(&servers);
 
@@ -511,16 +523,7 @@ fn hits_in_a_window(
     for key in keys {
         assert_eq!(client.set(key, b"v"), b"STORED\r\n");
     }
-    let before = owners(&proxy, keys);
-    replace_by_rename(&path, &config_text(&all, &settings));
-    wait_for("the change", || proxy.ring_version() >= 2);
-    let after = owners(&proxy, keys);
-    let moved: Vec<&String> = keys
-        .iter()
-        .zip(before.iter().zip(&after))
-        .filter(|(_, (b, a))| b != a)
-        .map(|(k, _)| k)
-        .collect();
+    let (_, moved) = change_moving(&proxy, &path, &config_text(&all, &settings), keys);
     let hits = |client: &mut Client| moved.iter().filter(|k| client.get(k).is_some()).count();
     let first = hits(&mut client);
     let second = hits(&mut client);
@@ -553,16 +556,12 @@ fn shared_with_changes_live_within_a_window() {
     for key in &keys {
         assert_eq!(client.set(key, b"v0"), b"STORED\r\n");
     }
-    let before = owners(&proxy, &keys);
-    replace_by_rename(&path, &config_text(&all, "handoff_ms = 120000\n"));
-    wait_for("the change", || proxy.ring_version() >= 2);
-    let after = owners(&proxy, &keys);
-    let moved: Vec<&String> = keys
-        .iter()
-        .zip(before.iter().zip(&after))
-        .filter(|(_, (b, a))| b != a)
-        .map(|(k, _)| k)
-        .collect();
+    let (_, moved) = change_moving(
+        &proxy,
+        &path,
+        &config_text(&all, "handoff_ms = 120000\n"),
+        &keys,
+    );
     let (early, late) = moved.split_at(moved.len() / 2);
     assert!(
         early.iter().all(|k| client.get(k).is_some()),
