@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::plan::handoff::cas::CasTakeover;
-use crate::plan::lease_retry::{leased_meta, LeaseRetry};
+use crate::plan::lease_retry::LeaseRetry;
 use crate::plan::meta_read::MetaRead;
 use crate::plan::replicated_add::ReplicatedAdd;
 use crate::plan::replicated_cas::ReplicatedCas;
@@ -234,6 +234,7 @@ impl ClientSession {
                 parts: servers.into_iter().take(1).map(Part::new).collect(),
                 finish: Finish::Forward,
             },
+            Plan::Lease { server, retry, .. } => leased_work(*retry, server, &request, &bytes),
             Plan::Key(Placement::Owner { server, .. }) => {
                 match leased_classic(&request, &bytes, &topology) {
                     Some(retry) => leased_work(retry, server, &request, &bytes),
@@ -385,7 +386,7 @@ impl ClientSession {
             Plan::ShadowStats => Work::Ready(self.shadow_report()),
             // Plans for servers are the callers' own; were one passed here,
             // it is answered as finding no server rather than dropped.
-            Plan::Key(_) | Plan::Broadcast { .. } | Plan::Retrieve(_) => {
+            Plan::Key(_) | Plan::Broadcast { .. } | Plan::Retrieve(_) | Plan::Lease { .. } => {
                 Work::Ready(Bytes::from_static(route::NO_SERVERS))
             }
         })
@@ -425,8 +426,9 @@ impl ClientSession {
                 return;
             }
             Plan::Key(placement) => meta_work(&request, &bytes, placement, &topology),
+            Plan::Lease { server, retry, .. } => meta_lease_work(&request, &bytes, server, *retry),
             // A plain `mg`: a one-key retrieval, as a `get` is (the planner
-            // placed one that may meet a lease as a `Plan::Key`).
+            // placed one that may meet a lease as a `Plan::Lease`).
             Plan::Retrieve(retrieval) => Work::Retrieve {
                 in_flight: spares::in_flight(retrieval.most_in_flight()),
                 plan: retrieval,
@@ -462,10 +464,10 @@ fn keyless(command: Command) -> Request {
 }
 
 /// The work a meta request placed on servers becomes (a plain `mg` is
-/// planned as a retrieval instead): a replicated add, a moved key's
-/// hand-off steps (as for classic, see [`StepsWork`]), an `mg` read over
-/// several servers or one that may meet a lease (steps too), or the
-/// request forwarded as its placement says (see [`MetaMode`]).
+/// planned as a retrieval instead, one that may meet a lease as a
+/// `Plan::Lease`): a replicated add, a moved key's hand-off steps (as for
+/// classic, see [`StepsWork`]), an `mg` read over several servers (steps
+/// too), or the request forwarded as its placement says (see [`MetaMode`]).
 fn meta_work(
     request: &MetaRequest,
     bytes: &Bytes,
@@ -507,14 +509,8 @@ fn meta_work(
             let (key, lines) = ((key.0, Some(key.1)), topology.config.replicas);
             return StepsWork::work(Machine::Add(add), None, key, 2 * lines, Some(meta));
         }
-        Placement::Owner { server, .. } => match leased_meta(request, bytes, topology) {
-            Some(retry) => {
-                let machine = Machine::Lease(LeaseSteps::new(retry, server, (wire, expect)));
-                let key = (Bytes::new(), Some(false));
-                return StepsWork::work(machine, None, key, 1, Some(meta));
-            }
-            None => (parts(&[server]), MetaMode::Forward),
-        },
+        // One that may meet a lease the planner made a `Plan::Lease`.
+        Placement::Owner { server, .. } => (parts(&[server]), MetaMode::Forward),
         Placement::Quorum {
             servers,
             quorum,
@@ -606,6 +602,21 @@ fn meta_work(
     }))
 }
 
+/// The work of a meta request on its owner `server` that may meet a lease
+/// there: the lease retry's steps (see `lease_retry`).
+fn meta_lease_work(request: &MetaRequest, bytes: &Bytes, server: usize, retry: LeaseRetry) -> Work {
+    let sent = (
+        route::meta_wire(request, bytes),
+        Expect::meta(request.command, request.may_be_silent()),
+    );
+    let meta = MetaAnswer {
+        counts_cas: counts_cas(request),
+        value: brings_value(request),
+    };
+    let machine = Machine::Lease(LeaseSteps::new(retry, server, sent));
+    StepsWork::work(machine, None, (Bytes::new(), Some(false)), 1, Some(meta))
+}
+
 /// An `ms` with `C` in set mode: its reply feeds the `cas_*` stats, as
 /// memcached counts it (other modes with `C` it does not count).
 fn counts_cas(request: &MetaRequest) -> bool {
@@ -623,7 +634,7 @@ fn brings_value(request: &MetaRequest) -> bool {
     request.command == MetaCommand::Get && request.value
 }
 
-/// [`leased_meta`] for a classic one-line command on one owner.
+/// `lease_retry::leased_meta` for a classic one-line command on one owner.
 fn leased_classic(request: &Request, bytes: &Bytes, topology: &Topology) -> Option<LeaseRetry> {
     if topology.previous.is_none() || request.keys.len() != 1 {
         return None;
@@ -656,7 +667,7 @@ fn leased_work(retry: LeaseRetry, server: usize, request: &Request, bytes: &Byte
     StepsWork::work(machine, None, (Bytes::new(), None), 1, None)
 }
 
-/// [`leased_meta`] for a one-key `gat`/`gats` of a key that did not move: a
+/// `lease_retry::leased_meta` for a one-key `gat`/`gats` of a key that did not move: a
 /// lease there would be stretched to the client's TTL, so it is looked for
 /// and removed first (a moved key's read-through takes a lease over).
 fn leased_gat(
