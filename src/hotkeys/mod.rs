@@ -291,6 +291,7 @@ impl HotWorker {
             Plan::Key(placement) => placement.owner()?,
             // A plain `mg`, planned as a one-key retrieval.
             Plan::Retrieve(retrieval) => (retrieval.owner(0)?, retrieval.key_hash(0)),
+            Plan::Lease { server, hash, .. } => (*server, *hash),
             _ => return None,
         };
         if !self.shared.started.detect {

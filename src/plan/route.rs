@@ -25,7 +25,7 @@ use smallvec::SmallVec;
 
 use crate::error::BackendError;
 use crate::plan::handoff::{Copies, Moved};
-use crate::plan::lease_retry::leased_meta;
+use crate::plan::lease_retry::{leased_meta, LeaseRetry};
 use crate::plan::placement::{place, HealthView, KeyKind, KeyOp, Placement, Servers};
 use crate::pools::topology::{Topology, ZoneHit};
 use crate::protocol::encode::{Outbound, ReplyWriter};
@@ -83,6 +83,17 @@ pub(crate) enum Plan {
     Broadcast { servers: Servers },
     /// A retrieval: a classic one, or an `mg` on one server.
     Retrieve(Box<Retrieval>),
+    /// A meta request on its key's owner that, inside a hand-off window,
+    /// may meet another sidecar's lease there ([`leased_meta`]): run as
+    /// `retry`, which removes a lease it meets and runs the request again.
+    /// `hash` as for [`Placement::Owner`]. Boxed, so that a plan (moved on
+    /// every get) stays the size of a placement: only a window's requests
+    /// that may meet a lease pay for it.
+    Lease {
+        server: usize,
+        hash: Option<u64>,
+        retry: Box<LeaseRetry>,
+    },
 }
 
 /// [`Retrieval::previous_from`] of a key with no previous owner to ask.
@@ -387,8 +398,9 @@ pub(crate) fn broadcast_answer<'a>(
 /// `mn` is answered by memring ([`Plan::Reply`]), an `mg` its key's owner
 /// alone answers is a one-key [`Retrieval`] in the meta dialect (planned
 /// into storage `reuse` kept from an earlier one), unless inside a window
-/// it may meet a lease ([`leased_meta`]: then it stays a [`Plan::Key`] on
-/// its owner, run as the lease retry); every other meta command
+/// it may meet a lease ([`leased_meta`]: then it is a [`Plan::Lease`] on
+/// its owner, as is every other meta command on one owner that may); every
+/// other meta command
 /// is a request on one key ([`Plan::Key`]), placed as classic requests are;
 /// the replicas get an `md` where classic requests get a `delete`. With
 /// replicas, a mutation with `C` is decided on the owner and then copied
@@ -480,16 +492,20 @@ pub(crate) fn plan_meta(
                     ))),
     };
     match place(key, op, what, topology, health) {
-        // Inside a window, an `mg` that may meet another sidecar's lease
-        // (`T`, `N`) stays a request on its owner, run as the lease retry
-        // as other meta commands there are; asked before kept storage is
-        // taken, so none goes unused.
-        Placement::Owner { server, hash }
-            if request.command == MetaCommand::Get
-                && leased_meta(request, bytes, topology).is_none() =>
-        {
-            Plan::Retrieve(meta_get(reuse.take(), request, bytes, server, hash))
-        }
+        // Inside a window, a request that may meet another sidecar's lease
+        // (an `mg` with `T` or `N`, an `ma`, ...) is run as the lease retry;
+        // asked before kept storage is taken, so none goes unused.
+        Placement::Owner { server, hash } => match leased_meta(request, bytes, topology) {
+            Some(retry) => Plan::Lease {
+                server,
+                hash,
+                retry: Box::new(retry),
+            },
+            None if request.command == MetaCommand::Get => {
+                Plan::Retrieve(meta_get(reuse.take(), request, bytes, server, hash))
+            }
+            None => Plan::Key(Placement::Owner { server, hash }),
+        },
         placement => Plan::Key(placement),
     }
 }
@@ -1196,11 +1212,11 @@ mod tests {
         // retry), as does a key that stays.
         assert!(matches!(
             plan(format!("mg {moved} N30 v\r\n")),
-            Plan::Key(Placement::Owner { server, .. }) if server == owner(&new, &moved)
+            Plan::Lease { server, .. } if server == owner(&new, &moved)
         ));
         assert!(matches!(
             plan(format!("md {stays}\r\n")),
-            Plan::Key(Placement::Owner { .. })
+            Plan::Lease { server, .. } if server == owner(&new, &stays)
         ));
         // The read-through asks the previous owner for what a copy needs.
         let MetaMove::Read { wire, .. } = steps("mg KEY v q\r\n") else {
@@ -1502,8 +1518,8 @@ mod tests {
             Plan::Key(Placement::Owner { .. })
         ));
         // In a window, a key that stayed is read of its owner alone; one
-        // that may meet a lease (`T`, `N`) stays a request on its owner, for
-        // the lease retry, and takes no kept storage.
+        // that may meet a lease (`T`, `N`) is the lease retry on its owner,
+        // and takes no kept storage.
         let stays = (0..2000)
             .map(|i| format!("k{i}"))
             .find(|k| {
@@ -1533,12 +1549,35 @@ mod tests {
                 &mut reuse,
             );
             assert!(
-                matches!(planned, Plan::Key(Placement::Owner { server, .. }) if server == owner),
+                matches!(planned, Plan::Lease { server, .. } if server == owner),
                 "{line}: {planned:?}"
             );
-            assert!(leased_meta(&request, &bytes, &new).is_some(), "{line}");
             assert_eq!(reuse.retrievals.len(), 1, "{line}: the kept storage stays");
+            // Outside a window the same `mg` is a plain one-key retrieval.
+            assert!(matches!(plan(&line, &old), Plan::Retrieve(_)), "{line}");
         }
+        // Other meta requests on one owner: the lease retry in a window when
+        // a lease would mislead them, forwarded to the owner otherwise.
+        for line in [
+            format!("ma {stays}\r\n"),
+            format!("ms {stays} 1 ME\r\nx\r\n"),
+            format!("md {stays}\r\n"),
+        ] {
+            let planned = plan(&line, &new);
+            assert!(
+                matches!(planned, Plan::Lease { server, .. } if server == owner),
+                "{line}: {planned:?}"
+            );
+            let planned = plan(&line, &old);
+            assert!(
+                matches!(planned, Plan::Key(Placement::Owner { .. })),
+                "{line}: {planned:?}"
+            );
+        }
+        assert!(matches!(
+            plan(&format!("ms {stays} 1\r\nx\r\n"), &new),
+            Plan::Key(Placement::Owner { server, .. }) if server == owner
+        ));
         // With replicas an `mg` reads them (`meta_read`, on steps).
         let (_runtime, replicated, _) =
             crate::pools::topology::tests::four_then_five_with("replicas = 2\n");

@@ -558,8 +558,8 @@ impl ClientSession {
             // `dispatch`; finishing never reads `self.entries`.
             let mut entries = std::mem::take(&mut self.entries);
             let complete = entries.head().is_some_and(|(entry, dispatched)| {
-                let complete = dispatched && self.finish(entry);
-                if !complete && now == HeadNow::Streams {
+                let complete = dispatched && self.finish(entry, now);
+                if !complete && matches!(now, HeadNow::Streams { .. }) {
                     if let Work::Retrieve {
                         plan,
                         in_flight,

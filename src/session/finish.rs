@@ -9,16 +9,17 @@ use crate::plan::steps::Answer;
 use crate::protocol::outcome::{Outcome, Reply};
 
 impl ClientSession {
-    /// Writes the entry's reply if it is complete; true if it was.
-    pub(super) fn finish(&mut self, entry: &mut Entry) -> bool {
+    /// Writes the entry's reply if it is complete; true if it was. `now`
+    /// is what [`Work::head_now`] said of it in this look.
+    pub(super) fn finish(&mut self, entry: &mut Entry, now: HeadNow) -> bool {
         let Some(refusal) = entry.instead else {
-            return self.finish_reply(entry);
+            return self.finish_reply(entry, now);
         };
         let answer = refusal.reply();
         // The reply (or its error) is written aside and dropped; memring's
         // own answer goes in its place once it came.
         let out = std::mem::take(&mut self.out);
-        let complete = self.finish_reply(entry);
+        let complete = self.finish_reply(entry, now);
         drop(std::mem::replace(&mut self.out, out));
         if complete {
             self.out.push_slice(answer);
@@ -29,7 +30,7 @@ impl ClientSession {
     }
 
     /// [`ClientSession::finish`] with the entry's own reply.
-    fn finish_reply(&mut self, entry: &mut Entry) -> bool {
+    fn finish_reply(&mut self, entry: &mut Entry, now: HeadNow) -> bool {
         let stats = &self.worker.stats;
         match &mut entry.work {
             Work::Ready(reply) => self.out.push(reply.clone()),
@@ -45,7 +46,7 @@ impl ClientSession {
             Work::Lines { .. } => return self.finish_lines(entry),
             Work::Steps(_) => return self.finish_steps(entry),
             Work::Meta(_) => return self.finish_meta(entry),
-            Work::Retrieve { .. } => return self.finish_retrieve(entry),
+            Work::Retrieve { .. } => return self.finish_retrieve(entry, now),
         }
         true
     }
@@ -252,21 +253,13 @@ impl ClientSession {
         true
     }
 
-    /// A retrieval: the rest of its values and its end, once every key is
-    /// settled; then its counts.
-    fn finish_retrieve(&mut self, entry: &mut Entry) -> bool {
-        let Work::Retrieve {
-            plan,
-            owed,
-            in_flight,
-        } = &mut entry.work
-        else {
+    /// A retrieval: the rest of its values and its end, once `head_now`
+    /// says it may finish (every key sent and answered); then its counts.
+    fn finish_retrieve(&mut self, entry: &mut Entry, now: HeadNow) -> bool {
+        let Work::Retrieve { plan, owed, .. } = &mut entry.work else {
             return true;
         };
-        // With zones read all at once, a zone still answering a settled key
-        // is not waited for.
-        let waiting = !in_flight.is_empty() && !plan.settled();
-        if plan.has_unsent() || waiting || !plan.emit(&mut self.out) {
+        if !now.finishes() || !plan.emit(&mut self.out) {
             return false;
         }
         entry.said = plan.said();

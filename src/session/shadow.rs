@@ -175,7 +175,7 @@ impl ClientSession {
         request.key?;
         let forwarded = match plan {
             Plan::Key(placement) => !matches!(placement, Placement::NoServers),
-            Plan::Retrieve(_) => true,
+            Plan::Retrieve(_) | Plan::Lease { .. } => true,
             _ => false,
         };
         if !forwarded {

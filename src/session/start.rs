@@ -2,14 +2,17 @@
 //! `route`, and what the hot-key state says about it.
 
 use super::*;
+use crate::hotkeys::HotWorker;
 use crate::plan::handoff::cas::CasTakeover;
-use crate::plan::lease_retry::{leased_meta, LeaseRetry};
+use crate::plan::lease_retry::LeaseRetry;
 use crate::plan::meta_read::MetaRead;
+use crate::plan::placement::HealthView;
 use crate::plan::replicated_add::ReplicatedAdd;
 use crate::plan::replicated_cas::ReplicatedCas;
 use crate::plan::route::{Retrieval, Split};
 use crate::plan::steps::{AddSteps, CasSteps, LeaseSteps, Machine, MovedSteps, ReadSteps};
 use crate::pools::planned::Planned;
+use crate::protocol::meta::RoutingKey;
 
 impl ClientSession {
     /// Plans one request on the current topology and queues its entry.
@@ -53,13 +56,31 @@ impl ClientSession {
         if request.command == Command::FlushAll && self.flush_across_pools(&request, &bytes) {
             return;
         }
+        self.start_keyed(request, bytes, split);
+    }
+
+    /// Plans one meta request and queues its entry: the classic road from
+    /// [`ClientSession::start_keyed`] on (a meta request has one key at
+    /// most, and no command of all pools).
+    pub(super) fn start_meta(&mut self, request: MetaRequest, bytes: Bytes) {
+        self.worker
+            .stats
+            .request(request.command(), request.key_count());
+        self.start_keyed(request, bytes, Split::Whole);
+    }
+
+    /// Plans `request` (of either dialect) on the topology its routing key
+    /// gets, its TTLs capped there when that is a gutter, and queues its
+    /// entry.
+    fn start_keyed<R: Dialect>(&mut self, request: R, bytes: Bytes, split: Split) {
         // One topology per request: it finishes on this ring even if a
         // reload lands meanwhile. `load_full` gives an owned Arc, so no
-        // arc-swap guard is held.
-        let key = (!request.keys.is_empty()).then_some(|| request.key(&bytes, 0));
+        // arc-swap guard is held. The key is read (a `b` key decoded) only
+        // when routes or a gutter ask for it.
+        let key = request.keyed().then_some(|| request.route_key(&bytes));
         let (topology, gutter_ttl) = self.topology_for(key);
         let (request, bytes) = match gutter_ttl {
-            Some(ttl) => self.capped(request, bytes, ttl),
+            Some(ttl) => request.capped(self, bytes, ttl),
             None => (request, bytes),
         };
         self.start_on(request, bytes, topology, split);
@@ -200,33 +221,45 @@ impl ClientSession {
         }
     }
 
-    /// Plans `request` on `topology` and queues its entry; `split` says
-    /// whether it is one run of a retrieval across pools.
-    fn start_on(&mut self, request: Request, bytes: Bytes, topology: Planned, split: Split) {
-        topology.figures.request(request.command);
+    /// Plans `request` (of either dialect) on `topology` and queues its
+    /// entry; `split` says whether it is one run of a retrieval across
+    /// pools. The one road of every request placed on servers: figures,
+    /// health, plan, shadow, hot keys, work.
+    fn start_on<R: Dialect>(&mut self, request: R, bytes: Bytes, topology: Planned, split: Split) {
+        topology.figures.request(request.command());
+        // The key the ring places, decoded once (a meta `b` key) for the
+        // plan, the shadow and the hot-key count.
+        let key = request.plan_key(&bytes);
         let health = self
             .health
             .of(&topology, self.worker.clock.turn(), &self.worker);
-        let mut plan = spares::plan(&request, &bytes, &topology, health);
+        let mut plan = request.plan(&bytes, &key, &topology, health);
         if let Plan::Retrieve(retrieval) = &mut plan {
             retrieval.split(split);
         }
-        let shadow = self.shadow_classic(&request, &bytes, &mut plan);
-        let hot = self
-            .worker
-            .hot
-            .on_request(&request, &bytes, &plan, &topology);
+        let shadow = request.shadow(self, &bytes, &key, &mut plan);
+        let hot = request.hot(&self.worker.hot, &bytes, &key, &plan, &topology);
+        drop(key);
+        request.queue(self, bytes, topology, plan, (hot, shadow));
+    }
+
+    /// The work of a classic request's `plan`; `None` when there is nothing
+    /// to queue.
+    fn classic_work(
+        &mut self,
+        request: &Request,
+        bytes: &Bytes,
+        topology: &Planned,
+        plan: Plan,
+    ) -> Option<Work> {
         let work = match plan {
             own @ (Plan::Quit
             | Plan::Reply(_)
             | Plan::Stats
             | Plan::StatsReset
             | Plan::HotKeys
-            | Plan::ShadowStats) => match self.own_work(own, request.noreply) {
-                Some(work) => work,
-                None => return,
-            },
-            Plan::Key(Placement::NoServers) if request.noreply => return,
+            | Plan::ShadowStats) => self.own_work(own, request.noreply)?,
+            Plan::Key(Placement::NoServers) if request.noreply => return None,
             Plan::Key(Placement::NoServers) => Work::Ready(Bytes::from_static(route::NO_SERVERS)),
             // A classic request is never placed as a read (`KeyOp::classic`
             // is a write or a cas); were one, its first server would answer.
@@ -234,9 +267,10 @@ impl ClientSession {
                 parts: servers.into_iter().take(1).map(Part::new).collect(),
                 finish: Finish::Forward,
             },
+            Plan::Lease { server, retry, .. } => leased_work(*retry, server, request, bytes),
             Plan::Key(Placement::Owner { server, .. }) => {
-                match leased_classic(&request, &bytes, &topology) {
-                    Some(retry) => leased_work(retry, server, &request, &bytes),
+                match leased_classic(request, bytes, topology) {
+                    Some(retry) => leased_work(retry, server, request, bytes),
                     None => Work::Lines {
                         parts: smallvec::smallvec![Part::new(server)],
                         finish: Finish::Forward,
@@ -252,8 +286,8 @@ impl ClientSession {
             }) if request.command == Command::Add && servers.len() > 1 => {
                 let first = servers[0];
                 let machine = ReplicatedAdd::new(servers, quorum);
-                let wire = crate::protocol::encode::add_with_cas(&request, &bytes);
-                let key = bytes.slice_ref(request.key(&bytes, 0));
+                let wire = crate::protocol::encode::add_with_cas(request, bytes);
+                let key = bytes.slice_ref(request.key(bytes, 0));
                 let lines = 2 * topology.config.replicas;
                 let add = AddSteps::new(machine, first, wire, (key.clone(), false), None);
                 StepsWork::work(Machine::Add(add), None, (key, None), lines, None)
@@ -289,24 +323,21 @@ impl ClientSession {
                 // A moved key's cas the owner refuses is taken over as
                 // without replicas.
                 let previous =
-                    previous.map(|previous| (previous, CasTakeover::classic(&request, &bytes)));
+                    previous.map(|previous| (previous, CasTakeover::classic(request, bytes)));
                 let machine = ReplicatedCas::new(false, owner, copies, previous);
                 let storage = Expect::Line(LineKind::Storage);
-                let sent = (forwardable(&bytes, &request), storage.clone());
-                let copy = (
-                    crate::protocol::encode::cas_as_set(&request, &bytes),
-                    storage,
-                );
-                let key = (bytes.slice_ref(request.key(&bytes, 0)), None);
+                let sent = (forwardable(bytes, request), storage.clone());
+                let copy = (crate::protocol::encode::cas_as_set(request, bytes), storage);
+                let key = (bytes.slice_ref(request.key(bytes, 0)), None);
                 let machine = Machine::Cas(CasSteps::new(machine, owner, sent, copy));
                 StepsWork::work(machine, OlderForget::new(older), key, 1, None)
             }
             Plan::Retrieve(retrieval) => {
-                match leased_gat(&request, &bytes, &retrieval, &topology) {
+                match leased_gat(request, bytes, &retrieval, topology) {
                     Some((server, retry)) => {
                         // The lease retry sends the `gat` itself.
                         spares::keep_retrieval(retrieval);
-                        leased_work(retry, server, &request, &bytes)
+                        leased_work(retry, server, request, bytes)
                     }
                     None => Work::Retrieve {
                         in_flight: spares::in_flight(retrieval.most_in_flight()),
@@ -326,7 +357,7 @@ impl ClientSession {
                 if copies_back {
                     machine.delete_previous_last_too();
                 }
-                let key = (bytes.slice_ref(request.key(&bytes, 0)), None);
+                let key = (bytes.slice_ref(request.key(bytes, 0)), None);
                 let machine = MovedSteps::new(machine, owner, previous, false);
                 StepsWork::work(
                     Machine::Moved(machine),
@@ -337,7 +368,7 @@ impl ClientSession {
                 )
             }
         };
-        self.queue(request, bytes, topology, work, (hot, shadow));
+        Some(work)
     }
 
     /// Queues the entry of a request planned on `topology` (either
@@ -349,7 +380,7 @@ impl ClientSession {
         bytes: Bytes,
         topology: Planned,
         work: Work,
-        (hot, shadow): (Option<Rc<WriteGuard>>, Option<Box<shadow::Pairs>>),
+        (hot, shadow): Guards,
     ) {
         self.push(Entry {
             command: request.command,
@@ -385,38 +416,23 @@ impl ClientSession {
             Plan::ShadowStats => Work::Ready(self.shadow_report()),
             // Plans for servers are the callers' own; were one passed here,
             // it is answered as finding no server rather than dropped.
-            Plan::Key(_) | Plan::Broadcast { .. } | Plan::Retrieve(_) => {
+            Plan::Key(_) | Plan::Broadcast { .. } | Plan::Retrieve(_) | Plan::Lease { .. } => {
                 Work::Ready(Bytes::from_static(route::NO_SERVERS))
             }
         })
     }
 
-    /// Plans one meta request and queues its entry.
-    pub(super) fn start_meta(&mut self, request: MetaRequest, bytes: Bytes) {
-        let routing = || request.routing_key(&bytes);
-        let (topology, gutter_ttl) = self.topology_for(request.key.and(Some(routing)));
-        let (request, bytes) = match gutter_ttl {
-            Some(ttl) => self.meta_capped(request, bytes, ttl),
-            None => (request, bytes),
-        };
+    /// The entry of a meta request's `plan`, queued (memring's own answers
+    /// without the guards: such a plan has none).
+    fn queue_meta(
+        &mut self,
+        request: MetaRequest,
+        bytes: Bytes,
+        topology: Planned,
+        plan: Plan,
+        guards: Guards,
+    ) {
         let command = Command::of_meta(request.command);
-        self.worker
-            .stats
-            .request(command, usize::from(request.key.is_some()));
-        topology.figures.request(command);
-        // The key the ring places, decoded once (a `b` key) for the plan,
-        // the shadow and the hot-key count.
-        let key = request.routing_key(&bytes);
-        let health = self
-            .health
-            .of(&topology, self.worker.clock.turn(), &self.worker);
-        let plan = spares::plan_meta(&request, &bytes, &key, &topology, health);
-        let shadow = self.shadow_meta(&request, &bytes, &key, &plan);
-        let hot = self
-            .worker
-            .hot
-            .on_meta_request(&request, &bytes, &key, &plan, &topology);
-        drop(key);
         let work = match plan {
             Plan::Key(Placement::NoServers) => {
                 let mut entry = Entry::ready(route::NO_SERVERS, topology);
@@ -425,8 +441,9 @@ impl ClientSession {
                 return;
             }
             Plan::Key(placement) => meta_work(&request, &bytes, placement, &topology),
+            Plan::Lease { server, retry, .. } => meta_lease_work(&request, &bytes, server, *retry),
             // A plain `mg`: a one-key retrieval, as a `get` is (the planner
-            // placed one that may meet a lease as a `Plan::Key`).
+            // placed one that may meet a lease as a `Plan::Lease`).
             Plan::Retrieve(retrieval) => Work::Retrieve {
                 in_flight: spares::in_flight(retrieval.most_in_flight()),
                 plan: retrieval,
@@ -443,7 +460,214 @@ impl ClientSession {
                 return;
             }
         };
-        self.queue(keyless(command), bytes, topology, work, (hot, shadow));
+        self.queue(keyless(command), bytes, topology, work, guards);
+    }
+}
+
+/// What keeps a planned request's entry in step with the hot keys and the
+/// shadow pool.
+type Guards = (Option<Rc<WriteGuard>>, Option<Box<shadow::Pairs>>);
+
+/// A parsed request of either dialect, as the one road
+/// ([`ClientSession::start_keyed`], [`ClientSession::start_on`]) takes it:
+/// each stop asks it only what its dialect says. Generic, not a trait
+/// object: each dialect's road is compiled on its own, so a get's stops
+/// cost what they did.
+trait Dialect: Sized {
+    /// The key the topology's routes read.
+    type Routed<'b>: AsRef<[u8]>
+    where
+        Self: 'b;
+    /// What the plan, the shadow and the hot-key count are given of the
+    /// key: a meta request's routing key, decoded once (a `b` key);
+    /// nothing for a classic request, whose keys they read in its bytes.
+    type Key<'b>
+    where
+        Self: 'b;
+
+    /// The command the figures count.
+    fn command(&self) -> Command;
+    /// How many keys the stats count.
+    fn key_count(&self) -> usize;
+    /// Whether it has a key for the routes to read.
+    fn keyed(&self) -> bool;
+    /// Its (first) key, as the routes read it; only asked when
+    /// [`Dialect::keyed`].
+    fn route_key<'b>(&'b self, bytes: &'b Bytes) -> Self::Routed<'b>;
+    /// Its key for the plan, the shadow and the hot-key count.
+    fn plan_key<'b>(&'b self, bytes: &'b Bytes) -> Self::Key<'b>;
+    /// The request with its TTLs capped at `ttl` seconds, for a gutter.
+    fn capped(self, session: &ClientSession, bytes: Bytes, ttl: u64) -> (Self, Bytes);
+    /// Its plan (see `route::plan`, `route::plan_meta`).
+    fn plan(
+        &self,
+        bytes: &Bytes,
+        key: &Self::Key<'_>,
+        topology: &Topology,
+        health: &HealthView,
+    ) -> Plan;
+    /// What the shadow pool gets of it (see `session::shadow`).
+    fn shadow(
+        &self,
+        session: &ClientSession,
+        bytes: &Bytes,
+        key: &Self::Key<'_>,
+        plan: &mut Plan,
+    ) -> Option<Box<shadow::Pairs>>;
+    /// Its count in the hot keys, and the guard of a write.
+    fn hot(
+        &self,
+        hot: &HotWorker,
+        bytes: &Bytes,
+        key: &Self::Key<'_>,
+        plan: &Plan,
+        topology: &Topology,
+    ) -> Option<Rc<WriteGuard>>;
+    /// Queues the entry of its `plan` on `topology` (or nothing, as the
+    /// plan says).
+    fn queue(
+        self,
+        session: &mut ClientSession,
+        bytes: Bytes,
+        topology: Planned,
+        plan: Plan,
+        guards: Guards,
+    );
+}
+
+impl Dialect for Request {
+    type Routed<'b> = &'b [u8];
+    type Key<'b> = ();
+
+    fn command(&self) -> Command {
+        self.command
+    }
+
+    fn key_count(&self) -> usize {
+        self.keys.len()
+    }
+
+    fn keyed(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
+    fn route_key<'b>(&'b self, bytes: &'b Bytes) -> &'b [u8] {
+        self.key(bytes, 0)
+    }
+
+    fn plan_key(&self, _: &Bytes) {}
+
+    fn capped(self, session: &ClientSession, bytes: Bytes, ttl: u64) -> (Request, Bytes) {
+        session.capped(self, bytes, ttl)
+    }
+
+    fn plan(&self, bytes: &Bytes, _: &(), topology: &Topology, health: &HealthView) -> Plan {
+        spares::plan(self, bytes, topology, health)
+    }
+
+    fn shadow(
+        &self,
+        session: &ClientSession,
+        bytes: &Bytes,
+        _: &(),
+        plan: &mut Plan,
+    ) -> Option<Box<shadow::Pairs>> {
+        session.shadow_classic(self, bytes, plan)
+    }
+
+    fn hot(
+        &self,
+        hot: &HotWorker,
+        bytes: &Bytes,
+        _: &(),
+        plan: &Plan,
+        topology: &Topology,
+    ) -> Option<Rc<WriteGuard>> {
+        hot.on_request(self, bytes, plan, topology)
+    }
+
+    fn queue(
+        self,
+        session: &mut ClientSession,
+        bytes: Bytes,
+        topology: Planned,
+        plan: Plan,
+        guards: Guards,
+    ) {
+        if let Some(work) = session.classic_work(&self, &bytes, &topology, plan) {
+            session.queue(self, bytes, topology, work, guards);
+        }
+    }
+}
+
+impl Dialect for MetaRequest {
+    type Routed<'b> = RoutingKey<'b>;
+    type Key<'b> = RoutingKey<'b>;
+
+    fn command(&self) -> Command {
+        Command::of_meta(self.command)
+    }
+
+    fn key_count(&self) -> usize {
+        usize::from(self.key.is_some())
+    }
+
+    fn keyed(&self) -> bool {
+        self.key.is_some()
+    }
+
+    fn route_key<'b>(&'b self, bytes: &'b Bytes) -> RoutingKey<'b> {
+        self.routing_key(bytes)
+    }
+
+    fn plan_key<'b>(&'b self, bytes: &'b Bytes) -> RoutingKey<'b> {
+        self.routing_key(bytes)
+    }
+
+    fn capped(self, session: &ClientSession, bytes: Bytes, ttl: u64) -> (MetaRequest, Bytes) {
+        session.meta_capped(self, bytes, ttl)
+    }
+
+    fn plan(
+        &self,
+        bytes: &Bytes,
+        key: &RoutingKey<'_>,
+        topology: &Topology,
+        health: &HealthView,
+    ) -> Plan {
+        spares::plan_meta(self, bytes, key, topology, health)
+    }
+
+    fn shadow(
+        &self,
+        session: &ClientSession,
+        bytes: &Bytes,
+        key: &RoutingKey<'_>,
+        plan: &mut Plan,
+    ) -> Option<Box<shadow::Pairs>> {
+        session.shadow_meta(self, bytes, key, plan)
+    }
+
+    fn hot(
+        &self,
+        hot: &HotWorker,
+        bytes: &Bytes,
+        key: &RoutingKey<'_>,
+        plan: &Plan,
+        topology: &Topology,
+    ) -> Option<Rc<WriteGuard>> {
+        hot.on_meta_request(self, bytes, key, plan, topology)
+    }
+
+    fn queue(
+        self,
+        session: &mut ClientSession,
+        bytes: Bytes,
+        topology: Planned,
+        plan: Plan,
+        guards: Guards,
+    ) {
+        session.queue_meta(self, bytes, topology, plan, guards);
     }
 }
 
@@ -462,10 +686,10 @@ fn keyless(command: Command) -> Request {
 }
 
 /// The work a meta request placed on servers becomes (a plain `mg` is
-/// planned as a retrieval instead): a replicated add, a moved key's
-/// hand-off steps (as for classic, see [`StepsWork`]), an `mg` read over
-/// several servers or one that may meet a lease (steps too), or the
-/// request forwarded as its placement says (see [`MetaMode`]).
+/// planned as a retrieval instead, one that may meet a lease as a
+/// `Plan::Lease`): a replicated add, a moved key's hand-off steps (as for
+/// classic, see [`StepsWork`]), an `mg` read over several servers (steps
+/// too), or the request forwarded as its placement says (see [`MetaMode`]).
 fn meta_work(
     request: &MetaRequest,
     bytes: &Bytes,
@@ -507,14 +731,8 @@ fn meta_work(
             let (key, lines) = ((key.0, Some(key.1)), topology.config.replicas);
             return StepsWork::work(Machine::Add(add), None, key, 2 * lines, Some(meta));
         }
-        Placement::Owner { server, .. } => match leased_meta(request, bytes, topology) {
-            Some(retry) => {
-                let machine = Machine::Lease(LeaseSteps::new(retry, server, (wire, expect)));
-                let key = (Bytes::new(), Some(false));
-                return StepsWork::work(machine, None, key, 1, Some(meta));
-            }
-            None => (parts(&[server]), MetaMode::Forward),
-        },
+        // One that may meet a lease the planner made a `Plan::Lease`.
+        Placement::Owner { server, .. } => (parts(&[server]), MetaMode::Forward),
         Placement::Quorum {
             servers,
             quorum,
@@ -606,6 +824,21 @@ fn meta_work(
     }))
 }
 
+/// The work of a meta request on its owner `server` that may meet a lease
+/// there: the lease retry's steps (see `lease_retry`).
+fn meta_lease_work(request: &MetaRequest, bytes: &Bytes, server: usize, retry: LeaseRetry) -> Work {
+    let sent = (
+        route::meta_wire(request, bytes),
+        Expect::meta(request.command, request.may_be_silent()),
+    );
+    let meta = MetaAnswer {
+        counts_cas: counts_cas(request),
+        value: brings_value(request),
+    };
+    let machine = Machine::Lease(LeaseSteps::new(retry, server, sent));
+    StepsWork::work(machine, None, (Bytes::new(), Some(false)), 1, Some(meta))
+}
+
 /// An `ms` with `C` in set mode: its reply feeds the `cas_*` stats, as
 /// memcached counts it (other modes with `C` it does not count).
 fn counts_cas(request: &MetaRequest) -> bool {
@@ -623,7 +856,7 @@ fn brings_value(request: &MetaRequest) -> bool {
     request.command == MetaCommand::Get && request.value
 }
 
-/// [`leased_meta`] for a classic one-line command on one owner.
+/// `lease_retry::leased_meta` for a classic one-line command on one owner.
 fn leased_classic(request: &Request, bytes: &Bytes, topology: &Topology) -> Option<LeaseRetry> {
     if topology.previous.is_none() || request.keys.len() != 1 {
         return None;
@@ -656,7 +889,7 @@ fn leased_work(retry: LeaseRetry, server: usize, request: &Request, bytes: &Byte
     StepsWork::work(machine, None, (Bytes::new(), None), 1, None)
 }
 
-/// [`leased_meta`] for a one-key `gat`/`gats` of a key that did not move: a
+/// `lease_retry::leased_meta` for a one-key `gat`/`gats` of a key that did not move: a
 /// lease there would be stretched to the client's TTL, so it is looked for
 /// and removed first (a moved key's read-through takes a lease over).
 fn leased_gat(

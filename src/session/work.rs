@@ -417,8 +417,19 @@ pub(super) enum HeadNow {
     Waits,
     /// It may finish; until it does, it writes nothing.
     Finishes,
-    /// It may finish; until it does, its values go out as they arrive.
-    Streams,
+    /// Its values go out as they arrive; it may finish too when `finishes`
+    /// (every key sent and answered).
+    Streams { finishes: bool },
+}
+
+impl HeadNow {
+    /// Whether the head may finish now: the one answer `finish` acts on.
+    pub(super) fn finishes(self) -> bool {
+        matches!(
+            self,
+            HeadNow::Finishes | HeadNow::Streams { finishes: true }
+        )
+    }
 }
 
 impl Work {
@@ -435,6 +446,9 @@ impl Work {
     ///   answered it has nothing to do. A W1 get is so in the turn that
     ///   sends it: going on to finish it cost about 3 % of its
     ///   instructions.
+    ///
+    /// It may finish once every key is sent and answered; `finish` asks
+    /// [`HeadNow::finishes`] of this answer, not the retrieval again.
     pub(super) fn head_now(&self, dispatched: bool) -> HeadNow {
         let Work::Retrieve {
             plan, in_flight, ..
@@ -446,16 +460,21 @@ impl Work {
                 HeadNow::Waits
             };
         };
-        if plan.has_unsent() || plan.held_bytes() >= STREAM_FROM_HELD_BYTES {
-            return HeadNow::Streams;
+        // It waits while keys are unsent, or in flight and not settled:
+        // with zones read all at once, a zone still answering a settled key
+        // is not waited for.
+        let unsent = plan.has_unsent();
+        let finishes = || dispatched && !unsent && (in_flight.is_empty() || plan.settled());
+        if unsent || plan.held_bytes() >= STREAM_FROM_HELD_BYTES {
+            return HeadNow::Streams {
+                finishes: finishes(),
+            };
         }
-        // In flight and not settled (`finish_retrieve` would wait): with
-        // zones read all at once, a zone still answering a settled key is
-        // not waited for.
-        if !dispatched || (!in_flight.is_empty() && !plan.settled()) {
-            return HeadNow::Waits;
+        if finishes() {
+            HeadNow::Finishes
+        } else {
+            HeadNow::Waits
         }
-        HeadNow::Finishes
     }
 }
 
@@ -572,7 +591,7 @@ mod tests {
             owed: Reservation::default(),
         };
         // Keys unsent: what it holds goes out as it comes.
-        assert_eq!(work.head_now(false), HeadNow::Streams);
+        assert_eq!(work.head_now(false), HeadNow::Streams { finishes: false });
         let Work::Retrieve {
             plan, in_flight, ..
         } = &mut work
@@ -618,6 +637,7 @@ mod tests {
         assert_eq!(work.head_now(true), HeadNow::Waits, "held, not written");
         answered(&mut work, a, None);
         assert_eq!(work.head_now(true), HeadNow::Finishes);
+        assert!(work.head_now(true).finishes());
         // Any other work finishes, or waits to be dispatched.
         assert_eq!(Work::Stats.head_now(true), HeadNow::Finishes);
         assert_eq!(Work::Stats.head_now(false), HeadNow::Waits);
@@ -625,10 +645,16 @@ mod tests {
 
     #[test]
     fn a_multi_get_at_the_head_holding_16_kib_streams_ahead_of_its_slower_server() {
-        let (mut work, _, b) = head_get();
+        let (mut work, a, b) = head_get();
         let data = "x".repeat(STREAM_FROM_HELD_BYTES);
         let value = format!("VALUE b 0 {}\r\n{data}\r\n", data.len());
         answered(&mut work, b, Some(Bytes::from(value)));
-        assert_eq!(work.head_now(true), HeadNow::Streams);
+        assert_eq!(work.head_now(true), HeadNow::Streams { finishes: false });
+        assert!(!work.head_now(true).finishes(), "a server has not answered");
+        answered(&mut work, a, None);
+        let now = work.head_now(true);
+        assert_eq!(now, HeadNow::Streams { finishes: true });
+        assert!(now.finishes());
+        assert!(!work.head_now(false).finishes(), "not dispatched");
     }
 }
