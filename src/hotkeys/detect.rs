@@ -234,10 +234,15 @@ impl HotWorker {
             keys_seen += total;
             hot.extend(hot_here);
             keys.truncate(published);
+            let floor = match keys.last() {
+                Some(last) if keys.len() == published => last.count,
+                _ => 0,
+            };
             servers.push(ServerWindow {
                 name: server.name.clone(),
                 total,
                 keys,
+                floor,
             });
         }
         // Servers gone from the topology are forgotten; the next request

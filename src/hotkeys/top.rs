@@ -20,9 +20,13 @@ pub struct ServerWindow {
     pub total: u64,
     /// The server's largest counters, largest first.
     pub keys: Vec<Estimate>,
+    /// The most a key not in `keys` was counted: the last published counter
+    /// when `keys` holds as many as a window publishes (others may have
+    /// been left out), else 0.
+    pub floor: u64,
 }
 
-/// What one worker counted in its last complete window.
+/// What one worker counted in one complete window.
 #[derive(Debug, Clone)]
 pub struct WorkerWindow {
     /// Length of the window.
@@ -49,34 +53,58 @@ pub struct HotKey {
     pub server_rate: f64,
 }
 
-/// Adds up the workers' windows: per key the rates, per server the totals.
-/// Largest rate first.
-pub fn merge<'a>(windows: impl Iterator<Item = &'a WorkerWindow>) -> Vec<HotKey> {
-    let mut server_rates: HashMap<Arc<str>, f64> = HashMap::new();
-    let mut keys: HashMap<(Arc<str>, u64), HotKey> = HashMap::new();
-    for window in windows {
-        let seconds = window.seconds.max(0.001);
+/// Adds up the workers' recent windows (each worker's oldest first): per
+/// key its counts over the worker's windows divided by their length, added
+/// over the workers; per server the same of its totals. Largest rate first.
+///
+/// A window that did not publish a key (it was below the window's last
+/// published counter, see [`ServerWindow::floor`]) adds that floor to the
+/// key's count and to its error: the most it may have been, so `rate` stays
+/// an upper bound and `rate - error` a lower one.
+pub fn merge(workers: &[&[Arc<WorkerWindow>]]) -> Vec<HotKey> {
+    // Every key any window published, by server.
+    let mut by_server: HashMap<Arc<str>, HashMap<u64, HotKey>> = HashMap::new();
+    for window in workers.iter().flat_map(|history| history.iter()) {
         for server in &window.servers {
-            *server_rates.entry(server.name.clone()).or_default() += server.total as f64 / seconds;
+            let keys = by_server.entry(server.name.clone()).or_default();
             for estimate in &server.keys {
-                let key = keys
-                    .entry((server.name.clone(), estimate.hash))
-                    .or_insert_with(|| HotKey {
-                        key: estimate.key.clone(),
-                        hash: estimate.hash,
-                        server: server.name.clone(),
-                        rate: 0.0,
-                        error: 0.0,
-                        share: 0.0,
-                        server_rate: 0.0,
-                    });
-                key.rate += estimate.count as f64 / seconds;
-                key.error += estimate.error as f64 / seconds;
+                keys.entry(estimate.hash).or_insert_with(|| HotKey {
+                    key: estimate.key.clone(),
+                    hash: estimate.hash,
+                    server: server.name.clone(),
+                    rate: 0.0,
+                    error: 0.0,
+                    share: 0.0,
+                    server_rate: 0.0,
+                });
             }
         }
     }
-    let mut merged: Vec<HotKey> = keys
+    let mut server_rates: HashMap<Arc<str>, f64> = HashMap::new();
+    for history in workers {
+        let seconds = history.iter().map(|w| w.seconds).sum::<f64>().max(0.001);
+        for window in history.iter() {
+            for server in &window.servers {
+                *server_rates.entry(server.name.clone()).or_default() +=
+                    server.total as f64 / seconds;
+                let Some(keys) = by_server.get_mut(&server.name) else {
+                    continue;
+                };
+                let published: HashMap<u64, &Estimate> =
+                    server.keys.iter().map(|e| (e.hash, e)).collect();
+                for (hash, key) in keys.iter_mut() {
+                    let (count, error) = published
+                        .get(hash)
+                        .map_or((server.floor, server.floor), |e| (e.count, e.error));
+                    key.rate += count as f64 / seconds;
+                    key.error += error as f64 / seconds;
+                }
+            }
+        }
+    }
+    let mut merged: Vec<HotKey> = by_server
         .into_values()
+        .flat_map(HashMap::into_values)
         .map(|mut key| {
             key.server_rate = server_rates.get(&key.server).copied().unwrap_or(0.0);
             if key.server_rate > 0.0 {
@@ -210,6 +238,14 @@ mod tests {
         }
     }
 
+    /// Merges each window as the one window of its own worker.
+    fn merge_each(windows: Vec<WorkerWindow>) -> Vec<HotKey> {
+        let windows: Vec<[Arc<WorkerWindow>; 1]> =
+            windows.into_iter().map(|w| [Arc::new(w)]).collect();
+        let workers: Vec<&[Arc<WorkerWindow>]> = windows.iter().map(|w| &w[..]).collect();
+        merge(&workers)
+    }
+
     fn window(seconds: f64, servers: &[(&str, u64, Vec<Estimate>)]) -> WorkerWindow {
         WorkerWindow {
             seconds,
@@ -220,6 +256,7 @@ mod tests {
                     name: (*name).into(),
                     total: *total,
                     keys: keys.clone(),
+                    floor: 0,
                 })
                 .collect(),
         }
@@ -235,7 +272,7 @@ mod tests {
             ],
         );
         let b = window(2.0, &[("s1", 100, vec![estimate("k", 60, 0)])]);
-        let merged = merge([&a, &b].into_iter());
+        let merged = merge_each(vec![a, b]);
         let names: Vec<&[u8]> = merged.iter().map(|k| &k.key[..]).collect();
         assert_eq!(names, vec![&b"k"[..], b"m", b"j"]);
         // k: 40/s + 30/s over s1's 100/s + 50/s.
@@ -247,18 +284,45 @@ mod tests {
     }
 
     #[test]
-    fn render_lists_keys_hottest_first_and_ends() {
-        let merged = merge(
-            [&window(
-                1.0,
-                &[(
-                    "cache-01",
-                    10,
-                    vec![estimate("a", 6, 0), estimate("b", 3, 1)],
-                )],
-            )]
-            .into_iter(),
+    fn a_workers_windows_add_up_over_their_length_with_floors_for_left_out_keys() {
+        // One worker, two windows of 1 s; `j` was not published in the
+        // second, whose last published counter was 5.
+        let first = window(
+            1.0,
+            &[("s", 100, vec![estimate("k", 40, 0), estimate("j", 10, 0)])],
         );
+        let mut second = window(1.0, &[("s", 60, vec![estimate("k", 20, 2)])]);
+        second.servers[0].floor = 5;
+        let history = [Arc::new(first), Arc::new(second)];
+        // A second worker with one window of 2 s.
+        let other = [Arc::new(window(
+            2.0,
+            &[("s", 40, vec![estimate("k", 10, 0)])],
+        ))];
+        let merged = merge(&[&history[..], &other[..]]);
+        let names: Vec<&[u8]> = merged.iter().map(|k| &k.key[..]).collect();
+        assert_eq!(names, vec![&b"k"[..], b"j"]);
+        // k: (40 + 20) / 2 s, plus 10 / 2 s from the other worker.
+        assert_eq!(merged[0].rate, 35.0);
+        assert_eq!(merged[0].error, 1.0);
+        // s: (100 + 60) / 2 s + 40 / 2 s.
+        assert_eq!(merged[0].server_rate, 100.0);
+        // j: (10 + at most 5) / 2 s from the first worker, and the floor
+        // 0 of the other worker's uncut list.
+        assert_eq!(merged[1].rate, 7.5);
+        assert_eq!(merged[1].error, 2.5);
+    }
+
+    #[test]
+    fn render_lists_keys_hottest_first_and_ends() {
+        let merged = merge_each(vec![window(
+            1.0,
+            &[(
+                "cache-01",
+                10,
+                vec![estimate("a", 6, 0), estimate("b", 3, 1)],
+            )],
+        )]);
         let mut out = BytesMut::new();
         render(&mut out, &merged, 1000, 128, 1, true);
         let text = String::from_utf8(out.to_vec()).unwrap();
@@ -275,13 +339,10 @@ mod tests {
 
     #[test]
     fn render_without_names_prints_the_hash_metrics_use() {
-        let merged = merge(
-            [&window(
-                1.0,
-                &[("s", 10, vec![estimate("user:alice", 6, 0)])],
-            )]
-            .into_iter(),
-        );
+        let merged = merge_each(vec![window(
+            1.0,
+            &[("s", 10, vec![estimate("user:alice", 6, 0)])],
+        )]);
         let mut out = BytesMut::new();
         render(&mut out, &merged, 1000, 128, 1, false);
         let text = String::from_utf8(out.to_vec()).unwrap();
@@ -302,7 +363,7 @@ mod tests {
             count: 5,
             error: 0,
         };
-        let merged = merge([&window(1.0, &[("s", 10, vec![estimate])])].into_iter());
+        let merged = merge_each(vec![window(1.0, &[("s", 10, vec![estimate])])]);
         let mut out = BytesMut::new();
         render(&mut out, &merged, 1000, 128, 1, true);
         let text = String::from_utf8(out.to_vec()).unwrap();
@@ -318,13 +379,10 @@ mod tests {
     fn an_episode_is_told_once_when_it_starts_and_once_when_it_ends() {
         let mut episodes = Episodes::default();
         let at = |share: f64| {
-            merge(
-                [&window(
-                    1.0,
-                    &[("s", 1000, vec![estimate("hot", (share * 1000.0) as u64, 0)])],
-                )]
-                .into_iter(),
-            )
+            merge_each(vec![window(
+                1.0,
+                &[("s", 1000, vec![estimate("hot", (share * 1000.0) as u64, 0)])],
+            )])
         };
         let started = episodes.update(&at(0.5), 0.2, 100.0);
         assert!(matches!(&started[..], [Episode::Started(k)] if &k.key[..] == b"hot"));
