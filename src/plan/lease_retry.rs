@@ -22,8 +22,8 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-// `handoff`'s `CallResult` (the same as `route`'s): `route` asks
-// [`leased_meta`] while planning, so this module must not import it.
+// `handoff`'s `CallResult` (the same as `route`'s): `route` asks the
+// `leased_*` functions while planning, so this module must not import it.
 use super::handoff::{
     delete_line, not_a_number, probe_hand_back, probe_line, probed_lease, CallResult,
 };
@@ -31,7 +31,7 @@ use crate::pools::topology::Topology;
 use crate::protocol::meta::{MetaCommand, MetaRequest};
 use crate::protocol::outcome::{Outcome, Reply};
 use crate::protocol::reply::Expect;
-use crate::protocol::Command;
+use crate::protocol::{Command, Request};
 
 /// How many times a command removes a lease and runs again: another
 /// copy may place a new lease right after one was removed, but not for
@@ -330,8 +330,10 @@ impl LeaseRetry {
 /// leases) for a command a lease would mislead, with the lease removed and
 /// the command run again (see the module doc). Such a command waits for its
 /// answer before the client's next request goes out, so only inside a
-/// window. The planner asks it of an `mg` (one that may meet a lease is not
-/// planned as a retrieval), the session of every meta request on one owner.
+/// window. The planner asks it of every meta request its placement put on
+/// the owner alone (an `mg` that may meet a lease is not planned as a
+/// retrieval), and asks [`leased_classic`] and [`leased_gat`] of classic
+/// ones.
 pub(crate) fn leased_meta(
     request: &MetaRequest,
     bytes: &Bytes,
@@ -341,6 +343,46 @@ pub(crate) fn leased_meta(
     let key = bytes.slice_ref(request.key_token(bytes));
     let has = |flag| request.flags(bytes).any(|(f, _)| f == flag);
     LeaseRetry::for_meta(request.command, key, request.base64, has, request.mode)
+}
+
+/// [`leased_meta`] for a classic one-line command on its key's owner (a
+/// `touch` is sent as an `mg … T`, see [`LeaseRetry::wire`]). The planner
+/// asks it of a request its placement put on the owner alone.
+pub(crate) fn leased_classic(
+    request: &Request,
+    bytes: &Bytes,
+    topology: &Topology,
+) -> Option<LeaseRetry> {
+    if topology.previous.is_none() || request.keys.len() != 1 {
+        return None;
+    }
+    let key = bytes.slice_ref(request.key(bytes, 0));
+    let line = &bytes[..(request.args_end as usize).min(bytes.len())];
+    let exptime = line
+        .split(|&b| b == b' ')
+        .filter(|token| !token.is_empty())
+        .nth(2);
+    LeaseRetry::for_classic(request.command, key, exptime)
+}
+
+/// [`leased_meta`] for a one-key `gat`/`gats` of a key that did not move:
+/// a lease there would be stretched to the client's TTL, so it is looked
+/// for and removed first (a moved key's read-through takes a lease over).
+/// The planner asks it of a retrieval asked of its key's owner alone
+/// (`Retrieval::lone_owner`).
+pub(crate) fn leased_gat(
+    request: &Request,
+    bytes: &Bytes,
+    topology: &Topology,
+) -> Option<LeaseRetry> {
+    if topology.previous.is_none()
+        || request.keys.len() != 1
+        || !matches!(request.command, Command::Gat | Command::Gats)
+    {
+        return None;
+    }
+    let key = bytes.slice_ref(request.key(bytes, 0));
+    LeaseRetry::for_classic(request.command, key, None)
 }
 
 /// How a probe's reply is framed: a lease shows as the item it is.

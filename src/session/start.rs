@@ -9,7 +9,7 @@ use crate::plan::meta_read::MetaRead;
 use crate::plan::placement::HealthView;
 use crate::plan::replicated_add::ReplicatedAdd;
 use crate::plan::replicated_cas::ReplicatedCas;
-use crate::plan::route::{Retrieval, Split};
+use crate::plan::route::Split;
 use crate::plan::steps::{AddSteps, CasSteps, LeaseSteps, Machine, MovedSteps, ReadSteps};
 use crate::pools::planned::Planned;
 use crate::protocol::meta::RoutingKey;
@@ -268,15 +268,11 @@ impl ClientSession {
                 finish: Finish::Forward,
             },
             Plan::Lease { server, retry, .. } => leased_work(*retry, server, request, bytes),
-            Plan::Key(Placement::Owner { server, .. }) => {
-                match leased_classic(request, bytes, topology) {
-                    Some(retry) => leased_work(retry, server, request, bytes),
-                    None => Work::Lines {
-                        parts: smallvec::smallvec![Part::new(server)],
-                        finish: Finish::Forward,
-                    },
-                }
-            }
+            // One that may meet a lease the planner made a `Plan::Lease`.
+            Plan::Key(Placement::Owner { server, .. }) => Work::Lines {
+                parts: smallvec::smallvec![Part::new(server)],
+                finish: Finish::Forward,
+            },
             Plan::Key(Placement::Quorum {
                 servers,
                 quorum,
@@ -332,20 +328,12 @@ impl ClientSession {
                 let machine = Machine::Cas(CasSteps::new(machine, owner, sent, copy));
                 StepsWork::work(machine, OlderForget::new(older), key, 1, None)
             }
-            Plan::Retrieve(retrieval) => {
-                match leased_gat(request, bytes, &retrieval, topology) {
-                    Some((server, retry)) => {
-                        // The lease retry sends the `gat` itself.
-                        spares::keep_retrieval(retrieval);
-                        leased_work(retry, server, request, bytes)
-                    }
-                    None => Work::Retrieve {
-                        in_flight: spares::in_flight(retrieval.most_in_flight()),
-                        plan: retrieval,
-                        owed: Reservation::default(),
-                    },
-                }
-            }
+            // A one-key `gat` that may meet a lease is a `Plan::Lease`.
+            Plan::Retrieve(retrieval) => Work::Retrieve {
+                in_flight: spares::in_flight(retrieval.most_in_flight()),
+                plan: retrieval,
+                owed: Reservation::default(),
+            },
             Plan::Key(Placement::Moved {
                 owner,
                 previous,
@@ -856,23 +844,10 @@ fn brings_value(request: &MetaRequest) -> bool {
     request.command == MetaCommand::Get && request.value
 }
 
-/// `lease_retry::leased_meta` for a classic one-line command on one owner.
-fn leased_classic(request: &Request, bytes: &Bytes, topology: &Topology) -> Option<LeaseRetry> {
-    if topology.previous.is_none() || request.keys.len() != 1 {
-        return None;
-    }
-    let key = bytes.slice_ref(request.key(bytes, 0));
-    let line = &bytes[..(request.args_end as usize).min(bytes.len())];
-    let exptime = line
-        .split(|&b| b == b' ')
-        .filter(|token| !token.is_empty())
-        .nth(2);
-    LeaseRetry::for_classic(request.command, key, exptime)
-}
-
-/// The work of a classic command on `server` that may meet a lease: the
-/// client's request (without `noreply`), or what the plan sends instead (a
-/// `touch` as an `mg`).
+/// The work of a classic command on `server` that may meet a lease (a
+/// `Plan::Lease`): the client's request (without `noreply`; a one-key
+/// `gat`'s as it came, framed as `VALUE` blocks), or what the plan sends
+/// instead (a `touch` as an `mg`).
 fn leased_work(retry: LeaseRetry, server: usize, request: &Request, bytes: &Bytes) -> Work {
     let sent = match retry.wire() {
         Some((line, expect)) => (smallvec::smallvec![line], expect),
@@ -887,24 +862,6 @@ fn leased_work(retry: LeaseRetry, server: usize, request: &Request, bytes: &Byte
     };
     let machine = Machine::Lease(LeaseSteps::new(retry, server, sent));
     StepsWork::work(machine, None, (Bytes::new(), None), 1, None)
-}
-
-/// `lease_retry::leased_meta` for a one-key `gat`/`gats` of a key that did not move: a
-/// lease there would be stretched to the client's TTL, so it is looked for
-/// and removed first (a moved key's read-through takes a lease over).
-fn leased_gat(
-    request: &Request,
-    bytes: &Bytes,
-    retrieval: &Retrieval,
-    topology: &Topology,
-) -> Option<(usize, LeaseRetry)> {
-    if topology.previous.is_none() || !matches!(request.command, Command::Gat | Command::Gats) {
-        return None;
-    }
-    let server = retrieval.lone_owner()?;
-    let key = bytes.slice_ref(request.key(bytes, 0));
-    let retry = LeaseRetry::for_classic(request.command, key, None)?;
-    Some((server, retry))
 }
 
 /// A request's `rewritten` bytes parsed again (so they pass every check of
