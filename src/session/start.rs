@@ -12,7 +12,7 @@ use crate::plan::replicated_cas::ReplicatedCas;
 use crate::plan::route::Split;
 use crate::plan::steps::{AddSteps, CasSteps, LeaseSteps, Machine, MovedSteps, ReadSteps};
 use crate::pools::planned::Planned;
-use crate::protocol::meta::RoutingKey;
+use crate::protocol::meta::{decode_key, DecodedKey};
 
 impl ClientSession {
     /// Plans one request on the current topology and queues its entry.
@@ -73,17 +73,22 @@ impl ClientSession {
     /// gets, its TTLs capped there when that is a gutter, and queues its
     /// entry.
     fn start_keyed<R: Dialect>(&mut self, request: R, bytes: Bytes, split: Split) {
+        // A `b` key decoded once, for the routes and the plan alike (a
+        // gutter's TTL cap rewrites no key).
+        let decoded = request.decoded(&bytes);
         // One topology per request: it finishes on this ring even if a
         // reload lands meanwhile. `load_full` gives an owned Arc, so no
-        // arc-swap guard is held. The key is read (a `b` key decoded) only
-        // when routes or a gutter ask for it.
-        let key = request.keyed().then_some(|| request.route_key(&bytes));
+        // arc-swap guard is held. The key is read only when routes or a
+        // gutter ask for it.
+        let key = request
+            .keyed()
+            .then_some(|| request.route_key(&bytes, &decoded));
         let (topology, gutter_ttl) = self.topology_for(key);
         let (request, bytes) = match gutter_ttl {
             Some(ttl) => request.capped(self, bytes, ttl),
             None => (request, bytes),
         };
-        self.start_on(request, bytes, topology, split);
+        self.start_on(request, bytes, &decoded, topology, split);
     }
 
     /// `flush_all` for a client whose keys can be read from several pools
@@ -112,7 +117,7 @@ impl ClientSession {
         let count = topologies.len();
         for (n, topology) in topologies.into_iter().enumerate() {
             let queued = self.entries.len();
-            self.start_on(request.clone(), bytes.clone(), topology, Split::Whole);
+            self.start_on(request.clone(), bytes.clone(), &(), topology, Split::Whole);
             if self.entries.len() == queued {
                 continue;
             }
@@ -217,19 +222,27 @@ impl ClientSession {
             } else {
                 Split::Part
             };
-            self.start_on(sub, line, topology, run_split);
+            self.start_on(sub, line, &(), topology, run_split);
         }
     }
 
-    /// Plans `request` (of either dialect) on `topology` and queues its
-    /// entry; `split` says whether it is one run of a retrieval across
-    /// pools. The one road of every request placed on servers: figures,
-    /// health, plan, shadow, hot keys, work.
-    fn start_on<R: Dialect>(&mut self, request: R, bytes: Bytes, topology: Planned, split: Split) {
+    /// Plans `request` (of either dialect; its key `decoded` as
+    /// [`Dialect::decoded`] says) on `topology` and queues its entry;
+    /// `split` says whether it is one run of a retrieval across pools. The
+    /// one road of every request placed on servers: figures, health, plan,
+    /// shadow, hot keys, work.
+    fn start_on<R: Dialect>(
+        &mut self,
+        request: R,
+        bytes: Bytes,
+        decoded: &R::Decoded,
+        topology: Planned,
+        split: Split,
+    ) {
         topology.figures.request(request.command());
-        // The key the ring places, decoded once (a meta `b` key) for the
-        // plan, the shadow and the hot-key count.
-        let key = request.plan_key(&bytes);
+        // The key the ring places (a meta `b` key as decoded already) for
+        // the plan, the shadow and the hot-key count.
+        let key = request.plan_key(&bytes, decoded);
         let health = self
             .health
             .of(&topology, self.worker.clock.turn(), &self.worker);
@@ -462,13 +475,13 @@ type Guards = (Option<Rc<WriteGuard>>, Option<Box<shadow::Pairs>>);
 /// object: each dialect's road is compiled on its own, so a get's stops
 /// cost what they did.
 trait Dialect: Sized {
-    /// The key the topology's routes read.
-    type Routed<'b>: AsRef<[u8]>
-    where
-        Self: 'b;
+    /// Its key decoded, worked out once for the routes and the plan: a
+    /// meta request's `b` key; nothing for other keys, which are read in
+    /// the request's bytes.
+    type Decoded;
     /// What the plan, the shadow and the hot-key count are given of the
-    /// key: a meta request's routing key, decoded once (a `b` key);
-    /// nothing for a classic request, whose keys they read in its bytes.
+    /// key: a meta request's routing key (a `b` key as decoded); nothing
+    /// for a classic request, whose keys they read in its bytes.
     type Key<'b>
     where
         Self: 'b;
@@ -479,11 +492,14 @@ trait Dialect: Sized {
     fn key_count(&self) -> usize;
     /// Whether it has a key for the routes to read.
     fn keyed(&self) -> bool;
+    /// Its key decoded, when the ring hashes other bytes than it carries
+    /// (a meta `b` key).
+    fn decoded(&self, bytes: &Bytes) -> Self::Decoded;
     /// Its (first) key, as the routes read it; only asked when
     /// [`Dialect::keyed`].
-    fn route_key<'b>(&'b self, bytes: &'b Bytes) -> Self::Routed<'b>;
+    fn route_key<'b>(&'b self, bytes: &'b Bytes, decoded: &'b Self::Decoded) -> &'b [u8];
     /// Its key for the plan, the shadow and the hot-key count.
-    fn plan_key<'b>(&'b self, bytes: &'b Bytes) -> Self::Key<'b>;
+    fn plan_key<'b>(&'b self, bytes: &'b Bytes, decoded: &'b Self::Decoded) -> Self::Key<'b>;
     /// The request with its TTLs capped at `ttl` seconds, for a gutter.
     fn capped(self, session: &ClientSession, bytes: Bytes, ttl: u64) -> (Self, Bytes);
     /// Its plan (see `route::plan`, `route::plan_meta`).
@@ -524,7 +540,7 @@ trait Dialect: Sized {
 }
 
 impl Dialect for Request {
-    type Routed<'b> = &'b [u8];
+    type Decoded = ();
     type Key<'b> = ();
 
     fn command(&self) -> Command {
@@ -539,11 +555,13 @@ impl Dialect for Request {
         !self.keys.is_empty()
     }
 
-    fn route_key<'b>(&'b self, bytes: &'b Bytes) -> &'b [u8] {
+    fn decoded(&self, _: &Bytes) {}
+
+    fn route_key<'b>(&'b self, bytes: &'b Bytes, _: &()) -> &'b [u8] {
         self.key(bytes, 0)
     }
 
-    fn plan_key(&self, _: &Bytes) {}
+    fn plan_key(&self, _: &Bytes, _: &()) {}
 
     fn capped(self, session: &ClientSession, bytes: Bytes, ttl: u64) -> (Request, Bytes) {
         session.capped(self, bytes, ttl)
@@ -589,8 +607,8 @@ impl Dialect for Request {
 }
 
 impl Dialect for MetaRequest {
-    type Routed<'b> = RoutingKey<'b>;
-    type Key<'b> = RoutingKey<'b>;
+    type Decoded = Option<DecodedKey>;
+    type Key<'b> = &'b [u8];
 
     fn command(&self) -> Command {
         Command::of_meta(self.command)
@@ -604,25 +622,29 @@ impl Dialect for MetaRequest {
         self.key.is_some()
     }
 
-    fn route_key<'b>(&'b self, bytes: &'b Bytes) -> RoutingKey<'b> {
-        self.routing_key(bytes)
+    /// As [`MetaRequest::routing_key`] decodes it (a key that does not
+    /// decode is empty).
+    fn decoded(&self, bytes: &Bytes) -> Option<DecodedKey> {
+        self.base64
+            .then(|| decode_key(self.key_token(bytes)).unwrap_or_default())
     }
 
-    fn plan_key<'b>(&'b self, bytes: &'b Bytes) -> RoutingKey<'b> {
-        self.routing_key(bytes)
+    fn route_key<'b>(&'b self, bytes: &'b Bytes, decoded: &'b Option<DecodedKey>) -> &'b [u8] {
+        self.plan_key(bytes, decoded)
+    }
+
+    fn plan_key<'b>(&'b self, bytes: &'b Bytes, decoded: &'b Option<DecodedKey>) -> &'b [u8] {
+        match decoded {
+            Some(key) => key,
+            None => self.key_token(bytes),
+        }
     }
 
     fn capped(self, session: &ClientSession, bytes: Bytes, ttl: u64) -> (MetaRequest, Bytes) {
         session.meta_capped(self, bytes, ttl)
     }
 
-    fn plan(
-        &self,
-        bytes: &Bytes,
-        key: &RoutingKey<'_>,
-        topology: &Topology,
-        health: &HealthView,
-    ) -> Plan {
+    fn plan(&self, bytes: &Bytes, key: &&[u8], topology: &Topology, health: &HealthView) -> Plan {
         spares::plan_meta(self, bytes, key, topology, health)
     }
 
@@ -630,7 +652,7 @@ impl Dialect for MetaRequest {
         &self,
         session: &ClientSession,
         bytes: &Bytes,
-        key: &RoutingKey<'_>,
+        key: &&[u8],
         plan: &mut Plan,
     ) -> Option<Box<shadow::Pairs>> {
         session.shadow_meta(self, bytes, key, plan)
@@ -640,7 +662,7 @@ impl Dialect for MetaRequest {
         &self,
         hot: &HotWorker,
         bytes: &Bytes,
-        key: &RoutingKey<'_>,
+        key: &&[u8],
         plan: &Plan,
         topology: &Topology,
     ) -> Option<Rc<WriteGuard>> {

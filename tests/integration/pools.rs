@@ -93,6 +93,20 @@ fn prefix_routes_send_keys_only_to_their_pools_servers() {
             .sum::<usize>(),
         1
     );
+    // A `b` key routes by its decoded bytes (decoded once for the route and
+    // the ring): `c2VzczpiNjQ=` is `sess:b64`, `dXNlcjpiNjQ=` `user:b64`.
+    client.send(b"ms c2VzczpiNjQ= 2 b\r\nhi\r\nms dXNlcjpiNjQ= 2 b\r\nho\r\n");
+    assert_eq!(client.meta_reply(), b"HD\r\n");
+    assert_eq!(client.meta_reply(), b"HD\r\n");
+    let (session, user) = (["sess:b64".to_string()], ["user:b64".to_string()]);
+    assert_eq!(held_by(&[&s1, &s2], &session).iter().sum::<usize>(), 1);
+    assert_eq!(held_by(&[&d1, &d2], &user).iter().sum::<usize>(), 1);
+    assert_eq!(held_by(&[&d1, &d2], &session), [0, 0]);
+    assert_eq!(held_by(&[&s1, &s2], &user), [0, 0]);
+    client.send(b"mg c2VzczpiNjQ= b v\r\nmg dXNlcjpiNjQ= b v\r\n");
+    assert_eq!(client.meta_reply(), b"VA 2\r\nhi\r\n");
+    assert_eq!(client.meta_reply(), b"VA 2\r\nho\r\n");
+    assert_eq!(client.get("sess:b64").as_deref(), Some(&b"hi"[..]));
 }
 
 #[test]
