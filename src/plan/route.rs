@@ -98,6 +98,21 @@ pub(crate) enum Plan {
     },
 }
 
+impl Plan {
+    /// Makes a retrieval's plan one run of a retrieval across pools (see
+    /// [`Split`]): a retrieval, or a one-key `gat` planned as the lease
+    /// retry.
+    pub(crate) fn split(&mut self, split: Split) {
+        match self {
+            Plan::Retrieve(retrieval) => retrieval.split(split),
+            Plan::Lease { retry, .. } if split != Split::Whole => {
+                retry.run_of_reply(split == Split::Last);
+            }
+            _ => {}
+        }
+    }
+}
+
 /// [`Retrieval::previous_from`] of a key with no previous owner to ask.
 const NOT_MOVED: u8 = u8::MAX;
 

@@ -247,9 +247,7 @@ impl ClientSession {
             .health
             .of(&topology, self.worker.clock.turn(), &self.worker);
         let mut plan = request.plan(&bytes, &key, &topology, health);
-        if let Plan::Retrieve(retrieval) = &mut plan {
-            retrieval.split(split);
-        }
+        plan.split(split);
         let shadow = request.shadow(self, &bytes, &key, &mut plan);
         let hot = request.hot(&self.worker.hot, &bytes, &key, &plan, &topology);
         drop(key);

@@ -344,6 +344,45 @@ fn a_reload_adds_a_pool_and_a_route_under_load_with_no_errors() {
 }
 
 #[test]
+fn a_gat_across_pools_ends_once_when_a_pool_in_a_window_runs_it_as_the_lease_retry() {
+    let (d1, s1, s2, s3) = (
+        Memcached::start(),
+        Memcached::start(),
+        Memcached::start(),
+        Memcached::start(),
+    );
+    let dir = TempDir::new("pools", "gat-lease");
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, two_pools(&[&d1], &[&s1, &s2], SESSIONS_ROUTE)).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..40).map(|i| format!("sess:{i}")).collect();
+    for key in &keys {
+        assert_eq!(client.set(key, b"v"), b"STORED\r\n");
+    }
+    assert_eq!(client.set("user:x", b"u"), b"STORED\r\n");
+    // The sessions pool gets a window; the default pool none.
+    std::fs::write(&path, two_pools(&[&d1], &[&s1, &s2, &s3], SESSIONS_ROUTE)).unwrap();
+    wait_for("the sessions pool's ring v2", || {
+        client
+            .stats("")
+            .into_iter()
+            .any(|(k, v)| k == "pool:sessions:ring_version" && v == "2")
+    });
+    // A one-key run of a key that stayed is the lease retry in its pool;
+    // the reply still has one `END`, after the last run's values.
+    for key in &keys {
+        let got = client.call(
+            format!("gat 0 {key} user:x\r\n").as_bytes(),
+            ReplyKind::Values,
+        );
+        let want = format!("VALUE {key} 0 1\r\nv\r\nVALUE user:x 0 1\r\nu\r\nEND\r\n");
+        assert_eq!(String::from_utf8_lossy(&got), want);
+    }
+    assert_eq!(client.get("user:x").as_deref(), Some(&b"u"[..]));
+}
+
+#[test]
 fn a_pool_whose_servers_change_gets_its_own_hand_off_window() {
     let (d1, s1, s2, s3) = (
         Memcached::start(),
