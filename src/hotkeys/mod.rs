@@ -242,6 +242,11 @@ impl HotWorker {
                         count(Some(owner), request.key(bytes, 0), hash);
                     }
                 }
+                // A command on its owner that may meet a lease in a window
+                // (a one-key `gat` too): counted as on its owner.
+                Plan::Lease { server, hash, .. } => {
+                    count(Some(*server), request.key(bytes, 0), *hash);
+                }
                 Plan::Retrieve(retrieval) => {
                     for i in 0..request.keys.len() {
                         count(
@@ -261,11 +266,15 @@ impl HotWorker {
             return None;
         }
         // A hot key's stored value can answer the next `get`s at once: when
-        // the write goes to the owner alone and the key is hot here.
+        // the write goes to the owner alone (in a window, an `add`,
+        // `replace` or `cas` there as the lease retry) and the key is hot
+        // here.
         let fill = match (caching, plan, &hashes[..]) {
-            (true, Plan::Key(Placement::Owner { .. }), [(hash, Some(key))])
-                if self.state.borrow().hot.contains(hash) =>
-            {
+            (
+                true,
+                Plan::Key(Placement::Owner { .. }) | Plan::Lease { .. },
+                [(hash, Some(key))],
+            ) if self.state.borrow().hot.contains(hash) => {
                 stored_value(request, bytes).map(|block| WriteFill {
                     key: key.clone(),
                     hash: *hash,

@@ -22,8 +22,8 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-// `handoff`'s `CallResult` (the same as `route`'s): `route` asks
-// [`leased_meta`] while planning, so this module must not import it.
+// `handoff`'s `CallResult` (the same as `route`'s): `route` asks the
+// `leased_*` functions while planning, so this module must not import it.
 use super::handoff::{
     delete_line, not_a_number, probe_hand_back, probe_line, probed_lease, CallResult,
 };
@@ -31,7 +31,7 @@ use crate::pools::topology::Topology;
 use crate::protocol::meta::{MetaCommand, MetaRequest};
 use crate::protocol::outcome::{Outcome, Reply};
 use crate::protocol::reply::Expect;
-use crate::protocol::Command;
+use crate::protocol::{Command, Request};
 
 /// How many times a command removes a lease and runs again: another
 /// copy may place a new lease right after one was removed, but not for
@@ -101,6 +101,11 @@ pub(crate) struct LeaseRetry {
     /// A one-key `gat`/`gats`: its reply is framed as `VALUE` blocks and
     /// the client's answer ends with the `END` memring writes.
     retrieval: bool,
+    /// Such a `gat` as one run of a retrieval across pools: `Some(last)`.
+    /// Its answer then is its value alone (a failure a miss: no error line
+    /// may follow values another run wrote), and only the last run's ends
+    /// with `END`.
+    run: Option<bool>,
 }
 
 impl LeaseRetry {
@@ -191,6 +196,7 @@ impl LeaseRetry {
             reruns: 0,
             touch,
             retrieval: false,
+            run: None,
         }
     }
 
@@ -206,6 +212,14 @@ impl LeaseRetry {
         self.retrieval
     }
 
+    /// Makes a one-key `gat`'s answer one run of a retrieval across pools
+    /// (`last`: the run that ends the reply); a no-op for other commands.
+    pub(crate) fn run_of_reply(&mut self, last: bool) {
+        if self.retrieval {
+            self.run = Some(last);
+        }
+    }
+
     /// What goes to the server instead of the client's request, and how
     /// its reply is framed (a classic `touch`), or `None`: the request.
     pub(crate) fn wire(&self) -> Option<(Bytes, Expect)> {
@@ -215,6 +229,9 @@ impl LeaseRetry {
 
     /// The client's answer: a `touch` sent as an `mg` in classic words.
     fn answer(&self, result: CallResult) -> LeaseStep {
+        if let (true, Some(last)) = (self.retrieval, self.run) {
+            return LeaseStep::Answer(Ok(run_answer(result, last)));
+        }
         if self.retrieval {
             // The connection hands on the `VALUE` block (or nothing, for a
             // miss: `End`) without the `END`, which is memring's to write.
@@ -325,13 +342,42 @@ impl LeaseRetry {
     }
 }
 
+/// A one-key `gat`'s answer as one run of a retrieval across pools: its
+/// `VALUE` block if it hit, a miss otherwise (a failure too, as a
+/// retrieval's run reads it), and the `END` when it is the `last` run.
+fn run_answer(result: CallResult, last: bool) -> Reply {
+    let value = match result {
+        Ok(reply) if reply.outcome == Outcome::Value => Some(reply.bytes),
+        _ => None,
+    };
+    let end: &[u8] = if last { b"END\r\n" } else { b"" };
+    let said = if value.is_some() {
+        Outcome::Value
+    } else {
+        Outcome::End
+    };
+    let bytes = match value {
+        Some(block) if last => {
+            let mut answer = BytesMut::with_capacity(block.len() + end.len());
+            answer.put_slice(&block);
+            answer.put_slice(end);
+            answer.freeze()
+        }
+        Some(block) => block,
+        None => Bytes::from_static(end),
+    };
+    Reply::new(said, bytes)
+}
+
 /// How a meta request on its key's owner is answered: as the owner answers,
 /// or, during a hand-off window (when other sidecars' copies may have left
 /// leases) for a command a lease would mislead, with the lease removed and
 /// the command run again (see the module doc). Such a command waits for its
 /// answer before the client's next request goes out, so only inside a
-/// window. The planner asks it of an `mg` (one that may meet a lease is not
-/// planned as a retrieval), the session of every meta request on one owner.
+/// window. The planner asks it of every meta request its placement put on
+/// the owner alone (an `mg` that may meet a lease is not planned as a
+/// retrieval), and asks [`leased_classic`] and [`leased_gat`] of classic
+/// ones.
 pub(crate) fn leased_meta(
     request: &MetaRequest,
     bytes: &Bytes,
@@ -341,6 +387,46 @@ pub(crate) fn leased_meta(
     let key = bytes.slice_ref(request.key_token(bytes));
     let has = |flag| request.flags(bytes).any(|(f, _)| f == flag);
     LeaseRetry::for_meta(request.command, key, request.base64, has, request.mode)
+}
+
+/// [`leased_meta`] for a classic one-line command on its key's owner (a
+/// `touch` is sent as an `mg … T`, see [`LeaseRetry::wire`]). The planner
+/// asks it of a request its placement put on the owner alone.
+pub(crate) fn leased_classic(
+    request: &Request,
+    bytes: &Bytes,
+    topology: &Topology,
+) -> Option<LeaseRetry> {
+    if topology.previous.is_none() || request.keys.len() != 1 {
+        return None;
+    }
+    let key = bytes.slice_ref(request.key(bytes, 0));
+    let line = &bytes[..(request.args_end as usize).min(bytes.len())];
+    let exptime = line
+        .split(|&b| b == b' ')
+        .filter(|token| !token.is_empty())
+        .nth(2);
+    LeaseRetry::for_classic(request.command, key, exptime)
+}
+
+/// [`leased_meta`] for a one-key `gat`/`gats` of a key that did not move:
+/// a lease there would be stretched to the client's TTL, so it is looked
+/// for and removed first (a moved key's read-through takes a lease over).
+/// The planner asks it of a retrieval asked of its key's owner alone
+/// (`Retrieval::lone_owner`).
+pub(crate) fn leased_gat(
+    request: &Request,
+    bytes: &Bytes,
+    topology: &Topology,
+) -> Option<LeaseRetry> {
+    if topology.previous.is_none()
+        || request.keys.len() != 1
+        || !matches!(request.command, Command::Gat | Command::Gats)
+    {
+        return None;
+    }
+    let key = bytes.slice_ref(request.key(bytes, 0));
+    LeaseRetry::for_classic(request.command, key, None)
 }
 
 /// How a probe's reply is framed: a lease shows as the item it is.
@@ -383,6 +469,53 @@ mod tests {
         assert!(retry(MetaCommand::Set, b"", Some(b'R')).is_some());
         assert!(retry(MetaCommand::Set, b"C", Some(b'S')).is_some());
         assert!(retry(MetaCommand::Noop, b"", None).is_none());
+    }
+
+    #[test]
+    fn a_gat_run_of_a_reply_across_pools_ends_only_when_last_and_never_with_an_error() {
+        // `run`: `None` for a whole reply, `Some(last)` for a run of one.
+        let answer = |run: Option<bool>, reply: CallResult| {
+            let mut gat =
+                LeaseRetry::for_classic(Command::Gat, Bytes::from_static(b"k"), None).unwrap();
+            if let Some(last) = run {
+                gat.run_of_reply(last);
+            }
+            // The opening probe finds no lease: the `gat` goes.
+            assert!(matches!(gat.on_reply(ok(b"EN\r\n"), None), LeaseStep::Send));
+            match gat.on_reply(reply, None) {
+                LeaseStep::Answer(answer) => answer,
+                other => panic!("{other:?}"),
+            }
+        };
+        let hit = || {
+            Ok(Reply::new(
+                Outcome::Value,
+                Bytes::from_static(b"VALUE k 0 1\r\nv\r\n"),
+            ))
+        };
+        let miss = || Ok(Reply::new(Outcome::End, Bytes::new()));
+        let failed = || {
+            Err(crate::error::BackendError {
+                server: "s1".into(),
+                kind: crate::error::BackendErrorKind::Timeout,
+            })
+        };
+        let text = |answer: CallResult| String::from_utf8(answer.unwrap().bytes.to_vec()).unwrap();
+        assert_eq!(text(answer(None, hit())), "VALUE k 0 1\r\nv\r\nEND\r\n");
+        assert_eq!(text(answer(None, miss())), "END\r\n");
+        assert!(answer(None, failed()).is_err());
+        assert_eq!(text(answer(Some(false), hit())), "VALUE k 0 1\r\nv\r\n");
+        assert_eq!(text(answer(Some(false), miss())), "");
+        assert_eq!(text(answer(Some(false), failed())), "");
+        assert_eq!(
+            text(answer(Some(true), hit())),
+            "VALUE k 0 1\r\nv\r\nEND\r\n"
+        );
+        assert_eq!(text(answer(Some(true), miss())), "END\r\n");
+        assert_eq!(text(answer(Some(true), failed())), "END\r\n");
+        // A run's hit is a hit, its miss or failure a miss.
+        assert_eq!(answer(Some(false), hit()).unwrap().outcome, Outcome::Value);
+        assert_eq!(answer(Some(true), failed()).unwrap().outcome, Outcome::End);
     }
 
     #[test]

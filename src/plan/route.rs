@@ -25,7 +25,7 @@ use smallvec::SmallVec;
 
 use crate::error::BackendError;
 use crate::plan::handoff::{Copies, Moved};
-use crate::plan::lease_retry::{leased_meta, LeaseRetry};
+use crate::plan::lease_retry::{leased_classic, leased_gat, leased_meta, LeaseRetry};
 use crate::plan::placement::{place, HealthView, KeyKind, KeyOp, Placement, Servers};
 use crate::pools::topology::{Topology, ZoneHit};
 use crate::protocol::encode::{Outbound, ReplyWriter};
@@ -83,9 +83,11 @@ pub(crate) enum Plan {
     Broadcast { servers: Servers },
     /// A retrieval: a classic one, or an `mg` on one server.
     Retrieve(Box<Retrieval>),
-    /// A meta request on its key's owner that, inside a hand-off window,
-    /// may meet another sidecar's lease there ([`leased_meta`]): run as
-    /// `retry`, which removes a lease it meets and runs the request again.
+    /// A request on its key's owner that, inside a hand-off window, may
+    /// meet another sidecar's lease there (a meta request: [`leased_meta`];
+    /// a classic one: [`leased_classic`], and [`leased_gat`] for a one-key
+    /// `gat`/`gats` asked of its owner alone): run as `retry`, which
+    /// removes a lease it meets and runs the request again.
     /// `hash` as for [`Placement::Owner`]. Boxed, so that a plan (moved on
     /// every get) stays the size of a placement: only a window's requests
     /// that may meet a lease pay for it.
@@ -94,6 +96,21 @@ pub(crate) enum Plan {
         hash: Option<u64>,
         retry: Box<LeaseRetry>,
     },
+}
+
+impl Plan {
+    /// Makes a retrieval's plan one run of a retrieval across pools (see
+    /// [`Split`]): a retrieval, or a one-key `gat` planned as the lease
+    /// retry.
+    pub(crate) fn split(&mut self, split: Split) {
+        match self {
+            Plan::Retrieve(retrieval) => retrieval.split(split),
+            Plan::Lease { retry, .. } if split != Split::Whole => {
+                retry.run_of_reply(split == Split::Last);
+            }
+            _ => {}
+        }
+    }
 }
 
 /// [`Retrieval::previous_from`] of a key with no previous owner to ask.
@@ -161,11 +178,18 @@ impl Reuse {
 pub(crate) trait Storage {
     /// A kept retrieval's storage (cleared), if there is one.
     fn take(&mut self) -> Option<Box<Retrieval>>;
+    /// Takes back the storage of a retrieval planned and then not used (a
+    /// `gat` planned as the lease retry instead).
+    fn give_back(&mut self, retrieval: Box<Retrieval>);
 }
 
 impl Storage for Reuse {
     fn take(&mut self) -> Option<Box<Retrieval>> {
         self.retrievals.pop()
+    }
+
+    fn give_back(&mut self, retrieval: Box<Retrieval>) {
+        self.keep(retrieval, usize::MAX, usize::MAX);
     }
 }
 
@@ -198,7 +222,9 @@ fn meta_get(
 
 /// Plans `request` (whose bytes are `bytes`) on `topology`, whose servers'
 /// health is `health`; a retrieval is planned into storage `reuse` kept
-/// from an earlier one.
+/// from an earlier one. Inside a window, a command on its key's owner that
+/// may meet another sidecar's lease there is a [`Plan::Lease`], as a meta
+/// request is in [`plan_meta`].
 pub(crate) fn plan(
     request: &Request,
     bytes: &Bytes,
@@ -238,7 +264,13 @@ pub(crate) fn plan(
             Plan::Reply(Bytes::from_static(b"END\r\n"))
         }
         command if command.is_retrieval() => {
-            Plan::Retrieve(retrieval(reuse.take(), request, bytes, topology, health))
+            let retrieval = retrieval(reuse.take(), request, bytes, topology, health);
+            // Only a window has leases (checked first: a get outside one
+            // pays for no more).
+            if topology.previous.is_some() {
+                return leased_or_retrieve(retrieval, request, bytes, topology, reuse);
+            }
+            Plan::Retrieve(retrieval)
         }
         _ if topology.cut_off() => Plan::Reply(Bytes::from_static(CUT_OFF)),
         _ => {
@@ -261,8 +293,50 @@ pub(crate) fn plan(
                     Moved::new(request, bytes, copies).map(Box::new)
                 })
                 .flatten();
-            Plan::Key(place(request.key(bytes, 0), op, steps, topology, health))
+            match place(request.key(bytes, 0), op, steps, topology, health) {
+                // Inside a window, a command a lease would mislead (an
+                // `incr`, a `delete`, a `touch`, ...) is run as the lease
+                // retry on its owner.
+                Placement::Owner { server, hash } => match leased_classic(request, bytes, topology)
+                {
+                    Some(retry) => Plan::Lease {
+                        server,
+                        hash,
+                        retry: Box::new(retry),
+                    },
+                    None => Plan::Key(Placement::Owner { server, hash }),
+                },
+                placement => Plan::Key(placement),
+            }
         }
+    }
+}
+
+/// A classic `retrieval` planned inside a window: a one-key `gat`/`gats`
+/// asked of its owner alone is the lease retry there ([`leased_gat`]; its
+/// storage goes back to `reuse`), any other the retrieval.
+fn leased_or_retrieve(
+    retrieval: Box<Retrieval>,
+    request: &Request,
+    bytes: &Bytes,
+    topology: &Topology,
+    reuse: &mut impl Storage,
+) -> Plan {
+    let Some(server) = retrieval.lone_owner() else {
+        return Plan::Retrieve(retrieval);
+    };
+    match leased_gat(request, bytes, topology) {
+        Some(retry) => {
+            let hash = retrieval.key_hash(0);
+            // The lease retry sends the `gat` itself.
+            reuse.give_back(retrieval);
+            Plan::Lease {
+                server,
+                hash,
+                retry: Box::new(retry),
+            }
+        }
+        None => Plan::Retrieve(retrieval),
     }
 }
 
@@ -1585,5 +1659,118 @@ mod tests {
             plan("mg foo v\r\n", &replicated),
             Plan::Key(Placement::ReadThrough { .. })
         ));
+    }
+
+    #[test]
+    fn classic_commands_a_lease_would_mislead_are_planned_as_the_lease_retry_in_a_window() {
+        let (_runtime, old, new) = crate::pools::topology::tests::four_then_five();
+        let plan_in = |line: &str, topology: &Topology, reuse: &mut Reuse| {
+            let bytes = Bytes::from(line.to_string());
+            let (request, _) = parse_request(&bytes, &Limits::default()).unwrap().unwrap();
+            plan(&request, &bytes, topology, &HealthView::NONE, reuse)
+        };
+        let plan = |line: &str, topology: &Topology| plan_in(line, topology, &mut Reuse::default());
+        let owner = |t: &Topology, k: &str| t.owner_index(k.as_bytes()).unwrap();
+        let stays = (0..2000)
+            .map(|i| format!("k{i}"))
+            .find(|k| new.backends[owner(&new, k)].name() == old.backends[owner(&old, k)].name())
+            .unwrap();
+        let moved = (0..2000)
+            .map(|i| format!("k{i}"))
+            .find(|k| new.backends[owner(&new, k)].name() != old.backends[owner(&old, k)].name())
+            .unwrap();
+        let server = owner(&new, &stays);
+        // The hash the hot keys count a key that stays by, as a `set` has it.
+        let Plan::Key(Placement::Owner { hash, .. }) =
+            plan(&format!("set {stays} 0 0 1\r\nx\r\n"), &new)
+        else {
+            panic!("a set of a key that stays goes to its owner");
+        };
+        assert!(hash.is_some());
+        // A `set` meets no lease in a way it would not say; these would.
+        for line in [
+            format!("touch {stays} 10\r\n"),
+            format!("incr {stays} 1\r\n"),
+            format!("delete {stays}\r\n"),
+            format!("delete {stays} noreply\r\n"),
+            format!("add {stays} 0 0 1\r\nx\r\n"),
+        ] {
+            match plan(&line, &new) {
+                Plan::Lease {
+                    server: s,
+                    hash: h,
+                    retry,
+                } => {
+                    assert_eq!((s, h), (server, hash), "{line}");
+                    assert!(!retry.is_retrieval(), "{line}");
+                }
+                other => panic!("{line}: {other:?}"),
+            }
+            // Outside a window the owner gets the request as it came.
+            let planned = plan(&line, &old);
+            assert!(
+                matches!(planned, Plan::Key(Placement::Owner { .. })),
+                "{line}: {planned:?}"
+            );
+        }
+        // A `touch` goes as an `mg … T`, whose reply shows a lease.
+        let Plan::Lease { retry, .. } = plan(&format!("touch {stays} 10\r\n"), &new) else {
+            unreachable!()
+        };
+        let (wire, _) = retry.wire().expect("a touch goes as an mg");
+        assert_eq!(wire, format!("mg {stays} T10 c\r\n").as_bytes());
+        // A one-key `gat` asked of its owner alone is the lease retry too,
+        // and gives back the kept storage its retrieval took.
+        for line in [
+            format!("gat 10 {stays}\r\n"),
+            format!("gats 10 {stays}\r\n"),
+        ] {
+            let mut reuse = Reuse::default();
+            reuse.keep(Box::default(), 4, 32);
+            match plan_in(&line, &new, &mut reuse) {
+                Plan::Lease {
+                    server: s,
+                    hash: h,
+                    retry,
+                } => {
+                    assert_eq!((s, h), (server, hash), "{line}");
+                    assert!(retry.is_retrieval(), "{line}");
+                }
+                other => panic!("{line}: {other:?}"),
+            }
+            assert_eq!(reuse.retrievals.len(), 1, "{line}: the kept storage stays");
+            assert!(matches!(plan(&line, &old), Plan::Retrieve(_)), "{line}");
+        }
+        // None of these is: a `set`, a get, a `gat` of two keys, a moved
+        // key's command (its hand-off machine, or its read-through).
+        for line in [
+            format!("set {stays} 0 0 1\r\nx\r\n"),
+            format!("get {stays}\r\n"),
+            format!("gat 10 {stays} {moved}\r\n"),
+            format!("gat 10 {moved}\r\n"),
+            format!("incr {moved} 1\r\n"),
+            format!("touch {moved} 10\r\n"),
+        ] {
+            let planned = plan(&line, &new);
+            assert!(
+                !matches!(planned, Plan::Lease { .. }),
+                "{line}: {planned:?}"
+            );
+        }
+        assert!(matches!(
+            plan(&format!("incr {moved} 1\r\n"), &new),
+            Plan::Key(Placement::Moved { .. })
+        ));
+        // With replicas, a write is a quorum's, not the owner's alone.
+        let (_runtime, _, replicated) =
+            crate::pools::topology::tests::four_then_five_with("replicas = 2\n");
+        let planned = plan(&format!("incr {stays} 1\r\n"), &replicated);
+        assert!(
+            !matches!(
+                planned,
+                Plan::Lease { .. } | Plan::Key(Placement::Owner { .. })
+            ),
+            "{planned:?}"
+        );
     }
 }

@@ -111,7 +111,7 @@ impl ClientSession {
         }
         let forwarded = match plan {
             Plan::Key(placement) => !matches!(placement, Placement::NoServers),
-            Plan::Retrieve(_) => true,
+            Plan::Retrieve(_) | Plan::Lease { .. } => true,
             _ => false,
         };
         if !forwarded {
@@ -119,7 +119,8 @@ impl ClientSession {
         }
         let shadow = self.shadow_for(request.key(bytes, 0))?;
         let command = request.command;
-        if let Plan::Retrieve(retrieval) = plan {
+        // A retrieval, or a one-key `gat` planned as the lease retry.
+        if command.is_retrieval() {
             // `gat`/`gats`: the new expiry goes to the shadow too.
             let ttl = request.arg.map(|arg| arg.of(bytes));
             let mut pairs = Pairs::new();
@@ -137,7 +138,9 @@ impl ClientSession {
             if pairs.is_empty() {
                 return None;
             }
-            retrieval.record_answers();
+            if let Plan::Retrieve(retrieval) = plan {
+                retrieval.record_answers();
+            }
             return Some(Box::new(pairs));
         }
         let writes = command.is_storage()

@@ -192,6 +192,10 @@ impl Storage for KeptRetrievals {
     fn take(&mut self) -> Option<Box<route::Retrieval>> {
         SPARES.with(|spares| spares.borrow_mut().plans.take())
     }
+
+    fn give_back(&mut self, retrieval: Box<route::Retrieval>) {
+        keep_retrieval(retrieval);
+    }
 }
 
 /// Plans `request` with kept retrieval storage (see `route::plan`).
@@ -281,7 +285,7 @@ pub(super) fn keep(work: Work) {
 }
 
 /// Keeps the storage of a retrieval that was planned and not used.
-pub(super) fn keep_retrieval(plan: Box<route::Retrieval>) {
+fn keep_retrieval(plan: Box<route::Retrieval>) {
     SPARES.with(|spares| {
         spares
             .borrow_mut()

@@ -9,10 +9,10 @@ use crate::plan::meta_read::MetaRead;
 use crate::plan::placement::HealthView;
 use crate::plan::replicated_add::ReplicatedAdd;
 use crate::plan::replicated_cas::ReplicatedCas;
-use crate::plan::route::{Retrieval, Split};
+use crate::plan::route::Split;
 use crate::plan::steps::{AddSteps, CasSteps, LeaseSteps, Machine, MovedSteps, ReadSteps};
 use crate::pools::planned::Planned;
-use crate::protocol::meta::RoutingKey;
+use crate::protocol::meta::{decode_key, DecodedKey};
 
 impl ClientSession {
     /// Plans one request on the current topology and queues its entry.
@@ -73,17 +73,22 @@ impl ClientSession {
     /// gets, its TTLs capped there when that is a gutter, and queues its
     /// entry.
     fn start_keyed<R: Dialect>(&mut self, request: R, bytes: Bytes, split: Split) {
+        // A `b` key decoded once, for the routes and the plan alike (a
+        // gutter's TTL cap rewrites no key).
+        let decoded = request.decoded(&bytes);
         // One topology per request: it finishes on this ring even if a
         // reload lands meanwhile. `load_full` gives an owned Arc, so no
-        // arc-swap guard is held. The key is read (a `b` key decoded) only
-        // when routes or a gutter ask for it.
-        let key = request.keyed().then_some(|| request.route_key(&bytes));
+        // arc-swap guard is held. The key is read only when routes or a
+        // gutter ask for it.
+        let key = request
+            .keyed()
+            .then_some(|| request.route_key(&bytes, &decoded));
         let (topology, gutter_ttl) = self.topology_for(key);
         let (request, bytes) = match gutter_ttl {
             Some(ttl) => request.capped(self, bytes, ttl),
             None => (request, bytes),
         };
-        self.start_on(request, bytes, topology, split);
+        self.start_on(request, bytes, &decoded, topology, split);
     }
 
     /// `flush_all` for a client whose keys can be read from several pools
@@ -112,7 +117,7 @@ impl ClientSession {
         let count = topologies.len();
         for (n, topology) in topologies.into_iter().enumerate() {
             let queued = self.entries.len();
-            self.start_on(request.clone(), bytes.clone(), topology, Split::Whole);
+            self.start_on(request.clone(), bytes.clone(), &(), topology, Split::Whole);
             if self.entries.len() == queued {
                 continue;
             }
@@ -217,26 +222,32 @@ impl ClientSession {
             } else {
                 Split::Part
             };
-            self.start_on(sub, line, topology, run_split);
+            self.start_on(sub, line, &(), topology, run_split);
         }
     }
 
-    /// Plans `request` (of either dialect) on `topology` and queues its
-    /// entry; `split` says whether it is one run of a retrieval across
-    /// pools. The one road of every request placed on servers: figures,
-    /// health, plan, shadow, hot keys, work.
-    fn start_on<R: Dialect>(&mut self, request: R, bytes: Bytes, topology: Planned, split: Split) {
+    /// Plans `request` (of either dialect; its key `decoded` as
+    /// [`Dialect::decoded`] says) on `topology` and queues its entry;
+    /// `split` says whether it is one run of a retrieval across pools. The
+    /// one road of every request placed on servers: figures, health, plan,
+    /// shadow, hot keys, work.
+    fn start_on<R: Dialect>(
+        &mut self,
+        request: R,
+        bytes: Bytes,
+        decoded: &R::Decoded,
+        topology: Planned,
+        split: Split,
+    ) {
         topology.figures.request(request.command());
-        // The key the ring places, decoded once (a meta `b` key) for the
-        // plan, the shadow and the hot-key count.
-        let key = request.plan_key(&bytes);
+        // The key the ring places (a meta `b` key as decoded already) for
+        // the plan, the shadow and the hot-key count.
+        let key = request.plan_key(&bytes, decoded);
         let health = self
             .health
             .of(&topology, self.worker.clock.turn(), &self.worker);
         let mut plan = request.plan(&bytes, &key, &topology, health);
-        if let Plan::Retrieve(retrieval) = &mut plan {
-            retrieval.split(split);
-        }
+        plan.split(split);
         let shadow = request.shadow(self, &bytes, &key, &mut plan);
         let hot = request.hot(&self.worker.hot, &bytes, &key, &plan, &topology);
         drop(key);
@@ -268,15 +279,11 @@ impl ClientSession {
                 finish: Finish::Forward,
             },
             Plan::Lease { server, retry, .. } => leased_work(*retry, server, request, bytes),
-            Plan::Key(Placement::Owner { server, .. }) => {
-                match leased_classic(request, bytes, topology) {
-                    Some(retry) => leased_work(retry, server, request, bytes),
-                    None => Work::Lines {
-                        parts: smallvec::smallvec![Part::new(server)],
-                        finish: Finish::Forward,
-                    },
-                }
-            }
+            // One that may meet a lease the planner made a `Plan::Lease`.
+            Plan::Key(Placement::Owner { server, .. }) => Work::Lines {
+                parts: smallvec::smallvec![Part::new(server)],
+                finish: Finish::Forward,
+            },
             Plan::Key(Placement::Quorum {
                 servers,
                 quorum,
@@ -332,20 +339,12 @@ impl ClientSession {
                 let machine = Machine::Cas(CasSteps::new(machine, owner, sent, copy));
                 StepsWork::work(machine, OlderForget::new(older), key, 1, None)
             }
-            Plan::Retrieve(retrieval) => {
-                match leased_gat(request, bytes, &retrieval, topology) {
-                    Some((server, retry)) => {
-                        // The lease retry sends the `gat` itself.
-                        spares::keep_retrieval(retrieval);
-                        leased_work(retry, server, request, bytes)
-                    }
-                    None => Work::Retrieve {
-                        in_flight: spares::in_flight(retrieval.most_in_flight()),
-                        plan: retrieval,
-                        owed: Reservation::default(),
-                    },
-                }
-            }
+            // A one-key `gat` that may meet a lease is a `Plan::Lease`.
+            Plan::Retrieve(retrieval) => Work::Retrieve {
+                in_flight: spares::in_flight(retrieval.most_in_flight()),
+                plan: retrieval,
+                owed: Reservation::default(),
+            },
             Plan::Key(Placement::Moved {
                 owner,
                 previous,
@@ -474,13 +473,13 @@ type Guards = (Option<Rc<WriteGuard>>, Option<Box<shadow::Pairs>>);
 /// object: each dialect's road is compiled on its own, so a get's stops
 /// cost what they did.
 trait Dialect: Sized {
-    /// The key the topology's routes read.
-    type Routed<'b>: AsRef<[u8]>
-    where
-        Self: 'b;
+    /// Its key decoded, worked out once for the routes and the plan: a
+    /// meta request's `b` key; nothing for other keys, which are read in
+    /// the request's bytes.
+    type Decoded;
     /// What the plan, the shadow and the hot-key count are given of the
-    /// key: a meta request's routing key, decoded once (a `b` key);
-    /// nothing for a classic request, whose keys they read in its bytes.
+    /// key: a meta request's routing key (a `b` key as decoded); nothing
+    /// for a classic request, whose keys they read in its bytes.
     type Key<'b>
     where
         Self: 'b;
@@ -491,11 +490,14 @@ trait Dialect: Sized {
     fn key_count(&self) -> usize;
     /// Whether it has a key for the routes to read.
     fn keyed(&self) -> bool;
+    /// Its key decoded, when the ring hashes other bytes than it carries
+    /// (a meta `b` key).
+    fn decoded(&self, bytes: &Bytes) -> Self::Decoded;
     /// Its (first) key, as the routes read it; only asked when
     /// [`Dialect::keyed`].
-    fn route_key<'b>(&'b self, bytes: &'b Bytes) -> Self::Routed<'b>;
+    fn route_key<'b>(&'b self, bytes: &'b Bytes, decoded: &'b Self::Decoded) -> &'b [u8];
     /// Its key for the plan, the shadow and the hot-key count.
-    fn plan_key<'b>(&'b self, bytes: &'b Bytes) -> Self::Key<'b>;
+    fn plan_key<'b>(&'b self, bytes: &'b Bytes, decoded: &'b Self::Decoded) -> Self::Key<'b>;
     /// The request with its TTLs capped at `ttl` seconds, for a gutter.
     fn capped(self, session: &ClientSession, bytes: Bytes, ttl: u64) -> (Self, Bytes);
     /// Its plan (see `route::plan`, `route::plan_meta`).
@@ -536,7 +538,7 @@ trait Dialect: Sized {
 }
 
 impl Dialect for Request {
-    type Routed<'b> = &'b [u8];
+    type Decoded = ();
     type Key<'b> = ();
 
     fn command(&self) -> Command {
@@ -551,11 +553,13 @@ impl Dialect for Request {
         !self.keys.is_empty()
     }
 
-    fn route_key<'b>(&'b self, bytes: &'b Bytes) -> &'b [u8] {
+    fn decoded(&self, _: &Bytes) {}
+
+    fn route_key<'b>(&'b self, bytes: &'b Bytes, _: &()) -> &'b [u8] {
         self.key(bytes, 0)
     }
 
-    fn plan_key(&self, _: &Bytes) {}
+    fn plan_key(&self, _: &Bytes, _: &()) {}
 
     fn capped(self, session: &ClientSession, bytes: Bytes, ttl: u64) -> (Request, Bytes) {
         session.capped(self, bytes, ttl)
@@ -601,8 +605,8 @@ impl Dialect for Request {
 }
 
 impl Dialect for MetaRequest {
-    type Routed<'b> = RoutingKey<'b>;
-    type Key<'b> = RoutingKey<'b>;
+    type Decoded = Option<DecodedKey>;
+    type Key<'b> = &'b [u8];
 
     fn command(&self) -> Command {
         Command::of_meta(self.command)
@@ -616,25 +620,29 @@ impl Dialect for MetaRequest {
         self.key.is_some()
     }
 
-    fn route_key<'b>(&'b self, bytes: &'b Bytes) -> RoutingKey<'b> {
-        self.routing_key(bytes)
+    /// As [`MetaRequest::routing_key`] decodes it (a key that does not
+    /// decode is empty).
+    fn decoded(&self, bytes: &Bytes) -> Option<DecodedKey> {
+        self.base64
+            .then(|| decode_key(self.key_token(bytes)).unwrap_or_default())
     }
 
-    fn plan_key<'b>(&'b self, bytes: &'b Bytes) -> RoutingKey<'b> {
-        self.routing_key(bytes)
+    fn route_key<'b>(&'b self, bytes: &'b Bytes, decoded: &'b Option<DecodedKey>) -> &'b [u8] {
+        self.plan_key(bytes, decoded)
+    }
+
+    fn plan_key<'b>(&'b self, bytes: &'b Bytes, decoded: &'b Option<DecodedKey>) -> &'b [u8] {
+        match decoded {
+            Some(key) => key,
+            None => self.key_token(bytes),
+        }
     }
 
     fn capped(self, session: &ClientSession, bytes: Bytes, ttl: u64) -> (MetaRequest, Bytes) {
         session.meta_capped(self, bytes, ttl)
     }
 
-    fn plan(
-        &self,
-        bytes: &Bytes,
-        key: &RoutingKey<'_>,
-        topology: &Topology,
-        health: &HealthView,
-    ) -> Plan {
+    fn plan(&self, bytes: &Bytes, key: &&[u8], topology: &Topology, health: &HealthView) -> Plan {
         spares::plan_meta(self, bytes, key, topology, health)
     }
 
@@ -642,7 +650,7 @@ impl Dialect for MetaRequest {
         &self,
         session: &ClientSession,
         bytes: &Bytes,
-        key: &RoutingKey<'_>,
+        key: &&[u8],
         plan: &mut Plan,
     ) -> Option<Box<shadow::Pairs>> {
         session.shadow_meta(self, bytes, key, plan)
@@ -652,7 +660,7 @@ impl Dialect for MetaRequest {
         &self,
         hot: &HotWorker,
         bytes: &Bytes,
-        key: &RoutingKey<'_>,
+        key: &&[u8],
         plan: &Plan,
         topology: &Topology,
     ) -> Option<Rc<WriteGuard>> {
@@ -856,23 +864,10 @@ fn brings_value(request: &MetaRequest) -> bool {
     request.command == MetaCommand::Get && request.value
 }
 
-/// `lease_retry::leased_meta` for a classic one-line command on one owner.
-fn leased_classic(request: &Request, bytes: &Bytes, topology: &Topology) -> Option<LeaseRetry> {
-    if topology.previous.is_none() || request.keys.len() != 1 {
-        return None;
-    }
-    let key = bytes.slice_ref(request.key(bytes, 0));
-    let line = &bytes[..(request.args_end as usize).min(bytes.len())];
-    let exptime = line
-        .split(|&b| b == b' ')
-        .filter(|token| !token.is_empty())
-        .nth(2);
-    LeaseRetry::for_classic(request.command, key, exptime)
-}
-
-/// The work of a classic command on `server` that may meet a lease: the
-/// client's request (without `noreply`), or what the plan sends instead (a
-/// `touch` as an `mg`).
+/// The work of a classic command on `server` that may meet a lease (a
+/// `Plan::Lease`): the client's request (without `noreply`; a one-key
+/// `gat`'s as it came, framed as `VALUE` blocks), or what the plan sends
+/// instead (a `touch` as an `mg`).
 fn leased_work(retry: LeaseRetry, server: usize, request: &Request, bytes: &Bytes) -> Work {
     let sent = match retry.wire() {
         Some((line, expect)) => (smallvec::smallvec![line], expect),
@@ -887,24 +882,6 @@ fn leased_work(retry: LeaseRetry, server: usize, request: &Request, bytes: &Byte
     };
     let machine = Machine::Lease(LeaseSteps::new(retry, server, sent));
     StepsWork::work(machine, None, (Bytes::new(), None), 1, None)
-}
-
-/// `lease_retry::leased_meta` for a one-key `gat`/`gats` of a key that did not move: a
-/// lease there would be stretched to the client's TTL, so it is looked for
-/// and removed first (a moved key's read-through takes a lease over).
-fn leased_gat(
-    request: &Request,
-    bytes: &Bytes,
-    retrieval: &Retrieval,
-    topology: &Topology,
-) -> Option<(usize, LeaseRetry)> {
-    if topology.previous.is_none() || !matches!(request.command, Command::Gat | Command::Gats) {
-        return None;
-    }
-    let server = retrieval.lone_owner()?;
-    let key = bytes.slice_ref(request.key(bytes, 0));
-    let retry = LeaseRetry::for_classic(request.command, key, None)?;
-    Some((server, retry))
 }
 
 /// A request's `rewritten` bytes parsed again (so they pass every check of

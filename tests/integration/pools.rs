@@ -93,6 +93,20 @@ fn prefix_routes_send_keys_only_to_their_pools_servers() {
             .sum::<usize>(),
         1
     );
+    // A `b` key routes by its decoded bytes (decoded once for the route and
+    // the ring): `c2VzczpiNjQ=` is `sess:b64`, `dXNlcjpiNjQ=` `user:b64`.
+    client.send(b"ms c2VzczpiNjQ= 2 b\r\nhi\r\nms dXNlcjpiNjQ= 2 b\r\nho\r\n");
+    assert_eq!(client.meta_reply(), b"HD\r\n");
+    assert_eq!(client.meta_reply(), b"HD\r\n");
+    let (session, user) = (["sess:b64".to_string()], ["user:b64".to_string()]);
+    assert_eq!(held_by(&[&s1, &s2], &session).iter().sum::<usize>(), 1);
+    assert_eq!(held_by(&[&d1, &d2], &user).iter().sum::<usize>(), 1);
+    assert_eq!(held_by(&[&d1, &d2], &session), [0, 0]);
+    assert_eq!(held_by(&[&s1, &s2], &user), [0, 0]);
+    client.send(b"mg c2VzczpiNjQ= b v\r\nmg dXNlcjpiNjQ= b v\r\n");
+    assert_eq!(client.meta_reply(), b"VA 2\r\nhi\r\n");
+    assert_eq!(client.meta_reply(), b"VA 2\r\nho\r\n");
+    assert_eq!(client.get("sess:b64").as_deref(), Some(&b"hi"[..]));
 }
 
 #[test]
@@ -327,6 +341,45 @@ fn a_reload_adds_a_pool_and_a_route_under_load_with_no_errors() {
             .sum::<usize>(),
         1
     );
+}
+
+#[test]
+fn a_gat_across_pools_ends_once_when_a_pool_in_a_window_runs_it_as_the_lease_retry() {
+    let (d1, s1, s2, s3) = (
+        Memcached::start(),
+        Memcached::start(),
+        Memcached::start(),
+        Memcached::start(),
+    );
+    let dir = TempDir::new("pools", "gat-lease");
+    let path = dir.path("memring.toml");
+    std::fs::write(&path, two_pools(&[&d1], &[&s1, &s2], SESSIONS_ROUTE)).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let keys: Vec<String> = (0..40).map(|i| format!("sess:{i}")).collect();
+    for key in &keys {
+        assert_eq!(client.set(key, b"v"), b"STORED\r\n");
+    }
+    assert_eq!(client.set("user:x", b"u"), b"STORED\r\n");
+    // The sessions pool gets a window; the default pool none.
+    std::fs::write(&path, two_pools(&[&d1], &[&s1, &s2, &s3], SESSIONS_ROUTE)).unwrap();
+    wait_for("the sessions pool's ring v2", || {
+        client
+            .stats("")
+            .into_iter()
+            .any(|(k, v)| k == "pool:sessions:ring_version" && v == "2")
+    });
+    // A one-key run of a key that stayed is the lease retry in its pool;
+    // the reply still has one `END`, after the last run's values.
+    for key in &keys {
+        let got = client.call(
+            format!("gat 0 {key} user:x\r\n").as_bytes(),
+            ReplyKind::Values,
+        );
+        let want = format!("VALUE {key} 0 1\r\nv\r\nVALUE user:x 0 1\r\nu\r\nEND\r\n");
+        assert_eq!(String::from_utf8_lossy(&got), want);
+    }
+    assert_eq!(client.get("user:x").as_deref(), Some(&b"u"[..]));
 }
 
 #[test]
