@@ -397,15 +397,21 @@ pub(crate) fn leased_classic(
     bytes: &Bytes,
     topology: &Topology,
 ) -> Option<LeaseRetry> {
-    if topology.previous.is_none() || request.keys.len() != 1 {
+    // A `set` never meets a lease: the common write in a window skips the
+    // key and the line below.
+    if topology.previous.is_none() || request.keys.len() != 1 || request.command == Command::Set {
         return None;
     }
     let key = bytes.slice_ref(request.key(bytes, 0));
-    let line = &bytes[..(request.args_end as usize).min(bytes.len())];
-    let exptime = line
-        .split(|&b| b == b' ')
-        .filter(|token| !token.is_empty())
-        .nth(2);
+    // Only a `touch` sends its exptime on (as an `mg`'s `T`).
+    let exptime = (request.command == Command::Touch)
+        .then(|| {
+            let line = &bytes[..(request.args_end as usize).min(bytes.len())];
+            line.split(|&b| b == b' ')
+                .filter(|token| !token.is_empty())
+                .nth(2)
+        })
+        .flatten();
     LeaseRetry::for_classic(request.command, key, exptime)
 }
 
