@@ -195,6 +195,10 @@ impl ClientSession {
                     write_meta_answer(&mut self.out, stats, entry, shadow, counts_cas, reply);
             }
             (Answer::Reply(reply), None) => {
+                // A sampled `gat` run as the lease retry.
+                if let Some(pairs) = entry.shadow.take() {
+                    shadow::primary_classic_answer(&pairs, reply.as_ref());
+                }
                 if !entry.noreply {
                     entry.said = write_answer(&mut self.out, stats, entry.command, reply);
                 }

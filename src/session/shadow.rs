@@ -8,7 +8,7 @@
 use super::*;
 use crate::error::BackendError;
 use crate::pools::shadow::{value_digest, Pair, Sampler, ShadowReply, Side};
-use crate::protocol::outcome::Reply;
+use crate::protocol::outcome::{Outcome, Reply};
 use crate::stats::ShadowCounters;
 
 /// The sampled keys of one request: (key index in the request, its pair).
@@ -55,6 +55,24 @@ pub(super) fn primary_answers(pairs: &Pairs, answers: &[(u32, Option<Bytes>)]) {
                 None => Side::Miss,
             });
         }
+    }
+}
+
+/// The primary's answer to a sampled one-key `gat` answered in steps (the
+/// lease retry) goes to its pair: a value, with or without the `END` after
+/// it (a run of a reply across pools has none), a hit; `END` (or nothing)
+/// a miss.
+pub(super) fn primary_classic_answer(pairs: &Pairs, reply: Result<&Reply, &BackendError>) {
+    let side = match reply {
+        Ok(reply) if reply.outcome == Outcome::Value => {
+            let block = reply.strip_suffix(b"END\r\n").unwrap_or(reply);
+            Side::Hit(value_digest(block))
+        }
+        Ok(reply) if matches!(reply.outcome, Outcome::End | Outcome::Nothing) => Side::Miss,
+        _ => Side::Failed,
+    };
+    for (_, pair) in pairs {
+        pair.primary(side);
     }
 }
 

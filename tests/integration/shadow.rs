@@ -722,3 +722,37 @@ fn a_switch_to_a_shadow_that_got_every_write_keeps_it_warm_both_ways() {
         "back, warm"
     );
 }
+
+/// Inside a hand-off window a `gat` of a key that stayed on its owner is
+/// run as the lease retry (a lease there would take the client's TTL), and
+/// a moved key's as a read-through: the shadow compares both as it does
+/// any other `gat`.
+#[test]
+fn gats_inside_a_hand_off_window_are_compared_with_the_shadow() {
+    let first = Memcached::start();
+    let second = Memcached::start();
+    let candidate = Memcached::start();
+    let dir = TempDir::new("shadow", "window");
+    let path = dir.path("memring.toml");
+    let text = |primary: &[&Memcached]| config(primary, &[&candidate], "", Some("1.0"), "", "");
+    std::fs::write(&path, text(&[&first])).unwrap();
+    let proxy = Proxy::start_file(&path);
+    let mut client = proxy.client();
+    let keys = keys("w:", 30);
+    for key in &keys {
+        assert_eq!(client.set(key, key.as_bytes()), b"STORED\r\n");
+    }
+    wait_for("the copies on the shadow", || {
+        held_by(&[&candidate], &keys) == [30]
+    });
+    replace_by_rename(&path, &text(&[&first, &second]));
+    wait_for("ring version 2", || proxy.ring_version() >= 2);
+    for key in &keys {
+        let reply = client.call(format!("gat 100 {key}\r\n").as_bytes(), ReplyKind::Values);
+        let value = format!("VALUE {key} 0 {}\r\n{key}\r\nEND\r\n", key.len());
+        assert_eq!(String::from_utf8_lossy(&reply), value);
+    }
+    let stats = compared(&mut client, 30);
+    assert_eq!(figure(&stats, "hit_hit"), 30, "{stats:?}");
+    assert_eq!(figure(&stats, "mismatch"), 0, "{stats:?}");
+}
