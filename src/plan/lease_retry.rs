@@ -237,15 +237,12 @@ impl LeaseRetry {
             // miss: `End`) without the `END`, which is memring's to write.
             return LeaseStep::Answer(result.map(|reply| {
                 if matches!(reply.outcome, Outcome::End | Outcome::Value) {
-                    let mut answer = BytesMut::with_capacity(reply.len() + 5);
-                    answer.put_slice(&reply);
-                    answer.put_slice(b"END\r\n");
                     // A hit stays a hit with its `END`; a miss is the `END`.
                     let said = match reply.outcome {
                         Outcome::Value => Outcome::Value,
                         _ => Outcome::End,
                     };
-                    Reply::new(said, answer.freeze())
+                    Reply::new(said, with_end(&reply))
                 } else {
                     reply
                 }
@@ -346,27 +343,25 @@ impl LeaseRetry {
 /// `VALUE` block if it hit, a miss otherwise (a failure too, as a
 /// retrieval's run reads it), and the `END` when it is the `last` run.
 fn run_answer(result: CallResult, last: bool) -> Reply {
-    let value = match result {
-        Ok(reply) if reply.outcome == Outcome::Value => Some(reply.bytes),
-        _ => None,
-    };
-    let end: &[u8] = if last { b"END\r\n" } else { b"" };
-    let said = if value.is_some() {
-        Outcome::Value
-    } else {
-        Outcome::End
-    };
-    let bytes = match value {
-        Some(block) if last => {
-            let mut answer = BytesMut::with_capacity(block.len() + end.len());
-            answer.put_slice(&block);
-            answer.put_slice(end);
-            answer.freeze()
+    match result {
+        Ok(reply) if reply.outcome == Outcome::Value => {
+            let bytes = if last { with_end(&reply) } else { reply.bytes };
+            Reply::new(Outcome::Value, bytes)
         }
-        Some(block) => block,
-        None => Bytes::from_static(end),
-    };
-    Reply::new(said, bytes)
+        _ => {
+            let end: &'static [u8] = if last { b"END\r\n" } else { b"" };
+            Reply::new(Outcome::End, Bytes::from_static(end))
+        }
+    }
+}
+
+/// `block` (a `VALUE` block, or nothing for a miss) closed by the `END`
+/// memring writes after a retrieval's values.
+fn with_end(block: &[u8]) -> Bytes {
+    let mut answer = BytesMut::with_capacity(block.len() + 5);
+    answer.put_slice(block);
+    answer.put_slice(b"END\r\n");
+    answer.freeze()
 }
 
 /// How a meta request on its key's owner is answered: as the owner answers,
