@@ -106,8 +106,7 @@ impl HotShared {
     /// lengths ago is left out: it stopped publishing and has nothing
     /// current to say.
     pub(crate) fn merged(&self, now: Instant) -> Vec<HotKey> {
-        let fresh = self.fresh(now);
-        top::merge(&fresh.iter().map(Vec::as_slice).collect::<Vec<_>>())
+        top::merge(&self.fresh(now))
     }
 
     /// The last windows of each worker whose last one ended within the last
@@ -128,7 +127,7 @@ impl HotShared {
     /// The `stats hotkeys` reply.
     pub(crate) fn report(&self) -> Bytes {
         let fresh = self.fresh(Instant::now());
-        let mut merged = top::merge(&fresh.iter().map(Vec::as_slice).collect::<Vec<_>>());
+        let mut merged = top::merge(&fresh);
         merged.truncate(self.live.load().settings.top);
         let sampled_one_in = fresh
             .iter()

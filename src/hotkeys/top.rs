@@ -61,10 +61,10 @@ pub struct HotKey {
 /// published counter, see [`ServerWindow::floor`]) adds that floor to the
 /// key's count and to its error: the most it may have been, so `rate` stays
 /// an upper bound and `rate - error` a lower one.
-pub fn merge(workers: &[&[Arc<WorkerWindow>]]) -> Vec<HotKey> {
+pub fn merge<H: AsRef<[Arc<WorkerWindow>]>>(workers: &[H]) -> Vec<HotKey> {
     // Every key any window published, by server.
     let mut by_server: HashMap<Arc<str>, HashMap<u64, HotKey>> = HashMap::new();
-    for window in workers.iter().flat_map(|history| history.iter()) {
+    for window in workers.iter().flat_map(|history| history.as_ref()) {
         for server in &window.servers {
             let keys = by_server.entry(server.name.clone()).or_default();
             for estimate in &server.keys {
@@ -82,6 +82,7 @@ pub fn merge(workers: &[&[Arc<WorkerWindow>]]) -> Vec<HotKey> {
     }
     let mut server_rates: HashMap<Arc<str>, f64> = HashMap::new();
     for history in workers {
+        let history = history.as_ref();
         let seconds = history.iter().map(|w| w.seconds).sum::<f64>().max(0.001);
         for window in history.iter() {
             for server in &window.servers {
@@ -240,9 +241,8 @@ mod tests {
 
     /// Merges each window as the one window of its own worker.
     fn merge_each(windows: Vec<WorkerWindow>) -> Vec<HotKey> {
-        let windows: Vec<[Arc<WorkerWindow>; 1]> =
+        let workers: Vec<[Arc<WorkerWindow>; 1]> =
             windows.into_iter().map(|w| [Arc::new(w)]).collect();
-        let workers: Vec<&[Arc<WorkerWindow>]> = windows.iter().map(|w| &w[..]).collect();
         merge(&workers)
     }
 
