@@ -51,9 +51,12 @@ impl ClientSession {
         };
         match work {
             Work::Ready(_) | Work::Stats | Work::StatsReset => true,
-            Work::Lines { parts, finish } => self.dispatch_lines(e, parts, finish),
+            Work::Lines {
+                parts,
+                finish,
+                meta,
+            } => self.dispatch_lines(e, parts, finish, meta.as_deref()),
             Work::Steps(steps) => self.dispatch_steps(e, steps),
-            Work::Meta(meta) => self.dispatch_meta(e, meta),
             Work::Retrieve {
                 plan,
                 in_flight,
@@ -62,27 +65,40 @@ impl ClientSession {
         }
     }
 
-    /// One-line requests (storage, delete, arithmetic, touch), to each
-    /// replica, and deletes to owners in older rings first.
+    /// A request forwarded (storage, delete, arithmetic, touch; a meta
+    /// request other than a plain `mg`), to each replica, and deletes to
+    /// owners in older rings first.
     fn dispatch_lines(
         &mut self,
-        mut e: Sending<'_>,
+        e: Sending<'_>,
         parts: &mut [Part],
         finish: &mut Finish,
+        meta: Option<&MetaLines>,
     ) -> bool {
         let topology = e.topology;
         if *e.sent {
             return true;
         }
-        let older = match finish {
-            Finish::Quorum { older, .. } => older.as_deref_mut(),
-            _ => None,
-        };
-        if !self.reserve_and_forget_older(&mut e, parts.len(), older) {
+        // Its reply bytes: one line from each server and each older owner.
+        let deletes = OlderForget::len(finish.older());
+        let cost = || e.bytes.len() + LINE_REPLY_BYTES * (parts.len() + deletes);
+        if !self.reserve_once(e.reserved, cost) {
             return false;
         }
-        let request = forwardable(e.bytes, e.request);
-        let expect = e.command.reply_line().unwrap_or(LineKind::Ok);
+        // The owners in older rings lose the key first.
+        let forget = |server| self.forget_key(topology, server, e.bytes, e.request, meta);
+        if !OlderForget::advance(finish.older_mut(), forget) {
+            return false;
+        }
+        let classic;
+        let (wire, expect) = match meta {
+            Some(meta) => (&meta.wire[..], &meta.expect),
+            None => {
+                let line = e.command.reply_line().unwrap_or(LineKind::Ok);
+                classic = (forwardable(e.bytes, e.request), Expect::Line(line));
+                (&classic.0[..], &classic.1)
+            }
+        };
         let (forget, forget_last) = match finish {
             Finish::Quorum {
                 forget,
@@ -96,22 +112,32 @@ impl ClientSession {
             // A `noreply` request's reply is awaited too (and then
             // dropped), so that its bytes stay counted until the
             // server has them: see `unanswered`.
-            self.send_line(topology, part, &request, expect, true, e.hot);
+            self.send(topology, part, wire, expect.clone(), true, e.hot);
         }
         // With `forget_last`, `finish` sends them (see `forget_last_lines`).
-        if forget > 0 && !forget_last {
-            let key = e.request.key(e.bytes, 0);
-            let mut line = bytes::BytesMut::with_capacity(key.len() + 9);
-            line.extend_from_slice(b"delete ");
-            line.extend_from_slice(key);
-            line.extend_from_slice(b"\r\n");
-            let line = [line.freeze()];
+        if !forget_last {
             for part in parts[replicas..].iter_mut() {
-                self.send_line(topology, part, &line, LineKind::Delete, true, None);
+                *part = self.forget_key(topology, part.server, e.bytes, e.request, meta);
             }
         }
         *e.sent = true;
         true
+    }
+
+    /// Has `server` lose a forwarded request's key: by `md` for a meta
+    /// request, by `delete` for a classic one.
+    fn forget_key(
+        &self,
+        topology: &Topology,
+        server: usize,
+        bytes: &Bytes,
+        request: &Request,
+        meta: Option<&MetaLines>,
+    ) -> Part {
+        match meta {
+            Some(meta) => self.forget_on(topology, server, &meta.key),
+            None => self.delete_on(topology, server, request.key(bytes, 0)),
+        }
     }
 
     /// A plan machine's steps (see `plan::steps`), in either dialect: the
@@ -295,66 +321,6 @@ impl ClientSession {
         }
     }
 
-    /// A meta request (not a plain `mg`: a retrieval): forwarded, or by
-    /// quorum.
-    fn dispatch_meta(&mut self, e: Sending<'_>, meta: &mut MetaWork) -> bool {
-        let topology = e.topology;
-        if !*e.sent {
-            let deletes = OlderForget::len(meta.older.as_ref());
-            let lines = meta.parts.len() + deletes;
-            let cost = || e.bytes.len() + LINE_REPLY_BYTES * lines;
-            if !self.reserve_once(e.reserved, cost) {
-                return false;
-            }
-            // The owners in older rings lose the key first.
-            let key = &meta.forget_key;
-            let forget = |server| self.forget_on(topology, server, key);
-            if !OlderForget::advance(meta.older.as_mut(), forget) {
-                return false;
-            }
-            let (forget, key) = match &meta.mode {
-                MetaMode::Quorum {
-                    forget,
-                    key,
-                    forget_last,
-                    ..
-                } => (*forget, Some(key).filter(|_| !forget_last)),
-                _ => (0, None),
-            };
-            let replicas = meta.parts.len() - forget;
-            for part in meta.parts[..replicas].iter_mut() {
-                self.send(topology, part, &meta.wire, meta.expect.clone(), true, e.hot);
-            }
-            // With `forget_last`, `finish` sends them.
-            if let Some(key) = key.filter(|_| forget > 0) {
-                for part in meta.parts[replicas..].iter_mut() {
-                    *part = self.forget_on(topology, part.server, key);
-                }
-            }
-            *e.sent = true;
-        }
-        true
-    }
-
-    /// Before a classic write's first send: reserves its reply bytes (one
-    /// line from each of `lines` servers and from each older owner), then
-    /// has the key's owners in older rings of chained changes delete it,
-    /// oldest ring first. False while either has to wait.
-    fn reserve_and_forget_older(
-        &mut self,
-        e: &mut Sending<'_>,
-        lines: usize,
-        older: Option<&mut OlderForget>,
-    ) -> bool {
-        let deletes = OlderForget::len(older.as_deref());
-        let cost = || e.bytes.len() + LINE_REPLY_BYTES * (lines + deletes);
-        if !self.reserve_once(e.reserved, cost) {
-            return false;
-        }
-        let (topology, key) = (e.topology, || e.request.key(e.bytes, 0));
-        OlderForget::advance(older, |server| self.delete_on(topology, server, key()))
-    }
-
     /// A retrieval: its keys in chunks that fit the client's budget, each
     /// sub-request to its server (or joined to a hot key's get in flight,
     /// or answered by the near cache). An `mg` that may change its item
@@ -489,26 +455,25 @@ impl ClientSession {
         part
     }
 
-    /// A classic write's [`forget_last`]: its `delete`s to the former
+    /// A forwarded write's [`forget_last`]: its deletes to the former
     /// replicas once the current ones answered. True when nothing is owed.
-    pub(super) fn forget_last_lines(
-        &self,
-        topology: &Topology,
-        parts: &mut [Part],
-        finish: &Finish,
-        request: &Request,
-        bytes: &Bytes,
-    ) -> bool {
-        let Finish::Quorum {
-            forget,
-            forget_last: true,
-            ..
-        } = finish
+    pub(super) fn forget_last_lines(&self, entry: &mut Entry) -> bool {
+        let Work::Lines {
+            parts,
+            finish:
+                Finish::Quorum {
+                    forget,
+                    forget_last: true,
+                    ..
+                },
+            meta,
+        } = &mut entry.work
         else {
             return true;
         };
+        let (topology, bytes, request) = (&entry.topology, &entry.bytes, &entry.request);
         forget_last(parts, *forget as usize, |server| {
-            self.delete_on(topology, server, request.key(bytes, 0))
+            self.forget_key(topology, server, bytes, request, meta.as_deref())
         })
     }
 
@@ -564,26 +529,6 @@ impl ClientSession {
         }
     }
 
-    /// Queues a one-line request on `part`'s server.
-    fn send_line(
-        &self,
-        topology: &Topology,
-        part: &mut Part,
-        request: &[Bytes],
-        expect: LineKind,
-        want_reply: bool,
-        write: Option<&Rc<WriteGuard>>,
-    ) {
-        self.send(
-            topology,
-            part,
-            request,
-            Expect::Line(expect),
-            want_reply,
-            write,
-        );
-    }
-
     /// Moves the replies that arrived for entry `index` into its plan.
     pub(super) fn absorb(&mut self, index: usize) {
         let mut estimate = None;
@@ -594,8 +539,8 @@ impl ClientSession {
             Work::Lines { parts, .. } => parts.iter_mut().for_each(Part::absorb),
             Work::Steps(steps) => {
                 steps.parts.iter_mut().for_each(Part::absorb);
-                // As for `Work::Meta`: an `mg … v`'s step replies and its
-                // answer give the estimate.
+                // An `mg … v`'s step replies and its answer give the
+                // estimate.
                 let reply = steps.parts.first().and_then(|p| p.result.as_ref());
                 let answer = match &steps.answer {
                     Some(Answer::Reply(answer)) => Some(answer),
@@ -615,7 +560,6 @@ impl ClientSession {
                     }
                 }
             }
-            Work::Meta(meta) => meta.parts.iter_mut().for_each(Part::absorb),
             Work::Retrieve {
                 plan, in_flight, ..
             } if nothing_arrived(in_flight, plan) => {

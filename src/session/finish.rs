@@ -3,7 +3,6 @@
 //! work, and the writers they share (one reply as it came, a quorum's
 //! answer, a meta answer).
 
-use super::dispatch::forget_last;
 use super::*;
 use crate::plan::steps::Answer;
 use crate::protocol::outcome::{Outcome, Reply};
@@ -45,23 +44,29 @@ impl ClientSession {
             }
             Work::Lines { .. } => return self.finish_lines(entry),
             Work::Steps(_) => return self.finish_steps(entry),
-            Work::Meta(_) => return self.finish_meta(entry),
             Work::Retrieve { .. } => return self.finish_retrieve(entry, now),
         }
         true
     }
 
-    /// One-line replies: forwarded, decided by a quorum, or a broadcast's.
+    /// A forwarded request's replies (either dialect): the one server's,
+    /// a quorum's, or a broadcast's.
     fn finish_lines(&mut self, entry: &mut Entry) -> bool {
-        let Work::Lines { parts, finish } = &mut entry.work else {
-            return true;
-        };
         // Also for `noreply`: the former replicas' deletes still go.
-        let topology = entry.topology.as_ref();
-        if !self.forget_last_lines(topology, parts, finish, &entry.request, &entry.bytes) {
+        if !self.forget_last_lines(entry) {
             return false;
         }
-        let stats = &self.worker.stats;
+        let Work::Lines {
+            parts,
+            finish,
+            meta,
+        } = &mut entry.work
+        else {
+            return true;
+        };
+        if OlderForget::pending(finish.older()) {
+            return false;
+        }
         if entry.noreply {
             // Nothing goes back for `noreply` and later replies need not
             // wait for it, but its bytes stay reserved until the servers
@@ -78,7 +83,8 @@ impl ClientSession {
                 .push((slots, std::mem::take(&mut entry.reserved), planned));
             return true;
         }
-        match finish {
+        let stats = &self.worker.stats;
+        let answer = match finish {
             Finish::Quorum {
                 quorum,
                 forget,
@@ -90,21 +96,17 @@ impl ClientSession {
                 let awaited = (*forget + *warm) as usize;
                 match quorum_answer(stats, parts, *quorum as usize, awaited, alone) {
                     QuorumAnswer::Wait => return false,
-                    QuorumAnswer::Reply(answer) => {
-                        entry.said = write_answer(&mut self.out, stats, entry.command, answer);
-                    }
+                    QuorumAnswer::Reply(answer) => answer,
                     QuorumAnswer::NoQuorum(servers) => {
                         entry.said = Outcome::ServerError;
                         write_no_quorum(self.out.scratch(), &servers);
+                        return true;
                     }
                 }
             }
             _ if parts.iter().any(|p| p.result.is_none()) => return false,
-            Finish::Forward => {
-                // Every part answered (above): the one server's reply.
-                let answer = parts[0].result.take().expect("answered");
-                entry.said = write_answer(&mut self.out, stats, entry.command, answer);
-            }
+            // Every part answered (above): the one server's reply.
+            Finish::Forward => parts[0].result.take().expect("answered"),
             Finish::AllOk(joined) => {
                 let names = parts
                     .iter()
@@ -112,7 +114,9 @@ impl ClientSession {
                 let results = parts.iter().filter_map(|p| p.result.as_ref());
                 return self.finish_broadcast(&mut entry.said, names.zip(results), joined);
             }
-        }
+        };
+        let counts_cas = meta.as_ref().map(|meta| meta.counts_cas);
+        entry.said = write_one(&mut self.out, stats, entry, counts_cas, answer);
         true
     }
 
@@ -123,7 +127,7 @@ impl ClientSession {
         &mut self,
         said: &mut Outcome,
         results: impl Iterator<Item = (&'a str, &'a CallResult)>,
-        joined: &Option<Joined>,
+        joined: &Option<Box<Joined>>,
     ) -> bool {
         // A refusal answers before servers memring could not reach, across
         // every pool of a joined flush too.
@@ -182,78 +186,19 @@ impl ClientSession {
         };
         let counts_cas = steps.meta.as_ref().map(|meta| meta.counts_cas);
         let stats = &self.worker.stats;
-        match (answer, counts_cas) {
-            (Answer::NoQuorum(servers), _) => {
+        match answer {
+            Answer::NoQuorum(servers) => {
                 if !entry.noreply {
                     entry.said = Outcome::ServerError;
                     write_no_quorum(self.out.scratch(), &servers);
                 }
             }
-            (Answer::Reply(reply), Some(counts_cas)) => {
-                let shadow = entry.shadow.take();
-                entry.said =
-                    write_meta_answer(&mut self.out, stats, entry, shadow, counts_cas, reply);
-            }
-            (Answer::Reply(reply), None) => {
-                // A sampled `gat` run as the lease retry.
-                if let Some(pairs) = entry.shadow.take() {
-                    shadow::primary_classic_answer(&pairs, reply.as_ref());
-                }
-                if !entry.noreply {
-                    entry.said = write_answer(&mut self.out, stats, entry.command, reply);
-                }
+            // A sampled `gat` run as the lease retry, or an `mg` answered
+            // in steps, hands its answer to its shadow pair there.
+            Answer::Reply(reply) => {
+                entry.said = write_one(&mut self.out, stats, entry, counts_cas, reply);
             }
         }
-        true
-    }
-
-    /// A meta request: the one server's reply, or a quorum's.
-    fn finish_meta(&mut self, entry: &mut Entry) -> bool {
-        let Work::Meta(meta) = &mut entry.work else {
-            return true;
-        };
-        if OlderForget::pending(meta.older.as_ref()) {
-            return false;
-        }
-        if let MetaMode::Quorum {
-            forget,
-            key,
-            forget_last: true,
-            ..
-        } = &meta.mode
-        {
-            let topology = entry.topology.as_ref();
-            let send = |server| self.forget_on(topology, server, key);
-            if !forget_last(&mut meta.parts, *forget, send) {
-                return false;
-            }
-        }
-        let stats = &self.worker.stats;
-        let reply = match &meta.mode {
-            MetaMode::Quorum {
-                quorum,
-                forget,
-                warm,
-                ..
-            } => {
-                let alone = entry.topology.config.replicas <= 1;
-                match quorum_answer(stats, &meta.parts, *quorum, forget + warm, alone) {
-                    QuorumAnswer::Wait => return false,
-                    QuorumAnswer::Reply(reply) => reply,
-                    QuorumAnswer::NoQuorum(servers) => {
-                        entry.said = Outcome::ServerError;
-                        write_no_quorum(self.out.scratch(), &servers);
-                        return true;
-                    }
-                }
-            }
-            _ => match &meta.parts[0].result {
-                Some(result) => result.clone(),
-                None => return false,
-            },
-        };
-        let (shadow, counts_cas) = (entry.shadow.take(), meta.counts_cas);
-        entry.said = write_meta_answer(&mut self.out, stats, entry, shadow, counts_cas, reply);
         true
     }
 
@@ -345,39 +290,28 @@ fn quorum_answer(
     }
 }
 
-/// Writes a one-line answer to `command`, counting it; returns what it says.
-fn write_answer(
+/// Writes the one reply that answers `entry` (a server's, or a quorum's
+/// or machine's choice of one), counting it and handing it to the entry's
+/// shadow pair; returns what it says. `counts_cas`: `None` for a classic
+/// request, for a meta one whether its reply feeds the `cas_*` stats. A
+/// `noreply` request's answer is neither written nor counted, and a meta
+/// answer that is empty (`q` suppressed it, as memcached would) is counted
+/// and not written.
+fn write_one(
     out: &mut OutQueue,
     stats: &crate::stats::Stats,
-    command: Command,
-    answer: CallResult,
-) -> Outcome {
-    match answer {
-        Ok(reply) => {
-            stats.reply(command, reply.outcome);
-            out.push(reply.bytes);
-            reply.outcome
-        }
-        Err(error) => {
-            write_server_error(out.scratch(), &error);
-            Outcome::ServerError
-        }
-    }
-}
-
-/// Writes a meta command's answer (`reply`) for `entry`, counting it:
-/// nothing when empty (`q` suppressed it, as memcached would). Returns
-/// what it says.
-fn write_meta_answer(
-    out: &mut OutQueue,
-    stats: &crate::stats::Stats,
-    entry: &Entry,
-    shadow: Option<Box<shadow::Pairs>>,
-    counts_cas: bool,
+    entry: &mut Entry,
+    counts_cas: Option<bool>,
     reply: CallResult,
 ) -> Outcome {
-    if let Some(pairs) = shadow {
-        shadow::primary_meta_answer(&pairs, reply.as_ref());
+    if let Some(pairs) = entry.shadow.take() {
+        match counts_cas {
+            Some(_) => shadow::primary_meta_answer(&pairs, reply.as_ref()),
+            None => shadow::primary_classic_answer(&pairs, reply.as_ref()),
+        }
+    }
+    if entry.noreply {
+        return Outcome::Nothing;
     }
     match reply {
         Ok(reply) => {
@@ -388,7 +322,7 @@ fn write_meta_answer(
                 let hit = !reply.outcome.meta_miss();
                 entry.topology.figures.retrieval(1, usize::from(hit));
             }
-            if counts_cas {
+            if counts_cas == Some(true) {
                 stats.meta_cas(reply.outcome);
             }
             let said = reply.outcome;

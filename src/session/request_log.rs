@@ -23,7 +23,7 @@
 use std::cell::Cell;
 use std::net::SocketAddr;
 
-use super::work::{Entry, Finish, MetaMode, Work};
+use super::work::{Entry, Finish, Work};
 use crate::config::RequestLogSettings;
 use crate::plan::steps::Machine;
 use crate::protocol::meta::parse_meta;
@@ -233,7 +233,7 @@ fn route_of(entry: &Entry) -> (Option<&str>, &'static str) {
     let name = |server: usize| backends.get(server).map(|b| b.name());
     let first = |parts: &[super::work::Part]| parts.first().and_then(|p| name(p.server));
     match &entry.work {
-        Work::Lines { parts, finish } => {
+        Work::Lines { parts, finish, .. } => {
             let path = match finish {
                 Finish::Forward => "owner",
                 Finish::Quorum { .. } if parts.len() > 1 => "replicas",
@@ -241,13 +241,6 @@ fn route_of(entry: &Entry) -> (Option<&str>, &'static str) {
                 Finish::AllOk(_) => "all",
             };
             (first(parts), path)
-        }
-        Work::Meta(meta) => {
-            let path = match &meta.mode {
-                MetaMode::Forward => "owner",
-                MetaMode::Quorum { .. } => "replicas",
-            };
-            (first(&meta.parts), path)
         }
         Work::Steps(steps) => {
             let path = match steps.machine {

@@ -71,9 +71,7 @@ pub(super) fn primary_classic_answer(pairs: &Pairs, reply: Result<&Reply, &Backe
         Ok(reply) if matches!(reply.outcome, Outcome::End | Outcome::Nothing) => Side::Miss,
         _ => Side::Failed,
     };
-    for (_, pair) in pairs {
-        pair.primary(side);
-    }
+    primary_side(pairs, side);
 }
 
 /// The primary's answer to a sampled `mg` goes to its pair.
@@ -82,6 +80,11 @@ pub(super) fn primary_meta_answer(pairs: &Pairs, reply: Result<&Reply, &BackendE
         Ok(reply) => crate::pools::shadow::meta_side(reply),
         Err(_) => Side::Failed,
     };
+    primary_side(pairs, side);
+}
+
+/// A one-key request's answer, as its pairs compare it.
+fn primary_side(pairs: &Pairs, side: Side) {
     for (_, pair) in pairs {
         pair.primary(side);
     }

@@ -40,7 +40,7 @@ struct Spares {
     slots: Vec<Rc<Slot>>,
     // Boxed, as entries hold them: kept boxes are reused.
     #[allow(clippy::vec_box)]
-    metas: Vec<Box<MetaWork>>,
+    metas: Vec<Box<MetaLines>>,
     /// Steps work (an `mg` over replicas or zones, a hand-off's steps).
     #[allow(clippy::vec_box)]
     steps: Vec<Box<StepsWork>>,
@@ -132,7 +132,7 @@ pub(super) fn slot(wake: &Rc<crate::runtime::wake::Wake>) -> Rc<Slot> {
 }
 
 /// `work` in a kept box when there is one.
-pub(super) fn meta(work: MetaWork) -> Box<MetaWork> {
+pub(super) fn meta_lines(work: MetaLines) -> Box<MetaLines> {
     match SPARES.with(|spares| spares.borrow_mut().metas.pop()) {
         Some(mut kept) => {
             *kept = work;
@@ -224,10 +224,25 @@ pub(super) fn plan_meta(
 pub(super) fn keep(work: Work) {
     match work {
         Work::Ready(_) | Work::Stats | Work::StatsReset => {}
-        Work::Lines { parts, finish } => {
+        Work::Lines {
+            parts,
+            finish,
+            meta,
+        } => {
             parts.into_iter().for_each(keep_part);
             if let Finish::Quorum { older, .. } = finish {
                 keep_older(older.map(|o| *o));
+            }
+            if let Some(mut meta) = meta {
+                // Its bytes go now; the box waits for the next request.
+                meta.wire.clear();
+                meta.key = (Bytes::new(), false);
+                SPARES.with(|spares| {
+                    let metas = &mut spares.borrow_mut().metas;
+                    if metas.len() < KEEP {
+                        metas.push(meta);
+                    }
+                });
             }
         }
         Work::Steps(mut steps) => {
@@ -243,20 +258,6 @@ pub(super) fn keep(work: Work) {
                 let kept = &mut spares.borrow_mut().steps;
                 if kept.len() < KEEP {
                     kept.push(steps);
-                }
-            });
-        }
-        Work::Meta(mut meta) => {
-            meta.parts.drain(..).for_each(keep_part);
-            keep_older(meta.older.take());
-            // Its bytes go now; the box waits for the next request.
-            meta.wire.clear();
-            meta.mode = MetaMode::Forward;
-            meta.forget_key = (Bytes::new(), false);
-            SPARES.with(|spares| {
-                let metas = &mut spares.borrow_mut().metas;
-                if metas.len() < KEEP {
-                    metas.push(meta);
                 }
             });
         }

@@ -130,11 +130,11 @@ impl ClientSession {
                 ..
             }) = self.entries.get_mut(queued)
             {
-                *joined = Some(work::Joined {
+                *joined = Some(Box::new(work::Joined {
                     failed: failed.clone(),
                     refused: refused.clone(),
                     last: n + 1 == count,
-                });
+                }));
             }
         }
         true
@@ -277,12 +277,14 @@ impl ClientSession {
             Plan::Key(Placement::ReadThrough { servers, .. }) => Work::Lines {
                 parts: servers.into_iter().take(1).map(Part::new).collect(),
                 finish: Finish::Forward,
+                meta: None,
             },
             Plan::Lease { server, retry, .. } => leased_work(*retry, server, request, bytes),
             // One that may meet a lease the planner made a `Plan::Lease`.
             Plan::Key(Placement::Owner { server, .. }) => Work::Lines {
                 parts: smallvec::smallvec![Part::new(server)],
                 finish: Finish::Forward,
+                meta: None,
             },
             Plan::Key(Placement::Quorum {
                 servers,
@@ -316,10 +318,12 @@ impl ClientSession {
                     older: OlderForget::new(older).map(Box::new),
                     forget_last,
                 },
+                meta: None,
             },
             Plan::Broadcast { servers } => Work::Lines {
                 parts: servers.into_iter().map(Part::new).collect(),
                 finish: Finish::AllOk(None),
+                meta: None,
             },
             Plan::Key(Placement::CasThenCopy {
                 owner,
@@ -697,7 +701,7 @@ fn keyless(command: Command) -> Request {
 /// planned as a retrieval instead, one that may meet a lease as a
 /// `Plan::Lease`): a replicated add, a moved key's hand-off steps (as for
 /// classic, see [`StepsWork`]), an `mg` read over several servers (steps
-/// too), or the request forwarded as its placement says (see [`MetaMode`]).
+/// too), or the request forwarded as its placement says (see [`Finish`]).
 fn meta_work(
     request: &MetaRequest,
     bytes: &Bytes,
@@ -717,8 +721,7 @@ fn meta_work(
         counts_cas: counts_cas(request),
         value: brings_value(request),
     };
-    let mut older = None;
-    let mode = match placement {
+    let (parts, finish) = match placement {
         // `start_meta` answers it first; were it here, the same reply.
         Placement::NoServers => return Work::Ready(Bytes::from_static(route::NO_SERVERS)),
         Placement::Quorum {
@@ -740,27 +743,25 @@ fn meta_work(
             return StepsWork::work(Machine::Add(add), None, key, 2 * lines, Some(meta));
         }
         // One that may meet a lease the planner made a `Plan::Lease`.
-        Placement::Owner { server, .. } => (parts(&[server]), MetaMode::Forward),
+        Placement::Owner { server, .. } => (parts(&[server]), Finish::Forward),
+        // A key's replicas: few enough for 4 bytes.
         Placement::Quorum {
             servers,
             quorum,
             forget,
             warm,
-            older: owners,
+            older,
             forget_last,
-        } => {
-            older = owners;
-            (
-                parts(&servers),
-                MetaMode::Quorum {
-                    quorum,
-                    forget,
-                    warm,
-                    forget_last,
-                    key: (bytes.slice_ref(request.key_token(bytes)), request.base64),
-                },
-            )
-        }
+        } => (
+            parts(&servers),
+            Finish::Quorum {
+                quorum: quorum as u32,
+                forget: forget as u32,
+                warm: warm as u32,
+                older: OlderForget::new(older).map(Box::new),
+                forget_last,
+            },
+        ),
         Placement::CasThenCopy {
             owner,
             copies,
@@ -815,21 +816,23 @@ fn meta_work(
             return StepsWork::work(machine, None, key, 1, Some(meta));
         }
     };
-    let (parts, mode) = mode;
-    let forget_key = if older.is_none() {
-        (Bytes::new(), false)
-    } else {
-        (bytes.slice_ref(request.key_token(bytes)), request.base64)
+    // Only a replicated write's older owners and former replicas lose the
+    // key.
+    let key = match &finish {
+        Finish::Quorum { .. } => (bytes.slice_ref(request.key_token(bytes)), request.base64),
+        _ => (Bytes::new(), false),
     };
-    Work::Meta(spares::meta(MetaWork {
+    let meta = spares::meta_lines(MetaLines {
         counts_cas: meta.counts_cas,
-        expect,
         wire,
+        expect,
+        key,
+    });
+    Work::Lines {
         parts,
-        mode,
-        forget_key,
-        older: OlderForget::new(older),
-    }))
+        finish,
+        meta: Some(meta),
+    }
 }
 
 /// The work of a meta request on its owner `server` that may meet a lease

@@ -92,15 +92,17 @@ pub(super) enum Work {
     /// `stats reset`, done when it is the client's turn (a `stats` before
     /// it still shows the counts before it).
     StatsReset,
-    /// One-line replies from one or more servers.
+    /// A request forwarded to one or more servers, one reply each, in
+    /// either dialect: a classic request sends its own bytes and answers
+    /// with a server's line; a meta one says what it sends and how its
+    /// answer is counted in `meta`.
     Lines {
         parts: SmallVec<[Part; 1]>,
         finish: Finish,
+        meta: Option<Box<MetaLines>>,
     },
     /// A plan machine's steps (see [`StepsWork`]), in either dialect.
     Steps(Box<StepsWork>),
-    /// A meta command other than a plain `mg` forwarded (see [`MetaWork`]).
-    Meta(Box<MetaWork>),
     /// A retrieval (a classic one, or a plain `mg`), streamed.
     Retrieve {
         plan: Box<Retrieval>,
@@ -162,7 +164,7 @@ impl StepsWork {
 /// empty (`q` hid it).
 #[derive(Clone, Copy)]
 pub(super) struct MetaAnswer {
-    /// As [`MetaWork::counts_cas`].
+    /// As [`MetaLines::counts_cas`].
     pub(super) counts_cas: bool,
     /// The reply may carry a stored value (`mg … v`): budgeted like a
     /// get's key.
@@ -242,63 +244,62 @@ pub(super) fn count_copy(stats: &crate::stats::Stats, outcome: CopyOutcome) {
     }
 }
 
-/// One meta request on its way to one or more servers.
-pub(super) struct MetaWork {
+/// What a meta request forwarded as [`Work::Lines`] adds to the classic
+/// road: its own wire, its reply's kind, its key as the older owners and
+/// the previous ring's replicas lose it (by `md`), and how its answer is
+/// counted.
+pub(super) struct MetaLines {
     /// An `ms` with `C` in set mode: its reply feeds the `cas_*` stats, as
     /// memcached counts it (other modes with `C` it does not count).
     pub(super) counts_cas: bool,
     /// What each server is sent: the client's bytes, plus `mn` when quiet.
     pub(super) wire: SmallVec<[Bytes; 3]>,
     pub(super) expect: Expect,
-    /// The servers asked (all replicas for a quorum; the owner otherwise).
-    pub(super) parts: SmallVec<[Part; 1]>,
-    pub(super) mode: MetaMode,
-    /// Owners in older rings of chained changes: they get an `md` before
-    /// the request goes out (see `route::plan_meta`), with this key token
-    /// (and whether it is base64).
-    pub(super) older: Option<OlderForget>,
-    pub(super) forget_key: (Bytes, bool),
-}
-
-/// How a meta request's replies become the client's reply.
-pub(super) enum MetaMode {
-    /// The one server's reply.
-    Forward,
-    /// A replicated write (see `route::decide`); the last `forget` parts
-    /// delete the key from the previous ring's replicas (`key`: its token
-    /// and whether it is base64), with `forget_last` only once the others
-    /// answered.
-    Quorum {
-        quorum: usize,
-        forget: usize,
-        /// The `warm` parts before the `forget` ones: warming servers, sent
-        /// the request itself, awaited and not counted.
-        warm: usize,
-        key: (Bytes, bool),
-        forget_last: bool,
-    },
+    /// The key token and whether it is base64; empty unless someone is to
+    /// lose the key.
+    pub(super) key: (Bytes, bool),
 }
 
 /// How the parts' one-line replies become the client's reply.
 pub(super) enum Finish {
     Forward,
     /// A replicated write: the quorum, and how many of the last parts are
-    /// `delete`s to the previous ring's replicas (see `placement::Placement::Quorum`;
-    /// with `forget_last`, sent once the others answered);
-    /// `older`: the deletes that go before it in chained windows.
+    /// `delete`s (`md`s) to the previous ring's replicas (see
+    /// `placement::Placement::Quorum`; with `forget_last`, sent once the
+    /// others answered); `older`: the deletes that go before it in chained
+    /// windows.
     /// The counts (of a key's replicas) in 4 bytes each keep every entry
     /// within 256 bytes, where moving one is a short copy.
     Quorum {
         quorum: u32,
         forget: u32,
-        /// As in [`MetaMode::Quorum`].
+        /// The `warm` parts before the `forget` ones: warming servers, sent
+        /// the request itself, awaited and not counted.
         warm: u32,
         older: Option<Box<OlderForget>>,
         forget_last: bool,
     },
     /// A broadcast (`flush_all`): `OK` only if every server said `OK`;
-    /// with [`Joined`], one of several entries of one request.
-    AllOk(Option<Joined>),
+    /// with [`Joined`], one of several entries of one request (boxed: a
+    /// rare request, and entries stay within 256 bytes).
+    AllOk(Option<Box<Joined>>),
+}
+
+impl Finish {
+    /// The deletes that go before a replicated write in chained windows.
+    pub(super) fn older(&self) -> Option<&OlderForget> {
+        match self {
+            Finish::Quorum { older, .. } => older.as_deref(),
+            _ => None,
+        }
+    }
+
+    pub(super) fn older_mut(&mut self) -> Option<&mut OlderForget> {
+        match self {
+            Finish::Quorum { older, .. } => older.as_deref_mut(),
+            _ => None,
+        }
+    }
 }
 
 /// A `flush_all` that reaches several pools: one entry per pool, each
@@ -321,25 +322,14 @@ impl Work {
     pub(super) fn all_unanswered(&self, ours: &mut dyn FnMut(usize, &Rc<Slot>) -> bool) -> bool {
         match self {
             Work::Ready(_) | Work::Stats | Work::StatsReset => true,
-            Work::Lines { parts, finish } => {
-                let older = match finish {
-                    Finish::Quorum { older, .. } => older.as_deref(),
-                    _ => None,
-                };
-                parts
-                    .iter()
-                    .chain(OlderForget::parts(older))
-                    .all(|p| p.all_unanswered(ours))
-            }
+            Work::Lines { parts, finish, .. } => parts
+                .iter()
+                .chain(OlderForget::parts(finish.older()))
+                .all(|p| p.all_unanswered(ours)),
             Work::Steps(steps) => steps
                 .parts
                 .iter()
                 .chain(OlderForget::parts(steps.older.as_ref()))
-                .all(|p| p.all_unanswered(ours)),
-            Work::Meta(meta) => meta
-                .parts
-                .iter()
-                .chain(OlderForget::parts(meta.older.as_ref()))
                 .all(|p| p.all_unanswered(ours)),
             Work::Retrieve { in_flight, .. } => in_flight
                 .iter()
