@@ -70,7 +70,6 @@ use bytes::Bytes;
 
 use crate::backend::conn::Conn;
 use crate::backend::slot::Slot;
-use crate::plan::placement::Placement;
 use crate::plan::route::{Plan, SubRequest};
 use crate::pools::topology::Topology;
 use crate::protocol::meta::MetaRequest;
@@ -95,6 +94,80 @@ pub const COUNTERS_PER_SERVER: usize = 128;
 #[inline]
 pub fn key_hash(key: &[u8]) -> u64 {
     crate::ring::key_hash(key)
+}
+
+/// A request's keys as the hot keys count them, in either dialect.
+pub(crate) trait CountedKeys {
+    /// How many keys it has.
+    fn len(&self) -> usize;
+    /// Key `i` as the ring placed it (a meta `b` key decoded).
+    fn key(&self, i: usize) -> &[u8];
+    /// Whether it may change what its keys hold (it is then a write).
+    fn writes(&self) -> bool;
+    /// Whether it empties every server (`flush_all`).
+    fn flushes(&self) -> bool;
+    /// What a `get` of the key would answer once it is stored, for the
+    /// near cache: a storage command's `VALUE` block.
+    fn stored_block(&self) -> Option<Bytes>;
+}
+
+/// A classic request's keys, read in its bytes.
+pub(crate) struct ClassicKeys<'r> {
+    pub request: &'r Request,
+    pub bytes: &'r Bytes,
+}
+
+impl CountedKeys for ClassicKeys<'_> {
+    fn len(&self) -> usize {
+        self.request.keys.len()
+    }
+
+    fn key(&self, i: usize) -> &[u8] {
+        self.request.key(self.bytes, i)
+    }
+
+    fn writes(&self) -> bool {
+        is_write(self.request.command)
+    }
+
+    fn flushes(&self) -> bool {
+        self.request.command == Command::FlushAll
+    }
+
+    fn stored_block(&self) -> Option<Bytes> {
+        stored_value(self.request, self.bytes)
+    }
+}
+
+/// A meta request's one key (its routing key: a `b` key decoded); a
+/// request that may change the item is a write. The near cache takes no
+/// value from it.
+pub(crate) struct MetaKey<'r> {
+    pub request: &'r MetaRequest,
+    pub bytes: &'r Bytes,
+    pub key: &'r [u8],
+}
+
+impl CountedKeys for MetaKey<'_> {
+    fn len(&self) -> usize {
+        usize::from(self.request.key.is_some())
+    }
+
+    fn key(&self, _: usize) -> &[u8] {
+        self.key
+    }
+
+    fn writes(&self) -> bool {
+        self.request.changes_item(self.bytes)
+    }
+
+    fn flushes(&self) -> bool {
+        false
+    }
+
+    fn stored_block(&self) -> Option<Bytes> {
+        None
+    }
 }
 
 /// A worker's handle on the shared state.
@@ -196,12 +269,12 @@ impl HotWorker {
         self.shared.report()
     }
 
-    /// Counts the keys of a planned request against their servers; for a
-    /// write, returns what keeps it pending until it is complete.
+    /// Counts the keys of a request (either dialect) against the servers
+    /// its `plan` sends them to; for a write, returns what keeps it pending
+    /// until it is complete.
     pub(crate) fn on_request(
         &self,
-        request: &Request,
-        bytes: &Bytes,
+        request: &impl CountedKeys,
         plan: &Plan,
         topology: &Topology,
     ) -> Option<Rc<WriteGuard>> {
@@ -211,8 +284,7 @@ impl HotWorker {
         if !self.shared.started.detect {
             return None;
         }
-        let command = request.command;
-        let write = is_write(command);
+        let write = request.writes();
         let caching = write && self.shared.caching();
         let mut hashes = WrittenKeys::new();
         {
@@ -225,8 +297,12 @@ impl HotWorker {
             if counted {
                 state.map(topology);
             }
-            // The planner's hash of the key when it took this one.
-            let mut count = |server: Option<usize>, key: &[u8], planned: Option<u64>| {
+            for i in 0..request.len() {
+                let Some((server, planned)) = plan.key_target(i) else {
+                    continue;
+                };
+                let key = request.key(i);
+                // The planner's hash of the key when it took this one.
                 let hash = planned.unwrap_or_else(|| key_hash(key));
                 if counted {
                     state.count(server, hash, key);
@@ -235,47 +311,19 @@ impl HotWorker {
                     let key = caching.then(|| cache_key(topology, key));
                     hashes.push((hash, key));
                 }
-            };
-            match plan {
-                Plan::Key(placement) => {
-                    if let Some((owner, hash)) = placement.owner() {
-                        count(Some(owner), request.key(bytes, 0), hash);
-                    }
-                }
-                // A command on its owner that may meet a lease in a window
-                // (a one-key `gat` too): counted as on its owner.
-                Plan::Lease { server, hash, .. } => {
-                    count(Some(*server), request.key(bytes, 0), *hash);
-                }
-                Plan::Retrieve(retrieval) => {
-                    for i in 0..request.keys.len() {
-                        count(
-                            retrieval.owner(i),
-                            request.key(bytes, i),
-                            retrieval.key_hash(i),
-                        );
-                    }
-                }
-                _ => {}
             }
         }
-        if command == Command::FlushAll && write {
+        if write && request.flushes() {
             return Some(self.guard(Target::All, None));
         }
         if hashes.is_empty() {
             return None;
         }
         // A hot key's stored value can answer the next `get`s at once: when
-        // the write goes to the owner alone (in a window, an `add`,
-        // `replace` or `cas` there as the lease retry) and the key is hot
-        // here.
-        let fill = match (caching, plan, &hashes[..]) {
-            (
-                true,
-                Plan::Key(Placement::Owner { .. }) | Plan::Lease { .. },
-                [(hash, Some(key))],
-            ) if self.state.borrow().hot.contains(hash) => {
-                stored_value(request, bytes).map(|block| WriteFill {
+        // the write goes to the owner alone and the key is hot here.
+        let fill = match (caching && plan.owner_alone(), &hashes[..]) {
+            (true, [(hash, Some(key))]) if self.state.borrow().hot.contains(hash) => {
+                request.stored_block().map(|block| WriteFill {
                     key: key.clone(),
                     hash: *hash,
                     block,
@@ -284,42 +332,6 @@ impl HotWorker {
             _ => None,
         };
         Some(self.guard(Target::Keys(hashes), fill))
-    }
-
-    /// [`HotWorker::on_request`] for a meta request: counts its key against
-    /// its owner; a request that may change the item is a write.
-    pub(crate) fn on_meta_request(
-        &self,
-        request: &MetaRequest,
-        bytes: &Bytes,
-        key: &[u8],
-        plan: &Plan,
-        topology: &Topology,
-    ) -> Option<Rc<WriteGuard>> {
-        let (owner, planned) = match plan {
-            Plan::Key(placement) => placement.owner()?,
-            // A plain `mg`, planned as a one-key retrieval.
-            Plan::Retrieve(retrieval) => (retrieval.owner(0)?, retrieval.key_hash(0)),
-            Plan::Lease { server, hash, .. } => (*server, *hash),
-            _ => return None,
-        };
-        if !self.shared.started.detect {
-            return None;
-        }
-        // The planner's hash of the key when it took this one.
-        let hash = planned.unwrap_or_else(|| key_hash(key));
-        let owner = Some(owner);
-        {
-            let mut state = self.state.borrow_mut();
-            if state.sampler.take() {
-                state.map(topology);
-                state.count(owner, hash, key);
-            }
-        }
-        request.changes_item(bytes).then(|| {
-            let key = self.shared.caching().then(|| cache_key(topology, key));
-            self.guard(Target::Keys(smallvec::smallvec![(hash, key)]), None)
-        })
     }
 
     /// Decides how one sub-request of a retrieval, about to be queued on

@@ -99,6 +99,28 @@ pub(crate) enum Plan {
 }
 
 impl Plan {
+    /// Where the plan sends key `i` (a one-key request's is key 0), as the
+    /// hot keys count it: the server first asked (`None`: no server), and
+    /// the key's hash when the planner took it by the hash the hot keys
+    /// count with. `None` when the plan sends the key nowhere.
+    pub(crate) fn key_target(&self, i: usize) -> Option<(Option<usize>, Option<u64>)> {
+        match self {
+            Plan::Key(placement) if i == 0 => placement.owner().map(|(s, hash)| (Some(s), hash)),
+            Plan::Lease { server, hash, .. } if i == 0 => Some((Some(*server), *hash)),
+            Plan::Retrieve(retrieval) => Some((retrieval.owner(i), retrieval.key_hash(i))),
+            _ => None,
+        }
+    }
+
+    /// Whether a write goes to its key's owner alone (in a window, as the
+    /// lease retry there), so that what it stores is what the key holds.
+    pub(crate) fn owner_alone(&self) -> bool {
+        matches!(
+            self,
+            Plan::Key(Placement::Owner { .. }) | Plan::Lease { .. }
+        )
+    }
+
     /// Makes a retrieval's plan one run of a retrieval across pools (see
     /// [`Split`]): a retrieval, or a one-key `gat` planned as the lease
     /// retry.
@@ -1659,6 +1681,60 @@ mod tests {
             plan("mg foo v\r\n", &replicated),
             Plan::Key(Placement::ReadThrough { .. })
         ));
+    }
+
+    #[test]
+    fn a_plan_says_where_each_key_goes_as_the_hot_keys_count_it() {
+        let (_runtime, old, new) = crate::pools::topology::tests::four_then_five();
+        let plan = |line: &str, topology: &Topology| {
+            let bytes = Bytes::from(line.to_string());
+            let (request, _) = parse_request(&bytes, &Limits::default()).unwrap().unwrap();
+            plan(
+                &request,
+                &bytes,
+                topology,
+                &HealthView::NONE,
+                &mut Reuse::default(),
+            )
+        };
+        let owner = |t: &Topology, k: &str| t.owner_index(k.as_bytes()).unwrap();
+        let stays = (0..2000)
+            .map(|i| format!("k{i}"))
+            .find(|k| new.backends[owner(&new, k)].name() == old.backends[owner(&old, k)].name())
+            .unwrap();
+        // A write to its owner: the owner, with the planner's hash; alone.
+        let set = plan(&format!("set {stays} 0 0 1\r\nx\r\n"), &old);
+        let Some((Some(server), Some(hash))) = set.key_target(0) else {
+            panic!("{set:?}");
+        };
+        assert_eq!(server, owner(&old, &stays));
+        assert!(set.owner_alone());
+        assert_eq!(set.key_target(1), None);
+        // In a window, as the lease retry: the same owner and hash, alone.
+        let touch = plan(&format!("touch {stays} 10\r\n"), &new);
+        assert!(matches!(touch, Plan::Lease { .. }), "{touch:?}");
+        assert_eq!(
+            touch.key_target(0),
+            Some((Some(owner(&new, &stays)), Some(hash)))
+        );
+        assert!(touch.owner_alone());
+        // A retrieval: each key's owner, in the client's order; never a
+        // write to one owner alone.
+        let keys = ["a", "b", "c", "d"];
+        let get = plan(&format!("get {}\r\n", keys.join(" ")), &old);
+        for (i, key) in keys.iter().enumerate() {
+            let (server, _) = get.key_target(i).expect("a key of the get");
+            assert_eq!(server, Some(owner(&old, key)), "{key}");
+        }
+        assert!(!get.owner_alone());
+        // memring's own answers send no key anywhere.
+        assert_eq!(plan("stats\r\n", &old).key_target(0), None);
+        // With replicas a write is not the owner's alone.
+        let (_runtime, replicated, _) =
+            crate::pools::topology::tests::four_then_five_with("replicas = 2\n");
+        let set = plan(&format!("set {stays} 0 0 1\r\nx\r\n"), &replicated);
+        assert!(matches!(set.key_target(0), Some((Some(_), _))), "{set:?}");
+        assert!(!set.owner_alone());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! `route`, and what the hot-key state says about it.
 
 use super::*;
-use crate::hotkeys::HotWorker;
+use crate::hotkeys::{ClassicKeys, HotWorker, MetaKey};
 use crate::plan::handoff::cas::CasTakeover;
 use crate::plan::lease_retry::LeaseRetry;
 use crate::plan::meta_read::MetaRead;
@@ -591,7 +591,11 @@ impl Dialect for Request {
         plan: &Plan,
         topology: &Topology,
     ) -> Option<Rc<WriteGuard>> {
-        hot.on_request(self, bytes, plan, topology)
+        let keys = ClassicKeys {
+            request: self,
+            bytes,
+        };
+        hot.on_request(&keys, plan, topology)
     }
 
     fn queue(
@@ -668,7 +672,12 @@ impl Dialect for MetaRequest {
         plan: &Plan,
         topology: &Topology,
     ) -> Option<Rc<WriteGuard>> {
-        hot.on_meta_request(self, bytes, key, plan, topology)
+        let key = MetaKey {
+            request: self,
+            bytes,
+            key,
+        };
+        hot.on_request(&key, plan, topology)
     }
 
     fn queue(
