@@ -127,15 +127,8 @@ impl ClientSession {
         bytes: &Bytes,
         plan: &mut Plan,
     ) -> Option<Box<Pairs>> {
-        if request.keys.is_empty() {
-            return None;
-        }
-        let forwarded = match plan {
-            Plan::Key(placement) => !matches!(placement, Placement::NoServers),
-            Plan::Retrieve(_) | Plan::Lease { .. } => true,
-            _ => false,
-        };
-        if !forwarded {
+        // Only a request the plan sends a key of to a server.
+        if request.keys.is_empty() || plan.key_target(0).is_none() {
             return None;
         }
         let shadow = self.shadow_for(request.key(bytes, 0))?;
@@ -196,13 +189,8 @@ impl ClientSession {
         routing: &[u8],
         plan: &Plan,
     ) -> Option<Box<Pairs>> {
-        request.key?;
-        let forwarded = match plan {
-            Plan::Key(placement) => !matches!(placement, Placement::NoServers),
-            Plan::Retrieve(_) | Plan::Lease { .. } => true,
-            _ => false,
-        };
-        if !forwarded {
+        // As for a classic request.
+        if request.key.is_none() || plan.key_target(0).is_none() {
             return None;
         }
         if !matches!(
