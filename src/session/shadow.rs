@@ -7,7 +7,9 @@
 
 use super::*;
 use crate::error::BackendError;
+use crate::hotkeys::{ClassicKeys, CountedKeys, MetaKey};
 use crate::pools::shadow::{value_digest, Pair, Sampler, ShadowReply, Side};
+use crate::protocol::encode::Outbound;
 use crate::protocol::outcome::{Outcome, Reply};
 use crate::stats::ShadowCounters;
 
@@ -90,6 +92,94 @@ fn primary_side(pairs: &Pairs, side: Side) {
     }
 }
 
+/// What the shadow pool is sent of a request (its keys as the ring places
+/// them, as the hot keys count them: [`CountedKeys`]).
+pub(super) trait Shadowed: CountedKeys {
+    /// A read whose answers are compared, a write that is copied, or
+    /// neither.
+    fn shadow_part(&self) -> ShadowPart<'_>;
+    /// Key `i` as the client sent it, and whether that is base64.
+    fn token(&self, i: usize) -> (&[u8], bool);
+    /// A write's copy for the shadow and its reply's kind: the shadow's cas
+    /// numbers are its own (a `cas` goes as a `set`, a meta `C` is
+    /// dropped), and the copy always answers, so the shadow's connection
+    /// stays in step (`noreply` and `q` are dropped too).
+    fn copy(&self) -> (Outbound, Expect);
+}
+
+/// What a request is to the shadow.
+pub(super) enum ShadowPart<'r> {
+    /// A read: each sampled key is read from the shadow too (with a `gat`'s
+    /// or an `mg … T`'s new expiry, `ttl`), and compared.
+    Reads {
+        ttl: Option<&'r [u8]>,
+    },
+    /// A write (storage, delete, arithmetic, touch): a sampled key's copy.
+    Copy,
+    Nothing,
+}
+
+impl Shadowed for ClassicKeys<'_> {
+    fn shadow_part(&self) -> ShadowPart<'_> {
+        let command = self.request.command;
+        // A retrieval, or a one-key `gat` planned as the lease retry.
+        if command.is_retrieval() {
+            return ShadowPart::Reads {
+                ttl: self.request.arg.map(|arg| arg.of(self.bytes)),
+            };
+        }
+        let writes = command.is_storage()
+            || matches!(
+                command,
+                Command::Delete | Command::Incr | Command::Decr | Command::Touch
+            );
+        match writes {
+            true => ShadowPart::Copy,
+            false => ShadowPart::Nothing,
+        }
+    }
+
+    fn token(&self, i: usize) -> (&[u8], bool) {
+        (self.key(i), false)
+    }
+
+    fn copy(&self) -> (Outbound, Expect) {
+        let (request, bytes) = (self.request, self.bytes);
+        let wire = match request.command {
+            Command::Cas => crate::protocol::encode::cas_as_set(request, bytes),
+            _ => forwardable(bytes, request),
+        };
+        let line = request.command.reply_line().unwrap_or(LineKind::Ok);
+        (wire, Expect::Line(line))
+    }
+}
+
+impl Shadowed for MetaKey<'_> {
+    fn shadow_part(&self) -> ShadowPart<'_> {
+        match self.request.command {
+            MetaCommand::Get => ShadowPart::Reads {
+                ttl: self
+                    .request
+                    .flags(self.bytes)
+                    .find(|(flag, _)| *flag == b'T')
+                    .map(|(_, token)| &token[1..]),
+            },
+            MetaCommand::Set | MetaCommand::Delete | MetaCommand::Arithmetic => ShadowPart::Copy,
+            MetaCommand::Noop | MetaCommand::Debug => ShadowPart::Nothing,
+        }
+    }
+
+    fn token(&self, _: usize) -> (&[u8], bool) {
+        (self.request.key_token(self.bytes), self.request.base64)
+    }
+
+    fn copy(&self) -> (Outbound, Expect) {
+        let copy = route::meta_copy(self.request, self.bytes);
+        let expect = Expect::meta(self.request.command, false);
+        (smallvec::smallvec![copy], expect)
+    }
+}
+
 impl ClientSession {
     /// The shadow of the pool a request with routing key `key` is planned
     /// on (the bound pool's, for a client of a pool's own listener).
@@ -117,107 +207,52 @@ impl ClientSession {
         })
     }
 
-    /// Sends the shadow's part of a classic request planned as `plan`: a
-    /// write's copy (a `cas` as a plain `set`: the shadow's cas numbers are
-    /// its own), or one `mg` per sampled key of a retrieval, whose pairs it
-    /// returns.
-    pub(super) fn shadow_classic(
-        &self,
-        request: &Request,
-        bytes: &Bytes,
-        plan: &mut Plan,
-    ) -> Option<Box<Pairs>> {
+    /// Sends the shadow's part of a request (either dialect) planned as
+    /// `plan`: a write's copy, or one `mg` per sampled key of a read, whose
+    /// pairs it returns (see [`Shadowed`]).
+    pub(super) fn shadow(&self, request: &impl Shadowed, plan: &mut Plan) -> Option<Box<Pairs>> {
         // Only a request the plan sends a key of to a server.
-        if request.keys.is_empty() || plan.key_target(0).is_none() {
+        if request.len() == 0 || plan.key_target(0).is_none() {
             return None;
         }
-        let shadow = self.shadow_for(request.key(bytes, 0))?;
-        let command = request.command;
-        // A retrieval, or a one-key `gat` planned as the lease retry.
-        if command.is_retrieval() {
-            // `gat`/`gats`: the new expiry goes to the shadow too.
-            let ttl = request.arg.map(|arg| arg.of(bytes));
-            let mut pairs = Pairs::new();
-            for i in 0..request.keys.len() {
-                let key = request.key(bytes, i);
-                if !shadow.sampler.sampled(key) {
-                    continue;
-                }
-                let pair = Pair::new(shadow.counters.clone());
-                let line = get_line(key, false, ttl);
-                if self.send_shadow(&shadow, key, &[line], get_expect(), Some(pair.clone())) {
-                    pairs.push((i as u32, pair));
-                }
-            }
-            if pairs.is_empty() {
+        let part = request.shadow_part();
+        if let ShadowPart::Nothing = part {
+            return None;
+        }
+        let shadow = self.shadow_for(request.key(0))?;
+        let ShadowPart::Reads { ttl } = part else {
+            let key = request.key(0);
+            if !shadow.sampler.sampled(key) {
                 return None;
             }
-            if let Plan::Retrieve(retrieval) = plan {
+            let (wire, expect) = request.copy();
+            self.send_shadow(&shadow, key, &wire, expect, None);
+            return None;
+        };
+        let mut pairs = Pairs::new();
+        for i in 0..request.len() {
+            let key = request.key(i);
+            if !shadow.sampler.sampled(key) {
+                continue;
+            }
+            let pair = Pair::new(shadow.counters.clone());
+            let (token, base64) = request.token(i);
+            let line = get_line(token, base64, ttl);
+            if self.send_shadow(&shadow, key, &[line], get_expect(), Some(pair.clone())) {
+                pairs.push((i as u32, pair));
+            }
+        }
+        if pairs.is_empty() {
+            return None;
+        }
+        // A classic retrieval's answers are compared key by key as they
+        // go to the client; an `mg`'s one answer as it came.
+        if let Plan::Retrieve(retrieval) = plan {
+            if !retrieval.is_meta() {
                 retrieval.record_answers();
             }
-            return Some(Box::new(pairs));
         }
-        let writes = command.is_storage()
-            || matches!(
-                command,
-                Command::Delete | Command::Incr | Command::Decr | Command::Touch
-            );
-        let key = request.key(bytes, 0);
-        if !writes || !shadow.sampler.sampled(key) {
-            return None;
-        }
-        // `noreply` is stripped (as for the primary): the shadow always
-        // answers, so its connection stays in step.
-        let wire = if command == Command::Cas {
-            crate::protocol::encode::cas_as_set(request, bytes)
-        } else {
-            forwardable(bytes, request)
-        };
-        let expect = Expect::Line(command.reply_line().unwrap_or(LineKind::Ok));
-        self.send_shadow(&shadow, key, &wire, expect, None);
-        None
-    }
-
-    /// Sends the shadow's part of a meta request planned as `plan`: `ms`,
-    /// `md` and `ma` without `C` and `q` (the shadow's cas numbers are its
-    /// own, and a copy that always answers is framed without an `mn`), and
-    /// for `mg` an `mg <key> v`, whose pair it returns.
-    pub(super) fn shadow_meta(
-        &self,
-        request: &MetaRequest,
-        bytes: &Bytes,
-        routing: &[u8],
-        plan: &Plan,
-    ) -> Option<Box<Pairs>> {
-        // As for a classic request.
-        if request.key.is_none() || plan.key_target(0).is_none() {
-            return None;
-        }
-        if !matches!(
-            request.command,
-            MetaCommand::Get | MetaCommand::Set | MetaCommand::Delete | MetaCommand::Arithmetic
-        ) {
-            return None;
-        }
-        let shadow = self.shadow_for(routing)?;
-        if !shadow.sampler.sampled(routing) {
-            return None;
-        }
-        if request.command == MetaCommand::Get {
-            let ttl = request
-                .flags(bytes)
-                .find(|(flag, _)| *flag == b'T')
-                .map(|(_, token)| &token[1..]);
-            let line = get_line(request.key_token(bytes), request.base64, ttl);
-            let pair = Pair::new(shadow.counters.clone());
-            return self
-                .send_shadow(&shadow, routing, &[line], get_expect(), Some(pair.clone()))
-                .then(|| Box::new(smallvec::smallvec![(0, pair)]));
-        }
-        let copy = route::meta_copy(request, bytes);
-        let expect = Expect::meta(request.command, false);
-        self.send_shadow(&shadow, routing, &[copy], expect, None);
-        None
+        Some(Box::new(pairs))
     }
 
     /// Queues `wire` on the shadow owner of `key`, if the worker's bound

@@ -1,8 +1,9 @@
 //! Turning a parsed request into the work its entry holds: the plan from
 //! `route`, and what the hot-key state says about it.
 
+use super::shadow::Shadowed;
 use super::*;
-use crate::hotkeys::{ClassicKeys, HotWorker, MetaKey};
+use crate::hotkeys::{ClassicKeys, MetaKey};
 use crate::plan::handoff::cas::CasTakeover;
 use crate::plan::lease_retry::LeaseRetry;
 use crate::plan::meta_read::MetaRead;
@@ -242,15 +243,15 @@ impl ClientSession {
         topology.figures.request(request.command());
         // The key the ring places (a meta `b` key as decoded already) for
         // the plan, the shadow and the hot-key count.
-        let key = request.plan_key(&bytes, decoded);
+        let keys = request.keys(&bytes, decoded);
         let health = self
             .health
             .of(&topology, self.worker.clock.turn(), &self.worker);
-        let mut plan = request.plan(&bytes, &key, &topology, health);
+        let mut plan = request.plan(&keys, &topology, health);
         plan.split(split);
-        let shadow = request.shadow(self, &bytes, &key, &mut plan);
-        let hot = request.hot(&self.worker.hot, &bytes, &key, &plan, &topology);
-        drop(key);
+        let shadow = self.shadow(&keys, &mut plan);
+        let hot = self.worker.hot.on_request(&keys, &plan, &topology);
+        drop(keys);
         request.queue(self, bytes, topology, plan, (hot, shadow));
     }
 
@@ -308,18 +309,15 @@ impl ClientSession {
                 warm,
                 older,
                 forget_last,
-            }) => Work::Lines {
-                parts: servers.into_iter().map(Part::new).collect(),
-                // A key's replicas: few enough for 4 bytes.
-                finish: Finish::Quorum {
-                    quorum: quorum as u32,
-                    forget: forget as u32,
-                    warm: warm as u32,
-                    older: OlderForget::new(older).map(Box::new),
-                    forget_last,
-                },
-                meta: None,
-            },
+            }) => {
+                let (parts, finish) =
+                    quorum_lines(&servers, (quorum, forget, warm), older, forget_last);
+                Work::Lines {
+                    parts,
+                    finish,
+                    meta: None,
+                }
+            }
             Plan::Broadcast { servers } => Work::Lines {
                 parts: servers.into_iter().map(Part::new).collect(),
                 finish: Finish::AllOk(None),
@@ -481,10 +479,9 @@ trait Dialect: Sized {
     /// meta request's `b` key; nothing for other keys, which are read in
     /// the request's bytes.
     type Decoded;
-    /// What the plan, the shadow and the hot-key count are given of the
-    /// key: a meta request's routing key (a `b` key as decoded); nothing
-    /// for a classic request, whose keys they read in its bytes.
-    type Key<'b>
+    /// Its keys as the plan, the shadow and the hot-key count read them
+    /// (the ring's key: a meta `b` key as decoded).
+    type Keys<'b>: Shadowed
     where
         Self: 'b;
 
@@ -500,35 +497,12 @@ trait Dialect: Sized {
     /// Its (first) key, as the routes read it; only asked when
     /// [`Dialect::keyed`].
     fn route_key<'b>(&'b self, bytes: &'b Bytes, decoded: &'b Self::Decoded) -> &'b [u8];
-    /// Its key for the plan, the shadow and the hot-key count.
-    fn plan_key<'b>(&'b self, bytes: &'b Bytes, decoded: &'b Self::Decoded) -> Self::Key<'b>;
+    /// Its keys for the plan, the shadow and the hot-key count.
+    fn keys<'b>(&'b self, bytes: &'b Bytes, decoded: &'b Self::Decoded) -> Self::Keys<'b>;
     /// The request with its TTLs capped at `ttl` seconds, for a gutter.
     fn capped(self, session: &ClientSession, bytes: Bytes, ttl: u64) -> (Self, Bytes);
     /// Its plan (see `route::plan`, `route::plan_meta`).
-    fn plan(
-        &self,
-        bytes: &Bytes,
-        key: &Self::Key<'_>,
-        topology: &Topology,
-        health: &HealthView,
-    ) -> Plan;
-    /// What the shadow pool gets of it (see `session::shadow`).
-    fn shadow(
-        &self,
-        session: &ClientSession,
-        bytes: &Bytes,
-        key: &Self::Key<'_>,
-        plan: &mut Plan,
-    ) -> Option<Box<shadow::Pairs>>;
-    /// Its count in the hot keys, and the guard of a write.
-    fn hot(
-        &self,
-        hot: &HotWorker,
-        bytes: &Bytes,
-        key: &Self::Key<'_>,
-        plan: &Plan,
-        topology: &Topology,
-    ) -> Option<Rc<WriteGuard>>;
+    fn plan(&self, keys: &Self::Keys<'_>, topology: &Topology, health: &HealthView) -> Plan;
     /// Queues the entry of its `plan` on `topology` (or nothing, as the
     /// plan says).
     fn queue(
@@ -543,7 +517,7 @@ trait Dialect: Sized {
 
 impl Dialect for Request {
     type Decoded = ();
-    type Key<'b> = ();
+    type Keys<'b> = ClassicKeys<'b>;
 
     fn command(&self) -> Command {
         self.command
@@ -563,39 +537,19 @@ impl Dialect for Request {
         self.key(bytes, 0)
     }
 
-    fn plan_key(&self, _: &Bytes, _: &()) {}
+    fn keys<'b>(&'b self, bytes: &'b Bytes, _: &()) -> ClassicKeys<'b> {
+        ClassicKeys {
+            request: self,
+            bytes,
+        }
+    }
 
     fn capped(self, session: &ClientSession, bytes: Bytes, ttl: u64) -> (Request, Bytes) {
         session.capped(self, bytes, ttl)
     }
 
-    fn plan(&self, bytes: &Bytes, _: &(), topology: &Topology, health: &HealthView) -> Plan {
-        spares::plan(self, bytes, topology, health)
-    }
-
-    fn shadow(
-        &self,
-        session: &ClientSession,
-        bytes: &Bytes,
-        _: &(),
-        plan: &mut Plan,
-    ) -> Option<Box<shadow::Pairs>> {
-        session.shadow_classic(self, bytes, plan)
-    }
-
-    fn hot(
-        &self,
-        hot: &HotWorker,
-        bytes: &Bytes,
-        _: &(),
-        plan: &Plan,
-        topology: &Topology,
-    ) -> Option<Rc<WriteGuard>> {
-        let keys = ClassicKeys {
-            request: self,
-            bytes,
-        };
-        hot.on_request(&keys, plan, topology)
+    fn plan(&self, keys: &ClassicKeys<'_>, topology: &Topology, health: &HealthView) -> Plan {
+        spares::plan(self, keys.bytes, topology, health)
     }
 
     fn queue(
@@ -614,7 +568,7 @@ impl Dialect for Request {
 
 impl Dialect for MetaRequest {
     type Decoded = Option<DecodedKey>;
-    type Key<'b> = &'b [u8];
+    type Keys<'b> = MetaKey<'b>;
 
     fn command(&self) -> Command {
         Command::of_meta(self.command)
@@ -636,13 +590,17 @@ impl Dialect for MetaRequest {
     }
 
     fn route_key<'b>(&'b self, bytes: &'b Bytes, decoded: &'b Option<DecodedKey>) -> &'b [u8] {
-        self.plan_key(bytes, decoded)
-    }
-
-    fn plan_key<'b>(&'b self, bytes: &'b Bytes, decoded: &'b Option<DecodedKey>) -> &'b [u8] {
         match decoded {
             Some(key) => key,
             None => self.key_token(bytes),
+        }
+    }
+
+    fn keys<'b>(&'b self, bytes: &'b Bytes, decoded: &'b Option<DecodedKey>) -> MetaKey<'b> {
+        MetaKey {
+            request: self,
+            bytes,
+            key: self.route_key(bytes, decoded),
         }
     }
 
@@ -650,34 +608,8 @@ impl Dialect for MetaRequest {
         session.meta_capped(self, bytes, ttl)
     }
 
-    fn plan(&self, bytes: &Bytes, key: &&[u8], topology: &Topology, health: &HealthView) -> Plan {
-        spares::plan_meta(self, bytes, key, topology, health)
-    }
-
-    fn shadow(
-        &self,
-        session: &ClientSession,
-        bytes: &Bytes,
-        key: &&[u8],
-        plan: &mut Plan,
-    ) -> Option<Box<shadow::Pairs>> {
-        session.shadow_meta(self, bytes, key, plan)
-    }
-
-    fn hot(
-        &self,
-        hot: &HotWorker,
-        bytes: &Bytes,
-        key: &&[u8],
-        plan: &Plan,
-        topology: &Topology,
-    ) -> Option<Rc<WriteGuard>> {
-        let key = MetaKey {
-            request: self,
-            bytes,
-            key,
-        };
-        hot.on_request(&key, plan, topology)
+    fn plan(&self, key: &MetaKey<'_>, topology: &Topology, health: &HealthView) -> Plan {
+        spares::plan_meta(self, key.bytes, key.key, topology, health)
     }
 
     fn queue(
@@ -753,7 +685,6 @@ fn meta_work(
         }
         // One that may meet a lease the planner made a `Plan::Lease`.
         Placement::Owner { server, .. } => (parts(&[server]), Finish::Forward),
-        // A key's replicas: few enough for 4 bytes.
         Placement::Quorum {
             servers,
             quorum,
@@ -761,16 +692,7 @@ fn meta_work(
             warm,
             older,
             forget_last,
-        } => (
-            parts(&servers),
-            Finish::Quorum {
-                quorum: quorum as u32,
-                forget: forget as u32,
-                warm: warm as u32,
-                older: OlderForget::new(older).map(Box::new),
-                forget_last,
-            },
-        ),
+        } => quorum_lines(&servers, (quorum, forget, warm), older, forget_last),
         Placement::CasThenCopy {
             owner,
             copies,
@@ -842,6 +764,27 @@ fn meta_work(
         finish,
         meta: Some(meta),
     }
+}
+
+/// The parts and finish of a write to a key's replicas by quorum, in
+/// either dialect (`counts`: the quorum, the former replicas that lose the
+/// key and the warming servers; see `Placement::Quorum`).
+fn quorum_lines(
+    servers: &[usize],
+    (quorum, forget, warm): (usize, usize, usize),
+    older: Option<Box<crate::pools::topology::OlderOwners>>,
+    forget_last: bool,
+) -> (SmallVec<[Part; 1]>, Finish) {
+    let parts = servers.iter().map(|&server| Part::new(server)).collect();
+    // A key's replicas: few enough for 4 bytes.
+    let finish = Finish::Quorum {
+        quorum: quorum as u32,
+        forget: forget as u32,
+        warm: warm as u32,
+        older: OlderForget::new(older).map(Box::new),
+        forget_last,
+    };
+    (parts, finish)
 }
 
 /// The work of a meta request on its owner `server` that may meet a lease
