@@ -103,6 +103,7 @@ impl Plan {
     /// hot keys count it: the server first asked (`None`: no server), and
     /// the key's hash when the planner took it by the hash the hot keys
     /// count with. `None` when the plan sends the key nowhere.
+    #[inline]
     pub(crate) fn key_target(&self, i: usize) -> Option<(Option<usize>, Option<u64>)> {
         match self {
             Plan::Key(placement) if i == 0 => placement.owner().map(|(s, hash)| (Some(s), hash)),

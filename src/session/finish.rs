@@ -1,7 +1,7 @@
 //! How each kind of work's replies become the client's answer, once they
 //! are in: the answering half of `dispatch.rs`, one function per kind of
-//! work, and the writers they share (one reply as it came, a quorum's
-//! answer, a meta answer).
+//! work, and the writers they share (the one reply that answers a request
+//! in either dialect, `write_one`; a quorum's failure).
 
 use super::*;
 use crate::plan::steps::Answer;

@@ -211,15 +211,17 @@ impl ClientSession {
     /// `plan`: a write's copy, or one `mg` per sampled key of a read, whose
     /// pairs it returns (see [`Shadowed`]).
     pub(super) fn shadow(&self, request: &impl Shadowed, plan: &mut Plan) -> Option<Box<Pairs>> {
-        // Only a request the plan sends a key of to a server.
-        if request.len() == 0 || plan.key_target(0).is_none() {
+        if request.len() == 0 {
             return None;
         }
-        let part = request.shadow_part();
-        if let ShadowPart::Nothing = part {
-            return None;
-        }
+        // First whether its pool has a shadow: most have none, and this
+        // turn's topology already knows.
         let shadow = self.shadow_for(request.key(0))?;
+        // Only a request the plan sends a key of to a server.
+        let part = request.shadow_part();
+        if matches!(part, ShadowPart::Nothing) || plan.key_target(0).is_none() {
+            return None;
+        }
         let ShadowPart::Reads { ttl } = part else {
             let key = request.key(0);
             if !shadow.sampler.sampled(key) {
