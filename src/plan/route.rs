@@ -1219,14 +1219,8 @@ mod tests {
         use crate::plan::handoff::MetaMove;
         let (_runtime, old, new) = crate::pools::topology::tests::four_then_five();
         let owner = |t: &Topology, key: &str| t.owner_index(key.as_bytes()).unwrap();
-        let moved = (0..2000)
-            .map(|i| format!("k{i}"))
-            .find(|k| new.backends[owner(&new, k)].name() != old.backends[owner(&old, k)].name())
-            .unwrap();
-        let stays = (0..2000)
-            .map(|i| format!("k{i}"))
-            .find(|k| new.backends[owner(&new, k)].name() == old.backends[owner(&old, k)].name())
-            .unwrap();
+        let moved = key_that(false, &old, &new);
+        let stays = key_that(true, &old, &new);
         let plan = |line: String| {
             let bytes = Bytes::from(line);
             let (request, _) = parse_meta(&bytes, &Limits::default()).unwrap().unwrap();
@@ -1617,13 +1611,7 @@ mod tests {
         // In a window, a key that stayed is read of its owner alone; one
         // that may meet a lease (`T`, `N`) is the lease retry on its owner,
         // and takes no kept storage.
-        let stays = (0..2000)
-            .map(|i| format!("k{i}"))
-            .find(|k| {
-                let owner = |t: &Topology| t.owner_index(k.as_bytes()).unwrap();
-                new.backends[owner(&new)].name() == old.backends[owner(&old)].name()
-            })
-            .unwrap();
+        let stays = key_that(true, &old, &new);
         assert!(matches!(
             plan(&format!("mg {stays} v\r\n"), &new),
             Plan::Retrieve(_)
@@ -1684,25 +1672,34 @@ mod tests {
         ));
     }
 
+    /// The first key `k<i>` whose owner is the same server in `new` as in
+    /// `old` (`stays`), or another one.
+    fn key_that(stays: bool, old: &Topology, new: &Topology) -> String {
+        let owner = |t: &Topology, k: &str| t.owner_index(k.as_bytes()).unwrap();
+        (0..2000)
+            .map(|i| format!("k{i}"))
+            .find(|k| {
+                let same = new.backends[owner(new, k)].name() == old.backends[owner(old, k)].name();
+                same == stays
+            })
+            .unwrap()
+    }
+
+    /// The classic request `line` planned on `topology` with `reuse`'s kept
+    /// storage.
+    fn plan_line(line: &str, topology: &Topology, reuse: &mut Reuse) -> Plan {
+        let bytes = Bytes::from(line.to_string());
+        let (request, _) = parse_request(&bytes, &Limits::default()).unwrap().unwrap();
+        plan(&request, &bytes, topology, &HealthView::NONE, reuse)
+    }
+
     #[test]
     fn a_plan_says_where_each_key_goes_as_the_hot_keys_count_it() {
         let (_runtime, old, new) = crate::pools::topology::tests::four_then_five();
-        let plan = |line: &str, topology: &Topology| {
-            let bytes = Bytes::from(line.to_string());
-            let (request, _) = parse_request(&bytes, &Limits::default()).unwrap().unwrap();
-            plan(
-                &request,
-                &bytes,
-                topology,
-                &HealthView::NONE,
-                &mut Reuse::default(),
-            )
-        };
+        let plan =
+            |line: &str, topology: &Topology| plan_line(line, topology, &mut Reuse::default());
         let owner = |t: &Topology, k: &str| t.owner_index(k.as_bytes()).unwrap();
-        let stays = (0..2000)
-            .map(|i| format!("k{i}"))
-            .find(|k| new.backends[owner(&new, k)].name() == old.backends[owner(&old, k)].name())
-            .unwrap();
+        let stays = key_that(true, &old, &new);
         // A write to its owner: the owner, with the planner's hash; alone.
         let set = plan(&format!("set {stays} 0 0 1\r\nx\r\n"), &old);
         let Some((Some(server), Some(hash))) = set.key_target(0) else {
@@ -1741,21 +1738,11 @@ mod tests {
     #[test]
     fn classic_commands_a_lease_would_mislead_are_planned_as_the_lease_retry_in_a_window() {
         let (_runtime, old, new) = crate::pools::topology::tests::four_then_five();
-        let plan_in = |line: &str, topology: &Topology, reuse: &mut Reuse| {
-            let bytes = Bytes::from(line.to_string());
-            let (request, _) = parse_request(&bytes, &Limits::default()).unwrap().unwrap();
-            plan(&request, &bytes, topology, &HealthView::NONE, reuse)
-        };
-        let plan = |line: &str, topology: &Topology| plan_in(line, topology, &mut Reuse::default());
+        let plan =
+            |line: &str, topology: &Topology| plan_line(line, topology, &mut Reuse::default());
         let owner = |t: &Topology, k: &str| t.owner_index(k.as_bytes()).unwrap();
-        let stays = (0..2000)
-            .map(|i| format!("k{i}"))
-            .find(|k| new.backends[owner(&new, k)].name() == old.backends[owner(&old, k)].name())
-            .unwrap();
-        let moved = (0..2000)
-            .map(|i| format!("k{i}"))
-            .find(|k| new.backends[owner(&new, k)].name() != old.backends[owner(&old, k)].name())
-            .unwrap();
+        let stays = key_that(true, &old, &new);
+        let moved = key_that(false, &old, &new);
         let server = owner(&new, &stays);
         // The hash the hot keys count a key that stays by, as a `set` has it.
         let Plan::Key(Placement::Owner { hash, .. }) =
@@ -1804,7 +1791,7 @@ mod tests {
         ] {
             let mut reuse = Reuse::default();
             reuse.keep(Box::default(), 4, 32);
-            match plan_in(&line, &new, &mut reuse) {
+            match plan_line(&line, &new, &mut reuse) {
                 Plan::Lease {
                     server: s,
                     hash: h,

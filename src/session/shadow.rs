@@ -128,12 +128,9 @@ impl Shadowed for ClassicKeys<'_> {
                 ttl: self.request.arg.map(|arg| arg.of(self.bytes)),
             };
         }
-        let writes = command.is_storage()
-            || matches!(
-                command,
-                Command::Delete | Command::Incr | Command::Decr | Command::Touch
-            );
-        match writes {
+        // A write to its keys, as the hot keys count one (a `flush_all`
+        // has no key to copy).
+        match self.writes() && !self.flushes() {
             true => ShadowPart::Copy,
             false => ShadowPart::Nothing,
         }
