@@ -236,7 +236,13 @@ fn route_of(entry: &Entry) -> (Option<&str>, &'static str) {
         Work::Lines { parts, finish, .. } => {
             let path = match finish {
                 Finish::Forward => "owner",
-                Finish::Quorum { .. } if parts.len() > 1 => "replicas",
+                // Warming servers and former replicas losing the key are
+                // sent the write too, but only the replicas count for it.
+                Finish::Quorum { forget, warm, .. }
+                    if parts.len() > (*forget + *warm) as usize + 1 =>
+                {
+                    "replicas"
+                }
                 Finish::Quorum { .. } => "owner",
                 Finish::AllOk(_) => "all",
             };
@@ -282,5 +288,64 @@ fn key_of(entry: &Entry) -> (Option<Vec<u8>>, usize) {
             (Some(request.routing_key(&entry.bytes).as_ref().to_vec()), 1)
         }
         _ => (None, 0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use smallvec::smallvec;
+
+    use super::route_of;
+    use crate::pools::planned::Planned;
+    use crate::protocol::reply::Expect;
+    use crate::session::work::{Entry, Finish, MetaLines, Part, Work};
+
+    /// A replicated write's parts on `servers` (of s1..s5), `forget` and
+    /// `warm` of them not replicas, in either dialect (with the runtime
+    /// its backends were built in, to outlive them).
+    fn quorum_entry(
+        servers: &[usize],
+        forget: u32,
+        warm: u32,
+        meta: bool,
+    ) -> (tokio::runtime::Runtime, Entry) {
+        let (runtime, topology) = crate::pools::topology::tests::four_and_one_warming("");
+        let mut entry = Entry::ready(b"", Planned::on(Arc::new(topology)));
+        entry.work = Work::Lines {
+            parts: servers.iter().map(|&s| Part::new(s)).collect(),
+            finish: Finish::Quorum {
+                quorum: 1,
+                forget,
+                warm,
+                older: None,
+                forget_last: false,
+            },
+            meta: meta.then(|| {
+                Box::new(MetaLines {
+                    counts_cas: false,
+                    wire: smallvec![Bytes::from_static(b"ms k 1\r\nv\r\n")],
+                    expect: Expect::meta(crate::protocol::meta::MetaCommand::Set, false),
+                    key: (Bytes::new(), false),
+                })
+            }),
+        };
+        (runtime, entry)
+    }
+
+    #[test]
+    fn a_write_to_one_replica_logs_its_owner_in_both_dialects() {
+        for meta in [false, true] {
+            // One replica (an older ring's owner forgotten first), then one
+            // replica beside a former one losing the key and a warming one.
+            for (servers, forget, warm) in [(&[1][..], 0, 0), (&[1, 2, 4][..], 1, 1)] {
+                let (_runtime, entry) = quorum_entry(servers, forget, warm, meta);
+                assert_eq!(route_of(&entry), (Some("s2"), "owner"), "meta {meta}");
+            }
+            let (_runtime, entry) = quorum_entry(&[2, 0, 3], 1, 0, meta);
+            assert_eq!(route_of(&entry), (Some("s3"), "replicas"), "meta {meta}");
+        }
     }
 }
