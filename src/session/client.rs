@@ -1,39 +1,26 @@
 //! One client's requests between the I/O loop (`mod.rs`) and the servers:
-//! parsed into entries of the FIFO, started (`start.rs`), dispatched in
-//! order while the byte budget allows (`dispatch.rs`), and answered in
-//! order into the client's write queue. Nothing here touches the socket.
+//! parsed, started on the one road of both dialects (plan, shadow, hot
+//! keys; the plan's work is built in `start.rs`) into entries of the FIFO,
+//! dispatched in order while the byte budget allows and answered in order
+//! into the client's write queue, each entry handed in turn to the
+//! client's [`Exchange`] (`exchange.rs`), which sends and answers it. All
+//! of the session's own methods are here; nothing here touches the socket.
 
+use super::start::{self, Dialect};
 use super::*;
 use crate::plan::route::Split;
 use crate::pools::planned::Planned;
 use crate::protocol::request::{long_get_part, LongGetPart};
 use crate::protocol::{ParseError, Rejection};
 
-/// First buffer for the sub-request lines a session builds: allocated at its
-/// first multi-key get that goes to several servers.
-const SUB_LINES_BYTES: usize = 1024;
-
 pub(super) struct ClientSession {
-    /// Which connection of each server this client uses: always the same
-    /// one, so its commands reach each server in the order sent.
-    pub(super) lane: usize,
     pub(super) worker: Rc<WorkerCtx>,
-    /// Woken by every reply slot of this client.
-    pub(super) wake: Rc<Wake>,
     /// The client's requests, dispatched and answered in arrival order.
     pub(super) entries: Fifo<Entry>,
-    pub(super) out: OutQueue,
-    /// Where sub-request lines of multi-key gets that go to several servers
-    /// are built (see `Retrieval::next_chunk`).
-    pub(super) lines: RecycledBuf,
+    /// What the entries send and owe: the servers' side of the client.
+    pub(super) exchange: Exchange,
     /// Storage for the next multi-key get's keys, from a finished one's.
     pub(super) spare_keys: Keys,
-    /// Reply bytes reserved for requests in flight, held for entries not
-    /// yet at the head and queued to write.
-    pub(super) budget: ClientBudget,
-    /// Assumed reply size of one key not yet answered: starts at the largest
-    /// value allowed and follows what this client's gets return.
-    pub(super) estimate: usize,
     /// The largest request this client sent lately, in bytes (forgotten
     /// slowly), for the room its input buffer takes (see [`input_room`]).
     pub(super) largest_request: usize,
@@ -50,13 +37,6 @@ pub(super) struct ClientSession {
     /// step): replies may have come for it since. An entry dispatched for
     /// the first time has nothing to take in.
     pub(super) held_back: bool,
-    /// `noreply` requests written to servers and not yet answered, with the
-    /// bytes reserved for them: without this, a client could queue writes
-    /// on a server connection faster than the server takes them. Each slot
-    /// with its server, and the topology the request was planned on where
-    /// it counts requests in flight: counted until then (a fleet's staged
-    /// change waits for such writes too: `control/fleet.rs`).
-    pub(super) unanswered: Vec<(ServerSlots, Reservation, Option<Planned>)>,
     pub(super) limits: Limits,
     /// A client of a pool's own `listen`: every key goes to that pool.
     /// Otherwise the layout's routes say.
@@ -65,8 +45,6 @@ pub(super) struct ClientSession {
     pub(super) health: health::TurnHealth,
     /// The topology of this turn's requests, loaded by the first of them.
     pub(super) turn_topology: TurnTopology,
-    /// This client's read-through copies still replacing their leases.
-    pub(super) copies: Rc<CopiesUnderWay>,
     /// A get line longer than `max_get_line_bytes` being served in parts.
     pub(super) long_get: Option<LongGet>,
     /// The client's address, for the request log (`None` while it is off).
@@ -110,26 +88,17 @@ impl ClientSession {
         bound: Option<SharedTopology>,
     ) -> ClientSession {
         let limits = worker.default_topology().limits();
-        let budget = ClientBudget::new(worker.budget.clone());
-        let wake = Rc::new(Wake::new());
         ClientSession {
+            exchange: Exchange::new(id as usize, worker.clone(), &limits),
             bound,
-            lane: id as usize,
             worker,
-            copies: CopiesUnderWay::new(wake.clone()),
-            wake,
             entries: Fifo::default(),
-            out: OutQueue::default(),
-            lines: RecycledBuf::new(SUB_LINES_BYTES),
             spare_keys: Keys::new(),
-            budget,
-            estimate: limits.max_value_bytes,
             largest_request: 0,
             closing: false,
             discard: 0,
             parsed_bytes: 0,
             held_back: false,
-            unanswered: Vec::new(),
             limits,
             health: health::TurnHealth::default(),
             turn_topology: TurnTopology::NotLoaded,
@@ -193,25 +162,17 @@ impl ClientSession {
         self.turn_topology = TurnTopology::NotLoaded;
     }
 
-    /// The most reply bytes this client may be owed.
-    pub(super) fn client_limit(&self) -> usize {
-        self.worker
-            .settings
-            .client_buffer_bytes
-            .unwrap_or(self.limits.max_value_bytes + crate::config::CLIENT_BUFFER_HEADROOM_BYTES)
-    }
-
     /// Nothing in flight, nothing owed: the state in which an idle client
     /// waits for its next request.
     pub(super) fn is_idle(&self) -> bool {
-        !self.closing && self.entries.is_empty() && self.out.is_empty()
+        !self.closing && self.entries.is_empty() && self.exchange.out.is_empty()
     }
 
     /// Gives back the buffers only a request in flight or a reply uses
     /// (the reply queue's and the sub-request lines'), while idle.
     pub(super) fn park_buffers(&mut self) {
-        self.out.park();
-        self.lines.park();
+        self.exchange.out.park();
+        self.exchange.lines.park();
         if let Some(storage) = self.entries.take_storage(spares::KEEP_ENTRIES_ROOM) {
             spares::keep_entries(storage);
         }
@@ -232,37 +193,19 @@ impl ClientSession {
     /// `max_pending`, or one client pipelining `noreply` writes could fill a
     /// server's `max_server_inflight` and leave others `server busy`.
     pub(super) fn outstanding(&self) -> usize {
-        self.entries.len() + self.unanswered.len()
+        self.entries.len() + self.exchange.unanswered.len()
     }
 
     pub(super) fn can_read(&self) -> bool {
         !self.closing
             && self.outstanding() < self.worker.settings.max_pending
-            && self.budget.owed() + self.out.len() + self.parsed_bytes <= self.client_limit()
-    }
-
-    /// Reserves an entry's `cost` the first time it is dispatched (nothing
-    /// taken yet); false while the budget has no room for it.
-    pub(super) fn reserve_once(
-        &self,
-        reserved: &mut Reservation,
-        cost: impl FnOnce() -> usize,
-    ) -> bool {
-        if !reserved.is_taken() {
-            match self
-                .budget
-                .try_reserve(self.client_limit(), self.out.len(), cost())
-            {
-                Some(taken) => *reserved = taken,
-                None => return false,
-            }
-        }
-        true
+            && self.exchange.budget.owed() + self.exchange.out.len() + self.parsed_bytes
+                <= self.exchange.client_limit()
     }
 
     /// Keeps the worker's count in step with this client's write queue.
     pub(super) fn count_out(&mut self) {
-        self.budget.count_queued(self.out.len());
+        self.exchange.budget.count_queued(self.exchange.out.len());
     }
 
     /// Parses every complete request in `input` into entries, up to the
@@ -277,6 +220,7 @@ impl ClientSession {
         // Limits may change with a reload or when servers report their item
         // size; a copy is taken, no guard is held.
         self.limits = self.default_limits();
+        self.exchange.max_value_bytes = self.limits.max_value_bytes;
         while !self.closing && self.outstanding() < self.worker.settings.max_pending {
             // Every step below waits for more bytes on an empty input: stop
             // here rather than ask each of them (a request a turn is the
@@ -482,9 +426,9 @@ impl ClientSession {
     pub(super) fn advance(&mut self) {
         loop {
             self.pump();
-            let (entries, owed) = (self.entries.len(), self.budget.owed());
+            let (entries, owed) = (self.entries.len(), self.exchange.budget.owed());
             self.collect();
-            let progressed = self.entries.len() < entries || self.budget.owed() < owed;
+            let progressed = self.entries.len() < entries || self.exchange.budget.owed() < owed;
             if !progressed || self.entries.all_dispatched() {
                 return;
             }
@@ -511,38 +455,22 @@ impl ClientSession {
     /// Sends what entry `index` has to send now; once it will send nothing
     /// more, the size of its request.
     pub(super) fn dispatch(&mut self, index: usize) -> Option<usize> {
-        // The FIFO is set aside while its entry is dispatched in place, so
-        // the session can be borrowed whole; the entries before it stay
-        // readable. Dispatching never reads `self.entries`.
-        let mut entries = std::mem::take(&mut self.entries);
-        let dispatched = entries
-            .split_at(index)
-            .map(|(before, entry)| (self.dispatch_entry(entry, before), entry.bytes.len()));
-        put_back(&mut self.entries, entries);
-        let (complete, bytes) = dispatched?;
-        complete.then_some(bytes)
+        // Dispatched in place, the entries before it readable beside it.
+        let (before, entry) = self.entries.split_at(index)?;
+        let complete = self.exchange.dispatch_entry(entry, before);
+        complete.then_some(entry.bytes.len())
     }
 
-    /// Releases the bytes of `noreply` requests every server has answered
-    /// (their reservations drop with them).
-    pub(super) fn settle(&mut self) {
-        let mut i = 0;
-        while i < self.unanswered.len() {
-            let (slots, ..) = &self.unanswered[i];
-            if slots.iter().all(|(_, slot)| slot.outcome().is_some()) {
-                let (slots, _released, _planned) = self.unanswered.remove(i);
-                slots
-                    .into_iter()
-                    .for_each(|(_, slot)| spares::keep_slot(slot));
-            } else {
-                i += 1;
-            }
+    /// Moves the replies that arrived for entry `index` into its work.
+    fn absorb(&mut self, index: usize) {
+        if let Some(entry) = self.entries.get_mut(index) {
+            self.exchange.absorb(entry);
         }
     }
 
     /// Writes the replies of the entries at the head, in order.
     pub(super) fn collect(&mut self) {
-        self.settle();
+        self.exchange.settle();
         while !self.entries.is_empty() {
             // Returns at once when nothing arrived (`nothing_arrived`).
             self.absorb(0);
@@ -553,12 +481,10 @@ impl ClientSession {
             if now == HeadNow::Waits {
                 return;
             }
-            let reply_from = super::request_log::mark(&self.worker.request_log, &self.out);
-            // Set aside while the head is finished in place, as in
-            // `dispatch`; finishing never reads `self.entries`.
-            let mut entries = std::mem::take(&mut self.entries);
-            let complete = entries.head().is_some_and(|(entry, dispatched)| {
-                let complete = dispatched && self.finish(entry, now);
+            let reply_from = super::request_log::mark(&self.worker.request_log, &self.exchange.out);
+            let exchange = &mut self.exchange;
+            let complete = self.entries.head().is_some_and(|(entry, dispatched)| {
+                let complete = dispatched && exchange.finish(entry, now);
                 if !complete && matches!(now, HeadNow::Streams { .. }) {
                     if let Work::Retrieve {
                         plan,
@@ -568,16 +494,21 @@ impl ClientSession {
                     {
                         // Its values go out as they arrive (the END only
                         // when `finish` says it is complete).
-                        plan.emit_values(&mut self.out);
-                        self.budget.resize(owed, retrieval_owed(in_flight, plan));
+                        plan.emit_values(&mut exchange.out);
+                        exchange
+                            .budget
+                            .resize(owed, retrieval_owed(in_flight, plan));
                     }
                 }
                 complete
             });
             // Popped straight into place: the entry is a few hundred bytes,
             // and `bool::then` and `flatten` each moved it once more.
-            let finished = if complete { entries.pop_head() } else { None };
-            put_back(&mut self.entries, entries);
+            let finished = if complete {
+                self.entries.pop_head()
+            } else {
+                None
+            };
             let Some((entry, _)) = finished else {
                 return;
             };
@@ -621,7 +552,7 @@ impl ClientSession {
         let done = super::request_log::Finished {
             entry,
             peer: self.peer.as_ref(),
-            out: &self.out,
+            out: &self.exchange.out,
             from,
             took,
             now,
@@ -629,16 +560,225 @@ impl ClientSession {
         };
         super::request_log::finished(&self.worker.request_log, done);
     }
-}
 
-/// Puts the FIFO that `dispatch` or `collect` set aside back in `place`.
-/// What it replaces is the empty FIFO `std::mem::take` left there, which
-/// owns no memory: forgotten, not dropped (dropping it was an out-of-line
-/// call of about 37 instructions, twice a request). Should anything have
-/// been queued in it meanwhile, it is dropped as before.
-fn put_back(place: &mut Fifo<Entry>, entries: Fifo<Entry>) {
-    let placeholder = std::mem::replace(place, entries);
-    if placeholder.is_empty() && !placeholder.has_storage() {
-        std::mem::forget(placeholder);
+    /// Plans one request on the current topology and queues its entry.
+    pub(super) fn start(&mut self, request: Request, bytes: Bytes) {
+        self.start_split(request, bytes, Split::Whole);
+    }
+
+    /// [`ClientSession::start`] for a request that is `split`'s part of the
+    /// client's reply: a part of a long get line (see `long_get`) ends the
+    /// reply only when it is the last.
+    pub(super) fn start_split(&mut self, request: Request, bytes: Bytes, split: Split) {
+        self.worker
+            .stats
+            .request(request.command, request.keys.len());
+        if request.keys.len() > 1 && request.command.is_retrieval() {
+            // A guard while deciding (no count other cores share), the
+            // layout itself only when the keys do split.
+            let layout = self.worker.layout.load();
+            if let Ok(bound) = layout.bound_index(self.bound.as_ref()) {
+                if layout.may_split(bound) {
+                    let runs = layout.runs(bound, request.keys.len(), |i| request.key(&bytes, i));
+                    if runs.len() > 1 {
+                        let layout = arc_swap::Guard::into_inner(layout);
+                        self.start_across_pools(&request, &bytes, &layout, runs, split);
+                        return;
+                    }
+                }
+            }
+        }
+        if request.command == Command::FlushAll {
+            // Shadows are not flushed: each now lacks this write.
+            let layout = self.worker.layout.load();
+            if let Ok(bound) = layout.bound_index(self.bound.as_ref()) {
+                for pool in layout.reachable(bound) {
+                    if let Some(link) = layout.shadow_of(pool) {
+                        link.counters.lost_write();
+                    }
+                }
+            }
+        }
+        if request.command == Command::FlushAll && self.flush_across_pools(&request, &bytes) {
+            return;
+        }
+        self.start_keyed(request, bytes, split);
+    }
+
+    /// Plans one meta request and queues its entry: the classic road from
+    /// [`ClientSession::start_keyed`] on (a meta request has one key at
+    /// most, and no command of all pools).
+    pub(super) fn start_meta(&mut self, request: MetaRequest, bytes: Bytes) {
+        self.worker
+            .stats
+            .request(request.command(), request.key_count());
+        self.start_keyed(request, bytes, Split::Whole);
+    }
+
+    /// Plans `request` (of either dialect) on the topology its routing key
+    /// gets, its TTLs capped there when that is a gutter, and queues its
+    /// entry.
+    fn start_keyed<R: Dialect>(&mut self, request: R, bytes: Bytes, split: Split) {
+        // A `b` key decoded once, for the routes and the plan alike (a
+        // gutter's TTL cap rewrites no key).
+        let decoded = request.decoded(&bytes);
+        // One topology per request: it finishes on this ring even if a
+        // reload lands meanwhile. `load_full` gives an owned Arc, so no
+        // arc-swap guard is held. The key is read only when routes or a
+        // gutter ask for it.
+        let key = request
+            .keyed()
+            .then_some(|| request.route_key(&bytes, &decoded));
+        let (topology, gutter_ttl) = self.topology_for(key);
+        let (request, bytes) = match gutter_ttl {
+            Some(ttl) => request.capped((&self.worker, &self.limits), bytes, ttl),
+            None => (request, bytes),
+        };
+        self.start_on(request, bytes, &decoded, topology, split);
+    }
+
+    /// `flush_all` for a client whose keys can be read from several pools
+    /// (its routes' pools, gutters: `Layout::reachable`): one entry per
+    /// pool, the last answering for all (see `work::Joined`). False when
+    /// one pool is all it reaches.
+    fn flush_across_pools(&mut self, request: &Request, bytes: &Bytes) -> bool {
+        let layout = self.worker.layout.load();
+        let Ok(bound) = layout.bound_index(self.bound.as_ref()) else {
+            return false;
+        };
+        let pools = layout.reachable(bound);
+        if pools.len() < 2 {
+            return false;
+        }
+        let topologies: SmallVec<[Planned; 4]> = pools
+            .iter()
+            .map(|&pool| {
+                let topology = layout.pools()[pool].topology.load_full();
+                Planned::checked(topology, |old| layout.now_of(old))
+            })
+            .collect();
+        drop(layout);
+        let failed = Rc::new(std::cell::RefCell::new(Vec::new()));
+        let refused = Rc::new(std::cell::RefCell::new(None));
+        let count = topologies.len();
+        for (n, topology) in topologies.into_iter().enumerate() {
+            let queued = self.entries.len();
+            self.start_on(request.clone(), bytes.clone(), &(), topology, Split::Whole);
+            if self.entries.len() == queued {
+                continue;
+            }
+            if let Some(Entry {
+                work:
+                    Work::Lines {
+                        finish: Finish::AllOk(joined),
+                        ..
+                    },
+                ..
+            }) = self.entries.get_mut(queued)
+            {
+                *joined = Some(Box::new(work::Joined {
+                    failed: failed.clone(),
+                    refused: refused.clone(),
+                    last: n + 1 == count,
+                }));
+            }
+        }
+        true
+    }
+
+    /// A multi-key retrieval whose keys go to more than one pool (by routes,
+    /// or to a gutter): one retrieval per run of keys of the same pool, in
+    /// key order, so that their values, written one run after the other,
+    /// come in the client's key order; only the last run ends the reply.
+    fn start_across_pools(
+        &mut self,
+        request: &Request,
+        bytes: &Bytes,
+        layout: &crate::pools::layout::Layout,
+        runs: crate::pools::layout::Runs,
+        split: Split,
+    ) {
+        // The command and its arguments before the keys (`gat 60 `).
+        let head = &bytes[..request.keys[0].start as usize];
+        let count = runs.len();
+        for (n, (serving, range)) in runs.into_iter().enumerate() {
+            let mut line = BytesMut::with_capacity(request.line_len as usize);
+            line.extend_from_slice(head);
+            let mut keys = crate::protocol::request::Keys::new();
+            for i in range {
+                if line.len() > head.len() {
+                    line.extend_from_slice(b" ");
+                }
+                let start = line.len();
+                line.extend_from_slice(request.key(bytes, i));
+                keys.push(crate::protocol::request::Span {
+                    start: start as u32,
+                    end: line.len() as u32,
+                });
+            }
+            let args_end = line.len() as u32;
+            line.extend_from_slice(b"\r\n");
+            let sub = Request {
+                command: request.command,
+                keys,
+                noreply: false,
+                // The exptime of `gat` comes before the keys: same place.
+                arg: request.arg,
+                args_end,
+                line_len: line.len() as u32,
+            };
+            let (sub, line) = match serving.gutter_ttl {
+                // `gat` to a gutter: its new exptime is capped too.
+                Some(ttl) => start::capped((&self.worker, &self.limits), sub, line.freeze(), ttl),
+                None => (sub, line.freeze()),
+            };
+            let topology = layout.pools()[serving.pool].topology.load_full();
+            let topology = Planned::checked(topology, |old| layout.now_of(old));
+            // Only the last run of a reply's last part ends the reply.
+            let run_split = if n + 1 == count && split != Split::Part {
+                Split::Last
+            } else {
+                Split::Part
+            };
+            self.start_on(sub, line, &(), topology, run_split);
+        }
+    }
+
+    /// Plans `request` (of either dialect; its key `decoded` as
+    /// [`Dialect::decoded`] says) on `topology` and queues its entry;
+    /// `split` says whether it is one run of a retrieval across pools. The
+    /// one road of every request placed on servers: figures, health, plan,
+    /// shadow, hot keys, work.
+    fn start_on<R: Dialect>(
+        &mut self,
+        request: R,
+        bytes: Bytes,
+        decoded: &R::Decoded,
+        topology: Planned,
+        split: Split,
+    ) {
+        topology.figures.request(request.command());
+        // The key the ring places (a meta `b` key as decoded already) for
+        // the plan, the shadow and the hot-key count.
+        let keys = request.keys(&bytes, decoded);
+        let health = self
+            .health
+            .of(&topology, self.worker.clock.turn(), &self.worker);
+        let mut plan = request.plan(&keys, &topology, health);
+        if let Plan::Quit = plan {
+            // Nothing is queued: the replies owed are written, then the
+            // client is closed.
+            self.closing = true;
+            return;
+        }
+        plan.split(split);
+        let shadow =
+            self.exchange
+                .shadow((self.bound.as_ref(), &self.turn_topology), &keys, &mut plan);
+        let hot = self.worker.hot.on_request(&keys, &plan, &topology);
+        drop(keys);
+        if let Some(entry) = request.entry(&self.worker, bytes, topology, plan, (hot, shadow)) {
+            self.push(entry);
+        }
     }
 }

@@ -1,6 +1,6 @@
-//! What each kind of work sends, and how its replies become the client's
-//! reply: the per-`Work` half of the client (`client.rs`), beside the I/O
-//! loop in `session/mod.rs`.
+//! What each kind of work sends, and how the replies that arrived are taken
+//! into it: the sending half of a client's [`Exchange`] (`finish.rs` is
+//! the answering half).
 
 use super::*;
 use crate::plan::steps::{Answer, Next};
@@ -26,7 +26,7 @@ struct Sending<'e> {
     hot: Option<&'e Rc<WriteGuard>>,
 }
 
-impl ClientSession {
+impl Exchange {
     pub(super) fn dispatch_entry(&mut self, entry: &mut Entry, before: Before<'_, Entry>) -> bool {
         // Borrowed beside the work (disjoint fields): no refcount traffic.
         let Entry {
@@ -529,12 +529,9 @@ impl ClientSession {
         }
     }
 
-    /// Moves the replies that arrived for entry `index` into its plan.
-    pub(super) fn absorb(&mut self, index: usize) {
+    /// Moves the replies that arrived for `entry` into its work.
+    pub(super) fn absorb(&mut self, entry: &mut Entry) {
         let mut estimate = None;
-        let Some(entry) = self.entries.get_mut(index) else {
-            return;
-        };
         match &mut entry.work {
             Work::Lines { parts, .. } => parts.iter_mut().for_each(Part::absorb),
             Work::Steps(steps) => {

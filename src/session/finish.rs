@@ -1,13 +1,14 @@
 //! How each kind of work's replies become the client's answer, once they
-//! are in: the answering half of `dispatch.rs`, one function per kind of
-//! work, and the writers they share (the one reply that answers a request
-//! in either dialect, `write_one`; a quorum's failure).
+//! are in: the answering half of a client's [`Exchange`] (`dispatch.rs`
+//! sends), one function per kind of work, and the writers they share (the
+//! one reply that answers a request in either dialect, `write_one`; a
+//! quorum's failure).
 
 use super::*;
 use crate::plan::steps::Answer;
 use crate::protocol::outcome::{Outcome, Reply};
 
-impl ClientSession {
+impl Exchange {
     /// Writes the entry's reply if it is complete; true if it was. `now`
     /// is what [`Work::head_now`] said of it in this look.
     pub(super) fn finish(&mut self, entry: &mut Entry, now: HeadNow) -> bool {
@@ -28,7 +29,7 @@ impl ClientSession {
         complete
     }
 
-    /// [`ClientSession::finish`] with the entry's own reply.
+    /// [`Exchange::finish`] with the entry's own reply.
     fn finish_reply(&mut self, entry: &mut Entry, now: HeadNow) -> bool {
         let stats = &self.worker.stats;
         match &mut entry.work {

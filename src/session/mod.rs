@@ -3,7 +3,8 @@
 //! lingering close); the client's entries and byte budget, and the rounds
 //! of parsing, dispatching and collecting, are `client.rs`. What goes where
 //! is decided by `route::plan`, turned into work (`work.rs`) by `start.rs`,
-//! sent per kind of work by `dispatch.rs` and answered by `finish.rs`.
+//! and each entry is sent (`dispatch.rs`) and answered (`finish.rs`) by the
+//! client's `Exchange` (`exchange.rs`).
 //!
 //! Requests are parsed as they arrive and each becomes an entry in the
 //! client's FIFO; entries are dispatched strictly in order (a later request
@@ -58,6 +59,7 @@ mod client;
 mod copy_check;
 mod deadline;
 mod dispatch;
+mod exchange;
 mod fifo;
 mod finish;
 mod health;
@@ -76,6 +78,7 @@ use crate::runtime::recycled::RecycledBuf;
 use client::{ClientSession, TurnTopology};
 use copy_check::CopiesUnderWay;
 use deadline::{Progress, Waiting};
+use exchange::Exchange;
 use fifo::{Before, Fifo};
 use work::*;
 
@@ -212,11 +215,11 @@ where
         // for this session until it waits again takes that time.
         let now = clock.nanos();
         take_in(&mut client, &mut input, &mut progress, now);
-        if client.out.has_remaining() {
+        if client.exchange.out.has_remaining() {
             // A reply usually fits the socket at once: write it in this turn
             // rather than in one more pass of the loop just for the write.
             // The select below waits for whatever this leaves.
-            match write_now(&mut writer, &mut client.out).await {
+            match write_now(&mut writer, &mut client.exchange.out).await {
                 Some(Ok(Some(n))) => {
                     worker.stats.written_bytes(n);
                     progress.wrote(now);
@@ -233,10 +236,10 @@ where
             }
         }
         client.count_out();
-        if client.out.is_empty() {
+        if client.exchange.out.is_empty() {
             progress.wrote(now);
         }
-        if client.closing && client.entries.is_empty() && client.out.is_empty() {
+        if client.closing && client.entries.is_empty() && client.exchange.out.is_empty() {
             break linger(&mut reader, &mut writer).await;
         }
         client.end_turn();
@@ -250,8 +253,8 @@ where
         let park_at = (idle && !parked).then(|| now.saturating_add(PARK_AFTER_IDLE_NANOS));
         park_or_make_room(&mut client, &mut input, parked, readable, can_read);
         let waiting = Waiting {
-            writing: client.out.has_remaining(),
-            owed_nothing: client.entries.is_empty() && client.out.is_empty(),
+            writing: client.exchange.out.has_remaining(),
+            owed_nothing: client.entries.is_empty() && client.exchange.out.is_empty(),
             partial_input: !input.is_empty(),
         };
         let deadline = progress.deadline(waiting);
@@ -263,9 +266,9 @@ where
         let (mut wrote, mut got) = (false, None);
         tokio::select! {
             biased;
-            () = client.wake.notified() => {}
-            written = crate::tls::write_or_flush(&mut writer, &mut client.out),
-                if client.out.has_remaining() || (W::BUFFERS && unflushed) =>
+            () = client.exchange.wake.notified() => {}
+            written = crate::tls::write_or_flush(&mut writer, &mut client.exchange.out),
+                if client.exchange.out.has_remaining() || (W::BUFFERS && unflushed) =>
             {
                 match written {
                     Ok(Some(n)) => {
@@ -314,7 +317,7 @@ where
         }
     };
     // Dropping the session gives back every reservation and its queue.
-    client.wake.forget_waiter();
+    client.exchange.wake.forget_waiter();
     result
 }
 

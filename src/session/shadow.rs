@@ -177,14 +177,18 @@ impl Shadowed for MetaKey<'_> {
     }
 }
 
-impl ClientSession {
+/// Where a client's requests of this turn are planned: its bound pool,
+/// if any, and what this turn's topology load saw.
+pub(super) type Turn<'s> = (Option<&'s SharedTopology>, &'s TurnTopology);
+
+impl Exchange {
     /// The shadow of the pool a request with routing key `key` is planned
     /// on (the bound pool's, for a client of a pool's own listener).
-    fn shadow_for(&self, key: &[u8]) -> Option<Shadow> {
+    fn shadow_for(&self, (bound, turn): Turn<'_>, key: &[u8]) -> Option<Shadow> {
         // This turn's topology load already saw whether there are shadows.
         if let TurnTopology::Fixed {
             shadowed: false, ..
-        } = self.turn_topology
+        } = turn
         {
             return None;
         }
@@ -192,7 +196,7 @@ impl ClientSession {
         if !layout.shadowed() {
             return None;
         }
-        let pool = match &self.bound {
+        let pool = match bound {
             Some(bound) => layout.index_of(bound)?,
             None => layout.pool_of(key),
         };
@@ -207,13 +211,18 @@ impl ClientSession {
     /// Sends the shadow's part of a request (either dialect) planned as
     /// `plan`: a write's copy, or one `mg` per sampled key of a read, whose
     /// pairs it returns (see [`Shadowed`]).
-    pub(super) fn shadow(&self, request: &impl Shadowed, plan: &mut Plan) -> Option<Box<Pairs>> {
+    pub(super) fn shadow(
+        &self,
+        turn: Turn<'_>,
+        request: &impl Shadowed,
+        plan: &mut Plan,
+    ) -> Option<Box<Pairs>> {
         if request.len() == 0 {
             return None;
         }
         // First whether its pool has a shadow: most have none, and this
         // turn's topology already knows.
-        let shadow = self.shadow_for(request.key(0))?;
+        let shadow = self.shadow_for(turn, request.key(0))?;
         // Only a request the plan sends a key of to a server.
         let part = request.shadow_part();
         if matches!(part, ShadowPart::Nothing) || plan.key_target(0).is_none() {
@@ -301,13 +310,13 @@ impl ClientSession {
             }
         }
     }
+}
 
-    /// The `stats shadow` reply.
-    pub(super) fn shadow_report(&self) -> Bytes {
-        let mut out = BytesMut::new();
-        super::report::write_shadow_stats(&mut out, &self.worker.layout.load());
-        out.freeze()
-    }
+/// The `stats shadow` reply.
+pub(super) fn shadow_report(worker: &WorkerCtx) -> Bytes {
+    let mut out = BytesMut::new();
+    super::report::write_shadow_stats(&mut out, &worker.layout.load());
+    out.freeze()
 }
 
 #[cfg(test)]
