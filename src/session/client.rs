@@ -37,7 +37,6 @@ pub(super) struct ClientSession {
     /// step): replies may have come for it since. An entry dispatched for
     /// the first time has nothing to take in.
     pub(super) held_back: bool,
-    pub(super) limits: Limits,
     /// A client of a pool's own `listen`: every key goes to that pool.
     /// Otherwise the layout's routes say.
     pub(super) bound: Option<SharedTopology>,
@@ -89,7 +88,7 @@ impl ClientSession {
     ) -> ClientSession {
         let limits = worker.default_topology().limits();
         ClientSession {
-            exchange: Exchange::new(id as usize, worker.clone(), &limits),
+            exchange: Exchange::new(id as usize, worker.clone(), limits),
             bound,
             worker,
             entries: Fifo::default(),
@@ -99,7 +98,6 @@ impl ClientSession {
             discard: 0,
             parsed_bytes: 0,
             held_back: false,
-            limits,
             health: health::TurnHealth::default(),
             turn_topology: TurnTopology::NotLoaded,
             long_get: None,
@@ -219,8 +217,7 @@ impl ClientSession {
         }
         // Limits may change with a reload or when servers report their item
         // size; a copy is taken, no guard is held.
-        self.limits = self.default_limits();
-        self.exchange.max_value_bytes = self.limits.max_value_bytes;
+        self.exchange.limits = self.default_limits();
         while !self.closing && self.outstanding() < self.worker.settings.max_pending {
             // Every step below waits for more bytes on an empty input: stop
             // here rather than ask each of them (a request a turn is the
@@ -242,7 +239,7 @@ impl ClientSession {
                 LongStep::Not => {}
             }
             if is_meta_request(input) {
-                match parse_meta(input, &self.limits) {
+                match parse_meta(input, &self.exchange.limits) {
                     Ok(None) => return,
                     Ok(Some((request, consumed))) => {
                         self.note_request_size(consumed);
@@ -253,7 +250,7 @@ impl ClientSession {
                 }
                 continue;
             }
-            match parse_request_reusing(input, &self.limits, &mut self.spare_keys) {
+            match parse_request_reusing(input, &self.exchange.limits, &mut self.spare_keys) {
                 Ok(None) => return,
                 Ok(Some((request, consumed))) => {
                     if request.keys.spilled() && !self.spare_keys.spilled() {
@@ -308,7 +305,7 @@ impl ClientSession {
             _ => None,
         };
         let continuing = head.is_some();
-        let (line, consumed, head, last) = match long_get_part(input, head, &self.limits) {
+        let (line, consumed, head, last) = match long_get_part(input, head, &self.exchange.limits) {
             Ok(LongGetPart::Not) => return LongStep::Not,
             Ok(LongGetPart::Wait) => return LongStep::Wait,
             Ok(LongGetPart::Part {
@@ -328,7 +325,7 @@ impl ClientSession {
         self.long_get = (!last).then_some(LongGet::Head(head));
         let split = if last { Split::Last } else { Split::Part };
         let bytes = Bytes::from(line);
-        match parse_request(&bytes, &self.limits) {
+        match parse_request(&bytes, &self.exchange.limits) {
             Ok(Some((request, _))) => {
                 self.note_request_size(consumed);
                 self.start_split(request, bytes, split);
@@ -369,12 +366,12 @@ impl ClientSession {
         let bytes = line.freeze();
         let before = self.entries.len();
         if is_meta_request(&bytes) {
-            match parse_meta(&bytes, &self.limits) {
+            match parse_meta(&bytes, &self.exchange.limits) {
                 Ok(Some((request, _))) => self.start_meta(request, bytes),
                 _ => return false,
             }
         } else {
-            match parse_request(&bytes, &self.limits) {
+            match parse_request(&bytes, &self.exchange.limits) {
                 Ok(Some((request, _))) => self.start(request, bytes),
                 _ => return false,
             }
@@ -631,7 +628,7 @@ impl ClientSession {
             .then_some(|| request.route_key(&bytes, &decoded));
         let (topology, gutter_ttl) = self.topology_for(key);
         let (request, bytes) = match gutter_ttl {
-            Some(ttl) => request.capped((&self.worker, &self.limits), bytes, ttl),
+            Some(ttl) => request.capped((&self.worker, &self.exchange.limits), bytes, ttl),
             None => (request, bytes),
         };
         self.start_on(request, bytes, &decoded, topology, split);
@@ -729,7 +726,12 @@ impl ClientSession {
             };
             let (sub, line) = match serving.gutter_ttl {
                 // `gat` to a gutter: its new exptime is capped too.
-                Some(ttl) => start::capped((&self.worker, &self.limits), sub, line.freeze(), ttl),
+                Some(ttl) => start::capped(
+                    (&self.worker, &self.exchange.limits),
+                    sub,
+                    line.freeze(),
+                    ttl,
+                ),
                 None => (sub, line.freeze()),
             };
             let topology = layout.pools()[serving.pool].topology.load_full();

@@ -31,9 +31,10 @@ pub(super) struct Exchange {
     /// Assumed reply size of one key not yet answered: starts at the largest
     /// value allowed and follows what this client's gets return.
     pub(super) estimate: usize,
-    /// The largest value this client's requests may carry (its limits'),
-    /// for the most it may be owed ([`Exchange::client_limit`]).
-    pub(super) max_value_bytes: usize,
+    /// What this client's requests are parsed within (the default pool's,
+    /// taken afresh at each parse); the largest value they allow bounds
+    /// what the client may be owed ([`Exchange::client_limit`]).
+    pub(super) limits: Limits,
     /// `noreply` requests written to servers and not yet answered, with the
     /// bytes reserved for them: without this, a client could queue writes
     /// on a server connection faster than the server takes them. Each slot
@@ -46,7 +47,7 @@ pub(super) struct Exchange {
 }
 
 impl Exchange {
-    pub(super) fn new(lane: usize, worker: Rc<WorkerCtx>, limits: &Limits) -> Exchange {
+    pub(super) fn new(lane: usize, worker: Rc<WorkerCtx>, limits: Limits) -> Exchange {
         let budget = ClientBudget::new(worker.budget.clone());
         let wake = Rc::new(Wake::new());
         Exchange {
@@ -58,7 +59,7 @@ impl Exchange {
             lines: RecycledBuf::new(SUB_LINES_BYTES),
             budget,
             estimate: limits.max_value_bytes,
-            max_value_bytes: limits.max_value_bytes,
+            limits,
             unanswered: Vec::new(),
         }
     }
@@ -68,7 +69,7 @@ impl Exchange {
         self.worker
             .settings
             .client_buffer_bytes
-            .unwrap_or(self.max_value_bytes + crate::config::CLIENT_BUFFER_HEADROOM_BYTES)
+            .unwrap_or(self.limits.max_value_bytes + crate::config::CLIENT_BUFFER_HEADROOM_BYTES)
     }
 
     /// Reserves an entry's `cost` the first time it is dispatched (nothing
