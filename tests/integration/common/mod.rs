@@ -96,6 +96,23 @@ pub(crate) fn answering_pid_at(ip: &str, port: u16) -> Option<u32> {
         .or(Some(0))
 }
 
+/// `stream.read`, again when a signal interrupted it. A socket with a read
+/// timeout is never restarted after a signal handler ran (signal(7)), even
+/// with `SA_RESTART`, and the test process has handlers (tokio's, for the
+/// children and the daemons run in-process): a test's child exiting could
+/// otherwise fail an unrelated test's read with `EINTR`.
+pub(crate) fn read_through_signals(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+) -> std::io::Result<usize> {
+    loop {
+        match stream.read(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            read => return read,
+        }
+    }
+}
+
 /// A temporary directory for one test's files, removed on drop.
 pub(crate) struct TempDir(std::path::PathBuf);
 
@@ -504,7 +521,7 @@ impl Client {
 
     fn fill(&mut self) -> usize {
         let mut chunk = [0u8; 64 * 1024];
-        match self.stream.read(&mut chunk) {
+        match read_through_signals(&mut self.stream, &mut chunk) {
             Ok(n) => {
                 self.buffer.extend_from_slice(&chunk[..n]);
                 n
@@ -534,7 +551,7 @@ impl Client {
                 return Some(self.buffer.drain(..len).collect());
             }
             let mut chunk = [0u8; 64 * 1024];
-            match self.stream.read(&mut chunk) {
+            match read_through_signals(&mut self.stream, &mut chunk) {
                 Ok(0) if self.buffer.is_empty() => return None,
                 Ok(0) => panic!("reply cut off: {:?}", show(&self.buffer)),
                 Ok(n) => self.buffer.extend_from_slice(&chunk[..n]),
