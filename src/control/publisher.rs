@@ -898,14 +898,15 @@ mod tests {
         let _in = runtime.enter();
         let (publisher, changed) = publisher();
         let shared = publisher.shared();
-        let load = || Planned::checked(shared.load_full(), |_| shared.load_full());
+        let handle = || std::rc::Rc::new(shared.load_full());
+        let load = || Planned::checked(handle(), |_| handle());
         let before = [load(), load()];
         // Loaded before the publish, counted only after it.
         let late = shared.load_full();
         publisher.apply_config(changed).expect("published");
         let version = shared.load().version;
         assert_eq!(publisher.in_flight_before(version), 2);
-        let late = Planned::checked(late, |_| shared.load_full());
+        let late = Planned::checked(std::rc::Rc::new(late), |_| handle());
         assert_eq!(late.version, version, "planned on the new topology");
         let after = load();
         assert_eq!(

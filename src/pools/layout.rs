@@ -156,48 +156,47 @@ impl Layout {
         }
     }
 
-    /// The topology every request of a client bound to `bound` is planned
-    /// on, when no route splits its keys (one pool serves them all); `None`
+    /// The pool every request of a client bound to `bound` is planned on,
+    /// when no route splits its keys (one pool serves them all); `None`
     /// when each key must be routed by [`Layout::topology_for`].
-    pub(crate) fn fixed_topology(&self, bound: Option<&SharedTopology>) -> Option<Arc<Topology>> {
+    pub(crate) fn fixed_topology<'a>(
+        &'a self,
+        bound: Option<&'a SharedTopology>,
+    ) -> Option<&'a SharedTopology> {
         match self.bound_index(bound) {
-            Err(gone) => Some(gone.load_full()),
+            Err(gone) => Some(gone),
             Ok(bound) if !self.may_split(bound) => {
                 let pool = bound.unwrap_or(self.default);
-                Some(self.pools[pool].topology.load_full())
+                Some(&self.pools[pool].topology)
             }
             Ok(_) => None,
         }
     }
 
-    /// The topology a request with routing key `key` is planned on, for a
+    /// The pool a request with routing key `key` is planned on, for a
     /// client bound to `bound` (of a pool's own listener) or routed
-    /// (`None`): its pool's now (one load, no guard kept), or that pool's
-    /// gutter when the key's server is DEAD and failed over, with the
+    /// (`None`): its own, or that pool's gutter when the key's server is DEAD and failed over, with the
     /// gutter's TTL cap. `key` is asked for only when the layout routes by
     /// key (a meta `b` key is decoded only then). A bound pool a reload
     /// removed still serves its clients, unrouted.
-    pub(crate) fn topology_for<K: AsRef<[u8]>>(
-        &self,
-        bound: Option<&SharedTopology>,
+    pub(crate) fn topology_for<'a, K: AsRef<[u8]>>(
+        &'a self,
+        bound: Option<&'a SharedTopology>,
         key: Option<impl FnOnce() -> K>,
-    ) -> (Arc<Topology>, Option<u64>) {
+    ) -> (&'a SharedTopology, Option<u64>) {
         let bound = match self.bound_index(bound) {
             Ok(bound) => bound,
-            Err(gone) => return (gone.load_full(), None),
+            Err(gone) => return (gone, None),
         };
         let key = match key {
             Some(key) if self.may_split(bound) => key(),
             _ => {
                 let pool = bound.unwrap_or(self.default);
-                return (self.pools[pool].topology.load_full(), None);
+                return (&self.pools[pool].topology, None);
             }
         };
         let serving = self.serving_key(bound, key.as_ref());
-        (
-            self.pools[serving.pool].topology.load_full(),
-            serving.gutter_ttl,
-        )
+        (&self.pools[serving.pool].topology, serving.gutter_ttl)
     }
 
     /// The index of the pool a client is bound to (`bound`, a client of a
@@ -281,14 +280,13 @@ impl Layout {
             .map_or(self.default, |&(_, pool)| pool)
     }
 
-    /// The topology in force now of `topology`'s pool (`topology` itself
-    /// when the pool left this layout).
-    pub(crate) fn now_of(&self, topology: &Arc<Topology>) -> Arc<Topology> {
+    /// The pool `topology` is (or was) the topology of; `None` when that
+    /// pool left this layout.
+    pub(crate) fn pool_of_topology(&self, topology: &Topology) -> Option<&SharedTopology> {
         self.pools
             .iter()
-            .map(|p| p.topology.load_full())
-            .find(|t| t.pool_id == topology.pool_id)
-            .unwrap_or_else(|| topology.clone())
+            .map(|p| &p.topology)
+            .find(|t| t.load().pool_id == topology.pool_id)
     }
 
     /// The default pool's topology now (requests without a key, limits).
@@ -671,7 +669,7 @@ mod tests {
             layout
                 .pools()
                 .iter()
-                .position(|p| Arc::ptr_eq(&p.topology.load_full(), &topology))
+                .position(|p| Arc::ptr_eq(&p.topology, topology))
         };
         assert_eq!(on(None, b"b:1"), Some(1), "routed by prefix");
         assert_eq!(on(None, b"x"), Some(0), "the default pool");
@@ -685,7 +683,7 @@ mod tests {
         let without_c = Layout::new(layout.pools()[..2].to_vec(), &[], "a");
         assert!(without_c.bound_index(Some(&c)).is_err());
         let (topology, _) = without_c.topology_for(Some(&c), Some(|| b"b:1"));
-        assert!(Arc::ptr_eq(&topology, &c.load_full()));
+        assert!(Arc::ptr_eq(topology, &c));
     }
 
     #[test]
@@ -697,13 +695,13 @@ mod tests {
         );
         let c = layout.pools()[2].topology.clone();
         let bound = layout.fixed_topology(Some(&c)).expect("bound to c");
-        assert!(Arc::ptr_eq(&bound, &c.load_full()));
+        assert!(Arc::ptr_eq(bound, &c));
         let unrouted = Layout::new(layout.pools().to_vec(), &[], "a");
         let fixed = unrouted.fixed_topology(None).expect("no routes");
-        assert!(Arc::ptr_eq(&fixed, &layout.pools()[0].topology.load_full()));
+        assert!(Arc::ptr_eq(fixed, &layout.pools()[0].topology));
         // Pool c leaves: its bound clients stay on it.
         let without_c = Layout::new(layout.pools()[..2].to_vec(), &[], "a");
         let gone = without_c.fixed_topology(Some(&c)).expect("still c");
-        assert!(Arc::ptr_eq(&gone, &c.load_full()));
+        assert!(Arc::ptr_eq(gone, &c));
     }
 }

@@ -115,24 +115,25 @@ impl ClientSession {
         if let Some(topology) = self.turn_fixed() {
             return (topology.again(), None);
         }
-        let layout = self.worker.layout.load();
-        let (topology, gutter_ttl) = layout.topology_for(self.bound.as_ref(), key);
-        let topology = Planned::checked(topology, |old| layout.now_of(old));
-        (topology, gutter_ttl)
+        let (worker, bound) = (&self.worker, self.bound.as_ref());
+        worker.with_layout(|layout| {
+            let (pool, gutter_ttl) = layout.topology_for(bound, key);
+            (worker.planned(layout, pool), gutter_ttl)
+        })
     }
 
     /// The topology every request of this turn is planned on, loaded by
     /// the first to ask; `None` when the routes choose one per key.
     pub(super) fn turn_fixed(&mut self) -> Option<&Planned> {
         if let TurnTopology::NotLoaded = self.turn_topology {
-            let layout = self.worker.layout.load();
-            self.turn_topology = match layout.fixed_topology(self.bound.as_ref()) {
-                Some(topology) => TurnTopology::Fixed {
-                    topology: Planned::checked(topology, |old| layout.now_of(old)),
+            let (worker, bound) = (&self.worker, self.bound.as_ref());
+            self.turn_topology = worker.with_layout(|layout| match layout.fixed_topology(bound) {
+                Some(pool) => TurnTopology::Fixed {
+                    topology: worker.planned(layout, pool),
                     shadowed: layout.shadowed(),
                 },
                 None => TurnTopology::Routed,
-            };
+            });
         }
         match &self.turn_topology {
             TurnTopology::Fixed { topology, .. } => Some(topology),
@@ -649,10 +650,7 @@ impl ClientSession {
         }
         let topologies: SmallVec<[Planned; 4]> = pools
             .iter()
-            .map(|&pool| {
-                let topology = layout.pools()[pool].topology.load_full();
-                Planned::checked(topology, |old| layout.now_of(old))
-            })
+            .map(|&pool| self.worker.planned(&layout, &layout.pools()[pool].topology))
             .collect();
         drop(layout);
         let failed = Rc::new(std::cell::RefCell::new(Vec::new()));
@@ -734,8 +732,9 @@ impl ClientSession {
                 ),
                 None => (sub, line.freeze()),
             };
-            let topology = layout.pools()[serving.pool].topology.load_full();
-            let topology = Planned::checked(topology, |old| layout.now_of(old));
+            let topology = self
+                .worker
+                .planned(layout, &layout.pools()[serving.pool].topology);
             // Only the last run of a reply's last part ends the reply.
             let run_split = if n + 1 == count && split != Split::Part {
                 Split::Last

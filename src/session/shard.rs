@@ -15,8 +15,9 @@ use tokio_util::task::TaskTracker;
 use crate::backend::conn::{self, Conn};
 use crate::backend::Backend;
 use crate::hotkeys::HotWorker;
-use crate::pools::layout::SharedLayout;
-use crate::pools::topology::Topology;
+use crate::pools::layout::{Layout, SharedLayout};
+use crate::pools::planned::{HeldTopologies, Planned};
+use crate::pools::topology::{SharedTopology, Topology};
 use crate::stats::Stats;
 
 /// Settings every session of a worker reads.
@@ -64,6 +65,10 @@ pub(crate) struct WorkerCtx {
     pub(crate) latency: crate::stats::latency::LatencyWriter,
     /// This worker's `[request_log]` (see `request_log.rs`).
     pub(crate) request_log: super::request_log::RequestLog,
+    /// This worker's handles on the topologies its requests plan on.
+    held: HeldTopologies,
+    /// The layout as this worker last saw it (see [`WorkerCtx::with_layout`]).
+    layout_seen: RefCell<arc_swap::Cache<SharedLayout, Arc<Layout>>>,
 }
 
 impl WorkerCtx {
@@ -84,7 +89,6 @@ impl WorkerCtx {
                 settings.request_log,
                 stats.request_log_dropped.clone(),
             ),
-            layout,
             stats,
             shutdown,
             settings,
@@ -96,7 +100,32 @@ impl WorkerCtx {
             hot,
             clock: Rc::new(crate::runtime::clock::TurnClock::new()),
             shadow: Rc::default(),
+            held: HeldTopologies::default(),
+            layout_seen: RefCell::new(arc_swap::Cache::new(layout.clone())),
+            layout,
         }
+    }
+
+    /// `plan` run on the layout in force, through this worker's cache of it:
+    /// one atomic load sees whether it changed, where a load from the
+    /// shared layout takes and gives back a guard. `plan` must not ask for
+    /// the layout again.
+    #[inline]
+    pub(crate) fn with_layout<R>(&self, plan: impl FnOnce(&Arc<Layout>) -> R) -> R {
+        plan(self.layout_seen.borrow_mut().load())
+    }
+
+    /// A request planned on `pool`'s topology now, of `layout`: counted
+    /// in flight there, and on the topology that replaced it if it was
+    /// replaced meanwhile (see `Planned::checked`).
+    #[inline]
+    pub(crate) fn planned(&self, layout: &Layout, pool: &SharedTopology) -> Planned {
+        Planned::checked(self.held.now(pool), |old| {
+            match layout.pool_of_topology(old) {
+                Some(pool) => self.held.now(pool),
+                None => Rc::new(old.clone()),
+            }
+        })
     }
 
     /// The default pool's topology now (limits, requests without a key).
@@ -155,6 +184,9 @@ pub(crate) async fn keep_connected(ctx: Rc<WorkerCtx>, published: Arc<tokio::syn
         let changed = published.notified();
         tokio::pin!(changed);
         changed.as_mut().enable();
+        ctx.held.forget_replaced();
+        // Lets go of a replaced layout now, not at the next request.
+        ctx.with_layout(|_| ());
         let layout = ctx.layout.load_full();
         for pool in layout.pools() {
             let topology = pool.topology.load_full();
