@@ -1062,6 +1062,7 @@ mod tests {
         let mut out = OutQueue::default();
         assert!(all.emit(&mut out));
         assert!(drain(&mut out).starts_with("SERVER_ERROR backend s0"));
+        assert_eq!(all.counts(), (0, 0), "an error is no miss");
 
         let mut some = retrieval(b"get a b\r\n", &[&[0], &[1]], false);
         some.next_chunk(100, &mut RecycledBuf::new(64));
@@ -1070,6 +1071,7 @@ mod tests {
         some.on_done(1, Ok(Outcome::End), || 0);
         assert!(some.emit(&mut out));
         assert_eq!(drain(&mut out), "VALUE b 0 1\r\n2\r\nEND\r\n");
+        assert_eq!(some.counts(), (2, 1), "the client saw a miss for a");
     }
 
     #[test]
@@ -1084,6 +1086,7 @@ mod tests {
         let mut out = OutQueue::default();
         assert!(r.emit(&mut out));
         assert_eq!(drain(&mut out), "SERVER_ERROR out of memory\r\n");
+        assert_eq!(r.counts(), (0, 0));
     }
 
     #[test]

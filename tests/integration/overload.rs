@@ -120,6 +120,17 @@ fn a_hung_server_gets_max_server_inflight_requests_and_the_rest_are_busy_at_once
             .any(|(name, value)| *name == line && value == "4"),
         "{stats:?}"
     );
+    // The three gets turned away were told of an error, not of a miss:
+    // the multi-get's busy key, which its client saw as missing, is the
+    // one miss; the six values read are the hits.
+    let counted = |wanted: &str| {
+        stats
+            .iter()
+            .find(|(name, _)| *name == wanted)
+            .map(|(_, value)| value.clone())
+    };
+    assert_eq!(counted("get_misses").as_deref(), Some("1"), "{stats:?}");
+    assert_eq!(counted("get_hits").as_deref(), Some("6"), "{stats:?}");
 
     // Once the server answers, the held requests get their values and
     // there is room again.

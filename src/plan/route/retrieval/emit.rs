@@ -111,8 +111,14 @@ impl Retrieval {
         self.said
     }
 
-    /// Keys asked for, and values written.
+    /// Keys to count as hits or misses, and values written: none for a
+    /// reply that was an error (no server answered), whose client was told
+    /// of the error, not of a miss (`get_misses` tells how well the cache
+    /// serves; a server busy or down is in `errors` and `rejected_busy`).
     pub(crate) fn counts(&self) -> (usize, usize) {
+        if self.said.is_error() {
+            return (0, 0);
+        }
         (self.keys.len(), self.values_written)
     }
 }
