@@ -63,17 +63,7 @@ fn in_pool(layout: &Layout, pool: usize, key: &[u8]) -> InPool {
         Placement::Moved {
             owner, previous, ..
         } => (smallvec::smallvec![owner], Some(previous)),
-        Placement::Quorum {
-            mut servers,
-            forget,
-            warm,
-            ..
-        } => {
-            // The last `forget` are replicas of the previous ring only
-            // (or warming servers), the `warm` before them warming servers.
-            servers.truncate(servers.len() - forget - warm);
-            (servers, None)
-        }
+        Placement::Quorum(write) => (Servers::from_slice(write.replicas()), None),
         Placement::CasThenCopy { owner, copies, .. } => {
             let mut servers: Servers = smallvec::smallvec![owner];
             servers.extend(copies);

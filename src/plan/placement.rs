@@ -351,6 +351,39 @@ impl KeyOp {
     }
 }
 
+/// A write every server of `servers` gets, answered when `quorum` agree.
+/// The last `forget` are replicas of the previous ring only (or warming
+/// servers, for a write that is not `repeatable`): they get a delete of the
+/// key instead, awaited before the answer; with `forget_last`, only once the
+/// others answered. The `warm` before them are warming servers: they get
+/// the request itself, awaited before the answer, and their replies are not
+/// counted. `older`: the owners in older rings of chained changes, deleted
+/// first (see [`OlderOwners`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct QuorumWrite {
+    pub(crate) servers: Servers,
+    pub(crate) quorum: usize,
+    pub(crate) forget: usize,
+    pub(crate) warm: usize,
+    pub(crate) older: Option<Box<OlderOwners>>,
+    pub(crate) forget_last: bool,
+}
+
+impl QuorumWrite {
+    /// Whether an `add` so placed is the replicated add's machine (asked
+    /// of one replica, then copied to the others as it answered): it goes
+    /// to more than one replica, and no former owner loses the key.
+    pub(crate) fn is_replicated_add(&self) -> bool {
+        self.servers.len() > 1 && self.forget == 0 && self.older.is_none()
+    }
+
+    /// The servers that are the key's replicas now: neither a former
+    /// replica losing the key nor a warming server.
+    pub(crate) fn replicas(&self) -> &[usize] {
+        &self.servers[..self.servers.len() - self.forget - self.warm]
+    }
+}
+
 /// Where a request on one key goes. `M`: what the dialect's hand-off
 /// machine needs to run a moved key's request (see [`place`]).
 #[derive(Debug, PartialEq, Eq)]
@@ -360,23 +393,8 @@ pub(crate) enum Placement<M> {
     /// The owner alone. `hash`: the key's xxh3 hash when the ring placed it
     /// by that, for hot-key counting.
     Owner { server: usize, hash: Option<u64> },
-    /// Every server of `servers` gets it; answered when `quorum` agree. The
-    /// last `forget` are replicas of the previous ring only (or warming
-    /// servers, for a write that is not `repeatable`): they get a
-    /// delete of the key instead, awaited before the answer; with
-    /// `forget_last`, only once the others answered. The `warm` before
-    /// them are warming servers: they get the request itself, awaited
-    /// before the answer, and their replies are not counted. `older`: the
-    /// owners in older rings of chained changes, deleted first (see
-    /// [`OlderOwners`]).
-    Quorum {
-        servers: Servers,
-        quorum: usize,
-        forget: usize,
-        warm: usize,
-        older: Option<Box<OlderOwners>>,
-        forget_last: bool,
-    },
+    /// A write to the key's replicas by quorum: see [`QuorumWrite`].
+    Quorum(QuorumWrite),
     /// A compare-and-swap decided on `owner`, then copied to `copies`; in a
     /// window, tried on `previous` after the owner refused it; the key is
     /// deleted from the `older` owners first.
@@ -419,9 +437,8 @@ impl<M> Placement<M> {
             Placement::Owner { server, hash } => Some((*server, *hash)),
             Placement::Moved { owner, hash, .. } => Some((*owner, *hash)),
             Placement::CasThenCopy { owner, .. } => Some((*owner, None)),
-            Placement::Quorum { servers, .. } | Placement::ReadThrough { servers, .. } => {
-                servers.first().map(|&s| (s, None))
-            }
+            Placement::Quorum(QuorumWrite { servers, .. })
+            | Placement::ReadThrough { servers, .. } => servers.first().map(|&s| (s, None)),
         }
     }
 }
@@ -468,14 +485,14 @@ fn place_on_ring<M>(
             },
             // Not moved since the previous ring, but owned elsewhere in an
             // older one: deleted there first.
-            _ if older.is_some() => Placement::Quorum {
+            _ if older.is_some() => Placement::Quorum(QuorumWrite {
                 servers: smallvec::smallvec![owner],
                 quorum: 1,
                 forget: 0,
                 warm: 0,
                 older,
                 forget_last: false,
-            },
+            }),
             _ => Placement::Owner {
                 server: owner,
                 hash,
@@ -550,14 +567,14 @@ fn place_on_ring<M>(
                     forget = 0;
                 }
             }
-            Placement::Quorum {
+            Placement::Quorum(QuorumWrite {
                 older,
                 servers,
                 quorum,
                 forget,
                 warm: 0,
                 forget_last,
-            }
+            })
         }
     }
 }
@@ -609,23 +626,23 @@ pub(crate) fn place<M>(
             let mut servers: Servers = smallvec::smallvec![server];
             servers.extend(warming.iter().copied());
             let n = warming.len();
-            Placement::Quorum {
+            Placement::Quorum(QuorumWrite {
                 servers,
                 quorum: 1,
                 forget: n - warmed,
                 warm: warmed,
                 older: None,
                 forget_last: false,
-            }
+            })
         }
-        Placement::Quorum {
+        Placement::Quorum(QuorumWrite {
             mut servers,
             quorum,
             mut forget,
             warm,
             older,
             forget_last,
-        } => {
+        }) => {
             // A warming server is on no ring in force, but it may have been
             // on the previous one: then it loses the key already.
             warming.retain(|w| !servers.contains(w));
@@ -639,14 +656,14 @@ pub(crate) fn place<M>(
                 servers.push(w);
                 forget += 1;
             }
-            Placement::Quorum {
+            Placement::Quorum(QuorumWrite {
                 servers,
                 quorum,
                 forget,
                 warm,
                 older,
                 forget_last,
-            }
+            })
         }
         Placement::CasThenCopy {
             owner,
@@ -809,14 +826,14 @@ mod tests {
             &new,
             &HealthView::NONE,
         ) {
-            Placement::Quorum {
+            Placement::Quorum(QuorumWrite {
                 servers,
                 quorum,
                 forget,
                 older,
                 forget_last,
                 warm: 0,
-            } => {
+            }) => {
                 assert!(!forget_last, "a write, not a delete");
                 assert_eq!(servers[..2], replicas[..]);
                 assert_eq!(quorum, 2);
@@ -866,12 +883,12 @@ mod tests {
         new.replicas(moved.as_bytes(), &mut now);
         let delete = KeyOp::classic(false, true);
         match place(moved.as_bytes(), delete, STEPS, &new, &HealthView::NONE) {
-            Placement::Quorum {
+            Placement::Quorum(QuorumWrite {
                 servers,
                 forget,
                 older,
                 ..
-            } => {
+            }) => {
                 assert_eq!((&servers[..], forget), (&now[..], 0));
                 let older = older.expect("the former replicas");
                 let mut before = Servers::new();
@@ -974,27 +991,27 @@ mod tests {
         let set = KeyOp::classic(false, false).repeated(true);
         assert_eq!(
             at(set, &theirs),
-            Placement::Quorum {
+            Placement::Quorum(QuorumWrite {
                 servers: smallvec::smallvec![owner, 4],
                 quorum: 1,
                 forget: 0,
                 warm: 1,
                 older: None,
                 forget_last: false,
-            }
+            })
         );
         // An incr, a cas: deleted there.
         for op in [KeyOp::classic(false, false), KeyOp::classic(true, false)] {
             assert_eq!(
                 at(op, &theirs),
-                Placement::Quorum {
+                Placement::Quorum(QuorumWrite {
                     servers: smallvec::smallvec![owner, 4],
                     quorum: 1,
                     forget: 1,
                     warm: 0,
                     older: None,
                     forget_last: false,
-                },
+                }),
                 "{op:?}"
             );
         }
@@ -1014,13 +1031,13 @@ mod tests {
         let mut now = Servers::new();
         topology.replicas(key.as_bytes(), &mut now);
         let placed = place(key.as_bytes(), set, STEPS, &topology, &HealthView::NONE);
-        let Placement::Quorum {
+        let Placement::Quorum(QuorumWrite {
             servers,
             quorum,
             warm,
             forget,
             ..
-        } = placed
+        }) = placed
         else {
             panic!("{placed:?}")
         };

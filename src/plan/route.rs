@@ -1346,14 +1346,9 @@ mod tests {
             )
         };
         let warm_and_forget = |line: &str| match plan(line) {
-            Plan::Key(Placement::Quorum {
-                servers,
-                warm,
-                forget,
-                ..
-            }) => {
-                assert_eq!(servers.last(), Some(&4), "{line}");
-                (warm, forget)
+            Plan::Key(Placement::Quorum(write)) => {
+                assert_eq!(write.servers.last(), Some(&4), "{line}");
+                (write.warm, write.forget)
             }
             other => panic!("{line}: {other:?}"),
         };

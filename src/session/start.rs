@@ -8,7 +8,7 @@ use crate::hotkeys::{ClassicKeys, MetaKey};
 use crate::plan::handoff::cas::CasTakeover;
 use crate::plan::lease_retry::LeaseRetry;
 use crate::plan::meta_read::MetaRead;
-use crate::plan::placement::HealthView;
+use crate::plan::placement::{HealthView, QuorumWrite};
 use crate::plan::replicated_add::ReplicatedAdd;
 use crate::plan::replicated_cas::ReplicatedCas;
 use crate::plan::steps::{AddSteps, CasSteps, LeaseSteps, Machine, MovedSteps, ReadSteps};
@@ -47,31 +47,19 @@ fn classic_work(
             finish: Finish::Forward,
             meta: None,
         },
-        Plan::Key(Placement::Quorum {
-            servers,
-            quorum,
-            forget: 0,
-            older: None,
-            ..
-        }) if request.command == Command::Add && servers.len() > 1 => {
-            let first = servers[0];
-            let machine = ReplicatedAdd::new(servers, quorum);
+        Plan::Key(Placement::Quorum(write))
+            if request.command == Command::Add && write.is_replicated_add() =>
+        {
+            let first = write.servers[0];
+            let machine = ReplicatedAdd::new(write.servers, write.quorum);
             let wire = crate::protocol::encode::add_with_cas(request, bytes);
             let key = bytes.slice_ref(request.key(bytes, 0));
             let lines = 2 * topology.config.replicas;
             let add = AddSteps::new(machine, first, wire, (key.clone(), false), None);
             StepsWork::work(Machine::Add(add), None, (key, None), lines, None)
         }
-        Plan::Key(Placement::Quorum {
-            servers,
-            quorum,
-            forget,
-            warm,
-            older,
-            forget_last,
-        }) => {
-            let (parts, finish) =
-                quorum_lines(&servers, (quorum, forget, warm), older, forget_last);
+        Plan::Key(Placement::Quorum(write)) => {
+            let (parts, finish) = quorum_lines(write);
             Work::Lines {
                 parts,
                 finish,
@@ -461,16 +449,10 @@ fn meta_work(
     let (parts, finish) = match placement {
         // `start_meta` answers it first; were it here, the same reply.
         Placement::NoServers => return Work::Ready(Bytes::from_static(route::NO_SERVERS)),
-        Placement::Quorum {
-            servers,
-            quorum,
-            forget: 0,
-            older: None,
-            ..
-        } if adds && servers.len() > 1 => {
+        Placement::Quorum(write) if adds && write.is_replicated_add() => {
             let asked_cas = request.flags(bytes).any(|(flag, _)| flag == b'c');
-            let first = servers[0];
-            let machine = ReplicatedAdd::new(servers, quorum);
+            let first = write.servers[0];
+            let machine = ReplicatedAdd::new(write.servers, write.quorum);
             let wire =
                 smallvec::smallvec![crate::protocol::encode::meta_add_with_cas(request, bytes)];
             let key = (bytes.slice_ref(request.key_token(bytes)), request.base64);
@@ -481,14 +463,7 @@ fn meta_work(
         }
         // One that may meet a lease the planner made a `Plan::Lease`.
         Placement::Owner { server, .. } => (parts(&[server]), Finish::Forward),
-        Placement::Quorum {
-            servers,
-            quorum,
-            forget,
-            warm,
-            older,
-            forget_last,
-        } => quorum_lines(&servers, (quorum, forget, warm), older, forget_last),
+        Placement::Quorum(write) => quorum_lines(write),
         Placement::CasThenCopy {
             owner,
             copies,
@@ -563,22 +538,20 @@ fn meta_work(
 }
 
 /// The parts and finish of a write to a key's replicas by quorum, in
-/// either dialect (`counts`: the quorum, the former replicas that lose the
-/// key and the warming servers; see `Placement::Quorum`).
-fn quorum_lines(
-    servers: &[usize],
-    (quorum, forget, warm): (usize, usize, usize),
-    older: Option<Box<crate::pools::topology::OlderOwners>>,
-    forget_last: bool,
-) -> (SmallVec<[Part; 1]>, Finish) {
-    let parts = servers.iter().map(|&server| Part::new(server)).collect();
+/// either dialect.
+fn quorum_lines(write: QuorumWrite) -> (SmallVec<[Part; 1]>, Finish) {
+    let parts = write
+        .servers
+        .iter()
+        .map(|&server| Part::new(server))
+        .collect();
     // A key's replicas: few enough for 4 bytes.
     let finish = Finish::Quorum {
-        quorum: quorum as u32,
-        forget: forget as u32,
-        warm: warm as u32,
-        older: OlderForget::new(older).map(Box::new),
-        forget_last,
+        quorum: write.quorum as u32,
+        forget: write.forget as u32,
+        warm: write.warm as u32,
+        older: OlderForget::new(write.older).map(Box::new),
+        forget_last: write.forget_last,
     };
     (parts, finish)
 }

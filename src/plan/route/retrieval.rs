@@ -259,7 +259,7 @@ impl Retrieval {
                     servers, current, ..
                 } => (servers, current),
                 // A read is never a write's quorum or cas.
-                Placement::NoServers | Placement::Quorum { .. } | Placement::CasThenCopy { .. } => {
+                Placement::NoServers | Placement::Quorum(_) | Placement::CasThenCopy { .. } => {
                     (Servers::new(), 0)
                 }
             };
