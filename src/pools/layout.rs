@@ -158,8 +158,8 @@ impl Layout {
 
     /// The pool every request of a client bound to `bound` is planned on,
     /// when no route splits its keys (one pool serves them all); `None`
-    /// when each key must be routed by [`Layout::topology_for`].
-    pub(crate) fn fixed_topology<'a>(
+    /// when each key must be routed by [`Layout::pool_for_key`].
+    pub(crate) fn fixed_pool<'a>(
         &'a self,
         bound: Option<&'a SharedTopology>,
     ) -> Option<&'a SharedTopology> {
@@ -175,11 +175,11 @@ impl Layout {
 
     /// The pool a request with routing key `key` is planned on, for a
     /// client bound to `bound` (of a pool's own listener) or routed
-    /// (`None`): its own, or that pool's gutter when the key's server is DEAD and failed over, with the
-    /// gutter's TTL cap. `key` is asked for only when the layout routes by
+    /// (`None`): its own, or that pool's gutter when the key's server is
+    /// DEAD and failed over, with the gutter's TTL cap. `key` is asked for only when the layout routes by
     /// key (a meta `b` key is decoded only then). A bound pool a reload
     /// removed still serves its clients, unrouted.
-    pub(crate) fn topology_for<'a, K: AsRef<[u8]>>(
+    pub(crate) fn pool_for_key<'a, K: AsRef<[u8]>>(
         &'a self,
         bound: Option<&'a SharedTopology>,
         key: Option<impl FnOnce() -> K>,
@@ -664,12 +664,12 @@ mod tests {
     fn a_request_is_planned_on_its_pools_topology_and_a_removed_bound_pool_still_serves() {
         let layout = layout(&[("b:", "b")], "a");
         let on = |bound: Option<&SharedTopology>, key: &'static [u8]| {
-            let (topology, ttl) = layout.topology_for(bound, Some(|| key));
+            let (pool, ttl) = layout.pool_for_key(bound, Some(|| key));
             assert_eq!(ttl, None, "no gutter here");
             layout
                 .pools()
                 .iter()
-                .position(|p| Arc::ptr_eq(&p.topology, topology))
+                .position(|p| Arc::ptr_eq(&p.topology, pool))
         };
         assert_eq!(on(None, b"b:1"), Some(1), "routed by prefix");
         assert_eq!(on(None, b"x"), Some(0), "the default pool");
@@ -682,26 +682,23 @@ mod tests {
         // Pool c leaves the layout: its clients keep being served by it.
         let without_c = Layout::new(layout.pools()[..2].to_vec(), &[], "a");
         assert!(without_c.bound_index(Some(&c)).is_err());
-        let (topology, _) = without_c.topology_for(Some(&c), Some(|| b"b:1"));
-        assert!(Arc::ptr_eq(topology, &c));
+        let (pool, _) = without_c.pool_for_key(Some(&c), Some(|| b"b:1"));
+        assert!(Arc::ptr_eq(pool, &c));
     }
 
     #[test]
     fn a_topology_is_fixed_for_a_client_only_when_no_route_can_split_its_keys() {
         let layout = layout(&[("b:", "b")], "a");
-        assert!(
-            layout.fixed_topology(None).is_none(),
-            "routes choose per key"
-        );
+        assert!(layout.fixed_pool(None).is_none(), "routes choose per key");
         let c = layout.pools()[2].topology.clone();
-        let bound = layout.fixed_topology(Some(&c)).expect("bound to c");
+        let bound = layout.fixed_pool(Some(&c)).expect("bound to c");
         assert!(Arc::ptr_eq(bound, &c));
         let unrouted = Layout::new(layout.pools().to_vec(), &[], "a");
-        let fixed = unrouted.fixed_topology(None).expect("no routes");
+        let fixed = unrouted.fixed_pool(None).expect("no routes");
         assert!(Arc::ptr_eq(fixed, &layout.pools()[0].topology));
         // Pool c leaves: its bound clients stay on it.
         let without_c = Layout::new(layout.pools()[..2].to_vec(), &[], "a");
-        let gone = without_c.fixed_topology(Some(&c)).expect("still c");
+        let gone = without_c.fixed_pool(Some(&c)).expect("still c");
         assert!(Arc::ptr_eq(gone, &c));
     }
 }

@@ -107,7 +107,7 @@ impl ClientSession {
 
     /// The topology a request with routing key `key` is planned on, and
     /// the gutter's TTL cap when it is a gutter (see
-    /// `Layout::topology_for`).
+    /// `Layout::pool_for_key`).
     pub(super) fn topology_for<K: AsRef<[u8]>>(
         &mut self,
         key: Option<impl FnOnce() -> K>,
@@ -117,7 +117,7 @@ impl ClientSession {
         }
         let (worker, bound) = (&self.worker, self.bound.as_ref());
         worker.with_layout(|layout| {
-            let (pool, gutter_ttl) = layout.topology_for(bound, key);
+            let (pool, gutter_ttl) = layout.pool_for_key(bound, key);
             (worker.planned(layout, pool), gutter_ttl)
         })
     }
@@ -127,7 +127,7 @@ impl ClientSession {
     pub(super) fn turn_fixed(&mut self) -> Option<&Planned> {
         if let TurnTopology::NotLoaded = self.turn_topology {
             let (worker, bound) = (&self.worker, self.bound.as_ref());
-            self.turn_topology = worker.with_layout(|layout| match layout.fixed_topology(bound) {
+            self.turn_topology = worker.with_layout(|layout| match layout.fixed_pool(bound) {
                 Some(pool) => TurnTopology::Fixed {
                     topology: worker.planned(layout, pool),
                     shadowed: layout.shadowed(),
